@@ -1,0 +1,42 @@
+"""Shared fixtures: a fresh store and app per test, served over real HTTP by pytest-tornado."""
+
+from __future__ import annotations
+
+import pytest
+
+from helpers import Browser, Clock, make_config
+from tokensvc.app import make_app
+from tokensvc.bootstrap import seed
+from tokensvc.oauth.context import OAuthContext
+from tokensvc.storage.memory import MemoryStore
+
+
+@pytest.fixture
+def config():
+    return make_config()
+
+
+@pytest.fixture
+def clock():
+    return Clock()
+
+
+@pytest.fixture
+def store():
+    return MemoryStore()
+
+
+@pytest.fixture
+def ctx(store, config, clock):
+    return OAuthContext(store=store, tokens=config.tokens, issuer=config.base_url, clock=clock)
+
+
+@pytest.fixture
+def app(io_loop, store, config, ctx):
+    io_loop.run_sync(lambda: seed(store, config))
+    return make_app(config, store, ctx)
+
+
+@pytest.fixture
+def browser(http_client, base_url):
+    return Browser(http_client, base_url)

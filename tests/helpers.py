@@ -1,0 +1,220 @@
+"""Test helpers: the test configuration, a controllable clock, and a small browser-like
+driver of the authorization flow over real HTTP (cookies, XSRF tokens, redirects)."""
+
+from __future__ import annotations
+
+import base64
+import html as html_module
+import re
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta, timezone
+from http.cookies import SimpleCookie
+from typing import Any
+from urllib.parse import parse_qs, urlencode, urlsplit
+
+from marshmallow import Schema
+from tornado.httpclient import AsyncHTTPClient, HTTPResponse
+
+from tokensvc import config as config_module, schemas
+from tokensvc.oauth import pkce
+
+VERIFIER = "dBjftJeZ4CVP-mB92K27uhbUJU1p1r_wW1gFWFOEjXk"
+CHALLENGE = "E9Melhoa2OwvFrEMTJguCHaoeK1t8URWbuGJSstw-cM"
+
+WEBAPP_SECRET = "webapp-test-secret"
+PARTNER_SECRET = "partner-test-secret"
+WEBAPP_REDIRECT = "http://127.0.0.1:8080/callback"
+SKY_REDIRECT = "http://127.0.0.1:9000/callback"
+PARTNER_REDIRECT = "https://partner.example/cb"
+NODE_REDIRECT = "http://127.0.0.1:8765/paired"
+
+# scrypt hashes of "alice-password", "bob-password" and "root-password", computed once so
+# that seeding a fresh store per test costs nothing.
+PASSWORD_HASHES = {
+    "alice": "scrypt$16384$8$1$4pgpzRgnB5m5X4DyolsTdQ==$rAnorOvHi7+Odq5pp2P6c0/24oPV4G0bm3SIbMzpnag=",
+    "root": "scrypt$16384$8$1$3FJVbMSrexvkAxG8iKMd0g==$v+8BeGLUAj7LR2SEVfqw/dvFFV1TNvcz9WwG9TSbV2M=",
+}
+PASSWORDS = {"alice": "alice-password", "root": "root-password"}
+
+
+def make_config(**overrides: Any) -> config_module.Settings:
+    raw: dict[str, Any] = {
+        "service_name": "tokensvc",
+        "base_url": "http://127.0.0.1:8080",
+        "auth_url": "http://127.0.0.1:8080",
+        "cookie_secret": "test-cookie-secret-0123456789abcdef",
+        "clients": [
+            {"client_id": "webapp", "name": "Web app", "redirect_uris": [WEBAPP_REDIRECT],
+             "allowed_scopes": ["read", "write", "connected-apps:write", "admin"], "first_party": True,
+             "client_secret": WEBAPP_SECRET, "description": "The official web app"},
+            {"client_id": "skyplanner", "name": "SkyPlanner", "redirect_uris": [SKY_REDIRECT],
+             "allowed_scopes": ["read", "observations:write"], "first_party": False,
+             "description": "Plans your observing nights", "logo_url": "https://skyplanner.example/logo.png"},
+            {"client_id": "partner", "name": "Partner service", "redirect_uris": [PARTNER_REDIRECT],
+             "first_party": False, "client_secret": PARTNER_SECRET},
+            {"client_id": "node-agent", "name": "Node agent", "redirect_uris": [NODE_REDIRECT],
+             "allowed_scopes": ["read", "write"], "first_party": True},
+        ],
+        "users": [
+            {"username": "alice", "password_hash": PASSWORD_HASHES["alice"]},
+            {"username": "root", "password_hash": PASSWORD_HASHES["root"], "admin": True},
+        ],
+        "installations": [
+            {"installation_id": "backyard-scope", "name": "Backyard telescope", "kind": "telescope",
+             "operators": ["alice"]},
+        ],
+    }
+    raw.update(overrides)
+    return config_module.from_dict(raw)
+
+
+class Clock:
+    """A clock the test moves by hand."""
+
+    def __init__(self) -> None:
+        self.now = datetime.now(timezone.utc)
+
+    def __call__(self) -> datetime:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += timedelta(seconds=seconds)
+
+
+def basic(client_id: str, secret: str) -> str:
+    return "Basic " + base64.b64encode(f"{client_id}:{secret}".encode()).decode()
+
+
+def json_of(response: HTTPResponse) -> Any:
+    import json
+
+    return json.loads(response.body)
+
+
+def check_schema(schema: Schema, body: Any) -> Any:
+    """Assert that ``body`` is exactly what ``schema`` describes (no field missing or extra)."""
+    errors = schema.validate(body)
+    assert errors == {}, errors
+    return body
+
+
+def check_validation_error(response: HTTPResponse, loc: list[str], type_: str) -> dict[str, Any]:
+    assert response.code == 422, response.body
+    body = check_schema(schemas.http_validation_error, json_of(response))
+    matching = [item for item in body["detail"] if item["loc"] == loc]
+    assert matching, body
+    assert matching[0]["type"] == type_, body
+    assert set(matching[0]) == {"loc", "msg", "type", "input", "ctx"}
+    return matching[0]
+
+
+def check_oauth_error(response: HTTPResponse, status: int, error: str) -> dict[str, Any]:
+    assert response.code == status, response.body
+    body = check_schema(schemas.OAuthErrorSchema(), json_of(response))
+    assert body["error"] == error, body
+    return body
+
+
+def query_of(url: str) -> dict[str, str]:
+    return {key: values[0] for key, values in parse_qs(urlsplit(url).query).items()}
+
+
+@dataclass
+class Browser:
+    """Drives the HTML side of the service the way a user agent does."""
+
+    client: AsyncHTTPClient
+    base_url: str
+    cookies: dict[str, str] = field(default_factory=dict)
+
+    async def fetch(self, path: str, method: str = "GET", body: dict[str, str] | None = None,
+                    headers: dict[str, str] | None = None) -> HTTPResponse:
+        all_headers = dict(headers or {})
+        if self.cookies:
+            all_headers["Cookie"] = "; ".join(f"{k}={v}" for k, v in self.cookies.items())
+        url = path if path.startswith("http") else self.base_url + path
+        response = await self.client.fetch(
+            url, method=method, body=urlencode(body) if body is not None else None,
+            headers=all_headers, follow_redirects=False, raise_error=False)
+        for header in response.headers.get_list("Set-Cookie"):
+            jar = SimpleCookie()
+            jar.load(header)
+            for name, morsel in jar.items():
+                if morsel["expires"] and "1970" in morsel["expires"] or morsel.value == "":
+                    self.cookies.pop(name, None)
+                else:
+                    self.cookies[name] = morsel.value
+        return response
+
+    @staticmethod
+    def form_fields(html: str) -> dict[str, str]:
+        return {name: html_module.unescape(value)
+            for name, value in re.findall(r'<input type="hidden" name="([^"]+)" value="([^"]*)"', html)}
+
+    async def xsrf(self) -> str:
+        if "_xsrf" not in self.cookies:
+            await self.fetch("/login")
+        return self.cookies["_xsrf"]
+
+    async def login(self, username: str, password: str | None = None, next_path: str = "/") -> HTTPResponse:
+        page = await self.fetch("/login?" + urlencode({"next": next_path}))
+        assert page.code == 200
+        return await self.fetch("/login", "POST", {
+            "username": username, "password": password or PASSWORDS[username],
+            "next": next_path, "_xsrf": self.cookies["_xsrf"]})
+
+    async def authorize(self, client_id: str, redirect_uri: str, *, scope: str | None = None,
+                        state: str = "st4te", challenge: str = CHALLENGE, method: str = "S256",
+                        **extra: str) -> HTTPResponse:
+        params = {"response_type": "code", "client_id": client_id, "redirect_uri": redirect_uri,
+                  "state": state, "code_challenge": challenge, "code_challenge_method": method, **extra}
+        if scope is not None:
+            params["scope"] = scope
+        return await self.fetch("/oauth/authorize?" + urlencode(params))
+
+    async def decide(self, consent_page: HTTPResponse, decision: str) -> HTTPResponse:
+        fields = self.form_fields(consent_page.body.decode())
+        fields["decision"] = decision
+        return await self.fetch("/oauth/authorize", "POST", fields)
+
+    async def code_for(self, client_id: str, redirect_uri: str, user: str = "alice", **kwargs: Any) -> str:
+        """Sign in (if needed), authorize (approving consent), and return the code."""
+        if not any(name.endswith("_session") for name in self.cookies):
+            await self.login(user)
+        response = await self.authorize(client_id, redirect_uri, **kwargs)
+        if response.code == 200:  # a consent page
+            response = await self.decide(response, "allow")
+        assert response.code == 302, response.body
+        location = response.headers["Location"]
+        assert location.startswith(redirect_uri), location
+        return query_of(location)["code"]
+
+
+async def exchange(client: AsyncHTTPClient, base_url: str, code: str, *, client_id: str = "webapp",
+                   secret: str | None = WEBAPP_SECRET, redirect_uri: str = WEBAPP_REDIRECT,
+                   verifier: str | None = VERIFIER, use_basic: bool = True) -> HTTPResponse:
+    form = {"grant_type": "authorization_code", "code": code, "redirect_uri": redirect_uri}
+    if verifier is not None:
+        form["code_verifier"] = verifier
+    headers = {}
+    if secret is not None and use_basic:
+        headers["Authorization"] = basic(client_id, secret)
+    else:
+        form["client_id"] = client_id
+        if secret is not None:
+            form["client_secret"] = secret
+    return await client.fetch(base_url + "/oauth/token", method="POST", body=urlencode(form),
+                              headers=headers, raise_error=False)
+
+
+async def post_form(client: AsyncHTTPClient, url: str, form: dict[str, str],
+                    headers: dict[str, str] | None = None) -> HTTPResponse:
+    return await client.fetch(url, method="POST", body=urlencode(form), headers=headers or {},
+                              raise_error=False)
+
+
+def new_verifier() -> tuple[str, str]:
+    import secrets
+
+    verifier = secrets.token_urlsafe(48)
+    return verifier, pkce.s256(verifier)

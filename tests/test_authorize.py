@@ -1,0 +1,281 @@
+"""GET/POST /oauth/authorize, the login page and the consent page."""
+
+from urllib.parse import urlencode, urlsplit
+
+import pytest
+
+from helpers import CHALLENGE, NODE_REDIRECT, SKY_REDIRECT, WEBAPP_REDIRECT, query_of
+from tokensvc.oauth import hashing
+
+
+@pytest.mark.gen_test
+async def test_unknown_client_gets_an_error_page_and_no_redirect(browser):
+    response = await browser.authorize("nobody", WEBAPP_REDIRECT)
+    assert response.code == 400
+    assert "Location" not in response.headers
+    assert response.headers["Content-Type"].startswith("text/html")
+    assert b"not registered" in response.body
+
+
+@pytest.mark.gen_test
+async def test_unregistered_redirect_uri_gets_an_error_page_and_no_redirect(browser):
+    for uri in ("https://evil.example/cb", WEBAPP_REDIRECT + "/extra", WEBAPP_REDIRECT + "?x=1",
+                WEBAPP_REDIRECT.upper()):
+        response = await browser.authorize("webapp", uri)
+        assert response.code == 400, uri
+        assert "Location" not in response.headers
+        assert b"redirect_uri is not registered" in response.body
+
+
+@pytest.mark.gen_test
+async def test_missing_redirect_uri_or_client_id_is_an_error_page(browser):
+    response = await browser.fetch("/oauth/authorize?" + urlencode({"client_id": "webapp", "response_type": "code"}))
+    assert response.code == 400 and "Location" not in response.headers
+    response = await browser.fetch("/oauth/authorize?" + urlencode({"redirect_uri": WEBAPP_REDIRECT}))
+    assert response.code == 400 and "Location" not in response.headers
+
+
+@pytest.mark.gen_test
+async def test_not_signed_in_redirects_to_login_with_next(browser):
+    response = await browser.authorize("webapp", WEBAPP_REDIRECT)
+    assert response.code == 302
+    location = response.headers["Location"]
+    assert location.startswith("/login?next=")
+    assert query_of(location)["next"].startswith("/oauth/authorize?")
+
+
+@pytest.mark.parametrize("params,error", [
+    ({"code_challenge": None}, "invalid_request"),
+    ({"code_challenge_method": "plain"}, "invalid_request"),
+    ({"code_challenge_method": None}, "invalid_request"),
+    ({"code_challenge": "too-short"}, "invalid_request"),
+    ({"response_type": "token"}, "unsupported_response_type"),
+    ({"response_type": None}, "invalid_request"),
+    ({"scope": "read delete-everything"}, "invalid_scope"),
+])
+@pytest.mark.gen_test
+async def test_faults_redirect_back_with_error_and_state(browser, params, error):
+    await browser.login("alice")
+    query = {"response_type": "code", "client_id": "webapp", "redirect_uri": WEBAPP_REDIRECT,
+             "state": "opaque state/+=", "code_challenge": CHALLENGE, "code_challenge_method": "S256"}
+    for key, value in params.items():
+        if value is None:
+            query.pop(key)
+        else:
+            query[key] = value
+    response = await browser.fetch("/oauth/authorize?" + urlencode(query))
+    assert response.code == 302, response.body
+    location = response.headers["Location"]
+    assert location.startswith(WEBAPP_REDIRECT + "?")
+    result = query_of(location)
+    assert result["error"] == error
+    assert result["state"] == "opaque state/+="
+    assert "code" not in result
+
+
+@pytest.mark.gen_test
+async def test_repeated_parameter_is_invalid_request(browser):
+    await browser.login("alice")
+    query = urlencode({"response_type": "code", "client_id": "webapp", "redirect_uri": WEBAPP_REDIRECT,
+                       "code_challenge": CHALLENGE, "code_challenge_method": "S256", "state": "s"})
+    response = await browser.fetch("/oauth/authorize?" + query + "&scope=read&scope=write")
+    assert query_of(response.headers["Location"])["error"] == "invalid_request"
+
+
+@pytest.mark.gen_test
+async def test_first_party_client_gets_a_code_without_consent(browser, store):
+    await browser.login("alice")
+    response = await browser.authorize("webapp", WEBAPP_REDIRECT, state="xyz")
+    assert response.code == 302
+    result = query_of(response.headers["Location"])
+    assert result["state"] == "xyz"
+    assert result["iss"] == "http://127.0.0.1:8080"
+    code = await store.get_code(hashing.digest(result["code"]))
+    assert code is not None and code.consumed_at is None
+    assert code.scopes == ["read", "write", "connected-apps:write"]  # admin only for admins
+    assert code.code_challenge == CHALLENGE
+    # Stored only as a hash.
+    assert await store.get_code(result["code"]) is None
+
+
+@pytest.mark.gen_test
+async def test_admin_scope_is_for_admin_users_only(browser):
+    await browser.login("alice")
+    response = await browser.authorize("webapp", WEBAPP_REDIRECT, scope="read admin")
+    assert query_of(response.headers["Location"])["error"] == "invalid_scope"
+
+
+@pytest.mark.gen_test
+async def test_omitted_scope_means_the_clients_allowed_scopes(browser, store):
+    await browser.login("root")
+    response = await browser.authorize("webapp", WEBAPP_REDIRECT)
+    code = await store.get_code(hashing.digest(query_of(response.headers["Location"])["code"]))
+    assert code.scopes == ["read", "write", "connected-apps:write", "admin"]
+
+
+@pytest.mark.gen_test
+async def test_third_party_client_shows_a_consent_page(browser):
+    await browser.login("alice")
+    response = await browser.authorize("skyplanner", SKY_REDIRECT, scope="read observations:write")
+    assert response.code == 200
+    html = response.body.decode()
+    assert "SkyPlanner" in html and "Plans your observing nights" in html
+    assert "https://skyplanner.example/logo.png" in html
+    assert "observations:write" in html and "Create and change your observations" in html
+    assert response.headers["X-Frame-Options"] == "DENY"
+    assert "frame-ancestors 'none'" in response.headers["Content-Security-Policy"]
+    assert "form-action 'self' http://127.0.0.1:9000" in response.headers["Content-Security-Policy"]
+    fields = browser.form_fields(html)
+    assert fields["_xsrf"] and fields["code_challenge"] == CHALLENGE and fields["client_id"] == "skyplanner"
+
+
+@pytest.mark.gen_test
+async def test_consent_allow_issues_a_code(browser):
+    await browser.login("alice")
+    page = await browser.authorize("skyplanner", SKY_REDIRECT, state="s1")
+    response = await browser.decide(page, "allow")
+    assert response.code == 302
+    result = query_of(response.headers["Location"])
+    assert result["state"] == "s1" and result["code"]
+
+
+@pytest.mark.gen_test
+async def test_consent_deny_redirects_with_access_denied(browser):
+    await browser.login("alice")
+    page = await browser.authorize("skyplanner", SKY_REDIRECT, state="s2")
+    response = await browser.decide(page, "deny")
+    assert response.code == 302
+    result = query_of(response.headers["Location"])
+    assert result == {"error": "access_denied", "error_description": "The user denied the request",
+                      "state": "s2", "iss": "http://127.0.0.1:8080"}
+
+
+@pytest.mark.gen_test
+async def test_consent_post_without_xsrf_is_refused(browser):
+    await browser.login("alice")
+    page = await browser.authorize("skyplanner", SKY_REDIRECT)
+    fields = browser.form_fields(page.body.decode())
+    fields.pop("_xsrf")
+    fields["decision"] = "allow"
+    response = await browser.fetch("/oauth/authorize", "POST", fields)
+    assert response.code == 403
+    assert "Location" not in response.headers
+
+
+@pytest.mark.gen_test
+async def test_consent_post_revalidates_the_request(browser):
+    await browser.login("alice")
+    page = await browser.authorize("skyplanner", SKY_REDIRECT)
+    fields = browser.form_fields(page.body.decode())
+    fields.update(decision="allow", redirect_uri="https://evil.example/cb")
+    response = await browser.fetch("/oauth/authorize", "POST", fields)
+    assert response.code == 400 and "Location" not in response.headers
+
+
+@pytest.mark.gen_test
+async def test_pairing_an_installation_needs_an_operator(browser, store):
+    await browser.login("alice")
+    response = await browser.authorize("node-agent", NODE_REDIRECT, installation_id="backyard-scope")
+    code = await store.get_code(hashing.digest(query_of(response.headers["Location"])["code"]))
+    assert code.installation_id == "backyard-scope" and code.user_id is None
+
+
+@pytest.mark.gen_test
+async def test_pairing_an_installation_one_does_not_operate_is_denied(browser, store, config):
+    from tokensvc.records import Installation
+
+    await store.put_installation(Installation("other-scope", "Other", "observatory", []))
+    await browser.login("alice")
+    for installation in ("other-scope", "no-such-scope"):
+        response = await browser.authorize("node-agent", NODE_REDIRECT, installation_id=installation)
+        assert query_of(response.headers["Location"])["error"] == "access_denied"
+    # An admin may pair any installation.
+    admin = type(browser)(browser.client, browser.base_url)
+    await admin.login("root")
+    response = await admin.authorize("node-agent", NODE_REDIRECT, installation_id="other-scope")
+    assert "code" in query_of(response.headers["Location"])
+
+
+# -- login ---------------------------------------------------------------------------
+
+@pytest.mark.gen_test
+async def test_login_sets_a_hardened_session_cookie_and_returns_to_next(browser, store):
+    response = await browser.login("alice", next_path="/oauth/authorize?x=1")
+    assert response.code == 302
+    assert response.headers["Location"] == "/oauth/authorize?x=1"
+    cookie = [h for h in response.headers.get_list("Set-Cookie") if h.startswith("tokensvc_session=")][0]
+    assert "HttpOnly" in cookie and "SameSite=Lax" in cookie and "Path=/" in cookie
+    assert "Secure" not in cookie  # the test auth_url is http
+    # The server keeps only a hash of the session id.
+    assert browser.cookies["tokensvc_session"] not in repr(store._sessions)
+
+
+@pytest.mark.gen_test
+async def test_wrong_credentials_get_401_and_one_message(browser):
+    wrong_password = await browser.login("alice", "not-the-password")
+    unknown_user = await browser.login("mallory", "whatever")
+    for response in (wrong_password, unknown_user):
+        assert response.code == 401
+        assert b"Wrong username or password." in response.body
+        assert b'name="password"' in response.body
+    assert "tokensvc_session" not in browser.cookies
+
+
+@pytest.mark.parametrize("target", ["https://evil.example/", "//evil.example/x", "/\\evil.example",
+                                    "javascript:alert(1)", "http:/evil", ""])
+@pytest.mark.gen_test
+async def test_login_never_redirects_off_site(browser, target):
+    response = await browser.login("alice", next_path=target)
+    assert response.code == 302
+    assert response.headers["Location"] == "/"
+
+
+@pytest.mark.gen_test
+async def test_login_without_xsrf_is_refused(browser):
+    await browser.fetch("/login")
+    response = await browser.fetch("/login", "POST", {"username": "alice", "password": "alice-password"})
+    assert response.code == 403
+
+
+@pytest.mark.gen_test
+async def test_html_pages_carry_a_strict_csp(browser):
+    response = await browser.fetch("/login")
+    csp = response.headers["Content-Security-Policy"]
+    assert "default-src 'none'" in csp and "frame-ancestors 'none'" in csp and "script-src" not in csp
+    assert response.headers["X-Frame-Options"] == "DENY"
+
+
+@pytest.mark.gen_test
+async def test_secure_cookie_on_https(http_client, base_url, store, io_loop):
+    # A separate app whose public URL is https: its session cookie must be Secure.
+    from helpers import Browser, make_config
+    from tokensvc.app import make_app
+    from tokensvc.bootstrap import seed
+
+    config = make_config(auth_url="https://auth.example", base_url="https://auth.example")
+    await seed(store, config)
+    import tornado.httpserver
+    import tornado.testing
+
+    sock, port = tornado.testing.bind_unused_port()
+    server = tornado.httpserver.HTTPServer(make_app(config, store))
+    server.add_sockets([sock])
+    try:
+        other = Browser(http_client, f"http://127.0.0.1:{port}")
+        response = await other.login("alice")
+        cookie = [h for h in response.headers.get_list("Set-Cookie") if h.startswith("tokensvc_session=")][0]
+        assert "Secure" in cookie
+    finally:
+        server.stop()
+
+
+@pytest.mark.gen_test
+async def test_home_page_and_logout(browser):
+    await browser.login("alice")
+    home = await browser.fetch("/")
+    assert b"Signed in as alice" in home.body
+    response = await browser.fetch("/logout", "POST", {"_xsrf": browser.cookies["_xsrf"]})
+    assert response.code == 200 and b"signed out" in response.body
+    home = await browser.fetch("/")
+    assert b"Signed in as" not in home.body
+    assert urlsplit(browser.base_url).scheme == "http"

@@ -1,0 +1,98 @@
+"""Config loading: TOML, environment overrides, and one clear message naming the bad key."""
+
+from pathlib import Path
+
+import pytest
+
+from tokensvc import config
+from tokensvc.config import ConfigError
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def write(tmp_path, text):
+    path = tmp_path / "tokensvc.toml"
+    path.write_text(text)
+    return path
+
+
+def test_demo_config_loads_and_generates_a_cookie_secret():
+    settings = config.load(REPO / "config" / "tokensvc.toml", environ={})
+    assert settings.demo and settings.generated_cookie_secret and len(settings.cookie_secret) >= 32
+    assert settings.storage.backend == "memory"
+    assert {c.client_id for c in settings.clients} >= {"webapp", "skyplanner"}
+    assert any(c.first_party and c.client_secret for c in settings.clients)
+    assert any(not c.first_party and not c.client_secret for c in settings.clients)
+    assert any(u.admin for u in settings.users) and any(not u.admin for u in settings.users)
+    assert settings.installations
+
+
+def test_defaults_need_only_a_cookie_secret():
+    settings = config.from_dict({"cookie_secret": "x" * 32})
+    assert settings.port == 8080 and settings.tokens.code_ttl == 300 and settings.tokens.refresh_grace_seconds == 0
+    assert settings.session_cookie == "tokensvc_session"
+
+
+def test_cookie_secret_required_outside_demo():
+    with pytest.raises(ConfigError, match="^cookie_secret"):
+        config.from_dict({})
+
+
+def test_environment_overrides(tmp_path):
+    path = write(tmp_path, 'cookie_secret = "0123456789abcdef0123"\n[storage]\nbackend = "memory"\n')
+    settings = config.load(path, environ={
+        "TOKENSVC_STORAGE_BACKEND": "mongodb", "TOKENSVC_STORAGE_MONGODB_URI": "mongodb://db.internal:27017",
+        "TOKENSVC_PORT": "9001", "TOKENSVC_TOKENS_ACCESS_TTL": "60", "TOKENSVC_DEMO": "false",
+        "TOKENSVC_TEST_MONGODB_URI": "ignored: not a setting", "OTHER": "x"})
+    assert settings.storage.backend == "mongodb" and settings.storage.mongodb_uri == "mongodb://db.internal:27017"
+    assert settings.port == 9001 and settings.tokens.access_ttl == 60
+
+
+@pytest.mark.parametrize("text,key", [
+    ('cookie_secret = "0123456789abcdef0123"\nbogus = 1\n', "bogus: unknown key"),
+    ('cookie_secret = "0123456789abcdef0123"\n[storage]\nbackedn = "memory"\n', "storage.backedn: unknown key"),
+    ('cookie_secret = "0123456789abcdef0123"\nport = "eighty"\n', "port: expected an integer"),
+    ('cookie_secret = "0123456789abcdef0123"\ndemo = "yes"\n', "demo: expected a boolean"),
+    ('cookie_secret = "0123456789abcdef0123"\nbase_url = "ftp://x"\n', "base_url: not a valid http/https URL"),
+    ('cookie_secret = "0123456789abcdef0123"\n[tokens]\naccess_ttl = 0\n', "tokens.access_ttl: must be at least 1"),
+    ('cookie_secret = "0123456789abcdef0123"\n[storage]\nbackend = "redis"\n', "storage.backend"),
+    ('cookie_secret = "0123456789abcdef0123"\n[storage]\nmongodb_uri = "http://x"\n', "storage.mongodb_uri"),
+    ('cookie_secret = "0123456789abcdef0123"\n[[clients]]\nclient_id = "a"\nname = "A"\n'
+     'redirect_uris = ["not a url"]\n', "clients[0].redirect_uris"),
+    ('cookie_secret = "0123456789abcdef0123"\n[[clients]]\nclient_id = "a b"\nname = "A"\n'
+     'redirect_uris = ["https://a/cb"]\n', "clients[0].client_id"),
+    ('cookie_secret = "0123456789abcdef0123"\n[[clients]]\nname = "A"\nredirect_uris = ["https://a/cb"]\n',
+     "clients[0].client_id: a value is required"),
+    ('cookie_secret = "0123456789abcdef0123"\n[[users]]\nusername = "a"\n', "users[0]: give exactly one"),
+    ('cookie_secret = "0123456789abcdef0123"\n[[installations]]\ninstallation_id = "i"\nname = "I"\n'
+     'kind = "telescope"\noperators = ["ghost"]\n', "installations[0].operators: unknown user"),
+    ("not toml [", "not valid TOML"),
+])
+def test_config_errors_name_the_key(tmp_path, text, key):
+    with pytest.raises(ConfigError) as info:
+        config.load(write(tmp_path, text), environ={})
+    assert key in str(info.value)
+
+
+def test_bad_environment_values_name_the_variable(tmp_path):
+    path = write(tmp_path, 'cookie_secret = "0123456789abcdef0123"\n')
+    with pytest.raises(ConfigError, match="TOKENSVC_PORT: expected an integer"):
+        config.load(path, environ={"TOKENSVC_PORT": "x"})
+    with pytest.raises(ConfigError, match="TOKENSVC_STORAGE_BOGUS: unknown key storage.bogus"):
+        config.load(path, environ={"TOKENSVC_STORAGE_BOGUS": "x"})
+
+
+def test_missing_file():
+    with pytest.raises(ConfigError, match="config file not found"):
+        config.load("/no/such/file.toml", environ={})
+
+
+def test_masked_hides_every_secret():
+    settings = config.load(REPO / "config" / "tokensvc.toml", environ={})
+    masked = repr(config.masked(settings))
+    assert settings.cookie_secret not in masked
+    for client in settings.clients:
+        if client.client_secret:
+            assert client.client_secret not in masked
+    for user in settings.users:
+        assert user.password not in masked

@@ -1,0 +1,177 @@
+"""End to end: the real service started as a process, driven by an unmodified OAuth client
+library (Authlib's ``OAuth2Session``, S256 PKCE) and a requests-based user agent."""
+
+from __future__ import annotations
+
+import html as html_module
+import re
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from urllib.parse import parse_qs, urljoin, urlsplit
+
+import pytest
+import requests
+from authlib.integrations.requests_client import OAuth2Session
+from authlib.common.security import generate_token
+
+pytestmark = pytest.mark.e2e
+
+WEBAPP_SECRET = "e2e-webapp-secret"
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+CONFIG = """
+service_name = "tokensvc"
+base_url = "{base}"
+auth_url = "{base}"
+host = "127.0.0.1"
+port = {port}
+cookie_secret = "e2e-cookie-secret-0123456789"
+{storage}
+
+[[clients]]
+client_id = "webapp"
+name = "Web app"
+redirect_uris = ["http://127.0.0.1:1/callback"]
+allowed_scopes = ["read", "write"]
+first_party = true
+client_secret = "{secret}"
+
+[[clients]]
+client_id = "skyplanner"
+name = "SkyPlanner"
+redirect_uris = ["http://127.0.0.1:2/callback"]
+allowed_scopes = ["read", "observations:write"]
+description = "Plans your observing nights"
+
+[[users]]
+username = "alice"
+password = "alice-e2e-password"
+"""
+
+
+def start_service(tmp_path: Path, storage: str = "") -> tuple[subprocess.Popen, str]:
+    port = free_port()
+    base = f"http://127.0.0.1:{port}"
+    config = tmp_path / "tokensvc.toml"
+    config.write_text(CONFIG.format(base=base, port=port, secret=WEBAPP_SECRET, storage=storage))
+    process = subprocess.Popen([sys.executable, "-m", "tokensvc", "serve", "--config", str(config)],
+                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise AssertionError("tokensvc exited: " + process.stdout.read())
+        try:
+            if requests.get(base + "/healthz", timeout=1).status_code == 200:
+                return process, base
+        except requests.ConnectionError:
+            time.sleep(0.1)
+    process.kill()
+    raise AssertionError("tokensvc did not start in time")
+
+
+@pytest.fixture(scope="module")
+def service(tmp_path_factory):
+    process, base = start_service(tmp_path_factory.mktemp("e2e"))
+    yield base
+    process.terminate()
+    output, _ = process.communicate(timeout=10)
+    # The service logs no secret, and shuts down cleanly on SIGTERM.
+    assert WEBAPP_SECRET not in output and "alice-e2e-password" not in output
+    assert process.returncode == 0, output
+
+
+def hidden_fields(html: str) -> dict[str, str]:
+    return {name: html_module.unescape(value)
+            for name, value in re.findall(r'<input type="hidden" name="([^"]+)" value="([^"]*)"', html)}
+
+
+def user_agent_authorize(authorization_url: str, decision: str = "allow") -> str:
+    """Follow the authorization URL as a browser would: sign in, answer consent, and return
+    the final redirect to the client (never followed: nothing listens there)."""
+    agent = requests.Session()
+    response = agent.get(authorization_url, allow_redirects=False)
+    assert response.status_code == 302 and response.headers["Location"].startswith("/login?next=")
+    login_url = urljoin(authorization_url, response.headers["Location"])
+    page = agent.get(login_url)
+    form = hidden_fields(page.text)
+    form.update(username="alice", password="alice-e2e-password")
+    response = agent.post(urljoin(authorization_url, "/login"), data=form, allow_redirects=False)
+    assert response.status_code == 302, response.text
+    response = agent.get(urljoin(authorization_url, response.headers["Location"]), allow_redirects=False)
+    if response.status_code == 200:  # consent page
+        assert "SkyPlanner" in response.text
+        form = hidden_fields(response.text)
+        form["decision"] = decision
+        response = agent.post(urljoin(authorization_url, "/oauth/authorize"), data=form, allow_redirects=False)
+    assert response.status_code == 302, response.text
+    return response.headers["Location"]
+
+
+def run_full_flow(base: str, client: OAuth2Session, scope: str) -> None:
+    verifier = generate_token(64)
+    url, state = client.create_authorization_url(base + "/oauth/authorize", code_verifier=verifier)
+    callback = user_agent_authorize(url)
+    assert parse_qs(urlsplit(callback).query)["state"] == [state]
+
+    token = client.fetch_token(base + "/oauth/token", authorization_response=callback, code_verifier=verifier)
+    assert token["token_type"] == "Bearer" and token["scope"] == scope and token["expires_in"] == 3600
+
+    refreshed = client.refresh_token(base + "/oauth/token/refresh")
+    assert refreshed["refresh_token"] != token["refresh_token"]
+    assert refreshed["access_token"] != token["access_token"]
+
+    introspector = OAuth2Session("webapp", WEBAPP_SECRET)
+    info = introspector.introspect_token(base + "/oauth/token/introspect", token=refreshed["access_token"]).json()
+    assert info["active"] is True and info["username"] == "alice" and info["scope"] == scope
+    assert info["client_id"] == client.client_id
+
+    # The rotated-out refresh token is dead.
+    old = introspector.introspect_token(base + "/oauth/token/introspect", token=token["refresh_token"]).json()
+    assert old == {"active": False}
+
+    revoked = client.revoke_token(base + "/oauth/token/revoke", token=refreshed["refresh_token"],
+                                  token_type_hint="refresh_token")
+    assert revoked.status_code == 200 and revoked.json() == {}
+    for dead in (refreshed["refresh_token"], refreshed["access_token"]):
+        info = introspector.introspect_token(base + "/oauth/token/introspect", token=dead).json()
+        assert info == {"active": False}
+
+
+def test_first_party_confidential_client_flow(service):
+    client = OAuth2Session("webapp", WEBAPP_SECRET, scope="read write", redirect_uri="http://127.0.0.1:1/callback",
+                           code_challenge_method="S256", token_endpoint_auth_method="client_secret_basic")
+    run_full_flow(service, client, "read write")
+
+
+def test_third_party_public_client_flow_through_consent(service):
+    client = OAuth2Session("skyplanner", None, scope="read", redirect_uri="http://127.0.0.1:2/callback",
+                           code_challenge_method="S256", token_endpoint_auth_method="none")
+    run_full_flow(service, client, "read")
+
+
+def test_third_party_client_denied(service):
+    client = OAuth2Session("skyplanner", None, scope="read", redirect_uri="http://127.0.0.1:2/callback",
+                           code_challenge_method="S256", token_endpoint_auth_method="none")
+    verifier = generate_token(64)
+    url, state = client.create_authorization_url(service + "/oauth/authorize", code_verifier=verifier)
+    callback = user_agent_authorize(url, decision="deny")
+    query = parse_qs(urlsplit(callback).query)
+    assert query["error"] == ["access_denied"] and query["state"] == [state]
+    assert "code" not in query
+    with pytest.raises(Exception, match="access_denied|code"):
+        client.fetch_token(service + "/oauth/token", authorization_response=callback, code_verifier=verifier)
+
+
+def test_metadata_is_usable_by_a_client(service):
+    metadata = requests.get(service + "/.well-known/oauth-authorization-server").json()
+    assert metadata["token_endpoint"] == service + "/oauth/token"
+    assert metadata["code_challenge_methods_supported"] == ["S256"]

@@ -1,0 +1,98 @@
+"""The error edge: a store that does not answer gives 503, redaction of the access log."""
+
+import logging
+
+import pytest
+
+from helpers import WEBAPP_REDIRECT, WEBAPP_SECRET, basic, json_of, post_form
+from tokensvc.app import redact
+from tokensvc.storage.base import StorageError
+from tokensvc.storage.memory import MemoryStore
+
+
+class DownStore(MemoryStore):
+    """A store whose every call fails as an unreachable database would."""
+
+    down = False
+
+    def __getattribute__(self, name):
+        attr = super().__getattribute__(name)
+        if name.startswith("_") or name == "down" or not callable(attr) or not self.down:
+            return attr
+
+        async def fail(*args, **kwargs):
+            raise StorageError("server selection timed out")
+
+        return fail
+
+
+@pytest.fixture
+def store():
+    return DownStore()
+
+
+@pytest.mark.gen_test
+async def test_store_outage_is_503_detail_everywhere(http_client, base_url, store, browser):
+    store.down = True
+    requests = [
+        ("GET", "/oauth/clients", None, {}),
+        ("GET", "/oauth/clients/webapp", None, {}),
+        ("POST", "/oauth/token", "grant_type=authorization_code&code=x&redirect_uri=" + WEBAPP_REDIRECT,
+         {"Authorization": basic("webapp", WEBAPP_SECRET)}),
+        ("POST", "/oauth/token/refresh", "refresh_token=x", {"Authorization": basic("webapp", WEBAPP_SECRET)}),
+        ("POST", "/oauth/token/introspect", "token=x", {"Authorization": basic("webapp", WEBAPP_SECRET)}),
+        ("POST", "/oauth/token/revoke", "token=x", {"Authorization": basic("webapp", WEBAPP_SECRET)}),
+        ("GET", "/readyz", None, {}),
+        ("GET", "/.well-known/oauth-authorization-server", None, {}),
+    ]
+    for method, path, body, headers in requests:
+        response = await http_client.fetch(base_url + path, method=method, body=body, headers=headers,
+                                           raise_error=False)
+        assert response.code == 503, (path, response.body)
+        assert set(json_of(response)) == {"detail"}
+        assert b"Traceback" not in response.body
+    page = await browser.fetch("/oauth/authorize?client_id=webapp")
+    assert page.code == 503 and page.headers["Content-Type"].startswith("text/html")
+    assert (await http_client.fetch(base_url + "/healthz")).code == 200
+
+
+@pytest.mark.gen_test
+async def test_store_recovers(http_client, base_url, store):
+    store.down = True
+    assert (await http_client.fetch(base_url + "/oauth/clients", raise_error=False)).code == 503
+    store.down = False
+    assert (await http_client.fetch(base_url + "/oauth/clients")).code == 200
+
+
+def test_redact():
+    assert redact("/oauth/revoke?token=abc&x=1") == "/oauth/revoke?token=***&x=1"
+    assert redact("/cb?code=c&state=s&access_token=t&refresh_token=r&client_secret=cs&code_verifier=v") == \
+        "/cb?code=***&state=***&access_token=***&refresh_token=***&client_secret=***&code_verifier=***"
+    assert redact("/plain") == "/plain"
+
+
+@pytest.mark.gen_test
+async def test_access_log_redacts_query_secrets(http_client, base_url, caplog):
+    with caplog.at_level(logging.INFO, logger="tokensvc.access"):
+        await http_client.fetch(base_url + "/oauth/revoke?token=SECRET-TOKEN-VALUE", method="POST", body="")
+        await http_client.fetch(base_url + "/oauth/authorize?client_id=webapp&code=SECRET-CODE-VALUE",
+                                raise_error=False, follow_redirects=False)
+    text = "\n".join(record.getMessage() + repr(getattr(record, "access", "")) for record in caplog.records)
+    assert "/oauth/revoke?token=***" in text
+    assert "SECRET-TOKEN-VALUE" not in text and "SECRET-CODE-VALUE" not in text
+
+
+@pytest.mark.gen_test
+async def test_no_secret_reaches_any_log(browser, http_client, base_url, caplog):
+    from helpers import exchange
+
+    with caplog.at_level(logging.DEBUG):
+        code = await browser.code_for("webapp", WEBAPP_REDIRECT)
+        tokens = json_of(await exchange(http_client, base_url, code))
+        await post_form(http_client, base_url + "/oauth/token/refresh", {"refresh_token": tokens["refresh_token"]},
+                        {"Authorization": basic("webapp", WEBAPP_SECRET)})
+    text = "\n".join(f"{r.getMessage()} {getattr(r, 'audit', '')} {getattr(r, 'access', '')}" for r in caplog.records)
+    for secret in (code, tokens["access_token"], tokens["refresh_token"], WEBAPP_SECRET,
+                   browser.cookies["tokensvc_session"], "alice-password"):
+        assert secret not in text
+    assert "token_issued" in text and "token_refreshed" in text

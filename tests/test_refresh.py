@@ -1,0 +1,120 @@
+"""POST /oauth/token/refresh: rotation and reuse detection."""
+
+import pytest
+
+from helpers import (
+    NODE_REDIRECT, PARTNER_SECRET, SKY_REDIRECT, WEBAPP_REDIRECT, WEBAPP_SECRET, basic, check_oauth_error,
+    check_schema, check_validation_error, exchange, json_of, post_form,
+)
+from tokensvc import schemas
+from tokensvc.oauth import hashing
+
+
+async def tokens_for(browser, http_client, base_url, **kwargs):
+    code = await browser.code_for("webapp", WEBAPP_REDIRECT, **kwargs)
+    response = await exchange(http_client, base_url, code)
+    assert response.code == 200
+    return json_of(response)
+
+
+async def refresh(http_client, base_url, refresh_token, client_id="webapp", secret=WEBAPP_SECRET, **extra):
+    headers = {"Authorization": basic(client_id, secret)} if secret else {}
+    form = {"refresh_token": refresh_token, **extra}
+    if not secret:
+        form["client_id"] = client_id
+    return await post_form(http_client, base_url + "/oauth/token/refresh", form, headers)
+
+
+@pytest.mark.gen_test
+async def test_refresh_rotates_and_returns_a_new_pair(browser, http_client, base_url, store):
+    first = await tokens_for(browser, http_client, base_url, scope="read")
+    response = await refresh(http_client, base_url, first["refresh_token"])
+    assert response.code == 200, response.body
+    second = check_schema(schemas.token_response, json_of(response))
+    assert second["refresh_token"] != first["refresh_token"]
+    assert second["access_token"] != first["access_token"]
+    assert second["scope"] == "read" and second["token_type"] == "Bearer"
+    assert response.headers["Cache-Control"] == "no-store"
+    old = await store.get_token(hashing.digest(first["refresh_token"]))
+    new = await store.get_token(hashing.digest(second["refresh_token"]))
+    assert old.rotated_at is not None and old.revoked_at is None
+    assert new.parent_hash == old.token_hash and new.grant_id == old.grant_id
+    # The new refresh token works in turn.
+    third = await refresh(http_client, base_url, second["refresh_token"])
+    assert third.code == 200
+
+
+@pytest.mark.gen_test
+async def test_grant_type_refresh_token_is_accepted_and_ignored(browser, http_client, base_url):
+    first = await tokens_for(browser, http_client, base_url)
+    response = await refresh(http_client, base_url, first["refresh_token"], grant_type="refresh_token")
+    assert response.code == 200
+
+
+@pytest.mark.gen_test
+async def test_rotated_refresh_reuse_revokes_the_whole_grant(browser, http_client, base_url, store):
+    first = await tokens_for(browser, http_client, base_url)
+    second = json_of(await refresh(http_client, base_url, first["refresh_token"]))
+    reused = await refresh(http_client, base_url, first["refresh_token"])
+    body = check_oauth_error(reused, 400, "invalid_grant")
+    assert "already used" in body["error_description"]
+    for token in (first["access_token"], second["access_token"], second["refresh_token"]):
+        assert (await store.get_token(hashing.digest(token))).revoked_at is not None
+    # The current refresh token no longer works either.
+    check_oauth_error(await refresh(http_client, base_url, second["refresh_token"]), 400, "invalid_grant")
+
+
+@pytest.mark.gen_test
+async def test_refresh_token_is_bound_to_its_client(browser, http_client, base_url, store):
+    first = await tokens_for(browser, http_client, base_url)
+    response = await refresh(http_client, base_url, first["refresh_token"], client_id="partner",
+                             secret=PARTNER_SECRET)
+    check_oauth_error(response, 400, "invalid_grant")
+    # The rightful client is not cut off by the foreign attempt.
+    assert (await refresh(http_client, base_url, first["refresh_token"])).code == 200
+
+
+@pytest.mark.gen_test
+async def test_expired_refresh_token_is_invalid_grant(browser, http_client, base_url, clock):
+    first = await tokens_for(browser, http_client, base_url)
+    clock.advance(2592000 + 1)
+    check_oauth_error(await refresh(http_client, base_url, first["refresh_token"]), 400, "invalid_grant")
+
+
+@pytest.mark.gen_test
+async def test_access_token_is_not_a_refresh_token(browser, http_client, base_url):
+    first = await tokens_for(browser, http_client, base_url)
+    check_oauth_error(await refresh(http_client, base_url, first["access_token"]), 400, "invalid_grant")
+
+
+@pytest.mark.gen_test
+async def test_public_client_refreshes_with_client_id(browser, http_client, base_url):
+    code = await browser.code_for("skyplanner", SKY_REDIRECT)
+    tokens = json_of(await exchange(http_client, base_url, code, client_id="skyplanner", secret=None,
+                                    redirect_uri=SKY_REDIRECT))
+    response = await refresh(http_client, base_url, tokens["refresh_token"], client_id="skyplanner", secret=None)
+    assert response.code == 200, response.body
+
+
+@pytest.mark.gen_test
+async def test_missing_refresh_token_is_422(http_client, base_url):
+    response = await post_form(http_client, base_url + "/oauth/token/refresh", {"client_id": "webapp"})
+    detail = check_validation_error(response, ["body", "refresh_token"], "missing")
+    assert detail == {"loc": ["body", "refresh_token"], "msg": "Field required", "type": "missing",
+                      "input": None, "ctx": {}}
+
+
+@pytest.mark.gen_test
+async def test_installation_refresh_tokens_live_longer(browser, http_client, base_url, store, config):
+    code = await browser.code_for("node-agent", NODE_REDIRECT, installation_id="backyard-scope")
+    tokens = json_of(await exchange(http_client, base_url, code, client_id="node-agent", secret=None,
+                                    redirect_uri=NODE_REDIRECT))
+    record = await store.get_token(hashing.digest(tokens["refresh_token"]))
+    assert record.installation_id == "backyard-scope" and record.user_id is None
+    lifetime = (record.expires_at - record.issued_at).total_seconds()
+    assert lifetime == config.tokens.installation_refresh_ttl
+    renewed = json_of(await refresh(http_client, base_url, tokens["refresh_token"], client_id="node-agent",
+                                    secret=None))
+    record = await store.get_token(hashing.digest(renewed["refresh_token"]))
+    assert record.installation_id == "backyard-scope"
+    assert (record.expires_at - record.issued_at).total_seconds() == config.tokens.installation_refresh_ttl

@@ -1,0 +1,147 @@
+"""Revocation: RFC 7009 at /oauth/token/revoke, grant-wide at /oauth/revoke, and sign-out."""
+
+import pytest
+
+from helpers import (
+    PARTNER_SECRET, SKY_REDIRECT, WEBAPP_REDIRECT, WEBAPP_SECRET, basic, check_oauth_error, exchange, json_of,
+    post_form,
+)
+from tokensvc.oauth import hashing
+
+
+async def webapp_tokens(browser, http_client, base_url):
+    code = await browser.code_for("webapp", WEBAPP_REDIRECT)
+    return json_of(await exchange(http_client, base_url, code))
+
+
+async def state_of(store, token):
+    record = await store.get_token(hashing.digest(token))
+    return "revoked" if record.revoked_at else "active"
+
+
+async def revoke(http_client, base_url, token, client_id="webapp", secret=WEBAPP_SECRET, **form):
+    headers = {"Authorization": basic(client_id, secret)} if secret else {}
+    body = {"token": token, **form}
+    if not secret:
+        body["client_id"] = client_id
+    return await post_form(http_client, base_url + "/oauth/token/revoke", body, headers)
+
+
+@pytest.mark.gen_test
+async def test_revoking_an_access_token(browser, http_client, base_url, store):
+    tokens = await webapp_tokens(browser, http_client, base_url)
+    response = await revoke(http_client, base_url, tokens["access_token"], token_type_hint="access_token")
+    assert response.code == 200 and json_of(response) == {}
+    assert response.headers["Cache-Control"] == "no-store"
+    assert await state_of(store, tokens["access_token"]) == "revoked"
+    assert await state_of(store, tokens["refresh_token"]) == "active"
+
+
+@pytest.mark.gen_test
+async def test_revoking_a_refresh_token_takes_the_grants_access_tokens(browser, http_client, base_url, store):
+    tokens = await webapp_tokens(browser, http_client, base_url)
+    response = await revoke(http_client, base_url, tokens["refresh_token"])
+    assert response.code == 200
+    assert await state_of(store, tokens["refresh_token"]) == "revoked"
+    assert await state_of(store, tokens["access_token"]) == "revoked"
+
+
+@pytest.mark.gen_test
+async def test_unknown_and_repeated_revocation_are_200(browser, http_client, base_url):
+    assert json_of(await revoke(http_client, base_url, "no-such-token")) == {}
+    tokens = await webapp_tokens(browser, http_client, base_url)
+    for _ in range(2):
+        assert (await revoke(http_client, base_url, tokens["access_token"])).code == 200
+
+
+@pytest.mark.gen_test
+async def test_another_clients_token_is_left_alone(browser, http_client, base_url, store):
+    tokens = await webapp_tokens(browser, http_client, base_url)
+    response = await revoke(http_client, base_url, tokens["access_token"], client_id="partner",
+                            secret=PARTNER_SECRET)
+    assert response.code == 200
+    assert await state_of(store, tokens["access_token"]) == "active"
+
+
+@pytest.mark.gen_test
+async def test_bad_client_credentials_are_401(http_client, base_url):
+    check_oauth_error(await revoke(http_client, base_url, "x", secret="wrong"), 401, "invalid_client")
+
+
+@pytest.mark.gen_test
+async def test_public_client_revokes_with_client_id(browser, http_client, base_url, store):
+    code = await browser.code_for("skyplanner", SKY_REDIRECT)
+    tokens = json_of(await exchange(http_client, base_url, code, client_id="skyplanner", secret=None,
+                                    redirect_uri=SKY_REDIRECT))
+    assert (await revoke(http_client, base_url, tokens["access_token"], client_id="skyplanner", secret=None)).code == 200
+    assert await state_of(store, tokens["access_token"]) == "revoked"
+
+
+# -- POST /oauth/revoke ------------------------------------------------------------
+
+@pytest.mark.gen_test
+async def test_grant_revoke_cuts_every_token_of_the_grant(browser, http_client, base_url, store):
+    first = await webapp_tokens(browser, http_client, base_url)
+    second = await webapp_tokens(browser, http_client, base_url)  # same user and client: same grant
+    response = await post_form(http_client, base_url + "/oauth/revoke", {},
+                               {"Authorization": f"Bearer {first['access_token']}"})
+    assert response.code == 200 and json_of(response) == {}
+    for token in (*first.values(), *second.values()):
+        if isinstance(token, str) and len(token) == 43:
+            assert await state_of(store, token) == "revoked"
+    grant = (await store.list_grants(
+        (await store.get_token(hashing.digest(first["access_token"]))).subject))
+    assert grant == []
+
+
+@pytest.mark.gen_test
+async def test_grant_revoke_with_query_token(browser, http_client, base_url, store):
+    tokens = await webapp_tokens(browser, http_client, base_url)
+    response = await http_client.fetch(base_url + "/oauth/revoke?token=" + tokens["refresh_token"],
+                                       method="POST", body="", raise_error=False)
+    assert response.code == 200
+    assert await state_of(store, tokens["access_token"]) == "revoked"
+
+
+@pytest.mark.parametrize("headers,query,body", [
+    ({}, "", ""),
+    ({"Authorization": "Bearer nonsense"}, "?token=nonsense", ""),
+    ({"Authorization": "Basic ???"}, "?token=a&token=b", "x" * 70000),
+    ({"Authorization": "Bearer"}, "?token=%ff", "grant_type=whatever"),
+])
+@pytest.mark.gen_test
+async def test_grant_revoke_is_always_200(http_client, base_url, headers, query, body):
+    response = await http_client.fetch(base_url + "/oauth/revoke" + query, method="POST", body=body,
+                                       headers=headers, raise_error=False)
+    assert response.code == 200 and json_of(response) == {}
+
+
+# -- POST /oauth/sign-out -------------------------------------------------------------
+
+@pytest.mark.gen_test
+async def test_sign_out_ends_the_session_and_revokes_the_token(browser, http_client, base_url, store):
+    tokens = await webapp_tokens(browser, http_client, base_url)
+    session_cookie = browser.cookies["tokensvc_session"]
+    response = await browser.fetch("/oauth/sign-out?token=" + tokens["refresh_token"], "POST", {},
+                                   headers={"X-XSRFToken": browser.cookies["_xsrf"]})
+    assert response.code == 200 and json_of(response) == {}
+    assert "tokensvc_session" not in browser.cookies
+    assert store._sessions == {}
+    assert await state_of(store, tokens["refresh_token"]) == "revoked"
+    # The old cookie no longer signs anyone in.
+    browser.cookies["tokensvc_session"] = session_cookie
+    assert b"Signed in as" not in (await browser.fetch("/")).body
+
+
+@pytest.mark.gen_test
+async def test_cookie_sign_out_needs_the_xsrf_header(browser, store):
+    await browser.login("alice")
+    response = await browser.fetch("/oauth/sign-out", "POST", {})
+    assert response.code == 403
+    assert len(store._sessions) == 1
+
+
+@pytest.mark.gen_test
+async def test_sign_out_without_a_session(http_client, base_url):
+    response = await post_form(http_client, base_url + "/oauth/sign-out", {})
+    assert response.code == 200 and json_of(response) == {}

@@ -1,0 +1,220 @@
+"""POST /oauth/token: the authorization-code grant with PKCE."""
+
+import pytest
+
+from helpers import (
+    PARTNER_REDIRECT,
+    PARTNER_SECRET,
+    SKY_REDIRECT,
+    VERIFIER,
+    WEBAPP_REDIRECT,
+    WEBAPP_SECRET,
+    basic,
+    check_oauth_error,
+    check_schema,
+    check_validation_error,
+    exchange,
+    json_of,
+    new_verifier,
+    post_form,
+)
+from tokensvc import schemas
+from tokensvc.oauth import hashing
+
+
+@pytest.fixture
+def token_url(base_url):
+    return base_url + "/oauth/token"
+
+
+@pytest.mark.gen_test
+async def test_exchange_returns_the_token_response(browser, http_client, base_url, store):
+    code = await browser.code_for("webapp", WEBAPP_REDIRECT, scope="read write")
+    response = await exchange(http_client, base_url, code)
+    assert response.code == 200, response.body
+    body = check_schema(schemas.token_response, json_of(response))
+    assert set(body) == {"access_token", "refresh_token", "expires_in", "token_type", "scope"}
+    assert body["token_type"] == "Bearer" and body["expires_in"] == 3600 and body["scope"] == "read write"
+    assert response.headers["Cache-Control"] == "no-store" and response.headers["Pragma"] == "no-cache"
+    assert response.headers["Content-Type"] == "application/json"
+    # Stored only as hashes: the record is found by digest, never by the token itself.
+    assert await store.get_token(body["access_token"]) is None
+    access = await store.get_token(hashing.digest(body["access_token"]))
+    refresh = await store.get_token(hashing.digest(body["refresh_token"]))
+    assert access.token_type == "access" and refresh.token_type == "refresh"
+    assert access.user_id is not None and access.installation_id is None and access.client_id == "webapp"
+    assert access.grant_id == refresh.grant_id
+
+
+@pytest.mark.gen_test
+async def test_client_secret_post_works_too(browser, http_client, base_url):
+    code = await browser.code_for("webapp", WEBAPP_REDIRECT)
+    response = await exchange(http_client, base_url, code, use_basic=False)
+    assert response.code == 200, response.body
+
+
+@pytest.mark.gen_test
+async def test_public_client_uses_pkce_alone(browser, http_client, base_url):
+    code = await browser.code_for("skyplanner", SKY_REDIRECT)
+    response = await exchange(http_client, base_url, code, client_id="skyplanner", secret=None,
+                              redirect_uri=SKY_REDIRECT)
+    assert response.code == 200, response.body
+    assert json_of(response)["scope"] == "read observations:write"
+
+
+@pytest.mark.gen_test
+async def test_wrong_verifier_is_invalid_grant(browser, http_client, base_url):
+    code = await browser.code_for("webapp", WEBAPP_REDIRECT)
+    other_verifier, _ = new_verifier()
+    response = await exchange(http_client, base_url, code, verifier=other_verifier)
+    check_oauth_error(response, 400, "invalid_grant")
+
+
+@pytest.mark.gen_test
+async def test_missing_verifier_is_refused_pkce_downgrade(browser, http_client, base_url):
+    code = await browser.code_for("webapp", WEBAPP_REDIRECT)
+    response = await exchange(http_client, base_url, code, verifier=None)
+    body = check_oauth_error(response, 400, "invalid_grant")
+    assert "code_verifier" in body["error_description"]
+
+
+@pytest.mark.gen_test
+async def test_reused_code_is_invalid_grant_and_revokes_the_first_tokens(browser, http_client, base_url, store):
+    code = await browser.code_for("webapp", WEBAPP_REDIRECT)
+    first = await exchange(http_client, base_url, code)
+    assert first.code == 200
+    tokens = json_of(first)
+    second = await exchange(http_client, base_url, code)
+    check_oauth_error(second, 400, "invalid_grant")
+    for token in (tokens["access_token"], tokens["refresh_token"]):
+        record = await store.get_token(hashing.digest(token))
+        assert record.revoked_at is not None
+
+
+@pytest.mark.gen_test
+async def test_wrong_redirect_uri_is_invalid_grant(browser, http_client, base_url):
+    code = await browser.code_for("webapp", WEBAPP_REDIRECT)
+    response = await exchange(http_client, base_url, code, redirect_uri=WEBAPP_REDIRECT + "x")
+    check_oauth_error(response, 400, "invalid_grant")
+
+
+@pytest.mark.gen_test
+async def test_expired_code_is_invalid_grant(browser, http_client, base_url, clock):
+    code = await browser.code_for("webapp", WEBAPP_REDIRECT)
+    clock.advance(301)
+    response = await exchange(http_client, base_url, code)
+    body = check_oauth_error(response, 400, "invalid_grant")
+    assert "expired" in body["error_description"]
+
+
+@pytest.mark.gen_test
+async def test_code_is_bound_to_its_client(browser, http_client, base_url):
+    code = await browser.code_for("webapp", WEBAPP_REDIRECT)
+    response = await exchange(http_client, base_url, code, client_id="partner", secret=PARTNER_SECRET,
+                              redirect_uri=WEBAPP_REDIRECT)
+    check_oauth_error(response, 400, "invalid_grant")
+
+
+@pytest.mark.gen_test
+async def test_unknown_code_is_invalid_grant(http_client, base_url):
+    response = await exchange(http_client, base_url, "no-such-code")
+    check_oauth_error(response, 400, "invalid_grant")
+
+
+@pytest.mark.parametrize("grant_type", ["password", "client_credentials", "refresh_token", "implicit"])
+@pytest.mark.gen_test
+async def test_other_grant_types_are_unsupported_whatever_else_the_form_holds(http_client, token_url, grant_type):
+    # No code, no client: grant_type is checked first.
+    response = await post_form(http_client, token_url, {"grant_type": grant_type})
+    check_oauth_error(response, 400, "unsupported_grant_type")
+    assert response.headers["Cache-Control"] == "no-store"
+
+
+@pytest.mark.gen_test
+async def test_missing_fields_are_422_with_exact_loc(http_client, token_url):
+    response = await post_form(http_client, token_url, {"grant_type": "authorization_code"},
+                               {"Authorization": basic("webapp", WEBAPP_SECRET)})
+    check_validation_error(response, ["body", "code"], "missing")
+    check_validation_error(response, ["body", "redirect_uri"], "missing")
+    response = await post_form(http_client, token_url, {"code": "x", "redirect_uri": WEBAPP_REDIRECT})
+    check_validation_error(response, ["body", "grant_type"], "missing")
+
+
+@pytest.mark.gen_test
+async def test_missing_client_id_is_422(http_client, token_url):
+    response = await post_form(http_client, token_url, {
+        "grant_type": "authorization_code", "code": "x", "redirect_uri": WEBAPP_REDIRECT,
+        "code_verifier": VERIFIER})
+    check_validation_error(response, ["body", "client_id"], "missing")
+
+
+@pytest.mark.gen_test
+async def test_too_long_field_is_string_too_long(http_client, token_url):
+    response = await post_form(http_client, token_url, {
+        "grant_type": "authorization_code", "code": "c" * 513, "redirect_uri": WEBAPP_REDIRECT,
+        "client_id": "skyplanner"})
+    detail = check_validation_error(response, ["body", "code"], "string_too_long")
+    assert detail["ctx"] == {"max_length": 512}
+
+
+@pytest.mark.gen_test
+async def test_bad_basic_credentials_are_401_with_challenge(http_client, token_url):
+    form = {"grant_type": "authorization_code", "code": "x", "redirect_uri": WEBAPP_REDIRECT}
+    for header in (basic("webapp", "wrong"), basic("nobody", "x"), "Basic !!!notbase64"):
+        response = await post_form(http_client, token_url, form, {"Authorization": header})
+        check_oauth_error(response, 401, "invalid_client")
+        assert response.headers["WWW-Authenticate"].startswith("Basic")
+
+
+@pytest.mark.gen_test
+async def test_bad_post_secret_is_401(http_client, token_url):
+    response = await post_form(http_client, token_url, {
+        "grant_type": "authorization_code", "code": "x", "redirect_uri": WEBAPP_REDIRECT,
+        "client_id": "webapp", "client_secret": "wrong"})
+    check_oauth_error(response, 401, "invalid_client")
+
+
+@pytest.mark.gen_test
+async def test_confidential_client_without_secret_is_401(http_client, token_url):
+    response = await post_form(http_client, token_url, {
+        "grant_type": "authorization_code", "code": "x", "redirect_uri": PARTNER_REDIRECT,
+        "client_id": "partner", "code_verifier": VERIFIER})
+    check_oauth_error(response, 401, "invalid_client")
+
+
+@pytest.mark.gen_test
+async def test_two_authentication_methods_are_refused(http_client, token_url):
+    response = await post_form(http_client, token_url, {
+        "grant_type": "authorization_code", "code": "x", "redirect_uri": WEBAPP_REDIRECT,
+        "client_secret": WEBAPP_SECRET}, {"Authorization": basic("webapp", WEBAPP_SECRET)})
+    check_oauth_error(response, 400, "invalid_request")
+
+
+@pytest.mark.gen_test
+async def test_repeated_parameter_is_invalid_request(http_client, token_url):
+    response = await http_client.fetch(token_url, method="POST", raise_error=False,
+                                       body="grant_type=authorization_code&code=a&code=b")
+    check_oauth_error(response, 400, "invalid_request")
+
+
+@pytest.mark.gen_test
+async def test_non_utf8_body_is_400(http_client, token_url):
+    response = await http_client.fetch(token_url, method="POST", raise_error=False,
+                                       body=b"grant_type=authorization_code&code=%ff%fe")
+    check_oauth_error(response, 400, "invalid_request")
+
+
+@pytest.mark.gen_test
+async def test_body_over_64_kib_is_413(http_client, token_url):
+    response = await http_client.fetch(token_url, method="POST", raise_error=False,
+                                       body="code=" + "x" * (64 * 1024))
+    assert response.code == 413
+    assert "detail" in json_of(response)
+
+
+@pytest.mark.gen_test
+async def test_json_body_is_not_a_form(http_client, token_url):
+    response = await http_client.fetch(token_url, method="POST", raise_error=False,
+                                       headers={"Content-Type": "application/json"},
+                                       body='{"grant_type": "authorization_code"}')
+    check_validation_error(response, ["body", "grant_type"], "missing")

@@ -1,0 +1,5 @@
+"""``python -m tokensvc`` runs the same command line as the ``tokensvc`` script."""
+
+from tokensvc.cli import main
+
+raise SystemExit(main())

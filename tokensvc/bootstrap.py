@@ -1,0 +1,68 @@
+"""Start-up seeding: the clients, users and installations of the config file are upserted
+into the store, so a restart with the same file changes nothing and an edited file is
+applied."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import secrets
+
+from tokensvc.config import Settings
+from tokensvc.oauth import hashing
+from tokensvc.records import Client, Installation, User, utcnow
+from tokensvc.storage.base import Store
+
+log = logging.getLogger(__name__)
+
+
+def new_user_id() -> str:
+    return "u_" + secrets.token_hex(8)
+
+
+async def seed(store: Store, config: Settings) -> None:
+    now = utcnow()
+    for seed_client in config.clients:
+        existing = await store.get_client(seed_client.client_id)
+        if seed_client.client_secret is not None:
+            secret_hash = hashing.digest(seed_client.client_secret)
+        else:
+            secret_hash = seed_client.client_secret_sha256
+        await store.put_client(Client(
+            client_id=seed_client.client_id,
+            name=seed_client.name,
+            redirect_uris=list(seed_client.redirect_uris),
+            allowed_scopes=None if seed_client.allowed_scopes is None else list(seed_client.allowed_scopes),
+            secret_hash=secret_hash,
+            first_party=seed_client.first_party,
+            description=seed_client.description,
+            logo_url=seed_client.logo_url,
+            created_at=existing.created_at if existing and existing.created_at else now,
+        ))
+    user_ids: dict[str, str] = {}
+    loop = asyncio.get_running_loop()
+    for seed_user in config.users:
+        existing_user = await store.get_user_by_username(seed_user.username)
+        if seed_user.password_hash is not None:
+            password_hash = seed_user.password_hash
+        elif existing_user is not None and hashing.verify_password(seed_user.password or "", existing_user.password_hash):
+            password_hash = existing_user.password_hash  # unchanged: keep the stored hash
+        else:
+            password_hash = await loop.run_in_executor(None, hashing.hash_password, seed_user.password or "")
+        user = User(
+            user_id=existing_user.user_id if existing_user else new_user_id(),
+            username=seed_user.username,
+            password_hash=password_hash,
+            admin=seed_user.admin,
+        )
+        await store.put_user(user)
+        user_ids[user.username] = user.user_id
+    for seed_installation in config.installations:
+        await store.put_installation(Installation(
+            installation_id=seed_installation.installation_id,
+            name=seed_installation.name,
+            kind=seed_installation.kind,
+            operators=[user_ids[name] for name in seed_installation.operators],
+        ))
+    log.info("seeded %d clients, %d users, %d installations from the config",
+             len(config.clients), len(config.users), len(config.installations))

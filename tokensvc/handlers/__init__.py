@@ -1,0 +1,1 @@
+"""Thin Tornado handlers: parse with a schema, call the protocol layer, render."""

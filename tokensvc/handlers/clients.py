@@ -1,0 +1,21 @@
+"""``GET /oauth/clients`` and ``GET /oauth/clients/{client_id}``: the public face of clients."""
+
+from __future__ import annotations
+
+from tokensvc import schemas
+from tokensvc.handlers.base import BaseHandler, NotFound
+
+
+class ClientListHandler(BaseHandler):
+    async def get(self) -> None:
+        self.send_json(schemas.oauth_clients.dump(await self.ctx.store.list_clients()))
+
+
+class ClientHandler(BaseHandler):
+    async def get(self, client_id: str) -> None:
+        # "/oauth/clients/" names no client: the path parameter is missing, not malformed.
+        self.load(schemas.client_id_path, {"client_id": client_id} if client_id else {}, "path")
+        client = await self.ctx.store.get_client(client_id)
+        if client is None:
+            raise NotFound(f"No client with id {client_id!r}")
+        self.send_json(schemas.oauth_client.dump(client))

@@ -1,0 +1,164 @@
+"""The HTML side: the authorization endpoint with its consent page, sign-in and sign-out
+pages, and the home page."""
+
+from __future__ import annotations
+
+import logging
+from urllib.parse import urlencode, urlsplit
+
+from tokensvc import schemas
+from tokensvc.handlers.base import PageHandler, ValidationFailed
+from tokensvc.oauth import authorization, sessions
+from tokensvc.oauth.authorization import AuthorizationRequest, RedirectError
+from tokensvc.oauth.errors import AccessDenied, InvalidRequest, RedirectUnverified
+from tokensvc.records import User
+
+audit = logging.getLogger("tokensvc.audit")
+
+SCOPE_WORDS = {
+    "read": "Read your data",
+    "write": "Read, create and change your data",
+    "admin": "Administer this service (inspect any token)",
+}
+
+
+def describe_scope(scope: str) -> str:
+    if scope in SCOPE_WORDS:
+        return SCOPE_WORDS[scope]
+    resource, _, action = scope.partition(":")
+    if action == "read":
+        return f"Read your {resource}"
+    if action == "write":
+        return f"Create and change your {resource}"
+    if action:
+        return f"{action.capitalize()} your {resource}"
+    return scope
+
+
+def safe_next(target: str | None) -> str:
+    """A same-site path to return to after sign-in; anything else becomes ``/`` (no open redirect)."""
+    if not target or not target.startswith("/") or target.startswith("//") or target.startswith("/\\"):
+        return "/"
+    if any(ord(ch) < 0x20 or ch == "\\" for ch in target):
+        return "/"
+    parts = urlsplit(target)
+    if parts.scheme or parts.netloc:
+        return "/"
+    return target
+
+
+class AuthorizeHandler(PageHandler):
+    """``GET|POST {auth_url}/oauth/authorize`` (RFC 6749 §4.1.1); POST is the consent decision."""
+
+    async def get(self) -> None:
+        await self.handle(self.request.query_arguments, decision=None)
+
+    async def post(self) -> None:
+        arguments = self.request.body_arguments
+        decision = arguments.get("decision", [b""])[0].decode("utf-8", "replace")
+        await self.handle(arguments, decision=decision)
+
+    async def handle(self, raw_args: dict[str, list[bytes]], decision: str | None) -> None:
+        try:
+            args = {name: [value.decode("utf-8") for value in values] for name, values in raw_args.items()}
+        except UnicodeDecodeError:
+            return self.error_page(400, "The authorization request is not valid UTF-8.")
+        try:
+            request = await authorization.validate(self.ctx, args)
+            found = await self.session()
+            if found is None:
+                # The original query (GET) keeps an omitted scope omitted after sign-in.
+                target = (self.request.uri if self.request.method == "GET"
+                          else "/oauth/authorize?" + urlencode(request.hidden_fields()))
+                return self.redirect("/login?" + urlencode({"next": target}))
+            user = found[1]
+            subject, installation = await authorization.resolve_subject(self.ctx, request, user)
+            if request.client.first_party or decision == "allow":
+                if decision == "allow":
+                    self.audit_consent(request, user, "allowed")
+                url = await authorization.issue_code(self.ctx, request, subject)
+                audit.info("authorization code issued", extra={"audit": {
+                    "event": "code_issued", "client_id": request.client.client_id, "subject": subject.id,
+                    "subject_type": subject.kind, "outcome": "success"}})
+                return self.redirect(url)
+            if decision == "deny":
+                self.audit_consent(request, user, "denied")
+                raise RedirectError(AccessDenied("The user denied the request"), request.redirect_uri, request.state)
+            if decision:
+                raise RedirectError(InvalidRequest("decision must be allow or deny"), request.redirect_uri,
+                                    request.state)
+            self.render_consent(request, user, installation)
+        except RedirectUnverified as exc:
+            self.error_page(400, exc.description)
+        except RedirectError as exc:
+            self.redirect(authorization.error_redirect(exc, self.ctx.issuer))
+
+    def render_consent(self, request: AuthorizationRequest, user: User, installation) -> None:
+        redirect_origin = "{0.scheme}://{0.netloc}".format(urlsplit(request.redirect_uri))
+        # Browsers apply form-action to the redirect that follows the form post as well.
+        self.set_header("Content-Security-Policy",
+                        self.page_csp.replace("form-action 'self'", f"form-action 'self' {redirect_origin}"))
+        self.render("consent.html", client=request.client, user=user, installation=installation,
+                    scopes=[(scope, describe_scope(scope)) for scope in request.scopes],
+                    fields=request.hidden_fields(), redirect_host=urlsplit(request.redirect_uri).netloc)
+
+    def audit_consent(self, request: AuthorizationRequest, user: User, outcome: str) -> None:
+        audit.info("consent %s", outcome, extra={"audit": {
+            "event": "consent", "client_id": request.client.client_id, "subject": user.user_id,
+            "scopes": request.scopes, "outcome": outcome}})
+
+    def error_page(self, status: int, message: str) -> None:
+        self.set_status(status)
+        self.render("error.html", title="This request cannot be completed", message=message, status=status)
+
+
+class LoginHandler(PageHandler):
+    """``GET|POST {auth_url}/login``: the sign-in form and its check."""
+
+    def get(self) -> None:
+        self.render("login.html", next=safe_next(self.get_query_argument("next", None)), error=None,
+                    username="")
+
+    async def post(self) -> None:
+        form = self.form()
+        target = safe_next(form.get("next"))
+        try:
+            data = self.load(schemas.login_form, form)
+        except ValidationFailed:
+            self.set_status(400)
+            return self.render("login.html", next=target, error="Enter your username and password.",
+                               username=form.get("username", "")[:128])
+        user = await sessions.check_password(self.ctx, data["username"], data["password"])
+        if user is None:
+            audit.warning("login failed", extra={"audit": {
+                "event": "login", "username": data["username"], "outcome": "failure",
+                "remote_ip": self.request.remote_ip}})
+            self.set_status(401)
+            return self.render("login.html", next=target, error="Wrong username or password.",
+                               username=data["username"])
+        session_id = await sessions.start(self.ctx, user)
+        self.set_signed_cookie(
+            self.config.session_cookie, session_id, expires_days=self._cookie_days(), path="/",
+            httponly=True, samesite="Lax", secure=self.config.secure_cookies)
+        audit.info("login succeeded", extra={"audit": {
+            "event": "login", "subject": user.user_id, "username": user.username, "outcome": "success",
+            "remote_ip": self.request.remote_ip}})
+        self.redirect(target)
+
+
+class LogoutHandler(PageHandler):
+    """``POST {auth_url}/logout``: the sign-out button of the web pages."""
+
+    async def post(self) -> None:
+        await sessions.end(self.ctx, self.raw_session_id())
+        self.clear_cookie(self.config.session_cookie, path="/")
+        self.render("signed_out.html")
+
+
+class HomeHandler(PageHandler):
+    """``GET /``: who is signed in, and where the endpoints are."""
+
+    async def get(self) -> None:
+        found = await self.session()
+        self.render("home.html", user=found[1] if found else None, base_url=self.config.base_url,
+                    auth_url=self.config.auth_url)

@@ -1,0 +1,114 @@
+"""The token endpoints: code exchange, refresh, introspection and revocation."""
+
+from __future__ import annotations
+
+import tornado.web
+
+from tokensvc import schemas
+from tokensvc.handlers.base import TokenEndpointHandler, ValidationFailed
+from tokensvc.oauth import bearer, clientauth, grants, introspection, revocation, sessions
+from tokensvc.oauth.errors import InvalidClient, InvalidRequest, UnsupportedGrantType
+from tokensvc.records import Client
+
+
+class ClientAuthMixin:
+    async def authenticate_client(self: TokenEndpointHandler, form: dict[str, str]) -> Client:
+        creds = clientauth.credentials(self.request.headers.get("Authorization"),
+                                       form.get("client_id"), form.get("client_secret"))
+        if creds is None:
+            raise ValidationFailed([schemas.missing_detail("body", "client_id")])
+        return await clientauth.authenticate(self.ctx.store, creds)
+
+    def send_tokens(self: TokenEndpointHandler, response: grants.TokenResponse) -> None:
+        self.send_json(schemas.token_response.dump(response))
+
+
+class TokenHandler(ClientAuthMixin, TokenEndpointHandler):
+    """``POST /oauth/token``: authorization code + PKCE, the only grant type."""
+
+    async def post(self) -> None:
+        form = self.form()
+        grant_type = form.get("grant_type")
+        if grant_type is not None and grant_type != "authorization_code":
+            raise UnsupportedGrantType("Only grant_type=authorization_code is supported here; "
+                                       "refresh at /oauth/token/refresh")
+        data = self.load(schemas.token_request, form)
+        client = await self.authenticate_client(form)
+        response = await grants.exchange_code(self.ctx, client, data["code"], data["redirect_uri"],
+                                              data.get("code_verifier"))
+        self.send_tokens(response)
+
+
+class RefreshHandler(ClientAuthMixin, TokenEndpointHandler):
+    """``POST /oauth/token/refresh``: refresh-token rotation."""
+
+    async def post(self) -> None:
+        form = self.form()
+        data = self.load(schemas.refresh_request, form)
+        client = await self.authenticate_client(form)
+        self.send_tokens(await grants.refresh(self.ctx, client, data["refresh_token"]))
+
+
+class IntrospectHandler(ClientAuthMixin, TokenEndpointHandler):
+    """``POST /oauth/token/introspect`` (RFC 7662)."""
+
+    async def post(self) -> None:
+        form = self.form()
+        data = self.load(schemas.token_action, form)
+        presented = bearer.from_authorization(self.request.headers.get("Authorization"))
+        if presented is not None:
+            token = await bearer.active_access_token(self.ctx, presented)
+            if token is None:
+                raise InvalidClient("The bearer token is not active")
+            await introspection.check_bearer_caller(self.ctx, token)
+        else:
+            client = await self.authenticate_client(form)
+            if not client.confidential:
+                raise InvalidClient("Introspection needs client authentication")
+            introspection.check_client_caller(client)
+        body = await introspection.introspect(self.ctx, data["token"])
+        self.send_json(schemas.introspection_response.dump(body))
+
+
+class RevokeHandler(ClientAuthMixin, TokenEndpointHandler):
+    """``POST /oauth/token/revoke`` (RFC 7009): a client revokes a token issued to it."""
+
+    async def post(self) -> None:
+        form = self.form()
+        data = self.load(schemas.token_action, form)
+        client = await self.authenticate_client(form)
+        await revocation.revoke_token(self.ctx, data["token"], client)
+        self.send_json({})
+
+
+class GrantRevokeHandler(TokenEndpointHandler):
+    """``POST /oauth/revoke``: the caller cuts its own access, the whole grant. Always 200."""
+
+    def prepare(self) -> None:
+        """No body limit: the body is never read, and the answer is 200 whatever the input."""
+
+    async def post(self) -> None:
+        presented = bearer.from_authorization(self.request.headers.get("Authorization"))
+        try:
+            token = self.query().get("token")
+        except InvalidRequest:  # whatever the input, this endpoint answers 200
+            token = None
+        for candidate in dict.fromkeys(t for t in (presented, token) if t):
+            await revocation.revoke_grant_of(self.ctx, candidate)
+        self.send_json({})
+
+
+class SignOutHandler(TokenEndpointHandler):
+    """``POST /oauth/sign-out``: end the web session, and revoke ``token`` when given."""
+
+    async def post(self) -> None:
+        data = self.load(schemas.optional_token_query, self.query(), "query")
+        session_id = self.raw_session_id()
+        if session_id is not None:
+            # The cookie is ambient authority: a cross-site form must not sign the user out.
+            tornado.web.RequestHandler.check_xsrf_cookie(self)
+            await sessions.end(self.ctx, session_id)
+        self.clear_cookie(self.config.session_cookie, path="/")
+        if data.get("token"):
+            await revocation.revoke_token(self.ctx, data["token"], None)
+        self.send_json({})

@@ -1,0 +1,52 @@
+"""Logging set-up: one line per record, as text or JSON (``--log-format json``).
+
+Access lines carry ``extra={"access": {...}}`` and audit records (logger
+``tokensvc.audit``) carry ``extra={"audit": {...}}``; the JSON formatter lifts those
+dicts into the record. Neither ever holds a secret.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+from datetime import datetime, timezone
+
+
+class JsonFormatter(logging.Formatter):
+    def format(self, record: logging.LogRecord) -> str:
+        entry = {
+            "time": datetime.fromtimestamp(record.created, timezone.utc).isoformat(timespec="milliseconds"),
+            "level": record.levelname.lower(),
+            "logger": record.name,
+            "message": record.getMessage(),
+        }
+        for key in ("access", "audit"):
+            value = getattr(record, key, None)
+            if value is not None:
+                entry[key] = value
+        if record.exc_info:
+            entry["exception"] = self.formatException(record.exc_info)
+        return json.dumps(entry, default=str, separators=(",", ":"))
+
+
+class TextFormatter(logging.Formatter):
+    def __init__(self) -> None:
+        super().__init__("%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+    def format(self, record: logging.LogRecord) -> str:
+        line = super().format(record)
+        audit = getattr(record, "audit", None)
+        if audit:
+            line += " " + " ".join(f"{key}={value}" for key, value in audit.items())
+        return line
+
+
+def configure(fmt: str = "text", level: str = "info") -> None:
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(JsonFormatter() if fmt == "json" else TextFormatter())
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(level.upper())
+    # Tornado's own access log is replaced by tokensvc.access (which redacts secrets).
+    logging.getLogger("tornado.access").setLevel(logging.WARNING)

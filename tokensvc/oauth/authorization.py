@@ -1,0 +1,195 @@
+"""The authorization endpoint's logic (RFC 6749 §4.1.1-§4.1.2, RFC 7636 §4.3, RFC 9700 §2.1).
+
+``validate`` checks a request in the order the RFC requires: first what decides whether
+a redirect is safe at all (client and exact redirect_uri), then everything that is
+answered by a redirect carrying ``error``. ``issue_code`` records the grant and mints the
+single-use code.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import timedelta
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+
+from tokensvc.oauth import hashing, pkce, scopes
+from tokensvc.oauth.context import OAuthContext
+from tokensvc.oauth.errors import (
+    AccessDenied,
+    InvalidRequest,
+    InvalidScope,
+    RedirectUnverified,
+    UnsupportedResponseType,
+)
+from tokensvc.records import AuthorizationCode, Client, Installation, Subject, User
+
+PARAMETERS = (
+    "response_type", "client_id", "redirect_uri", "scope", "state",
+    "code_challenge", "code_challenge_method", "installation_id",
+)
+MAX_PARAMETER_LENGTH = 2048
+
+
+@dataclass(slots=True)
+class AuthorizationRequest:
+    client: Client
+    redirect_uri: str
+    state: str | None
+    scopes: list[str]
+    code_challenge: str
+    code_challenge_method: str
+    installation_id: str | None
+    scope_defaulted: bool = False
+
+    def hidden_fields(self) -> dict[str, str]:
+        """The parameters a consent form posts back (re-validated on the way in)."""
+        fields = {
+            "response_type": "code",
+            "client_id": self.client.client_id,
+            "redirect_uri": self.redirect_uri,
+            "scope": scopes.render(self.scopes),
+            "code_challenge": self.code_challenge,
+            "code_challenge_method": self.code_challenge_method,
+        }
+        if self.state is not None:
+            fields["state"] = self.state
+        if self.installation_id is not None:
+            fields["installation_id"] = self.installation_id
+        return fields
+
+
+class RedirectError(Exception):
+    """An OAuth error to deliver by redirect to a verified redirect_uri."""
+
+    def __init__(self, error: Exception, redirect_uri: str, state: str | None) -> None:
+        super().__init__(str(error))
+        self.error = error
+        self.redirect_uri = redirect_uri
+        self.state = state
+
+
+def redirect_to(redirect_uri: str, params: dict[str, str | None]) -> str:
+    """``redirect_uri`` with ``params`` added to its query, keeping the query it had."""
+    parts = urlsplit(redirect_uri)
+    query = parse_qsl(parts.query, keep_blank_values=True)
+    query.extend((key, value) for key, value in params.items() if value is not None)
+    return urlunsplit(parts._replace(query=urlencode(query)))
+
+
+async def validate(ctx: OAuthContext, args: dict[str, list[str]]) -> AuthorizationRequest:
+    """Check an authorization request. Raises RedirectUnverified (show an error page) or
+    RedirectError (send the error to the client's redirect_uri)."""
+
+    def single(name: str) -> str | None:
+        values = args.get(name)
+        if not values:
+            return None
+        if len(values) > 1:
+            raise InvalidRequest(f"Parameter '{name}' is repeated")
+        return values[0]
+
+    try:
+        client_id = single("client_id")
+        redirect_uri = single("redirect_uri")
+    except InvalidRequest as exc:
+        raise RedirectUnverified(exc.description or "Repeated parameter") from None
+    if not client_id:
+        raise RedirectUnverified("The request names no client (client_id is missing).")
+    client = await ctx.store.get_client(client_id) if len(client_id) <= 128 else None
+    if client is None:
+        raise RedirectUnverified("The client that sent you here is not registered with this service.")
+    if not redirect_uri:
+        raise RedirectUnverified("The request carries no redirect_uri.")
+    # Exact string comparison, no prefix or pattern matching (RFC 9700 §4.1.3).
+    if redirect_uri not in client.redirect_uris:
+        raise RedirectUnverified("The redirect_uri is not registered for this client.")
+
+    state_values = args.get("state") or []
+    state = state_values[0] if len(state_values) == 1 else None
+    try:
+        if len(state_values) > 1:
+            raise InvalidRequest("Parameter 'state' is repeated")
+        request = _validate_parameters(client, redirect_uri, state, single)
+    except (InvalidRequest, InvalidScope, UnsupportedResponseType) as exc:
+        raise RedirectError(exc, redirect_uri, state) from None
+    return request
+
+
+def _validate_parameters(client: Client, redirect_uri: str, state: str | None, single) -> AuthorizationRequest:
+    for name in PARAMETERS:
+        value = single(name)
+        if value is not None and len(value) > MAX_PARAMETER_LENGTH:
+            raise InvalidRequest(f"Parameter '{name}' is too long")
+    response_type = single("response_type")
+    if response_type is None:
+        raise InvalidRequest("response_type is required")
+    if response_type != "code":
+        raise UnsupportedResponseType("Only response_type=code is supported")
+    challenge = single("code_challenge")
+    if not challenge:
+        raise InvalidRequest("code_challenge is required (PKCE)")
+    method = single("code_challenge_method")
+    if method != pkce.S256:
+        raise InvalidRequest("code_challenge_method must be S256")
+    if not pkce.is_valid_challenge(challenge):
+        raise InvalidRequest("code_challenge is not a S256 challenge (43 base64url characters)")
+    try:
+        asked = scopes.parse(single("scope"))
+    except ValueError as exc:
+        raise InvalidScope(str(exc)) from None
+    allowed = client.scopes
+    defaulted = asked is None
+    if asked is None:
+        asked = list(allowed)
+    elif not all(scopes.satisfies(allowed, scope) for scope in asked):
+        raise InvalidScope("The client may not ask for: " + " ".join(
+            scope for scope in asked if not scopes.satisfies(allowed, scope)))
+    if not asked:
+        raise InvalidScope("No scope to grant")
+    return AuthorizationRequest(client, redirect_uri, state, asked, challenge, method,
+                                single("installation_id"), defaulted)
+
+
+async def resolve_subject(ctx: OAuthContext, request: AuthorizationRequest, user: User) -> tuple[Subject, Installation | None]:
+    """The subject the code will be issued to: the user, or the installation being paired.
+
+    Pairing needs the user to operate the installation (or to be an admin); the ``admin``
+    scope only goes to admin users (left out of a defaulted scope, refused when asked for).
+    """
+    if scopes.ADMIN in request.scopes and not user.admin:
+        if request.scope_defaulted and len(request.scopes) > 1:
+            request.scopes = [scope for scope in request.scopes if scope != scopes.ADMIN]
+            return await resolve_subject(ctx, request, user)
+        raise RedirectError(InvalidScope("The admin scope is for administrators only"),
+                            request.redirect_uri, request.state)
+    if request.installation_id is None:
+        return Subject(user_id=user.user_id), None
+    installation = await ctx.store.get_installation(request.installation_id)
+    if installation is None or not (user.admin or user.user_id in installation.operators):
+        raise RedirectError(AccessDenied("You may not pair this installation"),
+                            request.redirect_uri, request.state)
+    return Subject(installation_id=installation.installation_id), installation
+
+
+async def issue_code(ctx: OAuthContext, request: AuthorizationRequest, subject: Subject) -> str:
+    """Record the grant and mint a code; returns the URL to redirect the user agent to."""
+    now = ctx.clock()
+    await ctx.store.save_grant(request.client.client_id, subject, request.scopes, now)
+    code = hashing.new_secret()
+    await ctx.store.add_code(AuthorizationCode(
+        code_hash=hashing.digest(code),
+        client_id=request.client.client_id,
+        redirect_uri=request.redirect_uri,
+        scopes=request.scopes,
+        user_id=subject.user_id,
+        installation_id=subject.installation_id,
+        code_challenge=request.code_challenge,
+        code_challenge_method=request.code_challenge_method,
+        expires_at=now + timedelta(seconds=ctx.tokens.code_ttl),
+    ))
+    return redirect_to(request.redirect_uri, {"code": code, "state": request.state, "iss": ctx.issuer})
+
+
+def error_redirect(exc: RedirectError, issuer: str) -> str:
+    body = exc.error.body() if hasattr(exc.error, "body") else {"error": "server_error"}
+    return redirect_to(exc.redirect_uri, {**body, "state": exc.state, "iss": issuer})

@@ -1,0 +1,25 @@
+"""Bearer tokens (RFC 6750): finding the active access token a request presents."""
+
+from __future__ import annotations
+
+from tokensvc.oauth import hashing
+from tokensvc.oauth.context import OAuthContext
+from tokensvc.records import ACCESS, Token
+
+
+def from_authorization(header: str | None) -> str | None:
+    """The token of an ``Authorization: Bearer <token>`` header (RFC 6750 §2.1), or None."""
+    if not header or header[:7].lower() != "bearer ":
+        return None
+    token = header[7:].strip()
+    return token or None
+
+
+async def active_access_token(ctx: OAuthContext, token: str | None) -> Token | None:
+    """The stored access token if it is active (unexpired, unrevoked), else None."""
+    if not token or len(token) > 512:
+        return None
+    record = await ctx.store.get_token(hashing.digest(token))
+    if record is None or record.token_type != ACCESS or not record.is_active(ctx.clock()):
+        return None
+    return record

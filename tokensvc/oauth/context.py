@@ -1,0 +1,22 @@
+"""What every protocol operation needs: the store, the token lifetimes, a clock, and a
+place to announce revocations (open WebSockets listen there)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import datetime
+
+from tokensvc.config import TokenSettings
+from tokensvc.oauth.events import RevocationEvents
+from tokensvc.records import utcnow
+from tokensvc.storage.base import Store
+
+
+@dataclass(slots=True)
+class OAuthContext:
+    store: Store
+    tokens: TokenSettings
+    issuer: str
+    clock: Callable[[], datetime] = utcnow
+    events: RevocationEvents = field(default_factory=lambda: RevocationEvents())

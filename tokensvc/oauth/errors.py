@@ -1,0 +1,123 @@
+"""OAuth 2.0 error responses (RFC 6749 §4.1.2.1 and §5.2, RFC 6750 §3.1, RFC 7009 §2.2.1).
+
+Each error is a small class carrying its ``error`` code and HTTP status; the web layer
+turns one into a JSON body or a redirect, the protocol layer only raises them.
+"""
+
+from __future__ import annotations
+
+
+class OAuthError(Exception):
+    """Base of every protocol error. ``description`` is safe to show to the client."""
+
+    error = "invalid_request"
+    status_code = 400
+
+    def __init__(self, description: str | None = None, *, status_code: int | None = None) -> None:
+        super().__init__(description or self.error)
+        self.description = description
+        if status_code is not None:
+            self.status_code = status_code
+
+    def body(self) -> dict[str, str]:
+        body = {"error": self.error}
+        if self.description:
+            body["error_description"] = self.description
+        return body
+
+
+class InvalidRequest(OAuthError):
+    """RFC 6749 §5.2: a required parameter is missing, repeated or malformed."""
+
+    error = "invalid_request"
+
+
+class InvalidClient(OAuthError):
+    """RFC 6749 §5.2: client authentication failed. 401; ``basic`` asks for a Basic challenge."""
+
+    error = "invalid_client"
+    status_code = 401
+
+    def __init__(self, description: str | None = None, *, basic: bool = False) -> None:
+        super().__init__(description)
+        self.basic = basic
+
+
+class InvalidGrant(OAuthError):
+    """RFC 6749 §5.2: the code or refresh token is invalid, expired, revoked or not this client's."""
+
+    error = "invalid_grant"
+
+
+class UnauthorizedClient(OAuthError):
+    """RFC 6749 §5.2: the client may not use this grant or endpoint."""
+
+    error = "unauthorized_client"
+
+
+class UnsupportedGrantType(OAuthError):
+    """RFC 6749 §5.2: only ``authorization_code`` is served by the token endpoint."""
+
+    error = "unsupported_grant_type"
+
+
+class UnsupportedResponseType(OAuthError):
+    """RFC 6749 §4.1.2.1: only ``response_type=code``."""
+
+    error = "unsupported_response_type"
+
+
+class InvalidScope(OAuthError):
+    """RFC 6749 §4.1.2.1 / §5.2: a scope outside what the client may ask for."""
+
+    error = "invalid_scope"
+
+
+class AccessDenied(OAuthError):
+    """RFC 6749 §4.1.2.1: the user (or policy) refused the request. 403 outside redirects."""
+
+    error = "access_denied"
+    status_code = 403
+
+
+class UnsupportedTokenType(OAuthError):
+    """RFC 7009 §2.2.1."""
+
+    error = "unsupported_token_type"
+
+
+class InvalidToken(OAuthError):
+    """RFC 6750 §3.1: the bearer token is missing, expired, revoked or malformed."""
+
+    error = "invalid_token"
+    status_code = 401
+
+
+class InsufficientScope(OAuthError):
+    """RFC 6750 §3.1: the bearer token lacks the scope the endpoint needs."""
+
+    error = "insufficient_scope"
+    status_code = 403
+
+    def __init__(self, scope: str, description: str | None = None) -> None:
+        super().__init__(description or f"The token lacks the '{scope}' scope")
+        self.scope = scope
+
+    def body(self) -> dict[str, str]:
+        return {"error": self.error, "error_description": self.description or "", "scope": self.scope}
+
+
+class TemporarilyUnavailable(OAuthError):
+    """RFC 6749 §4.1.2.1: used when the store does not answer during a redirect flow."""
+
+    error = "temporarily_unavailable"
+    status_code = 503
+
+
+class RedirectUnverified(Exception):
+    """The authorization request cannot be answered by a redirect (RFC 6749 §4.1.2.1, first paragraph):
+    the client is unknown or the redirect_uri is not one of its registered addresses."""
+
+    def __init__(self, description: str) -> None:
+        super().__init__(description)
+        self.description = description

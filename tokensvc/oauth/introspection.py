@@ -1,0 +1,58 @@
+"""Token introspection (RFC 7662), open to confidential first-party clients and to admin
+users holding the ``admin`` scope."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tokensvc.oauth import hashing, scopes
+from tokensvc.oauth.context import OAuthContext
+from tokensvc.oauth.errors import AccessDenied, InsufficientScope
+from tokensvc.records import ACCESS, Client, Token
+
+INACTIVE: dict[str, Any] = {"active": False}
+TOKEN_TYPES = {ACCESS: "access_token", "refresh": "refresh_token"}
+
+
+def check_client_caller(client: Client) -> None:
+    """A client may introspect when it is first-party and confidential (it proved a secret)."""
+    if not (client.first_party and client.confidential):
+        raise AccessDenied("Introspection is open to first-party confidential clients and administrators")
+
+
+async def check_bearer_caller(ctx: OAuthContext, token: Token) -> None:
+    """A bearer caller must be an admin user whose token carries the ``admin`` scope."""
+    if token.user_id is None:
+        raise AccessDenied("Introspection is open to first-party confidential clients and administrators")
+    user = await ctx.store.get_user(token.user_id)
+    if user is None or not user.admin:
+        raise AccessDenied("Introspection is open to first-party confidential clients and administrators")
+    if not scopes.satisfies(token.scopes, scopes.ADMIN):
+        raise InsufficientScope(scopes.ADMIN)
+
+
+async def introspect(ctx: OAuthContext, token: str) -> dict[str, Any]:
+    """The RFC 7662 §2.2 response for ``token``: its metadata, or only ``active: false``."""
+    if not token or len(token) > 512:
+        return INACTIVE
+    record = await ctx.store.get_token(hashing.digest(token))
+    if record is None or not record.is_active(ctx.clock()):
+        return INACTIVE
+    body: dict[str, Any] = {
+        "active": True,
+        "scope": scopes.render(record.scopes),
+        "client_id": record.client_id,
+        "token_type": TOKEN_TYPES[record.token_type],
+        "exp": int(record.expires_at.timestamp()),
+        "iat": int(record.issued_at.timestamp()),
+        "iss": ctx.issuer,
+    }
+    if record.user_id is not None:
+        user = await ctx.store.get_user(record.user_id)
+        if user is None:  # the user was removed: nothing stands behind the token any more
+            return INACTIVE
+        body.update(sub=record.user_id, subject_type="user", username=user.username)
+    else:
+        body.update(sub=record.installation_id, subject_type="installation",
+                    installation_id=record.installation_id)
+    return body

@@ -1,0 +1,63 @@
+"""Revocation: RFC 7009 for clients, and the grant-wide revocation of ``/oauth/revoke``.
+
+Revoking an access token revokes that token. Revoking a refresh token also revokes the
+access tokens of its grant (RFC 7009 §2.1) and any refresh token that descends from it by
+rotation, so that no chain outlives the token its holder revoked.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from tokensvc.oauth import hashing
+from tokensvc.oauth.context import OAuthContext
+from tokensvc.oauth.grants import revoke_grant
+from tokensvc.records import ACCESS, REFRESH, Client, Token
+
+audit = logging.getLogger("tokensvc.audit")
+
+
+async def _lookup(ctx: OAuthContext, token: str | None) -> Token | None:
+    if not token or len(token) > 512:
+        return None
+    return await ctx.store.get_token(hashing.digest(token))
+
+
+async def revoke_token(ctx: OAuthContext, token: str, client: Client | None) -> bool:
+    """Revoke ``token`` when it exists and (if ``client`` is given) was issued to that client.
+
+    Unknown, foreign and already revoked tokens are a silent no-op (RFC 7009 §2.2).
+    """
+    record = await _lookup(ctx, token)
+    if record is None or (client is not None and record.client_id != client.client_id):
+        return False
+    store, now = ctx.store, ctx.clock()
+    revoked = await store.revoke_token(record.token_hash, now)
+    if record.token_type == REFRESH:
+        await store.revoke_grant_tokens(record.grant_id, now, token_type=ACCESS)
+        child = await store.find_child_refresh(record.token_hash)
+        while child is not None:
+            await store.revoke_token(child.token_hash, now)
+            child = await store.find_child_refresh(child.token_hash)
+    ctx.events.revoked()
+    audit.info("token revoked", extra={"audit": {
+        "event": "token_revoked", "client_id": record.client_id, "subject": record.subject.id,
+        "token_type": record.token_type, "outcome": "revoked" if revoked else "already_revoked"}})
+    return revoked
+
+
+async def revoke_grant_of(ctx: OAuthContext, token: str | None) -> bool:
+    """Revoke the whole grant ``token`` belongs to (``POST /oauth/revoke``)."""
+    record = await _lookup(ctx, token)
+    if record is None:
+        return False
+    grant = await ctx.store.get_grant(record.grant_id)
+    if grant is None:
+        await ctx.store.revoke_token(record.token_hash, ctx.clock())
+        ctx.events.revoked()
+        return True
+    count = await revoke_grant(ctx, grant)
+    audit.info("grant revoked", extra={"audit": {
+        "event": "grant_revoked", "client_id": record.client_id, "subject": record.subject.id,
+        "tokens_revoked": count, "outcome": "revoked"}})
+    return True

@@ -1,0 +1,53 @@
+"""Web sessions and sign-in: password check against a slow KDF, and the server-side session
+record behind the ``<service_name>_session`` cookie (which carries only a random id)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from datetime import timedelta
+
+from tokensvc.oauth import hashing
+from tokensvc.oauth.context import OAuthContext
+from tokensvc.records import Session, User
+
+audit = logging.getLogger("tokensvc.audit")
+
+
+async def check_password(ctx: OAuthContext, username: str, password: str) -> User | None:
+    """The user when the password is right; None otherwise, in about the same time either way."""
+    user = await ctx.store.get_user_by_username(username) if len(username) <= 128 else None
+    stored = user.password_hash if user is not None else hashing.dummy_password_hash()
+    loop = asyncio.get_running_loop()
+    # scrypt takes tens of milliseconds: keep it off the event loop.
+    ok = await loop.run_in_executor(None, hashing.verify_password, password, stored)
+    return user if ok and user is not None else None
+
+
+async def start(ctx: OAuthContext, user: User) -> str:
+    """Create a session for ``user``; returns the session id for the cookie."""
+    session_id = hashing.new_secret()
+    now = ctx.clock()
+    await ctx.store.add_session(Session(hashing.digest(session_id), user.user_id, now,
+                                        now + timedelta(seconds=ctx.tokens.session_ttl)))
+    return session_id
+
+
+async def resolve(ctx: OAuthContext, session_id: str | None) -> tuple[Session, User] | None:
+    """The live session and its user, or None (unknown, expired, or the user is gone)."""
+    if not session_id or len(session_id) > 128:
+        return None
+    session = await ctx.store.get_session(hashing.digest(session_id))
+    if session is None or session.expires_at <= ctx.clock():
+        return None
+    user = await ctx.store.get_user(session.user_id)
+    return None if user is None else (session, user)
+
+
+async def end(ctx: OAuthContext, session_id: str | None) -> bool:
+    if not session_id or len(session_id) > 128:
+        return False
+    ended = await ctx.store.delete_session(hashing.digest(session_id))
+    if ended:
+        ctx.events.revoked()
+    return ended

@@ -1,0 +1,251 @@
+"""marshmallow schemas: request forms, every JSON body, and the 422 error shape.
+
+Schemas are built once at import and reused. Validation messages carry a machine type
+(``missing``, ``string_too_long``, ``value_error`` ...) so that a marshmallow
+``ValidationError`` renders as the HTTPValidationError body of the interface:
+``{"detail": [{"loc": [...], "msg", "type", "input", "ctx"}]}``.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from typing import Any
+
+from marshmallow import EXCLUDE, Schema, ValidationError, fields, validate
+
+MAX_FIELD_LENGTH = 2048
+CLIENT_ID_PATTERN = re.compile(r"^[A-Za-z0-9._~-]+$")
+
+
+class ErrorDetail(str):
+    """A validation message that also knows its error type and context."""
+
+    type: str
+    ctx: dict[str, Any]
+
+    def __new__(cls, msg: str, type_: str, ctx: dict[str, Any] | None = None) -> ErrorDetail:
+        obj = super().__new__(cls, msg)
+        obj.type = type_
+        obj.ctx = ctx or {}
+        return obj
+
+    def format(self, *args: Any, **kwargs: Any) -> ErrorDetail:  # marshmallow formats messages
+        return ErrorDetail(str.format(self, *args, **kwargs), self.type, self.ctx)
+
+
+REQUIRED = ErrorDetail("Field required", "missing")
+NOT_STRING = ErrorDetail("Input should be a valid string", "string_type")
+NOT_NULL = ErrorDetail("Input should not be null", "missing")
+
+
+class MaxLength(validate.Validator):
+    def __init__(self, max_length: int) -> None:
+        self.max_length = max_length
+
+    def __call__(self, value: str) -> str:
+        if len(value) > self.max_length:
+            raise ValidationError(ErrorDetail(
+                f"String should have at most {self.max_length} characters",
+                "string_too_long", {"max_length": self.max_length}))
+        return value
+
+
+class Pattern(validate.Validator):
+    def __init__(self, pattern: re.Pattern[str], message: str) -> None:
+        self.pattern, self.message = pattern, message
+
+    def __call__(self, value: str) -> str:
+        if not self.pattern.match(value):
+            raise ValidationError(ErrorDetail(f"Value error, {self.message}", "value_error",
+                                              {"error": self.message}))
+        return value
+
+
+def Text(*, required: bool = False, max_length: int = MAX_FIELD_LENGTH, **kwargs: Any) -> fields.String:
+    """A string field with typed messages and a length bound."""
+    validators = [MaxLength(max_length), *kwargs.pop("validate", [])]
+    return fields.String(
+        required=required, validate=validators,
+        error_messages={"required": REQUIRED, "invalid": NOT_STRING, "null": NOT_NULL}, **kwargs)
+
+
+# -- request schemas ------------------------------------------------------------------
+
+class FormSchema(Schema):
+    class Meta:
+        unknown = EXCLUDE  # RFC 6749 §3.1: unrecognized parameters are ignored
+
+
+class TokenRequestSchema(FormSchema):
+    """``POST /oauth/token`` (RFC 6749 §4.1.3 + RFC 7636 §4.5)."""
+
+    grant_type = Text(required=True, max_length=64)
+    code = Text(required=True, max_length=512)
+    redirect_uri = Text(required=True)
+    code_verifier = Text(max_length=128)
+    client_id = Text(max_length=128)
+    client_secret = Text(max_length=512)
+
+
+class RefreshRequestSchema(FormSchema):
+    """``POST /oauth/token/refresh``."""
+
+    refresh_token = Text(required=True, max_length=512)
+    grant_type = Text(max_length=64)
+    client_id = Text(max_length=128)
+    client_secret = Text(max_length=512)
+    scope = Text()
+
+
+class TokenActionSchema(FormSchema):
+    """``POST /oauth/token/introspect`` (RFC 7662 §2.1) and ``/oauth/token/revoke`` (RFC 7009 §2.1)."""
+
+    token = Text(required=True, max_length=512)
+    token_type_hint = Text(max_length=64)
+    client_id = Text(max_length=128)
+    client_secret = Text(max_length=512)
+
+
+class ClientIdPathSchema(Schema):
+    client_id = Text(required=True, max_length=128, validate=[
+        Pattern(CLIENT_ID_PATTERN, "client_id must be 1-128 characters of [A-Za-z0-9._~-]")])
+
+
+class OptionalTokenQuerySchema(FormSchema):
+    token = Text(max_length=512)
+
+
+class LoginFormSchema(FormSchema):
+    username = Text(required=True, max_length=128)
+    password = Text(required=True, max_length=1024)
+    next = Text()
+
+
+# -- response schemas -----------------------------------------------------------------
+
+class OAuthClientSchema(Schema):
+    """The public face of a registered client: never its secret nor its first-party flag."""
+
+    client_id = fields.String(required=True, data_key="clientId")
+    name = fields.String(required=True)
+    redirect_uris = fields.List(fields.String(), required=True, data_key="redirectUris")
+    allowed_scopes = fields.List(fields.String(), allow_none=True, data_key="allowedScopes")
+    created_at = fields.DateTime(allow_none=True, data_key="createdAt")
+    description = fields.String(allow_none=True)
+    logo_url = fields.String(allow_none=True, data_key="logoUrl")
+
+
+class TokenResponseSchema(Schema):
+    """RFC 6749 §5.1 successful token response."""
+
+    access_token = fields.String(required=True)
+    refresh_token = fields.String(required=True)
+    expires_in = fields.Integer(required=True, metadata={"description": "Seconds"})
+    token_type = fields.String(required=True, validate=validate.Equal("Bearer"))
+    scope = fields.String(required=True)
+
+
+class IntrospectionResponseSchema(Schema):
+    """RFC 7662 §2.2. An inactive token has ``active: false`` and nothing else."""
+
+    active = fields.Boolean(required=True)
+    scope = fields.String()
+    client_id = fields.String()
+    token_type = fields.String(validate=validate.OneOf(["access_token", "refresh_token"]))
+    exp = fields.Integer()
+    iat = fields.Integer()
+    iss = fields.String()
+    sub = fields.String()
+    subject_type = fields.String(validate=validate.OneOf(["user", "installation"]))
+    username = fields.String()
+    installation_id = fields.String()
+
+
+class OAuthErrorSchema(Schema):
+    """RFC 6749 §5.2 error response."""
+
+    error = fields.String(required=True)
+    error_description = fields.String()
+    scope = fields.String()
+
+
+class DetailSchema(Schema):
+    """``{"detail": "..."}``: unknown resource, store unavailable, body too large."""
+
+    detail = fields.String(required=True)
+
+
+class ValidationErrorSchema(Schema):
+    loc = fields.List(fields.Raw(), required=True)
+    msg = fields.String(required=True)
+    type = fields.String(required=True)
+    input = fields.Raw(allow_none=True)
+    ctx = fields.Dict()
+
+
+class HTTPValidationErrorSchema(Schema):
+    detail = fields.List(fields.Nested(ValidationErrorSchema), required=True)
+
+
+class EmptySchema(Schema):
+    """``{}``: revocation and sign-out."""
+
+
+class MetadataSchema(Schema):
+    """RFC 8414 §2 authorization server metadata."""
+
+    issuer = fields.String(required=True)
+    authorization_endpoint = fields.String(required=True)
+    token_endpoint = fields.String(required=True)
+    introspection_endpoint = fields.String(required=True)
+    revocation_endpoint = fields.String(required=True)
+    response_types_supported = fields.List(fields.String(), required=True)
+    response_modes_supported = fields.List(fields.String())
+    grant_types_supported = fields.List(fields.String(), required=True)
+    code_challenge_methods_supported = fields.List(fields.String(), required=True)
+    token_endpoint_auth_methods_supported = fields.List(fields.String(), required=True)
+    introspection_endpoint_auth_methods_supported = fields.List(fields.String())
+    revocation_endpoint_auth_methods_supported = fields.List(fields.String())
+    scopes_supported = fields.List(fields.String(), required=True)
+    authorization_response_iss_parameter_supported = fields.Boolean()
+    service_documentation = fields.String()
+
+
+token_request = TokenRequestSchema()
+refresh_request = RefreshRequestSchema()
+token_action = TokenActionSchema()
+client_id_path = ClientIdPathSchema()
+optional_token_query = OptionalTokenQuerySchema()
+login_form = LoginFormSchema()
+oauth_client = OAuthClientSchema()
+oauth_clients = OAuthClientSchema(many=True)
+token_response = TokenResponseSchema()
+introspection_response = IntrospectionResponseSchema()
+http_validation_error = HTTPValidationErrorSchema()
+
+
+# -- rendering validation errors ------------------------------------------------------
+
+def validation_detail(error: ValidationError, location: str, data: Mapping[str, Any],
+                      schema: Schema) -> list[dict[str, Any]]:
+    """The ``detail`` list of an HTTPValidationError for a failed ``schema.load``."""
+    data_keys = {name: (f.data_key or name) for name, f in schema.fields.items()}
+    detail: list[dict[str, Any]] = []
+    messages = error.messages if isinstance(error.messages, dict) else {"_schema": error.messages}
+    for name, field_messages in messages.items():
+        key = data_keys.get(name, name)
+        for message in field_messages if isinstance(field_messages, list) else [field_messages]:
+            detail.append({
+                "loc": [location] if key == "_schema" else [location, key],
+                "msg": str(message),
+                "type": getattr(message, "type", "value_error"),
+                "input": data.get(key),
+                "ctx": getattr(message, "ctx", {}),
+            })
+    return detail
+
+
+def missing_detail(location: str, key: str) -> dict[str, Any]:
+    return {"loc": [location, key], "msg": str(REQUIRED), "type": REQUIRED.type, "input": None, "ctx": {}}
+metadata = MetadataSchema()

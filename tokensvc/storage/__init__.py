@@ -1,0 +1,21 @@
+"""Storage backends behind one :class:`~tokensvc.storage.base.Store` interface."""
+
+from __future__ import annotations
+
+from tokensvc.config import ConfigError, StorageSettings
+from tokensvc.storage.base import Store, StorageError
+
+__all__ = ["Store", "StorageError", "make_store"]
+
+
+def make_store(settings: StorageSettings) -> Store:
+    """The backend ``storage.backend`` names."""
+    if settings.backend == "memory":
+        from tokensvc.storage.memory import MemoryStore
+
+        return MemoryStore()
+    if settings.backend == "mongodb":
+        from tokensvc.storage.mongo import MongoStore
+
+        return MongoStore.from_settings(settings)
+    raise ConfigError(f"storage.backend: unknown backend {settings.backend!r}")

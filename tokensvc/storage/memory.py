@@ -1,0 +1,234 @@
+"""The in-memory backend: dictionaries in one process.
+
+For the demo, tests and single-process deployments that may lose their state on
+restart. Atomicity comes from asyncio itself: no method awaits between its read and its
+write, so no other coroutine can interleave. Stored records are never mutated in place;
+an update stores a new record (``dataclasses.replace``), so a record handed to a caller
+is a stable snapshot.
+"""
+
+from __future__ import annotations
+
+import secrets
+from collections import defaultdict
+from dataclasses import replace
+from datetime import datetime
+
+from tokensvc.records import (
+    REFRESH,
+    AuthorizationCode,
+    Client,
+    Grant,
+    Installation,
+    Session,
+    Subject,
+    Token,
+    User,
+)
+from tokensvc.storage.base import Store
+
+
+class MemoryStore(Store):
+    def __init__(self) -> None:
+        self._clients: dict[str, Client] = {}
+        self._users: dict[str, User] = {}
+        self._user_ids_by_name: dict[str, str] = {}
+        self._installations: dict[str, Installation] = {}
+        self._grants: dict[str, Grant] = {}
+        self._grant_ids: dict[tuple[str, str | None, str | None], str] = {}
+        self._codes: dict[str, AuthorizationCode] = {}
+        self._tokens: dict[str, Token] = {}
+        self._tokens_by_grant: dict[str, set[str]] = defaultdict(set)
+        self._children: dict[str, list[str]] = defaultdict(list)
+        self._sessions: dict[str, Session] = {}
+
+    async def ping(self) -> None:
+        return None
+
+    # -- clients
+
+    async def get_client(self, client_id: str) -> Client | None:
+        return self._clients.get(client_id)
+
+    async def list_clients(self) -> list[Client]:
+        return [self._clients[key] for key in sorted(self._clients)]
+
+    async def put_client(self, client: Client) -> None:
+        self._clients[client.client_id] = replace(client)
+
+    async def delete_client(self, client_id: str) -> bool:
+        return self._clients.pop(client_id, None) is not None
+
+    # -- users
+
+    async def get_user(self, user_id: str) -> User | None:
+        return self._users.get(user_id)
+
+    async def get_user_by_username(self, username: str) -> User | None:
+        user_id = self._user_ids_by_name.get(username)
+        return None if user_id is None else self._users.get(user_id)
+
+    async def list_users(self) -> list[User]:
+        return sorted(self._users.values(), key=lambda user: user.username)
+
+    async def put_user(self, user: User) -> None:
+        previous = self._users.get(user.user_id)
+        if previous is not None:
+            self._user_ids_by_name.pop(previous.username, None)
+        self._users[user.user_id] = replace(user)
+        self._user_ids_by_name[user.username] = user.user_id
+
+    async def delete_user(self, user_id: str) -> bool:
+        user = self._users.pop(user_id, None)
+        if user is None:
+            return False
+        self._user_ids_by_name.pop(user.username, None)
+        return True
+
+    # -- installations
+
+    async def get_installation(self, installation_id: str) -> Installation | None:
+        return self._installations.get(installation_id)
+
+    async def list_installations(self) -> list[Installation]:
+        return [self._installations[key] for key in sorted(self._installations)]
+
+    async def put_installation(self, installation: Installation) -> None:
+        self._installations[installation.installation_id] = replace(installation, operators=list(installation.operators))
+
+    async def delete_installation(self, installation_id: str) -> bool:
+        return self._installations.pop(installation_id, None) is not None
+
+    # -- grants
+
+    @staticmethod
+    def _grant_key(client_id: str, subject: Subject) -> tuple[str, str | None, str | None]:
+        return (client_id, subject.user_id, subject.installation_id)
+
+    async def save_grant(self, client_id: str, subject: Subject, scopes: list[str], now: datetime) -> Grant:
+        key = self._grant_key(client_id, subject)
+        grant_id = self._grant_ids.get(key)
+        current = self._grants.get(grant_id) if grant_id else None
+        if current is None:
+            grant = Grant(secrets.token_hex(16), client_id, subject.user_id, subject.installation_id,
+                          list(scopes), now)
+            self._grant_ids[key] = grant.grant_id
+        elif current.revoked_at is not None:
+            grant = replace(current, scopes=list(scopes), created_at=now, revoked_at=None)
+        else:
+            grant = replace(current, scopes=list(scopes))
+        self._grants[grant.grant_id] = grant
+        return grant
+
+    async def get_grant(self, grant_id: str) -> Grant | None:
+        return self._grants.get(grant_id)
+
+    async def find_grant(self, client_id: str, subject: Subject) -> Grant | None:
+        grant_id = self._grant_ids.get(self._grant_key(client_id, subject))
+        return None if grant_id is None else self._grants.get(grant_id)
+
+    async def list_grants(self, subject: Subject) -> list[Grant]:
+        grants = [
+            grant for grant in self._grants.values()
+            if grant.revoked_at is None
+            and grant.user_id == subject.user_id and grant.installation_id == subject.installation_id
+        ]
+        return sorted(grants, key=lambda grant: grant.created_at)
+
+    async def revoke_grant(self, grant_id: str, now: datetime) -> int:
+        grant = self._grants.get(grant_id)
+        if grant is not None and grant.revoked_at is None:
+            self._grants[grant_id] = replace(grant, revoked_at=now)
+        return await self.revoke_grant_tokens(grant_id, now)
+
+    # -- codes
+
+    async def add_code(self, code: AuthorizationCode) -> None:
+        self._codes[code.code_hash] = code
+
+    async def get_code(self, code_hash: str) -> AuthorizationCode | None:
+        return self._codes.get(code_hash)
+
+    async def consume_code(self, code_hash: str, now: datetime) -> AuthorizationCode | None:
+        code = self._codes.get(code_hash)
+        if code is None or code.consumed_at is not None:
+            return None
+        self._codes[code_hash] = replace(code, consumed_at=now)
+        return code
+
+    # -- tokens
+
+    async def add_tokens(self, tokens: list[Token]) -> None:
+        for token in tokens:
+            self._tokens[token.token_hash] = token
+            self._tokens_by_grant[token.grant_id].add(token.token_hash)
+            if token.parent_hash is not None:
+                self._children[token.parent_hash].append(token.token_hash)
+
+    async def get_token(self, token_hash: str) -> Token | None:
+        return self._tokens.get(token_hash)
+
+    async def rotate_refresh_token(self, token_hash: str, client_id: str, now: datetime) -> Token | None:
+        token = self._tokens.get(token_hash)
+        if (token is None or token.token_type != REFRESH or token.client_id != client_id
+                or token.rotated_at is not None or token.revoked_at is not None or token.expires_at <= now):
+            return None
+        self._tokens[token_hash] = replace(token, rotated_at=now)
+        return token
+
+    def _revoke(self, token_hash: str, now: datetime) -> bool:
+        token = self._tokens.get(token_hash)
+        if token is None or token.revoked_at is not None:
+            return False
+        self._tokens[token_hash] = replace(token, revoked_at=now)
+        return True
+
+    async def revoke_token(self, token_hash: str, now: datetime) -> bool:
+        return self._revoke(token_hash, now)
+
+    async def revoke_grant_tokens(self, grant_id: str, now: datetime, token_type: str | None = None) -> int:
+        hashes = [
+            token_hash for token_hash in self._tokens_by_grant.get(grant_id, ())
+            if token_type is None or self._tokens[token_hash].token_type == token_type
+        ]
+        return sum(self._revoke(token_hash, now) for token_hash in hashes)
+
+    async def revoke_children(self, parent_hash: str, now: datetime) -> int:
+        return sum(self._revoke(token_hash, now) for token_hash in self._children.get(parent_hash, ()))
+
+    async def find_child_refresh(self, parent_hash: str) -> Token | None:
+        for token_hash in self._children.get(parent_hash, ()):
+            token = self._tokens[token_hash]
+            if token.token_type == REFRESH:
+                return token
+        return None
+
+    # -- sessions
+
+    async def add_session(self, session: Session) -> None:
+        self._sessions[session.session_hash] = session
+
+    async def get_session(self, session_hash: str) -> Session | None:
+        return self._sessions.get(session_hash)
+
+    async def delete_session(self, session_hash: str) -> bool:
+        return self._sessions.pop(session_hash, None) is not None
+
+    # -- housekeeping
+
+    async def purge_expired(self, now: datetime) -> dict[str, int]:
+        codes = [key for key, code in self._codes.items() if code.expires_at <= now]
+        for key in codes:
+            del self._codes[key]
+        tokens = [key for key, token in self._tokens.items() if token.expires_at <= now]
+        for key in tokens:
+            token = self._tokens.pop(key)
+            self._tokens_by_grant[token.grant_id].discard(key)
+            if token.parent_hash is not None:
+                siblings = self._children.get(token.parent_hash)
+                if siblings and key in siblings:
+                    siblings.remove(key)
+        sessions = [key for key, session in self._sessions.items() if session.expires_at <= now]
+        for key in sessions:
+            del self._sessions[key]
+        return {"codes": len(codes), "tokens": len(tokens), "sessions": len(sessions)}
