@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from backends import open_store
 from helpers import Browser, Clock, make_config
 from tokensvc.app import make_app
 from tokensvc.bootstrap import seed
@@ -24,6 +25,14 @@ def clock():
 @pytest.fixture
 def store():
     return MemoryStore()
+
+
+@pytest.fixture
+def backend_store(request, io_loop):
+    """A store of the backend named by ``request.param`` (see backends.BACKENDS)."""
+    store, cleanup = open_store(request.param, io_loop)
+    yield store
+    cleanup()
 
 
 @pytest.fixture

@@ -7,7 +7,7 @@ import base64
 import html as html_module
 import re
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta, timezone
+from datetime import datetime, timedelta
 from http.cookies import SimpleCookie
 from typing import Any
 from urllib.parse import parse_qs, urlencode, urlsplit
@@ -72,7 +72,9 @@ class Clock:
     """A clock the test moves by hand."""
 
     def __init__(self) -> None:
-        self.now = datetime.now(timezone.utc)
+        from tokensvc.records import utcnow
+
+        self.now = utcnow()
 
     def __call__(self) -> datetime:
         return self.now

@@ -175,3 +175,21 @@ def test_metadata_is_usable_by_a_client(service):
     metadata = requests.get(service + "/.well-known/oauth-authorization-server").json()
     assert metadata["token_endpoint"] == service + "/oauth/token"
     assert metadata["code_challenge_methods_supported"] == ["S256"]
+
+
+def test_service_starts_without_its_database_and_answers_503(tmp_path):
+    port = free_port()  # nothing listens there
+    storage = (f'[storage]\nbackend = "mongodb"\nmongodb_uri = "mongodb://127.0.0.1:{port}"\n'
+               'server_selection_timeout_ms = 200\n')
+    process, base = start_service(tmp_path, storage)
+    try:
+        assert requests.get(base + "/healthz").status_code == 200
+        ready = requests.get(base + "/readyz")
+        assert ready.status_code == 503 and set(ready.json()) == {"detail"}
+        clients = requests.get(base + "/oauth/clients")
+        assert clients.status_code == 503 and set(clients.json()) == {"detail"}
+    finally:
+        process.terminate()
+        output, _ = process.communicate(timeout=10)
+    assert "Traceback" not in output
+    assert "store not ready" in output

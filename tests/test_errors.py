@@ -1,13 +1,16 @@
 """The error edge: a store that does not answer gives 503, redaction of the access log."""
 
 import logging
+import socket
 
 import pytest
 
 from helpers import WEBAPP_REDIRECT, WEBAPP_SECRET, basic, json_of, post_form
 from tokensvc.app import redact
+from tokensvc.config import StorageSettings
 from tokensvc.storage.base import StorageError
 from tokensvc.storage.memory import MemoryStore
+from tokensvc.storage.mongo import MongoStore
 
 
 class DownStore(MemoryStore):
@@ -96,3 +99,38 @@ async def test_no_secret_reaches_any_log(browser, http_client, base_url, caplog)
                    browser.cookies["tokensvc_session"], "alice-password"):
         assert secret not in text
     assert "token_issued" in text and "token_refreshed" in text
+
+
+# -- outages ------------------------------------------------------------------------
+
+def closed_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@pytest.mark.gen_test(timeout=30)
+async def test_unreachable_server_is_503_never_500(http_client, io_loop, config):
+    from tornado.httpserver import HTTPServer
+    from tornado.testing import bind_unused_port
+
+    from tokensvc.app import make_app
+
+    down = MongoStore.from_settings(StorageSettings(
+        backend="mongodb", mongodb_uri=f"mongodb://127.0.0.1:{closed_port()}", server_selection_timeout_ms=150))
+    sock, port = bind_unused_port()
+    server = HTTPServer(make_app(config, down))
+    server.add_sockets([sock])
+    try:
+        url = f"http://127.0.0.1:{port}"
+        for path in ("/oauth/clients", "/oauth/clients/webapp", "/readyz"):
+            response = await http_client.fetch(url + path, raise_error=False)
+            assert response.code == 503, response.body
+            assert set(json_of(response)) == {"detail"}
+        response = await post_form(http_client, url + "/oauth/token/introspect", {"token": "x"},
+                                   {"Authorization": basic("webapp", WEBAPP_SECRET)})
+        assert response.code == 503 and set(json_of(response)) == {"detail"}
+        assert (await http_client.fetch(url + "/healthz")).code == 200
+    finally:
+        server.stop()
+        await down.close()

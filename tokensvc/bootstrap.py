@@ -11,7 +11,7 @@ import secrets
 from tokensvc.config import Settings
 from tokensvc.oauth import hashing
 from tokensvc.records import Client, Installation, User, utcnow
-from tokensvc.storage.base import Store
+from tokensvc.storage.base import StorageError, Store
 
 log = logging.getLogger(__name__)
 
@@ -66,3 +66,21 @@ async def seed(store: Store, config: Settings) -> None:
         ))
     log.info("seeded %d clients, %d users, %d installations from the config",
              len(config.clients), len(config.users), len(config.installations))
+
+
+async def prepare(store: Store, config: Settings, *, first_delay: float = 1.0, max_delay: float = 30.0) -> None:
+    """Open the store and seed it, retrying until the store answers.
+
+    The service listens meanwhile and answers 503 where it needs the store, so a database
+    that starts after tokensvc (or is briefly away at deploy time) needs no restart.
+    """
+    delay = first_delay
+    while True:
+        try:
+            await store.open()
+            await seed(store, config)
+            return
+        except StorageError as exc:
+            log.warning("store not ready (%s); retrying in %.0fs", exc, delay)
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, max_delay)

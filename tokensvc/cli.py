@@ -38,7 +38,7 @@ async def serve(settings: Settings) -> None:
     import tornado.httpserver
 
     from tokensvc.app import make_app
-    from tokensvc.bootstrap import seed
+    from tokensvc.bootstrap import prepare
 
     if settings.demo:
         log.warning("DEMO MODE: this configuration is for trying tokensvc out, not for production.")
@@ -46,8 +46,9 @@ async def serve(settings: Settings) -> None:
             log.warning("DEMO MODE: generated cookie secret %s (sessions end when the process restarts)",
                         settings.cookie_secret)
     store = make_store(settings.storage)
-    await store.open()
-    await seed(store, settings)
+    preparing = asyncio.create_task(prepare(store, settings))
+    if settings.storage.backend == "memory":
+        await preparing  # nothing to wait for: serve seeded from the first request
     app = make_app(settings, store)
     # Bodies over 64 KiB are refused with 413 by the handlers; the server's own limit sits
     # above that so that the refusal is a clear 413, not a dropped connection.
@@ -68,6 +69,7 @@ async def serve(settings: Settings) -> None:
     for signum in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(signum, stop.set)
     await stop.wait()
+    preparing.cancel()
     server.stop()
     await store.close()
     log.info("tokensvc stopped")

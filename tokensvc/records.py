@@ -14,7 +14,9 @@ DEFAULT_SCOPES = ("read",)
 
 
 def utcnow() -> datetime:
-    return datetime.now(timezone.utc)
+    """The current UTC time at millisecond precision, the precision MongoDB stores."""
+    now = datetime.now(timezone.utc)
+    return now.replace(microsecond=now.microsecond // 1000 * 1000)
 
 
 @dataclass(slots=True)

@@ -140,7 +140,7 @@ class BaseHandler(tornado.web.RequestHandler):
             if isinstance(exc, InvalidClient) and exc.basic:
                 headers["WWW-Authenticate"] = 'Basic realm="tokensvc", charset="UTF-8"'
             elif isinstance(exc, InvalidToken):
-                headers["WWW-Authenticate"] = f'Bearer realm="tokensvc", error="invalid_token"'
+                headers["WWW-Authenticate"] = 'Bearer realm="tokensvc", error="invalid_token"'
             elif isinstance(exc, InsufficientScope):
                 headers["WWW-Authenticate"] = (
                     f'Bearer realm="tokensvc", error="insufficient_scope", scope="{exc.scope}"')

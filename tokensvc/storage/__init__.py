@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from tokensvc.config import ConfigError, StorageSettings
-from tokensvc.storage.base import Store, StorageError
+from tokensvc.storage.base import Conflict, StorageError, Store
 
-__all__ = ["Store", "StorageError", "make_store"]
+__all__ = ["Conflict", "Store", "StorageError", "make_store"]
 
 
 def make_store(settings: StorageSettings) -> Store:

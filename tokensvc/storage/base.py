@@ -29,6 +29,10 @@ class StorageError(Exception):
     """The store did not answer (unreachable, timed out, failed mid-operation)."""
 
 
+class Conflict(Exception):
+    """A unique key is taken (a username that another user already has)."""
+
+
 class Store(abc.ABC):
     """Everything the protocol layer, the handlers and the CLI ask of storage."""
 
@@ -74,7 +78,7 @@ class Store(abc.ABC):
 
     @abc.abstractmethod
     async def put_user(self, user: User) -> None:
-        """Insert or replace the user with this user_id. Usernames are unique."""
+        """Insert or replace the user with this user_id. Usernames are unique: Conflict."""
 
     @abc.abstractmethod
     async def delete_user(self, user_id: str) -> bool: ...

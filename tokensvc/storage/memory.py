@@ -25,7 +25,7 @@ from tokensvc.records import (
     Token,
     User,
 )
-from tokensvc.storage.base import Store
+from tokensvc.storage.base import Conflict, Store
 
 
 class MemoryStore(Store):
@@ -72,6 +72,9 @@ class MemoryStore(Store):
         return sorted(self._users.values(), key=lambda user: user.username)
 
     async def put_user(self, user: User) -> None:
+        owner = self._user_ids_by_name.get(user.username)
+        if owner is not None and owner != user.user_id:
+            raise Conflict(f"username {user.username!r} is taken")
         previous = self._users.get(user.user_id)
         if previous is not None:
             self._user_ids_by_name.pop(previous.username, None)

@@ -1,0 +1,54 @@
+"""The storage backends every contract test runs against.
+
+``memory``; ``mongodb`` through mongomock-motor in process; ``mongodb-real`` against the
+server named by ``TOKENSVC_TEST_MONGODB_URI`` (skipped when it is not set), each test in
+a database of its own that is dropped afterwards.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+
+import pytest
+
+from tokensvc.storage.memory import MemoryStore
+from tokensvc.storage.mongo import MongoStore
+
+REAL_URI = os.environ.get("TOKENSVC_TEST_MONGODB_URI")
+
+BACKENDS = [
+    pytest.param("memory", id="memory"),
+    pytest.param("mongodb", marks=pytest.mark.mongodb, id="mongodb"),
+    pytest.param("mongodb-real", id="mongodb-real", marks=[
+        pytest.mark.mongodb,
+        pytest.mark.skipif(not REAL_URI, reason="set TOKENSVC_TEST_MONGODB_URI to run against a real MongoDB server"),
+    ]),
+]
+
+
+def open_store(kind: str, io_loop):
+    """(store, cleanup) for a backend kind, opened (indexes created)."""
+    if kind == "memory":
+        return MemoryStore(), lambda: None
+    if kind == "mongodb":
+        from mongomock_motor import AsyncMongoMockClient
+
+        store = MongoStore(AsyncMongoMockClient(tz_aware=True), "tokensvc_test")
+    else:
+        from pymongo import AsyncMongoClient
+
+        database = "tokensvc_test_" + secrets.token_hex(4)
+        client = AsyncMongoClient(REAL_URI, tz_aware=True, serverSelectionTimeoutMS=5000)
+        store = MongoStore(client, database)
+    io_loop.run_sync(store.open)
+
+    def cleanup():
+        async def drop():
+            if kind == "mongodb-real":
+                await store._client.drop_database(store._db.name)
+            await store.close()
+
+        io_loop.run_sync(drop)
+
+    return store, cleanup

@@ -1,0 +1,56 @@
+"""Start-up: config seeding is idempotent on every backend, and the backend factory."""
+
+import dataclasses
+from pathlib import Path
+
+import pytest
+
+from backends import BACKENDS
+from helpers import make_config
+from tokensvc import config as config_module
+from tokensvc.bootstrap import seed
+from tokensvc.config import ConfigError, StorageSettings
+from tokensvc.oauth import hashing
+from tokensvc.storage import make_store
+from tokensvc.storage.memory import MemoryStore
+from tokensvc.storage.mongo import MongoStore
+
+@pytest.mark.parametrize("backend_store", BACKENDS, indirect=True)
+@pytest.mark.gen_test
+async def test_seeding_twice_changes_nothing_and_an_edit_is_applied(backend_store):
+    store = backend_store
+    config = make_config()
+    await seed(store, config)
+    users = await store.list_users()
+    clients = await store.list_clients()
+    await seed(store, config)
+    assert await store.list_users() == users
+    assert await store.list_clients() == clients
+    webapp = await store.get_client("webapp")
+    assert webapp.secret_hash == hashing.digest("webapp-test-secret") and webapp.first_party
+    installation = await store.get_installation("backyard-scope")
+    alice = await store.get_user_by_username("alice")
+    assert installation.operators == [alice.user_id]
+
+    edited = make_config()
+    edited.clients[0] = dataclasses.replace(edited.clients[0], name="Web app 2", client_secret="rotated-secret")
+    await seed(store, edited)
+    webapp2 = await store.get_client("webapp")
+    assert webapp2.name == "Web app 2" and webapp2.secret_hash == hashing.digest("rotated-secret")
+    assert webapp2.created_at == webapp.created_at
+
+
+def test_make_store_picks_the_backend():
+    assert isinstance(make_store(StorageSettings(backend="memory")), MemoryStore)
+    assert isinstance(make_store(StorageSettings(backend="mongodb", mongodb_uri="mongodb://127.0.0.1:1")),
+                      MongoStore)
+    with pytest.raises(ConfigError, match="storage.backend"):
+        make_store(StorageSettings(backend="redis"))
+
+
+def test_mongodb_example_config_is_valid():
+    path = Path(__file__).resolve().parent.parent / "config" / "tokensvc.mongodb.toml"
+    settings = config_module.load(path, environ={"TOKENSVC_COOKIE_SECRET": "s" * 32})
+    assert settings.storage.backend == "mongodb" and not settings.demo
+    with pytest.raises(ConfigError, match="cookie_secret"):
+        config_module.load(path, environ={})

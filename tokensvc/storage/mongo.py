@@ -1,0 +1,358 @@
+"""The MongoDB backend, on PyMongo's asyncio API (``AsyncMongoClient``).
+
+One collection per record kind, keyed by ``_id`` (the record's id or hash). Every
+operation that must be atomic is one single-document atomic command
+(``find_one_and_update`` with the precondition in its filter). Expired codes, tokens and
+sessions are removed by TTL indexes. Every driver error leaves this module as
+:class:`StorageError`, and a duplicate unique key as :class:`Conflict`.
+
+The queries and the index serving each (no query scans a collection):
+
+======================  ===========================================  ===========================
+collection              query                                        index
+======================  ===========================================  ===========================
+clients                 by client_id; list sorted by client_id       ``_id``
+users                   by user_id / by username; list by username   ``_id``; ``username`` unique
+installations           by installation_id; list                     ``_id``
+grants                  by grant_id                                  ``_id``
+grants                  by (client_id, user_id, installation_id)     ``subject_client`` unique
+grants                  active grants of a subject                   ``subject_client`` prefix*
+codes                   by code_hash (get, consume)                  ``_id``; TTL ``expires_at``
+tokens                  by token_hash (get, rotate, revoke)          ``_id``; TTL ``expires_at``
+tokens                  by grant_id (revoke a grant)                 ``grant_id``
+tokens                  by parent_hash (rotation children)           ``parent_hash``
+sessions                by session_hash                              ``_id``; TTL ``expires_at``
+======================  ===========================================  ===========================
+
+(*) ``list_grants`` filters on ``user_id`` + ``installation_id``; the index
+``user_subject`` (user_id, installation_id, revoked_at) serves it.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import logging
+import secrets
+from collections.abc import Awaitable, Callable
+from dataclasses import fields
+from datetime import datetime, timezone
+from typing import Any, TypeVar
+
+from pymongo import ASCENDING, ReturnDocument
+from pymongo.errors import DuplicateKeyError, PyMongoError
+
+from tokensvc.config import StorageSettings
+from tokensvc.records import (
+    REFRESH,
+    AuthorizationCode,
+    Client,
+    Grant,
+    Installation,
+    Session,
+    Subject,
+    Token,
+    User,
+)
+from tokensvc.storage.base import Conflict, StorageError, Store
+
+log = logging.getLogger(__name__)
+
+R = TypeVar("R")
+
+# Consumed codes are kept an hour past their expiry so that a replay within that hour is
+# still recognised (and revokes the grant) instead of looking like an unknown code.
+CODE_RETENTION_SECONDS = 3600
+
+# (collection, keys, options): created at start-up, idempotently.
+INDEXES: list[tuple[str, list[tuple[str, int]], dict[str, Any]]] = [
+    ("users", [("username", ASCENDING)], {"unique": True, "name": "username"}),
+    ("grants", [("client_id", ASCENDING), ("user_id", ASCENDING), ("installation_id", ASCENDING)],
+     {"unique": True, "name": "subject_client"}),
+    ("grants", [("user_id", ASCENDING), ("installation_id", ASCENDING), ("revoked_at", ASCENDING)],
+     {"name": "user_subject"}),
+    ("codes", [("expires_at", ASCENDING)], {"expireAfterSeconds": CODE_RETENTION_SECONDS, "name": "ttl"}),
+    ("tokens", [("expires_at", ASCENDING)], {"expireAfterSeconds": 0, "name": "ttl"}),
+    ("tokens", [("grant_id", ASCENDING)], {"name": "grant_id"}),
+    ("tokens", [("parent_hash", ASCENDING)], {"name": "parent_hash"}),
+    ("sessions", [("expires_at", ASCENDING)], {"expireAfterSeconds": 0, "name": "ttl"}),
+]
+
+
+def guarded(method: Callable[..., Awaitable[R]]) -> Callable[..., Awaitable[R]]:
+    """Turn every driver error into StorageError (a duplicate key into Conflict)."""
+
+    @functools.wraps(method)
+    async def wrapper(*args: Any, **kwargs: Any) -> R:
+        try:
+            return await method(*args, **kwargs)
+        except DuplicateKeyError as exc:
+            raise Conflict(str(exc.details.get("keyValue") if exc.details else exc)) from None
+        except PyMongoError as exc:
+            raise StorageError(f"MongoDB: {type(exc).__name__}: {exc}") from None
+
+    return wrapper
+
+
+def _utc(value: Any) -> Any:
+    # Drivers hand back naive or fixed-offset datetimes; records hold aware UTC ones.
+    if isinstance(value, datetime):
+        return value.replace(tzinfo=timezone.utc) if value.tzinfo is None else value.astimezone(timezone.utc)
+    return value
+
+
+class _Mapper:
+    """Record dataclass <-> document, with the record's key stored as ``_id``."""
+
+    def __init__(self, cls: type, key: str) -> None:
+        self.cls, self.key = cls, key
+        self.names = [f.name for f in fields(cls)]
+
+    def doc(self, record: Any) -> dict[str, Any]:
+        document = {name: getattr(record, name) for name in self.names}
+        document["_id"] = document.pop(self.key)
+        return document
+
+    def record(self, document: dict[str, Any] | None) -> Any:
+        if document is None:
+            return None
+        values = {name: _utc(document.get(name)) for name in self.names if name != self.key}
+        values[self.key] = document["_id"]
+        return self.cls(**values)
+
+
+CLIENTS = _Mapper(Client, "client_id")
+USERS = _Mapper(User, "user_id")
+INSTALLATIONS = _Mapper(Installation, "installation_id")
+GRANTS = _Mapper(Grant, "grant_id")
+CODES = _Mapper(AuthorizationCode, "code_hash")
+TOKENS = _Mapper(Token, "token_hash")
+SESSIONS = _Mapper(Session, "session_hash")
+
+
+class MongoStore(Store):
+    def __init__(self, client: Any, database: str) -> None:
+        """``client`` is a ``pymongo.AsyncMongoClient`` (or an API-compatible stand-in in tests)."""
+        self._client = client
+        db = client[database]
+        self._db = db
+        self.clients, self.users, self.installations = db["clients"], db["users"], db["installations"]
+        self.grants, self.codes, self.tokens, self.sessions = db["grants"], db["codes"], db["tokens"], db["sessions"]
+
+    @classmethod
+    def from_settings(cls, settings: StorageSettings) -> MongoStore:
+        from pymongo import AsyncMongoClient
+
+        # The client connects lazily, in the background: building it never blocks or fails
+        # on an absent server; the first operation does, after serverSelectionTimeoutMS.
+        client = AsyncMongoClient(
+            settings.mongodb_uri,
+            tz_aware=True,
+            serverSelectionTimeoutMS=settings.server_selection_timeout_ms,
+            connectTimeoutMS=settings.server_selection_timeout_ms,
+            socketTimeoutMS=max(10_000, settings.server_selection_timeout_ms),
+            retryWrites=True,
+            appname="tokensvc",
+        )
+        return cls(client, settings.database)
+
+    @guarded
+    async def open(self) -> None:
+        for collection, keys, options in INDEXES:
+            await self._db[collection].create_index(keys, **options)
+
+    async def close(self) -> None:
+        result = self._client.close()
+        if inspect.isawaitable(result):
+            await result
+
+    @guarded
+    async def ping(self) -> None:
+        await self._db.command("ping")
+
+    # -- clients
+
+    @guarded
+    async def get_client(self, client_id: str) -> Client | None:
+        return CLIENTS.record(await self.clients.find_one({"_id": client_id}))
+
+    @guarded
+    async def list_clients(self) -> list[Client]:
+        return [CLIENTS.record(doc) for doc in await self.clients.find({}).sort("_id", ASCENDING).to_list(None)]
+
+    @guarded
+    async def put_client(self, client: Client) -> None:
+        await self.clients.replace_one({"_id": client.client_id}, CLIENTS.doc(client), upsert=True)
+
+    @guarded
+    async def delete_client(self, client_id: str) -> bool:
+        return (await self.clients.delete_one({"_id": client_id})).deleted_count == 1
+
+    # -- users
+
+    @guarded
+    async def get_user(self, user_id: str) -> User | None:
+        return USERS.record(await self.users.find_one({"_id": user_id}))
+
+    @guarded
+    async def get_user_by_username(self, username: str) -> User | None:
+        return USERS.record(await self.users.find_one({"username": username}))
+
+    @guarded
+    async def list_users(self) -> list[User]:
+        return [USERS.record(doc) for doc in await self.users.find({}).sort("username", ASCENDING).to_list(None)]
+
+    @guarded
+    async def put_user(self, user: User) -> None:
+        await self.users.replace_one({"_id": user.user_id}, USERS.doc(user), upsert=True)
+
+    @guarded
+    async def delete_user(self, user_id: str) -> bool:
+        return (await self.users.delete_one({"_id": user_id})).deleted_count == 1
+
+    # -- installations
+
+    @guarded
+    async def get_installation(self, installation_id: str) -> Installation | None:
+        return INSTALLATIONS.record(await self.installations.find_one({"_id": installation_id}))
+
+    @guarded
+    async def list_installations(self) -> list[Installation]:
+        docs = await self.installations.find({}).sort("_id", ASCENDING).to_list(None)
+        return [INSTALLATIONS.record(doc) for doc in docs]
+
+    @guarded
+    async def put_installation(self, installation: Installation) -> None:
+        await self.installations.replace_one({"_id": installation.installation_id},
+                                             INSTALLATIONS.doc(installation), upsert=True)
+
+    @guarded
+    async def delete_installation(self, installation_id: str) -> bool:
+        return (await self.installations.delete_one({"_id": installation_id})).deleted_count == 1
+
+    # -- grants
+
+    @staticmethod
+    def _subject_filter(client_id: str, subject: Subject) -> dict[str, Any]:
+        return {"client_id": client_id, "user_id": subject.user_id, "installation_id": subject.installation_id}
+
+    @guarded
+    async def save_grant(self, client_id: str, subject: Subject, scopes: list[str], now: datetime) -> Grant:
+        where = self._subject_filter(client_id, subject)
+        for _ in range(3):  # a concurrent first insert of the same grant: read it back and go on
+            active = await self.grants.find_one_and_update(
+                {**where, "revoked_at": None}, {"$set": {"scopes": list(scopes)}},
+                return_document=ReturnDocument.AFTER)
+            if active is not None:
+                return GRANTS.record(active)
+            revived = await self.grants.find_one_and_update(
+                {**where, "revoked_at": {"$ne": None}},
+                {"$set": {"scopes": list(scopes), "created_at": now, "revoked_at": None}},
+                return_document=ReturnDocument.AFTER)
+            if revived is not None:
+                return GRANTS.record(revived)
+            grant = Grant(secrets.token_hex(16), client_id, subject.user_id, subject.installation_id,
+                          list(scopes), now)
+            try:
+                await self.grants.insert_one(GRANTS.doc(grant))
+                return grant
+            except DuplicateKeyError:
+                continue
+        raise StorageError("could not save the grant (concurrent updates)")
+
+    @guarded
+    async def get_grant(self, grant_id: str) -> Grant | None:
+        return GRANTS.record(await self.grants.find_one({"_id": grant_id}))
+
+    @guarded
+    async def find_grant(self, client_id: str, subject: Subject) -> Grant | None:
+        return GRANTS.record(await self.grants.find_one(self._subject_filter(client_id, subject)))
+
+    @guarded
+    async def list_grants(self, subject: Subject) -> list[Grant]:
+        docs = await self.grants.find({"user_id": subject.user_id, "installation_id": subject.installation_id,
+                                       "revoked_at": None}).to_list(None)
+        return sorted((GRANTS.record(doc) for doc in docs), key=lambda grant: grant.created_at)
+
+    @guarded
+    async def revoke_grant(self, grant_id: str, now: datetime) -> int:
+        await self.grants.update_one({"_id": grant_id, "revoked_at": None}, {"$set": {"revoked_at": now}})
+        return await self.revoke_grant_tokens(grant_id, now)
+
+    # -- codes
+
+    @guarded
+    async def add_code(self, code: AuthorizationCode) -> None:
+        await self.codes.insert_one(CODES.doc(code))
+
+    @guarded
+    async def get_code(self, code_hash: str) -> AuthorizationCode | None:
+        return CODES.record(await self.codes.find_one({"_id": code_hash}))
+
+    @guarded
+    async def consume_code(self, code_hash: str, now: datetime) -> AuthorizationCode | None:
+        return CODES.record(await self.codes.find_one_and_update(
+            {"_id": code_hash, "consumed_at": None}, {"$set": {"consumed_at": now}},
+            return_document=ReturnDocument.BEFORE))
+
+    # -- tokens
+
+    @guarded
+    async def add_tokens(self, tokens: list[Token]) -> None:
+        await self.tokens.insert_many([TOKENS.doc(token) for token in tokens], ordered=True)
+
+    @guarded
+    async def get_token(self, token_hash: str) -> Token | None:
+        return TOKENS.record(await self.tokens.find_one({"_id": token_hash}))
+
+    @guarded
+    async def rotate_refresh_token(self, token_hash: str, client_id: str, now: datetime) -> Token | None:
+        return TOKENS.record(await self.tokens.find_one_and_update(
+            {"_id": token_hash, "token_type": REFRESH, "client_id": client_id, "rotated_at": None,
+             "revoked_at": None, "expires_at": {"$gt": now}},
+            {"$set": {"rotated_at": now}}, return_document=ReturnDocument.BEFORE))
+
+    @guarded
+    async def revoke_token(self, token_hash: str, now: datetime) -> bool:
+        result = await self.tokens.update_one({"_id": token_hash, "revoked_at": None}, {"$set": {"revoked_at": now}})
+        return result.modified_count == 1
+
+    @guarded
+    async def revoke_grant_tokens(self, grant_id: str, now: datetime, token_type: str | None = None) -> int:
+        where: dict[str, Any] = {"grant_id": grant_id, "revoked_at": None}
+        if token_type is not None:
+            where["token_type"] = token_type
+        return (await self.tokens.update_many(where, {"$set": {"revoked_at": now}})).modified_count
+
+    @guarded
+    async def revoke_children(self, parent_hash: str, now: datetime) -> int:
+        result = await self.tokens.update_many({"parent_hash": parent_hash, "revoked_at": None},
+                                               {"$set": {"revoked_at": now}})
+        return result.modified_count
+
+    @guarded
+    async def find_child_refresh(self, parent_hash: str) -> Token | None:
+        return TOKENS.record(await self.tokens.find_one({"parent_hash": parent_hash, "token_type": REFRESH}))
+
+    # -- sessions
+
+    @guarded
+    async def add_session(self, session: Session) -> None:
+        await self.sessions.insert_one(SESSIONS.doc(session))
+
+    @guarded
+    async def get_session(self, session_hash: str) -> Session | None:
+        return SESSIONS.record(await self.sessions.find_one({"_id": session_hash}))
+
+    @guarded
+    async def delete_session(self, session_hash: str) -> bool:
+        return (await self.sessions.delete_one({"_id": session_hash})).deleted_count == 1
+
+    # -- housekeeping
+
+    @guarded
+    async def purge_expired(self, now: datetime) -> dict[str, int]:
+        counts = {}
+        for name, collection in (("codes", self.codes), ("tokens", self.tokens), ("sessions", self.sessions)):
+            counts[name] = (await collection.delete_many({"expires_at": {"$lte": now}})).deleted_count
+        return counts
