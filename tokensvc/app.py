@@ -9,7 +9,7 @@ from urllib.parse import parse_qsl, urlencode
 import tornado.web
 
 from tokensvc.config import Settings
-from tokensvc.handlers import clients, meta, pages, token
+from tokensvc.handlers import api, clients, meta, pages, token, ws
 from tokensvc.oauth.context import OAuthContext
 from tokensvc.storage.base import Store
 
@@ -62,6 +62,10 @@ def make_app(config: Settings, store: Store, ctx: OAuthContext | None = None) ->
         (r"/oauth/sign-out", token.SignOutHandler, deps),
         (r"/oauth/clients", clients.ClientListHandler, deps),
         (r"/oauth/clients/([^/]*)", clients.ClientHandler, deps),
+        (r"/v1/me", api.MeHandler, deps),
+        (r"/v1/me/connected-apps", api.ConnectedAppsHandler, deps),
+        (r"/v1/me/connected-apps/([^/]*)", api.ConnectedAppHandler, deps),
+        (r"/v1/ws", ws.EchoSocket, deps),
         (r"/.well-known/oauth-authorization-server", meta.MetadataHandler, deps),
         (r"/healthz", meta.HealthHandler, deps),
         (r"/readyz", meta.ReadyHandler, deps),

@@ -249,3 +249,34 @@ def validation_detail(error: ValidationError, location: str, data: Mapping[str, 
 def missing_detail(location: str, key: str) -> dict[str, Any]:
     return {"loc": [location, key], "msg": str(REQUIRED), "type": REQUIRED.type, "input": None, "ctx": {}}
 metadata = MetadataSchema()
+
+
+class MeSchema(Schema):
+    """``GET /v1/me``: ``username`` for a user, ``name`` for a node installation."""
+
+    subjectType = fields.String(required=True, validate=validate.OneOf(["user", "installation"]))
+    id = fields.String(required=True)
+    username = fields.String()
+    name = fields.String()
+    clientId = fields.String(required=True, allow_none=True)
+    scopes = fields.List(fields.String(), required=True)
+
+
+class ConnectedAppSchema(Schema):
+    client_id = fields.String(required=True, data_key="clientId")
+    name = fields.String(required=True)
+    logo_url = fields.String(allow_none=True, required=True, data_key="logoUrl")
+    scopes = fields.List(fields.String(), required=True)
+    granted_at = fields.DateTime(required=True, data_key="grantedAt")
+
+
+class WelcomeSchema(Schema):
+    type = fields.String(required=True, validate=validate.Equal("welcome"))
+    subjectType = fields.String(required=True)
+    id = fields.String(required=True)
+    scopes = fields.List(fields.String(), required=True)
+
+
+me = MeSchema()
+connected_apps = ConnectedAppSchema(many=True)
+welcome = WelcomeSchema()

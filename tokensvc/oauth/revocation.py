@@ -12,7 +12,7 @@ import logging
 from tokensvc.oauth import hashing
 from tokensvc.oauth.context import OAuthContext
 from tokensvc.oauth.grants import revoke_grant
-from tokensvc.records import ACCESS, REFRESH, Client, Token
+from tokensvc.records import ACCESS, REFRESH, Client, Subject, Token
 
 audit = logging.getLogger("tokensvc.audit")
 
@@ -60,4 +60,17 @@ async def revoke_grant_of(ctx: OAuthContext, token: str | None) -> bool:
     audit.info("grant revoked", extra={"audit": {
         "event": "grant_revoked", "client_id": record.client_id, "subject": record.subject.id,
         "tokens_revoked": count, "outcome": "revoked"}})
+    return True
+
+
+async def revoke_connected_app(ctx: OAuthContext, subject: Subject, client_id: str) -> bool:
+    """A user withdraws a client's access: its grant and every token of it. False when there
+    is no active grant (``DELETE /v1/me/connected-apps/{client_id}``)."""
+    grant = await ctx.store.find_grant(client_id, subject)
+    if grant is None or grant.revoked_at is not None:
+        return False
+    count = await revoke_grant(ctx, grant)
+    audit.info("connected app removed", extra={"audit": {
+        "event": "grant_revoked", "client_id": client_id, "subject": subject.id,
+        "tokens_revoked": count, "outcome": "revoked_by_user"}})
     return True

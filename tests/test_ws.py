@@ -1,0 +1,171 @@
+"""GET /v1/ws: three token sources, 401 before the upgrade, and close (4401) on revocation."""
+
+import json
+from datetime import timedelta
+
+import pytest
+from tornado import gen
+from tornado.httpclient import HTTPClientError, HTTPRequest
+from tornado.websocket import websocket_connect
+
+from helpers import NODE_REDIRECT, WEBAPP_REDIRECT, WEBAPP_SECRET, basic, check_schema, exchange, json_of, post_form
+from tokensvc import schemas
+
+
+def ws_url(base_url, query=""):
+    return base_url.replace("http://", "ws://") + "/v1/ws" + query
+
+
+async def tokens(browser, http_client, base_url, **kwargs):
+    code = await browser.code_for("webapp", WEBAPP_REDIRECT, **kwargs)
+    return json_of(await exchange(http_client, base_url, code))
+
+
+async def welcome_of(connection):
+    message = await gen.with_timeout(timedelta(seconds=5), connection.read_message())
+    return check_schema(schemas.welcome, json.loads(message))
+
+
+async def closed_within_a_second(connection):
+    message = await gen.with_timeout(timedelta(seconds=1), connection.read_message())
+    assert message is None
+    assert connection.close_code == 4401
+
+
+@pytest.mark.gen_test
+async def test_token_in_the_query_string(browser, http_client, base_url, store):
+    access = (await tokens(browser, http_client, base_url, scope="read"))["access_token"]
+    connection = await websocket_connect(ws_url(base_url, "?access_token=" + access))
+    alice = await store.get_user_by_username("alice")
+    assert await welcome_of(connection) == {"type": "welcome", "subjectType": "user", "id": alice.user_id,
+                                            "scopes": ["read"]}
+    connection.write_message("hello")
+    echo = json.loads(await connection.read_message())
+    assert echo == {"type": "echo", "data": "hello"}
+    connection.close()
+
+
+@pytest.mark.gen_test
+async def test_token_in_the_authorization_header(browser, http_client, base_url):
+    access = (await tokens(browser, http_client, base_url))["access_token"]
+    connection = await websocket_connect(HTTPRequest(ws_url(base_url), headers={"Authorization": f"Bearer {access}"}))
+    assert (await welcome_of(connection))["subjectType"] == "user"
+    connection.close()
+
+
+@pytest.mark.gen_test
+async def test_session_cookie(browser, base_url):
+    await browser.login("alice")
+    cookie = "; ".join(f"{k}={v}" for k, v in browser.cookies.items())
+    request = HTTPRequest(ws_url(base_url), headers={"Cookie": cookie, "Origin": base_url})
+    connection = await websocket_connect(request)
+    assert (await welcome_of(connection))["scopes"] == ["read", "write"]
+    connection.close()
+
+
+@pytest.mark.gen_test
+async def test_cookie_socket_from_another_origin_is_refused(http_server, browser, base_url):
+    await browser.login("alice")
+    cookie = "; ".join(f"{k}={v}" for k, v in browser.cookies.items())
+    request = HTTPRequest(ws_url(base_url), headers={"Cookie": cookie, "Origin": "https://evil.example"})
+    with pytest.raises(HTTPClientError) as info:
+        await websocket_connect(request)
+    assert info.value.code == 403
+
+
+@pytest.mark.parametrize("query,headers", [
+    ("", {}), ("?access_token=nope", {}), ("", {"Authorization": "Bearer nope"}),
+])
+@pytest.mark.gen_test
+async def test_no_valid_token_is_401_before_the_upgrade(http_server, base_url, query, headers):
+    with pytest.raises(HTTPClientError) as info:
+        await websocket_connect(HTTPRequest(ws_url(base_url, query), headers=headers))
+    assert info.value.code == 401
+    assert 'error="invalid_token"' in info.value.response.headers["WWW-Authenticate"]
+
+
+@pytest.mark.gen_test
+async def test_installation_socket(browser, http_client, base_url):
+    code = await browser.code_for("node-agent", NODE_REDIRECT, installation_id="backyard-scope")
+    access = json_of(await exchange(http_client, base_url, code, client_id="node-agent", secret=None,
+                                    redirect_uri=NODE_REDIRECT))["access_token"]
+    connection = await websocket_connect(ws_url(base_url, "?access_token=" + access))
+    welcome = await welcome_of(connection)
+    assert welcome["subjectType"] == "installation" and welcome["id"] == "backyard-scope"
+    connection.close()
+
+
+async def revoke_rfc7009(http_client, base_url, issued, browser):
+    await post_form(http_client, base_url + "/oauth/token/revoke", {"token": issued["access_token"]},
+                    {"Authorization": basic("webapp", WEBAPP_SECRET)})
+
+
+async def revoke_grant(http_client, base_url, issued, browser):
+    await http_client.fetch(base_url + "/oauth/revoke", method="POST", body="",
+                            headers={"Authorization": "Bearer " + issued["refresh_token"]})
+
+
+async def revoke_connected_app(http_client, base_url, issued, browser):
+    response = await browser.fetch("/v1/me/connected-apps/webapp", "DELETE",
+                                   headers={"X-XSRFToken": browser.cookies["_xsrf"]})
+    assert response.code == 204
+
+
+async def reuse_refresh(http_client, base_url, issued, browser):
+    url, auth = base_url + "/oauth/token/refresh", {"Authorization": basic("webapp", WEBAPP_SECRET)}
+    await post_form(http_client, url, {"refresh_token": issued["refresh_token"]}, auth)
+    await post_form(http_client, url, {"refresh_token": issued["refresh_token"]}, auth)
+
+
+async def sign_out_with_token(http_client, base_url, issued, browser):
+    await browser.fetch("/oauth/sign-out?token=" + issued["refresh_token"], "POST", {},
+                        headers={"X-XSRFToken": browser.cookies["_xsrf"]})
+
+
+@pytest.mark.parametrize("revoke", [revoke_rfc7009, revoke_grant, revoke_connected_app, reuse_refresh,
+                                    sign_out_with_token])
+@pytest.mark.gen_test
+async def test_revocation_closes_the_socket_within_a_second(browser, http_client, base_url, revoke):
+    issued = await tokens(browser, http_client, base_url, scope="read write")
+    connection = await websocket_connect(ws_url(base_url, "?access_token=" + issued["access_token"]))
+    await welcome_of(connection)
+    await revoke(http_client, base_url, issued, browser)
+    await closed_within_a_second(connection)
+
+
+@pytest.mark.gen_test
+async def test_sign_out_closes_cookie_sockets(browser, base_url):
+    await browser.login("alice")
+    cookie = "; ".join(f"{k}={v}" for k, v in browser.cookies.items())
+    connection = await websocket_connect(HTTPRequest(ws_url(base_url), headers={"Cookie": cookie, "Origin": base_url}))
+    await welcome_of(connection)
+    response = await browser.fetch("/oauth/sign-out", "POST", {}, headers={"X-XSRFToken": browser.cookies["_xsrf"]})
+    assert response.code == 200
+    await closed_within_a_second(connection)
+
+
+@pytest.mark.gen_test
+async def test_expired_token_closes_its_socket(browser, http_client, base_url, clock, ctx):
+    issued = await tokens(browser, http_client, base_url)
+    connection = await websocket_connect(ws_url(base_url, "?access_token=" + issued["access_token"]))
+    await welcome_of(connection)
+    clock.advance(3601)
+    ctx.events.revoked()  # any re-check now finds the token expired
+    await closed_within_a_second(connection)
+
+
+@pytest.mark.gen_test
+async def test_other_sockets_stay_open(browser, http_client, base_url):
+    first = await tokens(browser, http_client, base_url)
+    other = type(browser)(browser.client, browser.base_url)
+    code = await other.code_for("webapp", WEBAPP_REDIRECT, user="root", scope="read")
+    second = json_of(await exchange(http_client, base_url, code))
+    keep = await websocket_connect(ws_url(base_url, "?access_token=" + second["access_token"]))
+    drop = await websocket_connect(ws_url(base_url, "?access_token=" + first["access_token"]))
+    await welcome_of(keep)
+    await welcome_of(drop)
+    await revoke_rfc7009(http_client, base_url, first, browser)
+    await closed_within_a_second(drop)
+    keep.write_message("still here")
+    assert json.loads(await gen.with_timeout(timedelta(seconds=1), keep.read_message()))["data"] == "still here"
+    keep.close()

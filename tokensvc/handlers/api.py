@@ -1,0 +1,86 @@
+"""The public API's own endpoints: ``/v1/me`` and the user's connected apps."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+
+from tokensvc import schemas
+from tokensvc.handlers.auth import AuthMixin, requires
+from tokensvc.handlers.base import BaseHandler, NotFound
+from tokensvc.oauth import revocation
+from tokensvc.oauth.errors import AccessDenied
+from tokensvc.oauth.principal import Principal
+
+
+@dataclass(slots=True)
+class ConnectedApp:
+    client_id: str
+    name: str
+    logo_url: str | None
+    scopes: list[str]
+    granted_at: datetime
+
+
+class ApiHandler(AuthMixin, BaseHandler):
+    """A JSON endpoint under ``/v1/``; responses are private to the caller."""
+
+    def set_default_headers(self) -> None:
+        super().set_default_headers()
+        self.set_header("Cache-Control", "no-store")
+
+    def require_user(self) -> Principal:
+        assert self.principal is not None
+        if self.principal.subject.user_id is None:
+            raise AccessDenied("Connected apps belong to users; node-installation tokens cannot use them")
+        return self.principal
+
+
+async def describe(handler: BaseHandler, principal: Principal) -> dict:
+    """The ``/v1/me`` body (also the basis of the WebSocket welcome)."""
+    subject = principal.subject
+    body = {"subjectType": subject.kind, "id": subject.id, "clientId": principal.client_id,
+            "scopes": principal.scopes}
+    if subject.user_id is not None:
+        user = await handler.ctx.store.get_user(subject.user_id)
+        body["username"] = user.username if user else None
+    else:
+        installation = await handler.ctx.store.get_installation(subject.id)
+        body["name"] = installation.name if installation else subject.id
+    return body
+
+
+class MeHandler(ApiHandler):
+    """``GET /v1/me`` (read)."""
+
+    @requires("read")
+    async def get(self) -> None:
+        self.send_json(schemas.me.dump(await describe(self, self.principal)))
+
+
+class ConnectedAppsHandler(ApiHandler):
+    """``GET /v1/me/connected-apps`` (read): the clients holding an active grant of this user."""
+
+    @requires("read")
+    async def get(self) -> None:
+        principal = self.require_user()
+        apps = []
+        for grant in await self.ctx.store.list_grants(principal.subject):
+            client = await self.ctx.store.get_client(grant.client_id)
+            if client is not None:
+                apps.append(ConnectedApp(client.client_id, client.name, client.logo_url, grant.scopes,
+                                         grant.created_at))
+        self.send_json(schemas.connected_apps.dump(apps))
+
+
+class ConnectedAppHandler(ApiHandler):
+    """``DELETE /v1/me/connected-apps/{client_id}`` (connected-apps:write): revoke that grant."""
+
+    @requires("connected-apps:write")
+    async def delete(self, client_id: str) -> None:
+        principal = self.require_user()
+        self.load(schemas.client_id_path, {"client_id": client_id} if client_id else {}, "path")
+        if not await revocation.revoke_connected_app(self.ctx, principal.subject, client_id):
+            raise NotFound(f"No active grant for client {client_id!r}")
+        self.set_status(204)
+        self.finish()

@@ -1,0 +1,59 @@
+"""One authentication layer for public-API handlers: bearer token, session cookie, and for
+WebSockets also the ``access_token`` query parameter (RFC 6750 §2.3)."""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
+
+import tornado.web
+
+from tokensvc.oauth import bearer, principal as principals
+from tokensvc.oauth.errors import InvalidToken
+from tokensvc.oauth.principal import Principal
+
+H = TypeVar("H", bound="AuthMixin")
+
+UNSAFE_METHODS = frozenset({"POST", "PUT", "PATCH", "DELETE"})
+
+
+class AuthMixin:
+    """For handlers with ``ctx`` and ``config`` (see BaseHandler). Sets ``self.principal``."""
+
+    principal: Principal | None = None
+    accept_query_token = False  # only WebSockets, where browsers cannot set headers
+
+    async def authenticate(self: Any) -> Principal:
+        header = self.request.headers.get("Authorization")
+        presented = bearer.from_authorization(header)
+        if presented is None and self.accept_query_token:
+            presented = self.get_query_argument("access_token", None)
+        if presented is not None or header:
+            found = await principals.from_bearer(self.ctx, presented)
+            if found is None:
+                raise InvalidToken("The access token is missing, expired, revoked or malformed")
+            return found
+        found = await principals.from_session(self.ctx, self.raw_session_id())
+        if found is None:
+            raise InvalidToken("Authentication required: a bearer token or a session")
+        if self.request.method in UNSAFE_METHODS:
+            # The cookie is ambient authority: unsafe requests must prove same-origin.
+            tornado.web.RequestHandler.check_xsrf_cookie(self)
+        return found
+
+
+def requires(scope: str) -> Callable[[Callable[..., Awaitable[None]]], Callable[..., Awaitable[None]]]:
+    """Authenticate the request and require ``scope`` before the handler method runs."""
+
+    def decorate(method: Callable[..., Awaitable[None]]) -> Callable[..., Awaitable[None]]:
+        @functools.wraps(method)
+        async def wrapper(self: AuthMixin, *args: Any, **kwargs: Any) -> None:
+            self.principal = await self.authenticate()
+            self.principal.require(scope)
+            self.log_client_id = self.principal.client_id
+            await method(self, *args, **kwargs)
+
+        return wrapper
+
+    return decorate

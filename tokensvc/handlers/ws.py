@@ -1,0 +1,117 @@
+"""``GET /v1/ws``: an authenticated WebSocket that closes (4401) when its authorization ends.
+
+The token comes from the ``access_token`` query parameter, the ``Authorization`` header, or
+the session cookie; without a valid one the upgrade is refused with a plain HTTP 401.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from typing import Any
+
+import tornado.ioloop
+import tornado.websocket
+
+from tokensvc import schemas
+from tokensvc.config import Settings
+from tokensvc.handlers.api import describe
+from tokensvc.handlers.auth import AuthMixin
+from tokensvc.handlers.base import BaseHandler, dumps
+from tokensvc.oauth import principal as principals
+from tokensvc.oauth.context import OAuthContext
+from tokensvc.oauth.errors import OAuthError
+from tokensvc.storage.base import StorageError
+
+log = logging.getLogger(__name__)
+
+CLOSE_REVOKED = 4401
+# Revocations in this process arrive as events at once; this period catches the ones made by
+# other processes (a shared MongoDB) and bounds how stale a socket's authorization can be.
+RECHECK_SECONDS = 5.0
+
+
+class EchoSocket(AuthMixin, tornado.websocket.WebSocketHandler):
+    accept_query_token = True
+
+    def initialize(self, ctx: OAuthContext, config: Settings) -> None:
+        self.ctx, self.config = ctx, config
+        self._timers: list[Any] = []
+        self._checking = False
+
+    raw_session_id = BaseHandler.raw_session_id
+    _cookie_days = BaseHandler._cookie_days
+
+    async def get(self, *args: Any, **kwargs: Any) -> None:
+        try:
+            self.principal = await self.authenticate()
+            self.principal.require("read")
+        except OAuthError as exc:
+            self.set_status(exc.status_code)
+            self.set_header("WWW-Authenticate", f'Bearer realm="tokensvc", error="{exc.error}"')
+            return self._refuse(exc.body())
+        except StorageError:
+            self.set_status(503)
+            return self._refuse({"detail": "The token store is not answering; try again shortly."})
+        self.log_client_id = self.principal.client_id
+        await super().get(*args, **kwargs)
+
+    def _refuse(self, body: dict[str, Any]) -> None:
+        self.set_header("Content-Type", "application/json")
+        self.finish(dumps(body))
+
+    def check_origin(self, origin: str) -> bool:
+        # A bearer token is explicit; a cookie is ambient and only trusted from our own origin.
+        if self.principal is not None and not self.principal.via_cookie:
+            return True
+        return super().check_origin(origin)
+
+    async def open(self, *args: Any, **kwargs: Any) -> None:
+        principal = self.principal
+        assert principal is not None
+        self.ctx.events.subscribe(self._on_revocation)
+        loop = tornado.ioloop.IOLoop.current()
+        self._timers.append(tornado.ioloop.PeriodicCallback(self._spawn_check, RECHECK_SECONDS * 1000))
+        self._timers[-1].start()
+        expires_at = principal.token.expires_at if principal.token else principal.session.expires_at
+        self._timers.append(loop.call_at(loop.time() + max(0.0, (expires_at - self.ctx.clock()).total_seconds()),
+                                         self._close_revoked))
+        me = await describe(self, principal)
+        welcome = {"type": "welcome", "subjectType": me["subjectType"], "id": me["id"], "scopes": me["scopes"]}
+        self.write_message(dumps(schemas.welcome.dump(welcome)))
+
+    def on_message(self, message: str | bytes) -> None:
+        if isinstance(message, bytes):
+            message = message.decode("utf-8", "replace")
+        self.write_message(json.dumps({"type": "echo", "data": message}))
+
+    def on_close(self) -> None:
+        self.ctx.events.unsubscribe(self._on_revocation)
+        loop = tornado.ioloop.IOLoop.current()
+        for timer in self._timers:
+            if isinstance(timer, tornado.ioloop.PeriodicCallback):
+                timer.stop()
+            else:
+                loop.remove_timeout(timer)
+        self._timers.clear()
+
+    def _on_revocation(self) -> None:
+        self._spawn_check()
+
+    def _spawn_check(self) -> None:
+        if not self._checking:
+            self._checking = True
+            tornado.ioloop.IOLoop.current().add_callback(self._check)
+
+    async def _check(self) -> None:
+        try:
+            if self.principal is not None and not await principals.still_valid(self.ctx, self.principal):
+                self._close_revoked()
+        except Exception:  # the store is away: keep the socket, check again at the next period
+            log.warning("could not re-check a WebSocket's authorization", exc_info=True)
+        finally:
+            self._checking = False
+
+    def _close_revoked(self) -> None:
+        if self.ws_connection is not None:
+            self.close(CLOSE_REVOKED, "authorization revoked or expired")
