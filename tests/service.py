@@ -1,0 +1,70 @@
+"""Starting the real service as a process, on a free port, with a generated config."""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import requests
+
+WEBAPP_SECRET = "e2e-webapp-secret"
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+CONFIG = """
+service_name = "tokensvc"
+base_url = "{base}"
+auth_url = "{base}"
+host = "127.0.0.1"
+port = {port}
+cookie_secret = "e2e-cookie-secret-0123456789"
+{storage}
+
+[[clients]]
+client_id = "webapp"
+name = "Web app"
+redirect_uris = ["http://127.0.0.1:1/callback"]
+allowed_scopes = ["read", "write"]
+first_party = true
+client_secret = "{secret}"
+
+[[clients]]
+client_id = "skyplanner"
+name = "SkyPlanner"
+redirect_uris = ["http://127.0.0.1:2/callback"]
+allowed_scopes = ["read", "observations:write"]
+description = "Plans your observing nights from your telescope's schedule."
+logo_url = "{base}/static/demo-client.svg"
+
+[[users]]
+username = "alice"
+password = "alice-e2e-password"
+"""
+
+
+def start_service(tmp_path: Path, storage: str = "") -> tuple[subprocess.Popen, str]:
+    port = free_port()
+    base = f"http://127.0.0.1:{port}"
+    config = tmp_path / "tokensvc.toml"
+    config.write_text(CONFIG.format(base=base, port=port, secret=WEBAPP_SECRET, storage=storage))
+    process = subprocess.Popen([sys.executable, "-m", "tokensvc", "serve", "--config", str(config)],
+                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise AssertionError("tokensvc exited: " + process.stdout.read())
+        try:
+            if requests.get(base + "/healthz", timeout=1).status_code == 200:
+                return process, base
+        except requests.ConnectionError:
+            time.sleep(0.1)
+    process.kill()
+    raise AssertionError("tokensvc did not start in time")
