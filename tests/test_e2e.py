@@ -132,3 +132,49 @@ def test_service_starts_without_its_database_and_answers_503(tmp_path):
         output, _ = process.communicate(timeout=10)
     assert "Traceback" not in output
     assert "store not ready" in output
+
+
+def test_demo_mode_says_so_and_shows_its_generated_secret(tmp_path):
+    import json
+    import subprocess
+    import sys
+    import time
+    from pathlib import Path
+
+    port = free_port()
+    demo = Path(__file__).resolve().parent.parent / "config" / "tokensvc.toml"
+    process = subprocess.Popen([sys.executable, "-m", "tokensvc", "serve", "--config", str(demo), "--port", str(port),
+                                "--log-format", "json"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            try:
+                requests.get(f"http://127.0.0.1:{port}/healthz", timeout=1)
+                break
+            except requests.ConnectionError:
+                time.sleep(0.1)
+        requests.post(f"http://127.0.0.1:{port}/oauth/revoke?token=SECRET-TOKEN&code=SECRET-CODE")
+    finally:
+        process.terminate()
+        out, err = process.communicate(timeout=10)
+    assert f"tokensvc is running on http://127.0.0.1:{port}" in out
+    entries = [json.loads(line) for line in err.splitlines()]
+    messages = [entry["message"] for entry in entries]
+    assert any(message.startswith("DEMO MODE: this configuration is for trying tokensvc out") for message in messages)
+    assert any(message.startswith("DEMO MODE: generated cookie secret ") for message in messages)
+    access = [entry["access"] for entry in entries if entry["logger"] == "tokensvc.access"]
+    assert access and access[-1]["path"] == "/oauth/revoke?token=***&code=***" and access[-1]["status"] == 200
+    assert "SECRET-TOKEN" not in err and "SECRET-CODE" not in err
+
+
+def test_non_demo_config_without_cookie_secret_refuses_to_start(tmp_path):
+    import subprocess
+    import sys
+
+    config = tmp_path / "prod.toml"
+    config.write_text('demo = false\n[storage]\nbackend = "memory"\n')
+    result = subprocess.run([sys.executable, "-m", "tokensvc", "serve", "--config", str(config)],
+                            capture_output=True, text=True, timeout=30, env={"PATH": "/usr/bin:/bin"})
+    assert result.returncode == 1
+    assert result.stderr.startswith("tokensvc: cookie_secret: required outside demo mode")
+    assert "Traceback" not in result.stderr

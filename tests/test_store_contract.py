@@ -132,6 +132,9 @@ async def test_grants_one_per_subject_and_client(backend_store, now):
     assert await store.find_grant("nobody", ALICE) is None
     assert [g.client_id for g in await store.list_grants(ALICE)] == ["webapp", "skyplanner"]
     assert [g.grant_id for g in await store.list_grants(SCOPE)] == [installation.grant_id]
+    assert [g.grant_id for g in await store.list_client_grants("webapp")] == [grant.grant_id, installation.grant_id]
+    await store.revoke_grant(installation.grant_id, now)
+    assert [g.grant_id for g in await store.list_client_grants("webapp")] == [grant.grant_id]
 
 
 @pytest.mark.gen_test

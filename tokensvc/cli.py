@@ -4,15 +4,20 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import getpass
 import json
 import logging
 import signal
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
-from tokensvc import __version__, config as config_module, logs
+from tokensvc import __version__, admin, config as config_module, logs
+from tokensvc.admin import AdminError
 from tokensvc.config import ConfigError, Settings
-from tokensvc.storage import StorageError, make_store
+from tokensvc.oauth.context import OAuthContext
+from tokensvc.records import Client
+from tokensvc.storage import StorageError, Store, make_store
 
 log = logging.getLogger("tokensvc")
 
@@ -84,17 +89,202 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 def cmd_config_check(args: argparse.Namespace) -> int:
     settings = load_settings(args)
-    print(json.dumps(config_module.masked(settings), indent=2))
+    if args.json:
+        print(json.dumps(config_module.masked(settings), indent=2))
+    else:
+        for line in _flatten(config_module.masked(settings)):
+            print(line)
     print(f"{args.config}: OK", file=sys.stderr)
+    return 0
+
+
+def _flatten(data: Any, prefix: str = "") -> list[str]:
+    if isinstance(data, dict):
+        return [line for key, value in data.items() for line in _flatten(value, f"{prefix}{key}.")]
+    if isinstance(data, list) and data and isinstance(data[0], dict):
+        return [line for i, item in enumerate(data) for line in _flatten(item, f"{prefix[:-1]}[{i}].")]
+    return [f"{prefix[:-1]} = {json.dumps(data)}"]
+
+
+# -- operator commands ---------------------------------------------------------------------
+
+StoreFactory = Callable[[Settings], Store]
+
+
+def _store_commands(factory: StoreFactory | None) -> Callable[[argparse.Namespace], int]:
+    """Run an async operator command against the configured store."""
+
+    def run(args: argparse.Namespace) -> int:
+        settings = load_settings(args)
+        if factory is None and settings.storage.backend == "memory":
+            raise CommandError(
+                "the memory backend keeps its state inside the running server: clients, users and "
+                "installations come from the config file ([[clients]], [[users]], [[installations]]). "
+                "Set storage.backend = \"mongodb\" (or TOKENSVC_STORAGE_BACKEND=mongodb) to manage them here.")
+        store = factory(settings) if factory is not None else make_store(settings.storage)
+        ctx = OAuthContext(store=store, tokens=settings.tokens, issuer=settings.base_url)
+
+        async def body() -> int:
+            try:
+                await store.open()
+                return await args.action(ctx, args)
+            finally:
+                await store.close()
+
+        try:
+            return asyncio.run(body())
+        except AdminError as exc:
+            raise CommandError(str(exc)) from None
+
+    return run
+
+
+def _emit(args: argparse.Namespace, data: Any, text: str) -> None:
+    print(json.dumps(data, indent=2, default=str) if args.json else text)
+
+
+def _client_data(client: Client) -> dict[str, Any]:
+    return {"client_id": client.client_id, "name": client.name, "redirect_uris": client.redirect_uris,
+            "allowed_scopes": client.scopes, "confidential": client.confidential,
+            "first_party": client.first_party, "description": client.description,
+            "logo_url": client.logo_url, "created_at": client.created_at.isoformat() if client.created_at else None}
+
+
+def _table(rows: list[list[str]], header: list[str]) -> str:
+    widths = [max(len(str(row[i])) for row in [header, *rows]) for i in range(len(header))]
+    lines = ["  ".join(str(cell).ljust(width) for cell, width in zip(row, widths)).rstrip()
+             for row in [header, *rows]]
+    return "\n".join(lines)
+
+
+async def clients_add(ctx: OAuthContext, args: argparse.Namespace) -> int:
+    client, secret = await admin.create_client(
+        ctx.store, name=args.name, redirect_uris=args.redirect_uri, scopes=args.scope,
+        first_party=args.first_party, confidential=args.confidential, description=args.description,
+        logo_url=args.logo_url, client_id=args.client_id)
+    data = {**_client_data(client), "client_secret": secret}
+    text = f"client_id: {client.client_id}"
+    if secret:
+        text += f"\nclient_secret: {secret}\n(shown once: store it now; only its hash is kept)"
+    _emit(args, data, text)
+    return 0
+
+
+async def clients_list(ctx: OAuthContext, args: argparse.Namespace) -> int:
+    clients = await ctx.store.list_clients()
+    rows = [[c.client_id, c.name, "confidential" if c.confidential else "public",
+             "yes" if c.first_party else "no", " ".join(c.scopes)] for c in clients]
+    _emit(args, [_client_data(c) for c in clients],
+          _table(rows, ["CLIENT ID", "NAME", "TYPE", "FIRST-PARTY", "SCOPES"]) if rows else "no clients")
+    return 0
+
+
+async def clients_show(ctx: OAuthContext, args: argparse.Namespace) -> int:
+    data = _client_data(await admin.get_client(ctx.store, args.client_id))
+    _emit(args, data, "\n".join(f"{key}: {' '.join(value) if isinstance(value, list) else value}"
+                                for key, value in data.items()))
+    return 0
+
+
+async def clients_remove(ctx: OAuthContext, args: argparse.Namespace) -> int:
+    revoked = await admin.remove_client(ctx, args.client_id)
+    _emit(args, {"removed": args.client_id, "tokens_revoked": revoked},
+          f"removed client {args.client_id} ({revoked} tokens revoked)")
+    return 0
+
+
+async def clients_rotate_secret(ctx: OAuthContext, args: argparse.Namespace) -> int:
+    secret = await admin.rotate_secret(ctx.store, args.client_id)
+    _emit(args, {"client_id": args.client_id, "client_secret": secret},
+          f"client_secret: {secret}\n(shown once: the old secret no longer works)")
+    return 0
+
+
+def read_password(args: argparse.Namespace) -> str:
+    """From standard input with --password-stdin, else from a prompt (never from a flag)."""
+    if args.password_stdin:
+        password = sys.stdin.readline().rstrip("\r\n")
+    elif sys.stdin.isatty():
+        password = getpass.getpass("Password: ")
+        if getpass.getpass("Repeat password: ") != password:
+            raise CommandError("the passwords do not match")
+    else:
+        raise CommandError("no terminal to ask for a password: use --password-stdin")
+    if not password:
+        raise CommandError("empty password")
+    return password
+
+
+async def users_add(ctx: OAuthContext, args: argparse.Namespace) -> int:
+    user = await admin.create_user(ctx.store, args.username, args.password, admin=args.admin)
+    _emit(args, {"user_id": user.user_id, "username": user.username, "admin": user.admin},
+          f"user_id: {user.user_id}")
+    return 0
+
+
+async def users_list(ctx: OAuthContext, args: argparse.Namespace) -> int:
+    users = await ctx.store.list_users()
+    _emit(args, [{"user_id": u.user_id, "username": u.username, "admin": u.admin} for u in users],
+          _table([[u.username, u.user_id, "yes" if u.admin else "no"] for u in users],
+                 ["USERNAME", "USER ID", "ADMIN"]) if users else "no users")
+    return 0
+
+
+async def users_remove(ctx: OAuthContext, args: argparse.Namespace) -> int:
+    revoked = await admin.remove_user(ctx, args.username)
+    _emit(args, {"removed": args.username, "tokens_revoked": revoked},
+          f"removed user {args.username} ({revoked} tokens revoked)")
+    return 0
+
+
+async def users_set_password(ctx: OAuthContext, args: argparse.Namespace) -> int:
+    await admin.set_password(ctx.store, args.username, args.password)
+    _emit(args, {"username": args.username, "password_set": True}, f"password of {args.username} changed")
+    return 0
+
+
+async def installations_add(ctx: OAuthContext, args: argparse.Namespace) -> int:
+    inst = await admin.create_installation(ctx.store, args.installation_id, args.name, args.kind, args.operator)
+    _emit(args, {"installation_id": inst.installation_id, "name": inst.name, "kind": inst.kind,
+                 "operators": args.operator}, f"installation_id: {inst.installation_id}")
+    return 0
+
+
+async def installations_list(ctx: OAuthContext, args: argparse.Namespace) -> int:
+    installations = await ctx.store.list_installations()
+    names = {user.user_id: user.username for user in await ctx.store.list_users()}
+    data = [{"installation_id": i.installation_id, "name": i.name, "kind": i.kind,
+             "operators": [names.get(op, op) for op in i.operators]} for i in installations]
+    _emit(args, data, _table([[d["installation_id"], d["name"], d["kind"], ", ".join(d["operators"])] for d in data],
+                             ["INSTALLATION ID", "NAME", "KIND", "OPERATORS"]) if data else "no installations")
+    return 0
+
+
+async def installations_remove(ctx: OAuthContext, args: argparse.Namespace) -> int:
+    revoked = await admin.remove_installation(ctx, args.installation_id)
+    _emit(args, {"removed": args.installation_id, "tokens_revoked": revoked},
+          f"removed installation {args.installation_id} ({revoked} tokens revoked)")
+    return 0
+
+
+async def tokens_purge(ctx: OAuthContext, args: argparse.Namespace) -> int:
+    counts = await admin.purge(ctx.store)
+    _emit(args, counts, "purged {codes} expired codes, {tokens} expired tokens, {sessions} expired sessions"
+          .format(**counts))
     return 0
 
 
 # -- parser ---------------------------------------------------------------------------
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(store_factory: StoreFactory | None = None) -> argparse.ArgumentParser:
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--config", default="config/tokensvc.toml", help="TOML config file (default: %(default)s)")
+    common.add_argument("--json", action="store_true", help="print JSON for scripts instead of text")
+
     parser = argparse.ArgumentParser(prog="tokensvc", description="OAuth 2.0 authorization and token service")
     parser.add_argument("--version", action="version", version=f"tokensvc {__version__}")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    run = _store_commands(store_factory)
 
     serve_parser = commands.add_parser("serve", help="run the service", description="Run the service.")
     serve_parser.add_argument("--config", default="config/tokensvc.toml", help="TOML config file")
@@ -103,18 +293,73 @@ def build_parser() -> argparse.ArgumentParser:
     serve_parser.add_argument("--log-format", choices=("text", "json"), help="log line format")
     serve_parser.set_defaults(func=cmd_serve)
 
-    config_parser = commands.add_parser("config", help="configuration commands")
-    config_commands = config_parser.add_subparsers(dest="subcommand", required=True, metavar="SUBCOMMAND")
-    check = config_commands.add_parser("check", help="validate a config and print it with secrets masked")
-    check.add_argument("--config", default="config/tokensvc.toml", help="TOML config file")
+    def group(name: str, help_text: str) -> argparse._SubParsersAction:
+        sub = commands.add_parser(name, help=help_text, description=help_text)
+        return sub.add_subparsers(dest="subcommand", required=True, metavar="SUBCOMMAND")
+
+    def command(subs: argparse._SubParsersAction, name: str, help_text: str, action) -> argparse.ArgumentParser:
+        sub = subs.add_parser(name, help=help_text, description=help_text, parents=[common])
+        sub.set_defaults(func=run, action=action)
+        return sub
+
+    clients = group("clients", "manage OAuth clients (MongoDB backend)")
+    add = command(clients, "add", "register a client; prints its id and, once, its secret", clients_add)
+    add.add_argument("--name", required=True)
+    add.add_argument("--redirect-uri", action="append", required=True, help="repeat for several")
+    add.add_argument("--scope", action="append", help="an allowed scope; repeat for several (none: read)")
+    add.add_argument("--first-party", action="store_true", help="no consent prompt")
+    add.add_argument("--confidential", action="store_true", help="give the client a secret")
+    add.add_argument("--description")
+    add.add_argument("--logo-url")
+    add.add_argument("--client-id", help="choose the id (default: a random one)")
+    command(clients, "list", "list clients", clients_list)
+    for name, help_text, action in (("show", "show one client", clients_show),
+                                    ("remove", "remove a client and revoke its tokens", clients_remove),
+                                    ("rotate-secret", "give a confidential client a new secret", clients_rotate_secret)):
+        command(clients, name, help_text, action).add_argument("client_id")
+
+    users = group("users", "manage users (MongoDB backend)")
+    for name, help_text, action in (("add", "add a user (password from a prompt or --password-stdin)", users_add),
+                                    ("set-password", "change a user's password", users_set_password)):
+        sub = command(users, name, help_text, action)
+        sub.add_argument("username")
+        sub.add_argument("--password-stdin", action="store_true", help="read the password from standard input")
+        if name == "add":
+            sub.add_argument("--admin", action="store_true", help="an administrator")
+    command(users, "list", "list users", users_list)
+    command(users, "remove", "remove a user and revoke their tokens", users_remove).add_argument("username")
+
+    installations = group("installations", "manage node installations (MongoDB backend)")
+    add = command(installations, "add", "add a telescope or observatory", installations_add)
+    add.add_argument("installation_id")
+    add.add_argument("--name", required=True)
+    add.add_argument("--kind", required=True, choices=admin.KINDS)
+    add.add_argument("--operator", action="append", default=[], help="a username; repeat for several")
+    command(installations, "list", "list installations", installations_list)
+    command(installations, "remove", "remove an installation and revoke its tokens",
+            installations_remove).add_argument("installation_id")
+
+    tokens = group("tokens", "token housekeeping")
+    command(tokens, "purge", "delete expired codes, tokens and sessions; prints the counts", tokens_purge)
+
+    config_commands = group("config", "configuration commands")
+    check = config_commands.add_parser("check", help="validate a config and print it with secrets masked",
+                                       description="Validate a config and print the effective settings, "
+                                                   "every secret masked.", parents=[common])
     check.set_defaults(func=cmd_config_check)
     return parser
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
+def main(argv: Sequence[str] | None = None, *, store_factory: StoreFactory | None = None) -> int:
+    """The ``tokensvc`` command. ``store_factory`` replaces the configured store (tests)."""
+    parser = build_parser(store_factory)
     args = parser.parse_args(argv)
+    if args.func is not cmd_serve:
+        logs.configure("text", "warning")
+        logging.getLogger("tokensvc.audit").setLevel(logging.INFO)
     try:
+        if getattr(args, "password_stdin", None) is not None:
+            args.password = read_password(args)
         return args.func(args)
     except (ConfigError, CommandError) as exc:
         print(f"tokensvc: {exc}", file=sys.stderr)

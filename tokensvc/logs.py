@@ -45,8 +45,10 @@ class TextFormatter(logging.Formatter):
 def configure(fmt: str = "text", level: str = "info") -> None:
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(JsonFormatter() if fmt == "json" else TextFormatter())
+    handler.tokensvc = True  # type: ignore[attr-defined]
     root = logging.getLogger()
-    root.handlers[:] = [handler]
+    # Replace only a handler installed here before: others (a test's capture) stay.
+    root.handlers[:] = [h for h in root.handlers if not getattr(h, "tokensvc", False)] + [handler]
     root.setLevel(level.upper())
     # Tornado's own access log is replaced by tokensvc.access (which redacts secrets).
     logging.getLogger("tornado.access").setLevel(logging.WARNING)

@@ -17,6 +17,7 @@ class ClientAuthMixin:
                                        form.get("client_id"), form.get("client_secret"))
         if creds is None:
             raise ValidationFailed([schemas.missing_detail("body", "client_id")])
+        self.log_client_id = creds.client_id
         return await clientauth.authenticate(self.ctx.store, creds)
 
     def send_tokens(self: TokenEndpointHandler, response: grants.TokenResponse) -> None:

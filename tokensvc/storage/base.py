@@ -119,6 +119,10 @@ class Store(abc.ABC):
         """The active (unrevoked) grants of a subject, oldest first (connected apps)."""
 
     @abc.abstractmethod
+    async def list_client_grants(self, client_id: str) -> list[Grant]:
+        """The active grants held by a client (``clients remove`` revokes them)."""
+
+    @abc.abstractmethod
     async def revoke_grant(self, grant_id: str, now: datetime) -> int:
         """Mark the grant revoked, then revoke every unrevoked token of it. Returns the token count.
 

@@ -138,6 +138,10 @@ class MemoryStore(Store):
         ]
         return sorted(grants, key=lambda grant: grant.created_at)
 
+    async def list_client_grants(self, client_id: str) -> list[Grant]:
+        grants = [grant for grant in self._grants.values() if grant.client_id == client_id and grant.revoked_at is None]
+        return sorted(grants, key=lambda grant: grant.created_at)
+
     async def revoke_grant(self, grant_id: str, now: datetime) -> int:
         grant = self._grants.get(grant_id)
         if grant is not None and grant.revoked_at is None:

@@ -16,7 +16,8 @@ users                   by user_id / by username; list by username   ``_id``; ``
 installations           by installation_id; list                     ``_id``
 grants                  by grant_id                                  ``_id``
 grants                  by (client_id, user_id, installation_id)     ``subject_client`` unique
-grants                  active grants of a subject                   ``subject_client`` prefix*
+grants                  active grants of a subject                   ``user_subject`` *
+grants                  active grants of a client                    ``subject_client`` prefix
 codes                   by code_hash (get, consume)                  ``_id``; TTL ``expires_at``
 tokens                  by token_hash (get, rotate, revoke)          ``_id``; TTL ``expires_at``
 tokens                  by grant_id (revoke a grant)                 ``grant_id``
@@ -24,8 +25,8 @@ tokens                  by parent_hash (rotation children)           ``parent_ha
 sessions                by session_hash                              ``_id``; TTL ``expires_at``
 ======================  ===========================================  ===========================
 
-(*) ``list_grants`` filters on ``user_id`` + ``installation_id``; the index
-``user_subject`` (user_id, installation_id, revoked_at) serves it.
+(*) ``list_grants`` filters on ``user_id`` + ``installation_id`` + ``revoked_at``: the index
+``user_subject`` (user_id, installation_id, revoked_at) serves it whole.
 """
 
 from __future__ import annotations
@@ -89,7 +90,9 @@ def guarded(method: Callable[..., Awaitable[R]]) -> Callable[..., Awaitable[R]]:
         except DuplicateKeyError as exc:
             raise Conflict(str(exc.details.get("keyValue") if exc.details else exc)) from None
         except PyMongoError as exc:
-            raise StorageError(f"MongoDB: {type(exc).__name__}: {exc}") from None
+            # The driver's message can carry a whole topology description: keep its head.
+            head = str(exc).split(", Timeout:")[0].split(" (configured timeouts")[0][:200]
+            raise StorageError(f"MongoDB: {type(exc).__name__}: {head}") from None
 
     return wrapper
 
@@ -272,6 +275,11 @@ class MongoStore(Store):
     async def list_grants(self, subject: Subject) -> list[Grant]:
         docs = await self.grants.find({"user_id": subject.user_id, "installation_id": subject.installation_id,
                                        "revoked_at": None}).to_list(None)
+        return sorted((GRANTS.record(doc) for doc in docs), key=lambda grant: grant.created_at)
+
+    @guarded
+    async def list_client_grants(self, client_id: str) -> list[Grant]:
+        docs = await self.grants.find({"client_id": client_id, "revoked_at": None}).to_list(None)
         return sorted((GRANTS.record(doc) for doc in docs), key=lambda grant: grant.created_at)
 
     @guarded

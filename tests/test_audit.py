@@ -1,0 +1,79 @@
+"""The audit trail (logger ``tokensvc.audit``) and the log formats."""
+
+import json
+import logging
+
+import pytest
+
+from helpers import SKY_REDIRECT, WEBAPP_REDIRECT, WEBAPP_SECRET, basic, exchange, json_of, post_form
+from tokensvc.logs import JsonFormatter, TextFormatter
+
+
+def audit_events(caplog):
+    return [record.audit for record in caplog.records if record.name == "tokensvc.audit"]
+
+
+@pytest.mark.gen_test
+async def test_every_security_event_is_audited_without_secrets(browser, http_client, base_url, caplog):
+    with caplog.at_level(logging.INFO, logger="tokensvc.audit"):
+        await browser.login("alice", "wrong-password")
+        await browser.login("alice")
+        page = await browser.authorize("skyplanner", SKY_REDIRECT)
+        await browser.decide(page, "deny")
+        code = await browser.code_for("skyplanner", SKY_REDIRECT)  # consent allowed
+        first = json_of(await exchange(http_client, base_url, code, client_id="skyplanner", secret=None,
+                                       redirect_uri=SKY_REDIRECT))
+        refresh_url = base_url + "/oauth/token/refresh"
+        second = json_of(await post_form(http_client, refresh_url, {"refresh_token": first["refresh_token"],
+                                                                    "client_id": "skyplanner"}))
+        await post_form(http_client, base_url + "/oauth/token/revoke",
+                        {"token": second["access_token"], "client_id": "skyplanner"})
+        await post_form(http_client, refresh_url, {"refresh_token": first["refresh_token"], "client_id": "skyplanner"})
+        await exchange(http_client, base_url, code, client_id="skyplanner", secret=None, redirect_uri=SKY_REDIRECT)
+    events = audit_events(caplog)
+    seen = [(event["event"], event["outcome"]) for event in events]
+    for expected in [("login", "failure"), ("login", "success"), ("consent", "denied"), ("consent", "allowed"),
+                     ("code_issued", "success"), ("token_issued", "success"), ("token_refreshed", "success"),
+                     ("token_revoked", "revoked"), ("refresh_reuse", "grant_revoked"),
+                     ("code_reuse", "grant_revoked")]:
+        assert expected in seen, (expected, seen)
+    alice_events = [event for event in events if event["event"] not in ("login",)]
+    assert all(event.get("client_id") == "skyplanner" for event in alice_events)
+    assert all(event.get("subject") for event in events if event["outcome"] != "failure")
+    text = caplog.text + repr(events)
+    for secret in (code, first["access_token"], first["refresh_token"], second["refresh_token"],
+                   "alice-password", "wrong-password", browser.cookies["tokensvc_session"]):
+        assert secret not in text
+
+
+@pytest.mark.gen_test
+async def test_access_log_names_the_client(browser, http_client, base_url, caplog):
+    code = await browser.code_for("webapp", WEBAPP_REDIRECT)
+    with caplog.at_level(logging.INFO, logger="tokensvc.access"):
+        await exchange(http_client, base_url, code)
+        await post_form(http_client, base_url + "/oauth/token/introspect", {"token": "x"},
+                        {"Authorization": basic("webapp", WEBAPP_SECRET)})
+    lines = [record.getMessage() for record in caplog.records if record.name == "tokensvc.access"]
+    assert any(line.startswith("200 POST /oauth/token ") and line.endswith("client_id=webapp") for line in lines)
+    access = [record.access for record in caplog.records if record.name == "tokensvc.access"]
+    assert access[0]["client_id"] == "webapp" and access[0]["status"] == 200 and access[0]["method"] == "POST"
+
+
+def make_record(**extra):
+    record = logging.LogRecord("tokensvc.audit", logging.INFO, __file__, 1, "token issued", (), None)
+    for key, value in extra.items():
+        setattr(record, key, value)
+    return record
+
+
+def test_json_log_format_is_one_object_per_line():
+    line = JsonFormatter().format(make_record(audit={"event": "token_issued", "client_id": "webapp"}))
+    assert "\n" not in line
+    entry = json.loads(line)
+    assert entry["logger"] == "tokensvc.audit" and entry["level"] == "info" and entry["message"] == "token issued"
+    assert entry["audit"] == {"event": "token_issued", "client_id": "webapp"} and entry["time"].endswith("+00:00")
+
+
+def test_text_log_format_appends_audit_fields():
+    line = TextFormatter().format(make_record(audit={"event": "login", "outcome": "failure"}))
+    assert line.endswith("token issued event=login outcome=failure")

@@ -1,0 +1,237 @@
+"""The operator CLI, through its entry point, against a mongomock-backed Store."""
+
+from __future__ import annotations
+
+import io
+import json
+import logging
+
+import pytest
+from mongomock_motor import AsyncMongoMockClient
+
+from tokensvc import cli
+from tokensvc.oauth import hashing
+from tokensvc.storage.mongo import MongoStore
+
+CONFIG = """
+cookie_secret = "cli-test-cookie-secret-0123"
+[storage]
+backend = "mongodb"
+mongodb_uri = "mongodb://127.0.0.1:1"
+server_selection_timeout_ms = 200
+"""
+
+
+@pytest.fixture
+def config_path(tmp_path):
+    path = tmp_path / "tokensvc.toml"
+    path.write_text(CONFIG)
+    return str(path)
+
+
+@pytest.fixture
+def mongo():
+    return AsyncMongoMockClient(tz_aware=True)
+
+
+@pytest.fixture
+def run(config_path, mongo, capsys, monkeypatch):
+    """Run ``tokensvc ARGS`` against the mock database; returns (exit code, stdout, stderr)."""
+
+    def run(*args, stdin=None, json_out=False):
+        monkeypatch.setattr("sys.stdin", io.StringIO(stdin or ""))
+        argv = [*args, "--config", config_path] + (["--json"] if json_out else [])
+        code = cli.main(argv, store_factory=lambda settings: MongoStore(mongo, settings.storage.database))
+        out, err = capsys.readouterr()
+        return code, (json.loads(out) if json_out and code == 0 else out), err
+
+    return run
+
+
+def stored(mongo, collection):
+    import asyncio
+
+    return asyncio.run(mongo["tokensvc"][collection].find({}).to_list(None))
+
+
+def test_clients_round_trip(run, mongo):
+    code, out, err = run("clients", "add", "--name", "Planner", "--redirect-uri", "https://planner.example/cb",
+                         "--redirect-uri", "https://planner.example/cb2", "--scope", "read", "--scope",
+                         "observations:write", "--confidential", "--description", "Plans nights", json_out=True)
+    assert code == 0, err
+    client_id, secret = out["client_id"], out["client_secret"]
+    assert len(secret) >= 43 and out["confidential"] and out["allowed_scopes"] == ["read", "observations:write"]
+    # Only the hash is stored.
+    docs = stored(mongo, "clients")
+    assert secret not in repr(docs) and docs[0]["secret_hash"] == hashing.digest(secret)
+
+    code, out, _ = run("clients", "list")
+    assert code == 0 and client_id in out and "Planner" in out and "confidential" in out
+    code, out, _ = run("clients", "show", client_id, json_out=True)
+    assert out["redirect_uris"] == ["https://planner.example/cb", "https://planner.example/cb2"]
+    assert "client_secret" not in out and secret not in json.dumps(out)
+
+    code, out, _ = run("clients", "rotate-secret", client_id, json_out=True)
+    assert code == 0 and out["client_secret"] != secret
+    assert stored(mongo, "clients")[0]["secret_hash"] == hashing.digest(out["client_secret"])
+
+    code, out, _ = run("clients", "remove", client_id)
+    assert code == 0 and f"removed client {client_id}" in out
+    assert stored(mongo, "clients") == []
+
+
+def test_secret_shown_once_in_text_mode(run):
+    code, out, _ = run("clients", "add", "--name", "Svc", "--redirect-uri", "https://svc.example/cb",
+                       "--confidential", "--first-party")
+    assert code == 0 and "client_secret: " in out and "shown once" in out
+    client_id = out.split("client_id: ")[1].split()[0]
+    code, out, _ = run("clients", "show", client_id)
+    assert "secret" not in out.replace("confidential", "") and "first_party: True" in out
+
+
+def test_public_client_has_no_secret(run):
+    code, out, _ = run("clients", "add", "--name", "App", "--redirect-uri", "myapp://cb", "--client-id", "app",
+                       json_out=True)
+    assert code == 0 and out["client_secret"] is None and out["allowed_scopes"] == ["read"]
+    code, _, err = run("clients", "rotate-secret", "app")
+    assert code == 1 and err == "tokensvc: client 'app' is public: it has no secret to rotate\n"
+
+
+@pytest.mark.parametrize("args,message", [
+    (("clients", "show", "ghost"), "tokensvc: no client with id 'ghost'\n"),
+    (("clients", "remove", "ghost"), "tokensvc: no client with id 'ghost'\n"),
+    (("clients", "add", "--name", "X", "--redirect-uri", "not a url"),
+     "tokensvc: not a valid redirect URI (absolute, no fragment): 'not a url'\n"),
+    (("clients", "add", "--name", "X", "--redirect-uri", "https://x/cb", "--logo-url", "ftp://x/logo"),
+     "tokensvc: not a valid http(s) URL: 'ftp://x/logo'\n"),
+    (("users", "remove", "ghost"), "tokensvc: no user named 'ghost'\n"),
+    (("installations", "remove", "ghost"), "tokensvc: no installation with id 'ghost'\n"),
+])
+def test_mistakes_end_with_one_line_and_exit_1(run, args, message):
+    code, _, err = run(*args)
+    assert code == 1 and err == message
+
+
+def test_duplicate_client_name_and_username(run):
+    assert run("clients", "add", "--name", "Dup", "--redirect-uri", "https://d/cb")[0] == 0
+    code, _, err = run("clients", "add", "--name", "dup", "--redirect-uri", "https://d/cb")
+    assert code == 1 and err == "tokensvc: a client named 'dup' already exists\n"
+    assert run("users", "add", "carol", "--password-stdin", stdin="carol-password\n")[0] == 0
+    code, _, err = run("users", "add", "carol", "--password-stdin", stdin="other-password\n")
+    assert code == 1 and err == "tokensvc: a user named 'carol' already exists\n"
+
+
+def test_users_round_trip(run, mongo):
+    code, out, err = run("users", "add", "dave", "--admin", "--password-stdin", stdin="dave-password\n",
+                         json_out=True)
+    assert code == 0, err
+    assert out["username"] == "dave" and out["admin"] is True
+    doc = stored(mongo, "users")[0]
+    assert doc["password_hash"].startswith("scrypt$") and "dave-password" not in repr(doc)
+    assert hashing.verify_password("dave-password", doc["password_hash"])
+    code, out, _ = run("users", "list")
+    assert "dave" in out and "yes" in out
+    assert run("users", "set-password", "dave", "--password-stdin", stdin="new-password\n")[0] == 0
+    assert hashing.verify_password("new-password", stored(mongo, "users")[0]["password_hash"])
+    code, out, _ = run("users", "remove", "dave")
+    assert code == 0 and stored(mongo, "users") == []
+
+
+def test_password_never_from_a_flag_and_not_from_a_pipe_without_the_option(run):
+    with pytest.raises(SystemExit):
+        run("users", "add", "eve", "--password", "x")
+    code, _, err = run("users", "add", "eve")  # stdin is not a terminal
+    assert code == 1 and "use --password-stdin" in err
+    code, _, err = run("users", "add", "eve", "--password-stdin", stdin="short\n")
+    assert code == 1 and "at least 8 characters" in err
+
+
+def test_installations_round_trip(run):
+    run("users", "add", "frank", "--password-stdin", stdin="frank-password\n")
+    code, out, err = run("installations", "add", "dome-1", "--name", "Dome 1", "--kind", "observatory",
+                         "--operator", "frank", json_out=True)
+    assert code == 0, err
+    assert out == {"installation_id": "dome-1", "name": "Dome 1", "kind": "observatory", "operators": ["frank"]}
+    code, out, _ = run("installations", "list", json_out=True)
+    assert out == [{"installation_id": "dome-1", "name": "Dome 1", "kind": "observatory", "operators": ["frank"]}]
+    code, _, err = run("installations", "add", "dome-2", "--name", "D2", "--kind", "observatory",
+                       "--operator", "ghost")
+    assert code == 1 and err == "tokensvc: no user named 'ghost'\n"
+    assert run("installations", "remove", "dome-1")[0] == 0
+    assert run("installations", "list")[1].strip() == "no installations"
+
+
+def test_tokens_purge_prints_counts(run, mongo):
+    import asyncio
+    from datetime import timedelta
+
+    from tokensvc.records import AuthorizationCode, utcnow
+
+    async def seed_expired():
+        store = MongoStore(mongo, "tokensvc")
+        now = utcnow()
+        # Expired codes stay an hour past expiry under the TTL index (for replay detection):
+        # purge removes them at once.
+        for i in range(3):
+            await store.add_code(AuthorizationCode(f"c{i}", "app", "https://a/cb", ["read"], "u", None, "x" * 43,
+                                                   "S256", now - timedelta(seconds=1)))
+        await store.add_code(AuthorizationCode("live", "app", "https://a/cb", ["read"], "u", None, "x" * 43,
+                                               "S256", now + timedelta(minutes=5)))
+
+    asyncio.run(seed_expired())
+    code, out, _ = run("tokens", "purge", json_out=True)
+    assert code == 0 and out == {"codes": 3, "tokens": 0, "sessions": 0}
+    assert [doc["_id"] for doc in stored(mongo, "codes")] == ["live"]
+    code, out, _ = run("tokens", "purge")
+    assert out.strip() == "purged 0 expired codes, 0 expired tokens, 0 expired sessions"
+
+
+def test_memory_backend_explains_where_clients_come_from(tmp_path, capsys):
+    path = tmp_path / "memory.toml"
+    path.write_text('cookie_secret = "0123456789abcdef0123"\n')
+    assert cli.main(["clients", "list", "--config", str(path)]) == 1
+    assert "come from the config file" in capsys.readouterr().err
+
+
+def test_unreachable_mongodb_is_one_line(config_path, capsys):
+    assert cli.main(["clients", "list", "--config", config_path]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("tokensvc: the store is not answering: MongoDB: ServerSelectionTimeoutError")
+    assert err.count("\n") == 1 and "Traceback" not in err
+
+
+def test_missing_config_file(capsys):
+    assert cli.main(["clients", "list", "--config", "/no/such.toml"]) == 1
+    assert capsys.readouterr().err == "tokensvc: config file not found: /no/such.toml\n"
+
+
+def test_config_check_masks_secrets(capsys):
+    assert cli.main(["config", "check", "--config", "config/tokensvc.toml", "--json"]) == 0
+    out, err = capsys.readouterr()
+    data = json.loads(out)
+    assert data["cookie_secret"] == "***" and all(c["client_secret"] in (None, "***") for c in data["clients"])
+    assert "demo-secret" not in out and "demo-password" not in out and "OK" in err
+    assert cli.main(["config", "check", "--config", "config/tokensvc.toml"]) == 0
+    text = capsys.readouterr().out
+    assert 'storage.backend = "memory"' in text and 'cookie_secret = "***"' in text
+
+
+@pytest.mark.parametrize("command", [[], ["serve"], ["clients"], ["clients", "add"], ["users"], ["users", "add"],
+                                     ["installations"], ["tokens", "purge"], ["config", "check"]])
+def test_every_command_has_help(command, capsys):
+    with pytest.raises(SystemExit) as info:
+        cli.main([*command, "--help"])
+    assert info.value.code == 0
+    assert "usage: tokensvc" in capsys.readouterr().out
+
+
+def test_audit_records_for_registry_changes(run, caplog):
+    with caplog.at_level(logging.INFO, logger="tokensvc.audit"):
+        _, out, _ = run("clients", "add", "--name", "Aud", "--redirect-uri", "https://a/cb", "--confidential",
+                        json_out=True)
+        run("clients", "rotate-secret", out["client_id"])
+        run("clients", "remove", out["client_id"])
+    events = [record.audit["event"] for record in caplog.records if hasattr(record, "audit")]
+    assert events == ["client_created", "client_secret_rotated", "client_removed"]
+    assert all(out["client_id"] == record.audit["client_id"] for record in caplog.records if hasattr(record, "audit"))
+    assert out["client_secret"] not in caplog.text

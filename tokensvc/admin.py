@@ -1,0 +1,190 @@
+"""Operator actions on the registry: clients, users, node installations, housekeeping.
+
+The CLI is a thin shell over these. Each action validates its input (raising
+:class:`AdminError` with a message for a person), writes through the Store, revokes what
+a removal leaves behind, and leaves one audit record (never a secret).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import re
+import secrets
+from urllib.parse import urlsplit
+
+from tokensvc.bootstrap import new_user_id
+from tokensvc.oauth import hashing, scopes as scope_rules
+from tokensvc.oauth.context import OAuthContext
+from tokensvc.oauth.grants import revoke_grant
+from tokensvc.records import Client, Installation, Subject, User, utcnow
+from tokensvc.storage.base import Conflict, Store
+
+audit = logging.getLogger("tokensvc.audit")
+
+CLIENT_ID = re.compile(r"^[A-Za-z0-9._~-]{1,128}$")
+USERNAME = re.compile(r"^[A-Za-z0-9._@-]{1,64}$")
+KINDS = ("telescope", "observatory")
+
+
+class AdminError(Exception):
+    """An operator's mistake: the message says what to fix."""
+
+
+def _record(event: str, **fields: object) -> None:
+    audit.info(event.replace("_", " "), extra={"audit": {"event": event, **fields}})
+
+
+def check_redirect_uri(uri: str) -> str:
+    parts = urlsplit(uri)
+    if not parts.scheme or parts.fragment or (parts.scheme in ("http", "https") and not parts.netloc):
+        raise AdminError(f"not a valid redirect URI (absolute, no fragment): {uri!r}")
+    return uri
+
+
+def check_url(uri: str) -> str:
+    parts = urlsplit(uri)
+    if parts.scheme not in ("http", "https") or not parts.netloc:
+        raise AdminError(f"not a valid http(s) URL: {uri!r}")
+    return uri
+
+
+async def create_client(store: Store, *, name: str, redirect_uris: list[str], scopes: list[str] | None,
+                        first_party: bool = False, confidential: bool = False, description: str | None = None,
+                        logo_url: str | None = None, client_id: str | None = None) -> tuple[Client, str | None]:
+    """Register a client; returns it and, for a confidential one, its secret (shown once)."""
+    name = name.strip()
+    if not name:
+        raise AdminError("a client needs a name")
+    if not redirect_uris:
+        raise AdminError("a client needs at least one --redirect-uri")
+    for uri in redirect_uris:
+        check_redirect_uri(uri)
+    for scope in scopes or []:
+        if not scope_rules.is_valid_scope_token(scope):
+            raise AdminError(f"not a valid scope: {scope!r}")
+    if logo_url is not None:
+        check_url(logo_url)
+    client_id = client_id or secrets.token_urlsafe(16)
+    if not CLIENT_ID.match(client_id):
+        raise AdminError(f"a client id is 1-128 characters of [A-Za-z0-9._~-]: {client_id!r}")
+    existing = await store.list_clients()
+    if any(client.client_id == client_id for client in existing):
+        raise AdminError(f"a client with id {client_id!r} already exists")
+    if any(client.name.lower() == name.lower() for client in existing):
+        raise AdminError(f"a client named {name!r} already exists")
+    secret = hashing.new_secret() if confidential else None
+    client = Client(client_id=client_id, name=name, redirect_uris=list(redirect_uris),
+                    allowed_scopes=list(scopes) if scopes else None,
+                    secret_hash=hashing.digest(secret) if secret else None, first_party=first_party,
+                    description=description, logo_url=logo_url, created_at=utcnow())
+    await store.put_client(client)
+    _record("client_created", client_id=client_id, first_party=first_party, confidential=confidential,
+            outcome="success")
+    return client, secret
+
+
+async def get_client(store: Store, client_id: str) -> Client:
+    client = await store.get_client(client_id)
+    if client is None:
+        raise AdminError(f"no client with id {client_id!r}")
+    return client
+
+
+async def rotate_secret(store: Store, client_id: str) -> str:
+    client = await get_client(store, client_id)
+    if not client.confidential:
+        raise AdminError(f"client {client_id!r} is public: it has no secret to rotate")
+    secret = hashing.new_secret()
+    client.secret_hash = hashing.digest(secret)
+    await store.put_client(client)
+    _record("client_secret_rotated", client_id=client_id, outcome="success")
+    return secret
+
+
+async def remove_client(ctx: OAuthContext, client_id: str) -> int:
+    """Delete a client after revoking every grant (and token) it holds; returns the token count."""
+    await get_client(ctx.store, client_id)
+    revoked = 0
+    for grant in await ctx.store.list_client_grants(client_id):
+        revoked += await revoke_grant(ctx, grant)
+    await ctx.store.delete_client(client_id)
+    _record("client_removed", client_id=client_id, tokens_revoked=revoked, outcome="success")
+    return revoked
+
+
+async def _hash_password(password: str) -> str:
+    if len(password) < 8:
+        raise AdminError("a password needs at least 8 characters")
+    return await asyncio.get_running_loop().run_in_executor(None, hashing.hash_password, password)
+
+
+async def create_user(store: Store, username: str, password: str, *, admin: bool = False) -> User:
+    if not USERNAME.match(username):
+        raise AdminError(f"a username is 1-64 characters of [A-Za-z0-9._@-]: {username!r}")
+    if await store.get_user_by_username(username) is not None:
+        raise AdminError(f"a user named {username!r} already exists")
+    user = User(new_user_id(), username, await _hash_password(password), admin)
+    try:
+        await store.put_user(user)
+    except Conflict:
+        raise AdminError(f"a user named {username!r} already exists") from None
+    _record("user_created", subject=user.user_id, username=username, admin=admin, outcome="success")
+    return user
+
+
+async def get_user(store: Store, username: str) -> User:
+    user = await store.get_user_by_username(username)
+    if user is None:
+        raise AdminError(f"no user named {username!r}")
+    return user
+
+
+async def set_password(store: Store, username: str, password: str) -> None:
+    user = await get_user(store, username)
+    user.password_hash = await _hash_password(password)
+    await store.put_user(user)
+    _record("user_password_set", subject=user.user_id, username=username, outcome="success")
+
+
+async def remove_user(ctx: OAuthContext, username: str) -> int:
+    """Delete a user after revoking every grant (and token) of theirs."""
+    user = await get_user(ctx.store, username)
+    revoked = 0
+    for grant in await ctx.store.list_grants(Subject(user_id=user.user_id)):
+        revoked += await revoke_grant(ctx, grant)
+    await ctx.store.delete_user(user.user_id)
+    _record("user_removed", subject=user.user_id, username=username, tokens_revoked=revoked, outcome="success")
+    return revoked
+
+
+async def create_installation(store: Store, installation_id: str, name: str, kind: str,
+                              operators: list[str]) -> Installation:
+    if not CLIENT_ID.match(installation_id):
+        raise AdminError(f"an installation id is 1-128 characters of [A-Za-z0-9._~-]: {installation_id!r}")
+    if kind not in KINDS:
+        raise AdminError(f"kind must be one of {', '.join(KINDS)}: {kind!r}")
+    if await store.get_installation(installation_id) is not None:
+        raise AdminError(f"an installation with id {installation_id!r} already exists")
+    operator_ids = [(await get_user(store, username)).user_id for username in operators]
+    installation = Installation(installation_id, name, kind, operator_ids)
+    await store.put_installation(installation)
+    _record("installation_created", subject=installation_id, outcome="success")
+    return installation
+
+
+async def remove_installation(ctx: OAuthContext, installation_id: str) -> int:
+    if await ctx.store.get_installation(installation_id) is None:
+        raise AdminError(f"no installation with id {installation_id!r}")
+    revoked = 0
+    for grant in await ctx.store.list_grants(Subject(installation_id=installation_id)):
+        revoked += await revoke_grant(ctx, grant)
+    await ctx.store.delete_installation(installation_id)
+    _record("installation_removed", subject=installation_id, tokens_revoked=revoked, outcome="success")
+    return revoked
+
+
+async def purge(store: Store) -> dict[str, int]:
+    counts = await store.purge_expired(utcnow())
+    _record("expired_records_purged", outcome="success", **counts)
+    return counts
