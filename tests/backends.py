@@ -52,3 +52,17 @@ def open_store(kind: str, io_loop):
         io_loop.run_sync(drop)
 
     return store, cleanup
+
+
+def store_fixture():
+    """A ``store`` fixture parametrized over every backend, for modules that run the HTTP app
+    on each. Tests must name ``store`` in their signature: pytest-tornado reaches the app
+    (and so the store) dynamically, which parametrization cannot see."""
+
+    @pytest.fixture(params=BACKENDS)
+    def store(request, io_loop):
+        opened, cleanup = open_store(request.param, io_loop)
+        yield opened
+        cleanup()
+
+    return store

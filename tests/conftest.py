@@ -9,6 +9,7 @@ from helpers import Browser, Clock, make_config
 from tokensvc.app import make_app
 from tokensvc.bootstrap import seed
 from tokensvc.oauth.context import OAuthContext
+from tokensvc.ratelimit import Brakes
 from tokensvc.storage.memory import MemoryStore
 
 
@@ -37,7 +38,8 @@ def backend_store(request, io_loop):
 
 @pytest.fixture
 def ctx(store, config, clock):
-    return OAuthContext(store=store, tokens=config.tokens, issuer=config.base_url, clock=clock)
+    return OAuthContext(store=store, tokens=config.tokens, issuer=config.base_url, clock=clock,
+                        brakes=Brakes(config.limits))
 
 
 @pytest.fixture

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from backends import BACKENDS, REAL_URI, open_store
+from backends import BACKENDS, REAL_URI, store_fixture
 from helpers import (
     SKY_REDIRECT, WEBAPP_REDIRECT, WEBAPP_SECRET, basic, check_oauth_error, check_schema, exchange, json_of,
     post_form,
@@ -16,13 +16,7 @@ from tokensvc import schemas
 from tokensvc.storage.mongo import INDEXES, MongoStore
 
 
-# Tests here name ``store`` in their signature: pytest-tornado reaches the app (and so the
-# store) dynamically, which parametrization cannot see.
-@pytest.fixture(params=BACKENDS)
-def store(request, io_loop):
-    store, cleanup = open_store(request.param, io_loop)
-    yield store
-    cleanup()
+store = store_fixture()
 
 
 async def full_flow(browser, http_client, base_url) -> list[str]:

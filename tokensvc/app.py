@@ -11,6 +11,7 @@ import tornado.web
 from tokensvc.config import Settings
 from tokensvc.handlers import api, clients, meta, pages, token, ws
 from tokensvc.oauth.context import OAuthContext
+from tokensvc.ratelimit import Brakes
 from tokensvc.storage.base import Store
 
 access_log = logging.getLogger("tokensvc.access")
@@ -47,7 +48,8 @@ def log_request(handler: tornado.web.RequestHandler) -> None:
 
 
 def make_app(config: Settings, store: Store, ctx: OAuthContext | None = None) -> tornado.web.Application:
-    ctx = ctx or OAuthContext(store=store, tokens=config.tokens, issuer=config.base_url)
+    ctx = ctx or OAuthContext(store=store, tokens=config.tokens, issuer=config.base_url,
+                              brakes=Brakes(config.limits))
     deps = dict(ctx=ctx, config=config)
     routes = [
         (r"/", pages.HomeHandler, deps),

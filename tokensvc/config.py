@@ -48,6 +48,16 @@ class TokenSettings:
 
 
 @dataclass(slots=True)
+class LimitSettings:
+    enabled: bool = True
+    window_seconds: int = 300
+    failed_client_auth_per_client: int = 10
+    failed_client_auth_per_address: int = 50
+    failed_logins_per_username: int = 5
+    failed_logins_per_address: int = 20
+
+
+@dataclass(slots=True)
 class ClientSeed:
     client_id: str
     name: str
@@ -89,6 +99,7 @@ class Settings:
     log_level: str = "info"
     storage: StorageSettings = field(default_factory=StorageSettings)
     tokens: TokenSettings = field(default_factory=TokenSettings)
+    limits: LimitSettings = field(default_factory=LimitSettings)
     clients: list[ClientSeed] = field(default_factory=list)
     users: list[UserSeed] = field(default_factory=list)
     installations: list[InstallationSeed] = field(default_factory=list)
@@ -103,7 +114,7 @@ class Settings:
         return self.auth_url.startswith("https://")
 
 
-_SECTIONS = {"storage": StorageSettings, "tokens": TokenSettings}
+_SECTIONS = {"storage": StorageSettings, "tokens": TokenSettings, "limits": LimitSettings}
 _TABLES = {"clients": ClientSeed, "users": UserSeed, "installations": InstallationSeed}
 _INTERNAL = {"generated_cookie_secret"}
 
@@ -267,6 +278,11 @@ def validate(settings: Settings) -> None:
         minimum = 0 if f.name == "refresh_grace_seconds" else 1
         if value < minimum:
             raise ConfigError(f"tokens.{f.name}: must be at least {minimum}, got {value}")
+
+    for f in dataclasses.fields(LimitSettings):
+        value = getattr(settings.limits, f.name)
+        if f.name != "enabled" and value < 1:
+            raise ConfigError(f"limits.{f.name}: must be at least 1, got {value}")
 
     if settings.cookie_secret is None:
         if not settings.demo:

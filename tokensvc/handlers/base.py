@@ -15,6 +15,7 @@ from tokensvc.config import Settings
 from tokensvc.oauth import sessions
 from tokensvc.oauth.context import OAuthContext
 from tokensvc.oauth.errors import InsufficientScope, InvalidClient, InvalidRequest, InvalidToken, OAuthError
+from tokensvc.ratelimit import TooManyFailures
 from tokensvc.records import Session, User
 from tokensvc.storage.base import StorageError
 
@@ -40,7 +41,7 @@ class NotFound(Exception):
         self.detail = detail
 
 
-_EXPECTED = (OAuthError, ValidationFailed, NotFound, StorageError, tornado.web.HTTPError)
+_EXPECTED = (OAuthError, ValidationFailed, NotFound, StorageError, TooManyFailures, tornado.web.HTTPError)
 
 
 def dumps(body: Any) -> str:
@@ -147,6 +148,10 @@ class BaseHandler(tornado.web.RequestHandler):
             return exc.status_code, exc.body(), headers
         if isinstance(exc, ValidationFailed):
             return 422, {"detail": exc.detail}, {}
+        if isinstance(exc, TooManyFailures):
+            return 429, {"error": "too_many_requests", "error_description":
+                         f"Too many failed attempts; try again in {exc.retry_after} seconds."}, \
+                {"Retry-After": str(exc.retry_after)}
         if isinstance(exc, NotFound):
             return 404, {"detail": exc.detail}, {}
         if isinstance(exc, StorageError):

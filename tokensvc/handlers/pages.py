@@ -11,6 +11,7 @@ from tokensvc.handlers.base import PageHandler, ValidationFailed
 from tokensvc.oauth import authorization, sessions
 from tokensvc.oauth.authorization import AuthorizationRequest, RedirectError
 from tokensvc.oauth.errors import AccessDenied, InvalidRequest, RedirectUnverified
+from tokensvc.ratelimit import TooManyFailures
 from tokensvc.records import User
 
 audit = logging.getLogger("tokensvc.audit")
@@ -128,14 +129,30 @@ class LoginHandler(PageHandler):
             self.set_status(400)
             return self.render("login.html", next=target, error="Enter your username and password.",
                                username=form.get("username", "")[:128])
+        brakes = self.ctx.brakes
+        keys = brakes.login_keys(data["username"], self.request.remote_ip or "-")
+        try:
+            brakes.check(keys)
+        except TooManyFailures as exc:
+            audit.warning("login refused", extra={"audit": {
+                "event": "login", "username": data["username"], "outcome": "rate_limited",
+                "remote_ip": self.request.remote_ip}})
+            self.set_status(429)
+            self.set_header("Retry-After", str(exc.retry_after))
+            minutes = max(1, round(exc.retry_after / 60))
+            return self.render("login.html", next=target, username=data["username"],
+                               error=f"Too many failed sign-in attempts. Try again in {minutes} "
+                                     f"minute{'s' if minutes > 1 else ''}.")
         user = await sessions.check_password(self.ctx, data["username"], data["password"])
         if user is None:
+            brakes.failed(keys)
             audit.warning("login failed", extra={"audit": {
                 "event": "login", "username": data["username"], "outcome": "failure",
                 "remote_ip": self.request.remote_ip}})
             self.set_status(401)
             return self.render("login.html", next=target, error="Wrong username or password.",
                                username=data["username"])
+        brakes.login_succeeded(data["username"])
         session_id = await sessions.start(self.ctx, user)
         self.set_signed_cookie(
             self.config.session_cookie, session_id, expires_days=self._cookie_days(), path="/",

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import logging
+
 import tornado.web
 
 from tokensvc import schemas
@@ -10,15 +12,34 @@ from tokensvc.oauth import bearer, clientauth, grants, introspection, revocation
 from tokensvc.oauth.errors import InvalidClient, InvalidRequest, UnsupportedGrantType
 from tokensvc.records import Client
 
+audit = logging.getLogger("tokensvc.audit")
+
 
 class ClientAuthMixin:
     async def authenticate_client(self: TokenEndpointHandler, form: dict[str, str]) -> Client:
-        creds = clientauth.credentials(self.request.headers.get("Authorization"),
-                                       form.get("client_id"), form.get("client_secret"))
+        brakes, address = self.ctx.brakes, self.request.remote_ip or "-"
+        try:
+            creds = clientauth.credentials(self.request.headers.get("Authorization"),
+                                           form.get("client_id"), form.get("client_secret"))
+        except InvalidClient:
+            self.client_auth_failed(brakes.client_keys(None, address), None)
+            raise
         if creds is None:
             raise ValidationFailed([schemas.missing_detail("body", "client_id")])
         self.log_client_id = creds.client_id
-        return await clientauth.authenticate(self.ctx.store, creds)
+        keys = brakes.client_keys(creds.client_id, address)
+        brakes.check(keys)
+        try:
+            return await clientauth.authenticate(self.ctx.store, creds)
+        except InvalidClient:
+            self.client_auth_failed(keys, creds.client_id)
+            raise
+
+    def client_auth_failed(self: TokenEndpointHandler, keys: list[tuple[str, int]], client_id: str | None) -> None:
+        self.ctx.brakes.failed(keys)
+        audit.warning("client authentication failed", extra={"audit": {
+            "event": "client_auth", "client_id": client_id, "remote_ip": self.request.remote_ip,
+            "endpoint": self.request.path, "outcome": "failure"}})
 
     def send_tokens(self: TokenEndpointHandler, response: grants.TokenResponse) -> None:
         self.send_json(schemas.token_response.dump(response))

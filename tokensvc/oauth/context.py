@@ -1,5 +1,5 @@
-"""What every protocol operation needs: the store, the token lifetimes, a clock, and a
-place to announce revocations (open WebSockets listen there)."""
+"""What every protocol operation needs: the store, the token lifetimes, a clock, a place to
+announce revocations (open WebSockets listen there), and the brute-force brakes."""
 
 from __future__ import annotations
 
@@ -7,8 +7,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
 
-from tokensvc.config import TokenSettings
+from tokensvc.config import LimitSettings, TokenSettings
 from tokensvc.oauth.events import RevocationEvents
+from tokensvc.ratelimit import Brakes
 from tokensvc.records import utcnow
 from tokensvc.storage.base import Store
 
@@ -20,3 +21,4 @@ class OAuthContext:
     issuer: str
     clock: Callable[[], datetime] = utcnow
     events: RevocationEvents = field(default_factory=lambda: RevocationEvents())
+    brakes: Brakes = field(default_factory=lambda: Brakes(LimitSettings()))

@@ -1,22 +1,26 @@
 """The token endpoint's grants: authorization code with PKCE (RFC 6749 §4.1.3, RFC 7636
 §4.5-4.6) and refresh-token rotation with reuse detection (RFC 6749 §6, RFC 9700 §4.14.2).
 
-Every step that must happen once is one atomic store call (``consume_code``,
-``rotate_refresh_token``). Tokens are minted, stored, and only then checked against their
-grant: a revocation that raced the minting has either swept the new tokens or is seen
-by that check, so no token outlives its grant.
+Order of work, for both grants: validate, **store the new token pair, then win the one
+atomic step** (``consume_code`` / ``rotate_refresh_token``). A store that fails before
+the atomic step leaves the code or refresh token as it was, so the client may simply
+retry; a pair whose atomic step is lost is revoked at once, and a pair written without a
+response reaching anyone is unusable (its secrets were never disclosed). Once the atomic
+step is won the response is sent, even if a concurrent revocation (reuse detection of a
+racing replay) has already swept the new pair: of N concurrent presentations exactly one
+succeeds and the grant is left consistent.
 """
 
 from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 from tokensvc.oauth import hashing, pkce, scopes
 from tokensvc.oauth.context import OAuthContext
 from tokensvc.oauth.errors import InvalidGrant
-from tokensvc.records import ACCESS, REFRESH, Client, Grant, Subject, Token
+from tokensvc.records import ACCESS, REFRESH, AuthorizationCode, Client, Grant, Subject, Token
 
 log = logging.getLogger(__name__)
 audit = logging.getLogger("tokensvc.audit")
@@ -32,23 +36,56 @@ class TokenResponse:
     subject: Subject | None = None
 
 
+@dataclass(slots=True)
+class _Pair:
+    """A minted access + refresh pair: the secrets for the response, the records to store."""
+
+    access: str
+    refresh: str
+    records: list[Token]
+
+
+def _audit(event: str, outcome: str, client_id: str, subject: Subject, **fields: object) -> None:
+    logger = audit.warning if outcome == "grant_revoked" else audit.info
+    logger(event.replace("_", " "), extra={"audit": {
+        "event": event, "client_id": client_id, "subject": subject.id, "subject_type": subject.kind,
+        "outcome": outcome, **fields}})
+
+
+# -- authorization code ----------------------------------------------------------------
+
 async def exchange_code(ctx: OAuthContext, client: Client, code: str, redirect_uri: str,
                         code_verifier: str | None) -> TokenResponse:
     store, now = ctx.store, ctx.clock()
     code_hash = hashing.digest(code)
-    record = await store.consume_code(code_hash, now)
+    record = await store.get_code(code_hash)
     if record is None:
-        previous = await store.get_code(code_hash)
-        if previous is not None:
-            # RFC 6749 §4.1.2: a code used twice revokes what it was first exchanged for.
-            grant = await store.find_grant(previous.client_id, previous.subject)
-            revoked = await revoke_grant(ctx, grant) if grant is not None else 0
-            audit.warning("authorization code reused; grant revoked", extra={"audit": {
-                "event": "code_reuse", "client_id": previous.client_id, "subject": previous.subject.id,
-                "tokens_revoked": revoked, "outcome": "grant_revoked"}})
-            raise InvalidGrant("The authorization code was already used")
         raise InvalidGrant("Unknown authorization code")
-    # The code is spent from here on, whatever the outcome: a wrong verifier cannot be retried.
+    if record.consumed_at is not None:
+        await _code_replayed(ctx, record)
+    try:
+        _check_code(record, client, redirect_uri, code_verifier, now)
+    except InvalidGrant:
+        # A failed check spends the code: a verifier cannot be guessed by retrying.
+        await store.consume_code(code_hash, now)
+        raise
+    grant = await store.find_grant(client.client_id, record.subject)
+    if grant is None or grant.revoked_at is not None:
+        raise InvalidGrant("The authorization was revoked")
+    pair = _mint(ctx, client, grant, record.scopes, parent_hash=None, now=now)
+    await store.add_tokens(pair.records)
+    if await store.consume_code(code_hash, now) is None:
+        # Another exchange of this code won the race: this pair is void, and the replay
+        # revokes what the code gave.
+        await _revoke_pair(ctx, pair)
+        await _code_replayed(ctx, record)
+    await _sweep_if_grant_revoked(ctx, grant, pair)
+    _audit("token_issued", "success", client.client_id, record.subject, grant="authorization_code")
+    return _response(ctx, pair, record.scopes, grant.subject)
+
+
+def _check_code(record: AuthorizationCode, client: Client, redirect_uri: str, code_verifier: str | None,
+                now: datetime) -> None:
     if record.client_id != client.client_id:
         raise InvalidGrant("The authorization code was issued to another client")
     if record.redirect_uri != redirect_uri:
@@ -59,76 +96,125 @@ async def exchange_code(ctx: OAuthContext, client: Client, code: str, redirect_u
         raise InvalidGrant("code_verifier is required (PKCE)")
     if not pkce.verify(code_verifier, record.code_challenge, record.code_challenge_method):
         raise InvalidGrant("PKCE verification failed")
-    grant = await store.find_grant(client.client_id, record.subject)
-    if grant is None or grant.revoked_at is not None:
-        raise InvalidGrant("The authorization was revoked")
-    response = await mint(ctx, client, grant, record.scopes, parent_hash=None)
-    audit.info("token issued", extra={"audit": {
-        "event": "token_issued", "client_id": client.client_id, "subject": record.subject.id,
-        "subject_type": record.subject.kind, "grant": "authorization_code", "outcome": "success"}})
-    return response
 
+
+async def _code_replayed(ctx: OAuthContext, record: AuthorizationCode) -> None:
+    """RFC 6749 §4.1.2: a code used twice revokes what it was first exchanged for."""
+    grant = await ctx.store.find_grant(record.client_id, record.subject)
+    revoked = await revoke_grant(ctx, grant) if grant is not None else 0
+    _audit("code_reuse", "grant_revoked", record.client_id, record.subject, tokens_revoked=revoked)
+    raise InvalidGrant("The authorization code was already used")
+
+
+# -- refresh ----------------------------------------------------------------------------
 
 async def refresh(ctx: OAuthContext, client: Client, refresh_token: str) -> TokenResponse:
     store, now = ctx.store, ctx.clock()
     token_hash = hashing.digest(refresh_token)
-    old = await store.rotate_refresh_token(token_hash, client.client_id, now)
-    if old is None:
-        current = await store.get_token(token_hash)
-        # Bound to its client (RFC 6749 §6): another client's token is simply unknown here.
-        if current is None or current.token_type != REFRESH or current.client_id != client.client_id:
-            raise InvalidGrant("Unknown refresh token")
-        if current.revoked_at is not None:
-            raise InvalidGrant("The refresh token is revoked")
-        if current.rotated_at is None:
-            raise InvalidGrant("The refresh token has expired")
-        granted = await _grace_retry(ctx, client, current, now)
-        if granted is not None:
-            return granted
-        grant = await store.get_grant(current.grant_id)
-        revoked = await revoke_grant(ctx, grant) if grant is not None else 0
-        audit.warning("refresh token reused; grant revoked", extra={"audit": {
-            "event": "refresh_reuse", "client_id": client.client_id, "subject": current.subject.id,
-            "tokens_revoked": revoked, "outcome": "grant_revoked"}})
-        raise InvalidGrant("The refresh token was already used")
+    old = await store.get_token(token_hash)
+    # Bound to its client (RFC 6749 §6): another client's token is simply unknown here.
+    if old is None or old.token_type != REFRESH or old.client_id != client.client_id:
+        raise InvalidGrant("Unknown refresh token")
+    if old.revoked_at is not None:
+        raise InvalidGrant("The refresh token is revoked")
+    if old.rotated_at is not None:
+        return await _rotated_presented(ctx, client, old, now)
+    if old.expires_at <= now:
+        raise InvalidGrant("The refresh token has expired")
     grant = await store.get_grant(old.grant_id)
     if grant is None or grant.revoked_at is not None:
         raise InvalidGrant("The authorization was revoked")
-    response = await mint(ctx, client, grant, old.scopes, parent_hash=token_hash)
-    audit.info("token refreshed", extra={"audit": {
-        "event": "token_refreshed", "client_id": client.client_id, "subject": old.subject.id,
-        "subject_type": old.subject.kind, "outcome": "success"}})
-    return response
+    pair = _mint(ctx, client, grant, old.scopes, parent_hash=token_hash, now=now)
+    await store.add_tokens(pair.records)
+    if await store.rotate_refresh_token(token_hash, client.client_id, now) is None:
+        # Lost the race to a concurrent rotation or revocation: this pair is void.
+        await _revoke_pair(ctx, pair)
+        current = await store.get_token(token_hash)
+        if current is not None and current.rotated_at is not None and current.revoked_at is None:
+            return await _rotated_presented(ctx, client, current, now)
+        raise InvalidGrant("The refresh token is no longer valid")
+    await _sweep_if_grant_revoked(ctx, grant, pair)
+    _audit("token_refreshed", "success", client.client_id, old.subject)
+    return _response(ctx, pair, old.scopes, grant.subject)
 
 
-async def _grace_retry(ctx: OAuthContext, client: Client, rotated: Token, now) -> TokenResponse | None:
-    """Hook for ``tokens.refresh_grace_seconds``; strict mode (0) never grants a retry."""
-    return None
+async def _rotated_presented(ctx: OAuthContext, client: Client, rotated: Token, now: datetime) -> TokenResponse:
+    """A rotated-out refresh token came back: a retry within the grace period, or reuse."""
+    granted = await _grace_retry(ctx, client, rotated, now)
+    if granted is not None:
+        return granted
+    grant = await ctx.store.get_grant(rotated.grant_id)
+    revoked = await revoke_grant(ctx, grant) if grant is not None else 0
+    _audit("refresh_reuse", "grant_revoked", client.client_id, rotated.subject, tokens_revoked=revoked)
+    raise InvalidGrant("The refresh token was already used")
 
 
-async def mint(ctx: OAuthContext, client: Client, grant: Grant, granted: list[str],
-               parent_hash: str | None) -> TokenResponse:
-    """Store a new access + refresh pair for ``grant`` and return the response carrying them."""
-    now = ctx.clock()
+async def _grace_retry(ctx: OAuthContext, client: Client, rotated: Token, now: datetime) -> TokenResponse | None:
+    """``tokens.refresh_grace_seconds``: a client whose refresh response was lost may present
+    the token it rotated out most recently once more, within the grace period.
+
+    It gets a fresh pair, and the pair that rotation issued (which it never received) is
+    revoked, so one live chain remains. The rotation's refresh token is claimed with the
+    same atomic step as a rotation: if it was used meanwhile, the claim fails and the
+    presentation is reuse. An older generation, or a retry after the grace, is reuse.
+    """
+    grace = ctx.tokens.refresh_grace_seconds
+    if grace <= 0 or rotated.rotated_at is None or now - rotated.rotated_at > timedelta(seconds=grace):
+        return None
+    store = ctx.store
+    child = await store.find_child_refresh(rotated.token_hash)
+    if child is None or child.revoked_at is not None or child.rotated_at is not None:
+        return None
+    grant = await store.get_grant(rotated.grant_id)
+    if grant is None or grant.revoked_at is not None:
+        return None
+    pair = _mint(ctx, client, grant, rotated.scopes, parent_hash=rotated.token_hash, now=now)
+    await store.add_tokens(pair.records)
+    if await store.rotate_refresh_token(child.token_hash, client.client_id, now) is None:
+        await _revoke_pair(ctx, pair)
+        return None
+    # The lost pair (the child just claimed and its access token), and any earlier retry's.
+    await store.revoke_children(rotated.token_hash, now, keep=[token.token_hash for token in pair.records])
+    ctx.events.revoked()
+    await _sweep_if_grant_revoked(ctx, grant, pair)
+    _audit("token_refreshed", "success", client.client_id, rotated.subject, retry_within_grace=True)
+    return _response(ctx, pair, rotated.scopes, grant.subject)
+
+
+# -- minting ----------------------------------------------------------------------------
+
+def _mint(ctx: OAuthContext, client: Client, grant: Grant, granted: list[str], parent_hash: str | None,
+          now: datetime) -> _Pair:
     subject = grant.subject
     refresh_ttl = (ctx.tokens.installation_refresh_ttl if subject.installation_id is not None
                    else ctx.tokens.refresh_ttl)
     access, refresh_token = hashing.new_secret(), hashing.new_secret()
     common = dict(client_id=client.client_id, grant_id=grant.grant_id, scopes=list(granted), issued_at=now,
                   user_id=subject.user_id, installation_id=subject.installation_id, parent_hash=parent_hash)
-    tokens = [
+    return _Pair(access, refresh_token, [
         Token(token_hash=hashing.digest(access), token_type=ACCESS,
               expires_at=now + timedelta(seconds=ctx.tokens.access_ttl), **common),
         Token(token_hash=hashing.digest(refresh_token), token_type=REFRESH,
               expires_at=now + timedelta(seconds=refresh_ttl), **common),
-    ]
-    await ctx.store.add_tokens(tokens)
+    ])
+
+
+async def _revoke_pair(ctx: OAuthContext, pair: _Pair) -> None:
+    now = ctx.clock()
+    for token in pair.records:
+        await ctx.store.revoke_token(token.token_hash, now)
+
+
+async def _sweep_if_grant_revoked(ctx: OAuthContext, grant: Grant, pair: _Pair) -> None:
+    """A revocation of the grant that raced this minting either swept the new pair or is
+    seen here (the grant is marked before its tokens are swept)."""
     current = await ctx.store.get_grant(grant.grant_id)
     if current is None or current.revoked_at is not None:
-        # The grant was revoked while we minted: these tokens go with it.
-        for token in tokens:
-            await ctx.store.revoke_token(token.token_hash, ctx.clock())
-    return TokenResponse(access, refresh_token, ctx.tokens.access_ttl, scopes.render(granted), subject=subject)
+        await _revoke_pair(ctx, pair)
+
+
+def _response(ctx: OAuthContext, pair: _Pair, granted: list[str], subject: Subject) -> TokenResponse:
+    return TokenResponse(pair.access, pair.refresh, ctx.tokens.access_ttl, scopes.render(granted), subject=subject)
 
 
 async def revoke_grant(ctx: OAuthContext, grant: Grant) -> int:

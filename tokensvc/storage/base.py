@@ -11,6 +11,7 @@ layer maps that single exception to 503.
 from __future__ import annotations
 
 import abc
+from collections.abc import Collection
 from datetime import datetime
 
 from tokensvc.records import (
@@ -171,12 +172,16 @@ class Store(abc.ABC):
         """Revoke the unrevoked tokens of a grant (of one type, or all). Returns the count."""
 
     @abc.abstractmethod
-    async def revoke_children(self, parent_hash: str, now: datetime) -> int:
-        """Revoke the tokens minted by the rotation of ``parent_hash``. Returns the count."""
+    async def revoke_children(self, parent_hash: str, now: datetime, keep: Collection[str] = ()) -> int:
+        """Revoke the tokens minted from ``parent_hash`` (its rotations), but those in ``keep``.
+
+        Used by the refresh grace period. Returns the count.
+        """
 
     @abc.abstractmethod
     async def find_child_refresh(self, parent_hash: str) -> Token | None:
-        """The refresh token minted by the rotation of ``parent_hash``, if any."""
+        """A refresh token minted from ``parent_hash``: the current one (neither rotated nor
+        revoked) if there is one, else the most recently issued; None when there is none."""
 
     # -- web sessions: the ``<service>_session`` cookie
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import secrets
 from collections import defaultdict
+from collections.abc import Collection
 from dataclasses import replace
 from datetime import datetime
 
@@ -200,15 +201,17 @@ class MemoryStore(Store):
         ]
         return sum(self._revoke(token_hash, now) for token_hash in hashes)
 
-    async def revoke_children(self, parent_hash: str, now: datetime) -> int:
-        return sum(self._revoke(token_hash, now) for token_hash in self._children.get(parent_hash, ()))
+    async def revoke_children(self, parent_hash: str, now: datetime, keep: Collection[str] = ()) -> int:
+        return sum(self._revoke(token_hash, now) for token_hash in self._children.get(parent_hash, ())
+                   if token_hash not in keep)
 
     async def find_child_refresh(self, parent_hash: str) -> Token | None:
-        for token_hash in self._children.get(parent_hash, ()):
-            token = self._tokens[token_hash]
-            if token.token_type == REFRESH:
-                return token
-        return None
+        children = [self._tokens[token_hash] for token_hash in reversed(self._children.get(parent_hash, ()))]
+        refresh = [token for token in children if token.token_type == REFRESH]
+        current = [token for token in refresh if token.rotated_at is None and token.revoked_at is None]
+        if current:
+            return current[0]
+        return max(refresh, key=lambda token: token.issued_at, default=None)
 
     # -- sessions
 

@@ -35,7 +35,7 @@ import functools
 import inspect
 import logging
 import secrets
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Collection
 from dataclasses import fields
 from datetime import datetime, timezone
 from typing import Any, TypeVar
@@ -333,14 +333,18 @@ class MongoStore(Store):
         return (await self.tokens.update_many(where, {"$set": {"revoked_at": now}})).modified_count
 
     @guarded
-    async def revoke_children(self, parent_hash: str, now: datetime) -> int:
-        result = await self.tokens.update_many({"parent_hash": parent_hash, "revoked_at": None},
-                                               {"$set": {"revoked_at": now}})
+    async def revoke_children(self, parent_hash: str, now: datetime, keep: Collection[str] = ()) -> int:
+        result = await self.tokens.update_many(
+            {"parent_hash": parent_hash, "revoked_at": None, "_id": {"$nin": list(keep)}},
+            {"$set": {"revoked_at": now}})
         return result.modified_count
 
     @guarded
     async def find_child_refresh(self, parent_hash: str) -> Token | None:
-        return TOKENS.record(await self.tokens.find_one({"parent_hash": parent_hash, "token_type": REFRESH}))
+        # null sorts first: a current child (neither revoked nor rotated) wins, else the newest.
+        return TOKENS.record(await self.tokens.find_one(
+            {"parent_hash": parent_hash, "token_type": REFRESH},
+            sort=[("revoked_at", ASCENDING), ("rotated_at", ASCENDING), ("issued_at", -1)]))
 
     # -- sessions
 

@@ -1,0 +1,237 @@
+"""Races, lost responses and outages, over real HTTP, on every backend."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from pymongo.errors import ServerSelectionTimeoutError
+from tornado.httpclient import AsyncHTTPClient
+
+from backends import store_fixture
+from helpers import WEBAPP_REDIRECT, WEBAPP_SECRET, basic, exchange, json_of, make_config, new_verifier, post_form
+from tokensvc.oauth import hashing
+from tokensvc.records import Subject
+from tokensvc.storage.mongo import MongoStore
+
+store = store_fixture()
+
+AUTH = {"Authorization": basic("webapp", WEBAPP_SECRET)}
+
+
+@pytest.fixture
+def wide_client(io_loop):
+    client = AsyncHTTPClient(force_instance=True, max_clients=64)
+    yield client
+    client.close()
+
+
+async def first_tokens(browser, http_client, base_url):
+    code = await browser.code_for("webapp", WEBAPP_REDIRECT)
+    return json_of(await exchange(http_client, base_url, code))
+
+
+async def refresh(client, base_url, token):
+    return await post_form(client, base_url + "/oauth/token/refresh", {"refresh_token": token}, AUTH)
+
+
+async def active(http_client, base_url, token):
+    response = await post_form(http_client, base_url + "/oauth/token/introspect", {"token": token}, AUTH)
+    return json_of(response)["active"]
+
+
+async def live_tokens_of_grant(store, grant_id):
+    if isinstance(store, MongoStore):
+        docs = await store.tokens.find({"grant_id": grant_id, "revoked_at": None, "rotated_at": None}).to_list(None)
+        return len(docs)
+    return sum(1 for token in store._tokens.values()
+               if token.grant_id == grant_id and token.revoked_at is None and token.rotated_at is None)
+
+
+@pytest.mark.gen_test(timeout=60)
+async def test_50_concurrent_exchanges_of_one_code(browser, http_client, wide_client, base_url, store):
+    code = await browser.code_for("webapp", WEBAPP_REDIRECT)
+    responses = await asyncio.gather(*(exchange(wide_client, base_url, code) for _ in range(50)))
+    codes = sorted(response.code for response in responses)
+    assert codes.count(200) == 1 and codes.count(400) == 49, codes
+    assert all(json_of(r)["error"] == "invalid_grant" for r in responses if r.code == 400)
+    winner = json_of(next(r for r in responses if r.code == 200))
+    # Reuse detection fired: what the code gave is revoked, the grant with it.
+    assert not await active(http_client, base_url, winner["access_token"])
+    record = await store.get_token(hashing.digest(winner["refresh_token"]))
+    assert (await store.get_grant(record.grant_id)).revoked_at is not None
+    assert await live_tokens_of_grant(store, record.grant_id) == 0
+
+
+@pytest.mark.gen_test(timeout=60)
+async def test_50_concurrent_refreshes_of_one_token(browser, http_client, wide_client, base_url, store):
+    tokens = await first_tokens(browser, http_client, base_url)
+    responses = await asyncio.gather(*(refresh(wide_client, base_url, tokens["refresh_token"]) for _ in range(50)))
+    codes = [response.code for response in responses]
+    assert codes.count(200) == 1 and codes.count(400) == 49, sorted(codes)
+    record = await store.get_token(hashing.digest(tokens["refresh_token"]))
+    assert (await store.get_grant(record.grant_id)).revoked_at is not None
+    assert await live_tokens_of_grant(store, record.grant_id) == 0
+
+
+@pytest.mark.gen_test(timeout=60)
+async def test_revoke_racing_refresh_leaves_no_live_chain(browser, http_client, wide_client, base_url, store):
+    for _ in range(5):
+        tokens = await first_tokens(browser, http_client, base_url)
+        refreshed, revoked = await asyncio.gather(
+            refresh(wide_client, base_url, tokens["refresh_token"]),
+            post_form(wide_client, base_url + "/oauth/token/revoke", {"token": tokens["refresh_token"]}, AUTH))
+        assert revoked.code == 200 and refreshed.code in (200, 400)
+        assert not await active(http_client, base_url, tokens["refresh_token"])
+        if refreshed.code == 200:  # the revocation reached the chain's new links too
+            new = json_of(refreshed)
+            assert not await active(http_client, base_url, new["refresh_token"])
+            assert not await active(http_client, base_url, new["access_token"])
+
+
+@pytest.mark.gen_test
+async def test_a_failed_verifier_spends_the_code(browser, http_client, base_url, store):
+    code = await browser.code_for("webapp", WEBAPP_REDIRECT)
+    wrong, _ = new_verifier()
+    assert (await exchange(http_client, base_url, code, verifier=wrong)).code == 400
+    response = await exchange(http_client, base_url, code)
+    assert response.code == 400 and "already used" in json_of(response)["error_description"]
+
+
+# -- outages in the middle of a flow ----------------------------------------------------
+
+class Outage:
+    """Makes chosen store operations fail as an unreachable MongoDB (or any backend) would."""
+
+    def __init__(self, store, monkeypatch):
+        self.store, self.monkeypatch, self.down = store, monkeypatch, set()
+
+    def fail(self, *operations):
+        from tokensvc.storage.base import StorageError
+
+        for name in operations:
+            original = getattr(self.store, name)
+
+            async def broken(*args, _name=name, _original=original, **kwargs):
+                if _name in self.down:
+                    if isinstance(self.store, MongoStore):  # through the real error translation
+                        from tokensvc.storage.mongo import guarded
+
+                        async def raise_driver_error(*a, **k):
+                            raise ServerSelectionTimeoutError("No servers found yet")
+
+                        return await guarded(raise_driver_error)()
+                    raise StorageError("store unavailable")
+                return await _original(*args, **kwargs)
+
+            self.monkeypatch.setattr(self.store, name, broken)
+            self.down.add(name)
+
+    def recover(self):
+        self.down.clear()
+
+
+@pytest.mark.gen_test
+async def test_outage_during_code_exchange_writes_nothing_and_the_retry_works(
+        browser, http_client, base_url, store, monkeypatch):
+    code = await browser.code_for("webapp", WEBAPP_REDIRECT)
+    outage = Outage(store, monkeypatch)
+    outage.fail("add_tokens")
+    response = await exchange(http_client, base_url, code)
+    assert response.code == 503 and set(json_of(response)) == {"detail"}
+    assert (await store.get_code(hashing.digest(code))).consumed_at is None  # nothing half-written
+    outage.recover()
+    response = await exchange(http_client, base_url, code)
+    assert response.code == 200
+
+
+@pytest.mark.gen_test
+async def test_outage_during_refresh_keeps_the_refresh_token(browser, http_client, base_url, store, monkeypatch):
+    tokens = await first_tokens(browser, http_client, base_url)
+    outage = Outage(store, monkeypatch)
+    outage.fail("add_tokens")
+    response = await refresh(http_client, base_url, tokens["refresh_token"])
+    assert response.code == 503
+    record = await store.get_token(hashing.digest(tokens["refresh_token"]))
+    assert record.rotated_at is None and record.revoked_at is None
+    outage.recover()
+    assert (await refresh(http_client, base_url, tokens["refresh_token"])).code == 200
+
+
+@pytest.mark.gen_test
+async def test_outage_before_the_grant_is_recorded(browser, store, monkeypatch):
+    await browser.login("alice")
+    outage = Outage(store, monkeypatch)
+    outage.fail("save_grant")
+    response = await browser.authorize("webapp", WEBAPP_REDIRECT)
+    assert response.code == 503 and "Location" not in response.headers
+    alice = await store.get_user_by_username("alice")
+    assert await store.list_grants(Subject(user_id=alice.user_id)) == []
+    outage.recover()
+    assert (await browser.authorize("webapp", WEBAPP_REDIRECT)).code == 302
+
+
+# -- the refresh grace period ---------------------------------------------------------------
+
+class TestGrace:
+    @pytest.fixture
+    def config(self):
+        return make_config(tokens={"refresh_grace_seconds": 30})
+
+    @pytest.mark.gen_test
+    async def test_retry_within_grace_gets_a_fresh_pair_and_voids_the_lost_one(
+            self, browser, http_client, base_url, store):
+        first = await first_tokens(browser, http_client, base_url)
+        lost = json_of(await refresh(http_client, base_url, first["refresh_token"]))  # response "lost"
+        retry = await refresh(http_client, base_url, first["refresh_token"])
+        assert retry.code == 200
+        fresh = json_of(retry)
+        assert not await active(http_client, base_url, lost["refresh_token"])
+        assert not await active(http_client, base_url, lost["access_token"])
+        assert await active(http_client, base_url, fresh["access_token"])
+        # The fresh chain goes on.
+        assert (await refresh(http_client, base_url, fresh["refresh_token"])).code == 200
+
+    @pytest.mark.gen_test
+    async def test_retry_after_the_grace_is_reuse(self, browser, http_client, base_url, store, clock):
+        first = await first_tokens(browser, http_client, base_url)
+        second = json_of(await refresh(http_client, base_url, first["refresh_token"]))
+        clock.advance(31)
+        response = await refresh(http_client, base_url, first["refresh_token"])
+        assert response.code == 400 and json_of(response)["error"] == "invalid_grant"
+        assert not await active(http_client, base_url, second["refresh_token"])
+
+    @pytest.mark.gen_test
+    async def test_an_older_generation_is_reuse(self, browser, http_client, base_url, store):
+        first = await first_tokens(browser, http_client, base_url)
+        second = json_of(await refresh(http_client, base_url, first["refresh_token"]))
+        third = json_of(await refresh(http_client, base_url, second["refresh_token"]))
+        response = await refresh(http_client, base_url, first["refresh_token"])
+        assert response.code == 400
+        assert not await active(http_client, base_url, third["refresh_token"])
+
+    @pytest.mark.gen_test
+    async def test_another_client_gets_nothing(self, browser, http_client, base_url, store):
+        from helpers import PARTNER_SECRET
+
+        first = await first_tokens(browser, http_client, base_url)
+        second = json_of(await refresh(http_client, base_url, first["refresh_token"]))
+        response = await post_form(http_client, base_url + "/oauth/token/refresh",
+                                   {"refresh_token": first["refresh_token"]},
+                                   {"Authorization": basic("partner", PARTNER_SECRET)})
+        assert response.code == 400
+        assert await active(http_client, base_url, second["refresh_token"])
+
+    @pytest.mark.gen_test(timeout=30)
+    async def test_retry_racing_the_lost_pairs_first_use(self, browser, http_client, wide_client, base_url, store):
+        for _ in range(5):
+            first = await first_tokens(browser, http_client, base_url)
+            lost = json_of(await refresh(http_client, base_url, first["refresh_token"]))
+            retry, use = await asyncio.gather(refresh(wide_client, base_url, first["refresh_token"]),
+                                              refresh(wide_client, base_url, lost["refresh_token"]))
+            winners = [json_of(r) for r in (retry, use) if r.code == 200]
+            assert {retry.code, use.code} <= {200, 400}
+            # At most one live chain remains of first -> lost -> (retry | use).
+            candidates = [lost["refresh_token"], *(w["refresh_token"] for w in winners)]
+            live = [token for token in candidates if await active(http_client, base_url, token)]
+            assert len(live) <= 1, (retry.code, use.code)

@@ -1,0 +1,118 @@
+"""Brute-force brakes: failed client authentications and failed sign-ins are counted per
+client id / username and per remote address; past a limit the key is refused (429 with
+``Retry-After``) until its oldest failure leaves the window.
+
+:class:`FailureLimiter` is the interface; :class:`MemoryFailureLimiter` keeps the counts in
+this process. Several processes behind a load balancer each count on their own (a limit of
+N is then N per process); a shared implementation (Redis, MongoDB) only has to provide the
+same three methods.
+"""
+
+from __future__ import annotations
+
+import abc
+import math
+import time
+from collections import deque
+from collections.abc import Callable, Iterable
+
+from tokensvc.config import LimitSettings
+
+
+class TooManyFailures(Exception):
+    """The key has failed too often: wait ``retry_after`` seconds."""
+
+    def __init__(self, retry_after: int) -> None:
+        super().__init__(f"too many failed attempts; retry in {retry_after} s")
+        self.retry_after = retry_after
+
+
+class FailureLimiter(abc.ABC):
+    @abc.abstractmethod
+    def check(self, keys: Iterable[tuple[str, int]]) -> None:
+        """Raise TooManyFailures if any (key, limit) has reached its limit in the window."""
+
+    @abc.abstractmethod
+    def failed(self, keys: Iterable[tuple[str, int]]) -> None:
+        """Count one failure against each key."""
+
+    @abc.abstractmethod
+    def succeeded(self, key: str) -> None:
+        """Forget the failures of ``key`` (a right password clears its username)."""
+
+
+class MemoryFailureLimiter(FailureLimiter):
+    """Sliding-window failure counts in this process; idle keys are dropped as they age."""
+
+    def __init__(self, window_seconds: float, clock: Callable[[], float] = time.monotonic,
+                 max_keys: int = 100_000) -> None:
+        self.window = window_seconds
+        self.clock = clock
+        self.max_keys = max_keys
+        self._failures: dict[str, deque[float]] = {}
+
+    def _recent(self, key: str, now: float) -> deque[float] | None:
+        failures = self._failures.get(key)
+        if failures is None:
+            return None
+        while failures and failures[0] <= now - self.window:
+            failures.popleft()
+        if not failures:
+            del self._failures[key]
+            return None
+        return failures
+
+    def check(self, keys: Iterable[tuple[str, int]]) -> None:
+        now = self.clock()
+        waits = []
+        for key, limit in keys:
+            failures = self._recent(key, now)
+            if failures is not None and len(failures) >= limit:
+                waits.append(failures[len(failures) - limit] + self.window - now)
+        if waits:
+            raise TooManyFailures(max(1, math.ceil(max(waits))))
+
+    def failed(self, keys: Iterable[tuple[str, int]]) -> None:
+        now = self.clock()
+        if len(self._failures) >= self.max_keys:  # bound memory under a flood of distinct keys
+            for key in list(self._failures):
+                self._recent(key, now)
+        for key, limit in keys:
+            failures = self._failures.setdefault(key, deque())
+            failures.append(now)
+            while len(failures) > limit:  # only the newest `limit` failures matter
+                failures.popleft()
+
+    def succeeded(self, key: str) -> None:
+        self._failures.pop(key, None)
+
+
+class Brakes:
+    """The service's limits over one limiter: which keys a failure counts against."""
+
+    def __init__(self, settings: LimitSettings, limiter: FailureLimiter | None = None) -> None:
+        self.settings = settings
+        self.limiter = limiter or MemoryFailureLimiter(settings.window_seconds)
+
+    def client_keys(self, client_id: str | None, address: str) -> list[tuple[str, int]]:
+        keys = [(f"client-address:{address}", self.settings.failed_client_auth_per_address)]
+        if client_id:
+            keys.append((f"client:{client_id}", self.settings.failed_client_auth_per_client))
+        return keys
+
+    def login_keys(self, username: str | None, address: str) -> list[tuple[str, int]]:
+        keys = [(f"login-address:{address}", self.settings.failed_logins_per_address)]
+        if username:
+            keys.append((f"login:{username.lower()}", self.settings.failed_logins_per_username))
+        return keys
+
+    def check(self, keys: list[tuple[str, int]]) -> None:
+        if self.settings.enabled:
+            self.limiter.check(keys)
+
+    def failed(self, keys: list[tuple[str, int]]) -> None:
+        if self.settings.enabled:
+            self.limiter.failed(keys)
+
+    def login_succeeded(self, username: str) -> None:
+        self.limiter.succeeded(f"login:{username.lower()}")
