@@ -50,20 +50,44 @@ password = "alice-e2e-password"
 """
 
 
-def start_service(tmp_path: Path, storage: str = "") -> tuple[subprocess.Popen, str]:
+class Service:
+    """A running ``tokensvc serve``; its output goes to a file (a pipe nobody reads would fill
+    up and stall the server once it had logged 64 KiB)."""
+
+    def __init__(self, process: subprocess.Popen, base: str, log_path: Path) -> None:
+        self.process, self.base, self.log_path = process, base, log_path
+
+    def output(self) -> str:
+        return self.log_path.read_text()
+
+    def stop(self) -> str:
+        """SIGTERM, wait, and return everything the service printed."""
+        self.process.terminate()
+        self.process.wait(timeout=10)
+        return self.output()
+
+    @property
+    def returncode(self) -> int | None:
+        return self.process.returncode
+
+
+def start_service(tmp_path: Path, storage: str = "") -> Service:
     port = free_port()
     base = f"http://127.0.0.1:{port}"
     config = tmp_path / "tokensvc.toml"
     config.write_text(CONFIG.format(base=base, port=port, secret=WEBAPP_SECRET, storage=storage))
-    process = subprocess.Popen([sys.executable, "-m", "tokensvc", "serve", "--config", str(config)],
-                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    log_path = tmp_path / "tokensvc.log"
+    with open(log_path, "w") as log:
+        process = subprocess.Popen([sys.executable, "-m", "tokensvc", "serve", "--config", str(config)],
+                                   stdout=log, stderr=subprocess.STDOUT, text=True)
+    service = Service(process, base, log_path)
     deadline = time.monotonic() + 20
     while time.monotonic() < deadline:
         if process.poll() is not None:
-            raise AssertionError("tokensvc exited: " + process.stdout.read())
+            raise AssertionError("tokensvc exited: " + service.output())
         try:
             if requests.get(base + "/healthz", timeout=1).status_code == 200:
-                return process, base
+                return service
         except requests.ConnectionError:
             time.sleep(0.1)
     process.kill()

@@ -38,10 +38,9 @@ from selenium.webdriver.support.ui import WebDriverWait  # noqa: E402
 
 @pytest.fixture(scope="module")
 def service(tmp_path_factory):
-    process, base = start_service(tmp_path_factory.mktemp("browser"))
-    yield base
-    process.terminate()
-    process.communicate(timeout=10)
+    service = start_service(tmp_path_factory.mktemp("browser"))
+    yield service.base
+    service.stop()
 
 
 @pytest.fixture

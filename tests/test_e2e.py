@@ -19,13 +19,12 @@ pytestmark = pytest.mark.e2e
 
 @pytest.fixture(scope="module")
 def service(tmp_path_factory):
-    process, base = start_service(tmp_path_factory.mktemp("e2e"))
-    yield base
-    process.terminate()
-    output, _ = process.communicate(timeout=10)
+    service = start_service(tmp_path_factory.mktemp("e2e"))
+    yield service.base
+    output = service.stop()
     # The service logs no secret, and shuts down cleanly on SIGTERM.
     assert WEBAPP_SECRET not in output and "alice-e2e-password" not in output
-    assert process.returncode == 0, output
+    assert service.returncode == 0, output
 
 
 def hidden_fields(html: str) -> dict[str, str]:
@@ -120,7 +119,8 @@ def test_service_starts_without_its_database_and_answers_503(tmp_path):
     port = free_port()  # nothing listens there
     storage = (f'[storage]\nbackend = "mongodb"\nmongodb_uri = "mongodb://127.0.0.1:{port}"\n'
                'server_selection_timeout_ms = 200\n')
-    process, base = start_service(tmp_path, storage)
+    service = start_service(tmp_path, storage)
+    base = service.base
     try:
         assert requests.get(base + "/healthz").status_code == 200
         ready = requests.get(base + "/readyz")
@@ -128,8 +128,7 @@ def test_service_starts_without_its_database_and_answers_503(tmp_path):
         clients = requests.get(base + "/oauth/clients")
         assert clients.status_code == 503 and set(clients.json()) == {"detail"}
     finally:
-        process.terminate()
-        output, _ = process.communicate(timeout=10)
+        output = service.stop()
     assert "Traceback" not in output
     assert "store not ready" in output
 

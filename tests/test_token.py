@@ -218,3 +218,15 @@ async def test_json_body_is_not_a_form(http_client, token_url):
                                        headers={"Content-Type": "application/json"},
                                        body='{"grant_type": "authorization_code"}')
     check_validation_error(response, ["body", "grant_type"], "missing")
+
+
+@pytest.mark.gen_test
+async def test_unknown_parameters_are_ignored_even_repeated(browser, http_client, base_url):
+    code = await browser.code_for("webapp", WEBAPP_REDIRECT)
+    from urllib.parse import urlencode
+
+    body = urlencode({"grant_type": "authorization_code", "code": code, "redirect_uri": WEBAPP_REDIRECT,
+                      "code_verifier": VERIFIER}) + "&extra=1&extra=2&resource=x"
+    response = await http_client.fetch(base_url + "/oauth/token", method="POST", body=body, raise_error=False,
+                                       headers={"Authorization": basic("webapp", WEBAPP_SECRET)})
+    assert response.code == 200, response.body

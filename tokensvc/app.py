@@ -71,6 +71,7 @@ def make_app(config: Settings, store: Store, ctx: OAuthContext | None = None) ->
         (r"/.well-known/oauth-authorization-server", meta.MetadataHandler, deps),
         (r"/healthz", meta.HealthHandler, deps),
         (r"/readyz", meta.ReadyHandler, deps),
+        (r"/openapi.json", meta.OpenAPIHandler, deps),
     ]
     app = tornado.web.Application(
         routes,

@@ -66,7 +66,7 @@ def Text(*, required: bool = False, max_length: int = MAX_FIELD_LENGTH, **kwargs
     """A string field with typed messages and a length bound."""
     validators = [MaxLength(max_length), *kwargs.pop("validate", [])]
     return fields.String(
-        required=required, validate=validators,
+        required=required, validate=validators, metadata={"maxLength": max_length},
         error_messages={"required": REQUIRED, "invalid": NOT_STRING, "null": NOT_NULL}, **kwargs)
 
 
@@ -280,3 +280,9 @@ class WelcomeSchema(Schema):
 me = MeSchema()
 connected_apps = ConnectedAppSchema(many=True)
 welcome = WelcomeSchema()
+
+
+class StatusSchema(Schema):
+    """``/healthz`` and ``/readyz``."""
+
+    status = fields.String(required=True, validate=validate.Equal("ok"))

@@ -76,17 +76,24 @@ class BaseHandler(tornado.web.RequestHandler):
 
     # -- input --------------------------------------------------------------------
 
-    def form(self) -> dict[str, str]:
-        """The form-encoded body as single values; empty values count as absent (RFC 6749 §3.1)."""
-        return self._single_values(self.request.body_arguments)
+    def form(self, schema: Schema) -> dict[str, str]:
+        """The form-encoded body's parameters that ``schema`` knows, as single values.
 
-    def query(self) -> dict[str, str]:
-        return self._single_values(self.request.query_arguments)
+        Empty values count as absent and unknown parameters are ignored (RFC 6749 §3.1); a
+        known one sent twice is ``invalid_request`` (§3.2).
+        """
+        return self._single_values(self.request.body_arguments, schema)
+
+    def query(self, schema: Schema) -> dict[str, str]:
+        return self._single_values(self.request.query_arguments, schema)
 
     @staticmethod
-    def _single_values(arguments: dict[str, list[bytes]]) -> dict[str, str]:
+    def _single_values(arguments: dict[str, list[bytes]], schema: Schema) -> dict[str, str]:
+        known = schema.fields
         values: dict[str, str] = {}
         for name, raw in arguments.items():
+            if name not in known:
+                continue
             present = [item for item in raw if item]
             if not present:
                 continue

@@ -59,3 +59,17 @@ class NotFoundHandler(BaseHandler):
 
     def prepare(self) -> None:
         raise NotFound(f"No resource at {self.request.path}")
+
+
+class OpenAPIHandler(BaseHandler):
+    """``GET /openapi.json``: the OpenAPI 3.1 document, built once."""
+
+    document: str | None = None
+
+    def get(self) -> None:
+        if OpenAPIHandler.document is None:
+            from tokensvc.openapi import render
+
+            OpenAPIHandler.document = render()
+        self.set_header("Content-Type", "application/json")
+        self.finish(OpenAPIHandler.document)

@@ -121,7 +121,7 @@ class LoginHandler(PageHandler):
                     username="")
 
     async def post(self) -> None:
-        form = self.form()
+        form = self.form(schemas.login_form)
         target = safe_next(form.get("next"))
         try:
             data = self.load(schemas.login_form, form)

@@ -49,7 +49,7 @@ class TokenHandler(ClientAuthMixin, TokenEndpointHandler):
     """``POST /oauth/token``: authorization code + PKCE, the only grant type."""
 
     async def post(self) -> None:
-        form = self.form()
+        form = self.form(schemas.token_request)
         grant_type = form.get("grant_type")
         if grant_type is not None and grant_type != "authorization_code":
             raise UnsupportedGrantType("Only grant_type=authorization_code is supported here; "
@@ -65,7 +65,7 @@ class RefreshHandler(ClientAuthMixin, TokenEndpointHandler):
     """``POST /oauth/token/refresh``: refresh-token rotation."""
 
     async def post(self) -> None:
-        form = self.form()
+        form = self.form(schemas.refresh_request)
         data = self.load(schemas.refresh_request, form)
         client = await self.authenticate_client(form)
         self.send_tokens(await grants.refresh(self.ctx, client, data["refresh_token"]))
@@ -75,7 +75,7 @@ class IntrospectHandler(ClientAuthMixin, TokenEndpointHandler):
     """``POST /oauth/token/introspect`` (RFC 7662)."""
 
     async def post(self) -> None:
-        form = self.form()
+        form = self.form(schemas.token_action)
         data = self.load(schemas.token_action, form)
         presented = bearer.from_authorization(self.request.headers.get("Authorization"))
         if presented is not None:
@@ -96,7 +96,7 @@ class RevokeHandler(ClientAuthMixin, TokenEndpointHandler):
     """``POST /oauth/token/revoke`` (RFC 7009): a client revokes a token issued to it."""
 
     async def post(self) -> None:
-        form = self.form()
+        form = self.form(schemas.token_action)
         data = self.load(schemas.token_action, form)
         client = await self.authenticate_client(form)
         await revocation.revoke_token(self.ctx, data["token"], client)
@@ -112,7 +112,7 @@ class GrantRevokeHandler(TokenEndpointHandler):
     async def post(self) -> None:
         presented = bearer.from_authorization(self.request.headers.get("Authorization"))
         try:
-            token = self.query().get("token")
+            token = self.query(schemas.optional_token_query).get("token")
         except InvalidRequest:  # whatever the input, this endpoint answers 200
             token = None
         for candidate in dict.fromkeys(t for t in (presented, token) if t):
@@ -124,7 +124,7 @@ class SignOutHandler(TokenEndpointHandler):
     """``POST /oauth/sign-out``: end the web session, and revoke ``token`` when given."""
 
     async def post(self) -> None:
-        data = self.load(schemas.optional_token_query, self.query(), "query")
+        data = self.load(schemas.optional_token_query, self.query(schemas.optional_token_query), "query")
         session_id = self.raw_session_id()
         if session_id is not None:
             # The cookie is ambient authority: a cross-site form must not sign the user out.

@@ -1,0 +1,38 @@
+"""The OpenAPI document: generated from the schemas, served, and kept current in docs/."""
+
+import json
+from pathlib import Path
+
+import pytest
+
+from helpers import json_of
+from tokensvc import openapi
+
+CHECKED_IN = Path(__file__).resolve().parent.parent / "docs" / "openapi.json"
+
+
+def test_checked_in_copy_is_current():
+    assert CHECKED_IN.read_text() == openapi.render(), \
+        "docs/openapi.json is stale: run `.venv/bin/python -m tokensvc.openapi > docs/openapi.json`"
+
+
+def test_document_shape():
+    document = openapi.build()
+    assert document["openapi"] == "3.1.0"
+    schemas = document["components"]["schemas"]
+    assert schemas["TokenRequest"]["required"] == ["code", "grant_type", "redirect_uri"]
+    assert schemas["TokenRequest"]["properties"]["code"]["maxLength"] == 512
+    assert set(schemas["OAuthClient"]["properties"]) == {"clientId", "name", "redirectUris", "allowedScopes",
+                                                         "createdAt", "description", "logoUrl"}
+    assert schemas["HTTPValidationError"]["properties"]["detail"]["items"]["$ref"].endswith("/ValidationError")
+    for path in ("/oauth/token", "/oauth/token/refresh", "/oauth/token/introspect", "/oauth/token/revoke",
+                 "/oauth/revoke", "/oauth/sign-out", "/oauth/clients", "/oauth/clients/{client_id}",
+                 "/oauth/authorize", "/v1/me", "/v1/me/connected-apps", "/v1/me/connected-apps/{client_id}",
+                 "/.well-known/oauth-authorization-server"):
+        assert path in document["paths"], path
+
+
+@pytest.mark.gen_test
+async def test_served_at_openapi_json(http_client, base_url):
+    response = await http_client.fetch(base_url + "/openapi.json")
+    assert json_of(response) == json.loads(openapi.render())

@@ -1,0 +1,166 @@
+"""The OpenAPI 3.1 document of every HTTP endpoint, built by apispec from the marshmallow
+schemas (the operations are listed here; every body schema comes from ``schemas.py``).
+
+``python -m tokensvc.openapi`` prints it; ``docs/openapi.json`` is a checked-in copy that a
+test keeps current; the service serves it at ``GET /openapi.json``.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from apispec import APISpec
+from apispec.ext.marshmallow import MarshmallowPlugin
+
+from tokensvc import __version__, schemas
+
+FORM = "application/x-www-form-urlencoded"
+JSON = "application/json"
+HTML = "text/html"
+
+
+def _json(schema: str, description: str, headers: dict[str, Any] | None = None) -> dict[str, Any]:
+    response: dict[str, Any] = {"description": description,
+                                "content": {JSON: {"schema": {"$ref": f"#/components/schemas/{schema}"}}}}
+    if headers:
+        response["headers"] = headers
+    return response
+
+
+def _html(description: str) -> dict[str, Any]:
+    return {"description": description, "content": {HTML: {"schema": {"type": "string"}}}}
+
+
+def _redirect(description: str) -> dict[str, Any]:
+    return {"description": description, "headers": {"Location": {"schema": {"type": "string"}}}}
+
+
+RETRY_AFTER = {"Retry-After": {"schema": {"type": "string"}, "description": "Seconds to wait"}}
+INVALID = _json("HTTPValidationError", "A field failed validation")
+OAUTH_400 = _json("OAuthError", "OAuth protocol failure (RFC 6749 §5.2)")
+CLIENT_401 = _json("OAuthError", "Client authentication failed (invalid_client)",
+                   {"WWW-Authenticate": {"schema": {"type": "string"}}})
+BEARER_401 = _json("OAuthError", "No valid bearer token or session (invalid_token)",
+                   {"WWW-Authenticate": {"schema": {"type": "string"}}})
+FORBIDDEN = _json("OAuthError", "Authenticated, but not allowed (insufficient_scope / access_denied)")
+TOO_LARGE = _json("Detail", "Request body over 64 KiB")
+TOO_MANY = _json("OAuthError", "Too many failed authentications (too_many_requests)", RETRY_AFTER)
+UNAVAILABLE = _json("Detail", "The store does not answer", RETRY_AFTER)
+NOT_FOUND = _json("Detail", "No such resource")
+NO_STORE = {"Cache-Control": {"schema": {"type": "string", "enum": ["no-store"]}},
+            "Pragma": {"schema": {"type": "string", "enum": ["no-cache"]}}}
+
+
+def _form(schema: str) -> dict[str, Any]:
+    return {"required": True, "content": {FORM: {"schema": {"$ref": f"#/components/schemas/{schema}"}}}}
+
+
+def _token_endpoint(summary: str, request: str, ok: dict[str, Any], *, auth: bool = True,
+                    extra: dict[str, Any] | None = None) -> dict[str, Any]:
+    responses: dict[str, Any] = {"200": ok, "400": OAUTH_400, "413": TOO_LARGE, "422": INVALID,
+                                 "503": UNAVAILABLE}
+    if auth:
+        responses.update({"401": CLIENT_401, "429": TOO_MANY})
+    responses.update(extra or {})
+    return {"post": {"summary": summary, "requestBody": _form(request), "responses": responses,
+                     "security": [{}, {"clientBasic": []}]}}
+
+
+def build() -> dict[str, Any]:
+    spec = APISpec(
+        title="tokensvc", version=__version__, openapi_version="3.1.0", plugins=[MarshmallowPlugin()],
+        info={"description": "OAuth 2.0 authorization and token service (OAuth API 2.0.0)."},
+    )
+    for name, schema in (
+        ("TokenRequest", schemas.TokenRequestSchema), ("RefreshRequest", schemas.RefreshRequestSchema),
+        ("TokenActionRequest", schemas.TokenActionSchema), ("LoginForm", schemas.LoginFormSchema),
+        ("TokenResponse", schemas.TokenResponseSchema), ("IntrospectionResponse", schemas.IntrospectionResponseSchema),
+        ("OAuthClient", schemas.OAuthClientSchema), ("OAuthError", schemas.OAuthErrorSchema),
+        ("Detail", schemas.DetailSchema), ("HTTPValidationError", schemas.HTTPValidationErrorSchema),
+        ("Empty", schemas.EmptySchema), ("Metadata", schemas.MetadataSchema), ("Me", schemas.MeSchema),
+        ("ConnectedApp", schemas.ConnectedAppSchema), ("Status", schemas.StatusSchema),
+    ):
+        spec.components.schema(name, schema=schema)
+    spec.components.security_scheme("clientBasic", {"type": "http", "scheme": "basic"})
+    spec.components.security_scheme("bearer", {"type": "http", "scheme": "bearer"})
+
+    token_ok = _json("TokenResponse", "Tokens issued", NO_STORE)
+    spec.path("/oauth/token", operations=_token_endpoint(
+        "Exchange an authorization code (PKCE) for tokens", "TokenRequest", token_ok))
+    spec.path("/oauth/token/refresh", operations=_token_endpoint(
+        "Rotate a refresh token", "RefreshRequest", token_ok))
+    spec.path("/oauth/token/introspect", operations=_token_endpoint(
+        "Introspect a token (RFC 7662)", "TokenActionRequest", _json("IntrospectionResponse", "Token metadata"),
+        extra={"403": FORBIDDEN}))
+    spec.path("/oauth/token/revoke", operations=_token_endpoint(
+        "Revoke a token (RFC 7009)", "TokenActionRequest", _json("Empty", "Revoked, or nothing to revoke")))
+
+    token_query = {"name": "token", "in": "query", "required": False, "schema": {"type": "string"}}
+    spec.path("/oauth/revoke", operations={"post": {
+        "summary": "Revoke the presented token and the caller's whole grant", "parameters": [token_query],
+        "security": [{}, {"bearer": []}],
+        "responses": {"200": _json("Empty", "Always"), "503": UNAVAILABLE}}})
+    spec.path("/oauth/sign-out", operations={"post": {
+        "summary": "End the web session; revoke `token` when given", "parameters": [token_query],
+        "responses": {"200": _json("Empty", "Signed out"), "400": OAUTH_400,
+                      "403": _json("Detail", "Session cookie without XSRF"),
+                      "413": TOO_LARGE, "422": INVALID, "503": UNAVAILABLE}}})
+    spec.path("/oauth/clients", operations={"get": {
+        "summary": "Every registered client",
+        "responses": {"200": {"description": "The clients", "content": {JSON: {"schema": {
+            "type": "array", "items": {"$ref": "#/components/schemas/OAuthClient"}}}}}, "503": UNAVAILABLE}}})
+    client_id = {"name": "client_id", "in": "path", "required": True, "schema": {"type": "string"}}
+    spec.path("/oauth/clients/{client_id}", operations={"get": {
+        "summary": "One registered client", "parameters": [client_id],
+        "responses": {"200": _json("OAuthClient", "The client"), "404": NOT_FOUND, "422": INVALID,
+                      "503": UNAVAILABLE}}})
+
+    authorize_parameters = [
+        {"name": name, "in": "query", "required": False, "schema": {"type": "string"}}
+        for name in ("response_type", "client_id", "redirect_uri", "scope", "state", "code_challenge",
+                     "code_challenge_method", "installation_id")]
+    spec.path("/oauth/authorize", operations={"get": {
+        "summary": "Authorization request (RFC 6749 §4.1.1, PKCE S256 required)",
+        "parameters": authorize_parameters,
+        "responses": {"200": _html("Consent page"), "302": _redirect("To the client (code or error) or to sign-in"),
+                      "400": _html("Unknown client or unregistered redirect_uri: never redirected"),
+                      "503": _html("The store does not answer")}}})
+    spec.path("/login", operations={
+        "get": {"summary": "Sign-in page",
+                "parameters": [{"name": "next", "in": "query", "required": False, "schema": {"type": "string"}}],
+                "responses": {"200": _html("The form")}},
+    })
+    bearer_security = [{"bearer": []}]
+    spec.path("/v1/me", operations={"get": {
+        "summary": "Who the token or session acts for (scope read)", "security": bearer_security,
+        "responses": {"200": _json("Me", "The subject"), "401": BEARER_401, "403": FORBIDDEN,
+                      "503": UNAVAILABLE}}})
+    spec.path("/v1/me/connected-apps", operations={"get": {
+        "summary": "Clients holding an active grant of this user (scope read)", "security": bearer_security,
+        "responses": {"200": {"description": "The apps", "content": {JSON: {"schema": {
+            "type": "array", "items": {"$ref": "#/components/schemas/ConnectedApp"}}}}},
+            "401": BEARER_401, "403": FORBIDDEN, "503": UNAVAILABLE}}})
+    spec.path("/v1/me/connected-apps/{client_id}", operations={"delete": {
+        "summary": "Revoke the grant of a client and all its tokens (scope connected-apps:write)",
+        "security": bearer_security, "parameters": [client_id],
+        "responses": {"204": {"description": "Revoked"}, "401": BEARER_401, "403": FORBIDDEN, "404": NOT_FOUND,
+                      "422": INVALID, "503": UNAVAILABLE}}})
+    spec.path("/.well-known/oauth-authorization-server", operations={"get": {
+        "summary": "Authorization server metadata (RFC 8414)",
+        "responses": {"200": _json("Metadata", "Metadata"), "503": UNAVAILABLE}}})
+    spec.path("/healthz", operations={"get": {"summary": "The process is alive",
+                                              "responses": {"200": _json("Status", "Alive")}}})
+    spec.path("/readyz", operations={"get": {"summary": "The store answers",
+                                             "responses": {"200": _json("Status", "Ready"), "503": UNAVAILABLE}}})
+    spec.path("/openapi.json", operations={"get": {"summary": "This document",
+                                                   "responses": {"200": {"description": "OpenAPI 3.1"}}}})
+    return spec.to_dict()
+
+
+def render() -> str:
+    return json.dumps(build(), indent=2, sort_keys=True) + "\n"
+
+
+if __name__ == "__main__":
+    print(render(), end="")
