@@ -1,0 +1,2 @@
+dofile(os.getenv("BENCH_LUA") .. "/common.lua")
+response = function(status) count_status(status) end

@@ -1,0 +1,210 @@
+"""tokensvc against a Tornado "Hello, world" started in the same run (``make bench``).
+
+Starts the hello world and tokensvc (memory backend, one process each, tokensvc's access log
+at its default level), seeds tokensvc, drives each operation with wrk (32 connections, 10 s,
+after a 2 s warm-up), measures the hello world before and after, and prints one table:
+operation, req/s, p50, p99, ratio to the mean hello world, non-2xx responses. Any non-2xx
+response fails the run. Then the scale figures: introspection with 10k and with 1M live
+tokens, and the memory backend's bytes per stored token (tracemalloc over 100k tokens).
+
+    python bench/run.py [--duration 10] [--connections 32] [--skip-scale]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import base64
+import os
+import platform
+import re
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import tracemalloc
+from dataclasses import dataclass
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+THREADS = 2
+
+
+@dataclass
+class Result:
+    name: str
+    rps: float
+    p50_ms: float
+    p99_ms: float
+    non2xx: int
+
+
+def need_wrk() -> str:
+    wrk = shutil.which("wrk")
+    if wrk:
+        return wrk
+    if os.geteuid() == 0 and shutil.which("apt-get"):
+        print("installing wrk (Debian package)...", file=sys.stderr)
+        subprocess.run(["apt-get", "install", "-y", "-qq", "wrk"], check=False,
+                       env={**os.environ, "DEBIAN_FRONTEND": "noninteractive"}, stdout=subprocess.DEVNULL)
+        wrk = shutil.which("wrk")
+    if not wrk:
+        sys.exit("bench: wrk is required (apt-get install wrk)")
+    return wrk
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def wait_for(path: Path, process: subprocess.Popen, timeout: float = 600) -> None:
+    deadline = time.monotonic() + timeout
+    while not path.exists():
+        if process.poll() is not None or time.monotonic() > deadline:
+            sys.exit(f"bench: server did not start (exit {process.poll()})")
+        time.sleep(0.1)
+
+
+def wait_port(port: int, process: subprocess.Popen) -> None:
+    for _ in range(200):
+        if process.poll() is not None:
+            sys.exit("bench: hello world did not start")
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
+            return
+        except OSError:
+            time.sleep(0.05)
+    sys.exit("bench: hello world did not start")
+
+
+def parse_latency(text: str, percentile: str) -> float:
+    match = re.search(rf"^\s+{percentile}%\s+([\d.]+)(us|ms|s)\s*$", text, re.M)
+    if not match:
+        return float("nan")
+    value, unit = float(match.group(1)), match.group(2)
+    return value / 1000 if unit == "us" else value * 1000 if unit == "s" else value
+
+
+def wrk_run(wrk: str, name: str, url: str, script: str, env: dict[str, str], duration: int, connections: int,
+            warmup: int = 2) -> Result:
+    base = [wrk, f"-t{THREADS}", f"-c{connections}", "--latency", "-s", str(HERE / "lua" / script), url]
+    if warmup:
+        subprocess.run(base[:1] + [f"-d{warmup}s"] + base[1:], env={**env, "BENCH_PHASE": "warmup"},
+                       capture_output=True, text=True, check=True)
+    out = subprocess.run(base[:1] + [f"-d{duration}s"] + base[1:], env={**env, "BENCH_PHASE": "main"},
+                         capture_output=True, text=True, check=True).stdout
+    rps = float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1))
+    non2xx_match = re.search(r"Non-2xx or 3xx responses:\s+(\d+)", out)
+    errors = re.search(r"Socket errors: .*", out)
+    non2xx = int(non2xx_match.group(1)) if non2xx_match else 0
+    if errors:
+        non2xx += sum(int(n) for n in re.findall(r"\d+", errors.group(0)))
+    return Result(name, rps, parse_latency(out, "50"), parse_latency(out, "99"), non2xx)
+
+
+def start_seeded(port: int, out: Path, **counts: int) -> subprocess.Popen:
+    args = [sys.executable, str(HERE / "seeded.py"), str(port), str(out)]
+    for key, value in counts.items():
+        args += [f"--{key}", str(value)]
+    process = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=open(out / "server.err", "w"))
+    wait_for(out / "ready", process)
+    return process
+
+
+def bytes_per_token(count: int = 100_000) -> float:
+    sys.path.insert(0, str(HERE.parent))
+    from tokensvc.oauth import hashing
+    from tokensvc.records import ACCESS, Token, utcnow
+    from tokensvc.storage.memory import MemoryStore
+
+    store = MemoryStore()
+    now = utcnow()
+    scopes = ["read", "write"]
+    tracemalloc.start()
+    before = tracemalloc.get_traced_memory()[0]
+    tokens = [Token(hashing.digest(hashing.new_secret()), ACCESS, "bench", "grant-1", scopes, now, now,
+                    user_id="u_bench") for _ in range(count)]
+    asyncio.run(store.add_tokens(tokens))
+    del tokens
+    after = tracemalloc.get_traced_memory()[0]
+    tracemalloc.stop()
+    return (after - before) / count
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--duration", type=int, default=10)
+    parser.add_argument("--connections", type=int, default=32)
+    parser.add_argument("--skip-scale", action="store_true", help="leave out the 1M-token run")
+    args = parser.parse_args()
+    wrk = need_wrk()
+    work = Path(tempfile.mkdtemp(prefix="tokensvc-bench-"))
+    processes: list[subprocess.Popen] = []
+    try:
+        hello_port, svc_port = free_port(), free_port()
+        hello = subprocess.Popen([sys.executable, str(HERE / "hello.py"), str(hello_port)])
+        processes.append(hello)
+        wait_port(hello_port, hello)
+        svc_dir = work / "svc"
+        svc_dir.mkdir()
+        codes = 4000 * (args.duration + 4)
+        processes.append(start_seeded(svc_port, svc_dir, tokens=10_000, codes=codes, refresh=8 * args.connections))
+        env = {**os.environ, "BENCH_LUA": str(HERE / "lua"), "BENCH_DIR": str(svc_dir),
+               "BENCH_THREADS": str(THREADS), "BENCH_VERIFIER": "dBjftJeZ4CVP-mB92K27uhbUJU1p1r_wW1gFWFOEjXk",
+               "BENCH_BASIC": "Basic " + base64.b64encode(b"bench:bench-client-secret").decode()}
+        hello_url, svc_url = f"http://127.0.0.1:{hello_port}/", f"http://127.0.0.1:{svc_port}"
+        run = lambda name, url, script, e=env: wrk_run(wrk, name, url, script, e, args.duration, args.connections)  # noqa: E731
+
+        results = [run("hello world (before)", hello_url, "hello.lua")]
+        results.append(run("introspection (client_secret_basic)", svc_url, "introspect.lua"))
+        results.append(run("GET /v1/me (bearer)", svc_url, "me.lua"))
+        results.append(run("code exchange (PKCE)", svc_url, "exchange.lua"))
+        results.append(run("refresh with rotation", svc_url, "refresh.lua"))
+        results.append(run("GET /oauth/clients/{id}", svc_url, "client.lua"))
+        results.append(run("hello world (after)", hello_url, "hello.lua"))
+        ceiling = (results[0].rps + results[-1].rps) / 2
+
+        scale_line = ""
+        if not args.skip_scale:
+            for process in processes[1:]:
+                process.terminate()
+            big_dir = work / "big"
+            big_dir.mkdir()
+            big_port = free_port()
+            processes.append(start_seeded(big_port, big_dir, tokens=1_000_000))
+            big_env = {**env, "BENCH_DIR": str(big_dir)}
+            big = run("introspection, 1M live tokens", f"http://127.0.0.1:{big_port}", "introspect.lua", big_env)
+            small = results[1]
+            results.insert(2, big)
+            scale_line = f"introspection at 1M tokens / at 10k: {big.rps / small.rps:.2f}"
+
+        print(f"\ntokensvc benchmark: {platform.node()}, {os.cpu_count()} cores, Python {platform.python_version()}, "
+              f"wrk -t{THREADS} -c{args.connections} -d{args.duration}s")
+        print(f"{'operation':40} {'req/s':>9} {'p50 ms':>8} {'p99 ms':>8} {'ratio':>6} {'non-2xx':>8}")
+        for result in results:
+            print(f"{result.name:40} {result.rps:9.0f} {result.p50_ms:8.2f} {result.p99_ms:8.2f} "
+                  f"{result.rps / ceiling:6.2f} {result.non2xx:8d}")
+        if scale_line:
+            print(scale_line)
+        print(f"memory backend: {bytes_per_token():.0f} bytes per stored token (tracemalloc, 100k tokens)")
+        failed = [result.name for result in results if result.non2xx]
+        if failed:
+            print("bench: FAILED, non-2xx responses in: " + ", ".join(failed), file=sys.stderr)
+            return 1
+        return 0
+    finally:
+        for process in processes:
+            process.terminate()
+        for process in processes:
+            try:
+                process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                process.kill()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,115 @@
+"""tokensvc on the memory backend, seeded in process for the benchmark.
+
+Builds the same application as ``tokensvc serve`` (``make_app`` over a ``MemoryStore``), then
+fills the store through the protocol layer itself: a client, a user, N live access tokens,
+a pool of authorization codes and of refresh tokens. The secrets the load generator needs
+are written one per line to files in the output folder. Logging is configured as
+``tokensvc serve`` does, with the access log at its default level (info) going to a file.
+
+    python bench/seeded.py PORT OUTDIR --tokens N --codes N --refresh N
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+from datetime import timedelta
+from pathlib import Path
+
+import tornado.httpserver
+
+from tokensvc import config as config_module, logs
+from tokensvc.app import make_app
+from tokensvc.bootstrap import seed
+from tokensvc.oauth import hashing, pkce
+from tokensvc.oauth.context import OAuthContext
+from tokensvc.oauth.grants import _mint
+from tokensvc.ratelimit import Brakes
+from tokensvc.records import AuthorizationCode, Subject, User, utcnow
+from tokensvc.storage.memory import MemoryStore
+
+CLIENT_SECRET = "bench-client-secret"
+REDIRECT = "http://127.0.0.1:1/cb"
+VERIFIER = "dBjftJeZ4CVP-mB92K27uhbUJU1p1r_wW1gFWFOEjXk"
+
+
+def settings(port: int) -> config_module.Settings:
+    return config_module.from_dict({
+        "base_url": f"http://127.0.0.1:{port}", "auth_url": f"http://127.0.0.1:{port}", "port": port,
+        "cookie_secret": "bench-cookie-secret-0123456789",
+        "tokens": {"access_ttl": 86400, "code_ttl": 3600},
+        "clients": [{"client_id": "bench", "name": "Bench", "redirect_uris": [REDIRECT], "first_party": True,
+                     "client_secret": CLIENT_SECRET, "allowed_scopes": ["read", "write"]}],
+        "users": [{"username": "bench-user", "password": "bench-password-1"}],
+    })
+
+
+async def fill(ctx: OAuthContext, out: Path, tokens: int, codes: int, refresh: int) -> None:
+    """Each operation gets its own user (so its own grant) and its own files, and the warm-up
+    its own pool of single-use values: a replay would revoke a whole grant."""
+    store = ctx.store
+    client = await store.get_client("bench")
+    now = utcnow()
+
+    async def grant_of(username: str):
+        user = User(f"u_{username}", username, hashing.dummy_password_hash())
+        await store.put_user(user)
+        return user, await store.save_grant("bench", Subject(user_id=user.user_id), ["read", "write"], now)
+
+    async def pairs(grant, count: int, keep: str) -> list[str]:
+        secrets, batch = [], []
+        for _ in range(count):
+            pair = _mint(ctx, client, grant, ["read", "write"], parent_hash=None, now=now)
+            batch.extend(pair.records if keep == "refresh" else pair.records[:1])
+            if len(secrets) < 10_000 or keep == "refresh":
+                secrets.append(pair.refresh if keep == "refresh" else pair.access)
+            if len(batch) >= 10_000:
+                await store.add_tokens(batch)
+                batch = []
+        await store.add_tokens(batch)
+        return secrets
+
+    def write(name: str, lines: list[str]) -> None:
+        (out / name).write_text("\n".join(lines) + "\n")
+
+    _, grant = await grant_of("bench-access")
+    write("access.txt", await pairs(grant, tokens, "access"))
+    for phase in ("warmup", "main"):
+        _, grant = await grant_of(f"bench-refresh-{phase}")
+        write(f"refresh-{phase}.txt", await pairs(grant, refresh, "refresh"))
+        user, _ = await grant_of(f"bench-code-{phase}")
+        challenge, lines = pkce.s256(VERIFIER), []
+        for _ in range(codes if phase == "main" else codes // 4):
+            code = hashing.new_secret()
+            await store.add_code(AuthorizationCode(hashing.digest(code), "bench", REDIRECT, ["read"], user.user_id,
+                                                   None, challenge, "S256", now + timedelta(hours=1)))
+            lines.append(code)
+        write(f"codes-{phase}.txt", lines)
+
+
+async def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("port", type=int)
+    parser.add_argument("out", type=Path)
+    parser.add_argument("--tokens", type=int, default=10000)
+    parser.add_argument("--codes", type=int, default=0)
+    parser.add_argument("--refresh", type=int, default=0)
+    args = parser.parse_args()
+    config = settings(args.port)
+    logs.configure(config.log_format, config.log_level)
+    handler = logging.FileHandler(args.out / "access.log")
+    handler.setFormatter(logs.TextFormatter())
+    logging.getLogger().handlers[:] = [handler]
+    store = MemoryStore()
+    ctx = OAuthContext(store=store, tokens=config.tokens, issuer=config.base_url, brakes=Brakes(config.limits))
+    await seed(store, config)
+    await fill(ctx, args.out, args.tokens, args.codes, args.refresh)
+    server = tornado.httpserver.HTTPServer(make_app(config, store, ctx))
+    server.listen(args.port, "127.0.0.1")
+    (args.out / "ready").write_text("ok")
+    await asyncio.Event().wait()
+
+
+if __name__ == "__main__":
+    asyncio.run(main())
