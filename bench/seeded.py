@@ -95,8 +95,10 @@ async def main() -> None:
     parser.add_argument("--tokens", type=int, default=10000)
     parser.add_argument("--codes", type=int, default=0)
     parser.add_argument("--refresh", type=int, default=0)
+    parser.add_argument("--log-level", default="info", help="info is the service's default")
     args = parser.parse_args()
     config = settings(args.port)
+    config.log_level = args.log_level
     logs.configure(config.log_format, config.log_level)
     handler = logging.FileHandler(args.out / "access.log")
     handler.setFormatter(logs.TextFormatter())

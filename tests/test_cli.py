@@ -235,3 +235,8 @@ def test_audit_records_for_registry_changes(run, caplog):
     assert events == ["client_created", "client_secret_rotated", "client_removed"]
     assert all(out["client_id"] == record.audit["client_id"] for record in caplog.records if hasattr(record, "audit"))
     assert out["client_secret"] not in caplog.text
+
+
+def test_several_processes_need_mongodb(capsys):
+    assert cli.main(["serve", "--config", "config/tokensvc.toml", "--processes", "2"]) == 1
+    assert "--processes needs the MongoDB backend" in capsys.readouterr().err

@@ -40,11 +40,12 @@ def log_request(handler: tornado.web.RequestHandler) -> None:
     request = handler.request
     elapsed_ms = 1000.0 * request.request_time()
     client_id = getattr(handler, "log_client_id", None)
-    access_log.log(level, "%d %s %s %.2fms%s", status, request.method, redact(request.uri or ""),
+    path = redact(request.uri or "")
+    access_log.log(level, "%d %s %s %.2fms%s", status, request.method, path,
                    elapsed_ms, f" client_id={client_id}" if client_id else "",
-                   extra={"access": {"status": status, "method": request.method,
-                                     "path": redact(request.uri or ""), "ms": round(elapsed_ms, 2),
-                                     "client_id": client_id, "remote_ip": request.remote_ip}})
+                   extra={"access": {"status": status, "method": request.method, "path": path,
+                                     "ms": round(elapsed_ms, 2), "client_id": client_id,
+                                     "remote_ip": request.remote_ip}})
 
 
 def make_app(config: Settings, store: Store, ctx: OAuthContext | None = None) -> tornado.web.Application:

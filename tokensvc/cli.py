@@ -8,6 +8,7 @@ import getpass
 import json
 import logging
 import signal
+import socket
 import sys
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -39,8 +40,12 @@ def load_settings(args: argparse.Namespace) -> Settings:
 
 # -- serve ----------------------------------------------------------------------------
 
-async def serve(settings: Settings) -> None:
+async def serve(settings: Settings, sockets: list[socket.socket] | None = None) -> None:
+    """Run the service until SIGINT/SIGTERM, on ``sockets`` (pre-bound, several processes) or
+    on ``settings.host:port``."""
     import tornado.httpserver
+    import tornado.netutil
+    import tornado.process
 
     from tokensvc.app import make_app
     from tokensvc.bootstrap import prepare
@@ -58,17 +63,20 @@ async def serve(settings: Settings) -> None:
     # Bodies over 64 KiB are refused with 413 by the handlers; the server's own limit sits
     # above that so that the refusal is a clear 413, not a dropped connection.
     server = tornado.httpserver.HTTPServer(app, xheaders=False, max_body_size=1024 * 1024)
-    server.listen(settings.port, settings.host)
-    port = settings.port or next(iter(server._sockets.values())).getsockname()[1]
+    if sockets is None:
+        sockets = tornado.netutil.bind_sockets(settings.port, settings.host)
+    server.add_sockets(sockets)
+    port = sockets[0].getsockname()[1]
     local = f"http://{settings.host}:{port}"
     log.info("tokensvc %s listening on %s (storage: %s)", __version__, local, settings.storage.backend)
-    print(f"tokensvc is running on {local}\n"
-          f"  home page:         {local}/\n"
-          f"  authorization:     {settings.auth_url}/oauth/authorize\n"
-          f"  token endpoint:    {settings.base_url}/oauth/token\n"
-          f"  server metadata:   {settings.base_url}/.well-known/oauth-authorization-server\n"
-          f"  registered clients: {settings.base_url}/oauth/clients\n"
-          "Press Ctrl+C to stop.", flush=True)
+    if tornado.process.task_id() in (None, 0):  # one banner for a group of processes
+        print(f"tokensvc is running on {local}\n"
+              f"  home page:          {local}/\n"
+              f"  authorization:      {settings.auth_url}/oauth/authorize\n"
+              f"  token endpoint:     {settings.base_url}/oauth/token\n"
+              f"  server metadata:    {settings.base_url}/.well-known/oauth-authorization-server\n"
+              f"  registered clients: {settings.base_url}/oauth/clients\n"
+              "Press Ctrl+C to stop.", flush=True)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGINT, signal.SIGTERM):
@@ -83,7 +91,21 @@ async def serve(settings: Settings) -> None:
 def cmd_serve(args: argparse.Namespace) -> int:
     settings = load_settings(args)
     logs.configure(settings.log_format, settings.log_level)
-    asyncio.run(serve(settings))
+    processes = args.processes
+    if processes == 1:
+        asyncio.run(serve(settings))
+        return 0
+    if settings.storage.backend == "memory":
+        raise CommandError("--processes needs the MongoDB backend: the memory backend's state lives in one "
+                           "process, so several processes would each see different clients, codes and tokens")
+    import tornado.netutil
+    import tornado.process
+
+    # Bind before forking so every process accepts on the same sockets (tornado's multi-process
+    # recipe); each child then builds its own event loop, store client and application.
+    sockets = tornado.netutil.bind_sockets(settings.port, settings.host)
+    tornado.process.fork_processes(processes)
+    asyncio.run(serve(settings, sockets))
     return 0
 
 
@@ -291,6 +313,8 @@ def build_parser(store_factory: StoreFactory | None = None) -> argparse.Argument
     serve_parser.add_argument("--host", help="listen address (overrides the config)")
     serve_parser.add_argument("--port", type=int, help="listen port (overrides the config; 0 = any free port)")
     serve_parser.add_argument("--log-format", choices=("text", "json"), help="log line format")
+    serve_parser.add_argument("--processes", type=int, default=1, metavar="N",
+                              help="worker processes sharing the port (0 = one per core); MongoDB backend only")
     serve_parser.set_defaults(func=cmd_serve)
 
     def group(name: str, help_text: str) -> argparse._SubParsersAction:

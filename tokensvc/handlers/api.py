@@ -25,9 +25,7 @@ class ConnectedApp:
 class ApiHandler(AuthMixin, BaseHandler):
     """A JSON endpoint under ``/v1/``; responses are private to the caller."""
 
-    def set_default_headers(self) -> None:
-        super().set_default_headers()
-        self.set_header("Cache-Control", "no-store")
+    default_headers = {**BaseHandler.default_headers, "Cache-Control": "no-store"}
 
     def require_user(self) -> Principal:
         assert self.principal is not None
@@ -55,7 +53,7 @@ class MeHandler(ApiHandler):
 
     @requires("read")
     async def get(self) -> None:
-        self.send_json(schemas.me.dump(await describe(self, self.principal)))
+        self.send_json(schemas.fast_dump(schemas.me, await describe(self, self.principal)))
 
 
 class ConnectedAppsHandler(ApiHandler):

@@ -59,11 +59,17 @@ class BaseHandler(tornado.web.RequestHandler):
         self.config = config
         self._session: tuple[Session, User] | None | bool = False
 
+    default_headers: dict[str, str] = {
+        "X-Content-Type-Options": "nosniff",
+        "Referrer-Policy": "no-referrer",
+        "X-Frame-Options": "DENY",
+        "Content-Security-Policy": JSON_CSP,
+    }
+
     def set_default_headers(self) -> None:
-        self.set_header("X-Content-Type-Options", "nosniff")
-        self.set_header("Referrer-Policy", "no-referrer")
-        self.set_header("X-Frame-Options", "DENY")
-        self.set_header("Content-Security-Policy", JSON_CSP)
+        # Constant, known-good values: stored directly rather than through set_header(),
+        # whose per-value checks cost a measurable share of a token request.
+        self._headers.update(self.default_headers)
 
     def prepare(self) -> None:
         if len(self.request.body) > MAX_BODY_BYTES:
@@ -108,7 +114,7 @@ class BaseHandler(tornado.web.RequestHandler):
     @staticmethod
     def load(schema: Schema, data: dict[str, Any], location: str = "body") -> dict[str, Any]:
         try:
-            return schema.load(data)
+            return schemas.fast_load(schema, data)
         except ValidationError as exc:
             raise ValidationFailed(schemas.validation_detail(exc, location, data, schema)) from None
 
@@ -185,10 +191,7 @@ class BaseHandler(tornado.web.RequestHandler):
 class TokenEndpointHandler(BaseHandler):
     """Token endpoints: responses are never cached (RFC 6749 §5.1)."""
 
-    def set_default_headers(self) -> None:
-        super().set_default_headers()
-        self.set_header("Cache-Control", "no-store")
-        self.set_header("Pragma", "no-cache")
+    default_headers = {**BaseHandler.default_headers, "Cache-Control": "no-store", "Pragma": "no-cache"}
 
 
 class PageHandler(BaseHandler):
@@ -196,11 +199,8 @@ class PageHandler(BaseHandler):
 
     page_csp = ("default-src 'none'; style-src 'self'; img-src 'self' https: data:; "
                 "form-action 'self'; frame-ancestors 'none'; base-uri 'none'")
-
-    def set_default_headers(self) -> None:
-        super().set_default_headers()
-        self.set_header("Content-Security-Policy", self.page_csp)
-        self.set_header("Cache-Control", "no-store")
+    default_headers = {**BaseHandler.default_headers, "Content-Security-Policy": page_csp,
+                       "Cache-Control": "no-store"}
 
     def check_xsrf_cookie(self) -> None:
         tornado.web.RequestHandler.check_xsrf_cookie(self)

@@ -42,7 +42,7 @@ class ClientAuthMixin:
             "endpoint": self.request.path, "outcome": "failure"}})
 
     def send_tokens(self: TokenEndpointHandler, response: grants.TokenResponse) -> None:
-        self.send_json(schemas.token_response.dump(response))
+        self.send_json(schemas.fast_dump(schemas.token_response, response))
 
 
 class TokenHandler(ClientAuthMixin, TokenEndpointHandler):
@@ -89,7 +89,7 @@ class IntrospectHandler(ClientAuthMixin, TokenEndpointHandler):
                 raise InvalidClient("Introspection needs client authentication")
             introspection.check_client_caller(client)
         body = await introspection.introspect(self.ctx, data["token"])
-        self.send_json(schemas.introspection_response.dump(body))
+        self.send_json(schemas.fast_dump(schemas.introspection_response, body))
 
 
 class RevokeHandler(ClientAuthMixin, TokenEndpointHandler):
