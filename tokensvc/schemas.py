@@ -338,17 +338,30 @@ def _compile_loader(schema: Schema) -> Callable[[Mapping[str, Any]], dict[str, A
     return load
 
 
+def _simple(field: fields.Field) -> bool:
+    if type(field) is fields.List:
+        return type(field.inner) in _SIMPLE_DUMP_FIELDS
+    return type(field) in _SIMPLE_DUMP_FIELDS
+
+
 def _compile_dumper(schema: Schema) -> Callable[[Any], dict[str, Any]]:
-    names = []
+    names, lists = [], set()
     for name, field in schema.fields.items():
-        if type(field) not in _SIMPLE_DUMP_FIELDS or field.data_key not in (None, name) or field.load_only:
+        if not _simple(field) or field.data_key not in (None, name) or field.load_only:
             return schema.dump
         names.append(name)
+        if type(field) is fields.List:
+            lists.add(name)
 
     def dump(obj: Any) -> dict[str, Any]:
         if isinstance(obj, Mapping):
-            return {name: obj[name] for name in names if name in obj}
-        return {name: getattr(obj, name) for name in names if hasattr(obj, name)}
+            result = {name: obj[name] for name in names if name in obj}
+        else:
+            result = {name: getattr(obj, name) for name in names if hasattr(obj, name)}
+        for name in lists & result.keys():
+            if result[name] is not None:
+                result[name] = list(result[name])
+        return result
 
     return dump
 
