@@ -172,6 +172,11 @@ def _client_data(client: Client) -> dict[str, Any]:
             "logo_url": client.logo_url, "created_at": client.created_at.isoformat() if client.created_at else None}
 
 
+def _removed(args: argparse.Namespace, kind: str, name: str, revoked: int) -> int:
+    _emit(args, {"removed": name, "tokens_revoked": revoked}, f"removed {kind} {name} ({revoked} tokens revoked)")
+    return 0
+
+
 def _table(rows: list[list[str]], header: list[str]) -> str:
     widths = [max(len(str(row[i])) for row in [header, *rows]) for i in range(len(header))]
     lines = ["  ".join(str(cell).ljust(width) for cell, width in zip(row, widths)).rstrip()
@@ -209,10 +214,7 @@ async def clients_show(ctx: OAuthContext, args: argparse.Namespace) -> int:
 
 
 async def clients_remove(ctx: OAuthContext, args: argparse.Namespace) -> int:
-    revoked = await admin.remove_client(ctx, args.client_id)
-    _emit(args, {"removed": args.client_id, "tokens_revoked": revoked},
-          f"removed client {args.client_id} ({revoked} tokens revoked)")
-    return 0
+    return _removed(args, "client", args.client_id, await admin.remove_client(ctx, args.client_id))
 
 
 async def clients_rotate_secret(ctx: OAuthContext, args: argparse.Namespace) -> int:
@@ -253,10 +255,7 @@ async def users_list(ctx: OAuthContext, args: argparse.Namespace) -> int:
 
 
 async def users_remove(ctx: OAuthContext, args: argparse.Namespace) -> int:
-    revoked = await admin.remove_user(ctx, args.username)
-    _emit(args, {"removed": args.username, "tokens_revoked": revoked},
-          f"removed user {args.username} ({revoked} tokens revoked)")
-    return 0
+    return _removed(args, "user", args.username, await admin.remove_user(ctx, args.username))
 
 
 async def users_set_password(ctx: OAuthContext, args: argparse.Namespace) -> int:
@@ -283,10 +282,8 @@ async def installations_list(ctx: OAuthContext, args: argparse.Namespace) -> int
 
 
 async def installations_remove(ctx: OAuthContext, args: argparse.Namespace) -> int:
-    revoked = await admin.remove_installation(ctx, args.installation_id)
-    _emit(args, {"removed": args.installation_id, "tokens_revoked": revoked},
-          f"removed installation {args.installation_id} ({revoked} tokens revoked)")
-    return 0
+    return _removed(args, "installation", args.installation_id,
+                    await admin.remove_installation(ctx, args.installation_id))
 
 
 async def tokens_purge(ctx: OAuthContext, args: argparse.Namespace) -> int:

@@ -3,16 +3,8 @@ dofile(os.getenv("BENCH_LUA") .. "/common.lua")
 local codes = nil
 local next_code = 1
 local body_tail = "&redirect_uri=http%3A%2F%2F127.0.0.1%3A1%2Fcb&code_verifier=" .. os.getenv("BENCH_VERIFIER")
-wrk.method = "POST"
-wrk.headers["Content-Type"] = "application/x-www-form-urlencoded"
-wrk.headers["Authorization"] = os.getenv("BENCH_BASIC")
-function setup(thread)
-  thread:set("thread_index", setup_count or 1)
-  setup_count = (setup_count or 1) + 1
-end
-function init(args)
-  codes = slice(read_lines(os.getenv("BENCH_DIR") .. "/codes-" .. os.getenv("BENCH_PHASE") .. ".txt"), thread_index, tonumber(os.getenv("BENCH_THREADS")))
-end
+form_post()
+function init(args) codes = thread_pool("codes") end
 request = function()
   local code = codes[next_code]
   next_code = next_code + 1

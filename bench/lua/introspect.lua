@@ -1,10 +1,7 @@
 -- POST /oauth/token/introspect with client_secret_basic, a random live token each time.
 dofile(os.getenv("BENCH_LUA") .. "/common.lua")
 local tokens = read_lines(os.getenv("BENCH_DIR") .. "/access.txt")
-local auth = os.getenv("BENCH_BASIC")
-wrk.method = "POST"
-wrk.headers["Content-Type"] = "application/x-www-form-urlencoded"
-wrk.headers["Authorization"] = auth
+form_post()
 request = function()
   return wrk.format(nil, "/oauth/token/introspect", nil, "token=" .. tokens[math.random(#tokens)])
 end
