@@ -118,3 +118,12 @@ async def test_installation_refresh_tokens_live_longer(browser, http_client, bas
     record = await store.get_token(hashing.digest(renewed["refresh_token"]))
     assert record.installation_id == "backyard-scope"
     assert (record.expires_at - record.issued_at).total_seconds() == config.tokens.installation_refresh_ttl
+
+
+@pytest.mark.gen_test
+async def test_refresh_may_narrow_but_not_widen_the_scope(browser, http_client, base_url):
+    first = await tokens_for(browser, http_client, base_url, scope="read write")
+    narrowed = await refresh(http_client, base_url, first["refresh_token"], scope="read")
+    assert narrowed.code == 200 and json_of(narrowed)["scope"] == "read"
+    wider = await refresh(http_client, base_url, json_of(narrowed)["refresh_token"], scope="read write")
+    check_oauth_error(wider, 400, "invalid_scope")

@@ -62,7 +62,7 @@ async def serve(settings: Settings, sockets: list[socket.socket] | None = None) 
     app = make_app(settings, store)
     # Bodies over 64 KiB are refused with 413 by the handlers; the server's own limit sits
     # above that so that the refusal is a clear 413, not a dropped connection.
-    server = tornado.httpserver.HTTPServer(app, xheaders=False, max_body_size=1024 * 1024)
+    server = tornado.httpserver.HTTPServer(app, xheaders=settings.xheaders, max_body_size=1024 * 1024)
     if sockets is None:
         sockets = tornado.netutil.bind_sockets(settings.port, settings.host)
     server.add_sockets(sockets)

@@ -95,6 +95,7 @@ class Settings:
     port: int = 8080
     cookie_secret: str | None = None
     demo: bool = False
+    xheaders: bool = False
     log_format: str = "text"
     log_level: str = "info"
     storage: StorageSettings = field(default_factory=StorageSettings)

@@ -68,7 +68,7 @@ class RefreshHandler(ClientAuthMixin, TokenEndpointHandler):
         form = self.form(schemas.refresh_request)
         data = self.load(schemas.refresh_request, form)
         client = await self.authenticate_client(form)
-        self.send_tokens(await grants.refresh(self.ctx, client, data["refresh_token"]))
+        self.send_tokens(await grants.refresh(self.ctx, client, data["refresh_token"], data.get("scope")))
 
 
 class IntrospectHandler(ClientAuthMixin, TokenEndpointHandler):

@@ -19,7 +19,7 @@ from datetime import datetime, timedelta
 
 from tokensvc.oauth import hashing, pkce, scopes
 from tokensvc.oauth.context import OAuthContext
-from tokensvc.oauth.errors import InvalidGrant
+from tokensvc.oauth.errors import InvalidGrant, InvalidScope
 from tokensvc.records import ACCESS, REFRESH, AuthorizationCode, Client, Grant, Subject, Token
 
 log = logging.getLogger(__name__)
@@ -108,7 +108,8 @@ async def _code_replayed(ctx: OAuthContext, record: AuthorizationCode) -> None:
 
 # -- refresh ----------------------------------------------------------------------------
 
-async def refresh(ctx: OAuthContext, client: Client, refresh_token: str) -> TokenResponse:
+async def refresh(ctx: OAuthContext, client: Client, refresh_token: str, scope: str | None = None) -> TokenResponse:
+    """Rotate ``refresh_token``. ``scope`` may narrow the new pair (RFC 6749 §6), never widen it."""
     store, now = ctx.store, ctx.clock()
     token_hash = hashing.digest(refresh_token)
     old = await store.get_token(token_hash)
@@ -124,7 +125,8 @@ async def refresh(ctx: OAuthContext, client: Client, refresh_token: str) -> Toke
     grant = await store.get_grant(old.grant_id)
     if grant is None or grant.revoked_at is not None:
         raise InvalidGrant("The authorization was revoked")
-    pair = _mint(ctx, client, grant, old.scopes, parent_hash=token_hash, now=now)
+    granted = _narrowed(old.scopes, scope)
+    pair = _mint(ctx, client, grant, granted, parent_hash=token_hash, now=now)
     await store.add_tokens(pair.records)
     if await store.rotate_refresh_token(token_hash, client.client_id, now) is None:
         # Lost the race to a concurrent rotation or revocation: this pair is void.
@@ -135,7 +137,21 @@ async def refresh(ctx: OAuthContext, client: Client, refresh_token: str) -> Toke
         raise InvalidGrant("The refresh token is no longer valid")
     await _sweep_if_grant_revoked(ctx, grant, pair)
     _audit("token_refreshed", "success", client.client_id, old.subject)
-    return _response(ctx, pair, old.scopes, grant.subject)
+    return _response(ctx, pair, granted, grant.subject)
+
+
+def _narrowed(held: list[str], scope: str | None) -> list[str]:
+    """The scopes a refresh asks for: all it holds when omitted, else a subset of them."""
+    try:
+        asked = scopes.parse(scope)
+    except ValueError as exc:
+        raise InvalidScope(str(exc)) from None
+    if asked is None:
+        return list(held)
+    beyond = [item for item in asked if item not in held]
+    if beyond:
+        raise InvalidScope("A refresh cannot widen the scope: " + " ".join(beyond))
+    return asked
 
 
 async def _rotated_presented(ctx: OAuthContext, client: Client, rotated: Token, now: datetime) -> TokenResponse:
