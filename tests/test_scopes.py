@@ -42,8 +42,3 @@ def test_parse_empty_is_none(value):
 def test_parse_rejects_characters_outside_rfc6749(value):
     with pytest.raises(ValueError):
         scopes.parse(value)
-
-
-def test_all_satisfied():
-    assert scopes.all_satisfied(["write"], ["read", "x:write"])
-    assert not scopes.all_satisfied(["read"], ["read", "x:write"])

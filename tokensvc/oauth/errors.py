@@ -49,11 +49,6 @@ class InvalidGrant(OAuthError):
     error = "invalid_grant"
 
 
-class UnauthorizedClient(OAuthError):
-    """RFC 6749 §5.2: the client may not use this grant or endpoint."""
-
-    error = "unauthorized_client"
-
 
 class UnsupportedGrantType(OAuthError):
     """RFC 6749 §5.2: only ``authorization_code`` is served by the token endpoint."""
@@ -80,11 +75,6 @@ class AccessDenied(OAuthError):
     status_code = 403
 
 
-class UnsupportedTokenType(OAuthError):
-    """RFC 7009 §2.2.1."""
-
-    error = "unsupported_token_type"
-
 
 class InvalidToken(OAuthError):
     """RFC 6750 §3.1: the bearer token is missing, expired, revoked or malformed."""
@@ -106,12 +96,6 @@ class InsufficientScope(OAuthError):
     def body(self) -> dict[str, str]:
         return {"error": self.error, "error_description": self.description or "", "scope": self.scope}
 
-
-class TemporarilyUnavailable(OAuthError):
-    """RFC 6749 §4.1.2.1: used when the store does not answer during a redirect flow."""
-
-    error = "temporarily_unavailable"
-    status_code = 503
 
 
 class RedirectUnverified(Exception):

@@ -22,7 +22,6 @@ from tokensvc.oauth.context import OAuthContext
 from tokensvc.oauth.errors import InvalidGrant, InvalidScope
 from tokensvc.records import ACCESS, REFRESH, AuthorizationCode, Client, Grant, Subject, Token
 
-log = logging.getLogger(__name__)
 audit = logging.getLogger("tokensvc.audit")
 
 

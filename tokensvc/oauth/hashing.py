@@ -58,11 +58,6 @@ def verify_password(password: str, password_hash: str) -> bool:
     return hmac.compare_digest(actual, expected)
 
 
-def is_password_hash(value: str) -> bool:
-    parts = value.split("$")
-    return len(parts) == 6 and parts[0] == "scrypt"
-
-
 @functools.cache
 def dummy_password_hash() -> str:
     """A hash to verify against when the username is unknown, so that a wrong username

@@ -8,7 +8,6 @@ import hmac
 import re
 
 S256 = "S256"
-SUPPORTED_METHODS = (S256,)
 
 # RFC 7636 §4.1 / §4.2: 43 to 128 characters of the unreserved set.
 _VERIFIER = re.compile(r"^[A-Za-z0-9._~-]{43,128}$")

@@ -51,8 +51,3 @@ def satisfies(held: Iterable[str], needed: str) -> bool:
             return True
         return action == READ and READ in held
     return False
-
-
-def all_satisfied(held: Iterable[str], needed: Iterable[str]) -> bool:
-    held = list(held)
-    return all(satisfies(held, scope) for scope in needed)
