@@ -97,7 +97,6 @@ class InsufficientScope(OAuthError):
         return {"error": self.error, "error_description": self.description or "", "scope": self.scope}
 
 
-
 class RedirectUnverified(Exception):
     """The authorization request cannot be answered by a redirect (RFC 6749 §4.1.2.1, first paragraph):
     the client is unknown or the redirect_uri is not one of its registered addresses."""
