@@ -77,3 +77,11 @@ def test_json_log_format_is_one_object_per_line():
 def test_text_log_format_appends_audit_fields():
     line = TextFormatter().format(make_record(audit={"event": "login", "outcome": "failure"}))
     assert line.endswith("token issued event=login outcome=failure")
+
+
+def test_text_time_matches_the_standard_formatter():
+    record = make_record()
+    standard = logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s")
+    formatter = TextFormatter()
+    for _ in range(2):  # the second line uses the cached second
+        assert formatter.format(record) == standard.format(record)

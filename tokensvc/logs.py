@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import logging
 import sys
+import time
 from datetime import datetime, timezone
 
 
@@ -33,6 +34,15 @@ class JsonFormatter(logging.Formatter):
 class TextFormatter(logging.Formatter):
     def __init__(self) -> None:
         super().__init__("%(asctime)s %(levelname)s %(name)s: %(message)s")
+        self._second: int | None = None
+        self._second_text = ""
+
+    def formatTime(self, record: logging.LogRecord, datefmt: str | None = None) -> str:
+        # One strftime per second instead of one per line: the access log writes a line per request.
+        second = int(record.created)
+        if second != self._second:
+            self._second, self._second_text = second, time.strftime("%Y-%m-%d %H:%M:%S", self.converter(second))
+        return f"{self._second_text},{int(record.msecs):03d}"
 
     def format(self, record: logging.LogRecord) -> str:
         line = super().format(record)
