@@ -240,3 +240,10 @@ def test_audit_records_for_registry_changes(run, caplog):
 def test_several_processes_need_mongodb(capsys):
     assert cli.main(["serve", "--config", "config/tokensvc.toml", "--processes", "2"]) == 1
     assert "--processes needs the MongoDB backend" in capsys.readouterr().err
+
+
+def test_generated_client_ids_are_safe_on_a_command_line(run):
+    for _ in range(20):
+        code, out, _ = run("clients", "add", "--name", f"App {_}", "--redirect-uri", "https://a/cb", json_out=True)
+        assert code == 0 and out["client_id"][0].isalnum()
+        assert run("clients", "show", out["client_id"])[0] == 0

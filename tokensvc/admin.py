@@ -65,7 +65,8 @@ async def create_client(store: Store, *, name: str, redirect_uris: list[str], sc
             raise AdminError(f"not a valid scope: {scope!r}")
     if logo_url is not None:
         check_url(logo_url)
-    client_id = client_id or secrets.token_urlsafe(16)
+    # Hex: a generated id never starts with "-" (which a command line would read as an option).
+    client_id = client_id or secrets.token_hex(12)
     if not CLIENT_ID.match(client_id):
         raise AdminError(f"a client id is 1-128 characters of [A-Za-z0-9._~-]: {client_id!r}")
     existing = await store.list_clients()
