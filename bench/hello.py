@@ -1,6 +1,11 @@
-"""The ceiling: Tornado's "Hello, world" in one process, as in tornado's own demo."""
+"""The ceiling: Tornado's "Hello, world" in one process, as in tornado's own demo.
+
+``POST /floor`` is a reference point, not a ceiling: the least any form-posting JSON endpoint
+does in Tornado (parse the form, set the no-store headers, write a small JSON body).
+"""
 
 import asyncio
+import json
 import sys
 
 import tornado.web
@@ -11,8 +16,17 @@ class MainHandler(tornado.web.RequestHandler):
         self.write("Hello, world")
 
 
+class FloorHandler(tornado.web.RequestHandler):
+    def post(self) -> None:
+        self.get_body_argument("token")
+        self.set_header("Content-Type", "application/json")
+        self.set_header("Cache-Control", "no-store")
+        self.set_header("Pragma", "no-cache")
+        self.finish(json.dumps({"active": False}))
+
+
 async def main(port: int) -> None:
-    app = tornado.web.Application([(r"/", MainHandler)])
+    app = tornado.web.Application([(r"/", MainHandler), (r"/floor", FloorHandler)])
     app.listen(port, "127.0.0.1")
     await asyncio.Event().wait()
 
