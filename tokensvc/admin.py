@@ -9,11 +9,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import re
 import secrets
-from urllib.parse import urlsplit
 
 from tokensvc.bootstrap import new_user_id
+from tokensvc.identifiers import ID, USERNAME, is_redirect_uri, is_url
 from tokensvc.oauth import hashing, scopes as scope_rules
 from tokensvc.oauth.context import OAuthContext
 from tokensvc.oauth.grants import revoke_grant
@@ -22,8 +21,6 @@ from tokensvc.storage.base import Conflict, Store
 
 audit = logging.getLogger("tokensvc.audit")
 
-CLIENT_ID = re.compile(r"^[A-Za-z0-9._~-]{1,128}$")
-USERNAME = re.compile(r"^[A-Za-z0-9._@-]{1,64}$")
 KINDS = ("telescope", "observatory")
 
 
@@ -36,15 +33,13 @@ def _record(event: str, **fields: object) -> None:
 
 
 def check_redirect_uri(uri: str) -> str:
-    parts = urlsplit(uri)
-    if not parts.scheme or parts.fragment or (parts.scheme in ("http", "https") and not parts.netloc):
+    if not is_redirect_uri(uri):
         raise AdminError(f"not a valid redirect URI (absolute, no fragment): {uri!r}")
     return uri
 
 
 def check_url(uri: str) -> str:
-    parts = urlsplit(uri)
-    if parts.scheme not in ("http", "https") or not parts.netloc:
+    if not is_url(uri):
         raise AdminError(f"not a valid http(s) URL: {uri!r}")
     return uri
 
@@ -67,7 +62,7 @@ async def create_client(store: Store, *, name: str, redirect_uris: list[str], sc
         check_url(logo_url)
     # Hex: a generated id never starts with "-" (which a command line would read as an option).
     client_id = client_id or secrets.token_hex(12)
-    if not CLIENT_ID.match(client_id):
+    if not ID.match(client_id):
         raise AdminError(f"a client id is 1-128 characters of [A-Za-z0-9._~-]: {client_id!r}")
     existing = await store.list_clients()
     if any(client.client_id == client_id for client in existing):
@@ -161,7 +156,7 @@ async def remove_user(ctx: OAuthContext, username: str) -> int:
 
 async def create_installation(store: Store, installation_id: str, name: str, kind: str,
                               operators: list[str]) -> Installation:
-    if not CLIENT_ID.match(installation_id):
+    if not ID.match(installation_id):
         raise AdminError(f"an installation id is 1-128 characters of [A-Za-z0-9._~-]: {installation_id!r}")
     if kind not in KINDS:
         raise AdminError(f"kind must be one of {', '.join(KINDS)}: {kind!r}")

@@ -16,12 +16,12 @@ import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
-from urllib.parse import urlsplit
+
+from tokensvc.identifiers import ID, USERNAME, is_redirect_uri, is_url
 
 log = logging.getLogger(__name__)
 
 ENV_PREFIX = "TOKENSVC_"
-_ID = re.compile(r"^[A-Za-z0-9._~-]{1,128}$")
 _SHA256_HEX = re.compile(r"^[0-9a-f]{64}$")
 
 
@@ -161,15 +161,12 @@ def _from_table(cls: type, key: str, table: Any) -> Any:
 
 
 def _check_url(key: str, url: str, *, schemes: tuple[str, ...] = ("http", "https")) -> None:
-    parts = urlsplit(url)
-    if parts.scheme not in schemes or not parts.netloc:
+    if not is_url(url, schemes):
         raise ConfigError(f"{key}: not a valid {'/'.join(schemes)} URL: {url!r}")
 
 
 def _check_redirect_uri(key: str, uri: str) -> None:
-    parts = urlsplit(uri)
-    # RFC 6749 §3.1.2: absolute, no fragment. Custom schemes serve native apps (RFC 8252 §7.1).
-    if not parts.scheme or parts.fragment or (parts.scheme in ("http", "https") and not parts.netloc):
+    if not is_redirect_uri(uri):
         raise ConfigError(f"{key}: not a valid redirect URI (absolute, no fragment): {uri!r}")
 
 
@@ -296,7 +293,7 @@ def validate(settings: Settings) -> None:
     seen: set[str] = set()
     for i, client in enumerate(settings.clients):
         key = f"clients[{i}]"
-        if not _ID.match(client.client_id):
+        if not ID.match(client.client_id):
             raise ConfigError(f"{key}.client_id: 1-128 characters of [A-Za-z0-9._~-]: {client.client_id!r}")
         if client.client_id in seen:
             raise ConfigError(f"{key}.client_id: duplicate client id {client.client_id!r}")
@@ -314,7 +311,7 @@ def validate(settings: Settings) -> None:
     names: set[str] = set()
     for i, user in enumerate(settings.users):
         key = f"users[{i}]"
-        if not re.fullmatch(r"[A-Za-z0-9._@-]{1,64}", user.username):
+        if not USERNAME.match(user.username):
             raise ConfigError(f"{key}.username: 1-64 characters of [A-Za-z0-9._@-]: {user.username!r}")
         if user.username in names:
             raise ConfigError(f"{key}.username: duplicate username {user.username!r}")
@@ -323,7 +320,7 @@ def validate(settings: Settings) -> None:
             raise ConfigError(f"{key}: give exactly one of password or password_hash")
     for i, inst in enumerate(settings.installations):
         key = f"installations[{i}]"
-        if not _ID.match(inst.installation_id):
+        if not ID.match(inst.installation_id):
             raise ConfigError(f"{key}.installation_id: 1-128 characters of [A-Za-z0-9._~-]")
         if inst.kind not in ("telescope", "observatory"):
             raise ConfigError(f"{key}.kind: expected 'telescope' or 'observatory', got {inst.kind!r}")

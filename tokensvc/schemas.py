@@ -14,8 +14,9 @@ from typing import Any
 
 from marshmallow import EXCLUDE, Schema, ValidationError, fields, validate
 
+from tokensvc import identifiers
+
 MAX_FIELD_LENGTH = 2048
-CLIENT_ID_PATTERN = re.compile(r"^[A-Za-z0-9._~-]+$")
 
 
 class ErrorDetail(str):
@@ -109,7 +110,7 @@ class TokenActionSchema(FormSchema):
 
 class ClientIdPathSchema(Schema):
     client_id = Text(required=True, max_length=128, validate=[
-        Pattern(CLIENT_ID_PATTERN, "client_id must be 1-128 characters of [A-Za-z0-9._~-]")])
+        Pattern(identifiers.ID_CHARS, "client_id must be 1-128 characters of [A-Za-z0-9._~-]")])
 
 
 class OptionalTokenQuerySchema(FormSchema):
