@@ -15,11 +15,19 @@ def from_authorization(header: str | None) -> str | None:
     return token or None
 
 
+MAX_TOKEN_LENGTH = 512  # ours are 43 characters; anything far longer is not worth a digest
+
+
+async def lookup(ctx: OAuthContext, token: str | None) -> Token | None:
+    """The stored record of a presented token (any kind, any state), or None."""
+    if not token or len(token) > MAX_TOKEN_LENGTH:
+        return None
+    return await ctx.store.get_token(hashing.digest(token))
+
+
 async def active_access_token(ctx: OAuthContext, token: str | None) -> Token | None:
     """The stored access token if it is active (unexpired, unrevoked), else None."""
-    if not token or len(token) > 512:
-        return None
-    record = await ctx.store.get_token(hashing.digest(token))
+    record = await lookup(ctx, token)
     if record is None or record.token_type != ACCESS or not record.is_active(ctx.clock()):
         return None
     return record

@@ -5,37 +5,36 @@ from __future__ import annotations
 
 from typing import Any
 
-from tokensvc.oauth import hashing, scopes
+from tokensvc.oauth import bearer, scopes
 from tokensvc.oauth.context import OAuthContext
 from tokensvc.oauth.errors import AccessDenied, InsufficientScope
-from tokensvc.records import ACCESS, Client, Token
+from tokensvc.records import ACCESS, REFRESH, Client, Token
 
 INACTIVE: dict[str, Any] = {"active": False}
-TOKEN_TYPES = {ACCESS: "access_token", "refresh": "refresh_token"}
+NOT_ALLOWED = "Introspection is open to first-party confidential clients and administrators"
+TOKEN_TYPES = {ACCESS: "access_token", REFRESH: "refresh_token"}
 
 
 def check_client_caller(client: Client) -> None:
     """A client may introspect when it is first-party and confidential (it proved a secret)."""
     if not (client.first_party and client.confidential):
-        raise AccessDenied("Introspection is open to first-party confidential clients and administrators")
+        raise AccessDenied(NOT_ALLOWED)
 
 
 async def check_bearer_caller(ctx: OAuthContext, token: Token) -> None:
     """A bearer caller must be an admin user whose token carries the ``admin`` scope."""
     if token.user_id is None:
-        raise AccessDenied("Introspection is open to first-party confidential clients and administrators")
+        raise AccessDenied(NOT_ALLOWED)
     user = await ctx.store.get_user(token.user_id)
     if user is None or not user.admin:
-        raise AccessDenied("Introspection is open to first-party confidential clients and administrators")
+        raise AccessDenied(NOT_ALLOWED)
     if not scopes.satisfies(token.scopes, scopes.ADMIN):
         raise InsufficientScope(scopes.ADMIN)
 
 
 async def introspect(ctx: OAuthContext, token: str) -> dict[str, Any]:
     """The RFC 7662 §2.2 response for ``token``: its metadata, or only ``active: false``."""
-    if not token or len(token) > 512:
-        return INACTIVE
-    record = await ctx.store.get_token(hashing.digest(token))
+    record = await bearer.lookup(ctx, token)
     if record is None or not record.is_active(ctx.clock()):
         return INACTIVE
     body: dict[str, Any] = {

@@ -9,18 +9,12 @@ from __future__ import annotations
 
 import logging
 
-from tokensvc.oauth import hashing
+from tokensvc.oauth import bearer
 from tokensvc.oauth.context import OAuthContext
 from tokensvc.oauth.grants import revoke_grant
-from tokensvc.records import ACCESS, REFRESH, Client, Subject, Token
+from tokensvc.records import ACCESS, REFRESH, Client, Subject
 
 audit = logging.getLogger("tokensvc.audit")
-
-
-async def _lookup(ctx: OAuthContext, token: str | None) -> Token | None:
-    if not token or len(token) > 512:
-        return None
-    return await ctx.store.get_token(hashing.digest(token))
 
 
 async def revoke_token(ctx: OAuthContext, token: str, client: Client | None) -> bool:
@@ -28,7 +22,7 @@ async def revoke_token(ctx: OAuthContext, token: str, client: Client | None) -> 
 
     Unknown, foreign and already revoked tokens are a silent no-op (RFC 7009 §2.2).
     """
-    record = await _lookup(ctx, token)
+    record = await bearer.lookup(ctx, token)
     if record is None or (client is not None and record.client_id != client.client_id):
         return False
     store, now = ctx.store, ctx.clock()
@@ -48,7 +42,7 @@ async def revoke_token(ctx: OAuthContext, token: str, client: Client | None) -> 
 
 async def revoke_grant_of(ctx: OAuthContext, token: str | None) -> bool:
     """Revoke the whole grant ``token`` belongs to (``POST /oauth/revoke``)."""
-    record = await _lookup(ctx, token)
+    record = await bearer.lookup(ctx, token)
     if record is None:
         return False
     grant = await ctx.store.get_grant(record.grant_id)
