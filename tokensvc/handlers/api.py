@@ -77,7 +77,7 @@ class ConnectedAppHandler(ApiHandler):
     @requires("connected-apps:write")
     async def delete(self, client_id: str) -> None:
         principal = self.require_user()
-        self.load(schemas.client_id_path, {"client_id": client_id} if client_id else {}, "path")
+        self.load_client_id(client_id)
         if not await revocation.revoke_connected_app(self.ctx, principal.subject, client_id):
             raise NotFound(f"No active grant for client {client_id!r}")
         self.set_status(204)

@@ -118,13 +118,17 @@ class BaseHandler(tornado.web.RequestHandler):
         except ValidationError as exc:
             raise ValidationFailed(schemas.validation_detail(exc, location, data, schema)) from None
 
+    def load_client_id(self, client_id: str) -> str:
+        """Validate a ``{client_id}`` path parameter (an empty one is missing, not malformed)."""
+        self.load(schemas.client_id_path, {"client_id": client_id} if client_id else {}, "path")
+        return client_id
+
     # -- sessions -------------------------------------------------------------------
 
     async def session(self) -> tuple[Session, User] | None:
         """The web session named by the signed session cookie, looked up once per request."""
         if self._session is False:
-            raw = self.get_signed_cookie(self.config.session_cookie, max_age_days=self._cookie_days())
-            self._session = await sessions.resolve(self.ctx, raw.decode("ascii", "replace") if raw else None)
+            self._session = await sessions.resolve(self.ctx, self.raw_session_id())
         return self._session  # type: ignore[return-value]
 
     def _cookie_days(self) -> float:

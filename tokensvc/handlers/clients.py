@@ -13,8 +13,7 @@ class ClientListHandler(BaseHandler):
 
 class ClientHandler(BaseHandler):
     async def get(self, client_id: str) -> None:
-        # "/oauth/clients/" names no client: the path parameter is missing, not malformed.
-        self.load(schemas.client_id_path, {"client_id": client_id} if client_id else {}, "path")
+        self.load_client_id(client_id)
         client = await self.ctx.store.get_client(client_id)
         if client is None:
             raise NotFound(f"No client with id {client_id!r}")
