@@ -25,7 +25,6 @@ from tokensvc.bootstrap import seed
 from tokensvc.oauth import hashing, pkce
 from tokensvc.oauth.context import OAuthContext
 from tokensvc.oauth.grants import _mint
-from tokensvc.ratelimit import Brakes
 from tokensvc.records import AuthorizationCode, Subject, User, utcnow
 from tokensvc.storage.memory import MemoryStore
 
@@ -104,7 +103,7 @@ async def main() -> None:
     handler.setFormatter(logs.TextFormatter())
     logging.getLogger().handlers[:] = [handler]
     store = MemoryStore()
-    ctx = OAuthContext(store=store, tokens=config.tokens, issuer=config.base_url, brakes=Brakes(config.limits))
+    ctx = OAuthContext.from_settings(config, store)
     await seed(store, config)
     await fill(ctx, args.out, args.tokens, args.codes, args.refresh)
     server = tornado.httpserver.HTTPServer(make_app(config, store, ctx))

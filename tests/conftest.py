@@ -9,7 +9,6 @@ from helpers import Browser, Clock, make_config
 from tokensvc.app import make_app
 from tokensvc.bootstrap import seed
 from tokensvc.oauth.context import OAuthContext
-from tokensvc.ratelimit import Brakes
 from tokensvc.storage.memory import MemoryStore
 
 
@@ -38,8 +37,7 @@ def backend_store(request, io_loop):
 
 @pytest.fixture
 def ctx(store, config, clock):
-    return OAuthContext(store=store, tokens=config.tokens, issuer=config.base_url, clock=clock,
-                        brakes=Brakes(config.limits))
+    return OAuthContext.from_settings(config, store, clock=clock)
 
 
 @pytest.fixture

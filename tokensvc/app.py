@@ -11,7 +11,6 @@ import tornado.web
 from tokensvc.config import Settings
 from tokensvc.handlers import api, clients, meta, pages, token, ws
 from tokensvc.oauth.context import OAuthContext
-from tokensvc.ratelimit import Brakes
 from tokensvc.storage.base import Store
 
 access_log = logging.getLogger("tokensvc.access")
@@ -49,8 +48,7 @@ def log_request(handler: tornado.web.RequestHandler) -> None:
 
 
 def make_app(config: Settings, store: Store, ctx: OAuthContext | None = None) -> tornado.web.Application:
-    ctx = ctx or OAuthContext(store=store, tokens=config.tokens, issuer=config.base_url,
-                              brakes=Brakes(config.limits))
+    ctx = ctx or OAuthContext.from_settings(config, store)
     deps = dict(ctx=ctx, config=config)
     # Tornado tries the rules in order: the busiest endpoints come first.
     routes = [

@@ -144,7 +144,7 @@ def _store_commands(factory: StoreFactory | None) -> Callable[[argparse.Namespac
                 "installations come from the config file ([[clients]], [[users]], [[installations]]). "
                 "Set storage.backend = \"mongodb\" (or TOKENSVC_STORAGE_BACKEND=mongodb) to manage them here.")
         store = factory(settings) if factory is not None else make_store(settings.storage)
-        ctx = OAuthContext(store=store, tokens=settings.tokens, issuer=settings.base_url)
+        ctx = OAuthContext.from_settings(settings, store)
 
         async def body() -> int:
             try:

@@ -7,7 +7,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
 
-from tokensvc.config import LimitSettings, TokenSettings
+from tokensvc.config import LimitSettings, Settings, TokenSettings
 from tokensvc.oauth.events import RevocationEvents
 from tokensvc.ratelimit import Brakes
 from tokensvc.records import utcnow
@@ -22,3 +22,11 @@ class OAuthContext:
     clock: Callable[[], datetime] = utcnow
     events: RevocationEvents = field(default_factory=lambda: RevocationEvents())
     brakes: Brakes = field(default_factory=lambda: Brakes(LimitSettings()))
+
+    @classmethod
+    def from_settings(cls, settings: Settings, store: Store, **overrides: object) -> OAuthContext:
+        """The context the configuration describes (``clock`` and others may be overridden)."""
+        values: dict[str, object] = dict(store=store, tokens=settings.tokens, issuer=settings.base_url,
+                                         brakes=Brakes(settings.limits))
+        values.update(overrides)
+        return cls(**values)  # type: ignore[arg-type]
