@@ -45,7 +45,8 @@ async def seed(store: Store, config: Settings) -> None:
         existing_user = await store.get_user_by_username(seed_user.username)
         if seed_user.password_hash is not None:
             password_hash = seed_user.password_hash
-        elif existing_user is not None and hashing.verify_password(seed_user.password or "", existing_user.password_hash):
+        elif existing_user is not None and await loop.run_in_executor(
+                None, hashing.verify_password, seed_user.password or "", existing_user.password_hash):
             password_hash = existing_user.password_hash  # unchanged: keep the stored hash
         else:
             password_hash = await loop.run_in_executor(None, hashing.hash_password, seed_user.password or "")
