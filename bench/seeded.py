@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import logging
 from datetime import timedelta
 from pathlib import Path
 
@@ -98,10 +97,8 @@ async def main() -> None:
     args = parser.parse_args()
     config = settings(args.port)
     config.log_level = args.log_level
-    logs.configure(config.log_format, config.log_level)
-    handler = logging.FileHandler(args.out / "access.log")
-    handler.setFormatter(logs.TextFormatter())
-    logging.getLogger().handlers[:] = [handler]
+    # As ``tokensvc serve`` does, with the lines going to a file instead of standard error.
+    logs.configure(config.log_format, config.log_level, stream=open(args.out / "access.log", "w"))  # noqa: SIM115
     store = MemoryStore()
     ctx = OAuthContext.from_settings(config, store)
     await seed(store, config)

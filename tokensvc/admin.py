@@ -8,9 +8,9 @@ a removal leaves behind, and leaves one audit record (never a secret).
 from __future__ import annotations
 
 import asyncio
-import logging
 import secrets
 
+from tokensvc import logs
 from tokensvc.bootstrap import new_user_id
 from tokensvc.identifiers import ID, USERNAME, is_redirect_uri, is_url
 from tokensvc.oauth import hashing, scopes as scope_rules
@@ -19,7 +19,6 @@ from tokensvc.oauth.grants import revoke_grant
 from tokensvc.records import Client, Installation, Subject, User, utcnow
 from tokensvc.storage.base import Conflict, Store
 
-audit = logging.getLogger("tokensvc.audit")
 
 KINDS = ("telescope", "observatory")
 
@@ -29,7 +28,7 @@ class AdminError(Exception):
 
 
 def _record(event: str, **fields: object) -> None:
-    audit.info(event.replace("_", " "), extra={"audit": {"event": event, **fields}})
+    logs.audit(event, fields)
 
 
 def check_redirect_uri(uri: str) -> str:

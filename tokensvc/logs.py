@@ -1,71 +1,189 @@
-"""Logging set-up: one line per record, as text or JSON (``--log-format json``).
+"""Logging set-up and the service's own log lines: one line per record, as text or JSON
+(``--log-format json``).
 
-Access lines carry ``extra={"access": {...}}`` and audit records (logger
-``tokensvc.audit``) carry ``extra={"audit": {...}}``; the JSON formatter lifts those
-dicts into the record. Neither ever holds a secret.
+Access lines (logger ``tokensvc.access``) carry an ``access`` dict and audit records (logger
+``tokensvc.audit``) an ``audit`` dict; the JSON formatter lifts those dicts into the line.
+Neither ever holds a secret. Both are written through :func:`write`, one call per line.
+
+Why :func:`write` and not ``logger.info(...)``: a token request writes one or two lines, and
+going through the logging module (a LogRecord, the logger hierarchy, the handler lock, the
+formatter, a flush) cost about a quarter of the whole request in ``make bench``. When the
+service's own handler (installed by :func:`configure`) is the only place such a line can go,
+:func:`write` formats it with the same formatter code and hands it to the handler directly;
+in every other case (a test's capture, a handler added by an embedding program) it logs a
+normal record. The output is the same either way (``tests/test_logs.py``).
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import sys
 import time
 from datetime import datetime, timezone
+from typing import Any, TextIO
+
+access_log = logging.getLogger("tokensvc.access")
+audit_log = logging.getLogger("tokensvc.audit")
+
+EXTRA_KINDS = ("access", "audit")
 
 
 class JsonFormatter(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
-        entry = {
-            "time": datetime.fromtimestamp(record.created, timezone.utc).isoformat(timespec="milliseconds"),
-            "level": record.levelname.lower(),
-            "logger": record.name,
-            "message": record.getMessage(),
-        }
-        for key in ("access", "audit"):
-            value = getattr(record, key, None)
-            if value is not None:
-                entry[key] = value
+        extras = {kind: getattr(record, kind) for kind in EXTRA_KINDS if getattr(record, kind, None) is not None}
+        line = self.line(record.created, record.levelname, record.name, record.getMessage(), extras)
         if record.exc_info:
+            entry = json.loads(line)
             entry["exception"] = self.formatException(record.exc_info)
+            line = json.dumps(entry, default=str, separators=(",", ":"))
+        return line
+
+    def line(self, created: float, levelname: str, name: str, message: str, extras: dict[str, Any]) -> str:
+        entry = {
+            "time": datetime.fromtimestamp(created, timezone.utc).isoformat(timespec="milliseconds"),
+            "level": levelname.lower(),
+            "logger": name,
+            "message": message,
+            **extras,
+        }
         return json.dumps(entry, default=str, separators=(",", ":"))
 
 
 class TextFormatter(logging.Formatter):
+    """``2026-11-23 10:00:00,123 INFO tokensvc.access: 200 POST /oauth/token 1.20ms``, audit
+    fields appended as ``key=value``."""
+
     def __init__(self) -> None:
         super().__init__("%(asctime)s %(levelname)s %(name)s: %(message)s")
         self._second: int | None = None
         self._second_text = ""
 
-    def formatTime(self, record: logging.LogRecord, datefmt: str | None = None) -> str:
-        # One strftime per second instead of one per line: the access log writes a line per request.
-        second = int(record.created)
+    def format(self, record: logging.LogRecord) -> str:
+        audit = getattr(record, "audit", None)
+        line = self.line(record.created, record.levelname, record.name, record.getMessage(),
+                         {"audit": audit} if audit else {})
+        if record.exc_info and not record.exc_text:
+            record.exc_text = self.formatException(record.exc_info)
+        if record.exc_text:
+            line += "\n" + record.exc_text
+        if record.stack_info:
+            line += "\n" + self.formatStack(record.stack_info)
+        return line
+
+    def line(self, created: float, levelname: str, name: str, message: str, extras: dict[str, Any]) -> str:
+        # One strftime per second instead of one per line.
+        second = int(created)
         if second != self._second:
             self._second, self._second_text = second, time.strftime("%Y-%m-%d %H:%M:%S", self.converter(second))
-        return f"{self._second_text},{int(record.msecs):03d}"
-
-    def format(self, record: logging.LogRecord) -> str:
-        line = super().format(record)
-        audit = getattr(record, "audit", None)
+        line = f"{self._second_text},{int((created - second) * 1000):03d} {levelname} {name}: {message}"
+        audit = extras.get("audit")
         if audit:
             line += " " + " ".join(f"{key}={value}" for key, value in audit.items())
         return line
 
 
-def configure(fmt: str = "text", level: str = "info") -> None:
-    # The service logs a line per request (and an audit record per token): skip the per-record
-    # work no format here uses, as the logging HOWTO's "Optimization" section describes
-    # (caller's file and line, thread and process names).
+class ServiceHandler(logging.StreamHandler):
+    """The service's handler: writes each line at once, flushes once per event-loop iteration.
+
+    A busy service writes many lines per iteration of the loop; one flush (one ``write``
+    system call) for all of them instead of one per line. Outside a running loop (the CLI,
+    start-up, shut-down) every line is flushed at once. A line is never held past the end of
+    the loop iteration that wrote it.
+    """
+
+    def __init__(self, stream: TextIO) -> None:
+        super().__init__(stream)
+        self._flush_on: asyncio.AbstractEventLoop | None = None  # the loop a flush is scheduled on
+
+    def flush(self) -> None:
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            self.flush_now()
+            return
+        if self._flush_on is not loop:
+            self._flush_on = loop
+            loop.call_soon(self.flush_now)
+
+    def flush_now(self) -> None:
+        self._flush_on = None
+        try:
+            super().flush()
+        except (OSError, ValueError):  # the stream went away (closed, or a broken pipe)
+            pass
+
+    def write_line(self, line: str) -> None:
+        with self.lock:  # type: ignore[union-attr]
+            self.stream.write(line + self.terminator)
+            self.flush()
+
+
+def write(logger: logging.Logger, level: int, message: str, kind: str, fields: dict[str, Any]) -> None:
+    """Log ``message`` with its ``access`` or ``audit`` fields (``kind``) at ``level``."""
+    if not logger.isEnabledFor(level):
+        return
+    handler = _sole_service_handler(logger, level)
+    if handler is None:
+        logger.log(level, "%s", message, extra={kind: fields})
+        return
+    formatter = handler.formatter
+    assert isinstance(formatter, (TextFormatter, JsonFormatter))
+    handler.write_line(formatter.line(time.time(), logging.getLevelName(level), logger.name, message,
+                                      {kind: fields}))
+
+
+def audit(event: str, fields: dict[str, Any], level: int = logging.INFO, message: str | None = None) -> None:
+    """One audit record: ``event`` plus ``fields`` (never a secret)."""
+    write(audit_log, level, message or event.replace("_", " "), "audit", {"event": event, **fields})
+
+
+def _sole_service_handler(logger: logging.Logger, level: int) -> ServiceHandler | None:
+    """The service's handler, if a record of ``logger`` would reach it and nothing else."""
+    found: ServiceHandler | None = None
+    current: logging.Logger | None = logger
+    while current is not None:
+        if current.filters:
+            return None
+        for handler in current.handlers:
+            if found is not None or not isinstance(handler, ServiceHandler) or handler.filters \
+                    or handler.level > level:
+                return None
+            found = handler
+        if not current.propagate:
+            break
+        current = current.parent  # type: ignore[assignment]
+    return found
+
+
+def configure(fmt: str = "text", level: str = "info", stream: TextIO | None = None) -> ServiceHandler:
+    # The records that do go through the logging module skip the work no format here uses,
+    # as the logging HOWTO's "Optimization" section describes (caller's file and line,
+    # thread and process names).
     logging._srcfile = None  # type: ignore[attr-defined]
     logging.logThreads = False
     logging.logProcesses = False
     logging.logMultiprocessing = False
-    handler = logging.StreamHandler(sys.stderr)
+    handler = ServiceHandler(stream or _buffered_stderr())
     handler.setFormatter(JsonFormatter() if fmt == "json" else TextFormatter())
-    handler.tokensvc = True  # type: ignore[attr-defined]
     root = logging.getLogger()
     # Replace only a handler installed here before: others (a test's capture) stay.
-    root.handlers[:] = [h for h in root.handlers if not getattr(h, "tokensvc", False)] + [handler]
+    for old in root.handlers:
+        if isinstance(old, ServiceHandler):
+            old.flush_now()
+    root.handlers[:] = [h for h in root.handlers if not isinstance(h, ServiceHandler)] + [handler]
     root.setLevel(level.upper())
     # Tornado's own access log is replaced by tokensvc.access (which redacts secrets).
     logging.getLogger("tornado.access").setLevel(logging.WARNING)
+    return handler
+
+
+def _buffered_stderr() -> TextIO:
+    """Standard error without line buffering (Python's is line-buffered), so that the handler
+    decides when to flush; standard error itself where it has no file descriptor."""
+    try:
+        fd = sys.stderr.fileno()
+    except (AttributeError, OSError, ValueError):
+        return sys.stderr
+    return open(fd, "w", encoding="utf-8", errors="backslashreplace", closefd=False)  # noqa: SIM115

@@ -5,11 +5,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime
 
+import tornado.web
+
 from tokensvc import schemas
 from tokensvc.handlers.auth import AuthMixin, requires
-from tokensvc.handlers.base import BaseHandler, NotFound
+from tokensvc.handlers.base import BaseHandler
+from tokensvc.handlers.common import SECURITY_HEADERS, NotFound
+from tokensvc.handlers.endpoint import Endpoint
 from tokensvc.oauth import revocation
-from tokensvc.oauth.errors import AccessDenied
 from tokensvc.oauth.principal import Principal
 
 
@@ -22,19 +25,25 @@ class ConnectedApp:
     granted_at: datetime
 
 
+API_HEADERS = {**SECURITY_HEADERS, "Cache-Control": "no-store"}  # private to the caller
+
+
+class ApiEndpoint(AuthMixin, Endpoint):
+    """A JSON endpoint under ``/v1/`` (bearer token, or the session cookie on safe methods)."""
+
+    default_headers = API_HEADERS
+
+
 class ApiHandler(AuthMixin, BaseHandler):
-    """A JSON endpoint under ``/v1/``; responses are private to the caller."""
+    """A ``/v1/`` change that also takes the session cookie: Tornado checks its XSRF token."""
 
-    default_headers = {**BaseHandler.default_headers, "Cache-Control": "no-store"}
+    default_headers = API_HEADERS
 
-    def require_user(self) -> Principal:
-        assert self.principal is not None
-        if self.principal.subject.user_id is None:
-            raise AccessDenied("Connected apps belong to users; node-installation tokens cannot use them")
-        return self.principal
+    def check_same_origin(self) -> None:
+        tornado.web.RequestHandler.check_xsrf_cookie(self)
 
 
-async def describe(handler: BaseHandler, principal: Principal) -> dict:
+async def describe(handler: AuthMixin, principal: Principal) -> dict:
     """The ``/v1/me`` body (also the basis of the WebSocket welcome)."""
     subject = principal.subject
     body = {"subjectType": subject.kind, "id": subject.id, "clientId": principal.client_id,
@@ -48,7 +57,7 @@ async def describe(handler: BaseHandler, principal: Principal) -> dict:
     return body
 
 
-class MeHandler(ApiHandler):
+class MeHandler(ApiEndpoint):
     """``GET /v1/me`` (read)."""
 
     @requires("read")
@@ -56,7 +65,7 @@ class MeHandler(ApiHandler):
         self.send_json(schemas.fast_dump(schemas.me, await describe(self, self.principal)))
 
 
-class ConnectedAppsHandler(ApiHandler):
+class ConnectedAppsHandler(ApiEndpoint):
     """``GET /v1/me/connected-apps`` (read): the clients holding an active grant of this user."""
 
     @requires("read")

@@ -7,10 +7,8 @@ import functools
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
-import tornado.web
-
 from tokensvc.oauth import bearer, principal as principals
-from tokensvc.oauth.errors import InvalidToken
+from tokensvc.oauth.errors import AccessDenied, InvalidToken
 from tokensvc.oauth.principal import Principal
 
 H = TypeVar("H", bound="AuthMixin")
@@ -19,7 +17,8 @@ UNSAFE_METHODS = frozenset({"POST", "PUT", "PATCH", "DELETE"})
 
 
 class AuthMixin:
-    """For handlers with ``ctx`` and ``config`` (see BaseHandler). Sets ``self.principal``."""
+    """For handlers with ``request``, ``ctx`` and ``config`` (an Endpoint, a BaseHandler or the
+    WebSocket). Sets ``self.principal``."""
 
     principal: Principal | None = None
     accept_query_token = False  # only WebSockets, where browsers cannot set headers
@@ -39,8 +38,15 @@ class AuthMixin:
             raise InvalidToken("Authentication required: a bearer token or a session")
         if self.request.method in UNSAFE_METHODS:
             # The cookie is ambient authority: unsafe requests must prove same-origin.
-            tornado.web.RequestHandler.check_xsrf_cookie(self)
+            self.check_same_origin()
         return found
+
+    def require_user(self) -> Principal:
+        """The principal, if it acts for a user (node installations have no connected apps)."""
+        assert self.principal is not None
+        if self.principal.subject.user_id is None:
+            raise AccessDenied("Connected apps belong to users; node-installation tokens cannot use them")
+        return self.principal
 
 
 def requires(scope: str) -> Callable[[Callable[..., Awaitable[None]]], Callable[..., Awaitable[None]]]:

@@ -3,15 +3,16 @@
 from __future__ import annotations
 
 from tokensvc import schemas
-from tokensvc.handlers.base import BaseHandler, NotFound
+from tokensvc.handlers.common import NotFound
+from tokensvc.handlers.endpoint import Endpoint
 
 
-class ClientListHandler(BaseHandler):
+class ClientListHandler(Endpoint):
     async def get(self) -> None:
         self.send_json(schemas.oauth_clients.dump(await self.ctx.store.list_clients()))
 
 
-class ClientHandler(BaseHandler):
+class ClientHandler(Endpoint):
     async def get(self, client_id: str) -> None:
         self.load_client_id(client_id)
         client = await self.ctx.store.get_client(client_id)

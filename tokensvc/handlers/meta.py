@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 from tokensvc import schemas
-from tokensvc.handlers.base import BaseHandler, NotFound
+from tokensvc.handlers.base import BaseHandler
+from tokensvc.handlers.common import NotFound
+from tokensvc.handlers.endpoint import Endpoint
 from tokensvc.oauth import clientauth
 
 
@@ -27,7 +29,7 @@ def metadata(base_url: str, auth_url: str, scopes: list[str]) -> dict:
     }
 
 
-class MetadataHandler(BaseHandler):
+class MetadataHandler(Endpoint):
     """``GET /.well-known/oauth-authorization-server``."""
 
     async def get(self) -> None:
@@ -35,18 +37,17 @@ class MetadataHandler(BaseHandler):
         for client in await self.ctx.store.list_clients():
             scopes.update(client.scopes)
         body = metadata(self.config.base_url, self.config.auth_url, sorted(scopes))
-        self.set_header("Cache-Control", "public, max-age=300")
-        self.send_json(schemas.metadata.dump(body))
+        self.send_json(schemas.metadata.dump(body), headers={"Cache-Control": "public, max-age=300"})
 
 
-class HealthHandler(BaseHandler):
+class HealthHandler(Endpoint):
     """``GET /healthz``: the process answers."""
 
-    def get(self) -> None:
+    async def get(self) -> None:
         self.send_json({"status": "ok"})
 
 
-class ReadyHandler(BaseHandler):
+class ReadyHandler(Endpoint):
     """``GET /readyz``: the store answers a ping (503 otherwise)."""
 
     async def get(self) -> None:
@@ -61,15 +62,14 @@ class NotFoundHandler(BaseHandler):
         raise NotFound(f"No resource at {self.request.path}")
 
 
-class OpenAPIHandler(BaseHandler):
+class OpenAPIHandler(Endpoint):
     """``GET /openapi.json``: the OpenAPI 3.1 document, built once."""
 
-    document: str | None = None
+    document: bytes | None = None
 
-    def get(self) -> None:
+    async def get(self) -> None:
         if OpenAPIHandler.document is None:
             from tokensvc.openapi import render
 
-            OpenAPIHandler.document = render()
-        self.set_header("Content-Type", "application/json")
-        self.finish(OpenAPIHandler.document)
+            OpenAPIHandler.document = render().encode("utf-8")
+        self.send(200, OpenAPIHandler.document, "application/json")

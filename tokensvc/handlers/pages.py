@@ -6,15 +6,15 @@ from __future__ import annotations
 import logging
 from urllib.parse import urlencode, urlsplit
 
-from tokensvc import schemas
-from tokensvc.handlers.base import PageHandler, ValidationFailed
+from tokensvc import logs, schemas
+from tokensvc.handlers.base import PageHandler
+from tokensvc.handlers.common import ValidationFailed
 from tokensvc.oauth import authorization, sessions
 from tokensvc.oauth.authorization import AuthorizationRequest, RedirectError
 from tokensvc.oauth.errors import AccessDenied, InvalidRequest, RedirectUnverified
 from tokensvc.ratelimit import TooManyFailures
 from tokensvc.records import User
 
-audit = logging.getLogger("tokensvc.audit")
 
 SCOPE_WORDS = {
     "read": "Read your data",
@@ -78,9 +78,9 @@ class AuthorizeHandler(PageHandler):
                 if decision == "allow":
                     self.audit_consent(request, user, "allowed")
                 url = await authorization.issue_code(self.ctx, request, subject)
-                audit.info("authorization code issued", extra={"audit": {
-                    "event": "code_issued", "client_id": request.client.client_id, "subject": subject.id,
-                    "subject_type": subject.kind, "outcome": "success"}})
+                logs.audit("code_issued", {
+                    "client_id": request.client.client_id, "subject": subject.id, "subject_type": subject.kind,
+                    "outcome": "success"}, message="authorization code issued")
                 return self.redirect(url)
             if decision == "deny":
                 self.audit_consent(request, user, "denied")
@@ -104,9 +104,9 @@ class AuthorizeHandler(PageHandler):
                     fields=request.hidden_fields(), redirect_host=urlsplit(request.redirect_uri).netloc)
 
     def audit_consent(self, request: AuthorizationRequest, user: User, outcome: str) -> None:
-        audit.info("consent %s", outcome, extra={"audit": {
-            "event": "consent", "client_id": request.client.client_id, "subject": user.user_id,
-            "scopes": request.scopes, "outcome": outcome}})
+        logs.audit("consent", {
+            "client_id": request.client.client_id, "subject": user.user_id, "scopes": request.scopes,
+            "outcome": outcome}, message=f"consent {outcome}")
 
     def error_page(self, status: int, message: str) -> None:
         self.set_status(status)
@@ -134,9 +134,8 @@ class LoginHandler(PageHandler):
         try:
             brakes.check(keys)
         except TooManyFailures as exc:
-            audit.warning("login refused", extra={"audit": {
-                "event": "login", "username": data["username"], "outcome": "rate_limited",
-                "remote_ip": self.request.remote_ip}})
+            logs.audit("login", {"username": data["username"], "outcome": "rate_limited",
+                                 "remote_ip": self.request.remote_ip}, logging.WARNING, "login refused")
             self.set_status(429)
             self.set_header("Retry-After", str(exc.retry_after))
             minutes = max(1, round(exc.retry_after / 60))
@@ -146,20 +145,18 @@ class LoginHandler(PageHandler):
         user = await sessions.check_password(self.ctx, data["username"], data["password"])
         if user is None:
             brakes.failed(keys)
-            audit.warning("login failed", extra={"audit": {
-                "event": "login", "username": data["username"], "outcome": "failure",
-                "remote_ip": self.request.remote_ip}})
+            logs.audit("login", {"username": data["username"], "outcome": "failure",
+                                 "remote_ip": self.request.remote_ip}, logging.WARNING, "login failed")
             self.set_status(401)
             return self.render("login.html", next=target, error="Wrong username or password.",
                                username=data["username"])
         brakes.login_succeeded(data["username"])
         session_id = await sessions.start(self.ctx, user)
         self.set_signed_cookie(
-            self.config.session_cookie, session_id, expires_days=self._cookie_days(), path="/",
+            self.config.session_cookie, session_id, expires_days=self.cookie_days(), path="/",
             httponly=True, samesite="Lax", secure=self.config.secure_cookies)
-        audit.info("login succeeded", extra={"audit": {
-            "event": "login", "subject": user.user_id, "username": user.username, "outcome": "success",
-            "remote_ip": self.request.remote_ip}})
+        logs.audit("login", {"subject": user.user_id, "username": user.username, "outcome": "success",
+                             "remote_ip": self.request.remote_ip}, message="login succeeded")
         self.redirect(target)
 
 

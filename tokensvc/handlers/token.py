@@ -6,17 +6,24 @@ import logging
 
 import tornado.web
 
-from tokensvc import schemas
-from tokensvc.handlers.base import TokenEndpointHandler, ValidationFailed
+from tokensvc import logs, schemas
+from tokensvc.handlers.base import TokenEndpointHandler
+from tokensvc.handlers.common import NO_STORE, SECURITY_HEADERS, ValidationFailed
+from tokensvc.handlers.endpoint import Endpoint
 from tokensvc.oauth import bearer, clientauth, grants, introspection, revocation, sessions
 from tokensvc.oauth.errors import InvalidClient, InvalidRequest, UnsupportedGrantType
 from tokensvc.records import Client
 
-audit = logging.getLogger("tokensvc.audit")
+
+
+class TokenEndpoint(Endpoint):
+    """A token endpoint: its responses are never cached (RFC 6749 §5.1)."""
+
+    default_headers = {**SECURITY_HEADERS, **NO_STORE}
 
 
 class ClientAuthMixin:
-    async def authenticate_client(self: TokenEndpointHandler, form: dict[str, str]) -> Client:
+    async def authenticate_client(self: TokenEndpoint, form: dict[str, str]) -> Client:
         brakes, address = self.ctx.brakes, self.request.remote_ip or "-"
         try:
             creds = clientauth.credentials(self.request.headers.get("Authorization"),
@@ -35,17 +42,17 @@ class ClientAuthMixin:
             self.client_auth_failed(keys, creds.client_id)
             raise
 
-    def client_auth_failed(self: TokenEndpointHandler, keys: list[tuple[str, int]], client_id: str | None) -> None:
+    def client_auth_failed(self: TokenEndpoint, keys: list[tuple[str, int]], client_id: str | None) -> None:
         self.ctx.brakes.failed(keys)
-        audit.warning("client authentication failed", extra={"audit": {
-            "event": "client_auth", "client_id": client_id, "remote_ip": self.request.remote_ip,
-            "endpoint": self.request.path, "outcome": "failure"}})
+        logs.audit("client_auth", {"client_id": client_id, "remote_ip": self.request.remote_ip,
+                                   "endpoint": self.request.path, "outcome": "failure"},
+                   logging.WARNING, "client authentication failed")
 
-    def send_tokens(self: TokenEndpointHandler, response: grants.TokenResponse) -> None:
+    def send_tokens(self: TokenEndpoint, response: grants.TokenResponse) -> None:
         self.send_json(schemas.fast_dump(schemas.token_response, response))
 
 
-class TokenHandler(ClientAuthMixin, TokenEndpointHandler):
+class TokenHandler(ClientAuthMixin, TokenEndpoint):
     """``POST /oauth/token``: authorization code + PKCE, the only grant type."""
 
     async def post(self) -> None:
@@ -61,7 +68,7 @@ class TokenHandler(ClientAuthMixin, TokenEndpointHandler):
         self.send_tokens(response)
 
 
-class RefreshHandler(ClientAuthMixin, TokenEndpointHandler):
+class RefreshHandler(ClientAuthMixin, TokenEndpoint):
     """``POST /oauth/token/refresh``: refresh-token rotation."""
 
     async def post(self) -> None:
@@ -71,7 +78,7 @@ class RefreshHandler(ClientAuthMixin, TokenEndpointHandler):
         self.send_tokens(await grants.refresh(self.ctx, client, data["refresh_token"], data.get("scope")))
 
 
-class IntrospectHandler(ClientAuthMixin, TokenEndpointHandler):
+class IntrospectHandler(ClientAuthMixin, TokenEndpoint):
     """``POST /oauth/token/introspect`` (RFC 7662)."""
 
     async def post(self) -> None:
@@ -92,7 +99,7 @@ class IntrospectHandler(ClientAuthMixin, TokenEndpointHandler):
         self.send_json(schemas.fast_dump(schemas.introspection_response, body))
 
 
-class RevokeHandler(ClientAuthMixin, TokenEndpointHandler):
+class RevokeHandler(ClientAuthMixin, TokenEndpoint):
     """``POST /oauth/token/revoke`` (RFC 7009): a client revokes a token issued to it."""
 
     async def post(self) -> None:
@@ -103,11 +110,10 @@ class RevokeHandler(ClientAuthMixin, TokenEndpointHandler):
         self.send_json({})
 
 
-class GrantRevokeHandler(TokenEndpointHandler):
+class GrantRevokeHandler(TokenEndpoint):
     """``POST /oauth/revoke``: the caller cuts its own access, the whole grant. Always 200."""
 
-    def prepare(self) -> None:
-        """No body limit: the body is never read, and the answer is 200 whatever the input."""
+    max_body = None  # the body is never read, and the answer is 200 whatever the input
 
     async def post(self) -> None:
         presented = bearer.from_authorization(self.request.headers.get("Authorization"))
@@ -121,7 +127,10 @@ class GrantRevokeHandler(TokenEndpointHandler):
 
 
 class SignOutHandler(TokenEndpointHandler):
-    """``POST /oauth/sign-out``: end the web session, and revoke ``token`` when given."""
+    """``POST /oauth/sign-out``: end the web session, and revoke ``token`` when given.
+
+    A RequestHandler, not an :class:`Endpoint`: it takes the session cookie as authority, so
+    Tornado checks its XSRF token."""
 
     async def post(self) -> None:
         data = self.load(schemas.optional_token_query, self.query(schemas.optional_token_query), "query")

@@ -17,7 +17,7 @@ from tokensvc import schemas
 from tokensvc.config import Settings
 from tokensvc.handlers.api import describe
 from tokensvc.handlers.auth import AuthMixin
-from tokensvc.handlers.base import BaseHandler, dumps
+from tokensvc.handlers.common import STORE_DOWN, RequestInput, dumps
 from tokensvc.oauth import principal as principals
 from tokensvc.oauth.context import OAuthContext
 from tokensvc.oauth.errors import OAuthError
@@ -31,16 +31,13 @@ CLOSE_REVOKED = 4401
 RECHECK_SECONDS = 5.0
 
 
-class EchoSocket(AuthMixin, tornado.websocket.WebSocketHandler):
+class EchoSocket(AuthMixin, RequestInput, tornado.websocket.WebSocketHandler):
     accept_query_token = True
 
     def initialize(self, ctx: OAuthContext, config: Settings) -> None:
         self.ctx, self.config = ctx, config
         self._timers: list[Any] = []
         self._checking = False
-
-    raw_session_id = BaseHandler.raw_session_id
-    _cookie_days = BaseHandler._cookie_days
 
     async def get(self, *args: Any, **kwargs: Any) -> None:
         try:
@@ -52,7 +49,7 @@ class EchoSocket(AuthMixin, tornado.websocket.WebSocketHandler):
             return self._refuse(exc.body())
         except StorageError:
             self.set_status(503)
-            return self._refuse({"detail": "The token store is not answering; try again shortly."})
+            return self._refuse({"detail": STORE_DOWN})
         self.log_client_id = self.principal.client_id
         await super().get(*args, **kwargs)
 

@@ -17,12 +17,12 @@ import logging
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
+from tokensvc import logs
 from tokensvc.oauth import hashing, pkce, scopes
 from tokensvc.oauth.context import OAuthContext
 from tokensvc.oauth.errors import InvalidGrant, InvalidScope
 from tokensvc.records import ACCESS, REFRESH, AuthorizationCode, Client, Grant, Subject, Token
 
-audit = logging.getLogger("tokensvc.audit")
 
 
 @dataclass(slots=True)
@@ -45,10 +45,9 @@ class _Pair:
 
 
 def _audit(event: str, outcome: str, client_id: str, subject: Subject, **fields: object) -> None:
-    logger = audit.warning if outcome == "grant_revoked" else audit.info
-    logger(event.replace("_", " "), extra={"audit": {
-        "event": event, "client_id": client_id, "subject": subject.id, "subject_type": subject.kind,
-        "outcome": outcome, **fields}})
+    logs.audit(event, {"client_id": client_id, "subject": subject.id, "subject_type": subject.kind,
+                       "outcome": outcome, **fields},
+               logging.WARNING if outcome == "grant_revoked" else logging.INFO)
 
 
 # -- authorization code ----------------------------------------------------------------

@@ -7,14 +7,13 @@ rotation, so that no chain outlives the token its holder revoked.
 
 from __future__ import annotations
 
-import logging
 
+from tokensvc import logs
 from tokensvc.oauth import bearer
 from tokensvc.oauth.context import OAuthContext
 from tokensvc.oauth.grants import revoke_grant
 from tokensvc.records import ACCESS, REFRESH, Client, Subject
 
-audit = logging.getLogger("tokensvc.audit")
 
 
 async def revoke_token(ctx: OAuthContext, token: str, client: Client | None) -> bool:
@@ -34,9 +33,9 @@ async def revoke_token(ctx: OAuthContext, token: str, client: Client | None) -> 
             await store.revoke_token(child.token_hash, now)
             child = await store.find_child_refresh(child.token_hash)
     ctx.events.revoked()
-    audit.info("token revoked", extra={"audit": {
-        "event": "token_revoked", "client_id": record.client_id, "subject": record.subject.id,
-        "token_type": record.token_type, "outcome": "revoked" if revoked else "already_revoked"}})
+    logs.audit("token_revoked", {
+        "client_id": record.client_id, "subject": record.subject.id, "token_type": record.token_type,
+        "outcome": "revoked" if revoked else "already_revoked"})
     return revoked
 
 
@@ -51,9 +50,8 @@ async def revoke_grant_of(ctx: OAuthContext, token: str | None) -> bool:
         ctx.events.revoked()
         return True
     count = await revoke_grant(ctx, grant)
-    audit.info("grant revoked", extra={"audit": {
-        "event": "grant_revoked", "client_id": record.client_id, "subject": record.subject.id,
-        "tokens_revoked": count, "outcome": "revoked"}})
+    logs.audit("grant_revoked", {
+        "client_id": record.client_id, "subject": record.subject.id, "tokens_revoked": count, "outcome": "revoked"})
     return True
 
 
@@ -64,7 +62,7 @@ async def revoke_connected_app(ctx: OAuthContext, subject: Subject, client_id: s
     if grant is None or grant.revoked_at is not None:
         return False
     count = await revoke_grant(ctx, grant)
-    audit.info("connected app removed", extra={"audit": {
-        "event": "grant_revoked", "client_id": client_id, "subject": subject.id,
-        "tokens_revoked": count, "outcome": "revoked_by_user"}})
+    logs.audit("grant_revoked", {
+        "client_id": client_id, "subject": subject.id, "tokens_revoked": count, "outcome": "revoked_by_user"},
+        message="connected app removed")
     return True

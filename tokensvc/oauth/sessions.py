@@ -4,14 +4,11 @@ record behind the ``<service_name>_session`` cookie (which carries only a random
 from __future__ import annotations
 
 import asyncio
-import logging
 from datetime import timedelta
 
 from tokensvc.oauth import hashing
 from tokensvc.oauth.context import OAuthContext
 from tokensvc.records import Session, User
-
-audit = logging.getLogger("tokensvc.audit")
 
 
 async def check_password(ctx: OAuthContext, username: str, password: str) -> User | None:

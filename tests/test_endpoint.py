@@ -1,0 +1,154 @@
+"""The JSON endpoints' own HTTP layer (handlers.endpoint): eager start, methods, framing, faults."""
+
+from __future__ import annotations
+
+import asyncio
+import email.utils
+import logging
+
+import pytest
+
+from helpers import WEBAPP_SECRET, basic, json_of, post_form
+from tokensvc.handlers.endpoint import start_eagerly
+
+
+# -- start_eagerly ----------------------------------------------------------------------
+
+@pytest.mark.gen_test
+async def test_a_coroutine_that_never_waits_finishes_before_start_returns():
+    done = []
+
+    async def serve():
+        done.append("served")
+
+    assert start_eagerly(serve()) is None
+    assert done == ["served"]
+
+
+@pytest.mark.gen_test
+async def test_a_coroutine_that_waits_goes_on_in_a_task_with_each_result():
+    loop = asyncio.get_running_loop()
+    first, second = loop.create_future(), loop.create_future()
+    seen = []
+
+    async def serve():
+        seen.append("started")
+        seen.append(await first)
+        try:
+            await second
+        except ValueError as exc:
+            seen.append(f"raised {exc}")
+        return "done"
+
+    task = start_eagerly(serve())
+    assert seen == ["started"] and task is not None and not task.done()
+    first.set_result("one")
+    await asyncio.sleep(0)
+    await asyncio.sleep(0)
+    assert seen == ["started", "one"]
+    second.set_exception(ValueError("two"))
+    assert await task == "done"
+    assert seen == ["started", "one", "raised two"]
+
+
+@pytest.mark.gen_test
+async def test_cancelling_the_task_cancels_the_coroutine_where_it_waits():
+    never = asyncio.get_running_loop().create_future()
+    seen = []
+
+    async def serve():
+        try:
+            await never
+        except asyncio.CancelledError:
+            seen.append("cancelled")
+            raise
+
+    task = start_eagerly(serve())
+    await asyncio.sleep(0)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert seen == ["cancelled"]
+
+
+@pytest.mark.gen_test
+async def test_a_task_cancelled_at_once_still_ends_the_coroutine():
+    never = asyncio.get_running_loop().create_future()
+    seen = []
+
+    async def serve():
+        try:
+            await never
+        finally:
+            seen.append("ended")
+
+    task = start_eagerly(serve())
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert seen == ["ended"]
+
+
+# -- over HTTP ----------------------------------------------------------------------------
+
+@pytest.mark.gen_test
+async def test_other_methods_are_405_with_allow(http_client, base_url):
+    for method, path, allow in (("GET", "/oauth/token/introspect", "POST"), ("HEAD", "/v1/me", "GET"),
+                                ("DELETE", "/oauth/clients/webapp", "GET"), ("PUT", "/healthz", "GET")):
+        response = await http_client.fetch(base_url + path, method=method, raise_error=False,
+                                           allow_nonstandard_methods=True, body=b"" if method == "PUT" else None)
+        assert response.code == 405, (method, path)
+        assert response.headers["Allow"] == allow
+        if method != "HEAD":
+            assert json_of(response) == {"detail": "Method Not Allowed"}
+
+
+@pytest.mark.gen_test
+async def test_responses_are_framed_and_dated(http_client, base_url):
+    response = await post_form(http_client, base_url + "/oauth/token/introspect", {"token": "x"},
+                               {"Authorization": basic("webapp", WEBAPP_SECRET)})
+    assert response.code == 200 and json_of(response) == {"active": False}
+    assert response.headers["Content-Length"] == str(len(response.body))
+    assert response.headers["Content-Type"] == "application/json"
+    assert response.headers["Cache-Control"] == "no-store" and response.headers["Pragma"] == "no-cache"
+    assert response.headers["X-Content-Type-Options"] == "nosniff"
+    assert email.utils.parsedate_to_datetime(response.headers["Date"]) is not None
+
+
+@pytest.mark.gen_test
+async def test_a_path_that_is_not_utf8_is_400(http_client, base_url):
+    response = await http_client.fetch(base_url + "/oauth/clients/%FF", raise_error=False)
+    assert response.code == 400
+    assert json_of(response) == {"detail": "Invalid unicode in the path"}
+
+
+@pytest.mark.gen_test
+async def test_an_unexpected_fault_is_500_in_the_documented_shape_and_logged(http_client, base_url, store, caplog):
+    async def broken(client_id):
+        raise RuntimeError("a bug")
+
+    store.get_client = broken
+    with caplog.at_level(logging.ERROR, logger="tokensvc.handlers.endpoint"):
+        response = await http_client.fetch(base_url + "/oauth/clients/webapp", raise_error=False)
+    assert response.code == 500
+    assert json_of(response) == {"detail": "Internal server error"}
+    assert "Traceback" not in response.body.decode()
+    record = next(r for r in caplog.records if r.name == "tokensvc.handlers.endpoint")
+    assert "GET /oauth/clients/webapp" in record.getMessage() and record.exc_info[0] is RuntimeError
+
+
+@pytest.mark.gen_test
+async def test_keep_alive_serves_many_requests_on_one_connection(http_client, base_url):
+    # Tornado's simple client reuses nothing; a raw socket shows the connection stays usable.
+    host, port = base_url.split("//")[1].split(":")
+    reader, writer = await asyncio.open_connection(host, int(port))
+    try:
+        for _ in range(3):
+            writer.write(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+            head = await reader.readuntil(b"\r\n\r\n")
+            assert head.startswith(b"HTTP/1.1 200 OK")
+            length = int(next(line.split(b":")[1] for line in head.split(b"\r\n")
+                              if line.lower().startswith(b"content-length")))
+            assert await reader.readexactly(length) == b'{"status":"ok"}'
+    finally:
+        writer.close()
