@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import tornado.web
+from tornado.httputil import HTTPServerRequest
+from tornado.routing import Router
 
 from tokensvc.config import Settings
 from tokensvc.handlers import api, clients, meta, pages, token, ws
@@ -20,34 +23,56 @@ def log_request(handler: tornado.web.RequestHandler) -> None:
     log_access(handler.get_status(), handler.request, getattr(handler, "log_client_id", None))
 
 
-def make_app(config: Settings, store: Store, ctx: OAuthContext | None = None) -> tornado.web.Application:
+class Application(tornado.web.Application):
+    """Tornado's Application, plus one dict lookup for the JSON endpoints with a fixed path.
+
+    Tornado's router tries its rules in order, a regular-expression match and a few calls
+    per rule; the busiest endpoints have fixed paths, so they are found by ``request.path``
+    first, and every other path goes through the rules as usual.
+    """
+
+    def __init__(self, endpoints: dict[str, Router], routes: list, **settings: Any) -> None:
+        super().__init__(routes, **settings)
+        self.endpoints = endpoints
+
+    def find_handler(self, request: HTTPServerRequest, **kwargs: Any) -> Any:
+        endpoint = self.endpoints.get(request.path)
+        if endpoint is not None:
+            return endpoint.find_handler(request)
+        return super().find_handler(request, **kwargs)
+
+
+def make_app(config: Settings, store: Store, ctx: OAuthContext | None = None) -> Application:
     ctx = ctx or OAuthContext.from_settings(config, store)
     deps = dict(ctx=ctx, config=config)
-    # Tornado tries the rules in order: the busiest endpoints come first. The JSON API is made
-    # of Endpoints (handlers.endpoint); the rest are RequestHandlers (handlers.base).
+    # The JSON API is made of Endpoints (handlers.endpoint); the rest are RequestHandlers
+    # (handlers.base). Fixed paths first, by the busiest.
+    endpoints = {path: endpoint.route(ctx, config) for path, endpoint in [
+        ("/oauth/token/introspect", token.IntrospectHandler),
+        ("/v1/me", api.MeHandler),
+        ("/oauth/token", token.TokenHandler),
+        ("/oauth/token/refresh", token.RefreshHandler),
+        ("/oauth/token/revoke", token.RevokeHandler),
+        ("/oauth/clients", clients.ClientListHandler),
+        ("/oauth/revoke", token.GrantRevokeHandler),
+        ("/v1/me/connected-apps", api.ConnectedAppsHandler),
+        ("/.well-known/oauth-authorization-server", meta.MetadataHandler),
+        ("/healthz", meta.HealthHandler),
+        ("/readyz", meta.ReadyHandler),
+        ("/openapi.json", meta.OpenAPIHandler),
+    ]}
     routes = [
-        (r"/oauth/token/introspect", token.IntrospectHandler.route(ctx, config)),
-        (r"/v1/me", api.MeHandler.route(ctx, config)),
-        (r"/oauth/token", token.TokenHandler.route(ctx, config)),
-        (r"/oauth/token/refresh", token.RefreshHandler.route(ctx, config)),
-        (r"/oauth/token/revoke", token.RevokeHandler.route(ctx, config)),
         (r"/oauth/clients/([^/]*)", clients.ClientHandler.route(ctx, config)),
-        (r"/oauth/clients", clients.ClientListHandler.route(ctx, config)),
-        (r"/oauth/revoke", token.GrantRevokeHandler.route(ctx, config)),
         (r"/oauth/sign-out", token.SignOutHandler, deps),
         (r"/oauth/authorize", pages.AuthorizeHandler, deps),
         (r"/login", pages.LoginHandler, deps),
         (r"/logout", pages.LogoutHandler, deps),
         (r"/", pages.HomeHandler, deps),
-        (r"/v1/me/connected-apps", api.ConnectedAppsHandler.route(ctx, config)),
         (r"/v1/me/connected-apps/([^/]*)", api.ConnectedAppHandler, deps),
         (r"/v1/ws", ws.EchoSocket, deps),
-        (r"/.well-known/oauth-authorization-server", meta.MetadataHandler.route(ctx, config)),
-        (r"/healthz", meta.HealthHandler.route(ctx, config)),
-        (r"/readyz", meta.ReadyHandler.route(ctx, config)),
-        (r"/openapi.json", meta.OpenAPIHandler.route(ctx, config)),
     ]
-    app = tornado.web.Application(
+    app = Application(
+        endpoints,
         routes,
         default_handler_class=meta.NotFoundHandler,
         default_handler_args=deps,

@@ -80,7 +80,7 @@ class TextFormatter(logging.Formatter):
         line = f"{self._second_text},{int((created - second) * 1000):03d} {levelname} {name}: {message}"
         audit = extras.get("audit")
         if audit:
-            line += " " + " ".join(f"{key}={value}" for key, value in audit.items())
+            line += " " + " ".join([f"{key}={value}" for key, value in audit.items()])
         return line
 
 
