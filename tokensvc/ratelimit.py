@@ -63,6 +63,8 @@ class MemoryFailureLimiter(FailureLimiter):
         return failures
 
     def check(self, keys: Iterable[tuple[str, int]]) -> None:
+        if not self._failures:  # the usual case, checked on every token request
+            return
         now = self.clock()
         waits = []
         for key, limit in keys:

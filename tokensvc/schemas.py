@@ -355,7 +355,7 @@ def _compile_dumper(schema: Schema) -> Callable[[Any], dict[str, Any]]:
             lists.add(name)
 
     def dump(obj: Any) -> dict[str, Any]:
-        if isinstance(obj, Mapping):
+        if type(obj) is dict or isinstance(obj, Mapping):
             result = {name: obj[name] for name in names if name in obj}
         else:
             result = {name: getattr(obj, name) for name in names if hasattr(obj, name)}

@@ -131,9 +131,12 @@ class Endpoint(RequestInput, tornado.httputil.HTTPMessageDelegate):
         if self._status:
             return
         self._status = status
-        headers = HTTPHeaders(self.default_headers)
+        headers = HTTPHeaders()
+        for name, value in self.default_headers.items():  # (not update(): its ABC checks cost more)
+            headers[name] = value
         if extra:
-            headers.update(extra)
+            for name, value in extra.items():
+                headers[name] = value
         headers["Date"] = http_date()
         if status == 204:
             body = b""
