@@ -8,7 +8,10 @@ operation, req/s, p50, p99, ratio to the mean hello world, non-2xx responses. An
 response fails the run. Then the scale figures: introspection with 10k and with 1M live
 tokens, and the memory backend's bytes per stored token (tracemalloc over 100k tokens).
 
-    python bench/run.py [--duration 10] [--connections 32] [--skip-scale]
+    python bench/run.py [--duration 10] [--connections 32] [--rounds 1] [--skip-scale]
+
+With ``--rounds N`` the whole table runs N times, each operation's ratio is taken against the
+hello world of its own round, and the medians are printed with the range of the ratios.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ import platform
 import re
 import shutil
 import socket
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -91,12 +95,12 @@ def parse_latency(text: str, percentile: str) -> float:
 
 
 def wrk_run(wrk: str, name: str, url: str, script: str, env: dict[str, str], duration: int, connections: int,
-            warmup: int = 2) -> Result:
+            round_: int = 1, warmup: int = 2) -> Result:
     base = [wrk, f"-t{THREADS}", f"-c{connections}", "--latency", "-s", str(HERE / "lua" / script), url]
     if warmup:
-        subprocess.run(base[:1] + [f"-d{warmup}s"] + base[1:], env={**env, "BENCH_PHASE": "warmup"},
+        subprocess.run(base[:1] + [f"-d{warmup}s"] + base[1:], env={**env, "BENCH_PHASE": f"warmup{round_}"},
                        capture_output=True, text=True, check=True)
-    out = subprocess.run(base[:1] + [f"-d{duration}s"] + base[1:], env={**env, "BENCH_PHASE": "main"},
+    out = subprocess.run(base[:1] + [f"-d{duration}s"] + base[1:], env={**env, "BENCH_PHASE": f"main{round_}"},
                          capture_output=True, text=True, check=True).stdout
     rps = float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1))
     non2xx_match = re.search(r"Non-2xx or 3xx responses:\s+(\d+)", out)
@@ -136,10 +140,38 @@ def bytes_per_token(count: int = 100_000) -> float:
     return (after - before) / count
 
 
+# (name, server, path, wrk script), in the order they run in each round.
+OPERATIONS = [
+    ("hello world (before)", "hello", "/", "hello.lua"),
+    ("reference: bare Tornado form POST", "hello", "/floor", "floor.lua"),
+    ("introspection (client_secret_basic)", "svc", "", "introspect.lua"),
+    ("GET /v1/me (bearer)", "svc", "", "me.lua"),
+    ("code exchange (PKCE)", "svc", "", "exchange.lua"),
+    ("refresh with rotation", "svc", "", "refresh.lua"),
+    ("GET /oauth/clients/{id}", "svc", "", "client.lua"),
+    ("hello world (after)", "hello", "/", "hello.lua"),
+]
+BIG = "introspection, 1M live tokens"
+
+
+@dataclass
+class Row:
+    """One operation over all rounds: medians, and each round's ratio to its own hello world."""
+
+    name: str
+    runs: list[Result]
+    ratios: list[float]
+
+    def median(self, attribute: str) -> float:
+        return statistics.median(getattr(run, attribute) for run in self.runs)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--duration", type=int, default=10)
     parser.add_argument("--connections", type=int, default=32)
+    parser.add_argument("--rounds", type=int, default=1,
+                        help="run the whole table this many times and print medians (the machine's noise)")
     parser.add_argument("--skip-scale", action="store_true", help="leave out the 1M-token run")
     args = parser.parse_args()
     wrk = need_wrk()
@@ -153,23 +185,23 @@ def main() -> int:
         svc_dir = work / "svc"
         svc_dir.mkdir()
         codes = 4000 * (args.duration + 4)
-        processes.append(start_seeded(svc_port, svc_dir, tokens=10_000, codes=codes, refresh=8 * args.connections))
+        processes.append(start_seeded(svc_port, svc_dir, tokens=10_000, codes=codes, refresh=8 * args.connections,
+                                      rounds=args.rounds))
         env = {**os.environ, "BENCH_LUA": str(HERE / "lua"), "BENCH_DIR": str(svc_dir),
                "BENCH_THREADS": str(THREADS), "BENCH_VERIFIER": "dBjftJeZ4CVP-mB92K27uhbUJU1p1r_wW1gFWFOEjXk",
                "BENCH_BASIC": "Basic " + base64.b64encode(b"bench:bench-client-secret").decode()}
-        hello_url, svc_url = f"http://127.0.0.1:{hello_port}/", f"http://127.0.0.1:{svc_port}"
-        run = lambda name, url, script, e=env: wrk_run(wrk, name, url, script, e, args.duration, args.connections)  # noqa: E731
+        urls = {"hello": f"http://127.0.0.1:{hello_port}", "svc": f"http://127.0.0.1:{svc_port}"}
 
-        results = [run("hello world (before)", hello_url, "hello.lua"),
-                   run("reference: bare Tornado form POST", hello_url + "floor", "floor.lua")]
-        introspection = run("introspection (client_secret_basic)", svc_url, "introspect.lua")
-        results.append(introspection)
-        results.append(run("GET /v1/me (bearer)", svc_url, "me.lua"))
-        results.append(run("code exchange (PKCE)", svc_url, "exchange.lua"))
-        results.append(run("refresh with rotation", svc_url, "refresh.lua"))
-        results.append(run("GET /oauth/clients/{id}", svc_url, "client.lua"))
-        results.append(run("hello world (after)", hello_url, "hello.lua"))
-        ceiling = (results[0].rps + results[-1].rps) / 2
+        rows = {name: Row(name, [], []) for name, *_ in OPERATIONS}
+        hellos: list[float] = []
+        for round_ in range(1, args.rounds + 1):
+            results = [wrk_run(wrk, name, urls[server] + path, script, env, args.duration, args.connections, round_)
+                       for name, server, path, script in OPERATIONS]
+            ceiling = (results[0].rps + results[-1].rps) / 2
+            hellos.append(ceiling)
+            for result in results:
+                rows[result.name].runs.append(result)
+                rows[result.name].ratios.append(result.rps / ceiling)
 
         scale_line = ""
         if not args.skip_scale:
@@ -180,20 +212,34 @@ def main() -> int:
             big_port = free_port()
             processes.append(start_seeded(big_port, big_dir, tokens=1_000_000))
             big_env = {**env, "BENCH_DIR": str(big_dir)}
-            big = run("introspection, 1M live tokens", f"http://127.0.0.1:{big_port}", "introspect.lua", big_env)
-            results.insert(results.index(introspection) + 1, big)
-            scale_line = f"introspection at 1M tokens / at 10k: {big.rps / introspection.rps:.2f}"
+            big = Row(BIG, [], [])
+            for round_ in range(1, args.rounds + 1):
+                run = wrk_run(wrk, BIG, f"http://127.0.0.1:{big_port}", "introspect.lua", big_env, args.duration,
+                              args.connections, round_)
+                big.runs.append(run)
+                big.ratios.append(run.rps / statistics.mean(hellos))
+            rows = {**{name: row for name, row in rows.items() if name != "hello world (after)"}, BIG: big,
+                    "hello world (after)": rows["hello world (after)"]}
+            order = list(rows)
+            order.insert(order.index("introspection (client_secret_basic)") + 1, order.pop(order.index(BIG)))
+            rows = {name: rows[name] for name in order}
+            small = rows["introspection (client_secret_basic)"].median("rps")
+            scale_line = f"introspection at 1M tokens / at 10k: {big.median('rps') / small:.2f}"
 
+        medians = "medians of " + str(args.rounds) + " rounds, " if args.rounds > 1 else ""
         print(f"\ntokensvc benchmark: {platform.node()}, {os.cpu_count()} cores, Python {platform.python_version()}, "
-              f"wrk -t{THREADS} -c{args.connections} -d{args.duration}s")
-        print(f"{'operation':40} {'req/s':>9} {'p50 ms':>8} {'p99 ms':>8} {'ratio':>6} {'non-2xx':>8}")
-        for result in results:
-            print(f"{result.name:40} {result.rps:9.0f} {result.p50_ms:8.2f} {result.p99_ms:8.2f} "
-                  f"{result.rps / ceiling:6.2f} {result.non2xx:8d}")
+              f"{medians}wrk -t{THREADS} -c{args.connections} -d{args.duration}s")
+        spread = args.rounds > 1  # then also the range of the rounds' ratios
+        print(f"{'operation':40} {'req/s':>9} {'p50 ms':>8} {'p99 ms':>8} {'ratio':>6} "
+              + (f"{'ratios':>10} " if spread else "") + f"{'non-2xx':>8}")
+        for row in rows.values():
+            ratios = f"{min(row.ratios):4.2f}-{max(row.ratios):4.2f} " if spread else ""
+            print(f"{row.name:40} {row.median('rps'):9.0f} {row.median('p50_ms'):8.2f} {row.median('p99_ms'):8.2f} "
+                  f"{statistics.median(row.ratios):6.2f} {ratios}{sum(run.non2xx for run in row.runs):8d}")
         if scale_line:
             print(scale_line)
         print(f"memory backend: {bytes_per_token():.0f} bytes per stored token (tracemalloc, 100k tokens)")
-        failed = [result.name for result in results if result.non2xx]
+        failed = [row.name for row in rows.values() if any(run.non2xx for run in row.runs)]
         if failed:
             print("bench: FAILED, non-2xx responses in: " + ", ".join(failed), file=sys.stderr)
             return 1

@@ -43,7 +43,7 @@ def settings(port: int) -> config_module.Settings:
     })
 
 
-async def fill(ctx: OAuthContext, out: Path, tokens: int, codes: int, refresh: int) -> None:
+async def fill(ctx: OAuthContext, out: Path, tokens: int, codes: int, refresh: int, rounds: int = 1) -> None:
     """Each operation gets its own user (so its own grant) and its own files, and the warm-up
     its own pool of single-use values: a replay would revoke a whole grant."""
     store = ctx.store
@@ -73,12 +73,13 @@ async def fill(ctx: OAuthContext, out: Path, tokens: int, codes: int, refresh: i
 
     _, grant = await grant_of("bench-access")
     write("access.txt", await pairs(grant, tokens, "access"))
-    for phase in ("warmup", "main"):
+    phases = [name for n in range(1, rounds + 1) for name in (f"warmup{n}", f"main{n}")]
+    for phase in phases:
         _, grant = await grant_of(f"bench-refresh-{phase}")
         write(f"refresh-{phase}.txt", await pairs(grant, refresh, "refresh"))
         user, _ = await grant_of(f"bench-code-{phase}")
         challenge, lines = pkce.s256(VERIFIER), []
-        for _ in range(codes if phase == "main" else codes // 4):
+        for _ in range(codes if phase.startswith("main") else codes // 4):
             code = hashing.new_secret()
             await store.add_code(AuthorizationCode(hashing.digest(code), "bench", REDIRECT, ["read"], user.user_id,
                                                    None, challenge, "S256", now + timedelta(hours=1)))
@@ -93,6 +94,7 @@ async def main() -> None:
     parser.add_argument("--tokens", type=int, default=10000)
     parser.add_argument("--codes", type=int, default=0)
     parser.add_argument("--refresh", type=int, default=0)
+    parser.add_argument("--rounds", type=int, default=1, help="pools of single-use values for this many rounds")
     parser.add_argument("--log-level", default="info", help="info is the service's default")
     args = parser.parse_args()
     config = settings(args.port)
@@ -102,7 +104,7 @@ async def main() -> None:
     store = MemoryStore()
     ctx = OAuthContext.from_settings(config, store)
     await seed(store, config)
-    await fill(ctx, args.out, args.tokens, args.codes, args.refresh)
+    await fill(ctx, args.out, args.tokens, args.codes, args.refresh, args.rounds)
     server = tornado.httpserver.HTTPServer(make_app(config, store, ctx))
     server.listen(args.port, "127.0.0.1")
     (args.out / "ready").write_text("ok")
