@@ -152,3 +152,13 @@ async def test_keep_alive_serves_many_requests_on_one_connection(http_client, ba
             assert await reader.readexactly(length) == b'{"status":"ok"}'
     finally:
         writer.close()
+
+
+@pytest.mark.gen_test
+async def test_fixed_paths_match_exactly(http_client, base_url):
+    for path in ("/oauth/token/introspect/", "/v1/me/", "/healthz/x", "/HEALTHZ"):
+        response = await http_client.fetch(base_url + path, raise_error=False)
+        assert response.code == 404, path
+        assert json_of(response) == {"detail": f"No resource at {path}"}
+    response = await http_client.fetch(base_url + "/healthz?probe=1")
+    assert json_of(response) == {"status": "ok"}

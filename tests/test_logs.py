@@ -80,7 +80,8 @@ def test_records_are_made_whenever_something_else_listens(service_log, caplog):
     assert record.audit == {"event": "login", "outcome": "failure"}
 
 
-@pytest.mark.parametrize("listener", ["handler on the logger", "filter on the logger", "filter on the handler"])
+@pytest.mark.parametrize("listener", ["handler on the logger", "filter on the logger", "filter on the handler",
+                                      "another formatter"])
 def test_the_direct_way_is_only_taken_when_the_service_handler_is_alone(service_log, listener):
     stream, handler = service_log
     alone(handler)
@@ -93,9 +94,14 @@ def test_the_direct_way_is_only_taken_when_the_service_handler_is_alone(service_
     elif listener == "filter on the logger":
         logs.access_log.addFilter(seen.append)
         undo = lambda: logs.access_log.removeFilter(seen.append)  # noqa: E731
-    else:
+    elif listener == "filter on the handler":
         handler.addFilter(seen.append)
         undo = lambda: handler.removeFilter(seen.append)  # noqa: E731
+    else:
+        formatter = logging.Formatter()
+        formatter.format = lambda record: seen.append(record) or "formatted"
+        handler.setFormatter(formatter)
+        undo = lambda: None  # noqa: E731
     try:
         logs.write(logs.access_log, logging.INFO, "200 GET /healthz 0.10ms", "access", ACCESS)
     finally:

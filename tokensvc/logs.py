@@ -128,8 +128,7 @@ def write(logger: logging.Logger, level: int, message: str, kind: str, fields: d
     if handler is None:
         logger.log(level, "%s", message, extra={kind: fields})
         return
-    formatter = handler.formatter
-    assert isinstance(formatter, (TextFormatter, JsonFormatter))
+    formatter: TextFormatter | JsonFormatter = handler.formatter  # type: ignore[assignment]
     handler.write_line(formatter.line(time.time(), logging.getLevelName(level), logger.name, message,
                                       {kind: fields}))
 
@@ -148,7 +147,7 @@ def _sole_service_handler(logger: logging.Logger, level: int) -> ServiceHandler 
             return None
         for handler in current.handlers:
             if found is not None or not isinstance(handler, ServiceHandler) or handler.filters \
-                    or handler.level > level:
+                    or handler.level > level or not isinstance(handler.formatter, (TextFormatter, JsonFormatter)):
                 return None
             found = handler
         if not current.propagate:
