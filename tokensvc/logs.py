@@ -157,6 +157,8 @@ def _sole_service_handler(logger: logging.Logger, level: int) -> ServiceHandler 
 
 
 def configure(fmt: str = "text", level: str = "info", stream: TextIO | None = None) -> ServiceHandler:
+    """Send every log record to ``stream`` (standard error by default) in ``fmt`` ("text" or
+    "json") from ``level`` up, through a :class:`ServiceHandler` on the root logger."""
     # The records that do go through the logging module skip the work no format here uses,
     # as the logging HOWTO's "Optimization" section describes (caller's file and line,
     # thread and process names).

@@ -21,7 +21,7 @@ log = logging.getLogger(__name__)
 
 
 class BaseHandler(RequestInput, tornado.web.RequestHandler):
-    """JSON endpoints by default; :class:`PageHandler` renders HTML instead."""
+    """Errors as JSON by default; :class:`PageHandler` renders HTML instead."""
 
     ctx: OAuthContext
     config: Settings
@@ -42,8 +42,8 @@ class BaseHandler(RequestInput, tornado.web.RequestHandler):
         if len(self.request.body) > MAX_BODY_BYTES:
             raise tornado.web.HTTPError(413, reason="Request Entity Too Large")
 
-    # JSON endpoints authenticate with client credentials or bearer tokens, never with
-    # ambient cookies, so the form XSRF check does not apply to them.
+    # Not on every unsafe request: bearer-authenticated calls carry no XSRF token. Where the
+    # session cookie is the authority (pages, sign-out, ApiHandler), the check is made.
     def check_xsrf_cookie(self) -> None:
         return None
 
