@@ -26,8 +26,9 @@ test: $(VENV)/.installed-test
 	@$(BIN)/python -m pytest; status=$$?; \
 	if [ $$status -eq 5 ]; then echo "make test: no tests ran" >&2; exit 1; fi; exit $$status
 
+# Three rounds, medians: one 10-second run moves with the machine's noise.
 bench: $(VENV)/.installed-test
-	$(BIN)/python bench/run.py
+	$(BIN)/python bench/run.py --rounds 3
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache

@@ -2,11 +2,11 @@
 
 Starts the hello world and tokensvc (memory backend, one process each, tokensvc's access log
 at its default level), seeds tokensvc, drives each operation with wrk (32 connections, 10 s,
-after a 2 s warm-up), measures the hello world before and after (and, for reference, a bare Tornado handler that parses
-a form and answers JSON: the least a form-posting endpoint costs), and prints one table:
-operation, req/s, p50, p99, ratio to the mean hello world, non-2xx responses. Any non-2xx
-response fails the run. Then the scale figures: introspection with 10k and with 1M live
-tokens, and the memory backend's bytes per stored token (tracemalloc over 100k tokens).
+after a 2 s warm-up), measures the hello world before and after (and, for reference, a bare
+Tornado handler that parses a form and answers JSON), and prints one table: operation, req/s,
+p50, p99, ratio to the mean hello world, non-2xx responses. Any non-2xx response fails the run.
+Then the scale figures: introspection with 10k and with 1M live tokens back to back, between
+two hello-world runs, and the memory backend's bytes per stored token (tracemalloc, 100k tokens).
 
     python bench/run.py [--duration 10] [--connections 32] [--rounds 1] [--skip-scale]
 
@@ -193,38 +193,38 @@ def main() -> int:
         urls = {"hello": f"http://127.0.0.1:{hello_port}", "svc": f"http://127.0.0.1:{svc_port}"}
 
         rows = {name: Row(name, [], []) for name, *_ in OPERATIONS}
-        hellos: list[float] = []
         for round_ in range(1, args.rounds + 1):
             results = [wrk_run(wrk, name, urls[server] + path, script, env, args.duration, args.connections, round_)
                        for name, server, path, script in OPERATIONS]
             ceiling = (results[0].rps + results[-1].rps) / 2
-            hellos.append(ceiling)
             for result in results:
                 rows[result.name].runs.append(result)
                 rows[result.name].ratios.append(result.rps / ceiling)
 
         scale_line = ""
         if not args.skip_scale:
-            for process in processes[1:]:
-                process.terminate()
+            # Each round: hello world, introspection at 10k and at 1M tokens back to back, hello
+            # world; the 1M ratio is against that round's hello world, 1M / 10k within the round.
             big_dir = work / "big"
             big_dir.mkdir()
             big_port = free_port()
             processes.append(start_seeded(big_port, big_dir, tokens=1_000_000))
             big_env = {**env, "BENCH_DIR": str(big_dir)}
-            big = Row(BIG, [], [])
+            big, scale = Row(BIG, [], []), []
             for round_ in range(1, args.rounds + 1):
+                before = wrk_run(wrk, "hello", urls["hello"] + "/", "hello.lua", env, args.duration, args.connections)
+                small = wrk_run(wrk, "10k", urls["svc"], "introspect.lua", env, args.duration, args.connections)
                 run = wrk_run(wrk, BIG, f"http://127.0.0.1:{big_port}", "introspect.lua", big_env, args.duration,
                               args.connections, round_)
+                after = wrk_run(wrk, "hello", urls["hello"] + "/", "hello.lua", env, args.duration, args.connections)
                 big.runs.append(run)
-                big.ratios.append(run.rps / statistics.mean(hellos))
-            rows = {**{name: row for name, row in rows.items() if name != "hello world (after)"}, BIG: big,
-                    "hello world (after)": rows["hello world (after)"]}
+                big.ratios.append(run.rps / ((before.rps + after.rps) / 2))
+                scale.append(run.rps / small.rps)
             order = list(rows)
-            order.insert(order.index("introspection (client_secret_basic)") + 1, order.pop(order.index(BIG)))
-            rows = {name: rows[name] for name in order}
-            small = rows["introspection (client_secret_basic)"].median("rps")
-            scale_line = f"introspection at 1M tokens / at 10k: {big.median('rps') / small:.2f}"
+            order.insert(order.index("introspection (client_secret_basic)") + 1, BIG)
+            rows = {name: big if name == BIG else rows[name] for name in order}
+            spread = f" ({min(scale):.2f}-{max(scale):.2f} over the rounds)" if args.rounds > 1 else ""
+            scale_line = f"introspection at 1M tokens / at 10k, back to back: {statistics.median(scale):.2f}{spread}"
 
         medians = "medians of " + str(args.rounds) + " rounds, " if args.rounds > 1 else ""
         print(f"\ntokensvc benchmark: {platform.node()}, {os.cpu_count()} cores, Python {platform.python_version()}, "
