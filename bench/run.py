@@ -4,14 +4,16 @@ Starts the hello world and tokensvc (memory backend, one process each, tokensvc'
 at its default level), seeds tokensvc, drives each operation with wrk (32 connections, 10 s,
 after a 2 s warm-up), measures the hello world before and after (and, for reference, a bare
 Tornado handler that parses a form and answers JSON), and prints one table: operation, req/s,
-p50, p99, ratio to the mean hello world, non-2xx responses. Any non-2xx response fails the run.
-Then the scale figures: introspection with 10k and with 1M live tokens back to back, between
+p50, p99, ratio to the hello world, non-2xx responses. A hello world runs between every two
+operations, and each operation's ratio is against the mean of the hello-world runs just before
+and after it (the first and last appear in the table, against the mean of all of the round's).
+Any non-2xx response fails the run. Then the scale figures: introspection with 10k and with 1M live tokens back to back, between
 two hello-world runs, and the memory backend's bytes per stored token (tracemalloc, 100k tokens).
 
     python bench/run.py [--duration 10] [--connections 32] [--rounds 1] [--skip-scale]
 
-With ``--rounds N`` the whole table runs N times, each operation's ratio is taken against the
-hello world of its own round, and the medians are printed with the range of the ratios.
+With ``--rounds N`` the whole table runs N times and the medians are printed, with the range of
+the rounds' ratios.
 """
 
 from __future__ import annotations
@@ -194,12 +196,21 @@ def main() -> int:
 
         rows = {name: Row(name, [], []) for name, *_ in OPERATIONS}
         for round_ in range(1, args.rounds + 1):
-            results = [wrk_run(wrk, name, urls[server] + path, script, env, args.duration, args.connections, round_)
-                       for name, server, path, script in OPERATIONS]
-            ceiling = (results[0].rps + results[-1].rps) / 2
-            for result in results:
-                rows[result.name].runs.append(result)
-                rows[result.name].ratios.append(result.rps / ceiling)
+            # A hello world between every two operations, and each ratio against the hello world
+            # measured just before and just after it: the machine's drift over a round (up to
+            # 20 % here) then does not land on whichever operations run last.
+            hellos = [wrk_run(wrk, "hello world", urls["hello"] + "/", "hello.lua", env, args.duration,
+                              args.connections)]
+            for name, server, path, script in OPERATIONS[1:-1]:
+                result = wrk_run(wrk, name, urls[server] + path, script, env, args.duration, args.connections, round_)
+                hellos.append(wrk_run(wrk, "hello world", urls["hello"] + "/", "hello.lua", env, args.duration,
+                                      args.connections))
+                rows[name].runs.append(result)
+                rows[name].ratios.append(result.rps / ((hellos[-2].rps + hellos[-1].rps) / 2))
+            mean_hello = statistics.mean(hello.rps for hello in hellos)
+            for name, hello in ((OPERATIONS[0][0], hellos[0]), (OPERATIONS[-1][0], hellos[-1])):
+                rows[name].runs.append(hello)
+                rows[name].ratios.append(hello.rps / mean_hello)
 
         scale_line = ""
         if not args.skip_scale:
