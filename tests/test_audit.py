@@ -2,6 +2,7 @@
 
 import json
 import logging
+import sys
 
 import pytest
 
@@ -85,3 +86,24 @@ def test_text_time_matches_the_standard_formatter():
     formatter = TextFormatter()
     for _ in range(2):  # the second line uses the cached second
         assert formatter.format(record) == standard.format(record)
+
+
+def test_a_json_line_carries_the_exception():
+    try:
+        raise RuntimeError("a bug")
+    except RuntimeError:
+        record = logging.LogRecord("tokensvc.handlers.endpoint", logging.ERROR, __file__, 1, "Uncaught exception",
+                                   (), sys.exc_info())
+    entry = json.loads(JsonFormatter().format(record))
+    assert entry["message"] == "Uncaught exception" and entry["level"] == "error"
+    assert entry["exception"].startswith("Traceback") and "RuntimeError: a bug" in entry["exception"]
+
+
+def test_a_text_line_carries_the_exception_below_it():
+    try:
+        raise RuntimeError("a bug")
+    except RuntimeError:
+        record = logging.LogRecord("tokensvc", logging.ERROR, __file__, 1, "Uncaught exception", (), sys.exc_info())
+    first, *rest = TextFormatter().format(record).split("\n")
+    assert first.endswith("ERROR tokensvc: Uncaught exception")
+    assert rest[0].startswith("Traceback") and rest[-1] == "RuntimeError: a bug"

@@ -33,12 +33,9 @@ EXTRA_KINDS = ("access", "audit")
 class JsonFormatter(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
         extras = {kind: getattr(record, kind) for kind in EXTRA_KINDS if getattr(record, kind, None) is not None}
-        line = self.line(record.created, record.levelname, record.name, record.getMessage(), extras)
         if record.exc_info:
-            entry = json.loads(line)
-            entry["exception"] = self.formatException(record.exc_info)
-            line = json.dumps(entry, default=str, separators=(",", ":"))
-        return line
+            extras["exception"] = self.formatException(record.exc_info)
+        return self.line(record.created, record.levelname, record.name, record.getMessage(), extras)
 
     def line(self, created: float, levelname: str, name: str, message: str, extras: dict[str, Any]) -> str:
         entry = {
