@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-
-
 import pytest
 
 from backends import BACKENDS, REAL_URI, store_fixture

@@ -10,8 +10,8 @@ from typing import Any
 import tornado.web
 
 from tokensvc.config import Settings
-from tokensvc.handlers.common import (EXPECTED, MAX_BODY_BYTES, NO_STORE, SECURITY_HEADERS, RequestInput, dumps,
-                                      error_response)
+from tokensvc.handlers.common import (EXPECTED, MAX_BODY_BYTES, SECURITY_HEADERS, TOKEN_HEADERS, RequestInput,
+                                      dumps, error_response)
 from tokensvc.oauth import sessions
 from tokensvc.oauth.context import OAuthContext
 from tokensvc.records import Session, User
@@ -84,7 +84,7 @@ class BaseHandler(RequestInput, tornado.web.RequestHandler):
 class TokenEndpointHandler(BaseHandler):
     """Token endpoints: responses are never cached (RFC 6749 §5.1)."""
 
-    default_headers = {**SECURITY_HEADERS, **NO_STORE}
+    default_headers = TOKEN_HEADERS
 
 
 class PageHandler(BaseHandler):

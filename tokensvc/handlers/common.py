@@ -35,6 +35,7 @@ SECURITY_HEADERS = {
 }
 # RFC 6749 §5.1: token responses, and anything else private to the caller, are never cached.
 NO_STORE = {"Cache-Control": "no-store", "Pragma": "no-cache"}
+TOKEN_HEADERS = {**SECURITY_HEADERS, **NO_STORE}
 STORE_DOWN = "The token store is not answering; try again shortly."
 
 REDACTED_PARAMETERS = frozenset({"token", "access_token", "code", "refresh_token", "client_secret",

@@ -8,18 +8,17 @@ import tornado.web
 
 from tokensvc import logs, schemas
 from tokensvc.handlers.base import TokenEndpointHandler
-from tokensvc.handlers.common import NO_STORE, SECURITY_HEADERS, ValidationFailed
+from tokensvc.handlers.common import TOKEN_HEADERS, ValidationFailed
 from tokensvc.handlers.endpoint import Endpoint
 from tokensvc.oauth import bearer, clientauth, grants, introspection, revocation, sessions
 from tokensvc.oauth.errors import InvalidClient, InvalidRequest, UnsupportedGrantType
 from tokensvc.records import Client
 
 
-
 class TokenEndpoint(Endpoint):
     """A token endpoint: its responses are never cached (RFC 6749 §5.1)."""
 
-    default_headers = {**SECURITY_HEADERS, **NO_STORE}
+    default_headers = TOKEN_HEADERS
 
 
 class ClientAuthMixin:

@@ -49,7 +49,6 @@ class InvalidGrant(OAuthError):
     error = "invalid_grant"
 
 
-
 class UnsupportedGrantType(OAuthError):
     """RFC 6749 §5.2: only ``authorization_code`` is served by the token endpoint."""
 
@@ -73,7 +72,6 @@ class AccessDenied(OAuthError):
 
     error = "access_denied"
     status_code = 403
-
 
 
 class InvalidToken(OAuthError):

@@ -24,7 +24,6 @@ from tokensvc.oauth.errors import InvalidGrant, InvalidScope
 from tokensvc.records import ACCESS, REFRESH, AuthorizationCode, Client, Grant, Subject, Token
 
 
-
 @dataclass(slots=True)
 class TokenResponse:
     access_token: str

@@ -7,13 +7,11 @@ rotation, so that no chain outlives the token its holder revoked.
 
 from __future__ import annotations
 
-
 from tokensvc import logs
 from tokensvc.oauth import bearer
 from tokensvc.oauth.context import OAuthContext
 from tokensvc.oauth.grants import revoke_grant
 from tokensvc.records import ACCESS, REFRESH, Client, Subject
-
 
 
 async def revoke_token(ctx: OAuthContext, token: str, client: Client | None) -> bool:
