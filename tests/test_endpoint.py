@@ -154,6 +154,34 @@ async def test_keep_alive_serves_many_requests_on_one_connection(http_client, ba
         writer.close()
 
 
+async def _exchange_raw(base_url: str, request: bytes) -> tuple[bytes, bytes, bytes]:
+    """Send one raw request; return the response's head, its body and what follows (b"" once
+    the server has closed the connection)."""
+    host, port = base_url.split("//")[1].split(":")
+    reader, writer = await asyncio.open_connection(host, int(port))
+    try:
+        writer.write(request)
+        head = await reader.readuntil(b"\r\n\r\n")
+        length = int(next(line.split(b":")[1] for line in head.split(b"\r\n")
+                          if line.lower().startswith(b"content-length")))
+        body = await reader.readexactly(length)
+        rest = await asyncio.wait_for(reader.read(), 5) if b"close" in request.lower() else b"?"
+        return head, body, rest
+    finally:
+        writer.close()
+
+
+@pytest.mark.gen_test
+async def test_the_connection_headers_tornado_adds_reach_the_client(http_server, base_url):
+    # Endpoints hand Tornado a ResponseHeaders dict; the connection still adds its own.
+    head, body, rest = await _exchange_raw(base_url, b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+    assert b"\r\nConnection: close\r\n" in head and body == b'{"status":"ok"}'
+    assert rest == b""  # and closes it
+    head, body, _ = await _exchange_raw(base_url, b"GET /healthz HTTP/1.0\r\nConnection: keep-alive\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 200 OK") and b"\r\nConnection: Keep-Alive\r\n" in head
+    assert b"Transfer-Encoding" not in head and body == b'{"status":"ok"}'
+
+
 @pytest.mark.gen_test
 async def test_fixed_paths_match_exactly(http_client, base_url):
     for path in ("/oauth/token/introspect/", "/v1/me/", "/healthz/x", "/HEALTHZ"):
