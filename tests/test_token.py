@@ -28,7 +28,7 @@ def token_url(base_url):
 
 
 @pytest.mark.gen_test
-async def test_exchange_returns_the_token_response(browser, http_client, base_url, store):
+async def test_exchange_returns_the_token_response(browser, http_client, base_url, store, config):
     code = await browser.code_for("webapp", WEBAPP_REDIRECT, scope="read write")
     response = await exchange(http_client, base_url, code)
     assert response.code == 200, response.body
@@ -44,6 +44,10 @@ async def test_exchange_returns_the_token_response(browser, http_client, base_ur
     assert access.token_type == "access" and refresh.token_type == "refresh"
     assert access.user_id is not None and access.installation_id is None and access.client_id == "webapp"
     assert access.grant_id == refresh.grant_id
+    assert access.scopes == refresh.scopes == ["read", "write"] and access.parent_hash is None
+    assert access.issued_at == refresh.issued_at
+    assert (access.expires_at - access.issued_at).total_seconds() == config.tokens.access_ttl
+    assert (refresh.expires_at - refresh.issued_at).total_seconds() == config.tokens.refresh_ttl
 
 
 @pytest.mark.gen_test

@@ -13,6 +13,7 @@ succeeds and the grant is left consistent.
 
 from __future__ import annotations
 
+import functools
 import logging
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -198,18 +199,25 @@ async def _grace_retry(ctx: OAuthContext, client: Client, rotated: Token, now: d
 
 def _mint(ctx: OAuthContext, client: Client, grant: Grant, granted: list[str], parent_hash: str | None,
           now: datetime) -> _Pair:
-    subject = grant.subject
-    refresh_ttl = (ctx.tokens.installation_refresh_ttl if subject.installation_id is not None
-                   else ctx.tokens.refresh_ttl)
+    tokens = ctx.tokens
+    user_id, installation_id = grant.user_id, grant.installation_id
+    refresh_ttl = tokens.installation_refresh_ttl if installation_id is not None else tokens.refresh_ttl
     access, refresh_token = hashing.new_secret(), hashing.new_secret()
-    common = dict(client_id=client.client_id, grant_id=grant.grant_id, scopes=list(granted), issued_at=now,
-                  user_id=subject.user_id, installation_id=subject.installation_id, parent_hash=parent_hash)
+    scopes = list(granted)
+    # Positional in Token's field order: minting is on every token request, and keyword
+    # arguments cost twice as much to pass here.
     return _Pair(access, refresh_token, [
-        Token(token_hash=hashing.digest(access), token_type=ACCESS,
-              expires_at=now + timedelta(seconds=ctx.tokens.access_ttl), **common),
-        Token(token_hash=hashing.digest(refresh_token), token_type=REFRESH,
-              expires_at=now + timedelta(seconds=refresh_ttl), **common),
+        Token(hashing.digest(access), ACCESS, client.client_id, grant.grant_id, scopes, now,
+              now + lifetime(tokens.access_ttl), user_id, installation_id, parent_hash=parent_hash),
+        Token(hashing.digest(refresh_token), REFRESH, client.client_id, grant.grant_id, scopes, now,
+              now + lifetime(refresh_ttl), user_id, installation_id, parent_hash=parent_hash),
     ])
+
+
+@functools.lru_cache(maxsize=32)
+def lifetime(seconds: int) -> timedelta:
+    """``timedelta(seconds=seconds)``, made once per configured lifetime rather than per token."""
+    return timedelta(seconds=seconds)
 
 
 async def _revoke_pair(ctx: OAuthContext, pair: _Pair) -> None:
