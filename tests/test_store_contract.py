@@ -210,6 +210,28 @@ async def test_token_revocation(backend_store, now):
 
 
 @pytest.mark.gen_test
+async def test_a_record_read_before_an_update_keeps_its_values(backend_store, now):
+    store = backend_store
+    await store.add_tokens([token(now, "r1", REFRESH)])
+    await store.add_code(code(now))
+    await store.save_grant("webapp", ALICE, ["read"], now)
+    token_before, code_before = await store.get_token("r1"), await store.get_code("c1")
+    grant_before = await store.find_grant("webapp", ALICE)
+    later = now + timedelta(seconds=5)
+    assert await store.rotate_refresh_token("r1", "webapp", later) is not None
+    assert await store.revoke_token("r1", later) is True
+    assert await store.consume_code("c1", later) is not None
+    await store.revoke_grant(grant_before.grant_id, later)
+    # Updates store new values; what a caller already holds is a snapshot.
+    assert token_before == token(now, "r1", REFRESH) and code_before == code(now)
+    assert grant_before.revoked_at is None
+    token_after, code_after = await store.get_token("r1"), await store.get_code("c1")
+    assert token_after == replace(token_before, rotated_at=later, revoked_at=later)
+    assert code_after == replace(code_before, consumed_at=later)
+    assert await store.get_grant(grant_before.grant_id) == replace(grant_before, revoked_at=later)
+
+
+@pytest.mark.gen_test
 async def test_rotation_children(backend_store, now):
     store = backend_store
     await store.add_tokens([token(now, "r1", REFRESH), token(now, "a2", parent_hash="r1"),
