@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import email.utils
+import json
 import logging
 
 import pytest
 
 from helpers import WEBAPP_SECRET, basic, json_of, post_form
+from tokensvc.handlers.common import dumps
 from tokensvc.handlers.endpoint import start_eagerly
 
 
@@ -90,6 +92,22 @@ async def test_a_task_cancelled_at_once_still_ends_the_coroutine():
 
 
 # -- over HTTP ----------------------------------------------------------------------------
+
+@pytest.mark.parametrize("body", [
+    {"active": True, "scope": "read write", "exp": 1790000000, "ratio": 0.5, "admin": False, "logo_url": None},
+    {"detail": [{"loc": ["body", "code"], "msg": "Field required", "input": None, "ctx": {}}]},
+    {"name": "Sternwarte Zürich 望遠鏡", "quote": 'a "b" \\ c\n\u2028', "emoji": "\U0001F52D"},
+    [], {}, "text", 3,
+])
+def test_response_json_is_compact_utf8_json(body):
+    assert dumps(body) == json.dumps(body, separators=(",", ":"), ensure_ascii=False)
+    assert json.loads(dumps(body)) == body
+
+
+def test_response_json_refuses_what_json_cannot_hold():
+    with pytest.raises(TypeError):
+        dumps({"when": object()})
+
 
 @pytest.mark.gen_test
 async def test_other_methods_are_405_with_allow(http_client, base_url):
