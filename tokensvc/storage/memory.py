@@ -251,11 +251,12 @@ class MemoryStore(Store):
         return TOKENS.unpack(self._tokens.get(token_hash))
 
     async def rotate_refresh_token(self, token_hash: str, client_id: str, now: datetime) -> Token | None:
-        token = TOKENS.unpack(self._tokens.get(token_hash))
+        row = self._tokens.get(token_hash)
+        token = TOKENS.unpack(row)
         if (token is None or token.token_type != REFRESH or token.client_id != client_id
                 or token.rotated_at is not None or token.revoked_at is not None or token.expires_at <= now):
             return None
-        self._tokens[token_hash] = TOKENS.updated(self._tokens[token_hash], rotated_at=now)
+        self._tokens[token_hash] = TOKENS.updated(row, rotated_at=now)
         return token
 
     def _revoke(self, token_hash: str, now: datetime) -> bool:
