@@ -31,7 +31,7 @@ cookie_secret = "e2e-cookie-secret-0123456789"
 [[clients]]
 client_id = "webapp"
 name = "Web app"
-redirect_uris = ["http://127.0.0.1:1/callback"]
+redirect_uris = ["{callback[webapp]}"]
 allowed_scopes = ["read", "write"]
 first_party = true
 client_secret = "{secret}"
@@ -39,15 +39,38 @@ client_secret = "{secret}"
 [[clients]]
 client_id = "skyplanner"
 name = "SkyPlanner"
-redirect_uris = ["http://127.0.0.1:2/callback"]
+redirect_uris = ["{callback[skyplanner]}"]
 allowed_scopes = ["read", "observations:write"]
 description = "Plans your observing nights from your telescope's schedule."
 logo_url = "{base}/static/demo-client.svg"
 
+[[clients]]
+client_id = "node-agent"
+name = "Node installation agent"
+redirect_uris = ["{callback[node-agent]}"]
+allowed_scopes = ["read", "write"]
+first_party = true
+
 [[users]]
 username = "alice"
 password = "alice-e2e-password"
+
+[[users]]
+username = "bob"
+password = "bob-e2e-password"
+
+[[installations]]
+installation_id = "backyard-scope"
+name = "Backyard telescope"
+kind = "telescope"
+operators = ["alice"]
+{extra}
 """
+
+# Where each client's redirect_uri points unless a test serves its own callback: ports where
+# nothing listens, so a redirect is read from the Location header and never followed.
+NOWHERE = {"webapp": "http://127.0.0.1:1/callback", "skyplanner": "http://127.0.0.1:2/callback",
+           "node-agent": "http://127.0.0.1:3/paired"}
 
 
 class Service:
@@ -71,11 +94,15 @@ class Service:
         return self.process.returncode
 
 
-def start_service(tmp_path: Path, storage: str = "") -> Service:
+def start_service(tmp_path: Path, storage: str = "", *, callback: str | None = None, extra: str = "") -> Service:
+    """Start ``tokensvc serve`` on a free port. ``callback`` (a base URL) gives every client
+    the redirect_uri ``{callback}/{client_id}``; ``extra`` is appended to the config file."""
     port = free_port()
     base = f"http://127.0.0.1:{port}"
+    redirects = {name: f"{callback}/{name}" for name in NOWHERE} if callback else NOWHERE
     config = tmp_path / "tokensvc.toml"
-    config.write_text(CONFIG.format(base=base, port=port, secret=WEBAPP_SECRET, storage=storage))
+    config.write_text(CONFIG.format(base=base, port=port, secret=WEBAPP_SECRET, storage=storage,
+                                    callback=redirects, extra=extra))
     log_path = tmp_path / "tokensvc.log"
     with open(log_path, "w") as log:
         process = subprocess.Popen([sys.executable, "-m", "tokensvc", "serve", "--config", str(config)],

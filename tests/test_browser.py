@@ -1,6 +1,15 @@
-"""A person's view: headless Chromium (Debian's chromium + chromium-driver) driven by
-Selenium signs in, approves a third-party client's consent page and lands on the client's
-redirect with a code; a wrong password shows the error. Pages fit a narrow screen.
+"""A person's view: headless Chromium (Debian's chromium + chromium-driver) driven by Selenium
+through every page flow, against the real service started as a process:
+
+- first-party sign-in from signed out, and again when already signed in (no sign-in page);
+- third-party consent, allowed and denied; a wrong password, then the right one;
+- installation pairing by an operator, and refused for a user who is not one;
+- the account page (connected apps, Remove) and sign-out.
+
+Each client's redirect_uri points at a small callback server of the test's own, so every
+redirect is really followed by the browser. After each test the browser's console must be
+clean: a Content-Security-Policy violation (for example a form post whose redirect the policy
+refuses) or any other console error fails the test.
 
 Skipped, with the reason, where no browser is installed; ``.ci/run`` installs one and sets
 TOKENSVC_REQUIRE_BROWSER=1, so in CI a missing browser fails instead. Set
@@ -9,15 +18,18 @@ TOKENSVC_SCREENSHOTS_DIR to keep the screenshots (the README's come from ``docs/
 
 from __future__ import annotations
 
+import http.server
 import os
 import shutil
+import threading
 from pathlib import Path
 from urllib.parse import parse_qs, urlencode, urlsplit
 
 import pytest
+import requests
 
-from helpers import CHALLENGE
-from service import start_service
+from helpers import CHALLENGE, VERIFIER
+from service import WEBAPP_SECRET, start_service
 
 pytestmark = [pytest.mark.browser, pytest.mark.e2e]
 
@@ -35,10 +47,37 @@ from selenium.webdriver.common.by import By  # noqa: E402
 from selenium.webdriver.support import expected_conditions  # noqa: E402
 from selenium.webdriver.support.ui import WebDriverWait  # noqa: E402
 
+PASSWORDS = {"alice": "alice-e2e-password", "bob": "bob-e2e-password"}
+
+
+class CallbackPage(http.server.BaseHTTPRequestHandler):
+    """A client's redirect target: a plain page that names what it received."""
+
+    def do_GET(self) -> None:  # noqa: N802 - http.server's naming
+        body = b'<!doctype html><title>callback</title><link rel="icon" href="data:,"><p>received</p>'
+        self.send_response(200)
+        self.send_header("Content-Type", "text/html; charset=utf-8")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args) -> None:
+        pass
+
 
 @pytest.fixture(scope="module")
-def service(tmp_path_factory):
-    service = start_service(tmp_path_factory.mktemp("browser"))
+def callback():
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), CallbackPage)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+    server.server_close()
+
+
+@pytest.fixture(scope="module")
+def service(tmp_path_factory, callback):
+    service = start_service(tmp_path_factory.mktemp("browser"), callback=callback)
     yield service.base
     service.stop()
 
@@ -51,11 +90,31 @@ def driver(tmp_path):
                  "--disable-background-networking", "--disable-component-update", "--disable-sync",
                  "--disable-dev-shm-usage", f"--user-data-dir={tmp_path / 'profile'}", "--window-size=1100,900"):
         options.add_argument(flag)
+    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
     service = webdriver.ChromeService(executable_path=CHROMEDRIVER)
     browser = webdriver.Chrome(options=options, service=service)
     browser.set_page_load_timeout(20)
-    yield browser
-    browser.quit()
+    browser.expected_console = []  # see assert_clean_console
+    try:
+        yield browser
+        assert_clean_console(browser)
+    finally:
+        browser.quit()
+
+
+def assert_clean_console(driver) -> None:
+    """No console error and no Content-Security-Policy report, at any level.
+
+    Chromium also reports a document's own 4xx status as an error; a test that causes one on
+    purpose (the 401 of a wrong password) names it in ``driver.expected_console``, and it must
+    then appear."""
+    bad = [entry["message"] for entry in driver.get_log("browser")
+           if entry["level"] == "SEVERE" or "Content Security Policy" in entry["message"]]
+    for expected in driver.expected_console:
+        found = [message for message in bad if expected in message]
+        assert found, f"expected the console to report {expected!r}; it reported {bad}"
+        bad.remove(found[0])
+    assert not bad, "the browser's console reported:\n" + "\n".join(bad)
 
 
 @pytest.fixture
@@ -65,41 +124,115 @@ def shots(tmp_path):
     return directory
 
 
-def authorize_url(base: str) -> str:
+def authorize_url(base: str, callback: str, client_id: str, scope: str, **extra: str) -> str:
     return base + "/oauth/authorize?" + urlencode({
-        "response_type": "code", "client_id": "skyplanner", "redirect_uri": "http://127.0.0.1:2/callback",
-        "scope": "read observations:write", "state": "browser-state", "code_challenge": CHALLENGE,
-        "code_challenge_method": "S256"})
+        "response_type": "code", "client_id": client_id, "redirect_uri": f"{callback}/{client_id}",
+        "scope": scope, "state": "browser-state", "code_challenge": CHALLENGE,
+        "code_challenge_method": "S256", **extra})
+
+
+def sky_url(service: str, callback: str) -> str:
+    return authorize_url(service, callback, "skyplanner", "read observations:write")
 
 
 def wait_for(driver, by, value):
     return WebDriverWait(driver, 10).until(expected_conditions.presence_of_element_located((by, value)))
 
 
+def landed_on(driver, url: str) -> dict[str, list[str]]:
+    """Wait until the browser shows ``url`` (the client's callback); its query."""
+    WebDriverWait(driver, 10).until(lambda d: d.current_url.startswith(url + "?"))
+    assert driver.find_element(By.TAG_NAME, "p").text == "received"  # the page itself loaded
+    return parse_qs(urlsplit(driver.current_url).query)
+
+
 def fits_the_window(driver) -> bool:
     return driver.execute_script("return document.documentElement.scrollWidth <= window.innerWidth")
 
 
-def sign_in(driver, password: str) -> None:
-    wait_for(driver, By.ID, "username").send_keys("alice")
+def sign_in(driver, password: str, username: str = "alice") -> None:
+    field = wait_for(driver, By.ID, "username")
+    field.clear()
+    field.send_keys(username)
     driver.find_element(By.ID, "password").send_keys(password)
-    driver.find_element(By.CSS_SELECTOR, "button[type=submit]").click()
+    driver.find_element(By.CSS_SELECTOR, "form[action='/login'] button[type=submit]").click()
 
 
-def test_sign_in_and_approve_a_third_party_client(service, driver, shots):
-    driver.get(authorize_url(service))
+def sign_in_directly(driver, service: str, username: str = "alice") -> None:
+    driver.get(service + "/login")
+    sign_in(driver, PASSWORDS[username], username)
+    WebDriverWait(driver, 10).until(lambda d: urlsplit(d.current_url).path == "/")
+
+
+def exchange(service: str, code: str, client_id: str, callback: str) -> dict:
+    response = requests.post(service + "/oauth/token", data={
+        "grant_type": "authorization_code", "code": code, "redirect_uri": f"{callback}/{client_id}",
+        "code_verifier": VERIFIER, "client_id": client_id}, auth=(client_id, WEBAPP_SECRET)
+        if client_id == "webapp" else None)
+    assert response.status_code == 200, response.text
+    return response.json()
+
+
+def introspect(service: str, token: str) -> dict:
+    return requests.post(service + "/oauth/token/introspect", data={"token": token},
+                         auth=("webapp", WEBAPP_SECRET)).json()
+
+
+# -- sign-in ---------------------------------------------------------------------------
+
+
+def test_first_party_sign_in_from_signed_out_reaches_the_client(service, callback, driver, shots):
+    driver.get(authorize_url(service, callback, "webapp", "read write"))
     wait_for(driver, By.ID, "username")
     assert urlsplit(driver.current_url).path == "/login"
     assert "Sign in" in driver.title
+    assert "to continue to Web app" in driver.find_element(By.TAG_NAME, "main").text
     driver.save_screenshot(str(shots / "login.png"))
 
-    sign_in(driver, "alice-e2e-password")
+    sign_in(driver, PASSWORDS["alice"])
+    query = landed_on(driver, f"{callback}/webapp")
+    assert query["state"] == ["browser-state"] and query["iss"] == [service]
+    tokens = exchange(service, query["code"][0], "webapp", callback)
+    assert introspect(service, tokens["access_token"])["username"] == "alice"
+
+
+def test_already_signed_in_goes_straight_to_the_client(service, callback, driver):
+    sign_in_directly(driver, service)
+    driver.get(authorize_url(service, callback, "webapp", "read"))
+    query = landed_on(driver, f"{callback}/webapp")  # no sign-in page on the way
+    assert query["state"] == ["browser-state"] and len(query["code"][0]) >= 43
+
+
+def test_wrong_password_then_right_one(service, callback, driver, shots):
+    driver.get(authorize_url(service, callback, "webapp", "read"))
+    sign_in(driver, "not-the-password")
+    driver.expected_console.append("/login - Failed to load resource: the server responded with a status of 401")
+    alert = wait_for(driver, By.CSS_SELECTOR, ".alert")
+    assert alert.text == "Wrong username or password."
+    assert driver.find_element(By.ID, "username").get_attribute("value") == "alice"
+    assert "to continue to Web app" in driver.find_element(By.TAG_NAME, "main").text
+    driver.save_screenshot(str(shots / "login-error.png"))
+
+    driver.find_element(By.ID, "password").send_keys(PASSWORDS["alice"])
+    driver.find_element(By.CSS_SELECTOR, "form[action='/login'] button[type=submit]").click()
+    assert "code" in landed_on(driver, f"{callback}/webapp")
+
+
+# -- third-party consent ----------------------------------------------------------------
+
+
+def test_sign_in_and_approve_a_third_party_client(service, callback, driver, shots):
+    driver.get(sky_url(service, callback))
+    assert "to continue to SkyPlanner" in wait_for(driver, By.TAG_NAME, "main").text
+    sign_in(driver, PASSWORDS["alice"])
     allow = wait_for(driver, By.CSS_SELECTOR, "button[value=allow]")
     page = driver.find_element(By.TAG_NAME, "main").text
     assert "SkyPlanner" in page and "Plans your observing nights" in page
     assert "Create and change your observations" in page and "Read your data" in page
     logo = driver.find_element(By.CSS_SELECTOR, "img.logo")
     assert driver.execute_script("return arguments[0].naturalWidth", logo) > 0  # the logo loaded under the CSP
+    link = driver.find_element(By.LINK_TEXT, "connected apps")
+    assert urlsplit(link.get_attribute("href")).path == "/account"
     assert fits_the_window(driver)
     driver.save_screenshot(str(shots / "consent.png"))
     driver.set_window_size(390, 844)  # a phone
@@ -107,23 +240,93 @@ def test_sign_in_and_approve_a_third_party_client(service, driver, shots):
     driver.save_screenshot(str(shots / "consent-narrow.png"))
 
     allow.click()
-    WebDriverWait(driver, 10).until(lambda d: d.current_url.startswith("http://127.0.0.1:2/callback"))
-    query = parse_qs(urlsplit(driver.current_url).query)
+    query = landed_on(driver, f"{callback}/skyplanner")
     assert query["state"] == ["browser-state"] and len(query["code"][0]) >= 43
 
 
-def test_wrong_password_shows_the_error(service, driver, shots):
-    driver.get(service + "/login")
-    sign_in(driver, "not-the-password")
-    alert = wait_for(driver, By.CSS_SELECTOR, ".alert")
-    assert alert.text == "Wrong username or password."
-    assert driver.find_element(By.ID, "username").get_attribute("value") == "alice"
-    driver.save_screenshot(str(shots / "login-error.png"))
-
-
-def test_deny_returns_access_denied(service, driver):
-    driver.get(authorize_url(service))
-    sign_in(driver, "alice-e2e-password")
+def test_deny_returns_access_denied(service, callback, driver):
+    driver.get(sky_url(service, callback))
+    sign_in(driver, PASSWORDS["alice"])
     wait_for(driver, By.CSS_SELECTOR, "button[value=deny]").click()
-    WebDriverWait(driver, 10).until(lambda d: d.current_url.startswith("http://127.0.0.1:2/callback"))
-    assert parse_qs(urlsplit(driver.current_url).query)["error"] == ["access_denied"]
+    query = landed_on(driver, f"{callback}/skyplanner")
+    assert query["error"] == ["access_denied"] and "code" not in query
+
+
+# -- installation pairing ---------------------------------------------------------------
+
+
+def pairing_url(service: str, callback: str) -> str:
+    return authorize_url(service, callback, "node-agent", "read write", installation_id="backyard-scope")
+
+
+def test_an_operator_pairs_an_installation(service, callback, driver):
+    driver.get(pairing_url(service, callback))
+    sign_in(driver, PASSWORDS["alice"])
+    query = landed_on(driver, f"{callback}/node-agent")
+    tokens = exchange(service, query["code"][0], "node-agent", callback)
+    info = introspect(service, tokens["access_token"])
+    assert info["subject_type"] == "installation" and info["installation_id"] == "backyard-scope"
+
+
+def test_pairing_is_refused_to_a_user_who_is_not_an_operator(service, callback, driver):
+    driver.get(pairing_url(service, callback))
+    sign_in(driver, PASSWORDS["bob"], "bob")
+    query = landed_on(driver, f"{callback}/node-agent")
+    assert query["error"] == ["access_denied"] and "code" not in query
+
+
+# -- the account page and sign-out ------------------------------------------------------
+
+
+def test_account_page_lists_connected_apps_and_removes_one(service, callback, driver, shots):
+    driver.get(service + "/account")  # signed out: sign in, then back
+    sign_in(driver, PASSWORDS["alice"])
+    WebDriverWait(driver, 10).until(lambda d: urlsplit(d.current_url).path == "/account")
+
+    driver.get(sky_url(service, callback))  # connect SkyPlanner, and hold its tokens
+    wait_for(driver, By.CSS_SELECTOR, "button[value=allow]").click()
+    tokens = exchange(service, landed_on(driver, f"{callback}/skyplanner")["code"][0], "skyplanner", callback)
+    assert introspect(service, tokens["refresh_token"])["active"] is True
+
+    driver.get(service + "/")
+    driver.find_element(By.PARTIAL_LINK_TEXT, "connected apps").click()
+    app = wait_for(driver, By.CSS_SELECTOR, "li.app[data-client-id=skyplanner]")
+    text = app.text
+    assert "SkyPlanner" in text and "Connected since" in text
+    assert "Read your data" in text and "observations:write" in text
+    logo = app.find_element(By.CSS_SELECTOR, "img.logo")
+    assert driver.execute_script("return arguments[0].naturalWidth", logo) > 0
+    assert "alice" in driver.find_element(By.TAG_NAME, "h1").text
+    assert fits_the_window(driver)
+    driver.save_screenshot(str(shots / "account.png"))
+
+    app.find_element(By.CSS_SELECTOR, "button[name=client_id]").click()
+    WebDriverWait(driver, 10).until(
+        lambda d: not d.find_elements(By.CSS_SELECTOR, "li.app[data-client-id=skyplanner]"))
+    assert urlsplit(driver.current_url).path == "/account"
+    for token in (tokens["access_token"], tokens["refresh_token"]):
+        assert introspect(service, token) == {"active": False}
+
+
+def test_sign_out_ends_the_session(service, callback, driver):
+    sign_in_directly(driver, service)
+    driver.get(service + "/account")
+    wait_for(driver, By.CSS_SELECTOR, "form[action='/logout'] button").click()
+    WebDriverWait(driver, 10).until(lambda d: "You are signed out" in d.find_element(By.TAG_NAME, "h1").text)
+    driver.get(service + "/account")
+    wait_for(driver, By.ID, "username")
+    assert urlsplit(driver.current_url).path == "/login"
+    driver.get(authorize_url(service, callback, "webapp", "read"))  # signed out: asked to sign in again
+    wait_for(driver, By.ID, "username")
+    assert urlsplit(driver.current_url).path == "/login"
+
+
+def test_favicon_is_served_to_pages_and_json_alike(service, driver):
+    driver.get(service + "/oauth/clients")  # a JSON body: the browser asks for /favicon.ico
+    assert "skyplanner" in driver.find_element(By.TAG_NAME, "body").text
+    driver.get(service + "/favicon.ico")
+    icon = wait_for(driver, By.TAG_NAME, "img")
+    assert driver.execute_script("return arguments[0].naturalWidth", icon) == 32
+    driver.get(service + "/")  # a page names its own icon
+    href = driver.find_element(By.CSS_SELECTOR, "link[rel=icon]").get_attribute("href")
+    assert requests.get(href).headers["Content-Type"] == "image/svg+xml"

@@ -67,6 +67,7 @@ def make_app(config: Settings, store: Store, ctx: OAuthContext | None = None) ->
         (r"/oauth/authorize", pages.AuthorizeHandler, deps),
         (r"/login", pages.LoginHandler, deps),
         (r"/logout", pages.LogoutHandler, deps),
+        (r"/account", pages.AccountHandler, deps),
         (r"/", pages.HomeHandler, deps),
         (r"/v1/me/connected-apps/([^/]*)", api.ConnectedAppHandler, deps),
         (r"/v1/ws", ws.EchoSocket, deps),

@@ -108,9 +108,20 @@ class TokenActionSchema(FormSchema):
     client_secret = Text(max_length=512)
 
 
-class ClientIdPathSchema(Schema):
-    client_id = Text(required=True, max_length=128, validate=[
+def ClientId() -> fields.String:
+    """A required client id: 1-128 characters of ``[A-Za-z0-9._~-]``."""
+    return Text(required=True, max_length=128, validate=[
         Pattern(identifiers.ID_CHARS, "client_id must be 1-128 characters of [A-Za-z0-9._~-]")])
+
+
+class ClientIdPathSchema(Schema):
+    client_id = ClientId()
+
+
+class RemoveAppFormSchema(FormSchema):
+    """The account page's Remove button."""
+
+    client_id = ClientId()
 
 
 class OptionalTokenQuerySchema(FormSchema):
@@ -219,6 +230,7 @@ token_action = TokenActionSchema()
 client_id_path = ClientIdPathSchema()
 optional_token_query = OptionalTokenQuerySchema()
 login_form = LoginFormSchema()
+remove_app_form = RemoveAppFormSchema()
 oauth_client = OAuthClientSchema()
 oauth_clients = OAuthClientSchema(many=True)
 token_response = TokenResponseSchema()

@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from datetime import datetime
-
 import tornado.web
 
 from tokensvc import schemas
@@ -12,17 +9,8 @@ from tokensvc.handlers.auth import AuthMixin, requires
 from tokensvc.handlers.base import BaseHandler
 from tokensvc.handlers.common import SECURITY_HEADERS, NotFound
 from tokensvc.handlers.endpoint import Endpoint
-from tokensvc.oauth import revocation
+from tokensvc.oauth import connected_apps, revocation
 from tokensvc.oauth.principal import Principal
-
-
-@dataclass(slots=True)
-class ConnectedApp:
-    client_id: str
-    name: str
-    logo_url: str | None
-    scopes: list[str]
-    granted_at: datetime
 
 
 API_HEADERS = {**SECURITY_HEADERS, "Cache-Control": "no-store"}  # private to the caller
@@ -71,13 +59,7 @@ class ConnectedAppsHandler(ApiEndpoint):
     @requires("read")
     async def get(self) -> None:
         principal = self.require_user()
-        apps = []
-        for grant in await self.ctx.store.list_grants(principal.subject):
-            client = await self.ctx.store.get_client(grant.client_id)
-            if client is not None:
-                apps.append(ConnectedApp(client.client_id, client.name, client.logo_url, grant.scopes,
-                                         grant.created_at))
-        self.send_json(schemas.connected_apps.dump(apps))
+        self.send_json(schemas.connected_apps.dump(await connected_apps.list_connected(self.ctx, principal.subject)))
 
 
 class ConnectedAppHandler(ApiHandler):

@@ -5,7 +5,10 @@ read input and render errors through :mod:`.common`."""
 from __future__ import annotations
 
 import logging
+import re
+from collections.abc import Iterable
 from typing import Any
+from urllib.parse import urlsplit
 
 import tornado.web
 
@@ -87,13 +90,53 @@ class TokenEndpointHandler(BaseHandler):
     default_headers = TOKEN_HEADERS
 
 
+def page_csp(form_action: Iterable[str] = (), img_src: Iterable[str] = ()) -> str:
+    """A page's Content-Security-Policy: only this origin, plus the sources a page names.
+
+    ``form-action`` also governs the redirects that follow a form post (browsers check every
+    hop), so a page whose form leads on to a client's redirect_uri names that origin;
+    ``img-src`` names a client's logo.
+    """
+    forms = " ".join(dict.fromkeys(["'self'", *form_action]))
+    images = " ".join(dict.fromkeys(["'self'", *img_src]))
+    return (f"default-src 'none'; style-src 'self'; img-src {images}; form-action {forms}; "
+            "frame-ancestors 'none'; base-uri 'none'")
+
+
+def csp_source(url: str) -> str | None:
+    """The narrowest CSP source expression that matches ``url`` (None if it cannot be one).
+
+    A private-use scheme (RFC 8252 §7.1) is a scheme source; http(s) URLs keep their path
+    when it holds nothing a source expression cannot (CSP3 §2.3.1), else their origin.
+    """
+    parts = urlsplit(url)
+    if not parts.scheme:
+        return None
+    if parts.scheme not in ("http", "https"):
+        return f"{parts.scheme}:"
+    if not parts.netloc or not _SOURCE_HOST.fullmatch(parts.netloc):
+        return None
+    origin = f"{parts.scheme}://{parts.netloc}"
+    if parts.path and not parts.query and _SOURCE_PATH.fullmatch(parts.path):
+        return origin + parts.path
+    return origin
+
+
+_SOURCE_HOST = re.compile(r"[A-Za-z0-9.-]+(:[0-9]{1,5})?")
+_SOURCE_PATH = re.compile(r"/[A-Za-z0-9._~!$&'()*+=:@/%-]*")
+
+
 class PageHandler(BaseHandler):
     """HTML pages: XSRF-checked forms, a strict CSP, errors as an error page."""
 
-    page_csp = ("default-src 'none'; style-src 'self'; img-src 'self' https: data:; "
-                "form-action 'self'; frame-ancestors 'none'; base-uri 'none'")
-    default_headers = {**BaseHandler.default_headers, "Content-Security-Policy": page_csp,
+    default_headers = {**BaseHandler.default_headers, "Content-Security-Policy": page_csp(),
                        "Cache-Control": "no-store"}
+
+    def allow_sources(self, form_action: Iterable[str | None] = (), img_src: Iterable[str | None] = ()) -> None:
+        """Widen this response's CSP by the given URLs (each as :func:`csp_source` makes it)."""
+        forms = [source for url in form_action if url and (source := csp_source(url))]
+        images = [source for url in img_src if url and (source := csp_source(url))]
+        self.set_header("Content-Security-Policy", page_csp(forms, images))
 
     def check_xsrf_cookie(self) -> None:
         tornado.web.RequestHandler.check_xsrf_cookie(self)

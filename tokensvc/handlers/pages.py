@@ -9,11 +9,11 @@ from urllib.parse import urlencode, urlsplit
 from tokensvc import logs, schemas
 from tokensvc.handlers.base import PageHandler
 from tokensvc.handlers.common import ValidationFailed
-from tokensvc.oauth import authorization, sessions
+from tokensvc.oauth import authorization, connected_apps, revocation, sessions
 from tokensvc.oauth.authorization import AuthorizationRequest, RedirectError
 from tokensvc.oauth.errors import AccessDenied, InvalidRequest, RedirectUnverified
 from tokensvc.ratelimit import TooManyFailures
-from tokensvc.records import User
+from tokensvc.records import Subject, User
 
 
 SCOPE_WORDS = {
@@ -34,6 +34,10 @@ def describe_scope(scope: str) -> str:
     if action:
         return f"{action.capitalize()} your {resource}"
     return scope
+
+
+def describe_scopes(granted: list[str]) -> list[tuple[str, str]]:
+    return [(scope, describe_scope(scope)) for scope in granted]
 
 
 def safe_next(target: str | None) -> str:
@@ -95,12 +99,9 @@ class AuthorizeHandler(PageHandler):
             self.redirect(authorization.error_redirect(exc, self.ctx.issuer))
 
     def render_consent(self, request: AuthorizationRequest, user: User, installation) -> None:
-        redirect_origin = "{0.scheme}://{0.netloc}".format(urlsplit(request.redirect_uri))
-        # Browsers apply form-action to the redirect that follows the form post as well.
-        self.set_header("Content-Security-Policy",
-                        self.page_csp.replace("form-action 'self'", f"form-action 'self' {redirect_origin}"))
+        self.allow_sources(form_action=[request.redirect_uri], img_src=[request.client.logo_url])
         self.render("consent.html", client=request.client, user=user, installation=installation,
-                    scopes=[(scope, describe_scope(scope)) for scope in request.scopes],
+                    scopes=describe_scopes(request.scopes),
                     fields=request.hidden_fields(), redirect_host=urlsplit(request.redirect_uri).netloc)
 
     def audit_consent(self, request: AuthorizationRequest, user: User, outcome: str) -> None:
@@ -116,9 +117,8 @@ class AuthorizeHandler(PageHandler):
 class LoginHandler(PageHandler):
     """``GET|POST {auth_url}/login``: the sign-in form and its check."""
 
-    def get(self) -> None:
-        self.render("login.html", next=safe_next(self.get_query_argument("next", None)), error=None,
-                    username="")
+    async def get(self) -> None:
+        await self.render_login(safe_next(self.get_query_argument("next", None)))
 
     async def post(self) -> None:
         form = self.form(schemas.login_form)
@@ -127,8 +127,8 @@ class LoginHandler(PageHandler):
             data = self.load(schemas.login_form, form)
         except ValidationFailed:
             self.set_status(400)
-            return self.render("login.html", next=target, error="Enter your username and password.",
-                               username=form.get("username", "")[:128])
+            return await self.render_login(target, "Enter your username and password.",
+                                           form.get("username", "")[:128])
         brakes = self.ctx.brakes
         keys = brakes.login_keys(data["username"], self.request.remote_ip or "-")
         try:
@@ -139,17 +139,15 @@ class LoginHandler(PageHandler):
             self.set_status(429)
             self.set_header("Retry-After", str(exc.retry_after))
             minutes = max(1, round(exc.retry_after / 60))
-            return self.render("login.html", next=target, username=data["username"],
-                               error=f"Too many failed sign-in attempts. Try again in {minutes} "
-                                     f"minute{'s' if minutes > 1 else ''}.")
+            return await self.render_login(target, f"Too many failed sign-in attempts. Try again in {minutes} "
+                                                   f"minute{'s' if minutes > 1 else ''}.", data["username"])
         user = await sessions.check_password(self.ctx, data["username"], data["password"])
         if user is None:
             brakes.failed(keys)
             logs.audit("login", {"username": data["username"], "outcome": "failure",
                                  "remote_ip": self.request.remote_ip}, logging.WARNING, "login failed")
             self.set_status(401)
-            return self.render("login.html", next=target, error="Wrong username or password.",
-                               username=data["username"])
+            return await self.render_login(target, "Wrong username or password.", data["username"])
         brakes.login_succeeded(data["username"])
         session_id = await sessions.start(self.ctx, user)
         self.set_signed_cookie(
@@ -159,6 +157,16 @@ class LoginHandler(PageHandler):
                              "remote_ip": self.request.remote_ip}, message="login succeeded")
         self.redirect(target)
 
+    async def render_login(self, target: str, error: str | None = None, username: str = "") -> None:
+        """The sign-in form. When ``target`` is an authorization request of a registered
+        client, the page names that client, and its form may lead on (through
+        ``/oauth/authorize``) to the client's verified redirect_uri."""
+        behind = await authorization.client_behind(self.ctx, target)
+        if behind is not None:
+            self.allow_sources(form_action=[behind[1]])
+        self.render("login.html", next=target, error=error, username=username,
+                    client=behind[0] if behind else None)
+
 
 class LogoutHandler(PageHandler):
     """``POST {auth_url}/logout``: the sign-out button of the web pages."""
@@ -167,6 +175,35 @@ class LogoutHandler(PageHandler):
         await sessions.end(self.ctx, self.raw_session_id())
         self.clear_cookie(self.config.session_cookie, path="/")
         self.render("signed_out.html")
+
+
+class AccountHandler(PageHandler):
+    """``GET|POST {auth_url}/account``: who is signed in and their connected apps; the form
+    of each app's Remove button posts its ``client_id`` here."""
+
+    async def get(self) -> None:
+        user = await self.signed_in_user()
+        if user is None:
+            return
+        apps = await connected_apps.list_connected(self.ctx, Subject(user_id=user.user_id))
+        self.allow_sources(img_src=[app.logo_url for app in apps])
+        self.render("account.html", user=user, apps=[(app, describe_scopes(app.scopes)) for app in apps])
+
+    async def post(self) -> None:
+        user = await self.signed_in_user()
+        if user is None:
+            return
+        client_id = self.load(schemas.remove_app_form, self.form(schemas.remove_app_form))["client_id"]
+        await revocation.revoke_connected_app(self.ctx, Subject(user_id=user.user_id), client_id)
+        self.redirect("/account", status=303)  # removed, or already gone: the page shows which
+
+    async def signed_in_user(self) -> User | None:
+        """The signed-in user; otherwise the browser is sent to sign in and back here."""
+        found = await self.session()
+        if found is None:
+            self.redirect("/login?" + urlencode({"next": "/account"}), status=303)
+            return None
+        return found[1]
 
 
 class HomeHandler(PageHandler):

@@ -28,6 +28,7 @@ PARAMETERS = (
     "code_challenge", "code_challenge_method", "installation_id",
 )
 MAX_PARAMETER_LENGTH = 2048
+AUTHORIZE_PATH = "/oauth/authorize"
 
 
 @dataclass(slots=True)
@@ -76,10 +77,7 @@ def redirect_to(redirect_uri: str, params: dict[str, str | None]) -> str:
     return urlunsplit(parts._replace(query=urlencode(query)))
 
 
-async def validate(ctx: OAuthContext, args: dict[str, list[str]]) -> AuthorizationRequest:
-    """Check an authorization request. Raises RedirectUnverified (show an error page) or
-    RedirectError (send the error to the client's redirect_uri)."""
-
+def _single_getter(args: dict[str, list[str]]):
     def single(name: str) -> str | None:
         values = args.get(name)
         if not values:
@@ -88,6 +86,16 @@ async def validate(ctx: OAuthContext, args: dict[str, list[str]]) -> Authorizati
             raise InvalidRequest(f"Parameter '{name}' is repeated")
         return values[0]
 
+    return single
+
+
+async def verify_redirect(ctx: OAuthContext, args: dict[str, list[str]]) -> tuple[Client, str]:
+    """The client and the redirect_uri it registered, or RedirectUnverified.
+
+    This is what decides whether the user agent may ever be sent to the client (RFC 6749
+    §4.1.2.1), and so what the sign-in and consent pages may let their forms lead to.
+    """
+    single = _single_getter(args)
     try:
         client_id = single("client_id")
         redirect_uri = single("redirect_uri")
@@ -103,16 +111,37 @@ async def validate(ctx: OAuthContext, args: dict[str, list[str]]) -> Authorizati
     # Exact string comparison, no prefix or pattern matching (RFC 9700 §4.1.3).
     if redirect_uri not in client.redirect_uris:
         raise RedirectUnverified("The redirect_uri is not registered for this client.")
+    return client, redirect_uri
 
+
+async def validate(ctx: OAuthContext, args: dict[str, list[str]]) -> AuthorizationRequest:
+    """Check an authorization request. Raises RedirectUnverified (show an error page) or
+    RedirectError (send the error to the client's redirect_uri)."""
+    client, redirect_uri = await verify_redirect(ctx, args)
     state_values = args.get("state") or []
     state = state_values[0] if len(state_values) == 1 else None
     try:
         if len(state_values) > 1:
             raise InvalidRequest("Parameter 'state' is repeated")
-        request = _validate_parameters(client, redirect_uri, state, single)
+        request = _validate_parameters(client, redirect_uri, state, _single_getter(args))
     except (InvalidRequest, InvalidScope, UnsupportedResponseType) as exc:
         raise RedirectError(exc, redirect_uri, state) from None
     return request
+
+
+async def client_behind(ctx: OAuthContext, target: str) -> tuple[Client, str] | None:
+    """The verified (client, redirect_uri) of an authorization request that a same-site
+    ``target`` (a sign-in's ``next``) leads to; None for any other target."""
+    parts = urlsplit(target)
+    if parts.path != AUTHORIZE_PATH:
+        return None
+    args: dict[str, list[str]] = {}
+    for name, value in parse_qsl(parts.query, keep_blank_values=False):
+        args.setdefault(name, []).append(value)
+    try:
+        return await verify_redirect(ctx, args)
+    except RedirectUnverified:
+        return None
 
 
 def _validate_parameters(client: Client, redirect_uri: str, state: str | None, single) -> AuthorizationRequest:

@@ -1,0 +1,107 @@
+"""The HTML pages' policies and the account page, in process (the same flows run in a real
+browser in test_browser.py)."""
+
+from urllib.parse import urlencode, urlsplit
+
+import pytest
+
+from helpers import CHALLENGE, SKY_REDIRECT, WEBAPP_REDIRECT, exchange, json_of
+from tokensvc.handlers.base import csp_source, page_csp
+
+
+def directive(response, name: str) -> list[str]:
+    for part in response.headers["Content-Security-Policy"].split(";"):
+        words = part.split()
+        if words and words[0] == name:
+            return words[1:]
+    raise AssertionError(f"no {name} in {response.headers['Content-Security-Policy']}")
+
+
+def authorize_path(client_id: str, redirect_uri: str) -> str:
+    return "/oauth/authorize?" + urlencode({
+        "response_type": "code", "client_id": client_id, "redirect_uri": redirect_uri, "state": "s",
+        "code_challenge": CHALLENGE, "code_challenge_method": "S256"})
+
+
+@pytest.mark.gen_test
+async def test_sign_in_page_lets_its_form_lead_on_to_the_verified_redirect(browser):
+    page = await browser.fetch("/login?" + urlencode({"next": authorize_path("webapp", WEBAPP_REDIRECT)}))
+    assert page.code == 200
+    assert directive(page, "form-action") == ["'self'", WEBAPP_REDIRECT]
+    assert b"to continue to <strong>Web app</strong>" in page.body
+    # The re-rendered form after a wrong password keeps it.
+    wrong = await browser.fetch("/login", "POST", {"username": "alice", "password": "nope", "_xsrf": await browser.xsrf(),
+                                                   "next": authorize_path("webapp", WEBAPP_REDIRECT)})
+    assert wrong.code == 401 and directive(wrong, "form-action") == ["'self'", WEBAPP_REDIRECT]
+
+
+@pytest.mark.gen_test
+@pytest.mark.parametrize("target", [
+    "/", "/account", authorize_path("webapp", "http://evil.example/cb"), authorize_path("nobody", WEBAPP_REDIRECT),
+    "/oauth/authorize?client_id=webapp",
+])
+async def test_sign_in_page_is_self_only_unless_a_verified_request_is_behind_it(browser, target):
+    page = await browser.fetch("/login?" + urlencode({"next": target}))
+    assert page.code == 200
+    assert directive(page, "form-action") == ["'self'"] and directive(page, "img-src") == ["'self'"]
+    assert b"to continue to" not in page.body
+
+
+@pytest.mark.gen_test
+async def test_consent_page_allows_the_logo_and_the_redirect(browser):
+    await browser.login("alice")
+    page = await browser.authorize("skyplanner", SKY_REDIRECT, scope="read")
+    assert page.code == 200
+    assert directive(page, "img-src") == ["'self'", "https://skyplanner.example/logo.png"]
+    assert directive(page, "form-action") == ["'self'", SKY_REDIRECT]
+    assert b'href="/account#connected-apps"' in page.body
+
+
+def test_csp_sources_are_as_narrow_as_the_url_allows():
+    assert csp_source("https://cdn.example/a/logo.png") == "https://cdn.example/a/logo.png"
+    assert csp_source("http://127.0.0.1:9000/callback") == "http://127.0.0.1:9000/callback"
+    assert csp_source("https://cdn.example/logo.png?v=2") == "https://cdn.example"
+    assert csp_source("https://cdn.example/a;b") == "https://cdn.example"
+    assert csp_source("com.example.app:/callback") == "com.example.app:"
+    assert csp_source("https://[::1]:8443/cb") is None and csp_source("/relative") is None
+    assert "img-src 'self' https://a.example;" in page_csp(img_src=["https://a.example", "https://a.example"])
+
+
+@pytest.mark.gen_test
+async def test_account_page_needs_a_session(browser):
+    response = await browser.fetch("/account")
+    assert response.code == 303 and response.headers["Location"] == "/login?next=%2Faccount"
+    removed = await browser.fetch("/account", "POST", {"client_id": "skyplanner", "_xsrf": await browser.xsrf()})
+    assert removed.code == 303 and removed.headers["Location"].startswith("/login?")
+
+
+@pytest.mark.gen_test
+async def test_account_page_lists_and_removes_a_connected_app(browser, http_client, base_url):
+    code = await browser.code_for("skyplanner", SKY_REDIRECT, scope="read")
+    tokens = await exchange(http_client, base_url, code, client_id="skyplanner", secret=None,
+                            redirect_uri=SKY_REDIRECT)
+    access = json_of(tokens)["access_token"]
+    page = await browser.fetch("/account")
+    assert page.code == 200 and b'data-client-id="skyplanner"' in page.body and b"SkyPlanner" in page.body
+    assert directive(page, "img-src") == ["'self'", "https://skyplanner.example/logo.png"]
+
+    # The Remove form is XSRF-protected.
+    refused = await browser.fetch("/account", "POST", {"client_id": "skyplanner"})
+    assert refused.code == 403
+    invalid = await browser.fetch("/account", "POST", {"client_id": "no spaces", "_xsrf": browser.cookies["_xsrf"]})
+    assert invalid.code == 422 and b"<html" in invalid.body
+
+    removed = await browser.fetch("/account", "POST", {"client_id": "skyplanner", "_xsrf": browser.cookies["_xsrf"]})
+    assert removed.code == 303 and removed.headers["Location"] == "/account"
+    page = await browser.fetch("/account")
+    assert b'data-client-id="skyplanner"' not in page.body and b"No app has access" in page.body
+    me = await http_client.fetch(base_url + "/v1/me", headers={"Authorization": f"Bearer {access}"},
+                                 raise_error=False)
+    assert me.code == 401
+
+
+@pytest.mark.gen_test
+async def test_home_page_links_to_the_account_page_when_signed_in(browser):
+    assert b'href="/account"' not in (await browser.fetch("/")).body
+    await browser.login("alice")
+    assert b'href="/account"' in (await browser.fetch("/")).body
