@@ -111,14 +111,31 @@ def test_response_json_refuses_what_json_cannot_hold():
 
 @pytest.mark.gen_test
 async def test_other_methods_are_405_with_allow(http_client, base_url):
-    for method, path, allow in (("GET", "/oauth/token/introspect", "POST"), ("HEAD", "/v1/me", "GET"),
-                                ("DELETE", "/oauth/clients/webapp", "GET"), ("PUT", "/healthz", "GET")):
+    for method, path, allow in (("GET", "/oauth/token/introspect", "POST"), ("HEAD", "/oauth/token", "POST"),
+                                ("DELETE", "/oauth/clients/webapp", "GET, HEAD"), ("PUT", "/healthz", "GET, HEAD")):
         response = await http_client.fetch(base_url + path, method=method, raise_error=False,
                                            allow_nonstandard_methods=True, body=b"" if method == "PUT" else None)
         assert response.code == 405, (method, path)
         assert response.headers["Allow"] == allow
         if method != "HEAD":
             assert json_of(response) == {"detail": "Method Not Allowed"}
+
+
+GET_ROUTES = ["/", "/login", "/account", "/oauth/authorize?client_id=webapp", "/healthz", "/readyz", "/openapi.json",
+              "/.well-known/oauth-authorization-server", "/oauth/clients", "/oauth/clients/webapp",
+              "/oauth/clients/nobody", "/v1/me", "/v1/me/connected-apps", "/v1/ws", "/nothing", "/favicon.ico",
+              "/static/style.css"]
+
+
+@pytest.mark.gen_test
+@pytest.mark.parametrize("path", GET_ROUTES)
+async def test_head_is_answered_wherever_get_is(http_client, base_url, path):
+    get = await http_client.fetch(base_url + path, raise_error=False, follow_redirects=False)
+    head = await http_client.fetch(base_url + path, method="HEAD", raise_error=False, follow_redirects=False)
+    assert head.code == get.code != 405, path
+    assert head.body == b""
+    for name in ("Content-Type", "Content-Length", "Location", "Cache-Control", "Content-Security-Policy"):
+        assert head.headers.get(name) == get.headers.get(name), (path, name)
 
 
 @pytest.mark.gen_test

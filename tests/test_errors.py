@@ -5,7 +5,7 @@ import socket
 
 import pytest
 
-from helpers import WEBAPP_REDIRECT, WEBAPP_SECRET, basic, json_of, post_form
+from helpers import make_config, WEBAPP_REDIRECT, WEBAPP_SECRET, basic, json_of, post_form
 from tokensvc.handlers.common import redact
 from tokensvc.config import StorageSettings
 from tokensvc.storage.base import StorageError
@@ -46,7 +46,6 @@ async def test_store_outage_is_503_detail_everywhere(http_client, base_url, stor
         ("POST", "/oauth/token/introspect", "token=x", {"Authorization": basic("webapp", WEBAPP_SECRET)}),
         ("POST", "/oauth/token/revoke", "token=x", {"Authorization": basic("webapp", WEBAPP_SECRET)}),
         ("GET", "/readyz", None, {}),
-        ("GET", "/.well-known/oauth-authorization-server", None, {}),
     ]
     for method, path, body, headers in requests:
         response = await http_client.fetch(base_url + path, method=method, body=body, headers=headers,
@@ -57,6 +56,20 @@ async def test_store_outage_is_503_detail_everywhere(http_client, base_url, stor
     page = await browser.fetch("/oauth/authorize?client_id=webapp")
     assert page.code == 503 and page.headers["Content-Type"].startswith("text/html")
     assert (await http_client.fetch(base_url + "/healthz")).code == 200
+
+
+@pytest.mark.gen_test
+async def test_discovery_answers_while_the_store_is_down(http_client, base_url, store):
+    store.down = True
+    metadata = await http_client.fetch(base_url + "/.well-known/oauth-authorization-server")
+    assert metadata.code == 200
+    body = json_of(metadata)
+    assert body["token_endpoint"] == "http://127.0.0.1:8080/oauth/token"
+    assert body["scopes_supported"] == sorted({"admin", "read", "write", "connected-apps:write"} | {
+        scope for client in make_config().clients for scope in client.allowed_scopes or ["read"]})
+    openapi = await http_client.fetch(base_url + "/openapi.json")
+    assert openapi.code == 200 and json_of(openapi)["openapi"].startswith("3.")
+    assert (await http_client.fetch(base_url + "/readyz", raise_error=False)).code == 503  # it really is down
 
 
 @pytest.mark.gen_test

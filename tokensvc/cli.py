@@ -28,23 +28,43 @@ class CommandError(Exception):
 
 
 def load_settings(args: argparse.Namespace) -> Settings:
-    settings = config_module.load(args.config)
-    if getattr(args, "host", None):
-        settings.host = args.host
-    if getattr(args, "port", None) is not None:
-        settings.port = args.port
-    if getattr(args, "log_format", None):
-        settings.log_format = args.log_format
-    return settings
+    """The config file, the environment, then the command line's flags, validated together
+    (so ``--port 9000`` moves an unset base_url and auth_url with it)."""
+    return config_module.load(args.config, overrides={
+        "host": getattr(args, "host", None) or None, "port": getattr(args, "port", None),
+        "log_format": getattr(args, "log_format", None)})
 
 
 # -- serve ----------------------------------------------------------------------------
 
-async def serve(settings: Settings, sockets: list[socket.socket] | None = None) -> None:
-    """Run the service until SIGINT/SIGTERM, on ``sockets`` (pre-bound, several processes) or
-    on ``settings.host:port``."""
-    import tornado.httpserver
+def bind(settings: Settings) -> list[socket.socket]:
+    """The listening sockets for ``settings.host:port``; a fault the operator can fix is one
+    line that says what to do."""
+    import errno
+
     import tornado.netutil
+
+    where = f"{settings.host}:{settings.port}"
+    try:
+        return tornado.netutil.bind_sockets(settings.port, settings.host)
+    except socket.gaierror:
+        raise CommandError(f"cannot listen on {settings.host!r}: the host does not resolve; "
+                           "choose another with --host or TOKENSVC_HOST") from None
+    except OSError as exc:
+        if exc.errno == errno.EADDRINUSE:
+            raise CommandError(f"{where} is already in use; choose another with --port or TOKENSVC_PORT") from None
+        if exc.errno == errno.EADDRNOTAVAIL:
+            raise CommandError(f"cannot listen on {settings.host!r}: not an address of this machine; "
+                               "choose another with --host or TOKENSVC_HOST") from None
+        if exc.errno == errno.EACCES:
+            raise CommandError(f"not allowed to listen on {where} (ports below 1024 need privileges); "
+                               "choose another with --port or TOKENSVC_PORT") from None
+        raise CommandError(f"cannot listen on {where}: {exc.strerror or exc}") from None
+
+
+async def serve(settings: Settings, sockets: list[socket.socket]) -> None:
+    """Run the service on ``sockets`` (see :func:`bind`) until SIGINT/SIGTERM."""
+    import tornado.httpserver
     import tornado.process
 
     from tokensvc.app import make_app
@@ -63,11 +83,8 @@ async def serve(settings: Settings, sockets: list[socket.socket] | None = None) 
     # Bodies over 64 KiB are refused with 413 by the handlers; the server's own limit sits
     # above that so that the refusal is a clear 413, not a dropped connection.
     server = tornado.httpserver.HTTPServer(app, xheaders=settings.xheaders, max_body_size=1024 * 1024)
-    if sockets is None:
-        sockets = tornado.netutil.bind_sockets(settings.port, settings.host)
     server.add_sockets(sockets)
-    port = sockets[0].getsockname()[1]
-    local = f"http://{settings.host}:{port}"
+    local = config_module.listen_url(settings.host, settings.port)
     log.info("tokensvc %s listening on %s (storage: %s)", __version__, local, settings.storage.backend)
     if tornado.process.task_id() in (None, 0):  # one banner for a group of processes
         print(f"tokensvc is running on {local}\n"
@@ -93,17 +110,16 @@ def cmd_serve(args: argparse.Namespace) -> int:
     logs.configure(settings.log_format, settings.log_level)
     processes = args.processes
     if processes == 1:
-        asyncio.run(serve(settings))
+        asyncio.run(serve(settings, bind(settings)))
         return 0
     if settings.storage.backend == "memory":
         raise CommandError("--processes needs the MongoDB backend: the memory backend's state lives in one "
                            "process, so several processes would each see different clients, codes and tokens")
-    import tornado.netutil
     import tornado.process
 
     # Bind before forking so every process accepts on the same sockets (tornado's multi-process
     # recipe); each child then builds its own event loop, store client and application.
-    sockets = tornado.netutil.bind_sockets(settings.port, settings.host)
+    sockets = bind(settings)
     tornado.process.fork_processes(processes)
     asyncio.run(serve(settings, sockets))
     return 0
@@ -308,7 +324,7 @@ def build_parser(store_factory: StoreFactory | None = None) -> argparse.Argument
     serve_parser = commands.add_parser("serve", help="run the service", description="Run the service.")
     serve_parser.add_argument("--config", default="config/tokensvc.toml", help="TOML config file")
     serve_parser.add_argument("--host", help="listen address (overrides the config)")
-    serve_parser.add_argument("--port", type=int, help="listen port (overrides the config; 0 = any free port)")
+    serve_parser.add_argument("--port", type=int, help="listen port, 1-65535 (overrides the config)")
     serve_parser.add_argument("--log-format", choices=("text", "json"), help="log line format")
     serve_parser.add_argument("--processes", type=int, default=1, metavar="N",
                               help="worker processes sharing the port (0 = one per core); MongoDB backend only")

@@ -89,8 +89,8 @@ class InstallationSeed:
 @dataclass(slots=True)
 class Settings:
     service_name: str = "tokensvc"
-    base_url: str = "http://127.0.0.1:8080"
-    auth_url: str = "http://127.0.0.1:8080"
+    base_url: str | None = None  # unset: follows the listen address (see listen_url)
+    auth_url: str | None = None
     host: str = "127.0.0.1"
     port: int = 8080
     cookie_secret: str | None = None
@@ -218,8 +218,10 @@ def _parse_env(name: str, text: str, annotation: str) -> Any:
     return text
 
 
-def load(path: str | os.PathLike[str] | None = None, environ: Mapping[str, str] | None = None) -> Settings:
-    """Read the TOML file at ``path`` (none: defaults only), apply the environment, validate."""
+def load(path: str | os.PathLike[str] | None = None, environ: Mapping[str, str] | None = None,
+         overrides: Mapping[str, Any] | None = None) -> Settings:
+    """Read the TOML file at ``path`` (none: defaults only), apply the environment, then
+    ``overrides`` (command-line flags, top-level keys), and validate the result."""
     raw: dict[str, Any] = {}
     if path is not None:
         try:
@@ -229,7 +231,18 @@ def load(path: str | os.PathLike[str] | None = None, environ: Mapping[str, str] 
         except tomllib.TOMLDecodeError as exc:
             raise ConfigError(f"{path}: not valid TOML: {exc}") from None
     _apply_env(raw, os.environ if environ is None else environ)
+    raw.update({key: value for key, value in (overrides or {}).items() if value is not None})
     return from_dict(raw)
+
+
+def listen_url(host: str, port: int) -> str:
+    """The URL a client on this machine reaches ``host:port`` by: a wildcard address is
+    reached on loopback, an IPv6 literal in brackets."""
+    if host in ("", "0.0.0.0"):
+        host = "127.0.0.1"
+    elif host == "::":
+        host = "::1"
+    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
 
 
 def from_dict(raw: Mapping[str, Any]) -> Settings:
@@ -255,11 +268,14 @@ def validate(settings: Settings) -> None:
     """Cross-field checks; fills in a generated cookie secret in demo mode."""
     if not re.fullmatch(r"[A-Za-z0-9_-]{1,64}", settings.service_name):
         raise ConfigError("service_name: letters, digits, '_' and '-' only (it names the session cookie)")
+    if not 1 <= settings.port <= 65535:
+        raise ConfigError(f"port: {settings.port} is outside 1-65535; choose another with --port or TOKENSVC_PORT")
     for key in ("base_url", "auth_url"):
-        _check_url(key, getattr(settings, key))
-        setattr(settings, key, getattr(settings, key).rstrip("/"))
-    if not 0 <= settings.port <= 65535:
-        raise ConfigError(f"port: out of range: {settings.port}")
+        url = getattr(settings, key)
+        if url is None:  # not set: the service is reached where it listens
+            url = listen_url(settings.host, settings.port)
+        _check_url(key, url)
+        setattr(settings, key, url.rstrip("/"))
     if settings.log_format not in ("text", "json"):
         raise ConfigError(f"log_format: expected 'text' or 'json', got {settings.log_format!r}")
     if settings.log_level.upper() not in ("DEBUG", "INFO", "WARNING", "ERROR"):
@@ -303,6 +319,8 @@ def validate(settings: Settings) -> None:
         for uri in client.redirect_uris:
             _check_redirect_uri(f"{key}.redirect_uris", uri)
         if client.logo_url is not None:
+            if client.logo_url.startswith("/") and not client.logo_url.startswith("//"):
+                client.logo_url = settings.auth_url + client.logo_url  # served by this service
             _check_url(f"{key}.logo_url", client.logo_url)
         if client.client_secret is not None and client.client_secret_sha256 is not None:
             raise ConfigError(f"{key}: give client_secret or client_secret_sha256, not both")

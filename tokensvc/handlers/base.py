@@ -50,6 +50,11 @@ class BaseHandler(RequestInput, tornado.web.RequestHandler):
     def check_xsrf_cookie(self) -> None:
         return None
 
+    def head(self, *args: Any, **kwargs: Any) -> Any:
+        """HEAD is answered wherever GET is: GET's status and headers, no body (RFC 9110
+        §9.3.2; Tornado drops the body of a HEAD response). Where there is no GET, 405."""
+        return self.get(*args, **kwargs)
+
     # -- sessions -------------------------------------------------------------------
 
     async def session(self) -> tuple[Session, User] | None:

@@ -60,7 +60,10 @@ class Endpoint(RequestInput, tornado.httputil.HTTPMessageDelegate):
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
-        cls.methods = frozenset(m for m in HTTP_METHODS if callable(getattr(cls, m.lower(), None)))
+        methods = {m for m in HTTP_METHODS if callable(getattr(cls, m.lower(), None))}
+        if "GET" in methods:  # HEAD is answered wherever GET is (RFC 9110 §9.3.2)
+            methods.add("HEAD")
+        cls.methods = frozenset(methods)
 
     @classmethod
     def route(cls, ctx: OAuthContext, config: Settings) -> tornado.routing.Router:
@@ -90,7 +93,7 @@ class Endpoint(RequestInput, tornado.httputil.HTTPMessageDelegate):
                 raise tornado.web.HTTPError(405)
             if self._chunks:
                 self._read_body()
-            await getattr(self, method.lower())(*self._decoded_path_args())
+            await getattr(self, "get" if method == "HEAD" else method.lower())(*self._decoded_path_args())
             if not self._status:
                 raise RuntimeError(f"{type(self).__name__}.{method.lower()} sent no response")
         except Exception as exc:  # every failure becomes a response in the documented shape

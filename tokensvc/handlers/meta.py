@@ -6,38 +6,14 @@ from tokensvc import schemas
 from tokensvc.handlers.base import BaseHandler
 from tokensvc.handlers.common import NotFound
 from tokensvc.handlers.endpoint import Endpoint
-from tokensvc.oauth import clientauth
-
-
-def metadata(base_url: str, auth_url: str, scopes: list[str]) -> dict:
-    return {
-        "issuer": base_url,
-        "authorization_endpoint": f"{auth_url}/oauth/authorize",
-        "token_endpoint": f"{base_url}/oauth/token",
-        "introspection_endpoint": f"{base_url}/oauth/token/introspect",
-        "revocation_endpoint": f"{base_url}/oauth/token/revoke",
-        "response_types_supported": ["code"],
-        "response_modes_supported": ["query"],
-        "grant_types_supported": ["authorization_code"],
-        "code_challenge_methods_supported": ["S256"],
-        "token_endpoint_auth_methods_supported": list(clientauth.AUTH_METHODS),
-        "introspection_endpoint_auth_methods_supported": [clientauth.BASIC, clientauth.POST],
-        "revocation_endpoint_auth_methods_supported": list(clientauth.AUTH_METHODS),
-        "scopes_supported": scopes,
-        "authorization_response_iss_parameter_supported": True,
-        "service_documentation": f"{base_url}/",
-    }
 
 
 class MetadataHandler(Endpoint):
     """``GET /.well-known/oauth-authorization-server``."""
 
     async def get(self) -> None:
-        scopes = {"read", "write", "admin"}
-        for client in await self.ctx.store.list_clients():
-            scopes.update(client.scopes)
-        body = metadata(self.config.base_url, self.config.auth_url, sorted(scopes))
-        self.send_json(schemas.metadata.dump(body), headers={"Cache-Control": "public, max-age=300"})
+        # Made from the configuration, never the store: discovery answers while it is down.
+        self.send_json(schemas.metadata.dump(self.ctx.metadata), headers={"Cache-Control": "public, max-age=300"})
 
 
 class HealthHandler(Endpoint):

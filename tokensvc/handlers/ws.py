@@ -53,6 +53,10 @@ class EchoSocket(AuthMixin, RequestInput, tornado.websocket.WebSocketHandler):
         self.log_client_id = self.principal.client_id
         await super().get(*args, **kwargs)
 
+    async def head(self, *args: Any, **kwargs: Any) -> None:
+        """What a GET without an upgrade gets (401, or 400 for the missing upgrade), no body."""
+        await self.get(*args, **kwargs)
+
     def _refuse(self, body: dict[str, Any]) -> None:
         self.set_header("Content-Type", "application/json")
         self.finish(dumps(body))

@@ -1,0 +1,126 @@
+"""``tokensvc serve``: a clean start and stop, and public URLs that follow the listen address."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import requests
+
+from service import free_port
+from tokensvc import cli, config
+
+DEMO = Path(__file__).resolve().parent.parent / "config" / "tokensvc.toml"
+
+
+def serve(args: list[str], env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    environ = {key: value for key, value in os.environ.items() if not key.startswith("TOKENSVC_")}
+    return subprocess.run([sys.executable, "-m", "tokensvc", "serve", "--config", str(DEMO), *args],
+                          capture_output=True, text=True, timeout=30, env={**environ, **(env or {})})
+
+
+def one_line(result: subprocess.CompletedProcess) -> str:
+    assert result.returncode == 1, result
+    assert "Traceback" not in result.stderr and result.stdout == ""
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    return lines[0]
+
+
+def test_a_busy_port_is_one_line():
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        line = one_line(serve(["--port", str(port)]))
+    assert line == f"tokensvc: 127.0.0.1:{port} is already in use; choose another with --port or TOKENSVC_PORT"
+
+
+def test_a_host_that_does_not_resolve_is_one_line():
+    line = one_line(serve(["--host", "no-such-host.invalid"]))
+    assert line.startswith("tokensvc: cannot listen on 'no-such-host.invalid': the host does not resolve")
+    assert "--host or TOKENSVC_HOST" in line
+
+
+def test_an_address_not_of_this_machine_is_one_line():
+    line = one_line(serve(["--host", "192.0.2.1", "--port", str(free_port())]))  # TEST-NET-1: never local
+    assert "not an address of this machine" in line
+
+
+@pytest.mark.parametrize("how", ["flag", "env", "file"])
+@pytest.mark.parametrize("port", ["-1", "0", "65536", "99999"])
+def test_a_port_outside_the_range_is_one_line(tmp_path, how, port):
+    if how == "flag":
+        result = serve(["--port", port])
+    elif how == "env":
+        result = serve([], {"TOKENSVC_PORT": port})
+    else:
+        path = tmp_path / "bad.toml"
+        path.write_text(f"demo = true\nport = {port}\n")
+        result = subprocess.run([sys.executable, "-m", "tokensvc", "serve", "--config", str(path)],
+                                capture_output=True, text=True, timeout=30)
+    assert one_line(result) == (f"tokensvc: port: {port} is outside 1-65535; "
+                                "choose another with --port or TOKENSVC_PORT")
+
+
+def test_unset_public_urls_follow_the_listen_address():
+    settings = config.load(DEMO, environ={}, overrides={"port": 9000})
+    assert settings.base_url == settings.auth_url == "http://127.0.0.1:9000"
+    # A logo given as a path is served by the service itself, wherever it listens.
+    sky = next(client for client in settings.clients if client.client_id == "skyplanner")
+    assert sky.logo_url == "http://127.0.0.1:9000/static/demo-client.svg"
+    assert config.load(DEMO, environ={"TOKENSVC_PORT": "9001"}).base_url == "http://127.0.0.1:9001"
+    demo = {"demo": True}
+    assert config.load(None, environ={}, overrides={**demo, "host": "0.0.0.0"}).base_url == "http://127.0.0.1:8080"
+    assert config.load(None, environ={}, overrides={**demo, "host": "::1"}).base_url == "http://[::1]:8080"
+    # Set explicitly, they stay as given.
+    explicit = config.load(None, environ={"TOKENSVC_BASE_URL": "https://auth.example/"},
+                           overrides={**demo, "port": 9000})
+    assert explicit.base_url == "https://auth.example" and explicit.auth_url == "http://127.0.0.1:9000"
+
+
+def test_demo_config_on_another_port_works_end_to_end():
+    port = free_port()
+    base = f"http://127.0.0.1:{port}"
+    environ = {key: value for key, value in os.environ.items() if not key.startswith("TOKENSVC_")}
+    process = subprocess.Popen([sys.executable, "-m", "tokensvc", "serve", "--config", str(DEMO)],
+                               env={**environ, "TOKENSVC_PORT": str(port)},
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 20
+        while True:
+            try:
+                requests.get(base + "/healthz", timeout=1)
+                break
+            except requests.ConnectionError:
+                assert time.monotonic() < deadline and process.poll() is None, "tokensvc did not start"
+                time.sleep(0.1)
+        metadata = requests.get(base + "/.well-known/oauth-authorization-server").json()
+        assert metadata["issuer"] == base and metadata["authorization_endpoint"] == base + "/oauth/authorize"
+        assert metadata["token_endpoint"] == base + "/oauth/token"
+        sky = requests.get(base + "/oauth/clients/skyplanner").json()
+        assert sky["logoUrl"] == base + "/static/demo-client.svg"
+        logo = requests.get(sky["logoUrl"])
+        assert logo.status_code == 200 and logo.headers["Content-Type"] == "image/svg+xml"
+    finally:
+        process.terminate()
+        out, err = process.communicate(timeout=10)
+    assert process.returncode == 0, err
+    assert f"tokensvc is running on {base}" in out
+    assert f"authorization:      {base}/oauth/authorize" in out and f"token endpoint:     {base}/oauth/token" in out
+    assert "Traceback" not in err
+
+
+def test_in_process_listen_errors_are_command_errors(capsys):
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        assert cli.main(["serve", "--config", str(DEMO), "--port", str(port)]) == 1
+    assert capsys.readouterr().err == (f"tokensvc: 127.0.0.1:{port} is already in use; "
+                                       "choose another with --port or TOKENSVC_PORT\n")
