@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import html as html_module
+import re
 import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
+from urllib.parse import urljoin
 
 import requests
 
@@ -119,3 +122,30 @@ def start_service(tmp_path: Path, storage: str = "", *, callback: str | None = N
             time.sleep(0.1)
     process.kill()
     raise AssertionError("tokensvc did not start in time")
+
+
+def hidden_fields(html: str) -> dict[str, str]:
+    return {name: html_module.unescape(value)
+            for name, value in re.findall(r'<input type="hidden" name="([^"]+)" value="([^"]*)"', html)}
+
+
+def user_agent_authorize(authorization_url: str, decision: str = "allow") -> str:
+    """Follow the authorization URL as a browser would: sign in, answer consent, and return
+    the final redirect to the client (never followed: nothing listens there)."""
+    agent = requests.Session()
+    response = agent.get(authorization_url, allow_redirects=False)
+    assert response.status_code == 302 and response.headers["Location"].startswith("/login?next=")
+    login_url = urljoin(authorization_url, response.headers["Location"])
+    page = agent.get(login_url)
+    form = hidden_fields(page.text)
+    form.update(username="alice", password="alice-e2e-password")
+    response = agent.post(urljoin(authorization_url, "/login"), data=form, allow_redirects=False)
+    assert response.status_code == 302, response.text
+    response = agent.get(urljoin(authorization_url, response.headers["Location"]), allow_redirects=False)
+    if response.status_code == 200:  # consent page
+        assert "SkyPlanner" in response.text
+        form = hidden_fields(response.text)
+        form["decision"] = decision
+        response = agent.post(urljoin(authorization_url, "/oauth/authorize"), data=form, allow_redirects=False)
+    assert response.status_code == 302, response.text
+    return response.headers["Location"]

@@ -3,16 +3,14 @@ library (Authlib's ``OAuth2Session``, S256 PKCE) and a requests-based user agent
 
 from __future__ import annotations
 
-import html as html_module
-import re
-from urllib.parse import parse_qs, urljoin, urlsplit
+from urllib.parse import parse_qs, urlsplit
 
 import pytest
 import requests
 from authlib.integrations.requests_client import OAuth2Session
 from authlib.common.security import generate_token
 
-from service import WEBAPP_SECRET, free_port, start_service
+from service import WEBAPP_SECRET, free_port, start_service, user_agent_authorize
 
 pytestmark = pytest.mark.e2e
 
@@ -25,33 +23,6 @@ def service(tmp_path_factory):
     # The service logs no secret, and shuts down cleanly on SIGTERM.
     assert WEBAPP_SECRET not in output and "alice-e2e-password" not in output
     assert service.returncode == 0, output
-
-
-def hidden_fields(html: str) -> dict[str, str]:
-    return {name: html_module.unescape(value)
-            for name, value in re.findall(r'<input type="hidden" name="([^"]+)" value="([^"]*)"', html)}
-
-
-def user_agent_authorize(authorization_url: str, decision: str = "allow") -> str:
-    """Follow the authorization URL as a browser would: sign in, answer consent, and return
-    the final redirect to the client (never followed: nothing listens there)."""
-    agent = requests.Session()
-    response = agent.get(authorization_url, allow_redirects=False)
-    assert response.status_code == 302 and response.headers["Location"].startswith("/login?next=")
-    login_url = urljoin(authorization_url, response.headers["Location"])
-    page = agent.get(login_url)
-    form = hidden_fields(page.text)
-    form.update(username="alice", password="alice-e2e-password")
-    response = agent.post(urljoin(authorization_url, "/login"), data=form, allow_redirects=False)
-    assert response.status_code == 302, response.text
-    response = agent.get(urljoin(authorization_url, response.headers["Location"]), allow_redirects=False)
-    if response.status_code == 200:  # consent page
-        assert "SkyPlanner" in response.text
-        form = hidden_fields(response.text)
-        form["decision"] = decision
-        response = agent.post(urljoin(authorization_url, "/oauth/authorize"), data=form, allow_redirects=False)
-    assert response.status_code == 302, response.text
-    return response.headers["Location"]
 
 
 def run_full_flow(base: str, client: OAuth2Session, scope: str) -> None:
