@@ -28,7 +28,7 @@ def test_document_shape():
     for path in ("/oauth/token", "/oauth/token/refresh", "/oauth/token/introspect", "/oauth/token/revoke",
                  "/oauth/revoke", "/oauth/sign-out", "/oauth/clients", "/oauth/clients/{client_id}",
                  "/oauth/authorize", "/v1/me", "/v1/me/connected-apps", "/v1/me/connected-apps/{client_id}",
-                 "/.well-known/oauth-authorization-server"):
+                 "/.well-known/oauth-authorization-server", "/account"):
         assert path in document["paths"], path
 
 

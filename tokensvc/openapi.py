@@ -131,6 +131,16 @@ def build() -> dict[str, Any]:
                 "parameters": [{"name": "next", "in": "query", "required": False, "schema": {"type": "string"}}],
                 "responses": {"200": _html("The form")}},
     })
+    spec.path("/account", operations={
+        "get": {"summary": "The signed-in user's page: connected apps, each with a Remove button; sign-out",
+                "responses": {"200": _html("The page"), "303": _redirect("Signed out: to sign-in, then back"),
+                              "503": _html("The store does not answer")}},
+        "post": {"summary": "Remove a connected app (form: client_id, _xsrf): its grant and all its tokens",
+                 "responses": {"303": _redirect("Back to the account page, or to sign-in"),
+                               "403": _html("No valid XSRF token"), "413": _html("Body too large"),
+                               "422": _html("client_id is not a client id"),
+                               "503": _html("The store does not answer")}},
+    })
     bearer_security = [{"bearer": []}]
     spec.path("/v1/me", operations={"get": {
         "summary": "Who the token or session acts for (scope read)", "security": bearer_security,
@@ -148,7 +158,7 @@ def build() -> dict[str, Any]:
                       "422": INVALID, "503": UNAVAILABLE}}})
     spec.path("/.well-known/oauth-authorization-server", operations={"get": {
         "summary": "Authorization server metadata (RFC 8414)",
-        "responses": {"200": _json("Metadata", "Metadata"), "503": UNAVAILABLE}}})
+        "responses": {"200": _json("Metadata", "Metadata, made from the configuration (never 503)")}}})
     spec.path("/healthz", operations={"get": {"summary": "The process is alive",
                                               "responses": {"200": _json("Status", "Alive")}}})
     spec.path("/readyz", operations={"get": {"summary": "The store answers",

@@ -1,0 +1,67 @@
+"""The README's hand-run flow runs top to bottom as written, against the demo configuration."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import requests
+
+from service import free_port
+
+pytestmark = pytest.mark.e2e
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def hand_run_flow() -> str:
+    readme = (ROOT / "README.md").read_text()
+    section = readme[readme.index("A whole flow by hand"):]
+    return re.search(r"```sh\n(.*?)```", section, re.S).group(1)
+
+
+@pytest.fixture
+def demo_service():
+    port = free_port()
+    base = f"http://127.0.0.1:{port}"
+    environ = {key: value for key, value in os.environ.items() if not key.startswith("TOKENSVC_")}
+    process = subprocess.Popen([sys.executable, "-m", "tokensvc", "serve", "--config", str(ROOT / "config" / "tokensvc.toml")],
+                               env={**environ, "TOKENSVC_PORT": str(port)},
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 20
+    while True:
+        try:
+            requests.get(base + "/healthz", timeout=1)
+            break
+        except requests.ConnectionError:
+            assert time.monotonic() < deadline and process.poll() is None, "tokensvc did not start"
+            time.sleep(0.1)
+    yield base
+    process.terminate()
+    process.wait(timeout=10)
+
+
+@pytest.mark.skipif(shutil.which("curl") is None, reason="the README's flow uses curl")
+def test_the_hand_run_flow_runs_as_written(demo_service):
+    bin_dir = str(Path(sys.executable).parent)  # the flow's python3 is whatever is on PATH
+    result = subprocess.run(["bash", "-euo", "pipefail", "-c", hand_run_flow()], capture_output=True, text=True,
+                            timeout=60, env={**os.environ, "BASE": demo_service,
+                                             "PATH": bin_dir + os.pathsep + os.environ["PATH"]})
+    assert result.returncode == 0, result.stderr + result.stdout
+    lines = result.stdout.splitlines()
+    assert lines[0] == "wants access to your account <strong>alice</strong></p>"
+    tokens = json.loads(lines[1])
+    assert tokens["token_type"] == "Bearer" and tokens["scope"] == "read"
+    me = json.loads(lines[2])
+    assert me["username"] == "alice" and me["clientId"] == "skyplanner"
+    active = json.loads(lines[3])
+    assert active["active"] is True and active["client_id"] == "skyplanner"
+    assert json.loads(lines[4]) == {}
+    assert json.loads(lines[5]) == {"active": False}
