@@ -98,6 +98,11 @@ def test_service_starts_without_its_database_and_answers_503(tmp_path):
         assert ready.status_code == 503 and set(ready.json()) == {"detail"}
         clients = requests.get(base + "/oauth/clients")
         assert clients.status_code == 503 and set(clients.json()) == {"detail"}
+        # Discovery comes from the configuration and the code: it answers without the database.
+        metadata = requests.get(base + "/.well-known/oauth-authorization-server")
+        assert metadata.status_code == 200 and metadata.json()["issuer"] == base
+        assert requests.get(base + "/openapi.json").status_code == 200
+        assert requests.head(base + "/.well-known/oauth-authorization-server").status_code == 200
     finally:
         output = service.stop()
     assert "Traceback" not in output
