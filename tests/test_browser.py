@@ -43,6 +43,7 @@ if not (CHROMIUM and CHROMEDRIVER):
     pytest.skip("no headless browser here: apt-get install chromium chromium-driver", allow_module_level=True)
 
 webdriver = pytest.importorskip("selenium.webdriver")
+from selenium.common.exceptions import StaleElementReferenceException  # noqa: E402
 from selenium.webdriver.common.by import By  # noqa: E402
 from selenium.webdriver.support import expected_conditions  # noqa: E402
 from selenium.webdriver.support.ui import WebDriverWait  # noqa: E402
@@ -135,14 +136,19 @@ def sky_url(service: str, callback: str) -> str:
     return authorize_url(service, callback, "skyplanner", "read observations:write")
 
 
+def wait_until(driver, condition):
+    """Wait for ``condition(driver)``; an element that goes stale as a page navigates is no error."""
+    return WebDriverWait(driver, 10, ignored_exceptions=[StaleElementReferenceException]).until(condition)
+
+
 def wait_for(driver, by, value):
-    return WebDriverWait(driver, 10).until(expected_conditions.presence_of_element_located((by, value)))
+    return wait_until(driver, expected_conditions.presence_of_element_located((by, value)))
 
 
 def landed_on(driver, url: str) -> dict[str, list[str]]:
     """Wait until the browser shows ``url`` (the client's callback); its query."""
-    WebDriverWait(driver, 10).until(lambda d: d.current_url.startswith(url + "?"))
-    assert driver.find_element(By.TAG_NAME, "p").text == "received"  # the page itself loaded
+    wait_until(driver, lambda d: d.current_url.startswith(url + "?"))
+    wait_until(driver, lambda d: d.find_element(By.TAG_NAME, "p").text == "received")  # the page itself loaded
     return parse_qs(urlsplit(driver.current_url).query)
 
 
@@ -161,7 +167,7 @@ def sign_in(driver, password: str, username: str = "alice") -> None:
 def sign_in_directly(driver, service: str, username: str = "alice") -> None:
     driver.get(service + "/login")
     sign_in(driver, PASSWORDS[username], username)
-    WebDriverWait(driver, 10).until(lambda d: urlsplit(d.current_url).path == "/")
+    wait_until(driver, lambda d: urlsplit(d.current_url).path == "/")
 
 
 def exchange(service: str, code: str, client_id: str, callback: str) -> dict:
@@ -281,7 +287,7 @@ def test_pairing_is_refused_to_a_user_who_is_not_an_operator(service, callback, 
 def test_account_page_lists_connected_apps_and_removes_one(service, callback, driver, shots):
     driver.get(service + "/account")  # signed out: sign in, then back
     sign_in(driver, PASSWORDS["alice"])
-    WebDriverWait(driver, 10).until(lambda d: urlsplit(d.current_url).path == "/account")
+    wait_until(driver, lambda d: urlsplit(d.current_url).path == "/account")
 
     driver.get(sky_url(service, callback))  # connect SkyPlanner, and hold its tokens
     wait_for(driver, By.CSS_SELECTOR, "button[value=allow]").click()
@@ -301,8 +307,7 @@ def test_account_page_lists_connected_apps_and_removes_one(service, callback, dr
     driver.save_screenshot(str(shots / "account.png"))
 
     app.find_element(By.CSS_SELECTOR, "button[name=client_id]").click()
-    WebDriverWait(driver, 10).until(
-        lambda d: not d.find_elements(By.CSS_SELECTOR, "li.app[data-client-id=skyplanner]"))
+    wait_until(driver, lambda d: not d.find_elements(By.CSS_SELECTOR, "li.app[data-client-id=skyplanner]"))
     assert urlsplit(driver.current_url).path == "/account"
     for token in (tokens["access_token"], tokens["refresh_token"]):
         assert introspect(service, token) == {"active": False}
@@ -312,7 +317,7 @@ def test_sign_out_ends_the_session(service, callback, driver):
     sign_in_directly(driver, service)
     driver.get(service + "/account")
     wait_for(driver, By.CSS_SELECTOR, "form[action='/logout'] button").click()
-    WebDriverWait(driver, 10).until(lambda d: "You are signed out" in d.find_element(By.TAG_NAME, "h1").text)
+    wait_until(driver, lambda d: "You are signed out" in d.find_element(By.TAG_NAME, "h1").text)
     driver.get(service + "/account")
     wait_for(driver, By.ID, "username")
     assert urlsplit(driver.current_url).path == "/login"
