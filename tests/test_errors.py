@@ -6,7 +6,7 @@ import socket
 import pytest
 
 from helpers import make_config, WEBAPP_REDIRECT, WEBAPP_SECRET, basic, json_of, post_form
-from tokensvc.handlers.common import redact
+from tokensvc.handlers.access_log import redact
 from tokensvc.config import StorageSettings
 from tokensvc.storage.base import StorageError
 from tokensvc.storage.memory import MemoryStore

@@ -6,7 +6,7 @@ from urllib.parse import urlencode, urlsplit
 import pytest
 
 from helpers import CHALLENGE, SKY_REDIRECT, WEBAPP_REDIRECT, exchange, json_of
-from tokensvc.handlers.base import csp_source, page_csp
+from tokensvc.handlers.page import csp_source, page_csp
 
 
 def directive(response, name: str) -> list[str]:

@@ -11,7 +11,8 @@ from tornado.routing import Router
 
 from tokensvc.config import Settings
 from tokensvc.handlers import api, clients, meta, pages, token, ws
-from tokensvc.handlers.common import log_access
+from tokensvc.handlers.access_log import log_access
+from tokensvc.handlers.json_api import NotFoundHandler
 from tokensvc.oauth.context import OAuthContext
 from tokensvc.storage.base import Store
 
@@ -19,7 +20,7 @@ HERE = Path(__file__).parent
 
 
 def log_request(handler: tornado.web.RequestHandler) -> None:
-    """The access-log line of a request served by a RequestHandler (Endpoints log their own)."""
+    """The access-log line of a request served by a RequestHandler (JsonHandlers log their own)."""
     log_access(handler.get_status(), handler.request, getattr(handler, "log_client_id", None))
 
 
@@ -63,20 +64,19 @@ def make_app(config: Settings, store: Store, ctx: OAuthContext | None = None) ->
     ]}
     routes = [
         (r"/oauth/clients/([^/]*)", clients.ClientHandler.route(ctx, config)),
-        (r"/oauth/sign-out", token.SignOutHandler, deps),
+        (r"/oauth/sign-out", token.SignOutHandler.route(ctx, config)),
         (r"/oauth/authorize", pages.AuthorizeHandler, deps),
         (r"/login", pages.LoginHandler, deps),
         (r"/logout", pages.LogoutHandler, deps),
         (r"/account", pages.AccountHandler, deps),
         (r"/", pages.HomeHandler, deps),
-        (r"/v1/me/connected-apps/([^/]*)", api.ConnectedAppHandler, deps),
+        (r"/v1/me/connected-apps/([^/]*)", api.ConnectedAppHandler.route(ctx, config)),
         (r"/v1/ws", ws.EchoSocket, deps),
+        (r".*", NotFoundHandler.route(ctx, config)),
     ]
     app = Application(
         endpoints,
         routes,
-        default_handler_class=meta.NotFoundHandler,
-        default_handler_args=deps,
         template_path=str(HERE / "templates"),
         static_path=str(HERE / "static"),
         cookie_secret=config.cookie_secret,

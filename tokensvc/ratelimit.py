@@ -20,11 +20,20 @@ from tokensvc.config import LimitSettings
 
 
 class TooManyFailures(Exception):
-    """The key has failed too often: wait ``retry_after`` seconds."""
+    """The key has failed too often: 429 with ``Retry-After`` (RFC 6585 §4)."""
+
+    status_code = 429
 
     def __init__(self, retry_after: int) -> None:
         super().__init__(f"too many failed attempts; retry in {retry_after} s")
         self.retry_after = retry_after
+
+    def body(self) -> dict[str, str]:
+        return {"error": "too_many_requests",
+                "error_description": f"Too many failed attempts; try again in {self.retry_after} seconds."}
+
+    def headers(self) -> dict[str, str]:
+        return {"Retry-After": str(self.retry_after)}
 
 
 class FailureLimiter(abc.ABC):

@@ -2,33 +2,19 @@
 
 from __future__ import annotations
 
-import tornado.web
-
 from tokensvc import schemas
 from tokensvc.handlers.auth import AuthMixin, requires
-from tokensvc.handlers.base import BaseHandler
-from tokensvc.handlers.common import SECURITY_HEADERS, NotFound
-from tokensvc.handlers.endpoint import Endpoint
+from tokensvc.handlers.errors import NotFound
+from tokensvc.handlers.json_api import PRIVATE_HEADERS, JsonHandler
 from tokensvc.oauth import connected_apps, revocation
 from tokensvc.oauth.principal import Principal
 
 
-API_HEADERS = {**SECURITY_HEADERS, "Cache-Control": "no-store"}  # private to the caller
+class ApiEndpoint(AuthMixin, JsonHandler):
+    """A ``/v1/`` endpoint: a bearer token or the session cookie; its answers are private."""
 
-
-class ApiEndpoint(AuthMixin, Endpoint):
-    """A JSON endpoint under ``/v1/`` (bearer token, or the session cookie on safe methods)."""
-
-    default_headers = API_HEADERS
-
-
-class ApiHandler(AuthMixin, BaseHandler):
-    """A ``/v1/`` change that also takes the session cookie: Tornado checks its XSRF token."""
-
-    default_headers = API_HEADERS
-
-    def check_same_origin(self) -> None:
-        tornado.web.RequestHandler.check_xsrf_cookie(self)
+    default_headers = PRIVATE_HEADERS
+    takes_session = True
 
 
 async def describe(handler: AuthMixin, principal: Principal) -> dict:
@@ -62,7 +48,7 @@ class ConnectedAppsHandler(ApiEndpoint):
         self.send_json(schemas.connected_apps.dump(await connected_apps.list_connected(self.ctx, principal.subject)))
 
 
-class ConnectedAppHandler(ApiHandler):
+class ConnectedAppHandler(ApiEndpoint):
     """``DELETE /v1/me/connected-apps/{client_id}`` (connected-apps:write): revoke that grant."""
 
     @requires("connected-apps:write")
@@ -71,5 +57,4 @@ class ConnectedAppHandler(ApiHandler):
         self.load_client_id(client_id)
         if not await revocation.revoke_connected_app(self.ctx, principal.subject, client_id):
             raise NotFound(f"No active grant for client {client_id!r}")
-        self.set_status(204)
-        self.finish()
+        self.send(204, b"", None)

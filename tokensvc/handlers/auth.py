@@ -5,20 +5,16 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Awaitable, Callable
-from typing import Any, TypeVar
+from typing import Any
 
 from tokensvc.oauth import bearer, principal as principals
 from tokensvc.oauth.errors import AccessDenied, InvalidToken
 from tokensvc.oauth.principal import Principal
 
-H = TypeVar("H", bound="AuthMixin")
-
-UNSAFE_METHODS = frozenset({"POST", "PUT", "PATCH", "DELETE"})
-
 
 class AuthMixin:
-    """For handlers with ``request``, ``ctx`` and ``config`` (an Endpoint, a BaseHandler or the
-    WebSocket). Sets ``self.principal``."""
+    """For handlers with ``request``, ``ctx`` and ``config`` (a JsonHandler or the WebSocket).
+    Sets ``self.principal``."""
 
     principal: Principal | None = None
     accept_query_token = False  # only WebSockets, where browsers cannot set headers
@@ -33,12 +29,10 @@ class AuthMixin:
             if found is None:
                 raise InvalidToken("The access token is missing, expired, revoked or malformed")
             return found
+        # The cookie is ambient authority: the base has checked an unsafe request's XSRF token.
         found = await principals.from_session(self.ctx, self.raw_session_id())
         if found is None:
             raise InvalidToken("Authentication required: a bearer token or a session")
-        if self.request.method in UNSAFE_METHODS:
-            # The cookie is ambient authority: unsafe requests must prove same-origin.
-            self.check_same_origin()
         return found
 
     def require_user(self) -> Principal:

@@ -3,16 +3,16 @@
 from __future__ import annotations
 
 from tokensvc import schemas
-from tokensvc.handlers.common import NotFound
-from tokensvc.handlers.endpoint import Endpoint
+from tokensvc.handlers.errors import NotFound
+from tokensvc.handlers.json_api import JsonHandler
 
 
-class ClientListHandler(Endpoint):
+class ClientListHandler(JsonHandler):
     async def get(self) -> None:
         self.send_json(schemas.oauth_clients.dump(await self.ctx.store.list_clients()))
 
 
-class ClientHandler(Endpoint):
+class ClientHandler(JsonHandler):
     async def get(self, client_id: str) -> None:
         self.load_client_id(client_id)
         client = await self.ctx.store.get_client(client_id)

@@ -3,12 +3,10 @@
 from __future__ import annotations
 
 from tokensvc import schemas
-from tokensvc.handlers.base import BaseHandler
-from tokensvc.handlers.common import NotFound
-from tokensvc.handlers.endpoint import Endpoint
+from tokensvc.handlers.json_api import JsonHandler
 
 
-class MetadataHandler(Endpoint):
+class MetadataHandler(JsonHandler):
     """``GET /.well-known/oauth-authorization-server``."""
 
     async def get(self) -> None:
@@ -16,14 +14,14 @@ class MetadataHandler(Endpoint):
         self.send_json(schemas.metadata.dump(self.ctx.metadata), headers={"Cache-Control": "public, max-age=300"})
 
 
-class HealthHandler(Endpoint):
+class HealthHandler(JsonHandler):
     """``GET /healthz``: the process answers."""
 
     async def get(self) -> None:
         self.send_json({"status": "ok"})
 
 
-class ReadyHandler(Endpoint):
+class ReadyHandler(JsonHandler):
     """``GET /readyz``: the store answers a ping (503 otherwise)."""
 
     async def get(self) -> None:
@@ -31,14 +29,7 @@ class ReadyHandler(Endpoint):
         self.send_json({"status": "ok"})
 
 
-class NotFoundHandler(BaseHandler):
-    """Every unrouted path: 404 ``{"detail"}``."""
-
-    def prepare(self) -> None:
-        raise NotFound(f"No resource at {self.request.path}")
-
-
-class OpenAPIHandler(Endpoint):
+class OpenAPIHandler(JsonHandler):
     """``GET /openapi.json``: the OpenAPI 3.1 document, built once."""
 
     document: bytes | None = None

@@ -7,8 +7,8 @@ import logging
 from urllib.parse import urlencode, urlsplit
 
 from tokensvc import logs, schemas
-from tokensvc.handlers.base import PageHandler
-from tokensvc.handlers.common import ValidationFailed
+from tokensvc.handlers.errors import ValidationFailed
+from tokensvc.handlers.page import PageHandler
 from tokensvc.oauth import authorization, connected_apps, revocation, sessions
 from tokensvc.oauth.authorization import AuthorizationRequest, RedirectError
 from tokensvc.oauth.errors import AccessDenied, InvalidRequest, RedirectUnverified
@@ -16,6 +16,7 @@ from tokensvc.ratelimit import TooManyFailures
 from tokensvc.records import Subject, User
 
 
+REFUSED = "This request cannot be completed"
 SCOPE_WORDS = {
     "read": "Read your data",
     "write": "Read, create and change your data",
@@ -67,7 +68,7 @@ class AuthorizeHandler(PageHandler):
         try:
             args = {name: [value.decode("utf-8") for value in values] for name, values in raw_args.items()}
         except UnicodeDecodeError:
-            return self.error_page(400, "The authorization request is not valid UTF-8.")
+            return self.error_page(400, REFUSED, "The authorization request is not valid UTF-8.")
         try:
             request = await authorization.validate(self.ctx, args)
             found = await self.session()
@@ -94,7 +95,7 @@ class AuthorizeHandler(PageHandler):
                                     request.state)
             self.render_consent(request, user, installation)
         except RedirectUnverified as exc:
-            self.error_page(400, exc.description)
+            self.error_page(400, REFUSED, exc.description)
         except RedirectError as exc:
             self.redirect(authorization.error_redirect(exc, self.ctx.issuer))
 
@@ -108,10 +109,6 @@ class AuthorizeHandler(PageHandler):
         logs.audit("consent", {
             "client_id": request.client.client_id, "subject": user.user_id, "scopes": request.scopes,
             "outcome": outcome}, message=f"consent {outcome}")
-
-    def error_page(self, status: int, message: str) -> None:
-        self.set_status(status)
-        self.render("error.html", title="This request cannot be completed", message=message, status=status)
 
 
 class LoginHandler(PageHandler):
@@ -149,10 +146,7 @@ class LoginHandler(PageHandler):
             self.set_status(401)
             return await self.render_login(target, "Wrong username or password.", data["username"])
         brakes.login_succeeded(data["username"])
-        session_id = await sessions.start(self.ctx, user)
-        self.set_signed_cookie(
-            self.config.session_cookie, session_id, expires_days=self.cookie_days(), path="/",
-            httponly=True, samesite="Lax", secure=self.config.secure_cookies)
+        self.start_session(await sessions.start(self.ctx, user))
         logs.audit("login", {"subject": user.user_id, "username": user.username, "outcome": "success",
                              "remote_ip": self.request.remote_ip}, message="login succeeded")
         self.redirect(target)
@@ -173,7 +167,7 @@ class LogoutHandler(PageHandler):
 
     async def post(self) -> None:
         await sessions.end(self.ctx, self.raw_session_id())
-        self.clear_cookie(self.config.session_cookie, path="/")
+        self.end_session()
         self.render("signed_out.html")
 
 

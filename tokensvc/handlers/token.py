@@ -4,18 +4,15 @@ from __future__ import annotations
 
 import logging
 
-import tornado.web
-
 from tokensvc import logs, schemas
-from tokensvc.handlers.base import TokenEndpointHandler
-from tokensvc.handlers.common import TOKEN_HEADERS, ValidationFailed
-from tokensvc.handlers.endpoint import Endpoint
+from tokensvc.handlers.errors import ValidationFailed
+from tokensvc.handlers.json_api import TOKEN_HEADERS, JsonHandler
 from tokensvc.oauth import bearer, clientauth, grants, introspection, revocation, sessions
 from tokensvc.oauth.errors import InvalidClient, InvalidRequest, UnsupportedGrantType
 from tokensvc.records import Client
 
 
-class TokenEndpoint(Endpoint):
+class TokenEndpoint(JsonHandler):
     """A token endpoint: its responses are never cached (RFC 6749 §5.1)."""
 
     default_headers = TOKEN_HEADERS
@@ -125,20 +122,18 @@ class GrantRevokeHandler(TokenEndpoint):
         self.send_json({})
 
 
-class SignOutHandler(TokenEndpointHandler):
-    """``POST /oauth/sign-out``: end the web session, and revoke ``token`` when given.
+class SignOutHandler(TokenEndpoint):
+    """``POST /oauth/sign-out``: end the web session, and revoke ``token`` when given. The
+    session cookie is its authority, so a request that carries it needs an XSRF token."""
 
-    A RequestHandler, not an :class:`Endpoint`: it takes the session cookie as authority, so
-    Tornado checks its XSRF token."""
+    takes_session = True
 
     async def post(self) -> None:
         data = self.load(schemas.optional_token_query, self.query(schemas.optional_token_query), "query")
         session_id = self.raw_session_id()
         if session_id is not None:
-            # The cookie is ambient authority: a cross-site form must not sign the user out.
-            tornado.web.RequestHandler.check_xsrf_cookie(self)
             await sessions.end(self.ctx, session_id)
-        self.clear_cookie(self.config.session_cookie, path="/")
+        self.clear_cookie(self.config.session_cookie)
         if data.get("token"):
             await revocation.revoke_token(self.ctx, data["token"], None)
         self.send_json({})

@@ -17,7 +17,9 @@ from tokensvc import schemas
 from tokensvc.config import Settings
 from tokensvc.handlers.api import describe
 from tokensvc.handlers.auth import AuthMixin
-from tokensvc.handlers.common import STORE_DOWN, RequestInput, dumps
+from tokensvc.handlers.errors import response_for
+from tokensvc.handlers.inputs import RequestInput
+from tokensvc.handlers.json_api import SECURITY_HEADERS, dumps
 from tokensvc.oauth import principal as principals
 from tokensvc.oauth.context import OAuthContext
 from tokensvc.oauth.errors import OAuthError
@@ -43,13 +45,8 @@ class EchoSocket(AuthMixin, RequestInput, tornado.websocket.WebSocketHandler):
         try:
             self.principal = await self.authenticate()
             self.principal.require("read")
-        except OAuthError as exc:
-            self.set_status(exc.status_code)
-            self.set_header("WWW-Authenticate", f'Bearer realm="tokensvc", error="{exc.error}"')
-            return self._refuse(exc.body())
-        except StorageError:
-            self.set_status(503)
-            return self._refuse({"detail": STORE_DOWN})
+        except (OAuthError, StorageError) as exc:
+            return self._refuse(exc)
         self.log_client_id = self.principal.client_id
         await super().get(*args, **kwargs)
 
@@ -57,8 +54,12 @@ class EchoSocket(AuthMixin, RequestInput, tornado.websocket.WebSocketHandler):
         """What a GET without an upgrade gets (401, or 400 for the missing upgrade), no body."""
         await self.get(*args, **kwargs)
 
-    def _refuse(self, body: dict[str, Any]) -> None:
-        self.set_header("Content-Type", "application/json")
+    def _refuse(self, exc: Exception) -> None:
+        """No upgrade: the JSON error response, with the JSON API's security headers."""
+        status, body, headers = response_for(exc)
+        self.set_status(status)
+        for name, value in {**SECURITY_HEADERS, **headers, "Content-Type": "application/json"}.items():
+            self.set_header(name, value)
         self.finish(dumps(body))
 
     def check_origin(self, origin: str) -> bool:

@@ -1,10 +1,14 @@
 """OAuth 2.0 error responses (RFC 6749 §4.1.2.1 and §5.2, RFC 6750 §3.1, RFC 7009 §2.2.1).
 
-Each error is a small class carrying its ``error`` code and HTTP status; the web layer
-turns one into a JSON body or a redirect, the protocol layer only raises them.
+Each error is a small class that owns its response, as Authlib's do: ``status_code``,
+``body()`` (the RFC 6749 §5.2 JSON object) and ``headers()`` (the RFC 6750 §3 / RFC 7235
+challenges). The web layer renders one as JSON, an error page or a redirect; the protocol
+layer only raises them.
 """
 
 from __future__ import annotations
+
+REALM = "tokensvc"
 
 
 class OAuthError(Exception):
@@ -25,6 +29,9 @@ class OAuthError(Exception):
             body["error_description"] = self.description
         return body
 
+    def headers(self) -> dict[str, str]:
+        return {}
+
 
 class InvalidRequest(OAuthError):
     """RFC 6749 §5.2: a required parameter is missing, repeated or malformed."""
@@ -41,6 +48,10 @@ class InvalidClient(OAuthError):
     def __init__(self, description: str | None = None, *, basic: bool = False) -> None:
         super().__init__(description)
         self.basic = basic
+
+    def headers(self) -> dict[str, str]:
+        # RFC 6749 §5.2: a client that tried Basic is challenged to try it again.
+        return {"WWW-Authenticate": f'Basic realm="{REALM}", charset="UTF-8"'} if self.basic else {}
 
 
 class InvalidGrant(OAuthError):
@@ -80,6 +91,9 @@ class InvalidToken(OAuthError):
     error = "invalid_token"
     status_code = 401
 
+    def headers(self) -> dict[str, str]:
+        return {"WWW-Authenticate": f'Bearer realm="{REALM}", error="invalid_token"'}
+
 
 class InsufficientScope(OAuthError):
     """RFC 6750 §3.1: the bearer token lacks the scope the endpoint needs."""
@@ -93,6 +107,9 @@ class InsufficientScope(OAuthError):
 
     def body(self) -> dict[str, str]:
         return {"error": self.error, "error_description": self.description or "", "scope": self.scope}
+
+    def headers(self) -> dict[str, str]:
+        return {"WWW-Authenticate": f'Bearer realm="{REALM}", error="insufficient_scope", scope="{self.scope}"'}
 
 
 class RedirectUnverified(Exception):

@@ -1,25 +1,33 @@
-"""JSON endpoints served from Tornado's HTTP layer (``tornado.httputil.HTTPMessageDelegate``).
+"""The JSON base: every JSON route is a :class:`JsonHandler`, served from Tornado's HTTP layer.
 
-The JSON API (token endpoints, clients, ``/v1/me``, discovery and health) does not go
-through ``tornado.web.RequestHandler``: measured with ``make bench``, RequestHandler's
-per-request machinery (an asyncio Task per request, output transforms, flush and finish
-futures, per-header validation) costs about 40 % of a hello world, more than all of the OAuth
-work of an introspection. An :class:`Endpoint` gets the request Tornado's HTTP server has
-already parsed, reads the body, runs one method and writes one response; the routing,
-connection handling, keep-alive and ``xheaders`` stay Tornado's. Pages, the WebSocket and
-the cookie-authenticated changes that need XSRF checks stay on ``tornado.web``
-(:mod:`tokensvc.handlers.base`). Both kinds render errors and log through
-:mod:`tokensvc.handlers.common`.
+A ``JsonHandler`` is a ``tornado.httputil.HTTPMessageDelegate`` that Tornado's ``Application``
+routes to: it gets the request Tornado's HTTP server has parsed, reads the body, runs one
+method and writes one response through the connection's public ``write_headers`` and
+``finish``. Routing, connection handling, keep-alive and ``xheaders`` stay Tornado's.
+
+Why not ``RequestHandler``: measured with ``make bench``, its per-request machinery (an
+asyncio Task per request, output transforms, flush and finish futures, per-header
+validation) costs about 40 % of a hello world, more than all of the OAuth work of an
+introspection, and the targets (introspection and ``/v1/me`` at 0.90 of the hello world)
+leave no room for it.
+
+What every JSON route gets here, in one place: method dispatch (405 with ``Allow``; HEAD
+wherever GET is), the 64 KiB body limit (413), the XSRF rule for routes that take the
+session cookie (:mod:`.xsrf`), the security headers, one rendering of every error
+(:func:`.errors.response_for`), and the access line.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import sys
 import time
 import types
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
+from http.cookies import SimpleCookie
+from json.encoder import c_encode_basestring, c_make_encoder  # type: ignore[attr-defined]
 from typing import Any, ClassVar
 
 import tornado.httputil
@@ -28,24 +36,58 @@ import tornado.web
 from tornado.httputil import HTTPHeaders, HTTPServerRequest, ResponseStartLine
 
 from tokensvc.config import Settings
-from tokensvc.handlers.common import (EXPECTED, MAX_BODY_BYTES, SECURITY_HEADERS, RequestInput, dumps,
-                                      error_response, log_access, reason_phrase)
+from tokensvc.handlers import xsrf
+from tokensvc.handlers.access_log import log_access
+from tokensvc.handlers.errors import EXPECTED, NotFound, reason_phrase, response_for
+from tokensvc.handlers.inputs import RequestInput
 from tokensvc.oauth.context import OAuthContext
 from tokensvc.storage.base import StorageError
 
 log = logging.getLogger(__name__)
 
-HTTP_METHODS = ("GET", "POST", "PUT", "PATCH", "DELETE", "HEAD", "OPTIONS")
+HTTP_METHODS = ("GET", "POST", "PUT", "PATCH", "DELETE", "OPTIONS")
+MAX_BODY_BYTES = 64 * 1024
+JSON_CSP = "default-src 'none'; frame-ancestors 'none'"
+SECURITY_HEADERS = {
+    "X-Content-Type-Options": "nosniff",
+    "Referrer-Policy": "no-referrer",
+    "X-Frame-Options": "DENY",
+    "Content-Security-Policy": JSON_CSP,
+}
+# RFC 6749 §5.1: token responses, and anything else private to the caller, are never cached.
+NO_STORE = {"Cache-Control": "no-store", "Pragma": "no-cache"}
+TOKEN_HEADERS = {**SECURITY_HEADERS, **NO_STORE}
+PRIVATE_HEADERS = {**SECURITY_HEADERS, "Cache-Control": "no-store"}
 
 
-class Endpoint(RequestInput, tornado.httputil.HTTPMessageDelegate):
-    """One request to a JSON endpoint. Subclasses define ``async def get/post/delete``.
+def _compact_json() -> Callable[[Any], str]:
+    """``json.dumps(body, separators=(",", ":"), ensure_ascii=False)``, built once.
+
+    ``JSONEncoder.encode`` makes a new C encoder object on every call, which cost as much
+    as encoding a token response itself. A response body is a tree of plain values, so
+    one C encoder, made here without the cycle check, serves every response.
+    """
+    encoder = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False)
+    if c_make_encoder is None:  # an interpreter without the C accelerator
+        return encoder.encode
+    encode = c_make_encoder(None, encoder.default, c_encode_basestring, None, ":", ",", False, False, True)
+    return lambda body: "".join(encode(body, 0))
+
+
+dumps = _compact_json()
+
+
+class JsonHandler(RequestInput, tornado.httputil.HTTPMessageDelegate):
+    """One request to a JSON route. Subclasses define ``async def get/post/delete``.
 
     Path groups of the route arrive as the method's arguments, decoded as UTF-8.
     """
 
     default_headers: ClassVar[dict[str, str]] = SECURITY_HEADERS
     max_body: ClassVar[int | None] = MAX_BODY_BYTES  # larger bodies get 413
+    # Whether the session cookie may authorize this route; an unsafe request that carries it
+    # then needs an XSRF token (xsrf.required decides).
+    takes_session: ClassVar[bool] = False
     methods: ClassVar[frozenset[str]] = frozenset()  # filled in for each subclass
 
     def __init__(self, request: HTTPServerRequest, ctx: OAuthContext, config: Settings,
@@ -55,6 +97,7 @@ class Endpoint(RequestInput, tornado.httputil.HTTPMessageDelegate):
         self.config = config
         self.path_args = path_args
         self.log_client_id: str | None = None
+        self.cookies: SimpleCookie = SimpleCookie()  # set or cleared by this response
         self._chunks: list[bytes] = []
         self._status = 0
 
@@ -68,7 +111,7 @@ class Endpoint(RequestInput, tornado.httputil.HTTPMessageDelegate):
     @classmethod
     def route(cls, ctx: OAuthContext, config: Settings) -> tornado.routing.Router:
         """The target to put in the application's route table."""
-        return _EndpointRoute(cls, ctx, config)
+        return _Route(cls, ctx, config)
 
     # -- HTTPMessageDelegate ------------------------------------------------------------
 
@@ -93,6 +136,10 @@ class Endpoint(RequestInput, tornado.httputil.HTTPMessageDelegate):
                 raise tornado.web.HTTPError(405)
             if self._chunks:
                 self._read_body()
+            if xsrf.required(self.request, page=False, takes_session=self.takes_session,
+                             session_cookie=self.config.session_cookie):
+                xsrf.check(self.request, self.config.cookie_secret, self.raw_session_id(),
+                           self.request.headers.get(xsrf.HEADER))
             await getattr(self, "get" if method == "HEAD" else method.lower())(*self._decoded_path_args())
             if not self._status:
                 raise RuntimeError(f"{type(self).__name__}.{method.lower()} sent no response")
@@ -121,7 +168,7 @@ class Endpoint(RequestInput, tornado.httputil.HTTPMessageDelegate):
             log.warning("store unavailable: %s %s: %s", self.request.method, self.request.path, exc)
         elif not isinstance(exc, EXPECTED):
             log.error("Uncaught exception %s %s", self.request.method, self.request.path, exc_info=exc)
-        status, body, headers = error_response(exc)
+        status, body, headers = response_for(exc)
         if status == 405:
             headers["Allow"] = ", ".join(sorted(self.methods))
         self.send_json(body, status, headers)
@@ -134,9 +181,11 @@ class Endpoint(RequestInput, tornado.httputil.HTTPMessageDelegate):
         if self._status:
             return
         self._status = status
-        headers = ResponseHeaders(self.default_headers)
+        headers = HTTPHeaders(self.default_headers)
         if extra:
             headers.update(extra)
+        for morsel in self.cookies.values():
+            headers.add("Set-Cookie", morsel.OutputString())
         headers["Date"] = http_date()
         if status == 204:
             body = b""
@@ -148,41 +197,33 @@ class Endpoint(RequestInput, tornado.httputil.HTTPMessageDelegate):
         assert connection is not None
         if self.request.method == "HEAD":  # the headers a GET would have, and no body
             body = b""
-        connection.write_headers(ResponseStartLine("HTTP/1.1", status, reason_phrase(status)),
-                                 headers,  # type: ignore[arg-type]  # (see ResponseHeaders)
-                                 body or None)
+        connection.write_headers(ResponseStartLine("HTTP/1.1", status, reason_phrase(status)), headers, body or None)
         connection.finish()
         log_access(status, self.request, self.log_client_id)
 
-    def check_same_origin(self) -> None:
-        # Endpoints take the session cookie only on safe methods: cookie-authenticated changes
-        # are RequestHandlers (handlers.api.ApiHandler), where Tornado checks the XSRF token.
-        raise tornado.web.HTTPError(403, reason="Cookie authentication is not accepted for this method")
+    def clear_cookie(self, name: str) -> None:
+        """Tell the browser to drop cookie ``name`` (path ``/``)."""
+        self.cookies[name] = ""
+        self.cookies[name].update({"path": "/", "max-age": "0", "expires": "Thu, 01 Jan 1970 00:00:00 GMT"})
 
 
-class ResponseHeaders(dict[str, str]):
-    """A response's headers, as ``HTTP1Connection.write_headers`` reads them.
+class NotFoundHandler(JsonHandler):
+    """Every path no route matches: 404 ``{"detail"}``, whatever the method."""
 
-    Tornado's ``HTTPHeaders`` normalises the case of every name it is given and keeps a list
-    of values per name, for headers parsed off the wire; building one for a token response's
-    nine headers cost about 7 µs, 2 % of a code exchange in ``make bench``. An endpoint writes
-    each header once under its canonical name, and the connection only tests a name with
-    ``in``, reads and sets single values and iterates ``get_all()``, which a dict does
-    (``tests/test_endpoint.py`` covers the headers the connection adds itself).
-    """
+    async def get(self, *_: str) -> None:
+        raise NotFound(f"No resource at {self.request.path}")
 
-    def get_all(self) -> Any:
-        return self.items()
+    post = put = patch = delete = options = get
 
 
-class _EndpointRoute(tornado.routing.Router):
-    """Route-table target that makes an :class:`Endpoint` for each request it matches."""
+class _Route(tornado.routing.Router):
+    """Route-table target that makes a :class:`JsonHandler` for each request it matches."""
 
-    def __init__(self, endpoint: type[Endpoint], ctx: OAuthContext, config: Settings) -> None:
-        self.endpoint, self.ctx, self.config = endpoint, ctx, config
+    def __init__(self, handler: type[JsonHandler], ctx: OAuthContext, config: Settings) -> None:
+        self.handler, self.ctx, self.config = handler, ctx, config
 
-    def find_handler(self, request: HTTPServerRequest, **kwargs: Any) -> Endpoint:
-        return self.endpoint(request, self.ctx, self.config, kwargs.get("path_args") or [])
+    def find_handler(self, request: HTTPServerRequest, **kwargs: Any) -> JsonHandler:
+        return self.handler(request, self.ctx, self.config, kwargs.get("path_args") or [])
 
 
 _date_second = 0

@@ -1,4 +1,4 @@
-"""The JSON endpoints' own HTTP layer (handlers.endpoint): eager start, methods, framing, faults."""
+"""The JSON endpoints' own HTTP layer (handlers.json_api): eager start, methods, framing, faults."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ import logging
 import pytest
 
 from helpers import WEBAPP_SECRET, basic, json_of, post_form
-from tokensvc.handlers.common import dumps
-from tokensvc.handlers.endpoint import start_eagerly
+from tokensvc.handlers.json_api import dumps
+from tokensvc.handlers.json_api import start_eagerly
 
 
 # -- start_eagerly ----------------------------------------------------------------------
@@ -163,12 +163,12 @@ async def test_an_unexpected_fault_is_500_in_the_documented_shape_and_logged(htt
         raise RuntimeError("a bug")
 
     store.get_client = broken
-    with caplog.at_level(logging.ERROR, logger="tokensvc.handlers.endpoint"):
+    with caplog.at_level(logging.ERROR, logger="tokensvc.handlers.json_api"):
         response = await http_client.fetch(base_url + "/oauth/clients/webapp", raise_error=False)
     assert response.code == 500
     assert json_of(response) == {"detail": "Internal server error"}
     assert "Traceback" not in response.body.decode()
-    record = next(r for r in caplog.records if r.name == "tokensvc.handlers.endpoint")
+    record = next(r for r in caplog.records if r.name == "tokensvc.handlers.json_api")
     assert "GET /oauth/clients/webapp" in record.getMessage() and record.exc_info[0] is RuntimeError
 
 

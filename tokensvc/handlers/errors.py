@@ -1,0 +1,83 @@
+"""Errors as HTTP responses.
+
+Every error the service answers with owns its response, as Authlib's errors do:
+``status_code``, ``body()`` and ``headers()``. The protocol errors (:mod:`tokensvc.oauth.errors`)
+and the limiter's 429 (:class:`tokensvc.ratelimit.TooManyFailures`) are defined where they are
+raised; the two that only the web layer raises are here. :func:`response_for` is the one
+place any exception becomes ``(status, body, headers)``; each base renders that once, as JSON
+(:mod:`.json_api`, the WebSocket refusal too) or as an error page (:mod:`.page`). Two kinds of
+exception own no response, because their layers know nothing of HTTP: a store that does not
+answer is 503, and Tornado's ``HTTPError`` keeps its status.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+import tornado.httputil
+import tornado.web
+
+from tokensvc.oauth.errors import OAuthError
+from tokensvc.ratelimit import TooManyFailures
+from tokensvc.storage.base import StorageError
+
+STORE_DOWN = "The token store is not answering; try again shortly."
+
+
+class ErrorResponse(Protocol):
+    status_code: int
+
+    def body(self) -> Any: ...
+
+    def headers(self) -> dict[str, str]: ...
+
+
+class ValidationFailed(Exception):
+    """Input failed field validation: 422 HTTPValidationError."""
+
+    status_code = 422
+
+    def __init__(self, detail: list[dict[str, Any]]) -> None:
+        super().__init__("validation failed")
+        self.detail = detail
+
+    def body(self) -> dict[str, Any]:
+        return {"detail": self.detail}
+
+    def headers(self) -> dict[str, str]:
+        return {}
+
+
+class NotFound(Exception):
+    """Unknown resource: 404 ``{"detail"}``."""
+
+    status_code = 404
+
+    def __init__(self, detail: str) -> None:
+        super().__init__(detail)
+        self.detail = detail
+
+    def body(self) -> dict[str, str]:
+        return {"detail": self.detail}
+
+    def headers(self) -> dict[str, str]:
+        return {}
+
+
+# Failures that are answers, not faults: they get their response and no traceback in the log.
+EXPECTED = (OAuthError, ValidationFailed, NotFound, TooManyFailures, StorageError, tornado.web.HTTPError)
+
+
+def response_for(exc: BaseException | None) -> tuple[int, Any, dict[str, str]]:
+    """(status, JSON body, headers) for any exception; 500 for one that is not an answer."""
+    if isinstance(exc, (OAuthError, ValidationFailed, NotFound, TooManyFailures)):
+        return exc.status_code, exc.body(), exc.headers()
+    if isinstance(exc, StorageError):
+        return 503, {"detail": STORE_DOWN}, {"Retry-After": "5"}
+    if isinstance(exc, tornado.web.HTTPError):
+        return exc.status_code, {"detail": exc.reason or reason_phrase(exc.status_code)}, {}
+    return 500, {"detail": "Internal server error"}, {}
+
+
+def reason_phrase(status: int) -> str:
+    return tornado.httputil.responses.get(status, "Unknown")

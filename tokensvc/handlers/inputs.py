@@ -1,0 +1,77 @@
+"""Reading a request: form and query parameters as single values, schema validation into
+422 HTTPValidationError, path ids, and the session cookie. Shared by both bases."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import tornado.httputil
+import tornado.web
+from marshmallow import Schema, ValidationError
+
+from tokensvc import schemas
+from tokensvc.config import Settings
+from tokensvc.handlers.errors import ValidationFailed
+from tokensvc.oauth.context import OAuthContext
+from tokensvc.oauth.errors import InvalidRequest
+
+
+class RequestInput:
+    """For handlers with ``request``, ``ctx`` and ``config``."""
+
+    request: tornado.httputil.HTTPServerRequest
+    ctx: OAuthContext
+    config: Settings
+
+    def form(self, schema: Schema) -> dict[str, str]:
+        """The form-encoded body's parameters that ``schema`` knows, as single values.
+
+        Empty values count as absent and unknown parameters are ignored (RFC 6749 §3.1); a
+        known one sent twice is ``invalid_request`` (§3.2).
+        """
+        return single_values(self.request.body_arguments, schema)
+
+    def query(self, schema: Schema) -> dict[str, str]:
+        return single_values(self.request.query_arguments, schema)
+
+    @staticmethod
+    def load(schema: Schema, data: dict[str, Any], location: str = "body") -> dict[str, Any]:
+        try:
+            return schemas.fast_load(schema, data)
+        except ValidationError as exc:
+            raise ValidationFailed(schemas.validation_detail(exc, location, data, schema)) from None
+
+    def load_client_id(self, client_id: str) -> str:
+        """Validate a ``{client_id}`` path parameter (an empty one is missing, not malformed)."""
+        self.load(schemas.client_id_path, {"client_id": client_id} if client_id else {}, "path")
+        return client_id
+
+    def raw_session_id(self) -> str | None:
+        """The session id in the signed session cookie, if there is a valid one."""
+        morsel = self.request.cookies.get(self.config.session_cookie)
+        if morsel is None:
+            return None
+        raw = tornado.web.decode_signed_value(self.config.cookie_secret, self.config.session_cookie,
+                                              morsel.value, max_age_days=self.cookie_days())
+        return raw.decode("ascii", "replace") if raw else None
+
+    def cookie_days(self) -> float:
+        return self.config.tokens.session_ttl / 86400
+
+
+def single_values(arguments: dict[str, list[bytes]], schema: Schema) -> dict[str, str]:
+    known = schema.fields
+    values: dict[str, str] = {}
+    for name, raw in arguments.items():
+        if name not in known:
+            continue
+        present = [item for item in raw if item]
+        if not present:
+            continue
+        if len(present) > 1:
+            raise InvalidRequest(f"Parameter '{name}' is repeated")
+        try:
+            values[name] = present[0].decode("utf-8")
+        except UnicodeDecodeError:
+            raise InvalidRequest(f"Parameter '{name}' is not valid UTF-8") from None
+    return values

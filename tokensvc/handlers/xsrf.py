@@ -1,0 +1,70 @@
+"""XSRF protection: the one rule for every cookie-authenticated unsafe request.
+
+A token is ``<nonce>.<signature>``: the signature is an HMAC, under the cookie secret, of the
+nonce and of the web session the token is for (none before sign-in). The token travels in the
+``_xsrf`` cookie and is repeated by the request, in the ``_xsrf`` form field or the
+``X-XSRFToken`` header (double submit). A pair of the attacker's choosing (a cookie planted
+from a sibling subdomain or over plain http, and the same value in the form) fails the
+signature; a token the service issued for someone else's session, or for none, fails once the
+victim is signed in. Signing in issues a token for the new session.
+
+Which requests are checked is decided here (:func:`required`), for both bases: every unsafe
+request to a page (all of them are forms a signed-in user or a sign-in posts), and every
+unsafe request to a JSON endpoint that takes the session cookie as authority and carries it.
+A request with an ``Authorization`` header (a bearer token, or a client's Basic credentials)
+authenticates by that header and is the one exemption; the token endpoints never take the
+cookie at all.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import secrets
+
+from tornado.httputil import HTTPServerRequest
+from tornado.web import HTTPError
+
+COOKIE = "_xsrf"
+FIELD = "_xsrf"
+HEADER = "X-XSRFToken"
+UNSAFE_METHODS = frozenset({"POST", "PUT", "PATCH", "DELETE"})
+
+
+def new_token(secret: str, session_id: str | None) -> str:
+    nonce = secrets.token_urlsafe(16)
+    return f"{nonce}.{_signature(secret, nonce, session_id)}"
+
+
+def valid(secret: str, token: str | None, session_id: str | None) -> bool:
+    """Whether ``token`` is one this service issued for ``session_id``."""
+    if not token or len(token) > 128:
+        return False
+    nonce, _, signature = token.partition(".")
+    return bool(nonce) and hmac.compare_digest(signature, _signature(secret, nonce, session_id))
+
+
+def _signature(secret: str, nonce: str, session_id: str | None) -> str:
+    message = f"xsrf|{nonce}|{session_id or ''}".encode()
+    return hmac.new(secret.encode(), message, hashlib.sha256).hexdigest()
+
+
+def required(request: HTTPServerRequest, *, page: bool, takes_session: bool, session_cookie: str) -> bool:
+    """Whether ``request`` must prove it came from this service's own pages."""
+    if request.method not in UNSAFE_METHODS:
+        return False
+    if page:
+        return True
+    if not takes_session or "Authorization" in request.headers:
+        return False
+    return session_cookie in request.cookies
+
+
+def check(request: HTTPServerRequest, secret: str, session_id: str | None, submitted: str | None) -> None:
+    """403 unless the submitted token equals the ``_xsrf`` cookie and is valid for the session."""
+    morsel = request.cookies.get(COOKIE)
+    cookie = morsel.value if morsel is not None else None
+    if not submitted or cookie is None or not hmac.compare_digest(submitted, cookie):
+        raise HTTPError(403, "XSRF cookie does not match the submitted token", reason="XSRF check failed")
+    if not valid(secret, submitted, session_id):
+        raise HTTPError(403, "XSRF token not issued by this service for this session", reason="XSRF check failed")
