@@ -15,7 +15,7 @@ SECRET = "xsrf-test-secret-0123456789"
 
 
 def request(method: str, headers: dict[str, str] | None = None) -> HTTPServerRequest:
-    return HTTPServerRequest(start_line=RequestStartLine(method, "/x", "HTTP/1.1"), headers=HTTPHeaders(headers or {}))
+    return HTTPServerRequest(start_line=RequestStartLine(method, "/x", "HTTP/1.1"), headers=HTTPHeaders({"Host": "127.0.0.1", **(headers or {})}))
 
 
 def test_tokens_are_signed_and_bound_to_the_session():
