@@ -3,10 +3,9 @@ pages, and the home page."""
 
 from __future__ import annotations
 
-import logging
 from urllib.parse import urlencode, urlsplit
 
-from tokensvc import logs, schemas
+from tokensvc import schemas
 from tokensvc.handlers.errors import ValidationFailed
 from tokensvc.handlers.page import PageHandler
 from tokensvc.oauth import authorization, connected_apps, revocation, sessions
@@ -81,14 +80,10 @@ class AuthorizeHandler(PageHandler):
             subject, installation = await authorization.resolve_subject(self.ctx, request, user)
             if request.client.first_party or decision == "allow":
                 if decision == "allow":
-                    self.audit_consent(request, user, "allowed")
-                url = await authorization.issue_code(self.ctx, request, subject)
-                logs.audit("code_issued", {
-                    "client_id": request.client.client_id, "subject": subject.id, "subject_type": subject.kind,
-                    "outcome": "success"}, message="authorization code issued")
-                return self.redirect(url)
+                    authorization.record_consent(request, user, allowed=True)
+                return self.redirect(await authorization.issue_code(self.ctx, request, subject))
             if decision == "deny":
-                self.audit_consent(request, user, "denied")
+                authorization.record_consent(request, user, allowed=False)
                 raise RedirectError(AccessDenied("The user denied the request"), request.redirect_uri, request.state)
             if decision:
                 raise RedirectError(InvalidRequest("decision must be allow or deny"), request.redirect_uri,
@@ -104,11 +99,6 @@ class AuthorizeHandler(PageHandler):
         self.render("consent.html", client=request.client, user=user, installation=installation,
                     scopes=describe_scopes(request.scopes),
                     fields=request.hidden_fields(), redirect_host=urlsplit(request.redirect_uri).netloc)
-
-    def audit_consent(self, request: AuthorizationRequest, user: User, outcome: str) -> None:
-        logs.audit("consent", {
-            "client_id": request.client.client_id, "subject": user.user_id, "scopes": request.scopes,
-            "outcome": outcome}, message=f"consent {outcome}")
 
 
 class LoginHandler(PageHandler):
@@ -126,29 +116,18 @@ class LoginHandler(PageHandler):
             self.set_status(400)
             return await self.render_login(target, "Enter your username and password.",
                                            form.get("username", "")[:128])
-        brakes = self.ctx.brakes
-        keys = brakes.login_keys(data["username"], self.request.remote_ip or "-")
         try:
-            brakes.check(keys)
+            user = await sessions.sign_in(self.ctx, data["username"], data["password"], self.request.remote_ip or "-")
         except TooManyFailures as exc:
-            logs.audit("login", {"username": data["username"], "outcome": "rate_limited",
-                                 "remote_ip": self.request.remote_ip}, logging.WARNING, "login refused")
             self.set_status(429)
             self.set_header("Retry-After", str(exc.retry_after))
             minutes = max(1, round(exc.retry_after / 60))
             return await self.render_login(target, f"Too many failed sign-in attempts. Try again in {minutes} "
                                                    f"minute{'s' if minutes > 1 else ''}.", data["username"])
-        user = await sessions.check_password(self.ctx, data["username"], data["password"])
         if user is None:
-            brakes.failed(keys)
-            logs.audit("login", {"username": data["username"], "outcome": "failure",
-                                 "remote_ip": self.request.remote_ip}, logging.WARNING, "login failed")
             self.set_status(401)
             return await self.render_login(target, "Wrong username or password.", data["username"])
-        brakes.login_succeeded(data["username"])
         self.start_session(await sessions.start(self.ctx, user))
-        logs.audit("login", {"subject": user.user_id, "username": user.username, "outcome": "success",
-                             "remote_ip": self.request.remote_ip}, message="login succeeded")
         self.redirect(target)
 
     async def render_login(self, target: str, error: str | None = None, username: str = "") -> None:

@@ -1,15 +1,13 @@
-"""The token endpoints: code exchange, refresh, introspection and revocation."""
+"""The token endpoints: code exchange, refresh, introspection and revocation, and sign-out."""
 
 from __future__ import annotations
 
-import logging
-
-from tokensvc import logs, schemas
+from tokensvc import schemas
 from tokensvc.handlers.errors import ValidationFailed
 from tokensvc.handlers.json_api import TOKEN_HEADERS, JsonHandler
 from tokensvc.oauth import bearer, clientauth, grants, introspection, revocation, sessions
-from tokensvc.oauth.errors import InvalidClient, InvalidRequest, UnsupportedGrantType
-from tokensvc.records import Client
+from tokensvc.oauth.clientauth import ClientRequest
+from tokensvc.oauth.errors import InvalidRequest
 
 
 class TokenEndpoint(JsonHandler):
@@ -17,92 +15,66 @@ class TokenEndpoint(JsonHandler):
 
     default_headers = TOKEN_HEADERS
 
+    def caller(self, form: dict[str, str]) -> ClientRequest:
+        """The client a request names; a request that names none is 422 (the spec: every
+        token-endpoint call carries ``client_id``)."""
+        caller = ClientRequest(self.request.headers.get("Authorization"), form.get("client_id"),
+                               form.get("client_secret"), self.request.remote_ip or "-", self.request.path)
+        self.log_client_id = clientauth.named_client_id(caller)
+        return caller
 
-class ClientAuthMixin:
-    async def authenticate_client(self: TokenEndpoint, form: dict[str, str]) -> Client:
-        brakes, address = self.ctx.brakes, self.request.remote_ip or "-"
-        try:
-            creds = clientauth.credentials(self.request.headers.get("Authorization"),
-                                           form.get("client_id"), form.get("client_secret"))
-        except InvalidClient:
-            self.client_auth_failed(brakes.client_keys(None, address), None)
-            raise
-        if creds is None:
+    def named_caller(self, form: dict[str, str]) -> ClientRequest:
+        caller = self.caller(form)
+        if not caller.names_a_client():
             raise ValidationFailed([schemas.missing_detail("body", "client_id")])
-        self.log_client_id = creds.client_id
-        keys = brakes.client_keys(creds.client_id, address)
-        brakes.check(keys)
-        try:
-            return await clientauth.authenticate(self.ctx.store, creds)
-        except InvalidClient:
-            self.client_auth_failed(keys, creds.client_id)
-            raise
+        return caller
 
-    def client_auth_failed(self: TokenEndpoint, keys: list[tuple[str, int]], client_id: str | None) -> None:
-        self.ctx.brakes.failed(keys)
-        logs.audit("client_auth", {"client_id": client_id, "remote_ip": self.request.remote_ip,
-                                   "endpoint": self.request.path, "outcome": "failure"},
-                   logging.WARNING, "client authentication failed")
-
-    def send_tokens(self: TokenEndpoint, response: grants.TokenResponse) -> None:
+    def send_tokens(self, response: grants.TokenResponse) -> None:
         self.send_json(schemas.fast_dump(schemas.token_response, response))
 
 
-class TokenHandler(ClientAuthMixin, TokenEndpoint):
+class TokenHandler(TokenEndpoint):
     """``POST /oauth/token``: authorization code + PKCE, the only grant type."""
 
     async def post(self) -> None:
         form = self.form(schemas.token_request)
-        grant_type = form.get("grant_type")
-        if grant_type is not None and grant_type != "authorization_code":
-            raise UnsupportedGrantType("Only grant_type=authorization_code is supported here; "
-                                       "refresh at /oauth/token/refresh")
+        grants.check_grant_type(form.get("grant_type"))
         data = self.load(schemas.token_request, form)
-        client = await self.authenticate_client(form)
-        response = await grants.exchange_code(self.ctx, client, data["code"], data["redirect_uri"],
-                                              data.get("code_verifier"))
-        self.send_tokens(response)
+        self.send_tokens(await grants.token_for_code(self.ctx, self.named_caller(form), data["code"],
+                                                     data["redirect_uri"], data.get("code_verifier")))
 
 
-class RefreshHandler(ClientAuthMixin, TokenEndpoint):
+class RefreshHandler(TokenEndpoint):
     """``POST /oauth/token/refresh``: refresh-token rotation."""
 
     async def post(self) -> None:
         form = self.form(schemas.refresh_request)
         data = self.load(schemas.refresh_request, form)
-        client = await self.authenticate_client(form)
-        self.send_tokens(await grants.refresh(self.ctx, client, data["refresh_token"], data.get("scope")))
+        self.send_tokens(await grants.token_for_refresh(self.ctx, self.named_caller(form), data["refresh_token"],
+                                                        data.get("scope")))
 
 
-class IntrospectHandler(ClientAuthMixin, TokenEndpoint):
+class IntrospectHandler(TokenEndpoint):
     """``POST /oauth/token/introspect`` (RFC 7662)."""
 
     async def post(self) -> None:
         form = self.form(schemas.token_action)
         data = self.load(schemas.token_action, form)
-        presented = bearer.from_authorization(self.request.headers.get("Authorization"))
-        if presented is not None:
-            token = await bearer.active_access_token(self.ctx, presented)
-            if token is None:
-                raise InvalidClient("The bearer token is not active")
-            await introspection.check_bearer_caller(self.ctx, token)
-        else:
-            client = await self.authenticate_client(form)
-            if not client.confidential:
-                raise InvalidClient("Introspection needs client authentication")
-            introspection.check_client_caller(client)
+        caller = self.caller(form)
+        if bearer.from_authorization(caller.authorization) is None and not caller.names_a_client():
+            raise ValidationFailed([schemas.missing_detail("body", "client_id")])
+        await introspection.authorize_caller(self.ctx, caller)
         body = await introspection.introspect(self.ctx, data["token"])
         self.send_json(schemas.fast_dump(schemas.introspection_response, body))
 
 
-class RevokeHandler(ClientAuthMixin, TokenEndpoint):
+class RevokeHandler(TokenEndpoint):
     """``POST /oauth/token/revoke`` (RFC 7009): a client revokes a token issued to it."""
 
     async def post(self) -> None:
         form = self.form(schemas.token_action)
         data = self.load(schemas.token_action, form)
-        client = await self.authenticate_client(form)
-        await revocation.revoke_token(self.ctx, data["token"], client)
+        await revocation.revoke_for_client(self.ctx, self.named_caller(form), data["token"])
         self.send_json({})
 
 
@@ -130,9 +102,7 @@ class SignOutHandler(TokenEndpoint):
 
     async def post(self) -> None:
         data = self.load(schemas.optional_token_query, self.query(schemas.optional_token_query), "query")
-        session_id = self.raw_session_id()
-        if session_id is not None:
-            await sessions.end(self.ctx, session_id)
+        await sessions.end(self.ctx, self.raw_session_id())
         self.clear_cookie(self.config.session_cookie)
         if data.get("token"):
             await revocation.revoke_token(self.ctx, data["token"], None)

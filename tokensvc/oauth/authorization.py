@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
+from tokensvc import logs
 from tokensvc.oauth import hashing, pkce, scopes
 from tokensvc.oauth.context import OAuthContext
 from tokensvc.oauth.errors import (
@@ -216,7 +217,16 @@ async def issue_code(ctx: OAuthContext, request: AuthorizationRequest, subject: 
         code_challenge_method=request.code_challenge_method,
         expires_at=now + timedelta(seconds=ctx.tokens.code_ttl),
     ))
+    logs.audit("code_issued", {"client_id": request.client.client_id, "subject": subject.id,
+                               "subject_type": subject.kind, "outcome": "success"}, message="authorization code issued")
     return redirect_to(request.redirect_uri, {"code": code, "state": request.state, "iss": ctx.issuer})
+
+
+def record_consent(request: AuthorizationRequest, user: User, allowed: bool) -> None:
+    """Audit the user's answer to a consent page."""
+    outcome = "allowed" if allowed else "denied"
+    logs.audit("consent", {"client_id": request.client.client_id, "subject": user.user_id,
+                           "scopes": request.scopes, "outcome": outcome}, message=f"consent {outcome}")
 
 
 def error_redirect(exc: RedirectError, issuer: str) -> str:

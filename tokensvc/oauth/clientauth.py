@@ -8,16 +8,38 @@ from __future__ import annotations
 
 import base64
 import binascii
+import logging
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 from urllib.parse import unquote_plus
 
+from tokensvc import logs
 from tokensvc.oauth import hashing
 from tokensvc.oauth.errors import InvalidClient, InvalidRequest
 from tokensvc.records import Client
 from tokensvc.storage.base import Store
 
+if TYPE_CHECKING:  # the context's metadata names this module's methods
+    from tokensvc.oauth.context import OAuthContext
+
 BASIC, POST, NONE = "client_secret_basic", "client_secret_post", "none"
 AUTH_METHODS = (BASIC, POST, NONE)
+
+
+@dataclass(slots=True, frozen=True)
+class ClientRequest:
+    """What a token-endpoint request says about its caller: the ``Authorization`` header, the
+    body's ``client_id`` and ``client_secret``, and the address it came from."""
+
+    authorization: str | None
+    client_id: str | None
+    client_secret: str | None
+    address: str
+    endpoint: str = ""
+
+    def names_a_client(self) -> bool:
+        """Every token-endpoint call carries ``client_id``, in the body or in Basic credentials."""
+        return self.client_id is not None or _is_basic(self.authorization)
 
 
 @dataclass(slots=True, frozen=True)
@@ -47,7 +69,8 @@ def _form_decoded(value: str) -> str:
 
 def credentials(authorization: str | None, client_id: str | None, client_secret: str | None) -> ClientCredentials | None:
     """The credentials a token-endpoint request carries, or None when it names no client."""
-    if authorization and authorization[:6].lower() == "basic ":
+    if _is_basic(authorization):
+        assert authorization is not None
         basic_id, basic_secret = parse_basic(authorization)
         if client_secret is not None:
             raise InvalidRequest("Use one client authentication method, not Basic and client_secret both")
@@ -57,6 +80,49 @@ def credentials(authorization: str | None, client_id: str | None, client_secret:
     if client_id is None:
         return None
     return ClientCredentials(client_id, client_secret, POST if client_secret is not None else NONE)
+
+
+def named_client_id(request: ClientRequest) -> str | None:
+    """The client id a request names (body or Basic), for the access log; None if none."""
+    if request.client_id is not None or not _is_basic(request.authorization):
+        return request.client_id
+    try:
+        return parse_basic(request.authorization)[0]  # type: ignore[arg-type]
+    except InvalidClient:
+        return None
+
+
+def _is_basic(authorization: str | None) -> bool:
+    return bool(authorization) and authorization[:6].lower() == "basic "  # type: ignore[index]
+
+
+async def authenticate_request(ctx: OAuthContext, request: ClientRequest) -> Client:
+    """The client a token-endpoint request proves, under the failure limits, or InvalidClient.
+
+    Failures count against the address and the client id, and are audited; a client id or
+    address that failed too often gets TooManyFailures (429) before any check is made.
+    """
+    brakes = ctx.brakes
+    try:
+        creds = credentials(request.authorization, request.client_id, request.client_secret)
+    except InvalidClient:
+        _failed(ctx, brakes.client_keys(None, request.address), None, request)
+        raise
+    if creds is None:
+        raise InvalidClient("The request names no client")
+    keys = brakes.client_keys(creds.client_id, request.address)
+    brakes.check(keys)
+    try:
+        return await authenticate(ctx.store, creds)
+    except InvalidClient:
+        _failed(ctx, keys, creds.client_id, request)
+        raise
+
+
+def _failed(ctx: OAuthContext, keys: list[tuple[str, int]], client_id: str | None, request: ClientRequest) -> None:
+    ctx.brakes.failed(keys)
+    logs.audit("client_auth", {"client_id": client_id, "remote_ip": request.address, "endpoint": request.endpoint,
+                               "outcome": "failure"}, logging.WARNING, "client authentication failed")
 
 
 async def authenticate(store: Store, creds: ClientCredentials) -> Client:

@@ -19,9 +19,10 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from tokensvc import logs
-from tokensvc.oauth import hashing, pkce, scopes
+from tokensvc.oauth import clientauth, hashing, pkce, scopes
+from tokensvc.oauth.clientauth import ClientRequest
 from tokensvc.oauth.context import OAuthContext
-from tokensvc.oauth.errors import InvalidGrant, InvalidScope
+from tokensvc.oauth.errors import InvalidGrant, InvalidScope, UnsupportedGrantType
 from tokensvc.records import ACCESS, REFRESH, AuthorizationCode, Client, Grant, Subject, Token
 
 
@@ -48,6 +49,31 @@ def _audit(event: str, outcome: str, client_id: str, subject: Subject, **fields:
     logs.audit(event, {"client_id": client_id, "subject": subject.id, "subject_type": subject.kind,
                        "outcome": outcome, **fields},
                logging.WARNING if outcome == "grant_revoked" else logging.INFO)
+
+
+# -- the token endpoints ----------------------------------------------------------------
+
+def check_grant_type(grant_type: str | None) -> None:
+    """``POST /oauth/token`` serves ``authorization_code`` only; checked before anything else.
+    Refresh lives at ``/oauth/token/refresh`` (the spec), so a ``refresh_token`` grant here is
+    told where to go."""
+    if grant_type is not None and grant_type != "authorization_code":
+        raise UnsupportedGrantType("Only grant_type=authorization_code is supported here; "
+                                   "refresh at /oauth/token/refresh")
+
+
+async def token_for_code(ctx: OAuthContext, caller: ClientRequest, code: str, redirect_uri: str,
+                         code_verifier: str | None) -> TokenResponse:
+    """``POST /oauth/token``: authenticate the client, then exchange its code."""
+    client = await clientauth.authenticate_request(ctx, caller)
+    return await exchange_code(ctx, client, code, redirect_uri, code_verifier)
+
+
+async def token_for_refresh(ctx: OAuthContext, caller: ClientRequest, refresh_token: str,
+                            scope: str | None) -> TokenResponse:
+    """``POST /oauth/token/refresh``: authenticate the client, then rotate its refresh token."""
+    client = await clientauth.authenticate_request(ctx, caller)
+    return await refresh(ctx, client, refresh_token, scope)
 
 
 # -- authorization code ----------------------------------------------------------------

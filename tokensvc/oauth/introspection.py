@@ -5,14 +5,32 @@ from __future__ import annotations
 
 from typing import Any
 
-from tokensvc.oauth import bearer, scopes
+from tokensvc.oauth import bearer, clientauth, scopes
+from tokensvc.oauth.clientauth import ClientRequest
 from tokensvc.oauth.context import OAuthContext
-from tokensvc.oauth.errors import AccessDenied, InsufficientScope
+from tokensvc.oauth.errors import AccessDenied, InsufficientScope, InvalidClient
 from tokensvc.records import ACCESS, REFRESH, Client, Token
 
 INACTIVE: dict[str, Any] = {"active": False}
 NOT_ALLOWED = "Introspection is open to first-party confidential clients and administrators"
 TOKEN_TYPES = {ACCESS: "access_token", REFRESH: "refresh_token"}
+
+
+async def authorize_caller(ctx: OAuthContext, request: ClientRequest) -> None:
+    """Introspection is open to a confidential first-party client (its secret, body or
+    Basic) and to an admin user's bearer token carrying ``admin``. Anyone else: 401 for
+    credentials that prove nothing, 403 for a caller who is not allowed."""
+    presented = bearer.from_authorization(request.authorization)
+    if presented is not None:
+        token = await bearer.active_access_token(ctx, presented)
+        if token is None:
+            raise InvalidClient("The bearer token is not active")
+        await check_bearer_caller(ctx, token)
+        return
+    client = await clientauth.authenticate_request(ctx, request)
+    if not client.confidential:
+        raise InvalidClient("Introspection needs client authentication")
+    check_client_caller(client)
 
 
 def check_client_caller(client: Client) -> None:

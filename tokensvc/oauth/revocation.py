@@ -8,10 +8,17 @@ rotation, so that no chain outlives the token its holder revoked.
 from __future__ import annotations
 
 from tokensvc import logs
-from tokensvc.oauth import bearer
+from tokensvc.oauth import bearer, clientauth
+from tokensvc.oauth.clientauth import ClientRequest
 from tokensvc.oauth.context import OAuthContext
 from tokensvc.oauth.grants import revoke_grant
 from tokensvc.records import ACCESS, REFRESH, Client, Subject
+
+
+async def revoke_for_client(ctx: OAuthContext, caller: ClientRequest, token: str) -> bool:
+    """``POST /oauth/token/revoke``: authenticate the client, then revoke its token."""
+    client = await clientauth.authenticate_request(ctx, caller)
+    return await revoke_token(ctx, token, client)
 
 
 async def revoke_token(ctx: OAuthContext, token: str, client: Client | None) -> bool:
