@@ -32,6 +32,14 @@ def test_document_shape():
         assert path in document["paths"], path
 
 
+def test_the_document_describes_the_route_table():
+    """One route table: every route is documented, and nothing else is (the WebSocket is
+    described in the README: OpenAPI has no words for an upgrade)."""
+    from tokensvc.app import ROUTES
+
+    assert set(openapi.build()["paths"]) == {path for path, _ in ROUTES} - {"/v1/ws"}
+
+
 @pytest.mark.gen_test
 async def test_served_at_openapi_json(http_client, base_url):
     response = await http_client.fetch(base_url + "/openapi.json")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
@@ -12,11 +13,43 @@ from tornado.routing import Router
 from tokensvc.config import Settings
 from tokensvc.handlers import api, clients, meta, pages, token, ws
 from tokensvc.handlers.access_log import log_access
-from tokensvc.handlers.json_api import NotFoundHandler
+from tokensvc.handlers.json_api import JsonHandler, NotFoundHandler
 from tokensvc.oauth.context import OAuthContext
 from tokensvc.storage.base import Store
 
 HERE = Path(__file__).parent
+
+# The one route table: every path the service answers, written as the OpenAPI document writes
+# it ({name} is one path segment). JSON routes are JsonHandlers, pages PageHandlers, the socket
+# a WebSocketHandler. tests/test_openapi.py checks that the document describes exactly these.
+ROUTES: list[tuple[str, type]] = [
+    ("/oauth/token/introspect", token.IntrospectHandler),
+    ("/oauth/token", token.TokenHandler),
+    ("/oauth/token/refresh", token.RefreshHandler),
+    ("/oauth/token/revoke", token.RevokeHandler),
+    ("/oauth/revoke", token.GrantRevokeHandler),
+    ("/oauth/sign-out", token.SignOutHandler),
+    ("/oauth/clients", clients.ClientListHandler),
+    ("/oauth/clients/{client_id}", clients.ClientHandler),
+    ("/v1/me", api.MeHandler),
+    ("/v1/me/connected-apps", api.ConnectedAppsHandler),
+    ("/v1/me/connected-apps/{client_id}", api.ConnectedAppHandler),
+    ("/v1/ws", ws.EchoSocket),
+    ("/.well-known/oauth-authorization-server", meta.MetadataHandler),
+    ("/healthz", meta.HealthHandler),
+    ("/readyz", meta.ReadyHandler),
+    ("/openapi.json", meta.OpenAPIHandler),
+    ("/oauth/authorize", pages.AuthorizeHandler),
+    ("/login", pages.LoginHandler),
+    ("/logout", pages.LogoutHandler),
+    ("/account", pages.AccountHandler),
+    ("/", pages.HomeHandler),
+]
+
+
+def pattern(path: str) -> str:
+    """The route's regular expression: each ``{name}`` matches one path segment."""
+    return re.sub(r"\{[^}]+\}", "([^/]*)", path) + "$"
 
 
 def log_request(handler: tornado.web.RequestHandler) -> None:
@@ -25,66 +58,46 @@ def log_request(handler: tornado.web.RequestHandler) -> None:
 
 
 class Application(tornado.web.Application):
-    """Tornado's Application, plus one dict lookup for the JSON endpoints with a fixed path.
+    """Tornado's Application, plus one dict lookup for the JSON routes with a fixed path.
 
     Tornado's router tries its rules in order, a regular-expression match and a few calls
     per rule; the busiest endpoints have fixed paths, so they are found by ``request.path``
     first, and every other path goes through the rules as usual.
     """
 
-    def __init__(self, endpoints: dict[str, Router], routes: list, **settings: Any) -> None:
+    def __init__(self, fixed: dict[str, Router], routes: list, **settings: Any) -> None:
         super().__init__(routes, **settings)
-        self.endpoints = endpoints
+        self.fixed = fixed
 
     def find_handler(self, request: HTTPServerRequest, **kwargs: Any) -> Any:
-        endpoint = self.endpoints.get(request.path)
-        if endpoint is not None:
-            return endpoint.find_handler(request)
+        target = self.fixed.get(request.path)
+        if target is not None:
+            return target.find_handler(request)
         return super().find_handler(request, **kwargs)
 
 
 def make_app(config: Settings, store: Store, ctx: OAuthContext | None = None) -> Application:
     ctx = ctx or OAuthContext.from_settings(config, store)
     deps = dict(ctx=ctx, config=config)
-    # The JSON API is made of Endpoints (handlers.endpoint); the rest are RequestHandlers
-    # (handlers.base). Fixed paths first, by the busiest.
-    endpoints = {path: endpoint.route(ctx, config) for path, endpoint in [
-        ("/oauth/token/introspect", token.IntrospectHandler),
-        ("/v1/me", api.MeHandler),
-        ("/oauth/token", token.TokenHandler),
-        ("/oauth/token/refresh", token.RefreshHandler),
-        ("/oauth/token/revoke", token.RevokeHandler),
-        ("/oauth/clients", clients.ClientListHandler),
-        ("/oauth/revoke", token.GrantRevokeHandler),
-        ("/v1/me/connected-apps", api.ConnectedAppsHandler),
-        ("/.well-known/oauth-authorization-server", meta.MetadataHandler),
-        ("/healthz", meta.HealthHandler),
-        ("/readyz", meta.ReadyHandler),
-        ("/openapi.json", meta.OpenAPIHandler),
-    ]}
-    routes = [
-        (r"/oauth/clients/([^/]*)", clients.ClientHandler.route(ctx, config)),
-        (r"/oauth/sign-out", token.SignOutHandler.route(ctx, config)),
-        (r"/oauth/authorize", pages.AuthorizeHandler, deps),
-        (r"/login", pages.LoginHandler, deps),
-        (r"/logout", pages.LogoutHandler, deps),
-        (r"/account", pages.AccountHandler, deps),
-        (r"/", pages.HomeHandler, deps),
-        (r"/v1/me/connected-apps/([^/]*)", api.ConnectedAppHandler.route(ctx, config)),
-        (r"/v1/ws", ws.EchoSocket, deps),
-        (r".*", NotFoundHandler.route(ctx, config)),
-    ]
-    app = Application(
-        endpoints,
+    fixed: dict[str, Router] = {}
+    routes: list[tuple[Any, ...]] = []
+    for path, handler in ROUTES:
+        if issubclass(handler, JsonHandler):
+            target = handler.route(ctx, config)
+            if "{" not in path:
+                fixed[path] = target
+            routes.append((pattern(path), target))
+        else:
+            routes.append((pattern(path), handler, deps))
+    routes.append((r".*", NotFoundHandler.route(ctx, config)))
+    return Application(
+        fixed,
         routes,
         template_path=str(HERE / "templates"),
         static_path=str(HERE / "static"),
         cookie_secret=config.cookie_secret,
-        xsrf_cookies=True,
-        xsrf_cookie_kwargs={"httponly": False, "samesite": "Lax", "secure": config.secure_cookies},
+        xsrf_cookies=True,  # pages: tornado calls PageHandler.check_xsrf_cookie (handlers/xsrf.py)
         log_function=log_request,
         serve_traceback=False,
         compress_response=False,
     )
-    app.ctx = ctx  # type: ignore[attr-defined]
-    return app

@@ -131,6 +131,12 @@ def build() -> dict[str, Any]:
                 "parameters": [{"name": "next", "in": "query", "required": False, "schema": {"type": "string"}}],
                 "responses": {"200": _html("The form")}},
     })
+    spec.path("/", operations={"get": {"summary": "Home page: who is signed in, and where the endpoints are",
+                                       "responses": {"200": _html("The page"), "503": _html("The store does not answer")}}})
+    spec.path("/logout", operations={"post": {
+        "summary": "The pages' sign-out button (form: _xsrf)",
+        "responses": {"200": _html("Signed out"), "403": _html("No valid XSRF token"),
+                      "413": _html("Body too large"), "503": _html("The store does not answer")}}})
     spec.path("/account", operations={
         "get": {"summary": "The signed-in user's page: connected apps, each with a Remove button; sign-out",
                 "responses": {"200": _html("The page"), "303": _redirect("Signed out: to sign-in, then back"),
