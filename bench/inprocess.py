@@ -13,7 +13,9 @@ A VM's speed drifts by ±10 % from one minute to the next, more than the 3 % a s
 to show. So, as ``make bench`` does with wrk, every block is paired with Tornado's "Hello,
 world" (``bench/hello.py``) served the same way just before and after it, in many short
 blocks; the figure that compares across runs is the median of the blocks' CPU time as a
-multiple of the hello world's (``× hello``). µs are given at the hello world's median speed.
+multiple of the hello world's (``× hello``), and their mean (``mean``: the share of the
+blocks a garbage collection or another pause fell in). µs are given at the hello world's
+median speed.
 
     python bench/inprocess.py [--requests 400] [--repeat 25] [--tokens 10000] [OPERATION ...]
 
@@ -198,12 +200,13 @@ def main() -> int:
     unknown = set(args.operations) - set(OPERATIONS)
     if unknown:
         parser.error(f"unknown operation(s): {', '.join(sorted(unknown))}")
-    print(f"{'operation':<12} {'× hello':>8} {'min':>6} {'max':>6} {'µs CPU/request':>15} {'hello µs':>9}")
+    print(f"{'operation':<12} {'× hello':>8} {'mean':>6} {'min':>6} {'max':>6} {'µs CPU/request':>15} {'hello µs':>9}")
     for operation in args.operations or OPERATIONS:
         pairs = measure(operation, args.requests, args.repeat, args.tokens)
         ratios = [spent / hello for spent, hello in pairs]
         typical = statistics.median(hello for _, hello in pairs)
-        print(f"{operation:<12} {statistics.median(ratios):>8.3f} {min(ratios):>6.3f} {max(ratios):>6.3f} "
+        print(f"{operation:<12} {statistics.median(ratios):>8.3f} {statistics.mean(ratios):>6.3f} "
+              f"{min(ratios):>6.3f} {max(ratios):>6.3f} "
               f"{statistics.median(ratios) * typical:>15.1f} {typical:>9.1f}", flush=True)
     return 0
 

@@ -58,14 +58,20 @@ def test_a_direct_line_is_the_line_of_the_record(service_log, fmt, logger, kind,
     stream, handler = service_log
     handler.setFormatter(logs.JsonFormatter() if fmt == "json" else logs.TextFormatter())
     alone(handler)
-    assert logs._sole_service_handler(logger, logging.INFO) is handler  # the direct way
-    logs.write(logger, logging.INFO, "the message", kind, fields)
-    direct = stream.getvalue()
-    capture = logging.Handler()
-    capture.emit = lambda record: None
-    logging.getLogger().addHandler(capture)  # now a record is made, and formatted by the handler
-    assert logs._sole_service_handler(logger, logging.INFO) is None
-    logs.write(logger, logging.INFO, "the message", kind, fields)
+    made = []
+    factory = logging.getLogRecordFactory()
+    logging.setLogRecordFactory(lambda *args, **kwargs: made.append(1) or factory(*args, **kwargs))
+    try:
+        logs.write(logger, logging.INFO, "the message", kind, fields)
+        assert made == []  # the service's handler alone: the line is written without a record
+        direct = stream.getvalue()
+        capture = logging.Handler()
+        capture.emit = lambda record: None
+        logging.getLogger().addHandler(capture)  # now a record is made, and formatted by the handler
+        logs.write(logger, logging.INFO, "the message", kind, fields)
+        assert made == [1]
+    finally:
+        logging.setLogRecordFactory(factory)
     by_record = stream.getvalue()[len(direct):]
     assert direct.endswith("\n") and by_record.endswith("\n")
     assert without_time(direct.rstrip("\n"), fmt) == without_time(by_record.rstrip("\n"), fmt)

@@ -32,15 +32,6 @@ def test_fast_load_agrees_with_marshmallow(schema, data):
         assert schemas.fast_load(schema, data) == expected
 
 
-def test_fast_paths_are_compiled_for_the_hot_schemas():
-    assert schemas._compile_loader(schemas.token_action) != schemas.token_action.load
-    assert schemas._compile_dumper(schemas.introspection_response) != schemas.introspection_response.dump
-    assert schemas._compile_dumper(schemas.token_response) != schemas.token_response.dump
-    assert schemas._compile_dumper(schemas.me) != schemas.me.dump
-    # A schema with a data key, a date or a nested field keeps marshmallow.
-    assert schemas._compile_dumper(schemas.oauth_client) == schemas.oauth_client.dump
-
-
 @pytest.mark.parametrize("obj,schema", [
     ({"active": False}, schemas.introspection_response),
     ({"active": True, "scope": "read", "client_id": "c", "token_type": "access_token", "exp": 2, "iat": 1,

@@ -7,9 +7,6 @@ from pathlib import Path
 from typing import Any
 
 import tornado.web
-from tornado.httputil import HTTPServerRequest
-from tornado.routing import Router
-
 from tokensvc.config import Settings
 from tokensvc.handlers import api, clients, meta, pages, token, ws
 from tokensvc.handlers.access_log import log_access
@@ -57,41 +54,16 @@ def log_request(handler: tornado.web.RequestHandler) -> None:
     log_access(handler.get_status(), handler.request, getattr(handler, "log_client_id", None))
 
 
-class Application(tornado.web.Application):
-    """Tornado's Application, plus one dict lookup for the JSON routes with a fixed path.
-
-    Tornado's router tries its rules in order, a regular-expression match and a few calls
-    per rule; the busiest endpoints have fixed paths, so they are found by ``request.path``
-    first, and every other path goes through the rules as usual.
-    """
-
-    def __init__(self, fixed: dict[str, Router], routes: list, **settings: Any) -> None:
-        super().__init__(routes, **settings)
-        self.fixed = fixed
-
-    def find_handler(self, request: HTTPServerRequest, **kwargs: Any) -> Any:
-        target = self.fixed.get(request.path)
-        if target is not None:
-            return target.find_handler(request)
-        return super().find_handler(request, **kwargs)
-
-
-def make_app(config: Settings, store: Store, ctx: OAuthContext | None = None) -> Application:
+def make_app(config: Settings, store: Store, ctx: OAuthContext | None = None) -> tornado.web.Application:
     ctx = ctx or OAuthContext.from_settings(config, store)
     deps = dict(ctx=ctx, config=config)
-    fixed: dict[str, Router] = {}
-    routes: list[tuple[Any, ...]] = []
-    for path, handler in ROUTES:
-        if issubclass(handler, JsonHandler):
-            target = handler.route(ctx, config)
-            if "{" not in path:
-                fixed[path] = target
-            routes.append((pattern(path), target))
-        else:
-            routes.append((pattern(path), handler, deps))
+    routes: list[tuple[Any, ...]] = [
+        (pattern(path), handler.route(ctx, config)) if issubclass(handler, JsonHandler)
+        else (pattern(path), handler, deps)
+        for path, handler in ROUTES
+    ]
     routes.append((r".*", NotFoundHandler.route(ctx, config)))
-    return Application(
-        fixed,
+    return tornado.web.Application(
         routes,
         template_path=str(HERE / "templates"),
         static_path=str(HERE / "static"),

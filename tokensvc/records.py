@@ -7,7 +7,6 @@ SHA-256 hex digest, passwords as a scrypt hash.
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 
@@ -15,11 +14,10 @@ DEFAULT_SCOPES = ("read",)
 
 
 def utcnow() -> datetime:
-    """The current UTC time at millisecond precision, the precision MongoDB stores."""
-    # Whole milliseconds as a float are within half a microsecond of exact until about 2240, and
-    # fromtimestamp() rounds to the nearest microsecond: the result is exact, at a third of
-    # the cost of now() and replace(), on every token request.
-    return datetime.fromtimestamp(time.time_ns() // 1_000_000 / 1000, timezone.utc)
+    """The current UTC time at millisecond precision, the precision MongoDB stores (so both
+    backends hand back the times they were given)."""
+    now = datetime.now(timezone.utc)
+    return now.replace(microsecond=now.microsecond // 1000 * 1000)
 
 
 @dataclass(slots=True)

@@ -25,9 +25,8 @@ import logging
 import sys
 import time
 import types
-from collections.abc import Callable, Coroutine
+from collections.abc import Coroutine
 from http.cookies import SimpleCookie
-from json.encoder import c_encode_basestring, c_make_encoder  # type: ignore[attr-defined]
 from typing import Any, ClassVar
 
 import tornado.httputil
@@ -60,21 +59,9 @@ TOKEN_HEADERS = {**SECURITY_HEADERS, **NO_STORE}
 PRIVATE_HEADERS = {**SECURITY_HEADERS, "Cache-Control": "no-store"}
 
 
-def _compact_json() -> Callable[[Any], str]:
-    """``json.dumps(body, separators=(",", ":"), ensure_ascii=False)``, built once.
-
-    ``JSONEncoder.encode`` makes a new C encoder object on every call, which cost as much
-    as encoding a token response itself. A response body is a tree of plain values, so
-    one C encoder, made here without the cycle check, serves every response.
-    """
-    encoder = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False)
-    if c_make_encoder is None:  # an interpreter without the C accelerator
-        return encoder.encode
-    encode = c_make_encoder(None, encoder.default, c_encode_basestring, None, ":", ",", False, False, True)
-    return lambda body: "".join(encode(body, 0))
-
-
-dumps = _compact_json()
+def dumps(body: Any) -> str:
+    """A response body as compact JSON, non-ASCII characters kept as they are."""
+    return json.dumps(body, separators=(",", ":"), ensure_ascii=False)
 
 
 class JsonHandler(RequestInput, tornado.httputil.HTTPMessageDelegate):
@@ -186,7 +173,7 @@ class JsonHandler(RequestInput, tornado.httputil.HTTPMessageDelegate):
             headers.update(extra)
         for morsel in self.cookies.values():
             headers.add("Set-Cookie", morsel.OutputString())
-        headers["Date"] = http_date()
+        headers["Date"] = tornado.httputil.format_timestamp(time.time())
         if status == 204:
             body = b""
         else:
@@ -224,19 +211,6 @@ class _Route(tornado.routing.Router):
 
     def find_handler(self, request: HTTPServerRequest, **kwargs: Any) -> JsonHandler:
         return self.handler(request, self.ctx, self.config, kwargs.get("path_args") or [])
-
-
-_date_second = 0
-_date_text = ""
-
-
-def http_date() -> str:
-    """The Date header (RFC 9110 §6.6.1), formatted once per second."""
-    global _date_second, _date_text
-    now = int(time.time())
-    if now != _date_second:
-        _date_second, _date_text = now, tornado.httputil.format_timestamp(now)
-    return _date_text
 
 
 # -- running a request's coroutine ------------------------------------------------------

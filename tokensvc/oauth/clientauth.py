@@ -59,12 +59,7 @@ def parse_basic(authorization: str) -> tuple[str, str]:
     if not sep or not client_id:
         raise InvalidClient("Malformed Basic credentials", basic=True)
     # RFC 6749 §2.3.1: both parts are form-urlencoded before base64.
-    return _form_decoded(client_id), _form_decoded(secret)
-
-
-def _form_decoded(value: str) -> str:
-    # Most ids and secrets have nothing encoded; unquote_plus costs a call chain per part.
-    return unquote_plus(value) if "%" in value or "+" in value else value
+    return unquote_plus(client_id), unquote_plus(secret)
 
 
 def credentials(authorization: str | None, client_id: str | None, client_secret: str | None) -> ClientCredentials | None:

@@ -13,7 +13,6 @@ succeeds and the grant is left consistent.
 
 from __future__ import annotations
 
-import functools
 import logging
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -229,21 +228,15 @@ def _mint(ctx: OAuthContext, client: Client, grant: Grant, granted: list[str], p
     user_id, installation_id = grant.user_id, grant.installation_id
     refresh_ttl = tokens.installation_refresh_ttl if installation_id is not None else tokens.refresh_ttl
     access, refresh_token = hashing.new_secret(), hashing.new_secret()
-    scopes = list(granted)
-    # Positional in Token's field order: minting is on every token request, and keyword
-    # arguments cost twice as much to pass here.
-    return _Pair(access, refresh_token, [
-        Token(hashing.digest(access), ACCESS, client.client_id, grant.grant_id, scopes, now,
-              now + lifetime(tokens.access_ttl), user_id, installation_id, parent_hash=parent_hash),
-        Token(hashing.digest(refresh_token), REFRESH, client.client_id, grant.grant_id, scopes, now,
-              now + lifetime(refresh_ttl), user_id, installation_id, parent_hash=parent_hash),
-    ])
 
+    def token(secret: str, token_type: str, ttl: int) -> Token:
+        return Token(token_hash=hashing.digest(secret), token_type=token_type, client_id=client.client_id,
+                     grant_id=grant.grant_id, scopes=list(granted), issued_at=now,
+                     expires_at=now + timedelta(seconds=ttl), user_id=user_id, installation_id=installation_id,
+                     parent_hash=parent_hash)
 
-@functools.lru_cache(maxsize=32)
-def lifetime(seconds: int) -> timedelta:
-    """``timedelta(seconds=seconds)``, made once per configured lifetime rather than per token."""
-    return timedelta(seconds=seconds)
+    return _Pair(access, refresh_token, [token(access, ACCESS, tokens.access_ttl),
+                                         token(refresh_token, REFRESH, refresh_ttl)])
 
 
 async def _revoke_pair(ctx: OAuthContext, pair: _Pair) -> None:
