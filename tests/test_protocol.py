@@ -1,0 +1,241 @@
+"""The protocol core (tokensvc.oauth) called directly, without HTTP: the memory store and a clock
+the test moves by hand. The same behaviour over HTTP is in test_token, test_refresh,
+test_introspect, test_revoke and test_authorize."""
+
+from __future__ import annotations
+
+import pytest
+
+from helpers import CHALLENGE, NODE_REDIRECT, SKY_REDIRECT, VERIFIER, WEBAPP_REDIRECT, WEBAPP_SECRET, make_config
+from tokensvc.bootstrap import seed
+from tokensvc.oauth import authorization, clientauth, grants, introspection, revocation
+from tokensvc.oauth.authorization import RedirectError
+from tokensvc.oauth.clientauth import ClientRequest
+from tokensvc.oauth.context import OAuthContext
+from tokensvc.oauth.errors import (AccessDenied, InsufficientScope, InvalidClient, InvalidGrant, InvalidRequest,
+                                   InvalidScope, RedirectUnverified, UnsupportedGrantType)
+from tokensvc.ratelimit import TooManyFailures
+from tokensvc.records import Subject
+
+pytestmark = pytest.mark.gen_test
+
+
+@pytest.fixture
+def seeded(io_loop, store, config, ctx):
+    io_loop.run_sync(lambda: seed(store, config))
+    return ctx
+
+
+def args(client_id="webapp", redirect_uri=WEBAPP_REDIRECT, **extra):
+    values = {"response_type": "code", "client_id": client_id, "redirect_uri": redirect_uri, "state": "s",
+              "code_challenge": CHALLENGE, "code_challenge_method": "S256", **extra}
+    return {name: [value] for name, value in values.items() if value is not None}
+
+
+async def code_for(ctx, client_id="webapp", redirect_uri=WEBAPP_REDIRECT, username="alice", **extra) -> str:
+    request = await authorization.validate(ctx, args(client_id, redirect_uri, **extra))
+    user = await ctx.store.get_user_by_username(username)
+    subject, _ = await authorization.resolve_subject(ctx, request, user)
+    location = await authorization.issue_code(ctx, request, subject)
+    return location.split("code=")[1].split("&")[0]
+
+
+async def client(ctx, client_id="webapp"):
+    return await ctx.store.get_client(client_id)
+
+
+async def pair(ctx, client_id="webapp", redirect_uri=WEBAPP_REDIRECT):
+    code = await code_for(ctx, client_id, redirect_uri)
+    return await grants.exchange_code(ctx, await client(ctx, client_id), code, redirect_uri, VERIFIER)
+
+
+# -- the authorization request ----------------------------------------------------------
+
+
+async def test_authorization_requests_are_checked_in_order(seeded):
+    with pytest.raises(RedirectUnverified):
+        await authorization.validate(seeded, args(client_id="nobody"))
+    with pytest.raises(RedirectUnverified):
+        await authorization.validate(seeded, args(redirect_uri="https://evil.example/cb"))
+    with pytest.raises(RedirectError) as missing:
+        await authorization.validate(seeded, args(code_challenge=None))
+    assert isinstance(missing.value.error, InvalidRequest) and missing.value.redirect_uri == WEBAPP_REDIRECT
+    with pytest.raises(RedirectError) as plain:
+        await authorization.validate(seeded, args(code_challenge_method="plain"))
+    assert isinstance(plain.value.error, InvalidRequest)
+    with pytest.raises(RedirectError) as scope:
+        await authorization.validate(seeded, args("skyplanner", SKY_REDIRECT, scope="write"))
+    assert isinstance(scope.value.error, InvalidScope)
+    defaulted = await authorization.validate(seeded, args("skyplanner", SKY_REDIRECT))
+    assert defaulted.scopes == ["read", "observations:write"] and defaulted.scope_defaulted
+
+
+async def test_pairing_needs_an_operator(seeded):
+    request = await authorization.validate(seeded, args("node-agent", NODE_REDIRECT, installation_id="backyard-scope"))
+    alice = await seeded.store.get_user_by_username("alice")
+    subject, installation = await authorization.resolve_subject(seeded, request, alice)
+    assert subject == Subject(installation_id="backyard-scope") and installation.name == "Backyard telescope"
+    root = await seeded.store.get_user_by_username("root")
+    assert (await authorization.resolve_subject(seeded, request, root))[0].installation_id == "backyard-scope"
+    request.installation_id = "nowhere"
+    with pytest.raises(RedirectError) as denied:
+        await authorization.resolve_subject(seeded, request, alice)
+    assert isinstance(denied.value.error, AccessDenied)
+
+
+# -- code exchange ----------------------------------------------------------------------
+
+
+async def test_exchange_issues_a_pair_and_a_replay_revokes_it(seeded):
+    webapp = await client(seeded)
+    code = await code_for(seeded)
+    response = await grants.exchange_code(seeded, webapp, code, WEBAPP_REDIRECT, VERIFIER)
+    assert response.token_type == "Bearer" and response.expires_in == seeded.tokens.access_ttl
+    assert (await introspection.introspect(seeded, response.access_token))["active"] is True
+    with pytest.raises(InvalidGrant, match="already used"):
+        await grants.exchange_code(seeded, webapp, code, WEBAPP_REDIRECT, VERIFIER)
+    for token in (response.access_token, response.refresh_token):
+        assert await introspection.introspect(seeded, token) == {"active": False}
+
+
+async def test_a_code_is_bound_to_its_client_redirect_verifier_and_lifetime(seeded, clock):
+    webapp, sky = await client(seeded), await client(seeded, "skyplanner")
+    for attempt in (lambda code: grants.exchange_code(seeded, sky, code, WEBAPP_REDIRECT, VERIFIER),
+                    lambda code: grants.exchange_code(seeded, webapp, code, SKY_REDIRECT, VERIFIER),
+                    lambda code: grants.exchange_code(seeded, webapp, code, WEBAPP_REDIRECT, "x" * 43),
+                    lambda code: grants.exchange_code(seeded, webapp, code, WEBAPP_REDIRECT, None)):
+        with pytest.raises(InvalidGrant):
+            await attempt(await code_for(seeded))
+    code = await code_for(seeded)
+    clock.advance(seeded.tokens.code_ttl + 1)
+    with pytest.raises(InvalidGrant, match="expired"):
+        await grants.exchange_code(seeded, webapp, code, WEBAPP_REDIRECT, VERIFIER)
+
+
+async def test_the_token_endpoint_serves_the_code_grant_only():
+    grants.check_grant_type("authorization_code")
+    grants.check_grant_type(None)  # missing: the schema's 422 says so
+    with pytest.raises(UnsupportedGrantType, match="/oauth/token/refresh"):
+        grants.check_grant_type("refresh_token")
+
+
+# -- refresh --------------------------------------------------------------------------------
+
+
+async def test_refresh_rotates_and_reuse_revokes_the_grant(seeded):
+    webapp = await client(seeded)
+    first = await pair(seeded)
+    second = await grants.refresh(seeded, webapp, first.refresh_token)
+    assert second.refresh_token != first.refresh_token
+    assert (await introspection.introspect(seeded, first.refresh_token)) == {"active": False}
+    third = await grants.refresh(seeded, webapp, second.refresh_token, "read")
+    assert third.scope == "read"
+    with pytest.raises(InvalidGrant, match="already used"):
+        await grants.refresh(seeded, webapp, second.refresh_token)
+    for token in (third.access_token, third.refresh_token):
+        assert await introspection.introspect(seeded, token) == {"active": False}
+
+
+async def test_refresh_is_bound_to_its_client_and_cannot_widen(seeded):
+    first = await pair(seeded)
+    with pytest.raises(InvalidGrant, match="Unknown"):
+        await grants.refresh(seeded, await client(seeded, "skyplanner"), first.refresh_token)
+    with pytest.raises(InvalidScope):
+        await grants.refresh(seeded, await client(seeded), first.refresh_token, "read write admin")
+    assert (await grants.refresh(seeded, await client(seeded), first.refresh_token)).access_token
+
+
+async def test_refresh_grace_lets_a_lost_response_be_retried_once(store, clock, io_loop):
+    config = make_config(tokens={"refresh_grace_seconds": 30})
+    ctx = OAuthContext.from_settings(config, store, clock=clock)
+    await seed(store, config)
+    webapp = await client(ctx)
+    first = await pair(ctx)
+    lost = await grants.refresh(ctx, webapp, first.refresh_token)  # its response never arrived
+    retried = await grants.refresh(ctx, webapp, first.refresh_token)
+    assert retried.refresh_token != lost.refresh_token
+    assert await introspection.introspect(ctx, lost.refresh_token) == {"active": False}
+    assert (await introspection.introspect(ctx, retried.refresh_token))["active"] is True
+    newer = await grants.refresh(ctx, webapp, retried.refresh_token)
+    clock.advance(31)
+    with pytest.raises(InvalidGrant):  # past the grace, the rotated-out token is reuse
+        await grants.refresh(ctx, webapp, retried.refresh_token)
+    assert await introspection.introspect(ctx, newer.refresh_token) == {"active": False}
+
+
+async def test_an_expired_refresh_token_is_refused(seeded, clock):
+    first = await pair(seeded)
+    clock.advance(seeded.tokens.refresh_ttl + 1)
+    with pytest.raises(InvalidGrant, match="expired"):
+        await grants.refresh(seeded, await client(seeded), first.refresh_token)
+
+
+# -- introspection ----------------------------------------------------------------------------
+
+
+def caller(authorization=None, client_id=None, client_secret=None, address="127.0.0.1"):
+    return ClientRequest(authorization, client_id, client_secret, address, "/oauth/token/introspect")
+
+
+async def test_introspection_reports_and_expires(seeded, clock):
+    first = await pair(seeded)
+    body = await introspection.introspect(seeded, first.access_token)
+    assert body["active"] is True and body["username"] == "alice" and body["subject_type"] == "user"
+    assert body["token_type"] == "access_token" and body["client_id"] == "webapp"
+    clock.advance(seeded.tokens.access_ttl + 1)
+    assert await introspection.introspect(seeded, first.access_token) == {"active": False}
+    assert await introspection.introspect(seeded, "not-a-token") == {"active": False}
+
+
+async def test_who_may_introspect(seeded):
+    await introspection.authorize_caller(seeded, caller(client_id="webapp", client_secret=WEBAPP_SECRET))
+    with pytest.raises(AccessDenied):  # confidential but third-party
+        await introspection.authorize_caller(seeded, caller(client_id="partner", client_secret="partner-test-secret"))
+    with pytest.raises(InvalidClient):  # public: proves nothing
+        await introspection.authorize_caller(seeded, caller(client_id="node-agent"))
+    with pytest.raises(InvalidClient):
+        await introspection.authorize_caller(seeded, caller(client_id="webapp", client_secret="wrong"))
+    alice = await pair(seeded)
+    with pytest.raises(AccessDenied):  # a user who is not an administrator
+        await introspection.authorize_caller(seeded, caller(authorization=f"Bearer {alice.access_token}"))
+    root_code = await code_for(seeded, username="root", scope="read admin")
+    root = await grants.exchange_code(seeded, await client(seeded), root_code, WEBAPP_REDIRECT, VERIFIER)
+    await introspection.authorize_caller(seeded, caller(authorization=f"Bearer {root.access_token}"))
+    root_read = await grants.refresh(seeded, await client(seeded), root.refresh_token, "read")
+    with pytest.raises(InsufficientScope):
+        await introspection.authorize_caller(seeded, caller(authorization=f"Bearer {root_read.access_token}"))
+
+
+async def test_client_authentication_failures_are_limited(seeded):
+    request = ClientRequest(None, "webapp", "wrong", "127.0.0.9", "/oauth/token")
+    for _ in range(seeded.brakes.settings.failed_client_auth_per_client):
+        with pytest.raises(InvalidClient):
+            await clientauth.authenticate_request(seeded, request)
+    with pytest.raises(TooManyFailures):
+        await clientauth.authenticate_request(seeded, request)
+
+
+# -- revocation ----------------------------------------------------------------------------------
+
+
+async def test_revoking_a_refresh_token_takes_its_access_tokens_and_descendants(seeded):
+    webapp = await client(seeded)
+    first = await pair(seeded)
+    second = await grants.refresh(seeded, webapp, first.refresh_token)
+    assert await revocation.revoke_token(seeded, first.refresh_token, webapp) is True  # rotated out, not revoked
+    for token in (first.access_token, second.access_token, second.refresh_token):
+        assert await introspection.introspect(seeded, token) == {"active": False}
+
+
+async def test_revocation_of_another_clients_token_is_a_silent_no_op(seeded):
+    first = await pair(seeded)
+    assert await revocation.revoke_token(seeded, first.access_token, await client(seeded, "skyplanner")) is False
+    assert (await introspection.introspect(seeded, first.access_token))["active"] is True
+    assert await revocation.revoke_token(seeded, "unknown", await client(seeded)) is False
+
+
+async def test_revoking_the_grant_of_a_token(seeded):
+    first = await pair(seeded)
+    assert await revocation.revoke_grant_of(seeded, first.access_token) is True
+    assert await introspection.introspect(seeded, first.refresh_token) == {"active": False}
+    assert await revocation.revoke_grant_of(seeded, "unknown") is False
