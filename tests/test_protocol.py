@@ -208,7 +208,7 @@ async def test_who_may_introspect(seeded):
 
 async def test_client_authentication_failures_are_limited(seeded):
     request = ClientRequest(None, "webapp", "wrong", "127.0.0.9", "/oauth/token")
-    for _ in range(seeded.brakes.settings.failed_client_auth_per_client):
+    for _ in range(seeded.limits.settings.failed_client_auth_per_client):
         with pytest.raises(InvalidClient):
             await clientauth.authenticate_request(seeded, request)
     with pytest.raises(TooManyFailures):

@@ -1,4 +1,4 @@
-"""Brute-force brakes: failed client authentications and failed sign-ins are counted per
+"""Brute-force limits: failed client authentications and failed sign-ins are counted per
 client id / username and per remote address; past a limit the key is refused (429 with
 ``Retry-After``) until its oldest failure leaves the window.
 
@@ -98,7 +98,7 @@ class MemoryFailureLimiter(FailureLimiter):
         self._failures.pop(key, None)
 
 
-class Brakes:
+class FailureLimits:
     """The service's limits over one limiter: which keys a failure counts against."""
 
     def __init__(self, settings: LimitSettings, limiter: FailureLimiter | None = None) -> None:

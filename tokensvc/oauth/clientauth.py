@@ -97,16 +97,16 @@ async def authenticate_request(ctx: OAuthContext, request: ClientRequest) -> Cli
     Failures count against the address and the client id, and are audited; a client id or
     address that failed too often gets TooManyFailures (429) before any check is made.
     """
-    brakes = ctx.brakes
+    limits = ctx.limits
     try:
         creds = credentials(request.authorization, request.client_id, request.client_secret)
     except InvalidClient:
-        _failed(ctx, brakes.client_keys(None, request.address), None, request)
+        _failed(ctx, limits.client_keys(None, request.address), None, request)
         raise
     if creds is None:
         raise InvalidClient("The request names no client")
-    keys = brakes.client_keys(creds.client_id, request.address)
-    brakes.check(keys)
+    keys = limits.client_keys(creds.client_id, request.address)
+    limits.check(keys)
     try:
         return await authenticate(ctx.store, creds)
     except InvalidClient:
@@ -115,7 +115,7 @@ async def authenticate_request(ctx: OAuthContext, request: ClientRequest) -> Cli
 
 
 def _failed(ctx: OAuthContext, keys: list[tuple[str, int]], client_id: str | None, request: ClientRequest) -> None:
-    ctx.brakes.failed(keys)
+    ctx.limits.failed(keys)
     logs.audit("client_auth", {"client_id": client_id, "remote_ip": request.address, "endpoint": request.endpoint,
                                "outcome": "failure"}, logging.WARNING, "client authentication failed")
 

@@ -1,5 +1,5 @@
 """What every protocol operation needs: the store, the token lifetimes, a clock, a place to
-announce revocations (open WebSockets listen there), the brute-force brakes, and the server's
+announce revocations (open WebSockets listen there), the brute-force limits, and the server's
 own metadata."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from typing import Any
 from tokensvc.config import LimitSettings, Settings, TokenSettings
 from tokensvc.oauth.events import RevocationEvents
 from tokensvc.oauth.metadata import server_metadata
-from tokensvc.ratelimit import Brakes
+from tokensvc.ratelimit import FailureLimits
 from tokensvc.records import utcnow
 from tokensvc.storage.base import Store
 
@@ -24,13 +24,13 @@ class OAuthContext:
     issuer: str
     clock: Callable[[], datetime] = utcnow
     events: RevocationEvents = field(default_factory=lambda: RevocationEvents())
-    brakes: Brakes = field(default_factory=lambda: Brakes(LimitSettings()))
+    limits: FailureLimits = field(default_factory=lambda: FailureLimits(LimitSettings()))
     metadata: dict[str, Any] = field(default_factory=dict)  # RFC 8414, see oauth.metadata
 
     @classmethod
     def from_settings(cls, settings: Settings, store: Store, **overrides: object) -> OAuthContext:
         """The context the configuration describes (``clock`` and others may be overridden)."""
         values: dict[str, object] = dict(store=store, tokens=settings.tokens, issuer=settings.base_url,
-                                         brakes=Brakes(settings.limits), metadata=server_metadata(settings))
+                                         limits=FailureLimits(settings.limits), metadata=server_metadata(settings))
         values.update(overrides)
         return cls(**values)  # type: ignore[arg-type]

@@ -32,7 +32,6 @@ class TokenResponse:
     expires_in: int
     scope: str
     token_type: str = "Bearer"
-    subject: Subject | None = None
 
 
 @dataclass(slots=True)
@@ -104,7 +103,7 @@ async def exchange_code(ctx: OAuthContext, client: Client, code: str, redirect_u
         await _code_replayed(ctx, record)
     await _sweep_if_grant_revoked(ctx, grant, pair)
     _audit("token_issued", "success", client.client_id, record.subject, grant="authorization_code")
-    return _response(ctx, pair, record.scopes, grant.subject)
+    return _response(ctx, pair, record.scopes)
 
 
 def _check_code(record: AuthorizationCode, client: Client, redirect_uri: str, code_verifier: str | None,
@@ -160,7 +159,7 @@ async def refresh(ctx: OAuthContext, client: Client, refresh_token: str, scope: 
         raise InvalidGrant("The refresh token is no longer valid")
     await _sweep_if_grant_revoked(ctx, grant, pair)
     _audit("token_refreshed", "success", client.client_id, old.subject)
-    return _response(ctx, pair, granted, grant.subject)
+    return _response(ctx, pair, granted)
 
 
 def _narrowed(held: list[str], scope: str | None) -> list[str]:
@@ -217,7 +216,7 @@ async def _grace_retry(ctx: OAuthContext, client: Client, rotated: Token, now: d
     ctx.events.revoked()
     await _sweep_if_grant_revoked(ctx, grant, pair)
     _audit("token_refreshed", "success", client.client_id, rotated.subject, retry_within_grace=True)
-    return _response(ctx, pair, rotated.scopes, grant.subject)
+    return _response(ctx, pair, rotated.scopes)
 
 
 # -- minting ----------------------------------------------------------------------------
@@ -253,8 +252,8 @@ async def _sweep_if_grant_revoked(ctx: OAuthContext, grant: Grant, pair: _Pair) 
         await _revoke_pair(ctx, pair)
 
 
-def _response(ctx: OAuthContext, pair: _Pair, granted: list[str], subject: Subject) -> TokenResponse:
-    return TokenResponse(pair.access, pair.refresh, ctx.tokens.access_ttl, scopes.render(granted), subject=subject)
+def _response(ctx: OAuthContext, pair: _Pair, granted: list[str]) -> TokenResponse:
+    return TokenResponse(pair.access, pair.refresh, ctx.tokens.access_ttl, scopes.render(granted))
 
 
 async def revoke_grant(ctx: OAuthContext, grant: Grant) -> int:

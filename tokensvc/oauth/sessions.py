@@ -17,21 +17,21 @@ from tokensvc.records import Session, User
 async def sign_in(ctx: OAuthContext, username: str, password: str, address: str) -> User | None:
     """The user when the password is right, None when not; TooManyFailures (429) when the
     username or the address failed too often. Every outcome is audited."""
-    brakes = ctx.brakes
-    keys = brakes.login_keys(username, address)
+    limits = ctx.limits
+    keys = limits.login_keys(username, address)
     try:
-        brakes.check(keys)
+        limits.check(keys)
     except TooManyFailures:
         logs.audit("login", {"username": username, "outcome": "rate_limited", "remote_ip": address},
                    logging.WARNING, "login refused")
         raise
     user = await check_password(ctx, username, password)
     if user is None:
-        brakes.failed(keys)
+        limits.failed(keys)
         logs.audit("login", {"username": username, "outcome": "failure", "remote_ip": address},
                    logging.WARNING, "login failed")
         return None
-    brakes.login_succeeded(username)
+    limits.login_succeeded(username)
     logs.audit("login", {"subject": user.user_id, "username": user.username, "outcome": "success",
                          "remote_ip": address}, message="login succeeded")
     return user

@@ -4,7 +4,7 @@ import pytest
 
 from helpers import SKY_REDIRECT, WEBAPP_REDIRECT, WEBAPP_SECRET, basic, make_config, post_form
 from tokensvc.config import LimitSettings
-from tokensvc.ratelimit import Brakes, MemoryFailureLimiter, TooManyFailures
+from tokensvc.ratelimit import FailureLimits, MemoryFailureLimiter, TooManyFailures
 
 
 @pytest.fixture
@@ -108,9 +108,9 @@ def test_memory_stays_bounded():
     assert set(limiter._failures) == {"fresh"}
 
 
-def test_disabled_brakes_never_refuse():
-    brakes = Brakes(LimitSettings(enabled=False, failed_logins_per_username=1))
-    keys = brakes.login_keys("alice", "127.0.0.1")
+def test_disabled_limits_never_refuse():
+    limits = FailureLimits(LimitSettings(enabled=False, failed_logins_per_username=1))
+    keys = limits.login_keys("alice", "127.0.0.1")
     for _ in range(5):
-        brakes.failed(keys)
-        brakes.check(keys)
+        limits.failed(keys)
+        limits.check(keys)
