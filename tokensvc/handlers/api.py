@@ -6,8 +6,7 @@ from tokensvc import schemas
 from tokensvc.handlers.auth import AuthMixin, requires
 from tokensvc.handlers.errors import NotFound
 from tokensvc.handlers.json_api import PRIVATE_HEADERS, JsonHandler
-from tokensvc.oauth import connected_apps, revocation
-from tokensvc.oauth.principal import Principal
+from tokensvc.oauth import connected_apps, principal as principals, revocation
 
 
 class ApiEndpoint(AuthMixin, JsonHandler):
@@ -17,26 +16,12 @@ class ApiEndpoint(AuthMixin, JsonHandler):
     takes_session = True
 
 
-async def describe(handler: AuthMixin, principal: Principal) -> dict:
-    """The ``/v1/me`` body (also the basis of the WebSocket welcome)."""
-    subject = principal.subject
-    body = {"subjectType": subject.kind, "id": subject.id, "clientId": principal.client_id,
-            "scopes": principal.scopes}
-    if subject.user_id is not None:
-        user = await handler.ctx.store.get_user(subject.user_id)
-        body["username"] = user.username if user else None
-    else:
-        installation = await handler.ctx.store.get_installation(subject.id)
-        body["name"] = installation.name if installation else subject.id
-    return body
-
-
 class MeHandler(ApiEndpoint):
     """``GET /v1/me`` (read)."""
 
     @requires("read")
     async def get(self) -> None:
-        self.send_json(schemas.fast_dump(schemas.me, await describe(self, self.principal)))
+        self.send_json(schemas.fast_dump(schemas.me, await principals.describe(self.ctx, self.principal)))
 
 
 class ConnectedAppsHandler(ApiEndpoint):

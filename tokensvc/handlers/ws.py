@@ -15,7 +15,6 @@ import tornado.websocket
 
 from tokensvc import schemas
 from tokensvc.config import Settings
-from tokensvc.handlers.api import describe
 from tokensvc.handlers.auth import AuthMixin
 from tokensvc.handlers.errors import response_for
 from tokensvc.handlers.inputs import RequestInput
@@ -78,7 +77,7 @@ class EchoSocket(AuthMixin, RequestInput, tornado.websocket.WebSocketHandler):
         expires_at = principal.token.expires_at if principal.token else principal.session.expires_at
         self._timers.append(loop.call_at(loop.time() + max(0.0, (expires_at - self.ctx.clock()).total_seconds()),
                                          self._close_revoked))
-        me = await describe(self, principal)
+        me = await principals.describe(self.ctx, principal)
         welcome = {"type": "welcome", "subjectType": me["subjectType"], "id": me["id"], "scopes": me["scopes"]}
         self.write_message(dumps(schemas.welcome.dump(welcome)))
 

@@ -49,6 +49,20 @@ async def from_session(ctx: OAuthContext, session_id: str | None) -> Principal |
     return Principal(Subject(user_id=user.user_id), list(SESSION_SCOPES), session=session)
 
 
+async def describe(ctx: OAuthContext, principal: Principal) -> dict:
+    """Who ``principal`` acts for: the ``/v1/me`` body, and the WebSocket's welcome."""
+    subject = principal.subject
+    body = {"subjectType": subject.kind, "id": subject.id, "clientId": principal.client_id,
+            "scopes": principal.scopes}
+    if subject.user_id is not None:
+        user = await ctx.store.get_user(subject.user_id)
+        body["username"] = user.username if user else None
+    else:
+        installation = await ctx.store.get_installation(subject.id)
+        body["name"] = installation.name if installation else subject.id
+    return body
+
+
 async def still_valid(ctx: OAuthContext, principal: Principal) -> bool:
     """Re-check the credential behind a long-lived connection (a WebSocket)."""
     now = ctx.clock()
