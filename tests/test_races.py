@@ -13,6 +13,7 @@ from helpers import WEBAPP_REDIRECT, WEBAPP_SECRET, basic, exchange, json_of, ma
 from tokensvc.oauth import hashing
 from tokensvc.records import Subject
 
+from tokensvc.storage.memory import TOKENS
 from tokensvc.storage.mongo import MongoStore
 
 store = store_fixture()
@@ -45,7 +46,7 @@ async def live_tokens_of_grant(store, grant_id):
     if isinstance(store, MongoStore):
         docs = await store.tokens.find({"grant_id": grant_id, "revoked_at": None, "rotated_at": None}).to_list(None)
         return len(docs)
-    tokens = store._tokens.values()
+    tokens = map(TOKENS.unpack, store._tokens.values())
     return sum(1 for token in tokens
                if token.grant_id == grant_id and token.revoked_at is None and token.rotated_at is None)
 
