@@ -84,7 +84,7 @@ class JsonHandler(RequestInput, tornado.httputil.HTTPMessageDelegate):
         self.config = config
         self.path_args = path_args
         self.log_client_id: str | None = None
-        self.cookies: SimpleCookie = SimpleCookie()  # set or cleared by this response
+        self.cookies: SimpleCookie | None = None  # cookies this response sets or clears
         self._chunks: list[bytes] = []
         self._status = 0
 
@@ -171,7 +171,7 @@ class JsonHandler(RequestInput, tornado.httputil.HTTPMessageDelegate):
         headers = HTTPHeaders(self.default_headers)
         if extra:
             headers.update(extra)
-        for morsel in self.cookies.values():
+        for morsel in (self.cookies or {}).values():
             headers.add("Set-Cookie", morsel.OutputString())
         headers["Date"] = tornado.httputil.format_timestamp(time.time())
         if status == 204:
@@ -190,6 +190,8 @@ class JsonHandler(RequestInput, tornado.httputil.HTTPMessageDelegate):
 
     def clear_cookie(self, name: str) -> None:
         """Tell the browser to drop cookie ``name`` (path ``/``)."""
+        if self.cookies is None:
+            self.cookies = SimpleCookie()
         self.cookies[name] = ""
         self.cookies[name].update({"path": "/", "max-age": "0", "expires": "Thu, 01 Jan 1970 00:00:00 GMT"})
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import base64
 import binascii
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 from urllib.parse import unquote_plus
 
@@ -26,7 +26,7 @@ BASIC, POST, NONE = "client_secret_basic", "client_secret_post", "none"
 AUTH_METHODS = (BASIC, POST, NONE)
 
 
-@dataclass(slots=True, frozen=True)
+@dataclass(slots=True)
 class ClientRequest:
     """What a token-endpoint request says about its caller: the ``Authorization`` header, the
     body's ``client_id`` and ``client_secret``, and the address it came from."""
@@ -36,10 +36,24 @@ class ClientRequest:
     client_secret: str | None
     address: str
     endpoint: str = ""
+    _parsed: tuple[ClientCredentials | None, Exception | None] | None = field(default=None, repr=False)
 
     def names_a_client(self) -> bool:
         """Every token-endpoint call carries ``client_id``, in the body or in Basic credentials."""
         return self.client_id is not None or _is_basic(self.authorization)
+
+    def credentials(self) -> ClientCredentials | None:
+        """The credentials the request carries (parsed once), or None when it names no client;
+        InvalidClient / InvalidRequest when they are malformed."""
+        if self._parsed is None:
+            try:
+                self._parsed = (credentials(self.authorization, self.client_id, self.client_secret), None)
+            except (InvalidClient, InvalidRequest) as exc:
+                self._parsed = (None, exc)
+        creds, error = self._parsed
+        if error is not None:
+            raise error
+        return creds
 
 
 @dataclass(slots=True, frozen=True)
@@ -79,12 +93,11 @@ def credentials(authorization: str | None, client_id: str | None, client_secret:
 
 def named_client_id(request: ClientRequest) -> str | None:
     """The client id a request names (body or Basic), for the access log; None if none."""
-    if request.client_id is not None or not _is_basic(request.authorization):
-        return request.client_id
     try:
-        return parse_basic(request.authorization)[0]  # type: ignore[arg-type]
-    except InvalidClient:
-        return None
+        creds = request.credentials()
+    except (InvalidClient, InvalidRequest):
+        return request.client_id
+    return creds.client_id if creds is not None else None
 
 
 def _is_basic(authorization: str | None) -> bool:
@@ -99,7 +112,7 @@ async def authenticate_request(ctx: OAuthContext, request: ClientRequest) -> Cli
     """
     limits = ctx.limits
     try:
-        creds = credentials(request.authorization, request.client_id, request.client_secret)
+        creds = request.credentials()
     except InvalidClient:
         _failed(ctx, limits.client_keys(None, request.address), None, request)
         raise
