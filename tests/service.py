@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import html as html_module
+import os
 import re
 import socket
 import subprocess
@@ -122,6 +123,30 @@ def start_service(tmp_path: Path, storage: str = "", *, callback: str | None = N
             time.sleep(0.1)
     process.kill()
     raise AssertionError("tokensvc did not start in time")
+
+
+DEMO_CONFIG = Path(__file__).resolve().parent.parent / "config" / "tokensvc.toml"
+
+
+def start_demo(**popen: object) -> tuple[subprocess.Popen, str]:
+    """``tokensvc serve`` with the demo config as it ships, moved to a free port with
+    ``TOKENSVC_PORT`` (and no other TOKENSVC_ variable); returns the process and its base URL
+    once it answers."""
+    port = free_port()
+    base = f"http://127.0.0.1:{port}"
+    environ = {key: value for key, value in os.environ.items() if not key.startswith("TOKENSVC_")}
+    process = subprocess.Popen([sys.executable, "-m", "tokensvc", "serve", "--config", str(DEMO_CONFIG)],
+                               env={**environ, "TOKENSVC_PORT": str(port)}, **popen)  # type: ignore[call-overload]
+    deadline = time.monotonic() + 20
+    while True:
+        try:
+            requests.get(base + "/healthz", timeout=1)
+            return process, base
+        except requests.ConnectionError:
+            if time.monotonic() > deadline or process.poll() is not None:
+                process.kill()
+                raise AssertionError("tokensvc did not start") from None
+            time.sleep(0.1)
 
 
 def hidden_fields(html: str) -> dict[str, str]:

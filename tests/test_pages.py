@@ -1,7 +1,7 @@
 """The HTML pages' policies and the account page, in process (the same flows run in a real
 browser in test_browser.py)."""
 
-from urllib.parse import urlencode, urlsplit
+from urllib.parse import urlencode
 
 import pytest
 

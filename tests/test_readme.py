@@ -8,13 +8,10 @@ import re
 import shutil
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
-import requests
-
-from service import free_port
+from service import start_demo
 
 pytestmark = pytest.mark.e2e
 
@@ -29,20 +26,7 @@ def hand_run_flow() -> str:
 
 @pytest.fixture
 def demo_service():
-    port = free_port()
-    base = f"http://127.0.0.1:{port}"
-    environ = {key: value for key, value in os.environ.items() if not key.startswith("TOKENSVC_")}
-    process = subprocess.Popen([sys.executable, "-m", "tokensvc", "serve", "--config", str(ROOT / "config" / "tokensvc.toml")],
-                               env={**environ, "TOKENSVC_PORT": str(port)},
-                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    deadline = time.monotonic() + 20
-    while True:
-        try:
-            requests.get(base + "/healthz", timeout=1)
-            break
-        except requests.ConnectionError:
-            assert time.monotonic() < deadline and process.poll() is None, "tokensvc did not start"
-            time.sleep(0.1)
+    process, base = start_demo(stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     yield base
     process.terminate()
     process.wait(timeout=10)

@@ -6,13 +6,12 @@ import os
 import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 import requests
 
-from service import free_port
+from service import free_port, start_demo
 from tokensvc import cli, config
 
 DEMO = Path(__file__).resolve().parent.parent / "config" / "tokensvc.toml"
@@ -85,21 +84,8 @@ def test_unset_public_urls_follow_the_listen_address():
 
 
 def test_demo_config_on_another_port_works_end_to_end():
-    port = free_port()
-    base = f"http://127.0.0.1:{port}"
-    environ = {key: value for key, value in os.environ.items() if not key.startswith("TOKENSVC_")}
-    process = subprocess.Popen([sys.executable, "-m", "tokensvc", "serve", "--config", str(DEMO)],
-                               env={**environ, "TOKENSVC_PORT": str(port)},
-                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    process, base = start_demo(stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        deadline = time.monotonic() + 20
-        while True:
-            try:
-                requests.get(base + "/healthz", timeout=1)
-                break
-            except requests.ConnectionError:
-                assert time.monotonic() < deadline and process.poll() is None, "tokensvc did not start"
-                time.sleep(0.1)
         metadata = requests.get(base + "/.well-known/oauth-authorization-server").json()
         assert metadata["issuer"] == base and metadata["authorization_endpoint"] == base + "/oauth/authorize"
         assert metadata["token_endpoint"] == base + "/oauth/token"
