@@ -1,6 +1,7 @@
 """The HTML pages' policies and the account page, in process (the same flows run in a real
 browser in test_browser.py)."""
 
+import re
 from urllib.parse import urlencode
 
 import pytest
@@ -105,3 +106,26 @@ async def test_home_page_links_to_the_account_page_when_signed_in(browser):
     assert b'href="/account"' not in (await browser.fetch("/")).body
     await browser.login("alice")
     assert b'href="/account"' in (await browser.fetch("/")).body
+
+
+@pytest.mark.gen_test
+@pytest.mark.parametrize("control", ["\x00", "\x1f", "\x7f", "\x85", "\x9f"])
+async def test_a_control_character_in_next_falls_back_to_home(browser, control):
+    """C0, DEL and C1 characters in ``next``: sign-in lands on ``/``, never a 5xx."""
+    target = f"/account{control}x"
+    page = await browser.fetch("/login?" + urlencode({"next": target}))
+    shown = re.search(rb'name="next" value="([^"]*)"', page.body).group(1).decode()
+    assert page.code == 200 and not re.search(r"[\x00-\x1f\x7f-\x9f]", shown)  # "/" or tornado's cleaned copy
+    response = await browser.fetch("/login", "POST", {"username": "alice", "password": "alice-password",
+                                                      "next": target, "_xsrf": browser.cookies["_xsrf"]})
+    assert response.code == 302 and response.headers["Location"] == "/"
+
+
+@pytest.mark.gen_test
+async def test_every_location_is_checked_before_it_is_sent(browser, caplog):
+    from tokensvc.handlers.page import safe_location
+
+    assert safe_location("/account") == "/account"
+    assert safe_location("https://client.example/cb?code=abc&state=x%7Fy") == "https://client.example/cb?code=abc&state=x%7Fy"
+    for bad in ("/x\x7f", "/x\r\nSet-Cookie: a=b", "https://client.example/\x85"):
+        assert safe_location(bad) == "/"

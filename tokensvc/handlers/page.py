@@ -62,6 +62,17 @@ def csp_source(url: str) -> str | None:
     return origin
 
 
+CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")  # C0, DEL and C1: never in a Location
+
+
+def safe_location(url: str) -> str:
+    """``url`` if it can be sent as a ``Location``; ``/`` if it holds a control character."""
+    if CONTROL.search(url):
+        log.warning("refused a redirect to a location with a control character")
+        return "/"
+    return url
+
+
 _SOURCE_HOST = re.compile(r"[A-Za-z0-9.-]+(:[0-9]{1,5})?")
 _SOURCE_PATH = re.compile(r"/[A-Za-z0-9._~!$&'()*+=:@/%-]*")
 PAGE_HEADERS = {**SECURITY_HEADERS, "Content-Security-Policy": page_csp(), "Cache-Control": "no-store"}
@@ -86,6 +97,10 @@ class PageHandler(RequestInput, tornado.web.RequestHandler):
     def prepare(self) -> None:
         if len(self.request.body) > MAX_BODY_BYTES:
             raise tornado.web.HTTPError(413, reason="Request Entity Too Large")
+
+    def redirect(self, url: str, permanent: bool = False, status: int | None = None) -> None:
+        """Every Location a page writes is checked first (:func:`safe_location`)."""
+        super().redirect(safe_location(url), permanent, status)
 
     def head(self, *args: Any, **kwargs: Any) -> Any:
         """HEAD is answered wherever GET is: GET's status and headers, no body (RFC 9110

@@ -7,7 +7,7 @@ from urllib.parse import urlencode, urlsplit
 
 from tokensvc import schemas
 from tokensvc.handlers.errors import ValidationFailed
-from tokensvc.handlers.page import PageHandler
+from tokensvc.handlers.page import CONTROL, PageHandler
 from tokensvc.oauth import authorization, connected_apps, revocation, sessions
 from tokensvc.oauth.authorization import AuthorizationRequest, RedirectError
 from tokensvc.oauth.errors import AccessDenied, InvalidRequest, RedirectUnverified
@@ -44,7 +44,7 @@ def safe_next(target: str | None) -> str:
     """A same-site path to return to after sign-in; anything else becomes ``/`` (no open redirect)."""
     if not target or not target.startswith("/") or target.startswith("//") or target.startswith("/\\"):
         return "/"
-    if any(ord(ch) < 0x20 or ch == "\\" for ch in target):
+    if CONTROL.search(target) or "\\" in target:
         return "/"
     parts = urlsplit(target)
     if parts.scheme or parts.netloc:
