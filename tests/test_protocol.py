@@ -239,3 +239,14 @@ async def test_revoking_the_grant_of_a_token(seeded):
     assert await revocation.revoke_grant_of(seeded, first.access_token) is True
     assert await introspection.introspect(seeded, first.refresh_token) == {"active": False}
     assert await revocation.revoke_grant_of(seeded, "unknown") is False
+
+
+async def test_a_client_may_ask_only_for_scopes_listed_literally(seeded):
+    """``write`` covers ``read`` and ``<resource>:<action>`` when a token is checked, never when a
+    client asks: webapp may hold ``write`` but not ask for ``anything:read``."""
+    for scope in ("observations:read", "evil<b>:read", "write:anything"):
+        with pytest.raises(RedirectError) as refused:
+            await authorization.validate(seeded, args(scope=scope))
+        assert isinstance(refused.value.error, InvalidScope)
+    listed = await authorization.validate(seeded, args(scope="read connected-apps:write"))
+    assert listed.scopes == ["read", "connected-apps:write"]

@@ -171,9 +171,13 @@ def _validate_parameters(client: Client, redirect_uri: str, state: str | None, s
     defaulted = asked is None
     if asked is None:
         asked = list(allowed)
-    elif not all(scopes.satisfies(allowed, scope) for scope in asked):
-        raise InvalidScope("The client may not ask for: " + " ".join(
-            scope for scope in asked if not scopes.satisfies(allowed, scope)))
+    else:
+        # Only what the operator listed, literally: the read/write hierarchy applies when an
+        # endpoint checks a token, never when a client asks, so the consent page only ever
+        # shows scopes an operator registered.
+        beyond = [scope for scope in asked if scope not in allowed]
+        if beyond:
+            raise InvalidScope("The client may not ask for: " + " ".join(beyond))
     if not asked:
         raise InvalidScope("No scope to grant")
     return AuthorizationRequest(client, redirect_uri, state, asked, challenge, method,
