@@ -101,7 +101,7 @@ def test_public_client_has_no_secret(run):
     (("clients", "show", "ghost"), "tokensvc: no client with id 'ghost'\n"),
     (("clients", "remove", "ghost"), "tokensvc: no client with id 'ghost'\n"),
     (("clients", "add", "--name", "X", "--redirect-uri", "not a url"),
-     "tokensvc: not a valid redirect URI (absolute, no fragment): 'not a url'\n"),
+     "tokensvc: not a valid redirect URI (an absolute URI is required): 'not a url'\n"),
     (("clients", "add", "--name", "X", "--redirect-uri", "https://x/cb", "--logo-url", "ftp://x/logo"),
      "tokensvc: not a valid http(s) URL: 'ftp://x/logo'\n"),
     (("users", "remove", "ghost"), "tokensvc: no user named 'ghost'\n"),
@@ -247,3 +247,10 @@ def test_generated_client_ids_are_safe_on_a_command_line(run):
         code, out, _ = run("clients", "add", "--name", f"App {_}", "--redirect-uri", "https://a/cb", json_out=True)
         assert code == 0 and out["client_id"][0].isalnum()
         assert run("clients", "show", out["client_id"])[0] == 0
+
+
+def test_clients_add_refuses_a_javascript_redirect_uri(run):
+    code, out, err = run("clients", "add", "--name", "X", "--redirect-uri", "javascript:alert(1)")
+    assert code == 1 and out == ""
+    assert err == "tokensvc: not a valid redirect URI (the javascript: scheme is never a redirect target): " \
+                  "'javascript:alert(1)'\n"

@@ -98,3 +98,30 @@ def test_masked_hides_every_secret():
             assert client.client_secret not in masked
     for user in settings.users:
         assert user.password not in masked
+
+
+@pytest.mark.parametrize("uri,problem", [
+    ("javascript:alert(1)", "the javascript: scheme is never a redirect target"),
+    ("data:text/html,x", "the data: scheme is never a redirect target"),
+    ("file:///etc/passwd", "the file: scheme is never a redirect target"),
+    ("JavaScript:alert(1)", "the javascript: scheme is never a redirect target"),
+    ("http://client.example/cb", "http only to a loopback host (127.0.0.1, [::1], localhost); use https"),
+    ("https://client.example/cb#frag", "a fragment is not allowed (RFC 6749 §3.1.2)"),
+    ("https:///cb", "an https URI needs a host"),
+    ("/relative/cb", "an absolute URI is required"),
+])
+def test_redirect_uris_are_refused_with_one_clear_message(tmp_path, uri, problem):
+    path = tmp_path / "c.toml"
+    path.write_text(f'demo = true\n[[clients]]\nclient_id = "a"\nname = "A"\nredirect_uris = ["{uri}"]\n')
+    with pytest.raises(config.ConfigError) as error:
+        config.load(path, environ={})
+    assert str(error.value) == f"clients[0].redirect_uris: not a valid redirect URI ({problem}): {uri!r}"
+
+
+@pytest.mark.parametrize("uri", ["https://client.example/cb?x=1", "http://127.0.0.1:9000/cb", "http://127.8.0.1/cb",
+                                 "http://[::1]:8000/cb", "http://localhost/cb", "com.example.app:/oauth2redirect",
+                                 "myapp://cb"])
+def test_redirect_uris_that_are_allowed(tmp_path, uri):
+    path = tmp_path / "c.toml"
+    path.write_text(f'demo = true\n[[clients]]\nclient_id = "a"\nname = "A"\nredirect_uris = ["{uri}"]\n')
+    assert config.load(path, environ={}).clients[0].redirect_uris == [uri]

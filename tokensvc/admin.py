@@ -12,7 +12,7 @@ import secrets
 
 from tokensvc import logs
 from tokensvc.bootstrap import new_user_id
-from tokensvc.identifiers import ID, USERNAME, is_redirect_uri, is_url
+from tokensvc.identifiers import ID, USERNAME, is_url, redirect_uri_problem
 from tokensvc.oauth import hashing, scopes as scope_rules
 from tokensvc.oauth.context import OAuthContext
 from tokensvc.oauth.grants import revoke_grant
@@ -32,8 +32,9 @@ def _record(event: str, **fields: object) -> None:
 
 
 def check_redirect_uri(uri: str) -> str:
-    if not is_redirect_uri(uri):
-        raise AdminError(f"not a valid redirect URI (absolute, no fragment): {uri!r}")
+    problem = redirect_uri_problem(uri)
+    if problem is not None:
+        raise AdminError(f"not a valid redirect URI ({problem}): {uri!r}")
     return uri
 
 

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
-from tokensvc.identifiers import ID, USERNAME, is_redirect_uri, is_url
+from tokensvc.identifiers import ID, USERNAME, is_url, redirect_uri_problem
 
 log = logging.getLogger(__name__)
 
@@ -166,8 +166,9 @@ def _check_url(key: str, url: str, *, schemes: tuple[str, ...] = ("http", "https
 
 
 def _check_redirect_uri(key: str, uri: str) -> None:
-    if not is_redirect_uri(uri):
-        raise ConfigError(f"{key}: not a valid redirect URI (absolute, no fragment): {uri!r}")
+    problem = redirect_uri_problem(uri)
+    if problem is not None:
+        raise ConfigError(f"{key}: not a valid redirect URI ({problem}): {uri!r}")
 
 
 # -- loading --------------------------------------------------------------------------

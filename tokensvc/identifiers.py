@@ -3,6 +3,7 @@ the config loader, the operator commands and the request schemas."""
 
 from __future__ import annotations
 
+import ipaddress
 import re
 from urllib.parse import urlsplit
 
@@ -12,10 +13,45 @@ ID = re.compile(r"^[A-Za-z0-9._~-]{1,128}$")
 USERNAME = re.compile(r"^[A-Za-z0-9._@-]{1,64}$")
 
 
-def is_redirect_uri(uri: str) -> bool:
-    """RFC 6749 §3.1.2: absolute, no fragment. Custom schemes serve native apps (RFC 8252 §7.1)."""
-    parts = urlsplit(uri)
-    return bool(parts.scheme) and not parts.fragment and (parts.scheme not in ("http", "https") or bool(parts.netloc))
+NEVER_REDIRECT_SCHEMES = frozenset({"javascript", "data", "file", "vbscript", "blob", "about", "filesystem"})
+_SCHEME = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*")
+
+
+def redirect_uri_problem(uri: str) -> str | None:
+    """Why ``uri`` cannot be a registered redirect URI, or None when it can.
+
+    https; http only to a loopback host (RFC 8252 §7.3, §8.3); or a private-use scheme for a
+    native app (RFC 8252 §7.1). Absolute, without a fragment (RFC 6749 §3.1.2). Schemes that
+    run or read something in the browser are never one.
+    """
+    try:
+        parts = urlsplit(uri)
+        host = parts.hostname
+    except ValueError:
+        return "not a URI"
+    scheme = parts.scheme.lower()
+    if not scheme or not _SCHEME.fullmatch(parts.scheme) or any(ch.isspace() for ch in uri):
+        return "an absolute URI is required"
+    if parts.fragment or "#" in uri:
+        return "a fragment is not allowed (RFC 6749 §3.1.2)"
+    if scheme in NEVER_REDIRECT_SCHEMES:
+        return f"the {scheme}: scheme is never a redirect target"
+    if scheme == "https":
+        return None if host else "an https URI needs a host"
+    if scheme == "http":
+        return None if _is_loopback(host) else "http only to a loopback host (127.0.0.1, [::1], localhost); use https"
+    return None  # a private-use scheme (RFC 8252 §7.1)
+
+
+def _is_loopback(host: str | None) -> bool:
+    if not host:
+        return False
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 def is_url(uri: str, schemes: tuple[str, ...] = ("http", "https")) -> bool:
