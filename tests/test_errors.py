@@ -85,6 +85,9 @@ def test_redact():
     assert redact("/cb?code=c&state=s&access_token=t&refresh_token=r&client_secret=cs&code_verifier=v") == \
         "/cb?code=***&state=***&access_token=***&refresh_token=***&client_secret=***&code_verifier=***"
     assert redact("/plain") == "/plain"
+    # Inside another parameter's value: the sign-in's next= carries the authorization request.
+    nested = redact("/login?next=%2Foauth%2Fauthorize%3Fclient_id%3Dw%26state%3DSECRET-STATE%26code_challenge%3Dx")
+    assert "SECRET-STATE" not in nested and "client_id%3Dw" in nested and "state%3D***" in nested
 
 
 @pytest.mark.gen_test
@@ -147,3 +150,19 @@ async def test_unreachable_server_is_503_never_500(http_client, io_loop, config)
     finally:
         server.stop()
         await down.close()
+
+
+@pytest.mark.gen_test
+async def test_an_uncaught_exception_on_a_page_logs_the_uri_redacted(http_client, base_url, caplog, monkeypatch):
+    from tokensvc.handlers import pages
+
+    async def broken(self):
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr(pages.HomeHandler, "get", broken)
+    with caplog.at_level(logging.ERROR):
+        response = await http_client.fetch(base_url + "/?access_token=SECRET-IN-QUERY&password=SECRET-PASSWORD",
+                                           raise_error=False)
+    assert response.code == 500 and b"Traceback" not in response.body
+    assert "SECRET-IN-QUERY" not in caplog.text and "SECRET-PASSWORD" not in caplog.text
+    assert "Uncaught exception GET /?access_token=***&password=***" in caplog.text and "boom" in caplog.text

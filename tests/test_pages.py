@@ -129,3 +129,15 @@ async def test_every_location_is_checked_before_it_is_sent(browser, caplog):
     assert safe_location("https://client.example/cb?code=abc&state=x%7Fy") == "https://client.example/cb?code=abc&state=x%7Fy"
     for bad in ("/x\x7f", "/x\r\nSet-Cookie: a=b", "https://client.example/\x85"):
         assert safe_location(bad) == "/"
+
+
+@pytest.mark.gen_test
+@pytest.mark.parametrize("method,path,allow", [
+    ("DELETE", "/login", "GET, HEAD, POST"), ("PUT", "/account", "GET, HEAD, POST"), ("POST", "/", "GET, HEAD"),
+    ("GET", "/logout", "POST"), ("DELETE", "/oauth/authorize", "GET, HEAD, POST"), ("POST", "/v1/ws", "GET, HEAD"),
+])
+async def test_every_405_carries_allow(http_client, base_url, method, path, allow):
+    response = await http_client.fetch(base_url + path, method=method, raise_error=False,
+                                       allow_nonstandard_methods=True, body=b"" if method in ("POST", "PUT") else None)
+    assert response.code == 405 and response.headers["Allow"] == allow
+    assert response.headers["X-Frame-Options"] == "DENY"  # the security headers, on the socket's refusal too

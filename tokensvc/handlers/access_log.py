@@ -14,13 +14,14 @@ REDACTED_PARAMETERS = frozenset({"token", "access_token", "code", "refresh_token
 
 
 def redact(uri: str) -> str:
-    """``uri`` with the value of every secret-bearing query parameter replaced by ``***``."""
+    """``uri`` with the value of every secret-bearing query parameter replaced by ``***``, also
+    inside another parameter's value that is itself a URI with a query (``next=/oauth/authorize?...``)."""
     path, sep, query = uri.partition("?")
     if not sep:
         return uri
     pairs = parse_qsl(query, keep_blank_values=True)
-    return path + "?" + urlencode([(key, "***" if key in REDACTED_PARAMETERS else value) for key, value in pairs],
-                                  safe="*/:")
+    return path + "?" + urlencode([(key, "***" if key in REDACTED_PARAMETERS else redact(value) if "?" in value
+                                   else value) for key, value in pairs], safe="*/:")
 
 
 def log_access(status: int, request: tornado.httputil.HTTPServerRequest, client_id: str | None) -> None:

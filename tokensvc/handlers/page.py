@@ -19,6 +19,7 @@ import tornado.web
 
 from tokensvc.config import Settings
 from tokensvc.handlers import xsrf
+from tokensvc.handlers.access_log import redact
 from tokensvc.handlers.errors import EXPECTED, response_for
 from tokensvc.handlers.inputs import RequestInput
 from tokensvc.handlers.json_api import MAX_BODY_BYTES, SECURITY_HEADERS
@@ -78,11 +79,23 @@ _SOURCE_PATH = re.compile(r"/[A-Za-z0-9._~!$&'()*+=:@/%-]*")
 PAGE_HEADERS = {**SECURITY_HEADERS, "Content-Security-Policy": page_csp(), "Cache-Control": "no-store"}
 
 
+def defined_methods(cls: type[tornado.web.RequestHandler]) -> tuple[str, ...]:
+    """The HTTP methods ``cls`` answers: those it defines, and HEAD wherever GET is."""
+    methods = [m for m in ("GET", "POST", "PUT", "PATCH", "DELETE", "OPTIONS")
+               if getattr(cls, m.lower()) is not getattr(tornado.web.RequestHandler, m.lower())]
+    return tuple(methods + ["HEAD"] if "GET" in methods else methods)
+
+
 class PageHandler(RequestInput, tornado.web.RequestHandler):
     """An HTML page: XSRF-checked forms, a strict CSP, errors as an error page."""
 
     ctx: OAuthContext
     config: Settings
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        # Tornado answers 405 for any other method before anything else (the XSRF check too).
+        super().__init_subclass__(**kwargs)
+        cls.SUPPORTED_METHODS = defined_methods(cls)
 
     def initialize(self, ctx: OAuthContext, config: Settings) -> None:
         self.ctx = ctx
@@ -161,10 +174,12 @@ class PageHandler(RequestInput, tornado.web.RequestHandler):
     # -- errors ---------------------------------------------------------------------
 
     def log_exception(self, typ, value, tb) -> None:  # type: ignore[override]
+        # Not tornado's line: it prints the raw URI, secrets in the query included.
         if isinstance(value, StorageError):
             log.warning("store unavailable: %s %s: %s", self.request.method, self.request.path, value)
         elif not isinstance(value, EXPECTED):
-            super().log_exception(typ, value, tb)
+            log.error("Uncaught exception %s %s", self.request.method, redact(self.request.uri or ""),
+                      exc_info=(typ, value, tb))
 
     def write_error(self, status_code: int, **kwargs: Any) -> None:
         exc = kwargs.get("exc_info", (None, None, None))[1]
@@ -172,6 +187,8 @@ class PageHandler(RequestInput, tornado.web.RequestHandler):
         self.set_status(status)
         for name, value in headers.items():
             self.set_header(name, value)
+        if status == 405:
+            self.set_header("Allow", ", ".join(sorted(self.SUPPORTED_METHODS)))
         self.error_page(status, self._reason, _message(status, body))
 
     def error_page(self, status: int, title: str, message: str) -> None:

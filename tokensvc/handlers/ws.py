@@ -11,6 +11,7 @@ import logging
 from typing import Any
 
 import tornado.ioloop
+import tornado.web
 import tornado.websocket
 
 from tokensvc import schemas
@@ -34,6 +35,7 @@ RECHECK_SECONDS = 5.0
 
 class EchoSocket(AuthMixin, RequestInput, tornado.websocket.WebSocketHandler):
     accept_query_token = True
+    SUPPORTED_METHODS = ("GET", "HEAD")  # anything else: 405 with Allow, before any other check
 
     def initialize(self, ctx: OAuthContext, config: Settings) -> None:
         self.ctx, self.config = ctx, config
@@ -53,9 +55,16 @@ class EchoSocket(AuthMixin, RequestInput, tornado.websocket.WebSocketHandler):
         """What a GET without an upgrade gets (401, or 400 for the missing upgrade), no body."""
         await self.get(*args, **kwargs)
 
+    def write_error(self, status_code: int, **kwargs: Any) -> None:
+        """Errors before the upgrade (a 405) in the JSON API's shape and headers."""
+        exc = kwargs.get("exc_info", (None, None, None))[1]
+        self._refuse(exc if exc is not None else tornado.web.HTTPError(status_code))
+
     def _refuse(self, exc: Exception) -> None:
         """No upgrade: the JSON error response, with the JSON API's security headers."""
         status, body, headers = response_for(exc)
+        if status == 405:
+            headers = {**headers, "Allow": ", ".join(sorted(self.SUPPORTED_METHODS))}
         self.set_status(status)
         for name, value in {**SECURITY_HEADERS, **headers, "Content-Type": "application/json"}.items():
             self.set_header(name, value)
