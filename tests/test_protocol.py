@@ -250,3 +250,22 @@ async def test_a_client_may_ask_only_for_scopes_listed_literally(seeded):
         assert isinstance(refused.value.error, InvalidScope)
     listed = await authorization.validate(seeded, args(scope="read connected-apps:write"))
     assert listed.scopes == ["read", "connected-apps:write"]
+
+
+async def test_a_failed_check_that_wins_the_race_is_no_replay(seeded, monkeypatch):
+    """The attacker's failed check spends the code while the user's exchange is between its
+    read and its atomic step: the user's pair is void and invalid_grant, and nothing is revoked."""
+    webapp = await client(seeded)
+    earlier = await pair(seeded)
+    code = await code_for(seeded)
+    store, consume = seeded.store, seeded.store.consume_code
+
+    async def attacker_first(code_hash, now, *, failed=False):
+        if not failed:  # the user's atomic step: the attacker's failed check got there first
+            await consume(code_hash, now, failed=True)
+        return await consume(code_hash, now, failed=failed)
+
+    monkeypatch.setattr(store, "consume_code", attacker_first)
+    with pytest.raises(InvalidGrant, match="no longer valid"):
+        await grants.exchange_code(seeded, webapp, code, WEBAPP_REDIRECT, VERIFIER)
+    assert (await introspection.introspect(seeded, earlier.refresh_token))["active"] is True

@@ -93,12 +93,18 @@ async def test_revoke_racing_refresh_leaves_no_live_chain(browser, http_client, 
 
 
 @pytest.mark.gen_test
-async def test_a_failed_verifier_spends_the_code(browser, http_client, base_url, store):
+async def test_a_failed_verifier_spends_the_code_without_revoking_anything(browser, http_client, base_url, store):
+    """A leaked code alone (no verifier) can spend the code, but not cut the user off: the
+    user's own exchange is invalid_grant, and the tokens the grant already holds live on."""
+    earlier = json_of(await exchange(http_client, base_url, await browser.code_for("webapp", WEBAPP_REDIRECT)))
     code = await browser.code_for("webapp", WEBAPP_REDIRECT)
     wrong, _ = new_verifier()
     assert (await exchange(http_client, base_url, code, verifier=wrong)).code == 400
     response = await exchange(http_client, base_url, code)
-    assert response.code == 400 and "already used" in json_of(response)["error_description"]
+    assert response.code == 400 and json_of(response)["error"] == "invalid_grant"
+    assert json_of(response)["error_description"] == "The authorization code is no longer valid"
+    assert await active(http_client, base_url, earlier["access_token"])
+    assert await active(http_client, base_url, earlier["refresh_token"])
 
 
 # -- outages in the middle of a flow ----------------------------------------------------

@@ -166,7 +166,18 @@ async def test_codes_are_consumed_once(backend_store, now):
     assert first is not None and first.consumed_at is None and first.code_hash == "c1"
     assert await store.consume_code("c1", now) is None
     assert (await store.get_code("c1")).consumed_at == now
+    assert not (await store.get_code("c1")).spent_by_failure  # redeemed
     assert await store.consume_code("unknown", now) is None
+
+
+@pytest.mark.gen_test
+async def test_a_code_spent_by_a_failed_check_says_so(backend_store, now):
+    store = backend_store
+    await store.add_code(code(now))
+    assert await store.consume_code("c1", now, failed=True) is not None
+    spent = await store.get_code("c1")
+    assert spent.consumed_at == now and spent.spent_by_failure is True
+    assert await store.consume_code("c1", now) is None  # and it stays spent
 
 
 @pytest.mark.gen_test

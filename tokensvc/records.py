@@ -105,6 +105,9 @@ class AuthorizationCode:
     code_challenge_method: str
     expires_at: datetime
     consumed_at: datetime | None = None
+    # Spent by a failed check (verifier, redirect_uri, client) rather than redeemed: dead, but
+    # presenting it again is no replay (RFC 6749 §4.1.2 revokes only for a redeemed code).
+    spent_by_failure: bool = False
 
     @property
     def subject(self) -> Subject:

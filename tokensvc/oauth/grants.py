@@ -84,12 +84,13 @@ async def exchange_code(ctx: OAuthContext, client: Client, code: str, redirect_u
     if record is None:
         raise InvalidGrant("Unknown authorization code")
     if record.consumed_at is not None:
-        await _code_replayed(ctx, record)
+        await _spent(ctx, record)
     try:
         _check_code(record, client, redirect_uri, code_verifier, now)
     except InvalidGrant:
-        # A failed check spends the code: a verifier cannot be guessed by retrying.
-        await store.consume_code(code_hash, now)
+        # A failed check spends the code, so a verifier cannot be guessed by retrying; it is
+        # no redemption, so presenting the code again revokes nothing.
+        await store.consume_code(code_hash, now, failed=True)
         raise
     grant = await store.find_grant(client.client_id, record.subject)
     if grant is None or grant.revoked_at is not None:
@@ -97,10 +98,10 @@ async def exchange_code(ctx: OAuthContext, client: Client, code: str, redirect_u
     pair = _mint(ctx, client, grant, record.scopes, parent_hash=None, now=now)
     await store.add_tokens(pair.records)
     if await store.consume_code(code_hash, now) is None:
-        # Another exchange of this code won the race: this pair is void, and the replay
-        # revokes what the code gave.
+        # Another presentation of this code won the race: this pair is void, and if that one
+        # redeemed the code, this is a replay.
         await _revoke_pair(ctx, pair)
-        await _code_replayed(ctx, record)
+        await _spent(ctx, await store.get_code(code_hash) or record)
     await _sweep_if_grant_revoked(ctx, grant, pair)
     _audit("token_issued", "success", client.client_id, record.subject, grant="authorization_code")
     return _response(ctx, pair, record.scopes)
@@ -118,6 +119,14 @@ def _check_code(record: AuthorizationCode, client: Client, redirect_uri: str, co
         raise InvalidGrant("code_verifier is required (PKCE)")
     if not pkce.verify(code_verifier, record.code_challenge, record.code_challenge_method):
         raise InvalidGrant("PKCE verification failed")
+
+
+async def _spent(ctx: OAuthContext, record: AuthorizationCode) -> None:
+    """A consumed code presented again: a replay when it was redeemed; merely dead when a
+    failed check spent it (whoever holds a leaked code must not be able to cut the user off)."""
+    if record.spent_by_failure:
+        raise InvalidGrant("The authorization code is no longer valid")
+    await _code_replayed(ctx, record)
 
 
 async def _code_replayed(ctx: OAuthContext, record: AuthorizationCode) -> None:

@@ -140,8 +140,9 @@ class Store(abc.ABC):
     async def get_code(self, code_hash: str) -> AuthorizationCode | None: ...
 
     @abc.abstractmethod
-    async def consume_code(self, code_hash: str, now: datetime) -> AuthorizationCode | None:
-        """Atomically mark an unconsumed code consumed; return it as it was before.
+    async def consume_code(self, code_hash: str, now: datetime, *, failed: bool = False) -> AuthorizationCode | None:
+        """Atomically mark an unconsumed code consumed (``failed``: spent by a failed check, not
+        redeemed); return it as it was before.
 
         None when the code is unknown or was already consumed: exactly one of concurrent
         callers gets the record.

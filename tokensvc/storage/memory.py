@@ -215,11 +215,11 @@ class MemoryStore(Store):
     async def get_code(self, code_hash: str) -> AuthorizationCode | None:
         return CODES.unpack(self._codes.get(code_hash))
 
-    async def consume_code(self, code_hash: str, now: datetime) -> AuthorizationCode | None:
+    async def consume_code(self, code_hash: str, now: datetime, *, failed: bool = False) -> AuthorizationCode | None:
         row = self._codes.get(code_hash)
         if row is None or CODES.get(row, "consumed_at") is not None:
             return None
-        self._codes[code_hash] = CODES.updated(row, consumed_at=now)
+        self._codes[code_hash] = CODES.updated(row, consumed_at=now, spent_by_failure=failed)
         return CODES.unpack(row)
 
     # -- tokens

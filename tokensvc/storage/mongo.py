@@ -298,9 +298,9 @@ class MongoStore(Store):
         return CODES.record(await self.codes.find_one({"_id": code_hash}))
 
     @guarded
-    async def consume_code(self, code_hash: str, now: datetime) -> AuthorizationCode | None:
+    async def consume_code(self, code_hash: str, now: datetime, *, failed: bool = False) -> AuthorizationCode | None:
         return CODES.record(await self.codes.find_one_and_update(
-            {"_id": code_hash, "consumed_at": None}, {"$set": {"consumed_at": now}},
+            {"_id": code_hash, "consumed_at": None}, {"$set": {"consumed_at": now, "spent_by_failure": failed}},
             return_document=ReturnDocument.BEFORE))
 
     # -- tokens
