@@ -6,6 +6,7 @@ import os
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -110,3 +111,33 @@ def test_in_process_listen_errors_are_command_errors(capsys):
         assert cli.main(["serve", "--config", str(DEMO), "--port", str(port)]) == 1
     assert capsys.readouterr().err == (f"tokensvc: 127.0.0.1:{port} is already in use; "
                                        "choose another with --port or TOKENSVC_PORT\n")
+
+
+def test_a_client_that_stops_mid_headers_is_dropped(tmp_path):
+    from service import start_service
+
+    service = start_service(tmp_path, extra="[server]\nidle_timeout = 1\nbody_timeout = 1\n")
+    try:
+        port = int(service.base.rsplit(":", 1)[1])
+        for partial in (b"GET /healthz HTTP/1.1\r\nHost: x\r\n",  # headers never finished
+                        b"POST /oauth/token HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\ngrant"):  # body
+            with socket.create_connection(("127.0.0.1", port), timeout=10) as slow:
+                slow.sendall(partial)
+                started = time.monotonic()
+                assert slow.recv(1024) in (b"", b"HTTP/1.1 400 Bad Request\r\n\r\n")  # closed by the server
+                assert time.monotonic() - started < 5
+        with socket.create_connection(("127.0.0.1", port), timeout=10) as idle:  # keep-alive, then idle
+            idle.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+            assert idle.recv(4096).startswith(b"HTTP/1.1 200")
+            started = time.monotonic()
+            assert idle.recv(1024) == b"" and time.monotonic() - started < 5
+    finally:
+        service.stop()
+
+
+def test_connection_timeouts_have_defaults_and_are_checked():
+    settings = config.load(None, environ={}, overrides={"demo": True})
+    assert (settings.server.idle_timeout, settings.server.body_timeout) == (60, 30)
+    assert config.load(None, environ={"TOKENSVC_SERVER_IDLE_TIMEOUT": "5"}, overrides={"demo": True}).server.idle_timeout == 5
+    with pytest.raises(config.ConfigError, match="server.body_timeout: must be at least 1 second"):
+        config.load(None, environ={"TOKENSVC_SERVER_BODY_TIMEOUT": "0"}, overrides={"demo": True})

@@ -82,7 +82,9 @@ async def serve(settings: Settings, sockets: list[socket.socket]) -> None:
     app = make_app(settings, store)
     # Bodies over 64 KiB are refused with 413 by the handlers; the server's own limit sits
     # above that so that the refusal is a clear 413, not a dropped connection.
-    server = tornado.httpserver.HTTPServer(app, xheaders=settings.xheaders, max_body_size=1024 * 1024)
+    server = tornado.httpserver.HTTPServer(app, xheaders=settings.xheaders, max_body_size=1024 * 1024,
+                                           idle_connection_timeout=settings.server.idle_timeout,
+                                           body_timeout=settings.server.body_timeout)
     server.add_sockets(sockets)
     local = config_module.listen_url(settings.host, settings.port)
     log.info("tokensvc %s listening on %s (storage: %s)", __version__, local, settings.storage.backend)

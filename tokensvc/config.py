@@ -48,6 +48,15 @@ class TokenSettings:
 
 
 @dataclass(slots=True)
+class ServerSettings:
+    # Seconds a connection may take to send a request's headers, and may stay idle between
+    # requests (one setting in Tornado); then it is closed.
+    idle_timeout: int = 60
+    # Seconds a request may take to send its body.
+    body_timeout: int = 30
+
+
+@dataclass(slots=True)
 class LimitSettings:
     enabled: bool = True
     window_seconds: int = 300
@@ -98,6 +107,7 @@ class Settings:
     xheaders: bool = False
     log_format: str = "text"
     log_level: str = "info"
+    server: ServerSettings = field(default_factory=ServerSettings)
     storage: StorageSettings = field(default_factory=StorageSettings)
     tokens: TokenSettings = field(default_factory=TokenSettings)
     limits: LimitSettings = field(default_factory=LimitSettings)
@@ -115,7 +125,7 @@ class Settings:
         return self.auth_url.startswith("https://")
 
 
-_SECTIONS = {"storage": StorageSettings, "tokens": TokenSettings, "limits": LimitSettings}
+_SECTIONS = {"server": ServerSettings, "storage": StorageSettings, "tokens": TokenSettings, "limits": LimitSettings}
 _TABLES = {"clients": ClientSeed, "users": UserSeed, "installations": InstallationSeed}
 _INTERNAL = {"generated_cookie_secret"}
 
@@ -294,6 +304,9 @@ def validate(settings: Settings) -> None:
         if value < minimum:
             raise ConfigError(f"tokens.{f.name}: must be at least {minimum}, got {value}")
 
+    for f in dataclasses.fields(ServerSettings):
+        if getattr(settings.server, f.name) < 1:
+            raise ConfigError(f"server.{f.name}: must be at least 1 second, got {getattr(settings.server, f.name)}")
     for f in dataclasses.fields(LimitSettings):
         value = getattr(settings.limits, f.name)
         if f.name != "enabled" and value < 1:
