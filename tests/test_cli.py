@@ -131,8 +131,11 @@ def test_users_round_trip(run, mongo):
     assert hashing.verify_password("dave-password", doc["password_hash"])
     code, out, _ = run("users", "list")
     assert "dave" in out and "yes" in out
-    assert run("users", "set-password", "dave", "--password-stdin", stdin="new-password\n")[0] == 0
+    code, out, _ = run("users", "set-password", "dave", "--password-stdin", stdin="new-password\n", json_out=True)
+    assert code == 0 and out == {"username": "dave", "password_set": True, "sessions_ended": 0, "tokens_revoked": 0}
     assert hashing.verify_password("new-password", stored(mongo, "users")[0]["password_hash"])
+    code, out, _ = run("users", "set-password", "dave", "--keep-grants", "--password-stdin", stdin="third-password\n")
+    assert code == 0 and out == "password of dave changed; 0 web sessions ended, 0 tokens revoked\n"
     code, out, _ = run("users", "remove", "dave")
     assert code == 0 and stored(mongo, "users") == []
 

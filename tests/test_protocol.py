@@ -8,7 +8,7 @@ import pytest
 
 from helpers import CHALLENGE, NODE_REDIRECT, SKY_REDIRECT, VERIFIER, WEBAPP_REDIRECT, WEBAPP_SECRET, make_config
 from tokensvc.bootstrap import seed
-from tokensvc.oauth import authorization, clientauth, grants, introspection, revocation
+from tokensvc.oauth import authorization, clientauth, grants, hashing, introspection, revocation
 from tokensvc.oauth.authorization import RedirectError
 from tokensvc.oauth.clientauth import ClientRequest
 from tokensvc.oauth.context import OAuthContext
@@ -269,3 +269,36 @@ async def test_a_failed_check_that_wins_the_race_is_no_replay(seeded, monkeypatc
     with pytest.raises(InvalidGrant, match="no longer valid"):
         await grants.exchange_code(seeded, webapp, code, WEBAPP_REDIRECT, VERIFIER)
     assert (await introspection.introspect(seeded, earlier.refresh_token))["active"] is True
+
+
+# -- operators: a password set, a user removed -------------------------------------------------
+
+
+async def test_a_new_password_ends_sessions_and_revokes_grants_unless_kept(seeded):
+    from tokensvc import admin
+    from tokensvc.oauth import sessions
+
+    alice = await seeded.store.get_user_by_username("alice")
+    session_id = await sessions.start(seeded, alice)
+    tokens = await pair(seeded)
+    kept = await admin.set_password(seeded, "alice", "a-new-password-1", keep_grants=True)
+    assert kept == {"sessions_ended": 1, "tokens_revoked": 0}
+    assert await sessions.resolve(seeded, session_id) is None
+    assert (await introspection.introspect(seeded, tokens.refresh_token))["active"] is True
+
+    session_id = await sessions.start(seeded, alice)
+    ended = await admin.set_password(seeded, "alice", "another-password-2")
+    assert ended["sessions_ended"] == 1 and ended["tokens_revoked"] >= 2
+    assert await sessions.resolve(seeded, session_id) is None
+    assert await introspection.introspect(seeded, tokens.refresh_token) == {"active": False}
+
+
+async def test_removing_a_user_ends_their_sessions(seeded):
+    from tokensvc import admin
+    from tokensvc.oauth import sessions
+
+    root = await seeded.store.get_user_by_username("root")
+    session_id = await sessions.start(seeded, root)
+    await admin.remove_user(seeded, "root")
+    assert await sessions.resolve(seeded, session_id) is None
+    assert await seeded.store.get_session(hashing.digest(session_id)) is None  # the record itself is gone

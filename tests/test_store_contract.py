@@ -276,3 +276,16 @@ async def test_purge_expired(backend_store, now):
     assert await store.get_code("c-live") is not None and await store.get_code("c-dead") is None
     assert await store.get_token("t-live") is not None and await store.get_token("t-dead") is None
     assert await store.purge_expired(now + timedelta(seconds=60)) == {"codes": 0, "tokens": 0, "sessions": 0}
+
+
+@pytest.mark.gen_test
+async def test_a_users_sessions_end_together(backend_store, now):
+    from tokensvc.records import Session
+
+    store = backend_store
+    for name, user in (("s1", "u1"), ("s2", "u1"), ("s3", "u2")):
+        await store.add_session(Session(name, user, now, now + timedelta(days=1)))
+    assert await store.delete_user_sessions("u1") == 2
+    assert await store.get_session("s1") is None and await store.get_session("s2") is None
+    assert await store.get_session("s3") is not None
+    assert await store.delete_user_sessions("u1") == 0

@@ -136,11 +136,21 @@ async def get_user(store: Store, username: str) -> User:
     return user
 
 
-async def set_password(store: Store, username: str, password: str) -> None:
-    user = await get_user(store, username)
+async def set_password(ctx: OAuthContext, username: str, password: str, *, keep_grants: bool = False) -> dict[str, int]:
+    """A new password ends the user's web sessions and, unless ``keep_grants``, revokes every
+    grant (and token) of theirs: whoever knew the old password is out everywhere."""
+    user = await get_user(ctx.store, username)
     user.password_hash = await _hash_password(password)
-    await store.put_user(user)
-    _record("user_password_set", subject=user.user_id, username=username, outcome="success")
+    await ctx.store.put_user(user)
+    sessions = await ctx.store.delete_user_sessions(user.user_id)
+    revoked = 0
+    if not keep_grants:
+        for grant in await ctx.store.list_grants(Subject(user_id=user.user_id)):
+            revoked += await revoke_grant(ctx, grant)
+    ctx.events.revoked()
+    _record("user_password_set", subject=user.user_id, username=username, sessions_ended=sessions,
+            tokens_revoked=revoked, outcome="success")
+    return {"sessions_ended": sessions, "tokens_revoked": revoked}
 
 
 async def remove_user(ctx: OAuthContext, username: str) -> int:
@@ -149,6 +159,8 @@ async def remove_user(ctx: OAuthContext, username: str) -> int:
     revoked = 0
     for grant in await ctx.store.list_grants(Subject(user_id=user.user_id)):
         revoked += await revoke_grant(ctx, grant)
+    await ctx.store.delete_user_sessions(user.user_id)
+    ctx.events.revoked()
     await ctx.store.delete_user(user.user_id)
     _record("user_removed", subject=user.user_id, username=username, tokens_revoked=revoked, outcome="success")
     return revoked

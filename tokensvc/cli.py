@@ -277,8 +277,10 @@ async def users_remove(ctx: OAuthContext, args: argparse.Namespace) -> int:
 
 
 async def users_set_password(ctx: OAuthContext, args: argparse.Namespace) -> int:
-    await admin.set_password(ctx.store, args.username, args.password)
-    _emit(args, {"username": args.username, "password_set": True}, f"password of {args.username} changed")
+    ended = await admin.set_password(ctx, args.username, args.password, keep_grants=args.keep_grants)
+    _emit(args, {"username": args.username, "password_set": True, **ended},
+          f"password of {args.username} changed; {ended['sessions_ended']} web sessions ended, "
+          f"{ended['tokens_revoked']} tokens revoked")
     return 0
 
 
@@ -365,6 +367,9 @@ def build_parser(store_factory: StoreFactory | None = None) -> argparse.Argument
         sub.add_argument("--password-stdin", action="store_true", help="read the password from standard input")
         if name == "add":
             sub.add_argument("--admin", action="store_true", help="an administrator")
+        else:
+            sub.add_argument("--keep-grants", action="store_true",
+                             help="keep the apps the user connected (their sessions still end)")
     command(users, "list", "list users", users_list)
     command(users, "remove", "remove a user and revoke their tokens", users_remove).add_argument("username")
 

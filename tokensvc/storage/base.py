@@ -195,6 +195,10 @@ class Store(abc.ABC):
     @abc.abstractmethod
     async def delete_session(self, session_hash: str) -> bool: ...
 
+    @abc.abstractmethod
+    async def delete_user_sessions(self, user_id: str) -> int:
+        """End every web session of a user (a password set, the user removed); the count."""
+
     # -- housekeeping
 
     @abc.abstractmethod

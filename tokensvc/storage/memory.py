@@ -283,6 +283,12 @@ class MemoryStore(Store):
     async def delete_session(self, session_hash: str) -> bool:
         return self._sessions.pop(session_hash, None) is not None
 
+    async def delete_user_sessions(self, user_id: str) -> int:
+        ended = [key for key, row in self._sessions.items() if SESSIONS.get(row, "user_id") == user_id]
+        for key in ended:
+            del self._sessions[key]
+        return len(ended)
+
     # -- housekeeping
 
     async def purge_expired(self, now: datetime) -> dict[str, int]:

@@ -77,6 +77,7 @@ INDEXES: list[tuple[str, list[tuple[str, int]], dict[str, Any]]] = [
     ("tokens", [("grant_id", ASCENDING)], {"name": "grant_id"}),
     ("tokens", [("parent_hash", ASCENDING)], {"name": "parent_hash"}),
     ("sessions", [("expires_at", ASCENDING)], {"expireAfterSeconds": 0, "name": "ttl"}),
+    ("sessions", [("user_id", ASCENDING)], {"name": "user_id"}),
 ]
 
 
@@ -359,6 +360,10 @@ class MongoStore(Store):
     @guarded
     async def delete_session(self, session_hash: str) -> bool:
         return (await self.sessions.delete_one({"_id": session_hash})).deleted_count == 1
+
+    @guarded
+    async def delete_user_sessions(self, user_id: str) -> int:
+        return (await self.sessions.delete_many({"user_id": user_id})).deleted_count
 
     # -- housekeeping
 
