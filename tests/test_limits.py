@@ -114,3 +114,94 @@ def test_disabled_limits_never_refuse():
     for _ in range(5):
         limits.failed(keys)
         limits.check(keys)
+
+
+# -- under concurrency, and from several addresses (127.0.0.0/8) -----------------------------
+
+import asyncio  # noqa: E402
+from urllib.parse import urlencode  # noqa: E402
+
+from tornado.httpclient import AsyncHTTPClient, HTTPRequest  # noqa: E402
+
+from helpers import Browser  # noqa: E402
+
+
+@pytest.fixture
+def wide_client(io_loop):
+    client = AsyncHTTPClient(force_instance=True, max_clients=64)
+    yield client
+    client.close()
+
+
+def sign_in_request(base_url, xsrf, password, address="127.0.0.1"):
+    return HTTPRequest(base_url + "/login", method="POST",  # from ``address``, to the service
+                       body=urlencode({"username": "alice", "password": password, "_xsrf": xsrf, "next": "/"}),
+                       headers={"Cookie": f"_xsrf={xsrf}"}, follow_redirects=False, network_interface=address)
+
+
+@pytest.mark.gen_test(timeout=60)
+async def test_forty_concurrent_wrong_passwords_check_only_the_limits_worth(browser, wide_client, base_url,
+                                                                            monkeypatch):
+    from tokensvc.oauth import sessions
+
+    checked = []
+    original = sessions.check_password
+
+    async def counting(*args, **kwargs):
+        checked.append(1)
+        return await original(*args, **kwargs)  # scrypt in a thread: a real wait
+
+    monkeypatch.setattr(sessions, "check_password", counting)
+    xsrf = await browser.xsrf()
+    requests = [sign_in_request(base_url, xsrf, "wrong-password") for _ in range(39)]
+    requests.append(sign_in_request(base_url, xsrf, "alice-password"))  # the right one, in the same burst
+    responses = await asyncio.gather(*(wide_client.fetch(r, raise_error=False) for r in requests))
+    codes = sorted(response.code for response in responses)
+    assert len(checked) == 3  # failed_logins_per_username, for this address
+    assert codes.count(429) == 37 and set(codes) <= {401, 302, 429}
+    # The owner, from an address of their own, is not locked out.
+    owner = await wide_client.fetch(sign_in_request(base_url, xsrf, "alice-password", "127.0.0.2"), raise_error=False)
+    assert owner.code == 302
+
+
+@pytest.mark.gen_test(timeout=60)
+async def test_forty_concurrent_wrong_secrets_check_only_the_limits_worth(ctx, store, monkeypatch, io_loop):
+    from tokensvc.bootstrap import seed
+    from tokensvc.oauth import clientauth
+    from tokensvc.oauth.clientauth import ClientRequest
+    from tokensvc.oauth.errors import InvalidClient
+
+    await seed(store, make_config())
+    gets = []
+    original = store.get_client
+
+    async def yielding_get_client(client_id):
+        gets.append(client_id)
+        await asyncio.sleep(0)  # a store that yields to the event loop between calls, as MongoDB does
+        return await original(client_id)
+
+    monkeypatch.setattr(store, "get_client", yielding_get_client)
+
+    async def attempt(secret, address="127.0.0.1"):
+        try:
+            return await clientauth.authenticate_request(ctx, ClientRequest(None, "webapp", secret, address))
+        except (InvalidClient, TooManyFailures) as exc:
+            return type(exc).__name__
+
+    results = await asyncio.gather(*(attempt("wrong") for _ in range(39)), attempt(WEBAPP_SECRET))
+    assert len(gets) == 3  # failed_client_auth_per_client, for this address
+    assert results.count("TooManyFailures") == 37
+    # The client itself, from another address, still authenticates.
+    assert (await attempt(WEBAPP_SECRET, "127.0.0.3")).client_id == "webapp"
+
+
+@pytest.mark.gen_test
+async def test_a_strangers_failures_do_not_lock_the_owner_out(http_client, base_url):
+    stranger = Browser(http_client, base_url)
+    for _ in range(3):
+        request = sign_in_request(stranger.base_url, await stranger.xsrf(), "wrong", "127.0.0.4")
+        assert (await http_client.fetch(request, raise_error=False)).code == 401
+    assert (await http_client.fetch(sign_in_request(stranger.base_url, stranger.cookies["_xsrf"], "wrong",
+                                                    "127.0.0.4"), raise_error=False)).code == 429
+    owner = Browser(http_client, base_url)
+    assert (await owner.login("alice")).code == 302

@@ -49,6 +49,15 @@ class FailureLimiter(abc.ABC):
     def succeeded(self, key: str) -> None:
         """Forget the failures of ``key`` (a right password clears its username)."""
 
+    @abc.abstractmethod
+    def reserve(self, keys: Iterable[tuple[str, int]]) -> object:
+        """Check and count one attempt against each key in one step (TooManyFailures past a
+        limit), before the slow check it guards; :meth:`release` takes it back on success."""
+
+    @abc.abstractmethod
+    def release(self, reservation: object) -> None:
+        """Take back an attempt :meth:`reserve` counted: it succeeded."""
+
 
 class MemoryFailureLimiter(FailureLimiter):
     """Sliding-window failure counts in this process; idle keys are dropped as they age."""
@@ -84,7 +93,9 @@ class MemoryFailureLimiter(FailureLimiter):
             raise TooManyFailures(max(1, math.ceil(max(waits))))
 
     def failed(self, keys: Iterable[tuple[str, int]]) -> None:
-        now = self.clock()
+        self._count(keys, self.clock())
+
+    def _count(self, keys: Iterable[tuple[str, int]], now: float) -> None:
         if len(self._failures) >= self.max_keys:  # bound memory under a flood of distinct keys
             for key in list(self._failures):
                 self._recent(key, now)
@@ -97,6 +108,24 @@ class MemoryFailureLimiter(FailureLimiter):
     def succeeded(self, key: str) -> None:
         self._failures.pop(key, None)
 
+    def reserve(self, keys: Iterable[tuple[str, int]]) -> object:
+        # No await between the check and the count: of N concurrent attempts, at most the
+        # limit's worth get past, whatever the slow check after it does.
+        keys = list(keys)
+        self.check(keys)
+        now = self.clock()
+        self._count(keys, now)
+        return keys, now
+
+    def release(self, reservation: object) -> None:
+        keys, at = reservation  # type: ignore[misc]
+        for key, _ in keys:
+            failures = self._failures.get(key)
+            if failures is not None and at in failures:
+                failures.remove(at)
+                if not failures:
+                    del self._failures[key]
+
 
 class FailureLimits:
     """The service's limits over one limiter: which keys a failure counts against."""
@@ -105,17 +134,27 @@ class FailureLimits:
         self.settings = settings
         self.limiter = limiter or MemoryFailureLimiter(settings.window_seconds)
 
+    # Failures count per (account, address) and per address, never per account alone: a
+    # stranger's failures must not lock the owner out from an address of their own.
+
     def client_keys(self, client_id: str | None, address: str) -> list[tuple[str, int]]:
         keys = [(f"client-address:{address}", self.settings.failed_client_auth_per_address)]
         if client_id:
-            keys.append((f"client:{client_id}", self.settings.failed_client_auth_per_client))
+            keys.append((f"client:{client_id}|{address}", self.settings.failed_client_auth_per_client))
         return keys
 
     def login_keys(self, username: str | None, address: str) -> list[tuple[str, int]]:
         keys = [(f"login-address:{address}", self.settings.failed_logins_per_address)]
         if username:
-            keys.append((f"login:{username.lower()}", self.settings.failed_logins_per_username))
+            keys.append((f"login:{username.lower()}|{address}", self.settings.failed_logins_per_username))
         return keys
+
+    def reserve(self, keys: list[tuple[str, int]]) -> object | None:
+        return self.limiter.reserve(keys) if self.settings.enabled else None
+
+    def release(self, reservation: object | None) -> None:
+        if reservation is not None:
+            self.limiter.release(reservation)
 
     def check(self, keys: list[tuple[str, int]]) -> None:
         if self.settings.enabled:
@@ -125,5 +164,5 @@ class FailureLimits:
         if self.settings.enabled:
             self.limiter.failed(keys)
 
-    def login_succeeded(self, username: str) -> None:
-        self.limiter.succeeded(f"login:{username.lower()}")
+    def login_succeeded(self, username: str, address: str) -> None:
+        self.limiter.succeeded(f"login:{username.lower()}|{address}")

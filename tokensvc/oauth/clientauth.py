@@ -119,16 +119,22 @@ async def authenticate_request(ctx: OAuthContext, request: ClientRequest) -> Cli
     if creds is None:
         raise InvalidClient("The request names no client")
     keys = limits.client_keys(creds.client_id, request.address)
-    limits.check(keys)
+    attempt = limits.reserve(keys)  # counted before the check (it awaits the store), taken back on success
     try:
-        return await authenticate(ctx.store, creds)
+        client = await authenticate(ctx.store, creds)
     except InvalidClient:
-        _failed(ctx, keys, creds.client_id, request)
+        _audit_failure(creds.client_id, request)
         raise
+    limits.release(attempt)
+    return client
 
 
 def _failed(ctx: OAuthContext, keys: list[tuple[str, int]], client_id: str | None, request: ClientRequest) -> None:
     ctx.limits.failed(keys)
+    _audit_failure(client_id, request)
+
+
+def _audit_failure(client_id: str | None, request: ClientRequest) -> None:
     logs.audit("client_auth", {"client_id": client_id, "remote_ip": request.address, "endpoint": request.endpoint,
                                "outcome": "failure"}, logging.WARNING, "client authentication failed")
 

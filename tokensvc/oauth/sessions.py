@@ -20,18 +20,18 @@ async def sign_in(ctx: OAuthContext, username: str, password: str, address: str)
     limits = ctx.limits
     keys = limits.login_keys(username, address)
     try:
-        limits.check(keys)
+        attempt = limits.reserve(keys)  # counted before the slow check, taken back on success
     except TooManyFailures:
         logs.audit("login", {"username": username, "outcome": "rate_limited", "remote_ip": address},
                    logging.WARNING, "login refused")
         raise
     user = await check_password(ctx, username, password)
     if user is None:
-        limits.failed(keys)
         logs.audit("login", {"username": username, "outcome": "failure", "remote_ip": address},
                    logging.WARNING, "login failed")
         return None
-    limits.login_succeeded(username)
+    limits.release(attempt)
+    limits.login_succeeded(username, address)
     logs.audit("login", {"subject": user.user_id, "username": user.username, "outcome": "success",
                          "remote_ip": address}, message="login succeeded")
     return user
