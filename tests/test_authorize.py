@@ -262,9 +262,14 @@ async def test_secure_cookie_on_https(http_client, base_url, store, io_loop):
     server.add_sockets([sock])
     try:
         other = Browser(http_client, f"http://127.0.0.1:{port}")
-        response = await other.login("alice")
-        cookie = [h for h in response.headers.get_list("Set-Cookie") if h.startswith("tokensvc_session=")][0]
-        assert "Secure" in cookie
+        page = await other.fetch("/login")
+        xsrf_cookie = [h for h in page.headers.get_list("Set-Cookie") if h.startswith("__Host-_xsrf=")][0]
+        assert "Secure" in xsrf_cookie and "Path=/" in xsrf_cookie and "Domain" not in xsrf_cookie
+        response = await other.fetch("/login", "POST", {"username": "alice", "password": "alice-password",
+                                                        "_xsrf": other.cookies["__Host-_xsrf"]})
+        assert response.code == 302
+        cookie = [h for h in response.headers.get_list("Set-Cookie") if h.startswith("__Host-tokensvc_session=")][0]
+        assert "Secure" in cookie and "Path=/" in cookie and "Domain" not in cookie and "HttpOnly" in cookie
     finally:
         server.stop()
 

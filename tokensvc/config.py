@@ -118,7 +118,17 @@ class Settings:
 
     @property
     def session_cookie(self) -> str:
-        return f"{self.service_name}_session"
+        """``<service_name>_session``; on https with the ``__Host-`` prefix, which a browser
+        accepts only Secure, for ``/`` and from this host alone (no sibling subdomain can set it)."""
+        return f"{self._cookie_prefix}{self.service_name}_session"
+
+    @property
+    def xsrf_cookie(self) -> str:
+        return f"{self._cookie_prefix}_xsrf"
+
+    @property
+    def _cookie_prefix(self) -> str:
+        return "__Host-" if self.secure_cookies else ""
 
     @property
     def secure_cookies(self) -> bool:

@@ -125,7 +125,7 @@ class JsonHandler(RequestInput, tornado.httputil.HTTPMessageDelegate):
                 self._read_body()
             if xsrf.required(self.request, page=False, takes_session=self.takes_session,
                              session_cookie=self.config.session_cookie):
-                xsrf.check(self.request, self.config.cookie_secret, self.raw_session_id(),
+                xsrf.check(self.request, self.config.xsrf_cookie, self.config.cookie_secret, self.raw_session_id(),
                            self.request.headers.get(xsrf.HEADER))
             await getattr(self, "get" if method == "HEAD" else method.lower())(*self._decoded_path_args())
             if not self._status:

@@ -131,14 +131,14 @@ class PageHandler(RequestInput, tornado.web.RequestHandler):
     def check_xsrf_cookie(self) -> None:
         if xsrf.required(self.request, page=True, takes_session=True, session_cookie=self.config.session_cookie):
             submitted = self.get_body_argument(xsrf.FIELD, None) or self.request.headers.get(xsrf.HEADER)
-            xsrf.check(self.request, self.config.cookie_secret, self._session_id, submitted)
+            xsrf.check(self.request, self.config.xsrf_cookie, self.config.cookie_secret, self._session_id, submitted)
 
     @property
     def xsrf_token(self) -> bytes:
         """The token for this page's forms: the cookie's, while it is valid for the current
         session; otherwise a new one, set as the cookie."""
         if not hasattr(self, "_xsrf_token"):
-            morsel = self.request.cookies.get(xsrf.COOKIE)
+            morsel = self.request.cookies.get(self.config.xsrf_cookie)
             current = morsel.value if morsel is not None else None
             if xsrf.valid(self.config.cookie_secret, current, self._session_id):
                 self._xsrf_token = current
@@ -148,7 +148,8 @@ class PageHandler(RequestInput, tornado.web.RequestHandler):
 
     def issue_xsrf_token(self) -> None:
         self._xsrf_token = xsrf.new_token(self.config.cookie_secret, self._session_id)
-        self.set_cookie(xsrf.COOKIE, self._xsrf_token, path="/", samesite="Lax", secure=self.config.secure_cookies)
+        self.set_cookie(self.config.xsrf_cookie, self._xsrf_token, path="/", samesite="Lax",
+                        secure=self.config.secure_cookies)
 
     # -- sessions -------------------------------------------------------------------
 

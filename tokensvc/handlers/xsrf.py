@@ -25,8 +25,7 @@ import secrets
 from tornado.httputil import HTTPServerRequest
 from tornado.web import HTTPError
 
-COOKIE = "_xsrf"
-FIELD = "_xsrf"
+FIELD = "_xsrf"  # the cookie is Settings.xsrf_cookie: "_xsrf", "__Host-_xsrf" on https
 HEADER = "X-XSRFToken"
 UNSAFE_METHODS = frozenset({"POST", "PUT", "PATCH", "DELETE"})
 
@@ -60,9 +59,10 @@ def required(request: HTTPServerRequest, *, page: bool, takes_session: bool, ses
     return session_cookie in request.cookies
 
 
-def check(request: HTTPServerRequest, secret: str, session_id: str | None, submitted: str | None) -> None:
-    """403 unless the submitted token equals the ``_xsrf`` cookie and is valid for the session."""
-    morsel = request.cookies.get(COOKIE)
+def check(request: HTTPServerRequest, cookie_name: str, secret: str, session_id: str | None,
+          submitted: str | None) -> None:
+    """403 unless the submitted token equals the XSRF cookie and is valid for the session."""
+    morsel = request.cookies.get(cookie_name)
     cookie = morsel.value if morsel is not None else None
     if not submitted or cookie is None or not hmac.compare_digest(submitted, cookie):
         raise HTTPError(403, "XSRF cookie does not match the submitted token", reason="XSRF check failed")
