@@ -55,6 +55,7 @@ def make_config(**overrides: Any) -> config_module.Settings:
             {"client_id": "node-agent", "name": "Node agent", "redirect_uris": [NODE_REDIRECT],
              "allowed_scopes": ["read", "write"], "first_party": True},
         ],
+        "scopes": {"observations:write": "Create and change your observations"},
         "users": [
             {"username": "alice", "password_hash": PASSWORD_HASHES["alice"]},
             {"username": "root", "password_hash": PASSWORD_HASHES["root"], "admin": True},

@@ -32,6 +32,9 @@ port = {port}
 cookie_secret = "e2e-cookie-secret-0123456789"
 {storage}
 
+[scopes]
+"observations:write" = "Create and change your observations"
+
 [[clients]]
 client_id = "webapp"
 name = "Web app"

@@ -141,3 +141,28 @@ async def test_every_405_carries_allow(http_client, base_url, method, path, allo
                                        allow_nonstandard_methods=True, body=b"" if method in ("POST", "PUT") else None)
     assert response.code == 405 and response.headers["Allow"] == allow
     assert response.headers["X-Frame-Options"] == "DENY"  # the security headers, on the socket's refusal too
+
+
+@pytest.mark.gen_test
+async def test_the_consent_page_shows_only_words_an_operator_registered(browser, store):
+    from tokensvc.records import Client
+
+    await store.put_client(Client("plain", "Plain", ["https://plain.example/cb"], ["read", "photos:read"]))
+    await browser.login("alice")
+    page = (await browser.authorize("plain", "https://plain.example/cb", scope="read photos:read")).body.decode()
+    assert "Read your data" in page  # the service's own word for its own scope
+    assert "<span>photos:read</span>" in page  # no description configured: as the operator wrote it
+    assert "Read your photos" not in page
+    sky = (await browser.authorize("skyplanner", SKY_REDIRECT, scope="observations:write")).body.decode()
+    assert "Create and change your observations" in sky  # the configured description
+
+
+def test_scope_descriptions_are_checked(tmp_path):
+    from tokensvc import config
+
+    for text, message in (('[scopes]\n"a:read" = 3\n', "scopes.a:read: expected a description"),
+                          ('scopes = "x"\n', "scopes: expected a table")):
+        path = tmp_path / "c.toml"
+        path.write_text("demo = true\n" + text)
+        with pytest.raises(config.ConfigError, match=message):
+            config.load(path, environ={})

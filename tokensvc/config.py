@@ -114,6 +114,9 @@ class Settings:
     clients: list[ClientSeed] = field(default_factory=list)
     users: list[UserSeed] = field(default_factory=list)
     installations: list[InstallationSeed] = field(default_factory=list)
+    # What a scope lets an app do, in the words the consent and account pages show; a scope
+    # without one is shown as written. Scopes stay free strings: this only words them.
+    scopes: dict[str, str] = field(default_factory=dict)
     generated_cookie_secret: bool = field(default=False, repr=False)
 
     @property
@@ -200,7 +203,7 @@ def _apply_env(raw: dict[str, Any], environ: Mapping[str, str]) -> None:
     a variable naming a known section but an unknown key is an error.
     """
     top = {f.name: f.type for f in dataclasses.fields(Settings)
-           if f.name not in _SECTIONS and f.name not in _TABLES and f.name not in _INTERNAL}
+           if f.name not in _SECTIONS and f.name not in _TABLES and f.name not in _INTERNAL and f.name != "scopes"}
     for name, text in environ.items():
         if not name.startswith(ENV_PREFIX):
             continue
@@ -272,7 +275,9 @@ def from_dict(raw: Mapping[str, Any]) -> Settings:
     for key, value in raw.items():
         if key not in fields:
             raise ConfigError(f"{key}: unknown key")
-        if key in _SECTIONS:
+        if key == "scopes":
+            values[key] = _scope_descriptions(value)
+        elif key in _SECTIONS:
             values[key] = _from_table(_SECTIONS[key], key, value)
         elif key in _TABLES:
             if not isinstance(value, list):
@@ -283,6 +288,17 @@ def from_dict(raw: Mapping[str, Any]) -> Settings:
     settings = Settings(**values)
     validate(settings)
     return settings
+
+
+def _scope_descriptions(table: Any) -> dict[str, str]:
+    if not isinstance(table, Mapping):
+        raise ConfigError("scopes: expected a table of scope = \"description\"")
+    for scope, words in table.items():
+        if not isinstance(words, str) or not words.strip():
+            raise ConfigError(f"scopes.{scope}: expected a description (a non-empty string), got {words!r}")
+        if not scope or any(ch.isspace() for ch in scope):
+            raise ConfigError(f"scopes: not a scope (no spaces): {scope!r}")
+    return dict(table)
 
 
 def validate(settings: Settings) -> None:

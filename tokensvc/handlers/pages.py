@@ -23,21 +23,10 @@ SCOPE_WORDS = {
 }
 
 
-def describe_scope(scope: str) -> str:
-    if scope in SCOPE_WORDS:
-        return SCOPE_WORDS[scope]
-    resource, _, action = scope.partition(":")
-    if action == "read":
-        return f"Read your {resource}"
-    if action == "write":
-        return f"Create and change your {resource}"
-    if action:
-        return f"{action.capitalize()} your {resource}"
-    return scope
-
-
-def describe_scopes(granted: list[str]) -> list[tuple[str, str]]:
-    return [(scope, describe_scope(scope)) for scope in granted]
+def describe_scopes(granted: list[str], descriptions: dict[str, str]) -> list[tuple[str, str]]:
+    """Each scope with its words: the configuration's, the service's own for its vocabulary,
+    or the scope as the operator wrote it. Never words made from a request."""
+    return [(scope, descriptions.get(scope) or SCOPE_WORDS.get(scope) or scope) for scope in granted]
 
 
 def safe_next(target: str | None) -> str:
@@ -97,7 +86,7 @@ class AuthorizeHandler(PageHandler):
     def render_consent(self, request: AuthorizationRequest, user: User, installation) -> None:
         self.allow_sources(form_action=[request.redirect_uri], img_src=[request.client.logo_url])
         self.render("consent.html", client=request.client, user=user, installation=installation,
-                    scopes=describe_scopes(request.scopes),
+                    scopes=describe_scopes(request.scopes, self.config.scopes),
                     fields=request.hidden_fields(), redirect_host=urlsplit(request.redirect_uri).netloc)
 
 
@@ -160,7 +149,8 @@ class AccountHandler(PageHandler):
             return
         apps = await connected_apps.list_connected(self.ctx, Subject(user_id=user.user_id))
         self.allow_sources(img_src=[app.logo_url for app in apps])
-        self.render("account.html", user=user, apps=[(app, describe_scopes(app.scopes)) for app in apps])
+        self.render("account.html", user=user,
+                    apps=[(app, describe_scopes(app.scopes, self.config.scopes)) for app in apps])
 
     async def post(self) -> None:
         user = await self.signed_in_user()
