@@ -12,25 +12,20 @@ answer is 503, and Tornado's ``HTTPError`` keeps its status.
 
 from __future__ import annotations
 
-from typing import Any, Protocol
+import logging
+from typing import Any
 
 import tornado.httputil
 import tornado.web
 
+from tokensvc.handlers.access_log import redact
 from tokensvc.oauth.errors import OAuthError
 from tokensvc.ratelimit import TooManyFailures
 from tokensvc.storage.base import StorageError
 
+log = logging.getLogger(__name__)
+
 STORE_DOWN = "The token store is not answering; try again shortly."
-
-
-class ErrorResponse(Protocol):
-    status_code: int
-
-    def body(self) -> Any: ...
-
-    def headers(self) -> dict[str, str]: ...
-
 
 class ValidationFailed(Exception):
     """Input failed field validation: 422 HTTPValidationError."""
@@ -77,6 +72,17 @@ def response_for(exc: BaseException | None) -> tuple[int, Any, dict[str, str]]:
     if isinstance(exc, tornado.web.HTTPError):
         return exc.status_code, {"detail": exc.reason or reason_phrase(exc.status_code)}, {}
     return 500, {"detail": "Internal server error"}, {}
+
+
+def log_failure(request: tornado.httputil.HTTPServerRequest, exc: BaseException,
+                exc_info: Any = None) -> None:
+    """The log line of a failure, for both bases: a store that is away is a warning, a fault a
+    traceback with the URI redacted (never tornado's own line, which prints it raw); answers
+    (EXPECTED) are the access line's business."""
+    if isinstance(exc, StorageError):
+        log.warning("store unavailable: %s %s: %s", request.method, request.path, exc)
+    elif not isinstance(exc, EXPECTED):
+        log.error("Uncaught exception %s %s", request.method, redact(request.uri or ""), exc_info=exc_info or exc)
 
 
 def reason_phrase(status: int) -> str:

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import logging
 import sys
 import time
 import types
@@ -37,12 +36,10 @@ from tornado.httputil import HTTPHeaders, HTTPServerRequest, ResponseStartLine
 from tokensvc.config import Settings
 from tokensvc.handlers import xsrf
 from tokensvc.handlers.access_log import log_access
-from tokensvc.handlers.errors import EXPECTED, NotFound, reason_phrase, response_for
+from tokensvc.handlers.errors import NotFound, log_failure, reason_phrase, response_for
 from tokensvc.handlers.inputs import RequestInput
 from tokensvc.oauth.context import OAuthContext
-from tokensvc.storage.base import StorageError
 
-log = logging.getLogger(__name__)
 
 HTTP_METHODS = ("GET", "POST", "PUT", "PATCH", "DELETE", "OPTIONS")
 MAX_BODY_BYTES = 64 * 1024
@@ -151,10 +148,7 @@ class JsonHandler(RequestInput, tornado.httputil.HTTPMessageDelegate):
             raise tornado.web.HTTPError(400, reason="Invalid unicode in the path") from None
 
     def _fail(self, exc: Exception) -> None:
-        if isinstance(exc, StorageError):
-            log.warning("store unavailable: %s %s: %s", self.request.method, self.request.path, exc)
-        elif not isinstance(exc, EXPECTED):
-            log.error("Uncaught exception %s %s", self.request.method, self.request.path, exc_info=exc)
+        log_failure(self.request, exc)
         status, body, headers = response_for(exc)
         if status == 405:
             headers["Allow"] = ", ".join(sorted(self.methods))

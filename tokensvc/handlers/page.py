@@ -19,14 +19,12 @@ import tornado.web
 
 from tokensvc.config import Settings
 from tokensvc.handlers import xsrf
-from tokensvc.handlers.access_log import redact
-from tokensvc.handlers.errors import EXPECTED, response_for
+from tokensvc.handlers.errors import log_failure, response_for
 from tokensvc.handlers.inputs import RequestInput
 from tokensvc.handlers.json_api import MAX_BODY_BYTES, SECURITY_HEADERS
 from tokensvc.oauth import sessions
 from tokensvc.oauth.context import OAuthContext
 from tokensvc.records import Session, User
-from tokensvc.storage.base import StorageError
 
 log = logging.getLogger(__name__)
 
@@ -175,12 +173,7 @@ class PageHandler(RequestInput, tornado.web.RequestHandler):
     # -- errors ---------------------------------------------------------------------
 
     def log_exception(self, typ, value, tb) -> None:  # type: ignore[override]
-        # Not tornado's line: it prints the raw URI, secrets in the query included.
-        if isinstance(value, StorageError):
-            log.warning("store unavailable: %s %s: %s", self.request.method, self.request.path, value)
-        elif not isinstance(value, EXPECTED):
-            log.error("Uncaught exception %s %s", self.request.method, redact(self.request.uri or ""),
-                      exc_info=(typ, value, tb))
+        log_failure(self.request, value, (typ, value, tb))
 
     def write_error(self, status_code: int, **kwargs: Any) -> None:
         exc = kwargs.get("exc_info", (None, None, None))[1]

@@ -134,7 +134,7 @@ class LogoutHandler(PageHandler):
     """``POST {auth_url}/logout``: the sign-out button of the web pages."""
 
     async def post(self) -> None:
-        await sessions.end(self.ctx, self.raw_session_id())
+        await sessions.end(self.ctx, self._session_id)
         self.end_session()
         self.render("signed_out.html")
 
