@@ -156,10 +156,6 @@ class FailureLimits:
         if reservation is not None:
             self.limiter.release(reservation)
 
-    def check(self, keys: list[tuple[str, int]]) -> None:
-        if self.settings.enabled:
-            self.limiter.check(keys)
-
     def failed(self, keys: list[tuple[str, int]]) -> None:
         if self.settings.enabled:
             self.limiter.failed(keys)
