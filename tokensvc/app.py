@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -10,7 +11,9 @@ import tornado.web
 from tokensvc.config import Settings
 from tokensvc.handlers import api, clients, meta, pages, token, ws
 from tokensvc.handlers.access_log import log_access
+from tokensvc.handlers.body_limit import LimitedBody
 from tokensvc.handlers.json_api import JsonHandler, NotFoundHandler
+from tokensvc.handlers.page import TooLargePage
 from tokensvc.oauth.context import OAuthContext
 from tokensvc.storage.base import Store
 
@@ -54,7 +57,24 @@ def log_request(handler: tornado.web.RequestHandler) -> None:
     log_access(handler.get_status(), handler.request, getattr(handler, "log_client_id", None))
 
 
-def make_app(config: Settings, store: Store, ctx: OAuthContext | None = None) -> tornado.web.Application:
+class TokenService(tornado.web.Application):
+    """The application: Tornado's, with the body limit in front of every RequestHandler route
+    (pages, the socket, static files); a body over it gets :class:`TooLargePage`'s 413.
+    JsonHandlers count their bodies themselves."""
+
+    def __init__(self, routes: list[tuple[Any, ...]], page_kwargs: dict[str, Any], **settings: Any) -> None:
+        super().__init__(routes, **settings)
+        self.page_kwargs = page_kwargs
+
+    def get_handler_delegate(self, request: Any, target_class: type[tornado.web.RequestHandler],
+                             target_kwargs: dict[str, Any] | None = None, path_args: list[bytes] | None = None,
+                             path_kwargs: dict[str, bytes] | None = None) -> LimitedBody:
+        inner = super().get_handler_delegate(request, target_class, target_kwargs, path_args, path_kwargs)
+        refusal = partial(super().get_handler_delegate, request, TooLargePage, self.page_kwargs)
+        return LimitedBody(request, inner, refusal)
+
+
+def make_app(config: Settings, store: Store, ctx: OAuthContext | None = None) -> TokenService:
     ctx = ctx or OAuthContext.from_settings(config, store)
     deps = dict(ctx=ctx, config=config)
     routes: list[tuple[Any, ...]] = [
@@ -63,8 +83,9 @@ def make_app(config: Settings, store: Store, ctx: OAuthContext | None = None) ->
         for path, handler in ROUTES
     ]
     routes.append((r".*", NotFoundHandler.route(ctx, config)))
-    return tornado.web.Application(
+    return TokenService(
         routes,
+        deps,
         template_path=str(HERE / "templates"),
         static_path=str(HERE / "static"),
         cookie_secret=config.cookie_secret,

@@ -80,9 +80,8 @@ async def serve(settings: Settings, sockets: list[socket.socket]) -> None:
     if settings.storage.backend == "memory":
         await preparing  # nothing to wait for: serve seeded from the first request
     app = make_app(settings, store)
-    # Bodies over 64 KiB are refused with 413 by the handlers; the server's own limit sits
-    # above that so that the refusal is a clear 413, not a dropped connection.
-    server = tornado.httpserver.HTTPServer(app, xheaders=settings.xheaders, max_body_size=1024 * 1024,
+    # Bodies are limited by the routes, which answer 413 (handlers/body_limit.py).
+    server = tornado.httpserver.HTTPServer(app, xheaders=settings.xheaders,
                                            idle_connection_timeout=settings.server.idle_timeout,
                                            body_timeout=settings.server.body_timeout)
     server.add_sockets(sockets)

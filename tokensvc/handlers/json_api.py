@@ -36,13 +36,13 @@ from tornado.httputil import HTTPHeaders, HTTPServerRequest, ResponseStartLine
 from tokensvc.config import Settings
 from tokensvc.handlers import xsrf
 from tokensvc.handlers.access_log import log_access
+from tokensvc.handlers.body_limit import MAX_BODY_BYTES, count_body_here, too_large
 from tokensvc.handlers.errors import NotFound, log_failure, reason_phrase, response_for
 from tokensvc.handlers.inputs import RequestInput
 from tokensvc.oauth.context import OAuthContext
 
 
 HTTP_METHODS = ("GET", "POST", "PUT", "PATCH", "DELETE", "OPTIONS")
-MAX_BODY_BYTES = 64 * 1024
 JSON_CSP = "default-src 'none'; frame-ancestors 'none'"
 SECURITY_HEADERS = {
     "X-Content-Type-Options": "nosniff",
@@ -68,7 +68,8 @@ class JsonHandler(RequestInput, tornado.httputil.HTTPMessageDelegate):
     """
 
     default_headers: ClassVar[dict[str, str]] = SECURITY_HEADERS
-    max_body: ClassVar[int | None] = MAX_BODY_BYTES  # larger bodies get 413
+    # Larger bodies get 413 (:mod:`.body_limit`); None: the route ignores any body it is sent.
+    max_body: ClassVar[int | None] = MAX_BODY_BYTES
     # Whether the session cookie may authorize this route; an unsafe request that carries it
     # then needs an XSRF token (xsrf.required decides).
     takes_session: ClassVar[bool] = False
@@ -83,6 +84,7 @@ class JsonHandler(RequestInput, tornado.httputil.HTTPMessageDelegate):
         self.log_client_id: str | None = None
         self.cookies: SimpleCookie | None = None  # cookies this response sets or clears
         self._chunks: list[bytes] = []
+        self._size = 0
         self._status = 0
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
@@ -100,10 +102,13 @@ class JsonHandler(RequestInput, tornado.httputil.HTTPMessageDelegate):
     # -- HTTPMessageDelegate ------------------------------------------------------------
 
     def headers_received(self, start_line: Any, headers: HTTPHeaders) -> None:
-        """Nothing to do: the router has built ``self.request`` from them."""
+        """The router has built ``self.request`` from them; the body is counted here."""
+        count_body_here(self.request)
 
     def data_received(self, chunk: bytes) -> None:
-        self._chunks.append(chunk)
+        self._size += len(chunk)
+        if self.max_body is not None and self._size <= self.max_body:
+            self._chunks.append(chunk)
 
     def finish(self) -> None:
         start_eagerly(self._serve())
@@ -118,7 +123,7 @@ class JsonHandler(RequestInput, tornado.httputil.HTTPMessageDelegate):
             method = self.request.method or ""
             if method not in self.methods:
                 raise tornado.web.HTTPError(405)
-            if self._chunks:
+            if self._size and self.max_body is not None:
                 self._read_body()
             if xsrf.required(self.request, page=False, takes_session=self.takes_session,
                              session_cookie=self.config.session_cookie):
@@ -131,10 +136,10 @@ class JsonHandler(RequestInput, tornado.httputil.HTTPMessageDelegate):
             self._fail(exc)
 
     def _read_body(self) -> None:
+        if self._size > self.max_body:  # type: ignore[operator]
+            raise too_large()
         request = self.request
         request.body = b"".join(self._chunks)
-        if self.max_body is not None and len(request.body) > self.max_body:
-            raise tornado.web.HTTPError(413, reason="Request Entity Too Large")
         try:
             tornado.httputil.parse_body_arguments(request.headers.get("Content-Type", ""), request.body,
                                                   request.body_arguments, request.files, request.headers)

@@ -2,7 +2,7 @@
 
 Pages are forms and templates, which is what ``RequestHandler`` is for. Every page gets here:
 the security headers and a strict Content-Security-Policy (widened per response only by what
-the page shows or leads to), the 64 KiB body limit, HEAD wherever GET is, the XSRF rule
+the page shows or leads to), the 64 KiB body limit (:mod:`.body_limit`), HEAD wherever GET is, the XSRF rule
 (:mod:`.xsrf`: every unsafe request to a page is checked, by Tornado's own hook), the web
 session, and one error page for every error (:func:`.errors.response_for`).
 """
@@ -19,9 +19,10 @@ import tornado.web
 
 from tokensvc.config import Settings
 from tokensvc.handlers import xsrf
+from tokensvc.handlers.body_limit import too_large
 from tokensvc.handlers.errors import log_failure, response_for
 from tokensvc.handlers.inputs import RequestInput
-from tokensvc.handlers.json_api import MAX_BODY_BYTES, SECURITY_HEADERS
+from tokensvc.handlers.json_api import SECURITY_HEADERS
 from tokensvc.oauth import sessions
 from tokensvc.oauth.context import OAuthContext
 from tokensvc.records import Session, User
@@ -104,10 +105,6 @@ class PageHandler(RequestInput, tornado.web.RequestHandler):
     def set_default_headers(self) -> None:
         for name, value in PAGE_HEADERS.items():
             self.set_header(name, value)
-
-    def prepare(self) -> None:
-        if len(self.request.body) > MAX_BODY_BYTES:
-            raise tornado.web.HTTPError(413, reason="Request Entity Too Large")
 
     def redirect(self, url: str, permanent: bool = False, status: int | None = None) -> None:
         """Every Location a page writes is checked first (:func:`safe_location`)."""
@@ -194,6 +191,19 @@ class PageHandler(RequestInput, tornado.web.RequestHandler):
         namespace = super().get_template_namespace()
         namespace["service_name"] = self.config.service_name
         return namespace
+
+
+class TooLargePage(PageHandler):
+    """What a RequestHandler route answers to a body over the limit (:mod:`.body_limit`):
+    413 as an error page, before the XSRF check or anything else the route would do."""
+
+    def check_xsrf_cookie(self) -> None:
+        raise too_large()
+
+    def get(self, *args: Any, **kwargs: Any) -> None:
+        raise too_large()
+
+    post = put = patch = delete = options = get
 
 
 def _message(status: int, body: Any) -> str:
