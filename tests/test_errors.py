@@ -166,3 +166,24 @@ async def test_an_uncaught_exception_on_a_page_logs_the_uri_redacted(http_client
     assert response.code == 500 and b"Traceback" not in response.body
     assert "SECRET-IN-QUERY" not in caplog.text and "SECRET-PASSWORD" not in caplog.text
     assert "Uncaught exception GET /?access_token=***&password=***" in caplog.text and "boom" in caplog.text
+
+
+@pytest.mark.gen_test
+async def test_an_uncaught_exception_on_the_socket_logs_the_uri_redacted(browser, http_client, base_url, caplog,
+                                                                        monkeypatch):
+    from tornado.websocket import websocket_connect
+
+    from helpers import exchange
+    from tokensvc.handlers import ws
+
+    async def broken(self, *args, **kwargs):
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr(ws.EchoSocket, "open", broken)
+    code = await browser.code_for("webapp", WEBAPP_REDIRECT)
+    access = json_of(await exchange(http_client, base_url, code))["access_token"]
+    with caplog.at_level(logging.ERROR):
+        connection = await websocket_connect(base_url.replace("http", "ws") + "/v1/ws?access_token=" + access)
+        assert await connection.read_message() is None  # closed by the failure
+    assert access not in caplog.text
+    assert "Uncaught exception GET /v1/ws?access_token=***" in caplog.text and "boom" in caplog.text

@@ -156,3 +156,22 @@ def test_a_stream_that_went_away_does_not_break_logging(service_log):
     stream, handler = service_log
     stream.close()
     handler.flush_now()  # nothing raised
+
+
+def test_tornado_lines_withhold_what_a_client_sent():
+    w = logs.withhold_client_input
+    assert w("Malformed HTTP message from 127.0.0.1: Invalid header value 'Bearer abc\\x01'") == \
+        "Malformed HTTP message from 127.0.0.1: Invalid header value '(withheld)'"
+    assert w("Invalid cookie signature b'c2Vzc2lvbg==|1|00'") == "Invalid cookie signature '(withheld)'"
+    assert w("GET /v1/ws?access_token=T&x=1") == "GET /v1/ws?access_token=***&x=1"
+    nested = "/login?next=%2Foauth%2Fauthorize%3Fstate%3DS%26client_id%3Dw and %253Fcode%253DC%2526y"
+    assert w(nested) == "/login?next=%2Foauth%2Fauthorize%3Fstate%3D***%26client_id%3Dw and %253Fcode%253D***%2526y"
+    assert w("Authorization: Basic d2ViYXBwOnM= and bearer xyz") == "Authorization: Basic *** and bearer ***"
+    assert w("mytoken=kept") == "mytoken=kept"
+
+
+def test_configure_puts_the_filter_on_tornados_loggers(caplog):
+    logs.configure("text", "info", io.StringIO())
+    with caplog.at_level(logging.INFO, logger="tornado.general"):
+        logging.getLogger("tornado.general").warning("Tampered cookie %r", "c2VjcmV0")
+    assert caplog.records[-1].getMessage() == "Tampered cookie '(withheld)'"

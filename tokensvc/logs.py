@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import re
 import sys
 import time
 from datetime import datetime, timezone
@@ -28,6 +29,40 @@ access_log = logging.getLogger("tokensvc.access")
 audit_log = logging.getLogger("tokensvc.audit")
 
 EXTRA_KINDS = ("access", "audit")
+
+# Request parameters whose values are secrets: never written to a log line.
+SECRET_PARAMETERS = frozenset({"token", "access_token", "code", "refresh_token", "client_secret",
+                               "code_verifier", "password", "state"})
+TORNADO_LOGGERS = ("tornado.access", "tornado.application", "tornado.general")
+
+# A value Tornado quotes with %r (a header, a cookie, a request's repr), and a secret parameter
+# written into a message, also percent-encoded once or twice inside another parameter (next=).
+_QUOTED = re.compile(r"b?'(?:[^'\\]|\\.)*'" "|" r'b?"(?:[^"\\]|\\.)*"')
+_SECRET_PARAMETER = re.compile(
+    r"(?:^|(?<=[?&;,\s(])|(?<=%%3F)|(?<=%%26)|(?<=%%253F)|(?<=%%2526))(%s)(=|%%3D|%%253D)(?:(?!%%26|%%2526)[^&\s'\"])*"
+    % "|".join(sorted(SECRET_PARAMETERS)), re.IGNORECASE)
+_CREDENTIALS = re.compile(r"\b(Bearer|Basic)\s+[^\s'\"]+", re.IGNORECASE)
+
+
+def withhold_client_input(message: str) -> str:
+    """``message`` with whatever a client sent that may be a secret withheld: quoted values
+    (Tornado quotes header values, cookies and requests with ``%r``), secret parameters and
+    credentials."""
+    message = _SECRET_PARAMETER.sub(r"\1\2***", message)
+    message = _CREDENTIALS.sub(r"\1 ***", message)
+    return _QUOTED.sub("'(withheld)'", message)
+
+
+class WithholdClientInput(logging.Filter):
+    """On Tornado's own loggers: their lines (malformed requests, cookie warnings, uncaught
+    exceptions) quote what a client sent, which may hold a token, a password or a session."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        clean = withhold_client_input(message)
+        if clean != message:
+            record.msg, record.args = clean, None
+        return True
 
 
 class JsonFormatter(logging.Formatter):
@@ -174,6 +209,10 @@ def configure(fmt: str = "text", level: str = "info", stream: TextIO | None = No
     root.setLevel(level.upper())
     # Tornado's own access log is replaced by tokensvc.access (which redacts secrets).
     logging.getLogger("tornado.access").setLevel(logging.WARNING)
+    for name in TORNADO_LOGGERS:
+        tornado_logger = logging.getLogger(name)
+        if not any(isinstance(f, WithholdClientInput) for f in tornado_logger.filters):
+            tornado_logger.addFilter(WithholdClientInput())
     return handler
 
 

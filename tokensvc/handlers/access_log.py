@@ -9,8 +9,6 @@ import tornado.httputil
 
 from tokensvc import logs
 
-REDACTED_PARAMETERS = frozenset({"token", "access_token", "code", "refresh_token", "client_secret",
-                                 "code_verifier", "password", "state"})
 
 
 def redact(uri: str) -> str:
@@ -20,7 +18,7 @@ def redact(uri: str) -> str:
     if not sep:
         return uri
     pairs = parse_qsl(query, keep_blank_values=True)
-    return path + "?" + urlencode([(key, "***" if key in REDACTED_PARAMETERS else redact(value) if "?" in value
+    return path + "?" + urlencode([(key, "***" if key in logs.SECRET_PARAMETERS else redact(value) if "?" in value
                                    else value) for key, value in pairs], safe="*/:")
 
 

@@ -17,7 +17,7 @@ import tornado.websocket
 from tokensvc import schemas
 from tokensvc.config import Settings
 from tokensvc.handlers.auth import AuthMixin
-from tokensvc.handlers.errors import response_for
+from tokensvc.handlers.errors import log_failure, response_for
 from tokensvc.handlers.inputs import RequestInput
 from tokensvc.handlers.json_api import SECURITY_HEADERS, dumps
 from tokensvc.oauth import principal as principals
@@ -54,6 +54,9 @@ class EchoSocket(AuthMixin, RequestInput, tornado.websocket.WebSocketHandler):
     async def head(self, *args: Any, **kwargs: Any) -> None:
         """What a GET without an upgrade gets (401, or 400 for the missing upgrade), no body."""
         await self.get(*args, **kwargs)
+
+    def log_exception(self, typ, value, tb) -> None:  # type: ignore[override]
+        log_failure(self.request, value, (typ, value, tb))  # the URI redacted (its access_token)
 
     def write_error(self, status_code: int, **kwargs: Any) -> None:
         """Errors before the upgrade (a 405) in the JSON API's shape and headers."""
