@@ -1,6 +1,7 @@
 """The storage backends every contract test runs against.
 
-``memory``; ``mongodb`` through mongomock-motor in process; ``mongodb-real`` against the
+``memory``; ``mongodb`` through mongomock-motor in process, every driver call yielding to the
+event loop as a real server's does (:mod:`yielding`); ``mongodb-real`` against the
 server named by ``TOKENSVC_TEST_MONGODB_URI`` (skipped when it is not set), each test in
 a database of its own that is dropped afterwards.
 """
@@ -34,7 +35,9 @@ def open_store(kind: str, io_loop):
     if kind == "mongodb":
         from mongomock_motor import AsyncMongoMockClient
 
-        store = MongoStore(AsyncMongoMockClient(tz_aware=True), "tokensvc_test")
+        from yielding import Yielding
+
+        store = MongoStore(Yielding(AsyncMongoMockClient(tz_aware=True)), "tokensvc_test")
     else:
         from pymongo import AsyncMongoClient
 

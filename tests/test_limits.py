@@ -2,6 +2,7 @@
 
 import pytest
 
+from backends import BACKENDS
 from helpers import SKY_REDIRECT, WEBAPP_REDIRECT, WEBAPP_SECRET, basic, make_config, post_form
 from tokensvc.config import LimitSettings
 from tokensvc.ratelimit import FailureLimits, MemoryFailureLimiter, TooManyFailures
@@ -164,35 +165,65 @@ async def test_forty_concurrent_wrong_passwords_check_only_the_limits_worth(brow
     assert owner.code == 302
 
 
-@pytest.mark.gen_test(timeout=60)
-async def test_forty_concurrent_wrong_secrets_check_only_the_limits_worth(ctx, store, monkeypatch, io_loop):
+@pytest.fixture
+def yielding_ctx(backend_store, config, monkeypatch, io_loop):
+    """A context over a store whose every call yields to the event loop: the mongodb stand-in
+    does by itself (tests/yielding.py); the memory store is made to."""
     from tokensvc.bootstrap import seed
+    from tokensvc.oauth.context import OAuthContext
+    from tokensvc.storage.memory import MemoryStore
+
+    if isinstance(backend_store, MemoryStore):
+        original = backend_store.get_client
+
+        async def yielding_get_client(client_id):
+            await asyncio.sleep(0)
+            return await original(client_id)
+
+        monkeypatch.setattr(backend_store, "get_client", yielding_get_client)
+    io_loop.run_sync(lambda: seed(backend_store, config))
+    return OAuthContext.from_settings(config, backend_store)
+
+
+async def authenticate(ctx, secret, address="127.0.0.1"):
     from tokensvc.oauth import clientauth
     from tokensvc.oauth.clientauth import ClientRequest
     from tokensvc.oauth.errors import InvalidClient
 
-    await seed(store, make_config())
-    gets = []
-    original = store.get_client
+    try:
+        return await clientauth.authenticate_request(ctx, ClientRequest(None, "webapp", secret, address))
+    except (InvalidClient, TooManyFailures) as exc:
+        return type(exc).__name__
 
-    async def yielding_get_client(client_id):
-        gets.append(client_id)
-        await asyncio.sleep(0)  # a store that yields to the event loop between calls, as MongoDB does
-        return await original(client_id)
 
-    monkeypatch.setattr(store, "get_client", yielding_get_client)
+@pytest.mark.gen_test(timeout=60)
+@pytest.mark.parametrize("backend_store", BACKENDS, indirect=True)
+async def test_forty_concurrent_wrong_secrets_check_only_the_limits_worth(yielding_ctx, monkeypatch):
+    from tokensvc.oauth import clientauth
 
-    async def attempt(secret, address="127.0.0.1"):
-        try:
-            return await clientauth.authenticate_request(ctx, ClientRequest(None, "webapp", secret, address))
-        except (InvalidClient, TooManyFailures) as exc:
-            return type(exc).__name__
+    checked = []
+    original = clientauth.verify
 
-    results = await asyncio.gather(*(attempt("wrong") for _ in range(39)), attempt(WEBAPP_SECRET))
-    assert len(gets) == 3  # failed_client_auth_per_client, for this address
+    def counting(client, creds):
+        checked.append(creds.client_secret)
+        return original(client, creds)
+
+    monkeypatch.setattr(clientauth, "verify", counting)
+    results = await asyncio.gather(*(authenticate(yielding_ctx, "wrong") for _ in range(39)),
+                                   authenticate(yielding_ctx, WEBAPP_SECRET))
+    assert len(checked) == 3  # failed_client_auth_per_client, for this address
     assert results.count("TooManyFailures") == 37
     # The client itself, from another address, still authenticates.
-    assert (await attempt(WEBAPP_SECRET, "127.0.0.3")).client_id == "webapp"
+    assert (await authenticate(yielding_ctx, WEBAPP_SECRET, "127.0.0.3")).client_id == "webapp"
+
+
+@pytest.mark.gen_test(timeout=60)
+@pytest.mark.parametrize("backend_store", BACKENDS, indirect=True)
+async def test_concurrent_right_secrets_are_never_refused(yielding_ctx):
+    # A busy confidential client (a resource server introspecting) sends many requests at once
+    # from one address: attempts in flight must not count against the failure limit.
+    results = await asyncio.gather(*(authenticate(yielding_ctx, WEBAPP_SECRET) for _ in range(50)))
+    assert all(getattr(result, "client_id", None) == "webapp" for result in results), results
 
 
 @pytest.mark.gen_test

@@ -119,14 +119,17 @@ async def authenticate_request(ctx: OAuthContext, request: ClientRequest) -> Cli
     if creds is None:
         raise InvalidClient("The request names no client")
     keys = limits.client_keys(creds.client_id, request.address)
-    attempt = limits.reserve(keys)  # counted before the check (it awaits the store), taken back on success
+    client = await ctx.store.get_client(creds.client_id)
+    # Counted and checked with no wait in between: of N concurrent wrong attempts only the
+    # limit's worth are checked, and concurrent right ones never pile up against the limit.
+    attempt = limits.reserve(keys)
     try:
-        client = await authenticate(ctx.store, creds)
+        verify(client, creds)
     except InvalidClient:
         _audit_failure(creds.client_id, request)
         raise
     limits.release(attempt)
-    return client
+    return client  # type: ignore[return-value]
 
 
 def _failed(ctx: OAuthContext, keys: list[tuple[str, int]], client_id: str | None, request: ClientRequest) -> None:
@@ -139,10 +142,9 @@ def _audit_failure(client_id: str | None, request: ClientRequest) -> None:
                                "outcome": "failure"}, logging.WARNING, "client authentication failed")
 
 
-async def authenticate(store: Store, creds: ClientCredentials) -> Client:
-    """The registered client the credentials prove, or InvalidClient (401)."""
+def verify(client: Client | None, creds: ClientCredentials) -> None:
+    """InvalidClient (401) unless ``creds`` prove ``client`` (the one their client_id names)."""
     basic = creds.method == BASIC
-    client = await store.get_client(creds.client_id)
     if client is None:
         # Spend a digest anyway so an unknown id and a wrong secret take the same time.
         hashing.matches(creds.client_secret or "", "0" * 64)
@@ -150,7 +152,6 @@ async def authenticate(store: Store, creds: ClientCredentials) -> Client:
     if client.secret_hash is None:
         if creds.client_secret:  # a public client has no secret to present
             raise InvalidClient("Client authentication failed", basic=basic)
-        return client
+        return
     if creds.client_secret is None or not hashing.matches(creds.client_secret, client.secret_hash):
         raise InvalidClient("Client authentication failed", basic=basic)
-    return client
