@@ -54,3 +54,32 @@ def test_mongodb_example_config_is_valid():
     assert settings.storage.backend == "mongodb" and not settings.demo
     with pytest.raises(ConfigError, match="cookie_secret"):
         config_module.load(path, environ={})
+
+
+@pytest.mark.gen_test
+async def test_mongodb_client_options_are_set_in_code_whatever_the_uri_says():
+    uri = ("mongodb://127.0.0.1:1/?w=1&journal=false&readPreference=secondaryPreferred"
+           "&readConcernLevel=local&timeoutMS=100&maxPoolSize=5")
+    store = MongoStore.from_settings(StorageSettings(backend="mongodb", mongodb_uri=uri, timeout_ms=12000,
+                                                     max_pool_size=40))
+    try:
+        client, db = store._client, store._db
+        for target in (client, db):
+            assert target.write_concern.document == {"w": "majority", "j": True}
+            assert target.read_preference.mongos_mode == "primary"
+            assert target.read_concern.level == "majority"
+        assert client.options.timeout == 12.0
+        assert client.options.pool_options.max_pool_size == 40
+        assert client.options.pool_options.wait_queue_timeout == 12.0
+        assert client.options.retry_writes and client.options.retry_reads
+    finally:
+        await store.close()
+
+
+def test_the_refresh_grace_defaults_by_backend():
+    assert make_config().tokens.refresh_grace_seconds == 0
+    on_mongodb = make_config(storage={"backend": "mongodb"})
+    assert on_mongodb.tokens.refresh_grace_seconds == config_module.MONGODB_REFRESH_GRACE == 30
+    assert make_config(storage={"backend": "mongodb"}, tokens={"refresh_grace_seconds": 0}).tokens.refresh_grace_seconds == 0
+    with pytest.raises(ConfigError, match="storage.timeout_ms"):
+        make_config(storage={"timeout_ms": 0})

@@ -18,7 +18,7 @@ cookie_secret = "cli-test-cookie-secret-0123"
 [storage]
 backend = "mongodb"
 mongodb_uri = "mongodb://127.0.0.1:1"
-server_selection_timeout_ms = 200
+timeout_ms = 200
 """
 
 

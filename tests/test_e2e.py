@@ -89,7 +89,7 @@ def test_metadata_is_usable_by_a_client(service):
 def test_service_starts_without_its_database_and_answers_503(tmp_path):
     port = free_port()  # nothing listens there
     storage = (f'[storage]\nbackend = "mongodb"\nmongodb_uri = "mongodb://127.0.0.1:{port}"\n'
-               'server_selection_timeout_ms = 200\n')
+               'timeout_ms = 200\n')
     service = start_service(tmp_path, storage)
     base = service.base
     try:

@@ -133,7 +133,7 @@ async def test_unreachable_server_is_503_never_500(http_client, io_loop, config)
     from tokensvc.app import make_app
 
     down = MongoStore.from_settings(StorageSettings(
-        backend="mongodb", mongodb_uri=f"mongodb://127.0.0.1:{closed_port()}", server_selection_timeout_ms=150))
+        backend="mongodb", mongodb_uri=f"mongodb://127.0.0.1:{closed_port()}", timeout_ms=150))
     sock, port = bind_unused_port()
     server = HTTPServer(make_app(config, down))
     server.add_sockets([sock])

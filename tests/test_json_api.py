@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import email.utils
 import json
 import logging
@@ -51,6 +52,24 @@ async def test_a_coroutine_that_waits_goes_on_in_a_task_with_each_result():
     second.set_exception(ValueError("two"))
     assert await task == "done"
     assert seen == ["started", "one", "raised two"]
+
+
+@pytest.mark.gen_test
+async def test_every_step_runs_in_one_context():
+    # PyMongo's operation timeout sets a context variable before its first wait and resets it
+    # after: in another context the reset raises ValueError.
+    variable = contextvars.ContextVar("timeout", default=None)
+    seen = []
+
+    async def serve():
+        token = variable.set(15.0)
+        await asyncio.sleep(0)
+        seen.append(variable.get())
+        variable.reset(token)
+
+    task = start_eagerly(serve())
+    await task
+    assert seen == [15.0] and variable.get() is None
 
 
 @pytest.mark.gen_test

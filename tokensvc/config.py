@@ -22,6 +22,7 @@ from tokensvc.identifiers import ID, USERNAME, is_url, redirect_uri_problem
 log = logging.getLogger(__name__)
 
 ENV_PREFIX = "TOKENSVC_"
+MONGODB_REFRESH_GRACE = 30  # tokens.refresh_grace_seconds when unset, on MongoDB
 _SHA256_HEX = re.compile(r"^[0-9a-f]{64}$")
 
 
@@ -34,7 +35,11 @@ class StorageSettings:
     backend: str = "memory"
     mongodb_uri: str = "mongodb://127.0.0.1:27017"
     database: str = "tokensvc"
-    server_selection_timeout_ms: int = 3000
+    # The driver's timeoutMS: one budget for a whole operation (server selection, pool wait,
+    # the retry of a write). Longer than a replica set's primary election (10-12 s), so that
+    # a write interrupted by a failover lands on the new primary (README: MongoDB).
+    timeout_ms: int = 15000
+    max_pool_size: int = 100
 
 
 @dataclass(slots=True)
@@ -44,7 +49,10 @@ class TokenSettings:
     installation_refresh_ttl: int = 31536000
     code_ttl: int = 300
     session_ttl: int = 1209600
-    refresh_grace_seconds: int = 0
+    # How long a client may retry the refresh token it rotated out most recently (its answer
+    # was lost). Unset: 30 on MongoDB, where a reply can be lost after the write applied; 0 on
+    # the memory backend, where it cannot.
+    refresh_grace_seconds: int | None = None
 
 
 @dataclass(slots=True)
@@ -322,8 +330,11 @@ def validate(settings: Settings) -> None:
     _check_url("storage.mongodb_uri", settings.storage.mongodb_uri, schemes=("mongodb", "mongodb+srv"))
     if not re.fullmatch(r"[A-Za-z0-9_-]{1,63}", settings.storage.database):
         raise ConfigError(f"storage.database: not a valid database name: {settings.storage.database!r}")
-    if settings.storage.server_selection_timeout_ms <= 0:
-        raise ConfigError("storage.server_selection_timeout_ms: must be positive")
+    for key in ("timeout_ms", "max_pool_size"):
+        if getattr(settings.storage, key) <= 0:
+            raise ConfigError(f"storage.{key}: must be positive")
+    if settings.tokens.refresh_grace_seconds is None:
+        settings.tokens.refresh_grace_seconds = MONGODB_REFRESH_GRACE if settings.storage.backend == "mongodb" else 0
     for f in dataclasses.fields(TokenSettings):
         value = getattr(settings.tokens, f.name)
         minimum = 0 if f.name == "refresh_grace_seconds" else 1

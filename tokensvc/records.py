@@ -87,10 +87,18 @@ class Grant:
     scopes: list[str]
     created_at: datetime
     revoked_at: datetime | None = None
+    # Raised each time a revoked grant is consented to again. Codes and tokens carry the
+    # generation they were issued under, and only the current one's authorize anything: an
+    # old token left unswept by a revocation that failed half-way never comes back to life.
+    generation: int = 0
 
     @property
     def subject(self) -> Subject:
         return Subject(self.user_id, self.installation_id)
+
+    def stands_behind(self, generation: int) -> bool:
+        """Whether this grant still authorizes what was issued under ``generation``."""
+        return self.revoked_at is None and self.generation == generation
 
 
 @dataclass(slots=True)
@@ -108,6 +116,7 @@ class AuthorizationCode:
     # Spent by a failed check (verifier, redirect_uri, client) rather than redeemed: dead, but
     # presenting it again is no replay (RFC 6749 §4.1.2 revokes only for a redeemed code).
     spent_by_failure: bool = False
+    generation: int = 0  # the grant's, when the code was issued
 
     @property
     def subject(self) -> Subject:
@@ -132,6 +141,7 @@ class Token:
     revoked_at: datetime | None = None
     rotated_at: datetime | None = None  # refresh tokens only
     parent_hash: str | None = None  # the refresh token whose rotation minted this one
+    generation: int = 0  # the grant's, when the token was minted
 
     @property
     def subject(self) -> Subject:
@@ -139,6 +149,11 @@ class Token:
 
     def is_active(self, now: datetime) -> bool:
         return self.revoked_at is None and self.rotated_at is None and now < self.expires_at
+
+    def in_force(self, grant: Grant | None, now: datetime) -> bool:
+        """Active, and its grant still stands behind it: a revoked grant's tokens authorize
+        nothing, whether or not the revocation's sweep reached them."""
+        return self.is_active(now) and grant is not None and grant.stands_behind(self.generation)
 
 
 @dataclass(slots=True)

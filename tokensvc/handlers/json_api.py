@@ -20,6 +20,7 @@ session cookie (:mod:`.xsrf`), the security headers, one rendering of every erro
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import json
 import sys
 import time
@@ -229,11 +230,14 @@ def start_eagerly(coro: Coroutine[Any, Any, None]) -> asyncio.Future[Any] | None
     if EAGER_TASKS:
         task = asyncio.Task(coro, loop=asyncio.get_running_loop(), eager_start=True)  # type: ignore[call-arg]
         return None if task.done() else task
+    # Every step in one context, as a Task's are: a context variable set before the first
+    # wait and reset after it (PyMongo's operation timeout does this) stays valid.
+    context = contextvars.copy_context()
     try:
-        waiting_on = coro.send(None)
+        waiting_on = context.run(coro.send, None)
     except StopIteration:
         return None
-    task = asyncio.ensure_future(_resume(coro, waiting_on))
+    task = asyncio.get_running_loop().create_task(_resume(coro, waiting_on), context=context)
     # A Task cancelled before its first step never reaches the coroutine: close it then, so
     # that its ``finally`` blocks run at once rather than whenever it is collected.
     task.add_done_callback(lambda _: coro.close())

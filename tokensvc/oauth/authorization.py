@@ -208,7 +208,7 @@ async def resolve_subject(ctx: OAuthContext, request: AuthorizationRequest, user
 async def issue_code(ctx: OAuthContext, request: AuthorizationRequest, subject: Subject) -> str:
     """Record the grant and mint a code; returns the URL to redirect the user agent to."""
     now = ctx.clock()
-    await ctx.store.save_grant(request.client.client_id, subject, request.scopes, now)
+    grant = await ctx.store.save_grant(request.client.client_id, subject, request.scopes, now)
     code = hashing.new_secret()
     await ctx.store.add_code(AuthorizationCode(
         code_hash=hashing.digest(code),
@@ -220,6 +220,7 @@ async def issue_code(ctx: OAuthContext, request: AuthorizationRequest, subject: 
         code_challenge=request.code_challenge,
         code_challenge_method=request.code_challenge_method,
         expires_at=now + timedelta(seconds=ctx.tokens.code_ttl),
+        generation=grant.generation,
     ))
     logs.audit("code_issued", {"client_id": request.client.client_id, "subject": subject.id,
                                "subject_type": subject.kind, "outcome": "success"}, message="authorization code issued")

@@ -25,9 +25,20 @@ async def lookup(ctx: OAuthContext, token: str | None) -> Token | None:
     return await ctx.store.get_token(hashing.digest(token))
 
 
+async def in_force(ctx: OAuthContext, token: str | None) -> Token | None:
+    """The stored record of a presented token if it is in force (active, and its grant
+    still stands behind it: :meth:`Token.in_force`), else None. One store round trip."""
+    if not token or len(token) > MAX_TOKEN_LENGTH:
+        return None
+    record, grant = await ctx.store.get_token_and_grant(hashing.digest(token))
+    if record is None or not record.in_force(grant, ctx.clock()):
+        return None
+    return record
+
+
 async def active_access_token(ctx: OAuthContext, token: str | None) -> Token | None:
-    """The stored access token if it is active (unexpired, unrevoked), else None."""
-    record = await lookup(ctx, token)
-    if record is None or record.token_type != ACCESS or not record.is_active(ctx.clock()):
+    """The stored access token if it is in force, else None."""
+    record = await in_force(ctx, token)
+    if record is None or record.token_type != ACCESS:
         return None
     return record

@@ -93,7 +93,7 @@ async def exchange_code(ctx: OAuthContext, client: Client, code: str, redirect_u
         await store.consume_code(code_hash, now, failed=True)
         raise
     grant = await store.find_grant(client.client_id, record.subject)
-    if grant is None or grant.revoked_at is not None:
+    if grant is None or not grant.stands_behind(record.generation):
         raise InvalidGrant("The authorization was revoked")
     pair = _mint(ctx, client, grant, record.scopes, parent_hash=None, now=now)
     await store.add_tokens(pair.records)
@@ -154,7 +154,7 @@ async def refresh(ctx: OAuthContext, client: Client, refresh_token: str, scope: 
     if old.expires_at <= now:
         raise InvalidGrant("The refresh token has expired")
     grant = await store.get_grant(old.grant_id)
-    if grant is None or grant.revoked_at is not None:
+    if grant is None or not grant.stands_behind(old.generation):
         raise InvalidGrant("The authorization was revoked")
     granted = _narrowed(old.scopes, scope)
     pair = _mint(ctx, client, grant, granted, parent_hash=token_hash, now=now)
@@ -213,7 +213,7 @@ async def _grace_retry(ctx: OAuthContext, client: Client, rotated: Token, now: d
     if child is None or child.revoked_at is not None or child.rotated_at is not None:
         return None
     grant = await store.get_grant(rotated.grant_id)
-    if grant is None or grant.revoked_at is not None:
+    if grant is None or not grant.stands_behind(rotated.generation):
         return None
     pair = _mint(ctx, client, grant, rotated.scopes, parent_hash=rotated.token_hash, now=now)
     await store.add_tokens(pair.records)
@@ -241,7 +241,7 @@ def _mint(ctx: OAuthContext, client: Client, grant: Grant, granted: list[str], p
         return Token(token_hash=hashing.digest(secret), token_type=token_type, client_id=client.client_id,
                      grant_id=grant.grant_id, scopes=list(granted), issued_at=now,
                      expires_at=now + timedelta(seconds=ttl), user_id=user_id, installation_id=installation_id,
-                     parent_hash=parent_hash)
+                     parent_hash=parent_hash, generation=grant.generation)
 
     return _Pair(access, refresh_token, [token(access, ACCESS, tokens.access_ttl),
                                          token(refresh_token, REFRESH, refresh_ttl)])
@@ -257,7 +257,7 @@ async def _sweep_if_grant_revoked(ctx: OAuthContext, grant: Grant, pair: _Pair) 
     """A revocation of the grant that raced this minting either swept the new pair or is
     seen here (the grant is marked before its tokens are swept)."""
     current = await ctx.store.get_grant(grant.grant_id)
-    if current is None or current.revoked_at is not None:
+    if current is None or not current.stands_behind(grant.generation):
         await _revoke_pair(ctx, pair)
 
 

@@ -52,8 +52,8 @@ async def check_bearer_caller(ctx: OAuthContext, token: Token) -> None:
 
 async def introspect(ctx: OAuthContext, token: str) -> dict[str, Any]:
     """The RFC 7662 §2.2 response for ``token``: its metadata, or only ``active: false``."""
-    record = await bearer.lookup(ctx, token)
-    if record is None or not record.is_active(ctx.clock()):
+    record = await bearer.in_force(ctx, token)
+    if record is None:
         return INACTIVE
     body: dict[str, Any] = {
         "active": True,

@@ -67,8 +67,8 @@ async def still_valid(ctx: OAuthContext, principal: Principal) -> bool:
     """Re-check the credential behind a long-lived connection (a WebSocket)."""
     now = ctx.clock()
     if principal.token is not None:
-        current = await ctx.store.get_token(principal.token.token_hash)
-        return current is not None and current.is_active(now)
+        current, grant = await ctx.store.get_token_and_grant(principal.token.token_hash)
+        return current is not None and current.in_force(grant, now)
     if principal.session is not None:
         current_session = await ctx.store.get_session(principal.session.session_hash)
         return current_session is not None and current_session.expires_at > now

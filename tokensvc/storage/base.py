@@ -157,6 +157,11 @@ class Store(abc.ABC):
     async def get_token(self, token_hash: str) -> Token | None: ...
 
     @abc.abstractmethod
+    async def get_token_and_grant(self, token_hash: str) -> tuple[Token | None, Grant | None]:
+        """A token and its grant, in one round trip (bearer auth and introspection decide
+        with both: :meth:`Token.in_force`)."""
+
+    @abc.abstractmethod
     async def rotate_refresh_token(self, token_hash: str, client_id: str, now: datetime) -> Token | None:
         """Atomically mark a current refresh token rotated out; return it as it was before.
 

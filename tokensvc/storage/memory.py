@@ -177,7 +177,8 @@ class MemoryStore(Store):
                           list(scopes), now)
             self._grant_ids[key] = grant.grant_id
         elif current.revoked_at is not None:
-            grant = dataclasses.replace(current, scopes=list(scopes), created_at=now, revoked_at=None)
+            grant = dataclasses.replace(current, scopes=list(scopes), created_at=now, revoked_at=None,
+                                        generation=current.generation + 1)
         else:
             grant = dataclasses.replace(current, scopes=list(scopes))
         self._grants[grant.grant_id] = GRANTS.pack(grant)
@@ -233,6 +234,12 @@ class MemoryStore(Store):
 
     async def get_token(self, token_hash: str) -> Token | None:
         return TOKENS.unpack(self._tokens.get(token_hash))
+
+    async def get_token_and_grant(self, token_hash: str) -> tuple[Token | None, Grant | None]:
+        row = self._tokens.get(token_hash)
+        if row is None:
+            return None, None
+        return TOKENS.unpack(row), GRANTS.unpack(self._grants.get(TOKENS.get(row, "grant_id")))
 
     async def rotate_refresh_token(self, token_hash: str, client_id: str, now: datetime) -> Token | None:
         row = self._tokens.get(token_hash)

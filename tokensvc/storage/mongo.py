@@ -36,11 +36,12 @@ import inspect
 import logging
 import secrets
 from collections.abc import Awaitable, Callable, Collection
-from dataclasses import fields
+from dataclasses import MISSING, fields
 from datetime import datetime, timezone
 from typing import Any, TypeVar
 
-from pymongo import ASCENDING, ReturnDocument
+from pymongo import ASCENDING, ReadPreference, ReturnDocument, WriteConcern
+from pymongo.read_concern import ReadConcern
 from pymongo.errors import DuplicateKeyError, PyMongoError
 
 from tokensvc.config import StorageSettings
@@ -111,6 +112,8 @@ class _Mapper:
     def __init__(self, cls: type, key: str) -> None:
         self.cls, self.key = cls, key
         self.names = [f.name for f in fields(cls)]
+        # A field added in a later release is missing from older documents: its default.
+        self.defaults = {f.name: f.default for f in fields(cls) if f.default is not MISSING}
 
     def doc(self, record: Any) -> dict[str, Any]:
         document = {name: getattr(record, name) for name in self.names}
@@ -120,7 +123,7 @@ class _Mapper:
     def record(self, document: dict[str, Any] | None) -> Any:
         if document is None:
             return None
-        values = {name: _utc(document.get(name)) for name in self.names if name != self.key}
+        values = {name: _utc(document.get(name, self.defaults.get(name))) for name in self.names if name != self.key}
         values[self.key] = document["_id"]
         return self.cls(**values)
 
@@ -136,9 +139,16 @@ SESSIONS = _Mapper(Session, "session_hash")
 
 class MongoStore(Store):
     def __init__(self, client: Any, database: str) -> None:
-        """``client`` is a ``pymongo.AsyncMongoClient`` (or an API-compatible stand-in in tests)."""
+        """``client`` is a ``pymongo.AsyncMongoClient`` (or an API-compatible stand-in in tests).
+
+        Whatever the URI says, every write waits for a journaled majority (an acknowledged
+        code consumption, rotation or revocation survives a failover) and every read goes to
+        the primary at majority read concern (a decision made on a read never rests on a
+        write a failover can roll back, nor misses one acknowledged before it).
+        """
         self._client = client
-        db = client[database]
+        db = client.get_database(database, write_concern=WriteConcern("majority", j=True),
+                                 read_preference=ReadPreference.PRIMARY, read_concern=ReadConcern("majority"))
         self._db = db
         self.clients, self.users, self.installations = db["clients"], db["users"], db["installations"]
         self.grants, self.codes, self.tokens, self.sessions = db["grants"], db["codes"], db["tokens"], db["sessions"]
@@ -149,13 +159,21 @@ class MongoStore(Store):
 
         # The client connects lazily, in the background: building it never blocks or fails
         # on an absent server; the first operation does, after serverSelectionTimeoutMS.
+        # Keyword options override the URI's.
         client = AsyncMongoClient(
             settings.mongodb_uri,
             tz_aware=True,
-            serverSelectionTimeoutMS=settings.server_selection_timeout_ms,
-            connectTimeoutMS=settings.server_selection_timeout_ms,
-            socketTimeoutMS=max(10_000, settings.server_selection_timeout_ms),
+            serverSelectionTimeoutMS=settings.timeout_ms,
+            connectTimeoutMS=min(10_000, settings.timeout_ms),
+            timeoutMS=settings.timeout_ms,
+            maxPoolSize=settings.max_pool_size,
+            waitQueueTimeoutMS=settings.timeout_ms,
             retryWrites=True,
+            retryReads=True,
+            w="majority",
+            journal=True,
+            readPreference="primary",
+            readConcernLevel="majority",
             appname="tokensvc",
         )
         return cls(client, settings.database)
@@ -251,7 +269,7 @@ class MongoStore(Store):
                 return GRANTS.record(active)
             revived = await self.grants.find_one_and_update(
                 {**where, "revoked_at": {"$ne": None}},
-                {"$set": {"scopes": list(scopes), "created_at": now, "revoked_at": None}},
+                {"$set": {"scopes": list(scopes), "created_at": now, "revoked_at": None}, "$inc": {"generation": 1}},
                 return_document=ReturnDocument.AFTER)
             if revived is not None:
                 return GRANTS.record(revived)
@@ -313,6 +331,20 @@ class MongoStore(Store):
     @guarded
     async def get_token(self, token_hash: str) -> Token | None:
         return TOKENS.record(await self.tokens.find_one({"_id": token_hash}))
+
+    @guarded
+    async def get_token_and_grant(self, token_hash: str) -> tuple[Token | None, Grant | None]:
+        cursor = self.tokens.aggregate([
+            {"$match": {"_id": token_hash}},
+            {"$lookup": {"from": "grants", "localField": "grant_id", "foreignField": "_id", "as": "grant"}},
+        ])
+        if inspect.isawaitable(cursor):  # PyMongo's aggregate is a coroutine; Motor-style ones are not
+            cursor = await cursor
+        documents = await cursor.to_list(1)
+        if not documents:
+            return None, None
+        grants = documents[0].pop("grant")
+        return TOKENS.record(documents[0]), GRANTS.record(grants[0] if grants else None)
 
     @guarded
     async def rotate_refresh_token(self, token_hash: str, client_id: str, now: datetime) -> Token | None:

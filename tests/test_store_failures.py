@@ -1,0 +1,98 @@
+"""What a store that fails half-way, or loses a reply, leaves behind: on every backend, through
+the protocol core (the mongodb backend is the yielding stand-in, tests/yielding.py)."""
+
+from __future__ import annotations
+
+import pytest
+
+from backends import BACKENDS
+from helpers import VERIFIER, WEBAPP_REDIRECT, make_config
+from test_protocol import code_for
+from tokensvc.bootstrap import seed
+from tokensvc.oauth import authorization, grants, hashing, introspection, principal
+from tokensvc.oauth.context import OAuthContext
+from tokensvc.oauth.errors import InvalidGrant
+from tokensvc.storage.base import StorageError
+
+pytestmark = [pytest.mark.gen_test, pytest.mark.parametrize("backend_store", BACKENDS, indirect=True)]
+
+
+@pytest.fixture
+def proto(backend_store, io_loop, clock):
+    config = make_config(tokens={"refresh_grace_seconds": 30})
+    io_loop.run_sync(lambda: seed(backend_store, config))
+    return OAuthContext.from_settings(config, backend_store, clock=clock)
+
+
+async def issued(ctx):
+    webapp = await ctx.store.get_client("webapp")
+    code = await code_for(ctx)
+    return webapp, await grants.exchange_code(ctx, webapp, code, WEBAPP_REDIRECT, VERIFIER)
+
+
+async def test_an_interrupted_sweep_leaves_no_usable_token_and_reconsent_revives_none(proto, monkeypatch):
+    webapp, tokens = await issued(proto)
+    record = await proto.store.get_token(hashing.digest(tokens.access_token))
+
+    async def sweep_fails(*args, **kwargs):
+        raise StorageError("the connection dropped")
+
+    # The grant is marked revoked, then the sweep of its tokens fails (or the process dies).
+    monkeypatch.setattr(proto.store, "revoke_grant_tokens", sweep_fails)
+    with pytest.raises(StorageError):
+        await proto.store.revoke_grant(record.grant_id, proto.clock())
+    monkeypatch.undo()
+    unswept = await proto.store.get_token(record.token_hash)
+    assert unswept.revoked_at is None  # the sweep really did not reach it ...
+    assert await introspection.introspect(proto, tokens.access_token) == {"active": False}  # ... yet it is dead
+    assert await principal.from_bearer(proto, tokens.access_token) is None
+    with pytest.raises(InvalidGrant):
+        await grants.refresh(proto, webapp, tokens.refresh_token)
+
+    # The user consents again: the same grant stands again, under a new generation.
+    request = await authorization.validate(proto, {"response_type": ["code"], "client_id": ["webapp"],
+                                                   "redirect_uri": [WEBAPP_REDIRECT], "state": ["s"],
+                                                   "code_challenge": ["E9Melhoa2OwvFrEMTJguCHaoeK1t8URWbuGJSstw-cM"],
+                                                   "code_challenge_method": ["S256"]})
+    alice = await proto.store.get_user_by_username("alice")
+    await authorization.issue_code(proto, request, (await authorization.resolve_subject(proto, request, alice))[0])
+    revived = await proto.store.get_grant(record.grant_id)
+    assert revived.revoked_at is None and revived.generation == record.generation + 1
+    assert await introspection.introspect(proto, tokens.access_token) == {"active": False}
+    assert await principal.from_bearer(proto, tokens.access_token) is None
+    with pytest.raises(InvalidGrant):
+        await grants.refresh(proto, webapp, tokens.refresh_token)
+    # What the new consent issues works.
+    _, fresh = await issued(proto)
+    assert (await introspection.introspect(proto, fresh.access_token))["active"] is True
+
+
+async def test_a_code_from_before_a_revocation_is_void_after_reconsent(proto):
+    webapp = await proto.store.get_client("webapp")
+    old_code = await code_for(proto)
+    _, tokens = await issued(proto)
+    record = await proto.store.get_token(hashing.digest(tokens.access_token))
+    await grants.revoke_grant(proto, await proto.store.get_grant(record.grant_id))
+    await code_for(proto)  # consent again
+    with pytest.raises(InvalidGrant, match="revoked"):
+        await grants.exchange_code(proto, webapp, old_code, WEBAPP_REDIRECT, VERIFIER)
+
+
+async def test_a_lost_reply_of_a_rotation_does_not_revoke_the_grant(proto, monkeypatch):
+    webapp, tokens = await issued(proto)
+    rotate = proto.store.rotate_refresh_token
+
+    async def applied_but_reply_lost(*args, **kwargs):
+        await rotate(*args, **kwargs)
+        raise StorageError("the reply was lost")
+
+    monkeypatch.setattr(proto.store, "rotate_refresh_token", applied_but_reply_lost)
+    with pytest.raises(StorageError):  # the client gets 503
+        await grants.refresh(proto, webapp, tokens.refresh_token)
+    monkeypatch.undo()
+    retried = await grants.refresh(proto, webapp, tokens.refresh_token)  # the client retries
+    assert (await introspection.introspect(proto, retried.access_token))["active"] is True
+    record = await proto.store.get_token(hashing.digest(retried.refresh_token))
+    assert (await proto.store.get_grant(record.grant_id)).revoked_at is None
+    # Still one live chain: the pair the lost rotation minted is dead.
+    assert (await grants.refresh(proto, webapp, retried.refresh_token)).access_token
