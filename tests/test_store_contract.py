@@ -130,9 +130,11 @@ async def test_grants_one_per_subject_and_client(backend_store, now):
     assert await store.get_grant(grant.grant_id) == again
     assert (await store.find_grant("webapp", ALICE)).grant_id == grant.grant_id
     assert await store.find_grant("nobody", ALICE) is None
-    assert [g.client_id for g in await store.list_grants(ALICE)] == ["webapp", "skyplanner"]
+    # Equal dates: in grant id order (test_listings_are_in_the_same_order_...).
+    assert [g.grant_id for g in await store.list_grants(ALICE)] == sorted([grant.grant_id, other_client.grant_id])
     assert [g.grant_id for g in await store.list_grants(SCOPE)] == [installation.grant_id]
-    assert [g.grant_id for g in await store.list_client_grants("webapp")] == [grant.grant_id, installation.grant_id]
+    assert [g.grant_id for g in await store.list_client_grants("webapp")] == sorted([grant.grant_id,
+                                                                                     installation.grant_id])
     await store.revoke_grant(installation.grant_id, now)
     assert [g.grant_id for g in await store.list_client_grants("webapp")] == [grant.grant_id]
 
@@ -251,6 +253,60 @@ async def test_rotation_children(backend_store, now):
     assert await store.find_child_refresh("r2") is None
     assert await store.revoke_children("r1", now) == 2
     assert (await store.get_token("a2")).revoked_at == now and (await store.get_token("r1")).revoked_at is None
+
+
+@pytest.mark.gen_test
+async def test_the_newest_child_is_found_whatever_its_state(backend_store, now):
+    store = backend_store
+    later, latest = now + timedelta(seconds=1), now + timedelta(seconds=2)
+    older = replace(token(now, "r-old", REFRESH, parent_hash="r1"), rotated_at=later)  # rotated, not revoked
+    newer = replace(token(later, "r-new", REFRESH, parent_hash="r1"), revoked_at=latest)  # revoked later
+    await store.add_tokens([older, newer])
+    assert (await store.find_child_refresh("r1")).token_hash == "r-new"
+    current = token(latest, "r-cur", REFRESH, parent_hash="r1")
+    await store.add_tokens([current])
+    assert (await store.find_child_refresh("r1")).token_hash == "r-cur"
+
+
+@pytest.mark.gen_test
+async def test_listings_are_in_the_same_order_on_every_backend_with_equal_timestamps(backend_store, now):
+    store = backend_store
+    # Equal timestamps: children by token hash, grants by grant id, whatever the insertion order.
+    await store.add_tokens([token(now, name, REFRESH, parent_hash="p") for name in ("c", "a", "b")])
+    assert [child.token_hash for child in await store.list_children("p")] == ["a", "b", "c"]
+    clients = [f"client-{n}" for n in range(6)]
+    for client_id in reversed(clients):
+        await store.save_grant(client_id, ALICE, ["read"], now)
+    listed = await store.list_grants(ALICE)
+    assert [grant.grant_id for grant in listed] == sorted(grant.grant_id for grant in listed)
+    assert listed == await store.list_grants(ALICE)
+
+
+@pytest.mark.gen_test
+async def test_twenty_concurrent_first_consents_make_one_grant(backend_store, now):
+    store = backend_store
+    saved = await asyncio.gather(*(store.save_grant("webapp", ALICE, ["read"], now) for _ in range(20)))
+    assert len({grant.grant_id for grant in saved}) == 1
+    assert [grant.grant_id for grant in await store.list_grants(ALICE)] == [saved[0].grant_id]
+
+
+@pytest.mark.gen_test
+async def test_a_reconsent_after_revocation_raises_the_generation(backend_store, now):
+    store = backend_store
+    first = await store.save_grant("webapp", ALICE, ["read"], now)
+    assert (await store.save_grant("webapp", ALICE, ["read", "write"], now)).generation == first.generation
+    await store.revoke_grant(first.grant_id, now)
+    again = await store.save_grant("webapp", ALICE, ["read"], now + timedelta(seconds=1))
+    assert again.grant_id == first.grant_id and again.generation == first.generation + 1
+    assert again.revoked_at is None
+    old = replace(token(now, "t-old", grant_id=first.grant_id), generation=first.generation)
+    new = replace(token(now, "t-new", grant_id=first.grant_id), generation=again.generation)
+    await store.add_tokens([old, new])
+    for stored in (old, new):
+        found, grant = await store.get_token_and_grant(stored.token_hash)
+        assert found == stored and grant == again
+    assert not old.in_force(again, now) and new.in_force(again, now)
+    assert await store.get_token_and_grant("nothing") == (None, None)
 
 
 @pytest.mark.gen_test

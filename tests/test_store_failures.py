@@ -96,3 +96,24 @@ async def test_a_lost_reply_of_a_rotation_does_not_revoke_the_grant(proto, monke
     assert (await proto.store.get_grant(record.grant_id)).revoked_at is None
     # Still one live chain: the pair the lost rotation minted is dead.
     assert (await grants.refresh(proto, webapp, retried.refresh_token)).access_token
+
+
+async def test_revoking_a_rotated_out_refresh_token_takes_every_descendant(proto):
+    from dataclasses import replace
+
+    from tokensvc.oauth import revocation
+    from tokensvc.records import REFRESH
+
+    webapp, tokens = await issued(proto)
+    root = await proto.store.get_token(hashing.digest(tokens.refresh_token))
+    now = proto.clock()
+    # Two lines of descent from the root (a grace retry's), one of them two deep.
+    left = replace(root, token_hash="left", parent_hash=root.token_hash, rotated_at=now)
+    right = replace(root, token_hash="right", parent_hash=root.token_hash)
+    grandchild = replace(root, token_hash="grandchild", parent_hash="left")
+    await proto.store.add_tokens([left, right, grandchild])
+    await proto.store.rotate_refresh_token(root.token_hash, "webapp", now)
+    assert await revocation.revoke_token(proto, tokens.refresh_token, webapp)
+    for token_hash in ("left", "right", "grandchild"):
+        record = await proto.store.get_token(token_hash)
+        assert record.token_type == REFRESH and record.revoked_at is not None, token_hash

@@ -33,10 +33,12 @@ async def revoke_token(ctx: OAuthContext, token: str, client: Client | None) -> 
     revoked = await store.revoke_token(record.token_hash, now)
     if record.token_type == REFRESH:
         await store.revoke_grant_tokens(record.grant_id, now, token_type=ACCESS)
-        child = await store.find_child_refresh(record.token_hash)
-        while child is not None:
-            await store.revoke_token(child.token_hash, now)
-            child = await store.find_child_refresh(child.token_hash)
+        # Every descendant, not one line of them: a grace retry gives a token two children.
+        parents = [record.token_hash]
+        while parents:
+            parent = parents.pop()
+            await store.revoke_children(parent, now)
+            parents += [child.token_hash for child in await store.list_children(parent) if child.token_type == REFRESH]
     ctx.events.revoked()
     logs.audit("token_revoked", {
         "client_id": record.client_id, "subject": record.subject.id, "token_type": record.token_type,

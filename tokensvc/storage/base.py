@@ -15,6 +15,7 @@ from collections.abc import Collection
 from datetime import datetime
 
 from tokensvc.records import (
+    REFRESH,
     AuthorizationCode,
     Client,
     Grant,
@@ -185,9 +186,17 @@ class Store(abc.ABC):
         """
 
     @abc.abstractmethod
+    async def list_children(self, parent_hash: str) -> list[Token]:
+        """The tokens minted from ``parent_hash`` (its rotations), oldest first: by
+        ``issued_at``, then by ``token_hash`` (the same order on every backend)."""
+
     async def find_child_refresh(self, parent_hash: str) -> Token | None:
         """A refresh token minted from ``parent_hash``: the current one (neither rotated nor
-        revoked) if there is one, else the most recently issued; None when there is none."""
+        revoked) if there is one, else the newest; None when there is none. One definition
+        for every backend, over :meth:`list_children`."""
+        children = [token for token in await self.list_children(parent_hash) if token.token_type == REFRESH]
+        current = [token for token in children if token.rotated_at is None and token.revoked_at is None]
+        return (current or children)[-1] if children else None
 
     # -- web sessions: the ``<service>_session`` cookie
 

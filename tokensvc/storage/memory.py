@@ -195,12 +195,12 @@ class MemoryStore(Store):
         grants = [grant for grant in map(GRANTS.unpack, self._grants.values())
                   if grant.revoked_at is None
                   and grant.user_id == subject.user_id and grant.installation_id == subject.installation_id]
-        return sorted(grants, key=lambda grant: grant.created_at)
+        return sorted(grants, key=lambda grant: (grant.created_at, grant.grant_id))
 
     async def list_client_grants(self, client_id: str) -> list[Grant]:
         grants = [grant for grant in map(GRANTS.unpack, self._grants.values())
                   if grant.client_id == client_id and grant.revoked_at is None]
-        return sorted(grants, key=lambda grant: grant.created_at)
+        return sorted(grants, key=lambda grant: (grant.created_at, grant.grant_id))
 
     async def revoke_grant(self, grant_id: str, now: datetime) -> int:
         row = self._grants.get(grant_id)
@@ -271,13 +271,9 @@ class MemoryStore(Store):
         return sum(self._revoke(token_hash, now) for token_hash in self._children.get(parent_hash, ())
                    if token_hash not in keep)
 
-    async def find_child_refresh(self, parent_hash: str) -> Token | None:
-        children = [TOKENS.unpack(self._tokens[token_hash]) for token_hash in reversed(self._children.get(parent_hash, ()))]
-        refresh = [token for token in children if token.token_type == REFRESH]
-        current = [token for token in refresh if token.rotated_at is None and token.revoked_at is None]
-        if current:
-            return current[0]
-        return max(refresh, key=lambda token: token.issued_at, default=None)
+    async def list_children(self, parent_hash: str) -> list[Token]:
+        children = [TOKENS.unpack(self._tokens[token_hash]) for token_hash in self._children.get(parent_hash, ())]
+        return sorted(children, key=lambda token: (token.issued_at, token.token_hash))  # type: ignore[union-attr]
 
     # -- sessions
 

@@ -294,12 +294,12 @@ class MongoStore(Store):
     async def list_grants(self, subject: Subject) -> list[Grant]:
         docs = await self.grants.find({"user_id": subject.user_id, "installation_id": subject.installation_id,
                                        "revoked_at": None}).to_list(None)
-        return sorted((GRANTS.record(doc) for doc in docs), key=lambda grant: grant.created_at)
+        return sorted((GRANTS.record(doc) for doc in docs), key=lambda grant: (grant.created_at, grant.grant_id))
 
     @guarded
     async def list_client_grants(self, client_id: str) -> list[Grant]:
         docs = await self.grants.find({"client_id": client_id, "revoked_at": None}).to_list(None)
-        return sorted((GRANTS.record(doc) for doc in docs), key=lambda grant: grant.created_at)
+        return sorted((GRANTS.record(doc) for doc in docs), key=lambda grant: (grant.created_at, grant.grant_id))
 
     @guarded
     async def revoke_grant(self, grant_id: str, now: datetime) -> int:
@@ -373,11 +373,10 @@ class MongoStore(Store):
         return result.modified_count
 
     @guarded
-    async def find_child_refresh(self, parent_hash: str) -> Token | None:
-        # null sorts first: a current child (neither revoked nor rotated) wins, else the newest.
-        return TOKENS.record(await self.tokens.find_one(
-            {"parent_hash": parent_hash, "token_type": REFRESH},
-            sort=[("revoked_at", ASCENDING), ("rotated_at", ASCENDING), ("issued_at", -1)]))
+    async def list_children(self, parent_hash: str) -> list[Token]:
+        docs = await self.tokens.find({"parent_hash": parent_hash}).sort(
+            [("issued_at", ASCENDING), ("_id", ASCENDING)]).to_list(None)
+        return [TOKENS.record(doc) for doc in docs]
 
     # -- sessions
 
