@@ -83,3 +83,19 @@ def test_the_refresh_grace_defaults_by_backend():
     assert make_config(storage={"backend": "mongodb"}, tokens={"refresh_grace_seconds": 0}).tokens.refresh_grace_seconds == 0
     with pytest.raises(ConfigError, match="storage.timeout_ms"):
         make_config(storage={"timeout_ms": 0})
+
+
+@pytest.mark.gen_test(timeout=60)
+@pytest.mark.parametrize("backend_store", BACKENDS, indirect=True)
+async def test_several_processes_seeding_one_empty_store_at_once_all_succeed(backend_store):
+    import asyncio
+
+    config = make_config()
+    await asyncio.gather(*(seed(backend_store, config) for _ in range(5)))  # every call yields (mongodb)
+    users = await backend_store.list_users()
+    assert sorted(user.username for user in users) == sorted(u.username for u in config.users)
+    ids = {user.username: user.user_id for user in users}
+    for installation in await backend_store.list_installations():
+        configured = next(i for i in config.installations if i.installation_id == installation.installation_id)
+        assert installation.operators == [ids[name] for name in configured.operators]
+    assert len(await backend_store.list_clients()) == len(config.clients)

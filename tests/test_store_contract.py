@@ -335,6 +335,19 @@ async def test_purge_expired(backend_store, now):
 
 
 @pytest.mark.gen_test
+async def test_purge_keeps_consumed_codes_for_the_replay_hour(backend_store, now):
+    store = backend_store
+    await store.add_code(code(now, "c-redeemed", ttl=10))
+    await store.consume_code("c-redeemed", now)
+    await store.add_code(code(now, "c-unused", ttl=10))
+    assert (await store.purge_expired(now + timedelta(seconds=60)))["codes"] == 1
+    assert await store.get_code("c-unused") is None
+    assert (await store.get_code("c-redeemed")).consumed_at == now  # a replay is still recognised
+    assert (await store.purge_expired(now + timedelta(seconds=10 + 3600)))["codes"] == 1
+    assert await store.get_code("c-redeemed") is None
+
+
+@pytest.mark.gen_test
 async def test_a_users_sessions_end_together(backend_store, now):
     from tokensvc.records import Session
 

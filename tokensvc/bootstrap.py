@@ -50,13 +50,13 @@ async def seed(store: Store, config: Settings) -> None:
             password_hash = existing_user.password_hash  # unchanged: keep the stored hash
         else:
             password_hash = await loop.run_in_executor(None, hashing.hash_password, seed_user.password or "")
-        user = User(
+        # Upserted on the username: processes seeding one empty database at once agree on its id.
+        user = await store.seed_user(User(
             user_id=existing_user.user_id if existing_user else new_user_id(),
             username=seed_user.username,
             password_hash=password_hash,
             admin=seed_user.admin,
-        )
-        await store.put_user(user)
+        ))
         user_ids[user.username] = user.user_id
     for seed_installation in config.installations:
         await store.put_installation(Installation(

@@ -18,7 +18,7 @@ from tokensvc.admin import AdminError
 from tokensvc.config import ConfigError, Settings
 from tokensvc.oauth.context import OAuthContext
 from tokensvc.records import Client
-from tokensvc.storage import StorageError, Store, make_store
+from tokensvc.storage import StorageError, Store, StoreFault, make_store
 
 log = logging.getLogger("tokensvc")
 
@@ -409,6 +409,9 @@ def main(argv: Sequence[str] | None = None, *, store_factory: StoreFactory | Non
         return 1
     except StorageError as exc:
         print(f"tokensvc: the store is not answering: {exc}", file=sys.stderr)
+        return 1
+    except StoreFault as exc:
+        print(f"tokensvc: {exc}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         return 130

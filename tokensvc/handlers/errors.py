@@ -21,11 +21,12 @@ import tornado.web
 from tokensvc.handlers.access_log import redact
 from tokensvc.oauth.errors import OAuthError
 from tokensvc.ratelimit import TooManyFailures
-from tokensvc.storage.base import StorageError
+from tokensvc.storage.base import StorageError, StoreFault
 
 log = logging.getLogger(__name__)
 
 STORE_DOWN = "The token store is not answering; try again shortly."
+STORE_FAULT = "The token store refused the operation; the operator has been told."
 
 class ValidationFailed(Exception):
     """Input failed field validation: 422 HTTPValidationError."""
@@ -69,6 +70,8 @@ def response_for(exc: BaseException | None) -> tuple[int, Any, dict[str, str]]:
         return exc.status_code, exc.body(), exc.headers()
     if isinstance(exc, StorageError):
         return 503, {"detail": STORE_DOWN}, {"Retry-After": "5"}
+    if isinstance(exc, StoreFault):  # no Retry-After: retrying will not help
+        return 500, {"detail": STORE_FAULT}, {}
     if isinstance(exc, tornado.web.HTTPError):
         return exc.status_code, {"detail": exc.reason or reason_phrase(exc.status_code)}, {}
     return 500, {"detail": "Internal server error"}, {}
@@ -81,6 +84,8 @@ def log_failure(request: tornado.httputil.HTTPServerRequest, exc: BaseException,
     (EXPECTED) are the access line's business."""
     if isinstance(exc, StorageError):
         log.warning("store unavailable: %s %s: %s", request.method, request.path, exc)
+    elif isinstance(exc, StoreFault):
+        log.error("store fault: %s %s: %s", request.method, request.path, exc)
     elif not isinstance(exc, EXPECTED):
         log.error("Uncaught exception %s %s", request.method, redact(request.uri or ""), exc_info=exc_info or exc)
 

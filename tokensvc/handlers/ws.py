@@ -23,7 +23,7 @@ from tokensvc.handlers.json_api import SECURITY_HEADERS, dumps
 from tokensvc.oauth import principal as principals
 from tokensvc.oauth.context import OAuthContext
 from tokensvc.oauth.errors import OAuthError
-from tokensvc.storage.base import StorageError
+from tokensvc.storage.base import StorageError, StoreFault
 
 log = logging.getLogger(__name__)
 
@@ -46,7 +46,7 @@ class EchoSocket(AuthMixin, RequestInput, tornado.websocket.WebSocketHandler):
         try:
             self.principal = await self.authenticate()
             self.principal.require("read")
-        except (OAuthError, StorageError) as exc:
+        except (OAuthError, StorageError, StoreFault) as exc:
             return self._refuse(exc)
         self.log_client_id = self.principal.client_id
         await super().get(*args, **kwargs)

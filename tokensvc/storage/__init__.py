@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from tokensvc.config import ConfigError, StorageSettings
-from tokensvc.storage.base import Conflict, StorageError, Store
+from tokensvc.storage.base import Conflict, StorageError, Store, StoreFault
 
-__all__ = ["Conflict", "Store", "StorageError", "make_store"]
+__all__ = ["Conflict", "Store", "StorageError", "StoreFault", "make_store"]
 
 
 def make_store(settings: StorageSettings) -> Store:

@@ -35,6 +35,17 @@ class Conflict(Exception):
     """A unique key is taken (a username that another user already has)."""
 
 
+class StoreFault(Exception):
+    """The store answered with a refusal that retrying will not change: failed
+    authentication, a document it will not take, an index that conflicts. The operator has
+    to act; requests get 500 (no ``Retry-After``, which would promise a recovery)."""
+
+
+# Consumed codes are kept this long past their expiry, so that a replay within that time is
+# still recognised (and revokes the grant) instead of looking like an unknown code.
+CODE_RETENTION_SECONDS = 3600
+
+
 class Store(abc.ABC):
     """Everything the protocol layer, the handlers and the CLI ask of storage."""
 
@@ -77,6 +88,12 @@ class Store(abc.ABC):
     @abc.abstractmethod
     async def list_users(self) -> list[User]:
         """Every user, ordered by username."""
+
+    @abc.abstractmethod
+    async def seed_user(self, user: User) -> User:
+        """Upsert on the username: an existing user keeps its id and takes ``user``'s password
+        hash and admin flag; otherwise ``user`` is added. Returns the stored user. Several
+        processes seeding one empty database at once all succeed, with one user per name."""
 
     @abc.abstractmethod
     async def put_user(self, user: User) -> None:
@@ -217,4 +234,6 @@ class Store(abc.ABC):
 
     @abc.abstractmethod
     async def purge_expired(self, now: datetime) -> dict[str, int]:
-        """Delete expired codes, tokens and sessions; counts per kind (``tokens purge``)."""
+        """Delete expired tokens and sessions, and expired codes: unconsumed ones at once,
+        consumed ones :data:`CODE_RETENTION_SECONDS` after their expiry (replay detection);
+        counts per kind (``tokens purge``)."""

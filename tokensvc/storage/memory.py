@@ -20,7 +20,7 @@ import operator
 import secrets
 from collections import defaultdict
 from collections.abc import Collection
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any, Generic, TypeVar
 
 from tokensvc.records import (
@@ -34,7 +34,7 @@ from tokensvc.records import (
     Token,
     User,
 )
-from tokensvc.storage.base import Conflict, Store
+from tokensvc.storage.base import CODE_RETENTION_SECONDS, Conflict, Store
 
 R = TypeVar("R")
 Row = tuple[Any, ...]
@@ -130,6 +130,13 @@ class MemoryStore(Store):
 
     async def list_users(self) -> list[User]:
         return sorted(self._users.values(), key=lambda user: user.username)
+
+    async def seed_user(self, user: User) -> User:
+        existing = await self.get_user_by_username(user.username)
+        if existing is not None:
+            user = dataclasses.replace(existing, password_hash=user.password_hash, admin=user.admin)
+        await self.put_user(user)
+        return user
 
     async def put_user(self, user: User) -> None:
         owner = self._user_ids_by_name.get(user.username)
@@ -295,7 +302,9 @@ class MemoryStore(Store):
     # -- housekeeping
 
     async def purge_expired(self, now: datetime) -> dict[str, int]:
-        codes = [key for key, row in self._codes.items() if CODES.get(row, "expires_at") <= now]
+        kept_until = now - timedelta(seconds=CODE_RETENTION_SECONDS)
+        codes = [key for key, row in self._codes.items()
+                 if CODES.get(row, "expires_at") <= (now if CODES.get(row, "consumed_at") is None else kept_until)]
         for key in codes:
             del self._codes[key]
         tokens = [key for key, row in self._tokens.items() if TOKENS.get(row, "expires_at") <= now]

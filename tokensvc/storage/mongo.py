@@ -37,12 +37,21 @@ import logging
 import secrets
 from collections.abc import Awaitable, Callable, Collection
 from dataclasses import MISSING, fields
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 from typing import Any, TypeVar
 
+from bson.errors import BSONError
 from pymongo import ASCENDING, ReadPreference, ReturnDocument, WriteConcern
 from pymongo.read_concern import ReadConcern
-from pymongo.errors import DuplicateKeyError, PyMongoError
+from pymongo.errors import (
+    BulkWriteError,
+    ConnectionFailure,
+    DuplicateKeyError,
+    ExecutionTimeout,
+    OperationFailure,
+    PyMongoError,
+    WTimeoutError,
+)
 
 from tokensvc.config import StorageSettings
 from tokensvc.records import (
@@ -56,15 +65,11 @@ from tokensvc.records import (
     Token,
     User,
 )
-from tokensvc.storage.base import Conflict, StorageError, Store
+from tokensvc.storage.base import CODE_RETENTION_SECONDS, Conflict, StorageError, Store, StoreFault
 
 log = logging.getLogger(__name__)
 
 R = TypeVar("R")
-
-# Consumed codes are kept an hour past their expiry so that a replay within that hour is
-# still recognised (and revokes the grant) instead of looking like an unknown code.
-CODE_RETENTION_SECONDS = 3600
 
 # (collection, keys, options): created at start-up, idempotently.
 INDEXES: list[tuple[str, list[tuple[str, int]], dict[str, Any]]] = [
@@ -82,21 +87,51 @@ INDEXES: list[tuple[str, list[tuple[str, int]], dict[str, Any]]] = [
 ]
 
 
+DUPLICATE_KEY = frozenset({11000, 11001, 12582})
+
+
 def guarded(method: Callable[..., Awaitable[R]]) -> Callable[..., Awaitable[R]]:
-    """Turn every driver error into StorageError (a duplicate key into Conflict)."""
+    """Every driver error leaves as one of three: a duplicate key as :class:`Conflict`; what
+    passes (network, server selection, a primary stepping down, a write-concern or operation
+    timeout) as :class:`StorageError` (503, try again); anything else, which will not pass
+    by retrying (authentication, validation, index options, a document BSON cannot hold),
+    as :class:`StoreFault` (500, the operator must act)."""
 
     @functools.wraps(method)
     async def wrapper(*args: Any, **kwargs: Any) -> R:
         try:
             return await method(*args, **kwargs)
-        except DuplicateKeyError as exc:
-            raise Conflict(str(exc.details.get("keyValue") if exc.details else exc)) from None
-        except PyMongoError as exc:
-            # The driver's message can carry a whole topology description: keep its head.
-            head = str(exc).split(", Timeout:")[0].split(" (configured timeouts")[0][:200]
-            raise StorageError(f"MongoDB: {type(exc).__name__}: {head}") from None
+        except (PyMongoError, BSONError) as exc:
+            raise translate(exc) from None
 
     return wrapper
+
+
+def translate(exc: Exception) -> Exception:
+    """The store's exception for a driver error (see :func:`guarded`)."""
+    if _duplicate_key(exc):
+        details = getattr(exc, "details", None) or {}
+        return Conflict(str(details.get("keyValue") or exc))
+    # The driver's message can carry a whole topology description: keep its head.
+    head = str(exc).split(", Timeout:")[0].split(" (configured timeouts")[0][:300]
+    if isinstance(exc, PyMongoError) and transient(exc):
+        return StorageError(f"MongoDB: {type(exc).__name__}: {head}")
+    return StoreFault(f"MongoDB refused: {type(exc).__name__}: {head}")
+
+
+def transient(exc: PyMongoError) -> bool:
+    """Whether waiting and trying again can help."""
+    return (isinstance(exc, (ConnectionFailure, ExecutionTimeout, WTimeoutError)) or exc.timeout
+            or exc.has_error_label("RetryableWriteError") or exc.has_error_label("TransientTransactionError"))
+
+
+def _duplicate_key(exc: Exception) -> bool:
+    if isinstance(exc, DuplicateKeyError):
+        return True
+    if isinstance(exc, BulkWriteError):
+        errors = exc.details.get("writeErrors") or []
+        return bool(errors) and all(error.get("code") in DUPLICATE_KEY for error in errors)
+    return isinstance(exc, OperationFailure) and exc.code in DUPLICATE_KEY
 
 
 def _utc(value: Any) -> Any:
@@ -223,6 +258,19 @@ class MongoStore(Store):
     @guarded
     async def list_users(self) -> list[User]:
         return [USERS.record(doc) for doc in await self.users.find({}).sort("username", ASCENDING).to_list(None)]
+
+    @guarded
+    async def seed_user(self, user: User) -> User:
+        for _ in range(3):  # a concurrent first insert of the same name: the upsert finds it next time
+            try:
+                return USERS.record(await self.users.find_one_and_update(
+                    {"username": user.username},
+                    {"$set": {"password_hash": user.password_hash, "admin": user.admin},
+                     "$setOnInsert": {"_id": user.user_id}},
+                    upsert=True, return_document=ReturnDocument.AFTER))
+            except DuplicateKeyError:
+                continue
+        raise StorageError(f"could not seed user {user.username!r} (concurrent updates)")
 
     @guarded
     async def put_user(self, user: User) -> None:
@@ -400,7 +448,12 @@ class MongoStore(Store):
 
     @guarded
     async def purge_expired(self, now: datetime) -> dict[str, int]:
-        counts = {}
-        for name, collection in (("codes", self.codes), ("tokens", self.tokens), ("sessions", self.sessions)):
+        # The TTL index keeps every code the retention past its expiry; here an unconsumed one
+        # (nothing to detect a replay of) goes at once.
+        counts = {"codes": (await self.codes.delete_many({"$or": [
+            {"consumed_at": None, "expires_at": {"$lte": now}},
+            {"expires_at": {"$lte": now - timedelta(seconds=CODE_RETENTION_SECONDS)}},
+        ]})).deleted_count}
+        for name, collection in (("tokens", self.tokens), ("sessions", self.sessions)):
             counts[name] = (await collection.delete_many({"expires_at": {"$lte": now}})).deleted_count
         return counts
