@@ -102,8 +102,9 @@ async def test_missing_scope_is_403_naming_it(browser, http_client, base_url):
 
 
 @pytest.mark.gen_test
-async def test_connected_apps_lists_active_grants(browser, http_client, base_url):
+async def test_connected_apps_lists_active_grants(browser, http_client, base_url, clock):
     token = await user_token(browser, http_client, base_url, scope="read write")
+    clock.advance(1)  # listed oldest first
     await sky_token(browser, http_client, base_url)
     response = await get(http_client, base_url, "/v1/me/connected-apps", bearer(token))
     body = check_schema(schemas.connected_apps, json_of(response))
