@@ -70,16 +70,19 @@ async def seed(store: Store, config: Settings) -> None:
 
 
 async def prepare(store: Store, config: Settings, *, first_delay: float = 1.0, max_delay: float = 30.0) -> None:
-    """Open the store and seed it, retrying until the store answers.
+    """Open the store and seed it, retrying until the store answers; then mark it prepared.
 
-    The service listens meanwhile and answers 503 where it needs the store, so a database
-    that starts after tokensvc (or is briefly away at deploy time) needs no restart.
+    The service listens meanwhile and answers 503 where it needs the store (``/readyz``
+    too), so a database that starts after tokensvc (or is briefly away at deploy time) needs
+    no restart. A :class:`StoreFault` (an index only the operator can fix) is no such wait:
+    it is raised, and ``tokensvc serve`` stops with its message.
     """
     delay = first_delay
     while True:
         try:
             await store.open()
             await seed(store, config)
+            store.prepared = True
             return
         except StorageError as exc:
             log.warning("store not ready (%s); retrying in %.0fs", exc, delay)

@@ -76,6 +76,7 @@ async def serve(settings: Settings, sockets: list[socket.socket]) -> None:
             log.warning("DEMO MODE: generated cookie secret %s (sessions end when the process restarts)",
                         settings.cookie_secret)
     store = make_store(settings.storage)
+    store.prepared = False
     preparing = asyncio.create_task(prepare(store, settings))
     if settings.storage.backend == "memory":
         await preparing  # nothing to wait for: serve seeded from the first request
@@ -99,11 +100,18 @@ async def serve(settings: Settings, sockets: list[socket.socket]) -> None:
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(signum, stop.set)
+    preparing.add_done_callback(lambda _: stop.set() if _failed(preparing) else None)
     await stop.wait()
     preparing.cancel()
     server.stop()
     await store.close()
+    if _failed(preparing):
+        raise CommandError(str(preparing.exception()))
     log.info("tokensvc stopped")
+
+
+def _failed(task: asyncio.Task[None]) -> bool:
+    return task.done() and not task.cancelled() and task.exception() is not None
 
 
 def cmd_serve(args: argparse.Namespace) -> int:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from tokensvc import schemas
 from tokensvc.handlers.json_api import JsonHandler
+from tokensvc.storage.base import StorageError
 
 
 class MetadataHandler(JsonHandler):
@@ -22,9 +23,12 @@ class HealthHandler(JsonHandler):
 
 
 class ReadyHandler(JsonHandler):
-    """``GET /readyz``: the store answers a ping (503 otherwise)."""
+    """``GET /readyz``: start-up has prepared the store (indexes, seeding), and it answers a
+    ping; 503 otherwise."""
 
     async def get(self) -> None:
+        if not self.ctx.store.prepared:
+            raise StorageError("start-up has not prepared the store yet")
         await self.ctx.store.ping()
         self.send_json({"status": "ok"})
 

@@ -49,6 +49,10 @@ CODE_RETENTION_SECONDS = 3600
 class Store(abc.ABC):
     """Everything the protocol layer, the handlers and the CLI ask of storage."""
 
+    # False while ``bootstrap.prepare`` opens and seeds the store at start-up; ``/readyz``
+    # answers 503 until then. A store its creator prepares itself (tests, the CLI) is ready.
+    prepared: bool = True
+
     async def open(self) -> None:  # noqa: B027 - optional hook
         """Prepare the backend (create indexes, ...). Called once at start-up."""
 

@@ -88,6 +88,11 @@ INDEXES: list[tuple[str, list[tuple[str, int]], dict[str, Any]]] = [
 
 
 DUPLICATE_KEY = frozenset({11000, 11001, 12582})
+INDEX_CONFLICT = frozenset({85, 86})  # IndexOptionsConflict, IndexKeySpecsConflict
+
+
+def have_options(index: dict[str, Any]) -> dict[str, Any]:
+    return {key: value for key, value in index.items() if key not in ("key", "v", "ns")}
 
 
 def guarded(method: Callable[..., Awaitable[R]]) -> Callable[..., Awaitable[R]]:
@@ -215,8 +220,39 @@ class MongoStore(Store):
 
     @guarded
     async def open(self) -> None:
+        """Make every index. One that exists with other options is reconciled where MongoDB
+        can change it in place (a TTL: ``collMod``); otherwise the others are still made and
+        then :class:`StoreFault` names each conflicting index and what to do."""
+        conflicts = []
         for collection, keys, options in INDEXES:
-            await self._db[collection].create_index(keys, **options)
+            try:
+                await self._db[collection].create_index(keys, **options)
+            except OperationFailure as exc:
+                if exc.code not in INDEX_CONFLICT:
+                    raise
+                conflict = await self._reconcile(collection, keys, options)
+                if conflict:
+                    conflicts.append(conflict)
+        if conflicts:
+            raise StoreFault("; ".join(conflicts))
+
+    async def _reconcile(self, collection: str, keys: list[tuple[str, int]], options: dict[str, Any]) -> str | None:
+        """Bring an existing index to ``options``, or say why it cannot be (None: done)."""
+        name = options["name"]
+        existing = (await self._db[collection].index_information()).get(name)
+        wanted = {key: value for key, value in options.items() if key != "name"}
+        if existing is not None and list(existing["key"]) == keys:
+            have = {key: existing[key] for key in ("unique", "expireAfterSeconds") if key in existing}
+            if {k: v for k, v in have.items() if k != "expireAfterSeconds"} == \
+                    {k: v for k, v in wanted.items() if k != "expireAfterSeconds"} and "expireAfterSeconds" in wanted:
+                await self._db.command({"collMod": collection, "index": {
+                    "name": name, "expireAfterSeconds": wanted["expireAfterSeconds"]}})
+                log.info("index %s.%s: expireAfterSeconds %s -> %s", collection, name,
+                         existing.get("expireAfterSeconds"), wanted["expireAfterSeconds"])
+                return None
+        found = f"{existing['key']} {have_options(existing)}" if existing else "another index on these keys"
+        return (f"index {collection}.{name} exists with other options ({found}; tokensvc needs {keys} {wanted}): "
+                f"drop it (db.{collection}.dropIndex('{name}')) and start tokensvc again, which makes it anew")
 
     async def close(self) -> None:
         result = self._client.close()

@@ -1,0 +1,127 @@
+"""MongoDB start-up: every index attempted; an index that exists with other options is
+reconciled (a TTL, by collMod) or stops start-up with one line naming it and what to do;
+``/readyz`` answers 503 until the store is prepared."""
+
+from __future__ import annotations
+
+import pytest
+import requests
+from pymongo.errors import OperationFailure
+
+from service import free_port, start_service
+from tokensvc.storage.base import StoreFault
+from tokensvc.storage.mongo import INDEXES, MongoStore
+
+
+class FakeCollection:
+    """Index bookkeeping as a MongoDB server does it, with its error codes (mongomock gives none)."""
+
+    def __init__(self, name, db):
+        self.name, self.db, self.indexes = name, db, {}
+
+    async def create_index(self, keys, **options):
+        info = {"key": list(keys), **{k: v for k, v in options.items() if k != "name"}}
+        existing = self.indexes.get(options["name"])
+        if existing is not None and existing != info:
+            raise OperationFailure("An existing index has the same name as the requested index", 86
+                                   if existing["key"] != info["key"] else 85)
+        self.indexes[options["name"]] = info
+        self.db.made.append(f"{self.name}.{options['name']}")
+        return options["name"]
+
+    async def index_information(self):
+        return {name: {**info, "v": 2} for name, info in self.indexes.items()}
+
+
+class FakeDatabase:
+    def __init__(self):
+        self.collections, self.commands, self.made = {}, [], []
+
+    def __getitem__(self, name):
+        return self.collections.setdefault(name, FakeCollection(name, self))
+
+    async def command(self, document):
+        self.commands.append(document)
+        if "collMod" in document:
+            index = document["index"]
+            self[document["collMod"]].indexes[index["name"]]["expireAfterSeconds"] = index["expireAfterSeconds"]
+        return {"ok": 1}
+
+
+class FakeClient:
+    def __init__(self, database):
+        self.database = database
+
+    def get_database(self, name, **options):
+        return self.database
+
+    def close(self):
+        pass
+
+
+def store_with(existing):
+    db = FakeDatabase()
+    for collection, name, info in existing:
+        db[collection].indexes[name] = info
+    return MongoStore(FakeClient(db), "tokensvc"), db
+
+
+@pytest.mark.gen_test
+async def test_a_changed_ttl_is_reconciled_in_place_and_every_index_is_made():
+    store, db = store_with([("codes", "ttl", {"key": [("expires_at", 1)], "expireAfterSeconds": 60})])
+    await store.open()
+    assert db.commands == [{"collMod": "codes", "index": {"name": "ttl", "expireAfterSeconds": 3600}}]
+    assert db["codes"].indexes["ttl"]["expireAfterSeconds"] == 3600
+    assert sorted(db.made) == sorted(f"{c}.{o['name']}" for c, _, o in INDEXES if (c, o["name"]) != ("codes", "ttl"))
+
+
+@pytest.mark.gen_test
+async def test_an_index_that_cannot_be_changed_stops_start_up_naming_it_after_making_the_others():
+    store, db = store_with([("users", "username", {"key": [("username", 1)]})])  # not unique
+    with pytest.raises(StoreFault) as refused:
+        await store.open()
+    message = str(refused.value)
+    assert "index users.username exists with other options" in message
+    assert "db.users.dropIndex('username')" in message and "\n" not in message
+    assert len(db.made) == len(INDEXES) - 1  # every other index was still made
+    assert db.commands == []
+
+
+def test_serve_stops_with_the_conflict_as_one_line(monkeypatch):
+    import asyncio
+    import socket
+
+    from tokensvc import cli, config
+
+    store, _ = store_with([("users", "username", {"key": [("username", 1)]})])
+    monkeypatch.setattr(cli, "make_store", lambda settings: store)
+    settings = config.load(None, environ={}, overrides={"demo": True, "port": 1})
+    settings.storage.backend = "mongodb"
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        sock.listen()
+        sock.setblocking(False)
+        with pytest.raises(cli.CommandError) as stopped:
+            asyncio.run(asyncio.wait_for(cli.serve(settings, [sock]), 10))
+    assert str(stopped.value).startswith("index users.username exists with other options")
+
+
+@pytest.mark.gen_test
+async def test_readyz_is_503_until_start_up_has_prepared_the_store(http_client, base_url, store):
+    store.prepared = False
+    response = await http_client.fetch(base_url + "/readyz", raise_error=False)
+    assert response.code == 503 and "Retry-After" in response.headers
+    store.prepared = True
+    assert (await http_client.fetch(base_url + "/readyz")).code == 200
+
+
+def test_readyz_waits_for_a_store_that_is_not_there(tmp_path):
+    port = free_port()  # nothing listens there
+    storage = (f'[storage]\nbackend = "mongodb"\nmongodb_uri = "mongodb://127.0.0.1:{port}"\n'
+               'timeout_ms = 200\n')
+    service = start_service(tmp_path, storage)
+    try:
+        ready = requests.get(service.base + "/readyz", timeout=5)
+        assert ready.status_code == 503 and "Retry-After" in ready.headers
+    finally:
+        service.stop()
