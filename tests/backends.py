@@ -37,7 +37,8 @@ def open_store(kind: str, io_loop):
 
         from yielding import Yielding
 
-        store = MongoStore(Yielding(AsyncMongoMockClient(tz_aware=True)), "tokensvc_test")
+        # The stand-in has no change streams: revocations across processes are polled.
+        store = MongoStore(Yielding(AsyncMongoMockClient(tz_aware=True)), "tokensvc_test", change_streams=False)
     else:
         from pymongo import AsyncMongoClient
 

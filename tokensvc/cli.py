@@ -69,6 +69,8 @@ async def serve(settings: Settings, sockets: list[socket.socket]) -> None:
 
     from tokensvc.app import make_app
     from tokensvc.bootstrap import prepare
+    from tokensvc.oauth import events
+    from tokensvc.oauth.context import OAuthContext
 
     if settings.demo:
         log.warning("DEMO MODE: this configuration is for trying tokensvc out, not for production.")
@@ -80,7 +82,11 @@ async def serve(settings: Settings, sockets: list[socket.socket]) -> None:
     preparing = asyncio.create_task(prepare(store, settings))
     if settings.storage.backend == "memory":
         await preparing  # nothing to wait for: serve seeded from the first request
-    app = make_app(settings, store)
+    ctx = OAuthContext.from_settings(settings, store)
+    app = make_app(settings, store, ctx)
+    # One relay per process: revocations made by the other processes sharing the store
+    # reach this process's WebSockets within a second.
+    relaying = asyncio.create_task(events.relay(store, ctx.events))
     # Bodies are limited by the routes, which answer 413 (handlers/body_limit.py).
     server = tornado.httpserver.HTTPServer(app, xheaders=settings.xheaders,
                                            idle_connection_timeout=settings.server.idle_timeout,
@@ -103,6 +109,7 @@ async def serve(settings: Settings, sockets: list[socket.socket]) -> None:
     preparing.add_done_callback(lambda _: stop.set() if _failed(preparing) else None)
     await stop.wait()
     preparing.cancel()
+    relaying.cancel()
     server.stop()
     await store.close()
     if _failed(preparing):

@@ -3,9 +3,12 @@ client id / username and per remote address; past a limit the key is refused (42
 ``Retry-After``) until its oldest failure leaves the window.
 
 :class:`FailureLimiter` is the interface; :class:`MemoryFailureLimiter` keeps the counts in
-this process. Several processes behind a load balancer each count on their own (a limit of
-N is then N per process); a shared implementation (Redis, MongoDB) only has to provide the
-same three methods.
+this process, where every check happens without a wait. Several processes over one MongoDB
+also count every failure in the store (:class:`SharedFailureCounts`, an atomic ``$inc``):
+when a shared count reaches a limit, the process that counted it locks the key locally for
+the rest of the window. A key is then refused everywhere after at most the limit plus one
+failure per other process, instead of the limit in every process; a success costs no store
+round trip.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ import math
 import time
 from collections import deque
 from collections.abc import Callable, Iterable
+from typing import Protocol, runtime_checkable
 
 from tokensvc.config import LimitSettings
 
@@ -57,6 +61,17 @@ class FailureLimiter(abc.ABC):
     @abc.abstractmethod
     def release(self, reservation: object) -> None:
         """Take back an attempt :meth:`reserve` counted: it succeeded."""
+
+
+@runtime_checkable
+class SharedFailureCounts(Protocol):
+    """Failure counts every process sees (the MongoDB store)."""
+
+    async def count_failure(self, key: str, window_seconds: int) -> tuple[int, float]:
+        """Count one failure of ``key`` in its current window (a new window starts when there
+        is none); the count so far and the seconds the window has left."""
+
+    async def forget_failures(self, key: str) -> None: ...
 
 
 class MemoryFailureLimiter(FailureLimiter):
@@ -108,6 +123,11 @@ class MemoryFailureLimiter(FailureLimiter):
     def succeeded(self, key: str) -> None:
         self._failures.pop(key, None)
 
+    def lock(self, key: str, limit: int, seconds: float) -> None:
+        """Refuse ``key`` for ``seconds`` (a count seen elsewhere reached ``limit``)."""
+        now = self.clock()
+        self._failures[key] = deque([now - self.window + seconds] * limit)
+
     def reserve(self, keys: Iterable[tuple[str, int]]) -> object:
         # No await between the check and the count: of N concurrent attempts, at most the
         # limit's worth get past, whatever the slow check after it does.
@@ -130,9 +150,11 @@ class MemoryFailureLimiter(FailureLimiter):
 class FailureLimits:
     """The service's limits over one limiter: which keys a failure counts against."""
 
-    def __init__(self, settings: LimitSettings, limiter: FailureLimiter | None = None) -> None:
+    def __init__(self, settings: LimitSettings, limiter: MemoryFailureLimiter | None = None,
+                 shared: SharedFailureCounts | None = None) -> None:
         self.settings = settings
         self.limiter = limiter or MemoryFailureLimiter(settings.window_seconds)
+        self.shared = shared
 
     # Failures count per (account, address) and per address, never per account alone: a
     # stranger's failures must not lock the owner out from an address of their own.
@@ -160,5 +182,18 @@ class FailureLimits:
         if self.settings.enabled:
             self.limiter.failed(keys)
 
-    def login_succeeded(self, username: str, address: str) -> None:
-        self.limiter.succeeded(f"login:{username.lower()}|{address}")
+    async def failed_everywhere(self, keys: list[tuple[str, int]]) -> None:
+        """A failure this process has counted (reserved and not released): count it in the
+        shared counts too, and lock here every key whose shared count reached its limit."""
+        if self.shared is None or not self.settings.enabled:
+            return
+        for key, limit in keys:
+            count, seconds_left = await self.shared.count_failure(key, self.settings.window_seconds)
+            if count >= limit:
+                self.limiter.lock(key, limit, seconds_left)
+
+    async def login_succeeded(self, username: str, address: str) -> None:
+        key = f"login:{username.lower()}|{address}"
+        self.limiter.succeeded(key)
+        if self.shared is not None:
+            await self.shared.forget_failures(key)

@@ -28,9 +28,6 @@ from tokensvc.storage.base import StorageError, StoreFault
 log = logging.getLogger(__name__)
 
 CLOSE_REVOKED = 4401
-# Revocations in this process arrive as events at once; this period catches the ones made by
-# other processes (a shared MongoDB) and bounds how stale a socket's authorization can be.
-RECHECK_SECONDS = 5.0
 
 
 class EchoSocket(AuthMixin, RequestInput, tornado.websocket.WebSocketHandler):
@@ -82,10 +79,10 @@ class EchoSocket(AuthMixin, RequestInput, tornado.websocket.WebSocketHandler):
     async def open(self, *args: Any, **kwargs: Any) -> None:
         principal = self.principal
         assert principal is not None
+        # Revocations reach the socket as announcements (oauth.events), from this process and,
+        # through the process's one relay, from every other: no socket polls on its own.
         self.ctx.events.subscribe(self._on_revocation)
         loop = tornado.ioloop.IOLoop.current()
-        self._timers.append(tornado.ioloop.PeriodicCallback(self._spawn_check, RECHECK_SECONDS * 1000))
-        self._timers[-1].start()
         expires_at = principal.token.expires_at if principal.token else principal.session.expires_at
         self._timers.append(loop.call_at(loop.time() + max(0.0, (expires_at - self.ctx.clock()).total_seconds()),
                                          self._close_revoked))
@@ -102,10 +99,7 @@ class EchoSocket(AuthMixin, RequestInput, tornado.websocket.WebSocketHandler):
         self.ctx.events.unsubscribe(self._on_revocation)
         loop = tornado.ioloop.IOLoop.current()
         for timer in self._timers:
-            if isinstance(timer, tornado.ioloop.PeriodicCallback):
-                timer.stop()
-            else:
-                loop.remove_timeout(timer)
+            loop.remove_timeout(timer)
         self._timers.clear()
 
     def _on_revocation(self) -> None:
@@ -120,7 +114,7 @@ class EchoSocket(AuthMixin, RequestInput, tornado.websocket.WebSocketHandler):
         try:
             if self.principal is not None and not await principals.still_valid(self.ctx, self.principal):
                 self._close_revoked()
-        except Exception:  # the store is away: keep the socket, check again at the next period
+        except Exception:  # the store is away: keep the socket; the relay re-checks all once it is back
             log.warning("could not re-check a WebSocket's authorization", exc_info=True)
         finally:
             self._checking = False

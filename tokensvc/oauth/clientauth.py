@@ -114,7 +114,10 @@ async def authenticate_request(ctx: OAuthContext, request: ClientRequest) -> Cli
     try:
         creds = request.credentials()
     except InvalidClient:
-        _failed(ctx, limits.client_keys(None, request.address), None, request)
+        keys = limits.client_keys(None, request.address)
+        limits.failed(keys)
+        _audit_failure(None, request)
+        await limits.failed_everywhere(keys)
         raise
     if creds is None:
         raise InvalidClient("The request names no client")
@@ -127,14 +130,10 @@ async def authenticate_request(ctx: OAuthContext, request: ClientRequest) -> Cli
         verify(client, creds)
     except InvalidClient:
         _audit_failure(creds.client_id, request)
+        await limits.failed_everywhere(keys)
         raise
     limits.release(attempt)
     return client  # type: ignore[return-value]
-
-
-def _failed(ctx: OAuthContext, keys: list[tuple[str, int]], client_id: str | None, request: ClientRequest) -> None:
-    ctx.limits.failed(keys)
-    _audit_failure(client_id, request)
 
 
 def _audit_failure(client_id: str | None, request: ClientRequest) -> None:

@@ -12,7 +12,7 @@ from typing import Any
 from tokensvc.config import LimitSettings, Settings, TokenSettings
 from tokensvc.oauth.events import RevocationEvents
 from tokensvc.oauth.metadata import server_metadata
-from tokensvc.ratelimit import FailureLimits
+from tokensvc.ratelimit import FailureLimits, SharedFailureCounts
 from tokensvc.records import utcnow
 from tokensvc.storage.base import Store
 
@@ -30,7 +30,9 @@ class OAuthContext:
     @classmethod
     def from_settings(cls, settings: Settings, store: Store, **overrides: object) -> OAuthContext:
         """The context the configuration describes (``clock`` and others may be overridden)."""
+        shared = store if isinstance(store, SharedFailureCounts) else None  # MongoDB: one count for all processes
         values: dict[str, object] = dict(store=store, tokens=settings.tokens, issuer=settings.base_url,
-                                         limits=FailureLimits(settings.limits), metadata=server_metadata(settings))
+                                         limits=FailureLimits(settings.limits, shared=shared),
+                                         metadata=server_metadata(settings))
         values.update(overrides)
         return cls(**values)  # type: ignore[arg-type]

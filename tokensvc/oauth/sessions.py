@@ -29,9 +29,10 @@ async def sign_in(ctx: OAuthContext, username: str, password: str, address: str)
     if user is None:
         logs.audit("login", {"username": username, "outcome": "failure", "remote_ip": address},
                    logging.WARNING, "login failed")
+        await limits.failed_everywhere(keys)
         return None
     limits.release(attempt)
-    limits.login_succeeded(username, address)
+    await limits.login_succeeded(username, address)
     logs.audit("login", {"subject": user.user_id, "username": user.username, "outcome": "success",
                          "remote_ip": address}, message="login succeeded")
     return user

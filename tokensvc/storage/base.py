@@ -11,7 +11,7 @@ layer maps that single exception to 503.
 from __future__ import annotations
 
 import abc
-from collections.abc import Collection
+from collections.abc import AsyncIterator, Collection
 from datetime import datetime
 
 from tokensvc.records import (
@@ -233,6 +233,15 @@ class Store(abc.ABC):
     @abc.abstractmethod
     async def delete_user_sessions(self, user_id: str) -> int:
         """End every web session of a user (a password set, the user removed); the count."""
+
+    # -- revocations across processes
+
+    async def revocation_feed(self) -> AsyncIterator[None]:
+        """Yields whenever any process sharing this store revokes something (a token, a
+        grant, a session), so that this process re-checks its open WebSockets. A store only
+        one process uses (memory) never yields: that process's own announcements suffice."""
+        return
+        yield  # an async generator that ends at once
 
     # -- housekeeping
 

@@ -31,11 +31,12 @@ sessions                by session_hash                              ``_id``; TT
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import inspect
 import logging
 import secrets
-from collections.abc import Awaitable, Callable, Collection
+from collections.abc import AsyncIterator, Awaitable, Callable, Collection
 from dataclasses import MISSING, fields
 from datetime import datetime, timedelta, timezone
 from typing import Any, TypeVar
@@ -84,11 +85,20 @@ INDEXES: list[tuple[str, list[tuple[str, int]], dict[str, Any]]] = [
     ("tokens", [("parent_hash", ASCENDING)], {"name": "parent_hash"}),
     ("sessions", [("expires_at", ASCENDING)], {"expireAfterSeconds": 0, "name": "ttl"}),
     ("sessions", [("user_id", ASCENDING)], {"name": "user_id"}),
+    ("failures", [("expires_at", ASCENDING)], {"expireAfterSeconds": 0, "name": "ttl"}),
 ]
 
 
 DUPLICATE_KEY = frozenset({11000, 11001, 12582})
 INDEX_CONFLICT = frozenset({85, 86})  # IndexOptionsConflict, IndexKeySpecsConflict
+# "$changeStream is only supported on replica sets", and kin: poll instead.
+NO_CHANGE_STREAMS = frozenset({40573, 40324, 136})
+REVOCATIONS = "revocations"
+POLL_SECONDS = 0.5
+
+
+class _NoChangeStreams(Exception):
+    pass
 
 
 def have_options(index: dict[str, Any]) -> dict[str, Any]:
@@ -178,8 +188,9 @@ SESSIONS = _Mapper(Session, "session_hash")
 
 
 class MongoStore(Store):
-    def __init__(self, client: Any, database: str) -> None:
-        """``client`` is a ``pymongo.AsyncMongoClient`` (or an API-compatible stand-in in tests).
+    def __init__(self, client: Any, database: str, *, change_streams: bool = True) -> None:
+        """``client`` is a ``pymongo.AsyncMongoClient`` (or an API-compatible stand-in in tests,
+        which has no change streams: ``change_streams=False`` polls instead).
 
         Whatever the URI says, every write waits for a journaled majority (an acknowledged
         code consumption, rotation or revocation survives a failover) and every read goes to
@@ -192,6 +203,10 @@ class MongoStore(Store):
         self._db = db
         self.clients, self.users, self.installations = db["clients"], db["users"], db["installations"]
         self.grants, self.codes, self.tokens, self.sessions = db["grants"], db["codes"], db["tokens"], db["sessions"]
+        self.revocations = db["revocations"]  # one counter document, raised by every revocation
+        self.failures = db["failures"]  # failure counts shared by the processes (ratelimit)
+        self.change_streams = change_streams
+        self._resume_token: Any = None
 
     @classmethod
     def from_settings(cls, settings: StorageSettings) -> MongoStore:
@@ -387,7 +402,9 @@ class MongoStore(Store):
 
     @guarded
     async def revoke_grant(self, grant_id: str, now: datetime) -> int:
-        await self.grants.update_one({"_id": grant_id, "revoked_at": None}, {"$set": {"revoked_at": now}})
+        marked = await self.grants.update_one({"_id": grant_id, "revoked_at": None}, {"$set": {"revoked_at": now}})
+        if marked.modified_count:  # from here no token of the grant is in force: tell the others now
+            await self._announce()
         return await self.revoke_grant_tokens(grant_id, now)
 
     # -- codes
@@ -440,21 +457,21 @@ class MongoStore(Store):
     @guarded
     async def revoke_token(self, token_hash: str, now: datetime) -> bool:
         result = await self.tokens.update_one({"_id": token_hash, "revoked_at": None}, {"$set": {"revoked_at": now}})
-        return result.modified_count == 1
+        return await self._announced(result.modified_count) == 1
 
     @guarded
     async def revoke_grant_tokens(self, grant_id: str, now: datetime, token_type: str | None = None) -> int:
         where: dict[str, Any] = {"grant_id": grant_id, "revoked_at": None}
         if token_type is not None:
             where["token_type"] = token_type
-        return (await self.tokens.update_many(where, {"$set": {"revoked_at": now}})).modified_count
+        return await self._announced((await self.tokens.update_many(where, {"$set": {"revoked_at": now}})).modified_count)
 
     @guarded
     async def revoke_children(self, parent_hash: str, now: datetime, keep: Collection[str] = ()) -> int:
         result = await self.tokens.update_many(
             {"parent_hash": parent_hash, "revoked_at": None, "_id": {"$nin": list(keep)}},
             {"$set": {"revoked_at": now}})
-        return result.modified_count
+        return await self._announced(result.modified_count)
 
     @guarded
     async def list_children(self, parent_hash: str) -> list[Token]:
@@ -474,11 +491,89 @@ class MongoStore(Store):
 
     @guarded
     async def delete_session(self, session_hash: str) -> bool:
-        return (await self.sessions.delete_one({"_id": session_hash})).deleted_count == 1
+        return await self._announced((await self.sessions.delete_one({"_id": session_hash})).deleted_count) == 1
 
     @guarded
     async def delete_user_sessions(self, user_id: str) -> int:
-        return (await self.sessions.delete_many({"user_id": user_id})).deleted_count
+        return await self._announced((await self.sessions.delete_many({"user_id": user_id})).deleted_count)
+
+    # -- failure counts shared by the processes (ratelimit.SharedFailureCounts)
+
+    @guarded
+    async def count_failure(self, key: str, window_seconds: int) -> tuple[int, float]:
+        now = datetime.now(timezone.utc)
+        for _ in range(3):
+            counted = await self.failures.find_one_and_update(
+                {"_id": key, "expires_at": {"$gt": now}}, {"$inc": {"n": 1}}, return_document=ReturnDocument.AFTER)
+            if counted is not None:
+                return counted["n"], (_utc(counted["expires_at"]) - now).total_seconds()
+            # No window, or one the TTL monitor has not removed yet: start one.
+            await self.failures.delete_one({"_id": key, "expires_at": {"$lte": now}})
+            try:
+                await self.failures.insert_one({"_id": key, "n": 1, "expires_at": now + timedelta(seconds=window_seconds)})
+                return 1, float(window_seconds)
+            except DuplicateKeyError:  # another process started it first: count in it
+                continue
+        raise StorageError("could not count a failure (concurrent updates)")
+
+    @guarded
+    async def forget_failures(self, key: str) -> None:
+        await self.failures.delete_one({"_id": key})
+
+    # -- revocations across processes
+
+    async def _announce(self) -> None:
+        await self.revocations.update_one({"_id": REVOCATIONS}, {"$inc": {"seq": 1}}, upsert=True)
+
+    async def _announced(self, count: int) -> int:
+        """Announce a revocation that changed something (``count`` > 0); returns ``count``."""
+        if count:
+            await self._announce()
+        return count
+
+    async def revocation_feed(self, poll_seconds: float = POLL_SECONDS) -> AsyncIterator[None]:
+        """Yields each time any process announces a revocation: from a change stream on the
+        ``revocations`` counter (resumed where it left off), or, where the deployment has
+        none (a standalone server), by reading the counter every ``poll_seconds``."""
+        if self.change_streams:
+            try:
+                async for _ in self._changes():
+                    yield
+            except _NoChangeStreams:
+                log.warning("MongoDB offers no change streams (not a replica set): polling for revocations")
+                self.change_streams = False
+        async for _ in self._poll(poll_seconds):
+            yield
+
+    async def _changes(self) -> AsyncIterator[None]:
+        try:
+            stream = self.revocations.watch(resume_after=self._resume_token)
+            if inspect.isawaitable(stream):  # PyMongo's watch is a coroutine; Motor-style ones are not
+                stream = await stream
+            async with stream:
+                async for _ in stream:
+                    self._resume_token = stream.resume_token
+                    yield
+        except OperationFailure as exc:
+            if exc.code in NO_CHANGE_STREAMS:
+                raise _NoChangeStreams() from None
+            raise translate(exc) from None
+        except PyMongoError as exc:
+            raise translate(exc) from None
+
+    async def _poll(self, poll_seconds: float) -> AsyncIterator[None]:
+        seen = await self._sequence()
+        while True:
+            await asyncio.sleep(poll_seconds)
+            current = await self._sequence()
+            if current != seen:
+                seen = current
+                yield
+
+    @guarded
+    async def _sequence(self) -> int:
+        document = await self.revocations.find_one({"_id": REVOCATIONS})
+        return document["seq"] if document else 0
 
     # -- housekeeping
 
