@@ -72,7 +72,7 @@ async def test_a_code_from_before_a_revocation_is_void_after_reconsent(proto):
     old_code = await code_for(proto)
     _, tokens = await issued(proto)
     record = await proto.store.get_token(hashing.digest(tokens.access_token))
-    await grants.revoke_grant(proto, await proto.store.get_grant(record.grant_id))
+    await grants.revoke_grant(proto, await proto.store.get_grant(record.grant_id), "user")
     await code_for(proto)  # consent again
     with pytest.raises(InvalidGrant, match="revoked"):
         await grants.exchange_code(proto, webapp, old_code, WEBAPP_REDIRECT, VERIFIER)

@@ -103,7 +103,7 @@ async def remove_client(ctx: OAuthContext, client_id: str) -> int:
     await get_client(ctx.store, client_id)
     revoked = 0
     for grant in await ctx.store.list_client_grants(client_id):
-        revoked += await revoke_grant(ctx, grant)
+        revoked += await revoke_grant(ctx, grant, "admin")
     await ctx.store.delete_client(client_id)
     _record("client_removed", client_id=client_id, tokens_revoked=revoked, outcome="success")
     return revoked
@@ -146,7 +146,7 @@ async def set_password(ctx: OAuthContext, username: str, password: str, *, keep_
     revoked = 0
     if not keep_grants:
         for grant in await ctx.store.list_grants(Subject(user_id=user.user_id)):
-            revoked += await revoke_grant(ctx, grant)
+            revoked += await revoke_grant(ctx, grant, "admin")
     ctx.events.revoked()
     _record("user_password_set", subject=user.user_id, username=username, sessions_ended=sessions,
             tokens_revoked=revoked, outcome="success")
@@ -158,7 +158,7 @@ async def remove_user(ctx: OAuthContext, username: str) -> int:
     user = await get_user(ctx.store, username)
     revoked = 0
     for grant in await ctx.store.list_grants(Subject(user_id=user.user_id)):
-        revoked += await revoke_grant(ctx, grant)
+        revoked += await revoke_grant(ctx, grant, "admin")
     await ctx.store.delete_user_sessions(user.user_id)
     ctx.events.revoked()
     await ctx.store.delete_user(user.user_id)
@@ -186,7 +186,7 @@ async def remove_installation(ctx: OAuthContext, installation_id: str) -> int:
         raise AdminError(f"no installation with id {installation_id!r}")
     revoked = 0
     for grant in await ctx.store.list_grants(Subject(installation_id=installation_id)):
-        revoked += await revoke_grant(ctx, grant)
+        revoked += await revoke_grant(ctx, grant, "admin")
     await ctx.store.delete_installation(installation_id)
     _record("installation_removed", subject=installation_id, tokens_revoked=revoked, outcome="success")
     return revoked

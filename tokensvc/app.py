@@ -12,8 +12,9 @@ from tokensvc.config import Settings
 from tokensvc.handlers import api, clients, meta, pages, token, ws
 from tokensvc.handlers.access_log import log_access
 from tokensvc.handlers.body_limit import LimitedBody
-from tokensvc.handlers.json_api import JsonHandler, NotFoundHandler
+from tokensvc.handlers.json_api import UNMATCHED, JsonHandler, NotFoundHandler
 from tokensvc.handlers.page import TooLargePage
+from tokensvc.logs import REQUEST_ID
 from tokensvc.oauth.context import OAuthContext
 from tokensvc.storage.base import Store
 
@@ -39,6 +40,7 @@ ROUTES: list[tuple[str, type]] = [
     ("/healthz", meta.HealthHandler),
     ("/readyz", meta.ReadyHandler),
     ("/openapi.json", meta.OpenAPIHandler),
+    ("/metrics", meta.MetricsHandler),
     ("/oauth/authorize", pages.AuthorizeHandler),
     ("/login", pages.LoginHandler),
     ("/logout", pages.LogoutHandler),
@@ -52,9 +54,24 @@ def pattern(path: str) -> str:
     return re.sub(r"\{[^}]+\}", "([^/]*)", path) + "$"
 
 
+STATIC_ROUTE = "/static/{path}"
+TOO_LARGE_ROUTE = "(body too large)"
+
+
 def log_request(handler: tornado.web.RequestHandler) -> None:
-    """The access-log line of a request served by a RequestHandler (JsonHandlers log their own)."""
-    log_access(handler.get_status(), handler.request, getattr(handler, "log_client_id", None))
+    """The access line and the request metrics of a request served by a RequestHandler
+    (JsonHandlers do their own)."""
+    status, request = handler.get_status(), handler.request
+    log_access(status, request, getattr(handler, "log_client_id", None), getattr(handler, "log_error", None))
+    route = STATIC_ROUTE if isinstance(handler, StaticFiles) else getattr(handler, "route", UNMATCHED)
+    handler.application.metrics.request(route, request.method or "", status, request.request_time())
+
+
+class StaticFiles(tornado.web.StaticFileHandler):
+    """``/static/...``: Tornado's static files, with the request id every response carries."""
+
+    def set_default_headers(self) -> None:
+        self.set_header("X-Request-ID", REQUEST_ID.get() or "")
 
 
 class TokenService(tornado.web.Application):
@@ -62,9 +79,11 @@ class TokenService(tornado.web.Application):
     (pages, the socket, static files); a body over it gets :class:`TooLargePage`'s 413.
     JsonHandlers count their bodies themselves."""
 
-    def __init__(self, routes: list[tuple[Any, ...]], page_kwargs: dict[str, Any], **settings: Any) -> None:
+    def __init__(self, routes: list[tuple[Any, ...]], ctx: OAuthContext, page_kwargs: dict[str, Any],
+                 **settings: Any) -> None:
         super().__init__(routes, **settings)
-        self.page_kwargs = page_kwargs
+        self.metrics = ctx.metrics
+        self.page_kwargs = {**page_kwargs, "route": TOO_LARGE_ROUTE}
 
     def get_handler_delegate(self, request: Any, target_class: type[tornado.web.RequestHandler],
                              target_kwargs: dict[str, Any] | None = None, path_args: list[bytes] | None = None,
@@ -78,14 +97,16 @@ def make_app(config: Settings, store: Store, ctx: OAuthContext | None = None) ->
     ctx = ctx or OAuthContext.from_settings(config, store)
     deps = dict(ctx=ctx, config=config)
     routes: list[tuple[Any, ...]] = [
-        (pattern(path), handler.route(ctx, config)) if issubclass(handler, JsonHandler)
-        else (pattern(path), handler, deps)
+        (pattern(path), handler.target(ctx, config, path)) if issubclass(handler, JsonHandler)
+        else (pattern(path), handler, {**deps, "route": path})
         for path, handler in ROUTES
     ]
-    routes.append((r".*", NotFoundHandler.route(ctx, config)))
+    routes.append((r".*", NotFoundHandler.target(ctx, config)))
     return TokenService(
         routes,
+        ctx,
         deps,
+        static_handler_class=StaticFiles,
         template_path=str(HERE / "templates"),
         static_path=str(HERE / "static"),
         cookie_secret=config.cookie_secret,

@@ -7,6 +7,7 @@ import asyncio
 import getpass
 import json
 import logging
+import os
 import signal
 import socket
 import sys
@@ -70,7 +71,6 @@ async def serve(settings: Settings, sockets: list[socket.socket]) -> None:
     from tokensvc.app import make_app
     from tokensvc.bootstrap import prepare
     from tokensvc.oauth import events
-    from tokensvc.oauth.context import OAuthContext
 
     if settings.demo:
         log.warning("DEMO MODE: this configuration is for trying tokensvc out, not for production.")
@@ -131,11 +131,18 @@ def cmd_serve(args: argparse.Namespace) -> int:
     if settings.storage.backend == "memory":
         raise CommandError("--processes needs the MongoDB backend: the memory backend's state lives in one "
                            "process, so several processes would each see different clients, codes and tokens")
+    import tempfile
+
     import tornado.process
+
+    from tokensvc import metrics
 
     # Bind before forking so every process accepts on the same sockets (tornado's multi-process
     # recipe); each child then builds its own event loop, store client and application.
     sockets = bind(settings)
+    # Every process writes its metrics to files in one directory, which a scrape of any of
+    # them reads whole (prometheus_client's multiprocess mode).
+    metrics.use_multiprocess_dir(os.environ.get(metrics.MULTIPROCESS_ENV) or tempfile.mkdtemp(prefix="tokensvc-metrics-"))
     tornado.process.fork_processes(processes)
     asyncio.run(serve(settings, sockets))
     return 0

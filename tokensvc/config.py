@@ -8,6 +8,7 @@ names the key, and the service does not start.
 from __future__ import annotations
 
 import dataclasses
+import ipaddress
 import logging
 import os
 import re
@@ -75,6 +76,14 @@ class LimitSettings:
 
 
 @dataclass(slots=True)
+class MetricsSettings:
+    enabled: bool = True
+    # Who may scrape GET /metrics (networks; anyone else gets 404): loopback and the private ranges.
+    allow: list[str] = field(default_factory=lambda: ["127.0.0.0/8", "::1/128", "10.0.0.0/8", "172.16.0.0/12",
+                                                      "192.168.0.0/16", "fc00::/7"])
+
+
+@dataclass(slots=True)
 class ClientSeed:
     client_id: str
     name: str
@@ -119,6 +128,7 @@ class Settings:
     storage: StorageSettings = field(default_factory=StorageSettings)
     tokens: TokenSettings = field(default_factory=TokenSettings)
     limits: LimitSettings = field(default_factory=LimitSettings)
+    metrics: MetricsSettings = field(default_factory=MetricsSettings)
     clients: list[ClientSeed] = field(default_factory=list)
     users: list[UserSeed] = field(default_factory=list)
     installations: list[InstallationSeed] = field(default_factory=list)
@@ -146,7 +156,8 @@ class Settings:
         return self.auth_url.startswith("https://")
 
 
-_SECTIONS = {"server": ServerSettings, "storage": StorageSettings, "tokens": TokenSettings, "limits": LimitSettings}
+_SECTIONS = {"server": ServerSettings, "storage": StorageSettings, "tokens": TokenSettings, "limits": LimitSettings,
+             "metrics": MetricsSettings}
 _TABLES = {"clients": ClientSeed, "users": UserSeed, "installations": InstallationSeed}
 _INTERNAL = {"generated_cookie_secret"}
 
@@ -344,6 +355,11 @@ def validate(settings: Settings) -> None:
     for f in dataclasses.fields(ServerSettings):
         if getattr(settings.server, f.name) < 1:
             raise ConfigError(f"server.{f.name}: must be at least 1 second, got {getattr(settings.server, f.name)}")
+    for network in settings.metrics.allow:
+        try:
+            ipaddress.ip_network(network, strict=False)
+        except ValueError:
+            raise ConfigError(f"metrics.allow: not a network (address/prefix): {network!r}") from None
     for f in dataclasses.fields(LimitSettings):
         value = getattr(settings.limits, f.name)
         if f.name != "enabled" and value < 1:

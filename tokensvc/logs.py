@@ -4,6 +4,9 @@
 Access lines (logger ``tokensvc.access``) carry an ``access`` dict and audit records (logger
 ``tokensvc.audit``) an ``audit`` dict; the JSON formatter lifts those dicts into the line.
 Neither ever holds a secret. Both are written through :func:`write`, one call per line.
+Times are UTC, ISO 8601. Every line written while a request is served carries its request id
+(:data:`REQUEST_ID`, set by the handler bases), so one request can be followed through the
+access, audit and error lines.
 
 Why :func:`write` and not ``logger.info(...)``: a token request writes one or two lines, and
 going through the logging module (a LogRecord, the logger hierarchy, the handler lock, the
@@ -22,6 +25,7 @@ import logging
 import re
 import sys
 import time
+from contextvars import ContextVar
 from datetime import datetime, timezone
 from typing import Any, TextIO
 
@@ -29,6 +33,8 @@ access_log = logging.getLogger("tokensvc.access")
 audit_log = logging.getLogger("tokensvc.audit")
 
 EXTRA_KINDS = ("access", "audit")
+# The id of the request being served (the X-Request-ID it came with, or a new one).
+REQUEST_ID: ContextVar[str | None] = ContextVar("request_id", default=None)
 
 # Request parameters whose values are secrets: never written to a log line.
 SECRET_PARAMETERS = frozenset({"token", "access_token", "code", "refresh_token", "client_secret",
@@ -80,12 +86,15 @@ class JsonFormatter(logging.Formatter):
             "message": message,
             **extras,
         }
+        request_id = REQUEST_ID.get()
+        if request_id is not None:
+            entry["request_id"] = request_id
         return json.dumps(entry, default=str, separators=(",", ":"))
 
 
 class TextFormatter(logging.Formatter):
-    """``2026-11-23 10:00:00,123 INFO tokensvc.access: 200 POST /oauth/token 1.20ms``, audit
-    fields appended as ``key=value``."""
+    """``2026-11-23T10:00:00.123Z INFO tokensvc.access: 127.0.0.1 200 POST /oauth/token 1.20ms
+    request_id=...``: UTC, audit fields appended as ``key=value``, the request id last."""
 
     def __init__(self) -> None:
         super().__init__("%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -108,11 +117,14 @@ class TextFormatter(logging.Formatter):
         # One strftime per second instead of one per line.
         second = int(created)
         if second != self._second:
-            self._second, self._second_text = second, time.strftime("%Y-%m-%d %H:%M:%S", self.converter(second))
-        line = f"{self._second_text},{int((created - second) * 1000):03d} {levelname} {name}: {message}"
+            self._second, self._second_text = second, time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(second))
+        line = f"{self._second_text}.{int((created - second) * 1000):03d}Z {levelname} {name}: {message}"
         audit = extras.get("audit")
         if audit:
             line += " " + " ".join([f"{key}={value}" for key, value in audit.items()])
+        request_id = REQUEST_ID.get()
+        if request_id is not None:
+            line += f" request_id={request_id}"
         return line
 
 
@@ -166,8 +178,10 @@ def write(logger: logging.Logger, level: int, message: str, kind: str, fields: d
 
 
 def audit(event: str, fields: dict[str, Any], level: int = logging.INFO, message: str | None = None) -> None:
-    """One audit record: ``event`` plus ``fields`` (never a secret)."""
-    write(audit_log, level, message or event.replace("_", " "), "audit", {"event": event, **fields})
+    """One audit record: ``event`` plus ``fields`` (never a secret), every value plain text
+    (a list, such as scopes, space-separated as OAuth writes it)."""
+    plain = {key: " ".join(value) if isinstance(value, (list, tuple)) else value for key, value in fields.items()}
+    write(audit_log, level, message or event.replace("_", " "), "audit", {"event": event, **plain})
 
 
 def _sole_service_handler(logger: logging.Logger, level: int) -> ServiceHandler | None:

@@ -169,6 +169,10 @@ def build() -> dict[str, Any]:
                                               "responses": {"200": _json("Status", "Alive")}}})
     spec.path("/readyz", operations={"get": {"summary": "The store answers",
                                              "responses": {"200": _json("Status", "Ready"), "503": UNAVAILABLE}}})
+    spec.path("/metrics", operations={"get": {
+        "summary": "Prometheus metrics (text exposition), to callers in metrics.allow",
+        "responses": {"200": {"description": "Metrics", "content": {"text/plain": {"schema": {"type": "string"}}}},
+                      "404": NOT_FOUND}}})
     spec.path("/openapi.json", operations={"get": {"summary": "This document",
                                                    "responses": {"200": {"description": "OpenAPI 3.1"}}}})
     return spec.to_dict()

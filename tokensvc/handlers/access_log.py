@@ -1,8 +1,11 @@
-"""The access log: one line per request, with every secret-bearing query value redacted."""
+"""The access log: one line per request, with every secret-bearing query value redacted, and
+the request ids that tie a request's lines together."""
 
 from __future__ import annotations
 
 import logging
+import os
+import re
 from urllib.parse import parse_qsl, urlencode
 
 import tornado.httputil
@@ -22,16 +25,33 @@ def redact(uri: str) -> str:
                                    else value) for key, value in pairs], safe="*/:")
 
 
-def log_access(status: int, request: tornado.httputil.HTTPServerRequest, client_id: str | None) -> None:
-    """One access-log line per request, query secrets redacted."""
+_REQUEST_ID = re.compile(r"[A-Za-z0-9._-]{1,64}")
+
+
+def request_id_for(request: tornado.httputil.HTTPServerRequest) -> str:
+    """The request's ``X-Request-ID`` when it is 1-64 characters of ``[A-Za-z0-9._-]``
+    (a proxy's or a client's, to follow a request across services); otherwise a new one."""
+    incoming = request.headers.get("X-Request-ID")
+    if incoming is not None and _REQUEST_ID.fullmatch(incoming):
+        return incoming
+    return os.urandom(8).hex()
+
+
+def log_access(status: int, request: tornado.httputil.HTTPServerRequest, client_id: str | None,
+               error: str | None = None) -> None:
+    """One access-log line per request, query secrets redacted: remote address, status,
+    method, path, milliseconds, the client (if any) and, on a 4xx/5xx, the OAuth error code.
+    The time and the request id come with every line (:mod:`tokensvc.logs`)."""
     level = logging.INFO if status < 400 else logging.WARNING if status < 500 else logging.ERROR
     if not logs.access_log.isEnabledFor(level):
         return
     elapsed_ms = 1000.0 * request.request_time()
     path = redact(request.uri or "")
-    message = f"{status} {request.method} {path} {elapsed_ms:.2f}ms"
+    message = f"{request.remote_ip} {status} {request.method} {path} {elapsed_ms:.2f}ms"
     if client_id:
         message += f" client_id={client_id}"
+    if error:
+        message += f" error={error}"
     logs.write(logs.access_log, level, message, "access", {
-        "status": status, "method": request.method, "path": path, "ms": round(elapsed_ms, 2),
-        "client_id": client_id, "remote_ip": request.remote_ip})
+        "remote_ip": request.remote_ip, "status": status, "method": request.method, "path": path,
+        "ms": round(elapsed_ms, 2), "client_id": client_id, "error": error})

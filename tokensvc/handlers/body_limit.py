@@ -19,6 +19,9 @@ import tornado.httputil
 import tornado.web
 from tornado.httputil import HTTPServerRequest
 
+from tokensvc.handlers.access_log import request_id_for
+from tokensvc.logs import REQUEST_ID
+
 MAX_BODY_BYTES = 64 * 1024
 TOO_LARGE = "Request Entity Too Large"
 
@@ -56,11 +59,17 @@ class LimitedBody(tornado.httputil.HTTPMessageDelegate):
         return None
 
     def finish(self) -> None:
-        if self.size <= MAX_BODY_BYTES:
-            self.inner.finish()
-        else:
-            self.inner.on_connection_close()  # drops what it had buffered
-            self.refusal().finish()
+        # The request's id, for the handler (its X-Request-ID) and every line it logs: set for
+        # this call only, the handler's own Task copies it, the connection's context keeps none.
+        token = REQUEST_ID.set(request_id_for(self.request))
+        try:
+            if self.size <= MAX_BODY_BYTES:
+                self.inner.finish()
+            else:
+                self.inner.on_connection_close()  # drops what it had buffered
+                self.refusal().finish()
+        finally:
+            REQUEST_ID.reset(token)
 
     def on_connection_close(self) -> None:
         self.inner.on_connection_close()

@@ -19,6 +19,7 @@ import tornado.httputil
 import tornado.web
 
 from tokensvc.handlers.access_log import redact
+from tokensvc.metrics import Metrics
 from tokensvc.oauth.errors import OAuthError
 from tokensvc.ratelimit import TooManyFailures
 from tokensvc.storage.base import StorageError, StoreFault
@@ -78,14 +79,18 @@ def response_for(exc: BaseException | None) -> tuple[int, Any, dict[str, str]]:
 
 
 def log_failure(request: tornado.httputil.HTTPServerRequest, exc: BaseException,
-                exc_info: Any = None) -> None:
+                exc_info: Any = None, *, metrics: Metrics | None = None) -> None:
     """The log line of a failure, for both bases: a store that is away is a warning, a fault a
     traceback with the URI redacted (never tornado's own line, which prints it raw); answers
-    (EXPECTED) are the access line's business."""
+    (EXPECTED) are the access line's business. Store failures are counted in ``metrics``."""
     if isinstance(exc, StorageError):
         log.warning("store unavailable: %s %s: %s", request.method, request.path, exc)
+        if metrics is not None:
+            metrics.store_errors.labels("unavailable").inc()
     elif isinstance(exc, StoreFault):
         log.error("store fault: %s %s: %s", request.method, request.path, exc)
+        if metrics is not None:
+            metrics.store_errors.labels("refused").inc()
     elif not isinstance(exc, EXPECTED):
         log.error("Uncaught exception %s %s", request.method, redact(request.uri or ""), exc_info=exc_info or exc)
 

@@ -36,14 +36,16 @@ from tornado.httputil import HTTPHeaders, HTTPServerRequest, ResponseStartLine
 
 from tokensvc.config import Settings
 from tokensvc.handlers import xsrf
-from tokensvc.handlers.access_log import log_access
+from tokensvc.handlers.access_log import log_access, request_id_for
 from tokensvc.handlers.body_limit import MAX_BODY_BYTES, count_body_here, too_large
 from tokensvc.handlers.errors import NotFound, log_failure, reason_phrase, response_for
 from tokensvc.handlers.inputs import RequestInput
+from tokensvc.logs import REQUEST_ID
 from tokensvc.oauth.context import OAuthContext
 
 
 HTTP_METHODS = ("GET", "POST", "PUT", "PATCH", "DELETE", "OPTIONS")
+UNMATCHED = "(unmatched)"  # the metrics' route label of a request no route matched
 JSON_CSP = "default-src 'none'; frame-ancestors 'none'"
 SECURITY_HEADERS = {
     "X-Content-Type-Options": "nosniff",
@@ -77,12 +79,15 @@ class JsonHandler(RequestInput, tornado.httputil.HTTPMessageDelegate):
     methods: ClassVar[frozenset[str]] = frozenset()  # filled in for each subclass
 
     def __init__(self, request: HTTPServerRequest, ctx: OAuthContext, config: Settings,
-                 path_args: list[bytes]) -> None:
+                 path_args: list[bytes], route: str = UNMATCHED) -> None:
         self.request = request
         self.ctx = ctx
         self.config = config
         self.path_args = path_args
+        self.route = route  # the route's pattern, for the metrics
+        self.request_id = ""
         self.log_client_id: str | None = None
+        self.log_error: str | None = None
         self.cookies: SimpleCookie | None = None  # cookies this response sets or clears
         self._chunks: list[bytes] = []
         self._size = 0
@@ -96,9 +101,9 @@ class JsonHandler(RequestInput, tornado.httputil.HTTPMessageDelegate):
         cls.methods = frozenset(methods)
 
     @classmethod
-    def route(cls, ctx: OAuthContext, config: Settings) -> tornado.routing.Router:
-        """The target to put in the application's route table."""
-        return _Route(cls, ctx, config)
+    def target(cls, ctx: OAuthContext, config: Settings, route: str = UNMATCHED) -> tornado.routing.Router:
+        """The target to put in the application's route table for ``route`` (its pattern)."""
+        return _Route(cls, ctx, config, route)
 
     # -- HTTPMessageDelegate ------------------------------------------------------------
 
@@ -120,6 +125,10 @@ class JsonHandler(RequestInput, tornado.httputil.HTTPMessageDelegate):
     # -- serving ------------------------------------------------------------------------
 
     async def _serve(self) -> None:
+        # This coroutine runs in a context of its own (start_eagerly): the id reaches every
+        # line logged while the request is served.
+        self.request_id = request_id_for(self.request)
+        REQUEST_ID.set(self.request_id)
         try:
             method = self.request.method or ""
             if method not in self.methods:
@@ -154,8 +163,10 @@ class JsonHandler(RequestInput, tornado.httputil.HTTPMessageDelegate):
             raise tornado.web.HTTPError(400, reason="Invalid unicode in the path") from None
 
     def _fail(self, exc: Exception) -> None:
-        log_failure(self.request, exc)
+        log_failure(self.request, exc, metrics=self.ctx.metrics)
         status, body, headers = response_for(exc)
+        if isinstance(body, dict) and isinstance(body.get("error"), str):
+            self.log_error = body["error"]
         if status == 405:
             headers["Allow"] = ", ".join(sorted(self.methods))
         self.send_json(body, status, headers)
@@ -174,6 +185,7 @@ class JsonHandler(RequestInput, tornado.httputil.HTTPMessageDelegate):
         for morsel in (self.cookies or {}).values():
             headers.add("Set-Cookie", morsel.OutputString())
         headers["Date"] = tornado.httputil.format_timestamp(time.time())
+        headers["X-Request-ID"] = self.request_id
         if status == 204:
             body = b""
         else:
@@ -186,7 +198,12 @@ class JsonHandler(RequestInput, tornado.httputil.HTTPMessageDelegate):
             body = b""
         connection.write_headers(ResponseStartLine("HTTP/1.1", status, reason_phrase(status)), headers, body or None)
         connection.finish()
-        log_access(status, self.request, self.log_client_id)
+        log_access(status, self.request, self.logged_client_id(), self.log_error)
+        self.ctx.metrics.request(self.route, self.request.method or "", status, self.request.request_time())
+
+    def logged_client_id(self) -> str | None:
+        """The client the access line names."""
+        return self.log_client_id
 
     def clear_cookie(self, name: str) -> None:
         """Tell the browser to drop cookie ``name`` (path ``/``)."""
@@ -208,11 +225,11 @@ class NotFoundHandler(JsonHandler):
 class _Route(tornado.routing.Router):
     """Route-table target that makes a :class:`JsonHandler` for each request it matches."""
 
-    def __init__(self, handler: type[JsonHandler], ctx: OAuthContext, config: Settings) -> None:
-        self.handler, self.ctx, self.config = handler, ctx, config
+    def __init__(self, handler: type[JsonHandler], ctx: OAuthContext, config: Settings, route: str) -> None:
+        self.handler, self.ctx, self.config, self.route = handler, ctx, config, route
 
     def find_handler(self, request: HTTPServerRequest, **kwargs: Any) -> JsonHandler:
-        return self.handler(request, self.ctx, self.config, kwargs.get("path_args") or [])
+        return self.handler(request, self.ctx, self.config, kwargs.get("path_args") or [], self.route)
 
 
 # -- running a request's coroutine ------------------------------------------------------

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 from tokensvc import schemas
+from tokensvc.handlers.errors import NotFound
 from tokensvc.handlers.json_api import JsonHandler
+from tokensvc.metrics import CONTENT_TYPE, AddressRule
 from tokensvc.storage.base import StorageError
 
 
@@ -31,6 +33,17 @@ class ReadyHandler(JsonHandler):
             raise StorageError("start-up has not prepared the store yet")
         await self.ctx.store.ping()
         self.send_json({"status": "ok"})
+
+
+class MetricsHandler(JsonHandler):
+    """``GET /metrics``: the Prometheus text exposition, to callers in ``metrics.allow``; to
+    anyone else, and when ``metrics.enabled`` is off, the 404 of a path that is not there."""
+
+    async def get(self) -> None:
+        settings = self.config.metrics
+        if not settings.enabled or not AddressRule(settings.allow).allows(self.request.remote_ip):
+            raise NotFound(f"No resource at {self.request.path}")
+        self.send(200, self.ctx.metrics.render(), CONTENT_TYPE, {"Cache-Control": "no-store"})
 
 
 class OpenAPIHandler(JsonHandler):

@@ -22,7 +22,8 @@ from tokensvc.handlers import xsrf
 from tokensvc.handlers.body_limit import too_large
 from tokensvc.handlers.errors import log_failure, response_for
 from tokensvc.handlers.inputs import RequestInput
-from tokensvc.handlers.json_api import SECURITY_HEADERS
+from tokensvc.handlers.json_api import SECURITY_HEADERS, UNMATCHED
+from tokensvc.logs import REQUEST_ID
 from tokensvc.oauth import sessions
 from tokensvc.oauth.context import OAuthContext
 from tokensvc.records import Session, User
@@ -96,15 +97,18 @@ class PageHandler(RequestInput, tornado.web.RequestHandler):
         super().__init_subclass__(**kwargs)
         cls.SUPPORTED_METHODS = defined_methods(cls)
 
-    def initialize(self, ctx: OAuthContext, config: Settings) -> None:
+    def initialize(self, ctx: OAuthContext, config: Settings, route: str = UNMATCHED) -> None:
         self.ctx = ctx
         self.config = config
+        self.route = route  # the route's pattern, for the metrics
+        self.log_error: str | None = None
         self._session: tuple[Session, User] | None | bool = False
         self._session_id = self.raw_session_id()
 
     def set_default_headers(self) -> None:
         for name, value in PAGE_HEADERS.items():
             self.set_header(name, value)
+        self.set_header("X-Request-ID", REQUEST_ID.get() or "")
 
     def redirect(self, url: str, permanent: bool = False, status: int | None = None) -> None:
         """Every Location a page writes is checked first (:func:`safe_location`)."""
@@ -170,11 +174,13 @@ class PageHandler(RequestInput, tornado.web.RequestHandler):
     # -- errors ---------------------------------------------------------------------
 
     def log_exception(self, typ, value, tb) -> None:  # type: ignore[override]
-        log_failure(self.request, value, (typ, value, tb))
+        log_failure(self.request, value, (typ, value, tb), metrics=self.ctx.metrics)
 
     def write_error(self, status_code: int, **kwargs: Any) -> None:
         exc = kwargs.get("exc_info", (None, None, None))[1]
         status, body, headers = response_for(exc) if exc is not None else (status_code, {}, {})
+        if isinstance(body, dict) and isinstance(body.get("error"), str):
+            self.log_error = body["error"]
         self.set_status(status)
         for name, value in headers.items():
             self.set_header(name, value)

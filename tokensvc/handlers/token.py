@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from tokensvc import schemas
+from tokensvc.identifiers import ID
 from tokensvc.handlers.errors import ValidationFailed
 from tokensvc.handlers.json_api import TOKEN_HEADERS, JsonHandler
 from tokensvc.oauth import bearer, clientauth, grants, introspection, revocation, sessions
@@ -22,6 +23,17 @@ class TokenEndpoint(JsonHandler):
                                form.get("client_secret"), self.request.remote_ip or "-", self.request.path)
         self.log_client_id = clientauth.named_client_id(caller)
         return caller
+
+    def logged_client_id(self) -> str | None:
+        """The client the request proved or named; for one that failed before its client was
+        read, the well-formed client id it claims (Basic, or ``client_id`` in the body)."""
+        if self.log_client_id is not None:
+            return self.log_client_id
+        claimed = self.request.body_arguments.get("client_id") or [b""]
+        caller = ClientRequest(self.request.headers.get("Authorization"), claimed[0].decode("utf-8", "replace"),
+                               None, "-", self.request.path)
+        named = clientauth.named_client_id(caller)
+        return named if named and ID.fullmatch(named) else None
 
     def named_caller(self, form: dict[str, str]) -> ClientRequest:
         caller = self.caller(form)

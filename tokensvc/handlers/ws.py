@@ -20,6 +20,7 @@ from tokensvc.handlers.auth import AuthMixin
 from tokensvc.handlers.errors import log_failure, response_for
 from tokensvc.handlers.inputs import RequestInput
 from tokensvc.handlers.json_api import SECURITY_HEADERS, dumps
+from tokensvc.logs import REQUEST_ID
 from tokensvc.oauth import principal as principals
 from tokensvc.oauth.context import OAuthContext
 from tokensvc.oauth.errors import OAuthError
@@ -34,8 +35,10 @@ class EchoSocket(AuthMixin, RequestInput, tornado.websocket.WebSocketHandler):
     accept_query_token = True
     SUPPORTED_METHODS = ("GET", "HEAD")  # anything else: 405 with Allow, before any other check
 
-    def initialize(self, ctx: OAuthContext, config: Settings) -> None:
-        self.ctx, self.config = ctx, config
+    def initialize(self, ctx: OAuthContext, config: Settings, route: str = "/v1/ws") -> None:
+        self.ctx, self.config, self.route = ctx, config, route
+        self.opened = False
+        self.log_error: str | None = None
         self._timers: list[Any] = []
         self._checking = False
 
@@ -53,7 +56,7 @@ class EchoSocket(AuthMixin, RequestInput, tornado.websocket.WebSocketHandler):
         await self.get(*args, **kwargs)
 
     def log_exception(self, typ, value, tb) -> None:  # type: ignore[override]
-        log_failure(self.request, value, (typ, value, tb))  # the URI redacted (its access_token)
+        log_failure(self.request, value, (typ, value, tb), metrics=self.ctx.metrics)  # the URI redacted
 
     def write_error(self, status_code: int, **kwargs: Any) -> None:
         """Errors before the upgrade (a 405) in the JSON API's shape and headers."""
@@ -65,8 +68,11 @@ class EchoSocket(AuthMixin, RequestInput, tornado.websocket.WebSocketHandler):
         status, body, headers = response_for(exc)
         if status == 405:
             headers = {**headers, "Allow": ", ".join(sorted(self.SUPPORTED_METHODS))}
+        if isinstance(body, dict) and isinstance(body.get("error"), str):
+            self.log_error = body["error"]
         self.set_status(status)
-        for name, value in {**SECURITY_HEADERS, **headers, "Content-Type": "application/json"}.items():
+        for name, value in {**SECURITY_HEADERS, **headers, "Content-Type": "application/json",
+                            "X-Request-ID": REQUEST_ID.get() or ""}.items():
             self.set_header(name, value)
         self.finish(dumps(body))
 
@@ -82,6 +88,8 @@ class EchoSocket(AuthMixin, RequestInput, tornado.websocket.WebSocketHandler):
         # Revocations reach the socket as announcements (oauth.events), from this process and,
         # through the process's one relay, from every other: no socket polls on its own.
         self.ctx.events.subscribe(self._on_revocation)
+        self.opened = True
+        self.ctx.metrics.websockets_open.inc()
         loop = tornado.ioloop.IOLoop.current()
         expires_at = principal.token.expires_at if principal.token else principal.session.expires_at
         self._timers.append(loop.call_at(loop.time() + max(0.0, (expires_at - self.ctx.clock()).total_seconds()),
@@ -97,6 +105,9 @@ class EchoSocket(AuthMixin, RequestInput, tornado.websocket.WebSocketHandler):
 
     def on_close(self) -> None:
         self.ctx.events.unsubscribe(self._on_revocation)
+        if self.opened:
+            self.opened = False
+            self.ctx.metrics.websockets_open.dec()
         loop = tornado.ioloop.IOLoop.current()
         for timer in self._timers:
             loop.remove_timeout(timer)

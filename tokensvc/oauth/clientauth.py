@@ -16,8 +16,8 @@ from urllib.parse import unquote_plus
 from tokensvc import logs
 from tokensvc.oauth import hashing
 from tokensvc.oauth.errors import InvalidClient, InvalidRequest
+from tokensvc.ratelimit import TooManyFailures
 from tokensvc.records import Client
-from tokensvc.storage.base import Store
 
 if TYPE_CHECKING:  # the context's metadata names this module's methods
     from tokensvc.oauth.context import OAuthContext
@@ -117,6 +117,7 @@ async def authenticate_request(ctx: OAuthContext, request: ClientRequest) -> Cli
         keys = limits.client_keys(None, request.address)
         limits.failed(keys)
         _audit_failure(None, request)
+        ctx.metrics.client_auth_failures.inc()
         await limits.failed_everywhere(keys)
         raise
     if creds is None:
@@ -125,11 +126,16 @@ async def authenticate_request(ctx: OAuthContext, request: ClientRequest) -> Cli
     client = await ctx.store.get_client(creds.client_id)
     # Counted and checked with no wait in between: of N concurrent wrong attempts only the
     # limit's worth are checked, and concurrent right ones never pile up against the limit.
-    attempt = limits.reserve(keys)
+    try:
+        attempt = limits.reserve(keys)
+    except TooManyFailures:
+        ctx.metrics.rate_limited.labels("client_auth").inc()
+        raise
     try:
         verify(client, creds)
     except InvalidClient:
         _audit_failure(creds.client_id, request)
+        ctx.metrics.client_auth_failures.inc()
         await limits.failed_everywhere(keys)
         raise
     limits.release(attempt)

@@ -1,6 +1,6 @@
 """What every protocol operation needs: the store, the token lifetimes, a clock, a place to
-announce revocations (open WebSockets listen there), the brute-force limits, and the server's
-own metadata."""
+announce revocations (open WebSockets listen there), the brute-force limits, the server's
+own metadata, and the metrics it counts."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from datetime import datetime
 from typing import Any
 
 from tokensvc.config import LimitSettings, Settings, TokenSettings
+from tokensvc.metrics import Metrics
 from tokensvc.oauth.events import RevocationEvents
 from tokensvc.oauth.metadata import server_metadata
 from tokensvc.ratelimit import FailureLimits, SharedFailureCounts
@@ -26,6 +27,7 @@ class OAuthContext:
     events: RevocationEvents = field(default_factory=lambda: RevocationEvents())
     limits: FailureLimits = field(default_factory=lambda: FailureLimits(LimitSettings()))
     metadata: dict[str, Any] = field(default_factory=dict)  # RFC 8414, see oauth.metadata
+    metrics: Metrics = field(default_factory=Metrics)  # GET /metrics
 
     @classmethod
     def from_settings(cls, settings: Settings, store: Store, **overrides: object) -> OAuthContext:

@@ -104,6 +104,7 @@ async def exchange_code(ctx: OAuthContext, client: Client, code: str, redirect_u
         await _spent(ctx, await store.get_code(code_hash) or record)
     await _sweep_if_grant_revoked(ctx, grant, pair)
     _audit("token_issued", "success", client.client_id, record.subject, grant="authorization_code")
+    ctx.metrics.tokens_issued.labels("authorization_code").inc()
     return _response(ctx, pair, record.scopes)
 
 
@@ -132,8 +133,9 @@ async def _spent(ctx: OAuthContext, record: AuthorizationCode) -> None:
 async def _code_replayed(ctx: OAuthContext, record: AuthorizationCode) -> None:
     """RFC 6749 §4.1.2: a code used twice revokes what it was first exchanged for."""
     grant = await ctx.store.find_grant(record.client_id, record.subject)
-    revoked = await revoke_grant(ctx, grant) if grant is not None else 0
+    revoked = await revoke_grant(ctx, grant, "code_reuse") if grant is not None else 0
     _audit("code_reuse", "grant_revoked", record.client_id, record.subject, tokens_revoked=revoked)
+    ctx.metrics.code_reuse.inc()
     raise InvalidGrant("The authorization code was already used")
 
 
@@ -168,6 +170,7 @@ async def refresh(ctx: OAuthContext, client: Client, refresh_token: str, scope: 
         raise InvalidGrant("The refresh token is no longer valid")
     await _sweep_if_grant_revoked(ctx, grant, pair)
     _audit("token_refreshed", "success", client.client_id, old.subject)
+    ctx.metrics.tokens_issued.labels("refresh_token").inc()
     return _response(ctx, pair, granted)
 
 
@@ -191,8 +194,9 @@ async def _rotated_presented(ctx: OAuthContext, client: Client, rotated: Token, 
     if granted is not None:
         return granted
     grant = await ctx.store.get_grant(rotated.grant_id)
-    revoked = await revoke_grant(ctx, grant) if grant is not None else 0
+    revoked = await revoke_grant(ctx, grant, "refresh_reuse") if grant is not None else 0
     _audit("refresh_reuse", "grant_revoked", client.client_id, rotated.subject, tokens_revoked=revoked)
+    ctx.metrics.refresh_reuse.inc()
     raise InvalidGrant("The refresh token was already used")
 
 
@@ -225,6 +229,7 @@ async def _grace_retry(ctx: OAuthContext, client: Client, rotated: Token, now: d
     ctx.events.revoked()
     await _sweep_if_grant_revoked(ctx, grant, pair)
     _audit("token_refreshed", "success", client.client_id, rotated.subject, retry_within_grace=True)
+    ctx.metrics.tokens_issued.labels("refresh_token").inc()
     return _response(ctx, pair, rotated.scopes)
 
 
@@ -265,8 +270,10 @@ def _response(ctx: OAuthContext, pair: _Pair, granted: list[str]) -> TokenRespon
     return TokenResponse(pair.access, pair.refresh, ctx.tokens.access_ttl, scopes.render(granted))
 
 
-async def revoke_grant(ctx: OAuthContext, grant: Grant) -> int:
-    """Revoke a grant and every token of it, and tell open sockets."""
+async def revoke_grant(ctx: OAuthContext, grant: Grant, reason: str) -> int:
+    """Revoke a grant and every token of it, and tell open sockets. ``reason`` labels the
+    count in ``tokensvc_tokens_revoked_total``."""
     count = await ctx.store.revoke_grant(grant.grant_id, ctx.clock())
+    ctx.metrics.tokens_revoked.labels(reason).inc(count)
     ctx.events.revoked()
     return count

@@ -31,14 +31,16 @@ async def revoke_token(ctx: OAuthContext, token: str, client: Client | None) -> 
         return False
     store, now = ctx.store, ctx.clock()
     revoked = await store.revoke_token(record.token_hash, now)
+    count = int(revoked)
     if record.token_type == REFRESH:
-        await store.revoke_grant_tokens(record.grant_id, now, token_type=ACCESS)
+        count += await store.revoke_grant_tokens(record.grant_id, now, token_type=ACCESS)
         # Every descendant, not one line of them: a grace retry gives a token two children.
         parents = [record.token_hash]
         while parents:
             parent = parents.pop()
-            await store.revoke_children(parent, now)
+            count += await store.revoke_children(parent, now)
             parents += [child.token_hash for child in await store.list_children(parent) if child.token_type == REFRESH]
+    ctx.metrics.tokens_revoked.labels("client").inc(count)
     ctx.events.revoked()
     logs.audit("token_revoked", {
         "client_id": record.client_id, "subject": record.subject.id, "token_type": record.token_type,
@@ -56,7 +58,7 @@ async def revoke_grant_of(ctx: OAuthContext, token: str | None) -> bool:
         await ctx.store.revoke_token(record.token_hash, ctx.clock())
         ctx.events.revoked()
         return True
-    count = await revoke_grant(ctx, grant)
+    count = await revoke_grant(ctx, grant, "grant")
     logs.audit("grant_revoked", {
         "client_id": record.client_id, "subject": record.subject.id, "tokens_revoked": count, "outcome": "revoked"})
     return True
@@ -68,7 +70,7 @@ async def revoke_connected_app(ctx: OAuthContext, subject: Subject, client_id: s
     grant = await ctx.store.find_grant(client_id, subject)
     if grant is None or grant.revoked_at is not None:
         return False
-    count = await revoke_grant(ctx, grant)
+    count = await revoke_grant(ctx, grant, "user")
     logs.audit("grant_revoked", {
         "client_id": client_id, "subject": subject.id, "tokens_revoked": count, "outcome": "revoked_by_user"},
         message="connected app removed")

@@ -24,11 +24,13 @@ async def sign_in(ctx: OAuthContext, username: str, password: str, address: str)
     except TooManyFailures:
         logs.audit("login", {"username": username, "outcome": "rate_limited", "remote_ip": address},
                    logging.WARNING, "login refused")
+        ctx.metrics.rate_limited.labels("login").inc()
         raise
     user = await check_password(ctx, username, password)
     if user is None:
         logs.audit("login", {"username": username, "outcome": "failure", "remote_ip": address},
                    logging.WARNING, "login failed")
+        ctx.metrics.login_failures.inc()
         await limits.failed_everywhere(keys)
         return None
     limits.release(attempt)
