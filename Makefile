@@ -10,12 +10,17 @@ $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade "pip>=23"
 
+# setuptools prints a standing caveat with every editable install ("Editable installation ...
+# folders with the same name"); it says nothing about this package, which builds without a
+# warning (tests/test_packaging.py), so it is filtered here and nowhere else.
+EDITABLE := PYTHONWARNINGS="ignore:Editable installation"
+
 $(VENV)/.installed-run: $(BIN)/python setup.cfg pyproject.toml
-	$(BIN)/python -m pip install --quiet -e .
+	$(EDITABLE) $(BIN)/python -m pip install --quiet -e .
 	@touch $@
 
 $(VENV)/.installed-test: $(BIN)/python setup.cfg pyproject.toml
-	$(BIN)/python -m pip install --quiet -e '.[test]'
+	$(EDITABLE) $(BIN)/python -m pip install --quiet -e '.[test]'
 	@touch $@ $(VENV)/.installed-run
 
 run: $(VENV)/.installed-run

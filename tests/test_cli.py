@@ -257,3 +257,63 @@ def test_clients_add_refuses_a_javascript_redirect_uri(run):
     assert code == 1 and out == ""
     assert err == "tokensvc: not a valid redirect URI (the javascript: scheme is never a redirect target): " \
                   "'javascript:alert(1)'\n"
+
+
+def test_tokens_purge_on_the_memory_backend_explains_it_purges_itself(tmp_path, capsys):
+    path = tmp_path / "memory.toml"
+    path.write_text('cookie_secret = "0123456789abcdef0123"\n')
+    assert cli.main(["tokens", "purge", "--config", str(path)]) == 1
+    err = capsys.readouterr().err
+    assert "lives inside the running server, which purges its expired codes" in err
+    assert "come from the config file" not in err
+
+
+@pytest.mark.gen_test
+async def test_the_running_memory_store_purges_itself():
+    import asyncio
+    from datetime import timedelta
+
+    from tokensvc.bootstrap import purge_periodically
+    from tokensvc.records import Session, utcnow
+    from tokensvc.storage.memory import MemoryStore
+
+    store = MemoryStore()
+    now = utcnow()
+    await store.add_session(Session("old", "u", now - timedelta(hours=2), now - timedelta(hours=1)))
+    await store.add_session(Session("live", "u", now, now + timedelta(hours=1)))
+    task = asyncio.ensure_future(purge_periodically(store, every=0.01))
+    await asyncio.sleep(0.05)
+    task.cancel()
+    assert await store.get_session("old") is None and await store.get_session("live") is not None
+
+
+def test_json_errors_are_json_on_stderr_with_the_same_exit_codes(tmp_path, config_path, capsys):
+    memory = tmp_path / "memory.toml"
+    memory.write_text('cookie_secret = "0123456789abcdef0123"\n')
+    cases = [
+        (["clients", "list", "--config", str(memory), "--json"], "come from the config file"),
+        (["clients", "list", "--config", "/no/such.toml", "--json"], "config file not found"),
+        (["clients", "list", "--config", config_path, "--json"], "the store is not answering"),
+        (["config", "check", "--config", "/no/such.toml", "--json"], "config file not found"),
+    ]
+    for argv, words in cases:
+        assert cli.main(argv) == 1
+        out, err = capsys.readouterr()
+        assert out == "" and err.endswith("\n") and err.count("\n") == 1
+        assert words in json.loads(err)["error"], err
+
+
+def test_users_not_found_is_json_too(run):
+    code, _, err = run("users", "remove", "nobody", json_out=True)
+    assert code == 1 and set(json.loads(err)) == {"error"}
+
+
+def test_config_check_applies_the_password_rules_of_users_add(tmp_path, capsys, run):
+    path = tmp_path / "short.toml"
+    path.write_text('demo = true\n[[users]]\nusername = "eve"\npassword = "x"\n')
+    assert cli.main(["config", "check", "--config", str(path)]) == 1
+    config_error = capsys.readouterr().err
+    code, _, add_error = run("users", "add", "eve", "--password-stdin", stdin="x\n")
+    assert code == 1
+    assert "a password needs at least 8 characters" in config_error and "users[0].password" in config_error
+    assert "a password needs at least 8 characters" in add_error

@@ -12,7 +12,7 @@ import secrets
 
 from tokensvc import logs
 from tokensvc.bootstrap import new_user_id
-from tokensvc.identifiers import ID, USERNAME, is_url, redirect_uri_problem
+from tokensvc.identifiers import ID, USERNAME, is_url, password_problem, redirect_uri_problem
 from tokensvc.oauth import hashing, scopes as scope_rules
 from tokensvc.oauth.context import OAuthContext
 from tokensvc.oauth.grants import revoke_grant
@@ -110,8 +110,9 @@ async def remove_client(ctx: OAuthContext, client_id: str) -> int:
 
 
 async def _hash_password(password: str) -> str:
-    if len(password) < 8:
-        raise AdminError("a password needs at least 8 characters")
+    problem = password_problem(password)
+    if problem is not None:
+        raise AdminError(problem)
     return await asyncio.get_running_loop().run_in_executor(None, hashing.hash_password, password)
 
 

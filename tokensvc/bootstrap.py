@@ -88,3 +88,22 @@ async def prepare(store: Store, config: Settings, *, first_delay: float = 1.0, m
             log.warning("store not ready (%s); retrying in %.0fs", exc, delay)
             await asyncio.sleep(delay)
             delay = min(delay * 2, max_delay)
+
+
+# The memory store has no TTL indexes: the server purges it itself, this often.
+MEMORY_PURGE_SECONDS = 300
+
+
+async def purge_periodically(store: Store, every: float = MEMORY_PURGE_SECONDS) -> None:
+    """Delete expired codes, tokens and sessions every ``every`` seconds, until cancelled
+    (the memory backend's housekeeping; MongoDB's TTL indexes do it there)."""
+    while True:
+        await asyncio.sleep(every)
+        try:
+            counts = await store.purge_expired(utcnow())
+        except StorageError as exc:
+            log.warning("could not purge expired records: %s", exc)
+            continue
+        if any(counts.values()):
+            log.info("purged %d expired codes, %d tokens, %d sessions", counts["codes"], counts["tokens"],
+                     counts["sessions"])

@@ -69,7 +69,7 @@ async def serve(settings: Settings, sockets: list[socket.socket]) -> None:
     import tornado.process
 
     from tokensvc.app import make_app
-    from tokensvc.bootstrap import prepare
+    from tokensvc.bootstrap import prepare, purge_periodically
     from tokensvc.oauth import events
 
     if settings.demo:
@@ -87,6 +87,7 @@ async def serve(settings: Settings, sockets: list[socket.socket]) -> None:
     # One relay per process: revocations made by the other processes sharing the store
     # reach this process's WebSockets within a second.
     relaying = asyncio.create_task(events.relay(store, ctx.events))
+    housekeeping = [asyncio.create_task(purge_periodically(store))] if settings.storage.backend == "memory" else []
     # Bodies are limited by the routes, which answer 413 (handlers/body_limit.py).
     server = tornado.httpserver.HTTPServer(app, xheaders=settings.xheaders,
                                            idle_connection_timeout=settings.server.idle_timeout,
@@ -110,6 +111,8 @@ async def serve(settings: Settings, sockets: list[socket.socket]) -> None:
     await stop.wait()
     preparing.cancel()
     relaying.cancel()
+    for task in housekeeping:
+        task.cancel()
     server.stop()
     await store.close()
     if _failed(preparing):
@@ -170,6 +173,14 @@ def _flatten(data: Any, prefix: str = "") -> list[str]:
 # -- operator commands ---------------------------------------------------------------------
 
 StoreFactory = Callable[[Settings], Store]
+MEMORY_STATE = (
+    "the memory backend keeps its state inside the running server: clients, users and "
+    "installations come from the config file ([[clients]], [[users]], [[installations]]). "
+    "Set storage.backend = \"mongodb\" (or TOKENSVC_STORAGE_BACKEND=mongodb) to manage them here.")
+MEMORY_PURGES_ITSELF = (
+    "the memory backend's store lives inside the running server, which purges its expired codes, "
+    "tokens and sessions itself (every few minutes); there is nothing to purge from here. "
+    "On MongoDB, TTL indexes remove them and `tokens purge` removes what they have not yet.")
 
 
 def _store_commands(factory: StoreFactory | None) -> Callable[[argparse.Namespace], int]:
@@ -178,10 +189,7 @@ def _store_commands(factory: StoreFactory | None) -> Callable[[argparse.Namespac
     def run(args: argparse.Namespace) -> int:
         settings = load_settings(args)
         if factory is None and settings.storage.backend == "memory":
-            raise CommandError(
-                "the memory backend keeps its state inside the running server: clients, users and "
-                "installations come from the config file ([[clients]], [[users]], [[installations]]). "
-                "Set storage.backend = \"mongodb\" (or TOKENSVC_STORAGE_BACKEND=mongodb) to manage them here.")
+            raise CommandError(MEMORY_PURGES_ITSELF if args.action is tokens_purge else MEMORY_STATE)
         store = factory(settings) if factory is not None else make_store(settings.storage)
         ctx = OAuthContext.from_settings(settings, store)
 
@@ -415,6 +423,15 @@ def build_parser(store_factory: StoreFactory | None = None) -> argparse.Argument
     return parser
 
 
+def _error(args: argparse.Namespace, message: str, code: int = 1) -> int:
+    """An error on standard error: one line, or with ``--json`` one JSON object."""
+    if getattr(args, "json", False):
+        print(json.dumps({"error": message}), file=sys.stderr)
+    else:
+        print(f"tokensvc: {message}", file=sys.stderr)
+    return code
+
+
 def main(argv: Sequence[str] | None = None, *, store_factory: StoreFactory | None = None) -> int:
     """The ``tokensvc`` command. ``store_factory`` replaces the configured store (tests)."""
     parser = build_parser(store_factory)
@@ -426,14 +443,9 @@ def main(argv: Sequence[str] | None = None, *, store_factory: StoreFactory | Non
         if getattr(args, "password_stdin", None) is not None:
             args.password = read_password(args)
         return args.func(args)
-    except (ConfigError, CommandError) as exc:
-        print(f"tokensvc: {exc}", file=sys.stderr)
-        return 1
+    except (ConfigError, CommandError, StoreFault) as exc:
+        return _error(args, str(exc))
     except StorageError as exc:
-        print(f"tokensvc: the store is not answering: {exc}", file=sys.stderr)
-        return 1
-    except StoreFault as exc:
-        print(f"tokensvc: {exc}", file=sys.stderr)
-        return 1
+        return _error(args, f"the store is not answering: {exc}")
     except KeyboardInterrupt:
         return 130

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
-from tokensvc.identifiers import ID, USERNAME, is_url, redirect_uri_problem
+from tokensvc.identifiers import ID, USERNAME, is_url, password_problem, redirect_uri_problem
 
 log = logging.getLogger(__name__)
 
@@ -403,6 +403,9 @@ def validate(settings: Settings) -> None:
         names.add(user.username)
         if (user.password is None) == (user.password_hash is None):
             raise ConfigError(f"{key}: give exactly one of password or password_hash")
+        problem = password_problem(user.password) if user.password is not None else None
+        if problem is not None:
+            raise ConfigError(f"{key}.password: {problem} (the rule of `tokensvc users add`)")
     for i, inst in enumerate(settings.installations):
         key = f"installations[{i}]"
         if not ID.match(inst.installation_id):

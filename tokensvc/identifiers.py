@@ -11,6 +11,15 @@ from urllib.parse import urlsplit
 ID_CHARS = re.compile(r"^[A-Za-z0-9._~-]+$")  # the characters alone (the length is checked apart)
 ID = re.compile(r"^[A-Za-z0-9._~-]{1,128}$")
 USERNAME = re.compile(r"^[A-Za-z0-9._@-]{1,64}$")
+MIN_PASSWORD_LENGTH = 8
+
+
+def password_problem(password: str) -> str | None:
+    """Why ``password`` cannot be a user's password (``users add``, ``users set-password`` and
+    the config's ``[[users]]`` alike), or None when it can."""
+    if len(password) < MIN_PASSWORD_LENGTH:
+        return f"a password needs at least {MIN_PASSWORD_LENGTH} characters"
+    return None
 
 
 NEVER_REDIRECT_SCHEMES = frozenset({"javascript", "data", "file", "vbscript", "blob", "about", "filesystem"})
