@@ -71,11 +71,12 @@ async def test_a_route_that_ignores_its_body_ignores_any_size(http_client, base_
 
 
 def raw_request(port: int, head: bytes, body_pieces) -> bytes:
+    """Send a ``Connection: close`` request and read until the server closes. The sending side
+    stays open, as an HTTP client's does: Tornado ends a connection whose peer half-closes."""
     with socket.create_connection(("127.0.0.1", port), timeout=30) as conn:
         conn.sendall(head)
         for piece in body_pieces:
             conn.sendall(piece)
-        conn.shutdown(socket.SHUT_WR)
         answer = b""
         while chunk := conn.recv(65536):
             answer += chunk
