@@ -10,6 +10,8 @@ import requests
 from authlib.integrations.requests_client import OAuth2Session
 from authlib.common.security import generate_token
 
+from tokensvc import cli
+
 from service import WEBAPP_SECRET, free_port, start_service, user_agent_authorize
 
 pytestmark = pytest.mark.e2e
@@ -109,8 +111,9 @@ def test_service_starts_without_its_database_and_answers_503(tmp_path):
     assert "store not ready" in output
 
 
-def test_demo_mode_says_so_and_shows_its_generated_secret(tmp_path):
+def test_demo_mode_says_so_and_never_logs_its_generated_secret(tmp_path):
     import json
+    import re
     import subprocess
     import sys
     import time
@@ -136,7 +139,8 @@ def test_demo_mode_says_so_and_shows_its_generated_secret(tmp_path):
     entries = [json.loads(line) for line in err.splitlines()]
     messages = [entry["message"] for entry in entries]
     assert any(message.startswith("DEMO MODE: this configuration is for trying tokensvc out") for message in messages)
-    assert any(message.startswith("DEMO MODE: generated cookie secret ") for message in messages)
+    assert f"DEMO MODE: {cli.GENERATED_SECRET_NOTICE}" in messages  # the notice, never the secret
+    assert not re.search(r"[A-Za-z0-9_-]{40,}", err)  # a generated secret is 43 such characters
     access = [entry["access"] for entry in entries if entry["logger"] == "tokensvc.access"]
     assert access and access[-1]["path"] == "/oauth/revoke?token=***&code=***" and access[-1]["status"] == 200
     assert "SECRET-TOKEN" not in err and "SECRET-CODE" not in err

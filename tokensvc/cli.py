@@ -22,6 +22,8 @@ from tokensvc.records import Client
 from tokensvc.storage import StorageError, Store, StoreFault, make_store
 
 log = logging.getLogger("tokensvc")
+GENERATED_SECRET_NOTICE = ("generated a random cookie secret: sessions and XSRF tokens end when the process "
+                           "restarts; set cookie_secret to keep them")
 
 
 class CommandError(Exception):
@@ -75,8 +77,8 @@ async def serve(settings: Settings, sockets: list[socket.socket]) -> None:
     if settings.demo:
         log.warning("DEMO MODE: this configuration is for trying tokensvc out, not for production.")
         if settings.generated_cookie_secret:
-            log.warning("DEMO MODE: generated cookie secret %s (sessions end when the process restarts)",
-                        settings.cookie_secret)
+            # The secret itself is never logged: it signs every session cookie and XSRF token.
+            log.warning("DEMO MODE: %s", GENERATED_SECRET_NOTICE)
     store = make_store(settings.storage)
     store.prepared = False
     preparing = asyncio.create_task(prepare(store, settings))
