@@ -21,15 +21,25 @@ import tornado.httpserver
 from tokensvc import config as config_module, logs
 from tokensvc.app import make_app
 from tokensvc.bootstrap import seed
-from tokensvc.oauth import hashing, pkce
+from tokensvc.oauth import hashing, pkce, tokens as token_format
 from tokensvc.oauth.context import OAuthContext
-from tokensvc.oauth.grants import _mint
-from tokensvc.records import AuthorizationCode, Subject, User, utcnow
+from tokensvc.records import AuthorizationCode, Family, Grant, Subject, User, utcnow
 from tokensvc.storage.memory import MemoryStore
 
 CLIENT_SECRET = "bench-client-secret"
 REDIRECT = "http://127.0.0.1:1/cb"
 VERIFIER = "dBjftJeZ4CVP-mB92K27uhbUJU1p1r_wW1gFWFOEjXk"
+
+
+def new_family(ctx: OAuthContext, grant: Grant, now) -> tuple[token_format.Minted, Family]:
+    """A family as a code's redemption starts it: its pair's secrets, and its record."""
+    secret = token_format.family_secret(hashing.new_secret(), VERIFIER)
+    minted = token_format.mint(secret, list(grant.scopes), now, ctx.tokens.access_ttl, ctx.tokens.refresh_ttl)
+    pair = minted.pair
+    family = Family(token_format.family_id(secret), grant.grant_id, grant.client_id, grant.user_id,
+                    grant.installation_id, grant.generation, list(pair.scopes), now, pair.refresh_hash,
+                    pair.access_hash, now, pair.expires_at, pair.access_expires_at, renewed_at=now)
+    return minted, family
 
 
 def settings(port: int) -> config_module.Settings:
@@ -47,7 +57,6 @@ async def fill(ctx: OAuthContext, out: Path, tokens: int, codes: int, refresh: i
     """Each operation gets its own user (so its own grant) and its own files, and the warm-up
     its own pool of single-use values: a replay would revoke a whole grant."""
     store = ctx.store
-    client = await store.get_client("bench")
     now = utcnow()
 
     async def grant_of(username: str):
@@ -56,16 +65,12 @@ async def fill(ctx: OAuthContext, out: Path, tokens: int, codes: int, refresh: i
         return user, await store.save_grant("bench", Subject(user_id=user.user_id), ["read", "write"], now)
 
     async def pairs(grant, count: int, keep: str) -> list[str]:
-        secrets, batch = [], []
+        secrets = []
         for _ in range(count):
-            pair = _mint(ctx, client, grant, ["read", "write"], parent_hash=None, now=now)
-            batch.extend(pair.records if keep == "refresh" else pair.records[:1])
+            minted, family = new_family(ctx, grant, now)
+            await store.create_family(family)
             if len(secrets) < 10_000 or keep == "refresh":
-                secrets.append(pair.refresh if keep == "refresh" else pair.access)
-            if len(batch) >= 10_000:
-                await store.add_tokens(batch)
-                batch = []
-        await store.add_tokens(batch)
+                secrets.append(minted.refresh_token if keep == "refresh" else minted.access_token)
         return secrets
 
     def write(name: str, lines: list[str]) -> None:

@@ -216,6 +216,16 @@ async def post_form(client: AsyncHTTPClient, url: str, form: dict[str, str],
                               raise_error=False)
 
 
+async def family_of(store: Any, token: str) -> Any:
+    """The family record a token (access or refresh) belongs to, or None; read straight from
+    the store, whatever the token's state."""
+    from tokensvc.oauth import hashing, tokens
+
+    if tokens.is_refresh_format(token):
+        return (await store.get_family(tokens.family_id(token.split(tokens.SEPARATOR)[0])))[0]
+    return (await store.find_access(hashing.digest(token)))[0]
+
+
 def new_verifier() -> tuple[str, str]:
     import secrets
 

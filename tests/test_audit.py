@@ -35,8 +35,8 @@ async def test_every_security_event_is_audited_without_secrets(browser, http_cli
     seen = [(event["event"], event["outcome"]) for event in events]
     for expected in [("login", "failure"), ("login", "success"), ("consent", "denied"), ("consent", "allowed"),
                      ("code_issued", "success"), ("token_issued", "success"), ("token_refreshed", "success"),
-                     ("token_revoked", "revoked"), ("refresh_reuse", "grant_revoked"),
-                     ("code_reuse", "grant_revoked")]:
+                     ("token_revoked", "revoked"), ("refresh_reuse", "family_revoked"),
+                     ("code_reuse", "family_revoked")]:
         assert expected in seen, (expected, seen)
     alice_events = [event for event in events if event["event"] not in ("login",)]
     assert all(event.get("client_id") == "skyplanner" for event in alice_events)

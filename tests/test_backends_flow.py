@@ -75,7 +75,7 @@ async def dump(store) -> str:
     """Everything the store holds, as text."""
     if isinstance(store, MongoStore):
         parts = []
-        for name in ("clients", "users", "installations", "grants", "codes", "tokens", "sessions"):
+        for name in ("clients", "users", "installations", "grants", "codes", "families", "sessions"):
             parts.append(repr(await store._db[name].find({}).to_list(None)))
         return "\n".join(parts)
     return repr(vars(store))
@@ -123,7 +123,7 @@ async def test_every_query_is_served_by_an_index(browser, http_client, base_url,
     """Each filter the store issues starts with an indexed field (checked on mongomock, which
     has no query planner); against a real server, ``explain()`` must show no COLLSCAN."""
     log: list[tuple[str, dict]] = []
-    for name in ("clients", "users", "installations", "grants", "codes", "tokens", "sessions"):
+    for name in ("clients", "users", "installations", "grants", "codes", "families", "sessions"):
         setattr(store, name, RecordingCollection(name, getattr(store, name), log))
     await full_flow(browser, http_client, base_url)
     assert log

@@ -79,7 +79,10 @@ async def test_mongodb_client_options_are_set_in_code_whatever_the_uri_says():
 def test_the_refresh_grace_defaults_by_backend():
     assert make_config().tokens.refresh_grace_seconds == 0
     on_mongodb = make_config(storage={"backend": "mongodb"})
-    assert on_mongodb.tokens.refresh_grace_seconds == config_module.MONGODB_REFRESH_GRACE == 30
+    # The whole retry budget: the first attempt's timeout, Retry-After, the retry's timeout.
+    assert on_mongodb.tokens.refresh_grace_seconds == 2 * 15 + config_module.STORE_RETRY_AFTER_SECONDS == 35
+    slower = make_config(storage={"backend": "mongodb", "timeout_ms": 20500})
+    assert slower.tokens.refresh_grace_seconds == 2 * 21 + 5
     assert make_config(storage={"backend": "mongodb"}, tokens={"refresh_grace_seconds": 0}).tokens.refresh_grace_seconds == 0
     with pytest.raises(ConfigError, match="storage.timeout_ms"):
         make_config(storage={"timeout_ms": 0})

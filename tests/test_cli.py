@@ -132,10 +132,10 @@ def test_users_round_trip(run, mongo):
     code, out, _ = run("users", "list")
     assert "dave" in out and "yes" in out
     code, out, _ = run("users", "set-password", "dave", "--password-stdin", stdin="new-password\n", json_out=True)
-    assert code == 0 and out == {"username": "dave", "password_set": True, "sessions_ended": 0, "tokens_revoked": 0}
+    assert code == 0 and out == {"username": "dave", "password_set": True, "sessions_ended": 0, "families_revoked": 0}
     assert hashing.verify_password("new-password", stored(mongo, "users")[0]["password_hash"])
     code, out, _ = run("users", "set-password", "dave", "--keep-grants", "--password-stdin", stdin="third-password\n")
-    assert code == 0 and out == "password of dave changed; 0 web sessions ended, 0 tokens revoked\n"
+    assert code == 0 and out == "password of dave changed; 0 web sessions ended, 0 token families revoked\n"
     code, out, _ = run("users", "remove", "dave")
     assert code == 0 and stored(mongo, "users") == []
 
@@ -183,10 +183,10 @@ def test_tokens_purge_prints_counts(run, mongo):
 
     asyncio.run(seed_expired())
     code, out, _ = run("tokens", "purge", json_out=True)
-    assert code == 0 and out == {"codes": 3, "tokens": 0, "sessions": 0}
+    assert code == 0 and out == {"codes": 3, "families": 0, "sessions": 0}
     assert [doc["_id"] for doc in stored(mongo, "codes")] == ["live"]
     code, out, _ = run("tokens", "purge")
-    assert out.strip() == "purged 0 expired codes, 0 expired tokens, 0 expired sessions"
+    assert out.strip() == "purged 0 expired codes, 0 expired token families, 0 expired sessions"
 
 
 def test_memory_backend_explains_where_clients_come_from(tmp_path, capsys):

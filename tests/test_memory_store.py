@@ -9,7 +9,7 @@ from datetime import timedelta
 
 import pytest
 
-from tokensvc.records import REFRESH, AuthorizationCode, Session, Subject, Token, utcnow
+from tokensvc.records import AuthorizationCode, Family, Pair, Session, Subject, utcnow
 from tokensvc.storage.memory import MemoryStore
 
 
@@ -21,16 +21,20 @@ async def test_stored_records_add_nothing_to_a_full_collection():
     gc.collect()
     before = len(gc.get_objects())
     count = 5000
-    await store.add_tokens([Token(f"t{n}", REFRESH, "webapp", grant.grant_id, ["read", "write"], now,
-                                  now + timedelta(hours=1), user_id="u1", parent_hash="t0") for n in range(count)])
+    for n in range(count):
+        await store.create_family(Family(f"f{n}", grant.grant_id, "webapp", "u1", None, 0, ["read", "write"], now,
+                                         f"r{n}", f"a{n}", now, now + timedelta(hours=1), now + timedelta(minutes=10),
+                                         renewed_at=now))
     for n in range(count // 10):
         await store.add_code(AuthorizationCode(f"c{n}", "webapp", "https://a/cb", ["read"], "u1", None, "x" * 43,
                                                "S256", now + timedelta(minutes=5)))
         await store.add_session(Session(f"s{n}", "u1", now, now + timedelta(days=1)))
-    await store.rotate_refresh_token("t1", "webapp", now)
+    later = now + timedelta(seconds=1)
+    await store.rotate_family("f1", "r1", Pair("a-new", "r-new", ["read"], later, later + timedelta(hours=1),
+                                               later + timedelta(minutes=10)), later)
     await store.consume_code("c1", now)
     gc.collect()
     gc.collect()
-    # As dataclasses, each token alone would be two objects a collection walks (it and its scopes).
+    # As dataclasses, each family alone would be two objects a collection walks (it and its scopes).
     assert len(gc.get_objects()) - before < count // 50
-    assert (await store.get_token("t1")).rotated_at == now and (await store.get_code("c1")).consumed_at == now
+    assert (await store.get_family("f1"))[0].renewed_at == later and (await store.get_code("c1")).consumed_at == now

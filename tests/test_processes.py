@@ -1,18 +1,22 @@
 """Several processes over one MongoDB: a revocation made by one process closes the affected
-WebSockets of every other within a second, through one relay per process (a change stream,
-or a poll of the revocation counter where there is none)."""
+WebSockets of every other within a second, through one relay per process (a change stream on
+the revoking collections, or a poll of their revocation fields where there is none)."""
 
 from __future__ import annotations
 
 import asyncio
+from datetime import timedelta
 
 import pytest
 from pymongo.errors import OperationFailure
 from tornado.websocket import websocket_connect
 
 from backends import open_store
+from helpers import Clock, family_of
 from test_ws import closed_within_a_second, tokens, welcome_of, ws_url
-from tokensvc.oauth import events, hashing
+from tokensvc.oauth import events
+from tokensvc.records import Family, Pair, Session, Subject
+from tokensvc.storage.base import FAMILY, GRANT, SESSION, Revocation
 from tokensvc.storage.memory import MemoryStore
 from tokensvc.storage.mongo import MongoStore
 
@@ -39,30 +43,47 @@ async def test_a_revocation_in_another_process_closes_the_socket_within_a_second
         connection = await websocket_connect(ws_url(base_url, "?access_token=" + issued["access_token"]))
         await welcome_of(connection)
         elsewhere = other_process(store)
-        record = await elsewhere.get_token(hashing.digest(issued["access_token"]))
-        await elsewhere.revoke_grant(record.grant_id, ctx.clock())  # no event of this process fires
+        record = await family_of(elsewhere, issued["access_token"])
+        await elsewhere.mark_grant_revoked(record.grant_id, ctx.clock())  # no event of this process fires
         await closed_within_a_second(connection)
     finally:
         relay.cancel()
 
 
 @pytest.mark.gen_test(timeout=30)
-async def test_only_a_revocation_that_changed_something_is_announced(store, clock):
-    seen = []
+async def test_the_feed_names_each_revocation_of_another_process_once(store):
+    now = Clock().now
     feed = store.revocation_feed(poll_seconds=0.05).__aiter__()
+    elsewhere = other_process(store)
+    grant = await elsewhere.save_grant("webapp", Subject(user_id="u1"),
+                                       ["read"], now)
+    family = Family("f1", grant.grant_id, "webapp", "u1", None, 0, ["read"], now, "r1", "a1", now,
+                    now + timedelta(hours=1), now + timedelta(minutes=10), renewed_at=now)
+    await elsewhere.create_family(family)
+    await elsewhere.add_session(Session("s1", "u1", now, now + timedelta(hours=1)))
     waiting = asyncio.ensure_future(feed.__anext__())
     await asyncio.sleep(0.1)
-    assert not await other_process(store).revoke_token("no-such-token", clock())
+    # Changes that revoke nothing are not announced.
+    assert not await elsewhere.revoke_family("no-such-family", now)
+    assert not await elsewhere.end_session("no-such-session", now)
+    await elsewhere.rotate_family("f1", "r1", Pair(
+        "a2", "r2", ["read"], now, now + timedelta(hours=1), now + timedelta(minutes=10)), now)
     await asyncio.sleep(0.2)
     assert not waiting.done()
-    await other_process(store).delete_user_sessions("u_nobody")
-    await asyncio.sleep(0.2)
-    assert not waiting.done()
-    await other_process(store)._announce()
-    await asyncio.wait_for(waiting, 1)
-    seen.append(1)
-    await feed.aclose()
-    assert seen == [1]
+    assert await elsewhere.revoke_access("f1", "a2", now)
+    assert await waiting == Revocation(FAMILY, "f1")
+    assert await elsewhere.end_session("s1", now)
+    assert await asyncio.wait_for(feed.__anext__(), 1) == Revocation(SESSION, "s1")
+    assert await elsewhere.mark_grant_revoked(grant.grant_id, now)
+    assert await elsewhere.revoke_grant_families(grant.grant_id, now) == 1
+    seen = {await asyncio.wait_for(feed.__anext__(), 1) for _ in range(2)}
+    assert seen == {Revocation(GRANT, grant.grant_id), Revocation(FAMILY, "f1")}
+    later = asyncio.ensure_future(feed.__anext__())
+    await asyncio.sleep(0.3)  # each announced once, however often the poll reads them back
+    assert not later.done()
+    later.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await later
 
 
 class FakeStream:
@@ -82,42 +103,54 @@ class FakeStream:
         if not self.changes:
             raise OperationFailure("cursor killed", 237)  # a permanent end: the feed stops
         change = self.changes.pop(0)
-        self.resume_token = {"_data": change}
+        self.resume_token = {"_data": change["documentKey"]["_id"]}
         return change
 
 
-class FakeCounter:
+class FakeDatabase:
     def __init__(self, refuse=None):
-        self.refuse, self.resumed_after = refuse, []
+        self.refuse, self.resumed_after, self.pipelines = refuse, [], []
 
-    async def watch(self, resume_after=None):
+    async def watch(self, pipeline, resume_after=None):
         self.resumed_after.append(resume_after)
+        self.pipelines.append(pipeline)
         if self.refuse:
             raise OperationFailure("The $changeStream stage is only supported on replica sets", self.refuse)
-        return FakeStream(["one", "two"])
+        return FakeStream([{"ns": {"coll": "families"}, "documentKey": {"_id": "f1"}},
+                           {"ns": {"coll": "sessions"}, "documentKey": {"_id": "s1"}}])
 
-    async def find_one(self, query):
-        return {"_id": "revocations", "seq": 0}
+    def __getitem__(self, name):
+        return self
+
+    def find(self, *args, **kwargs):
+        return self
+
+    async def to_list(self, length=None):
+        return []
 
 
 @pytest.mark.gen_test
-async def test_the_change_stream_yields_each_announcement_and_keeps_its_resume_token(store):
-    store.change_streams, store.revocations = True, FakeCounter()
+async def test_the_change_stream_yields_each_revocation_and_keeps_its_resume_token(store):
+    store.change_streams, store._db = True, FakeDatabase()
     feed = store.revocation_feed()
-    assert await feed.__anext__() is None and await feed.__anext__() is None
+    assert await feed.__anext__() == Revocation(FAMILY, "f1")
+    assert await feed.__anext__() == Revocation(SESSION, "s1")
     from tokensvc.storage.base import StoreFault
     with pytest.raises(StoreFault):
         await feed.__anext__()
-    assert store._resume_token == {"_data": "two"}  # the next watch resumes after it
+    assert store._resume_token == {"_data": "s1"}  # the next watch resumes after it
+    # Only updates that set a revocation time reach the process.
+    match = store._db.pipelines[0][0]["$match"]
+    assert match["operationType"] == "update" and set(match["ns.coll"]["$in"]) == {"families", "grants", "sessions"}
 
 
 @pytest.mark.gen_test
-async def test_without_change_streams_the_counter_is_polled(store, caplog):
-    store.change_streams, store.revocations = True, FakeCounter(refuse=40573)
+async def test_without_change_streams_the_revocation_fields_are_polled(store, caplog):
+    store.change_streams, store._db = True, FakeDatabase(refuse=40573)
     feed = store.revocation_feed(poll_seconds=0.01)
     waiting = asyncio.ensure_future(feed.__anext__())
     await asyncio.sleep(0.05)
-    assert not store.change_streams and not waiting.done()  # polling, nothing announced
+    assert not store.change_streams and not waiting.done()  # polling, nothing revoked
     waiting.cancel()
     assert "polling for revocations" in caplog.text
 
@@ -138,7 +171,7 @@ async def test_the_relay_rechecks_everyone_after_an_interruption(store, ctx):
         yield
 
     store.revocation_feed = broken_feed
-    ctx.events.subscribe(lambda: calls.append(1))
+    ctx.events.subscribe([Revocation(FAMILY, "f")], lambda: calls.append(1))
     relay = asyncio.ensure_future(events.relay(store, ctx.events, retry_seconds=0.01))
     await asyncio.sleep(0.1)
     relay.cancel()

@@ -218,13 +218,22 @@ async def test_client_authentication_failures_are_limited(seeded):
 # -- revocation ----------------------------------------------------------------------------------
 
 
-async def test_revoking_a_refresh_token_takes_its_access_tokens_and_descendants(seeded):
+async def test_revoking_a_refresh_token_takes_its_family_and_an_access_token_itself(seeded):
     webapp = await client(seeded)
     first = await pair(seeded)
     second = await grants.refresh(seeded, webapp, first.refresh_token)
-    assert await revocation.revoke_token(seeded, first.refresh_token, webapp) is True  # rotated out, not revoked
-    for token in (first.access_token, second.access_token, second.refresh_token):
+    # Its client revoking a rotated-out one takes the family (RFC 7009 §2.1); at sign-out it
+    # is not in force and changes nothing.
+    assert await revocation.revoke_token(seeded, first.refresh_token, None) is False
+    assert (await introspection.introspect(seeded, second.access_token))["active"] is True
+    assert await revocation.revoke_token(seeded, first.refresh_token, webapp) is True
+    for token in (second.access_token, second.refresh_token):
         assert await introspection.introspect(seeded, token) == {"active": False}
+    other = await pair(seeded)
+    assert await revocation.revoke_token(seeded, other.access_token, webapp) is True
+    assert await introspection.introspect(seeded, other.access_token) == {"active": False}
+    assert (await introspection.introspect(seeded, other.refresh_token))["active"] is True  # RFC 7009: that token
+    assert await revocation.revoke_token(seeded, other.access_token, webapp) is False
 
 
 async def test_revocation_of_another_clients_token_is_a_silent_no_op(seeded):
@@ -260,10 +269,10 @@ async def test_a_failed_check_that_wins_the_race_is_no_replay(seeded, monkeypatc
     code = await code_for(seeded)
     store, consume = seeded.store, seeded.store.consume_code
 
-    async def attacker_first(code_hash, now, *, failed=False):
+    async def attacker_first(code_hash, now, *, family_id=None, failed=False):
         if not failed:  # the user's atomic step: the attacker's failed check got there first
             await consume(code_hash, now, failed=True)
-        return await consume(code_hash, now, failed=failed)
+        return await consume(code_hash, now, family_id=family_id, failed=failed)
 
     monkeypatch.setattr(store, "consume_code", attacker_first)
     with pytest.raises(InvalidGrant, match="no longer valid"):
@@ -282,13 +291,13 @@ async def test_a_new_password_ends_sessions_and_revokes_grants_unless_kept(seede
     session_id = await sessions.start(seeded, alice)
     tokens = await pair(seeded)
     kept = await admin.set_password(seeded, "alice", "a-new-password-1", keep_grants=True)
-    assert kept == {"sessions_ended": 1, "tokens_revoked": 0}
+    assert kept == {"sessions_ended": 1, "families_revoked": 0}
     assert await sessions.resolve(seeded, session_id) is None
     assert (await introspection.introspect(seeded, tokens.refresh_token))["active"] is True
 
     session_id = await sessions.start(seeded, alice)
     ended = await admin.set_password(seeded, "alice", "another-password-2")
-    assert ended["sessions_ended"] == 1 and ended["tokens_revoked"] >= 2
+    assert ended["sessions_ended"] == 1 and ended["families_revoked"] == 1
     assert await sessions.resolve(seeded, session_id) is None
     assert await introspection.introspect(seeded, tokens.refresh_token) == {"active": False}
 
@@ -301,4 +310,4 @@ async def test_removing_a_user_ends_their_sessions(seeded):
     session_id = await sessions.start(seeded, root)
     await admin.remove_user(seeded, "root")
     assert await sessions.resolve(seeded, session_id) is None
-    assert await seeded.store.get_session(hashing.digest(session_id)) is None  # the record itself is gone
+    assert await seeded.store.get_session(hashing.digest(session_id)) is None  # ended

@@ -9,11 +9,10 @@ from pymongo.errors import ServerSelectionTimeoutError
 from tornado.httpclient import AsyncHTTPClient
 
 from backends import store_fixture
-from helpers import WEBAPP_REDIRECT, WEBAPP_SECRET, basic, exchange, json_of, make_config, new_verifier, post_form
+from helpers import (WEBAPP_REDIRECT, WEBAPP_SECRET, basic, exchange, family_of, json_of, make_config, new_verifier,
+                     post_form)
 from tokensvc.oauth import hashing
 from tokensvc.records import Subject
-
-from tokensvc.storage.memory import TOKENS
 from tokensvc.storage.mongo import MongoStore
 
 store = store_fixture()
@@ -42,13 +41,8 @@ async def active(http_client, base_url, token):
     return json_of(response)["active"]
 
 
-async def live_tokens_of_grant(store, grant_id):
-    if isinstance(store, MongoStore):
-        docs = await store.tokens.find({"grant_id": grant_id, "revoked_at": None, "rotated_at": None}).to_list(None)
-        return len(docs)
-    tokens = map(TOKENS.unpack, store._tokens.values())
-    return sum(1 for token in tokens
-               if token.grant_id == grant_id and token.revoked_at is None and token.rotated_at is None)
+async def live_families_of_grant(store, grant_id):
+    return len(await store.list_families(grant_id))
 
 
 @pytest.mark.gen_test(timeout=60)
@@ -59,11 +53,12 @@ async def test_50_concurrent_exchanges_of_one_code(browser, http_client, wide_cl
     assert codes.count(200) == 1 and codes.count(400) == 49, (codes, [r.body[:200] for r in responses if r.code not in (200, 400)][:2])
     assert all(json_of(r)["error"] == "invalid_grant" for r in responses if r.code == 400)
     winner = json_of(next(r for r in responses if r.code == 200))
-    # Reuse detection fired: what the code gave is revoked, the grant with it.
+    # Reuse detection fired: what the code gave (its family) is revoked; the grant stands.
     assert not await active(http_client, base_url, winner["access_token"])
-    record = await store.get_token(hashing.digest(winner["refresh_token"]))
-    assert (await store.get_grant(record.grant_id)).revoked_at is not None
-    assert await live_tokens_of_grant(store, record.grant_id) == 0
+    record = await family_of(store, winner["refresh_token"])
+    assert record.revoked_at is not None
+    assert (await store.get_grant(record.grant_id)).revoked_at is None
+    assert await live_families_of_grant(store, record.grant_id) == 0
 
 
 @pytest.mark.gen_test(timeout=60)
@@ -72,9 +67,9 @@ async def test_50_concurrent_refreshes_of_one_token(browser, http_client, wide_c
     responses = await asyncio.gather(*(refresh(wide_client, base_url, tokens["refresh_token"]) for _ in range(50)))
     codes = [response.code for response in responses]
     assert codes.count(200) == 1 and codes.count(400) == 49, sorted(codes)
-    record = await store.get_token(hashing.digest(tokens["refresh_token"]))
-    assert (await store.get_grant(record.grant_id)).revoked_at is not None
-    assert await live_tokens_of_grant(store, record.grant_id) == 0
+    record = await family_of(store, tokens["refresh_token"])
+    assert record.revoked_at is not None and (await store.get_grant(record.grant_id)).revoked_at is None
+    assert await live_families_of_grant(store, record.grant_id) == 0
 
 
 @pytest.mark.gen_test(timeout=60)
@@ -141,28 +136,31 @@ class Outage:
 
 
 @pytest.mark.gen_test
-async def test_outage_during_code_exchange_writes_nothing_and_the_retry_works(
+async def test_outage_during_code_exchange_issues_nothing_and_the_retry_works(
         browser, http_client, base_url, store, monkeypatch):
     code = await browser.code_for("webapp", WEBAPP_REDIRECT)
     outage = Outage(store, monkeypatch)
-    outage.fail("add_tokens")
+    outage.fail("create_family")
     response = await exchange(http_client, base_url, code)
     assert response.code == 503 and set(json_of(response)) == {"detail"}
-    assert (await store.get_code(hashing.digest(code))).consumed_at is None  # nothing half-written
+    # The code names the family its redemption starts; no token of it exists.
+    redeemed = await store.get_code(hashing.digest(code))
+    assert await store.get_family(redeemed.family_id) == (None, None)
     outage.recover()
     response = await exchange(http_client, base_url, code)
     assert response.code == 200
+    assert await active(http_client, base_url, json_of(response)["access_token"])
 
 
 @pytest.mark.gen_test
 async def test_outage_during_refresh_keeps_the_refresh_token(browser, http_client, base_url, store, monkeypatch):
     tokens = await first_tokens(browser, http_client, base_url)
     outage = Outage(store, monkeypatch)
-    outage.fail("add_tokens")
+    outage.fail("rotate_family")
     response = await refresh(http_client, base_url, tokens["refresh_token"])
     assert response.code == 503
-    record = await store.get_token(hashing.digest(tokens["refresh_token"]))
-    assert record.rotated_at is None and record.revoked_at is None
+    record = await family_of(store, tokens["refresh_token"])
+    assert record.refresh_hash == hashing.digest(tokens["refresh_token"]) and record.revoked_at is None
     outage.recover()
     assert (await refresh(http_client, base_url, tokens["refresh_token"])).code == 200
 

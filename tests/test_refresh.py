@@ -4,7 +4,7 @@ import pytest
 
 from helpers import (
     NODE_REDIRECT, PARTNER_SECRET, SKY_REDIRECT, WEBAPP_REDIRECT, WEBAPP_SECRET, basic, check_oauth_error,
-    check_schema, check_validation_error, exchange, json_of, post_form,
+    check_schema, check_validation_error, exchange, family_of, json_of, post_form,
 )
 from tokensvc import schemas
 from tokensvc.oauth import hashing
@@ -35,10 +35,12 @@ async def test_refresh_rotates_and_returns_a_new_pair(browser, http_client, base
     assert second["access_token"] != first["access_token"]
     assert second["scope"] == "read" and second["token_type"] == "Bearer"
     assert response.headers["Cache-Control"] == "no-store"
-    old = await store.get_token(hashing.digest(first["refresh_token"]))
-    new = await store.get_token(hashing.digest(second["refresh_token"]))
-    assert old.rotated_at is not None and old.revoked_at is None
-    assert new.parent_hash == old.token_hash and new.grant_id == old.grant_id
+    # One family, its pair replaced: the old refresh token is the one rotated out last.
+    family = await family_of(store, second["refresh_token"])
+    assert family == await family_of(store, first["refresh_token"]) == await family_of(store, second["access_token"])
+    assert family.refresh_hash == hashing.digest(second["refresh_token"])
+    assert family.previous_hash == hashing.digest(first["refresh_token"]) and family.rotations == 1
+    assert await family_of(store, first["access_token"]) is None  # a refresh replaces the access token
     # The new refresh token works in turn.
     third = await refresh(http_client, base_url, second["refresh_token"])
     assert third.code == 200
@@ -52,14 +54,16 @@ async def test_grant_type_refresh_token_is_accepted_and_ignored(browser, http_cl
 
 
 @pytest.mark.gen_test
-async def test_rotated_refresh_reuse_revokes_the_whole_grant(browser, http_client, base_url, store):
+async def test_rotated_refresh_reuse_revokes_the_family(browser, http_client, base_url, store):
+    other = await tokens_for(browser, http_client, base_url)  # another sign-in of the same user and app
     first = await tokens_for(browser, http_client, base_url)
     second = json_of(await refresh(http_client, base_url, first["refresh_token"]))
     reused = await refresh(http_client, base_url, first["refresh_token"])
     body = check_oauth_error(reused, 400, "invalid_grant")
     assert "already used" in body["error_description"]
-    for token in (first["access_token"], second["access_token"], second["refresh_token"]):
-        assert (await store.get_token(hashing.digest(token))).revoked_at is not None
+    assert (await family_of(store, second["refresh_token"])).revoked_at is not None
+    assert (await family_of(store, other["refresh_token"])).revoked_at is None
+    assert (await refresh(http_client, base_url, other["refresh_token"])).code == 200
     # The current refresh token no longer works either.
     check_oauth_error(await refresh(http_client, base_url, second["refresh_token"]), 400, "invalid_grant")
 
@@ -109,13 +113,13 @@ async def test_installation_refresh_tokens_live_longer(browser, http_client, bas
     code = await browser.code_for("node-agent", NODE_REDIRECT, installation_id="backyard-scope")
     tokens = json_of(await exchange(http_client, base_url, code, client_id="node-agent", secret=None,
                                     redirect_uri=NODE_REDIRECT))
-    record = await store.get_token(hashing.digest(tokens["refresh_token"]))
+    record = await family_of(store, tokens["refresh_token"])
     assert record.installation_id == "backyard-scope" and record.user_id is None
     lifetime = (record.expires_at - record.issued_at).total_seconds()
     assert lifetime == config.tokens.installation_refresh_ttl
     renewed = json_of(await refresh(http_client, base_url, tokens["refresh_token"], client_id="node-agent",
                                     secret=None))
-    record = await store.get_token(hashing.digest(renewed["refresh_token"]))
+    record = await family_of(store, renewed["refresh_token"])
     assert record.installation_id == "backyard-scope"
     assert (record.expires_at - record.issued_at).total_seconds() == config.tokens.installation_refresh_ttl
 

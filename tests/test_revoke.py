@@ -3,10 +3,10 @@
 import pytest
 
 from helpers import (
-    PARTNER_SECRET, SKY_REDIRECT, WEBAPP_REDIRECT, WEBAPP_SECRET, basic, check_oauth_error, exchange, json_of,
-    post_form,
+    PARTNER_SECRET, SKY_REDIRECT, WEBAPP_REDIRECT, WEBAPP_SECRET, basic, check_oauth_error, exchange, family_of,
+    json_of, post_form,
 )
-from tokensvc.oauth import hashing
+from tokensvc.oauth import tokens as token_format
 
 
 async def webapp_tokens(browser, http_client, base_url):
@@ -15,8 +15,15 @@ async def webapp_tokens(browser, http_client, base_url):
 
 
 async def state_of(store, token):
-    record = await store.get_token(hashing.digest(token))
-    return "revoked" if record.revoked_at else "active"
+    family = await family_of(store, token)
+    if family is None:
+        return "replaced"
+    revoked = family.revoked_at or (not token_format.is_refresh_format(token) and family.access_revoked_at)
+    return "revoked" if revoked else "active"
+
+
+def live_sessions(store):
+    return [row for row in store._sessions.values() if row[-1] is None]  # ended_at, the last field
 
 
 async def revoke(http_client, base_url, token, client_id="webapp", secret=WEBAPP_SECRET, **form):
@@ -73,8 +80,40 @@ async def test_public_client_revokes_with_client_id(browser, http_client, base_u
     code = await browser.code_for("skyplanner", SKY_REDIRECT)
     tokens = json_of(await exchange(http_client, base_url, code, client_id="skyplanner", secret=None,
                                     redirect_uri=SKY_REDIRECT))
+    # Another public client's id does not reach it.
+    assert (await revoke(http_client, base_url, tokens["access_token"], client_id="node-agent", secret=None)).code == 200
+    assert await state_of(store, tokens["access_token"]) == "active"
     assert (await revoke(http_client, base_url, tokens["access_token"], client_id="skyplanner", secret=None)).code == 200
     assert await state_of(store, tokens["access_token"]) == "revoked"
+
+
+@pytest.mark.gen_test
+async def test_a_token_not_in_force_revokes_nothing_anywhere(browser, http_client, base_url, store):
+    first = await webapp_tokens(browser, http_client, base_url)
+    refreshed = await post_form(http_client, base_url + "/oauth/token/refresh", {"refresh_token": first["refresh_token"]},
+                                {"Authorization": basic("webapp", WEBAPP_SECRET)})
+    current = json_of(refreshed)
+    # first's refresh token is rotated out and its access token replaced: dead, each of them.
+    assert (await revoke(http_client, base_url, first["access_token"])).code == 200  # replaced: unknown
+    for dead in (first["refresh_token"], first["access_token"]):
+        response = await http_client.fetch(base_url + "/oauth/revoke?token=" + dead, method="POST", body="",
+                                           raise_error=False)
+        assert response.code == 200
+        response = await post_form(http_client, base_url + "/oauth/revoke", {}, {"Authorization": f"Bearer {dead}"})
+        assert response.code == 200
+        response = await post_form(http_client, base_url + "/oauth/sign-out?token=" + dead, {})
+        assert response.code == 200
+    assert await state_of(store, current["access_token"]) == "active"
+    assert await state_of(store, current["refresh_token"]) == "active"
+    # The user removes the app and connects it again: the tokens of before revoke nothing of now.
+    response = await browser.fetch("/v1/me/connected-apps/webapp", "DELETE",
+                                   headers={"X-XSRFToken": browser.cookies["_xsrf"]})
+    assert response.code == 204
+    reconnected = await webapp_tokens(browser, http_client, base_url)
+    response = await post_form(http_client, base_url + "/oauth/revoke", {},
+                               {"Authorization": f"Bearer {current['access_token']}"})
+    assert response.code == 200
+    assert await state_of(store, reconnected["access_token"]) == "active"
 
 
 # -- POST /oauth/revoke ------------------------------------------------------------
@@ -86,11 +125,10 @@ async def test_grant_revoke_cuts_every_token_of_the_grant(browser, http_client, 
     response = await post_form(http_client, base_url + "/oauth/revoke", {},
                                {"Authorization": f"Bearer {first['access_token']}"})
     assert response.code == 200 and json_of(response) == {}
-    for token in (*first.values(), *second.values()):
-        if isinstance(token, str) and len(token) == 43:
-            assert await state_of(store, token) == "revoked"
-    grant = (await store.list_grants(
-        (await store.get_token(hashing.digest(first["access_token"]))).subject))
+    for tokens in (first, second):
+        assert await state_of(store, tokens["access_token"]) == "revoked"
+        assert await state_of(store, tokens["refresh_token"]) == "revoked"
+    grant = await store.list_grants((await family_of(store, first["access_token"])).subject)
     assert grant == []
 
 
@@ -126,7 +164,7 @@ async def test_sign_out_ends_the_session_and_revokes_the_token(browser, http_cli
                                    headers={"X-XSRFToken": browser.cookies["_xsrf"]})
     assert response.code == 200 and json_of(response) == {}
     assert "tokensvc_session" not in browser.cookies
-    assert store._sessions == {}
+    assert live_sessions(store) == []
     assert await state_of(store, tokens["refresh_token"]) == "revoked"
     # The old cookie no longer signs anyone in.
     browser.cookies["tokensvc_session"] = session_cookie
@@ -138,7 +176,7 @@ async def test_cookie_sign_out_needs_the_xsrf_header(browser, store):
     await browser.login("alice")
     response = await browser.fetch("/oauth/sign-out", "POST", {})
     assert response.code == 403
-    assert len(store._sessions) == 1
+    assert len(live_sessions(store)) == 1
 
 
 @pytest.mark.gen_test

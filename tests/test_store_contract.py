@@ -11,9 +11,7 @@ import pytest
 
 from backends import BACKENDS
 from helpers import Clock
-from tokensvc.records import (
-    ACCESS, REFRESH, AuthorizationCode, Client, Installation, Session, Subject, Token, User,
-)
+from tokensvc.records import AuthorizationCode, Client, Family, Installation, Pair, Session, Subject, User
 from tokensvc.storage.base import Conflict, Store
 from tokensvc.storage.memory import MemoryStore
 from tokensvc.storage.mongo import MongoStore
@@ -29,11 +27,15 @@ def now():
     return Clock().now
 
 
-def token(now, token_hash, token_type=ACCESS, grant_id="g1", client_id="webapp", subject=ALICE,
-          parent_hash=None, ttl=3600):
-    return Token(token_hash=token_hash, token_type=token_type, client_id=client_id, grant_id=grant_id,
-                 scopes=["read"], issued_at=now, expires_at=now + timedelta(seconds=ttl),
-                 user_id=subject.user_id, installation_id=subject.installation_id, parent_hash=parent_hash)
+def family(now, family_id="f1", grant_id="g1", subject=ALICE, n=1, ttl=3600, generation=0):
+    """A family as an exchange starts it, its pair named ``a<n>`` / ``r<n>``."""
+    return Family(family_id, grant_id, "webapp", subject.user_id, subject.installation_id, generation, ["read"],
+                  now, f"r{n}", f"a{n}", now, now + timedelta(seconds=ttl), now + timedelta(seconds=600),
+                  renewed_at=now)
+
+
+def pair(now, n, ttl=3600, scopes=("read",)):
+    return Pair(f"a{n}", f"r{n}", list(scopes), now, now + timedelta(seconds=ttl), now + timedelta(seconds=600))
 
 
 def code(now, code_hash="c1", ttl=300):
@@ -45,7 +47,7 @@ def code(now, code_hash="c1", ttl=300):
 
 def test_backend_implements_the_whole_interface(backend_store):
     assert isinstance(backend_store, Store)
-    abstract = {name for name, member in vars(Store).items() if getattr(member, "__isabstractmethod__", False)}
+    abstract = set(Store.__abstractmethods__)
     assert abstract, "the interface has abstract methods"
     for name in abstract | {"open", "close"}:
         implementation = getattr(type(backend_store), name)
@@ -135,24 +137,28 @@ async def test_grants_one_per_subject_and_client(backend_store, now):
     assert [g.grant_id for g in await store.list_grants(SCOPE)] == [installation.grant_id]
     assert [g.grant_id for g in await store.list_client_grants("webapp")] == sorted([grant.grant_id,
                                                                                      installation.grant_id])
-    await store.revoke_grant(installation.grant_id, now)
+    await store.mark_grant_revoked(installation.grant_id, now)
     assert [g.grant_id for g in await store.list_client_grants("webapp")] == [grant.grant_id]
 
 
 @pytest.mark.gen_test
-async def test_revoke_grant_revokes_its_tokens_and_a_new_consent_revives_it(backend_store, now):
+async def test_revoking_a_grant_revokes_its_families_and_a_new_consent_revives_it(backend_store, now):
     store = backend_store
     grant = await store.save_grant("webapp", ALICE, ["read"], now)
     other = await store.save_grant("skyplanner", ALICE, ["read"], now)
-    await store.add_tokens([token(now, "t1", grant_id=grant.grant_id),
-                            token(now, "t2", REFRESH, grant_id=grant.grant_id),
-                            token(now, "t3", grant_id=other.grant_id)])
-    assert await store.revoke_grant(grant.grant_id, now) == 2
+    await store.create_family(family(now, "f1", grant.grant_id, n=1))
+    await store.create_family(family(now, "f2", grant.grant_id, n=2))
+    await store.create_family(family(now, "f3", other.grant_id, n=3))
+    assert await store.mark_grant_revoked(grant.grant_id, now) is True
+    assert await store.mark_grant_revoked(grant.grant_id, now) is False
     assert (await store.get_grant(grant.grant_id)).revoked_at == now
-    assert (await store.get_token("t1")).revoked_at == now and (await store.get_token("t2")).revoked_at == now
-    assert (await store.get_token("t3")).revoked_at is None
+    assert await store.revoke_grant_families(grant.grant_id, now) == 2
+    assert await store.revoke_grant_families(grant.grant_id, now) == 0
+    for family_id, revoked in (("f1", now), ("f2", now), ("f3", None)):
+        assert (await store.get_family(family_id))[0].revoked_at == revoked, family_id
+    assert await store.list_families(grant.grant_id) == []
+    assert [f.family_id for f in await store.list_families(other.grant_id)] == ["f3"]
     assert [g.client_id for g in await store.list_grants(ALICE)] == ["skyplanner"]
-    assert await store.revoke_grant(grant.grant_id, now) == 0
     later = now + timedelta(minutes=1)
     revived = await store.save_grant("webapp", ALICE, ["write"], later)
     assert revived.grant_id == grant.grant_id and revived.revoked_at is None
@@ -164,11 +170,12 @@ async def test_codes_are_consumed_once(backend_store, now):
     store = backend_store
     await store.add_code(code(now))
     assert (await store.get_code("c1")).consumed_at is None
-    first = await store.consume_code("c1", now)
+    first = await store.consume_code("c1", now, family_id="f1")
     assert first is not None and first.consumed_at is None and first.code_hash == "c1"
-    assert await store.consume_code("c1", now) is None
-    assert (await store.get_code("c1")).consumed_at == now
-    assert not (await store.get_code("c1")).spent_by_failure  # redeemed
+    assert await store.consume_code("c1", now, family_id="f2") is None
+    redeemed = await store.get_code("c1")
+    assert redeemed.consumed_at == now and redeemed.family_id == "f1"
+    assert not redeemed.spent_by_failure
     assert await store.consume_code("unknown", now) is None
 
 
@@ -191,89 +198,139 @@ async def test_concurrent_consumers_exactly_one_wins(backend_store, now):
 
 
 @pytest.mark.gen_test
-async def test_refresh_rotation_is_atomic_and_conditional(backend_store, now):
+async def test_a_family_is_created_once(backend_store, now):
     store = backend_store
-    await store.add_tokens([token(now, "r1", REFRESH), token(now, "a1", ACCESS),
-                            token(now, "r-old", REFRESH, ttl=60)])
-    assert await store.rotate_refresh_token("a1", "webapp", now) is None  # not a refresh token
-    assert await store.rotate_refresh_token("r1", "other-client", now) is None
-    assert await store.rotate_refresh_token("r-old", "webapp", now + timedelta(seconds=61)) is None  # expired
-    assert (await store.get_token("r-old")).rotated_at is None
-    results = await asyncio.gather(*(store.rotate_refresh_token("r1", "webapp", now) for _ in range(50)))
-    winners = [result for result in results if result is not None]
-    assert len(winners) == 1 and winners[0].rotated_at is None
-    assert (await store.get_token("r1")).rotated_at == now
-    await store.add_tokens([token(now, "r2", REFRESH)])
-    await store.revoke_token("r2", now)
-    assert await store.rotate_refresh_token("r2", "webapp", now) is None  # revoked
+    assert await store.create_family(family(now)) is True
+    assert await store.create_family(family(now, n=2)) is False  # the id is taken: nothing changes
+    assert (await store.get_family("f1"))[0] == family(now)
+    results = await asyncio.gather(*(store.create_family(family(now, "f-race", n=10 + k)) for k in range(20)))
+    assert results.count(True) == 1
 
 
 @pytest.mark.gen_test
-async def test_token_revocation(backend_store, now):
+async def test_a_family_is_found_by_id_and_by_its_access_token_with_its_grant(backend_store, now):
     store = backend_store
-    await store.add_tokens([token(now, "a1"), token(now, "a2"), token(now, "r1", REFRESH)])
-    assert await store.get_token("a1") == token(now, "a1")
-    assert await store.get_token("nope") is None
-    assert await store.revoke_token("a1", now) is True
-    assert await store.revoke_token("a1", now) is False
-    assert await store.revoke_token("nope", now) is False
-    assert await store.revoke_grant_tokens("g1", now, token_type=ACCESS) == 1  # a2; a1 was already
-    assert (await store.get_token("r1")).revoked_at is None
-    assert await store.revoke_grant_tokens("g1", now) == 1
+    grant = await store.save_grant("webapp", ALICE, ["read"], now)
+    stored = family(now, grant_id=grant.grant_id)
+    await store.create_family(stored)
+    assert await store.get_family("f1") == (stored, grant)
+    assert await store.find_access("a1") == (stored, grant)
+    assert await store.find_access("r1") == (None, None)  # a refresh token is no access token
+    assert await store.get_family("nothing") == (None, None)
+    assert await store.find_access("nothing") == (None, None)
+    orphan = family(now, "f-orphan", grant_id="no-such-grant", n=9)
+    await store.create_family(orphan)
+    assert await store.get_family("f-orphan") == (orphan, None)
+
+
+@pytest.mark.gen_test
+async def test_rotation_is_atomic_and_conditional(backend_store, now):
+    store = backend_store
+    await store.create_family(family(now))
+    later = now + timedelta(seconds=5)
+    assert await store.rotate_family("f1", "r-wrong", pair(later, 2), later) is None
+    assert await store.rotate_family("f1", "r1", pair(later, 2), now + timedelta(seconds=3601)) is None  # expired
+    assert await store.rotate_family("nothing", "r1", pair(later, 2), later) is None
+    results = await asyncio.gather(*(store.rotate_family("f1", "r1", pair(later, 100 + k), later)
+                                     for k in range(50)))
+    winners = [result for result in results if result is not None]
+    assert len(winners) == 1
+    rotated = winners[0]
+    assert rotated == (await store.get_family("f1"))[0]
+    assert rotated.previous_hash == "r1" and rotated.renewed_at == later and rotated.rotations == 1
+    assert rotated.refresh_hash.startswith("r1") and rotated.access_hash == "a" + rotated.refresh_hash[1:]
+    assert rotated.issued_at == later and rotated.expires_at == later + timedelta(seconds=3600)
+    assert await store.find_access("a1") == (None, None)  # a refresh replaces the family's access token
+    assert (await store.find_access(rotated.access_hash))[0] == rotated
+    await store.revoke_family("f1", later)
+    assert await store.rotate_family("f1", rotated.refresh_hash, pair(later, 3), later) is None  # revoked
+
+
+@pytest.mark.gen_test
+async def test_a_pair_is_reissued_only_while_unused(backend_store, now):
+    store = backend_store
+    await store.create_family(family(now))
+    later = now + timedelta(seconds=5)
+    rotated = await store.rotate_family("f1", "r1", pair(later, 2), later)
+    reissued = await store.reissue_pair("f1", "r2", pair(later, 3))
+    assert reissued.refresh_hash == "r3" and reissued.access_hash == "a3"
+    # What the retry leaves as it was: the token it retried, and when that was rotated out.
+    assert (reissued.previous_hash, reissued.renewed_at, reissued.rotations) == ("r1", later, rotated.rotations)
+    assert await store.reissue_pair("f1", "r2", pair(later, 4)) is None  # r2 is no longer the current one
+    await store.mark_access_used("f1", "a-other", later)  # not its access token: nothing happens
+    assert (await store.get_family("f1"))[0].access_used_at is None
+    await store.mark_access_used("f1", "a3", later)
+    await store.mark_access_used("f1", "a3", later + timedelta(seconds=1))  # the first use stays
+    assert (await store.get_family("f1"))[0].access_used_at == later
+    assert await store.reissue_pair("f1", "r3", pair(later, 5)) is None  # used
+    again = await store.rotate_family("f1", "r3", pair(later, 6), later)  # a rotation clears the mark
+    assert again.access_used_at is None and again.previous_hash == "r3"
+
+
+@pytest.mark.gen_test
+async def test_revoking_an_access_token_alone_and_a_family(backend_store, now):
+    store = backend_store
+    await store.create_family(family(now))
+    assert await store.revoke_access("f1", "a-wrong", now) is False
+    assert await store.revoke_access("f1", "a1", now) is True
+    assert await store.revoke_access("f1", "a1", now) is False
+    revoked_alone = (await store.find_access("a1"))[0]
+    assert revoked_alone.access_revoked_at == now and revoked_alone.revoked_at is None
+    assert await store.revoke_family("f1", now) is True
+    assert await store.revoke_family("f1", now) is False
+    assert await store.revoke_family("nothing", now) is False
+    assert (await store.get_family("f1"))[0].revoked_at == now
 
 
 @pytest.mark.gen_test
 async def test_a_record_read_before_an_update_keeps_its_values(backend_store, now):
     store = backend_store
-    await store.add_tokens([token(now, "r1", REFRESH)])
+    await store.create_family(family(now))
     await store.add_code(code(now))
     await store.save_grant("webapp", ALICE, ["read"], now)
-    token_before, code_before = await store.get_token("r1"), await store.get_code("c1")
+    client = Client("c", "C", ["https://c/cb"], ["read"], None, False, None, None, now)
+    await store.put_client(client)
+    family_before, code_before = (await store.get_family("f1"))[0], await store.get_code("c1")
     grant_before = await store.find_grant("webapp", ALICE)
     later = now + timedelta(seconds=5)
-    assert await store.rotate_refresh_token("r1", "webapp", later) is not None
-    assert await store.revoke_token("r1", later) is True
+    assert await store.rotate_family("f1", "r1", pair(later, 2), later) is not None
+    assert await store.revoke_family("f1", later) is True
     assert await store.consume_code("c1", later) is not None
-    await store.revoke_grant(grant_before.grant_id, later)
+    await store.mark_grant_revoked(grant_before.grant_id, later)
     # Updates store new values; what a caller already holds is a snapshot.
-    assert token_before == token(now, "r1", REFRESH) and code_before == code(now)
+    assert family_before == family(now) and code_before == code(now)
     assert grant_before.revoked_at is None
-    token_after, code_after = await store.get_token("r1"), await store.get_code("c1")
-    assert token_after == replace(token_before, rotated_at=later, revoked_at=later)
-    assert code_after == replace(code_before, consumed_at=later)
+    assert (await store.get_code("c1")) == replace(code_before, consumed_at=later)
     assert await store.get_grant(grant_before.grant_id) == replace(grant_before, revoked_at=later)
+    # And a record a caller changes changes nothing stored.
+    held = await store.get_client("c")
+    held.redirect_uris.append("https://evil/cb")
+    held.name = "changed"
+    assert await store.get_client("c") == client
+    listed = (await store.list_clients())[0]
+    listed.allowed_scopes.append("admin")
+    assert await store.get_client("c") == client
+    families = await store.list_families("g1")
+    assert families == []  # revoked
 
 
 @pytest.mark.gen_test
-async def test_rotation_children(backend_store, now):
+async def test_the_live_families_of_a_grant_oldest_first(backend_store, now):
     store = backend_store
-    await store.add_tokens([token(now, "r1", REFRESH), token(now, "a2", parent_hash="r1"),
-                            token(now, "r2", REFRESH, parent_hash="r1")])
-    assert (await store.find_child_refresh("r1")).token_hash == "r2"
-    assert await store.find_child_refresh("r2") is None
-    assert await store.revoke_children("r1", now) == 2
-    assert (await store.get_token("a2")).revoked_at == now and (await store.get_token("r1")).revoked_at is None
-
-
-@pytest.mark.gen_test
-async def test_the_newest_child_is_found_whatever_its_state(backend_store, now):
-    store = backend_store
-    later, latest = now + timedelta(seconds=1), now + timedelta(seconds=2)
-    older = replace(token(now, "r-old", REFRESH, parent_hash="r1"), rotated_at=later)  # rotated, not revoked
-    newer = replace(token(later, "r-new", REFRESH, parent_hash="r1"), revoked_at=latest)  # revoked later
-    await store.add_tokens([older, newer])
-    assert (await store.find_child_refresh("r1")).token_hash == "r-new"
-    current = token(latest, "r-cur", REFRESH, parent_hash="r1")
-    await store.add_tokens([current])
-    assert (await store.find_child_refresh("r1")).token_hash == "r-cur"
+    later = now + timedelta(seconds=1)
+    await store.create_family(family(later, "f-b", n=1))
+    await store.create_family(family(now, "f-c", n=2))
+    await store.create_family(family(later, "f-a", n=3))
+    await store.create_family(family(now, "f-other", grant_id="g2", n=4))
+    await store.create_family(family(now, "f-dead", n=5))
+    await store.revoke_family("f-dead", now)
+    assert [f.family_id for f in await store.list_families("g1")] == ["f-c", "f-a", "f-b"]
 
 
 @pytest.mark.gen_test
 async def test_listings_are_in_the_same_order_on_every_backend_with_equal_timestamps(backend_store, now):
     store = backend_store
-    # Equal timestamps: children by token hash, grants by grant id, whatever the insertion order.
-    await store.add_tokens([token(now, name, REFRESH, parent_hash="p") for name in ("c", "a", "b")])
-    assert [child.token_hash for child in await store.list_children("p")] == ["a", "b", "c"]
+    # Equal timestamps: grants by grant id, whatever the insertion order.
     clients = [f"client-{n}" for n in range(6)]
     for client_id in reversed(clients):
         await store.save_grant(client_id, ALICE, ["read"], now)
@@ -295,18 +352,17 @@ async def test_a_reconsent_after_revocation_raises_the_generation(backend_store,
     store = backend_store
     first = await store.save_grant("webapp", ALICE, ["read"], now)
     assert (await store.save_grant("webapp", ALICE, ["read", "write"], now)).generation == first.generation
-    await store.revoke_grant(first.grant_id, now)
+    await store.mark_grant_revoked(first.grant_id, now)
     again = await store.save_grant("webapp", ALICE, ["read"], now + timedelta(seconds=1))
     assert again.grant_id == first.grant_id and again.generation == first.generation + 1
     assert again.revoked_at is None
-    old = replace(token(now, "t-old", grant_id=first.grant_id), generation=first.generation)
-    new = replace(token(now, "t-new", grant_id=first.grant_id), generation=again.generation)
-    await store.add_tokens([old, new])
+    old = family(now, "f-old", first.grant_id, n=1, generation=first.generation)
+    new = family(now, "f-new", first.grant_id, n=2, generation=again.generation)
     for stored in (old, new):
-        found, grant = await store.get_token_and_grant(stored.token_hash)
-        assert found == stored and grant == again
-    assert not old.in_force(again, now) and new.in_force(again, now)
-    assert await store.get_token_and_grant("nothing") == (None, None)
+        await store.create_family(stored)
+        assert await store.get_family(stored.family_id) == (stored, again)
+    # The old generation's family was never swept, yet it no longer stands.
+    assert old.revoked_at is None and not old.stands(again) and new.stands(again)
 
 
 @pytest.mark.gen_test
@@ -315,8 +371,9 @@ async def test_sessions(backend_store, now):
     session = Session("s1", "u_alice", now, now + timedelta(days=1))
     await store.add_session(session)
     assert await store.get_session("s1") == session
-    assert await store.delete_session("s1") is True
-    assert await store.delete_session("s1") is False
+    assert await store.end_session("s1", now) is True
+    assert await store.end_session("s1", now) is False
+    assert await store.end_session("nothing", now) is False
     assert await store.get_session("s1") is None
 
 
@@ -325,13 +382,15 @@ async def test_purge_expired(backend_store, now):
     store = backend_store
     await store.add_code(code(now, "c-live"))
     await store.add_code(code(now, "c-dead", ttl=10))
-    await store.add_tokens([token(now, "t-live"), token(now, "t-dead", ttl=10)])
+    await store.create_family(family(now, "f-live", n=1))
+    await store.create_family(family(now, "f-dead", n=2, ttl=10))
     await store.add_session(Session("s-dead", "u", now, now + timedelta(seconds=10)))
     counts = await store.purge_expired(now + timedelta(seconds=60))
-    assert counts == {"codes": 1, "tokens": 1, "sessions": 1}
+    assert counts == {"codes": 1, "families": 1, "sessions": 1}
     assert await store.get_code("c-live") is not None and await store.get_code("c-dead") is None
-    assert await store.get_token("t-live") is not None and await store.get_token("t-dead") is None
-    assert await store.purge_expired(now + timedelta(seconds=60)) == {"codes": 0, "tokens": 0, "sessions": 0}
+    assert (await store.get_family("f-live"))[0] is not None and await store.get_family("f-dead") == (None, None)
+    assert await store.find_access("a2") == (None, None)
+    assert await store.purge_expired(now + timedelta(seconds=60)) == {"codes": 0, "families": 0, "sessions": 0}
 
 
 @pytest.mark.gen_test
@@ -354,7 +413,7 @@ async def test_a_users_sessions_end_together(backend_store, now):
     store = backend_store
     for name, user in (("s1", "u1"), ("s2", "u1"), ("s3", "u2")):
         await store.add_session(Session(name, user, now, now + timedelta(days=1)))
-    assert await store.delete_user_sessions("u1") == 2
+    assert await store.end_user_sessions("u1", now) == 2
     assert await store.get_session("s1") is None and await store.get_session("s2") is None
     assert await store.get_session("s3") is not None
-    assert await store.delete_user_sessions("u1") == 0
+    assert await store.end_user_sessions("u1", now) == 0

@@ -6,13 +6,13 @@ from __future__ import annotations
 import pytest
 
 from backends import BACKENDS
-from helpers import VERIFIER, WEBAPP_REDIRECT, make_config
+from helpers import VERIFIER, WEBAPP_REDIRECT, family_of, make_config
 from test_protocol import code_for
 from tokensvc.bootstrap import seed
-from tokensvc.oauth import authorization, grants, hashing, introspection, principal
+from tokensvc.oauth import authorization, grants, introspection, principal, revocation
 from tokensvc.oauth.context import OAuthContext
 from tokensvc.oauth.errors import InvalidGrant
-from tokensvc.storage.base import StorageError
+from tokensvc.storage.base import GRANT, Revocation, StorageError
 
 pytestmark = [pytest.mark.gen_test, pytest.mark.parametrize("backend_store", BACKENDS, indirect=True)]
 
@@ -32,17 +32,17 @@ async def issued(ctx):
 
 async def test_an_interrupted_sweep_leaves_no_usable_token_and_reconsent_revives_none(proto, monkeypatch):
     webapp, tokens = await issued(proto)
-    record = await proto.store.get_token(hashing.digest(tokens.access_token))
+    family = await family_of(proto.store, tokens.access_token)
 
     async def sweep_fails(*args, **kwargs):
         raise StorageError("the connection dropped")
 
-    # The grant is marked revoked, then the sweep of its tokens fails (or the process dies).
-    monkeypatch.setattr(proto.store, "revoke_grant_tokens", sweep_fails)
+    # The grant is marked revoked, then the sweep of its families fails (or the process dies).
+    monkeypatch.setattr(proto.store, "revoke_grant_families", sweep_fails)
     with pytest.raises(StorageError):
-        await proto.store.revoke_grant(record.grant_id, proto.clock())
+        await revocation.revoke_grant(proto, family.grant_id, "user")
     monkeypatch.undo()
-    unswept = await proto.store.get_token(record.token_hash)
+    unswept = await family_of(proto.store, tokens.access_token)
     assert unswept.revoked_at is None  # the sweep really did not reach it ...
     assert await introspection.introspect(proto, tokens.access_token) == {"active": False}  # ... yet it is dead
     assert await principal.from_bearer(proto, tokens.access_token) is None
@@ -56,8 +56,8 @@ async def test_an_interrupted_sweep_leaves_no_usable_token_and_reconsent_revives
                                                    "code_challenge_method": ["S256"]})
     alice = await proto.store.get_user_by_username("alice")
     await authorization.issue_code(proto, request, (await authorization.resolve_subject(proto, request, alice))[0])
-    revived = await proto.store.get_grant(record.grant_id)
-    assert revived.revoked_at is None and revived.generation == record.generation + 1
+    revived = await proto.store.get_grant(family.grant_id)
+    assert revived.revoked_at is None and revived.generation == family.generation + 1
     assert await introspection.introspect(proto, tokens.access_token) == {"active": False}
     assert await principal.from_bearer(proto, tokens.access_token) is None
     with pytest.raises(InvalidGrant):
@@ -71,49 +71,51 @@ async def test_a_code_from_before_a_revocation_is_void_after_reconsent(proto):
     webapp = await proto.store.get_client("webapp")
     old_code = await code_for(proto)
     _, tokens = await issued(proto)
-    record = await proto.store.get_token(hashing.digest(tokens.access_token))
-    await grants.revoke_grant(proto, await proto.store.get_grant(record.grant_id), "user")
+    family = await family_of(proto.store, tokens.access_token)
+    await revocation.revoke_grant(proto, family.grant_id, "user")
     await code_for(proto)  # consent again
     with pytest.raises(InvalidGrant, match="revoked"):
         await grants.exchange_code(proto, webapp, old_code, WEBAPP_REDIRECT, VERIFIER)
 
 
-async def test_a_lost_reply_of_a_rotation_does_not_revoke_the_grant(proto, monkeypatch):
+async def test_a_lost_reply_of_a_rotation_does_not_revoke_anything(proto, monkeypatch):
     webapp, tokens = await issued(proto)
-    rotate = proto.store.rotate_refresh_token
+    rotate = proto.store.rotate_family
 
     async def applied_but_reply_lost(*args, **kwargs):
         await rotate(*args, **kwargs)
         raise StorageError("the reply was lost")
 
-    monkeypatch.setattr(proto.store, "rotate_refresh_token", applied_but_reply_lost)
+    monkeypatch.setattr(proto.store, "rotate_family", applied_but_reply_lost)
     with pytest.raises(StorageError):  # the client gets 503
         await grants.refresh(proto, webapp, tokens.refresh_token)
     monkeypatch.undo()
     retried = await grants.refresh(proto, webapp, tokens.refresh_token)  # the client retries
     assert (await introspection.introspect(proto, retried.access_token))["active"] is True
-    record = await proto.store.get_token(hashing.digest(retried.refresh_token))
-    assert (await proto.store.get_grant(record.grant_id)).revoked_at is None
-    # Still one live chain: the pair the lost rotation minted is dead.
+    family = await family_of(proto.store, retried.refresh_token)
+    assert family.revoked_at is None and (await proto.store.get_grant(family.grant_id)).revoked_at is None
+    # Still one live pair, which goes on.
     assert (await grants.refresh(proto, webapp, retried.refresh_token)).access_token
 
 
-async def test_revoking_a_rotated_out_refresh_token_takes_every_descendant(proto):
-    from dataclasses import replace
+async def test_a_revocation_whose_reply_was_lost_is_completed_by_the_retry(proto, monkeypatch):
+    """The grant is marked and the reply is lost before the sweep: the client's retry finds
+    nothing to mark, sweeps, and announces; nothing is left half-revoked."""
+    _, tokens = await issued(proto)
+    family = await family_of(proto.store, tokens.access_token)
+    mark = proto.store.mark_grant_revoked
 
-    from tokensvc.oauth import revocation
-    from tokensvc.records import REFRESH
+    async def applied_but_reply_lost(*args, **kwargs):
+        await mark(*args, **kwargs)
+        raise StorageError("the reply was lost")
 
-    webapp, tokens = await issued(proto)
-    root = await proto.store.get_token(hashing.digest(tokens.refresh_token))
-    now = proto.clock()
-    # Two lines of descent from the root (a grace retry's), one of them two deep.
-    left = replace(root, token_hash="left", parent_hash=root.token_hash, rotated_at=now)
-    right = replace(root, token_hash="right", parent_hash=root.token_hash)
-    grandchild = replace(root, token_hash="grandchild", parent_hash="left")
-    await proto.store.add_tokens([left, right, grandchild])
-    await proto.store.rotate_refresh_token(root.token_hash, "webapp", now)
-    assert await revocation.revoke_token(proto, tokens.refresh_token, webapp)
-    for token_hash in ("left", "right", "grandchild"):
-        record = await proto.store.get_token(token_hash)
-        assert record.token_type == REFRESH and record.revoked_at is not None, token_hash
+    heard = []
+    proto.events.subscribe([Revocation(GRANT, family.grant_id)], lambda: heard.append(1))
+    monkeypatch.setattr(proto.store, "mark_grant_revoked", applied_but_reply_lost)
+    with pytest.raises(StorageError):
+        await revocation.revoke_grant_of(proto, tokens.access_token)
+    monkeypatch.undo()
+    assert heard == []
+    assert await revocation.revoke_grant_of(proto, tokens.refresh_token) is False  # no longer in force ...
+    assert await revocation.revoke_grant(proto, family.grant_id, "user") == 1  # ... but the retry of the sweep is
+    assert heard == [1] and (await family_of(proto.store, tokens.refresh_token)).revoked_at is not None

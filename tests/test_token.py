@@ -19,7 +19,7 @@ from helpers import (
     post_form,
 )
 from tokensvc import schemas
-from tokensvc.oauth import hashing
+from tokensvc.oauth import hashing, tokens
 
 
 @pytest.fixture
@@ -38,16 +38,17 @@ async def test_exchange_returns_the_token_response(browser, http_client, base_ur
     assert response.headers["Cache-Control"] == "no-store" and response.headers["Pragma"] == "no-cache"
     assert response.headers["Content-Type"] == "application/json"
     # Stored only as hashes: the record is found by digest, never by the token itself.
-    assert await store.get_token(body["access_token"]) is None
-    access = await store.get_token(hashing.digest(body["access_token"]))
-    refresh = await store.get_token(hashing.digest(body["refresh_token"]))
-    assert access.token_type == "access" and refresh.token_type == "refresh"
-    assert access.user_id is not None and access.installation_id is None and access.client_id == "webapp"
-    assert access.grant_id == refresh.grant_id
-    assert access.scopes == refresh.scopes == ["read", "write"] and access.parent_hash is None
-    assert access.issued_at == refresh.issued_at
-    assert (access.expires_at - access.issued_at).total_seconds() == config.tokens.access_ttl
-    assert (refresh.expires_at - refresh.issued_at).total_seconds() == config.tokens.refresh_ttl
+    assert await store.find_access(body["access_token"]) == (None, None)
+    family, grant = await store.find_access(hashing.digest(body["access_token"]))
+    assert family.access_hash == hashing.digest(body["access_token"])
+    assert family.refresh_hash == hashing.digest(body["refresh_token"])
+    assert body["access_token"] not in repr(family) and body["refresh_token"] not in repr(family)
+    assert family.family_id == tokens.family_id(body["refresh_token"].split(".")[0])
+    assert family.user_id is not None and family.installation_id is None and family.client_id == "webapp"
+    assert family.grant_id == grant.grant_id and family.rotations == 0 and family.previous_hash is None
+    assert family.scopes == ["read", "write"]
+    assert (family.access_expires_at - family.issued_at).total_seconds() == config.tokens.access_ttl
+    assert (family.expires_at - family.issued_at).total_seconds() == config.tokens.refresh_ttl
 
 
 @pytest.mark.gen_test
@@ -90,9 +91,8 @@ async def test_reused_code_is_invalid_grant_and_revokes_the_first_tokens(browser
     tokens = json_of(first)
     second = await exchange(http_client, base_url, code)
     check_oauth_error(second, 400, "invalid_grant")
-    for token in (tokens["access_token"], tokens["refresh_token"]):
-        record = await store.get_token(hashing.digest(token))
-        assert record.revoked_at is not None
+    family, _ = await store.find_access(hashing.digest(tokens["access_token"]))
+    assert family.revoked_at is not None  # the family the code started: its access and refresh token
 
 
 @pytest.mark.gen_test

@@ -150,7 +150,7 @@ async def test_expired_token_closes_its_socket(browser, http_client, base_url, c
     connection = await websocket_connect(ws_url(base_url, "?access_token=" + issued["access_token"]))
     await welcome_of(connection)
     clock.advance(3601)
-    ctx.events.revoked()  # any re-check now finds the token expired
+    ctx.events.publish_all()  # any re-check now finds the token expired
     await closed_within_a_second(connection)
 
 
@@ -169,3 +169,54 @@ async def test_other_sockets_stay_open(browser, http_client, base_url):
     keep.write_message("still here")
     assert json.loads(await gen.with_timeout(timedelta(seconds=1), keep.read_message()))["data"] == "still here"
     keep.close()
+
+
+@pytest.mark.gen_test
+async def test_only_the_sockets_a_revocation_concerns_re_check(browser, http_client, base_url, monkeypatch):
+    """Two families of the same user and app: revoking one's refresh token closes its socket,
+    and the other socket is not even asked to re-check (it stands on another family)."""
+    from tokensvc.oauth import principal as principals
+
+    first = await tokens(browser, http_client, base_url)
+    second = await tokens(browser, http_client, base_url)
+    checked = []
+    still_valid = principals.still_valid
+
+    async def counting(ctx, principal):
+        checked.append(principal.token.family_id)
+        return await still_valid(ctx, principal)
+
+    monkeypatch.setattr(principals, "still_valid", counting)
+    keep = await websocket_connect(ws_url(base_url, "?access_token=" + second["access_token"]))
+    drop = await websocket_connect(ws_url(base_url, "?access_token=" + first["access_token"]))
+    await welcome_of(keep)
+    await welcome_of(drop)
+    await revoke_rfc7009(http_client, base_url, first, browser)
+    await closed_within_a_second(drop)
+    assert len(checked) == 1
+    # A revocation that changes nothing (the same token again) announces nothing.
+    await revoke_rfc7009(http_client, base_url, first, browser)
+    await gen.sleep(0.1)
+    assert len(checked) == 1
+    keep.close()
+
+
+@pytest.mark.gen_test
+async def test_a_refresh_is_no_revocation_for_an_open_socket(browser, http_client, base_url):
+    """A socket stands on its token's family: refreshing replaces the access token it opened
+    with, and the socket goes on until the family is revoked."""
+    issued = await tokens(browser, http_client, base_url)
+    connection = await websocket_connect(ws_url(base_url, "?access_token=" + issued["access_token"]))
+    await welcome_of(connection)
+    refreshed = await post_form(http_client, base_url + "/oauth/token/refresh",
+                                {"refresh_token": issued["refresh_token"]}, {"Authorization": basic("webapp", WEBAPP_SECRET)})
+    assert refreshed.code == 200
+    connection.write_message("after the refresh")
+    assert json.loads(await gen.with_timeout(timedelta(seconds=1), connection.read_message()))["type"] == "echo"
+    # Revoking the new access token alone is not this socket's token; revoking the family is.
+    await revoke_rfc7009(http_client, base_url, json_of(refreshed), browser)
+    connection.write_message("still")
+    assert json.loads(await gen.with_timeout(timedelta(seconds=1), connection.read_message()))["type"] == "echo"
+    await post_form(http_client, base_url + "/oauth/token/revoke", {"token": json_of(refreshed)["refresh_token"]},
+                    {"Authorization": basic("webapp", WEBAPP_SECRET)})
+    await closed_within_a_second(connection)

@@ -15,7 +15,8 @@ from tokensvc.bootstrap import new_user_id
 from tokensvc.identifiers import ID, USERNAME, is_url, password_problem, redirect_uri_problem
 from tokensvc.oauth import hashing, scopes as scope_rules
 from tokensvc.oauth.context import OAuthContext
-from tokensvc.oauth.grants import revoke_grant
+from tokensvc.oauth import sessions as web_sessions
+from tokensvc.oauth.revocation import revoke_grant
 from tokensvc.records import Client, Installation, Subject, User, utcnow
 from tokensvc.storage.base import Conflict, Store
 
@@ -99,13 +100,13 @@ async def rotate_secret(store: Store, client_id: str) -> str:
 
 
 async def remove_client(ctx: OAuthContext, client_id: str) -> int:
-    """Delete a client after revoking every grant (and token) it holds; returns the token count."""
+    """Delete a client after revoking every grant (and token) it holds; the families revoked."""
     await get_client(ctx.store, client_id)
     revoked = 0
     for grant in await ctx.store.list_client_grants(client_id):
-        revoked += await revoke_grant(ctx, grant, "admin")
+        revoked += await revoke_grant(ctx, grant.grant_id, "admin")
     await ctx.store.delete_client(client_id)
-    _record("client_removed", client_id=client_id, tokens_revoked=revoked, outcome="success")
+    _record("client_removed", client_id=client_id, families_revoked=revoked, outcome="success")
     return revoked
 
 
@@ -143,15 +144,14 @@ async def set_password(ctx: OAuthContext, username: str, password: str, *, keep_
     user = await get_user(ctx.store, username)
     user.password_hash = await _hash_password(password)
     await ctx.store.put_user(user)
-    sessions = await ctx.store.delete_user_sessions(user.user_id)
+    sessions = await web_sessions.end_all(ctx, user.user_id)
     revoked = 0
     if not keep_grants:
         for grant in await ctx.store.list_grants(Subject(user_id=user.user_id)):
-            revoked += await revoke_grant(ctx, grant, "admin")
-    ctx.events.revoked()
+            revoked += await revoke_grant(ctx, grant.grant_id, "admin")
     _record("user_password_set", subject=user.user_id, username=username, sessions_ended=sessions,
-            tokens_revoked=revoked, outcome="success")
-    return {"sessions_ended": sessions, "tokens_revoked": revoked}
+            families_revoked=revoked, outcome="success")
+    return {"sessions_ended": sessions, "families_revoked": revoked}
 
 
 async def remove_user(ctx: OAuthContext, username: str) -> int:
@@ -159,11 +159,10 @@ async def remove_user(ctx: OAuthContext, username: str) -> int:
     user = await get_user(ctx.store, username)
     revoked = 0
     for grant in await ctx.store.list_grants(Subject(user_id=user.user_id)):
-        revoked += await revoke_grant(ctx, grant, "admin")
-    await ctx.store.delete_user_sessions(user.user_id)
-    ctx.events.revoked()
+        revoked += await revoke_grant(ctx, grant.grant_id, "admin")
+    await web_sessions.end_all(ctx, user.user_id)
     await ctx.store.delete_user(user.user_id)
-    _record("user_removed", subject=user.user_id, username=username, tokens_revoked=revoked, outcome="success")
+    _record("user_removed", subject=user.user_id, username=username, families_revoked=revoked, outcome="success")
     return revoked
 
 
@@ -187,9 +186,9 @@ async def remove_installation(ctx: OAuthContext, installation_id: str) -> int:
         raise AdminError(f"no installation with id {installation_id!r}")
     revoked = 0
     for grant in await ctx.store.list_grants(Subject(installation_id=installation_id)):
-        revoked += await revoke_grant(ctx, grant, "admin")
+        revoked += await revoke_grant(ctx, grant.grant_id, "admin")
     await ctx.store.delete_installation(installation_id)
-    _record("installation_removed", subject=installation_id, tokens_revoked=revoked, outcome="success")
+    _record("installation_removed", subject=installation_id, families_revoked=revoked, outcome="success")
     return revoked
 
 

@@ -105,5 +105,5 @@ async def purge_periodically(store: Store, every: float = MEMORY_PURGE_SECONDS) 
             log.warning("could not purge expired records: %s", exc)
             continue
         if any(counts.values()):
-            log.info("purged %d expired codes, %d tokens, %d sessions", counts["codes"], counts["tokens"],
+            log.info("purged %d expired codes, %d token families, %d sessions", counts["codes"], counts["families"],
                      counts["sessions"])

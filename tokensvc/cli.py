@@ -222,7 +222,8 @@ def _client_data(client: Client) -> dict[str, Any]:
 
 
 def _removed(args: argparse.Namespace, kind: str, name: str, revoked: int) -> int:
-    _emit(args, {"removed": name, "tokens_revoked": revoked}, f"removed {kind} {name} ({revoked} tokens revoked)")
+    _emit(args, {"removed": name, "families_revoked": revoked},
+          f"removed {kind} {name} ({revoked} token families revoked)")
     return 0
 
 
@@ -311,7 +312,7 @@ async def users_set_password(ctx: OAuthContext, args: argparse.Namespace) -> int
     ended = await admin.set_password(ctx, args.username, args.password, keep_grants=args.keep_grants)
     _emit(args, {"username": args.username, "password_set": True, **ended},
           f"password of {args.username} changed; {ended['sessions_ended']} web sessions ended, "
-          f"{ended['tokens_revoked']} tokens revoked")
+          f"{ended['families_revoked']} token families revoked")
     return 0
 
 
@@ -339,7 +340,7 @@ async def installations_remove(ctx: OAuthContext, args: argparse.Namespace) -> i
 
 async def tokens_purge(ctx: OAuthContext, args: argparse.Namespace) -> int:
     counts = await admin.purge(ctx.store)
-    _emit(args, counts, "purged {codes} expired codes, {tokens} expired tokens, {sessions} expired sessions"
+    _emit(args, counts, "purged {codes} expired codes, {families} expired token families, {sessions} expired sessions"
           .format(**counts))
     return 0
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import ipaddress
 import logging
+import math
 import os
 import re
 import secrets
@@ -23,7 +24,8 @@ from tokensvc.identifiers import ID, USERNAME, is_url, password_problem, redirec
 log = logging.getLogger(__name__)
 
 ENV_PREFIX = "TOKENSVC_"
-MONGODB_REFRESH_GRACE = 30  # tokens.refresh_grace_seconds when unset, on MongoDB
+# What a 503 (the store not answering) asks a client to wait before it tries again.
+STORE_RETRY_AFTER_SECONDS = 5
 _SHA256_HEX = re.compile(r"^[0-9a-f]{64}$")
 
 
@@ -50,9 +52,9 @@ class TokenSettings:
     installation_refresh_ttl: int = 31536000
     code_ttl: int = 300
     session_ttl: int = 1209600
-    # How long a client may retry the refresh token it rotated out most recently (its answer
-    # was lost). Unset: 30 on MongoDB, where a reply can be lost after the write applied; 0 on
-    # the memory backend, where it cannot.
+    # How long a client may retry an exchange or a refresh whose reply it lost, while the pair
+    # that reply carried is unused. Unset: on MongoDB, where a reply can be lost after the write
+    # applied, the whole retry budget (:func:`mongodb_grace_seconds`); 0 on the memory backend.
     refresh_grace_seconds: int | None = None
 
 
@@ -320,6 +322,13 @@ def _scope_descriptions(table: Any) -> dict[str, str]:
     return dict(table)
 
 
+def mongodb_grace_seconds(timeout_ms: int) -> int:
+    """The grace period that covers a client's honest retry on MongoDB: its first attempt may
+    take the whole operation budget before answering 503, the client waits the Retry-After,
+    and its retry may take the budget again before it reaches the store (docs/operations.md)."""
+    return 2 * math.ceil(timeout_ms / 1000) + STORE_RETRY_AFTER_SECONDS
+
+
 def validate(settings: Settings) -> None:
     """Cross-field checks; fills in a generated cookie secret in demo mode."""
     if not re.fullmatch(r"[A-Za-z0-9_-]{1,64}", settings.service_name):
@@ -345,7 +354,8 @@ def validate(settings: Settings) -> None:
         if getattr(settings.storage, key) <= 0:
             raise ConfigError(f"storage.{key}: must be positive")
     if settings.tokens.refresh_grace_seconds is None:
-        settings.tokens.refresh_grace_seconds = MONGODB_REFRESH_GRACE if settings.storage.backend == "mongodb" else 0
+        settings.tokens.refresh_grace_seconds = (mongodb_grace_seconds(settings.storage.timeout_ms)
+                                                 if settings.storage.backend == "mongodb" else 0)
     for f in dataclasses.fields(TokenSettings):
         value = getattr(settings.tokens, f.name)
         minimum = 0 if f.name == "refresh_grace_seconds" else 1

@@ -55,11 +55,15 @@ class Metrics:
         self.http_duration = Histogram("tokensvc_http_request_duration_seconds", "Time to answer a request",
                                        ["route"], buckets=DURATION_BUCKETS, registry=registry)
         self.tokens_issued = counter("tokensvc_tokens_issued_total", "Token pairs issued, by grant", ("grant",))
-        self.tokens_revoked = counter("tokensvc_tokens_revoked_total", "Tokens revoked, by reason", ("reason",))
+        self.families_revoked = counter("tokensvc_token_families_revoked_total",
+                                        "Token families revoked (a refresh and an access token each), by reason",
+                                        ("reason",))
+        self.access_tokens_revoked = counter("tokensvc_access_tokens_revoked_total",
+                                             "Access tokens revoked alone by their client (RFC 7009)")
         self.refresh_reuse = counter("tokensvc_refresh_reuse_total",
-                                     "Rotated-out refresh tokens presented again (their grant revoked)")
+                                     "Rotated-out refresh tokens presented again (their family revoked)")
         self.code_reuse = counter("tokensvc_code_reuse_total",
-                                  "Redeemed authorization codes presented again (their grant revoked)")
+                                  "Redeemed authorization codes presented again (their family revoked)")
         self.client_auth_failures = counter("tokensvc_client_auth_failures_total", "Failed client authentications")
         self.login_failures = counter("tokensvc_login_failures_total", "Failed sign-ins")
         self.rate_limited = counter("tokensvc_rate_limited_total", "Requests refused by a failure limit (429)",

@@ -98,11 +98,11 @@ def build() -> dict[str, Any]:
 
     token_query = {"name": "token", "in": "query", "required": False, "schema": {"type": "string"}}
     spec.path("/oauth/revoke", operations={"post": {
-        "summary": "Revoke the presented token and the caller's whole grant", "parameters": [token_query],
+        "summary": "Revoke the whole grant of the presented token (when it is in force)", "parameters": [token_query],
         "security": [{}, {"bearer": []}],
         "responses": {"200": _json("Empty", "Always"), "503": UNAVAILABLE}}})
     spec.path("/oauth/sign-out", operations={"post": {
-        "summary": "End the web session; revoke `token` when given", "parameters": [token_query],
+        "summary": "End the web session; revoke `token` when given and in force", "parameters": [token_query],
         "responses": {"200": _json("Empty", "Signed out"), "400": OAUTH_400,
                       "403": _json("Detail", "Session cookie without XSRF"),
                       "413": TOO_LARGE, "422": INVALID, "503": UNAVAILABLE}}})

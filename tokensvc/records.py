@@ -2,7 +2,8 @@
 
 Plain dataclasses shared by the protocol layer and every storage backend. Secrets never
 appear here in clear: tokens, codes, client secrets and session ids are held as their
-SHA-256 hex digest, passwords as a scrypt hash.
+SHA-256 hex digest, passwords as a scrypt hash. Tokens have no records of their own: a
+:class:`Family` holds its current pair, and :class:`Token` is the protocol's view of one.
 """
 
 from __future__ import annotations
@@ -117,6 +118,7 @@ class AuthorizationCode:
     # presenting it again is no replay (RFC 6749 §4.1.2 revokes only for a redeemed code).
     spent_by_failure: bool = False
     generation: int = 0  # the grant's, when the code was issued
+    family_id: str | None = None  # the family its redemption started
 
     @property
     def subject(self) -> Subject:
@@ -128,9 +130,86 @@ REFRESH = "refresh"
 
 
 @dataclass(slots=True)
+class Family:
+    """Every token descended from one redeemed authorization code: the code's exchange and
+    each refresh rotation after it (RFC 9700 §4.14.2 revokes a family on reuse).
+
+    One record however often the family refreshes: it holds the current access and refresh
+    token (as hashes), the refresh token rotated out last (for a retry within the grace
+    period), and when the current pair replaced it. Every refresh token of the family carries
+    the family's secret (``tokensvc.oauth.tokens``), so a rotated-out one is recognised
+    without a record of its own; a refresh replaces the family's access token (one pair per
+    family, as ORY Hydra's refresh does).
+    """
+
+    family_id: str  # the SHA-256 of the family secret every refresh token of it starts with
+    grant_id: str
+    client_id: str
+    user_id: str | None
+    installation_id: str | None
+    generation: int  # the grant's, when the code was issued
+    scopes: list[str]  # the current pair's (a refresh may narrow them)
+    created_at: datetime  # the code's redemption
+    refresh_hash: str
+    access_hash: str
+    issued_at: datetime  # when the current pair was issued
+    expires_at: datetime  # the current refresh token's expiry: the record lives this long
+    access_expires_at: datetime
+    # The refresh token the current pair replaced, and when: a client whose reply was lost
+    # may present it again within the grace period, while the current pair is unused.
+    previous_hash: str | None = None
+    renewed_at: datetime | None = None  # the last rotation (or the exchange)
+    access_used_at: datetime | None = None  # the current access token's first presentation
+    access_revoked_at: datetime | None = None  # the current access token revoked alone
+    revoked_at: datetime | None = None  # the whole family
+    rotations: int = 0
+
+    @property
+    def subject(self) -> Subject:
+        return Subject(self.user_id, self.installation_id)
+
+    def access(self) -> Token:
+        return Token(ACCESS, self.access_hash, self.family_id, self.client_id, self.grant_id, self.scopes,
+                     self.issued_at, self.access_expires_at, self.user_id, self.installation_id,
+                     self.generation, self.revoked_at or self.access_revoked_at)
+
+    def refresh(self) -> Token:
+        return Token(REFRESH, self.refresh_hash, self.family_id, self.client_id, self.grant_id, self.scopes,
+                     self.issued_at, self.expires_at, self.user_id, self.installation_id, self.generation,
+                     self.revoked_at)
+
+    def stands(self, grant: Grant | None) -> bool:
+        """Not revoked, and its grant still stands behind the generation it was issued under."""
+        return self.revoked_at is None and grant is not None and grant.stands_behind(self.generation)
+
+    def replaceable(self, grace_seconds: int, now: datetime) -> bool:
+        """Whether a retry may still replace the current pair, as a lost reply's: within the
+        grace period after the exchange or rotation that issued it, and never used (its
+        refresh token not rotated, its access token never presented)."""
+        return (grace_seconds > 0 and self.revoked_at is None and self.access_used_at is None
+                and self.renewed_at is not None and (now - self.renewed_at).total_seconds() <= grace_seconds)
+
+
+@dataclass(slots=True, frozen=True)
+class Pair:
+    """What the store keeps of a newly minted access + refresh pair: hashes, scopes, times."""
+
+    access_hash: str
+    refresh_hash: str
+    scopes: list[str]
+    issued_at: datetime
+    expires_at: datetime  # the refresh token's
+    access_expires_at: datetime
+
+
+@dataclass(slots=True, frozen=True)
 class Token:
-    token_hash: str
+    """An access or refresh token as the protocol sees it: the current pair of a
+    :class:`Family` (tokens have no records of their own)."""
+
     token_type: str  # ACCESS | REFRESH
+    token_hash: str
+    family_id: str
     client_id: str
     grant_id: str
     scopes: list[str]
@@ -138,22 +217,12 @@ class Token:
     expires_at: datetime
     user_id: str | None = None
     installation_id: str | None = None
+    generation: int = 0
     revoked_at: datetime | None = None
-    rotated_at: datetime | None = None  # refresh tokens only
-    parent_hash: str | None = None  # the refresh token whose rotation minted this one
-    generation: int = 0  # the grant's, when the token was minted
 
     @property
     def subject(self) -> Subject:
         return Subject(self.user_id, self.installation_id)
-
-    def is_active(self, now: datetime) -> bool:
-        return self.revoked_at is None and self.rotated_at is None and now < self.expires_at
-
-    def in_force(self, grant: Grant | None, now: datetime) -> bool:
-        """Active, and its grant still stands behind it: a revoked grant's tokens authorize
-        nothing, whether or not the revocation's sweep reached them."""
-        return self.is_active(now) and grant is not None and grant.stands_behind(self.generation)
 
 
 @dataclass(slots=True)
@@ -162,3 +231,4 @@ class Session:
     user_id: str
     created_at: datetime
     expires_at: datetime
+    ended_at: datetime | None = None  # signed out (kept until it expires, so a revocation can be followed)

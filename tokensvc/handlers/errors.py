@@ -18,6 +18,7 @@ from typing import Any
 import tornado.httputil
 import tornado.web
 
+from tokensvc.config import STORE_RETRY_AFTER_SECONDS
 from tokensvc.handlers.access_log import redact
 from tokensvc.metrics import Metrics
 from tokensvc.oauth.errors import OAuthError
@@ -70,7 +71,7 @@ def response_for(exc: BaseException | None) -> tuple[int, Any, dict[str, str]]:
     if isinstance(exc, (OAuthError, ValidationFailed, NotFound, TooManyFailures)):
         return exc.status_code, exc.body(), exc.headers()
     if isinstance(exc, StorageError):
-        return 503, {"detail": STORE_DOWN}, {"Retry-After": "5"}
+        return 503, {"detail": STORE_DOWN}, {"Retry-After": str(STORE_RETRY_AFTER_SECONDS)}
     if isinstance(exc, StoreFault):  # no Retry-After: retrying will not help
         return 500, {"detail": STORE_FAULT}, {}
     if isinstance(exc, tornado.web.HTTPError):

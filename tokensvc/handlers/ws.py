@@ -41,6 +41,7 @@ class EchoSocket(AuthMixin, RequestInput, tornado.websocket.WebSocketHandler):
         self.log_error: str | None = None
         self._timers: list[Any] = []
         self._checking = False
+        self._stands_on: list[Any] = []
 
     async def get(self, *args: Any, **kwargs: Any) -> None:
         try:
@@ -87,7 +88,8 @@ class EchoSocket(AuthMixin, RequestInput, tornado.websocket.WebSocketHandler):
         assert principal is not None
         # Revocations reach the socket as announcements (oauth.events), from this process and,
         # through the process's one relay, from every other: no socket polls on its own.
-        self.ctx.events.subscribe(self._on_revocation)
+        self._stands_on = principals.stands_on(principal)
+        self.ctx.events.subscribe(self._stands_on, self._on_revocation)
         self.opened = True
         self.ctx.metrics.websockets_open.inc()
         loop = tornado.ioloop.IOLoop.current()
@@ -104,7 +106,7 @@ class EchoSocket(AuthMixin, RequestInput, tornado.websocket.WebSocketHandler):
         self.write_message(json.dumps({"type": "echo", "data": message}))
 
     def on_close(self) -> None:
-        self.ctx.events.unsubscribe(self._on_revocation)
+        self.ctx.events.unsubscribe(self._stands_on, self._on_revocation)
         if self.opened:
             self.opened = False
             self.ctx.metrics.websockets_open.dec()

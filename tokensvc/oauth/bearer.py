@@ -1,10 +1,12 @@
-"""Bearer tokens (RFC 6750): finding the active access token a request presents."""
+"""Bearer tokens (RFC 6750): the token a request presents, and whether it is in force."""
 
 from __future__ import annotations
 
-from tokensvc.oauth import hashing
+import hmac
+
+from tokensvc.oauth import hashing, tokens
 from tokensvc.oauth.context import OAuthContext
-from tokensvc.records import ACCESS, Token
+from tokensvc.records import Family, Grant, Token
 
 
 def from_authorization(header: str | None) -> str | None:
@@ -15,30 +17,54 @@ def from_authorization(header: str | None) -> str | None:
     return token or None
 
 
-MAX_TOKEN_LENGTH = 512  # ours are 43 characters; anything far longer is not worth a digest
-
-
-async def lookup(ctx: OAuthContext, token: str | None) -> Token | None:
-    """The stored record of a presented token (any kind, any state), or None."""
-    if not token or len(token) > MAX_TOKEN_LENGTH:
-        return None
-    return await ctx.store.get_token(hashing.digest(token))
+MAX_TOKEN_LENGTH = 512  # ours are 43 or 66 characters; anything far longer is not worth a digest
 
 
 async def in_force(ctx: OAuthContext, token: str | None) -> Token | None:
-    """The stored record of a presented token if it is in force (active, and its grant
-    still stands behind it: :meth:`Token.in_force`), else None. One store round trip."""
+    """The presented token, if it is in force: the current access or refresh token of an
+    unrevoked family whose grant still stands behind it, unexpired (and, for an access token,
+    not revoked alone). None for anything else. One store round trip, and for an access
+    token's first presentation within the grace period one more write: from then on its pair
+    is no longer a lost reply's (:meth:`Family.replaceable`)."""
     if not token or len(token) > MAX_TOKEN_LENGTH:
         return None
-    record, grant = await ctx.store.get_token_and_grant(hashing.digest(token))
-    if record is None or not record.in_force(grant, ctx.clock()):
+    if tokens.is_refresh_format(token):
+        parsed = tokens.parse_refresh(token)
+        if parsed is None:
+            return None
+        family, grant = await ctx.store.get_family(parsed[0])
+        if family is None or not hmac.compare_digest(parsed[1], family.refresh_hash):
+            return None
+        return _if_in_force(ctx, family, grant, family.refresh())
+    return await _access(ctx, hashing.digest(token))
+
+
+async def family_member(ctx: OAuthContext, token: str) -> Token | None:
+    """A refresh token of a family, current or rotated out (it carries the family's secret),
+    as the family's current refresh token; None when no family has it."""
+    parsed = tokens.parse_refresh(token)
+    if parsed is None:
         return None
-    return record
+    family, _ = await ctx.store.get_family(parsed[0])
+    return None if family is None else family.refresh()
 
 
 async def active_access_token(ctx: OAuthContext, token: str | None) -> Token | None:
-    """The stored access token if it is in force, else None."""
-    record = await in_force(ctx, token)
-    if record is None or record.token_type != ACCESS:
+    """The presented access token if it is in force, else None (refresh tokens authorize no request)."""
+    if not token or len(token) > MAX_TOKEN_LENGTH or tokens.is_refresh_format(token):
         return None
-    return record
+    return await _access(ctx, hashing.digest(token))
+
+
+async def _access(ctx: OAuthContext, access_hash: str) -> Token | None:
+    family, grant = await ctx.store.find_access(access_hash)
+    if family is None or family.access_revoked_at is not None:
+        return None
+    found = _if_in_force(ctx, family, grant, family.access())
+    if found is not None and family.replaceable(ctx.tokens.refresh_grace_seconds, ctx.clock()):
+        await ctx.store.mark_access_used(family.family_id, access_hash, ctx.clock())
+    return found
+
+
+def _if_in_force(ctx: OAuthContext, family: Family, grant: Grant | None, token: Token) -> Token | None:
+    return token if family.stands(grant) and token.expires_at > ctx.clock() else None

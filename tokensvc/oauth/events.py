@@ -1,18 +1,20 @@
 """Announcements of revocations, to the open WebSockets of this process.
 
-Open WebSocket connections subscribe here so that a revoked token, grant or session closes
-its socket at once. What this process revokes it announces itself; what another process
-sharing the store revokes reaches it through :func:`relay`, one per process, which follows
-the store's revocation feed (on MongoDB a change stream, or a poll of one counter).
+An open WebSocket subscribes under the keys it stands on (its token's family and grant, or
+its web session and user), so that a revocation closes it at once and no other socket is
+disturbed. What this process revokes it announces itself, naming what changed
+(:class:`~tokensvc.storage.base.Revocation`); what another process sharing the store revokes
+reaches it through :func:`relay`, one per process, which follows the store's revocation feed.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
+from collections import defaultdict
+from collections.abc import Callable, Iterable
 
-from tokensvc.storage.base import StorageError, Store, StoreFault
+from tokensvc.storage.base import Revocation, StorageError, Store, StoreFault
 
 log = logging.getLogger(__name__)
 
@@ -21,17 +23,31 @@ Listener = Callable[[], None]
 
 class RevocationEvents:
     def __init__(self) -> None:
-        self._listeners: set[Listener] = set()
+        self._listeners: dict[Revocation, set[Listener]] = defaultdict(set)
 
-    def subscribe(self, listener: Listener) -> None:
-        self._listeners.add(listener)
+    def subscribe(self, keys: Iterable[Revocation], listener: Listener) -> None:
+        for key in keys:
+            self._listeners[key].add(listener)
 
-    def unsubscribe(self, listener: Listener) -> None:
-        self._listeners.discard(listener)
+    def unsubscribe(self, keys: Iterable[Revocation], listener: Listener) -> None:
+        for key in keys:
+            listeners = self._listeners.get(key)
+            if listeners is not None:
+                listeners.discard(listener)
+                if not listeners:
+                    del self._listeners[key]
 
-    def revoked(self) -> None:
-        """Something was revoked: every listener re-checks the credential it stands on."""
-        for listener in list(self._listeners):
+    def publish(self, revocation: Revocation) -> None:
+        """``revocation`` happened: the listeners standing on it re-check."""
+        self._notify(list(self._listeners.get(revocation, ())))
+
+    def publish_all(self) -> None:
+        """Anything may have been revoked (the feed was interrupted): every listener re-checks."""
+        self._notify({listener for listeners in self._listeners.values() for listener in listeners})
+
+    @staticmethod
+    def _notify(listeners: Iterable[Listener]) -> None:
+        for listener in listeners:
             try:
                 listener()
             except Exception:  # a broken listener must not break revocation
@@ -46,10 +62,10 @@ async def relay(store: Store, events: RevocationEvents, retry_seconds: float = 1
     """
     while True:
         try:
-            async for _ in store.revocation_feed():
-                events.revoked()
+            async for revocation in store.revocation_feed():
+                events.publish(revocation)
             return
         except (StorageError, StoreFault) as exc:
             log.warning("revocation feed interrupted (%s); resuming in %.0fs", exc, retry_seconds)
         await asyncio.sleep(retry_seconds)
-        events.revoked()
+        events.publish_all()

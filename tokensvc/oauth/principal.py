@@ -12,6 +12,7 @@ from tokensvc.oauth import bearer, scopes, sessions
 from tokensvc.oauth.context import OAuthContext
 from tokensvc.oauth.errors import InsufficientScope
 from tokensvc.records import Session, Subject, Token
+from tokensvc.storage.base import FAMILY, GRANT, SESSION, USER, Revocation
 
 SESSION_SCOPES = ("read", "write")
 
@@ -63,12 +64,29 @@ async def describe(ctx: OAuthContext, principal: Principal) -> dict:
     return body
 
 
-async def still_valid(ctx: OAuthContext, principal: Principal) -> bool:
-    """Re-check the credential behind a long-lived connection (a WebSocket)."""
-    now = ctx.clock()
+def stands_on(principal: Principal) -> list[Revocation]:
+    """What a long-lived connection of ``principal`` stands on: a revocation of any of these
+    makes it re-check (:func:`still_valid`)."""
     if principal.token is not None:
-        current, grant = await ctx.store.get_token_and_grant(principal.token.token_hash)
-        return current is not None and current.in_force(grant, now)
+        return [Revocation(FAMILY, principal.token.family_id), Revocation(GRANT, principal.token.grant_id)]
+    assert principal.session is not None
+    return [Revocation(SESSION, principal.session.session_hash), Revocation(USER, principal.session.user_id)]
+
+
+async def still_valid(ctx: OAuthContext, principal: Principal) -> bool:
+    """Re-check the credential behind a long-lived connection (a WebSocket).
+
+    A connection opened with an access token stands on the token's family: a refresh that
+    replaces the token is no revocation, while revoking the family, its grant, or that access
+    token alone ends it. One opened with a session stands on the session.
+    """
+    now = ctx.clock()
+    token = principal.token
+    if token is not None:
+        family, grant = await ctx.store.get_family(token.family_id)
+        if family is None or not family.stands(grant) or token.expires_at <= now:
+            return False
+        return not (family.access_hash == token.token_hash and family.access_revoked_at is not None)
     if principal.session is not None:
         current_session = await ctx.store.get_session(principal.session.session_hash)
         return current_session is not None and current_session.expires_at > now

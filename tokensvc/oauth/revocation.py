@@ -1,19 +1,65 @@
-"""Revocation: RFC 7009 for clients, and the grant-wide revocation of ``/oauth/revoke``.
+"""Revocation: RFC 7009 for clients, the grant-wide revocation of ``/oauth/revoke``, a user
+withdrawing an app, and the primitives every revoking path shares.
 
-Revoking an access token revokes that token. Revoking a refresh token also revokes the
-access tokens of its grant (RFC 7009 §2.1) and any refresh token that descends from it by
-rotation, so that no chain outlives the token its holder revoked.
+A token that is not in force (expired, revoked, rotated out, or from an earlier generation of
+its grant) authenticates nobody and revokes nothing at ``/oauth/revoke`` and ``/oauth/sign-out``
+(they still answer 200). At ``/oauth/token/revoke`` (RFC 7009) the client revokes only its own
+tokens: an access token in force, alone; or any refresh token of one of its families, current
+or rotated out, with its family (§2.1: the tokens of the same authorization). So a revocation
+that races the client's own refresh takes the new pair too, and no chain outlives it.
+
+Every revocation that changed something is announced, naming what it changed
+(:mod:`tokensvc.oauth.events`), so that the WebSockets standing on it re-check; one that
+changed nothing announces nothing.
 """
 
 from __future__ import annotations
 
 from tokensvc import logs
-from tokensvc.oauth import bearer, clientauth
+from tokensvc.oauth import bearer, clientauth, tokens
 from tokensvc.oauth.clientauth import ClientRequest
 from tokensvc.oauth.context import OAuthContext
-from tokensvc.oauth.grants import revoke_grant
-from tokensvc.records import ACCESS, REFRESH, Client, Subject
+from tokensvc.records import ACCESS, Client, Grant, Subject
+from tokensvc.storage.base import FAMILY, GRANT, Revocation
 
+
+# -- the primitives ---------------------------------------------------------------------
+
+async def revoke_grant(ctx: OAuthContext, grant_id: str, reason: str) -> int:
+    """Revoke a grant and every family of it; the number of families revoked. ``reason``
+    labels the count in ``tokensvc_token_families_revoked_total``.
+
+    The grant is marked first: from then on none of its tokens is in force, so a sweep that
+    fails half-way leaves nothing usable, and a family minted concurrently is caught either
+    by the sweep or by its minter's check afterwards (:func:`sweep_if_grant_revoked`).
+    """
+    now = ctx.clock()
+    marked = await ctx.store.mark_grant_revoked(grant_id, now)
+    count = await ctx.store.revoke_grant_families(grant_id, now)
+    if marked or count:
+        ctx.metrics.families_revoked.labels(reason).inc(count)
+        ctx.events.publish(Revocation(GRANT, grant_id))
+    return count
+
+
+async def revoke_family(ctx: OAuthContext, family_id: str, reason: str) -> bool:
+    """Revoke a family (its refresh and access token); True when it was unrevoked."""
+    if not await ctx.store.revoke_family(family_id, ctx.clock()):
+        return False
+    ctx.metrics.families_revoked.labels(reason).inc()
+    ctx.events.publish(Revocation(FAMILY, family_id))
+    return True
+
+
+async def sweep_if_grant_revoked(ctx: OAuthContext, grant: Grant, family_id: str) -> None:
+    """After starting a family: a revocation of its grant that raced it either swept the new
+    family or is seen here (the grant is marked before its families are swept)."""
+    current = await ctx.store.get_grant(grant.grant_id)
+    if current is None or not current.stands_behind(grant.generation):
+        await revoke_family(ctx, family_id, "grant")
+
+
+# -- the endpoints ----------------------------------------------------------------------
 
 async def revoke_for_client(ctx: OAuthContext, caller: ClientRequest, token: str) -> bool:
     """``POST /oauth/token/revoke``: authenticate the client, then revoke its token."""
@@ -22,56 +68,46 @@ async def revoke_for_client(ctx: OAuthContext, caller: ClientRequest, token: str
 
 
 async def revoke_token(ctx: OAuthContext, token: str, client: Client | None) -> bool:
-    """Revoke ``token`` when it exists and (if ``client`` is given) was issued to that client.
-
-    Unknown, foreign and already revoked tokens are a silent no-op (RFC 7009 §2.2).
-    """
-    record = await bearer.lookup(ctx, token)
-    if record is None or (client is not None and record.client_id != client.client_id):
+    """Revoke ``token``; with ``client`` (RFC 7009), only a token issued to that client, and a
+    refresh token of its family whether current or rotated out; without (sign-out), only a
+    token in force. Anything else is a silent no-op (RFC 7009 §2.2)."""
+    found = await bearer.in_force(ctx, token)
+    if found is None and client is not None and tokens.is_refresh_format(token):
+        found = await bearer.family_member(ctx, token)
+    if found is None or (client is not None and found.client_id != client.client_id):
         return False
-    store, now = ctx.store, ctx.clock()
-    revoked = await store.revoke_token(record.token_hash, now)
-    count = int(revoked)
-    if record.token_type == REFRESH:
-        count += await store.revoke_grant_tokens(record.grant_id, now, token_type=ACCESS)
-        # Every descendant, not one line of them: a grace retry gives a token two children.
-        parents = [record.token_hash]
-        while parents:
-            parent = parents.pop()
-            count += await store.revoke_children(parent, now)
-            parents += [child.token_hash for child in await store.list_children(parent) if child.token_type == REFRESH]
-    ctx.metrics.tokens_revoked.labels("client").inc(count)
-    ctx.events.revoked()
+    if found.token_type == ACCESS:
+        revoked = await ctx.store.revoke_access(found.family_id, found.token_hash, ctx.clock())
+        if revoked:
+            ctx.metrics.access_tokens_revoked.inc()
+            ctx.events.publish(Revocation(FAMILY, found.family_id))
+    else:
+        revoked = await revoke_family(ctx, found.family_id, "client")
     logs.audit("token_revoked", {
-        "client_id": record.client_id, "subject": record.subject.id, "token_type": record.token_type,
+        "client_id": found.client_id, "subject": found.subject.id, "token_type": found.token_type,
         "outcome": "revoked" if revoked else "already_revoked"})
     return revoked
 
 
 async def revoke_grant_of(ctx: OAuthContext, token: str | None) -> bool:
-    """Revoke the whole grant ``token`` belongs to (``POST /oauth/revoke``)."""
-    record = await bearer.lookup(ctx, token)
-    if record is None:
+    """Revoke the whole grant of ``token``, when it is in force (``POST /oauth/revoke``)."""
+    found = await bearer.in_force(ctx, token)
+    if found is None:
         return False
-    grant = await ctx.store.get_grant(record.grant_id)
-    if grant is None:
-        await ctx.store.revoke_token(record.token_hash, ctx.clock())
-        ctx.events.revoked()
-        return True
-    count = await revoke_grant(ctx, grant, "grant")
+    count = await revoke_grant(ctx, found.grant_id, "grant")
     logs.audit("grant_revoked", {
-        "client_id": record.client_id, "subject": record.subject.id, "tokens_revoked": count, "outcome": "revoked"})
+        "client_id": found.client_id, "subject": found.subject.id, "families_revoked": count, "outcome": "revoked"})
     return True
 
 
 async def revoke_connected_app(ctx: OAuthContext, subject: Subject, client_id: str) -> bool:
-    """A user withdraws a client's access: its grant and every token of it. False when there
-    is no active grant (``DELETE /v1/me/connected-apps/{client_id}``)."""
+    """A user withdraws a client's access: its grant and every family of it. False when
+    there is no active grant (``DELETE /v1/me/connected-apps/{client_id}``)."""
     grant = await ctx.store.find_grant(client_id, subject)
     if grant is None or grant.revoked_at is not None:
         return False
-    count = await revoke_grant(ctx, grant, "user")
+    count = await revoke_grant(ctx, grant.grant_id, "user")
     logs.audit("grant_revoked", {
-        "client_id": client_id, "subject": subject.id, "tokens_revoked": count, "outcome": "revoked_by_user"},
+        "client_id": client_id, "subject": subject.id, "families_revoked": count, "outcome": "revoked_by_user"},
         message="connected app removed")
     return True

@@ -12,6 +12,7 @@ from tokensvc.oauth import hashing
 from tokensvc.oauth.context import OAuthContext
 from tokensvc.ratelimit import TooManyFailures
 from tokensvc.records import Session, User
+from tokensvc.storage.base import SESSION, USER, Revocation
 
 
 async def sign_in(ctx: OAuthContext, username: str, password: str, address: str) -> User | None:
@@ -71,9 +72,19 @@ async def resolve(ctx: OAuthContext, session_id: str | None) -> tuple[Session, U
 
 
 async def end(ctx: OAuthContext, session_id: str | None) -> bool:
+    """End the web session ``session_id`` names (sign-out); True when it was live."""
     if not session_id or len(session_id) > 128:
         return False
-    ended = await ctx.store.delete_session(hashing.digest(session_id))
+    session_hash = hashing.digest(session_id)
+    ended = await ctx.store.end_session(session_hash, ctx.clock())
     if ended:
-        ctx.events.revoked()
+        ctx.events.publish(Revocation(SESSION, session_hash))
+    return ended
+
+
+async def end_all(ctx: OAuthContext, user_id: str) -> int:
+    """End every web session of a user; the count."""
+    ended = await ctx.store.end_user_sessions(user_id, ctx.clock())
+    if ended:
+        ctx.events.publish(Revocation(USER, user_id))
     return ended

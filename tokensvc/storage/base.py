@@ -1,30 +1,24 @@
 """The storage contract: one :class:`Store` interface, one implementation per backend.
 
-Every method is a coroutine. Each operation that must be atomic (consuming a code,
-rotating a refresh token) is one method here, and each backend implements it as one
-atomic step: of two concurrent calls with the same code or token, exactly one wins.
+The interface is the sum of one abstract class per concern: the :class:`Registry` (clients,
+users, installations), :class:`Authorizations` (grants, codes and token families),
+:class:`Sessions` (web sign-ins) and :class:`Housekeeping` (start-up, health, expiry, the
+revocation feed). Every method is a coroutine. Each operation that must be atomic
+(consuming a code, rotating a family's refresh token) is one method here, and each backend
+implements it as one atomic step: of two concurrent calls, exactly one wins.
 
-A backend raises :class:`StorageError` (and nothing else) when it cannot answer; the web
-layer maps that single exception to 503.
+A backend raises :class:`StorageError` when it cannot answer (the web layer answers 503),
+:class:`StoreFault` when it refuses for good (500), :class:`Conflict` for a taken unique key.
 """
 
 from __future__ import annotations
 
 import abc
-from collections.abc import AsyncIterator, Collection
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from datetime import datetime
 
-from tokensvc.records import (
-    REFRESH,
-    AuthorizationCode,
-    Client,
-    Grant,
-    Installation,
-    Session,
-    Subject,
-    Token,
-    User,
-)
+from tokensvc.records import AuthorizationCode, Client, Family, Grant, Installation, Pair, Session, Subject, User
 
 
 class StorageError(Exception):
@@ -42,26 +36,27 @@ class StoreFault(Exception):
 
 
 # Consumed codes are kept this long past their expiry, so that a replay within that time is
-# still recognised (and revokes the grant) instead of looking like an unknown code.
+# still recognised (and revokes its family) instead of looking like an unknown code.
 CODE_RETENTION_SECONDS = 3600
 
 
-class Store(abc.ABC):
-    """Everything the protocol layer, the handlers and the CLI ask of storage."""
+# What a revocation concerns, named in every announcement of it: open WebSockets re-check
+# only when one of the keys they stand on is named.
+FAMILY, GRANT, SESSION, USER = "family", "grant", "session", "user"
 
-    # False while ``bootstrap.prepare`` opens and seeds the store at start-up; ``/readyz``
-    # answers 503 until then. A store its creator prepares itself (tests, the CLI) is ready.
-    prepared: bool = True
 
-    async def open(self) -> None:  # noqa: B027 - optional hook
-        """Prepare the backend (create indexes, ...). Called once at start-up."""
+@dataclass(slots=True, frozen=True)
+class Revocation:
+    """Something was revoked: a token family (or its access token alone), a grant, a web
+    session, or every web session of a user."""
 
-    async def close(self) -> None:  # noqa: B027 - optional hook
-        """Release connections. Called at shutdown."""
+    kind: str  # FAMILY | GRANT | SESSION | USER
+    key: str  # the family_id, grant_id, session_hash or user_id
 
-    @abc.abstractmethod
-    async def ping(self) -> None:
-        """Raise StorageError unless the store answers. Used by ``/readyz``."""
+
+class Registry(abc.ABC):
+    """Clients, users and node installations: the token endpoints and the pages read them, the
+    operator's commands and start-up seeding write them."""
 
     # -- clients: client lookup on every token endpoint, the client endpoints, the CLI
 
@@ -81,7 +76,7 @@ class Store(abc.ABC):
     async def delete_client(self, client_id: str) -> bool:
         """Remove a client; True when it existed (CLI)."""
 
-    # -- users: login, /v1/me, introspection's ``username``, the CLI
+    # -- users: sign-in, /v1/me, introspection's ``username``, the CLI
 
     @abc.abstractmethod
     async def get_user(self, user_id: str) -> User | None: ...
@@ -120,15 +115,19 @@ class Store(abc.ABC):
     @abc.abstractmethod
     async def delete_installation(self, installation_id: str) -> bool: ...
 
-    # -- grants: one per (subject, client); created at code exchange, revoked by reuse
-    #    detection, /oauth/revoke and the connected-apps endpoint
+
+class Authorizations(abc.ABC):
+    """Grants, authorization codes and token families: what the authorization endpoint, the
+    token endpoints, bearer authentication and revocation read and write."""
+
+    # -- grants: one per (subject, client); created at consent, revoked by users and operators
 
     @abc.abstractmethod
     async def save_grant(self, client_id: str, subject: Subject, scopes: list[str], now: datetime) -> Grant:
         """Create the (subject, client) grant, or reactivate it with these scopes.
 
         The grant_id of an existing grant is kept; created_at is reset when the grant was
-        revoked (a fresh consent), and so is revoked_at.
+        revoked (a fresh consent), and so is revoked_at, and its generation is raised.
         """
 
     @abc.abstractmethod
@@ -146,12 +145,14 @@ class Store(abc.ABC):
         """The active grants held by a client (``clients remove`` revokes them)."""
 
     @abc.abstractmethod
-    async def revoke_grant(self, grant_id: str, now: datetime) -> int:
-        """Mark the grant revoked, then revoke every unrevoked token of it. Returns the token count.
+    async def mark_grant_revoked(self, grant_id: str, now: datetime) -> bool:
+        """Mark an active grant revoked; True when it was active. From then on none of its
+        families is in force (their generation no longer stands), swept or not."""
 
-        The grant is marked first so that a token minted concurrently is caught either by
-        this sweep or by the minting side's check of the grant afterwards.
-        """
+    @abc.abstractmethod
+    async def revoke_grant_families(self, grant_id: str, now: datetime) -> int:
+        """Revoke every unrevoked family of a grant; the count. One write however many
+        refreshes the families have seen."""
 
     # -- authorization codes: /oauth/authorize issues, /oauth/token consumes
 
@@ -162,91 +163,114 @@ class Store(abc.ABC):
     async def get_code(self, code_hash: str) -> AuthorizationCode | None: ...
 
     @abc.abstractmethod
-    async def consume_code(self, code_hash: str, now: datetime, *, failed: bool = False) -> AuthorizationCode | None:
-        """Atomically mark an unconsumed code consumed (``failed``: spent by a failed check, not
-        redeemed); return it as it was before.
+    async def consume_code(self, code_hash: str, now: datetime, *, family_id: str | None = None,
+                           failed: bool = False) -> AuthorizationCode | None:
+        """Atomically mark an unconsumed code consumed: redeemed into the family
+        ``family_id``, or (``failed``) spent by a failed check. Returns it as it was before.
 
         None when the code is unknown or was already consumed: exactly one of concurrent
         callers gets the record.
         """
 
-    # -- tokens: minted at exchange and refresh; looked up by introspection and bearer auth
+    # -- token families: one record per redeemed code, holding its current pair
 
     @abc.abstractmethod
-    async def add_tokens(self, tokens: list[Token]) -> None: ...
+    async def create_family(self, family: Family) -> bool:
+        """Insert ``family`` unless one with its id exists; True when inserted (exactly one
+        of concurrent callers)."""
 
     @abc.abstractmethod
-    async def get_token(self, token_hash: str) -> Token | None: ...
+    async def get_family(self, family_id: str) -> tuple[Family | None, Grant | None]:
+        """A family and its grant, in one round trip (refresh, revocation, sockets)."""
 
     @abc.abstractmethod
-    async def get_token_and_grant(self, token_hash: str) -> tuple[Token | None, Grant | None]:
-        """A token and its grant, in one round trip (bearer auth and introspection decide
-        with both: :meth:`Token.in_force`)."""
+    async def find_access(self, access_hash: str) -> tuple[Family | None, Grant | None]:
+        """The family whose current access token has this hash, and its grant, in one round
+        trip (bearer authentication and introspection)."""
 
     @abc.abstractmethod
-    async def rotate_refresh_token(self, token_hash: str, client_id: str, now: datetime) -> Token | None:
-        """Atomically mark a current refresh token rotated out; return it as it was before.
-
-        Only an unexpired refresh token of ``client_id`` that is neither rotated nor
-        revoked qualifies. Exactly one of concurrent callers gets the record.
-        """
-
-    @abc.abstractmethod
-    async def revoke_token(self, token_hash: str, now: datetime) -> bool:
-        """Mark one token revoked; True when it was unrevoked before."""
+    async def rotate_family(self, family_id: str, refresh_hash: str, pair: Pair, now: datetime) -> Family | None:
+        """Atomically replace the family's pair with ``pair`` if ``refresh_hash`` is its
+        current refresh token, unexpired, and the family is not revoked. The replaced refresh
+        token becomes ``previous_hash``, ``now`` the ``renewed_at``; the access token's use
+        and revocation marks are cleared. The family after, or None (exactly one of
+        concurrent callers wins)."""
 
     @abc.abstractmethod
-    async def revoke_grant_tokens(self, grant_id: str, now: datetime, token_type: str | None = None) -> int:
-        """Revoke the unrevoked tokens of a grant (of one type, or all). Returns the count."""
+    async def reissue_pair(self, family_id: str, refresh_hash: str, pair: Pair) -> Family | None:
+        """Atomically replace a pair that was never used (a retry of a reply that was lost):
+        only if ``refresh_hash`` is still the current refresh token, its access token was
+        never presented, and the family is not revoked. ``previous_hash``, ``renewed_at``
+        and ``rotations`` stay. The family after, or None."""
 
     @abc.abstractmethod
-    async def revoke_children(self, parent_hash: str, now: datetime, keep: Collection[str] = ()) -> int:
-        """Revoke the tokens minted from ``parent_hash`` (its rotations), but those in ``keep``.
-
-        Used by the refresh grace period. Returns the count.
-        """
+    async def mark_access_used(self, family_id: str, access_hash: str, now: datetime) -> None:
+        """Record the first presentation of the family's current access token."""
 
     @abc.abstractmethod
-    async def list_children(self, parent_hash: str) -> list[Token]:
-        """The tokens minted from ``parent_hash`` (its rotations), oldest first: by
-        ``issued_at``, then by ``token_hash`` (the same order on every backend)."""
+    async def revoke_access(self, family_id: str, access_hash: str, now: datetime) -> bool:
+        """Revoke the family's current access token alone (RFC 7009 for an access token);
+        True when it was in force."""
 
-    async def find_child_refresh(self, parent_hash: str) -> Token | None:
-        """A refresh token minted from ``parent_hash``: the current one (neither rotated nor
-        revoked) if there is one, else the newest; None when there is none. One definition
-        for every backend, over :meth:`list_children`."""
-        children = [token for token in await self.list_children(parent_hash) if token.token_type == REFRESH]
-        current = [token for token in children if token.rotated_at is None and token.revoked_at is None]
-        return (current or children)[-1] if children else None
+    @abc.abstractmethod
+    async def revoke_family(self, family_id: str, now: datetime) -> bool:
+        """Revoke a family (its refresh and access token); True when it was unrevoked."""
 
-    # -- web sessions: the ``<service>_session`` cookie
+    @abc.abstractmethod
+    async def list_families(self, grant_id: str) -> list[Family]:
+        """The unrevoked families of a grant, oldest first (what a connected app can do)."""
+
+
+class Sessions(abc.ABC):
+    """Web sessions: the ``<service>_session`` cookie carries a random id, stored as its hash."""
 
     @abc.abstractmethod
     async def add_session(self, session: Session) -> None: ...
 
     @abc.abstractmethod
-    async def get_session(self, session_hash: str) -> Session | None: ...
+    async def get_session(self, session_hash: str) -> Session | None:
+        """The session, unless it was ended (expiry is the caller's to check)."""
 
     @abc.abstractmethod
-    async def delete_session(self, session_hash: str) -> bool: ...
+    async def end_session(self, session_hash: str, now: datetime) -> bool:
+        """End a session (sign-out); True when it was live."""
 
     @abc.abstractmethod
-    async def delete_user_sessions(self, user_id: str) -> int:
+    async def end_user_sessions(self, user_id: str, now: datetime) -> int:
         """End every web session of a user (a password set, the user removed); the count."""
 
-    # -- revocations across processes
 
-    async def revocation_feed(self) -> AsyncIterator[None]:
-        """Yields whenever any process sharing this store revokes something (a token, a
-        grant, a session), so that this process re-checks its open WebSockets. A store only
-        one process uses (memory) never yields: that process's own announcements suffice."""
+class Housekeeping(abc.ABC):
+    """Start-up, health, expiry, and the revocations of other processes."""
+
+    # False while ``bootstrap.prepare`` opens and seeds the store at start-up; ``/readyz``
+    # answers 503 until then. A store its creator prepares itself (tests, the CLI) is ready.
+    prepared: bool = True
+
+    async def open(self) -> None:  # noqa: B027 - optional hook
+        """Prepare the backend (create indexes, ...). Called once at start-up."""
+
+    async def close(self) -> None:  # noqa: B027 - optional hook
+        """Release connections. Called at shutdown."""
+
+    @abc.abstractmethod
+    async def ping(self) -> None:
+        """Raise StorageError unless the store answers. Used by ``/readyz``."""
+
+    async def revocation_feed(self) -> AsyncIterator[Revocation]:
+        """Yields each revocation any process sharing this store makes (a family, its access
+        token, a grant, a session), so that this process re-checks the WebSockets standing on
+        it. A store only one process uses (memory) never yields: that process's own
+        announcements suffice."""
         return
         yield  # an async generator that ends at once
 
-    # -- housekeeping
-
     @abc.abstractmethod
     async def purge_expired(self, now: datetime) -> dict[str, int]:
-        """Delete expired tokens and sessions, and expired codes: unconsumed ones at once,
+        """Delete expired families and sessions, and expired codes: unconsumed ones at once,
         consumed ones :data:`CODE_RETENTION_SECONDS` after their expiry (replay detection);
         counts per kind (``tokens purge``)."""
+
+
+class Store(Registry, Authorizations, Sessions, Housekeeping, abc.ABC):
+    """Everything the protocol layer, the handlers and the CLI ask of storage."""

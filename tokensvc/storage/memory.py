@@ -2,15 +2,14 @@
 
 For the demo, tests and single-process deployments that may lose their state on
 restart. Atomicity comes from asyncio itself: no method awaits between its read and its
-write, so no other coroutine can interleave. Stored values are never changed in place; an
-update stores a new one, so a record handed to a caller is a stable snapshot.
+write, so no other coroutine can interleave. Every record handed to a caller is its own
+copy: changing it changes nothing stored.
 
-The records that grow with traffic (tokens, codes, sessions and grants) are held as
-:class:`Rows`, tuples of plain values. CPython's garbage collector stops tracking such a
-tuple, and a dict holding only such tuples, after a collection or two. A full collection over
-500,000 token dataclasses took 171 ms here, a pause for every request in flight that came back
-every few tens of thousands of token requests; over the same tokens as rows it took 2 ms.
-Clients, users and installations are few and stay dataclasses.
+The records that grow with traffic (families, codes, sessions and grants) are held as
+:class:`Rows`, tuples of plain values, which CPython's garbage collector stops tracking
+after a collection or two: a full collection then does not walk every live token
+(docs/performance.md has the figure). Clients, users and installations are few and stay
+dataclasses, copied on the way in and out.
 """
 
 from __future__ import annotations
@@ -19,21 +18,10 @@ import dataclasses
 import operator
 import secrets
 from collections import defaultdict
-from collections.abc import Collection
 from datetime import datetime, timedelta
 from typing import Any, Generic, TypeVar
 
-from tokensvc.records import (
-    REFRESH,
-    AuthorizationCode,
-    Client,
-    Grant,
-    Installation,
-    Session,
-    Subject,
-    Token,
-    User,
-)
+from tokensvc.records import AuthorizationCode, Client, Family, Grant, Installation, Pair, Session, Subject, User
 from tokensvc.storage.base import CODE_RETENTION_SECONDS, Conflict, Store
 
 R = TypeVar("R")
@@ -82,10 +70,21 @@ class Rows(Generic[R]):
         return tuple(items)
 
 
-TOKENS = Rows(Token, lists=("scopes",))
+FAMILIES = Rows(Family, lists=("scopes",))
 CODES = Rows(AuthorizationCode, lists=("scopes",))
 SESSIONS = Rows(Session)
 GRANTS = Rows(Grant, lists=("scopes",))
+
+copy = dataclasses.replace
+
+
+def _client(client: Client) -> Client:
+    scopes = None if client.allowed_scopes is None else list(client.allowed_scopes)
+    return copy(client, redirect_uris=list(client.redirect_uris), allowed_scopes=scopes)
+
+
+def _installation(installation: Installation) -> Installation:
+    return copy(installation, operators=list(installation.operators))
 
 
 class MemoryStore(Store):
@@ -97,10 +96,11 @@ class MemoryStore(Store):
         self._grants: dict[str, Row] = {}  # GRANTS rows
         self._grant_ids: dict[tuple[str, str | None, str | None], str] = {}
         self._codes: dict[str, Row] = {}  # CODES rows
-        self._tokens: dict[str, Row] = {}  # TOKENS rows
-        self._tokens_by_grant: dict[str, set[str]] = defaultdict(set)
-        self._children: dict[str, tuple[str, ...]] = {}  # parent refresh token -> what its rotation minted
+        self._families: dict[str, Row] = {}  # FAMILIES rows
+        self._access: dict[str, str] = {}  # a family's current access token hash -> its id
+        self._grant_families: dict[str, set[str]] = defaultdict(set)
         self._sessions: dict[str, Row] = {}  # SESSIONS rows
+        self._user_sessions: dict[str, set[str]] = defaultdict(set)
 
     async def ping(self) -> None:
         return None
@@ -108,13 +108,14 @@ class MemoryStore(Store):
     # -- clients
 
     async def get_client(self, client_id: str) -> Client | None:
-        return self._clients.get(client_id)
+        client = self._clients.get(client_id)
+        return None if client is None else _client(client)
 
     async def list_clients(self) -> list[Client]:
-        return [self._clients[key] for key in sorted(self._clients)]
+        return [_client(self._clients[key]) for key in sorted(self._clients)]
 
     async def put_client(self, client: Client) -> None:
-        self._clients[client.client_id] = dataclasses.replace(client)
+        self._clients[client.client_id] = _client(client)
 
     async def delete_client(self, client_id: str) -> bool:
         return self._clients.pop(client_id, None) is not None
@@ -122,21 +123,22 @@ class MemoryStore(Store):
     # -- users
 
     async def get_user(self, user_id: str) -> User | None:
-        return self._users.get(user_id)
+        user = self._users.get(user_id)
+        return None if user is None else copy(user)
 
     async def get_user_by_username(self, username: str) -> User | None:
         user_id = self._user_ids_by_name.get(username)
-        return None if user_id is None else self._users.get(user_id)
+        return None if user_id is None else await self.get_user(user_id)
 
     async def list_users(self) -> list[User]:
-        return sorted(self._users.values(), key=lambda user: user.username)
+        return sorted((copy(user) for user in self._users.values()), key=lambda user: user.username)
 
     async def seed_user(self, user: User) -> User:
         existing = await self.get_user_by_username(user.username)
         if existing is not None:
-            user = dataclasses.replace(existing, password_hash=user.password_hash, admin=user.admin)
+            user = copy(existing, password_hash=user.password_hash, admin=user.admin)
         await self.put_user(user)
-        return user
+        return copy(user)
 
     async def put_user(self, user: User) -> None:
         owner = self._user_ids_by_name.get(user.username)
@@ -145,7 +147,7 @@ class MemoryStore(Store):
         previous = self._users.get(user.user_id)
         if previous is not None:
             self._user_ids_by_name.pop(previous.username, None)
-        self._users[user.user_id] = dataclasses.replace(user)
+        self._users[user.user_id] = copy(user)
         self._user_ids_by_name[user.username] = user.user_id
 
     async def delete_user(self, user_id: str) -> bool:
@@ -158,13 +160,14 @@ class MemoryStore(Store):
     # -- installations
 
     async def get_installation(self, installation_id: str) -> Installation | None:
-        return self._installations.get(installation_id)
+        installation = self._installations.get(installation_id)
+        return None if installation is None else _installation(installation)
 
     async def list_installations(self) -> list[Installation]:
-        return [self._installations[key] for key in sorted(self._installations)]
+        return [_installation(self._installations[key]) for key in sorted(self._installations)]
 
     async def put_installation(self, installation: Installation) -> None:
-        self._installations[installation.installation_id] = dataclasses.replace(installation, operators=list(installation.operators))
+        self._installations[installation.installation_id] = _installation(installation)
 
     async def delete_installation(self, installation_id: str) -> bool:
         return self._installations.pop(installation_id, None) is not None
@@ -184,12 +187,12 @@ class MemoryStore(Store):
                           list(scopes), now)
             self._grant_ids[key] = grant.grant_id
         elif current.revoked_at is not None:
-            grant = dataclasses.replace(current, scopes=list(scopes), created_at=now, revoked_at=None,
-                                        generation=current.generation + 1)
+            grant = copy(current, scopes=list(scopes), created_at=now, revoked_at=None,
+                         generation=current.generation + 1)
         else:
-            grant = dataclasses.replace(current, scopes=list(scopes))
+            grant = copy(current, scopes=list(scopes))
         self._grants[grant.grant_id] = GRANTS.pack(grant)
-        return grant
+        return GRANTS.unpack(self._grants[grant.grant_id])  # type: ignore[return-value]
 
     async def get_grant(self, grant_id: str) -> Grant | None:
         return GRANTS.unpack(self._grants.get(grant_id))
@@ -209,11 +212,15 @@ class MemoryStore(Store):
                   if grant.client_id == client_id and grant.revoked_at is None]
         return sorted(grants, key=lambda grant: (grant.created_at, grant.grant_id))
 
-    async def revoke_grant(self, grant_id: str, now: datetime) -> int:
+    async def mark_grant_revoked(self, grant_id: str, now: datetime) -> bool:
         row = self._grants.get(grant_id)
-        if row is not None and GRANTS.get(row, "revoked_at") is None:
-            self._grants[grant_id] = GRANTS.updated(row, revoked_at=now)
-        return await self.revoke_grant_tokens(grant_id, now)
+        if row is None or GRANTS.get(row, "revoked_at") is not None:
+            return False
+        self._grants[grant_id] = GRANTS.updated(row, revoked_at=now)
+        return True
+
+    async def revoke_grant_families(self, grant_id: str, now: datetime) -> int:
+        return sum([self._revoke_family(family_id, now) for family_id in list(self._grant_families.get(grant_id, ()))])
 
     # -- codes
 
@@ -223,81 +230,109 @@ class MemoryStore(Store):
     async def get_code(self, code_hash: str) -> AuthorizationCode | None:
         return CODES.unpack(self._codes.get(code_hash))
 
-    async def consume_code(self, code_hash: str, now: datetime, *, failed: bool = False) -> AuthorizationCode | None:
+    async def consume_code(self, code_hash: str, now: datetime, *, family_id: str | None = None,
+                           failed: bool = False) -> AuthorizationCode | None:
         row = self._codes.get(code_hash)
         if row is None or CODES.get(row, "consumed_at") is not None:
             return None
-        self._codes[code_hash] = CODES.updated(row, consumed_at=now, spent_by_failure=failed)
+        self._codes[code_hash] = CODES.updated(row, consumed_at=now, spent_by_failure=failed, family_id=family_id)
         return CODES.unpack(row)
 
-    # -- tokens
+    # -- token families
 
-    async def add_tokens(self, tokens: list[Token]) -> None:
-        for token in tokens:
-            self._tokens[token.token_hash] = TOKENS.pack(token)
-            self._tokens_by_grant[token.grant_id].add(token.token_hash)
-            if token.parent_hash is not None:
-                self._children[token.parent_hash] = self._children.get(token.parent_hash, ()) + (token.token_hash,)
-
-    async def get_token(self, token_hash: str) -> Token | None:
-        return TOKENS.unpack(self._tokens.get(token_hash))
-
-    async def get_token_and_grant(self, token_hash: str) -> tuple[Token | None, Grant | None]:
-        row = self._tokens.get(token_hash)
-        if row is None:
-            return None, None
-        return TOKENS.unpack(row), GRANTS.unpack(self._grants.get(TOKENS.get(row, "grant_id")))
-
-    async def rotate_refresh_token(self, token_hash: str, client_id: str, now: datetime) -> Token | None:
-        row = self._tokens.get(token_hash)
-        token = TOKENS.unpack(row)
-        if (token is None or token.token_type != REFRESH or token.client_id != client_id
-                or token.rotated_at is not None or token.revoked_at is not None or token.expires_at <= now):
-            return None
-        self._tokens[token_hash] = TOKENS.updated(row, rotated_at=now)
-        return token
-
-    def _revoke(self, token_hash: str, now: datetime) -> bool:
-        row = self._tokens.get(token_hash)
-        if row is None or TOKENS.get(row, "revoked_at") is not None:
+    async def create_family(self, family: Family) -> bool:
+        if family.family_id in self._families:
             return False
-        self._tokens[token_hash] = TOKENS.updated(row, revoked_at=now)
+        self._families[family.family_id] = FAMILIES.pack(family)
+        self._access[family.access_hash] = family.family_id
+        self._grant_families[family.grant_id].add(family.family_id)
         return True
 
-    async def revoke_token(self, token_hash: str, now: datetime) -> bool:
-        return self._revoke(token_hash, now)
+    def _with_grant(self, row: Row | None) -> tuple[Family | None, Grant | None]:
+        if row is None:
+            return None, None
+        return FAMILIES.unpack(row), GRANTS.unpack(self._grants.get(FAMILIES.get(row, "grant_id")))
 
-    async def revoke_grant_tokens(self, grant_id: str, now: datetime, token_type: str | None = None) -> int:
-        hashes = [
-            token_hash for token_hash in self._tokens_by_grant.get(grant_id, ())
-            if token_type is None or TOKENS.get(self._tokens[token_hash], "token_type") == token_type
-        ]
-        return sum(self._revoke(token_hash, now) for token_hash in hashes)
+    async def get_family(self, family_id: str) -> tuple[Family | None, Grant | None]:
+        return self._with_grant(self._families.get(family_id))
 
-    async def revoke_children(self, parent_hash: str, now: datetime, keep: Collection[str] = ()) -> int:
-        return sum(self._revoke(token_hash, now) for token_hash in self._children.get(parent_hash, ())
-                   if token_hash not in keep)
+    async def find_access(self, access_hash: str) -> tuple[Family | None, Grant | None]:
+        family_id = self._access.get(access_hash)
+        return self._with_grant(None if family_id is None else self._families.get(family_id))
 
-    async def list_children(self, parent_hash: str) -> list[Token]:
-        children = [TOKENS.unpack(self._tokens[token_hash]) for token_hash in self._children.get(parent_hash, ())]
-        return sorted(children, key=lambda token: (token.issued_at, token.token_hash))  # type: ignore[union-attr]
+    def _replace_pair(self, family_id: str, row: Row, pair: Pair, **changes: Any) -> Family:
+        self._access.pop(FAMILIES.get(row, "access_hash"), None)
+        self._access[pair.access_hash] = family_id
+        updated = FAMILIES.updated(row, refresh_hash=pair.refresh_hash, access_hash=pair.access_hash,
+                                   scopes=tuple(pair.scopes), issued_at=pair.issued_at, expires_at=pair.expires_at,
+                                   access_expires_at=pair.access_expires_at, access_used_at=None,
+                                   access_revoked_at=None, **changes)
+        self._families[family_id] = updated
+        return FAMILIES.unpack(updated)  # type: ignore[return-value]
+
+    async def rotate_family(self, family_id: str, refresh_hash: str, pair: Pair, now: datetime) -> Family | None:
+        row = self._families.get(family_id)
+        if (row is None or FAMILIES.get(row, "refresh_hash") != refresh_hash
+                or FAMILIES.get(row, "revoked_at") is not None or FAMILIES.get(row, "expires_at") <= now):
+            return None
+        return self._replace_pair(family_id, row, pair, previous_hash=refresh_hash, renewed_at=now,
+                                  rotations=FAMILIES.get(row, "rotations") + 1)
+
+    async def reissue_pair(self, family_id: str, refresh_hash: str, pair: Pair) -> Family | None:
+        row = self._families.get(family_id)
+        if (row is None or FAMILIES.get(row, "refresh_hash") != refresh_hash
+                or FAMILIES.get(row, "access_used_at") is not None or FAMILIES.get(row, "revoked_at") is not None):
+            return None
+        return self._replace_pair(family_id, row, pair)
+
+    async def mark_access_used(self, family_id: str, access_hash: str, now: datetime) -> None:
+        row = self._families.get(family_id)
+        if (row is not None and FAMILIES.get(row, "access_hash") == access_hash
+                and FAMILIES.get(row, "access_used_at") is None):
+            self._families[family_id] = FAMILIES.updated(row, access_used_at=now)
+
+    async def revoke_access(self, family_id: str, access_hash: str, now: datetime) -> bool:
+        row = self._families.get(family_id)
+        if (row is None or FAMILIES.get(row, "access_hash") != access_hash
+                or FAMILIES.get(row, "access_revoked_at") is not None):
+            return False
+        self._families[family_id] = FAMILIES.updated(row, access_revoked_at=now, access_used_at=now)
+        return True
+
+    def _revoke_family(self, family_id: str, now: datetime) -> bool:
+        row = self._families.get(family_id)
+        if row is None or FAMILIES.get(row, "revoked_at") is not None:
+            return False
+        self._families[family_id] = FAMILIES.updated(row, revoked_at=now)
+        return True
+
+    async def revoke_family(self, family_id: str, now: datetime) -> bool:
+        return self._revoke_family(family_id, now)
+
+    async def list_families(self, grant_id: str) -> list[Family]:
+        families = [FAMILIES.unpack(self._families[family_id]) for family_id in self._grant_families.get(grant_id, ())]
+        live = [family for family in families if family is not None and family.revoked_at is None]
+        return sorted(live, key=lambda family: (family.created_at, family.family_id))
 
     # -- sessions
 
     async def add_session(self, session: Session) -> None:
         self._sessions[session.session_hash] = SESSIONS.pack(session)
+        self._user_sessions[session.user_id].add(session.session_hash)
 
     async def get_session(self, session_hash: str) -> Session | None:
-        return SESSIONS.unpack(self._sessions.get(session_hash))
+        session = SESSIONS.unpack(self._sessions.get(session_hash))
+        return None if session is None or session.ended_at is not None else session
 
-    async def delete_session(self, session_hash: str) -> bool:
-        return self._sessions.pop(session_hash, None) is not None
+    async def end_session(self, session_hash: str, now: datetime) -> bool:
+        row = self._sessions.get(session_hash)
+        if row is None or SESSIONS.get(row, "ended_at") is not None:
+            return False
+        self._sessions[session_hash] = SESSIONS.updated(row, ended_at=now)
+        return True
 
-    async def delete_user_sessions(self, user_id: str) -> int:
-        ended = [key for key, row in self._sessions.items() if SESSIONS.get(row, "user_id") == user_id]
-        for key in ended:
-            del self._sessions[key]
-        return len(ended)
+    async def end_user_sessions(self, user_id: str, now: datetime) -> int:
+        return sum([await self.end_session(session_hash, now) for session_hash in list(self._user_sessions.get(user_id, ()))])
 
     # -- housekeeping
 
@@ -307,14 +342,12 @@ class MemoryStore(Store):
                  if CODES.get(row, "expires_at") <= (now if CODES.get(row, "consumed_at") is None else kept_until)]
         for key in codes:
             del self._codes[key]
-        tokens = [key for key, row in self._tokens.items() if TOKENS.get(row, "expires_at") <= now]
-        for key in tokens:
-            token = TOKENS.unpack(self._tokens.pop(key))
-            self._tokens_by_grant[token.grant_id].discard(key)
-            siblings = self._children.get(token.parent_hash) if token.parent_hash is not None else None
-            if siblings and key in siblings:
-                self._children[token.parent_hash] = tuple(other for other in siblings if other != key)
+        families = [key for key, row in self._families.items() if FAMILIES.get(row, "expires_at") <= now]
+        for key in families:
+            row = self._families.pop(key)
+            self._access.pop(FAMILIES.get(row, "access_hash"), None)
+            self._grant_families[FAMILIES.get(row, "grant_id")].discard(key)
         sessions = [key for key, row in self._sessions.items() if SESSIONS.get(row, "expires_at") <= now]
         for key in sessions:
-            del self._sessions[key]
-        return {"codes": len(codes), "tokens": len(tokens), "sessions": len(sessions)}
+            self._user_sessions[SESSIONS.get(self._sessions.pop(key), "user_id")].discard(key)
+        return {"codes": len(codes), "families": len(families), "sessions": len(sessions)}

@@ -19,14 +19,22 @@ grants                  by (client_id, user_id, installation_id)     ``subject_c
 grants                  active grants of a subject                   ``user_subject`` *
 grants                  active grants of a client                    ``subject_client`` prefix
 codes                   by code_hash (get, consume)                  ``_id``; TTL ``expires_at``
-tokens                  by token_hash (get, rotate, revoke)          ``_id``; TTL ``expires_at``
-tokens                  by grant_id (revoke a grant)                 ``grant_id``
-tokens                  by parent_hash (rotation children)           ``parent_hash``
-sessions                by session_hash                              ``_id``; TTL ``expires_at``
+families                by family_id (refresh, rotate, revoke)       ``_id``; TTL ``expires_at``
+families                by the current access token's hash           ``access_hash`` unique
+families                by grant_id (revoke a grant, list)           ``grant_id``
+sessions                by session_hash; a user's (end them all)     ``_id``; ``user_id``; TTL
+(polling fallback)      revocations since a moment                   partial ``revoked_at``,
+                                                                     ``access_revoked_at``,
+                                                                     ``ended_at``
 ======================  ===========================================  ===========================
 
 (*) ``list_grants`` filters on ``user_id`` + ``installation_id`` + ``revoked_at``: the index
 ``user_subject`` (user_id, installation_id, revoked_at) serves it whole.
+
+Revocations reach the other processes without a write of their own: each process's relay
+watches the families, grants and sessions collections for updates that set ``revoked_at``,
+``access_revoked_at`` or ``ended_at`` (a change stream resumed where it left off), or,
+where the deployment has none, polls those fields through the partial indexes.
 """
 
 from __future__ import annotations
@@ -36,7 +44,7 @@ import functools
 import inspect
 import logging
 import secrets
-from collections.abc import AsyncIterator, Awaitable, Callable, Collection
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import MISSING, fields
 from datetime import datetime, timedelta, timezone
 from typing import Any, TypeVar
@@ -55,22 +63,30 @@ from pymongo.errors import (
 )
 
 from tokensvc.config import StorageSettings
-from tokensvc.records import (
-    REFRESH,
-    AuthorizationCode,
-    Client,
-    Grant,
-    Installation,
-    Session,
-    Subject,
-    Token,
-    User,
+from tokensvc.records import AuthorizationCode, Client, Family, Grant, Installation, Pair, Session, Subject, User
+from tokensvc.storage.base import (
+    CODE_RETENTION_SECONDS,
+    FAMILY,
+    GRANT,
+    SESSION,
+    Conflict,
+    Revocation,
+    StorageError,
+    Store,
+    StoreFault,
 )
-from tokensvc.storage.base import CODE_RETENTION_SECONDS, Conflict, StorageError, Store, StoreFault
 
 log = logging.getLogger(__name__)
 
 R = TypeVar("R")
+
+# The collections whose updates are revocations: what each names, and the fields that,
+# set to a time, revoke it.
+WATCHED: dict[str, tuple[str, tuple[str, ...]]] = {
+    "families": (FAMILY, ("revoked_at", "access_revoked_at")),
+    "grants": (GRANT, ("revoked_at",)),
+    "sessions": (SESSION, ("ended_at",)),
+}
 
 # (collection, keys, options): created at start-up, idempotently.
 INDEXES: list[tuple[str, list[tuple[str, int]], dict[str, Any]]] = [
@@ -80,12 +96,16 @@ INDEXES: list[tuple[str, list[tuple[str, int]], dict[str, Any]]] = [
     ("grants", [("user_id", ASCENDING), ("installation_id", ASCENDING), ("revoked_at", ASCENDING)],
      {"name": "user_subject"}),
     ("codes", [("expires_at", ASCENDING)], {"expireAfterSeconds": CODE_RETENTION_SECONDS, "name": "ttl"}),
-    ("tokens", [("expires_at", ASCENDING)], {"expireAfterSeconds": 0, "name": "ttl"}),
-    ("tokens", [("grant_id", ASCENDING)], {"name": "grant_id"}),
-    ("tokens", [("parent_hash", ASCENDING)], {"name": "parent_hash"}),
+    ("families", [("expires_at", ASCENDING)], {"expireAfterSeconds": 0, "name": "ttl"}),
+    ("families", [("access_hash", ASCENDING)], {"unique": True, "name": "access_hash"}),
+    ("families", [("grant_id", ASCENDING)], {"name": "grant_id"}),
     ("sessions", [("expires_at", ASCENDING)], {"expireAfterSeconds": 0, "name": "ttl"}),
     ("sessions", [("user_id", ASCENDING)], {"name": "user_id"}),
     ("failures", [("expires_at", ASCENDING)], {"expireAfterSeconds": 0, "name": "ttl"}),
+] + [
+    # Only revoked records are in these: what the polling fallback of the revocation feed reads.
+    (collection, [(field, ASCENDING)], {"name": field, "partialFilterExpression": {field: {"$type": "date"}}})
+    for collection, (_, revoking_fields) in WATCHED.items() for field in revoking_fields
 ]
 
 
@@ -93,8 +113,10 @@ DUPLICATE_KEY = frozenset({11000, 11001, 12582})
 INDEX_CONFLICT = frozenset({85, 86})  # IndexOptionsConflict, IndexKeySpecsConflict
 # "$changeStream is only supported on replica sets", and kin: poll instead.
 NO_CHANGE_STREAMS = frozenset({40573, 40324, 136})
-REVOCATIONS = "revocations"
 POLL_SECONDS = 0.5
+# A poll reads back this far before its last one: revocations stamped by a process whose clock
+# runs a little behind are still seen (what was seen already is not announced twice).
+POLL_OVERLAP = timedelta(seconds=5)
 
 
 class _NoChangeStreams(Exception):
@@ -183,8 +205,15 @@ USERS = _Mapper(User, "user_id")
 INSTALLATIONS = _Mapper(Installation, "installation_id")
 GRANTS = _Mapper(Grant, "grant_id")
 CODES = _Mapper(AuthorizationCode, "code_hash")
-TOKENS = _Mapper(Token, "token_hash")
+FAMILIES = _Mapper(Family, "family_id")
 SESSIONS = _Mapper(Session, "session_hash")
+
+
+def _pair_fields(pair: Pair) -> dict[str, Any]:
+    """The fields a new pair sets on its family; the access token's marks start afresh."""
+    return {"refresh_hash": pair.refresh_hash, "access_hash": pair.access_hash, "scopes": list(pair.scopes),
+            "issued_at": pair.issued_at, "expires_at": pair.expires_at, "access_expires_at": pair.access_expires_at,
+            "access_used_at": None, "access_revoked_at": None}
 
 
 class MongoStore(Store):
@@ -202,8 +231,7 @@ class MongoStore(Store):
                                  read_preference=ReadPreference.PRIMARY, read_concern=ReadConcern("majority"))
         self._db = db
         self.clients, self.users, self.installations = db["clients"], db["users"], db["installations"]
-        self.grants, self.codes, self.tokens, self.sessions = db["grants"], db["codes"], db["tokens"], db["sessions"]
-        self.revocations = db["revocations"]  # one counter document, raised by every revocation
+        self.grants, self.codes, self.families, self.sessions = db["grants"], db["codes"], db["families"], db["sessions"]
         self.failures = db["failures"]  # failure counts shared by the processes (ratelimit)
         self.change_streams = change_streams
         self._resume_token: Any = None
@@ -401,11 +429,15 @@ class MongoStore(Store):
         return sorted((GRANTS.record(doc) for doc in docs), key=lambda grant: (grant.created_at, grant.grant_id))
 
     @guarded
-    async def revoke_grant(self, grant_id: str, now: datetime) -> int:
-        marked = await self.grants.update_one({"_id": grant_id, "revoked_at": None}, {"$set": {"revoked_at": now}})
-        if marked.modified_count:  # from here no token of the grant is in force: tell the others now
-            await self._announce()
-        return await self.revoke_grant_tokens(grant_id, now)
+    async def mark_grant_revoked(self, grant_id: str, now: datetime) -> bool:
+        result = await self.grants.update_one({"_id": grant_id, "revoked_at": None}, {"$set": {"revoked_at": now}})
+        return result.modified_count == 1
+
+    @guarded
+    async def revoke_grant_families(self, grant_id: str, now: datetime) -> int:
+        result = await self.families.update_many({"grant_id": grant_id, "revoked_at": None},
+                                                 {"$set": {"revoked_at": now}})
+        return result.modified_count
 
     # -- codes
 
@@ -418,25 +450,27 @@ class MongoStore(Store):
         return CODES.record(await self.codes.find_one({"_id": code_hash}))
 
     @guarded
-    async def consume_code(self, code_hash: str, now: datetime, *, failed: bool = False) -> AuthorizationCode | None:
+    async def consume_code(self, code_hash: str, now: datetime, *, family_id: str | None = None,
+                           failed: bool = False) -> AuthorizationCode | None:
         return CODES.record(await self.codes.find_one_and_update(
-            {"_id": code_hash, "consumed_at": None}, {"$set": {"consumed_at": now, "spent_by_failure": failed}},
+            {"_id": code_hash, "consumed_at": None},
+            {"$set": {"consumed_at": now, "spent_by_failure": failed, "family_id": family_id}},
             return_document=ReturnDocument.BEFORE))
 
-    # -- tokens
+    # -- token families
 
     @guarded
-    async def add_tokens(self, tokens: list[Token]) -> None:
-        await self.tokens.insert_many([TOKENS.doc(token) for token in tokens], ordered=True)
+    async def create_family(self, family: Family) -> bool:
+        try:
+            await self.families.insert_one(FAMILIES.doc(family))
+        except DuplicateKeyError:
+            return False
+        return True
 
-    @guarded
-    async def get_token(self, token_hash: str) -> Token | None:
-        return TOKENS.record(await self.tokens.find_one({"_id": token_hash}))
-
-    @guarded
-    async def get_token_and_grant(self, token_hash: str) -> tuple[Token | None, Grant | None]:
-        cursor = self.tokens.aggregate([
-            {"$match": {"_id": token_hash}},
+    async def _with_grant(self, match: dict[str, Any]) -> tuple[Family | None, Grant | None]:
+        cursor = self.families.aggregate([
+            {"$match": match},
+            {"$limit": 1},
             {"$lookup": {"from": "grants", "localField": "grant_id", "foreignField": "_id", "as": "grant"}},
         ])
         if inspect.isawaitable(cursor):  # PyMongo's aggregate is a coroutine; Motor-style ones are not
@@ -445,39 +479,52 @@ class MongoStore(Store):
         if not documents:
             return None, None
         grants = documents[0].pop("grant")
-        return TOKENS.record(documents[0]), GRANTS.record(grants[0] if grants else None)
+        return FAMILIES.record(documents[0]), GRANTS.record(grants[0] if grants else None)
 
     @guarded
-    async def rotate_refresh_token(self, token_hash: str, client_id: str, now: datetime) -> Token | None:
-        return TOKENS.record(await self.tokens.find_one_and_update(
-            {"_id": token_hash, "token_type": REFRESH, "client_id": client_id, "rotated_at": None,
-             "revoked_at": None, "expires_at": {"$gt": now}},
-            {"$set": {"rotated_at": now}}, return_document=ReturnDocument.BEFORE))
+    async def get_family(self, family_id: str) -> tuple[Family | None, Grant | None]:
+        return await self._with_grant({"_id": family_id})
 
     @guarded
-    async def revoke_token(self, token_hash: str, now: datetime) -> bool:
-        result = await self.tokens.update_one({"_id": token_hash, "revoked_at": None}, {"$set": {"revoked_at": now}})
-        return await self._announced(result.modified_count) == 1
+    async def find_access(self, access_hash: str) -> tuple[Family | None, Grant | None]:
+        return await self._with_grant({"access_hash": access_hash})
 
     @guarded
-    async def revoke_grant_tokens(self, grant_id: str, now: datetime, token_type: str | None = None) -> int:
-        where: dict[str, Any] = {"grant_id": grant_id, "revoked_at": None}
-        if token_type is not None:
-            where["token_type"] = token_type
-        return await self._announced((await self.tokens.update_many(where, {"$set": {"revoked_at": now}})).modified_count)
+    async def rotate_family(self, family_id: str, refresh_hash: str, pair: Pair, now: datetime) -> Family | None:
+        return FAMILIES.record(await self.families.find_one_and_update(
+            {"_id": family_id, "refresh_hash": refresh_hash, "revoked_at": None, "expires_at": {"$gt": now}},
+            {"$set": {**_pair_fields(pair), "previous_hash": refresh_hash, "renewed_at": now},
+             "$inc": {"rotations": 1}},
+            return_document=ReturnDocument.AFTER))
 
     @guarded
-    async def revoke_children(self, parent_hash: str, now: datetime, keep: Collection[str] = ()) -> int:
-        result = await self.tokens.update_many(
-            {"parent_hash": parent_hash, "revoked_at": None, "_id": {"$nin": list(keep)}},
-            {"$set": {"revoked_at": now}})
-        return await self._announced(result.modified_count)
+    async def reissue_pair(self, family_id: str, refresh_hash: str, pair: Pair) -> Family | None:
+        return FAMILIES.record(await self.families.find_one_and_update(
+            {"_id": family_id, "refresh_hash": refresh_hash, "access_used_at": None, "revoked_at": None},
+            {"$set": _pair_fields(pair)}, return_document=ReturnDocument.AFTER))
 
     @guarded
-    async def list_children(self, parent_hash: str) -> list[Token]:
-        docs = await self.tokens.find({"parent_hash": parent_hash}).sort(
-            [("issued_at", ASCENDING), ("_id", ASCENDING)]).to_list(None)
-        return [TOKENS.record(doc) for doc in docs]
+    async def mark_access_used(self, family_id: str, access_hash: str, now: datetime) -> None:
+        await self.families.update_one({"_id": family_id, "access_hash": access_hash, "access_used_at": None},
+                                       {"$set": {"access_used_at": now}})
+
+    @guarded
+    async def revoke_access(self, family_id: str, access_hash: str, now: datetime) -> bool:
+        result = await self.families.update_one(
+            {"_id": family_id, "access_hash": access_hash, "access_revoked_at": None},
+            {"$set": {"access_revoked_at": now, "access_used_at": now}})
+        return result.modified_count == 1
+
+    @guarded
+    async def revoke_family(self, family_id: str, now: datetime) -> bool:
+        result = await self.families.update_one({"_id": family_id, "revoked_at": None}, {"$set": {"revoked_at": now}})
+        return result.modified_count == 1
+
+    @guarded
+    async def list_families(self, grant_id: str) -> list[Family]:
+        docs = await self.families.find({"grant_id": grant_id, "revoked_at": None}).sort(
+            [("created_at", ASCENDING), ("_id", ASCENDING)]).to_list(None)
+        return [FAMILIES.record(doc) for doc in docs]
 
     # -- sessions
 
@@ -487,15 +534,18 @@ class MongoStore(Store):
 
     @guarded
     async def get_session(self, session_hash: str) -> Session | None:
-        return SESSIONS.record(await self.sessions.find_one({"_id": session_hash}))
+        session = SESSIONS.record(await self.sessions.find_one({"_id": session_hash}))
+        return None if session is None or session.ended_at is not None else session
 
     @guarded
-    async def delete_session(self, session_hash: str) -> bool:
-        return await self._announced((await self.sessions.delete_one({"_id": session_hash})).deleted_count) == 1
+    async def end_session(self, session_hash: str, now: datetime) -> bool:
+        result = await self.sessions.update_one({"_id": session_hash, "ended_at": None}, {"$set": {"ended_at": now}})
+        return result.modified_count == 1
 
     @guarded
-    async def delete_user_sessions(self, user_id: str) -> int:
-        return await self._announced((await self.sessions.delete_many({"user_id": user_id})).deleted_count)
+    async def end_user_sessions(self, user_id: str, now: datetime) -> int:
+        result = await self.sessions.update_many({"user_id": user_id, "ended_at": None}, {"$set": {"ended_at": now}})
+        return result.modified_count
 
     # -- failure counts shared by the processes (ratelimit.SharedFailureCounts)
 
@@ -522,38 +572,36 @@ class MongoStore(Store):
 
     # -- revocations across processes
 
-    async def _announce(self) -> None:
-        await self.revocations.update_one({"_id": REVOCATIONS}, {"$inc": {"seq": 1}}, upsert=True)
-
-    async def _announced(self, count: int) -> int:
-        """Announce a revocation that changed something (``count`` > 0); returns ``count``."""
-        if count:
-            await self._announce()
-        return count
-
-    async def revocation_feed(self, poll_seconds: float = POLL_SECONDS) -> AsyncIterator[None]:
-        """Yields each time any process announces a revocation: from a change stream on the
-        ``revocations`` counter (resumed where it left off), or, where the deployment has
-        none (a standalone server), by reading the counter every ``poll_seconds``."""
+    async def revocation_feed(self, poll_seconds: float = POLL_SECONDS) -> AsyncIterator[Revocation]:
+        """Yields each revocation any process makes: from a change stream on the watched
+        collections (resumed where it left off), or, where the deployment has none (a
+        standalone server), by polling their revocation fields every ``poll_seconds``."""
         if self.change_streams:
             try:
-                async for _ in self._changes():
-                    yield
+                async for revocation in self._changes():
+                    yield revocation
             except _NoChangeStreams:
                 log.warning("MongoDB offers no change streams (not a replica set): polling for revocations")
                 self.change_streams = False
-        async for _ in self._poll(poll_seconds):
-            yield
+        async for revocation in self._poll(poll_seconds):
+            yield revocation
 
-    async def _changes(self) -> AsyncIterator[None]:
+    async def _changes(self) -> AsyncIterator[Revocation]:
+        fields = {field for _, revoking in WATCHED.values() for field in revoking}
+        pipeline = [
+            {"$match": {"operationType": "update", "ns.coll": {"$in": list(WATCHED)},
+                        "$or": [{f"updateDescription.updatedFields.{field}": {"$type": "date"}}
+                                for field in sorted(fields)]}},
+            {"$project": {"ns": 1, "documentKey": 1}},
+        ]
         try:
-            stream = self.revocations.watch(resume_after=self._resume_token)
+            stream = self._db.watch(pipeline, resume_after=self._resume_token)
             if inspect.isawaitable(stream):  # PyMongo's watch is a coroutine; Motor-style ones are not
                 stream = await stream
             async with stream:
-                async for _ in stream:
+                async for change in stream:
                     self._resume_token = stream.resume_token
-                    yield
+                    yield Revocation(WATCHED[change["ns"]["coll"]][0], change["documentKey"]["_id"])
         except OperationFailure as exc:
             if exc.code in NO_CHANGE_STREAMS:
                 raise _NoChangeStreams() from None
@@ -561,19 +609,25 @@ class MongoStore(Store):
         except PyMongoError as exc:
             raise translate(exc) from None
 
-    async def _poll(self, poll_seconds: float) -> AsyncIterator[None]:
-        seen = await self._sequence()
+    async def _poll(self, poll_seconds: float) -> AsyncIterator[Revocation]:
+        since = datetime.now(timezone.utc)
+        seen: dict[tuple[str, str, str], datetime] = {}
         while True:
             await asyncio.sleep(poll_seconds)
-            current = await self._sequence()
-            if current != seen:
-                seen = current
-                yield
+            now = datetime.now(timezone.utc)
+            for collection, (kind, revoking) in WATCHED.items():
+                for field in revoking:
+                    for document in await self._revoked_since(collection, field, since - POLL_OVERLAP):
+                        key = (collection, document["_id"], field)
+                        if key not in seen:
+                            seen[key] = _utc(document[field])
+                            yield Revocation(kind, document["_id"])
+            since = now
+            seen = {key: at for key, at in seen.items() if at > since - 2 * POLL_OVERLAP}
 
     @guarded
-    async def _sequence(self) -> int:
-        document = await self.revocations.find_one({"_id": REVOCATIONS})
-        return document["seq"] if document else 0
+    async def _revoked_since(self, collection: str, field: str, since: datetime) -> list[dict[str, Any]]:
+        return await self._db[collection].find({field: {"$gt": since}}, {field: 1}).to_list(None)
 
     # -- housekeeping
 
@@ -585,6 +639,6 @@ class MongoStore(Store):
             {"consumed_at": None, "expires_at": {"$lte": now}},
             {"expires_at": {"$lte": now - timedelta(seconds=CODE_RETENTION_SECONDS)}},
         ]})).deleted_count}
-        for name, collection in (("tokens", self.tokens), ("sessions", self.sessions)):
+        for name, collection in (("families", self.families), ("sessions", self.sessions)):
             counts[name] = (await collection.delete_many({"expires_at": {"$lte": now}})).deleted_count
         return counts
