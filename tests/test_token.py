@@ -120,6 +120,22 @@ async def test_code_is_bound_to_its_client(browser, http_client, base_url):
 
 
 @pytest.mark.gen_test
+async def test_a_redeemed_code_presented_by_another_client_cuts_nobody_off(browser, http_client, base_url):
+    """Seen in a log or a Referer, a code that was already redeemed is presented by a public
+    client (no secret, the right verifier or any): invalid_grant, and the user keeps access."""
+    code = await browser.code_for("webapp", WEBAPP_REDIRECT)
+    issued = json_of(await exchange(http_client, base_url, code))
+    for verifier in (VERIFIER, new_verifier()[0]):
+        response = await exchange(http_client, base_url, code, client_id="skyplanner", secret=None,
+                                  redirect_uri=WEBAPP_REDIRECT, verifier=verifier)
+        body = check_oauth_error(response, 400, "invalid_grant")
+        assert "already used" not in body["error_description"]
+    introspected = await post_form(http_client, base_url + "/oauth/token/introspect",
+                                   {"token": issued["refresh_token"]}, {"Authorization": basic("webapp", WEBAPP_SECRET)})
+    assert json_of(introspected)["active"] is True
+
+
+@pytest.mark.gen_test
 async def test_unknown_code_is_invalid_grant(http_client, base_url):
     response = await exchange(http_client, base_url, "no-such-code")
     check_oauth_error(response, 400, "invalid_grant")
