@@ -9,7 +9,8 @@ import pytest
 from helpers import CHALLENGE, NODE_REDIRECT, SKY_REDIRECT, VERIFIER, WEBAPP_REDIRECT, WEBAPP_SECRET, make_config
 from tokensvc.bootstrap import seed
 from tokensvc.oauth import authorization, clientauth, grants, hashing, introspection, revocation
-from tokensvc.oauth.authorization import RedirectError
+from tokensvc.oauth.authorization import Consent, Issued, SignIn
+from tokensvc.oauth.errors import RedirectError
 from tokensvc.oauth.clientauth import ClientRequest
 from tokensvc.oauth.context import OAuthContext
 from tokensvc.oauth.errors import (AccessDenied, InsufficientScope, InvalidClient, InvalidGrant, InvalidRequest,
@@ -59,7 +60,7 @@ async def test_authorization_requests_are_checked_in_order(seeded):
         await authorization.validate(seeded, args(redirect_uri="https://evil.example/cb"))
     with pytest.raises(RedirectError) as missing:
         await authorization.validate(seeded, args(code_challenge=None))
-    assert isinstance(missing.value.error, InvalidRequest) and missing.value.redirect_uri == WEBAPP_REDIRECT
+    assert isinstance(missing.value.error, InvalidRequest) and missing.value.location.startswith(WEBAPP_REDIRECT + "?")
     with pytest.raises(RedirectError) as plain:
         await authorization.validate(seeded, args(code_challenge_method="plain"))
     assert isinstance(plain.value.error, InvalidRequest)
@@ -81,6 +82,33 @@ async def test_pairing_needs_an_operator(seeded):
     with pytest.raises(RedirectError) as denied:
         await authorization.resolve_subject(seeded, request, alice)
     assert isinstance(denied.value.error, AccessDenied)
+
+
+async def test_what_an_authorization_request_leads_to(seeded):
+    """authorization.decide: sign in first; a first-party client gets its code at once; a
+    third-party client always gets the consent page, then the user's answer."""
+    alice = await seeded.store.get_user_by_username("alice")
+    signin = await authorization.decide(seeded, args(), None)
+    assert isinstance(signin, SignIn) and signin.request.client.client_id == "webapp"
+
+    first_party = await authorization.decide(seeded, args(), alice)
+    assert isinstance(first_party, Issued) and first_party.location.startswith(WEBAPP_REDIRECT + "?code=")
+    assert "state=s" in first_party.location
+
+    sky = args("skyplanner", SKY_REDIRECT, scope="read")
+    consent = await authorization.decide(seeded, sky, alice)
+    assert isinstance(consent, Consent) and consent.user == alice and consent.installation is None
+    issued = await authorization.decide(seeded, sky, alice, "allow")
+    assert isinstance(issued, Issued) and "code=" in issued.location
+    with pytest.raises(RedirectError) as denied:
+        await authorization.decide(seeded, sky, alice, "deny")
+    assert isinstance(denied.value.error, AccessDenied) and "error=access_denied" in denied.value.location
+    with pytest.raises(RedirectError) as odd:
+        await authorization.decide(seeded, sky, alice, "maybe")
+    assert isinstance(odd.value.error, InvalidRequest)
+    # The answer is checked only once the request itself is valid and verified.
+    with pytest.raises(RedirectUnverified):
+        await authorization.decide(seeded, args("nobody"), alice, "allow")
 
 
 # -- code exchange ----------------------------------------------------------------------

@@ -4,18 +4,13 @@ can make (signed with the cookie secret, bound to the web session)."""
 from __future__ import annotations
 
 import pytest
-from tornado.httputil import HTTPHeaders, HTTPServerRequest, RequestStartLine
 
 from helpers import SKY_REDIRECT, WEBAPP_REDIRECT, Browser, exchange, json_of
+from tokensvc.app import ROUTES
 from tokensvc.handlers import xsrf
-from tokensvc.handlers.json_api import JsonHandler
-from tokensvc.handlers.page import PageHandler, TooLargePage
+from tokensvc.handlers.lifecycle import UNSAFE_METHODS
 
 SECRET = "xsrf-test-secret-0123456789"
-
-
-def request(method: str, headers: dict[str, str] | None = None) -> HTTPServerRequest:
-    return HTTPServerRequest(start_line=RequestStartLine(method, "/x", "HTTP/1.1"), headers=HTTPHeaders({"Host": "127.0.0.1", **(headers or {})}))
 
 
 def test_tokens_are_signed_and_bound_to_the_session():
@@ -29,43 +24,38 @@ def test_tokens_are_signed_and_bound_to_the_session():
     assert xsrf.new_token(SECRET, None) != xsrf.new_token(SECRET, None)
 
 
-def test_which_requests_are_checked():
-    cookie = {"Cookie": "tokensvc_session=x"}
-    def required(method, headers=None, **kwargs):
-        return xsrf.required(request(method, headers), session_cookie="tokensvc_session", **kwargs)
-
-    # Pages: every unsafe request, signed in or not (sign-in itself is a form).
-    assert required("POST", page=True, takes_session=True)
-    assert required("POST", {"Authorization": "Bearer t"}, page=True, takes_session=True)
-    assert not required("GET", cookie, page=True, takes_session=True)
-    # JSON routes that take the session: when it is the request's credential.
-    for method in ("POST", "PUT", "PATCH", "DELETE"):
-        assert required(method, cookie, page=False, takes_session=True)
-    assert not required("GET", cookie, page=False, takes_session=True)
-    assert not required("DELETE", page=False, takes_session=True)  # no cookie: a bearer or nothing
-    assert not required("DELETE", {**cookie, "Authorization": "Bearer t"}, page=False, takes_session=True)
-    # Routes that never take the cookie (the token endpoints) ignore one sent along.
-    assert not required("POST", cookie, page=False, takes_session=False)
-
-
-def test_every_route_that_takes_the_session_is_covered_by_default():
-    """A new page or /v1 handler is protected without its author doing anything."""
-    import tokensvc.handlers.api as api
-    import tokensvc.handlers.token as token
-
-    takes = {cls.__name__ for cls in _subclasses(JsonHandler) if cls.takes_session}
-    assert {"MeHandler", "ConnectedAppsHandler", "ConnectedAppHandler", "SignOutHandler"} <= takes
-    assert not any(cls.takes_session for cls in (token.TokenHandler, token.RefreshHandler, token.IntrospectHandler,
-                                                  token.RevokeHandler, token.GrantRevokeHandler))
-    assert issubclass(api.ConnectedAppHandler, api.ApiEndpoint)
-    # No page replaces the base's check; the one that does refuses every request outright.
-    assert [cls for cls in _subclasses(PageHandler) if "check_xsrf_cookie" in vars(cls)] == [TooLargePage]
+@pytest.mark.gen_test
+async def test_no_unsafe_request_acts_on_the_session_cookie_without_a_token(browser, http_client, base_url):
+    """The invariant, over the whole route table: an unsafe request carrying the session
+    cookie and no XSRF token is refused (403) by every route that may read the cookie, and
+    changes nothing anywhere else (those routes answer as if no cookie had been sent). A new
+    route is covered without its author doing anything."""
+    await browser.code_for("skyplanner", SKY_REDIRECT, scope="read")
+    stranger = Browser(http_client, base_url)
+    checked = 0
+    for route in ROUTES:
+        for method in sorted(route.methods & UNSAFE_METHODS):
+            path = route.path.replace("{client_id}", "skyplanner")
+            body = {"client_id": "skyplanner", "username": "alice", "password": "x"} if method != "DELETE" else None
+            answer = await browser.fetch(path, method, body)
+            if route.handler.reads_session:
+                assert answer.code == 403, (method, path)
+            else:
+                assert answer.code == (await stranger.fetch(path, method, body)).code, (method, path)
+            checked += 1
+    assert checked >= 10
+    assert (await browser.fetch("/v1/me")).code == 200  # still signed in: nothing happened
+    assert json_of(await browser.fetch("/v1/me/connected-apps"))[0]["clientId"] == "skyplanner"
 
 
-def _subclasses(cls):
-    for sub in cls.__subclasses__():
-        yield sub
-        yield from _subclasses(sub)
+def test_a_route_that_does_not_read_the_session_cannot():
+    """The exemption is declared, and holds: such a handler cannot read the cookie at all."""
+    exempt = [route for route in ROUTES if not route.handler.reads_session]
+    assert {route.path for route in exempt} == {"/oauth/token", "/oauth/token/refresh", "/oauth/token/introspect",
+                                                "/oauth/token/revoke", "/oauth/revoke"}
+    for route in exempt:
+        with pytest.raises(RuntimeError, match="does not read the session"):
+            route.handler.raw_session_id(object.__new__(route.handler))
 
 
 @pytest.mark.gen_test

@@ -14,6 +14,7 @@ from apispec import APISpec
 from apispec.ext.marshmallow import MarshmallowPlugin
 
 from tokensvc import __version__, schemas
+from tokensvc.app import ROUTES
 
 FORM = "application/x-www-form-urlencoded"
 JSON = "application/json"
@@ -85,33 +86,48 @@ def build() -> dict[str, Any]:
     spec.components.security_scheme("clientBasic", {"type": "http", "scheme": "basic"})
     spec.components.security_scheme("bearer", {"type": "http", "scheme": "bearer"})
 
+    operations = _operations()
+    for route in ROUTES:
+        documented = operations.pop(route.path, {})
+        served = {method.lower() for method in route.methods if method != "HEAD"}
+        if set(documented) != served:
+            raise ValueError(f"{route.path}: served {sorted(served)}, documented {sorted(documented)}")
+        spec.path(route.path, operations=documented)
+    if operations:
+        raise ValueError(f"documented but not routed: {sorted(operations)}")
+    return spec.to_dict()
+
+
+def _operations() -> dict[str, dict[str, Any]]:
+    """What each route's methods take and answer, by path."""
+    ops: dict[str, dict[str, Any]] = {}
     token_ok = _json("TokenResponse", "Tokens issued", NO_STORE)
-    spec.path("/oauth/token", operations=_token_endpoint(
+    ops["/oauth/token"] = (_token_endpoint(
         "Exchange an authorization code (PKCE) for tokens", "TokenRequest", token_ok))
-    spec.path("/oauth/token/refresh", operations=_token_endpoint(
+    ops["/oauth/token/refresh"] = (_token_endpoint(
         "Rotate a refresh token", "RefreshRequest", token_ok))
-    spec.path("/oauth/token/introspect", operations=_token_endpoint(
+    ops["/oauth/token/introspect"] = (_token_endpoint(
         "Introspect a token (RFC 7662)", "TokenActionRequest", _json("IntrospectionResponse", "Token metadata"),
         extra={"403": FORBIDDEN}))
-    spec.path("/oauth/token/revoke", operations=_token_endpoint(
+    ops["/oauth/token/revoke"] = (_token_endpoint(
         "Revoke a token (RFC 7009)", "TokenActionRequest", _json("Empty", "Revoked, or nothing to revoke")))
 
     token_query = {"name": "token", "in": "query", "required": False, "schema": {"type": "string"}}
-    spec.path("/oauth/revoke", operations={"post": {
+    ops["/oauth/revoke"] = ({"post": {
         "summary": "Revoke the whole grant of the presented token (when it is in force)", "parameters": [token_query],
         "security": [{}, {"bearer": []}],
         "responses": {"200": _json("Empty", "Always"), "503": UNAVAILABLE}}})
-    spec.path("/oauth/sign-out", operations={"post": {
+    ops["/oauth/sign-out"] = ({"post": {
         "summary": "End the web session; revoke `token` when given and in force", "parameters": [token_query],
         "responses": {"200": _json("Empty", "Signed out"), "400": OAUTH_400,
                       "403": _json("Detail", "Session cookie without XSRF"),
                       "413": TOO_LARGE, "422": INVALID, "503": UNAVAILABLE}}})
-    spec.path("/oauth/clients", operations={"get": {
+    ops["/oauth/clients"] = ({"get": {
         "summary": "Every registered client",
         "responses": {"200": {"description": "The clients", "content": {JSON: {"schema": {
             "type": "array", "items": {"$ref": "#/components/schemas/OAuthClient"}}}}}, "503": UNAVAILABLE}}})
     client_id = {"name": "client_id", "in": "path", "required": True, "schema": {"type": "string"}}
-    spec.path("/oauth/clients/{client_id}", operations={"get": {
+    ops["/oauth/clients/{client_id}"] = ({"get": {
         "summary": "One registered client", "parameters": [client_id],
         "responses": {"200": _json("OAuthClient", "The client"), "404": NOT_FOUND, "422": INVALID,
                       "503": UNAVAILABLE}}})
@@ -120,24 +136,40 @@ def build() -> dict[str, Any]:
         {"name": name, "in": "query", "required": False, "schema": {"type": "string"}}
         for name in ("response_type", "client_id", "redirect_uri", "scope", "state", "code_challenge",
                      "code_challenge_method", "installation_id")]
-    spec.path("/oauth/authorize", operations={"get": {
+    ops["/oauth/authorize"] = ({"get": {
         "summary": "Authorization request (RFC 6749 §4.1.1, PKCE S256 required)",
         "parameters": authorize_parameters,
         "responses": {"200": _html("Consent page"), "302": _redirect("To the client (code or error) or to sign-in"),
                       "400": _html("Unknown client or unregistered redirect_uri: never redirected"),
+                      "503": _html("The store does not answer")}},
+        "post": {
+        "summary": "The consent page's answer (form: the request's parameters, decision=allow|deny, _xsrf)",
+        "requestBody": {"required": True, "content": {FORM: {"schema": {"type": "object"}}}},
+        "responses": {"200": _html("Consent page again (no decision)"),
+                      "302": _redirect("To the client: a code (allow) or access_denied (deny); or to sign-in"),
+                      "400": _html("Unknown client or unregistered redirect_uri: never redirected"),
+                      "403": _html("No valid XSRF token"), "413": _html("Body too large"),
                       "503": _html("The store does not answer")}}})
-    spec.path("/login", operations={
+    ops["/login"] = ({
         "get": {"summary": "Sign-in page",
                 "parameters": [{"name": "next", "in": "query", "required": False, "schema": {"type": "string"}}],
                 "responses": {"200": _html("The form")}},
+        "post": {"summary": "Sign in (form: username, password, next, _xsrf): sets the session cookie",
+                 "requestBody": _form("LoginForm"),
+                 "responses": {"302": _redirect("Signed in: on to next (a same-site path)"),
+                               "400": _html("The form again: a field is missing"),
+                               "401": _html("The form again: wrong username or password"),
+                               "403": _html("No valid XSRF token"), "413": _html("Body too large"),
+                               "429": _html("The form again: too many failed attempts"),
+                               "503": _html("The store does not answer")}},
     })
-    spec.path("/", operations={"get": {"summary": "Home page: who is signed in, and where the endpoints are",
+    ops["/"] = ({"get": {"summary": "Home page: who is signed in, and where the endpoints are",
                                        "responses": {"200": _html("The page"), "503": _html("The store does not answer")}}})
-    spec.path("/logout", operations={"post": {
+    ops["/logout"] = ({"post": {
         "summary": "The pages' sign-out button (form: _xsrf)",
         "responses": {"200": _html("Signed out"), "403": _html("No valid XSRF token"),
                       "413": _html("Body too large"), "503": _html("The store does not answer")}}})
-    spec.path("/account", operations={
+    ops["/account"] = ({
         "get": {"summary": "The signed-in user's page: connected apps, each with a Remove button; sign-out",
                 "responses": {"200": _html("The page"), "303": _redirect("Signed out: to sign-in, then back"),
                               "503": _html("The store does not answer")}},
@@ -148,34 +180,42 @@ def build() -> dict[str, Any]:
                                "503": _html("The store does not answer")}},
     })
     bearer_security = [{"bearer": []}]
-    spec.path("/v1/me", operations={"get": {
+    ops["/v1/me"] = ({"get": {
         "summary": "Who the token or session acts for (scope read)", "security": bearer_security,
         "responses": {"200": _json("Me", "The subject"), "401": BEARER_401, "403": FORBIDDEN,
                       "503": UNAVAILABLE}}})
-    spec.path("/v1/me/connected-apps", operations={"get": {
+    ops["/v1/me/connected-apps"] = ({"get": {
         "summary": "Clients holding an active grant of this user (scope read)", "security": bearer_security,
         "responses": {"200": {"description": "The apps", "content": {JSON: {"schema": {
             "type": "array", "items": {"$ref": "#/components/schemas/ConnectedApp"}}}}},
             "401": BEARER_401, "403": FORBIDDEN, "503": UNAVAILABLE}}})
-    spec.path("/v1/me/connected-apps/{client_id}", operations={"delete": {
+    ops["/v1/me/connected-apps/{client_id}"] = ({"delete": {
         "summary": "Revoke the grant of a client and all its tokens (scope connected-apps:write)",
         "security": bearer_security, "parameters": [client_id],
         "responses": {"204": {"description": "Revoked"}, "401": BEARER_401, "403": FORBIDDEN, "404": NOT_FOUND,
                       "422": INVALID, "503": UNAVAILABLE}}})
-    spec.path("/.well-known/oauth-authorization-server", operations={"get": {
+    ops["/v1/ws"] = {"get": {
+        "summary": "WebSocket (scope read): the token as access_token, in Authorization, or the session cookie. "
+                   "Sends a welcome, echoes text, closes with 4401 when its authorization ends",
+        "security": [{"bearer": []}],
+        "parameters": [{"name": "access_token", "in": "query", "required": False, "schema": {"type": "string"}}],
+        "responses": {"101": {"description": "Upgraded to a WebSocket"},
+                      "400": {"description": "Not a WebSocket upgrade request"},
+                      "401": BEARER_401, "403": FORBIDDEN, "503": UNAVAILABLE}}}
+    ops["/.well-known/oauth-authorization-server"] = ({"get": {
         "summary": "Authorization server metadata (RFC 8414)",
         "responses": {"200": _json("Metadata", "Metadata, made from the configuration (never 503)")}}})
-    spec.path("/healthz", operations={"get": {"summary": "The process is alive",
+    ops["/healthz"] = ({"get": {"summary": "The process is alive",
                                               "responses": {"200": _json("Status", "Alive")}}})
-    spec.path("/readyz", operations={"get": {"summary": "The store answers",
+    ops["/readyz"] = ({"get": {"summary": "The store answers",
                                              "responses": {"200": _json("Status", "Ready"), "503": UNAVAILABLE}}})
-    spec.path("/metrics", operations={"get": {
+    ops["/metrics"] = ({"get": {
         "summary": "Prometheus metrics (text exposition), to callers in metrics.allow",
         "responses": {"200": {"description": "Metrics", "content": {"text/plain": {"schema": {"type": "string"}}}},
                       "404": NOT_FOUND}}})
-    spec.path("/openapi.json", operations={"get": {"summary": "This document",
+    ops["/openapi.json"] = ({"get": {"summary": "This document",
                                                    "responses": {"200": {"description": "OpenAPI 3.1"}}}})
-    return spec.to_dict()
+    return ops
 
 
 def render() -> str:

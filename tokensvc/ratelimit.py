@@ -2,8 +2,8 @@
 client id / username and per remote address; past a limit the key is refused (429 with
 ``Retry-After``) until its oldest failure leaves the window.
 
-:class:`FailureLimiter` is the interface; :class:`MemoryFailureLimiter` keeps the counts in
-this process, where every check happens without a wait. Several processes over one MongoDB
+:class:`MemoryFailureLimiter` keeps the counts in this process, where every check happens
+without a wait. Several processes over one MongoDB
 also count every failure in the store (:class:`SharedFailureCounts`, an atomic ``$inc``):
 when a shared count reaches a limit, the process that counted it locks the key locally for
 the rest of the window. A key is then refused everywhere after at most the limit plus one
@@ -13,7 +13,6 @@ round trip.
 
 from __future__ import annotations
 
-import abc
 import math
 import time
 from collections import deque
@@ -21,9 +20,10 @@ from collections.abc import Callable, Iterable
 from typing import Protocol, runtime_checkable
 
 from tokensvc.config import LimitSettings
+from tokensvc.errors import HTTPAnswer
 
 
-class TooManyFailures(Exception):
+class TooManyFailures(HTTPAnswer):
     """The key has failed too often: 429 with ``Retry-After`` (RFC 6585 §4)."""
 
     status_code = 429
@@ -40,29 +40,6 @@ class TooManyFailures(Exception):
         return {"Retry-After": str(self.retry_after)}
 
 
-class FailureLimiter(abc.ABC):
-    @abc.abstractmethod
-    def check(self, keys: Iterable[tuple[str, int]]) -> None:
-        """Raise TooManyFailures if any (key, limit) has reached its limit in the window."""
-
-    @abc.abstractmethod
-    def failed(self, keys: Iterable[tuple[str, int]]) -> None:
-        """Count one failure against each key."""
-
-    @abc.abstractmethod
-    def succeeded(self, key: str) -> None:
-        """Forget the failures of ``key`` (a right password clears its username)."""
-
-    @abc.abstractmethod
-    def reserve(self, keys: Iterable[tuple[str, int]]) -> object:
-        """Check and count one attempt against each key in one step (TooManyFailures past a
-        limit), before the slow check it guards; :meth:`release` takes it back on success."""
-
-    @abc.abstractmethod
-    def release(self, reservation: object) -> None:
-        """Take back an attempt :meth:`reserve` counted: it succeeded."""
-
-
 @runtime_checkable
 class SharedFailureCounts(Protocol):
     """Failure counts every process sees (the MongoDB store)."""
@@ -74,7 +51,7 @@ class SharedFailureCounts(Protocol):
     async def forget_failures(self, key: str) -> None: ...
 
 
-class MemoryFailureLimiter(FailureLimiter):
+class MemoryFailureLimiter:
     """Sliding-window failure counts in this process; idle keys are dropped as they age."""
 
     def __init__(self, window_seconds: float, clock: Callable[[], float] = time.monotonic,

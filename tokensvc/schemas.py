@@ -259,8 +259,6 @@ def validation_detail(error: ValidationError, location: str, data: Mapping[str, 
     return detail
 
 
-def missing_detail(location: str, key: str) -> dict[str, Any]:
-    return {"loc": [location, key], "msg": str(REQUIRED), "type": REQUIRED.type, "input": None, "ctx": {}}
 metadata = MetadataSchema()
 
 

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from tokensvc import schemas
 from tokensvc.handlers.auth import AuthMixin, requires
-from tokensvc.handlers.errors import NotFound
-from tokensvc.handlers.json_api import PRIVATE_HEADERS, JsonHandler
+from tokensvc.errors import NotFound
+from tokensvc.handlers.headers import PRIVATE_HEADERS
+from tokensvc.handlers.json_api import JsonHandler
 from tokensvc.oauth import connected_apps, principal as principals, revocation
 
 
@@ -13,7 +14,6 @@ class ApiEndpoint(AuthMixin, JsonHandler):
     """A ``/v1/`` endpoint: a bearer token or the session cookie; its answers are private."""
 
     default_headers = PRIVATE_HEADERS
-    takes_session = True
 
 
 class MeHandler(ApiEndpoint):

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from tokensvc import schemas
-from tokensvc.handlers.errors import NotFound
+from tokensvc.errors import NotFound
 from tokensvc.handlers.json_api import JsonHandler
 
 

@@ -1,9 +1,9 @@
 """Reading a request: form and query parameters as single values, schema validation into
-422 HTTPValidationError, path ids, and the session cookie. Shared by both bases."""
+422 HTTPValidationError, path ids, and the session cookie. Shared by both adapters."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, ClassVar
 
 import tornado.httputil
 import tornado.web
@@ -11,7 +11,7 @@ from marshmallow import Schema, ValidationError
 
 from tokensvc import schemas
 from tokensvc.config import Settings
-from tokensvc.handlers.errors import ValidationFailed
+from tokensvc.errors import ValidationFailed
 from tokensvc.oauth.context import OAuthContext
 from tokensvc.oauth.errors import InvalidRequest
 
@@ -22,6 +22,7 @@ class RequestInput:
     request: tornado.httputil.HTTPServerRequest
     ctx: OAuthContext
     config: Settings
+    reads_session: ClassVar[bool]
 
     def form(self, schema: Schema) -> dict[str, str]:
         """The form-encoded body's parameters that ``schema`` knows, as single values.
@@ -47,7 +48,10 @@ class RequestInput:
         return client_id
 
     def raw_session_id(self) -> str | None:
-        """The session id in the signed session cookie, if there is a valid one."""
+        """The session id in the signed session cookie, if there is a valid one. Only a route
+        that declares it reads the session may: the XSRF rule applies to it then."""
+        if not self.reads_session:
+            raise RuntimeError(f"{type(self).__name__} does not read the session (reads_session = False)")
         morsel = self.request.cookies.get(self.config.session_cookie)
         if morsel is None:
             return None

@@ -1,29 +1,21 @@
-"""The JSON base: every JSON route is a :class:`JsonHandler`, served from Tornado's HTTP layer.
+"""The JSON adapter: every JSON route is a :class:`JsonHandler`, served straight from
+Tornado's HTTP layer by the request lifecycle (:mod:`.lifecycle`).
 
-A ``JsonHandler`` is a ``tornado.httputil.HTTPMessageDelegate`` that Tornado's ``Application``
-routes to: it gets the request Tornado's HTTP server has parsed, reads the body, runs one
-method and writes one response through the connection's public ``write_headers`` and
-``finish``. Routing, connection handling, keep-alive and ``xheaders`` stay Tornado's.
+A ``JsonHandler`` is a plain object made for one request: the lifecycle has counted its body
+and checked its method; the handler parses the body, runs the route's method and writes one
+response through the connection's public ``write_headers`` and ``finish``. Routing,
+connection handling, keep-alive and ``xheaders`` stay Tornado's.
 
-Why not ``RequestHandler``: measured with ``make bench``, its per-request machinery (an
-asyncio Task per request, output transforms, flush and finish futures, per-header
-validation) costs about 40 % of a hello world, more than all of the OAuth work of an
-introspection, and the targets (introspection and ``/v1/me`` at 0.90 of the hello world)
-leave no room for it.
-
-What every JSON route gets here, in one place: method dispatch (405 with ``Allow``; HEAD
-wherever GET is), the 64 KiB body limit (413), the XSRF rule for routes that take the
-session cookie (:mod:`.xsrf`), the security headers, one rendering of every error
-(:func:`.errors.response_for`), and the access line.
+Why not ``RequestHandler``: its per-request machinery (output transforms, flush and finish
+futures, per-header validation, a Task per request) costs more than the OAuth work of a token
+request; docs/performance.md has the A/B.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextvars
-import json
 import sys
-import time
 import types
 from collections.abc import Coroutine
 from http.cookies import SimpleCookie
@@ -31,175 +23,107 @@ from typing import Any, ClassVar
 
 import tornado.httputil
 import tornado.routing
-import tornado.web
-from tornado.httputil import HTTPHeaders, HTTPServerRequest, ResponseStartLine
+from tornado.httputil import HTTPHeaders, HTTPServerRequest
 
-from tokensvc.config import Settings
-from tokensvc.handlers import xsrf
-from tokensvc.handlers.access_log import log_access, request_id_for
-from tokensvc.handlers.body_limit import MAX_BODY_BYTES, count_body_here, too_large
-from tokensvc.handlers.errors import NotFound, log_failure, reason_phrase, response_for
+from tokensvc.errors import BadRequest, NotFound
+from tokensvc.handlers.headers import JSON_HEADERS
 from tokensvc.handlers.inputs import RequestInput
-from tokensvc.logs import REQUEST_ID
-from tokensvc.oauth.context import OAuthContext
+from tokensvc.handlers.lifecycle import (
+    JSON,
+    MAX_BODY_BYTES,
+    Edge,
+    Lifecycle,
+    Route,
+    answer_for,
+    check_xsrf,
+    dumps,
+    log_failure,
+    write_response,
+)
 
 
-HTTP_METHODS = ("GET", "POST", "PUT", "PATCH", "DELETE", "OPTIONS")
-UNMATCHED = "(unmatched)"  # the metrics' route label of a request no route matched
-JSON_CSP = "default-src 'none'; frame-ancestors 'none'"
-SECURITY_HEADERS = {
-    "X-Content-Type-Options": "nosniff",
-    "Referrer-Policy": "no-referrer",
-    "X-Frame-Options": "DENY",
-    "Content-Security-Policy": JSON_CSP,
-}
-# RFC 6749 §5.1: token responses, and anything else private to the caller, are never cached.
-NO_STORE = {"Cache-Control": "no-store", "Pragma": "no-cache"}
-TOKEN_HEADERS = {**SECURITY_HEADERS, **NO_STORE}
-PRIVATE_HEADERS = {**SECURITY_HEADERS, "Cache-Control": "no-store"}
-
-
-def dumps(body: Any) -> str:
-    """A response body as compact JSON, non-ASCII characters kept as they are."""
-    return json.dumps(body, separators=(",", ":"), ensure_ascii=False)
-
-
-class JsonHandler(RequestInput, tornado.httputil.HTTPMessageDelegate):
+class JsonHandler(RequestInput):
     """One request to a JSON route. Subclasses define ``async def get/post/delete``.
 
     Path groups of the route arrive as the method's arguments, decoded as UTF-8.
     """
 
-    default_headers: ClassVar[dict[str, str]] = SECURITY_HEADERS
-    # Larger bodies get 413 (:mod:`.body_limit`); None: the route ignores any body it is sent.
+    default_headers: ClassVar[dict[str, str]] = JSON_HEADERS
+    output: ClassVar[str] = JSON
     max_body: ClassVar[int | None] = MAX_BODY_BYTES
-    # Whether the session cookie may authorize this route; an unsafe request that carries it
-    # then needs an XSRF token (xsrf.required decides).
-    takes_session: ClassVar[bool] = False
-    methods: ClassVar[frozenset[str]] = frozenset()  # filled in for each subclass
+    reads_session: ClassVar[bool] = True
 
-    def __init__(self, request: HTTPServerRequest, ctx: OAuthContext, config: Settings,
-                 path_args: list[bytes], route: str = UNMATCHED) -> None:
-        self.request = request
-        self.ctx = ctx
-        self.config = config
-        self.path_args = path_args
-        self.route = route  # the route's pattern, for the metrics
-        self.request_id = ""
+    def __init__(self, edge: Edge, route: Route, request: HTTPServerRequest, request_id: str) -> None:
+        self.edge, self.ctx, self.config = edge, edge.ctx, edge.config
+        self.route, self.request, self.request_id = route, request, request_id
         self.log_client_id: str | None = None
         self.log_error: str | None = None
         self.cookies: SimpleCookie | None = None  # cookies this response sets or clears
-        self._chunks: list[bytes] = []
-        self._size = 0
-        self._status = 0
-
-    def __init_subclass__(cls, **kwargs: Any) -> None:
-        super().__init_subclass__(**kwargs)
-        methods = {m for m in HTTP_METHODS if callable(getattr(cls, m.lower(), None))}
-        if "GET" in methods:  # HEAD is answered wherever GET is (RFC 9110 §9.3.2)
-            methods.add("HEAD")
-        cls.methods = frozenset(methods)
+        self.answered = False
 
     @classmethod
-    def target(cls, ctx: OAuthContext, config: Settings, route: str = UNMATCHED) -> tornado.routing.Router:
-        """The target to put in the application's route table for ``route`` (its pattern)."""
-        return _Route(cls, ctx, config, route)
+    def target(cls, edge: Edge, route: Route) -> tornado.routing.Router:
+        """What the application's route table holds for ``route``."""
+        return _Target(edge, route)
 
-    # -- HTTPMessageDelegate ------------------------------------------------------------
-
-    def headers_received(self, start_line: Any, headers: HTTPHeaders) -> None:
-        """The router has built ``self.request`` from them; the body is counted here."""
-        count_body_here(self.request)
-
-    def data_received(self, chunk: bytes) -> None:
-        self._size += len(chunk)
-        if self.max_body is not None and self._size <= self.max_body:
-            self._chunks.append(chunk)
-
-    def finish(self) -> None:
-        start_eagerly(self._serve())
-
-    def on_connection_close(self) -> None:
-        self._chunks = []
-
-    # -- serving ------------------------------------------------------------------------
-
-    async def _serve(self) -> None:
-        # This coroutine runs in a context of its own (start_eagerly): the id reaches every
-        # line logged while the request is served.
-        self.request_id = request_id_for(self.request)
-        REQUEST_ID.set(self.request_id)
+    async def serve(self, path_args: list[bytes]) -> None:
         try:
+            if self.request.body:
+                self._parse_body()
+            check_xsrf(self)
             method = self.request.method or ""
-            if method not in self.methods:
-                raise tornado.web.HTTPError(405)
-            if self._size and self.max_body is not None:
-                self._read_body()
-            if xsrf.required(self.request, page=False, takes_session=self.takes_session,
-                             session_cookie=self.config.session_cookie):
-                xsrf.check(self.request, self.config.xsrf_cookie, self.config.cookie_secret, self.raw_session_id(),
-                           self.request.headers.get(xsrf.HEADER))
-            await getattr(self, "get" if method == "HEAD" else method.lower())(*self._decoded_path_args())
-            if not self._status:
+            await getattr(self, "get" if method == "HEAD" else method.lower())(*self._decoded(path_args))
+            if not self.answered:
                 raise RuntimeError(f"{type(self).__name__}.{method.lower()} sent no response")
         except Exception as exc:  # every failure becomes a response in the documented shape
-            self._fail(exc)
+            self.send_failure(exc)
 
-    def _read_body(self) -> None:
-        if self._size > self.max_body:  # type: ignore[operator]
-            raise too_large()
+    def _parse_body(self) -> None:
         request = self.request
-        request.body = b"".join(self._chunks)
         try:
             tornado.httputil.parse_body_arguments(request.headers.get("Content-Type", ""), request.body,
                                                   request.body_arguments, request.files, request.headers)
         except tornado.httputil.HTTPInputError:
-            raise tornado.web.HTTPError(400) from None
+            raise BadRequest() from None
 
-    def _decoded_path_args(self) -> list[str]:
+    @staticmethod
+    def _decoded(path_args: list[bytes]) -> list[str]:
         try:
-            return [arg.decode("utf-8") for arg in self.path_args]
+            return [arg.decode("utf-8") for arg in path_args]
         except UnicodeDecodeError:
-            raise tornado.web.HTTPError(400, reason="Invalid unicode in the path") from None
+            raise BadRequest("Invalid unicode in the path") from None
 
-    def _fail(self, exc: Exception) -> None:
-        log_failure(self.request, exc, metrics=self.ctx.metrics)
-        status, body, headers = response_for(exc)
-        if isinstance(body, dict) and isinstance(body.get("error"), str):
-            self.log_error = body["error"]
-        if status == 405:
-            headers["Allow"] = ", ".join(sorted(self.methods))
-        self.send_json(body, status, headers)
+    def get_body_argument(self, name: str, default: str | None = None) -> str | None:
+        values = self.request.body_arguments.get(name)
+        return values[-1].decode("utf-8", "replace") if values else default
+
+    # -- answering ----------------------------------------------------------------------
+
+    def send_failure(self, exc: Exception) -> None:
+        log_failure(self.request, exc, self.edge.metrics)
+        answer = answer_for(exc)
+        self.log_error = answer.error_code
+        status, headers, body = self.edge.render(answer, self.output, self.default_headers)
+        self.send(status, body, None, headers)
 
     def send_json(self, body: Any, status: int = 200, headers: dict[str, str] | None = None) -> None:
         self.send(status, dumps(body).encode("utf-8"), "application/json", headers)
 
     def send(self, status: int, body: bytes, content_type: str | None, extra: dict[str, str] | None = None) -> None:
-        """Write the whole response and end the request (once; later calls are ignored)."""
-        if self._status:
+        """Write the whole response (once; later calls are ignored): the route's headers,
+        then ``extra``."""
+        if self.answered:
             return
-        self._status = status
+        self.answered = True
         headers = HTTPHeaders(self.default_headers)
         if extra:
             headers.update(extra)
+        if content_type:
+            headers["Content-Type"] = content_type
         for morsel in (self.cookies or {}).values():
             headers.add("Set-Cookie", morsel.OutputString())
-        headers["Date"] = tornado.httputil.format_timestamp(time.time())
-        headers["X-Request-ID"] = self.request_id
-        if status == 204:
-            body = b""
-        else:
-            headers["Content-Length"] = str(len(body))
-            if content_type:
-                headers["Content-Type"] = content_type
-        connection = self.request.connection
-        assert connection is not None
-        if self.request.method == "HEAD":  # the headers a GET would have, and no body
-            body = b""
-        connection.write_headers(ResponseStartLine("HTTP/1.1", status, reason_phrase(status)), headers, body or None)
-        connection.finish()
-        log_access(status, self.request, self.logged_client_id(), self.log_error)
-        self.ctx.metrics.request(self.route, self.request.method or "", status, self.request.request_time())
+        write_response(self.request, status, headers, body, self.request_id)
+        self.edge.finished(self.request, self.route.path, status, self.logged_client_id(), self.log_error)
 
     def logged_client_id(self) -> str | None:
         """The client the access line names."""
@@ -222,14 +146,20 @@ class NotFoundHandler(JsonHandler):
     post = put = patch = delete = options = get
 
 
-class _Route(tornado.routing.Router):
-    """Route-table target that makes a :class:`JsonHandler` for each request it matches."""
+def serve(edge: Edge, route: Route, request: HTTPServerRequest, request_id: str, path_args: list[bytes]) -> None:
+    """Serve a JSON route's request (the lifecycle's ``start``)."""
+    handler = route.handler(edge, route, request, request_id)
+    start_eagerly(handler.serve(path_args))
 
-    def __init__(self, handler: type[JsonHandler], ctx: OAuthContext, config: Settings, route: str) -> None:
-        self.handler, self.ctx, self.config, self.route = handler, ctx, config, route
 
-    def find_handler(self, request: HTTPServerRequest, **kwargs: Any) -> JsonHandler:
-        return self.handler(request, self.ctx, self.config, kwargs.get("path_args") or [], self.route)
+class _Target(tornado.routing.Router):
+    """A route-table target: each request it matches goes through the lifecycle."""
+
+    def __init__(self, edge: Edge, route: Route) -> None:
+        self.edge, self.route = edge, route
+
+    def find_handler(self, request: HTTPServerRequest, **kwargs: Any) -> Lifecycle:
+        return Lifecycle(self.edge, self.route, request, kwargs.get("path_args") or [], start=serve)
 
 
 # -- running a request's coroutine ------------------------------------------------------
@@ -240,9 +170,9 @@ def start_eagerly(coro: Coroutine[Any, Any, None]) -> asyncio.Future[Any] | None
     (returned; None when ``coro`` finished without waiting).
 
     On the memory backend a request never waits, so it is served without creating and
-    scheduling a Task (about 15 % of a token request). With MongoDB the first store call
-    waits and the request goes on in a Task as usual. This is Python 3.12's eager task
-    start, which 3.12 and later provide themselves.
+    scheduling a Task. With MongoDB the first store call waits and the request goes on in a
+    Task as usual. This is Python 3.12's eager task start, which 3.12 and later provide
+    themselves.
     """
     if EAGER_TASKS:
         task = asyncio.Task(coro, loop=asyncio.get_running_loop(), eager_start=True)  # type: ignore[call-arg]

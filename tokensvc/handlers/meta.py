@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from tokensvc import schemas
-from tokensvc.handlers.errors import NotFound
+from tokensvc.errors import NotFound
 from tokensvc.handlers.json_api import JsonHandler
 from tokensvc.metrics import CONTENT_TYPE, AddressRule
 from tokensvc.storage.base import StorageError

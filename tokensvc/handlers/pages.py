@@ -6,16 +6,16 @@ from __future__ import annotations
 from urllib.parse import urlencode, urlsplit
 
 from tokensvc import schemas
-from tokensvc.handlers.errors import ValidationFailed
-from tokensvc.handlers.page import CONTROL, PageHandler
+from tokensvc.errors import ValidationFailed
+from tokensvc.handlers.headers import CONTROL
+from tokensvc.handlers.page import PageHandler
 from tokensvc.oauth import authorization, connected_apps, revocation, sessions
-from tokensvc.oauth.authorization import AuthorizationRequest, RedirectError
-from tokensvc.oauth.errors import AccessDenied, InvalidRequest, RedirectUnverified
+from tokensvc.oauth.authorization import AuthorizationRequest
+from tokensvc.oauth.errors import RedirectUnverified
 from tokensvc.ratelimit import TooManyFailures
 from tokensvc.records import Subject, User
 
 
-REFUSED = "This request cannot be completed"
 SCOPE_WORDS = {
     "read": "Read your data",
     "write": "Read, create and change your data",
@@ -42,46 +42,33 @@ def safe_next(target: str | None) -> str:
 
 
 class AuthorizeHandler(PageHandler):
-    """``GET|POST {auth_url}/oauth/authorize`` (RFC 6749 §4.1.1); POST is the consent decision."""
+    """``GET|POST {auth_url}/oauth/authorize`` (RFC 6749 §4.1.1); POST is the consent decision.
+    What the user agent gets next is :func:`authorization.decide`'s to say."""
 
     async def get(self) -> None:
         await self.handle(self.request.query_arguments, decision=None)
 
     async def post(self) -> None:
         arguments = self.request.body_arguments
-        decision = arguments.get("decision", [b""])[0].decode("utf-8", "replace")
-        await self.handle(arguments, decision=decision)
+        answer = arguments.get("decision", [b""])[0].decode("utf-8", "replace")
+        await self.handle(arguments, decision=answer or None)
 
     async def handle(self, raw_args: dict[str, list[bytes]], decision: str | None) -> None:
         try:
             args = {name: [value.decode("utf-8") for value in values] for name, values in raw_args.items()}
         except UnicodeDecodeError:
-            return self.error_page(400, REFUSED, "The authorization request is not valid UTF-8.")
-        try:
-            request = await authorization.validate(self.ctx, args)
-            found = await self.session()
-            if found is None:
-                # The original query (GET) keeps an omitted scope omitted after sign-in.
-                target = (self.request.uri if self.request.method == "GET"
-                          else "/oauth/authorize?" + urlencode(request.hidden_fields()))
-                return self.redirect("/login?" + urlencode({"next": target}))
-            user = found[1]
-            subject, installation = await authorization.resolve_subject(self.ctx, request, user)
-            if request.client.first_party or decision == "allow":
-                if decision == "allow":
-                    authorization.record_consent(request, user, allowed=True)
-                return self.redirect(await authorization.issue_code(self.ctx, request, subject))
-            if decision == "deny":
-                authorization.record_consent(request, user, allowed=False)
-                raise RedirectError(AccessDenied("The user denied the request"), request.redirect_uri, request.state)
-            if decision:
-                raise RedirectError(InvalidRequest("decision must be allow or deny"), request.redirect_uri,
-                                    request.state)
-            self.render_consent(request, user, installation)
-        except RedirectUnverified as exc:
-            self.error_page(400, REFUSED, exc.description)
-        except RedirectError as exc:
-            self.redirect(authorization.error_redirect(exc, self.ctx.issuer))
+            raise RedirectUnverified("The authorization request is not valid UTF-8.") from None
+        found = await self.session()
+        outcome = await authorization.decide(self.ctx, args, found[1] if found else None, decision)
+        if isinstance(outcome, authorization.SignIn):
+            # The original query (GET) keeps an omitted scope omitted after sign-in.
+            target = (self.request.uri if self.request.method == "GET"
+                      else "/oauth/authorize?" + urlencode(outcome.request.hidden_fields()))
+            self.redirect("/login?" + urlencode({"next": target}))
+        elif isinstance(outcome, authorization.Consent):
+            self.render_consent(outcome.request, outcome.user, outcome.installation)
+        else:
+            self.redirect(outcome.location)
 
     def render_consent(self, request: AuthorizationRequest, user: User, installation) -> None:
         self.allow_sources(form_action=[request.redirect_uri], img_src=[request.client.logo_url])

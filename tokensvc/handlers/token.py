@@ -3,22 +3,23 @@
 from __future__ import annotations
 
 from tokensvc import schemas
+from tokensvc.handlers.headers import TOKEN_HEADERS
+from tokensvc.handlers.json_api import JsonHandler
 from tokensvc.identifiers import ID
-from tokensvc.handlers.errors import ValidationFailed
-from tokensvc.handlers.json_api import TOKEN_HEADERS, JsonHandler
 from tokensvc.oauth import bearer, clientauth, grants, introspection, revocation, sessions
 from tokensvc.oauth.clientauth import ClientRequest
 from tokensvc.oauth.errors import InvalidRequest
 
 
 class TokenEndpoint(JsonHandler):
-    """A token endpoint: its responses are never cached (RFC 6749 §5.1)."""
+    """A token endpoint: its responses are never cached (RFC 6749 §5.1), and the session
+    cookie is no authority here."""
 
     default_headers = TOKEN_HEADERS
+    reads_session = False
 
     def caller(self, form: dict[str, str]) -> ClientRequest:
-        """The client a request names; a request that names none is 422 (the spec: every
-        token-endpoint call carries ``client_id``)."""
+        """What the request says about its client."""
         caller = ClientRequest(self.request.headers.get("Authorization"), form.get("client_id"),
                                form.get("client_secret"), self.request.remote_ip or "-", self.request.path)
         self.log_client_id = clientauth.named_client_id(caller)
@@ -35,12 +36,6 @@ class TokenEndpoint(JsonHandler):
         named = clientauth.named_client_id(caller)
         return named if named and ID.fullmatch(named) else None
 
-    def named_caller(self, form: dict[str, str]) -> ClientRequest:
-        caller = self.caller(form)
-        if not caller.names_a_client():
-            raise ValidationFailed([schemas.missing_detail("body", "client_id")])
-        return caller
-
     def send_tokens(self, response: grants.TokenResponse) -> None:
         self.send_json(schemas.fast_dump(schemas.token_response, response))
 
@@ -52,7 +47,7 @@ class TokenHandler(TokenEndpoint):
         form = self.form(schemas.token_request)
         grants.check_grant_type(form.get("grant_type"))
         data = self.load(schemas.token_request, form)
-        self.send_tokens(await grants.token_for_code(self.ctx, self.named_caller(form), data["code"],
+        self.send_tokens(await grants.token_for_code(self.ctx, self.caller(form), data["code"],
                                                      data["redirect_uri"], data.get("code_verifier")))
 
 
@@ -62,7 +57,7 @@ class RefreshHandler(TokenEndpoint):
     async def post(self) -> None:
         form = self.form(schemas.refresh_request)
         data = self.load(schemas.refresh_request, form)
-        self.send_tokens(await grants.token_for_refresh(self.ctx, self.named_caller(form), data["refresh_token"],
+        self.send_tokens(await grants.token_for_refresh(self.ctx, self.caller(form), data["refresh_token"],
                                                         data.get("scope")))
 
 
@@ -72,10 +67,7 @@ class IntrospectHandler(TokenEndpoint):
     async def post(self) -> None:
         form = self.form(schemas.token_action)
         data = self.load(schemas.token_action, form)
-        caller = self.caller(form)
-        if bearer.from_authorization(caller.authorization) is None and not caller.names_a_client():
-            raise ValidationFailed([schemas.missing_detail("body", "client_id")])
-        await introspection.authorize_caller(self.ctx, caller)
+        await introspection.authorize_caller(self.ctx, self.caller(form))
         body = await introspection.introspect(self.ctx, data["token"])
         self.send_json(schemas.fast_dump(schemas.introspection_response, body))
 
@@ -86,7 +78,7 @@ class RevokeHandler(TokenEndpoint):
     async def post(self) -> None:
         form = self.form(schemas.token_action)
         data = self.load(schemas.token_action, form)
-        await revocation.revoke_for_client(self.ctx, self.named_caller(form), data["token"])
+        await revocation.revoke_for_client(self.ctx, self.caller(form), data["token"])
         self.send_json({})
 
 
@@ -101,21 +93,18 @@ class GrantRevokeHandler(TokenEndpoint):
             token = self.query(schemas.optional_token_query).get("token")
         except InvalidRequest:  # whatever the input, this endpoint answers 200
             token = None
-        for candidate in dict.fromkeys(t for t in (presented, token) if t):
-            await revocation.revoke_grant_of(self.ctx, candidate)
+        await revocation.revoke_grants_of(self.ctx, [presented, token])
         self.send_json({})
 
 
-class SignOutHandler(TokenEndpoint):
+class SignOutHandler(JsonHandler):
     """``POST /oauth/sign-out``: end the web session, and revoke ``token`` when given. The
     session cookie is its authority, so a request that carries it needs an XSRF token."""
 
-    takes_session = True
+    default_headers = TOKEN_HEADERS
 
     async def post(self) -> None:
         data = self.load(schemas.optional_token_query, self.query(schemas.optional_token_query), "query")
-        await sessions.end(self.ctx, self.raw_session_id())
+        await sessions.sign_out(self.ctx, self.raw_session_id(), data.get("token"))
         self.clear_cookie(self.config.session_cookie)
-        if data.get("token"):
-            await revocation.revoke_token(self.ctx, data["token"], None)
         self.send_json({})

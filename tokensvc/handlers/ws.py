@@ -11,71 +11,40 @@ import logging
 from typing import Any
 
 import tornado.ioloop
-import tornado.web
 import tornado.websocket
 
 from tokensvc import schemas
-from tokensvc.config import Settings
 from tokensvc.handlers.auth import AuthMixin
-from tokensvc.handlers.errors import log_failure, response_for
-from tokensvc.handlers.inputs import RequestInput
-from tokensvc.handlers.json_api import SECURITY_HEADERS, dumps
-from tokensvc.logs import REQUEST_ID
+from tokensvc.handlers.headers import JSON_HEADERS
+from tokensvc.handlers.lifecycle import JSON, Edge, dumps
+from tokensvc.handlers.web import WebHandler
 from tokensvc.oauth import principal as principals
-from tokensvc.oauth.context import OAuthContext
-from tokensvc.oauth.errors import OAuthError
-from tokensvc.storage.base import StorageError, StoreFault
 
 log = logging.getLogger(__name__)
 
 CLOSE_REVOKED = 4401
 
 
-class EchoSocket(AuthMixin, RequestInput, tornado.websocket.WebSocketHandler):
-    accept_query_token = True
-    SUPPORTED_METHODS = ("GET", "HEAD")  # anything else: 405 with Allow, before any other check
+class EchoSocket(AuthMixin, WebHandler, tornado.websocket.WebSocketHandler):
+    """The socket. A refused upgrade is answered in the JSON API's shape and headers."""
 
-    def initialize(self, ctx: OAuthContext, config: Settings, route: str = "/v1/ws") -> None:
-        self.ctx, self.config, self.route = ctx, config, route
+    default_headers = JSON_HEADERS
+    output = JSON
+    accept_query_token = True
+
+    def initialize(self, edge: Edge, route: str = "/v1/ws") -> None:
+        super().initialize(edge, route)
         self.opened = False
-        self.log_error: str | None = None
         self._timers: list[Any] = []
         self._checking = False
         self._stands_on: list[Any] = []
 
     async def get(self, *args: Any, **kwargs: Any) -> None:
-        try:
-            self.principal = await self.authenticate()
-            self.principal.require("read")
-        except (OAuthError, StorageError, StoreFault) as exc:
-            return self._refuse(exc)
+        # A failure here (401, 403, 503) is rendered by the lifecycle, before any upgrade.
+        self.principal = await self.authenticate()
+        self.principal.require("read")
         self.log_client_id = self.principal.client_id
         await super().get(*args, **kwargs)
-
-    async def head(self, *args: Any, **kwargs: Any) -> None:
-        """What a GET without an upgrade gets (401, or 400 for the missing upgrade), no body."""
-        await self.get(*args, **kwargs)
-
-    def log_exception(self, typ, value, tb) -> None:  # type: ignore[override]
-        log_failure(self.request, value, (typ, value, tb), metrics=self.ctx.metrics)  # the URI redacted
-
-    def write_error(self, status_code: int, **kwargs: Any) -> None:
-        """Errors before the upgrade (a 405) in the JSON API's shape and headers."""
-        exc = kwargs.get("exc_info", (None, None, None))[1]
-        self._refuse(exc if exc is not None else tornado.web.HTTPError(status_code))
-
-    def _refuse(self, exc: Exception) -> None:
-        """No upgrade: the JSON error response, with the JSON API's security headers."""
-        status, body, headers = response_for(exc)
-        if status == 405:
-            headers = {**headers, "Allow": ", ".join(sorted(self.SUPPORTED_METHODS))}
-        if isinstance(body, dict) and isinstance(body.get("error"), str):
-            self.log_error = body["error"]
-        self.set_status(status)
-        for name, value in {**SECURITY_HEADERS, **headers, "Content-Type": "application/json",
-                            "X-Request-ID": REQUEST_ID.get() or ""}.items():
-            self.set_header(name, value)
-        self.finish(dumps(body))
 
     def check_origin(self, origin: str) -> bool:
         # A bearer token is explicit; a cookie is ambient and only trusted from our own origin.

@@ -8,12 +8,8 @@ from a sibling subdomain or over plain http, and the same value in the form) fai
 signature; a token the service issued for someone else's session, or for none, fails once the
 victim is signed in. Signing in issues a token for the new session.
 
-Which requests are checked is decided here (:func:`required`), for both bases: every unsafe
-request to a page (all of them are forms a signed-in user or a sign-in posts), and every
-unsafe request to a JSON endpoint that takes the session cookie as authority and carries it.
-A request with an ``Authorization`` header (a bearer token, or a client's Basic credentials)
-authenticates by that header and is the one exemption; the token endpoints never take the
-cookie at all.
+Which requests must carry one is decided by the request lifecycle
+(:func:`tokensvc.handlers.lifecycle.check_xsrf`), for every route.
 """
 
 from __future__ import annotations
@@ -23,11 +19,9 @@ import hmac
 import secrets
 
 from tornado.httputil import HTTPServerRequest
-from tornado.web import HTTPError
 
 FIELD = "_xsrf"  # the cookie is Settings.xsrf_cookie: "_xsrf", "__Host-_xsrf" on https
 HEADER = "X-XSRFToken"
-UNSAFE_METHODS = frozenset({"POST", "PUT", "PATCH", "DELETE"})
 
 
 def new_token(secret: str, session_id: str | None) -> str:
@@ -48,23 +42,11 @@ def _signature(secret: str, nonce: str, session_id: str | None) -> str:
     return hmac.new(secret.encode(), message, hashlib.sha256).hexdigest()
 
 
-def required(request: HTTPServerRequest, *, page: bool, takes_session: bool, session_cookie: str) -> bool:
-    """Whether ``request`` must prove it came from this service's own pages."""
-    if request.method not in UNSAFE_METHODS:
-        return False
-    if page:
-        return True
-    if not takes_session or "Authorization" in request.headers:
-        return False
-    return session_cookie in request.cookies
-
-
-def check(request: HTTPServerRequest, cookie_name: str, secret: str, session_id: str | None,
-          submitted: str | None) -> None:
-    """403 unless the submitted token equals the XSRF cookie and is valid for the session."""
+def matches(request: HTTPServerRequest, cookie_name: str, secret: str, session_id: str | None,
+            submitted: str | None) -> bool:
+    """Whether the submitted token equals the XSRF cookie and is valid for the session."""
     morsel = request.cookies.get(cookie_name)
     cookie = morsel.value if morsel is not None else None
     if not submitted or cookie is None or not hmac.compare_digest(submitted, cookie):
-        raise HTTPError(403, "XSRF cookie does not match the submitted token", reason="XSRF check failed")
-    if not valid(secret, submitted, session_id):
-        raise HTTPError(403, "XSRF token not issued by this service for this session", reason="XSRF check failed")
+        return False
+    return valid(secret, submitted, session_id)

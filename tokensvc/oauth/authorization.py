@@ -2,15 +2,16 @@
 
 ``validate`` checks a request in the order the RFC requires: first what decides whether
 a redirect is safe at all (client and exact redirect_uri), then everything that is
-answered by a redirect carrying ``error``. ``issue_code`` records the grant and mints the
-single-use code.
+answered by a redirect carrying ``error``. ``decide`` says what the user agent gets next:
+the sign-in page, the consent page, or the redirect back to the client; ``issue_code``
+records the grant and mints the single-use code.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import timedelta
-from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+from urllib.parse import parse_qsl, urlsplit
 
 from tokensvc import logs
 from tokensvc.oauth import hashing, pkce, scopes
@@ -19,8 +20,10 @@ from tokensvc.oauth.errors import (
     AccessDenied,
     InvalidRequest,
     InvalidScope,
+    RedirectError,
     RedirectUnverified,
     UnsupportedResponseType,
+    redirect_to,
 )
 from tokensvc.records import AuthorizationCode, Client, Installation, Subject, User
 
@@ -60,22 +63,27 @@ class AuthorizationRequest:
         return fields
 
 
-class RedirectError(Exception):
-    """An OAuth error to deliver by redirect to a verified redirect_uri."""
+@dataclass(slots=True)
+class SignIn:
+    """The user agent signs in first, then comes back to ``request``."""
 
-    def __init__(self, error: Exception, redirect_uri: str, state: str | None) -> None:
-        super().__init__(str(error))
-        self.error = error
-        self.redirect_uri = redirect_uri
-        self.state = state
+    request: AuthorizationRequest
 
 
-def redirect_to(redirect_uri: str, params: dict[str, str | None]) -> str:
-    """``redirect_uri`` with ``params`` added to its query, keeping the query it had."""
-    parts = urlsplit(redirect_uri)
-    query = parse_qsl(parts.query, keep_blank_values=True)
-    query.extend((key, value) for key, value in params.items() if value is not None)
-    return urlunsplit(parts._replace(query=urlencode(query)))
+@dataclass(slots=True)
+class Consent:
+    """A third-party client: the user is asked."""
+
+    request: AuthorizationRequest
+    user: User
+    installation: Installation | None
+
+
+@dataclass(slots=True)
+class Issued:
+    """A code was issued: the user agent goes back to the client."""
+
+    location: str
 
 
 def _single_getter(args: dict[str, list[str]]):
@@ -126,7 +134,7 @@ async def validate(ctx: OAuthContext, args: dict[str, list[str]]) -> Authorizati
             raise InvalidRequest("Parameter 'state' is repeated")
         request = _validate_parameters(client, redirect_uri, state, _single_getter(args))
     except (InvalidRequest, InvalidScope, UnsupportedResponseType) as exc:
-        raise RedirectError(exc, redirect_uri, state) from None
+        raise RedirectError(exc, redirect_uri, state, ctx.issuer) from None
     return request
 
 
@@ -195,13 +203,13 @@ async def resolve_subject(ctx: OAuthContext, request: AuthorizationRequest, user
             request.scopes = [scope for scope in request.scopes if scope != scopes.ADMIN]
             return await resolve_subject(ctx, request, user)
         raise RedirectError(InvalidScope("The admin scope is for administrators only"),
-                            request.redirect_uri, request.state)
+                            request.redirect_uri, request.state, ctx.issuer)
     if request.installation_id is None:
         return Subject(user_id=user.user_id), None
     installation = await ctx.store.get_installation(request.installation_id)
     if installation is None or not (user.admin or user.user_id in installation.operators):
         raise RedirectError(AccessDenied("You may not pair this installation"),
-                            request.redirect_uri, request.state)
+                            request.redirect_uri, request.state, ctx.issuer)
     return Subject(installation_id=installation.installation_id), installation
 
 
@@ -234,6 +242,25 @@ def record_consent(request: AuthorizationRequest, user: User, allowed: bool) -> 
                            "scopes": request.scopes, "outcome": outcome}, message=f"consent {outcome}")
 
 
-def error_redirect(exc: RedirectError, issuer: str) -> str:
-    body = exc.error.body() if hasattr(exc.error, "body") else {"error": "server_error"}
-    return redirect_to(exc.redirect_uri, {**body, "state": exc.state, "iss": issuer})
+async def decide(ctx: OAuthContext, args: dict[str, list[str]], user: User | None,
+                 decision: str | None = None) -> SignIn | Consent | Issued:
+    """What an authorization request (``decision``: the consent form's answer, None for the
+    request itself) leads to for ``user`` (None: not signed in). First-party clients get
+    their code without a prompt; third-party clients always get the consent page (the spec).
+    RedirectUnverified or RedirectError when it fails."""
+    request = await validate(ctx, args)
+    if user is None:
+        return SignIn(request)
+    subject, installation = await resolve_subject(ctx, request, user)
+    if decision == "deny":
+        record_consent(request, user, allowed=False)
+        raise RedirectError(AccessDenied("The user denied the request"), request.redirect_uri, request.state,
+                            ctx.issuer)
+    if decision not in (None, "allow"):
+        raise RedirectError(InvalidRequest("decision must be allow or deny"), request.redirect_uri, request.state,
+                            ctx.issuer)
+    if decision == "allow":
+        record_consent(request, user, allowed=True)
+    elif not request.client.first_party:
+        return Consent(request, user, installation)
+    return Issued(await issue_code(ctx, request, subject))

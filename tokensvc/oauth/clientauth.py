@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 from urllib.parse import unquote_plus
 
 from tokensvc import logs
+from tokensvc.errors import ValidationFailed
 from tokensvc.oauth import hashing
 from tokensvc.oauth.errors import InvalidClient, InvalidRequest
 from tokensvc.ratelimit import TooManyFailures
@@ -100,6 +101,13 @@ def named_client_id(request: ClientRequest) -> str | None:
     return creds.client_id if creds is not None else None
 
 
+def require_client(request: ClientRequest) -> None:
+    """Every token-endpoint call carries ``client_id`` (the spec), in the body or in Basic
+    credentials: one that names no client is refused as a missing field (422)."""
+    if not request.names_a_client():
+        raise ValidationFailed.missing("body", "client_id")
+
+
 def _is_basic(authorization: str | None) -> bool:
     return bool(authorization) and authorization[:6].lower() == "basic "  # type: ignore[index]
 
@@ -110,6 +118,7 @@ async def authenticate_request(ctx: OAuthContext, request: ClientRequest) -> Cli
     Failures count against the address and the client id, and are audited; a client id or
     address that failed too often gets TooManyFailures (429) before any check is made.
     """
+    require_client(request)
     limits = ctx.limits
     try:
         creds = request.credentials()
@@ -120,8 +129,7 @@ async def authenticate_request(ctx: OAuthContext, request: ClientRequest) -> Cli
         ctx.metrics.client_auth_failures.inc()
         await limits.failed_everywhere(keys)
         raise
-    if creds is None:
-        raise InvalidClient("The request names no client")
+    assert creds is not None  # it names a client
     keys = limits.client_keys(creds.client_id, request.address)
     client = await ctx.store.get_client(creds.client_id)
     # Counted and checked with no wait in between: of N concurrent wrong attempts only the

@@ -1,17 +1,22 @@
 """OAuth 2.0 error responses (RFC 6749 §4.1.2.1 and §5.2, RFC 6750 §3.1, RFC 7009 §2.2.1).
 
-Each error is a small class that owns its response, as Authlib's do: ``status_code``,
-``body()`` (the RFC 6749 §5.2 JSON object) and ``headers()`` (the RFC 6750 §3 / RFC 7235
-challenges). The web layer renders one as JSON, an error page or a redirect; the protocol
-layer only raises them.
+Each error is a small :class:`~tokensvc.errors.HTTPAnswer` that owns its response, as Authlib's
+do: ``status_code``, ``body()`` (the RFC 6749 §5.2 JSON object) and ``headers()`` (the RFC 6750
+§3 / RFC 7235 challenges). The web layer renders one as JSON or as an error page; an error to
+deliver to a client's verified redirect_uri is a :class:`RedirectError`. The protocol layer
+only raises them.
 """
 
 from __future__ import annotations
 
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+
+from tokensvc.errors import HTTPAnswer, Redirect
+
 REALM = "tokensvc"
 
 
-class OAuthError(Exception):
+class OAuthError(HTTPAnswer):
     """Base of every protocol error. ``description`` is safe to show to the client."""
 
     error = "invalid_request"
@@ -112,10 +117,41 @@ class InsufficientScope(OAuthError):
         return {"WWW-Authenticate": f'Bearer realm="{REALM}", error="insufficient_scope", scope="{self.scope}"'}
 
 
-class RedirectUnverified(Exception):
+class RedirectUnverified(HTTPAnswer):
     """The authorization request cannot be answered by a redirect (RFC 6749 §4.1.2.1, first paragraph):
-    the client is unknown or the redirect_uri is not one of its registered addresses."""
+    the client is unknown or the redirect_uri is not one of its registered addresses. 400, shown
+    on a page, never sent to the unverified address."""
+
+    status_code = 400
 
     def __init__(self, description: str) -> None:
         super().__init__(description)
         self.description = description
+
+    def body(self) -> dict[str, str]:
+        return {"error": "invalid_request", "error_description": self.description}
+
+    @property
+    def title(self) -> str:
+        return "This request cannot be completed"
+
+
+def redirect_to(redirect_uri: str, params: dict[str, str | None]) -> str:
+    """``redirect_uri`` with ``params`` added to its query, keeping the query it had."""
+    parts = urlsplit(redirect_uri)
+    query = parse_qsl(parts.query, keep_blank_values=True)
+    query.extend((key, value) for key, value in params.items() if value is not None)
+    return urlunsplit(parts._replace(query=urlencode(query)))
+
+
+class RedirectError(Redirect):
+    """An OAuth error delivered by redirect to a verified redirect_uri (RFC 6749 §4.1.2.1), with
+    ``state`` and the issuer (RFC 9207)."""
+
+    def __init__(self, error: OAuthError, redirect_uri: str, state: str | None, issuer: str) -> None:
+        super().__init__(redirect_to(redirect_uri, {**error.body(), "state": state, "iss": issuer}))
+        self.error = error
+
+    @property
+    def error_code(self) -> str:
+        return self.error.error

@@ -100,6 +100,13 @@ async def revoke_grant_of(ctx: OAuthContext, token: str | None) -> bool:
     return True
 
 
+async def revoke_grants_of(ctx: OAuthContext, presented: list[str | None]) -> None:
+    """``POST /oauth/revoke``: the whole grant of each presented token (the caller's bearer
+    token, and ``token``) that is in force."""
+    for token in dict.fromkeys(token for token in presented if token):
+        await revoke_grant_of(ctx, token)
+
+
 async def revoke_connected_app(ctx: OAuthContext, subject: Subject, client_id: str) -> bool:
     """A user withdraws a client's access: its grant and every family of it. False when
     there is no active grant (``DELETE /v1/me/connected-apps/{client_id}``)."""

@@ -8,7 +8,7 @@ import logging
 from datetime import timedelta
 
 from tokensvc import logs
-from tokensvc.oauth import hashing
+from tokensvc.oauth import hashing, revocation
 from tokensvc.oauth.context import OAuthContext
 from tokensvc.ratelimit import TooManyFailures
 from tokensvc.records import Session, User
@@ -80,6 +80,14 @@ async def end(ctx: OAuthContext, session_id: str | None) -> bool:
     if ended:
         ctx.events.publish(Revocation(SESSION, session_hash))
     return ended
+
+
+async def sign_out(ctx: OAuthContext, session_id: str | None, token: str | None) -> None:
+    """``POST /oauth/sign-out``: end the web session, and revoke ``token`` when it is given
+    and in force (a dead token revokes nothing)."""
+    await end(ctx, session_id)
+    if token:
+        await revocation.revoke_token(ctx, token, None)
 
 
 async def end_all(ctx: OAuthContext, user_id: str) -> int:

@@ -1,0 +1,193 @@
+"""The one error base: every error the service answers with is an :class:`HTTPAnswer`.
+
+An answer owns its response: its status, its body (a JSON object, or nothing) and its headers,
+as node-oidc-provider's ``OIDCProviderError`` and Authlib's errors do. The protocol errors
+(:mod:`tokensvc.oauth.errors`), the failure limits' 429 (:mod:`tokensvc.ratelimit`) and the
+web layer's own answers below all subclass it, so adding an error never means listing it
+somewhere else. The web layer renders any answer once per output format
+(:mod:`tokensvc.handlers.lifecycle`); a page shows its ``title`` and ``message``. Nothing here
+imports a web framework: the protocol layer raises these.
+"""
+
+from __future__ import annotations
+
+from http import HTTPStatus
+from typing import Any
+
+
+def reason_phrase(status: int) -> str:
+    try:
+        return HTTPStatus(status).phrase
+    except ValueError:
+        return "Unknown"
+
+
+class HTTPAnswer(Exception):
+    """An error that is an answer: not a fault, so it gets its response and no traceback."""
+
+    status_code: int = 500
+
+    def body(self) -> dict[str, Any] | None:
+        """The JSON body; None for an answer with no body (a redirect)."""
+        return {"detail": str(self)}
+
+    def headers(self) -> dict[str, str]:
+        return {}
+
+    @property
+    def title(self) -> str:
+        """What a page calls it."""
+        return reason_phrase(self.status_code)
+
+    @property
+    def message(self) -> str:
+        """What a page says about it, in plain words."""
+        body = self.body() or {}
+        for key in ("error_description", "detail"):
+            if isinstance(body.get(key), str):
+                return body[key]
+        return "Something went wrong."
+
+    @property
+    def error_code(self) -> str | None:
+        """The OAuth error code the access line names, if any."""
+        body = self.body() or {}
+        return body["error"] if isinstance(body.get("error"), str) else None
+
+
+class Detail(HTTPAnswer):
+    """An answer whose body is ``{"detail": "..."}``."""
+
+    def __init__(self, detail: str, status_code: int | None = None) -> None:
+        super().__init__(detail)
+        self.detail = detail
+        if status_code is not None:
+            self.status_code = status_code
+
+    def body(self) -> dict[str, Any]:
+        return {"detail": self.detail}
+
+
+class BadRequest(Detail):
+    status_code = 400
+
+    def __init__(self, detail: str = "Bad Request") -> None:
+        super().__init__(detail)
+
+
+class Forbidden(Detail):
+    status_code = 403
+
+
+class XsrfFailed(Forbidden):
+    """An unsafe request carrying the session cookie (or a page's form) without a valid XSRF
+    token: 403."""
+
+    def __init__(self) -> None:
+        super().__init__("XSRF check failed")
+
+    @property
+    def message(self) -> str:
+        return "This form has expired or did not come from this service. Go back, reload the page and try again."
+
+
+class NotFound(Detail):
+    """Unknown resource: 404 ``{"detail"}``."""
+
+    status_code = 404
+
+
+class MethodNotAllowed(Detail):
+    """405, with ``Allow`` naming what the route answers (RFC 9110 §15.5.6)."""
+
+    status_code = 405
+
+    def __init__(self, allowed: frozenset[str] | tuple[str, ...]) -> None:
+        super().__init__("Method Not Allowed")
+        self.allowed = allowed
+
+    def headers(self) -> dict[str, str]:
+        return {"Allow": ", ".join(sorted(self.allowed))}
+
+    @property
+    def message(self) -> str:
+        return "This address does not answer that kind of request."
+
+
+class BodyTooLarge(Detail):
+    status_code = 413
+
+    def __init__(self) -> None:
+        super().__init__("Request Entity Too Large")
+
+    @property
+    def message(self) -> str:
+        return "What was sent is too large."
+
+
+class ValidationFailed(HTTPAnswer):
+    """Input failed field validation: 422 HTTPValidationError."""
+
+    status_code = 422
+
+    def __init__(self, detail: list[dict[str, Any]]) -> None:
+        super().__init__("validation failed")
+        self.detail = detail
+
+    @classmethod
+    def missing(cls, location: str, name: str) -> ValidationFailed:
+        """A required field that is not there (``location``: body, query or path)."""
+        return cls([{"loc": [location, name], "msg": "Field required", "type": "missing", "input": None, "ctx": {}}])
+
+    def body(self) -> dict[str, Any]:
+        return {"detail": self.detail}
+
+    @property
+    def message(self) -> str:
+        return "Some of the information sent was not valid."
+
+
+class Redirect(HTTPAnswer):
+    """An answer that sends the user agent elsewhere: no body, a ``Location``."""
+
+    status_code = 302
+
+    def __init__(self, location: str, status_code: int = 302) -> None:
+        super().__init__(location)
+        self.location = location
+        self.status_code = status_code
+
+    def body(self) -> None:
+        return None
+
+    def headers(self) -> dict[str, str]:
+        return {"Location": self.location}
+
+
+class StoreUnavailable(Detail):
+    """The store did not answer: 503 with ``Retry-After``."""
+
+    status_code = 503
+
+    def __init__(self, retry_after: int) -> None:
+        super().__init__("The token store is not answering; try again shortly.")
+        self.retry_after = retry_after
+
+    def headers(self) -> dict[str, str]:
+        return {"Retry-After": str(self.retry_after)}
+
+
+class StoreRefused(Detail):
+    """The store refused for good: 500 without ``Retry-After``, which would promise a recovery."""
+
+    status_code = 500
+
+    def __init__(self) -> None:
+        super().__init__("The token store refused the operation; the operator has been told.")
+
+
+class InternalError(Detail):
+    status_code = 500
+
+    def __init__(self) -> None:
+        super().__init__("Internal server error")

@@ -1,0 +1,333 @@
+"""The request lifecycle: the one way every request goes through the service.
+
+Every route (a JSON endpoint, a page, the WebSocket upgrade, a static file, ``/metrics``, the
+OpenAPI document, and the 404 of a path no route matches) is entered through a
+:class:`Lifecycle`, the HTTP message delegate the application hands each request to. In order:
+
+1. the request gets its id (``X-Request-ID``: the caller's when well-formed, else a new one),
+   which every line logged while it is served names;
+2. the route's method table (:func:`methods_of`): any other method is 405 with ``Allow``; HEAD
+   is served wherever GET is;
+3. the body is counted here, not by Tornado (whose own limit answers a bare 400 before any
+   route is asked): past the route's limit the answer is 413 in the route's shape;
+4. the route's handler runs, through one of two thin adapters: :class:`.json_api.JsonHandler`
+   for the JSON routes, :class:`.web.WebHandler` (Tornado's ``RequestHandler``) for pages, the
+   socket and static files. Before an unsafe request is served, :func:`check_xsrf` decides
+   whether it must prove it came from this service's pages, and checks it;
+5. a failure becomes an :class:`~tokensvc.errors.HTTPAnswer` (:func:`answer_for`), rendered
+   once per output format (:meth:`Edge.render`: JSON or an HTML page), with the format's
+   security headers;
+6. :meth:`Edge.finished` writes the access line and counts the request in the metrics.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, ClassVar, Protocol
+
+import tornado.httputil
+import tornado.template
+import tornado.web
+from tornado.httputil import HTTPHeaders, HTTPServerRequest, ResponseStartLine
+
+from tokensvc import errors
+from tokensvc.config import STORE_RETRY_AFTER_SECONDS, Settings
+from tokensvc.errors import HTTPAnswer, reason_phrase
+from tokensvc.handlers import xsrf
+from tokensvc.handlers.access_log import log_access, redact
+from tokensvc.handlers.headers import safe_location
+from tokensvc.logs import REQUEST_ID
+from tokensvc.metrics import Metrics
+from tokensvc.oauth.context import OAuthContext
+from tokensvc.storage.base import StorageError, StoreFault
+
+log = logging.getLogger(__name__)
+
+STANDARD_METHODS = ("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS")
+UNSAFE_METHODS = frozenset({"POST", "PUT", "PATCH", "DELETE"})
+MAX_BODY_BYTES = 64 * 1024
+JSON, HTML = "json", "html"  # the two output formats
+
+
+def dumps(body: Any) -> str:
+    """A response body as compact JSON, non-ASCII characters kept as they are."""
+    return json.dumps(body, separators=(",", ":"), ensure_ascii=False)
+
+
+# -- routes and their method tables ---------------------------------------------------------
+
+
+class Routed(Protocol):
+    """What the lifecycle asks of a handler class, whichever adapter it is built on."""
+
+    default_headers: ClassVar[dict[str, str]]  # the security (and caching) headers of its answers
+    output: ClassVar[str]  # JSON or HTML
+    max_body: ClassVar[int | None]  # larger bodies get 413; None: any body is ignored unread
+    reads_session: ClassVar[bool]  # whether the session cookie may authorize it (then XSRF applies)
+
+
+def methods_of(handler: type) -> frozenset[str]:
+    """The methods ``handler`` answers: those it defines, and HEAD wherever GET is."""
+    unimplemented = tornado.web.RequestHandler.get
+    found = {method for method in STANDARD_METHODS
+             if callable(defined := getattr(handler, method.lower(), None)) and defined is not unimplemented}
+    if "GET" in found:
+        found.add("HEAD")
+    return frozenset(found)
+
+
+@dataclass(frozen=True, slots=True)
+class Route:
+    """One entry of the route table."""
+
+    path: str  # as the OpenAPI document writes it ({name}: one path segment); the metrics' label
+    handler: type
+    methods: frozenset[str]
+
+    @classmethod
+    def of(cls, path: str, handler: type) -> Route:
+        return cls(path, handler, methods_of(handler))
+
+    @property
+    def pattern(self) -> str:
+        """The route's regular expression."""
+        return re.sub(r"\{[^}]+\}", "([^/]*)", self.path) + "$"
+
+    @property
+    def allow(self) -> str:
+        return ", ".join(sorted(self.methods))
+
+
+UNMATCHED = "(unmatched)"  # the metrics' route label of a request no route matched
+
+
+# -- the request's id -------------------------------------------------------------------------
+
+_REQUEST_ID = re.compile(r"[A-Za-z0-9._-]{1,64}")
+
+
+def request_id_for(request: HTTPServerRequest) -> str:
+    """The request's ``X-Request-ID`` when it is 1-64 characters of ``[A-Za-z0-9._-]``
+    (a proxy's or a client's, to follow a request across services); otherwise a new one."""
+    incoming = request.headers.get("X-Request-ID")
+    if incoming is not None and _REQUEST_ID.fullmatch(incoming):
+        return incoming
+    return os.urandom(8).hex()
+
+
+# -- XSRF: the one decision ---------------------------------------------------------------------
+
+
+class Handler(Protocol):
+    request: HTTPServerRequest
+    config: Settings
+    output: ClassVar[str]
+    reads_session: ClassVar[bool]
+
+    def raw_session_id(self) -> str | None: ...
+
+    def get_body_argument(self, name: str, default: str | None = None) -> str | None: ...
+
+
+def check_xsrf(handler: Handler) -> None:
+    """Every unsafe request that the session cookie may authorize must prove it came from this
+    service's own pages (:mod:`.xsrf`): on a page, always (a sign-in form too: login CSRF); on
+    a JSON route, when it carries the cookie. A request with an ``Authorization`` header (a
+    bearer token, or a client's credentials) authenticates by that header: the one exemption.
+    Routes that never read the cookie (``reads_session = False``) are not asked."""
+    request = handler.request
+    if request.method not in UNSAFE_METHODS or not handler.reads_session:
+        return
+    config = handler.config
+    if handler.output != HTML and ("Authorization" in request.headers
+                                   or config.session_cookie not in request.cookies):
+        return
+    submitted = handler.get_body_argument(xsrf.FIELD, None) or request.headers.get(xsrf.HEADER)
+    if not xsrf.matches(request, config.xsrf_cookie, config.cookie_secret, handler.raw_session_id(), submitted):
+        raise errors.XsrfFailed()
+
+
+# -- failures as answers ------------------------------------------------------------------------
+
+
+def answer_for(exc: BaseException) -> HTTPAnswer:
+    """The answer to any failure: an :class:`HTTPAnswer` is its own; a store that does not
+    answer is 503 with ``Retry-After``, one that refuses for good 500 without it; Tornado's
+    own ``HTTPError`` keeps its status; anything else is 500."""
+    if isinstance(exc, HTTPAnswer):
+        return exc
+    if isinstance(exc, StorageError):
+        return errors.StoreUnavailable(STORE_RETRY_AFTER_SECONDS)
+    if isinstance(exc, StoreFault):
+        return errors.StoreRefused()
+    if isinstance(exc, tornado.web.HTTPError):
+        return errors.Detail(exc.reason or reason_phrase(exc.status_code), exc.status_code)
+    return errors.InternalError()
+
+
+def log_failure(request: HTTPServerRequest, exc: BaseException, metrics: Metrics,
+                exc_info: Any = None) -> None:
+    """The log line of a failure: a store that is away is a warning, a fault a traceback with
+    the URI redacted (never Tornado's own line, which prints it raw); answers are the access
+    line's business. Store failures are counted."""
+    if isinstance(exc, StorageError):
+        log.warning("store unavailable: %s %s: %s", request.method, request.path, exc)
+        metrics.store_errors.labels("unavailable").inc()
+    elif isinstance(exc, StoreFault):
+        log.error("store fault: %s %s: %s", request.method, request.path, exc)
+        metrics.store_errors.labels("refused").inc()
+    elif not isinstance(exc, (HTTPAnswer, tornado.web.HTTPError)):
+        log.error("Uncaught exception %s %s", request.method, redact(request.uri or ""), exc_info=exc_info or exc)
+
+
+# -- what every route shares ---------------------------------------------------------------------
+
+
+class Edge:
+    """What every route shares: the protocol context, the settings, the metrics, and the one
+    renderer of each output format."""
+
+    def __init__(self, ctx: OAuthContext, config: Settings, template_path: Path,
+                 static_settings: dict[str, Any], static_files: type[tornado.web.StaticFileHandler]) -> None:
+        self.ctx, self.config, self.metrics = ctx, config, ctx.metrics
+        self.templates = tornado.template.Loader(str(template_path))
+        self._static_settings, self._static_files = static_settings, static_files
+
+    def static_url(self, path: str) -> str:
+        return self._static_files.make_static_url(self._static_settings, path)
+
+    def page(self, template: str, **namespace: Any) -> bytes:
+        """A page made from ``template``, outside any handler (the error page)."""
+        return self.templates.load(template).generate(static_url=self.static_url,
+                                                      service_name=self.config.service_name, **namespace)
+
+    def render(self, answer: HTTPAnswer, output: str, headers: dict[str, str]) -> tuple[int, dict[str, str], bytes]:
+        """``(status, headers, body)`` of ``answer`` in ``output``, over the route's ``headers``."""
+        status = answer.status_code
+        headers = {**headers, **answer.headers()}
+        if "Location" in headers:
+            headers["Location"] = safe_location(headers["Location"])
+        body = answer.body()
+        if body is None:
+            return status, headers, b""
+        if output == HTML:
+            headers["Content-Type"] = "text/html; charset=UTF-8"
+            return status, headers, self.page("error.html", title=answer.title, message=answer.message,
+                                              status=status)
+        headers["Content-Type"] = "application/json"
+        return status, headers, dumps(body).encode("utf-8")
+
+    def finished(self, request: HTTPServerRequest, route: str, status: int, client_id: str | None,
+                 error: str | None) -> None:
+        """The request is answered: its access line, and its count in the metrics."""
+        log_access(status, request, client_id, error)
+        method = request.method if request.method in STANDARD_METHODS else "other"
+        self.metrics.request(route, method, status, request.request_time())
+
+
+def write_response(request: HTTPServerRequest, status: int, headers: HTTPHeaders, body: bytes,
+                   request_id: str) -> None:
+    """Write a whole response on the request's connection (the JSON routes' way, and the
+    lifecycle's own answers); a HEAD gets the headers a GET would, and no body."""
+    headers["Date"] = tornado.httputil.format_timestamp(time.time())
+    headers["X-Request-ID"] = request_id
+    if status == 204:
+        body = b""
+    else:
+        headers["Content-Length"] = str(len(body))
+    if request.method == "HEAD":
+        body = b""
+    connection = request.connection
+    assert connection is not None
+    connection.write_headers(ResponseStartLine("HTTP/1.1", status, reason_phrase(status)), headers, body or None)
+    connection.finish()
+
+
+class Start(Protocol):
+    def __call__(self, edge: Edge, route: Route, request: HTTPServerRequest, request_id: str,
+                 path_args: list[bytes]) -> None: ...
+
+
+# -- the way in ------------------------------------------------------------------------------------
+
+
+class Lifecycle(tornado.httputil.HTTPMessageDelegate):
+    """One request, from its headers to its answer, whatever route it is for.
+
+    ``inner`` is Tornado's delegate of a ``RequestHandler`` route (pages, the socket, static
+    files); a JSON route has none: its body is kept here, and ``start`` serves it.
+    """
+
+    def __init__(self, edge: Edge, route: Route, request: HTTPServerRequest, path_args: list[bytes], *,
+                 inner: tornado.httputil.HTTPMessageDelegate | None = None, start: Start | None = None) -> None:
+        self.edge, self.route, self.request, self.path_args = edge, route, request, path_args
+        self.inner, self.start = inner, start
+        self.limit: int | None = route.handler.max_body
+        self.size = 0
+        self.chunks: list[bytes] = []
+
+    def headers_received(self, start_line: Any, headers: HTTPHeaders) -> Any:
+        # Tornado's own limit answers a bare 400 and closes the connection: the body is counted
+        # here instead, the bytes past the limit read and dropped (the body timeout bounds that).
+        connection = self.request.connection
+        if connection is not None and hasattr(connection, "set_max_body_size"):
+            connection.set_max_body_size(sys.maxsize)
+        if self.inner is not None:
+            return self.inner.headers_received(start_line, headers)
+        return None
+
+    def data_received(self, chunk: bytes) -> Any:
+        self.size += len(chunk)
+        if self.limit is None or self.size > self.limit:
+            return None
+        if self.inner is not None:
+            return self.inner.data_received(chunk)
+        self.chunks.append(chunk)
+        return None
+
+    def finish(self) -> None:
+        """The whole request is in: answer it."""
+        request_id = request_id_for(self.request)
+        # For this call only: the handler's Task (or the JSON route's coroutine) copies it, and
+        # the connection's own context keeps none.
+        token = REQUEST_ID.set(request_id)
+        try:
+            refusal = self._refusal()
+            if refusal is not None:
+                if self.inner is not None:
+                    self.inner.on_connection_close()  # drops what it had buffered
+                self._answer(refusal, request_id)
+            elif self.inner is not None:
+                self.inner.finish()
+            else:
+                if self.chunks:
+                    self.request.body = b"".join(self.chunks)
+                assert self.start is not None
+                self.start(self.edge, self.route, self.request, request_id, self.path_args)
+        finally:
+            REQUEST_ID.reset(token)
+
+    def on_connection_close(self) -> None:
+        self.chunks = []
+        if self.inner is not None:
+            self.inner.on_connection_close()
+
+    def _refusal(self) -> HTTPAnswer | None:
+        if self.request.method not in self.route.methods:
+            return errors.MethodNotAllowed(self.route.methods)
+        if self.limit is not None and self.size > self.limit:
+            return errors.BodyTooLarge()
+        return None
+
+    def _answer(self, answer: HTTPAnswer, request_id: str) -> None:
+        handler = self.route.handler
+        status, headers, body = self.edge.render(answer, handler.output, handler.default_headers)
+        write_response(self.request, status, HTTPHeaders(headers), body, request_id)
+        self.edge.finished(self.request, self.route.path, status, None, answer.error_code)
