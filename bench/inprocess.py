@@ -49,8 +49,7 @@ from hello import MainHandler  # noqa: E402
 from seeded import CLIENT_SECRET, REDIRECT, VERIFIER, fill, settings  # noqa: E402
 from tokensvc import logs  # noqa: E402
 from tokensvc.app import make_app  # noqa: E402
-from tokensvc.bootstrap import seed  # noqa: E402
-from tokensvc.oauth.context import OAuthContext  # noqa: E402
+from tokensvc.bootstrap import make_context, seed  # noqa: E402
 from tokensvc.storage.memory import MemoryStore  # noqa: E402
 
 OPERATIONS = ("introspect", "me", "exchange", "refresh", "client")
@@ -145,7 +144,7 @@ def measure(operation: str, requests: int, repeat: int, tokens: int) -> list[tup
     config = settings(8080)
     logs.configure(config.log_format, config.log_level, stream=open(out / "access.log", "w"))  # noqa: SIM115
     store = MemoryStore()
-    ctx = OAuthContext.from_settings(config, store)
+    ctx = make_context(config, store)
     runs = repeat + 1  # the first block warms up
 
     async def prepare() -> None:

@@ -129,12 +129,13 @@ def bytes_per_token(count: int = 100_000) -> float:
     sys.path.insert(0, str(HERE))
     from seeded import new_family, settings
 
-    from tokensvc.oauth.context import OAuthContext
+    from tokensvc.bootstrap import make_context
+
     from tokensvc.records import Grant, utcnow
     from tokensvc.storage.memory import MemoryStore
 
     store = MemoryStore()
-    ctx = OAuthContext.from_settings(settings(8080), store)
+    ctx = make_context(settings(8080), store)
     now = utcnow()
     grant = Grant("grant-1", "bench", "u_bench", None, ["read", "write"], now)
     tracemalloc.start()

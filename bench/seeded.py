@@ -20,7 +20,7 @@ import tornado.httpserver
 
 from tokensvc import config as config_module, logs
 from tokensvc.app import make_app
-from tokensvc.bootstrap import seed
+from tokensvc.bootstrap import make_context, seed
 from tokensvc.oauth import hashing, pkce, tokens as token_format
 from tokensvc.oauth.context import OAuthContext
 from tokensvc.records import AuthorizationCode, Family, Grant, Subject, User, utcnow
@@ -107,7 +107,7 @@ async def main() -> None:
     # As ``tokensvc serve`` does, with the lines going to a file instead of standard error.
     logs.configure(config.log_format, config.log_level, stream=open(args.out / "access.log", "w"))  # noqa: SIM115
     store = MemoryStore()
-    ctx = OAuthContext.from_settings(config, store)
+    ctx = make_context(config, store)
     await seed(store, config)
     await fill(ctx, args.out, args.tokens, args.codes, args.refresh, args.rounds)
     server = tornado.httpserver.HTTPServer(make_app(config, store, ctx))

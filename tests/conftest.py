@@ -7,8 +7,7 @@ import pytest
 from backends import open_store
 from helpers import Browser, Clock, make_config
 from tokensvc.app import make_app
-from tokensvc.bootstrap import seed
-from tokensvc.oauth.context import OAuthContext
+from tokensvc.bootstrap import make_context, seed
 from tokensvc.storage.memory import MemoryStore
 
 
@@ -37,7 +36,7 @@ def backend_store(request, io_loop):
 
 @pytest.fixture
 def ctx(store, config, clock):
-    return OAuthContext.from_settings(config, store, clock=clock)
+    return make_context(config, store, clock=clock)
 
 
 @pytest.fixture

@@ -15,9 +15,8 @@ from helpers import (CHALLENGE, PARTNER_SECRET, SKY_REDIRECT, VERIFIER, WEBAPP_R
                      new_verifier)
 from test_protocol import args
 from tokensvc import config as config_module
-from tokensvc.bootstrap import seed
+from tokensvc.bootstrap import make_context, seed
 from tokensvc.oauth import authorization, grants, introspection, principal, revocation, sessions
-from tokensvc.oauth.context import OAuthContext
 from tokensvc.oauth.errors import InvalidGrant
 from tokensvc.records import Subject
 from tokensvc.storage.base import FAMILY, GRANT, SESSION, Revocation, StorageError
@@ -33,7 +32,7 @@ def seeded(backend_store, io_loop):
 
 
 def context(store, clock, grace=0, **settings):
-    return OAuthContext.from_settings(make_config(tokens={"refresh_grace_seconds": grace}, **settings), store,
+    return make_context(make_config(tokens={"refresh_grace_seconds": grace}, **settings), store,
                                       clock=clock)
 
 
@@ -234,7 +233,7 @@ async def test_the_mongodb_default_grace_covers_an_honest_retry_through_a_long_i
     # may take the budget again before it reaches the store.
     budget = 2 * timeout_s + config_module.STORE_RETRY_AFTER_SECONDS
     assert config.tokens.refresh_grace_seconds >= budget
-    ctx = OAuthContext.from_settings(config, seeded, clock=clock)
+    ctx = make_context(config, seeded, clock=clock)
     first = await exchange(ctx, await code_for(ctx))
     rotate = seeded.rotate_family
 

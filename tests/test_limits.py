@@ -169,8 +169,7 @@ async def test_forty_concurrent_wrong_passwords_check_only_the_limits_worth(brow
 def yielding_ctx(backend_store, config, monkeypatch, io_loop):
     """A context over a store whose every call yields to the event loop: the mongodb stand-in
     does by itself (tests/yielding.py); the memory store is made to."""
-    from tokensvc.bootstrap import seed
-    from tokensvc.oauth.context import OAuthContext
+    from tokensvc.bootstrap import make_context, seed
     from tokensvc.storage.memory import MemoryStore
 
     if isinstance(backend_store, MemoryStore):
@@ -182,7 +181,7 @@ def yielding_ctx(backend_store, config, monkeypatch, io_loop):
 
         monkeypatch.setattr(backend_store, "get_client", yielding_get_client)
     io_loop.run_sync(lambda: seed(backend_store, config))
-    return OAuthContext.from_settings(config, backend_store)
+    return make_context(config, backend_store)
 
 
 async def authenticate(ctx, secret, address="127.0.0.1"):

@@ -182,14 +182,13 @@ async def test_the_relay_rechecks_everyone_after_an_interruption(store, ctx):
 async def test_failure_limits_hold_across_processes(store, monkeypatch, io_loop):
     from helpers import make_config
     from test_limits import authenticate
-    from tokensvc.bootstrap import seed
+    from tokensvc.bootstrap import make_context, seed
     from tokensvc.oauth import clientauth
-    from tokensvc.oauth.context import OAuthContext
 
     config = make_config(limits={"window_seconds": 60, "failed_client_auth_per_client": 3,
                                  "failed_client_auth_per_address": 100})
     await seed(store, config)
-    processes = [OAuthContext.from_settings(config, store), OAuthContext.from_settings(config, other_process(store))]
+    processes = [make_context(config, store), make_context(config, other_process(store))]
     assert all(ctx.limits.shared is not None for ctx in processes)
     checked = []
     original = clientauth.verify

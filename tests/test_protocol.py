@@ -7,12 +7,11 @@ from __future__ import annotations
 import pytest
 
 from helpers import CHALLENGE, NODE_REDIRECT, SKY_REDIRECT, VERIFIER, WEBAPP_REDIRECT, WEBAPP_SECRET, make_config
-from tokensvc.bootstrap import seed
+from tokensvc.bootstrap import make_context, seed
 from tokensvc.oauth import authorization, clientauth, grants, hashing, introspection, revocation
 from tokensvc.oauth.authorization import Consent, Issued, SignIn
 from tokensvc.oauth.errors import RedirectError
 from tokensvc.oauth.clientauth import ClientRequest
-from tokensvc.oauth.context import OAuthContext
 from tokensvc.oauth.errors import (AccessDenied, InsufficientScope, InvalidClient, InvalidGrant, InvalidRequest,
                                    InvalidScope, RedirectUnverified, UnsupportedGrantType)
 from tokensvc.ratelimit import TooManyFailures
@@ -175,7 +174,7 @@ async def test_refresh_is_bound_to_its_client_and_cannot_widen(seeded):
 
 async def test_refresh_grace_lets_a_lost_response_be_retried_once(store, clock, io_loop):
     config = make_config(tokens={"refresh_grace_seconds": 30})
-    ctx = OAuthContext.from_settings(config, store, clock=clock)
+    ctx = make_context(config, store, clock=clock)
     await seed(store, config)
     webapp = await client(ctx)
     first = await pair(ctx)

@@ -8,9 +8,8 @@ import pytest
 from backends import BACKENDS
 from helpers import VERIFIER, WEBAPP_REDIRECT, family_of, make_config
 from test_protocol import code_for
-from tokensvc.bootstrap import seed
+from tokensvc.bootstrap import make_context, seed
 from tokensvc.oauth import authorization, grants, introspection, principal, revocation
-from tokensvc.oauth.context import OAuthContext
 from tokensvc.oauth.errors import InvalidGrant
 from tokensvc.storage.base import GRANT, Revocation, StorageError
 
@@ -21,7 +20,7 @@ pytestmark = [pytest.mark.gen_test, pytest.mark.parametrize("backend_store", BAC
 def proto(backend_store, io_loop, clock):
     config = make_config(tokens={"refresh_grace_seconds": 30})
     io_loop.run_sync(lambda: seed(backend_store, config))
-    return OAuthContext.from_settings(config, backend_store, clock=clock)
+    return make_context(config, backend_store, clock=clock)
 
 
 async def issued(ctx):

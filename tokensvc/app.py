@@ -13,6 +13,7 @@ from tokensvc.handlers import api, clients, meta, pages, token, ws
 from tokensvc.handlers.json_api import JsonHandler, NotFoundHandler
 from tokensvc.handlers.lifecycle import UNMATCHED, Edge, Lifecycle, Route
 from tokensvc.handlers.web import StaticFiles, log_request
+from tokensvc.bootstrap import make_context
 from tokensvc.oauth.context import OAuthContext
 from tokensvc.storage.base import Store
 
@@ -68,10 +69,10 @@ class TokenService(tornado.web.Application):
 
 
 def make_app(config: Settings, store: Store, ctx: OAuthContext | None = None) -> TokenService:
-    ctx = ctx or OAuthContext.from_settings(config, store)
+    ctx = ctx or make_context(config, store)
     static = {"static_path": str(HERE / "static"), "static_url_prefix": "/static/",
               "static_handler_class": StaticFiles}
-    edge = Edge(ctx, config, HERE / "templates", static, StaticFiles)
+    edge = Edge(ctx, config, ROUTES, HERE / "templates", static, StaticFiles)
     routes: list[tuple[Any, ...]] = [
         (route.pattern, JsonHandler.target(edge, route)) if issubclass(route.handler, JsonHandler)
         else (route.pattern, route.handler, {"edge": edge, "route": route.path})

@@ -1,6 +1,6 @@
-"""Start-up seeding: the clients, users and installations of the config file are upserted
-into the store, so a restart with the same file changes nothing and an edited file is
-applied."""
+"""The composition root's start-up work: the protocol context made from the settings, and
+seeding (the clients, users and installations of the config file are upserted into the store,
+so a restart with the same file changes nothing and an edited file is applied)."""
 
 from __future__ import annotations
 
@@ -8,12 +8,29 @@ import asyncio
 import logging
 import secrets
 
+from typing import Any
+
 from tokensvc.config import Settings
 from tokensvc.oauth import hashing
+from tokensvc.oauth.context import OAuthContext
+from tokensvc.oauth.metadata import server_metadata
+from tokensvc.ratelimit import FailureLimits, SharedFailureCounts
 from tokensvc.records import Client, Installation, User, utcnow
 from tokensvc.storage.base import StorageError, Store
 
 log = logging.getLogger(__name__)
+
+
+def make_context(settings: Settings, store: Store, **overrides: Any) -> OAuthContext:
+    """The protocol context the settings describe (``clock`` and others may be overridden)."""
+    shared = store if isinstance(store, SharedFailureCounts) else None  # MongoDB: one count for all processes
+    values: dict[str, Any] = dict(
+        store=store, tokens=settings.tokens, issuer=settings.base_url,
+        limits=FailureLimits(settings.limits, shared=shared),
+        metadata=server_metadata(settings.base_url, settings.auth_url,
+                                 (client.allowed_scopes for client in settings.clients)))
+    values.update(overrides)
+    return OAuthContext(**values)
 
 
 def new_user_id() -> str:

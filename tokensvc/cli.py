@@ -16,6 +16,7 @@ from typing import Any
 
 from tokensvc import __version__, admin, config as config_module, logs
 from tokensvc.admin import AdminError
+from tokensvc.bootstrap import make_context
 from tokensvc.config import ConfigError, Settings
 from tokensvc.oauth.context import OAuthContext
 from tokensvc.records import Client
@@ -84,13 +85,13 @@ async def serve(settings: Settings, sockets: list[socket.socket]) -> None:
     preparing = asyncio.create_task(prepare(store, settings))
     if settings.storage.backend == "memory":
         await preparing  # nothing to wait for: serve seeded from the first request
-    ctx = OAuthContext.from_settings(settings, store)
+    ctx = make_context(settings, store)
     app = make_app(settings, store, ctx)
     # One relay per process: revocations made by the other processes sharing the store
     # reach this process's WebSockets within a second.
     relaying = asyncio.create_task(events.relay(store, ctx.events))
     housekeeping = [asyncio.create_task(purge_periodically(store))] if settings.storage.backend == "memory" else []
-    # Bodies are limited by the routes, which answer 413 (handlers/body_limit.py).
+    # Bodies are counted by the request lifecycle, which answers 413 (handlers/lifecycle.py).
     server = tornado.httpserver.HTTPServer(app, xheaders=settings.xheaders,
                                            idle_connection_timeout=settings.server.idle_timeout,
                                            body_timeout=settings.server.body_timeout)
@@ -193,7 +194,7 @@ def _store_commands(factory: StoreFactory | None) -> Callable[[argparse.Namespac
         if factory is None and settings.storage.backend == "memory":
             raise CommandError(MEMORY_PURGES_ITSELF if args.action is tokens_purge else MEMORY_STATE)
         store = factory(settings) if factory is not None else make_store(settings.storage)
-        ctx = OAuthContext.from_settings(settings, store)
+        ctx = make_context(settings, store)
 
         async def body() -> int:
             try:
@@ -423,7 +424,19 @@ def build_parser(store_factory: StoreFactory | None = None) -> argparse.Argument
                                        description="Validate a config and print the effective settings, "
                                                    "every secret masked.", parents=[common])
     check.set_defaults(func=cmd_config_check)
+
+    document = commands.add_parser("openapi", help="print the OpenAPI document of every endpoint",
+                                   description="Print the OpenAPI 3.1 document the service serves at /openapi.json.")
+    document.set_defaults(func=cmd_openapi)
     return parser
+
+
+def cmd_openapi(args: argparse.Namespace) -> int:
+    from tokensvc import openapi
+    from tokensvc.app import ROUTES
+
+    sys.stdout.write(openapi.render(ROUTES))
+    return 0
 
 
 def _error(args: argparse.Namespace, message: str, code: int = 1) -> int:

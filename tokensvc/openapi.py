@@ -1,20 +1,29 @@
 """The OpenAPI 3.1 document of every HTTP endpoint, built by apispec from the marshmallow
 schemas (the operations are listed here; every body schema comes from ``schemas.py``).
 
-``python -m tokensvc.openapi`` prints it; ``docs/openapi.json`` is a checked-in copy that a
-test keeps current; the service serves it at ``GET /openapi.json``.
+The paths and methods come from the route table: a route whose methods are not all described
+here, or a description of a route that does not exist, stops the build. ``tokensvc openapi``
+prints it; ``docs/openapi.json`` is a checked-in copy that a test keeps current; the service
+serves it at ``GET /openapi.json``.
 """
 
 from __future__ import annotations
 
 import json
-from typing import Any
+from collections.abc import Iterable
+from typing import Any, Protocol
 
 from apispec import APISpec
 from apispec.ext.marshmallow import MarshmallowPlugin
 
 from tokensvc import __version__, schemas
-from tokensvc.app import ROUTES
+
+
+class Route(Protocol):
+    """An entry of the route table (``tokensvc.handlers.lifecycle.Route``)."""
+
+    path: str
+    methods: frozenset[str]
 
 FORM = "application/x-www-form-urlencoded"
 JSON = "application/json"
@@ -68,7 +77,8 @@ def _token_endpoint(summary: str, request: str, ok: dict[str, Any], *, auth: boo
                      "security": [{}, {"clientBasic": []}]}}
 
 
-def build() -> dict[str, Any]:
+def build(routes: Iterable[Route]) -> dict[str, Any]:
+    """The document of ``routes`` (the route table, ``tokensvc.app.ROUTES``)."""
     spec = APISpec(
         title="tokensvc", version=__version__, openapi_version="3.1.0", plugins=[MarshmallowPlugin()],
         info={"description": "OAuth 2.0 authorization and token service (OAuth API 2.0.0)."},
@@ -87,7 +97,7 @@ def build() -> dict[str, Any]:
     spec.components.security_scheme("bearer", {"type": "http", "scheme": "bearer"})
 
     operations = _operations()
-    for route in ROUTES:
+    for route in routes:
         documented = operations.pop(route.path, {})
         served = {method.lower() for method in route.methods if method != "HEAD"}
         if set(documented) != served:
@@ -218,9 +228,5 @@ def _operations() -> dict[str, dict[str, Any]]:
     return ops
 
 
-def render() -> str:
-    return json.dumps(build(), indent=2, sort_keys=True) + "\n"
-
-
-if __name__ == "__main__":
-    print(render(), end="")
+def render(routes: Iterable[Route]) -> str:
+    return json.dumps(build(routes), indent=2, sort_keys=True) + "\n"

@@ -19,7 +19,6 @@ from collections import deque
 from collections.abc import Callable, Iterable
 from typing import Protocol, runtime_checkable
 
-from tokensvc.config import LimitSettings
 from tokensvc.errors import HTTPAnswer
 
 
@@ -38,6 +37,17 @@ class TooManyFailures(HTTPAnswer):
 
     def headers(self) -> dict[str, str]:
         return {"Retry-After": str(self.retry_after)}
+
+
+class LimitPolicy(Protocol):
+    """The ``[limits]`` settings."""
+
+    enabled: bool
+    window_seconds: int
+    failed_client_auth_per_client: int
+    failed_client_auth_per_address: int
+    failed_logins_per_username: int
+    failed_logins_per_address: int
 
 
 @runtime_checkable
@@ -127,7 +137,7 @@ class MemoryFailureLimiter:
 class FailureLimits:
     """The service's limits over one limiter: which keys a failure counts against."""
 
-    def __init__(self, settings: LimitSettings, limiter: MemoryFailureLimiter | None = None,
+    def __init__(self, settings: LimitPolicy, limiter: MemoryFailureLimiter | None = None,
                  shared: SharedFailureCounts | None = None) -> None:
         self.settings = settings
         self.limiter = limiter or MemoryFailureLimiter(settings.window_seconds)

@@ -191,12 +191,13 @@ def log_failure(request: HTTPServerRequest, exc: BaseException, metrics: Metrics
 
 
 class Edge:
-    """What every route shares: the protocol context, the settings, the metrics, and the one
-    renderer of each output format."""
+    """What every route shares: the protocol context, the settings, the metrics, the route
+    table, and the one renderer of each output format."""
 
-    def __init__(self, ctx: OAuthContext, config: Settings, template_path: Path,
+    def __init__(self, ctx: OAuthContext, config: Settings, routes: list[Route], template_path: Path,
                  static_settings: dict[str, Any], static_files: type[tornado.web.StaticFileHandler]) -> None:
         self.ctx, self.config, self.metrics = ctx, config, ctx.metrics
+        self.routes = routes  # the route table
         self.templates = tornado.template.Loader(str(template_path))
         self._static_settings, self._static_files = static_settings, static_files
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from tokensvc import schemas
+from tokensvc import openapi, schemas
 from tokensvc.errors import NotFound
 from tokensvc.handlers.json_api import JsonHandler
 from tokensvc.metrics import CONTENT_TYPE, AddressRule
@@ -47,13 +47,11 @@ class MetricsHandler(JsonHandler):
 
 
 class OpenAPIHandler(JsonHandler):
-    """``GET /openapi.json``: the OpenAPI 3.1 document, built once."""
+    """``GET /openapi.json``: the OpenAPI 3.1 document of the route table, built once."""
 
     document: bytes | None = None
 
     async def get(self) -> None:
         if OpenAPIHandler.document is None:
-            from tokensvc.openapi import render
-
-            OpenAPIHandler.document = render().encode("utf-8")
+            OpenAPIHandler.document = openapi.render(self.edge.routes).encode("utf-8")
         self.send(200, OpenAPIHandler.document, "application/json")

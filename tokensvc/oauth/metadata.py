@@ -8,19 +8,20 @@ lets a server leave scopes out).
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
-from tokensvc.config import Settings
 from tokensvc.oauth import clientauth, scopes
 
 BASE_SCOPES = (scopes.READ, scopes.WRITE, scopes.ADMIN)
 
 
-def server_metadata(settings: Settings) -> dict[str, Any]:
+def server_metadata(base_url: str, auth_url: str, client_scopes: Iterable[list[str] | None]) -> dict[str, Any]:
+    """The metadata of a service at ``base_url`` (its authorization endpoint at ``auth_url``)
+    whose configured clients may ask for ``client_scopes`` (None: the default, read)."""
     advertised = set(BASE_SCOPES)
-    for client in settings.clients:
-        advertised.update(client.allowed_scopes or [scopes.READ])
-    base_url, auth_url = settings.base_url, settings.auth_url
+    for allowed in client_scopes:
+        advertised.update(allowed or [scopes.READ])
     return {
         "issuer": base_url,
         "authorization_endpoint": f"{auth_url}/oauth/authorize",
