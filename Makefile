@@ -26,8 +26,11 @@ $(VENV)/.installed-test: $(BIN)/python setup.cfg pyproject.toml
 run: $(VENV)/.installed-run
 	$(BIN)/tokensvc serve --config config/tokensvc.toml
 
-# pytest exits 5 when it collected no test: that is a failure here, never a silent pass.
+# The linter and the type checker first; then pytest, which exits 5 when it collected no
+# test: that is a failure here, never a silent pass.
 test: $(VENV)/.installed-test
+	$(BIN)/ruff check tokensvc tests bench
+	$(BIN)/mypy
 	@$(BIN)/python -m pytest; status=$$?; \
 	if [ $$status -eq 5 ]; then echo "make test: no tests ran" >&2; exit 1; fi; exit $$status
 

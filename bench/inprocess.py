@@ -45,12 +45,13 @@ import tornado.web
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from hello import MainHandler  # noqa: E402
-from seeded import CLIENT_SECRET, REDIRECT, VERIFIER, fill, settings  # noqa: E402
-from tokensvc import logs  # noqa: E402
-from tokensvc.app import make_app  # noqa: E402
-from tokensvc.bootstrap import make_context, seed  # noqa: E402
-from tokensvc.storage.memory import MemoryStore  # noqa: E402
+from hello import MainHandler
+from seeded import CLIENT_SECRET, REDIRECT, VERIFIER, fill, settings
+
+from tokensvc import logs
+from tokensvc.app import make_app
+from tokensvc.bootstrap import make_context, seed
+from tokensvc.storage.memory import MemoryStore
 
 OPERATIONS = ("introspect", "me", "exchange", "refresh", "client")
 BASIC = "Basic " + base64.b64encode(f"bench:{CLIENT_SECRET}".encode()).decode()
@@ -181,7 +182,9 @@ def measure(operation: str, requests: int, repeat: int, tokens: int) -> list[tup
     results = []
     for run in range(runs):
         before = cpu_per_request(service, hello_connection, requests // 2, lambda i: hello_request)
-        spent = cpu_per_request(service, service_connection, requests, lambda i: request(run * requests + i), seen)
+        offset = run * requests
+        spent = cpu_per_request(service, service_connection, requests, lambda i, offset=offset: request(offset + i),
+                                seen)
         after = cpu_per_request(service, hello_connection, requests // 2, lambda i: hello_request)
         if run:
             results.append((spent, (before + after) / 2))

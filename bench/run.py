@@ -7,7 +7,8 @@ Tornado handler that parses a form and answers JSON), and prints one table: oper
 p50, p99, ratio to the hello world, non-2xx responses. A hello world runs between every two
 operations, and each operation's ratio is against the mean of the hello-world runs just before
 and after it (the first and last appear in the table, against the mean of all of the round's).
-Any non-2xx response fails the run. Then the scale figures: introspection with 10k and with 1M live tokens back to back, between
+Any non-2xx response fails the run. Then the scale figures: introspection with 10k and with 1M live tokens back
+to back, between
 two hello-world runs, and the memory backend's bytes per stored token (tracemalloc, 100k tokens).
 
     python bench/run.py [--duration 10] [--connections 32] [--rounds 1] [--skip-scale]
@@ -117,7 +118,8 @@ def start_seeded(port: int, out: Path, **counts: int) -> subprocess.Popen:
     args = [sys.executable, str(HERE / "seeded.py"), str(port), str(out)]
     for key, value in counts.items():
         args += [f"--{key}", str(value)]
-    process = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=open(out / "server.err", "w"))
+    with open(out / "server.err", "w") as errors:  # the child keeps its own copy of the descriptor
+        process = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=errors)
     wait_for(out / "ready", process)
     return process
 
@@ -130,7 +132,6 @@ def bytes_per_token(count: int = 100_000) -> float:
     from seeded import new_family, settings
 
     from tokensvc.bootstrap import make_context
-
     from tokensvc.records import Grant, utcnow
     from tokensvc.storage.memory import MemoryStore
 

@@ -13,15 +13,18 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 from datetime import timedelta
 from pathlib import Path
 
 import tornado.httpserver
 
-from tokensvc import config as config_module, logs
+from tokensvc import config as config_module
+from tokensvc import logs
 from tokensvc.app import make_app
 from tokensvc.bootstrap import make_context, seed
-from tokensvc.oauth import hashing, pkce, tokens as token_format
+from tokensvc.oauth import hashing, pkce
+from tokensvc.oauth import tokens as token_format
 from tokensvc.oauth.context import OAuthContext
 from tokensvc.records import AuthorizationCode, Family, Grant, Subject, User, utcnow
 from tokensvc.storage.memory import MemoryStore
@@ -102,8 +105,7 @@ async def main() -> None:
     parser.add_argument("--rounds", type=int, default=1, help="pools of single-use values for this many rounds")
     parser.add_argument("--log-level", default="info", help="info is the service's default")
     args = parser.parse_args()
-    config = settings(args.port)
-    config.log_level = args.log_level
+    config = dataclasses.replace(settings(args.port), log_level=args.log_level)
     # As ``tokensvc serve`` does, with the lines going to a file instead of standard error.
     logs.configure(config.log_format, config.log_level, stream=open(args.out / "access.log", "w"))  # noqa: SIM115
     store = MemoryStore()

@@ -34,7 +34,6 @@ def open_store(kind: str, io_loop):
         return MemoryStore(), lambda: None
     if kind == "mongodb":
         from mongomock_motor import AsyncMongoMockClient
-
         from yielding import Yielding
 
         # The stand-in has no change streams: revocations across processes are polled.

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import pytest
-
 from backends import open_store
 from helpers import Browser, Clock, make_config
+
 from tokensvc.app import make_app
 from tokensvc.bootstrap import make_context, seed
 from tokensvc.storage.memory import MemoryStore

@@ -15,7 +15,8 @@ from urllib.parse import parse_qs, urlencode, urlsplit
 from marshmallow import Schema
 from tornado.httpclient import AsyncHTTPClient, HTTPResponse
 
-from tokensvc import config as config_module, schemas
+from tokensvc import config as config_module
+from tokensvc import schemas
 from tokensvc.oauth import pkce
 
 VERIFIER = "dBjftJeZ4CVP-mB92K27uhbUJU1p1r_wW1gFWFOEjXk"

@@ -1,10 +1,16 @@
 """The public API: bearer and cookie authentication, scopes, /v1/me and connected apps."""
 
 import pytest
-
 from helpers import (
-    NODE_REDIRECT, SKY_REDIRECT, WEBAPP_REDIRECT, check_schema, check_validation_error, exchange, json_of,
+    NODE_REDIRECT,
+    SKY_REDIRECT,
+    WEBAPP_REDIRECT,
+    check_schema,
+    check_validation_error,
+    exchange,
+    json_of,
 )
+
 from tokensvc import schemas
 
 

@@ -5,8 +5,8 @@ import logging
 import sys
 
 import pytest
-
 from helpers import SKY_REDIRECT, WEBAPP_REDIRECT, WEBAPP_SECRET, basic, exchange, json_of, post_form
+
 from tokensvc.logs import JsonFormatter, TextFormatter
 
 
@@ -55,7 +55,8 @@ async def test_access_log_names_the_client(browser, http_client, base_url, caplo
         await post_form(http_client, base_url + "/oauth/token/introspect", {"token": "x"},
                         {"Authorization": basic("webapp", WEBAPP_SECRET)})
     lines = [record.getMessage() for record in caplog.records if record.name == "tokensvc.access"]
-    assert any(line.startswith("127.0.0.1 200 POST /oauth/token ") and line.endswith("client_id=webapp") for line in lines)
+    assert any(line.startswith("127.0.0.1 200 POST /oauth/token ") and line.endswith("client_id=webapp")
+               for line in lines)
     access = [record.access for record in caplog.records if record.name == "tokensvc.access"]
     assert access[0]["client_id"] == "webapp" and access[0]["status"] == 200 and access[0]["method"] == "POST"
 

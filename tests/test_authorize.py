@@ -3,8 +3,8 @@
 from urllib.parse import urlencode, urlsplit
 
 import pytest
-
 from helpers import CHALLENGE, NODE_REDIRECT, SKY_REDIRECT, WEBAPP_REDIRECT, query_of
+
 from tokensvc.oauth import hashing
 
 
@@ -249,6 +249,7 @@ async def test_html_pages_carry_a_strict_csp(browser):
 async def test_secure_cookie_on_https(http_client, base_url, store, io_loop):
     # A separate app whose public URL is https: its session cookie must be Secure.
     from helpers import Browser, make_config
+
     from tokensvc.app import make_app
     from tokensvc.bootstrap import seed
 

@@ -3,16 +3,21 @@
 from __future__ import annotations
 
 import pytest
-
 from backends import BACKENDS, REAL_URI, store_fixture
 from helpers import (
-    SKY_REDIRECT, WEBAPP_REDIRECT, WEBAPP_SECRET, basic, check_oauth_error, check_schema, exchange, json_of,
+    SKY_REDIRECT,
+    WEBAPP_REDIRECT,
+    WEBAPP_SECRET,
+    basic,
+    check_oauth_error,
+    check_schema,
+    exchange,
+    json_of,
     post_form,
 )
+
 from tokensvc import schemas
-
 from tokensvc.storage.mongo import INDEXES, MongoStore
-
 
 store = store_fixture()
 

@@ -7,7 +7,6 @@ import socket
 
 import pytest
 import requests
-
 from helpers import json_of
 from service import start_service
 

@@ -4,9 +4,9 @@ import dataclasses
 from pathlib import Path
 
 import pytest
-
 from backends import BACKENDS
 from helpers import make_config
+
 from tokensvc import config as config_module
 from tokensvc.bootstrap import seed
 from tokensvc.config import ConfigError, StorageSettings
@@ -14,6 +14,7 @@ from tokensvc.oauth import hashing
 from tokensvc.storage import make_store
 from tokensvc.storage.memory import MemoryStore
 from tokensvc.storage.mongo import MongoStore
+
 
 @pytest.mark.parametrize("backend_store", BACKENDS, indirect=True)
 @pytest.mark.gen_test
@@ -83,7 +84,8 @@ def test_the_refresh_grace_defaults_by_backend():
     assert on_mongodb.tokens.refresh_grace_seconds == 2 * 15 + config_module.STORE_RETRY_AFTER_SECONDS == 35
     slower = make_config(storage={"backend": "mongodb", "timeout_ms": 20500})
     assert slower.tokens.refresh_grace_seconds == 2 * 21 + 5
-    assert make_config(storage={"backend": "mongodb"}, tokens={"refresh_grace_seconds": 0}).tokens.refresh_grace_seconds == 0
+    strict = make_config(storage={"backend": "mongodb"}, tokens={"refresh_grace_seconds": 0})
+    assert strict.tokens.refresh_grace_seconds == 0
     with pytest.raises(ConfigError, match="storage.timeout_ms"):
         make_config(storage={"timeout_ms": 0})
 

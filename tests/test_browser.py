@@ -27,7 +27,6 @@ from urllib.parse import parse_qs, urlencode, urlsplit
 
 import pytest
 import requests
-
 from helpers import CHALLENGE, VERIFIER
 from service import WEBAPP_SECRET, start_service
 
@@ -54,7 +53,7 @@ PASSWORDS = {"alice": "alice-e2e-password", "bob": "bob-e2e-password"}
 class CallbackPage(http.server.BaseHTTPRequestHandler):
     """A client's redirect target: a plain page that names what it received."""
 
-    def do_GET(self) -> None:  # noqa: N802 - http.server's naming
+    def do_GET(self) -> None:
         body = b'<!doctype html><title>callback</title><link rel="icon" href="data:,"><p>received</p>'
         self.send_response(200)
         self.send_header("Content-Type", "text/html; charset=utf-8")

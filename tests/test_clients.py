@@ -1,8 +1,8 @@
 """GET /oauth/clients and /oauth/clients/{client_id}, and the server metadata."""
 
 import pytest
-
 from helpers import check_schema, check_validation_error, json_of
+
 from tokensvc import schemas
 
 

@@ -7,12 +7,11 @@ from urllib.parse import parse_qs, urlsplit
 
 import pytest
 import requests
-from authlib.integrations.requests_client import OAuth2Session
 from authlib.common.security import generate_token
+from authlib.integrations.requests_client import OAuth2Session
+from service import WEBAPP_SECRET, free_port, start_service, user_agent_authorize
 
 from tokensvc import cli
-
-from service import WEBAPP_SECRET, free_port, start_service, user_agent_authorize
 
 pytestmark = pytest.mark.e2e
 

@@ -4,10 +4,10 @@ import logging
 import socket
 
 import pytest
+from helpers import WEBAPP_REDIRECT, WEBAPP_SECRET, basic, json_of, make_config, post_form
 
-from helpers import make_config, WEBAPP_REDIRECT, WEBAPP_SECRET, basic, json_of, post_form
-from tokensvc.handlers.access_log import redact
 from tokensvc.config import StorageSettings
+from tokensvc.handlers.access_log import redact
 from tokensvc.storage.base import StorageError
 from tokensvc.storage.memory import MemoryStore
 from tokensvc.storage.mongo import MongoStore
@@ -171,9 +171,9 @@ async def test_an_uncaught_exception_on_a_page_logs_the_uri_redacted(http_client
 @pytest.mark.gen_test
 async def test_an_uncaught_exception_on_the_socket_logs_the_uri_redacted(browser, http_client, base_url, caplog,
                                                                         monkeypatch):
+    from helpers import exchange
     from tornado.websocket import websocket_connect
 
-    from helpers import exchange
     from tokensvc.handlers import ws
 
     async def broken(self, *args, **kwargs):

@@ -9,11 +9,10 @@ import asyncio
 import logging
 
 import pytest
-
 from backends import BACKENDS
-from helpers import (CHALLENGE, PARTNER_SECRET, SKY_REDIRECT, VERIFIER, WEBAPP_REDIRECT, make_config,
-                     new_verifier)
+from helpers import CHALLENGE, SKY_REDIRECT, VERIFIER, WEBAPP_REDIRECT, make_config, new_verifier
 from test_protocol import args
+
 from tokensvc import config as config_module
 from tokensvc.bootstrap import make_context, seed
 from tokensvc.oauth import authorization, grants, introspection, principal, revocation, sessions

@@ -11,8 +11,8 @@ import schemathesis
 from hypothesis import HealthCheck, given, settings
 from hypothesis.errors import Unsatisfiable
 from schemathesis import GenerationMode, checks
-
 from service import start_service
+
 from tokensvc.app import ROUTES
 from tokensvc.openapi import build
 

@@ -1,11 +1,20 @@
 """POST /oauth/token/introspect (RFC 7662): who may call it, and what it says."""
 
 import pytest
-
 from helpers import (
-    NODE_REDIRECT, PARTNER_SECRET, WEBAPP_REDIRECT, WEBAPP_SECRET, basic, check_oauth_error, check_schema,
-    check_validation_error, exchange, json_of, post_form,
+    NODE_REDIRECT,
+    PARTNER_SECRET,
+    WEBAPP_REDIRECT,
+    WEBAPP_SECRET,
+    basic,
+    check_oauth_error,
+    check_schema,
+    check_validation_error,
+    exchange,
+    json_of,
+    post_form,
 )
+
 from tokensvc import schemas
 
 

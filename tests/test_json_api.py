@@ -9,11 +9,9 @@ import json
 import logging
 
 import pytest
-
 from helpers import WEBAPP_SECRET, basic, json_of, post_form
-from tokensvc.handlers.json_api import dumps
-from tokensvc.handlers.json_api import start_eagerly
 
+from tokensvc.handlers.json_api import dumps, start_eagerly
 
 # -- start_eagerly ----------------------------------------------------------------------
 

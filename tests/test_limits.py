@@ -1,9 +1,9 @@
 """Brute force: failed client authentications and sign-ins are limited per key and per address."""
 
 import pytest
-
 from backends import BACKENDS
 from helpers import SKY_REDIRECT, WEBAPP_REDIRECT, WEBAPP_SECRET, basic, make_config, post_form
+
 from tokensvc.config import LimitSettings
 from tokensvc.ratelimit import FailureLimits, MemoryFailureLimiter, TooManyFailures
 
@@ -122,9 +122,8 @@ def test_disabled_limits_never_refuse():
 import asyncio  # noqa: E402
 from urllib.parse import urlencode  # noqa: E402
 
-from tornado.httpclient import AsyncHTTPClient, HTTPRequest  # noqa: E402
-
 from helpers import Browser  # noqa: E402
+from tornado.httpclient import AsyncHTTPClient, HTTPRequest  # noqa: E402
 
 
 @pytest.fixture

@@ -13,9 +13,8 @@ from urllib.parse import parse_qs, urlencode, urljoin, urlsplit
 
 import pytest
 import requests
-from tornado.websocket import websocket_connect
-
 from service import WEBAPP_SECRET, hidden_fields, start_service
+from tornado.websocket import websocket_connect
 
 pytestmark = pytest.mark.e2e
 
@@ -47,9 +46,11 @@ class Flows:
             form = hidden_fields(page.text)
             self.secret(form["_xsrf"])
             wrong = self.agent.post(self.base + "/login", allow_redirects=False,
-                                    data={**form, "username": "alice", "password": self.secret("wrong-" + secrets.token_hex(8))})
+                                    data={**form, "username": "alice",
+                                          "password": self.secret("wrong-" + secrets.token_hex(8))})
             assert wrong.status_code == 401
-            response = self.agent.post(self.base + "/login", data={**form, "username": "alice", "password": "alice-e2e-password"},
+            response = self.agent.post(self.base + "/login",
+                                       data={**form, "username": "alice", "password": "alice-e2e-password"},
                                        allow_redirects=False)
             assert response.status_code == 302, response.text
             self.session_cookie()
@@ -153,8 +154,8 @@ def test_no_secret_reaches_any_log_line(tmp_path, monkeypatch):
         # and quotes it (its base64 session id) in full.
         session = next(v for v in flows.used if v.startswith("2|1:0|"))
         encoded = session.split("|")[4].split(":", 1)[1]
-        raw(port, b"GET /account HTTP/1.1\r\nHost: x\r\nConnection: close\r\nCookie: tokensvc_session=%s|1700000000|%s\r\n\r\n"
-            % (encoded.encode(), b"0" * 40))
+        raw(port, b"GET /account HTTP/1.1\r\nHost: x\r\nConnection: close\r\n"
+                  b"Cookie: tokensvc_session=%s|1700000000|%s\r\n\r\n" % (encoded.encode(), b"0" * 40))
         raw(port, b"GET /login?next=/oauth/authorize%%3Fstate%%3D%s HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
             % flows.secret("state-" + secrets.token_hex(8)).encode())
     finally:

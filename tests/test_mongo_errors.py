@@ -7,11 +7,20 @@ import logging
 
 import pytest
 from bson.errors import InvalidDocument
-from pymongo.errors import (AutoReconnect, BulkWriteError, DuplicateKeyError, ExecutionTimeout, NetworkTimeout,
-                            NotPrimaryError, OperationFailure, ServerSelectionTimeoutError, WriteConcernError,
-                            WTimeoutError)
-
 from helpers import WEBAPP_SECRET, basic, json_of, post_form
+from pymongo.errors import (
+    AutoReconnect,
+    BulkWriteError,
+    DuplicateKeyError,
+    ExecutionTimeout,
+    NetworkTimeout,
+    NotPrimaryError,
+    OperationFailure,
+    ServerSelectionTimeoutError,
+    WriteConcernError,
+    WTimeoutError,
+)
+
 from tokensvc.storage.base import Conflict, StorageError, StoreFault
 from tokensvc.storage.mongo import translate
 

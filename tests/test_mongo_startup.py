@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 import requests
 from pymongo.errors import OperationFailure
-
 from service import free_port, start_service
+
 from tokensvc.storage.base import StoreFault
 from tokensvc.storage.mongo import INDEXES, MongoStore
 
@@ -95,8 +95,7 @@ def test_serve_stops_with_the_conflict_as_one_line(monkeypatch):
 
     store, _ = store_with([("users", "username", {"key": [("username", 1)]})])
     monkeypatch.setattr(cli, "make_store", lambda settings: store)
-    settings = config.load(None, environ={}, overrides={"demo": True, "port": 1})
-    settings.storage.backend = "mongodb"
+    settings = config.load(None, environ={"TOKENSVC_STORAGE_BACKEND": "mongodb"}, overrides={"demo": True, "port": 1})
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         sock.listen()

@@ -4,8 +4,8 @@ import json
 from pathlib import Path
 
 import pytest
-
 from helpers import json_of
+
 from tokensvc import openapi
 from tokensvc.app import ROUTES
 

@@ -9,9 +9,9 @@ import multiprocessing
 import re
 
 import pytest
+from helpers import VERIFIER, WEBAPP_REDIRECT, WEBAPP_SECRET, basic, exchange, json_of, make_config, post_form
 from tornado.httpclient import HTTPRequest
 
-from helpers import VERIFIER, WEBAPP_REDIRECT, WEBAPP_SECRET, basic, exchange, json_of, make_config, post_form
 from tokensvc import logs, metrics
 
 
@@ -44,7 +44,8 @@ async def test_metrics_count_real_flows(browser, http_client, base_url):
     refreshed = await post_form(http_client, base_url + "/oauth/token/refresh",
                                 {"refresh_token": tokens["refresh_token"]}, auth)
     assert refreshed.code == 200
-    reuse = await post_form(http_client, base_url + "/oauth/token/refresh", {"refresh_token": tokens["refresh_token"]}, auth)
+    reuse = await post_form(http_client, base_url + "/oauth/token/refresh",
+                            {"refresh_token": tokens["refresh_token"]}, auth)
     assert reuse.code == 400
     replay = await exchange(http_client, base_url, code)
     assert replay.code == 400
@@ -115,14 +116,16 @@ async def test_open_websockets_and_store_errors_are_counted(browser, http_client
 
 
 @pytest.mark.gen_test
-async def test_metrics_are_404_outside_the_allowed_networks_and_when_disabled(http_client, base_url, config):
-    config.metrics.allow = ["10.0.0.0/8"]  # loopback is not in it: the 404 of a path that is not there
+@pytest.mark.parametrize("config,status", [
+    (make_config(metrics={"allow": ["10.0.0.0/8"]}), 404),  # loopback is not in it: a path that is not there
+    (make_config(metrics={"allow": ["127.0.0.0/8"], "enabled": False}), 404),
+    (make_config(metrics={"allow": ["127.0.0.0/8"]}), 200),
+], ids=["outside", "disabled", "allowed"])
+async def test_metrics_are_404_outside_the_allowed_networks_and_when_disabled(http_client, base_url, config, status):
     response = await http_client.fetch(base_url + "/metrics", raise_error=False)
-    assert response.code == 404 and json_of(response) == {"detail": "No resource at /metrics"}
-    config.metrics.allow, config.metrics.enabled = ["127.0.0.0/8"], False
-    assert (await http_client.fetch(base_url + "/metrics", raise_error=False)).code == 404
-    config.metrics.enabled = True
-    assert (await http_client.fetch(base_url + "/metrics")).code == 200
+    assert response.code == status
+    if status == 404:
+        assert json_of(response) == {"detail": "No resource at /metrics"}
 
 
 def test_the_address_rule():
@@ -246,7 +249,8 @@ async def test_a_failed_token_request_names_the_client_of_its_body(http_client, 
 @pytest.mark.gen_test
 async def test_json_lines_carry_the_same_fields(http_client, base_url, service_stream):
     logs.configure("json", "info", stream=service_stream)
-    await post_form(http_client, base_url + "/oauth/token/refresh", {"refresh_token": "nope", "client_id": "skyplanner"},
+    await post_form(http_client, base_url + "/oauth/token/refresh",
+                    {"refresh_token": "nope", "client_id": "skyplanner"},
                     headers={"X-Request-ID": "json-1"})
     entries = [json.loads(line) for line in service_stream.getvalue().splitlines() if line.startswith("{")]
     access = next(entry for entry in entries if entry["logger"] == "tokensvc.access")

@@ -5,8 +5,8 @@ import re
 from urllib.parse import urlencode
 
 import pytest
-
 from helpers import CHALLENGE, SKY_REDIRECT, WEBAPP_REDIRECT, exchange, json_of
+
 from tokensvc.handlers.headers import csp_source, page_csp
 
 
@@ -31,7 +31,8 @@ async def test_sign_in_page_lets_its_form_lead_on_to_the_verified_redirect(brows
     assert directive(page, "form-action") == ["'self'", WEBAPP_REDIRECT]
     assert b"to continue to <strong>Web app</strong>" in page.body
     # The re-rendered form after a wrong password keeps it.
-    wrong = await browser.fetch("/login", "POST", {"username": "alice", "password": "nope", "_xsrf": await browser.xsrf(),
+    wrong = await browser.fetch("/login", "POST", {"username": "alice", "password": "nope",
+                                                   "_xsrf": await browser.xsrf(),
                                                    "next": authorize_path("webapp", WEBAPP_REDIRECT)})
     assert wrong.code == 401 and directive(wrong, "form-action") == ["'self'", WEBAPP_REDIRECT]
 

@@ -1,8 +1,8 @@
 """PKCE (RFC 7636), S256 only."""
 
 import pytest
-
 from helpers import CHALLENGE, VERIFIER
+
 from tokensvc.oauth import pkce
 
 

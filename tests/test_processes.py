@@ -8,12 +8,12 @@ import asyncio
 from datetime import timedelta
 
 import pytest
-from pymongo.errors import OperationFailure
-from tornado.websocket import websocket_connect
-
 from backends import open_store
 from helpers import Clock, family_of
+from pymongo.errors import OperationFailure
 from test_ws import closed_within_a_second, tokens, welcome_of, ws_url
+from tornado.websocket import websocket_connect
+
 from tokensvc.oauth import events
 from tokensvc.records import Family, Pair, Session, Subject
 from tokensvc.storage.base import FAMILY, GRANT, SESSION, Revocation
@@ -182,6 +182,7 @@ async def test_the_relay_rechecks_everyone_after_an_interruption(store, ctx):
 async def test_failure_limits_hold_across_processes(store, monkeypatch, io_loop):
     from helpers import make_config
     from test_limits import authenticate
+
     from tokensvc.bootstrap import make_context, seed
     from tokensvc.oauth import clientauth
 

@@ -5,15 +5,23 @@ test_introspect, test_revoke and test_authorize."""
 from __future__ import annotations
 
 import pytest
-
 from helpers import CHALLENGE, NODE_REDIRECT, SKY_REDIRECT, VERIFIER, WEBAPP_REDIRECT, WEBAPP_SECRET, make_config
+
 from tokensvc.bootstrap import make_context, seed
 from tokensvc.oauth import authorization, clientauth, grants, hashing, introspection, revocation
 from tokensvc.oauth.authorization import Consent, Issued, SignIn
-from tokensvc.oauth.errors import RedirectError
 from tokensvc.oauth.clientauth import ClientRequest
-from tokensvc.oauth.errors import (AccessDenied, InsufficientScope, InvalidClient, InvalidGrant, InvalidRequest,
-                                   InvalidScope, RedirectUnverified, UnsupportedGrantType)
+from tokensvc.oauth.errors import (
+    AccessDenied,
+    InsufficientScope,
+    InvalidClient,
+    InvalidGrant,
+    InvalidRequest,
+    InvalidScope,
+    RedirectError,
+    RedirectUnverified,
+    UnsupportedGrantType,
+)
 from tokensvc.ratelimit import TooManyFailures
 from tokensvc.records import Subject
 

@@ -1,14 +1,14 @@
 """The records module's own behaviour: the clock every record is stamped with."""
 
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 from tokensvc.records import utcnow
 
 
 def test_utcnow_is_utc_in_whole_milliseconds_and_current():
-    before = datetime.now(timezone.utc)
+    before = datetime.now(UTC)
     now = utcnow()
-    after = datetime.now(timezone.utc)
+    after = datetime.now(UTC)
     # Whole milliseconds: what MongoDB stores, so a record reads back equal to what was written.
-    assert now.tzinfo is timezone.utc and now.microsecond % 1000 == 0
+    assert now.tzinfo is UTC and now.microsecond % 1000 == 0
     assert before - timedelta(milliseconds=1) <= now <= after

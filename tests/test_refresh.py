@@ -1,11 +1,22 @@
 """POST /oauth/token/refresh: rotation and reuse detection."""
 
 import pytest
-
 from helpers import (
-    NODE_REDIRECT, PARTNER_SECRET, SKY_REDIRECT, WEBAPP_REDIRECT, WEBAPP_SECRET, basic, check_oauth_error,
-    check_schema, check_validation_error, exchange, family_of, json_of, post_form,
+    NODE_REDIRECT,
+    PARTNER_SECRET,
+    SKY_REDIRECT,
+    WEBAPP_REDIRECT,
+    WEBAPP_SECRET,
+    basic,
+    check_oauth_error,
+    check_schema,
+    check_validation_error,
+    exchange,
+    family_of,
+    json_of,
+    post_form,
 )
+
 from tokensvc import schemas
 from tokensvc.oauth import hashing
 

@@ -1,11 +1,19 @@
 """Revocation: RFC 7009 at /oauth/token/revoke, grant-wide at /oauth/revoke, and sign-out."""
 
 import pytest
-
 from helpers import (
-    PARTNER_SECRET, SKY_REDIRECT, WEBAPP_REDIRECT, WEBAPP_SECRET, basic, check_oauth_error, exchange, family_of,
-    json_of, post_form,
+    PARTNER_SECRET,
+    SKY_REDIRECT,
+    WEBAPP_REDIRECT,
+    WEBAPP_SECRET,
+    basic,
+    check_oauth_error,
+    exchange,
+    family_of,
+    json_of,
+    post_form,
 )
+
 from tokensvc.oauth import tokens as token_format
 
 
@@ -81,16 +89,19 @@ async def test_public_client_revokes_with_client_id(browser, http_client, base_u
     tokens = json_of(await exchange(http_client, base_url, code, client_id="skyplanner", secret=None,
                                     redirect_uri=SKY_REDIRECT))
     # Another public client's id does not reach it.
-    assert (await revoke(http_client, base_url, tokens["access_token"], client_id="node-agent", secret=None)).code == 200
+    as_node_agent = await revoke(http_client, base_url, tokens["access_token"], client_id="node-agent", secret=None)
+    assert as_node_agent.code == 200
     assert await state_of(store, tokens["access_token"]) == "active"
-    assert (await revoke(http_client, base_url, tokens["access_token"], client_id="skyplanner", secret=None)).code == 200
+    as_owner = await revoke(http_client, base_url, tokens["access_token"], client_id="skyplanner", secret=None)
+    assert as_owner.code == 200
     assert await state_of(store, tokens["access_token"]) == "revoked"
 
 
 @pytest.mark.gen_test
 async def test_a_token_not_in_force_revokes_nothing_anywhere(browser, http_client, base_url, store):
     first = await webapp_tokens(browser, http_client, base_url)
-    refreshed = await post_form(http_client, base_url + "/oauth/token/refresh", {"refresh_token": first["refresh_token"]},
+    refreshed = await post_form(http_client, base_url + "/oauth/token/refresh",
+                                {"refresh_token": first["refresh_token"]},
                                 {"Authorization": basic("webapp", WEBAPP_SECRET)})
     current = json_of(refreshed)
     # first's refresh token is rotated out and its access token replaced: dead, each of them.

@@ -3,8 +3,8 @@
 import hmac
 
 import pytest
+from helpers import CHALLENGE, VERIFIER, WEBAPP_REDIRECT, WEBAPP_SECRET, basic, check_oauth_error, json_of
 
-from helpers import VERIFIER, CHALLENGE, WEBAPP_REDIRECT, WEBAPP_SECRET, basic, check_oauth_error, json_of
 from tokensvc.oauth import hashing, pkce
 
 

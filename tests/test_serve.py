@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 import requests
-
 from service import free_port, start_demo
+
 from tokensvc import cli, config
 
 DEMO = Path(__file__).resolve().parent.parent / "config" / "tokensvc.toml"
@@ -138,6 +138,7 @@ def test_a_client_that_stops_mid_headers_is_dropped(tmp_path):
 def test_connection_timeouts_have_defaults_and_are_checked():
     settings = config.load(None, environ={}, overrides={"demo": True})
     assert (settings.server.idle_timeout, settings.server.body_timeout) == (60, 30)
-    assert config.load(None, environ={"TOKENSVC_SERVER_IDLE_TIMEOUT": "5"}, overrides={"demo": True}).server.idle_timeout == 5
+    loaded = config.load(None, environ={"TOKENSVC_SERVER_IDLE_TIMEOUT": "5"}, overrides={"demo": True})
+    assert loaded.server.idle_timeout == 5
     with pytest.raises(config.ConfigError, match="server.body_timeout: must be at least 1 second"):
         config.load(None, environ={"TOKENSVC_SERVER_BODY_TIMEOUT": "0"}, overrides={"demo": True})

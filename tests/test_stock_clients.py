@@ -19,7 +19,6 @@ from authlib.common.security import generate_token
 from authlib.integrations.base_client.errors import OAuthError as AuthlibError
 from authlib.integrations.requests_client import OAuth2Session as AuthlibSession
 from requests_oauthlib import OAuth2Session as RequestsOAuthSession
-
 from service import NOWHERE, WEBAPP_SECRET, start_service, user_agent_authorize
 
 pytestmark = pytest.mark.e2e

@@ -8,9 +8,9 @@ from dataclasses import replace
 from datetime import timedelta
 
 import pytest
-
 from backends import BACKENDS
 from helpers import Clock
+
 from tokensvc.records import AuthorizationCode, Client, Family, Installation, Pair, Session, Subject, User
 from tokensvc.storage.base import Conflict, Store
 from tokensvc.storage.memory import MemoryStore

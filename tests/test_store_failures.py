@@ -4,10 +4,10 @@ the protocol core (the mongodb backend is the yielding stand-in, tests/yielding.
 from __future__ import annotations
 
 import pytest
-
 from backends import BACKENDS
 from helpers import VERIFIER, WEBAPP_REDIRECT, family_of, make_config
 from test_protocol import code_for
+
 from tokensvc.bootstrap import make_context, seed
 from tokensvc.oauth import authorization, grants, introspection, principal, revocation
 from tokensvc.oauth.errors import InvalidGrant

@@ -1,7 +1,6 @@
 """POST /oauth/token: the authorization-code grant with PKCE."""
 
 import pytest
-
 from helpers import (
     PARTNER_REDIRECT,
     PARTNER_SECRET,
@@ -18,6 +17,7 @@ from helpers import (
     new_verifier,
     post_form,
 )
+
 from tokensvc import schemas
 from tokensvc.oauth import hashing, tokens
 
@@ -131,7 +131,8 @@ async def test_a_redeemed_code_presented_by_another_client_cuts_nobody_off(brows
         body = check_oauth_error(response, 400, "invalid_grant")
         assert "already used" not in body["error_description"]
     introspected = await post_form(http_client, base_url + "/oauth/token/introspect",
-                                   {"token": issued["refresh_token"]}, {"Authorization": basic("webapp", WEBAPP_SECRET)})
+                                   {"token": issued["refresh_token"]},
+                                   {"Authorization": basic("webapp", WEBAPP_SECRET)})
     assert json_of(introspected)["active"] is True
 
 

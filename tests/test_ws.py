@@ -4,11 +4,11 @@ import json
 from datetime import timedelta
 
 import pytest
+from helpers import NODE_REDIRECT, WEBAPP_REDIRECT, WEBAPP_SECRET, basic, check_schema, exchange, json_of, post_form
 from tornado import gen
 from tornado.httpclient import HTTPClientError, HTTPRequest
 from tornado.websocket import websocket_connect
 
-from helpers import NODE_REDIRECT, WEBAPP_REDIRECT, WEBAPP_SECRET, basic, check_schema, exchange, json_of, post_form
 from tokensvc import schemas
 
 
@@ -209,7 +209,8 @@ async def test_a_refresh_is_no_revocation_for_an_open_socket(browser, http_clien
     connection = await websocket_connect(ws_url(base_url, "?access_token=" + issued["access_token"]))
     await welcome_of(connection)
     refreshed = await post_form(http_client, base_url + "/oauth/token/refresh",
-                                {"refresh_token": issued["refresh_token"]}, {"Authorization": basic("webapp", WEBAPP_SECRET)})
+                                {"refresh_token": issued["refresh_token"]},
+                                {"Authorization": basic("webapp", WEBAPP_SECRET)})
     assert refreshed.code == 200
     connection.write_message("after the refresh")
     assert json.loads(await gen.with_timeout(timedelta(seconds=1), connection.read_message()))["type"] == "echo"

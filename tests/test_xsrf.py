@@ -4,8 +4,8 @@ can make (signed with the cookie secret, bound to the web session)."""
 from __future__ import annotations
 
 import pytest
-
 from helpers import SKY_REDIRECT, WEBAPP_REDIRECT, Browser, exchange, json_of
+
 from tokensvc.app import ROUTES
 from tokensvc.handlers import xsrf
 from tokensvc.handlers.lifecycle import UNSAFE_METHODS

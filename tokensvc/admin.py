@@ -12,16 +12,21 @@ import secrets
 
 from tokensvc import logs
 from tokensvc.bootstrap import new_user_id
-from tokensvc.identifiers import ID, USERNAME, is_url, password_problem, redirect_uri_problem
-from tokensvc.oauth import hashing, scopes as scope_rules
-from tokensvc.oauth.context import OAuthContext
+from tokensvc.identifiers import (
+    id_problem,
+    is_url,
+    kind_problem,
+    password_problem,
+    redirect_uri_problem,
+    scope_problem,
+    username_problem,
+)
+from tokensvc.oauth import hashing
 from tokensvc.oauth import sessions as web_sessions
+from tokensvc.oauth.context import OAuthContext
 from tokensvc.oauth.revocation import revoke_grant
 from tokensvc.records import Client, Installation, Subject, User, utcnow
 from tokensvc.storage.base import Conflict, Store
-
-
-KINDS = ("telescope", "observatory")
 
 
 class AdminError(Exception):
@@ -30,6 +35,12 @@ class AdminError(Exception):
 
 def _record(event: str, **fields: object) -> None:
     logs.audit(event, fields)
+
+
+def _check(problem: str | None, what: str, value: str) -> None:
+    """AdminError naming ``problem`` (one of identifiers' rules), if there is one."""
+    if problem is not None:
+        raise AdminError(f"not a valid {what} ({problem}): {value!r}")
 
 
 def check_redirect_uri(uri: str) -> str:
@@ -57,14 +68,12 @@ async def create_client(store: Store, *, name: str, redirect_uris: list[str], sc
     for uri in redirect_uris:
         check_redirect_uri(uri)
     for scope in scopes or []:
-        if not scope_rules.is_valid_scope_token(scope):
-            raise AdminError(f"not a valid scope: {scope!r}")
+        _check(scope_problem(scope), "scope", scope)
     if logo_url is not None:
         check_url(logo_url)
     # Hex: a generated id never starts with "-" (which a command line would read as an option).
     client_id = client_id or secrets.token_hex(12)
-    if not ID.match(client_id):
-        raise AdminError(f"a client id is 1-128 characters of [A-Za-z0-9._~-]: {client_id!r}")
+    _check(id_problem(client_id), "client id", client_id)
     existing = await store.list_clients()
     if any(client.client_id == client_id for client in existing):
         raise AdminError(f"a client with id {client_id!r} already exists")
@@ -118,8 +127,7 @@ async def _hash_password(password: str) -> str:
 
 
 async def create_user(store: Store, username: str, password: str, *, admin: bool = False) -> User:
-    if not USERNAME.match(username):
-        raise AdminError(f"a username is 1-64 characters of [A-Za-z0-9._@-]: {username!r}")
+    _check(username_problem(username), "username", username)
     if await store.get_user_by_username(username) is not None:
         raise AdminError(f"a user named {username!r} already exists")
     user = User(new_user_id(), username, await _hash_password(password), admin)
@@ -168,10 +176,8 @@ async def remove_user(ctx: OAuthContext, username: str) -> int:
 
 async def create_installation(store: Store, installation_id: str, name: str, kind: str,
                               operators: list[str]) -> Installation:
-    if not ID.match(installation_id):
-        raise AdminError(f"an installation id is 1-128 characters of [A-Za-z0-9._~-]: {installation_id!r}")
-    if kind not in KINDS:
-        raise AdminError(f"kind must be one of {', '.join(KINDS)}: {kind!r}")
+    _check(id_problem(installation_id), "installation id", installation_id)
+    _check(kind_problem(kind), "kind", kind)
     if await store.get_installation(installation_id) is not None:
         raise AdminError(f"an installation with id {installation_id!r} already exists")
     operator_ids = [(await get_user(store, username)).user_id for username in operators]

@@ -3,17 +3,18 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
+import tornado.routing
 import tornado.web
 from tornado.httputil import HTTPServerRequest
 
+from tokensvc.bootstrap import make_context
 from tokensvc.config import Settings
 from tokensvc.handlers import api, clients, meta, pages, token, ws
-from tokensvc.handlers.json_api import JsonHandler, NotFoundHandler
+from tokensvc.handlers.json_api import JsonHandler, NotFoundHandler, serve
 from tokensvc.handlers.lifecycle import UNMATCHED, Edge, Lifecycle, Route
 from tokensvc.handlers.web import StaticFiles, log_request
-from tokensvc.bootstrap import make_context
 from tokensvc.oauth.context import OAuthContext
 from tokensvc.storage.base import Store
 
@@ -21,8 +22,8 @@ HERE = Path(__file__).parent
 
 # The one route table: every path the service answers, written as the OpenAPI document writes
 # it ({name} is one path segment). JSON routes are JsonHandlers; pages, the socket and static
-# files RequestHandlers (handlers/web.py). tests/test_openapi.py checks that the document
-# describes exactly these routes and methods.
+# files RequestHandlers (handlers/web.py); every one is entered through the request lifecycle.
+# tests/test_openapi.py checks that the document describes exactly these routes and methods.
 ROUTES: list[Route] = [Route.of(path, handler) for path, handler in (
     ("/oauth/token/introspect", token.IntrospectHandler),
     ("/oauth/token", token.TokenHandler),
@@ -47,47 +48,52 @@ ROUTES: list[Route] = [Route.of(path, handler) for path, handler in (
     ("/account", pages.AccountHandler),
     ("/", pages.HomeHandler),
 )]
-STATIC = Route.of("/static/{path}", StaticFiles)  # also /favicon.ico and /robots.txt
+# The pages' own files (not API resources: the OpenAPI document leaves them out).
+STATIC_ROUTES = [Route.of("/static/{path}", StaticFiles), Route.of("/favicon.ico", StaticFiles)]
 NOT_FOUND = Route.of(UNMATCHED, NotFoundHandler)
+STATIC_PATH = HERE / "static"
+
+
+class Target(tornado.routing.Router):
+    """What the application's routing finds for a route: the request lifecycle, which serves a
+    JSON route itself and a ``RequestHandler`` route through Tornado's own delegate."""
+
+    def __init__(self, application: tornado.web.Application, edge: Edge, route: Route) -> None:
+        self.application, self.edge, self.route = application, edge, route
+        self.json = issubclass(route.handler, JsonHandler)
+        self.kwargs: dict[str, Any] = {"edge": edge, "route": route.path}
+        if route.handler is StaticFiles:
+            self.kwargs["path"] = str(STATIC_PATH)
+
+    def find_handler(self, request: HTTPServerRequest, **kwargs: Any) -> Lifecycle:
+        path_args = kwargs.get("path_args") or []
+        if self.json:
+            return Lifecycle(self.edge, self.route, request, path_args, start=serve)
+        handler = cast(type[tornado.web.RequestHandler], self.route.handler)
+        inner = self.application.get_handler_delegate(request, handler, self.kwargs, path_args)
+        return Lifecycle(self.edge, self.route, request, path_args, inner=inner)
 
 
 class TokenService(tornado.web.Application):
-    """Tornado's application, with every ``RequestHandler`` route (pages, the socket, static
-    files) entered through the request lifecycle, as the JSON routes are."""
+    """Tornado's application over the route table."""
 
-    def __init__(self, edge: Edge, routes: list[tuple[Any, ...]], **settings: Any) -> None:
-        super().__init__(routes, **settings)
+    def __init__(self, edge: Edge, **settings: Any) -> None:
         self.edge = edge
-        self.routes = {route.path: route for route in [*ROUTES, STATIC]}
-
-    def get_handler_delegate(self, request: HTTPServerRequest, target_class: type[tornado.web.RequestHandler],
-                             target_kwargs: dict[str, Any] | None = None, path_args: list[bytes] | None = None,
-                             path_kwargs: dict[str, bytes] | None = None) -> Lifecycle:
-        inner = super().get_handler_delegate(request, target_class, target_kwargs, path_args, path_kwargs)
-        route = self.routes[(target_kwargs or {})["route"]]
-        return Lifecycle(self.edge, route, request, path_args or [], inner=inner)
+        rules: list[Any] = [(route.pattern, Target(self, edge, route)) for route in [*ROUTES, *STATIC_ROUTES]]
+        rules.append((r".*", Target(self, edge, NOT_FOUND)))
+        super().__init__(rules, **settings)
 
 
 def make_app(config: Settings, store: Store, ctx: OAuthContext | None = None) -> TokenService:
     ctx = ctx or make_context(config, store)
-    static = {"static_path": str(HERE / "static"), "static_url_prefix": "/static/",
-              "static_handler_class": StaticFiles}
+    static = {"static_path": str(STATIC_PATH), "static_url_prefix": "/static/"}
     edge = Edge(ctx, config, ROUTES, HERE / "templates", static, StaticFiles)
-    routes: list[tuple[Any, ...]] = [
-        (route.pattern, JsonHandler.target(edge, route)) if issubclass(route.handler, JsonHandler)
-        else (route.pattern, route.handler, {"edge": edge, "route": route.path})
-        for route in ROUTES
-    ]
-    routes.append((r".*", JsonHandler.target(edge, NOT_FOUND)))
     return TokenService(
         edge,
-        routes,
-        static_handler_args={"edge": edge, "route": STATIC.path},
         template_path=str(HERE / "templates"),
         cookie_secret=config.cookie_secret,
         xsrf_cookies=True,  # Tornado calls WebHandler.check_xsrf_cookie: the lifecycle's rule
         log_function=log_request,
         serve_traceback=False,
         compress_response=False,
-        **static,
     )

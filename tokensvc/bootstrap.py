@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import secrets
-
 from typing import Any
 
 from tokensvc.config import Settings
@@ -41,6 +40,7 @@ async def seed(store: Store, config: Settings) -> None:
     now = utcnow()
     for seed_client in config.clients:
         existing = await store.get_client(seed_client.client_id)
+        secret_hash: str | None
         if seed_client.client_secret is not None:
             secret_hash = hashing.digest(seed_client.client_secret)
         else:

@@ -14,10 +14,12 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from tokensvc import __version__, admin, config as config_module, logs
+from tokensvc import __version__, admin, logs
+from tokensvc import config as config_module
 from tokensvc.admin import AdminError
 from tokensvc.bootstrap import make_context
 from tokensvc.config import ConfigError, Settings
+from tokensvc.identifiers import KINDS
 from tokensvc.oauth.context import OAuthContext
 from tokensvc.records import Client
 from tokensvc.storage import StorageError, Store, StoreFault, make_store
@@ -148,7 +150,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
     sockets = bind(settings)
     # Every process writes its metrics to files in one directory, which a scrape of any of
     # them reads whole (prometheus_client's multiprocess mode).
-    metrics.use_multiprocess_dir(os.environ.get(metrics.MULTIPROCESS_ENV) or tempfile.mkdtemp(prefix="tokensvc-metrics-"))
+    directory = os.environ.get(metrics.MULTIPROCESS_ENV) or tempfile.mkdtemp(prefix="tokensvc-metrics-")
+    metrics.use_multiprocess_dir(directory)
     tornado.process.fork_processes(processes)
     asyncio.run(serve(settings, sockets))
     return 0
@@ -230,7 +233,7 @@ def _removed(args: argparse.Namespace, kind: str, name: str, revoked: int) -> in
 
 def _table(rows: list[list[str]], header: list[str]) -> str:
     widths = [max(len(str(row[i])) for row in [header, *rows]) for i in range(len(header))]
-    lines = ["  ".join(str(cell).ljust(width) for cell, width in zip(row, widths)).rstrip()
+    lines = ["  ".join(str(cell).ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip()
              for row in [header, *rows]]
     return "\n".join(lines)
 
@@ -327,7 +330,7 @@ async def installations_add(ctx: OAuthContext, args: argparse.Namespace) -> int:
 async def installations_list(ctx: OAuthContext, args: argparse.Namespace) -> int:
     installations = await ctx.store.list_installations()
     names = {user.user_id: user.username for user in await ctx.store.list_users()}
-    data = [{"installation_id": i.installation_id, "name": i.name, "kind": i.kind,
+    data: list[dict[str, Any]] = [{"installation_id": i.installation_id, "name": i.name, "kind": i.kind,
              "operators": [names.get(op, op) for op in i.operators]} for i in installations]
     _emit(args, data, _table([[d["installation_id"], d["name"], d["kind"], ", ".join(d["operators"])] for d in data],
                              ["INSTALLATION ID", "NAME", "KIND", "OPERATORS"]) if data else "no installations")
@@ -389,7 +392,8 @@ def build_parser(store_factory: StoreFactory | None = None) -> argparse.Argument
     command(clients, "list", "list clients", clients_list)
     for name, help_text, action in (("show", "show one client", clients_show),
                                     ("remove", "remove a client and revoke its tokens", clients_remove),
-                                    ("rotate-secret", "give a confidential client a new secret", clients_rotate_secret)):
+                                    ("rotate-secret", "give a confidential client a new secret",
+                                     clients_rotate_secret)):
         command(clients, name, help_text, action).add_argument("client_id")
 
     users = group("users", "manage users (MongoDB backend)")
@@ -410,7 +414,7 @@ def build_parser(store_factory: StoreFactory | None = None) -> argparse.Argument
     add = command(installations, "add", "add a telescope or observatory", installations_add)
     add.add_argument("installation_id")
     add.add_argument("--name", required=True)
-    add.add_argument("--kind", required=True, choices=admin.KINDS)
+    add.add_argument("--kind", required=True, choices=KINDS)
     add.add_argument("--operator", action="append", default=[], help="a username; repeat for several")
     command(installations, "list", "list installations", installations_list)
     command(installations, "remove", "remove an installation and revoke its tokens",

@@ -1,8 +1,19 @@
-"""Settings: a TOML file, then ``TOKENSVC_<SECTION>_<KEY>`` environment overrides.
+"""Settings: a TOML file, then ``TOKENSVC_<SECTION>_<KEY>`` environment overrides, then the
+command line's flags.
 
-Every key has a default except ``cookie_secret`` outside demo mode. A config error (an
-unknown key, a wrong type, a bad URL) raises :class:`ConfigError` with one message that
-names the key, and the service does not start.
+Loading goes in stages, each with one job:
+
+1. **raw**: the file, the environment and the flags folded into one dict (:func:`load`);
+2. **typed**: every key checked against its section's dataclass (:func:`_typed`): an unknown
+   key, a wrong type, a missing required value;
+3. **resolved**: the defaults that depend on other settings filled in (:func:`_resolve`): the
+   public URLs from the listen address, the refresh grace from the storage backend, a demo
+   cookie secret, a logo given as a path;
+4. **checked**: the frozen settings built and each section's rules checked (:func:`_check`),
+   every rule of an identifier taken from :mod:`tokensvc.identifiers`.
+
+Every key has a default except ``cookie_secret`` outside demo mode. A fault at any stage raises
+:class:`ConfigError` with one message that names the key, and the service does not start.
 """
 
 from __future__ import annotations
@@ -15,11 +26,20 @@ import os
 import re
 import secrets
 import tomllib
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
-from tokensvc.identifiers import ID, USERNAME, is_url, password_problem, redirect_uri_problem
+from tokensvc.identifiers import (
+    id_problem,
+    is_url,
+    kind_problem,
+    password_problem,
+    redirect_uri_problem,
+    scope_problem,
+    username_problem,
+)
 
 log = logging.getLogger(__name__)
 
@@ -27,25 +47,27 @@ ENV_PREFIX = "TOKENSVC_"
 # What a 503 (the store not answering) asks a client to wait before it tries again.
 STORE_RETRY_AFTER_SECONDS = 5
 _SHA256_HEX = re.compile(r"^[0-9a-f]{64}$")
+# Settings whose default depends on other settings: absent from the input, filled in by _resolve.
+DERIVED = {"derived": True}
 
 
 class ConfigError(Exception):
     """A configuration fault; the message names the key."""
 
 
-@dataclass(slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class StorageSettings:
     backend: str = "memory"
     mongodb_uri: str = "mongodb://127.0.0.1:27017"
     database: str = "tokensvc"
     # The driver's timeoutMS: one budget for a whole operation (server selection, pool wait,
     # the retry of a write). Longer than a replica set's primary election (10-12 s), so that
-    # a write interrupted by a failover lands on the new primary (README: MongoDB).
+    # a write interrupted by a failover lands on the new primary (docs/operations.md).
     timeout_ms: int = 15000
     max_pool_size: int = 100
 
 
-@dataclass(slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class TokenSettings:
     access_ttl: int = 3600
     refresh_ttl: int = 2592000
@@ -55,10 +77,10 @@ class TokenSettings:
     # How long a client may retry an exchange or a refresh whose reply it lost, while the pair
     # that reply carried is unused. Unset: on MongoDB, where a reply can be lost after the write
     # applied, the whole retry budget (:func:`mongodb_grace_seconds`); 0 on the memory backend.
-    refresh_grace_seconds: int | None = None
+    refresh_grace_seconds: int = field(default=0, metadata=DERIVED)
 
 
-@dataclass(slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class ServerSettings:
     # Seconds a connection may take to send a request's headers, and may stay idle between
     # requests (one setting in Tornado); then it is closed.
@@ -67,7 +89,7 @@ class ServerSettings:
     body_timeout: int = 30
 
 
-@dataclass(slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class LimitSettings:
     enabled: bool = True
     window_seconds: int = 300
@@ -77,7 +99,7 @@ class LimitSettings:
     failed_logins_per_address: int = 20
 
 
-@dataclass(slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class MetricsSettings:
     enabled: bool = True
     # Who may scrape GET /metrics (networks; anyone else gets 404): loopback and the private ranges.
@@ -85,7 +107,7 @@ class MetricsSettings:
                                                       "192.168.0.0/16", "fc00::/7"])
 
 
-@dataclass(slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class ClientSeed:
     client_id: str
     name: str
@@ -98,7 +120,7 @@ class ClientSeed:
     logo_url: str | None = None
 
 
-@dataclass(slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class UserSeed:
     username: str
     password: str | None = None
@@ -106,7 +128,7 @@ class UserSeed:
     admin: bool = False
 
 
-@dataclass(slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class InstallationSeed:
     installation_id: str
     name: str
@@ -114,14 +136,16 @@ class InstallationSeed:
     operators: list[str] = field(default_factory=list)
 
 
-@dataclass(slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Settings:
     service_name: str = "tokensvc"
-    base_url: str | None = None  # unset: follows the listen address (see listen_url)
-    auth_url: str | None = None
+    # Unset: the service is reached where it listens (see listen_url).
+    base_url: str = field(default="", metadata=DERIVED)
+    auth_url: str = field(default="", metadata=DERIVED)
     host: str = "127.0.0.1"
     port: int = 8080
-    cookie_secret: str | None = None
+    # Unset: an error, except in demo mode, where one is generated (generated_cookie_secret).
+    cookie_secret: str = field(default="", metadata=DERIVED, repr=False)
     demo: bool = False
     xheaders: bool = False
     log_format: str = "text"
@@ -137,7 +161,7 @@ class Settings:
     # What a scope lets an app do, in the words the consent and account pages show; a scope
     # without one is shown as written. Scopes stay free strings: this only words them.
     scopes: dict[str, str] = field(default_factory=dict)
-    generated_cookie_secret: bool = field(default=False, repr=False)
+    generated_cookie_secret: bool = field(default=False, metadata=DERIVED, repr=False)
 
     @property
     def session_cookie(self) -> str:
@@ -158,64 +182,30 @@ class Settings:
         return self.auth_url.startswith("https://")
 
 
-_SECTIONS = {"server": ServerSettings, "storage": StorageSettings, "tokens": TokenSettings, "limits": LimitSettings,
-             "metrics": MetricsSettings}
-_TABLES = {"clients": ClientSeed, "users": UserSeed, "installations": InstallationSeed}
-_INTERNAL = {"generated_cookie_secret"}
+SECTIONS: dict[str, type] = {"server": ServerSettings, "storage": StorageSettings, "tokens": TokenSettings,
+                             "limits": LimitSettings, "metrics": MetricsSettings}
+TABLES: dict[str, type] = {"clients": ClientSeed, "users": UserSeed, "installations": InstallationSeed}
 
 
-# -- value checks ---------------------------------------------------------------------
-
-def _type_name(tp: Any) -> str:
-    return {str: "a string", int: "an integer", bool: "a boolean"}.get(tp, str(tp))
+# -- stage 1: raw -----------------------------------------------------------------------------
 
 
-def _coerce(key: str, value: Any, annotation: str) -> Any:
-    """Check ``value`` against a dataclass field annotation (as a string: ``from __future__``)."""
-    optional = annotation.endswith("| None")
-    base = annotation.removesuffix(" | None")
-    if value is None:
-        if optional:
-            return None
-        raise ConfigError(f"{key}: a value is required")
-    if base == "list[str]":
-        if not isinstance(value, list) or not all(isinstance(item, str) for item in value):
-            raise ConfigError(f"{key}: expected a list of strings, got {value!r}")
-        return list(value)
-    expected = {"str": str, "int": int, "bool": bool}[base]
-    # bool is an int subclass: reject true/false where a number is expected.
-    if not isinstance(value, expected) or (expected is int and isinstance(value, bool)):
-        raise ConfigError(f"{key}: expected {_type_name(expected)}, got {value!r}")
-    return value
+def load(path: str | os.PathLike[str] | None = None, environ: Mapping[str, str] | None = None,
+         overrides: Mapping[str, Any] | None = None) -> Settings:
+    """Read the TOML file at ``path`` (none: defaults only), apply the environment, then
+    ``overrides`` (command-line flags, top-level keys), and make the settings."""
+    raw: dict[str, Any] = {}
+    if path is not None:
+        try:
+            raw = tomllib.loads(Path(path).read_text(encoding="utf-8"))
+        except FileNotFoundError:
+            raise ConfigError(f"config file not found: {path}") from None
+        except tomllib.TOMLDecodeError as exc:
+            raise ConfigError(f"{path}: not valid TOML: {exc}") from None
+    _apply_env(raw, os.environ if environ is None else environ)
+    raw.update({key: value for key, value in (overrides or {}).items() if value is not None})
+    return from_dict(raw)
 
-
-def _from_table(cls: type, key: str, table: Any) -> Any:
-    if not isinstance(table, Mapping):
-        raise ConfigError(f"{key}: expected a table, got {table!r}")
-    fields = {f.name: f for f in dataclasses.fields(cls) if f.name not in _INTERNAL}
-    values = {}
-    for name, value in table.items():
-        if name not in fields:
-            raise ConfigError(f"{key}.{name}: unknown key")
-        values[name] = _coerce(f"{key}.{name}", value, fields[name].type)
-    for name, spec in fields.items():
-        if name not in values and spec.default is dataclasses.MISSING and spec.default_factory is dataclasses.MISSING:
-            raise ConfigError(f"{key}.{name}: a value is required")
-    return cls(**values)
-
-
-def _check_url(key: str, url: str, *, schemes: tuple[str, ...] = ("http", "https")) -> None:
-    if not is_url(url, schemes):
-        raise ConfigError(f"{key}: not a valid {'/'.join(schemes)} URL: {url!r}")
-
-
-def _check_redirect_uri(key: str, uri: str) -> None:
-    problem = redirect_uri_problem(uri)
-    if problem is not None:
-        raise ConfigError(f"{key}: not a valid redirect URI ({problem}): {uri!r}")
-
-
-# -- loading --------------------------------------------------------------------------
 
 def _apply_env(raw: dict[str, Any], environ: Mapping[str, str]) -> None:
     """Fold ``TOKENSVC_<SECTION>_<KEY>`` (or ``TOKENSVC_<KEY>``) variables into ``raw``.
@@ -223,8 +213,8 @@ def _apply_env(raw: dict[str, Any], environ: Mapping[str, str]) -> None:
     Variables of another prefix (``TOKENSVC_TEST_...``) are not settings and are left alone;
     a variable naming a known section but an unknown key is an error.
     """
-    top = {f.name: f.type for f in dataclasses.fields(Settings)
-           if f.name not in _SECTIONS and f.name not in _TABLES and f.name not in _INTERNAL and f.name != "scopes"}
+    top = {name: annotation for name, annotation in _inputs(Settings).items()
+           if name not in SECTIONS and name not in TABLES and name != "scopes"}
     for name, text in environ.items():
         if not name.startswith(ENV_PREFIX):
             continue
@@ -233,9 +223,9 @@ def _apply_env(raw: dict[str, Any], environ: Mapping[str, str]) -> None:
             raw[rest] = _parse_env(name, text, top[rest])
             continue
         section, _, key = rest.partition("_")
-        if section not in _SECTIONS:
+        if section not in SECTIONS:
             continue
-        fields = {f.name: f.type for f in dataclasses.fields(_SECTIONS[section])}
+        fields = _inputs(SECTIONS[section])
         if key not in fields:
             raise ConfigError(f"{name}: unknown key {section}.{key}")
         table = raw.setdefault(section, {})
@@ -263,21 +253,92 @@ def _parse_env(name: str, text: str, annotation: str) -> Any:
     return text
 
 
-def load(path: str | os.PathLike[str] | None = None, environ: Mapping[str, str] | None = None,
-         overrides: Mapping[str, Any] | None = None) -> Settings:
-    """Read the TOML file at ``path`` (none: defaults only), apply the environment, then
-    ``overrides`` (command-line flags, top-level keys), and validate the result."""
-    raw: dict[str, Any] = {}
-    if path is not None:
-        try:
-            raw = tomllib.loads(Path(path).read_text(encoding="utf-8"))
-        except FileNotFoundError:
-            raise ConfigError(f"config file not found: {path}") from None
-        except tomllib.TOMLDecodeError as exc:
-            raise ConfigError(f"{path}: not valid TOML: {exc}") from None
-    _apply_env(raw, os.environ if environ is None else environ)
-    raw.update({key: value for key, value in (overrides or {}).items() if value is not None})
-    return from_dict(raw)
+# -- stage 2: typed ----------------------------------------------------------------------------
+
+
+def _inputs(cls: type) -> dict[str, str]:
+    """The keys a section takes, with their annotations (``from __future__``: strings). A
+    derived setting may be given; only the flag that says it was generated may not."""
+    return {f.name: str(f.type) for f in dataclasses.fields(cls) if f.name != "generated_cookie_secret"}
+
+
+def _required(cls: type) -> list[str]:
+    return [f.name for f in dataclasses.fields(cls)
+            if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING]
+
+
+def _type_name(tp: Any) -> str:
+    return {str: "a string", int: "an integer", bool: "a boolean"}.get(tp, str(tp))
+
+
+def _coerce(key: str, value: Any, annotation: str) -> Any:
+    """``value`` if it has the type ``annotation`` names; else ConfigError."""
+    optional = annotation.endswith("| None")
+    base = annotation.removesuffix(" | None")
+    if value is None:
+        if optional:
+            return None
+        raise ConfigError(f"{key}: a value is required")
+    if base == "list[str]":
+        if not isinstance(value, list) or not all(isinstance(item, str) for item in value):
+            raise ConfigError(f"{key}: expected a list of strings, got {value!r}")
+        return list(value)
+    expected = {"str": str, "int": int, "bool": bool}[base]
+    # bool is an int subclass: reject true/false where a number is expected.
+    if not isinstance(value, expected) or (expected is int and isinstance(value, bool)):
+        raise ConfigError(f"{key}: expected {_type_name(expected)}, got {value!r}")
+    return value
+
+
+def _table(cls: type, key: str, table: Any) -> dict[str, Any]:
+    """The keys of one table, each of the type its section declares."""
+    if not isinstance(table, Mapping):
+        raise ConfigError(f"{key}: expected a table, got {table!r}")
+    inputs = _inputs(cls)
+    values: dict[str, Any] = {}
+    for name, value in table.items():
+        if name not in inputs:
+            raise ConfigError(f"{key}.{name}: unknown key")
+        values[name] = _coerce(f"{key}.{name}", value, inputs[name])
+    for name in _required(cls):
+        if name not in values:
+            raise ConfigError(f"{key}.{name}: a value is required")
+    return values
+
+
+def _typed(raw: Mapping[str, Any]) -> dict[str, Any]:
+    """Every key of ``raw`` checked against the settings' declared types, as plain values."""
+    inputs = _inputs(Settings)
+    values: dict[str, Any] = {}
+    for key, value in raw.items():
+        if key not in inputs:
+            raise ConfigError(f"{key}: unknown key")
+        if key == "scopes":
+            values[key] = _scope_descriptions(value)
+        elif key in SECTIONS:
+            values[key] = _table(SECTIONS[key], key, value)
+        elif key in TABLES:
+            if not isinstance(value, list):
+                raise ConfigError(f"{key}: expected an array of tables ([[{key}]])")
+            values[key] = [_table(TABLES[key], f"{key}[{i}]", item) for i, item in enumerate(value)]
+        else:
+            values[key] = _coerce(key, value, inputs[key])
+    return values
+
+
+def _scope_descriptions(table: Any) -> dict[str, str]:
+    if not isinstance(table, Mapping):
+        raise ConfigError("scopes: expected a table of scope = \"description\"")
+    for scope, words in table.items():
+        if not isinstance(words, str) or not words.strip():
+            raise ConfigError(f"scopes.{scope}: expected a description (a non-empty string), got {words!r}")
+        problem = scope_problem(scope)
+        if problem is not None:
+            raise ConfigError(f"scopes: not a scope ({problem}): {scope!r}")
+    return dict(table)
+
+
+# -- stage 3: resolved -------------------------------------------------------------------------
 
 
 def listen_url(host: str, port: int) -> str:
@@ -290,38 +351,6 @@ def listen_url(host: str, port: int) -> str:
     return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
 
 
-def from_dict(raw: Mapping[str, Any]) -> Settings:
-    values: dict[str, Any] = {}
-    fields = {f.name: f for f in dataclasses.fields(Settings) if f.name not in _INTERNAL}
-    for key, value in raw.items():
-        if key not in fields:
-            raise ConfigError(f"{key}: unknown key")
-        if key == "scopes":
-            values[key] = _scope_descriptions(value)
-        elif key in _SECTIONS:
-            values[key] = _from_table(_SECTIONS[key], key, value)
-        elif key in _TABLES:
-            if not isinstance(value, list):
-                raise ConfigError(f"{key}: expected an array of tables ([[{key}]])")
-            values[key] = [_from_table(_TABLES[key], f"{key}[{i}]", item) for i, item in enumerate(value)]
-        else:
-            values[key] = _coerce(key, value, fields[key].type)
-    settings = Settings(**values)
-    validate(settings)
-    return settings
-
-
-def _scope_descriptions(table: Any) -> dict[str, str]:
-    if not isinstance(table, Mapping):
-        raise ConfigError("scopes: expected a table of scope = \"description\"")
-    for scope, words in table.items():
-        if not isinstance(words, str) or not words.strip():
-            raise ConfigError(f"scopes.{scope}: expected a description (a non-empty string), got {words!r}")
-        if not scope or any(ch.isspace() for ch in scope):
-            raise ConfigError(f"scopes: not a scope (no spaces): {scope!r}")
-    return dict(table)
-
-
 def mongodb_grace_seconds(timeout_ms: int) -> int:
     """The grace period that covers a client's honest retry on MongoDB: its first attempt may
     take the whole operation budget before answering 503, the client waits the Retry-After,
@@ -329,85 +358,146 @@ def mongodb_grace_seconds(timeout_ms: int) -> int:
     return 2 * math.ceil(timeout_ms / 1000) + STORE_RETRY_AFTER_SECONDS
 
 
-def validate(settings: Settings) -> None:
-    """Cross-field checks; fills in a generated cookie secret in demo mode."""
+def _default(cls: type, name: str) -> Any:
+    return next(f.default for f in dataclasses.fields(cls) if f.name == name)
+
+
+def _resolve(values: dict[str, Any]) -> None:
+    """Fill in the settings whose default depends on others."""
+    host, port = values.get("host", _default(Settings, "host")), values.get("port", _default(Settings, "port"))
+    for key in ("base_url", "auth_url"):
+        url = values.get(key) or listen_url(host, port)  # not set: reached where it listens
+        _check_url(key, url)
+        values[key] = url.rstrip("/")
+    storage = values.setdefault("storage", {})
+    tokens = values.setdefault("tokens", {})
+    if "refresh_grace_seconds" not in tokens:
+        on_mongodb = storage.get("backend", _default(StorageSettings, "backend")) == "mongodb"
+        timeout_ms = storage.get("timeout_ms", _default(StorageSettings, "timeout_ms"))
+        tokens["refresh_grace_seconds"] = mongodb_grace_seconds(timeout_ms) if on_mongodb else 0
+    if not values.get("cookie_secret") and values.get("demo"):
+        values["cookie_secret"] = secrets.token_urlsafe(32)
+        values["generated_cookie_secret"] = True
+    for client in values.get("clients", []):
+        logo = client.get("logo_url")
+        if logo is not None and logo.startswith("/") and not logo.startswith("//"):
+            client["logo_url"] = values["auth_url"] + logo  # served by this service
+
+
+def from_dict(raw: Mapping[str, Any]) -> Settings:
+    """The settings ``raw`` (a parsed TOML document) describes."""
+    values = _typed(raw)
+    _resolve(values)
+    for key, cls in SECTIONS.items():
+        values[key] = cls(**values.get(key, {}))
+    for key, cls in TABLES.items():
+        values[key] = [cls(**item) for item in values.get(key, [])]
+    settings = Settings(**values)
+    _check(settings)
+    return settings
+
+
+# -- stage 4: checked --------------------------------------------------------------------------
+
+
+def _check_url(key: str, url: str, *, schemes: tuple[str, ...] = ("http", "https")) -> None:
+    if not is_url(url, schemes):
+        raise ConfigError(f"{key}: not a valid {'/'.join(schemes)} URL: {url!r}")
+
+
+def _check(settings: Settings) -> None:
+    """Each section's rules, on the settings as they will be used."""
+    _check_service(settings)
+    _check_storage(settings.storage)
+    _check_sections(settings)
+    _check_clients(settings.clients)
+    names = _check_users(settings.users)
+    _check_installations(settings.installations, names)
+
+
+def _check_service(settings: Settings) -> None:
     if not re.fullmatch(r"[A-Za-z0-9_-]{1,64}", settings.service_name):
         raise ConfigError("service_name: letters, digits, '_' and '-' only (it names the session cookie)")
     if not 1 <= settings.port <= 65535:
         raise ConfigError(f"port: {settings.port} is outside 1-65535; choose another with --port or TOKENSVC_PORT")
-    for key in ("base_url", "auth_url"):
-        url = getattr(settings, key)
-        if url is None:  # not set: the service is reached where it listens
-            url = listen_url(settings.host, settings.port)
-        _check_url(key, url)
-        setattr(settings, key, url.rstrip("/"))
     if settings.log_format not in ("text", "json"):
         raise ConfigError(f"log_format: expected 'text' or 'json', got {settings.log_format!r}")
     if settings.log_level.upper() not in ("DEBUG", "INFO", "WARNING", "ERROR"):
         raise ConfigError(f"log_level: expected debug, info, warning or error, got {settings.log_level!r}")
-    if settings.storage.backend not in ("memory", "mongodb"):
-        raise ConfigError(f"storage.backend: expected 'memory' or 'mongodb', got {settings.storage.backend!r}")
-    _check_url("storage.mongodb_uri", settings.storage.mongodb_uri, schemes=("mongodb", "mongodb+srv"))
-    if not re.fullmatch(r"[A-Za-z0-9_-]{1,63}", settings.storage.database):
-        raise ConfigError(f"storage.database: not a valid database name: {settings.storage.database!r}")
+    if not settings.cookie_secret:
+        raise ConfigError("cookie_secret: required outside demo mode (set it, or TOKENSVC_COOKIE_SECRET)")
+    if len(settings.cookie_secret) < 16 and not settings.demo:
+        raise ConfigError("cookie_secret: too short (at least 16 characters outside demo mode)")
+
+
+def _check_storage(storage: StorageSettings) -> None:
+    if storage.backend not in ("memory", "mongodb"):
+        raise ConfigError(f"storage.backend: expected 'memory' or 'mongodb', got {storage.backend!r}")
+    _check_url("storage.mongodb_uri", storage.mongodb_uri, schemes=("mongodb", "mongodb+srv"))
+    if not re.fullmatch(r"[A-Za-z0-9_-]{1,63}", storage.database):
+        raise ConfigError(f"storage.database: not a valid database name: {storage.database!r}")
     for key in ("timeout_ms", "max_pool_size"):
-        if getattr(settings.storage, key) <= 0:
+        if getattr(storage, key) <= 0:
             raise ConfigError(f"storage.{key}: must be positive")
-    if settings.tokens.refresh_grace_seconds is None:
-        settings.tokens.refresh_grace_seconds = (mongodb_grace_seconds(settings.storage.timeout_ms)
-                                                 if settings.storage.backend == "mongodb" else 0)
+
+
+def _check_sections(settings: Settings) -> None:
+    """The numbers of [tokens], [server] and [limits], and the networks of [metrics]."""
     for f in dataclasses.fields(TokenSettings):
         value = getattr(settings.tokens, f.name)
         minimum = 0 if f.name == "refresh_grace_seconds" else 1
         if value < minimum:
             raise ConfigError(f"tokens.{f.name}: must be at least {minimum}, got {value}")
-
     for f in dataclasses.fields(ServerSettings):
         if getattr(settings.server, f.name) < 1:
             raise ConfigError(f"server.{f.name}: must be at least 1 second, got {getattr(settings.server, f.name)}")
+    for f in dataclasses.fields(LimitSettings):
+        value = getattr(settings.limits, f.name)
+        if f.name != "enabled" and value < 1:
+            raise ConfigError(f"limits.{f.name}: must be at least 1, got {value}")
     for network in settings.metrics.allow:
         try:
             ipaddress.ip_network(network, strict=False)
         except ValueError:
             raise ConfigError(f"metrics.allow: not a network (address/prefix): {network!r}") from None
-    for f in dataclasses.fields(LimitSettings):
-        value = getattr(settings.limits, f.name)
-        if f.name != "enabled" and value < 1:
-            raise ConfigError(f"limits.{f.name}: must be at least 1, got {value}")
 
-    if settings.cookie_secret is None:
-        if not settings.demo:
-            raise ConfigError("cookie_secret: required outside demo mode (set it, or TOKENSVC_COOKIE_SECRET)")
-        settings.cookie_secret = secrets.token_urlsafe(32)
-        settings.generated_cookie_secret = True
-    elif len(settings.cookie_secret) < 16 and not settings.demo:
-        raise ConfigError("cookie_secret: too short (at least 16 characters outside demo mode)")
 
+def _check_clients(clients: list[ClientSeed]) -> None:
     seen: set[str] = set()
-    for i, client in enumerate(settings.clients):
+    for i, client in enumerate(clients):
         key = f"clients[{i}]"
-        if not ID.match(client.client_id):
-            raise ConfigError(f"{key}.client_id: 1-128 characters of [A-Za-z0-9._~-]: {client.client_id!r}")
+        problem = id_problem(client.client_id)
+        if problem is not None:
+            raise ConfigError(f"{key}.client_id: {problem}: {client.client_id!r}")
         if client.client_id in seen:
             raise ConfigError(f"{key}.client_id: duplicate client id {client.client_id!r}")
         seen.add(client.client_id)
         if not client.redirect_uris:
             raise ConfigError(f"{key}.redirect_uris: at least one redirect URI is required")
         for uri in client.redirect_uris:
-            _check_redirect_uri(f"{key}.redirect_uris", uri)
+            problem = redirect_uri_problem(uri)
+            if problem is not None:
+                raise ConfigError(f"{key}.redirect_uris: not a valid redirect URI ({problem}): {uri!r}")
+        for scope in client.allowed_scopes or []:
+            problem = scope_problem(scope)
+            if problem is not None:
+                raise ConfigError(f"{key}.allowed_scopes: not a valid scope ({problem}): {scope!r}")
         if client.logo_url is not None:
-            if client.logo_url.startswith("/") and not client.logo_url.startswith("//"):
-                client.logo_url = settings.auth_url + client.logo_url  # served by this service
             _check_url(f"{key}.logo_url", client.logo_url)
         if client.client_secret is not None and client.client_secret_sha256 is not None:
             raise ConfigError(f"{key}: give client_secret or client_secret_sha256, not both")
         if client.client_secret_sha256 is not None and not _SHA256_HEX.match(client.client_secret_sha256):
             raise ConfigError(f"{key}.client_secret_sha256: expected 64 lower-case hex digits")
+
+
+def _check_users(users: list[UserSeed]) -> set[str]:
+    """The users' rules; their names."""
     names: set[str] = set()
-    for i, user in enumerate(settings.users):
+    for i, user in enumerate(users):
         key = f"users[{i}]"
-        if not USERNAME.match(user.username):
-            raise ConfigError(f"{key}.username: 1-64 characters of [A-Za-z0-9._@-]: {user.username!r}")
+        problem = username_problem(user.username)
+        if problem is not None:
+            raise ConfigError(f"{key}.username: {problem}: {user.username!r}")
         if user.username in names:
             raise ConfigError(f"{key}.username: duplicate username {user.username!r}")
         names.add(user.username)
@@ -416,14 +506,20 @@ def validate(settings: Settings) -> None:
         problem = password_problem(user.password) if user.password is not None else None
         if problem is not None:
             raise ConfigError(f"{key}.password: {problem} (the rule of `tokensvc users add`)")
-    for i, inst in enumerate(settings.installations):
+    return names
+
+
+def _check_installations(installations: list[InstallationSeed], usernames: set[str]) -> None:
+    for i, inst in enumerate(installations):
         key = f"installations[{i}]"
-        if not ID.match(inst.installation_id):
-            raise ConfigError(f"{key}.installation_id: 1-128 characters of [A-Za-z0-9._~-]")
-        if inst.kind not in ("telescope", "observatory"):
-            raise ConfigError(f"{key}.kind: expected 'telescope' or 'observatory', got {inst.kind!r}")
+        problem = id_problem(inst.installation_id)
+        if problem is not None:
+            raise ConfigError(f"{key}.installation_id: {problem}: {inst.installation_id!r}")
+        problem = kind_problem(inst.kind)
+        if problem is not None:
+            raise ConfigError(f"{key}.kind: {problem}, got {inst.kind!r}")
         for operator in inst.operators:
-            if operator not in names:
+            if operator not in usernames:
                 raise ConfigError(f"{key}.operators: unknown user {operator!r}")
 
 

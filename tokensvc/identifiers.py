@@ -1,5 +1,6 @@
-"""What an id, a username, a redirect URI and a URL may look like: one definition shared by
-the config loader, the operator commands and the request schemas."""
+"""What an id, a username, a scope, an installation kind, a redirect URI and a URL may look
+like: one definition, with one message each, shared by the config loader, the operator
+commands and the request schemas."""
 
 from __future__ import annotations
 
@@ -12,6 +13,29 @@ ID_CHARS = re.compile(r"^[A-Za-z0-9._~-]+$")  # the characters alone (the length
 ID = re.compile(r"^[A-Za-z0-9._~-]{1,128}$")
 USERNAME = re.compile(r"^[A-Za-z0-9._@-]{1,64}$")
 MIN_PASSWORD_LENGTH = 8
+ID_RULE = "1-128 characters of [A-Za-z0-9._~-]"
+USERNAME_RULE = "1-64 characters of [A-Za-z0-9._@-]"
+KINDS = ("telescope", "observatory")  # what a node installation is
+# RFC 6749 §3.3: scope-token = 1*( %x21 / %x23-5B / %x5D-7E )
+SCOPE_TOKEN = re.compile(r"^[\x21\x23-\x5b\x5d-\x7e]+$")
+
+
+def id_problem(value: str) -> str | None:
+    """Why ``value`` cannot be a client or installation id, or None when it can."""
+    return None if ID.match(value) else ID_RULE
+
+
+def username_problem(value: str) -> str | None:
+    return None if USERNAME.match(value) else USERNAME_RULE
+
+
+def kind_problem(value: str) -> str | None:
+    return None if value in KINDS else f"one of {', '.join(KINDS)}"
+
+
+def scope_problem(value: str) -> str | None:
+    """Why ``value`` cannot be a scope (RFC 6749 §3.3), or None when it can."""
+    return None if SCOPE_TOKEN.match(value) else "a scope is printable ASCII without spaces, quotes or backslashes"
 
 
 def password_problem(password: str) -> str | None:

@@ -20,13 +20,14 @@ normal record. The output is the same either way (``tests/test_logs.py``).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import re
 import sys
 import time
 from contextvars import ContextVar
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any, TextIO
 
 access_log = logging.getLogger("tokensvc.access")
@@ -45,8 +46,9 @@ TORNADO_LOGGERS = ("tornado.access", "tornado.application", "tornado.general")
 # written into a message, also percent-encoded once or twice inside another parameter (next=).
 _QUOTED = re.compile(r"b?'(?:[^'\\]|\\.)*'" "|" r'b?"(?:[^"\\]|\\.)*"')
 _SECRET_PARAMETER = re.compile(
-    r"(?:^|(?<=[?&;,\s(])|(?<=%%3F)|(?<=%%26)|(?<=%%253F)|(?<=%%2526))(%s)(=|%%3D|%%253D)(?:(?!%%26|%%2526)[^&\s'\"])*"
-    % "|".join(sorted(SECRET_PARAMETERS)), re.IGNORECASE)
+    r"(?:^|(?<=[?&;,\s(])|(?<=%3F)|(?<=%26)|(?<=%253F)|(?<=%2526))"
+    rf"({'|'.join(sorted(SECRET_PARAMETERS))})"
+    r"(=|%3D|%253D)(?:(?!%26|%2526)[^&\s'\"])*", re.IGNORECASE)
 _CREDENTIALS = re.compile(r"\b(Bearer|Basic)\s+[^\s'\"]+", re.IGNORECASE)
 
 
@@ -80,7 +82,7 @@ class JsonFormatter(logging.Formatter):
 
     def line(self, created: float, levelname: str, name: str, message: str, extras: dict[str, Any]) -> str:
         entry = {
-            "time": datetime.fromtimestamp(created, timezone.utc).isoformat(timespec="milliseconds"),
+            "time": datetime.fromtimestamp(created, UTC).isoformat(timespec="milliseconds"),
             "level": levelname.lower(),
             "logger": name,
             "message": message,
@@ -153,10 +155,8 @@ class ServiceHandler(logging.StreamHandler):
 
     def flush_now(self) -> None:
         self._flush_on = None
-        try:
+        with contextlib.suppress(OSError, ValueError):  # the stream went away (closed, or a broken pipe)
             super().flush()
-        except (OSError, ValueError):  # the stream went away (closed, or a broken pipe)
-            pass
 
     def write_line(self, line: str) -> None:
         with self.lock:  # type: ignore[union-attr]
@@ -198,7 +198,7 @@ def _sole_service_handler(logger: logging.Logger, level: int) -> ServiceHandler 
             found = handler
         if not current.propagate:
             break
-        current = current.parent  # type: ignore[assignment]
+        current = current.parent
     return found
 
 
@@ -208,7 +208,7 @@ def configure(fmt: str = "text", level: str = "info", stream: TextIO | None = No
     # The records that do go through the logging module skip the work no format here uses,
     # as the logging HOWTO's "Optimization" section describes (caller's file and line,
     # thread and process names).
-    logging._srcfile = None  # type: ignore[attr-defined]
+    logging._srcfile = None
     logging.logThreads = False
     logging.logProcesses = False
     logging.logMultiprocessing = False
@@ -237,4 +237,4 @@ def _buffered_stderr() -> TextIO:
         fd = sys.stderr.fileno()
     except (AttributeError, OSError, ValueError):
         return sys.stderr
-    return open(fd, "w", encoding="utf-8", errors="backslashreplace", closefd=False)  # noqa: SIM115
+    return open(fd, "w", encoding="utf-8", errors="backslashreplace", closefd=False)

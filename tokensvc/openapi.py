@@ -22,8 +22,11 @@ from tokensvc import __version__, schemas
 class Route(Protocol):
     """An entry of the route table (``tokensvc.handlers.lifecycle.Route``)."""
 
-    path: str
-    methods: frozenset[str]
+    @property
+    def path(self) -> str: ...
+
+    @property
+    def methods(self) -> frozenset[str]: ...
 
 FORM = "application/x-www-form-urlencoded"
 JSON = "application/json"
@@ -173,8 +176,8 @@ def _operations() -> dict[str, dict[str, Any]]:
                                "429": _html("The form again: too many failed attempts"),
                                "503": _html("The store does not answer")}},
     })
-    ops["/"] = ({"get": {"summary": "Home page: who is signed in, and where the endpoints are",
-                                       "responses": {"200": _html("The page"), "503": _html("The store does not answer")}}})
+    ops["/"] = {"get": {"summary": "Home page: who is signed in, and where the endpoints are",
+                        "responses": {"200": _html("The page"), "503": _html("The store does not answer")}}}
     ops["/logout"] = ({"post": {
         "summary": "The pages' sign-out button (form: _xsrf)",
         "responses": {"200": _html("Signed out"), "403": _html("No valid XSRF token"),
@@ -189,7 +192,7 @@ def _operations() -> dict[str, dict[str, Any]]:
                                "422": _html("client_id is not a client id"),
                                "503": _html("The store does not answer")}},
     })
-    bearer_security = [{"bearer": []}]
+    bearer_security: list[dict[str, list[str]]] = [{"bearer": []}]
     ops["/v1/me"] = ({"get": {
         "summary": "Who the token or session acts for (scope read)", "security": bearer_security,
         "responses": {"200": _json("Me", "The subject"), "401": BEARER_401, "403": FORBIDDEN,

@@ -17,6 +17,7 @@ import math
 import time
 from collections import deque
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
 from tokensvc.errors import HTTPAnswer
@@ -42,12 +43,23 @@ class TooManyFailures(HTTPAnswer):
 class LimitPolicy(Protocol):
     """The ``[limits]`` settings."""
 
-    enabled: bool
-    window_seconds: int
-    failed_client_auth_per_client: int
-    failed_client_auth_per_address: int
-    failed_logins_per_username: int
-    failed_logins_per_address: int
+    @property
+    def enabled(self) -> bool: ...
+
+    @property
+    def window_seconds(self) -> int: ...
+
+    @property
+    def failed_client_auth_per_client(self) -> int: ...
+
+    @property
+    def failed_client_auth_per_address(self) -> int: ...
+
+    @property
+    def failed_logins_per_username(self) -> int: ...
+
+    @property
+    def failed_logins_per_address(self) -> int: ...
 
 
 @runtime_checkable
@@ -59,6 +71,14 @@ class SharedFailureCounts(Protocol):
         is none); the count so far and the seconds the window has left."""
 
     async def forget_failures(self, key: str) -> None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class Reservation:
+    """An attempt counted before its check: taken back if it succeeds."""
+
+    keys: list[tuple[str, int]]
+    at: float
 
 
 class MemoryFailureLimiter:
@@ -115,21 +135,20 @@ class MemoryFailureLimiter:
         now = self.clock()
         self._failures[key] = deque([now - self.window + seconds] * limit)
 
-    def reserve(self, keys: Iterable[tuple[str, int]]) -> object:
+    def reserve(self, keys: Iterable[tuple[str, int]]) -> Reservation:
         # No await between the check and the count: of N concurrent attempts, at most the
         # limit's worth get past, whatever the slow check after it does.
-        keys = list(keys)
-        self.check(keys)
+        listed = list(keys)
+        self.check(listed)
         now = self.clock()
-        self._count(keys, now)
-        return keys, now
+        self._count(listed, now)
+        return Reservation(listed, now)
 
-    def release(self, reservation: object) -> None:
-        keys, at = reservation  # type: ignore[misc]
-        for key, _ in keys:
+    def release(self, reservation: Reservation) -> None:
+        for key, _ in reservation.keys:
             failures = self._failures.get(key)
-            if failures is not None and at in failures:
-                failures.remove(at)
+            if failures is not None and reservation.at in failures:
+                failures.remove(reservation.at)
                 if not failures:
                     del self._failures[key]
 
@@ -158,10 +177,10 @@ class FailureLimits:
             keys.append((f"login:{username.lower()}|{address}", self.settings.failed_logins_per_username))
         return keys
 
-    def reserve(self, keys: list[tuple[str, int]]) -> object | None:
+    def reserve(self, keys: list[tuple[str, int]]) -> Reservation | None:
         return self.limiter.reserve(keys) if self.settings.enabled else None
 
-    def release(self, reservation: object | None) -> None:
+    def release(self, reservation: Reservation | None) -> None:
         if reservation is not None:
             self.limiter.release(reservation)
 

@@ -9,7 +9,7 @@ SHA-256 hex digest, passwords as a scrypt hash. Tokens have no records of their 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 DEFAULT_SCOPES = ("read",)
 
@@ -17,7 +17,7 @@ DEFAULT_SCOPES = ("read",)
 def utcnow() -> datetime:
     """The current UTC time at millisecond precision, the precision MongoDB stores (so both
     backends hand back the times they were given)."""
-    now = datetime.now(timezone.utc)
+    now = datetime.now(UTC)
     return now.replace(microsecond=now.microsecond // 1000 * 1000)
 
 

@@ -111,7 +111,7 @@ class TokenActionSchema(FormSchema):
 def ClientId() -> fields.String:
     """A required client id: 1-128 characters of ``[A-Za-z0-9._~-]``."""
     return Text(required=True, max_length=128, validate=[
-        Pattern(identifiers.ID_CHARS, "client_id must be 1-128 characters of [A-Za-z0-9._~-]")])
+        Pattern(identifiers.ID_CHARS, f"client_id must be {identifiers.ID_RULE}")])
 
 
 class ClientIdPathSchema(Schema):
@@ -316,7 +316,7 @@ def _compile_loader(schema: Schema) -> Callable[[Mapping[str, Any]], dict[str, A
     for name, field in schema.fields.items():
         if type(field) is not fields.String or field.data_key not in (None, name):
             return schema.load
-        checks = []
+        checks: list[tuple[str, Any]] = []
         for validator in field.validators:
             if isinstance(validator, MaxLength):
                 checks.append(("max", validator.max_length))

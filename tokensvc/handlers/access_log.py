@@ -13,7 +13,6 @@ import tornado.httputil
 from tokensvc import logs
 
 
-
 def redact(uri: str) -> str:
     """``uri`` with the value of every secret-bearing query parameter replaced by ``***``, also
     inside another parameter's value that is itself a URI with a query (``next=/oauth/authorize?...``)."""

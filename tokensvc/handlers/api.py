@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 from tokensvc import schemas
-from tokensvc.handlers.auth import AuthMixin, requires
 from tokensvc.errors import NotFound
+from tokensvc.handlers.auth import AuthMixin, requires
 from tokensvc.handlers.headers import PRIVATE_HEADERS
 from tokensvc.handlers.json_api import JsonHandler
-from tokensvc.oauth import connected_apps, principal as principals, revocation
+from tokensvc.oauth import connected_apps, revocation
+from tokensvc.oauth import principal as principals
 
 
 class ApiEndpoint(AuthMixin, JsonHandler):
@@ -21,7 +22,7 @@ class MeHandler(ApiEndpoint):
 
     @requires("read")
     async def get(self) -> None:
-        self.send_json(schemas.fast_dump(schemas.me, await principals.describe(self.ctx, self.principal)))
+        self.send_json(schemas.fast_dump(schemas.me, await principals.describe(self.ctx, self.authenticated())))
 
 
 class ConnectedAppsHandler(ApiEndpoint):

@@ -7,7 +7,8 @@ import functools
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from tokensvc.oauth import bearer, principal as principals
+from tokensvc.oauth import bearer
+from tokensvc.oauth import principal as principals
 from tokensvc.oauth.errors import AccessDenied, InvalidToken
 from tokensvc.oauth.principal import Principal
 
@@ -17,6 +18,7 @@ class AuthMixin:
     Sets ``self.principal``."""
 
     principal: Principal | None = None
+    log_client_id: str | None  # the client the access line names
     accept_query_token = False  # only WebSockets, where browsers cannot set headers
 
     async def authenticate(self: Any) -> Principal:
@@ -35,12 +37,17 @@ class AuthMixin:
             raise InvalidToken("Authentication required: a bearer token or a session")
         return found
 
+    def authenticated(self) -> Principal:
+        """The principal :func:`requires` authenticated."""
+        assert self.principal is not None
+        return self.principal
+
     def require_user(self) -> Principal:
         """The principal, if it acts for a user (node installations have no connected apps)."""
-        assert self.principal is not None
-        if self.principal.subject.user_id is None:
+        principal = self.authenticated()
+        if principal.subject.user_id is None:
             raise AccessDenied("Connected apps belong to users; node-installation tokens cannot use them")
-        return self.principal
+        return principal
 
 
 def requires(scope: str) -> Callable[[Callable[..., Awaitable[None]]], Callable[..., Awaitable[None]]]:

@@ -17,12 +17,16 @@ from tokensvc.oauth.errors import InvalidRequest
 
 
 class RequestInput:
-    """For handlers with ``request``, ``ctx`` and ``config``."""
+    """What every handler is to the request lifecycle, whichever adapter it is built on
+    (:class:`.json_api.JsonHandler`, :class:`.web.WebHandler`), and how it reads its request."""
 
     request: tornado.httputil.HTTPServerRequest
     ctx: OAuthContext
     config: Settings
-    reads_session: ClassVar[bool]
+    default_headers: ClassVar[dict[str, str]]  # the security (and caching) headers of its answers
+    output: ClassVar[str]  # "json" or "html"
+    max_body: ClassVar[int | None]  # larger bodies get 413; None: any body is ignored unread
+    reads_session: ClassVar[bool]  # whether the session cookie may authorize it (XSRF applies then)
 
     def form(self, schema: Schema) -> dict[str, str]:
         """The form-encoded body's parameters that ``schema`` knows, as single values.

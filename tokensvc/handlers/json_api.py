@@ -17,9 +17,9 @@ import asyncio
 import contextvars
 import sys
 import types
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from http.cookies import SimpleCookie
-from typing import Any, ClassVar
+from typing import Any, ClassVar, cast
 
 import tornado.httputil
 import tornado.routing
@@ -93,10 +93,6 @@ class JsonHandler(RequestInput):
         except UnicodeDecodeError:
             raise BadRequest("Invalid unicode in the path") from None
 
-    def get_body_argument(self, name: str, default: str | None = None) -> str | None:
-        values = self.request.body_arguments.get(name)
-        return values[-1].decode("utf-8", "replace") if values else default
-
     # -- answering ----------------------------------------------------------------------
 
     def send_failure(self, exc: Exception) -> None:
@@ -148,7 +144,7 @@ class NotFoundHandler(JsonHandler):
 
 def serve(edge: Edge, route: Route, request: HTTPServerRequest, request_id: str, path_args: list[bytes]) -> None:
     """Serve a JSON route's request (the lifecycle's ``start``)."""
-    handler = route.handler(edge, route, request, request_id)
+    handler = cast(type[JsonHandler], route.handler)(edge, route, request, request_id)
     start_eagerly(handler.serve(path_args))
 
 
@@ -198,10 +194,11 @@ EAGER_TASKS = sys.version_info >= (3, 12)
 def _resume(coro: Coroutine[Any, Any, None], waiting_on: Any) -> Any:
     """Go on with a started coroutine: hand what it waits on to the Task driving this
     generator, and pass each result (or exception) back in, until the coroutine returns."""
+    step: Callable[[Any], Any]
     while True:
         try:
             result = yield waiting_on
-        except BaseException as exc:  # noqa: BLE001 - cancellation goes to the coroutine, as in a Task
+        except BaseException as exc:
             step, value = coro.throw, exc
         else:
             step, value = coro.send, result

@@ -30,7 +30,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ClassVar, Protocol
+from typing import Any, Protocol
 
 import tornado.httputil
 import tornado.template
@@ -43,6 +43,7 @@ from tokensvc.errors import HTTPAnswer, reason_phrase
 from tokensvc.handlers import xsrf
 from tokensvc.handlers.access_log import log_access, redact
 from tokensvc.handlers.headers import safe_location
+from tokensvc.handlers.inputs import RequestInput
 from tokensvc.logs import REQUEST_ID
 from tokensvc.metrics import Metrics
 from tokensvc.oauth.context import OAuthContext
@@ -64,15 +65,6 @@ def dumps(body: Any) -> str:
 # -- routes and their method tables ---------------------------------------------------------
 
 
-class Routed(Protocol):
-    """What the lifecycle asks of a handler class, whichever adapter it is built on."""
-
-    default_headers: ClassVar[dict[str, str]]  # the security (and caching) headers of its answers
-    output: ClassVar[str]  # JSON or HTML
-    max_body: ClassVar[int | None]  # larger bodies get 413; None: any body is ignored unread
-    reads_session: ClassVar[bool]  # whether the session cookie may authorize it (then XSRF applies)
-
-
 def methods_of(handler: type) -> frozenset[str]:
     """The methods ``handler`` answers: those it defines, and HEAD wherever GET is."""
     unimplemented = tornado.web.RequestHandler.get
@@ -88,17 +80,18 @@ class Route:
     """One entry of the route table."""
 
     path: str  # as the OpenAPI document writes it ({name}: one path segment); the metrics' label
-    handler: type
+    handler: type[RequestInput]
     methods: frozenset[str]
 
     @classmethod
-    def of(cls, path: str, handler: type) -> Route:
+    def of(cls, path: str, handler: type[RequestInput]) -> Route:
         return cls(path, handler, methods_of(handler))
 
     @property
     def pattern(self) -> str:
-        """The route's regular expression."""
-        return re.sub(r"\{[^}]+\}", "([^/]*)", self.path) + "$"
+        """The route's regular expression: the path as written, each ``{name}`` one segment."""
+        return "".join("([^/]*)" if part.startswith("{") else re.escape(part)
+                       for part in re.split(r"(\{[^}]+\})", self.path)) + "$"
 
     @property
     def allow(self) -> str:
@@ -125,18 +118,7 @@ def request_id_for(request: HTTPServerRequest) -> str:
 # -- XSRF: the one decision ---------------------------------------------------------------------
 
 
-class Handler(Protocol):
-    request: HTTPServerRequest
-    config: Settings
-    output: ClassVar[str]
-    reads_session: ClassVar[bool]
-
-    def raw_session_id(self) -> str | None: ...
-
-    def get_body_argument(self, name: str, default: str | None = None) -> str | None: ...
-
-
-def check_xsrf(handler: Handler) -> None:
+def check_xsrf(handler: RequestInput) -> None:
     """Every unsafe request that the session cookie may authorize must prove it came from this
     service's own pages (:mod:`.xsrf`): on a page, always (a sign-in form too: login CSRF); on
     a JSON route, when it carries the cookie. A request with an ``Authorization`` header (a
@@ -149,7 +131,8 @@ def check_xsrf(handler: Handler) -> None:
     if handler.output != HTML and ("Authorization" in request.headers
                                    or config.session_cookie not in request.cookies):
         return
-    submitted = handler.get_body_argument(xsrf.FIELD, None) or request.headers.get(xsrf.HEADER)
+    field = request.body_arguments.get(xsrf.FIELD)
+    submitted = field[-1].decode("ascii", "replace") if field else request.headers.get(xsrf.HEADER)
     if not xsrf.matches(request, config.xsrf_cookie, config.cookie_secret, handler.raw_session_id(), submitted):
         raise errors.XsrfFailed()
 

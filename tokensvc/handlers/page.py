@@ -23,8 +23,10 @@ class PageHandler(WebHandler):
 
     def initialize(self, *args: Any, **kwargs: Any) -> None:
         super().initialize(*args, **kwargs)
-        self._session: tuple[Session, User] | None | bool = False
+        self._session: tuple[Session, User] | None = None
+        self._session_read = False
         self._session_id = self.raw_session_id()
+        self._form_token: str | None = None
 
     def allow_sources(self, form_action: Iterable[str | None] = (), img_src: Iterable[str | None] = ()) -> None:
         """Widen this response's CSP by the given URLs (each as :func:`csp_source` makes it)."""
@@ -36,27 +38,30 @@ class PageHandler(WebHandler):
     def xsrf_token(self) -> bytes:
         """The token for this page's forms: the cookie's, while it is valid for the current
         session; otherwise a new one, set as the cookie."""
-        if not hasattr(self, "_xsrf_token"):
+        if self._form_token is None:
             morsel = self.request.cookies.get(self.config.xsrf_cookie)
             current = morsel.value if morsel is not None else None
-            if xsrf.valid(self.config.cookie_secret, current, self._session_id):
-                self._xsrf_token = current
+            if current is not None and xsrf.valid(self.config.cookie_secret, current, self._session_id):
+                self._form_token = current
             else:
-                self.issue_xsrf_token()
-        return self._xsrf_token.encode("ascii")
+                self._form_token = self.issue_xsrf_token()
+        return self._form_token.encode("ascii")
 
-    def issue_xsrf_token(self) -> None:
-        self._xsrf_token = xsrf.new_token(self.config.cookie_secret, self._session_id)
-        self.set_cookie(self.config.xsrf_cookie, self._xsrf_token, path="/", samesite="Lax",
+    def issue_xsrf_token(self) -> str:
+        """A new token for the current session, set as the cookie."""
+        self._form_token = xsrf.new_token(self.config.cookie_secret, self._session_id)
+        self.set_cookie(self.config.xsrf_cookie, self._form_token, path="/", samesite="Lax",
                         secure=self.config.secure_cookies)
+        return self._form_token
 
     # -- sessions -------------------------------------------------------------------
 
     async def session(self) -> tuple[Session, User] | None:
         """The web session named by the signed session cookie, looked up once per request."""
-        if self._session is False:
+        if not self._session_read:
             self._session = await sessions.resolve(self.ctx, self._session_id)
-        return self._session  # type: ignore[return-value]
+            self._session_read = True
+        return self._session
 
     def start_session(self, session_id: str) -> None:
         """Set the session cookie, and an XSRF token for the new session."""

@@ -15,7 +15,6 @@ from tokensvc.oauth.errors import RedirectUnverified
 from tokensvc.ratelimit import TooManyFailures
 from tokensvc.records import Subject, User
 
-
 SCOPE_WORDS = {
     "read": "Read your data",
     "write": "Read, create and change your data",

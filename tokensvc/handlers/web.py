@@ -8,6 +8,7 @@ XSRF decision in Tornado's own hook, and every error rendered by the lifecycle's
 
 from __future__ import annotations
 
+from collections.abc import Awaitable
 from typing import Any, ClassVar
 
 import tornado.web
@@ -32,7 +33,7 @@ class WebHandler(RequestInput, tornado.web.RequestHandler):
         # HEAD is answered wherever GET is: GET's status and headers, no body (RFC 9110 §9.3.2;
         # Tornado drops the body of a HEAD response).
         if cls.head is tornado.web.RequestHandler.head and cls.get is not tornado.web.RequestHandler.get:
-            cls.head = cls.get  # type: ignore[method-assign]
+            cls.head = cls.get
 
     def initialize(self, edge: Edge, route: str = UNMATCHED) -> None:
         self.edge, self.ctx, self.config = edge, edge.ctx, edge.config
@@ -44,6 +45,10 @@ class WebHandler(RequestInput, tornado.web.RequestHandler):
         for name, value in self.default_headers.items():
             self.set_header(name, value)
         self.set_header("X-Request-ID", REQUEST_ID.get() or "")
+
+    def static_url(self, path: str, include_host: bool | None = None, **kwargs: Any) -> str:
+        """The versioned URL of one of the pages' own files (``/static/...``)."""
+        return self.edge.static_url(path)
 
     def check_xsrf_cookie(self) -> None:
         """Tornado's hook before every unsafe method: the lifecycle's one XSRF decision."""
@@ -75,10 +80,17 @@ def log_request(handler: tornado.web.RequestHandler) -> None:
 
 
 class StaticFiles(WebHandler, tornado.web.StaticFileHandler):
-    """``/static/...``, ``/favicon.ico``, ``/robots.txt``: Tornado's static files."""
+    """``/static/{path}`` and ``/favicon.ico``: Tornado's static files."""
 
     default_headers = STATIC_HEADERS
 
     def initialize(self, path: str, edge: Edge, route: str = UNMATCHED) -> None:  # type: ignore[override]
         WebHandler.initialize(self, edge, route)
         tornado.web.StaticFileHandler.initialize(self, path)
+
+    async def get(self, path: str | None = None, include_body: bool = True) -> None:
+        """A route without a ``{path}`` (``/favicon.ico``) serves the file of its own name."""
+        await super().get(path or self.request.path.lstrip("/"), include_body)
+
+    def head(self, path: str | None = None) -> Awaitable[None]:
+        return self.get(path, include_body=False)

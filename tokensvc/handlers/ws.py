@@ -62,9 +62,8 @@ class EchoSocket(AuthMixin, WebHandler, tornado.websocket.WebSocketHandler):
         self.opened = True
         self.ctx.metrics.websockets_open.inc()
         loop = tornado.ioloop.IOLoop.current()
-        expires_at = principal.token.expires_at if principal.token else principal.session.expires_at
-        self._timers.append(loop.call_at(loop.time() + max(0.0, (expires_at - self.ctx.clock()).total_seconds()),
-                                         self._close_revoked))
+        remaining = (principal.expires_at - self.ctx.clock()).total_seconds()
+        self._timers.append(loop.call_at(loop.time() + max(0.0, remaining), self._close_revoked))
         me = await principals.describe(self.ctx, principal)
         welcome = {"type": "welcome", "subjectType": me["subjectType"], "id": me["id"], "scopes": me["scopes"]}
         self.write_message(dumps(schemas.welcome.dump(welcome)))

@@ -192,7 +192,8 @@ def _validate_parameters(client: Client, redirect_uri: str, state: str | None, s
                                 single("installation_id"), defaulted)
 
 
-async def resolve_subject(ctx: OAuthContext, request: AuthorizationRequest, user: User) -> tuple[Subject, Installation | None]:
+async def resolve_subject(ctx: OAuthContext, request: AuthorizationRequest,
+                          user: User) -> tuple[Subject, Installation | None]:
     """The subject the code will be issued to: the user, or the installation being paired.
 
     Pairing needs the user to operate the installation (or to be an admin); the ``admin``

@@ -77,7 +77,8 @@ def parse_basic(authorization: str) -> tuple[str, str]:
     return unquote_plus(client_id), unquote_plus(secret)
 
 
-def credentials(authorization: str | None, client_id: str | None, client_secret: str | None) -> ClientCredentials | None:
+def credentials(authorization: str | None, client_id: str | None,
+                client_secret: str | None) -> ClientCredentials | None:
     """The credentials a token-endpoint request carries, or None when it names no client."""
     if _is_basic(authorization):
         assert authorization is not None
@@ -109,7 +110,7 @@ def require_client(request: ClientRequest) -> None:
 
 
 def _is_basic(authorization: str | None) -> bool:
-    return bool(authorization) and authorization[:6].lower() == "basic "  # type: ignore[index]
+    return authorization is not None and authorization[:6].lower() == "basic "
 
 
 async def authenticate_request(ctx: OAuthContext, request: ClientRequest) -> Client:
@@ -140,14 +141,14 @@ async def authenticate_request(ctx: OAuthContext, request: ClientRequest) -> Cli
         ctx.metrics.rate_limited.labels("client_auth").inc()
         raise
     try:
-        verify(client, creds)
+        proven = verify(client, creds)
     except InvalidClient:
         _audit_failure(creds.client_id, request)
         ctx.metrics.client_auth_failures.inc()
         await limits.failed_everywhere(keys)
         raise
     limits.release(attempt)
-    return client  # type: ignore[return-value]
+    return proven
 
 
 def _audit_failure(client_id: str | None, request: ClientRequest) -> None:
@@ -155,8 +156,8 @@ def _audit_failure(client_id: str | None, request: ClientRequest) -> None:
                                "outcome": "failure"}, logging.WARNING, "client authentication failed")
 
 
-def verify(client: Client | None, creds: ClientCredentials) -> None:
-    """InvalidClient (401) unless ``creds`` prove ``client`` (the one their client_id names)."""
+def verify(client: Client | None, creds: ClientCredentials) -> Client:
+    """``client`` if ``creds`` prove it (the one their client_id names); else InvalidClient (401)."""
     basic = creds.method == BASIC
     if client is None:
         # Spend a digest anyway so an unknown id and a wrong secret take the same time.
@@ -165,6 +166,7 @@ def verify(client: Client | None, creds: ClientCredentials) -> None:
     if client.secret_hash is None:
         if creds.client_secret:  # a public client has no secret to present
             raise InvalidClient("Client authentication failed", basic=basic)
-        return
+        return client
     if creds.client_secret is None or not hashing.matches(creds.client_secret, client.secret_hash):
         raise InvalidClient("Client authentication failed", basic=basic)
+    return client

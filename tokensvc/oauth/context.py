@@ -20,12 +20,23 @@ from tokensvc.storage.base import Store
 class TokenPolicy(Protocol):
     """The lifetimes (seconds) the protocol works with: the ``[tokens]`` settings."""
 
-    access_ttl: int
-    refresh_ttl: int
-    installation_refresh_ttl: int
-    code_ttl: int
-    session_ttl: int
-    refresh_grace_seconds: int
+    @property
+    def access_ttl(self) -> int: ...
+
+    @property
+    def refresh_ttl(self) -> int: ...
+
+    @property
+    def installation_refresh_ttl(self) -> int: ...
+
+    @property
+    def code_ttl(self) -> int: ...
+
+    @property
+    def session_ttl(self) -> int: ...
+
+    @property
+    def refresh_grace_seconds(self) -> int: ...
 
 
 @dataclass(slots=True)

@@ -140,12 +140,13 @@ async def _redeem(ctx: OAuthContext, client: Client, record: AuthorizationCode, 
     existing, grant = await store.get_family(family_id)
     if existing is None:
         raise InvalidGrant("The authorization code has expired")
-    if existing.rotations == 0 and existing.replaceable(ctx.tokens.refresh_grace_seconds, now) and existing.stands(grant):
-        if await store.reissue_pair(family_id, existing.refresh_hash, minted.pair) is not None:
-            _audit("token_issued", "success", client.client_id, record.subject, grant="authorization_code",
-                   retry_within_grace=True)
-            ctx.metrics.tokens_issued.labels("authorization_code").inc()
-            return _response(ctx, minted)
+    retry = (existing.rotations == 0 and existing.replaceable(ctx.tokens.refresh_grace_seconds, now)
+             and existing.stands(grant))
+    if retry and await store.reissue_pair(family_id, existing.refresh_hash, minted.pair) is not None:
+        _audit("token_issued", "success", client.client_id, record.subject, grant="authorization_code",
+               retry_within_grace=True)
+        ctx.metrics.tokens_issued.labels("authorization_code").inc()
+        return _response(ctx, minted)
     # RFC 6749 §4.1.2: a code used twice revokes what it was first exchanged for.
     revoked = await revoke_family(ctx, family_id, "code_reuse")
     _audit("code_reuse", "family_revoked", client.client_id, record.subject, family_revoked=revoked)

@@ -7,6 +7,7 @@ session acts for its user with ``read write``. The two kinds of subject are neve
 from __future__ import annotations
 
 from dataclasses import dataclass
+from datetime import datetime
 
 from tokensvc.oauth import bearer, scopes, sessions
 from tokensvc.oauth.context import OAuthContext
@@ -28,6 +29,13 @@ class Principal:
     @property
     def via_cookie(self) -> bool:
         return self.session is not None
+
+    @property
+    def expires_at(self) -> datetime:
+        """When the token or the session it stands on expires."""
+        stands_on = self.token or self.session
+        assert stands_on is not None
+        return stands_on.expires_at
 
     def require(self, scope: str) -> None:
         """InsufficientScope (403) unless the principal's scopes satisfy ``scope``."""

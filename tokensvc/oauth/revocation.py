@@ -22,7 +22,6 @@ from tokensvc.oauth.context import OAuthContext
 from tokensvc.records import ACCESS, Client, Grant, Subject
 from tokensvc.storage.base import FAMILY, GRANT, Revocation
 
-
 # -- the primitives ---------------------------------------------------------------------
 
 async def revoke_grant(ctx: OAuthContext, grant_id: str, reason: str) -> int:

@@ -7,17 +7,14 @@ satisfies ``read`` and every ``<resource>:<action>``; ``read`` satisfies every
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterable
+
+from tokensvc.identifiers import scope_problem
 
 READ, WRITE, ADMIN = "read", "write", "admin"
 
-# RFC 6749 §3.3: scope-token = 1*( %x21 / %x23-5B / %x5D-7E )
-_SCOPE_TOKEN = re.compile(r"^[\x21\x23-\x5b\x5d-\x7e]+$")
-
-
 def is_valid_scope_token(token: str) -> bool:
-    return bool(_SCOPE_TOKEN.match(token))
+    return scope_problem(token) is None
 
 
 def parse(scope: str | None) -> list[str] | None:

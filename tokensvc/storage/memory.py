@@ -50,8 +50,10 @@ class Rows(Generic[R]):
         return tuple(items)
 
     def unpack(self, row: Row | None) -> R | None:
-        if row is None:
-            return None
+        """A new record from ``row`` (callers get their own copy, never the stored one)."""
+        return None if row is None else self.unpack_row(row)
+
+    def unpack_row(self, row: Row) -> R:
         if not self._lists:
             return self.cls(*row)
         items = list(row)
@@ -192,7 +194,7 @@ class MemoryStore(Store):
         else:
             grant = copy(current, scopes=list(scopes))
         self._grants[grant.grant_id] = GRANTS.pack(grant)
-        return GRANTS.unpack(self._grants[grant.grant_id])  # type: ignore[return-value]
+        return GRANTS.unpack_row(self._grants[grant.grant_id])
 
     async def get_grant(self, grant_id: str) -> Grant | None:
         return GRANTS.unpack(self._grants.get(grant_id))
@@ -202,13 +204,13 @@ class MemoryStore(Store):
         return None if grant_id is None else GRANTS.unpack(self._grants.get(grant_id))
 
     async def list_grants(self, subject: Subject) -> list[Grant]:
-        grants = [grant for grant in map(GRANTS.unpack, self._grants.values())
+        grants = [grant for grant in map(GRANTS.unpack_row, self._grants.values())
                   if grant.revoked_at is None
                   and grant.user_id == subject.user_id and grant.installation_id == subject.installation_id]
         return sorted(grants, key=lambda grant: (grant.created_at, grant.grant_id))
 
     async def list_client_grants(self, client_id: str) -> list[Grant]:
-        grants = [grant for grant in map(GRANTS.unpack, self._grants.values())
+        grants = [grant for grant in map(GRANTS.unpack_row, self._grants.values())
                   if grant.client_id == client_id and grant.revoked_at is None]
         return sorted(grants, key=lambda grant: (grant.created_at, grant.grant_id))
 
@@ -268,7 +270,7 @@ class MemoryStore(Store):
                                    access_expires_at=pair.access_expires_at, access_used_at=None,
                                    access_revoked_at=None, **changes)
         self._families[family_id] = updated
-        return FAMILIES.unpack(updated)  # type: ignore[return-value]
+        return FAMILIES.unpack_row(updated)
 
     async def rotate_family(self, family_id: str, refresh_hash: str, pair: Pair, now: datetime) -> Family | None:
         row = self._families.get(family_id)
@@ -332,7 +334,9 @@ class MemoryStore(Store):
         return True
 
     async def end_user_sessions(self, user_id: str, now: datetime) -> int:
-        return sum([await self.end_session(session_hash, now) for session_hash in list(self._user_sessions.get(user_id, ()))])
+        ended = [await self.end_session(session_hash, now)
+                 for session_hash in list(self._user_sessions.get(user_id, ()))]
+        return sum(ended)
 
     # -- housekeeping
 

@@ -44,14 +44,13 @@ import functools
 import inspect
 import logging
 import secrets
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Callable, Coroutine
 from dataclasses import MISSING, fields
-from datetime import datetime, timedelta, timezone
-from typing import Any, TypeVar
+from datetime import UTC, datetime, timedelta
+from typing import Any, ParamSpec, TypeVar
 
 from bson.errors import BSONError
 from pymongo import ASCENDING, ReadPreference, ReturnDocument, WriteConcern
-from pymongo.read_concern import ReadConcern
 from pymongo.errors import (
     BulkWriteError,
     ConnectionFailure,
@@ -61,6 +60,7 @@ from pymongo.errors import (
     PyMongoError,
     WTimeoutError,
 )
+from pymongo.read_concern import ReadConcern
 
 from tokensvc.config import StorageSettings
 from tokensvc.records import AuthorizationCode, Client, Family, Grant, Installation, Pair, Session, Subject, User
@@ -79,6 +79,7 @@ from tokensvc.storage.base import (
 log = logging.getLogger(__name__)
 
 R = TypeVar("R")
+P = ParamSpec("P")
 
 # The collections whose updates are revocations: what each names, and the fields that,
 # set to a time, revoke it.
@@ -88,8 +89,16 @@ WATCHED: dict[str, tuple[str, tuple[str, ...]]] = {
     "sessions": (SESSION, ("ended_at",)),
 }
 
-# (collection, keys, options): created at start-up, idempotently.
-INDEXES: list[tuple[str, list[tuple[str, int]], dict[str, Any]]] = [
+Index = tuple[str, list[tuple[str, int]], dict[str, Any]]  # (collection, keys, options)
+
+
+def _revoked_only(collection: str, field: str) -> Index:
+    """An index holding only the records whose ``field`` is set (a time): the revoked ones."""
+    return collection, [(field, ASCENDING)], {"name": field, "partialFilterExpression": {field: {"$type": "date"}}}
+
+
+# Created at start-up, idempotently.
+INDEXES: list[Index] = [
     ("users", [("username", ASCENDING)], {"unique": True, "name": "username"}),
     ("grants", [("client_id", ASCENDING), ("user_id", ASCENDING), ("installation_id", ASCENDING)],
      {"unique": True, "name": "subject_client"}),
@@ -102,10 +111,8 @@ INDEXES: list[tuple[str, list[tuple[str, int]], dict[str, Any]]] = [
     ("sessions", [("expires_at", ASCENDING)], {"expireAfterSeconds": 0, "name": "ttl"}),
     ("sessions", [("user_id", ASCENDING)], {"name": "user_id"}),
     ("failures", [("expires_at", ASCENDING)], {"expireAfterSeconds": 0, "name": "ttl"}),
-] + [
-    # Only revoked records are in these: what the polling fallback of the revocation feed reads.
-    (collection, [(field, ASCENDING)], {"name": field, "partialFilterExpression": {field: {"$type": "date"}}})
-    for collection, (_, revoking_fields) in WATCHED.items() for field in revoking_fields
+    # What the polling fallback of the revocation feed reads.
+    *(_revoked_only(collection, field) for collection, (_, fields) in WATCHED.items() for field in fields),
 ]
 
 
@@ -127,7 +134,7 @@ def have_options(index: dict[str, Any]) -> dict[str, Any]:
     return {key: value for key, value in index.items() if key not in ("key", "v", "ns")}
 
 
-def guarded(method: Callable[..., Awaitable[R]]) -> Callable[..., Awaitable[R]]:
+def guarded(method: Callable[P, Coroutine[Any, Any, R]]) -> Callable[P, Coroutine[Any, Any, R]]:
     """Every driver error leaves as one of three: a duplicate key as :class:`Conflict`; what
     passes (network, server selection, a primary stepping down, a write-concern or operation
     timeout) as :class:`StorageError` (503, try again); anything else, which will not pass
@@ -135,7 +142,7 @@ def guarded(method: Callable[..., Awaitable[R]]) -> Callable[..., Awaitable[R]]:
     as :class:`StoreFault` (500, the operator must act)."""
 
     @functools.wraps(method)
-    async def wrapper(*args: Any, **kwargs: Any) -> R:
+    async def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
         try:
             return await method(*args, **kwargs)
         except (PyMongoError, BSONError) as exc:
@@ -174,7 +181,7 @@ def _duplicate_key(exc: Exception) -> bool:
 def _utc(value: Any) -> Any:
     # Drivers hand back naive or fixed-offset datetimes; records hold aware UTC ones.
     if isinstance(value, datetime):
-        return value.replace(tzinfo=timezone.utc) if value.tzinfo is None else value.astimezone(timezone.utc)
+        return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
     return value
 
 
@@ -231,7 +238,8 @@ class MongoStore(Store):
                                  read_preference=ReadPreference.PRIMARY, read_concern=ReadConcern("majority"))
         self._db = db
         self.clients, self.users, self.installations = db["clients"], db["users"], db["installations"]
-        self.grants, self.codes, self.families, self.sessions = db["grants"], db["codes"], db["families"], db["sessions"]
+        self.grants, self.codes, self.families = db["grants"], db["codes"], db["families"]
+        self.sessions = db["sessions"]
         self.failures = db["failures"]  # failure counts shared by the processes (ratelimit)
         self.change_streams = change_streams
         self._resume_token: Any = None
@@ -243,7 +251,7 @@ class MongoStore(Store):
         # The client connects lazily, in the background: building it never blocks or fails
         # on an absent server; the first operation does, after serverSelectionTimeoutMS.
         # Keyword options override the URI's.
-        client = AsyncMongoClient(
+        client: AsyncMongoClient[dict[str, Any]] = AsyncMongoClient(
             settings.mongodb_uri,
             tz_aware=True,
             serverSelectionTimeoutMS=settings.timeout_ms,
@@ -551,7 +559,7 @@ class MongoStore(Store):
 
     @guarded
     async def count_failure(self, key: str, window_seconds: int) -> tuple[int, float]:
-        now = datetime.now(timezone.utc)
+        now = datetime.now(UTC)
         for _ in range(3):
             counted = await self.failures.find_one_and_update(
                 {"_id": key, "expires_at": {"$gt": now}}, {"$inc": {"n": 1}}, return_document=ReturnDocument.AFTER)
@@ -560,7 +568,8 @@ class MongoStore(Store):
             # No window, or one the TTL monitor has not removed yet: start one.
             await self.failures.delete_one({"_id": key, "expires_at": {"$lte": now}})
             try:
-                await self.failures.insert_one({"_id": key, "n": 1, "expires_at": now + timedelta(seconds=window_seconds)})
+                expires_at = now + timedelta(seconds=window_seconds)
+                await self.failures.insert_one({"_id": key, "n": 1, "expires_at": expires_at})
                 return 1, float(window_seconds)
             except DuplicateKeyError:  # another process started it first: count in it
                 continue
@@ -610,11 +619,11 @@ class MongoStore(Store):
             raise translate(exc) from None
 
     async def _poll(self, poll_seconds: float) -> AsyncIterator[Revocation]:
-        since = datetime.now(timezone.utc)
+        since = datetime.now(UTC)
         seen: dict[tuple[str, str, str], datetime] = {}
         while True:
             await asyncio.sleep(poll_seconds)
-            now = datetime.now(timezone.utc)
+            now = datetime.now(UTC)
             for collection, (kind, revoking) in WATCHED.items():
                 for field in revoking:
                     for document in await self._revoked_since(collection, field, since - POLL_OVERLAP):
