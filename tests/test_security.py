@@ -1,27 +1,57 @@
 """RFC 9700 checklist items that no other module holds, and malformed input."""
 
-import hmac
+import ast
+import re
+from pathlib import Path
 
 import pytest
 from helpers import CHALLENGE, VERIFIER, WEBAPP_REDIRECT, WEBAPP_SECRET, basic, check_oauth_error, json_of
 
+import tokensvc
 from tokensvc.oauth import hashing, pkce
 
+# What a client presents in clear: never compared as it is (only its SHA-256, or the KDF's output).
+RAW_SECRETS = re.compile(r"^(client_secret|secret|password|code_verifier|verifier|refresh_token|access_token|"
+                         r"token|code|session_id|submitted|cookie)$")
+# Comparisons that are no check of a secret, each with its reason.
+NOT_CHECKS = {
+    "oauth/tokens.py: SEPARATOR in token",  # the format: the separator stands at the same place in every token
+    "cli.py: getpass.getpass('Repeat password: ') != password",  # the operator's own two entries, at a prompt
+}
 
-def test_secrets_are_compared_in_constant_time(monkeypatch):
-    calls = []
-    original = hmac.compare_digest
 
-    def spy(a, b):
-        calls.append((type(a), type(b)))
-        return original(a, b)
+def test_no_presented_secret_is_compared_with_an_operator():
+    """A secret a client presents is compared only through ``hmac.compare_digest`` (constant
+    time) or after hashing: no ``==``, ``!=`` or ``in`` anywhere in the package has one as an
+    operand, so no comparison can end early at the first wrong character of one."""
+    package = Path(tokensvc.__file__).parent
+    found = []
+    for path in package.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Compare) and any(isinstance(op, (ast.Eq, ast.NotEq, ast.In, ast.NotIn))
+                                                     for op in node.ops):
+                for operand in (node.left, *node.comparators):
+                    # A plain name, or an attribute (but ``exc.code`` is an error's code).
+                    if isinstance(operand, ast.Name):
+                        name = operand.id
+                    elif isinstance(operand, ast.Attribute) and operand.attr != "code":
+                        name = operand.attr
+                    else:
+                        continue
+                    where = f"{path.relative_to(package)}: {ast.unparse(node)}"
+                    if RAW_SECRETS.match(name) and where not in NOT_CHECKS:
+                        found.append(where)
+    assert found == []
 
-    monkeypatch.setattr(hmac, "compare_digest", spy)
-    assert hashing.matches(WEBAPP_SECRET, hashing.digest(WEBAPP_SECRET))
-    assert not hashing.matches("wrong", hashing.digest(WEBAPP_SECRET))
-    assert pkce.verify(VERIFIER, CHALLENGE)
-    assert hashing.verify_password("alice-password", hashing.hash_password("alice-password"))
-    assert len(calls) == 4
+
+def test_each_secret_check_refuses_a_near_miss():
+    """The right value passes; one differing in its last character does not."""
+    stored = hashing.digest(WEBAPP_SECRET)
+    assert hashing.matches(WEBAPP_SECRET, stored) and not hashing.matches(WEBAPP_SECRET[:-1] + "x", stored)
+    assert pkce.verify(VERIFIER, CHALLENGE) and not pkce.verify(VERIFIER[:-1] + "x", CHALLENGE)
+    password_hash = hashing.hash_password("alice-password")
+    assert hashing.verify_password("alice-password", password_hash)
+    assert not hashing.verify_password("alice-passworx", password_hash)
 
 
 def test_secrets_have_256_bits():
