@@ -45,11 +45,12 @@ import tornado.web
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+import twin
 from hello import MainHandler
 from seeded import CLIENT_SECRET, REDIRECT, VERIFIER, fill, settings
 
 from tokensvc import logs
-from tokensvc.app import make_app
+from tokensvc.app import ROUTES, make_app
 from tokensvc.bootstrap import make_context, seed
 from tokensvc.storage.memory import MemoryStore
 
@@ -139,56 +140,79 @@ def cpu_per_request(service: ServiceThread, connection: Connection, requests: in
     return (service.cpu() - started) / requests * 1e6
 
 
-def measure(operation: str, requests: int, repeat: int, tokens: int) -> list[tuple[float, float]]:
-    """(CPU µs per request, the hello world's around it) for each measured block."""
+# The variants an A/B compares: the route table each serves.
+VARIANTS = {
+    "delegate": lambda: ROUTES,
+    "requesthandler": lambda: twin.TWIN_ROUTES,
+}
+
+
+class Service:
+    """One variant of the service, seeded for one operation, and its requests."""
+
+    def __init__(self, thread: ServiceThread, variant: str, operation: str, requests: int, runs: int,
+                 tokens: int) -> None:
+        self.routes = VARIANTS[variant]()
+        out = Path(tempfile.mkdtemp(prefix="tokensvc-inprocess-"))
+        config = settings(8080)
+        store = MemoryStore()
+        ctx = make_context(config, store)
+
+        async def prepare() -> None:
+            await seed(store, config)
+            await fill(ctx, out, tokens, codes=requests * runs if operation == "exchange" else 0,
+                       refresh=1 if operation == "refresh" else 0)
+
+        thread.run(prepare())
+        self.operation = operation
+        self.access = (out / "access.txt").read_text().split()
+        self.codes = iter((out / "codes-main1.txt").read_text().split()) if operation == "exchange" else iter(())
+        self.chain = [(out / "refresh-main1.txt").read_text().split()[0]] if operation == "refresh" else []
+        self.connection = Connection(thread.serve(make_app(config, store, ctx, self.routes)))
+
+    def request(self, i: int) -> bytes:
+        access, redirect = self.access, quote(REDIRECT, safe="")
+        if self.operation == "introspect":
+            return post("/oauth/token/introspect", f"token={access[i % len(access)]}")
+        if self.operation == "me":
+            return get("/v1/me", f"Bearer {access[i % len(access)]}")
+        if self.operation == "exchange":
+            return post("/oauth/token", f"grant_type=authorization_code&code={next(self.codes)}"
+                                        f"&redirect_uri={redirect}&code_verifier={VERIFIER}")
+        if self.operation == "refresh":
+            return post("/oauth/token/refresh", f"refresh_token={self.chain[-1]}")
+        return get("/oauth/clients/bench")
+
+    def seen(self, body: bytes) -> None:
+        if self.operation == "refresh":
+            self.chain.append(REFRESH_TOKEN.search(body).group(1).decode())
+
+
+def measure(operation: str, requests: int, repeat: int, tokens: int,
+            variants: tuple[str, ...] = ("delegate",)) -> dict[str, list[tuple[float, float]]]:
+    """For each variant, (CPU µs per request, the hello world's around it) of each measured
+    block; the variants' blocks alternate, each between two hello world blocks."""
     out = Path(tempfile.mkdtemp(prefix="tokensvc-inprocess-"))
     config = settings(8080)
     logs.configure(config.log_format, config.log_level, stream=open(out / "access.log", "w"))  # noqa: SIM115
-    store = MemoryStore()
-    ctx = make_context(config, store)
     runs = repeat + 1  # the first block warms up
-
-    async def prepare() -> None:
-        await seed(store, config)
-        await fill(ctx, out, tokens, codes=requests * runs if operation == "exchange" else 0,
-                   refresh=1 if operation == "refresh" else 0)
-
-    service = ServiceThread()
-    service.run(prepare())
-    access = (out / "access.txt").read_text().split()
-    codes = iter((out / "codes-main1.txt").read_text().split()) if operation == "exchange" else iter(())
-    chain = [(out / "refresh-main1.txt").read_text().split()[0]] if operation == "refresh" else []
-    redirect = quote(REDIRECT, safe="")
-
-    def request(i: int) -> bytes:
-        if operation == "introspect":
-            return post("/oauth/token/introspect", f"token={access[i % len(access)]}")
-        if operation == "me":
-            return get("/v1/me", f"Bearer {access[i % len(access)]}")
-        if operation == "exchange":
-            return post("/oauth/token", f"grant_type=authorization_code&code={next(codes)}"
-                                        f"&redirect_uri={redirect}&code_verifier={VERIFIER}")
-        if operation == "refresh":
-            return post("/oauth/token/refresh", f"refresh_token={chain[-1]}")
-        return get("/oauth/clients/bench")
-
-    def seen(body: bytes) -> None:
-        if operation == "refresh":
-            chain.append(REFRESH_TOKEN.search(body).group(1).decode())
-
-    service_connection = Connection(service.serve(make_app(config, store, ctx)))
-    hello_connection = Connection(service.serve(tornado.web.Application([(r"/", MainHandler)])))
+    thread = ServiceThread()
+    services = {variant: Service(thread, variant, operation, requests, runs, tokens) for variant in variants}
+    hello_connection = Connection(thread.serve(tornado.web.Application([(r"/", MainHandler)])))
     hello_request = get("/")
-    results = []
+    results: dict[str, list[tuple[float, float]]] = {variant: [] for variant in variants}
     for run in range(runs):
-        before = cpu_per_request(service, hello_connection, requests // 2, lambda i: hello_request)
         offset = run * requests
-        spent = cpu_per_request(service, service_connection, requests, lambda i, offset=offset: request(offset + i),
-                                seen)
-        after = cpu_per_request(service, hello_connection, requests // 2, lambda i: hello_request)
-        if run:
-            results.append((spent, (before + after) / 2))
-    service.stop()
+        before = cpu_per_request(thread, hello_connection, requests // 2, lambda i: hello_request)
+        for variant, service in services.items():
+            spent = cpu_per_request(thread, service.connection, requests,
+                                    lambda i, service=service, offset=offset: service.request(offset + i),
+                                    service.seen)
+            after = cpu_per_request(thread, hello_connection, requests // 2, lambda i: hello_request)
+            if run:
+                results[variant].append((spent, (before + after) / 2))
+            before = after
+    thread.stop()
     return results
 
 
@@ -198,18 +222,31 @@ def main() -> int:
     parser.add_argument("--requests", type=int, default=400, help="requests per block")
     parser.add_argument("--repeat", type=int, default=25, help="blocks measured, after one warm-up")
     parser.add_argument("--tokens", type=int, default=10_000, help="live access tokens in the store")
+    parser.add_argument("--ab", nargs=2, metavar=("A", "B"), choices=sorted(VARIANTS),
+                        help="compare two variants, block by block: " + ", ".join(sorted(VARIANTS)))
     args = parser.parse_args()
     unknown = set(args.operations) - set(OPERATIONS)
     if unknown:
         parser.error(f"unknown operation(s): {', '.join(sorted(unknown))}")
-    print(f"{'operation':<12} {'× hello':>8} {'mean':>6} {'min':>6} {'max':>6} {'µs CPU/request':>15} {'hello µs':>9}")
+    variants = tuple(args.ab or ("delegate",))
+    print(f"{'operation':<12} {'variant':<15} {'× hello':>8} {'mean':>6} {'min':>6} {'max':>6} "
+          f"{'µs CPU/request':>15} {'hello µs':>9}")
     for operation in args.operations or OPERATIONS:
-        pairs = measure(operation, args.requests, args.repeat, args.tokens)
-        ratios = [spent / hello for spent, hello in pairs]
-        typical = statistics.median(hello for _, hello in pairs)
-        print(f"{operation:<12} {statistics.median(ratios):>8.3f} {statistics.mean(ratios):>6.3f} "
-              f"{min(ratios):>6.3f} {max(ratios):>6.3f} "
-              f"{statistics.median(ratios) * typical:>15.1f} {typical:>9.1f}", flush=True)
+        measured = measure(operation, args.requests, args.repeat, args.tokens, variants)
+        medians = {}
+        for variant, pairs in measured.items():
+            ratios = [spent / hello for spent, hello in pairs]
+            typical = statistics.median(hello for _, hello in pairs)
+            medians[variant] = statistics.median(ratios)
+            print(f"{operation:<12} {variant:<15} {medians[variant]:>8.3f} {statistics.mean(ratios):>6.3f} "
+                  f"{min(ratios):>6.3f} {max(ratios):>6.3f} "
+                  f"{medians[variant] * typical:>15.1f} {typical:>9.1f}", flush=True)
+        if args.ab:
+            a, b = variants
+            paired = [(sa / ha) / (sb / hb) for (sa, ha), (sb, hb) in zip(measured[a], measured[b], strict=True)]
+            ratio = statistics.median(paired)
+            print(f"{operation:<12} {a} / {b}: median of the paired blocks {ratio:.3f} "
+                  f"({a} {'saves' if ratio < 1 else 'costs'} {abs(1 - ratio) * 100:.1f} % of {b}'s CPU)", flush=True)
     return 0
 
 

@@ -1,112 +1,14 @@
-"""The JSON endpoints' own HTTP layer (handlers.json_api): eager start, methods, framing, faults."""
+"""The JSON endpoints' own HTTP layer (handlers.json_api over the lifecycle): methods, framing, faults."""
 
 from __future__ import annotations
 
 import asyncio
-import contextvars
 import email.utils
 import json
 import logging
 
 import pytest
 from helpers import WEBAPP_SECRET, basic, json_of, make_config, post_form
-
-from tokensvc.handlers.json_api import start_eagerly
-
-# -- start_eagerly ----------------------------------------------------------------------
-
-@pytest.mark.gen_test
-async def test_a_coroutine_that_never_waits_finishes_before_start_returns():
-    done = []
-
-    async def serve():
-        done.append("served")
-
-    assert start_eagerly(serve()) is None
-    assert done == ["served"]
-
-
-@pytest.mark.gen_test
-async def test_a_coroutine_that_waits_goes_on_in_a_task_with_each_result():
-    loop = asyncio.get_running_loop()
-    first, second = loop.create_future(), loop.create_future()
-    seen = []
-
-    async def serve():
-        seen.append("started")
-        seen.append(await first)
-        try:
-            await second
-        except ValueError as exc:
-            seen.append(f"raised {exc}")
-        return "done"
-
-    task = start_eagerly(serve())
-    assert seen == ["started"] and task is not None and not task.done()
-    first.set_result("one")
-    await asyncio.sleep(0)
-    await asyncio.sleep(0)
-    assert seen == ["started", "one"]
-    second.set_exception(ValueError("two"))
-    assert await task == "done"
-    assert seen == ["started", "one", "raised two"]
-
-
-@pytest.mark.gen_test
-async def test_every_step_runs_in_one_context():
-    # PyMongo's operation timeout sets a context variable before its first wait and resets it
-    # after: in another context the reset raises ValueError.
-    variable = contextvars.ContextVar("timeout", default=None)
-    seen = []
-
-    async def serve():
-        token = variable.set(15.0)
-        await asyncio.sleep(0)
-        seen.append(variable.get())
-        variable.reset(token)
-
-    task = start_eagerly(serve())
-    await task
-    assert seen == [15.0] and variable.get() is None
-
-
-@pytest.mark.gen_test
-async def test_cancelling_the_task_cancels_the_coroutine_where_it_waits():
-    never = asyncio.get_running_loop().create_future()
-    seen = []
-
-    async def serve():
-        try:
-            await never
-        except asyncio.CancelledError:
-            seen.append("cancelled")
-            raise
-
-    task = start_eagerly(serve())
-    await asyncio.sleep(0)
-    task.cancel()
-    with pytest.raises(asyncio.CancelledError):
-        await task
-    assert seen == ["cancelled"]
-
-
-@pytest.mark.gen_test
-async def test_a_task_cancelled_at_once_still_ends_the_coroutine():
-    never = asyncio.get_running_loop().create_future()
-    seen = []
-
-    async def serve():
-        try:
-            await never
-        finally:
-            seen.append("ended")
-
-    task = start_eagerly(serve())
-    task.cancel()
-    with pytest.raises(asyncio.CancelledError):
-        await task
-    assert seen == ["ended"]
-
 
 # -- over HTTP ----------------------------------------------------------------------------
 

@@ -12,7 +12,7 @@ from tornado.httputil import HTTPServerRequest
 from tokensvc.bootstrap import make_context
 from tokensvc.config import Settings
 from tokensvc.handlers import api, clients, meta, pages, token, ws
-from tokensvc.handlers.json_api import JsonHandler, NotFoundHandler, serve
+from tokensvc.handlers.json_api import NotFoundHandler, serve
 from tokensvc.handlers.lifecycle import UNMATCHED, Edge, Lifecycle, Route
 from tokensvc.handlers.web import StaticFiles, log_request
 from tokensvc.oauth.context import OAuthContext
@@ -60,7 +60,7 @@ class Target(tornado.routing.Router):
 
     def __init__(self, application: tornado.web.Application, edge: Edge, route: Route) -> None:
         self.application, self.edge, self.route = application, edge, route
-        self.json = issubclass(route.handler, JsonHandler)
+        self.json = not issubclass(route.handler, tornado.web.RequestHandler)
         self.kwargs: dict[str, Any] = {"edge": edge, "route": route.path}
         if route.handler is StaticFiles:
             self.kwargs["path"] = str(STATIC_PATH)
@@ -79,15 +79,18 @@ class TokenService(tornado.web.Application):
 
     def __init__(self, edge: Edge, **settings: Any) -> None:
         self.edge = edge
-        rules: list[Any] = [(route.pattern, Target(self, edge, route)) for route in [*ROUTES, *STATIC_ROUTES]]
+        rules: list[Any] = [(route.pattern, Target(self, edge, route)) for route in [*edge.routes, *STATIC_ROUTES]]
         rules.append((r".*", Target(self, edge, NOT_FOUND)))
         super().__init__(rules, **settings)
 
 
-def make_app(config: Settings, store: Store, ctx: OAuthContext | None = None) -> TokenService:
+def make_app(config: Settings, store: Store, ctx: OAuthContext | None = None,
+             routes: list[Route] = ROUTES) -> TokenService:
+    """The service over ``store``; ``routes`` replaces the route table only in the benchmark's
+    A/B of the JSON adapter (bench/twin.py)."""
     ctx = ctx or make_context(config, store)
     static = {"static_path": str(STATIC_PATH), "static_url_prefix": "/static/"}
-    edge = Edge(ctx, config, ROUTES, HERE / "templates", static, StaticFiles)
+    edge = Edge(ctx, config, routes, HERE / "templates", static, StaticFiles)
     return TokenService(
         edge,
         template_path=str(HERE / "templates"),

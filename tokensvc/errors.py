@@ -11,15 +11,12 @@ imports a web framework: the protocol layer raises these.
 
 from __future__ import annotations
 
-from http import HTTPStatus
+from http.client import responses
 from typing import Any
 
 
 def reason_phrase(status: int) -> str:
-    try:
-        return HTTPStatus(status).phrase
-    except ValueError:
-        return "Unknown"
+    return responses.get(status, "Unknown")
 
 
 class HTTPAnswer(Exception):

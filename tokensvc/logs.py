@@ -10,7 +10,7 @@ access, audit and error lines.
 
 Why :func:`write` and not ``logger.info(...)``: a token request writes one or two lines, and
 going through the logging module (a LogRecord, the logger hierarchy, the handler lock, the
-formatter, a flush) cost about a quarter of the whole request in ``make bench``. When the
+formatter, a flush) is a large share of it (docs/performance.md has the figure). When the
 service's own handler (installed by :func:`configure`) is the only place such a line can go,
 :func:`write` formats it with the same formatter code and hands it to the handler directly;
 in every other case (a test's capture, a handler added by an embedding program) it logs a

@@ -14,15 +14,10 @@ request; docs/performance.md has the A/B.
 from __future__ import annotations
 
 import asyncio
-import contextvars
-import sys
-import types
-from collections.abc import Callable, Coroutine
 from http.cookies import SimpleCookie
 from typing import Any, ClassVar, cast
 
 import tornado.httputil
-import tornado.routing
 from tornado.httputil import HTTPHeaders, HTTPServerRequest
 
 from tokensvc.errors import BadRequest, NotFound
@@ -32,7 +27,6 @@ from tokensvc.handlers.lifecycle import (
     JSON,
     MAX_BODY_BYTES,
     Edge,
-    Lifecycle,
     Route,
     answer_for,
     check_xsrf,
@@ -60,11 +54,6 @@ class JsonHandler(RequestInput):
         self.log_error: str | None = None
         self.cookies: SimpleCookie | None = None  # cookies this response sets or clears
         self.answered = False
-
-    @classmethod
-    def target(cls, edge: Edge, route: Route) -> tornado.routing.Router:
-        """What the application's route table holds for ``route``."""
-        return _Target(edge, route)
 
     async def serve(self, path_args: list[bytes]) -> None:
         try:
@@ -143,66 +132,11 @@ class NotFoundHandler(JsonHandler):
 
 
 def serve(edge: Edge, route: Route, request: HTTPServerRequest, request_id: str, path_args: list[bytes]) -> None:
-    """Serve a JSON route's request (the lifecycle's ``start``)."""
+    """Serve a JSON route's request (the lifecycle's ``start``), in an asyncio Task of its own."""
     handler = cast(type[JsonHandler], route.handler)(edge, route, request, request_id)
-    start_eagerly(handler.serve(path_args))
+    task = asyncio.get_running_loop().create_task(handler.serve(path_args))
+    _serving.add(task)  # held until it is done, as asyncio asks of a task nobody awaits
+    task.add_done_callback(_serving.discard)
 
 
-class _Target(tornado.routing.Router):
-    """A route-table target: each request it matches goes through the lifecycle."""
-
-    def __init__(self, edge: Edge, route: Route) -> None:
-        self.edge, self.route = edge, route
-
-    def find_handler(self, request: HTTPServerRequest, **kwargs: Any) -> Lifecycle:
-        return Lifecycle(self.edge, self.route, request, kwargs.get("path_args") or [], start=serve)
-
-
-# -- running a request's coroutine ------------------------------------------------------
-
-
-def start_eagerly(coro: Coroutine[Any, Any, None]) -> asyncio.Future[Any] | None:
-    """Run ``coro`` at once, up to its first real wait; the rest, if any, in an asyncio Task
-    (returned; None when ``coro`` finished without waiting).
-
-    On the memory backend a request never waits, so it is served without creating and
-    scheduling a Task. With MongoDB the first store call waits and the request goes on in a
-    Task as usual. This is Python 3.12's eager task start, which 3.12 and later provide
-    themselves.
-    """
-    if EAGER_TASKS:
-        task = asyncio.Task(coro, loop=asyncio.get_running_loop(), eager_start=True)  # type: ignore[call-arg]
-        return None if task.done() else task
-    # Every step in one context, as a Task's are: a context variable set before the first
-    # wait and reset after it (PyMongo's operation timeout does this) stays valid.
-    context = contextvars.copy_context()
-    try:
-        waiting_on = context.run(coro.send, None)
-    except StopIteration:
-        return None
-    task = asyncio.get_running_loop().create_task(_resume(coro, waiting_on), context=context)
-    # A Task cancelled before its first step never reaches the coroutine: close it then, so
-    # that its ``finally`` blocks run at once rather than whenever it is collected.
-    task.add_done_callback(lambda _: coro.close())
-    return task
-
-
-EAGER_TASKS = sys.version_info >= (3, 12)
-
-
-@types.coroutine
-def _resume(coro: Coroutine[Any, Any, None], waiting_on: Any) -> Any:
-    """Go on with a started coroutine: hand what it waits on to the Task driving this
-    generator, and pass each result (or exception) back in, until the coroutine returns."""
-    step: Callable[[Any], Any]
-    while True:
-        try:
-            result = yield waiting_on
-        except BaseException as exc:
-            step, value = coro.throw, exc
-        else:
-            step, value = coro.send, result
-        try:
-            waiting_on = step(value)
-        except StopIteration as stop:
-            return stop.value
+_serving: set[asyncio.Task[None]] = set()

@@ -1,0 +1,50 @@
+"""A ``RequestHandler`` twin of every JSON route, for the A/B that decides the JSON adapter
+(``python bench/inprocess.py --ab delegate requesthandler``).
+
+A twin runs the same endpoint code (the same class, the same request lifecycle: its method
+table, body limit, request id, XSRF rule, renderer and access line) but is served the way pages
+are: Tornado's ``RequestHandler`` with its own body parsing, dispatch, error handling and
+response writing, instead of :class:`tokensvc.handlers.json_api.JsonHandler`'s direct writes.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import tornado.web
+
+from tokensvc.app import ROUTES
+from tokensvc.handlers.json_api import JsonHandler
+from tokensvc.handlers.lifecycle import Route
+from tokensvc.handlers.web import WebHandler
+from tokensvc.logs import REQUEST_ID
+
+
+class Twin:
+    """The JSON endpoint's code over a ``RequestHandler``: built, dispatched and answered by Tornado."""
+
+    def __init__(self, application: tornado.web.Application, request: Any, **kwargs: Any) -> None:
+        tornado.web.RequestHandler.__init__(self, application, request, **kwargs)  # type: ignore[arg-type]
+
+    def initialize(self, edge: Any, route: str) -> None:
+        WebHandler.initialize(self, edge, route)  # type: ignore[arg-type]
+        self.request_id = REQUEST_ID.get()
+        self.answered = False
+
+    def send(self, status: int, body: bytes, content_type: str | None, extra: dict[str, str] | None = None) -> None:
+        self.answered = True
+        self.set_status(status)
+        for name, value in (extra or {}).items():
+            self.set_header(name, value)
+        if content_type:
+            self.set_header("Content-Type", content_type)
+        self.finish(body)
+
+
+def twin(handler: type) -> type:
+    if not issubclass(handler, JsonHandler):
+        return handler
+    return type(handler.__name__ + "Twin", (Twin, handler, WebHandler), {})
+
+
+TWIN_ROUTES = [Route(route.path, twin(route.handler), route.methods) for route in ROUTES]
