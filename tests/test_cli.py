@@ -122,18 +122,19 @@ def test_duplicate_client_name_and_username(run):
 
 
 def test_users_round_trip(run, mongo):
-    code, out, err = run("users", "add", "dave", "--admin", "--password-stdin", stdin="dave-password\n",
+    code, out, err = run("users", "add", "dave", "--admin", "--password-stdin", stdin="dave-telescope-night\n",
                          json_out=True)
     assert code == 0, err
     assert out["username"] == "dave" and out["admin"] is True
     doc = stored(mongo, "users")[0]
-    assert doc["password_hash"].startswith("scrypt$") and "dave-password" not in repr(doc)
-    assert hashing.verify_password("dave-password", doc["password_hash"])
+    assert doc["password_hash"].startswith("scrypt$") and "dave-telescope-night" not in repr(doc)
+    assert hashing.verify_password("dave-telescope-night", doc["password_hash"])
     code, out, _ = run("users", "list")
     assert "dave" in out and "yes" in out
-    code, out, _ = run("users", "set-password", "dave", "--password-stdin", stdin="new-password\n", json_out=True)
+    code, out, _ = run("users", "set-password", "dave", "--password-stdin", stdin="orbit-lantern-quiet\n",
+                       json_out=True)
     assert code == 0 and out == {"username": "dave", "password_set": True, "sessions_ended": 0, "families_revoked": 0}
-    assert hashing.verify_password("new-password", stored(mongo, "users")[0]["password_hash"])
+    assert hashing.verify_password("orbit-lantern-quiet", stored(mongo, "users")[0]["password_hash"])
     code, out, _ = run("users", "set-password", "dave", "--keep-grants", "--password-stdin", stdin="third-password\n")
     assert code == 0 and out == "password of dave changed; 0 web sessions ended, 0 token families revoked\n"
     code, out, _ = run("users", "remove", "dave")
@@ -147,6 +148,19 @@ def test_password_never_from_a_flag_and_not_from_a_pipe_without_the_option(run):
     assert code == 1 and "use --password-stdin" in err
     code, _, err = run("users", "add", "eve", "--password-stdin", stdin="short\n")
     assert code == 1 and "at least 8 characters" in err
+
+
+@pytest.mark.parametrize("weak", ["password", "12345678", "aaaaaaaa", "eve12345", "tokensvc1", "Password1"])
+def test_common_and_context_passwords_are_refused_with_a_reason(run, weak):
+    """NIST SP 800-63B §5.1.1.2: common and breached passwords, and ones built from the
+    username or the service's name, are refused in one line that says why."""
+    code, _, err = run("users", "add", "eve", "--password-stdin", stdin=weak + "\n")
+    assert code == 1 and "too easy to guess" in err and len(err.strip().splitlines()) == 1, err
+    code, _, err = run("users", "add", "eve", "--password-stdin", stdin="violet-comet-harbor\n")
+    assert code == 0, err
+    code, _, err = run("users", "set-password", "eve", "--password-stdin", stdin=weak + "\n")
+    assert code == 1 and "too easy to guess" in err
+    run("users", "remove", "eve")
 
 
 def test_installations_round_trip(run):

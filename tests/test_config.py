@@ -125,3 +125,21 @@ def test_redirect_uris_that_are_allowed(tmp_path, uri):
     path = tmp_path / "c.toml"
     path.write_text(f'demo = true\n[[clients]]\nclient_id = "a"\nname = "A"\nredirect_uris = ["{uri}"]\n')
     assert config.load(path, environ={}).clients[0].redirect_uris == [uri]
+
+
+@pytest.mark.parametrize("weak", ["password", "12345678", "carol2024", "tokensvc12"])
+def test_a_weak_password_in_the_config_is_refused(weak):
+    with pytest.raises(ConfigError, match=r"^users\[0\]\.password: this password is too easy to guess"):
+        config.from_dict({"demo": True, "users": [{"username": "carol", "password": weak}]})
+
+
+def test_the_demo_passwords_pass_the_password_rule():
+    settings = config.load("config/tokensvc.toml", environ={})
+    assert {user.username for user in settings.users if user.password} >= {"alice", "root"}
+
+
+def test_allowed_scopes_follow_the_scope_grammar_of_the_cli():
+    with pytest.raises(ConfigError, match=r"clients\[0\]\.allowed_scopes: not a valid scope"):
+        config.from_dict({"demo": True, "clients": [{"client_id": "c", "name": "C",
+                                                      "redirect_uris": ["https://c.example/cb"],
+                                                      "allowed_scopes": ["read", 'bad"scope']}]})

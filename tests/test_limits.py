@@ -109,12 +109,15 @@ def test_memory_stays_bounded():
     assert set(limiter._failures) == {"fresh"}
 
 
-def test_disabled_limits_never_refuse():
-    limits = FailureLimits(LimitSettings(enabled=False, failed_logins_per_username=1))
-    keys = limits.login_keys("alice", "127.0.0.1")
-    for _ in range(5):
-        limits.failed(keys)
-        assert limits.reserve(keys) is None  # nothing counted, nothing refused
+@pytest.mark.gen_test
+async def test_disabled_limits_never_refuse():
+    limits = FailureLimits(LimitSettings(enabled=False, failed_logins_per_username=1,
+                                         failed_client_auth_per_client=1))
+    for attempt in (limits.login_attempt("alice", "127.0.0.1"), limits.client_attempt("webapp", "127.0.0.1")):
+        for _ in range(5):
+            await limits.failed(attempt)
+            assert await limits.reserve(attempt) is None  # nothing counted, nothing refused
+            await limits.check(attempt)
 
 
 # -- under concurrency, and from several addresses (127.0.0.0/8) -----------------------------
@@ -196,21 +199,14 @@ async def authenticate(ctx, secret, address="127.0.0.1"):
 
 @pytest.mark.gen_test(timeout=60)
 @pytest.mark.parametrize("backend_store", BACKENDS, indirect=True)
-async def test_forty_concurrent_wrong_secrets_check_only_the_limits_worth(yielding_ctx, monkeypatch):
-    from tokensvc.oauth import clientauth
-
-    checked = []
-    original = clientauth.verify
-
-    def counting(client, creds):
-        checked.append(creds.client_secret)
-        return original(client, creds)
-
-    monkeypatch.setattr(clientauth, "verify", counting)
+async def test_forty_concurrent_wrong_secrets_learn_only_the_limits_worth(yielding_ctx):
+    """A secret is checked at once (a digest); what a guess learns is its answer: 401 for only
+    the limit's worth of wrong ones, 429 for the rest, and for the right one past the limit."""
     results = await asyncio.gather(*(authenticate(yielding_ctx, "wrong") for _ in range(39)),
                                    authenticate(yielding_ctx, WEBAPP_SECRET))
-    assert len(checked) == 3  # failed_client_auth_per_client, for this address
+    assert results.count("InvalidClient") == 3  # failed_client_auth_per_client, for this address
     assert results.count("TooManyFailures") == 37
+    assert results[-1] == "TooManyFailures"  # the right secret, after the limit: no different answer
     # The client itself, from another address, still authenticates.
     assert (await authenticate(yielding_ctx, WEBAPP_SECRET, "127.0.0.3")).client_id == "webapp"
 
@@ -234,3 +230,68 @@ async def test_a_strangers_failures_do_not_lock_the_owner_out(http_client, base_
                                                     "127.0.0.4"), raise_error=False)).code == 429
     owner = Browser(http_client, base_url)
     assert (await owner.login("alice")).code == 302
+
+
+# -- across processes: several service contexts over one MongoDB (the yielding stand-in) -----------
+
+
+@pytest.fixture
+def processes(io_loop, config):
+    """Eight service contexts, as eight processes have, over one MongoDB whose every call
+    yields to the event loop."""
+    from backends import open_store
+
+    from tokensvc.bootstrap import make_context, seed
+    from tokensvc.storage.mongo import MongoStore
+
+    store, cleanup = open_store("mongodb", io_loop)
+    io_loop.run_sync(lambda: seed(store, config))
+    stores = [store] + [MongoStore(store._client, store._db.name, change_streams=False) for _ in range(7)]
+    yield [make_context(config, each) for each in stores]
+    cleanup()
+
+
+@pytest.mark.gen_test(timeout=60)
+async def test_forty_concurrent_wrong_secrets_over_eight_processes_learn_only_the_limits_worth(processes):
+    assert all(ctx.limits.shared is not None for ctx in processes)
+    results = await asyncio.gather(*(authenticate(processes[n % 8], "wrong") for n in range(40)))
+    assert results.count("InvalidClient") == 3 and results.count("TooManyFailures") == 37
+    # Every process now refuses the right secret from that address too; another address is free.
+    assert {await authenticate(ctx, WEBAPP_SECRET) for ctx in processes} == {"TooManyFailures"}
+    assert (await authenticate(processes[5], WEBAPP_SECRET, "127.0.0.9")).client_id == "webapp"
+
+
+@pytest.mark.gen_test(timeout=60)
+async def test_concurrent_right_secrets_over_eight_processes_are_never_refused(processes):
+    results = await asyncio.gather(*(authenticate(processes[n % 8], WEBAPP_SECRET) for n in range(48)))
+    assert all(getattr(result, "client_id", None) == "webapp" for result in results), results
+
+
+@pytest.mark.gen_test(timeout=60)
+async def test_forty_concurrent_wrong_passwords_over_eight_processes_check_only_the_limits_worth(
+        processes, monkeypatch):
+    from tokensvc.oauth import sessions
+
+    checked = []
+    original = sessions.check_password
+
+    async def counting(*args, **kwargs):
+        checked.append(1)
+        return await original(*args, **kwargs)  # scrypt in a thread: a real wait
+
+    monkeypatch.setattr(sessions, "check_password", counting)
+
+    async def sign_in(ctx, password):
+        try:
+            return await sessions.sign_in(ctx, "alice", password, "127.0.0.1")
+        except TooManyFailures:
+            return "TooManyFailures"
+
+    results = await asyncio.gather(*(sign_in(processes[n % 8], "wrong-password") for n in range(40)))
+    assert len(checked) == 3  # failed_logins_per_username: reserved in the store before scrypt
+    assert results.count(None) == 3 and results.count("TooManyFailures") == 37
+    # The owner signs in from another address; a right password gives its reservation back.
+    assert (await sessions.sign_in(processes[2], "alice", "alice-password", "127.0.0.5")).username == "alice"
+    await asyncio.sleep(0.05)  # the store takes the reservation back in the background
+    group = processes[0].limits.login_attempt("alice", "127.0.0.5").group
+    assert set((await processes[0].store.failures.find_one({"_id": group}))["c"].values()) == {0}

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import secrets
+from collections.abc import Sequence
 
 from tokensvc import logs
 from tokensvc.bootstrap import new_user_id
@@ -119,18 +120,19 @@ async def remove_client(ctx: OAuthContext, client_id: str) -> int:
     return revoked
 
 
-async def _hash_password(password: str) -> str:
-    problem = password_problem(password)
+async def _hash_password(password: str, context: Sequence[str]) -> str:
+    problem = password_problem(password, context)
     if problem is not None:
         raise AdminError(problem)
     return await asyncio.get_running_loop().run_in_executor(None, hashing.hash_password, password)
 
 
-async def create_user(store: Store, username: str, password: str, *, admin: bool = False) -> User:
+async def create_user(store: Store, username: str, password: str, *, admin: bool = False,
+                      service_name: str = "tokensvc") -> User:
     _check(username_problem(username), "username", username)
     if await store.get_user_by_username(username) is not None:
         raise AdminError(f"a user named {username!r} already exists")
-    user = User(new_user_id(), username, await _hash_password(password), admin)
+    user = User(new_user_id(), username, await _hash_password(password, [username, service_name]), admin)
     try:
         await store.put_user(user)
     except Conflict:
@@ -146,11 +148,12 @@ async def get_user(store: Store, username: str) -> User:
     return user
 
 
-async def set_password(ctx: OAuthContext, username: str, password: str, *, keep_grants: bool = False) -> dict[str, int]:
+async def set_password(ctx: OAuthContext, username: str, password: str, *, keep_grants: bool = False,
+                       service_name: str = "tokensvc") -> dict[str, int]:
     """A new password ends the user's web sessions and, unless ``keep_grants``, revokes every
     grant (and token) of theirs: whoever knew the old password is out everywhere."""
     user = await get_user(ctx.store, username)
-    user.password_hash = await _hash_password(password)
+    user.password_hash = await _hash_password(password, [username, service_name])
     await ctx.store.put_user(user)
     sessions = await web_sessions.end_all(ctx, user.user_id)
     revoked = 0

@@ -198,6 +198,7 @@ def _store_commands(factory: StoreFactory | None) -> Callable[[argparse.Namespac
             raise CommandError(MEMORY_PURGES_ITSELF if args.action is tokens_purge else MEMORY_STATE)
         store = factory(settings) if factory is not None else make_store(settings.storage)
         ctx = make_context(settings, store)
+        args.service_name = settings.service_name  # a context word of the password rule
 
         async def body() -> int:
             try:
@@ -294,7 +295,8 @@ def read_password(args: argparse.Namespace) -> str:
 
 
 async def users_add(ctx: OAuthContext, args: argparse.Namespace) -> int:
-    user = await admin.create_user(ctx.store, args.username, args.password, admin=args.admin)
+    user = await admin.create_user(ctx.store, args.username, args.password, admin=args.admin,
+                                   service_name=args.service_name)
     _emit(args, {"user_id": user.user_id, "username": user.username, "admin": user.admin},
           f"user_id: {user.user_id}")
     return 0
@@ -313,7 +315,8 @@ async def users_remove(ctx: OAuthContext, args: argparse.Namespace) -> int:
 
 
 async def users_set_password(ctx: OAuthContext, args: argparse.Namespace) -> int:
-    ended = await admin.set_password(ctx, args.username, args.password, keep_grants=args.keep_grants)
+    ended = await admin.set_password(ctx, args.username, args.password, keep_grants=args.keep_grants,
+                                     service_name=args.service_name)
     _emit(args, {"username": args.username, "password_set": True, **ended},
           f"password of {args.username} changed; {ended['sessions_ended']} web sessions ended, "
           f"{ended['families_revoked']} token families revoked")

@@ -411,7 +411,7 @@ def _check(settings: Settings) -> None:
     _check_storage(settings.storage)
     _check_sections(settings)
     _check_clients(settings.clients)
-    names = _check_users(settings.users)
+    names = _check_users(settings.users, settings.service_name)
     _check_installations(settings.installations, names)
 
 
@@ -490,7 +490,7 @@ def _check_clients(clients: list[ClientSeed]) -> None:
             raise ConfigError(f"{key}.client_secret_sha256: expected 64 lower-case hex digits")
 
 
-def _check_users(users: list[UserSeed]) -> set[str]:
+def _check_users(users: list[UserSeed], service_name: str) -> set[str]:
     """The users' rules; their names."""
     names: set[str] = set()
     for i, user in enumerate(users):
@@ -503,7 +503,7 @@ def _check_users(users: list[UserSeed]) -> set[str]:
         names.add(user.username)
         if (user.password is None) == (user.password_hash is None):
             raise ConfigError(f"{key}: give exactly one of password or password_hash")
-        problem = password_problem(user.password) if user.password is not None else None
+        problem = password_problem(user.password, [user.username, service_name]) if user.password else None
         if problem is not None:
             raise ConfigError(f"{key}.password: {problem} (the rule of `tokensvc users add`)")
     return names

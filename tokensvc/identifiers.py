@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import ipaddress
 import re
+from collections.abc import Sequence
 from urllib.parse import urlsplit
 
 # Client and installation ids: the unreserved characters of RFC 3986, at most 128.
@@ -13,6 +14,8 @@ ID_CHARS = re.compile(r"^[A-Za-z0-9._~-]+$")  # the characters alone (the length
 ID = re.compile(r"^[A-Za-z0-9._~-]{1,128}$")
 USERNAME = re.compile(r"^[A-Za-z0-9._@-]{1,64}$")
 MIN_PASSWORD_LENGTH = 8
+MIN_PASSWORD_SCORE = 3  # zxcvbn's 0-4: 3 is "safely unguessable" against an online attack
+ZXCVBN_MAX_LENGTH = 72  # what zxcvbn rates; a longer password is rated by its start
 ID_RULE = "1-128 characters of [A-Za-z0-9._~-]"
 USERNAME_RULE = "1-64 characters of [A-Za-z0-9._@-]"
 KINDS = ("telescope", "observatory")  # what a node installation is
@@ -38,11 +41,23 @@ def scope_problem(value: str) -> str | None:
     return None if SCOPE_TOKEN.match(value) else "a scope is printable ASCII without spaces, quotes or backslashes"
 
 
-def password_problem(password: str) -> str | None:
+def password_problem(password: str, context: Sequence[str] = ()) -> str | None:
     """Why ``password`` cannot be a user's password (``users add``, ``users set-password`` and
-    the config's ``[[users]]`` alike), or None when it can."""
+    the config's ``[[users]]`` alike), or None when it can.
+
+    NIST SP 800-63B §5.1.1.2: at least 8 characters, and not one that is common, breached or
+    built from context words (``context``: the username, the service's name). zxcvbn rates
+    it against its frequency lists of common passwords, words and names and against those
+    words; anything it scores below 3 of 4 is refused, with its own reason.
+    """
     if len(password) < MIN_PASSWORD_LENGTH:
         return f"a password needs at least {MIN_PASSWORD_LENGTH} characters"
+    from zxcvbn import zxcvbn  # its lists take a moment to load: only where a password is set
+
+    rating = zxcvbn(password[:ZXCVBN_MAX_LENGTH], user_inputs=[word for word in context if word])
+    if rating["score"] < MIN_PASSWORD_SCORE:
+        why = (rating["feedback"]["warning"] or "it is common or built from a name").rstrip(".")
+        return f"this password is too easy to guess ({why[0].lower() + why[1:]}); use a few unrelated words"
     return None
 
 

@@ -1,26 +1,46 @@
-"""Brute-force limits: failed client authentications and failed sign-ins are counted per
-client id / username and per remote address; past a limit the key is refused (429 with
-``Retry-After``) until its oldest failure leaves the window.
+"""Brute-force limits: client authentications and sign-ins are limited per (client id or
+username, remote address) and per remote address; past a limit the key is refused (429 with
+``Retry-After``) until its oldest attempt leaves the window.
 
-:class:`MemoryFailureLimiter` keeps the counts in this process, where every check happens
-without a wait. Several processes over one MongoDB
-also count every failure in the store (:class:`SharedFailureCounts`, an atomic ``$inc``):
-when a shared count reaches a limit, the process that counted it locks the key locally for
-the rest of the window. A key is then refused everywhere after at most the limit plus one
-failure per other process, instead of the limit in every process; a success costs no store
-round trip.
+Two ways to count, for the two kinds of check:
+
+- **A sign-in is reserved before its check** (scrypt, tens of milliseconds of CPU) and given back
+  when it succeeds (:meth:`FailureLimits.reserve`): of N concurrent wrong passwords only the
+  limit's worth are ever checked.
+- **A client's secret is checked at once** (a digest compared in constant time, no cost to
+  speak of) and what counts is what the answer reveals (:meth:`FailureLimits.failed`,
+  :meth:`FailureLimits.check`): a wrong secret is counted, and answered 401 only while its count
+  is within the limit, 429 past it; a right secret is answered 429 too while the key is over its
+  limit. So a guesser learns the outcome of at most the limit's worth of guesses, and a busy
+  client's concurrent right requests never count at all.
+
+:class:`MemoryFailureLimiter` counts in this process, with no wait between a count and its
+decision. Several processes over one MongoDB also count in the store
+(:class:`SharedFailureCounts`): the counters of one address live in one document, and one
+atomic ``$inc`` that returns the new counts counts an attempt in all of them; the decision is
+made on the counts every process sees. Of N concurrent wrong attempts spread over any number of
+processes, at most the limit's worth are checked (a sign-in) or answered 401 (a client), plus
+one: a right client secret whose read of the counts went before the limit-th wrong one's count.
 """
 
 from __future__ import annotations
 
+import asyncio
+import hashlib
+import logging
 import math
 import time
 from collections import deque
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
 from tokensvc.errors import HTTPAnswer
+from tokensvc.storage.base import StorageError, StoreFault
+
+log = logging.getLogger(__name__)
+
+ADDRESS = "*"  # the counter of an address itself, whatever client id or username
 
 
 class TooManyFailures(HTTPAnswer):
@@ -64,25 +84,48 @@ class LimitPolicy(Protocol):
 
 @runtime_checkable
 class SharedFailureCounts(Protocol):
-    """Failure counts every process sees (the MongoDB store)."""
+    """Attempt counts every process sees (the MongoDB store): the counters of one group (an
+    address, for client authentication or for sign-in) in one document, with a window."""
 
-    async def count_failure(self, key: str, window_seconds: int) -> tuple[int, float]:
-        """Count one failure of ``key`` in its current window (a new window starts when there
-        is none); the count so far and the seconds the window has left."""
+    async def count_attempt(self, group: str, counters: list[str], window_seconds: int) -> tuple[list[int], float]:
+        """Add one to each counter in one atomic step: their new counts, and the seconds left
+        in the group's window (which starts with its first attempt)."""
+        ...
 
-    async def forget_failures(self, key: str) -> None: ...
+    async def uncount_attempt(self, group: str, counters: list[str], reset: list[str]) -> None:
+        """Take one back from each of ``counters`` (the attempt succeeded, or was refused), and
+        set each of ``reset`` to zero (a right password clears its username), in one step."""
+        ...
+
+    async def read_counts(self, group: str, counters: list[str]) -> tuple[list[int], float]:
+        """The counters' counts (0 for none) and the seconds left in the group's window."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class Attempt:
+    """What one attempt counts against: counters of one group, each with its limit."""
+
+    group: str
+    counters: tuple[tuple[str, int], ...]
+
+    @property
+    def keys(self) -> list[tuple[str, int]]:
+        """The in-process keys: ``<group>|<counter>``."""
+        return [(f"{self.group}|{counter}", limit) for counter, limit in self.counters]
 
 
 @dataclass(frozen=True, slots=True)
 class Reservation:
     """An attempt counted before its check: taken back if it succeeds."""
 
-    keys: list[tuple[str, int]]
+    attempt: Attempt
     at: float
+    shared: bool = field(default=False)
 
 
 class MemoryFailureLimiter:
-    """Sliding-window failure counts in this process; idle keys are dropped as they age."""
+    """Sliding-window attempt counts in this process; idle keys are dropped as they age."""
 
     def __init__(self, window_seconds: float, clock: Callable[[], float] = time.monotonic,
                  max_keys: int = 100_000) -> None:
@@ -127,7 +170,7 @@ class MemoryFailureLimiter:
             while len(failures) > limit:  # only the newest `limit` failures matter
                 failures.popleft()
 
-    def succeeded(self, key: str) -> None:
+    def forget(self, key: str) -> None:
         self._failures.pop(key, None)
 
     def lock(self, key: str, limit: int, seconds: float) -> None:
@@ -135,71 +178,135 @@ class MemoryFailureLimiter:
         now = self.clock()
         self._failures[key] = deque([now - self.window + seconds] * limit)
 
-    def reserve(self, keys: Iterable[tuple[str, int]]) -> Reservation:
-        # No await between the check and the count: of N concurrent attempts, at most the
-        # limit's worth get past, whatever the slow check after it does.
-        listed = list(keys)
-        self.check(listed)
+    def reserve(self, keys: list[tuple[str, int]]) -> float:
+        """Check and count one attempt against each key, with no wait in between: of N
+        concurrent attempts, at most the limit's worth get past. When it was counted."""
+        self.check(keys)
         now = self.clock()
-        self._count(listed, now)
-        return Reservation(listed, now)
+        self._count(keys, now)
+        return now
 
-    def release(self, reservation: Reservation) -> None:
-        for key, _ in reservation.keys:
+    def release(self, keys: list[tuple[str, int]], at: float) -> None:
+        for key, _ in keys:
             failures = self._failures.get(key)
-            if failures is not None and reservation.at in failures:
-                failures.remove(reservation.at)
+            if failures is not None and at in failures:
+                failures.remove(at)
                 if not failures:
                     del self._failures[key]
 
 
 class FailureLimits:
-    """The service's limits over one limiter: which keys a failure counts against."""
+    """The service's limits: which counters an attempt counts against, reserved in this
+    process and, with several processes, in the store."""
 
     def __init__(self, settings: LimitPolicy, limiter: MemoryFailureLimiter | None = None,
                  shared: SharedFailureCounts | None = None) -> None:
         self.settings = settings
         self.limiter = limiter or MemoryFailureLimiter(settings.window_seconds)
         self.shared = shared
+        self._releasing: set[asyncio.Task[None]] = set()
 
-    # Failures count per (account, address) and per address, never per account alone: a
+    # Attempts count per (account, address) and per address, never per account alone: a
     # stranger's failures must not lock the owner out from an address of their own.
 
-    def client_keys(self, client_id: str | None, address: str) -> list[tuple[str, int]]:
-        keys = [(f"client-address:{address}", self.settings.failed_client_auth_per_address)]
+    def client_attempt(self, client_id: str | None, address: str) -> Attempt:
+        counters = [(ADDRESS, self.settings.failed_client_auth_per_address)]
         if client_id:
-            keys.append((f"client:{client_id}|{address}", self.settings.failed_client_auth_per_client))
-        return keys
+            counters.append((_counter(client_id), self.settings.failed_client_auth_per_client))
+        return Attempt(f"client|{address}", tuple(counters))
 
-    def login_keys(self, username: str | None, address: str) -> list[tuple[str, int]]:
-        keys = [(f"login-address:{address}", self.settings.failed_logins_per_address)]
+    def login_attempt(self, username: str | None, address: str) -> Attempt:
+        counters = [(ADDRESS, self.settings.failed_logins_per_address)]
         if username:
-            keys.append((f"login:{username.lower()}|{address}", self.settings.failed_logins_per_username))
-        return keys
+            counters.append((_counter(username.lower()), self.settings.failed_logins_per_username))
+        return Attempt(f"login|{address}", tuple(counters))
 
-    def reserve(self, keys: list[tuple[str, int]]) -> Reservation | None:
-        return self.limiter.reserve(keys) if self.settings.enabled else None
-
-    def release(self, reservation: Reservation | None) -> None:
-        if reservation is not None:
-            self.limiter.release(reservation)
-
-    def failed(self, keys: list[tuple[str, int]]) -> None:
-        if self.settings.enabled:
-            self.limiter.failed(keys)
-
-    async def failed_everywhere(self, keys: list[tuple[str, int]]) -> None:
-        """A failure this process has counted (reserved and not released): count it in the
-        shared counts too, and lock here every key whose shared count reached its limit."""
-        if self.shared is None or not self.settings.enabled:
+    async def failed(self, attempt: Attempt) -> None:
+        """A failed attempt, counted after its (instant) check: TooManyFailures when a counter
+        is now past its limit, so that the outcome of the check stays hidden."""
+        if not self.settings.enabled:
             return
-        for key, limit in keys:
-            count, seconds_left = await self.shared.count_failure(key, self.settings.window_seconds)
-            if count >= limit:
-                self.limiter.lock(key, limit, seconds_left)
-
-    async def login_succeeded(self, username: str, address: str) -> None:
-        key = f"login:{username.lower()}|{address}"
-        self.limiter.succeeded(key)
+        keys = attempt.keys
+        try:
+            self.limiter.check(keys)
+        finally:
+            self.limiter.failed(keys)
         if self.shared is not None:
-            await self.shared.forget_failures(key)
+            counts, seconds_left = await self.shared.count_attempt(
+                attempt.group, [counter for counter, _ in attempt.counters], self.settings.window_seconds)
+            self._refuse_past(keys, counts, seconds_left, at_limit=False)
+
+    async def check(self, attempt: Attempt) -> None:
+        """A succeeded attempt: TooManyFailures while a counter is at its limit (the right
+        secret is refused too, or it would tell itself from the wrong ones)."""
+        if not self.settings.enabled:
+            return
+        keys = attempt.keys
+        self.limiter.check(keys)
+        if self.shared is not None:
+            counts, seconds_left = await self.shared.read_counts(
+                attempt.group, [counter for counter, _ in attempt.counters])
+            self._refuse_past(keys, counts, seconds_left, at_limit=True)
+
+    def _refuse_past(self, keys: list[tuple[str, int]], counts: list[int], seconds_left: float, *,
+                     at_limit: bool) -> None:
+        over = [(key, limit) for (key, limit), count in zip(keys, counts, strict=True)
+                if count > limit or (at_limit and count == limit)]
+        for key, limit in over:  # refused here at once for the rest of the window
+            self.limiter.lock(key, limit, seconds_left)
+        if over:
+            raise TooManyFailures(max(1, math.ceil(seconds_left)))
+
+    async def reserve(self, attempt: Attempt) -> Reservation | None:
+        """Count ``attempt`` before its check; TooManyFailures (nothing counted) past a limit."""
+        if not self.settings.enabled:
+            return None
+        keys = attempt.keys
+        at = self.limiter.reserve(keys)
+        if self.shared is None:
+            return Reservation(attempt, at)
+        names = [counter for counter, _ in attempt.counters]
+        try:
+            counts, seconds_left = await self.shared.count_attempt(attempt.group, names,
+                                                                   self.settings.window_seconds)
+        except BaseException:
+            self.limiter.release(keys, at)
+            raise
+        try:
+            self._refuse_past(keys, counts, seconds_left, at_limit=False)
+        except TooManyFailures:
+            self.limiter.release(keys, at)
+            await self._uncount(attempt.group, names)
+            raise
+        return Reservation(attempt, at, shared=True)
+
+    def release(self, reservation: Reservation | None, *, clear_account: bool = False) -> None:
+        """The reserved attempt succeeded: take it back (in the store, without waiting). With
+        ``clear_account`` (a right password), the account's count goes back to zero: its
+        earlier failures are forgiven, the address's are not."""
+        if reservation is None:
+            return
+        attempt = reservation.attempt
+        self.limiter.release(attempt.keys, reservation.at)
+        names = [counter for counter, _ in attempt.counters]
+        reset = names[1:] if clear_account else []
+        for counter in reset:
+            self.limiter.forget(f"{attempt.group}|{counter}")
+        if reservation.shared:
+            task = asyncio.get_running_loop().create_task(
+                self._uncount(attempt.group, [name for name in names if name not in reset], reset))
+            self._releasing.add(task)
+            task.add_done_callback(self._releasing.discard)
+
+    async def _uncount(self, group: str, counters: list[str], reset: list[str] | None = None) -> None:
+        assert self.shared is not None
+        try:
+            await self.shared.uncount_attempt(group, counters, reset or [])
+        except (StorageError, StoreFault) as exc:  # the count stays one too high until the window ends
+            log.warning("could not take back an attempt's count: %s", exc)
+
+
+def _counter(account: str) -> str:
+    """A counter's name for a client id or username: a digest, safe as a document field name
+    whatever the account holds (dots, dollars) and of a fixed size."""
+    return hashlib.sha256(account.encode("utf-8", "replace")).hexdigest()[:32]

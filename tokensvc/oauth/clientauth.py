@@ -17,7 +17,7 @@ from tokensvc import logs
 from tokensvc.errors import ValidationFailed
 from tokensvc.oauth import hashing
 from tokensvc.oauth.errors import InvalidClient, InvalidRequest
-from tokensvc.ratelimit import TooManyFailures
+from tokensvc.ratelimit import Attempt, TooManyFailures
 from tokensvc.records import Client
 
 if TYPE_CHECKING:  # the context's metadata names this module's methods
@@ -116,39 +116,42 @@ def _is_basic(authorization: str | None) -> bool:
 async def authenticate_request(ctx: OAuthContext, request: ClientRequest) -> Client:
     """The client a token-endpoint request proves, under the failure limits, or InvalidClient.
 
-    Failures count against the address and the client id, and are audited; a client id or
-    address that failed too often gets TooManyFailures (429) before any check is made.
+    Failures count against the address and the client id, and are audited. The secret is
+    checked at once (a digest, in constant time); past a limit the answer is TooManyFailures
+    (429), for a wrong secret and a right one alike, so that it tells a guesser nothing.
     """
     require_client(request)
     limits = ctx.limits
     try:
         creds = request.credentials()
     except InvalidClient:
-        keys = limits.client_keys(None, request.address)
-        limits.failed(keys)
-        _audit_failure(None, request)
-        ctx.metrics.client_auth_failures.inc()
-        await limits.failed_everywhere(keys)
+        await _failed(ctx, limits.client_attempt(None, request.address), None, request)
         raise
     assert creds is not None  # it names a client
-    keys = limits.client_keys(creds.client_id, request.address)
+    attempt = limits.client_attempt(creds.client_id, request.address)
     client = await ctx.store.get_client(creds.client_id)
-    # Counted and checked with no wait in between: of N concurrent wrong attempts only the
-    # limit's worth are checked, and concurrent right ones never pile up against the limit.
-    try:
-        attempt = limits.reserve(keys)
-    except TooManyFailures:
-        ctx.metrics.rate_limited.labels("client_auth").inc()
-        raise
     try:
         proven = verify(client, creds)
     except InvalidClient:
-        _audit_failure(creds.client_id, request)
-        ctx.metrics.client_auth_failures.inc()
-        await limits.failed_everywhere(keys)
+        await _failed(ctx, attempt, creds.client_id, request)
         raise
-    limits.release(attempt)
+    try:
+        await limits.check(attempt)
+    except TooManyFailures:
+        ctx.metrics.rate_limited.labels("client_auth").inc()
+        raise
     return proven
+
+
+async def _failed(ctx: OAuthContext, attempt: Attempt, client_id: str | None, request: ClientRequest) -> None:
+    """Count and audit a failed authentication; TooManyFailures past a limit."""
+    _audit_failure(client_id, request)
+    ctx.metrics.client_auth_failures.inc()
+    try:
+        await ctx.limits.failed(attempt)
+    except TooManyFailures:
+        ctx.metrics.rate_limited.labels("client_auth").inc()
+        raise
 
 
 def _audit_failure(client_id: str | None, request: ClientRequest) -> None:

@@ -19,9 +19,8 @@ async def sign_in(ctx: OAuthContext, username: str, password: str, address: str)
     """The user when the password is right, None when not; TooManyFailures (429) when the
     username or the address failed too often. Every outcome is audited."""
     limits = ctx.limits
-    keys = limits.login_keys(username, address)
     try:
-        attempt = limits.reserve(keys)  # counted before the slow check, taken back on success
+        reservation = await limits.reserve(limits.login_attempt(username, address))  # before the slow check
     except TooManyFailures:
         logs.audit("login", {"username": username, "outcome": "rate_limited", "remote_ip": address},
                    logging.WARNING, "login refused")
@@ -32,10 +31,8 @@ async def sign_in(ctx: OAuthContext, username: str, password: str, address: str)
         logs.audit("login", {"username": username, "outcome": "failure", "remote_ip": address},
                    logging.WARNING, "login failed")
         ctx.metrics.login_failures.inc()
-        await limits.failed_everywhere(keys)
-        return None
-    limits.release(attempt)
-    await limits.login_succeeded(username, address)
+        return None  # the attempt stays counted
+    limits.release(reservation, clear_account=True)
     logs.audit("login", {"subject": user.user_id, "username": user.username, "outcome": "success",
                          "remote_ip": address}, message="login succeeded")
     return user

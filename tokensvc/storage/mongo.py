@@ -558,26 +558,38 @@ class MongoStore(Store):
     # -- failure counts shared by the processes (ratelimit.SharedFailureCounts)
 
     @guarded
-    async def count_failure(self, key: str, window_seconds: int) -> tuple[int, float]:
+    async def count_attempt(self, group: str, counters: list[str], window_seconds: int) -> tuple[list[int], float]:
         now = datetime.now(UTC)
         for _ in range(3):
             counted = await self.failures.find_one_and_update(
-                {"_id": key, "expires_at": {"$gt": now}}, {"$inc": {"n": 1}}, return_document=ReturnDocument.AFTER)
+                {"_id": group, "expires_at": {"$gt": now}}, {"$inc": {f"c.{name}": 1 for name in counters}},
+                return_document=ReturnDocument.AFTER)
             if counted is not None:
-                return counted["n"], (_utc(counted["expires_at"]) - now).total_seconds()
+                return [counted["c"][name] for name in counters], (_utc(counted["expires_at"]) - now).total_seconds()
             # No window, or one the TTL monitor has not removed yet: start one.
-            await self.failures.delete_one({"_id": key, "expires_at": {"$lte": now}})
+            await self.failures.delete_one({"_id": group, "expires_at": {"$lte": now}})
             try:
-                expires_at = now + timedelta(seconds=window_seconds)
-                await self.failures.insert_one({"_id": key, "n": 1, "expires_at": expires_at})
-                return 1, float(window_seconds)
+                window = {"c": dict.fromkeys(counters, 1), "expires_at": now + timedelta(seconds=window_seconds)}
+                await self.failures.insert_one({"_id": group, **window})
+                return [1] * len(counters), float(window_seconds)
             except DuplicateKeyError:  # another process started it first: count in it
                 continue
-        raise StorageError("could not count a failure (concurrent updates)")
+        raise StorageError("could not count an attempt (concurrent updates)")
 
     @guarded
-    async def forget_failures(self, key: str) -> None:
-        await self.failures.delete_one({"_id": key})
+    async def uncount_attempt(self, group: str, counters: list[str], reset: list[str]) -> None:
+        update: dict[str, Any] = {"$inc": {f"c.{name}": -1 for name in counters}}
+        if reset:
+            update["$set"] = {f"c.{name}": 0 for name in reset}
+        await self.failures.update_one({"_id": group, "expires_at": {"$gt": datetime.now(UTC)}}, update)
+
+    @guarded
+    async def read_counts(self, group: str, counters: list[str]) -> tuple[list[int], float]:
+        now = datetime.now(UTC)
+        found = await self.failures.find_one({"_id": group, "expires_at": {"$gt": now}})
+        if found is None:
+            return [0] * len(counters), 0.0
+        return [found["c"].get(name, 0) for name in counters], (_utc(found["expires_at"]) - now).total_seconds()
 
     # -- revocations across processes
 
