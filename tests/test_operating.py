@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import logging
 import multiprocessing
+import os
 import re
 
 import pytest
@@ -168,7 +169,8 @@ def test_several_processes_give_one_view(tmp_path, monkeypatch):
             assert child.exitcode == 0
         text = metrics.Metrics().render().decode()
     finally:
-        monkeypatch.delenv(metrics.MULTIPROCESS_ENV, raising=False)
+        # Not monkeypatch: it would put back, when the test ends, the value set here.
+        os.environ.pop(metrics.MULTIPROCESS_ENV, None)
     assert sample(text, "tokensvc_tokens_issued_total", grant="authorization_code") == 5
     assert "process_cpu_seconds_total" in text
 
@@ -264,3 +266,37 @@ def test_audit_values_are_plain_text(service_stream):
     logs.audit("consent", {"client_id": "skyplanner", "scopes": ["read", "observations:write"]})
     line = service_stream.getvalue().strip()
     assert line.endswith("event=consent client_id=skyplanner scopes=read observations:write")
+
+
+@pytest.mark.gen_test(timeout=60)
+async def test_invented_methods_and_paths_add_no_series(http_client, base_url):
+    """Every label comes from a closed set: a method outside the standard ones is ``other``, a
+    path is its route's pattern (``(unmatched)`` for none), a status is a number. So 1,000
+    requests with invented methods and paths leave the exposition as large as 100 did."""
+    import random
+    import string
+
+    def series(text: str) -> set[str]:
+        return {line.rsplit(" ", 1)[0] for line in text.splitlines()
+                if line.startswith(("tokensvc_http_requests_total{", "tokensvc_http_request_duration_seconds"))}
+
+    rng = random.Random(7)
+
+    async def invent(count: int) -> None:
+        for _ in range(count):
+            method = "X" + "".join(rng.choices(string.ascii_uppercase, k=8))
+            path = rng.choice(["/healthz", "/oauth/clients/" + "".join(rng.choices(string.ascii_lowercase, k=12)),
+                               "/" + "".join(rng.choices(string.ascii_lowercase, k=12))])
+            response = await http_client.fetch(base_url + path, method=method, allow_nonstandard_methods=True,
+                                               raise_error=False)
+            assert response.code in (404, 405)
+
+    await scrape(http_client, base_url)  # the scrape's own series, from here on
+    await invent(100)
+    after_100 = series(await scrape(http_client, base_url))
+    await invent(900)
+    after_1000 = series(await scrape(http_client, base_url))
+    assert after_1000 == after_100
+    assert 'method="other"' in " ".join(after_1000) and "XA" not in " ".join(after_1000)
+    routes = {re.search(r'route="([^"]*)"', line).group(1) for line in after_1000 if 'route="' in line}
+    assert routes <= {"/healthz", "/oauth/clients/{client_id}", "(unmatched)", "/metrics"}

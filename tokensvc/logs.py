@@ -51,6 +51,25 @@ _SECRET_PARAMETER = re.compile(
     r"(=|%3D|%253D)(?:(?!%26|%2526)[^&\s'\"])*", re.IGNORECASE)
 _CREDENTIALS = re.compile(r"\b(Bearer|Basic)\s+[^\s'\"]+", re.IGNORECASE)
 
+# C0, DEL, C1 and the Unicode line and paragraph separators: what could start a line of its
+# own in a text log, or be taken by a terminal as a command (CWE-117).
+_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029]")
+_ESCAPES = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
+MAX_VALUE = 256  # characters of a value a request supplied, in a line
+
+
+def escape(text: str) -> str:
+    """``text`` with every control character written as an escape (``\\n``, ``\\u0000``,
+    ``\\u2028``): whatever a request supplied stays inside the line it is written in."""
+    if not _CONTROL.search(text):
+        return text
+    return _CONTROL.sub(lambda found: _ESCAPES.get(found.group()) or f"\\u{ord(found.group()):04x}", text)
+
+
+def clip(value: str, limit: int = MAX_VALUE) -> str:
+    """``value``, cut after ``limit`` characters with a marker that says how much was left out."""
+    return value if len(value) <= limit else f"{value[:limit]}...({len(value) - limit} more)"
+
 
 def withhold_client_input(message: str) -> str:
     """``message`` with whatever a client sent that may be a secret withheld: quoted values
@@ -120,10 +139,10 @@ class TextFormatter(logging.Formatter):
         second = int(created)
         if second != self._second:
             self._second, self._second_text = second, time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(second))
-        line = f"{self._second_text}.{int((created - second) * 1000):03d}Z {levelname} {name}: {message}"
+        line = f"{self._second_text}.{int((created - second) * 1000):03d}Z {levelname} {name}: {escape(message)}"
         audit = extras.get("audit")
         if audit:
-            line += " " + " ".join([f"{key}={value}" for key, value in audit.items()])
+            line += " " + " ".join([f"{key}={escape(str(value))}" for key, value in audit.items()])
         request_id = REQUEST_ID.get()
         if request_id is not None:
             line += f" request_id={request_id}"
@@ -178,10 +197,23 @@ def write(logger: logging.Logger, level: int, message: str, kind: str, fields: d
 
 
 def audit(event: str, fields: dict[str, Any], level: int = logging.INFO, message: str | None = None) -> None:
-    """One audit record: ``event`` plus ``fields`` (never a secret), every value plain text
-    (a list, such as scopes, space-separated as OAuth writes it)."""
-    plain = {key: " ".join(value) if isinstance(value, (list, tuple)) else value for key, value in fields.items()}
+    """One audit record: ``event`` plus ``fields`` (never a secret), every value plain text (a
+    list, such as scopes, space-separated as OAuth writes it; a string that holds a space, a
+    quote or ``=`` in double quotes, so that it cannot pass for another field), cut at
+    :data:`MAX_VALUE` characters."""
+    plain = {key: " ".join(value) if isinstance(value, (list, tuple)) else _plain(value)
+             for key, value in fields.items()}
     write(audit_log, level, message or event.replace("_", " "), "audit", {"event": event, **plain})
+
+
+def _plain(value: Any) -> Any:
+    if not isinstance(value, str):
+        return value
+    value = clip(value)
+    return json.dumps(value, ensure_ascii=False) if _NEEDS_QUOTES.search(value) else value
+
+
+_NEEDS_QUOTES = re.compile(r'[\s"=]')
 
 
 def _sole_service_handler(logger: logging.Logger, level: int) -> ServiceHandler | None:

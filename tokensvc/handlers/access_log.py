@@ -12,6 +12,8 @@ import tornado.httputil
 
 from tokensvc import logs
 
+PATH_LIMIT = 2048  # characters of a path and query in an access line
+
 
 def redact(uri: str) -> str:
     """``uri`` with the value of every secret-bearing query parameter replaced by ``***``, also
@@ -45,12 +47,14 @@ def log_access(status: int, request: tornado.httputil.HTTPServerRequest, client_
     if not logs.access_log.isEnabledFor(level):
         return
     elapsed_ms = 1000.0 * request.request_time()
-    path = redact(request.uri or "")
-    message = f"{request.remote_ip} {status} {request.method} {path} {elapsed_ms:.2f}ms"
+    path = logs.clip(redact(request.uri or ""), PATH_LIMIT)
+    method = logs.clip(request.method or "", 16)
+    client_id = logs.clip(client_id) if client_id else None
+    message = f"{request.remote_ip} {status} {method} {path} {elapsed_ms:.2f}ms"
     if client_id:
         message += f" client_id={client_id}"
     if error:
         message += f" error={error}"
     logs.write(logs.access_log, level, message, "access", {
-        "remote_ip": request.remote_ip, "status": status, "method": request.method, "path": path,
+        "remote_ip": request.remote_ip, "status": status, "method": method, "path": path,
         "ms": round(elapsed_ms, 2), "client_id": client_id, "error": error})

@@ -17,35 +17,46 @@ from tokensvc.storage.base import SESSION, USER, Revocation
 
 async def sign_in(ctx: OAuthContext, username: str, password: str, address: str) -> User | None:
     """The user when the password is right, None when not; TooManyFailures (429) when the
-    username or the address failed too often. Every outcome is audited."""
+    username or the address failed too often. Every outcome is audited; a failed one names
+    the username only when such a user exists (what was typed may be a password typed in the
+    wrong field)."""
     limits = ctx.limits
     try:
         reservation = await limits.reserve(limits.login_attempt(username, address))  # before the slow check
     except TooManyFailures:
-        logs.audit("login", {"username": username, "outcome": "rate_limited", "remote_ip": address},
-                   logging.WARNING, "login refused")
+        logs.audit("login", {"username": await _known(ctx, username), "outcome": "rate_limited",
+                             "remote_ip": address}, logging.WARNING, "login refused")
         ctx.metrics.rate_limited.labels("login").inc()
         raise
-    user = await check_password(ctx, username, password)
-    if user is None:
-        logs.audit("login", {"username": username, "outcome": "failure", "remote_ip": address},
-                   logging.WARNING, "login failed")
+    named, right = await check_password(ctx, username, password)
+    if named is None or not right:
+        logs.audit("login", {"username": named.username if named else UNKNOWN_USER, "outcome": "failure",
+                             "remote_ip": address}, logging.WARNING, "login failed")
         ctx.metrics.login_failures.inc()
         return None  # the attempt stays counted
     limits.release(reservation, clear_account=True)
-    logs.audit("login", {"subject": user.user_id, "username": user.username, "outcome": "success",
+    logs.audit("login", {"subject": named.user_id, "username": named.username, "outcome": "success",
                          "remote_ip": address}, message="login succeeded")
-    return user
+    return named
 
 
-async def check_password(ctx: OAuthContext, username: str, password: str) -> User | None:
-    """The user when the password is right; None otherwise, in about the same time either way."""
+UNKNOWN_USER = "unknown user"  # no username has a space: it names no one
+
+
+async def _known(ctx: OAuthContext, username: str) -> str:
+    user = await ctx.store.get_user_by_username(username) if len(username) <= 128 else None
+    return user.username if user is not None else UNKNOWN_USER
+
+
+async def check_password(ctx: OAuthContext, username: str, password: str) -> tuple[User | None, bool]:
+    """The user ``username`` names (None: no such user) and whether ``password`` is theirs, in
+    about the same time either way."""
     user = await ctx.store.get_user_by_username(username) if len(username) <= 128 else None
     stored = user.password_hash if user is not None else hashing.dummy_password_hash()
     loop = asyncio.get_running_loop()
     # scrypt takes tens of milliseconds: keep it off the event loop.
     ok = await loop.run_in_executor(None, hashing.verify_password, password, stored)
-    return user if ok and user is not None else None
+    return user, ok and user is not None
 
 
 async def start(ctx: OAuthContext, user: User) -> str:
