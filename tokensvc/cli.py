@@ -94,7 +94,8 @@ async def serve(settings: Settings, sockets: list[socket.socket]) -> None:
     relaying = asyncio.create_task(events.relay(store, ctx.events))
     housekeeping = [asyncio.create_task(purge_periodically(store))] if settings.storage.backend == "memory" else []
     # Bodies are counted by the request lifecycle, which answers 413 (handlers/lifecycle.py).
-    server = tornado.httpserver.HTTPServer(app, xheaders=settings.xheaders,
+    # The client's address behind proxies is the request lifecycle's (handlers/proxies.py).
+    server = tornado.httpserver.HTTPServer(app,
                                            idle_connection_timeout=settings.server.idle_timeout,
                                            body_timeout=settings.server.body_timeout)
     server.add_sockets(sockets)

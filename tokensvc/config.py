@@ -90,6 +90,16 @@ class ServerSettings:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class ProxySettings:
+    # With xheaders: how many proxies in front of the service append to X-Forwarded-For.
+    trusted_hops: int = 1
+    # Or their networks: X-Forwarded-For is read back past every address in them.
+    trusted_networks: list[str] = field(default_factory=list)
+    # Take X-Real-IP, set by the nearest proxy, instead (from a trusted peer only).
+    real_ip_header: bool = False
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class LimitSettings:
     enabled: bool = True
     window_seconds: int = 300
@@ -151,6 +161,7 @@ class Settings:
     log_format: str = "text"
     log_level: str = "info"
     server: ServerSettings = field(default_factory=ServerSettings)
+    proxy: ProxySettings = field(default_factory=ProxySettings)
     storage: StorageSettings = field(default_factory=StorageSettings)
     tokens: TokenSettings = field(default_factory=TokenSettings)
     limits: LimitSettings = field(default_factory=LimitSettings)
@@ -182,7 +193,8 @@ class Settings:
         return self.auth_url.startswith("https://")
 
 
-SECTIONS: dict[str, type] = {"server": ServerSettings, "storage": StorageSettings, "tokens": TokenSettings,
+SECTIONS: dict[str, type] = {"server": ServerSettings, "proxy": ProxySettings, "storage": StorageSettings,
+                             "tokens": TokenSettings,
                              "limits": LimitSettings, "metrics": MetricsSettings}
 TABLES: dict[str, type] = {"clients": ClientSeed, "users": UserSeed, "installations": InstallationSeed}
 
@@ -442,7 +454,7 @@ def _check_storage(storage: StorageSettings) -> None:
 
 
 def _check_sections(settings: Settings) -> None:
-    """The numbers of [tokens], [server] and [limits], and the networks of [metrics]."""
+    """The numbers of [tokens], [server], [proxy] and [limits], and the networks of [metrics] and [proxy]."""
     for f in dataclasses.fields(TokenSettings):
         value = getattr(settings.tokens, f.name)
         minimum = 0 if f.name == "refresh_grace_seconds" else 1
@@ -455,11 +467,15 @@ def _check_sections(settings: Settings) -> None:
         value = getattr(settings.limits, f.name)
         if f.name != "enabled" and value < 1:
             raise ConfigError(f"limits.{f.name}: must be at least 1, got {value}")
-    for network in settings.metrics.allow:
-        try:
-            ipaddress.ip_network(network, strict=False)
-        except ValueError:
-            raise ConfigError(f"metrics.allow: not a network (address/prefix): {network!r}") from None
+    for key, networks in (("metrics.allow", settings.metrics.allow),
+                          ("proxy.trusted_networks", settings.proxy.trusted_networks)):
+        for network in networks:
+            try:
+                ipaddress.ip_network(network, strict=False)
+            except ValueError:
+                raise ConfigError(f"{key}: not a network (address/prefix): {network!r}") from None
+    if settings.proxy.trusted_hops < 0:
+        raise ConfigError(f"proxy.trusted_hops: must be 0 or more, got {settings.proxy.trusted_hops}")
 
 
 def _check_clients(clients: list[ClientSeed]) -> None:

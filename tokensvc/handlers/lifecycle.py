@@ -44,6 +44,7 @@ from tokensvc.handlers import xsrf
 from tokensvc.handlers.access_log import log_access, redact
 from tokensvc.handlers.headers import safe_location
 from tokensvc.handlers.inputs import RequestInput
+from tokensvc.handlers.proxies import ClientAddress
 from tokensvc.logs import REQUEST_ID
 from tokensvc.metrics import Metrics
 from tokensvc.oauth.context import OAuthContext
@@ -182,6 +183,9 @@ class Edge:
         self.ctx, self.config, self.metrics = ctx, config, ctx.metrics
         self.routes = routes  # the route table
         self.templates = tornado.template.Loader(str(template_path))
+        proxy = config.proxy
+        self.client_address = ClientAddress(config.xheaders, proxy.trusted_hops, proxy.trusted_networks,
+                                            proxy.real_ip_header)
         self._static_settings, self._static_files = static_settings, static_files
 
     def static_url(self, path: str) -> str:
@@ -278,7 +282,9 @@ class Lifecycle(tornado.httputil.HTTPMessageDelegate):
 
     def finish(self) -> None:
         """The whole request is in: answer it."""
-        request_id = request_id_for(self.request)
+        request = self.request
+        request.remote_ip = self.edge.client_address(request)  # behind proxies: the client's, once
+        request_id = request_id_for(request)
         # For this call only: the handler's Task (or the JSON route's coroutine) copies it, and
         # the connection's own context keeps none.
         token = REQUEST_ID.set(request_id)

@@ -1,0 +1,98 @@
+"""Behind reverse proxies: the client's address is read from X-Forwarded-For back past the
+trusted proxies only, never from what a client wrote itself; X-Real-IP only where configured.
+The failure limits, /metrics and the log lines all use that one address."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+from helpers import Browser, json_of, make_config
+from tornado.httputil import HTTPHeaders, HTTPServerRequest, RequestStartLine
+
+from tokensvc.handlers.proxies import ClientAddress
+
+
+def request(peer: str, **headers: str | list[str]) -> HTTPServerRequest:
+    sent = HTTPHeaders({"Host": "tokensvc.example"})
+    for name, values in headers.items():
+        for value in [values] if isinstance(values, str) else values:
+            sent.add(name.replace("_", "-"), value)
+    made = HTTPServerRequest(start_line=RequestStartLine("GET", "/", "HTTP/1.1"), headers=sent)
+    made.remote_ip = peer
+    return made
+
+
+def test_without_xheaders_no_header_counts():
+    address = ClientAddress(False)
+    assert address(request("203.0.113.9", X_Forwarded_For="10.1.2.3", X_Real_IP="10.1.2.3")) == "203.0.113.9"
+
+
+def test_trusted_hops_count_back_from_the_right():
+    one = ClientAddress(True, trusted_hops=1)
+    # nginx appended the address it was reached from; the client wrote the rest.
+    assert one(request("127.0.0.1", X_Forwarded_For="6.6.6.6, 10.9.9.9, 198.51.100.7")) == "198.51.100.7"
+    assert one(request("127.0.0.1", X_Forwarded_For=["6.6.6.6", "198.51.100.7"])) == "198.51.100.7"
+    assert one(request("127.0.0.1", X_Real_IP="10.1.2.3")) == "127.0.0.1"  # X-Real-IP not configured
+    two = ClientAddress(True, trusted_hops=2)  # a cloud load balancer, then an ingress
+    assert two(request("10.0.0.5", X_Forwarded_For="6.6.6.6, 198.51.100.7, 10.0.0.4")) == "198.51.100.7"
+    assert ClientAddress(True, trusted_hops=0)(request("203.0.113.9", X_Forwarded_For="1.2.3.4")) == "203.0.113.9"
+
+
+def test_trusted_networks_are_skipped_from_the_right():
+    address = ClientAddress(True, trusted_networks=["10.0.0.0/8", "127.0.0.0/8"])
+    assert address(request("10.0.0.5", X_Forwarded_For="6.6.6.6, 198.51.100.7, 10.3.3.3")) == "198.51.100.7"
+    assert address(request("203.0.113.9", X_Forwarded_For="10.1.1.1")) == "203.0.113.9"  # not from a proxy
+    assert address(request("10.0.0.5", X_Forwarded_For="6.6.6.6, junk, 10.2.2.2")) == "10.2.2.2"  # stops there
+
+
+def test_x_real_ip_only_where_configured_and_from_a_trusted_peer():
+    address = ClientAddress(True, trusted_networks=["127.0.0.0/8"], real_ip_header=True)
+    assert address(request("127.0.0.1", X_Real_IP="198.51.100.7", X_Forwarded_For="6.6.6.6")) == "198.51.100.7"
+    assert address(request("203.0.113.9", X_Real_IP="198.51.100.7")) == "203.0.113.9"
+    assert address(request("127.0.0.1", X_Real_IP="not-an-ip")) == "127.0.0.1"
+
+
+BEHIND_NGINX = make_config(xheaders=True, proxy={"trusted_hops": 1}, metrics={"allow": ["10.0.0.0/8"]},
+                           limits={"failed_logins_per_username": 3, "failed_logins_per_address": 5})
+
+
+@pytest.mark.gen_test(timeout=60)
+@pytest.mark.parametrize("config", [BEHIND_NGINX])
+async def test_rotating_spoofed_headers_get_no_more_guesses(http_client, base_url, config):
+    """60 wrong passwords, each with a new X-Real-IP and a new address of the client's own at
+    the left of X-Forwarded-For: the proxy's entry stays the same, and so does the limit."""
+    browser = Browser(http_client, base_url)
+    xsrf = await browser.xsrf()
+    codes = []
+    for n in range(60):
+        response = await browser.fetch("/login", "POST", {"username": "alice", "password": "wrong-password",
+                                                          "_xsrf": xsrf},
+                                       headers={"X-Real-IP": f"10.7.{n}.1",
+                                                "X-Forwarded-For": f"10.8.{n}.1, 198.51.100.7"})
+        codes.append(response.code)
+    assert codes.count(401) == 3 and codes.count(429) == 57
+
+
+@pytest.mark.gen_test
+@pytest.mark.parametrize("config", [BEHIND_NGINX])
+async def test_metrics_admit_the_address_the_proxy_saw(http_client, base_url, config, caplog):
+    async def scrape(**headers):
+        return await http_client.fetch(base_url + "/metrics", headers=headers, raise_error=False)
+
+    assert (await scrape()).code == 404  # 127.0.0.1, the proxy itself, is not in 10.0.0.0/8
+    assert (await scrape(**{"X-Real-IP": "10.1.2.3"})).code == 404
+    assert (await scrape(**{"X-Forwarded-For": "10.1.2.3, 203.0.113.5"})).code == 404
+    with caplog.at_level(logging.INFO, logger="tokensvc.access"):
+        admitted = await scrape(**{"X-Forwarded-For": "203.0.113.5, 10.1.2.3"})
+    assert admitted.code == 200
+    assert any(record.getMessage().startswith("10.1.2.3 200 GET /metrics") for record in caplog.records)
+
+
+@pytest.mark.gen_test
+async def test_without_xheaders_a_header_changes_nothing(http_client, base_url, caplog):
+    with caplog.at_level(logging.INFO, logger="tokensvc.access"):
+        response = await http_client.fetch(base_url + "/healthz", headers={"X-Forwarded-For": "10.1.2.3",
+                                                                           "X-Real-IP": "10.1.2.3"})
+    assert json_of(response) == {"status": "ok"}
+    assert any(record.getMessage().startswith("127.0.0.1 200 GET /healthz") for record in caplog.records)

@@ -1,0 +1,67 @@
+"""Who the client is behind reverse proxies: the one address that the failure limits count,
+``/metrics`` admits and the log lines name.
+
+Without ``xheaders`` it is the socket's peer, and no header changes it. With ``xheaders``,
+``X-Forwarded-For`` is read from its right end, where each proxy appended the address it was
+reached from: the address ``proxy.trusted_hops`` places before the peer, or, with
+``proxy.trusted_networks``, the first address from the right that is not one of those networks.
+Whatever a client put at the left end itself is never taken. ``X-Real-IP`` (set by the
+nearest proxy alone) is taken only where ``proxy.real_ip_header`` says so, and only from a
+trusted peer. An address that is not an IP address stops the walk at the last trusted one.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from collections.abc import Sequence
+
+from tornado.httputil import HTTPServerRequest
+
+Network = ipaddress.IPv4Network | ipaddress.IPv6Network
+
+
+def _ip(text: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
+    try:
+        address = ipaddress.ip_address(text.strip().split("%")[0])
+    except ValueError:
+        return None
+    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
+        return address.ipv4_mapped
+    return address
+
+
+class ClientAddress:
+    """The client's address of a request, as the ``xheaders`` and ``[proxy]`` settings say."""
+
+    def __init__(self, enabled: bool, trusted_hops: int = 1, trusted_networks: Sequence[str] = (),
+                 real_ip_header: bool = False) -> None:
+        self.enabled, self.hops, self.real_ip = enabled, trusted_hops, real_ip_header
+        self.networks: list[Network] = [ipaddress.ip_network(network, strict=False) for network in trusted_networks]
+
+    def __call__(self, request: HTTPServerRequest) -> str:
+        peer = request.remote_ip or ""
+        if not self.enabled:
+            return peer
+        if not self._trusted(peer, 0):
+            return peer  # a client reached the service directly: its headers say nothing
+        if self.real_ip:
+            real = _ip(request.headers.get("X-Real-IP", ""))
+            return str(real) if real is not None else peer
+        forwarded = [entry for value in request.headers.get_list("X-Forwarded-For") for entry in value.split(",")]
+        chain = [*forwarded, peer]
+        client = peer
+        for distance, entry in enumerate(reversed(chain)):
+            address = _ip(entry)
+            if address is None:
+                return client  # a malformed entry: nothing to its left can be trusted
+            client = str(address)
+            if not self._trusted(client, distance):
+                return client
+        return client
+
+    def _trusted(self, address: str, distance: int) -> bool:
+        """Whether ``address``, ``distance`` hops from the service, is one of its proxies."""
+        if self.networks:
+            ip = _ip(address)
+            return ip is not None and any(ip in network for network in self.networks)
+        return distance < self.hops
