@@ -61,13 +61,13 @@ CONTENT_LENGTH = re.compile(rb"\r\nContent-Length: (\d+)", re.I)
 
 
 def post(path: str, body: str, authorization: str = BASIC) -> bytes:
-    return (f"POST {path} HTTP/1.1\r\nHost: bench\r\nAuthorization: {authorization}\r\n"
+    return (f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: {authorization}\r\n"
             f"Content-Type: application/x-www-form-urlencoded\r\nContent-Length: {len(body)}\r\n\r\n{body}").encode()
 
 
 def get(path: str, authorization: str | None = None) -> bytes:
     auth = f"Authorization: {authorization}\r\n" if authorization else ""
-    return f"GET {path} HTTP/1.1\r\nHost: bench\r\n{auth}\r\n".encode()
+    return f"GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\n{auth}\r\n".encode()
 
 
 class Connection:

@@ -1,5 +1,8 @@
 """GET/POST /oauth/authorize, the login page and the consent page."""
 
+import email.utils
+import re
+from datetime import UTC, datetime
 from urllib.parse import urlencode, urlsplit
 
 import pytest
@@ -253,7 +256,8 @@ async def test_secure_cookie_on_https(http_client, base_url, store, io_loop):
     from tokensvc.app import make_app
     from tokensvc.bootstrap import seed
 
-    config = make_config(auth_url="https://auth.example", base_url="https://auth.example")
+    config = make_config(auth_url="https://auth.example", base_url="https://auth.example",
+                         server={"allowed_hosts": ["127.0.0.1"]})  # reached here on loopback
     await seed(store, config)
     import tornado.httpserver
     import tornado.testing
@@ -271,6 +275,18 @@ async def test_secure_cookie_on_https(http_client, base_url, store, io_loop):
         assert response.code == 302
         cookie = [h for h in response.headers.get_list("Set-Cookie") if h.startswith("__Host-tokensvc_session=")][0]
         assert "Secure" in cookie and "Path=/" in cookie and "Domain" not in cookie and "HttpOnly" in cookie
+        # Cleared as it was set: a browser ignores a __Host- cookie's clearing without Secure.
+        for path in ("/logout", "/oauth/sign-out"):
+            if "__Host-tokensvc_session" not in other.cookies:
+                await other.fetch("/login", "POST", {"username": "alice", "password": "alice-password",
+                                                     "_xsrf": other.cookies["__Host-_xsrf"]})
+            token = other.cookies["__Host-_xsrf"]
+            signed_out = await other.fetch(path, "POST", {"_xsrf": token}, headers={"X-XSRFToken": token})
+            assert signed_out.code == 200, (path, signed_out.body)
+            cleared = [h for h in signed_out.headers.get_list("Set-Cookie")
+                       if h.startswith("__Host-tokensvc_session=")][0]
+            expires = email.utils.parsedate_to_datetime(re.search(r"expires=([^;]+)", cleared).group(1))
+            assert "Secure" in cleared and "Path=/" in cleared and expires < datetime.now(UTC)
     finally:
         server.stop()
 

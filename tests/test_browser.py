@@ -21,6 +21,7 @@ from __future__ import annotations
 import http.server
 import os
 import shutil
+import socket
 import threading
 from pathlib import Path
 from urllib.parse import parse_qs, urlencode, urlsplit
@@ -334,3 +335,40 @@ def test_favicon_is_served_to_pages_and_json_alike(service, driver):
     driver.get(service + "/")  # a page names its own icon
     href = driver.find_element(By.CSS_SELECTOR, "link[rel=icon]").get_attribute("href")
     assert requests.get(href).headers["Content-Type"] == "image/svg+xml"
+
+
+@pytest.fixture(scope="module")
+def ipv6_callback():
+    class Server(http.server.ThreadingHTTPServer):
+        address_family = socket.AF_INET6
+
+    server = Server(("::1", 0), CallbackPage)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://[::1]:{server.server_address[1]}"
+    server.shutdown()
+    server.server_close()
+
+
+@pytest.fixture(scope="module")
+def native_service(tmp_path_factory, callback, ipv6_callback):
+    """A service with a native app whose loopback redirect is on IPv6 (RFC 8252 §7.3)."""
+    service = start_service(tmp_path_factory.mktemp("native"), callback=callback, extra=f"""
+[[clients]]
+client_id = "native-app"
+name = "Native app"
+redirect_uris = ["{ipv6_callback}/native-app"]
+allowed_scopes = ["read"]
+""")
+    yield service.base
+    service.stop()
+
+
+def test_consent_leads_on_to_an_ipv6_loopback_redirect(native_service, ipv6_callback, driver):
+    """CSP has no expression for [::1], so the consent form's form-action names its scheme:
+    the browser follows the redirect to the native app with a clean console."""
+    sign_in_directly(driver, native_service)
+    driver.get(authorize_url(native_service, ipv6_callback, "native-app", "read"))
+    wait_for(driver, By.CSS_SELECTOR, "button[value=allow]").click()
+    query = landed_on(driver, f"{ipv6_callback}/native-app")
+    assert query["state"] == ["browser-state"] and query["code"]

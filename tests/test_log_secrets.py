@@ -148,16 +148,17 @@ def test_no_secret_reaches_any_log_line(tmp_path, monkeypatch):
         flows.agent.post(base + "/logout", data=hidden_fields(page.text), allow_redirects=False)
         # Malformed requests, each carrying a secret where Tornado would quote it.
         access = refreshed["access_token"]
-        raw(port, b"GET /v1/me HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer %s\x01\r\n\r\n" % access.encode())
-        raw(port, b"GET /v1/me?access_token=%s HTTP/1.1 extra\r\nHost: x\r\n\r\n" % access.encode())
+        raw(port, b"GET /v1/me HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer %s\x01\r\n\r\n" % access.encode())
+        raw(port, b"GET /v1/me?access_token=%s HTTP/1.1 extra\r\nHost: 127.0.0.1\r\n\r\n" % access.encode())
         # A session cookie in Tornado's first signed format, with a bad signature: Tornado warns
         # and quotes it (its base64 session id) in full.
         session = next(v for v in flows.used if v.startswith("2|1:0|"))
         encoded = session.split("|")[4].split(":", 1)[1]
-        raw(port, b"GET /account HTTP/1.1\r\nHost: x\r\nConnection: close\r\n"
+        raw(port, b"GET /account HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n"
                   b"Cookie: tokensvc_session=%s|1700000000|%s\r\n\r\n" % (encoded.encode(), b"0" * 40))
-        raw(port, b"GET /login?next=/oauth/authorize%%3Fstate%%3D%s HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
-            % flows.secret("state-" + secrets.token_hex(8)).encode())
+        state = flows.secret("state-" + secrets.token_hex(8)).encode()
+        raw(port, b"GET /login?next=/oauth/authorize%%3Fstate%%3D%s HTTP/1.1\r\n"
+                  b"Host: 127.0.0.1\r\nConnection: close\r\n\r\n" % state)
     finally:
         output = service.stop()
     # The flows happened, and were logged ...

@@ -5,7 +5,7 @@ import re
 from urllib.parse import urlencode
 
 import pytest
-from helpers import CHALLENGE, SKY_REDIRECT, WEBAPP_REDIRECT, exchange, json_of
+from helpers import CHALLENGE, SKY_REDIRECT, WEBAPP_REDIRECT, Browser, exchange, json_of, make_config
 
 from tokensvc.handlers.headers import csp_source, page_csp
 
@@ -65,7 +65,8 @@ def test_csp_sources_are_as_narrow_as_the_url_allows():
     assert csp_source("https://cdn.example/logo.png?v=2") == "https://cdn.example"
     assert csp_source("https://cdn.example/a;b") == "https://cdn.example"
     assert csp_source("com.example.app:/callback") == "com.example.app:"
-    assert csp_source("https://[::1]:8443/cb") is None and csp_source("/relative") is None
+    assert csp_source("http://[::1]:8000/cb") == "http:" and csp_source("https://[::1]:8443/cb") == "https:"
+    assert csp_source("/relative") is None
     assert "img-src 'self' https://a.example;" in page_csp(img_src=["https://a.example", "https://a.example"])
 
 
@@ -167,3 +168,40 @@ def test_scope_descriptions_are_checked(tmp_path):
         path.write_text("demo = true\n" + text)
         with pytest.raises(config.ConfigError, match=message):
             config.load(path, environ={})
+
+
+@pytest.mark.gen_test
+@pytest.mark.parametrize("path", ["/static/style.css", "/favicon.ico", "/static/nothing.css"])
+async def test_static_files_carry_the_security_headers(http_client, base_url, path):
+    response = await http_client.fetch(base_url + path, raise_error=False)
+    assert response.code == (404 if "nothing" in path else 200)
+    assert response.headers["X-Content-Type-Options"] == "nosniff"
+    assert "default-src 'none'" in response.headers["Content-Security-Policy"]
+    assert response.headers["X-Frame-Options"] == "DENY" and response.headers["X-Request-ID"]
+
+
+@pytest.mark.gen_test
+async def test_signing_in_ends_the_session_the_browser_had(browser, http_client, base_url):
+    await browser.login("alice")
+    before = dict(browser.cookies)
+    assert (await browser.fetch("/v1/me")).code == 200
+    await browser.login("root")  # someone else signs in on the same browser
+    stale = Browser(http_client, base_url, cookies=before)
+    assert (await stale.fetch("/v1/me")).code == 401  # alice's session is over, not just replaced
+    assert json_of(await browser.fetch("/v1/me"))["username"] == "root"
+
+
+@pytest.mark.gen_test
+@pytest.mark.parametrize("host,status", [
+    ("evil.example", 400), ("evil.example:8080", 400), ("127.0.0.1", 200), ("localhost:1234", 200),
+    ("[::1]:8080", 200), ("tokensvc.internal", 200),
+])
+@pytest.mark.parametrize("config", [make_config(server={"allowed_hosts": ["tokensvc.internal"]})])
+async def test_only_the_configured_host_names_are_served(http_client, base_url, config, host, status):
+    """DNS rebinding: a name an attacker points at this address reaches nothing; the public
+    URLs' names, server.allowed_hosts and, for a loopback deployment, the loopback names do."""
+    for path in ("/metrics", "/oauth/clients", "/login"):
+        response = await http_client.fetch(base_url + path, headers={"Host": host}, raise_error=False)
+        assert response.code == status, (path, host)
+    probe = await http_client.fetch(base_url + "/healthz", headers={"Host": "10.4.0.17:8080"})
+    assert probe.code == 200  # a load balancer's probe names the instance's own address

@@ -102,3 +102,23 @@ async def test_bearer_requests_need_no_xsrf_token_even_with_a_cookie(browser, ht
     response = await browser.fetch("/v1/me/connected-apps/skyplanner", "DELETE",
                                    headers={"Authorization": f"Bearer {access}"})
     assert response.code == 204
+
+
+@pytest.mark.gen_test
+@pytest.mark.parametrize("headers,status", [
+    ({"Sec-Fetch-Site": "cross-site"}, 403),
+    ({"Sec-Fetch-Site": "same-site"}, 403),  # a sibling subdomain, or http beside https
+    ({"Origin": "http://evil.tokensvc.example"}, 403),
+    ({"Origin": "http://127.0.0.1:8080", "Sec-Fetch-Site": "cross-site"}, 403),
+    ({"Sec-Fetch-Site": "same-origin", "Origin": "null"}, 302),  # the service's own no-referrer form
+    ({"Origin": "http://127.0.0.1:8080"}, 302),  # its configured origin
+    ({}, 302),  # a client that says nothing (not a browser): the token decides
+], ids=["cross-site", "same-site", "foreign-origin", "cross-site-own-origin", "same-origin", "own-origin", "silent"])
+async def test_a_form_from_another_origin_is_refused_even_with_a_valid_token(http_client, base_url, headers, status):
+    """Login CSRF on an http deployment: a page elsewhere that planted a pre-sign-in pair
+    (cookie and field) still cannot sign a browser in, where the browser says where it is."""
+    victim = Browser(http_client, base_url)
+    planted = await victim.xsrf()  # a valid pre-sign-in token, as a planting attacker would have
+    response = await victim.fetch("/login", "POST", {"username": "alice", "password": "alice-password",
+                                                     "_xsrf": planted}, headers=headers)
+    assert response.code == status

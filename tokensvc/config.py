@@ -87,6 +87,10 @@ class ServerSettings:
     idle_timeout: int = 60
     # Seconds a request may take to send its body.
     body_timeout: int = 30
+    # Host names a request may name besides those of base_url and auth_url (and, where one of
+    # those is a loopback address, localhost, 127.0.0.1 and ::1); "*" for any. Anything else is
+    # 400: a DNS name an attacker points at this address reaches nothing (DNS rebinding).
+    allowed_hosts: list[str] = field(default_factory=list)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -461,7 +465,7 @@ def _check_sections(settings: Settings) -> None:
         if value < minimum:
             raise ConfigError(f"tokens.{f.name}: must be at least {minimum}, got {value}")
     for f in dataclasses.fields(ServerSettings):
-        if getattr(settings.server, f.name) < 1:
+        if f.name != "allowed_hosts" and getattr(settings.server, f.name) < 1:
             raise ConfigError(f"server.{f.name}: must be at least 1 second, got {getattr(settings.server, f.name)}")
     for f in dataclasses.fields(LimitSettings):
         value = getattr(settings.limits, f.name)

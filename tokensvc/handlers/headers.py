@@ -48,12 +48,14 @@ def csp_source(url: str) -> str | None:
     """The narrowest CSP source expression that matches ``url`` (None if it cannot be one).
 
     A private-use scheme (RFC 8252 §7.1) is a scheme source; http(s) URLs keep their path
-    when it holds nothing a source expression cannot (CSP3 §2.3.1), else their origin.
+    when it holds nothing a source expression cannot (CSP3 §2.3.1), else their origin. CSP has
+    no expression for an IPv6 literal (``[::1]``, a loopback redirect RFC 8252 §7.3 allows):
+    browsers drop ``http://[::1]:8000`` as invalid, so such a URL gets its scheme source.
     """
     parts = urlsplit(url)
     if not parts.scheme:
         return None
-    if parts.scheme not in ("http", "https"):
+    if parts.scheme not in ("http", "https") or parts.netloc.startswith("["):
         return f"{parts.scheme}:"
     if not parts.netloc or not _SOURCE_HOST.fullmatch(parts.netloc):
         return None

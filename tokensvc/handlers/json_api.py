@@ -120,6 +120,8 @@ class JsonHandler(RequestInput):
             self.cookies = SimpleCookie()
         self.cookies[name] = ""
         self.cookies[name].update({"path": "/", "max-age": "0", "expires": "Thu, 01 Jan 1970 00:00:00 GMT"})
+        if self.config.secure_cookies:  # a browser ignores a __Host- cookie's clearing without it
+            self.cookies[name]["secure"] = True
 
 
 class NotFoundHandler(JsonHandler):

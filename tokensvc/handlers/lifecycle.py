@@ -22,6 +22,7 @@ OpenAPI document, and the 404 of a path no route matches) is entered through a
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import logging
 import os
@@ -31,6 +32,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
+from urllib.parse import urlsplit
 
 import tornado.httputil
 import tornado.template
@@ -121,10 +123,15 @@ def request_id_for(request: HTTPServerRequest) -> str:
 
 def check_xsrf(handler: RequestInput) -> None:
     """Every unsafe request that the session cookie may authorize must prove it came from this
-    service's own pages (:mod:`.xsrf`): on a page, always (a sign-in form too: login CSRF); on
-    a JSON route, when it carries the cookie. A request with an ``Authorization`` header (a
-    bearer token, or a client's credentials) authenticates by that header: the one exemption.
-    Routes that never read the cookie (``reads_session = False``) are not asked."""
+    service's own pages: on a page, always (a sign-in form too: login CSRF); on a JSON route,
+    when it carries the cookie. A request with an ``Authorization`` header (a bearer token, or a
+    client's credentials) authenticates by that header: the one exemption. Routes that never
+    read the cookie (``reads_session = False``) are not asked.
+
+    The proof is twofold. Where the browser says where the request comes from
+    (``Sec-Fetch-Site``, ``Origin``), it must be this service's own origin: a sibling subdomain
+    or a page on plain http that planted a cookie is another origin. And the request repeats
+    the XSRF token (:mod:`.xsrf`), signed for its session."""
     request = handler.request
     if request.method not in UNSAFE_METHODS or not handler.reads_session:
         return
@@ -132,10 +139,56 @@ def check_xsrf(handler: RequestInput) -> None:
     if handler.output != HTML and ("Authorization" in request.headers
                                    or config.session_cookie not in request.cookies):
         return
+    if not _from_own_origin(request, config):
+        raise errors.XsrfFailed()
     field = request.body_arguments.get(xsrf.FIELD)
     submitted = field[-1].decode("ascii", "replace") if field else request.headers.get(xsrf.HEADER)
     if not xsrf.matches(request, config.xsrf_cookie, config.cookie_secret, handler.raw_session_id(), submitted):
         raise errors.XsrfFailed()
+
+
+def _from_own_origin(request: HTTPServerRequest, config: Settings) -> bool:
+    """Whether the browser says the request comes from the service's own origin, or says
+    nothing. ``Sec-Fetch-Site`` first: a page under ``Referrer-Policy: no-referrer`` (all of
+    this service's) posts its forms with ``Origin: null``."""
+    site = request.headers.get("Sec-Fetch-Site")
+    if site is not None:
+        return site in ("same-origin", "none")
+    origin = request.headers.get("Origin")
+    return origin is None or origin == "null" or origin in own_origins(config)
+
+
+LOOPBACK_NAMES = ("localhost", "127.0.0.1", "::1")
+HOST_FREE = ("/healthz", "/readyz")  # what a load balancer's probe asks by the instance's own address
+
+
+def allowed_hosts(config: Settings) -> frozenset[str] | None:
+    """The host names a request may name (None: any): those of the public URLs and
+    ``server.allowed_hosts``, and the loopback names where a public URL is on loopback."""
+    if "*" in config.server.allowed_hosts:
+        return None
+    names = {urlsplit(url).hostname or "" for url in (config.base_url, config.auth_url)}
+    names.update(host.lower().strip("[]") for host in config.server.allowed_hosts)
+    if names & {"localhost", "127.0.0.1", "::1"} or any(_loopback(name) for name in names):
+        names.update(LOOPBACK_NAMES)
+    return frozenset(names)
+
+
+def _loopback(name: str) -> bool:
+    try:
+        return ipaddress.ip_address(name).is_loopback
+    except ValueError:
+        return False
+
+
+def own_origins(config: Settings) -> frozenset[str]:
+    """The service's public origins (scheme, host and port of ``base_url`` and ``auth_url``)."""
+    return frozenset(_origin(url) for url in (config.base_url, config.auth_url))
+
+
+def _origin(url: str) -> str:
+    parts = urlsplit(url)
+    return f"{parts.scheme}://{parts.netloc}"
 
 
 # -- failures as answers ------------------------------------------------------------------------
@@ -183,6 +236,7 @@ class Edge:
         self.ctx, self.config, self.metrics = ctx, config, ctx.metrics
         self.routes = routes  # the route table
         self.templates = tornado.template.Loader(str(template_path))
+        self.hosts = allowed_hosts(config)
         proxy = config.proxy
         self.client_address = ClientAddress(config.xheaders, proxy.trusted_hops, proxy.trusted_networks,
                                             proxy.real_ip_header)
@@ -310,6 +364,10 @@ class Lifecycle(tornado.httputil.HTTPMessageDelegate):
             self.inner.on_connection_close()
 
     def _refusal(self) -> HTTPAnswer | None:
+        hosts = self.edge.hosts
+        if hosts is not None and self.request.host_name.strip("[]") not in hosts \
+                and self.route.path not in HOST_FREE:
+            return errors.BadRequest("Unknown host: this service answers to its configured names only")
         if self.request.method not in self.route.methods:
             return errors.MethodNotAllowed(self.route.methods)
         if self.limit is not None and self.size > self.limit:

@@ -72,7 +72,8 @@ class PageHandler(WebHandler):
         self.issue_xsrf_token()
 
     def end_session(self) -> None:
-        self.clear_cookie(self.config.session_cookie, path="/")
+        # Secure as it was set: a browser ignores a __Host- cookie's clearing without it.
+        self.clear_cookie(self.config.session_cookie, path="/", secure=self.config.secure_cookies)
         self._session_id = None
         self.issue_xsrf_token()
 

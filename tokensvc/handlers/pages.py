@@ -102,6 +102,7 @@ class LoginHandler(PageHandler):
         if user is None:
             self.set_status(401)
             return await self.render_login(target, "Wrong username or password.", data["username"])
+        await sessions.end(self.ctx, self._session_id)  # the session this browser had, if any
         self.start_session(await sessions.start(self.ctx, user))
         self.redirect(target)
 
