@@ -48,6 +48,18 @@ async def test_every_security_event_is_audited_without_secrets(browser, http_cli
 
 
 @pytest.mark.gen_test
+async def test_a_failed_sign_in_names_only_a_user_that_exists(browser, caplog):
+    """What was typed into the username field may be a password: it is written only when it
+    names a user."""
+    with caplog.at_level(logging.INFO, logger="tokensvc.audit"):
+        await browser.login("alice", "wrong-password")
+        await browser.login("hunter2-my-secret", "wrong-password")
+    failures = [event for event in audit_events(caplog) if event["event"] == "login"]
+    assert [event["username"] for event in failures] == ["alice", "(unknown)"]
+    assert "hunter2-my-secret" not in caplog.text
+
+
+@pytest.mark.gen_test
 async def test_access_log_names_the_client(browser, http_client, base_url, caplog):
     code = await browser.code_for("webapp", WEBAPP_REDIRECT)
     with caplog.at_level(logging.INFO, logger="tokensvc.access"):

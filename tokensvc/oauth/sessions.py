@@ -40,7 +40,7 @@ async def sign_in(ctx: OAuthContext, username: str, password: str, address: str)
     return named
 
 
-UNKNOWN_USER = "unknown user"  # no username has a space: it names no one
+UNKNOWN_USER = "(unknown)"  # no username holds a parenthesis: it names no one
 
 
 async def _known(ctx: OAuthContext, username: str) -> str:
