@@ -19,6 +19,7 @@ TOKENSVC_SCREENSHOTS_DIR to keep the screenshots (the README's come from ``docs/
 from __future__ import annotations
 
 import http.server
+import json
 import os
 import shutil
 import socket
@@ -51,11 +52,37 @@ from selenium.webdriver.support.ui import WebDriverWait  # noqa: E402
 PASSWORDS = {"alice": "alice-e2e-password", "bob": "bob-e2e-password"}
 
 
+# A browser app (a public client's page): with the code it received, it runs the rest of the
+# flow itself, with fetch, against the service named by the redirect's ``iss``.
+BROWSER_APP = """<!doctype html><title>app</title><link rel="icon" href="data:,"><p>received</p>
+<pre id="out">running</pre>
+<script>
+const q = new URLSearchParams(location.search), base = q.get("iss");
+async function post(path, fields) {
+  const answer = await fetch(base + path, {method: "POST", body: new URLSearchParams(fields)});
+  return [answer.status, await answer.json()];
+}
+(async () => {
+  const [exchanged, tokens] = await post("/oauth/token", {grant_type: "authorization_code", code: q.get("code"),
+    redirect_uri: location.origin + location.pathname, code_verifier: "VERIFIER", client_id: "skyplanner"});
+  const me = await (await fetch(base + "/v1/me", {headers: {Authorization: "Bearer " + tokens.access_token}})).json();
+  const [refreshed, renewed] = await post("/oauth/token/refresh",
+                                          {refresh_token: tokens.refresh_token, client_id: "skyplanner"});
+  const [revoked] = await post("/oauth/token/revoke", {token: renewed.refresh_token, client_id: "skyplanner"});
+  document.getElementById("out").textContent =
+    JSON.stringify({exchanged, me: me.username, refreshed, renewed: Boolean(renewed.access_token), revoked});
+})().catch(error => { document.getElementById("out").textContent = "failed: " + error; });
+</script>"""
+
+
 class CallbackPage(http.server.BaseHTTPRequestHandler):
-    """A client's redirect target: a plain page that names what it received."""
+    """A client's redirect target: a plain page that names what it received; with
+    ``state=app``, the browser app above."""
 
     def do_GET(self) -> None:
         body = b'<!doctype html><title>callback</title><link rel="icon" href="data:,"><p>received</p>'
+        if parse_qs(urlsplit(self.path).query).get("state") == ["app"]:
+            body = BROWSER_APP.replace("VERIFIER", VERIFIER).encode()
         self.send_response(200)
         self.send_header("Content-Type", "text/html; charset=utf-8")
         self.send_header("Content-Length", str(len(body)))
@@ -372,3 +399,37 @@ def test_consent_leads_on_to_an_ipv6_loopback_redirect(native_service, ipv6_call
     wait_for(driver, By.CSS_SELECTOR, "button[value=allow]").click()
     query = landed_on(driver, f"{ipv6_callback}/native-app")
     assert query["state"] == ["browser-state"] and query["code"]
+
+
+
+@pytest.fixture(scope="module")
+def stranger():
+    """A page server whose origin no client registered."""
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), CallbackPage)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+    server.server_close()
+
+
+def app_result(driver) -> str:
+    wait_until(driver, lambda d: d.find_element(By.ID, "out").text != "running")
+    return driver.find_element(By.ID, "out").text
+
+
+def test_a_browser_app_runs_the_whole_flow_with_fetch(service, callback, driver):
+    """A public client's page (its redirect URI's origin) exchanges its code, calls /v1/me with
+    the token, refreshes and revokes, all with fetch across origins (CORS), console clean."""
+    sign_in_directly(driver, service)
+    driver.get(authorize_url(service, callback, "skyplanner", "read", state="app"))
+    wait_for(driver, By.CSS_SELECTOR, "button[value=allow]").click()
+    landed_on(driver, f"{callback}/skyplanner")
+    assert json.loads(app_result(driver)) == {"exchanged": 200, "me": "alice", "refreshed": 200, "renewed": True,
+                                              "revoked": 200}
+
+
+def test_a_page_of_another_origin_is_refused_by_the_browser(service, stranger, driver):
+    driver.get(f"{stranger}/skyplanner?" + urlencode({"code": "x", "state": "app", "iss": service}))
+    assert app_result(driver).startswith("failed: TypeError")
+    driver.expected_console = ["blocked by CORS policy", "/oauth/token - Failed to load resource: net::ERR_FAILED"]

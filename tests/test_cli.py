@@ -86,7 +86,19 @@ def test_secret_shown_once_in_text_mode(run):
     assert code == 0 and "client_secret: " in out and "shown once" in out
     client_id = out.split("client_id: ")[1].split()[0]
     code, out, _ = run("clients", "show", client_id)
-    assert "secret" not in out.replace("confidential", "") and "first_party: True" in out
+    assert "secret" not in out.replace("confidential", "") and "first_party: yes" in out
+    # What a person reads: no Python None, True or list brackets.
+    assert "None" not in out and "True" not in out and "[" not in out and "description: -" in out
+
+
+def test_a_client_with_allowed_origins(run):
+    code, out, err = run("clients", "add", "--name", "Planner", "--redirect-uri", "https://planner.example/cb",
+                         "--allowed-origin", "https://app.planner.example", json_out=True)
+    assert code == 0, err
+    assert out["allowed_origins"] == ["https://app.planner.example"]
+    code, _, err = run("clients", "add", "--name", "Bad", "--redirect-uri", "https://bad.example/cb",
+                       "--allowed-origin", "https://bad.example/path")
+    assert code == 1 and "not a valid web origin" in err
 
 
 def test_public_client_has_no_secret(run):

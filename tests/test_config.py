@@ -143,3 +143,17 @@ def test_allowed_scopes_follow_the_scope_grammar_of_the_cli():
         config.from_dict({"demo": True, "clients": [{"client_id": "c", "name": "C",
                                                       "redirect_uris": ["https://c.example/cb"],
                                                       "allowed_scopes": ["read", 'bad"scope']}]})
+
+
+@pytest.mark.parametrize("origin,fine", [("https://app.example", True), ("http://127.0.0.1:8001", True),
+                                         ("https://app.example:8443", True), ("http://app.example", False),
+                                         ("https://app.example/", False), ("https://app.example/x", False),
+                                         ("app.example", False), ("*", False)])
+def test_allowed_origins_are_web_origins(origin, fine):
+    raw = {"demo": True, "clients": [{"client_id": "c", "name": "C", "redirect_uris": ["https://c.example/cb"],
+                                      "allowed_origins": [origin]}]}
+    if fine:
+        assert config.from_dict(raw).clients[0].allowed_origins == [origin]
+    else:
+        with pytest.raises(ConfigError, match=r"clients\[0\]\.allowed_origins: not a web origin"):
+            config.from_dict(raw)

@@ -31,7 +31,7 @@ async def test_bodies_are_compact_utf8_json_whatever_they_hold(http_client, base
 
 @pytest.mark.gen_test
 async def test_other_methods_are_405_with_allow(http_client, base_url):
-    for method, path, allow in (("GET", "/oauth/token/introspect", "POST"), ("HEAD", "/oauth/token", "POST"),
+    for method, path, allow in (("GET", "/oauth/token/introspect", "POST"), ("HEAD", "/oauth/token", "OPTIONS, POST"),
                                 ("DELETE", "/oauth/clients/webapp", "GET, HEAD"), ("PUT", "/healthz", "GET, HEAD")):
         response = await http_client.fetch(base_url + path, method=method, raise_error=False,
                                            allow_nonstandard_methods=True, body=b"" if method == "PUT" else None)

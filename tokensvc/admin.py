@@ -17,6 +17,7 @@ from tokensvc.identifiers import (
     id_problem,
     is_url,
     kind_problem,
+    origin_problem,
     password_problem,
     redirect_uri_problem,
     scope_problem,
@@ -59,7 +60,8 @@ def check_url(uri: str) -> str:
 
 async def create_client(store: Store, *, name: str, redirect_uris: list[str], scopes: list[str] | None,
                         first_party: bool = False, confidential: bool = False, description: str | None = None,
-                        logo_url: str | None = None, client_id: str | None = None) -> tuple[Client, str | None]:
+                        logo_url: str | None = None, client_id: str | None = None,
+                        allowed_origins: list[str] | None = None) -> tuple[Client, str | None]:
     """Register a client; returns it and, for a confidential one, its secret (shown once)."""
     name = name.strip()
     if not name:
@@ -72,6 +74,8 @@ async def create_client(store: Store, *, name: str, redirect_uris: list[str], sc
         _check(scope_problem(scope), "scope", scope)
     if logo_url is not None:
         check_url(logo_url)
+    for origin in allowed_origins or []:
+        _check(origin_problem(origin), "web origin", origin)
     # Hex: a generated id never starts with "-" (which a command line would read as an option).
     client_id = client_id or secrets.token_hex(12)
     _check(id_problem(client_id), "client id", client_id)
@@ -84,7 +88,8 @@ async def create_client(store: Store, *, name: str, redirect_uris: list[str], sc
     client = Client(client_id=client_id, name=name, redirect_uris=list(redirect_uris),
                     allowed_scopes=list(scopes) if scopes else None,
                     secret_hash=hashing.digest(secret) if secret else None, first_party=first_party,
-                    description=description, logo_url=logo_url, created_at=utcnow())
+                    description=description, logo_url=logo_url, created_at=utcnow(),
+                    allowed_origins=list(allowed_origins) if allowed_origins else None)
     await store.put_client(client)
     _record("client_created", client_id=client_id, first_party=first_party, confidential=confidential,
             outcome="success")

@@ -50,6 +50,7 @@ async def seed(store: Store, config: Settings) -> None:
             name=seed_client.name,
             redirect_uris=list(seed_client.redirect_uris),
             allowed_scopes=None if seed_client.allowed_scopes is None else list(seed_client.allowed_scopes),
+            allowed_origins=None if seed_client.allowed_origins is None else list(seed_client.allowed_origins),
             secret_hash=secret_hash,
             first_party=seed_client.first_party,
             description=seed_client.description,

@@ -224,7 +224,17 @@ def _client_data(client: Client) -> dict[str, Any]:
     return {"client_id": client.client_id, "name": client.name, "redirect_uris": client.redirect_uris,
             "allowed_scopes": client.scopes, "confidential": client.confidential,
             "first_party": client.first_party, "description": client.description,
-            "logo_url": client.logo_url, "created_at": client.created_at.isoformat() if client.created_at else None}
+            "logo_url": client.logo_url, "allowed_origins": client.allowed_origins or [],
+            "created_at": client.created_at.isoformat() if client.created_at else None}
+
+
+def _text(value: Any) -> str:
+    """A value as a person reads it: lists space-separated, yes/no, a dash for nothing."""
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, list):
+        return " ".join(value) or "-"
+    return "-" if value is None else str(value)
 
 
 def _removed(args: argparse.Namespace, kind: str, name: str, revoked: int) -> int:
@@ -244,7 +254,7 @@ async def clients_add(ctx: OAuthContext, args: argparse.Namespace) -> int:
     client, secret = await admin.create_client(
         ctx.store, name=args.name, redirect_uris=args.redirect_uri, scopes=args.scope,
         first_party=args.first_party, confidential=args.confidential, description=args.description,
-        logo_url=args.logo_url, client_id=args.client_id)
+        logo_url=args.logo_url, client_id=args.client_id, allowed_origins=args.allowed_origin)
     data = {**_client_data(client), "client_secret": secret}
     text = f"client_id: {client.client_id}"
     if secret:
@@ -264,8 +274,7 @@ async def clients_list(ctx: OAuthContext, args: argparse.Namespace) -> int:
 
 async def clients_show(ctx: OAuthContext, args: argparse.Namespace) -> int:
     data = _client_data(await admin.get_client(ctx.store, args.client_id))
-    _emit(args, data, "\n".join(f"{key}: {' '.join(value) if isinstance(value, list) else value}"
-                                for key, value in data.items()))
+    _emit(args, data, "\n".join(f"{key}: {_text(value)}" for key, value in data.items()))
     return 0
 
 
@@ -385,14 +394,19 @@ def build_parser(store_factory: StoreFactory | None = None) -> argparse.Argument
 
     clients = group("clients", "manage OAuth clients (MongoDB backend)")
     add = command(clients, "add", "register a client; prints its id and, once, its secret", clients_add)
-    add.add_argument("--name", required=True)
-    add.add_argument("--redirect-uri", action="append", required=True, help="repeat for several")
+    add.add_argument("--name", required=True, help="what the consent and account pages call the app")
+    add.add_argument("--redirect-uri", action="append", required=True,
+                     help="where the app receives its code: https, http on a loopback host, or a private-use "
+                          "scheme (com.example.app:/cb); repeat for several")
     add.add_argument("--scope", action="append", help="an allowed scope; repeat for several (none: read)")
     add.add_argument("--first-party", action="store_true", help="no consent prompt")
     add.add_argument("--confidential", action="store_true", help="give the client a secret")
-    add.add_argument("--description")
-    add.add_argument("--logo-url")
-    add.add_argument("--client-id", help="choose the id (default: a random one)")
+    add.add_argument("--description", help="one sentence for the consent page")
+    add.add_argument("--logo-url", help="an https URL of the app's logo, shown on the consent and account pages")
+    add.add_argument("--client-id", help="choose the id, 1-128 of [A-Za-z0-9._~-] (default: a random one)")
+    add.add_argument("--allowed-origin", action="append",
+                     help="a web origin (https://app.example) whose pages may call the token endpoints and "
+                          "the API (CORS), besides a public client's redirect URIs; repeat for several")
     command(clients, "list", "list clients", clients_list)
     for name, help_text, action in (("show", "show one client", clients_show),
                                     ("remove", "remove a client and revoke its tokens", clients_remove),

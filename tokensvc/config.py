@@ -35,6 +35,7 @@ from tokensvc.identifiers import (
     id_problem,
     is_url,
     kind_problem,
+    origin_problem,
     password_problem,
     redirect_uri_problem,
     scope_problem,
@@ -132,6 +133,7 @@ class ClientSeed:
     client_secret_sha256: str | None = None
     description: str | None = None
     logo_url: str | None = None
+    allowed_origins: list[str] | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -504,6 +506,10 @@ def _check_clients(clients: list[ClientSeed]) -> None:
                 raise ConfigError(f"{key}.allowed_scopes: not a valid scope ({problem}): {scope!r}")
         if client.logo_url is not None:
             _check_url(f"{key}.logo_url", client.logo_url)
+        for origin in client.allowed_origins or []:
+            problem = origin_problem(origin)
+            if problem is not None:
+                raise ConfigError(f"{key}.allowed_origins: not a web origin ({problem}): {origin!r}")
         if client.client_secret is not None and client.client_secret_sha256 is not None:
             raise ConfigError(f"{key}: give client_secret or client_secret_sha256, not both")
         if client.client_secret_sha256 is not None and not _SHA256_HEX.match(client.client_secret_sha256):

@@ -102,6 +102,23 @@ def _is_loopback(host: str | None) -> bool:
         return False
 
 
+def origin_problem(origin: str) -> str | None:
+    """Why ``origin`` cannot be a web origin a browser sends (``scheme://host[:port]``, http or
+    https, nothing after the host), or None when it can."""
+    try:
+        parts = urlsplit(origin)
+        parts.port  # noqa: B018 - a port that is not a number raises here
+    except ValueError:
+        return "not a URL"
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        return "http:// or https:// and a host"
+    if parts.path or parts.query or parts.fragment or parts.username or origin != origin.strip():
+        return "scheme, host and port only, no path"
+    if parts.scheme == "http" and not _is_loopback(parts.hostname):
+        return "https, or http on a loopback host"
+    return None
+
+
 def is_url(uri: str, schemes: tuple[str, ...] = ("http", "https")) -> bool:
     parts = urlsplit(uri)
     return parts.scheme in schemes and bool(parts.netloc)

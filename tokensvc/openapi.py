@@ -80,6 +80,15 @@ def _token_endpoint(summary: str, request: str, ok: dict[str, Any], *, auth: boo
                      "security": [{}, {"clientBasic": []}]}}
 
 
+CORS_PREFLIGHT = {
+    "summary": "CORS preflight of a browser app: the origins of public clients' redirect URIs and of "
+               "clients' allowed_origins get Access-Control-Allow-Origin; never Allow-Credentials",
+    "responses": {"204": {"description": "Preflight answered", "headers": {
+        name: {"schema": {"type": "string"}} for name in ("Access-Control-Allow-Origin", "Access-Control-Allow-Methods",
+                                                          "Access-Control-Allow-Headers", "Access-Control-Max-Age",
+                                                          "Vary")}}}}
+
+
 def build(routes: Iterable[Route]) -> dict[str, Any]:
     """The document of ``routes`` (the route table, ``tokensvc.app.ROUTES``)."""
     spec = APISpec(
@@ -103,6 +112,8 @@ def build(routes: Iterable[Route]) -> dict[str, Any]:
     for route in routes:
         documented = operations.pop(route.path, {})
         served = {method.lower() for method in route.methods if method != "HEAD"}
+        if "options" in served and "options" not in documented:
+            documented = {**documented, "options": CORS_PREFLIGHT}
         if set(documented) != served:
             raise ValueError(f"{route.path}: served {sorted(served)}, documented {sorted(documented)}")
         spec.path(route.path, operations=documented)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from urllib.parse import urlsplit
 
 DEFAULT_SCOPES = ("read",)
 
@@ -32,6 +33,9 @@ class Client:
     description: str | None = None
     logo_url: str | None = None
     created_at: datetime | None = None
+    # Web origins (scheme://host[:port]) whose pages may call the token endpoints and the API
+    # (CORS), besides the origins of a public client's redirect URIs.
+    allowed_origins: list[str] | None = None
 
     @property
     def confidential(self) -> bool:
@@ -41,6 +45,24 @@ class Client:
     def scopes(self) -> list[str]:
         """The scopes the client may ask for (a null list means ``["read"]``)."""
         return list(DEFAULT_SCOPES) if self.allowed_scopes is None else self.allowed_scopes
+
+    @property
+    def browser_origins(self) -> list[str]:
+        """The web origins whose pages may call the service for this client: its
+        ``allowed_origins`` and, for a public client (whose secret cannot be leaked, having
+        none), the http(s) origins of its redirect URIs."""
+        origins = list(self.allowed_origins or [])
+        if not self.confidential:
+            origins += [origin for uri in self.redirect_uris if (origin := web_origin(uri))]
+        return origins
+
+
+def web_origin(url: str) -> str | None:
+    """``scheme://host[:port]`` of an http(s) URL; None for any other."""
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.netloc:
+        return None
+    return f"{parts.scheme}://{parts.netloc.lower()}"
 
 
 @dataclass(slots=True)

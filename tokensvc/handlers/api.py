@@ -15,6 +15,7 @@ class ApiEndpoint(AuthMixin, JsonHandler):
     """A ``/v1/`` endpoint: a bearer token or the session cookie; its answers are private."""
 
     default_headers = PRIVATE_HEADERS
+    cors = True  # browser apps with a bearer token; never the cookie across origins
 
 
 class MeHandler(ApiEndpoint):

@@ -21,6 +21,7 @@ import tornado.httputil
 from tornado.httputil import HTTPHeaders, HTTPServerRequest
 
 from tokensvc.errors import BadRequest, NotFound
+from tokensvc.handlers import cors
 from tokensvc.handlers.headers import JSON_HEADERS
 from tokensvc.handlers.inputs import RequestInput
 from tokensvc.handlers.lifecycle import (
@@ -46,6 +47,7 @@ class JsonHandler(RequestInput):
     output: ClassVar[str] = JSON
     max_body: ClassVar[int | None] = MAX_BODY_BYTES
     reads_session: ClassVar[bool] = True
+    cors: ClassVar[bool] = False  # whether browser apps of other origins may call it (handlers/cors.py)
 
     def __init__(self, edge: Edge, route: Route, request: HTTPServerRequest, request_id: str) -> None:
         self.edge, self.ctx, self.config = edge, edge.ctx, edge.config
@@ -53,19 +55,33 @@ class JsonHandler(RequestInput):
         self.log_client_id: str | None = None
         self.log_error: str | None = None
         self.cookies: SimpleCookie | None = None  # cookies this response sets or clears
+        self.cross_origin: dict[str, str] | None = None  # the CORS headers of every answer
         self.answered = False
 
     async def serve(self, path_args: list[bytes]) -> None:
         try:
+            method = self.request.method or ""
+            if self.cors and await self._cross_origin(method):
+                return
             if self.request.body:
                 self._parse_body()
             check_xsrf(self)
-            method = self.request.method or ""
             await getattr(self, "get" if method == "HEAD" else method.lower())(*self._decoded(path_args))
             if not self.answered:
                 raise RuntimeError(f"{type(self).__name__}.{method.lower()} sent no response")
         except Exception as exc:  # every failure becomes a response in the documented shape
             self.send_failure(exc)
+
+    async def _cross_origin(self, method: str) -> bool:
+        """Set the CORS headers of this request's answers; True when it was a preflight,
+        answered here."""
+        origin = self.request.headers.get("Origin")
+        allowed = origin is not None and await self.ctx.origins.allows(self.ctx.store, origin)
+        self.cross_origin = cors.allowed(origin) if allowed and origin else cors.VARY
+        if method != "OPTIONS":
+            return False
+        self.send(204, b"", None, cors.preflight(origin, self.route.methods) if allowed and origin else None)
+        return True
 
     def _parse_body(self) -> None:
         request = self.request
@@ -103,6 +119,8 @@ class JsonHandler(RequestInput):
         headers = HTTPHeaders(self.default_headers)
         if extra:
             headers.update(extra)
+        if self.cross_origin:
+            headers.update(self.cross_origin)
         if content_type:
             headers["Content-Type"] = content_type
         for morsel in (self.cookies or {}).values():

@@ -75,6 +75,8 @@ def methods_of(handler: type) -> frozenset[str]:
              if callable(defined := getattr(handler, method.lower(), None)) and defined is not unimplemented}
     if "GET" in found:
         found.add("HEAD")
+    if getattr(handler, "cors", False):  # the preflight (handlers/cors.py)
+        found.add("OPTIONS")
     return frozenset(found)
 
 

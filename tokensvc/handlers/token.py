@@ -43,6 +43,8 @@ class TokenEndpoint(JsonHandler):
 class TokenHandler(TokenEndpoint):
     """``POST /oauth/token``: authorization code + PKCE, the only grant type."""
 
+    cors = True
+
     async def post(self) -> None:
         form = self.form(schemas.token_request)
         grants.check_grant_type(form.get("grant_type"))
@@ -53,6 +55,8 @@ class TokenHandler(TokenEndpoint):
 
 class RefreshHandler(TokenEndpoint):
     """``POST /oauth/token/refresh``: refresh-token rotation."""
+
+    cors = True
 
     async def post(self) -> None:
         form = self.form(schemas.refresh_request)
@@ -75,6 +79,8 @@ class IntrospectHandler(TokenEndpoint):
 class RevokeHandler(TokenEndpoint):
     """``POST /oauth/token/revoke`` (RFC 7009): a client revokes a token issued to it."""
 
+    cors = True
+
     async def post(self) -> None:
         form = self.form(schemas.token_action)
         data = self.load(schemas.token_action, form)
@@ -84,6 +90,8 @@ class RevokeHandler(TokenEndpoint):
 
 class GrantRevokeHandler(TokenEndpoint):
     """``POST /oauth/revoke``: the caller cuts its own access, the whole grant. Always 200."""
+
+    cors = True
 
     max_body = None  # the body is never read, and the answer is 200 whatever the input
 

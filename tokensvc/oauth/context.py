@@ -12,6 +12,7 @@ from typing import Any, Protocol
 
 from tokensvc.metrics import Metrics
 from tokensvc.oauth.events import RevocationEvents
+from tokensvc.oauth.origins import BrowserOrigins
 from tokensvc.ratelimit import FailureLimits
 from tokensvc.records import utcnow
 from tokensvc.storage.base import Store
@@ -48,4 +49,5 @@ class OAuthContext:
     metadata: dict[str, Any]  # RFC 8414, see oauth.metadata
     clock: Callable[[], datetime] = utcnow
     events: RevocationEvents = field(default_factory=lambda: RevocationEvents())
+    origins: BrowserOrigins = field(default_factory=BrowserOrigins)  # CORS
     metrics: Metrics = field(default_factory=Metrics)  # GET /metrics

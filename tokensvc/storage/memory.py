@@ -82,7 +82,8 @@ copy = dataclasses.replace
 
 def _client(client: Client) -> Client:
     scopes = None if client.allowed_scopes is None else list(client.allowed_scopes)
-    return copy(client, redirect_uris=list(client.redirect_uris), allowed_scopes=scopes)
+    origins = None if client.allowed_origins is None else list(client.allowed_origins)
+    return copy(client, redirect_uris=list(client.redirect_uris), allowed_scopes=scopes, allowed_origins=origins)
 
 
 def _installation(installation: Installation) -> Installation:
