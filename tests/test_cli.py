@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import argparse
 import io
 import json
 import logging
+import subprocess
+import sys
 
 import pytest
 from mongomock_motor import AsyncMongoMockClient
@@ -343,3 +346,25 @@ def test_config_check_applies_the_password_rules_of_users_add(tmp_path, capsys, 
     assert code == 1
     assert "a password needs at least 8 characters" in config_error and "users[0].password" in config_error
     assert "a password needs at least 8 characters" in add_error
+
+
+def test_every_option_and_argument_has_help_text():
+    def parsers(parser):
+        yield parser
+        for action in parser._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                for sub in action.choices.values():
+                    yield from parsers(sub)
+
+    missing = [f"{parser.prog}: {action.dest}" for parser in parsers(cli.build_parser())
+               for action in parser._actions
+               if not isinstance(action, (argparse._HelpAction, argparse._SubParsersAction)) and not action.help]
+    assert missing == []
+
+
+@pytest.mark.parametrize("command", ["config check --config config/tokensvc.toml", "--help", "openapi"])
+def test_a_closed_pipe_ends_the_command_quietly(command):
+    """``tokensvc ... | head -1``: the reader goes away after one line; no traceback."""
+    result = subprocess.run(f"{sys.executable} -m tokensvc {command} | head -1", shell=True, capture_output=True,
+                            text=True, timeout=60, executable="/bin/bash")
+    assert result.stdout.count("\n") == 1 and result.stderr == "", result.stderr

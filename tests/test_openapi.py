@@ -9,16 +9,17 @@ from helpers import json_of
 from tokensvc import openapi
 from tokensvc.app import ROUTES
 
+DEMO_BASE = "http://127.0.0.1:8080"  # config/tokensvc.toml
 CHECKED_IN = Path(__file__).resolve().parent.parent / "docs" / "openapi.json"
 
 
 def test_checked_in_copy_is_current():
-    assert CHECKED_IN.read_text() == openapi.render(ROUTES), \
+    assert CHECKED_IN.read_text() == openapi.render(ROUTES, DEMO_BASE), \
         "docs/openapi.json is stale: run `.venv/bin/tokensvc openapi > docs/openapi.json`"
 
 
 def test_document_shape():
-    document = openapi.build(ROUTES)
+    document = openapi.build(ROUTES, DEMO_BASE)
     assert document["openapi"] == "3.1.0"
     schemas = document["components"]["schemas"]
     assert schemas["TokenRequest"]["required"] == ["code", "grant_type", "redirect_uri"]
@@ -35,7 +36,8 @@ def test_document_shape():
 
 def test_the_document_describes_the_route_table():
     """One route table: every (path, method) served is documented, and nothing else is."""
-    documented = {(path, method.upper()) for path, item in openapi.build(ROUTES)["paths"].items() for method in item}
+    paths = openapi.build(ROUTES, DEMO_BASE)["paths"]
+    documented = {(path, method.upper()) for path, item in paths.items() for method in item}
     served = {(route.path, method) for route in ROUTES for method in route.methods if method != "HEAD"}
     assert documented == served
     assert ("/login", "POST") in documented and ("/oauth/authorize", "POST") in documented
@@ -46,12 +48,13 @@ def test_a_route_without_its_documentation_stops_the_build():
     from tokensvc.handlers.lifecycle import Route
 
     with pytest.raises(ValueError, match="/undocumented"):
-        openapi.build([*ROUTES, Route("/undocumented", object, frozenset({"GET", "HEAD"}))])
+        openapi.build([*ROUTES, Route("/undocumented", object, frozenset({"GET", "HEAD"}))], DEMO_BASE)
     with pytest.raises(ValueError, match="documented but not routed"):
-        openapi.build(ROUTES[1:])
+        openapi.build(ROUTES[1:], DEMO_BASE)
 
 
 @pytest.mark.gen_test
 async def test_served_at_openapi_json(http_client, base_url):
     response = await http_client.fetch(base_url + "/openapi.json")
-    assert json_of(response) == json.loads(openapi.render(ROUTES))
+    assert json_of(response) == json.loads(openapi.render(ROUTES, DEMO_BASE))
+    assert json_of(response)["servers"] == [{"url": "http://127.0.0.1:8080"}]  # the config's base_url

@@ -412,13 +412,13 @@ def build_parser(store_factory: StoreFactory | None = None) -> argparse.Argument
                                     ("remove", "remove a client and revoke its tokens", clients_remove),
                                     ("rotate-secret", "give a confidential client a new secret",
                                      clients_rotate_secret)):
-        command(clients, name, help_text, action).add_argument("client_id")
+        command(clients, name, help_text, action).add_argument("client_id", help="the client's id")
 
     users = group("users", "manage users (MongoDB backend)")
     for name, help_text, action in (("add", "add a user (password from a prompt or --password-stdin)", users_add),
                                     ("set-password", "change a user's password", users_set_password)):
         sub = command(users, name, help_text, action)
-        sub.add_argument("username")
+        sub.add_argument("username", help="the user's username")
         sub.add_argument("--password-stdin", action="store_true", help="read the password from standard input")
         if name == "add":
             sub.add_argument("--admin", action="store_true", help="an administrator")
@@ -426,17 +426,18 @@ def build_parser(store_factory: StoreFactory | None = None) -> argparse.Argument
             sub.add_argument("--keep-grants", action="store_true",
                              help="keep the apps the user connected (their sessions still end)")
     command(users, "list", "list users", users_list)
-    command(users, "remove", "remove a user and revoke their tokens", users_remove).add_argument("username")
+    command(users, "remove", "remove a user and revoke their tokens", users_remove).add_argument(
+        "username", help="the user's username")
 
     installations = group("installations", "manage node installations (MongoDB backend)")
     add = command(installations, "add", "add a telescope or observatory", installations_add)
-    add.add_argument("installation_id")
-    add.add_argument("--name", required=True)
-    add.add_argument("--kind", required=True, choices=KINDS)
+    add.add_argument("installation_id", help="the installation's id, 1-128 of [A-Za-z0-9._~-]")
+    add.add_argument("--name", required=True, help="what the pages call it (\"Backyard telescope\")")
+    add.add_argument("--kind", required=True, choices=KINDS, help="what it is")
     add.add_argument("--operator", action="append", default=[], help="a username; repeat for several")
     command(installations, "list", "list installations", installations_list)
     command(installations, "remove", "remove an installation and revoke its tokens",
-            installations_remove).add_argument("installation_id")
+            installations_remove).add_argument("installation_id", help="the installation's id")
 
     tokens = group("tokens", "token housekeeping")
     command(tokens, "purge", "delete expired codes, tokens and sessions; prints the counts", tokens_purge)
@@ -449,6 +450,8 @@ def build_parser(store_factory: StoreFactory | None = None) -> argparse.Argument
 
     document = commands.add_parser("openapi", help="print the OpenAPI document of every endpoint",
                                    description="Print the OpenAPI 3.1 document the service serves at /openapi.json.")
+    document.add_argument("--config", default="config/tokensvc.toml",
+                          help="TOML config file whose base_url the document names (default: %(default)s)")
     document.set_defaults(func=cmd_openapi)
     return parser
 
@@ -457,7 +460,7 @@ def cmd_openapi(args: argparse.Namespace) -> int:
     from tokensvc import openapi
     from tokensvc.app import ROUTES
 
-    sys.stdout.write(openapi.render(ROUTES))
+    sys.stdout.write(openapi.render(ROUTES, load_settings(args).base_url))
     return 0
 
 
@@ -487,3 +490,6 @@ def main(argv: Sequence[str] | None = None, *, store_factory: StoreFactory | Non
         return _error(args, f"the store is not answering: {exc}")
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:  # the reader went away (| head -1): stop quietly, as a killed pipe does
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # nothing more to flush at exit
+        return 128 + signal.SIGPIPE

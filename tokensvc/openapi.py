@@ -89,11 +89,13 @@ CORS_PREFLIGHT = {
                                                           "Vary")}}}}
 
 
-def build(routes: Iterable[Route]) -> dict[str, Any]:
-    """The document of ``routes`` (the route table, ``tokensvc.app.ROUTES``)."""
+def build(routes: Iterable[Route], base_url: str) -> dict[str, Any]:
+    """The document of ``routes`` (the route table, ``tokensvc.app.ROUTES``) of a service
+    reached at ``base_url``."""
     spec = APISpec(
         title="tokensvc", version=__version__, openapi_version="3.1.0", plugins=[MarshmallowPlugin()],
         info={"description": "OAuth 2.0 authorization and token service (OAuth API 2.0.0)."},
+        servers=[{"url": base_url}],
     )
     for name, schema in (
         ("TokenRequest", schemas.TokenRequestSchema), ("RefreshRequest", schemas.RefreshRequestSchema),
@@ -242,5 +244,5 @@ def _operations() -> dict[str, dict[str, Any]]:
     return ops
 
 
-def render(routes: Iterable[Route]) -> str:
-    return json.dumps(build(routes), indent=2, sort_keys=True) + "\n"
+def render(routes: Iterable[Route], base_url: str) -> str:
+    return json.dumps(build(routes, base_url), indent=2, sort_keys=True) + "\n"

@@ -53,5 +53,5 @@ class OpenAPIHandler(JsonHandler):
 
     async def get(self) -> None:
         if OpenAPIHandler.document is None:
-            OpenAPIHandler.document = openapi.render(self.edge.routes).encode("utf-8")
+            OpenAPIHandler.document = openapi.render(self.edge.routes, self.config.base_url).encode("utf-8")
         self.send(200, OpenAPIHandler.document, "application/json")
