@@ -31,7 +31,9 @@ async def state_of(store, token):
 
 
 def live_sessions(store):
-    return [row for row in store._sessions.values() if row[-1] is None]  # ended_at, the last field
+    from tokensvc.storage.memory import SESSIONS
+
+    return [row for row in store._sessions.values() if SESSIONS.get(row, "ended_at") is None]
 
 
 async def revoke(http_client, base_url, token, client_id="webapp", secret=WEBAPP_SECRET, **form):

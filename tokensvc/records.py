@@ -254,3 +254,13 @@ class Session:
     created_at: datetime
     expires_at: datetime
     ended_at: datetime | None = None  # signed out (kept until it expires, so a revocation can be followed)
+    # What the account page shows the user of their sessions (never a secret).
+    user_agent: str | None = None
+    address: str | None = None
+    last_seen_at: datetime | None = None
+
+    @property
+    def public_id(self) -> str:
+        """How the account page and ``/v1/me/sessions`` name it: a prefix of the hash, which
+        says nothing of the id in the cookie."""
+        return self.session_hash[:24]

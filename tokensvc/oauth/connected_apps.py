@@ -1,7 +1,9 @@
-"""A user's connected apps: the clients that hold an active grant of theirs.
+"""A user's connected apps and paired installations: what the account page and
+``GET /v1/me/connected-apps`` show, and what a user may withdraw.
 
-Read by ``GET /v1/me/connected-apps`` and the account page; withdrawn by
-:func:`tokensvc.oauth.revocation.revoke_connected_app`.
+An app's scopes are what is in force: those of its grant (the latest consent) and every scope a
+live token of it still carries (an earlier, broader consent's refresh token keeps its scopes
+until it is revoked or expires), so a narrower consent never hides what an older token can do.
 """
 
 from __future__ import annotations
@@ -9,8 +11,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime
 
+from tokensvc import logs
 from tokensvc.oauth.context import OAuthContext
-from tokensvc.records import Subject
+from tokensvc.oauth.errors import AccessDenied
+from tokensvc.oauth.revocation import revoke_grant
+from tokensvc.records import Installation, Subject, User
 
 
 @dataclass(slots=True)
@@ -23,11 +28,41 @@ class ConnectedApp:
 
 
 async def list_connected(ctx: OAuthContext, subject: Subject) -> list[ConnectedApp]:
-    """The subject's active grants joined with their clients (one query for each side);
-    a grant whose client was removed is left out."""
+    """The subject's active grants joined with their clients, each with the scopes in force; a
+    grant whose client was removed is left out."""
     grants = await ctx.store.list_grants(subject)
     if not grants:
         return []
     clients = {client.client_id: client for client in await ctx.store.list_clients()}
-    return [ConnectedApp(client.client_id, client.name, client.logo_url, grant.scopes, grant.created_at)
-            for grant in grants if (client := clients.get(grant.client_id)) is not None]
+    now = ctx.clock()
+    apps = []
+    for grant in grants:
+        client = clients.get(grant.client_id)
+        if client is None:
+            continue
+        in_force = dict.fromkeys(grant.scopes)
+        for family in await ctx.store.list_families(grant.grant_id):
+            if family.stands(grant) and family.expires_at > now:
+                in_force.update(dict.fromkeys(family.scopes))
+        apps.append(ConnectedApp(client.client_id, client.name, client.logo_url, list(in_force), grant.created_at))
+    return apps
+
+
+async def installations_of(ctx: OAuthContext, user: User) -> list[Installation]:
+    """The installations the user may see and unpair: those they operate; every one for an admin."""
+    installations = await ctx.store.list_installations()
+    return [inst for inst in installations if user.admin or user.user_id in inst.operators]
+
+
+async def unpair(ctx: OAuthContext, user: User, installation_id: str) -> int:
+    """Revoke every grant (and token) of an installation the user operates (or any, for an
+    admin): the node software must be paired again. The families revoked; AccessDenied for an
+    installation the user may not unpair."""
+    if installation_id not in {inst.installation_id for inst in await installations_of(ctx, user)}:
+        raise AccessDenied("You may not unpair this installation")
+    revoked = 0
+    for grant in await ctx.store.list_grants(Subject(installation_id=installation_id)):
+        revoked += await revoke_grant(ctx, grant.grant_id, "user")
+    logs.audit("installation_unpaired", {"subject": installation_id, "by": user.user_id, "families_revoked": revoked,
+                                         "outcome": "revoked"}, message="installation unpaired")
+    return revoked

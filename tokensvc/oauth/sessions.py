@@ -4,6 +4,7 @@ record behind the ``<service_name>_session`` cookie (which carries only a random
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from datetime import timedelta
 
@@ -12,7 +13,7 @@ from tokensvc.oauth import hashing, revocation
 from tokensvc.oauth.context import OAuthContext
 from tokensvc.ratelimit import TooManyFailures
 from tokensvc.records import Session, User
-from tokensvc.storage.base import SESSION, USER, Revocation
+from tokensvc.storage.base import SESSION, USER, Revocation, StorageError, StoreFault
 
 
 async def sign_in(ctx: OAuthContext, username: str, password: str, address: str) -> User | None:
@@ -59,12 +60,15 @@ async def check_password(ctx: OAuthContext, username: str, password: str) -> tup
     return user, ok and user is not None
 
 
-async def start(ctx: OAuthContext, user: User) -> str:
-    """Create a session for ``user``; returns the session id for the cookie."""
+async def start(ctx: OAuthContext, user: User, user_agent: str | None = None, address: str | None = None) -> str:
+    """Create a session for ``user`` (from the browser ``user_agent`` at ``address``, which the
+    account page shows); returns the session id for the cookie."""
     session_id = hashing.new_secret()
     now = ctx.clock()
     await ctx.store.add_session(Session(hashing.digest(session_id), user.user_id, now,
-                                        now + timedelta(seconds=ctx.tokens.session_ttl)))
+                                        now + timedelta(seconds=ctx.tokens.session_ttl),
+                                        user_agent=logs.clip(user_agent) if user_agent else None,
+                                        address=address, last_seen_at=now))
     return session_id
 
 
@@ -73,17 +77,50 @@ async def resolve(ctx: OAuthContext, session_id: str | None) -> tuple[Session, U
     if not session_id or len(session_id) > 128:
         return None
     session = await ctx.store.get_session(hashing.digest(session_id))
-    if session is None or session.expires_at <= ctx.clock():
+    now = ctx.clock()
+    if session is None or session.expires_at <= now:
         return None
     user = await ctx.store.get_user(session.user_id)
-    return None if user is None else (session, user)
+    if user is None:
+        return None
+    if session.last_seen_at is None or now - session.last_seen_at >= SEEN_EVERY:
+        # One write a minute, not one a request; and no request fails for want of it.
+        with contextlib.suppress(StorageError, StoreFault):
+            await ctx.store.touch_session(session.session_hash, now)
+    return session, user
+
+
+SEEN_EVERY = timedelta(minutes=1)  # how precisely the account page knows when a session was last used
+
+
+async def list_sessions(ctx: OAuthContext, user: User) -> list[Session]:
+    """The user's live sessions, the most recently seen first."""
+    return await ctx.store.list_user_sessions(user.user_id, ctx.clock())
+
+
+async def end_one(ctx: OAuthContext, user: User, public_id: str) -> bool:
+    """End the user's session named ``public_id`` (as the account page and the API name it)."""
+    for session in await list_sessions(ctx, user):
+        if session.public_id == public_id:
+            return await _end_hash(ctx, session.session_hash)
+    return False
+
+
+async def end_others(ctx: OAuthContext, user: User, current_id: str | None) -> int:
+    """End every session of the user but the one ``current_id`` (the cookie's) names; the count."""
+    keep = hashing.digest(current_id) if current_id else None
+    return sum([await _end_hash(ctx, session.session_hash) for session in await list_sessions(ctx, user)
+                if session.session_hash != keep])
 
 
 async def end(ctx: OAuthContext, session_id: str | None) -> bool:
     """End the web session ``session_id`` names (sign-out); True when it was live."""
     if not session_id or len(session_id) > 128:
         return False
-    session_hash = hashing.digest(session_id)
+    return await _end_hash(ctx, hashing.digest(session_id))
+
+
+async def _end_hash(ctx: OAuthContext, session_hash: str) -> bool:
     ended = await ctx.store.end_session(session_hash, ctx.clock())
     if ended:
         ctx.events.publish(Revocation(SESSION, session_hash))

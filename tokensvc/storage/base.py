@@ -239,6 +239,15 @@ class Sessions(abc.ABC):
     async def end_user_sessions(self, user_id: str, now: datetime) -> int:
         """End every web session of a user (a password set, the user removed); the count."""
 
+    @abc.abstractmethod
+    async def list_user_sessions(self, user_id: str, now: datetime) -> list[Session]:
+        """A user's live sessions (not ended, not expired), the most recently seen first (the
+        account page, ``GET /v1/me/sessions``)."""
+
+    @abc.abstractmethod
+    async def touch_session(self, session_hash: str, now: datetime) -> None:
+        """Note that the session was used at ``now`` (what the account page calls last seen)."""
+
 
 class Housekeeping(abc.ABC):
     """Start-up, health, expiry, and the revocations of other processes."""

@@ -334,6 +334,17 @@ class MemoryStore(Store):
         self._sessions[session_hash] = SESSIONS.updated(row, ended_at=now)
         return True
 
+    async def list_user_sessions(self, user_id: str, now: datetime) -> list[Session]:
+        sessions = [session for key in self._user_sessions.get(user_id, ())
+                    if (session := SESSIONS.unpack_row(self._sessions[key])).ended_at is None
+                    and session.expires_at > now]
+        return sorted(sessions, key=lambda s: (s.last_seen_at or s.created_at, s.session_hash), reverse=True)
+
+    async def touch_session(self, session_hash: str, now: datetime) -> None:
+        row = self._sessions.get(session_hash)
+        if row is not None:
+            self._sessions[session_hash] = SESSIONS.updated(row, last_seen_at=now)
+
     async def end_user_sessions(self, user_id: str, now: datetime) -> int:
         ended = [await self.end_session(session_hash, now)
                  for session_hash in list(self._user_sessions.get(user_id, ()))]

@@ -551,6 +551,16 @@ class MongoStore(Store):
         return result.modified_count == 1
 
     @guarded
+    async def list_user_sessions(self, user_id: str, now: datetime) -> list[Session]:
+        live = {"user_id": user_id, "ended_at": None, "expires_at": {"$gt": now}}
+        sessions = [SESSIONS.record(doc) for doc in await self.sessions.find(live).to_list(None)]
+        return sorted(sessions, key=lambda s: (s.last_seen_at or s.created_at, s.session_hash), reverse=True)
+
+    @guarded
+    async def touch_session(self, session_hash: str, now: datetime) -> None:
+        await self.sessions.update_one({"_id": session_hash}, {"$set": {"last_seen_at": now}})
+
+    @guarded
     async def end_user_sessions(self, user_id: str, now: datetime) -> int:
         result = await self.sessions.update_many({"user_id": user_id, "ended_at": None}, {"$set": {"ended_at": now}})
         return result.modified_count
