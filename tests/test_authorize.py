@@ -178,9 +178,15 @@ async def test_consent_post_revalidates_the_request(browser):
 @pytest.mark.gen_test
 async def test_pairing_an_installation_needs_an_operator(browser, store):
     await browser.login("alice")
-    response = await browser.authorize("node-agent", NODE_REDIRECT, installation_id="backyard-scope")
+    page = await browser.authorize("node-agent", NODE_REDIRECT, installation_id="backyard-scope")
+    # Even the first-party agent shows which installation it pairs before the code is issued.
+    assert page.code == 200 and b"Pair Backyard telescope" in page.body and b"telescope" in page.body
+    response = await browser.decide(page, "allow")
     code = await store.get_code(hashing.digest(query_of(response.headers["Location"])["code"]))
     assert code.installation_id == "backyard-scope" and code.user_id is None
+    cancelled = await browser.decide(await browser.authorize("node-agent", NODE_REDIRECT,
+                                                             installation_id="backyard-scope"), "deny")
+    assert query_of(cancelled.headers["Location"])["error"] == "access_denied"
 
 
 @pytest.mark.gen_test
@@ -195,8 +201,8 @@ async def test_pairing_an_installation_one_does_not_operate_is_denied(browser, s
     # An admin may pair any installation.
     admin = type(browser)(browser.client, browser.base_url)
     await admin.login("root")
-    response = await admin.authorize("node-agent", NODE_REDIRECT, installation_id="other-scope")
-    assert "code" in query_of(response.headers["Location"])
+    page = await admin.authorize("node-agent", NODE_REDIRECT, installation_id="other-scope")
+    assert "code" in query_of((await admin.decide(page, "allow")).headers["Location"])
 
 
 # -- login ---------------------------------------------------------------------------
@@ -282,7 +288,7 @@ async def test_secure_cookie_on_https(http_client, base_url, store, io_loop):
                                                      "_xsrf": other.cookies["__Host-_xsrf"]})
             token = other.cookies["__Host-_xsrf"]
             signed_out = await other.fetch(path, "POST", {"_xsrf": token}, headers={"X-XSRFToken": token})
-            assert signed_out.code == 200, (path, signed_out.body)
+            assert signed_out.code == (303 if path == "/logout" else 200), (path, signed_out.body)
             cleared = [h for h in signed_out.headers.get_list("Set-Cookie")
                        if h.startswith("__Host-tokensvc_session=")][0]
             expires = email.utils.parsedate_to_datetime(re.search(r"expires=([^;]+)", cleared).group(1))
@@ -297,7 +303,9 @@ async def test_home_page_and_logout(browser):
     home = await browser.fetch("/")
     assert b"Signed in as alice" in home.body
     response = await browser.fetch("/logout", "POST", {"_xsrf": browser.cookies["_xsrf"]})
-    assert response.code == 200 and b"signed out" in response.body
+    # Sent on with 303, so that Back never offers to post the form again.
+    assert response.code == 303 and response.headers["Location"] == "/logout"
+    assert b"You are signed out" in (await browser.fetch("/logout")).body
     home = await browser.fetch("/")
     assert b"Signed in as" not in home.body
     assert urlsplit(browser.base_url).scheme == "http"

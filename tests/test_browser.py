@@ -179,6 +179,12 @@ def landed_on(driver, url: str) -> dict[str, list[str]]:
     return parse_qs(urlsplit(driver.current_url).query)
 
 
+def chips_whole(driver) -> bool:
+    """Every scope chip (``observations:write``) stands on one line: none is broken mid-word."""
+    return driver.execute_script(
+        "return [...document.querySelectorAll('code.scope')].every(c => c.getClientRects().length === 1)")
+
+
 def fits_the_window(driver) -> bool:
     return driver.execute_script("return document.documentElement.scrollWidth <= window.innerWidth")
 
@@ -243,6 +249,7 @@ def test_wrong_password_then_right_one(service, callback, driver, shots):
     alert = wait_for(driver, By.CSS_SELECTOR, ".alert")
     assert alert.text == "Wrong username or password."
     assert driver.find_element(By.ID, "username").get_attribute("value") == "alice"
+    assert driver.switch_to.active_element.get_attribute("id") == "password"  # the focus follows the error
     assert "to continue to Web app" in driver.find_element(By.TAG_NAME, "main").text
     driver.save_screenshot(str(shots / "login-error.png"))
 
@@ -264,12 +271,13 @@ def test_sign_in_and_approve_a_third_party_client(service, callback, driver, sho
     assert "Create and change your observations" in page and "Read your data" in page
     logo = driver.find_element(By.CSS_SELECTOR, "img.logo")
     assert driver.execute_script("return arguments[0].naturalWidth", logo) > 0  # the logo loaded under the CSP
-    link = driver.find_element(By.LINK_TEXT, "connected apps")
+    link = driver.find_element(By.LINK_TEXT, "account page")
     assert urlsplit(link.get_attribute("href")).path == "/account"
-    assert fits_the_window(driver)
+    assert "Not alice?" in page
+    assert fits_the_window(driver) and chips_whole(driver)
     driver.save_screenshot(str(shots / "consent.png"))
-    driver.set_window_size(390, 844)  # a phone
-    assert fits_the_window(driver)
+    driver.set_window_size(375, 812)  # a phone
+    assert fits_the_window(driver) and chips_whole(driver)
     driver.save_screenshot(str(shots / "consent-narrow.png"))
 
     allow.click()
@@ -292,9 +300,15 @@ def pairing_url(service: str, callback: str) -> str:
     return authorize_url(service, callback, "node-agent", "read write", installation_id="backyard-scope")
 
 
-def test_an_operator_pairs_an_installation(service, callback, driver):
+def test_an_operator_pairs_an_installation(service, callback, driver, shots):
     driver.get(pairing_url(service, callback))
     sign_in(driver, PASSWORDS["alice"])
+    pair = wait_for(driver, By.CSS_SELECTOR, "button[value=allow]")  # the first-party agent names it first
+    page = driver.find_element(By.TAG_NAME, "main").text
+    assert "Pair Backyard telescope" in page and "a telescope" in page and "Node installation agent" in page
+    assert "Read this installation's data" in page and "your data" not in page
+    driver.save_screenshot(str(shots / "pairing.png"))
+    pair.click()
     query = landed_on(driver, f"{callback}/node-agent")
     tokens = exchange(service, query["code"][0], "node-agent", callback)
     info = introspect(service, tokens["access_token"])
@@ -323,19 +337,28 @@ def test_account_page_lists_connected_apps_and_removes_one(service, callback, dr
 
     driver.get(service + "/")
     driver.find_element(By.PARTIAL_LINK_TEXT, "connected apps").click()
-    app = wait_for(driver, By.CSS_SELECTOR, "li.app[data-client-id=skyplanner]")
+    app = wait_for(driver, By.CSS_SELECTOR, "li.item[data-client-id=skyplanner]")
     text = app.text
     assert "SkyPlanner" in text and "Connected since" in text
     assert "Read your data" in text and "observations:write" in text
     logo = app.find_element(By.CSS_SELECTOR, "img.logo")
     assert driver.execute_script("return arguments[0].naturalWidth", logo) > 0
     assert "alice" in driver.find_element(By.TAG_NAME, "h1").text
-    assert fits_the_window(driver)
+    assert "this browser" in driver.find_element(By.ID, "sessions").find_element(By.XPATH, "following-sibling::ul").text
+    assert fits_the_window(driver) and chips_whole(driver)
     driver.save_screenshot(str(shots / "account.png"))
+    driver.set_window_size(375, 812)
+    assert fits_the_window(driver) and chips_whole(driver)
+    driver.save_screenshot(str(shots / "account-narrow.png"))
 
-    app.find_element(By.CSS_SELECTOR, "button[name=client_id]").click()
-    wait_until(driver, lambda d: not d.find_elements(By.CSS_SELECTOR, "li.app[data-client-id=skyplanner]"))
+    app.find_element(By.CSS_SELECTOR, "[aria-label='Remove SkyPlanner']").click()  # asks first
+    confirm = wait_for(driver, By.CSS_SELECTOR, "form.confirm button[name=client_id]")
+    assert "Remove SkyPlanner?" in driver.find_element(By.CSS_SELECTOR, "form.confirm").text
+    assert introspect(service, tokens["refresh_token"])["active"] is True  # nothing happened yet
+    confirm.click()
+    wait_until(driver, lambda d: not d.find_elements(By.CSS_SELECTOR, "li.item[data-client-id=skyplanner]"))
     assert urlsplit(driver.current_url).path == "/account"
+    assert "SkyPlanner no longer has access to your account." in driver.find_element(By.CSS_SELECTOR, ".note").text
     for token in (tokens["access_token"], tokens["refresh_token"]):
         assert introspect(service, token) == {"active": False}
 
@@ -433,3 +456,94 @@ def test_a_page_of_another_origin_is_refused_by_the_browser(service, stranger, d
     driver.get(f"{stranger}/skyplanner?" + urlencode({"code": "x", "state": "app", "iss": service}))
     assert app_result(driver).startswith("failed: TypeError")
     driver.expected_console = ["blocked by CORS policy", "/oauth/token - Failed to load resource: net::ERR_FAILED"]
+
+
+# -- pages for people ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("path,title,status", [("/nope", "Nothing here", 404),
+                                               ("/oauth/token", "Not a page to open", 405)])
+def test_a_browser_gets_a_page_for_an_address_that_is_not_one(service, driver, path, title, status):
+    driver.get(service + path)
+    assert wait_for(driver, By.TAG_NAME, "h1").text == title  # once, and in plain words
+    assert driver.find_element(By.LINK_TEXT, "Go to the home page")
+    assert "detail" not in driver.find_element(By.TAG_NAME, "body").text  # not the API's JSON
+    driver.expected_console = [f"the server responded with a status of {status}"]
+    assert requests.get(service + path).headers["Content-Type"] == "application/json"  # an API caller's shape
+
+
+def test_a_form_left_open_past_its_token_is_shown_again(service, callback, driver):
+    driver.get(sky_url(service, callback))
+    sign_in(driver, PASSWORDS["alice"])
+    wait_for(driver, By.CSS_SELECTOR, "button[value=allow]")
+    driver.delete_cookie("_xsrf")  # as across a restart with a new secret, or a sign-out in another tab
+    driver.find_element(By.CSS_SELECTOR, "button[value=allow]").click()
+    alert = wait_for(driver, By.CSS_SELECTOR, ".alert")
+    assert alert.text == "This form had expired. Please decide again."
+    driver.expected_console = ["/oauth/authorize - Failed to load resource: the server responded with a status of 403"]
+    driver.find_element(By.CSS_SELECTOR, "button[value=allow]").click()  # the form again, with a new token
+    assert "code" in landed_on(driver, f"{callback}/skyplanner")
+
+
+def test_not_alice_switches_account_and_returns_to_the_same_request(service, callback, driver):
+    driver.get(sky_url(service, callback))
+    sign_in(driver, PASSWORDS["alice"])
+    wait_for(driver, By.CSS_SELECTOR, "button.link").click()  # "Not alice? Switch account"
+    wait_for(driver, By.ID, "username")
+    assert "to continue to SkyPlanner" in driver.find_element(By.TAG_NAME, "main").text
+    sign_in(driver, PASSWORDS["bob"], "bob")
+    wait_for(driver, By.CSS_SELECTOR, "button[value=allow]")
+    assert "your account bob" in driver.find_element(By.TAG_NAME, "main").text
+
+
+def test_the_sign_in_page_says_who_is_signed_in(service, driver):
+    sign_in_directly(driver, service)
+    driver.get(service + "/login")
+    assert "You are signed in as alice." in wait_for(driver, By.CSS_SELECTOR, ".note").text
+
+
+def test_signing_out_lands_on_a_page_of_its_own(service, driver):
+    """Sign-out answers its form with a redirect: the page shown came from a GET, so Back and
+    reload never offer to post the form again."""
+    sign_in_directly(driver, service)
+    driver.get(service + "/account")
+    wait_for(driver, By.CSS_SELECTOR, "form[action='/logout'] button").click()
+    wait_until(driver, lambda d: "You are signed out" in d.find_element(By.TAG_NAME, "h1").text)
+    assert urlsplit(driver.current_url).path == "/logout"
+    driver.refresh()  # no resubmission: still just the page
+    assert "You are signed out" in wait_for(driver, By.TAG_NAME, "h1").text
+
+
+# -- the account page: sessions and installations -------------------------------------------
+
+
+def test_the_other_sessions_are_listed_and_signed_out(service, driver):
+    other = requests.Session()  # alice, signed in elsewhere
+    other.headers["User-Agent"] = "Mozilla/5.0 (Windows NT 10.0; Win64; x64; rv:130.0) Gecko/20100101 Firefox/130.0"
+    other.get(service + "/login")
+    signed_in = other.post(service + "/login", data={"username": "alice", "password": PASSWORDS["alice"],
+                                                     "_xsrf": other.cookies["_xsrf"]}, allow_redirects=False)
+    assert signed_in.status_code == 302
+    sign_in_directly(driver, service)
+    driver.get(service + "/account#sessions")
+    listed = wait_for(driver, By.XPATH, "//h2[@id='sessions']/following-sibling::ul[1]").text
+    assert "Firefox on Windows" in listed and "this browser" in listed
+    driver.find_element(By.CSS_SELECTOR, "button[value=end-others]").click()
+    note = wait_for(driver, By.CSS_SELECTOR, ".note").text
+    assert note.startswith("Signed out of") and "other session" in note
+    assert other.get(service + "/v1/me").status_code == 401  # that browser is signed out
+    assert "Firefox" not in driver.find_element(By.XPATH, "//h2[@id='sessions']/following-sibling::ul[1]").text
+
+
+def test_an_operator_unpairs_an_installation(service, callback, driver):
+    driver.get(pairing_url(service, callback))
+    sign_in(driver, PASSWORDS["alice"])
+    wait_for(driver, By.CSS_SELECTOR, "button[value=allow]").click()
+    tokens = exchange(service, landed_on(driver, f"{callback}/node-agent")["code"][0], "node-agent", callback)
+    driver.get(service + "/account#installations")
+    item = wait_for(driver, By.CSS_SELECTOR, "li.item[data-installation-id=backyard-scope]")
+    assert "Backyard telescope" in item.text and "telescope" in item.text
+    item.find_element(By.CSS_SELECTOR, "[aria-label='Unpair Backyard telescope']").click()
+    wait_for(driver, By.CSS_SELECTOR, "form.confirm button[name=installation_id]").click()
+    assert "Backyard telescope is unpaired" in wait_for(driver, By.CSS_SELECTOR, ".note").text
+    assert introspect(service, tokens["refresh_token"]) == {"active": False}

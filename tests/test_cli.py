@@ -367,4 +367,6 @@ def test_a_closed_pipe_ends_the_command_quietly(command):
     """``tokensvc ... | head -1``: the reader goes away after one line; no traceback."""
     result = subprocess.run(f"{sys.executable} -m tokensvc {command} | head -1", shell=True, capture_output=True,
                             text=True, timeout=60, executable="/bin/bash")
-    assert result.stdout.count("\n") == 1 and result.stderr == "", result.stderr
+    assert result.stdout.count("\n") == 1, result.stdout
+    # Whether the reader left before the last line or after, no traceback, no "Exception ignored".
+    assert "Traceback" not in result.stderr and "Error" not in result.stderr and "Exception" not in result.stderr

@@ -88,16 +88,24 @@ async def test_account_page_lists_and_removes_a_connected_app(browser, http_clie
     assert page.code == 200 and b'data-client-id="skyplanner"' in page.body and b"SkyPlanner" in page.body
     assert directive(page, "img-src") == ["'self'", "https://skyplanner.example/logo.png"]
 
+    # Remove asks first: a confirmation naming the app, with its own button.
+    assert b'aria-label="Remove SkyPlanner"' in page.body
+    asking = await browser.fetch("/account?remove=skyplanner")
+    assert b"Remove SkyPlanner?" in asking.body and b'name="action" value="remove"' in asking.body
+
     # The Remove form is XSRF-protected.
-    refused = await browser.fetch("/account", "POST", {"client_id": "skyplanner"})
+    refused = await browser.fetch("/account", "POST", {"action": "remove", "client_id": "skyplanner"})
     assert refused.code == 403
-    invalid = await browser.fetch("/account", "POST", {"client_id": "no spaces", "_xsrf": browser.cookies["_xsrf"]})
+    invalid = await browser.fetch("/account", "POST", {"action": "remove", "client_id": "no spaces",
+                                                       "_xsrf": browser.cookies["_xsrf"]})
     assert invalid.code == 422 and b"<html" in invalid.body
 
-    removed = await browser.fetch("/account", "POST", {"client_id": "skyplanner", "_xsrf": browser.cookies["_xsrf"]})
-    assert removed.code == 303 and removed.headers["Location"] == "/account"
-    page = await browser.fetch("/account")
+    removed = await browser.fetch("/account", "POST", {"action": "remove", "client_id": "skyplanner",
+                                                       "_xsrf": browser.cookies["_xsrf"]})
+    assert removed.code == 303 and removed.headers["Location"] == "/account?removed=skyplanner"
+    page = await browser.fetch(removed.headers["Location"])
     assert b'data-client-id="skyplanner"' not in page.body and b"No app has access" in page.body
+    assert b"SkyPlanner no longer has access to your account." in page.body
     me = await http_client.fetch(base_url + "/v1/me", headers={"Authorization": f"Bearer {access}"},
                                  raise_error=False)
     assert me.code == 401
@@ -136,7 +144,8 @@ async def test_every_location_is_checked_before_it_is_sent(browser, caplog):
 @pytest.mark.gen_test
 @pytest.mark.parametrize("method,path,allow", [
     ("DELETE", "/login", "GET, HEAD, POST"), ("PUT", "/account", "GET, HEAD, POST"), ("POST", "/", "GET, HEAD"),
-    ("GET", "/logout", "POST"), ("DELETE", "/oauth/authorize", "GET, HEAD, POST"), ("POST", "/v1/ws", "GET, HEAD"),
+    ("PUT", "/logout", "GET, HEAD, POST"), ("DELETE", "/oauth/authorize", "GET, HEAD, POST"),
+    ("POST", "/v1/ws", "GET, HEAD"),
 ])
 async def test_every_405_carries_allow(http_client, base_url, method, path, allow):
     response = await http_client.fetch(base_url + path, method=method, raise_error=False,

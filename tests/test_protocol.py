@@ -9,7 +9,7 @@ from helpers import CHALLENGE, NODE_REDIRECT, SKY_REDIRECT, VERIFIER, WEBAPP_RED
 
 from tokensvc.bootstrap import make_context, seed
 from tokensvc.oauth import authorization, clientauth, grants, hashing, introspection, revocation
-from tokensvc.oauth.authorization import Consent, Issued, SignIn
+from tokensvc.oauth.authorization import Consent, Issued, Pairing, SignIn
 from tokensvc.oauth.clientauth import ClientRequest
 from tokensvc.oauth.errors import (
     AccessDenied,
@@ -116,6 +116,11 @@ async def test_what_an_authorization_request_leads_to(seeded):
     # The answer is checked only once the request itself is valid and verified.
     with pytest.raises(RedirectUnverified):
         await authorization.decide(seeded, args("nobody"), alice, "allow")
+    # A first-party client pairing an installation names it first, then issues the code.
+    pair = args("node-agent", NODE_REDIRECT, installation_id="backyard-scope")
+    pairing = await authorization.decide(seeded, pair, alice)
+    assert isinstance(pairing, Pairing) and pairing.installation.name == "Backyard telescope"
+    assert isinstance(await authorization.decide(seeded, pair, alice, "allow"), Issued)
 
 
 # -- code exchange ----------------------------------------------------------------------

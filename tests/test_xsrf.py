@@ -91,7 +91,7 @@ async def test_a_token_issued_before_sign_in_or_to_another_session_is_refused(ht
                                      headers={"Cookie": "; ".join(f"{k}={v}" for k, v in alice_cookies.items())})
         assert response.code == 403
     response = await alice.fetch("/logout", "POST", {"_xsrf": alice.cookies["_xsrf"]})
-    assert response.code == 200
+    assert response.code == 303
 
 
 @pytest.mark.gen_test

@@ -36,6 +36,8 @@ ROUTES: list[Route] = [Route.of(path, handler) for path, handler in (
     ("/v1/me", api.MeHandler),
     ("/v1/me/connected-apps", api.ConnectedAppsHandler),
     ("/v1/me/connected-apps/{client_id}", api.ConnectedAppHandler),
+    ("/v1/me/sessions", api.SessionsHandler),
+    ("/v1/me/sessions/{session_id}", api.SessionHandler),
     ("/v1/ws", ws.EchoSocket),
     ("/.well-known/oauth-authorization-server", meta.MetadataHandler),
     ("/healthz", meta.HealthHandler),

@@ -84,14 +84,26 @@ class XsrfFailed(Forbidden):
         super().__init__("XSRF check failed")
 
     @property
+    def title(self) -> str:
+        return "This form has expired"
+
+    @property
     def message(self) -> str:
-        return "This form has expired or did not come from this service. Go back, reload the page and try again."
+        return "It was left open too long, or did not come from this service. Go back, reload the page and try again."
 
 
 class NotFound(Detail):
     """Unknown resource: 404 ``{"detail"}``."""
 
     status_code = 404
+
+    @property
+    def title(self) -> str:
+        return "Nothing here"
+
+    @property
+    def message(self) -> str:
+        return "There is no page at this address. Check it, or start again from the home page."
 
 
 class MethodNotAllowed(Detail):
@@ -107,8 +119,12 @@ class MethodNotAllowed(Detail):
         return {"Allow": ", ".join(sorted(self.allowed))}
 
     @property
+    def title(self) -> str:
+        return "Not a page to open"
+
+    @property
     def message(self) -> str:
-        return "This address does not answer that kind of request."
+        return "This address only takes what a form or an app sends; it is not a page of its own."
 
 
 class BodyTooLarge(Detail):
@@ -170,6 +186,14 @@ class StoreUnavailable(Detail):
         super().__init__("The token store is not answering; try again shortly.")
         self.retry_after = retry_after
 
+    @property
+    def title(self) -> str:
+        return "Unavailable for a moment"
+
+    @property
+    def message(self) -> str:
+        return "The service cannot reach its data just now. Try again in a few seconds."
+
     def headers(self) -> dict[str, str]:
         return {"Retry-After": str(self.retry_after)}
 
@@ -188,3 +212,11 @@ class InternalError(Detail):
 
     def __init__(self) -> None:
         super().__init__("Internal server error")
+
+    @property
+    def title(self) -> str:
+        return "Something went wrong"
+
+    @property
+    def message(self) -> str:
+        return "The service failed to answer this. Try again; if it keeps failing, tell its operators."

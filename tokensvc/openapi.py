@@ -105,6 +105,7 @@ def build(routes: Iterable[Route], base_url: str) -> dict[str, Any]:
         ("Detail", schemas.DetailSchema), ("HTTPValidationError", schemas.HTTPValidationErrorSchema),
         ("Empty", schemas.EmptySchema), ("Metadata", schemas.MetadataSchema), ("Me", schemas.MeSchema),
         ("ConnectedApp", schemas.ConnectedAppSchema), ("Status", schemas.StatusSchema),
+        ("Session", schemas.SessionSchema),
     ):
         spec.components.schema(name, schema=schema)
     spec.components.security_scheme("clientBasic", {"type": "http", "scheme": "basic"})
@@ -191,20 +192,25 @@ def _operations() -> dict[str, dict[str, Any]]:
     })
     ops["/"] = {"get": {"summary": "Home page: who is signed in, and where the endpoints are",
                         "responses": {"200": _html("The page"), "503": _html("The store does not answer")}}}
-    ops["/logout"] = ({"post": {
-        "summary": "The pages' sign-out button (form: _xsrf)",
-        "responses": {"200": _html("Signed out"), "403": _html("No valid XSRF token"),
-                      "413": _html("Body too large"), "503": _html("The store does not answer")}}})
-    ops["/account"] = ({
-        "get": {"summary": "The signed-in user's page: connected apps, each with a Remove button; sign-out",
+    ops["/logout"] = {
+        "get": {"summary": "The signed-out page (or, signed in, a sign-out button)",
+                "responses": {"200": _html("The page")}},
+        "post": {"summary": "The pages' sign-out button (form: _xsrf, and next to sign in again there)",
+                 "responses": {"303": _redirect("To the signed-out page, or to sign-in (next)"),
+                               "403": _html("No valid XSRF token"), "413": _html("Body too large"),
+                               "503": _html("The store does not answer")}}}
+    ops["/account"] = {
+        "get": {"summary": "The signed-in user's page: connected apps (Remove), paired installations (Unpair), "
+                           "sessions (sign out), sign-out; ?remove= and ?unpair= ask for confirmation",
                 "responses": {"200": _html("The page"), "303": _redirect("Signed out: to sign-in, then back"),
                               "503": _html("The store does not answer")}},
-        "post": {"summary": "Remove a connected app (form: client_id, _xsrf): its grant and all its tokens",
-                 "responses": {"303": _redirect("Back to the account page, or to sign-in"),
-                               "403": _html("No valid XSRF token"), "413": _html("Body too large"),
-                               "422": _html("client_id is not a client id"),
+        "post": {"summary": "A button of the account page (form: action=remove|unpair|end-session|end-others, "
+                            "client_id, installation_id or session_id, _xsrf)",
+                 "responses": {"303": _redirect("Back to the account page, saying what happened; or to sign-in"),
+                               "403": _html("No valid XSRF token; or an installation one may not unpair"),
+                               "413": _html("Body too large"), "422": _html("A field is not valid"),
                                "503": _html("The store does not answer")}},
-    })
+    }
     bearer_security: list[dict[str, list[str]]] = [{"bearer": []}]
     ops["/v1/me"] = ({"get": {
         "summary": "Who the token or session acts for (scope read)", "security": bearer_security,
@@ -220,6 +226,18 @@ def _operations() -> dict[str, dict[str, Any]]:
         "security": bearer_security, "parameters": [client_id],
         "responses": {"204": {"description": "Revoked"}, "401": BEARER_401, "403": FORBIDDEN, "404": NOT_FOUND,
                       "422": INVALID, "503": UNAVAILABLE}}})
+    session_id = {"name": "session_id", "in": "path", "required": True, "schema": {"type": "string"}}
+    ops["/v1/me/sessions"] = {"get": {
+        "summary": "Where the user is signed in (scope read): browser, address, when; the current one marked",
+        "security": bearer_security,
+        "responses": {"200": {"description": "The sessions", "content": {JSON: {"schema": {
+            "type": "array", "items": {"$ref": "#/components/schemas/Session"}}}}},
+            "401": BEARER_401, "403": FORBIDDEN, "503": UNAVAILABLE}}}
+    ops["/v1/me/sessions/{session_id}"] = {"delete": {
+        "summary": "Sign one of the user's sessions out (scope sessions:write; write covers it)",
+        "security": bearer_security, "parameters": [session_id],
+        "responses": {"204": {"description": "Signed out"}, "401": BEARER_401, "403": FORBIDDEN,
+                      "404": NOT_FOUND, "422": INVALID, "503": UNAVAILABLE}}}
     ops["/v1/ws"] = {"get": {
         "summary": "WebSocket (scope read): the token as access_token, in Authorization, or the session cookie. "
                    "Sends a welcome, echoes text, closes with 4401 when its authorization ends",

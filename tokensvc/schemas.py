@@ -118,10 +118,21 @@ class ClientIdPathSchema(Schema):
     client_id = ClientId()
 
 
-class RemoveAppFormSchema(FormSchema):
-    """The account page's Remove button."""
+class AccountFormSchema(FormSchema):
+    """The account page's buttons: remove an app, unpair an installation, sign a session out,
+    or every other session."""
 
-    client_id = ClientId()
+    action = Text(required=True, max_length=32, validate=[validate.OneOf(
+        ["remove", "unpair", "end-session", "end-others"], error="Value error, an action of the account page")])
+    client_id = Text(max_length=128, validate=[
+        Pattern(identifiers.ID_CHARS, f"client_id must be {identifiers.ID_RULE}")])
+    installation_id = Text(max_length=128, validate=[
+        Pattern(identifiers.ID_CHARS, f"installation_id must be {identifiers.ID_RULE}")])
+    session_id = Text(max_length=64)
+
+
+class SessionIdPathSchema(Schema):
+    session_id = Text(required=True, max_length=64)
 
 
 class OptionalTokenQuerySchema(FormSchema):
@@ -230,7 +241,8 @@ token_action = TokenActionSchema()
 client_id_path = ClientIdPathSchema()
 optional_token_query = OptionalTokenQuerySchema()
 login_form = LoginFormSchema()
-remove_app_form = RemoveAppFormSchema()
+account_form = AccountFormSchema()
+session_id_path = SessionIdPathSchema()
 oauth_client = OAuthClientSchema()
 oauth_clients = OAuthClientSchema(many=True)
 token_response = TokenResponseSchema()
@@ -281,6 +293,18 @@ class ConnectedAppSchema(Schema):
     granted_at = fields.DateTime(required=True, data_key="grantedAt")
 
 
+class SessionSchema(Schema):
+    """One of the user's signed-in sessions (``GET /v1/me/sessions``)."""
+
+    id = fields.String(required=True)
+    browser = fields.String(required=True)
+    userAgent = fields.String(allow_none=True)
+    address = fields.String(allow_none=True)
+    signedInAt = fields.DateTime(required=True)
+    lastSeenAt = fields.DateTime(allow_none=True)
+    current = fields.Boolean(required=True)
+
+
 class WelcomeSchema(Schema):
     type = fields.String(required=True, validate=validate.Equal("welcome"))
     subjectType = fields.String(required=True)
@@ -290,6 +314,7 @@ class WelcomeSchema(Schema):
 
 me = MeSchema()
 connected_apps = ConnectedAppSchema(many=True)
+user_sessions = SessionSchema(many=True)
 welcome = WelcomeSchema()
 
 

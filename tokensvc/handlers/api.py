@@ -7,7 +7,7 @@ from tokensvc.errors import NotFound
 from tokensvc.handlers.auth import AuthMixin, requires
 from tokensvc.handlers.headers import PRIVATE_HEADERS
 from tokensvc.handlers.json_api import JsonHandler
-from tokensvc.oauth import connected_apps, revocation
+from tokensvc.oauth import connected_apps, revocation, sessions
 from tokensvc.oauth import principal as principals
 
 
@@ -44,4 +44,34 @@ class ConnectedAppHandler(ApiEndpoint):
         self.load_client_id(client_id)
         if not await revocation.revoke_connected_app(self.ctx, principal.subject, client_id):
             raise NotFound(f"No active grant for client {client_id!r}")
+        self.send(204, b"", None)
+
+
+class SessionsHandler(ApiEndpoint):
+    """``GET /v1/me/sessions`` (read): where the user is signed in, the current one marked."""
+
+    @requires("read")
+    async def get(self) -> None:
+        principal = self.require_user()
+        user = await self.ctx.store.get_user(principal.subject.user_id or "")
+        current = principal.session.session_hash if principal.session else None
+        listed = await sessions.list_sessions(self.ctx, user) if user else []
+        self.send_json(schemas.user_sessions.dump([
+            {"id": session.public_id, "browser": sessions.browser_of(session.user_agent),
+             "userAgent": session.user_agent, "address": session.address, "signedInAt": session.created_at,
+             "lastSeenAt": session.last_seen_at, "current": session.session_hash == current}
+            for session in listed]))
+
+
+class SessionHandler(ApiEndpoint):
+    """``DELETE /v1/me/sessions/{id}`` (sessions:write, which write covers): sign that session
+    out; 204, or 404 when there is none."""
+
+    @requires("sessions:write")
+    async def delete(self, session_id: str) -> None:
+        principal = self.require_user()
+        self.load(schemas.session_id_path, {"session_id": session_id} if session_id else {}, "path")
+        user = await self.ctx.store.get_user(principal.subject.user_id or "")
+        if user is None or not await sessions.end_one(self.ctx, user, session_id):
+            raise NotFound(f"No session {session_id!r} of yours is signed in")
         self.send(204, b"", None)

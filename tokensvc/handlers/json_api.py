@@ -104,7 +104,7 @@ class JsonHandler(RequestInput):
         log_failure(self.request, exc, self.edge.metrics)
         answer = answer_for(exc)
         self.log_error = answer.error_code
-        status, headers, body = self.edge.render(answer, self.output, self.default_headers)
+        status, headers, body = self.edge.render(answer, self.output, self.default_headers, self.request)
         self.send(status, body, None, headers)
 
     def send_json(self, body: Any, status: int = 200, headers: dict[str, str] | None = None) -> None:

@@ -44,7 +44,7 @@ from tokensvc.config import STORE_RETRY_AFTER_SECONDS, Settings
 from tokensvc.errors import HTTPAnswer, reason_phrase
 from tokensvc.handlers import xsrf
 from tokensvc.handlers.access_log import log_access, redact
-from tokensvc.handlers.headers import safe_location
+from tokensvc.handlers.headers import PAGE_HEADERS, safe_location
 from tokensvc.handlers.inputs import RequestInput
 from tokensvc.handlers.proxies import ClientAddress
 from tokensvc.logs import REQUEST_ID
@@ -252,9 +252,14 @@ class Edge:
         return self.templates.load(template).generate(static_url=self.static_url,
                                                       service_name=self.config.service_name, **namespace)
 
-    def render(self, answer: HTTPAnswer, output: str, headers: dict[str, str]) -> tuple[int, dict[str, str], bytes]:
-        """``(status, headers, body)`` of ``answer`` in ``output``, over the route's ``headers``."""
+    def render(self, answer: HTTPAnswer, output: str, headers: dict[str, str],
+               request: HTTPServerRequest | None = None) -> tuple[int, dict[str, str], bytes]:
+        """``(status, headers, body)`` of ``answer`` in ``output``, over the route's ``headers``.
+        A browser that navigated to a JSON route's address (the 404 of a mistyped one, a 405, a
+        5xx) gets the error page rather than JSON; an API caller keeps its JSON."""
         status = answer.status_code
+        if output == JSON and request is not None and (status in (404, 405) or status >= 500) and navigation(request):
+            output, headers = HTML, PAGE_HEADERS
         headers = {**headers, **answer.headers()}
         if "Location" in headers:
             headers["Location"] = safe_location(headers["Location"])
@@ -274,6 +279,13 @@ class Edge:
         log_access(status, request, client_id, error)
         method = request.method if request.method in STANDARD_METHODS else "other"
         self.metrics.request(route, method, status, request.request_time())
+
+
+def navigation(request: HTTPServerRequest) -> bool:
+    """Whether a browser is opening ``request``'s address as a page (not an app's fetch)."""
+    headers = request.headers
+    return (request.method in ("GET", "HEAD") and "text/html" in headers.get("Accept", "")
+            and headers.get("Sec-Fetch-Mode", "navigate") == "navigate")
 
 
 def write_response(request: HTTPServerRequest, status: int, headers: HTTPHeaders, body: bytes,
@@ -378,6 +390,6 @@ class Lifecycle(tornado.httputil.HTTPMessageDelegate):
 
     def _answer(self, answer: HTTPAnswer, request_id: str) -> None:
         handler = self.route.handler
-        status, headers, body = self.edge.render(answer, handler.output, handler.default_headers)
+        status, headers, body = self.edge.render(answer, handler.output, handler.default_headers, self.request)
         write_response(self.request, status, HTTPHeaders(headers), body, request_id)
         self.edge.finished(self.request, self.route.path, status, None, answer.error_code)

@@ -1,31 +1,40 @@
-"""The HTML side: the authorization endpoint with its consent page, sign-in and sign-out
-pages, and the home page."""
+"""The HTML side: the authorization endpoint with its consent and pairing pages, sign-in and
+sign-out, the account page, and the home page."""
 
 from __future__ import annotations
 
 from urllib.parse import urlencode, urlsplit
 
 from tokensvc import schemas
-from tokensvc.errors import ValidationFailed
+from tokensvc.errors import ValidationFailed, XsrfFailed
 from tokensvc.handlers.headers import CONTROL
 from tokensvc.handlers.page import PageHandler
-from tokensvc.oauth import authorization, connected_apps, revocation, sessions
-from tokensvc.oauth.authorization import AuthorizationRequest
-from tokensvc.oauth.errors import RedirectUnverified
+from tokensvc.oauth import authorization, connected_apps, hashing, revocation, sessions
+from tokensvc.oauth.errors import RedirectError, RedirectUnverified
 from tokensvc.ratelimit import TooManyFailures
 from tokensvc.records import Subject, User
 
 SCOPE_WORDS = {
+    # write covers every <resource>:<action> (the scope rule), connected-apps:write and
+    # sessions:write among them: its words say so.
     "read": "Read your data",
-    "write": "Read, create and change your data",
+    "write": "Read, create and change your data, including which apps are connected to your account "
+             "and where you are signed in",
     "admin": "Administer this service (inspect any token)",
+}
+INSTALLATION_SCOPE_WORDS = {
+    "read": "Read this installation's data",
+    "write": "Read, create and change this installation's data",
 }
 
 
-def describe_scopes(granted: list[str], descriptions: dict[str, str]) -> list[tuple[str, str]]:
-    """Each scope with its words: the configuration's, the service's own for its vocabulary,
-    or the scope as the operator wrote it. Never words made from a request."""
-    return [(scope, descriptions.get(scope) or SCOPE_WORDS.get(scope) or scope) for scope in granted]
+def describe_scopes(granted: list[str], descriptions: dict[str, str],
+                    installation: bool = False) -> list[tuple[str, str]]:
+    """Each scope with its words: the configuration's, the service's own for its vocabulary (an
+    installation's when the subject is one), or the scope as the operator wrote it. Never words
+    made from a request."""
+    own = {**SCOPE_WORDS, **INSTALLATION_SCOPE_WORDS} if installation else SCOPE_WORDS
+    return [(scope, descriptions.get(scope) or own.get(scope) or scope) for scope in granted]
 
 
 def safe_next(target: str | None) -> str:
@@ -40,9 +49,25 @@ def safe_next(target: str | None) -> str:
     return target
 
 
-class AuthorizeHandler(PageHandler):
-    """``GET|POST {auth_url}/oauth/authorize`` (RFC 6749 §4.1.1); POST is the consent decision.
-    What the user agent gets next is :func:`authorization.decide`'s to say."""
+class FormPage(PageHandler):
+    """A page whose form, left open across a sign-out or a restart, is shown again when its
+    XSRF token has expired, instead of an error: the lifecycle's check decides, the page
+    words the refusal."""
+
+    form_expired = False
+
+    def check_xsrf_cookie(self) -> None:
+        try:
+            super().check_xsrf_cookie()
+        except XsrfFailed:
+            self.form_expired = True
+            self.set_status(403)
+
+
+class AuthorizeHandler(FormPage):
+    """``GET|POST {auth_url}/oauth/authorize`` (RFC 6749 §4.1.1); POST is the answer of the
+    consent or pairing page. What the user agent gets next is :func:`authorization.decide`'s
+    to say."""
 
     async def get(self) -> None:
         await self.handle(self.request.query_arguments, decision=None)
@@ -50,33 +75,44 @@ class AuthorizeHandler(PageHandler):
     async def post(self) -> None:
         arguments = self.request.body_arguments
         answer = arguments.get("decision", [b""])[0].decode("utf-8", "replace")
-        await self.handle(arguments, decision=answer or None)
+        # An expired form decides nothing: the page is shown again.
+        await self.handle(arguments, decision=None if self.form_expired else answer or None)
 
     async def handle(self, raw_args: dict[str, list[bytes]], decision: str | None) -> None:
         try:
-            args = {name: [value.decode("utf-8") for value in values] for name, values in raw_args.items()}
+            args = {name: [value.decode("utf-8") for value in values] for name, values in raw_args.items()
+                    if name not in ("decision", "_xsrf")}
         except UnicodeDecodeError:
             raise RedirectUnverified("The authorization request is not valid UTF-8.") from None
         found = await self.session()
-        outcome = await authorization.decide(self.ctx, args, found[1] if found else None, decision)
+        try:
+            outcome = await authorization.decide(self.ctx, args, found[1] if found else None, decision)
+        except (RedirectUnverified, RedirectError):
+            if self.form_expired:  # nothing to show again: the refusal itself
+                raise XsrfFailed() from None
+            raise
         if isinstance(outcome, authorization.SignIn):
             # The original query (GET) keeps an omitted scope omitted after sign-in.
             target = (self.request.uri if self.request.method == "GET"
                       else "/oauth/authorize?" + urlencode(outcome.request.hidden_fields()))
-            self.redirect("/login?" + urlencode({"next": target}))
-        elif isinstance(outcome, authorization.Consent):
-            self.render_consent(outcome.request, outcome.user, outcome.installation)
+            after_post = 303 if self.request.method == "POST" else None
+            self.redirect("/login?" + urlencode({"next": target}), status=after_post)
+        elif isinstance(outcome, authorization.Consent | authorization.Pairing):
+            self.render_decision(outcome)
         else:
             self.redirect(outcome.location)
 
-    def render_consent(self, request: AuthorizationRequest, user: User, installation) -> None:
+    def render_decision(self, outcome: authorization.Consent | authorization.Pairing) -> None:
+        request, installation = outcome.request, outcome.installation
         self.allow_sources(form_action=[request.redirect_uri], img_src=[request.client.logo_url])
-        self.render("consent.html", client=request.client, user=user, installation=installation,
-                    scopes=describe_scopes(request.scopes, self.config.scopes),
-                    fields=request.hidden_fields(), redirect_host=urlsplit(request.redirect_uri).netloc)
+        template = "pairing.html" if isinstance(outcome, authorization.Pairing) else "consent.html"
+        self.render(template, client=request.client, user=outcome.user, installation=installation,
+                    scopes=describe_scopes(request.scopes, self.config.scopes, installation is not None),
+                    fields=request.hidden_fields(), redirect_host=urlsplit(request.redirect_uri).netloc,
+                    expired=self.form_expired, switch_to="/oauth/authorize?" + urlencode(request.hidden_fields()))
 
 
-class LoginHandler(PageHandler):
+class LoginHandler(FormPage):
     """``GET|POST {auth_url}/login``: the sign-in form and its check."""
 
     async def get(self) -> None:
@@ -85,6 +121,9 @@ class LoginHandler(PageHandler):
     async def post(self) -> None:
         form = self.form(schemas.login_form)
         target = safe_next(form.get("next"))
+        if self.form_expired:
+            return await self.render_login(target, "This form had expired. Sign in again.",
+                                           form.get("username", "")[:128])
         try:
             data = self.load(schemas.login_form, form)
         except ValidationFailed:
@@ -103,49 +142,100 @@ class LoginHandler(PageHandler):
             self.set_status(401)
             return await self.render_login(target, "Wrong username or password.", data["username"])
         await sessions.end(self.ctx, self._session_id)  # the session this browser had, if any
-        self.start_session(await sessions.start(self.ctx, user))
+        self.start_session(await sessions.start(self.ctx, user, self.request.headers.get("User-Agent"),
+                                                self.request.remote_ip))
         self.redirect(target)
 
     async def render_login(self, target: str, error: str | None = None, username: str = "") -> None:
         """The sign-in form. When ``target`` is an authorization request of a registered
         client, the page names that client, and its form may lead on (through
-        ``/oauth/authorize``) to the client's verified redirect_uri."""
+        ``/oauth/authorize``) to the client's verified redirect_uri. A browser already signed
+        in is told so."""
         behind = await authorization.client_behind(self.ctx, target)
         if behind is not None:
             self.allow_sources(form_action=[behind[1]])
+        found = await self.session()
         self.render("login.html", next=target, error=error, username=username,
-                    client=behind[0] if behind else None)
+                    client=behind[0] if behind else None, signed_in=found[1] if found else None)
 
 
 class LogoutHandler(PageHandler):
-    """``POST {auth_url}/logout``: the sign-out button of the web pages."""
+    """``GET|POST {auth_url}/logout``: the pages' sign-out button posts here and is sent on
+    (303) to the signed-out page, so that Back never offers to post again; with ``next`` (an
+    authorization request: "Switch account"), to sign in again and return there."""
+
+    async def get(self) -> None:
+        found = await self.session()
+        self.render("signed_out.html", user=found[1] if found else None)
 
     async def post(self) -> None:
+        target = self.get_body_argument("next", None)
         await sessions.end(self.ctx, self._session_id)
         self.end_session()
-        self.render("signed_out.html")
+        if target:
+            self.redirect("/login?" + urlencode({"next": safe_next(target)}), status=303)
+        else:
+            self.redirect("/logout", status=303)
 
 
 class AccountHandler(PageHandler):
-    """``GET|POST {auth_url}/account``: who is signed in and their connected apps; the form
-    of each app's Remove button posts its ``client_id`` here."""
+    """``GET|POST {auth_url}/account``: who is signed in, their connected apps, the
+    installations they operate and their sessions. Remove and Unpair ask first (``?remove=``,
+    ``?unpair=``), then post here and come back saying what happened."""
 
     async def get(self) -> None:
         user = await self.signed_in_user()
         if user is None:
             return
         apps = await connected_apps.list_connected(self.ctx, Subject(user_id=user.user_id))
+        installations = await connected_apps.installations_of(self.ctx, user)
+        current = hashing.digest(self._session_id) if self._session_id else None
         self.allow_sources(img_src=[app.logo_url for app in apps])
-        self.render("account.html", user=user,
-                    apps=[(app, describe_scopes(app.scopes, self.config.scopes)) for app in apps])
+        notice = await self.notice()
+        self.render("account.html", user=user, notice=notice,
+                    apps=[(app, describe_scopes(app.scopes, self.config.scopes)) for app in apps],
+                    installations=installations,
+                    sessions=[(session, sessions.browser_of(session.user_agent), session.session_hash == current)
+                              for session in await sessions.list_sessions(self.ctx, user)],
+                    confirm_remove=self.get_query_argument("remove", None),
+                    confirm_unpair=self.get_query_argument("unpair", None))
 
     async def post(self) -> None:
         user = await self.signed_in_user()
         if user is None:
             return
-        client_id = self.load(schemas.remove_app_form, self.form(schemas.remove_app_form))["client_id"]
-        await revocation.revoke_connected_app(self.ctx, Subject(user_id=user.user_id), client_id)
-        self.redirect("/account", status=303)  # removed, or already gone: the page shows which
+        data = self.load(schemas.account_form, self.form(schemas.account_form))
+        action, done = data["action"], ""
+        if action == "remove" and data.get("client_id"):
+            await revocation.revoke_connected_app(self.ctx, Subject(user_id=user.user_id), data["client_id"])
+            done = urlencode({"removed": data["client_id"]})
+        elif action == "unpair" and data.get("installation_id"):
+            await connected_apps.unpair(self.ctx, user, data["installation_id"])
+            done = urlencode({"unpaired": data["installation_id"]})
+        elif action == "end-session" and data.get("session_id"):
+            done = urlencode({"ended": int(await sessions.end_one(self.ctx, user, data["session_id"]))})
+        elif action == "end-others":
+            done = urlencode({"ended": await sessions.end_others(self.ctx, user, self._session_id)})
+        self.redirect("/account" + ("?" + done if done else ""), status=303)
+
+    async def notice(self) -> str | None:
+        """What the last action did, in words (its client and installation looked up, never
+        text taken from the address)."""
+        removed, unpaired = self.get_query_argument("removed", None), self.get_query_argument("unpaired", None)
+        ended = self.get_query_argument("ended", None)
+        if removed:
+            client = await self.ctx.store.get_client(removed) if len(removed) <= 128 else None
+            name = client.name if client else "The app"
+            return f"{name} no longer has access to your account."
+        if unpaired:
+            installation = await self.ctx.store.get_installation(unpaired) if len(unpaired) <= 128 else None
+            name = installation.name if installation else "The installation"
+            return f"{name} is unpaired: its node software must be paired again."
+        if ended is not None and ended.isdigit():
+            count = int(ended)
+            return ("No other session was signed in." if count == 0 else
+                    f"Signed out of {count} other session{'s' if count > 1 else ''}.")
+        return None
 
     async def signed_in_user(self) -> User | None:
         """The signed-in user; otherwise the browser is sent to sign in and back here."""

@@ -80,6 +80,16 @@ class Consent:
 
 
 @dataclass(slots=True)
+class Pairing:
+    """A first-party client pairs a node installation: the user sees which before the code is
+    issued (no consent prompt about scopes, but a named confirmation)."""
+
+    request: AuthorizationRequest
+    user: User
+    installation: Installation
+
+
+@dataclass(slots=True)
 class Issued:
     """A code was issued: the user agent goes back to the client."""
 
@@ -244,10 +254,11 @@ def record_consent(request: AuthorizationRequest, user: User, allowed: bool) -> 
 
 
 async def decide(ctx: OAuthContext, args: dict[str, list[str]], user: User | None,
-                 decision: str | None = None) -> SignIn | Consent | Issued:
+                 decision: str | None = None) -> SignIn | Consent | Pairing | Issued:
     """What an authorization request (``decision``: the consent form's answer, None for the
     request itself) leads to for ``user`` (None: not signed in). First-party clients get
-    their code without a prompt; third-party clients always get the consent page (the spec).
+    their code without a prompt, except that pairing an installation names it first;
+    third-party clients always get the consent page (the spec).
     RedirectUnverified or RedirectError when it fails."""
     request = await validate(ctx, args)
     if user is None:
@@ -264,4 +275,6 @@ async def decide(ctx: OAuthContext, args: dict[str, list[str]], user: User | Non
         record_consent(request, user, allowed=True)
     elif not request.client.first_party:
         return Consent(request, user, installation)
+    elif installation is not None:
+        return Pairing(request, user, installation)
     return Issued(await issue_code(ctx, request, subject))

@@ -141,3 +141,17 @@ async def end_all(ctx: OAuthContext, user_id: str) -> int:
     if ended:
         ctx.events.publish(Revocation(USER, user_id))
     return ended
+
+
+_BROWSERS = (("Edg/", "Edge"), ("OPR/", "Opera"), ("Firefox/", "Firefox"), ("Chromium/", "Chromium"),
+             ("Chrome/", "Chrome"), ("Version/", "Safari"), ("curl/", "curl"), ("python-requests/", "a script"))
+_SYSTEMS = (("Windows", "Windows"), ("iPhone", "iOS"), ("iPad", "iPadOS"), ("Android", "Android"),
+            ("Mac OS X", "macOS"), ("CrOS", "ChromeOS"), ("Linux", "Linux"))
+
+
+def browser_of(user_agent: str | None) -> str:
+    """What a person calls the browser a ``User-Agent`` names: "Firefox on Windows"."""
+    agent = user_agent or ""
+    browser = next((name for marker, name in _BROWSERS if marker in agent), "An unknown browser")
+    system = next((name for marker, name in _SYSTEMS if marker in agent), None)
+    return f"{browser} on {system}" if system else browser

@@ -1,0 +1,118 @@
+"""What the account page and the /v1/me API tell a user, and what they let them undo: the
+scopes in force, their sessions, their installations; and the pages a browser meets when it
+opens an address that is not a page."""
+
+from __future__ import annotations
+
+import pytest
+from helpers import SKY_REDIRECT, Browser, exchange, json_of, post_form
+
+from tokensvc.oauth import sessions
+
+
+async def bearer(browser, http_client, base_url, scope="read write"):
+    code = await browser.code_for("webapp", "http://127.0.0.1:8080/callback", scope=scope)
+    return json_of(await exchange(http_client, base_url, code))["access_token"]
+
+
+@pytest.mark.gen_test
+async def test_an_app_shows_every_scope_a_live_token_of_it_holds(browser, http_client, base_url):
+    """Consent to read observations:write, then again to read: the first refresh token still
+    refreshes to both, so the account page and the API say both."""
+    broad = await browser.code_for("skyplanner", SKY_REDIRECT, scope="read observations:write")
+    first = json_of(await exchange(http_client, base_url, broad, client_id="skyplanner", secret=None,
+                                   redirect_uri=SKY_REDIRECT))
+    await browser.code_for("skyplanner", SKY_REDIRECT, scope="read")
+    apps = json_of(await browser.fetch("/v1/me/connected-apps"))
+    assert [app["scopes"] for app in apps] == [["read", "observations:write"]]
+    page = await browser.fetch("/account")
+    assert b"observations:write" in page.body
+    # Once that token is revoked, what is in force is the latest consent's.
+    revoked = await post_form(http_client, base_url + "/oauth/token/revoke",
+                              {"token": first["refresh_token"], "client_id": "skyplanner"})
+    assert revoked.code == 200
+    assert [app["scopes"] for app in json_of(await browser.fetch("/v1/me/connected-apps"))] == [["read"]]
+
+
+@pytest.mark.gen_test
+async def test_a_user_lists_and_signs_out_their_sessions(browser, http_client, base_url):
+    elsewhere = Browser(http_client, base_url)
+    await elsewhere.login("alice")
+    await browser.login("alice")
+    listed = json_of(await browser.fetch("/v1/me/sessions"))
+    assert len(listed) == 2 and sum(session["current"] for session in listed) == 1
+    assert {"id", "browser", "userAgent", "address", "signedInAt", "lastSeenAt", "current"} <= set(listed[0])
+    other = next(session for session in listed if not session["current"])
+    # With the web app's cookie, an unsafe call needs the XSRF header; sessions:write is in write.
+    assert (await browser.fetch("/v1/me/sessions/" + other["id"], "DELETE")).code == 403
+    ended = await browser.fetch("/v1/me/sessions/" + other["id"], "DELETE",
+                                headers={"X-XSRFToken": browser.cookies["_xsrf"]})
+    assert ended.code == 204
+    assert (await elsewhere.fetch("/v1/me")).code == 401
+    assert (await browser.fetch("/v1/me/sessions/" + other["id"], "DELETE",
+                                headers={"X-XSRFToken": browser.cookies["_xsrf"]})).code == 404
+    assert [session["current"] for session in json_of(await browser.fetch("/v1/me/sessions"))] == [True]
+
+
+@pytest.mark.gen_test
+async def test_the_sessions_api_with_a_bearer_token(browser, http_client, base_url):
+    await browser.login("alice")
+    token = await bearer(browser, http_client, base_url, "read")
+    listed = await http_client.fetch(base_url + "/v1/me/sessions", headers={"Authorization": f"Bearer {token}"})
+    assert [session["current"] for session in json_of(listed)] == [False]  # a token is no session
+    denied = await http_client.fetch(base_url + "/v1/me/sessions/" + json_of(listed)[0]["id"], method="DELETE",
+                                     headers={"Authorization": f"Bearer {token}"}, raise_error=False)
+    assert denied.code == 403 and json_of(denied)["scope"] == "sessions:write"
+
+
+def test_a_browser_is_named_as_a_person_would():
+    assert sessions.browser_of("Mozilla/5.0 (X11; Linux x86_64) AppleWebKit/537.36 (KHTML, like Gecko) "
+                               "Chrome/156.0.0.0 Safari/537.36") == "Chrome on Linux"
+    assert sessions.browser_of("Mozilla/5.0 (iPhone; CPU iPhone OS 17_0 like Mac OS X) AppleWebKit/605.1.15 "
+                               "(KHTML, like Gecko) Version/17.0 Mobile/15E148 Safari/604.1") == "Safari on iOS"
+    assert sessions.browser_of(None) == "An unknown browser"
+
+
+@pytest.mark.gen_test
+async def test_only_an_operator_or_an_admin_unpairs(browser, http_client, base_url):
+    await browser.login("alice")
+    page = await browser.fetch("/account")
+    assert b'data-installation-id="backyard-scope"' in page.body  # alice operates it
+    stranger = Browser(http_client, base_url)
+    await stranger.login("root")  # an admin sees every installation
+    assert b'data-installation-id="backyard-scope"' in (await stranger.fetch("/account")).body
+    asking = await browser.fetch("/account?unpair=backyard-scope")
+    assert b"Unpair Backyard telescope?" in asking.body
+    unpaired = await browser.fetch("/account", "POST", {"action": "unpair", "installation_id": "backyard-scope",
+                                                        "_xsrf": browser.cookies["_xsrf"]})
+    assert unpaired.code == 303 and unpaired.headers["Location"] == "/account?unpaired=backyard-scope"
+    nobody = await browser.fetch("/account", "POST", {"action": "unpair", "installation_id": "no-such-scope",
+                                                      "_xsrf": browser.cookies["_xsrf"]})
+    assert nobody.code == 403
+
+
+@pytest.mark.gen_test
+@pytest.mark.parametrize("path,method,status", [("/nope", "GET", 404), ("/oauth/token", "GET", 405),
+                                                ("/v1/me/sessions/x", "GET", 405)])
+async def test_a_browser_navigation_gets_a_page_and_an_api_call_json(http_client, base_url, path, method, status):
+    page = await http_client.fetch(base_url + path, method=method, raise_error=False,
+                                   headers={"Accept": "text/html,application/xhtml+xml", "Sec-Fetch-Mode": "navigate"})
+    assert page.code == status and page.headers["Content-Type"].startswith("text/html")
+    assert b"<h1>" in page.body and b"Go to the home page" in page.body
+    assert "style-src 'self'" in page.headers["Content-Security-Policy"]
+    fetched = await http_client.fetch(base_url + path, method=method, raise_error=False,
+                                      headers={"Accept": "text/html", "Sec-Fetch-Mode": "cors"})
+    api = await http_client.fetch(base_url + path, method=method, raise_error=False)
+    for answer in (fetched, api):
+        assert answer.code == status and answer.headers["Content-Type"] == "application/json"
+
+
+@pytest.mark.gen_test
+async def test_an_expired_sign_in_form_is_shown_again(browser):
+    await browser.xsrf()
+    browser.cookies["_xsrf"] = "expired.token"
+    again = await browser.fetch("/login", "POST", {"username": "alice", "password": "alice-password",
+                                                  "_xsrf": "expired.token"})
+    assert again.code == 403 and b"This form had expired. Sign in again." in again.body
+    assert "tokensvc_session" not in browser.cookies  # nothing signed in
+    assert (await browser.login("alice")).code == 302  # the new form works
