@@ -157,7 +157,7 @@ def hidden_fields(html: str) -> dict[str, str]:
             for name, value in re.findall(r'<input type="hidden" name="([^"]+)" value="([^"]*)"', html)}
 
 
-def user_agent_authorize(authorization_url: str, decision: str = "allow") -> str:
+def user_agent_authorize(authorization_url: str, decision: str = "allow", password: str = "alice-e2e-password") -> str:
     """Follow the authorization URL as a browser would: sign in, answer consent, and return
     the final redirect to the client (never followed: nothing listens there)."""
     agent = requests.Session()
@@ -166,7 +166,7 @@ def user_agent_authorize(authorization_url: str, decision: str = "allow") -> str
     login_url = urljoin(authorization_url, response.headers["Location"])
     page = agent.get(login_url)
     form = hidden_fields(page.text)
-    form.update(username="alice", password="alice-e2e-password")
+    form.update(username="alice", password=password)
     response = agent.post(urljoin(authorization_url, "/login"), data=form, allow_redirects=False)
     assert response.status_code == 302, response.text
     response = agent.get(urljoin(authorization_url, response.headers["Location"]), allow_redirects=False)

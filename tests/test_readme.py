@@ -49,3 +49,33 @@ def test_the_hand_run_flow_runs_as_written(demo_service):
     assert active["active"] is True and active["client_id"] == "skyplanner"
     assert json.loads(lines[4]) == {}
     assert json.loads(lines[5]) == {"active": False}
+
+
+def stock_client_programs() -> list[str]:
+    readme = (ROOT / "README.md").read_text()
+    section = readme[readme.index("## Using a stock client"):readme.index("## Endpoints")]
+    return re.findall(r"```python\n(.*?)```", section, re.S)
+
+
+@pytest.mark.parametrize("library", ["authlib", "requests-oauthlib"])
+def test_the_stock_client_programs_run_as_written(demo_service, tmp_path, library):
+    """Each program of "Using a stock client", as written: the test plays the browser (sign in
+    as alice, allow) and pastes where it landed."""
+    from service import user_agent_authorize
+
+    program = stock_client_programs()[["authlib", "requests-oauthlib"].index(library)]
+    process = subprocess.Popen([sys.executable, "-c", program], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True, cwd=tmp_path,
+                               env={**os.environ, "BASE": demo_service})
+    try:
+        assert process.stdout is not None
+        prompt = process.stdout.readline()
+        assert prompt.startswith("Open this, sign in and allow: "), prompt + process.stderr.read()
+        landed = user_agent_authorize(prompt.split(": ", 1)[1].strip(), password="alice-demo-password")
+        out, err = process.communicate(landed + "\n", timeout=60)
+    finally:
+        process.kill()
+    assert process.returncode == 0, err
+    assert "'username': 'alice'" in out
+    kept = json.loads(next(tmp_path.glob("*-token.json")).read_text())
+    assert kept["refresh_token"] and kept["access_token"]
