@@ -232,3 +232,17 @@ def new_verifier() -> tuple[str, str]:
 
     verifier = secrets.token_urlsafe(48)
     return verifier, pkce.s256(verifier)
+
+
+async def issue_tokens(ctx: Any, username: str, scope: str, client_id: str = "webapp",
+                       redirect_uri: str = WEBAPP_REDIRECT) -> Any:
+    """A token response for ``username`` through the protocol core (an authorization the user
+    allowed, its code redeemed), without HTTP: for tests of what a token opens."""
+    from tokensvc.oauth import authorization, grants
+
+    args = {"response_type": "code", "client_id": client_id, "redirect_uri": redirect_uri, "state": "s",
+            "code_challenge": CHALLENGE, "code_challenge_method": "S256", "scope": scope}
+    request = await authorization.validate(ctx, {name: [value] for name, value in args.items()})
+    subject, _ = await authorization.resolve_subject(ctx, request, await ctx.store.get_user_by_username(username))
+    code = (await authorization.issue_code(ctx, request, subject)).split("code=")[1].split("&")[0]
+    return await grants.exchange_code(ctx, await ctx.store.get_client(client_id), code, redirect_uri, VERIFIER)

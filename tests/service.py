@@ -84,8 +84,8 @@ class Service:
     """A running ``tokensvc serve``; its output goes to a file (a pipe nobody reads would fill
     up and stall the server once it had logged 64 KiB)."""
 
-    def __init__(self, process: subprocess.Popen, base: str, log_path: Path) -> None:
-        self.process, self.base, self.log_path = process, base, log_path
+    def __init__(self, process: subprocess.Popen, base: str, log_path: Path, admin: str) -> None:
+        self.process, self.base, self.log_path, self.admin = process, base, log_path, admin
 
     def output(self) -> str:
         return self.log_path.read_text()
@@ -101,10 +101,12 @@ class Service:
         return self.process.returncode
 
 
-def start_service(tmp_path: Path, storage: str = "", *, callback: str | None = None, extra: str = "") -> Service:
-    """Start ``tokensvc serve`` on a free port. ``callback`` (a base URL) gives every client
-    the redirect_uri ``{callback}/{client_id}``; ``extra`` is appended to the config file."""
-    port = free_port()
+def start_service(tmp_path: Path, storage: str = "", *, callback: str | None = None, extra: str = "",
+                  env: dict[str, str] | None = None) -> Service:
+    """Start ``tokensvc serve`` on a free port, its admin listener on another. ``callback`` (a
+    base URL) gives every client the redirect_uri ``{callback}/{client_id}``; ``extra`` is
+    appended to the config file; ``env`` adds to the environment."""
+    port, admin_port = free_port(), free_port()
     base = f"http://127.0.0.1:{port}"
     redirects = {name: f"{callback}/{name}" for name in NOWHERE} if callback else NOWHERE
     config = tmp_path / "tokensvc.toml"
@@ -113,8 +115,9 @@ def start_service(tmp_path: Path, storage: str = "", *, callback: str | None = N
     log_path = tmp_path / "tokensvc.log"
     with open(log_path, "w") as log:
         process = subprocess.Popen([sys.executable, "-m", "tokensvc", "serve", "--config", str(config)],
-                                   stdout=log, stderr=subprocess.STDOUT, text=True)
-    service = Service(process, base, log_path)
+                                   stdout=log, stderr=subprocess.STDOUT, text=True,
+                                   env={**os.environ, "TOKENSVC_ADMIN_PORT": str(admin_port), **(env or {})})
+    service = Service(process, base, log_path, f"http://127.0.0.1:{admin_port}")
     deadline = time.monotonic() + 20
     while time.monotonic() < deadline:
         if process.poll() is not None:
@@ -133,13 +136,14 @@ DEMO_CONFIG = Path(__file__).resolve().parent.parent / "config" / "tokensvc.toml
 
 def start_demo(**popen: object) -> tuple[subprocess.Popen, str]:
     """``tokensvc serve`` with the demo config as it ships, moved to a free port with
-    ``TOKENSVC_PORT`` (and no other TOKENSVC_ variable); returns the process and its base URL
-    once it answers."""
+    ``TOKENSVC_PORT`` and its admin listener to another with ``TOKENSVC_ADMIN_PORT`` (and no
+    other TOKENSVC_ variable); returns the process and its base URL once it answers."""
     port = free_port()
     base = f"http://127.0.0.1:{port}"
     environ = {key: value for key, value in os.environ.items() if not key.startswith("TOKENSVC_")}
+    environ.update(TOKENSVC_PORT=str(port), TOKENSVC_ADMIN_PORT=str(free_port()))
     process = subprocess.Popen([sys.executable, "-m", "tokensvc", "serve", "--config", str(DEMO_CONFIG)],
-                               env={**environ, "TOKENSVC_PORT": str(port)}, **popen)  # type: ignore[call-overload]
+                               env=environ, **popen)  # type: ignore[call-overload]
     deadline = time.monotonic() + 20
     while True:
         try:
@@ -157,16 +161,17 @@ def hidden_fields(html: str) -> dict[str, str]:
             for name, value in re.findall(r'<input type="hidden" name="([^"]+)" value="([^"]*)"', html)}
 
 
-def user_agent_authorize(authorization_url: str, decision: str = "allow", password: str = "alice-e2e-password") -> str:
+def user_agent_authorize(authorization_url: str, decision: str = "allow", password: str = "alice-e2e-password",
+                         username: str = "alice") -> str:
     """Follow the authorization URL as a browser would: sign in, answer consent, and return
-    the final redirect to the client (never followed: nothing listens there)."""
+    the final redirect to the client (not followed: the caller decides)."""
     agent = requests.Session()
     response = agent.get(authorization_url, allow_redirects=False)
     assert response.status_code == 302 and response.headers["Location"].startswith("/login?next=")
     login_url = urljoin(authorization_url, response.headers["Location"])
     page = agent.get(login_url)
     form = hidden_fields(page.text)
-    form.update(username="alice", password=password)
+    form.update(username=username, password=password)
     response = agent.post(urljoin(authorization_url, "/login"), data=form, allow_redirects=False)
     assert response.status_code == 302, response.text
     response = agent.get(urljoin(authorization_url, response.headers["Location"]), allow_redirects=False)

@@ -309,3 +309,47 @@ async def test_home_page_and_logout(browser):
     home = await browser.fetch("/")
     assert b"Signed in as" not in home.body
     assert urlsplit(browser.base_url).scheme == "http"
+
+
+@pytest.mark.parametrize("asked,matches", [
+    ("http://127.0.0.1:8765/paired", True),  # as registered
+    ("http://127.0.0.1:50123/paired", True),  # any port (RFC 8252 §7.3)
+    ("http://127.0.0.1/paired", True),
+    ("http://127.0.0.1:50123/paired?x=1", False),  # nothing else may differ
+    ("http://127.0.0.1:50123/paired/", False),
+    ("http://127.0.0.1:50123/other", False),
+    ("http://127.0.0.2:50123/paired", False),
+    ("http://localhost:50123/paired", False),  # a name, not a loopback IP (RFC 8252 §8.3)
+    ("https://127.0.0.1:50123/paired", False),
+    ("http://evil@127.0.0.1:50123/paired", False),
+    ("http://127.0.0.1:50123/paired#x", False),
+    ("http://127.0.0.1:port/paired", False),
+])
+def test_a_loopback_redirect_uri_matches_on_any_port_and_nothing_else(asked, matches):
+    from tokensvc.oauth.authorization import registered
+
+    assert registered(asked, [NODE_REDIRECT, "https://app.example/cb"]) is matches
+
+
+def test_the_ipv6_loopback_and_https_redirects_match_exactly():
+    from tokensvc.oauth.authorization import registered
+
+    assert registered("http://[::1]:4000/callback", ["http://[::1]/callback"])
+    assert not registered("https://app.example:444/cb", ["https://app.example/cb"])
+
+
+@pytest.mark.gen_test
+async def test_a_native_app_on_another_loopback_port_gets_its_code_there(browser, http_client, base_url):
+    from helpers import exchange
+
+    await browser.login("alice")
+    elsewhere = "http://127.0.0.1:50999/callback"  # registered: http://127.0.0.1:8080/callback
+    response = await browser.authorize("webapp", elsewhere)
+    assert response.code == 302 and response.headers["Location"].startswith(elsewhere + "?code=")
+    code = query_of(response.headers["Location"])["code"]
+    # The code is bound to the URI the request named: redeemed with it, never with another port's.
+    refused = await exchange(http_client, base_url, code, redirect_uri="http://127.0.0.1:8080/callback")
+    assert refused.code == 400
+    response = await browser.authorize("webapp", elsewhere)
+    code = query_of(response.headers["Location"])["code"]
+    assert (await exchange(http_client, base_url, code, redirect_uri=elsewhere)).code == 200

@@ -8,7 +8,7 @@ from backends import BACKENDS
 from helpers import make_config
 
 from tokensvc import config as config_module
-from tokensvc.bootstrap import seed
+from tokensvc.bootstrap import CLI_CLIENT, seed
 from tokensvc.config import ConfigError, StorageSettings
 from tokensvc.oauth import hashing
 from tokensvc.storage import make_store
@@ -103,4 +103,17 @@ async def test_several_processes_seeding_one_empty_store_at_once_all_succeed(bac
     for installation in await backend_store.list_installations():
         configured = next(i for i in config.installations if i.installation_id == installation.installation_id)
         assert installation.operators == [ids[name] for name in configured.operators]
-    assert len(await backend_store.list_clients()) == len(config.clients)
+    # The configured clients, and the command line's (tokensvc login).
+    assert sorted(client.client_id for client in await backend_store.list_clients()) == sorted(
+        [*(client.client_id for client in config.clients), CLI_CLIENT.client_id])
+
+
+@pytest.mark.gen_test
+async def test_the_command_lines_client_is_seeded_unless_switched_off(store):
+    config = make_config()
+    await seed(store, config)
+    cli_client = await store.get_client(CLI_CLIENT.client_id)
+    assert cli_client is not None and cli_client.first_party and not cli_client.confidential
+    assert cli_client.scopes == ["admin"]
+    await seed(store, make_config(admin={"cli_client": False}))
+    assert await store.get_client(CLI_CLIENT.client_id) is None

@@ -62,8 +62,8 @@ def test_clients_round_trip(run, mongo):
                          "--redirect-uri", "https://planner.example/cb2", "--scope", "read", "--scope",
                          "observations:write", "--confidential", "--description", "Plans nights", json_out=True)
     assert code == 0, err
-    client_id, secret = out["client_id"], out["client_secret"]
-    assert len(secret) >= 43 and out["confidential"] and out["allowed_scopes"] == ["read", "observations:write"]
+    client_id, secret = out["clientId"], out["clientSecret"]
+    assert len(secret) >= 43 and out["confidential"] and out["allowedScopes"] == ["read", "observations:write"]
     # Only the hash is stored.
     docs = stored(mongo, "clients")
     assert secret not in repr(docs) and docs[0]["secret_hash"] == hashing.digest(secret)
@@ -71,12 +71,12 @@ def test_clients_round_trip(run, mongo):
     code, out, _ = run("clients", "list")
     assert code == 0 and client_id in out and "Planner" in out and "confidential" in out
     code, out, _ = run("clients", "show", client_id, json_out=True)
-    assert out["redirect_uris"] == ["https://planner.example/cb", "https://planner.example/cb2"]
-    assert "client_secret" not in out and secret not in json.dumps(out)
+    assert out["redirectUris"] == ["https://planner.example/cb", "https://planner.example/cb2"]
+    assert "clientSecret" not in out and secret not in json.dumps(out)
 
     code, out, _ = run("clients", "rotate-secret", client_id, json_out=True)
-    assert code == 0 and out["client_secret"] != secret
-    assert stored(mongo, "clients")[0]["secret_hash"] == hashing.digest(out["client_secret"])
+    assert code == 0 and out["clientSecret"] != secret
+    assert stored(mongo, "clients")[0]["secret_hash"] == hashing.digest(out["clientSecret"])
 
     code, out, _ = run("clients", "remove", client_id)
     assert code == 0 and f"removed client {client_id}" in out
@@ -98,7 +98,7 @@ def test_a_client_with_allowed_origins(run):
     code, out, err = run("clients", "add", "--name", "Planner", "--redirect-uri", "https://planner.example/cb",
                          "--allowed-origin", "https://app.planner.example", json_out=True)
     assert code == 0, err
-    assert out["allowed_origins"] == ["https://app.planner.example"]
+    assert out["allowedOrigins"] == ["https://app.planner.example"]
     code, _, err = run("clients", "add", "--name", "Bad", "--redirect-uri", "https://bad.example/cb",
                        "--allowed-origin", "https://bad.example/path")
     assert code == 1 and "not a valid web origin" in err
@@ -107,7 +107,7 @@ def test_a_client_with_allowed_origins(run):
 def test_public_client_has_no_secret(run):
     code, out, _ = run("clients", "add", "--name", "App", "--redirect-uri", "myapp://cb", "--client-id", "app",
                        json_out=True)
-    assert code == 0 and out["client_secret"] is None and out["allowed_scopes"] == ["read"]
+    assert code == 0 and out["clientSecret"] is None and out["allowedScopes"] == ["read"]
     code, _, err = run("clients", "rotate-secret", "app")
     assert code == 1 and err == "tokensvc: client 'app' is public: it has no secret to rotate\n"
 
@@ -148,7 +148,7 @@ def test_users_round_trip(run, mongo):
     assert "dave" in out and "yes" in out
     code, out, _ = run("users", "set-password", "dave", "--password-stdin", stdin="orbit-lantern-quiet\n",
                        json_out=True)
-    assert code == 0 and out == {"username": "dave", "password_set": True, "sessions_ended": 0, "families_revoked": 0}
+    assert code == 0 and out == {"username": "dave", "sessionsEnded": 0, "familiesRevoked": 0}
     assert hashing.verify_password("orbit-lantern-quiet", stored(mongo, "users")[0]["password_hash"])
     code, out, _ = run("users", "set-password", "dave", "--keep-grants", "--password-stdin", stdin="third-password\n")
     assert code == 0 and out == "password of dave changed; 0 web sessions ended, 0 token families revoked\n"
@@ -183,9 +183,9 @@ def test_installations_round_trip(run):
     code, out, err = run("installations", "add", "dome-1", "--name", "Dome 1", "--kind", "observatory",
                          "--operator", "frank", json_out=True)
     assert code == 0, err
-    assert out == {"installation_id": "dome-1", "name": "Dome 1", "kind": "observatory", "operators": ["frank"]}
+    assert out == {"installationId": "dome-1", "name": "Dome 1", "kind": "observatory", "operators": ["frank"]}
     code, out, _ = run("installations", "list", json_out=True)
-    assert out == [{"installation_id": "dome-1", "name": "Dome 1", "kind": "observatory", "operators": ["frank"]}]
+    assert out == [{"installationId": "dome-1", "name": "Dome 1", "kind": "observatory", "operators": ["frank"]}]
     code, _, err = run("installations", "add", "dome-2", "--name", "D2", "--kind", "observatory",
                        "--operator", "ghost")
     assert code == 1 and err == "tokensvc: no user named 'ghost'\n"
@@ -261,12 +261,12 @@ def test_audit_records_for_registry_changes(run, caplog):
     with caplog.at_level(logging.INFO, logger="tokensvc.audit"):
         _, out, _ = run("clients", "add", "--name", "Aud", "--redirect-uri", "https://a/cb", "--confidential",
                         json_out=True)
-        run("clients", "rotate-secret", out["client_id"])
-        run("clients", "remove", out["client_id"])
+        run("clients", "rotate-secret", out["clientId"])
+        run("clients", "remove", out["clientId"])
     events = [record.audit["event"] for record in caplog.records if hasattr(record, "audit")]
     assert events == ["client_created", "client_secret_rotated", "client_removed"]
-    assert all(out["client_id"] == record.audit["client_id"] for record in caplog.records if hasattr(record, "audit"))
-    assert out["client_secret"] not in caplog.text
+    assert all(out["clientId"] == record.audit["client_id"] for record in caplog.records if hasattr(record, "audit"))
+    assert out["clientSecret"] not in caplog.text
 
 
 def test_several_processes_need_mongodb(capsys):
@@ -277,8 +277,8 @@ def test_several_processes_need_mongodb(capsys):
 def test_generated_client_ids_are_safe_on_a_command_line(run):
     for _ in range(20):
         code, out, _ = run("clients", "add", "--name", f"App {_}", "--redirect-uri", "https://a/cb", json_out=True)
-        assert code == 0 and out["client_id"][0].isalnum()
-        assert run("clients", "show", out["client_id"])[0] == 0
+        assert code == 0 and out["clientId"][0].isalnum()
+        assert run("clients", "show", out["clientId"])[0] == 0
 
 
 def test_clients_add_refuses_a_javascript_redirect_uri(run):

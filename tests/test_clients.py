@@ -12,7 +12,7 @@ async def test_list_clients(http_client, base_url):
     body = json_of(response)
     assert isinstance(body, list)
     check_schema(schemas.oauth_clients, body)
-    assert [client["clientId"] for client in body] == ["node-agent", "partner", "skyplanner", "webapp"]
+    assert [client["clientId"] for client in body] == ["node-agent", "partner", "skyplanner", "tokensvc-cli", "webapp"]
     for client in body:
         assert set(client) == {"clientId", "name", "redirectUris", "allowedScopes", "createdAt",
                                "description", "logoUrl"}

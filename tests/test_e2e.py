@@ -3,6 +3,7 @@ library (Authlib's ``OAuth2Session``, S256 PKCE) and a requests-based user agent
 
 from __future__ import annotations
 
+import os
 from urllib.parse import parse_qs, urlsplit
 
 import pytest
@@ -121,7 +122,8 @@ def test_demo_mode_says_so_and_never_logs_its_generated_secret(tmp_path):
     port = free_port()
     demo = Path(__file__).resolve().parent.parent / "config" / "tokensvc.toml"
     process = subprocess.Popen([sys.executable, "-m", "tokensvc", "serve", "--config", str(demo), "--port", str(port),
-                                "--log-format", "json"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                                "--log-format", "json"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                               env={**os.environ, "TOKENSVC_ADMIN_PORT": str(free_port())})
     try:
         deadline = time.monotonic() + 20
         while time.monotonic() < deadline:

@@ -101,7 +101,7 @@ def test_serve_stops_with_the_conflict_as_one_line(monkeypatch):
         sock.listen()
         sock.setblocking(False)
         with pytest.raises(cli.CommandError) as stopped:
-            asyncio.run(asyncio.wait_for(cli.serve(settings, [sock]), 10))
+            asyncio.run(asyncio.wait_for(cli.serve(settings, cli.Listeners([sock], [])), 10))
     assert str(stopped.value).startswith("index users.username exists with other options")
 
 

@@ -58,3 +58,32 @@ async def test_served_at_openapi_json(http_client, base_url):
     response = await http_client.fetch(base_url + "/openapi.json")
     assert json_of(response) == json.loads(openapi.render(ROUTES, DEMO_BASE))
     assert json_of(response)["servers"] == [{"url": "http://127.0.0.1:8080"}]  # the config's base_url
+
+
+ADMIN_CHECKED_IN = CHECKED_IN.parent / "admin-openapi.json"
+DEMO_ADMIN = "http://127.0.0.1:8081"  # the demo's admin listener: the public port + 1
+
+
+def test_the_admin_apis_checked_in_copy_is_current():
+    from tokensvc.app import ADMIN_ROUTES
+
+    assert ADMIN_CHECKED_IN.read_text() == openapi.render(ADMIN_ROUTES, DEMO_ADMIN, admin=True), \
+        "docs/admin-openapi.json is stale: run `.venv/bin/tokensvc openapi --admin > docs/admin-openapi.json`"
+
+
+def test_the_admin_document_describes_the_admin_route_table_and_its_shapes():
+    from tokensvc.app import ADMIN_ROUTES
+
+    document = openapi.build(ADMIN_ROUTES, DEMO_ADMIN, admin=True)
+    documented = {(path, method.upper()) for path, item in document["paths"].items() for method in item}
+    assert documented == {(route.path, method) for route in ADMIN_ROUTES for method in route.methods
+                          if method != "HEAD"}
+    schemas = document["components"]["schemas"]
+    assert set(schemas["AdminClient"]["properties"]) == {
+        "clientId", "name", "redirectUris", "allowedScopes", "firstParty", "confidential", "description", "logoUrl",
+        "allowedOrigins", "createdAt"}
+    assert schemas["ClientBody"]["properties"]["redirectUris"]["maxItems"] == 100
+    operation = document["paths"]["/admin/users/{username}"]["patch"]
+    assert operation["security"] == [{"bearer": []}] and set(operation["responses"]) >= {
+        "200", "401", "403", "404", "422", "429", "503"}
+    assert not [path for path in document["paths"] if path.startswith("/oauth")]

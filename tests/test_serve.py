@@ -20,6 +20,7 @@ DEMO = Path(__file__).resolve().parent.parent / "config" / "tokensvc.toml"
 
 def serve(args: list[str], env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     environ = {key: value for key, value in os.environ.items() if not key.startswith("TOKENSVC_")}
+    environ["TOKENSVC_ADMIN_PORT"] = str(free_port())  # never the public port + 1 another test holds
     return subprocess.run([sys.executable, "-m", "tokensvc", "serve", "--config", str(DEMO), *args],
                           capture_output=True, text=True, timeout=30, env={**environ, **(env or {})})
 

@@ -135,6 +135,47 @@ async def test_grants_one_per_subject_and_client(backend_store, now):
 
 
 @pytest.mark.gen_test
+async def test_listings_page_in_key_order(backend_store, now):
+    store = backend_store
+    for name in ("d", "a", "c", "b", "e"):
+        await store.put_client(Client(name, name.upper(), ["https://x/cb"], created_at=now))
+        await store.put_user(User(f"u_{name}", f"user-{name}", "scrypt$x"))
+        await store.put_installation(Installation(f"i-{name}", name, "telescope", []))
+
+    async def pages(listing, key):
+        seen, after = [], None
+        while page := await listing(after, 2):
+            assert len(page) <= 2
+            seen.append([getattr(item, key) for item in page])
+            after = getattr(page[-1], key)
+        return seen
+
+    assert await pages(store.list_clients, "client_id") == [["a", "b"], ["c", "d"], ["e"]]
+    assert await pages(store.list_users, "username") == [["user-a", "user-b"], ["user-c", "user-d"], ["user-e"]]
+    assert await pages(store.list_installations, "installation_id") == [["i-a", "i-b"], ["i-c", "i-d"], ["i-e"]]
+    assert [client.client_id for client in await store.list_clients("b")] == ["c", "d", "e"]
+    grants = sorted([(await store.save_grant("webapp", Subject(user_id=f"u_{n}"), ["read"], now)).grant_id
+                     for n in "abc"])
+    assert [g.grant_id for g in await store.list_client_grants("webapp", None, 2)] == grants[:2]
+    assert [g.grant_id for g in await store.list_client_grants("webapp", grants[1], 2)] == grants[2:]
+
+
+@pytest.mark.gen_test
+async def test_a_clients_grants_and_families_are_revoked_in_bulk(backend_store, now):
+    store = backend_store
+    mine = await store.save_grant("webapp", ALICE, ["read"], now)
+    theirs = await store.save_grant("skyplanner", ALICE, ["read"], now)
+    await store.create_family(family(now, "f1", mine.grant_id))
+    await store.create_family(replace(family(now, "f2", theirs.grant_id, n=2), client_id="skyplanner"))
+    assert await store.revoke_client_grants("webapp", now) == [mine.grant_id]
+    assert (await store.get_grant(mine.grant_id)).revoked_at == now
+    assert await store.list_families(mine.grant_id) == []
+    assert [f.family_id for f in await store.list_families(theirs.grant_id)] == ["f2"]
+    assert await store.list_client_grants("webapp") == []
+    assert await store.revoke_client_grants("webapp", now) == []
+
+
+@pytest.mark.gen_test
 async def test_revoking_a_grant_revokes_its_families_and_a_new_consent_revives_it(backend_store, now):
     store = backend_store
     grant = await store.save_grant("webapp", ALICE, ["read"], now)

@@ -1,8 +1,9 @@
-"""Operator actions on the registry: clients, users, node installations, housekeeping.
-
-The CLI is a thin shell over these. Each action validates its input (raising
-:class:`AdminError` with a message for a person), writes through the Store, revokes what
-a removal leaves behind, and leaves one audit record (never a secret).
+"""Operator actions: clients, users, node installations, grants, sessions, tokens,
+housekeeping. One place for each action and its validation, whoever asks: the admin API
+(``tokensvc/handlers/admin_api.py``), and the CLI writing straight into the store of a stopped
+service. Each action validates its input (:class:`AdminError`, a message for a person;
+:class:`Missing` for what is not there; :class:`Taken` for what is already), writes through the
+Store, revokes what a removal leaves behind, and leaves one audit record (never a secret).
 """
 
 from __future__ import annotations
@@ -10,9 +11,12 @@ from __future__ import annotations
 import asyncio
 import secrets
 from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from typing import Any
 
 from tokensvc import logs
 from tokensvc.bootstrap import new_user_id
+from tokensvc.errors import HTTPAnswer
 from tokensvc.identifiers import (
     id_problem,
     is_url,
@@ -23,16 +27,41 @@ from tokensvc.identifiers import (
     scope_problem,
     username_problem,
 )
-from tokensvc.oauth import hashing
+from tokensvc.oauth import hashing, introspection
 from tokensvc.oauth import sessions as web_sessions
 from tokensvc.oauth.context import OAuthContext
-from tokensvc.oauth.revocation import revoke_grant
-from tokensvc.records import Client, Installation, Subject, User, utcnow
-from tokensvc.storage.base import Conflict, Store
+from tokensvc.oauth.revocation import revoke_grant, revoke_token
+from tokensvc.records import Client, Grant, Installation, Session, Subject, User, utcnow
+from tokensvc.storage.base import GRANT, Conflict, Revocation, Store
+
+MAX_PAGE = 200  # the most a listing returns at once
 
 
-class AdminError(Exception):
-    """An operator's mistake: the message says what to fix."""
+class AdminError(HTTPAnswer):
+    """An operator's mistake: the message says what to fix (422 over the admin API)."""
+
+    status_code = 422
+
+    def body(self) -> dict[str, Any]:
+        return {"detail": [{"loc": ["body"], "msg": str(self), "type": "value_error", "input": None, "ctx": {}}]}
+
+
+class Missing(AdminError):
+    """What the action names is not there (404)."""
+
+    status_code = 404
+
+    def body(self) -> dict[str, Any]:
+        return {"detail": str(self)}
+
+
+class Taken(AdminError):
+    """What the action would create is there already (409)."""
+
+    status_code = 409
+
+    def body(self) -> dict[str, Any]:
+        return {"detail": str(self)}
 
 
 def _record(event: str, **fields: object) -> None:
@@ -58,48 +87,104 @@ def check_url(uri: str) -> str:
     return uri
 
 
-async def create_client(store: Store, *, name: str, redirect_uris: list[str], scopes: list[str] | None,
-                        first_party: bool = False, confidential: bool = False, description: str | None = None,
-                        logo_url: str | None = None, client_id: str | None = None,
-                        allowed_origins: list[str] | None = None) -> tuple[Client, str | None]:
+# -- clients ------------------------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class ClientSpec:
+    """What an operator says a client is (everything but its secret and its creation time)."""
+
+    name: str
+    redirect_uris: list[str]
+    scopes: list[str] | None = None
+    first_party: bool = False
+    confidential: bool = False
+    description: str | None = None
+    logo_url: str | None = None
+    allowed_origins: list[str] | None = None
+
+    def checked(self) -> ClientSpec:
+        name = self.name.strip()
+        if not name:
+            raise AdminError("a client needs a name")
+        if not self.redirect_uris:
+            raise AdminError("a client needs at least one redirect URI")
+        for uri in self.redirect_uris:
+            check_redirect_uri(uri)
+        for scope in self.scopes or []:
+            _check(scope_problem(scope), "scope", scope)
+        if self.logo_url is not None:
+            check_url(self.logo_url)
+        for origin in self.allowed_origins or []:
+            _check(origin_problem(origin), "web origin", origin)
+        return replace(self, name=name)
+
+    @classmethod
+    def of(cls, client: Client) -> ClientSpec:
+        return cls(client.name, list(client.redirect_uris), client.allowed_scopes, client.first_party,
+                   client.confidential, client.description, client.logo_url, client.allowed_origins)
+
+
+def _client(client_id: str, spec: ClientSpec, secret_hash: str | None, created_at: Any) -> Client:
+    return Client(client_id=client_id, name=spec.name, redirect_uris=list(spec.redirect_uris),
+                  allowed_scopes=list(spec.scopes) if spec.scopes else None, secret_hash=secret_hash,
+                  first_party=spec.first_party, description=spec.description, logo_url=spec.logo_url,
+                  created_at=created_at, allowed_origins=list(spec.allowed_origins) if spec.allowed_origins else None)
+
+
+async def create_client(store: Store, spec: ClientSpec, client_id: str | None = None) -> tuple[Client, str | None]:
     """Register a client; returns it and, for a confidential one, its secret (shown once)."""
-    name = name.strip()
-    if not name:
-        raise AdminError("a client needs a name")
-    if not redirect_uris:
-        raise AdminError("a client needs at least one --redirect-uri")
-    for uri in redirect_uris:
-        check_redirect_uri(uri)
-    for scope in scopes or []:
-        _check(scope_problem(scope), "scope", scope)
-    if logo_url is not None:
-        check_url(logo_url)
-    for origin in allowed_origins or []:
-        _check(origin_problem(origin), "web origin", origin)
+    spec = spec.checked()
     # Hex: a generated id never starts with "-" (which a command line would read as an option).
     client_id = client_id or secrets.token_hex(12)
     _check(id_problem(client_id), "client id", client_id)
-    existing = await store.list_clients()
-    if any(client.client_id == client_id for client in existing):
-        raise AdminError(f"a client with id {client_id!r} already exists")
-    if any(client.name.lower() == name.lower() for client in existing):
-        raise AdminError(f"a client named {name!r} already exists")
-    secret = hashing.new_secret() if confidential else None
-    client = Client(client_id=client_id, name=name, redirect_uris=list(redirect_uris),
-                    allowed_scopes=list(scopes) if scopes else None,
-                    secret_hash=hashing.digest(secret) if secret else None, first_party=first_party,
-                    description=description, logo_url=logo_url, created_at=utcnow(),
-                    allowed_origins=list(allowed_origins) if allowed_origins else None)
+    if await store.get_client(client_id) is not None:
+        raise Taken(f"a client with id {client_id!r} already exists")
+    if any(client.name.lower() == spec.name.lower() for client in await store.list_clients()):
+        raise Taken(f"a client named {spec.name!r} already exists")
+    secret = hashing.new_secret() if spec.confidential else None
+    client = _client(client_id, spec, hashing.digest(secret) if secret else None, utcnow())
     await store.put_client(client)
-    _record("client_created", client_id=client_id, first_party=first_party, confidential=confidential,
+    _record("client_created", client_id=client_id, first_party=spec.first_party, confidential=spec.confidential,
             outcome="success")
     return client, secret
 
 
+async def put_client(store: Store, client_id: str, spec: ClientSpec) -> tuple[Client, str | None, bool]:
+    """Create or replace the client ``client_id`` as ``spec`` says (idempotent: provisioning may
+    run it on every deploy). A confidential client keeps its secret; one that becomes
+    confidential gets one (returned once), one that becomes public loses it. Returns the
+    client, a new secret if any, and whether it was created."""
+    spec = spec.checked()
+    _check(id_problem(client_id), "client id", client_id)
+    existing = await store.get_client(client_id)
+    if existing is None:
+        client, secret = await create_client(store, spec, client_id)
+        return client, secret, True
+    secret = None
+    secret_hash = existing.secret_hash if spec.confidential else None
+    if spec.confidential and secret_hash is None:
+        secret = hashing.new_secret()
+        secret_hash = hashing.digest(secret)
+    client = _client(client_id, spec, secret_hash, existing.created_at)
+    if client != existing:
+        await store.put_client(client)
+        _record("client_replaced", client_id=client_id, outcome="success")
+    return client, secret, False
+
+
+async def update_client(store: Store, client_id: str, changes: dict[str, Any]) -> tuple[Client, str | None]:
+    """Change some of a client's fields (``ClientSpec``'s names)."""
+    existing = await get_client(store, client_id)
+    spec = replace(ClientSpec.of(existing), **changes)
+    client, secret, _ = await put_client(store, client_id, spec)
+    return client, secret
+
+
 async def get_client(store: Store, client_id: str) -> Client:
-    client = await store.get_client(client_id)
+    client = await store.get_client(client_id) if len(client_id) <= 128 else None
     if client is None:
-        raise AdminError(f"no client with id {client_id!r}")
+        raise Missing(f"no client with id {client_id!r}")
     return client
 
 
@@ -108,21 +193,24 @@ async def rotate_secret(store: Store, client_id: str) -> str:
     if not client.confidential:
         raise AdminError(f"client {client_id!r} is public: it has no secret to rotate")
     secret = hashing.new_secret()
-    client.secret_hash = hashing.digest(secret)
-    await store.put_client(client)
+    await store.put_client(replace(client, secret_hash=hashing.digest(secret)))
     _record("client_secret_rotated", client_id=client_id, outcome="success")
     return secret
 
 
 async def remove_client(ctx: OAuthContext, client_id: str) -> int:
-    """Delete a client after revoking every grant (and token) it holds; the families revoked."""
+    """Remove a client: it is gone at once (no token request, no authorization names it any
+    more), then every grant and token of it is revoked in bulk. The grants revoked."""
     await get_client(ctx.store, client_id)
-    revoked = 0
-    for grant in await ctx.store.list_client_grants(client_id):
-        revoked += await revoke_grant(ctx, grant.grant_id, "admin")
     await ctx.store.delete_client(client_id)
-    _record("client_removed", client_id=client_id, families_revoked=revoked, outcome="success")
-    return revoked
+    grant_ids = await ctx.store.revoke_client_grants(client_id, ctx.clock())
+    for grant_id in grant_ids:
+        ctx.events.publish(Revocation(GRANT, grant_id))
+    _record("client_removed", client_id=client_id, grants_revoked=len(grant_ids), outcome="success")
+    return len(grant_ids)
+
+
+# -- users ----------------------------------------------------------------------------------------
 
 
 async def _hash_password(password: str, context: Sequence[str]) -> str:
@@ -136,20 +224,29 @@ async def create_user(store: Store, username: str, password: str, *, admin: bool
                       service_name: str = "tokensvc") -> User:
     _check(username_problem(username), "username", username)
     if await store.get_user_by_username(username) is not None:
-        raise AdminError(f"a user named {username!r} already exists")
+        raise Taken(f"a user named {username!r} already exists")
     user = User(new_user_id(), username, await _hash_password(password, [username, service_name]), admin)
     try:
         await store.put_user(user)
     except Conflict:
-        raise AdminError(f"a user named {username!r} already exists") from None
+        raise Taken(f"a user named {username!r} already exists") from None
     _record("user_created", subject=user.user_id, username=username, admin=admin, outcome="success")
     return user
 
 
 async def get_user(store: Store, username: str) -> User:
-    user = await store.get_user_by_username(username)
+    user = await store.get_user_by_username(username) if len(username) <= 128 else None
     if user is None:
-        raise AdminError(f"no user named {username!r}")
+        raise Missing(f"no user named {username!r}")
+    return user
+
+
+async def set_admin(store: Store, username: str, admin: bool) -> User:
+    user = await get_user(store, username)
+    if user.admin != admin:
+        user = replace(user, admin=admin)
+        await store.put_user(user)
+        _record("user_admin_set", subject=user.user_id, username=username, admin=admin, outcome="success")
     return user
 
 
@@ -158,8 +255,7 @@ async def set_password(ctx: OAuthContext, username: str, password: str, *, keep_
     """A new password ends the user's web sessions and, unless ``keep_grants``, revokes every
     grant (and token) of theirs: whoever knew the old password is out everywhere."""
     user = await get_user(ctx.store, username)
-    user.password_hash = await _hash_password(password, [username, service_name])
-    await ctx.store.put_user(user)
+    await ctx.store.put_user(replace(user, password_hash=await _hash_password(password, [username, service_name])))
     sessions = await web_sessions.end_all(ctx, user.user_id)
     revoked = 0
     if not keep_grants:
@@ -182,22 +278,53 @@ async def remove_user(ctx: OAuthContext, username: str) -> int:
     return revoked
 
 
+# -- installations ----------------------------------------------------------------------------------
+
+
+async def _operator_ids(store: Store, operators: Sequence[str]) -> list[str]:
+    """The user ids of ``operators`` (usernames); naming no one is the body's fault (422)."""
+    ids = []
+    for username in operators:
+        user = await store.get_user_by_username(username) if len(username) <= 128 else None
+        if user is None:
+            raise AdminError(f"no user named {username!r}")
+        ids.append(user.user_id)
+    return ids
+
+
 async def create_installation(store: Store, installation_id: str, name: str, kind: str,
-                              operators: list[str]) -> Installation:
+                              operators: Sequence[str]) -> Installation:
+    if await store.get_installation(installation_id) is not None:
+        raise Taken(f"an installation with id {installation_id!r} already exists")
+    installation, _ = await put_installation(store, installation_id, name, kind, operators)
+    return installation
+
+
+async def put_installation(store: Store, installation_id: str, name: str, kind: str,
+                           operators: Sequence[str]) -> tuple[Installation, bool]:
+    """Create or replace an installation (operators by username); whether it was created."""
     _check(id_problem(installation_id), "installation id", installation_id)
     _check(kind_problem(kind), "kind", kind)
-    if await store.get_installation(installation_id) is not None:
-        raise AdminError(f"an installation with id {installation_id!r} already exists")
-    operator_ids = [(await get_user(store, username)).user_id for username in operators]
-    installation = Installation(installation_id, name, kind, operator_ids)
-    await store.put_installation(installation)
-    _record("installation_created", subject=installation_id, outcome="success")
+    if not name.strip():
+        raise AdminError("an installation needs a name")
+    existing = await store.get_installation(installation_id)
+    installation = Installation(installation_id, name.strip(), kind, await _operator_ids(store, operators))
+    if installation != existing:
+        await store.put_installation(installation)
+        _record("installation_created" if existing is None else "installation_replaced", subject=installation_id,
+                outcome="success")
+    return installation, existing is None
+
+
+async def get_installation(store: Store, installation_id: str) -> Installation:
+    installation = await store.get_installation(installation_id) if len(installation_id) <= 128 else None
+    if installation is None:
+        raise Missing(f"no installation with id {installation_id!r}")
     return installation
 
 
 async def remove_installation(ctx: OAuthContext, installation_id: str) -> int:
-    if await ctx.store.get_installation(installation_id) is None:
-        raise AdminError(f"no installation with id {installation_id!r}")
+    await get_installation(ctx.store, installation_id)
     revoked = 0
     for grant in await ctx.store.list_grants(Subject(installation_id=installation_id)):
         revoked += await revoke_grant(ctx, grant.grant_id, "admin")
@@ -206,7 +333,68 @@ async def remove_installation(ctx: OAuthContext, installation_id: str) -> int:
     return revoked
 
 
+# -- grants, sessions, tokens -------------------------------------------------------------------------
+
+
+async def list_grants(ctx: OAuthContext, username: str | None = None, client_id: str | None = None,
+                      after: str | None = None, limit: int | None = None) -> list[Grant]:
+    """The live grants of a user, of a client, or of a user with a client, ordered by id: a
+    page of ``limit`` (at most :data:`MAX_PAGE`) after the grant id ``after``."""
+    if username is None and client_id is None:
+        raise AdminError("name a user or a client (or both)")
+    size = page_size(limit)
+    if username is None:
+        assert client_id is not None
+        return await ctx.store.list_client_grants(client_id, after, size)
+    user = await get_user(ctx.store, username)
+    grants = sorted((grant for grant in await ctx.store.list_grants(Subject(user_id=user.user_id))
+                     if client_id is None or grant.client_id == client_id), key=lambda grant: grant.grant_id)
+    return [grant for grant in grants if after is None or grant.grant_id > after][:size]
+
+
+async def revoke_one_grant(ctx: OAuthContext, grant_id: str) -> int:
+    grant = await ctx.store.get_grant(grant_id) if len(grant_id) <= 128 else None
+    if grant is None or grant.revoked_at is not None:
+        raise Missing(f"no live grant with id {grant_id!r}")
+    revoked = await revoke_grant(ctx, grant_id, "admin")
+    _record("grant_revoked", client_id=grant.client_id, subject=grant.subject.id, families_revoked=revoked,
+            outcome="revoked_by_operator")
+    return revoked
+
+
+async def list_sessions(ctx: OAuthContext, username: str) -> list[Session]:
+    return await web_sessions.list_sessions(ctx, await get_user(ctx.store, username))
+
+
+async def end_session(ctx: OAuthContext, username: str, session_id: str) -> None:
+    if not await web_sessions.end_one(ctx, await get_user(ctx.store, username), session_id):
+        raise Missing(f"no session {session_id!r} of {username!r} is signed in")
+    _record("session_ended", username=username, outcome="ended_by_operator")
+
+
+async def end_sessions(ctx: OAuthContext, username: str) -> int:
+    ended = await web_sessions.end_all(ctx, (await get_user(ctx.store, username)).user_id)
+    _record("sessions_ended", username=username, sessions_ended=ended, outcome="ended_by_operator")
+    return ended
+
+
+async def revoke_token_value(ctx: OAuthContext, token: str) -> bool:
+    """Revoke any token by its value (an access token alone, a refresh token with its family);
+    whether one was in force."""
+    return await revoke_token(ctx, token, None)
+
+
+async def introspect(ctx: OAuthContext, token: str) -> dict[str, Any]:
+    """What ``POST /oauth/token/introspect`` answers for ``token``."""
+    return await introspection.introspect(ctx, token)
+
+
 async def purge(store: Store) -> dict[str, int]:
     counts = await store.purge_expired(utcnow())
     _record("expired_records_purged", outcome="success", **counts)
     return counts
+
+
+def page_size(limit: int | None) -> int:
+    """How many a listing returns: ``limit``, within 1 and :data:`MAX_PAGE`."""
+    return MAX_PAGE if limit is None else max(1, min(limit, MAX_PAGE))

@@ -11,7 +11,7 @@ from tornado.httputil import HTTPServerRequest
 
 from tokensvc.bootstrap import make_context
 from tokensvc.config import Settings
-from tokensvc.handlers import api, clients, meta, pages, token, ws
+from tokensvc.handlers import admin_api, api, clients, meta, pages, token, ws
 from tokensvc.handlers.json_api import NotFoundHandler, serve
 from tokensvc.handlers.lifecycle import UNMATCHED, Edge, Lifecycle, Route
 from tokensvc.handlers.web import StaticFiles, log_request
@@ -50,6 +50,26 @@ ROUTES: list[Route] = [Route.of(path, handler) for path, handler in (
     ("/account", pages.AccountHandler),
     ("/", pages.HomeHandler),
 )]
+# The admin listener's route table: never routed from the public port.
+ADMIN_ROUTES: list[Route] = [Route.of(path, handler) for path, handler in (
+    ("/admin", admin_api.IndexHandler),
+    ("/admin/clients", admin_api.ClientsHandler),
+    ("/admin/clients/{client_id}", admin_api.ClientHandler),
+    ("/admin/clients/{client_id}/secret", admin_api.ClientSecretHandler),
+    ("/admin/users", admin_api.UsersHandler),
+    ("/admin/users/{username}", admin_api.UserHandler),
+    ("/admin/users/{username}/password", admin_api.PasswordHandler),
+    ("/admin/users/{username}/sessions", admin_api.UserSessionsHandler),
+    ("/admin/users/{username}/sessions/{session_id}", admin_api.UserSessionHandler),
+    ("/admin/installations", admin_api.InstallationsHandler),
+    ("/admin/installations/{installation_id}", admin_api.InstallationHandler),
+    ("/admin/grants", admin_api.GrantsHandler),
+    ("/admin/grants/{grant_id}", admin_api.GrantHandler),
+    ("/admin/tokens/revoke", admin_api.TokenRevokeHandler),
+    ("/admin/tokens/introspect", admin_api.TokenIntrospectHandler),
+    ("/admin/purge", admin_api.PurgeHandler),
+    ("/openapi.json", admin_api.AdminOpenAPIHandler),
+)]
 # The pages' own files (not API resources: the OpenAPI document leaves them out).
 STATIC_ROUTES = [Route.of("/static/{path}", StaticFiles), Route.of("/favicon.ico", StaticFiles)]
 NOT_FOUND = Route.of(UNMATCHED, NotFoundHandler)
@@ -79,9 +99,10 @@ class Target(tornado.routing.Router):
 class TokenService(tornado.web.Application):
     """Tornado's application over the route table."""
 
-    def __init__(self, edge: Edge, **settings: Any) -> None:
+    def __init__(self, edge: Edge, static: bool = True, **settings: Any) -> None:
         self.edge = edge
-        rules: list[Any] = [(route.pattern, Target(self, edge, route)) for route in [*edge.routes, *STATIC_ROUTES]]
+        routes = [*edge.routes, *STATIC_ROUTES] if static else edge.routes
+        rules: list[Any] = [(route.pattern, Target(self, edge, route)) for route in routes]
         rules.append((r".*", Target(self, edge, NOT_FOUND)))
         super().__init__(rules, **settings)
 
@@ -102,3 +123,12 @@ def make_app(config: Settings, store: Store, ctx: OAuthContext | None = None,
         serve_traceback=False,
         compress_response=False,
     )
+
+
+def make_admin_app(config: Settings, store: Store, ctx: OAuthContext) -> TokenService:
+    """The admin listener's application: the admin API over the same store and context as the
+    public one (so it works on the memory backend too), and no page."""
+    static = {"static_path": str(STATIC_PATH), "static_url_prefix": "/static/"}
+    edge = Edge(ctx, config, ADMIN_ROUTES, HERE / "templates", static, StaticFiles)
+    return TokenService(edge, static=False, log_function=log_request, serve_traceback=False,
+                        compress_response=False)

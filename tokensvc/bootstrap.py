@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import secrets
+from dataclasses import replace
 from typing import Any
 
 from tokensvc.config import Settings
@@ -30,6 +31,13 @@ def make_context(settings: Settings, store: Store, **overrides: Any) -> OAuthCon
                                  (client.allowed_scopes for client in settings.clients)))
     values.update(overrides)
     return OAuthContext(**values)
+
+
+CLI_CLIENT = Client(
+    client_id="tokensvc-cli", name="tokensvc command line", first_party=True,
+    redirect_uris=["http://127.0.0.1/callback", "http://[::1]/callback"],  # any port (RFC 8252 §7.3)
+    allowed_scopes=["admin"],
+    description="The operators' command line (tokensvc login): the admin API with an admin's token.")
 
 
 def new_user_id() -> str:
@@ -57,6 +65,11 @@ async def seed(store: Store, config: Settings) -> None:
             logo_url=seed_client.logo_url,
             created_at=existing.created_at if existing and existing.created_at else now,
         ))
+    if config.admin.cli_client:  # `tokensvc login`: a native app on a loopback port (RFC 8252)
+        existing = await store.get_client(CLI_CLIENT.client_id)
+        await store.put_client(replace(CLI_CLIENT, created_at=existing.created_at if existing else now))
+    else:
+        await store.delete_client(CLI_CLIENT.client_id)
     user_ids: dict[str, str] = {}
     loop = asyncio.get_running_loop()
     for seed_user in config.users:

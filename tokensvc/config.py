@@ -45,6 +45,10 @@ from tokensvc.identifiers import (
 log = logging.getLogger(__name__)
 
 ENV_PREFIX = "TOKENSVC_"
+# The operator commands' own variables (tokensvc/cli_login.py): what a command line talks to,
+# not how the service runs, so they are never read as [admin] settings.
+COMMAND_LINE_VARIABLES = frozenset({"TOKENSVC_ADMIN_URL", "TOKENSVC_ADMIN_TOKEN", "TOKENSVC_ADMIN_CLIENT_ID",
+                                    "TOKENSVC_ADMIN_CLIENT_SECRET"})
 # What a 503 (the store not answering) asks a client to wait before it tries again.
 STORE_RETRY_AFTER_SECONDS = 5
 _SHA256_HEX = re.compile(r"^[0-9a-f]{64}$")
@@ -102,6 +106,18 @@ class ProxySettings:
     trusted_networks: list[str] = field(default_factory=list)
     # Take X-Real-IP, set by the nearest proxy, instead (from a trusted peer only).
     real_ip_header: bool = False
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class AdminSettings:
+    # The admin listener (the admin API): its own address, never the public port's.
+    host: str = "127.0.0.1"
+    # Unset: the public port + 1; 0: no admin listener.
+    port: int = field(default=0, metadata=DERIVED)
+    # A non-loopback host must be asked for: the listener then belongs behind TLS and a network policy.
+    allow_remote: bool = False
+    # Seed the first-party public client of `tokensvc login` (tokensvc-cli).
+    cli_client: bool = True
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -168,6 +184,7 @@ class Settings:
     log_level: str = "info"
     server: ServerSettings = field(default_factory=ServerSettings)
     proxy: ProxySettings = field(default_factory=ProxySettings)
+    admin: AdminSettings = field(default_factory=AdminSettings)
     storage: StorageSettings = field(default_factory=StorageSettings)
     tokens: TokenSettings = field(default_factory=TokenSettings)
     limits: LimitSettings = field(default_factory=LimitSettings)
@@ -199,7 +216,8 @@ class Settings:
         return self.auth_url.startswith("https://")
 
 
-SECTIONS: dict[str, type] = {"server": ServerSettings, "proxy": ProxySettings, "storage": StorageSettings,
+SECTIONS: dict[str, type] = {"server": ServerSettings, "proxy": ProxySettings, "admin": AdminSettings,
+                             "storage": StorageSettings,
                              "tokens": TokenSettings,
                              "limits": LimitSettings, "metrics": MetricsSettings}
 TABLES: dict[str, type] = {"clients": ClientSeed, "users": UserSeed, "installations": InstallationSeed}
@@ -234,7 +252,7 @@ def _apply_env(raw: dict[str, Any], environ: Mapping[str, str]) -> None:
     top = {name: annotation for name, annotation in _inputs(Settings).items()
            if name not in SECTIONS and name not in TABLES and name != "scopes"}
     for name, text in environ.items():
-        if not name.startswith(ENV_PREFIX):
+        if not name.startswith(ENV_PREFIX) or name in COMMAND_LINE_VARIABLES:
             continue
         rest = name[len(ENV_PREFIX):].lower()
         if rest in top:
@@ -359,6 +377,16 @@ def _scope_descriptions(table: Any) -> dict[str, str]:
 # -- stage 3: resolved -------------------------------------------------------------------------
 
 
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` is reached from this machine alone (localhost, 127.0.0.0/8, ::1)."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
 def listen_url(host: str, port: int) -> str:
     """The URL a client on this machine reaches ``host:port`` by: a wildcard address is
     reached on loopback, an IPv6 literal in brackets."""
@@ -387,6 +415,9 @@ def _resolve(values: dict[str, Any]) -> None:
         url = values.get(key) or listen_url(host, port)  # not set: reached where it listens
         _check_url(key, url)
         values[key] = url.rstrip("/")
+    admin = values.setdefault("admin", {})
+    if "port" not in admin:  # beside the public port
+        admin["port"] = port + 1 if port < 65535 else 0
     storage = values.setdefault("storage", {})
     tokens = values.setdefault("tokens", {})
     if "refresh_grace_seconds" not in tokens:
@@ -426,6 +457,7 @@ def _check_url(key: str, url: str, *, schemes: tuple[str, ...] = ("http", "https
 def _check(settings: Settings) -> None:
     """Each section's rules, on the settings as they will be used."""
     _check_service(settings)
+    _check_admin(settings.admin, settings.port)
     _check_storage(settings.storage)
     _check_sections(settings)
     _check_clients(settings.clients)
@@ -446,6 +478,16 @@ def _check_service(settings: Settings) -> None:
         raise ConfigError("cookie_secret: required outside demo mode (set it, or TOKENSVC_COOKIE_SECRET)")
     if len(settings.cookie_secret) < 16 and not settings.demo:
         raise ConfigError("cookie_secret: too short (at least 16 characters outside demo mode)")
+
+
+def _check_admin(admin: AdminSettings, port: int) -> None:
+    if not 0 <= admin.port <= 65535:
+        raise ConfigError(f"admin.port: {admin.port} is outside 0-65535 (0: no admin listener)")
+    if admin.port and admin.port == port:
+        raise ConfigError("admin.port: the admin listener needs a port of its own, not the public one")
+    if admin.port and not is_loopback(admin.host) and not admin.allow_remote:
+        raise ConfigError(f"admin.host: {admin.host!r} is not a loopback address; the admin API belongs on "
+                          "loopback, or behind TLS and a network policy with admin.allow_remote = true")
 
 
 def _check_storage(storage: StorageSettings) -> None:

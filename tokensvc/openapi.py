@@ -16,7 +16,7 @@ from typing import Any, Protocol
 from apispec import APISpec
 from apispec.ext.marshmallow import MarshmallowPlugin
 
-from tokensvc import __version__, schemas
+from tokensvc import __version__, admin_schemas, schemas
 
 
 class Route(Protocol):
@@ -89,12 +89,15 @@ CORS_PREFLIGHT = {
                                                           "Vary")}}}}
 
 
-def build(routes: Iterable[Route], base_url: str) -> dict[str, Any]:
-    """The document of ``routes`` (the route table, ``tokensvc.app.ROUTES``) of a service
-    reached at ``base_url``."""
+def build(routes: Iterable[Route], base_url: str, *, admin: bool = False) -> dict[str, Any]:
+    """The document of ``routes`` (the route table, ``tokensvc.app.ROUTES``, or with ``admin``
+    the admin listener's, ``tokensvc.app.ADMIN_ROUTES``) of a service reached at ``base_url``."""
     spec = APISpec(
-        title="tokensvc", version=__version__, openapi_version="3.1.0", plugins=[MarshmallowPlugin()],
-        info={"description": "OAuth 2.0 authorization and token service (OAuth API 2.0.0)."},
+        title="tokensvc admin API" if admin else "tokensvc", version=__version__, openapi_version="3.1.0",
+        plugins=[MarshmallowPlugin()],
+        info={"description": "The operators' API of tokensvc, on its own listener ([admin]): an admin user's "
+                             "access token with the admin scope." if admin
+              else "OAuth 2.0 authorization and token service (OAuth API 2.0.0)."},
         servers=[{"url": base_url}],
     )
     for name, schema in (
@@ -111,7 +114,10 @@ def build(routes: Iterable[Route], base_url: str) -> dict[str, Any]:
     spec.components.security_scheme("clientBasic", {"type": "http", "scheme": "basic"})
     spec.components.security_scheme("bearer", {"type": "http", "scheme": "bearer"})
 
-    operations = _operations()
+    if admin:
+        for name, admin_schema in admin_schemas.COMPONENTS.items():
+            spec.components.schema(name, schema=admin_schema)
+    operations = _admin_operations() if admin else _operations()
     for route in routes:
         documented = operations.pop(route.path, {})
         served = {method.lower() for method in route.methods if method != "HEAD"}
@@ -262,5 +268,99 @@ def _operations() -> dict[str, dict[str, Any]]:
     return ops
 
 
-def render(routes: Iterable[Route], base_url: str) -> str:
-    return json.dumps(build(routes, base_url), indent=2, sort_keys=True) + "\n"
+def render(routes: Iterable[Route], base_url: str, *, admin: bool = False) -> str:
+    return json.dumps(build(routes, base_url, admin=admin), indent=2, sort_keys=True) + "\n"
+
+
+def _admin_operations() -> dict[str, dict[str, Any]]:
+    """The admin API's routes: what each method takes and answers."""
+    sec: list[dict[str, list[str]]] = [{"bearer": []}]
+    refused = {"401": BEARER_401, "403": FORBIDDEN, "429": TOO_MANY, "503": UNAVAILABLE}
+    conflict = _json("Detail", "Already there")
+
+    def op(summary: str, ok: dict[str, Any], *, body: str | None = None, extra: dict[str, Any] | None = None,
+           parameters: list[dict[str, Any]] | None = None, status: str = "200") -> dict[str, Any]:
+        operation: dict[str, Any] = {"summary": summary, "security": sec, "tags": ["admin"],
+                                     "responses": {status: ok, **refused, "422": INVALID, **(extra or {})}}
+        if body:
+            operation["requestBody"] = {"required": True, "content": {JSON: {"schema": {
+                "$ref": f"#/components/schemas/{body}"}}}}
+        if parameters:
+            operation["parameters"] = parameters
+        return operation
+
+    def path(name: str) -> dict[str, Any]:
+        return {"name": name, "in": "path", "required": True, "schema": {"type": "string"}}
+
+    def query(name: str) -> dict[str, Any]:
+        return {"name": name, "in": "query", "required": False, "schema": {"type": "string"}}
+
+    def page(item: str) -> dict[str, Any]:
+        return {"description": "A page", "content": {JSON: {"schema": {"type": "object", "properties": {
+            "items": {"type": "array", "items": {"$ref": f"#/components/schemas/{item}"}},
+            "next": {"type": ["string", "null"]}}}}}}
+
+    def listed(item: str) -> dict[str, Any]:
+        return {"description": "The list", "content": {JSON: {"schema": {
+            "type": "array", "items": {"$ref": f"#/components/schemas/{item}"}}}}}
+
+    done = {"description": "Done", "content": {JSON: {"schema": {"type": "object"}}}}
+    paging = [query("limit"), query("cursor")]
+    missing = {"404": NOT_FOUND}
+    return {
+        "/admin": {"get": {"summary": "Where to get an admin's token (tokensvc login starts here)", "responses": {
+            "200": {"description": "The service's token endpoints and the CLI's client"}}}},
+        "/admin/clients": {
+            "get": op("Registered clients, a page at a time", page("AdminClient"), parameters=paging),
+            "post": op("Register a client (a generated id); its secret once", _json("AdminClient", "Registered"),
+                       body="ClientBody", extra={"409": conflict}, status="201")},
+        "/admin/clients/{client_id}": {
+            "get": op("One client", _json("AdminClient", "The client"), parameters=[path("client_id")], extra=missing),
+            "put": op("Create or replace a client (idempotent)", _json("AdminClient", "Replaced; 201 created"),
+                      body="ClientBody", parameters=[path("client_id")],
+                      extra={"201": _json("AdminClient", "Created")}),
+            "patch": op("Change some of a client's fields", _json("AdminClient", "Changed"), body="ClientPatch",
+                        parameters=[path("client_id")], extra=missing),
+            "delete": op("Remove a client at once, then revoke its grants in bulk", done,
+                         parameters=[path("client_id")], extra=missing)},
+        "/admin/clients/{client_id}/secret": {"post": op("A new secret, returned once", done,
+                                                         parameters=[path("client_id")], extra=missing)},
+        "/admin/users": {
+            "get": op("Users, a page at a time", page("AdminUser"), parameters=paging),
+            "post": op("Add a user (the password rule applies)", _json("AdminUser", "Added"), body="UserBody",
+                       extra={"409": conflict}, status="201")},
+        "/admin/users/{username}": {
+            "get": op("One user", _json("AdminUser", "The user"), parameters=[path("username")], extra=missing),
+            "patch": op("Make a user an admin, or not", _json("AdminUser", "Changed"), body="UserPatch",
+                        parameters=[path("username")], extra=missing),
+            "delete": op("Remove a user, revoking their grants and ending their sessions", done,
+                         parameters=[path("username")], extra=missing)},
+        "/admin/users/{username}/password": {"put": op(
+            "Set a password: ends the user's sessions, revokes their grants unless keepGrants", done,
+            body="PasswordBody", parameters=[path("username")], extra=missing)},
+        "/admin/users/{username}/sessions": {
+            "get": op("A user's sessions", listed("AdminSession"), parameters=[path("username")], extra=missing),
+            "delete": op("End every session of a user", done, parameters=[path("username")], extra=missing)},
+        "/admin/users/{username}/sessions/{session_id}": {"delete": op(
+            "End one session of a user", done, parameters=[path("username"), path("session_id")], extra=missing)},
+        "/admin/installations": {"get": op("Installations, a page at a time", page("AdminInstallation"),
+                                           parameters=paging)},
+        "/admin/installations/{installation_id}": {
+            "get": op("One installation", _json("AdminInstallation", "The installation"),
+                      parameters=[path("installation_id")], extra=missing),
+            "put": op("Create or replace an installation (operators by username)",
+                      _json("AdminInstallation", "Replaced; 201 created"), body="InstallationBody",
+                      parameters=[path("installation_id")],
+                      extra={"201": _json("AdminInstallation", "Created")}),
+            "delete": op("Remove an installation, revoking its grants", done, parameters=[path("installation_id")],
+                         extra=missing)},
+        "/admin/grants": {"get": op("The live grants of a user (username) and/or a client (clientId)",
+                                    page("Grant"), parameters=[query("username"), query("clientId"), *paging])},
+        "/admin/grants/{grant_id}": {"delete": op("Revoke a grant and all its tokens", done,
+                                                  parameters=[path("grant_id")], extra=missing)},
+        "/admin/tokens/revoke": {"post": op("Revoke a token by its value", done, body="TokenBody")},
+        "/admin/tokens/introspect": {"post": op("What introspection says of a token",
+                                                _json("IntrospectionResponse", "RFC 7662"), body="TokenBody")},
+        "/admin/purge": {"post": op("Delete expired codes, tokens and sessions", done)},
+        "/openapi.json": {"get": {"summary": "This document", "responses": {"200": {"description": "OpenAPI 3.1"}}}},
+    }

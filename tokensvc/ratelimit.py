@@ -215,6 +215,11 @@ class FailureLimits:
             counters.append((_counter(client_id), self.settings.failed_client_auth_per_client))
         return Attempt(f"client|{address}", tuple(counters))
 
+    def admin_attempt(self, address: str) -> Attempt:
+        """A call of the admin API: its bearer tokens count per address, as client secrets do,
+        in a group of their own (a wrong admin token does not lock an address out of /oauth/token)."""
+        return Attempt(f"admin|{address}", ((ADDRESS, self.settings.failed_client_auth_per_address),))
+
     def login_attempt(self, username: str | None, address: str) -> Attempt:
         counters = [(ADDRESS, self.settings.failed_logins_per_address)]
         if username:

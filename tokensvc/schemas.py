@@ -15,6 +15,7 @@ from typing import Any
 from marshmallow import EXCLUDE, Schema, ValidationError, fields, validate
 
 from tokensvc import identifiers
+from tokensvc.errors import ValidationFailed
 
 MAX_FIELD_LENGTH = 2048
 
@@ -38,6 +39,8 @@ class ErrorDetail(str):
 REQUIRED = ErrorDetail("Field required", "missing")
 NOT_STRING = ErrorDetail("Input should be a valid string", "string_type")
 NOT_NULL = ErrorDetail("Input should not be null", "missing")
+NOT_LIST = ErrorDetail("Input should be a valid list", "list_type")
+NOT_BOOLEAN = ErrorDetail("Input should be a valid boolean", "bool_parsing")
 
 
 class MaxLength(validate.Validator):
@@ -67,8 +70,28 @@ def Text(*, required: bool = False, max_length: int = MAX_FIELD_LENGTH, **kwargs
     """A string field with typed messages and a length bound."""
     validators = [MaxLength(max_length), *kwargs.pop("validate", [])]
     return fields.String(
-        required=required, validate=validators, metadata={"maxLength": max_length},
+        required=required, validate=validators, metadata={"maxLength": max_length, **kwargs.pop("metadata", {})},
         error_messages={"required": REQUIRED, "invalid": NOT_STRING, "null": NOT_NULL}, **kwargs)
+
+
+def TextList(*, required: bool = False, max_items: int = 100, max_length: int = MAX_FIELD_LENGTH,
+             **kwargs: Any) -> fields.List:
+    """A list of at most ``max_items`` strings (JSON bodies), with typed messages."""
+
+    def bounded(items: list[str]) -> None:
+        if len(items) > max_items:
+            raise ValidationError(ErrorDetail(f"List should have at most {max_items} items", "too_long",
+                                              {"max_length": max_items}))
+
+    return fields.List(Text(max_length=max_length), required=required, validate=bounded,
+                       metadata={"maxItems": max_items},
+                       error_messages={"required": REQUIRED, "invalid": NOT_LIST, "null": NOT_NULL}, **kwargs)
+
+
+def Flag(**kwargs: Any) -> fields.Boolean:
+    """A JSON boolean (true or false, never a string that reads like one), with typed messages."""
+    return fields.Boolean(truthy={True}, falsy={False},
+                          error_messages={"required": REQUIRED, "invalid": NOT_BOOLEAN, "null": NOT_NULL}, **kwargs)
 
 
 # -- request schemas ------------------------------------------------------------------
@@ -260,14 +283,16 @@ def validation_detail(error: ValidationError, location: str, data: Mapping[str, 
     messages = error.messages if isinstance(error.messages, dict) else {"_schema": error.messages}
     for name, field_messages in messages.items():
         key = data_keys.get(name, name)
-        for message in field_messages if isinstance(field_messages, list) else [field_messages]:
-            detail.append({
-                "loc": [location] if key == "_schema" else [location, key],
-                "msg": str(message),
-                "type": getattr(message, "type", "value_error"),
-                "input": data.get(key),
-                "ctx": getattr(message, "ctx", {}),
-            })
+        loc = [location] if key == "_schema" else [location, key]
+        value = data.get(key)
+        # A list's items fail one by one: {index: [messages]}, located at their index.
+        located = ([(loc + [index], value[index] if isinstance(value, list) and index < len(value) else None,
+                     item_messages) for index, item_messages in field_messages.items()]
+                   if isinstance(field_messages, dict) else [(loc, value, field_messages)])
+        for where, given, found in located:
+            for message in found if isinstance(found, list) else [found]:
+                detail.append({"loc": where, "msg": str(message), "type": getattr(message, "type", "value_error"),
+                               "input": given, "ctx": getattr(message, "ctx", {})})
     return detail
 
 
@@ -404,6 +429,17 @@ def _compile_dumper(schema: Schema) -> Callable[[Any], dict[str, Any]]:
 
 _loaders: dict[int, Callable[[Mapping[str, Any]], dict[str, Any]]] = {}
 _dumpers: dict[int, Callable[[Any], dict[str, Any]]] = {}
+
+
+def load(schema: Schema, data: Any, location: str = "body") -> dict[str, Any]:
+    """``data`` loaded by ``schema``; ValidationFailed (422 HTTPValidationError) when it fails."""
+    if not isinstance(data, Mapping):
+        raise ValidationFailed([{"loc": [location], "msg": "Input should be an object", "type": "model_type",
+                                 "input": None, "ctx": {}}])
+    try:
+        return fast_load(schema, data)
+    except ValidationError as exc:
+        raise ValidationFailed(validation_detail(exc, location, data, schema)) from None
 
 
 def fast_load(schema: Schema, data: Mapping[str, Any]) -> dict[str, Any]:

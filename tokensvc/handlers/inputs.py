@@ -7,11 +7,10 @@ from typing import Any, ClassVar
 
 import tornado.httputil
 import tornado.web
-from marshmallow import Schema, ValidationError
+from marshmallow import Schema
 
 from tokensvc import schemas
 from tokensvc.config import Settings
-from tokensvc.errors import ValidationFailed
 from tokensvc.oauth.context import OAuthContext
 from tokensvc.oauth.errors import InvalidRequest
 
@@ -41,10 +40,7 @@ class RequestInput:
 
     @staticmethod
     def load(schema: Schema, data: dict[str, Any], location: str = "body") -> dict[str, Any]:
-        try:
-            return schemas.fast_load(schema, data)
-        except ValidationError as exc:
-            raise ValidationFailed(schemas.validation_detail(exc, location, data, schema)) from None
+        return schemas.load(schema, data, location)
 
     def load_client_id(self, client_id: str) -> str:
         """Validate a ``{client_id}`` path parameter (an empty one is missing, not malformed)."""

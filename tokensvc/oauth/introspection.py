@@ -6,9 +6,10 @@ from __future__ import annotations
 from typing import Any
 
 from tokensvc.oauth import bearer, clientauth, scopes
+from tokensvc.oauth.administrators import require_admin
 from tokensvc.oauth.clientauth import ClientRequest
 from tokensvc.oauth.context import OAuthContext
-from tokensvc.oauth.errors import AccessDenied, InsufficientScope, InvalidClient
+from tokensvc.oauth.errors import AccessDenied, InvalidClient
 from tokensvc.records import ACCESS, REFRESH, Client, Token
 
 INACTIVE: dict[str, Any] = {"active": False}
@@ -41,13 +42,7 @@ def check_client_caller(client: Client) -> None:
 
 async def check_bearer_caller(ctx: OAuthContext, token: Token) -> None:
     """A bearer caller must be an admin user whose token carries the ``admin`` scope."""
-    if token.user_id is None:
-        raise AccessDenied(NOT_ALLOWED)
-    user = await ctx.store.get_user(token.user_id)
-    if user is None or not user.admin:
-        raise AccessDenied(NOT_ALLOWED)
-    if not scopes.satisfies(token.scopes, scopes.ADMIN):
-        raise InsufficientScope(scopes.ADMIN)
+    await require_admin(ctx, token, NOT_ALLOWED)
 
 
 async def introspect(ctx: OAuthContext, token: str) -> dict[str, Any]:

@@ -65,8 +65,9 @@ class Registry(abc.ABC):
         """The registered client, or None."""
 
     @abc.abstractmethod
-    async def list_clients(self) -> list[Client]:
-        """Every registered client, ordered by client_id."""
+    async def list_clients(self, after: str | None = None, limit: int | None = None) -> list[Client]:
+        """The registered clients ordered by client_id: every one, or a page of ``limit`` after
+        the client_id ``after`` (the admin API's listings)."""
 
     @abc.abstractmethod
     async def put_client(self, client: Client) -> None:
@@ -85,8 +86,8 @@ class Registry(abc.ABC):
     async def get_user_by_username(self, username: str) -> User | None: ...
 
     @abc.abstractmethod
-    async def list_users(self) -> list[User]:
-        """Every user, ordered by username."""
+    async def list_users(self, after: str | None = None, limit: int | None = None) -> list[User]:
+        """The users ordered by username: every one, or a page after the username ``after``."""
 
     @abc.abstractmethod
     async def seed_user(self, user: User) -> User:
@@ -107,7 +108,8 @@ class Registry(abc.ABC):
     async def get_installation(self, installation_id: str) -> Installation | None: ...
 
     @abc.abstractmethod
-    async def list_installations(self) -> list[Installation]: ...
+    async def list_installations(self, after: str | None = None, limit: int | None = None) -> list[Installation]:
+        """The installations ordered by id: every one, or a page after the id ``after``."""
 
     @abc.abstractmethod
     async def put_installation(self, installation: Installation) -> None: ...
@@ -141,8 +143,15 @@ class Authorizations(abc.ABC):
         """The active (unrevoked) grants of a subject, oldest first (connected apps)."""
 
     @abc.abstractmethod
-    async def list_client_grants(self, client_id: str) -> list[Grant]:
-        """The active grants held by a client (``clients remove`` revokes them)."""
+    async def list_client_grants(self, client_id: str, after: str | None = None,
+                                 limit: int | None = None) -> list[Grant]:
+        """The active grants held by a client ordered by grant_id: every one, or a page of
+        ``limit`` after the grant_id ``after`` (the admin API's listing)."""
+
+    @abc.abstractmethod
+    async def revoke_client_grants(self, client_id: str, now: datetime) -> list[str]:
+        """Revoke every grant of a client and every family of them, in bulk (the client was
+        removed); the ids of the grants revoked."""
 
     @abc.abstractmethod
     async def mark_grant_revoked(self, grant_id: str, now: datetime) -> bool:

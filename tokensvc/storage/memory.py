@@ -14,6 +14,7 @@ dataclasses, copied on the way in and out.
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 import operator
 import secrets
@@ -90,6 +91,12 @@ def _installation(installation: Installation) -> Installation:
     return copy(installation, operators=list(installation.operators))
 
 
+def _page(keys: list[str], after: str | None, limit: int | None) -> list[str]:
+    """The sorted ``keys`` after ``after``, at most ``limit`` of them."""
+    start = bisect.bisect_right(keys, after) if after is not None else 0
+    return keys[start:] if limit is None else keys[start:start + limit]
+
+
 class MemoryStore(Store):
     def __init__(self) -> None:
         self._clients: dict[str, Client] = {}
@@ -114,8 +121,8 @@ class MemoryStore(Store):
         client = self._clients.get(client_id)
         return None if client is None else _client(client)
 
-    async def list_clients(self) -> list[Client]:
-        return [_client(self._clients[key]) for key in sorted(self._clients)]
+    async def list_clients(self, after: str | None = None, limit: int | None = None) -> list[Client]:
+        return [_client(self._clients[key]) for key in _page(sorted(self._clients), after, limit)]
 
     async def put_client(self, client: Client) -> None:
         self._clients[client.client_id] = _client(client)
@@ -133,8 +140,9 @@ class MemoryStore(Store):
         user_id = self._user_ids_by_name.get(username)
         return None if user_id is None else await self.get_user(user_id)
 
-    async def list_users(self) -> list[User]:
-        return sorted((copy(user) for user in self._users.values()), key=lambda user: user.username)
+    async def list_users(self, after: str | None = None, limit: int | None = None) -> list[User]:
+        names = _page(sorted(self._user_ids_by_name), after, limit)
+        return [copy(self._users[self._user_ids_by_name[name]]) for name in names]
 
     async def seed_user(self, user: User) -> User:
         existing = await self.get_user_by_username(user.username)
@@ -166,8 +174,8 @@ class MemoryStore(Store):
         installation = self._installations.get(installation_id)
         return None if installation is None else _installation(installation)
 
-    async def list_installations(self) -> list[Installation]:
-        return [_installation(self._installations[key]) for key in sorted(self._installations)]
+    async def list_installations(self, after: str | None = None, limit: int | None = None) -> list[Installation]:
+        return [_installation(self._installations[key]) for key in _page(sorted(self._installations), after, limit)]
 
     async def put_installation(self, installation: Installation) -> None:
         self._installations[installation.installation_id] = _installation(installation)
@@ -210,10 +218,18 @@ class MemoryStore(Store):
                   and grant.user_id == subject.user_id and grant.installation_id == subject.installation_id]
         return sorted(grants, key=lambda grant: (grant.created_at, grant.grant_id))
 
-    async def list_client_grants(self, client_id: str) -> list[Grant]:
-        grants = [grant for grant in map(GRANTS.unpack_row, self._grants.values())
-                  if grant.client_id == client_id and grant.revoked_at is None]
-        return sorted(grants, key=lambda grant: (grant.created_at, grant.grant_id))
+    async def list_client_grants(self, client_id: str, after: str | None = None,
+                                 limit: int | None = None) -> list[Grant]:
+        grants = {grant.grant_id: grant for grant in map(GRANTS.unpack_row, self._grants.values())
+                  if grant.client_id == client_id and grant.revoked_at is None}
+        return [grants[grant_id] for grant_id in _page(sorted(grants), after, limit)]
+
+    async def revoke_client_grants(self, client_id: str, now: datetime) -> list[str]:
+        revoked = [grant.grant_id for grant in await self.list_client_grants(client_id)]
+        for grant_id in revoked:
+            await self.mark_grant_revoked(grant_id, now)
+            await self.revoke_grant_families(grant_id, now)
+        return revoked
 
     async def mark_grant_revoked(self, grant_id: str, now: datetime) -> bool:
         row = self._grants.get(grant_id)

@@ -104,10 +104,12 @@ INDEXES: list[Index] = [
      {"unique": True, "name": "subject_client"}),
     ("grants", [("user_id", ASCENDING), ("installation_id", ASCENDING), ("revoked_at", ASCENDING)],
      {"name": "user_subject"}),
+    ("grants", [("client_id", ASCENDING), ("revoked_at", ASCENDING), ("_id", ASCENDING)], {"name": "client_live"}),
     ("codes", [("expires_at", ASCENDING)], {"expireAfterSeconds": CODE_RETENTION_SECONDS, "name": "ttl"}),
     ("families", [("expires_at", ASCENDING)], {"expireAfterSeconds": 0, "name": "ttl"}),
     ("families", [("access_hash", ASCENDING)], {"unique": True, "name": "access_hash"}),
     ("families", [("grant_id", ASCENDING)], {"name": "grant_id"}),
+    ("families", [("client_id", ASCENDING), ("revoked_at", ASCENDING)], {"name": "client_revoked"}),
     ("sessions", [("expires_at", ASCENDING)], {"expireAfterSeconds": 0, "name": "ttl"}),
     ("sessions", [("user_id", ASCENDING)], {"name": "user_id"}),
     ("failures", [("expires_at", ASCENDING)], {"expireAfterSeconds": 0, "name": "ttl"}),
@@ -216,6 +218,14 @@ FAMILIES = _Mapper(Family, "family_id")
 SESSIONS = _Mapper(Session, "session_hash")
 
 
+async def _page(collection: Any, key: str, after: str | None, limit: int | None) -> list[dict[str, Any]]:
+    """The documents ordered by ``key``: every one, or ``limit`` of them after ``after``."""
+    cursor = collection.find({key: {"$gt": after}} if after is not None else {}).sort(key, ASCENDING)
+    if limit is not None:
+        cursor = cursor.limit(limit)
+    return await cursor.to_list(None)
+
+
 def _pair_fields(pair: Pair) -> dict[str, Any]:
     """The fields a new pair sets on its family; the access token's marks start afresh."""
     return {"refresh_hash": pair.refresh_hash, "access_hash": pair.access_hash, "scopes": list(pair.scopes),
@@ -321,8 +331,8 @@ class MongoStore(Store):
         return CLIENTS.record(await self.clients.find_one({"_id": client_id}))
 
     @guarded
-    async def list_clients(self) -> list[Client]:
-        return [CLIENTS.record(doc) for doc in await self.clients.find({}).sort("_id", ASCENDING).to_list(None)]
+    async def list_clients(self, after: str | None = None, limit: int | None = None) -> list[Client]:
+        return [CLIENTS.record(doc) for doc in await _page(self.clients, "_id", after, limit)]
 
     @guarded
     async def put_client(self, client: Client) -> None:
@@ -343,8 +353,8 @@ class MongoStore(Store):
         return USERS.record(await self.users.find_one({"username": username}))
 
     @guarded
-    async def list_users(self) -> list[User]:
-        return [USERS.record(doc) for doc in await self.users.find({}).sort("username", ASCENDING).to_list(None)]
+    async def list_users(self, after: str | None = None, limit: int | None = None) -> list[User]:
+        return [USERS.record(doc) for doc in await _page(self.users, "username", after, limit)]
 
     @guarded
     async def seed_user(self, user: User) -> User:
@@ -374,9 +384,8 @@ class MongoStore(Store):
         return INSTALLATIONS.record(await self.installations.find_one({"_id": installation_id}))
 
     @guarded
-    async def list_installations(self) -> list[Installation]:
-        docs = await self.installations.find({}).sort("_id", ASCENDING).to_list(None)
-        return [INSTALLATIONS.record(doc) for doc in docs]
+    async def list_installations(self, after: str | None = None, limit: int | None = None) -> list[Installation]:
+        return [INSTALLATIONS.record(doc) for doc in await _page(self.installations, "_id", after, limit)]
 
     @guarded
     async def put_installation(self, installation: Installation) -> None:
@@ -432,9 +441,22 @@ class MongoStore(Store):
         return sorted((GRANTS.record(doc) for doc in docs), key=lambda grant: (grant.created_at, grant.grant_id))
 
     @guarded
-    async def list_client_grants(self, client_id: str) -> list[Grant]:
-        docs = await self.grants.find({"client_id": client_id, "revoked_at": None}).to_list(None)
-        return sorted((GRANTS.record(doc) for doc in docs), key=lambda grant: (grant.created_at, grant.grant_id))
+    async def list_client_grants(self, client_id: str, after: str | None = None,
+                                 limit: int | None = None) -> list[Grant]:
+        live: dict[str, Any] = {"client_id": client_id, "revoked_at": None}
+        if after is not None:
+            live["_id"] = {"$gt": after}
+        cursor = self.grants.find(live).sort("_id", ASCENDING)
+        return [GRANTS.record(doc) for doc in await (cursor.limit(limit) if limit else cursor).to_list(None)]
+
+    @guarded
+    async def revoke_client_grants(self, client_id: str, now: datetime) -> list[str]:
+        live = {"client_id": client_id, "revoked_at": None}
+        grant_ids = [doc["_id"] for doc in await self.grants.find(live, {"_id": 1}).to_list(None)]
+        # The grants first: from then on none of their tokens is in force, whatever the sweep does.
+        await self.grants.update_many(live, {"$set": {"revoked_at": now}})
+        await self.families.update_many(live, {"$set": {"revoked_at": now}})
+        return grant_ids
 
     @guarded
     async def mark_grant_revoked(self, grant_id: str, now: datetime) -> bool:

@@ -1,0 +1,346 @@
+"""The admin API over real HTTP, on its own application (the admin listener's): every resource
+answers in the service's shapes, and only an admin user's token with the ``admin`` scope
+opens it."""
+
+from __future__ import annotations
+
+import json
+import logging
+from urllib.parse import quote
+
+import pytest
+from helpers import SKY_REDIRECT, check_oauth_error, check_schema, check_validation_error, issue_tokens, json_of
+
+from tokensvc import admin_schemas
+from tokensvc.app import ADMIN_ROUTES, make_admin_app
+from tokensvc.bootstrap import seed
+from tokensvc.oauth import introspection, sessions
+
+pytestmark = pytest.mark.gen_test
+
+STRONG = "violet-comet-harbor"
+
+
+@pytest.fixture
+def app(io_loop, store, config, ctx):
+    io_loop.run_sync(lambda: seed(store, config))
+    return make_admin_app(config, store, ctx)
+
+
+@pytest.fixture
+def root_token(io_loop, ctx):
+    return io_loop.run_sync(lambda: issue_tokens(ctx, "root", "read admin")).access_token
+
+
+@pytest.fixture
+def call(http_client, base_url, root_token):
+    """``call(method, path, body)``: the admin API as root; returns the response."""
+
+    async def call(method, path, body=None, token=root_token, raw=None, headers=None):
+        all_headers = {"Authorization": f"Bearer {token}"} if token else {}
+        if body is not None or raw is not None:
+            all_headers["Content-Type"] = "application/json"
+        all_headers.update(headers or {})
+        return await http_client.fetch(base_url + path, method=method, headers=all_headers, raise_error=False,
+                                       body=raw if raw is not None else json.dumps(body) if body is not None
+                                       else ("" if method in ("POST", "PUT", "PATCH") else None),
+                                       allow_nonstandard_methods=True)
+
+    return call
+
+
+def example_path(path: str) -> str:
+    return (path.replace("{client_id}", "webapp").replace("{username}", "alice").replace("{session_id}", "s1")
+            .replace("{installation_id}", "backyard-scope").replace("{grant_id}", "g1"))
+
+
+PROTECTED = [(route.path, method) for route in ADMIN_ROUTES for method in sorted(route.methods)
+             if route.path not in ("/admin", "/openapi.json") and method not in ("HEAD", "OPTIONS")]
+
+
+@pytest.mark.parametrize("path,method", PROTECTED)
+async def test_every_admin_call_needs_an_admins_token_with_the_admin_scope(call, ctx, path, method):
+    body = {} if method in ("POST", "PUT", "PATCH") else None
+    # No token, a malformed one, a dead one: 401 with the bearer challenge.
+    dead = await issue_tokens(ctx, "root", "read admin")
+    await introspection_kill(ctx, dead.access_token)
+    for token in (None, "not-a-token", dead.access_token):
+        response = await call(method, example_path(path), body, token=token)
+        check_oauth_error(response, 401, "invalid_token")
+        assert response.headers["WWW-Authenticate"].startswith("Bearer")
+    # A user who is not an admin (alice), and an admin's token without the scope: 403.
+    alice = (await issue_tokens(ctx, "alice", "read write")).access_token
+    check_oauth_error(await call(method, example_path(path), body, token=alice), 403, "access_denied")
+    narrow = (await issue_tokens(ctx, "root", "read")).access_token
+    check_oauth_error(await call(method, example_path(path), body, token=narrow), 403, "insufficient_scope")
+
+
+async def introspection_kill(ctx, token):
+    from tokensvc.oauth import revocation
+
+    assert await revocation.revoke_token(ctx, token, None)
+    assert await introspection.introspect(ctx, token) == {"active": False}
+
+
+async def test_the_index_tells_the_command_line_where_to_sign_in(call):
+    response = await call("GET", "/admin", token=None)
+    assert response.code == 200
+    assert json_of(response) == {"issuer": "http://127.0.0.1:8080",
+                                 "authorizationEndpoint": "http://127.0.0.1:8080/oauth/authorize",
+                                 "tokenEndpoint": "http://127.0.0.1:8080/oauth/token", "cliClientId": "tokensvc-cli"}
+    assert response.headers["Cache-Control"] == "no-store"
+
+
+# -- clients -----------------------------------------------------------------------------------
+
+
+async def test_clients_lifecycle(call, ctx):
+    response = await call("POST", "/admin/clients", {
+        "name": "Planner", "redirectUris": ["https://planner.example/cb"], "allowedScopes": ["read", "write"],
+        "confidential": True, "description": "Plans nights"})
+    assert response.code == 201
+    created = json_of(response)
+    client_id, secret = created["clientId"], created["clientSecret"]
+    assert len(secret) >= 43 and created["confidential"] and created["allowedScopes"] == ["read", "write"]
+    assert (await ctx.store.get_client(client_id)).secret_hash != secret  # kept as a hash only
+
+    shown = json_of(await call("GET", f"/admin/clients/{client_id}"))
+    check_schema(admin_schemas.admin_client, shown)
+    assert "clientSecret" not in shown and secret not in json.dumps(shown)
+
+    patched = json_of(await call("PATCH", f"/admin/clients/{client_id}", {"name": "Planner 2",
+                                                                           "allowedOrigins": ["https://p.example"]}))
+    assert patched["name"] == "Planner 2" and patched["allowedOrigins"] == ["https://p.example"]
+    assert patched["redirectUris"] == ["https://planner.example/cb"] and patched["clientSecret"] is None
+
+    rotated = json_of(await call("POST", f"/admin/clients/{client_id}/secret"))
+    assert rotated["clientSecret"] != secret and rotated["clientId"] == client_id
+
+    removed = await call("DELETE", f"/admin/clients/{client_id}")
+    assert removed.code == 200 and json_of(removed) == {"removed": client_id, "grantsRevoked": 0}
+    assert (await call("GET", f"/admin/clients/{client_id}")).code == 404
+
+
+async def test_put_creates_then_replaces_and_changes_nothing_when_the_same(call, store):
+    body = {"name": "Provisioned", "redirectUris": ["https://prov.example/cb"], "confidential": True}
+    first = await call("PUT", "/admin/clients/prov", body)
+    assert first.code == 201 and json_of(first)["created"] is True and json_of(first)["clientSecret"]
+    stored = await store.get_client("prov")
+    again = await call("PUT", "/admin/clients/prov", body)
+    assert again.code == 200 and json_of(again)["created"] is False
+    assert json_of(again)["clientSecret"] is None  # the secret is kept, never shown again
+    assert await store.get_client("prov") == stored
+    public = json_of(await call("PUT", "/admin/clients/prov", {**body, "confidential": False}))
+    assert public["confidential"] is False and (await store.get_client("prov")).secret_hash is None
+    conflicting = await call("PUT", "/admin/clients/prov", {**body, "clientId": "other"})
+    check_validation_error(conflicting, ["body"], "value_error")
+
+
+async def test_client_mistakes_are_422_404_and_409(call):
+    check_validation_error(await call("POST", "/admin/clients", {"redirectUris": ["https://x/cb"]}),
+                           ["body", "name"], "missing")
+    bad = await call("POST", "/admin/clients", {"name": "X", "redirectUris": ["javascript:alert(1)"]})
+    assert bad.code == 422 and "javascript" in json_of(bad)["detail"][0]["msg"]
+    check_validation_error(await call("POST", "/admin/clients", raw="{not json"), ["body"], "json_invalid")
+    check_validation_error(await call("POST", "/admin/clients", raw="[1, 2]"), ["body"], "model_type")
+    check_validation_error(await call("POST", "/admin/clients", {"name": "X", "redirectUris": "https://x/cb"}),
+                           ["body", "redirectUris"], "list_type")
+    taken = await call("POST", "/admin/clients", {"name": "Again", "redirectUris": ["https://x/cb"],
+                                                  "clientId": "webapp"})
+    assert taken.code == 409 and json_of(taken) == {"detail": "a client with id 'webapp' already exists"}
+    named = await call("POST", "/admin/clients", {"name": "web APP", "redirectUris": ["https://x/cb"]})
+    assert named.code == 409
+    for method, path, body in (("GET", "/admin/clients/ghost", None), ("PATCH", "/admin/clients/ghost", {}),
+                               ("DELETE", "/admin/clients/ghost", None),
+                               ("POST", "/admin/clients/ghost/secret", None)):
+        missing = await call(method, path, body)
+        assert missing.code == 404 and json_of(missing) == {"detail": "no client with id 'ghost'"}
+    public = await call("POST", "/admin/clients/skyplanner/secret")
+    assert public.code == 422 and "public" in json_of(public)["detail"][0]["msg"]
+
+
+async def test_removing_a_client_stops_its_tokens_at_once(call, ctx):
+    tokens = await issue_tokens(ctx, "alice", "read", "skyplanner", SKY_REDIRECT)
+    assert (await introspection.introspect(ctx, tokens.refresh_token))["active"]
+    removed = json_of(await call("DELETE", "/admin/clients/skyplanner"))
+    assert removed == {"removed": "skyplanner", "grantsRevoked": 1}
+    for token in (tokens.access_token, tokens.refresh_token):
+        assert await introspection.introspect(ctx, token) == {"active": False}
+
+
+async def test_listings_are_paged(call):
+    for index in range(5):
+        assert (await call("PUT", f"/admin/clients/paged-{index}", {
+            "name": f"Paged {index}", "redirectUris": ["https://p.example/cb"]})).code == 201
+    seen, cursor = [], None
+    while True:
+        page = json_of(await call("GET", "/admin/clients?limit=3" + (f"&cursor={quote(cursor)}" if cursor else "")))
+        assert len(page["items"]) <= 3
+        seen += [client["clientId"] for client in page["items"]]
+        cursor = page["next"]
+        if cursor is None:
+            break
+    assert seen == sorted(seen) and len(seen) == len(set(seen))
+    assert {f"paged-{index}" for index in range(5)} <= set(seen) and "webapp" in seen
+    check_validation_error(await call("GET", "/admin/clients?limit=many"), ["query", "limit"], "int_parsing")
+    assert len(json_of(await call("GET", "/admin/clients?limit=100000"))["items"]) == len(seen)  # at most 200
+    assert len(json_of(await call("GET", "/admin/clients?limit=0"))["items"]) == 1
+
+
+async def test_a_page_never_holds_more_than_the_bound(call, store):
+    from tokensvc.records import User
+
+    for index in range(205):
+        await store.put_user(User(f"u_{index:04}", f"user{index:04}", "scrypt$x", False))
+    page = json_of(await call("GET", "/admin/users?limit=1000"))
+    assert len(page["items"]) == 200 and page["next"] == "user0197"  # sorted: alice, root, user0000...
+    rest = json_of(await call("GET", f"/admin/users?cursor={page['next']}"))
+    assert len(rest["items"]) == 207 - 200 and rest["next"] is None
+
+
+# -- users ---------------------------------------------------------------------------------------
+
+
+async def test_users_lifecycle(call, ctx, store):
+    created = await call("POST", "/admin/users", {"username": "dave", "password": STRONG})
+    assert created.code == 201 and json_of(created)["admin"] is False
+    assert STRONG not in repr(await store.get_user_by_username("dave"))
+    assert json_of(await call("GET", "/admin/users/dave"))["username"] == "dave"
+    assert json_of(await call("PATCH", "/admin/users/dave", {"admin": True}))["admin"] is True
+
+    dave = await store.get_user_by_username("dave")
+    await sessions.start(ctx, dave, "Mozilla/5.0 Firefox/130.0", "127.0.0.9")
+    changed = json_of(await call("PUT", "/admin/users/dave/password", {"password": "orbit-lantern-quiet"}))
+    assert changed == {"username": "dave", "sessionsEnded": 1, "familiesRevoked": 0}
+    weak = await call("PUT", "/admin/users/dave/password", {"password": "password1"})
+    assert weak.code == 422 and "too easy to guess" in json_of(weak)["detail"][0]["msg"]
+
+    assert (await call("POST", "/admin/users", {"username": "dave", "password": STRONG})).code == 409
+    assert (await call("POST", "/admin/users", {"username": "eve", "password": "eve12345"})).code == 422
+    check_validation_error(await call("POST", "/admin/users", {"username": "eve"}), ["body", "password"], "missing")
+    check_validation_error(await call("PATCH", "/admin/users/dave", {"admin": "perhaps"}), ["body", "admin"],
+                           "bool_parsing")
+    removed = await call("DELETE", "/admin/users/dave")
+    assert removed.code == 200 and json_of(removed)["removed"] == "dave"
+    for method, path, body in (("GET", "/admin/users/dave", None), ("PATCH", "/admin/users/dave", {"admin": False}),
+                               ("PUT", "/admin/users/dave/password", {"password": STRONG}),
+                               ("DELETE", "/admin/users/dave", None), ("GET", "/admin/users/dave/sessions", None)):
+        missing = await call(method, path, body)
+        assert missing.code == 404 and json_of(missing) == {"detail": "no user named 'dave'"}
+
+
+async def test_sessions_listed_and_ended(call, ctx, store):
+    alice = await store.get_user_by_username("alice")
+    await sessions.start(ctx, alice, "Mozilla/5.0 (X11; Linux x86_64) Chrome/131.0 Safari/537.36", "127.0.0.5")
+    await sessions.start(ctx, alice, "Mozilla/5.0 Firefox/130.0", "127.0.0.6")
+    listed = json_of(await call("GET", "/admin/users/alice/sessions"))
+    assert sorted(entry["address"] for entry in listed) == ["127.0.0.5", "127.0.0.6"]
+    for entry in listed:
+        check_schema(admin_schemas.admin_session, entry)
+    assert json_of(await call("DELETE", f"/admin/users/alice/sessions/{listed[0]['id']}")) == {"ended": 1}
+    assert (await call("DELETE", f"/admin/users/alice/sessions/{listed[0]['id']}")).code == 404
+    assert json_of(await call("DELETE", "/admin/users/alice/sessions")) == {"ended": 1}
+    assert json_of(await call("GET", "/admin/users/alice/sessions")) == []
+
+
+# -- installations, grants, tokens, purge --------------------------------------------------------
+
+
+async def test_installations_lifecycle(call, store):
+    body = {"name": "Dome 1", "kind": "observatory", "operators": ["alice"]}
+    first = await call("PUT", "/admin/installations/dome-1", body)
+    assert first.code == 201 and json_of(first) == {"installationId": "dome-1", "name": "Dome 1",
+                                                    "kind": "observatory", "operators": ["alice"], "created": True}
+    again = await call("PUT", "/admin/installations/dome-1", body)
+    assert again.code == 200 and json_of(again)["created"] is False
+    listed = json_of(await call("GET", "/admin/installations"))
+    assert [item["installationId"] for item in listed["items"]] == ["backyard-scope", "dome-1"]
+    unknown = await call("PUT", "/admin/installations/dome-2", {**body, "operators": ["ghost"]})
+    assert unknown.code == 422 and "no user named 'ghost'" in json_of(unknown)["detail"][0]["msg"]
+    check_validation_error(await call("PUT", "/admin/installations/dome-2", {**body, "kind": "submarine"}),
+                           ["body"], "value_error")
+    assert (await call("DELETE", "/admin/installations/dome-1")).code == 200
+    assert (await call("GET", "/admin/installations/dome-1")).code == 404
+    assert await store.get_installation("dome-2") is None  # nothing half-written
+
+
+async def test_grants_listed_by_user_and_client_and_revoked_one_by_one(call, ctx):
+    sky = await issue_tokens(ctx, "alice", "read", "skyplanner", SKY_REDIRECT)
+    await issue_tokens(ctx, "alice", "read")
+    by_user = json_of(await call("GET", "/admin/grants?username=alice"))["items"]
+    assert sorted(grant["clientId"] for grant in by_user) == ["skyplanner", "webapp"]
+    by_both = json_of(await call("GET", "/admin/grants?username=alice&clientId=skyplanner"))["items"]
+    by_client = json_of(await call("GET", "/admin/grants?clientId=skyplanner"))["items"]
+    assert by_both == by_client and len(by_client) == 1 and by_client[0]["subject"] == by_user[0]["subject"]
+    check_validation_error(await call("GET", "/admin/grants"), ["body"], "value_error")
+    assert (await call("GET", "/admin/grants?username=ghost")).code == 404
+    grant_id = by_client[0]["grantId"]
+    assert json_of(await call("DELETE", f"/admin/grants/{grant_id}")) == {"revoked": grant_id, "familiesRevoked": 1}
+    assert await introspection.introspect(ctx, sky.access_token) == {"active": False}
+    assert (await call("DELETE", f"/admin/grants/{grant_id}")).code == 404
+
+
+async def test_tokens_revoked_by_value_and_introspected_as_the_public_endpoint_does(call, ctx):
+    tokens = await issue_tokens(ctx, "alice", "read write")
+    seen = json_of(await call("POST", "/admin/tokens/introspect", {"token": tokens.access_token}))
+    assert seen == await introspection.introspect(ctx, tokens.access_token) and seen["username"] == "alice"
+    assert json_of(await call("POST", "/admin/tokens/revoke", {"token": tokens.refresh_token})) == {"revoked": True}
+    for token in (tokens.access_token, tokens.refresh_token):
+        assert json_of(await call("POST", "/admin/tokens/introspect", {"token": token})) == {"active": False}
+    assert json_of(await call("POST", "/admin/tokens/revoke", {"token": tokens.refresh_token})) == {"revoked": False}
+    check_validation_error(await call("POST", "/admin/tokens/revoke", {}), ["body", "token"], "missing")
+
+
+async def test_purge_on_memory_says_the_server_purges_itself(call):
+    answer = json_of(await call("POST", "/admin/purge"))
+    assert set(answer) == {"codes", "families", "sessions", "note"} and "purges" in answer["note"]
+
+
+# -- bounds, limits, audit, metrics ----------------------------------------------------------------
+
+
+async def test_bodies_are_bounded_like_the_public_apis(call):
+    response = await call("POST", "/admin/clients", raw=json.dumps({"name": "x" * 2_000_000}))
+    assert response.code == 413
+    many = await call("POST", "/admin/clients", {"name": "Many", "redirectUris": ["https://m.example/cb"] * 101})
+    check_validation_error(many, ["body", "redirectUris"], "too_long")
+
+
+async def test_guessed_tokens_are_limited_per_address(http_client, base_url, config):
+    limit = config.limits.failed_client_auth_per_address
+    codes = []
+    for _ in range(limit + 2):
+        response = await http_client.fetch(base_url + "/admin/clients", headers={"Authorization": "Bearer guess"},
+                                           raise_error=False, network_interface="127.0.0.2")
+        codes.append(response.code)
+    assert codes[:limit] == [401] * limit and codes[limit:] == [429, 429]
+    # Another address is not locked out by the first one's guesses.
+    other = await http_client.fetch(base_url + "/admin/clients", headers={"Authorization": "Bearer guess"},
+                                    raise_error=False, network_interface="127.0.0.3")
+    assert other.code == 401
+
+
+async def test_every_call_is_audited_with_the_user_and_the_client_never_the_token(call, caplog, root_token):
+    with caplog.at_level(logging.INFO, logger="tokensvc.audit"):
+        await call("GET", "/admin/clients")
+        await call("GET", "/admin/clients", token="guess")
+    calls = [record.audit for record in caplog.records if getattr(record, "audit", {}).get("event") == "admin_call"]
+    assert calls[0] == {"event": "admin_call", "username": "root", "client_id": "webapp", "method": "GET",
+                        "route": "/admin/clients", "outcome": "success"}
+    assert calls[1]["outcome"] == "refused" and calls[1]["reason"] == "invalid_token"
+    assert root_token not in caplog.text
+
+
+async def test_admin_requests_are_counted_under_their_route_patterns(call, ctx):
+    await call("GET", "/admin/clients/webapp")
+    await call("GET", "/admin/users/nobody")
+    text = ctx.metrics.render().decode()
+    assert 'route="/admin/clients/{client_id}"' in text and 'route="/admin/users/{username}"' in text
+    assert "/admin/clients/webapp" not in text and "nobody" not in text
+
+
+async def test_the_admin_listener_serves_its_own_openapi_document(call):
+    document = json_of(await call("GET", "/openapi.json", token=None))
+    assert document["info"]["title"] == "tokensvc admin API"
+    assert set(document["paths"]) == {route.path for route in ADMIN_ROUTES}
+    assert document["paths"]["/admin/clients/{client_id}"]["put"]["tags"] == ["admin"]

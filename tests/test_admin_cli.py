@@ -1,0 +1,307 @@
+"""The admin listener and the command line on top of it, as an operator meets them: a running
+``tokensvc serve`` (memory backend) in a process of its own, ``tokensvc login`` through a
+loopback redirect, and the operator commands run as processes with ``--url``."""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import os
+import re
+import secrets
+import socket
+import stat
+import subprocess
+import sys
+import threading
+from pathlib import Path
+from urllib.parse import parse_qs, urlencode, urlsplit
+
+import pytest
+import requests
+from authlib.integrations.requests_client import OAuth2Session
+from service import free_port, start_service, user_agent_authorize
+
+from tokensvc import cli, config
+from tokensvc.app import ADMIN_ROUTES
+
+pytestmark = pytest.mark.e2e
+
+ROOT = '\n[[users]]\nusername = "root"\npassword = "root-e2e-password"\nadmin = true\n'
+
+
+@pytest.fixture(scope="module")
+def service(tmp_path_factory):
+    service = start_service(tmp_path_factory.mktemp("admin"), extra=ROOT)
+    yield service
+    output = service.stop()
+    assert service.returncode == 0, output
+    assert "root-e2e-password" not in output
+
+
+def sign_in_in_a_browser(url: str, username: str = "root", password: str = "root-e2e-password") -> None:
+    """What the operator does in the browser ``tokensvc login`` opened: sign in, and land on
+    the command line's loopback port (in a thread: the command line serves it meanwhile)."""
+
+    def browse() -> None:
+        landed = user_agent_authorize(url, username=username, password=password)
+        requests.get(landed, timeout=10)
+
+    threading.Thread(target=browse, daemon=True).start()
+
+
+@pytest.fixture(scope="module")
+def credentials(service, tmp_path_factory):
+    """``tokensvc login`` as root, in process (its browser played by requests); the file it keeps."""
+    path = tmp_path_factory.mktemp("home") / "tokensvc" / "credentials.json"
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("TOKENSVC_CREDENTIALS", str(path))
+        patch.setattr("webbrowser.open", sign_in_in_a_browser)
+        assert cli.main(["login", "--url", service.admin, "--json"]) == 0
+    return path
+
+
+def tokensvc(*args: str, credentials: Path | None = None, stdin: str | None = None,
+             env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    environ = {key: value for key, value in os.environ.items() if not key.startswith("TOKENSVC_")}
+    if credentials is not None:
+        environ["TOKENSVC_CREDENTIALS"] = str(credentials)
+    return subprocess.run([sys.executable, "-m", "tokensvc", *args], capture_output=True, text=True, timeout=60,
+                          input=stdin, env={**environ, **(env or {})})
+
+
+def ok(result: subprocess.CompletedProcess) -> str:
+    assert result.returncode == 0, result.stderr
+    assert "Traceback" not in result.stderr
+    return result.stdout
+
+
+def example(path: str) -> str:
+    return re.sub(r"\{[a-z_]+\}", "x", path)
+
+
+# -- the listener -------------------------------------------------------------------------------
+
+
+def test_serve_starts_the_admin_listener_and_says_where(service):
+    index = requests.get(service.admin + "/admin", timeout=10)
+    assert index.status_code == 200 and index.json()["cliClientId"] == "tokensvc-cli"
+    assert f"admin API:          {service.admin}/admin (tokensvc login --url {service.admin})" in service.output()
+
+
+def test_the_public_port_never_serves_an_admin_path(service):
+    for route in ADMIN_ROUTES:
+        if route.path == "/openapi.json":
+            continue
+        for method in sorted(route.methods - {"HEAD", "OPTIONS"}):
+            response = requests.request(method, service.base + example(route.path), timeout=10,
+                                        headers={"Accept": "application/json"})
+            assert response.status_code == 404, (method, route.path)
+    document = requests.get(service.base + "/openapi.json", timeout=10).json()
+    assert not [path for path in document["paths"] if path.startswith("/admin")]
+
+
+def test_a_busy_admin_port_is_one_line():
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        result = tokensvc("serve", "--config", "config/tokensvc.toml", "--port", str(free_port()),
+                          env={"TOKENSVC_ADMIN_PORT": str(port)})
+    assert result.returncode == 1 and result.stdout == ""
+    assert result.stderr == (f"tokensvc: 127.0.0.1:{port} is already in use; choose another with admin.port or "
+                             "TOKENSVC_ADMIN_PORT (0: no admin listener)\n")
+
+
+def test_a_remote_admin_listener_must_be_asked_for(tmp_path):
+    with pytest.raises(config.ConfigError, match="admin.host: '0.0.0.0' is not a loopback address"):
+        config.load(None, environ={"TOKENSVC_ADMIN_HOST": "0.0.0.0"}, overrides={"demo": True})
+    service = start_service(tmp_path, env={"TOKENSVC_ADMIN_HOST": "0.0.0.0", "TOKENSVC_ADMIN_ALLOW_REMOTE": "true"})
+    try:
+        assert requests.get(service.admin + "/admin", timeout=10).status_code == 200
+    finally:
+        output = service.stop()
+    assert "beyond this machine: keep it behind TLS and a network policy" in output
+
+
+def test_admin_port_zero_turns_the_listener_off():
+    settings = config.load(None, environ={"TOKENSVC_ADMIN_PORT": "0"}, overrides={"demo": True,
+                                                                                  "port": free_port()})
+    listeners = cli.bind(settings)
+    try:
+        assert listeners.admin == [] and len(listeners.public) >= 1
+    finally:
+        for sock in listeners.public:
+            sock.close()
+    # Beside the public port unless told otherwise, and never on it.
+    assert config.load(None, overrides={"demo": True, "port": 9000}).admin.port == 9001
+    with pytest.raises(config.ConfigError, match="a port of its own"):
+        config.load(None, environ={"TOKENSVC_ADMIN_PORT": "9000"}, overrides={"demo": True, "port": 9000})
+
+
+# -- tokensvc login -----------------------------------------------------------------------------
+
+
+def test_login_keeps_the_refresh_token_for_its_owner_alone(service, credentials):
+    assert stat.S_IMODE(credentials.stat().st_mode) == 0o600
+    assert stat.S_IMODE(credentials.parent.stat().st_mode) == 0o700
+    stored = json.loads(credentials.read_text())[service.admin]
+    assert stored["client_id"] == "tokensvc-cli" and len(stored["refresh_token"]) > 40
+    # Each command refreshes it, and keeps the rotated one (the old one is spent).
+    listed = json.loads(ok(tokensvc("users", "list", "--url", service.admin, "--json", credentials=credentials)))
+    assert "root" in [user["username"] for user in listed]
+    assert json.loads(credentials.read_text())[service.admin]["refresh_token"] != stored["refresh_token"]
+    assert stat.S_IMODE(credentials.stat().st_mode) == 0o600
+
+
+def test_login_as_someone_who_is_not_an_admin_is_refused_in_one_line(service, tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("TOKENSVC_CREDENTIALS", str(tmp_path / "credentials.json"))
+    monkeypatch.setattr("webbrowser.open", lambda url: sign_in_in_a_browser(url, "alice", "alice-e2e-password"))
+    assert cli.main(["login", "--url", service.admin]) == 1
+    prompt, address, refusal = capsys.readouterr().err.splitlines()
+    assert prompt == "Sign in as an administrator in your browser:"
+    assert address.strip().startswith(service.base + "/oauth/authorize?response_type=code&client_id=tokensvc-cli")
+    assert refusal == "tokensvc: the service refused: The admin scope is for administrators only"
+    assert not (tmp_path / "credentials.json").exists()
+
+
+def test_without_a_sign_in_the_command_says_how(service, tmp_path):
+    result = tokensvc("clients", "list", "--url", service.admin, credentials=tmp_path / "none.json")
+    assert result.returncode == 1
+    assert result.stderr == (f"tokensvc: not signed in to {service.admin}: run `tokensvc login --url "
+                             f"{service.admin}` (or give --token)\n")
+
+
+# -- the operator commands against the running service -------------------------------------------
+
+
+def test_a_client_through_its_whole_life_from_the_command_line(service, credentials, tmp_path):
+    admin = ["--url", service.admin, "--json"]
+    added = json.loads(ok(tokensvc("clients", "add", "--name", "Dome camera", "--redirect-uri",
+                                   "http://127.0.0.1:4/cb", "--scope", "read", "--first-party", "--confidential",
+                                   *admin, credentials=credentials)))
+    client_id, secret = added["clientId"], added["clientSecret"]
+
+    def authorize() -> dict:
+        app = OAuth2Session(client_id, secret, scope="read", redirect_uri="http://127.0.0.1:4/cb",
+                            code_challenge_method="S256")
+        verifier = secrets.token_urlsafe(48)
+        url, _ = app.create_authorization_url(service.base + "/oauth/authorize", code_verifier=verifier)
+        return app.fetch_token(service.base + "/oauth/token", authorization_response=user_agent_authorize(url),
+                               code_verifier=verifier)
+
+    def works(token: str) -> bool:
+        return requests.get(service.base + "/v1/me", headers={"Authorization": f"Bearer {token}"},
+                            timeout=10).status_code == 200
+
+    first = authorize()
+    assert works(first["access_token"])
+    grants = json.loads(ok(tokensvc("grants", "list", "--client", client_id, *admin, credentials=credentials)))
+    assert len(grants) == 1 and grants[0]["scopes"] == ["read"]
+    ok(tokensvc("grants", "revoke", grants[0]["grantId"], "--url", service.admin, credentials=credentials))
+    assert not works(first["access_token"])
+
+    second = authorize()
+    assert works(second["access_token"])
+    removed = json.loads(ok(tokensvc("clients", "remove", client_id, *admin, credentials=credentials)))
+    assert removed == {"removed": client_id, "grantsRevoked": 1}
+    assert not works(second["access_token"])
+    refreshed = requests.post(service.base + "/oauth/token/refresh", auth=(client_id, secret), timeout=10,
+                              data={"grant_type": "refresh_token", "refresh_token": second["refresh_token"]})
+    assert refreshed.status_code == 401
+    missing = tokensvc("clients", "show", client_id, "--url", service.admin, credentials=credentials)
+    assert missing.returncode == 1 and missing.stderr == f"tokensvc: no client with id '{client_id}'\n"
+
+
+def test_users_sessions_and_tokens_from_the_command_line(service, credentials):
+    admin = ["--url", service.admin]
+    ok(tokensvc("users", "add", "carol", "--password-stdin", *admin, stdin="violet-comet-harbor\n",
+                credentials=credentials))
+    browser = requests.Session()
+    login = browser.get(service.base + "/login", timeout=10)
+    xsrf = re.search(r'name="_xsrf" value="([^"]+)"', login.text)[1]
+    browser.post(service.base + "/login", data={"username": "carol", "password": "violet-comet-harbor",
+                                                 "_xsrf": xsrf, "next": "/account"}, timeout=10)
+    assert browser.get(service.base + "/account", allow_redirects=False, timeout=10).status_code == 200
+    listed = json.loads(ok(tokensvc("sessions", "list", "carol", *admin, "--json", credentials=credentials)))
+    assert len(listed) == 1 and listed[0]["browser"]
+    assert "1 session of carol ended" in ok(tokensvc("sessions", "end", "carol", listed[0]["id"], *admin,
+                                                     credentials=credentials))
+    signed_out = browser.get(service.base + "/account", allow_redirects=False, timeout=10)
+    assert signed_out.status_code == 303 and signed_out.headers["Location"].startswith("/login")
+    assert "is an administrator" in ok(tokensvc("users", "set-admin", "carol", "yes", *admin, credentials=credentials))
+    ok(tokensvc("users", "remove", "carol", *admin, credentials=credentials))
+
+    app = OAuth2Session("webapp", "e2e-webapp-secret", scope="read", redirect_uri="http://127.0.0.1:1/callback",
+                        code_challenge_method="S256")
+    verifier = secrets.token_urlsafe(48)
+    url, _ = app.create_authorization_url(service.base + "/oauth/authorize", code_verifier=verifier)
+    tokens = app.fetch_token(service.base + "/oauth/token", authorization_response=user_agent_authorize(url),
+                             code_verifier=verifier)
+    assert ok(tokensvc("tokens", "revoke", "--token-stdin", *admin, stdin=tokens["refresh_token"] + "\n",
+                       credentials=credentials)).strip() == "revoked"
+    assert requests.get(service.base + "/v1/me", headers={"Authorization": f"Bearer {tokens['access_token']}"},
+                        timeout=10).status_code == 401
+    purged = ok(tokensvc("tokens", "purge", *admin, credentials=credentials))
+    assert purged.startswith("purged ") and "purges its expired codes, tokens and sessions itself" in purged
+
+
+def test_apply_makes_the_service_hold_a_file_and_changes_nothing_the_second_time(service, credentials, tmp_path):
+    wanted = tmp_path / "wanted.toml"
+    wanted.write_text('''
+[[clients]]
+client_id = "applied-app"
+name = "Applied app"
+redirect_uris = ["https://applied.example/cb"]
+allowed_scopes = ["read", "write"]
+
+[[users]]
+username = "dora"
+password = "orbit-lantern-quiet"
+
+[[installations]]
+installation_id = "applied-dome"
+name = "Applied dome"
+kind = "observatory"
+operators = ["dora"]
+''')
+    admin = ["--url", service.admin]
+    planned = ok(tokensvc("apply", "-f", str(wanted), "--dry-run", *admin, credentials=credentials))
+    assert "create client applied-app" in planned and "dry run: nothing was changed" in planned
+    assert requests.get(service.base + "/oauth/clients/applied-app", timeout=10).status_code == 404
+    first = ok(tokensvc("apply", "-f", str(wanted), *admin, credentials=credentials))
+    assert first.splitlines() == ["create client applied-app", "create user dora", "create installation applied-dome"]
+    assert requests.get(service.base + "/oauth/clients/applied-app", timeout=10).json()["allowedScopes"] == [
+        "read", "write"]
+    assert ok(tokensvc("apply", "-f", str(wanted), *admin, credentials=credentials)).strip() == "nothing to change"
+    wanted.write_text(wanted.read_text().replace('["read", "write"]', '["read"]'))
+    assert ok(tokensvc("apply", "-f", str(wanted), *admin, credentials=credentials)).strip() == \
+        "update client applied-app"
+
+
+def test_headless_automation_with_a_refresh_token_file(service, tmp_path):
+    """The spec's recipe: one authorization as a known admin, then the stored refresh token."""
+    verifier = secrets.token_urlsafe(48)
+    challenge = base64.urlsafe_b64encode(hashlib.sha256(verifier.encode()).digest()).rstrip(b"=").decode()
+    redirect = "http://127.0.0.1:5/callback"  # any loopback port of the CLI's client
+    url = service.base + "/oauth/authorize?" + urlencode({
+        "response_type": "code", "client_id": "tokensvc-cli", "redirect_uri": redirect, "scope": "admin",
+        "state": "s", "code_challenge": challenge, "code_challenge_method": "S256"})
+    code = parse_qs(urlsplit(user_agent_authorize(url, username="root", password="root-e2e-password")).query)["code"]
+    tokens = requests.post(service.base + "/oauth/token", timeout=10, data={
+        "grant_type": "authorization_code", "code": code[0], "redirect_uri": redirect, "code_verifier": verifier,
+        "client_id": "tokensvc-cli"}).json()
+    # An access token alone, from the environment (until a refresh replaces it).
+    with_token = tokensvc("clients", "show", "webapp", "--url", service.admin,
+                          env={"TOKENSVC_ADMIN_TOKEN": tokens["access_token"]})
+    assert "Web app" in ok(with_token)
+    stored = tmp_path / "refresh-token"
+    stored.write_text(tokens["refresh_token"] + "\n")
+    args = ["clients", "show", "webapp", "--url", service.admin, "--refresh-token", str(stored)]
+    assert "Web app" in ok(tokensvc(*args, env={"TOKENSVC_ADMIN_CLIENT_ID": "tokensvc-cli"}))
+    assert stored.read_text().strip() != tokens["refresh_token"]  # rotated, and kept
+    assert stat.S_IMODE(stored.stat().st_mode) == 0o600
+    assert "Web app" in ok(tokensvc(*args, "--token-client-id", "tokensvc-cli"))
+    refused = tokensvc("clients", "show", "webapp", "--url", service.admin, "--token", "made-up")
+    assert refused.returncode == 1 and refused.stderr.startswith("tokensvc: not allowed (401)")

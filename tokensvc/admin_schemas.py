@@ -1,0 +1,150 @@
+"""marshmallow schemas of the admin API: its resources (camelCase on the wire, like
+OAuthClient) and the JSON bodies operators send. The same schemas check what the CLI sends
+straight to a stopped service's store (``tokensvc/operator.py``): one place for each rule."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from marshmallow import EXCLUDE, Schema, fields, pre_dump
+
+from tokensvc.schemas import Flag, Text, TextList
+
+MAX_LIST = 100  # redirect URIs, scopes, origins, operators a body may name
+
+
+class BodySchema(Schema):
+    class Meta:
+        unknown = EXCLUDE  # what the service does not know is ignored, as in its forms
+
+
+# -- resources ---------------------------------------------------------------------------------
+
+
+class AdminClientSchema(Schema):
+    """A registered client as an operator sees it (never its secret)."""
+
+    client_id = fields.String(required=True, data_key="clientId")
+    name = fields.String(required=True)
+    redirect_uris = fields.List(fields.String(), required=True, data_key="redirectUris")
+    allowed_scopes = fields.List(fields.String(), required=True, data_key="allowedScopes")
+    first_party = fields.Boolean(required=True, data_key="firstParty")
+    confidential = fields.Boolean(required=True)
+    description = fields.String(allow_none=True)
+    logo_url = fields.String(allow_none=True, data_key="logoUrl")
+    allowed_origins = fields.List(fields.String(), required=True, data_key="allowedOrigins")
+    created_at = fields.DateTime(allow_none=True, data_key="createdAt")
+
+    @pre_dump
+    def in_force(self, client: Any, **_: Any) -> dict[str, Any]:
+        """What the client is in force: its scopes with the default, no origins as []."""
+        return {"client_id": client.client_id, "name": client.name, "redirect_uris": client.redirect_uris,
+                "allowed_scopes": client.scopes, "first_party": client.first_party,
+                "confidential": client.confidential, "description": client.description, "logo_url": client.logo_url,
+                "allowed_origins": client.allowed_origins or [], "created_at": client.created_at}
+
+
+class AdminUserSchema(Schema):
+    username = fields.String(required=True)
+    user_id = fields.String(required=True, data_key="userId")
+    admin = fields.Boolean(required=True)
+
+
+class AdminInstallationSchema(Schema):
+    installation_id = fields.String(required=True, data_key="installationId")
+    name = fields.String(required=True)
+    kind = fields.String(required=True)
+    operators = fields.List(fields.String(), required=True, metadata={"description": "usernames"})
+
+
+class GrantSchema(Schema):
+    grant_id = fields.String(required=True, data_key="grantId")
+    client_id = fields.String(required=True, data_key="clientId")
+    subject_type = fields.String(required=True, data_key="subjectType")
+    subject = fields.String(required=True, metadata={"description": "a user id or an installation id"})
+    scopes = fields.List(fields.String(), required=True)
+    created_at = fields.DateTime(required=True, data_key="createdAt")
+
+
+class AdminSessionSchema(Schema):
+    id = fields.String(required=True)
+    browser = fields.String(required=True)
+    user_agent = fields.String(allow_none=True, data_key="userAgent")
+    address = fields.String(allow_none=True)
+    signed_in_at = fields.DateTime(required=True, data_key="signedInAt")
+    last_seen_at = fields.DateTime(allow_none=True, data_key="lastSeenAt")
+
+
+# -- bodies ------------------------------------------------------------------------------------
+
+
+class ClientBodySchema(BodySchema):
+    """``PUT /admin/clients/{id}`` and ``POST /admin/clients``: what the client is."""
+
+    client_id = Text(max_length=128, data_key="clientId",
+                     metadata={"description": "POST: the id to give it (default: a random one); PUT: the path's"})
+    name = Text(required=True, max_length=200)
+    redirect_uris = TextList(required=True, data_key="redirectUris")
+    scopes = TextList(data_key="allowedScopes", max_length=128)
+    first_party = Flag(load_default=False, data_key="firstParty")
+    confidential = Flag(load_default=False)
+    description = Text(max_length=1000, allow_none=True)
+    logo_url = Text(allow_none=True, data_key="logoUrl")
+    allowed_origins = TextList(data_key="allowedOrigins")
+
+
+class ClientPatchSchema(BodySchema):
+    """``PATCH /admin/clients/{id}``: the fields to change."""
+
+    name = Text(max_length=200)
+    redirect_uris = TextList(data_key="redirectUris")
+    scopes = TextList(data_key="allowedScopes", max_length=128)
+    first_party = Flag(data_key="firstParty")
+    confidential = Flag()
+    description = Text(max_length=1000, allow_none=True)
+    logo_url = Text(allow_none=True, data_key="logoUrl")
+    allowed_origins = TextList(data_key="allowedOrigins")
+
+
+class UserBodySchema(BodySchema):
+    username = Text(required=True, max_length=64)
+    password = Text(required=True, max_length=1024)
+    admin = Flag(load_default=False)
+
+
+class UserPatchSchema(BodySchema):
+    admin = Flag(required=True)
+
+
+class PasswordBodySchema(BodySchema):
+    password = Text(required=True, max_length=1024)
+    keep_grants = Flag(load_default=False, data_key="keepGrants")
+
+
+class InstallationBodySchema(BodySchema):
+    name = Text(required=True, max_length=200)
+    kind = Text(required=True, max_length=32)
+    operators = TextList(max_length=64)
+
+
+class TokenBodySchema(BodySchema):
+    token = Text(required=True, max_length=512)
+
+
+admin_client = AdminClientSchema()
+admin_user = AdminUserSchema()
+admin_installation = AdminInstallationSchema()
+grant = GrantSchema()
+admin_session = AdminSessionSchema()
+client_body = ClientBodySchema()
+client_patch = ClientPatchSchema()
+user_body = UserBodySchema()
+user_patch = UserPatchSchema()
+password_body = PasswordBodySchema()
+installation_body = InstallationBodySchema()
+token_body = TokenBodySchema()
+COMPONENTS: dict[str, type[Schema]] = {
+    "AdminClient": AdminClientSchema, "AdminUser": AdminUserSchema, "AdminInstallation": AdminInstallationSchema,
+    "Grant": GrantSchema, "AdminSession": AdminSessionSchema, "ClientBody": ClientBodySchema,
+    "ClientPatch": ClientPatchSchema, "UserBody": UserBodySchema, "UserPatch": UserPatchSchema,
+    "PasswordBody": PasswordBodySchema, "InstallationBody": InstallationBodySchema, "TokenBody": TokenBodySchema}

@@ -1,0 +1,529 @@
+"""The operator commands of ``tokensvc``: clients, users, installations, grants, sessions,
+tokens, ``apply`` and ``login``.
+
+Each runs against a running service's admin API (``--url`` or ``TOKENSVC_ADMIN_URL``, with a
+token from ``tokensvc login``, ``--token`` or ``--refresh-token``), on any backend; or, without
+``--url``, straight against the store of a stopped service on MongoDB (``--config``). Both paths
+call the same operations (``tokensvc/operator.py``) and print the same JSON with ``--json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import functools
+import getpass
+import json
+import re
+import sys
+import tomllib
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+from tokensvc import cli_login
+from tokensvc import config as config_module
+from tokensvc.admin import AdminError, Missing
+from tokensvc.bootstrap import make_context
+from tokensvc.config import ConfigError, Settings
+from tokensvc.identifiers import KINDS
+from tokensvc.operator import Json, Operations, Operator, RemoteOperator
+from tokensvc.storage import Store, make_store
+
+StoreFactory = Callable[[Settings], Store]
+Action = Callable[[Operations, argparse.Namespace], Awaitable[int]]
+
+
+def memory_state(settings: Settings) -> str:
+    """Why a command without --url cannot manage the memory backend, and what to do instead."""
+    url = config_module.listen_url(settings.admin.host, settings.admin.port)
+    return ("the memory backend keeps its state inside the running server: its clients, users and installations "
+            "come from the config file ([[clients]], [[users]], [[installations]]) or, while it runs, from its "
+            f"admin API: tokensvc login --url {url}, then the same command with --url {url}")
+
+
+
+MEMORY_PURGES_ITSELF = (
+    "the memory backend's store lives inside the running server, which purges its expired codes, "
+    "tokens and sessions itself (every few minutes); there is nothing to purge from here. "
+    "On MongoDB, TTL indexes remove them and `tokens purge` removes what they have not yet.")
+
+
+class CommandError(Exception):
+    """A fault the operator made or can fix: one line on stderr, exit 1."""
+
+
+def load_settings(args: argparse.Namespace) -> Settings:
+    """The config file, the environment, then the command line's flags, validated together
+    (so ``--port 9000`` moves an unset base_url and auth_url with it)."""
+    return config_module.load(args.config, overrides={
+        "host": getattr(args, "host", None) or None, "port": getattr(args, "port", None),
+        "log_format": getattr(args, "log_format", None)})
+
+
+@asynccontextmanager
+async def operations_for(args: argparse.Namespace, factory: StoreFactory | None) -> AsyncIterator[Operations]:
+    """The admin API of a running service (``--url``), or the store of a stopped one."""
+    url = cli_login.admin_url(args)
+    if url:
+        yield RemoteOperator(url, await cli_login.access_token(args, url))
+        return
+    settings = load_settings(args)
+    if factory is None and settings.storage.backend == "memory":
+        raise CommandError(MEMORY_PURGES_ITSELF if args.action is tokens_purge else memory_state(settings))
+    store = factory(settings) if factory is not None else make_store(settings.storage)
+    try:
+        await store.open()
+        yield Operator(make_context(settings, store), settings)
+    finally:
+        await store.close()
+
+
+def runner(factory: StoreFactory | None) -> Callable[[argparse.Namespace], int]:
+    def run(args: argparse.Namespace) -> int:
+        async def body() -> int:
+            async with operations_for(args, factory) as operations:
+                return await args.action(operations, args)
+
+        try:
+            return asyncio.run(body())
+        except (AdminError, cli_login.LoginError) as exc:
+            raise CommandError(str(exc)) from None
+
+    return run
+
+
+# -- output ------------------------------------------------------------------------------------
+
+
+def emit(args: argparse.Namespace, data: Any, text: str) -> None:
+    print(json.dumps(data, indent=2, default=str) if args.json else text)
+
+
+def text_of(value: Any) -> str:
+    """A value as a person reads it: lists space-separated, yes/no, a dash for nothing."""
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, list):
+        return " ".join(str(item) for item in value) or "-"
+    return "-" if value is None else str(value)
+
+
+def table(rows: list[list[str]], header: list[str]) -> str:
+    widths = [max(len(str(row[i])) for row in [header, *rows]) for i in range(len(header))]
+    lines = ["  ".join(str(cell).ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip()
+             for row in [header, *rows]]
+    return "\n".join(lines)
+
+
+def record(data: Json) -> str:
+    """One ``key: value`` line per field, the keys as a person reads them (first_party)."""
+    return "\n".join(f"{re.sub('([A-Z])', lambda m: '_' + m[1].lower(), key)}: {text_of(value)}"
+                     for key, value in data.items() if key != "created")
+
+
+async def every(listing: Callable[..., Awaitable[Json]]) -> list[Json]:
+    """Every item of a paged listing."""
+    items: list[Json] = []
+    cursor = None
+    while True:
+        page = await listing(cursor=cursor)
+        items += page["items"]
+        cursor = page.get("next")
+        if not cursor:
+            return items
+
+
+# -- clients -------------------------------------------------------------------------------------
+
+
+def client_body(args: argparse.Namespace) -> Json:
+    body = {"name": args.name, "redirectUris": args.redirect_uri, "allowedScopes": args.scope,
+            "firstParty": args.first_party, "confidential": args.confidential, "description": args.description,
+            "logoUrl": args.logo_url, "allowedOrigins": args.allowed_origin}
+    if args.client_id:
+        body["clientId"] = args.client_id
+    return {key: value for key, value in body.items() if value is not None}
+
+
+async def clients_add(op: Operations, args: argparse.Namespace) -> int:
+    client = await op.create_client(client_body(args))
+    text = f"client_id: {client['clientId']}"
+    if client.get("clientSecret"):
+        text += f"\nclient_secret: {client['clientSecret']}\n(shown once: store it now; only its hash is kept)"
+    emit(args, client, text)
+    return 0
+
+
+async def clients_list(op: Operations, args: argparse.Namespace) -> int:
+    clients = await every(op.list_clients)
+    rows = [[c["clientId"], c["name"], "confidential" if c["confidential"] else "public",
+             text_of(c["firstParty"]), " ".join(c["allowedScopes"])] for c in clients]
+    emit(args, clients, table(rows, ["CLIENT ID", "NAME", "TYPE", "FIRST-PARTY", "SCOPES"]) if rows else "no clients")
+    return 0
+
+
+async def clients_show(op: Operations, args: argparse.Namespace) -> int:
+    client = await op.get_client(args.client_id)
+    emit(args, client, record(client))
+    return 0
+
+
+async def clients_remove(op: Operations, args: argparse.Namespace) -> int:
+    done = await op.remove_client(args.client_id)
+    emit(args, done, f"removed client {args.client_id}; {done['grantsRevoked']} grants revoked")
+    return 0
+
+
+async def clients_rotate_secret(op: Operations, args: argparse.Namespace) -> int:
+    done = await op.rotate_secret(args.client_id)
+    emit(args, done, f"client_secret: {done['clientSecret']}\n(shown once: the old secret no longer works)")
+    return 0
+
+
+# -- users ---------------------------------------------------------------------------------------
+
+
+def read_password(args: argparse.Namespace) -> str:
+    """From standard input with --password-stdin, else from a prompt (never from a flag)."""
+    if args.password_stdin:
+        password = sys.stdin.readline().rstrip("\r\n")
+    elif sys.stdin.isatty():
+        password = getpass.getpass("Password: ")
+        if getpass.getpass("Repeat password: ") != password:
+            raise CommandError("the passwords do not match")
+    else:
+        raise CommandError("no terminal to ask for a password: use --password-stdin")
+    if not password:
+        raise CommandError("empty password")
+    return password
+
+
+async def users_add(op: Operations, args: argparse.Namespace) -> int:
+    user = await op.create_user({"username": args.username, "password": read_password(args), "admin": args.admin})
+    emit(args, user, f"user_id: {user['userId']}")
+    return 0
+
+
+async def users_list(op: Operations, args: argparse.Namespace) -> int:
+    users = await every(op.list_users)
+    emit(args, users, table([[u["username"], u["userId"], text_of(u["admin"])] for u in users],
+                            ["USERNAME", "USER ID", "ADMIN"]) if users else "no users")
+    return 0
+
+
+async def users_remove(op: Operations, args: argparse.Namespace) -> int:
+    done = await op.remove_user(args.username)
+    emit(args, done, f"removed user {args.username}; {done['familiesRevoked']} token families revoked")
+    return 0
+
+
+async def users_set_password(op: Operations, args: argparse.Namespace) -> int:
+    done = await op.set_password(args.username, {"password": read_password(args), "keepGrants": args.keep_grants})
+    emit(args, done, f"password of {args.username} changed; {done['sessionsEnded']} web sessions ended, "
+                     f"{done['familiesRevoked']} token families revoked")
+    return 0
+
+
+async def users_set_admin(op: Operations, args: argparse.Namespace) -> int:
+    user = await op.patch_user(args.username, {"admin": args.admin == "yes"})
+    emit(args, user, f"{user['username']} is {'an administrator' if user['admin'] else 'not an administrator'}")
+    return 0
+
+
+# -- installations -------------------------------------------------------------------------------
+
+
+async def installations_add(op: Operations, args: argparse.Namespace) -> int:
+    try:
+        await op.get_installation(args.installation_id)
+        raise CommandError(f"an installation with id {args.installation_id!r} already exists")
+    except Missing:
+        pass
+    installation, _ = await op.put_installation(args.installation_id, {
+        "name": args.name, "kind": args.kind, "operators": args.operator})
+    emit(args, installation, f"installation_id: {installation['installationId']}")
+    return 0
+
+
+async def installations_list(op: Operations, args: argparse.Namespace) -> int:
+    installations = await every(op.list_installations)
+    emit(args, installations,
+         table([[i["installationId"], i["name"], i["kind"], ", ".join(i["operators"])] for i in installations],
+               ["INSTALLATION ID", "NAME", "KIND", "OPERATORS"]) if installations else "no installations")
+    return 0
+
+
+async def installations_remove(op: Operations, args: argparse.Namespace) -> int:
+    done = await op.remove_installation(args.installation_id)
+    emit(args, done, f"removed installation {args.installation_id}; {done['familiesRevoked']} token families revoked")
+    return 0
+
+
+# -- grants, sessions, tokens --------------------------------------------------------------------
+
+
+async def grants_list(op: Operations, args: argparse.Namespace) -> int:
+    grants = await every(functools.partial(op.list_grants, args.user, args.client))
+    emit(args, grants, table([[g["grantId"], g["clientId"], g["subjectType"], g["subject"], " ".join(g["scopes"])]
+                              for g in grants], ["GRANT ID", "CLIENT", "SUBJECT TYPE", "SUBJECT", "SCOPES"])
+         if grants else "no grants")
+    return 0
+
+
+async def grants_revoke(op: Operations, args: argparse.Namespace) -> int:
+    done = await op.revoke_grant(args.grant_id)
+    emit(args, done, f"revoked grant {args.grant_id}; {done['familiesRevoked']} token families revoked")
+    return 0
+
+
+async def sessions_list(op: Operations, args: argparse.Namespace) -> int:
+    sessions = await op.list_sessions(args.username)
+    emit(args, sessions, table([[s["id"], s["browser"], s["address"] or "-", s["signedInAt"], s["lastSeenAt"] or "-"]
+                                for s in sessions], ["SESSION ID", "BROWSER", "ADDRESS", "SIGNED IN", "LAST SEEN"])
+         if sessions else "no sessions")
+    return 0
+
+
+async def sessions_end(op: Operations, args: argparse.Namespace) -> int:
+    done = await (op.end_session(args.username, args.session_id) if args.session_id else op.end_sessions(args.username))
+    emit(args, done, f"{done['ended']} session{'s' if done['ended'] != 1 else ''} of {args.username} ended")
+    return 0
+
+
+async def tokens_revoke(op: Operations, args: argparse.Namespace) -> int:
+    token = sys.stdin.readline().strip() if args.token_stdin else args.token_value
+    if not token:
+        raise CommandError("give the token (as an argument, or on standard input with --token-stdin)")
+    done = await op.revoke_token({"token": token})
+    emit(args, done, "revoked" if done["revoked"] else "nothing to revoke: the token was not in force")
+    return 0
+
+
+async def tokens_purge(op: Operations, args: argparse.Namespace) -> int:
+    counts = await op.purge()
+    text = "purged {codes} expired codes, {families} expired token families, {sessions} expired sessions"
+    emit(args, counts, text.format(**counts) + (f"\n({counts['note']})" if counts.get("note") else ""))
+    return 0
+
+
+# -- apply ------------------------------------------------------------------------------------------
+
+
+def _client_spec(entry: dict[str, Any]) -> Json:
+    return {key: value for key, value in {
+        "name": entry.get("name"), "redirectUris": entry.get("redirect_uris"),
+        "allowedScopes": entry.get("allowed_scopes"), "firstParty": entry.get("first_party", False),
+        "confidential": entry.get("confidential", False), "description": entry.get("description"),
+        "logoUrl": entry.get("logo_url"), "allowedOrigins": entry.get("allowed_origins")}.items() if value is not None}
+
+
+def _differs(current: Json, wanted: Json) -> bool:
+    defaults = {"allowedScopes": ["read"], "allowedOrigins": [], "description": None, "logoUrl": None}
+    return any(current.get(key, defaults.get(key)) != value for key, value in {**defaults, **wanted}.items())
+
+
+async def apply(op: Operations, args: argparse.Namespace) -> int:
+    """Make the service hold what a TOML file says (clients, users, installations): created
+    where missing, replaced where different, left alone where the same; prints what changed.
+    Users are created with their password; an existing user's password is never reset here."""
+    try:
+        wanted = tomllib.loads(Path(args.file).read_text(encoding="utf-8"))
+    except (OSError, tomllib.TOMLDecodeError) as exc:
+        raise CommandError(f"{args.file}: {exc}") from None
+    unknown = set(wanted) - {"clients", "users", "installations"}
+    if unknown:
+        raise CommandError(f"{args.file}: unknown table(s) {', '.join(sorted(unknown))}")
+    changes: list[str] = []
+
+    async def current(get: Callable[[str], Awaitable[Json]], key: str) -> Json | None:
+        try:
+            return await get(key)
+        except Missing:
+            return None
+
+    for entry in wanted.get("clients", []):
+        client_id, spec = entry.get("client_id"), _client_spec(entry)
+        if not client_id:
+            raise CommandError(f"{args.file}: every [[clients]] needs a client_id")
+        before = await current(op.get_client, client_id)
+        if before is None or _differs(before, spec):
+            changes.append(f"{'create' if before is None else 'update'} client {client_id}")
+            if not args.dry_run:
+                answer, _ = await op.put_client(client_id, spec)
+                if answer.get("clientSecret"):
+                    changes.append(f"  client_secret: {answer['clientSecret']} (shown once)")
+    for entry in wanted.get("users", []):
+        username = entry.get("username")
+        if not username:
+            raise CommandError(f"{args.file}: every [[users]] needs a username")
+        before = await current(op.get_user, username)
+        if before is None:
+            if not entry.get("password"):
+                raise CommandError(f"{args.file}: user {username!r} is new: give its password")
+            changes.append(f"create user {username}")
+            if not args.dry_run:
+                await op.create_user({"username": username, "password": entry["password"],
+                                      "admin": bool(entry.get("admin", False))})
+        elif before["admin"] != bool(entry.get("admin", False)):
+            changes.append(f"update user {username} (admin: {text_of(bool(entry.get('admin', False)))})")
+            if not args.dry_run:
+                await op.patch_user(username, {"admin": bool(entry.get("admin", False))})
+    for entry in wanted.get("installations", []):
+        installation_id = entry.get("installation_id")
+        if not installation_id:
+            raise CommandError(f"{args.file}: every [[installations]] needs an installation_id")
+        spec = {"name": entry.get("name"), "kind": entry.get("kind"), "operators": entry.get("operators", [])}
+        before = await current(op.get_installation, installation_id)
+        if before is None or any(before.get(key) != value for key, value in spec.items()):
+            changes.append(f"{'create' if before is None else 'update'} installation {installation_id}")
+            if not args.dry_run:
+                await op.put_installation(installation_id, spec)
+    summary = changes or ["nothing to change"]
+    emit(args, {"changes": changes, "dryRun": args.dry_run},
+         "\n".join(summary) + ("\n(dry run: nothing was changed)" if args.dry_run and changes else ""))
+    return 0
+
+
+# -- login ------------------------------------------------------------------------------------------
+
+
+def cmd_login(args: argparse.Namespace) -> int:
+    url = cli_login.admin_url(args)
+    if not url:
+        raise CommandError("give the admin listener's address: --url http://127.0.0.1:8081 (or TOKENSVC_ADMIN_URL)")
+
+    async def body() -> int:
+        tokens = await cli_login.login(url, open_browser=not args.no_browser)
+        who = await RemoteOperator(url, tokens["access_token"]).introspect({"token": tokens["access_token"]})
+        emit(args, {"url": url, "username": who.get("username"), "scope": who.get("scope")},
+             f"signed in to {url} as {who.get('username')}; the refresh token is kept in "
+             f"{cli_login.credentials_path()}")
+        return 0
+
+    try:
+        return asyncio.run(body())
+    except (AdminError, cli_login.LoginError) as exc:
+        raise CommandError(str(exc)) from None
+
+
+# -- the parser -------------------------------------------------------------------------------------
+
+
+def add_commands(commands: argparse._SubParsersAction, factory: StoreFactory | None) -> None:
+    """The operator commands, with the options every one of them takes."""
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--url", help=f"a running service's admin listener (or {cli_login.ADMIN_URL_ENV}); "
+                                      "without it, the store of --config, for a stopped service on MongoDB")
+    common.add_argument("--token", help=f"an admin's access token (or {cli_login.TOKEN_ENV}); without it, the "
+                                        "refresh token of `tokensvc login` or of --refresh-token")
+    common.add_argument("--refresh-token", metavar="FILE",
+                        help="a file holding a first-party client's refresh token of an admin (rewritten as it "
+                             f"rotates); with --token-client-id, and {cli_login.CLIENT_SECRET_ENV} for a "
+                             "confidential client")
+    common.add_argument("--token-client-id", metavar="CLIENT_ID",
+                        help=f"the client of --refresh-token (or {cli_login.CLIENT_ID_ENV})")
+    common.add_argument("--config", default="config/tokensvc.toml",
+                        help="TOML config file of a stopped service (without --url; default: %(default)s)")
+    common.add_argument("--json", action="store_true", help="print JSON for scripts instead of text")
+    run = runner(factory)
+
+    def group(name: str, help_text: str) -> argparse._SubParsersAction:
+        sub = commands.add_parser(name, help=help_text, description=help_text)
+        return sub.add_subparsers(dest="subcommand", required=True, metavar="SUBCOMMAND")
+
+    def command(subs: argparse._SubParsersAction, name: str, help_text: str, action: Action) -> argparse.ArgumentParser:
+        sub = subs.add_parser(name, help=help_text, description=help_text, parents=[common])
+        sub.set_defaults(func=run, action=action)
+        return sub
+
+    clients = group("clients", "manage OAuth clients")
+    add = command(clients, "add", "register a client; prints its id and, once, its secret", clients_add)
+    add.add_argument("--name", required=True, help="what the consent and account pages call the app")
+    add.add_argument("--redirect-uri", action="append", required=True,
+                     help="where the app receives its code: https, http on a loopback host (any port), or a "
+                          "private-use scheme (com.example.app:/cb); repeat for several")
+    add.add_argument("--scope", action="append", help="an allowed scope; repeat for several (none: read)")
+    add.add_argument("--first-party", action="store_true", help="no consent prompt")
+    add.add_argument("--confidential", action="store_true", help="give the client a secret")
+    add.add_argument("--description", help="one sentence for the consent page")
+    add.add_argument("--logo-url", help="an https URL of the app's logo, shown on the consent and account pages")
+    add.add_argument("--client-id", help="choose the id, 1-128 of [A-Za-z0-9._~-] (default: a random one)")
+    add.add_argument("--allowed-origin", action="append",
+                     help="a web origin (https://app.example) whose pages may call the token endpoints and "
+                          "the API (CORS), besides a public client's redirect URIs; repeat for several")
+    command(clients, "list", "list clients", clients_list)
+    for name, help_text, action in (("show", "show one client", clients_show),
+                                    ("remove", "remove a client at once, then revoke its grants", clients_remove),
+                                    ("rotate-secret", "give a confidential client a new secret",
+                                     clients_rotate_secret)):
+        command(clients, name, help_text, action).add_argument("client_id", help="the client's id")
+
+    users = group("users", "manage users")
+    for name, help_text, action in (("add", "add a user (password from a prompt or --password-stdin)", users_add),
+                                    ("set-password", "change a user's password", users_set_password)):
+        sub = command(users, name, help_text, action)
+        sub.add_argument("username", help="the user's username")
+        sub.add_argument("--password-stdin", action="store_true", help="read the password from standard input")
+        if name == "add":
+            sub.add_argument("--admin", action="store_true", help="an administrator")
+        else:
+            sub.add_argument("--keep-grants", action="store_true",
+                             help="keep the apps the user connected (their sessions still end)")
+    command(users, "list", "list users", users_list)
+    command(users, "remove", "remove a user and revoke their tokens", users_remove).add_argument(
+        "username", help="the user's username")
+    admin_flag = command(users, "set-admin", "make a user an administrator, or not", users_set_admin)
+    admin_flag.add_argument("username", help="the user's username")
+    admin_flag.add_argument("admin", choices=("yes", "no"), help="whether the user is an administrator")
+
+    installations = group("installations", "manage node installations")
+    add = command(installations, "add", "add a telescope or observatory", installations_add)
+    add.add_argument("installation_id", help="the installation's id, 1-128 of [A-Za-z0-9._~-]")
+    add.add_argument("--name", required=True, help="what the pages call it (\"Backyard telescope\")")
+    add.add_argument("--kind", required=True, choices=KINDS, help="what it is")
+    add.add_argument("--operator", action="append", default=[], help="a username; repeat for several")
+    command(installations, "list", "list installations", installations_list)
+    command(installations, "remove", "remove an installation and revoke its tokens",
+            installations_remove).add_argument("installation_id", help="the installation's id")
+
+    grants = group("grants", "see and revoke authorizations")
+    listing = command(grants, "list", "the live grants of a user and/or a client", grants_list)
+    listing.add_argument("--user", help="a username")
+    listing.add_argument("--client", help="a client id")
+    command(grants, "revoke", "revoke a grant and every token of it", grants_revoke).add_argument(
+        "grant_id", help="the grant's id (grants list)")
+
+    sessions = group("sessions", "see and end users' web sessions")
+    command(sessions, "list", "a user's web sessions", sessions_list).add_argument(
+        "username", help="the user's username")
+    end = command(sessions, "end", "end one web session of a user, or every one", sessions_end)
+    end.add_argument("username", help="the user's username")
+    end.add_argument("session_id", nargs="?", help="the session's id (sessions list); none: every session")
+
+    tokens = group("tokens", "tokens: revoke one, purge the expired")
+    revoke = command(tokens, "revoke", "revoke a token by its value (a refresh token takes its family)", tokens_revoke)
+    revoke.add_argument("token_value", nargs="?", metavar="TOKEN", help="the token (or --token-stdin)")
+    revoke.add_argument("--token-stdin", action="store_true", help="read the token from standard input")
+    command(tokens, "purge", "delete expired codes, tokens and sessions; prints the counts", tokens_purge)
+
+    applying = commands.add_parser("apply", help="make the service hold what a TOML file says",
+                                   description="Create or update the clients, users and installations of a TOML "
+                                               "file ([[clients]], [[users]], [[installations]], as in the config "
+                                               "file); idempotent; prints what changed.", parents=[common])
+    applying.add_argument("-f", "--file", required=True, help="the TOML file")
+    applying.add_argument("--dry-run", action="store_true", help="print what would change, change nothing")
+    applying.set_defaults(func=run, action=apply)
+
+    login = commands.add_parser("login", help="sign in as an administrator for the operator commands",
+                                description="Sign in to a running service as an administrator, in a browser "
+                                            "(the authorization-code flow with PKCE through a loopback redirect); "
+                                            "the refresh token is kept for the operator commands' --url.")
+    login.add_argument("--url", help=f"the service's admin listener (or {cli_login.ADMIN_URL_ENV})")
+    login.add_argument("--no-browser", action="store_true", help="print the sign-in address, open no browser")
+    login.add_argument("--json", action="store_true", help="print JSON for scripts instead of text")
+    login.set_defaults(func=cmd_login)
+
+
+__all__ = ["CommandError", "ConfigError", "add_commands", "load_settings"]

@@ -1,0 +1,193 @@
+"""How the command line gets an admin's access token for the admin API, the way native apps do
+(RFC 8252): ``tokensvc login`` runs the authorization-code flow with PKCE as the first-party
+public client ``tokensvc-cli``, through a redirect to a loopback port of its own, and keeps
+the refresh token in the user's configuration directory (mode 0600); every later command
+refreshes it there (rotation: the new one replaces it at once).
+
+Headless automation follows the spec's recipe instead: an access token (``--token`` or
+``TOKENSVC_ADMIN_TOKEN``), or a refresh token of a first-party client kept in a file of its own
+(``--refresh-token FILE``, with ``--token-client-id`` or ``TOKENSVC_ADMIN_CLIENT_ID`` and, for a
+confidential client, ``TOKENSVC_ADMIN_CLIENT_SECRET``), which is rewritten with each rotation.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import base64
+import hashlib
+import json
+import os
+import secrets
+import sys
+import webbrowser
+from pathlib import Path
+from typing import Any
+from urllib.parse import parse_qs, urlencode, urlsplit
+
+ADMIN_URL_ENV = "TOKENSVC_ADMIN_URL"
+TOKEN_ENV = "TOKENSVC_ADMIN_TOKEN"
+CLIENT_ID_ENV = "TOKENSVC_ADMIN_CLIENT_ID"
+CLIENT_SECRET_ENV = "TOKENSVC_ADMIN_CLIENT_SECRET"
+CREDENTIALS_ENV = "TOKENSVC_CREDENTIALS"  # where `tokensvc login` keeps its refresh tokens
+LOGIN_TIMEOUT_SECONDS = 300
+
+
+class LoginError(Exception):
+    """What went wrong getting a token: one line for the operator."""
+
+
+def admin_url(args: argparse.Namespace) -> str | None:
+    return getattr(args, "url", None) or os.environ.get(ADMIN_URL_ENV) or None
+
+
+def credentials_path() -> Path:
+    if os.environ.get(CREDENTIALS_ENV):
+        return Path(os.environ[CREDENTIALS_ENV])
+    base = Path(os.environ.get("XDG_CONFIG_HOME") or Path.home() / ".config")
+    return base / "tokensvc" / "credentials.json"
+
+
+def _load(path: Path) -> dict[str, Any]:
+    try:
+        return json.loads(path.read_text())
+    except FileNotFoundError:
+        return {}
+
+
+def _save(path: Path, data: dict[str, Any]) -> None:
+    write_private(path, json.dumps(data, indent=2) + "\n")
+
+
+def write_private(path: Path, text: str) -> None:
+    """Write ``text`` readable by its owner alone (0600, a new directory 0700), replacing the
+    file in one step: a refresh token is never half-written, nor readable by others meanwhile."""
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    partial = path.with_name(path.name + ".partial")
+    descriptor = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(descriptor, "w") as file:
+        file.write(text)
+    os.replace(partial, path)
+
+
+async def _fetch(url: str, method: str = "GET", form: dict[str, str] | None = None) -> Any:
+    from tornado.httpclient import AsyncHTTPClient
+
+    try:
+        response = await AsyncHTTPClient().fetch(url, method=method, raise_error=False,
+                                                 body=urlencode(form) if form is not None else None)
+    except OSError as exc:
+        raise LoginError(f"{url} does not answer: {exc}") from None
+    if response.code == 599:
+        raise LoginError(f"{url} does not answer: {response.error}")
+    try:
+        answer = json.loads(response.body or b"{}")
+    except ValueError:
+        raise LoginError(f"{url} answered {response.code}, not JSON: is it the admin listener?") from None
+    if response.code >= 400:
+        reason = answer.get("error_description") or answer.get("error") or answer.get("detail") or response.code
+        raise LoginError(f"{url} refused: {reason}")
+    return answer
+
+
+async def discover(url: str) -> dict[str, Any]:
+    """The admin listener's index: the service's token endpoints and the CLI's client."""
+    return await _fetch(url.rstrip("/") + "/admin")
+
+
+def _refresh_endpoint(token_endpoint: str) -> str:
+    return token_endpoint.rstrip("/") + "/refresh"  # the spec keeps refresh at /oauth/token/refresh
+
+
+async def access_token(args: argparse.Namespace, url: str) -> str:
+    """An access token for the admin API at ``url``: given, or refreshed from a refresh token
+    (``--refresh-token FILE``, or what ``tokensvc login`` kept)."""
+    given = getattr(args, "token", None) or os.environ.get(TOKEN_ENV)
+    if given:
+        return given
+    index = await discover(url)
+    refresh_at = _refresh_endpoint(index["tokenEndpoint"])
+    if getattr(args, "refresh_token", None):
+        path = Path(args.refresh_token)
+        client_id = getattr(args, "token_client_id", None) or os.environ.get(CLIENT_ID_ENV)
+        if not client_id:
+            raise LoginError(f"--refresh-token needs its client: --token-client-id or {CLIENT_ID_ENV}")
+        try:
+            refresh_token = path.read_text().strip()
+        except OSError as exc:
+            raise LoginError(f"{path}: {exc.strerror or exc}") from None
+        form = {"refresh_token": refresh_token, "client_id": client_id}
+        if os.environ.get(CLIENT_SECRET_ENV):
+            form["client_secret"] = os.environ[CLIENT_SECRET_ENV]
+        tokens = await _fetch(refresh_at, "POST", form)
+        write_private(path, tokens["refresh_token"] + "\n")  # rotated: the old one is spent
+        return tokens["access_token"]
+    path = credentials_path()
+    stored = _load(path).get(url.rstrip("/"))
+    if not stored:
+        raise LoginError(f"not signed in to {url}: run `tokensvc login --url {url}` (or give --token)")
+    tokens = await _fetch(refresh_at, "POST", {"refresh_token": stored["refresh_token"],
+                                              "client_id": stored["client_id"]})
+    everything = _load(path)
+    everything[url.rstrip("/")] = {**stored, "refresh_token": tokens["refresh_token"]}
+    _save(path, everything)
+    return tokens["access_token"]
+
+
+def _pkce() -> tuple[str, str]:
+    verifier = secrets.token_urlsafe(48)
+    challenge = base64.urlsafe_b64encode(hashlib.sha256(verifier.encode()).digest()).rstrip(b"=").decode()
+    return verifier, challenge
+
+
+async def login(url: str, open_browser: bool = True, timeout: float = LOGIN_TIMEOUT_SECONDS) -> dict[str, Any]:
+    """Sign in to the service behind the admin listener at ``url`` as an admin, in a browser;
+    keep the refresh token. Returns who signed in (the admin API's view of the user)."""
+    index = await discover(url)
+    client_id = index.get("cliClientId")
+    if not client_id:
+        raise LoginError("this service does not offer `tokensvc login` (admin.cli_client = false): "
+                         "give --token or --refresh-token")
+    verifier, challenge = _pkce()
+    state = secrets.token_urlsafe(16)
+    received: asyncio.Future[dict[str, list[str]]] = asyncio.get_running_loop().create_future()
+
+    async def callback(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        request_line = (await reader.readline()).decode("latin-1")
+        while (await reader.readline()) not in (b"\r\n", b"\n", b""):
+            pass
+        query = parse_qs(urlsplit(request_line.split(" ")[1] if " " in request_line else "").query)
+        page = ("<!doctype html><title>tokensvc</title><p>Signed in: you can close this window and go back "
+                "to the command line.</p>" if "code" in query else
+                "<!doctype html><title>tokensvc</title><p>Not signed in: see the command line.</p>").encode()
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/html; charset=utf-8\r\nConnection: close\r\n"
+                     b"Content-Length: %d\r\n\r\n%s" % (len(page), page))
+        await writer.drain()
+        writer.close()
+        if query.get("state") == [state] and not received.done():
+            received.set_result(query)
+
+    server = await asyncio.start_server(callback, "127.0.0.1", 0)  # any free port (RFC 8252 §7.3)
+    redirect_uri = f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}/callback"
+    authorize = index["authorizationEndpoint"] + "?" + urlencode({
+        "response_type": "code", "client_id": client_id, "redirect_uri": redirect_uri, "scope": "admin",
+        "state": state, "code_challenge": challenge, "code_challenge_method": "S256"})
+    print(f"Sign in as an administrator in your browser:\n  {authorize}", file=sys.stderr, flush=True)
+    if open_browser:
+        webbrowser.open(authorize)
+    try:
+        query = await asyncio.wait_for(received, timeout)
+    except TimeoutError:
+        raise LoginError(f"no sign-in within {int(timeout)} s") from None
+    finally:
+        server.close()
+    if "error" in query:
+        raise LoginError(f"the service refused: {query.get('error_description', query['error'])[0]}")
+    tokens = await _fetch(index["tokenEndpoint"], "POST", {
+        "grant_type": "authorization_code", "code": query["code"][0], "redirect_uri": redirect_uri,
+        "code_verifier": verifier, "client_id": client_id})
+    path = credentials_path()
+    everything = _load(path)
+    everything[url.rstrip("/")] = {"client_id": client_id, "refresh_token": tokens["refresh_token"]}
+    _save(path, everything)
+    return tokens
