@@ -134,14 +134,15 @@ def start_service(tmp_path: Path, storage: str = "", *, callback: str | None = N
 DEMO_CONFIG = Path(__file__).resolve().parent.parent / "config" / "tokensvc.toml"
 
 
-def start_demo(**popen: object) -> tuple[subprocess.Popen, str]:
+def start_demo(admin_port: int | None = None, **popen: object) -> tuple[subprocess.Popen, str]:
     """``tokensvc serve`` with the demo config as it ships, moved to a free port with
-    ``TOKENSVC_PORT`` and its admin listener to another with ``TOKENSVC_ADMIN_PORT`` (and no
-    other TOKENSVC_ variable); returns the process and its base URL once it answers."""
+    ``TOKENSVC_PORT`` and its admin listener to ``admin_port`` (default: another free one) with
+    ``TOKENSVC_ADMIN_PORT``, and no other TOKENSVC_ variable; returns the process and its base
+    URL once it answers."""
     port = free_port()
     base = f"http://127.0.0.1:{port}"
     environ = {key: value for key, value in os.environ.items() if not key.startswith("TOKENSVC_")}
-    environ.update(TOKENSVC_PORT=str(port), TOKENSVC_ADMIN_PORT=str(free_port()))
+    environ.update(TOKENSVC_PORT=str(port), TOKENSVC_ADMIN_PORT=str(admin_port or free_port()))
     process = subprocess.Popen([sys.executable, "-m", "tokensvc", "serve", "--config", str(DEMO_CONFIG)],
                                env=environ, **popen)  # type: ignore[call-overload]
     deadline = time.monotonic() + 20

@@ -79,3 +79,43 @@ def test_the_stock_client_programs_run_as_written(demo_service, tmp_path, librar
     assert "'username': 'alice'" in out
     kept = json.loads(next(tmp_path.glob("*-token.json")).read_text())
     assert kept["refresh_token"] and kept["access_token"]
+
+
+def admin_block() -> str:
+    readme = (ROOT / "README.md").read_text()
+    section = readme[readme.index("## Administration"):]
+    return re.search(r"```sh\n(.*?)```", section, re.S).group(1)
+
+
+def test_adding_a_client_to_the_running_demo_runs_as_written(tmp_path):
+    """The README's administration block, with a browser stand-in (BROWSER) that signs in as
+    root with the demo's password, as the operator would in the browser tokensvc login opens."""
+    from service import free_port
+
+    stand_in = tmp_path / "browser"
+    stand_in.write_text(f"#!{sys.executable}\n"
+                        "import sys\n"
+                        f"sys.path.insert(0, {str(ROOT / 'tests')!r})\n"
+                        "import requests\n"
+                        "from service import user_agent_authorize\n"
+                        "landed = user_agent_authorize(sys.argv[1], username='root', password='root-demo-password')\n"
+                        "requests.get(landed, timeout=10)\n")
+    stand_in.chmod(0o755)
+    admin_port = free_port()
+    process, _ = start_demo(admin_port, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        environ = {key: value for key, value in os.environ.items() if not key.startswith("TOKENSVC_")}
+        bin_dir = str(Path(sys.executable).parent)  # where `make run` installed tokensvc
+        result = subprocess.run(["bash", "-euo", "pipefail", "-c", admin_block()], capture_output=True, text=True,
+                                timeout=120, env={**environ, "BROWSER": str(stand_in),
+                                                  "TOKENSVC_ADMIN_URL": f"http://127.0.0.1:{admin_port}",
+                                                  "TOKENSVC_CREDENTIALS": str(tmp_path / "credentials.json"),
+                                                  "PATH": bin_dir + os.pathsep + os.environ["PATH"]})
+    finally:
+        process.terminate()
+        process.wait(timeout=10)
+    assert result.returncode == 0, result.stderr + result.stdout
+    lines = result.stdout.splitlines()
+    assert lines[0].startswith(f"signed in to http://127.0.0.1:{admin_port} as root")
+    assert lines[1] == "client_id: dome-camera" and lines[2].startswith("client_secret: ")
+    assert "name: Dome camera" in lines and "confidential: yes" in lines

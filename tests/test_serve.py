@@ -86,7 +86,8 @@ def test_unset_public_urls_follow_the_listen_address():
 
 
 def test_demo_config_on_another_port_works_end_to_end():
-    process, base = start_demo(stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    admin_port = free_port()
+    process, base = start_demo(admin_port, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         metadata = requests.get(base + "/.well-known/oauth-authorization-server").json()
         assert metadata["issuer"] == base and metadata["authorization_endpoint"] == base + "/oauth/authorize"
@@ -101,6 +102,8 @@ def test_demo_config_on_another_port_works_end_to_end():
     assert process.returncode == 0, err
     assert f"tokensvc is running on {base}" in out
     assert f"authorization:      {base}/oauth/authorize" in out and f"token endpoint:     {base}/oauth/token" in out
+    admin = f"http://127.0.0.1:{admin_port}"
+    assert f"admin API:          {admin}/admin (tokensvc login --url {admin})" in out
     assert "Traceback" not in err
 
 

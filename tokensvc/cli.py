@@ -20,6 +20,7 @@ from tokensvc import config as config_module
 from tokensvc.bootstrap import make_context
 from tokensvc.cli_admin import CommandError, StoreFactory, load_settings
 from tokensvc.config import ConfigError, Settings
+from tokensvc.identifiers import is_loopback
 from tokensvc.storage import StorageError, StoreFault, make_store
 
 log = logging.getLogger("tokensvc")
@@ -118,7 +119,7 @@ async def serve(settings: Settings, listeners: Listeners) -> None:
     log.info("tokensvc %s listening on %s (storage: %s)", __version__, local, settings.storage.backend)
     if admin_url:
         log.info("admin API listening on %s", admin_url)
-        if not config_module.is_loopback(settings.admin.host):
+        if not is_loopback(settings.admin.host):
             log.warning("the admin API listens on %s, beyond this machine: keep it behind TLS and a network "
                         "policy that lets only operators reach it", admin_url)
     if tornado.process.task_id() in (None, 0):  # one banner for a group of processes

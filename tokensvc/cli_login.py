@@ -20,6 +20,7 @@ import json
 import os
 import secrets
 import sys
+import threading
 import webbrowser
 from pathlib import Path
 from typing import Any
@@ -174,7 +175,9 @@ async def login(url: str, open_browser: bool = True, timeout: float = LOGIN_TIME
         "state": state, "code_challenge": challenge, "code_challenge_method": "S256"})
     print(f"Sign in as an administrator in your browser:\n  {authorize}", file=sys.stderr, flush=True)
     if open_browser:
-        webbrowser.open(authorize)
+        # In a thread of its own: a browser command may not return until the browser closes,
+        # and the redirect must be served meanwhile.
+        threading.Thread(target=webbrowser.open, args=(authorize,), daemon=True).start()
     try:
         query = await asyncio.wait_for(received, timeout)
     except TimeoutError:

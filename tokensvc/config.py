@@ -33,6 +33,7 @@ from typing import Any
 
 from tokensvc.identifiers import (
     id_problem,
+    is_loopback,
     is_url,
     kind_problem,
     origin_problem,
@@ -375,16 +376,6 @@ def _scope_descriptions(table: Any) -> dict[str, str]:
 
 
 # -- stage 3: resolved -------------------------------------------------------------------------
-
-
-def is_loopback(host: str) -> bool:
-    """Whether ``host`` is reached from this machine alone (localhost, 127.0.0.0/8, ::1)."""
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 def listen_url(host: str, port: int) -> str:

@@ -87,11 +87,12 @@ def redirect_uri_problem(uri: str) -> str | None:
     if scheme == "https":
         return None if host else "an https URI needs a host"
     if scheme == "http":
-        return None if _is_loopback(host) else "http only to a loopback host (127.0.0.1, [::1], localhost); use https"
+        return None if is_loopback(host) else "http only to a loopback host (127.0.0.1, [::1], localhost); use https"
     return None  # a private-use scheme (RFC 8252 §7.1)
 
 
-def _is_loopback(host: str | None) -> bool:
+def is_loopback(host: str | None) -> bool:
+    """Whether ``host`` is reached from this machine alone (localhost, 127.0.0.0/8, ::1)."""
     if not host:
         return False
     if host == "localhost":
@@ -114,7 +115,7 @@ def origin_problem(origin: str) -> str | None:
         return "http:// or https:// and a host"
     if parts.path or parts.query or parts.fragment or parts.username or origin != origin.strip():
         return "scheme, host and port only, no path"
-    if parts.scheme == "http" and not _is_loopback(parts.hostname):
+    if parts.scheme == "http" and not is_loopback(parts.hostname):
         return "https, or http on a loopback host"
     return None
 

@@ -22,7 +22,6 @@ OpenAPI document, and the 404 of a path no route matches) is entered through a
 
 from __future__ import annotations
 
-import ipaddress
 import json
 import logging
 import os
@@ -47,6 +46,7 @@ from tokensvc.handlers.access_log import log_access, redact
 from tokensvc.handlers.headers import PAGE_HEADERS, safe_location
 from tokensvc.handlers.inputs import RequestInput
 from tokensvc.handlers.proxies import ClientAddress
+from tokensvc.identifiers import is_loopback
 from tokensvc.logs import REQUEST_ID
 from tokensvc.metrics import Metrics
 from tokensvc.oauth.context import OAuthContext
@@ -171,16 +171,9 @@ def allowed_hosts(config: Settings) -> frozenset[str] | None:
         return None
     names = {urlsplit(url).hostname or "" for url in (config.base_url, config.auth_url)}
     names.update(host.lower().strip("[]") for host in config.server.allowed_hosts)
-    if names & {"localhost", "127.0.0.1", "::1"} or any(_loopback(name) for name in names):
+    if names & {"localhost", "127.0.0.1", "::1"} or any(is_loopback(name) for name in names):
         names.update(LOOPBACK_NAMES)
     return frozenset(names)
-
-
-def _loopback(name: str) -> bool:
-    try:
-        return ipaddress.ip_address(name).is_loopback
-    except ValueError:
-        return False
 
 
 def own_origins(config: Settings) -> frozenset[str]:
