@@ -66,13 +66,15 @@ async def test_mongodb_client_options_are_set_in_code_whatever_the_uri_says():
     try:
         client, db = store._client, store._db
         for target in (client, db):
-            assert target.write_concern.document == {"w": "majority", "j": True}
+            assert target.write_concern.document == {"w": "majority", "j": True, "wtimeout": 12000}
             assert target.read_preference.mongos_mode == "primary"
             assert target.read_concern.level == "majority"
-        assert client.options.timeout == 12.0
+        # No driver-wide timeoutMS (its retry loop has no backoff): the store keeps each
+        # operation to the budget itself, and the driver retries a write once, never a read.
+        assert client.options.timeout is None and store.budget == 12.0
         assert client.options.pool_options.max_pool_size == 40
         assert client.options.pool_options.wait_queue_timeout == 12.0
-        assert client.options.retry_writes and client.options.retry_reads
+        assert client.options.retry_writes and not client.options.retry_reads
     finally:
         await store.close()
 

@@ -44,7 +44,7 @@ if not (CHROMIUM and CHROMEDRIVER):
     pytest.skip("no headless browser here: apt-get install chromium chromium-driver", allow_module_level=True)
 
 webdriver = pytest.importorskip("selenium.webdriver")
-from selenium.common.exceptions import StaleElementReferenceException  # noqa: E402
+from selenium.common.exceptions import StaleElementReferenceException, WebDriverException  # noqa: E402
 from selenium.webdriver.common.by import By  # noqa: E402
 from selenium.webdriver.support import expected_conditions  # noqa: E402
 from selenium.webdriver.support.ui import WebDriverWait  # noqa: E402
@@ -164,8 +164,18 @@ def sky_url(service: str, callback: str) -> str:
 
 
 def wait_until(driver, condition):
-    """Wait for ``condition(driver)``; an element that goes stale as a page navigates is no error."""
-    return WebDriverWait(driver, 10, ignored_exceptions=[StaleElementReferenceException]).until(condition)
+    """Wait for ``condition(driver)``; an element that goes stale as a page navigates is no error
+    (Chromium says so as a stale reference, or as a node that no longer belongs to the document)."""
+
+    def settled(d):
+        try:
+            return condition(d)
+        except WebDriverException as exc:
+            if "does not belong to the document" in str(exc):
+                return False
+            raise
+
+    return WebDriverWait(driver, 10, ignored_exceptions=[StaleElementReferenceException]).until(settled)
 
 
 def wait_for(driver, by, value):

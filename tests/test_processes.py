@@ -10,7 +10,6 @@ from datetime import timedelta
 import pytest
 from backends import open_store
 from helpers import Clock, family_of
-from pymongo.errors import OperationFailure
 from test_ws import closed_within_a_second, tokens, welcome_of, ws_url
 from tornado.websocket import websocket_connect
 
@@ -84,75 +83,6 @@ async def test_the_feed_names_each_revocation_of_another_process_once(store):
     later.cancel()
     with pytest.raises(asyncio.CancelledError):
         await later
-
-
-class FakeStream:
-    def __init__(self, changes):
-        self.changes, self.resume_token = list(changes), None
-
-    async def __aenter__(self):
-        return self
-
-    async def __aexit__(self, *exc):
-        return False
-
-    def __aiter__(self):
-        return self
-
-    async def __anext__(self):
-        if not self.changes:
-            raise OperationFailure("cursor killed", 237)  # a permanent end: the feed stops
-        change = self.changes.pop(0)
-        self.resume_token = {"_data": change["documentKey"]["_id"]}
-        return change
-
-
-class FakeDatabase:
-    def __init__(self, refuse=None):
-        self.refuse, self.resumed_after, self.pipelines = refuse, [], []
-
-    async def watch(self, pipeline, resume_after=None):
-        self.resumed_after.append(resume_after)
-        self.pipelines.append(pipeline)
-        if self.refuse:
-            raise OperationFailure("The $changeStream stage is only supported on replica sets", self.refuse)
-        return FakeStream([{"ns": {"coll": "families"}, "documentKey": {"_id": "f1"}},
-                           {"ns": {"coll": "sessions"}, "documentKey": {"_id": "s1"}}])
-
-    def __getitem__(self, name):
-        return self
-
-    def find(self, *args, **kwargs):
-        return self
-
-    async def to_list(self, length=None):
-        return []
-
-
-@pytest.mark.gen_test
-async def test_the_change_stream_yields_each_revocation_and_keeps_its_resume_token(store):
-    store.change_streams, store._db = True, FakeDatabase()
-    feed = store.revocation_feed()
-    assert await feed.__anext__() == Revocation(FAMILY, "f1")
-    assert await feed.__anext__() == Revocation(SESSION, "s1")
-    from tokensvc.storage.base import StoreFault
-    with pytest.raises(StoreFault):
-        await feed.__anext__()
-    assert store._resume_token == {"_data": "s1"}  # the next watch resumes after it
-    # Only updates that set a revocation time reach the process.
-    match = store._db.pipelines[0][0]["$match"]
-    assert match["operationType"] == "update" and set(match["ns.coll"]["$in"]) == {"families", "grants", "sessions"}
-
-
-@pytest.mark.gen_test
-async def test_without_change_streams_the_revocation_fields_are_polled(store, caplog):
-    store.change_streams, store._db = True, FakeDatabase(refuse=40573)
-    feed = store.revocation_feed(poll_seconds=0.01)
-    waiting = asyncio.ensure_future(feed.__anext__())
-    await asyncio.sleep(0.05)
-    assert not store.change_streams and not waiting.done()  # polling, nothing revoked
-    waiting.cancel()
-    assert "polling for revocations" in caplog.text
 
 
 @pytest.mark.gen_test

@@ -129,12 +129,9 @@ class Outage:
             async def broken(*args, _name=name, _original=original, **kwargs):
                 if _name in self.down:
                     if isinstance(self.store, MongoStore):  # through the real error translation
-                        from tokensvc.storage.mongo import guarded
+                        from tokensvc.storage.mongo import translate
 
-                        async def raise_driver_error(*a, **k):
-                            raise ServerSelectionTimeoutError("No servers found yet")
-
-                        return await guarded(raise_driver_error)()
+                        raise translate(ServerSelectionTimeoutError("No servers found yet"))
                     raise StorageError("store unavailable")
                 return await _original(*args, **kwargs)
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import logging
 import os
@@ -107,7 +108,8 @@ async def serve(settings: Settings, listeners: Listeners) -> None:
     # The client's address behind proxies is the request lifecycle's (handlers/proxies.py).
     servers = []
     # The admin API answers on its own listener only: the public one has no route to it.
-    for application, sockets in ((app, listeners.public), (make_admin_app(settings, store, ctx), listeners.admin)):
+    admin_app = make_admin_app(settings, store, ctx)
+    for application, sockets in ((app, listeners.public), (admin_app, listeners.admin)):
         if sockets:
             server = tornado.httpserver.HTTPServer(application,
                                                    idle_connection_timeout=settings.server.idle_timeout,
@@ -138,12 +140,23 @@ async def serve(settings: Settings, listeners: Listeners) -> None:
         loop.add_signal_handler(signum, stop.set)
     preparing.add_done_callback(lambda _: stop.set() if _failed(preparing) else None)
     await stop.wait()
+    # A graceful stop: no new connection, the requests in flight answered (for at most
+    # server.drain_seconds), idle keep-alive connections closed; only then the store.
+    for server in servers:
+        server.stop()
+    edges = [app.edge, *([admin_app.edge] if listeners.admin else [])]
+    try:
+        await asyncio.wait_for(asyncio.gather(*(edge.drained() for edge in edges)), settings.server.drain_seconds)
+    except TimeoutError:
+        log.warning("stopping with %d requests still in flight after %ds", sum(edge.in_flight for edge in edges),
+                    settings.server.drain_seconds)
+    for server in servers:  # idle keep-alive connections (an open WebSocket is not waited for)
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(server.close_all_connections(), 2)
     preparing.cancel()
     relaying.cancel()
     for task in housekeeping:
         task.cancel()
-    for server in servers:
-        server.stop()
     await store.close()
     if _failed(preparing):
         raise CommandError(str(preparing.exception()))

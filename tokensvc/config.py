@@ -97,6 +97,9 @@ class ServerSettings:
     # those is a loopback address, localhost, 127.0.0.1 and ::1); "*" for any. Anything else is
     # 400: a DNS name an attacker points at this address reaches nothing (DNS rebinding).
     allowed_hosts: list[str] = field(default_factory=list)
+    # On SIGTERM or SIGINT: stop accepting, then let the requests in flight finish for at most
+    # this long before the store is closed (a deploy cuts no exchange in half).
+    drain_seconds: int = 20
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

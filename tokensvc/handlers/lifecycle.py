@@ -22,6 +22,7 @@ OpenAPI document, and the 404 of a path no route matches) is entered through a
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import os
@@ -236,6 +237,12 @@ class Edge:
         self.client_address = ClientAddress(config.xheaders, proxy.trusted_hops, proxy.trusted_networks,
                                             proxy.real_ip_header)
         self._static_settings, self._static_files = static_settings, static_files
+        self.in_flight = 0  # requests whose body is in and whose answer is not yet written
+
+    async def drained(self, poll_seconds: float = 0.05) -> None:
+        """Return once no request is in flight (a graceful stop waits for it, with a deadline)."""
+        while self.in_flight > 0:
+            await asyncio.sleep(poll_seconds)
 
     def static_url(self, path: str) -> str:
         return self._static_files.make_static_url(self._static_settings, path)
@@ -269,6 +276,7 @@ class Edge:
     def finished(self, request: HTTPServerRequest, route: str, status: int, client_id: str | None,
                  error: str | None) -> None:
         """The request is answered: its access line, and its count in the metrics."""
+        self.in_flight = max(0, self.in_flight - 1)
         log_access(status, request, client_id, error)
         method = request.method if request.method in STANDARD_METHODS else "other"
         self.metrics.request(route, method, status, request.request_time())
@@ -349,6 +357,7 @@ class Lifecycle(tornado.httputil.HTTPMessageDelegate):
         # For this call only: the handler's Task (or the JSON route's coroutine) copies it, and
         # the connection's own context keeps none.
         token = REQUEST_ID.set(request_id)
+        self.edge.in_flight += 1
         try:
             refusal = self._refusal()
             if refusal is not None:

@@ -290,5 +290,25 @@ class Housekeeping(abc.ABC):
         counts per kind (``tokens purge``)."""
 
 
+class StoreObserver:
+    """What a store tells about its own work (the store metrics, ``tokensvc/bootstrap.py``
+    connects them); by default nobody listens."""
+
+    def operation(self, name: str, seconds: float) -> None:
+        """An operation ended (its retries included) after ``seconds``."""
+
+    def error(self, name: str, code: str) -> None:
+        """An attempt of operation ``name`` failed with ``code`` (the server's, or a class name)."""
+
+    def retry(self, name: str) -> None:
+        """Operation ``name`` is tried again after a transient error."""
+
+    def feed(self, state: str) -> None:
+        """The revocation feed is now ``stream``, ``polling`` or ``interrupted``."""
+
+    def feed_event(self) -> None:
+        """The revocation feed delivered a revocation."""
+
+
 class Store(Registry, Authorizations, Sessions, Housekeeping, abc.ABC):
     """Everything the protocol layer, the handlers and the CLI ask of storage."""

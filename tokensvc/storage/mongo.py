@@ -43,19 +43,23 @@ import asyncio
 import functools
 import inspect
 import logging
+import random
 import secrets
 from collections.abc import AsyncIterator, Callable, Coroutine
 from dataclasses import MISSING, fields
 from datetime import UTC, datetime, timedelta
-from typing import Any, ParamSpec, TypeVar
+from typing import Any, TypeVar
 
+import pymongo
 from bson.errors import BSONError
 from pymongo import ASCENDING, ReadPreference, ReturnDocument, WriteConcern
 from pymongo.errors import (
     BulkWriteError,
+    ConfigurationError,
     ConnectionFailure,
     DuplicateKeyError,
     ExecutionTimeout,
+    InvalidOperation,
     OperationFailure,
     PyMongoError,
     WTimeoutError,
@@ -74,12 +78,12 @@ from tokensvc.storage.base import (
     StorageError,
     Store,
     StoreFault,
+    StoreObserver,
 )
 
 log = logging.getLogger(__name__)
 
 R = TypeVar("R")
-P = ParamSpec("P")
 
 # The collections whose updates are revocations: what each names, and the fields that,
 # set to a time, revoke it.
@@ -119,10 +123,19 @@ INDEXES: list[Index] = [
 
 
 DUPLICATE_KEY = frozenset({11000, 11001, 12582})
+# Codes a read or write may be tried again after (the driver's list, and the server's
+# retryable-write codes): a step-down, shutdown, a node unreachable, a time limit, majority
+# reads not yet available on a new primary.
+RETRYABLE_CODES = frozenset({6, 7, 89, 91, 134, 189, 262, 9001, 10107, 11600, 11602, 13435, 13436})
 INDEX_CONFLICT = frozenset({85, 86})  # IndexOptionsConflict, IndexKeySpecsConflict
 # "$changeStream is only supported on replica sets", and kin: poll instead.
 NO_CHANGE_STREAMS = frozenset({40573, 40324, 136})
 POLL_SECONDS = 0.5
+STREAM_WAIT_MS = 1000  # how long one getMore of the change stream waits for events
+# The change stream's resume point is gone: ChangeStreamHistoryLost, InvalidResumeToken,
+# ChangeStreamFatalError.
+HISTORY_LOST = frozenset({286, 260, 280})
+BUILD_TIMEOUT_MS = 30 * 60 * 1000  # index builds at start-up: a new index on a large collection takes long
 # A poll reads back this far before its last one: revocations stamped by a process whose clock
 # runs a little behind are still seen (what was seen already is not announced twice).
 POLL_OVERLAP = timedelta(seconds=5)
@@ -136,21 +149,80 @@ def have_options(index: dict[str, Any]) -> dict[str, Any]:
     return {key: value for key, value in index.items() if key not in ("key", "v", "ns")}
 
 
-def guarded(method: Callable[P, Coroutine[Any, Any, R]]) -> Callable[P, Coroutine[Any, Any, R]]:
-    """Every driver error leaves as one of three: a duplicate key as :class:`Conflict`; what
-    passes (network, server selection, a primary stepping down, a write-concern or operation
-    timeout) as :class:`StorageError` (503, try again); anything else, which will not pass
-    by retrying (authentication, validation, index options, a document BSON cannot hold),
-    as :class:`StoreFault` (500, the operator must act)."""
+# How an operation may be tried again within its budget (see :func:`guarded`).
+ONCE = "once"  # a single-document write: the driver's one retry, with the same txnNumber, dedups it
+RERUN = "rerun"  # an idempotent write (a conditional set, an upsert, a sweep): run again, with backoff
+READ = "read"  # a read: run again, with backoff, each run under the server's maxTimeMS
+BACKOFF_BASE_SECONDS = 0.025
+BACKOFF_CAP_SECONDS = 1.0
 
-    @functools.wraps(method)
-    async def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
-        try:
-            return await method(*args, **kwargs)
-        except (PyMongoError, BSONError) as exc:
-            raise translate(exc) from None
 
-    return wrapper
+def backoff(attempt: int) -> float:
+    """Full jitter (a uniform wait up to an exponential cap): processes that failed together
+    do not come back together."""
+    return random.uniform(0, min(BACKOFF_CAP_SECONDS, BACKOFF_BASE_SECONDS * 2 ** attempt))
+
+
+def guarded(kind: str = ONCE, budget: str = "budget") -> Callable[[Callable[..., Coroutine[Any, Any, R]]],
+                                                                  Callable[..., Coroutine[Any, Any, R]]]:
+    """One budget per operation (``storage.timeout_ms``), retries within it, and every driver
+    error leaving as one of three.
+
+    The whole operation, its retries included, ends within the store's budget (an
+    ``asyncio.timeout``: server selection, the pool wait, the write concern and the reply).
+    The driver retries a write once with the same ``txnNumber`` (the server applies it at most
+    once) and never a read; the store itself tries reads and idempotent writes again after a
+    transient error, with jittered exponential backoff, while the budget lasts. Nothing is
+    ever tried back to back (the driver's own loop under ``timeoutMS`` would, for the whole
+    budget: that is why the client has no ``timeoutMS``).
+
+    Errors: a duplicate key as :class:`Conflict`; what passes (network, server selection, a
+    primary stepping down, a timeout, the client closed under a request) as
+    :class:`StorageError` (503, try again); anything else, which will not pass by retrying
+    (authentication, validation, index options, a document BSON cannot hold), as
+    :class:`StoreFault` (500, the operator must act)."""
+
+    def decorate(method: Callable[..., Coroutine[Any, Any, R]]) -> Callable[..., Coroutine[Any, Any, R]]:
+        @functools.wraps(method)
+        async def wrapper(self: MongoStore, *args: Any, **kwargs: Any) -> R:
+            loop = asyncio.get_running_loop()
+            seconds: float = getattr(self, budget)
+            deadline = loop.time() + seconds
+            attempt = 0
+            started = loop.time()
+            while True:
+                remaining = deadline - loop.time()
+                try:
+                    async with asyncio.timeout(remaining):
+                        if kind == READ:
+                            with pymongo.timeout(remaining):  # the server's maxTimeMS: it stops too
+                                result = await method(self, *args, **kwargs)
+                        else:
+                            result = await method(self, *args, **kwargs)
+                    self.observer.operation(method.__name__, loop.time() - started)
+                    return result
+                except TimeoutError:
+                    self.observer.error(method.__name__, "timeout")
+                    raise StorageError(f"MongoDB: no answer within {seconds:g} s") from None
+                except (PyMongoError, BSONError) as exc:
+                    error = translate(exc)
+                    self.observer.error(method.__name__, _code_of(exc))
+                    delay = backoff(attempt)
+                    if kind == ONCE or type(error) is not StorageError or loop.time() + delay >= deadline:
+                        raise error from None
+                attempt += 1
+                self.observer.retry(method.__name__)
+                await asyncio.sleep(delay)
+
+        return wrapper
+
+    return decorate
+
+
+def _code_of(exc: Exception) -> str:
+    """A bounded label for an error: its server code, or its class."""
+    code = getattr(exc, "code", None)
+    return str(code) if isinstance(code, int) else type(exc).__name__
 
 
 def translate(exc: Exception) -> Exception:
@@ -166,9 +238,13 @@ def translate(exc: Exception) -> Exception:
 
 
 def transient(exc: PyMongoError) -> bool:
-    """Whether waiting and trying again can help."""
-    return (isinstance(exc, (ConnectionFailure, ExecutionTimeout, WTimeoutError)) or exc.timeout
-            or exc.has_error_label("RetryableWriteError") or exc.has_error_label("TransientTransactionError"))
+    """Whether waiting and trying again can help: the network, a timeout, a primary stepping
+    down, an SRV record that does not resolve yet (``ConfigurationError``), the client closed
+    under a request while the service stops (``InvalidOperation``)."""
+    return (isinstance(exc, (ConnectionFailure, ExecutionTimeout, WTimeoutError, ConfigurationError,
+                             InvalidOperation)) or exc.timeout
+            or exc.has_error_label("RetryableWriteError") or exc.has_error_label("TransientTransactionError")
+            or (isinstance(exc, OperationFailure) and exc.code in RETRYABLE_CODES))
 
 
 def _duplicate_key(exc: Exception) -> bool:
@@ -234,9 +310,12 @@ def _pair_fields(pair: Pair) -> dict[str, Any]:
 
 
 class MongoStore(Store):
-    def __init__(self, client: Any, database: str, *, change_streams: bool = True) -> None:
+    def __init__(self, client: Any, database: str, *, change_streams: bool = True, timeout_ms: int = 15_000,
+                 build_timeout_ms: int = BUILD_TIMEOUT_MS) -> None:
         """``client`` is a ``pymongo.AsyncMongoClient`` (or an API-compatible stand-in in tests,
-        which has no change streams: ``change_streams=False`` polls instead).
+        which has no change streams: ``change_streams=False`` polls instead). ``timeout_ms`` is
+        every operation's budget, retries included; ``build_timeout_ms`` that of :meth:`open`,
+        whose index builds may take long on a large collection.
 
         Whatever the URI says, every write waits for a journaled majority (an acknowledged
         code consumption, rotation or revocation survives a failover) and every read goes to
@@ -244,7 +323,7 @@ class MongoStore(Store):
         write a failover can roll back, nor misses one acknowledged before it).
         """
         self._client = client
-        db = client.get_database(database, write_concern=WriteConcern("majority", j=True),
+        db = client.get_database(database, write_concern=WriteConcern("majority", j=True, wtimeout=timeout_ms),
                                  read_preference=ReadPreference.PRIMARY, read_concern=ReadConcern("majority"))
         self._db = db
         self.clients, self.users, self.installations = db["clients"], db["users"], db["installations"]
@@ -253,6 +332,8 @@ class MongoStore(Store):
         self.failures = db["failures"]  # failure counts shared by the processes (ratelimit)
         self.change_streams = change_streams
         self._resume_token: Any = None
+        self.budget, self.build_budget = timeout_ms / 1000, build_timeout_ms / 1000
+        self.observer = StoreObserver()
 
     @classmethod
     def from_settings(cls, settings: StorageSettings) -> MongoStore:
@@ -266,20 +347,24 @@ class MongoStore(Store):
             tz_aware=True,
             serverSelectionTimeoutMS=settings.timeout_ms,
             connectTimeoutMS=min(10_000, settings.timeout_ms),
-            timeoutMS=settings.timeout_ms,
             maxPoolSize=settings.max_pool_size,
             waitQueueTimeoutMS=settings.timeout_ms,
+            # No timeoutMS (whatever the URI says): under it the driver retries a failing operation
+            # back to back for the whole budget. The store holds each operation to its budget
+            # itself, and retries with backoff (guarded).
+            timeoutMS=None,
             retryWrites=True,
-            retryReads=True,
+            retryReads=False,
             w="majority",
             journal=True,
+            wTimeoutMS=settings.timeout_ms,
             readPreference="primary",
             readConcernLevel="majority",
             appname="tokensvc",
         )
-        return cls(client, settings.database)
+        return cls(client, settings.database, timeout_ms=settings.timeout_ms)
 
-    @guarded
+    @guarded(ONCE, budget="build_budget")
     async def open(self) -> None:
         """Make every index. One that exists with other options is reconciled where MongoDB
         can change it in place (a TTL: ``collMod``); otherwise the others are still made and
@@ -320,43 +405,43 @@ class MongoStore(Store):
         if inspect.isawaitable(result):
             await result
 
-    @guarded
+    @guarded(READ)
     async def ping(self) -> None:
         await self._db.command("ping")
 
     # -- clients
 
-    @guarded
+    @guarded(READ)
     async def get_client(self, client_id: str) -> Client | None:
         return CLIENTS.record(await self.clients.find_one({"_id": client_id}))
 
-    @guarded
+    @guarded(READ)
     async def list_clients(self, after: str | None = None, limit: int | None = None) -> list[Client]:
         return [CLIENTS.record(doc) for doc in await _page(self.clients, "_id", after, limit)]
 
-    @guarded
+    @guarded(RERUN)
     async def put_client(self, client: Client) -> None:
         await self.clients.replace_one({"_id": client.client_id}, CLIENTS.doc(client), upsert=True)
 
-    @guarded
+    @guarded(RERUN)
     async def delete_client(self, client_id: str) -> bool:
         return (await self.clients.delete_one({"_id": client_id})).deleted_count == 1
 
     # -- users
 
-    @guarded
+    @guarded(READ)
     async def get_user(self, user_id: str) -> User | None:
         return USERS.record(await self.users.find_one({"_id": user_id}))
 
-    @guarded
+    @guarded(READ)
     async def get_user_by_username(self, username: str) -> User | None:
         return USERS.record(await self.users.find_one({"username": username}))
 
-    @guarded
+    @guarded(READ)
     async def list_users(self, after: str | None = None, limit: int | None = None) -> list[User]:
         return [USERS.record(doc) for doc in await _page(self.users, "username", after, limit)]
 
-    @guarded
+    @guarded(RERUN)
     async def seed_user(self, user: User) -> User:
         for _ in range(3):  # a concurrent first insert of the same name: the upsert finds it next time
             try:
@@ -369,30 +454,30 @@ class MongoStore(Store):
                 continue
         raise StorageError(f"could not seed user {user.username!r} (concurrent updates)")
 
-    @guarded
+    @guarded(RERUN)
     async def put_user(self, user: User) -> None:
         await self.users.replace_one({"_id": user.user_id}, USERS.doc(user), upsert=True)
 
-    @guarded
+    @guarded(RERUN)
     async def delete_user(self, user_id: str) -> bool:
         return (await self.users.delete_one({"_id": user_id})).deleted_count == 1
 
     # -- installations
 
-    @guarded
+    @guarded(READ)
     async def get_installation(self, installation_id: str) -> Installation | None:
         return INSTALLATIONS.record(await self.installations.find_one({"_id": installation_id}))
 
-    @guarded
+    @guarded(READ)
     async def list_installations(self, after: str | None = None, limit: int | None = None) -> list[Installation]:
         return [INSTALLATIONS.record(doc) for doc in await _page(self.installations, "_id", after, limit)]
 
-    @guarded
+    @guarded(RERUN)
     async def put_installation(self, installation: Installation) -> None:
         await self.installations.replace_one({"_id": installation.installation_id},
                                              INSTALLATIONS.doc(installation), upsert=True)
 
-    @guarded
+    @guarded(RERUN)
     async def delete_installation(self, installation_id: str) -> bool:
         return (await self.installations.delete_one({"_id": installation_id})).deleted_count == 1
 
@@ -402,7 +487,7 @@ class MongoStore(Store):
     def _subject_filter(client_id: str, subject: Subject) -> dict[str, Any]:
         return {"client_id": client_id, "user_id": subject.user_id, "installation_id": subject.installation_id}
 
-    @guarded
+    @guarded(ONCE)
     async def save_grant(self, client_id: str, subject: Subject, scopes: list[str], now: datetime) -> Grant:
         where = self._subject_filter(client_id, subject)
         for _ in range(3):  # a concurrent first insert of the same grant: read it back and go on
@@ -426,21 +511,21 @@ class MongoStore(Store):
                 continue
         raise StorageError("could not save the grant (concurrent updates)")
 
-    @guarded
+    @guarded(READ)
     async def get_grant(self, grant_id: str) -> Grant | None:
         return GRANTS.record(await self.grants.find_one({"_id": grant_id}))
 
-    @guarded
+    @guarded(READ)
     async def find_grant(self, client_id: str, subject: Subject) -> Grant | None:
         return GRANTS.record(await self.grants.find_one(self._subject_filter(client_id, subject)))
 
-    @guarded
+    @guarded(READ)
     async def list_grants(self, subject: Subject) -> list[Grant]:
         docs = await self.grants.find({"user_id": subject.user_id, "installation_id": subject.installation_id,
                                        "revoked_at": None}).to_list(None)
         return sorted((GRANTS.record(doc) for doc in docs), key=lambda grant: (grant.created_at, grant.grant_id))
 
-    @guarded
+    @guarded(READ)
     async def list_client_grants(self, client_id: str, after: str | None = None,
                                  limit: int | None = None) -> list[Grant]:
         live: dict[str, Any] = {"client_id": client_id, "revoked_at": None}
@@ -449,21 +534,29 @@ class MongoStore(Store):
         cursor = self.grants.find(live).sort("_id", ASCENDING)
         return [GRANTS.record(doc) for doc in await (cursor.limit(limit) if limit else cursor).to_list(None)]
 
-    @guarded
     async def revoke_client_grants(self, client_id: str, now: datetime) -> list[str]:
+        grant_ids = await self._live_grant_ids(client_id)
+        await self._revoke_client(client_id, now)
+        return grant_ids
+
+    @guarded(READ)
+    async def _live_grant_ids(self, client_id: str) -> list[str]:
         live = {"client_id": client_id, "revoked_at": None}
-        grant_ids = [doc["_id"] for doc in await self.grants.find(live, {"_id": 1}).to_list(None)]
+        return [doc["_id"] for doc in await self.grants.find(live, {"_id": 1}).to_list(None)]
+
+    @guarded(RERUN)
+    async def _revoke_client(self, client_id: str, now: datetime) -> None:
+        live = {"client_id": client_id, "revoked_at": None}
         # The grants first: from then on none of their tokens is in force, whatever the sweep does.
         await self.grants.update_many(live, {"$set": {"revoked_at": now}})
         await self.families.update_many(live, {"$set": {"revoked_at": now}})
-        return grant_ids
 
-    @guarded
+    @guarded(ONCE)
     async def mark_grant_revoked(self, grant_id: str, now: datetime) -> bool:
         result = await self.grants.update_one({"_id": grant_id, "revoked_at": None}, {"$set": {"revoked_at": now}})
         return result.modified_count == 1
 
-    @guarded
+    @guarded(RERUN)
     async def revoke_grant_families(self, grant_id: str, now: datetime) -> int:
         result = await self.families.update_many({"grant_id": grant_id, "revoked_at": None},
                                                  {"$set": {"revoked_at": now}})
@@ -471,15 +564,15 @@ class MongoStore(Store):
 
     # -- codes
 
-    @guarded
+    @guarded(ONCE)
     async def add_code(self, code: AuthorizationCode) -> None:
         await self.codes.insert_one(CODES.doc(code))
 
-    @guarded
+    @guarded(READ)
     async def get_code(self, code_hash: str) -> AuthorizationCode | None:
         return CODES.record(await self.codes.find_one({"_id": code_hash}))
 
-    @guarded
+    @guarded(ONCE)
     async def consume_code(self, code_hash: str, now: datetime, *, family_id: str | None = None,
                            failed: bool = False) -> AuthorizationCode | None:
         return CODES.record(await self.codes.find_one_and_update(
@@ -489,7 +582,7 @@ class MongoStore(Store):
 
     # -- token families
 
-    @guarded
+    @guarded(ONCE)
     async def create_family(self, family: Family) -> bool:
         try:
             await self.families.insert_one(FAMILIES.doc(family))
@@ -511,15 +604,15 @@ class MongoStore(Store):
         grants = documents[0].pop("grant")
         return FAMILIES.record(documents[0]), GRANTS.record(grants[0] if grants else None)
 
-    @guarded
+    @guarded(READ)
     async def get_family(self, family_id: str) -> tuple[Family | None, Grant | None]:
         return await self._with_grant({"_id": family_id})
 
-    @guarded
+    @guarded(READ)
     async def find_access(self, access_hash: str) -> tuple[Family | None, Grant | None]:
         return await self._with_grant({"access_hash": access_hash})
 
-    @guarded
+    @guarded(ONCE)
     async def rotate_family(self, family_id: str, refresh_hash: str, pair: Pair, now: datetime) -> Family | None:
         return FAMILIES.record(await self.families.find_one_and_update(
             {"_id": family_id, "refresh_hash": refresh_hash, "revoked_at": None, "expires_at": {"$gt": now}},
@@ -527,30 +620,30 @@ class MongoStore(Store):
              "$inc": {"rotations": 1}},
             return_document=ReturnDocument.AFTER))
 
-    @guarded
+    @guarded(ONCE)
     async def reissue_pair(self, family_id: str, refresh_hash: str, pair: Pair) -> Family | None:
         return FAMILIES.record(await self.families.find_one_and_update(
             {"_id": family_id, "refresh_hash": refresh_hash, "access_used_at": None, "revoked_at": None},
             {"$set": _pair_fields(pair)}, return_document=ReturnDocument.AFTER))
 
-    @guarded
+    @guarded(RERUN)
     async def mark_access_used(self, family_id: str, access_hash: str, now: datetime) -> None:
         await self.families.update_one({"_id": family_id, "access_hash": access_hash, "access_used_at": None},
                                        {"$set": {"access_used_at": now}})
 
-    @guarded
+    @guarded(ONCE)
     async def revoke_access(self, family_id: str, access_hash: str, now: datetime) -> bool:
         result = await self.families.update_one(
             {"_id": family_id, "access_hash": access_hash, "access_revoked_at": None},
             {"$set": {"access_revoked_at": now, "access_used_at": now}})
         return result.modified_count == 1
 
-    @guarded
+    @guarded(ONCE)
     async def revoke_family(self, family_id: str, now: datetime) -> bool:
         result = await self.families.update_one({"_id": family_id, "revoked_at": None}, {"$set": {"revoked_at": now}})
         return result.modified_count == 1
 
-    @guarded
+    @guarded(READ)
     async def list_families(self, grant_id: str) -> list[Family]:
         docs = await self.families.find({"grant_id": grant_id, "revoked_at": None}).sort(
             [("created_at", ASCENDING), ("_id", ASCENDING)]).to_list(None)
@@ -558,38 +651,38 @@ class MongoStore(Store):
 
     # -- sessions
 
-    @guarded
+    @guarded(ONCE)
     async def add_session(self, session: Session) -> None:
         await self.sessions.insert_one(SESSIONS.doc(session))
 
-    @guarded
+    @guarded(READ)
     async def get_session(self, session_hash: str) -> Session | None:
         session = SESSIONS.record(await self.sessions.find_one({"_id": session_hash}))
         return None if session is None or session.ended_at is not None else session
 
-    @guarded
+    @guarded(ONCE)
     async def end_session(self, session_hash: str, now: datetime) -> bool:
         result = await self.sessions.update_one({"_id": session_hash, "ended_at": None}, {"$set": {"ended_at": now}})
         return result.modified_count == 1
 
-    @guarded
+    @guarded(READ)
     async def list_user_sessions(self, user_id: str, now: datetime) -> list[Session]:
         live = {"user_id": user_id, "ended_at": None, "expires_at": {"$gt": now}}
         sessions = [SESSIONS.record(doc) for doc in await self.sessions.find(live).to_list(None)]
         return sorted(sessions, key=lambda s: (s.last_seen_at or s.created_at, s.session_hash), reverse=True)
 
-    @guarded
+    @guarded(RERUN)
     async def touch_session(self, session_hash: str, now: datetime) -> None:
         await self.sessions.update_one({"_id": session_hash}, {"$set": {"last_seen_at": now}})
 
-    @guarded
+    @guarded(RERUN)
     async def end_user_sessions(self, user_id: str, now: datetime) -> int:
         result = await self.sessions.update_many({"user_id": user_id, "ended_at": None}, {"$set": {"ended_at": now}})
         return result.modified_count
 
     # -- failure counts shared by the processes (ratelimit.SharedFailureCounts)
 
-    @guarded
+    @guarded(ONCE)
     async def count_attempt(self, group: str, counters: list[str], window_seconds: int) -> tuple[list[int], float]:
         now = datetime.now(UTC)
         for _ in range(3):
@@ -608,14 +701,14 @@ class MongoStore(Store):
                 continue
         raise StorageError("could not count an attempt (concurrent updates)")
 
-    @guarded
+    @guarded(ONCE)
     async def uncount_attempt(self, group: str, counters: list[str], reset: list[str]) -> None:
         update: dict[str, Any] = {"$inc": {f"c.{name}": -1 for name in counters}}
         if reset:
             update["$set"] = {f"c.{name}": 0 for name in reset}
         await self.failures.update_one({"_id": group, "expires_at": {"$gt": datetime.now(UTC)}}, update)
 
-    @guarded
+    @guarded(READ)
     async def read_counts(self, group: str, counters: list[str]) -> tuple[list[int], float]:
         now = datetime.now(UTC)
         found = await self.failures.find_one({"_id": group, "expires_at": {"$gt": now}})
@@ -631,33 +724,56 @@ class MongoStore(Store):
         standalone server), by polling their revocation fields every ``poll_seconds``."""
         if self.change_streams:
             try:
+                self.observer.feed("stream")
                 async for revocation in self._changes():
+                    self.observer.feed_event()
                     yield revocation
             except _NoChangeStreams:
                 log.warning("MongoDB offers no change streams (not a replica set): polling for revocations")
                 self.change_streams = False
+            except BaseException:
+                self.observer.feed("interrupted")
+                raise
+        self.observer.feed("polling")
         async for revocation in self._poll(poll_seconds):
+            self.observer.feed_event()
             yield revocation
 
     async def _changes(self) -> AsyncIterator[Revocation]:
+        """The change stream, asked for more every :data:`STREAM_WAIT_MS` at most: quiet is no
+        error, and the resume token (the server's ``postBatchResumeToken``) is kept after every
+        answer, events or none. When the server can no longer resume it (the oplog rolled past
+        it: 286, 260, 280; or the stream was invalidated) it starts again from now, and the
+        interruption makes every socket re-check once (``events.relay``)."""
         fields = {field for _, revoking in WATCHED.values() for field in revoking}
         pipeline = [
-            {"$match": {"operationType": "update", "ns.coll": {"$in": list(WATCHED)},
-                        "$or": [{f"updateDescription.updatedFields.{field}": {"$type": "date"}}
-                                for field in sorted(fields)]}},
-            {"$project": {"ns": 1, "documentKey": 1}},
+            {"$match": {"operationType": {"$in": ["update", "invalidate"]},
+                        "$or": [{"operationType": "invalidate"}, {
+                            "ns.coll": {"$in": list(WATCHED)},
+                            "$or": [{f"updateDescription.updatedFields.{field}": {"$type": "date"}}
+                                    for field in sorted(fields)]}]}},
+            {"$project": {"ns": 1, "documentKey": 1, "operationType": 1}},
         ]
         try:
-            stream = self._db.watch(pipeline, resume_after=self._resume_token)
+            stream = self._db.watch(pipeline, resume_after=self._resume_token, max_await_time_ms=STREAM_WAIT_MS)
             if inspect.isawaitable(stream):  # PyMongo's watch is a coroutine; Motor-style ones are not
                 stream = await stream
             async with stream:
-                async for change in stream:
+                while stream.alive:
+                    change = await stream.try_next()
                     self._resume_token = stream.resume_token
+                    if change is None:
+                        continue
+                    if change["operationType"] == "invalidate":
+                        self._resume_token = None
+                        raise StorageError("the change stream was invalidated; following from now")
                     yield Revocation(WATCHED[change["ns"]["coll"]][0], change["documentKey"]["_id"])
         except OperationFailure as exc:
             if exc.code in NO_CHANGE_STREAMS:
                 raise _NoChangeStreams() from None
+            if exc.code in HISTORY_LOST:
+                self._resume_token = None  # from now on: what happened meanwhile, every socket re-checks
+                raise StorageError(f"the change stream cannot resume ({exc.code}); following from now") from None
             raise translate(exc) from None
         except PyMongoError as exc:
             raise translate(exc) from None
@@ -678,13 +794,13 @@ class MongoStore(Store):
             since = now
             seen = {key: at for key, at in seen.items() if at > since - 2 * POLL_OVERLAP}
 
-    @guarded
+    @guarded(READ)
     async def _revoked_since(self, collection: str, field: str, since: datetime) -> list[dict[str, Any]]:
         return await self._db[collection].find({field: {"$gt": since}}, {field: 1}).to_list(None)
 
     # -- housekeeping
 
-    @guarded
+    @guarded(RERUN)
     async def purge_expired(self, now: datetime) -> dict[str, int]:
         # The TTL index keeps every code the retention past its expiry; here an unconsumed one
         # (nothing to detect a replay of) goes at once.

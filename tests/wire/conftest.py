@@ -1,0 +1,32 @@
+"""The wire tier: the real ``AsyncMongoClient`` against :class:`primary.Primary`."""
+
+from __future__ import annotations
+
+import pytest
+from primary import Primary, wire_settings
+
+from tokensvc.storage.mongo import MongoStore
+
+
+def pytest_collection_modifyitems(items):
+    for item in items:
+        if "/wire/" in str(item.fspath):
+            item.add_marker(pytest.mark.wire)
+            item.add_marker(pytest.mark.mongodb)
+
+
+@pytest.fixture
+def primary():
+    server = Primary().start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def wire_store(primary, io_loop):
+    """A MongoStore over the real driver, opened (its indexes made), talking to ``primary``."""
+    store = MongoStore.from_settings(wire_settings(primary))
+    io_loop.run_sync(store.open)
+    primary.forget()
+    yield store
+    io_loop.run_sync(store.close)

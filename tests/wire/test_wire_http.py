@@ -1,0 +1,64 @@
+"""Through HTTP, on the real driver: what a client sees when the replica set loses a reply
+after applying the write (the token lifecycle's retries, proven on the wire)."""
+
+from __future__ import annotations
+
+import pytest
+from helpers import WEBAPP_REDIRECT, exchange, json_of, make_config, query_of
+from primary import BUDGET_MS, Fault
+
+from tokensvc.oauth import introspection
+from tokensvc.records import Subject
+
+pytestmark = pytest.mark.gen_test
+
+
+@pytest.fixture
+def config():
+    # The MongoDB backend's default grace: the whole retry budget of a client.
+    return make_config(storage={"backend": "mongodb", "timeout_ms": BUDGET_MS})
+
+
+@pytest.fixture
+def store(wire_store):
+    return wire_store
+
+
+async def code_of(browser) -> str:
+    await browser.login("alice")
+    response = await browser.authorize("webapp", WEBAPP_REDIRECT, scope="read")
+    return query_of(response.headers["Location"])["code"]
+
+
+async def test_an_exchange_whose_reply_is_lost_after_the_code_was_consumed_is_retried(
+        browser, http_client, base_url, primary, ctx, config):
+    assert config.tokens.refresh_grace_seconds > 0
+    code = await code_of(browser)
+    # The consumption is applied, and both its reply and the driver's retry's are lost.
+    primary.script(Fault("findAndModify", "hangup_after", collection="codes", times=2))
+    lost = await exchange(http_client, base_url, code)
+    assert lost.code == 503 and lost.headers["Retry-After"]
+    retried = await exchange(http_client, base_url, code)
+    assert retried.code == 200, retried.body
+    tokens = json_of(retried)
+    # Nothing was revoked: the tokens work and the grant lives.
+    assert (await introspection.introspect(ctx, tokens["access_token"]))["active"] is True
+    alice = await ctx.store.get_user_by_username("alice")
+    grants = await ctx.store.list_grants(Subject(user_id=alice.user_id))
+    assert [grant.client_id for grant in grants] == ["webapp"]  # live, not revoked
+
+
+async def test_a_refresh_whose_reply_is_lost_after_the_rotation_is_retried(browser, http_client, base_url, primary,
+                                                                           ctx):
+    from helpers import WEBAPP_SECRET, basic, post_form
+
+    tokens = json_of(await exchange(http_client, base_url, await code_of(browser)))
+    refresh = {"grant_type": "refresh_token", "refresh_token": tokens["refresh_token"]}
+    headers = {"Authorization": basic("webapp", WEBAPP_SECRET)}
+    primary.script(Fault("findAndModify", "hangup_after", collection="families", times=2))
+    lost = await post_form(http_client, base_url + "/oauth/token/refresh", refresh, headers=headers)
+    assert lost.code == 503
+    retried = await post_form(http_client, base_url + "/oauth/token/refresh", refresh, headers=headers)
+    assert retried.code == 200, retried.body
+    renewed = json_of(retried)
+    assert (await introspection.introspect(ctx, renewed["access_token"]))["active"] is True

@@ -1,0 +1,100 @@
+"""``tokensvc serve`` processes on the MongoDB backend, their store the scripted primary: a
+deploy's SIGTERM lets the requests in flight finish, and the failure limits hold across
+processes."""
+
+from __future__ import annotations
+
+import signal
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from urllib.parse import urlencode
+
+import pytest
+import requests
+from helpers import CHALLENGE, VERIFIER
+from primary import Fault, Primary
+from service import NOWHERE, WEBAPP_SECRET, start_service, user_agent_authorize
+
+pytestmark = pytest.mark.e2e
+
+
+def mongodb(primary: Primary) -> str:
+    return f'[storage]\nbackend = "mongodb"\nmongodb_uri = "{primary.uri()}"\ntimeout_ms = 3000\n'
+
+
+def ready(service):
+    """The service, once its store is prepared (indexes made, configuration seeded)."""
+    deadline = time.monotonic() + 20
+    while requests.get(service.base + "/readyz", timeout=5).status_code != 200:
+        assert time.monotonic() < deadline, service.output()
+        time.sleep(0.1)
+    return service
+
+
+def code_for(base: str) -> str:
+    url = base + "/oauth/authorize?" + urlencode({
+        "response_type": "code", "client_id": "webapp", "redirect_uri": NOWHERE["webapp"], "scope": "read",
+        "state": "s", "code_challenge": CHALLENGE, "code_challenge_method": "S256"})
+    landed = user_agent_authorize(url)
+    return landed.split("code=")[1].split("&")[0]
+
+
+def exchange(base: str, code: str) -> requests.Response:
+    return requests.post(base + "/oauth/token", auth=("webapp", WEBAPP_SECRET), timeout=30, data={
+        "grant_type": "authorization_code", "code": code, "redirect_uri": NOWHERE["webapp"],
+        "code_verifier": VERIFIER})
+
+
+@pytest.fixture
+def primary():
+    server = Primary().start()
+    yield server
+    server.stop()
+
+
+def test_sigterm_lets_the_requests_in_flight_finish_before_the_store_closes(tmp_path, primary):
+    service = ready(start_service(tmp_path, mongodb(primary)))
+    code = code_for(service.base)
+    # The exchange's consumption takes 1.5 s; the deploy's SIGTERM comes half a second in.
+    primary.script(Fault("findAndModify", "delay", collection="codes", seconds=1.5))
+    answer: list[requests.Response] = []
+    request = threading.Thread(target=lambda: answer.append(exchange(service.base, code)))
+    request.start()
+    time.sleep(0.5)
+    started = time.monotonic()
+    service.process.send_signal(signal.SIGTERM)
+    request.join(30)
+    output = service.stop()
+    assert answer and answer[0].status_code == 200, (answer and answer[0].text, output)
+    assert "access_token" in answer[0].json()
+    assert service.returncode == 0 and time.monotonic() - started < 10
+    assert "Traceback" not in output and "store fault" not in output and " 500 " not in output
+
+
+def test_failure_limits_hold_across_real_processes(tmp_path_factory, primary):
+    """40 concurrent wrong client secrets and 40 wrong passwords from one address, spread over
+    three processes: at most the limit's worth are answered 401, the rest 429."""
+    services = [ready(start_service(tmp_path_factory.mktemp(f"p{index}"), mongodb(primary))) for index in range(3)]
+    try:
+        def wrong_secret(index: int) -> int:
+            base = services[index % 3].base
+            return requests.post(base + "/oauth/token", auth=("webapp", f"wrong-{index}"), timeout=30, data={
+                "grant_type": "authorization_code", "code": "x", "redirect_uri": NOWHERE["webapp"],
+                "code_verifier": VERIFIER}).status_code
+
+        def wrong_password(index: int) -> int:
+            agent = requests.Session()
+            base = services[index % 3].base
+            agent.get(base + "/login", timeout=30)
+            return agent.post(base + "/login", timeout=30, allow_redirects=False, data={
+                "username": "bob", "password": f"wrong-{index}", "_xsrf": agent.cookies["_xsrf"]}).status_code
+
+        with ThreadPoolExecutor(40) as pool:
+            secrets_answered = list(pool.map(wrong_secret, range(40)))
+            passwords_answered = list(pool.map(wrong_password, range(40)))
+    finally:
+        outputs = [service.stop() for service in services]
+    assert set(secrets_answered) <= {401, 429} and set(passwords_answered) <= {401, 429}, outputs
+    assert 1 <= secrets_answered.count(401) <= 10  # limits.failed_client_auth_per_client
+    assert 1 <= passwords_answered.count(401) <= 5  # limits.failed_logins_per_username

@@ -1,0 +1,96 @@
+"""The revocation relay on a real change stream: quiet is no error, the resume token follows
+every answer, and a stream that cannot resume starts again from now with one re-check."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from datetime import timedelta
+
+import pytest
+from primary import BUDGET_MS, Fault
+
+from tokensvc.oauth import events
+from tokensvc.records import Session, utcnow
+from tokensvc.storage.base import SESSION, Revocation
+
+pytestmark = pytest.mark.gen_test(timeout=30)
+
+
+async def next_revocation(feed, seconds=5.0):
+    return await asyncio.wait_for(feed.__anext__(), seconds)
+
+
+async def add_sessions(store, *ids):
+    now = utcnow()
+    for session_id in ids:
+        await store.add_session(Session(session_id, "u_alice", now, now + timedelta(hours=1)))
+
+
+async def test_revocations_arrive_and_quiet_longer_than_the_budget_is_no_error(wire_store, primary, caplog):
+    await add_sessions(wire_store, "s1", "s2")
+    feed = wire_store.revocation_feed()
+    waiting = asyncio.ensure_future(next_revocation(feed, 10))
+    await asyncio.sleep(BUDGET_MS / 1000 + 1)  # quiet, for longer than an operation's budget
+    assert not waiting.done()
+    await wire_store.end_session("s1", utcnow())
+    with caplog.at_level(logging.WARNING):
+        assert await waiting == Revocation(SESSION, "s1")
+    assert not [record for record in caplog.records if record.levelno >= logging.WARNING]
+    # The stream asked again and again while quiet, and kept the resume point of each answer.
+    assert len(primary.sent("getMore")) >= 2
+    assert wire_store._resume_token is not None
+    await feed.aclose()
+
+
+async def test_the_resume_token_follows_every_answer_not_only_events(wire_store, primary):
+    feed = wire_store.revocation_feed()
+    pending = asyncio.ensure_future(next_revocation(feed, 10))
+    await asyncio.sleep(1.5)
+    quiet_token = wire_store._resume_token
+    assert quiet_token is not None  # no event yet: the server's postBatchResumeToken
+    await add_sessions(wire_store, "s1")  # an insert: no revocation, but the stream moves on
+    await wire_store.end_session("s1", utcnow())
+    assert await pending == Revocation(SESSION, "s1")
+    assert wire_store._resume_token != quiet_token
+    await feed.aclose()
+
+
+async def test_a_stream_that_cannot_resume_starts_again_from_now_and_every_socket_rechecks(wire_store, primary):
+    await add_sessions(wire_store, "s1", "s2")
+    rechecks = []
+    revocation_events = events.RevocationEvents()
+    revocation_events.subscribe([Revocation(SESSION, "unrelated")], lambda: rechecks.append("all"))
+    seen = []
+    revocation_events.subscribe([Revocation(SESSION, "s2")], lambda: seen.append("s2"))
+    relay = asyncio.ensure_future(events.relay(wire_store, revocation_events, retry_seconds=0.1))
+    await asyncio.sleep(1.2)
+    # The connection drops under the stream, and meanwhile the history it would resume from is gone.
+    primary.lose_history()
+    primary.script(Fault("getMore", "hangup"))
+    await asyncio.sleep(1.5)
+    assert rechecks == ["all"] and seen == ["s2"]  # restarted: every listener re-checked once
+    resumes = [doc["pipeline"][0]["$changeStream"] for doc in primary.sent("aggregate")]
+    assert "resumeAfter" in resumes[1] and "resumeAfter" not in resumes[2]  # refused, then from now
+    seen.clear()
+    await wire_store.end_session("s2", utcnow())
+    for _ in range(50):
+        if seen:
+            break
+        await asyncio.sleep(0.1)
+    assert seen == ["s2"]  # and it follows revocations again
+    relay.cancel()
+    await asyncio.gather(relay, return_exceptions=True)
+
+
+async def test_without_change_streams_the_revocation_fields_are_polled(wire_store, primary, caplog):
+    primary.change_streams = False
+    await add_sessions(wire_store, "s1")
+    feed = wire_store.revocation_feed(poll_seconds=0.05)
+    waiting = asyncio.ensure_future(next_revocation(feed, 5))
+    await asyncio.sleep(0.3)
+    assert not wire_store.change_streams and not waiting.done()  # polling, nothing revoked yet
+    await wire_store.end_session("s1", utcnow())
+    assert await waiting == Revocation(SESSION, "s1")
+    assert "polling for revocations" in caplog.text
+    await feed.aclose()

@@ -1,0 +1,184 @@
+"""What the real driver sends for the store's operations, and how the store meets the faults
+a replica set shows: lost replies, dropped connections, retryable errors that do not stop,
+a server that does not answer, a client closed under a request."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from datetime import timedelta
+
+import pytest
+from primary import BUDGET_MS, Fault, wire_settings
+
+from tokensvc.records import AuthorizationCode, Client, Family, Session, Subject, User, utcnow
+from tokensvc.storage.base import StorageError
+from tokensvc.storage.mongo import MongoStore
+
+pytestmark = pytest.mark.gen_test
+
+ALICE = Subject(user_id="u_alice")
+WRITES = ("insert", "update", "delete", "findAndModify")
+READS = ("find", "aggregate", "count")
+
+
+def code(now, code_hash="c1"):
+    return AuthorizationCode(code_hash, "webapp", "https://a/cb", ["read"], "u_alice", None, "x" * 43, "S256",
+                             now + timedelta(minutes=5))
+
+
+def family(now, grant_id, family_id="f1"):
+    return Family(family_id, grant_id, "webapp", "u_alice", None, 0, ["read"], now, "r1", "a1", now,
+                  now + timedelta(hours=1), now + timedelta(minutes=10), renewed_at=now)
+
+
+async def every_operation(store: MongoStore) -> None:
+    """Each operation of the Store contract once, as the service runs them."""
+    now = utcnow()
+    await store.put_client(Client("webapp", "Web", ["https://a/cb"], created_at=now))
+    await store.get_client("webapp")
+    await store.list_clients(None, 10)
+    await store.put_user(User("u_alice", "alice", "scrypt$x"))
+    await store.seed_user(User("u_bob", "bob", "scrypt$y"))
+    await store.get_user("u_alice")
+    await store.get_user_by_username("alice")
+    await store.list_users()
+    grant = await store.save_grant("webapp", ALICE, ["read"], now)
+    await store.get_grant(grant.grant_id)
+    await store.find_grant("webapp", ALICE)
+    await store.list_grants(ALICE)
+    await store.list_client_grants("webapp", None, 10)
+    await store.add_code(code(now))
+    await store.get_code("c1")
+    await store.consume_code("c1", now, family_id="f1")
+    await store.create_family(family(now, grant.grant_id))
+    await store.get_family("f1")
+    await store.find_access("a1")
+    await store.mark_access_used("f1", "a1", now)
+    await store.list_families(grant.grant_id)
+    await store.revoke_access("f1", "a1", now)
+    await store.revoke_family("f1", now)
+    await store.add_session(Session("s1", "u_alice", now, now + timedelta(hours=1)))
+    await store.get_session("s1")
+    await store.touch_session("s1", now)
+    await store.list_user_sessions("u_alice", now)
+    await store.end_session("s1", now)
+    await store.end_user_sessions("u_alice", now)
+    await store.count_attempt("client|127.0.0.1", ["address"], 300)
+    await store.read_counts("client|127.0.0.1", ["address"])
+    await store.uncount_attempt("client|127.0.0.1", ["address"], [])
+    await store.mark_grant_revoked(grant.grant_id, now)
+    await store.revoke_grant_families(grant.grant_id, now)
+    await store.revoke_client_grants("webapp", now)
+    await store.purge_expired(now)
+    await store.delete_client("webapp")
+    await store.ping()
+
+
+async def test_every_operation_sends_what_the_design_promises(wire_store, primary):
+    await every_operation(wire_store)
+    commands = [(name, doc) for name, doc in primary.commands if name in WRITES + READS]
+    assert {name for name, _ in commands} == set(WRITES + READS) - {"count"}
+    for name, doc in commands:
+        assert doc.get("$readPreference", {"mode": "primary"})["mode"] == "primary", (name, doc)
+        if name in WRITES:
+            # Every write waits for a journaled majority, for at most the budget.
+            assert doc["writeConcern"] == {"w": "majority", "j": True, "wtimeout": BUDGET_MS}, (name, doc)
+            multi = any(spec.get("multi") for spec in doc.get("updates", [])) or any(
+                spec.get("limit") == 0 for spec in doc.get("deletes", []))
+            # A single-document write carries its txnNumber (a retry is applied once); the driver
+            # never makes a multi-document write retryable: the store runs those again itself.
+            assert ("txnNumber" in doc) is not multi, (name, doc)
+        else:
+            assert doc["readConcern"] == {"level": "majority"}, (name, doc)
+            assert 0 < doc["maxTimeMS"] <= BUDGET_MS, (name, doc)
+
+
+async def test_a_lost_reply_is_retried_with_the_same_txn_number_and_applied_once(wire_store, primary):
+    now = utcnow()
+    await wire_store.add_code(code(now))
+    primary.script(Fault("findAndModify", "hangup_after", collection="codes"))
+    consumed = await wire_store.consume_code("c1", now, family_id="f1")
+    # The answer is the first attempt's: the code as it was before this consumption.
+    assert consumed is not None and consumed.consumed_at is None
+    sent = primary.sent("findAndModify", "codes")
+    assert len(sent) == 2 and sent[0]["txnNumber"] == sent[1]["txnNumber"]
+    assert sent[0]["lsid"] == sent[1]["lsid"]
+    assert (await wire_store.get_code("c1")).family_id == "f1"
+
+
+async def test_multi_document_writes_are_run_again_after_a_dropped_connection(wire_store, primary):
+    now = utcnow()
+    for index in range(3):
+        await wire_store.add_session(Session(f"s{index}", "u_alice", now, now + timedelta(hours=1)))
+    primary.script(Fault("update", "hangup", collection="sessions", times=2))
+    assert await wire_store.end_user_sessions("u_alice", now) == 3
+    assert len(primary.sent("update", "sessions")) == 3
+    for collection, operation, run in (
+            ("families", "update", lambda: wire_store.revoke_grant_families("g1", now)),
+            ("codes", "delete", lambda: wire_store.purge_expired(now)),
+            ("grants", "update", lambda: wire_store.revoke_client_grants("webapp", now))):
+        primary.script(Fault(operation, "hangup", collection=collection))
+        await run()  # no StorageError: run again, and the sweep is the same sweep
+
+
+async def test_retryable_errors_that_do_not_stop_are_tried_with_backoff_not_back_to_back(wire_store, primary):
+    primary.script(Fault("find", "error", collection="clients", code=262, labels=("RetryableWriteError",),
+                         times=100_000),
+                   Fault("update", "error", collection="clients", code=6, labels=("RetryableWriteError",),
+                         times=100_000),
+                   Fault("findAndModify", "error", collection="codes", code=134, labels=("RetryableWriteError",),
+                         times=100_000))
+    for operation in (lambda: wire_store.get_client("webapp"),
+                      lambda: wire_store.put_client(Client("webapp", "Web", ["https://a/cb"])),
+                      lambda: wire_store.consume_code("c1", utcnow())):
+        started = time.monotonic()
+        with pytest.raises(StorageError):
+            await operation()
+        assert time.monotonic() - started <= BUDGET_MS / 1000 + 0.5  # never past the budget
+    assert 2 <= len(primary.sent("find", "clients")) <= 20  # a storm sends thousands
+    assert 2 <= len(primary.sent("update", "clients")) <= 20
+    assert len(primary.sent("findAndModify", "codes")) == 2  # a one-document write: the driver's one retry
+
+
+async def test_an_operation_never_outlasts_its_budget_and_the_store_recovers(wire_store, primary):
+    primary.script(Fault("find", "delay", collection="clients", seconds=BUDGET_MS / 1000 + 2))
+    started = time.monotonic()
+    with pytest.raises(StorageError, match="no answer within"):
+        await wire_store.get_client("webapp")
+    assert time.monotonic() - started < BUDGET_MS / 1000 + 0.5
+    await wire_store.put_client(Client("webapp", "Web", ["https://a/cb"]))
+    assert (await wire_store.get_client("webapp")).name == "Web"
+
+
+async def test_a_request_under_a_closed_client_is_a_storage_error(primary):
+    store = MongoStore.from_settings(wire_settings(primary))
+    await store.ping()
+    await store.close()
+    with pytest.raises(StorageError):  # InvalidOperation: the service is stopping; 503, never 500
+        await store.get_client("webapp")
+
+
+async def test_an_srv_name_that_does_not_resolve_is_transient():
+    store = MongoStore.from_settings(wire_settings_for("mongodb+srv://cluster0.no-such-name.invalid/", 500))
+    started = time.monotonic()
+    with pytest.raises(StorageError):
+        await store.ping()
+    assert time.monotonic() - started < 5
+    await store.close()
+
+
+def wire_settings_for(uri: str, timeout_ms: int):
+    from tokensvc.config import StorageSettings
+
+    return StorageSettings(backend="mongodb", mongodb_uri=uri, database="tokensvc", timeout_ms=timeout_ms)
+
+
+async def test_writes_from_concurrent_requests_go_on_while_one_waits(wire_store, primary):
+    """A slow answer holds up its own connection only."""
+    primary.script(Fault("find", "delay", collection="users", seconds=1.0))
+    slow = asyncio.ensure_future(wire_store.get_user("u_slow"))
+    started = time.monotonic()
+    await wire_store.put_client(Client("webapp", "Web", ["https://a/cb"]))
+    assert time.monotonic() - started < 0.5
+    assert await slow is None
