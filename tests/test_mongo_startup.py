@@ -41,6 +41,8 @@ class FakeDatabase:
         return self.collections.setdefault(name, FakeCollection(name, self))
 
     async def command(self, document):
+        if document == "hello":
+            return {"ok": 1, "isWritablePrimary": True}
         self.commands.append(document)
         if "collMod" in document:
             index = document["index"]

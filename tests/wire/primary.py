@@ -329,6 +329,10 @@ class Primary:
         existing = collection.index_information()
         for index in doc.get("indexes", []):
             options = {key: value for key, value in index.items() if key not in ("key", "name")}
+            same_keys = [name for name, info in existing.items()
+                         if list(info["key"]) == list(index["key"].items()) and name != index["name"]]
+            if same_keys:
+                return {"ok": 0, "code": 85, "errmsg": f"Index already exists with a different name: {same_keys[0]}"}
             have = existing.get(index["name"])
             if have is not None:
                 have_options = {key: value for key, value in have.items() if key not in ("key", "v", "ns")}
@@ -415,5 +419,5 @@ def wire_settings(primary: Primary, **overrides: Any) -> Any:
     """The storage settings of a service on ``primary``."""
     from tokensvc.config import StorageSettings
 
-    return StorageSettings(backend="mongodb", mongodb_uri=primary.uri(), database="tokensvc",
-                           **{"timeout_ms": BUDGET_MS, **overrides})
+    return StorageSettings(**{"backend": "mongodb", "mongodb_uri": primary.uri(), "database": "tokensvc",
+                              "timeout_ms": BUDGET_MS, **overrides})

@@ -47,6 +47,7 @@ from tokensvc.handlers.access_log import log_access, redact
 from tokensvc.handlers.headers import PAGE_HEADERS, safe_location
 from tokensvc.handlers.inputs import RequestInput
 from tokensvc.handlers.proxies import ClientAddress
+from tokensvc.handlers.readiness import Readiness
 from tokensvc.identifiers import is_loopback
 from tokensvc.logs import REQUEST_ID
 from tokensvc.metrics import Metrics
@@ -238,6 +239,7 @@ class Edge:
                                             proxy.real_ip_header)
         self._static_settings, self._static_files = static_settings, static_files
         self.in_flight = 0  # requests whose body is in and whose answer is not yet written
+        self.readiness = Readiness(ctx.store)
 
     async def drained(self, poll_seconds: float = 0.05) -> None:
         """Return once no request is in flight (a graceful stop waits for it, with a deadline)."""

@@ -25,13 +25,14 @@ class HealthHandler(JsonHandler):
 
 
 class ReadyHandler(JsonHandler):
-    """``GET /readyz``: start-up has prepared the store (indexes, seeding), and it answers a
-    ping; 503 otherwise."""
+    """``GET /readyz``: start-up has prepared the store (indexes, seeding), and it answers
+    (:mod:`..readiness`: a short, shared ping, with a grace through an election); 503 otherwise."""
 
     async def get(self) -> None:
         if not self.ctx.store.prepared:
             raise StorageError("start-up has not prepared the store yet")
-        await self.ctx.store.ping()
+        if not await self.edge.readiness.ready():
+            raise StorageError("the store has not answered for a while")
         self.send_json({"status": "ok"})
 
 

@@ -128,6 +128,7 @@ DUPLICATE_KEY = frozenset({11000, 11001, 12582})
 # reads not yet available on a new primary.
 RETRYABLE_CODES = frozenset({6, 7, 89, 91, 134, 189, 262, 9001, 10107, 11600, 11602, 13435, 13436})
 INDEX_CONFLICT = frozenset({85, 86})  # IndexOptionsConflict, IndexKeySpecsConflict
+UNAUTHORIZED = 13
 # "$changeStream is only supported on replica sets", and kin: poll instead.
 NO_CHANGE_STREAMS = frozenset({40573, 40324, 136})
 POLL_SECONDS = 0.5
@@ -366,9 +367,17 @@ class MongoStore(Store):
 
     @guarded(ONCE, budget="build_budget")
     async def open(self) -> None:
-        """Make every index. One that exists with other options is reconciled where MongoDB
-        can change it in place (a TTL: ``collMod``); otherwise the others are still made and
-        then :class:`StoreFault` names each conflicting index and what to do."""
+        """Check that the server takes writes, then make every index. One that exists with
+        other options is reconciled where MongoDB can change it in place (a TTL: ``collMod``);
+        otherwise the others are still made and then :class:`StoreFault` names each
+        conflicting index (found by its keys, whatever its name) and what to do."""
+        hello = await self._db.command("hello")
+        if not hello.get("isWritablePrimary", hello.get("ismaster")):
+            # directConnection=true to a secondary would serve reads and fail every write:
+            # not ready until the URI reaches a primary (start-up keeps trying, /readyz is 503).
+            raise StorageError(f"MongoDB at {hello.get('me', 'the configured address')} is not a writable primary "
+                               f"({'secondary' if hello.get('secondary') else 'not in a primary state'}): point "
+                               "storage.mongodb_uri at the replica set (replicaSet=..., no directConnection=true)")
         conflicts = []
         for collection, keys, options in INDEXES:
             try:
@@ -385,20 +394,38 @@ class MongoStore(Store):
     async def _reconcile(self, collection: str, keys: list[tuple[str, int]], options: dict[str, Any]) -> str | None:
         """Bring an existing index to ``options``, or say why it cannot be (None: done)."""
         name = options["name"]
-        existing = (await self._db[collection].index_information()).get(name)
+        indexes = await self._db[collection].index_information()
+        # The index in the way: tokensvc's name with other keys, or tokensvc's keys under another name.
+        in_the_way = name if name in indexes else next(
+            (other for other, info in indexes.items() if list(info["key"]) == keys), None)
+        existing = indexes.get(in_the_way) if in_the_way else None
         wanted = {key: value for key, value in options.items() if key != "name"}
-        if existing is not None and list(existing["key"]) == keys:
+        if existing is not None and in_the_way == name and list(existing["key"]) == keys:
             have = {key: existing[key] for key in ("unique", "expireAfterSeconds") if key in existing}
             if {k: v for k, v in have.items() if k != "expireAfterSeconds"} == \
                     {k: v for k, v in wanted.items() if k != "expireAfterSeconds"} and "expireAfterSeconds" in wanted:
-                await self._db.command({"collMod": collection, "index": {
-                    "name": name, "expireAfterSeconds": wanted["expireAfterSeconds"]}})
+                try:
+                    await self._db.command({"collMod": collection, "index": {
+                        "name": name, "expireAfterSeconds": wanted["expireAfterSeconds"]}})
+                except OperationFailure as exc:
+                    if exc.code != UNAUTHORIZED:
+                        raise
+                    return (f"index {collection}.{name} needs expireAfterSeconds {wanted['expireAfterSeconds']} "
+                            f"(it has {existing.get('expireAfterSeconds')}), and changing it needs collMod, which "
+                            "the role readWrite lacks: grant dbAdmin on the database once, or run "
+                            f"db.runCommand({{collMod: '{collection}', index: {{name: '{name}', expireAfterSeconds: "
+                            f"{wanted['expireAfterSeconds']}}}}})")
                 log.info("index %s.%s: expireAfterSeconds %s -> %s", collection, name,
                          existing.get("expireAfterSeconds"), wanted["expireAfterSeconds"])
                 return None
-        found = f"{existing['key']} {have_options(existing)}" if existing else "another index on these keys"
-        return (f"index {collection}.{name} exists with other options ({found}; tokensvc needs {keys} {wanted}): "
-                f"drop it (db.{collection}.dropIndex('{name}')) and start tokensvc again, which makes it anew")
+        if existing is None:
+            found = "another index on these keys"
+            in_the_way = name
+        else:
+            found = f"{existing['key']} {have_options(existing)}"
+        where = f"index {collection}.{in_the_way}" + (f" (tokensvc's {name})" if in_the_way != name else "")
+        return (f"{where} exists with other options ({found}; tokensvc needs {keys} {wanted}): "
+                f"drop it (db.{collection}.dropIndex('{in_the_way}')) and start tokensvc again, which makes it anew")
 
     async def close(self) -> None:
         result = self._client.close()
