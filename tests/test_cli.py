@@ -34,7 +34,9 @@ def config_path(tmp_path):
 
 @pytest.fixture
 def mongo():
-    return AsyncMongoMockClient(tz_aware=True)
+    from yielding import Yielding
+
+    return Yielding(AsyncMongoMockClient(tz_aware=True))
 
 
 @pytest.fixture

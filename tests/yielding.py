@@ -25,6 +25,8 @@ class Yielding:
         return Yielding(self._target[key], self._latency)
 
     def __getattr__(self, name: str) -> Any:
+        if name == "command":
+            return self._command
         value = getattr(self._target, name)
         if not callable(value):
             return value
@@ -40,6 +42,12 @@ class Yielding:
             return result
 
         return call
+
+    async def _command(self, command: Any, *args: Any, **kwargs: Any) -> Any:
+        """A command, as a replica-set primary answers it (mongomock knows no ``hello``)."""
+        if command == "hello":
+            return await self._later(asyncio.sleep(0, {"ok": 1, "isWritablePrimary": True}))
+        return await self._later(self._target.command(command, *args, **kwargs))
 
     async def _later(self, awaitable: Any) -> Any:
         await asyncio.sleep(self._latency)  # the request travels to the server ...
