@@ -1,5 +1,6 @@
 """Start-up: config seeding is idempotent on every backend, and the backend factory."""
 
+import asyncio
 import dataclasses
 from pathlib import Path
 
@@ -43,8 +44,14 @@ async def test_seeding_twice_changes_nothing_and_an_edit_is_applied(backend_stor
 
 def test_make_store_picks_the_backend():
     assert isinstance(make_store(StorageSettings(backend="memory")), MemoryStore)
-    assert isinstance(make_store(StorageSettings(backend="mongodb", mongodb_uri="mongodb://127.0.0.1:1")),
-                      MongoStore)
+
+    async def mongodb() -> None:
+        # The driver's monitors are tasks of the running loop: the store is built inside it.
+        store = make_store(StorageSettings(backend="mongodb", mongodb_uri="mongodb://127.0.0.1:1"))
+        assert isinstance(store, MongoStore)
+        await store.close()
+
+    asyncio.run(mongodb())
     with pytest.raises(ConfigError, match="storage.backend"):
         make_store(StorageSettings(backend="redis"))
 

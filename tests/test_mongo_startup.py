@@ -29,6 +29,11 @@ class FakeCollection:
         self.db.made.append(f"{self.name}.{options['name']}")
         return options["name"]
 
+    async def drop_index(self, name):
+        if name not in self.indexes:
+            raise OperationFailure(f"index not found with name [{name}]", 27)
+        del self.indexes[name]
+
     async def index_information(self):
         return {name: {**info, "v": 2} for name, info in self.indexes.items()}
 

@@ -451,3 +451,16 @@ async def test_a_users_sessions_end_together(backend_store, now):
     assert await store.get_session("s1") is None and await store.get_session("s2") is None
     assert await store.get_session("s3") is not None
     assert await store.end_user_sessions("u1", now) == 0
+
+
+@pytest.mark.gen_test
+async def test_a_users_sessions_are_listed_newest_first_and_bounded(backend_store, now):
+    from tokensvc.storage.base import MAX_LISTED_SESSIONS
+
+    store = backend_store
+    for index in range(MAX_LISTED_SESSIONS + 5):
+        seen = now + timedelta(seconds=index)
+        await store.add_session(Session(f"s{index:04}", "u_alice", now, now + timedelta(hours=1), last_seen_at=seen))
+    listed = await store.list_user_sessions("u_alice", now)
+    assert len(listed) == MAX_LISTED_SESSIONS
+    assert [s.session_hash for s in listed[:2]] == [f"s{MAX_LISTED_SESSIONS + 4:04}", f"s{MAX_LISTED_SESSIONS + 3:04}"]

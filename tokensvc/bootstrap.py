@@ -11,12 +11,13 @@ from dataclasses import replace
 from typing import Any
 
 from tokensvc.config import Settings
+from tokensvc.metrics import Metrics
 from tokensvc.oauth import hashing
 from tokensvc.oauth.context import OAuthContext
 from tokensvc.oauth.metadata import server_metadata
 from tokensvc.ratelimit import FailureLimits, SharedFailureCounts
 from tokensvc.records import Client, Installation, User, utcnow
-from tokensvc.storage.base import StorageError, Store
+from tokensvc.storage.base import StorageError, Store, StoreObserver
 
 log = logging.getLogger(__name__)
 
@@ -30,7 +31,9 @@ def make_context(settings: Settings, store: Store, **overrides: Any) -> OAuthCon
         metadata=server_metadata(settings.base_url, settings.auth_url,
                                  (client.allowed_scopes for client in settings.clients)))
     values.update(overrides)
-    return OAuthContext(**values)
+    ctx = OAuthContext(**values)
+    store.observer = StoreMetrics(ctx.metrics)
+    return ctx
 
 
 CLI_CLIENT = Client(
@@ -138,3 +141,44 @@ async def purge_periodically(store: Store, every: float = MEMORY_PURGE_SECONDS) 
         if any(counts.values()):
             log.info("purged %d expired codes, %d token families, %d sessions", counts["codes"], counts["families"],
                      counts["sessions"])
+
+
+class StoreMetrics(StoreObserver):
+    """The store's reports (:class:`~tokensvc.storage.base.StoreObserver`) as metrics."""
+
+    FEED_STATES = ("stream", "polling", "interrupted")
+
+    def __init__(self, metrics: Metrics) -> None:
+        self.metrics = metrics
+        self._seconds: dict[str, Any] = {}
+
+    def operation(self, name: str, seconds: float) -> None:
+        histogram = self._seconds.get(name)
+        if histogram is None:
+            histogram = self._seconds[name] = self.metrics.store_seconds.labels(name)
+        histogram.observe(seconds)
+
+    def error(self, name: str, code: str) -> None:
+        self.metrics.store_attempt_errors.labels(name, code).inc()
+
+    def retry(self, name: str) -> None:
+        self.metrics.store_retries.labels(name).inc()
+
+    def feed(self, state: str) -> None:
+        if state == "interrupted":
+            self.metrics.feed_interruptions.inc()
+        for known in self.FEED_STATES:
+            self.metrics.feed_state.labels(known).set(1 if known == state else 0)
+
+    def feed_event(self) -> None:
+        self.metrics.feed_last_event.set_to_current_time()
+
+    def pool_checked_out(self, seconds: float) -> None:
+        self.metrics.store_pool_checked_out.inc()
+        self.metrics.store_pool_wait.observe(seconds)
+
+    def pool_checked_in(self) -> None:
+        self.metrics.store_pool_checked_out.dec()
+
+    def topology_changed(self) -> None:
+        self.metrics.store_topology_changes.inc()

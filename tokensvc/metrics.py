@@ -72,6 +72,30 @@ class Metrics:
                                     "Requests the store failed (503: not answering; 500: refused)", ("kind",))
         self.websockets_open = Gauge("tokensvc_websockets_open", "Open WebSocket connections",
                                      registry=registry, multiprocess_mode="livesum")
+        # The store's own work (MongoDB): what each operation costs, how it fails, what the
+        # driver's pool and topology do, and whether revocations of other processes arrive.
+        self.store_seconds = Histogram("tokensvc_store_operation_seconds",
+                                       "Time a store operation took, its retries included", ["operation"],
+                                       buckets=DURATION_BUCKETS, registry=registry)
+        self.store_attempt_errors = counter("tokensvc_store_attempt_errors_total",
+                                            "Store operation attempts that failed, by the server's code or the "
+                                            "error's class", ("operation", "code"))
+        self.store_retries = counter("tokensvc_store_retries_total",
+                                     "Store operations tried again after a transient error", ("operation",))
+        self.store_pool_checked_out = Gauge("tokensvc_store_pool_checked_out", "Connections in use",
+                                            registry=registry, multiprocess_mode="livesum")
+        self.store_pool_wait = Histogram("tokensvc_store_pool_wait_seconds", "Time to check a connection out",
+                                         buckets=DURATION_BUCKETS, registry=registry)
+        self.store_topology_changes = counter("tokensvc_store_topology_changes_total",
+                                              "Changes of a server's state seen by the driver (elections, failures)")
+        self.feed_state = Gauge("tokensvc_revocation_feed_state",
+                                "How revocations of other processes arrive: 1 for the current state",
+                                ["state"], registry=registry, multiprocess_mode="livemax")
+        self.feed_interruptions = counter("tokensvc_revocation_feed_interruptions_total",
+                                          "Times the revocation feed stopped and started again")
+        self.feed_last_event = Gauge("tokensvc_revocation_feed_last_event_timestamp_seconds",
+                                     "When the revocation feed last delivered a revocation (Unix time)",
+                                     registry=registry, multiprocess_mode="livemax")
         if not self.multiprocess:
             ProcessCollector(registry=registry)
         self._requests: dict[tuple[str, str, int], Any] = {}

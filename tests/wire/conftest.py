@@ -25,8 +25,12 @@ def primary():
 @pytest.fixture
 def wire_store(primary, io_loop):
     """A MongoStore over the real driver, opened (its indexes made), talking to ``primary``."""
-    store = MongoStore.from_settings(wire_settings(primary))
-    io_loop.run_sync(store.open)
+    async def opened() -> MongoStore:  # the driver's event listeners start within a running loop
+        store = MongoStore.from_settings(wire_settings(primary))
+        await store.open()
+        return store
+
+    store = io_loop.run_sync(opened)
     primary.forget()
     yield store
     io_loop.run_sync(store.close)

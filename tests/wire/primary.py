@@ -9,6 +9,9 @@ What a real server does that the tests rely on, emulated here:
   retryable writes);
 - retryable-write deduplication: a write retried with the ``lsid`` and ``txnNumber`` it was
   first sent with is answered with the first reply, never applied twice;
+- the cluster's logical clock: every reply carries ``operationTime`` and ``$clusterTime``
+  (a write advances them), so the driver's causally consistent sessions send
+  ``afterClusterTime``; change events carry the ``clusterTime`` of their write;
 - change streams: ``aggregate`` with ``$changeStream`` opens a cursor whose ``getMore`` waits
   (up to its ``maxTimeMS``) for update events matching the stream's ``$match``, with resume
   tokens and ``postBatchResumeToken``; history older than :attr:`oldest` is lost (286).
@@ -22,6 +25,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import itertools
+import socket
 import threading
 import time
 from collections.abc import Callable
@@ -30,7 +34,7 @@ from datetime import datetime
 from typing import Any
 
 import mongomock
-from bson import ObjectId
+from bson import ObjectId, Timestamp
 from mockupdb import MockupDB, Request
 from pymongo import ReturnDocument
 
@@ -93,6 +97,7 @@ class Primary:
         self._streams: dict[int, _Stream] = {}
         self._cursor_ids = itertools.count(1000)
         self._replies: dict[tuple[bytes, int], dict[str, Any]] = {}
+        self.clock = 1  # the cluster time's increment: every applied write advances it
         self.server = MockupDB(auto_ismaster=False)
         self.server.autoresponds(self._handle)
 
@@ -103,9 +108,18 @@ class Primary:
         return self
 
     def stop(self) -> None:
+        """Close every socket at once. mockupdb's own stop joins its accept thread, which waits
+        up to a second in select(); its threads are daemons, so nothing is left behind."""
         with self._lock:
             self._arrived.notify_all()
-        self.server.stop()
+        server = self.server
+        server._stopped = True
+        server._listening_sock.close()
+        for sock in list(server._server_socks):
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
+            with contextlib.suppress(OSError):
+                sock.close()
 
     @property
     def address(self) -> str:
@@ -178,6 +192,9 @@ class Primary:
                     reply = {"ok": 0, "errmsg": str(exc), "code": exc.code or 2}
                 except Exception as exc:  # a gap of this stand-in: an answer, never a hung driver
                     reply = {"ok": 0, "errmsg": f"{type(exc).__name__}: {exc}", "code": 1}
+                if name in WRITES and reply.get("ok"):
+                    self.clock += 1
+                reply = {**reply, **self.times()}
                 if key is not None:
                     self._replies[key] = reply
         try:
@@ -190,6 +207,12 @@ class Primary:
             return request.replies(reply)
         except OSError:  # the client went away meanwhile (it gave up waiting)
             return True
+
+    def times(self) -> dict[str, Any]:
+        """The cluster time of the last write, as a server reports it."""
+        now = Timestamp(1_700_000_000, self.clock)
+        return {"operationTime": now, "$clusterTime": {"clusterTime": now, "signature": {
+            "hash": b"\0" * 20, "keyId": 0}}}
 
     def _hello(self, request: Request) -> bool:
         return request.replies(
@@ -350,6 +373,13 @@ class Primary:
                    for name, info in self._collection(doc, "listIndexes").index_information().items()]
         return {"ok": 1, "cursor": {"id": 0, "ns": f"{doc['$db']}.{doc['listIndexes']}", "firstBatch": indexes}}
 
+    def _dropIndexes(self, doc: dict[str, Any]) -> dict[str, Any]:
+        collection = self._collection(doc, "dropIndexes")
+        if doc["index"] not in collection.index_information():
+            return {"ok": 0, "code": 27, "codeName": "IndexNotFound", "errmsg": f"index not found: {doc['index']}"}
+        collection.drop_index(doc["index"])
+        return {"ok": 1}
+
     def _collMod(self, doc: dict[str, Any]) -> dict[str, Any]:
         return {"ok": 1}
 
@@ -364,6 +394,7 @@ class Primary:
                 continue
             updated = {key: value for key, value in new.items() if old.get(key, object()) != value}
             self._events.append({"_seq": len(self._events) + 1, "operationType": "update",
+                                 "clusterTime": Timestamp(1_700_000_000, self.clock + 1),
                                  "ns": {"db": database, "coll": collection_name}, "documentKey": {"_id": _id},
                                  "updateDescription": {"updatedFields": updated, "removedFields": []}})
         self._arrived.notify_all()

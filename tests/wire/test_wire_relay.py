@@ -8,11 +8,13 @@ import logging
 from datetime import timedelta
 
 import pytest
-from primary import BUDGET_MS, Fault
+from bson import Timestamp
+from primary import BUDGET_MS, Fault, wire_settings
 
 from tokensvc.oauth import events
 from tokensvc.records import Session, utcnow
 from tokensvc.storage.base import SESSION, Revocation
+from tokensvc.storage.mongo import MongoStore
 
 pytestmark = pytest.mark.gen_test(timeout=30)
 
@@ -94,3 +96,23 @@ async def test_without_change_streams_the_revocation_fields_are_polled(wire_stor
     assert await waiting == Revocation(SESSION, "s1")
     assert "polling for revocations" in caplog.text
     await feed.aclose()
+
+
+async def test_the_recheck_an_event_causes_reads_at_or_after_the_revocation(wire_store, primary):
+    """Another process ended the session: the re-check this process makes on the event must not
+    be answered from before that write (a primary elected meanwhile), so the event's cluster
+    time becomes the floor of every read after it."""
+    await add_sessions(wire_store, "s1")
+    other = MongoStore.from_settings(wire_settings(primary))  # a second process
+    feed = wire_store.revocation_feed()
+    pending = asyncio.ensure_future(next_revocation(feed, 10))
+    await asyncio.sleep(0.3)
+    await other.end_session("s1", utcnow())
+    revoked_at = primary.clock
+    assert await pending == Revocation(SESSION, "s1")
+    primary.forget()
+    assert await wire_store.get_session("s1") is None  # ended
+    assert primary.sent("find", "sessions")[0]["readConcern"]["afterClusterTime"] == Timestamp(1_700_000_000,
+                                                                                               revoked_at)
+    await feed.aclose()
+    await other.close()

@@ -53,3 +53,14 @@ async def test_a_ttl_that_needs_coll_mod_without_the_role_says_which_role(primar
     assert "index codes.ttl needs expireAfterSeconds 3600 (it has 60)" in message
     assert "dbAdmin" in message and "collMod: 'codes'" in message
     await store.close()
+
+
+async def test_an_index_a_later_one_replaced_is_dropped(primary):
+    primary.db["tokensvc"]["families"].create_index([("grant_id", 1)], name="grant_id")
+    store = MongoStore.from_settings(wire_settings(primary))
+    await store.open()
+    indexes = primary.db["tokensvc"]["families"].index_information()
+    assert "grant_id" not in indexes and indexes["grant_live"]["key"] == [("grant_id", 1), ("revoked_at", 1),
+                                                                            ("created_at", 1)]
+    await store.open()  # and a start-up after that finds nothing to drop
+    await store.close()

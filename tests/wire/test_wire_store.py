@@ -9,6 +9,7 @@ import time
 from datetime import timedelta
 
 import pytest
+from bson import Timestamp
 from primary import BUDGET_MS, Fault, wire_settings
 
 from tokensvc.records import AuthorizationCode, Client, Family, Session, Subject, User, utcnow
@@ -90,8 +91,28 @@ async def test_every_operation_sends_what_the_design_promises(wire_store, primar
             # never makes a multi-document write retryable: the store runs those again itself.
             assert ("txnNumber" in doc) is not multi, (name, doc)
         else:
-            assert doc["readConcern"] == {"level": "majority"}, (name, doc)
+            # A majority read, after every write acknowledged before it (the first write came first).
+            assert doc["readConcern"]["level"] == "majority", (name, doc)
+            assert doc["readConcern"]["afterClusterTime"] is not None, (name, doc)
             assert 0 < doc["maxTimeMS"] <= BUDGET_MS, (name, doc)
+
+
+async def test_a_read_waits_for_every_write_acknowledged_before_it_whichever_request_made_it(wire_store, primary):
+    """A primary elected a moment ago may not yet hold the last acknowledged revocation in its
+    majority snapshot: every read names the latest operation time this process has seen, and
+    the server waits until it holds it (causal consistency), across requests and tasks."""
+    now = utcnow()
+    await wire_store.add_session(Session("s1", "u_alice", now, now + timedelta(hours=1)))
+    await asyncio.create_task(wire_store.end_session("s1", now))  # another request, another task
+    ended_at = primary.clock
+    primary.forget()
+    assert await wire_store.get_session("s1") is None  # ended
+    read = primary.sent("find", "sessions")[0]
+    assert read["readConcern"] == {"level": "majority", "afterClusterTime": Timestamp(1_700_000_000, ended_at)}
+    # Reads carry the time forward too, and a time never goes back.
+    await wire_store.get_client("webapp")
+    assert primary.sent("find", "clients")[0]["readConcern"]["afterClusterTime"] == Timestamp(1_700_000_000,
+                                                                                             ended_at)
 
 
 async def test_a_lost_reply_is_retried_with_the_same_txn_number_and_applied_once(wire_store, primary):
@@ -182,3 +203,20 @@ async def test_writes_from_concurrent_requests_go_on_while_one_waits(wire_store,
     await wire_store.put_client(Client("webapp", "Web", ["https://a/cb"]))
     assert time.monotonic() - started < 0.5
     assert await slow is None
+
+
+async def test_the_store_reports_its_work_as_metrics(wire_store, primary):
+    from tokensvc.bootstrap import StoreMetrics
+    from tokensvc.metrics import Metrics
+
+    metrics = Metrics()
+    wire_store.observer = StoreMetrics(metrics)
+    await wire_store.get_client("webapp")
+    primary.script(Fault("find", "error", collection="users", code=262, labels=("RetryableWriteError",), times=2))
+    await wire_store.get_user("u_alice")
+    text = metrics.render().decode()
+    assert 'tokensvc_store_operation_seconds_count{operation="get_client"} 1.0' in text
+    assert 'tokensvc_store_attempt_errors_total{code="262",operation="get_user"} 2.0' in text
+    assert 'tokensvc_store_retries_total{operation="get_user"} 2.0' in text
+    assert "tokensvc_store_pool_wait_seconds_count" in text
+    assert "tokensvc_store_pool_checked_out 0.0" in text  # every connection back in the pool

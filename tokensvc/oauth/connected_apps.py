@@ -8,6 +8,7 @@ until it is revoked or expires), so a narrower consent never hides what an older
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass
 from datetime import datetime
 
@@ -33,7 +34,10 @@ async def list_connected(ctx: OAuthContext, subject: Subject) -> list[ConnectedA
     grants = await ctx.store.list_grants(subject)
     if not grants:
         return []
-    clients = {client.client_id: client for client in await ctx.store.list_clients()}
+    # The grants' own clients, not the whole registry.
+    wanted = sorted({grant.client_id for grant in grants})
+    clients = dict(zip(wanted, await asyncio.gather(*(ctx.store.get_client(client_id) for client_id in wanted)),
+                       strict=True))
     now = ctx.clock()
     apps = []
     for grant in grants:

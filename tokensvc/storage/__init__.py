@@ -9,7 +9,8 @@ __all__ = ["Conflict", "Store", "StorageError", "StoreFault", "make_store"]
 
 
 def make_store(settings: StorageSettings) -> Store:
-    """The backend ``storage.backend`` names."""
+    """The backend ``storage.backend`` names; built inside the running event loop (the MongoDB
+    driver starts its monitors as tasks of it)."""
     if settings.backend == "memory":
         from tokensvc.storage.memory import MemoryStore
 

@@ -38,6 +38,9 @@ class StoreFault(Exception):
 # Consumed codes are kept this long past their expiry, so that a replay within that time is
 # still recognised (and revokes its family) instead of looking like an unknown code.
 CODE_RETENTION_SECONDS = 3600
+# A user's sessions listed at most (a script signing in in a loop must not make a page of
+# thousands); the most recently seen ones.
+MAX_LISTED_SESSIONS = 100
 
 
 # What a revocation concerns, named in every announcement of it: open WebSockets re-check
@@ -250,12 +253,41 @@ class Sessions(abc.ABC):
 
     @abc.abstractmethod
     async def list_user_sessions(self, user_id: str, now: datetime) -> list[Session]:
-        """A user's live sessions (not ended, not expired), the most recently seen first (the
-        account page, ``GET /v1/me/sessions``)."""
+        """A user's live sessions (not ended, not expired), the most recently seen first, at most
+        :data:`MAX_LISTED_SESSIONS` of them (the account page, ``GET /v1/me/sessions``)."""
 
     @abc.abstractmethod
     async def touch_session(self, session_hash: str, now: datetime) -> None:
         """Note that the session was used at ``now`` (what the account page calls last seen)."""
+
+
+class StoreObserver:
+    """What a store tells about its own work (the store metrics, ``tokensvc/bootstrap.py``
+    connects them); by default nobody listens."""
+
+    def operation(self, name: str, seconds: float) -> None:
+        """An operation ended (its retries included) after ``seconds``."""
+
+    def error(self, name: str, code: str) -> None:
+        """An attempt of operation ``name`` failed with ``code`` (the server's, or a class name)."""
+
+    def retry(self, name: str) -> None:
+        """Operation ``name`` is tried again after a transient error."""
+
+    def feed(self, state: str) -> None:
+        """The revocation feed is now ``stream``, ``polling`` or ``interrupted``."""
+
+    def feed_event(self) -> None:
+        """The revocation feed delivered a revocation."""
+
+    def pool_checked_out(self, seconds: float) -> None:
+        """A connection was checked out of the pool after waiting ``seconds``."""
+
+    def pool_checked_in(self) -> None:
+        """A connection went back to the pool."""
+
+    def topology_changed(self) -> None:
+        """A server changed its state (an election, a failure)."""
 
 
 class Housekeeping(abc.ABC):
@@ -264,6 +296,7 @@ class Housekeeping(abc.ABC):
     # False while ``bootstrap.prepare`` opens and seeds the store at start-up; ``/readyz``
     # answers 503 until then. A store its creator prepares itself (tests, the CLI) is ready.
     prepared: bool = True
+    observer: StoreObserver = StoreObserver()  # who hears what the store tells (the metrics)
 
     async def open(self) -> None:  # noqa: B027 - optional hook
         """Prepare the backend (create indexes, ...). Called once at start-up."""
@@ -288,26 +321,6 @@ class Housekeeping(abc.ABC):
         """Delete expired families and sessions, and expired codes: unconsumed ones at once,
         consumed ones :data:`CODE_RETENTION_SECONDS` after their expiry (replay detection);
         counts per kind (``tokens purge``)."""
-
-
-class StoreObserver:
-    """What a store tells about its own work (the store metrics, ``tokensvc/bootstrap.py``
-    connects them); by default nobody listens."""
-
-    def operation(self, name: str, seconds: float) -> None:
-        """An operation ended (its retries included) after ``seconds``."""
-
-    def error(self, name: str, code: str) -> None:
-        """An attempt of operation ``name`` failed with ``code`` (the server's, or a class name)."""
-
-    def retry(self, name: str) -> None:
-        """Operation ``name`` is tried again after a transient error."""
-
-    def feed(self, state: str) -> None:
-        """The revocation feed is now ``stream``, ``polling`` or ``interrupted``."""
-
-    def feed_event(self) -> None:
-        """The revocation feed delivered a revocation."""
 
 
 class Store(Registry, Authorizations, Sessions, Housekeeping, abc.ABC):

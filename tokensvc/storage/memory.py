@@ -23,7 +23,7 @@ from datetime import datetime, timedelta
 from typing import Any, Generic, TypeVar
 
 from tokensvc.records import AuthorizationCode, Client, Family, Grant, Installation, Pair, Session, Subject, User
-from tokensvc.storage.base import CODE_RETENTION_SECONDS, Conflict, Store
+from tokensvc.storage.base import CODE_RETENTION_SECONDS, MAX_LISTED_SESSIONS, Conflict, Store
 
 R = TypeVar("R")
 Row = tuple[Any, ...]
@@ -354,7 +354,8 @@ class MemoryStore(Store):
         sessions = [session for key in self._user_sessions.get(user_id, ())
                     if (session := SESSIONS.unpack_row(self._sessions[key])).ended_at is None
                     and session.expires_at > now]
-        return sorted(sessions, key=lambda s: (s.last_seen_at or s.created_at, s.session_hash), reverse=True)
+        newest = sorted(sessions, key=lambda s: (s.last_seen_at or s.created_at, s.session_hash), reverse=True)
+        return newest[:MAX_LISTED_SESSIONS]
 
     async def touch_session(self, session_hash: str, now: datetime) -> None:
         row = self._sessions.get(session_hash)

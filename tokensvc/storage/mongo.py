@@ -17,11 +17,12 @@ installations           by installation_id; list                     ``_id``
 grants                  by grant_id                                  ``_id``
 grants                  by (client_id, user_id, installation_id)     ``subject_client`` unique
 grants                  active grants of a subject                   ``user_subject`` *
-grants                  active grants of a client                    ``subject_client`` prefix
+grants                  active grants of a client, by id             ``client_live``
+families                a removed client's (bulk revocation)         ``client_revoked``
 codes                   by code_hash (get, consume)                  ``_id``; TTL ``expires_at``
 families                by family_id (refresh, rotate, revoke)       ``_id``; TTL ``expires_at``
 families                by the current access token's hash           ``access_hash`` unique
-families                by grant_id (revoke a grant, list)           ``grant_id``
+families                a grant's live ones (revoke a grant, list)   ``grant_live``
 sessions                by session_hash; a user's (end them all)     ``_id``; ``user_id``; TTL
 (polling fallback)      revocations since a moment                   partial ``revoked_at``,
                                                                      ``access_revoked_at``,
@@ -35,11 +36,17 @@ Revocations reach the other processes without a write of their own: each process
 watches the families, grants and sessions collections for updates that set ``revoked_at``,
 ``access_revoked_at`` or ``ended_at`` (a change stream resumed where it left off), or,
 where the deployment has none, polls those fields through the partial indexes.
+
+Reads see the writes before them: every operation runs in a causally consistent session
+advanced to the latest operation time this process has seen (its own writes' and the relay's
+change events'), so a primary elected a moment ago waits until it holds them before it
+answers a majority read (``afterClusterTime``), instead of answering from before them.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import functools
 import inspect
 import logging
@@ -52,7 +59,7 @@ from typing import Any, TypeVar
 
 import pymongo
 from bson.errors import BSONError
-from pymongo import ASCENDING, ReadPreference, ReturnDocument, WriteConcern
+from pymongo import ASCENDING, DESCENDING, ReadPreference, ReturnDocument, WriteConcern, monitoring
 from pymongo.errors import (
     BulkWriteError,
     ConfigurationError,
@@ -72,6 +79,7 @@ from tokensvc.storage.base import (
     CODE_RETENTION_SECONDS,
     FAMILY,
     GRANT,
+    MAX_LISTED_SESSIONS,
     SESSION,
     Conflict,
     Revocation,
@@ -112,7 +120,9 @@ INDEXES: list[Index] = [
     ("codes", [("expires_at", ASCENDING)], {"expireAfterSeconds": CODE_RETENTION_SECONDS, "name": "ttl"}),
     ("families", [("expires_at", ASCENDING)], {"expireAfterSeconds": 0, "name": "ttl"}),
     ("families", [("access_hash", ASCENDING)], {"unique": True, "name": "access_hash"}),
-    ("families", [("grant_id", ASCENDING)], {"name": "grant_id"}),
+    # A grant's live families, in order (list_families), and the sweep of a revoked grant.
+    ("families", [("grant_id", ASCENDING), ("revoked_at", ASCENDING), ("created_at", ASCENDING)],
+     {"name": "grant_live"}),
     ("families", [("client_id", ASCENDING), ("revoked_at", ASCENDING)], {"name": "client_revoked"}),
     ("sessions", [("expires_at", ASCENDING)], {"expireAfterSeconds": 0, "name": "ttl"}),
     ("sessions", [("user_id", ASCENDING)], {"name": "user_id"}),
@@ -121,6 +131,9 @@ INDEXES: list[Index] = [
     *(_revoked_only(collection, field) for collection, (_, fields) in WATCHED.items() for field in fields),
 ]
 
+
+# Indexes earlier releases made that a later one replaced: dropped at start-up (readWrite may).
+RETIRED: list[tuple[str, str]] = [("families", "grant_id")]  # by grant_live
 
 DUPLICATE_KEY = frozenset({11000, 11001, 12582})
 # Codes a read or write may be tried again after (the driver's list, and the server's
@@ -164,6 +177,67 @@ def backoff(attempt: int) -> float:
     return random.uniform(0, min(BACKOFF_CAP_SECONDS, BACKOFF_BASE_SECONDS * 2 ** attempt))
 
 
+# The causally consistent session of the operation running in this task (see MongoStore.causal).
+_SESSION: contextvars.ContextVar[Any] = contextvars.ContextVar("tokensvc_mongo_session", default=None)
+# The collection methods that take a session.
+SESSIONED = frozenset({"find", "find_one", "find_one_and_update", "find_one_and_delete", "find_one_and_replace",
+                       "insert_one", "insert_many", "update_one", "update_many", "replace_one", "delete_one",
+                       "delete_many", "count_documents", "aggregate", "bulk_write", "distinct"})
+
+
+class _Sessioned:
+    """A collection whose calls run in the current operation's session, when there is one."""
+
+    __slots__ = ("_collection",)
+
+    def __init__(self, collection: Any) -> None:
+        self._collection = collection
+
+    def __getattr__(self, name: str) -> Any:
+        attribute = getattr(self._collection, name)
+        if name not in SESSIONED:
+            return attribute
+
+        def call(*args: Any, **kwargs: Any) -> Any:
+            session = _SESSION.get()
+            if session is not None:
+                kwargs["session"] = session
+            return attribute(*args, **kwargs)
+
+        return call
+
+
+class CausalClock:
+    """The latest cluster and operation time this process has seen, handed to each new
+    session (so a read waits for every write acknowledged before it, whichever request made
+    it) and taken back from it when it ends."""
+
+    __slots__ = ("cluster_time", "operation_time")
+
+    def __init__(self) -> None:
+        self.cluster_time: dict[str, Any] | None = None
+        self.operation_time: Any = None
+
+    def start(self, client: Any) -> Any:
+        session = client.start_session(causal_consistency=True)
+        if self.cluster_time is not None:
+            session.advance_cluster_time(self.cluster_time)
+        if self.operation_time is not None:
+            session.advance_operation_time(self.operation_time)
+        return session
+
+    def seen(self, operation_time: Any, cluster_time: dict[str, Any] | None = None) -> None:
+        if operation_time is not None and (self.operation_time is None or operation_time > self.operation_time):
+            self.operation_time = operation_time
+        if cluster_time is not None and (self.cluster_time is None
+                                         or cluster_time["clusterTime"] > self.cluster_time["clusterTime"]):
+            self.cluster_time = cluster_time
+
+    async def end(self, session: Any) -> None:
+        self.seen(session.operation_time, session.cluster_time)
+        await session.end_session()
+
+
 def guarded(kind: str = ONCE, budget: str = "budget") -> Callable[[Callable[..., Coroutine[Any, Any, R]]],
                                                                   Callable[..., Coroutine[Any, Any, R]]]:
     """One budget per operation (``storage.timeout_ms``), retries within it, and every driver
@@ -186,6 +260,17 @@ def guarded(kind: str = ONCE, budget: str = "budget") -> Callable[[Callable[...,
     def decorate(method: Callable[..., Coroutine[Any, Any, R]]) -> Callable[..., Coroutine[Any, Any, R]]:
         @functools.wraps(method)
         async def wrapper(self: MongoStore, *args: Any, **kwargs: Any) -> R:
+            if self.clock is None or _SESSION.get() is not None:
+                return await attempts(self, *args, **kwargs)
+            session = self.clock.start(self._client)
+            token = _SESSION.set(session)
+            try:
+                return await attempts(self, *args, **kwargs)
+            finally:
+                _SESSION.reset(token)
+                await self.clock.end(session)
+
+        async def attempts(self: MongoStore, *args: Any, **kwargs: Any) -> R:
             loop = asyncio.get_running_loop()
             seconds: float = getattr(self, budget)
             deadline = loop.time() + seconds
@@ -218,6 +303,38 @@ def guarded(kind: str = ONCE, budget: str = "budget") -> Callable[[Callable[...,
         return wrapper
 
     return decorate
+
+
+class _DriverEvents(monitoring.ConnectionPoolListener, monitoring.ServerListener):
+    """The driver's pool and topology events, handed to the store's observer (the metrics)."""
+
+    def __init__(self) -> None:
+        self.store: MongoStore | None = None
+
+    def connection_checked_out(self, event: monitoring.ConnectionCheckedOutEvent) -> None:
+        if self.store is not None:
+            self.store.observer.pool_checked_out(event.duration or 0.0)
+
+    def connection_checked_in(self, event: monitoring.ConnectionCheckedInEvent) -> None:
+        if self.store is not None:
+            self.store.observer.pool_checked_in()
+
+    def description_changed(self, event: monitoring.ServerDescriptionChangedEvent) -> None:
+        if self.store is not None and event.previous_description.server_type != event.new_description.server_type:
+            self.store.observer.topology_changed()
+
+    # The rest of the two interfaces: nothing to count.
+    def pool_created(self, event: Any) -> None: ...
+    def pool_ready(self, event: Any) -> None: ...
+    def pool_cleared(self, event: Any) -> None: ...
+    def pool_closed(self, event: Any) -> None: ...
+    def connection_created(self, event: Any) -> None: ...
+    def connection_ready(self, event: Any) -> None: ...
+    def connection_closed(self, event: Any) -> None: ...
+    def connection_check_out_started(self, event: Any) -> None: ...
+    def connection_check_out_failed(self, event: Any) -> None: ...
+    def opened(self, event: Any) -> None: ...
+    def closed(self, event: Any) -> None: ...
 
 
 def _code_of(exc: Exception) -> str:
@@ -312,7 +429,7 @@ def _pair_fields(pair: Pair) -> dict[str, Any]:
 
 class MongoStore(Store):
     def __init__(self, client: Any, database: str, *, change_streams: bool = True, timeout_ms: int = 15_000,
-                 build_timeout_ms: int = BUILD_TIMEOUT_MS) -> None:
+                 build_timeout_ms: int = BUILD_TIMEOUT_MS, causal: bool = False) -> None:
         """``client`` is a ``pymongo.AsyncMongoClient`` (or an API-compatible stand-in in tests,
         which has no change streams: ``change_streams=False`` polls instead). ``timeout_ms`` is
         every operation's budget, retries included; ``build_timeout_ms`` that of :meth:`open`,
@@ -321,16 +438,20 @@ class MongoStore(Store):
         Whatever the URI says, every write waits for a journaled majority (an acknowledged
         code consumption, rotation or revocation survives a failover) and every read goes to
         the primary at majority read concern (a decision made on a read never rests on a
-        write a failover can roll back, nor misses one acknowledged before it).
+        write a failover can roll back). ``causal`` (a real client's sessions): every
+        operation runs in a causally consistent session advanced by :class:`CausalClock`, so
+        a read also never misses a write acknowledged before it, even just after an election.
         """
         self._client = client
         db = client.get_database(database, write_concern=WriteConcern("majority", j=True, wtimeout=timeout_ms),
                                  read_preference=ReadPreference.PRIMARY, read_concern=ReadConcern("majority"))
         self._db = db
-        self.clients, self.users, self.installations = db["clients"], db["users"], db["installations"]
-        self.grants, self.codes, self.families = db["grants"], db["codes"], db["families"]
-        self.sessions = db["sessions"]
-        self.failures = db["failures"]  # failure counts shared by the processes (ratelimit)
+        self.clock = CausalClock() if causal else None
+        wrap = _Sessioned if causal else (lambda collection: collection)
+        self.clients, self.users, self.installations = wrap(db["clients"]), wrap(db["users"]), wrap(db["installations"])
+        self.grants, self.codes, self.families = wrap(db["grants"]), wrap(db["codes"]), wrap(db["families"])
+        self.sessions = wrap(db["sessions"])
+        self.failures = wrap(db["failures"])  # failure counts shared by the processes (ratelimit)
         self.change_streams = change_streams
         self._resume_token: Any = None
         self.budget, self.build_budget = timeout_ms / 1000, build_timeout_ms / 1000
@@ -340,6 +461,7 @@ class MongoStore(Store):
     def from_settings(cls, settings: StorageSettings) -> MongoStore:
         from pymongo import AsyncMongoClient
 
+        events = _DriverEvents()
         # The client connects lazily, in the background: building it never blocks or fails
         # on an absent server; the first operation does, after serverSelectionTimeoutMS.
         # Keyword options override the URI's.
@@ -362,8 +484,11 @@ class MongoStore(Store):
             readPreference="primary",
             readConcernLevel="majority",
             appname="tokensvc",
+            event_listeners=[events],
         )
-        return cls(client, settings.database, timeout_ms=settings.timeout_ms)
+        store = cls(client, settings.database, timeout_ms=settings.timeout_ms, causal=True)
+        events.store = store
+        return store
 
     @guarded(ONCE, budget="build_budget")
     async def open(self) -> None:
@@ -388,6 +513,10 @@ class MongoStore(Store):
                 conflict = await self._reconcile(collection, keys, options)
                 if conflict:
                     conflicts.append(conflict)
+        for collection, name in RETIRED:
+            if name in await self._db[collection].index_information():
+                await self._db[collection].drop_index(name)
+                log.info("index %s.%s dropped: a later index serves its queries", collection, name)
         if conflicts:
             raise StoreFault("; ".join(conflicts))
 
@@ -695,8 +824,8 @@ class MongoStore(Store):
     @guarded(READ)
     async def list_user_sessions(self, user_id: str, now: datetime) -> list[Session]:
         live = {"user_id": user_id, "ended_at": None, "expires_at": {"$gt": now}}
-        sessions = [SESSIONS.record(doc) for doc in await self.sessions.find(live).to_list(None)]
-        return sorted(sessions, key=lambda s: (s.last_seen_at or s.created_at, s.session_hash), reverse=True)
+        newest = self.sessions.find(live).sort([("last_seen_at", DESCENDING), ("_id", DESCENDING)])
+        return [SESSIONS.record(doc) for doc in await newest.limit(MAX_LISTED_SESSIONS).to_list(None)]
 
     @guarded(RERUN)
     async def touch_session(self, session_hash: str, now: datetime) -> None:
@@ -779,7 +908,7 @@ class MongoStore(Store):
                             "ns.coll": {"$in": list(WATCHED)},
                             "$or": [{f"updateDescription.updatedFields.{field}": {"$type": "date"}}
                                     for field in sorted(fields)]}]}},
-            {"$project": {"ns": 1, "documentKey": 1, "operationType": 1}},
+            {"$project": {"ns": 1, "documentKey": 1, "operationType": 1, "clusterTime": 1}},
         ]
         try:
             stream = self._db.watch(pipeline, resume_after=self._resume_token, max_await_time_ms=STREAM_WAIT_MS)
@@ -791,6 +920,9 @@ class MongoStore(Store):
                     self._resume_token = stream.resume_token
                     if change is None:
                         continue
+                    if self.clock is not None:
+                        # The re-check this event causes reads at or after the revocation.
+                        self.clock.seen(change.get("clusterTime"))
                     if change["operationType"] == "invalidate":
                         self._resume_token = None
                         raise StorageError("the change stream was invalidated; following from now")
