@@ -3,8 +3,12 @@
 Starts the hello world and tokensvc (memory backend, one process each, tokensvc's access log
 at its default level), seeds tokensvc, drives each operation with wrk (32 connections, 10 s,
 after a 2 s warm-up), measures the hello world before and after (and, for reference, a bare
-Tornado handler that parses a form and answers JSON), and prints one table: operation, req/s,
-p50, p99, ratio to the hello world, non-2xx responses. A hello world runs between every two
+Tornado handler that parses a form and answers JSON), and prints one table: operation, the
+server's CPU time per request (utime + stime of its process from ``/proc/PID/stat`` over the
+measured run, divided by the requests wrk completed) and that as a multiple of the hello
+world's, then req/s, p50, p99, the throughput ratio to the hello world, non-2xx responses. The
+CPU figure does not move with how fast the host happens to be (wrk shares the two cores); the
+throughput ratio does, and is information. A hello world runs between every two
 operations, and each operation's ratio is against the mean of the hello-world runs just before
 and after it (the first and last appear in the table, against the mean of all of the round's).
 Any non-2xx response fails the run. Then the scale figures: introspection with 10k and with 1M live tokens back
@@ -47,6 +51,13 @@ class Result:
     p50_ms: float
     p99_ms: float
     non2xx: int
+    cpu_us: float  # the server process's CPU time per request
+
+
+def cpu_seconds(pid: int) -> float:
+    """utime + stime of a process so far (``/proc/PID/stat`` fields 14 and 15)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def need_wrk() -> str:
@@ -98,20 +109,23 @@ def parse_latency(text: str, percentile: str) -> float:
 
 
 def wrk_run(wrk: str, name: str, url: str, script: str, env: dict[str, str], duration: int, connections: int,
-            round_: int = 1, warmup: int = 2) -> Result:
+            round_: int = 1, warmup: int = 2, *, pid: int) -> Result:
     base = [wrk, f"-t{THREADS}", f"-c{connections}", "--latency", "-s", str(HERE / "lua" / script), url]
     if warmup:
         subprocess.run(base[:1] + [f"-d{warmup}s"] + base[1:], env={**env, "BENCH_PHASE": f"warmup{round_}"},
                        capture_output=True, text=True, check=True)
+    cpu_before = cpu_seconds(pid)
     out = subprocess.run(base[:1] + [f"-d{duration}s"] + base[1:], env={**env, "BENCH_PHASE": f"main{round_}"},
                          capture_output=True, text=True, check=True).stdout
+    cpu = cpu_seconds(pid) - cpu_before
+    requests = int(re.search(r"(\d+) requests in", out).group(1))
     rps = float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1))
     non2xx_match = re.search(r"Non-2xx or 3xx responses:\s+(\d+)", out)
     errors = re.search(r"Socket errors: .*", out)
     non2xx = int(non2xx_match.group(1)) if non2xx_match else 0
     if errors:
         non2xx += sum(int(n) for n in re.findall(r"\d+", errors.group(0)))
-    return Result(name, rps, parse_latency(out, "50"), parse_latency(out, "99"), non2xx)
+    return Result(name, rps, parse_latency(out, "50"), parse_latency(out, "99"), non2xx, cpu / max(requests, 1) * 1e6)
 
 
 def start_seeded(port: int, out: Path, **counts: int) -> subprocess.Popen:
@@ -173,6 +187,7 @@ class Row:
     name: str
     runs: list[Result]
     ratios: list[float]
+    cpu_ratios: list[float]
 
     def median(self, attribute: str) -> float:
         return statistics.median(getattr(run, attribute) for run in self.runs)
@@ -204,23 +219,28 @@ def main() -> int:
                "BENCH_BASIC": "Basic " + base64.b64encode(b"bench:bench-client-secret").decode()}
         urls = {"hello": f"http://127.0.0.1:{hello_port}", "svc": f"http://127.0.0.1:{svc_port}"}
 
-        rows = {name: Row(name, [], []) for name, *_ in OPERATIONS}
+        pids = {"hello": hello.pid, "svc": processes[-1].pid}
+        rows = {name: Row(name, [], [], []) for name, *_ in OPERATIONS}
         for round_ in range(1, args.rounds + 1):
             # A hello world between every two operations, and each ratio against the hello world
             # measured just before and just after it: the machine's drift over a round (up to
             # 20 % here) then does not land on whichever operations run last.
             hellos = [wrk_run(wrk, "hello world", urls["hello"] + "/", "hello.lua", env, args.duration,
-                              args.connections)]
+                              args.connections, pid=pids["hello"])]
             for name, server, path, script in OPERATIONS[1:-1]:
-                result = wrk_run(wrk, name, urls[server] + path, script, env, args.duration, args.connections, round_)
+                result = wrk_run(wrk, name, urls[server] + path, script, env, args.duration, args.connections, round_,
+                                 pid=pids[server])
                 hellos.append(wrk_run(wrk, "hello world", urls["hello"] + "/", "hello.lua", env, args.duration,
-                                      args.connections))
+                                      args.connections, pid=pids["hello"]))
                 rows[name].runs.append(result)
                 rows[name].ratios.append(result.rps / ((hellos[-2].rps + hellos[-1].rps) / 2))
+                rows[name].cpu_ratios.append(result.cpu_us / ((hellos[-2].cpu_us + hellos[-1].cpu_us) / 2))
             mean_hello = statistics.mean(hello.rps for hello in hellos)
+            mean_hello_cpu = statistics.mean(hello.cpu_us for hello in hellos)
             for name, hello in ((OPERATIONS[0][0], hellos[0]), (OPERATIONS[-1][0], hellos[-1])):
                 rows[name].runs.append(hello)
                 rows[name].ratios.append(hello.rps / mean_hello)
+                rows[name].cpu_ratios.append(hello.cpu_us / mean_hello_cpu)
 
         scale_line = ""
         if not args.skip_scale:
@@ -231,31 +251,37 @@ def main() -> int:
             big_port = free_port()
             processes.append(start_seeded(big_port, big_dir, tokens=1_000_000))
             big_env = {**env, "BENCH_DIR": str(big_dir)}
-            big, scale = Row(BIG, [], []), []
+            big, scale = Row(BIG, [], [], []), []
             for round_ in range(1, args.rounds + 1):
-                before = wrk_run(wrk, "hello", urls["hello"] + "/", "hello.lua", env, args.duration, args.connections)
-                small = wrk_run(wrk, "10k", urls["svc"], "introspect.lua", env, args.duration, args.connections)
+                before = wrk_run(wrk, "hello", urls["hello"] + "/", "hello.lua", env, args.duration, args.connections,
+                                 pid=pids["hello"])
+                small = wrk_run(wrk, "10k", urls["svc"], "introspect.lua", env, args.duration, args.connections,
+                                pid=pids["svc"])
                 run = wrk_run(wrk, BIG, f"http://127.0.0.1:{big_port}", "introspect.lua", big_env, args.duration,
-                              args.connections, round_)
-                after = wrk_run(wrk, "hello", urls["hello"] + "/", "hello.lua", env, args.duration, args.connections)
+                              args.connections, round_, pid=processes[-1].pid)
+                after = wrk_run(wrk, "hello", urls["hello"] + "/", "hello.lua", env, args.duration, args.connections,
+                                pid=pids["hello"])
                 big.runs.append(run)
                 big.ratios.append(run.rps / ((before.rps + after.rps) / 2))
-                scale.append(run.rps / small.rps)
+                big.cpu_ratios.append(run.cpu_us / ((before.cpu_us + after.cpu_us) / 2))
+                scale.append(run.cpu_us / small.cpu_us)
             order = list(rows)
             order.insert(order.index("introspection (client_secret_basic)") + 1, BIG)
             rows = {name: big if name == BIG else rows[name] for name in order}
             spread = f" ({min(scale):.2f}-{max(scale):.2f} over the rounds)" if args.rounds > 1 else ""
-            scale_line = f"introspection at 1M tokens / at 10k, back to back: {statistics.median(scale):.2f}{spread}"
+            scale_line = (f"introspection at 1M tokens / at 10k, CPU per request, back to back: "
+                          f"{statistics.median(scale):.2f}{spread}")
 
         medians = "medians of " + str(args.rounds) + " rounds, " if args.rounds > 1 else ""
         print(f"\ntokensvc benchmark: {platform.node()}, {os.cpu_count()} cores, Python {platform.python_version()}, "
               f"{medians}wrk -t{THREADS} -c{args.connections} -d{args.duration}s")
         spread = args.rounds > 1  # then also the range of the rounds' ratios
-        print(f"{'operation':40} {'req/s':>9} {'p50 ms':>8} {'p99 ms':>8} {'ratio':>6} "
+        print(f"{'operation':40} {'CPU µs':>7} {'× hello':>7} {'req/s':>9} {'p50 ms':>8} {'p99 ms':>8} {'ratio':>6} "
               + (f"{'ratios':>10} " if spread else "") + f"{'non-2xx':>8}")
         for row in rows.values():
             ratios = f"{min(row.ratios):4.2f}-{max(row.ratios):4.2f} " if spread else ""
-            print(f"{row.name:40} {row.median('rps'):9.0f} {row.median('p50_ms'):8.2f} {row.median('p99_ms'):8.2f} "
+            print(f"{row.name:40} {row.median('cpu_us'):7.0f} {statistics.median(row.cpu_ratios):7.2f} "
+                  f"{row.median('rps'):9.0f} {row.median('p50_ms'):8.2f} {row.median('p99_ms'):8.2f} "
                   f"{statistics.median(row.ratios):6.2f} {ratios}{sum(run.non2xx for run in row.runs):8d}")
         if scale_line:
             print(scale_line)

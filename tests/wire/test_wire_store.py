@@ -6,13 +6,15 @@ from __future__ import annotations
 
 import asyncio
 import time
+from dataclasses import replace
 from datetime import timedelta
 
 import pytest
 from bson import Timestamp
 from primary import BUDGET_MS, Fault, wire_settings
 
-from tokensvc.records import AuthorizationCode, Client, Family, Session, Subject, User, utcnow
+from tokensvc.oauth import hashing
+from tokensvc.records import AuthorizationCode, Client, Family, Pair, Session, Subject, User, utcnow
 from tokensvc.storage.base import StorageError
 from tokensvc.storage.mongo import MongoStore
 
@@ -220,3 +222,31 @@ async def test_the_store_reports_its_work_as_metrics(wire_store, primary):
     assert 'tokensvc_store_retries_total{operation="get_user"} 2.0' in text
     assert "tokensvc_store_pool_wait_seconds_count" in text
     assert "tokensvc_store_pool_checked_out 0.0" in text  # every connection back in the pool
+
+
+async def test_hashes_are_stored_as_their_32_bytes_and_found_by_them(wire_store, primary):
+    """Every hash of a secret is a SHA-256 digest: stored as 32 bytes, not 64 hex characters,
+    in the document and in the indexes on it; the records still hold hex."""
+    now = utcnow()
+    secret = {name: hashing.digest(name) for name in ("code", "refresh", "access", "session", "next")}
+    await wire_store.add_code(code(now, secret["code"]))
+    await wire_store.add_session(Session(secret["session"], "u_alice", now, now + timedelta(hours=1)))
+    grant = await wire_store.save_grant("webapp", ALICE, ["read"], now)
+    await wire_store.create_family(replace(family(now, grant.grant_id), refresh_hash=secret["refresh"],
+                                           access_hash=secret["access"]))
+    db = primary.db["tokensvc"]
+    stored = (db["codes"].find_one()["_id"], db["sessions"].find_one()["_id"],
+              db["families"].find_one()["refresh_hash"], db["families"].find_one()["access_hash"])
+    assert all(isinstance(value, bytes) and len(value) == 32 for value in stored), stored
+    assert (await wire_store.get_code(secret["code"])).code_hash == secret["code"]
+    assert (await wire_store.consume_code(secret["code"], now, family_id="f1")) is not None
+    assert (await wire_store.get_session(secret["session"])).session_hash == secret["session"]
+    found, _ = await wire_store.find_access(secret["access"])
+    assert (found.refresh_hash, found.access_hash) == (secret["refresh"], secret["access"])
+    pair = Pair(hashing.digest("next access"), secret["next"], ["read"], now, now + timedelta(hours=1),
+                now + timedelta(minutes=10))
+    rotated = await wire_store.rotate_family("f1", secret["refresh"], pair, now)
+    assert rotated.previous_hash == secret["refresh"] and rotated.refresh_hash == secret["next"]
+    assert isinstance(db["families"].find_one()["previous_hash"], bytes)
+    assert await wire_store.revoke_access("f1", pair.access_hash, now) is True
+    assert await wire_store.end_session(secret["session"], now) is True

@@ -1,6 +1,7 @@
 """The MongoDB backend, on PyMongo's asyncio API (``AsyncMongoClient``).
 
-One collection per record kind, keyed by ``_id`` (the record's id or hash). Every
+One collection per record kind, keyed by ``_id`` (the record's id or hash; a hash, a SHA-256
+digest, stored as its 32 bytes: see :func:`packed`). Every
 operation that must be atomic is one single-document atomic command
 (``find_one_and_update`` with the precondition in its filter). Expired codes, tokens and
 sessions are removed by TTL indexes. Every driver error leaves this module as
@@ -51,6 +52,7 @@ import functools
 import inspect
 import logging
 import random
+import re
 import secrets
 from collections.abc import AsyncIterator, Callable, Coroutine
 from dataclasses import MISSING, fields
@@ -381,17 +383,34 @@ def _utc(value: Any) -> Any:
     return value
 
 
-class _Mapper:
-    """Record dataclass <-> document, with the record's key stored as ``_id``."""
+_DIGEST = re.compile(r"[0-9a-f]{64}")
 
-    def __init__(self, cls: type, key: str) -> None:
-        self.cls, self.key = cls, key
+
+def packed(value: Any) -> Any:
+    """A SHA-256 hex digest (every stored hash of a secret) as its 32 bytes: half the size in
+    the document and in every index on it. Anything else as given."""
+    return bytes.fromhex(value) if isinstance(value, str) and _DIGEST.fullmatch(value) else value
+
+
+def unpacked(value: Any) -> Any:
+    """What :func:`packed` stored, as the record holds it (hex)."""
+    return value.hex() if isinstance(value, bytes) else value
+
+
+class _Mapper:
+    """Record dataclass <-> document, with the record's key stored as ``_id`` and the fields
+    named in ``hashes`` stored :func:`packed`."""
+
+    def __init__(self, cls: type, key: str, hashes: tuple[str, ...] = ()) -> None:
+        self.cls, self.key, self.hashes = cls, key, hashes
         self.names = [f.name for f in fields(cls)]
         # A field added in a later release is missing from older documents: its default.
         self.defaults = {f.name: f.default for f in fields(cls) if f.default is not MISSING}
 
     def doc(self, record: Any) -> dict[str, Any]:
         document = {name: getattr(record, name) for name in self.names}
+        for name in self.hashes:
+            document[name] = packed(document[name])
         document["_id"] = document.pop(self.key)
         return document
 
@@ -400,6 +419,8 @@ class _Mapper:
             return None
         values = {name: _utc(document.get(name, self.defaults.get(name))) for name in self.names if name != self.key}
         values[self.key] = document["_id"]
+        for name in self.hashes:
+            values[name] = unpacked(values[name])
         return self.cls(**values)
 
 
@@ -407,9 +428,9 @@ CLIENTS = _Mapper(Client, "client_id")
 USERS = _Mapper(User, "user_id")
 INSTALLATIONS = _Mapper(Installation, "installation_id")
 GRANTS = _Mapper(Grant, "grant_id")
-CODES = _Mapper(AuthorizationCode, "code_hash")
-FAMILIES = _Mapper(Family, "family_id")
-SESSIONS = _Mapper(Session, "session_hash")
+CODES = _Mapper(AuthorizationCode, "code_hash", ("code_hash",))
+FAMILIES = _Mapper(Family, "family_id", ("refresh_hash", "access_hash", "previous_hash"))
+SESSIONS = _Mapper(Session, "session_hash", ("session_hash",))
 
 
 async def _page(collection: Any, key: str, after: str | None, limit: int | None) -> list[dict[str, Any]]:
@@ -422,9 +443,9 @@ async def _page(collection: Any, key: str, after: str | None, limit: int | None)
 
 def _pair_fields(pair: Pair) -> dict[str, Any]:
     """The fields a new pair sets on its family; the access token's marks start afresh."""
-    return {"refresh_hash": pair.refresh_hash, "access_hash": pair.access_hash, "scopes": list(pair.scopes),
-            "issued_at": pair.issued_at, "expires_at": pair.expires_at, "access_expires_at": pair.access_expires_at,
-            "access_used_at": None, "access_revoked_at": None}
+    return {"refresh_hash": packed(pair.refresh_hash), "access_hash": packed(pair.access_hash),
+            "scopes": list(pair.scopes), "issued_at": pair.issued_at, "expires_at": pair.expires_at,
+            "access_expires_at": pair.access_expires_at, "access_used_at": None, "access_revoked_at": None}
 
 
 class MongoStore(Store):
@@ -726,13 +747,13 @@ class MongoStore(Store):
 
     @guarded(READ)
     async def get_code(self, code_hash: str) -> AuthorizationCode | None:
-        return CODES.record(await self.codes.find_one({"_id": code_hash}))
+        return CODES.record(await self.codes.find_one({"_id": packed(code_hash)}))
 
     @guarded(ONCE)
     async def consume_code(self, code_hash: str, now: datetime, *, family_id: str | None = None,
                            failed: bool = False) -> AuthorizationCode | None:
         return CODES.record(await self.codes.find_one_and_update(
-            {"_id": code_hash, "consumed_at": None},
+            {"_id": packed(code_hash), "consumed_at": None},
             {"$set": {"consumed_at": now, "spent_by_failure": failed, "family_id": family_id}},
             return_document=ReturnDocument.BEFORE))
 
@@ -766,31 +787,31 @@ class MongoStore(Store):
 
     @guarded(READ)
     async def find_access(self, access_hash: str) -> tuple[Family | None, Grant | None]:
-        return await self._with_grant({"access_hash": access_hash})
+        return await self._with_grant({"access_hash": packed(access_hash)})
 
     @guarded(ONCE)
     async def rotate_family(self, family_id: str, refresh_hash: str, pair: Pair, now: datetime) -> Family | None:
         return FAMILIES.record(await self.families.find_one_and_update(
-            {"_id": family_id, "refresh_hash": refresh_hash, "revoked_at": None, "expires_at": {"$gt": now}},
-            {"$set": {**_pair_fields(pair), "previous_hash": refresh_hash, "renewed_at": now},
+            {"_id": family_id, "refresh_hash": packed(refresh_hash), "revoked_at": None, "expires_at": {"$gt": now}},
+            {"$set": {**_pair_fields(pair), "previous_hash": packed(refresh_hash), "renewed_at": now},
              "$inc": {"rotations": 1}},
             return_document=ReturnDocument.AFTER))
 
     @guarded(ONCE)
     async def reissue_pair(self, family_id: str, refresh_hash: str, pair: Pair) -> Family | None:
         return FAMILIES.record(await self.families.find_one_and_update(
-            {"_id": family_id, "refresh_hash": refresh_hash, "access_used_at": None, "revoked_at": None},
+            {"_id": family_id, "refresh_hash": packed(refresh_hash), "access_used_at": None, "revoked_at": None},
             {"$set": _pair_fields(pair)}, return_document=ReturnDocument.AFTER))
 
     @guarded(RERUN)
     async def mark_access_used(self, family_id: str, access_hash: str, now: datetime) -> None:
-        await self.families.update_one({"_id": family_id, "access_hash": access_hash, "access_used_at": None},
+        await self.families.update_one({"_id": family_id, "access_hash": packed(access_hash), "access_used_at": None},
                                        {"$set": {"access_used_at": now}})
 
     @guarded(ONCE)
     async def revoke_access(self, family_id: str, access_hash: str, now: datetime) -> bool:
         result = await self.families.update_one(
-            {"_id": family_id, "access_hash": access_hash, "access_revoked_at": None},
+            {"_id": family_id, "access_hash": packed(access_hash), "access_revoked_at": None},
             {"$set": {"access_revoked_at": now, "access_used_at": now}})
         return result.modified_count == 1
 
@@ -813,12 +834,13 @@ class MongoStore(Store):
 
     @guarded(READ)
     async def get_session(self, session_hash: str) -> Session | None:
-        session = SESSIONS.record(await self.sessions.find_one({"_id": session_hash}))
+        session = SESSIONS.record(await self.sessions.find_one({"_id": packed(session_hash)}))
         return None if session is None or session.ended_at is not None else session
 
     @guarded(ONCE)
     async def end_session(self, session_hash: str, now: datetime) -> bool:
-        result = await self.sessions.update_one({"_id": session_hash, "ended_at": None}, {"$set": {"ended_at": now}})
+        result = await self.sessions.update_one({"_id": packed(session_hash), "ended_at": None},
+                                                {"$set": {"ended_at": now}})
         return result.modified_count == 1
 
     @guarded(READ)
@@ -829,7 +851,7 @@ class MongoStore(Store):
 
     @guarded(RERUN)
     async def touch_session(self, session_hash: str, now: datetime) -> None:
-        await self.sessions.update_one({"_id": session_hash}, {"$set": {"last_seen_at": now}})
+        await self.sessions.update_one({"_id": packed(session_hash)}, {"$set": {"last_seen_at": now}})
 
     @guarded(RERUN)
     async def end_user_sessions(self, user_id: str, now: datetime) -> int:
@@ -926,7 +948,7 @@ class MongoStore(Store):
                     if change["operationType"] == "invalidate":
                         self._resume_token = None
                         raise StorageError("the change stream was invalidated; following from now")
-                    yield Revocation(WATCHED[change["ns"]["coll"]][0], change["documentKey"]["_id"])
+                    yield Revocation(WATCHED[change["ns"]["coll"]][0], unpacked(change["documentKey"]["_id"]))
         except OperationFailure as exc:
             if exc.code in NO_CHANGE_STREAMS:
                 raise _NoChangeStreams() from None
@@ -949,7 +971,7 @@ class MongoStore(Store):
                         key = (collection, document["_id"], field)
                         if key not in seen:
                             seen[key] = _utc(document[field])
-                            yield Revocation(kind, document["_id"])
+                            yield Revocation(kind, unpacked(document["_id"]))
             since = now
             seen = {key: at for key, at in seen.items() if at > since - 2 * POLL_OVERLAP}
 
