@@ -18,7 +18,7 @@ from http.cookies import SimpleCookie
 from typing import Any, ClassVar, cast
 
 import tornado.httputil
-from tornado.httputil import HTTPHeaders, HTTPServerRequest
+from tornado.httputil import HTTPServerRequest
 
 from tokensvc.errors import BadRequest, NotFound
 from tokensvc.handlers import cors
@@ -33,8 +33,8 @@ from tokensvc.handlers.lifecycle import (
     check_xsrf,
     dumps,
     log_failure,
-    write_response,
 )
+from tokensvc.handlers.response_writer import write_response
 
 
 class JsonHandler(RequestInput):
@@ -104,28 +104,27 @@ class JsonHandler(RequestInput):
         log_failure(self.request, exc, self.edge.metrics)
         answer = answer_for(exc)
         self.log_error = answer.error_code
-        status, headers, body = self.edge.render(answer, self.output, self.default_headers, self.request)
-        self.send(status, body, None, headers)
+        status, base, extra, body = self.edge.render(answer, self.output, self.default_headers, self.request)
+        self.send(status, body, None, extra, base)
 
     def send_json(self, body: Any, status: int = 200, headers: dict[str, str] | None = None) -> None:
         self.send(status, dumps(body).encode("utf-8"), "application/json", headers)
 
-    def send(self, status: int, body: bytes, content_type: str | None, extra: dict[str, str] | None = None) -> None:
-        """Write the whole response (once; later calls are ignored): the route's headers,
-        then ``extra``."""
+    def send(self, status: int, body: bytes, content_type: str | None, extra: dict[str, str] | None = None,
+             base: dict[str, str] | None = None) -> None:
+        """Write the whole response (once; later calls are ignored): the route's headers (or
+        ``base``), then ``extra``."""
         if self.answered:
             return
         self.answered = True
-        headers = HTTPHeaders(self.default_headers)
-        if extra:
-            headers.update(extra)
+        headers = dict(extra) if extra else {}
         if self.cross_origin:
             headers.update(self.cross_origin)
         if content_type:
             headers["Content-Type"] = content_type
-        for morsel in (self.cookies or {}).values():
-            headers.add("Set-Cookie", morsel.OutputString())
-        write_response(self.request, status, headers, body, self.request_id)
+        cookies = [morsel.OutputString() for morsel in self.cookies.values()] if self.cookies else ()
+        write_response(self.request, status, self.default_headers if base is None else base, headers, body,
+                       self.request_id, cookies)
         self.edge.finished(self.request, self.route.path, status, self.logged_client_id(), self.log_error)
 
     def logged_client_id(self) -> str | None:

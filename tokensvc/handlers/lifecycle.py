@@ -28,7 +28,6 @@ import logging
 import os
 import re
 import sys
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -37,7 +36,7 @@ from urllib.parse import urlsplit
 import tornado.httputil
 import tornado.template
 import tornado.web
-from tornado.httputil import HTTPHeaders, HTTPServerRequest, ResponseStartLine
+from tornado.httputil import HTTPHeaders, HTTPServerRequest
 
 from tokensvc import errors
 from tokensvc.config import STORE_RETRY_AFTER_SECONDS, Settings
@@ -48,6 +47,7 @@ from tokensvc.handlers.headers import PAGE_HEADERS, safe_location
 from tokensvc.handlers.inputs import RequestInput
 from tokensvc.handlers.proxies import ClientAddress
 from tokensvc.handlers.readiness import Readiness
+from tokensvc.handlers.response_writer import write_response
 from tokensvc.identifiers import is_loopback
 from tokensvc.logs import REQUEST_ID
 from tokensvc.metrics import Metrics
@@ -255,25 +255,26 @@ class Edge:
                                                       service_name=self.config.service_name, **namespace)
 
     def render(self, answer: HTTPAnswer, output: str, headers: dict[str, str],
-               request: HTTPServerRequest | None = None) -> tuple[int, dict[str, str], bytes]:
-        """``(status, headers, body)`` of ``answer`` in ``output``, over the route's ``headers``.
+               request: HTTPServerRequest | None = None) -> tuple[int, dict[str, str], dict[str, str], bytes]:
+        """``(status, base, extra, body)`` of ``answer`` in ``output``: the route's ``headers``
+        (or the pages' ones) as ``base``, and over them ``extra``, the answer's own.
         A browser that navigated to a JSON route's address (the 404 of a mistyped one, a 405, a
         5xx) gets the error page rather than JSON; an API caller keeps its JSON."""
         status = answer.status_code
         if output == JSON and request is not None and (status in (404, 405) or status >= 500) and navigation(request):
             output, headers = HTML, PAGE_HEADERS
-        headers = {**headers, **answer.headers()}
-        if "Location" in headers:
-            headers["Location"] = safe_location(headers["Location"])
+        extra = answer.headers()
+        if "Location" in extra:
+            extra["Location"] = safe_location(extra["Location"])
         body = answer.body()
         if body is None:
-            return status, headers, b""
+            return status, headers, extra, b""
         if output == HTML:
-            headers["Content-Type"] = "text/html; charset=UTF-8"
-            return status, headers, self.page("error.html", title=answer.title, message=answer.message,
-                                              status=status)
-        headers["Content-Type"] = "application/json"
-        return status, headers, dumps(body).encode("utf-8")
+            extra["Content-Type"] = "text/html; charset=UTF-8"
+            return status, headers, extra, self.page("error.html", title=answer.title, message=answer.message,
+                                                     status=status)
+        extra["Content-Type"] = "application/json"
+        return status, headers, extra, dumps(body).encode("utf-8")
 
     def finished(self, request: HTTPServerRequest, route: str, status: int, client_id: str | None,
                  error: str | None) -> None:
@@ -289,24 +290,6 @@ def navigation(request: HTTPServerRequest) -> bool:
     headers = request.headers
     return (request.method in ("GET", "HEAD") and "text/html" in headers.get("Accept", "")
             and headers.get("Sec-Fetch-Mode", "navigate") == "navigate")
-
-
-def write_response(request: HTTPServerRequest, status: int, headers: HTTPHeaders, body: bytes,
-                   request_id: str) -> None:
-    """Write a whole response on the request's connection (the JSON routes' way, and the
-    lifecycle's own answers); a HEAD gets the headers a GET would, and no body."""
-    headers["Date"] = tornado.httputil.format_timestamp(time.time())
-    headers["X-Request-ID"] = request_id
-    if status == 204:
-        body = b""
-    else:
-        headers["Content-Length"] = str(len(body))
-    if request.method == "HEAD":
-        body = b""
-    connection = request.connection
-    assert connection is not None
-    connection.write_headers(ResponseStartLine("HTTP/1.1", status, reason_phrase(status)), headers, body or None)
-    connection.finish()
 
 
 class Start(Protocol):
@@ -394,6 +377,6 @@ class Lifecycle(tornado.httputil.HTTPMessageDelegate):
 
     def _answer(self, answer: HTTPAnswer, request_id: str) -> None:
         handler = self.route.handler
-        status, headers, body = self.edge.render(answer, handler.output, handler.default_headers, self.request)
-        write_response(self.request, status, HTTPHeaders(headers), body, request_id)
+        status, base, extra, body = self.edge.render(answer, handler.output, handler.default_headers, self.request)
+        write_response(self.request, status, base, extra, body, request_id)
         self.edge.finished(self.request, self.route.path, status, None, answer.error_code)

@@ -65,9 +65,9 @@ class WebHandler(RequestInput, tornado.web.RequestHandler):
         exc = kwargs.get("exc_info", (None, None, None))[1]
         answer = answer_for(exc if exc is not None else tornado.web.HTTPError(status_code))
         self.log_error = answer.error_code
-        status, headers, body = self.edge.render(answer, self.output, self.default_headers, self.request)
+        status, base, extra, body = self.edge.render(answer, self.output, self.default_headers, self.request)
         self.set_status(status)
-        for name, value in headers.items():
+        for name, value in {**base, **extra}.items():
             self.set_header(name, value)
         self.finish(body)
 
