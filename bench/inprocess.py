@@ -19,7 +19,9 @@ median speed.
 
     python bench/inprocess.py [--requests 400] [--repeat 25] [--tokens 10000] [OPERATION ...]
 
-Operations: introspect, me, exchange, refresh, client (all by default). Run it before and
+Operations: introspect, me, exchange, refresh, client (all by default), and ``floor``: the
+bare Tornado form POST of ``bench/hello.py`` (parse a form, set the no-store headers, write a
+small JSON body), the least any form-posting JSON endpoint costs in Tornado, for reference. Run it before and
 after a change, on the same machine, and compare the operation the change targets.
 """
 
@@ -46,7 +48,7 @@ import tornado.web
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import twin
-from hello import MainHandler
+from hello import FloorHandler, MainHandler
 from seeded import CLIENT_SECRET, REDIRECT, VERIFIER, fill, settings
 
 from tokensvc import logs
@@ -55,6 +57,7 @@ from tokensvc.bootstrap import make_context, seed
 from tokensvc.storage.memory import MemoryStore
 
 OPERATIONS = ("introspect", "me", "exchange", "refresh", "client")
+FLOOR = "floor"
 BASIC = "Basic " + base64.b64encode(f"bench:{CLIENT_SECRET}".encode()).decode()
 REFRESH_TOKEN = re.compile(rb'"refresh_token":"([^"]+)"')
 CONTENT_LENGTH = re.compile(rb"\r\nContent-Length: (\d+)", re.I)
@@ -152,6 +155,10 @@ class Service:
 
     def __init__(self, thread: ServiceThread, variant: str, operation: str, requests: int, runs: int,
                  tokens: int) -> None:
+        self.operation = operation
+        if operation == FLOOR:
+            self.connection = Connection(thread.serve(tornado.web.Application([(r"/floor", FloorHandler)])))
+            return
         self.routes = VARIANTS[variant]()
         out = Path(tempfile.mkdtemp(prefix="tokensvc-inprocess-"))
         config = settings(8080)
@@ -164,13 +171,14 @@ class Service:
                        refresh=1 if operation == "refresh" else 0)
 
         thread.run(prepare())
-        self.operation = operation
         self.access = (out / "access.txt").read_text().split()
         self.codes = iter((out / "codes-main1.txt").read_text().split()) if operation == "exchange" else iter(())
         self.chain = [(out / "refresh-main1.txt").read_text().split()[0]] if operation == "refresh" else []
         self.connection = Connection(thread.serve(make_app(config, store, ctx, self.routes)))
 
     def request(self, i: int) -> bytes:
+        if self.operation == FLOOR:
+            return post("/floor", "token=x")
         access, redirect = self.access, quote(REDIRECT, safe="")
         if self.operation == "introspect":
             return post("/oauth/token/introspect", f"token={access[i % len(access)]}")
@@ -225,7 +233,7 @@ def main() -> int:
     parser.add_argument("--ab", nargs=2, metavar=("A", "B"), choices=sorted(VARIANTS),
                         help="compare two variants, block by block: " + ", ".join(sorted(VARIANTS)))
     args = parser.parse_args()
-    unknown = set(args.operations) - set(OPERATIONS)
+    unknown = set(args.operations) - {*OPERATIONS, FLOOR}
     if unknown:
         parser.error(f"unknown operation(s): {', '.join(sorted(unknown))}")
     variants = tuple(args.ab or ("delegate",))

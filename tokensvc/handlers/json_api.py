@@ -3,8 +3,8 @@ Tornado's HTTP layer by the request lifecycle (:mod:`.lifecycle`).
 
 A ``JsonHandler`` is a plain object made for one request: the lifecycle has counted its body
 and checked its method; the handler parses the body, runs the route's method and writes one
-response through the connection's public ``write_headers`` and ``finish``. Routing,
-connection handling and keep-alive stay Tornado's.
+response through the response writer (:mod:`.response_writer`). Routing, connection handling
+and keep-alive stay Tornado's.
 
 Why not ``RequestHandler``: its per-request machinery (output transforms, flush and finish
 futures, per-header validation, a Task per request) costs more than the OAuth work of a token
