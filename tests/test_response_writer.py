@@ -105,3 +105,32 @@ def test_a_header_that_would_split_the_block_is_refused():
     assert response_writer.header_lines([("A", "1"), ("B", "2")]) == b"A: 1\r\nB: 2\r\n"
     with pytest.raises(ValueError, match="CR or LF"):
         response_writer.header_lines([("X-Test\r\nX-Other", "1")])
+
+
+@pytest.mark.parametrize("config", [CONFIG])
+async def test_a_client_gone_before_the_answer_is_no_error_and_the_server_serves_on(
+        http_server, http_port, http_client, base_url, monkeypatch, caplog, config):
+    from tokensvc.handlers.meta import HealthHandler
+
+    answered = asyncio.Event()
+    real = HealthHandler.get
+
+    async def slow(self):
+        await asyncio.sleep(0.2)  # the client hangs up meanwhile
+        await real(self)
+        answered.set()
+
+    for patched in (False, True):
+        with monkeypatch.context() as patch:
+            patch.setattr(HealthHandler, "get", slow)
+            if patched:  # and the same through Tornado's write_headers
+                patch.setattr(response_writer, "HTTP1Connection", type(None))
+            answered.clear()
+            reader, writer = await asyncio.open_connection("127.0.0.1", http_port)
+            writer.write(request("GET", "/healthz"))
+            await writer.drain()
+            writer.close()
+            await asyncio.wait_for(answered.wait(), 5)
+            await asyncio.sleep(0.05)
+    assert not [record for record in caplog.records if record.levelname in ("ERROR", "CRITICAL")]
+    assert (await http_client.fetch(base_url + "/healthz")).code == 200

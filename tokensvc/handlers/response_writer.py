@@ -88,8 +88,13 @@ def write_response(request: HTTPServerRequest, status: int, base: Mapping[str, s
     connection._response_start_line = ResponseStartLine("HTTP/1.1", status, reason_phrase(status))
     connection._chunking_output = False
     connection._expected_content_remaining = 0
-    connection._pending_write = connection.stream.write(b"".join(lines))
-    future_add_done_callback(connection._pending_write, connection._on_write_complete)
+    if connection.stream.closed():
+        # The client went away first: nothing to write, and the request ends as Tornado ends
+        # it then (write_headers would not write either).
+        connection._pending_write = None
+    else:
+        connection._pending_write = connection.stream.write(b"".join(lines))
+        future_add_done_callback(connection._pending_write, connection._on_write_complete)
     connection.finish()
 
 
