@@ -11,7 +11,7 @@ import pytest
 from bson import Timestamp
 from primary import BUDGET_MS, Fault, wire_settings
 
-from tokensvc.oauth import events
+from tokensvc.oauth import events, hashing
 from tokensvc.records import Session, utcnow
 from tokensvc.storage.base import SESSION, Revocation
 from tokensvc.storage.mongo import MongoStore
@@ -116,3 +116,18 @@ async def test_the_recheck_an_event_causes_reads_at_or_after_the_revocation(wire
                                                                                                revoked_at)
     await feed.aclose()
     await other.close()
+
+
+@pytest.mark.parametrize("streams", [True, False])
+async def test_a_revocation_names_the_record_by_its_hash_as_the_records_do(wire_store, primary, streams):
+    """Keys stored as 32 bytes (a session's hash, a family's id) reach the relay's subscribers
+    as the hex the records and the sockets hold, from the change stream and from polling."""
+    primary.change_streams = streams
+    session_hash = hashing.digest("a session")
+    await add_sessions(wire_store, session_hash)
+    feed = wire_store.revocation_feed(poll_seconds=0.05)
+    waiting = asyncio.ensure_future(next_revocation(feed, 5))
+    await asyncio.sleep(0.3)
+    await wire_store.end_session(session_hash, utcnow())
+    assert await waiting == Revocation(SESSION, session_hash)
+    await feed.aclose()

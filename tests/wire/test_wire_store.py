@@ -159,8 +159,10 @@ async def test_retryable_errors_that_do_not_stop_are_tried_with_backoff_not_back
         with pytest.raises(StorageError):
             await operation()
         assert time.monotonic() - started <= BUDGET_MS / 1000 + 0.5  # never past the budget
-    assert 2 <= len(primary.sent("find", "clients")) <= 20  # a storm sends thousands
-    assert 2 <= len(primary.sent("update", "clients")) <= 20
+    # A storm sends thousands. Full jitter may draw short waits, and each store attempt of a
+    # write is two commands (the driver's own retry): tens at the most within the budget.
+    assert 2 <= len(primary.sent("find", "clients")) <= 40
+    assert 2 <= len(primary.sent("update", "clients")) <= 60
     assert len(primary.sent("findAndModify", "codes")) == 2  # a one-document write: the driver's one retry
 
 
@@ -228,25 +230,32 @@ async def test_hashes_are_stored_as_their_32_bytes_and_found_by_them(wire_store,
     """Every hash of a secret is a SHA-256 digest: stored as 32 bytes, not 64 hex characters,
     in the document and in the indexes on it; the records still hold hex."""
     now = utcnow()
-    secret = {name: hashing.digest(name) for name in ("code", "refresh", "access", "session", "next")}
+    secret = {name: hashing.digest(name) for name in ("code", "family", "refresh", "access", "session", "next")}
     await wire_store.add_code(code(now, secret["code"]))
     await wire_store.add_session(Session(secret["session"], "u_alice", now, now + timedelta(hours=1)))
     grant = await wire_store.save_grant("webapp", ALICE, ["read"], now)
-    await wire_store.create_family(replace(family(now, grant.grant_id), refresh_hash=secret["refresh"],
-                                           access_hash=secret["access"]))
+    await wire_store.create_family(replace(family(now, grant.grant_id, secret["family"]),
+                                           refresh_hash=secret["refresh"], access_hash=secret["access"]))
+    assert (await wire_store.consume_code(secret["code"], now, family_id=secret["family"])) is not None
     db = primary.db["tokensvc"]
-    stored = (db["codes"].find_one()["_id"], db["sessions"].find_one()["_id"],
-              db["families"].find_one()["refresh_hash"], db["families"].find_one()["access_hash"])
+    stored = (db["codes"].find_one()["_id"], db["codes"].find_one()["family_id"], db["sessions"].find_one()["_id"],
+              db["families"].find_one()["_id"], db["families"].find_one()["refresh_hash"],
+              db["families"].find_one()["access_hash"])
     assert all(isinstance(value, bytes) and len(value) == 32 for value in stored), stored
-    assert (await wire_store.get_code(secret["code"])).code_hash == secret["code"]
-    assert (await wire_store.consume_code(secret["code"], now, family_id="f1")) is not None
+    redeemed = await wire_store.get_code(secret["code"])
+    assert (redeemed.code_hash, redeemed.family_id) == (secret["code"], secret["family"])
     assert (await wire_store.get_session(secret["session"])).session_hash == secret["session"]
     found, _ = await wire_store.find_access(secret["access"])
-    assert (found.refresh_hash, found.access_hash) == (secret["refresh"], secret["access"])
+    assert (found.family_id, found.refresh_hash, found.access_hash) == (secret["family"], secret["refresh"],
+                                                                        secret["access"])
+    assert (await wire_store.get_family(secret["family"]))[0] == found
     pair = Pair(hashing.digest("next access"), secret["next"], ["read"], now, now + timedelta(hours=1),
                 now + timedelta(minutes=10))
-    rotated = await wire_store.rotate_family("f1", secret["refresh"], pair, now)
+    rotated = await wire_store.rotate_family(secret["family"], secret["refresh"], pair, now)
     assert rotated.previous_hash == secret["refresh"] and rotated.refresh_hash == secret["next"]
     assert isinstance(db["families"].find_one()["previous_hash"], bytes)
-    assert await wire_store.revoke_access("f1", pair.access_hash, now) is True
+    await wire_store.mark_access_used(secret["family"], pair.access_hash, now)
+    assert (await wire_store.get_family(secret["family"]))[0].access_used_at is not None
+    assert await wire_store.revoke_access(secret["family"], pair.access_hash, now) is True
+    assert await wire_store.revoke_family(secret["family"], now) is True
     assert await wire_store.end_session(secret["session"], now) is True

@@ -428,8 +428,8 @@ CLIENTS = _Mapper(Client, "client_id")
 USERS = _Mapper(User, "user_id")
 INSTALLATIONS = _Mapper(Installation, "installation_id")
 GRANTS = _Mapper(Grant, "grant_id")
-CODES = _Mapper(AuthorizationCode, "code_hash", ("code_hash",))
-FAMILIES = _Mapper(Family, "family_id", ("refresh_hash", "access_hash", "previous_hash"))
+CODES = _Mapper(AuthorizationCode, "code_hash", ("code_hash", "family_id"))
+FAMILIES = _Mapper(Family, "family_id", ("family_id", "refresh_hash", "access_hash", "previous_hash"))
 SESSIONS = _Mapper(Session, "session_hash", ("session_hash",))
 
 
@@ -754,7 +754,7 @@ class MongoStore(Store):
                            failed: bool = False) -> AuthorizationCode | None:
         return CODES.record(await self.codes.find_one_and_update(
             {"_id": packed(code_hash), "consumed_at": None},
-            {"$set": {"consumed_at": now, "spent_by_failure": failed, "family_id": family_id}},
+            {"$set": {"consumed_at": now, "spent_by_failure": failed, "family_id": packed(family_id)}},
             return_document=ReturnDocument.BEFORE))
 
     # -- token families
@@ -783,7 +783,7 @@ class MongoStore(Store):
 
     @guarded(READ)
     async def get_family(self, family_id: str) -> tuple[Family | None, Grant | None]:
-        return await self._with_grant({"_id": family_id})
+        return await self._with_grant({"_id": packed(family_id)})
 
     @guarded(READ)
     async def find_access(self, access_hash: str) -> tuple[Family | None, Grant | None]:
@@ -792,7 +792,8 @@ class MongoStore(Store):
     @guarded(ONCE)
     async def rotate_family(self, family_id: str, refresh_hash: str, pair: Pair, now: datetime) -> Family | None:
         return FAMILIES.record(await self.families.find_one_and_update(
-            {"_id": family_id, "refresh_hash": packed(refresh_hash), "revoked_at": None, "expires_at": {"$gt": now}},
+            {"_id": packed(family_id), "refresh_hash": packed(refresh_hash), "revoked_at": None,
+             "expires_at": {"$gt": now}},
             {"$set": {**_pair_fields(pair), "previous_hash": packed(refresh_hash), "renewed_at": now},
              "$inc": {"rotations": 1}},
             return_document=ReturnDocument.AFTER))
@@ -800,24 +801,27 @@ class MongoStore(Store):
     @guarded(ONCE)
     async def reissue_pair(self, family_id: str, refresh_hash: str, pair: Pair) -> Family | None:
         return FAMILIES.record(await self.families.find_one_and_update(
-            {"_id": family_id, "refresh_hash": packed(refresh_hash), "access_used_at": None, "revoked_at": None},
+            {"_id": packed(family_id), "refresh_hash": packed(refresh_hash), "access_used_at": None,
+             "revoked_at": None},
             {"$set": _pair_fields(pair)}, return_document=ReturnDocument.AFTER))
 
     @guarded(RERUN)
     async def mark_access_used(self, family_id: str, access_hash: str, now: datetime) -> None:
-        await self.families.update_one({"_id": family_id, "access_hash": packed(access_hash), "access_used_at": None},
+        await self.families.update_one({"_id": packed(family_id), "access_hash": packed(access_hash),
+                                        "access_used_at": None},
                                        {"$set": {"access_used_at": now}})
 
     @guarded(ONCE)
     async def revoke_access(self, family_id: str, access_hash: str, now: datetime) -> bool:
         result = await self.families.update_one(
-            {"_id": family_id, "access_hash": packed(access_hash), "access_revoked_at": None},
+            {"_id": packed(family_id), "access_hash": packed(access_hash), "access_revoked_at": None},
             {"$set": {"access_revoked_at": now, "access_used_at": now}})
         return result.modified_count == 1
 
     @guarded(ONCE)
     async def revoke_family(self, family_id: str, now: datetime) -> bool:
-        result = await self.families.update_one({"_id": family_id, "revoked_at": None}, {"$set": {"revoked_at": now}})
+        result = await self.families.update_one({"_id": packed(family_id), "revoked_at": None},
+                                                {"$set": {"revoked_at": now}})
         return result.modified_count == 1
 
     @guarded(READ)
