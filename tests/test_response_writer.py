@@ -134,3 +134,11 @@ async def test_a_client_gone_before_the_answer_is_no_error_and_the_server_serves
             await asyncio.sleep(0.05)
     assert not [record for record in caplog.records if record.levelname in ("ERROR", "CRITICAL")]
     assert (await http_client.fetch(base_url + "/healthz")).code == 200
+
+
+def test_header_sets_made_per_call_are_encoded_but_never_kept():
+    constant = {"X-A": "1"}
+    assert response_writer.constant_lines(constant) is response_writer.constant_lines(constant)
+    for index in range(3 * response_writer.MAX_HEADER_SETS):
+        assert response_writer.constant_lines({"X-B": str(index)}) == f"X-B: {index}\r\n".encode()
+    assert len(response_writer._blocks) <= response_writer.MAX_HEADER_SETS

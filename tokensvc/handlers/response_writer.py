@@ -32,6 +32,7 @@ from tokensvc.errors import reason_phrase
 
 # The encoded lines of each header set, by identity: route header sets are module constants.
 _blocks: dict[int, tuple[Mapping[str, str], bytes]] = {}
+MAX_HEADER_SETS = 32
 _date: list = [0, b""]  # the second, and its Date line
 
 
@@ -49,6 +50,8 @@ def constant_lines(headers: Mapping[str, str]) -> bytes:
     """The encoded lines of a header set that does not change (a route's), made once."""
     cached = _blocks.get(id(headers))
     if cached is None or cached[0] is not headers:
+        if len(_blocks) >= MAX_HEADER_SETS:  # a set made per call: encoded, never kept
+            return header_lines(headers.items())
         cached = _blocks[id(headers)] = (headers, header_lines(headers.items()))
     return cached[1]
 
