@@ -81,14 +81,15 @@ def write_response(request: HTTPServerRequest, status: int, base: Mapping[str, s
     if connection._disconnect_on_finish:
         varying.append(("Connection", "close"))
     overridden = not extra.keys().isdisjoint(base)
-    lines = [b"HTTP/1.1 %d %s\r\n" % (status, reason_phrase(status).encode("latin1")),
+    reason = reason_phrase(status)
+    lines = [b"HTTP/1.1 %d %s\r\n" % (status, reason.encode("latin1")),
              header_lines((name, value) for name, value in base.items() if name not in extra) if overridden
              else constant_lines(base), header_lines(varying), date_line(), b"\r\n"]
     if request.method != "HEAD":
         lines.append(body)
     # What write_headers(start_line, headers, body) leaves: nothing chunked, nothing more to
     # come of the body, the write pending; finish() then ends the request as Tornado does.
-    connection._response_start_line = ResponseStartLine("HTTP/1.1", status, reason_phrase(status))
+    connection._response_start_line = ResponseStartLine("HTTP/1.1", status, reason)
     connection._chunking_output = False
     connection._expected_content_remaining = 0
     if connection.stream.closed():

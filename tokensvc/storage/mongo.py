@@ -180,7 +180,7 @@ def backoff(attempt: int) -> float:
 
 
 # The causally consistent session of the operation running in this task (see MongoStore.causal).
-_SESSION: contextvars.ContextVar[Any] = contextvars.ContextVar("tokensvc_mongo_session", default=None)
+_CAUSAL_SESSION: contextvars.ContextVar[Any] = contextvars.ContextVar("tokensvc_mongo_session", default=None)
 # The collection methods that take a session.
 SESSIONED = frozenset({"find", "find_one", "find_one_and_update", "find_one_and_delete", "find_one_and_replace",
                        "insert_one", "insert_many", "update_one", "update_many", "replace_one", "delete_one",
@@ -201,7 +201,7 @@ class _Sessioned:
             return attribute
 
         def call(*args: Any, **kwargs: Any) -> Any:
-            session = _SESSION.get()
+            session = _CAUSAL_SESSION.get()
             if session is not None:
                 kwargs["session"] = session
             return attribute(*args, **kwargs)
@@ -262,14 +262,14 @@ def guarded(kind: str = ONCE, budget: str = "budget") -> Callable[[Callable[...,
     def decorate(method: Callable[..., Coroutine[Any, Any, R]]) -> Callable[..., Coroutine[Any, Any, R]]:
         @functools.wraps(method)
         async def wrapper(self: MongoStore, *args: Any, **kwargs: Any) -> R:
-            if self.clock is None or _SESSION.get() is not None:
+            if self.clock is None or _CAUSAL_SESSION.get() is not None:
                 return await attempts(self, *args, **kwargs)
             session = self.clock.start(self._client)
-            token = _SESSION.set(session)
+            token = _CAUSAL_SESSION.set(session)
             try:
                 return await attempts(self, *args, **kwargs)
             finally:
-                _SESSION.reset(token)
+                _CAUSAL_SESSION.reset(token)
                 await self.clock.end(session)
 
         async def attempts(self: MongoStore, *args: Any, **kwargs: Any) -> R:
