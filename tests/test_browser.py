@@ -93,14 +93,19 @@ class CallbackPage(http.server.BaseHTTPRequestHandler):
         pass
 
 
-@pytest.fixture(scope="module")
-def callback():
+def page_server():
+    """A small page server of the test's own (CallbackPage), in a thread: its origin, then stopped."""
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), CallbackPage)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     yield f"http://127.0.0.1:{server.server_address[1]}"
     server.shutdown()
     server.server_close()
+
+
+@pytest.fixture(scope="module")
+def callback():
+    yield from page_server()
 
 
 @pytest.fixture(scope="module")
@@ -438,12 +443,7 @@ def test_consent_leads_on_to_an_ipv6_loopback_redirect(native_service, ipv6_call
 @pytest.fixture(scope="module")
 def stranger():
     """A page server whose origin no client registered."""
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), CallbackPage)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield f"http://127.0.0.1:{server.server_address[1]}"
-    server.shutdown()
-    server.server_close()
+    yield from page_server()
 
 
 def app_result(driver) -> str:

@@ -142,19 +142,25 @@ def sign_in_request(base_url, xsrf, password, address="127.0.0.1"):
                        headers={"Cookie": f"_xsrf={xsrf}"}, follow_redirects=False, network_interface=address)
 
 
-@pytest.mark.gen_test(timeout=60)
-async def test_forty_concurrent_wrong_passwords_check_only_the_limits_worth(browser, wide_client, base_url,
-                                                                            monkeypatch):
+def count_password_checks(monkeypatch) -> list[int]:
+    """A list that gets one entry per password checked (scrypt still runs: a real wait)."""
     from tokensvc.oauth import sessions
 
-    checked = []
+    checked: list[int] = []
     original = sessions.check_password
 
     async def counting(*args, **kwargs):
         checked.append(1)
-        return await original(*args, **kwargs)  # scrypt in a thread: a real wait
+        return await original(*args, **kwargs)
 
     monkeypatch.setattr(sessions, "check_password", counting)
+    return checked
+
+
+@pytest.mark.gen_test(timeout=60)
+async def test_forty_concurrent_wrong_passwords_check_only_the_limits_worth(browser, wide_client, base_url,
+                                                                            monkeypatch):
+    checked = count_password_checks(monkeypatch)
     xsrf = await browser.xsrf()
     requests = [sign_in_request(base_url, xsrf, "wrong-password") for _ in range(39)]
     requests.append(sign_in_request(base_url, xsrf, "alice-password"))  # the right one, in the same burst
@@ -272,14 +278,7 @@ async def test_forty_concurrent_wrong_passwords_over_eight_processes_check_only_
         processes, monkeypatch):
     from tokensvc.oauth import sessions
 
-    checked = []
-    original = sessions.check_password
-
-    async def counting(*args, **kwargs):
-        checked.append(1)
-        return await original(*args, **kwargs)  # scrypt in a thread: a real wait
-
-    monkeypatch.setattr(sessions, "check_password", counting)
+    checked = count_password_checks(monkeypatch)
 
     async def sign_in(ctx, password):
         try:
