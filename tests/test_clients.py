@@ -3,7 +3,7 @@
 import pytest
 from helpers import check_schema, check_validation_error, json_of
 
-from tokensvc import schemas
+from tokensvc import __version__, schemas
 
 
 @pytest.mark.gen_test
@@ -76,5 +76,5 @@ async def test_unknown_path_is_404_detail(http_client, base_url):
 
 @pytest.mark.gen_test
 async def test_health(http_client, base_url):
-    assert json_of(await http_client.fetch(base_url + "/healthz")) == {"status": "ok"}
+    assert json_of(await http_client.fetch(base_url + "/healthz")) == {"status": "ok", "version": __version__}
     assert json_of(await http_client.fetch(base_url + "/readyz")) == {"status": "ok"}

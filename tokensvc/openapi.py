@@ -108,6 +108,7 @@ def build(routes: Iterable[Route], base_url: str, *, admin: bool = False) -> dic
         ("Detail", schemas.DetailSchema), ("HTTPValidationError", schemas.HTTPValidationErrorSchema),
         ("Empty", schemas.EmptySchema), ("Metadata", schemas.MetadataSchema), ("Me", schemas.MeSchema),
         ("ConnectedApp", schemas.ConnectedAppSchema), ("Status", schemas.StatusSchema),
+        ("Health", schemas.HealthSchema),
         ("Session", schemas.SessionSchema),
     ):
         spec.components.schema(name, schema=schema)
@@ -255,8 +256,8 @@ def _operations() -> dict[str, dict[str, Any]]:
     ops["/.well-known/oauth-authorization-server"] = ({"get": {
         "summary": "Authorization server metadata (RFC 8414)",
         "responses": {"200": _json("Metadata", "Metadata, made from the configuration (never 503)")}}})
-    ops["/healthz"] = ({"get": {"summary": "The process is alive",
-                                              "responses": {"200": _json("Status", "Alive")}}})
+    ops["/healthz"] = ({"get": {"summary": "The process is alive, and the release it runs",
+                                "responses": {"200": _json("Health", "Alive")}}})
     ops["/readyz"] = ({"get": {"summary": "The store answers",
                                              "responses": {"200": _json("Status", "Ready"), "503": UNAVAILABLE}}})
     ops["/metrics"] = ({"get": {

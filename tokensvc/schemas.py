@@ -344,9 +344,16 @@ welcome = WelcomeSchema()
 
 
 class StatusSchema(Schema):
-    """``/healthz`` and ``/readyz``."""
+    """``/readyz``."""
 
     status = fields.String(required=True, validate=validate.Equal("ok"))
+
+
+class HealthSchema(StatusSchema):
+    """``/healthz``: alive, and the release the process runs."""
+
+    version = fields.String(required=True, metadata={"description": "the release (semantic versioning)",
+                                                       "example": "0.10.0"})
 
 
 # -- fast paths ---------------------------------------------------------------------------

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from tokensvc import openapi, schemas
+from tokensvc import __version__, openapi, schemas
 from tokensvc.errors import NotFound
 from tokensvc.handlers.json_api import JsonHandler
 from tokensvc.metrics import CONTENT_TYPE, AddressRule
@@ -18,10 +18,11 @@ class MetadataHandler(JsonHandler):
 
 
 class HealthHandler(JsonHandler):
-    """``GET /healthz``: the process answers."""
+    """``GET /healthz``: the process answers, and says which release it runs (a rolling
+    upgrade is watched by it: docs/operations.md, Upgrading)."""
 
     async def get(self) -> None:
-        self.send_json({"status": "ok"})
+        self.send_json({"status": "ok", "version": __version__})
 
 
 class ReadyHandler(JsonHandler):
