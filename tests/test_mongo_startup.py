@@ -14,10 +14,15 @@ from tokensvc.storage.mongo import INDEXES, MongoStore
 
 
 class FakeCollection:
-    """Index bookkeeping as a MongoDB server does it, with its error codes (mongomock gives none)."""
+    """Index bookkeeping as a MongoDB server does it, with its error codes (mongomock gives none);
+    documents (the store's format document) in mongomock."""
 
     def __init__(self, name, db):
         self.name, self.db, self.indexes = name, db, {}
+        self.documents = db.documents[name]
+
+    def __getattr__(self, name):
+        return getattr(self.documents, name)
 
     async def create_index(self, keys, **options):
         info = {"key": list(keys), **{k: v for k, v in options.items() if k != "name"}}
@@ -40,7 +45,10 @@ class FakeCollection:
 
 class FakeDatabase:
     def __init__(self):
+        from mongomock_motor import AsyncMongoMockClient
+
         self.collections, self.commands, self.made = {}, [], []
+        self.documents = AsyncMongoMockClient()["tokensvc"]
 
     def __getitem__(self, name):
         return self.collections.setdefault(name, FakeCollection(name, self))

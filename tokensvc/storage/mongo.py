@@ -1,7 +1,8 @@
 """The MongoDB backend, on PyMongo's asyncio API (``AsyncMongoClient``).
 
 One collection per record kind, keyed by ``_id`` (the record's id or hash; a hash, a SHA-256
-digest, stored as its 32 bytes: see :func:`packed`). Every
+digest, stored in the format the store's compatibility version says: ``storage/format.py``,
+``storage/hashes.py``). Every
 operation that must be atomic is one single-document atomic command
 (``find_one_and_update`` with the precondition in its filter). Expired codes, tokens and
 sessions are removed by TTL indexes. Every driver error leaves this module as
@@ -52,7 +53,6 @@ import functools
 import inspect
 import logging
 import random
-import re
 import secrets
 from collections.abc import AsyncIterator, Callable, Coroutine
 from dataclasses import MISSING, fields
@@ -75,8 +75,22 @@ from pymongo.errors import (
 )
 from pymongo.read_concern import ReadConcern
 
+from tokensvc import __version__
 from tokensvc.config import StorageSettings
-from tokensvc.records import AuthorizationCode, Client, Family, Grant, Installation, Pair, Session, Subject, User
+from tokensvc.records import (
+    AuthorizationCode,
+    Client,
+    Family,
+    Grant,
+    Installation,
+    Pair,
+    Session,
+    Subject,
+    User,
+    utcnow,
+)
+from tokensvc.storage import format as store_format
+from tokensvc.storage import hashes
 from tokensvc.storage.base import (
     CODE_RETENTION_SECONDS,
     FAMILY,
@@ -129,13 +143,11 @@ INDEXES: list[Index] = [
     ("sessions", [("expires_at", ASCENDING)], {"expireAfterSeconds": 0, "name": "ttl"}),
     ("sessions", [("user_id", ASCENDING)], {"name": "user_id"}),
     ("failures", [("expires_at", ASCENDING)], {"expireAfterSeconds": 0, "name": "ttl"}),
+    # The running processes' entries (storage/processes.py), kept a day after their last heartbeat.
+    ("processes", [("seen_at", ASCENDING)], {"expireAfterSeconds": 86400, "name": "ttl"}),
     # What the polling fallback of the revocation feed reads.
     *(_revoked_only(collection, field) for collection, (_, fields) in WATCHED.items() for field in fields),
 ]
-
-
-# Indexes earlier releases made that a later one replaced: dropped at start-up (readWrite may).
-RETIRED: list[tuple[str, str]] = [("families", "grant_id")]  # by grant_live
 
 DUPLICATE_KEY = frozenset({11000, 11001, 12582})
 # Codes a read or write may be tried again after (the driver's list, and the server's
@@ -143,6 +155,7 @@ DUPLICATE_KEY = frozenset({11000, 11001, 12582})
 # reads not yet available on a new primary.
 RETRYABLE_CODES = frozenset({6, 7, 89, 91, 134, 189, 262, 9001, 10107, 11600, 11602, 13435, 13436})
 INDEX_CONFLICT = frozenset({85, 86})  # IndexOptionsConflict, IndexKeySpecsConflict
+INDEX_NOT_FOUND = 27
 UNAUTHORIZED = 13
 # "$changeStream is only supported on replica sets", and kin: poll instead.
 NO_CHANGE_STREAMS = frozenset({40573, 40324, 136})
@@ -383,23 +396,13 @@ def _utc(value: Any) -> Any:
     return value
 
 
-_DIGEST = re.compile(r"[0-9a-f]{64}")
-
-
-def packed(value: Any) -> Any:
-    """A SHA-256 hex digest (every stored hash of a secret) as its 32 bytes: half the size in
-    the document and in every index on it. Anything else as given."""
-    return bytes.fromhex(value) if isinstance(value, str) and _DIGEST.fullmatch(value) else value
-
-
-def unpacked(value: Any) -> Any:
-    """What :func:`packed` stored, as the record holds it (hex)."""
-    return value.hex() if isinstance(value, bytes) else value
+def _as_is(value: Any) -> Any:
+    return value
 
 
 class _Mapper:
     """Record dataclass <-> document, with the record's key stored as ``_id`` and the fields
-    named in ``hashes`` stored :func:`packed`."""
+    named in ``hashes`` stored as the store's format says (``pack``), read in either."""
 
     def __init__(self, cls: type, key: str, hashes: tuple[str, ...] = ()) -> None:
         self.cls, self.key, self.hashes = cls, key, hashes
@@ -407,10 +410,10 @@ class _Mapper:
         # A field added in a later release is missing from older documents: its default.
         self.defaults = {f.name: f.default for f in fields(cls) if f.default is not MISSING}
 
-    def doc(self, record: Any) -> dict[str, Any]:
+    def doc(self, record: Any, pack: Callable[[Any], Any] = _as_is) -> dict[str, Any]:
         document = {name: getattr(record, name) for name in self.names}
         for name in self.hashes:
-            document[name] = packed(document[name])
+            document[name] = pack(document[name])
         document["_id"] = document.pop(self.key)
         return document
 
@@ -420,7 +423,7 @@ class _Mapper:
         values = {name: _utc(document.get(name, self.defaults.get(name))) for name in self.names if name != self.key}
         values[self.key] = document["_id"]
         for name in self.hashes:
-            values[name] = unpacked(values[name])
+            values[name] = hashes.unpacked(values[name])
         return self.cls(**values)
 
 
@@ -441,11 +444,16 @@ async def _page(collection: Any, key: str, after: str | None, limit: int | None)
     return await cursor.to_list(None)
 
 
-def _pair_fields(pair: Pair) -> dict[str, Any]:
+def _pair_fields(pair: Pair, pack: Callable[[Any], Any]) -> dict[str, Any]:
     """The fields a new pair sets on its family; the access token's marks start afresh."""
-    return {"refresh_hash": packed(pair.refresh_hash), "access_hash": packed(pair.access_hash),
+    return {"refresh_hash": pack(pair.refresh_hash), "access_hash": pack(pair.access_hash),
             "scopes": list(pair.scopes), "issued_at": pair.issued_at, "expires_at": pair.expires_at,
             "access_expires_at": pair.access_expires_at, "access_used_at": None, "access_revoked_at": None}
+
+
+def _missed(result: Any) -> bool:
+    """Whether a single-document write changed nothing (None, or no match)."""
+    return result is None or getattr(result, "matched_count", 1) == 0
 
 
 class MongoStore(Store):
@@ -477,6 +485,20 @@ class MongoStore(Store):
         self._resume_token: Any = None
         self.budget, self.build_budget = timeout_ms / 1000, build_timeout_ms / 1000
         self.observer = StoreObserver()
+        # The formats this release knows, and where the store stands: what is written follows
+        # its compatibility version (set by open, followed by the process's heartbeat).
+        self.history = store_format.HISTORY
+        self.format = self.history.new()
+
+    @property
+    def db(self) -> Any:
+        """The database (the storage commands and the process registry work on it directly)."""
+        return self._db
+
+    @property
+    def pack(self) -> Callable[[Any], Any]:
+        """How a hash is written now: what every release allowed to run reads."""
+        return hashes.packed if self.format.compatibility >= hashes.PACKED_FROM else _as_is
 
     @classmethod
     def from_settings(cls, settings: StorageSettings) -> MongoStore:
@@ -504,7 +526,7 @@ class MongoStore(Store):
             wTimeoutMS=settings.timeout_ms,
             readPreference="primary",
             readConcernLevel="majority",
-            appname="tokensvc",
+            appname=f"tokensvc/{__version__}",  # the release, for the storage commands' check of who is connected
             event_listeners=[events],
         )
         store = cls(client, settings.database, timeout_ms=settings.timeout_ms, causal=True)
@@ -513,17 +535,20 @@ class MongoStore(Store):
 
     @guarded(ONCE, budget="build_budget")
     async def open(self) -> None:
-        """Check that the server takes writes, then make every index. One that exists with
-        other options is reconciled where MongoDB can change it in place (a TTL: ``collMod``);
-        otherwise the others are still made and then :class:`StoreFault` names each
-        conflicting index (found by its keys, whatever its name) and what to do."""
-        hello = await self._db.command("hello")
-        if not hello.get("isWritablePrimary", hello.get("ismaster")):
-            # directConnection=true to a secondary would serve reads and fail every write:
-            # not ready until the URI reaches a primary (start-up keeps trying, /readyz is 503).
-            raise StorageError(f"MongoDB at {hello.get('me', 'the configured address')} is not a writable primary "
-                               f"({'secondary' if hello.get('secondary') else 'not in a primary state'}): point "
-                               "storage.mongodb_uri at the replica set (replicaSet=..., no directConnection=true)")
+        """Check that the server takes writes and that this release can read the store's format
+        (:class:`StoreFault` naming the release it needs otherwise), then make every index. One
+        that exists with other options is reconciled where MongoDB can change it in place (a
+        TTL: ``collMod``); otherwise the others are still made and then :class:`StoreFault`
+        names each conflicting index (found by its keys, whatever its name) and what to do. An
+        index no release allowed to run relies on any more is dropped; then the store records
+        this release's format as made."""
+        await self.check_primary()
+        now = utcnow()
+        state = await store_format.recorded(self._db, self.history, now)
+        refusal = self.history.refusal(state)
+        if refusal is not None:
+            raise StoreFault(refusal)
+        self.format = state
         conflicts = []
         for collection, keys, options in INDEXES:
             try:
@@ -534,12 +559,35 @@ class MongoStore(Store):
                 conflict = await self._reconcile(collection, keys, options)
                 if conflict:
                     conflicts.append(conflict)
-        for collection, name in RETIRED:
-            if name in await self._db[collection].index_information():
-                await self._db[collection].drop_index(name)
-                log.info("index %s.%s dropped: a later index serves its queries", collection, name)
+        await self.drop_retired_indexes()
         if conflicts:
             raise StoreFault("; ".join(conflicts))
+        self.format = await store_format.expanded(self._db, self.history, now)
+
+    async def check_primary(self) -> None:
+        hello = await self._db.command("hello")
+        if not hello.get("isWritablePrimary", hello.get("ismaster")):
+            # directConnection=true to a secondary would serve reads and fail every write:
+            # not ready until the URI reaches a primary (start-up keeps trying, /readyz is 503).
+            raise StorageError(f"MongoDB at {hello.get('me', 'the configured address')} is not a writable primary "
+                               f"({'secondary' if hello.get('secondary') else 'not in a primary state'}): point "
+                               "storage.mongodb_uri at the replica set (replicaSet=..., no directConnection=true)")
+
+    async def drop_retired_indexes(self) -> None:
+        """Drop each index an earlier release relied on that no release allowed to run on this
+        store needs (by its compatibility version): never one a running release still uses, so
+        releases started in any order never build and drop one by turns. One another process
+        dropped first is as good as dropped."""
+        for collection, name in self.history.retired_indexes(self.format):
+            if name not in await self._db[collection].index_information():
+                continue
+            try:
+                await self._db[collection].drop_index(name)
+            except OperationFailure as exc:
+                if exc.code != INDEX_NOT_FOUND:
+                    raise
+                continue
+            log.info("index %s.%s dropped: no release allowed to run on this store uses it", collection, name)
 
     async def _reconcile(self, collection: str, keys: list[tuple[str, int]], options: dict[str, Any]) -> str | None:
         """Bring an existing index to ``options``, or say why it cannot be (None: done)."""
@@ -739,30 +787,55 @@ class MongoStore(Store):
                                                  {"$set": {"revoked_at": now}})
         return result.modified_count
 
-    # -- codes
+    # -- codes, families and sessions: keyed by a hash, found in either format (storage/hashes.py)
+
+    async def _one(self, collection: str, match: dict[str, Any]) -> dict[str, Any] | None:
+        """The document of one credential: during its move there may be two (hashes.merged)."""
+        return hashes.merged(collection, await self._db_collection(collection).find(match).limit(2).to_list(2))
+
+    def _db_collection(self, collection: str) -> Any:
+        return {"codes": self.codes, "families": self.families, "sessions": self.sessions}[collection]
+
+    async def _write_one(self, collection: str, key: str, write: Callable[[], Coroutine[Any, Any, R]]) -> R:
+        """A single-document write on the credential keyed by ``key`` (its filter skips a frozen
+        document): one that found nothing because its document is being moved finishes the
+        move, and runs again on the copy."""
+        result = await write()
+        if _missed(result):
+            with pymongo.timeout(self.budget):  # a read: the server stops at the budget too
+                frozen = await self._db_collection(collection).find_one(hashes.frozen(key))
+            if frozen is not None:
+                await hashes.finish(self._db, collection, frozen)
+                result = await write()
+        return result
 
     @guarded(ONCE)
     async def add_code(self, code: AuthorizationCode) -> None:
-        await self.codes.insert_one(CODES.doc(code))
+        await self.codes.insert_one(CODES.doc(code, self.pack))
 
     @guarded(READ)
     async def get_code(self, code_hash: str) -> AuthorizationCode | None:
-        return CODES.record(await self.codes.find_one({"_id": packed(code_hash)}))
+        return CODES.record(await self._one("codes", {"_id": hashes.either(code_hash)}))
 
     @guarded(ONCE)
     async def consume_code(self, code_hash: str, now: datetime, *, family_id: str | None = None,
                            failed: bool = False) -> AuthorizationCode | None:
-        return CODES.record(await self.codes.find_one_and_update(
-            {"_id": packed(code_hash), "consumed_at": None},
-            {"$set": {"consumed_at": now, "spent_by_failure": failed, "family_id": packed(family_id)}},
-            return_document=ReturnDocument.BEFORE))
+        return CODES.record(await self._write_one("codes", code_hash, lambda: self.codes.find_one_and_update(
+            {"_id": hashes.either(code_hash), "consumed_at": None, **hashes.NOT_FROZEN},
+            {"$set": {"consumed_at": now, "spent_by_failure": failed, "family_id": self.pack(family_id)}},
+            return_document=ReturnDocument.BEFORE)))
 
     # -- token families
 
     @guarded(ONCE)
     async def create_family(self, family: Family) -> bool:
+        document = FAMILIES.doc(family, self.pack)
+        if self.pack is hashes.packed and not self.format.done(store_format.PACKED_HASHES.name):
+            with pymongo.timeout(self.budget):  # a read: the server stops at the budget too
+                if await self.families.find_one({"_id": family.family_id}, {"_id": 1}) is not None:
+                    return False  # written before the store was finalized, and not converted yet
         try:
-            await self.families.insert_one(FAMILIES.doc(family))
+            await self.families.insert_one(document)
         except DuplicateKeyError:
             return False
         return True
@@ -770,92 +843,99 @@ class MongoStore(Store):
     async def _with_grant(self, match: dict[str, Any]) -> tuple[Family | None, Grant | None]:
         cursor = self.families.aggregate([
             {"$match": match},
-            {"$limit": 1},
+            {"$limit": 2},  # the one family, or, while it moves, its frozen original and its copy
             {"$lookup": {"from": "grants", "localField": "grant_id", "foreignField": "_id", "as": "grant"}},
         ])
         if inspect.isawaitable(cursor):  # PyMongo's aggregate is a coroutine; Motor-style ones are not
             cursor = await cursor
-        documents = await cursor.to_list(1)
-        if not documents:
+        document = hashes.merged("families", await cursor.to_list(2))
+        if document is None:
             return None, None
-        grants = documents[0].pop("grant")
-        return FAMILIES.record(documents[0]), GRANTS.record(grants[0] if grants else None)
+        grants = document.pop("grant")
+        return FAMILIES.record(document), GRANTS.record(grants[0] if grants else None)
 
     @guarded(READ)
     async def get_family(self, family_id: str) -> tuple[Family | None, Grant | None]:
-        return await self._with_grant({"_id": packed(family_id)})
+        return await self._with_grant({"_id": hashes.either(family_id)})
 
     @guarded(READ)
     async def find_access(self, access_hash: str) -> tuple[Family | None, Grant | None]:
-        return await self._with_grant({"access_hash": packed(access_hash)})
+        return await self._with_grant({"access_hash": hashes.either(access_hash)})
 
     @guarded(ONCE)
     async def rotate_family(self, family_id: str, refresh_hash: str, pair: Pair, now: datetime) -> Family | None:
-        return FAMILIES.record(await self.families.find_one_and_update(
-            {"_id": packed(family_id), "refresh_hash": packed(refresh_hash), "revoked_at": None,
-             "expires_at": {"$gt": now}},
-            {"$set": {**_pair_fields(pair), "previous_hash": packed(refresh_hash), "renewed_at": now},
+        pack = self.pack
+        return FAMILIES.record(await self._write_one("families", family_id, lambda: self.families.find_one_and_update(
+            {"_id": hashes.either(family_id), "refresh_hash": hashes.either(refresh_hash), "revoked_at": None,
+             "expires_at": {"$gt": now}, **hashes.NOT_FROZEN},
+            {"$set": {**_pair_fields(pair, pack), "previous_hash": pack(refresh_hash), "renewed_at": now},
              "$inc": {"rotations": 1}},
-            return_document=ReturnDocument.AFTER))
+            return_document=ReturnDocument.AFTER)))
 
     @guarded(ONCE)
     async def reissue_pair(self, family_id: str, refresh_hash: str, pair: Pair) -> Family | None:
-        return FAMILIES.record(await self.families.find_one_and_update(
-            {"_id": packed(family_id), "refresh_hash": packed(refresh_hash), "access_used_at": None,
-             "revoked_at": None},
-            {"$set": _pair_fields(pair)}, return_document=ReturnDocument.AFTER))
+        return FAMILIES.record(await self._write_one("families", family_id, lambda: self.families.find_one_and_update(
+            {"_id": hashes.either(family_id), "refresh_hash": hashes.either(refresh_hash), "access_used_at": None,
+             "revoked_at": None, **hashes.NOT_FROZEN},
+            {"$set": _pair_fields(pair, self.pack)}, return_document=ReturnDocument.AFTER)))
 
     @guarded(RERUN)
     async def mark_access_used(self, family_id: str, access_hash: str, now: datetime) -> None:
-        await self.families.update_one({"_id": packed(family_id), "access_hash": packed(access_hash),
-                                        "access_used_at": None},
-                                       {"$set": {"access_used_at": now}})
+        await self._write_one("families", family_id, lambda: self.families.update_one(
+            {"_id": hashes.either(family_id), "access_hash": hashes.either(access_hash), "access_used_at": None,
+             **hashes.NOT_FROZEN},
+            {"$set": {"access_used_at": now}}))
 
     @guarded(ONCE)
     async def revoke_access(self, family_id: str, access_hash: str, now: datetime) -> bool:
-        result = await self.families.update_one(
-            {"_id": packed(family_id), "access_hash": packed(access_hash), "access_revoked_at": None},
-            {"$set": {"access_revoked_at": now, "access_used_at": now}})
+        result = await self._write_one("families", family_id, lambda: self.families.update_one(
+            {"_id": hashes.either(family_id), "access_hash": hashes.either(access_hash), "access_revoked_at": None,
+             **hashes.NOT_FROZEN},
+            {"$set": {"access_revoked_at": now, "access_used_at": now}}))
         return result.modified_count == 1
 
     @guarded(ONCE)
     async def revoke_family(self, family_id: str, now: datetime) -> bool:
-        result = await self.families.update_one({"_id": packed(family_id), "revoked_at": None},
-                                                {"$set": {"revoked_at": now}})
+        result = await self._write_one("families", family_id, lambda: self.families.update_one(
+            {"_id": hashes.either(family_id), "revoked_at": None, **hashes.NOT_FROZEN},
+            {"$set": {"revoked_at": now}}))
         return result.modified_count == 1
 
     @guarded(READ)
     async def list_families(self, grant_id: str) -> list[Family]:
         docs = await self.families.find({"grant_id": grant_id, "revoked_at": None}).sort(
             [("created_at", ASCENDING), ("_id", ASCENDING)]).to_list(None)
-        return [FAMILIES.record(doc) for doc in docs]
+        return [FAMILIES.record(doc) for doc in hashes.merged_all("families", docs)]
 
     # -- sessions
 
     @guarded(ONCE)
     async def add_session(self, session: Session) -> None:
-        await self.sessions.insert_one(SESSIONS.doc(session))
+        await self.sessions.insert_one(SESSIONS.doc(session, self.pack))
 
     @guarded(READ)
     async def get_session(self, session_hash: str) -> Session | None:
-        session = SESSIONS.record(await self.sessions.find_one({"_id": packed(session_hash)}))
+        session = SESSIONS.record(await self._one("sessions", {"_id": hashes.either(session_hash)}))
         return None if session is None or session.ended_at is not None else session
 
     @guarded(ONCE)
     async def end_session(self, session_hash: str, now: datetime) -> bool:
-        result = await self.sessions.update_one({"_id": packed(session_hash), "ended_at": None},
-                                                {"$set": {"ended_at": now}})
+        result = await self._write_one("sessions", session_hash, lambda: self.sessions.update_one(
+            {"_id": hashes.either(session_hash), "ended_at": None, **hashes.NOT_FROZEN},
+            {"$set": {"ended_at": now}}))
         return result.modified_count == 1
 
     @guarded(READ)
     async def list_user_sessions(self, user_id: str, now: datetime) -> list[Session]:
         live = {"user_id": user_id, "ended_at": None, "expires_at": {"$gt": now}}
         newest = self.sessions.find(live).sort([("last_seen_at", DESCENDING), ("_id", DESCENDING)])
-        return [SESSIONS.record(doc) for doc in await newest.limit(MAX_LISTED_SESSIONS).to_list(None)]
+        documents = hashes.merged_all("sessions", await newest.limit(MAX_LISTED_SESSIONS).to_list(None))
+        return [SESSIONS.record(doc) for doc in documents]
 
     @guarded(RERUN)
     async def touch_session(self, session_hash: str, now: datetime) -> None:
-        await self.sessions.update_one({"_id": packed(session_hash)}, {"$set": {"last_seen_at": now}})
+        await self._write_one("sessions", session_hash, lambda: self.sessions.update_one(
+            {"_id": hashes.either(session_hash), **hashes.NOT_FROZEN}, {"$set": {"last_seen_at": now}}))
 
     @guarded(RERUN)
     async def end_user_sessions(self, user_id: str, now: datetime) -> int:
@@ -952,7 +1032,7 @@ class MongoStore(Store):
                     if change["operationType"] == "invalidate":
                         self._resume_token = None
                         raise StorageError("the change stream was invalidated; following from now")
-                    yield Revocation(WATCHED[change["ns"]["coll"]][0], unpacked(change["documentKey"]["_id"]))
+                    yield Revocation(WATCHED[change["ns"]["coll"]][0], hashes.unpacked(change["documentKey"]["_id"]))
         except OperationFailure as exc:
             if exc.code in NO_CHANGE_STREAMS:
                 raise _NoChangeStreams() from None
@@ -975,7 +1055,7 @@ class MongoStore(Store):
                         key = (collection, document["_id"], field)
                         if key not in seen:
                             seen[key] = _utc(document[field])
-                            yield Revocation(kind, unpacked(document["_id"]))
+                            yield Revocation(kind, hashes.unpacked(document["_id"]))
             since = now
             seen = {key: at for key, at in seen.items() if at > since - 2 * POLL_OVERLAP}
 

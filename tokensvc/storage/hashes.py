@@ -1,0 +1,155 @@
+"""How the MongoDB store holds a hash of a secret, in either of its formats, and how one
+credential's document moves from the first to the second beside live traffic.
+
+Records hold a SHA-256 digest as 64 hex characters. Store format 1 (release 0.9.0) stores it
+so; format 2 stores its 32 bytes (:func:`packed`), half the size in the document and in every
+index on it. The hashes are the key (``_id``) of codes, sessions and families, and the fields
+:data:`HASHED` names. Until every format-1 row is gone, lookups find a hash in either form
+(:func:`either`), and what a process writes follows the store's compatibility version
+(``storage/format.py``).
+
+**Moving a document.** A key cannot change in place (``_id`` is immutable), so a format-1
+document becomes format 2 as a copy under its packed key, and the original goes. Without a
+multi-document transaction (a standalone server has none) that takes care:
+
+1. the original is *frozen* (:data:`MOVING` set, atomically, with every hash it holds as hex,
+   so its copy takes no unique key of it). No single-document write of the store changes a
+   frozen document: each one's filter skips it, and one that found nothing because of it
+   finishes the move first (:func:`finish`) and runs again, on the copy;
+2. the copy is inserted, never over a copy already there (which may have been written since);
+3. the original is deleted, on the condition that it is as the mover last saw it. What can
+   still change a frozen document is a sweep (a revocation's ``update_many``), and only the
+   fields of :data:`SWEPT`, from unset to set: before deleting, the mover hands each of them to
+   the copy, and a delete that misses because a sweep came meanwhile reads the original again.
+
+While both exist, a read takes both (:func:`merged`): the copy, with any revocation that only
+the original carries. Anyone may finish a move (the migration, another one running beside it,
+or a request that met a frozen document): every step is idempotent, so a mover that dies
+half-way leaves nothing a later one cannot complete.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import re
+from datetime import datetime
+from typing import Any
+
+from pymongo import ReturnDocument
+from pymongo.errors import DuplicateKeyError
+
+from tokensvc.storage.base import StorageError
+
+_DIGEST = re.compile(r"[0-9a-f]{64}")
+PACKED_FROM = 2  # the store format from which hashes are written packed
+
+# The hash fields of each collection's documents, the key first.
+HASHED: dict[str, tuple[str, ...]] = {
+    "codes": ("_id", "family_id"),
+    "families": ("_id", "refresh_hash", "access_hash", "previous_hash"),
+    "sessions": ("_id",),
+}
+# The fields a sweep (``update_many``) sets, from null to a time: the only change a frozen
+# document may still take.
+SWEPT: dict[str, tuple[str, ...]] = {"codes": (), "families": ("revoked_at",), "sessions": ("ended_at",)}
+MOVING = "_moving"  # set on a frozen original: when its move began
+NOT_FROZEN: dict[str, Any] = {MOVING: None}  # in the filter of every single-document write
+
+
+def is_digest(value: Any) -> bool:
+    return isinstance(value, str) and _DIGEST.fullmatch(value) is not None
+
+
+def packed(value: Any) -> Any:
+    """A SHA-256 hex digest as its 32 bytes (format 2); anything else as given."""
+    return bytes.fromhex(value) if is_digest(value) else value
+
+
+def unpacked(value: Any) -> Any:
+    """A hash as the records hold it (hex), from either format."""
+    return value.hex() if isinstance(value, bytes) else value
+
+
+def either(value: Any) -> Any:
+    """A filter value that finds the hash ``value`` (hex) stored in either format."""
+    return {"$in": [bytes.fromhex(value), value]} if is_digest(value) else value
+
+
+def merged(collection: str, documents: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The one document of a credential among what a lookup found: while it moves, its live
+    copy (not frozen; in format 2 if there are two of those) with every revocation a sweep
+    wrote on the frozen original only."""
+    if len(documents) < 2:
+        return documents[0] if documents else None
+    live = min(documents, key=lambda doc: (doc.get(MOVING) is not None, not isinstance(doc["_id"], bytes)))
+    for other in documents:
+        for field in SWEPT[collection]:
+            if live.get(field) is None and other.get(field) is not None:
+                live[field] = other[field]
+    return live
+
+
+def merged_all(collection: str, documents: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """A listing's documents, one per credential (:func:`merged`), in the order first seen."""
+    groups: dict[Any, list[dict[str, Any]]] = {}
+    for document in documents:
+        groups.setdefault(unpacked(document["_id"]), []).append(document)
+    return [merged(collection, group) for group in groups.values()]  # type: ignore[misc]
+
+
+def in_format_2(collection: str, document: dict[str, Any]) -> bool:
+    """Whether every hash the document holds is packed."""
+    return not any(is_digest(document.get(field)) for field in HASHED[collection])
+
+
+async def move(db: Any, collection: str, document: dict[str, Any], now: datetime) -> bool:
+    """Move a document whose key is still hex (``document`` as a pass read it) to its packed
+    key; False when it was gone. Safe beside live writes and beside other movers."""
+    source = db[collection]
+    key = document["_id"]
+    for _ in range(8):  # each retry follows a live write that came between the read and the freeze
+        if document.get(MOVING) is not None:
+            await finish(db, collection, document)
+            return True
+        hashes = {field: document.get(field) for field in HASHED[collection][1:]}
+        frozen = await source.find_one_and_update(
+            {"_id": key, **NOT_FROZEN, **hashes},
+            {"$set": {MOVING: now, **{field: unpacked(value) for field, value in hashes.items()}}},
+            return_document=ReturnDocument.AFTER)
+        if frozen is not None:
+            await finish(db, collection, frozen)
+            return True
+        document = await source.find_one({"_id": key})
+        if document is None:
+            return False
+    raise StorageError(f"{collection} {key}: changed under every attempt to move it; the next pass moves it")
+
+
+async def finish(db: Any, collection: str, frozen: dict[str, Any]) -> None:
+    """Complete the move of the frozen document ``frozen``: its copy made if none is, the
+    revocations it carries handed on, and it deleted once no sweep has changed it since."""
+    source = db[collection]
+    copy = {field: value for field, value in frozen.items() if field != MOVING}
+    for field in HASHED[collection]:
+        copy[field] = packed(copy.get(field))
+    with contextlib.suppress(DuplicateKeyError):  # made already by another mover, and live since: kept
+        await source.insert_one(copy)
+    while True:
+        for field in SWEPT[collection]:
+            if frozen.get(field) is not None:
+                await source.update_one({"_id": copy["_id"], field: None}, {"$set": {field: frozen[field]}})
+        unchanged = {field: frozen.get(field) for field in SWEPT[collection]}
+        gone = await source.delete_one({"_id": frozen["_id"], MOVING: frozen[MOVING], **unchanged})
+        if gone.deleted_count:
+            return
+        again = await source.find_one({"_id": frozen["_id"]})
+        if again is None or again.get(MOVING) is None:
+            return  # deleted by another mover (or by expiry)
+        frozen = again
+
+
+def frozen(key: str) -> dict[str, Any]:
+    """The filter of the document keyed by ``key`` (hex) if it is frozen: after a
+    single-document write found nothing, whether that is because its move is under way (then
+    :func:`finish` it, and write again, on the copy)."""
+    return {"_id": key, MOVING: {"$ne": None}}
