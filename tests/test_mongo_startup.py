@@ -109,7 +109,7 @@ def test_serve_stops_with_the_conflict_as_one_line(monkeypatch):
     from tokensvc import cli, config
 
     store, _ = store_with([("users", "username", {"key": [("username", 1)]})])
-    monkeypatch.setattr(cli, "make_store", lambda settings: store)
+    monkeypatch.setattr(cli, "make_store", lambda settings, **_: store)
     settings = config.load(None, environ={"TOKENSVC_STORAGE_BACKEND": "mongodb"}, overrides={"demo": True, "port": 1})
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))

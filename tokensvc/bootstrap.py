@@ -182,3 +182,10 @@ class StoreMetrics(StoreObserver):
 
     def topology_changed(self) -> None:
         self.metrics.store_topology_changes.inc()
+
+    def format_seen(self, stored: int, compatibility: int, migrations: dict[str, tuple[int, bool]]) -> None:
+        self.metrics.store_format.labels("store").set(stored)
+        self.metrics.store_format.labels("compatibility").set(compatibility)
+        for name, (rows, done) in migrations.items():
+            self.metrics.migration_rows.labels(name).set(rows)
+            self.metrics.migration_pending.labels(name).set(0 if done else 1)

@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from tokensvc import __version__, cli_admin, logs
+from tokensvc import __version__, cli_admin, cli_storage, logs
 from tokensvc import config as config_module
 from tokensvc.bootstrap import make_context
 from tokensvc.cli_admin import CommandError, StoreFactory, load_settings
@@ -93,11 +93,19 @@ async def serve(settings: Settings, listeners: Listeners) -> None:
         if settings.generated_cookie_secret:
             # The secret itself is never logged: it signs every session cookie and XSRF token.
             log.warning("DEMO MODE: %s", GENERATED_SECRET_NOTICE)
-    store = make_store(settings.storage)
+    store = make_store(settings.storage, serving=True)
     store.prepared = False
     preparing = asyncio.create_task(prepare(store, settings))
     if settings.storage.backend == "memory":
         await preparing  # nothing to wait for: serve seeded from the first request
+
+    async def upkeep() -> None:  # the store's background work, once it is prepared
+        with contextlib.suppress(Exception):  # a failed start-up is reported by preparing
+            await preparing
+        if store.prepared:
+            await store.upkeep()
+
+    upkeeping = asyncio.create_task(upkeep())
     ctx = make_context(settings, store)
     app = make_app(settings, store, ctx)
     # One relay per process: revocations made by the other processes sharing the store
@@ -154,6 +162,7 @@ async def serve(settings: Settings, listeners: Listeners) -> None:
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(server.close_all_connections(), 2)
     preparing.cancel()
+    upkeeping.cancel()
     relaying.cancel()
     for task in housekeeping:
         task.cancel()
@@ -231,6 +240,7 @@ def build_parser(store_factory: StoreFactory | None = None) -> argparse.Argument
     serve_parser.set_defaults(func=cmd_serve)
 
     cli_admin.add_commands(commands, store_factory)
+    cli_storage.add_commands(commands, store_factory)
 
     config_commands = commands.add_parser("config", help="configuration commands",
                                           description="configuration commands")

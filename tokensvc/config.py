@@ -71,6 +71,9 @@ class StorageSettings:
     # a write interrupted by a failover lands on the new primary (docs/operations.md).
     timeout_ms: int = 15000
     max_pool_size: int = 100
+    # How often a serving process renews its entry among the running processes and reads the
+    # store's format again: a finalize reaches every process within it (docs/operations.md).
+    heartbeat_seconds: int = 10
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -490,7 +493,7 @@ def _check_storage(storage: StorageSettings) -> None:
     _check_url("storage.mongodb_uri", storage.mongodb_uri, schemes=("mongodb", "mongodb+srv"))
     if not re.fullmatch(r"[A-Za-z0-9_-]{1,63}", storage.database):
         raise ConfigError(f"storage.database: not a valid database name: {storage.database!r}")
-    for key in ("timeout_ms", "max_pool_size"):
+    for key in ("timeout_ms", "max_pool_size", "heartbeat_seconds"):
         if getattr(storage, key) <= 0:
             raise ConfigError(f"storage.{key}: must be positive")
 

@@ -96,6 +96,15 @@ class Metrics:
         self.feed_last_event = Gauge("tokensvc_revocation_feed_last_event_timestamp_seconds",
                                      "When the revocation feed last delivered a revocation (Unix time)",
                                      registry=registry, multiprocess_mode="livemax")
+        # The store's format as each process last read it (MongoDB): where an upgrade stands.
+        self.store_format = Gauge("tokensvc_store_format",
+                                  "The store's format (of=store) and compatibility version (of=compatibility)",
+                                  ["of"], registry=registry, multiprocess_mode="livemax")
+        self.migration_rows = Gauge("tokensvc_store_migration_rows",
+                                    "Rows a migration has converted so far, store-wide", ["migration"],
+                                    registry=registry, multiprocess_mode="livemax")
+        self.migration_pending = Gauge("tokensvc_store_migration_pending", "1 while a migration is not done",
+                                       ["migration"], registry=registry, multiprocess_mode="livemax")
         if not self.multiprocess:
             ProcessCollector(registry=registry)
         self._requests: dict[tuple[str, str, int], Any] = {}

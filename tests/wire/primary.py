@@ -14,7 +14,10 @@ What a real server does that the tests rely on, emulated here:
   ``afterClusterTime``; change events carry the ``clusterTime`` of their write;
 - change streams: ``aggregate`` with ``$changeStream`` opens a cursor whose ``getMore`` waits
   (up to its ``maxTimeMS``) for update events matching the stream's ``$match``, with resume
-  tokens and ``postBatchResumeToken``; history older than :attr:`oldest` is lost (286).
+  tokens and ``postBatchResumeToken``; history older than :attr:`oldest` is lost (286);
+- ``$currentOp`` with ``idleConnections``: every open connection, with the ``appName`` and
+  client metadata its handshake sent and its client address (refused, as a server that will
+  not say, when :attr:`current_op` is False).
 
 mockupdb runs one thread per connection but calls handlers under one lock, so a ``getMore``
 that waits is answered from a thread of its own and never holds other connections up.
@@ -88,6 +91,7 @@ class Primary:
     commands: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
     faults: list[Fault] = field(default_factory=list)
     oldest: int = 0  # change events before this sequence number are lost (286)
+    current_op: bool = True  # False: $currentOp is refused (Unauthorized)
 
     def __post_init__(self) -> None:
         self.db = mongomock.MongoClient()
@@ -97,6 +101,7 @@ class Primary:
         self._streams: dict[int, _Stream] = {}
         self._cursor_ids = itertools.count(1000)
         self._replies: dict[tuple[bytes, int], dict[str, Any]] = {}
+        self._connections: dict[Any, dict[str, Any]] = {}  # socket -> what its handshake said
         self.clock = 1  # the cluster time's increment: every applied write advances it
         self.server = MockupDB(auto_ismaster=False)
         self.server.autoresponds(self._handle)
@@ -154,6 +159,11 @@ class Primary:
         name = request.command_name
         doc = dict(request.doc)
         if name in HANDSHAKE:
+            if "client" in doc:  # a connection's first hello names the application
+                with self._lock:
+                    self._connections[request._client] = {
+                        "appName": doc["client"].get("application", {}).get("name"),
+                        "clientMetadata": doc["client"], "client": f"127.0.0.1:{request.client_port}"}
             return self._hello(request)
         with self._lock:
             self.commands.append((name, copy.deepcopy(doc)))
@@ -342,6 +352,8 @@ class Primary:
         pipeline = doc.get("pipeline", [])
         if pipeline and "$changeStream" in pipeline[0]:
             return self._open_stream(doc, pipeline)
+        if pipeline and "$currentOp" in pipeline[0]:
+            return self._current_op(doc, pipeline)
         name = doc["aggregate"]
         ns = f"{doc['$db']}.{name}"
         return {"ok": 1, "cursor": {"id": 0, "ns": ns, "firstBatch": list(self._collection(doc, "aggregate")
@@ -382,6 +394,22 @@ class Primary:
 
     def _collMod(self, doc: dict[str, Any]) -> dict[str, Any]:
         return {"ok": 1}
+
+    def _current_op(self, doc: dict[str, Any], pipeline: list[dict[str, Any]]) -> dict[str, Any]:
+        if not self.current_op:
+            return {"ok": 0, "code": 13, "codeName": "Unauthorized", "errmsg": "not authorized on admin to execute "
+                                                                              "command { aggregate: 1 }"}
+        connections = [{"type": "idleConnection", "active": False, **info}
+                       for sock, info in self._connections.items() if sock.fileno() != -1]
+        scratch = mongomock.MongoClient()["scratch"]["operations"]
+        if connections:
+            scratch.insert_many(connections)
+        return {"ok": 1, "cursor": {"id": 0, "ns": "admin.$cmd.aggregate",
+                                    "firstBatch": list(scratch.aggregate([{"$project": {"_id": 0, "type": 1,
+                                                                                         "active": 1, "appName": 1,
+                                                                                         "clientMetadata": 1,
+                                                                                         "client": 1}},
+                                                                           *pipeline[1:]]))}}
 
     # -- change streams
 

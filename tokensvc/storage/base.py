@@ -289,6 +289,10 @@ class StoreObserver:
     def topology_changed(self) -> None:
         """A server changed its state (an election, a failure)."""
 
+    def format_seen(self, stored: int, compatibility: int, migrations: dict[str, tuple[int, bool]]) -> None:
+        """The store's format as this process last read it: the format, the compatibility
+        version, and each migration of this release's history: (rows converted, done)."""
+
 
 class Housekeeping(abc.ABC):
     """Start-up, health, expiry, and the revocations of other processes."""
@@ -303,6 +307,12 @@ class Housekeeping(abc.ABC):
 
     async def close(self) -> None:  # noqa: B027 - optional hook
         """Release connections. Called at shutdown."""
+
+    async def upkeep(self) -> None:  # noqa: B027 - optional hook
+        """What the backend does in the background while the service runs, until cancelled
+        (MongoDB: the process's heartbeat and the migrations, storage/processes.py and
+        storage/migrations.py). Returns at once where there is nothing: the memory backend
+        keeps no state across a restart, so it has no format to follow."""
 
     @abc.abstractmethod
     async def ping(self) -> None:

@@ -48,6 +48,7 @@ answers a majority read (``afterClusterTime``), instead of answering from before
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import contextvars
 import functools
 import inspect
@@ -90,7 +91,7 @@ from tokensvc.records import (
     utcnow,
 )
 from tokensvc.storage import format as store_format
-from tokensvc.storage import hashes
+from tokensvc.storage import hashes, processes
 from tokensvc.storage.base import (
     CODE_RETENTION_SECONDS,
     FAMILY,
@@ -489,6 +490,8 @@ class MongoStore(Store):
         # its compatibility version (set by open, followed by the process's heartbeat).
         self.history = store_format.HISTORY
         self.format = self.history.new()
+        # A serving process's entry among the running processes (None: a command line's store).
+        self.registration: processes.Registration | None = None
 
     @property
     def db(self) -> Any:
@@ -496,12 +499,18 @@ class MongoStore(Store):
         return self._db
 
     @property
+    def client(self) -> Any:
+        return self._client
+
+    @property
     def pack(self) -> Callable[[Any], Any]:
         """How a hash is written now: what every release allowed to run reads."""
         return hashes.packed if self.format.compatibility >= hashes.PACKED_FROM else _as_is
 
     @classmethod
-    def from_settings(cls, settings: StorageSettings) -> MongoStore:
+    def from_settings(cls, settings: StorageSettings, *, serving: bool = False) -> MongoStore:
+        """The store ``settings`` describe; ``serving``: a ``tokensvc serve`` process, which
+        registers among the running processes and keeps a heartbeat (storage/processes.py)."""
         from pymongo import AsyncMongoClient
 
         events = _DriverEvents()
@@ -531,6 +540,8 @@ class MongoStore(Store):
         )
         store = cls(client, settings.database, timeout_ms=settings.timeout_ms, causal=True)
         events.store = store
+        if serving:
+            store.registration = processes.Registration(settings.heartbeat_seconds)
         return store
 
     @guarded(ONCE, budget="build_budget")
@@ -543,6 +554,8 @@ class MongoStore(Store):
         index no release allowed to run relies on any more is dropped; then the store records
         this release's format as made."""
         await self.check_primary()
+        if self.registration is not None:  # before the format is read: see storage/processes.py
+            await self.registration.announce(self)
         now = utcnow()
         state = await store_format.recorded(self._db, self.history, now)
         refusal = self.history.refusal(state)
@@ -563,6 +576,9 @@ class MongoStore(Store):
         if conflicts:
             raise StoreFault("; ".join(conflicts))
         self.format = await store_format.expanded(self._db, self.history, now)
+        self._tell_format()
+        if self.registration is not None:
+            await self.registration.beat(self)
 
     async def check_primary(self) -> None:
         hello = await self._db.command("hello")
@@ -625,10 +641,42 @@ class MongoStore(Store):
         return (f"{where} exists with other options ({found}; tokensvc needs {keys} {wanted}): "
                 f"drop it (db.{collection}.dropIndex('{in_the_way}')) and start tokensvc again, which makes it anew")
 
+    @guarded(RERUN)
+    async def heartbeat(self) -> None:
+        """Follow the store's format and renew this process's entry (storage/processes.py)."""
+        if self.registration is not None:
+            await self.registration.beat(self)
+            self._tell_format()
+
+    def _tell_format(self) -> None:
+        state = self.format
+        self.observer.format_seen(state.format, state.compatibility, {
+            migration.name: (int((state.migrations.get(migration.name) or state.progress.get(migration.name)
+                                  or {}).get("rows", 0)), state.done(migration.name))
+            for migration in self.history.migrations})
+
+    async def upkeep(self) -> None:
+        """While the service runs: the heartbeat, and the migrations the compatibility version
+        allows, in the background (storage/migrations.py); nothing for a command line's store."""
+        if self.registration is None:
+            return
+        from tokensvc.storage import migrations
+
+        await asyncio.gather(self.registration.run(self),
+                             migrations.in_background(self, self.registration.id, self.registration.heartbeat_seconds))
+
     async def close(self) -> None:
+        if self.registration is not None and self.registration.announced:
+            with contextlib.suppress(StorageError, StoreFault):
+                await self._mark_stopped()
         result = self._client.close()
         if inspect.isawaitable(result):
             await result
+
+    @guarded(RERUN)
+    async def _mark_stopped(self) -> None:
+        if self.registration is not None:
+            await self.registration.stopped(self)
 
     @guarded(READ)
     async def ping(self) -> None:

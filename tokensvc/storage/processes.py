@@ -1,0 +1,158 @@
+"""Who uses the MongoDB store, and of which release: what ``tokensvc storage finalize`` must
+know before it raises the compatibility version, and what ``tokensvc storage status`` shows.
+
+**Registered processes.** Every ``tokensvc serve`` process (release 0.10.0 and later) has an
+entry in the collection ``processes``: its release, the newest format it reads, the format it
+writes now, its host and pid, and its heartbeat. It is made when the process opens the store,
+before it reads the format document (so a finalize either sees the process or the process sees
+the finalize), and renewed every ``storage.heartbeat_seconds``; each heartbeat reads the format
+document again, so a process follows a raised compatibility version within one heartbeat and
+says so in its entry (``writes``). A process that stops marks its entry stopped; one that dies
+stops renewing it, and counts as running for :data:`MISSED_BEATS` heartbeats after its last.
+Entries are kept a day after their last heartbeat (a TTL index), the history ``status`` shows.
+Clocks are assumed to agree within a heartbeat (NTP).
+
+**Connections.** Release 0.9.0 predates the registry. Its processes are found by their
+connections: every tokensvc process names its release to MongoDB in the handshake's
+``appName`` (0.9.0 says ``tokensvc``; later releases ``tokensvc/<release>``), and
+``$currentOp`` with ``idleConnections`` lists the connections of the user running it with
+their ``appName`` and client address; no privilege beyond ``readWrite`` is needed for one's
+own user. A 0.9.0 process keeps at least its monitoring connection to the primary open, so it
+is seen as long as it runs. The limits: processes connecting as another database user are not
+seen (unless the user running the command has ``inprog``: then every user's are); through
+``mongos`` only what the router reached reports; a server that refuses ``$currentOp`` gives no
+answer (None), and then finalize needs the operator's word (``--previous-release-stopped``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import re
+import secrets
+import socket
+from dataclasses import dataclass
+from datetime import UTC, timedelta
+from typing import TYPE_CHECKING, Any
+
+from pymongo.errors import OperationFailure
+
+from tokensvc.records import utcnow
+from tokensvc.storage import format as store_format
+from tokensvc.storage.base import StorageError, StoreFault
+
+if TYPE_CHECKING:
+    from tokensvc.storage.mongo import MongoStore
+
+log = logging.getLogger(__name__)
+
+COLLECTION = "processes"
+MISSED_BEATS = 3  # heartbeats a process may miss and still count as running
+APP_NAME = re.compile(r"tokensvc(?:/(\S+))?")  # the appName of a tokensvc process: its release after a slash
+
+
+@dataclass(frozen=True, slots=True)
+class Seen:
+    """A process (registered) or a connection of a release, as the storage commands see it."""
+
+    release: str | None  # None: a release that does not name itself (0.9.0)
+    where: str  # host:pid of a registered process; the client address of a connection
+    reads: int  # the newest format it reads
+    writes: int | None = None  # the format a registered process writes now
+    seen_at: Any = None  # a registered process's last heartbeat
+    heartbeat_seconds: int = 0  # a registered process's
+
+    @property
+    def name(self) -> str:
+        return self.release or "0.9.0 or earlier"
+
+
+class Registration:
+    """This process's entry among the running processes, and its heartbeat."""
+
+    def __init__(self, heartbeat_seconds: int) -> None:
+        self.heartbeat_seconds = heartbeat_seconds
+        self.id = f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(4)}"
+        self.announced = False
+
+    def _entry(self, store: MongoStore, **extra: Any) -> dict[str, Any]:
+        return {"release": store.history.release, "reads": store.history.newest,
+                "heartbeat_seconds": self.heartbeat_seconds, "seen_at": utcnow(), **extra}
+
+    async def announce(self, store: MongoStore) -> None:
+        """The entry made (at open, before the format is read): the process counts as running."""
+        await store.db[COLLECTION].update_one({"_id": self.id}, {"$set": self._entry(
+            store, host=socket.gethostname(), pid=os.getpid(), started_at=utcnow(), stopped_at=None, writes=None)},
+            upsert=True)
+        self.announced = True
+
+    async def beat(self, store: MongoStore) -> None:
+        """Follow the store's format (a raised compatibility version is written from now on),
+        then renew the entry, saying which format this process writes."""
+        state = await store_format.read(store.db)
+        if state is not None and state.compatibility != store.format.compatibility:
+            log.warning("the store's compatibility version is now %d (was %d): writing format %d",
+                        state.compatibility, store.format.compatibility, state.compatibility)
+            store.format = state
+            await store.drop_retired_indexes()
+        elif state is not None:
+            store.format = state
+        await store.db[COLLECTION].update_one({"_id": self.id}, {"$set": self._entry(
+            store, writes=store.format.compatibility)})
+
+    async def stopped(self, store: MongoStore) -> None:
+        await store.db[COLLECTION].update_one({"_id": self.id}, {"$set": {"stopped_at": utcnow()}})
+
+    async def run(self, store: MongoStore) -> None:
+        """Beat every ``heartbeat_seconds`` until cancelled; a missed beat is logged and the
+        next one tried (the store's own budget and backoff apply to each)."""
+        while True:
+            await asyncio.sleep(self.heartbeat_seconds)
+            try:
+                await store.heartbeat()
+            except (StorageError, StoreFault) as exc:
+                log.warning("heartbeat missed (%s); the storage commands count this process as running for "
+                            "%d heartbeats after its last", exc, MISSED_BEATS)
+
+
+async def running(store: MongoStore) -> list[Seen]:
+    """The registered processes that have not stopped and whose last heartbeat is recent."""
+    now = utcnow()
+    found = []
+    for entry in await store.db[COLLECTION].find({"stopped_at": None}).to_list(None):
+        seen_at = entry["seen_at"] if entry["seen_at"].tzinfo else entry["seen_at"].replace(tzinfo=UTC)
+        if seen_at + timedelta(seconds=MISSED_BEATS * entry.get("heartbeat_seconds", 10)) >= now:
+            found.append(Seen(entry.get("release"), f"{entry.get('host')}:{entry.get('pid')}", entry.get("reads", 1),
+                              entry.get("writes"), seen_at, entry.get("heartbeat_seconds", 10)))
+    return found
+
+
+async def recent(store: MongoStore) -> list[dict[str, Any]]:
+    """Every entry the registry still keeps (a day past its last heartbeat), newest first."""
+    return await store.db[COLLECTION].find({}).sort("seen_at", -1).to_list(None)
+
+
+async def connected(store: MongoStore) -> list[Seen] | None:
+    """The connections of tokensvc processes the server reports (``$currentOp``), by release;
+    None when it will not say (not authorized, or no such stage)."""
+    try:
+        cursor = store.client.admin.aggregate([
+            {"$currentOp": {"idleConnections": True}},
+            {"$match": {"appName": {"$regex": "^tokensvc(/|$)"}}},
+            {"$project": {"appName": 1, "client": 1}},
+        ])
+        if asyncio.iscoroutine(cursor):  # PyMongo's aggregate is a coroutine
+            cursor = await cursor
+        operations = await cursor.to_list(None)
+    except OperationFailure as exc:
+        log.warning("the server does not list its connections ($currentOp: %s)", exc)
+        return None
+    found = []
+    for operation in operations:
+        match = APP_NAME.fullmatch(operation.get("appName", ""))
+        if match is None:
+            continue
+        release = match.group(1)
+        found.append(Seen(release, operation.get("client", "?"), store.history.newest_format_of(release)))
+    return found

@@ -1,0 +1,171 @@
+"""The operator's side of the store's format (``tokensvc storage status|migrate|finalize``):
+where the store stands, the migrations the compatibility version allows, and its raise.
+
+``finalize`` raises the compatibility version to this release's format only when nothing can
+still need the old one: no running process and no connection of a release that cannot read
+the new format (``storage/processes.py``), every migration the current version allows done,
+and this release's indexes made (a process of it has opened the store). Then the processes
+write the new format from their next heartbeat; finalize waits for them, drops the indexes no
+release allowed to run still needs, and runs the migrations the new version allows
+(``storage/migrations.py``), which ``migrate`` resumes if anything interrupts them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from tokensvc.records import utcnow
+from tokensvc.storage import format as store_format
+from tokensvc.storage import migrations, processes
+from tokensvc.storage.format import Migration, StoreFormat
+from tokensvc.storage.mongo import READ, RERUN, MongoStore, guarded
+
+
+class Refused(Exception):
+    """The command cannot do what it was asked: the message says why, and what to do."""
+
+
+@dataclass(slots=True)
+class Status:
+    state: StoreFormat
+    history: store_format.History
+    running: list[processes.Seen]
+    connections: list[processes.Seen] | None  # None: the server did not say
+    entries: list[dict[str, Any]]  # the registry's history
+    left: dict[str, int]  # rows each unfinished migration still has to convert
+    blockers: list[str]  # why finalize would be refused now (empty: it would not)
+
+    @property
+    def runnable(self) -> list[Migration]:
+        return self.history.runnable(self.state)
+
+    @property
+    def waiting(self) -> list[Migration]:
+        return self.history.waiting(self.state)
+
+
+@guarded(READ)
+async def current(store: MongoStore) -> StoreFormat:
+    """The store's format (the server a writable primary); Refused for a store no release of
+    this history ever opened."""
+    await store.check_primary()
+    state = await store_format.read(store.db)
+    if state is None:
+        raise Refused("the store has no format document: start tokensvc serve once (it records the format of what "
+                      "it finds), then run this command again")
+    return state
+
+
+@guarded(READ)
+async def status(store: MongoStore, assume_stopped: bool = False) -> Status:
+    state = await current(store)
+    running = await processes.running(store)
+    connections = await processes.connected(store)
+    left = {migration.name: await _left(store, migration) for migration in store.history.migrations
+            if not state.done(migration.name)}
+    return Status(state, store.history, running, connections, await processes.recent(store), left,
+                  _blockers(store, state, running, connections, assume_stopped))
+
+
+async def _left(store: MongoStore, migration: Migration) -> int:
+    step = migrations.STEPS[migration.name]
+    return sum([await store.db[collection].count_documents(step.left) for collection in step.collections])
+
+
+def _blockers(store: MongoStore, state: StoreFormat, running: list[processes.Seen],
+              connections: list[processes.Seen] | None, assume_stopped: bool) -> list[str]:
+    """Why the compatibility version cannot be raised to this release's format now."""
+    history, target = store.history, store.history.newest
+    if state.compatibility >= target:
+        return []
+    reasons = []
+    if history.refusal(state):
+        reasons.append(history.refusal(state) or "")
+    if state.format < target:
+        reasons.append(f"no process of tokensvc {history.release} has opened the store yet (its indexes are not "
+                       "made): upgrade the service first")
+    reasons += [f"migration {m.name} is unfinished: run tokensvc storage migrate" for m in history.runnable(state)]
+    older = [seen for seen in running if seen.reads < target]
+    reasons += [f"tokensvc {seen.name} is running at {seen.where} (it reads formats up to {seen.reads})"
+                for seen in older]
+    if connections is None:
+        if not assume_stopped:
+            reasons.append("the server does not list its connections ($currentOp), so a process of a release that "
+                           f"cannot read format {target} (0.9.0) could go unseen: once you know every one is "
+                           "stopped, say so with --previous-release-stopped")
+    else:
+        by_release: dict[tuple[str, int], set[str]] = {}
+        for seen in connections:
+            if seen.reads < target:
+                by_release.setdefault((seen.name, seen.reads), set()).add(seen.where)
+        reasons += [f"tokensvc {name} is connected from {', '.join(sorted(where))} (it reads formats up to {reads})"
+                    for (name, reads), where in by_release.items()]
+    return reasons
+
+
+def _wait_seconds(running: list[processes.Seen]) -> float:
+    """How long processes may take to follow a raised compatibility version: two heartbeats."""
+    return 2.0 * max((seen.heartbeat_seconds for seen in running), default=0) + 5.0
+
+
+Progress = Callable[[str, str, int], None]
+
+
+async def migrate(store: MongoStore, progress: Progress | None = None) -> dict[str, int]:
+    """Run every migration the compatibility version allows that is not done (waiting first
+    for the processes to write what it writes); the rows each converted."""
+    state = await current(store)
+    refusal = store.history.refusal(state)
+    if refusal is not None:
+        raise Refused(refusal)
+    converted = {}
+    for migration in store.history.runnable(state):
+        try:
+            await migrations.wait_for_processes(store, migration.runs_from,
+                                                _wait_seconds(await _running(store)))
+        except migrations.NotYet as exc:
+            raise Refused(f"migration {migration.name} waits: {exc}") from None
+        converted[migration.name] = await migrations.run(store, migration.name, progress)
+    store.format = await current(store)
+    return converted
+
+
+@guarded(READ)
+async def _running(store: MongoStore) -> list[processes.Seen]:
+    return await processes.running(store)
+
+
+async def finalize(store: MongoStore, assume_stopped: bool = False,
+                   progress: Progress | None = None) -> tuple[int, dict[str, int]]:
+    """Raise the compatibility version to this release's format (Refused, with every reason,
+    when something may still need the old one), then migrate. Returns the version it was
+    raised from and the rows each migration converted; already finalized: (the version, {})
+    after completing any migration left unfinished."""
+    found = await status(store, assume_stopped)
+    state, target = found.state, store.history.newest
+    if state.compatibility > target:
+        raise Refused(store.history.refusal(state) or "")
+    if state.compatibility == target:
+        return state.compatibility, await migrate(store, progress)
+    if found.blockers:
+        raise Refused("not finalized: " + "; ".join(found.blockers))
+    await _raise(store, state.compatibility, target)
+    store.format = await current(store)
+    await _drop_retired(store)
+    return state.compatibility, await migrate(store, progress)
+
+
+@guarded(RERUN)
+async def _raise(store: MongoStore, before: int, target: int) -> None:
+    await store.db[store_format.COLLECTION].update_one(
+        {"_id": store_format.KEY, "compatibility": before},
+        {"$set": {"compatibility": target},
+         "$push": {"finalized": {"compatibility": target, "from": before, "at": utcnow(),
+                                 "release": store.history.release}}})
+
+
+@guarded(RERUN, budget="build_budget")
+async def _drop_retired(store: MongoStore) -> None:
+    await store.drop_retired_indexes()
