@@ -102,10 +102,12 @@ class Service:
 
 
 def start_service(tmp_path: Path, storage: str = "", *, callback: str | None = None, extra: str = "",
-                  env: dict[str, str] | None = None) -> Service:
+                  env: dict[str, str] | None = None, python: str = sys.executable,
+                  cwd: Path | None = None) -> Service:
     """Start ``tokensvc serve`` on a free port, its admin listener on another. ``callback`` (a
     base URL) gives every client the redirect_uri ``{callback}/{client_id}``; ``extra`` is
-    appended to the config file; ``env`` adds to the environment."""
+    appended to the config file; ``env`` adds to the environment; ``python`` and ``cwd`` run
+    another release (tests/upgrade)."""
     port, admin_port = free_port(), free_port()
     base = f"http://127.0.0.1:{port}"
     redirects = {name: f"{callback}/{name}" for name in NOWHERE} if callback else NOWHERE
@@ -114,8 +116,8 @@ def start_service(tmp_path: Path, storage: str = "", *, callback: str | None = N
                                     callback=redirects, extra=extra))
     log_path = tmp_path / "tokensvc.log"
     with open(log_path, "w") as log:
-        process = subprocess.Popen([sys.executable, "-m", "tokensvc", "serve", "--config", str(config)],
-                                   stdout=log, stderr=subprocess.STDOUT, text=True,
+        process = subprocess.Popen([python, "-m", "tokensvc", "serve", "--config", str(config)],
+                                   stdout=log, stderr=subprocess.STDOUT, text=True, cwd=cwd,
                                    env={**os.environ, "TOKENSVC_ADMIN_PORT": str(admin_port), **(env or {})})
     service = Service(process, base, log_path, f"http://127.0.0.1:{admin_port}")
     deadline = time.monotonic() + 20
@@ -125,7 +127,7 @@ def start_service(tmp_path: Path, storage: str = "", *, callback: str | None = N
         try:
             if requests.get(base + "/healthz", timeout=1).status_code == 200:
                 return service
-        except requests.ConnectionError:
+        except (requests.ConnectionError, requests.Timeout):  # not listening yet, or busy starting
             time.sleep(0.1)
     process.kill()
     raise AssertionError("tokensvc did not start in time")

@@ -1,0 +1,255 @@
+"""A rolling upgrade from the previous release, as an operator runs one: that release's
+``tokensvc serve`` (from the project's history, tests/upgrade/releases.py) and this tree's,
+side by side on one replica-set primary, then ``tokensvc storage finalize``.
+
+The invariant: no credential dies of the upgrade. Every credential either release issues
+(access and refresh tokens, codes, session cookies, installation tokens) is served by the
+other; a refresh chain may alternate between them; a revocation or a sign-out at one holds at
+the other; processes restart in any order and come up, and none of them drops an index the
+other relies on; finalize is refused while a process of the previous release is connected;
+after it, with only this release's processes, every credential issued before still works and
+no row of the old format is left."""
+
+from __future__ import annotations
+
+import json
+import time
+from urllib.parse import parse_qs, urlencode, urljoin, urlsplit
+
+import pytest
+import requests
+from helpers import CHALLENGE, VERIFIER
+from primary import Primary
+from service import NOWHERE, WEBAPP_SECRET, Service, hidden_fields, start_service
+
+from tokensvc import __version__, cli
+
+HEARTBEAT = 1  # storage.heartbeat_seconds of this release's processes: finalize waits for one
+
+
+def storage(primary: Primary) -> str:
+    return f'[storage]\nbackend = "mongodb"\nmongodb_uri = "{primary.uri()}"\ntimeout_ms = 5000\n'
+
+
+class Deployment:
+    """The processes of both releases on one primary."""
+
+    def __init__(self, primary: Primary, previous, tmp_path_factory) -> None:
+        self.primary, self.previous, self.tmp = primary, previous, tmp_path_factory
+        self.services: list[Service] = []
+
+    def start(self, release: str) -> Service:
+        directory = self.tmp.mktemp(release)
+        if release == "previous":
+            service = start_service(directory, storage(self.primary), python=self.previous.python,
+                                    cwd=self.previous.cwd, env=self.previous.env)
+        else:
+            service = start_service(directory, storage(self.primary),
+                                    env={"TOKENSVC_STORAGE_HEARTBEAT_SECONDS": str(HEARTBEAT)})
+        self.services.append(service)
+        deadline = time.monotonic() + 30
+        while requests.get(service.base + "/readyz", timeout=5).status_code != 200:
+            assert time.monotonic() < deadline and service.process.poll() is None, service.output()
+            time.sleep(0.05)
+        return service
+
+    def stop(self, service: Service) -> None:
+        output = service.stop()
+        assert service.returncode == 0 and "Traceback" not in output, output
+
+    def config(self) -> str:
+        """A config file of this release's processes (the storage commands read the store from it)."""
+        return str(next(self.tmp.getbasetemp().glob("current*/tokensvc.toml")))
+
+    def close(self) -> list[str]:
+        return [service.stop() for service in self.services if service.process.poll() is None]
+
+
+class Browser:
+    """A user agent: its cookies (the session, the XSRF token) go to every process, as behind
+    one load balancer."""
+
+    def __init__(self, username: str = "alice", password: str = "alice-e2e-password") -> None:
+        self.agent = requests.Session()
+        self.username, self.password = username, password
+
+    def sign_in(self, base: str) -> Browser:
+        self.agent.get(base + "/login", timeout=30)
+        answer = self.agent.post(base + "/login", timeout=30, allow_redirects=False, data={
+            "username": self.username, "password": self.password, "_xsrf": self.agent.cookies["_xsrf"]})
+        assert answer.status_code in (302, 303), answer.text
+        return self
+
+    def code(self, base: str, client_id: str = "webapp", installation: str | None = None) -> str:
+        query = {"response_type": "code", "client_id": client_id, "redirect_uri": NOWHERE[client_id],
+                 "scope": "read", "state": "s", "code_challenge": CHALLENGE, "code_challenge_method": "S256"}
+        if installation:
+            query["installation_id"] = installation
+        url = base + "/oauth/authorize?" + urlencode(query)
+        answer = self.agent.get(url, timeout=30, allow_redirects=False)
+        if answer.status_code == 200:  # the pairing page
+            answer = self.agent.post(urljoin(url, "/oauth/authorize"), timeout=30, allow_redirects=False,
+                                     data={**hidden_fields(answer.text), "decision": "allow"})
+        assert answer.status_code == 302, answer.text
+        return parse_qs(urlsplit(answer.headers["Location"]).query)["code"][0]
+
+    def me(self, base: str) -> int:
+        return self.agent.get(base + "/v1/me", timeout=30).status_code
+
+    def sign_out(self, base: str) -> None:
+        answer = self.agent.post(base + "/logout", timeout=30, allow_redirects=False,
+                                 data={"_xsrf": self.agent.cookies["_xsrf"]})
+        assert answer.status_code in (302, 303), answer.text
+
+
+def client_auth(client_id: str) -> dict:
+    return {"auth": (client_id, WEBAPP_SECRET)} if client_id == "webapp" else {}
+
+
+def exchange(base: str, code: str, client_id: str = "webapp") -> dict:
+    answer = requests.post(base + "/oauth/token", timeout=30, **client_auth(client_id), data={
+        "grant_type": "authorization_code", "code": code, "redirect_uri": NOWHERE[client_id],
+        "code_verifier": VERIFIER, **({} if client_id == "webapp" else {"client_id": client_id})})
+    assert answer.status_code == 200, answer.text
+    return {**answer.json(), "client_id": client_id}
+
+
+def refresh(base: str, tokens: dict) -> dict:
+    client_id = tokens["client_id"]
+    answer = requests.post(base + "/oauth/token/refresh", timeout=30, **client_auth(client_id), data={
+        "refresh_token": tokens["refresh_token"], **({} if client_id == "webapp" else {"client_id": client_id})})
+    assert answer.status_code == 200, answer.text
+    return {**answer.json(), "client_id": client_id}
+
+
+def works(base: str, tokens: dict) -> bool:
+    """The access token authorizes /v1/me, and introspection says it is active."""
+    me = requests.get(base + "/v1/me", timeout=30, headers={"Authorization": f"Bearer {tokens['access_token']}"})
+    info = requests.post(base + "/oauth/token/introspect", timeout=30, auth=("webapp", WEBAPP_SECRET),
+                         data={"token": tokens["access_token"]}).json()
+    assert (me.status_code == 200) == info["active"], (me.status_code, info)
+    return info["active"]
+
+
+def revoke(base: str, tokens: dict) -> None:
+    assert requests.post(base + "/oauth/revoke", timeout=30, data={"token": tokens["refresh_token"]}).status_code == 200
+
+
+def storage_command(capsys, *argv: str) -> tuple[int, str, str]:
+    code = cli.main(["storage", *argv])
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+def indexes(primary: Primary) -> dict[str, list[str]]:
+    db = primary.db["tokensvc"]
+    return {name: sorted(db[name].index_information()) for name in sorted(db.list_collection_names())}
+
+
+def test_a_rolling_upgrade_then_finalize_signs_no_one_out(primary, previous, tmp_path_factory, capsys):
+    deployment = Deployment(primary, previous, tmp_path_factory)
+    try:
+        # The deployment as it runs today: the previous release, with what users hold.
+        old = deployment.start("previous")
+        assert requests.get(old.base + "/healthz", timeout=5).json() == {"status": "ok"}  # 0.9.0 says no version
+        alice = Browser().sign_in(old.base)
+        issued_before = {"pending code": alice.code(old.base), "tokens": exchange(old.base, alice.code(old.base)),
+                         "installation": exchange(old.base, alice.code(old.base, "node-agent", "backyard-scope"),
+                                                  "node-agent")}
+
+        # A process of this release joins.
+        new = deployment.start("current")
+        assert requests.get(new.base + "/healthz", timeout=5).json() == {"status": "ok", "version": __version__}
+        code, out, _ = storage_command(capsys, "status", "--json", "--config", deployment.config())
+        status = json.loads(out)
+        assert code == 0 and (status["format"], status["compatibility"]) == (2, 1)
+        assert {seen["release"] for seen in status["connections"]} == {None, __version__}
+        assert status["migrations"]["atFinalize"][0]["name"] == "packed-hashes"
+        assert any("0.9.0 or earlier is connected" in blocker for blocker in status["finalizeBlockers"])
+
+        # What either issues works at the other.
+        for issuer, other in ((old, new), (new, old)):
+            browser = Browser().sign_in(issuer.base)
+            assert browser.me(other.base) == 200  # the session cookie
+            tokens = exchange(other.base, browser.code(issuer.base))  # a code
+            assert works(issuer.base, tokens) and works(other.base, tokens)  # an access token
+            assert works(issuer.base, refresh(other.base, tokens))  # a refresh token
+            paired = exchange(other.base, browser.code(issuer.base, "node-agent", "backyard-scope"), "node-agent")
+            assert works(issuer.base, refresh(other.base, paired))  # installation tokens
+            # Acting on the other's records: a sign-out and a revocation hold at both.
+            browser.sign_out(other.base)
+            assert browser.me(issuer.base) == 401
+            revoke(other.base, tokens)
+            assert not works(issuer.base, tokens)
+
+        # A refresh chain alternating between the releases keeps working.
+        chain = issued_before["tokens"]
+        for base in (new.base, old.base, new.base, old.base):
+            chain = refresh(base, chain)
+            assert works(old.base, chain) and works(new.base, chain)
+        issued_before["tokens"] = chain
+        assert alice.me(new.base) == 200
+        issued_before["code at the new release"] = Browser().sign_in(new.base).code(new.base)
+
+        # Restarts in any order come up, and no process drops an index another relies on.
+        made = indexes(primary)
+        for release, service in (("previous", old), ("current", new)):
+            deployment.stop(service)
+            started = deployment.start(release)
+            old, new = (started, new) if release == "previous" else (old, started)
+            assert indexes(primary) == made
+        assert primary.sent("dropIndexes") == []
+        assert works(old.base, chain) and works(new.base, chain) and alice.me(new.base) == 200
+
+        # Finalize waits for the previous release to be gone.
+        code, _, err = storage_command(capsys, "finalize", "--config", deployment.config())
+        assert code == 1 and "not finalized: tokensvc 0.9.0 or earlier is connected from 127.0.0.1:" in err, err
+        deployment.stop(old)
+        deadline = time.monotonic() + 10
+        while True:
+            code, _, err = storage_command(capsys, "finalize", "--config", deployment.config())
+            if code == 0 or time.monotonic() > deadline:
+                break
+            assert "0.9.0 or earlier is connected" in err, err  # its sockets are still closing
+            time.sleep(0.2)
+        assert code == 0, err
+        assert "packed-hashes: " in err  # progress on stderr
+        code, out, _ = storage_command(capsys, "status", "--json", "--config", deployment.config())
+        status = json.loads(out)
+        assert (status["format"], status["compatibility"]) == (2, 2)
+        assert "packed-hashes" in status["migrations"]["done"] and status["finalizeBlockers"] == []
+        assert {seen["writes"] for seen in status["running"]} == {2}
+        for name in ("codes", "families", "sessions"):
+            assert primary.db["tokensvc"][name].count_documents({"_id": {"$type": "string"}}) == 0, name
+
+        # Only this release now: every credential issued before the upgrade still works.
+        another = deployment.start("current")
+        for base in (new.base, another.base):
+            assert alice.me(base) == 200
+            assert works(base, issued_before["tokens"])
+        issued_before["tokens"] = refresh(another.base, issued_before["tokens"])
+        assert works(new.base, issued_before["tokens"])
+        assert works(another.base, refresh(new.base, issued_before["installation"]))
+        assert works(new.base, exchange(another.base, issued_before["pending code"]))
+        assert works(another.base, exchange(new.base, issued_before["code at the new release"]))
+    finally:
+        outputs = deployment.close()
+    assert not any("Traceback" in output for output in outputs), outputs
+
+
+@pytest.mark.parametrize("release", ["current"])
+def test_processes_of_this_release_starting_together_all_come_up(primary, previous, tmp_path_factory, release):
+    """Four processes starting at once on a store holding an index a later one replaced: one
+    drops it, the others find it gone, and every one serves."""
+    primary.db["tokensvc"]["families"].create_index([("grant_id", 1)], name="grant_id")
+    deployment = Deployment(primary, previous, tmp_path_factory)
+    try:
+        from concurrent.futures import ThreadPoolExecutor
+
+        with ThreadPoolExecutor(4) as pool:
+            services = list(pool.map(lambda _: deployment.start(release), range(4)))
+        assert len(services) == 4
+        assert "grant_id" not in primary.db["tokensvc"]["families"].index_information()
+    finally:
+        outputs = deployment.close()
+    assert not any("Traceback" in output for output in outputs), outputs
