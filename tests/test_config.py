@@ -59,6 +59,8 @@ def test_environment_overrides(tmp_path):
     ('cookie_secret = "0123456789abcdef0123"\n[tokens]\naccess_ttl = 0\n', "tokens.access_ttl: must be at least 1"),
     ('cookie_secret = "0123456789abcdef0123"\n[storage]\nbackend = "redis"\n', "storage.backend"),
     ('cookie_secret = "0123456789abcdef0123"\n[storage]\nmongodb_uri = "http://x"\n', "storage.mongodb_uri"),
+    ('cookie_secret = "0123456789abcdef0123"\n[storage]\nheartbeat_seconds = 0\n',
+     "storage.heartbeat_seconds: must be positive"),
     ('cookie_secret = "0123456789abcdef0123"\n[[clients]]\nclient_id = "a"\nname = "A"\n'
      'redirect_uris = ["not a url"]\n', "clients[0].redirect_uris"),
     ('cookie_secret = "0123456789abcdef0123"\n[[clients]]\nclient_id = "a b"\nname = "A"\n'

@@ -16,7 +16,6 @@ import json
 import time
 from urllib.parse import parse_qs, urlencode, urljoin, urlsplit
 
-import pytest
 import requests
 from helpers import CHALLENGE, VERIFIER
 from primary import Primary
@@ -141,6 +140,11 @@ def storage_command(capsys, *argv: str) -> tuple[int, str, str]:
     return code, captured.out, captured.err
 
 
+def metric(service: Service, name: str) -> float:
+    text = requests.get(service.base + "/metrics", timeout=30).text
+    return float(next(line.split()[-1] for line in text.splitlines() if line.startswith(name + " ")))
+
+
 def indexes(primary: Primary) -> dict[str, list[str]]:
     db = primary.db["tokensvc"]
     return {name: sorted(db[name].index_information()) for name in sorted(db.list_collection_names())}
@@ -166,6 +170,8 @@ def test_a_rolling_upgrade_then_finalize_signs_no_one_out(primary, previous, tmp
         assert {seen["release"] for seen in status["connections"]} == {None, __version__}
         assert status["migrations"]["atFinalize"][0]["name"] == "packed-hashes"
         assert any("0.9.0 or earlier is connected" in blocker for blocker in status["finalizeBlockers"])
+        assert metric(new, 'tokensvc_store_format{of="compatibility"}') == 1
+        assert metric(new, 'tokensvc_store_migration_pending{migration="packed-hashes"}') == 1
 
         # What either issues works at the other.
         for issuer, other in ((old, new), (new, old)):
@@ -221,6 +227,12 @@ def test_a_rolling_upgrade_then_finalize_signs_no_one_out(primary, previous, tmp
         assert {seen["writes"] for seen in status["running"]} == {2}
         for name in ("codes", "families", "sessions"):
             assert primary.db["tokensvc"][name].count_documents({"_id": {"$type": "string"}}) == 0, name
+        deadline = time.monotonic() + 10  # the metrics follow the store at the next heartbeat
+        while metric(new, 'tokensvc_store_migration_pending{migration="packed-hashes"}') != 0:
+            assert time.monotonic() < deadline
+            time.sleep(0.1)
+        assert metric(new, 'tokensvc_store_format{of="compatibility"}') == 2
+        assert metric(new, 'tokensvc_store_migration_rows{migration="packed-hashes"}') > 0
 
         # Only this release now: every credential issued before the upgrade still works.
         another = deployment.start("current")
@@ -237,18 +249,37 @@ def test_a_rolling_upgrade_then_finalize_signs_no_one_out(primary, previous, tmp
     assert not any("Traceback" in output for output in outputs), outputs
 
 
-@pytest.mark.parametrize("release", ["current"])
-def test_processes_of_this_release_starting_together_all_come_up(primary, previous, tmp_path_factory, release):
-    """Four processes starting at once on a store holding an index a later one replaced: one
-    drops it, the others find it gone, and every one serves."""
+def start_together(deployment: Deployment, releases: list[str]) -> list[Service]:
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(len(releases)) as pool:
+        return list(pool.map(deployment.start, releases))
+
+
+def test_processes_of_both_releases_starting_together_all_come_up(primary, previous, tmp_path_factory):
+    """Two processes of each release starting at once on a store the previous release wrote:
+    every one serves, each serves the others' credentials, and no index is dropped."""
+    deployment = Deployment(primary, previous, tmp_path_factory)
+    try:
+        deployment.stop(deployment.start("previous"))
+        services = start_together(deployment, ["previous", "current", "previous", "current"])
+        tokens = exchange(services[0].base, Browser().sign_in(services[1].base).code(services[2].base))
+        for service in services:
+            tokens = refresh(service.base, tokens)
+            assert all(works(other.base, tokens) for other in services)
+        assert primary.sent("dropIndexes") == []
+    finally:
+        outputs = deployment.close()
+    assert not any("Traceback" in output for output in outputs), outputs
+
+
+def test_processes_of_this_release_starting_together_drop_a_retired_index_once(primary, previous, tmp_path_factory):
+    """Four processes starting at once on a store holding an index 0.9.0 replaced: one drops
+    it, the others find it gone, and every one serves."""
     primary.db["tokensvc"]["families"].create_index([("grant_id", 1)], name="grant_id")
     deployment = Deployment(primary, previous, tmp_path_factory)
     try:
-        from concurrent.futures import ThreadPoolExecutor
-
-        with ThreadPoolExecutor(4) as pool:
-            services = list(pool.map(lambda _: deployment.start(release), range(4)))
-        assert len(services) == 4
+        assert len(start_together(deployment, ["current"] * 4)) == 4
         assert "grant_id" not in primary.db["tokensvc"]["families"].index_information()
     finally:
         outputs = deployment.close()

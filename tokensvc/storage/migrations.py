@@ -101,8 +101,8 @@ async def wait_for_processes(store: MongoStore, runs_from: int, seconds: float) 
 async def run(store: MongoStore, name: str, progress: Progress | None = None, pause: float = 0.0,
               still_mine: Callable[[], Awaitable[bool]] | None = None) -> int:
     """Run the migration ``name`` to its end (resuming where a pass stopped), record it done,
-    and return the rows it converted. ``still_mine``: asked before each batch (the background's
-    lease); False stops the pass where it is."""
+    and return the rows it converted. ``still_mine``: asked before converting each batch (the
+    background's lease); False stops the pass where it is."""
     step = STEPS[name]
     state = await format_state(store)
     converted = int(state.progress.get(name, {}).get("rows", 0))
@@ -110,11 +110,11 @@ async def run(store: MongoStore, name: str, progress: Progress | None = None, pa
         for collection, kind in _order(step, state.progress.get(name)):
             after = _resume(state.progress.get(name), collection, kind)
             while True:
-                if still_mine is not None and not await still_mine():
-                    return converted
                 batch = await migration_batch(store, collection, kind, after)
                 if not batch:
                     break
+                if still_mine is not None and not await still_mine():
+                    return converted
                 converted += await migration_convert(store, step, collection, batch)
                 after = batch[-1]["_id"]
                 await migration_checkpoint(store, name, collection, kind, after, converted)

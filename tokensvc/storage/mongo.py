@@ -857,6 +857,19 @@ class MongoStore(Store):
                 result = await write()
         return result
 
+    async def _with_originals(self, collection: str, documents: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """A listing's documents merged with the frozen originals of those that are copies:
+        while the conversion to packed hashes runs, a sweep may have revoked an original
+        whose copy the listing's filter took as live. Nothing to look for before it starts
+        (the compatibility version below it) or once it is done."""
+        state = self.format
+        if state.compatibility >= hashes.PACKED_FROM and not state.done(store_format.PACKED_HASHES.name):
+            copies = [hashes.unpacked(doc["_id"]) for doc in documents if isinstance(doc["_id"], bytes)]
+            if copies:
+                documents = documents + await self._db_collection(collection).find(
+                    {"_id": {"$in": copies}, hashes.MOVING: {"$ne": None}}).to_list(None)
+        return hashes.merged_all(collection, documents)
+
     @guarded(ONCE)
     async def add_code(self, code: AuthorizationCode) -> None:
         await self.codes.insert_one(CODES.doc(code, self.pack))
@@ -953,7 +966,8 @@ class MongoStore(Store):
     async def list_families(self, grant_id: str) -> list[Family]:
         docs = await self.families.find({"grant_id": grant_id, "revoked_at": None}).sort(
             [("created_at", ASCENDING), ("_id", ASCENDING)]).to_list(None)
-        return [FAMILIES.record(doc) for doc in hashes.merged_all("families", docs)]
+        return [family for family in map(FAMILIES.record, await self._with_originals("families", docs))
+                if family.revoked_at is None]
 
     # -- sessions
 
@@ -977,8 +991,8 @@ class MongoStore(Store):
     async def list_user_sessions(self, user_id: str, now: datetime) -> list[Session]:
         live = {"user_id": user_id, "ended_at": None, "expires_at": {"$gt": now}}
         newest = self.sessions.find(live).sort([("last_seen_at", DESCENDING), ("_id", DESCENDING)])
-        documents = hashes.merged_all("sessions", await newest.limit(MAX_LISTED_SESSIONS).to_list(None))
-        return [SESSIONS.record(doc) for doc in documents]
+        documents = await self._with_originals("sessions", await newest.limit(MAX_LISTED_SESSIONS).to_list(None))
+        return [session for session in map(SESSIONS.record, documents) if session.ended_at is None]
 
     @guarded(RERUN)
     async def touch_session(self, session_hash: str, now: datetime) -> None:

@@ -1,0 +1,285 @@
+"""The conversion of format-1 rows beside live traffic, on MongoDB's in-process stand-in that
+yields to the event loop between every driver call (tests/yielding.py), so that each step of
+a move can meet a live write: a document frozen by a mover is finished by whoever meets it, a
+revocation a sweep writes on a frozen original reaches its copy, a refresh chain and bearer
+checks running through a migration never miss, two migrations at once and one interrupted
+all end with every row converted once."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import replace
+from datetime import timedelta
+
+import pytest
+from mongomock_motor import AsyncMongoMockClient
+from yielding import Yielding
+
+from tokensvc.oauth import hashing
+from tokensvc.records import AuthorizationCode, Family, Pair, Session, utcnow
+from tokensvc.storage import hashes, migrations
+from tokensvc.storage.mongo import MongoStore
+
+pytestmark = [pytest.mark.mongodb, pytest.mark.gen_test(timeout=60)]
+
+
+async def format_1_store() -> MongoStore:
+    """A store 0.9.0 wrote (compatibility 1: this release writes 0.9.0's format into it)."""
+    client = Yielding(AsyncMongoMockClient(tz_aware=True))
+    await client["tokensvc"]["users"].insert_one({"_id": "u_alice", "username": "alice", "password_hash": "x"})
+    store = MongoStore(client, "tokensvc", change_streams=False)
+    await store.open()
+    assert store.format.compatibility == 1
+    await store.grants.insert_one({"_id": "g1", "client_id": "webapp", "user_id": "u_alice", "installation_id": None,
+                                   "scopes": ["read"], "created_at": utcnow(), "revoked_at": None, "generation": 0})
+    return store
+
+
+async def finalized(store: MongoStore) -> None:
+    await store.db["meta"].update_one({"_id": "format"}, {"$set": {"compatibility": 2}})
+    store.format = replace(store.format, compatibility=2)
+
+
+def pair(name: str, now) -> Pair:
+    return Pair(hashing.digest("access " + name), hashing.digest("refresh " + name), ["read"], now,
+                now + timedelta(hours=1), now + timedelta(minutes=10))
+
+
+async def new_family(store: MongoStore, name: str) -> Family:
+    now = utcnow()
+    first = pair(name, now)
+    family = Family(hashing.digest("family " + name), "g1", "webapp", "u_alice", None, 0, ["read"], now,
+                    first.refresh_hash, first.access_hash, now, first.expires_at, first.access_expires_at,
+                    renewed_at=now)
+    assert await store.create_family(family)
+    return family
+
+
+async def freeze(store: MongoStore, collection: str, key: str) -> dict:
+    """A mover's first step, and no more (as if it died there)."""
+    return await store.db[collection].find_one_and_update({"_id": key}, {"$set": {hashes.MOVING: utcnow()}},
+                                                          return_document=True)
+
+
+async def packed_only(store: MongoStore) -> bool:
+    return [await store.db[name].count_documents({"_id": {"$type": "string"}})
+            for name in ("codes", "families", "sessions")] == [0, 0, 0]
+
+
+async def test_each_write_that_meets_a_frozen_document_finishes_its_move_and_applies():
+    store = await format_1_store()
+    now = utcnow()
+    families = [await new_family(store, str(index)) for index in range(6)]
+    code = AuthorizationCode(hashing.digest("code"), "webapp", "https://a/cb", ["read"], "u_alice", None, "x" * 43,
+                             "S256", now + timedelta(minutes=5))
+    await store.add_code(code)
+    session = Session(hashing.digest("session"), "u_alice", now, now + timedelta(hours=1))
+    await store.add_session(session)
+    await finalized(store)
+    for name, key in [("families", family.family_id) for family in families] + [
+            ("codes", code.code_hash), ("sessions", session.session_hash)]:
+        await freeze(store, name, key)
+    writes = [
+        store.rotate_family(families[0].family_id, families[0].refresh_hash, pair("0b", now), now),
+        store.reissue_pair(families[1].family_id, families[1].refresh_hash, pair("1b", now)),
+        store.revoke_family(families[2].family_id, now),
+        store.revoke_access(families[3].family_id, families[3].access_hash, now),
+        store.mark_access_used(families[4].family_id, families[4].access_hash, now),
+        store.consume_code(code.code_hash, now, family_id=families[5].family_id),
+        store.end_session(session.session_hash, now),
+    ]
+    results = [await write for write in writes]
+    assert results[0].refresh_hash == pair("0b", now).refresh_hash
+    assert results[1].access_hash == pair("1b", now).access_hash
+    assert results[2:4] == [True, True] and results[5].consumed_at is None and results[6] is True
+    assert (await store.get_family(families[4].family_id))[0].access_used_at == now
+    assert (await store.get_code(code.code_hash)).family_id == families[5].family_id
+    # Each one it met moved (the sixth family, never written, still waits for the migration).
+    assert await store.db["families"].count_documents({"_id": {"$type": "string"}}) == 1
+    assert await store.db["codes"].count_documents({"_id": {"$type": "string"}}) == 0
+    await store.touch_session(session.session_hash, now)  # on the copy
+    await store.close()
+
+
+async def test_a_revocation_swept_onto_a_frozen_original_holds_and_reaches_its_copy():
+    store = await format_1_store()
+    family = await new_family(store, "a")
+    session = Session(hashing.digest("session"), "u_alice", utcnow(), utcnow() + timedelta(hours=1))
+    await store.add_session(session)
+    await finalized(store)
+    frozen = await freeze(store, "families", family.family_id)
+    frozen_session = await freeze(store, "sessions", session.session_hash)
+    # A mover that read the frozen documents made their copies; the sweeps came in between.
+    now = utcnow()
+    assert await store.revoke_grant_families("g1", now) == 1
+    assert await store.end_user_sessions("u_alice", now) == 1
+    for collection, document in (("families", frozen), ("sessions", frozen_session)):
+        copy = {key: hashes.packed(value) if key in hashes.HASHED[collection] else value
+                for key, value in document.items() if key != hashes.MOVING}
+        await store.db[collection].insert_one(copy)
+    # While both exist, a read sees the revocation the original alone carries.
+    assert (await store.get_family(family.family_id))[0].revoked_at == now
+    assert (await store.find_access(family.access_hash))[0].revoked_at == now
+    assert await store.get_session(session.session_hash) is None
+    assert [f.family_id for f in await store.list_families("g1")] == []
+    # The migration finishes the moves: the copies carry the revocations, the originals are gone.
+    await migrations.run(store, "packed-hashes")
+    assert await packed_only(store)
+    assert (await store.db["families"].find_one())["revoked_at"] is not None
+    assert (await store.db["sessions"].find_one())["ended_at"] is not None
+    await store.close()
+
+
+class Paused:
+    """The database as a mover sees it: after its ``at``-th operation, ``then`` runs (live
+    operations meeting the move in that state) before the mover goes on."""
+
+    def __init__(self, db, at: int, then) -> None:
+        self.db, self.at, self.then, self.operations = db, at, then, 0
+
+    def __getitem__(self, name: str) -> _PausedCollection:
+        return _PausedCollection(self, self.db[name])
+
+
+class _PausedCollection:
+    def __init__(self, owner: Paused, collection) -> None:
+        self.owner, self.collection = owner, collection
+
+    def __getattr__(self, name: str):
+        method = getattr(self.collection, name)
+
+        async def call(*args, **kwargs):
+            result = await method(*args, **kwargs)
+            self.owner.operations += 1
+            if self.owner.operations == self.owner.at:
+                await self.owner.then()
+            return result
+
+        return call
+
+
+MOVE_STEPS = 3  # a family's move: freeze, copy, delete the original
+
+
+@pytest.mark.parametrize("step", range(1, MOVE_STEPS + 1))
+async def test_after_each_step_of_a_move_the_family_serves_reads_and_rotations(step):
+    store = await format_1_store()
+    family = await new_family(store, "a")
+    await finalized(store)
+    current = family
+
+    async def live() -> None:
+        nonlocal current
+        for round_ in range(2):
+            found, grant = await store.get_family(family.family_id)
+            assert found.refresh_hash == current.refresh_hash and grant.grant_id == "g1"
+            assert (await store.find_access(current.access_hash))[0].rotations == current.rotations
+            now = utcnow()
+            rotated = await store.rotate_family(family.family_id, current.refresh_hash, pair(f"{step} {round_}", now),
+                                                now)
+            assert rotated is not None and rotated.rotations == current.rotations + 1
+            current = rotated
+
+    document = await store.db["families"].find_one()
+    await hashes.move(Paused(store.db, step, live), "families", document, utcnow())
+    assert await packed_only(store)
+    found, _ = await store.get_family(family.family_id)
+    assert (found.refresh_hash, found.rotations) == (current.refresh_hash, 2)
+    await store.close()
+
+
+@pytest.mark.parametrize("step", range(1, MOVE_STEPS + 1))
+async def test_a_sweep_after_any_step_of_a_move_revokes_the_family_for_good(step):
+    store = await format_1_store()
+    family = await new_family(store, "a")
+    await finalized(store)
+
+    async def sweep() -> None:
+        assert await store.revoke_grant_families("g1", utcnow()) in (1, 2)  # the original and its copy
+        assert (await store.get_family(family.family_id))[0].revoked_at is not None
+        assert await store.list_families("g1") == []
+
+    document = await store.db["families"].find_one()
+    await hashes.move(Paused(store.db, step, sweep), "families", document, utcnow())
+    assert await packed_only(store)
+    assert (await store.get_family(family.family_id))[0].revoked_at is not None
+    assert await store.db["families"].count_documents({}) == 1
+    await store.close()
+
+
+async def test_refreshes_and_bearer_checks_running_through_a_migration_never_miss(monkeypatch):
+    monkeypatch.setattr(migrations, "BATCH", 3)
+    store = await format_1_store()
+    families = [await new_family(store, str(index)) for index in range(12)]
+    await finalized(store)
+    failures: list[str] = []
+
+    async def live(family: Family) -> None:
+        current = family
+        for round_ in range(8):
+            now = utcnow()
+            found, _ = await store.find_access(current.access_hash)
+            if found is None or found.revoked_at is not None:
+                failures.append(f"{family.family_id[:8]}: access missed in round {round_}")
+            rotated = await store.rotate_family(family.family_id, current.refresh_hash,
+                                                pair(f"{family.family_id} {round_}", now), now)
+            if rotated is None:
+                failures.append(f"{family.family_id[:8]}: rotation missed in round {round_}")
+                return
+            current = rotated
+
+    await asyncio.gather(migrations.run(store, "packed-hashes"), migrations.run(store, "packed-hashes"),
+                         *(live(family) for family in families))
+    assert failures == []
+    assert await packed_only(store)
+    assert await store.db["families"].count_documents({}) == 12
+    for family in families:
+        found, _ = await store.get_family(family.family_id)
+        assert found.rotations == 8 and found.revoked_at is None
+    assert "packed-hashes" in (await store.db["meta"].find_one())["migrations"]
+    await store.close()
+
+
+async def test_a_migration_stopped_half_way_resumes_where_it_stood(monkeypatch):
+    monkeypatch.setattr(migrations, "BATCH", 2)
+    store = await format_1_store()
+    for index in range(7):
+        await new_family(store, str(index))
+    await finalized(store)
+    batches = 0
+
+    async def two_batches() -> bool:
+        nonlocal batches
+        batches += 1
+        return batches <= 2
+
+    seen: list[int] = []
+    assert await migrations.run(store, "packed-hashes", lambda *line: seen.append(line[2]),
+                                still_mine=two_batches) == 4
+    progress = (await store.db["meta"].find_one())["progress"]["packed-hashes"]
+    assert progress["collection"] == "families" and progress["rows"] == 4
+    assert await store.db["families"].count_documents({"_id": {"$type": "string"}}) == 3
+    assert await migrations.run(store, "packed-hashes", lambda *line: seen.append(line[2])) == 7
+    assert seen[:2] == [2, 4] and seen[-1] == 7
+    document = await store.db["meta"].find_one()
+    assert document["migrations"]["packed-hashes"]["rows"] == 7 and document["progress"] == {}
+    assert await packed_only(store)
+    await store.close()
+
+
+async def test_a_row_written_in_the_old_format_behind_a_pass_makes_another():
+    store = await format_1_store()
+    await new_family(store, "a")
+    await finalized(store)
+    late = False
+
+    def progress(name: str, collection: str, rows: int) -> None:
+        nonlocal late
+        if not late:  # a process that had not followed the compatibility version yet
+            late = True
+            store.format = replace(store.format, compatibility=1)
+            asyncio.get_running_loop().create_task(new_family(store, "late"))
+
+    assert await migrations.run(store, "packed-hashes", progress) == 2
+    assert await packed_only(store)
+    await store.close()

@@ -1,0 +1,392 @@
+"""The versioned store on the wire: the format document a store gets, the refusal of a store
+this release cannot read, lookups in either format and writes in the one the compatibility
+version says, the processes and connections the storage commands see, finalize's refusals,
+and the index rule (a retired index dropped only once no release allowed to run needs it)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import replace
+from datetime import timedelta
+
+import pytest
+from primary import Fault, Primary, wire_settings
+from pymongo import AsyncMongoClient
+
+from tokensvc import __version__
+from tokensvc.oauth import hashing
+from tokensvc.records import AuthorizationCode, Family, Pair, Session, utcnow
+from tokensvc.storage import processes, upgrade
+from tokensvc.storage.base import StoreFault
+from tokensvc.storage.format import FORMATS, Format, History, Migration
+from tokensvc.storage.mongo import MongoStore
+
+pytestmark = pytest.mark.gen_test
+
+DB = "tokensvc"
+
+
+def digest(name: str) -> str:
+    return hashing.digest(name)
+
+
+def written_by_0_9_0(primary: Primary) -> None:
+    """What a store 0.9.0 ran on holds before any later release opens it: no format document."""
+    primary.db[DB]["users"].insert_one({"_id": "u_alice", "username": "alice", "password_hash": "x", "admin": False})
+
+
+async def opened(primary: Primary, serving: bool = False, history: History | None = None) -> MongoStore:
+    store = MongoStore.from_settings(wire_settings(primary), serving=serving)
+    if history is not None:
+        store.history = history
+    await store.open()
+    return store
+
+
+def meta(primary: Primary) -> dict:
+    return primary.db[DB]["meta"].find_one({"_id": "format"})
+
+
+def raw(primary: Primary, collection: str) -> list[dict]:
+    return list(primary.db[DB][collection].find())
+
+
+def credentials(now):
+    """A code, a family and a session, keyed by real digests."""
+    code = AuthorizationCode(digest("code"), "webapp", "https://a/cb", ["read"], "u_alice", None, "x" * 43, "S256",
+                             now + timedelta(minutes=5))
+    family = Family(digest("family"), "g1", "webapp", "u_alice", None, 0, ["read"], now, digest("refresh"),
+                    digest("access"), now, now + timedelta(hours=1), now + timedelta(minutes=10), renewed_at=now)
+    session = Session(digest("session"), "u_alice", now, now + timedelta(hours=1))
+    return code, family, session
+
+
+async def write_credentials(store: MongoStore):
+    now = utcnow()
+    code, family, session = credentials(now)
+    await store.add_code(code)
+    assert await store.create_family(family)
+    await store.add_session(session)
+    return code, family, session
+
+
+# -- the format document -----------------------------------------------------------------------
+
+
+async def test_an_empty_database_starts_at_this_releases_format_with_nothing_to_migrate(primary):
+    store = await opened(primary)
+    document = meta(primary)
+    assert (document["format"], document["compatibility"]) == (2, 2)
+    assert set(document["migrations"]) == {"packed-hashes"}
+    assert [entry["release"] for entry in document["releases"]] == [__version__]
+    await write_credentials(store)
+    for collection in ("codes", "families", "sessions"):
+        assert all(isinstance(doc["_id"], bytes) for doc in raw(primary, collection))
+    family = raw(primary, "families")[0]
+    assert all(isinstance(family[field], bytes) for field in ("refresh_hash", "access_hash"))
+    await store.close()
+
+
+async def test_a_store_0_9_0_wrote_is_format_1_and_is_written_as_0_9_0_writes_it(primary):
+    written_by_0_9_0(primary)
+    store = await opened(primary)
+    document = meta(primary)
+    assert (document["format"], document["compatibility"]) == (2, 1)  # expanded, not finalized
+    assert document["migrations"] == {}
+    code, family, session = await write_credentials(store)
+    now = utcnow()
+    await store.consume_code(code.code_hash, now, family_id=family.family_id)
+    pair = Pair(digest("access 2"), digest("refresh 2"), ["read"], now, now + timedelta(hours=1),
+                now + timedelta(minutes=10))
+    await store.rotate_family(family.family_id, family.refresh_hash, pair, now)
+    # Every hash as 0.9.0 writes it: 64 hex characters, key and fields.
+    assert raw(primary, "codes")[0]["_id"] == code.code_hash and raw(primary, "codes")[0]["family_id"] == \
+        family.family_id
+    stored = raw(primary, "families")[0]
+    assert (stored["_id"], stored["refresh_hash"], stored["access_hash"], stored["previous_hash"]) == (
+        family.family_id, pair.refresh_hash, pair.access_hash, family.refresh_hash)
+    assert raw(primary, "sessions")[0]["_id"] == session.session_hash
+    assert all("_moving" not in doc for name in ("codes", "families", "sessions") for doc in raw(primary, name))
+    await store.close()
+
+
+async def test_several_processes_opening_one_store_agree_on_its_format(primary):
+    written_by_0_9_0(primary)
+    stores = await asyncio.gather(*(opened(primary) for _ in range(4)))
+    assert {(store.format.format, store.format.compatibility) for store in stores} == {(2, 1)}
+    assert primary.db[DB]["meta"].count_documents({}) == 1
+    for store in stores:
+        await store.close()
+
+
+async def test_a_store_of_a_newer_format_is_refused_in_one_line(primary):
+    await (await opened(primary)).close()
+    primary.db[DB]["meta"].update_one({"_id": "format"}, {"$set": {"format": 3, "compatibility": 3}})
+    primary.forget()
+    store = MongoStore.from_settings(wire_settings(primary))
+    with pytest.raises(StoreFault) as refused:
+        await store.open()
+    assert str(refused.value) == (f"the store holds format 3 (its compatibility version), which tokensvc {__version__} "
+                                  "cannot read (it reads formats 1 to 2): run tokensvc a later release or later")
+    assert primary.sent("createIndexes") == []  # nothing touched
+    await store.close()
+
+
+async def test_a_newer_release_expanded_but_not_finalized_still_serves_this_one(primary):
+    written_by_0_9_0(primary)
+    await (await opened(primary)).close()
+    primary.db[DB]["meta"].update_one({"_id": "format"}, {"$set": {"format": 3}})  # 0.11 opened it: a rollback
+    store = await opened(primary)
+    assert (store.format.format, store.format.compatibility) == (3, 1)  # never lowered
+    await store.close()
+
+
+async def test_a_release_that_no_longer_reads_the_stores_format_says_what_to_finish_first(primary):
+    written_by_0_9_0(primary)
+    await (await opened(primary)).close()
+    later = History(FORMATS, oldest=2, release="0.11.0")  # a release that dropped format 1's read path
+    store = MongoStore.from_settings(wire_settings(primary))
+    store.history = later
+    with pytest.raises(StoreFault, match=r"still holds rows of format 1, which tokensvc 0\.11\.0 no longer reads: "
+                                         r"finish that upgrade first with tokensvc 0\.10\.0"):
+        await store.open()
+    await store.close()
+
+
+# -- either format -----------------------------------------------------------------------------
+
+
+async def test_every_operation_keyed_by_a_hash_finds_it_in_either_format(primary):
+    """Rows written in format 1 (before finalize) are found and acted on by a process writing
+    format 2 (after it), each operation through its own path."""
+    written_by_0_9_0(primary)
+    old = await opened(primary)
+    code, family, session = await write_credentials(old)
+    primary.db[DB]["grants"].insert_one({"_id": "g1", "client_id": "webapp", "user_id": "u_alice",
+                                         "installation_id": None, "scopes": ["read"], "created_at": utcnow(),
+                                         "revoked_at": None, "generation": 0})
+    new = await opened(primary)
+    new.format = replace(new.format, compatibility=2)  # as after finalize
+    now = utcnow()
+    assert (await new.get_code(code.code_hash)).code_hash == code.code_hash
+    assert (await new.consume_code(code.code_hash, now, family_id=family.family_id)).consumed_at is None
+    found, grant = await new.get_family(family.family_id)
+    assert found.refresh_hash == family.refresh_hash and grant.grant_id == "g1"
+    assert (await new.find_access(family.access_hash))[0].family_id == family.family_id
+    await new.mark_access_used(family.family_id, family.access_hash, now)
+    assert (await new.get_family(family.family_id))[0].access_used_at is not None
+    pair = Pair(digest("access 2"), digest("refresh 2"), ["read"], now, now + timedelta(hours=1),
+                now + timedelta(minutes=10))
+    rotated = await new.rotate_family(family.family_id, family.refresh_hash, pair, now)
+    assert rotated.refresh_hash == pair.refresh_hash and rotated.previous_hash == family.refresh_hash
+    stored = raw(primary, "families")[0]
+    assert stored["_id"] == family.family_id and stored["refresh_hash"] == bytes.fromhex(pair.refresh_hash)
+    assert (await new.find_access(pair.access_hash))[0].family_id == family.family_id  # its packed access hash
+    again = Pair(digest("access 3"), digest("refresh 3"), ["read"], now, now + timedelta(hours=1),
+                 now + timedelta(minutes=10))
+    await new.families.update_one({"_id": family.family_id}, {"$set": {"access_used_at": None}})
+    assert (await new.reissue_pair(family.family_id, pair.refresh_hash, again)).access_hash == again.access_hash
+    assert [f.family_id for f in await new.list_families("g1")] == [family.family_id]
+    assert await new.revoke_access(family.family_id, again.access_hash, now)
+    assert await new.revoke_family(family.family_id, now)
+    assert (await new.get_session(session.session_hash)).user_id == "u_alice"
+    await new.touch_session(session.session_hash, now)
+    assert [s.last_seen_at for s in await new.list_user_sessions("u_alice", now)] == [now]
+    assert await new.end_session(session.session_hash, now)
+    assert await new.get_session(session.session_hash) is None
+    for store in (old, new):
+        await store.close()
+
+
+async def test_a_family_written_before_finalize_is_not_written_again_in_the_other_format(primary):
+    """The retry of an exchange whose family was written in format 1: no second family in format 2."""
+    written_by_0_9_0(primary)
+    old = await opened(primary)
+    _, family, _ = await write_credentials(old)
+    old.format = replace(old.format, compatibility=2)
+    assert not await old.create_family(family)
+    assert primary.db[DB]["families"].count_documents({}) == 1
+    await old.close()
+
+
+# -- processes and connections -----------------------------------------------------------------
+
+
+async def test_a_serving_process_is_registered_and_follows_a_raised_compatibility_version(primary, caplog):
+    written_by_0_9_0(primary)
+    store = await opened(primary, serving=True)
+    [seen] = await processes.running(store)
+    assert (seen.release, seen.reads, seen.writes) == (__version__, 2, 1)
+    primary.db[DB]["meta"].update_one({"_id": "format"}, {"$set": {"compatibility": 2}})
+    with caplog.at_level(logging.WARNING, "tokensvc.storage.processes"):
+        await store.heartbeat()
+    assert store.format.compatibility == 2 and store.pack(digest("x")) == bytes.fromhex(digest("x"))
+    assert "the store's compatibility version is now 2 (was 1): writing format 2" in caplog.text
+    assert (await processes.running(store))[0].writes == 2
+    await store.close()
+    assert primary.db[DB]["processes"].find_one()["stopped_at"] is not None
+    watcher = await opened(primary)
+    assert await processes.running(watcher) == []  # stopped
+    await watcher.close()
+
+
+async def test_a_process_that_stopped_beating_counts_as_running_for_three_heartbeats(primary):
+    store = await opened(primary)
+    now = utcnow()
+    for name, ago in (("recent", 25), ("gone", 35)):
+        primary.db[DB]["processes"].insert_one({"_id": name, "release": "0.10.0", "reads": 2, "writes": 2,
+                                                "heartbeat_seconds": 10, "host": name, "pid": 1,
+                                                "seen_at": now - timedelta(seconds=ago), "stopped_at": None})
+    assert [seen.where for seen in await processes.running(store)] == ["recent:1"]
+    await store.close()
+
+
+async def test_connections_name_their_release_and_0_9_0s_do_not(primary):
+    store = await opened(primary)
+    old = AsyncMongoClient(primary.uri(), appname="tokensvc")  # as 0.9.0 connects
+    await old.admin.command("ping")
+    found = await processes.connected(store)
+    assert {(seen.release, seen.reads) for seen in found} == {(None, 1), (__version__, 2)}
+    assert all(seen.where.startswith("127.0.0.1:") for seen in found)
+    await old.close()
+    await asyncio.sleep(0.2)  # the server sees the sockets close
+    assert {seen.release for seen in await processes.connected(store)} == {__version__}
+    primary.current_op = False
+    assert await processes.connected(store) is None
+    await store.close()
+
+
+# -- finalize and migrate ----------------------------------------------------------------------
+
+
+async def test_finalize_is_refused_for_each_thing_that_may_still_need_the_old_format(primary):
+    written_by_0_9_0(primary)
+    store = await opened(primary)
+    old = AsyncMongoClient(primary.uri(), appname="tokensvc")
+    await old.admin.command("ping")
+    now = utcnow()
+    primary.db[DB]["processes"].insert_one({"_id": "x", "release": "0.9.5", "reads": 1, "writes": 1,
+                                            "heartbeat_seconds": 10, "host": "db9", "pid": 7, "seen_at": now,
+                                            "stopped_at": None})
+    with pytest.raises(upgrade.Refused) as refused:
+        await upgrade.finalize(store)
+    message = str(refused.value)
+    assert "tokensvc 0.9.5 is running at db9:7 (it reads formats up to 1)" in message
+    assert "tokensvc 0.9.0 or earlier is connected from 127.0.0.1:" in message
+    assert meta(primary)["compatibility"] == 1
+    await old.close()
+    primary.db[DB]["processes"].delete_many({})
+    primary.current_op = False  # a server that does not say who is connected: the operator's word
+    with pytest.raises(upgrade.Refused, match="--previous-release-stopped"):
+        await upgrade.finalize(store)
+    assert (await upgrade.finalize(store, assume_stopped=True))[0] == 1
+    assert meta(primary)["compatibility"] == 2
+    await store.close()
+
+
+async def test_finalize_is_refused_before_this_release_has_opened_the_store(primary):
+    written_by_0_9_0(primary)
+    await (await opened(primary)).close()
+    primary.db[DB]["meta"].update_one({"_id": "format"}, {"$set": {"format": 1}})
+    store = MongoStore.from_settings(wire_settings(primary))  # a command line's: never opened
+    with pytest.raises(upgrade.Refused, match="no process of tokensvc .* has opened the store yet"):
+        await upgrade.finalize(store)
+    await store.close()
+
+
+async def test_finalize_is_refused_while_a_migration_the_current_version_allows_is_unfinished(primary):
+    """A backfill every running release reads (runs from the previous format) must be done
+    before the compatibility version moves on."""
+    written_by_0_9_0(primary)
+    backfill = Migration("packed-hashes", runs_from=1, summary="a migration the current version allows")
+    history = History((FORMATS[0], replace(FORMATS[1], migrations=(backfill,))), oldest=1, release=__version__)
+    store = await opened(primary, history=history)
+    with pytest.raises(upgrade.Refused, match="migration packed-hashes is unfinished: run tokensvc storage migrate"):
+        await upgrade.finalize(store)
+    assert await upgrade.migrate(store) == {"packed-hashes": 0}
+    assert (await upgrade.finalize(store))[0] == 1
+    await store.close()
+
+
+async def test_finalize_converts_every_row_and_every_credential_reads_the_same(primary):
+    written_by_0_9_0(primary)
+    store = await opened(primary)
+    code, family, session = await write_credentials(store)
+    before = (await store.get_code(code.code_hash), await store.get_family(family.family_id),
+              await store.get_session(session.session_hash))
+    assert await upgrade.migrate(store) == {}  # nothing before finalize: the conversion is its
+    lines: list[tuple[str, str, int]] = []
+    assert await upgrade.finalize(store, progress=lambda *line: lines.append(line)) == (1, {"packed-hashes": 3})
+    assert lines and lines[-1][0] == "packed-hashes" and lines[-1][2] == 3
+    for collection in ("codes", "families", "sessions"):
+        assert all(isinstance(doc["_id"], bytes) and "_moving" not in doc for doc in raw(primary, collection))
+    assert (await store.get_code(code.code_hash), await store.get_family(family.family_id),
+            await store.get_session(session.session_hash)) == before
+    document = meta(primary)
+    assert document["compatibility"] == 2 and document["migrations"]["packed-hashes"]["rows"] == 3
+    assert document["progress"] == {}
+    assert [entry["compatibility"] for entry in document["finalized"]] == [2]
+    assert await upgrade.finalize(store) == (2, {})  # once
+    await store.close()
+
+
+async def test_finalize_waits_for_every_process_to_write_the_new_format_before_converting(primary):
+    written_by_0_9_0(primary)
+    server = await opened(primary, serving=True)
+    server.registration.heartbeat_seconds = 1
+    await write_credentials(server)
+    beating = asyncio.create_task(server.registration.run(server))
+    store = await opened(primary)
+    await upgrade.finalize(store)
+    assert server.format.compatibility == 2  # it followed, then the rows were converted
+    assert primary.db[DB]["families"].count_documents({"_id": {"$type": "string"}}) == 0
+    beating.cancel()
+    await server.close()
+    await store.close()
+
+
+async def test_the_service_migrates_in_the_background_once_finalized(primary):
+    written_by_0_9_0(primary)
+    server = await opened(primary, serving=True)
+    server.registration.heartbeat_seconds = 1
+    await write_credentials(server)
+    upkeep = asyncio.create_task(server.upkeep())
+    primary.db[DB]["meta"].update_one({"_id": "format"}, {"$set": {"compatibility": 2}})  # an interrupted finalize
+    deadline = asyncio.get_running_loop().time() + 10
+    while "packed-hashes" not in meta(primary)["migrations"]:
+        assert asyncio.get_running_loop().time() < deadline
+        await asyncio.sleep(0.1)
+    assert primary.db[DB]["families"].count_documents({"_id": {"$type": "string"}}) == 0
+    assert meta(primary)["lease"] is None  # given back
+    upkeep.cancel()
+    await server.close()
+
+
+# -- indexes -----------------------------------------------------------------------------------
+
+
+RETIRING = History((*FORMATS, Format(3, "0.11.0", "users by email", retired_indexes=(("users", "username"),))),
+                   oldest=1, release="0.11.0")
+
+
+async def test_an_index_is_dropped_only_once_no_release_allowed_to_run_needs_it(primary):
+    written_by_0_9_0(primary)
+    store = await opened(primary, history=RETIRING)  # 0.11.0 expands: 0.10.0 still uses users.username
+    assert "username" in primary.db[DB]["users"].index_information()
+    primary.db[DB]["meta"].update_one({"_id": "format"}, {"$set": {"compatibility": 3}})  # finalized
+    await store.close()
+    store = await opened(primary, history=RETIRING)
+    assert "username" not in primary.db[DB]["users"].index_information()
+    await store.close()
+
+
+async def test_processes_dropping_one_index_together_all_succeed(primary):
+    primary.db[DB]["families"].create_index([("grant_id", 1)], name="grant_id")
+    # Each drop waits, so that every process has seen the index before any drops it.
+    primary.script(Fault("dropIndexes", "delay", seconds=0.3, times=4))
+    stores = await asyncio.gather(*(opened(primary) for _ in range(4)))
+    assert len(primary.sent("dropIndexes")) == 4
+    assert "grant_id" not in primary.db[DB]["families"].index_information()
+    for store in stores:
+        await store.close()

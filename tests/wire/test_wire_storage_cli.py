@@ -1,0 +1,92 @@
+"""``tokensvc storage status|migrate|finalize`` as an operator runs them, against the store of
+a config file: what they print, and a mistake as one line with exit code 1. The memory
+backend has no format: each says so and does nothing."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import pytest
+from primary import Primary
+from test_wire_format import opened, write_credentials, written_by_0_9_0
+
+from tokensvc import __version__, cli
+
+
+@pytest.fixture
+def config(tmp_path, primary):
+    path = tmp_path / "tokensvc.toml"
+    path.write_text(f'demo = true\n[storage]\nbackend = "mongodb"\nmongodb_uri = "{primary.uri()}"\n'
+                    'timeout_ms = 3000\n')
+    return str(path)
+
+
+def run(capsys, *argv: str) -> tuple[int, str, str]:
+    code = cli.main(["storage", *argv])
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+def opened_by_this_release(primary: Primary, credentials: bool = True) -> None:
+    """A process of this release opened the store (and wrote a code, a family, a session)."""
+    async def process() -> None:
+        store = await opened(primary)
+        if credentials:
+            await write_credentials(store)
+        await store.close()
+
+    asyncio.run(process())
+
+
+def test_status_says_where_the_store_stands_and_what_finalize_waits_for(primary, config, capsys):
+    written_by_0_9_0(primary)
+    opened_by_this_release(primary)
+    code, out, _ = run(capsys, "status", "--config", config)
+    assert code == 0
+    for line in ("format:         2 (the newest format of a release that opened the store)",
+                 "compatibility:  1 (written by every process; every running release must read it)",
+                 f"this release:   tokensvc {__version__}, reads formats 1 to 2",
+                 "at finalize:    packed-hashes: codes, sessions and token families keyed by the hash's 32 bytes, and "
+                 "every hash they hold packed (3 rows)",
+                 f"releases seen:  {__version__} (since ", "running processes:", "  none registered",
+                 f"  tokensvc {__version__}: ", "finalize: ready (tokensvc storage finalize)"):
+        assert line in out, out
+    code, out, _ = run(capsys, "migrate", "--config", config)
+    assert (code, out) == (0, "no migration due\npacked-hashes runs at finalize (tokensvc storage finalize): codes, "
+                              "sessions and token families keyed by the hash's 32 bytes, and every hash they hold "
+                              "packed\n")
+    code, out, err = run(capsys, "finalize", "--config", config)
+    assert code == 0
+    assert out == "finalized: compatibility 1 -> 2; every process writes format 2; packed-hashes: 3 rows converted\n"
+    assert "packed-hashes: 3 rows converted (now in families)" in err
+    code, out, _ = run(capsys, "status", "--config", config)
+    assert "compatibility:  2" in out and "migration done: packed-hashes (3 rows" in out and "finalize:" not in out
+    assert "finalized:      to 2 at " in out
+    code, out, _ = run(capsys, "finalize", "--json", "--config", config)
+    assert (code, json.loads(out)) == (0, {"compatibility": 2, "from": 2, "converted": {}})
+
+
+def test_a_refusal_is_one_line_and_exit_code_1(primary, config, capsys):
+    code, _, err = run(capsys, "finalize", "--config", config)  # nothing ever opened the store
+    assert code == 1 and err.count("\n") == 1
+    assert err.startswith("tokensvc: the store has no format document: start tokensvc serve once")
+    opened_by_this_release(primary, credentials=False)
+    primary.db["tokensvc"]["meta"].update_one({"_id": "format"}, {"$set": {"format": 3, "compatibility": 3}})
+    for command in ("finalize", "migrate"):
+        code, _, err = run(capsys, command, "--config", config)
+        assert code == 1 and err == (f"tokensvc: the store holds format 3 (its compatibility version), which tokensvc "
+                                     f"{__version__} cannot read (it reads formats 1 to 2): run tokensvc a later "
+                                     "release or later\n")
+    code, out, _ = run(capsys, "status", "--json", "--config", config)  # status still says where it stands
+    assert code == 0 and (json.loads(out)["format"], json.loads(out)["compatibility"]) == (3, 3)
+
+
+@pytest.mark.parametrize("command", ["status", "migrate", "finalize"])
+def test_the_memory_backend_has_no_format_and_each_command_says_so(tmp_path, capsys, command):
+    path = tmp_path / "tokensvc.toml"
+    path.write_text("demo = true\n")
+    code = cli.main(["storage", command, "--config", str(path)])
+    captured = capsys.readouterr()
+    assert code == 0 and captured.out == ""
+    assert captured.err.startswith("the memory backend keeps nothing across a restart: it stores no format")
