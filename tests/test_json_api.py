@@ -10,6 +10,10 @@ import logging
 import pytest
 from helpers import WEBAPP_SECRET, basic, json_of, make_config, post_form
 
+from tokensvc import __version__
+
+HEALTH = b'{"status":"ok","version":"%s"}' % __version__.encode()  # /healthz's body, as written
+
 # -- over HTTP ----------------------------------------------------------------------------
 
 NAME = 'Sternwarte Zürich 望遠鏡 "\\" \u2028 \U0001F52D'
@@ -104,7 +108,7 @@ async def test_keep_alive_serves_many_requests_on_one_connection(http_client, ba
             assert head.startswith(b"HTTP/1.1 200 OK")
             length = int(next(line.split(b":")[1] for line in head.split(b"\r\n")
                               if line.lower().startswith(b"content-length")))
-            assert await reader.readexactly(length) == b'{"status":"ok"}'
+            assert await reader.readexactly(length) == HEALTH
     finally:
         writer.close()
 
@@ -130,11 +134,11 @@ async def _exchange_raw(base_url: str, request: bytes) -> tuple[bytes, bytes, by
 async def test_the_connection_headers_tornado_adds_reach_the_client(http_server, base_url):
     # Endpoints hand Tornado a ResponseHeaders dict; the connection still adds its own.
     head, body, rest = await _exchange_raw(base_url, b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
-    assert b"\r\nConnection: close\r\n" in head and body == b'{"status":"ok"}'
+    assert b"\r\nConnection: close\r\n" in head and body == HEALTH
     assert rest == b""  # and closes it
     head, body, _ = await _exchange_raw(base_url, b"GET /healthz HTTP/1.0\r\nConnection: keep-alive\r\n\r\n")
     assert head.startswith(b"HTTP/1.1 200 OK") and b"\r\nConnection: Keep-Alive\r\n" in head
-    assert b"Transfer-Encoding" not in head and body == b'{"status":"ok"}'
+    assert b"Transfer-Encoding" not in head and body == HEALTH
 
 
 @pytest.mark.gen_test
@@ -144,4 +148,4 @@ async def test_fixed_paths_match_exactly(http_client, base_url):
         assert response.code == 404, path
         assert json_of(response) == {"detail": f"No resource at {path}"}
     response = await http_client.fetch(base_url + "/healthz?probe=1")
-    assert json_of(response) == {"status": "ok"}
+    assert json_of(response) == {"status": "ok", "version": __version__}

@@ -94,5 +94,5 @@ async def test_without_xheaders_a_header_changes_nothing(http_client, base_url, 
     with caplog.at_level(logging.INFO, logger="tokensvc.access"):
         response = await http_client.fetch(base_url + "/healthz", headers={"X-Forwarded-For": "10.1.2.3",
                                                                            "X-Real-IP": "10.1.2.3"})
-    assert json_of(response) == {"status": "ok"}
+    assert json_of(response)["status"] == "ok"
     assert any(record.getMessage().startswith("127.0.0.1 200 GET /healthz") for record in caplog.records)

@@ -16,7 +16,7 @@ from pymongo import AsyncMongoClient
 
 from tokensvc import __version__
 from tokensvc.oauth import hashing
-from tokensvc.records import AuthorizationCode, Family, Pair, Session, utcnow
+from tokensvc.records import AuthorizationCode, Client, Family, Installation, Pair, Session, User, utcnow
 from tokensvc.storage import processes, upgrade
 from tokensvc.storage.base import StoreFault
 from tokensvc.storage.format import FORMATS, Format, History, Migration
@@ -128,7 +128,7 @@ async def test_a_store_of_a_newer_format_is_refused_in_one_line(primary):
     with pytest.raises(StoreFault) as refused:
         await store.open()
     assert str(refused.value) == (f"the store holds format 3 (its compatibility version), which tokensvc {__version__} "
-                                  "cannot read (it reads formats 1 to 2): run tokensvc a later release or later")
+                                  "cannot read (it reads formats 1 to 2): run a later release, one that reads format 3")
     assert primary.sent("createIndexes") == []  # nothing touched
     await store.close()
 
@@ -210,6 +210,21 @@ async def test_a_family_written_before_finalize_is_not_written_again_in_the_othe
     await old.close()
 
 
+async def test_a_field_a_later_release_added_survives_this_ones_writes(primary):
+    """What 0.9.0 did not do (it replaced whole documents): a rollout of a release that adds a
+    field keeps it whichever release writes the record meanwhile."""
+    store = await opened(primary)
+    for collection, key in (("clients", "webapp"), ("users", "u_alice"), ("installations", "scope")):
+        primary.db[DB][collection].insert_one({"_id": key, "added_later": "kept"})
+    await store.put_client(Client("webapp", "Web", ["https://a/cb"]))
+    await store.put_user(User("u_alice", "alice", "scrypt$x"))
+    await store.put_installation(Installation("scope", "Scope", "telescope"))
+    for collection in ("clients", "users", "installations"):
+        assert primary.db[DB][collection].find_one()["added_later"] == "kept"
+    assert (await store.get_client("webapp")).name == "Web" and (await store.get_user("u_alice")).username == "alice"
+    await store.close()
+
+
 # -- processes and connections -----------------------------------------------------------------
 
 
@@ -255,6 +270,25 @@ async def test_connections_name_their_release_and_0_9_0s_do_not(primary):
     primary.current_op = False
     assert await processes.connected(store) is None
     await store.close()
+
+
+async def test_through_mongos_the_connections_are_not_known():
+    """A router lists the operations running on the shards, not the clients idle behind it:
+    no answer, rather than an incomplete one that would say no 0.9.0 process runs."""
+    class Router:
+        def __getitem__(self, name):
+            return None
+
+        async def command(self, name):
+            return {"ok": 1, "msg": "isdbgrid"}
+
+    class Client:
+        admin = None  # never asked
+
+        def get_database(self, name, **options):
+            return Router()
+
+    assert await processes.connected(MongoStore(Client(), DB)) is None
 
 
 # -- finalize and migrate ----------------------------------------------------------------------

@@ -76,8 +76,8 @@ def test_a_refusal_is_one_line_and_exit_code_1(primary, config, capsys):
     for command in ("finalize", "migrate"):
         code, _, err = run(capsys, command, "--config", config)
         assert code == 1 and err == (f"tokensvc: the store holds format 3 (its compatibility version), which tokensvc "
-                                     f"{__version__} cannot read (it reads formats 1 to 2): run tokensvc a later "
-                                     "release or later\n")
+                                     f"{__version__} cannot read (it reads formats 1 to 2): run a later release, "
+                                     "one that reads format 3\n")
     code, out, _ = run(capsys, "status", "--json", "--config", config)  # status still says where it stands
     assert code == 0 and (json.loads(out)["format"], json.loads(out)["compatibility"]) == (3, 3)
 

@@ -133,7 +133,7 @@ class History:
         return StoreFormat(self.newest, self.newest, {m.name: {"done_at": now, "rows": 0} for m in self.migrations})
 
     def first_release_of(self, version: int) -> str:
-        return next((entry.release for entry in self.formats if entry.version == version), "a later release")
+        return next(entry.release for entry in self.formats if entry.version == version)
 
     def newest_format_of(self, release: str | None) -> int:
         """The newest format ``release`` reads: by the history for a release this one knows; at
@@ -158,8 +158,8 @@ class History:
         """Why this release must not serve from the store, or None."""
         if state.compatibility > self.newest:
             return (f"the store holds format {state.compatibility} (its compatibility version), which tokensvc "
-                    f"{self.release} cannot read (it reads formats {self.oldest} to {self.newest}): run tokensvc "
-                    f"{self.first_release_of(state.compatibility)} or later")
+                    f"{self.release} cannot read (it reads formats {self.oldest} to {self.newest}): run a later "
+                    f"release, one that reads format {state.compatibility}")
         unconverted = [m.name for entry in self.formats if entry.version <= self.oldest for m in entry.migrations
                        if not state.done(m.name)]
         if state.compatibility < self.oldest or unconverted:

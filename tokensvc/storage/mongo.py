@@ -418,6 +418,14 @@ class _Mapper:
         document["_id"] = document.pop(self.key)
         return document
 
+    def setting(self, record: Any) -> dict[str, Any]:
+        """The update that writes every field this release knows and keeps the others: a field a
+        later release added survives this one's writes (0.9.0 replaced whole documents, and
+        dropped them)."""
+        document = self.doc(record)
+        del document["_id"]
+        return {"$set": document}
+
     def record(self, document: dict[str, Any] | None) -> Any:
         if document is None:
             return None
@@ -694,7 +702,7 @@ class MongoStore(Store):
 
     @guarded(RERUN)
     async def put_client(self, client: Client) -> None:
-        await self.clients.replace_one({"_id": client.client_id}, CLIENTS.doc(client), upsert=True)
+        await self.clients.update_one({"_id": client.client_id}, CLIENTS.setting(client), upsert=True)
 
     @guarded(RERUN)
     async def delete_client(self, client_id: str) -> bool:
@@ -729,7 +737,7 @@ class MongoStore(Store):
 
     @guarded(RERUN)
     async def put_user(self, user: User) -> None:
-        await self.users.replace_one({"_id": user.user_id}, USERS.doc(user), upsert=True)
+        await self.users.update_one({"_id": user.user_id}, USERS.setting(user), upsert=True)
 
     @guarded(RERUN)
     async def delete_user(self, user_id: str) -> bool:
@@ -747,8 +755,8 @@ class MongoStore(Store):
 
     @guarded(RERUN)
     async def put_installation(self, installation: Installation) -> None:
-        await self.installations.replace_one({"_id": installation.installation_id},
-                                             INSTALLATIONS.doc(installation), upsert=True)
+        await self.installations.update_one({"_id": installation.installation_id},
+                                            INSTALLATIONS.setting(installation), upsert=True)
 
     @guarded(RERUN)
     async def delete_installation(self, installation_id: str) -> bool:

@@ -16,12 +16,12 @@ Clocks are assumed to agree within a heartbeat (NTP).
 connections: every tokensvc process names its release to MongoDB in the handshake's
 ``appName`` (0.9.0 says ``tokensvc``; later releases ``tokensvc/<release>``), and
 ``$currentOp`` with ``idleConnections`` lists the connections of the user running it with
-their ``appName`` and client address; no privilege beyond ``readWrite`` is needed for one's
-own user. A 0.9.0 process keeps at least its monitoring connection to the primary open, so it
-is seen as long as it runs. The limits: processes connecting as another database user are not
-seen (unless the user running the command has ``inprog``: then every user's are); through
-``mongos`` only what the router reached reports; a server that refuses ``$currentOp`` gives no
-answer (None), and then finalize needs the operator's word (``--previous-release-stopped``).
+their ``appName`` and client address; on a replica set no privilege beyond ``readWrite`` is
+needed for one's own user. A 0.9.0 process keeps at least its monitoring connection to the
+primary open, so it is seen as long as it runs. The limits: processes connecting as another
+database user are not seen; through ``mongos`` the clients idle behind the routers are not
+listed, so there the check gives no answer (None), as does a server that refuses
+``$currentOp``, and finalize needs the operator's word (``--previous-release-stopped``).
 """
 
 from __future__ import annotations
@@ -135,7 +135,10 @@ async def recent(store: MongoStore) -> list[dict[str, Any]]:
 
 async def connected(store: MongoStore) -> list[Seen] | None:
     """The connections of tokensvc processes the server reports (``$currentOp``), by release;
-    None when it will not say (not authorized, or no such stage)."""
+    None when it cannot tell: a ``mongos`` (which lists the operations running on the shards,
+    not the clients idle behind it), or a server that refuses (not authorized, no such stage)."""
+    if (await store.db.command("hello")).get("msg") == "isdbgrid":
+        return None
     try:
         cursor = store.client.admin.aggregate([
             {"$currentOp": {"idleConnections": True}},
