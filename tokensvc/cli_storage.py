@@ -14,6 +14,7 @@ import asyncio
 import json
 import sys
 from collections.abc import Awaitable, Callable
+from datetime import UTC, datetime
 from typing import Any
 
 from tokensvc.cli_admin import CommandError, StoreFactory, load_settings, table
@@ -70,7 +71,7 @@ def _status_json(found: Any) -> dict[str, Any]:
         "format": state.format, "compatibility": state.compatibility,
         "release": history.release, "reads": [history.oldest, history.newest],
         "migrations": {
-            "done": {name: {"doneAt": str(done.get("done_at")), "rows": done.get("rows")}
+            "done": {name: {"doneAt": _when(done.get("done_at")), "rows": done.get("rows")}
                      for name, done in state.migrations.items()},
             "runnable": [{"name": m.name, "rowsLeft": found.left.get(m.name), "summary": m.summary}
                          for m in found.runnable],
@@ -79,16 +80,24 @@ def _status_json(found: Any) -> dict[str, Any]:
             "progress": {name: {"rows": where.get("rows"), "collection": where.get("collection")}
                          for name, where in state.progress.items()},
         },
-        "releasesSeen": [{"release": entry.get("release"), "firstSeen": str(entry.get("first_seen"))}
+        "releasesSeen": [{"release": entry.get("release"), "firstSeen": _when(entry.get("first_seen"))}
                          for entry in state.releases],
-        "finalized": [{"compatibility": entry.get("compatibility"), "at": str(entry.get("at")),
+        "finalized": [{"compatibility": entry.get("compatibility"), "at": _when(entry.get("at")),
                        "release": entry.get("release")} for entry in state.finalized],
         "running": [{"release": seen.release, "where": seen.where, "writes": seen.writes,
-                     "seenAt": str(seen.seen_at)} for seen in found.running],
+                     "seenAt": _when(seen.seen_at)} for seen in found.running],
         "connections": None if found.connections is None else [
             {"release": seen.release, "client": seen.where} for seen in found.connections],
         "finalizeBlockers": found.blockers,
     }
+
+
+def _when(value: Any) -> str:
+    """A time as the logs write it (ISO 8601, UTC, to the second)."""
+    if not isinstance(value, datetime):
+        return "-" if value is None else str(value)
+    value = value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+    return value.strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def _status_text(found: Any) -> str:
@@ -99,17 +108,18 @@ def _status_text(found: Any) -> str:
         f"this release:   tokensvc {history.release}, reads formats {history.oldest} to {history.newest}",
     ]
     for name, done in state.migrations.items():
-        lines.append(f"migration done: {name} ({done.get('rows')} rows, {done.get('done_at')})")
+        lines.append(f"migration done: {name} ({done.get('rows')} rows, {_when(done.get('done_at'))})")
     for migration in found.runnable:
         lines.append(f"migration due:  {migration.name}, {found.left.get(migration.name)} rows left: "
                      "tokensvc storage migrate (the service also runs it in the background)")
     for migration in found.waiting:
         lines.append(f"at finalize:    {migration.name}: {migration.summary} ({found.left.get(migration.name)} rows)")
-    seen = ", ".join(f"{entry.get('release')} (since {entry.get('first_seen')})" for entry in state.releases)
+    seen = ", ".join(f"{entry.get('release')} (since {_when(entry.get('first_seen'))})" for entry in state.releases)
     lines.append(f"releases seen:  {seen or '-'}")
     for entry in state.finalized:
-        lines.append(f"finalized:      to {entry.get('compatibility')} at {entry.get('at')} by {entry.get('release')}")
-    rows = [[f"tokensvc {seen.name}", seen.where, str(seen.writes), str(seen.seen_at)] for seen in found.running]
+        lines.append(f"finalized:      to {entry.get('compatibility')} at {_when(entry.get('at'))} by "
+                     f"{entry.get('release')}")
+    rows = [[f"tokensvc {seen.name}", seen.where, str(seen.writes), _when(seen.seen_at)] for seen in found.running]
     lines += ["", "running processes:", table(rows, ["release", "host:pid", "writes", "last heartbeat"])
               if rows else "  none registered"]
     if found.connections is None:

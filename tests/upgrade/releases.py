@@ -12,7 +12,6 @@ from __future__ import annotations
 import configparser
 import importlib.metadata
 import io
-import os
 import subprocess
 import sys
 import tarfile
@@ -36,7 +35,8 @@ class Release:
 
 @dataclass(frozen=True)
 class Installed:
-    """How to run a release: its interpreter, its environment, where to start it from."""
+    """How to run a release: its interpreter, what it adds to the environment, where to start it
+    from."""
 
     version: str
     python: str
@@ -79,17 +79,16 @@ def install(release: Release, into: Path) -> Installed:
     archive = subprocess.run(["git", "archive", "--format=tar", release.commit, "tokensvc", "setup.cfg",
                               "pyproject.toml"], cwd=ROOT, capture_output=True, check=True).stdout
     with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
-        tar.extractall(tree, filter="data")
+        # The project's own history; the "data" filter where this Python has it (3.11.4 on).
+        tar.extractall(tree, **({"filter": "data"} if hasattr(tarfile, "data_filter") else {}))
     setup = configparser.ConfigParser()
     setup.read(tree / "setup.cfg")
     requirements = [line.strip() for line in setup["options"]["install_requires"].splitlines() if line.strip()]
-    clean = {key: value for key, value in os.environ.items()
-             if not key.startswith("TOKENSVC_") and key != "PYTHONPATH"}
     if not unmet(requirements):
-        return Installed(release.version, sys.executable, {**clean, "PYTHONPATH": str(tree)}, tree)
+        return Installed(release.version, sys.executable, {"PYTHONPATH": str(tree)}, tree)
     venv = ROOT / ".venv" / "releases" / release.version
     if not (venv / ".installed").exists():
         subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
         subprocess.run([str(venv / "bin" / "python"), "-m", "pip", "install", "--quiet", str(tree)], check=True)
         (venv / ".installed").touch()
-    return Installed(release.version, str(venv / "bin" / "python"), clean, tree.parent)
+    return Installed(release.version, str(venv / "bin" / "python"), {"PYTHONPATH": ""}, tree.parent)

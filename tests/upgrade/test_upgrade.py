@@ -58,7 +58,8 @@ class Deployment:
 
     def config(self) -> str:
         """A config file of this release's processes (the storage commands read the store from it)."""
-        return str(next(self.tmp.getbasetemp().glob("current*/tokensvc.toml")))
+        current = next(service for service in self.services if "current" in service.log_path.parent.name)
+        return str(current.log_path.parent / "tokensvc.toml")
 
     def close(self) -> list[str]:
         return [service.stop() for service in self.services if service.process.poll() is None]

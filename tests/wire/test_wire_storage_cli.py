@@ -70,7 +70,8 @@ def test_status_says_where_the_store_stands_and_what_finalize_waits_for(primary,
 def test_a_refusal_is_one_line_and_exit_code_1(primary, config, capsys):
     code, _, err = run(capsys, "finalize", "--config", config)  # nothing ever opened the store
     assert code == 1 and err.count("\n") == 1
-    assert err.startswith("tokensvc: the store has no format document: start tokensvc serve once")
+    assert err.startswith("tokensvc: the store has no format document: 0.9.0 wrote it (format 1), or it is empty; "
+                          "the first tokensvc serve of this release records its format")
     opened_by_this_release(primary, credentials=False)
     primary.db["tokensvc"]["meta"].update_one({"_id": "format"}, {"$set": {"format": 3, "compatibility": 3}})
     for command in ("finalize", "migrate"):

@@ -92,8 +92,8 @@ class Registration:
         then renew the entry, saying which format this process writes."""
         state = await store_format.read(store.db)
         if state is not None and state.compatibility != store.format.compatibility:
-            log.warning("the store's compatibility version is now %d (was %d): writing format %d",
-                        state.compatibility, store.format.compatibility, state.compatibility)
+            log.info("the store's compatibility version is now %d (was %d): writing format %d",
+                     state.compatibility, store.format.compatibility, state.compatibility)
             store.format = state
             await store.drop_retired_indexes()
         elif state is not None:

@@ -53,8 +53,8 @@ async def current(store: MongoStore) -> StoreFormat:
     await store.check_primary()
     state = await store_format.read(store.db)
     if state is None:
-        raise Refused("the store has no format document: start tokensvc serve once (it records the format of what "
-                      "it finds), then run this command again")
+        raise Refused("the store has no format document: 0.9.0 wrote it (format 1), or it is empty; the first "
+                      "tokensvc serve of this release records its format: start one, then run this command again")
     return state
 
 
