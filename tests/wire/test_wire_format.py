@@ -365,11 +365,18 @@ async def test_finalize_converts_every_row_and_every_credential_reads_the_same(p
     await store.close()
 
 
-async def test_finalize_waits_for_every_process_to_write_the_new_format_before_converting(primary):
+async def serving_on_a_0_9_0_store(primary: Primary) -> MongoStore:
+    """A serving process of this release (a heartbeat a second) on a store 0.9.0 wrote, with a
+    code, a family and a session written before finalize."""
     written_by_0_9_0(primary)
     server = await opened(primary, serving=True)
     server.registration.heartbeat_seconds = 1
     await write_credentials(server)
+    return server
+
+
+async def test_finalize_waits_for_every_process_to_write_the_new_format_before_converting(primary):
+    server = await serving_on_a_0_9_0_store(primary)
     beating = asyncio.create_task(server.registration.run(server))
     store = await opened(primary)
     await upgrade.finalize(store)
@@ -381,10 +388,7 @@ async def test_finalize_waits_for_every_process_to_write_the_new_format_before_c
 
 
 async def test_the_service_migrates_in_the_background_once_finalized(primary):
-    written_by_0_9_0(primary)
-    server = await opened(primary, serving=True)
-    server.registration.heartbeat_seconds = 1
-    await write_credentials(server)
+    server = await serving_on_a_0_9_0_store(primary)
     upkeep = asyncio.create_task(server.upkeep())
     primary.db[DB]["meta"].update_one({"_id": "format"}, {"$set": {"compatibility": 2}})  # an interrupted finalize
     deadline = asyncio.get_running_loop().time() + 10
