@@ -111,10 +111,10 @@ async def move(db: Any, collection: str, document: dict[str, Any], now: datetime
         if document.get(MOVING) is not None:
             await finish(db, collection, document)
             return True
-        hashes = {field: document.get(field) for field in HASHED[collection][1:]}
+        held = {field: document.get(field) for field in HASHED[collection][1:]}
         frozen = await source.find_one_and_update(
-            {"_id": key, **NOT_FROZEN, **hashes},
-            {"$set": {MOVING: now, **{field: unpacked(value) for field, value in hashes.items()}}},
+            {"_id": key, **NOT_FROZEN, **held},
+            {"$set": {MOVING: now, **{field: unpacked(value) for field, value in held.items()}}},
             return_document=ReturnDocument.AFTER)
         if frozen is not None:
             await finish(db, collection, frozen)

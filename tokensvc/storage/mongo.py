@@ -223,6 +223,22 @@ class _Sessioned:
         return call
 
 
+class _SessionedDatabase:
+    """The database, its collections :class:`_Sessioned` (the storage commands' and the
+    migrations' work runs in the current operation's session too)."""
+
+    __slots__ = ("_db",)
+
+    def __init__(self, db: Any) -> None:
+        self._db = db
+
+    def __getitem__(self, name: str) -> _Sessioned:
+        return _Sessioned(self._db[name])
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._db, name)
+
+
 class CausalClock:
     """The latest cluster and operation time this process has seen, handed to each new
     session (so a read waits for every write acknowledged before it, whichever request made
@@ -484,6 +500,7 @@ class MongoStore(Store):
         db = client.get_database(database, write_concern=WriteConcern("majority", j=True, wtimeout=timeout_ms),
                                  read_preference=ReadPreference.PRIMARY, read_concern=ReadConcern("majority"))
         self._db = db
+        self._sessioned_db = _SessionedDatabase(db) if causal else db
         self.clock = CausalClock() if causal else None
         wrap = _Sessioned if causal else (lambda collection: collection)
         self.clients, self.users, self.installations = wrap(db["clients"]), wrap(db["users"]), wrap(db["installations"])
@@ -503,8 +520,9 @@ class MongoStore(Store):
 
     @property
     def db(self) -> Any:
-        """The database (the storage commands and the process registry work on it directly)."""
-        return self._db
+        """The database, in the current operation's causally consistent session (the storage
+        commands, the migrations and the process registry work on it directly)."""
+        return self._sessioned_db
 
     @property
     def client(self) -> Any:
@@ -565,7 +583,7 @@ class MongoStore(Store):
         if self.registration is not None:  # before the format is read: see storage/processes.py
             await self.registration.announce(self)
         now = utcnow()
-        state = await store_format.recorded(self._db, self.history, now)
+        state = await store_format.recorded(self.db, self.history, now)
         refusal = self.history.refusal(state)
         if refusal is not None:
             raise StoreFault(refusal)
@@ -583,7 +601,7 @@ class MongoStore(Store):
         await self.drop_retired_indexes()
         if conflicts:
             raise StoreFault("; ".join(conflicts))
-        self.format = await store_format.expanded(self._db, self.history, now)
+        self.format = await store_format.expanded(self.db, self.history, now)
         self._tell_format()
         if self.registration is not None:
             await self.registration.beat(self)
@@ -861,7 +879,7 @@ class MongoStore(Store):
             with pymongo.timeout(self.budget):  # a read: the server stops at the budget too
                 frozen = await self._db_collection(collection).find_one(hashes.frozen(key))
             if frozen is not None:
-                await hashes.finish(self._db, collection, frozen)
+                await hashes.finish(self.db, collection, frozen)
                 result = await write()
         return result
 
