@@ -9,8 +9,9 @@ metric ``tokensvc_store_migration_rows`` show. Each row's conversion is idempote
 beside live writes and beside another pass doing the same, so two ``tokensvc storage
 migrate`` commands, or one beside the processes' background migration, only share the work.
 
-A pass counts only once every running process writes what the migration's output is (the
-compatibility version it runs from): then no row of the old form can appear behind it. It ends
+A pass is started only once every running process writes what the migration's output is (the
+compatibility version it runs from; :func:`wait_for_processes`, and the background's own
+check): then no row of the old form can appear behind it. It ends
 by counting what is left in the old form through the ``_id`` index; a row found there (written
 by a process that had not yet followed the compatibility version) makes another pass.
 

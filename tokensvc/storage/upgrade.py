@@ -80,9 +80,8 @@ def _blockers(store: MongoStore, state: StoreFormat, running: list[processes.See
     history, target = store.history, store.history.newest
     if state.compatibility >= target:
         return []
-    reasons = []
-    if history.refusal(state):
-        reasons.append(history.refusal(state) or "")
+    refusal = history.refusal(state)
+    reasons = [refusal] if refusal else []
     if state.format < target:
         reasons.append(f"no process of tokensvc {history.release} has opened the store yet (its indexes are not "
                        "made): upgrade the service first")
