@@ -48,14 +48,24 @@ def _git(*args: str) -> str:
     return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True, check=True).stdout
 
 
+# Each release's commit, as its tag names it: a checkout that came without tags (a CI system
+# that fetches the branch alone) still finds the previous release in the history it has.
+RELEASED = {"0.9.0": "d4258688babc12003c53eb7cedce5822dd5b3650"}
+
+
 def previous(current: str = __version__) -> Release:
-    tags = [tag for tag in _git("tag", "--list", "v*", "--merged", "HEAD").split()
-            if release_key(tag[1:]) < release_key(current)]
-    if not tags:
-        raise AssertionError(f"no release tag v<version> before {current} on this branch: the upgrade tier needs "
-                             "the previous release's tag (git fetch --tags)")
-    tag = max(tags, key=lambda name: release_key(name[1:]))
-    return Release(tag[1:], tag, _git("rev-parse", f"{tag}^{{commit}}").strip())
+    tags = {tag[1:]: tag for tag in _git("tag", "--list", "v*", "--merged", "HEAD").split()}
+    versions = [version for version in {*tags, *RELEASED} if release_key(version) < release_key(current)]
+    if not versions:
+        raise AssertionError(f"no release before {current} is known: tag it v<version> and add it to RELEASED")
+    version = max(versions, key=release_key)
+    if version in tags:
+        return Release(version, tags[version], _git("rev-parse", f"{tags[version]}^{{commit}}").strip())
+    commit = RELEASED[version]
+    if subprocess.run(["git", "cat-file", "-e", f"{commit}^{{commit}}"], cwd=ROOT).returncode != 0:
+        raise AssertionError(f"release {version} ({commit}) is not in this checkout's history: the upgrade tier "
+                             "needs it (git fetch --unshallow --tags)")
+    return Release(version, f"v{version}", commit)
 
 
 def unmet(requirements: list[str]) -> list[str]:

@@ -16,6 +16,7 @@ import json
 import time
 from urllib.parse import parse_qs, urlencode, urljoin, urlsplit
 
+import releases
 import requests
 from helpers import CHALLENGE, VERIFIER
 from primary import Primary
@@ -285,3 +286,13 @@ def test_processes_of_this_release_starting_together_drop_a_retired_index_once(p
     finally:
         outputs = deployment.close()
     assert not any("Traceback" in output for output in outputs), outputs
+
+
+def test_each_release_is_found_by_its_tag_and_without_it(monkeypatch):
+    # A checkout without tags still finds the previous release by its recorded commit; with
+    # tags, the tag and the record name the same commit.
+    found = releases.previous()
+    assert found.commit == releases.RELEASED[found.version]
+    real_git = releases._git
+    monkeypatch.setattr(releases, "_git", lambda *args: "" if args[0] == "tag" else real_git(*args))
+    assert releases.previous() == found
