@@ -60,11 +60,11 @@ first_party = true
 
 [[users]]
 username = "alice"
-password = "alice-e2e-password"
+password = "violet-tide-anchor"
 
 [[users]]
 username = "bob"
-password = "bob-e2e-password"
+password = "copper-fern-meadow"
 
 [[installations]]
 installation_id = "backyard-scope"
@@ -164,7 +164,7 @@ def hidden_fields(html: str) -> dict[str, str]:
             for name, value in re.findall(r'<input type="hidden" name="([^"]+)" value="([^"]*)"', html)}
 
 
-def user_agent_authorize(authorization_url: str, decision: str = "allow", password: str = "alice-e2e-password",
+def user_agent_authorize(authorization_url: str, decision: str = "allow", password: str = "violet-tide-anchor",
                          username: str = "alice") -> str:
     """Follow the authorization URL as a browser would: sign in, answer consent, and return
     the final redirect to the client (not followed: the caller decides)."""

@@ -28,7 +28,7 @@ from tokensvc.app import ADMIN_ROUTES
 
 pytestmark = pytest.mark.e2e
 
-ROOT = '\n[[users]]\nusername = "root"\npassword = "root-e2e-password"\nadmin = true\n'
+ROOT = '\n[[users]]\nusername = "root"\npassword = "quartz-river-beacon"\nadmin = true\n'
 
 
 @pytest.fixture(scope="module")
@@ -37,10 +37,10 @@ def service(tmp_path_factory):
     yield service
     output = service.stop()
     assert service.returncode == 0, output
-    assert "root-e2e-password" not in output
+    assert "quartz-river-beacon" not in output
 
 
-def sign_in_in_a_browser(url: str, username: str = "root", password: str = "root-e2e-password") -> None:
+def sign_in_in_a_browser(url: str, username: str = "root", password: str = "quartz-river-beacon") -> None:
     """What the operator does in the browser ``tokensvc login`` opened: sign in, and land on
     the command line's loopback port (in a thread: the command line serves it meanwhile)."""
 
@@ -157,7 +157,7 @@ def test_login_keeps_the_refresh_token_for_its_owner_alone(service, credentials)
 
 def test_login_as_someone_who_is_not_an_admin_is_refused_in_one_line(service, tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("TOKENSVC_CREDENTIALS", str(tmp_path / "credentials.json"))
-    monkeypatch.setattr("webbrowser.open", lambda url: sign_in_in_a_browser(url, "alice", "alice-e2e-password"))
+    monkeypatch.setattr("webbrowser.open", lambda url: sign_in_in_a_browser(url, "alice", "violet-tide-anchor"))
     assert cli.main(["login", "--url", service.admin]) == 1
     prompt, address, refusal = capsys.readouterr().err.splitlines()
     assert prompt == "Sign in as an administrator in your browser:"
@@ -288,7 +288,7 @@ def test_headless_automation_with_a_refresh_token_file(service, tmp_path):
     url = service.base + "/oauth/authorize?" + urlencode({
         "response_type": "code", "client_id": "tokensvc-cli", "redirect_uri": redirect, "scope": "admin",
         "state": "s", "code_challenge": challenge, "code_challenge_method": "S256"})
-    code = parse_qs(urlsplit(user_agent_authorize(url, username="root", password="root-e2e-password")).query)["code"]
+    code = parse_qs(urlsplit(user_agent_authorize(url, username="root", password="quartz-river-beacon")).query)["code"]
     tokens = requests.post(service.base + "/oauth/token", timeout=10, data={
         "grant_type": "authorization_code", "code": code[0], "redirect_uri": redirect, "code_verifier": verifier,
         "client_id": "tokensvc-cli"}).json()

@@ -49,7 +49,7 @@ from selenium.webdriver.common.by import By  # noqa: E402
 from selenium.webdriver.support import expected_conditions  # noqa: E402
 from selenium.webdriver.support.ui import WebDriverWait  # noqa: E402
 
-PASSWORDS = {"alice": "alice-e2e-password", "bob": "bob-e2e-password"}
+PASSWORDS = {"alice": "violet-tide-anchor", "bob": "copper-fern-meadow"}
 
 
 # A browser app (a public client's page): with the code it received, it runs the rest of the

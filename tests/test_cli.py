@@ -133,19 +133,19 @@ def test_duplicate_client_name_and_username(run):
     assert run("clients", "add", "--name", "Dup", "--redirect-uri", "https://d/cb")[0] == 0
     code, _, err = run("clients", "add", "--name", "dup", "--redirect-uri", "https://d/cb")
     assert code == 1 and err == "tokensvc: a client named 'dup' already exists\n"
-    assert run("users", "add", "carol", "--password-stdin", stdin="carol-password\n")[0] == 0
+    assert run("users", "add", "carol", "--password-stdin", stdin="meadow-planet-violin\n")[0] == 0
     code, _, err = run("users", "add", "carol", "--password-stdin", stdin="other-password\n")
     assert code == 1 and err == "tokensvc: a user named 'carol' already exists\n"
 
 
 def test_users_round_trip(run, mongo):
-    code, out, err = run("users", "add", "dave", "--admin", "--password-stdin", stdin="dave-telescope-night\n",
+    code, out, err = run("users", "add", "dave", "--admin", "--password-stdin", stdin="telescope-night-harbor\n",
                          json_out=True)
     assert code == 0, err
     assert out["username"] == "dave" and out["admin"] is True
     doc = stored(mongo, "users")[0]
-    assert doc["password_hash"].startswith("scrypt$") and "dave-telescope-night" not in repr(doc)
-    assert hashing.verify_password("dave-telescope-night", doc["password_hash"])
+    assert doc["password_hash"].startswith("scrypt$") and "telescope-night-harbor" not in repr(doc)
+    assert hashing.verify_password("telescope-night-harbor", doc["password_hash"])
     code, out, _ = run("users", "list")
     assert "dave" in out and "yes" in out
     code, out, _ = run("users", "set-password", "dave", "--password-stdin", stdin="orbit-lantern-quiet\n",
@@ -167,7 +167,8 @@ def test_password_never_from_a_flag_and_not_from_a_pipe_without_the_option(run):
     assert code == 1 and "at least 8 characters" in err
 
 
-@pytest.mark.parametrize("weak", ["password", "12345678", "aaaaaaaa", "eve12345", "tokensvc1", "Password1"])
+@pytest.mark.parametrize("weak", ["password", "12345678", "aaaaaaaa", "eve12345", "tokensvc1", "Password1",
+                                  "tokensvc-eve-planet-lantern", "Eve_2026_quiet_harbor", "quiet-harbor-TOKEN-svc"])
 def test_common_and_context_passwords_are_refused_with_a_reason(run, weak):
     """NIST SP 800-63B §5.1.1.2: common and breached passwords, and ones built from the
     username or the service's name, are refused in one line that says why."""
@@ -181,7 +182,7 @@ def test_common_and_context_passwords_are_refused_with_a_reason(run, weak):
 
 
 def test_installations_round_trip(run):
-    run("users", "add", "frank", "--password-stdin", stdin="frank-password\n")
+    run("users", "add", "frank", "--password-stdin", stdin="lantern-quiet-meadow\n")
     code, out, err = run("installations", "add", "dome-1", "--name", "Dome 1", "--kind", "observatory",
                          "--operator", "frank", json_out=True)
     assert code == 0, err
@@ -244,7 +245,8 @@ def test_config_check_masks_secrets(capsys):
     out, err = capsys.readouterr()
     data = json.loads(out)
     assert data["cookie_secret"] == "***" and all(c["client_secret"] in (None, "***") for c in data["clients"])
-    assert "demo-secret" not in out and "demo-password" not in out and "OK" in err
+    assert "demo-secret" not in out and "OK" in err
+    assert "amber-comet-lantern" not in out and "granite-harbor-ember" not in out  # the demo's passwords
     assert cli.main(["config", "check", "--config", "config/tokensvc.toml"]) == 0
     text = capsys.readouterr().out
     assert 'storage.backend = "memory"' in text and 'cookie_secret = "***"' in text

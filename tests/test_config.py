@@ -129,7 +129,10 @@ def test_redirect_uris_that_are_allowed(tmp_path, uri):
     assert config.load(path, environ={}).clients[0].redirect_uris == [uri]
 
 
-@pytest.mark.parametrize("weak", ["password", "12345678", "carol2024", "tokensvc12"])
+@pytest.mark.parametrize("weak", ["password", "12345678", "carol2024", "tokensvc12",
+                                  # the username or the service's name, whatever separators, digits or case
+                                  "tokensvc-carol", "carol_tokensvc_2026", "CAROL-orbit-lantern",
+                                  "orbit.lantern.tokens-vc"])
 def test_a_weak_password_in_the_config_is_refused(weak):
     with pytest.raises(ConfigError, match=r"^users\[0\]\.password: this password is too easy to guess"):
         config.from_dict({"demo": True, "users": [{"username": "carol", "password": weak}]})

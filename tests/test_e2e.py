@@ -23,7 +23,7 @@ def service(tmp_path_factory):
     yield service.base
     output = service.stop()
     # The service logs no secret, and shuts down cleanly on SIGTERM.
-    assert WEBAPP_SECRET not in output and "alice-e2e-password" not in output
+    assert WEBAPP_SECRET not in output and "violet-tide-anchor" not in output
     assert service.returncode == 0, output
 
 

@@ -27,7 +27,7 @@ class Flows:
 
     def __init__(self, base: str) -> None:
         self.base = base
-        self.used: set[str] = {WEBAPP_SECRET, "alice-e2e-password"}
+        self.used: set[str] = {WEBAPP_SECRET, "violet-tide-anchor"}
         self.agent = requests.Session()
 
     def secret(self, value: str) -> str:
@@ -50,7 +50,7 @@ class Flows:
                                           "password": self.secret("wrong-" + secrets.token_hex(8))})
             assert wrong.status_code == 401
             response = self.agent.post(self.base + "/login",
-                                       data={**form, "username": "alice", "password": "alice-e2e-password"},
+                                       data={**form, "username": "alice", "password": "violet-tide-anchor"},
                                        allow_redirects=False)
             assert response.status_code == 302, response.text
             self.session_cookie()

@@ -71,7 +71,7 @@ def test_the_stock_client_programs_run_as_written(demo_service, tmp_path, librar
         assert process.stdout is not None
         prompt = process.stdout.readline()
         assert prompt.startswith("Open this, sign in and allow: "), prompt + process.stderr.read()
-        landed = user_agent_authorize(prompt.split(": ", 1)[1].strip(), password="alice-demo-password")
+        landed = user_agent_authorize(prompt.split(": ", 1)[1].strip(), password="amber-comet-lantern")
         out, err = process.communicate(landed + "\n", timeout=60)
     finally:
         process.kill()
@@ -98,7 +98,7 @@ def test_adding_a_client_to_the_running_demo_runs_as_written(tmp_path):
                         f"sys.path.insert(0, {str(ROOT / 'tests')!r})\n"
                         "import requests\n"
                         "from service import user_agent_authorize\n"
-                        "landed = user_agent_authorize(sys.argv[1], username='root', password='root-demo-password')\n"
+                        "landed = user_agent_authorize(sys.argv[1], username='root', password='granite-harbor-ember')\n"
                         "requests.get(landed, timeout=10)\n")
     stand_in.chmod(0o755)
     admin_port = free_port()

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import ipaddress
 import re
+import unicodedata
 from collections.abc import Sequence
 from urllib.parse import urlsplit
 
@@ -32,6 +33,12 @@ def username_problem(value: str) -> str | None:
     return None if USERNAME.match(value) else USERNAME_RULE
 
 
+def username_key(value: str) -> str:
+    """What makes two usernames the same one: NFKC, then case folded (Unicode's caseless
+    match, UAX #15 and §3.13), so ``ROOT`` is ``root``. A new user is stored under this form."""
+    return unicodedata.normalize("NFKC", value).casefold()
+
+
 def kind_problem(value: str) -> str | None:
     return None if value in KINDS else f"one of {', '.join(KINDS)}"
 
@@ -45,13 +52,21 @@ def password_problem(password: str, context: Sequence[str] = ()) -> str | None:
     """Why ``password`` cannot be a user's password (``users add``, ``users set-password`` and
     the config's ``[[users]]`` alike), or None when it can.
 
-    NIST SP 800-63B §5.1.1.2: at least 8 characters, and not one that is common, breached or
-    built from context words (``context``: the username, the service's name). zxcvbn rates
-    it against its frequency lists of common passwords, words and names and against those
-    words; anything it scores below 3 of 4 is refused, with its own reason.
+    NIST SP 800-63B §5.1.1.2: at least 8 characters, any characters, no composition rule, and
+    not one that is common, breached or built from context words (``context``: the username,
+    the service's name). A password that holds a context word of 3 letters or more, whatever
+    its case and whatever separators or digits stand between its letters (``tokensvc-carol``,
+    ``carol_tokensvc_2026``), is refused outright; the rest is rated by zxcvbn against its
+    frequency lists of common passwords, words and names and against those words, and anything
+    it scores below 3 of 4 is refused, with its own reason.
     """
     if len(password) < MIN_PASSWORD_LENGTH:
         return f"a password needs at least {MIN_PASSWORD_LENGTH} characters"
+    held = _letters(password)
+    for word in context:
+        if len(_letters(word)) >= MIN_CONTEXT_LETTERS and _letters(word) in held:
+            return ("this password is too easy to guess (it holds the username or the service's name); "
+                    "use a few unrelated words")
     from zxcvbn import zxcvbn  # its lists take a moment to load: only where a password is set
 
     rating = zxcvbn(password[:ZXCVBN_MAX_LENGTH], user_inputs=[word for word in context if word])
@@ -59,6 +74,15 @@ def password_problem(password: str, context: Sequence[str] = ()) -> str | None:
         why = (rating["feedback"]["warning"] or "it is common or built from a name").rstrip(".")
         return f"this password is too easy to guess ({why[0].lower() + why[1:]}); use a few unrelated words"
     return None
+
+
+MIN_CONTEXT_LETTERS = 3  # a shorter context word ("al") is part of too many words to refuse
+
+
+def _letters(text: str) -> str:
+    """``text``'s letters alone, compared caselessly: what is left of a password or a context
+    word once separators, digits and case are set aside."""
+    return "".join(char for char in username_key(text) if char.isalpha())
 
 
 NEVER_REDIRECT_SCHEMES = frozenset({"javascript", "data", "file", "vbscript", "blob", "about", "filesystem"})

@@ -70,7 +70,7 @@ class Browser:
     """A user agent: its cookies (the session, the XSRF token) go to every process, as behind
     one load balancer."""
 
-    def __init__(self, username: str = "alice", password: str = "alice-e2e-password") -> None:
+    def __init__(self, username: str = "alice", password: str = "violet-tide-anchor") -> None:
         self.agent = requests.Session()
         self.username, self.password = username, password
 
