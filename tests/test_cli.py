@@ -104,6 +104,9 @@ def test_a_client_with_allowed_origins(run):
     code, _, err = run("clients", "add", "--name", "Bad", "--redirect-uri", "https://bad.example/cb",
                        "--allowed-origin", "https://bad.example/path")
     assert code == 1 and "not a valid web origin" in err
+    code, _, err = run("clients", "add", "--name", "Wild", "--redirect-uri", "https://wild.example/cb",
+                       "--allowed-origin", "https://*.evil.example")
+    assert code == 1 and "not a valid web origin (a host name of letters" in err and "no wildcard" in err
 
 
 def test_public_client_has_no_secret(run):

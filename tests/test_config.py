@@ -153,7 +153,14 @@ def test_allowed_scopes_follow_the_scope_grammar_of_the_cli():
 @pytest.mark.parametrize("origin,fine", [("https://app.example", True), ("http://127.0.0.1:8001", True),
                                          ("https://app.example:8443", True), ("http://app.example", False),
                                          ("https://app.example/", False), ("https://app.example/x", False),
-                                         ("app.example", False), ("*", False)])
+                                         ("app.example", False), ("*", False),
+                                         # a pattern is no origin: a browser never sends one
+                                         ("https://*.evil.example", False), ("https://app.*", False),
+                                         # written as a browser writes it, or not at all
+                                         ("https://App.example", False), ("https://app.example:443", False),
+                                         ("https://user@app.example", False), ("https://app..example", False),
+                                         ("https://-app.example", False), ("https://bücher.example", False),
+                                         ("https://xn--bcher-kva.example", True), ("http://[::1]:8001", True)])
 def test_allowed_origins_are_web_origins(origin, fine):
     raw = {"demo": True, "clients": [{"client_id": "c", "name": "C", "redirect_uris": ["https://c.example/cb"],
                                       "allowed_origins": [origin]}]}

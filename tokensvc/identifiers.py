@@ -128,20 +128,45 @@ def is_loopback(host: str | None) -> bool:
 
 
 def origin_problem(origin: str) -> str | None:
-    """Why ``origin`` cannot be a web origin a browser sends (``scheme://host[:port]``, http or
-    https, nothing after the host), or None when it can."""
+    """Why ``origin`` cannot be a web origin a browser sends, or None when it can: written as a
+    browser serializes it (``scheme://host[:port]``, lower case, no default port, nothing after
+    the host), http or https, the host a DNS name of letters, digits and hyphens (an
+    internationalized one in its ``xn--`` form) or an IP address; never a pattern
+    (``https://*.example``), which a browser never sends and this service never expands."""
     try:
         parts = urlsplit(origin)
-        parts.port  # noqa: B018 - a port that is not a number raises here
+        port = parts.port
     except ValueError:
         return "not a URL"
     if parts.scheme not in ("http", "https") or not parts.hostname:
         return "http:// or https:// and a host"
-    if parts.path or parts.query or parts.fragment or parts.username or origin != origin.strip():
+    if parts.path or parts.query or parts.fragment or "@" in parts.netloc or origin != origin.strip():
         return "scheme, host and port only, no path"
+    if not _host_of_origin(parts.hostname):
+        return "a host name of letters, digits, hyphens and dots, or an IP address; no wildcard"
     if parts.scheme == "http" and not is_loopback(parts.hostname):
         return "https, or http on a loopback host"
+    canonical = f"{parts.scheme}://{parts.netloc.lower()}"
+    if port is not None and port == DEFAULT_PORTS[parts.scheme]:
+        canonical = canonical.rsplit(":", 1)[0]
+    if origin != canonical:
+        return f"write it as a browser sends it: {canonical}"
     return None
+
+
+DEFAULT_PORTS = {"http": 80, "https": 443}
+_DNS_LABEL = re.compile(r"(?!-)[a-z0-9-]{1,63}(?<!-)")
+
+
+def _host_of_origin(host: str) -> bool:
+    """Whether ``host`` (as ``urlsplit`` gives it: lower case, no brackets) can be an origin's:
+    an IP address, or a DNS name of LDH labels (RFC 1123 §2.1)."""
+    try:
+        ipaddress.ip_address(host)
+        return True
+    except ValueError:
+        pass
+    return len(host) <= 253 and all(_DNS_LABEL.fullmatch(label) for label in host.split("."))
 
 
 def is_url(uri: str, schemes: tuple[str, ...] = ("http", "https")) -> bool:
