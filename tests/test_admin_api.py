@@ -159,6 +159,45 @@ async def test_client_mistakes_are_422_404_and_409(call):
     assert public.code == 422 and "public" in json_of(public)["detail"][0]["msg"]
 
 
+async def test_a_field_the_service_does_not_know_is_refused_by_name_and_changes_nothing(call, store):
+    """A misspelt field is never ignored: ``allowedScope`` changing nothing, or a PUT whose
+    ``clientSecret`` was dropped making the client public, would be a silent mistake."""
+    before = await store.get_client("webapp")
+    patched = await call("PATCH", "/admin/clients/webapp", {"allowedScope": ["read"], "name": "Renamed"})
+    assert check_validation_error(patched, ["body", "allowedScope"], "extra_forbidden")["input"] == ["read"]
+    assert await store.get_client("webapp") == before
+    put = await call("PUT", "/admin/clients/planner", {"name": "Planner", "redirectUris": ["https://p.example/cb"],
+                                                       "clientSecret": "chosen-by-hand"})
+    check_validation_error(put, ["body", "clientSecret"], "extra_forbidden")
+    assert await store.get_client("planner") is None
+    for method, path, body, field in (
+            ("POST", "/admin/clients", {"name": "X", "redirectUris": ["https://x.example/cb"], "firstparty": True},
+             "firstparty"),
+            ("POST", "/admin/users", {"username": "gina", "password": "violet-comet-harbor", "isAdmin": True},
+             "isAdmin"),
+            ("PATCH", "/admin/users/alice", {"admin": False, "disabled": True}, "disabled"),
+            ("PUT", "/admin/users/alice/password", {"password": "violet-comet-harbor", "keep_grants": True},
+             "keep_grants"),
+            ("PUT", "/admin/installations/dome-9", {"name": "Dome", "kind": "observatory", "operator": ["alice"]},
+             "operator"),
+            ("POST", "/admin/tokens/revoke", {"token": "x", "token_type_hint": "access_token"}, "token_type_hint")):
+        check_validation_error(await call(method, path, body), ["body", field], "extra_forbidden")
+    assert await store.get_user_by_username("gina") is None and await store.get_installation("dome-9") is None
+
+
+@pytest.mark.parametrize("origin", ["https://*.evil.example", "https://app.*", "*", "https://App.example",
+                                    "https://app.example:443", "https://app.example/", "http://app.example",
+                                    "https://user@app.example", "null"])
+async def test_an_origin_a_browser_would_never_send_is_refused(call, store, origin):
+    before = await store.get_client("skyplanner")
+    response = await call("PATCH", "/admin/clients/skyplanner", {"allowedOrigins": ["https://ok.example", origin]})
+    assert response.code == 422 and "not a valid web origin" in json_of(response)["detail"][0]["msg"]
+    assert await store.get_client("skyplanner") == before
+    created = await call("POST", "/admin/clients", {"name": "Wild", "redirectUris": ["https://w.example/cb"],
+                                                    "allowedOrigins": [origin]})
+    assert created.code == 422 and all(client.name != "Wild" for client in await store.list_clients())
+
+
 async def test_removing_a_client_stops_its_tokens_at_once(call, ctx):
     tokens = await issue_tokens(ctx, "alice", "read", "skyplanner", SKY_REDIRECT)
     assert (await introspection.introspect(ctx, tokens.refresh_token))["active"]

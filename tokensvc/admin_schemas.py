@@ -6,16 +6,22 @@ from __future__ import annotations
 
 from typing import Any
 
-from marshmallow import EXCLUDE, Schema, fields, pre_dump
+from marshmallow import RAISE, Schema, fields, pre_dump
 
-from tokensvc.schemas import Flag, Text, TextList
+from tokensvc.schemas import EXTRA_FORBIDDEN, Flag, Text, TextList
 
 MAX_LIST = 100  # redirect URIs, scopes, origins, operators a body may name
 
 
 class BodySchema(Schema):
+    """An operator's JSON body: a field the service does not know is refused (422 naming it),
+    never ignored. A misspelt ``allowedScope`` changing nothing, or a ``clientSecret`` that a
+    PUT drops and so makes the client public, is a mistake the operator must see."""
+
+    error_messages = {"unknown": EXTRA_FORBIDDEN}
+
     class Meta:
-        unknown = EXCLUDE  # what the service does not know is ignored, as in its forms
+        unknown = RAISE
 
 
 # -- resources ---------------------------------------------------------------------------------

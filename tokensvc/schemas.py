@@ -41,6 +41,7 @@ NOT_STRING = ErrorDetail("Input should be a valid string", "string_type")
 NOT_NULL = ErrorDetail("Input should not be null", "missing")
 NOT_LIST = ErrorDetail("Input should be a valid list", "list_type")
 NOT_BOOLEAN = ErrorDetail("Input should be a valid boolean", "bool_parsing")
+EXTRA_FORBIDDEN = ErrorDetail("Extra inputs are not permitted", "extra_forbidden")
 
 
 class MaxLength(validate.Validator):
@@ -282,7 +283,9 @@ def validation_detail(error: ValidationError, location: str, data: Mapping[str, 
     detail: list[dict[str, Any]] = []
     messages = error.messages if isinstance(error.messages, dict) else {"_schema": error.messages}
     for name, field_messages in messages.items():
-        key = data_keys.get(name, name)
+        # A key of the input is reported as sent (an unknown ``keep_grants`` beside the field
+        # whose data key is ``keepGrants``); a field's own errors under its data key.
+        key = name if name in data else data_keys.get(name, name)
         loc = [location] if key == "_schema" else [location, key]
         value = data.get(key)
         # A list's items fail one by one: {index: [messages]}, located at their index.
