@@ -268,6 +268,20 @@ async def test_users_lifecycle(call, ctx, store):
         assert missing.code == 404 and json_of(missing) == {"detail": "no user named 'dave'"}
 
 
+async def test_usernames_are_one_per_key_and_found_in_any_case(call, ctx, store):
+    for taken in ("ROOT", "Root", "ALICE"):
+        answer = await call("POST", "/admin/users", {"username": taken, "password": STRONG})
+        assert answer.code == 409, taken
+    created = json_of(await call("POST", "/admin/users", {"username": "Gina.Ray", "password": STRONG}))
+    assert created["username"] == "gina.ray"  # kept as its key
+    assert json_of(await call("GET", "/admin/users/GINA.RAY"))["userId"] == created["userId"]
+    assert [user.username for user in await store.list_users()].count("gina.ray") == 1
+    assert (await sessions.sign_in(ctx, "Gina.Ray", STRONG, "127.0.0.1")).user_id == created["userId"]
+    installation = await call("PUT", "/admin/installations/dome-7", {"name": "Dome", "kind": "observatory",
+                                                                     "operators": ["GINA.ray"]})
+    assert json_of(installation)["operators"] == ["gina.ray"]
+
+
 async def test_sessions_listed_and_ended(call, ctx, store):
     alice = await store.get_user_by_username("alice")
     await sessions.start(ctx, alice, "Mozilla/5.0 (X11; Linux x86_64) Chrome/131.0 Safari/537.36", "127.0.0.5")

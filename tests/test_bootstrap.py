@@ -117,6 +117,26 @@ async def test_several_processes_seeding_one_empty_store_at_once_all_succeed(bac
         [*(client.client_id for client in config.clients), CLI_CLIENT.client_id])
 
 
+@pytest.mark.gen_test(timeout=60)
+@pytest.mark.parametrize("backend_store", BACKENDS, indirect=True)
+async def test_a_seeded_user_is_stored_under_the_key_of_their_name(backend_store):
+    """As `users add` does: Dora is stored as dora, found as DORA, an installation's operator
+    written in any case; a user seeded before as written keeps that name and id."""
+    from tokensvc.records import User
+
+    await backend_store.put_user(User("u_legacy", "Erin", "scrypt$x", False))  # as release 0.9.0 stored it
+    config = make_config(users=[{"username": "Dora", "password_hash": "scrypt$x"},
+                                {"username": "Erin", "password_hash": "scrypt$y"}],
+                         installations=[{"installation_id": "dome", "name": "Dome", "kind": "observatory",
+                                         "operators": ["DORA", "erin"]}])
+    for _ in range(2):
+        await seed(backend_store, config)
+        assert sorted(user.username for user in await backend_store.list_users()) == ["Erin", "dora"]
+    dora = await backend_store.get_user_by_username("DORA")
+    assert (await backend_store.get_installation("dome")).operators == [dora.user_id, "u_legacy"]
+    assert (await backend_store.get_user("u_legacy")).password_hash == "scrypt$y"
+
+
 @pytest.mark.gen_test
 async def test_the_command_lines_client_is_seeded_unless_switched_off(store):
     config = make_config()

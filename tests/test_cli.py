@@ -139,6 +139,8 @@ def test_duplicate_client_name_and_username(run):
     assert run("users", "add", "carol", "--password-stdin", stdin="meadow-planet-violin\n")[0] == 0
     code, _, err = run("users", "add", "carol", "--password-stdin", stdin="other-password\n")
     assert code == 1 and err == "tokensvc: a user named 'carol' already exists\n"
+    code, _, err = run("users", "add", "CAROL", "--password-stdin", stdin="other-password\n")  # one per key
+    assert code == 1 and err == "tokensvc: a user named 'CAROL' already exists\n"
 
 
 def test_users_round_trip(run, mongo):

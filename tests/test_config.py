@@ -169,3 +169,15 @@ def test_allowed_origins_are_web_origins(origin, fine):
     else:
         with pytest.raises(ConfigError, match=r"clients\[0\]\.allowed_origins: not a web origin"):
             config.from_dict(raw)
+
+
+def test_usernames_are_one_per_key_in_the_config():
+    """ROOT and root are one user (NFKC, case folded): the file may not name both, and an
+    installation's operator is found whatever the case it is written in."""
+    with pytest.raises(ConfigError, match=r"^users\[1\]\.username: duplicate username 'ROOT'"):
+        config.from_dict({"demo": True, "users": [{"username": "root", "password_hash": "scrypt$x"},
+                                                  {"username": "ROOT", "password_hash": "scrypt$y"}]})
+    settings = config.from_dict({"demo": True, "users": [{"username": "Root", "password_hash": "scrypt$x"}],
+                                 "installations": [{"installation_id": "i", "name": "I", "kind": "telescope",
+                                                    "operators": ["ROOT"]}]})
+    assert settings.installations[0].operators == ["ROOT"]

@@ -101,6 +101,36 @@ async def test_users(backend_store):
 
 
 @pytest.mark.gen_test
+async def test_usernames_are_unique_by_their_key(backend_store):
+    """One user per username key (NFKC, case folded): ROOT never stands beside root, whoever
+    writes, and root is found whatever the case it is typed in."""
+    store = backend_store
+    root = User("u_root", "root", "scrypt$hash", True)
+    await store.put_user(root)
+    for other in ("ROOT", "Root", "rOOt"):
+        with pytest.raises(Conflict):
+            await store.put_user(User("u_other", other, "x"))
+        assert await store.get_user_by_username(other) == root
+    assert [user.username for user in await store.list_users()] == ["root"]
+    await store.put_user(replace(root, admin=False))  # the user themselves keeps the name
+    # A name stored with capitals (as release 0.9.0 stored what it was given) is found as
+    # written, keeps its own user, and still holds its key against anyone else.
+    legacy = User("u_legacy", "Carol", "scrypt$hash", False)
+    await store.put_user(legacy)
+    assert await store.get_user_by_username("Carol") == legacy
+    await store.put_user(replace(legacy, admin=True))
+    with pytest.raises(Conflict):
+        await store.put_user(User("u_new", "carol", "x"))
+    assert await store.get_user_by_username("carol") in (None, replace(legacy, admin=True))
+    assert await store.get_user("u_new") is None
+    # Two processes adding the same new name at once (both stored as its key): one of them.
+    added = await asyncio.gather(*(store.put_user(User(f"u_dora{n}", "dora", "x")) for n in range(4)),
+                                 return_exceptions=True)
+    assert sum(result is None for result in added) == 1 and all(
+        isinstance(result, Conflict) for result in added if result is not None)
+
+
+@pytest.mark.gen_test
 async def test_installations(backend_store):
     store = backend_store
     inst = Installation("scope-1", "Scope", "telescope", ["u_alice"])

@@ -25,6 +25,7 @@ from tokensvc.identifiers import (
     password_problem,
     redirect_uri_problem,
     scope_problem,
+    username_key,
     username_problem,
 )
 from tokensvc.oauth import hashing, introspection
@@ -222,10 +223,13 @@ async def _hash_password(password: str, context: Sequence[str]) -> str:
 
 async def create_user(store: Store, username: str, password: str, *, admin: bool = False,
                       service_name: str = "tokensvc") -> User:
+    """A new user, stored under their username's key (``Carol`` becomes ``carol``): one user
+    per key, so ``ROOT`` can never stand beside ``root``."""
     _check(username_problem(username), "username", username)
     if await store.get_user_by_username(username) is not None:
         raise Taken(f"a user named {username!r} already exists")
-    user = User(new_user_id(), username, await _hash_password(password, [username, service_name]), admin)
+    user = User(new_user_id(), username_key(username), await _hash_password(password, [username, service_name]),
+                admin)
     try:
         await store.put_user(user)
     except Conflict:

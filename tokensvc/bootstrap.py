@@ -11,6 +11,7 @@ from dataclasses import replace
 from typing import Any
 
 from tokensvc.config import Settings
+from tokensvc.identifiers import username_key
 from tokensvc.metrics import Metrics
 from tokensvc.oauth import hashing
 from tokensvc.oauth.context import OAuthContext
@@ -84,20 +85,21 @@ async def seed(store: Store, config: Settings) -> None:
             password_hash = existing_user.password_hash  # unchanged: keep the stored hash
         else:
             password_hash = await loop.run_in_executor(None, hashing.hash_password, seed_user.password or "")
-        # Upserted on the username: processes seeding one empty database at once agree on its id.
+        # Upserted on the username (a new one stored as its key, as `users add` does): processes
+        # seeding one empty database at once agree on its id.
         user = await store.seed_user(User(
             user_id=existing_user.user_id if existing_user else new_user_id(),
-            username=seed_user.username,
+            username=existing_user.username if existing_user else username_key(seed_user.username),
             password_hash=password_hash,
             admin=seed_user.admin,
         ))
-        user_ids[user.username] = user.user_id
+        user_ids[username_key(seed_user.username)] = user.user_id
     for seed_installation in config.installations:
         await store.put_installation(Installation(
             installation_id=seed_installation.installation_id,
             name=seed_installation.name,
             kind=seed_installation.kind,
-            operators=[user_ids[name] for name in seed_installation.operators],
+            operators=[user_ids[username_key(name)] for name in seed_installation.operators],
         ))
     log.info("seeded %d clients, %d users, %d installations from the config",
              len(config.clients), len(config.users), len(config.installations))

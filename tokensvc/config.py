@@ -40,6 +40,7 @@ from tokensvc.identifiers import (
     password_problem,
     redirect_uri_problem,
     scope_problem,
+    username_key,
     username_problem,
 )
 
@@ -556,16 +557,16 @@ def _check_clients(clients: list[ClientSeed]) -> None:
 
 
 def _check_users(users: list[UserSeed], service_name: str) -> set[str]:
-    """The users' rules; their names."""
+    """The users' rules; their usernames' keys (identifiers.username_key)."""
     names: set[str] = set()
     for i, user in enumerate(users):
         key = f"users[{i}]"
         problem = username_problem(user.username)
         if problem is not None:
             raise ConfigError(f"{key}.username: {problem}: {user.username!r}")
-        if user.username in names:
+        if username_key(user.username) in names:  # one user per key: ROOT is root
             raise ConfigError(f"{key}.username: duplicate username {user.username!r}")
-        names.add(user.username)
+        names.add(username_key(user.username))
         if (user.password is None) == (user.password_hash is None):
             raise ConfigError(f"{key}: give exactly one of password or password_hash")
         problem = password_problem(user.password, [user.username, service_name]) if user.password else None
@@ -584,7 +585,7 @@ def _check_installations(installations: list[InstallationSeed], usernames: set[s
         if problem is not None:
             raise ConfigError(f"{key}.kind: {problem}, got {inst.kind!r}")
         for operator in inst.operators:
-            if operator not in usernames:
+            if username_key(operator) not in usernames:
                 raise ConfigError(f"{key}.operators: unknown user {operator!r}")
 
 

@@ -36,6 +36,7 @@ from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
 from tokensvc.errors import HTTPAnswer
+from tokensvc.identifiers import username_key
 from tokensvc.storage.base import StorageError, StoreFault
 
 log = logging.getLogger(__name__)
@@ -223,7 +224,7 @@ class FailureLimits:
     def login_attempt(self, username: str | None, address: str) -> Attempt:
         counters = [(ADDRESS, self.settings.failed_logins_per_address)]
         if username:
-            counters.append((_counter(username.lower()), self.settings.failed_logins_per_username))
+            counters.append((_counter(username_key(username)), self.settings.failed_logins_per_username))
         return Attempt(f"login|{address}", tuple(counters))
 
     async def failed(self, attempt: Attempt) -> None:

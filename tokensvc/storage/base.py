@@ -86,7 +86,10 @@ class Registry(abc.ABC):
     async def get_user(self, user_id: str) -> User | None: ...
 
     @abc.abstractmethod
-    async def get_user_by_username(self, username: str) -> User | None: ...
+    async def get_user_by_username(self, username: str) -> User | None:
+        """The user stored under exactly ``username``, else the one whose username has the same
+        key (:func:`tokensvc.identifiers.username_key`: ``ROOT`` finds ``root``), or None. A
+        username stored by a release before 0.10 with capitals is found as written (MongoDB)."""
 
     @abc.abstractmethod
     async def list_users(self, after: str | None = None, limit: int | None = None) -> list[User]:
@@ -100,7 +103,9 @@ class Registry(abc.ABC):
 
     @abc.abstractmethod
     async def put_user(self, user: User) -> None:
-        """Insert or replace the user with this user_id. Usernames are unique: Conflict."""
+        """Insert or replace the user with this user_id. Usernames are unique by their key
+        (:func:`tokensvc.identifiers.username_key`, NFKC and case folded): one whose key another
+        user's username has is Conflict."""
 
     @abc.abstractmethod
     async def delete_user(self, user_id: str) -> bool: ...

@@ -22,6 +22,7 @@ from collections import defaultdict
 from datetime import datetime, timedelta
 from typing import Any, Generic, TypeVar
 
+from tokensvc.identifiers import username_key
 from tokensvc.records import AuthorizationCode, Client, Family, Grant, Installation, Pair, Session, Subject, User
 from tokensvc.storage.base import CODE_RETENTION_SECONDS, MAX_LISTED_SESSIONS, Conflict, Store
 
@@ -102,6 +103,7 @@ class MemoryStore(Store):
         self._clients: dict[str, Client] = {}
         self._users: dict[str, User] = {}
         self._user_ids_by_name: dict[str, str] = {}
+        self._user_ids_by_key: dict[str, str] = {}  # identifiers.username_key -> user id: one user per key
         self._installations: dict[str, Installation] = {}
         self._grants: dict[str, Row] = {}  # GRANTS rows
         self._grant_ids: dict[tuple[str, str | None, str | None], str] = {}
@@ -137,7 +139,7 @@ class MemoryStore(Store):
         return None if user is None else copy(user)
 
     async def get_user_by_username(self, username: str) -> User | None:
-        user_id = self._user_ids_by_name.get(username)
+        user_id = self._user_ids_by_name.get(username) or self._user_ids_by_key.get(username_key(username))
         return None if user_id is None else await self.get_user(user_id)
 
     async def list_users(self, after: str | None = None, limit: int | None = None) -> list[User]:
@@ -152,20 +154,24 @@ class MemoryStore(Store):
         return copy(user)
 
     async def put_user(self, user: User) -> None:
-        owner = self._user_ids_by_name.get(user.username)
+        key = username_key(user.username)
+        owner = self._user_ids_by_key.get(key)
         if owner is not None and owner != user.user_id:
             raise Conflict(f"username {user.username!r} is taken")
         previous = self._users.get(user.user_id)
         if previous is not None:
             self._user_ids_by_name.pop(previous.username, None)
+            self._user_ids_by_key.pop(username_key(previous.username), None)
         self._users[user.user_id] = copy(user)
         self._user_ids_by_name[user.username] = user.user_id
+        self._user_ids_by_key[key] = user.user_id
 
     async def delete_user(self, user_id: str) -> bool:
         user = self._users.pop(user_id, None)
         if user is None:
             return False
         self._user_ids_by_name.pop(user.username, None)
+        self._user_ids_by_key.pop(username_key(user.username), None)
         return True
 
     # -- installations

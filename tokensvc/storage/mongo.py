@@ -54,6 +54,7 @@ import functools
 import inspect
 import logging
 import random
+import re
 import secrets
 from collections.abc import AsyncIterator, Callable, Coroutine
 from dataclasses import MISSING, fields
@@ -78,6 +79,7 @@ from pymongo.read_concern import ReadConcern
 
 from tokensvc import __version__
 from tokensvc.config import StorageSettings
+from tokensvc.identifiers import username_key
 from tokensvc.records import (
     AuthorizationCode,
     Client,
@@ -734,7 +736,12 @@ class MongoStore(Store):
 
     @guarded(READ)
     async def get_user_by_username(self, username: str) -> User | None:
-        return USERS.record(await self.users.find_one({"username": username}))
+        # New usernames are stored as their key, so the unique index on username holds one
+        # user per key; one stored with capitals by release 0.9.0 is found as written.
+        key = username_key(username)
+        found = await self.users.find({"username": {"$in": list({username, key})}}).to_list(2)
+        exact = [doc for doc in found if doc["username"] == username]
+        return USERS.record((exact or found or [None])[0])
 
     @guarded(READ)
     async def list_users(self, after: str | None = None, limit: int | None = None) -> list[User]:
@@ -753,8 +760,24 @@ class MongoStore(Store):
                 continue
         raise StorageError(f"could not seed user {user.username!r} (concurrent updates)")
 
-    @guarded(RERUN)
     async def put_user(self, user: User) -> None:
+        # Usernames are ASCII (identifiers.USERNAME), where a caseless regex is the key's
+        # comparison: it also finds a user that release 0.9.0 stored with capitals under the
+        # same key, which the unique index alone would not. A user who keeps their name is
+        # never refused (two such users from before stay as they are).
+        same = await self._caseless_holders(user.username)
+        kept = any(doc["_id"] == user.user_id and doc["username"] == user.username for doc in same)
+        if not kept and any(doc["_id"] != user.user_id for doc in same):
+            raise Conflict(f"username {user.username!r} is taken")
+        await self._write_user(user)
+
+    @guarded(READ)
+    async def _caseless_holders(self, username: str) -> list[dict[str, Any]]:
+        caseless = {"$regex": f"^{re.escape(username)}$", "$options": "i"}
+        return await self.users.find({"username": caseless}, {"username": 1}).to_list(None)
+
+    @guarded(RERUN)
+    async def _write_user(self, user: User) -> None:
         await self.users.update_one({"_id": user.user_id}, USERS.setting(user), upsert=True)
 
     @guarded(RERUN)
