@@ -129,3 +129,23 @@ async def test_missing_token_is_422(http_client, base_url):
     response = await post_form(http_client, base_url + "/oauth/token/introspect", {},
                                {"Authorization": basic("webapp", WEBAPP_SECRET)})
     check_validation_error(response, ["body", "token"], "missing")
+
+
+@pytest.mark.gen_test
+async def test_scope_reports_what_is_in_force_when_asked(http_client, base_url, ctx, store):
+    """A resource server trusting RFC 7662 sees what the token may do now: after root is no
+    longer an administrator, ``admin`` is gone from ``scope``; a token with nothing left in
+    force is inactive."""
+    from dataclasses import replace
+
+    from helpers import issue_tokens
+
+    web = await issue_tokens(ctx, "root", "read admin")
+    cli = await issue_tokens(ctx, "root", "admin", "tokensvc-cli", "http://127.0.0.1:5/callback")
+    assert json_of(await introspect(http_client, base_url, web.access_token))["scope"] == "read admin"
+    root = await store.get_user_by_username("root")
+    await store.put_user(replace(root, admin=False))
+    body = check_schema(schemas.introspection_response, json_of(await introspect(http_client, base_url,
+                                                                                 web.access_token)))
+    assert body["active"] is True and body["scope"] == "read" and body["username"] == "root"
+    assert json_of(await introspect(http_client, base_url, cli.refresh_token)) == {"active": False}

@@ -31,7 +31,7 @@ from tokensvc.identifiers import (
 from tokensvc.oauth import hashing, introspection
 from tokensvc.oauth import sessions as web_sessions
 from tokensvc.oauth.context import OAuthContext
-from tokensvc.oauth.revocation import revoke_grant, revoke_token
+from tokensvc.oauth.revocation import end_chains_before_promotion, revoke_grant, revoke_token
 from tokensvc.records import Client, Grant, Installation, Session, Subject, User, utcnow
 from tokensvc.storage.base import GRANT, Conflict, Revocation, Store
 
@@ -245,12 +245,21 @@ async def get_user(store: Store, username: str) -> User:
     return user
 
 
-async def set_admin(store: Store, username: str, admin: bool) -> User:
-    user = await get_user(store, username)
+async def set_admin(ctx: OAuthContext, username: str, admin: bool) -> User:
+    """Make a user an administrator, or not. Either takes effect at once, in every process:
+    ``admin`` is in force only while the user is one (:mod:`tokensvc.oauth.privileges`). A
+    promotion first revokes the grants of theirs that may carry ``admin``, so that a chain from
+    an earlier time as administrator never comes back to life."""
+    user = await get_user(ctx.store, username)
     if user.admin != admin:
+        ended = await end_chains_before_promotion(ctx.store, user.user_id, ctx.clock()) if admin else {}
+        for grant_id, count in ended.items():
+            ctx.metrics.families_revoked.labels("promotion").inc(count)
+            ctx.events.publish(Revocation(GRANT, grant_id))
         user = replace(user, admin=admin)
-        await store.put_user(user)
-        _record("user_admin_set", subject=user.user_id, username=username, admin=admin, outcome="success")
+        await ctx.store.put_user(user)
+        _record("user_admin_set", subject=user.user_id, username=username, admin=admin, grants_revoked=len(ended),
+                outcome="success")
     return user
 
 

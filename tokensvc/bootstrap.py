@@ -16,6 +16,7 @@ from tokensvc.metrics import Metrics
 from tokensvc.oauth import hashing
 from tokensvc.oauth.context import OAuthContext
 from tokensvc.oauth.metadata import server_metadata
+from tokensvc.oauth.revocation import end_chains_before_promotion
 from tokensvc.ratelimit import FailureLimits, SharedFailureCounts
 from tokensvc.records import Client, Installation, User, utcnow
 from tokensvc.storage.base import StorageError, Store, StoreObserver
@@ -85,6 +86,10 @@ async def seed(store: Store, config: Settings) -> None:
             password_hash = existing_user.password_hash  # unchanged: keep the stored hash
         else:
             password_hash = await loop.run_in_executor(None, hashing.hash_password, seed_user.password or "")
+        if existing_user is not None and seed_user.admin and not existing_user.admin:
+            # Promoted by the file (or again, after a demotion through the admin API), as
+            # `users set-admin` promotes: no chain from before holds admin in force again.
+            await end_chains_before_promotion(store, existing_user.user_id, utcnow())
         # Upserted on the username (a new one stored as its key, as `users add` does): processes
         # seeding one empty database at once agree on its id.
         user = await store.seed_user(User(

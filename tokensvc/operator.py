@@ -140,7 +140,7 @@ class Operator:
 
     async def patch_user(self, username: str, body: Json) -> Json:
         data = load(admin_schemas.user_patch, body)
-        return admin_schemas.admin_user.dump(await admin.set_admin(self.store, username, data["admin"]))
+        return admin_schemas.admin_user.dump(await admin.set_admin(self.ctx, username, data["admin"]))
 
     async def set_password(self, username: str, body: Json) -> Json:
         data = load(admin_schemas.password_body, body)

@@ -79,7 +79,7 @@ class AdminEndpoint(JsonHandler):
                 await limits.failed(attempt)  # TooManyFailures once past the limit
                 raise InvalidToken("An admin's access token is needed (tokensvc login)")
             try:
-                user = await require_admin(self.ctx, token, "The admin API is for administrators")
+                user = require_admin(token, "The admin API is for administrators")
             except (AccessDenied, InsufficientScope) as refused:
                 self._refused(refused.error)
                 raise
@@ -87,7 +87,7 @@ class AdminEndpoint(JsonHandler):
         except TooManyFailures:
             self.ctx.metrics.rate_limited.labels("admin").inc()
             raise
-        self.operator_name, self.log_client_id = user.username, token.client_id
+        self.operator_name, self.log_client_id = user.username, token.token.client_id
 
     def _refused(self, reason: str) -> None:
         logs.audit("admin_call", {"method": self.request.method, "route": self.route.path, "outcome": "refused",

@@ -53,7 +53,7 @@ class SessionsHandler(ApiEndpoint):
     @requires("read")
     async def get(self) -> None:
         principal = self.require_user()
-        user = await self.ctx.store.get_user(principal.subject.user_id or "")
+        user = principal.user
         current = principal.session.session_hash if principal.session else None
         listed = await sessions.list_sessions(self.ctx, user) if user else []
         self.send_json(schemas.user_sessions.dump([
@@ -71,7 +71,7 @@ class SessionHandler(ApiEndpoint):
     async def delete(self, session_id: str) -> None:
         principal = self.require_user()
         self.load(schemas.session_id_path, {"session_id": session_id} if session_id else {}, "path")
-        user = await self.ctx.store.get_user(principal.subject.user_id or "")
+        user = principal.user
         if user is None or not await sessions.end_one(self.ctx, user, session_id):
             raise NotFound(f"No session {session_id!r} of yours is signed in")
         self.send(204, b"", None)

@@ -5,17 +5,18 @@ bearer, the admin API)."""
 from __future__ import annotations
 
 from tokensvc.oauth import scopes
-from tokensvc.oauth.context import OAuthContext
 from tokensvc.oauth.errors import AccessDenied, InsufficientScope
-from tokensvc.records import Token, User
+from tokensvc.oauth.privileges import Authority
+from tokensvc.records import User
 
 
-async def require_admin(ctx: OAuthContext, token: Token, refusal: str) -> User:
-    """The admin user ``token`` acts for: AccessDenied (``refusal``) for a node installation or
-    a user who is not an admin, InsufficientScope without the ``admin`` scope."""
-    user = await ctx.store.get_user(token.user_id) if token.user_id is not None else None
+def require_admin(authority: Authority, refusal: str) -> User:
+    """The admin user a token acts for (``authority``: its scopes in force now, and its user
+    as the store holds them now): AccessDenied (``refusal``) for a node installation or a user
+    who is not an admin, InsufficientScope without the ``admin`` scope."""
+    user = authority.user
     if user is None or not user.admin:
         raise AccessDenied(refusal)
-    if not scopes.satisfies(token.scopes, scopes.ADMIN):
+    if not scopes.satisfies(authority.token.scopes, scopes.ADMIN):
         raise InsufficientScope(scopes.ADMIN)
     return user

@@ -1,11 +1,14 @@
-"""Bearer tokens (RFC 6750): the token a request presents, and whether it is in force."""
+"""Bearer tokens (RFC 6750): the token a request presents, and whether it is in force: a
+credential that still stands (:func:`in_force`), with the scopes in force now
+(:mod:`tokensvc.oauth.privileges`)."""
 
 from __future__ import annotations
 
 import hmac
 
-from tokensvc.oauth import hashing, tokens
+from tokensvc.oauth import hashing, privileges, tokens
 from tokensvc.oauth.context import OAuthContext
+from tokensvc.oauth.privileges import Authority
 from tokensvc.records import Family, Grant, Token
 
 
@@ -20,12 +23,13 @@ def from_authorization(header: str | None) -> str | None:
 MAX_TOKEN_LENGTH = 512  # ours are 43 or 66 characters; anything far longer is not worth a digest
 
 
-async def in_force(ctx: OAuthContext, token: str | None) -> Token | None:
+async def in_force(ctx: OAuthContext, token: str | None) -> Authority | None:
     """The presented token, if it is in force: the current access or refresh token of an
     unrevoked family whose grant still stands behind it, unexpired (and, for an access token,
-    not revoked alone). None for anything else. One store round trip, and for an access
-    token's first presentation within the grace period one more write: from then on its pair
-    is no longer a lost reply's (:meth:`Family.replaceable`)."""
+    not revoked alone), with a scope still in force (:func:`privileges.authority`). None for
+    anything else. One store round trip for the token, one each for its client and its user,
+    and for an access token's first presentation within the grace period one more write: from
+    then on its pair is no longer a lost reply's (:meth:`Family.replaceable`)."""
     if not token or len(token) > MAX_TOKEN_LENGTH:
         return None
     if tokens.is_refresh_format(token):
@@ -35,7 +39,7 @@ async def in_force(ctx: OAuthContext, token: str | None) -> Token | None:
         family, grant = await ctx.store.get_family(parsed[0])
         if family is None or not hmac.compare_digest(parsed[1], family.refresh_hash):
             return None
-        return _if_in_force(ctx, family, grant, family.refresh())
+        return await _if_in_force(ctx, family, grant, family.refresh())
     return await _access(ctx, hashing.digest(token))
 
 
@@ -49,22 +53,24 @@ async def family_member(ctx: OAuthContext, token: str) -> Token | None:
     return None if family is None else family.refresh()
 
 
-async def active_access_token(ctx: OAuthContext, token: str | None) -> Token | None:
+async def active_access_token(ctx: OAuthContext, token: str | None) -> Authority | None:
     """The presented access token if it is in force, else None (refresh tokens authorize no request)."""
     if not token or len(token) > MAX_TOKEN_LENGTH or tokens.is_refresh_format(token):
         return None
     return await _access(ctx, hashing.digest(token))
 
 
-async def _access(ctx: OAuthContext, access_hash: str) -> Token | None:
+async def _access(ctx: OAuthContext, access_hash: str) -> Authority | None:
     family, grant = await ctx.store.find_access(access_hash)
     if family is None or family.access_revoked_at is not None:
         return None
-    found = _if_in_force(ctx, family, grant, family.access())
+    found = await _if_in_force(ctx, family, grant, family.access())
     if found is not None and family.replaceable(ctx.tokens.refresh_grace_seconds, ctx.clock()):
         await ctx.store.mark_access_used(family.family_id, access_hash, ctx.clock())
     return found
 
 
-def _if_in_force(ctx: OAuthContext, family: Family, grant: Grant | None, token: Token) -> Token | None:
-    return token if family.stands(grant) and token.expires_at > ctx.clock() else None
+async def _if_in_force(ctx: OAuthContext, family: Family, grant: Grant | None, token: Token) -> Authority | None:
+    if not (family.stands(grant) and token.expires_at > ctx.clock()):
+        return None
+    return await privileges.authority(ctx, token)

@@ -3,7 +3,9 @@
 
 An app's scopes are what is in force: those of its grant (the latest consent) and every scope a
 live token of it still carries (an earlier, broader consent's refresh token keeps its scopes
-until it is revoked or expires), so a narrower consent never hides what an older token can do.
+until it is revoked or expires), so a narrower consent never hides what an older token can do;
+and of those, only what the privileges rule leaves in force now (:mod:`.privileges`: the
+client's current ``allowed_scopes``, ``admin`` for an administrator alone).
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from tokensvc import logs
+from tokensvc.oauth import privileges
 from tokensvc.oauth.context import OAuthContext
 from tokensvc.oauth.errors import AccessDenied
 from tokensvc.oauth.revocation import revoke_grant
@@ -48,7 +51,9 @@ async def list_connected(ctx: OAuthContext, subject: Subject) -> list[ConnectedA
         for family in await ctx.store.list_families(grant.grant_id):
             if family.stands(grant) and family.expires_at > now:
                 in_force.update(dict.fromkeys(family.scopes))
-        apps.append(ConnectedApp(client.client_id, client.name, client.logo_url, list(in_force), grant.created_at))
+        now_in_force = await privileges.in_force(ctx, client.client_id, subject, list(in_force), client)
+        apps.append(ConnectedApp(client.client_id, client.name, client.logo_url, now_in_force.scopes,
+                                 grant.created_at))
     return apps
 
 

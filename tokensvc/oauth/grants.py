@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from tokensvc import logs
-from tokensvc.oauth import clientauth, hashing, pkce, scopes, tokens
+from tokensvc.oauth import clientauth, hashing, pkce, privileges, scopes, tokens
 from tokensvc.oauth.clientauth import ClientRequest
 from tokensvc.oauth.context import OAuthContext
 from tokensvc.oauth.errors import InvalidGrant, InvalidScope, UnsupportedGrantType
@@ -127,7 +127,8 @@ async def _redeem(ctx: OAuthContext, client: Client, record: AuthorizationCode, 
     grant = await store.find_grant(client.client_id, record.subject)
     if grant is None or not grant.stands_behind(record.generation):
         raise InvalidGrant("The authorization was revoked")
-    minted = _mint(ctx, secret, record.scopes, record.subject, now)
+    granted = await _in_force(ctx, client, record.subject, record.scopes)
+    minted = _mint(ctx, secret, granted, record.subject, now)
     # A consumed code whose family is missing was redeemed by a request that failed before
     # writing it (the client saw 503): this presentation writes it, while the code is valid.
     if first or record.expires_at > now:
@@ -179,10 +180,10 @@ async def refresh(ctx: OAuthContext, client: Client, refresh_token: str, scope: 
         if family.revoked_at is not None:
             raise InvalidGrant("The refresh token is revoked")
         if hmac.compare_digest(token_hash, family.refresh_hash):
-            response = await _rotate(ctx, family, grant, token_hash, secret, scope)
+            response = await _rotate(ctx, client, family, grant, token_hash, secret, scope)
         elif (family.previous_hash is not None and hmac.compare_digest(token_hash, family.previous_hash)
               and family.replaceable(ctx.tokens.refresh_grace_seconds, ctx.clock())):
-            response = await _retry(ctx, family, grant, secret, scope)
+            response = await _retry(ctx, client, family, grant, secret, scope)
         else:
             await _reused(ctx, family)
         if response is not None:
@@ -190,14 +191,14 @@ async def refresh(ctx: OAuthContext, client: Client, refresh_token: str, scope: 
     raise InvalidGrant("The refresh token is no longer valid")
 
 
-async def _rotate(ctx: OAuthContext, family: Family, grant: Grant | None, token_hash: str, secret: str,
-                  scope: str | None) -> TokenResponse | None:
+async def _rotate(ctx: OAuthContext, client: Client, family: Family, grant: Grant | None, token_hash: str,
+                  secret: str, scope: str | None) -> TokenResponse | None:
     now = ctx.clock()
     if family.expires_at <= now:
         raise InvalidGrant("The refresh token has expired")
     if not family.stands(grant):
         raise InvalidGrant("The authorization was revoked")
-    minted = _mint(ctx, secret, _narrowed(family.scopes, scope), family.subject, now)
+    minted = _mint(ctx, secret, await _refreshed(ctx, client, family, scope), family.subject, now)
     if await ctx.store.rotate_family(family.family_id, token_hash, minted.pair, now) is None:
         return None
     _audit("token_refreshed", "success", family.client_id, family.subject)
@@ -205,13 +206,13 @@ async def _rotate(ctx: OAuthContext, family: Family, grant: Grant | None, token_
     return _response(ctx, minted)
 
 
-async def _retry(ctx: OAuthContext, family: Family, grant: Grant | None, secret: str,
+async def _retry(ctx: OAuthContext, client: Client, family: Family, grant: Grant | None, secret: str,
                  scope: str | None) -> TokenResponse | None:
     """The refresh token rotated out last, again, within the grace period, while the pair that
     rotation issued was never used: that pair is replaced (its reply was lost)."""
     if not family.stands(grant):
         raise InvalidGrant("The authorization was revoked")
-    minted = _mint(ctx, secret, _narrowed(family.scopes, scope), family.subject, ctx.clock())
+    minted = _mint(ctx, secret, await _refreshed(ctx, client, family, scope), family.subject, ctx.clock())
     if await ctx.store.reissue_pair(family.family_id, family.refresh_hash, minted.pair) is None:
         return None
     _audit("token_refreshed", "success", family.client_id, family.subject, retry_within_grace=True)
@@ -227,18 +228,30 @@ async def _reused(ctx: OAuthContext, family: Family) -> None:
     raise InvalidGrant("The refresh token was already used")
 
 
-def _narrowed(held: list[str], scope: str | None) -> list[str]:
-    """The scopes a refresh asks for: all it holds when omitted, else a subset of them."""
+async def _refreshed(ctx: OAuthContext, client: Client, family: Family, scope: str | None) -> list[str]:
+    """The scopes of a refresh's new pair: of those the family holds, what ``scope`` asks for
+    (all when omitted, never more, RFC 6749 §6) that is in force now. A scope no longer in
+    force is left out for good: the new pair does not hold it."""
     try:
         asked = scopes.parse(scope)
     except ValueError as exc:
         raise InvalidScope(str(exc)) from None
-    if asked is None:
-        return list(held)
-    beyond = [item for item in asked if item not in held]
+    beyond = [item for item in asked or [] if item not in family.scopes]
     if beyond:
         raise InvalidScope("A refresh cannot widen the scope: " + " ".join(beyond))
-    return asked
+    held = await _in_force(ctx, client, family.subject, family.scopes)
+    lost = [item for item in asked or [] if item not in held]
+    if lost:
+        raise InvalidScope("No longer in force: " + " ".join(lost))
+    return held if asked is None else asked
+
+
+async def _in_force(ctx: OAuthContext, client: Client, subject: Subject, held: list[str]) -> list[str]:
+    """The scopes of ``held`` in force now; InvalidGrant when none is."""
+    found = await privileges.in_force(ctx, client.client_id, subject, held, client)
+    if not found.scopes:
+        raise InvalidGrant("Nothing this authorization granted is in force any more")
+    return found.scopes
 
 
 # -- minting ----------------------------------------------------------------------------

@@ -10,7 +10,8 @@ from tokensvc.oauth.administrators import require_admin
 from tokensvc.oauth.clientauth import ClientRequest
 from tokensvc.oauth.context import OAuthContext
 from tokensvc.oauth.errors import AccessDenied, InvalidClient
-from tokensvc.records import ACCESS, REFRESH, Client, Token
+from tokensvc.oauth.privileges import Authority
+from tokensvc.records import ACCESS, REFRESH, Client
 
 INACTIVE: dict[str, Any] = {"active": False}
 NOT_ALLOWED = "Introspection is open to first-party confidential clients and administrators"
@@ -26,7 +27,7 @@ async def authorize_caller(ctx: OAuthContext, request: ClientRequest) -> None:
         token = await bearer.active_access_token(ctx, presented)
         if token is None:
             raise InvalidClient("The bearer token is not active")
-        await check_bearer_caller(ctx, token)
+        check_bearer_caller(token)
         return
     client = await clientauth.authenticate_request(ctx, request)
     if not client.confidential:
@@ -40,16 +41,18 @@ def check_client_caller(client: Client) -> None:
         raise AccessDenied(NOT_ALLOWED)
 
 
-async def check_bearer_caller(ctx: OAuthContext, token: Token) -> None:
-    """A bearer caller must be an admin user whose token carries the ``admin`` scope."""
-    await require_admin(ctx, token, NOT_ALLOWED)
+def check_bearer_caller(token: Authority) -> None:
+    """A bearer caller must be an admin user whose token carries the ``admin`` scope in force."""
+    require_admin(token, NOT_ALLOWED)
 
 
 async def introspect(ctx: OAuthContext, token: str) -> dict[str, Any]:
-    """The RFC 7662 §2.2 response for ``token``: its metadata, or only ``active: false``."""
-    record = await bearer.in_force(ctx, token)
-    if record is None:
+    """The RFC 7662 §2.2 response for ``token``: its metadata with the scopes in force now
+    (:mod:`tokensvc.oauth.privileges`), or only ``active: false`` (for a token with none)."""
+    found = await bearer.in_force(ctx, token)
+    if found is None:
         return INACTIVE
+    record = found.token
     body: dict[str, Any] = {
         "active": True,
         "scope": scopes.render(record.scopes),
@@ -59,11 +62,8 @@ async def introspect(ctx: OAuthContext, token: str) -> dict[str, Any]:
         "iat": int(record.issued_at.timestamp()),
         "iss": ctx.issuer,
     }
-    if record.user_id is not None:
-        user = await ctx.store.get_user(record.user_id)
-        if user is None:  # the user was removed: nothing stands behind the token any more
-            return INACTIVE
-        body.update(sub=record.user_id, subject_type="user", username=user.username)
+    if found.user is not None:
+        body.update(sub=record.user_id, subject_type="user", username=found.user.username)
     else:
         body.update(sub=record.installation_id, subject_type="installation",
                     installation_id=record.installation_id)

@@ -1,7 +1,8 @@
 """Who a public-API request acts as: the subject behind a bearer token or a web session.
 
-A bearer token acts for its user or its node installation with the token's scopes; a web
-session acts for its user with ``read write``. The two kinds of subject are never mixed.
+A bearer token acts for its user or its node installation with the token's scopes in force
+now (:mod:`tokensvc.oauth.privileges`); a web session acts for its user with ``read write``.
+The two kinds of subject are never mixed.
 """
 
 from __future__ import annotations
@@ -9,10 +10,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime
 
-from tokensvc.oauth import bearer, scopes, sessions
+from tokensvc.oauth import bearer, privileges, scopes, sessions
 from tokensvc.oauth.context import OAuthContext
 from tokensvc.oauth.errors import InsufficientScope
-from tokensvc.records import Session, Subject, Token
+from tokensvc.records import Session, Subject, Token, User
 from tokensvc.storage.base import FAMILY, GRANT, SESSION, USER, Revocation
 
 SESSION_SCOPES = ("read", "write")
@@ -25,6 +26,7 @@ class Principal:
     client_id: str | None = None
     token: Token | None = None  # bearer-authenticated
     session: Session | None = None  # cookie-authenticated
+    user: User | None = None  # the user it acts for, as read when it was authenticated
 
     @property
     def via_cookie(self) -> bool:
@@ -44,10 +46,11 @@ class Principal:
 
 
 async def from_bearer(ctx: OAuthContext, token: str | None) -> Principal | None:
-    record = await bearer.active_access_token(ctx, token)
-    if record is None:
+    found = await bearer.active_access_token(ctx, token)
+    if found is None:
         return None
-    return Principal(record.subject, list(record.scopes), record.client_id, token=record)
+    record = found.token
+    return Principal(record.subject, list(record.scopes), record.client_id, token=record, user=found.user)
 
 
 async def from_session(ctx: OAuthContext, session_id: str | None) -> Principal | None:
@@ -55,7 +58,7 @@ async def from_session(ctx: OAuthContext, session_id: str | None) -> Principal |
     if found is None:
         return None
     session, user = found
-    return Principal(Subject(user_id=user.user_id), list(SESSION_SCOPES), session=session)
+    return Principal(Subject(user_id=user.user_id), list(SESSION_SCOPES), session=session, user=user)
 
 
 async def describe(ctx: OAuthContext, principal: Principal) -> dict:
@@ -64,7 +67,7 @@ async def describe(ctx: OAuthContext, principal: Principal) -> dict:
     body = {"subjectType": subject.kind, "id": subject.id, "clientId": principal.client_id,
             "scopes": principal.scopes}
     if subject.user_id is not None:
-        user = await ctx.store.get_user(subject.user_id)
+        user = principal.user or await ctx.store.get_user(subject.user_id)
         body["username"] = user.username if user else None
     else:
         installation = await ctx.store.get_installation(subject.id)
@@ -86,7 +89,8 @@ async def still_valid(ctx: OAuthContext, principal: Principal) -> bool:
 
     A connection opened with an access token stands on the token's family: a refresh that
     replaces the token is no revocation, while revoking the family, its grant, or that access
-    token alone ends it. One opened with a session stands on the session.
+    token alone ends it, and so does ``read`` no longer being in force (its client narrowed,
+    or removed). One opened with a session stands on the session.
     """
     now = ctx.clock()
     token = principal.token
@@ -94,7 +98,10 @@ async def still_valid(ctx: OAuthContext, principal: Principal) -> bool:
         family, grant = await ctx.store.get_family(token.family_id)
         if family is None or not family.stands(grant) or token.expires_at <= now:
             return False
-        return not (family.access_hash == token.token_hash and family.access_revoked_at is not None)
+        if family.access_hash == token.token_hash and family.access_revoked_at is not None:
+            return False
+        found = await privileges.authority(ctx, token)
+        return found is not None and scopes.satisfies(found.token.scopes, scopes.READ)
     if principal.session is not None:
         current_session = await ctx.store.get_session(principal.session.session_hash)
         return current_session is not None and current_session.expires_at > now

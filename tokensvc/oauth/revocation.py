@@ -15,12 +15,14 @@ changed nothing announces nothing.
 
 from __future__ import annotations
 
+from datetime import datetime
+
 from tokensvc import logs
-from tokensvc.oauth import bearer, clientauth, tokens
+from tokensvc.oauth import bearer, clientauth, privileges, tokens
 from tokensvc.oauth.clientauth import ClientRequest
 from tokensvc.oauth.context import OAuthContext
 from tokensvc.records import ACCESS, Client, Grant, Subject
-from tokensvc.storage.base import FAMILY, GRANT, Revocation
+from tokensvc.storage.base import FAMILY, GRANT, Revocation, Store
 
 # -- the primitives ---------------------------------------------------------------------
 
@@ -32,13 +34,33 @@ async def revoke_grant(ctx: OAuthContext, grant_id: str, reason: str) -> int:
     fails half-way leaves nothing usable, and a family minted concurrently is caught either
     by the sweep or by its minter's check afterwards (:func:`sweep_if_grant_revoked`).
     """
-    now = ctx.clock()
-    marked = await ctx.store.mark_grant_revoked(grant_id, now)
-    count = await ctx.store.revoke_grant_families(grant_id, now)
+    marked, count = await end_grant(ctx.store, grant_id, ctx.clock())
     if marked or count:
         ctx.metrics.families_revoked.labels(reason).inc(count)
         ctx.events.publish(Revocation(GRANT, grant_id))
     return count
+
+
+async def end_grant(store: Store, grant_id: str, now: datetime) -> tuple[bool, int]:
+    """The store's part of revoking a grant: marked first, then its families swept. Whether it
+    was live, and the families revoked. (Other processes hear of it from the store's feed.)"""
+    marked = await store.mark_grant_revoked(grant_id, now)
+    return marked, await store.revoke_grant_families(grant_id, now)
+
+
+async def end_chains_before_promotion(store: Store, user_id: str, now: datetime) -> dict[str, int]:
+    """Before a user is made an administrator (again): revoke every live grant of theirs that
+    may carry ``admin`` (:func:`privileges.may_carry_admin`), so that no chain from before,
+    nor a code on its way, ever holds ``admin`` in force. The grants revoked, with their
+    families' counts. Done before the promotion is written: a failure leaves the user as they
+    were, and the promotion, tried again, ends them then."""
+    ended = {}
+    for grant in await store.list_grants(Subject(user_id=user_id)):
+        if await privileges.may_carry_admin(store, grant):
+            marked, count = await end_grant(store, grant.grant_id, now)
+            if marked or count:
+                ended[grant.grant_id] = count
+    return ended
 
 
 async def revoke_family(ctx: OAuthContext, family_id: str, reason: str) -> bool:
@@ -70,7 +92,8 @@ async def revoke_token(ctx: OAuthContext, token: str, client: Client | None) -> 
     """Revoke ``token``; with ``client`` (RFC 7009), only a token issued to that client, and a
     refresh token of its family whether current or rotated out; without (sign-out), only a
     token in force. Anything else is a silent no-op (RFC 7009 §2.2)."""
-    found = await bearer.in_force(ctx, token)
+    authority = await bearer.in_force(ctx, token)
+    found = authority.token if authority is not None else None
     if found is None and client is not None and tokens.is_refresh_format(token):
         found = await bearer.family_member(ctx, token)
     if found is None or (client is not None and found.client_id != client.client_id):
@@ -90,9 +113,10 @@ async def revoke_token(ctx: OAuthContext, token: str, client: Client | None) -> 
 
 async def revoke_grant_of(ctx: OAuthContext, token: str | None) -> bool:
     """Revoke the whole grant of ``token``, when it is in force (``POST /oauth/revoke``)."""
-    found = await bearer.in_force(ctx, token)
-    if found is None:
+    authority = await bearer.in_force(ctx, token)
+    if authority is None:
         return False
+    found = authority.token
     count = await revoke_grant(ctx, found.grant_id, "grant")
     logs.audit("grant_revoked", {
         "client_id": found.client_id, "subject": found.subject.id, "families_revoked": count, "outcome": "revoked"})
