@@ -152,7 +152,7 @@ def start_demo(admin_port: int | None = None, **popen: object) -> tuple[subproce
         try:
             requests.get(base + "/healthz", timeout=1)
             return process, base
-        except requests.ConnectionError:
+        except (requests.ConnectionError, requests.Timeout):
             if time.monotonic() > deadline or process.poll() is not None:
                 process.kill()
                 raise AssertionError("tokensvc did not start") from None
@@ -166,8 +166,9 @@ def hidden_fields(html: str) -> dict[str, str]:
 
 def user_agent_authorize(authorization_url: str, decision: str = "allow", password: str = "violet-tide-anchor",
                          username: str = "alice") -> str:
-    """Follow the authorization URL as a browser would: sign in, answer consent, and return
-    the final redirect to the client (not followed: the caller decides)."""
+    """Follow the authorization URL as a browser would: sign in, answer the page that asks
+    (third-party consent, pairing, or the one-click page of a native app or of admin) with one
+    click, and return the final redirect to the client (not followed: the caller decides)."""
     agent = requests.Session()
     response = agent.get(authorization_url, allow_redirects=False)
     assert response.status_code == 302 and response.headers["Location"].startswith("/login?next=")
@@ -178,8 +179,8 @@ def user_agent_authorize(authorization_url: str, decision: str = "allow", passwo
     response = agent.post(urljoin(authorization_url, "/login"), data=form, allow_redirects=False)
     assert response.status_code == 302, response.text
     response = agent.get(urljoin(authorization_url, response.headers["Location"]), allow_redirects=False)
-    if response.status_code == 200:  # consent page
-        assert "SkyPlanner" in response.text
+    if response.status_code == 200:  # the page where the user decides
+        assert 'name="decision" value="allow"' in response.text, response.text
         form = hidden_fields(response.text)
         form["decision"] = decision
         response = agent.post(urljoin(authorization_url, "/oauth/authorize"), data=form, allow_redirects=False)

@@ -112,6 +112,8 @@ async def test_admin_scope_is_for_admin_users_only(browser):
 async def test_omitted_scope_means_the_clients_allowed_scopes(browser, store):
     await browser.login("root")
     response = await browser.authorize("webapp", WEBAPP_REDIRECT)
+    assert response.code == 200  # admin among them: never without the user's click
+    response = await browser.decide(response, "allow")
     code = await store.get_code(hashing.digest(query_of(response.headers["Location"])["code"]))
     assert code.scopes == ["read", "write", "connected-apps:write", "admin"]
 
@@ -173,6 +175,70 @@ async def test_consent_post_revalidates_the_request(browser):
     fields.update(decision="allow", redirect_uri="https://evil.example/cb")
     response = await browser.fetch("/oauth/authorize", "POST", fields)
     assert response.code == 400 and "Location" not in response.headers
+
+
+CLI_REDIRECT = "http://127.0.0.1:53817/callback"  # tokensvc login's loopback port
+
+
+@pytest.mark.gen_test
+@pytest.mark.parametrize("client_id,redirect_uri,scope,user,where", [
+    ("tokensvc-cli", CLI_REDIRECT, "admin", "root", "tokensvc command line on this computer, port 53817"),
+    ("node-agent", NODE_REDIRECT, "read write", "alice", "Node agent on this computer, port 8765"),
+    ("node-agent", "http://[::1]:8765/paired", "read", "alice", "Node agent on this computer, port 8765"),
+    ("desk-app", "com.example.desk:/cb", "read", "alice",
+     "Desk app in the app that opens com.example.desk: links on this device"),
+    ("webapp", WEBAPP_REDIRECT, "read admin", "root", "Web app on this computer, port 8080"),
+], ids=["cli-admin", "native-loopback", "native-ipv6", "native-scheme", "admin-confidential"])
+async def test_no_code_leaves_without_the_users_click_where_nothing_vouches_for_the_app(
+        browser, store, client_id, redirect_uri, scope, user, where):
+    """RFC 8252 §8.6: a public client with a loopback or private-use redirect cannot prove it is
+    the app it names, so even a first-party one gets the one-click page, every time (an earlier
+    approval proves nothing either); and admin is never granted without it, whatever the client."""
+    from tokensvc.records import Client
+
+    await store.put_client(Client("desk-app", "Desk app", ["com.example.desk:/cb"], ["read"], first_party=True))
+    await store.put_client(Client("node-agent", "Node agent", [NODE_REDIRECT, "http://[::1]/paired"],
+                                  ["read", "write"], first_party=True))
+    await browser.login(user)
+    for issued in range(2):
+        page = await browser.authorize(client_id, redirect_uri, scope=scope)
+        assert page.code == 200 and "Location" not in page.headers
+        html = page.body.decode()
+        text = " ".join(re.sub(r"<[^>]+>", "", html).split())
+        assert "Continue to" in text and f"Your sign-in goes to {where}." in text
+        for word in scope.split():
+            assert f'<code class="scope">{word}</code>' in html
+        assert page.headers["X-Frame-Options"] == "DENY"
+        assert "form-action 'self' " in page.headers["Content-Security-Policy"]
+        assert code_count(store) == issued  # none for this request yet
+        allowed = await browser.decide(page, "allow")
+        assert allowed.code == 302 and allowed.headers["Location"].startswith(redirect_uri + "?code=")
+    denied = await browser.decide(await browser.authorize(client_id, redirect_uri, scope=scope), "deny")
+    assert query_of(denied.headers["Location"])["error"] == "access_denied"
+
+
+@pytest.mark.gen_test
+@pytest.mark.parametrize("headers,xsrf", [
+    ({}, None),  # a page elsewhere posting the form: it cannot read the XSRF cookie
+    ({"Sec-Fetch-Site": "same-site"}, "valid"),  # another port of 127.0.0.1: same site, another origin
+    ({"Sec-Fetch-Site": "cross-site"}, "valid"),
+    ({"Origin": "http://127.0.0.1:53817"}, "valid"),
+    ({"Origin": "null"}, "valid"),  # a sandboxed frame or a data: URL, saying nothing of where it is
+], ids=["no-token", "same-site", "cross-site", "foreign-origin", "null-origin"])
+async def test_the_one_click_page_is_only_answered_from_itself(browser, store, headers, xsrf):
+    await browser.login("root")
+    page = await browser.authorize("tokensvc-cli", CLI_REDIRECT, scope="admin")
+    fields = browser.form_fields(page.body.decode())
+    if xsrf is None:
+        fields.pop("_xsrf")
+    response = await browser.fetch("/oauth/authorize", "POST", {**fields, "decision": "allow"}, headers=headers)
+    assert response.code == 403 and "Location" not in response.headers
+    assert code_count(store) == 0
+
+
+def code_count(store) -> int:
+    """Codes the memory store holds, whatever their state."""
+    return len(store._codes)
 
 
 @pytest.mark.gen_test
@@ -252,6 +318,9 @@ async def test_html_pages_carry_a_strict_csp(browser):
     csp = response.headers["Content-Security-Policy"]
     assert "default-src 'none'" in csp and "frame-ancestors 'none'" in csp and "script-src" not in csp
     assert response.headers["X-Frame-Options"] == "DENY"
+    # Its forms post their own origin (Origin: null is refused); no other origin gets a Referer.
+    assert response.headers["Referrer-Policy"] == "same-origin"
+    assert '<meta name="referrer" content="same-origin">' in response.body.decode()
 
 
 @pytest.mark.gen_test

@@ -49,7 +49,7 @@ from selenium.webdriver.common.by import By  # noqa: E402
 from selenium.webdriver.support import expected_conditions  # noqa: E402
 from selenium.webdriver.support.ui import WebDriverWait  # noqa: E402
 
-PASSWORDS = {"alice": "violet-tide-anchor", "bob": "copper-fern-meadow"}
+PASSWORDS = {"alice": "violet-tide-anchor", "bob": "copper-fern-meadow", "root": "quartz-river-beacon"}
 
 
 # A browser app (a public client's page): with the code it received, it runs the rest of the
@@ -75,14 +75,36 @@ async function post(path, fields) {
 </script>"""
 
 
+# A page of another origin that sends a signed-in browser where it likes: navigating it
+# (``/navigate?to=URL``), or posting a form of its own making (``/post?to=URL&field=value...``),
+# as any page an administrator happens to open could.
+NAVIGATE = """<!doctype html><title>elsewhere</title><link rel="icon" href="data:,"><p>elsewhere</p>
+<script>location.replace(new URLSearchParams(location.search).get("to"));</script>"""
+POST = """<!doctype html><title>elsewhere</title><link rel="icon" href="data:,"><p>elsewhere</p>
+<form method="post" id="f"></form>
+<script>
+const q = new URLSearchParams(location.search), form = document.getElementById("f");
+form.action = q.get("to");
+for (const [name, value] of q) if (name !== "to") {
+  const input = document.createElement("input"); input.type = "hidden"; input.name = name; input.value = value;
+  form.appendChild(input);
+}
+form.submit();
+</script>"""
+
+
 class CallbackPage(http.server.BaseHTTPRequestHandler):
     """A client's redirect target: a plain page that names what it received; with
-    ``state=app``, the browser app above."""
+    ``state=app``, the browser app above; at ``/navigate`` and ``/post``, a page of another
+    origin that sends the browser on (above)."""
 
     def do_GET(self) -> None:
         body = b'<!doctype html><title>callback</title><link rel="icon" href="data:,"><p>received</p>'
+        path = urlsplit(self.path).path
         if parse_qs(urlsplit(self.path).query).get("state") == ["app"]:
             body = BROWSER_APP.replace("VERIFIER", VERIFIER).encode()
+        elif path in ("/navigate", "/post"):
+            body = (NAVIGATE if path == "/navigate" else POST).encode()
         self.send_response(200)
         self.send_header("Content-Type", "text/html; charset=utf-8")
         self.send_header("Content-Length", str(len(body)))
@@ -110,7 +132,9 @@ def callback():
 
 @pytest.fixture(scope="module")
 def service(tmp_path_factory, callback):
-    service = start_service(tmp_path_factory.mktemp("browser"), callback=callback)
+    password = PASSWORDS["root"]
+    root = f'\n[[users]]\nusername = "root"\npassword = "{password}"\nadmin = true\n'
+    service = start_service(tmp_path_factory.mktemp("browser"), callback=callback, extra=root)
     yield service.base
     service.stop()
 
@@ -557,3 +581,82 @@ def test_an_operator_unpairs_an_installation(service, callback, driver):
     wait_for(driver, By.CSS_SELECTOR, "form.confirm button[name=installation_id]").click()
     assert "Backyard telescope is unpaired" in wait_for(driver, By.CSS_SELECTOR, ".note").text
     assert introspect(service, tokens["refresh_token"]) == {"active": False}
+
+
+# -- native apps: the one-click page, and no code for a page of another origin -----------------
+
+
+class Listener(http.server.ThreadingHTTPServer):
+    """Whatever listens on a loopback port (any local process could): it keeps every request
+    that reaches it."""
+
+    def __init__(self) -> None:
+        self.seen: list[str] = []
+        listener = self
+
+        class Keep(http.server.BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                listener.seen.append(self.path)
+                self.send_response(204)
+                self.end_headers()
+
+            def log_message(self, *args) -> None:
+                pass
+
+        super().__init__(("127.0.0.1", 0), Keep)
+
+
+@pytest.fixture
+def listener():
+    server = Listener()
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield server
+    server.shutdown()
+    server.server_close()
+
+
+def cli_url(service: str, redirect_uri: str) -> str:
+    return service + "/oauth/authorize?" + urlencode({
+        "response_type": "code", "client_id": "tokensvc-cli", "redirect_uri": redirect_uri, "scope": "admin",
+        "state": "s", "code_challenge": CHALLENGE, "code_challenge_method": "S256"})
+
+
+def test_a_page_of_another_origin_gets_no_code_for_a_signed_in_admin(service, stranger, listener, driver):
+    """A page elsewhere (another port of 127.0.0.1: same site, another origin) sends a signed-in
+    administrator's browser to the command line's authorization with a loopback port of its
+    own: the browser stops at the one-click page, and a form the page posts itself is refused.
+    Nothing reaches the port."""
+    sign_in_directly(driver, service, "root")
+    port = listener.server_address[1]
+    target = cli_url(service, f"http://127.0.0.1:{port}/callback")
+    driver.get(f"{stranger}/navigate?" + urlencode({"to": target}))
+    wait_until(driver, lambda d: d.find_element(By.TAG_NAME, "h1").text == "Continue to tokensvc command line?")
+    assert urlsplit(driver.current_url).path == "/oauth/authorize"
+    main = driver.find_element(By.TAG_NAME, "main").text
+    assert f"tokensvc command line on this computer, port {port}" in main and "admin" in main
+    fields = {field.get_attribute("name"): field.get_attribute("value")
+              for field in driver.find_elements(By.CSS_SELECTOR, "form.decision input[type=hidden]")}
+    fields.pop("_xsrf")  # the page elsewhere cannot read it
+    driver.get(f"{stranger}/post?" + urlencode({"to": service + "/oauth/authorize", **fields, "decision": "allow"}))
+    alert = wait_for(driver, By.CSS_SELECTOR, ".alert")  # the page again, and nothing decided
+    assert "decide again" in alert.text and urlsplit(driver.current_url).path == "/oauth/authorize"
+    driver.expected_console = ["/oauth/authorize - Failed to load resource: the server responded with a status of 403"]
+    assert listener.seen == []
+
+
+def test_the_command_lines_sign_in_is_one_click(service, callback, driver, shots):
+    """tokensvc login's page in a browser: signed in, one click on Continue, and the code lands
+    on the command line's loopback port (form-action lets the form lead there), console clean."""
+    redirect = f"{callback}/callback"
+    driver.get(cli_url(service, redirect))
+    sign_in(driver, PASSWORDS["root"], "root")
+    carry_on = wait_for(driver, By.CSS_SELECTOR, "button[value=allow]")
+    assert carry_on.text == "Continue"
+    port = urlsplit(callback).port
+    assert f"tokensvc command line on this computer, port {port}" in driver.find_element(By.TAG_NAME, "main").text
+    assert fits_the_window(driver) and chips_whole(driver)
+    driver.save_screenshot(str(shots / "confirm.png"))
+    carry_on.click()
+    query = landed_on(driver, redirect)
+    assert query["state"] == ["s"] and query["code"]

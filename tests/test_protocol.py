@@ -9,7 +9,7 @@ from helpers import CHALLENGE, NODE_REDIRECT, SKY_REDIRECT, VERIFIER, WEBAPP_RED
 
 from tokensvc.bootstrap import make_context, seed
 from tokensvc.oauth import authorization, clientauth, grants, hashing, introspection, revocation
-from tokensvc.oauth.authorization import Consent, Issued, Pairing, SignIn
+from tokensvc.oauth.authorization import Confirm, Consent, Issued, Pairing, SignIn
 from tokensvc.oauth.clientauth import ClientRequest
 from tokensvc.oauth.errors import (
     AccessDenied,
@@ -92,8 +92,9 @@ async def test_pairing_needs_an_operator(seeded):
 
 
 async def test_what_an_authorization_request_leads_to(seeded):
-    """authorization.decide: sign in first; a first-party client gets its code at once; a
-    third-party client always gets the consent page, then the user's answer."""
+    """authorization.decide: sign in first; a first-party client gets its code at once unless
+    nothing vouches for it or it asks for admin; a third-party client always gets the consent
+    page, then the user's answer."""
     alice = await seeded.store.get_user_by_username("alice")
     signin = await authorization.decide(seeded, args(), None)
     assert isinstance(signin, SignIn) and signin.request.client.client_id == "webapp"
@@ -121,6 +122,16 @@ async def test_what_an_authorization_request_leads_to(seeded):
     pairing = await authorization.decide(seeded, pair, alice)
     assert isinstance(pairing, Pairing) and pairing.installation.name == "Backyard telescope"
     assert isinstance(await authorization.decide(seeded, pair, alice, "allow"), Issued)
+    # A first-party public client on a loopback redirect (nothing proves it is the app it
+    # names), and admin whatever the client: the user's click first (RFC 8252 §8.6).
+    root = await seeded.store.get_user_by_username("root")
+    for request, user in ((args("node-agent", NODE_REDIRECT, scope="read"), alice),
+                          (args("tokensvc-cli", "http://127.0.0.1:53817/callback", scope="admin"), root),
+                          (args(scope="read admin"), root)):
+        confirm = await authorization.decide(seeded, request, user)
+        assert isinstance(confirm, Confirm) and confirm.user == user
+        assert isinstance(await authorization.decide(seeded, request, user, "allow"), Issued)
+    assert isinstance(await authorization.decide(seeded, args(scope="read"), root), Issued)
 
 
 # -- code exchange ----------------------------------------------------------------------

@@ -110,10 +110,12 @@ async def test_bearer_requests_need_no_xsrf_token_even_with_a_cookie(browser, ht
     ({"Sec-Fetch-Site": "same-site"}, 403),  # a sibling subdomain, or http beside https
     ({"Origin": "http://evil.tokensvc.example"}, 403),
     ({"Origin": "http://127.0.0.1:8080", "Sec-Fetch-Site": "cross-site"}, 403),
-    ({"Sec-Fetch-Site": "same-origin", "Origin": "null"}, 302),  # the service's own no-referrer form
+    ({"Sec-Fetch-Site": "same-origin", "Origin": "null"}, 302),  # a same-origin form under no-referrer
+    ({"Origin": "null"}, 403),  # a sandboxed frame, a data: page: says nothing of where it is
     ({"Origin": "http://127.0.0.1:8080"}, 302),  # its configured origin
     ({}, 302),  # a client that says nothing (not a browser): the token decides
-], ids=["cross-site", "same-site", "foreign-origin", "cross-site-own-origin", "same-origin", "own-origin", "silent"])
+], ids=["cross-site", "same-site", "foreign-origin", "cross-site-own-origin", "same-origin", "null-origin",
+        "own-origin", "silent"])
 async def test_a_form_from_another_origin_is_refused_even_with_a_valid_token(http_client, base_url, headers, status):
     """Login CSRF on an http deployment: a page elsewhere that planted a pre-sign-in pair
     (cookie and field) still cannot sign a browser in, where the browser says where it is."""

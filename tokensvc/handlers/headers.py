@@ -35,7 +35,11 @@ def page_csp(form_action: Iterable[str] = (), img_src: Iterable[str] = ()) -> st
 JSON_HEADERS = {**SECURITY_HEADERS, "Content-Security-Policy": "default-src 'none'; frame-ancestors 'none'"}
 TOKEN_HEADERS = {**JSON_HEADERS, **NO_STORE}
 PRIVATE_HEADERS = {**JSON_HEADERS, "Cache-Control": "no-store"}
-PAGE_HEADERS = {**SECURITY_HEADERS, "Content-Security-Policy": page_csp(), "Cache-Control": "no-store"}
+# A page's forms post their own origin in ``Origin`` (under no-referrer a browser sends
+# ``Origin: null``, which tells nothing and is refused, lifecycle.check_xsrf); every other
+# origin (a client's redirect, a logo's host) still gets no Referer.
+PAGE_HEADERS = {**SECURITY_HEADERS, "Referrer-Policy": "same-origin", "Content-Security-Policy": page_csp(),
+                "Cache-Control": "no-store"}
 # Static files are the pages' own style sheet and icons: cacheable, and never a document that
 # could run anything. Opened on their own, a browser shows an image in a document it styles
 # inline itself, which is all 'unsafe-inline' allows here.

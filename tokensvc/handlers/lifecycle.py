@@ -153,13 +153,15 @@ def check_xsrf(handler: RequestInput) -> None:
 
 def _from_own_origin(request: HTTPServerRequest, config: Settings) -> bool:
     """Whether the browser says the request comes from the service's own origin, or says
-    nothing. ``Sec-Fetch-Site`` first: a page under ``Referrer-Policy: no-referrer`` (all of
-    this service's) posts its forms with ``Origin: null``."""
+    nothing at all (not a browser: the token decides). ``Sec-Fetch-Site`` first; else
+    ``Origin``, which the service's pages send as their own (``Referrer-Policy: same-origin``):
+    ``Origin: null`` (a sandboxed frame, a ``data:`` page, a page under no-referrer) says
+    nothing of where the request comes from and is refused."""
     site = request.headers.get("Sec-Fetch-Site")
     if site is not None:
         return site in ("same-origin", "none")
     origin = request.headers.get("Origin")
-    return origin is None or origin == "null" or origin in own_origins(config)
+    return origin is None or origin in own_origins(config)
 
 
 LOOPBACK_NAMES = ("localhost", "127.0.0.1", "::1")

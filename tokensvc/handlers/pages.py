@@ -37,6 +37,19 @@ def describe_scopes(granted: list[str], descriptions: dict[str, str],
     return [(scope, descriptions.get(scope) or own.get(scope) or scope) for scope in granted]
 
 
+def destination(redirect_uri: str) -> tuple[str, str]:
+    """Where a code sent to ``redirect_uri`` goes, in a person's words after the app's name
+    ("on this computer, port 53817"), and who else could have started the request."""
+    parts = urlsplit(redirect_uri)
+    if parts.scheme not in ("http", "https"):
+        return (f"in the app that opens {parts.scheme}: links on this device",
+                "Any app on this device can start this and claim those links.")
+    if authorization.native_redirect(redirect_uri):
+        return ("on this computer" + (f", port {parts.port}" if parts.port else ""),
+                "Any program on this computer can start this, and whatever listens on that port gets the access.")
+    return f"at {parts.hostname}", "Any page you visit can send you here."
+
+
 def safe_next(target: str | None) -> str:
     """A same-site path to return to after sign-in; anything else becomes ``/`` (no open redirect)."""
     if not target or not target.startswith("/") or target.startswith("//") or target.startswith("/\\"):
@@ -97,18 +110,23 @@ class AuthorizeHandler(FormPage):
                       else "/oauth/authorize?" + urlencode(outcome.request.hidden_fields()))
             after_post = 303 if self.request.method == "POST" else None
             self.redirect("/login?" + urlencode({"next": target}), status=after_post)
-        elif isinstance(outcome, authorization.Consent | authorization.Pairing):
-            self.render_decision(outcome)
-        else:
+        elif isinstance(outcome, authorization.Issued):
             self.redirect(outcome.location)
+        else:
+            self.render_decision(outcome)
 
-    def render_decision(self, outcome: authorization.Consent | authorization.Pairing) -> None:
-        request, installation = outcome.request, outcome.installation
+    def render_decision(self, outcome: authorization.Consent | authorization.Pairing | authorization.Confirm) -> None:
+        """The page where the user decides: its form leads on to the verified redirect_uri
+        (``form-action``), posts back with its XSRF token, and names where the code goes."""
+        request = outcome.request
+        installation = outcome.installation if not isinstance(outcome, authorization.Confirm) else None
         self.allow_sources(form_action=[request.redirect_uri], img_src=[request.client.logo_url])
-        template = "pairing.html" if isinstance(outcome, authorization.Pairing) else "consent.html"
+        where, warning = destination(request.redirect_uri)
+        template = {authorization.Pairing: "pairing.html", authorization.Confirm: "confirm.html"}.get(
+            type(outcome), "consent.html")
         self.render(template, client=request.client, user=outcome.user, installation=installation,
                     scopes=describe_scopes(request.scopes, self.config.scopes, installation is not None),
-                    fields=request.hidden_fields(), redirect_host=urlsplit(request.redirect_uri).netloc,
+                    fields=request.hidden_fields(), destination=where, warning=warning,
                     expired=self.form_expired, switch_to="/oauth/authorize?" + urlencode(request.hidden_fields()))
 
 

@@ -3,8 +3,15 @@
 ``validate`` checks a request in the order the RFC requires: first what decides whether
 a redirect is safe at all (client and exact redirect_uri), then everything that is
 answered by a redirect carrying ``error``. ``decide`` says what the user agent gets next:
-the sign-in page, the consent page, or the redirect back to the client; ``issue_code``
-records the grant and mints the single-use code.
+the sign-in page, a page where the user decides, or the redirect back to the client;
+``issue_code`` records the grant and mints the single-use code.
+
+No code is issued without the user's action where nothing else vouches for where it goes
+(RFC 8252 §8.6): a public client whose redirect is a loopback address or a private-use
+scheme cannot prove it is the app it names (any local process can listen on a loopback
+port, any app can claim a scheme), so even a first-party one gets a one-click page that
+names the app, the scopes and where the code goes; and ``admin`` is never granted without
+such a page, whatever the client (:func:`needs_the_user`).
 """
 
 from __future__ import annotations
@@ -14,6 +21,7 @@ from datetime import timedelta
 from urllib.parse import parse_qsl, urlsplit
 
 from tokensvc import logs
+from tokensvc.identifiers import is_loopback
 from tokensvc.oauth import hashing, pkce, scopes
 from tokensvc.oauth.context import OAuthContext
 from tokensvc.oauth.errors import (
@@ -87,6 +95,15 @@ class Pairing:
     request: AuthorizationRequest
     user: User
     installation: Installation
+
+
+@dataclass(slots=True)
+class Confirm:
+    """A first-party client whose code the user must send on themselves (:func:`needs_the_user`):
+    the one-click page of a streamlined consent, naming the app, the scopes and where the code goes."""
+
+    request: AuthorizationRequest
+    user: User
 
 
 @dataclass(slots=True)
@@ -270,6 +287,26 @@ async def issue_code(ctx: OAuthContext, request: AuthorizationRequest, subject: 
     return redirect_to(request.redirect_uri, {"code": code, "state": request.state, "iss": ctx.issuer})
 
 
+def native_redirect(redirect_uri: str) -> bool:
+    """Whether a code sent to ``redirect_uri`` reaches whatever happens to listen there: an
+    http loopback address (any local process may hold the port, RFC 8252 §8.3) or a
+    private-use scheme (any app may claim it, §8.6). A claimed https address is vouched for by
+    its host."""
+    parts = urlsplit(redirect_uri)
+    if parts.scheme == "http":
+        return is_loopback(parts.hostname)
+    return parts.scheme != "https"
+
+
+def needs_the_user(request: AuthorizationRequest) -> bool:
+    """Whether the code must wait for the user's click even for a first-party client: a public
+    client with a native redirect (nothing proves the app is the one named, RFC 8252 §8.6: the
+    streamlined consent the spec asks first-party clients for, never none), or a request that
+    would grant ``admin``."""
+    native = not request.client.confidential and native_redirect(request.redirect_uri)
+    return native or scopes.ADMIN in request.scopes
+
+
 def record_consent(request: AuthorizationRequest, user: User, allowed: bool) -> None:
     """Audit the user's answer to a consent page."""
     outcome = "allowed" if allowed else "denied"
@@ -278,12 +315,12 @@ def record_consent(request: AuthorizationRequest, user: User, allowed: bool) -> 
 
 
 async def decide(ctx: OAuthContext, args: dict[str, list[str]], user: User | None,
-                 decision: str | None = None) -> SignIn | Consent | Pairing | Issued:
-    """What an authorization request (``decision``: the consent form's answer, None for the
-    request itself) leads to for ``user`` (None: not signed in). First-party clients get
-    their code without a prompt, except that pairing an installation names it first;
-    third-party clients always get the consent page (the spec).
-    RedirectUnverified or RedirectError when it fails."""
+                 decision: str | None = None) -> SignIn | Consent | Pairing | Confirm | Issued:
+    """What an authorization request (``decision``: the answer of a page's form, posted with
+    its XSRF token, None for the request itself) leads to for ``user`` (None: not signed in).
+    Third-party clients always get the consent page (the spec); pairing an installation names
+    it first; a first-party client gets the one-click page where :func:`needs_the_user`, and
+    otherwise its code without a prompt. RedirectUnverified or RedirectError when it fails."""
     request = await validate(ctx, args)
     if user is None:
         return SignIn(request)
@@ -301,4 +338,6 @@ async def decide(ctx: OAuthContext, args: dict[str, list[str]], user: User | Non
         return Consent(request, user, installation)
     elif installation is not None:
         return Pairing(request, user, installation)
+    elif needs_the_user(request):
+        return Confirm(request, user)
     return Issued(await issue_code(ctx, request, subject))
