@@ -359,18 +359,28 @@ async def test_bodies_are_bounded_like_the_public_apis(call):
     check_validation_error(many, ["body", "redirectUris"], "too_long")
 
 
-async def test_guessed_tokens_are_limited_per_address(http_client, base_url, config):
+async def test_guessed_tokens_are_limited_per_address_and_never_lock_the_admin_out(http_client, base_url, config,
+                                                                                  root_token, ctx, caplog):
+    """Every local user shares the loopback address: a stranger's guesses there are counted,
+    audited and answered 429 past the limit, and the administrator's own token, which checks
+    out, still opens the API from that very address."""
+    import secrets
+
+    def admin_clients(token, address):
+        return http_client.fetch(base_url + "/admin/clients", headers={"Authorization": f"Bearer {token}"},
+                                 raise_error=False, network_interface=address)
+
     limit = config.limits.failed_client_auth_per_address
-    codes = []
-    for _ in range(limit + 2):
-        response = await http_client.fetch(base_url + "/admin/clients", headers={"Authorization": "Bearer guess"},
-                                           raise_error=False, network_interface="127.0.0.2")
-        codes.append(response.code)
-    assert codes[:limit] == [401] * limit and codes[limit:] == [429, 429]
+    codes = [(await admin_clients(secrets.token_urlsafe(32), "127.0.0.2")).code for _ in range(limit + 10)]
+    assert codes[:limit] == [401] * limit and set(codes[limit:]) == {429}
+    assert (await admin_clients(root_token, "127.0.0.2")).code == 200
+    assert (await admin_clients("guess", "127.0.0.2")).code == 429  # and further guesses still are not
     # Another address is not locked out by the first one's guesses.
-    other = await http_client.fetch(base_url + "/admin/clients", headers={"Authorization": "Bearer guess"},
-                                    raise_error=False, network_interface="127.0.0.3")
-    assert other.code == 401
+    assert (await admin_clients("guess", "127.0.0.3")).code == 401
+    refused = [record.audit for record in caplog.records
+               if getattr(record, "audit", {}).get("event") == "admin_call" and record.audit["outcome"] == "refused"]
+    assert len(refused) == limit + 12
+    assert 'tokensvc_rate_limited_total{kind="admin"} 11.0' in ctx.metrics.render().decode()
 
 
 async def test_every_call_is_audited_with_the_user_and_the_client_never_the_token(call, caplog, root_token):

@@ -3,9 +3,12 @@
 import pytest
 from backends import BACKENDS
 from helpers import SKY_REDIRECT, WEBAPP_REDIRECT, WEBAPP_SECRET, basic, make_config, post_form
+from tornado.httpclient import HTTPRequest
 
 from tokensvc.config import LimitSettings
+from tokensvc.oauth import hashing
 from tokensvc.ratelimit import FailureLimits, MemoryFailureLimiter, TooManyFailures
+from tokensvc.records import Client
 
 
 @pytest.fixture
@@ -39,9 +42,49 @@ async def test_failed_client_authentication_is_limited_per_address(http_client, 
     for client_id in ("a", "b", "c", "d", "e", "f"):
         assert (await introspect(http_client, base_url, "wrong", client_id=client_id)).code == 401
     assert (await introspect(http_client, base_url, "wrong", client_id="g")).code == 429
+    assert (await introspect(http_client, base_url, WEBAPP_SECRET)).code == 429  # a hand-set secret, guessable
+    # A public client proves nothing, so there is nothing to guess: it is never refused, and
+    # gets the answer its request deserves.
     token_endpoint = await post_form(http_client, base_url + "/oauth/token", {
         "grant_type": "authorization_code", "code": "x", "redirect_uri": SKY_REDIRECT, "client_id": "skyplanner"})
-    assert token_endpoint.code == 429
+    assert token_endpoint.code == 400 and b"invalid_grant" in token_endpoint.body
+
+
+ROBOT_SECRET = hashing.new_secret()  # a generated secret: 256 random bits
+
+
+async def add_robot(store):
+    """A confidential client with a generated secret."""
+    await store.put_client(Client("robot", "Robot", ["https://robot.example/cb"],
+                                  secret_hash=hashing.digest(ROBOT_SECRET)))
+
+
+def revoke_from(http_client, base_url, address, client_id, secret):
+    """POST /oauth/token/revoke (client authentication, then 200 {} whatever the token) from ``address``."""
+    return http_client.fetch(HTTPRequest(base_url + "/oauth/token/revoke", method="POST", body="token=x",
+                                         headers={"Authorization": basic(client_id, secret)},
+                                         network_interface=address), raise_error=False)
+
+
+@pytest.mark.gen_test
+async def test_a_right_generated_secret_is_never_refused_by_a_limit(http_client, base_url, store, ctx, caplog):
+    """Guessing a 256-bit secret gains nothing from a limit, and refusing the right one is a
+    denial of service by anyone sharing the address (every local user shares loopback): the
+    guesses are counted, audited and answered 429 past the limit, and the client's own right
+    secret is answered from that address all the same."""
+    await add_robot(store)
+    codes = [(await revoke_from(http_client, base_url, "127.0.0.11", client_id, "guess")).code
+             for _ in range(10) for client_id in ("robot", "webapp")]
+    assert codes[:6] == [401] * 6 and set(codes[6:]) == {429}  # failed_client_auth_per_address
+    assert (await revoke_from(http_client, base_url, "127.0.0.11", "robot", ROBOT_SECRET)).code == 200
+    assert (await revoke_from(http_client, base_url, "127.0.0.11", "robot", "guess")).code == 429
+    # A hand-set secret shorter than a generated one could be guessed: it keeps the limit.
+    assert (await revoke_from(http_client, base_url, "127.0.0.11", "webapp", WEBAPP_SECRET)).code == 429
+    failures = [r for r in caplog.records if getattr(r, "audit", {}).get("event") == "client_auth"]
+    assert len(failures) == 21
+    text = ctx.metrics.render().decode()
+    assert "tokensvc_client_auth_failures_total 21.0" in text
+    assert 'tokensvc_rate_limited_total{kind="client_auth"} 16.0' in text
 
 
 @pytest.mark.gen_test
@@ -126,7 +169,7 @@ import asyncio  # noqa: E402
 from urllib.parse import urlencode  # noqa: E402
 
 from helpers import Browser  # noqa: E402
-from tornado.httpclient import AsyncHTTPClient, HTTPRequest  # noqa: E402
+from tornado.httpclient import AsyncHTTPClient  # noqa: E402
 
 
 @pytest.fixture
@@ -192,13 +235,13 @@ def yielding_ctx(backend_store, config, monkeypatch, io_loop):
     return make_context(config, backend_store)
 
 
-async def authenticate(ctx, secret, address="127.0.0.1"):
+async def authenticate(ctx, secret, address="127.0.0.1", client_id="webapp"):
     from tokensvc.oauth import clientauth
     from tokensvc.oauth.clientauth import ClientRequest
     from tokensvc.oauth.errors import InvalidClient
 
     try:
-        return await clientauth.authenticate_request(ctx, ClientRequest(None, "webapp", secret, address))
+        return await clientauth.authenticate_request(ctx, ClientRequest(None, client_id, secret, address))
     except (InvalidClient, TooManyFailures) as exc:
         return type(exc).__name__
 
@@ -262,9 +305,13 @@ async def test_forty_concurrent_wrong_secrets_over_eight_processes_learn_only_th
     assert all(ctx.limits.shared is not None for ctx in processes)
     results = await asyncio.gather(*(authenticate(processes[n % 8], "wrong") for n in range(40)))
     assert results.count("InvalidClient") == 3 and results.count("TooManyFailures") == 37
-    # Every process now refuses the right secret from that address too; another address is free.
+    # Every process now refuses the right hand-set secret from that address too; another address is free.
     assert {await authenticate(ctx, WEBAPP_SECRET) for ctx in processes} == {"TooManyFailures"}
     assert (await authenticate(processes[5], WEBAPP_SECRET, "127.0.0.9")).client_id == "webapp"
+    # A generated secret that checks out is answered by every process, from that address too.
+    await add_robot(processes[0].store)
+    assert {(await authenticate(ctx, ROBOT_SECRET, client_id="robot")).client_id for ctx in processes} == {"robot"}
+    assert {await authenticate(ctx, "guess", client_id="robot") for ctx in processes} == {"TooManyFailures"}
 
 
 @pytest.mark.gen_test(timeout=60)

@@ -7,12 +7,15 @@ Two ways to count, for the two kinds of check:
 - **A sign-in is reserved before its check** (scrypt, tens of milliseconds of CPU) and given back
   when it succeeds (:meth:`FailureLimits.reserve`): of N concurrent wrong passwords only the
   limit's worth are ever checked.
-- **A client's secret is checked at once** (a digest compared in constant time, no cost to
-  speak of) and what counts is what the answer reveals (:meth:`FailureLimits.failed`,
-  :meth:`FailureLimits.check`): a wrong secret is counted, and answered 401 only while its count
-  is within the limit, 429 past it; a right secret is answered 429 too while the key is over its
-  limit. So a guesser learns the outcome of at most the limit's worth of guesses, and a busy
-  client's concurrent right requests never count at all.
+- **A client's secret, or an admin's bearer token, is checked at once** (a digest compared in
+  constant time, no cost to speak of) and what counts is what the answer reveals
+  (:meth:`FailureLimits.failed`, :meth:`FailureLimits.check`): a wrong one is counted, and
+  answered 401 only while its count is within the limit, 429 past it. A right one of high
+  entropy (a token, a generated client secret) is never refused: no number of guesses finds
+  one, and refusing it would let anyone sharing the address lock its owner out. A right
+  low-entropy secret (a client secret set by hand, shorter than a generated one) is answered
+  429 too while the key is over its limit, so that a guesser learns the outcome of at most the
+  limit's worth of guesses. A busy client's concurrent right requests never count at all.
 
 :class:`MemoryFailureLimiter` counts in this process, with no wait between a count and its
 decision. Several processes over one MongoDB also count in the store

@@ -116,9 +116,14 @@ def _is_basic(authorization: str | None) -> bool:
 async def authenticate_request(ctx: OAuthContext, request: ClientRequest) -> Client:
     """The client a token-endpoint request proves, under the failure limits, or InvalidClient.
 
-    Failures count against the address and the client id, and are audited. The secret is
-    checked at once (a digest, in constant time); past a limit the answer is TooManyFailures
-    (429), for a wrong secret and a right one alike, so that it tells a guesser nothing.
+    The credentials are checked first (a digest, in constant time). A failure is counted
+    against the address and the client id, audited and counted in the metrics; past a limit
+    the answer to a failure is TooManyFailures (429) instead of 401. A right secret of high
+    entropy (:func:`guessable`: one the service generated, or a hand-set one as long) and a
+    public client's ``client_id`` (nothing to guess) are never refused by a limit: guessing one
+    gains nothing from the limit, and refusing the right one would let anyone sharing the
+    address lock the client out. Only a right secret shorter than that is answered 429 too
+    while its key is over the limit, so that the answer tells a guesser nothing.
     """
     require_client(request)
     limits = ctx.limits
@@ -135,12 +140,22 @@ async def authenticate_request(ctx: OAuthContext, request: ClientRequest) -> Cli
     except InvalidClient:
         await _failed(ctx, attempt, creds.client_id, request)
         raise
+    if not guessable(creds):
+        return proven
     try:
         await limits.check(attempt)
     except TooManyFailures:
         ctx.metrics.rate_limited.labels("client_auth").inc()
         raise
     return proven
+
+
+def guessable(creds: ClientCredentials) -> bool:
+    """Whether a right secret could have been guessed within any number of attempts the limits
+    allow: one shorter than a generated secret (256 random bits, :data:`hashing.SECRET_LENGTH`
+    characters), as an operator may set by hand in the configuration. A public client presents
+    none."""
+    return creds.client_secret is not None and len(creds.client_secret) < hashing.SECRET_LENGTH
 
 
 async def _failed(ctx: OAuthContext, attempt: Attempt, client_id: str | None, request: ClientRequest) -> None:

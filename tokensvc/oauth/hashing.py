@@ -14,6 +14,7 @@ import hmac
 import secrets
 
 TOKEN_BYTES = 32  # 256 bits
+SECRET_LENGTH = 43  # the characters of new_secret(): what a secret at least this long is taken to hold
 
 # scrypt cost: about 16 MiB and a few tens of milliseconds per hash on a current core.
 _SCRYPT_N, _SCRYPT_R, _SCRYPT_P = 2**14, 8, 1
