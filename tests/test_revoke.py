@@ -185,11 +185,19 @@ async def test_sign_out_ends_the_session_and_revokes_the_token(browser, http_cli
 
 
 @pytest.mark.gen_test
-async def test_cookie_sign_out_needs_the_xsrf_header(browser, store):
+@pytest.mark.parametrize("authorization", [None, "Bearer junk", "Basic d2ViYXBwOng="],
+                         ids=["cookie-alone", "with-a-bearer-header", "with-a-basic-header"])
+async def test_cookie_sign_out_needs_the_xsrf_header(browser, store, authorization):
+    """Sign-out acts on the cookie: whatever else the request carries (an Authorization header
+    of any kind is no authority here), it needs the XSRF token."""
     await browser.login("alice")
-    response = await browser.fetch("/oauth/sign-out", "POST", {})
+    headers = {"Authorization": authorization} if authorization else {}
+    response = await browser.fetch("/oauth/sign-out", "POST", {}, headers=headers)
     assert response.code == 403
     assert len(live_sessions(store)) == 1
+    signed_out = await browser.fetch("/oauth/sign-out", "POST", {}, headers={**headers,
+                                                                            "X-XSRFToken": browser.cookies["_xsrf"]})
+    assert signed_out.code == 200 and live_sessions(store) == []
 
 
 @pytest.mark.gen_test

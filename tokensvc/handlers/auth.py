@@ -20,6 +20,7 @@ class AuthMixin:
     principal: Principal | None = None
     log_client_id: str | None  # the client the access line names
     accept_query_token = False  # only WebSockets, where browsers cannot set headers
+    bearer_replaces_cookie = True  # with an Authorization header, the cookie is never read
 
     async def authenticate(self: Any) -> Principal:
         header = self.request.headers.get("Authorization")

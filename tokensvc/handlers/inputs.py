@@ -26,6 +26,9 @@ class RequestInput:
     output: ClassVar[str]  # "json" or "html"
     max_body: ClassVar[int | None]  # larger bodies get 413; None: any body is ignored unread
     reads_session: ClassVar[bool]  # whether the session cookie may authorize it (XSRF applies then)
+    # Whether an Authorization header takes the cookie's place (the /v1 API's bearer tokens):
+    # only then does a request with one need no XSRF token, cookie or not.
+    bearer_replaces_cookie: ClassVar[bool] = False
 
     def form(self, schema: Schema) -> dict[str, str]:
         """The form-encoded body's parameters that ``schema`` knows, as single values.

@@ -128,9 +128,11 @@ def request_id_for(request: HTTPServerRequest) -> str:
 def check_xsrf(handler: RequestInput) -> None:
     """Every unsafe request that the session cookie may authorize must prove it came from this
     service's own pages: on a page, always (a sign-in form too: login CSRF); on a JSON route,
-    when it carries the cookie. A request with an ``Authorization`` header (a bearer token, or a
-    client's credentials) authenticates by that header: the one exemption. Routes that never
-    read the cookie (``reads_session = False``) are not asked.
+    when it carries the cookie. A request to a route where an ``Authorization`` header takes
+    the cookie's place (``bearer_replaces_cookie``: the ``/v1`` API's bearer tokens)
+    authenticates by that header: the one exemption. Any other route that acts on the cookie
+    (sign-out) asks for the token whatever else the request carries. Routes that never read the
+    cookie (``reads_session = False``) are not asked.
 
     The proof is twofold. Where the browser says where the request comes from
     (``Sec-Fetch-Site``, ``Origin``), it must be this service's own origin: a sibling subdomain
@@ -140,7 +142,7 @@ def check_xsrf(handler: RequestInput) -> None:
     if request.method not in UNSAFE_METHODS or not handler.reads_session:
         return
     config = handler.config
-    if handler.output != HTML and ("Authorization" in request.headers
+    if handler.output != HTML and (("Authorization" in request.headers and handler.bearer_replaces_cookie)
                                    or config.session_cookie not in request.cookies):
         return
     if not _from_own_origin(request, config):
