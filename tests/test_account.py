@@ -116,3 +116,38 @@ async def test_an_expired_sign_in_form_is_shown_again(browser):
     assert again.code == 403 and b"This form had expired. Sign in again." in again.body
     assert "tokensvc_session" not in browser.cookies  # nothing signed in
     assert (await browser.login("alice")).code == 302  # the new form works
+
+
+@pytest.mark.gen_test
+async def test_a_third_party_app_sees_sessions_and_other_apps_only_with_their_own_scopes(
+        browser, http_client, base_url, store):
+    """Where the user is signed in (addresses, browsers) and which other apps they use are
+    theirs: the account page and the service's own apps see them with read; a third-party app
+    needs sessions:read or connected-apps:read, named in its token (read does not cover them)."""
+    from dataclasses import replace
+
+    async def sky(scope):
+        code = await browser.code_for("skyplanner", SKY_REDIRECT, scope=scope)
+        return json_of(await exchange(http_client, base_url, code, client_id="skyplanner", secret=None,
+                                      redirect_uri=SKY_REDIRECT))["access_token"]
+
+    async def listing(path, token):
+        return await http_client.fetch(base_url + path, headers={"Authorization": f"Bearer {token}"},
+                                       raise_error=False)
+
+    read_only = await sky("read")
+    for path, scope in (("/v1/me/sessions", "sessions:read"), ("/v1/me/connected-apps", "connected-apps:read")):
+        refused = await listing(path, read_only)
+        assert refused.code == 403
+        assert json_of(refused)["error"] == "insufficient_scope" and json_of(refused)["scope"] == scope
+        assert (await listing(path, await bearer(browser, http_client, base_url, "read"))).code == 200  # first-party
+        assert (await browser.fetch(path)).code == 200  # the user, on the account page's cookie
+    skyplanner = await store.get_client("skyplanner")
+    await store.put_client(replace(skyplanner, allowed_scopes=[*skyplanner.scopes, "sessions:read",
+                                                               "connected-apps:read"]))
+    consent = await browser.authorize("skyplanner", SKY_REDIRECT, scope="read sessions:read connected-apps:read")
+    assert b"See where you are signed in (browsers and addresses)" in consent.body
+    granted = await sky("read sessions:read connected-apps:read")
+    assert json_of(await listing("/v1/me/sessions", granted))[0]["address"] == "127.0.0.1"
+    assert [app["clientId"] for app in json_of(await listing("/v1/me/connected-apps", granted))] == [
+        "skyplanner", "webapp"]

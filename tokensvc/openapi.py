@@ -224,7 +224,9 @@ def _operations() -> dict[str, dict[str, Any]]:
         "responses": {"200": _json("Me", "The subject"), "401": BEARER_401, "403": FORBIDDEN,
                       "503": UNAVAILABLE}}})
     ops["/v1/me/connected-apps"] = ({"get": {
-        "summary": "Clients holding an active grant of this user (scope read)", "security": bearer_security,
+        "summary": "Clients holding an active grant of this user (scope read: the session cookie or a first-party "
+                   "client's token; a third-party client's token needs connected-apps:read itself)",
+        "security": bearer_security,
         "responses": {"200": {"description": "The apps", "content": {JSON: {"schema": {
             "type": "array", "items": {"$ref": "#/components/schemas/ConnectedApp"}}}}},
             "401": BEARER_401, "403": FORBIDDEN, "503": UNAVAILABLE}}})
@@ -235,7 +237,9 @@ def _operations() -> dict[str, dict[str, Any]]:
                       "422": INVALID, "503": UNAVAILABLE}}})
     session_id = {"name": "session_id", "in": "path", "required": True, "schema": {"type": "string"}}
     ops["/v1/me/sessions"] = {"get": {
-        "summary": "Where the user is signed in (scope read): browser, address, when; the current one marked",
+        "summary": "Where the user is signed in: browser, address, when; the current one marked (scope read: the "
+                   "session cookie or a first-party client's token; a third-party client's token needs sessions:read "
+                   "itself)",
         "security": bearer_security,
         "responses": {"200": {"description": "The sessions", "content": {JSON: {"schema": {
             "type": "array", "items": {"$ref": "#/components/schemas/Session"}}}}},

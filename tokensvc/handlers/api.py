@@ -27,11 +27,13 @@ class MeHandler(ApiEndpoint):
 
 
 class ConnectedAppsHandler(ApiEndpoint):
-    """``GET /v1/me/connected-apps`` (read): the clients holding an active grant of this user."""
+    """``GET /v1/me/connected-apps`` (read; a third-party app needs ``connected-apps:read``):
+    the clients holding an active grant of this user."""
 
     @requires("read")
     async def get(self) -> None:
         principal = self.require_user()
+        principal.require_own("connected-apps:read")
         self.send_json(schemas.connected_apps.dump(await connected_apps.list_connected(self.ctx, principal.subject)))
 
 
@@ -48,11 +50,13 @@ class ConnectedAppHandler(ApiEndpoint):
 
 
 class SessionsHandler(ApiEndpoint):
-    """``GET /v1/me/sessions`` (read): where the user is signed in, the current one marked."""
+    """``GET /v1/me/sessions`` (read; a third-party app needs ``sessions:read``): where the user
+    is signed in (browsers and addresses), the current one marked."""
 
     @requires("read")
     async def get(self) -> None:
         principal = self.require_user()
+        principal.require_own("sessions:read")
         user = principal.user
         current = principal.session.session_hash if principal.session else None
         listed = await sessions.list_sessions(self.ctx, user) if user else []

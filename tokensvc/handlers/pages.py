@@ -21,6 +21,8 @@ SCOPE_WORDS = {
     "write": "Read, create and change your data, including which apps are connected to your account "
              "and where you are signed in",
     "admin": "Administer this service (inspect any token)",
+    "sessions:read": "See where you are signed in (browsers and addresses)",
+    "connected-apps:read": "See which apps are connected to your account",
 }
 INSTALLATION_SCOPE_WORDS = {
     "read": "Read this installation's data",

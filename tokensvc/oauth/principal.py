@@ -27,6 +27,7 @@ class Principal:
     token: Token | None = None  # bearer-authenticated
     session: Session | None = None  # cookie-authenticated
     user: User | None = None  # the user it acts for, as read when it was authenticated
+    first_party: bool = False  # the token's client is first-party (the service's own apps)
 
     @property
     def via_cookie(self) -> bool:
@@ -44,13 +45,25 @@ class Principal:
         if not scopes.satisfies(self.scopes, scope):
             raise InsufficientScope(scope)
 
+    def require_own(self, scope: str) -> None:
+        """For what the user sees of their account beyond their identity (where they are
+        signed in, which apps they connected): the user themselves (the account page's
+        cookie) or one of the service's own apps (a first-party client) with ``read``; any
+        other app only with ``scope`` itself, named in its token (``read`` does not cover it).
+        InsufficientScope (403) naming ``scope`` otherwise."""
+        if self.via_cookie or self.first_party:
+            self.require(scopes.READ)
+        elif scope not in self.scopes:
+            raise InsufficientScope(scope)
+
 
 async def from_bearer(ctx: OAuthContext, token: str | None) -> Principal | None:
     found = await bearer.active_access_token(ctx, token)
     if found is None:
         return None
     record = found.token
-    return Principal(record.subject, list(record.scopes), record.client_id, token=record, user=found.user)
+    return Principal(record.subject, list(record.scopes), record.client_id, token=record, user=found.user,
+                     first_party=found.client.first_party)
 
 
 async def from_session(ctx: OAuthContext, session_id: str | None) -> Principal | None:

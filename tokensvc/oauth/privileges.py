@@ -31,19 +31,22 @@ from tokensvc.storage.base import Store
 
 @dataclass(slots=True, frozen=True)
 class Authority:
-    """What a token may do now: the token with its scopes narrowed to those in force, and the
-    user it acts for as the store holds them now (None for a node installation)."""
+    """What a token may do now: the token with its scopes narrowed to those in force, the user
+    it acts for as the store holds them now (None for a node installation), and its client."""
 
     token: Token
     user: User | None
+    client: Client
 
 
 @dataclass(slots=True, frozen=True)
 class InForce:
-    """The scopes of an authorization in force now, and its user as the store holds them."""
+    """The scopes of an authorization in force now, its user and its client as the store holds
+    them (None when gone)."""
 
     scopes: list[str]
     user: User | None
+    client: Client | None
 
 
 async def in_force(ctx: OAuthContext, client_id: str, subject: Subject, held: list[str],
@@ -55,19 +58,20 @@ async def in_force(ctx: OAuthContext, client_id: str, subject: Subject, held: li
         client = await ctx.store.get_client(client_id)
     user = await ctx.store.get_user(subject.user_id) if subject.user_id is not None else None
     if client is None or (subject.user_id is not None and user is None):
-        return InForce([], user)  # the client was removed, or the user: nothing stands behind it
+        return InForce([], user, client)  # the client was removed, or the user: nothing stands behind it
     allowed = client.scopes
     admin = user is not None and user.admin
-    return InForce([scope for scope in held if scope in allowed and (scope != ADMIN or admin)], user)
+    return InForce([scope for scope in held if scope in allowed and (scope != ADMIN or admin)], user, client)
 
 
 async def authority(ctx: OAuthContext, token: Token, client: Client | None = None) -> Authority | None:
     """``token`` (in force as a credential: unexpired, its family and grant standing) with the
     scopes in force now; None when none is."""
     found = await in_force(ctx, token.client_id, token.subject, token.scopes, client)
-    if not found.scopes:
+    if not found.scopes or found.client is None:
         return None
-    return Authority(token if found.scopes == token.scopes else replace(token, scopes=found.scopes), found.user)
+    return Authority(token if found.scopes == token.scopes else replace(token, scopes=found.scopes), found.user,
+                     found.client)
 
 
 async def may_carry_admin(store: Store, grant: Grant) -> bool:
