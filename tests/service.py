@@ -50,6 +50,7 @@ redirect_uris = ["{callback[skyplanner]}"]
 allowed_scopes = ["read", "observations:write"]
 description = "Plans your observing nights from your telescope's schedule."
 logo_url = "{base}/static/demo-client.svg"
+allowed_origins = {sky_origins}
 
 [[clients]]
 client_id = "node-agent"
@@ -112,8 +113,11 @@ def start_service(tmp_path: Path, storage: str = "", *, callback: str | None = N
     base = f"http://127.0.0.1:{port}"
     redirects = {name: f"{callback}/{name}" for name in NOWHERE} if callback else NOWHERE
     config = tmp_path / "tokensvc.toml"
+    # A test's callback server is also SkyPlanner's browser app, whose pages call the service
+    # (CORS): its loopback origin is listed, as a browser app on a development machine lists it.
     config.write_text(CONFIG.format(base=base, port=port, secret=WEBAPP_SECRET, storage=storage,
-                                    callback=redirects, extra=extra))
+                                    callback=redirects, extra=extra,
+                                    sky_origins=f'["{callback}"]' if callback else "[]"))
     log_path = tmp_path / "tokensvc.log"
     with open(log_path, "w") as log:
         process = subprocess.Popen([python, "-m", "tokensvc", "serve", "--config", str(config)],

@@ -1,24 +1,30 @@
 """CORS for browser apps: the token endpoints and the /v1 API answer the origins of public
-clients' redirect URIs and of clients' allowed_origins, and nothing else; introspection stays
-closed to browsers; credentials are never allowed across origins."""
+clients' https redirect URIs and of clients' allowed_origins, and nothing else (a native app's
+loopback redirect is no browser app's origin); introspection stays closed to browsers;
+credentials are never allowed across origins."""
 
 from __future__ import annotations
 
 import pytest
 from helpers import SKY_REDIRECT, exchange, json_of, make_config, post_form
 
-SKY_ORIGIN = "http://127.0.0.1:9000"  # skyplanner is public: its redirect URI's origin
+SKY_ORIGIN = "http://127.0.0.1:9000"  # skyplanner's loopback redirect: allowed only when listed
 WEBAPP_ORIGIN = "http://127.0.0.1:8080"  # webapp is confidential: its secret is not for a browser
-EXTRA_ORIGIN = "https://planner.example"
+EXTRA_ORIGIN = "https://planner.example"  # listed for partner
+SPA_ORIGIN = "https://spa.example"  # a public client's https redirect URI's origin
 
 
 def with_extra_origin():
+    """Origins given: partner's EXTRA_ORIGIN, and skyplanner's own loopback origin (a browser
+    app on a development machine); a public browser app with an https redirect."""
     config = make_config()
+    origins = {"partner": [EXTRA_ORIGIN], "skyplanner": [SKY_ORIGIN]}
     raw = {"clients": [{"client_id": c.client_id, "name": c.name, "redirect_uris": c.redirect_uris,
                         "allowed_scopes": c.allowed_scopes, "first_party": c.first_party,
                         "client_secret": c.client_secret, "description": c.description, "logo_url": c.logo_url,
-                        "allowed_origins": [EXTRA_ORIGIN] if c.client_id == "partner" else None}
-                       for c in config.clients]}
+                        "allowed_origins": origins.get(c.client_id)}
+                       for c in config.clients]
+           + [{"client_id": "spa", "name": "SPA", "redirect_uris": [SPA_ORIGIN + "/cb"]}]}
     return make_config(**raw)
 
 
@@ -34,7 +40,7 @@ async def preflight(http_client, base_url, path, origin, method="POST"):
                                          ("/oauth/token/revoke", "POST"), ("/oauth/revoke", "POST"),
                                          ("/v1/me", "GET"), ("/v1/me/connected-apps/skyplanner", "DELETE")])
 async def test_a_preflight_from_an_allowed_origin(http_client, base_url, config, path, method):
-    for origin in (SKY_ORIGIN, EXTRA_ORIGIN):
+    for origin in (SKY_ORIGIN, EXTRA_ORIGIN, SPA_ORIGIN):
         answer = await preflight(http_client, base_url, path, origin, method)
         assert answer.code == 204 and answer.body == b""
         assert answer.headers["Access-Control-Allow-Origin"] == origin
@@ -45,7 +51,10 @@ async def test_a_preflight_from_an_allowed_origin(http_client, base_url, config,
 
 
 @pytest.mark.gen_test
-@pytest.mark.parametrize("origin", [WEBAPP_ORIGIN, "https://evil.example", "null", "http://127.0.0.1:9001"])
+@pytest.mark.parametrize("origin", [WEBAPP_ORIGIN, "https://evil.example", "null", "http://127.0.0.1:9001",
+                                    # native apps' loopback redirects (skyplanner's, the command line's):
+                                    # any local page on that port would be them
+                                    SKY_ORIGIN, "http://127.0.0.1", "http://[::1]"])
 async def test_any_other_origin_gets_no_allowance(http_client, base_url, origin):
     answer = await preflight(http_client, base_url, "/oauth/token", origin)
     assert answer.code == 204 and "Access-Control-Allow-Origin" not in answer.headers
@@ -56,7 +65,8 @@ async def test_any_other_origin_gets_no_allowance(http_client, base_url, origin)
 
 
 @pytest.mark.gen_test
-async def test_answers_to_an_allowed_origin_carry_it_errors_included(browser, http_client, base_url):
+@pytest.mark.parametrize("config", [with_extra_origin()])
+async def test_answers_to_an_allowed_origin_carry_it_errors_included(browser, http_client, base_url, config):
     code = await browser.code_for("skyplanner", SKY_REDIRECT, scope="read")
     issued = await exchange(http_client, base_url, code, client_id="skyplanner", secret=None,
                             redirect_uri=SKY_REDIRECT)

@@ -50,7 +50,9 @@ class Client:
     def browser_origins(self) -> list[str]:
         """The web origins whose pages may call the service for this client: its
         ``allowed_origins`` and, for a public client (whose secret cannot be leaked, having
-        none), the http(s) origins of its redirect URIs."""
+        none), the origins of its https redirect URIs. A loopback redirect is a native app's
+        (RFC 8252 §7.3), which calls the service without a browser and needs no CORS: its
+        origin (``http://127.0.0.1``, any local page on that port) is none of the client's."""
         origins = list(self.allowed_origins or [])
         if not self.confidential:
             origins += [origin for uri in self.redirect_uris if (origin := web_origin(uri))]
@@ -58,9 +60,10 @@ class Client:
 
 
 def web_origin(url: str) -> str | None:
-    """``scheme://host[:port]`` of an http(s) URL; None for any other."""
+    """``scheme://host[:port]`` of an https URL; None for any other (http is only ever a
+    loopback redirect's: a native app's)."""
     parts = urlsplit(url)
-    if parts.scheme not in ("http", "https") or not parts.netloc:
+    if parts.scheme != "https" or not parts.netloc:
         return None
     return f"{parts.scheme}://{parts.netloc.lower()}"
 
