@@ -43,11 +43,13 @@ def test_environment_overrides(tmp_path):
     settings = config.load(path, environ={
         "TOKENSVC_STORAGE_BACKEND": "mongodb", "TOKENSVC_STORAGE_MONGODB_URI": "mongodb://db.internal:27017",
         "TOKENSVC_PORT": "9001", "TOKENSVC_TOKENS_ACCESS_TTL": "60", "TOKENSVC_DEMO": "false",
-        "TOKENSVC_XHEADERS": "true", "TOKENSVC_LIMITS_FAILED_LOGINS_PER_USERNAME": "3",
+        "TOKENSVC_XHEADERS": "true", "TOKENSVC_PROXY_TRUSTED_NETWORKS": "10.0.0.0/8, 192.168.0.0/16",
+        "TOKENSVC_LIMITS_FAILED_LOGINS_PER_USERNAME": "3",
         "TOKENSVC_TEST_MONGODB_URI": "ignored: not a setting", "OTHER": "x"})
     assert settings.storage.backend == "mongodb" and settings.storage.mongodb_uri == "mongodb://db.internal:27017"
     assert settings.port == 9001 and settings.tokens.access_ttl == 60
     assert settings.xheaders is True and settings.limits.failed_logins_per_username == 3
+    assert settings.proxy.trusted_networks == ["10.0.0.0/8", "192.168.0.0/16"]
 
 
 @pytest.mark.parametrize("text,key", [

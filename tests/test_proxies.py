@@ -1,6 +1,8 @@
 """Behind reverse proxies: the client's address is read from X-Forwarded-For back past the
-trusted proxies only, never from what a client wrote itself; X-Real-IP only where configured.
-The failure limits, /metrics and the log lines all use that one address."""
+trusted proxies only, never from what a client wrote itself, and only behind a peer in
+proxy.trusted_networks (a client connecting directly is taken at its word for nothing);
+X-Real-IP only where configured. The failure limits, /metrics and the log lines all use that
+one address."""
 
 from __future__ import annotations
 
@@ -29,14 +31,33 @@ def test_without_xheaders_no_header_counts():
 
 
 def test_trusted_hops_count_back_from_the_right():
-    one = ClientAddress(True, trusted_hops=1)
+    one = ClientAddress(True, trusted_hops=1, trusted_networks=["127.0.0.1/32"])
     # nginx appended the address it was reached from; the client wrote the rest.
     assert one(request("127.0.0.1", X_Forwarded_For="6.6.6.6, 10.9.9.9, 198.51.100.7")) == "198.51.100.7"
     assert one(request("127.0.0.1", X_Forwarded_For=["6.6.6.6", "198.51.100.7"])) == "198.51.100.7"
     assert one(request("127.0.0.1", X_Real_IP="10.1.2.3")) == "127.0.0.1"  # X-Real-IP not configured
-    two = ClientAddress(True, trusted_hops=2)  # a cloud load balancer, then an ingress
-    assert two(request("10.0.0.5", X_Forwarded_For="6.6.6.6, 198.51.100.7, 10.0.0.4")) == "198.51.100.7"
-    assert ClientAddress(True, trusted_hops=0)(request("203.0.113.9", X_Forwarded_For="1.2.3.4")) == "203.0.113.9"
+    # A cloud load balancer (anywhere), then an ingress in the pod network.
+    two = ClientAddress(True, trusted_hops=2, trusted_networks=["10.0.0.0/8"])
+    assert two(request("10.0.0.5", X_Forwarded_For="6.6.6.6, 198.51.100.7, 34.1.2.3")) == "198.51.100.7"
+
+
+def test_a_client_that_connects_directly_is_taken_at_its_word_for_nothing():
+    """trusted_hops only counts behind a peer in trusted_networks: a client that reaches the
+    service itself and writes X-Forwarded-For (or X-Real-IP) is its own address."""
+    for address in (ClientAddress(True, trusted_hops=1),  # no proxy named: none is believed
+                    ClientAddress(True, trusted_hops=1, trusted_networks=["10.0.0.0/8"]),
+                    ClientAddress(True, trusted_hops=2, trusted_networks=["10.0.0.0/8"], real_ip_header=True),
+                    ClientAddress(True, trusted_networks=["10.0.0.0/8"])):
+        assert address(request("203.0.113.9", X_Forwarded_For="10.1.1.1, 10.2.2.2",
+                               X_Real_IP="10.3.3.3")) == "203.0.113.9"
+
+
+def test_xheaders_need_the_proxies_networks():
+    from tokensvc.config import ConfigError
+
+    with pytest.raises(ConfigError, match=r"^proxy.trusted_networks: required with xheaders"):
+        make_config(xheaders=True, proxy={"trusted_hops": 1})
+    assert make_config(xheaders=True, proxy={"trusted_networks": ["10.0.0.0/8"]}).proxy.trusted_hops == 0
 
 
 def test_trusted_networks_are_skipped_from_the_right():
@@ -53,12 +74,16 @@ def test_x_real_ip_only_where_configured_and_from_a_trusted_peer():
     assert address(request("127.0.0.1", X_Real_IP="not-an-ip")) == "127.0.0.1"
 
 
-BEHIND_NGINX = make_config(xheaders=True, proxy={"trusted_hops": 1}, metrics={"allow": ["10.0.0.0/8"]},
-                           limits={"failed_logins_per_username": 3, "failed_logins_per_address": 5})
+LIMITS = {"failed_logins_per_username": 3, "failed_logins_per_address": 5}
+BEHIND_NGINX = make_config(xheaders=True, proxy={"trusted_hops": 1, "trusted_networks": ["127.0.0.1/32"]},
+                           metrics={"allow": ["10.0.0.0/8"]}, limits=LIMITS)
+# The proxies are elsewhere: this test's client (127.0.0.1) connects directly.
+PROXIES_ELSEWHERE = make_config(xheaders=True, proxy={"trusted_hops": 1, "trusted_networks": ["192.0.2.0/24"]},
+                                metrics={"allow": ["10.0.0.0/8"]}, limits=LIMITS)
 
 
 @pytest.mark.gen_test(timeout=60)
-@pytest.mark.parametrize("config", [BEHIND_NGINX])
+@pytest.mark.parametrize("config", [BEHIND_NGINX, PROXIES_ELSEWHERE], ids=["behind-nginx", "direct"])
 async def test_rotating_spoofed_headers_get_no_more_guesses(http_client, base_url, config):
     """60 wrong passwords, each with a new X-Real-IP and a new address of the client's own at
     the left of X-Forwarded-For: the proxy's entry stays the same, and so does the limit."""
@@ -96,3 +121,11 @@ async def test_without_xheaders_a_header_changes_nothing(http_client, base_url, 
                                                                            "X-Real-IP": "10.1.2.3"})
     assert json_of(response)["status"] == "ok"
     assert any(record.getMessage().startswith("127.0.0.1 200 GET /healthz") for record in caplog.records)
+
+
+@pytest.mark.gen_test
+@pytest.mark.parametrize("config", [PROXIES_ELSEWHERE])
+async def test_a_client_connecting_directly_opens_no_metrics_with_a_header(http_client, base_url, config):
+    for headers in ({"X-Forwarded-For": "10.1.2.3"}, {"X-Forwarded-For": "203.0.113.5, 10.1.2.3"},
+                    {"X-Real-IP": "10.1.2.3"}):
+        assert (await http_client.fetch(base_url + "/metrics", headers=headers, raise_error=False)).code == 404

@@ -108,11 +108,15 @@ class ServerSettings:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ProxySettings:
-    # With xheaders: how many proxies in front of the service append to X-Forwarded-For.
-    trusted_hops: int = 1
-    # Or their networks: X-Forwarded-For is read back past every address in them.
+    # With xheaders (required then): the networks of the proxies the service is reached
+    # through. A peer outside them is a client that connected directly, and no header it sends
+    # is believed.
     trusted_networks: list[str] = field(default_factory=list)
-    # Take X-Real-IP, set by the nearest proxy, instead (from a trusted peer only).
+    # 0: X-Forwarded-For is read back past every address in trusted_networks. N: behind a
+    # peer in trusted_networks, N proxies in all append to it (the farther ones, a cloud load
+    # balancer, may be anywhere): the client is the N-th entry from the right.
+    trusted_hops: int = 0
+    # Take X-Real-IP, set by the nearest proxy, instead (from a peer in trusted_networks only).
     real_ip_header: bool = False
 
 
@@ -522,6 +526,11 @@ def _check_sections(settings: Settings) -> None:
                 raise ConfigError(f"{key}: not a network (address/prefix): {network!r}") from None
     if settings.proxy.trusted_hops < 0:
         raise ConfigError(f"proxy.trusted_hops: must be 0 or more, got {settings.proxy.trusted_hops}")
+    if settings.xheaders and not settings.proxy.trusted_networks:
+        # Else a client connecting directly writes its own X-Forwarded-For: the failure
+        # limits and /metrics would take the address it chose.
+        raise ConfigError("proxy.trusted_networks: required with xheaders: the networks of the proxies the service "
+                          "is reached through (their headers are believed from them alone)")
 
 
 def _check_clients(clients: list[ClientSeed]) -> None:

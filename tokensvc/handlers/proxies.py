@@ -1,13 +1,15 @@
 """Who the client is behind reverse proxies: the one address that the failure limits count,
 ``/metrics`` admits and the log lines name.
 
-Without ``xheaders`` it is the socket's peer, and no header changes it. With ``xheaders``,
-``X-Forwarded-For`` is read from its right end, where each proxy appended the address it was
-reached from: the address ``proxy.trusted_hops`` places before the peer, or, with
-``proxy.trusted_networks``, the first address from the right that is not one of those networks.
-Whatever a client put at the left end itself is never taken. ``X-Real-IP`` (set by the
-nearest proxy alone) is taken only where ``proxy.real_ip_header`` says so, and only from a
-trusted peer. An address that is not an IP address stops the walk at the last trusted one.
+Without ``xheaders`` it is the socket's peer, and no header changes it. With ``xheaders``, a
+peer outside ``proxy.trusted_networks`` (which the configuration then requires) is a client
+that connected directly: it is the client, whatever headers it sent. Behind a peer inside
+them, ``X-Forwarded-For`` is read from its right end, where each proxy appended the address it
+was reached from: the address ``proxy.trusted_hops`` places before the peer, or, with no hops
+given, the first address from the right that is not in those networks. Whatever a client put
+at the left end itself is never taken. ``X-Real-IP`` (set by the nearest proxy alone) is taken
+only where ``proxy.real_ip_header`` says so, and only from a peer inside the networks. An
+address that is not an IP address stops the walk at the last trusted one.
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ def _ip(text: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
 class ClientAddress:
     """The client's address of a request, as the ``xheaders`` and ``[proxy]`` settings say."""
 
-    def __init__(self, enabled: bool, trusted_hops: int = 1, trusted_networks: Sequence[str] = (),
+    def __init__(self, enabled: bool, trusted_hops: int = 0, trusted_networks: Sequence[str] = (),
                  real_ip_header: bool = False) -> None:
         self.enabled, self.hops, self.real_ip = enabled, trusted_hops, real_ip_header
         self.networks: list[Network] = [ipaddress.ip_network(network, strict=False) for network in trusted_networks]
@@ -42,7 +44,7 @@ class ClientAddress:
         peer = request.remote_ip or ""
         if not self.enabled:
             return peer
-        if not self._trusted(peer, 0):
+        if not self._in_networks(peer):
             return peer  # a client reached the service directly: its headers say nothing
         if self.real_ip:
             real = _ip(request.headers.get("X-Real-IP", ""))
@@ -60,8 +62,12 @@ class ClientAddress:
         return client
 
     def _trusted(self, address: str, distance: int) -> bool:
-        """Whether ``address``, ``distance`` hops from the service, is one of its proxies."""
-        if self.networks:
-            ip = _ip(address)
-            return ip is not None and any(ip in network for network in self.networks)
-        return distance < self.hops
+        """Whether ``address``, ``distance`` hops from the service, is one of its proxies (the
+        peer, at distance 0, always is here: it was checked first)."""
+        if self.hops:
+            return distance < self.hops
+        return self._in_networks(address)
+
+    def _in_networks(self, address: str) -> bool:
+        ip = _ip(address)
+        return ip is not None and any(ip in network for network in self.networks)
