@@ -379,3 +379,15 @@ def test_a_closed_pipe_ends_the_command_quietly(command):
     assert result.stdout.count("\n") == 1, result.stdout
     # Whether the reader left before the last line or after, no traceback, no "Exception ignored".
     assert "Traceback" not in result.stderr and "Error" not in result.stderr and "Exception" not in result.stderr
+
+
+def test_tokens_revoke_takes_the_token_from_an_option_or_standard_input(run):
+    """A token may start with "-" (base64url): as an argument it read as an option."""
+    import secrets
+
+    token = "-" + secrets.token_urlsafe(32)
+    for args, stdin in ((["--value=" + token], None), (["--token-stdin"], token + "\n")):
+        code, out, err = run("tokens", "revoke", *args, stdin=stdin)
+        assert code == 0 and out == "nothing to revoke: the token was not in force\n", err
+    code, _, err = run("tokens", "revoke")
+    assert code == 1 and err == "tokensvc: give the token: --value=TOKEN, or on standard input with --token-stdin\n"

@@ -293,9 +293,9 @@ async def sessions_end(op: Operations, args: argparse.Namespace) -> int:
 
 
 async def tokens_revoke(op: Operations, args: argparse.Namespace) -> int:
-    token = sys.stdin.readline().strip() if args.token_stdin else args.token_value
+    token = sys.stdin.readline().strip() if args.token_stdin else args.value
     if not token:
-        raise CommandError("give the token (as an argument, or on standard input with --token-stdin)")
+        raise CommandError("give the token: --value=TOKEN, or on standard input with --token-stdin")
     done = await op.revoke_token({"token": token})
     emit(args, done, "revoked" if done["revoked"] else "nothing to revoke: the token was not in force")
     return 0
@@ -504,8 +504,12 @@ def add_commands(commands: argparse._SubParsersAction, factory: StoreFactory | N
 
     tokens = group("tokens", "tokens: revoke one, purge the expired")
     revoke = command(tokens, "revoke", "revoke a token by its value (a refresh token takes its family)", tokens_revoke)
-    revoke.add_argument("token_value", nargs="?", metavar="TOKEN", help="the token (or --token-stdin)")
-    revoke.add_argument("--token-stdin", action="store_true", help="read the token from standard input")
+    # An option, not an argument: a token may start with "-", which would read as an option.
+    given = revoke.add_mutually_exclusive_group()
+    given.add_argument("--value", metavar="TOKEN",
+                       help="the token, written --value=TOKEN (it may start with -); better, --token-stdin")
+    given.add_argument("--token-stdin", action="store_true",
+                       help="read the token from standard input (it stays out of the process list)")
     command(tokens, "purge", "delete expired codes, tokens and sessions; prints the counts", tokens_purge)
 
     applying = commands.add_parser("apply", help="make the service hold what a TOML file says",
