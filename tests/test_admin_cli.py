@@ -280,8 +280,9 @@ operators = ["dora"]
         "update client applied-app"
 
 
-def test_headless_automation_with_a_refresh_token_file(service, tmp_path):
-    """The spec's recipe: one authorization as a known admin, then the stored refresh token."""
+def cli_tokens(service) -> dict:
+    """The command line client's tokens for root: one authorization (the one-click page
+    answered), its code exchanged."""
     verifier = secrets.token_urlsafe(48)
     challenge = base64.urlsafe_b64encode(hashlib.sha256(verifier.encode()).digest()).rstrip(b"=").decode()
     redirect = "http://127.0.0.1:5/callback"  # any loopback port of the CLI's client
@@ -289,9 +290,14 @@ def test_headless_automation_with_a_refresh_token_file(service, tmp_path):
         "response_type": "code", "client_id": "tokensvc-cli", "redirect_uri": redirect, "scope": "admin",
         "state": "s", "code_challenge": challenge, "code_challenge_method": "S256"})
     code = parse_qs(urlsplit(user_agent_authorize(url, username="root", password="quartz-river-beacon")).query)["code"]
-    tokens = requests.post(service.base + "/oauth/token", timeout=10, data={
+    return requests.post(service.base + "/oauth/token", timeout=10, data={
         "grant_type": "authorization_code", "code": code[0], "redirect_uri": redirect, "code_verifier": verifier,
         "client_id": "tokensvc-cli"}).json()
+
+
+def test_headless_automation_with_a_refresh_token_file(service, tmp_path):
+    """The spec's recipe: one authorization as a known admin, then the stored refresh token."""
+    tokens = cli_tokens(service)
     # An access token alone, from the environment (until a refresh replaces it).
     with_token = tokensvc("clients", "show", "webapp", "--url", service.admin,
                           env={"TOKENSVC_ADMIN_TOKEN": tokens["access_token"]})
@@ -305,3 +311,39 @@ def test_headless_automation_with_a_refresh_token_file(service, tmp_path):
     assert "Web app" in ok(tokensvc(*args, "--token-client-id", "tokensvc-cli"))
     refused = tokensvc("clients", "show", "webapp", "--url", service.admin, "--token", "made-up")
     assert refused.returncode == 1 and refused.stderr.startswith("tokensvc: not allowed (401)")
+
+
+def test_parallel_commands_share_one_chain(service, credentials):
+    """Each command rotates the stored refresh token: eight at once on one credentials file
+    take turns under its lock, each refreshing from the token the one before kept, so none
+    presents a spent one (which would revoke the chain and sign the operator out)."""
+    environ = {key: value for key, value in os.environ.items() if not key.startswith("TOKENSVC_")}
+    environ["TOKENSVC_CREDENTIALS"] = str(credentials)
+    running = [subprocess.Popen([sys.executable, "-m", "tokensvc", "users", "list", "--url", service.admin, "--json"],
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=environ)
+               for _ in range(8)]
+    for process in running:
+        out, err = process.communicate(timeout=120)
+        assert process.returncode == 0, err
+        assert "root" in [user["username"] for user in json.loads(out)]
+    assert "root" in ok(tokensvc("users", "list", "--url", service.admin, credentials=credentials))
+    assert stat.S_IMODE(credentials.stat().st_mode) == 0o600
+
+
+def test_a_kept_token_is_written_0600_whatever_was_there_and_never_through_a_link(service, tmp_path):
+    stored = tmp_path / "refresh-token"
+    stored.write_text(cli_tokens(service)["refresh_token"] + "\n")
+    stored.chmod(0o666)  # as a careless copy left it
+    victim = tmp_path / "elsewhere"
+    victim.write_text("untouched\n")
+    (tmp_path / "refresh-token.partial").symlink_to(victim)  # planted where the new text is written
+    args = ["clients", "show", "webapp", "--url", service.admin, "--refresh-token", str(stored),
+            "--token-client-id", "tokensvc-cli"]
+    assert "Web app" in ok(tokensvc(*args))
+    assert stat.S_IMODE(stored.stat().st_mode) == 0o600 and not stored.is_symlink()
+    assert victim.read_text() == "untouched\n" and not (tmp_path / "refresh-token.partial").exists()
+    linked = tmp_path / "linked-token"
+    linked.symlink_to(stored)  # a link in the token's place is not read through
+    refused = tokensvc(*[str(linked) if arg == str(stored) else arg for arg in args])
+    assert refused.returncode == 1 and "a link is never followed" in refused.stderr
+    assert "Web app" in ok(tokensvc(*args))  # the chain is whole

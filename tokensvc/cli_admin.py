@@ -67,7 +67,8 @@ async def operations_for(args: argparse.Namespace, factory: StoreFactory | None)
     """The admin API of a running service (``--url``), or the store of a stopped one."""
     url = cli_login.admin_url(args)
     if url:
-        yield RemoteOperator(url, await cli_login.access_token(args, url))
+        async with cli_login.access_token(args, url) as token:  # the token's file stays locked meanwhile
+            yield RemoteOperator(url, token)
         return
     settings = load_settings(args)
     if factory is None and settings.storage.backend == "memory":

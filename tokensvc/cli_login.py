@@ -8,6 +8,14 @@ Headless automation follows the spec's recipe instead: an access token (``--toke
 ``TOKENSVC_ADMIN_TOKEN``), or a refresh token of a first-party client kept in a file of its own
 (``--refresh-token FILE``, with ``--token-client-id`` or ``TOKENSVC_ADMIN_CLIENT_ID`` and, for a
 confidential client, ``TOKENSVC_ADMIN_CLIENT_SECRET``), which is rewritten with each rotation.
+
+A refresh token rotates, and the one rotated out is spent (presented again, it revokes its
+chain); a refresh also replaces the chain's access token (one pair per chain). So every command
+holds an advisory lock on the file (``<file>.lock``) from reading the token, through writing its
+successor, to its last call with the new access token: parallel commands take turns, each
+refreshing from the token the one before kept, and none ends another's access token while it
+is in use. The file is written whole into a new ``.partial`` file (created exclusively, never
+through a link, mode 0600 whatever the umask) that then replaces it.
 """
 
 from __future__ import annotations
@@ -15,6 +23,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 import base64
+import contextlib
+import fcntl
 import hashlib
 import json
 import os
@@ -22,6 +32,7 @@ import secrets
 import sys
 import threading
 import webbrowser
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, urlencode, urlsplit
@@ -49,11 +60,20 @@ def credentials_path() -> Path:
     return base / "tokensvc" / "credentials.json"
 
 
-def _load(path: Path) -> dict[str, Any]:
+def read_private(path: Path) -> str | None:
+    """The text of ``path`` (None: no such file), never read through a link."""
     try:
-        return json.loads(path.read_text())
+        descriptor = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
     except FileNotFoundError:
-        return {}
+        return None
+    except OSError as exc:
+        raise LoginError(f"{path}: {exc.strerror or exc} (a link is never followed)") from None
+    with os.fdopen(descriptor) as file:
+        return file.read()
+
+
+def _load(path: Path) -> dict[str, Any]:
+    return json.loads(read_private(path) or "{}")
 
 
 def _save(path: Path, data: dict[str, Any]) -> None:
@@ -62,13 +82,40 @@ def _save(path: Path, data: dict[str, Any]) -> None:
 
 def write_private(path: Path, text: str) -> None:
     """Write ``text`` readable by its owner alone (0600, a new directory 0700), replacing the
-    file in one step: a refresh token is never half-written, nor readable by others meanwhile."""
+    file in one step: a refresh token is never half-written, nor readable by others meanwhile.
+    The new text goes into a file made for it (``O_EXCL``: whatever was at ``.partial`` before,
+    a leftover or a planted link, is removed, never written through) with mode 0600 whatever
+    the umask; then it takes ``path``'s place (a link there is replaced, not followed)."""
     path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
     partial = path.with_name(path.name + ".partial")
-    descriptor = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(partial)
+    try:
+        descriptor = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    except OSError as exc:
+        raise LoginError(f"{partial}: {exc.strerror or exc}") from None
     with os.fdopen(descriptor, "w") as file:
+        os.fchmod(file.fileno(), 0o600)
         file.write(text)
+        file.flush()
+        os.fsync(file.fileno())
     os.replace(partial, path)
+
+
+@contextlib.asynccontextmanager
+async def held(path: Path) -> AsyncIterator[None]:
+    """An advisory lock on ``path`` (``flock`` on ``<path>.lock``, 0600, beside it), held from
+    reading a refresh token to writing its successor: parallel commands take turns."""
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    try:
+        descriptor = os.open(path.with_name(path.name + ".lock"), os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+    except OSError as exc:
+        raise LoginError(f"{path}.lock: {exc.strerror or exc}") from None
+    try:
+        await asyncio.to_thread(fcntl.flock, descriptor, fcntl.LOCK_EX)  # waits for the command before
+        yield
+    finally:
+        os.close(descriptor)  # and with it the lock
 
 
 async def _fetch(url: str, method: str = "GET", form: dict[str, str] | None = None) -> Any:
@@ -100,12 +147,15 @@ def _refresh_endpoint(token_endpoint: str) -> str:
     return token_endpoint.rstrip("/") + "/refresh"  # the spec keeps refresh at /oauth/token/refresh
 
 
-async def access_token(args: argparse.Namespace, url: str) -> str:
-    """An access token for the admin API at ``url``: given, or refreshed from a refresh token
-    (``--refresh-token FILE``, or what ``tokensvc login`` kept)."""
+@contextlib.asynccontextmanager
+async def access_token(args: argparse.Namespace, url: str) -> AsyncIterator[str]:
+    """An access token for the admin API at ``url``, for the calls made within: given, or
+    refreshed from a refresh token (``--refresh-token FILE``, or what ``tokensvc login`` kept),
+    whose file stays locked until the calls are done."""
     given = getattr(args, "token", None) or os.environ.get(TOKEN_ENV)
     if given:
-        return given
+        yield given
+        return
     index = await discover(url)
     refresh_at = _refresh_endpoint(index["tokenEndpoint"])
     if getattr(args, "refresh_token", None):
@@ -113,26 +163,28 @@ async def access_token(args: argparse.Namespace, url: str) -> str:
         client_id = getattr(args, "token_client_id", None) or os.environ.get(CLIENT_ID_ENV)
         if not client_id:
             raise LoginError(f"--refresh-token needs its client: --token-client-id or {CLIENT_ID_ENV}")
-        try:
-            refresh_token = path.read_text().strip()
-        except OSError as exc:
-            raise LoginError(f"{path}: {exc.strerror or exc}") from None
-        form = {"refresh_token": refresh_token, "client_id": client_id}
-        if os.environ.get(CLIENT_SECRET_ENV):
-            form["client_secret"] = os.environ[CLIENT_SECRET_ENV]
-        tokens = await _fetch(refresh_at, "POST", form)
-        write_private(path, tokens["refresh_token"] + "\n")  # rotated: the old one is spent
-        return tokens["access_token"]
+        async with held(path):
+            refresh_token = (read_private(path) or "").strip()
+            if not refresh_token:
+                raise LoginError(f"{path}: no refresh token there")
+            form = {"refresh_token": refresh_token, "client_id": client_id}
+            if os.environ.get(CLIENT_SECRET_ENV):
+                form["client_secret"] = os.environ[CLIENT_SECRET_ENV]
+            tokens = await _fetch(refresh_at, "POST", form)
+            write_private(path, tokens["refresh_token"] + "\n")  # rotated: the old one is spent
+            yield tokens["access_token"]
+        return
     path = credentials_path()
-    stored = _load(path).get(url.rstrip("/"))
-    if not stored:
-        raise LoginError(f"not signed in to {url}: run `tokensvc login --url {url}` (or give --token)")
-    tokens = await _fetch(refresh_at, "POST", {"refresh_token": stored["refresh_token"],
-                                              "client_id": stored["client_id"]})
-    everything = _load(path)
-    everything[url.rstrip("/")] = {**stored, "refresh_token": tokens["refresh_token"]}
-    _save(path, everything)
-    return tokens["access_token"]
+    async with held(path):
+        everything = _load(path)
+        stored = everything.get(url.rstrip("/"))
+        if not stored:
+            raise LoginError(f"not signed in to {url}: run `tokensvc login --url {url}` (or give --token)")
+        tokens = await _fetch(refresh_at, "POST", {"refresh_token": stored["refresh_token"],
+                                                  "client_id": stored["client_id"]})
+        everything[url.rstrip("/")] = {**stored, "refresh_token": tokens["refresh_token"]}
+        _save(path, everything)
+        yield tokens["access_token"]
 
 
 def _pkce() -> tuple[str, str]:
@@ -190,7 +242,8 @@ async def login(url: str, open_browser: bool = True, timeout: float = LOGIN_TIME
         "grant_type": "authorization_code", "code": query["code"][0], "redirect_uri": redirect_uri,
         "code_verifier": verifier, "client_id": client_id})
     path = credentials_path()
-    everything = _load(path)
-    everything[url.rstrip("/")] = {"client_id": client_id, "refresh_token": tokens["refresh_token"]}
-    _save(path, everything)
+    async with held(path):
+        everything = _load(path)
+        everything[url.rstrip("/")] = {"client_id": client_id, "refresh_token": tokens["refresh_token"]}
+        _save(path, everything)
     return tokens
