@@ -120,8 +120,7 @@ class AuthorizeHandler(FormPage):
     def render_decision(self, outcome: authorization.Consent | authorization.Pairing | authorization.Confirm) -> None:
         """The page where the user decides: its form leads on to the verified redirect_uri
         (``form-action``), posts back with its XSRF token, and names where the code goes."""
-        request = outcome.request
-        installation = outcome.installation if not isinstance(outcome, authorization.Confirm) else None
+        request, installation = outcome.request, outcome.installation
         self.allow_sources(form_action=[request.redirect_uri], img_src=[request.client.logo_url])
         where, warning = destination(request.redirect_uri)
         template = {authorization.Pairing: "pairing.html", authorization.Confirm: "confirm.html"}.get(

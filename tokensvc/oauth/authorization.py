@@ -104,6 +104,7 @@ class Confirm:
 
     request: AuthorizationRequest
     user: User
+    installation: None = None  # as the other pages' outcomes say it: no installation is paired
 
 
 @dataclass(slots=True)
