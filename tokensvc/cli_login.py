@@ -1,8 +1,10 @@
 """How the command line gets an admin's access token for the admin API, the way native apps do
 (RFC 8252): ``tokensvc login`` runs the authorization-code flow with PKCE as the first-party
-public client ``tokensvc-cli``, through a redirect to a loopback port of its own, and keeps
-the refresh token in the user's configuration directory (mode 0600); every later command
-refreshes it there (rotation: the new one replaces it at once).
+public client ``tokensvc-cli``, through a redirect to a loopback port of its own (the operator
+signs in, then clicks once on the page that names the command line and its port: nothing else
+vouches for whoever listens there), and keeps the refresh token in the user's configuration
+directory (mode 0600); every later command refreshes it there (rotation: the new one replaces
+it at once).
 
 Headless automation follows the spec's recipe instead: an access token (``--token`` or
 ``TOKENSVC_ADMIN_TOKEN``), or a refresh token of a first-party client kept in a file of its own
