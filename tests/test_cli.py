@@ -391,3 +391,20 @@ def test_tokens_revoke_takes_the_token_from_an_option_or_standard_input(run):
         assert code == 0 and out == "nothing to revoke: the token was not in force\n", err
     code, _, err = run("tokens", "revoke")
     assert code == 1 and err == "tokensvc: give the token: --value=TOKEN, or on standard input with --token-stdin\n"
+
+
+def test_apply_holds_a_file_to_the_admin_apis_rules(run, tmp_path):
+    """apply runs the operations of the admin API, with their rules: an origin a browser never
+    sends is refused in one line naming the rule, and a user named in another case than the
+    stored one is that user (no second one)."""
+    assert run("users", "add", "carol", "--password-stdin", stdin="meadow-planet-violin\n")[0] == 0
+    wild = tmp_path / "wild.toml"
+    wild.write_text('[[clients]]\nclient_id = "wild"\nname = "Wild"\nredirect_uris = ["https://w.example/cb"]\n'
+                    'allowed_origins = ["https://*.evil.example"]\n')
+    code, _, err = run("apply", "-f", str(wild))
+    assert code == 1 and "not a valid web origin" in err and "no wildcard" in err
+    users = tmp_path / "users.toml"
+    users.write_text('[[users]]\nusername = "CAROL"\npassword = "violet-comet-harbor"\n')
+    code, out, err = run("apply", "-f", str(users))
+    assert code == 0 and out.strip() == "nothing to change", err
+    assert [line.split()[0] for line in run("users", "list")[1].splitlines()[1:]] == ["carol"]
