@@ -58,6 +58,51 @@ async def test_store_outage_is_503_detail_everywhere(http_client, base_url, stor
     assert (await http_client.fetch(base_url + "/healthz")).code == 200
 
 
+SKY_ORIGIN = "http://127.0.0.1:9000"  # skyplanner's redirect URI's origin: a browser app's
+
+
+@pytest.mark.gen_test
+async def test_revoke_with_nothing_to_revoke_is_200_while_the_store_is_down(http_client, base_url, store, ctx):
+    """The interface's "always 200": a call carrying no token has nothing to do, so the store's
+    state does not matter, nor does the CORS decision of a browser's Origin: the origins read
+    before the outage stand while it lasts."""
+    for origin in (SKY_ORIGIN, "https://evil.example", None):
+        headers = {"Origin": origin} if origin else {}
+        store.down = False
+        await http_client.fetch(base_url + "/oauth/revoke", method="POST", body="", headers=headers)
+        store.down = True
+        ctx.origins.forget()  # their time is up: the next request reads them again, and fails
+        for _ in range(2):
+            response = await http_client.fetch(base_url + "/oauth/revoke", method="POST", body="", headers=headers)
+            assert response.code == 200 and json_of(response) == {}
+            assert response.headers.get("Access-Control-Allow-Origin") == (SKY_ORIGIN if origin == SKY_ORIGIN
+                                                                           else None)
+
+
+@pytest.mark.gen_test
+async def test_a_cors_decision_never_waits_for_a_store_that_was_never_up(http_client, base_url, store):
+    store.down = True
+    response = await http_client.fetch(base_url + "/oauth/revoke", method="POST", body="",
+                                       headers={"Origin": SKY_ORIGIN})
+    assert response.code == 200 and "Access-Control-Allow-Origin" not in response.headers
+    assert response.headers["Vary"] == "Origin"
+    preflight = await http_client.fetch(base_url + "/oauth/revoke", method="OPTIONS", headers={
+        "Origin": SKY_ORIGIN, "Access-Control-Request-Method": "POST"})
+    assert preflight.code == 204 and "Access-Control-Allow-Origin" not in preflight.headers
+
+
+@pytest.mark.gen_test
+async def test_revoke_with_a_token_while_the_store_is_down_is_503(http_client, base_url, store):
+    """The one departure from "always 200" (docs/security.md): a token that may be in force
+    cannot be said revoked while the store does not answer; the caller is told to retry."""
+    store.down = True
+    for headers, query in (({"Authorization": "Bearer some-token"}, ""), ({}, "?token=some-token")):
+        response = await http_client.fetch(base_url + "/oauth/revoke" + query, method="POST", body="",
+                                           headers=headers, raise_error=False)
+        assert response.code == 503 and set(json_of(response)) == {"detail"}
+        assert int(response.headers["Retry-After"]) > 0
+
+
 @pytest.mark.gen_test
 async def test_discovery_answers_while_the_store_is_down(http_client, base_url, store):
     store.down = True

@@ -167,6 +167,16 @@ async def test_grant_revoke_is_always_200(http_client, base_url, headers, query,
     assert response.code == 200 and json_of(response) == {}
 
 
+
+@pytest.mark.gen_test
+async def test_revoke_at_a_host_name_the_service_does_not_answer_to_is_400(http_client, base_url):
+    """The departure from "always 200" that DNS rebinding asks for (docs/security.md): a name
+    that is not the service's reaches no route, this one included."""
+    response = await http_client.fetch(base_url + "/oauth/revoke", method="POST", body="",
+                                       headers={"Host": "attacker.example"}, raise_error=False)
+    assert response.code == 400 and "Unknown host" in json_of(response)["detail"]
+    assert (await http_client.fetch(base_url + "/oauth/revoke", method="POST", body="")).code == 200
+
 # -- POST /oauth/sign-out -------------------------------------------------------------
 
 @pytest.mark.gen_test
