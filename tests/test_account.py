@@ -107,6 +107,24 @@ async def test_a_browser_navigation_gets_a_page_and_an_api_call_json(http_client
         assert answer.code == status and answer.headers["Content-Type"] == "application/json"
 
 
+
+@pytest.mark.gen_test
+@pytest.mark.parametrize("accept,page", [
+    ("text/html,application/xhtml+xml,application/xml;q=0.9,*/*;q=0.8", True),  # a browser's navigation
+    ("text/*;q=0.5, application/json;q=0.4", True),
+    ("application/json, text/html;q=0.1", False),
+    ("text/html;q=0", False),
+    ("text/html;q=0.5, */*;q=0.5", False),  # a tie keeps JSON
+    ("TEXT/HTML, application/*;q=0.2", True),
+    ("text/html;q=0.3, application/json;q=0.7, */*;q=1", False),
+    ("*/*", False),
+    ("text/html;q=bogus", False),
+])
+async def test_an_error_page_only_for_a_client_that_prefers_html_to_json(http_client, base_url, accept, page):
+    answer = await http_client.fetch(base_url + "/nope", raise_error=False, headers={"Accept": accept})
+    assert answer.code == 404
+    assert answer.headers["Content-Type"] == ("text/html; charset=UTF-8" if page else "application/json")
+
 @pytest.mark.gen_test
 async def test_an_expired_sign_in_form_is_shown_again(browser):
     await browser.xsrf()

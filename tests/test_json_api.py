@@ -8,7 +8,7 @@ import json
 import logging
 
 import pytest
-from helpers import WEBAPP_SECRET, basic, json_of, make_config, post_form
+from helpers import WEBAPP_SECRET, basic, check_oauth_error, json_of, make_config, post_form
 
 from tokensvc import __version__
 
@@ -75,10 +75,32 @@ async def test_responses_are_framed_and_dated(http_client, base_url):
 
 
 @pytest.mark.gen_test
-async def test_a_path_that_is_not_utf8_is_400(http_client, base_url):
-    response = await http_client.fetch(base_url + "/oauth/clients/%FF", raise_error=False)
-    assert response.code == 400
-    assert json_of(response) == {"detail": "Invalid unicode in the path"}
+@pytest.mark.parametrize("path,loc", [("/oauth/clients/%FF", ["path", "client_id"]),
+                                      ("/v1/me/sessions/a%E0%A4", ["path", "session_id"])])
+async def test_a_path_that_is_not_utf8_is_a_validation_error(http_client, base_url, path, loc):
+    response = await http_client.fetch(base_url + path, method="DELETE" if "sessions" in path else "GET",
+                                       raise_error=False)
+    assert response.code == 422
+    assert json_of(response) == {"detail": [{"loc": loc, "msg": "Input should be a valid string: not UTF-8",
+                                             "type": "string_unicode", "input": path.rsplit("/", 1)[1],
+                                             "ctx": {}}]}
+
+
+@pytest.mark.gen_test
+@pytest.mark.parametrize("path", ["/oauth/token", "/oauth/token/refresh", "/oauth/token/introspect",
+                                  "/oauth/token/revoke", "/oauth/sign-out"])
+async def test_a_body_that_cannot_be_parsed_is_the_documented_error(http_client, base_url, path):
+    """At a token endpoint the OAuth error (RFC 6749 §5.2: invalid_request); elsewhere a
+    validation fault of the body."""
+    response = await http_client.fetch(base_url + path, method="POST", raise_error=False,
+                                       body=b'--x\r\nContent-Disposition: form-data; name="token"\r\n\r\nabc',
+                                       headers={"Content-Type": "multipart/form-data; boundary=y"})
+    if path == "/oauth/sign-out":
+        assert response.code == 422 and json_of(response)["detail"][0]["loc"] == ["body"]
+        assert json_of(response)["detail"][0]["type"] == "body_parsing"
+    else:
+        check_oauth_error(response, 400, "invalid_request")
+        assert json_of(response)["error_description"].startswith("The body could not be parsed: ")
 
 
 @pytest.mark.gen_test

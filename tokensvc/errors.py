@@ -148,9 +148,14 @@ class ValidationFailed(HTTPAnswer):
         self.detail = detail
 
     @classmethod
+    def one(cls, loc: list[str], msg: str, type_: str, input_: Any = None) -> ValidationFailed:
+        """A single fault at ``loc`` (``["body"]``, ``["path", "client_id"]`` ...)."""
+        return cls([{"loc": loc, "msg": msg, "type": type_, "input": input_, "ctx": {}}])
+
+    @classmethod
     def missing(cls, location: str, name: str) -> ValidationFailed:
         """A required field that is not there (``location``: body, query or path)."""
-        return cls([{"loc": [location, name], "msg": "Field required", "type": "missing", "input": None, "ctx": {}}])
+        return cls.one([location, name], "Field required", "missing")
 
     def body(self) -> dict[str, Any]:
         return {"detail": self.detail}

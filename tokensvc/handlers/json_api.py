@@ -16,11 +16,12 @@ from __future__ import annotations
 import asyncio
 from http.cookies import SimpleCookie
 from typing import Any, ClassVar, cast
+from urllib.parse import quote
 
 import tornado.httputil
 from tornado.httputil import HTTPServerRequest
 
-from tokensvc.errors import BadRequest, NotFound
+from tokensvc.errors import NotFound, ValidationFailed
 from tokensvc.handlers import cors
 from tokensvc.handlers.headers import JSON_HEADERS
 from tokensvc.handlers.inputs import RequestInput
@@ -88,15 +89,24 @@ class JsonHandler(RequestInput):
         try:
             tornado.httputil.parse_body_arguments(request.headers.get("Content-Type", ""), request.body,
                                                   request.body_arguments, request.files, request.headers)
-        except tornado.httputil.HTTPInputError:
-            raise BadRequest() from None
+        except tornado.httputil.HTTPInputError as exc:
+            raise self.unparseable_body(str(exc)) from None
 
-    @staticmethod
-    def _decoded(path_args: list[bytes]) -> list[str]:
-        try:
-            return [arg.decode("utf-8") for arg in path_args]
-        except UnicodeDecodeError:
-            raise BadRequest("Invalid unicode in the path") from None
+    def unparseable_body(self, reason: str) -> Exception:
+        """The answer to a body that cannot be parsed as its ``Content-Type`` says: a
+        validation fault of the body (the token endpoints answer as OAuth does)."""
+        return ValidationFailed.one(["body"], f"The body could not be parsed: {reason}", "body_parsing")
+
+    def _decoded(self, path_args: list[bytes]) -> list[str]:
+        """The path's ``{name}`` segments as text; one that is not UTF-8 is a validation fault."""
+        decoded = []
+        for name, arg in zip(self.route.parameters, path_args, strict=True):
+            try:
+                decoded.append(arg.decode("utf-8"))
+            except UnicodeDecodeError:
+                raise ValidationFailed.one(["path", name], "Input should be a valid string: not UTF-8",
+                                           "string_unicode", quote(arg, safe="")) from None
+        return decoded
 
     # -- answering ----------------------------------------------------------------------
 

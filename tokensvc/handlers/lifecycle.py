@@ -104,6 +104,11 @@ class Route:
     def allow(self) -> str:
         return ", ".join(sorted(self.methods))
 
+    @property
+    def parameters(self) -> list[str]:
+        """The names of the path's ``{name}`` segments, in order."""
+        return re.findall(r"\{([^}]+)\}", self.path)
+
 
 UNMATCHED = "(unmatched)"  # the metrics' route label of a request no route matched
 
@@ -290,10 +295,36 @@ class Edge:
 
 
 def navigation(request: HTTPServerRequest) -> bool:
-    """Whether a browser is opening ``request``'s address as a page (not an app's fetch)."""
+    """Whether a browser is opening ``request``'s address as a page (not an app's fetch): a
+    GET whose ``Accept`` ranks ``text/html`` above JSON by their q-values (RFC 9110 §12.5.1)."""
     headers = request.headers
-    return (request.method in ("GET", "HEAD") and "text/html" in headers.get("Accept", "")
-            and headers.get("Sec-Fetch-Mode", "navigate") == "navigate")
+    if request.method not in ("GET", "HEAD") or headers.get("Sec-Fetch-Mode", "navigate") != "navigate":
+        return False
+    accept = headers.get("Accept", "")
+    return quality(accept, "text/html") > quality(accept, "application/json")
+
+
+def quality(accept: str, media_type: str) -> float:
+    """The q-value ``accept`` gives ``media_type``: that of its most specific matching range
+    (``type/subtype`` over ``type/*`` over ``*/*``); 0 when none matches."""
+    kind = media_type.split("/", 1)[0]
+    best, found = -1, 0.0
+    for item in accept.split(","):
+        media_range, *parameters = (part.strip() for part in item.split(";"))
+        media_range = media_range.lower()
+        specificity = {media_type: 2, f"{kind}/*": 1, "*/*": 0}.get(media_range, -1)
+        if specificity <= best:
+            continue
+        q = 1.0
+        for parameter in parameters:
+            name, _, value = parameter.partition("=")
+            if name.strip().lower() == "q":
+                try:
+                    q = min(max(float(value), 0.0), 1.0)
+                except ValueError:
+                    q = 0.0
+        best, found = specificity, q
+    return found
 
 
 class Start(Protocol):

@@ -18,6 +18,9 @@ class TokenEndpoint(JsonHandler):
     default_headers = TOKEN_HEADERS
     reads_session = False
 
+    def unparseable_body(self, reason: str) -> Exception:
+        return InvalidRequest(f"The body could not be parsed: {reason}")
+
     def caller(self, form: dict[str, str]) -> ClientRequest:
         """What the request says about its client."""
         caller = ClientRequest(self.request.headers.get("Authorization"), form.get("client_id"),
