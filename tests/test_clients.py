@@ -30,7 +30,16 @@ async def test_one_client_in_camel_case_without_secrets(http_client, base_url):
     partner = json_of(await http_client.fetch(base_url + "/oauth/clients/partner"))
     text = repr(partner).lower()
     assert "secret" not in text and "first" not in text
-    assert partner["allowedScopes"] is None and partner["description"] is None
+    assert partner["allowedScopes"] == ["read"] and partner["description"] is None  # registered without scopes
+
+
+@pytest.mark.gen_test
+async def test_a_client_shows_the_same_scopes_in_the_public_and_admin_apis(http_client, base_url, ctx, config):
+    from tokensvc import operator
+
+    admin = operator.Operator(ctx, config)
+    for client in json_of(await http_client.fetch(base_url + "/oauth/clients")):
+        assert client["allowedScopes"] == (await admin.get_client(client["clientId"]))["allowedScopes"]
 
 
 @pytest.mark.gen_test

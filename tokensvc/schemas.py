@@ -172,12 +172,14 @@ class LoginFormSchema(FormSchema):
 # -- response schemas -----------------------------------------------------------------
 
 class OAuthClientSchema(Schema):
-    """The public face of a registered client: never its secret nor its first-party flag."""
+    """The public face of a registered client: never its secret nor its first-party flag. Its
+    scopes are those in force (``Client.scopes``: a client registered without any has the
+    default), as the admin API shows them."""
 
     client_id = fields.String(required=True, data_key="clientId")
     name = fields.String(required=True)
     redirect_uris = fields.List(fields.String(), required=True, data_key="redirectUris")
-    allowed_scopes = fields.List(fields.String(), allow_none=True, data_key="allowedScopes")
+    allowed_scopes = fields.List(fields.String(), required=True, attribute="scopes", data_key="allowedScopes")
     created_at = fields.DateTime(allow_none=True, data_key="createdAt")
     description = fields.String(allow_none=True)
     logo_url = fields.String(allow_none=True, data_key="logoUrl")
