@@ -1,5 +1,6 @@
 """GET /v1/ws: three token sources, 401 before the upgrade, and close (4401) on revocation."""
 
+import asyncio
 import json
 from datetime import timedelta
 
@@ -71,6 +72,43 @@ async def test_cookie_socket_from_another_origin_is_refused(http_server, browser
     with pytest.raises(HTTPClientError) as info:
         await websocket_connect(request)
     assert info.value.code == 403
+    assert info.value.response.headers["Content-Type"] == "application/json"
+    assert "own origin" in json_of(info.value.response)["detail"]
+
+
+HANDSHAKE = {"Upgrade": "websocket", "Connection": "Upgrade", "Sec-WebSocket-Version": "13",
+             "Sec-WebSocket-Key": "dGhlIHNhbXBsZSBub25jZQ=="}  # RFC 6455 §1.3's
+
+
+@pytest.mark.parametrize("changed,status", [
+    ({"Upgrade": None}, 400), ({"Upgrade": "h2c"}, 400), ({"Connection": "keep-alive"}, 400),
+    ({"Sec-WebSocket-Key": None}, 400), ({"Sec-WebSocket-Key": "short"}, 400),
+    ({"Sec-WebSocket-Key": "dGhlIHNhbXBsZSBub25jZR=="}, 400),  # 16 bytes and 2 bits more
+    ({"Sec-WebSocket-Version": None}, 426), ({"Sec-WebSocket-Version": "8"}, 426),
+    ({"Connection": "keep-alive, Upgrade"}, 101),  # Firefox's
+])
+@pytest.mark.gen_test
+async def test_every_refused_handshake_is_json(browser, http_client, base_url, changed, status):
+    """Tornado answers these in plain text; the service answers in its JSON shape, headers and
+    all, as docs/openapi.json says."""
+    access = (await tokens(browser, http_client, base_url, scope="read"))["access_token"]
+    headers = {name: value for name, value in {**HANDSHAKE, **changed}.items() if value is not None}
+    if status == 101:  # on a socket of its own: Tornado's client writes its own Connection header
+        host, port = base_url.removeprefix("http://").split(":")
+        reader, writer = await asyncio.open_connection(host, int(port))
+        lines = [f"GET /v1/ws?access_token={access} HTTP/1.1", f"Host: {host}:{port}",
+                 *(f"{name}: {value}" for name, value in headers.items())]
+        writer.write(("\r\n".join(lines) + "\r\n\r\n").encode())
+        assert (await reader.readline()).startswith(b"HTTP/1.1 101 ")
+        writer.close()
+        return
+    answer = await http_client.fetch(base_url + "/v1/ws?access_token=" + access, headers=headers,
+                                     raise_error=False)
+    assert answer.code == status and answer.headers["Content-Type"] == "application/json"
+    assert answer.headers["X-Content-Type-Options"] == "nosniff"
+    assert check_schema(schemas.DetailSchema(), json_of(answer))
+    if status == 426:
+        assert answer.headers["Sec-WebSocket-Version"] == "13" and answer.headers["Upgrade"] == "websocket"
 
 
 @pytest.mark.parametrize("query,headers", [

@@ -138,6 +138,20 @@ class BodyTooLarge(Detail):
         return "What was sent is too large."
 
 
+class UpgradeRequired(Detail):
+    """426: a WebSocket handshake of a version this service does not speak (RFC 6455 §4.2.2),
+    naming the one it does."""
+
+    status_code = 426
+
+    def __init__(self, detail: str, version: str) -> None:
+        super().__init__(detail)
+        self.version = version
+
+    def headers(self) -> dict[str, str]:
+        return {"Sec-WebSocket-Version": self.version, "Upgrade": "websocket"}
+
+
 class ValidationFailed(HTTPAnswer):
     """Input failed field validation: 422 HTTPValidationError."""
 

@@ -1,19 +1,25 @@
 """``GET /v1/ws``: an authenticated WebSocket that closes (4401) when its authorization ends.
 
 The token comes from the ``access_token`` query parameter, the ``Authorization`` header, or
-the session cookie; without a valid one the upgrade is refused with a plain HTTP 401.
+the session cookie; without a valid one the upgrade is refused with a plain HTTP 401. Every
+refusal (401, 403, a request that is no WebSocket handshake: 400, or of another version: 426)
+is an answer rendered by the lifecycle in the JSON API's shape, before Tornado's own checks,
+which would answer in plain text.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import re
 from typing import Any
 
 import tornado.ioloop
 import tornado.websocket
+from tornado.httputil import HTTPHeaders
 
 from tokensvc import schemas
+from tokensvc.errors import BadRequest, Forbidden, UpgradeRequired
 from tokensvc.handlers.auth import AuthMixin
 from tokensvc.handlers.headers import JSON_HEADERS
 from tokensvc.handlers.lifecycle import JSON, Edge, dumps
@@ -23,6 +29,22 @@ from tokensvc.oauth import principal as principals
 log = logging.getLogger(__name__)
 
 CLOSE_REVOKED = 4401
+
+VERSION = "13"  # RFC 6455, the one Tornado speaks
+_KEY = re.compile(r"[A-Za-z0-9+/]{21}[AQgw]==")  # base64 of 16 bytes (RFC 6455 §4.2.1)
+
+
+def check_handshake(headers: HTTPHeaders) -> None:
+    """Refuse, as an answer, a request that is not a WebSocket opening handshake (400) or is
+    one of another version (426, naming ours)."""
+    if headers.get("Upgrade", "").strip().lower() != "websocket":
+        raise BadRequest("Not a WebSocket handshake: Upgrade must be websocket")
+    if "upgrade" not in (token.strip().lower() for token in headers.get("Connection", "").split(",")):
+        raise BadRequest("Not a WebSocket handshake: Connection must include Upgrade")
+    if headers.get("Sec-WebSocket-Version", "").strip() != VERSION:
+        raise UpgradeRequired(f"WebSocket version {VERSION} only", VERSION)
+    if not _KEY.fullmatch(headers.get("Sec-WebSocket-Key", "").strip()):
+        raise BadRequest("Not a WebSocket handshake: Sec-WebSocket-Key must be 16 bytes in base64")
 
 
 class EchoSocket(AuthMixin, WebHandler, tornado.websocket.WebSocketHandler):
@@ -40,17 +62,20 @@ class EchoSocket(AuthMixin, WebHandler, tornado.websocket.WebSocketHandler):
         self._stands_on: list[Any] = []
 
     async def get(self, *args: Any, **kwargs: Any) -> None:
-        # A failure here (401, 403, 503) is rendered by the lifecycle, before any upgrade.
+        # A failure here (401, 403, 400, 426, 503) is rendered by the lifecycle, before any upgrade.
         self.principal = await self.authenticate()
         self.principal.require("read")
         self.log_client_id = self.principal.client_id
+        check_handshake(self.request.headers)
         await super().get(*args, **kwargs)
 
     def check_origin(self, origin: str) -> bool:
         # A bearer token is explicit; a cookie is ambient and only trusted from our own origin.
-        if self.principal is not None and not self.principal.via_cookie:
+        # Tornado asks this only of a request from another origin; the refusal is raised (not
+        # False, which Tornado would answer in plain text) so that the lifecycle renders it.
+        if (self.principal is not None and not self.principal.via_cookie) or super().check_origin(origin):
             return True
-        return super().check_origin(origin)
+        raise Forbidden("A WebSocket authorized by the session cookie must come from this service's own origin")
 
     async def open(self, *args: Any, **kwargs: Any) -> None:
         principal = self.principal
