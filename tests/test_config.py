@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from tokensvc import config
+from tokensvc import config, identifiers
 from tokensvc.config import ConfigError
 
 REPO = Path(__file__).resolve().parent.parent
@@ -183,3 +183,18 @@ def test_usernames_are_one_per_key_in_the_config():
                                  "installations": [{"installation_id": "i", "name": "I", "kind": "telescope",
                                                     "operators": ["ROOT"]}]})
     assert settings.installations[0].operators == ["ROOT"]
+
+
+@pytest.mark.parametrize("problem,valid", [(identifiers.id_problem, "client-1"), (identifiers.username_problem, "bob"),
+                                           (identifiers.scope_problem, "read")])
+def test_a_trailing_newline_makes_no_identifier(problem, valid):
+    """``$`` would let one through (it matches before a final newline): every rule is a full match."""
+    assert problem(valid) is None
+    assert problem(valid + "\n") is not None and problem("\n" + valid) is not None
+
+
+def test_a_pkce_challenge_or_verifier_with_a_trailing_newline_is_refused():
+    from tokensvc.oauth import pkce
+
+    assert pkce.is_valid_challenge("a" * 43) and not pkce.is_valid_challenge("a" * 43 + "\n")
+    assert pkce.is_valid_verifier("a" * 43) and not pkce.is_valid_verifier("a" * 43 + "\n")

@@ -561,7 +561,7 @@ def _check_clients(clients: list[ClientSeed]) -> None:
                 raise ConfigError(f"{key}.allowed_origins: not a web origin ({problem}): {origin!r}")
         if client.client_secret is not None and client.client_secret_sha256 is not None:
             raise ConfigError(f"{key}: give client_secret or client_secret_sha256, not both")
-        if client.client_secret_sha256 is not None and not _SHA256_HEX.match(client.client_secret_sha256):
+        if client.client_secret_sha256 is not None and not _SHA256_HEX.fullmatch(client.client_secret_sha256):
             raise ConfigError(f"{key}.client_secret_sha256: expected 64 lower-case hex digits")
 
 

@@ -26,11 +26,11 @@ SCOPE_TOKEN = re.compile(r"^[\x21\x23-\x5b\x5d-\x7e]+$")
 
 def id_problem(value: str) -> str | None:
     """Why ``value`` cannot be a client or installation id, or None when it can."""
-    return None if ID.match(value) else ID_RULE
+    return None if ID.fullmatch(value) else ID_RULE
 
 
 def username_problem(value: str) -> str | None:
-    return None if USERNAME.match(value) else USERNAME_RULE
+    return None if USERNAME.fullmatch(value) else USERNAME_RULE
 
 
 def username_key(value: str) -> str:
@@ -45,7 +45,7 @@ def kind_problem(value: str) -> str | None:
 
 def scope_problem(value: str) -> str | None:
     """Why ``value`` cannot be a scope (RFC 6749 §3.3), or None when it can."""
-    return None if SCOPE_TOKEN.match(value) else "a scope is printable ASCII without spaces, quotes or backslashes"
+    return None if SCOPE_TOKEN.fullmatch(value) else "a scope is printable ASCII without spaces, quotes or backslashes"
 
 
 def password_problem(password: str, context: Sequence[str] = ()) -> str | None:

@@ -61,7 +61,7 @@ class Pattern(validate.Validator):
         self.pattern, self.message = pattern, message
 
     def __call__(self, value: str) -> str:
-        if not self.pattern.match(value):
+        if not self.pattern.fullmatch(value):
             raise ValidationError(ErrorDetail(f"Value error, {self.message}", "value_error",
                                               {"error": self.message}))
         return value
@@ -403,7 +403,7 @@ def _compile_loader(schema: Schema) -> Callable[[Mapping[str, Any]], dict[str, A
             if type(value) is not str:
                 return schema.load(data)
             for kind, rule in checks:
-                if (kind == "max" and len(value) > rule) or (kind == "pattern" and not rule.match(value)):
+                if (kind == "max" and len(value) > rule) or (kind == "pattern" and not rule.fullmatch(value)):
                     return schema.load(data)
             result[name] = value
         return result

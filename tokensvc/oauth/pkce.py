@@ -22,11 +22,11 @@ def s256(verifier: str) -> str:
 
 
 def is_valid_verifier(verifier: str) -> bool:
-    return bool(_VERIFIER.match(verifier))
+    return bool(_VERIFIER.fullmatch(verifier))
 
 
 def is_valid_challenge(challenge: str) -> bool:
-    return bool(_CHALLENGE.match(challenge))
+    return bool(_CHALLENGE.fullmatch(challenge))
 
 
 def verify(verifier: str, challenge: str, method: str = S256) -> bool:
