@@ -82,6 +82,29 @@ async def introspection_kill(ctx, token):
     assert await introspection.introspect(ctx, token) == {"active": False}
 
 
+
+@pytest.mark.parametrize("field,value", [
+    ("name", "   "), ("name", "Planner\x1b[31m"), ("name", "\u3000"), ("redirectUris", ["\x01https://p.example/cb"]),
+    ("redirectUris", ["https://p.example/c\tb"]), ("logoUrl", " https://p.example/logo.png"),
+    ("logoUrl", "ht\ttps://p.example/logo.png"), ("logoUrl", "https://[p.example/logo.png"),
+    ("allowedOrigins", ["https://p\x01.example"]), ("allowedOrigins", ["https://p.example "]),
+])
+async def test_no_control_character_or_blank_name_gets_into_a_client(call, field, value):
+    """What urlsplit would strip or drop (leading controls and spaces, tabs anywhere) and a name
+    of spaces are refused, as the document's patterns say; brackets that hold no address are a
+    422, never a 500."""
+    body = {"name": "Planner", "redirectUris": ["https://p.example/cb"], field: value}
+    response = await call("POST", "/admin/clients", body)
+    assert response.code == 422, (field, value, response.body)
+    assert json_of(response)["detail"][0]["loc"] == ["body"]
+
+
+async def test_a_limit_is_ascii_digits(call):
+    for limit in ("\u00b2", "-1", "1.5", "x"):
+        check_validation_error(await call("GET", "/admin/clients?limit=" + quote(limit)), ["query", "limit"],
+                               "int_parsing")
+    assert (await call("GET", "/admin/clients?limit=2")).code == 200
+
 async def test_the_index_tells_the_command_line_where_to_sign_in(call):
     response = await call("GET", "/admin", token=None)
     assert response.code == 200

@@ -50,7 +50,8 @@ async def test_unknown_client_is_404(http_client, base_url):
 
 
 @pytest.mark.parametrize("client_id,type_", [("a" * 129, "string_too_long"), ("bad%20id", "value_error"),
-                                              ("semi;colon", "value_error"), ("newline%0A", "value_error"), ("", "missing")])
+                                              ("semi;colon", "value_error"), ("newline%0A", "value_error"),
+                                              ("", "missing")])
 @pytest.mark.gen_test
 async def test_impossible_client_id_is_422(http_client, base_url, client_id, type_):
     response = await http_client.fetch(base_url + "/oauth/clients/" + client_id, raise_error=False)

@@ -6,7 +6,7 @@ credentials are never allowed across origins."""
 from __future__ import annotations
 
 import pytest
-from helpers import SKY_REDIRECT, exchange, json_of, make_config, post_form
+from helpers import SKY_REDIRECT, check_validation_error, exchange, json_of, make_config, post_form
 
 SKY_ORIGIN = "http://127.0.0.1:9000"  # skyplanner's loopback redirect: allowed only when listed
 WEBAPP_ORIGIN = "http://127.0.0.1:8080"  # webapp is confidential: its secret is not for a browser
@@ -90,3 +90,14 @@ async def test_introspection_stays_closed_to_browsers(http_client, base_url):
     posted = await http_client.fetch(base_url + "/oauth/token/introspect", method="POST", body="token=x",
                                      headers={"Origin": SKY_ORIGIN}, raise_error=False)
     assert "Access-Control-Allow-Origin" not in posted.headers
+
+
+@pytest.mark.gen_test
+@pytest.mark.parametrize("path,loc", [("/v1/me/connected-apps/a,b", ["path", "client_id"]),
+                                      ("/v1/me/sessions/not-a-session", ["path", "session_id"])])
+async def test_a_preflight_checks_the_path_as_its_method_would(http_client, base_url, path, loc):
+    answer = await preflight(http_client, base_url, path, SKY_ORIGIN, "DELETE")
+    check_validation_error(answer, loc, "value_error")
+    assert answer.headers["Access-Control-Allow-Origin"] == SKY_ORIGIN  # a browser app may read why
+    deleted = await http_client.fetch(base_url + path, method="DELETE", raise_error=False)
+    check_validation_error(deleted, loc, "value_error")

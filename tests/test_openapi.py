@@ -1,6 +1,7 @@
 """The OpenAPI document: generated from the schemas, served, and kept current in docs/."""
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -18,11 +19,19 @@ def test_checked_in_copy_is_current():
         "docs/openapi.json is stale: run `.venv/bin/tokensvc openapi > docs/openapi.json`"
 
 
+METHODS = {"get", "put", "post", "delete", "options", "head", "patch", "trace"}
+
+
+def operations_of(document):
+    return {(path, method): operation for path, item in document["paths"].items()
+            for method, operation in item.items() if method in METHODS}
+
+
 def test_document_shape():
     document = openapi.build(ROUTES, DEMO_BASE)
-    assert document["openapi"] == "3.1.0"
+    assert document["openapi"] == "3.1.0" and document["info"]["version"] == "2.0.0"  # the OAuth API's label
     schemas = document["components"]["schemas"]
-    assert schemas["TokenRequest"]["required"] == ["code", "grant_type", "redirect_uri"]
+    assert schemas["TokenRequest"]["required"] == ["client_id", "code", "grant_type", "redirect_uri"]
     assert schemas["TokenRequest"]["properties"]["code"]["maxLength"] == 512
     assert set(schemas["OAuthClient"]["properties"]) == {"clientId", "name", "redirectUris", "allowedScopes",
                                                          "createdAt", "description", "logoUrl"}
@@ -36,8 +45,7 @@ def test_document_shape():
 
 def test_the_document_describes_the_route_table():
     """One route table: every (path, method) served is documented, and nothing else is."""
-    paths = openapi.build(ROUTES, DEMO_BASE)["paths"]
-    documented = {(path, method.upper()) for path, item in paths.items() for method in item}
+    documented = {(path, method.upper()) for path, method in operations_of(openapi.build(ROUTES, DEMO_BASE))}
     served = {(route.path, method) for route in ROUTES for method in route.methods if method != "HEAD"}
     assert documented == served
     assert ("/login", "POST") in documented and ("/oauth/authorize", "POST") in documented
@@ -53,11 +61,59 @@ def test_a_route_without_its_documentation_stops_the_build():
         openapi.build(ROUTES[1:], DEMO_BASE)
 
 
+def test_every_token_endpoint_call_names_its_client():
+    """The interface: client_id on every token-endpoint call; the document says HTTP Basic carries
+    it for a client that authenticates so; an empty value is an absent one."""
+    document = openapi.build(ROUTES, DEMO_BASE)
+    schemas = document["components"]["schemas"]
+    for path in ("/oauth/token", "/oauth/token/refresh", "/oauth/token/introspect", "/oauth/token/revoke"):
+        operation = document["paths"][path]["post"]
+        form = schemas[operation["requestBody"]["content"]["application/x-www-form-urlencoded"]["schema"]["$ref"]
+                       .rsplit("/", 1)[1]]
+        assert "client_id" in form["required"], path
+        assert "HTTP Basic" in form["properties"]["client_id"]["description"]
+        assert all(form["properties"][name]["minLength"] == 1 for name in form["required"])
+        assert {"clientBasic": []} in operation["security"]
+    assert schemas["TokenRequest"]["properties"]["grant_type"]["enum"] == ["authorization_code"]
+
+
+def test_every_path_parameter_is_defined_for_every_operation_of_its_path():
+    document = openapi.build(ROUTES, DEMO_BASE)
+    for (path, method), operation in operations_of(document).items():
+        defined = {p["name"] for p in [*document["paths"][path].get("parameters", []),
+                                        *operation.get("parameters", [])] if p["in"] == "path"}
+        assert defined == set(re.findall(r"\{([^}]+)\}", path)), (method, path)
+    connected = document["paths"]["/v1/me/connected-apps/{client_id}"]
+    assert {"delete", "options"} <= set(connected) and connected["parameters"][0]["schema"]["pattern"]
+
+
+def test_the_session_cookie_is_a_security_scheme_and_the_pages_are_at_auth_url():
+    document = openapi.build(ROUTES, "https://api.example", auth_url="https://login.example",
+                             session_cookie="__Host-tokensvc_session")
+    scheme = document["components"]["securitySchemes"]["session"]
+    assert scheme == {**scheme, "type": "apiKey", "in": "cookie", "name": "__Host-tokensvc_session"}
+    assert {"session": []} in document["paths"]["/v1/ws"]["get"]["security"]
+    assert {"session": []} in document["paths"]["/v1/me"]["get"]["security"]
+    assert document["servers"][0]["url"] == "https://api.example"
+    for path in ("/oauth/authorize", "/login"):
+        assert [server["url"] for server in document["paths"][path]["servers"]] == ["https://login.example"]
+    assert "servers" not in document["paths"]["/oauth/token"]
+
+
+def test_the_websocket_refusals_are_documented_as_served():
+    responses = openapi.build(ROUTES, DEMO_BASE)["paths"]["/v1/ws"]["get"]["responses"]
+    assert set(responses) == {"101", "400", "401", "403", "426", "503"}
+    for status in ("400", "401", "403", "426", "503"):
+        assert set(responses[status]["content"]) == {"application/json"}, status
+    assert responses["426"]["headers"]["Sec-WebSocket-Version"]["schema"]["enum"] == ["13"]
+
+
 @pytest.mark.gen_test
-async def test_served_at_openapi_json(http_client, base_url):
+async def test_served_at_openapi_json(http_client, base_url, config):
     response = await http_client.fetch(base_url + "/openapi.json")
-    assert json_of(response) == json.loads(openapi.render(ROUTES, DEMO_BASE))
-    assert json_of(response)["servers"] == [{"url": "http://127.0.0.1:8080"}]  # the config's base_url
+    assert json_of(response) == json.loads(openapi.render(ROUTES, DEMO_BASE, auth_url=config.auth_url,
+                                                          session_cookie=config.session_cookie))
+    assert json_of(response)["servers"][0]["url"] == "http://127.0.0.1:8080"  # the config's base_url
 
 
 ADMIN_CHECKED_IN = CHECKED_IN.parent / "admin-openapi.json"
@@ -75,7 +131,7 @@ def test_the_admin_document_describes_the_admin_route_table_and_its_shapes():
     from tokensvc.app import ADMIN_ROUTES
 
     document = openapi.build(ADMIN_ROUTES, DEMO_ADMIN, admin=True)
-    documented = {(path, method.upper()) for path, item in document["paths"].items() for method in item}
+    documented = {(path, method.upper()) for path, method in operations_of(document)}
     assert documented == {(route.path, method) for route in ADMIN_ROUTES for method in route.methods
                           if method != "HEAD"}
     schemas = document["components"]["schemas"]

@@ -18,9 +18,11 @@ from tokensvc import logs
 from tokensvc.bootstrap import new_user_id
 from tokensvc.errors import HTTPAnswer
 from tokensvc.identifiers import (
+    NAME_RULE,
     id_problem,
     is_url,
     kind_problem,
+    name_problem,
     origin_problem,
     password_problem,
     redirect_uri_problem,
@@ -105,9 +107,9 @@ class ClientSpec:
     allowed_origins: list[str] | None = None
 
     def checked(self) -> ClientSpec:
+        if name_problem(self.name) is not None:
+            raise AdminError(f"a client needs a name ({NAME_RULE}): {self.name!r}")
         name = self.name.strip()
-        if not name:
-            raise AdminError("a client needs a name")
         if not self.redirect_uris:
             raise AdminError("a client needs at least one redirect URI")
         for uri in self.redirect_uris:
@@ -318,8 +320,8 @@ async def put_installation(store: Store, installation_id: str, name: str, kind: 
     """Create or replace an installation (operators by username); whether it was created."""
     _check(id_problem(installation_id), "installation id", installation_id)
     _check(kind_problem(kind), "kind", kind)
-    if not name.strip():
-        raise AdminError("an installation needs a name")
+    if name_problem(name) is not None:
+        raise AdminError(f"an installation needs a name ({NAME_RULE}): {name!r}")
     existing = await store.get_installation(installation_id)
     installation = Installation(installation_id, name.strip(), kind, await _operator_ids(store, operators))
     if installation != existing:

@@ -8,6 +8,7 @@ from typing import Any
 
 from marshmallow import RAISE, Schema, fields, pre_dump
 
+from tokensvc import identifiers
 from tokensvc.schemas import EXTRA_FORBIDDEN, Flag, Text, TextList
 
 MAX_LIST = 100  # redirect URIs, scopes, origins, operators a body may name
@@ -84,37 +85,66 @@ class AdminSessionSchema(Schema):
 # -- bodies ------------------------------------------------------------------------------------
 
 
+# What the OpenAPI document says of each field beyond its type and length: the rules of
+# tokensvc/identifiers.py that admin.py applies (422 otherwise). A rule no pattern can hold
+# (a redirect URI's host, a password's strength, an operator who exists) is said in words.
+NAME = {"pattern": identifiers.NAME.pattern, "description": f"A name: {identifiers.NAME_RULE}"}
+REDIRECT_URI = {"pattern": identifiers.URI_SHAPE, "description": (
+    "https; http only to a loopback host (127.0.0.0/8, [::1], localhost); or a private-use scheme "
+    "(com.example.app:/cb, RFC 8252 §7.1); never javascript:, data:, file:, vbscript:, blob:, about:, "
+    "filesystem:; no fragment")}
+SCOPE = {"pattern": identifiers.SCOPE_TOKEN.pattern, "description": "RFC 6749 §3.3's scope-token"}
+LOGO_URL = {"pattern": identifiers.WEB_URL_SHAPE, "description": "An http(s) URL with a host"}
+ORIGIN = {"pattern": identifiers.ORIGIN_SHAPE, "description": (
+    "A web origin as a browser sends it: scheme://host[:port], https, or http on a loopback host")}
+PASSWORD = {"minLength": identifiers.MIN_PASSWORD_LENGTH, "description": (
+    "At least 8 characters, and hard to guess (zxcvbn's score 3 of 4, the username and the service's "
+    "name counted against it): a common, breached or name-built password is 422")}
+USERNAME = {"pattern": identifiers.USERNAME.pattern}
+
+
 class ClientBodySchema(BodySchema):
     """``PUT /admin/clients/{id}`` and ``POST /admin/clients``: what the client is."""
 
-    client_id = Text(max_length=128, data_key="clientId",
-                     metadata={"description": "POST: the id to give it (default: a random one); PUT: the path's"})
-    name = Text(required=True, max_length=200)
-    redirect_uris = TextList(required=True, data_key="redirectUris")
-    scopes = TextList(data_key="allowedScopes", max_length=128)
+    client_id = Text(max_length=128, data_key="clientId", metadata={
+        "pattern": identifiers.ID.pattern,
+        "description": "POST: the id to give it (default: a random one); PUT: the path's, if given"})
+    name = Text(required=True, max_length=200, metadata=NAME)
+    redirect_uris = TextList(required=True, data_key="redirectUris", item=REDIRECT_URI,
+                             metadata={"minItems": 1})
+    scopes = TextList(data_key="allowedScopes", max_length=128, item=SCOPE, metadata={
+        "description": "Absent or empty: [\"read\"]"})
     first_party = Flag(load_default=False, data_key="firstParty")
     confidential = Flag(load_default=False)
     description = Text(max_length=1000, allow_none=True)
-    logo_url = Text(allow_none=True, data_key="logoUrl")
-    allowed_origins = TextList(data_key="allowedOrigins")
+    logo_url = Text(allow_none=True, data_key="logoUrl", metadata=LOGO_URL)
+    allowed_origins = TextList(data_key="allowedOrigins", item=ORIGIN)
+
+
+class ClientPutBodySchema(ClientBodySchema):
+    """The document's ``PUT /admin/clients/{id}`` body: the path names the client."""
+
+    class Meta:
+        exclude = ("client_id",)
 
 
 class ClientPatchSchema(BodySchema):
     """``PATCH /admin/clients/{id}``: the fields to change."""
 
-    name = Text(max_length=200)
-    redirect_uris = TextList(data_key="redirectUris")
-    scopes = TextList(data_key="allowedScopes", max_length=128)
+    name = Text(max_length=200, metadata=NAME)
+    redirect_uris = TextList(data_key="redirectUris", item=REDIRECT_URI,
+                             metadata={"minItems": 1})
+    scopes = TextList(data_key="allowedScopes", max_length=128, item=SCOPE)
     first_party = Flag(data_key="firstParty")
     confidential = Flag()
     description = Text(max_length=1000, allow_none=True)
-    logo_url = Text(allow_none=True, data_key="logoUrl")
-    allowed_origins = TextList(data_key="allowedOrigins")
+    logo_url = Text(allow_none=True, data_key="logoUrl", metadata=LOGO_URL)
+    allowed_origins = TextList(data_key="allowedOrigins", item=ORIGIN)
 
 
 class UserBodySchema(BodySchema):
-    username = Text(required=True, max_length=64)
-    password = Text(required=True, max_length=1024)
+    username = Text(required=True, max_length=64, metadata=USERNAME)
+    password = Text(required=True, max_length=1024, metadata=PASSWORD)
     admin = Flag(load_default=False)
 
 
@@ -123,14 +153,14 @@ class UserPatchSchema(BodySchema):
 
 
 class PasswordBodySchema(BodySchema):
-    password = Text(required=True, max_length=1024)
+    password = Text(required=True, max_length=1024, metadata=PASSWORD)
     keep_grants = Flag(load_default=False, data_key="keepGrants")
 
 
 class InstallationBodySchema(BodySchema):
-    name = Text(required=True, max_length=200)
-    kind = Text(required=True, max_length=32)
-    operators = TextList(max_length=64)
+    name = Text(required=True, max_length=200, metadata=NAME)
+    kind = Text(required=True, max_length=32, metadata={"enum": list(identifiers.KINDS)})
+    operators = TextList(max_length=64, item={**USERNAME, "description": "A user's username (422 if none)"})
 
 
 class TokenBodySchema(BodySchema):
@@ -153,4 +183,5 @@ COMPONENTS: dict[str, type[Schema]] = {
     "AdminClient": AdminClientSchema, "AdminUser": AdminUserSchema, "AdminInstallation": AdminInstallationSchema,
     "Grant": GrantSchema, "AdminSession": AdminSessionSchema, "ClientBody": ClientBodySchema,
     "ClientPatch": ClientPatchSchema, "UserBody": UserBodySchema, "UserPatch": UserPatchSchema,
-    "PasswordBody": PasswordBodySchema, "InstallationBody": InstallationBodySchema, "TokenBody": TokenBodySchema}
+    "ClientPutBody": ClientPutBodySchema, "PasswordBody": PasswordBodySchema,
+    "InstallationBody": InstallationBodySchema, "TokenBody": TokenBodySchema}

@@ -270,7 +270,8 @@ def cmd_openapi(args: argparse.Namespace) -> int:
         url = config_module.listen_url(settings.admin.host, settings.admin.port)
         sys.stdout.write(openapi.render(ADMIN_ROUTES, url, admin=True))
     else:
-        sys.stdout.write(openapi.render(ROUTES, settings.base_url))
+        sys.stdout.write(openapi.render(ROUTES, settings.base_url, auth_url=settings.auth_url,
+                                        session_cookie=settings.session_cookie))
     return 0
 
 

@@ -22,6 +22,18 @@ USERNAME_RULE = "1-64 characters of [A-Za-z0-9._@-]"
 KINDS = ("telescope", "observatory")  # what a node installation is
 # RFC 6749 §3.3: scope-token = 1*( %x21 / %x23-5B / %x5D-7E )
 SCOPE_TOKEN = re.compile(r"^[\x21\x23-\x5b\x5d-\x7e]+$")
+# A client's or an installation's name: no control character, and something that is not a space
+# (the characters Python's str.strip and JavaScript's \s take for one, named: the OpenAPI
+# document states this very pattern).
+NAME = re.compile(r"^[^\x00-\x1f\x7f-\x9f]*[^\x00-\x20\x7f-\xa0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000\ufeff]"
+                  r"[^\x00-\x1f\x7f-\x9f]*$")
+NAME_RULE = "printable characters, not only spaces"
+CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")  # C0, DEL and C1
+# What the OpenAPI document says of a URI: the necessary shape (a scheme; no space, control
+# character or fragment). The rest of each rule is in words; the functions below hold it.
+URI_SHAPE = r"^[A-Za-z][A-Za-z0-9+.-]*:[^\x00-\x20\x7f-\x9f#]*$"
+WEB_URL_SHAPE = r"^[Hh][Tt][Tt][Pp][Ss]?://[^/?#\x00-\x20\x7f-\x9f][^\x00-\x20\x7f-\x9f]*$"
+ORIGIN_SHAPE = r"^[Hh][Tt][Tt][Pp][Ss]?://[^/?#\x00-\x20\x7f-\x9f]+$"
 
 
 def id_problem(value: str) -> str | None:
@@ -37,6 +49,10 @@ def username_key(value: str) -> str:
     """What makes two usernames the same one: NFKC, then case folded (Unicode's caseless
     match, UAX #15 and §3.13), so ``ROOT`` is ``root``. A new user is stored under this form."""
     return unicodedata.normalize("NFKC", value).casefold()
+
+
+def name_problem(value: str) -> str | None:
+    return None if NAME.fullmatch(value) else NAME_RULE
 
 
 def kind_problem(value: str) -> str | None:
@@ -102,7 +118,7 @@ def redirect_uri_problem(uri: str) -> str | None:
     except ValueError:
         return "not a URI"
     scheme = parts.scheme.lower()
-    if not scheme or not _SCHEME.fullmatch(parts.scheme) or any(ch.isspace() for ch in uri):
+    if not scheme or not _SCHEME.fullmatch(parts.scheme) or any(ch.isspace() for ch in uri) or CONTROL.search(uri):
         return "an absolute URI is required"
     if parts.fragment or "#" in uri:
         return "a fragment is not allowed (RFC 6749 §3.1.2)"
@@ -138,6 +154,8 @@ def origin_problem(origin: str) -> str | None:
         port = parts.port
     except ValueError:
         return "not a URL"
+    if CONTROL.search(origin) or any(ch.isspace() for ch in origin):
+        return "no spaces or control characters"
     if parts.scheme not in ("http", "https") or not parts.hostname:
         return "http:// or https:// and a host"
     if parts.path or parts.query or parts.fragment or "@" in parts.netloc or origin != origin.strip():
@@ -170,5 +188,12 @@ def _host_of_origin(host: str) -> bool:
 
 
 def is_url(uri: str, schemes: tuple[str, ...] = ("http", "https")) -> bool:
-    parts = urlsplit(uri)
+    """Whether ``uri`` is an absolute URL of one of ``schemes`` with a host part, and no space
+    or control character (which urlsplit would strip or drop, not refuse)."""
+    if CONTROL.search(uri) or any(ch.isspace() for ch in uri):
+        return False
+    try:
+        parts = urlsplit(uri)
+    except ValueError:  # brackets that hold no IPv6 address
+        return False
     return parts.scheme in schemes and bool(parts.netloc)

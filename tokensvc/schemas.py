@@ -68,24 +68,28 @@ class Pattern(validate.Validator):
 
 
 def Text(*, required: bool = False, max_length: int = MAX_FIELD_LENGTH, **kwargs: Any) -> fields.String:
-    """A string field with typed messages and a length bound."""
+    """A string field with typed messages and a length bound; a :class:`Pattern` it is given is
+    stated in the OpenAPI document too."""
     validators = [MaxLength(max_length), *kwargs.pop("validate", [])]
+    patterns = [{"pattern": v.pattern.pattern} for v in validators if isinstance(v, Pattern)]
     return fields.String(
-        required=required, validate=validators, metadata={"maxLength": max_length, **kwargs.pop("metadata", {})},
+        required=required, validate=validators,
+        metadata={"maxLength": max_length, **(patterns[0] if patterns else {}), **kwargs.pop("metadata", {})},
         error_messages={"required": REQUIRED, "invalid": NOT_STRING, "null": NOT_NULL}, **kwargs)
 
 
 def TextList(*, required: bool = False, max_items: int = 100, max_length: int = MAX_FIELD_LENGTH,
-             **kwargs: Any) -> fields.List:
-    """A list of at most ``max_items`` strings (JSON bodies), with typed messages."""
+             item: dict[str, Any] | None = None, **kwargs: Any) -> fields.List:
+    """A list of at most ``max_items`` strings (JSON bodies), with typed messages; ``item``: what
+    the OpenAPI document says of each string."""
 
     def bounded(items: list[str]) -> None:
         if len(items) > max_items:
             raise ValidationError(ErrorDetail(f"List should have at most {max_items} items", "too_long",
                                               {"max_length": max_items}))
 
-    return fields.List(Text(max_length=max_length), required=required, validate=bounded,
-                       metadata={"maxItems": max_items},
+    return fields.List(Text(max_length=max_length, metadata=item or {}), required=required, validate=bounded,
+                       metadata={"maxItems": max_items, **kwargs.pop("metadata", {})},
                        error_messages={"required": REQUIRED, "invalid": NOT_LIST, "null": NOT_NULL}, **kwargs)
 
 
@@ -105,7 +109,7 @@ class FormSchema(Schema):
 class TokenRequestSchema(FormSchema):
     """``POST /oauth/token`` (RFC 6749 §4.1.3 + RFC 7636 §4.5)."""
 
-    grant_type = Text(required=True, max_length=64)
+    grant_type = Text(required=True, max_length=64, metadata={"enum": ["authorization_code"]})
     code = Text(required=True, max_length=512)
     redirect_uri = Text(required=True)
     code_verifier = Text(max_length=128)
@@ -117,7 +121,7 @@ class RefreshRequestSchema(FormSchema):
     """``POST /oauth/token/refresh``."""
 
     refresh_token = Text(required=True, max_length=512)
-    grant_type = Text(max_length=64)
+    grant_type = Text(max_length=64, metadata={"description": "Any value: the endpoint is the grant"})
     client_id = Text(max_length=128)
     client_secret = Text(max_length=512)
     scope = Text()
@@ -155,8 +159,11 @@ class AccountFormSchema(FormSchema):
     session_id = Text(max_length=64)
 
 
+SESSION_ID = re.compile(r"^[0-9a-f]{24}$")  # Session.public_id: a prefix of the session's hash
+
+
 class SessionIdPathSchema(Schema):
-    session_id = Text(required=True, max_length=64)
+    session_id = Text(required=True, max_length=24, validate=[Pattern(SESSION_ID, "a session's id: 24 hex digits")])
 
 
 class OptionalTokenQuerySchema(FormSchema):

@@ -13,6 +13,7 @@ from __future__ import annotations
 import functools
 import json
 import logging
+import re
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -27,6 +28,8 @@ from tokensvc.oauth.administrators import require_admin
 from tokensvc.oauth.errors import AccessDenied, InsufficientScope, InvalidToken
 from tokensvc.operator import Operator
 from tokensvc.ratelimit import TooManyFailures
+
+DIGITS = re.compile(r"[0-9]+")
 
 
 class AdminEndpoint(JsonHandler):
@@ -57,7 +60,7 @@ class AdminEndpoint(JsonHandler):
         raw = self.get_query("limit")
         if raw is None:
             return None
-        if not raw.isdigit():
+        if not DIGITS.fullmatch(raw):  # str.isdigit takes "²", which int() does not
             raise ValidationFailed([{"loc": ["query", "limit"], "msg": "Input should be a valid integer",
                                      "type": "int_parsing", "input": raw, "ctx": {}}])
         return int(raw)

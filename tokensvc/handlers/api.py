@@ -40,10 +40,11 @@ class ConnectedAppsHandler(ApiEndpoint):
 class ConnectedAppHandler(ApiEndpoint):
     """``DELETE /v1/me/connected-apps/{client_id}`` (connected-apps:write): revoke that grant."""
 
+    path_schema = schemas.client_id_path
+
     @requires("connected-apps:write")
     async def delete(self, client_id: str) -> None:
         principal = self.require_user()
-        self.load_client_id(client_id)
         if not await revocation.revoke_connected_app(self.ctx, principal.subject, client_id):
             raise NotFound(f"No active grant for client {client_id!r}")
         self.send(204, b"", None)
@@ -71,10 +72,11 @@ class SessionHandler(ApiEndpoint):
     """``DELETE /v1/me/sessions/{id}`` (sessions:write, which write covers): sign that session
     out; 204, or 404 when there is none."""
 
+    path_schema = schemas.session_id_path
+
     @requires("sessions:write")
     async def delete(self, session_id: str) -> None:
         principal = self.require_user()
-        self.load(schemas.session_id_path, {"session_id": session_id} if session_id else {}, "path")
         user = principal.user
         if user is None or not await sessions.end_one(self.ctx, user, session_id):
             raise NotFound(f"No session {session_id!r} of yours is signed in")

@@ -13,8 +13,9 @@ class ClientListHandler(JsonHandler):
 
 
 class ClientHandler(JsonHandler):
+    path_schema = schemas.client_id_path
+
     async def get(self, client_id: str) -> None:
-        self.load_client_id(client_id)
         client = await self.ctx.store.get_client(client_id)
         if client is None:
             raise NotFound(f"No client with id {client_id!r}")

@@ -8,6 +8,8 @@ import re
 from collections.abc import Iterable
 from urllib.parse import urlsplit
 
+from tokensvc.identifiers import CONTROL  # never in a Location
+
 log = logging.getLogger(__name__)
 
 SECURITY_HEADERS = {
@@ -71,7 +73,6 @@ def csp_source(url: str) -> str | None:
 
 _SOURCE_HOST = re.compile(r"[A-Za-z0-9.-]+(:[0-9]{1,5})?")
 _SOURCE_PATH = re.compile(r"/[A-Za-z0-9._~!$&'()*+=:@/%-]*")
-CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")  # C0, DEL and C1: never in a Location
 
 
 def safe_location(url: str) -> str:

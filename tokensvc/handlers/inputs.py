@@ -45,11 +45,6 @@ class RequestInput:
     def load(schema: Schema, data: dict[str, Any], location: str = "body") -> dict[str, Any]:
         return schemas.load(schema, data, location)
 
-    def load_client_id(self, client_id: str) -> str:
-        """Validate a ``{client_id}`` path parameter (an empty one is missing, not malformed)."""
-        self.load(schemas.client_id_path, {"client_id": client_id} if client_id else {}, "path")
-        return client_id
-
     def raw_session_id(self) -> str | None:
         """The session id in the signed session cookie, if there is a valid one. Only a route
         that declares it reads the session may: the XSRF rule applies to it then."""

@@ -19,6 +19,7 @@ from typing import Any, ClassVar, cast
 from urllib.parse import quote
 
 import tornado.httputil
+from marshmallow import Schema
 from tornado.httputil import HTTPServerRequest
 
 from tokensvc.errors import NotFound, ValidationFailed
@@ -36,6 +37,7 @@ from tokensvc.handlers.lifecycle import (
     log_failure,
 )
 from tokensvc.handlers.response_writer import write_response
+from tokensvc.schemas import load
 
 
 class JsonHandler(RequestInput):
@@ -49,6 +51,7 @@ class JsonHandler(RequestInput):
     max_body: ClassVar[int | None] = MAX_BODY_BYTES
     reads_session: ClassVar[bool] = True
     cors: ClassVar[bool] = False  # whether browser apps of other origins may call it (handlers/cors.py)
+    path_schema: ClassVar[Schema | None] = None  # what the path's {name} segments may be (422 otherwise)
 
     def __init__(self, edge: Edge, route: Route, request: HTTPServerRequest, request_id: str) -> None:
         self.edge, self.ctx, self.config = edge, edge.ctx, edge.config
@@ -62,27 +65,27 @@ class JsonHandler(RequestInput):
     async def serve(self, path_args: list[bytes]) -> None:
         try:
             method = self.request.method or ""
-            if self.cors and await self._cross_origin(method):
+            preflight = await self._cross_origin() if self.cors else None
+            if self.cors and method == "OPTIONS":
+                self._path_arguments(path_args)
+                self.send(204, b"", None, preflight)
                 return
             if self.request.body:
                 self._parse_body()
             check_xsrf(self)
-            await getattr(self, "get" if method == "HEAD" else method.lower())(*self._decoded(path_args))
+            await getattr(self, "get" if method == "HEAD" else method.lower())(*self._path_arguments(path_args))
             if not self.answered:
                 raise RuntimeError(f"{type(self).__name__}.{method.lower()} sent no response")
         except Exception as exc:  # every failure becomes a response in the documented shape
             self.send_failure(exc)
 
-    async def _cross_origin(self, method: str) -> bool:
-        """Set the CORS headers of this request's answers; True when it was a preflight,
-        answered here."""
+    async def _cross_origin(self) -> dict[str, str] | None:
+        """Set the CORS headers of this request's answers; the headers of a preflight's answer
+        to an allowed origin (None to any other)."""
         origin = self.request.headers.get("Origin")
         allowed = origin is not None and await self.ctx.origins.allows(self.ctx.store, origin)
         self.cross_origin = cors.allowed(origin) if allowed and origin else cors.VARY
-        if method != "OPTIONS":
-            return False
-        self.send(204, b"", None, cors.preflight(origin, self.route.methods) if allowed and origin else None)
-        return True
+        return cors.preflight(origin, self.route.methods) if allowed and origin else None
 
     def _parse_body(self) -> None:
         request = self.request
@@ -97,16 +100,19 @@ class JsonHandler(RequestInput):
         validation fault of the body (the token endpoints answer as OAuth does)."""
         return ValidationFailed.one(["body"], f"The body could not be parsed: {reason}", "body_parsing")
 
-    def _decoded(self, path_args: list[bytes]) -> list[str]:
-        """The path's ``{name}`` segments as text; one that is not UTF-8 is a validation fault."""
-        decoded = []
+    def _path_arguments(self, path_args: list[bytes]) -> list[str]:
+        """The path's ``{name}`` segments as text, checked by the route's ``path_schema`` (an
+        empty one is missing): every method and the preflight see only a valid path."""
+        decoded = {}
         for name, arg in zip(self.route.parameters, path_args, strict=True):
             try:
-                decoded.append(arg.decode("utf-8"))
+                decoded[name] = arg.decode("utf-8")
             except UnicodeDecodeError:
                 raise ValidationFailed.one(["path", name], "Input should be a valid string: not UTF-8",
                                            "string_unicode", quote(arg, safe="")) from None
-        return decoded
+        if self.path_schema is not None:
+            load(self.path_schema, {name: value for name, value in decoded.items() if value}, "path")
+        return list(decoded.values())
 
     # -- answering ----------------------------------------------------------------------
 

@@ -55,5 +55,7 @@ class OpenAPIHandler(JsonHandler):
 
     async def get(self) -> None:
         if OpenAPIHandler.document is None:
-            OpenAPIHandler.document = openapi.render(self.edge.routes, self.config.base_url).encode("utf-8")
+            OpenAPIHandler.document = openapi.render(self.edge.routes, self.config.base_url,
+                                                     auth_url=self.config.auth_url,
+                                                     session_cookie=self.config.session_cookie).encode("utf-8")
         self.send(200, OpenAPIHandler.document, "application/json")
