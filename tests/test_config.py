@@ -198,3 +198,26 @@ def test_a_pkce_challenge_or_verifier_with_a_trailing_newline_is_refused():
 
     assert pkce.is_valid_challenge("a" * 43) and not pkce.is_valid_challenge("a" * 43 + "\n")
     assert pkce.is_valid_verifier("a" * 43) and not pkce.is_valid_verifier("a" * 43 + "\n")
+
+
+@pytest.mark.parametrize("pattern,accepts", [
+    (identifiers.REDIRECT_URI, lambda uri: identifiers.redirect_uri_problem(uri) is None),
+    (identifiers.ORIGIN, lambda origin: identifiers.origin_problem(origin) is None),
+    (identifiers.WEB_URL, identifiers.is_url),
+    (identifiers.NAME, lambda name: identifiers.name_problem(name) is None and name.strip() != ""),
+])
+def test_every_string_a_documented_pattern_admits_is_accepted(pattern, accepts):
+    """The OpenAPI document states these expressions as the rules; each rule's function also
+    names its faults first (for their messages), and admits every string the expression does,
+    so the document and the service agree both ways."""
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+
+    longest = identifiers.ORIGIN_MAX_LENGTH if pattern is identifiers.ORIGIN else None
+
+    @settings(max_examples=200, derandomize=True, database=None, deadline=None)
+    @given(st.from_regex(pattern, fullmatch=True).filter(lambda value: longest is None or len(value) <= longest))
+    def admitted(value):
+        assert accepts(value), value
+
+    admitted()

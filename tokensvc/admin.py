@@ -19,6 +19,8 @@ from tokensvc.bootstrap import new_user_id
 from tokensvc.errors import HTTPAnswer
 from tokensvc.identifiers import (
     NAME_RULE,
+    URI_RULE,
+    WEB_URL,
     id_problem,
     is_url,
     kind_problem,
@@ -59,7 +61,8 @@ class Missing(AdminError):
 
 
 class Taken(AdminError):
-    """What the action would create is there already (409)."""
+    """What the action would create is there already, or what it names is in a state that does
+    not allow it (409)."""
 
     status_code = 409
 
@@ -87,6 +90,8 @@ def check_redirect_uri(uri: str) -> str:
 def check_url(uri: str) -> str:
     if not is_url(uri):
         raise AdminError(f"not a valid http(s) URL: {uri!r}")
+    if not WEB_URL.fullmatch(uri):
+        raise AdminError(f"not a valid http(s) URL ({URI_RULE}): {uri!r}")
     return uri
 
 
@@ -194,7 +199,7 @@ async def get_client(store: Store, client_id: str) -> Client:
 async def rotate_secret(store: Store, client_id: str) -> str:
     client = await get_client(store, client_id)
     if not client.confidential:
-        raise AdminError(f"client {client_id!r} is public: it has no secret to rotate")
+        raise Taken(f"client {client_id!r} is public: it has no secret to rotate")
     secret = hashing.new_secret()
     await store.put_client(replace(client, secret_hash=hashing.digest(secret)))
     _record("client_secret_rotated", client_id=client_id, outcome="success")

@@ -51,6 +51,19 @@ class AdminClientSchema(Schema):
                 "allowed_origins": client.allowed_origins or [], "created_at": client.created_at}
 
 
+class AdminClientWithSecretSchema(AdminClientSchema):
+    """The document's answer to a registration or a change: the client, and a confidential
+    one's new secret (shown this once; null when there is none)."""
+
+    client_secret = fields.String(required=True, allow_none=True, data_key="clientSecret")
+
+
+class AdminClientPutSchema(AdminClientWithSecretSchema):
+    """The document's answer to ``PUT /admin/clients/{id}``: whether it was created."""
+
+    created = fields.Boolean(required=True)
+
+
 class AdminUserSchema(Schema):
     username = fields.String(required=True)
     user_id = fields.String(required=True, data_key="userId")
@@ -62,6 +75,12 @@ class AdminInstallationSchema(Schema):
     name = fields.String(required=True)
     kind = fields.String(required=True)
     operators = fields.List(fields.String(), required=True, metadata={"description": "usernames"})
+
+
+class AdminInstallationPutSchema(AdminInstallationSchema):
+    """The document's answer to ``PUT /admin/installations/{id}``: whether it was created."""
+
+    created = fields.Boolean(required=True)
 
 
 class GrantSchema(Schema):
@@ -89,14 +108,15 @@ class AdminSessionSchema(Schema):
 # tokensvc/identifiers.py that admin.py applies (422 otherwise). A rule no pattern can hold
 # (a redirect URI's host, a password's strength, an operator who exists) is said in words.
 NAME = {"pattern": identifiers.NAME.pattern, "description": f"A name: {identifiers.NAME_RULE}"}
-REDIRECT_URI = {"pattern": identifiers.URI_SHAPE, "description": (
+REDIRECT_URI = {"pattern": identifiers.REDIRECT_URI.pattern, "description": (
     "https; http only to a loopback host (127.0.0.0/8, [::1], localhost); or a private-use scheme "
-    "(com.example.app:/cb, RFC 8252 §7.1); never javascript:, data:, file:, vbscript:, blob:, about:, "
-    "filesystem:; no fragment")}
+    "(com.example.app:/cb, RFC 8252 §7.1), never javascript:, data:, file:, vbscript:, blob:, about:, "
+    "filesystem:; no fragment; " + identifiers.URI_RULE)}
 SCOPE = {"pattern": identifiers.SCOPE_TOKEN.pattern, "description": "RFC 6749 §3.3's scope-token"}
-LOGO_URL = {"pattern": identifiers.WEB_URL_SHAPE, "description": "An http(s) URL with a host"}
-ORIGIN = {"pattern": identifiers.ORIGIN_SHAPE, "description": (
-    "A web origin as a browser sends it: scheme://host[:port], https, or http on a loopback host")}
+LOGO_URL = {"pattern": identifiers.WEB_URL.pattern, "description": "An http(s) URL; " + identifiers.URI_RULE}
+ORIGIN = {"pattern": identifiers.ORIGIN.pattern, "maxLength": identifiers.ORIGIN_MAX_LENGTH, "description": (
+    "A web origin as a browser sends it: scheme://host[:port] in lower case without its default port, https "
+    "and a DNS name, or http on a loopback host; never a wildcard")}
 PASSWORD = {"minLength": identifiers.MIN_PASSWORD_LENGTH, "description": (
     "At least 8 characters, and hard to guess (zxcvbn's score 3 of 4, the username and the service's "
     "name counted against it): a common, breached or name-built password is 422")}
@@ -180,7 +200,9 @@ password_body = PasswordBodySchema()
 installation_body = InstallationBodySchema()
 token_body = TokenBodySchema()
 COMPONENTS: dict[str, type[Schema]] = {
-    "AdminClient": AdminClientSchema, "AdminUser": AdminUserSchema, "AdminInstallation": AdminInstallationSchema,
+    "AdminClient": AdminClientSchema, "AdminClientWithSecret": AdminClientWithSecretSchema,
+    "AdminClientPut": AdminClientPutSchema, "AdminInstallationPut": AdminInstallationPutSchema,
+    "AdminUser": AdminUserSchema, "AdminInstallation": AdminInstallationSchema,
     "Grant": GrantSchema, "AdminSession": AdminSessionSchema, "ClientBody": ClientBodySchema,
     "ClientPatch": ClientPatchSchema, "UserBody": UserBodySchema, "UserPatch": UserPatchSchema,
     "ClientPutBody": ClientPutBodySchema, "PasswordBody": PasswordBodySchema,

@@ -29,11 +29,26 @@ NAME = re.compile(r"^[^\x00-\x1f\x7f-\x9f]*[^\x00-\x20\x7f-\xa0\u1680\u2000-\u20
                   r"[^\x00-\x1f\x7f-\x9f]*$")
 NAME_RULE = "printable characters, not only spaces"
 CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")  # C0, DEL and C1
-# What the OpenAPI document says of a URI: the necessary shape (a scheme; no space, control
-# character or fragment). The rest of each rule is in words; the functions below hold it.
-URI_SHAPE = r"^[A-Za-z][A-Za-z0-9+.-]*:[^\x00-\x20\x7f-\x9f#]*$"
-WEB_URL_SHAPE = r"^[Hh][Tt][Tt][Pp][Ss]?://[^/?#\x00-\x20\x7f-\x9f][^\x00-\x20\x7f-\x9f]*$"
-ORIGIN_SHAPE = r"^[Hh][Tt][Tt][Pp][Ss]?://[^/?#\x00-\x20\x7f-\x9f]+$"
+
+# The URIs an operator registers, each a regular expression that the OpenAPI document states
+# as it is: RFC 3986's characters (a name in another script is written as its punycode), a
+# lowercase scheme, a host without user info, a port 1-65535. Each rule's function checks
+# its named faults first (for their messages), then the expression.
+_OCTET = r"(?:25[0-5]|2[0-4][0-9]|1[0-9]{2}|[1-9]?[0-9])"
+_LOOPBACK = rf"(?:localhost|127\.{_OCTET}\.{_OCTET}\.{_OCTET}|\[::1\])"
+_HOST = r"[A-Za-z0-9.-]+"
+_PORT = r"(?::(?:6553[0-5]|655[0-2][0-9]|65[0-4][0-9]{2}|6[0-4][0-9]{3}|[1-5][0-9]{4}|[1-9][0-9]{0,3}))?"
+_PATH = r"[A-Za-z0-9._~!$&'()*+,;=:@%/-]*"
+_QUERY = r"(?:\?[A-Za-z0-9._~!$&'()*+,;=:@%/?-]*)?"
+_NEVER = "https?|javascript|data|file|vbscript|blob|about|filesystem"
+REDIRECT_URI = re.compile(
+    rf"^(?:https://{_HOST}{_PORT}(?:/{_PATH})?{_QUERY}"
+    rf"|http://{_LOOPBACK}{_PORT}(?:/{_PATH})?{_QUERY}"
+    rf"|(?!(?:{_NEVER}):)[a-z][a-z0-9+.-]*:(?://[A-Za-z0-9._~!$&'()*+,;=%-]*{_PORT})?{_PATH}{_QUERY})$")
+_LABEL = r"[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?"  # RFC 1123 §2.1, lower case
+ORIGIN = re.compile(rf"^(?:https://{_LABEL}(?:\.{_LABEL})*(?!:443$)|http://{_LOOPBACK}(?!:80$)){_PORT}$")
+ORIGIN_MAX_LENGTH = 261  # https:// and a host name of at most 253 characters, or with a port a shorter one
+WEB_URL = re.compile(rf"^https?://{_HOST}{_PORT}(?:/{_PATH})?{_QUERY}$")
 
 
 def id_problem(value: str) -> str | None:
@@ -126,9 +141,14 @@ def redirect_uri_problem(uri: str) -> str | None:
         return f"the {scheme}: scheme is never a redirect target"
     if scheme == "https":
         return None if host else "an https URI needs a host"
-    if scheme == "http":
-        return None if is_loopback(host) else "http only to a loopback host (127.0.0.1, [::1], localhost); use https"
-    return None  # a private-use scheme (RFC 8252 §7.1)
+    if scheme == "http" and not is_loopback(host):
+        return "http only to a loopback host (127.0.0.1, [::1], localhost); use https"
+    if not REDIRECT_URI.fullmatch(uri):
+        return URI_RULE
+    return None  # https, http to loopback, or a private-use scheme (RFC 8252 §7.1)
+
+
+URI_RULE = "RFC 3986 characters only, a lowercase scheme, a host without user info, a port 1-65535"
 
 
 def is_loopback(host: str | None) -> bool:
@@ -169,6 +189,8 @@ def origin_problem(origin: str) -> str | None:
         canonical = canonical.rsplit(":", 1)[0]
     if origin != canonical:
         return f"write it as a browser sends it: {canonical}"
+    if not ORIGIN.fullmatch(origin) or len(origin) > ORIGIN_MAX_LENGTH:
+        return "https and a DNS name, or http and a loopback host; a port 1-65535"
     return None
 
 

@@ -126,7 +126,7 @@ def token_endpoint(summary: str, request: str, ok: dict[str, Any], *, auth: bool
                      "security": [{}, {"clientBasic": []}]}}
 
 
-CORS_PREFLIGHT = {
+CORS_PREFLIGHT: dict[str, Any] = {
     "summary": "CORS preflight of a browser app: the origins of public clients' redirect URIs and of "
                "clients' allowed_origins get Access-Control-Allow-Origin; never Allow-Credentials",
     "responses": {"204": {"description": "Preflight answered (without Access-Control-Allow-Origin to any other "
@@ -194,7 +194,9 @@ def build(routes: Iterable[Route], base_url: str, *, admin: bool = False, auth_u
         documented = operations.pop(route.path, {})
         served = {method.lower() for method in route.methods if method != "HEAD"}
         if "options" in served and "options" not in documented:
-            documented = {**documented, "options": CORS_PREFLIGHT}
+            preflight = CORS_PREFLIGHT if "{" not in route.path else {
+                **CORS_PREFLIGHT, "responses": {**CORS_PREFLIGHT["responses"], "422": INVALID}}
+            documented = {**documented, "options": preflight}
         path_parameters = documented.pop("parameters", None)
         if set(documented) != served:
             raise ValueError(f"{route.path}: served {sorted(served)}, documented {sorted(documented)}")

@@ -37,13 +37,15 @@ _KEY = re.compile(r"[A-Za-z0-9+/]{21}[AQgw]==")  # base64 of 16 bytes (RFC 6455 
 def check_handshake(headers: HTTPHeaders) -> None:
     """Refuse, as an answer, a request that is not a WebSocket opening handshake (400) or is
     one of another version (426, naming ours)."""
-    if headers.get("Upgrade", "").strip().lower() != "websocket":
+    # Header values arrive without their surrounding whitespace; inside a list only spaces and
+    # tabs separate (RFC 9110 §5.6.1). Exactly what docs/openapi.json's patterns say.
+    if headers.get("Upgrade", "").lower() != "websocket":
         raise BadRequest("Not a WebSocket handshake: Upgrade must be websocket")
-    if "upgrade" not in (token.strip().lower() for token in headers.get("Connection", "").split(",")):
+    if "upgrade" not in (token.strip(" \t").lower() for token in headers.get("Connection", "").split(",")):
         raise BadRequest("Not a WebSocket handshake: Connection must include Upgrade")
-    if headers.get("Sec-WebSocket-Version", "").strip() != VERSION:
+    if headers.get("Sec-WebSocket-Version") != VERSION:
         raise UpgradeRequired(f"WebSocket version {VERSION} only", VERSION)
-    if not _KEY.fullmatch(headers.get("Sec-WebSocket-Key", "").strip()):
+    if not _KEY.fullmatch(headers.get("Sec-WebSocket-Key", "")):
         raise BadRequest("Not a WebSocket handshake: Sec-WebSocket-Key must be 16 bytes in base64")
 
 
