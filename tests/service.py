@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+import base64
+import hashlib
 import html as html_module
 import os
 import re
+import secrets
 import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
-from urllib.parse import urljoin
+from urllib.parse import parse_qs, urlencode, urljoin, urlsplit
 
 import requests
 
@@ -190,3 +193,28 @@ def user_agent_authorize(authorization_url: str, decision: str = "allow", passwo
         response = agent.post(urljoin(authorization_url, "/oauth/authorize"), data=form, allow_redirects=False)
     assert response.status_code == 302, response.text
     return response.headers["Location"]
+
+
+def access_token(base: str, client_id: str, redirect_uri: str, scope: str, username: str, password: str,
+                 secret: str | None = None) -> str:
+    """An access token as a client gets one: the code flow with PKCE, the browser played by
+    requests (sign-in, and the consent page when the client gets one)."""
+    verifier = secrets.token_urlsafe(48)
+    challenge = base64.urlsafe_b64encode(hashlib.sha256(verifier.encode()).digest()).rstrip(b"=").decode()
+    url = base + "/oauth/authorize?" + urlencode({
+        "response_type": "code", "client_id": client_id, "redirect_uri": redirect_uri, "scope": scope,
+        "code_challenge": challenge, "code_challenge_method": "S256"})
+    browser = requests.Session()
+    sign_in = browser.get(urljoin(url, browser.get(url, allow_redirects=False).headers["Location"]), timeout=10)
+    answer = browser.post(base + "/login", data={**hidden_fields(sign_in.text), "username": username,
+                                                 "password": password}, allow_redirects=False, timeout=10)
+    answer = browser.get(urljoin(url, answer.headers["Location"]), allow_redirects=False, timeout=10)
+    if answer.status_code == 200:  # a consent (or pairing) page
+        answer = browser.post(base + "/oauth/authorize", data={**hidden_fields(answer.text), "decision": "allow"},
+                              allow_redirects=False, timeout=10)
+    code = parse_qs(urlsplit(answer.headers["Location"]).query)["code"][0]
+    form = {"grant_type": "authorization_code", "code": code, "redirect_uri": redirect_uri,
+            "code_verifier": verifier, "client_id": client_id, **({"client_secret": secret} if secret else {})}
+    issued = requests.post(base + "/oauth/token", data=form, timeout=10)
+    assert issued.status_code == 200, issued.text
+    return issued.json()["access_token"]

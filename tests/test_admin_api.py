@@ -168,6 +168,8 @@ async def test_client_mistakes_are_422_404_and_409(call):
     check_validation_error(await call("POST", "/admin/clients", raw="[1, 2]"), ["body"], "model_type")
     check_validation_error(await call("POST", "/admin/clients", {"name": "X", "redirectUris": "https://x/cb"}),
                            ["body", "redirectUris"], "list_type")
+    empty = await call("POST", "/admin/clients", {"name": "Nameless", "redirectUris": ["https://x/cb"], "clientId": ""})
+    assert empty.code == 422 and "client id" in json_of(empty)["detail"][0]["msg"]  # absent: a random one; empty: no id
     taken = await call("POST", "/admin/clients", {"name": "Again", "redirectUris": ["https://x/cb"],
                                                   "clientId": "webapp"})
     assert taken.code == 409 and json_of(taken) == {"detail": "a client with id 'webapp' already exists"}
@@ -281,8 +283,9 @@ async def test_users_lifecycle(call, ctx, store):
     assert (await call("POST", "/admin/users", {"username": "dave", "password": STRONG})).code == 409
     assert (await call("POST", "/admin/users", {"username": "eve", "password": "eve12345"})).code == 422
     check_validation_error(await call("POST", "/admin/users", {"username": "eve"}), ["body", "password"], "missing")
-    check_validation_error(await call("PATCH", "/admin/users/dave", {"admin": "perhaps"}), ["body", "admin"],
-                           "bool_parsing")
+    for almost in ("perhaps", "true", 0, 1):  # 0 and 1 equal False and True in Python, never in JSON
+        check_validation_error(await call("PATCH", "/admin/users/dave", {"admin": almost}), ["body", "admin"],
+                               "bool_parsing")
     removed = await call("DELETE", "/admin/users/dave")
     assert removed.code == 200 and json_of(removed)["removed"] == "dave"
     for method, path, body in (("GET", "/admin/users/dave", None), ("PATCH", "/admin/users/dave", {"admin": False}),

@@ -124,3 +124,13 @@ async def test_a_form_from_another_origin_is_refused_even_with_a_valid_token(htt
     response = await victim.fetch("/login", "POST", {"username": "alice", "password": "alice-password",
                                                      "_xsrf": planted}, headers=headers)
     assert response.code == status
+
+
+@pytest.mark.gen_test
+@pytest.mark.parametrize("path", ["/login", "/logout", "/account", "/oauth/authorize", "/oauth/sign-out"])
+async def test_a_token_beyond_ascii_is_refused_not_a_fault(browser, path):
+    await browser.login("alice")
+    for cookie, field in (("\u00e9t\u00e9", "\u00e9t\u00e9"), (browser.cookies["_xsrf"], "\u00e9" * 20)):
+        browser.cookies["_xsrf"] = cookie
+        answer = await browser.fetch(path, "POST", {"_xsrf": field})
+        assert answer.code == 403, (path, answer.code)

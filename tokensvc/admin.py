@@ -144,7 +144,7 @@ async def create_client(store: Store, spec: ClientSpec, client_id: str | None = 
     """Register a client; returns it and, for a confidential one, its secret (shown once)."""
     spec = spec.checked()
     # Hex: a generated id never starts with "-" (which a command line would read as an option).
-    client_id = client_id or secrets.token_hex(12)
+    client_id = secrets.token_hex(12) if client_id is None else client_id
     _check(id_problem(client_id), "client id", client_id)
     if await store.get_client(client_id) is not None:
         raise Taken(f"a client with id {client_id!r} already exists")

@@ -144,7 +144,7 @@ class ClientBodySchema(BodySchema):
 class ClientPutBodySchema(ClientBodySchema):
     """The document's ``PUT /admin/clients/{id}`` body: the path names the client."""
 
-    class Meta:
+    class Meta(BodySchema.Meta):
         exclude = ("client_id",)
 
 

@@ -229,6 +229,18 @@ def _form_rules(components: dict[str, Any]) -> None:
         component = components[name]
         for field in component.get("required", []):
             component["properties"][field]["minLength"] = 1
+    components["LoginForm"]["properties"]["_xsrf"] = XSRF_FIELD
+
+
+XSRF_FIELD = {"type": "string", "description": (
+    "The form's XSRF token: the _xsrf cookie's value, repeated here or in the X-XSRFToken header (403 "
+    "without it, or from another origin; an empty value is absent)")}
+
+
+def page_form(**properties: Any) -> dict[str, Any]:
+    """A page's form body: its fields, and the XSRF token every page form carries."""
+    return {"required": True, "content": {FORM: {"schema": {
+        "type": "object", "properties": {**properties, "_xsrf": XSRF_FIELD}}}}}
 
 
 def _operations() -> dict[str, dict[str, Any]]:
@@ -281,8 +293,8 @@ def _operations() -> dict[str, dict[str, Any]]:
                       "503": PAGE_503}},
         "post": {
         "summary": "The consent or pairing page's answer (the request's parameters again, decision, _xsrf)",
-        "requestBody": {"required": True, "content": {FORM: {"schema": {"type": "object", "properties": {
-            "decision": {"type": "string", "enum": ["allow", "deny"]}, "_xsrf": {"type": "string"}}}}}},
+        "requestBody": page_form(**{parameter["name"]: parameter["schema"] for parameter in _authorize_parameters()},
+                                 decision={"type": "string", "enum": ["allow", "deny"]}),
         "security": [{}, {"session": []}],
         "responses": {"200": html("The page again (no decision, or the form had expired: 403)"),
                       "302": redirect("To the client: a code (allow) or access_denied (deny); or an error"),
@@ -310,8 +322,8 @@ def _operations() -> dict[str, dict[str, Any]]:
     ops["/logout"] = {
         "get": {"summary": "The signed-out page (or, signed in, a sign-out button)", "security": [{}, {"session": []}],
                 "responses": {"200": html("The page"), "503": PAGE_503}},
-        "post": {"summary": "The pages' sign-out button (form: _xsrf, and next to sign in again there)",
-                 "security": [{}, {"session": []}],
+        "post": {"summary": "The pages' sign-out button (and next: sign in again there)",
+                 "requestBody": page_form(next={"type": "string"}), "security": [{}, {"session": []}],
                  "responses": {"303": redirect("To the signed-out page, or to sign-in (next)"),
                                "403": html("No valid XSRF token"), "413": html("Body too large"),
                                "503": PAGE_503}}}
@@ -323,8 +335,12 @@ def _operations() -> dict[str, dict[str, Any]]:
                 "security": [{}, {"session": []}],
                 "responses": {"200": html("The page"), "303": redirect("Signed out: to sign-in, then back"),
                               "503": PAGE_503}},
-        "post": {"summary": "A button of the account page (form: action=remove|unpair|end-session|end-others, "
-                            "client_id, installation_id or session_id, _xsrf)",
+        "post": {"summary": "A button of the account page",
+                 "requestBody": page_form(
+                     action={"type": "string", "enum": ["remove", "unpair", "end-session", "end-others"]},
+                     client_id={"type": "string", "pattern": ID_PATTERN, "maxLength": 128},
+                     installation_id={"type": "string", "pattern": ID_PATTERN, "maxLength": 128},
+                     session_id={"type": "string", "maxLength": 64}),
                  "security": [{}, {"session": []}],
                  "responses": {"303": redirect("Back to the account page, saying what happened; or to sign-in"),
                                "403": html("No valid XSRF token; or an installation one may not unpair"),

@@ -93,10 +93,18 @@ def TextList(*, required: bool = False, max_items: int = 100, max_length: int = 
                        error_messages={"required": REQUIRED, "invalid": NOT_LIST, "null": NOT_NULL}, **kwargs)
 
 
+class StrictBoolean(fields.Boolean):
+    """true or false: never a string that reads like one, nor 0 or 1 (which equal False and True)."""
+
+    def _deserialize(self, value: Any, attr: str | None, data: Any, **kwargs: Any) -> bool:
+        if type(value) is not bool:
+            raise self.make_error("invalid", input=value)
+        return value
+
+
 def Flag(**kwargs: Any) -> fields.Boolean:
-    """A JSON boolean (true or false, never a string that reads like one), with typed messages."""
-    return fields.Boolean(truthy={True}, falsy={False},
-                          error_messages={"required": REQUIRED, "invalid": NOT_BOOLEAN, "null": NOT_NULL}, **kwargs)
+    """A JSON boolean, with typed messages."""
+    return StrictBoolean(error_messages={"required": REQUIRED, "invalid": NOT_BOOLEAN, "null": NOT_NULL}, **kwargs)
 
 
 # -- request schemas ------------------------------------------------------------------

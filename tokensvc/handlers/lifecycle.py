@@ -152,7 +152,7 @@ def check_xsrf(handler: RequestInput) -> None:
         return
     if not _from_own_origin(request, config):
         raise errors.XsrfFailed()
-    field = request.body_arguments.get(xsrf.FIELD)
+    field = [value for value in request.body_arguments.get(xsrf.FIELD, []) if value]  # empty: absent
     submitted = field[-1].decode("ascii", "replace") if field else request.headers.get(xsrf.HEADER)
     if not xsrf.matches(request, config.xsrf_cookie, config.cookie_secret, handler.raw_session_id(), submitted):
         raise errors.XsrfFailed()

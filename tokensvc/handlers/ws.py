@@ -64,11 +64,12 @@ class EchoSocket(AuthMixin, WebHandler, tornado.websocket.WebSocketHandler):
         self._stands_on: list[Any] = []
 
     async def get(self, *args: Any, **kwargs: Any) -> None:
-        # A failure here (401, 403, 400, 426, 503) is rendered by the lifecycle, before any upgrade.
+        # A failure here (400, 426, 401, 403, 503) is rendered by the lifecycle, before any
+        # upgrade: the request's shape first, as every route checks its input before its caller.
+        check_handshake(self.request.headers)
         self.principal = await self.authenticate()
         self.principal.require("read")
         self.log_client_id = self.principal.client_id
-        check_handshake(self.request.headers)
         await super().get(*args, **kwargs)
 
     def check_origin(self, origin: str) -> bool:

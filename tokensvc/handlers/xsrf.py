@@ -34,7 +34,7 @@ def valid(secret: str, token: str | None, session_id: str | None) -> bool:
     if not token or len(token) > 128:
         return False
     nonce, _, signature = token.partition(".")
-    return bool(nonce) and hmac.compare_digest(signature, _signature(secret, nonce, session_id))
+    return bool(nonce) and hmac.compare_digest(signature.encode(), _signature(secret, nonce, session_id).encode())
 
 
 def _signature(secret: str, nonce: str, session_id: str | None) -> str:
@@ -47,6 +47,7 @@ def matches(request: HTTPServerRequest, cookie_name: str, secret: str, session_i
     """Whether the submitted token equals the XSRF cookie and is valid for the session."""
     morsel = request.cookies.get(cookie_name)
     cookie = morsel.value if morsel is not None else None
-    if not submitted or cookie is None or not hmac.compare_digest(submitted, cookie):
+    # As bytes: compare_digest refuses str with characters beyond ASCII, which a form may send.
+    if not submitted or cookie is None or not hmac.compare_digest(submitted.encode(), cookie.encode()):
         return False
     return valid(secret, submitted, session_id)
