@@ -109,6 +109,9 @@ async def test_every_refused_handshake_is_json(browser, http_client, base_url, c
     assert check_schema(schemas.DetailSchema(), json_of(answer))
     if status == 426:
         assert answer.headers["Sec-WebSocket-Version"] == "13" and answer.headers["Upgrade"] == "websocket"
+    # The request's shape is checked before its caller, as on every route.
+    anonymous = await http_client.fetch(base_url + "/v1/ws", headers=headers, raise_error=False)
+    assert anonymous.code == status
 
 
 @pytest.mark.parametrize("query,headers", [

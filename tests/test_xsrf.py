@@ -134,3 +134,12 @@ async def test_a_token_beyond_ascii_is_refused_not_a_fault(browser, path):
         browser.cookies["_xsrf"] = cookie
         answer = await browser.fetch(path, "POST", {"_xsrf": field})
         assert answer.code == 403, (path, answer.code)
+
+
+@pytest.mark.gen_test
+async def test_an_empty_field_leaves_the_header_to_speak(browser):
+    """An empty form value is an absent one (as everywhere in forms): the X-XSRFToken header
+    then carries the token."""
+    await browser.login("alice")
+    token = browser.cookies["_xsrf"]
+    assert (await browser.fetch("/logout", "POST", {"_xsrf": ""}, headers={"X-XSRFToken": token})).code == 303
