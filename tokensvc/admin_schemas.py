@@ -105,8 +105,8 @@ class AdminSessionSchema(Schema):
 
 
 # What the OpenAPI document says of each field beyond its type and length: the rules of
-# tokensvc/identifiers.py that admin.py applies (422 otherwise). A rule no pattern can hold
-# (a redirect URI's host, a password's strength, an operator who exists) is said in words.
+# tokensvc/identifiers.py that admin.py applies (422 otherwise). What no pattern can hold (a
+# password's strength, an operator who exists) is said in words.
 NAME = {"pattern": identifiers.NAME.pattern, "description": f"A name: {identifiers.NAME_RULE}"}
 REDIRECT_URI = {"pattern": identifiers.REDIRECT_URI.pattern, "description": (
     "https; http only to a loopback host (127.0.0.0/8, [::1], localhost); or a private-use scheme "

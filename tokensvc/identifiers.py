@@ -34,6 +34,7 @@ CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")  # C0, DEL and C1
 # as it is: RFC 3986's characters (a name in another script is written as its punycode), a
 # lowercase scheme, a host without user info, a port 1-65535. Each rule's function checks
 # its named faults first (for their messages), then the expression.
+URI_RULE = "RFC 3986 characters only, a lowercase scheme, a host without user info, a port 1-65535"
 _OCTET = r"(?:25[0-5]|2[0-4][0-9]|1[0-9]{2}|[1-9]?[0-9])"
 _LOOPBACK = rf"(?:localhost|127\.{_OCTET}\.{_OCTET}\.{_OCTET}|\[::1\])"
 _HOST = r"[A-Za-z0-9.-]+"
@@ -147,8 +148,6 @@ def redirect_uri_problem(uri: str) -> str | None:
         return URI_RULE
     return None  # https, http to loopback, or a private-use scheme (RFC 8252 §7.1)
 
-
-URI_RULE = "RFC 3986 characters only, a lowercase scheme, a host without user info, a port 1-65535"
 
 
 def is_loopback(host: str | None) -> bool:

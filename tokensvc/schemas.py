@@ -71,10 +71,10 @@ def Text(*, required: bool = False, max_length: int = MAX_FIELD_LENGTH, **kwargs
     """A string field with typed messages and a length bound; a :class:`Pattern` it is given is
     stated in the OpenAPI document too."""
     validators = [MaxLength(max_length), *kwargs.pop("validate", [])]
-    patterns = [{"pattern": v.pattern.pattern} for v in validators if isinstance(v, Pattern)]
+    stated = {"pattern": v.pattern.pattern for v in validators if isinstance(v, Pattern)}  # noqa: B035 - one at most
     return fields.String(
         required=required, validate=validators,
-        metadata={"maxLength": max_length, **(patterns[0] if patterns else {}), **kwargs.pop("metadata", {})},
+        metadata={"maxLength": max_length, **stated, **kwargs.pop("metadata", {})},
         error_messages={"required": REQUIRED, "invalid": NOT_STRING, "null": NOT_NULL}, **kwargs)
 
 

@@ -61,8 +61,7 @@ class AdminEndpoint(JsonHandler):
         if raw is None:
             return None
         if not DIGITS.fullmatch(raw):  # str.isdigit takes "²", which int() does not
-            raise ValidationFailed([{"loc": ["query", "limit"], "msg": "Input should be a valid integer",
-                                     "type": "int_parsing", "input": raw, "ctx": {}}])
+            raise ValidationFailed.one(["query", "limit"], "Input should be a valid integer", "int_parsing", raw)
         return int(raw)
 
     def get_query(self, name: str) -> str | None:
