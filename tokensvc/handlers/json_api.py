@@ -103,6 +103,8 @@ class JsonHandler(RequestInput):
     def _path_arguments(self, path_args: list[bytes]) -> list[str]:
         """The path's ``{name}`` segments as text, checked by the route's ``path_schema`` (an
         empty one is missing): every method and the preflight see only a valid path."""
+        if not path_args:
+            return []
         decoded = {}
         for name, arg in zip(self.route.parameters, path_args, strict=True):
             try:

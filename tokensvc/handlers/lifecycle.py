@@ -28,7 +28,7 @@ import logging
 import os
 import re
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 from urllib.parse import urlsplit
@@ -89,6 +89,10 @@ class Route:
     path: str  # as the OpenAPI document writes it ({name}: one path segment); the metrics' label
     handler: type[RequestInput]
     methods: frozenset[str]
+    parameters: tuple[str, ...] = field(init=False)  # the names of its {name} segments, in order
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "parameters", tuple(re.findall(r"\{([^}]+)\}", self.path)))
 
     @classmethod
     def of(cls, path: str, handler: type[RequestInput]) -> Route:
@@ -103,11 +107,6 @@ class Route:
     @property
     def allow(self) -> str:
         return ", ".join(sorted(self.methods))
-
-    @property
-    def parameters(self) -> list[str]:
-        """The names of the path's ``{name}`` segments, in order."""
-        return re.findall(r"\{([^}]+)\}", self.path)
 
 
 UNMATCHED = "(unmatched)"  # the metrics' route label of a request no route matched
@@ -152,8 +151,8 @@ def check_xsrf(handler: RequestInput) -> None:
         return
     if not _from_own_origin(request, config):
         raise errors.XsrfFailed()
-    field = [value for value in request.body_arguments.get(xsrf.FIELD, []) if value]  # empty: absent
-    submitted = field[-1].decode("ascii", "replace") if field else request.headers.get(xsrf.HEADER)
+    sent = [value for value in request.body_arguments.get(xsrf.FIELD, []) if value]  # empty: absent
+    submitted = sent[-1].decode("ascii", "replace") if sent else request.headers.get(xsrf.HEADER)
     if not xsrf.matches(request, config.xsrf_cookie, config.cookie_secret, handler.raw_session_id(), submitted):
         raise errors.XsrfFailed()
 
