@@ -65,10 +65,10 @@ class JsonHandler(RequestInput):
     async def serve(self, path_args: list[bytes]) -> None:
         try:
             method = self.request.method or ""
-            preflight = await self._cross_origin() if self.cors else None
+            allowed = await self._cross_origin() if self.cors else None
             if self.cors and method == "OPTIONS":
                 self._path_arguments(path_args)
-                self.send(204, b"", None, preflight)
+                self.send(204, b"", None, cors.preflight(allowed, self.route.methods) if allowed else None)
                 return
             if self.request.body:
                 self._parse_body()
@@ -79,13 +79,13 @@ class JsonHandler(RequestInput):
         except Exception as exc:  # every failure becomes a response in the documented shape
             self.send_failure(exc)
 
-    async def _cross_origin(self) -> dict[str, str] | None:
-        """Set the CORS headers of this request's answers; the headers of a preflight's answer
-        to an allowed origin (None to any other)."""
+    async def _cross_origin(self) -> str | None:
+        """Set the CORS headers of this request's answers; the request's origin if it is an
+        allowed one."""
         origin = self.request.headers.get("Origin")
         allowed = origin is not None and await self.ctx.origins.allows(self.ctx.store, origin)
         self.cross_origin = cors.allowed(origin) if allowed and origin else cors.VARY
-        return cors.preflight(origin, self.route.methods) if allowed and origin else None
+        return origin if allowed else None
 
     def _parse_body(self) -> None:
         request = self.request
