@@ -58,11 +58,20 @@ async def test_store_outage_is_503_detail_everywhere(http_client, base_url, stor
     assert (await http_client.fetch(base_url + "/healthz")).code == 200
 
 
-SKY_ORIGIN = "http://127.0.0.1:9000"  # skyplanner's redirect URI's origin: a browser app's
+SKY_ORIGIN = "http://127.0.0.1:9000"  # skyplanner's redirect URI's origin, listed as a browser app's
+
+
+def with_a_browser_app():
+    config = make_config()
+    clients = [{"client_id": c.client_id, "name": c.name, "redirect_uris": c.redirect_uris,
+                "allowed_scopes": c.allowed_scopes, "first_party": c.first_party, "client_secret": c.client_secret,
+                "allowed_origins": [SKY_ORIGIN] if c.client_id == "skyplanner" else None} for c in config.clients]
+    return make_config(clients=clients)
 
 
 @pytest.mark.gen_test
-async def test_revoke_with_nothing_to_revoke_is_200_while_the_store_is_down(http_client, base_url, store, ctx):
+@pytest.mark.parametrize("config", [with_a_browser_app()])
+async def test_revoke_with_nothing_to_revoke_is_200_while_the_store_is_down(http_client, base_url, store, ctx, config):
     """The interface's "always 200": a call carrying no token has nothing to do, so the store's
     state does not matter, nor does the CORS decision of a browser's Origin: the origins read
     before the outage stand while it lasts."""
@@ -80,7 +89,8 @@ async def test_revoke_with_nothing_to_revoke_is_200_while_the_store_is_down(http
 
 
 @pytest.mark.gen_test
-async def test_a_cors_decision_never_waits_for_a_store_that_was_never_up(http_client, base_url, store):
+@pytest.mark.parametrize("config", [with_a_browser_app()])
+async def test_a_cors_decision_never_waits_for_a_store_that_was_never_up(http_client, base_url, store, config):
     store.down = True
     response = await http_client.fetch(base_url + "/oauth/revoke", method="POST", body="",
                                        headers={"Origin": SKY_ORIGIN})
