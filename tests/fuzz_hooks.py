@@ -38,9 +38,9 @@ class SignedIn:
         base = os.environ["TOKENSVC_FUZZ_PUBLIC"]
         if ADMIN:
             return access_token(base, "tokensvc-cli", "http://127.0.0.1:9/callback", "admin", "root",
-                                "root-e2e-password")
+                                "quartz-river-beacon")
         return access_token(base, "webapp", "http://127.0.0.1:1/callback", "read write", "alice",
-                            "alice-e2e-password", WEBAPP_SECRET)
+                            "violet-tide-anchor", WEBAPP_SECRET)
 
     def set(self, case: Any, data: str, context: Any) -> None:
         case.headers = {**(case.headers or {}), "Authorization": f"Bearer {data}"}

@@ -37,7 +37,7 @@ pytestmark = pytest.mark.e2e
 
 CONFIG = Path(__file__).with_name("schemathesis.toml")
 EXAMPLES = int(os.environ.get("TOKENSVC_FUZZ_EXAMPLES", "20"))
-ROOT = '\n[[users]]\nusername = "root"\npassword = "root-e2e-password"\nadmin = true\n'
+ROOT = '\n[[users]]\nusername = "root"\npassword = "quartz-river-beacon"\nadmin = true\n'
 # Far above what the run sends, so that it never trips them (the limits' own tests are
 # tests/test_limits.py); a 429 would fail the run.
 LIMITS = """
@@ -66,9 +66,9 @@ def credentials(service):
     return {
         "TOKENSVC_FUZZ_PUBLIC": base,
         "TOKENSVC_FUZZ_REVOKED": access_token(base, "webapp", WEBAPP_REDIRECT, "read write", "bob",
-                                              "bob-e2e-password", WEBAPP_SECRET),
+                                              "copper-fern-meadow", WEBAPP_SECRET),
         "TOKENSVC_FUZZ_REMOVER": access_token(base, "node-agent", "http://127.0.0.1:3/paired", "read write", "bob",
-                                              "bob-e2e-password"),
+                                              "copper-fern-meadow"),
         "TOKENSVC_FUZZ_XSRF": xsrf,
     }
 
