@@ -27,8 +27,7 @@ import re
 import sys
 import time
 from contextvars import ContextVar
-from datetime import UTC, datetime
-from typing import Any, TextIO
+from typing import Any, BinaryIO, TextIO
 
 access_log = logging.getLogger("tokensvc.access")
 audit_log = logging.getLogger("tokensvc.audit")
@@ -92,6 +91,32 @@ class WithholdClientInput(logging.Filter):
         return True
 
 
+class Clock:
+    """The time a line shows (UTC, ISO 8601, to the millisecond, without the zone), formatted
+    at most once per millisecond: a busy service writes several lines in one (and ``strftime``
+    runs at most once per second)."""
+
+    __slots__ = ("_tick", "_stamp", "_second", "_second_text")
+
+    def __init__(self) -> None:
+        self._tick = self._second = -1
+        self._stamp = self._second_text = ""
+
+    def stamp(self, created: float) -> str:
+        """``2026-11-23T10:00:00.123`` for the Unix time ``created``."""
+        tick = int(created * 1000)
+        if tick != self._tick:
+            second, millisecond = divmod(tick, 1000)
+            if second != self._second:
+                self._second, self._second_text = second, time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(second))
+            self._tick, self._stamp = tick, f"{self._second_text}.{millisecond:03d}"
+        return self._stamp
+
+
+CLOCK = Clock()  # every formatter's, and the access line's
+now = time.time  # the time of a line written directly
+
+
 class JsonFormatter(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
         extras = {kind: getattr(record, kind) for kind in EXTRA_KINDS if getattr(record, kind, None) is not None}
@@ -101,7 +126,7 @@ class JsonFormatter(logging.Formatter):
 
     def line(self, created: float, levelname: str, name: str, message: str, extras: dict[str, Any]) -> str:
         entry = {
-            "time": datetime.fromtimestamp(created, UTC).isoformat(timespec="milliseconds"),
+            "time": CLOCK.stamp(created) + "+00:00",
             "level": levelname.lower(),
             "logger": name,
             "message": message,
@@ -119,8 +144,6 @@ class TextFormatter(logging.Formatter):
 
     def __init__(self) -> None:
         super().__init__("%(asctime)s %(levelname)s %(name)s: %(message)s")
-        self._second: int | None = None
-        self._second_text = ""
 
     def format(self, record: logging.LogRecord) -> str:
         audit = getattr(record, "audit", None)
@@ -135,11 +158,7 @@ class TextFormatter(logging.Formatter):
         return line
 
     def line(self, created: float, levelname: str, name: str, message: str, extras: dict[str, Any]) -> str:
-        # One strftime per second instead of one per line.
-        second = int(created)
-        if second != self._second:
-            self._second, self._second_text = second, time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(second))
-        line = f"{self._second_text}.{int((created - second) * 1000):03d}Z {levelname} {name}: {escape(message)}"
+        line = f"{CLOCK.stamp(created)}Z {levelname} {name}: {escape(message)}"
         audit = extras.get("audit")
         if audit:
             line += " " + " ".join([f"{key}={escape(str(value))}" for key, value in audit.items()])
@@ -150,49 +169,82 @@ class TextFormatter(logging.Formatter):
 
 
 class ServiceHandler(logging.StreamHandler):
-    """The service's handler: writes each line at once, flushes once per event-loop iteration.
+    """The service's handler: gathers the lines of an event-loop iteration as bytes, and writes
+    them in one go (one ``write`` system call) at the start of the next.
 
-    A busy service writes many lines per iteration of the loop; one flush (one ``write``
-    system call) for all of them instead of one per line. Outside a running loop (the CLI,
-    start-up, shut-down) every line is flushed at once. A line is never held past the end of
-    the loop iteration that wrote it.
+    A busy service writes many lines per iteration of the loop; one write for all of them
+    instead of one per line. Outside a running loop (the CLI, start-up, shut-down) every line
+    is written at once. A line is never held past the end of the loop iteration that wrote it,
+    so ``tail -f`` sees each request at once. Every line, a record's (Tornado's lines, a
+    traceback) as well as a direct one, goes through the same buffer: they stay in order.
     """
 
     def __init__(self, stream: TextIO) -> None:
         super().__init__(stream)
         self._flush_on: asyncio.AbstractEventLoop | None = None  # the loop a flush is scheduled on
+        self._pending: list[bytes] = []
+        # Where the bytes go: the stream's binary layer where it encodes UTF-8 (a file, standard
+        # error); a stream of text only (a test's StringIO) is given text.
+        binary = getattr(stream, "buffer", None)
+        utf8 = (getattr(stream, "encoding", None) or "").lower().replace("-", "") == "utf8"
+        self._binary: BinaryIO | None = binary if utf8 and binary is not None else None
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            self.write_line(self.format(record))
+        except RecursionError:  # as logging.StreamHandler does
+            raise
+        except Exception:
+            self.handleError(record)
+
+    def write_line(self, line: str) -> None:
+        self.append((line + self.terminator).encode("utf-8", "backslashreplace"))
+
+    def append(self, data: bytes) -> None:
+        """Add whole lines (``data``, UTF-8, each ending in a newline) to the next write."""
+        with self.lock:  # type: ignore[union-attr]
+            self._pending.append(data)
+        self.flush()
 
     def flush(self) -> None:
+        scheduled = self._flush_on
+        if scheduled is not None and scheduled.is_running():
+            return  # the flush due on a running loop takes this line too
         try:
             loop = asyncio.get_running_loop()
         except RuntimeError:
             self.flush_now()
             return
-        if self._flush_on is not loop:
-            self._flush_on = loop
-            loop.call_soon(self.flush_now)
+        self._flush_on = loop
+        loop.call_soon(self.flush_now)
 
     def flush_now(self) -> None:
         self._flush_on = None
-        with contextlib.suppress(OSError, ValueError):  # the stream went away (closed, or a broken pipe)
-            super().flush()
+        with self.lock, contextlib.suppress(OSError, ValueError):  # type: ignore[union-attr]
+            # (the stream went away: closed, or a broken pipe)
+            data = b"".join(self._pending)
+            self._pending.clear()
+            if self._binary is not None:
+                self._binary.write(data)
+                self._binary.flush()
+            else:
+                self.stream.write(data.decode("utf-8"))
+                self.stream.flush()
 
-    def write_line(self, line: str) -> None:
-        with self.lock:  # type: ignore[union-attr]
-            self.stream.write(line + self.terminator)
-            self.flush()
+
+_SERVICE_FORMATTERS = (TextFormatter, JsonFormatter)
 
 
 def write(logger: logging.Logger, level: int, message: str, kind: str, fields: dict[str, Any]) -> None:
     """Log ``message`` with its ``access`` or ``audit`` fields (``kind``) at ``level``."""
     if not logger.isEnabledFor(level):
         return
-    handler = _sole_service_handler(logger, level)
+    handler = sole_service_handler(logger, level)
     if handler is None:
         logger.log(level, "%s", message, extra={kind: fields})
         return
     formatter: TextFormatter | JsonFormatter = handler.formatter  # type: ignore[assignment]
-    handler.write_line(formatter.line(time.time(), logging.getLevelName(level), logger.name, message,
+    handler.write_line(formatter.line(now(), logging.getLevelName(level), logger.name, message,
                                       {kind: fields}))
 
 
@@ -216,16 +268,20 @@ def _plain(value: Any) -> Any:
 _NEEDS_QUOTES = re.compile(r'[\s"=]')
 
 
-def _sole_service_handler(logger: logging.Logger, level: int) -> ServiceHandler | None:
+def sole_service_handler(logger: logging.Logger, level: int) -> ServiceHandler | None:
     """The service's handler, if a record of ``logger`` would reach it and nothing else."""
     found: ServiceHandler | None = None
     current: logging.Logger | None = logger
     while current is not None:
         if current.filters:
             return None
-        for handler in current.handlers:
-            if found is not None or not isinstance(handler, ServiceHandler) or handler.filters \
-                    or handler.level > level or not isinstance(handler.formatter, (TextFormatter, JsonFormatter)):
+        handlers = current.handlers
+        if handlers:
+            if found is not None or len(handlers) > 1:
+                return None
+            handler = handlers[0]
+            if not isinstance(handler, ServiceHandler) or handler.filters or handler.level > level \
+                    or type(handler.formatter) not in _SERVICE_FORMATTERS:
                 return None
             found = handler
         if not current.propagate:

@@ -288,9 +288,10 @@ class Edge:
                  error: str | None) -> None:
         """The request is answered: its access line, and its count in the metrics."""
         self.in_flight = max(0, self.in_flight - 1)
-        log_access(status, request, client_id, error)
+        seconds = request.request_time()
+        log_access(status, request, client_id, error, route, seconds)
         method = request.method if request.method in STANDARD_METHODS else "other"
-        self.metrics.request(route, method, status, request.request_time())
+        self.metrics.request(route, method, status, seconds)
 
 
 def navigation(request: HTTPServerRequest) -> bool:
