@@ -39,7 +39,8 @@ def alone(handler: logging.Handler) -> None:
 
 
 def request(method: str = "POST", uri: str = "/oauth/token/introspect", ip: str = "127.0.0.1") -> HTTPServerRequest:
-    made = HTTPServerRequest(start_line=RequestStartLine(method, uri, "HTTP/1.1"), headers=HTTPHeaders({"Host": "127.0.0.1"}))
+    made = HTTPServerRequest(start_line=RequestStartLine(method, uri, "HTTP/1.1"),
+                             headers=HTTPHeaders({"Host": "127.0.0.1"}))
     made.remote_ip = ip
     made._start_time, made._finish_time = NOW - 0.00042, NOW
     return made
@@ -181,7 +182,7 @@ def test_direct_lines_and_records_leave_in_order_in_one_write(tmp_path, kind):
     saved = root.handlers[:], root.level
     binary = Counted()
     stream = open(tmp_path / "service.log", "w", encoding="utf-8") if kind == "file" \
-        else io.TextIOWrapper(binary, encoding="utf-8")
+        else io.TextIOWrapper(binary, encoding="utf-8")  # noqa: SIM115 (closed below)
     handler = logs.configure("text", "info", stream=stream)
     alone(handler)
 
