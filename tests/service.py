@@ -8,6 +8,7 @@ import html as html_module
 import os
 import re
 import secrets
+import signal
 import socket
 import subprocess
 import sys
@@ -88,16 +89,29 @@ class Service:
     """A running ``tokensvc serve``; its output goes to a file (a pipe nobody reads would fill
     up and stall the server once it had logged 64 KiB)."""
 
-    def __init__(self, process: subprocess.Popen, base: str, log_path: Path, admin: str) -> None:
+    def __init__(self, process: subprocess.Popen, base: str, log_path: Path, admin: str, group: bool = False) -> None:
         self.process, self.base, self.log_path, self.admin = process, base, log_path, admin
+        self.group = group  # the process leads a group of its own (its workers)
 
     def output(self) -> str:
         return self.log_path.read_text()
 
     def stop(self) -> str:
-        """SIGTERM, wait, and return everything the service printed."""
-        self.process.terminate()
+        """SIGTERM (to every worker of ``--processes N``), wait, and return everything the
+        service printed."""
+        if self.group:
+            os.killpg(self.process.pid, signal.SIGTERM)
+        else:
+            self.process.terminate()
         self.process.wait(timeout=10)
+        if self.group:  # the workers: gone once nothing answers on the port
+            deadline = time.monotonic() + 10
+            while time.monotonic() < deadline:
+                try:
+                    socket.create_connection(("127.0.0.1", int(self.base.rsplit(":", 1)[1])), timeout=1).close()
+                except OSError:
+                    break
+                time.sleep(0.1)
         return self.output()
 
     @property
@@ -107,11 +121,12 @@ class Service:
 
 def start_service(tmp_path: Path, storage: str = "", *, callback: str | None = None, extra: str = "",
                   env: dict[str, str] | None = None, python: str = sys.executable,
-                  cwd: Path | None = None) -> Service:
+                  cwd: Path | None = None, args: tuple[str, ...] = ()) -> Service:
     """Start ``tokensvc serve`` on a free port, its admin listener on another. ``callback`` (a
     base URL) gives every client the redirect_uri ``{callback}/{client_id}``; ``extra`` is
     appended to the config file; ``env`` adds to the environment; ``python`` and ``cwd`` run
-    another release (tests/upgrade)."""
+    another release (tests/upgrade); ``args`` are added to the command (``--processes N``: the
+    service then leads a process group, and stop() ends every worker)."""
     port, admin_port = free_port(), free_port()
     base = f"http://127.0.0.1:{port}"
     redirects = {name: f"{callback}/{name}" for name in NOWHERE} if callback else NOWHERE
@@ -123,10 +138,11 @@ def start_service(tmp_path: Path, storage: str = "", *, callback: str | None = N
                                     sky_origins=f'["{callback}"]' if callback else "[]"))
     log_path = tmp_path / "tokensvc.log"
     with open(log_path, "w") as log:
-        process = subprocess.Popen([python, "-m", "tokensvc", "serve", "--config", str(config)],
+        process = subprocess.Popen([python, "-m", "tokensvc", "serve", "--config", str(config), *args],
                                    stdout=log, stderr=subprocess.STDOUT, text=True, cwd=cwd,
+                                   start_new_session=bool(args),
                                    env={**os.environ, "TOKENSVC_ADMIN_PORT": str(admin_port), **(env or {})})
-    service = Service(process, base, log_path, f"http://127.0.0.1:{admin_port}")
+    service = Service(process, base, log_path, f"http://127.0.0.1:{admin_port}", group=bool(args))
     deadline = time.monotonic() + 20
     while time.monotonic() < deadline:
         if process.poll() is not None:
@@ -136,7 +152,7 @@ def start_service(tmp_path: Path, storage: str = "", *, callback: str | None = N
                 return service
         except (requests.ConnectionError, requests.Timeout):  # not listening yet, or busy starting
             time.sleep(0.1)
-    process.kill()
+    service.stop() if service.group else process.kill()
     raise AssertionError("tokensvc did not start in time")
 
 

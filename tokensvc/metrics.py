@@ -7,8 +7,8 @@ sockets, the error renderer the store's failures.
 
 With ``tokensvc serve --processes N`` every process writes its values to files in one
 directory (the library's multiprocess mode) and a scrape of any process reads them all: one
-consistent view. The per-request work is one counter and one histogram of a label set the
-process has seen before (kept in a dict, so ``labels()`` runs once per set).
+consistent view. The request metrics, which every request adds to, are plain numbers folded
+into the exposition when it is scraped (:mod:`tokensvc.request_metrics`).
 """
 
 from __future__ import annotations
@@ -16,11 +16,12 @@ from __future__ import annotations
 import ipaddress
 import os
 from collections.abc import Iterable
-from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector, generate_latest
 from prometheus_client import values as prometheus_values
 from prometheus_client.multiprocess import MultiProcessCollector
+
+from tokensvc.request_metrics import FILE_PREFIX, RequestCollector, RequestCounts
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 MULTIPROCESS_ENV = "PROMETHEUS_MULTIPROC_DIR"
@@ -36,7 +37,7 @@ def use_multiprocess_dir(directory: str) -> None:
     fork; the directory is emptied first)."""
     os.makedirs(directory, exist_ok=True)
     for name in os.listdir(directory):
-        if name.endswith(".db"):
+        if name.endswith(".db") or name.startswith(FILE_PREFIX):
             os.remove(os.path.join(directory, name))
     os.environ[MULTIPROCESS_ENV] = directory
     prometheus_values.ValueClass = prometheus_values.get_value_class()
@@ -50,10 +51,10 @@ class Metrics:
         def counter(name: str, text: str, labels: Iterable[str] = ()) -> Counter:
             return Counter(name, text, list(labels), registry=registry)
 
-        self.http_requests = counter("tokensvc_http_requests_total", "HTTP requests answered, by route pattern",
-                                     ("method", "route", "status"))
-        self.http_duration = Histogram("tokensvc_http_request_duration_seconds", "Time to answer a request",
-                                       ["route"], buckets=DURATION_BUCKETS, registry=registry)
+        # Every request counts here: plain numbers, made into metrics when scraped.
+        self.requests = RequestCounts(DURATION_BUCKETS, os.environ.get(MULTIPROCESS_ENV) or None)
+        self._request_collector = RequestCollector(self.requests)
+        registry.register(self._request_collector)
         self.tokens_issued = counter("tokensvc_tokens_issued_total", "Token pairs issued, by grant", ("grant",))
         self.families_revoked = counter("tokensvc_token_families_revoked_total",
                                         "Token families revoked (a refresh and an access token each), by reason",
@@ -107,20 +108,10 @@ class Metrics:
                                        ["migration"], registry=registry, multiprocess_mode="livemax")
         if not self.multiprocess:
             ProcessCollector(registry=registry)
-        self._requests: dict[tuple[str, str, int], Any] = {}
-        self._durations: dict[str, Any] = {}
 
     def request(self, route: str, method: str, status: int, seconds: float) -> None:
         """One answered request. ``route`` is the route's pattern, never the raw path."""
-        key = (method, route, status)
-        counter = self._requests.get(key)
-        if counter is None:
-            counter = self._requests[key] = self.http_requests.labels(method, route, str(status))
-        counter.inc()
-        histogram = self._durations.get(route)
-        if histogram is None:
-            histogram = self._durations[route] = self.http_duration.labels(route)
-        histogram.observe(seconds)
+        self.requests.record(route, method, status, seconds)
 
     def render(self) -> bytes:
         """The text exposition: this process's registry, or, in multiprocess mode, every
@@ -129,6 +120,7 @@ class Metrics:
             return generate_latest(self.registry)
         registry = CollectorRegistry()
         MultiProcessCollector(registry)
+        registry.register(self._request_collector)
         ProcessCollector(registry=registry)
         return generate_latest(registry)
 

@@ -1,6 +1,6 @@
 """``tokensvc serve`` processes on the MongoDB backend, their store the scripted primary: a
-deploy's SIGTERM lets the requests in flight finish, and the failure limits hold across
-processes."""
+deploy's SIGTERM lets the requests in flight finish, the failure limits hold across
+processes, and a scrape of any worker of ``--processes N`` counts every worker's requests."""
 
 from __future__ import annotations
 
@@ -15,6 +15,9 @@ import requests
 from helpers import CHALLENGE, VERIFIER
 from primary import Fault, Primary
 from service import NOWHERE, WEBAPP_SECRET, start_service, user_agent_authorize
+from test_request_metrics import scraped
+
+from tokensvc import metrics
 
 pytestmark = pytest.mark.e2e
 
@@ -98,3 +101,28 @@ def test_failure_limits_hold_across_real_processes(tmp_path_factory, primary):
     assert set(secrets_answered) <= {401, 429} and set(passwords_answered) <= {401, 429}, outputs
     assert 1 <= secrets_answered.count(401) <= 10  # limits.failed_client_auth_per_client
     assert 1 <= passwords_answered.count(401) <= 5  # limits.failed_logins_per_username
+
+
+def test_a_scrape_of_any_worker_counts_every_workers_requests(tmp_path, primary):
+    """``--processes 2``: 30 requests on connections of their own, each taken by whichever
+    worker the kernel hands it to. A worker's own requests count in its scrape at once, the
+    other's within a second: soon every scrape, whichever worker answers it, counts all 30."""
+    directory = tmp_path / "metrics"
+    service = ready(start_service(tmp_path, mongodb(primary), args=("--processes", "2"),
+                                  env={metrics.MULTIPROCESS_ENV: str(directory)}))
+    try:
+        for _ in range(30):
+            assert requests.get(service.base + "/oauth/clients/webapp", timeout=30).status_code == 200
+        deadline, agreeing = time.monotonic() + 20, 0
+        while agreeing < 8:  # scrapes in a row, on connections of their own, that count all 30
+            agreeing = agreeing + 1 if counted(service.base) == 30 else 0
+            assert time.monotonic() < deadline, counted(service.base)
+        workers = {path.name for path in directory.glob("tokensvc_http_*.json")}
+    finally:
+        output = service.stop()
+    assert 1 <= len(workers) <= 2 and "Traceback" not in output, output
+
+
+def counted(base: str) -> float:
+    return scraped(base).get('tokensvc_http_requests_total{method="GET",route="/oauth/clients/{client_id}",'
+                             'status="200"}', 0)
