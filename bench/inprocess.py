@@ -19,6 +19,13 @@ median speed.
 
     python bench/inprocess.py [--requests 400] [--repeat 25] [--tokens 10000] [OPERATION ...]
 
+``--ab A B`` measures two variants in one process, their blocks alternating: ``delegate`` (the
+service as it is), ``same`` (the same again: the null A/B, the pairs' noise), ``requesthandler``
+(every JSON route on a ``RequestHandler`` twin, ``bench/twin.py``), and the switches, which
+leave a part of the request's observability out around their own blocks only (an experiment,
+never a setting): ``no-access-line``, ``no-metrics``, ``no-request-id`` (one fixed id, none
+made), ``quiet`` (all three). ``delegate`` against a switch is what that part costs.
+
 Operations: introspect, me, exchange, refresh, client (all by default), and ``floor``: the
 bare Tornado form POST of ``bench/hello.py`` (parse a form, set the no-store headers, write a
 small JSON body), the least any form-posting JSON endpoint costs in Tornado, for reference. Run it before and
@@ -30,6 +37,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import base64
+import contextlib
 import re
 import socket
 import statistics
@@ -37,7 +45,8 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import quote
 
@@ -51,9 +60,10 @@ import twin
 from hello import FloorHandler, MainHandler
 from seeded import CLIENT_SECRET, REDIRECT, VERIFIER, fill, settings
 
-from tokensvc import logs
+from tokensvc import logs, metrics
 from tokensvc.app import ROUTES, make_app
 from tokensvc.bootstrap import make_context, seed
+from tokensvc.handlers import lifecycle
 from tokensvc.storage.memory import MemoryStore
 
 OPERATIONS = ("introspect", "me", "exchange", "refresh", "client")
@@ -143,10 +153,55 @@ def cpu_per_request(service: ServiceThread, connection: Connection, requests: in
     return (service.cpu() - started) / requests * 1e6
 
 
-# The variants an A/B compares: the route table each serves.
+def _quiet_access(*args: object, **kwargs: object) -> None:
+    """No access line (an experiment of the A/B, never a setting)."""
+
+
+def _quiet_metrics(self: object, *args: object) -> None:
+    """No request metrics (as above)."""
+
+
+def _fixed_request_id(request: object) -> str:
+    """One request id for every request, none made (as above)."""
+    return "0123456789abcdef"
+
+
+# What the switch variants leave out: (the object, its attribute, what replaces it), swapped in
+# around the variant's own blocks only.
+SWITCHES = {
+    "no-access-line": [(lifecycle, "log_access", _quiet_access)],
+    "no-metrics": [(metrics.Metrics, "request", _quiet_metrics)],
+    "no-request-id": [(lifecycle, "request_id_for", _fixed_request_id)],
+}
+SWITCHES["quiet"] = [patch for name in ("no-access-line", "no-metrics", "no-request-id") for patch in SWITCHES[name]]
+
+
+@dataclass(frozen=True)
+class Variant:
+    """One side of an A/B: the route table it serves, and what is switched off around its blocks."""
+
+    routes: Callable[[], list]
+    patches: tuple = ()
+
+    @contextlib.contextmanager
+    def switched(self) -> Iterator[None]:
+        saved = [(owner, name, getattr(owner, name)) for owner, name, _ in self.patches]
+        for owner, name, replacement in self.patches:
+            setattr(owner, name, replacement)
+        try:
+            yield
+        finally:
+            for owner, name, original in saved:
+                setattr(owner, name, original)
+
+
+# The variants an A/B compares: the service as it is (delegate), every JSON route on a
+# RequestHandler twin (requesthandler), and the switches above.
 VARIANTS = {
-    "delegate": lambda: ROUTES,
-    "requesthandler": lambda: twin.TWIN_ROUTES,
+    "delegate": Variant(lambda: ROUTES),
+    "requesthandler": Variant(lambda: twin.TWIN_ROUTES),
+    "same": Variant(lambda: ROUTES),  # the service as it is again: the null A/B's other side
+    **{name: Variant(lambda: ROUTES, tuple(patches)) for name, patches in SWITCHES.items()},
 }
 
 
@@ -157,9 +212,11 @@ class Service:
                  tokens: int) -> None:
         self.operation = operation
         if operation == FLOOR:
+            self.variant = Variant(lambda: [])
             self.connection = Connection(thread.serve(tornado.web.Application([(r"/floor", FloorHandler)])))
             return
-        self.routes = VARIANTS[variant]()
+        self.variant = VARIANTS[variant]
+        self.routes = self.variant.routes()
         out = Path(tempfile.mkdtemp(prefix="tokensvc-inprocess-"))
         config = settings(8080)
         store = MemoryStore()
@@ -196,13 +253,18 @@ class Service:
             self.chain.append(REFRESH_TOKEN.search(body).group(1).decode())
 
 
+def configure_logs() -> None:
+    """The service's logging as ``tokensvc serve`` sets it up, into a file of its own."""
+    out = Path(tempfile.mkdtemp(prefix="tokensvc-inprocess-"))
+    config = settings(8080)
+    logs.configure(config.log_format, config.log_level, stream=open(out / "access.log", "w"))  # noqa: SIM115
+
+
 def measure(operation: str, requests: int, repeat: int, tokens: int,
             variants: tuple[str, ...] = ("delegate",)) -> dict[str, list[tuple[float, float]]]:
     """For each variant, (CPU µs per request, the hello world's around it) of each measured
     block; the variants' blocks alternate, each between two hello world blocks."""
-    out = Path(tempfile.mkdtemp(prefix="tokensvc-inprocess-"))
-    config = settings(8080)
-    logs.configure(config.log_format, config.log_level, stream=open(out / "access.log", "w"))  # noqa: SIM115
+    configure_logs()
     runs = repeat + 1  # the first block warms up
     thread = ServiceThread()
     services = {variant: Service(thread, variant, operation, requests, runs, tokens) for variant in variants}
@@ -213,9 +275,10 @@ def measure(operation: str, requests: int, repeat: int, tokens: int,
         offset = run * requests
         before = cpu_per_request(thread, hello_connection, requests // 2, lambda i: hello_request)
         for variant, service in services.items():
-            spent = cpu_per_request(thread, service.connection, requests,
-                                    lambda i, service=service, offset=offset: service.request(offset + i),
-                                    service.seen)
+            with service.variant.switched():
+                spent = cpu_per_request(thread, service.connection, requests,
+                                        lambda i, service=service, offset=offset: service.request(offset + i),
+                                        service.seen)
             after = cpu_per_request(thread, hello_connection, requests // 2, lambda i: hello_request)
             if run:
                 results[variant].append((spent, (before + after) / 2))

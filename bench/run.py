@@ -11,7 +11,12 @@ CPU figure does not move with how fast the host happens to be (wrk shares the tw
 throughput ratio does, and is information. A hello world runs between every two
 operations, and each operation's ratio is against the mean of the hello-world runs just before
 and after it (the first and last appear in the table, against the mean of all of the round's).
-Any non-2xx response fails the run. Then the scale figures: introspection with 10k and with 1M live tokens back
+Any non-2xx response fails the run (and an introspection that does not answer
+``"active":true``). Right after tokensvc's introspection, in each round, comes the peer's:
+node-oidc-provider (``bench/peer.py``, installed from the npm registry into a temporary
+directory, skipped with a line saying why where node is missing), driven and measured the same
+way; the last lines give tokensvc's CPU per introspection divided by the peer's, round by
+round. Then the scale figures: introspection with 10k and with 1M live tokens back
 to back, between
 two hello-world runs, and the memory backend's bytes per stored token (tracemalloc, 100k tokens).
 
@@ -39,6 +44,8 @@ import time
 import tracemalloc
 from dataclasses import dataclass
 from pathlib import Path
+
+import peer
 
 HERE = Path(__file__).resolve().parent
 THREADS = 2
@@ -166,11 +173,12 @@ def bytes_per_token(count: int = 100_000) -> float:
     return (after - before) / count / 2
 
 
+INTROSPECTION = "introspection (client_secret_basic)"
 # (name, server, path, wrk script), in the order they run in each round.
 OPERATIONS = [
     ("hello world (before)", "hello", "/", "hello.lua"),
     ("reference: bare Tornado form POST", "hello", "/floor", "floor.lua"),
-    ("introspection (client_secret_basic)", "svc", "", "introspect.lua"),
+    (INTROSPECTION, "svc", "", "introspect.lua"),
     ("GET /v1/me (bearer)", "svc", "", "me.lua"),
     ("code exchange (PKCE)", "svc", "", "exchange.lua"),
     ("refresh with rotation", "svc", "", "refresh.lua"),
@@ -204,6 +212,7 @@ def main() -> int:
     wrk = need_wrk()
     work = Path(tempfile.mkdtemp(prefix="tokensvc-bench-"))
     processes: list[subprocess.Popen] = []
+    peers: list[peer.Peer] = []
     try:
         hello_port, svc_port = free_port(), free_port()
         hello = subprocess.Popen([sys.executable, str(HERE / "hello.py"), str(hello_port)])
@@ -220,16 +229,30 @@ def main() -> int:
         urls = {"hello": f"http://127.0.0.1:{hello_port}", "svc": f"http://127.0.0.1:{svc_port}"}
 
         pids = {"hello": hello.pid, "svc": processes[-1].pid}
-        rows = {name: Row(name, [], [], []) for name, *_ in OPERATIONS}
+        envs = {"hello": env, "svc": env}
+        operations = list(OPERATIONS)
+        # The peer: node-oidc-provider's introspection, right after tokensvc's in each round.
+        started = peer.start(work, free_port())
+        if isinstance(started, str):
+            skipped = f"bench: node-oidc-provider skipped: {started}"
+            print(skipped, file=sys.stderr)
+        else:
+            skipped = ""
+            peers.append(started)
+            urls["peer"], pids["peer"] = started.url + peer.PATH, started.process.pid
+            envs["peer"] = {**env, "BENCH_DIR": str(started.directory), "BENCH_INTROSPECT_PATH": peer.PATH}
+            after = next(index for index, (name, *_) in enumerate(operations) if name == INTROSPECTION)
+            operations.insert(after + 1, (peer.NAME, "peer", "", "introspect.lua"))
+        rows = {name: Row(name, [], [], []) for name, *_ in operations}
         for round_ in range(1, args.rounds + 1):
             # A hello world between every two operations, and each ratio against the hello world
             # measured just before and just after it: the machine's drift over a round (up to
             # 20 % here) then does not land on whichever operations run last.
             hellos = [wrk_run(wrk, "hello world", urls["hello"] + "/", "hello.lua", env, args.duration,
                               args.connections, pid=pids["hello"])]
-            for name, server, path, script in OPERATIONS[1:-1]:
-                result = wrk_run(wrk, name, urls[server] + path, script, env, args.duration, args.connections, round_,
-                                 pid=pids[server])
+            for name, server, path, script in operations[1:-1]:
+                result = wrk_run(wrk, name, urls[server] + path, script, envs[server], args.duration,
+                                 args.connections, round_, pid=pids[server])
                 hellos.append(wrk_run(wrk, "hello world", urls["hello"] + "/", "hello.lua", env, args.duration,
                                       args.connections, pid=pids["hello"]))
                 rows[name].runs.append(result)
@@ -266,7 +289,7 @@ def main() -> int:
                 big.cpu_ratios.append(run.cpu_us / ((before.cpu_us + after.cpu_us) / 2))
                 scale.append(run.cpu_us / small.cpu_us)
             order = list(rows)
-            order.insert(order.index("introspection (client_secret_basic)") + 1, BIG)
+            order.insert(order.index(INTROSPECTION) + 1, BIG)
             rows = {name: big if name == BIG else rows[name] for name in order}
             spread = f" ({min(scale):.2f}-{max(scale):.2f} over the rounds)" if args.rounds > 1 else ""
             scale_line = (f"introspection at 1M tokens / at 10k, CPU per request, back to back: "
@@ -285,6 +308,15 @@ def main() -> int:
                   f"{statistics.median(row.ratios):6.2f} {ratios}{sum(run.non2xx for run in row.runs):8d}")
         if scale_line:
             print(scale_line)
+        if skipped:
+            print(skipped)
+        else:
+            # tokensvc's introspection against the peer's, run next to it in each round.
+            against = [ours.cpu_us / theirs.cpu_us for ours, theirs in zip(rows[INTROSPECTION].runs,
+                                                                          rows[peer.NAME].runs, strict=True)]
+            spread = f" ({min(against):.2f}-{max(against):.2f} over the rounds)" if args.rounds > 1 else ""
+            print(f"introspection / node-oidc-provider {peer.VERSION}'s, server CPU per request, same round: "
+                  f"{statistics.median(against):.2f}{spread}")
         print(f"memory backend: {bytes_per_token():.0f} bytes per stored token (tracemalloc, 100k tokens)")
         failed = [row.name for row in rows.values() if any(run.non2xx for run in row.runs)]
         if failed:
@@ -292,6 +324,8 @@ def main() -> int:
             return 1
         return 0
     finally:
+        for running in peers:
+            running.stop()
         for process in processes:
             process.terminate()
         for process in processes:
