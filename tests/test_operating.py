@@ -220,6 +220,35 @@ async def test_a_missing_or_malformed_request_id_is_replaced(http_client, base_u
         assert re.fullmatch(r"[0-9a-f]{16}", response.headers["X-Request-ID"]), (path, response.headers)
 
 
+def _new_ids(count: int, queue=None) -> list[str]:
+    from tornado.httputil import HTTPHeaders, HTTPServerRequest, RequestStartLine
+
+    from tokensvc.handlers.lifecycle import request_id_for
+
+    request = HTTPServerRequest(start_line=RequestStartLine("GET", "/", "HTTP/1.1"),
+                                headers=HTTPHeaders({"Host": "127.0.0.1"}))
+    made = [request_id_for(request) for _ in range(count)]
+    if queue is not None:
+        queue.put(made)
+    return made
+
+
+def test_new_request_ids_differ_in_every_worker():
+    """Ids come from the process's pseudo-random generator: distinct, and not repeated by a
+    forked worker (the generator is reseeded in the child)."""
+    context = multiprocessing.get_context("fork")
+    queue = context.Queue()
+    children = [context.Process(target=_new_ids, args=(1000, queue)) for _ in range(2)]
+    for child in children:
+        child.start()
+    theirs = [queue.get(timeout=30) for _ in children]
+    for child in children:
+        child.join(10)
+    mine = _new_ids(1000)
+    every = [*mine, *theirs[0], *theirs[1]]
+    assert len(set(every)) == 3000 and all(re.fullmatch(r"[0-9a-f]{16}", made) for made in every)
+
+
 @pytest.mark.gen_test
 async def test_pages_and_errors_carry_the_request_id(http_client, base_url, service_stream, monkeypatch):
     from tokensvc.handlers import pages

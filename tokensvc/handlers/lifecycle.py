@@ -25,7 +25,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import os
+import random
 import re
 import sys
 from dataclasses import dataclass, field
@@ -119,11 +119,17 @@ _REQUEST_ID = re.compile(r"[A-Za-z0-9._-]{1,64}")
 
 def request_id_for(request: HTTPServerRequest) -> str:
     """The request's ``X-Request-ID`` when it is 1-64 characters of ``[A-Za-z0-9._-]``
-    (a proxy's or a client's, to follow a request across services); otherwise a new one."""
+    (a proxy's or a client's, to follow a request across services); otherwise a new one: 64
+    random bits as 16 hex digits. An id names a request, it guards nothing (a caller may send
+    its own), so it comes from the process's pseudo-random generator (reseeded in each forked
+    worker), not from a system call per request."""
     incoming = request.headers.get("X-Request-ID")
     if incoming is not None and _REQUEST_ID.fullmatch(incoming):
         return incoming
-    return os.urandom(8).hex()
+    return f"{_random_bits(64):016x}"
+
+
+_random_bits = random.getrandbits
 
 
 # -- XSRF: the one decision ---------------------------------------------------------------------
