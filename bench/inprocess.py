@@ -24,7 +24,10 @@ service as it is), ``same`` (the same again: the null A/B, the pairs' noise), ``
 (every JSON route on a ``RequestHandler`` twin, ``bench/twin.py``), and the switches, which
 leave a part of the request's observability out around their own blocks only (an experiment,
 never a setting): ``no-access-line``, ``no-metrics``, ``no-request-id`` (one fixed id, none
-made), ``quiet`` (all three). ``delegate`` against a switch is what that part costs.
+made), ``quiet`` (all three), ``no-nodelay-toggle`` (Tornado's two ``setsockopt`` calls per
+response); and the plain idioms the current mechanisms replaced (``bench/plain.py``):
+``plain-access-line``, ``library-metrics``, ``urandom-request-id``, ``plain-observability``
+(all three). ``delegate`` against a switch is what that part costs, or saves.
 
 Operations: introspect, me, exchange, refresh, client (all by default), and ``floor``: the
 bare Tornado form POST of ``bench/hello.py`` (parse a form, set the no-store headers, write a
@@ -51,11 +54,13 @@ from pathlib import Path
 from urllib.parse import quote
 
 import tornado.httpserver
+import tornado.iostream
 import tornado.netutil
 import tornado.web
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+import plain
 import twin
 from hello import FloorHandler, MainHandler
 from seeded import CLIENT_SECRET, REDIRECT, VERIFIER, fill, settings
@@ -174,6 +179,19 @@ SWITCHES = {
     "no-request-id": [(lifecycle, "request_id_for", _fixed_request_id)],
 }
 SWITCHES["quiet"] = [patch for name in ("no-access-line", "no-metrics", "no-request-id") for patch in SWITCHES[name]]
+# The plain idioms the current mechanisms replaced (bench/plain.py).
+SWITCHES["plain-access-line"] = [(lifecycle, "log_access", plain.log_access)]
+SWITCHES["library-metrics"] = [(metrics.Metrics, "request", plain.library_request)]
+SWITCHES["urandom-request-id"] = [(lifecycle, "request_id_for", plain.request_id_for)]
+SWITCHES["plain-observability"] = [patch for name in ("plain-access-line", "library-metrics", "urandom-request-id")
+                                   for patch in SWITCHES[name]]
+
+
+def _no_nodelay(self: object, value: bool) -> None:
+    """Tornado's TCP_NODELAY toggle (two setsockopt calls per response) left out."""
+
+
+SWITCHES["no-nodelay-toggle"] = [(tornado.iostream.IOStream, "set_nodelay", _no_nodelay)]
 
 
 @dataclass(frozen=True)
