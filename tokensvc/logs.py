@@ -232,9 +232,6 @@ class ServiceHandler(logging.StreamHandler):
                 self.stream.flush()
 
 
-_SERVICE_FORMATTERS = (TextFormatter, JsonFormatter)
-
-
 def write(logger: logging.Logger, level: int, message: str, kind: str, fields: dict[str, Any]) -> None:
     """Log ``message`` with its ``access`` or ``audit`` fields (``kind``) at ``level``."""
     if not logger.isEnabledFor(level):
@@ -275,13 +272,9 @@ def sole_service_handler(logger: logging.Logger, level: int) -> ServiceHandler |
     while current is not None:
         if current.filters:
             return None
-        handlers = current.handlers
-        if handlers:
-            if found is not None or len(handlers) > 1:
-                return None
-            handler = handlers[0]
-            if not isinstance(handler, ServiceHandler) or handler.filters or handler.level > level \
-                    or type(handler.formatter) not in _SERVICE_FORMATTERS:
+        for handler in current.handlers:
+            if found is not None or not isinstance(handler, ServiceHandler) or handler.filters \
+                    or handler.level > level or not isinstance(handler.formatter, (TextFormatter, JsonFormatter)):
                 return None
             found = handler
         if not current.propagate:
