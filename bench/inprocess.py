@@ -44,6 +44,7 @@ import contextlib
 import re
 import socket
 import statistics
+import subprocess
 import sys
 import tempfile
 import threading
@@ -271,18 +272,27 @@ class Service:
             self.chain.append(REFRESH_TOKEN.search(body).group(1).decode())
 
 
-def configure_logs() -> None:
-    """The service's logging as ``tokensvc serve`` sets it up, into a file of its own."""
-    out = Path(tempfile.mkdtemp(prefix="tokensvc-inprocess-"))
+LOG_SINKS = ("file", "pipe")
+
+
+def configure_logs(sink: str = "file") -> None:
+    """The service's logging as ``tokensvc serve`` sets it up: into a file of its own, or into a
+    pipe that another process reads (as standard error is under systemd or a container runtime)."""
     config = settings(8080)
-    logs.configure(config.log_format, config.log_level, stream=open(out / "access.log", "w"))  # noqa: SIM115
+    if sink == "pipe":
+        reader = subprocess.Popen(["cat"], stdin=subprocess.PIPE, stdout=subprocess.DEVNULL)
+        stream = open(reader.stdin.fileno(), "w", encoding="utf-8", closefd=False)  # noqa: SIM115
+    else:
+        out = Path(tempfile.mkdtemp(prefix="tokensvc-inprocess-"))
+        stream = open(out / "access.log", "w", encoding="utf-8")  # noqa: SIM115
+    logs.configure(config.log_format, config.log_level, stream=stream)
 
 
 def measure(operation: str, requests: int, repeat: int, tokens: int,
-            variants: tuple[str, ...] = ("delegate",)) -> dict[str, list[tuple[float, float]]]:
+            variants: tuple[str, ...] = ("delegate",), sink: str = "file") -> dict[str, list[tuple[float, float]]]:
     """For each variant, (CPU µs per request, the hello world's around it) of each measured
     block; the variants' blocks alternate, each between two hello world blocks."""
-    configure_logs()
+    configure_logs(sink)
     runs = repeat + 1  # the first block warms up
     thread = ServiceThread()
     services = {variant: Service(thread, variant, operation, requests, runs, tokens) for variant in variants}
@@ -311,6 +321,8 @@ def main() -> int:
     parser.add_argument("--requests", type=int, default=400, help="requests per block")
     parser.add_argument("--repeat", type=int, default=25, help="blocks measured, after one warm-up")
     parser.add_argument("--tokens", type=int, default=10_000, help="live access tokens in the store")
+    parser.add_argument("--log-sink", choices=LOG_SINKS, default="file",
+                        help="where the log lines go: a file (the default), or a pipe another process reads")
     parser.add_argument("--ab", nargs=2, metavar=("A", "B"), choices=sorted(VARIANTS),
                         help="compare two variants, block by block: " + ", ".join(sorted(VARIANTS)))
     args = parser.parse_args()
@@ -321,7 +333,7 @@ def main() -> int:
     print(f"{'operation':<12} {'variant':<15} {'× hello':>8} {'mean':>6} {'min':>6} {'max':>6} "
           f"{'µs CPU/request':>15} {'hello µs':>9}")
     for operation in args.operations or OPERATIONS:
-        measured = measure(operation, args.requests, args.repeat, args.tokens, variants)
+        measured = measure(operation, args.requests, args.repeat, args.tokens, variants, args.log_sink)
         medians = {}
         for variant, pairs in measured.items():
             ratios = [spent / hello for spent, hello in pairs]

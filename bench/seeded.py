@@ -6,7 +6,7 @@ a pool of authorization codes and of refresh tokens. The secrets the load genera
 are written one per line to files in the output folder. Logging is configured as
 ``tokensvc serve`` does, with the access log at its default level (info) going to a file.
 
-    python bench/seeded.py PORT OUTDIR --tokens N --codes N --refresh N
+    python bench/seeded.py PORT OUTDIR --tokens N --codes N --refresh N [--switch NAME]
 """
 
 from __future__ import annotations
@@ -104,7 +104,12 @@ async def main() -> None:
     parser.add_argument("--refresh", type=int, default=0)
     parser.add_argument("--rounds", type=int, default=1, help="pools of single-use values for this many rounds")
     parser.add_argument("--log-level", default="info", help="info is the service's default")
+    parser.add_argument("--switch", help="a switch variant of bench/inprocess.py, for the whole run (bench/wrk_ab.py)")
     args = parser.parse_args()
+    if args.switch:
+        from inprocess import VARIANTS
+
+        VARIANTS[args.switch].switched().__enter__()
     config = dataclasses.replace(settings(args.port), log_level=args.log_level)
     # As ``tokensvc serve`` does, with the lines going to a file instead of standard error.
     logs.configure(config.log_format, config.log_level, stream=open(args.out / "access.log", "w"))  # noqa: SIM115
