@@ -8,8 +8,8 @@ the route's path) are made once and kept; the time comes from the logs' clock, f
 most once per millisecond; the line is one string, encoded once, and added to the handler's
 buffer, which writes the lines of a loop iteration in one go. Only what a request supplied
 (the address, the method, the path, the client id) could need escaping: the line is checked
-once for anything that is not printable ASCII, and only then made the general way, by the
-formatter, which escapes it. Every other case (JSON lines, a test's capture, a handler an
+once for anything unprintable (``str.isprintable``), and only such a line is made the
+general way, by the formatter, which escapes it. Every other case (JSON lines, a test's capture, a handler an
 embedding program added) takes the general way. Both ways write the same line
 (``tests/test_access_log.py``).
 """

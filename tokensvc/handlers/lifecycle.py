@@ -126,10 +126,7 @@ def request_id_for(request: HTTPServerRequest) -> str:
     incoming = request.headers.get("X-Request-ID")
     if incoming is not None and _REQUEST_ID.fullmatch(incoming):
         return incoming
-    return f"{_random_bits(64):016x}"
-
-
-_random_bits = random.getrandbits
+    return f"{random.getrandbits(64):016x}"
 
 
 # -- XSRF: the one decision ---------------------------------------------------------------------
