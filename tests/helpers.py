@@ -70,6 +70,11 @@ def make_config(**overrides: Any) -> config_module.Settings:
     return config_module.from_dict(raw)
 
 
+# Seconds after a rotation past which a presentation of the rotated-out token is no longer
+# taken as concurrent with it (tokensvc.oauth.grants.CONCURRENT_SECONDS).
+PAST_CONCURRENT = 3
+
+
 class Clock:
     """A clock the test moves by hand."""
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 from backends import BACKENDS, REAL_URI, store_fixture
 from helpers import (
+    PAST_CONCURRENT,
     SKY_REDIRECT,
     WEBAPP_REDIRECT,
     WEBAPP_SECRET,
@@ -65,11 +66,12 @@ async def test_full_flow(browser, http_client, base_url, store):
 
 
 @pytest.mark.gen_test
-async def test_refresh_reuse_revokes_the_grant(browser, http_client, base_url, store):
+async def test_refresh_reuse_revokes_the_grant(browser, http_client, base_url, store, clock):
     code = await browser.code_for("webapp", WEBAPP_REDIRECT)
     first = json_of(await exchange(http_client, base_url, code))
     url, auth = base_url + "/oauth/token/refresh", {"Authorization": basic("webapp", WEBAPP_SECRET)}
     second = json_of(await post_form(http_client, url, {"refresh_token": first["refresh_token"]}, auth))
+    clock.advance(PAST_CONCURRENT)
     check_oauth_error(await post_form(http_client, url, {"refresh_token": first["refresh_token"]}, auth),
                       400, "invalid_grant")
     check_oauth_error(await post_form(http_client, url, {"refresh_token": second["refresh_token"]}, auth),

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from dataclasses import replace
 
 import pytest
 from backends import BACKENDS
@@ -15,7 +16,7 @@ from test_protocol import args
 
 from tokensvc import config as config_module
 from tokensvc.bootstrap import make_context, seed
-from tokensvc.oauth import authorization, grants, introspection, principal, revocation, sessions
+from tokensvc.oauth import authorization, grants, introspection, principal, revocation, sessions, tokens
 from tokensvc.oauth.errors import InvalidGrant
 from tokensvc.records import Subject
 from tokensvc.storage.base import FAMILY, GRANT, SESSION, Revocation, StorageError
@@ -31,8 +32,8 @@ def seeded(backend_store, io_loop):
 
 
 def context(store, clock, grace=0, **settings):
-    return make_context(make_config(tokens={"refresh_grace_seconds": grace}, **settings), store,
-                                      clock=clock)
+    settings.setdefault("tokens", {"refresh_grace_seconds": grace})
+    return make_context(make_config(**settings), store, clock=clock)
 
 
 async def code_for(ctx, client_id="webapp", redirect_uri=WEBAPP_REDIRECT, challenge=CHALLENGE, username="alice"):
@@ -58,8 +59,8 @@ async def alive(ctx, tokens):
     return [await active(ctx, tokens.access_token), await active(ctx, tokens.refresh_token)]
 
 
-def counted(ctx, name):
-    return ctx.metrics.registry.get_sample_value(name) or 0
+def counted(ctx, name, **labels):
+    return ctx.metrics.registry.get_sample_value(name, labels or None) or 0
 
 
 # -- codes ------------------------------------------------------------------------------------
@@ -98,26 +99,32 @@ async def test_a_replay_by_its_own_client_revokes_that_codes_family_only(seeded,
                and r.audit["outcome"] == "family_revoked" for r in caplog.records)
 
 
-async def test_a_lost_exchange_reply_is_retried_and_only_the_lost_pair_dies(seeded, clock):
-    ctx = context(seeded, clock, grace=30)
+@pytest.mark.parametrize("grace", [0, 30])
+async def test_a_lost_exchange_reply_costs_one_more_authorization_and_nothing_else(seeded, clock, grace):
+    """Codes have no grace: the retry of an exchange whose reply was lost is a replay (RFC
+    6749 §4.1.2). It revokes that code's family, nothing else, and a new authorization works."""
+    ctx = context(seeded, clock, grace=grace)
     code = await code_for(ctx)
     earlier = await exchange(ctx, await code_for(ctx))
     lost = await exchange(ctx, code)  # applied; the reply never reached the client
-    clock.advance(20)
-    retried = await exchange(ctx, code)  # the client retries with the same code and verifier
+    clock.advance(1)
+    with pytest.raises(InvalidGrant, match="already used"):
+        await exchange(ctx, code)  # the client retries with the same code and verifier
     assert await alive(ctx, lost) == [False, False]
-    assert await alive(ctx, retried) == [True, True]
     assert await alive(ctx, earlier) == [True, True]
-    assert (await refresh(ctx, retried.refresh_token)).access_token
-    assert counted(ctx, "tokensvc_code_reuse_total") == 0
+    again = await exchange(ctx, await code_for(ctx))  # one more authorization
+    assert await alive(ctx, again) == [True, True]
+    assert counted(ctx, "tokensvc_code_reuse_total") == 1
 
 
 @pytest.mark.parametrize("applied", [True, False], ids=["applied", "not-applied"])
-async def test_an_exchange_whose_store_write_fails_can_be_retried(seeded, clock, monkeypatch, applied):
-    """The family's write fails (503), after the store applied it or before: the retry gets a
-    working pair, and nothing else is revoked."""
+async def test_an_exchange_whose_family_write_fails(seeded, clock, monkeypatch, applied):
+    """The family's write fails (503). Before the store applied it, the retry writes it and
+    gets a working pair; after (a lost reply), the retry is a replay and the user authorizes
+    once more; nothing else is revoked either way."""
     ctx = context(seeded, clock, grace=30)
     code = await code_for(ctx)
+    earlier = await exchange(ctx, await code_for(ctx))
     create = seeded.create_family
 
     async def reply_lost(family):
@@ -129,15 +136,21 @@ async def test_an_exchange_whose_store_write_fails_can_be_retried(seeded, clock,
     with pytest.raises(StorageError):
         await exchange(ctx, code)
     monkeypatch.undo()
-    retried = await exchange(ctx, code)
+    if applied:
+        with pytest.raises(InvalidGrant, match="already used"):
+            await exchange(ctx, code)
+        retried = await exchange(ctx, await code_for(ctx))
+    else:
+        retried = await exchange(ctx, code)
     assert await alive(ctx, retried) == [True, True]
     assert (await refresh(ctx, retried.refresh_token)).access_token
+    assert await alive(ctx, earlier) == [True, True]
 
 
-@pytest.mark.parametrize("how", ["no-grace", "pair-used", "after-grace", "refreshed"])
-async def test_a_repeated_exchange_is_a_replay_unless_it_retries_an_unused_pair_within_the_grace(
-        seeded, clock, how):
-    ctx = context(seeded, clock, grace=0 if how == "no-grace" else 30)
+@pytest.mark.parametrize("grace", [0, 30])
+@pytest.mark.parametrize("how", ["at-once", "pair-used", "after-grace", "refreshed"])
+async def test_a_repeated_exchange_is_always_a_replay(seeded, clock, how, grace):
+    ctx = context(seeded, clock, grace=grace)
     code = await code_for(ctx)
     first = await exchange(ctx, code)
     if how == "pair-used":
@@ -152,32 +165,134 @@ async def test_a_repeated_exchange_is_a_replay_unless_it_retries_an_unused_pair_
     assert counted(ctx, "tokensvc_code_reuse_total") == 1
 
 
+@pytest.mark.parametrize("grace", [0, 30])
+@pytest.mark.parametrize("presentations", [2, 5, 50])
+async def test_of_concurrent_exchanges_of_a_code_exactly_one_is_exchanged(seeded, clock, grace, presentations):
+    """Over one context or three (three processes sharing the store; memory has one), every
+    presentation but one is an error, and what the code gave is revoked (RFC 6749 §4.1.2)."""
+    contexts = [context(seeded, clock, grace=grace) for _ in range(1 if isinstance(seeded, MemoryStore) else 3)]
+    code = await code_for(contexts[0])
+    results = await asyncio.gather(*(exchange(contexts[index % len(contexts)], code)
+                                     for index in range(presentations)), return_exceptions=True)
+    issued = [result for result in results if isinstance(result, grants.TokenResponse)]
+    refused = [result for result in results if isinstance(result, InvalidGrant)]
+    assert (len(issued), len(refused)) == (1, presentations - 1), results
+    assert await alive(contexts[0], issued[0]) == [False, False]
+    assert sum(counted(ctx, "tokensvc_code_reuse_total") for ctx in contexts) == presentations - 1
+
+
 # -- refresh --------------------------------------------------------------------------------
 
 
-async def test_two_tabs_refreshing_at_once_leave_one_live_pair_and_the_other_is_reuse(seeded, clock):
+@pytest.mark.parametrize("grace", [0, 30])
+@pytest.mark.parametrize("presentations", [2, 5, 50])
+async def test_concurrent_refreshes_of_one_token_all_get_the_same_pair(seeded, clock, grace, presentations):
+    """Two tabs, an app and its retry, a proxy's duplicate; over one context or three (three
+    processes sharing the store): every presentation gets the one successor, the family lives
+    on, and nothing is reuse."""
+    contexts = [context(seeded, clock, grace=grace) for _ in range(1 if isinstance(seeded, MemoryStore) else 3)]
+    first = await exchange(contexts[0], await code_for(contexts[0]))
+    results = await asyncio.gather(*(refresh(contexts[index % len(contexts)], first.refresh_token)
+                                     for index in range(presentations)))
+    assert len({(result.access_token, result.refresh_token, result.scope) for result in results}) == 1
+    assert await alive(contexts[0], results[0]) == [True, True]
+    family, _ = await seeded.get_family(tokens.parse_refresh(first.refresh_token)[0])
+    assert family.rotations == 1 and family.revoked_at is None
+    assert sum(counted(ctx, "tokensvc_refresh_reuse_total") for ctx in contexts) == 0
+    assert sum(counted(ctx, "tokensvc_tokens_issued_total", grant="refresh_token") for ctx in contexts) == 1
+    assert (await refresh(contexts[-1], results[0].refresh_token)).access_token
+
+
+async def test_presentations_within_the_window_get_the_pair_already_issued(seeded, clock):
     ctx = context(seeded, clock, grace=30)
     first = await exchange(ctx, await code_for(ctx))
-    tabs = await asyncio.gather(refresh(ctx, first.refresh_token), refresh(ctx, first.refresh_token))
-    states = [await alive(ctx, tab) for tab in tabs]
-    assert sorted(states) == [[False, False], [True, True]]  # the retry replaced the pair it raced
-    dead = tabs[states.index([False, False])]
-    live = tabs[states.index([True, True])]
-    # The tab left holding the replaced pair presents it: that is reuse, and the family goes.
+    mine = await refresh(ctx, first.refresh_token)
+    clock.advance(grants.CONCURRENT_SECONDS)
+    again = await refresh(ctx, first.refresh_token)  # an app's retry, a second tab
+    assert (again.access_token, again.refresh_token) == (mine.access_token, mine.refresh_token)
+    assert again.expires_in == ctx.tokens.access_ttl - grants.CONCURRENT_SECONDS  # the same pair's lifetime
+    assert await alive(ctx, mine) == [True, True]
+    # Presented again after its successor was used, within the window: reuse.
+    assert await principal.from_bearer(ctx, mine.access_token) is not None
     with pytest.raises(InvalidGrant, match="already used"):
-        await refresh(ctx, dead.refresh_token)
-    assert await alive(ctx, live) == [False, False]
-    assert counted(ctx, "tokensvc_refresh_reuse_total") == 1
+        await refresh(ctx, first.refresh_token)
+    assert await alive(ctx, mine) == [False, False]
 
 
-async def test_two_refreshes_at_once_without_grace_are_reuse(seeded, clock):
-    ctx = context(seeded, clock)
+async def test_outside_the_window_the_grace_rules_stand(seeded, clock):
+    """Past the window, a retry while the successor is unused gets a new pair and the unused
+    one dies; presentations that arrive together then get that new pair."""
+    ctx = context(seeded, clock, grace=30)
     first = await exchange(ctx, await code_for(ctx))
-    results = await asyncio.gather(refresh(ctx, first.refresh_token), refresh(ctx, first.refresh_token),
-                                   return_exceptions=True)
-    assert sorted(type(result).__name__ for result in results) == ["InvalidGrant", "TokenResponse"]
-    winner = next(result for result in results if not isinstance(result, Exception))
-    assert await alive(ctx, winner) == [False, False]
+    lost = await refresh(ctx, first.refresh_token)
+    clock.advance(grants.CONCURRENT_SECONDS + 1)
+    retries = await asyncio.gather(*(refresh(ctx, first.refresh_token) for _ in range(5)))
+    assert len({retry.refresh_token for retry in retries}) == 1 and retries[0].refresh_token != lost.refresh_token
+    assert await alive(ctx, lost) == [False, False]
+    assert await alive(ctx, retries[0]) == [True, True]
+    # Without grace, the same presentation is reuse.
+    strict = context(seeded, clock, grace=0)
+    second = await refresh(strict, retries[0].refresh_token)
+    clock.advance(grants.CONCURRENT_SECONDS + 1)
+    with pytest.raises(InvalidGrant, match="already used"):
+        await refresh(strict, retries[0].refresh_token)
+    assert await alive(strict, second) == [False, False]
+
+
+async def test_the_successor_key_rotates(seeded, clock):
+    """The first key derives; every listed key recomputes what it derived. A process that does
+    not know the key of a pair falls back to the grace rules (a new pair), as without it."""
+    old, new = "o" * 32, "n" * 32
+    before = context(seeded, clock, grace=30, tokens={"refresh_grace_seconds": 30, "successor_keys": [old]})
+    during = context(seeded, clock, grace=30, tokens={"refresh_grace_seconds": 30, "successor_keys": [new, old]})
+    after = context(seeded, clock, grace=30, tokens={"refresh_grace_seconds": 30, "successor_keys": [new]})
+    first = await exchange(before, await code_for(before))
+    derived_with_old = await refresh(before, first.refresh_token)
+    assert (await refresh(during, first.refresh_token)).refresh_token == derived_with_old.refresh_token
+    derived_with_new = await refresh(during, derived_with_old.refresh_token)
+    assert (await refresh(after, derived_with_old.refresh_token)).refresh_token == derived_with_new.refresh_token
+    other = await exchange(before, await code_for(before))
+    other_next = await refresh(before, other.refresh_token)
+    replaced = await refresh(after, other.refresh_token)  # the old key is gone here: a grace retry
+    assert replaced.refresh_token != other_next.refresh_token
+    assert await alive(after, other_next) == [False, False] and await alive(after, replaced) == [True, True]
+
+
+async def test_a_pair_no_key_derived_is_never_taken_for_a_successor(seeded, clock):
+    """A release that does not derive pairs (0.9.0) rotates with a random pair and leaves the
+    family's serial and key id as they were: recomputing them gives another pair, so the
+    presentation is decided by the grace rules, never answered with a pair the store lacks."""
+    ctx = context(seeded, clock, grace=30)
+    first = await exchange(ctx, await code_for(ctx))
+    mine = await refresh(ctx, first.refresh_token)
+    family, _ = await seeded.get_family(tokens.parse_refresh(mine.refresh_token)[0])
+    older_release = tokens.mint(mine.refresh_token.partition(".")[0], family.scopes, clock(), 3600, 86400)
+    assert await seeded.rotate_family(family.family_id, family.refresh_hash,
+                                      replace(older_release.pair, serial=family.serial, key_id=family.key_id),
+                                      clock())
+    with pytest.raises(InvalidGrant, match="already used"):  # not the one rotated out last: reuse
+        await refresh(ctx, first.refresh_token)
+    second = await exchange(ctx, await code_for(ctx))
+    family, _ = await seeded.get_family(tokens.parse_refresh(second.refresh_token)[0])
+    theirs = tokens.mint(second.refresh_token.partition(".")[0], family.scopes, clock(), 3600, 86400)
+    await seeded.rotate_family(family.family_id, family.refresh_hash, theirs.pair, clock())
+    again = await refresh(ctx, second.refresh_token)  # within the window, but no successor of ours
+    assert again.refresh_token != theirs.refresh_token
+    assert await alive(ctx, again) == [True, True]
+
+
+async def test_a_thief_within_the_window_gets_the_clients_own_pair_and_is_caught_next(seeded, clock):
+    """Whoever presents the rotated-out token within the window gets the pair the client got:
+    nothing more. Whichever of them refreshes second presents a rotated-out token: reuse."""
+    ctx = context(seeded, clock)
+    stolen = await exchange(ctx, await code_for(ctx))
+    mine = await refresh(ctx, stolen.refresh_token)
+    theirs = await refresh(ctx, stolen.refresh_token)
+    assert theirs.refresh_token == mine.refresh_token
+    await refresh(ctx, theirs.refresh_token)
+    clock.advance(grants.CONCURRENT_SECONDS + 1)
+    with pytest.raises(InvalidGrant, match="already used"):
+        await refresh(ctx, mine.refresh_token)
     assert counted(ctx, "tokensvc_refresh_reuse_total") == 1
 
 
@@ -195,12 +310,13 @@ async def test_a_thief_presenting_a_rotated_out_token_after_its_successor_was_us
 
 
 async def test_a_thief_who_retries_first_is_caught_when_the_client_comes_back(seeded, clock):
-    """Within the grace, before the client used its new pair, a thief's presentation looks
-    like a lost reply's retry and gets a pair; the client's next refresh is then reuse, and
-    the family (the thief's pair with it) is revoked."""
+    """Within the grace, past the window, before the client used its new pair, a thief's
+    presentation looks like a lost reply's retry and gets a pair; the client's next refresh is
+    then reuse, and the family (the thief's pair with it) is revoked."""
     ctx = context(seeded, clock, grace=30)
     stolen = await exchange(ctx, await code_for(ctx))
     mine = await refresh(ctx, stolen.refresh_token)
+    clock.advance(grants.CONCURRENT_SECONDS + 1)
     theirs = await refresh(ctx, stolen.refresh_token)
     assert await alive(ctx, theirs) == [True, True]
     assert await principal.from_bearer(ctx, mine.access_token) is None  # replaced
@@ -391,8 +507,8 @@ async def test_a_revocation_announces_what_it_changed_and_nothing_else(seeded, c
     c = await exchange(ctx, sky_code, "skyplanner", SKY_REDIRECT)
     heard = []
     keys = {}
-    for name, tokens in (("a", a), ("b", b), ("c", c)):
-        token = (await principal.from_bearer(ctx, tokens.access_token)).token
+    for name, issued in (("a", a), ("b", b), ("c", c)):
+        token = (await principal.from_bearer(ctx, issued.access_token)).token
         keys[name] = [Revocation(FAMILY, token.family_id), Revocation(GRANT, token.grant_id)]
         for key in keys[name]:
             ctx.events.subscribe([key], lambda name=name, kind=key.kind: heard.append((name, kind)))

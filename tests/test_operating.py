@@ -10,7 +10,17 @@ import os
 import re
 
 import pytest
-from helpers import VERIFIER, WEBAPP_REDIRECT, WEBAPP_SECRET, basic, exchange, json_of, make_config, post_form
+from helpers import (
+    PAST_CONCURRENT,
+    VERIFIER,
+    WEBAPP_REDIRECT,
+    WEBAPP_SECRET,
+    basic,
+    exchange,
+    json_of,
+    make_config,
+    post_form,
+)
 from tornado.httpclient import HTTPRequest
 
 from tokensvc import logs, metrics
@@ -38,13 +48,14 @@ async def scrape(http_client, base_url) -> str:
 
 
 @pytest.mark.gen_test(timeout=30)
-async def test_metrics_count_real_flows(browser, http_client, base_url):
+async def test_metrics_count_real_flows(browser, http_client, base_url, clock):
     code = await browser.code_for("webapp", WEBAPP_REDIRECT)
     tokens = json_of(await exchange(http_client, base_url, code))
     auth = {"Authorization": basic("webapp", WEBAPP_SECRET)}
     refreshed = await post_form(http_client, base_url + "/oauth/token/refresh",
                                 {"refresh_token": tokens["refresh_token"]}, auth)
     assert refreshed.code == 200
+    clock.advance(PAST_CONCURRENT)
     reuse = await post_form(http_client, base_url + "/oauth/token/refresh",
                             {"refresh_token": tokens["refresh_token"]}, auth)
     assert reuse.code == 400

@@ -5,7 +5,16 @@ test_introspect, test_revoke and test_authorize."""
 from __future__ import annotations
 
 import pytest
-from helpers import CHALLENGE, NODE_REDIRECT, SKY_REDIRECT, VERIFIER, WEBAPP_REDIRECT, WEBAPP_SECRET, make_config
+from helpers import (
+    CHALLENGE,
+    NODE_REDIRECT,
+    PAST_CONCURRENT,
+    SKY_REDIRECT,
+    VERIFIER,
+    WEBAPP_REDIRECT,
+    WEBAPP_SECRET,
+    make_config,
+)
 
 from tokensvc.bootstrap import make_context, seed
 from tokensvc.oauth import authorization, clientauth, grants, hashing, introspection, revocation
@@ -173,7 +182,7 @@ async def test_the_token_endpoint_serves_the_code_grant_only():
 # -- refresh --------------------------------------------------------------------------------
 
 
-async def test_refresh_rotates_and_reuse_revokes_the_grant(seeded):
+async def test_refresh_rotates_and_reuse_revokes_the_grant(seeded, clock):
     webapp = await client(seeded)
     first = await pair(seeded)
     second = await grants.refresh(seeded, webapp, first.refresh_token)
@@ -181,6 +190,7 @@ async def test_refresh_rotates_and_reuse_revokes_the_grant(seeded):
     assert (await introspection.introspect(seeded, first.refresh_token)) == {"active": False}
     third = await grants.refresh(seeded, webapp, second.refresh_token, "read")
     assert third.scope == "read"
+    clock.advance(PAST_CONCURRENT)
     with pytest.raises(InvalidGrant, match="already used"):
         await grants.refresh(seeded, webapp, second.refresh_token)
     for token in (third.access_token, third.refresh_token):
@@ -203,6 +213,7 @@ async def test_refresh_grace_lets_a_lost_response_be_retried_once(store, clock, 
     webapp = await client(ctx)
     first = await pair(ctx)
     lost = await grants.refresh(ctx, webapp, first.refresh_token)  # its response never arrived
+    clock.advance(PAST_CONCURRENT)  # the client's retry, after its own timeout
     retried = await grants.refresh(ctx, webapp, first.refresh_token)
     assert retried.refresh_token != lost.refresh_token
     assert await introspection.introspect(ctx, lost.refresh_token) == {"active": False}

@@ -4,6 +4,7 @@ import pytest
 from helpers import (
     NODE_REDIRECT,
     PARTNER_SECRET,
+    PAST_CONCURRENT,
     SKY_REDIRECT,
     WEBAPP_REDIRECT,
     WEBAPP_SECRET,
@@ -65,10 +66,11 @@ async def test_grant_type_refresh_token_is_accepted_and_ignored(browser, http_cl
 
 
 @pytest.mark.gen_test
-async def test_rotated_refresh_reuse_revokes_the_family(browser, http_client, base_url, store):
+async def test_rotated_refresh_reuse_revokes_the_family(browser, http_client, base_url, store, clock):
     other = await tokens_for(browser, http_client, base_url)  # another sign-in of the same user and app
     first = await tokens_for(browser, http_client, base_url)
     second = json_of(await refresh(http_client, base_url, first["refresh_token"]))
+    clock.advance(PAST_CONCURRENT)
     reused = await refresh(http_client, base_url, first["refresh_token"])
     body = check_oauth_error(reused, 400, "invalid_grant")
     assert "already used" in body["error_description"]

@@ -154,8 +154,9 @@ async def revoke_connected_app(http_client, base_url, issued, browser):
 
 async def reuse_refresh(http_client, base_url, issued, browser):
     url, auth = base_url + "/oauth/token/refresh", {"Authorization": basic("webapp", WEBAPP_SECRET)}
-    await post_form(http_client, url, {"refresh_token": issued["refresh_token"]}, auth)
-    await post_form(http_client, url, {"refresh_token": issued["refresh_token"]}, auth)
+    second = json_of(await post_form(http_client, url, {"refresh_token": issued["refresh_token"]}, auth))
+    await post_form(http_client, url, {"refresh_token": second["refresh_token"]}, auth)
+    await post_form(http_client, url, {"refresh_token": issued["refresh_token"]}, auth)  # older than the last
 
 
 async def sign_out_with_token(http_client, base_url, issued, browser):

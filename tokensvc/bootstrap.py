@@ -13,7 +13,7 @@ from typing import Any
 from tokensvc.config import Settings
 from tokensvc.identifiers import username_key
 from tokensvc.metrics import Metrics
-from tokensvc.oauth import hashing
+from tokensvc.oauth import hashing, successors
 from tokensvc.oauth.context import OAuthContext
 from tokensvc.oauth.metadata import server_metadata
 from tokensvc.oauth.revocation import end_chains_before_promotion
@@ -27,8 +27,9 @@ log = logging.getLogger(__name__)
 def make_context(settings: Settings, store: Store, **overrides: Any) -> OAuthContext:
     """The protocol context the settings describe (``clock`` and others may be overridden)."""
     shared = store if isinstance(store, SharedFailureCounts) else None  # MongoDB: one count for all processes
+    keys = settings.tokens.successor_keys or [successors.key_from_cookie_secret(settings.cookie_secret)]
     values: dict[str, Any] = dict(
-        store=store, tokens=settings.tokens, issuer=settings.base_url,
+        store=store, tokens=settings.tokens, issuer=settings.base_url, successors=successors.SuccessorKeys.of(keys),
         limits=FailureLimits(settings.limits, shared=shared),
         metadata=server_metadata(settings.base_url, settings.auth_url,
                                  (client.allowed_scopes for client in settings.clients)))

@@ -88,6 +88,10 @@ class TokenSettings:
     # that reply carried is unused. Unset: on MongoDB, where a reply can be lost after the write
     # applied, the whole retry budget (:func:`mongodb_grace_seconds`); 0 on the memory backend.
     refresh_grace_seconds: int = field(default=0, metadata=DERIVED)
+    # The keys a rotation derives its pair with (the first), and with which a presentation
+    # arriving with it recomputes that pair (every one): see docs/security.md. Empty: one key
+    # derived from cookie_secret. The same list on every process; at least 32 characters each.
+    successor_keys: list[str] = field(default_factory=list, repr=False)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -507,9 +511,18 @@ def _check_sections(settings: Settings) -> None:
     """The numbers of [tokens], [server], [proxy] and [limits], and the networks of [metrics] and [proxy]."""
     for f in dataclasses.fields(TokenSettings):
         value = getattr(settings.tokens, f.name)
+        if f.name == "successor_keys":
+            continue
         minimum = 0 if f.name == "refresh_grace_seconds" else 1
         if value < minimum:
             raise ConfigError(f"tokens.{f.name}: must be at least {minimum}, got {value}")
+    keys = settings.tokens.successor_keys
+    for index, key in enumerate(keys):
+        if len(key) < 32:
+            raise ConfigError(f"tokens.successor_keys[{index}]: too short (at least 32 characters: "
+                              "python3 -c 'import secrets; print(secrets.token_urlsafe(32))')")
+    if len(set(keys)) != len(keys):
+        raise ConfigError("tokens.successor_keys: a key is listed twice")
     for f in dataclasses.fields(ServerSettings):
         if f.name != "allowed_hosts" and getattr(settings.server, f.name) < 1:
             raise ConfigError(f"server.{f.name}: must be at least 1 second, got {getattr(settings.server, f.name)}")
@@ -611,5 +624,6 @@ def masked(settings: Settings) -> dict[str, Any]:
         for key in ("password", "password_hash"):
             if user[key] is not None:
                 user[key] = "***"
+    data["tokens"]["successor_keys"] = ["***"] * len(settings.tokens.successor_keys)
     data["storage"]["mongodb_uri"] = re.sub(r"//[^@/]*@", "//***@", data["storage"]["mongodb_uri"])
     return data

@@ -188,6 +188,13 @@ class Family:
     access_revoked_at: datetime | None = None  # the current access token revoked alone
     revoked_at: datetime | None = None  # the whole family
     rotations: int = 0
+    # The current pair's number in the family (the exchange's is 0; each rotation or reissue
+    # adds one) and the id of the successor key it was derived with (None: a random pair).
+    # Presentations of the token it succeeded that come within seconds get this same pair,
+    # recomputed (tokensvc.oauth.successors). A release that does not derive pairs leaves both
+    # as they were: a recomputation that does not give the stored hashes is no match.
+    serial: int = 0
+    key_id: str | None = None
 
     @property
     def subject(self) -> Subject:
@@ -225,6 +232,8 @@ class Pair:
     issued_at: datetime
     expires_at: datetime  # the refresh token's
     access_expires_at: datetime
+    serial: int = 0  # see Family.serial and Family.key_id
+    key_id: str | None = None
 
 
 @dataclass(slots=True, frozen=True)

@@ -1,10 +1,12 @@
 """What every protocol operation needs: the store, the token lifetimes, a clock, a place to
 announce revocations (open WebSockets listen there), the brute-force limits, the server's
-own metadata, and the metrics it counts. The composition root makes it from the settings
-(:func:`tokensvc.bootstrap.make_context`): nothing here reads the configuration."""
+own metadata, the metrics it counts, and the keys successor pairs are derived with. The
+composition root makes it from the settings (:func:`tokensvc.bootstrap.make_context`):
+nothing here reads the configuration."""
 
 from __future__ import annotations
 
+import secrets
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -13,6 +15,7 @@ from typing import Any, Protocol
 from tokensvc.metrics import Metrics
 from tokensvc.oauth.events import RevocationEvents
 from tokensvc.oauth.origins import BrowserOrigins
+from tokensvc.oauth.successors import SuccessorKeys
 from tokensvc.ratelimit import FailureLimits
 from tokensvc.records import utcnow
 from tokensvc.storage.base import Store
@@ -51,3 +54,6 @@ class OAuthContext:
     events: RevocationEvents = field(default_factory=lambda: RevocationEvents())
     origins: BrowserOrigins = field(default_factory=BrowserOrigins)  # CORS
     metrics: Metrics = field(default_factory=Metrics)  # GET /metrics
+    # The keys successor pairs are derived with (oauth/successors.py); a context made without
+    # the settings gets one of its own.
+    successors: SuccessorKeys = field(default_factory=lambda: SuccessorKeys.of([secrets.token_urlsafe(32)]))

@@ -11,12 +11,23 @@ The presenter of a code is checked (client, redirect_uri, PKCE verifier) before 
 whoever saw a code but is not its client, or lacks its verifier, gets ``invalid_grant`` and
 changes nothing but the unredeemed code, which a failed check spends.
 
+Codes are single-use, with no grace (the interface's state table, RFC 6749 §4.1.2's MUST deny):
+of any number of presentations of a code by its client, exactly one is exchanged, and every
+other is ``invalid_grant`` and revokes what the code was exchanged for. A reply lost after the
+family was written costs the user one more authorization.
+
+Refresh tokens presented together. Presentations of one refresh token that arrive within
+:data:`CONCURRENT_SECONDS` of its successor's issue, before that successor was used (two tabs,
+an app and its retry, a proxy's duplicate), all get **the same** successor: the pair is derived
+from the presented token (``oauth/successors.py``), so whoever finds the token just rotated out
+recomputes the pair the store holds and answers it again, from any process.
+
 Lost replies. A reply can be lost after the store applied its write (a timeout, a failover, a
 deploy), and the client retries with what it sent. Within ``tokens.refresh_grace_seconds`` of
-that exchange or rotation, and only while the pair it issued was never used (its refresh token
-not rotated, its access token never presented), the retry gets a new pair in place of the lost
-one. A presentation after that, or of any older token, is reuse. Whoever loses an atomic step to
-a concurrent request decides again on the family as the store holds it then.
+that rotation, and only while the pair it issued was never used (its refresh token not rotated,
+its access token never presented), the retry gets a new pair in place of the lost one. A
+presentation after that, or of any older token, is reuse. Whoever loses an atomic step to a
+concurrent request decides again on the family as the store holds it then.
 """
 
 from __future__ import annotations
@@ -25,14 +36,21 @@ import hmac
 import logging
 from dataclasses import dataclass
 from datetime import datetime
+from typing import Any
 
 from tokensvc import logs
-from tokensvc.oauth import clientauth, hashing, pkce, privileges, scopes, tokens
+from tokensvc.oauth import clientauth, hashing, pkce, privileges, scopes, successors, tokens
 from tokensvc.oauth.clientauth import ClientRequest
 from tokensvc.oauth.context import OAuthContext
 from tokensvc.oauth.errors import InvalidGrant, InvalidScope, UnsupportedGrantType
 from tokensvc.oauth.revocation import revoke_family, sweep_if_grant_revoked
 from tokensvc.records import AuthorizationCode, Client, Family, Grant, Subject
+
+# Presentations of a refresh token this close to its successor's issue (and before that
+# successor was used) are taken as concurrent with the one that rotated it: they get the same
+# pair. Requests sent together arrive within milliseconds; two seconds cover a proxy's or a
+# client library's immediate repeat, and stay short for a thief acting later.
+CONCURRENT_SECONDS = 2
 
 
 @dataclass(slots=True)
@@ -121,34 +139,25 @@ def _check_presenter(record: AuthorizationCode, client: Client, redirect_uri: st
 
 async def _redeem(ctx: OAuthContext, client: Client, record: AuthorizationCode, secret: str, family_id: str,
                   first: bool, now: datetime) -> TokenResponse:
-    """Start the code's family; or, for the code presented again, retry a lost reply or
-    revoke the family (a replay)."""
+    """Start the code's family; for the code presented again, revoke it (a replay)."""
     store = ctx.store
     grant = await store.find_grant(client.client_id, record.subject)
     if grant is None or not grant.stands_behind(record.generation):
         raise InvalidGrant("The authorization was revoked")
-    granted = await _in_force(ctx, client, record.subject, record.scopes)
-    minted = _mint(ctx, secret, granted, record.subject, now)
     # A consumed code whose family is missing was redeemed by a request that failed before
     # writing it (the client saw 503): this presentation writes it, while the code is valid.
+    # Of all the presentations, the one whose write lands is the exchange.
     if first or record.expires_at > now:
+        minted = _mint(ctx, secret, await _in_force(ctx, client, record.subject, record.scopes), record.subject, now)
         family = _family(family_id, grant, client, record, minted, now)
         if await store.create_family(family):
             await sweep_if_grant_revoked(ctx, grant, family_id)
             _audit("token_issued", "success", client.client_id, record.subject, grant="authorization_code")
             ctx.metrics.tokens_issued.labels("authorization_code").inc()
             return _response(ctx, minted)
-    existing, grant = await store.get_family(family_id)
-    if existing is None:
+    elif (await store.get_family(family_id))[0] is None:
         raise InvalidGrant("The authorization code has expired")
-    retry = (existing.rotations == 0 and existing.replaceable(ctx.tokens.refresh_grace_seconds, now)
-             and existing.stands(grant))
-    if retry and await store.reissue_pair(family_id, existing.refresh_hash, minted.pair) is not None:
-        _audit("token_issued", "success", client.client_id, record.subject, grant="authorization_code",
-               retry_within_grace=True)
-        ctx.metrics.tokens_issued.labels("authorization_code").inc()
-        return _response(ctx, minted)
-    # RFC 6749 §4.1.2: a code used twice revokes what it was first exchanged for.
+    # RFC 6749 §4.1.2: a code used twice is denied, and what it was exchanged for revoked.
     revoked = await revoke_family(ctx, family_id, "code_reuse")
     _audit("code_reuse", "family_revoked", client.client_id, record.subject, family_revoked=revoked)
     ctx.metrics.code_reuse.inc()
@@ -171,7 +180,6 @@ async def refresh(ctx: OAuthContext, client: Client, refresh_token: str, scope: 
     if parsed is None:
         raise InvalidGrant("Unknown refresh token")
     family_id, token_hash = parsed
-    secret = refresh_token.partition(tokens.SEPARATOR)[0]
     for _ in range(3):  # after losing an atomic step, decide again on the family as it is now
         family, grant = await ctx.store.get_family(family_id)
         # Bound to its client (RFC 6749 §6): another client's token is simply unknown here.
@@ -179,11 +187,15 @@ async def refresh(ctx: OAuthContext, client: Client, refresh_token: str, scope: 
             raise InvalidGrant("Unknown refresh token")
         if family.revoked_at is not None:
             raise InvalidGrant("The refresh token is revoked")
+        rotated_out_last = (family.previous_hash is not None
+                            and hmac.compare_digest(token_hash, family.previous_hash))
         if hmac.compare_digest(token_hash, family.refresh_hash):
-            response = await _rotate(ctx, client, family, grant, token_hash, secret, scope)
-        elif (family.previous_hash is not None and hmac.compare_digest(token_hash, family.previous_hash)
-              and family.replaceable(ctx.tokens.refresh_grace_seconds, ctx.clock())):
-            response = await _retry(ctx, client, family, grant, secret, scope)
+            response = await _rotate(ctx, client, family, grant, token_hash, refresh_token, scope)
+        elif rotated_out_last and (same := await _successor_again(ctx, client, family, grant,
+                                                                  refresh_token)) is not None:
+            return same
+        elif rotated_out_last and family.replaceable(ctx.tokens.refresh_grace_seconds, ctx.clock()):
+            response = await _retry(ctx, client, family, grant, refresh_token, scope)
         else:
             await _reused(ctx, family)
         if response is not None:
@@ -192,13 +204,13 @@ async def refresh(ctx: OAuthContext, client: Client, refresh_token: str, scope: 
 
 
 async def _rotate(ctx: OAuthContext, client: Client, family: Family, grant: Grant | None, token_hash: str,
-                  secret: str, scope: str | None) -> TokenResponse | None:
+                  presented: str, scope: str | None) -> TokenResponse | None:
     now = ctx.clock()
     if family.expires_at <= now:
         raise InvalidGrant("The refresh token has expired")
     if not family.stands(grant):
         raise InvalidGrant("The authorization was revoked")
-    minted = _mint(ctx, secret, await _refreshed(ctx, client, family, scope), family.subject, now)
+    minted = _successor(ctx, family, presented, await _refreshed(ctx, client, family, scope), now)
     if await ctx.store.rotate_family(family.family_id, token_hash, minted.pair, now) is None:
         return None
     _audit("token_refreshed", "success", family.client_id, family.subject)
@@ -206,13 +218,39 @@ async def _rotate(ctx: OAuthContext, client: Client, family: Family, grant: Gran
     return _response(ctx, minted)
 
 
-async def _retry(ctx: OAuthContext, client: Client, family: Family, grant: Grant | None, secret: str,
+async def _successor_again(ctx: OAuthContext, client: Client, family: Family, grant: Grant | None,
+                           presented: str) -> TokenResponse | None:
+    """The family's current pair, when it is the successor of ``presented`` (the token rotated
+    out last) issued within :data:`CONCURRENT_SECONDS` and never used since: recomputed, and
+    answered only if the store holds exactly its hashes, with the scopes of it in force now.
+    None otherwise (the key that derived it is not configured here, a release that does not
+    derive pairs issued it, or the window has passed): the grace rules decide."""
+    now = ctx.clock()
+    if family.access_used_at is not None or (now - family.issued_at).total_seconds() > CONCURRENT_SECONDS:
+        return None
+    key = ctx.successors.get(family.key_id)
+    if key is None:
+        return None
+    access, tail = successors.derive(key, presented, family.serial)
+    refresh_token = presented.partition(tokens.SEPARATOR)[0] + tokens.SEPARATOR + tail
+    if not (hashing.matches(refresh_token, family.refresh_hash) and hashing.matches(access, family.access_hash)):
+        return None
+    if not family.stands(grant) or family.expires_at <= now:
+        raise InvalidGrant("The authorization was revoked" if not family.stands(grant)
+                           else "The refresh token has expired")
+    held = await _in_force(ctx, client, family.subject, family.scopes)
+    _audit("token_refreshed", "success", family.client_id, family.subject, concurrent_presentation=True)
+    remaining = max(0, int((family.access_expires_at - now).total_seconds()))
+    return TokenResponse(access, refresh_token, remaining, scopes.render(held))
+
+
+async def _retry(ctx: OAuthContext, client: Client, family: Family, grant: Grant | None, presented: str,
                  scope: str | None) -> TokenResponse | None:
     """The refresh token rotated out last, again, within the grace period, while the pair that
     rotation issued was never used: that pair is replaced (its reply was lost)."""
     if not family.stands(grant):
         raise InvalidGrant("The authorization was revoked")
-    minted = _mint(ctx, secret, await _refreshed(ctx, client, family, scope), family.subject, ctx.clock())
+    minted = _successor(ctx, family, presented, await _refreshed(ctx, client, family, scope), ctx.clock())
     if await ctx.store.reissue_pair(family.family_id, family.refresh_hash, minted.pair) is None:
         return None
     _audit("token_refreshed", "success", family.client_id, family.subject, retry_within_grace=True)
@@ -256,10 +294,20 @@ async def _in_force(ctx: OAuthContext, client: Client, subject: Subject, held: l
 
 # -- minting ----------------------------------------------------------------------------
 
-def _mint(ctx: OAuthContext, secret: str, granted: list[str], subject: Subject, now: datetime) -> tokens.Minted:
+def _mint(ctx: OAuthContext, secret: str, granted: list[str], subject: Subject, now: datetime,
+          **derivation: Any) -> tokens.Minted:
     settings = ctx.tokens
     refresh_ttl = settings.installation_refresh_ttl if subject.installation_id is not None else settings.refresh_ttl
-    return tokens.mint(secret, granted, now, settings.access_ttl, refresh_ttl)
+    return tokens.mint(secret, granted, now, settings.access_ttl, refresh_ttl, **derivation)
+
+
+def _successor(ctx: OAuthContext, family: Family, presented: str, granted: list[str], now: datetime) -> tokens.Minted:
+    """The pair that replaces the family's current one, derived from the refresh token
+    ``presented`` with the first key, numbered one past the current pair."""
+    key_id, key = ctx.successors.deriving
+    serial = family.serial + 1
+    return _mint(ctx, presented.partition(tokens.SEPARATOR)[0], granted, family.subject, now,
+                 derived=successors.derive(key, presented, serial), serial=serial, key_id=key_id)
 
 
 def _response(ctx: OAuthContext, minted: tokens.Minted) -> TokenResponse:

@@ -61,8 +61,13 @@ class Minted:
     pair: Pair
 
 
-def mint(secret: str, scopes: list[str], now: datetime, access_ttl: int, refresh_ttl: int) -> Minted:
-    """A new pair of the family whose secret is ``secret``."""
-    access, refresh = hashing.new_secret(), f"{secret}{SEPARATOR}{hashing.new_secret()}"
+def mint(secret: str, scopes: list[str], now: datetime, access_ttl: int, refresh_ttl: int, *,
+         derived: tuple[str, str] | None = None, serial: int = 0, key_id: str | None = None) -> Minted:
+    """A new pair of the family whose secret is ``secret``: random, or ``derived`` (its access
+    token and the random part of its refresh token, :func:`tokensvc.oauth.successors.derive`),
+    numbered ``serial`` in the family and derived with the key ``key_id``."""
+    access, tail = derived or (hashing.new_secret(), hashing.new_secret())
+    refresh = f"{secret}{SEPARATOR}{tail}"
     return Minted(access, refresh, Pair(hashing.digest(access), hashing.digest(refresh), list(scopes), now,
-                                        now + timedelta(seconds=refresh_ttl), now + timedelta(seconds=access_ttl)))
+                                        now + timedelta(seconds=refresh_ttl), now + timedelta(seconds=access_ttl),
+                                        serial, key_id))

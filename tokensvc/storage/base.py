@@ -207,11 +207,11 @@ class Authorizations(abc.ABC):
 
     @abc.abstractmethod
     async def rotate_family(self, family_id: str, refresh_hash: str, pair: Pair, now: datetime) -> Family | None:
-        """Atomically replace the family's pair with ``pair`` if ``refresh_hash`` is its
-        current refresh token, unexpired, and the family is not revoked. The replaced refresh
-        token becomes ``previous_hash``, ``now`` the ``renewed_at``; the access token's use
-        and revocation marks are cleared. The family after, or None (exactly one of
-        concurrent callers wins)."""
+        """Atomically replace the family's pair with ``pair`` (its hashes, scopes, times,
+        ``serial`` and ``key_id``) if ``refresh_hash`` is its current refresh token, unexpired,
+        and the family is not revoked. The replaced refresh token becomes ``previous_hash``,
+        ``now`` the ``renewed_at``; the access token's use and revocation marks are cleared.
+        The family after, or None (exactly one of concurrent callers wins)."""
 
     @abc.abstractmethod
     async def reissue_pair(self, family_id: str, refresh_hash: str, pair: Pair) -> Family | None:

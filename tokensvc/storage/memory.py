@@ -291,7 +291,7 @@ class MemoryStore(Store):
         updated = FAMILIES.updated(row, refresh_hash=pair.refresh_hash, access_hash=pair.access_hash,
                                    scopes=tuple(pair.scopes), issued_at=pair.issued_at, expires_at=pair.expires_at,
                                    access_expires_at=pair.access_expires_at, access_used_at=None,
-                                   access_revoked_at=None, **changes)
+                                   access_revoked_at=None, serial=pair.serial, key_id=pair.key_id, **changes)
         self._families[family_id] = updated
         return FAMILIES.unpack_row(updated)
 

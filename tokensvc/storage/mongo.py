@@ -475,7 +475,8 @@ def _pair_fields(pair: Pair, pack: Callable[[Any], Any]) -> dict[str, Any]:
     """The fields a new pair sets on its family; the access token's marks start afresh."""
     return {"refresh_hash": pack(pair.refresh_hash), "access_hash": pack(pair.access_hash),
             "scopes": list(pair.scopes), "issued_at": pair.issued_at, "expires_at": pair.expires_at,
-            "access_expires_at": pair.access_expires_at, "access_used_at": None, "access_revoked_at": None}
+            "access_expires_at": pair.access_expires_at, "access_used_at": None, "access_revoked_at": None,
+            "serial": pair.serial, "key_id": pair.key_id}
 
 
 def _missed(result: Any) -> bool:
