@@ -11,7 +11,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "wire"))  # primary.py
 
 import releases
-from primary import Primary
+from primary import ReplicaSet
 
 
 def pytest_collection_modifyitems(items):
@@ -29,6 +29,6 @@ def previous(tmp_path_factory) -> releases.Installed:
 
 @pytest.fixture
 def primary():
-    server = Primary().start()
+    server = ReplicaSet().start()
     yield server
     server.stop()

@@ -19,7 +19,7 @@ from urllib.parse import parse_qs, urlencode, urljoin, urlsplit
 import releases
 import requests
 from helpers import CHALLENGE, VERIFIER
-from primary import Primary
+from primary import ReplicaSet
 from service import NOWHERE, WEBAPP_SECRET, Service, hidden_fields, start_service
 
 from tokensvc import __version__, cli
@@ -27,14 +27,14 @@ from tokensvc import __version__, cli
 HEARTBEAT = 1  # storage.heartbeat_seconds of this release's processes: finalize waits for one
 
 
-def storage(primary: Primary) -> str:
+def storage(primary: ReplicaSet) -> str:
     return f'[storage]\nbackend = "mongodb"\nmongodb_uri = "{primary.uri()}"\ntimeout_ms = 5000\n'
 
 
 class Deployment:
     """The processes of both releases on one primary."""
 
-    def __init__(self, primary: Primary, previous, tmp_path_factory) -> None:
+    def __init__(self, primary: ReplicaSet, previous, tmp_path_factory) -> None:
         self.primary, self.previous, self.tmp = primary, previous, tmp_path_factory
         self.services: list[Service] = []
 
@@ -147,7 +147,7 @@ def metric(service: Service, name: str) -> float:
     return float(next(line.split()[-1] for line in text.splitlines() if line.startswith(name + " ")))
 
 
-def indexes(primary: Primary) -> dict[str, list[str]]:
+def indexes(primary: ReplicaSet) -> dict[str, list[str]]:
     db = primary.db["tokensvc"]
     return {name: sorted(db[name].index_information()) for name in sorted(db.list_collection_names())}
 

@@ -1,9 +1,9 @@
-"""The wire tier: the real ``AsyncMongoClient`` against :class:`primary.Primary`."""
+"""The wire tier: the real ``AsyncMongoClient`` against :class:`primary.ReplicaSet`."""
 
 from __future__ import annotations
 
 import pytest
-from primary import Primary, wire_settings
+from primary import ReplicaSet, wire_settings
 
 from tokensvc.storage.mongo import MongoStore
 
@@ -17,7 +17,7 @@ def pytest_collection_modifyitems(items):
 
 @pytest.fixture
 def primary():
-    server = Primary().start()
+    server = ReplicaSet().start()
     yield server
     server.stop()
 

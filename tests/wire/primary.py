@@ -1,26 +1,45 @@
-"""A one-member replica set on the wire: mockupdb answers as its primary, executes every
-command against a mongomock database, records what the driver sent, and plays scripted
-faults. The real ``AsyncMongoClient`` talks to it as to a MongoDB 8 server.
+"""A replica set on the wire: one mockupdb server per member, answering as MongoDB 8 does,
+every command executed on one mongomock data set (``commands.py``, ``streams.py``), what the
+driver sent recorded, scripted faults played. The real ``AsyncMongoClient`` talks to it as to
+a replica set.
 
 What a real server does that the tests rely on, emulated here:
 
-- the handshake of a current replica-set primary (``hello``: ``setName``, ``hosts``,
-  ``maxWireVersion`` 25, ``logicalSessionTimeoutMinutes``, so the driver uses sessions and
-  retryable writes);
+- the handshake of a current replica-set member (``hello``: ``setName``, ``hosts``, ``primary``,
+  ``electionId`` and ``setVersion`` on the primary, ``maxWireVersion`` 25 unless told otherwise,
+  ``logicalSessionTimeoutMinutes``), and the streaming protocol: an awaitable ``hello``
+  (``topologyVersion``, ``maxAwaitTimeMS``) answers at once when the member's state changes, so
+  the driver learns of a step-down or an election as it happens;
+- roles: a write on a member that is not primary is ``NotWritablePrimary`` (10107, labelled
+  ``RetryableWriteError``), a read asking for the primary is ``NotPrimaryNoSecondaryOk`` (13435);
+- elections (:meth:`ReplicaSet.step_down`): the primary steps down, the writes it is executing
+  are interrupted (``InterruptedDueToReplStateChange``, 11602, labelled), and after a scripted
+  delay another member is elected with a new term (``electionId``);
+- commands run concurrently, one thread each: a slow one holds up nobody else, a
+  multi-document write lets others run between its documents, and :class:`Fault` ``"race"``
+  makes chosen writes read the same state before any of them commits, as concurrent writes on
+  a real server do (the losers are retried by the server, or meet a write conflict, 112, or a
+  unique-index race, 11000, as scripted);
 - retryable-write deduplication: a write retried with the ``lsid`` and ``txnNumber`` it was
-  first sent with is answered with the first reply, never applied twice;
-- the cluster's logical clock: every reply carries ``operationTime`` and ``$clusterTime``
-  (a write advances them), so the driver's causally consistent sessions send
-  ``afterClusterTime``; change events carry the ``clusterTime`` of their write;
-- change streams: ``aggregate`` with ``$changeStream`` opens a cursor whose ``getMore`` waits
-  (up to its ``maxTimeMS``) for update events matching the stream's ``$match``, with resume
-  tokens and ``postBatchResumeToken``; history older than :attr:`oldest` is lost (286);
+  first sent with is answered with the first reply, never applied twice (on any member);
+- the cluster's logical clock and the majority commit point: every reply carries
+  ``operationTime`` and ``$clusterTime``; a majority write waits for the commit point up to its
+  ``wtimeout`` and then answers the ``writeConcernError`` a server sends (code 64 with
+  ``errInfo.wtimeout``), applied all the same; a majority read with ``afterClusterTime`` waits
+  for the commit point to reach it; :attr:`ReplicaSet.lagging` holds the commit point back;
+- ``maxTimeMS``: a command whose wait (a delay, an ``afterClusterTime``) outlasts it answers
+  ``MaxTimeMSExpired`` (50);
+- ``find`` and ``aggregate`` in batches with ``getMore``, ``CursorNotFound`` (43) for a cursor
+  that is gone; change streams with resume tokens, invalidate and closed cursors;
+- index builds with ``commitQuorum``: the default (``votingMembers``) waits while a member is
+  down, ``majority`` builds once a majority is up;
 - ``$currentOp`` with ``idleConnections``: every open connection, with the ``appName`` and
   client metadata its handshake sent and its client address (refused, as a server that will
-  not say, when :attr:`current_op` is False).
+  not say, when :attr:`ReplicaSet.current_op` is False); authentication refused when
+  :attr:`ReplicaSet.auth_fails`.
 
-mockupdb runs one thread per connection but calls handlers under one lock, so a ``getMore``
-that waits is answered from a thread of its own and never holds other connections up.
+What it does not: reads see the newest data, not the majority snapshot (a lagging commit
+point delays reads, it does not hide writes); nothing is rolled back.
 """
 
 from __future__ import annotations
@@ -38,12 +57,15 @@ from typing import Any
 
 import mongomock
 from bson import ObjectId, Timestamp
+from commands import Commands
 from mockupdb import MockupDB, Request
-from pymongo import ReturnDocument
+from streams import Streams
 
 BUDGET_MS = 2000  # storage.timeout_ms of the wire tests: short, so faults end quickly
 WRITES = frozenset({"insert", "update", "delete", "findAndModify", "createIndexes", "collMod", "dropIndexes"})
+READS = frozenset({"find", "aggregate", "count", "distinct", "listIndexes", "listCollections"})
 HANDSHAKE = frozenset({"hello", "ismaster", "isMaster"})
+NOT_WRITABLE_PRIMARY, NOT_PRIMARY_NO_SECONDARY_OK, INTERRUPTED_BY_STEP_DOWN = 10107, 13435, 11602
 
 
 @dataclass
@@ -52,8 +74,13 @@ class Fault:
 
     ``action``: ``"hangup"`` (close the connection before executing), ``"hangup_after"``
     (execute, then close: a lost reply), ``"error"`` (answer ``code`` with ``labels``, not
-    executing), ``"write_concern_error"`` (execute, then answer with a writeConcernError),
-    ``"delay"`` (wait ``seconds``, then execute). ``times`` matching commands get it.
+    executing), ``"write_concern_error"`` (execute, then answer the ``writeConcernError`` a
+    server sends for ``code``: 64, a wtimeout, with ``errInfo.wtimeout``), ``"delay"`` (wait
+    ``seconds``, within the command's ``maxTimeMS``, then execute), ``"race"`` (the ``times``
+    matching writes each read the state, then commit one after the other: a loser whose
+    documents changed meanwhile is retried by the server when ``code`` is 0, else answered
+    ``code`` with ``labels``: 112, a write conflict; 11000, a unique-index race of an upsert).
+    ``times`` matching commands get it.
     """
 
     command: str
@@ -65,6 +92,8 @@ class Fault:
     times: int = 1
     when: Callable[[dict[str, Any]], bool] | None = None
     hits: int = 0
+    gate: threading.Barrier | None = None  # a race: every racer reads before any commits
+    serial: threading.Lock | None = None  # a race: then they commit one at a time
 
     def matches(self, name: str, doc: dict[str, Any]) -> bool:
         if self.hits >= self.times or name != self.command:
@@ -74,100 +103,54 @@ class Fault:
         return self.when is None or self.when(doc)
 
 
-@dataclass
-class _Stream:
-    match: dict[str, Any]
-    position: int  # the sequence number of the last event handed out
+@dataclass(eq=False)
+class Op:
+    """A command a member is executing."""
+
+    member: Member
+    name: str
+    deadline: float | None  # from maxTimeMS
+    interrupted: bool = False  # its member stepped down under it (writes)
 
 
-@dataclass
-class Primary:
-    """The server: ``uri`` for the driver; ``commands`` as received; ``faults`` to play."""
+class Member:
+    """One mongod: a mockupdb server of its own, its role from the set's state."""
 
-    writable: bool = True
-    change_streams: bool = True  # False: a standalone server, which has none
-    server: MockupDB = field(init=False)
-    db: Any = field(init=False)
-    commands: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
-    faults: list[Fault] = field(default_factory=list)
-    oldest: int = 0  # change events before this sequence number are lost (286)
-    current_op: bool = True  # False: $currentOp is refused (Unauthorized)
-
-    def __post_init__(self) -> None:
-        self.db = mongomock.MongoClient()
-        self._lock = threading.RLock()
-        self._events: list[dict[str, Any]] = []
-        self._arrived = threading.Condition(self._lock)
-        self._streams: dict[int, _Stream] = {}
-        self._cursor_ids = itertools.count(1000)
-        self._replies: dict[tuple[bytes, int], dict[str, Any]] = {}
-        self._connections: dict[Any, dict[str, Any]] = {}  # socket -> what its handshake said
-        self.clock = 1  # the cluster time's increment: every applied write advances it
+    def __init__(self, rs: ReplicaSet, index: int) -> None:
+        self.rs, self.index = rs, index
+        self.process_id = ObjectId()
+        self.counter = 0  # topologyVersion.counter: raised at every change of this member's state
+        self.down = False  # unreachable: every connection is closed at once
         self.server = MockupDB(auto_ismaster=False)
         self.server.autoresponds(self._handle)
-
-    # -- the test's side
-
-    def start(self) -> Primary:
-        self.server.run()
-        return self
-
-    def stop(self) -> None:
-        """Close every socket at once. mockupdb's own stop joins its accept thread, which waits
-        up to a second in select(); its threads are daemons, so nothing is left behind."""
-        with self._lock:
-            self._arrived.notify_all()
-        server = self.server
-        server._stopped = True
-        server._listening_sock.close()
-        for sock in list(server._server_socks):
-            with contextlib.suppress(OSError):
-                sock.shutdown(socket.SHUT_RDWR)
-            with contextlib.suppress(OSError):
-                sock.close()
 
     @property
     def address(self) -> str:
         return f"localhost:{self.server.port}"
 
-    def uri(self, **options: str) -> str:
-        query = "&".join(f"{key}={value}" for key, value in {"replicaSet": "rs0", **options}.items())
-        return f"mongodb://{self.address}/?{query}"
-
-    def script(self, *faults: Fault) -> None:
-        with self._lock:
-            self.faults.extend(faults)
-
-    def sent(self, name: str, collection: str | None = None) -> list[dict[str, Any]]:
-        """The commands named ``name`` received so far (on ``collection``)."""
-        with self._lock:
-            return [doc for command, doc in self.commands
-                    if command == name and (collection is None or doc.get(name) == collection)]
-
-    def forget(self) -> None:
-        with self._lock:
-            self.commands.clear()
-
-    def lose_history(self) -> None:
-        """Every change event so far falls off the oplog: resuming from any point before now is 286."""
-        with self._lock:
-            self.oldest = len(self._events) + 1
-
-    # -- the server's side
+    @property
+    def is_primary(self) -> bool:
+        return self.rs.primary == self.index
 
     def _handle(self, request: Request) -> bool:
+        """Called by mockupdb under its one lock: the command runs in a thread of its own."""
+        if self.down or self.rs.stopped:
+            return request.hangup()
         name = request.command_name
         doc = dict(request.doc)
         if name in HANDSHAKE:
             if "client" in doc:  # a connection's first hello names the application
-                with self._lock:
-                    self._connections[request._client] = {
+                with self.rs.lock:
+                    self.rs.connections[request._client] = {
                         "appName": doc["client"].get("application", {}).get("name"),
                         "clientMetadata": doc["client"], "client": f"127.0.0.1:{request.client_port}"}
+            if "topologyVersion" in doc and "maxAwaitTimeMS" in doc:
+                threading.Thread(target=self._awaitable_hello, args=(request, doc), daemon=True).start()
+                return True
             return self._hello(request)
-        with self._lock:
-            self.commands.append((name, copy.deepcopy(doc)))
-            fault = next((fault for fault in self.faults if fault.matches(name, doc)), None)
+        with self.rs.lock:
+            self.rs.commands.append((name, copy.deepcopy(doc)))
+            fault = next((fault for fault in self.rs.faults if fault.matches(name, doc)), None)
             if fault is not None:
                 fault.hits += 1
         if fault is not None and fault.action == "hangup":
@@ -175,63 +158,393 @@ class Primary:
         if fault is not None and fault.action == "error":
             return request.replies(ok=0, errmsg=f"scripted fault {fault.code}", code=fault.code,
                                    errorLabels=list(fault.labels))
-        if fault is not None and fault.action == "delay":
-            # Waited out in a thread of its own: mockupdb calls handlers under one lock.
-            threading.Thread(target=self._answer_later, args=(request, name, doc, fault), daemon=True).start()
-            return True
-        if name == "getMore" and doc["getMore"] in self._streams:
-            threading.Thread(target=self._stream_more, args=(request, doc), daemon=True).start()
-            return True
-        return self._answer(request, name, doc, fault)
-
-    def _answer_later(self, request: Request, name: str, doc: dict[str, Any], fault: Fault) -> None:
-        time.sleep(fault.seconds)
-        self._answer(request, name, doc, fault)
-
-    def _answer(self, request: Request, name: str, doc: dict[str, Any], fault: Fault | None) -> bool:
-        if name in WRITES and not self.writable:
-            return request.replies(ok=0, errmsg="not primary", code=10107, errorLabels=["RetryableWriteError"])
-        key = self._retry_key(doc) if name in WRITES else None
-        with self._lock:
-            if key is not None and key in self._replies:
-                reply = self._replies[key]  # a retried write: the first answer, applied once
-            else:
-                try:
-                    reply = getattr(self, "_" + name, self._unknown)(doc)
-                except mongomock.OperationFailure as exc:
-                    reply = {"ok": 0, "errmsg": str(exc), "code": exc.code or 2}
-                except Exception as exc:  # a gap of this stand-in: an answer, never a hung driver
-                    reply = {"ok": 0, "errmsg": f"{type(exc).__name__}: {exc}", "code": 1}
-                if name in WRITES and reply.get("ok"):
-                    self.clock += 1
-                reply = {**reply, **self.times()}
-                if key is not None:
-                    self._replies[key] = reply
-        try:
-            if fault is not None and fault.action == "hangup_after":
-                return request.hangup()
-            if fault is not None and fault.action == "write_concern_error":
-                reply = {**reply, "writeConcernError": {"code": fault.code, "errmsg": "scripted write concern error"}}
-                if fault.labels:
-                    reply["errorLabels"] = list(fault.labels)
-            return request.replies(reply)
-        except OSError:  # the client went away meanwhile (it gave up waiting)
-            return True
-
-    def times(self) -> dict[str, Any]:
-        """The cluster time of the last write, as a server reports it."""
-        now = Timestamp(1_700_000_000, self.clock)
-        return {"operationTime": now, "$clusterTime": {"clusterTime": now, "signature": {
-            "hash": b"\0" * 20, "keyId": 0}}}
+        threading.Thread(target=self.rs.run, args=(self, request, name, doc, fault), daemon=True).start()
+        return True
 
     def _hello(self, request: Request) -> bool:
-        return request.replies(
-            ok=1, isWritablePrimary=self.writable, ismaster=self.writable, secondary=not self.writable,
-            setName="rs0", hosts=[self.address], me=self.address,
-            **({"primary": self.address} if self.writable else {}),
-            setVersion=1, electionId=ObjectId("7fffffff0000000000000001"), maxWireVersion=25, minWireVersion=0,
-            logicalSessionTimeoutMinutes=30, maxBsonObjectSize=16 * 1024 * 1024, maxMessageSizeBytes=48_000_000,
-            maxWriteBatchSize=100_000, localTime=datetime.now(), connectionId=1)
+        with contextlib.suppress(OSError):
+            request.replies(self.hello())
+        return True
+
+    def _awaitable_hello(self, request: Request, doc: dict[str, Any]) -> None:
+        """The streaming protocol: answer when this member's state changes, or at maxAwaitTimeMS."""
+        seen = doc["topologyVersion"]
+        deadline = time.monotonic() + doc["maxAwaitTimeMS"] / 1000
+        with self.rs.lock:
+            while (seen.get("processId") == self.process_id and seen.get("counter") == self.counter
+                   and not self.rs.stopped and not self.down and time.monotonic() < deadline):
+                self.rs.lock.wait(deadline - time.monotonic())
+        if self.down or self.rs.stopped:
+            with contextlib.suppress(OSError):
+                request.hangup()
+            return
+        self._hello(request)
+
+    def hello(self) -> dict[str, Any]:
+        rs = self.rs
+        with rs.lock:
+            primary = rs.primary
+            is_primary = primary == self.index
+            reply = dict(
+                ok=1, isWritablePrimary=is_primary, ismaster=is_primary, secondary=not is_primary,
+                setName="rs0", hosts=[member.address for member in rs.members], me=self.address, setVersion=1,
+                topologyVersion={"processId": self.process_id, "counter": self.counter},
+                maxWireVersion=rs.max_wire_version, minWireVersion=0, logicalSessionTimeoutMinutes=30,
+                maxBsonObjectSize=16 * 1024 * 1024, maxMessageSizeBytes=48_000_000, maxWriteBatchSize=100_000,
+                localTime=datetime.now(), connectionId=1, **rs.times(rs.committed))
+            if primary is not None:
+                reply["primary"] = rs.members[primary].address
+            if is_primary:
+                reply["electionId"] = ObjectId(f"7fffffff{rs.term:016x}")
+        return reply
+
+
+@dataclass
+class ReplicaSet:
+    """The set: :meth:`uri` for the driver; ``commands`` as received; ``faults`` to play.
+    ``size`` members, the first primary (none when ``writable`` is False: a set in which the
+    one member the test reaches is a secondary)."""
+
+    size: int = 1
+    writable: bool = True
+    change_streams: bool = True  # False: a standalone server, which has none
+    current_op: bool = True  # False: $currentOp is refused (Unauthorized)
+    batch_size: int = 101  # a find's or an aggregate's batch (101: a server's first batch)
+    lagging: bool = False  # the secondaries acknowledge nothing: the majority commit point stays
+    max_wire_version: int = 25  # MongoDB 8.0; 6 is 3.6, 8 is 4.2
+    auth_fails: bool = False  # every authentication is refused (AuthenticationFailed, 18)
+    commands: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
+    faults: list[Fault] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.data = mongomock.MongoClient()
+        self.lock = threading.Condition(threading.RLock())
+        self.clock = 1  # the cluster time's increment: every applied write advances it
+        self.committed = 1  # the majority commit point
+        self.primary: int | None = 0 if self.writable else None
+        self.term = 1
+        self.stopped = False
+        self.connections: dict[Any, dict[str, Any]] = {}  # socket -> what its handshake said
+        self.members = [Member(self, index) for index in range(self.size)]
+        self.streams = Streams(self)
+        self.executor = Commands(self)
+        self._replies: dict[tuple[bytes, int], dict[str, Any]] = {}
+        self._txn_locks: dict[tuple[bytes, int], threading.Lock] = {}
+        self._ops: set[Op] = set()  # executing now
+        self._op_ids = itertools.count()
+
+    # -- the test's side
+
+    def start(self) -> ReplicaSet:
+        for member in self.members:
+            member.server.run()
+        return self
+
+    def stop(self) -> None:
+        """Close every socket at once. mockupdb's own stop joins its accept thread, which waits
+        up to a second in select(); its threads are daemons, so nothing is left behind."""
+        with self.lock:
+            self.stopped = True
+            self.lock.notify_all()
+        for member in self.members:
+            server = member.server
+            server._stopped = True
+            server._listening_sock.close()
+            for sock in list(server._server_socks):
+                with contextlib.suppress(OSError):
+                    sock.shutdown(socket.SHUT_RDWR)
+                with contextlib.suppress(OSError):
+                    sock.close()
+
+    @property
+    def address(self) -> str:
+        return self.members[0].address
+
+    @property
+    def db(self) -> Any:
+        """The data, for a test to look at or arrange: every call under the set's lock."""
+        return _Locked(self.data, self.lock)
+
+    def uri(self, **options: str) -> str:
+        hosts = self.address if options.get("directConnection") == "true" else ",".join(
+            member.address for member in self.members)
+        query = "&".join(f"{key}={value}" for key, value in {"replicaSet": "rs0", **options}.items())
+        return f"mongodb://{hosts}/?{query}"
+
+    def script(self, *faults: Fault) -> None:
+        with self.lock:
+            for fault in faults:
+                if fault.action == "race":
+                    fault.gate, fault.serial = threading.Barrier(fault.times, timeout=10), threading.Lock()
+            self.faults.extend(faults)
+
+    def sent(self, name: str, collection: str | None = None) -> list[dict[str, Any]]:
+        """The commands named ``name`` received so far (on ``collection``)."""
+        with self.lock:
+            return [doc for command, doc in self.commands
+                    if command == name and (collection is None or doc.get(name) == collection)]
+
+    def forget(self) -> None:
+        with self.lock:
+            self.commands.clear()
+
+    def lose_history(self) -> None:
+        self.streams.lose_history()
+
+    def kill_cursors(self) -> None:
+        """Every open (non-stream) cursor is gone: its next getMore is CursorNotFound."""
+        with self.lock:
+            self.executor.cursors.clear()
+
+    def catch_up(self) -> None:
+        """The secondaries acknowledge again: the commit point reaches the newest write."""
+        with self.lock:
+            self.lagging = False
+            self.committed = self.clock
+            self.lock.notify_all()
+
+    def step_down(self, elect: int | None = None, after: float = 0.0) -> threading.Event:
+        """The primary steps down: it answers as a secondary, and the writes it is executing are
+        interrupted. After ``after`` seconds member ``elect`` (default: the next one) is elected
+        with a new term; the event returned is set then."""
+        elected = threading.Event()
+        with self.lock:
+            old = self.primary
+            self.primary = None
+            for op in self._ops:
+                if op.member.index == old and op.name in WRITES:
+                    op.interrupted = True
+            self._changed()
+        target = elect if elect is not None else ((old or 0) + 1) % len(self.members)
+
+        def election() -> None:
+            time.sleep(after)  # the scripted delay: no primary meanwhile
+            self.elect(target)
+            elected.set()
+
+        threading.Thread(target=election, daemon=True).start()
+        return elected
+
+    def elect(self, index: int) -> None:
+        with self.lock:
+            self.term += 1
+            self.primary = index
+            self._changed()
+
+    def set_down(self, index: int, down: bool = True) -> None:
+        """Member ``index`` becomes unreachable (or reachable again)."""
+        member = self.members[index]
+        with self.lock:
+            member.down = down
+            self._changed()
+        if down:
+            for sock in list(member.server._server_socks):
+                with contextlib.suppress(OSError):
+                    sock.shutdown(socket.SHUT_RDWR)
+
+    def _changed(self) -> None:
+        for member in self.members:
+            member.counter += 1
+        self.lock.notify_all()
+
+    # -- the server's side
+
+    def times(self, operation_time: int | None = None) -> dict[str, Any]:
+        """``operationTime`` (the operation's, else the newest write's) and ``$clusterTime``."""
+        cluster = Timestamp(1_700_000_000, self.clock)
+        return {"operationTime": Timestamp(1_700_000_000, self.clock if operation_time is None else operation_time),
+                "$clusterTime": {"clusterTime": cluster, "signature": {"hash": b"\0" * 20, "keyId": 0}}}
+
+    @staticmethod
+    def interrupted_reply() -> dict[str, Any]:
+        return {"ok": 0, "code": INTERRUPTED_BY_STEP_DOWN, "codeName": "InterruptedDueToReplStateChange",
+                "errmsg": "operation was interrupted because of a step-down", "errorLabels": ["RetryableWriteError"]}
+
+    def run(self, member: Member, request: Request, name: str, doc: dict[str, Any], fault: Fault | None) -> None:
+        """Execute one command in its own thread, and answer (unless the client went away)."""
+        max_time = doc.get("maxTimeMS") if name != "getMore" else None
+        op = Op(member, name, time.monotonic() + max_time / 1000 if max_time else None)
+        with self.lock:
+            self._ops.add(op)
+        try:
+            reply = self._run(op, doc, fault)
+        finally:
+            with self.lock:
+                self._ops.discard(op)
+        try:
+            if reply is None or (fault is not None and fault.action == "hangup_after"):
+                request.hangup()
+            else:
+                request.replies(reply)
+        except OSError:  # the client went away meanwhile (it gave up waiting)
+            pass
+
+    def _run(self, op: Op, doc: dict[str, Any], fault: Fault | None) -> dict[str, Any] | None:
+        name, member = op.name, op.member
+        if fault is not None and fault.action == "delay" and not self._wait(op, lambda: False, fault.seconds):
+            return self._waited_out(op)
+        if name in WRITES and not member.is_primary:
+            return {"ok": 0, "code": NOT_WRITABLE_PRIMARY, "codeName": "NotWritablePrimary",
+                    "errmsg": "not primary", "errorLabels": ["RetryableWriteError"]}
+        if name in READS and not member.is_primary and doc.get("$readPreference", {}).get("mode",
+                                                                                         "primary") == "primary":
+            return {"ok": 0, "code": NOT_PRIMARY_NO_SECONDARY_OK, "codeName": "NotPrimaryNoSecondaryOk",
+                    "errmsg": "not primary and secondaryOk=false"}
+        after = (doc.get("readConcern") or {}).get("afterClusterTime")
+        if after is not None and not self._wait(op, lambda: self.committed >= after.inc):
+            return self._waited_out(op)
+        key = self._retry_key(doc) if name in WRITES else None
+        if key is None:
+            return self._execute(op, doc, fault)
+        with self.lock:
+            txn = self._txn_locks.setdefault(key, threading.Lock())
+        with txn:  # a retry that arrives while the first attempt runs waits for its answer
+            with self.lock:
+                if key in self._replies:
+                    return self._replies[key]  # a retried write: the first answer, applied once
+            reply = self._execute(op, doc, fault)
+            if reply is not None and reply.get("ok"):
+                with self.lock:
+                    self._replies[key] = reply
+            return reply
+
+    def _waited_out(self, op: Op) -> dict[str, Any]:
+        if op.interrupted:
+            return self.interrupted_reply()
+        return {"ok": 0, "code": 50, "codeName": "MaxTimeMSExpired", "errmsg": "operation exceeded time limit"}
+
+    def _wait(self, op: Op, condition: Callable[[], bool], seconds: float | None = None) -> bool:
+        """Wait until ``condition`` holds (``seconds`` at most), within the op's maxTimeMS and
+        while it is not interrupted; whether it held (or the seconds passed)."""
+        until = None if seconds is None else time.monotonic() + seconds
+        with self.lock:
+            while not condition():
+                now = time.monotonic()
+                if until is not None and now >= until:
+                    return True
+                if op.interrupted or self.stopped or (op.deadline is not None and now >= op.deadline):
+                    return False
+                limits = [limit for limit in (until, op.deadline) if limit is not None]
+                self.lock.wait(min(limits) - now if limits else 0.5)
+            return True
+
+    def _execute(self, op: Op, doc: dict[str, Any], fault: Fault | None) -> dict[str, Any] | None:
+        name = op.name
+        if op.interrupted:
+            return self.interrupted_reply()
+        if fault is not None and fault.action == "race":
+            assert fault.gate is not None and fault.serial is not None
+            fault.gate.wait()
+            seen = self.executor.matched(name, doc)
+            fault.gate.wait()  # every racer has read; now they commit, one after the other
+            with fault.serial:
+                conflict = self._conflict(name, doc, seen, fault)
+                reply = conflict or self._dispatch_safely(op, doc)
+        else:
+            reply = self._dispatch_safely(op, doc)
+        operation_time = None
+        with self.lock:
+            if name in WRITES and reply.get("ok"):
+                self.clock += 1
+                operation_time = self.clock
+                if not self.lagging:
+                    self.committed = self.clock
+                self.lock.notify_all()
+            elif name in READS:
+                operation_time = self.committed  # a majority read answers at the commit point
+        reply = {**reply, **self.times(operation_time)}
+        if name in WRITES and reply.get("ok"):
+            reply = self._write_concern(op, doc, reply, operation_time, fault)
+        return reply
+
+    def _write_concern(self, op: Op, doc: dict[str, Any], reply: dict[str, Any], operation_time: int | None,
+                       fault: Fault | None) -> dict[str, Any]:
+        concern = doc.get("writeConcern") or {}
+        if fault is not None and fault.action == "write_concern_error":
+            return {**reply, **self.concern_error(fault.code or 64, concern, fault.labels)}
+        if concern.get("w") != "majority" or operation_time is None:
+            return reply
+        wtimeout = concern.get("wtimeout") or None
+        self._wait(op, lambda: self.committed >= operation_time, None if wtimeout is None else wtimeout / 1000)
+        with self.lock:
+            if self.committed >= operation_time:
+                return reply
+        if op.interrupted:  # stepped down while waiting: applied here, maybe never replicated
+            return {**reply, **self.concern_error(189, concern, ("RetryableWriteError",))}
+        return {**reply, **self.concern_error(64, concern, ())}
+
+    @staticmethod
+    def concern_error(code: int, concern: dict[str, Any], labels: tuple[str, ...]) -> dict[str, Any]:
+        """A ``writeConcernError`` as a server sends it: the write applied, its concern not met."""
+        info: dict[str, Any] = {"writeConcern": {**concern, "provenance": "clientSupplied"}}
+        names = {64: "WriteConcernFailed", 91: "ShutdownInProgress", 189: "PrimarySteppedDown",
+                 100: "UnsatisfiableWriteConcern"}
+        message = "waiting for replication timed out" if code == 64 else f"write concern error {code}"
+        if code == 64:
+            info["wtimeout"] = True
+        error = {"writeConcernError": {"code": code, "codeName": names.get(code, "UnknownError"), "errmsg": message,
+                                       "errInfo": info}}
+        return {**error, **({"errorLabels": list(labels)} if labels else {})}
+
+    def _dispatch_safely(self, op: Op, doc: dict[str, Any]) -> dict[str, Any]:
+        try:
+            return self._dispatch(op, doc)
+        except mongomock.OperationFailure as exc:
+            return {"ok": 0, "errmsg": str(exc), "code": exc.code or 2}
+        except Exception as exc:  # a gap of this stand-in: an answer, never a hung driver
+            return {"ok": 0, "errmsg": f"{type(exc).__name__}: {exc}", "code": 1}
+
+    def _conflict(self, name: str, doc: dict[str, Any], seen: dict[Any, Any], fault: Fault) -> dict[str, Any] | None:
+        """What a racer whose documents another racer changed since it read them gets: None
+        when they did not change, or when the server retries it (``fault.code`` 0)."""
+        if not fault.code or self.executor.matched(name, doc) == seen:
+            return None
+        if fault.code == 11000:
+            return {"ok": 0, "code": 11000, "codeName": "DuplicateKey", "errmsg": "E11000 duplicate key error "
+                                                                                 "(a concurrent upsert)"}
+        return {"ok": 0, "code": fault.code, "codeName": "WriteConflict",
+                "errmsg": "WriteConflict error: this operation conflicted with another operation. Please retry your "
+                          "operation or multi-document transaction.", "errorLabels": list(fault.labels)}
+
+    def _dispatch(self, op: Op, doc: dict[str, Any]) -> dict[str, Any] | None:
+        name, member = op.name, op.member.index
+        commands = self.executor
+        if name in ("saslStart", "saslContinue", "authenticate"):
+            if self.auth_fails:
+                return {"ok": 0, "code": 18, "codeName": "AuthenticationFailed", "errmsg": "Authentication failed."}
+            return {"ok": 0, "code": 2, "errmsg": "this stand-in authenticates nobody"}
+        if name == "getMore":
+            if self.streams.is_stream(doc["getMore"]):
+                return self.streams.more(doc)
+            with self.lock:
+                return commands.get_more(member, doc)
+        if name == "killCursors":
+            with self.lock:
+                commands.kill(doc.get("cursors", []))
+                self.streams.kill(doc.get("cursors", []))
+            return {"ok": 1, "cursorsKilled": doc.get("cursors", [])}
+        if name == "aggregate":
+            pipeline = doc.get("pipeline", [])
+            if pipeline and "$changeStream" in pipeline[0]:
+                return self.streams.open(member, doc, pipeline)
+            if pipeline and "$currentOp" in pipeline[0]:
+                return self._current_op(doc, pipeline)
+            return commands.aggregate(member, doc)
+        if name == "createIndexes":
+            quorum = doc.get("commitQuorum", "votingMembers")
+            needed = len(self.members) if quorum == "votingMembers" else len(self.members) // 2 + 1
+            if not self._wait(op, lambda: sum(not m.down for m in self.members) >= needed):
+                return self._waited_out(op)
+            return commands.create_indexes(doc)
+        simple = {"ping": lambda: {"ok": 1}, "endSessions": lambda: {"ok": 1}, "collMod": lambda: {"ok": 1},
+                  "buildInfo": lambda: {"ok": 1, "version": "8.0.4", "versionArray": [8, 0, 4, 0]},
+                  "find": lambda: commands.find(member, doc), "count": lambda: commands.count(doc),
+                  "insert": lambda: commands.insert(doc), "update": lambda: commands.update(doc),
+                  "delete": lambda: commands.delete(doc), "findAndModify": lambda: commands.find_and_modify(doc),
+                  "listIndexes": lambda: commands.list_indexes(doc), "dropIndexes": lambda: commands.drop_indexes(doc)}
+        if name in simple:
+            return simple[name]()
+        return {"ok": 0, "errmsg": f"no such command: {name}", "code": 59}
 
     @staticmethod
     def _retry_key(doc: dict[str, Any]) -> tuple[bytes, int] | None:
@@ -239,244 +552,48 @@ class Primary:
             return None
         return bytes(doc["lsid"]["id"]), int(doc["txnNumber"])
 
-    def _collection(self, doc: dict[str, Any], name: str) -> Any:
-        return self.db[doc["$db"]][doc[name]]
-
-    @staticmethod
-    def _unknown(doc: dict[str, Any]) -> dict[str, Any]:
-        return {"ok": 0, "errmsg": f"no such command: {next(iter(doc))}", "code": 59}
-
-    # -- commands
-
-    def _ping(self, doc: dict[str, Any]) -> dict[str, Any]:
-        return {"ok": 1}
-
-    def _buildInfo(self, doc: dict[str, Any]) -> dict[str, Any]:
-        return {"ok": 1, "version": "8.0.4", "versionArray": [8, 0, 4, 0]}
-
-    def _endSessions(self, doc: dict[str, Any]) -> dict[str, Any]:
-        return {"ok": 1}
-
-    def _killCursors(self, doc: dict[str, Any]) -> dict[str, Any]:
-        for cursor_id in doc.get("cursors", []):
-            self._streams.pop(cursor_id, None)
-        return {"ok": 1, "cursorsKilled": doc.get("cursors", [])}
-
-    def _insert(self, doc: dict[str, Any]) -> dict[str, Any]:
-        collection = self._collection(doc, "insert")
-        n, errors = 0, []
-        for index, document in enumerate(doc.get("documents", [])):
-            try:
-                collection.insert_one(document)
-                n += 1
-            except mongomock.DuplicateKeyError as exc:
-                errors.append({"index": index, "code": 11000, "errmsg": str(exc)})
-                if doc.get("ordered", True):
-                    break
-        return {"ok": 1, "n": n, **({"writeErrors": errors} if errors else {})}
-
-    def _update(self, doc: dict[str, Any]) -> dict[str, Any]:
-        collection = self._collection(doc, "update")
-        matched = modified = 0
-        upserted, errors = [], []
-        for index, spec in enumerate(doc.get("updates", [])):
-            query, change = spec.get("q", {}), spec["u"]
-            before = {d["_id"]: d for d in collection.find(query)}
-            try:
-                if any(key.startswith("$") for key in change):
-                    method = collection.update_many if spec.get("multi") else collection.update_one
-                    result = method(query, change, upsert=spec.get("upsert", False))
-                else:
-                    result = collection.replace_one(query, change, upsert=spec.get("upsert", False))
-            except mongomock.DuplicateKeyError as exc:
-                errors.append({"index": index, "code": 11000, "errmsg": str(exc)})
-                break
-            matched += result.matched_count
-            modified += result.modified_count
-            if result.upserted_id is not None:
-                upserted.append({"index": index, "_id": result.upserted_id})
-            self._record_updates(doc["$db"], doc["update"], before)
-        reply: dict[str, Any] = {"ok": 1, "n": matched + len(upserted), "nModified": modified}
-        if upserted:
-            reply["upserted"] = upserted
-        if errors:
-            reply["writeErrors"] = errors
-        return reply
-
-    def _delete(self, doc: dict[str, Any]) -> dict[str, Any]:
-        collection = self._collection(doc, "delete")
-        n = 0
-        for spec in doc.get("deletes", []):
-            method = collection.delete_one if spec.get("limit") == 1 else collection.delete_many
-            n += method(spec.get("q", {})).deleted_count
-        return {"ok": 1, "n": n}
-
-    def _find(self, doc: dict[str, Any]) -> dict[str, Any]:
-        collection = self._collection(doc, "find")
-        cursor = collection.find(doc.get("filter", {}), doc.get("projection"))
-        if doc.get("sort"):
-            cursor = cursor.sort(list(doc["sort"].items()))
-        if doc.get("skip"):
-            cursor = cursor.skip(doc["skip"])
-        if doc.get("limit"):
-            cursor = cursor.limit(abs(doc["limit"]))
-        return {"ok": 1, "cursor": {"id": 0, "ns": f"{doc['$db']}.{doc['find']}", "firstBatch": list(cursor)}}
-
-    def _count(self, doc: dict[str, Any]) -> dict[str, Any]:
-        return {"ok": 1, "n": self._collection(doc, "count").count_documents(doc.get("query", {}))}
-
-    def _findAndModify(self, doc: dict[str, Any]) -> dict[str, Any]:
-        collection = self._collection(doc, "findAndModify")
-        query, sort = doc.get("query", {}), list((doc.get("sort") or {}).items()) or None
-        before_doc = collection.find_one(query, sort=sort)
-        if doc.get("remove"):
-            value = collection.find_one_and_delete(query, projection=doc.get("fields"), sort=sort)
-            return {"ok": 1, "lastErrorObject": {"n": int(value is not None)}, "value": value}
-        change = doc["update"]
-        after = ReturnDocument.AFTER if doc.get("new") else ReturnDocument.BEFORE
-        try:
-            if any(key.startswith("$") for key in change):
-                value = collection.find_one_and_update(query, change, projection=doc.get("fields"), sort=sort,
-                                                       upsert=doc.get("upsert", False), return_document=after)
-            else:
-                value = collection.find_one_and_replace(query, change, projection=doc.get("fields"), sort=sort,
-                                                        upsert=doc.get("upsert", False), return_document=after)
-        except mongomock.DuplicateKeyError as exc:
-            return {"ok": 0, "code": 11000, "errmsg": str(exc)}
-        if before_doc is not None:
-            self._record_updates(doc["$db"], doc["findAndModify"], {before_doc["_id"]: before_doc})
-        return {"ok": 1, "lastErrorObject": {"n": int(before_doc is not None or doc.get("upsert", False)),
-                                             "updatedExisting": before_doc is not None}, "value": value}
-
-    def _aggregate(self, doc: dict[str, Any]) -> dict[str, Any]:
-        pipeline = doc.get("pipeline", [])
-        if pipeline and "$changeStream" in pipeline[0]:
-            return self._open_stream(doc, pipeline)
-        if pipeline and "$currentOp" in pipeline[0]:
-            return self._current_op(doc, pipeline)
-        name = doc["aggregate"]
-        ns = f"{doc['$db']}.{name}"
-        return {"ok": 1, "cursor": {"id": 0, "ns": ns, "firstBatch": list(self._collection(doc, "aggregate")
-                                                                           .aggregate(pipeline))}}
-
-    def _createIndexes(self, doc: dict[str, Any]) -> dict[str, Any]:
-        collection = self._collection(doc, "createIndexes")
-        existing = collection.index_information()
-        for index in doc.get("indexes", []):
-            options = {key: value for key, value in index.items() if key not in ("key", "name")}
-            same_keys = [name for name, info in existing.items()
-                         if list(info["key"]) == list(index["key"].items()) and name != index["name"]]
-            if same_keys:
-                return {"ok": 0, "code": 85, "errmsg": f"Index already exists with a different name: {same_keys[0]}"}
-            have = existing.get(index["name"])
-            if have is not None:
-                have_options = {key: value for key, value in have.items() if key not in ("key", "v", "ns")}
-                if list(have["key"]) != list(index["key"].items()) or have_options != options:
-                    return {"ok": 0, "code": 85, "errmsg": f"Index already exists with different options: "
-                                                          f"{index['name']}"}
-                continue
-            collection.create_index(list(index["key"].items()), name=index["name"], **options)
-        return {"ok": 1, "createdCollectionAutomatically": False, "numIndexesBefore": len(existing),
-                "numIndexesAfter": len(collection.index_information())}
-
-    def _listIndexes(self, doc: dict[str, Any]) -> dict[str, Any]:
-        indexes = [{"v": 2, "key": dict(info["key"]), "name": name,
-                    **{key: value for key, value in info.items() if key not in ("key", "v", "ns")}}
-                   for name, info in self._collection(doc, "listIndexes").index_information().items()]
-        return {"ok": 1, "cursor": {"id": 0, "ns": f"{doc['$db']}.{doc['listIndexes']}", "firstBatch": indexes}}
-
-    def _dropIndexes(self, doc: dict[str, Any]) -> dict[str, Any]:
-        collection = self._collection(doc, "dropIndexes")
-        if doc["index"] not in collection.index_information():
-            return {"ok": 0, "code": 27, "codeName": "IndexNotFound", "errmsg": f"index not found: {doc['index']}"}
-        collection.drop_index(doc["index"])
-        return {"ok": 1}
-
-    def _collMod(self, doc: dict[str, Any]) -> dict[str, Any]:
-        return {"ok": 1}
-
     def _current_op(self, doc: dict[str, Any], pipeline: list[dict[str, Any]]) -> dict[str, Any]:
         if not self.current_op:
             return {"ok": 0, "code": 13, "codeName": "Unauthorized", "errmsg": "not authorized on admin to execute "
                                                                               "command { aggregate: 1 }"}
-        connections = [{"type": "idleConnection", "active": False, **info}
-                       for sock, info in self._connections.items() if sock.fileno() != -1]
+        with self.lock:
+            connections = [{"type": "idleConnection", "active": False, **info}
+                           for sock, info in self.connections.items() if sock.fileno() != -1]
         scratch = mongomock.MongoClient()["scratch"]["operations"]
         if connections:
             scratch.insert_many(connections)
+        projection = {"$project": {"_id": 0, "type": 1, "active": 1, "appName": 1, "clientMetadata": 1, "client": 1}}
         return {"ok": 1, "cursor": {"id": 0, "ns": "admin.$cmd.aggregate",
-                                    "firstBatch": list(scratch.aggregate([{"$project": {"_id": 0, "type": 1,
-                                                                                         "active": 1, "appName": 1,
-                                                                                         "clientMetadata": 1,
-                                                                                         "client": 1}},
-                                                                           *pipeline[1:]]))}}
-
-    # -- change streams
-
-    def _record_updates(self, database: str, collection_name: str, before: dict[Any, dict[str, Any]]) -> None:
-        """An ``update`` change event for each document of ``before`` that the write changed."""
-        collection = self.db[database][collection_name]
-        for _id, old in before.items():
-            new = collection.find_one({"_id": _id})
-            if new is None or new == old:
-                continue
-            updated = {key: value for key, value in new.items() if old.get(key, object()) != value}
-            self._events.append({"_seq": len(self._events) + 1, "operationType": "update",
-                                 "clusterTime": Timestamp(1_700_000_000, self.clock + 1),
-                                 "ns": {"db": database, "coll": collection_name}, "documentKey": {"_id": _id},
-                                 "updateDescription": {"updatedFields": updated, "removedFields": []}})
-        self._arrived.notify_all()
-
-    def _open_stream(self, doc: dict[str, Any], pipeline: list[dict[str, Any]]) -> dict[str, Any]:
-        if not self.change_streams:
-            return {"ok": 0, "code": 40573, "errmsg": "The $changeStream stage is only supported on replica sets"}
-        options = pipeline[0]["$changeStream"]
-        position = len(self._events)
-        resume = options.get("resumeAfter") or options.get("startAfter")
-        if resume is not None:
-            position = int(resume["_data"], 16)
-            if position < self.oldest:
-                return {"ok": 0, "code": 286, "codeName": "ChangeStreamHistoryLost",
-                        "errmsg": "Resume of change stream was not possible, as the resume point may no longer "
-                                  "be in the oplog"}
-        match = next((stage["$match"] for stage in pipeline[1:] if "$match" in stage), {})
-        cursor_id = next(self._cursor_ids)
-        self._streams[cursor_id] = _Stream(match, position)
-        return {"ok": 1, "cursor": {"id": cursor_id, "ns": f"{doc['$db']}.$cmd.aggregate", "firstBatch": [],
-                                    "postBatchResumeToken": self._token(position)}}
-
-    @staticmethod
-    def _token(position: int) -> dict[str, str]:
-        return {"_data": f"{position:016x}"}
-
-    def _stream_more(self, request: Request, doc: dict[str, Any]) -> None:
-        deadline = time.monotonic() + min(doc.get("maxTimeMS", 1000), 1000) / 1000
-        with self._lock:
-            stream = self._streams.get(doc["getMore"])
-            batch: list[dict[str, Any]] = []
-            while stream is not None:
-                scratch = mongomock.MongoClient()["scratch"]["events"]
-                fresh = [event for event in self._events[stream.position:]]
-                if fresh:
-                    scratch.insert_many([copy.deepcopy(event) for event in fresh])
-                    batch = [self._event(event) for event in scratch.find(stream.match).sort("_seq", 1)]
-                    stream.position = fresh[-1]["_seq"]
-                if batch or time.monotonic() >= deadline:
-                    break
-                self._arrived.wait(max(0.0, deadline - time.monotonic()))
-            position = stream.position if stream is not None else 0
-        with contextlib.suppress(OSError):  # the client may have gone away meanwhile
-            request.replies({"ok": 1, "cursor": {"id": doc["getMore"], "ns": f"{doc['$db']}.{doc['collection']}",
-                                                 "nextBatch": batch, "postBatchResumeToken": self._token(position)}})
-
-    def _event(self, event: dict[str, Any]) -> dict[str, Any]:
-        public = {key: value for key, value in event.items() if key != "_seq"}
-        return {"_id": self._token(event["_seq"]), **public}
+                                    "firstBatch": list(scratch.aggregate([projection, *pipeline[1:]]))}}
 
 
-def wire_settings(primary: Primary, **overrides: Any) -> Any:
+class _Locked:
+    """A mongomock client, database or collection whose every call runs under ``lock``; a
+    cursor comes back as a list."""
+
+    def __init__(self, target: Any, lock: Any) -> None:
+        self._target, self._lock = target, lock
+
+    def __getitem__(self, name: str) -> _Locked:
+        return _Locked(self._target[name], self._lock)
+
+    def __getattr__(self, name: str) -> Any:
+        value = getattr(self._target, name)
+        if not callable(value):
+            return value
+
+        def call(*args: Any, **kwargs: Any) -> Any:
+            with self._lock:
+                result = value(*args, **kwargs)
+                return list(result) if isinstance(result, mongomock.collection.Cursor) else result
+
+        return call
+
+
+def wire_settings(primary: ReplicaSet, **overrides: Any) -> Any:
     """The storage settings of a service on ``primary``."""
     from tokensvc.config import StorageSettings
 
     return StorageSettings(**{"backend": "mongodb", "mongodb_uri": primary.uri(), "database": "tokensvc",
                               "timeout_ms": BUDGET_MS, **overrides})
+

@@ -11,7 +11,7 @@ from dataclasses import replace
 from datetime import timedelta
 
 import pytest
-from primary import Fault, Primary, wire_settings
+from primary import Fault, ReplicaSet, wire_settings
 from pymongo import AsyncMongoClient
 
 from tokensvc import __version__
@@ -31,12 +31,12 @@ def digest(name: str) -> str:
     return hashing.digest(name)
 
 
-def written_by_0_9_0(primary: Primary) -> None:
+def written_by_0_9_0(primary: ReplicaSet) -> None:
     """What a store 0.9.0 ran on holds before any later release opens it: no format document."""
     primary.db[DB]["users"].insert_one({"_id": "u_alice", "username": "alice", "password_hash": "x", "admin": False})
 
 
-async def opened(primary: Primary, serving: bool = False, history: History | None = None) -> MongoStore:
+async def opened(primary: ReplicaSet, serving: bool = False, history: History | None = None) -> MongoStore:
     store = MongoStore.from_settings(wire_settings(primary), serving=serving)
     if history is not None:
         store.history = history
@@ -44,11 +44,11 @@ async def opened(primary: Primary, serving: bool = False, history: History | Non
     return store
 
 
-def meta(primary: Primary) -> dict:
+def meta(primary: ReplicaSet) -> dict:
     return primary.db[DB]["meta"].find_one({"_id": "format"})
 
 
-def raw(primary: Primary, collection: str) -> list[dict]:
+def raw(primary: ReplicaSet, collection: str) -> list[dict]:
     return list(primary.db[DB][collection].find())
 
 
@@ -365,7 +365,7 @@ async def test_finalize_converts_every_row_and_every_credential_reads_the_same(p
     await store.close()
 
 
-async def serving_on_a_0_9_0_store(primary: Primary) -> MongoStore:
+async def serving_on_a_0_9_0_store(primary: ReplicaSet) -> MongoStore:
     """A serving process of this release (a heartbeat a second) on a store 0.9.0 wrote, with a
     code, a family and a session written before finalize."""
     written_by_0_9_0(primary)

@@ -13,7 +13,7 @@ from urllib.parse import urlencode
 import pytest
 import requests
 from helpers import CHALLENGE, VERIFIER
-from primary import Fault, Primary
+from primary import Fault, ReplicaSet
 from service import NOWHERE, WEBAPP_SECRET, start_service, user_agent_authorize
 from test_request_metrics import scraped
 
@@ -22,7 +22,7 @@ from tokensvc import metrics
 pytestmark = pytest.mark.e2e
 
 
-def mongodb(primary: Primary) -> str:
+def mongodb(primary: ReplicaSet) -> str:
     return f'[storage]\nbackend = "mongodb"\nmongodb_uri = "{primary.uri()}"\ntimeout_ms = 3000\n'
 
 
@@ -51,7 +51,7 @@ def exchange(base: str, code: str) -> requests.Response:
 
 @pytest.fixture
 def primary():
-    server = Primary().start()
+    server = ReplicaSet().start()
     yield server
     server.stop()
 

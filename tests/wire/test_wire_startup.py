@@ -4,7 +4,7 @@ have a budget of their own, and every index conflict is named by what is in the 
 from __future__ import annotations
 
 import pytest
-from primary import BUDGET_MS, Fault, Primary, wire_settings
+from primary import BUDGET_MS, Fault, ReplicaSet, wire_settings
 
 from tokensvc.storage.base import StorageError, StoreFault
 from tokensvc.storage.mongo import INDEXES, MongoStore
@@ -13,7 +13,7 @@ pytestmark = pytest.mark.gen_test
 
 
 async def test_a_secondary_reached_directly_is_not_served_from():
-    secondary = Primary(writable=False).start()
+    secondary = ReplicaSet(writable=False).start()
     try:
         store = MongoStore.from_settings(wire_settings(secondary, mongodb_uri=secondary.uri(directConnection="true")))
         with pytest.raises(StorageError, match="is not a writable primary \\(secondary\\).*no directConnection"):

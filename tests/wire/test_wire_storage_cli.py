@@ -9,7 +9,7 @@ import asyncio
 import json
 
 import pytest
-from primary import Primary
+from primary import ReplicaSet
 from test_wire_format import opened, write_credentials, written_by_0_9_0
 
 from tokensvc import __version__, cli
@@ -29,7 +29,7 @@ def run(capsys, *argv: str) -> tuple[int, str, str]:
     return code, captured.out, captured.err
 
 
-def opened_by_this_release(primary: Primary, credentials: bool = True) -> None:
+def opened_by_this_release(primary: ReplicaSet, credentials: bool = True) -> None:
     """A process of this release opened the store (and wrote a code, a family, a session)."""
     async def process() -> None:
         store = await opened(primary)

@@ -1,0 +1,266 @@
+"""What a member of :class:`primary.ReplicaSet` does with a command: the CRUD, index and cursor
+commands executed on the set's one mongomock data set, as a server executes them.
+
+- A single-document write (``findAndModify``, an ``update`` or ``delete`` of one document, each
+  document of an ``insert``) is atomic; a multi-document ``update`` or ``delete`` takes the
+  documents one at a time, releasing the data between them, so other commands run in between
+  (a sweep is no snapshot: a document inserted meanwhile may be missed, one changed meanwhile
+  is matched again as it is then).
+- Unique indexes hold under concurrent inserts: of two inserts of one key, the second is
+  ``DuplicateKey`` (11000).
+- ``find`` and ``aggregate`` answer in batches (:attr:`ReplicaSet.batch_size`, 101 as a server's
+  first batch); the rest waits in a cursor for ``getMore``, and a cursor that is gone (killed,
+  or on a member that stepped down) is ``CursorNotFound`` (43).
+- Every update records its change events for the change streams (``streams.py``).
+"""
+
+from __future__ import annotations
+
+import copy
+import itertools
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import mongomock
+from pymongo import ReturnDocument
+
+CURSOR_NOT_FOUND = 43
+
+
+@dataclass
+class Cursor:
+    member: int
+    ns: str
+    documents: list[dict[str, Any]]
+
+
+class Commands:
+    """The data commands of the set. ``rs`` is the :class:`primary.ReplicaSet`: its lock guards
+    the data, its events list takes the change events."""
+
+    def __init__(self, rs: Any) -> None:
+        self.rs = rs
+        self.cursors: dict[int, Cursor] = {}
+        self._cursor_ids = itertools.count(10_000)
+
+    def collection(self, doc: dict[str, Any], name: str) -> Any:
+        return self.rs.data[doc["$db"]][doc[name]]
+
+    # -- cursors
+
+    def batch(self, member: int, ns: str, documents: list[dict[str, Any]], size: int | None,
+              single: bool = False) -> dict[str, Any]:
+        """The first batch of ``documents``, the rest kept for ``getMore``."""
+        size = min(size or self.rs.batch_size, self.rs.batch_size)
+        first, rest = documents[:size], documents[size:]
+        cursor_id = 0
+        if rest and not single:
+            cursor_id = next(self._cursor_ids)
+            self.cursors[cursor_id] = Cursor(member, ns, rest)
+        return {"ok": 1, "cursor": {"id": cursor_id, "ns": ns, "firstBatch": first}}
+
+    def get_more(self, member: int, doc: dict[str, Any]) -> dict[str, Any]:
+        cursor = self.cursors.get(doc["getMore"])
+        if cursor is None or cursor.member != member:
+            return {"ok": 0, "code": CURSOR_NOT_FOUND, "codeName": "CursorNotFound",
+                    "errmsg": f"cursor id {doc['getMore']} not found"}
+        size = min(doc.get("batchSize") or self.rs.batch_size, self.rs.batch_size)
+        batch, cursor.documents = cursor.documents[:size], cursor.documents[size:]
+        cursor_id = doc["getMore"]
+        if not cursor.documents:
+            del self.cursors[cursor_id]
+            cursor_id = 0
+        return {"ok": 1, "cursor": {"id": cursor_id, "ns": cursor.ns, "nextBatch": batch}}
+
+    def kill(self, cursor_ids: list[int]) -> None:
+        for cursor_id in cursor_ids:
+            self.cursors.pop(cursor_id, None)
+
+    def kill_member(self, member: int) -> None:
+        for cursor_id in [key for key, cursor in self.cursors.items() if cursor.member == member]:
+            del self.cursors[cursor_id]
+
+    # -- reads
+
+    def find(self, member: int, doc: dict[str, Any]) -> dict[str, Any]:
+        with self.rs.lock:
+            cursor = self.collection(doc, "find").find(doc.get("filter", {}), doc.get("projection"))
+            if doc.get("sort"):
+                cursor = cursor.sort(list(doc["sort"].items()))
+            if doc.get("skip"):
+                cursor = cursor.skip(doc["skip"])
+            if doc.get("limit"):
+                cursor = cursor.limit(abs(doc["limit"]))
+            documents = list(cursor)
+            single = doc.get("singleBatch") or (doc.get("limit") or 0) < 0
+            return self.batch(member, f"{doc['$db']}.{doc['find']}", documents, doc.get("batchSize"), single)
+
+    def aggregate(self, member: int, doc: dict[str, Any]) -> dict[str, Any]:
+        with self.rs.lock:
+            documents = list(self.collection(doc, "aggregate").aggregate(doc.get("pipeline", [])))
+            return self.batch(member, f"{doc['$db']}.{doc['aggregate']}", documents,
+                              doc.get("cursor", {}).get("batchSize"))
+
+    def count(self, doc: dict[str, Any]) -> dict[str, Any]:
+        with self.rs.lock:
+            return {"ok": 1, "n": self.collection(doc, "count").count_documents(doc.get("query", {}))}
+
+    # -- writes
+
+    def insert(self, doc: dict[str, Any]) -> dict[str, Any]:
+        collection = self.collection(doc, "insert")
+        n, errors = 0, []
+        for index, document in enumerate(doc.get("documents", [])):
+            with self.rs.lock:
+                try:
+                    collection.insert_one(document)
+                    n += 1
+                except mongomock.DuplicateKeyError as exc:
+                    errors.append({"index": index, "code": 11000, "errmsg": str(exc)})
+                    if doc.get("ordered", True):
+                        break
+        return {"ok": 1, "n": n, **({"writeErrors": errors} if errors else {})}
+
+    def update(self, doc: dict[str, Any]) -> dict[str, Any]:
+        collection = self.collection(doc, "update")
+        matched = modified = 0
+        upserted, errors = [], []
+        for index, spec in enumerate(doc.get("updates", [])):
+            query, change = spec.get("q", {}), spec["u"]
+            try:
+                if spec.get("multi"):
+                    found, changed = self._update_each(doc, collection, query, change)
+                    matched, modified = matched + found, modified + changed
+                    continue
+                with self.rs.lock:
+                    before = {d["_id"]: copy.deepcopy(d) for d in collection.find(query).limit(1)}
+                    if any(key.startswith("$") for key in change):
+                        result = collection.update_one(query, change, upsert=spec.get("upsert", False))
+                    else:
+                        result = collection.replace_one(query, change, upsert=spec.get("upsert", False))
+                    self.rs.streams.record_updates(doc["$db"], doc["update"], before)
+            except mongomock.DuplicateKeyError as exc:
+                errors.append({"index": index, "code": 11000, "errmsg": str(exc)})
+                break
+            matched += result.matched_count
+            modified += result.modified_count
+            if result.upserted_id is not None:
+                upserted.append({"index": index, "_id": result.upserted_id})
+        reply: dict[str, Any] = {"ok": 1, "n": matched + len(upserted), "nModified": modified}
+        if upserted:
+            reply["upserted"] = upserted
+        if errors:
+            reply["writeErrors"] = errors
+        return reply
+
+    def _update_each(self, doc: dict[str, Any], collection: Any, query: dict[str, Any],
+                     change: dict[str, Any]) -> tuple[int, int]:
+        """A multi-document update, one document at a time, as a server yields between them."""
+        with self.rs.lock:
+            ids = [found["_id"] for found in collection.find(query, {"_id": 1})]
+        matched = modified = 0
+        for _id in ids:
+            with self.rs.lock:  # still matching? (another command may have changed it meanwhile)
+                before = {d["_id"]: copy.deepcopy(d) for d in collection.find({"$and": [{"_id": _id}, query]})}
+                if before:
+                    result = collection.update_one({"_id": _id}, change)
+                    matched, modified = matched + 1, modified + result.modified_count
+                    self.rs.streams.record_updates(doc["$db"], doc["update"], before)
+            time.sleep(0)  # the yield: other commands run between two documents
+        return matched, modified
+
+    def delete(self, doc: dict[str, Any]) -> dict[str, Any]:
+        collection = self.collection(doc, "delete")
+        n = 0
+        for spec in doc.get("deletes", []):
+            if spec.get("limit") == 1:
+                with self.rs.lock:
+                    n += collection.delete_one(spec.get("q", {})).deleted_count
+                continue
+            with self.rs.lock:
+                ids = [found["_id"] for found in collection.find(spec.get("q", {}), {"_id": 1})]
+            for _id in ids:
+                with self.rs.lock:
+                    n += collection.delete_one({"$and": [{"_id": _id}, spec.get("q", {})]}).deleted_count
+                time.sleep(0)
+        return {"ok": 1, "n": n}
+
+    def find_and_modify(self, doc: dict[str, Any]) -> dict[str, Any]:
+        collection = self.collection(doc, "findAndModify")
+        query, sort = doc.get("query", {}), list((doc.get("sort") or {}).items()) or None
+        with self.rs.lock:
+            before_doc = copy.deepcopy(collection.find_one(query, sort=sort))
+            if doc.get("remove"):
+                value = collection.find_one_and_delete(query, projection=doc.get("fields"), sort=sort)
+                return {"ok": 1, "lastErrorObject": {"n": int(value is not None)}, "value": value}
+            change = doc["update"]
+            after = ReturnDocument.AFTER if doc.get("new") else ReturnDocument.BEFORE
+            try:
+                if any(key.startswith("$") for key in change):
+                    value = collection.find_one_and_update(query, change, projection=doc.get("fields"), sort=sort,
+                                                           upsert=doc.get("upsert", False), return_document=after)
+                else:
+                    value = collection.find_one_and_replace(query, change, projection=doc.get("fields"),
+                                                            sort=sort, upsert=doc.get("upsert", False),
+                                                            return_document=after)
+            except mongomock.DuplicateKeyError as exc:
+                return {"ok": 0, "code": 11000, "codeName": "DuplicateKey", "errmsg": str(exc)}
+            if before_doc is not None:
+                self.rs.streams.record_updates(doc["$db"], doc["findAndModify"], {before_doc["_id"]: before_doc})
+        return {"ok": 1, "lastErrorObject": {"n": int(before_doc is not None or doc.get("upsert", False)),
+                                             "updatedExisting": before_doc is not None}, "value": value}
+
+    def matched(self, name: str, doc: dict[str, Any]) -> dict[Any, dict[str, Any]]:
+        """The documents a write would change now, as they are (for a race: whether another
+        write changed them between this one's read and its commit)."""
+        with self.rs.lock:
+            if name == "findAndModify":
+                queries = [doc.get("query", {})]
+            elif name == "update":
+                queries = [spec.get("q", {}) for spec in doc.get("updates", [])]
+            elif name == "delete":
+                queries = [spec.get("q", {}) for spec in doc.get("deletes", [])]
+            else:
+                return {}
+            collection = self.collection(doc, name)
+            return {found["_id"]: copy.deepcopy(found) for query in queries for found in collection.find(query)}
+
+    # -- indexes
+
+    def create_indexes(self, doc: dict[str, Any]) -> dict[str, Any]:
+        with self.rs.lock:
+            collection = self.collection(doc, "createIndexes")
+            existing = collection.index_information()
+            for index in doc.get("indexes", []):
+                options = {key: value for key, value in index.items() if key not in ("key", "name")}
+                same_keys = [name for name, info in existing.items()
+                             if list(info["key"]) == list(index["key"].items()) and name != index["name"]]
+                if same_keys:
+                    return {"ok": 0, "code": 85,
+                            "errmsg": f"Index already exists with a different name: {same_keys[0]}"}
+                have = existing.get(index["name"])
+                if have is not None:
+                    have_options = {key: value for key, value in have.items() if key not in ("key", "v", "ns")}
+                    if list(have["key"]) != list(index["key"].items()) or have_options != options:
+                        return {"ok": 0, "code": 85, "errmsg": f"Index already exists with different options: "
+                                                              f"{index['name']}"}
+                    continue
+                collection.create_index(list(index["key"].items()), name=index["name"], **options)
+            return {"ok": 1, "createdCollectionAutomatically": False, "numIndexesBefore": len(existing),
+                    "numIndexesAfter": len(collection.index_information())}
+
+    def list_indexes(self, doc: dict[str, Any]) -> dict[str, Any]:
+        with self.rs.lock:
+            indexes = [{"v": 2, "key": dict(info["key"]), "name": name,
+                        **{key: value for key, value in info.items() if key not in ("key", "v", "ns")}}
+                       for name, info in self.collection(doc, "listIndexes").index_information().items()]
+        return {"ok": 1, "cursor": {"id": 0, "ns": f"{doc['$db']}.{doc['listIndexes']}", "firstBatch": indexes}}
+
+    def drop_indexes(self, doc: dict[str, Any]) -> dict[str, Any]:
+        with self.rs.lock:
+            collection = self.collection(doc, "dropIndexes")
+            if doc["index"] not in collection.index_information():
+                return {"ok": 0, "code": 27, "codeName": "IndexNotFound", "errmsg": f"index not found: {doc['index']}"}
+            collection.drop_index(doc["index"])
+        return {"ok": 1}
