@@ -90,6 +90,24 @@ class Clock:
         self.now += timedelta(seconds=seconds)
 
 
+async def eventually(predicate: Any, seconds: float = 10.0, what: str = "the condition") -> None:
+    """Wait until ``predicate()`` (a function, or a coroutine function) holds: the event a
+    test waits for, with a deadline, never a fixed sleep."""
+    import asyncio
+    import inspect
+    import time
+
+    deadline = time.monotonic() + seconds
+    while True:
+        held = predicate()
+        if inspect.isawaitable(held):
+            held = await held
+        if held:
+            return
+        assert time.monotonic() < deadline, f"{what} did not happen within {seconds:g} s"
+        await asyncio.sleep(0.02)
+
+
 def basic(client_id: str, secret: str) -> str:
     return "Basic " + base64.b64encode(f"{client_id}:{secret}".encode()).decode()
 

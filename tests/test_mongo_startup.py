@@ -34,6 +34,11 @@ class FakeCollection:
         self.db.made.append(f"{self.name}.{options['name']}")
         return options["name"]
 
+    async def create_indexes(self, models, **command):
+        return [await self.create_index(list(model.document["key"].items()),
+                                        **{key: value for key, value in model.document.items() if key != "key"})
+                for model in models]
+
     async def drop_index(self, name):
         if name not in self.indexes:
             raise OperationFailure(f"index not found with name [{name}]", 27)

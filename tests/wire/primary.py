@@ -303,10 +303,10 @@ class ReplicaSet:
             self.committed = self.clock
             self.lock.notify_all()
 
-    def step_down(self, elect: int | None = None, after: float = 0.0) -> threading.Event:
+    def step_down(self, elect: int | None = None, after: float | None = 0.0) -> threading.Event:
         """The primary steps down: it answers as a secondary, and the writes it is executing are
-        interrupted. After ``after`` seconds member ``elect`` (default: the next one) is elected
-        with a new term; the event returned is set then."""
+        interrupted. After ``after`` seconds (None: not until :meth:`elect`) member ``elect``
+        (default: the next one) is elected with a new term; the event returned is set then."""
         elected = threading.Event()
         with self.lock:
             old = self.primary
@@ -317,12 +317,13 @@ class ReplicaSet:
             self._changed()
         target = elect if elect is not None else ((old or 0) + 1) % len(self.members)
 
-        def election() -> None:
-            time.sleep(after)  # the scripted delay: no primary meanwhile
+        def election(delay: float) -> None:
+            time.sleep(delay)  # the scripted delay: no primary meanwhile
             self.elect(target)
             elected.set()
 
-        threading.Thread(target=election, daemon=True).start()
+        if after is not None:
+            threading.Thread(target=election, args=(after,), daemon=True).start()
         return elected
 
     def elect(self, index: int) -> None:

@@ -27,13 +27,13 @@ class HealthHandler(JsonHandler):
 
 class ReadyHandler(JsonHandler):
     """``GET /readyz``: start-up has prepared the store (indexes, seeding), and it answers
-    (:mod:`..readiness`: a short, shared ping, with a grace through an election); 503 otherwise."""
+    (:mod:`..readiness`: a short, shared ping, with a grace through an election, and what the
+    driver knows of the deployment); 503 otherwise, saying why."""
 
     async def get(self) -> None:
-        if not self.ctx.store.prepared:
-            raise StorageError("start-up has not prepared the store yet")
-        if not await self.edge.readiness.ready():
-            raise StorageError("the store has not answered for a while")
+        reason = await self.edge.readiness.unready()
+        if reason is not None:
+            raise StorageError(reason)  # 503, saying why
         self.send_json({"status": "ok"})
 
 

@@ -5,7 +5,9 @@ and a primary election (seconds without a primary, while requests wait within th
 and then retry) must not take every instance out of rotation at once: that would turn a
 failover's latency into a whole outage. So the store is pinged with a short timeout at most
 once per :data:`CHECK_SECONDS` (concurrent probes share the one ping), and an instance whose
-store answered within the last :data:`GRACE_SECONDS` stays ready.
+store answered within the last :data:`GRACE_SECONDS` stays ready. What the store's driver
+already knows without asking counts at once: a member that takes no writes and will not until
+the deployment changes makes the instance unready, saying so, until it is primary again.
 """
 
 from __future__ import annotations
@@ -28,16 +30,23 @@ class Readiness:
         self.checked_at: float | None = None
         self._ping: asyncio.Future[None] | None = None
 
-    async def ready(self) -> bool:
-        """The store was prepared and answered within the grace."""
+    async def unready(self) -> str | None:
+        """Why this instance should take no traffic now; None when it should: the store was
+        prepared, its driver knows no reason that writes cannot succeed (a directly connected
+        member that is no primary, storage/topology.py), and it answered within the grace."""
         if not self.store.prepared:
-            return False
+            return "start-up has not prepared the store yet"
+        reason = self.store.unwritable()
+        if reason is not None:
+            return reason
         now = self.clock()
         if self.checked_at is None or now - self.checked_at >= CHECK_SECONDS:
             if self._ping is None or self._ping.done():
                 self._ping = asyncio.ensure_future(self._check())
             await asyncio.shield(self._ping)
-        return self.answered_at is not None and self.clock() - self.answered_at < GRACE_SECONDS
+        if self.answered_at is None or self.clock() - self.answered_at >= GRACE_SECONDS:
+            return f"the store has not answered a ping for {GRACE_SECONDS:g} s"
+        return None
 
     async def _check(self) -> None:
         try:

@@ -323,6 +323,12 @@ class Housekeeping(abc.ABC):
     async def ping(self) -> None:
         """Raise StorageError unless the store answers. Used by ``/readyz``."""
 
+    def unwritable(self) -> str | None:
+        """Why no write can succeed now, as far as the store knows without asking, when only a
+        change of the deployment mends it (MongoDB: a directly connected member that is no
+        writable primary); None otherwise. ``/readyz`` is 503 with it, and writes fail at once."""
+        return None
+
     async def revocation_feed(self) -> AsyncIterator[Revocation]:
         """Yields each revocation any process sharing this store makes (a family, its access
         token, a grant, a session), so that this process re-checks the WebSockets standing on

@@ -63,7 +63,7 @@ from typing import Any, TypeVar
 
 import pymongo
 from bson.errors import BSONError
-from pymongo import ASCENDING, DESCENDING, ReadPreference, ReturnDocument, WriteConcern, monitoring
+from pymongo import ASCENDING, DESCENDING, IndexModel, ReadPreference, ReturnDocument, WriteConcern
 from pymongo.errors import (
     BulkWriteError,
     ConfigurationError,
@@ -93,7 +93,7 @@ from tokensvc.records import (
     utcnow,
 )
 from tokensvc.storage import format as store_format
-from tokensvc.storage import hashes, processes
+from tokensvc.storage import hashes, processes, topology
 from tokensvc.storage.base import (
     CODE_RETENTION_SECONDS,
     FAMILY,
@@ -156,7 +156,12 @@ DUPLICATE_KEY = frozenset({11000, 11001, 12582})
 # Codes a read or write may be tried again after (the driver's list, and the server's
 # retryable-write codes): a step-down, shutdown, a node unreachable, a time limit, majority
 # reads not yet available on a new primary.
-RETRYABLE_CODES = frozenset({6, 7, 89, 91, 134, 189, 262, 9001, 10107, 11600, 11602, 13435, 13436})
+RETRYABLE_CODES = frozenset({6, 7, 89, 91, 134, 189, 262, 9001, 10107, 11600, 11602, 13435, 13436,
+                             43, 112})  # and CursorNotFound (a read runs again), WriteConflict
+WRITE_CONFLICT = 112
+AUTHENTICATION_FAILED = 18
+MINIMUM_SERVER = "4.4"  # wire version 9: change streams' postBatchResumeToken, retryable writes, $lookup
+MINIMUM_WIRE_VERSION = 9
 INDEX_CONFLICT = frozenset({85, 86})  # IndexOptionsConflict, IndexKeySpecsConflict
 INDEX_NOT_FOUND = 27
 UNAUTHORIZED = 13
@@ -244,7 +249,12 @@ class _SessionedDatabase:
 class CausalClock:
     """The latest cluster and operation time this process has seen, handed to each new
     session (so a read waits for every write acknowledged before it, whichever request made
-    it) and taken back from it when it ends."""
+    it) and taken back from it when it ends.
+
+    Only an operation that succeeded gives back its operation time: a failed one's session may
+    hold the time of a write the server applied but could not replicate (its write concern
+    failed), which the majority may never reach; every later read would wait on it and fail
+    while replication lags. The cluster time (gossip, which no read waits on) is always taken."""
 
     __slots__ = ("cluster_time", "operation_time")
 
@@ -267,8 +277,8 @@ class CausalClock:
                                          or cluster_time["clusterTime"] > self.cluster_time["clusterTime"]):
             self.cluster_time = cluster_time
 
-    async def end(self, session: Any) -> None:
-        self.seen(session.operation_time, session.cluster_time)
+    async def end(self, session: Any, acknowledged: bool) -> None:
+        self.seen(session.operation_time if acknowledged else None, session.cluster_time)
         await session.end_session()
 
 
@@ -285,11 +295,18 @@ def guarded(kind: str = ONCE, budget: str = "budget") -> Callable[[Callable[...,
     ever tried back to back (the driver's own loop under ``timeoutMS`` would, for the whole
     budget: that is why the client has no ``timeoutMS``).
 
+    A one-document write is run again by the store only after an error whose label says the
+    server did not apply it (a write conflict, ``TransientTransactionError``); a write while
+    the driver sees no writable member that only a change of the deployment brings back (a
+    directly connected secondary: storage/topology.py) fails at once, as does any operation
+    under a closed client (the service is stopping: retrying cannot help).
+
     Errors: a duplicate key as :class:`Conflict`; what passes (network, server selection, a
-    primary stepping down, a timeout, the client closed under a request) as
+    primary stepping down, a timeout, a write conflict, the client closed under a request) as
     :class:`StorageError` (503, try again); anything else, which will not pass by retrying
-    (authentication, validation, index options, a document BSON cannot hold), as
-    :class:`StoreFault` (500, the operator must act)."""
+    (authentication, a server too old, validation, index options, a document BSON cannot
+    hold), as :class:`StoreFault` (500, the operator must act; at start-up the service stops
+    with its one line)."""
 
     def decorate(method: Callable[..., Coroutine[Any, Any, R]]) -> Callable[..., Coroutine[Any, Any, R]]:
         @functools.wraps(method)
@@ -298,13 +315,19 @@ def guarded(kind: str = ONCE, budget: str = "budget") -> Callable[[Callable[...,
                 return await attempts(self, *args, **kwargs)
             session = self.clock.start(self._client)
             token = _CAUSAL_SESSION.set(session)
+            acknowledged = False
             try:
-                return await attempts(self, *args, **kwargs)
+                result = await attempts(self, *args, **kwargs)
+                acknowledged = True
+                return result
             finally:
                 _CAUSAL_SESSION.reset(token)
-                await self.clock.end(session)
+                await self.clock.end(session, acknowledged)
 
         async def attempts(self: MongoStore, *args: Any, **kwargs: Any) -> R:
+            if kind != READ and (reason := self.unwritable()) is not None:
+                self.observer.error(method.__name__, "not_writable")
+                raise StorageError(reason)
             loop = asyncio.get_running_loop()
             seconds: float = getattr(self, budget)
             deadline = loop.time() + seconds
@@ -328,7 +351,9 @@ def guarded(kind: str = ONCE, budget: str = "budget") -> Callable[[Callable[...,
                     error = translate(exc)
                     self.observer.error(method.__name__, _code_of(exc))
                     delay = backoff(attempt)
-                    if kind == ONCE or type(error) is not StorageError or loop.time() + delay >= deadline:
+                    again = kind != ONCE or not_applied(exc)
+                    if (not again or type(error) is not StorageError or isinstance(exc, InvalidOperation)
+                            or loop.time() + delay >= deadline):
                         raise error from None
                 attempt += 1
                 self.observer.retry(method.__name__)
@@ -337,38 +362,6 @@ def guarded(kind: str = ONCE, budget: str = "budget") -> Callable[[Callable[...,
         return wrapper
 
     return decorate
-
-
-class _DriverEvents(monitoring.ConnectionPoolListener, monitoring.ServerListener):
-    """The driver's pool and topology events, handed to the store's observer (the metrics)."""
-
-    def __init__(self) -> None:
-        self.store: MongoStore | None = None
-
-    def connection_checked_out(self, event: monitoring.ConnectionCheckedOutEvent) -> None:
-        if self.store is not None:
-            self.store.observer.pool_checked_out(event.duration or 0.0)
-
-    def connection_checked_in(self, event: monitoring.ConnectionCheckedInEvent) -> None:
-        if self.store is not None:
-            self.store.observer.pool_checked_in()
-
-    def description_changed(self, event: monitoring.ServerDescriptionChangedEvent) -> None:
-        if self.store is not None and event.previous_description.server_type != event.new_description.server_type:
-            self.store.observer.topology_changed()
-
-    # The rest of the two interfaces: nothing to count.
-    def pool_created(self, event: Any) -> None: ...
-    def pool_ready(self, event: Any) -> None: ...
-    def pool_cleared(self, event: Any) -> None: ...
-    def pool_closed(self, event: Any) -> None: ...
-    def connection_created(self, event: Any) -> None: ...
-    def connection_ready(self, event: Any) -> None: ...
-    def connection_closed(self, event: Any) -> None: ...
-    def connection_check_out_started(self, event: Any) -> None: ...
-    def connection_check_out_failed(self, event: Any) -> None: ...
-    def opened(self, event: Any) -> None: ...
-    def closed(self, event: Any) -> None: ...
 
 
 def _code_of(exc: Exception) -> str:
@@ -382,8 +375,14 @@ def translate(exc: Exception) -> Exception:
     if _duplicate_key(exc):
         details = getattr(exc, "details", None) or {}
         return Conflict(str(details.get("keyValue") or exc))
-    # The driver's message can carry a whole topology description: keep its head.
-    head = str(exc).split(", Timeout:")[0].split(" (configured timeouts")[0][:300]
+    # The driver's message can carry a whole topology description, or the server's whole
+    # reply: keep its head.
+    head = str(exc).split(", Timeout:")[0].split(" (configured timeouts")[0].split(", full error:")[0][:300]
+    if isinstance(exc, ConfigurationError) and "wire version" in head:
+        return StoreFault(f"MongoDB is too old for tokensvc, which needs MongoDB {MINIMUM_SERVER} or later: {head}")
+    if isinstance(exc, OperationFailure) and exc.code == AUTHENTICATION_FAILED:
+        return StoreFault(f"MongoDB refused the credentials of storage.mongodb_uri: {head} (check its user, password "
+                          "and authSource)")
     if isinstance(exc, PyMongoError) and transient(exc):
         return StorageError(f"MongoDB: {type(exc).__name__}: {head}")
     return StoreFault(f"MongoDB refused: {type(exc).__name__}: {head}")
@@ -391,12 +390,20 @@ def translate(exc: Exception) -> Exception:
 
 def transient(exc: PyMongoError) -> bool:
     """Whether waiting and trying again can help: the network, a timeout, a primary stepping
-    down, an SRV record that does not resolve yet (``ConfigurationError``), the client closed
-    under a request while the service stops (``InvalidOperation``)."""
+    down, a write conflict, an SRV record that does not resolve yet (``ConfigurationError``),
+    the client closed under a request while the service stops (``InvalidOperation``: a 503,
+    tried once)."""
     return (isinstance(exc, (ConnectionFailure, ExecutionTimeout, WTimeoutError, ConfigurationError,
                              InvalidOperation)) or exc.timeout
             or exc.has_error_label("RetryableWriteError") or exc.has_error_label("TransientTransactionError")
             or (isinstance(exc, OperationFailure) and exc.code in RETRYABLE_CODES))
+
+
+def not_applied(exc: Exception) -> bool:
+    """Whether the server says it applied nothing, so that even a one-document write may run
+    again: a write conflict (its label ``TransientTransactionError``: start over)."""
+    return isinstance(exc, PyMongoError) and (exc.has_error_label("TransientTransactionError") or (
+        isinstance(exc, OperationFailure) and exc.code == WRITE_CONFLICT))
 
 
 def _duplicate_key(exc: Exception) -> bool:
@@ -413,6 +420,11 @@ def _utc(value: Any) -> Any:
     if isinstance(value, datetime):
         return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
     return value
+
+
+def _stored(moment: datetime) -> datetime:
+    """``moment`` as MongoDB stores it (milliseconds), so that it finds what it wrote."""
+    return moment.replace(microsecond=moment.microsecond // 1000 * 1000)
 
 
 def _as_is(value: Any) -> Any:
@@ -520,6 +532,8 @@ class MongoStore(Store):
         self.format = self.history.new()
         # A serving process's entry among the running processes (None: a command line's store).
         self.registration: processes.Registration | None = None
+        self.topology = topology.Topology()  # the deployment as the driver last saw it
+        self.replica_set = True  # whether the server is a replica-set member (open() asks)
 
     @property
     def db(self) -> Any:
@@ -542,7 +556,7 @@ class MongoStore(Store):
         registers among the running processes and keeps a heartbeat (storage/processes.py)."""
         from pymongo import AsyncMongoClient
 
-        events = _DriverEvents()
+        events = topology.DriverEvents()
         # The client connects lazily, in the background: building it never blocks or fails
         # on an absent server; the first operation does, after serverSelectionTimeoutMS.
         # Keyword options override the URI's.
@@ -592,9 +606,12 @@ class MongoStore(Store):
             raise StoreFault(refusal)
         self.format = state
         conflicts = []
+        # A build waits for the members its quorum names: all voting ones by default, so one
+        # member down would hold start-up; a majority builds as a majority write is acknowledged.
+        quorum = {"commitQuorum": "majority"} if self.replica_set else {}
         for collection, keys, options in INDEXES:
             try:
-                await self._db[collection].create_index(keys, **options)
+                await self._db[collection].create_indexes([IndexModel(keys, **options)], **quorum)
             except OperationFailure as exc:
                 if exc.code not in INDEX_CONFLICT:
                     raise
@@ -611,12 +628,12 @@ class MongoStore(Store):
 
     async def check_primary(self) -> None:
         hello = await self._db.command("hello")
+        self.replica_set = "setName" in hello
         if not hello.get("isWritablePrimary", hello.get("ismaster")):
             # directConnection=true to a secondary would serve reads and fail every write:
             # not ready until the URI reaches a primary (start-up keeps trying, /readyz is 503).
-            raise StorageError(f"MongoDB at {hello.get('me', 'the configured address')} is not a writable primary "
-                               f"({'secondary' if hello.get('secondary') else 'not in a primary state'}): point "
-                               "storage.mongodb_uri at the replica set (replicaSet=..., no directConnection=true)")
+            state = "secondary" if hello.get("secondary") else "not in a primary state"
+            raise StorageError(topology.not_primary(hello.get("me", "the configured address"), state))
 
     async def drop_retired_indexes(self) -> None:
         """Drop each index an earlier release relied on that no release allowed to run on this
@@ -706,6 +723,9 @@ class MongoStore(Store):
     async def _mark_stopped(self) -> None:
         if self.registration is not None:
             await self.registration.stopped(self)
+
+    def unwritable(self) -> str | None:
+        return self.topology.unwritable()
 
     @guarded(READ)
     async def ping(self) -> None:
@@ -881,9 +901,16 @@ class MongoStore(Store):
 
     @guarded(RERUN)
     async def revoke_grant_families(self, grant_id: str, now: datetime) -> int:
-        result = await self.families.update_many({"grant_id": grant_id, "revoked_at": None},
-                                                 {"$set": {"revoked_at": now}})
-        return result.modified_count
+        now = _stored(now)
+        await self.families.update_many({"grant_id": grant_id, "revoked_at": None}, {"$set": {"revoked_at": now}})
+        return await self._swept(self.families, {"grant_id": grant_id, "revoked_at": now})
+
+    async def _swept(self, collection: Any, match: dict[str, Any]) -> int:
+        """How many documents a sweep at its ``now`` left revoked: what the store holds after it.
+        Its own ``modified_count`` would say 0 when it ran again after a reply lost, and the
+        announcement of what it revoked would be skipped."""
+        with pymongo.timeout(self.budget):  # a read: the server stops at the budget too
+            return int(await collection.count_documents(match))
 
     # -- codes, families and sessions: keyed by a hash, found in either format (storage/hashes.py)
 
@@ -1051,8 +1078,9 @@ class MongoStore(Store):
 
     @guarded(RERUN)
     async def end_user_sessions(self, user_id: str, now: datetime) -> int:
-        result = await self.sessions.update_many({"user_id": user_id, "ended_at": None}, {"$set": {"ended_at": now}})
-        return result.modified_count
+        now = _stored(now)
+        await self.sessions.update_many({"user_id": user_id, "ended_at": None}, {"$set": {"ended_at": now}})
+        return await self._swept(self.sessions, {"user_id": user_id, "ended_at": now})
 
     # -- failure counts shared by the processes (ratelimit.SharedFailureCounts)
 
@@ -1098,7 +1126,6 @@ class MongoStore(Store):
         standalone server), by polling their revocation fields every ``poll_seconds``."""
         if self.change_streams:
             try:
-                self.observer.feed("stream")
                 async for revocation in self._changes():
                     self.observer.feed_event()
                     yield revocation
@@ -1116,9 +1143,13 @@ class MongoStore(Store):
     async def _changes(self) -> AsyncIterator[Revocation]:
         """The change stream, asked for more every :data:`STREAM_WAIT_MS` at most: quiet is no
         error, and the resume token (the server's ``postBatchResumeToken``) is kept after every
-        answer, events or none. When the server can no longer resume it (the oplog rolled past
-        it: 286, 260, 280; or the stream was invalidated) it starts again from now, and the
-        interruption makes every socket re-check once (``events.relay``)."""
+        answer, events or none. It reports ``stream`` once it is open, and ends in a
+        :class:`StorageError` (``events.relay`` opens it again, and every socket re-checks once)
+        when the server closes it (a cursor id 0), when an answer does not come within the
+        watchdog (:data:`STREAM_WAIT_MS` and the budget: a ``getMore`` that hangs is abandoned),
+        and when the server can no longer resume it (the oplog rolled past it: 286, 260, 280; or
+        the stream was invalidated): then it starts again from now."""
+        watchdog = STREAM_WAIT_MS / 1000 + self.budget
         fields = {field for _, revoking in WATCHED.values() for field in revoking}
         pipeline = [
             {"$match": {"operationType": {"$in": ["update", "invalidate"]},
@@ -1129,12 +1160,15 @@ class MongoStore(Store):
             {"$project": {"ns": 1, "documentKey": 1, "operationType": 1, "clusterTime": 1}},
         ]
         try:
-            stream = self._db.watch(pipeline, resume_after=self._resume_token, max_await_time_ms=STREAM_WAIT_MS)
-            if inspect.isawaitable(stream):  # PyMongo's watch is a coroutine; Motor-style ones are not
-                stream = await stream
+            async with asyncio.timeout(watchdog):
+                stream = self._db.watch(pipeline, resume_after=self._resume_token, max_await_time_ms=STREAM_WAIT_MS)
+                if inspect.isawaitable(stream):  # PyMongo's watch is a coroutine; Motor-style ones are not
+                    stream = await stream
             async with stream:
+                self.observer.feed("stream")
                 while stream.alive:
-                    change = await stream.try_next()
+                    async with asyncio.timeout(watchdog):
+                        change = await stream.try_next()
                     self._resume_token = stream.resume_token
                     if change is None:
                         continue
@@ -1145,6 +1179,10 @@ class MongoStore(Store):
                         self._resume_token = None
                         raise StorageError("the change stream was invalidated; following from now")
                     yield Revocation(WATCHED[change["ns"]["coll"]][0], hashes.unpacked(change["documentKey"]["_id"]))
+            raise StorageError("the server closed the change stream; opening it again where it stood")
+        except TimeoutError:
+            raise StorageError(f"the change stream did not answer within {watchdog:g} s; opening it again where it "
+                               "stood") from None
         except OperationFailure as exc:
             if exc.code in NO_CHANGE_STREAMS:
                 raise _NoChangeStreams() from None

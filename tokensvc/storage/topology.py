@@ -1,0 +1,93 @@
+"""The MongoDB deployment as the driver sees it while the service runs: its pool, server and
+topology events, handed to the store's observer (the metrics), and what they say about
+whether writes can succeed.
+
+The driver monitors every member (streaming ``hello``: a member's change of state reaches it at
+once) and publishes each new view of the deployment. A directly connected member
+(``directConnection=true``, a topology of one server) that is not, or no longer, a writable
+primary would serve reads and fail every write for as long as it stays so: no wait mends it.
+:meth:`Topology.unwritable` says so from the latest view, without a round trip, so that
+``/readyz`` answers 503 saying why and writes fail at once instead of after their whole budget;
+when the member is primary again, the next view says so and the process serves again. A
+replica set without a primary (an election) is no such case: requests wait for the new
+primary within their budget.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from pymongo import monitoring
+from pymongo.topology_description import TOPOLOGY_TYPE
+
+if TYPE_CHECKING:
+    from tokensvc.storage.mongo import MongoStore
+
+# How the driver names a member's state, in an operator's words.
+_STATES = {"RSSecondary": "secondary", "RSArbiter": "arbiter", "RSGhost": "not in a replica-set state yet",
+           "RSOther": "neither primary nor secondary", "Unknown": "unknown"}
+DIRECT_ADVICE = "point storage.mongodb_uri at the replica set (replicaSet=..., no directConnection=true)"
+
+
+def not_primary(address: str, state: str) -> str:
+    """The one line that says a member takes no writes, and what to do."""
+    return f"MongoDB at {address} is not a writable primary ({state}): {DIRECT_ADVICE}"
+
+
+class Topology:
+    """The latest view of the deployment the driver published."""
+
+    def __init__(self) -> None:
+        self.description: Any = None
+
+    def unwritable(self) -> str | None:
+        """Why no write can succeed now, when only a change of the deployment mends it (a
+        directly connected member that is not a writable primary); None otherwise."""
+        description = self.description
+        if description is None or description.topology_type != TOPOLOGY_TYPE.Single:
+            return None
+        known = description.known_servers
+        if not known or known[0].is_writable:
+            return None
+        server = known[0]
+        host, port = server.address
+        return not_primary(f"{host}:{port}", _STATES.get(server.server_type_name, server.server_type_name))
+
+
+class DriverEvents(monitoring.ConnectionPoolListener, monitoring.ServerListener, monitoring.TopologyListener):
+    """The driver's events: pool and server changes to the store's observer, each new view of
+    the topology to the store's :class:`Topology`."""
+
+    def __init__(self) -> None:
+        self.store: MongoStore | None = None
+
+    def connection_checked_out(self, event: monitoring.ConnectionCheckedOutEvent) -> None:
+        if self.store is not None:
+            self.store.observer.pool_checked_out(event.duration or 0.0)
+
+    def connection_checked_in(self, event: monitoring.ConnectionCheckedInEvent) -> None:
+        if self.store is not None:
+            self.store.observer.pool_checked_in()
+
+    def description_changed(self, event: Any) -> None:
+        """A server's description changed (ServerListener), or the topology's (TopologyListener):
+        both interfaces name their method so."""
+        if self.store is None:
+            return
+        if isinstance(event, monitoring.TopologyDescriptionChangedEvent):
+            self.store.topology.description = event.new_description
+        elif event.previous_description.server_type != event.new_description.server_type:
+            self.store.observer.topology_changed()
+
+    # The rest of the three interfaces: nothing to count.
+    def pool_created(self, event: Any) -> None: ...
+    def pool_ready(self, event: Any) -> None: ...
+    def pool_cleared(self, event: Any) -> None: ...
+    def pool_closed(self, event: Any) -> None: ...
+    def connection_created(self, event: Any) -> None: ...
+    def connection_ready(self, event: Any) -> None: ...
+    def connection_closed(self, event: Any) -> None: ...
+    def connection_check_out_started(self, event: Any) -> None: ...
+    def connection_check_out_failed(self, event: Any) -> None: ...
+    def opened(self, event: Any) -> None: ...
+    def closed(self, event: Any) -> None: ...
