@@ -231,6 +231,7 @@ class ReplicaSet:
         self._replies: dict[tuple[bytes, int], dict[str, Any]] = {}
         self._txn_locks: dict[tuple[bytes, int], threading.Lock] = {}
         self._ops: set[Op] = set()  # executing now
+        self.refusals: list[tuple[str, int]] = []  # (command, code) of every error the set answered
         self._op_ids = itertools.count()
 
     # -- the test's side
@@ -372,6 +373,9 @@ class ReplicaSet:
         finally:
             with self.lock:
                 self._ops.discard(op)
+        if reply is not None and (not reply.get("ok") or "writeConcernError" in reply):
+            with self.lock:
+                self.refusals.append((name, reply.get("code") or reply["writeConcernError"]["code"]))
         try:
             if reply is None or (fault is not None and fault.action == "hangup_after"):
                 request.hangup()
