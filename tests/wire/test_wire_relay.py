@@ -1,5 +1,7 @@
 """The revocation relay on a real change stream: quiet is no error, the resume token follows
-every answer, and a stream that cannot resume starts again from now with one re-check."""
+every answer, a stream that cannot resume starts again from now with one re-check, one the
+server closes or that stops answering is opened again where it stood, and the feed's reported
+state is what it does."""
 
 from __future__ import annotations
 
@@ -9,11 +11,12 @@ from datetime import timedelta
 
 import pytest
 from bson import Timestamp
+from helpers import eventually
 from primary import BUDGET_MS, Fault, wire_settings
 
 from tokensvc.oauth import events, hashing
 from tokensvc.records import Session, utcnow
-from tokensvc.storage.base import SESSION, Revocation
+from tokensvc.storage.base import SESSION, Revocation, StoreObserver
 from tokensvc.storage.mongo import MongoStore
 
 pytestmark = pytest.mark.gen_test(timeout=30)
@@ -131,3 +134,97 @@ async def test_a_revocation_names_the_record_by_its_hash_as_the_records_do(wire_
     await wire_store.end_session(session_hash, utcnow())
     assert await waiting == Revocation(SESSION, session_hash)
     await feed.aclose()
+
+
+class States(StoreObserver):
+    """What the store reports of its feed, in order."""
+
+    def __init__(self):
+        self.states = []
+
+    def feed(self, state):
+        self.states.append(state)
+
+
+class Listening:
+    """The relay of one process, with a socket standing on session s2 and one on nothing
+    revoked here (it hears only re-checks of everything): the s2 socket hears each re-check
+    too, so what reached it by the stream is :attr:`delivered`."""
+
+    def __init__(self, store):
+        self.rechecks, self.seen = [], []
+        self.events = events.RevocationEvents()
+        self.events.subscribe([Revocation(SESSION, "unrelated")], lambda: self.rechecks.append("all"))
+        self.events.subscribe([Revocation(SESSION, "s2")], lambda: self.seen.append("s2"))
+        self.task = asyncio.ensure_future(events.relay(store, self.events, retry_seconds=0.1))
+
+    @property
+    def delivered(self):
+        return len(self.seen) - len(self.rechecks)
+
+    async def stop(self):
+        self.task.cancel()
+        await asyncio.gather(self.task, return_exceptions=True)
+
+
+@pytest.fixture
+def relay_of(io_loop):
+    """Starts a process's relay (:class:`Listening`) on a store; stopped after the test, however it ends."""
+    started = []
+
+    def start(store):
+        started.append(Listening(store))
+        return started[-1]
+
+    yield start
+    for listening in started:
+        io_loop.run_sync(listening.stop)
+
+
+async def test_a_stream_the_server_closes_is_opened_again_where_it_stood_with_one_recheck(wire_store, primary,
+                                                                                          relay_of):
+    await add_sessions(wire_store, "s1", "s2")
+    wire_store.observer = observer = States()
+    listening = relay_of(wire_store)
+    await eventually(lambda: observer.states == ["stream"], what="the stream open")
+    primary.streams.close()  # the server ends the cursor: a getMore answered with cursor id 0
+    await eventually(lambda: len(primary.sent("aggregate")) == 2, what="the stream opened again")
+    await wire_store.end_session("s2", utcnow())
+    await eventually(lambda: listening.delivered == 1, what="the revocation")
+    assert listening.rechecks == ["all"]  # once, for what the gap may hold
+    reopened = primary.sent("aggregate")[1]["pipeline"][0]["$changeStream"]
+    assert "resumeAfter" in reopened  # where it stood: nothing in between is lost
+    assert observer.states == ["stream", "interrupted", "stream"]  # never polling, and it says so
+
+
+async def test_a_get_more_that_hangs_is_abandoned_and_the_stream_opened_again(wire_store, primary, relay_of):
+    await add_sessions(wire_store, "s2")
+    primary.script(Fault("getMore", "delay", seconds=60))  # the first getMore never answers
+    listening = relay_of(wire_store)
+    await eventually(lambda: primary.sent("getMore"), what="the first getMore")
+    await wire_store.end_session("s2", utcnow())  # while the getMore hangs
+    watchdog = 1 + BUDGET_MS / 1000  # the stream's await time, and the budget
+    await eventually(lambda: listening.delivered == 1, seconds=watchdog + 5, what="the revocation")
+    assert listening.rechecks == ["all"]
+    assert "resumeAfter" in primary.sent("aggregate")[1]["pipeline"][0]["$changeStream"]  # where it stood
+
+
+async def test_the_feed_says_stream_only_once_a_stream_is_open(wire_store, primary, relay_of):
+    wire_store.observer = observer = States()
+    primary.script(Fault("aggregate", "error", code=6, times=2))  # HostUnreachable, twice
+    relay_of(wire_store)
+    await eventually(lambda: "stream" in observer.states, what="the stream open")
+    assert observer.states == ["interrupted", "interrupted", "stream"]
+    assert len(primary.sent("aggregate")) == 3
+
+
+async def test_an_invalidated_stream_follows_from_now_with_one_recheck(wire_store, primary, relay_of):
+    await add_sessions(wire_store, "s1", "s2")
+    listening = relay_of(wire_store)
+    await eventually(lambda: primary.sent("getMore"), what="the stream open")
+    primary.streams.invalidate()  # the database dropped or renamed under the stream
+    await eventually(lambda: len(primary.sent("aggregate")) == 2, what="the stream opened again")
+    assert "resumeAfter" not in primary.sent("aggregate")[1]["pipeline"][0]["$changeStream"]  # from now
+    assert listening.rechecks == ["all"]
+    await wire_store.end_session("s2", utcnow())
+    await eventually(lambda: listening.delivered == 1, what="the revocation")

@@ -31,8 +31,8 @@ def code(now, code_hash="c1"):
 
 
 def family(now, grant_id, family_id="f1"):
-    return Family(family_id, grant_id, "webapp", "u_alice", None, 0, ["read"], now, "r1", "a1", now,
-                  now + timedelta(hours=1), now + timedelta(minutes=10), renewed_at=now)
+    return Family(family_id, grant_id, "webapp", "u_alice", None, 0, ["read"], now, "r" + family_id,
+                  "a" + family_id, now, now + timedelta(hours=1), now + timedelta(minutes=10), renewed_at=now)
 
 
 async def every_operation(store: MongoStore) -> None:
@@ -56,10 +56,10 @@ async def every_operation(store: MongoStore) -> None:
     await store.consume_code("c1", now, family_id="f1")
     await store.create_family(family(now, grant.grant_id))
     await store.get_family("f1")
-    await store.find_access("a1")
-    await store.mark_access_used("f1", "a1", now)
+    await store.find_access("af1")
+    await store.mark_access_used("f1", "af1", now)
     await store.list_families(grant.grant_id)
-    await store.revoke_access("f1", "a1", now)
+    await store.revoke_access("f1", "af1", now)
     await store.revoke_family("f1", now)
     await store.add_session(Session("s1", "u_alice", now, now + timedelta(hours=1)))
     await store.get_session("s1")
@@ -259,3 +259,19 @@ async def test_hashes_are_stored_as_their_32_bytes_and_found_by_them(wire_store,
     assert await wire_store.revoke_access(secret["family"], pair.access_hash, now) is True
     assert await wire_store.revoke_family(secret["family"], now) is True
     assert await wire_store.end_session(secret["session"], now) is True
+
+
+async def test_a_sweep_run_again_after_its_reply_was_lost_reports_what_the_store_holds_after_it(wire_store, primary):
+    """The sweep applied, its reply lost: run again, it changes nothing, yet it reports what it
+    revoked (the announcement to this process's sockets depends on it)."""
+    now = utcnow()
+    for index in range(3):
+        await wire_store.add_session(Session(f"s{index}", "u_alice", now, now + timedelta(hours=1)))
+    grant = await wire_store.save_grant("webapp", ALICE, ["read"], now)
+    for index in range(2):
+        await wire_store.create_family(family(now, grant.grant_id, f"f{index}"))
+    primary.script(Fault("update", "hangup_after", collection="sessions"),
+                   Fault("update", "hangup_after", collection="families"))
+    assert await wire_store.end_user_sessions("u_alice", now) == 3
+    assert await wire_store.revoke_grant_families(grant.grant_id, now) == 2
+    assert len(primary.sent("update", "sessions")) == len(primary.sent("update", "families")) == 2  # run again

@@ -1165,6 +1165,7 @@ class MongoStore(Store):
                 if inspect.isawaitable(stream):  # PyMongo's watch is a coroutine; Motor-style ones are not
                     stream = await stream
             async with stream:
+                self._resume_token = stream.resume_token  # where it stands, before any answer
                 self.observer.feed("stream")
                 while stream.alive:
                     async with asyncio.timeout(watchdog):
