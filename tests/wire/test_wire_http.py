@@ -62,3 +62,29 @@ async def test_a_refresh_whose_reply_is_lost_after_the_rotation_is_retried(brows
     assert retried.code == 200, retried.body
     renewed = json_of(retried)
     assert (await introspection.introspect(ctx, renewed["access_token"]))["active"] is True
+
+
+@pytest.mark.parametrize("presentations", [2, 5, 50])
+async def test_concurrent_presentations_of_a_refresh_token_get_one_pair_and_of_a_code_one_exchange(
+        browser, http_client, base_url, primary, ctx, presentations):
+    """On the real driver, against a server that runs them concurrently: every presentation of
+    one refresh token gets the same successor, and of one code exactly one is exchanged."""
+    import asyncio
+
+    from helpers import WEBAPP_SECRET, basic, post_form
+    from tornado.httpclient import AsyncHTTPClient
+
+    wide = AsyncHTTPClient(force_instance=True, max_clients=64)
+    auth = {"Authorization": basic("webapp", WEBAPP_SECRET)}
+    tokens = json_of(await exchange(http_client, base_url, await code_of(browser)))
+    answers = await asyncio.gather(*(post_form(wide, base_url + "/oauth/token/refresh",
+                                               {"refresh_token": tokens["refresh_token"]}, auth)
+                                     for _ in range(presentations)))
+    assert [answer.code for answer in answers] == [200] * presentations
+    assert len({json_of(answer)["refresh_token"] for answer in answers}) == 1
+    renewed = json_of(answers[0])
+    assert (await introspection.introspect(ctx, renewed["access_token"]))["active"] is True
+    code = await code_of(browser)
+    answers = await asyncio.gather(*(exchange(wide, base_url, code) for _ in range(presentations)))
+    assert sorted(answer.code for answer in answers) == [200] + [400] * (presentations - 1)
+    wide.close()

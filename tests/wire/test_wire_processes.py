@@ -126,3 +126,42 @@ def test_a_scrape_of_any_worker_counts_every_workers_requests(tmp_path, primary)
 def counted(base: str) -> float:
     return scraped(base).get('tokensvc_http_requests_total{method="GET",route="/oauth/clients/{client_id}",'
                              'status="200"}', 0)
+
+
+def refresh(base: str, token: str) -> requests.Response:
+    return requests.post(base + "/oauth/token/refresh", auth=("webapp", WEBAPP_SECRET), timeout=30,
+                         data={"refresh_token": token})
+
+
+def introspect(base: str, token: str) -> bool:
+    return requests.post(base + "/oauth/token/introspect", auth=("webapp", WEBAPP_SECRET), timeout=30,
+                         data={"token": token}).json()["active"]
+
+
+def test_concurrent_presentations_over_three_processes(tmp_path_factory, primary):
+    """2, 5 and 50 presentations at once, spread over three processes: of one refresh token,
+    every one gets the same successor and the family lives on; of one code, exactly one is
+    exchanged and every other is an error that revokes what it gave."""
+    services = [ready(start_service(tmp_path_factory.mktemp(f"p{index}"), mongodb(primary))) for index in range(3)]
+    try:
+        with ThreadPoolExecutor(50) as pool:
+            for presentations in (2, 5, 50):
+                first = exchange(services[0].base, code_for(services[1].base)).json()
+                answers = list(pool.map(lambda index, token=first["refresh_token"]: refresh(
+                    services[index % 3].base, token), range(presentations)))
+                assert [answer.status_code for answer in answers] == [200] * presentations, answers[0].text
+                pairs = {(answer.json()["access_token"], answer.json()["refresh_token"]) for answer in answers}
+                assert len(pairs) == 1
+                access, renewed = pairs.pop()
+                assert introspect(services[2].base, access) and refresh(services[1].base, renewed).status_code == 200
+
+                code = code_for(services[2].base)
+                answers = list(pool.map(lambda index, code=code: exchange(services[index % 3].base, code),
+                                        range(presentations)))
+                statuses = sorted(answer.status_code for answer in answers)
+                assert statuses == [200] + [400] * (presentations - 1), statuses
+                issued = next(answer.json() for answer in answers if answer.status_code == 200)
+                assert not introspect(services[0].base, issued["access_token"])  # revoked by the replays
+    finally:
+        outputs = [service.stop() for service in services]
+    assert not any("Traceback" in output for output in outputs), outputs
