@@ -72,6 +72,10 @@ def test_environment_overrides(tmp_path):
     ('cookie_secret = "0123456789abcdef0123"\n[[users]]\nusername = "a"\n', "users[0]: give exactly one"),
     ('cookie_secret = "0123456789abcdef0123"\n[[installations]]\ninstallation_id = "i"\nname = "I"\n'
      'kind = "telescope"\noperators = ["ghost"]\n', "installations[0].operators: unknown user"),
+    ('cookie_secret = "0123456789abcdef0123"\n[tokens]\nsuccessor_keys = ["short"]\n',
+     "tokens.successor_keys[0]: too short (at least 32 characters"),
+    ('cookie_secret = "0123456789abcdef0123"\n[tokens]\nsuccessor_keys = ["' + "k" * 32 + '", "' + "k" * 32 + '"]\n',
+     "tokens.successor_keys: a key is listed twice"),
     ("not toml [", "not valid TOML"),
 ])
 def test_config_errors_name_the_key(tmp_path, text, key):
@@ -91,6 +95,15 @@ def test_bad_environment_values_name_the_variable(tmp_path):
 def test_missing_file():
     with pytest.raises(ConfigError, match="config file not found"):
         config.load("/no/such/file.toml", environ={})
+
+
+def test_successor_keys_come_from_the_environment_too_and_are_never_shown(tmp_path):
+    new, old = "n" * 40, "o" * 40
+    settings = config.load(write(tmp_path, 'cookie_secret = "0123456789abcdef0123"\n'),
+                           environ={"TOKENSVC_TOKENS_SUCCESSOR_KEYS": f"{new},{old}"})
+    assert settings.tokens.successor_keys == [new, old]
+    assert new not in repr(settings) and new not in repr(config.masked(settings))
+    assert config.masked(settings)["tokens"]["successor_keys"] == ["***", "***"]
 
 
 def test_masked_hides_every_secret():

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import time
+from concurrent.futures import ThreadPoolExecutor
 from urllib.parse import parse_qs, urlencode, urljoin, urlsplit
 
 import releases
@@ -195,6 +196,19 @@ def test_a_rolling_upgrade_then_finalize_signs_no_one_out(primary, previous, tmp
         for base in (new.base, old.base, new.base, old.base):
             chain = refresh(base, chain)
             assert works(old.base, chain) and works(new.base, chain)
+        # Presentations arriving together at this release get the one pair it derived, an
+        # ordinary pair to the previous release; a pair the previous release issued (random,
+        # the family's serial and key id left as they were) is never taken for one: a
+        # presentation of its predecessor is decided by the grace rules, as it was before.
+        with ThreadPoolExecutor(2) as pool:
+            together = list(pool.map(lambda base, tokens=chain: refresh(base, tokens), [new.base, new.base]))
+        assert together[0]["refresh_token"] == together[1]["refresh_token"]
+        assert works(old.base, together[0])
+        rotated_by_previous = refresh(old.base, together[0])
+        retried = refresh(new.base, together[0])  # unused, within the grace: a new pair in its place
+        assert retried["refresh_token"] != rotated_by_previous["refresh_token"]
+        assert works(old.base, retried) and not works(new.base, rotated_by_previous)
+        chain = refresh(old.base, retried)
         issued_before["tokens"] = chain
         assert alice.me(new.base) == 200
         issued_before["code at the new release"] = Browser().sign_in(new.base).code(new.base)
