@@ -1,7 +1,8 @@
 """Minting tokens, and the refresh token's format.
 
-An access token is 256 random bits (43 URL-safe characters). A refresh token is
-``<family secret>.<256 random bits>``. The family secret is the same in every refresh token
+An access token is 256 bits (43 URL-safe characters), random for the pair an exchange issues
+and derived for a rotation's (``oauth/successors.py``: an HMAC under a server key, unpredictable
+without it). A refresh token is ``<family secret>.<256 such bits>``. The family secret is the same in every refresh token
 of a family (:class:`tokensvc.records.Family`), and the family's record is found under its
 hash: so a rotated-out refresh token is recognised as its family's without a record of its
 own (reuse detection stays complete while a family keeps one record however often it
