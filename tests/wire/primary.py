@@ -304,10 +304,13 @@ class ReplicaSet:
             self.committed = self.clock
             self.lock.notify_all()
 
-    def step_down(self, elect: int | None = None, after: float | None = 0.0) -> threading.Event:
+    def step_down(self, elect: int | None = None, after: float | None = 0.0, announce: bool = True) -> threading.Event:
         """The primary steps down: it answers as a secondary, and the writes it is executing are
         interrupted. After ``after`` seconds (None: not until :meth:`elect`) member ``elect``
-        (default: the next one) is elected with a new term; the event returned is set then."""
+        (default: the next one) is elected with a new term; the event returned is set then.
+        ``announce=False``: the driver's monitors learn of the step-down only from the election
+        (as through a partition, or before their next heartbeat), so a command may still reach
+        the old primary and be refused as not primary."""
         elected = threading.Event()
         with self.lock:
             old = self.primary
@@ -315,7 +318,8 @@ class ReplicaSet:
             for op in self._ops:
                 if op.member.index == old and op.name in WRITES:
                     op.interrupted = True
-            self._changed()
+            if announce:
+                self._changed()
         target = elect if elect is not None else ((old or 0) + 1) % len(self.members)
 
         def election(delay: float) -> None:

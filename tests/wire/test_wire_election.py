@@ -78,6 +78,21 @@ async def test_a_write_in_flight_at_a_step_down_lands_once_on_the_new_primary(wi
                      what="the driver following the new term")
 
 
+async def test_commands_that_reach_the_old_primary_are_refused_and_tried_again_on_the_new_one(wire_store, primary):
+    """Before the driver hears of the step-down, a write and a read still go to the old primary:
+    NotWritablePrimary (10107, retried by the driver) and NotPrimaryNoSecondaryOk (13435, tried
+    again by the store), both answered by the member elected next."""
+    now = utcnow()
+    await wire_store.add_code(AuthorizationCode("c1", "webapp", "https://a/cb", ["read"], "u_alice", None, "x" * 43,
+                                                "S256", now + timedelta(minutes=5)))
+    primary.step_down(elect=2, after=ELECTION_SECONDS, announce=False)
+    assert await wire_store.consume_code("c1", now, family_id="f1") is not None
+    primary.step_down(elect=0, after=ELECTION_SECONDS, announce=False)
+    assert (await wire_store.get_code("c1")).family_id == "f1"
+    assert {("findAndModify", 10107), ("find", 13435)} <= set(primary.refusals)
+    assert primary.term == 3
+
+
 class Traffic:
     """Clients of the service, each doing its kind of request in a loop, timing every answer."""
 
