@@ -2,14 +2,14 @@
 
 An access token is 256 bits (43 URL-safe characters), random for the pair an exchange issues
 and derived for a rotation's (``oauth/successors.py``: an HMAC under a server key, unpredictable
-without it). A refresh token is ``<family secret>.<256 such bits>``. The family secret is the same in every refresh token
-of a family (:class:`tokensvc.records.Family`), and the family's record is found under its
-hash: so a rotated-out refresh token is recognised as its family's without a record of its
-own (reuse detection stays complete while a family keeps one record however often it
-refreshes), and a token that is not the family's current one is refused.
+without it). A refresh token is ``<family secret>.<256 such bits>``. The family secret is the
+same in every refresh token of a family (:class:`tokensvc.records.Family`), and the family's
+record is found under its hash: so a rotated-out refresh token is recognised as its family's
+without a record of its own (reuse detection stays complete while a family keeps one record
+however often it refreshes), and a token that is not the family's current one is refused.
 
-The family secret is derived from the authorization code *and* its PKCE verifier. A retried
-exchange of the same code (its reply was lost) finds the family it started; and whoever saw
+The family secret is derived from the authorization code *and* its PKCE verifier. A repeated
+exchange of the same code finds the family it started (to revoke it); and whoever saw
 only the code (in a browser's history, a log, a Referer) cannot compute it, so cannot forge a
 "rotated-out" token that would revoke the family. Every secret is stored only as its SHA-256.
 """
