@@ -449,6 +449,7 @@ async def family_count(store):
     return await store.families.count_documents({})
 
 
+@pytest.mark.gen_test(timeout=60)  # thousands of refreshes: seconds on a busy machine, and no wait is timed
 async def test_a_family_stays_one_record_however_often_it_refreshes(seeded, clock):
     """100,000 refreshes (on MongoDB's stand-in, 2,000): one record, the first token still
     recognised as reuse, and revoking the grant costs what it costs after one refresh."""

@@ -200,6 +200,9 @@ def backoff(attempt: int) -> float:
     return random.uniform(0, min(BACKOFF_CAP_SECONDS, BACKOFF_BASE_SECONDS * 2 ** attempt))
 
 
+# Whether the operation running in this task is being run again after a failed attempt, whose
+# write may have applied all the same (a sweep then reports what the store holds: _swept).
+_RUN_AGAIN: contextvars.ContextVar[bool] = contextvars.ContextVar("tokensvc_mongo_run_again", default=False)
 # The causally consistent session of the operation running in this task (see MongoStore.causal).
 _CAUSAL_SESSION: contextvars.ContextVar[Any] = contextvars.ContextVar("tokensvc_mongo_session", default=None)
 # The collection methods that take a session.
@@ -335,6 +338,7 @@ def guarded(kind: str = ONCE, budget: str = "budget") -> Callable[[Callable[...,
             started = loop.time()
             while True:
                 remaining = deadline - loop.time()
+                _RUN_AGAIN.set(attempt > 0)
                 try:
                     async with asyncio.timeout(remaining):
                         if kind == READ:
@@ -902,13 +906,16 @@ class MongoStore(Store):
     @guarded(RERUN)
     async def revoke_grant_families(self, grant_id: str, now: datetime) -> int:
         now = _stored(now)
-        await self.families.update_many({"grant_id": grant_id, "revoked_at": None}, {"$set": {"revoked_at": now}})
-        return await self._swept(self.families, {"grant_id": grant_id, "revoked_at": now})
+        result = await self.families.update_many({"grant_id": grant_id, "revoked_at": None},
+                                                 {"$set": {"revoked_at": now}})
+        return await self._swept(result, self.families, {"grant_id": grant_id, "revoked_at": now})
 
-    async def _swept(self, collection: Any, match: dict[str, Any]) -> int:
-        """How many documents a sweep at its ``now`` left revoked: what the store holds after it.
-        Its own ``modified_count`` would say 0 when it ran again after a reply lost, and the
-        announcement of what it revoked would be skipped."""
+    async def _swept(self, result: Any, collection: Any, match: dict[str, Any]) -> int:
+        """What a sweep revoked. Run again after an attempt that failed (a reply lost after the
+        server applied it), its own ``modified_count`` says 0 and the announcement of what it
+        revoked would be skipped: then it is what the store holds revoked at the sweep's ``now``."""
+        if not _RUN_AGAIN.get():
+            return int(result.modified_count)
         with pymongo.timeout(self.budget):  # a read: the server stops at the budget too
             return int(await collection.count_documents(match))
 
@@ -1079,8 +1086,8 @@ class MongoStore(Store):
     @guarded(RERUN)
     async def end_user_sessions(self, user_id: str, now: datetime) -> int:
         now = _stored(now)
-        await self.sessions.update_many({"user_id": user_id, "ended_at": None}, {"$set": {"ended_at": now}})
-        return await self._swept(self.sessions, {"user_id": user_id, "ended_at": now})
+        result = await self.sessions.update_many({"user_id": user_id, "ended_at": None}, {"$set": {"ended_at": now}})
+        return await self._swept(result, self.sessions, {"user_id": user_id, "ended_at": now})
 
     # -- failure counts shared by the processes (ratelimit.SharedFailureCounts)
 
