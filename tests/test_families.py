@@ -203,8 +203,9 @@ async def test_concurrent_refreshes_of_one_token_all_get_the_same_pair(seeded, c
     assert (await refresh(contexts[-1], results[0].refresh_token)).access_token
 
 
-async def test_presentations_within_the_window_get_the_pair_already_issued(seeded, clock):
-    ctx = context(seeded, clock, grace=30)
+@pytest.mark.parametrize("grace", [0, 30])
+async def test_presentations_within_the_window_get_the_pair_already_issued(seeded, clock, grace):
+    ctx = context(seeded, clock, grace=grace)
     first = await exchange(ctx, await code_for(ctx))
     mine = await refresh(ctx, first.refresh_token)
     clock.advance(grants.CONCURRENT_SECONDS)

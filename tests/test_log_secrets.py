@@ -130,6 +130,7 @@ def test_no_secret_reaches_any_log_line(tmp_path, monkeypatch):
                                 data={"refresh_token": sky["refresh_token"], "client_id": "skyplanner"}).json()
         flows.secret(rotated["access_token"])
         flows.secret(rotated["refresh_token"])
+        requests.get(base + "/v1/me", headers={"Authorization": "Bearer " + rotated["access_token"]})  # used
         reuse = requests.post(base + "/oauth/token/refresh",
                               data={"refresh_token": sky["refresh_token"], "client_id": "skyplanner"})
         assert reuse.status_code == 400

@@ -9,6 +9,7 @@ import hmac
 from tokensvc.oauth import hashing, privileges, tokens
 from tokensvc.oauth.context import OAuthContext
 from tokensvc.oauth.privileges import Authority
+from tokensvc.oauth.successors import CONCURRENT_SECONDS
 from tokensvc.records import Family, Grant, Token
 
 
@@ -65,7 +66,10 @@ async def _access(ctx: OAuthContext, access_hash: str) -> Authority | None:
     if family is None or family.access_revoked_at is not None:
         return None
     found = await _if_in_force(ctx, family, grant, family.access())
-    if found is not None and family.replaceable(ctx.tokens.refresh_grace_seconds, ctx.clock()):
+    # The first use of a pair ends both the grace of a lost reply and the window in which its
+    # predecessor's presentations get it again; once both have passed, nothing reads the mark.
+    window = max(ctx.tokens.refresh_grace_seconds, CONCURRENT_SECONDS)
+    if found is not None and family.replaceable(window, ctx.clock()):
         await ctx.store.mark_access_used(family.family_id, access_hash, ctx.clock())
     return found
 

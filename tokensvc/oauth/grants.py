@@ -44,13 +44,8 @@ from tokensvc.oauth.clientauth import ClientRequest
 from tokensvc.oauth.context import OAuthContext
 from tokensvc.oauth.errors import InvalidGrant, InvalidScope, UnsupportedGrantType
 from tokensvc.oauth.revocation import revoke_family, sweep_if_grant_revoked
+from tokensvc.oauth.successors import CONCURRENT_SECONDS
 from tokensvc.records import AuthorizationCode, Client, Family, Grant, Subject
-
-# Presentations of a refresh token this close to its successor's issue (and before that
-# successor was used) are taken as concurrent with the one that rotated it: they get the same
-# pair. Requests sent together arrive within milliseconds; two seconds cover a proxy's or a
-# client library's immediate repeat, and stay short for a thief acting later.
-CONCURRENT_SECONDS = 2
 
 
 @dataclass(slots=True)

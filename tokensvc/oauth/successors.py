@@ -7,7 +7,7 @@ pair of their own (a 200 carrying a pair a concurrent request then kills), nor b
 reuse. So the pair a rotation issues is not random but derived: its access token and the
 random part of its refresh token are HMACs, under a server key, of the presented refresh
 token and the new pair's serial number in the family. A presentation that finds its token
-rotated out within :data:`~tokensvc.oauth.grants.CONCURRENT_SECONDS` of its successor's issue,
+rotated out within :data:`CONCURRENT_SECONDS` of its successor's issue,
 before that successor was used, recomputes the successor and, when the store holds exactly
 its hashes, answers it again: no write, and no token kept in the clear anywhere.
 
@@ -31,6 +31,12 @@ import hashlib
 import hmac
 from collections.abc import Sequence
 from dataclasses import dataclass
+
+# Presentations of a refresh token this close to its successor's issue (and before that
+# successor was used) are taken as concurrent with the one that rotated it: they get the same
+# pair. Requests sent together arrive within milliseconds; two seconds cover a proxy's or a
+# client library's immediate repeat, and stay short for a thief acting later.
+CONCURRENT_SECONDS = 2
 
 _KEY_ID = b"tokensvc successor key id\x00"
 _DERIVE = b"tokensvc successor\x00"
