@@ -155,13 +155,13 @@ INDEXES: list[Index] = [
 DUPLICATE_KEY = frozenset({11000, 11001, 12582})
 # Codes a read or write may be tried again after (the driver's list, and the server's
 # retryable-write codes): a step-down, shutdown, a node unreachable, a time limit, majority
-# reads not yet available on a new primary.
+# reads not yet available on a new primary; a write conflict (nothing applied) and a lost
+# cursor (the read runs again from the start).
+WRITE_CONFLICT, CURSOR_NOT_FOUND = 112, 43
 RETRYABLE_CODES = frozenset({6, 7, 89, 91, 134, 189, 262, 9001, 10107, 11600, 11602, 13435, 13436,
-                             43, 112})  # and CursorNotFound (a read runs again), WriteConflict
-WRITE_CONFLICT = 112
+                             WRITE_CONFLICT, CURSOR_NOT_FOUND})
 AUTHENTICATION_FAILED = 18
 MINIMUM_SERVER = "4.4"  # wire version 9: change streams' postBatchResumeToken, retryable writes, $lookup
-MINIMUM_WIRE_VERSION = 9
 INDEX_CONFLICT = frozenset({85, 86})  # IndexOptionsConflict, IndexKeySpecsConflict
 INDEX_NOT_FOUND = 27
 UNAUTHORIZED = 13
