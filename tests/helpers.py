@@ -108,6 +108,25 @@ async def eventually(predicate: Any, seconds: float = 10.0, what: str = "the con
         await asyncio.sleep(0.02)
 
 
+def serve_refusal(settings: Any, seconds: float = 20.0) -> str:
+    """The one line ``tokensvc serve`` stops with on these settings (start-up refused), run in
+    this process on a listening socket of its own."""
+    import asyncio
+    import socket
+
+    import pytest
+
+    from tokensvc import cli
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        sock.listen()
+        sock.setblocking(False)
+        with pytest.raises(cli.CommandError) as stopped:
+            asyncio.run(asyncio.wait_for(cli.serve(settings, cli.Listeners([sock], [])), seconds))
+    return str(stopped.value)
+
+
 def basic(client_id: str, secret: str) -> str:
     return "Basic " + base64.b64encode(f"{client_id}:{secret}".encode()).decode()
 

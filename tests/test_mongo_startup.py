@@ -108,21 +108,14 @@ async def test_an_index_that_cannot_be_changed_stops_start_up_naming_it_after_ma
 
 
 def test_serve_stops_with_the_conflict_as_one_line(monkeypatch):
-    import asyncio
-    import socket
+    from helpers import serve_refusal
 
     from tokensvc import cli, config
 
     store, _ = store_with([("users", "username", {"key": [("username", 1)]})])
     monkeypatch.setattr(cli, "make_store", lambda settings, **_: store)
     settings = config.load(None, environ={"TOKENSVC_STORAGE_BACKEND": "mongodb"}, overrides={"demo": True, "port": 1})
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        sock.listen()
-        sock.setblocking(False)
-        with pytest.raises(cli.CommandError) as stopped:
-            asyncio.run(asyncio.wait_for(cli.serve(settings, cli.Listeners([sock], [])), 10))
-    assert str(stopped.value).startswith("index users.username exists with other options")
+    assert serve_refusal(settings, 10).startswith("index users.username exists with other options")
 
 
 @pytest.mark.gen_test

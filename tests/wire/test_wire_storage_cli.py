@@ -97,19 +97,13 @@ def test_the_memory_backend_has_no_format_and_each_command_says_so(tmp_path, cap
 def test_serve_stops_on_a_store_it_cannot_read_with_one_line(primary, config):
     """tokensvc serve: the refusal ends start-up (no retrying, no half-served store), the
     process stops with the one line, and its entry among the running processes says stopped."""
-    import socket
+    from helpers import serve_refusal
 
     from tokensvc.cli_admin import load_settings
 
     opened_by_this_release(primary, credentials=False)
     primary.db["tokensvc"]["meta"].update_one({"_id": "format"}, {"$set": {"format": 3, "compatibility": 3}})
-    settings = load_settings(argparse.Namespace(config=config))
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        sock.listen()
-        sock.setblocking(False)
-        with pytest.raises(cli.CommandError) as stopped:
-            asyncio.run(asyncio.wait_for(cli.serve(settings, cli.Listeners([sock], [])), 20))
-    assert str(stopped.value) == (f"the store holds format 3 (its compatibility version), which tokensvc {__version__} "
-                                  "cannot read (it reads formats 1 to 2): run a later release, one that reads format 3")
+    message = serve_refusal(load_settings(argparse.Namespace(config=config)))
+    assert message == (f"the store holds format 3 (its compatibility version), which tokensvc {__version__} "
+                       "cannot read (it reads formats 1 to 2): run a later release, one that reads format 3")
     assert primary.db["tokensvc"]["processes"].find_one()["stopped_at"] is not None

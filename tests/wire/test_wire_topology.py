@@ -8,18 +8,16 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import socket
 import time
 
 import pytest
-from helpers import eventually
+from helpers import eventually, make_config, serve_refusal
 from primary import BUDGET_MS, ReplicaSet, wire_settings
 
-from tokensvc import cli
 from tokensvc.bootstrap import prepare
 from tokensvc.cli_admin import load_settings
 from tokensvc.handlers.readiness import Readiness
-from tokensvc.records import Client
+from tokensvc.records import Client, utcnow
 from tokensvc.storage.base import StorageError, StoreFault
 from tokensvc.storage.mongo import MongoStore
 
@@ -68,23 +66,12 @@ def config_on(tmp_path, uri: str):
     return load_settings(argparse.Namespace(config=str(path)))
 
 
-def fatal_message(settings) -> str:
-    """What ``tokensvc serve`` stops with, on these settings."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        sock.listen()
-        sock.setblocking(False)
-        with pytest.raises(cli.CommandError) as stopped:
-            asyncio.run(asyncio.wait_for(cli.serve(settings, cli.Listeners([sock], [])), 20))
-    return str(stopped.value)
-
-
 @pytest.mark.parametrize("wire_version", [6, 8])
 def test_a_server_older_than_4_4_stops_start_up_with_one_line(tmp_path, wire_version):
     old = ReplicaSet(max_wire_version=wire_version).start()
     try:
         started = time.monotonic()
-        message = fatal_message(config_on(tmp_path, old.uri()))
+        message = serve_refusal(config_on(tmp_path, old.uri()))
         assert time.monotonic() - started < 3  # refused at once, never retried as "not answering"
     finally:
         old.stop()
@@ -97,7 +84,7 @@ def test_credentials_the_server_refuses_stop_start_up_with_one_line(tmp_path):
     refusing = ReplicaSet(auth_fails=True).start()
     try:
         uri = refusing.uri(authSource="admin").replace("mongodb://", "mongodb://tokensvc:wrong@")
-        message = fatal_message(config_on(tmp_path, uri))
+        message = serve_refusal(config_on(tmp_path, uri))
     finally:
         refusing.stop()
     assert message == ("MongoDB refused the credentials of storage.mongodb_uri: Authentication failed. (check its "
@@ -108,8 +95,6 @@ async def test_prepare_does_not_retry_what_waiting_cannot_mend():
     old = ReplicaSet(max_wire_version=6).start()
     try:
         store = MongoStore.from_settings(wire_settings(old))
-        from helpers import make_config
-
         with pytest.raises(StoreFault, match="too old"):
             await asyncio.wait_for(prepare(store, make_config(), first_delay=0.01), 5)
         await store.close()
@@ -124,18 +109,12 @@ async def test_a_closed_client_is_not_retried(primary):
     retried = []
     store.observer.retry = retried.append
     for operation in (lambda: store.get_client("webapp"), lambda: store.put_client(WEB),
-                      lambda: store.end_user_sessions("u_alice", store_now())):
+                      lambda: store.end_user_sessions("u_alice", utcnow())):
         started = time.monotonic()
         with pytest.raises(StorageError):  # the service is stopping: 503, never 500
             await operation()
         assert time.monotonic() - started < 0.2
     assert retried == []
-
-
-def store_now():
-    from tokensvc.records import utcnow
-
-    return utcnow()
 
 
 async def test_index_builds_do_not_wait_for_a_member_that_is_down():
