@@ -1,5 +1,6 @@
 """The error edge: a store that does not answer gives 503, redaction of the access log."""
 
+import inspect
 import logging
 import socket
 
@@ -20,8 +21,8 @@ class DownStore(MemoryStore):
 
     def __getattribute__(self, name):
         attr = super().__getattribute__(name)
-        if name.startswith("_") or name == "down" or not callable(attr) or not self.down:
-            return attr
+        if name.startswith("_") or not inspect.iscoroutinefunction(attr) or not self.down:
+            return attr  # only the calls to the database fail (what a store knows of itself stays)
 
         async def fail(*args, **kwargs):
             raise StorageError("server selection timed out")

@@ -226,9 +226,9 @@ async def _successor_again(ctx: OAuthContext, client: Client, family: Family, gr
     key = ctx.successors.get(family.key_id)
     if key is None:
         return None
-    access, tail = successors.derive(key, presented, family.serial)
-    refresh_token = presented.partition(tokens.SEPARATOR)[0] + tokens.SEPARATOR + tail
-    if not (hashing.matches(refresh_token, family.refresh_hash) and hashing.matches(access, family.access_hash)):
+    again = _derived(ctx, family, presented, family.scopes, now, family.key_id, key, family.serial)
+    if not (hmac.compare_digest(again.pair.refresh_hash, family.refresh_hash)
+            and hmac.compare_digest(again.pair.access_hash, family.access_hash)):
         return None
     if not family.stands(grant) or family.expires_at <= now:
         raise InvalidGrant("The authorization was revoked" if not family.stands(grant)
@@ -236,7 +236,7 @@ async def _successor_again(ctx: OAuthContext, client: Client, family: Family, gr
     held = await _in_force(ctx, client, family.subject, family.scopes)
     _audit("token_refreshed", "success", family.client_id, family.subject, concurrent_presentation=True)
     remaining = max(0, int((family.access_expires_at - now).total_seconds()))
-    return TokenResponse(access, refresh_token, remaining, scopes.render(held))
+    return TokenResponse(again.access_token, again.refresh_token, remaining, scopes.render(held))
 
 
 async def _retry(ctx: OAuthContext, client: Client, family: Family, grant: Grant | None, presented: str,
@@ -300,7 +300,12 @@ def _successor(ctx: OAuthContext, family: Family, presented: str, granted: list[
     """The pair that replaces the family's current one, derived from the refresh token
     ``presented`` with the first key, numbered one past the current pair."""
     key_id, key = ctx.successors.deriving
-    serial = family.serial + 1
+    return _derived(ctx, family, presented, granted, now, key_id, key, family.serial + 1)
+
+
+def _derived(ctx: OAuthContext, family: Family, presented: str, granted: list[str], now: datetime, key_id: str | None,
+             key: bytes, serial: int) -> tokens.Minted:
+    """The successor of ``presented`` numbered ``serial``, derived with the key ``key_id``."""
     return _mint(ctx, presented.partition(tokens.SEPARATOR)[0], granted, family.subject, now,
                  derived=successors.derive(key, presented, serial), serial=serial, key_id=key_id)
 

@@ -7,9 +7,9 @@ pair of their own (a 200 carrying a pair a concurrent request then kills), nor b
 reuse. So the pair a rotation issues is not random but derived: its access token and the
 random part of its refresh token are HMACs, under a server key, of the presented refresh
 token and the new pair's serial number in the family. A presentation that finds its token
-rotated out within :data:`CONCURRENT_SECONDS` of its successor's issue,
-before that successor was used, recomputes the successor and, when the store holds exactly
-its hashes, answers it again: no write, and no token kept in the clear anywhere.
+rotated out within :data:`CONCURRENT_SECONDS` of its successor's issue, before that successor
+was used, recomputes the successor and, when the store holds exactly its hashes, answers it
+again: no write, and no token kept in the clear anywhere.
 
 What the key protects: the successor of a refresh token is computable only with the key *and*
 that token; whoever holds the token may refresh anyway, so the key adds no power to a thief
@@ -51,8 +51,7 @@ def key_id(key: bytes) -> str:
 def key_from_cookie_secret(cookie_secret: str) -> str:
     """The one key used when none is configured: every process sharing the cookie secret
     (as they must) derives the same."""
-    mac = hmac.new(cookie_secret.encode("utf-8"), _FROM_COOKIE_SECRET, hashlib.sha256)
-    return base64.urlsafe_b64encode(mac.digest()).rstrip(b"=").decode("ascii")
+    return _b64(hmac.new(cookie_secret.encode("utf-8"), _FROM_COOKIE_SECRET, hashlib.sha256).digest())
 
 
 def _b64(raw: bytes) -> str:
