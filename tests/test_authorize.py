@@ -394,17 +394,36 @@ async def test_home_page_and_logout(browser):
     ("http://127.0.0.1:50123/paired#x", False),
     ("http://127.0.0.1:port/paired", False),
 ])
-def test_a_loopback_redirect_uri_matches_on_any_port_and_nothing_else(asked, matches):
+def test_a_native_apps_loopback_redirect_uri_matches_on_any_port_and_nothing_else(asked, matches):
     from tokensvc.oauth.authorization import registered
+    from tokensvc.records import Client
 
-    assert registered(asked, [NODE_REDIRECT, "https://app.example/cb"]) is matches
+    native = Client("node-agent", "Node agent", [NODE_REDIRECT, "https://app.example/cb"])
+    assert registered(asked, native) is matches
 
 
 def test_the_ipv6_loopback_and_https_redirects_match_exactly():
     from tokensvc.oauth.authorization import registered
+    from tokensvc.records import Client
 
-    assert registered("http://[::1]:4000/callback", ["http://[::1]/callback"])
-    assert not registered("https://app.example:444/cb", ["https://app.example/cb"])
+    assert registered("http://[::1]:4000/callback", Client("cli", "CLI", ["http://[::1]/callback"]))
+    assert not registered("https://app.example:444/cb", Client("app", "App", ["https://app.example/cb"]))
+
+
+@pytest.mark.parametrize("asked,matches", [
+    ("http://127.0.0.1:8080/callback", True),  # as registered, and nothing else
+    ("http://127.0.0.1:50999/callback", False),  # another port of the host: any local process's
+    ("http://127.0.0.1/callback", False),
+    ("http://[::1]:8080/callback", False),
+])
+def test_a_confidential_clients_loopback_redirect_uri_matches_exactly(asked, matches):
+    """The any-port rule is a native app's (RFC 8252 §7.3: a public client): a confidential
+    client is a server at an address of its own, and its code goes there alone."""
+    from tokensvc.oauth.authorization import registered
+    from tokensvc.records import Client
+
+    server = Client("webapp", "Web app", [WEBAPP_REDIRECT], secret_hash="0" * 64)
+    assert registered(asked, server) is matches
 
 
 @pytest.mark.gen_test
@@ -412,13 +431,22 @@ async def test_a_native_app_on_another_loopback_port_gets_its_code_there(browser
     from helpers import exchange
 
     await browser.login("alice")
-    elsewhere = "http://127.0.0.1:50999/callback"  # registered: http://127.0.0.1:8080/callback
-    response = await browser.authorize("webapp", elsewhere)
-    assert response.code == 302 and response.headers["Location"].startswith(elsewhere + "?code=")
-    code = query_of(response.headers["Location"])["code"]
+    elsewhere = "http://127.0.0.1:50999/paired"  # registered: http://127.0.0.1:8765/paired
+    code = await browser.code_for("node-agent", elsewhere, scope="read")
     # The code is bound to the URI the request named: redeemed with it, never with another port's.
-    refused = await exchange(http_client, base_url, code, redirect_uri="http://127.0.0.1:8080/callback")
+    refused = await exchange(http_client, base_url, code, client_id="node-agent", secret=None,
+                             redirect_uri=NODE_REDIRECT)
     assert refused.code == 400
-    response = await browser.authorize("webapp", elsewhere)
-    code = query_of(response.headers["Location"])["code"]
-    assert (await exchange(http_client, base_url, code, redirect_uri=elsewhere)).code == 200
+    code = await browser.code_for("node-agent", elsewhere, scope="read")
+    assert (await exchange(http_client, base_url, code, client_id="node-agent", secret=None,
+                           redirect_uri=elsewhere)).code == 200
+
+
+@pytest.mark.gen_test
+async def test_a_confidential_client_gets_no_code_on_another_loopback_port(browser):
+    """webapp is confidential with a loopback redirect: whatever listens on another port of the
+    host gets no code, only an error page (before: a 302 there carrying the code)."""
+    await browser.login("alice")
+    response = await browser.authorize("webapp", "http://127.0.0.1:50999/callback")
+    assert response.code == 400 and "Location" not in response.headers
+    assert b"redirect_uri is not registered" in response.body

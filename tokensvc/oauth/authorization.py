@@ -145,7 +145,7 @@ async def verify_redirect(ctx: OAuthContext, args: dict[str, list[str]]) -> tupl
         raise RedirectUnverified("The client that sent you here is not registered with this service.")
     if not redirect_uri:
         raise RedirectUnverified("The request carries no redirect_uri.")
-    if not registered(redirect_uri, client.redirect_uris):
+    if not registered(redirect_uri, client):
         raise RedirectUnverified("The redirect_uri is not registered for this client.")
     return client, redirect_uri
 
@@ -153,19 +153,24 @@ async def verify_redirect(ctx: OAuthContext, args: dict[str, list[str]]) -> tupl
 LOOPBACK_IPS = ("127.0.0.1", "::1")
 
 
-def registered(redirect_uri: str, registered_uris: list[str]) -> bool:
-    """Whether ``redirect_uri`` is one of the client's: an exact string comparison, no prefix
-    or pattern (RFC 9700 §4.1.3), except that a loopback IP redirect URI matches whatever port
-    the request names (RFC 8252 §7.3: a native app listens on any free port)."""
-    if redirect_uri in registered_uris:
+def registered(redirect_uri: str, client: Client) -> bool:
+    """Whether ``redirect_uri`` is one of ``client``'s: an exact string comparison, no prefix
+    or pattern (RFC 9700 §4.1.3). The one exception is a native app's: for a public client, a
+    loopback IP redirect URI matches whatever port the request names (RFC 8252 §7.3: it
+    listens on any free port). A confidential client is a server with an address of its own:
+    its redirect URIs match exactly, loopback ones too, so that its code never goes to another
+    port of the same host (any local process may listen there)."""
+    if redirect_uri in client.redirect_uris:
         return True
+    if client.confidential:
+        return False
     try:
         asked = urlsplit(redirect_uri)
         if asked.scheme != "http" or asked.hostname not in LOOPBACK_IPS or asked.fragment or \
                 asked.username is not None:
             return False
         asked.port  # noqa: B018 - a port that is not a number raises here
-        for uri in registered_uris:
+        for uri in client.redirect_uris:
             known = urlsplit(uri)
             if (known.scheme, known.hostname, known.path, known.query) == \
                     (asked.scheme, asked.hostname, asked.path, asked.query):
