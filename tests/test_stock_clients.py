@@ -10,6 +10,7 @@ service. Each test goes on through rotation and reuse detection.
 
 from __future__ import annotations
 
+import base64
 import time
 from urllib.parse import parse_qs, urlsplit
 
@@ -139,3 +140,27 @@ def test_requests_oauthlib_refreshes_explicitly_and_automatically(service, clien
     with pytest.raises(InvalidGrantError):
         session.refresh_token(service + "/oauth/token/refresh", refresh_token=second["refresh_token"])
     assert introspect(service, saved[-1]["refresh_token"]) == {"active": False}
+
+
+@pytest.mark.usefixtures("insecure_transport")
+def test_requests_oauthlib_as_a_public_client_is_never_refused_by_a_limit(tmp_path):
+    """requests-oauthlib, left to its defaults, authenticates a public client with HTTP Basic and
+    an empty secret (``Basic base64("skyplanner:")``): that is a public client naming itself,
+    with nothing to guess, and an address over its failure limit does not refuse it (it was
+    counted as a short hand-set secret: 429)."""
+    service = start_service(tmp_path, extra="[limits]\nfailed_client_auth_per_address = 3\n")
+    try:
+        wrong = [requests.post(service.base + "/oauth/token/introspect", data={"token": "x"},
+                               auth=("webapp", "a-wrong-secret")).status_code for _ in range(4)]
+        assert wrong == [401, 401, 401, 429]  # this address is over its limit
+        session = RequestsOAuthSession("skyplanner", redirect_uri=NOWHERE["skyplanner"], scope=["read"],
+                                       pkce="S256")
+        url, _state = session.authorization_url(service.base + "/oauth/authorize")
+        callback = user_agent_authorize(url)
+        sent = []
+        session.hooks["response"].append(lambda answer, *args, **kwargs: sent.append(answer.request.headers))
+        token = session.fetch_token(service.base + "/oauth/token", authorization_response=callback)
+        assert sent[-1]["Authorization"] == "Basic " + base64.b64encode(b"skyplanner:").decode()
+        assert token["scope"] == ["read"] and token["access_token"]
+    finally:
+        service.stop()

@@ -140,7 +140,7 @@ async def authenticate_request(ctx: OAuthContext, request: ClientRequest) -> Cli
     except InvalidClient:
         await _failed(ctx, attempt, creds.client_id, request)
         raise
-    if not guessable(creds):
+    if not guessable(proven, creds):
         return proven
     try:
         await limits.check(attempt)
@@ -150,12 +150,15 @@ async def authenticate_request(ctx: OAuthContext, request: ClientRequest) -> Cli
     return proven
 
 
-def guessable(creds: ClientCredentials) -> bool:
-    """Whether a right secret could have been guessed within any number of attempts the limits
-    allow: one shorter than a generated secret (256 random bits, :data:`hashing.SECRET_LENGTH`
-    characters), as an operator may set by hand in the configuration. A public client presents
-    none."""
-    return creds.client_secret is not None and len(creds.client_secret) < hashing.SECRET_LENGTH
+def guessable(client: Client, creds: ClientCredentials) -> bool:
+    """Whether the right secret ``creds`` proved ``client`` with could have been guessed within
+    any number of attempts the limits allow: a confidential client's secret shorter than a
+    generated one (256 random bits, :data:`hashing.SECRET_LENGTH` characters), as an operator
+    may set by hand in the configuration. A public client has no secret to guess, however it
+    names itself: ``client_id`` alone, or HTTP Basic with an empty secret (``Basic
+    base64("node-agent:")``, requests-oauthlib's way for a public client)."""
+    secret = creds.client_secret
+    return client.confidential and secret is not None and len(secret) < hashing.SECRET_LENGTH
 
 
 async def _failed(ctx: OAuthContext, attempt: Attempt, client_id: str | None, request: ClientRequest) -> None:
