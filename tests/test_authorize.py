@@ -281,6 +281,9 @@ async def test_login_sets_a_hardened_session_cookie_and_returns_to_next(browser,
     cookie = [h for h in response.headers.get_list("Set-Cookie") if h.startswith("tokensvc_session=")][0]
     assert "HttpOnly" in cookie and "SameSite=Lax" in cookie and "Path=/" in cookie
     assert "Secure" not in cookie  # the test auth_url is http
+    xsrf = [h for h in response.headers.get_list("Set-Cookie") if h.startswith("_xsrf=")][0]
+    # No script reads it (the pages carry the token in their forms); one on another port would.
+    assert "HttpOnly" in xsrf and "SameSite=Lax" in xsrf and "Path=/" in xsrf
     # The server keeps only a hash of the session id.
     assert browser.cookies["tokensvc_session"] not in repr(store._sessions)
 
@@ -345,6 +348,7 @@ async def test_secure_cookie_on_https(http_client, base_url, store, io_loop):
         page = await other.fetch("/login")
         xsrf_cookie = [h for h in page.headers.get_list("Set-Cookie") if h.startswith("__Host-_xsrf=")][0]
         assert "Secure" in xsrf_cookie and "Path=/" in xsrf_cookie and "Domain" not in xsrf_cookie
+        assert "HttpOnly" in xsrf_cookie
         response = await other.fetch("/login", "POST", {"username": "alice", "password": "alice-password",
                                                         "_xsrf": other.cookies["__Host-_xsrf"]})
         assert response.code == 302

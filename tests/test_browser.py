@@ -637,7 +637,12 @@ def test_a_page_of_another_origin_gets_no_code_for_a_signed_in_admin(service, st
     assert f"tokensvc command line on this computer, port {port}" in main and "admin" in main
     fields = {field.get_attribute("name"): field.get_attribute("value")
               for field in driver.find_elements(By.CSS_SELECTOR, "form.decision input[type=hidden]")}
-    fields.pop("_xsrf")  # the page elsewhere cannot read it
+    # The page elsewhere reads neither the token in the form (another origin's document) nor the
+    # cookie: cookies are not kept apart by port, but the _xsrf cookie is HttpOnly.
+    fields.pop("_xsrf")
+    driver.get(f"{stranger}/page")
+    wait_until(driver, lambda d: d.find_element(By.TAG_NAME, "p").text == "received")
+    assert "_xsrf" not in driver.execute_script("return document.cookie")
     driver.get(f"{stranger}/post?" + urlencode({"to": service + "/oauth/authorize", **fields, "decision": "allow"}))
     alert = wait_for(driver, By.CSS_SELECTOR, ".alert")  # the page again, and nothing decided
     assert "decide again" in alert.text and urlsplit(driver.current_url).path == "/oauth/authorize"

@@ -48,10 +48,12 @@ class PageHandler(WebHandler):
         return self._form_token.encode("ascii")
 
     def issue_xsrf_token(self) -> str:
-        """A new token for the current session, set as the cookie."""
+        """A new token for the current session, set as the cookie. HttpOnly: the pages carry the
+        token in their forms, and no script needs the cookie, while a page on any other port of
+        the same host (cookies are not kept apart by port) could read one that is not."""
         self._form_token = xsrf.new_token(self.config.cookie_secret, self._session_id)
         self.set_cookie(self.config.xsrf_cookie, self._form_token, path="/", samesite="Lax",
-                        secure=self.config.secure_cookies)
+                        secure=self.config.secure_cookies, httponly=True)
         return self._form_token
 
     # -- sessions -------------------------------------------------------------------
