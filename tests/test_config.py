@@ -153,6 +153,33 @@ def test_a_weak_password_in_the_config_is_refused(weak):
         config.from_dict({"demo": True, "users": [{"username": "carol", "password": weak}]})
 
 
+@pytest.mark.parametrize("username,password", [
+    ("carol", "c4rol-t0kensvc-2026"),  # digits for letters
+    ("carol", "\u0107arol-t\u00f3kensvc-99"),  # accents: ćarol-tókensvc-99
+    ("carol", "\u0441arol-orbit-lantern"),  # a Cyrillic с for c
+    ("carol", "ca\u0301rol-orbit-lantern"),  # a combining accent
+    ("carol", "C@R0L-orbit-lantern"),
+    ("r00t", "r00t-granite-harbor"),  # a username of fewer than 3 letters, read as "root"
+    ("r00t", "root-granite-harbor"),
+    ("alice", "a1ice-granite-harbor"),  # 1, l and i read alike
+    ("dave", "granite-harbor-tok3nsvc"),  # the service's name
+])
+def test_a_password_holding_the_username_however_written_is_refused(username, password):
+    """The username or the service's name is found in a password however it is written: digits,
+    signs, accents or letters of another script that read as its letters (all passed before)."""
+    with pytest.raises(ConfigError, match=r"it holds the username or the service's name"):
+        config.from_dict({"demo": True, "users": [{"username": username, "password": password}]})
+
+
+@pytest.mark.parametrize("username,password", [("carol", "violet-comet-harbor"), ("r00t", "granite-harbor-ember"),
+                                               ("al", "alpine-granite-harbor")])
+def test_a_password_of_unrelated_words_passes_the_context_rule(username, password):
+    """No composition rule (NIST SP 800-63B §5.1.1.2), and a username of fewer than 3 letters as
+    it reads (``al``) is part of too many words to refuse."""
+    settings = config.from_dict({"demo": True, "users": [{"username": username, "password": password}]})
+    assert settings.users[0].password == password
+
+
 def test_the_demo_passwords_pass_the_password_rule():
     settings = config.load("config/tokensvc.toml", environ={})
     assert {user.username for user in settings.users if user.password} >= {"alice", "root"}

@@ -86,17 +86,21 @@ def password_problem(password: str, context: Sequence[str] = ()) -> str | None:
 
     NIST SP 800-63B §5.1.1.2: at least 8 characters, any characters, no composition rule, and
     not one that is common, breached or built from context words (``context``: the username,
-    the service's name). A password that holds a context word of 3 letters or more, whatever
-    its case and whatever separators or digits stand between its letters (``tokensvc-carol``,
-    ``carol_tokensvc_2026``), is refused outright; the rest is rated by zxcvbn against its
-    frequency lists of common passwords, words and names and against those words, and anything
-    it scores below 3 of 4 is refused, with its own reason.
+    the service's name). A password that holds a context word of 3 letters or more is refused
+    outright, compared as they read (:func:`_readings`): whatever their case, accents,
+    separators or digits between the letters (``tokensvc-carol``, ``carol_tokensvc_2026``,
+    ``ćarol-tókensvc-99``), digits and signs written for letters (``c4rol-t0kensvc``, a
+    username ``r00t`` in ``r00t-granite-harbor``), or letters of another script that look the
+    same (a Cyrillic ``с`` for ``c``). The rest is rated by zxcvbn against its frequency lists
+    of common passwords, words and names and against those words, and anything it scores below
+    3 of 4 is refused, with its own reason.
     """
     if len(password) < MIN_PASSWORD_LENGTH:
         return f"a password needs at least {MIN_PASSWORD_LENGTH} characters"
-    held = _letters(password)
+    held = _readings(password)
     for word in context:
-        if len(_letters(word)) >= MIN_CONTEXT_LETTERS and _letters(word) in held:
+        if any(len(reading) >= MIN_CONTEXT_LETTERS and any(reading in text for text in held)
+               for reading in _readings(word)):
             return ("this password is too easy to guess (it holds the username or the service's name); "
                     "use a few unrelated words")
     from zxcvbn import zxcvbn  # its lists take a moment to load: only where a password is set
@@ -111,10 +115,32 @@ def password_problem(password: str, context: Sequence[str] = ()) -> str | None:
 MIN_CONTEXT_LETTERS = 3  # a shorter context word ("al") is part of too many words to refuse
 
 
+# Letters of other scripts that look like Latin ones (a few of Unicode's confusables, those a
+# keyboard layout offers), and digits and signs written for letters: what a password compared
+# with a word is read as. i, l, 1, | and ! are one letter here, as they are to the eye.
+_LOOK_ALIKE = str.maketrans({
+    "а": "a", "в": "b", "с": "c", "е": "e", "һ": "h", "і": "i", "ј": "j", "к": "k", "м": "m", "н": "h",
+    "о": "o", "р": "p", "ѕ": "s", "т": "t", "х": "x", "у": "y", "ԁ": "d", "ԛ": "q", "ԝ": "w",  # Cyrillic
+    "α": "a", "β": "b", "ε": "e", "ι": "i", "κ": "k", "ν": "v", "ο": "o", "ρ": "p", "τ": "t", "υ": "u",
+    "χ": "x", "γ": "y",  # Greek
+    "ı": "i", "ɡ": "g", "ℓ": "l", "l": "i",
+})
+_FOR_LETTERS = str.maketrans({"0": "o", "1": "i", "3": "e", "4": "a", "5": "s", "7": "t", "8": "b", "9": "g",
+                              "@": "a", "$": "s", "!": "i", "|": "i", "+": "t"})
+
+
+def _readings(text: str) -> tuple[str, str]:
+    """How a password or a context word reads, as its letters alone: case folded (NFKC), accents
+    taken off (NFKD without the combining marks), letters of other scripts that look like Latin
+    ones read as those; then once with digits and signs read as the letters they stand for
+    (``c4r0l``: ``carol``), once with them set aside (``car2ol``: ``carol``)."""
+    plain = "".join(char for char in unicodedata.normalize("NFKD", username_key(text))
+                    if not unicodedata.combining(char)).translate(_LOOK_ALIKE)
+    return (_letters(plain.translate(_FOR_LETTERS)), _letters(plain))
+
+
 def _letters(text: str) -> str:
-    """``text``'s letters alone, compared caselessly: what is left of a password or a context
-    word once separators, digits and case are set aside."""
-    return "".join(char for char in username_key(text) if char.isalpha())
+    return "".join(char for char in text if char.isalpha())
 
 
 NEVER_REDIRECT_SCHEMES = frozenset({"javascript", "data", "file", "vbscript", "blob", "about", "filesystem"})
