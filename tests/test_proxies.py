@@ -129,3 +129,46 @@ async def test_a_client_connecting_directly_opens_no_metrics_with_a_header(http_
     for headers in ({"X-Forwarded-For": "10.1.2.3"}, {"X-Forwarded-For": "203.0.113.5, 10.1.2.3"},
                     {"X-Real-IP": "10.1.2.3"}):
         assert (await http_client.fetch(base_url + "/metrics", headers=headers, raise_error=False)).code == 404
+
+
+@pytest.mark.gen_test(timeout=60)
+@pytest.mark.parametrize("config", [BEHIND_NGINX])
+async def test_the_addresses_of_one_ipv6_network_are_one_address_to_the_limits(http_client, base_url, config):
+    """A host holds a whole IPv6 /64 and may pick any address of it: 30 wrong passwords, each
+    from a new address of 2001:db8:1:2::/64 (as the proxy saw them), for a new username each
+    time, get the address's limit's worth of answers; another /64 is another address."""
+    browser = Browser(http_client, base_url)
+    xsrf = await browser.xsrf()
+
+    async def guess(n: int, address: str) -> int:
+        response = await browser.fetch("/login", "POST", {"username": f"user{n}", "password": "wrong-password",
+                                                          "_xsrf": xsrf},
+                                       headers={"X-Forwarded-For": address})
+        return response.code
+
+    codes = [await guess(n, f"2001:db8:1:2:{n:x}::{n + 1:x}") for n in range(30)]
+    assert codes.count(401) == 5 and codes.count(429) == 25  # failed_logins_per_address
+    assert await guess(99, "2001:db8:1:3::1") == 401
+
+
+def test_the_limits_key_an_ipv6_address_by_its_network():
+    from tokensvc.config import LimitSettings
+    from tokensvc.ratelimit import FailureLimits
+
+    limits = FailureLimits(LimitSettings())
+    assert limits.address_key("2001:db8:1:2:aaaa:bbbb:cccc:dddd") == "2001:db8:1:2::/64"
+    assert limits.address_key("2001:DB8:1:2::1") == limits.address_key("2001:db8:1:2:ffff::9")
+    assert limits.address_key("::ffff:192.0.2.1") == "192.0.2.1"  # an IPv4 address, mapped
+    assert limits.address_key("192.0.2.1") == "192.0.2.1" != limits.address_key("192.0.2.2")
+    assert limits.address_key("-") == "-"
+    assert FailureLimits(LimitSettings(ipv6_prefix=56)).address_key("2001:db8:1:2ff::1") == "2001:db8:1:200::/56"
+    assert FailureLimits(LimitSettings(ipv6_prefix=128)).address_key("::1") == "::1/128"
+
+
+def test_the_ipv6_prefix_is_a_prefix_length():
+    from tokensvc.config import ConfigError
+
+    with pytest.raises(ConfigError, match=r"^limits.ipv6_prefix: an IPv6 prefix length"):
+        make_config(limits={"ipv6_prefix": 129})
+    with pytest.raises(ConfigError, match=r"^limits.ipv6_prefix: must be at least 1"):
+        make_config(limits={"ipv6_prefix": 0})

@@ -144,6 +144,9 @@ class LimitSettings:
     failed_client_auth_per_address: int = 50
     failed_logins_per_username: int = 5
     failed_logins_per_address: int = 20
+    # The IPv6 addresses counted as one address: a host commonly holds a whole /64 and picks
+    # any address of it, so counting each address apart would give it unlimited guesses.
+    ipv6_prefix: int = 64
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -530,6 +533,8 @@ def _check_sections(settings: Settings) -> None:
         value = getattr(settings.limits, f.name)
         if f.name != "enabled" and value < 1:
             raise ConfigError(f"limits.{f.name}: must be at least 1, got {value}")
+    if settings.limits.ipv6_prefix > 128:
+        raise ConfigError(f"limits.ipv6_prefix: an IPv6 prefix length, 1 to 128, got {settings.limits.ipv6_prefix}")
     for key, networks in (("metrics.allow", settings.metrics.allow),
                           ("proxy.trusted_networks", settings.proxy.trusted_networks)):
         for network in networks:

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import ipaddress
 import logging
 import math
 import time
@@ -84,6 +85,9 @@ class LimitPolicy(Protocol):
 
     @property
     def failed_logins_per_address(self) -> int: ...
+
+    @property
+    def ipv6_prefix(self) -> int: ...
 
 
 @runtime_checkable
@@ -211,24 +215,40 @@ class FailureLimits:
         self._releasing: set[asyncio.Task[None]] = set()
 
     # Attempts count per (account, address) and per address, never per account alone: a
-    # stranger's failures must not lock the owner out from an address of their own.
+    # stranger's failures must not lock the owner out from an address of their own. An
+    # "address" is an IPv6 network of ``ipv6_prefix`` bits (:func:`address_key`).
 
     def client_attempt(self, client_id: str | None, address: str) -> Attempt:
         counters = [(ADDRESS, self.settings.failed_client_auth_per_address)]
         if client_id:
             counters.append((_counter(client_id), self.settings.failed_client_auth_per_client))
-        return Attempt(f"client|{address}", tuple(counters))
+        return Attempt(f"client|{self.address_key(address)}", tuple(counters))
 
     def admin_attempt(self, address: str) -> Attempt:
         """A call of the admin API: its bearer tokens count per address, as client secrets do,
         in a group of their own (a wrong admin token does not lock an address out of /oauth/token)."""
-        return Attempt(f"admin|{address}", ((ADDRESS, self.settings.failed_client_auth_per_address),))
+        return Attempt(f"admin|{self.address_key(address)}", ((ADDRESS, self.settings.failed_client_auth_per_address),))
 
     def login_attempt(self, username: str | None, address: str) -> Attempt:
         counters = [(ADDRESS, self.settings.failed_logins_per_address)]
         if username:
             counters.append((_counter(username_key(username)), self.settings.failed_logins_per_username))
-        return Attempt(f"login|{address}", tuple(counters))
+        return Attempt(f"login|{self.address_key(address)}", tuple(counters))
+
+    def address_key(self, address: str) -> str:
+        """What the limits count an address as: an IPv6 address as its network of
+        ``ipv6_prefix`` bits (a host commonly holds a /64 and may pick any address of it, so
+        each address apart would give it unlimited guesses); an IPv4 address, and one mapped
+        into IPv6 (``::ffff:192.0.2.1``), as itself; anything else (``-``) as written."""
+        try:
+            ip = ipaddress.ip_address(address)
+        except ValueError:
+            return address
+        if isinstance(ip, ipaddress.IPv6Address):
+            if ip.ipv4_mapped is not None:
+                return str(ip.ipv4_mapped)
+            return str(ipaddress.IPv6Network((ip, self.settings.ipv6_prefix), strict=False))
+        return str(ip)
 
     async def failed(self, attempt: Attempt) -> None:
         """A failed attempt, counted after its (instant) check: TooManyFailures when a counter
