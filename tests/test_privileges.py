@@ -9,11 +9,12 @@ from __future__ import annotations
 import json
 
 import pytest
-from helpers import CHALLENGE, PASSWORD_HASHES, VERIFIER, WEBAPP_REDIRECT, issue_tokens, make_config
+from helpers import CHALLENGE, PASSWORD_HASHES, SKY_REDIRECT, VERIFIER, WEBAPP_REDIRECT, issue_tokens, make_config
 
+from tokensvc import admin
 from tokensvc.app import make_admin_app
 from tokensvc.bootstrap import make_context, seed
-from tokensvc.oauth import authorization, grants, introspection
+from tokensvc.oauth import authorization, grants, hashing, introspection, revocation
 from tokensvc.oauth import principal as principals
 from tokensvc.oauth.errors import InsufficientScope, InvalidGrant, InvalidScope
 from tokensvc.operator import Operator
@@ -135,6 +136,32 @@ async def test_a_scope_taken_from_the_client_is_out_of_force_at_once(ctx, operat
     assert await scope_of(ctx, renewed.access_token) == "read"
     await operator.patch_client("webapp", {"allowedScopes": ["admin"]})
     assert await introspection.introspect(ctx, renewed.access_token) == {"active": False}
+
+
+@pytest.mark.parametrize("path", ["admin-refresh", "admin-access", "client-refresh", "client-access",
+                                  "revoke-bearer", "revoke-token"])
+async def test_a_token_with_no_scope_in_force_is_revoked_all_the_same(ctx, operator, store, path):
+    """Every revocation finds a token by its record (live: not revoked, not expired), whatever
+    is in force now: a token whose every scope its client no longer lists is given up by every
+    path (before, each answered that it was not in force and revoked nothing)."""
+    tokens = await issue_tokens(ctx, "alice", "read observations:write", "skyplanner", SKY_REDIRECT)
+    family_id = (await store.find_access(hashing.digest(tokens.access_token)))[0].family_id
+    await operator.patch_client("skyplanner", {"allowedScopes": ["profile"]})
+    token = tokens.access_token if path.endswith("access") or path == "revoke-bearer" else tokens.refresh_token
+    if path.startswith("admin"):
+        assert await admin.revoke_token_value(ctx, token) is True
+    elif path.startswith("client"):
+        assert await revocation.revoke_token(ctx, token, await store.get_client("skyplanner")) is True
+    else:
+        presented = [token, None] if path == "revoke-bearer" else [None, token]
+        await revocation.revoke_grants_of(ctx, presented)
+    family, grant = await store.get_family(family_id)
+    if path.startswith("revoke"):
+        assert grant.revoked_at is not None and family.revoked_at is not None
+    elif path.endswith("access"):
+        assert family.access_revoked_at is not None and family.revoked_at is None
+    else:
+        assert family.revoked_at is not None
 
 
 async def test_a_token_of_a_client_that_is_gone_does_nothing(ctx, store):

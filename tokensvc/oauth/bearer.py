@@ -1,6 +1,6 @@
-"""Bearer tokens (RFC 6750): the token a request presents, and whether it is in force: a
-credential that still stands (:func:`in_force`), with the scopes in force now
-(:mod:`tokensvc.oauth.privileges`)."""
+"""Bearer tokens (RFC 6750): the token a request presents, whether it is live (its record
+stands: :func:`live`, what revocation acts on), and whether it is in force: live, with a scope
+in force now (:func:`in_force`, :mod:`tokensvc.oauth.privileges`)."""
 
 from __future__ import annotations
 
@@ -25,12 +25,20 @@ MAX_TOKEN_LENGTH = 512  # ours are 43 or 66 characters; anything far longer is n
 
 
 async def in_force(ctx: OAuthContext, token: str | None) -> Authority | None:
-    """The presented token, if it is in force: the current access or refresh token of an
-    unrevoked family whose grant still stands behind it, unexpired (and, for an access token,
-    not revoked alone), with a scope still in force (:func:`privileges.authority`). None for
-    anything else. One store round trip for the token, one each for its client and its user,
-    and for an access token's first presentation within the grace period one more write: from
-    then on its pair is no longer a lost reply's (:meth:`Family.replaceable`)."""
+    """The presented token, if it is in force: live (:func:`live`) with a scope still in force
+    (:func:`privileges.authority`). None for anything else. One store round trip for the token,
+    one each for its client and its user, and for an access token's first presentation within
+    the grace period one more write: from then on its pair is no longer a lost reply's
+    (:meth:`Family.replaceable`)."""
+    found = await live(ctx, token)
+    return None if found is None else await privileges.authority(ctx, found)
+
+
+async def live(ctx: OAuthContext, token: str | None) -> Token | None:
+    """The presented token's record, if it still stands, whatever is in force now: the current
+    access or refresh token of an unrevoked family whose grant still stands behind it,
+    unexpired (and, for an access token, not revoked alone). What a revocation finds: a token
+    whose every scope is out of force (its client narrowed) can still be given up."""
     if not token or len(token) > MAX_TOKEN_LENGTH:
         return None
     if tokens.is_refresh_format(token):
@@ -40,7 +48,7 @@ async def in_force(ctx: OAuthContext, token: str | None) -> Authority | None:
         family, grant = await ctx.store.get_family(parsed[0])
         if family is None or not hmac.compare_digest(parsed[1], family.refresh_hash):
             return None
-        return await _if_in_force(ctx, family, grant, family.refresh())
+        return _standing(ctx, family, grant, family.refresh())
     return await _access(ctx, hashing.digest(token))
 
 
@@ -58,14 +66,15 @@ async def active_access_token(ctx: OAuthContext, token: str | None) -> Authority
     """The presented access token if it is in force, else None (refresh tokens authorize no request)."""
     if not token or len(token) > MAX_TOKEN_LENGTH or tokens.is_refresh_format(token):
         return None
-    return await _access(ctx, hashing.digest(token))
+    found = await _access(ctx, hashing.digest(token))
+    return None if found is None else await privileges.authority(ctx, found)
 
 
-async def _access(ctx: OAuthContext, access_hash: str) -> Authority | None:
+async def _access(ctx: OAuthContext, access_hash: str) -> Token | None:
     family, grant = await ctx.store.find_access(access_hash)
     if family is None or family.access_revoked_at is not None:
         return None
-    found = await _if_in_force(ctx, family, grant, family.access())
+    found = _standing(ctx, family, grant, family.access())
     # The first use of a pair ends both the grace of a lost reply and the window in which its
     # predecessor's presentations get it again; once both have passed, nothing reads the mark.
     window = max(ctx.tokens.refresh_grace_seconds, CONCURRENT_SECONDS)
@@ -74,7 +83,5 @@ async def _access(ctx: OAuthContext, access_hash: str) -> Authority | None:
     return found
 
 
-async def _if_in_force(ctx: OAuthContext, family: Family, grant: Grant | None, token: Token) -> Authority | None:
-    if not (family.stands(grant) and token.expires_at > ctx.clock()):
-        return None
-    return await privileges.authority(ctx, token)
+def _standing(ctx: OAuthContext, family: Family, grant: Grant | None, token: Token) -> Token | None:
+    return token if family.stands(grant) and token.expires_at > ctx.clock() else None

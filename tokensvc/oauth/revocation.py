@@ -1,12 +1,15 @@
 """Revocation: RFC 7009 for clients, the grant-wide revocation of ``/oauth/revoke``, a user
 withdrawing an app, and the primitives every revoking path shares.
 
-A token that is not in force (expired, revoked, rotated out, or from an earlier generation of
-its grant) authenticates nobody and revokes nothing at ``/oauth/revoke`` and ``/oauth/sign-out``
-(they still answer 200). At ``/oauth/token/revoke`` (RFC 7009) the client revokes only its own
-tokens: an access token in force, alone; or any refresh token of one of its families, current
-or rotated out, with its family (§2.1: the tokens of the same authorization). So a revocation
-that races the client's own refresh takes the new pair too, and no chain outlives it.
+A revocation finds a token by its record: a live one (not expired, revoked, rotated out, nor
+from an earlier generation of its grant; :func:`bearer.live`) is revoked whatever is in force
+now, so a token whose every scope its client no longer lists is given up all the same (and
+stays dead when the client is widened again). A token that is not live revokes nothing at
+``/oauth/revoke`` and ``/oauth/sign-out`` (they still answer 200). At ``/oauth/token/revoke``
+(RFC 7009) the client revokes only its own tokens: a live access token, alone; or any refresh
+token of one of its families, current or rotated out, with its family (§2.1: the tokens of the
+same authorization). So a revocation that races the client's own refresh takes the new pair
+too, and no chain outlives it.
 
 Every revocation that changed something is announced, naming what it changed
 (:mod:`tokensvc.oauth.events`), so that the WebSockets standing on it re-check; one that
@@ -90,10 +93,10 @@ async def revoke_for_client(ctx: OAuthContext, caller: ClientRequest, token: str
 
 async def revoke_token(ctx: OAuthContext, token: str, client: Client | None) -> bool:
     """Revoke ``token``; with ``client`` (RFC 7009), only a token issued to that client, and a
-    refresh token of its family whether current or rotated out; without (sign-out), only a
-    token in force. Anything else is a silent no-op (RFC 7009 §2.2)."""
-    authority = await bearer.in_force(ctx, token)
-    found = authority.token if authority is not None else None
+    refresh token of its family whether current or rotated out; without (sign-out, an
+    operator), only a live token, whatever is in force now. Anything else is a silent no-op
+    (RFC 7009 §2.2)."""
+    found = await bearer.live(ctx, token)
     if found is None and client is not None and tokens.is_refresh_format(token):
         found = await bearer.family_member(ctx, token)
     if found is None or (client is not None and found.client_id != client.client_id):
@@ -112,11 +115,11 @@ async def revoke_token(ctx: OAuthContext, token: str, client: Client | None) -> 
 
 
 async def revoke_grant_of(ctx: OAuthContext, token: str | None) -> bool:
-    """Revoke the whole grant of ``token``, when it is in force (``POST /oauth/revoke``)."""
-    authority = await bearer.in_force(ctx, token)
-    if authority is None:
+    """Revoke the whole grant of ``token``, when it is live, whatever is in force now
+    (``POST /oauth/revoke``)."""
+    found = await bearer.live(ctx, token)
+    if found is None:
         return False
-    found = authority.token
     count = await revoke_grant(ctx, found.grant_id, "grant")
     logs.audit("grant_revoked", {
         "client_id": found.client_id, "subject": found.subject.id, "families_revoked": count, "outcome": "revoked"})
@@ -125,7 +128,7 @@ async def revoke_grant_of(ctx: OAuthContext, token: str | None) -> bool:
 
 async def revoke_grants_of(ctx: OAuthContext, presented: list[str | None]) -> None:
     """``POST /oauth/revoke``: the whole grant of each presented token (the caller's bearer
-    token, and ``token``) that is in force."""
+    token, and ``token``) that is live."""
     for token in dict.fromkeys(token for token in presented if token):
         await revoke_grant_of(ctx, token)
 
