@@ -206,6 +206,75 @@ async def test_a_clients_grants_and_families_are_revoked_in_bulk(backend_store, 
 
 
 @pytest.mark.gen_test
+async def test_updates_write_only_the_fields_they_name(backend_store):
+    store = backend_store
+    await store.put_client(Client("c1", "One", ["https://a/cb"], ["read"], secret_hash="s1"))
+    before = await store.update_client("c1", {"name": "Uno", "allowed_scopes": ["read", "write"]})
+    assert before.name == "One" and before.allowed_scopes == ["read"]
+    assert await store.get_client("c1") == Client("c1", "Uno", ["https://a/cb"], ["read", "write"], secret_hash="s1")
+    assert (await store.update_client("c1", {"secret_hash": "s2"}, if_confidential=True)).secret_hash == "s1"
+    await store.update_client("c1", {"secret_hash": None})
+    assert await store.update_client("c1", {"secret_hash": "s3"}, if_confidential=True) is None  # public now
+    assert (await store.get_client("c1")).secret_hash is None
+    assert await store.update_client("nobody", {"name": "x"}) is None
+    await store.put_user(User("u1", "ursula", "h1", admin=True))
+    assert (await store.update_user("u1", {"admin": False})).admin is True
+    assert (await store.update_user("u1", {"password_hash": "h2"})).password_hash == "h1"
+    assert await store.get_user("u1") == User("u1", "ursula", "h2", admin=False)
+    assert await store.update_user("nobody", {"admin": True}) is None
+
+
+@pytest.mark.gen_test
+async def test_concurrent_changes_of_a_user_each_hold(backend_store):
+    """A demotion (or a promotion, which first ends the chains that may carry admin) beside a
+    password set: each writes its own field, so both hold (the password set wrote the whole
+    user it had read before hashing, undoing the demotion; on MongoDB, the other way round
+    lost the new password while it was reported set)."""
+    from helpers import make_config
+
+    from tokensvc import admin
+    from tokensvc.bootstrap import make_context
+    from tokensvc.oauth import hashing
+
+    ctx = make_context(make_config(), backend_store)
+    await admin.create_user(backend_store, "eve", "orchid-marble-falcon", admin=True)
+    await asyncio.gather(admin.set_admin(ctx, "eve", False), admin.set_password(ctx, "eve", "saffron-glacier-pylon"))
+    eve = await backend_store.get_user_by_username("eve")
+    assert eve.admin is False and hashing.verify_password("saffron-glacier-pylon", eve.password_hash)
+    await asyncio.gather(admin.set_password(ctx, "eve", "cobalt-meadow-lantern"), admin.set_admin(ctx, "eve", True))
+    eve = await backend_store.get_user_by_username("eve")
+    assert eve.admin is True and hashing.verify_password("cobalt-meadow-lantern", eve.password_hash)
+
+
+@pytest.mark.gen_test
+async def test_concurrent_changes_of_a_client_each_hold(backend_store):
+    """A secret rotated beside a PATCH or a PUT of the client, and two PATCHes of different
+    fields: each change holds (each wrote the whole client it had read: the rotated secret,
+    reported to the operator, did not work, or the other change was undone)."""
+    from helpers import make_config
+
+    from tokensvc import admin
+    from tokensvc.bootstrap import make_context
+    from tokensvc.oauth import hashing
+
+    ctx = make_context(make_config(), backend_store)
+    spec = admin.ClientSpec("Robot", ["https://robot.example/cb"], ["read", "write"], confidential=True)
+    await admin.create_client(backend_store, spec, "robot")
+    secret, _ = await asyncio.gather(admin.rotate_secret(backend_store, "robot"),
+                                     admin.update_client(ctx, "robot", {"description": "Builds things"}))
+    robot = await backend_store.get_client("robot")
+    assert hashing.matches(secret, robot.secret_hash) and robot.description == "Builds things"
+    secret, _ = await asyncio.gather(admin.rotate_secret(backend_store, "robot"),
+                                     admin.put_client(ctx, "robot", replace(spec, name="Robot 2", scopes=["read"])))
+    robot = await backend_store.get_client("robot")
+    assert hashing.matches(secret, robot.secret_hash) and robot.name == "Robot 2" and robot.scopes == ["read"]
+    await asyncio.gather(admin.update_client(ctx, "robot", {"description": "Still builds"}),
+                         admin.update_client(ctx, "robot", {"logo_url": "https://robot.example/logo.png"}))
+    robot = await backend_store.get_client("robot")
+    assert (robot.description, robot.logo_url) == ("Still builds", "https://robot.example/logo.png")
+
+
+@pytest.mark.gen_test
 async def test_revoking_a_grant_revokes_its_families_and_a_new_consent_revives_it(backend_store, now):
     store = backend_store
     grant = await store.save_grant("webapp", ALICE, ["read"], now)

@@ -133,11 +133,21 @@ class ClientSpec:
                    client.confidential, client.description, client.logo_url, client.allowed_origins)
 
 
-def _client(client_id: str, spec: ClientSpec, secret_hash: str | None, created_at: Any) -> Client:
-    return Client(client_id=client_id, name=spec.name, redirect_uris=list(spec.redirect_uris),
-                  allowed_scopes=list(spec.scopes) if spec.scopes else None, secret_hash=secret_hash,
-                  first_party=spec.first_party, description=spec.description, logo_url=spec.logo_url,
-                  created_at=created_at, allowed_origins=list(spec.allowed_origins) if spec.allowed_origins else None)
+    def fields(self, names: Any = None) -> dict[str, Any]:
+        """The client fields this spec sets (its secret aside), or those of ``names`` (the
+        spec's own names, as a PATCH gives them)."""
+        values = {"name": self.name, "redirect_uris": list(self.redirect_uris),
+                  "allowed_scopes": list(self.scopes) if self.scopes else None, "first_party": self.first_party,
+                  "description": self.description, "logo_url": self.logo_url,
+                  "allowed_origins": list(self.allowed_origins) if self.allowed_origins else None}
+        if names is None:
+            return values
+        return {field: values[field] for name in names if (field := CLIENT_FIELDS.get(name))}
+
+
+CLIENT_FIELDS = {"name": "name", "redirect_uris": "redirect_uris", "scopes": "allowed_scopes",
+                 "first_party": "first_party", "description": "description", "logo_url": "logo_url",
+                 "allowed_origins": "allowed_origins"}  # ClientSpec's names -> Client's (the secret apart)
 
 
 async def create_client(store: Store, spec: ClientSpec, client_id: str | None = None) -> tuple[Client, str | None]:
@@ -151,42 +161,59 @@ async def create_client(store: Store, spec: ClientSpec, client_id: str | None = 
     if any(client.name.lower() == spec.name.lower() for client in await store.list_clients()):
         raise Taken(f"a client named {spec.name!r} already exists")
     secret = hashing.new_secret() if spec.confidential else None
-    client = _client(client_id, spec, hashing.digest(secret) if secret else None, utcnow())
+    client = Client(client_id=client_id, secret_hash=hashing.digest(secret) if secret else None, created_at=utcnow(),
+                    **spec.fields())
     await store.put_client(client)
     _record("client_created", client_id=client_id, first_party=spec.first_party, confidential=spec.confidential,
             outcome="success")
     return client, secret
 
 
-async def put_client(store: Store, client_id: str, spec: ClientSpec) -> tuple[Client, str | None, bool]:
+async def put_client(ctx: OAuthContext, client_id: str, spec: ClientSpec) -> tuple[Client, str | None, bool]:
     """Create or replace the client ``client_id`` as ``spec`` says (idempotent: provisioning may
     run it on every deploy). A confidential client keeps its secret; one that becomes
     confidential gets one (returned once), one that becomes public loses it. Returns the
     client, a new secret if any, and whether it was created."""
     spec = spec.checked()
     _check(id_problem(client_id), "client id", client_id)
-    existing = await store.get_client(client_id)
+    existing = await ctx.store.get_client(client_id)
     if existing is None:
-        client, secret = await create_client(store, spec, client_id)
+        client, secret = await create_client(ctx.store, spec, client_id)
         return client, secret, True
-    secret = None
-    secret_hash = existing.secret_hash if spec.confidential else None
-    if spec.confidential and secret_hash is None:
-        secret = hashing.new_secret()
-        secret_hash = hashing.digest(secret)
-    client = _client(client_id, spec, secret_hash, existing.created_at)
-    if client != existing:
-        await store.put_client(client)
+    fields = spec.fields()
+    if any(getattr(existing, name) != value for name, value in fields.items()) or \
+            spec.confidential != existing.confidential:
+        client, secret = await _change_client(ctx, existing, fields, spec.confidential)
         _record("client_replaced", client_id=client_id, outcome="success")
-    return client, secret, False
+        return client, secret, False
+    return existing, None, False
 
 
-async def update_client(store: Store, client_id: str, changes: dict[str, Any]) -> tuple[Client, str | None]:
-    """Change some of a client's fields (``ClientSpec``'s names)."""
-    existing = await get_client(store, client_id)
-    spec = replace(ClientSpec.of(existing), **changes)
-    client, secret, _ = await put_client(store, client_id, spec)
+async def update_client(ctx: OAuthContext, client_id: str, changes: dict[str, Any]) -> tuple[Client, str | None]:
+    """Change some of a client's fields (``ClientSpec``'s names): those alone are written, so a
+    concurrent change of others (a rotated secret, another PATCH) holds."""
+    existing = await get_client(ctx.store, client_id)
+    spec = replace(ClientSpec.of(existing), **changes).checked()
+    confidential = spec.confidential if "confidential" in changes else None
+    client, secret = await _change_client(ctx, existing, spec.fields(changes), confidential)
+    _record("client_replaced", client_id=client_id, outcome="success")
     return client, secret
+
+
+async def _change_client(ctx: OAuthContext, existing: Client, fields: dict[str, Any],
+                         confidential: bool | None) -> tuple[Client, str | None]:
+    """Write ``fields`` of the client and no other (a concurrent change of another field
+    holds), with a secret made or dropped when ``confidential`` changes it."""
+    secret = None
+    if confidential is True and existing.secret_hash is None:
+        secret = hashing.new_secret()
+        fields = {**fields, "secret_hash": hashing.digest(secret)}
+    elif confidential is False and existing.secret_hash is not None:
+        fields = {**fields, "secret_hash": None}
+    before = await ctx.store.update_client(existing.client_id, fields)
+    if before is None:
+        raise Missing(f"no client with id {existing.client_id!r}")
+    return replace(before, **fields), secret
 
 
 async def get_client(store: Store, client_id: str) -> Client:
@@ -197,11 +224,12 @@ async def get_client(store: Store, client_id: str) -> Client:
 
 
 async def rotate_secret(store: Store, client_id: str) -> str:
-    client = await get_client(store, client_id)
-    if not client.confidential:
-        raise Taken(f"client {client_id!r} is public: it has no secret to rotate")
+    """A new secret for a confidential client: its secret alone is written, and only while it
+    has one (a concurrent change making it public wins)."""
+    await get_client(store, client_id)
     secret = hashing.new_secret()
-    await store.put_client(replace(client, secret_hash=hashing.digest(secret)))
+    if await store.update_client(client_id, {"secret_hash": hashing.digest(secret)}, if_confidential=True) is None:
+        raise Taken(f"client {client_id!r} is public: it has no secret to rotate")
     _record("client_secret_rotated", client_id=client_id, outcome="success")
     return secret
 
@@ -263,8 +291,11 @@ async def set_admin(ctx: OAuthContext, username: str, admin: bool) -> User:
         for grant_id, count in ended.items():
             ctx.metrics.families_revoked.labels("promotion").inc(count)
             ctx.events.publish(Revocation(GRANT, grant_id))
-        user = replace(user, admin=admin)
-        await ctx.store.put_user(user)
+        # The flag alone is written: a password set meanwhile holds (and this holds beside it).
+        before = await ctx.store.update_user(user.user_id, {"admin": admin})
+        if before is None:
+            raise Missing(f"no user named {username!r}")
+        user = replace(before, admin=admin)
         _record("user_admin_set", subject=user.user_id, username=username, admin=admin, grants_revoked=len(ended),
                 outcome="success")
     return user
@@ -275,7 +306,10 @@ async def set_password(ctx: OAuthContext, username: str, password: str, *, keep_
     """A new password ends the user's web sessions and, unless ``keep_grants``, revokes every
     grant (and token) of theirs: whoever knew the old password is out everywhere."""
     user = await get_user(ctx.store, username)
-    await ctx.store.put_user(replace(user, password_hash=await _hash_password(password, [username, service_name])))
+    password_hash = await _hash_password(password, [username, service_name])
+    # The hash alone is written: a promotion or demotion while it was computed holds.
+    if await ctx.store.update_user(user.user_id, {"password_hash": password_hash}) is None:
+        raise Missing(f"no user named {username!r}")
     sessions = await web_sessions.end_all(ctx, user.user_id)
     revoked = 0
     if not keep_grants:

@@ -106,12 +106,12 @@ class Operator:
         data = load(admin_schemas.client_body, body)
         if data.pop("client_id", client_id) != client_id:
             raise AdminError(f"the body's clientId differs from the address's {client_id!r}")
-        client, secret, created = await admin.put_client(self.store, client_id, ClientSpec(**data))
+        client, secret, created = await admin.put_client(self.ctx, client_id, ClientSpec(**data))
         self.ctx.origins.forget()
         return {**admin_schemas.admin_client.dump(client), "clientSecret": secret}, created
 
     async def patch_client(self, client_id: str, body: Json) -> Json:
-        client, secret = await admin.update_client(self.store, client_id, load(admin_schemas.client_patch, body))
+        client, secret = await admin.update_client(self.ctx, client_id, load(admin_schemas.client_patch, body))
         self.ctx.origins.forget()
         return {**admin_schemas.admin_client.dump(client), "clientSecret": secret}
 

@@ -17,6 +17,7 @@ import abc
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from datetime import datetime
+from typing import Any
 
 from tokensvc.records import AuthorizationCode, Client, Family, Grant, Installation, Pair, Session, Subject, User
 
@@ -77,6 +78,14 @@ class Registry(abc.ABC):
         """Insert or replace the client with this client_id (config seeding, CLI)."""
 
     @abc.abstractmethod
+    async def update_client(self, client_id: str, fields: dict[str, Any], *,
+                            if_confidential: bool = False) -> Client | None:
+        """Set ``fields`` (names of :class:`Client`'s fields) of the client and no other, in one
+        atomic step: concurrent changes of different fields all hold (a PATCH beside a secret's
+        rotation). With ``if_confidential``, only while the client has a secret. The client as
+        it was before, or None when there is none (or, with ``if_confidential``, it is public)."""
+
+    @abc.abstractmethod
     async def delete_client(self, client_id: str) -> bool:
         """Remove a client; True when it existed (CLI)."""
 
@@ -106,6 +115,12 @@ class Registry(abc.ABC):
         """Insert or replace the user with this user_id. Usernames are unique by their key
         (:func:`tokensvc.identifiers.username_key`, NFKC and case folded): one whose key another
         user's username has is Conflict."""
+
+    @abc.abstractmethod
+    async def update_user(self, user_id: str, fields: dict[str, Any]) -> User | None:
+        """Set ``fields`` of the user (``password_hash``, ``admin``) and no other, in one atomic
+        step: a password set beside a demotion leaves both. The user as it was before, or None
+        when there is none."""
 
     @abc.abstractmethod
     async def delete_user(self, user_id: str) -> bool: ...

@@ -129,6 +129,14 @@ class MemoryStore(Store):
     async def put_client(self, client: Client) -> None:
         self._clients[client.client_id] = _client(client)
 
+    async def update_client(self, client_id: str, fields: dict[str, Any], *,
+                            if_confidential: bool = False) -> Client | None:
+        client = self._clients.get(client_id)
+        if client is None or (if_confidential and client.secret_hash is None):
+            return None
+        self._clients[client_id] = _client(copy(client, **fields))
+        return _client(client)
+
     async def delete_client(self, client_id: str) -> bool:
         return self._clients.pop(client_id, None) is not None
 
@@ -165,6 +173,14 @@ class MemoryStore(Store):
         self._users[user.user_id] = copy(user)
         self._user_ids_by_name[user.username] = user.user_id
         self._user_ids_by_key[key] = user.user_id
+
+    async def update_user(self, user_id: str, fields: dict[str, Any]) -> User | None:
+        user = self._users.get(user_id)
+        if user is None:
+            return None
+        assert "username" not in fields and "user_id" not in fields  # a user's keys stay
+        self._users[user_id] = copy(user, **fields)
+        return copy(user)
 
     async def delete_user(self, user_id: str) -> bool:
         user = self._users.pop(user_id, None)

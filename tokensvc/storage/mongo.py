@@ -749,6 +749,15 @@ class MongoStore(Store):
     async def put_client(self, client: Client) -> None:
         await self.clients.update_one({"_id": client.client_id}, CLIENTS.setting(client), upsert=True)
 
+    @guarded(ONCE)
+    async def update_client(self, client_id: str, fields: dict[str, Any], *,
+                            if_confidential: bool = False) -> Client | None:
+        match: dict[str, Any] = {"_id": client_id}
+        if if_confidential:
+            match["secret_hash"] = {"$ne": None}
+        return CLIENTS.record(await self.clients.find_one_and_update(
+            match, {"$set": dict(fields)}, return_document=ReturnDocument.BEFORE))
+
     @guarded(RERUN)
     async def delete_client(self, client_id: str) -> bool:
         return (await self.clients.delete_one({"_id": client_id})).deleted_count == 1
@@ -804,6 +813,12 @@ class MongoStore(Store):
     @guarded(RERUN)
     async def _write_user(self, user: User) -> None:
         await self.users.update_one({"_id": user.user_id}, USERS.setting(user), upsert=True)
+
+    @guarded(ONCE)
+    async def update_user(self, user_id: str, fields: dict[str, Any]) -> User | None:
+        assert "username" not in fields and "user_id" not in fields  # a user's keys stay
+        return USERS.record(await self.users.find_one_and_update(
+            {"_id": user_id}, {"$set": dict(fields)}, return_document=ReturnDocument.BEFORE))
 
     @guarded(RERUN)
     async def delete_user(self, user_id: str) -> bool:
