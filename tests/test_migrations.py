@@ -45,10 +45,10 @@ def pair(name: str, now) -> Pair:
                 now + timedelta(hours=1), now + timedelta(minutes=10))
 
 
-async def new_family(store: MongoStore, name: str) -> Family:
+async def new_family(store: MongoStore, name: str, scopes: tuple[str, ...] = ("read",)) -> Family:
     now = utcnow()
     first = pair(name, now)
-    family = Family(hashing.digest("family " + name), "g1", "webapp", "u_alice", None, 0, ["read"], now,
+    family = Family(hashing.digest("family " + name), "g1", "webapp", "u_alice", None, 0, list(scopes), now,
                     first.refresh_hash, first.access_hash, now, first.expires_at, first.access_expires_at,
                     renewed_at=now)
     assert await store.create_family(family)
@@ -158,7 +158,7 @@ class _PausedCollection:
         return call
 
 
-MOVE_STEPS = 3  # a family's move: freeze, copy, delete the original
+MOVE_STEPS = 4  # a family's move: freeze, copy, hand a narrowing of its scopes on, delete the original
 
 
 @pytest.mark.parametrize("step", range(1, MOVE_STEPS + 1))
@@ -203,6 +203,26 @@ async def test_a_sweep_after_any_step_of_a_move_revokes_the_family_for_good(step
     await hashes.move(Paused(store.db, step, sweep), "families", document, utcnow())
     assert await packed_only(store)
     assert (await store.get_family(family.family_id))[0].revoked_at is not None
+    assert await store.db["families"].count_documents({}) == 1
+    await store.close()
+
+
+@pytest.mark.parametrize("step", range(1, MOVE_STEPS + 1))
+async def test_a_narrowing_after_any_step_of_a_move_holds_for_good(step):
+    """A narrowed client's scopes withdrawn (a sweep: ``withdraw_scopes``) while a family moves:
+    the read in between and the family once moved hold only what the narrowing kept."""
+    store = await format_1_store()
+    family = await new_family(store, "a", ("read", "write"))
+    await finalized(store)
+
+    async def narrow() -> None:
+        assert await store.withdraw_scopes("webapp", ["read"]) in (1, 2)  # the original and its copy
+        assert (await store.get_family(family.family_id))[0].scopes == ["read"]
+
+    document = await store.db["families"].find_one()
+    await hashes.move(Paused(store.db, step, narrow), "families", document, utcnow())
+    assert await packed_only(store)
+    assert (await store.get_family(family.family_id))[0].scopes == ["read"]
     assert await store.db["families"].count_documents({}) == 1
     await store.close()
 

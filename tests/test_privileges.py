@@ -138,6 +138,58 @@ async def test_a_scope_taken_from_the_client_is_out_of_force_at_once(ctx, operat
     assert await introspection.introspect(ctx, renewed.access_token) == {"active": False}
 
 
+async def issue_code(ctx, username, scope, client_id="webapp", redirect_uri=WEBAPP_REDIRECT) -> str:
+    request = await authorization.validate(ctx, {name: [value] for name, value in {
+        "response_type": "code", "client_id": client_id, "redirect_uri": redirect_uri, "scope": scope,
+        "code_challenge": CHALLENGE, "code_challenge_method": "S256"}.items()})
+    subject, _ = await authorization.resolve_subject(ctx, request, await ctx.store.get_user_by_username(username))
+    return (await authorization.issue_code(ctx, request, subject)).split("code=")[1].split("&")[0]
+
+
+async def test_widening_a_narrowed_client_again_gives_the_tokens_of_before_nothing_back(ctx, operator, store):
+    """A narrowing is withdrawn from what the client's grants, codes and tokens hold: widened
+    again, the tokens issued before (never refreshed since), a code on its way and the grant's
+    listing keep what the narrowing left them; a token issued after the widening gets all."""
+    from tokensvc.oauth import connected_apps
+
+    tokens = await issue_tokens(ctx, "alice", "read write connected-apps:write")
+    code = await issue_code(ctx, "alice", "read write")
+    sky = await issue_tokens(ctx, "alice", "read observations:write", "skyplanner", SKY_REDIRECT)
+    await operator.patch_client("webapp", {"allowedScopes": ["read", "admin"]})
+    await operator.patch_client("skyplanner", {"allowedScopes": ["profile"]})  # nothing sky's tokens hold
+    await operator.patch_client("webapp", {"allowedScopes": ["read", "write", "connected-apps:write", "admin"]})
+    await operator.patch_client("skyplanner", {"allowedScopes": ["read", "observations:write"]})
+    for token in (tokens.access_token, tokens.refresh_token):
+        assert await scope_of(ctx, token) == "read"
+    for token in (sky.access_token, sky.refresh_token):
+        assert await introspection.introspect(ctx, token) == {"active": False}
+    with pytest.raises(InvalidGrant, match="Nothing this authorization granted is in force"):
+        await refresh(ctx, sky, "skyplanner")
+    exchanged = await grants.exchange_code(ctx, await store.get_client("webapp"), code, WEBAPP_REDIRECT, VERIFIER)
+    assert exchanged.scope == "read"
+    alice = await store.get_user_by_username("alice")
+    [app] = [app for app in await connected_apps.list_connected(ctx, Subject(user_id=alice.user_id))
+             if app.client_id == "webapp"]
+    assert app.scopes == ["read"]
+    again = await issue_tokens(ctx, "alice", "read write")  # consented after the widening: all of it
+    assert await scope_of(ctx, again.access_token) == "read write"
+
+
+async def test_a_narrowing_by_the_configuration_is_withdrawn_too(ctx, store, config):
+    """The file narrows a client at the next start-up (seeding): the same withdrawal, so the
+    file widening it again later gives nothing back either."""
+    tokens = await issue_tokens(ctx, "alice", "read write")
+    clients = [{"client_id": c.client_id, "name": c.name, "redirect_uris": c.redirect_uris,
+                "allowed_scopes": c.allowed_scopes, "first_party": c.first_party, "client_secret": c.client_secret}
+               for c in config.clients]
+    users = [{"username": u.username, "password_hash": u.password_hash, "admin": u.admin} for u in config.users]
+    narrowed = [{**c, "allowed_scopes": ["read"]} if c["client_id"] == "webapp" else c for c in clients]
+    await seed(store, make_config(clients=narrowed, users=users))
+    assert (await store.get_client("webapp")).narrowed_at is not None
+    await seed(store, config)
+    assert await scope_of(ctx, tokens.refresh_token) == "read"
+
+
 @pytest.mark.parametrize("path", ["admin-refresh", "admin-access", "client-refresh", "client-access",
                                   "revoke-bearer", "revoke-token"])
 async def test_a_token_with_no_scope_in_force_is_revoked_all_the_same(ctx, operator, store, path):

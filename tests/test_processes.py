@@ -14,8 +14,8 @@ from test_ws import closed_within_a_second, tokens, welcome_of, ws_url
 from tornado.websocket import websocket_connect
 
 from tokensvc.oauth import events
-from tokensvc.records import Family, Pair, Session, Subject
-from tokensvc.storage.base import FAMILY, GRANT, SESSION, Revocation
+from tokensvc.records import Client, Family, Pair, Session, Subject
+from tokensvc.storage.base import CLIENT, FAMILY, GRANT, SESSION, Revocation
 from tokensvc.storage.memory import MemoryStore
 from tokensvc.storage.mongo import MongoStore
 
@@ -88,6 +88,43 @@ async def test_the_feed_names_each_revocation_of_another_process_once(store):
 @pytest.mark.gen_test
 async def test_the_relay_ends_at_once_for_a_store_of_one_process(ctx):
     await asyncio.wait_for(events.relay(MemoryStore(), ctx.events), 1)
+
+
+@pytest.mark.gen_test(timeout=30)
+async def test_a_client_narrowed_in_another_process_closes_the_socket_within_a_second(browser, http_client, base_url,
+                                                                                      store, ctx, config):
+    """A narrowing revokes nothing, yet may take away what a socket stands on (read): it is
+    announced under the client, in the client's own write (narrowed_at), so that every
+    process's relay makes the client's sockets re-check. Another client's sockets stay open."""
+    from tokensvc.bootstrap import make_context
+    from tokensvc.operator import Operator
+
+    relay = asyncio.ensure_future(events.relay(store, ctx.events))
+    try:
+        issued = await tokens(browser, http_client, base_url, scope="read write")
+        narrowed = await websocket_connect(ws_url(base_url, "?access_token=" + issued["access_token"]))
+        await welcome_of(narrowed)
+        elsewhere = Operator(make_context(config, other_process(store)), config)
+        await elsewhere.patch_client("skyplanner", {"description": "A narrowing of another client is no concern"})
+        await elsewhere.patch_client("webapp", {"allowedScopes": ["write", "admin"]})  # read stays in force
+        await elsewhere.patch_client("webapp", {"allowedScopes": ["admin"]})
+        await closed_within_a_second(narrowed)
+    finally:
+        relay.cancel()
+
+
+@pytest.mark.gen_test(timeout=30)
+async def test_the_feed_names_a_narrowed_client(store):
+    feed = store.revocation_feed(poll_seconds=0.05).__aiter__()
+    elsewhere = other_process(store)
+    await elsewhere.put_client(Client("c1", "One", ["https://a/cb"], ["read", "write"]))
+    waiting = asyncio.ensure_future(feed.__anext__())
+    await asyncio.sleep(0.1)
+    await elsewhere.update_client("c1", {"description": "nothing withdrawn"})
+    await asyncio.sleep(0.2)
+    assert not waiting.done()
+    await elsewhere.update_client("c1", {"allowed_scopes": ["read"], "narrowed_at": Clock().now})
+    assert await waiting == Revocation(CLIENT, "c1")
 
 
 @pytest.mark.gen_test(timeout=30)

@@ -206,6 +206,36 @@ async def test_a_clients_grants_and_families_are_revoked_in_bulk(backend_store, 
 
 
 @pytest.mark.gen_test
+async def test_a_narrowed_clients_scopes_are_withdrawn_from_what_holds_them(backend_store, now):
+    """withdraw_scopes: the client's live grants, unconsumed codes and unrevoked families keep
+    only the scopes kept; what is revoked or consumed, and every other client's, is left."""
+    store = backend_store
+    wide = ["read", "write", "admin"]
+    mine = await store.save_grant("webapp", ALICE, wide, now)
+    theirs = await store.save_grant("skyplanner", ALICE, wide, now)
+    await store.create_family(replace(family(now, "f1", mine.grant_id, n=1), scopes=wide))
+    await store.create_family(replace(family(now, "f2", mine.grant_id, n=2), scopes=["read"]))
+    await store.create_family(replace(family(now, "f3", mine.grant_id, n=3), scopes=wide))
+    await store.revoke_family("f3", now)
+    await store.create_family(replace(family(now, "f4", theirs.grant_id, n=4), client_id="skyplanner", scopes=wide))
+    await store.add_code(replace(code(now, "c1"), scopes=wide))
+    await store.add_code(replace(code(now, "c2"), scopes=wide))
+    await store.consume_code("c2", now, family_id="f9")
+    await store.add_code(replace(code(now, "c3"), client_id="skyplanner", scopes=wide))
+    assert await store.withdraw_scopes("webapp", ["read", "admin"]) == 1
+    assert (await store.get_family("f1"))[0].scopes == ["read", "admin"]
+    assert (await store.get_family("f2"))[0].scopes == ["read"]
+    assert (await store.get_family("f3"))[0].scopes == wide  # revoked: nothing to withdraw
+    assert (await store.get_family("f4"))[0].scopes == wide
+    assert (await store.get_grant(mine.grant_id)).scopes == ["read", "admin"]
+    assert (await store.get_grant(theirs.grant_id)).scopes == wide
+    assert [(await store.get_code(c)).scopes for c in ("c1", "c2", "c3")] == [["read", "admin"], wide, wide]
+    assert await store.withdraw_scopes("webapp", ["read", "admin"]) == 0  # once is enough
+    assert await store.withdraw_scopes("webapp", []) == 2
+    assert (await store.get_family("f1"))[0].scopes == [] and (await store.get_family("f2"))[0].scopes == []
+
+
+@pytest.mark.gen_test
 async def test_updates_write_only_the_fields_they_name(backend_store):
     store = backend_store
     await store.put_client(Client("c1", "One", ["https://a/cb"], ["read"], secret_hash="s1"))

@@ -176,6 +176,19 @@ async def test_revocation_closes_the_socket_within_a_second(browser, http_client
 
 
 @pytest.mark.gen_test
+async def test_a_narrowed_client_closes_the_sockets_that_lost_read(browser, http_client, base_url, ctx, config):
+    """Narrowing a client's allowed_scopes revokes nothing, but a socket whose token no longer
+    has read in force closes at once (before, only a revocation made sockets re-check)."""
+    from tokensvc.operator import Operator
+
+    issued = await tokens(browser, http_client, base_url, scope="read write")
+    connection = await websocket_connect(ws_url(base_url, "?access_token=" + issued["access_token"]))
+    await welcome_of(connection)
+    await Operator(ctx, config).patch_client("webapp", {"allowedScopes": ["admin"]})
+    await closed_within_a_second(connection)
+
+
+@pytest.mark.gen_test
 async def test_sign_out_closes_cookie_sockets(browser, base_url):
     await browser.login("alice")
     cookie = "; ".join(f"{k}={v}" for k, v in browser.cookies.items())

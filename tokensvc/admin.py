@@ -12,6 +12,7 @@ import asyncio
 import secrets
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
+from datetime import datetime
 from typing import Any
 
 from tokensvc import logs
@@ -35,9 +36,9 @@ from tokensvc.identifiers import (
 from tokensvc.oauth import hashing, introspection
 from tokensvc.oauth import sessions as web_sessions
 from tokensvc.oauth.context import OAuthContext
-from tokensvc.oauth.revocation import end_chains_before_promotion, revoke_grant, revoke_token
+from tokensvc.oauth.revocation import end_chains_before_promotion, narrowing, revoke_grant, revoke_token
 from tokensvc.records import Client, Grant, Installation, Session, Subject, User, utcnow
-from tokensvc.storage.base import GRANT, Conflict, Revocation, Store
+from tokensvc.storage.base import CLIENT, GRANT, Conflict, Revocation, Store
 
 MAX_PAGE = 200  # the most a listing returns at once
 
@@ -203,16 +204,26 @@ async def update_client(ctx: OAuthContext, client_id: str, changes: dict[str, An
 async def _change_client(ctx: OAuthContext, existing: Client, fields: dict[str, Any],
                          confidential: bool | None) -> tuple[Client, str | None]:
     """Write ``fields`` of the client and no other (a concurrent change of another field
-    holds), with a secret made or dropped when ``confidential`` changes it."""
+    holds), with a secret made or dropped when ``confidential`` changes it. A narrowing of its
+    allowed_scopes withdraws the scopes from its grants, codes and families
+    (:func:`revocation.narrowing`), and is announced to the open WebSockets of its tokens."""
     secret = None
     if confidential is True and existing.secret_hash is None:
         secret = hashing.new_secret()
         fields = {**fields, "secret_hash": hashing.digest(secret)}
     elif confidential is False and existing.secret_hash is not None:
         fields = {**fields, "secret_hash": None}
-    before = await ctx.store.update_client(existing.client_id, fields)
+    kept = fields.get("allowed_scopes", existing.allowed_scopes)
+
+    async def write(narrowed_at: datetime | None) -> Client | None:
+        return await ctx.store.update_client(existing.client_id, fields if narrowed_at is None
+                                             else {**fields, "narrowed_at": narrowed_at})
+
+    before, narrowed = await narrowing(ctx.store, existing, kept, ctx.clock(), write)
     if before is None:
         raise Missing(f"no client with id {existing.client_id!r}")
+    if narrowed:
+        ctx.events.publish(Revocation(CLIENT, existing.client_id))
     return replace(before, **fields), secret
 
 

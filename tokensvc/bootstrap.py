@@ -8,6 +8,7 @@ import asyncio
 import logging
 import secrets
 from dataclasses import replace
+from datetime import datetime
 from typing import Any
 
 from tokensvc.config import Settings
@@ -16,7 +17,7 @@ from tokensvc.metrics import Metrics
 from tokensvc.oauth import hashing, successors
 from tokensvc.oauth.context import OAuthContext
 from tokensvc.oauth.metadata import server_metadata
-from tokensvc.oauth.revocation import end_chains_before_promotion
+from tokensvc.oauth.revocation import end_chains_before_promotion, narrowing
 from tokensvc.ratelimit import FailureLimits, SharedFailureCounts
 from tokensvc.records import Client, Installation, User, utcnow
 from tokensvc.storage.base import StorageError, Store, StoreObserver
@@ -59,7 +60,7 @@ async def seed(store: Store, config: Settings) -> None:
             secret_hash = hashing.digest(seed_client.client_secret)
         else:
             secret_hash = seed_client.client_secret_sha256
-        await store.put_client(Client(
+        await seed_client_as(store, existing, Client(
             client_id=seed_client.client_id,
             name=seed_client.name,
             redirect_uris=list(seed_client.redirect_uris),
@@ -70,10 +71,11 @@ async def seed(store: Store, config: Settings) -> None:
             description=seed_client.description,
             logo_url=seed_client.logo_url,
             created_at=existing.created_at if existing and existing.created_at else now,
-        ))
+        ), now)
     if config.admin.cli_client:  # `tokensvc login`: a native app on a loopback port (RFC 8252)
         existing = await store.get_client(CLI_CLIENT.client_id)
-        await store.put_client(replace(CLI_CLIENT, created_at=existing.created_at if existing else now))
+        await seed_client_as(store, existing, replace(CLI_CLIENT, created_at=existing.created_at if existing else now),
+                             now)
     else:
         await store.delete_client(CLI_CLIENT.client_id)
     user_ids: dict[str, str] = {}
@@ -109,6 +111,18 @@ async def seed(store: Store, config: Settings) -> None:
         ))
     log.info("seeded %d clients, %d users, %d installations from the config",
              len(config.clients), len(config.users), len(config.installations))
+
+
+async def seed_client_as(store: Store, existing: Client | None, client: Client, now: datetime) -> None:
+    """Write ``client`` as the configuration says it, over ``existing``: a narrowing of its
+    allowed_scopes is withdrawn from what its grants and tokens hold, as the admin API's is
+    (:func:`tokensvc.oauth.revocation.narrowing`)."""
+    if existing is None:
+        await store.put_client(client)
+        return
+    client = replace(client, narrowed_at=existing.narrowed_at)
+    await narrowing(store, existing, client.allowed_scopes, now, lambda narrowed_at: store.put_client(
+        client if narrowed_at is None else replace(client, narrowed_at=narrowed_at)))
 
 
 async def prepare(store: Store, config: Settings, *, first_delay: float = 1.0, max_delay: float = 30.0) -> None:

@@ -36,6 +36,9 @@ class Client:
     # Web origins (scheme://host[:port]) whose pages may call the token endpoints and the API
     # (CORS), besides the origins of a public client's redirect URIs.
     allowed_origins: list[str] | None = None
+    # When allowed_scopes last lost a scope: written with the narrowing, so that every process
+    # hears of it (the revocation feed) and the open WebSockets of its tokens re-check.
+    narrowed_at: datetime | None = None
 
     @property
     def confidential(self) -> bool:

@@ -14,7 +14,7 @@ from tokensvc.oauth import bearer, privileges, scopes, sessions
 from tokensvc.oauth.context import OAuthContext
 from tokensvc.oauth.errors import InsufficientScope
 from tokensvc.records import Session, Subject, Token, User
-from tokensvc.storage.base import FAMILY, GRANT, SESSION, USER, Revocation
+from tokensvc.storage.base import CLIENT, FAMILY, GRANT, SESSION, USER, Revocation
 
 SESSION_SCOPES = ("read", "write")
 
@@ -92,7 +92,9 @@ def stands_on(principal: Principal) -> list[Revocation]:
     """What a long-lived connection of ``principal`` stands on: a revocation of any of these
     makes it re-check (:func:`still_valid`)."""
     if principal.token is not None:
-        return [Revocation(FAMILY, principal.token.family_id), Revocation(GRANT, principal.token.grant_id)]
+        token = principal.token
+        return [Revocation(FAMILY, token.family_id), Revocation(GRANT, token.grant_id),
+                Revocation(CLIENT, token.client_id)]
     assert principal.session is not None
     return [Revocation(SESSION, principal.session.session_hash), Revocation(USER, principal.session.user_id)]
 
@@ -103,7 +105,8 @@ async def still_valid(ctx: OAuthContext, principal: Principal) -> bool:
     A connection opened with an access token stands on the token's family: a refresh that
     replaces the token is no revocation, while revoking the family, its grant, or that access
     token alone ends it, and so does ``read`` no longer being in force (its client narrowed,
-    or removed). One opened with a session stands on the session.
+    which is announced under the client, or removed). One opened with a session stands on the
+    session.
     """
     now = ctx.clock()
     token = principal.token

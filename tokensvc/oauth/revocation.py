@@ -18,14 +18,18 @@ changed nothing announces nothing.
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from datetime import datetime
+from typing import TypeVar
 
 from tokensvc import logs
 from tokensvc.oauth import bearer, clientauth, privileges, tokens
 from tokensvc.oauth.clientauth import ClientRequest
 from tokensvc.oauth.context import OAuthContext
-from tokensvc.records import ACCESS, Client, Grant, Subject
+from tokensvc.records import ACCESS, DEFAULT_SCOPES, Client, Grant, Subject
 from tokensvc.storage.base import FAMILY, GRANT, Revocation, Store
+
+R = TypeVar("R")
 
 # -- the primitives ---------------------------------------------------------------------
 
@@ -64,6 +68,28 @@ async def end_chains_before_promotion(store: Store, user_id: str, now: datetime)
             if marked or count:
                 ended[grant.grant_id] = count
     return ended
+
+
+async def narrowing(store: Store, before: Client, allowed_scopes: list[str] | None, now: datetime,
+                    write: Callable[[datetime | None], Awaitable[R]]) -> tuple[R, bool]:
+    """Write a change of the client ``before`` that sets its allowed_scopes to
+    ``allowed_scopes`` (``write(narrowed_at)``: the time to record with it when it narrows them,
+    which tells every process, else None); and whether it narrowed them.
+
+    A narrowing holds at once at every use (:mod:`privileges`); here it is also withdrawn from
+    what the client's grants, codes and families hold (:meth:`Store.withdraw_scopes`), so that
+    a later widening gives the tokens issued before nothing back. Withdrawn before the write (a
+    failure leaves the client as it was, and the change tried again withdraws then) and again
+    after it, for what was issued in between; a failure of that second pass leaves only that
+    moment's tokens to the check at use."""
+    kept = list(DEFAULT_SCOPES) if allowed_scopes is None else allowed_scopes
+    narrowed = any(scope not in kept for scope in before.scopes)
+    if narrowed:
+        await store.withdraw_scopes(before.client_id, kept)
+    written = await write(now if narrowed else None)
+    if narrowed:
+        await store.withdraw_scopes(before.client_id, kept)
+    return written, narrowed
 
 
 async def revoke_family(ctx: OAuthContext, family_id: str, reason: str) -> bool:

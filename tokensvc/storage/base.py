@@ -46,16 +46,17 @@ MAX_LISTED_SESSIONS = 100
 
 # What a revocation concerns, named in every announcement of it: open WebSockets re-check
 # only when one of the keys they stand on is named.
-FAMILY, GRANT, SESSION, USER = "family", "grant", "session", "user"
+FAMILY, GRANT, SESSION, USER, CLIENT = "family", "grant", "session", "user", "client"
 
 
 @dataclass(slots=True, frozen=True)
 class Revocation:
     """Something was revoked: a token family (or its access token alone), a grant, a web
-    session, or every web session of a user."""
+    session, every web session of a user, or some of what a client's tokens may do (its
+    allowed_scopes narrowed)."""
 
-    kind: str  # FAMILY | GRANT | SESSION | USER
-    key: str  # the family_id, grant_id, session_hash or user_id
+    kind: str  # FAMILY | GRANT | SESSION | USER | CLIENT
+    key: str  # the family_id, grant_id, session_hash, user_id or client_id
 
 
 class Registry(abc.ABC):
@@ -175,6 +176,12 @@ class Authorizations(abc.ABC):
     async def revoke_client_grants(self, client_id: str, now: datetime) -> list[str]:
         """Revoke every grant of a client and every family of them, in bulk (the client was
         removed); the ids of the grants revoked."""
+
+    @abc.abstractmethod
+    async def withdraw_scopes(self, client_id: str, kept: list[str]) -> int:
+        """Take every scope not in ``kept`` out of what the client's live grants, unconsumed
+        codes and unrevoked families hold, in bulk (its allowed_scopes were narrowed to
+        ``kept``): a later widening gives them nothing back. The families changed. Idempotent."""
 
     @abc.abstractmethod
     async def mark_grant_revoked(self, grant_id: str, now: datetime) -> bool:

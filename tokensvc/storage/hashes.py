@@ -18,12 +18,14 @@ multi-document transaction (a standalone server has none) that takes care:
    finishes the move first (:func:`finish`) and runs again, on the copy;
 2. the copy is inserted, never over a copy already there (which may have been written since);
 3. the original is deleted, on the condition that it is as the mover last saw it. What can
-   still change a frozen document is a sweep (a revocation's ``update_many``), and only the
-   fields of :data:`SWEPT`, from unset to set: before deleting, the mover hands each of them to
+   still change a frozen document is a sweep (a revocation's ``update_many``, or a narrowed
+   client's withdrawal of scopes), and only the fields of :data:`SWEPT`, from unset to set, and
+   ``scopes`` (of :data:`NARROWED`), to fewer: before deleting, the mover hands each of them to
    the copy, and a delete that misses because a sweep came meanwhile reads the original again.
 
 While both exist, a read takes both (:func:`merged`): the copy, with any revocation that only
-the original carries (and a sweep counts the family twice). Anyone may finish a move (the
+the original carries and without any scope the original lost (and a sweep counts the family
+twice). Anyone may finish a move (the
 migration, another one running beside it, or a request that met a frozen document): every
 step is idempotent, so a mover that dies half-way leaves nothing a later one cannot complete.
 """
@@ -52,6 +54,8 @@ HASHED: dict[str, tuple[str, ...]] = {
 # The fields a sweep (``update_many``) sets, from null to a time: the only change a frozen
 # document may still take.
 SWEPT: dict[str, tuple[str, ...]] = {"codes": (), "families": ("revoked_at",), "sessions": ("ended_at",)}
+# The collections whose ``scopes`` a sweep may narrow (``withdraw_scopes``): never widened.
+NARROWED = frozenset({"codes", "families"})
 MOVING = "_moving"  # set on a frozen original: when its move began
 NOT_FROZEN: dict[str, Any] = {MOVING: None}  # in the filter of every single-document write
 
@@ -86,6 +90,8 @@ def merged(collection: str, documents: list[dict[str, Any]]) -> dict[str, Any] |
         for field in SWEPT[collection]:
             if live.get(field) is None and other.get(field) is not None:
                 live[field] = other[field]
+        if collection in NARROWED:
+            live["scopes"] = [scope for scope in live.get("scopes") or [] if scope in (other.get("scopes") or [])]
     return live
 
 
@@ -139,6 +145,9 @@ async def finish(db: Any, collection: str, frozen: dict[str, Any]) -> None:
             if frozen.get(field) is not None:
                 await source.update_one({"_id": copy["_id"], field: None}, {"$set": {field: frozen[field]}})
         unchanged = {field: frozen.get(field) for field in SWEPT[collection]}
+        if collection in NARROWED:  # what the original lost, the copy loses (it only ever narrows since)
+            await source.update_one({"_id": copy["_id"]}, {"$pull": {"scopes": {"$nin": frozen.get("scopes") or []}}})
+            unchanged["scopes"] = frozen.get("scopes")
         gone = await source.delete_one({"_id": frozen["_id"], MOVING: frozen[MOVING], **unchanged})
         if gone.deleted_count:
             return

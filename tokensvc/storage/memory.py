@@ -253,6 +253,25 @@ class MemoryStore(Store):
             await self.revoke_grant_families(grant_id, now)
         return revoked
 
+    async def withdraw_scopes(self, client_id: str, kept: list[str]) -> int:
+        def narrowed(rows: Rows[Any], table: dict[str, Row], keys: Any, live: str) -> int:
+            changed = 0
+            for key in keys:
+                row = table.get(key)
+                if row is None or rows.get(row, "client_id") != client_id or rows.get(row, live) is not None:
+                    continue
+                held = rows.get(row, "scopes")
+                if any(scope not in kept for scope in held):
+                    table[key] = rows.updated(row, scopes=tuple(scope for scope in held if scope in kept))
+                    changed += 1
+            return changed
+
+        grant_ids = [key for key, row in self._grants.items() if GRANTS.get(row, "client_id") == client_id]
+        narrowed(GRANTS, self._grants, grant_ids, "revoked_at")
+        narrowed(CODES, self._codes, list(self._codes), "consumed_at")
+        families = [family_id for grant_id in grant_ids for family_id in self._grant_families.get(grant_id, ())]
+        return narrowed(FAMILIES, self._families, families, "revoked_at")
+
     async def mark_grant_revoked(self, grant_id: str, now: datetime) -> bool:
         row = self._grants.get(grant_id)
         if row is None or GRANTS.get(row, "revoked_at") is not None:

@@ -14,13 +14,15 @@ The queries and the index serving each (no query scans a collection):
 collection              query                                        index
 ======================  ===========================================  ===========================
 clients                 by client_id; list sorted by client_id       ``_id``
+codes                   a narrowed client's unconsumed ones          ``client_unconsumed``
 users                   by user_id / by username; list by username   ``_id``; ``username`` unique
 installations           by installation_id; list                     ``_id``
 grants                  by grant_id                                  ``_id``
 grants                  by (client_id, user_id, installation_id)     ``subject_client`` unique
 grants                  active grants of a subject                   ``user_subject`` *
 grants                  active grants of a client, by id             ``client_live``
-families                a removed client's (bulk revocation)         ``client_revoked``
+families                a removed client's (bulk revocation), a      ``client_revoked``
+                        narrowed client's live ones
 codes                   by code_hash (get, consume)                  ``_id``; TTL ``expires_at``
 families                by family_id (refresh, rotate, revoke)       ``_id``; TTL ``expires_at``
 families                by the current access token's hash           ``access_hash`` unique
@@ -28,16 +30,17 @@ families                a grant's live ones (revoke a grant, list)   ``grant_liv
 sessions                by session_hash; a user's (end them all)     ``_id``; ``user_id``; TTL
 (polling fallback)      revocations since a moment                   partial ``revoked_at``,
                                                                      ``access_revoked_at``,
-                                                                     ``ended_at``
+                                                                     ``ended_at``, ``narrowed_at``
 ======================  ===========================================  ===========================
 
 (*) ``list_grants`` filters on ``user_id`` + ``installation_id`` + ``revoked_at``: the index
 ``user_subject`` (user_id, installation_id, revoked_at) serves it whole.
 
 Revocations reach the other processes without a write of their own: each process's relay
-watches the families, grants and sessions collections for updates that set ``revoked_at``,
-``access_revoked_at`` or ``ended_at`` (a change stream resumed where it left off), or,
-where the deployment has none, polls those fields through the partial indexes.
+watches the families, grants, sessions and clients collections for updates that set
+``revoked_at``, ``access_revoked_at``, ``ended_at`` or a client's ``narrowed_at`` (a change
+stream resumed where it left off), or, where the deployment has none, polls those fields
+through the partial indexes.
 
 Reads see the writes before them: every operation runs in a causally consistent session
 advanced to the latest operation time this process has seen (its own writes' and the relay's
@@ -95,6 +98,7 @@ from tokensvc.records import (
 from tokensvc.storage import format as store_format
 from tokensvc.storage import hashes, processes, topology
 from tokensvc.storage.base import (
+    CLIENT,
     CODE_RETENTION_SECONDS,
     FAMILY,
     GRANT,
@@ -118,6 +122,7 @@ WATCHED: dict[str, tuple[str, tuple[str, ...]]] = {
     "families": (FAMILY, ("revoked_at", "access_revoked_at")),
     "grants": (GRANT, ("revoked_at",)),
     "sessions": (SESSION, ("ended_at",)),
+    "clients": (CLIENT, ("narrowed_at",)),  # some of what its tokens may do withdrawn
 }
 
 Index = tuple[str, list[tuple[str, int]], dict[str, Any]]  # (collection, keys, options)
@@ -137,6 +142,8 @@ INDEXES: list[Index] = [
      {"name": "user_subject"}),
     ("grants", [("client_id", ASCENDING), ("revoked_at", ASCENDING), ("_id", ASCENDING)], {"name": "client_live"}),
     ("codes", [("expires_at", ASCENDING)], {"expireAfterSeconds": CODE_RETENTION_SECONDS, "name": "ttl"}),
+    # A narrowed client's codes on their way (withdraw_scopes).
+    ("codes", [("client_id", ASCENDING), ("consumed_at", ASCENDING)], {"name": "client_unconsumed"}),
     ("families", [("expires_at", ASCENDING)], {"expireAfterSeconds": 0, "name": "ttl"}),
     ("families", [("access_hash", ASCENDING)], {"unique": True, "name": "access_hash"}),
     # A grant's live families, in order (list_families), and the sweep of a revoked grant.
@@ -912,6 +919,17 @@ class MongoStore(Store):
         # The grants first: from then on none of their tokens is in force, whatever the sweep does.
         await self.grants.update_many(live, {"$set": {"revoked_at": now}})
         await self.families.update_many(live, {"$set": {"revoked_at": now}})
+
+    @guarded(RERUN)
+    async def withdraw_scopes(self, client_id: str, kept: list[str]) -> int:
+        # What holds a scope beyond ``kept`` loses it; a sweep, as a removed client's revocation
+        # is (a frozen original of a move takes it too, and hands it to its copy: hashes.finish).
+        beyond = {"scopes": {"$elemMatch": {"$nin": list(kept)}}}
+        withdraw = {"$pull": {"scopes": {"$nin": list(kept)}}}
+        await self.grants.update_many({"client_id": client_id, "revoked_at": None, **beyond}, withdraw)
+        await self.codes.update_many({"client_id": client_id, "consumed_at": None, **beyond}, withdraw)
+        result = await self.families.update_many({"client_id": client_id, "revoked_at": None, **beyond}, withdraw)
+        return result.modified_count
 
     @guarded(ONCE)
     async def mark_grant_revoked(self, grant_id: str, now: datetime) -> bool:
