@@ -127,8 +127,9 @@ async def test_a_seeded_user_is_stored_under_the_key_of_their_name(backend_store
     from tokensvc.records import User
 
     await backend_store.put_user(User("u_legacy", "Erin", "scrypt$x", False))  # as release 0.9.0 stored it
+    # The file names Erin in another case: the same user (on MongoDB a second one was made).
     config = make_config(users=[{"username": "Dora", "password_hash": "scrypt$x"},
-                                {"username": "Erin", "password_hash": "scrypt$y"}],
+                                {"username": "ERIN", "password_hash": "scrypt$y"}],
                          installations=[{"installation_id": "dome", "name": "Dome", "kind": "observatory",
                                          "operators": ["DORA", "erin"]}])
     for _ in range(2):

@@ -39,13 +39,13 @@ class Deployment:
         self.primary, self.previous, self.tmp = primary, previous, tmp_path_factory
         self.services: list[Service] = []
 
-    def start(self, release: str) -> Service:
+    def start(self, release: str, extra: str = "") -> Service:
         directory = self.tmp.mktemp(release)
         if release == "previous":
             service = start_service(directory, storage(self.primary), python=self.previous.python,
-                                    cwd=self.previous.cwd, env=self.previous.env)
+                                    cwd=self.previous.cwd, env=self.previous.env, extra=extra)
         else:
-            service = start_service(directory, storage(self.primary),
+            service = start_service(directory, storage(self.primary), extra=extra,
                                     env={"TOKENSVC_STORAGE_HEARTBEAT_SECONDS": str(HEARTBEAT)})
         self.services.append(service)
         deadline = time.monotonic() + 30
@@ -260,6 +260,33 @@ def test_a_rolling_upgrade_then_finalize_signs_no_one_out(primary, previous, tmp
         assert works(another.base, refresh(new.base, issued_before["installation"]))
         assert works(new.base, exchange(another.base, issued_before["pending code"]))
         assert works(another.base, exchange(new.base, issued_before["code at the new release"]))
+    finally:
+        outputs = deployment.close()
+    assert not any("Traceback" in output for output in outputs), outputs
+
+
+def test_a_user_the_previous_release_stored_with_capitals_is_found_in_any_case(primary, previous,
+                                                                              tmp_path_factory):
+    """The previous release stored a username as written (``users add Carol``). This release
+    finds it whatever the case it is typed in: a configuration naming ``carol`` takes that user
+    (on MongoDB it added a second one, Carol's twin), and Carol signs in as CAROL."""
+    import os
+    import subprocess
+
+    deployment = Deployment(primary, previous, tmp_path_factory)
+    try:
+        old = deployment.start("previous")
+        added = subprocess.run(
+            [previous.python, "-m", "tokensvc", "users", "add", "Carol", "--password-stdin", "--config",
+             str(old.log_path.parent / "tokensvc.toml")], input="lichen-orbit-tamarind\n", capture_output=True,
+            text=True, cwd=previous.cwd, env={**os.environ, **previous.env}, timeout=60)
+        assert added.returncode == 0, added.stderr
+        new = deployment.start("current", extra='[[users]]\nusername = "carol"\npassword = "juniper-vault-cascade"\n')
+        users = primary.db["tokensvc"]["users"]
+        assert [user["username"] for user in users.find({"username": {"$regex": "^carol$", "$options": "i"}})] \
+            == ["Carol"]
+        Browser("CAROL", "juniper-vault-cascade").sign_in(new.base)  # the file's password, set on Carol
+        Browser("Carol", "juniper-vault-cascade").sign_in(old.base)
     finally:
         outputs = deployment.close()
     assert not any("Traceback" in output for output in outputs), outputs

@@ -82,7 +82,7 @@ from pymongo.read_concern import ReadConcern
 
 from tokensvc import __version__
 from tokensvc.config import StorageSettings
-from tokensvc.identifiers import username_key
+from tokensvc.identifiers import USERNAME, username_key
 from tokensvc.records import (
     AuthorizationCode,
     Client,
@@ -502,6 +502,11 @@ def _pair_fields(pair: Pair, pack: Callable[[Any], Any]) -> dict[str, Any]:
             "serial": pair.serial, "key_id": pair.key_id}
 
 
+def _caseless(username: str) -> dict[str, Any]:
+    """A filter on ``username`` whatever its case: for ASCII, the key's comparison."""
+    return {"$regex": f"^{re.escape(username)}$", "$options": "i"}
+
+
 def _missed(result: Any) -> bool:
     """Whether a single-document write changed nothing (None, or no match)."""
     return result is None or getattr(result, "matched_count", 1) == 0
@@ -778,9 +783,16 @@ class MongoStore(Store):
     @guarded(READ)
     async def get_user_by_username(self, username: str) -> User | None:
         # New usernames are stored as their key, so the unique index on username holds one
-        # user per key; one stored with capitals by release 0.9.0 is found as written.
+        # user per key: the exact name, then the key, through that index. One stored with
+        # capitals by release 0.9.0 (Alice) is found by neither when typed otherwise (ALICE,
+        # alice): then by a caseless comparison, which is the key's for the ASCII usernames
+        # allow (identifiers.USERNAME). That one reads the whole username index, and only when
+        # no user has the name or its key (an unknown name: a typo, a new user, a guess).
         key = username_key(username)
         found = await self.users.find({"username": {"$in": list({username, key})}}).to_list(2)
+        if not found and USERNAME.fullmatch(username):
+            # Two 0.9.0 users whose names differ only in case: the first by name, as listed.
+            found = await self.users.find({"username": _caseless(username)}).sort("username", ASCENDING).to_list(1)
         exact = [doc for doc in found if doc["username"] == username]
         return USERS.record((exact or found or [None])[0])
 
@@ -814,8 +826,7 @@ class MongoStore(Store):
 
     @guarded(READ)
     async def _caseless_holders(self, username: str) -> list[dict[str, Any]]:
-        caseless = {"$regex": f"^{re.escape(username)}$", "$options": "i"}
-        return await self.users.find({"username": caseless}, {"username": 1}).to_list(None)
+        return await self.users.find({"username": _caseless(username)}, {"username": 1}).to_list(None)
 
     @guarded(RERUN)
     async def _write_user(self, user: User) -> None:
