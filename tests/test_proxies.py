@@ -6,7 +6,9 @@ one address."""
 
 from __future__ import annotations
 
+import http.client
 import logging
+import socket
 
 import pytest
 from helpers import Browser, json_of, make_config
@@ -172,3 +174,82 @@ def test_the_ipv6_prefix_is_a_prefix_length():
         make_config(limits={"ipv6_prefix": 129})
     with pytest.raises(ConfigError, match=r"^limits.ipv6_prefix: must be at least 1"):
         make_config(limits={"ipv6_prefix": 0})
+
+
+class UnixHTTPConnection(http.client.HTTPConnection):
+    """HTTP over a unix socket, as nginx's ``proxy_pass http://unix:/path:`` speaks it."""
+
+    def __init__(self, path: str) -> None:
+        super().__init__("localhost", timeout=10)
+        self.path = path
+
+    def connect(self) -> None:
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.sock.connect(self.path)
+
+
+def through_unix_socket(path: str, target: str, **headers: str) -> int:
+    connection = UnixHTTPConnection(path)
+    try:
+        connection.request("GET", target, headers={"Host": "127.0.0.1", **headers})
+        return connection.getresponse().status
+    finally:
+        connection.close()
+
+
+def test_a_proxy_on_this_host_is_believed_through_its_unix_socket_alone(tmp_path):
+    """The service also listens on server.unix_socket (mode 0660: only the proxy's group opens
+    it), and trusted_networks = ["unix"] believes X-Forwarded-For from that peer alone: a local
+    process connecting to the TCP port (from any loopback address, as any may) is taken at its
+    own address, whatever it writes. /metrics, open to 203.0.113.0/24 only, tells which."""
+    import stat
+
+    import requests
+    from service import start_service
+
+    path = tmp_path / "tokensvc.sock"
+    service = start_service(tmp_path, extra=f'[server]\nunix_socket = "{path}"\n[proxy]\ntrusted_networks = ["unix"]\n'
+                                            '[metrics]\nallow = ["203.0.113.0/24"]\n',
+                            env={"TOKENSVC_XHEADERS": "true"})
+    try:
+        assert stat.S_IMODE(path.stat().st_mode) == 0o660 and stat.S_ISSOCK(path.stat().st_mode)
+        forwarded = {"X-Forwarded-For": "203.0.113.7"}
+        assert through_unix_socket(str(path), "/metrics", **forwarded) == 200  # the proxy saw 203.0.113.7
+        assert through_unix_socket(str(path), "/metrics") == 404  # the proxy itself is no one
+        assert through_unix_socket(str(path), "/healthz") == 200
+        assert requests.get(service.base + "/metrics", headers=forwarded, timeout=10).status_code == 404
+        assert requests.get(service.base + "/metrics", headers={"X-Real-IP": "203.0.113.7"},
+                            timeout=10).status_code == 404
+    finally:
+        service.stop()
+    assert "also listening on unix:" in service.output()
+
+
+def test_unix_names_the_unix_sockets_peer_and_needs_the_socket():
+    from tokensvc.config import ConfigError
+
+    with pytest.raises(ConfigError, match=r'^proxy.trusted_networks: "unix" trusts the peer on server.unix_socket'):
+        make_config(xheaders=True, proxy={"trusted_networks": ["unix"]})
+    with pytest.raises(ConfigError, match=r"^server.unix_socket_mode: a file mode"):
+        make_config(server={"unix_socket": "/run/t.sock", "unix_socket_mode": 0o1777})
+    assert make_config(xheaders=True, proxy={"trusted_networks": ["unix", "10.0.0.0/8"]},
+                       server={"unix_socket": "/run/t.sock"}).proxy.trusted_networks == ["unix", "10.0.0.0/8"]
+    # Without a connection's word that it came through the unix socket, 0.0.0.0 is trusted by nothing.
+    address = ClientAddress(True, trusted_networks=["unix"])
+    assert address(request("0.0.0.0", X_Forwarded_For="203.0.113.7")) == "0.0.0.0"
+    assert address(request("127.0.0.1", X_Forwarded_For="203.0.113.7")) == "127.0.0.1"
+
+
+def test_a_path_that_is_no_socket_is_one_line(tmp_path, capsys, monkeypatch):
+    from service import free_port
+
+    from tokensvc import cli
+
+    taken = tmp_path / "not-a-socket"
+    taken.write_text("kept")
+    monkeypatch.setenv("TOKENSVC_SERVER_UNIX_SOCKET", str(taken))
+    monkeypatch.setenv("TOKENSVC_ADMIN_PORT", str(free_port()))
+    code = cli.main(["serve", "--config", "config/tokensvc.toml", "--port", str(free_port())])
+    assert code == 1 and taken.read_text() == "kept"
+    assert capsys.readouterr().err == (f"tokensvc: cannot listen on unix:{taken}: a file that is not a socket is "
+                                       "there; choose another path with server.unix_socket\n")

@@ -44,6 +44,13 @@ def bind(settings: Settings) -> Listeners:
     """The listening sockets of the public port and of the admin listener; a fault the
     operator can fix is one line that says what to do."""
     public = _bind(settings.host, settings.port, "--host or TOKENSVC_HOST", "--port or TOKENSVC_PORT")
+    if settings.server.unix_socket:
+        try:
+            public.append(_bind_unix(settings.server.unix_socket, settings.server.unix_socket_mode))
+        except CommandError:
+            for sock in public:
+                sock.close()
+            raise
     if not settings.admin.port:
         return Listeners(public, [])
     try:
@@ -77,6 +84,20 @@ def _bind(host: str, port: int, host_setting: str, port_setting: str) -> list[so
             raise CommandError(f"not allowed to listen on {where} (ports below 1024 need privileges); "
                                f"choose another with {port_setting}") from None
         raise CommandError(f"cannot listen on {where}: {exc.strerror or exc}") from None
+
+
+def _bind_unix(path: str, mode: int) -> socket.socket:
+    """The unix socket at ``path`` (a leftover socket file there is replaced), with ``mode``."""
+    import tornado.netutil
+
+    try:
+        return tornado.netutil.bind_unix_socket(path, mode)
+    except ValueError:  # Tornado's: something other than a socket is there
+        raise CommandError(f"cannot listen on unix:{path}: a file that is not a socket is there; choose another "
+                           "path with server.unix_socket") from None
+    except OSError as exc:
+        raise CommandError(f"cannot listen on unix:{path}: {exc.strerror or exc}; choose another path with "
+                           "server.unix_socket") from None
 
 
 async def serve(settings: Settings, listeners: Listeners) -> None:
@@ -127,6 +148,8 @@ async def serve(settings: Settings, listeners: Listeners) -> None:
     local = config_module.listen_url(settings.host, settings.port)
     admin_url = config_module.listen_url(settings.admin.host, settings.admin.port) if listeners.admin else None
     log.info("tokensvc %s listening on %s (storage: %s)", __version__, local, settings.storage.backend)
+    if settings.server.unix_socket:
+        log.info("also listening on unix:%s (mode %#o)", settings.server.unix_socket, settings.server.unix_socket_mode)
     if admin_url:
         log.info("admin API listening on %s", admin_url)
         if not is_loopback(settings.admin.host):

@@ -58,6 +58,9 @@ _SHA256_HEX = re.compile(r"^[0-9a-f]{64}$")
 DERIVED = {"derived": True}
 
 
+UNIX_PEER = "unix"  # in proxy.trusted_networks: the peer on server.unix_socket
+
+
 class ConfigError(Exception):
     """A configuration fault; the message names the key."""
 
@@ -108,13 +111,18 @@ class ServerSettings:
     # On SIGTERM or SIGINT: stop accepting, then let the requests in flight finish for at most
     # this long before the store is closed (a deploy cuts no exchange in half).
     drain_seconds: int = 20
+    # A unix socket the public port also listens on, for a proxy on this host: only whoever the
+    # file's mode lets open it can connect (unlike a loopback address, which any local process
+    # may connect from), so proxy.trusted_networks = ["unix"] believes the proxy's headers there.
+    unix_socket: str = ""
+    unix_socket_mode: int = 0o660
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ProxySettings:
     # With xheaders (required then): the networks of the proxies the service is reached
-    # through. A peer outside them is a client that connected directly, and no header it sends
-    # is believed.
+    # through, or "unix": the peer on server.unix_socket. A peer outside them is a client that
+    # connected directly, and no header it sends is believed.
     trusted_networks: list[str] = field(default_factory=list)
     # 0: X-Forwarded-For is read back past every address in trusted_networks. N: behind a
     # peer in trusted_networks, N proxies in all append to it (the farther ones, a cloud load
@@ -526,9 +534,14 @@ def _check_sections(settings: Settings) -> None:
                               "python3 -c 'import secrets; print(secrets.token_urlsafe(32))')")
     if len(set(keys)) != len(keys):
         raise ConfigError("tokens.successor_keys: a key is listed twice")
-    for f in dataclasses.fields(ServerSettings):
-        if f.name != "allowed_hosts" and getattr(settings.server, f.name) < 1:
-            raise ConfigError(f"server.{f.name}: must be at least 1 second, got {getattr(settings.server, f.name)}")
+    for name in ("idle_timeout", "body_timeout", "drain_seconds"):
+        if getattr(settings.server, name) < 1:
+            raise ConfigError(f"server.{name}: must be at least 1 second, got {getattr(settings.server, name)}")
+    if not 0 <= settings.server.unix_socket_mode <= 0o777:
+        raise ConfigError(f"server.unix_socket_mode: a file mode (0o660), got {settings.server.unix_socket_mode:#o}")
+    if UNIX_PEER in settings.proxy.trusted_networks and not settings.server.unix_socket:
+        raise ConfigError(f'proxy.trusted_networks: "{UNIX_PEER}" trusts the peer on server.unix_socket, which is '
+                          "not set")
     for f in dataclasses.fields(LimitSettings):
         value = getattr(settings.limits, f.name)
         if f.name != "enabled" and value < 1:
@@ -538,6 +551,8 @@ def _check_sections(settings: Settings) -> None:
     for key, networks in (("metrics.allow", settings.metrics.allow),
                           ("proxy.trusted_networks", settings.proxy.trusted_networks)):
         for network in networks:
+            if key == "proxy.trusted_networks" and network == UNIX_PEER:
+                continue
             try:
                 ipaddress.ip_network(network, strict=False)
             except ValueError:

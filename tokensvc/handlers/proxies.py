@@ -10,15 +10,21 @@ given, the first address from the right that is not in those networks. Whatever 
 at the left end itself is never taken. ``X-Real-IP`` (set by the nearest proxy alone) is taken
 only where ``proxy.real_ip_header`` says so, and only from a peer inside the networks. An
 address that is not an IP address stops the walk at the last trusted one.
+
+``unix`` among the networks is the peer on ``server.unix_socket``: a proxy on the same host
+that connects through a file only it may open. A loopback network (``127.0.0.1/32``) would be
+every local process, which may connect from any loopback address.
 """
 
 from __future__ import annotations
 
 import ipaddress
+import socket
 from collections.abc import Sequence
 
 from tornado.httputil import HTTPServerRequest
 
+UNIX_PEER = "unix"  # config.UNIX_PEER: the handlers do not import the configuration
 Network = ipaddress.IPv4Network | ipaddress.IPv6Network
 
 
@@ -38,13 +44,15 @@ class ClientAddress:
     def __init__(self, enabled: bool, trusted_hops: int = 0, trusted_networks: Sequence[str] = (),
                  real_ip_header: bool = False) -> None:
         self.enabled, self.hops, self.real_ip = enabled, trusted_hops, real_ip_header
-        self.networks: list[Network] = [ipaddress.ip_network(network, strict=False) for network in trusted_networks]
+        self.unix = UNIX_PEER in trusted_networks
+        self.networks: list[Network] = [ipaddress.ip_network(network, strict=False)
+                                        for network in trusted_networks if network != UNIX_PEER]
 
     def __call__(self, request: HTTPServerRequest) -> str:
-        peer = request.remote_ip or ""
+        peer = request.remote_ip or ""  # Tornado's "0.0.0.0" for a unix socket's peer
         if not self.enabled:
             return peer
-        if not self._in_networks(peer):
+        if not (self._in_networks(peer) or (self.unix and _on_unix_socket(request))):
             return peer  # a client reached the service directly: its headers say nothing
         if self.real_ip:
             real = _ip(request.headers.get("X-Real-IP", ""))
@@ -66,8 +74,15 @@ class ClientAddress:
         peer, at distance 0, always is here: it was checked first)."""
         if self.hops:
             return distance < self.hops
-        return self._in_networks(address)
+        return distance == 0 or self._in_networks(address)
 
     def _in_networks(self, address: str) -> bool:
+        # (A unix socket's peer, 0.0.0.0 here, is in no network: "unix" is not one.)
         ip = _ip(address)
         return ip is not None and any(ip in network for network in self.networks)
+
+
+def _on_unix_socket(request: HTTPServerRequest) -> bool:
+    """Whether the request came through a unix socket (``server.unix_socket``)."""
+    context = getattr(request.connection, "context", None)
+    return getattr(context, "address_family", None) == socket.AF_UNIX
