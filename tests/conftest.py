@@ -46,5 +46,5 @@ def app(io_loop, store, config, ctx):
 
 
 @pytest.fixture
-def browser(http_client, base_url):
-    return Browser(http_client, base_url)
+def browser(http_client, base_url, clock):
+    return Browser(http_client, base_url, clock)

@@ -167,10 +167,12 @@ def query_of(url: str) -> dict[str, str]:
 
 @dataclass
 class Browser:
-    """Drives the HTML side of the service the way a user agent does."""
+    """Drives the HTML side of the service the way a user agent does; with the service's
+    ``clock``, a person who reads a page before answering it (handlers/pace.py)."""
 
     client: AsyncHTTPClient
     base_url: str
+    clock: Clock | None = None
     cookies: dict[str, str] = field(default_factory=dict)
 
     async def fetch(self, path: str, method: str = "GET", body: dict[str, str] | None = None,
@@ -219,8 +221,13 @@ class Browser:
         return await self.fetch("/oauth/authorize?" + urlencode(params))
 
     async def decide(self, consent_page: HTTPResponse, decision: str) -> HTTPResponse:
+        """Answer a page where the user decides, once it was shown long enough to be read."""
+        from tokensvc.handlers import pace
+
         fields = self.form_fields(consent_page.body.decode())
         fields["decision"] = decision
+        if self.clock is not None:
+            self.clock.advance(pace.REVEAL_SECONDS)
         return await self.fetch("/oauth/authorize", "POST", fields)
 
     async def code_for(self, client_id: str, redirect_uri: str, user: str = "alice", **kwargs: Any) -> str:

@@ -187,6 +187,19 @@ def hidden_fields(html: str) -> dict[str, str]:
             for name, value in re.findall(r'<input type="hidden" name="([^"]+)" value="([^"]*)"', html)}
 
 
+def answer_when_read(agent: requests.Session, url: str, page: str, decision: str = "allow") -> requests.Response:
+    """Answer a page where the user decides (POST ``url``) as a person does: once it has been
+    shown long enough to be read, which the service asks of an "allow" (handlers/pace.py). The
+    moment comes from the page's own form, by this host's clock, the service's."""
+    from tokensvc.handlers import pace
+
+    form = {**hidden_fields(page), "decision": decision}
+    if pace.FIELD in form:  # (a release before it has none)
+        readable = int(form[pace.FIELD].partition(".")[0]) / 1000 + pace.MIN_SECONDS
+        time.sleep(max(0.0, readable - time.time()))
+    return agent.post(url, data=form, allow_redirects=False, timeout=30)
+
+
 def user_agent_authorize(authorization_url: str, decision: str = "allow", password: str = "violet-tide-anchor",
                          username: str = "alice") -> str:
     """Follow the authorization URL as a browser would: sign in, answer the page that asks
@@ -204,9 +217,7 @@ def user_agent_authorize(authorization_url: str, decision: str = "allow", passwo
     response = agent.get(urljoin(authorization_url, response.headers["Location"]), allow_redirects=False)
     if response.status_code == 200:  # the page where the user decides
         assert 'name="decision" value="allow"' in response.text, response.text
-        form = hidden_fields(response.text)
-        form["decision"] = decision
-        response = agent.post(urljoin(authorization_url, "/oauth/authorize"), data=form, allow_redirects=False)
+        response = answer_when_read(agent, urljoin(authorization_url, "/oauth/authorize"), response.text, decision)
     assert response.status_code == 302, response.text
     return response.headers["Location"]
 

@@ -265,7 +265,7 @@ async def test_pairing_an_installation_one_does_not_operate_is_denied(browser, s
         response = await browser.authorize("node-agent", NODE_REDIRECT, installation_id=installation)
         assert query_of(response.headers["Location"])["error"] == "access_denied"
     # An admin may pair any installation.
-    admin = type(browser)(browser.client, browser.base_url)
+    admin = type(browser)(browser.client, browser.base_url, browser.clock)
     await admin.login("root")
     page = await admin.authorize("node-agent", NODE_REDIRECT, installation_id="other-scope")
     assert "code" in query_of((await admin.decide(page, "allow")).headers["Location"])
@@ -454,3 +454,78 @@ async def test_a_confidential_client_gets_no_code_on_another_loopback_port(brows
     response = await browser.authorize("webapp", "http://127.0.0.1:50999/callback")
     assert response.code == 400 and "Location" not in response.headers
     assert b"redirect_uri is not registered" in response.body
+
+
+# -- a decision at a person's pace (double-clickjacking) ------------------------------------------
+
+
+@pytest.mark.gen_test
+@pytest.mark.parametrize("client_id,redirect_uri,user,extra", [
+    ("skyplanner", SKY_REDIRECT, "alice", {"scope": "read"}),  # consent
+    ("tokensvc-cli", CLI_REDIRECT, "root", {"scope": "admin"}),  # the one-click page
+    ("node-agent", NODE_REDIRECT, "alice", {"installation_id": "backyard-scope"}),  # pairing
+], ids=["consent", "one-click", "pairing"])
+async def test_an_allow_sooner_than_a_person_reads_is_taken_for_none(browser, clock, client_id, redirect_uri, user,
+                                                                      extra):
+    """Double-clickjacking: the second click of a double click that sent the browser to the page
+    lands on its button a fraction of a second after it was rendered. The server takes such an
+    "allow" for no decision: the page again, saying why, and no code; the same page answered
+    once it could be read is answered. Deny is taken at once (it grants nothing)."""
+    from tokensvc.handlers import pace
+
+    await browser.login(user)
+    page = await browser.authorize(client_id, redirect_uri, **extra)
+    fields = {**browser.form_fields(page.body.decode()), "decision": "allow"}
+    clock.advance(pace.MIN_SECONDS / 2)  # the second click of a double click
+    again = await browser.fetch("/oauth/authorize", "POST", fields)
+    assert again.code == 200 and "Location" not in again.headers
+    assert b"Your answer came before this page could be read" in again.body
+    assert b'name="decision" value="allow"' in again.body
+    clock.advance(pace.MIN_SECONDS)  # the first page, read: its form is taken
+    answered = await browser.fetch("/oauth/authorize", "POST", fields)
+    assert answered.code == 302 and "code" in query_of(answered.headers["Location"])
+    fresh = browser.form_fields((await browser.authorize(client_id, redirect_uri, **extra)).body.decode())
+    denied = await browser.fetch("/oauth/authorize", "POST", {**fresh, "decision": "deny"})
+    assert query_of(denied.headers["Location"])["error"] == "access_denied"
+
+
+@pytest.mark.gen_test
+@pytest.mark.parametrize("shown", ["missing", "forged", "another-session", "malformed"])
+async def test_the_moment_a_page_was_shown_is_the_servers_word(browser, http_client, base_url, clock, shown):
+    """The render time is signed into the form, bound to the session: a form that drops it,
+    writes an earlier one, or carries another session's is taken as too soon (the page again)."""
+    from helpers import Browser
+
+    from tokensvc.handlers import pace
+
+    await browser.login("alice")
+    page = await browser.authorize("skyplanner", SKY_REDIRECT, scope="read")
+    fields = {**browser.form_fields(page.body.decode()), "decision": "allow"}
+    if shown == "missing":
+        fields.pop(pace.FIELD)
+    elif shown == "forged":
+        at, _, signature = fields[pace.FIELD].partition(".")
+        fields[pace.FIELD] = f"{int(at) - 60_000}.{signature}"
+    elif shown == "another-session":
+        other = Browser(http_client, base_url, clock)
+        await other.login("alice")
+        fields[pace.FIELD] = other.form_fields(
+            (await other.authorize("skyplanner", SKY_REDIRECT, scope="read")).body.decode())[pace.FIELD]
+    else:
+        fields[pace.FIELD] = "soon"
+    clock.advance(pace.REVEAL_SECONDS)
+    again = await browser.fetch("/oauth/authorize", "POST", fields)
+    assert again.code == 200 and b"Your answer came before this page could be read" in again.body
+
+
+def test_the_buttons_appear_after_the_server_takes_an_answer():
+    """The stylesheet reveals a decision's buttons later than the server's bound: a person who
+    clicks as soon as they appear is never refused (the margin is what clocks may disagree by)."""
+    from pathlib import Path
+
+    from tokensvc.handlers import pace
+
+    css = (Path(pace.__file__).resolve().parent.parent / "static" / "style.css").read_text()
+    rule = re.search(r"\.decision button \{[^}]*animation: appear [.0-9]+s [a-z-]+ ([.0-9]+)s both;", css)
+    assert rule and float(rule.group(1)) == pace.REVEAL_SECONDS > pace.MIN_SECONDS + 0.25
+    assert re.search(r"@keyframes appear \{ from \{ visibility: hidden; opacity: 0; \}", css)

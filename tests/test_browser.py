@@ -93,18 +93,30 @@ form.submit();
 </script>"""
 
 
+# Double-clickjacking: a page of another origin asks for a double click on a button placed where
+# the one-click page's Continue will be (``/double-click?x=...&y=...&to=URL``); the first click
+# (its mousedown) sends the browser to ``to``, and the second lands on whatever appears there.
+DOUBLE_CLICK = """<!doctype html><title>a game</title><link rel="icon" href="data:,"><p>Double-click the button</p>
+<button id="b" style="position:absolute;transform:translate(-50%,-50%);width:160px;height:60px">Double-click me</button>
+<script>
+const q = new URLSearchParams(location.search), button = document.getElementById("b");
+button.style.left = q.get("x") + "px"; button.style.top = q.get("y") + "px";
+button.addEventListener("mousedown", () => { location.href = q.get("to"); }, {once: true});
+</script>"""
+
+
 class CallbackPage(http.server.BaseHTTPRequestHandler):
     """A client's redirect target: a plain page that names what it received; with
-    ``state=app``, the browser app above; at ``/navigate`` and ``/post``, a page of another
-    origin that sends the browser on (above)."""
+    ``state=app``, the browser app above; at ``/navigate``, ``/post`` and ``/double-click``, a
+    page of another origin that sends the browser on (above)."""
 
     def do_GET(self) -> None:
         body = b'<!doctype html><title>callback</title><link rel="icon" href="data:,"><p>received</p>'
         path = urlsplit(self.path).path
         if parse_qs(urlsplit(self.path).query).get("state") == ["app"]:
             body = BROWSER_APP.replace("VERIFIER", VERIFIER).encode()
-        elif path in ("/navigate", "/post"):
-            body = (NAVIGATE if path == "/navigate" else POST).encode()
+        elif path in ("/navigate", "/post", "/double-click"):
+            body = {"/navigate": NAVIGATE, "/post": POST, "/double-click": DOUBLE_CLICK}[path].encode()
         self.send_response(200)
         self.send_header("Content-Type", "text/html; charset=utf-8")
         self.send_header("Content-Length", str(len(body)))
@@ -211,6 +223,16 @@ def wait_for(driver, by, value):
     return wait_until(driver, expected_conditions.presence_of_element_located((by, value)))
 
 
+def decision(driver, value: str = "allow"):
+    """A decision's button once it has appeared and takes clicks: the page shows its buttons a
+    moment after it appears (handlers/pace.py), as a person reads it first."""
+    button = wait_for(driver, By.CSS_SELECTOR, f"form.decision button[value={value}]")
+    wait_until(driver, lambda d: d.execute_script(
+        "const style = getComputedStyle(arguments[0]); return style.visibility === 'visible' && style.opacity === '1'",
+        button))
+    return button
+
+
 def landed_on(driver, url: str) -> dict[str, list[str]]:
     """Wait until the browser shows ``url`` (the client's callback); its query."""
     wait_until(driver, lambda d: d.current_url.startswith(url + "?"))
@@ -304,7 +326,7 @@ def test_sign_in_and_approve_a_third_party_client(service, callback, driver, sho
     driver.get(sky_url(service, callback))
     assert "to continue to SkyPlanner" in wait_for(driver, By.TAG_NAME, "main").text
     sign_in(driver, PASSWORDS["alice"])
-    allow = wait_for(driver, By.CSS_SELECTOR, "button[value=allow]")
+    allow = decision(driver, "allow")
     page = driver.find_element(By.TAG_NAME, "main").text
     assert "SkyPlanner" in page and "Plans your observing nights" in page
     assert "Create and change your observations" in page and "Read your data" in page
@@ -327,7 +349,7 @@ def test_sign_in_and_approve_a_third_party_client(service, callback, driver, sho
 def test_deny_returns_access_denied(service, callback, driver):
     driver.get(sky_url(service, callback))
     sign_in(driver, PASSWORDS["alice"])
-    wait_for(driver, By.CSS_SELECTOR, "button[value=deny]").click()
+    decision(driver, "deny").click()
     query = landed_on(driver, f"{callback}/skyplanner")
     assert query["error"] == ["access_denied"] and "code" not in query
 
@@ -342,7 +364,7 @@ def pairing_url(service: str, callback: str) -> str:
 def test_an_operator_pairs_an_installation(service, callback, driver, shots):
     driver.get(pairing_url(service, callback))
     sign_in(driver, PASSWORDS["alice"])
-    pair = wait_for(driver, By.CSS_SELECTOR, "button[value=allow]")  # the first-party agent names it first
+    pair = decision(driver, "allow")  # the first-party agent names it first
     page = driver.find_element(By.TAG_NAME, "main").text
     assert "Pair Backyard telescope" in page and "a telescope" in page and "Node installation agent" in page
     assert "Read this installation's data" in page and "your data" not in page
@@ -370,7 +392,7 @@ def test_account_page_lists_connected_apps_and_removes_one(service, callback, dr
     wait_until(driver, lambda d: urlsplit(d.current_url).path == "/account")
 
     driver.get(sky_url(service, callback))  # connect SkyPlanner, and hold its tokens
-    wait_for(driver, By.CSS_SELECTOR, "button[value=allow]").click()
+    decision(driver, "allow").click()
     tokens = exchange(service, landed_on(driver, f"{callback}/skyplanner")["code"][0], "skyplanner", callback)
     assert introspect(service, tokens["refresh_token"])["active"] is True
 
@@ -458,7 +480,7 @@ def test_consent_leads_on_to_an_ipv6_loopback_redirect(native_service, ipv6_call
     the browser follows the redirect to the native app with a clean console."""
     sign_in_directly(driver, native_service)
     driver.get(authorize_url(native_service, ipv6_callback, "native-app", "read"))
-    wait_for(driver, By.CSS_SELECTOR, "button[value=allow]").click()
+    decision(driver, "allow").click()
     query = landed_on(driver, f"{ipv6_callback}/native-app")
     assert query["state"] == ["browser-state"] and query["code"]
 
@@ -480,7 +502,7 @@ def test_a_browser_app_runs_the_whole_flow_with_fetch(service, callback, driver)
     the token, refreshes and revokes, all with fetch across origins (CORS), console clean."""
     sign_in_directly(driver, service)
     driver.get(authorize_url(service, callback, "skyplanner", "read", state="app"))
-    wait_for(driver, By.CSS_SELECTOR, "button[value=allow]").click()
+    decision(driver, "allow").click()
     landed_on(driver, f"{callback}/skyplanner")
     assert json.loads(app_result(driver)) == {"exchanged": 200, "me": "alice", "refreshed": 200, "renewed": True,
                                               "revoked": 200}
@@ -509,13 +531,13 @@ def test_a_browser_gets_a_page_for_an_address_that_is_not_one(service, driver, p
 def test_a_form_left_open_past_its_token_is_shown_again(service, callback, driver):
     driver.get(sky_url(service, callback))
     sign_in(driver, PASSWORDS["alice"])
-    wait_for(driver, By.CSS_SELECTOR, "button[value=allow]")
+    decision(driver, "allow")
     driver.delete_cookie("_xsrf")  # as across a restart with a new secret, or a sign-out in another tab
-    driver.find_element(By.CSS_SELECTOR, "button[value=allow]").click()
+    decision(driver, "allow").click()
     alert = wait_for(driver, By.CSS_SELECTOR, ".alert")
     assert alert.text == "This form had expired. Please decide again."
     driver.expected_console = ["/oauth/authorize - Failed to load resource: the server responded with a status of 403"]
-    driver.find_element(By.CSS_SELECTOR, "button[value=allow]").click()  # the form again, with a new token
+    decision(driver, "allow").click()  # the form again, with a new token
     assert "code" in landed_on(driver, f"{callback}/skyplanner")
 
 
@@ -526,7 +548,7 @@ def test_not_alice_switches_account_and_returns_to_the_same_request(service, cal
     wait_for(driver, By.ID, "username")
     assert "to continue to SkyPlanner" in driver.find_element(By.TAG_NAME, "main").text
     sign_in(driver, PASSWORDS["bob"], "bob")
-    wait_for(driver, By.CSS_SELECTOR, "button[value=allow]")
+    decision(driver, "allow")
     assert "your account bob" in driver.find_element(By.TAG_NAME, "main").text
 
 
@@ -572,7 +594,7 @@ def test_the_other_sessions_are_listed_and_signed_out(service, driver):
 def test_an_operator_unpairs_an_installation(service, callback, driver):
     driver.get(pairing_url(service, callback))
     sign_in(driver, PASSWORDS["alice"])
-    wait_for(driver, By.CSS_SELECTOR, "button[value=allow]").click()
+    decision(driver, "allow").click()
     tokens = exchange(service, landed_on(driver, f"{callback}/node-agent")["code"][0], "node-agent", callback)
     driver.get(service + "/account#installations")
     item = wait_for(driver, By.CSS_SELECTOR, "li.item[data-installation-id=backyard-scope]")
@@ -656,7 +678,7 @@ def test_the_command_lines_sign_in_is_one_click(service, callback, driver, shots
     redirect = f"{callback}/callback"
     driver.get(cli_url(service, redirect))
     sign_in(driver, PASSWORDS["root"], "root")
-    carry_on = wait_for(driver, By.CSS_SELECTOR, "button[value=allow]")
+    carry_on = decision(driver, "allow")
     assert carry_on.text == "Continue"
     port = urlsplit(callback).port
     assert f"tokensvc command line on this computer, port {port}" in driver.find_element(By.TAG_NAME, "main").text
@@ -665,3 +687,48 @@ def test_the_command_lines_sign_in_is_one_click(service, callback, driver, shots
     carry_on.click()
     query = landed_on(driver, redirect)
     assert query["state"] == ["s"] and query["code"]
+
+
+def click_at(driver, x: int, y: int, count: int) -> None:
+    """A press and release of the left button at (x, y), the ``count``-th click of a series (2: a
+    double click's second), as the input device sends them (CDP ``Input.dispatchMouseEvent``)."""
+    for kind in ("mousePressed", "mouseReleased"):
+        driver.execute_cdp_cmd("Input.dispatchMouseEvent",
+                               {"type": kind, "x": x, "y": y, "button": "left", "clickCount": count})
+
+
+WATCH_SUBMIT = "window.submitted = false; addEventListener('submit', () => { window.submitted = true; }, true);"
+SINCE_RESPONSE = "return performance.now() - performance.getEntriesByType('navigation')[0].responseEnd;"
+
+
+def test_a_double_click_elsewhere_gets_no_code_and_a_persons_click_does(service, stranger, listener, driver):
+    """Double-clickjacking, as it was done: a page of another origin asks a signed-in
+    administrator for a double click where the one-click page's Continue will be; the first
+    click sends the browser to the command line's authorization (a loopback port of the page's
+    own), and the second lands where Continue appears. Continue appears, and takes clicks, only
+    after a moment, so that click lands on nothing and nothing reaches the port; then a click at
+    a person's pace, once Continue is there, sends the code on."""
+    sign_in_directly(driver, service, "root")
+    target = cli_url(service, f"http://127.0.0.1:{listener.server_address[1]}/callback")
+    driver.get(target)  # where Continue appears is the same for everyone at this size: the page knows it
+    box = driver.execute_script("const r = arguments[0].getBoundingClientRect();"
+                                "return [Math.round(r.x + r.width / 2), Math.round(r.y + r.height / 2)];",
+                                decision(driver, "allow"))
+    for _ in range(5):  # until the second click lands within the moment (a busy machine may be slower)
+        driver.get(f"{stranger}/double-click?" + urlencode({"x": box[0], "y": box[1], "to": target}))
+        wait_for(driver, By.ID, "b")
+        click_at(driver, *box, count=1)  # its mousedown sends the browser on
+        wait_until(driver, lambda d: urlsplit(d.current_url).path == "/oauth/authorize"
+                   and d.execute_script("return document.readyState") != "loading")
+        driver.execute_script(WATCH_SUBMIT)
+        since = driver.execute_script(SINCE_RESPONSE)
+        click_at(driver, *box, count=2)  # the double click's second half, on the one-click page
+        if since < 500:
+            break
+    else:
+        pytest.fail("the second click never came within half a second of the page (too busy a machine)")
+    assert driver.execute_script("return window.submitted") is False  # the click met no button
+    assert urlsplit(driver.current_url).path == "/oauth/authorize" and listener.seen == []
+    decision(driver, "allow").click()  # a person, once Continue is there
+    wait_until(driver, lambda d: listener.seen)
+    assert len(listener.seen) == 1 and parse_qs(urlsplit(listener.seen[0]).query)["code"]

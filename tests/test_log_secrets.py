@@ -13,7 +13,7 @@ from urllib.parse import parse_qs, urlencode, urljoin, urlsplit
 
 import pytest
 import requests
-from service import WEBAPP_SECRET, hidden_fields, start_service
+from service import WEBAPP_SECRET, answer_when_read, hidden_fields, start_service
 from tornado.websocket import websocket_connect
 
 pytestmark = pytest.mark.e2e
@@ -56,9 +56,7 @@ class Flows:
             self.session_cookie()
             response = self.agent.get(urljoin(self.base, response.headers["Location"]), allow_redirects=False)
         if response.status_code == 200:  # consent
-            form = hidden_fields(response.text)
-            response = self.agent.post(self.base + "/oauth/authorize", data={**form, "decision": "allow"},
-                                       allow_redirects=False)
+            response = answer_when_read(self.agent, self.base + "/oauth/authorize", response.text)
         assert response.status_code == 302, response.text
         returned = parse_qs(urlsplit(response.headers["Location"]).query)
         assert returned["state"] == [state]

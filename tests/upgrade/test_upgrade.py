@@ -21,7 +21,7 @@ import releases
 import requests
 from helpers import CHALLENGE, VERIFIER
 from primary import ReplicaSet
-from service import NOWHERE, WEBAPP_SECRET, Service, hidden_fields, start_service
+from service import NOWHERE, WEBAPP_SECRET, Service, answer_when_read, start_service
 
 from tokensvc import __version__, cli
 
@@ -90,8 +90,7 @@ class Browser:
         url = base + "/oauth/authorize?" + urlencode(query)
         answer = self.agent.get(url, timeout=30, allow_redirects=False)
         if answer.status_code == 200:  # the pairing page
-            answer = self.agent.post(urljoin(url, "/oauth/authorize"), timeout=30, allow_redirects=False,
-                                     data={**hidden_fields(answer.text), "decision": "allow"})
+            answer = answer_when_read(self.agent, urljoin(url, "/oauth/authorize"), answer.text)
         assert answer.status_code == 302, answer.text
         return parse_qs(urlsplit(answer.headers["Location"]).query)["code"][0]
 

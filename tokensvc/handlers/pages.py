@@ -7,6 +7,7 @@ from urllib.parse import urlencode, urlsplit
 
 from tokensvc import schemas
 from tokensvc.errors import ValidationFailed, XsrfFailed
+from tokensvc.handlers import pace
 from tokensvc.handlers.headers import CONTROL
 from tokensvc.handlers.page import PageHandler
 from tokensvc.oauth import authorization, connected_apps, hashing, revocation, sessions
@@ -81,22 +82,28 @@ class FormPage(PageHandler):
 
 class AuthorizeHandler(FormPage):
     """``GET|POST {auth_url}/oauth/authorize`` (RFC 6749 §4.1.1); POST is the answer of the
-    consent or pairing page. What the user agent gets next is :func:`authorization.decide`'s
-    to say."""
+    consent, pairing or one-click page. What the user agent gets next is
+    :func:`authorization.decide`'s to say."""
+
+    too_soon = False  # an "allow" that came before the page could be read (handlers/pace.py)
 
     async def get(self) -> None:
         await self.handle(self.request.query_arguments, decision=None)
 
     async def post(self) -> None:
         arguments = self.request.body_arguments
-        answer = arguments.get("decision", [b""])[0].decode("utf-8", "replace")
-        # An expired form decides nothing: the page is shown again.
-        await self.handle(arguments, decision=None if self.form_expired else answer or None)
+        answer = arguments.get("decision", [b""])[0].decode("utf-8", "replace") or None
+        shown = arguments.get(pace.FIELD, [b""])[-1].decode("ascii", "replace")
+        if answer == "allow" and not self.form_expired and pace.too_soon(
+                self.config.cookie_secret, self._session_id, shown, self.ctx.clock()):
+            self.too_soon, answer = True, None  # a double click's second half: the page again
+        # An expired form decides nothing either: the page is shown again.
+        await self.handle(arguments, decision=None if self.form_expired else answer)
 
     async def handle(self, raw_args: dict[str, list[bytes]], decision: str | None) -> None:
         try:
             args = {name: [value.decode("utf-8") for value in values] for name, values in raw_args.items()
-                    if name not in ("decision", "_xsrf")}
+                    if name not in ("decision", "_xsrf", pace.FIELD)}
         except UnicodeDecodeError:
             raise RedirectUnverified("The authorization request is not valid UTF-8.") from None
         found = await self.session()
@@ -125,10 +132,12 @@ class AuthorizeHandler(FormPage):
         where, warning = destination(request.redirect_uri)
         template = {authorization.Pairing: "pairing.html", authorization.Confirm: "confirm.html"}.get(
             type(outcome), "consent.html")
+        fields = {**request.hidden_fields(),
+                  pace.FIELD: pace.stamp(self.config.cookie_secret, self._session_id, self.ctx.clock())}
         self.render(template, client=request.client, user=outcome.user, installation=installation,
                     scopes=describe_scopes(request.scopes, self.config.scopes, installation is not None),
-                    fields=request.hidden_fields(), destination=where, warning=warning,
-                    expired=self.form_expired, switch_to="/oauth/authorize?" + urlencode(request.hidden_fields()))
+                    fields=fields, destination=where, warning=warning, expired=self.form_expired,
+                    too_soon=self.too_soon, switch_to="/oauth/authorize?" + urlencode(request.hidden_fields()))
 
 
 class LoginHandler(FormPage):
