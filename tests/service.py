@@ -237,8 +237,7 @@ def access_token(base: str, client_id: str, redirect_uri: str, scope: str, usern
                                                  "password": password}, allow_redirects=False, timeout=10)
     answer = browser.get(urljoin(url, answer.headers["Location"]), allow_redirects=False, timeout=10)
     if answer.status_code == 200:  # a consent (or pairing) page
-        answer = browser.post(base + "/oauth/authorize", data={**hidden_fields(answer.text), "decision": "allow"},
-                              allow_redirects=False, timeout=10)
+        answer = answer_when_read(browser, base + "/oauth/authorize", answer.text)
     code = parse_qs(urlsplit(answer.headers["Location"]).query)["code"][0]
     form = {"grant_type": "authorization_code", "code": code, "redirect_uri": redirect_uri,
             "code_verifier": verifier, "client_id": client_id, **({"client_secret": secret} if secret else {})}

@@ -292,11 +292,16 @@ def _operations() -> dict[str, dict[str, Any]]:
                                   "repeated client_id or redirect_uri): never redirected"),
                       "503": PAGE_503}},
         "post": {
-        "summary": "The consent or pairing page's answer (the request's parameters again, decision, _xsrf)",
+        "summary": "The consent, pairing or one-click page's answer (the request's parameters again, decision, "
+                   "_xsrf, _shown)",
         "requestBody": page_form(**{parameter["name"]: parameter["schema"] for parameter in _authorize_parameters()},
-                                 decision={"type": "string", "enum": ["allow", "deny"]}),
+                                 decision={"type": "string", "enum": ["allow", "deny"]},
+                                 _shown={"type": "string", "maxLength": 128, "description": (
+                                     "When the page was shown, as its form says it (signed): an allow sooner than "
+                                     "half a second after is taken for none, and the page is shown again")}),
         "security": [{}, {"session": []}],
-        "responses": {"200": html("The page again (no decision, or the form had expired: 403)"),
+        "responses": {"200": html("The page again (no decision; an allow sooner than the page could be read; or "
+                                  "the form had expired: 403)"),
                       "302": redirect("To the client: a code (allow) or access_denied (deny); or an error"),
                       "303": redirect("Not signed in: to sign-in"),
                       "400": html("Unknown client or unregistered redirect_uri: never redirected"),
