@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import secrets
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any
@@ -134,7 +134,7 @@ class ClientSpec:
                    client.confidential, client.description, client.logo_url, client.allowed_origins)
 
 
-    def fields(self, names: Any = None) -> dict[str, Any]:
+    def fields(self, names: Iterable[str] | None = None) -> dict[str, Any]:
         """The client fields this spec sets (its secret aside), or those of ``names`` (the
         spec's own names, as a PATCH gives them)."""
         values = {"name": self.name, "redirect_uris": list(self.redirect_uris),

@@ -24,7 +24,8 @@ from collections.abc import Sequence
 
 from tornado.httputil import HTTPServerRequest
 
-UNIX_PEER = "unix"  # config.UNIX_PEER: the handlers do not import the configuration
+from tokensvc.config import UNIX_PEER
+
 Network = ipaddress.IPv4Network | ipaddress.IPv6Network
 
 

@@ -25,9 +25,9 @@ multi-document transaction (a standalone server has none) that takes care:
 
 While both exist, a read takes both (:func:`merged`): the copy, with any revocation that only
 the original carries and without any scope the original lost (and a sweep counts the family
-twice). Anyone may finish a move (the
-migration, another one running beside it, or a request that met a frozen document): every
-step is idempotent, so a mover that dies half-way leaves nothing a later one cannot complete.
+twice). Anyone may finish a move (the migration, another one running beside it, or a request
+that met a frozen document): every step is idempotent, so a mover that dies half-way leaves
+nothing a later one cannot complete.
 """
 
 from __future__ import annotations

@@ -19,6 +19,7 @@ import dataclasses
 import operator
 import secrets
 from collections import defaultdict
+from collections.abc import Iterable
 from datetime import datetime, timedelta
 from typing import Any, Generic, TypeVar
 
@@ -254,7 +255,7 @@ class MemoryStore(Store):
         return revoked
 
     async def withdraw_scopes(self, client_id: str, kept: list[str]) -> int:
-        def narrowed(rows: Rows[Any], table: dict[str, Row], keys: Any, live: str) -> int:
+        def narrowed(rows: Rows[Any], table: dict[str, Row], keys: Iterable[str], live: str) -> int:
             changed = 0
             for key in keys:
                 row = table.get(key)

@@ -16,6 +16,7 @@ collection              query                                        index
 clients                 by client_id; list sorted by client_id       ``_id``
 codes                   a narrowed client's unconsumed ones          ``client_unconsumed``
 users                   by user_id / by username; list by username   ``_id``; ``username`` unique
+users                   a name 0.9.0 stored with capitals, caseless  ``username`` (read whole)
 installations           by installation_id; list                     ``_id``
 grants                  by grant_id                                  ``_id``
 grants                  by (client_id, user_id, installation_id)     ``subject_client`` unique
