@@ -303,3 +303,62 @@ async def test_a_row_written_in_the_old_format_behind_a_pass_makes_another():
     assert await migrations.run(store, "packed-hashes", progress) == 2
     assert await packed_only(store)
     await store.close()
+
+
+class Died(Exception):
+    """A mover stopped where it stood: kill -9, Ctrl+C, its budget running out."""
+
+
+async def die() -> None:
+    raise Died
+
+
+@pytest.mark.parametrize("step", range(1, MOVE_STEPS + 1))
+async def test_a_move_cut_short_after_any_step_never_answers_from_its_frozen_original(step):
+    """A mover dies after ``step`` steps; then the family is rotated and revoked, the session
+    ended, the code redeemed (each write lands on the copy once there is one, while the frozen
+    original keeps the hashes it had). Every read keyed by a hash, with the previous access
+    hash, the previous refresh hash and the current ones, answers as the copy says: before a
+    later pass completes the moves, and after."""
+    store = await format_1_store()
+    family = await new_family(store, "a")
+    now = utcnow()
+    code = AuthorizationCode(hashing.digest("code"), "webapp", "https://a/cb", ["read"], "u_alice", None, "x" * 43,
+                             "S256", now + timedelta(minutes=5))
+    await store.add_code(code)
+    session = Session(hashing.digest("session"), "u_alice", now, now + timedelta(hours=1))
+    await store.add_session(session)
+    await finalized(store)
+    for collection in ("families", "sessions", "codes"):
+        document = await store.db[collection].find_one()
+        with pytest.raises(Died):
+            await hashes.move(Paused(store.db, step, die), collection, document, utcnow())
+    rotated = await store.rotate_family(family.family_id, family.refresh_hash, pair("b", now), now)
+    assert rotated is not None
+
+    async def live_then_revoked(revoked: bool) -> None:
+        at = utcnow()
+        assert await store.find_access(family.access_hash) == (None, None)  # rotated out
+        found, grant = await store.get_family(family.family_id)
+        assert (found.refresh_hash, found.previous_hash, grant.grant_id) == (rotated.refresh_hash,
+                                                                             family.refresh_hash, "g1")
+        assert (found.revoked_at is not None) == revoked
+        by_access, _ = await store.find_access(rotated.access_hash)
+        assert by_access.family_id == family.family_id and (by_access.revoked_at is not None) == revoked
+        assert await store.rotate_family(family.family_id, family.refresh_hash, pair("c", at), at) is None
+        assert await store.reissue_pair(family.family_id, family.refresh_hash, pair("c", at)) is None
+        assert not await store.revoke_access(family.family_id, family.access_hash, at)
+        assert [f.family_id for f in await store.list_families("g1")] == ([] if revoked else [family.family_id])
+        assert (await store.get_session(session.session_hash) is None) == revoked
+        assert len(await store.list_user_sessions("u_alice", at)) == (0 if revoked else 1)
+        assert ((await store.get_code(code.code_hash)).consumed_at is not None) == revoked
+
+    await live_then_revoked(False)
+    assert await store.revoke_family(family.family_id, now)
+    assert await store.end_session(session.session_hash, now)
+    assert (await store.consume_code(code.code_hash, now, family_id=family.family_id)).consumed_at is None
+    await live_then_revoked(True)
+    await migrations.run(store, "packed-hashes")
+    assert await packed_only(store)
+    await live_then_revoked(True)
+    await store.close()

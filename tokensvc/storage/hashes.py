@@ -23,17 +23,22 @@ multi-document transaction (a standalone server has none) that takes care:
    ``scopes`` (of :data:`NARROWED`), to fewer: before deleting, the mover hands each of them to
    the copy, and a delete that misses because a sweep came meanwhile reads the original again.
 
-While both exist, a read takes both (:func:`merged`): the copy, with any revocation that only
-the original carries and without any scope the original lost (and a sweep counts the family
-twice). Anyone may finish a move (the migration, another one running beside it, or a request
-that met a frozen document): every step is idempotent, so a mover that dies half-way leaves
-nothing a later one cannot complete.
+A frozen original is never an answer on its own: once its copy exists, writes land on the copy
+only (a rotation, a revocation), while the original still holds the hashes it had when it was
+frozen, so a lookup by a rotated-out access token would find the original alone and take it for
+live. A read that meets a frozen document finishes its move (the copy gets any revocation the
+original alone carries, and loses any scope it lost) and reads again (:func:`settled`), whatever
+field it looked up by. Anyone may finish a move (the migration, another one running beside it,
+or a request that met a frozen document): every step is idempotent, so a mover that dies
+half-way (Ctrl+C, ``kill -9``, its budget running out) leaves nothing a later one cannot
+complete.
 """
 
 from __future__ import annotations
 
 import contextlib
 import re
+from collections.abc import Awaitable, Callable
 from datetime import datetime
 from typing import Any
 
@@ -57,6 +62,7 @@ SWEPT: dict[str, tuple[str, ...]] = {"codes": (), "families": ("revoked_at",), "
 # The collections whose ``scopes`` a sweep may narrow (``withdraw_scopes``): never widened.
 NARROWED = frozenset({"codes", "families"})
 MOVING = "_moving"  # set on a frozen original: when its move began
+ATTEMPTS = 8  # reads or moves that keep meeting live writes give up after this many, for the next try
 NOT_FROZEN: dict[str, Any] = {MOVING: None}  # in the filter of every single-document write
 
 
@@ -80,9 +86,9 @@ def either(value: Any) -> Any:
 
 
 def merged(collection: str, documents: list[dict[str, Any]]) -> dict[str, Any] | None:
-    """The one document of a credential among what a lookup found: while it moves, its live
-    copy (not frozen; in format 2 if there are two of those) with every revocation a sweep
-    wrote on the frozen original only."""
+    """The one document of a credential among what a lookup found (:func:`settled`: none of
+    them frozen): in format 2 if there are two, with every revocation either carries and only
+    the scopes both hold."""
     if len(documents) < 2:
         return documents[0] if documents else None
     live = min(documents, key=lambda doc: (doc.get(MOVING) is not None, not isinstance(doc["_id"], bytes)))
@@ -110,30 +116,32 @@ def in_format_2(collection: str, document: dict[str, Any]) -> bool:
 
 async def move(db: Any, collection: str, document: dict[str, Any], now: datetime) -> bool:
     """Move a document whose key is still hex (``document`` as a pass read it) to its packed
-    key; False when it was gone. Safe beside live writes and beside other movers."""
+    key: True when this call moved it, False when it was gone or another mover (or a request
+    that met it) completed the move. Safe beside live writes and beside other movers."""
     source = db[collection]
     key = document["_id"]
-    for _ in range(8):  # each retry follows a live write that came between the read and the freeze
+    for _ in range(ATTEMPTS):  # each retry follows a live write that came between the read and the freeze
         if document.get(MOVING) is not None:
-            await finish(db, collection, document)
-            return True
+            return await finish(db, collection, document)
         held = {field: document.get(field) for field in HASHED[collection][1:]}
         frozen = await source.find_one_and_update(
             {"_id": key, **NOT_FROZEN, **held},
             {"$set": {MOVING: now, **{field: unpacked(value) for field, value in held.items()}}},
             return_document=ReturnDocument.AFTER)
         if frozen is not None:
-            await finish(db, collection, frozen)
-            return True
+            return await finish(db, collection, frozen)
         document = await source.find_one({"_id": key})
         if document is None:
             return False
-    raise StorageError(f"{collection} {key}: changed under every attempt to move it; the next pass moves it")
+    # Never the key in a message: it is a hash of a secret.
+    raise StorageError(f"a document of {collection} changed under each of {ATTEMPTS} attempts to move it; "
+                       "the next pass moves it")
 
 
-async def finish(db: Any, collection: str, frozen: dict[str, Any]) -> None:
+async def finish(db: Any, collection: str, frozen: dict[str, Any]) -> bool:
     """Complete the move of the frozen document ``frozen``: its copy made if none is, the
-    revocations it carries handed on, and it deleted once no sweep has changed it since."""
+    revocations it carries handed on, and it deleted once no sweep has changed it since. True
+    when this call deleted it."""
     source = db[collection]
     copy = {field: value for field, value in frozen.items() if field != MOVING}
     for field in HASHED[collection]:
@@ -150,11 +158,28 @@ async def finish(db: Any, collection: str, frozen: dict[str, Any]) -> None:
             unchanged["scopes"] = frozen.get("scopes")
         gone = await source.delete_one({"_id": frozen["_id"], MOVING: frozen[MOVING], **unchanged})
         if gone.deleted_count:
-            return
+            return True
         again = await source.find_one({"_id": frozen["_id"]})
         if again is None or again.get(MOVING) is None:
-            return  # deleted by another mover (or by expiry)
+            return False  # deleted by another mover (or by expiry)
         frozen = again
+
+
+async def settled(db: Any, collection: str,
+                  read: Callable[[], Awaitable[list[dict[str, Any]]]]) -> list[dict[str, Any]]:
+    """What ``read`` finds once none of it is frozen: each frozen document met has its move
+    finished (as the collection holds it), and the read runs again, on the copies. A frozen
+    original is never an answer: its copy may have been rotated or revoked since."""
+    for _ in range(ATTEMPTS):
+        documents = await read()
+        met = [document["_id"] for document in documents if document.get(MOVING) is not None]
+        if not met:
+            return documents
+        for key in met:
+            original = await db[collection].find_one(frozen(key))
+            if original is not None:
+                await finish(db, collection, original)
+    raise StorageError(f"a read of {collection} met documents being moved on each of {ATTEMPTS} attempts: try again")
 
 
 def frozen(key: str) -> dict[str, Any]:

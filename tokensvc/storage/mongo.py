@@ -60,7 +60,7 @@ import logging
 import random
 import re
 import secrets
-from collections.abc import AsyncIterator, Callable, Coroutine
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from dataclasses import MISSING, fields
 from datetime import UTC, datetime, timedelta
 from typing import Any, TypeVar
@@ -967,8 +967,10 @@ class MongoStore(Store):
     # -- codes, families and sessions: keyed by a hash, found in either format (storage/hashes.py)
 
     async def _one(self, collection: str, match: dict[str, Any]) -> dict[str, Any] | None:
-        """The document of one credential: during its move there may be two (hashes.merged)."""
-        return hashes.merged(collection, await self._db_collection(collection).find(match).limit(2).to_list(2))
+        """The document of one credential, never a frozen original on its own (hashes.settled)."""
+        found = self._db_collection(collection).find
+        return hashes.merged(collection, await hashes.settled(self.db, collection,
+                                                              lambda: found(match).limit(2).to_list(2)))
 
     def _db_collection(self, collection: str) -> Any:
         return {"codes": self.codes, "families": self.families, "sessions": self.sessions}[collection]
@@ -986,18 +988,26 @@ class MongoStore(Store):
                 result = await write()
         return result
 
-    async def _with_originals(self, collection: str, documents: list[dict[str, Any]]) -> list[dict[str, Any]]:
-        """A listing's documents merged with the frozen originals of those that are copies:
-        while the conversion to packed hashes runs, a sweep may have revoked an original
-        whose copy the listing's filter took as live. Nothing to look for before it starts
-        (the compatibility version below it) or once it is done."""
+    async def _listing(self, collection: str,
+                       read: Callable[[], Awaitable[list[dict[str, Any]]]]) -> list[dict[str, Any]]:
+        """A listing's documents, one per credential, none of them a frozen original: one the
+        listing met, or the original of a copy it met (while the conversion to packed hashes
+        runs, a sweep may have revoked an original whose copy the listing's filter took as
+        live), has its move finished and the listing is read again (hashes.settled). Nothing
+        to look for before the conversion starts (the compatibility version below it) or once
+        it is done."""
         state = self.format
-        if state.compatibility >= hashes.PACKED_FROM and not state.done(store_format.PACKED_HASHES.name):
-            copies = [hashes.unpacked(doc["_id"]) for doc in documents if isinstance(doc["_id"], bytes)]
-            if copies:
-                documents = documents + await self._db_collection(collection).find(
-                    {"_id": {"$in": copies}, hashes.MOVING: {"$ne": None}}).to_list(None)
-        return hashes.merged_all(collection, documents)
+
+        async def with_originals() -> list[dict[str, Any]]:
+            documents = await read()
+            if state.compatibility >= hashes.PACKED_FROM and not state.done(store_format.PACKED_HASHES.name):
+                copies = [hashes.unpacked(doc["_id"]) for doc in documents if isinstance(doc["_id"], bytes)]
+                if copies:
+                    documents = documents + await self._db_collection(collection).find(
+                        {"_id": {"$in": copies}, hashes.MOVING: {"$ne": None}}).to_list(None)
+            return documents
+
+        return hashes.merged_all(collection, await hashes.settled(self.db, collection, with_originals))
 
     @guarded(ONCE)
     async def add_code(self, code: AuthorizationCode) -> None:
@@ -1031,14 +1041,17 @@ class MongoStore(Store):
         return True
 
     async def _with_grant(self, match: dict[str, Any]) -> tuple[Family | None, Grant | None]:
-        cursor = self.families.aggregate([
-            {"$match": match},
-            {"$limit": 2},  # the one family, or, while it moves, its frozen original and its copy
-            {"$lookup": {"from": "grants", "localField": "grant_id", "foreignField": "_id", "as": "grant"}},
-        ])
-        if inspect.isawaitable(cursor):  # PyMongo's aggregate is a coroutine; Motor-style ones are not
-            cursor = await cursor
-        document = hashes.merged("families", await cursor.to_list(2))
+        async def read() -> list[dict[str, Any]]:
+            cursor = self.families.aggregate([
+                {"$match": match},
+                {"$limit": 2},  # the one family, or, while it moves, its frozen original and its copy
+                {"$lookup": {"from": "grants", "localField": "grant_id", "foreignField": "_id", "as": "grant"}},
+            ])
+            if inspect.isawaitable(cursor):  # PyMongo's aggregate is a coroutine; Motor-style ones are not
+                cursor = await cursor
+            return await cursor.to_list(2)
+
+        document = hashes.merged("families", await hashes.settled(self.db, "families", read))
         if document is None:
             return None, None
         grants = document.pop("grant")
@@ -1093,10 +1106,10 @@ class MongoStore(Store):
 
     @guarded(READ)
     async def list_families(self, grant_id: str) -> list[Family]:
-        docs = await self.families.find({"grant_id": grant_id, "revoked_at": None}).sort(
-            [("created_at", ASCENDING), ("_id", ASCENDING)]).to_list(None)
-        return [family for family in map(FAMILIES.record, await self._with_originals("families", docs))
-                if family.revoked_at is None]
+        live = {"grant_id": grant_id, "revoked_at": None}
+        documents = await self._listing("families", lambda: self.families.find(live).sort(
+            [("created_at", ASCENDING), ("_id", ASCENDING)]).to_list(None))
+        return [family for family in map(FAMILIES.record, documents) if family.revoked_at is None]
 
     # -- sessions
 
@@ -1119,8 +1132,8 @@ class MongoStore(Store):
     @guarded(READ)
     async def list_user_sessions(self, user_id: str, now: datetime) -> list[Session]:
         live = {"user_id": user_id, "ended_at": None, "expires_at": {"$gt": now}}
-        newest = self.sessions.find(live).sort([("last_seen_at", DESCENDING), ("_id", DESCENDING)])
-        documents = await self._with_originals("sessions", await newest.limit(MAX_LISTED_SESSIONS).to_list(None))
+        documents = await self._listing("sessions", lambda: self.sessions.find(live).sort(
+            [("last_seen_at", DESCENDING), ("_id", DESCENDING)]).limit(MAX_LISTED_SESSIONS).to_list(None))
         return [session for session in map(SESSIONS.record, documents) if session.ended_at is None]
 
     @guarded(RERUN)
