@@ -115,7 +115,7 @@ async def test_a_revocation_swept_onto_a_frozen_original_holds_and_reaches_its_c
     assert await store.end_user_sessions("u_alice", now) == 1
     for collection, document in (("families", frozen), ("sessions", frozen_session)):
         copy = {key: hashes.packed(value) if key in hashes.HASHED[collection] else value
-                for key, value in document.items() if key != hashes.MOVING}
+                for key, value in document.items() if key not in (hashes.MOVING, hashes.GUARD)}
         await store.db[collection].insert_one(copy)
     # While both exist, a read sees the revocation the original alone carries.
     assert (await store.get_family(family.family_id))[0].revoked_at == now
@@ -361,4 +361,110 @@ async def test_a_move_cut_short_after_any_step_never_answers_from_its_frozen_ori
     await migrations.run(store, "packed-hashes")
     assert await packed_only(store)
     await live_then_revoked(True)
+    await store.close()
+
+
+# -- one family per id, whichever format each process writes ------------------------------------
+
+
+def laggard_beside(store: MongoStore) -> MongoStore:
+    """Another process on the same database that has not yet seen the store finalized: it still
+    writes format 1 (its next heartbeat would tell it)."""
+    laggard = MongoStore(store._client, "tokensvc", change_streams=False)
+    laggard.format = replace(store.format, compatibility=1)
+    return laggard
+
+
+def redemption(name: str, pair_name: str) -> Family:
+    """The family a code's redemption writes: its id follows from the code and verifier, its
+    pair is new each time."""
+    now = utcnow()
+    issued = pair(pair_name, now)
+    return Family(hashing.digest("family " + name), "g1", "webapp", "u_alice", None, 0, ["read"], now,
+                  issued.refresh_hash, issued.access_hash, now, issued.expires_at, issued.access_expires_at,
+                  renewed_at=now)
+
+
+async def test_a_family_is_written_once_whichever_format_each_process_writes():
+    store = await format_1_store()
+    await finalized(store)
+    laggard = laggard_beside(store)
+    # In turn, either format first.
+    assert await store.create_family(redemption("a", "a first"))
+    assert not await laggard.create_family(redemption("a", "a again"))
+    assert await laggard.create_family(redemption("b", "b first"))
+    assert not await store.create_family(redemption("b", "b again"))
+    # At once: each check finds nothing, and both write.
+    for index in range(8):
+        name = f"at once {index}"
+        written = await asyncio.gather(store.create_family(redemption(name, name + " packed")),
+                                       laggard.create_family(redemption(name, name + " hex")))
+        assert sorted(written) == [False, True], name
+    ids = [hashes.unpacked(document["_id"]) for document in await store.db["families"].find().to_list(None)]
+    assert len(ids) == len(set(ids)) == 10
+    # The migration moves the hex ones to their packed keys: no twin to meet.
+    await migrations.run(store, "packed-hashes")
+    assert await packed_only(store) and await store.db["families"].count_documents({"revoked_at": None}) == 10
+    await store.close()
+
+
+async def test_a_twin_written_anyway_is_taken_as_a_code_used_twice(caplog):
+    """A family in each format under one id (0.9.0, started against the rules, redeemed the
+    code again, without the guard): every read takes it as revoked, and the migration keeps
+    one document, revoked, and says so without naming it."""
+    store = await format_1_store()
+    await finalized(store)
+    assert await store.create_family(redemption("a", "0.10.0"))
+    twin = redemption("a", "0.9.0")
+    await store.db["families"].insert_one({**{key: value for key, value in (await store.db["families"].find_one(
+        )).items() if key != hashes.GUARD}, "_id": twin.family_id, "refresh_hash": twin.refresh_hash,
+        "access_hash": twin.access_hash, "created_at": utcnow() + timedelta(seconds=1)})
+    assert (await store.get_family(twin.family_id))[0].revoked_at is not None
+    assert await store.list_families("g1") == []
+    await migrations.run(store, "packed-hashes")
+    [document] = await store.db["families"].find().to_list(None)
+    assert isinstance(document["_id"], bytes) and document["revoked_at"] is not None
+    assert "written twice, once in each format" in caplog.text and twin.family_id not in caplog.text
+    await store.close()
+
+
+async def test_a_code_redeemed_at_a_process_writing_format_2_and_again_at_one_still_writing_format_1():
+    from helpers import CHALLENGE, VERIFIER, WEBAPP_REDIRECT, make_config
+
+    from tokensvc.bootstrap import make_context, seed
+    from tokensvc.oauth import authorization, grants, introspection
+    from tokensvc.oauth.errors import InvalidGrant
+
+    config = make_config(storage={"backend": "mongodb"})  # a lost reply's retry has a grace
+    store = await format_1_store()
+    await seed(store, config)
+    await finalized(store)
+    follower, laggard = make_context(config, store), make_context(config, laggard_beside(store))
+    alice = await store.get_user_by_username("alice")
+    client = await store.get_client("webapp")
+
+    async def code() -> str:
+        args = {"response_type": "code", "client_id": "webapp", "redirect_uri": WEBAPP_REDIRECT, "state": "s",
+                "code_challenge": CHALLENGE, "code_challenge_method": "S256", "scope": "read"}
+        request = await authorization.validate(follower, {name: [value] for name, value in args.items()})
+        subject, _ = await authorization.resolve_subject(follower, request, alice)
+        return (await authorization.issue_code(follower, request, subject)).split("code=")[1].split("&")[0]
+
+    async def active(token: str) -> bool:
+        return (await introspection.introspect(follower, token))["active"]
+
+    # Within the grace, while its pair is unused: a lost reply's retry, answered with a new pair
+    # in place of the first (one family).
+    first_code = await code()
+    issued = await grants.exchange_code(follower, client, first_code, WEBAPP_REDIRECT, VERIFIER)
+    retried = await grants.exchange_code(laggard, client, first_code, WEBAPP_REDIRECT, VERIFIER)
+    assert not await active(issued.access_token) and await active(retried.access_token)
+    # Once its pair was used: a code used twice, refused, and what it was exchanged for revoked.
+    second_code = await code()
+    issued = await grants.exchange_code(follower, client, second_code, WEBAPP_REDIRECT, VERIFIER)
+    assert await active(issued.access_token)
+    with pytest.raises(InvalidGrant, match="already used"):
+        await grants.exchange_code(laggard, client, second_code, WEBAPP_REDIRECT, VERIFIER)
+    assert not await active(issued.access_token)
+    assert await store.db["families"].count_documents({}) == 2
     await store.close()

@@ -32,20 +32,32 @@ field it looked up by. Anyone may finish a move (the migration, another one runn
 or a request that met a frozen document): every step is idempotent, so a mover that dies
 half-way (Ctrl+C, ``kill -9``, its budget running out) leaves nothing a later one cannot
 complete.
+
+**Twins.** A family's key is derived from its code and verifier, so a code redeemed twice
+writes the same key twice: the key's uniqueness is what makes the second redemption fail. With
+two formats the two keys differ, so every family written while the conversion is unfinished
+also holds its id's 32 bytes in :data:`GUARD`, under a unique index: two redemptions in
+different formats at once collide there (``MongoStore.create_family`` also looks for the other
+format's key before writing, for families written without the guard: by 0.9.0). A twin that
+exists anyway (a process of 0.9.0 started against the rules) is never deleted silently: a move
+that meets one revokes both, as a code used twice, and a read that finds both takes them as
+revoked (:func:`merged`).
 """
 
 from __future__ import annotations
 
-import contextlib
+import logging
 import re
 from collections.abc import Awaitable, Callable
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 from pymongo import ReturnDocument
 from pymongo.errors import DuplicateKeyError
 
 from tokensvc.storage.base import StorageError
+
+log = logging.getLogger(__name__)
 
 _DIGEST = re.compile(r"[0-9a-f]{64}")
 PACKED_FROM = 2  # the store format from which hashes are written packed
@@ -62,6 +74,9 @@ SWEPT: dict[str, tuple[str, ...]] = {"codes": (), "families": ("revoked_at",), "
 # The collections whose ``scopes`` a sweep may narrow (``withdraw_scopes``): never widened.
 NARROWED = frozenset({"codes", "families"})
 MOVING = "_moving"  # set on a frozen original: when its move began
+# A family's id as its 32 bytes, whatever its key's format: unique (the index family_key), so one
+# family per id while keys of both formats are written. Never on a copy (its original holds it).
+GUARD = "family_key"
 ATTEMPTS = 8  # reads or moves that keep meeting live writes give up after this many, for the next try
 NOT_FROZEN: dict[str, Any] = {MOVING: None}  # in the filter of every single-document write
 
@@ -87,8 +102,9 @@ def either(value: Any) -> Any:
 
 def merged(collection: str, documents: list[dict[str, Any]]) -> dict[str, Any] | None:
     """The one document of a credential among what a lookup found (:func:`settled`: none of
-    them frozen): in format 2 if there are two, with every revocation either carries and only
-    the scopes both hold."""
+    them frozen). Two are twins, a family written in each format: the packed one, revoked (a
+    code used twice revokes what it was exchanged for), with every revocation either carries
+    and only the scopes both hold."""
     if len(documents) < 2:
         return documents[0] if documents else None
     live = min(documents, key=lambda doc: (doc.get(MOVING) is not None, not isinstance(doc["_id"], bytes)))
@@ -98,6 +114,9 @@ def merged(collection: str, documents: list[dict[str, Any]]) -> dict[str, Any] |
                 live[field] = other[field]
         if collection in NARROWED:
             live["scopes"] = [scope for scope in live.get("scopes") or [] if scope in (other.get("scopes") or [])]
+    if collection == "families" and sum(doc.get(MOVING) is None for doc in documents) > 1 \
+            and live.get("revoked_at") is None:
+        live["revoked_at"] = max(doc["created_at"] for doc in documents)
     return live
 
 
@@ -141,13 +160,22 @@ async def move(db: Any, collection: str, document: dict[str, Any], now: datetime
 async def finish(db: Any, collection: str, frozen: dict[str, Any]) -> bool:
     """Complete the move of the frozen document ``frozen``: its copy made if none is, the
     revocations it carries handed on, and it deleted once no sweep has changed it since. True
-    when this call deleted it."""
+    when this call deleted it. A document already under the packed key that is not its copy
+    (a twin) is not taken for one: both are revoked."""
     source = db[collection]
-    copy = {field: value for field, value in frozen.items() if field != MOVING}
+    copy = {field: value for field, value in frozen.items() if field not in (MOVING, GUARD)}
     for field in HASHED[collection]:
         copy[field] = packed(copy.get(field))
-    with contextlib.suppress(DuplicateKeyError):  # made already by another mover, and live since: kept
+    try:
         await source.insert_one(copy)
+    except DuplicateKeyError:  # made already by another mover, and live since: kept; unless a twin
+        there = await source.find_one({"_id": copy["_id"]})
+        if there is None:  # another unique key: the original stays, and says nothing of it (a hash)
+            raise StorageError(f"the copy of a document of {collection} collides with another document on a "
+                               "unique index: it stays in format 1") from None
+        if _twins(collection, frozen, there):
+            await _revoke_twins(source, frozen, copy["_id"])
+            frozen = await source.find_one({"_id": frozen["_id"]}) or frozen
     while True:
         for field in SWEPT[collection]:
             if frozen.get(field) is not None:
@@ -163,6 +191,22 @@ async def finish(db: Any, collection: str, frozen: dict[str, Any]) -> bool:
         if again is None or again.get(MOVING) is None:
             return False  # deleted by another mover (or by expiry)
         frozen = again
+
+
+def _twins(collection: str, original: dict[str, Any], there: dict[str, Any]) -> bool:
+    """Whether ``there``, under the packed key of ``original``, was written on its own rather
+    than copied from it: a copy has its original's creation time and never the guard."""
+    return collection == "families" and (there.get(GUARD) is not None
+                                         or there.get("created_at") != original.get("created_at"))
+
+
+async def _revoke_twins(source: Any, original: dict[str, Any], key: bytes) -> None:
+    now = datetime.now(UTC)
+    await source.update_one({"_id": key, "revoked_at": None}, {"$set": {"revoked_at": now}})
+    # A frozen original takes a sweep's field only: the revocation is that.
+    await source.update_many({"_id": original["_id"], "revoked_at": None}, {"$set": {"revoked_at": now}})
+    log.warning("a token family was written twice, once in each format (its code redeemed twice, by a process "
+                "of a release that does not write the guard): both revoked, as a code used twice")
 
 
 async def settled(db: Any, collection: str,

@@ -27,6 +27,8 @@ families                a removed client's (bulk revocation), a      ``client_re
 codes                   by code_hash (get, consume)                  ``_id``; TTL ``expires_at``
 families                by family_id (refresh, rotate, revoke)       ``_id``; TTL ``expires_at``
 families                by the current access token's hash           ``access_hash`` unique
+families                one per id while both formats are written    ``family_key`` unique,
+                        (create: storage/hashes.py, Twins)           partial
 families                a grant's live ones (revoke a grant, list)   ``grant_live``
 sessions                by session_hash; a user's (end them all)     ``_id``; ``user_id``; TTL
 (polling fallback)      revocations since a moment                   partial ``revoked_at``,
@@ -151,6 +153,9 @@ INDEXES: list[Index] = [
     ("families", [("grant_id", ASCENDING), ("revoked_at", ASCENDING), ("created_at", ASCENDING)],
      {"name": "grant_live"}),
     ("families", [("client_id", ASCENDING), ("revoked_at", ASCENDING)], {"name": "client_revoked"}),
+    # One family per id while keys of both formats are written (storage/hashes.py, Twins).
+    ("families", [(hashes.GUARD, ASCENDING)], {"unique": True, "name": hashes.GUARD,
+                                                "partialFilterExpression": {hashes.GUARD: {"$exists": True}}}),
     ("sessions", [("expires_at", ASCENDING)], {"expireAfterSeconds": 0, "name": "ttl"}),
     ("sessions", [("user_id", ASCENDING)], {"name": "user_id"}),
     ("failures", [("expires_at", ASCENDING)], {"expireAfterSeconds": 0, "name": "ttl"}),
@@ -1029,11 +1034,19 @@ class MongoStore(Store):
 
     @guarded(ONCE)
     async def create_family(self, family: Family) -> bool:
-        document = FAMILIES.doc(family, self.pack)
-        if self.pack is hashes.packed and not self.format.done(store_format.PACKED_HASHES.name):
+        """False when the family exists, in either format (a code redeemed again). While the
+        conversion to packed hashes is unfinished, processes may write either format, and
+        the two keys of one family differ: the family holds the guard (hashes.GUARD, unique),
+        so two writes of it in different formats at once collide, and the key of the other
+        format is looked for first (a family written without the guard: by 0.9.0, or a copy)."""
+        pack = self.pack
+        document = FAMILIES.doc(family, pack)
+        if not self.format.done(store_format.PACKED_HASHES.name):
+            document[hashes.GUARD] = hashes.packed(family.family_id)
+            other = family.family_id if pack is hashes.packed else hashes.packed(family.family_id)
             with pymongo.timeout(self.budget):  # a read: the server stops at the budget too
-                if await self.families.find_one({"_id": family.family_id}, {"_id": 1}) is not None:
-                    return False  # written before the store was finalized, and not converted yet
+                if await self.families.find_one({"_id": other}, {"_id": 1}) is not None:
+                    return False
         try:
             await self.families.insert_one(document)
         except DuplicateKeyError:
