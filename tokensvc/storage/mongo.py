@@ -28,7 +28,7 @@ codes                   by code_hash (get, consume)                  ``_id``; TT
 families                by family_id (refresh, rotate, revoke)       ``_id``; TTL ``expires_at``
 families                by the current access token's hash           ``access_hash`` unique
 families                one per id while both formats are written    ``family_key`` unique,
-                        (create: storage/hashes.py, Twins)           partial
+                        (create: storage/hashes.py, Twins)           sparse
 families                a grant's live ones (revoke a grant, list)   ``grant_live``
 sessions                by session_hash; a user's (end them all)     ``_id``; ``user_id``; TTL
 (polling fallback)      revocations since a moment                   partial ``revoked_at``,
@@ -154,8 +154,7 @@ INDEXES: list[Index] = [
      {"name": "grant_live"}),
     ("families", [("client_id", ASCENDING), ("revoked_at", ASCENDING)], {"name": "client_revoked"}),
     # One family per id while keys of both formats are written (storage/hashes.py, Twins).
-    ("families", [(hashes.GUARD, ASCENDING)], {"unique": True, "name": hashes.GUARD,
-                                                "partialFilterExpression": {hashes.GUARD: {"$exists": True}}}),
+    ("families", [(hashes.GUARD, ASCENDING)], {"unique": True, "sparse": True, "name": hashes.GUARD}),
     ("sessions", [("expires_at", ASCENDING)], {"expireAfterSeconds": 0, "name": "ttl"}),
     ("sessions", [("user_id", ASCENDING)], {"name": "user_id"}),
     ("failures", [("expires_at", ASCENDING)], {"expireAfterSeconds": 0, "name": "ttl"}),
