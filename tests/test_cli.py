@@ -209,6 +209,7 @@ def test_tokens_purge_prints_counts(run, mongo):
 
     async def seed_expired():
         store = MongoStore(mongo, "tokensvc")
+        await store.open()  # as the service does: it records the store's format
         now = utcnow()
         # Expired codes stay an hour past expiry under the TTL index (for replay detection):
         # purge removes them at once.

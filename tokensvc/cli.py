@@ -170,6 +170,8 @@ async def serve(settings: Settings, listeners: Listeners) -> None:
     for signum in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(signum, stop.set)
     preparing.add_done_callback(lambda _: stop.set() if _failed(preparing) else None)
+    # The store's format moved past what this release writes (a later release finalized): stop.
+    upkeeping.add_done_callback(lambda _: stop.set() if _failed(upkeeping) else None)
     await stop.wait()
     # A graceful stop: no new connection, the requests in flight answered (for at most
     # server.drain_seconds), idle keep-alive connections closed; only then the store.
@@ -190,8 +192,9 @@ async def serve(settings: Settings, listeners: Listeners) -> None:
     for task in housekeeping:
         task.cancel()
     await store.close()
-    if _failed(preparing):
-        raise CommandError(str(preparing.exception()))
+    for task in (preparing, upkeeping):
+        if _failed(task):
+            raise CommandError(str(task.exception()))
     log.info("tokensvc stopped")
 
 

@@ -18,7 +18,7 @@ from tokensvc import __version__
 from tokensvc.oauth import hashing
 from tokensvc.records import AuthorizationCode, Client, Family, Installation, Pair, Session, User, utcnow
 from tokensvc.storage import processes, upgrade
-from tokensvc.storage.base import StoreFault
+from tokensvc.storage.base import StorageError, StoreFault
 from tokensvc.storage.format import FORMATS, Format, History, Migration
 from tokensvc.storage.mongo import MongoStore
 
@@ -199,6 +199,48 @@ async def test_every_operation_keyed_by_a_hash_finds_it_in_either_format(primary
         await store.close()
 
 
+async def test_nothing_is_written_before_the_stores_format_is_read(primary):
+    """A serving process answers requests while its store opens (an election, a slow server):
+    until open has read the format it writes no hash (503), and then writes what the format
+    says. A command line's store reads the format at its first write."""
+    written_by_0_9_0(primary)
+    await (await opened(primary)).close()
+    code, family, session = credentials(utcnow())
+    serving = MongoStore.from_settings(wire_settings(primary), serving=True)
+    for write in (lambda: serving.add_code(code), lambda: serving.create_family(family),
+                  lambda: serving.add_session(session)):
+        with pytest.raises(StorageError, match="start-up has not read the store's format yet"):
+            await write()
+    assert [raw(primary, name) for name in ("codes", "families", "sessions")] == [[], [], []]
+    await serving.open()
+    await serving.add_session(session)
+    command_line = MongoStore.from_settings(wire_settings(primary))
+    await command_line.add_code(code)
+    assert [raw(primary, name)[0]["_id"] for name in ("codes", "sessions")] == [code.code_hash, session.session_hash]
+    for store in (serving, command_line):
+        await store.close()
+
+
+async def test_a_running_process_stops_serving_on_a_format_it_cannot_write(primary, caplog):
+    """A heartbeat that finds the compatibility version raised past this release (a later
+    release finalized): the same line as a refused start, not ready, nothing written, and the
+    entry never says it writes that format."""
+    store = await opened(primary, serving=True)
+    primary.db[DB]["meta"].update_one({"_id": "format"}, {"$set": {"format": 3, "compatibility": 3}})
+    with pytest.raises(StoreFault) as refused:
+        await store.heartbeat()
+    assert str(refused.value) == (f"the store holds format 3 (its compatibility version), which tokensvc {__version__} "
+                                  "cannot read (it reads formats 1 to 2): run a later release, one that reads format 3")
+    assert store.prepared is False
+    with pytest.raises(StorageError, match="no longer serves from the store: the store holds format 3"):
+        await store.add_session(credentials(utcnow())[2])
+    assert raw(primary, "sessions") == [] and primary.db[DB]["processes"].find_one()["writes"] == 2
+    store.registration.heartbeat_seconds = 0.05
+    with pytest.raises(StoreFault):  # the heartbeat's loop ends with it: the process stops
+        await asyncio.wait_for(store.registration.run(store), 5)
+    await store.close()
+
+
 async def test_a_family_written_before_finalize_is_not_written_again_in_the_other_format(primary):
     """The retry of an exchange whose family was written in format 1: no second family in format 2."""
     written_by_0_9_0(primary)
@@ -236,7 +278,7 @@ async def test_a_serving_process_is_registered_and_follows_a_raised_compatibilit
     primary.db[DB]["meta"].update_one({"_id": "format"}, {"$set": {"compatibility": 2}})
     with caplog.at_level(logging.INFO, "tokensvc.storage.processes"):
         await store.heartbeat()
-    assert store.format.compatibility == 2 and store.pack(digest("x")) == bytes.fromhex(digest("x"))
+    assert store.format.compatibility == 2 and (await store.writing())(digest("x")) == bytes.fromhex(digest("x"))
     assert "the store's compatibility version is now 2 (was 1): writing format 2" in caplog.text
     assert (await processes.running(store))[0].writes == 2
     await store.close()

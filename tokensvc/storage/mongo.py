@@ -548,9 +548,11 @@ class MongoStore(Store):
         self.budget, self.build_budget = timeout_ms / 1000, build_timeout_ms / 1000
         self.observer = StoreObserver()
         # The formats this release knows, and where the store stands: what is written follows
-        # its compatibility version (set by open, followed by the process's heartbeat).
+        # its compatibility version, read by open and followed by the process's heartbeat
+        # (writing). Until it is read, the oldest format this release reads stands for it.
         self.history = store_format.HISTORY
-        self.format = self.history.new()
+        self._format: store_format.StoreFormat | None = None
+        self.refusal: str | None = None  # why this process no longer serves from the store (a heartbeat's)
         # A serving process's entry among the running processes (None: a command line's store).
         self.registration: processes.Registration | None = None
         self.topology = topology.Topology()  # the deployment as the driver last saw it
@@ -567,9 +569,29 @@ class MongoStore(Store):
         return self._client
 
     @property
-    def pack(self) -> Callable[[Any], Any]:
-        """How a hash is written now: what every release allowed to run reads."""
-        return hashes.packed if self.format.compatibility >= hashes.PACKED_FROM else _as_is
+    def format(self) -> store_format.StoreFormat:
+        return self._format or store_format.StoreFormat(self.history.oldest, self.history.oldest)
+
+    @format.setter
+    def format(self, state: store_format.StoreFormat) -> None:
+        self._format = state
+
+    async def writing(self) -> Callable[[Any], Any]:
+        """How a hash is written now: what every release allowed to run reads, by the store's
+        compatibility version. Nothing is written before it is known: a serving process reads
+        it at open, after registering (storage/processes.py), and answers 503 until then, or
+        once a heartbeat found a compatibility version it cannot write (it is stopping); a
+        command line's store reads it at its first write."""
+        if self.refusal is not None:
+            raise StorageError(f"this process no longer serves from the store: {self.refusal}")
+        if self._format is None:
+            if self.registration is not None:
+                raise StorageError("start-up has not read the store's format yet")
+            state = await store_format.read(self.db)
+            if state is None:
+                raise StorageError("the store has no format document yet: start tokensvc serve once")
+            self._format = state
+        return hashes.packed if self._format.compatibility >= hashes.PACKED_FROM else _as_is
 
     @classmethod
     def from_settings(cls, settings: StorageSettings, *, serving: bool = False) -> MongoStore:
@@ -729,8 +751,13 @@ class MongoStore(Store):
             return
         from tokensvc.storage import migrations
 
-        await asyncio.gather(self.registration.run(self),
-                             migrations.in_background(self, self.registration.id, self.registration.heartbeat_seconds))
+        work = [asyncio.ensure_future(self.registration.run(self)), asyncio.ensure_future(
+            migrations.in_background(self, self.registration.id, self.registration.heartbeat_seconds))]
+        try:
+            await asyncio.gather(*work)
+        finally:  # the heartbeat stopped (the store's format refuses this release): so does the rest
+            for task in work:
+                task.cancel()
 
     async def close(self) -> None:
         if self.registration is not None and self.registration.announced:
@@ -1015,7 +1042,7 @@ class MongoStore(Store):
 
     @guarded(ONCE)
     async def add_code(self, code: AuthorizationCode) -> None:
-        await self.codes.insert_one(CODES.doc(code, self.pack))
+        await self.codes.insert_one(CODES.doc(code, await self.writing()))
 
     @guarded(READ)
     async def get_code(self, code_hash: str) -> AuthorizationCode | None:
@@ -1024,9 +1051,10 @@ class MongoStore(Store):
     @guarded(ONCE)
     async def consume_code(self, code_hash: str, now: datetime, *, family_id: str | None = None,
                            failed: bool = False) -> AuthorizationCode | None:
+        pack = await self.writing()
         return CODES.record(await self._write_one("codes", code_hash, lambda: self.codes.find_one_and_update(
             {"_id": hashes.either(code_hash), "consumed_at": None, **hashes.NOT_FROZEN},
-            {"$set": {"consumed_at": now, "spent_by_failure": failed, "family_id": self.pack(family_id)}},
+            {"$set": {"consumed_at": now, "spent_by_failure": failed, "family_id": pack(family_id)}},
             return_document=ReturnDocument.BEFORE)))
 
     # -- token families
@@ -1038,7 +1066,7 @@ class MongoStore(Store):
         the two keys of one family differ: the family holds the guard (hashes.GUARD, unique),
         so two writes of it in different formats at once collide, and the key of the other
         format is looked for first (a family written without the guard: by 0.9.0, or a copy)."""
-        pack = self.pack
+        pack = await self.writing()
         document = FAMILIES.doc(family, pack)
         if not self.format.done(store_format.PACKED_HASHES.name):
             document[hashes.GUARD] = hashes.packed(family.family_id)
@@ -1079,7 +1107,7 @@ class MongoStore(Store):
 
     @guarded(ONCE)
     async def rotate_family(self, family_id: str, refresh_hash: str, pair: Pair, now: datetime) -> Family | None:
-        pack = self.pack
+        pack = await self.writing()
         return FAMILIES.record(await self._write_one("families", family_id, lambda: self.families.find_one_and_update(
             {"_id": hashes.either(family_id), "refresh_hash": hashes.either(refresh_hash), "revoked_at": None,
              "expires_at": {"$gt": now}, **hashes.NOT_FROZEN},
@@ -1089,10 +1117,11 @@ class MongoStore(Store):
 
     @guarded(ONCE)
     async def reissue_pair(self, family_id: str, refresh_hash: str, pair: Pair) -> Family | None:
+        pack = await self.writing()
         return FAMILIES.record(await self._write_one("families", family_id, lambda: self.families.find_one_and_update(
             {"_id": hashes.either(family_id), "refresh_hash": hashes.either(refresh_hash), "access_used_at": None,
              "revoked_at": None, **hashes.NOT_FROZEN},
-            {"$set": _pair_fields(pair, self.pack)}, return_document=ReturnDocument.AFTER)))
+            {"$set": _pair_fields(pair, pack)}, return_document=ReturnDocument.AFTER)))
 
     @guarded(RERUN)
     async def mark_access_used(self, family_id: str, access_hash: str, now: datetime) -> None:
@@ -1127,7 +1156,7 @@ class MongoStore(Store):
 
     @guarded(ONCE)
     async def add_session(self, session: Session) -> None:
-        await self.sessions.insert_one(SESSIONS.doc(session, self.pack))
+        await self.sessions.insert_one(SESSIONS.doc(session, await self.writing()))
 
     @guarded(READ)
     async def get_session(self, session_hash: str) -> Session | None:

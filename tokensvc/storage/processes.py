@@ -89,8 +89,16 @@ class Registration:
 
     async def beat(self, store: MongoStore) -> None:
         """Follow the store's format (a raised compatibility version is written from now on),
-        then renew the entry, saying which format this process writes."""
+        then renew the entry, saying which format this process writes. A compatibility version
+        this release cannot write (a later release finalized) is :class:`StoreFault`, with the
+        line a start would print: the process stops serving (not ready, nothing written) and
+        stops, as it would refuse to start."""
         state = await store_format.read(store.db)
+        refusal = None if state is None else store.history.refusal(state)
+        if refusal is not None:
+            store.refusal = refusal
+            store.prepared = False
+            raise StoreFault(refusal)
         if state is not None and state.compatibility != store.format.compatibility:
             log.info("the store's compatibility version is now %d (was %d): writing format %d",
                      state.compatibility, store.format.compatibility, state.compatibility)
@@ -105,13 +113,16 @@ class Registration:
         await store.db[COLLECTION].update_one({"_id": self.id}, {"$set": {"stopped_at": utcnow()}})
 
     async def run(self, store: MongoStore) -> None:
-        """Beat every ``heartbeat_seconds`` until cancelled; a missed beat is logged and the
-        next one tried (the store's own budget and backoff apply to each)."""
+        """Beat every ``heartbeat_seconds`` until cancelled, or until the store's format refuses
+        this release (:class:`StoreFault`, raised: the process stops); a missed beat is logged
+        and the next one tried (the store's own budget and backoff apply to each)."""
         while True:
             await asyncio.sleep(self.heartbeat_seconds)
             try:
                 await store.heartbeat()
             except (StorageError, StoreFault) as exc:
+                if store.refusal is not None:
+                    raise
                 log.warning("heartbeat missed (%s); the storage commands count this process as running for "
                             "%d heartbeats after its last", exc, MISSED_BEATS)
 
