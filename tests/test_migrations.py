@@ -18,6 +18,7 @@ from yielding import Yielding
 from tokensvc.oauth import hashing
 from tokensvc.records import AuthorizationCode, Family, Pair, Session, utcnow
 from tokensvc.storage import hashes, migrations
+from tokensvc.storage.base import StorageError
 from tokensvc.storage.mongo import MongoStore
 
 pytestmark = [pytest.mark.mongodb, pytest.mark.gen_test(timeout=60)]
@@ -467,4 +468,63 @@ async def test_a_code_redeemed_at_a_process_writing_format_2_and_again_at_one_st
         await grants.exchange_code(laggard, client, second_code, WEBAPP_REDIRECT, VERIFIER)
     assert not await active(issued.access_token)
     assert await store.db["families"].count_documents({}) == 2
+    await store.close()
+
+
+# -- what a pass records ------------------------------------------------------------------------
+
+
+async def test_passes_at_once_add_up_and_a_late_one_changes_nothing(monkeypatch):
+    """Two passes at once count each row once (the one that moved it); a pass that starts once
+    the migration is done (a process that had not seen it yet) converts nothing and leaves the
+    count as it was; the progress lines grow, never repeat."""
+    monkeypatch.setattr(migrations, "BATCH", 3)
+    store = await format_1_store()
+    for index in range(7):
+        await new_family(store, str(index))
+    await finalized(store)
+    lines: list[list[int]] = [[], []]
+    totals = await asyncio.gather(*(migrations.run(store, "packed-hashes", lambda *line, seen=seen: seen.append(
+        line[2])) for seen in lines))
+    assert (await store.db["meta"].find_one())["migrations"]["packed-hashes"]["rows"] == 7 and max(totals) == 7
+    for seen in lines:
+        assert seen == sorted(set(seen)), seen
+    assert await migrations.run(store, "packed-hashes") == 7
+    assert (await store.db["meta"].find_one())["migrations"]["packed-hashes"]["rows"] == 7
+    await store.close()
+
+
+async def test_no_hash_in_what_a_move_says_or_a_pass_records(monkeypatch):
+    class Changing:
+        """A document that changes under every attempt to freeze it."""
+
+        def __getitem__(self, name):
+            return self
+
+        async def find_one_and_update(self, *args, **kwargs):
+            return None
+
+        async def find_one(self, *args, **kwargs):
+            return {"_id": key, "family_id": None}
+
+    key = hashing.digest("code")
+    with pytest.raises(StorageError) as refused:
+        await hashes.move(Changing(), "codes", {"_id": key, "family_id": None}, utcnow())
+    assert key not in str(refused.value) and key[:8] not in str(refused.value)
+    monkeypatch.setattr(migrations, "BATCH", 2)
+    store = await format_1_store()
+    for index in range(5):
+        await new_family(store, str(index))
+    await finalized(store)
+    batches = 0
+
+    async def one_batch() -> bool:
+        nonlocal batches
+        batches += 1
+        return batches <= 1
+
+    await migrations.run(store, "packed-hashes", still_mine=one_batch)
+    recorded = repr(await store.db["meta"].find_one())
+    for document in await store.db["families"].find().to_list(None):
+        assert hashes.unpacked(document["_id"]) not in recorded and repr(document["_id"]) not in recorded
     await store.close()

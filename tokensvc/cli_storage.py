@@ -39,7 +39,10 @@ def runner(factory: StoreFactory | None,
     def run(args: argparse.Namespace) -> int:
         settings = load_settings(args)
         if factory is None and settings.storage.backend == "memory":
-            print(MEMORY, file=sys.stderr)
+            if args.json:
+                print(json.dumps({"backend": "memory", "format": None, "message": MEMORY}))
+            else:
+                print(MEMORY, file=sys.stderr)
             return 0
 
         async def body() -> int:

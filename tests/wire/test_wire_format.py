@@ -299,7 +299,7 @@ async def test_a_process_that_stopped_beating_counts_as_running_for_three_heartb
     await store.close()
 
 
-async def test_connections_name_their_release_and_0_9_0s_do_not(primary):
+async def test_connections_name_their_release_and_0_9_0s_do_not(primary, caplog):
     store = await opened(primary)
     old = AsyncMongoClient(primary.uri(), appname="tokensvc")  # as 0.9.0 connects
     await old.admin.command("ping")
@@ -311,6 +311,8 @@ async def test_connections_name_their_release_and_0_9_0s_do_not(primary):
     assert {seen.release for seen in await processes.connected(store)} == {__version__}
     primary.current_op = False
     assert await processes.connected(store) is None
+    # Its code, not its answer: that carries the cluster time's signature.
+    assert "$currentOp: error 13 Unauthorized" in caplog.text and "signature" not in caplog.text
     await store.close()
 
 
@@ -441,6 +443,27 @@ async def test_the_service_migrates_in_the_background_once_finalized(primary):
     assert meta(primary)["lease"] is None  # given back
     upkeep.cancel()
     await server.close()
+
+
+async def test_finalize_waits_for_no_process_whose_heartbeat_lapsed_and_says_when_it_raised_already(primary,
+                                                                                                   monkeypatch):
+    server = await serving_on_a_0_9_0_store(primary)  # registered, writing format 1, its heartbeat not running
+    primary.db[DB]["processes"].update_one({}, {"$set": {"heartbeat_seconds": 1, "seen_at": utcnow()}})
+    monkeypatch.setattr(upgrade, "_wait_seconds", lambda running: 0.5)
+    store = await opened(primary)
+    with pytest.raises(upgrade.Refused) as refused:  # it never follows: the raise is done, the conversion waits
+        await upgrade.finalize(store)
+    assert str(refused.value).startswith(
+        "finalized: the compatibility version is raised from 1 to 2 (irreversible: tokensvc storage finalize need "
+        f"not run again); but migration packed-hashes waits: these processes do not write format 2 yet: "
+        f"{__version__} at ")
+    assert meta(primary)["compatibility"] == 2
+    # Two heartbeats without a word (killed -9, cut off): no longer waited for, though counted as running.
+    primary.db[DB]["processes"].update_one({}, {"$set": {"seen_at": utcnow() - timedelta(seconds=2.5)}})
+    assert len(await processes.running(store)) == 1
+    assert await upgrade.migrate(store) == {"packed-hashes": 3}
+    await server.close()
+    await store.close()
 
 
 # -- indexes -----------------------------------------------------------------------------------

@@ -9,7 +9,7 @@ import asyncio
 import json
 
 import pytest
-from primary import ReplicaSet
+from primary import Fault, ReplicaSet
 from test_wire_format import opened, write_credentials, written_by_0_9_0
 
 from tokensvc import __version__, cli
@@ -92,6 +92,72 @@ def test_the_memory_backend_has_no_format_and_each_command_says_so(tmp_path, cap
     captured = capsys.readouterr()
     assert code == 0 and captured.out == ""
     assert captured.err.startswith("the memory backend keeps nothing across a restart: it stores no format")
+    code = cli.main(["storage", command, "--json", "--config", str(path)])  # a script gets its answer on stdout
+    answer = json.loads(capsys.readouterr().out)
+    assert code == 0 and answer["backend"] == "memory" and answer["format"] is None
+    assert answer["message"].startswith("the memory backend keeps nothing across a restart")
+
+
+def many_format_1_families(primary: ReplicaSet, count: int) -> list[str]:
+    """``count`` families as 0.9.0 writes them (copies of the one written, new hashes); their ids."""
+    import copy
+    import secrets
+
+    families = primary.db["tokensvc"]["families"]
+    model = families.find_one({"_id": {"$type": "string"}})
+    written = []
+    for _ in range(count):
+        family = copy.deepcopy(model)
+        family.update(_id=secrets.token_hex(32), refresh_hash=secrets.token_hex(32), access_hash=secrets.token_hex(32))
+        family.pop("family_key", None)
+        written.append(family)
+    families.insert_many(written)
+    return [family["_id"] for family in written]
+
+
+def test_each_rows_move_has_its_own_budget_and_batches_end_in_time(primary, tmp_path, capsys, monkeypatch):
+    """A server slow to write (each family's copy takes 40 ms) and a budget of 600 ms: one batch
+    of 500 moves would need far more than one budget; each document's move has its own, and a
+    batch ends after BATCH_SECONDS, its progress recorded and printed."""
+    from tokensvc.storage import migrations
+
+    written_by_0_9_0(primary)
+    opened_by_this_release(primary)
+    many_format_1_families(primary, 40)
+    path = tmp_path / "slow.toml"
+    path.write_text(f'demo = true\n[storage]\nbackend = "mongodb"\nmongodb_uri = "{primary.uri()}"\n'
+                    'timeout_ms = 600\n')
+    primary.script(Fault("insert", "delay", collection="families", seconds=0.04, times=10**6))
+    monkeypatch.setattr(migrations, "BATCH_SECONDS", 0.5)
+    code, out, err = run(capsys, "finalize", "--config", str(path))
+    assert code == 0, err
+    assert out.endswith("packed-hashes: 43 rows converted\n")
+    lines = [line for line in err.splitlines() if "(now in families)" in line]
+    assert len(lines) >= 3, err  # batches of about half a second, not one of 500 documents
+    assert primary.db["tokensvc"]["families"].count_documents({"_id": {"$type": "string"}}) == 0
+
+
+def test_a_pass_the_store_stops_says_so_and_the_next_resumes(primary, config, capsys):
+    written_by_0_9_0(primary)
+    opened_by_this_release(primary)
+    many_format_1_families(primary, 5)
+    # The store stops answering from the second family's copy on, every attempt within the budget.
+    before = len(primary.sent("insert", "families"))
+    primary.script(Fault("insert", "error", collection="families", code=91, labels=("RetryableWriteError",),
+                         times=10**6, when=lambda doc: len(primary.sent("insert", "families")) > before + 1))
+    code, _, err = run(capsys, "finalize", "--config", config)
+    *progress, said = err.splitlines()
+    assert code == 1 and all(line.startswith("packed-hashes: ") for line in progress), err
+    assert said.startswith("tokensvc: finalized: the compatibility version is raised from 1 to 2 (irreversible: "
+                           "tokensvc storage finalize need not run again); but migration packed-hashes stopped with "
+                           "3 rows converted store-wide (MongoDB: "), err
+    assert said.endswith("it resumes where it stood: run tokensvc storage migrate (the running service also resumes "
+                         "it in the background)") and "not answering" not in err
+    primary.faults.clear()
+    code, out, _ = run(capsys, "migrate", "--config", config)
+    assert code == 0 and out == "packed-hashes: 8 rows converted\n", out
+    code, out, _ = run(capsys, "status", "--json", "--config", config)
+    assert json.loads(out)["migrations"]["done"]["packed-hashes"]["rows"] == 8
 
 
 def test_serve_stops_on_a_store_it_cannot_read_with_one_line(primary, config):

@@ -1,19 +1,24 @@
 """Migrations: the rows of earlier formats rewritten, in bounded batches, beside live traffic.
 
 A migration (declared in ``storage/format.py``, implemented here in :data:`STEPS`) passes over
-its collections in ``_id`` order, one batch of :data:`BATCH` documents at a time, each batch
-one store operation with its own budget and retries. After every batch it records where it
-stands in the format document (``progress``), so a pass that stops (a crash, Ctrl+C, a lost
-primary) resumes there; its rows-converted count is what ``tokensvc storage status`` and the
-metric ``tokensvc_store_migration_rows`` show. Each row's conversion is idempotent and safe
-beside live writes and beside another pass doing the same, so two ``tokensvc storage
-migrate`` commands, or one beside the processes' background migration, only share the work.
+its collections in ``_id`` order. Each document's conversion is one store operation, with its
+own budget (``storage.timeout_ms``) and retries: a slow server slows the pass, it does not cut
+a batch of moves in half. A batch ends after :data:`BATCH` documents or :data:`BATCH_SECONDS`,
+whichever comes first; after each one the pass records where it stands in the format document
+(``progress``: the collection, and a lower bound of the last key, never the key itself, which is
+a hash) and adds the rows it converted to the store-wide count (``$inc``: passes running at once
+add up, none overwrites another's). A pass that stops (a crash, Ctrl+C, a lost primary) resumes
+there; the count is what ``tokensvc storage status`` and the metric
+``tokensvc_store_migration_rows`` show. Each row's conversion is idempotent and safe beside live
+writes and beside another pass doing the same, so two ``tokensvc storage migrate`` commands, or
+one beside the processes' background migration, only share the work; a pass that finds the
+migration recorded done by another stops there.
 
 A pass is started only once every running process writes what the migration's output is (the
 compatibility version it runs from; :func:`wait_for_processes`, and the background's own
-check): then no row of the old form can appear behind it. It ends
-by counting what is left in the old form through the ``_id`` index; a row found there (written
-by a process that had not yet followed the compatibility version) makes another pass.
+check): then no row of the old form can appear behind it. It ends by counting what is left in
+the old form through the ``_id`` index; a row found there (written by a process that had not yet
+followed the compatibility version) makes another pass.
 
 While the service runs, the processes migrate in the background: one at a time (a lease in
 the format document, renewed every batch), with a pause between batches, as soon as the
@@ -35,11 +40,12 @@ from tokensvc.records import utcnow
 from tokensvc.storage import format as store_format
 from tokensvc.storage import hashes, processes
 from tokensvc.storage.base import StorageError, StoreFault
-from tokensvc.storage.mongo import READ, RERUN, MongoStore, guarded
+from tokensvc.storage.mongo import ONCE, READ, RERUN, MongoStore, guarded
 
 log = logging.getLogger(__name__)
 
-BATCH = 500  # documents per batch: one bounded operation
+BATCH = 500  # documents per batch at most
+BATCH_SECONDS = 5.0  # and at most this long: progress, checkpoints and the lease's renewal come this often
 BACKGROUND_PAUSE_SECONDS = 0.05  # between the background's batches, so live traffic comes first
 LEASE_SECONDS = 60  # a background migrator that stops renewing its lease leaves it to another after this
 
@@ -72,17 +78,30 @@ STEPS: dict[str, Step] = {
     store_format.PACKED_HASHES.name: Step(("codes", "sessions", "families"), _pack, {"_id": {"$type": "string"}}),
 }
 
-Progress = Callable[[str, str, int], None]  # (migration, collection, rows converted so far)
+Progress = Callable[[str, str, int], None]  # (migration, collection, rows converted so far, store-wide)
 
 
 class NotYet(Exception):
     """A migration cannot run yet, or its pass cannot count yet: the message says why."""
 
 
+class Stopped(Exception):
+    """A pass stopped before its end (the store did not answer within one document's budget):
+    what it had done is recorded, and the next pass resumes there."""
+
+    def __init__(self, name: str, rows: int, cause: Exception) -> None:
+        super().__init__(f"migration {name} stopped with {rows} rows converted store-wide ({cause}); it resumes "
+                         "where it stood: run tokensvc storage migrate (the running service also resumes it in "
+                         "the background)")
+        self.rows = rows
+
+
 @guarded(READ)
 async def laggards(store: MongoStore, runs_from: int) -> list[processes.Seen]:
-    """The running processes that do not write format ``runs_from`` yet."""
-    return [seen for seen in await processes.running(store) if seen.writes is None or seen.writes < runs_from]
+    """The running processes that do not write format ``runs_from`` yet, leaving out those
+    whose heartbeat has lapsed twice: dead, or cut off from the store."""
+    return [seen for seen in await processes.running(store)
+            if (seen.writes is None or seen.writes < runs_from) and not seen.lapsed()]
 
 
 async def wait_for_processes(store: MongoStore, runs_from: int, seconds: float) -> None:
@@ -102,51 +121,95 @@ async def wait_for_processes(store: MongoStore, runs_from: int, seconds: float) 
 async def run(store: MongoStore, name: str, progress: Progress | None = None, pause: float = 0.0,
               still_mine: Callable[[], Awaitable[bool]] | None = None) -> int:
     """Run the migration ``name`` to its end (resuming where a pass stopped), record it done,
-    and return the rows it converted. ``still_mine``: asked before converting each batch (the
-    background's lease); False stops the pass where it is."""
+    and return the rows it has converted, store-wide (every pass's). ``still_mine``: asked
+    before converting each batch (the background's lease); False stops the pass where it is.
+    On a migration recorded done, a pass converts what is left in the old form (rows written
+    since by a release that should not run), counted in the done record. :class:`Stopped`
+    when the store fails."""
     step = STEPS[name]
     state = await format_state(store)
-    converted = int(state.progress.get(name, {}).get("rows", 0))
+    again = state.done(name)
+    where = None if again else state.progress.get(name)
+    kinds = KINDS[:1] if again else KINDS  # what is left after a done migration has a hex key
+    total = int(((state.migrations if again else state.progress).get(name) or {}).get("rows", 0))
     while True:
-        for collection, kind in _order(step, state.progress.get(name)):
-            after = _resume(state.progress.get(name), collection, kind)
+        for collection, kind in _order(step, kinds, where):
+            after = _resume(where, collection, kind)
             while True:
                 batch = await migration_batch(store, collection, kind, after)
                 if not batch:
                     break
                 if still_mine is not None and not await still_mine():
-                    return converted
-                converted += await migration_convert(store, step, collection, batch)
-                after = batch[-1]["_id"]
-                await migration_checkpoint(store, name, collection, kind, after, converted)
-                if progress is not None:
-                    progress(name, collection, converted)
+                    return total
+                moved, last, failed = await _convert(store, step, collection, batch)
+                if last is not None:
+                    try:
+                        recorded = await migration_checkpoint(store, name, collection, kind, last, moved, again)
+                    except StorageError as exc:
+                        raise Stopped(name, total, failed or exc) from None
+                    if recorded is None:  # another pass recorded it done meanwhile: this one stops
+                        return int((await format_state(store)).migrations[name].get("rows", 0))
+                    if recorded != total and progress is not None:
+                        progress(name, collection, recorded)
+                    total = recorded
+                    after = {"$gt": last}
+                if failed is not None:
+                    raise Stopped(name, total, failed) from None
                 if pause:
                     await asyncio.sleep(pause)
         left = await migration_left(store, step)
         if not left:
             break
         log.warning("%s: %d rows still to convert after a pass (written meanwhile): another pass", name, left)
-        state = await migration_restart(store, name, converted)
-    await migration_done(store, name, converted)
-    return converted
+        where = None
+    return total if again else await migration_done(store, name)
 
 
 KINDS = ("string", "binData")  # a pass's two halves: the hex keys (moved), then the packed ones (checked)
 
 
-def _order(step: Step, where: dict[str, Any] | None) -> list[tuple[str, str]]:
+def _order(step: Step, kinds: tuple[str, ...], where: dict[str, Any] | None) -> list[tuple[str, str]]:
     """The (collection, key kind) of a pass, from where it stood."""
-    order = [(collection, kind) for collection in step.collections for kind in KINDS]
+    order = [(collection, kind) for collection in step.collections for kind in kinds]
     if where is None or (where.get("collection"), where.get("kind")) not in order:
         return order
     return order[order.index((where["collection"], where["kind"])):]
 
 
-def _resume(where: dict[str, Any] | None, collection: str, kind: str) -> Any:
-    if where is not None and where.get("collection") == collection and where.get("kind") == kind:
-        return where.get("after")
+def _resume(where: dict[str, Any] | None, collection: str, kind: str) -> dict[str, Any] | None:
+    """Where a pass resumes in (collection, kind): from the recorded bound on."""
+    if where is not None and where.get("collection") == collection and where.get("kind") == kind \
+            and where.get("after") is not None:
+        return {"$gte": where["after"]}
     return None
+
+
+def lower_bound(key: Any) -> Any:
+    """What the progress record keeps of the last key converted: a bound at or below it that
+    is not the key (a hash of a secret), so a resumed pass re-reads a few converted rows at
+    most. A hex key's first 8 characters; a packed one's first 4 bytes, then zeros (MongoDB
+    orders binary keys by length first)."""
+    if isinstance(key, bytes):
+        return key[:4] + bytes(max(0, len(key) - 4))
+    return key[:8] if isinstance(key, str) else key
+
+
+async def _convert(store: MongoStore, step: Step, collection: str,
+                   batch: list[dict[str, Any]]) -> tuple[int, Any, Exception | None]:
+    """Convert a batch's documents one at a time, each its own store operation, for at most
+    :data:`BATCH_SECONDS`: (rows this call converted, the last key done, what stopped it)."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + BATCH_SECONDS
+    moved, last = 0, None
+    for document in batch:
+        try:
+            moved += await migration_convert(store, step, collection, document)
+        except (StorageError, StoreFault) as exc:
+            return moved, last, exc
+        last = document["_id"]
+        if loop.time() >= deadline:
+            break
+    return moved, last, None
 
 
 @guarded(READ)
@@ -158,23 +221,36 @@ async def format_state(store: MongoStore) -> store_format.StoreFormat:
 
 
 @guarded(READ)
-async def migration_batch(store: MongoStore, collection: str, kind: str, after: Any) -> list[dict[str, Any]]:
-    key: dict[str, Any] = {"$type": kind}
-    if after is not None:
-        key["$gt"] = after
-    cursor = store.db[collection].find({"_id": key}).sort("_id", ASCENDING).limit(BATCH)
+async def migration_batch(store: MongoStore, collection: str, kind: str,
+                          after: dict[str, Any] | None) -> list[dict[str, Any]]:
+    cursor = store.db[collection].find({"_id": {"$type": kind, **(after or {})}}).sort("_id", ASCENDING).limit(BATCH)
     return await cursor.to_list(BATCH)
 
 
 @guarded(RERUN)
-async def migration_convert(store: MongoStore, step: Step, collection: str, batch: list[dict[str, Any]]) -> int:
-    return sum([await step.convert(store.db, collection, document) for document in batch])
+async def migration_convert(store: MongoStore, step: Step, collection: str, document: dict[str, Any]) -> bool:
+    """One document's conversion: its own budget and retries (it is idempotent)."""
+    return await step.convert(store.db, collection, document)
 
 
-@guarded(RERUN)
-async def migration_checkpoint(store: MongoStore, name: str, collection: str, kind: str, after: Any, rows: int) -> None:
-    await store.db[store_format.COLLECTION].update_one({"_id": store_format.KEY}, {"$set": {f"progress.{name}": {
-        "collection": collection, "kind": kind, "after": after, "rows": rows, "updated_at": utcnow()}}})
+@guarded(ONCE)
+async def migration_checkpoint(store: MongoStore, name: str, collection: str, kind: str, last: Any, rows: int,
+                               again: bool) -> int | None:
+    """Record where the pass stands and add ``rows`` to the store-wide count (once: ``$inc``
+    under the driver's deduplicated retry, never run again by the store); the count, or None
+    when the migration was recorded done meanwhile (the pass stops: another finished it)."""
+    meta = store.db[store_format.COLLECTION]
+    if again:
+        found = await meta.find_one_and_update({"_id": store_format.KEY}, {"$inc": {f"migrations.{name}.rows": rows}},
+                                               projection={"migrations": 1}, return_document=ReturnDocument.AFTER)
+        return int(found["migrations"][name]["rows"])
+    found = await meta.find_one_and_update(
+        {"_id": store_format.KEY, f"migrations.{name}": {"$exists": False}},
+        {"$set": {f"progress.{name}.collection": collection, f"progress.{name}.kind": kind,
+                  f"progress.{name}.after": lower_bound(last), f"progress.{name}.updated_at": utcnow()},
+         "$inc": {f"progress.{name}.rows": rows}},
+        projection={"progress": 1}, return_document=ReturnDocument.AFTER)
+    return None if found is None else int(found["progress"][name]["rows"])
 
 
 @guarded(READ)
@@ -183,17 +259,16 @@ async def migration_left(store: MongoStore, step: Step) -> int:
 
 
 @guarded(RERUN)
-async def migration_restart(store: MongoStore, name: str, rows: int) -> store_format.StoreFormat:
-    await store.db[store_format.COLLECTION].update_one({"_id": store_format.KEY},
-                                                       {"$set": {f"progress.{name}": {"rows": rows}}})
-    return await format_state(store)
-
-
-@guarded(RERUN)
-async def migration_done(store: MongoStore, name: str, rows: int) -> None:
-    await store.db[store_format.COLLECTION].update_one({"_id": store_format.KEY}, {
-        "$set": {f"migrations.{name}": {"done_at": utcnow(), "rows": rows, "release": store.history.release}},
-        "$unset": {f"progress.{name}": ""}})
+async def migration_done(store: MongoStore, name: str) -> int:
+    """Record the migration done, with the store-wide count, once (a second pass that gets
+    here finds it recorded, and changes nothing); the count."""
+    state = await store_format.read(store.db)
+    rows = int(((state.progress if state else {}).get(name) or {}).get("rows", 0))
+    await store.db[store_format.COLLECTION].update_one(
+        {"_id": store_format.KEY, f"migrations.{name}": {"$exists": False}},
+        {"$set": {f"migrations.{name}": {"done_at": utcnow(), "rows": rows, "release": store.history.release}},
+         "$unset": {f"progress.{name}": ""}})
+    return int((await format_state(store)).migrations[name].get("rows", 0))
 
 
 # -- in the background of the running service ------------------------------------------------------
@@ -229,7 +304,7 @@ async def in_background(store: MongoStore, owner: str, every: float) -> None:
                 log.info("migrating in the background: %s", migration.summary)
                 rows = await run(store, migration.name, pause=BACKGROUND_PAUSE_SECONDS,
                                  still_mine=lambda: migration_lease(store, owner))
-                log.info("migration %s: %d rows converted", migration.name, rows)
+                log.info("migration %s done: %d rows converted, store-wide", migration.name, rows)
                 await migration_release(store, owner)
-            except (StorageError, StoreFault, NotYet) as exc:
+            except (StorageError, StoreFault, NotYet, Stopped) as exc:
                 log.warning("background migration %s interrupted (%s): it resumes there", migration.name, exc)

@@ -49,6 +49,7 @@ log = logging.getLogger(__name__)
 
 COLLECTION = "processes"
 MISSED_BEATS = 3  # heartbeats a process may miss and still count as running
+LAPSED_BEATS = 2  # heartbeats missed after which a migration no longer waits for a process to follow
 APP_NAME = re.compile(r"tokensvc(?:/(\S+))?")  # the appName of a tokensvc process: its release after a slash
 
 
@@ -66,6 +67,13 @@ class Seen:
     @property
     def name(self) -> str:
         return self.release or "0.9.0 or earlier"
+
+    def lapsed(self) -> bool:
+        """Whether a registered process has missed two heartbeats in a row: it is dead, or cut
+        off from the store (and then writes nothing either). Still counted as running (three)."""
+        if self.seen_at is None:
+            return False
+        return self.seen_at + timedelta(seconds=LAPSED_BEATS * self.heartbeat_seconds) < utcnow()
 
 
 class Registration:
@@ -160,7 +168,9 @@ async def connected(store: MongoStore) -> list[Seen] | None:
             cursor = await cursor
         operations = await cursor.to_list(None)
     except OperationFailure as exc:
-        log.warning("the server does not list its connections ($currentOp: %s)", exc)
+        # Its code, never its whole answer (which carries the cluster time's signature).
+        log.warning("the server does not list its connections ($currentOp: error %s %s)", exc.code,
+                    (exc.details or {}).get("codeName", ""))
         return None
     found = []
     for operation in operations:

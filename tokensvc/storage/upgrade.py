@@ -19,6 +19,7 @@ from typing import Any
 from tokensvc.records import utcnow
 from tokensvc.storage import format as store_format
 from tokensvc.storage import migrations, processes
+from tokensvc.storage.base import StorageError, StoreFault
 from tokensvc.storage.format import Migration, StoreFormat
 from tokensvc.storage.mongo import READ, RERUN, MongoStore, guarded
 
@@ -112,21 +113,24 @@ def _wait_seconds(running: list[processes.Seen]) -> float:
 Progress = Callable[[str, str, int], None]
 
 
-async def migrate(store: MongoStore, progress: Progress | None = None) -> dict[str, int]:
+async def migrate(store: MongoStore, progress: Progress | None = None, said: str = "") -> dict[str, int]:
     """Run every migration the compatibility version allows that is not done (waiting first
-    for the processes to write what it writes); the rows each converted."""
+    for the processes to write what it writes); the rows each converted. ``said`` starts
+    every refusal (finalize's: the compatibility version is raised already)."""
     state = await current(store)
     refusal = store.history.refusal(state)
     if refusal is not None:
-        raise Refused(refusal)
+        raise Refused(said + refusal)
     converted = {}
     for migration in store.history.runnable(state):
         try:
             await migrations.wait_for_processes(store, migration.runs_from,
                                                 _wait_seconds(await _running(store)))
+            converted[migration.name] = await migrations.run(store, migration.name, progress)
         except migrations.NotYet as exc:
-            raise Refused(f"migration {migration.name} waits: {exc}") from None
-        converted[migration.name] = await migrations.run(store, migration.name, progress)
+            raise Refused(f"{said}migration {migration.name} waits: {exc}") from None
+        except migrations.Stopped as exc:
+            raise Refused(f"{said}{exc}") from None
     store.format = await current(store)
     return converted
 
@@ -151,9 +155,14 @@ async def finalize(store: MongoStore, assume_stopped: bool = False,
     if found.blockers:
         raise Refused("not finalized: " + "; ".join(found.blockers))
     await _raise(store, state.compatibility, target)
-    store.format = await current(store)
-    await _drop_retired(store)
-    return state.compatibility, await migrate(store, progress)
+    said = (f"finalized: the compatibility version is raised from {state.compatibility} to {target} (irreversible: "
+            "tokensvc storage finalize need not run again); but ")
+    try:
+        store.format = await current(store)
+        await _drop_retired(store)
+    except (StorageError, StoreFault) as exc:
+        raise Refused(f"{said}{exc}: tokensvc storage migrate completes the rest") from None
+    return state.compatibility, await migrate(store, progress, said)
 
 
 @guarded(RERUN)
