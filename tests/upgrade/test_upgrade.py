@@ -133,7 +133,25 @@ def works(base: str, tokens: dict) -> bool:
 
 
 def revoke(base: str, tokens: dict) -> None:
-    assert requests.post(base + "/oauth/revoke", timeout=30, data={"token": tokens["refresh_token"]}).status_code == 200
+    """RFC 7009: the client revokes its refresh token (the token family: its access token too)."""
+    client_id = tokens["client_id"]
+    answer = requests.post(base + "/oauth/token/revoke", timeout=30, **client_auth(client_id), data={
+        "token": tokens["refresh_token"], **({} if client_id == "webapp" else {"client_id": client_id})})
+    assert answer.status_code == 200, answer.text
+
+
+def revoke_grant(base: str, tokens: dict) -> None:
+    """``POST /oauth/revoke?token=``: the app cuts its own access, the whole grant."""
+    answer = requests.post(base + "/oauth/revoke", timeout=30, params={"token": tokens["access_token"]})
+    assert answer.status_code == 200, answer.text
+
+
+def cookie_of(browser: Browser) -> requests.Session:
+    """A copy of the browser's cookies: what a thief of the session cookie would hold (the
+    browser itself forgets it when it signs out)."""
+    copy = requests.Session()
+    copy.cookies.update(browser.agent.cookies)
+    return copy
 
 
 def storage_command(capsys, *argv: str) -> tuple[int, str, str]:
@@ -177,18 +195,25 @@ def test_a_rolling_upgrade_then_finalize_signs_no_one_out(primary, previous, tmp
 
         # What either issues works at the other.
         for issuer, other in ((old, new), (new, old)):
-            browser = Browser().sign_in(issuer.base)
+            browser = Browser("bob", "copper-fern-meadow").sign_in(issuer.base)
             assert browser.me(other.base) == 200  # the session cookie
             tokens = exchange(other.base, browser.code(issuer.base))  # a code
             assert works(issuer.base, tokens) and works(other.base, tokens)  # an access token
-            assert works(issuer.base, refresh(other.base, tokens))  # a refresh token
-            paired = exchange(other.base, browser.code(issuer.base, "node-agent", "backyard-scope"), "node-agent")
-            assert works(issuer.base, refresh(other.base, paired))  # installation tokens
-            # Acting on the other's records: a sign-out and a revocation hold at both.
+            tokens = refresh(other.base, tokens)
+            assert works(issuer.base, tokens)  # a refresh token
+            paired = exchange(other.base, alice.code(issuer.base, "node-agent", "backyard-scope"), "node-agent")
+            paired = refresh(other.base, paired)
+            assert works(issuer.base, paired)  # installation tokens
+            # Acting on the other's records: a sign-out, and revocations of tokens in force, hold at both.
+            session = cookie_of(browser)
             browser.sign_out(other.base)
-            assert browser.me(issuer.base) == 401
-            revoke(other.base, tokens)
+            assert session.get(issuer.base + "/v1/me", timeout=30).status_code == 401
+            revoke(other.base, paired)  # a family (RFC 7009)
+            assert not works(issuer.base, paired) and not works(other.base, paired)
+            revoke_grant(other.base, tokens)  # bob's grant to the web app, whole
             assert not works(issuer.base, tokens)
+            assert requests.post(issuer.base + "/oauth/token/refresh", timeout=30, auth=("webapp", WEBAPP_SECRET),
+                                 data={"refresh_token": tokens["refresh_token"]}).status_code == 400
 
         # A refresh chain alternating between the releases keeps working.
         chain = issued_before["tokens"]
