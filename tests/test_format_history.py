@@ -1,7 +1,8 @@
 """The store format's history (tokensvc/storage/format.py) holds together: one entry per
 format, numbered in order, each first written by a later release than the one before; every
 migration implemented, running no earlier than the format before its own; no index this
-release makes is one the history retires; and this release writes the newest format."""
+release makes is one the history retires; each tripwire renames an index this release makes;
+and this release writes the newest format."""
 
 from __future__ import annotations
 
@@ -32,6 +33,14 @@ def test_no_index_this_release_makes_is_one_the_history_retires():
     retired = {index for entry in FORMATS for index in entry.retired_indexes}
     made = {(collection, options["name"]) for collection, _, options in INDEXES}
     assert not retired & made
+
+
+def test_each_tripwire_renames_an_index_this_release_makes_to_a_name_of_its_own():
+    made = {(collection, options["name"]) for collection, _, options in INDEXES}
+    tripwires = [wire for entry in FORMATS for wire in entry.tripwires]
+    assert tripwires  # 0.9.0 predates the format document: only its start-up can stop it
+    for collection, old, new in tripwires:
+        assert (collection, old) in made and (collection, new) not in made and old != new
 
 
 def test_what_each_release_reads():

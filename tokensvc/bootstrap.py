@@ -211,3 +211,9 @@ class StoreMetrics(StoreObserver):
         for name, (rows, done) in migrations.items():
             self.metrics.migration_rows.labels(name).set(rows)
             self.metrics.migration_pending.labels(name).set(0 if done else 1)
+
+    def old_release_connections(self, count: int) -> None:
+        self.metrics.old_release_connections.set(count)
+
+    def old_format_rows(self, count: int) -> None:
+        self.metrics.old_format_rows.set(count)

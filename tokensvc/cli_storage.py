@@ -92,6 +92,7 @@ def _status_json(found: Any) -> dict[str, Any]:
         "connections": None if found.connections is None else [
             {"release": seen.release, "client": seen.where} for seen in found.connections],
         "finalizeBlockers": found.blockers,
+        "warnings": found.warnings,
     }
 
 
@@ -137,6 +138,7 @@ def _status_text(found: Any) -> str:
     if state.compatibility < history.newest:
         lines += ["", "finalize: " + ("ready (tokensvc storage finalize)" if not found.blockers
                                       else "not yet:\n  - " + "\n  - ".join(found.blockers))]
+    lines += [f"\nWARNING: {warning}" for warning in found.warnings]
     return "\n".join(lines)
 
 

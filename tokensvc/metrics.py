@@ -106,6 +106,14 @@ class Metrics:
                                     registry=registry, multiprocess_mode="livemax")
         self.migration_pending = Gauge("tokensvc_store_migration_pending", "1 while a migration is not done",
                                        ["migration"], registry=registry, multiprocess_mode="livemax")
+        # What a release that cannot read the store leaves (0.9.0 started after finalize): 0 always.
+        self.old_release_connections = Gauge(
+            "tokensvc_store_old_release_connections",
+            "Connections of a release that cannot read the store's compatibility version", registry=registry,
+            multiprocess_mode="livemax")
+        self.old_format_rows = Gauge("tokensvc_store_old_format_rows",
+                                     "Rows of an older format written after their migration was done",
+                                     registry=registry, multiprocess_mode="livemax")
         if not self.multiprocess:
             ProcessCollector(registry=registry)
 

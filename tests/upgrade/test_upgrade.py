@@ -24,6 +24,7 @@ from primary import ReplicaSet
 from service import NOWHERE, WEBAPP_SECRET, Service, answer_when_read, start_service
 
 from tokensvc import __version__, cli
+from tokensvc.storage.format import TRIPWIRE
 
 HEARTBEAT = 1  # storage.heartbeat_seconds of this release's processes: finalize waits for one
 
@@ -39,7 +40,7 @@ class Deployment:
         self.primary, self.previous, self.tmp = primary, previous, tmp_path_factory
         self.services: list[Service] = []
 
-    def start(self, release: str, extra: str = "") -> Service:
+    def start(self, release: str, extra: str = "", ready: bool = True) -> Service:
         directory = self.tmp.mktemp(release)
         if release == "previous":
             service = start_service(directory, storage(self.primary), python=self.previous.python,
@@ -48,6 +49,8 @@ class Deployment:
             service = start_service(directory, storage(self.primary), extra=extra,
                                     env={"TOKENSVC_STORAGE_HEARTBEAT_SECONDS": str(HEARTBEAT)})
         self.services.append(service)
+        if not ready:
+            return service
         deadline = time.monotonic() + 30
         while requests.get(service.base + "/readyz", timeout=5).status_code != 200:
             assert time.monotonic() < deadline and service.process.poll() is None, service.output()
@@ -311,6 +314,51 @@ def test_a_user_the_previous_release_stored_with_capitals_is_found_in_any_case(p
             == ["Carol"]
         Browser("CAROL", "juniper-vault-cascade").sign_in(new.base)  # the file's password, set on Carol
         Browser("Carol", "juniper-vault-cascade").sign_in(old.base)
+    finally:
+        outputs = deployment.close()
+    assert not any("Traceback" in output for output in outputs), outputs
+
+
+def eventually(check, seconds: float = 15) -> None:
+    deadline = time.monotonic() + seconds
+    while not check():
+        assert time.monotonic() < deadline
+        time.sleep(0.1)
+
+
+def test_the_previous_release_refuses_a_finalized_store_and_one_run_anyway_is_seen(primary, previous,
+                                                                                   tmp_path_factory, capsys):
+    """After finalize the previous release stops at start-up, its line naming the index it
+    cannot make beside the tripwire; started anyway (that index dropped, as its line advises,
+    while no process of this release ran to make it again), every process of this release warns
+    and says so in its metrics, converts the rows it writes, and makes the tripwire again, and
+    tokensvc storage status warns."""
+    deployment = Deployment(primary, previous, tmp_path_factory)
+    try:
+        deployment.stop(deployment.start("previous"))
+        new = deployment.start("current")
+        code, _, err = storage_command(capsys, "finalize", "--config", deployment.config())
+        assert code == 0, err
+        refused = deployment.start("previous", ready=False)
+        refused.process.wait(timeout=30)
+        output = refused.output()
+        assert refused.returncode == 1, output
+        assert f"tokensvc: index failures.{TRIPWIRE} (tokensvc's ttl) exists with other options" in output, output
+        assert primary.db["tokensvc"]["users"].count_documents({}) == 2  # it stopped before seeding anything
+
+        deployment.stop(new)
+        primary.db["tokensvc"]["failures"].drop_index(TRIPWIRE)
+        old = deployment.start("previous")
+        Browser().sign_in(old.base)  # a session, written as 0.9.0 writes it
+        new = deployment.start("current")
+        eventually(lambda: metric(new, "tokensvc_store_old_release_connections") >= 1
+                   and primary.db["tokensvc"]["sessions"].count_documents({"_id": {"$type": "string"}}) == 0)
+        assert sorted(primary.db["tokensvc"]["failures"].index_information()) == ["_id_", TRIPWIRE]
+        logged = new.output()
+        assert "tokensvc 0.9.0 or earlier is connected from 127.0.0.1:" in logged
+        assert "rows of an older format were written after migration packed-hashes was done" in logged
+        code, out, _ = storage_command(capsys, "status", "--config", deployment.config())
+        assert "WARNING: tokensvc 0.9.0 or earlier is connected from 127.0.0.1:" in out, out
     finally:
         outputs = deployment.close()
     assert not any("Traceback" in output for output in outputs), outputs

@@ -17,9 +17,9 @@ from pymongo import AsyncMongoClient
 from tokensvc import __version__
 from tokensvc.oauth import hashing
 from tokensvc.records import AuthorizationCode, Client, Family, Installation, Pair, Session, User, utcnow
-from tokensvc.storage import processes, upgrade
-from tokensvc.storage.base import StorageError, StoreFault
-from tokensvc.storage.format import FORMATS, Format, History, Migration
+from tokensvc.storage import migrations, processes, upgrade
+from tokensvc.storage.base import StorageError, StoreFault, StoreObserver
+from tokensvc.storage.format import FORMATS, TRIPWIRE, Format, History, Migration
 from tokensvc.storage.mongo import MongoStore
 
 pytestmark = pytest.mark.gen_test
@@ -466,6 +466,59 @@ async def test_finalize_waits_for_no_process_whose_heartbeat_lapsed_and_says_whe
     await store.close()
 
 
+class Heard(StoreObserver):
+    def __init__(self) -> None:
+        self.connections: list[int] = []
+        self.rows: list[int] = []
+
+    def old_release_connections(self, count: int) -> None:
+        self.connections.append(count)
+
+    def old_format_rows(self, count: int) -> None:
+        self.rows.append(count)
+
+
+async def test_a_release_that_cannot_read_the_store_is_reported_and_what_it_writes_converted(primary, caplog):
+    """0.9.0 started after finalize anyway (here on a store this release made, format 2): every
+    process warns and says so in its metrics, the rows it writes are converted though the
+    migration is done, and tokensvc storage status warns."""
+    server = await opened(primary, serving=True)
+    server.observer = heard = Heard()
+    old = AsyncMongoClient(primary.uri(), appname="tokensvc")  # as 0.9.0 connects
+    await old.admin.command("ping")
+    code, family, session = credentials(utcnow())  # as 0.9.0 writes them
+    for collection, document in (("codes", {"_id": code.code_hash, "family_id": None}),
+                                 ("sessions", {"_id": session.session_hash, "user_id": "u_alice"}),
+                                 ("families", {"_id": family.family_id, "refresh_hash": family.refresh_hash,
+                                               "access_hash": family.access_hash, "grant_id": "g1"})):
+        primary.db[DB][collection].insert_one(document)
+    primary.db[DB]["failures"].drop_index(TRIPWIRE)  # as 0.9.0's line advises; then its start makes its own
+    primary.db[DB]["failures"].create_index([("expires_at", 1)], expireAfterSeconds=0, name="ttl")
+    operator = MongoStore.from_settings(wire_settings(primary))  # a command line's
+    found = await upgrade.status(operator)
+    await operator.close()
+    assert any(warning.startswith("tokensvc 0.9.0 or earlier is connected from 127.0.0.1:") and
+               "cannot read this store (compatibility 2; it reads formats up to 1): stop it" in warning
+               for warning in found.warnings), found.warnings
+    assert "3 rows of an older format were written after migration packed-hashes was done" in " ".join(found.warnings)
+    with caplog.at_level(logging.WARNING):
+        background = asyncio.create_task(migrations.in_background(server, "me", 0.05))
+        deadline = asyncio.get_running_loop().time() + 10
+        while not heard.connections or any(primary.db[DB][name].count_documents({"_id": {"$type": "string"}})
+                                           for name in ("codes", "sessions", "families")):
+            assert asyncio.get_running_loop().time() < deadline
+            await asyncio.sleep(0.05)
+        background.cancel()
+    assert heard.rows[0] == 3 and heard.connections and heard.connections[0] >= 1
+    assert "3 rows of an older format were written after migration packed-hashes was done" in caplog.text
+    assert "tokensvc 0.9.0 or earlier is connected from 127.0.0.1:" in caplog.text
+    assert meta(primary)["migrations"]["packed-hashes"]["rows"] == 3
+    assert "index failures.ttl was made again since finalize" in caplog.text  # and the tripwire made again
+    assert sorted(primary.db[DB]["failures"].index_information()) == ["_id_", TRIPWIRE]
+    await old.close()
+    await server.close()
+
+
 # -- indexes -----------------------------------------------------------------------------------
 
 
@@ -482,6 +535,37 @@ async def test_an_index_is_dropped_only_once_no_release_allowed_to_run_needs_it(
     store = await opened(primary, history=RETIRING)
     assert "username" not in primary.db[DB]["users"].index_information()
     await store.close()
+
+
+async def test_finalize_leaves_0_9_0_an_index_it_cannot_make_alongside(primary):
+    """The tripwire: after finalize the failure counts' TTL index has another name, and the
+    server refuses 0.9.0's request for it under its own (IndexOptionsConflict, 85: what stops
+    0.9.0's start-up); this release's processes, whichever version they read, take it as theirs."""
+    from pymongo.errors import OperationFailure
+
+    written_by_0_9_0(primary)
+    store = await opened(primary)
+    # A process starting as finalize runs: it reads compatibility 1, and asks for "ttl" after the rename.
+    late = Fault("createIndexes", "delay", seconds=1.5,
+                 when=lambda doc: (doc["createIndexes"], doc["indexes"][0]["name"]) == ("failures", "ttl"))
+    primary.script(late)
+    laggard = MongoStore.from_settings(wire_settings(primary))
+    opening = asyncio.create_task(laggard.open())
+    while not late.hits:
+        await asyncio.sleep(0.01)
+    await upgrade.finalize(store)
+    await opening  # its request met the renamed index: its own, under the other name
+    failures = primary.db[DB]["failures"].index_information()
+    assert "ttl" not in failures and failures[TRIPWIRE]["key"] == [("expires_at", 1)]
+    as_0_9_0 = AsyncMongoClient(primary.uri(), appname="tokensvc")
+    with pytest.raises(OperationFailure) as refused:  # what 0.9.0's open() asks, word for word
+        await as_0_9_0["tokensvc"]["failures"].create_index([("expires_at", 1)], expireAfterSeconds=0, name="ttl")
+    assert refused.value.code == 85
+    await as_0_9_0.close()
+    await (await opened(primary)).close()  # a process that starts now
+    assert sorted(primary.db[DB]["failures"].index_information()) == ["_id_", TRIPWIRE]
+    for opener in (laggard, store):
+        await opener.close()
 
 
 async def test_processes_dropping_one_index_together_all_succeed(primary):

@@ -320,6 +320,13 @@ class StoreObserver:
         """The store's format as this process last read it: the format, the compatibility
         version, and each migration of this release's history: (rows converted, done)."""
 
+    def old_release_connections(self, count: int) -> None:
+        """Connections of a release that cannot read the store's compatibility version (0.9.0
+        after finalize), as this process last looked."""
+
+    def old_format_rows(self, count: int) -> None:
+        """Rows of an older format found behind a done migration, as this process last looked."""
+
 
 class Housekeeping(abc.ABC):
     """Start-up, health, expiry, and the revocations of other processes."""

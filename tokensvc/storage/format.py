@@ -18,6 +18,12 @@ and this one can serve side by side:
 3. **contract**: a later release drops the old read path (raises :attr:`History.oldest`) and
    refuses a store whose conversion is unfinished.
 
+A release that predates the format document (0.9.0) cannot be told to refuse a store it no
+longer reads, so finalize leaves it a **tripwire**: an index it makes at start-up is renamed
+(:attr:`Format.tripwires`; same keys and options, another name). Its start-up asks for the index
+under its own name, the server answers that it exists under another (IndexOptionsConflict), and
+0.9.0 stops with a line naming it. Releases from 0.10.0 on know both names.
+
 The format document (collection ``meta``, ``_id: "format"``) holds ``format`` (the newest format a
 release that opened the store knows: its indexes are made), ``compatibility`` (what every process
 writes and every running release must read), ``migrations`` (those done: when, how many rows),
@@ -66,7 +72,14 @@ class Format:
     summary: str
     migrations: tuple[Migration, ...] = ()
     retired_indexes: tuple[tuple[str, str], ...] = ()  # (collection, index name)
+    # (collection, the name an earlier release gives an index, its name once the compatibility
+    # version reaches this format): that release cannot make it beside the renamed one.
+    tripwires: tuple[tuple[str, str, str], ...] = ()
 
+
+# The failure counts' TTL index from finalize on: 0.9.0, which makes it as "ttl", stops at start-up,
+# its line naming this one (and its advice to drop it: never do, it is what stops it).
+TRIPWIRE = "ttl_format_2_tokensvc_0_9_0_cannot_read_this_store"
 
 PACKED_HASHES = Migration(
     "packed-hashes", runs_from=2,
@@ -77,7 +90,7 @@ FORMATS: tuple[Format, ...] = (
            retired_indexes=(("families", "grant_id"),)),  # replaced by grant_live in 0.9.0 itself
     Format(2, "0.10.0", "hashes of secrets (a code's, a session's, a family's id, its refresh, access and "
                         "previous refresh token's, a redeemed code's family id) as their 32 bytes",
-           migrations=(PACKED_HASHES,)),
+           migrations=(PACKED_HASHES,), tripwires=(("failures", "ttl", TRIPWIRE),)),
 )
 # Where 0.9.0, which keeps no format document, left rows: a database holding any of these was
 # written by it.
@@ -169,9 +182,24 @@ class History:
         return None
 
     def retired_indexes(self, state: StoreFormat) -> list[tuple[str, str]]:
-        """The indexes no release allowed to run on the store relies on any more."""
+        """The indexes no release allowed to run on the store relies on any more (those
+        renamed by a tripwire under their old name)."""
         return [index for entry in self.formats if entry.version <= state.compatibility
-                for index in entry.retired_indexes]
+                for index in (*entry.retired_indexes, *((c, old) for c, old, _ in entry.tripwires))]
+
+    def index_name(self, collection: str, name: str, state: StoreFormat) -> str:
+        """The name this release's index ``name`` has on a store at ``state``: renamed by each
+        tripwire its compatibility version has reached."""
+        for entry in self.formats:
+            for where, old, new in entry.tripwires:
+                if entry.version <= state.compatibility and (where, old) == (collection, name):
+                    name = new
+        return name
+
+    def index_names(self, collection: str, name: str) -> set[str]:
+        """Every name this release's index ``name`` has, whatever the compatibility version."""
+        return {name, *(new for entry in self.formats for where, old, new in entry.tripwires
+                        if (where, old) == (collection, name))}
 
 
 # This release's: it reads format 1 (0.9.0's) and format 2.

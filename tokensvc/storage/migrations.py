@@ -22,7 +22,11 @@ followed the compatibility version) makes another pass.
 
 While the service runs, the processes migrate in the background: one at a time (a lease in
 the format document, renewed every batch), with a pause between batches, as soon as the
-compatibility version allows a migration that is not done.
+compatibility version allows a migration that is not done. A done migration is not taken on
+trust: every heartbeat each process counts the rows still in the old form (through the ``_id``
+index), and rows found there (a release that cannot read the store wrote them: 0.9.0 started
+against the rules) are reported (a warning and ``tokensvc_store_old_format_rows``) and
+converted. So are the connections of such a release (``tokensvc_store_old_release_connections``).
 """
 
 from __future__ import annotations
@@ -292,13 +296,19 @@ async def migration_release(store: MongoStore, owner: str) -> None:
 
 
 async def in_background(store: MongoStore, owner: str, every: float) -> None:
-    """Until cancelled: every ``every`` seconds, run what the compatibility version allows and
-    is not done, when every running process already writes its output and no other process
-    holds the lease."""
+    """Until cancelled: every ``every`` seconds, look for what a release that cannot read the
+    store leaves behind (:func:`watch`), and run what the compatibility version allows and is
+    not done, or the rows of the old form behind a done migration, when every running process
+    already writes its output and no other process holds the lease."""
     while True:
         await asyncio.sleep(every)
-        for migration in store.history.runnable(store.format):
+        state = store.format
+        for migration in store.history.migrations:
+            if migration.runs_from > state.compatibility:
+                continue
             try:
+                if state.done(migration.name) and not await _written_behind(store, migration):
+                    continue
                 if await laggards(store, migration.runs_from) or not await migration_lease(store, owner):
                     continue
                 log.info("migrating in the background: %s", migration.summary)
@@ -308,3 +318,56 @@ async def in_background(store: MongoStore, owner: str, every: float) -> None:
                 await migration_release(store, owner)
             except (StorageError, StoreFault, NotYet, Stopped) as exc:
                 log.warning("background migration %s interrupted (%s): it resumes there", migration.name, exc)
+        try:
+            await watch(store)
+        except (StorageError, StoreFault) as exc:
+            log.warning("could not look for processes of releases that cannot read the store (%s)", exc)
+
+
+async def _written_behind(store: MongoStore, migration: store_format.Migration) -> int:
+    """Rows still in the old form behind the done migration ``migration`` (0 when none): a
+    release that cannot read the store wrote them since. Reported, and converted next."""
+    left = await migration_left(store, STEPS[migration.name])
+    store.observer.old_format_rows(left)
+    if left:
+        log.warning("%d rows of an older format were written after migration %s was done: a process of a release "
+                    "that cannot read this store (0.9.0) is writing to it; find it and stop it (tokensvc storage "
+                    "status). They are converted now", left, migration.name)
+    return left
+
+
+async def watch(store: MongoStore) -> None:
+    """Report the connections of releases that cannot read the store's compatibility version
+    (0.9.0 after finalize): a warning each time, and the metric. Nothing to look for before a
+    finalize, when every release that may connect reads it."""
+    if store.format.compatibility <= store_format.FORMATS[0].version:
+        return
+    made_again = await indexes_followed(store)
+    if made_again:
+        log.warning("index %s was made again since finalize, by a process of a release that cannot read this store "
+                    "(0.9.0, started with its tripwire dropped): dropped again, and the tripwire made; find that "
+                    "process and stop it", ", ".join(made_again))
+    found = await old_releases(store)
+    if found is None:
+        return
+    store.observer.old_release_connections(len(found))
+    if found:
+        log.warning("tokensvc %s is connected from %s, and cannot read this store (its compatibility version is %d): "
+                    "it answers every credential issued since as unknown, and what it writes is at odds with "
+                    "every other process: stop it", found[0].name, ", ".join(sorted({seen.where for seen in found})),
+                    store.format.compatibility)
+
+
+@guarded(RERUN)
+async def indexes_followed(store: MongoStore) -> list[str]:
+    return await store.follow_indexes()
+
+
+@guarded(READ)
+async def old_releases(store: MongoStore) -> list[processes.Seen] | None:
+    """The connections of releases that cannot read the store's compatibility version; None
+    when the server does not say."""
+    connections = await processes.connected(store, quiet=True)
+    if connections is None:
+        return None
+    return [seen for seen in connections if seen.reads < store.format.compatibility]

@@ -637,7 +637,8 @@ class MongoStore(Store):
         that exists with other options is reconciled where MongoDB can change it in place (a
         TTL: ``collMod``); otherwise the others are still made and then :class:`StoreFault`
         names each conflicting index (found by its keys, whatever its name) and what to do. An
-        index no release allowed to run relies on any more is dropped; then the store records
+        index no release allowed to run relies on any more is dropped first, and an index a
+        tripwire renamed is made under its new name (storage/format.py); then the store records
         this release's format as made."""
         await self.check_primary()
         if self.registration is not None:  # before the format is read: see storage/processes.py
@@ -648,11 +649,16 @@ class MongoStore(Store):
         if refusal is not None:
             raise StoreFault(refusal)
         self.format = state
+        await self.drop_retired_indexes()
+        retired = set(self.history.retired_indexes(state))
         conflicts = []
         # A build waits for the members its quorum names: all voting ones by default, so one
         # member down would hold start-up; a majority builds as a majority write is acknowledged.
         quorum = {"commitQuorum": "majority"} if self.replica_set else {}
         for collection, keys, options in INDEXES:
+            options = {**options, "name": self.history.index_name(collection, options["name"], state)}
+            if (collection, options["name"]) in retired:
+                continue
             try:
                 await self._db[collection].create_indexes([IndexModel(keys, **options)], **quorum)
             except OperationFailure as exc:
@@ -661,7 +667,6 @@ class MongoStore(Store):
                 conflict = await self._reconcile(collection, keys, options)
                 if conflict:
                     conflicts.append(conflict)
-        await self.drop_retired_indexes()
         if conflicts:
             raise StoreFault("; ".join(conflicts))
         self.format = await store_format.expanded(self.db, self.history, now)
@@ -678,11 +683,12 @@ class MongoStore(Store):
             state = "secondary" if hello.get("secondary") else "not in a primary state"
             raise StorageError(topology.not_primary(hello.get("me", "the configured address"), state))
 
-    async def drop_retired_indexes(self) -> None:
+    async def drop_retired_indexes(self) -> list[str]:
         """Drop each index an earlier release relied on that no release allowed to run on this
         store needs (by its compatibility version): never one a running release still uses, so
         releases started in any order never build and drop one by turns. One another process
-        dropped first is as good as dropped."""
+        dropped first is as good as dropped. The indexes this call dropped."""
+        dropped = []
         for collection, name in self.history.retired_indexes(self.format):
             if name not in await self._db[collection].index_information():
                 continue
@@ -692,7 +698,34 @@ class MongoStore(Store):
                 if exc.code != INDEX_NOT_FOUND:
                     raise
                 continue
+            dropped.append(f"{collection}.{name}")
             log.info("index %s.%s dropped: no release allowed to run on this store uses it", collection, name)
+        return dropped
+
+    async def follow_indexes(self) -> list[str]:
+        """The indexes the compatibility version calls for (after a finalize, and on every
+        heartbeat after it): the retired ones dropped, and each one a tripwire renames made under
+        its new name (so a release that predates the format document cannot start). An old name
+        made again meanwhile (that release, started between the drop and the rename) is dropped
+        again. The indexes dropped."""
+        dropped = await self.drop_retired_indexes()
+        for collection, keys, options in INDEXES:
+            name = self.history.index_name(collection, options["name"], self.format)
+            if name == options["name"]:
+                continue
+            for _ in range(3):
+                try:
+                    await self._db[collection].create_index(keys, **{**options, "name": name})
+                    break
+                except OperationFailure as exc:
+                    if exc.code not in INDEX_CONFLICT:
+                        raise
+                    dropped += await self.drop_retired_indexes()
+            else:
+                raise StoreFault(f"index {collection}.{name} cannot be made: index {collection}.{options['name']} "
+                                 "is made again each time it is dropped, by a release that cannot read this store: "
+                                 "stop it")
+        return dropped
 
     async def _reconcile(self, collection: str, keys: list[tuple[str, int]], options: dict[str, Any]) -> str | None:
         """Bring an existing index to ``options``, or say why it cannot be (None: done)."""
@@ -701,6 +734,8 @@ class MongoStore(Store):
         # The index in the way: tokensvc's name with other keys, or tokensvc's keys under another name.
         in_the_way = name if name in indexes else next(
             (other for other, info in indexes.items() if list(info["key"]) == keys), None)
+        if in_the_way != name and in_the_way in self.history.index_names(collection, name):
+            return None  # its other name (a tripwire's): the store was finalized since its format was read
         existing = indexes.get(in_the_way) if in_the_way else None
         wanted = {key: value for key, value in options.items() if key != "name"}
         if existing is not None and in_the_way == name and list(existing["key"]) == keys:

@@ -17,11 +17,17 @@ connections: every tokensvc process names its release to MongoDB in the handshak
 ``appName`` (0.9.0 says ``tokensvc``; later releases ``tokensvc/<release>``), and
 ``$currentOp`` with ``idleConnections`` lists the connections of the user running it with
 their ``appName`` and client address; on a replica set no privilege beyond ``readWrite`` is
-needed for one's own user. A 0.9.0 process keeps at least its monitoring connection to the
-primary open, so it is seen as long as it runs. The limits: processes connecting as another
-database user are not seen; through ``mongos`` the clients idle behind the routers are not
-listed, so there the check gives no answer (None), as does a server that refuses
-``$currentOp``, and finalize needs the operator's word (``--previous-release-stopped``).
+needed for one's own user. Without access control a 0.9.0 process is seen as long as it runs
+(it keeps its monitoring connection to the primary open). The limits: with access control the
+server lists a user's *authenticated* connections only, and PyMongo's monitoring connections
+never authenticate, so a 0.9.0 process idle since its pooled connections closed (or before it
+made one) is not listed; processes connecting as another database user are not seen either;
+through ``mongos`` the clients idle behind the routers are not listed, so there the check gives
+no answer (None), as does a server that refuses ``$currentOp``, and finalize needs the
+operator's word (``--previous-release-stopped``). The backstop is the tripwire finalize leaves
+(``storage/format.py``): a 0.9.0 process started after it stops at start-up; one that ran
+through the finalize unseen is found afterwards by what it writes (``storage/migrations.py``)
+and by its connections once it uses them.
 """
 
 from __future__ import annotations
@@ -111,7 +117,7 @@ class Registration:
             log.info("the store's compatibility version is now %d (was %d): writing format %d",
                      state.compatibility, store.format.compatibility, state.compatibility)
             store.format = state
-            await store.drop_retired_indexes()
+            await store.follow_indexes()
         elif state is not None:
             store.format = state
         await store.db[COLLECTION].update_one({"_id": self.id}, {"$set": self._entry(
@@ -152,10 +158,11 @@ async def recent(store: MongoStore) -> list[dict[str, Any]]:
     return await store.db[COLLECTION].find({}).sort("seen_at", -1).to_list(None)
 
 
-async def connected(store: MongoStore) -> list[Seen] | None:
+async def connected(store: MongoStore, quiet: bool = False) -> list[Seen] | None:
     """The connections of tokensvc processes the server reports (``$currentOp``), by release;
     None when it cannot tell: a ``mongos`` (which lists the operations running on the shards,
-    not the clients idle behind it), or a server that refuses (not authorized, no such stage)."""
+    not the clients idle behind it), or a server that refuses (not authorized, no such stage);
+    ``quiet``: without saying so (the background asks every heartbeat)."""
     if (await store.db.command("hello")).get("msg") == "isdbgrid":
         return None
     try:
@@ -168,9 +175,9 @@ async def connected(store: MongoStore) -> list[Seen] | None:
             cursor = await cursor
         operations = await cursor.to_list(None)
     except OperationFailure as exc:
-        # Its code, never its whole answer (which carries the cluster time's signature).
-        log.warning("the server does not list its connections ($currentOp: error %s %s)", exc.code,
-                    (exc.details or {}).get("codeName", ""))
+        if not quiet:  # its code, never its whole answer (which carries the cluster time's signature)
+            log.warning("the server does not list its connections ($currentOp: error %s %s)", exc.code,
+                        (exc.details or {}).get("codeName", ""))
         return None
     found = []
     for operation in operations:

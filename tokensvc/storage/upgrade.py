@@ -35,8 +35,9 @@ class Status:
     running: list[processes.Seen]
     connections: list[processes.Seen] | None  # None: the server did not say
     entries: list[dict[str, Any]]  # the registry's history
-    left: dict[str, int]  # rows each unfinished migration still has to convert
+    left: dict[str, int]  # rows each migration still has to convert (behind a done one: written since)
     blockers: list[str]  # why finalize would be refused now (empty: it would not)
+    warnings: list[str]  # what a release that cannot read the store leaves: it must be stopped
 
     @property
     def runnable(self) -> list[Migration]:
@@ -64,10 +65,9 @@ async def status(store: MongoStore, assume_stopped: bool = False) -> Status:
     state = await current(store)
     running = await processes.running(store)
     connections = await processes.connected(store)
-    left = {migration.name: await _left(store, migration) for migration in store.history.migrations
-            if not state.done(migration.name)}
+    left = {migration.name: await _left(store, migration) for migration in store.history.migrations}
     return Status(state, store.history, running, connections, await processes.recent(store), left,
-                  _blockers(store, state, running, connections, assume_stopped))
+                  _blockers(store, state, running, connections, assume_stopped), _warnings(state, connections, left))
 
 
 async def _left(store: MongoStore, migration: Migration) -> int:
@@ -103,6 +103,22 @@ def _blockers(store: MongoStore, state: StoreFormat, running: list[processes.See
         reasons += [f"tokensvc {name} is connected from {', '.join(sorted(where))} (it reads formats up to {reads})"
                     for (name, reads), where in by_release.items()]
     return reasons
+
+
+def _warnings(state: StoreFormat, connections: list[processes.Seen] | None, left: dict[str, int]) -> list[str]:
+    """What a process of a release that cannot read the store (0.9.0 after finalize) leaves:
+    its connections, and rows of the old form behind a done migration."""
+    found = [f"tokensvc {seen.name} is connected from {seen.where}, and cannot read this store (compatibility "
+             f"{state.compatibility}; it reads formats up to {seen.reads}): stop it"
+             for seen in connections or [] if seen.reads < state.compatibility]
+    found += [f"{rows} rows of an older format were written after migration {name} was done (by a release that "
+              "cannot read this store): the service converts them; find that release and stop it"
+              for name, rows in left.items() if rows and state.done(name)]
+    if connections is None and state.compatibility > store_format.FORMATS[0].version:
+        found.append("the server does not list its connections ($currentOp): a process of a release that cannot "
+                     "read this store would go unseen here (the index it cannot make alongside stops one at its "
+                     "start)")
+    return found
 
 
 def _wait_seconds(running: list[processes.Seen]) -> float:
@@ -159,7 +175,7 @@ async def finalize(store: MongoStore, assume_stopped: bool = False,
             "tokensvc storage finalize need not run again); but ")
     try:
         store.format = await current(store)
-        await _drop_retired(store)
+        await _follow_indexes(store)
     except (StorageError, StoreFault) as exc:
         raise Refused(f"{said}{exc}: tokensvc storage migrate completes the rest") from None
     return state.compatibility, await migrate(store, progress, said)
@@ -175,5 +191,5 @@ async def _raise(store: MongoStore, before: int, target: int) -> None:
 
 
 @guarded(RERUN, budget="build_budget")
-async def _drop_retired(store: MongoStore) -> None:
-    await store.drop_retired_indexes()
+async def _follow_indexes(store: MongoStore) -> None:
+    await store.follow_indexes()
