@@ -3,6 +3,7 @@ passes as StorageError (503 with Retry-After), what does not as StoreFault (500,
 
 from __future__ import annotations
 
+import hashlib
 import logging
 
 import pytest
@@ -61,6 +62,21 @@ def test_what_does_not_pass_is_a_store_fault(error):
 @pytest.mark.parametrize("error", DUPLICATES, ids=lambda e: type(e).__name__)
 def test_a_duplicate_key_is_a_conflict_wherever_it_comes_from(error):
     assert type(translate(error)) is Conflict
+
+
+def test_no_hash_and_no_signed_cluster_time_in_what_an_error_says():
+    key = hashlib.sha256(b"a secret").hexdigest()
+    answer = {"code": 11000, "keyValue": {"_id": bytes.fromhex(key)}, "$clusterTime": {"signature": {
+        "hash": b"\x01" * 20, "keyId": 7}}}
+    said = [str(translate(error)) for error in (
+        DuplicateKeyError(f"E11000 duplicate key error collection: tokensvc.families index: _id_ dup key: "
+                          f"{{ _id: \"{key}\" }}", 11000, answer),
+        DuplicateKeyError(f"E11000 duplicate key error dup key: {{ _id: \"{key}\" }}", 11000, {"code": 11000}),
+        OperationFailure("not authorized on admin", 13, {"code": 13, **answer}),
+    )]
+    assert said[0] == "{'_id': '<hash>'}" and "dup key: {...}" in said[1]
+    for message in said:
+        assert key not in message and key[:16] not in message and "signature" not in message, message
 
 
 @pytest.mark.gen_test

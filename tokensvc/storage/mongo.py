@@ -387,13 +387,14 @@ def _code_of(exc: Exception) -> str:
 
 
 def translate(exc: Exception) -> Exception:
-    """The store's exception for a driver error (see :func:`guarded`)."""
+    """The store's exception for a driver error (see :func:`guarded`). Its message never holds
+    a hash (a duplicate key's value, the server's whole answer with its signed cluster time)."""
     if _duplicate_key(exc):
         details = getattr(exc, "details", None) or {}
-        return Conflict(str(details.get("keyValue") or exc))
-    # The driver's message can carry a whole topology description, or the server's whole
-    # reply: keep its head.
-    head = str(exc).split(", Timeout:")[0].split(" (configured timeouts")[0].split(", full error:")[0][:300]
+        key = details.get("keyValue")
+        return Conflict(str({name: "<hash>" if isinstance(value, bytes) or hashes.is_digest(value) else value
+                             for name, value in key.items()}) if isinstance(key, dict) else _head(exc))
+    head = _head(exc)
     if isinstance(exc, ConfigurationError) and "wire version" in head:
         return StoreFault(f"MongoDB is too old for tokensvc, which needs MongoDB {MINIMUM_SERVER} or later: {head}")
     if isinstance(exc, OperationFailure) and exc.code == AUTHENTICATION_FAILED:
@@ -402,6 +403,13 @@ def translate(exc: Exception) -> Exception:
     if isinstance(exc, PyMongoError) and transient(exc):
         return StorageError(f"MongoDB: {type(exc).__name__}: {head}")
     return StoreFault(f"MongoDB refused: {type(exc).__name__}: {head}")
+
+
+def _head(exc: Exception) -> str:
+    """What a message may say of a driver error: its first part (the driver's can carry a whole
+    topology description, or the server's whole reply), any duplicate key's value left out."""
+    head = str(exc).split(", full error:")[0].split(", Timeout:")[0].split(" (configured timeouts")[0][:300]
+    return re.sub(r"dup key: \{.*?\}", "dup key: {...}", head)
 
 
 def transient(exc: PyMongoError) -> bool:
