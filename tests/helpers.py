@@ -4,6 +4,7 @@ driver of the authorization flow over real HTTP (cookies, XSRF tokens, redirects
 from __future__ import annotations
 
 import base64
+import hashlib
 import html as html_module
 import re
 from dataclasses import dataclass, field
@@ -36,6 +37,20 @@ PASSWORD_HASHES = {
     "root": "scrypt$16384$8$1$3FJVbMSrexvkAxG8iKMd0g==$v+8BeGLUAj7LR2SEVfqw/dvFFV1TNvcz9WwG9TSbV2M=",
 }
 PASSWORDS = {"alice": "alice-password", "root": "root-password"}
+
+
+DIGEST = re.compile(r"(?<![0-9a-f])[0-9a-f]{64}(?![0-9a-f])")  # a SHA-256 digest in hex: a stored hash
+
+
+def hashes_of(secrets: set[str]) -> set[str]:
+    """Each secret's hash as the store keeps it (hex; a refresh token's family id is the hash of
+    its first part), and its 32 bytes as Python prints them: none may reach a log line."""
+    found = set()
+    for value in secrets:
+        for part in {value, value.split(".")[0]}:
+            digest = hashlib.sha256(part.encode()).hexdigest()
+            found |= {digest, repr(bytes.fromhex(digest))}
+    return found
 
 
 def make_config(**overrides: Any) -> config_module.Settings:

@@ -1,6 +1,7 @@
 """No secret in any log line: every flow runs against ``tokensvc serve`` at debug level, then
 the whole output (the service's lines and Tornado's own) is searched for every token, code,
-state, verifier, password, client secret, session and XSRF token the flows used."""
+state, verifier, password, client secret, session and XSRF token the flows used, for the hash
+of each (what the store keeps), and for anything shaped like a hash."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from urllib.parse import parse_qs, urlencode, urljoin, urlsplit
 
 import pytest
 import requests
+from helpers import DIGEST, hashes_of
 from service import WEBAPP_SECRET, answer_when_read, hidden_fields, start_service
 from tornado.websocket import websocket_connect
 
@@ -164,6 +166,7 @@ def test_no_secret_reaches_any_log_line(tmp_path, monkeypatch):
     for evidence in ("token_issued", "token_refreshed", "code_reuse", "refresh_reuse", "client_auth",
                      "Malformed HTTP message", "Invalid cookie signature", "/oauth/revoke?token=***"):
         assert evidence in output, evidence
-    # ... and not one of their secrets.
-    leaked = sorted(value for value in flows.used if value in output)
+    # ... and not one of their secrets, nor its hash (what the store holds), nor any hash at all.
+    leaked = sorted(value for value in flows.used | hashes_of(flows.used) if value in output)
     assert not leaked, leaked
+    assert not DIGEST.search(output), DIGEST.search(output)

@@ -8,7 +8,8 @@ other; a refresh chain may alternate between them; a revocation or a sign-out at
 the other; processes restart in any order and come up, and none of them drops an index the
 other relies on; finalize is refused while a process of the previous release is connected;
 after it, with only this release's processes, every credential issued before still works and
-no row of the old format is left."""
+no row of the old format is left; the previous release then refuses to start, and one run
+anyway is seen; nothing this release writes holds a hash."""
 
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ from urllib.parse import parse_qs, urlencode, urljoin, urlsplit
 
 import releases
 import requests
-from helpers import CHALLENGE, VERIFIER
+from helpers import CHALLENGE, DIGEST, VERIFIER
 from primary import ReplicaSet
 from service import NOWHERE, WEBAPP_SECRET, Service, answer_when_read, start_service
 
@@ -39,6 +40,18 @@ class Deployment:
     def __init__(self, primary: ReplicaSet, previous, tmp_path_factory) -> None:
         self.primary, self.previous, self.tmp = primary, previous, tmp_path_factory
         self.services: list[Service] = []
+        self.said: list[str] = []  # what the storage commands printed
+
+    def storage(self, capsys, *argv: str) -> tuple[int, str, str]:
+        """``tokensvc storage ...`` of this release, on this deployment's store."""
+        code, out, err = storage_command(capsys, *argv, "--config", self.config())
+        self.said.append(out + err)
+        return code, out, err
+
+    def written(self) -> str:
+        """Everything this release wrote: its processes' output, its storage commands'."""
+        return "\n".join([*(service.output() for service in self.services
+                             if "current" in service.log_path.parent.name), *self.said])
 
     def start(self, release: str, extra: str = "", ready: bool = True) -> Service:
         directory = self.tmp.mktemp(release)
@@ -173,6 +186,13 @@ def indexes(primary: ReplicaSet) -> dict[str, list[str]]:
     return {name: sorted(db[name].index_information()) for name in sorted(db.list_collection_names())}
 
 
+def eventually(check, seconds: float = 15) -> None:
+    deadline = time.monotonic() + seconds
+    while not check():
+        assert time.monotonic() < deadline
+        time.sleep(0.1)
+
+
 def test_a_rolling_upgrade_then_finalize_signs_no_one_out(primary, previous, tmp_path_factory, capsys):
     deployment = Deployment(primary, previous, tmp_path_factory)
     try:
@@ -187,7 +207,7 @@ def test_a_rolling_upgrade_then_finalize_signs_no_one_out(primary, previous, tmp
         # A process of this release joins.
         new = deployment.start("current")
         assert requests.get(new.base + "/healthz", timeout=5).json() == {"status": "ok", "version": __version__}
-        code, out, _ = storage_command(capsys, "status", "--json", "--config", deployment.config())
+        code, out, _ = deployment.storage(capsys, "status", "--json")
         status = json.loads(out)
         assert code == 0 and (status["format"], status["compatibility"]) == (2, 1)
         assert {seen["release"] for seen in status["connections"]} == {None, __version__}
@@ -251,19 +271,19 @@ def test_a_rolling_upgrade_then_finalize_signs_no_one_out(primary, previous, tmp
         assert works(old.base, chain) and works(new.base, chain) and alice.me(new.base) == 200
 
         # Finalize waits for the previous release to be gone.
-        code, _, err = storage_command(capsys, "finalize", "--config", deployment.config())
+        code, _, err = deployment.storage(capsys, "finalize")
         assert code == 1 and "not finalized: tokensvc 0.9.0 or earlier is connected from 127.0.0.1:" in err, err
         deployment.stop(old)
         deadline = time.monotonic() + 10
         while True:
-            code, _, err = storage_command(capsys, "finalize", "--config", deployment.config())
+            code, _, err = deployment.storage(capsys, "finalize")
             if code == 0 or time.monotonic() > deadline:
                 break
             assert "0.9.0 or earlier is connected" in err, err  # its sockets are still closing
             time.sleep(0.2)
         assert code == 0, err
         assert "packed-hashes: " in err  # progress on stderr
-        code, out, _ = storage_command(capsys, "status", "--json", "--config", deployment.config())
+        code, out, _ = deployment.storage(capsys, "status", "--json")
         status = json.loads(out)
         assert (status["format"], status["compatibility"]) == (2, 2)
         assert "packed-hashes" in status["migrations"]["done"] and status["finalizeBlockers"] == []
@@ -287,9 +307,33 @@ def test_a_rolling_upgrade_then_finalize_signs_no_one_out(primary, previous, tmp
         assert works(another.base, refresh(new.base, issued_before["installation"]))
         assert works(new.base, exchange(another.base, issued_before["pending code"]))
         assert works(another.base, exchange(new.base, issued_before["code at the new release"]))
+
+        # The previous release now stops at start-up, its line naming the index it cannot make
+        # beside the tripwire, before it writes anything.
+        refused = deployment.start("previous", ready=False)
+        refused.process.wait(timeout=30)
+        assert refused.returncode == 1, refused.output()
+        assert f"tokensvc: index failures.{TRIPWIRE} (tokensvc's ttl) exists with other options" in refused.output()
+        # Started anyway (the tripwire dropped, as that line advises, while no process of this
+        # release ran to make it again): every process of this release warns and says so in its
+        # metrics, converts the rows it writes, makes the tripwire again; status warns.
+        for service in (new, another):
+            deployment.stop(service)
+        primary.db["tokensvc"]["failures"].drop_index(TRIPWIRE)
+        old = deployment.start("previous")
+        Browser().sign_in(old.base)  # a session, written as 0.9.0 writes it
+        new = deployment.start("current")
+        eventually(lambda: metric(new, "tokensvc_store_old_release_connections") >= 1
+                   and primary.db["tokensvc"]["sessions"].count_documents({"_id": {"$type": "string"}}) == 0)
+        assert sorted(primary.db["tokensvc"]["failures"].index_information()) == ["_id_", TRIPWIRE]
+        assert "tokensvc 0.9.0 or earlier is connected from 127.0.0.1:" in new.output()
+        assert "rows of an older format were written after migration packed-hashes was done" in new.output()
+        code, out, _ = deployment.storage(capsys, "status")
+        assert "WARNING: tokensvc 0.9.0 or earlier is connected from 127.0.0.1:" in out, out
     finally:
         outputs = deployment.close()
     assert not any("Traceback" in output for output in outputs), outputs
+    assert not DIGEST.search(deployment.written()), DIGEST.search(deployment.written())  # no hash, ever
 
 
 def test_a_user_the_previous_release_stored_with_capitals_is_found_in_any_case(primary, previous,
@@ -314,51 +358,6 @@ def test_a_user_the_previous_release_stored_with_capitals_is_found_in_any_case(p
             == ["Carol"]
         Browser("CAROL", "juniper-vault-cascade").sign_in(new.base)  # the file's password, set on Carol
         Browser("Carol", "juniper-vault-cascade").sign_in(old.base)
-    finally:
-        outputs = deployment.close()
-    assert not any("Traceback" in output for output in outputs), outputs
-
-
-def eventually(check, seconds: float = 15) -> None:
-    deadline = time.monotonic() + seconds
-    while not check():
-        assert time.monotonic() < deadline
-        time.sleep(0.1)
-
-
-def test_the_previous_release_refuses_a_finalized_store_and_one_run_anyway_is_seen(primary, previous,
-                                                                                   tmp_path_factory, capsys):
-    """After finalize the previous release stops at start-up, its line naming the index it
-    cannot make beside the tripwire; started anyway (that index dropped, as its line advises,
-    while no process of this release ran to make it again), every process of this release warns
-    and says so in its metrics, converts the rows it writes, and makes the tripwire again, and
-    tokensvc storage status warns."""
-    deployment = Deployment(primary, previous, tmp_path_factory)
-    try:
-        deployment.stop(deployment.start("previous"))
-        new = deployment.start("current")
-        code, _, err = storage_command(capsys, "finalize", "--config", deployment.config())
-        assert code == 0, err
-        refused = deployment.start("previous", ready=False)
-        refused.process.wait(timeout=30)
-        output = refused.output()
-        assert refused.returncode == 1, output
-        assert f"tokensvc: index failures.{TRIPWIRE} (tokensvc's ttl) exists with other options" in output, output
-        assert primary.db["tokensvc"]["users"].count_documents({}) == 2  # it stopped before seeding anything
-
-        deployment.stop(new)
-        primary.db["tokensvc"]["failures"].drop_index(TRIPWIRE)
-        old = deployment.start("previous")
-        Browser().sign_in(old.base)  # a session, written as 0.9.0 writes it
-        new = deployment.start("current")
-        eventually(lambda: metric(new, "tokensvc_store_old_release_connections") >= 1
-                   and primary.db["tokensvc"]["sessions"].count_documents({"_id": {"$type": "string"}}) == 0)
-        assert sorted(primary.db["tokensvc"]["failures"].index_information()) == ["_id_", TRIPWIRE]
-        logged = new.output()
-        assert "tokensvc 0.9.0 or earlier is connected from 127.0.0.1:" in logged
-        assert "rows of an older format were written after migration packed-hashes was done" in logged
-        code, out, _ = storage_command(capsys, "status", "--config", deployment.config())
-        assert "WARNING: tokensvc 0.9.0 or earlier is connected from 127.0.0.1:" in out, out
     finally:
         outputs = deployment.close()
     assert not any("Traceback" in output for output in outputs), outputs
