@@ -719,8 +719,8 @@ class MongoStore(Store):
         dropped = await self.drop_retired_indexes()
         for collection, keys, options in INDEXES:
             name = self.history.index_name(collection, options["name"], self.format)
-            if name == options["name"]:
-                continue
+            if name == options["name"] or name in await self._db[collection].index_information():
+                continue  # nothing renamed, or made already (a heartbeat's look writes nothing)
             for _ in range(3):
                 try:
                     await self._db[collection].create_index(keys, **{**options, "name": name})
