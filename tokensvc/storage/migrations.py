@@ -7,7 +7,9 @@ a batch of moves in half. A batch ends after :data:`BATCH` documents or :data:`B
 whichever comes first; after each one the pass records where it stands in the format document
 (``progress``: the collection, and a lower bound of the last key, never the key itself, which is
 a hash) and adds the rows it converted to the store-wide count (``$inc``: passes running at once
-add up, none overwrites another's). A pass that stops (a crash, Ctrl+C, a lost primary) resumes
+add up, none overwrites another's; a row is counted by the pass that deleted its original, so a
+row a request moved itself, or one whose move's reply was lost, may go uncounted, and none is
+counted twice). A pass that stops (a crash, Ctrl+C, a lost primary) resumes
 there; the count is what ``tokensvc storage status`` and the metric
 ``tokensvc_store_migration_rows`` show. Each row's conversion is idempotent and safe beside live
 writes and beside another pass doing the same, so two ``tokensvc storage migrate`` commands, or
