@@ -56,6 +56,38 @@ async def new_family(store: MongoStore, name: str, scopes: tuple[str, ...] = ("r
     return family
 
 
+async def with_families(count: int) -> MongoStore:
+    """A store 0.9.0 wrote holding ``count`` families, then finalized."""
+    store = await format_1_store()
+    for index in range(count):
+        await new_family(store, str(index))
+    await finalized(store)
+    return store
+
+
+def batches(count: int):
+    """A pass's ``still_mine`` that lets ``count`` batches through, then stops the pass."""
+    given = 0
+
+    async def still_mine() -> bool:
+        nonlocal given
+        given += 1
+        return given <= count
+
+    return still_mine
+
+
+async def code_and_session(store: MongoStore) -> tuple[AuthorizationCode, Session]:
+    """A code and a session, written in the store's format."""
+    now = utcnow()
+    code = AuthorizationCode(hashing.digest("code"), "webapp", "https://a/cb", ["read"], "u_alice", None, "x" * 43,
+                             "S256", now + timedelta(minutes=5))
+    await store.add_code(code)
+    session = Session(hashing.digest("session"), "u_alice", now, now + timedelta(hours=1))
+    await store.add_session(session)
+    return code, session
+
+
 async def freeze(store: MongoStore, collection: str, key: str) -> dict:
     """A mover's first step, and no more (as if it died there)."""
     return await store.db[collection].find_one_and_update({"_id": key}, {"$set": {hashes.MOVING: utcnow()}},
@@ -71,11 +103,7 @@ async def test_each_write_that_meets_a_frozen_document_finishes_its_move_and_app
     store = await format_1_store()
     now = utcnow()
     families = [await new_family(store, str(index)) for index in range(6)]
-    code = AuthorizationCode(hashing.digest("code"), "webapp", "https://a/cb", ["read"], "u_alice", None, "x" * 43,
-                             "S256", now + timedelta(minutes=5))
-    await store.add_code(code)
-    session = Session(hashing.digest("session"), "u_alice", now, now + timedelta(hours=1))
-    await store.add_session(session)
+    code, session = await code_and_session(store)
     await finalized(store)
     for name, key in [("families", family.family_id) for family in families] + [
             ("codes", code.code_hash), ("sessions", session.session_hash)]:
@@ -263,20 +291,10 @@ async def test_refreshes_and_bearer_checks_running_through_a_migration_never_mis
 
 async def test_a_migration_stopped_half_way_resumes_where_it_stood(monkeypatch):
     monkeypatch.setattr(migrations, "BATCH", 2)
-    store = await format_1_store()
-    for index in range(7):
-        await new_family(store, str(index))
-    await finalized(store)
-    batches = 0
-
-    async def two_batches() -> bool:
-        nonlocal batches
-        batches += 1
-        return batches <= 2
-
+    store = await with_families(7)
     seen: list[int] = []
     assert await migrations.run(store, "packed-hashes", lambda *line: seen.append(line[2]),
-                                still_mine=two_batches) == 4
+                                still_mine=batches(2)) == 4
     progress = (await store.db["meta"].find_one())["progress"]["packed-hashes"]
     assert progress["collection"] == "families" and progress["rows"] == 4
     assert await store.db["families"].count_documents({"_id": {"$type": "string"}}) == 3
@@ -324,11 +342,7 @@ async def test_a_move_cut_short_after_any_step_never_answers_from_its_frozen_ori
     store = await format_1_store()
     family = await new_family(store, "a")
     now = utcnow()
-    code = AuthorizationCode(hashing.digest("code"), "webapp", "https://a/cb", ["read"], "u_alice", None, "x" * 43,
-                             "S256", now + timedelta(minutes=5))
-    await store.add_code(code)
-    session = Session(hashing.digest("session"), "u_alice", now, now + timedelta(hours=1))
-    await store.add_session(session)
+    code, session = await code_and_session(store)
     await finalized(store)
     for collection in ("families", "sessions", "codes"):
         document = await store.db[collection].find_one()
@@ -476,10 +490,7 @@ async def test_passes_at_once_add_up_and_a_late_one_changes_nothing(monkeypatch)
     the migration is done (a process that had not seen it yet) converts nothing and leaves the
     count as it was; the progress lines grow, never repeat."""
     monkeypatch.setattr(migrations, "BATCH", 3)
-    store = await format_1_store()
-    for index in range(7):
-        await new_family(store, str(index))
-    await finalized(store)
+    store = await with_families(7)
     lines: list[list[int]] = [[], []]
     totals = await asyncio.gather(*(migrations.run(store, "packed-hashes", lambda *line, seen=seen: seen.append(
         line[2])) for seen in lines))
@@ -509,18 +520,8 @@ async def test_no_hash_in_what_a_move_says_or_a_pass_records(monkeypatch):
         await hashes.move(Changing(), "codes", {"_id": key, "family_id": None}, utcnow())
     assert key not in str(refused.value) and key[:8] not in str(refused.value)
     monkeypatch.setattr(migrations, "BATCH", 2)
-    store = await format_1_store()
-    for index in range(5):
-        await new_family(store, str(index))
-    await finalized(store)
-    batches = 0
-
-    async def one_batch() -> bool:
-        nonlocal batches
-        batches += 1
-        return batches <= 1
-
-    await migrations.run(store, "packed-hashes", still_mine=one_batch)
+    store = await with_families(5)
+    await migrations.run(store, "packed-hashes", still_mine=batches(1))
     recorded = repr(await store.db["meta"].find_one())
     for document in await store.db["families"].find().to_list(None):
         assert hashes.unpacked(document["_id"]) not in recorded and repr(document["_id"]) not in recorded
