@@ -660,15 +660,12 @@ class MongoStore(Store):
         await self.drop_retired_indexes()
         retired = set(self.history.retired_indexes(state))
         conflicts = []
-        # A build waits for the members its quorum names: all voting ones by default, so one
-        # member down would hold start-up; a majority builds as a majority write is acknowledged.
-        quorum = {"commitQuorum": "majority"} if self.replica_set else {}
         for collection, keys, options in INDEXES:
             options = {**options, "name": self.history.index_name(collection, options["name"], state)}
             if (collection, options["name"]) in retired:
                 continue
             try:
-                await self._db[collection].create_indexes([IndexModel(keys, **options)], **quorum)
+                await self._make_index(collection, keys, options)
             except OperationFailure as exc:
                 if exc.code not in INDEX_CONFLICT:
                     raise
@@ -690,6 +687,12 @@ class MongoStore(Store):
             # not ready until the URI reaches a primary (start-up keeps trying, /readyz is 503).
             state = "secondary" if hello.get("secondary") else "not in a primary state"
             raise StorageError(topology.not_primary(hello.get("me", "the configured address"), state))
+
+    async def _make_index(self, collection: str, keys: list[tuple[str, int]], options: dict[str, Any]) -> None:
+        # A build waits for the members its quorum names: all voting ones by default, so one
+        # member down would hold start-up; a majority builds as a majority write is acknowledged.
+        quorum = {"commitQuorum": "majority"} if self.replica_set else {}
+        await self._db[collection].create_indexes([IndexModel(keys, **options)], **quorum)
 
     async def drop_retired_indexes(self) -> list[str]:
         """Drop each index an earlier release relied on that no release allowed to run on this
@@ -723,7 +726,7 @@ class MongoStore(Store):
                 continue  # nothing renamed, or made already (a heartbeat's look writes nothing)
             for _ in range(3):
                 try:
-                    await self._db[collection].create_index(keys, **{**options, "name": name})
+                    await self._make_index(collection, keys, {**options, "name": name})
                     break
                 except OperationFailure as exc:
                     if exc.code not in INDEX_CONFLICT:

@@ -114,10 +114,6 @@ def _warnings(state: StoreFormat, connections: list[processes.Seen] | None, left
     found += [f"{rows} rows of an older format were written after migration {name} was done (by a release that "
               "cannot read this store): the service converts them; find that release and stop it"
               for name, rows in left.items() if rows and state.done(name)]
-    if connections is None and state.compatibility > store_format.FORMATS[0].version:
-        found.append("the server does not list its connections ($currentOp): a process of a release that cannot "
-                     "read this store would go unseen here (the index it cannot make alongside stops one at its "
-                     "start)")
     return found
 
 
@@ -176,9 +172,10 @@ async def finalize(store: MongoStore, assume_stopped: bool = False,
     try:
         store.format = await current(store)
         await _follow_indexes(store)
-    except (StorageError, StoreFault) as exc:
-        raise Refused(f"{said}{exc}: tokensvc storage migrate completes the rest") from None
-    return state.compatibility, await migrate(store, progress, said)
+        return state.compatibility, await migrate(store, progress, said)
+    except (StorageError, StoreFault) as exc:  # what a Refused does not say already
+        raise Refused(f"{said}{exc}: the running processes follow the new version at their next heartbeat, and "
+                      "tokensvc storage migrate converts the rows") from None
 
 
 @guarded(RERUN)
