@@ -346,8 +346,9 @@ async def test_a_move_cut_short_after_any_step_never_answers_from_its_frozen_ori
     await finalized(store)
     for collection in ("families", "sessions", "codes"):
         document = await store.db[collection].find_one()
-        with pytest.raises(Died):
-            await hashes.move(Paused(store.db, step, die), collection, document, utcnow())
+        if step < MOVE_STEPS or collection in hashes.NARROWED:  # a session's move has no narrowing to hand on
+            with pytest.raises(Died):
+                await hashes.move(Paused(store.db, step, die), collection, document, utcnow())
     rotated = await store.rotate_family(family.family_id, family.refresh_hash, pair("b", now), now)
     assert rotated is not None
 
