@@ -42,3 +42,24 @@ def test_fast_load_agrees_with_marshmallow(schema, data):
 ])
 def test_fast_dump_agrees_with_marshmallow(obj, schema):
     assert schemas.fast_dump(schema, obj) == schema.dump(obj)
+
+
+def test_a_schema_made_per_call_gets_its_own_fast_path_and_leaves_none_behind():
+    """The compiled functions are kept by the schema itself, not by its address: a schema made
+    and dropped at every call never finds a dropped one's loader (CPython reuses addresses at
+    once), and the cache holds nothing of it afterwards."""
+    import gc
+
+    from marshmallow import Schema, fields
+
+    before = len(schemas._loaders), len(schemas._dumpers)
+    for index in range(200):
+        name = f"field{index}"
+        schema = Schema.from_dict({name: fields.String(required=True)})()
+        assert schemas.fast_load(schema, {name: "x"}) == {name: "x"}
+        with pytest.raises(ValidationError):
+            schemas.fast_load(schema, {})
+        assert schemas.fast_dump(schema, {name: "y", "other": "z"}) == {name: "y"}
+        del schema
+    gc.collect()
+    assert (len(schemas._loaders), len(schemas._dumpers)) == before

@@ -9,6 +9,7 @@ Schemas are built once at import and reused. Validation messages carry a machine
 from __future__ import annotations
 
 import re
+import weakref
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -388,11 +389,25 @@ class HealthSchema(StatusSchema):
 _SIMPLE_DUMP_FIELDS = (fields.String, fields.Integer, fields.Boolean)
 
 
-def _compile_loader(schema: Schema) -> Callable[[Mapping[str, Any]], dict[str, Any]]:
+# A compiled function takes the schema as an argument rather than holding it: the cache below
+# holds the functions, and must not keep their schemas alive.
+Loader = Callable[[Schema, Mapping[str, Any]], dict[str, Any]]
+Dumper = Callable[[Schema, Any], dict[str, Any]]
+
+
+def _marshmallow_load(schema: Schema, data: Mapping[str, Any]) -> dict[str, Any]:
+    return schema.load(data)
+
+
+def _marshmallow_dump(schema: Schema, obj: Any) -> dict[str, Any]:
+    return schema.dump(obj)
+
+
+def _compile_loader(schema: Schema) -> Loader:
     rules = []
     for name, field in schema.fields.items():
         if type(field) is not fields.String or field.data_key not in (None, name):
-            return schema.load
+            return _marshmallow_load
         checks: list[tuple[str, Any]] = []
         for validator in field.validators:
             if isinstance(validator, MaxLength):
@@ -400,12 +415,12 @@ def _compile_loader(schema: Schema) -> Callable[[Mapping[str, Any]], dict[str, A
             elif isinstance(validator, Pattern):
                 checks.append(("pattern", validator.pattern))
             else:
-                return schema.load
+                return _marshmallow_load
         rules.append((name, field.required, tuple(checks)))
     known = frozenset(schema.fields)
     strict = schema.unknown != EXCLUDE
 
-    def load(data: Mapping[str, Any]) -> dict[str, Any]:
+    def load(schema: Schema, data: Mapping[str, Any]) -> dict[str, Any]:
         if strict and not known.issuperset(data):
             return schema.load(data)  # marshmallow reports the unknown field
         result = {}
@@ -432,16 +447,16 @@ def _simple(field: fields.Field) -> bool:
     return type(field) in _SIMPLE_DUMP_FIELDS
 
 
-def _compile_dumper(schema: Schema) -> Callable[[Any], dict[str, Any]]:
+def _compile_dumper(schema: Schema) -> Dumper:
     names, lists = [], set()
     for name, field in schema.fields.items():
         if not _simple(field) or field.data_key not in (None, name) or field.load_only:
-            return schema.dump
+            return _marshmallow_dump
         names.append(name)
         if type(field) is fields.List:
             lists.add(name)
 
-    def dump(obj: Any) -> dict[str, Any]:
+    def dump(schema: Schema, obj: Any) -> dict[str, Any]:
         if type(obj) is dict or isinstance(obj, Mapping):
             result = {name: obj[name] for name in names if name in obj}
         else:
@@ -454,8 +469,10 @@ def _compile_dumper(schema: Schema) -> Callable[[Any], dict[str, Any]]:
     return dump
 
 
-_loaders: dict[int, Callable[[Mapping[str, Any]], dict[str, Any]]] = {}
-_dumpers: dict[int, Callable[[Any], dict[str, Any]]] = {}
+# The compiled functions of each schema, held as long as the schema is: a schema made per
+# call is neither kept for ever nor, once collected, mistaken for a new one at its address.
+_loaders: weakref.WeakKeyDictionary[Schema, Loader] = weakref.WeakKeyDictionary()
+_dumpers: weakref.WeakKeyDictionary[Schema, Dumper] = weakref.WeakKeyDictionary()
 
 
 def load(schema: Schema, data: Any, location: str = "body") -> dict[str, Any]:
@@ -471,15 +488,15 @@ def load(schema: Schema, data: Any, location: str = "body") -> dict[str, Any]:
 
 def fast_load(schema: Schema, data: Mapping[str, Any]) -> dict[str, Any]:
     """``schema.load(data)``, through the compiled fast path when the schema allows it."""
-    loader = _loaders.get(id(schema))
+    loader = _loaders.get(schema)
     if loader is None:
-        loader = _loaders[id(schema)] = _compile_loader(schema)
-    return loader(data)
+        loader = _loaders[schema] = _compile_loader(schema)
+    return loader(schema, data)
 
 
 def fast_dump(schema: Schema, obj: Any) -> dict[str, Any]:
     """``schema.dump(obj)`` for flat schemas of strings, integers and booleans."""
-    dumper = _dumpers.get(id(schema))
+    dumper = _dumpers.get(schema)
     if dumper is None:
-        dumper = _dumpers[id(schema)] = _compile_dumper(schema)
-    return dumper(obj)
+        dumper = _dumpers[schema] = _compile_dumper(schema)
+    return dumper(schema, obj)
