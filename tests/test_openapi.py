@@ -143,3 +143,38 @@ def test_the_admin_document_describes_the_admin_route_table_and_its_shapes():
     assert operation["security"] == [{"bearer": []}] and set(operation["responses"]) >= {
         "200", "401", "403", "404", "422", "429", "503"}
     assert not [path for path in document["paths"] if path.startswith("/oauth")]
+
+
+@pytest.mark.gen_test
+async def test_two_applications_in_one_process_each_publish_their_own_server(http_client):
+    """The document is the application's, not the process's: two services (and their admin
+    listeners) in one process, each asked in turn, each name their own URL."""
+    import tornado.httpserver
+    import tornado.testing
+    from helpers import make_config
+
+    from tokensvc.app import make_admin_app, make_app
+    from tokensvc.bootstrap import make_context
+    from tokensvc.storage.memory import MemoryStore
+
+    servers, published = [], {}
+    try:
+        for name, admin_port in (("one", 9101), ("two", 9102)):
+            config = make_config(base_url=f"https://{name}.example", admin={"port": admin_port})
+            store = MemoryStore()
+            ctx = make_context(config, store)
+            for kind, app in (("public", make_app(config, store, ctx)), ("admin", make_admin_app(config, store, ctx))):
+                sock, port = tornado.testing.bind_unused_port()
+                server = tornado.httpserver.HTTPServer(app)
+                server.add_sockets([sock])
+                servers.append(server)
+                response = await http_client.fetch(f"http://127.0.0.1:{port}/openapi.json",
+                                                   headers={"Host": f"{name}.example"})
+                published[name, kind] = [server["url"] for server in json_of(response)["servers"]]
+    finally:
+        for server in servers:
+            server.stop()
+    assert published == {("one", "public"): ["https://one.example"],
+                         ("one", "admin"): ["http://127.0.0.1:9101"],
+                         ("two", "public"): ["https://two.example"],
+                         ("two", "admin"): ["http://127.0.0.1:9102"]}

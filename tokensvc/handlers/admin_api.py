@@ -258,10 +258,8 @@ class PurgeHandler(AdminEndpoint):
 class AdminOpenAPIHandler(AdminEndpoint):
     """``GET /openapi.json`` of the admin listener: the admin API's own document."""
 
-    document: bytes | None = None
-
     async def get(self) -> None:
-        if AdminOpenAPIHandler.document is None:
+        if self.edge.openapi_document is None:
             url = listen_url(self.config.admin.host, self.config.admin.port)
-            AdminOpenAPIHandler.document = openapi.render(self.edge.routes, url, admin=True).encode()
-        self.send(200, AdminOpenAPIHandler.document, "application/json")
+            self.edge.openapi_document = openapi.render(self.edge.routes, url, admin=True).encode()
+        self.send(200, self.edge.openapi_document, "application/json")

@@ -251,6 +251,9 @@ class Edge:
         self._static_settings, self._static_files = static_settings, static_files
         self.in_flight = 0  # requests whose body is in and whose answer is not yet written
         self.readiness = Readiness(ctx.store)
+        # This application's OpenAPI document, built at its first request: its server URL is
+        # this application's own (two applications in one process publish their own).
+        self.openapi_document: bytes | None = None
 
     async def drained(self, poll_seconds: float = 0.05) -> None:
         """Return once no request is in flight (a graceful stop waits for it, with a deadline)."""

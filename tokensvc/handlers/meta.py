@@ -49,13 +49,11 @@ class MetricsHandler(JsonHandler):
 
 
 class OpenAPIHandler(JsonHandler):
-    """``GET /openapi.json``: the OpenAPI 3.1 document of the route table, built once."""
-
-    document: bytes | None = None
+    """``GET /openapi.json``: the OpenAPI 3.1 document of the route table, built once per application."""
 
     async def get(self) -> None:
-        if OpenAPIHandler.document is None:
-            OpenAPIHandler.document = openapi.render(self.edge.routes, self.config.base_url,
-                                                     auth_url=self.config.auth_url,
-                                                     session_cookie=self.config.session_cookie).encode("utf-8")
-        self.send(200, OpenAPIHandler.document, "application/json")
+        if self.edge.openapi_document is None:
+            self.edge.openapi_document = openapi.render(self.edge.routes, self.config.base_url,
+                                                        auth_url=self.config.auth_url,
+                                                        session_cookie=self.config.session_cookie).encode("utf-8")
+        self.send(200, self.edge.openapi_document, "application/json")
