@@ -35,7 +35,8 @@ async def test_seeding_twice_changes_nothing_and_an_edit_is_applied(backend_stor
     assert installation.operators == [alice.user_id]
 
     edited = make_config()
-    edited.clients[0] = dataclasses.replace(edited.clients[0], name="Web app 2", client_secret="rotated-secret")
+    edited = dataclasses.replace(edited, clients=(
+        dataclasses.replace(edited.clients[0], name="Web app 2", client_secret="rotated-secret"), *edited.clients[1:]))
     await seed(store, edited)
     webapp2 = await store.get_client("webapp")
     assert webapp2.name == "Web app 2" and webapp2.secret_hash == hashing.digest("rotated-secret")

@@ -49,7 +49,7 @@ def test_environment_overrides(tmp_path):
     assert settings.storage.backend == "mongodb" and settings.storage.mongodb_uri == "mongodb://db.internal:27017"
     assert settings.port == 9001 and settings.tokens.access_ttl == 60
     assert settings.xheaders is True and settings.limits.failed_logins_per_username == 3
-    assert settings.proxy.trusted_networks == ["10.0.0.0/8", "192.168.0.0/16"]
+    assert settings.proxy.trusted_networks == ("10.0.0.0/8", "192.168.0.0/16")
 
 
 @pytest.mark.parametrize("text,key", [
@@ -141,7 +141,7 @@ def test_redirect_uris_are_refused_with_one_clear_message(tmp_path, uri, problem
 def test_redirect_uris_that_are_allowed(tmp_path, uri):
     path = tmp_path / "c.toml"
     path.write_text(f'demo = true\n[[clients]]\nclient_id = "a"\nname = "A"\nredirect_uris = ["{uri}"]\n')
-    assert config.load(path, environ={}).clients[0].redirect_uris == [uri]
+    assert config.load(path, environ={}).clients[0].redirect_uris == (uri,)
 
 
 @pytest.mark.parametrize("weak", ["password", "12345678", "carol2024", "tokensvc12",
@@ -207,7 +207,7 @@ def test_allowed_origins_are_web_origins(origin, fine):
     raw = {"demo": True, "clients": [{"client_id": "c", "name": "C", "redirect_uris": ["https://c.example/cb"],
                                       "allowed_origins": [origin]}]}
     if fine:
-        assert config.from_dict(raw).clients[0].allowed_origins == [origin]
+        assert config.from_dict(raw).clients[0].allowed_origins == (origin,)
     else:
         with pytest.raises(ConfigError, match=r"clients\[0\]\.allowed_origins: not a web origin"):
             config.from_dict(raw)
@@ -222,7 +222,7 @@ def test_usernames_are_one_per_key_in_the_config():
     settings = config.from_dict({"demo": True, "users": [{"username": "Root", "password_hash": "scrypt$x"}],
                                  "installations": [{"installation_id": "i", "name": "I", "kind": "telescope",
                                                     "operators": ["ROOT"]}]})
-    assert settings.installations[0].operators == ["ROOT"]
+    assert settings.installations[0].operators == ("ROOT",)
 
 
 @pytest.mark.parametrize("problem,valid", [(identifiers.id_problem, "client-1"), (identifiers.username_problem, "bob"),
@@ -261,3 +261,65 @@ def test_every_string_a_documented_pattern_admits_is_accepted(pattern, accepts):
         assert accepts(value), value
 
     admitted()
+
+
+FULL = """
+demo = true
+xheaders = true
+[server]
+allowed_hosts = ["auth.example.org"]
+[proxy]
+trusted_networks = ["10.0.0.0/8"]
+[metrics]
+allow = ["127.0.0.0/8"]
+[scopes]
+"observations:write" = "Create and change your observations"
+[[clients]]
+client_id = "c"
+name = "C"
+redirect_uris = ["https://c.example/cb"]
+allowed_scopes = ["read"]
+allowed_origins = ["https://c.example"]
+[[users]]
+username = "alice"
+password_hash = "scrypt$x"
+[[installations]]
+installation_id = "i"
+name = "I"
+kind = "telescope"
+operators = ["alice"]
+"""
+
+
+def mutable_parts(value, path="settings"):
+    """The paths under ``value`` that hold something that can be changed in place."""
+    import dataclasses
+    from types import MappingProxyType
+
+    if value is None or isinstance(value, (str, int, float, bytes)):
+        return []
+    if dataclasses.is_dataclass(value):
+        own = [] if type(value).__dataclass_params__.frozen else [path]
+        return own + [part for f in dataclasses.fields(value)
+                      for part in mutable_parts(getattr(value, f.name), f"{path}.{f.name}")]
+    if isinstance(value, (tuple, frozenset)):
+        return [part for index, item in enumerate(value) for part in mutable_parts(item, f"{path}[{index}]")]
+    if isinstance(value, MappingProxyType):
+        return [part for key, item in value.items() for part in mutable_parts(item, f"{path}[{key!r}]")]
+    return [path]
+
+
+def test_the_settings_hold_nothing_mutable_all_the_way_down(tmp_path):
+    """Every holder of the settings (the protocol context, each application of the process)
+    shares one object: no list, dict or set anywhere in it, from the file, the environment or
+    the defaults, whatever a table holds."""
+    settings = config.load(write(tmp_path, FULL), environ={"TOKENSVC_SERVER_ALLOWED_HOSTS": "a.example, b.example"})
+    assert settings.server.allowed_hosts == ("a.example", "b.example")
+    for sample in (settings, config.from_dict({"demo": True}), config.load(REPO / "config" / "tokensvc.toml",
+                                                                            environ={})):
+        assert mutable_parts(sample) == []
+    with pytest.raises(TypeError):
+        settings.scopes["read"] = "anything"
+    # The walk finds what it looks for, however deep.
+    assert mutable_parts(config.ServerSettings(allowed_hosts=["x"])) == ["settings.allowed_hosts"]
+    assert mutable_parts((config.MetricsSettings(), {"read": "x"})) == ["settings[1]"]

@@ -12,6 +12,10 @@ Loading goes in stages, each with one job:
 4. **checked**: the frozen settings built and each section's rules checked (:func:`_check`),
    every rule of an identifier taken from :mod:`tokensvc.identifiers`.
 
+The settings are immutable all the way down (frozen dataclasses, tuples, a read-only mapping):
+whatever holds them (the protocol context, every application of the process) shares them
+without a copy, and nothing can change them under another holder.
+
 Every key has a default except ``cookie_secret`` outside demo mode. A fault at any stage raises
 :class:`ConfigError` with one message that names the key, and the service does not start.
 """
@@ -29,6 +33,7 @@ import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any
 
 from tokensvc.identifiers import (
@@ -56,6 +61,8 @@ STORE_RETRY_AFTER_SECONDS = 5
 _SHA256_HEX = re.compile(r"^[0-9a-f]{64}$")
 # Settings whose default depends on other settings: absent from the input, filled in by _resolve.
 DERIVED = {"derived": True}
+# How a list of strings is declared (an array in TOML, comma-separated in the environment).
+STRINGS = "tuple[str, ...]"
 
 
 UNIX_PEER = "unix"  # in proxy.trusted_networks: the peer on server.unix_socket
@@ -107,7 +114,7 @@ class ServerSettings:
     # Host names a request may name besides those of base_url and auth_url (and, where one of
     # those is a loopback address, localhost, 127.0.0.1 and ::1); "*" for any. Anything else is
     # 400: a DNS name an attacker points at this address reaches nothing (DNS rebinding).
-    allowed_hosts: list[str] = field(default_factory=list)
+    allowed_hosts: tuple[str, ...] = ()
     # On SIGTERM or SIGINT: stop accepting, then let the requests in flight finish for at most
     # this long before the store is closed (a deploy cuts no exchange in half).
     drain_seconds: int = 20
@@ -123,7 +130,7 @@ class ProxySettings:
     # With xheaders (required then): the networks of the proxies the service is reached
     # through, or "unix": the peer on server.unix_socket. A peer outside them is a client that
     # connected directly, and no header it sends is believed.
-    trusted_networks: list[str] = field(default_factory=list)
+    trusted_networks: tuple[str, ...] = ()
     # 0: X-Forwarded-For is read back past every address in trusted_networks. N: behind a
     # peer in trusted_networks, N proxies in all append to it (the farther ones, a cloud load
     # balancer, may be anywhere): the client is the N-th entry from the right.
@@ -161,22 +168,21 @@ class LimitSettings:
 class MetricsSettings:
     enabled: bool = True
     # Who may scrape GET /metrics (networks; anyone else gets 404): loopback and the private ranges.
-    allow: list[str] = field(default_factory=lambda: ["127.0.0.0/8", "::1/128", "10.0.0.0/8", "172.16.0.0/12",
-                                                      "192.168.0.0/16", "fc00::/7"])
+    allow: tuple[str, ...] = ("127.0.0.0/8", "::1/128", "10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16", "fc00::/7")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ClientSeed:
     client_id: str
     name: str
-    redirect_uris: list[str]
-    allowed_scopes: list[str] | None = None
+    redirect_uris: tuple[str, ...]
+    allowed_scopes: tuple[str, ...] | None = None
     first_party: bool = False
     client_secret: str | None = None
     client_secret_sha256: str | None = None
     description: str | None = None
     logo_url: str | None = None
-    allowed_origins: list[str] | None = None
+    allowed_origins: tuple[str, ...] | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -192,7 +198,7 @@ class InstallationSeed:
     installation_id: str
     name: str
     kind: str
-    operators: list[str] = field(default_factory=list)
+    operators: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -216,12 +222,12 @@ class Settings:
     tokens: TokenSettings = field(default_factory=TokenSettings)
     limits: LimitSettings = field(default_factory=LimitSettings)
     metrics: MetricsSettings = field(default_factory=MetricsSettings)
-    clients: list[ClientSeed] = field(default_factory=list)
-    users: list[UserSeed] = field(default_factory=list)
-    installations: list[InstallationSeed] = field(default_factory=list)
+    clients: tuple[ClientSeed, ...] = ()
+    users: tuple[UserSeed, ...] = ()
+    installations: tuple[InstallationSeed, ...] = ()
     # What a scope lets an app do, in the words the consent and account pages show; a scope
     # without one is shown as written. Scopes stay free strings: this only words them.
-    scopes: dict[str, str] = field(default_factory=dict)
+    scopes: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
     generated_cookie_secret: bool = field(default=False, metadata=DERIVED, repr=False)
 
     @property
@@ -311,7 +317,7 @@ def _parse_env(name: str, text: str, annotation: str) -> Any:
         if lowered in ("0", "false", "no", "off"):
             return False
         raise ConfigError(f"{name}: expected a boolean (true/false), got {text!r}")
-    if base == "list[str]":
+    if base == STRINGS:
         return [item.strip() for item in text.split(",") if item.strip()]
     return text
 
@@ -342,10 +348,10 @@ def _coerce(key: str, value: Any, annotation: str) -> Any:
         if optional:
             return None
         raise ConfigError(f"{key}: a value is required")
-    if base == "list[str]":
-        if not isinstance(value, list) or not all(isinstance(item, str) for item in value):
+    if base == STRINGS:
+        if not isinstance(value, (list, tuple)) or not all(isinstance(item, str) for item in value):
             raise ConfigError(f"{key}: expected a list of strings, got {value!r}")
-        return list(value)
+        return tuple(value)
     expected = {"str": str, "int": int, "bool": bool}[base]
     # bool is an int subclass: reject true/false where a number is expected.
     if not isinstance(value, expected) or (expected is int and isinstance(value, bool)):
@@ -389,7 +395,7 @@ def _typed(raw: Mapping[str, Any]) -> dict[str, Any]:
     return values
 
 
-def _scope_descriptions(table: Any) -> dict[str, str]:
+def _scope_descriptions(table: Any) -> Mapping[str, str]:
     if not isinstance(table, Mapping):
         raise ConfigError("scopes: expected a table of scope = \"description\"")
     for scope, words in table.items():
@@ -398,7 +404,7 @@ def _scope_descriptions(table: Any) -> dict[str, str]:
         problem = scope_problem(scope)
         if problem is not None:
             raise ConfigError(f"scopes: not a scope ({problem}): {scope!r}")
-    return dict(table)
+    return MappingProxyType(dict(table))
 
 
 # -- stage 3: resolved -------------------------------------------------------------------------
@@ -457,7 +463,7 @@ def from_dict(raw: Mapping[str, Any]) -> Settings:
     for key, cls in SECTIONS.items():
         values[key] = cls(**values.get(key, {}))
     for key, cls in TABLES.items():
-        values[key] = [cls(**item) for item in values.get(key, [])]
+        values[key] = tuple(cls(**item) for item in values.get(key, []))
     settings = Settings(**values)
     _check(settings)
     return settings
@@ -566,7 +572,7 @@ def _check_sections(settings: Settings) -> None:
                           "is reached through (their headers are believed from them alone)")
 
 
-def _check_clients(clients: list[ClientSeed]) -> None:
+def _check_clients(clients: tuple[ClientSeed, ...]) -> None:
     seen: set[str] = set()
     for i, client in enumerate(clients):
         key = f"clients[{i}]"
@@ -598,7 +604,7 @@ def _check_clients(clients: list[ClientSeed]) -> None:
             raise ConfigError(f"{key}.client_secret_sha256: expected 64 lower-case hex digits")
 
 
-def _check_users(users: list[UserSeed], service_name: str) -> set[str]:
+def _check_users(users: tuple[UserSeed, ...], service_name: str) -> set[str]:
     """The users' rules; their usernames' keys (identifiers.username_key)."""
     names: set[str] = set()
     for i, user in enumerate(users):
@@ -617,7 +623,7 @@ def _check_users(users: list[UserSeed], service_name: str) -> set[str]:
     return names
 
 
-def _check_installations(installations: list[InstallationSeed], usernames: set[str]) -> None:
+def _check_installations(installations: tuple[InstallationSeed, ...], usernames: set[str]) -> None:
     for i, inst in enumerate(installations):
         key = f"installations[{i}]"
         problem = id_problem(inst.installation_id)
@@ -633,7 +639,7 @@ def _check_installations(installations: list[InstallationSeed], usernames: set[s
 
 def masked(settings: Settings) -> dict[str, Any]:
     """The effective settings as a dict, every secret replaced by ``"***"`` (``config check``)."""
-    data = dataclasses.asdict(settings)
+    data = _plain(settings)
     data.pop("generated_cookie_secret", None)
     data["cookie_secret"] = "***" if settings.cookie_secret else None
     for client in data["clients"]:
@@ -647,3 +653,14 @@ def masked(settings: Settings) -> dict[str, Any]:
     data["tokens"]["successor_keys"] = ["***"] * len(settings.tokens.successor_keys)
     data["storage"]["mongodb_uri"] = re.sub(r"//[^@/]*@", "//***@", data["storage"]["mongodb_uri"])
     return data
+
+
+def _plain(value: Any) -> Any:
+    """``value`` as JSON-like data: dataclasses and mappings as dicts, tuples as lists."""
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {f.name: _plain(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    if isinstance(value, Mapping):
+        return {key: _plain(item) for key, item in value.items()}
+    if isinstance(value, tuple):
+        return [_plain(item) for item in value]
+    return value

@@ -3,6 +3,7 @@ sign-out, the account page, and the home page."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from urllib.parse import urlencode, urlsplit
 
 from tokensvc import schemas
@@ -31,7 +32,7 @@ INSTALLATION_SCOPE_WORDS = {
 }
 
 
-def describe_scopes(granted: list[str], descriptions: dict[str, str],
+def describe_scopes(granted: list[str], descriptions: Mapping[str, str],
                     installation: bool = False) -> list[tuple[str, str]]:
     """Each scope with its words: the configuration's, the service's own for its vocabulary (an
     installation's when the subject is one), or the scope as the operator wrote it. Never words

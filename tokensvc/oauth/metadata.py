@@ -8,7 +8,7 @@ lets a server leave scopes out).
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 from tokensvc.oauth import clientauth, scopes
@@ -16,7 +16,7 @@ from tokensvc.oauth import clientauth, scopes
 BASE_SCOPES = (scopes.READ, scopes.WRITE, scopes.ADMIN)
 
 
-def server_metadata(base_url: str, auth_url: str, client_scopes: Iterable[list[str] | None]) -> dict[str, Any]:
+def server_metadata(base_url: str, auth_url: str, client_scopes: Iterable[Sequence[str] | None]) -> dict[str, Any]:
     """The metadata of a service at ``base_url`` (its authorization endpoint at ``auth_url``)
     whose configured clients may ask for ``client_scopes`` (None: the default, read)."""
     advertised = set(BASE_SCOPES)
