@@ -9,10 +9,9 @@ from backends import BACKENDS
 from helpers import make_config
 
 from tokensvc import config as config_module
-from tokensvc.bootstrap import CLI_CLIENT, seed
+from tokensvc.bootstrap import CLI_CLIENT, make_store, seed
 from tokensvc.config import ConfigError, StorageSettings
 from tokensvc.oauth import hashing
-from tokensvc.storage import make_store
 from tokensvc.storage.memory import MemoryStore
 from tokensvc.storage.mongo import MongoStore
 

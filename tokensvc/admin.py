@@ -300,7 +300,7 @@ async def set_admin(ctx: OAuthContext, username: str, admin: bool) -> User:
     if user.admin != admin:
         ended = await end_chains_before_promotion(ctx.store, user.user_id, ctx.clock()) if admin else {}
         for grant_id, count in ended.items():
-            ctx.metrics.families_revoked.labels("promotion").inc(count)
+            ctx.metrics.revoked_families("promotion", count)
             ctx.events.publish(Revocation(GRANT, grant_id))
         # The flag alone is written: a password set meanwhile holds (and this holds beside it).
         before = await ctx.store.update_user(user.user_id, {"admin": admin})

@@ -1,6 +1,7 @@
-"""The composition root's start-up work: the protocol context made from the settings, and
-seeding (the clients, users and installations of the config file are upserted into the store,
-so a restart with the same file changes nothing and an edited file is applied)."""
+"""The composition root's start-up work: the store the settings name, the protocol context
+made from the settings, and seeding (the clients, users and installations of the config file
+are upserted into the store, so a restart with the same file changes nothing and an edited
+file is applied)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from dataclasses import replace
 from datetime import datetime
 from typing import Any
 
-from tokensvc.config import Settings
+from tokensvc.config import ConfigError, Settings, StorageSettings
 from tokensvc.identifiers import username_key
 from tokensvc.metrics import Metrics
 from tokensvc.oauth import hashing, successors
@@ -25,19 +26,36 @@ from tokensvc.storage.base import StorageError, Store, StoreObserver
 log = logging.getLogger(__name__)
 
 
+def make_store(settings: StorageSettings, *, serving: bool = False) -> Store:
+    """The backend ``storage.backend`` names; built inside the running event loop (the MongoDB
+    driver starts its monitors as tasks of it). ``serving``: for ``tokensvc serve``, whose
+    MongoDB store registers the process among those running (storage/processes.py)."""
+    if settings.backend == "memory":
+        from tokensvc.storage.memory import MemoryStore
+
+        return MemoryStore()
+    if settings.backend == "mongodb":
+        from tokensvc.storage.mongo import MongoStore
+
+        return MongoStore.from_settings(settings, serving=serving)
+    raise ConfigError(f"storage.backend: unknown backend {settings.backend!r}")
+
+
 def make_context(settings: Settings, store: Store, **overrides: Any) -> OAuthContext:
-    """The protocol context the settings describe (``clock`` and others may be overridden)."""
+    """The protocol context the settings describe (``clock`` and others may be overridden),
+    reporting to the service's one :class:`Metrics`, which the store reports to too."""
     shared = store if isinstance(store, SharedFailureCounts) else None  # MongoDB: one count for all processes
     keys = settings.tokens.successor_keys or [successors.key_from_cookie_secret(settings.cookie_secret)]
+    metrics = Metrics()
     values: dict[str, Any] = dict(
         store=store, tokens=settings.tokens, issuer=settings.base_url, successors=successors.SuccessorKeys.of(keys),
         limits=FailureLimits(settings.limits, shared=shared),
         metadata=server_metadata(settings.base_url, settings.auth_url,
-                                 (client.allowed_scopes for client in settings.clients)))
+                                 (client.allowed_scopes for client in settings.clients)),
+        metrics=metrics)
     values.update(overrides)
-    ctx = OAuthContext(**values)
-    store.observer = StoreMetrics(ctx.metrics)
-    return ctx
+    store.observer = StoreMetrics(metrics)
+    return OAuthContext(**values)
 
 
 CLI_CLIENT = Client(

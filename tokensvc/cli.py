@@ -18,11 +18,11 @@ from typing import Any
 
 from tokensvc import __version__, cli_admin, cli_storage, logs
 from tokensvc import config as config_module
-from tokensvc.bootstrap import make_context
+from tokensvc.bootstrap import make_context, make_store
 from tokensvc.cli_admin import CommandError, StoreFactory, load_settings
 from tokensvc.config import ConfigError, Settings
 from tokensvc.identifiers import is_loopback
-from tokensvc.storage import StorageError, StoreFault, make_store
+from tokensvc.storage import StorageError, StoreFault
 
 log = logging.getLogger("tokensvc")
 GENERATED_SECRET_NOTICE = ("generated a random cookie secret: sessions and XSRF tokens end when the process "

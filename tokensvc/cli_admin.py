@@ -25,11 +25,11 @@ from typing import Any
 from tokensvc import cli_login
 from tokensvc import config as config_module
 from tokensvc.admin import AdminError, Missing
-from tokensvc.bootstrap import make_context
+from tokensvc.bootstrap import make_context, make_store
 from tokensvc.config import ConfigError, Settings
 from tokensvc.identifiers import KINDS
 from tokensvc.operator import Json, Operations, Operator, RemoteOperator
-from tokensvc.storage import Store, make_store
+from tokensvc.storage import Store
 
 StoreFactory = Callable[[Settings], Store]
 Action = Callable[[Operations, argparse.Namespace], Awaitable[int]]

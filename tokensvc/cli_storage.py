@@ -17,9 +17,9 @@ from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 from typing import Any
 
+from tokensvc.bootstrap import make_store
 from tokensvc.cli_admin import CommandError, StoreFactory, load_settings, table
 from tokensvc.config import Settings
-from tokensvc.storage import make_store
 
 MEMORY = ("the memory backend keeps nothing across a restart: it stores no format, and upgrading it needs no "
           "migration and no finalize (a restart with the new release is the whole upgrade)")

@@ -1,8 +1,9 @@
 """Prometheus metrics (``GET /metrics``), made with ``prometheus_client``.
 
 One :class:`Metrics` per service, in a registry of its own, carried by the protocol context:
-the protocol layer counts what it decides (tokens issued and revoked, reuse, failed
-authentications, 429s), the two handler bases count requests, the WebSocket route its open
+the protocol layer reports what it decides (tokens issued and revoked, reuse, failed
+authentications, 429s) through the interface it declares (``tokensvc.oauth.metrics``), which
+this class implements; the two handler bases count requests, the WebSocket route its open
 sockets, the error renderer the store's failures.
 
 With ``tokensvc serve --processes N`` every process writes its values to files in one
@@ -25,8 +26,6 @@ from tokensvc.request_metrics import FILE_PREFIX, RequestCollector, RequestCount
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 MULTIPROCESS_ENV = "PROMETHEUS_MULTIPROC_DIR"
-# Loopback and the private ranges: where a Prometheus server of the same network scrapes from.
-DEFAULT_ALLOW = ("127.0.0.0/8", "::1/128", "10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16", "fc00::/7")
 # Request latencies of an OAuth server: a token request takes about a millisecond in process,
 # tens of milliseconds with a store across a network, a sign-in (scrypt) about a tenth.
 DURATION_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 15.0)
@@ -120,6 +119,32 @@ class Metrics:
     def request(self, route: str, method: str, status: int, seconds: float) -> None:
         """One answered request. ``route`` is the route's pattern, never the raw path."""
         self.requests.record(route, method, status, seconds)
+
+    # What the protocol reports (tokensvc.oauth.metrics.ProtocolMetrics).
+
+    def issued(self, grant: str) -> None:
+        self.tokens_issued.labels(grant).inc()
+
+    def revoked_families(self, reason: str, count: int = 1) -> None:
+        self.families_revoked.labels(reason).inc(count)
+
+    def revoked_access_token(self) -> None:
+        self.access_tokens_revoked.inc()
+
+    def reused_code(self) -> None:
+        self.code_reuse.inc()
+
+    def reused_refresh_token(self) -> None:
+        self.refresh_reuse.inc()
+
+    def failed_client_auth(self) -> None:
+        self.client_auth_failures.inc()
+
+    def failed_login(self) -> None:
+        self.login_failures.inc()
+
+    def refused_by_limit(self, kind: str) -> None:
+        self.rate_limited.labels(kind).inc()
 
     def render(self) -> bytes:
         """The text exposition: this process's registry, or, in multiprocess mode, every

@@ -88,7 +88,7 @@ class AdminEndpoint(JsonHandler):
                 self._refused(refused.error)
                 raise
         except TooManyFailures:
-            self.ctx.metrics.rate_limited.labels("admin").inc()
+            self.ctx.metrics.refused_by_limit("admin")
             raise
         self.operator_name, self.log_client_id = user.username, token.token.client_id
 

@@ -241,6 +241,8 @@ class Edge:
 
     def __init__(self, ctx: OAuthContext, config: Settings, routes: list[Route], template_path: Path,
                  static_settings: dict[str, Any], static_files: type[tornado.web.StaticFileHandler]) -> None:
+        if not isinstance(ctx.metrics, Metrics):  # the protocol sees an interface; the edge needs the registry
+            raise TypeError("a service's context reports to its Metrics (bootstrap.make_context)")
         self.ctx, self.config, self.metrics = ctx, config, ctx.metrics
         self.routes = routes  # the route table
         self.templates = tornado.template.Loader(str(template_path))

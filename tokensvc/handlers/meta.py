@@ -45,7 +45,7 @@ class MetricsHandler(JsonHandler):
         settings = self.config.metrics
         if not settings.enabled or not AddressRule(settings.allow).allows(self.request.remote_ip):
             raise NotFound(f"No resource at {self.request.path}")
-        self.send(200, self.ctx.metrics.render(), CONTENT_TYPE, {"Cache-Control": "no-store"})
+        self.send(200, self.edge.metrics.render(), CONTENT_TYPE, {"Cache-Control": "no-store"})
 
 
 class OpenAPIHandler(JsonHandler):

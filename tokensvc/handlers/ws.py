@@ -88,7 +88,7 @@ class EchoSocket(AuthMixin, WebHandler, tornado.websocket.WebSocketHandler):
         self._stands_on = principals.stands_on(principal)
         self.ctx.events.subscribe(self._stands_on, self._on_revocation)
         self.opened = True
-        self.ctx.metrics.websockets_open.inc()
+        self.edge.metrics.websockets_open.inc()
         loop = tornado.ioloop.IOLoop.current()
         remaining = (principal.expires_at - self.ctx.clock()).total_seconds()
         self._timers.append(loop.call_at(loop.time() + max(0.0, remaining), self._close_revoked))
@@ -105,7 +105,7 @@ class EchoSocket(AuthMixin, WebHandler, tornado.websocket.WebSocketHandler):
         self.ctx.events.unsubscribe(self._stands_on, self._on_revocation)
         if self.opened:
             self.opened = False
-            self.ctx.metrics.websockets_open.dec()
+            self.edge.metrics.websockets_open.dec()
         loop = tornado.ioloop.IOLoop.current()
         for timer in self._timers:
             loop.remove_timeout(timer)

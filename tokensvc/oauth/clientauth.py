@@ -145,7 +145,7 @@ async def authenticate_request(ctx: OAuthContext, request: ClientRequest) -> Cli
     try:
         await limits.check(attempt)
     except TooManyFailures:
-        ctx.metrics.rate_limited.labels("client_auth").inc()
+        ctx.metrics.refused_by_limit("client_auth")
         raise
     return proven
 
@@ -164,11 +164,11 @@ def guessable(client: Client, creds: ClientCredentials) -> bool:
 async def _failed(ctx: OAuthContext, attempt: Attempt, client_id: str | None, request: ClientRequest) -> None:
     """Count and audit a failed authentication; TooManyFailures past a limit."""
     _audit_failure(client_id, request)
-    ctx.metrics.client_auth_failures.inc()
+    ctx.metrics.failed_client_auth()
     try:
         await ctx.limits.failed(attempt)
     except TooManyFailures:
-        ctx.metrics.rate_limited.labels("client_auth").inc()
+        ctx.metrics.refused_by_limit("client_auth")
         raise
 
 

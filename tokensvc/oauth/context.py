@@ -1,8 +1,8 @@
 """What every protocol operation needs: the store, the token lifetimes, a clock, a place to
 announce revocations (open WebSockets listen there), the brute-force limits, the server's
-own metadata, the metrics it counts, and the keys successor pairs are derived with. The
-composition root makes it from the settings (:func:`tokensvc.bootstrap.make_context`):
-nothing here reads the configuration."""
+own metadata, where it reports what it counts, and the keys successor pairs are derived with.
+The composition root makes it from the settings (:func:`tokensvc.bootstrap.make_context`):
+nothing here reads the configuration or imports a metrics library."""
 
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Protocol
 
-from tokensvc.metrics import Metrics
 from tokensvc.oauth.events import RevocationEvents
+from tokensvc.oauth.metrics import ProtocolMetrics
 from tokensvc.oauth.origins import BrowserOrigins
 from tokensvc.oauth.successors import SuccessorKeys
 from tokensvc.ratelimit import FailureLimits
@@ -50,10 +50,10 @@ class OAuthContext:
     issuer: str
     limits: FailureLimits
     metadata: dict[str, Any]  # RFC 8414, see oauth.metadata
+    metrics: ProtocolMetrics  # the service's metrics (GET /metrics)
     clock: Callable[[], datetime] = utcnow
     events: RevocationEvents = field(default_factory=lambda: RevocationEvents())
     origins: BrowserOrigins = field(default_factory=BrowserOrigins)  # CORS
-    metrics: Metrics = field(default_factory=Metrics)  # GET /metrics
     # The keys successor pairs are derived with (oauth/successors.py); a context made without
     # the settings gets one of its own.
     successors: SuccessorKeys = field(default_factory=lambda: SuccessorKeys.of([secrets.token_urlsafe(32)]))

@@ -148,14 +148,14 @@ async def _redeem(ctx: OAuthContext, client: Client, record: AuthorizationCode, 
         if await store.create_family(family):
             await sweep_if_grant_revoked(ctx, grant, family_id)
             _audit("token_issued", "success", client.client_id, record.subject, grant="authorization_code")
-            ctx.metrics.tokens_issued.labels("authorization_code").inc()
+            ctx.metrics.issued("authorization_code")
             return _response(ctx, minted)
     elif (await store.get_family(family_id))[0] is None:
         raise InvalidGrant("The authorization code has expired")
     # RFC 6749 §4.1.2: a code used twice is denied, and what it was exchanged for revoked.
     revoked = await revoke_family(ctx, family_id, "code_reuse")
     _audit("code_reuse", "family_revoked", client.client_id, record.subject, family_revoked=revoked)
-    ctx.metrics.code_reuse.inc()
+    ctx.metrics.reused_code()
     raise InvalidGrant("The authorization code was already used")
 
 
@@ -209,7 +209,7 @@ async def _rotate(ctx: OAuthContext, client: Client, family: Family, grant: Gran
     if await ctx.store.rotate_family(family.family_id, token_hash, minted.pair, now) is None:
         return None
     _audit("token_refreshed", "success", family.client_id, family.subject)
-    ctx.metrics.tokens_issued.labels("refresh_token").inc()
+    ctx.metrics.issued("refresh_token")
     return _response(ctx, minted)
 
 
@@ -249,7 +249,7 @@ async def _retry(ctx: OAuthContext, client: Client, family: Family, grant: Grant
     if await ctx.store.reissue_pair(family.family_id, family.refresh_hash, minted.pair) is None:
         return None
     _audit("token_refreshed", "success", family.client_id, family.subject, retry_within_grace=True)
-    ctx.metrics.tokens_issued.labels("refresh_token").inc()
+    ctx.metrics.issued("refresh_token")
     return _response(ctx, minted)
 
 
@@ -257,7 +257,7 @@ async def _reused(ctx: OAuthContext, family: Family) -> None:
     """A token of the family that is not its current one: reuse (RFC 9700 §4.14.2)."""
     revoked = await revoke_family(ctx, family.family_id, "refresh_reuse")
     _audit("refresh_reuse", "family_revoked", family.client_id, family.subject, family_revoked=revoked)
-    ctx.metrics.refresh_reuse.inc()
+    ctx.metrics.reused_refresh_token()
     raise InvalidGrant("The refresh token was already used")
 
 

@@ -43,7 +43,7 @@ async def revoke_grant(ctx: OAuthContext, grant_id: str, reason: str) -> int:
     """
     marked, count = await end_grant(ctx.store, grant_id, ctx.clock())
     if marked or count:
-        ctx.metrics.families_revoked.labels(reason).inc(count)
+        ctx.metrics.revoked_families(reason, count)
         ctx.events.publish(Revocation(GRANT, grant_id))
     return count
 
@@ -96,7 +96,7 @@ async def revoke_family(ctx: OAuthContext, family_id: str, reason: str) -> bool:
     """Revoke a family (its refresh and access token); True when it was unrevoked."""
     if not await ctx.store.revoke_family(family_id, ctx.clock()):
         return False
-    ctx.metrics.families_revoked.labels(reason).inc()
+    ctx.metrics.revoked_families(reason)
     ctx.events.publish(Revocation(FAMILY, family_id))
     return True
 
@@ -130,7 +130,7 @@ async def revoke_token(ctx: OAuthContext, token: str, client: Client | None) -> 
     if found.token_type == ACCESS:
         revoked = await ctx.store.revoke_access(found.family_id, found.token_hash, ctx.clock())
         if revoked:
-            ctx.metrics.access_tokens_revoked.inc()
+            ctx.metrics.revoked_access_token()
             ctx.events.publish(Revocation(FAMILY, found.family_id))
     else:
         revoked = await revoke_family(ctx, found.family_id, "client")

@@ -27,13 +27,13 @@ async def sign_in(ctx: OAuthContext, username: str, password: str, address: str)
     except TooManyFailures:
         logs.audit("login", {"username": await _known(ctx, username), "outcome": "rate_limited",
                              "remote_ip": address}, logging.WARNING, "login refused")
-        ctx.metrics.rate_limited.labels("login").inc()
+        ctx.metrics.refused_by_limit("login")
         raise
     named, right = await check_password(ctx, username, password)
     if named is None or not right:
         logs.audit("login", {"username": named.username if named else UNKNOWN_USER, "outcome": "failure",
                              "remote_ip": address}, logging.WARNING, "login failed")
-        ctx.metrics.login_failures.inc()
+        ctx.metrics.failed_login()
         return None  # the attempt stays counted
     limits.release(reservation, clear_account=True)
     logs.audit("login", {"subject": named.user_id, "username": named.username, "outcome": "success",
