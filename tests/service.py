@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import contextlib
 import hashlib
 import html as html_module
 import os
@@ -13,12 +14,20 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 from urllib.parse import parse_qs, urlencode, urljoin, urlsplit
 
+import children
 import requests
+from waiting import wait_until
 
 WEBAPP_SECRET = "e2e-webapp-secret"
+# Bounds for a hang, not speeds: on a busy 2-core machine a start (the imports, the store)
+# takes many times what it takes on an idle one, and a graceful stop drains what is in flight.
+START_SECONDS = 60.0
+STOP_SECONDS = 30.0
 
 
 def free_port() -> int:
@@ -89,30 +98,23 @@ class Service:
     """A running ``tokensvc serve``; its output goes to a file (a pipe nobody reads would fill
     up and stall the server once it had logged 64 KiB)."""
 
-    def __init__(self, process: subprocess.Popen, base: str, log_path: Path, admin: str, group: bool = False) -> None:
+    def __init__(self, process: subprocess.Popen, base: str, log_path: Path, admin: str) -> None:
         self.process, self.base, self.log_path, self.admin = process, base, log_path, admin
-        self.group = group  # the process leads a group of its own (its workers)
 
     def output(self) -> str:
         return self.log_path.read_text()
 
     def stop(self) -> str:
-        """SIGTERM (to every worker of ``--processes N``), wait, and return everything the
-        service printed."""
-        if self.group:
-            os.killpg(self.process.pid, signal.SIGTERM)
-        else:
-            self.process.terminate()
-        self.process.wait(timeout=10)
-        if self.group:  # the workers: gone once nothing answers on the port
-            deadline = time.monotonic() + 10
-            while time.monotonic() < deadline:
-                try:
-                    socket.create_connection(("127.0.0.1", int(self.base.rsplit(":", 1)[1])), timeout=1).close()
-                except OSError:
-                    break
-                time.sleep(0.1)
+        """SIGTERM (to every worker of ``--processes N`` too), wait until none of them runs
+        (SIGKILL past the deadline), and return everything the service printed."""
+        end(self.process)
         return self.output()
+
+    def wait_ready(self) -> Service:
+        """The service, once ``/readyz`` says its store is prepared (indexes made, configuration
+        seeded); ended if it never does."""
+        wait_for_http(self.base + "/readyz", self.process, self.output)
+        return self
 
     @property
     def returncode(self) -> int | None:
@@ -125,8 +127,8 @@ def start_service(tmp_path: Path, storage: str = "", *, callback: str | None = N
     """Start ``tokensvc serve`` on a free port, its admin listener on another. ``callback`` (a
     base URL) gives every client the redirect_uri ``{callback}/{client_id}``; ``extra`` is
     appended to the config file; ``env`` adds to the environment; ``python`` and ``cwd`` run
-    another release (tests/upgrade); ``args`` are added to the command (``--processes N``: the
-    service then leads a process group, and stop() ends every worker)."""
+    another release (tests/upgrade); ``args`` are added to the command (``--processes N``:
+    its workers are of the service's process group, which stop() ends whole)."""
     port, admin_port = free_port(), free_port()
     base = f"http://127.0.0.1:{port}"
     redirects = {name: f"{callback}/{name}" for name in NOWHERE} if callback else NOWHERE
@@ -138,22 +140,12 @@ def start_service(tmp_path: Path, storage: str = "", *, callback: str | None = N
                                     sky_origins=f'["{callback}"]' if callback else "[]"))
     log_path = tmp_path / "tokensvc.log"
     with open(log_path, "w") as log:
-        process = subprocess.Popen([python, "-m", "tokensvc", "serve", "--config", str(config), *args],
-                                   stdout=log, stderr=subprocess.STDOUT, text=True, cwd=cwd,
-                                   start_new_session=bool(args),
-                                   env={**os.environ, "TOKENSVC_ADMIN_PORT": str(admin_port), **(env or {})})
-    service = Service(process, base, log_path, f"http://127.0.0.1:{admin_port}", group=bool(args))
-    deadline = time.monotonic() + 20
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise AssertionError("tokensvc exited: " + service.output())
-        try:
-            if requests.get(base + "/healthz", timeout=1).status_code == 200:
-                return service
-        except (requests.ConnectionError, requests.Timeout):  # not listening yet, or busy starting
-            time.sleep(0.1)
-    service.stop() if service.group else process.kill()
-    raise AssertionError("tokensvc did not start in time")
+        process = spawn([python, "-m", "tokensvc", "serve", "--config", str(config), *args],
+                        stdout=log, stderr=subprocess.STDOUT, text=True, cwd=cwd,
+                        env={**os.environ, "TOKENSVC_ADMIN_PORT": str(admin_port), **(env or {})})
+    service = Service(process, base, log_path, f"http://127.0.0.1:{admin_port}")
+    wait_for_http(base + "/healthz", process, service.output)
+    return service
 
 
 DEMO_CONFIG = Path(__file__).resolve().parent.parent / "config" / "tokensvc.toml"
@@ -168,18 +160,61 @@ def start_demo(admin_port: int | None = None, **popen: object) -> tuple[subproce
     base = f"http://127.0.0.1:{port}"
     environ = {key: value for key, value in os.environ.items() if not key.startswith("TOKENSVC_")}
     environ.update(TOKENSVC_PORT=str(port), TOKENSVC_ADMIN_PORT=str(admin_port or free_port()))
-    process = subprocess.Popen([sys.executable, "-m", "tokensvc", "serve", "--config", str(DEMO_CONFIG)],
-                               env=environ, **popen)  # type: ignore[call-overload]
-    deadline = time.monotonic() + 20
-    while True:
+    process = spawn([sys.executable, "-m", "tokensvc", "serve", "--config", str(DEMO_CONFIG)], env=environ, **popen)
+    wait_for_http(base + "/healthz", process)
+    return process, base
+
+
+def spawn(args: list[str], **popen: object) -> subprocess.Popen:
+    """A process in a session (so a process group) of its own: :func:`end` reaches whatever it
+    starts in turn, and a signal meant for the test run never reaches it."""
+    return subprocess.Popen(args, start_new_session=True, **popen)  # type: ignore[call-overload]
+
+
+def end(process: subprocess.Popen, grace: float = STOP_SECONDS) -> tuple[Any, Any]:
+    """SIGTERM ``process``'s group (it and whatever it started: the workers of ``--processes
+    N``), wait until none of it runs, SIGKILL what is left after ``grace`` seconds; returns
+    what ``process`` wrote to its pipes (if any), once it is reaped, whatever happened."""
+    if process.returncode is not None:  # reaped already (its group's id may be another's by now)
+        return None, None
+    group, ending = process.pid, time.monotonic() + grace
+    try:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(group, signal.SIGTERM)
         try:
-            requests.get(base + "/healthz", timeout=1)
-            return process, base
-        except (requests.ConnectionError, requests.Timeout):
-            if time.monotonic() > deadline or process.poll() is not None:
-                process.kill()
-                raise AssertionError("tokensvc did not start") from None
-            time.sleep(0.1)
+            written = process.communicate(timeout=grace)  # reads the pipes: a full one would stall it
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(group, signal.SIGKILL)
+            written = process.communicate()
+        # The workers drain on their own: the group outlives its leader (and keeps its id)
+        # while one of them runs.
+        with contextlib.suppress(AssertionError):
+            wait_until(lambda: not children.group_running(group), "the workers ended",
+                       max(0.0, ending - time.monotonic()))
+        return written
+    finally:
+        if process.returncode is None or children.group_running(group):
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(group, signal.SIGKILL)
+            process.wait()
+
+
+def wait_for_http(url: str, process: subprocess.Popen, output: Callable[[], str] = lambda: "",
+                  deadline: float = START_SECONDS) -> None:
+    """Return once GET ``url`` answers 200. Any request error (nothing listening yet, a read
+    that timed out on a busy machine, a connection reset) means "not yet"; ``process`` ending
+    first, or the deadline passing, is a failure, and ``process`` is ended whatever happens."""
+    def answered() -> bool:
+        if process.poll() is not None:
+            raise AssertionError(f"{process.args} exited with {process.returncode}: {output()}")
+        return requests.get(url, timeout=5).status_code == 200
+
+    try:
+        wait_until(answered, f"{url} answering 200", deadline, retry=(requests.RequestException,))
+    except BaseException:
+        end(process, grace=0)
+        raise
 
 
 def hidden_fields(html: str) -> dict[str, str]:

@@ -116,26 +116,20 @@ def test_demo_mode_says_so_and_never_logs_its_generated_secret(tmp_path):
     import re
     import subprocess
     import sys
-    import time
     from pathlib import Path
+
+    from service import end, spawn, wait_for_http
 
     port = free_port()
     demo = Path(__file__).resolve().parent.parent / "config" / "tokensvc.toml"
-    process = subprocess.Popen([sys.executable, "-m", "tokensvc", "serve", "--config", str(demo), "--port", str(port),
-                                "--log-format", "json"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                               env={**os.environ, "TOKENSVC_ADMIN_PORT": str(free_port())})
+    process = spawn([sys.executable, "-m", "tokensvc", "serve", "--config", str(demo), "--port", str(port),
+                     "--log-format", "json"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                    env={**os.environ, "TOKENSVC_ADMIN_PORT": str(free_port())})
     try:
-        deadline = time.monotonic() + 20
-        while time.monotonic() < deadline:
-            try:
-                requests.get(f"http://127.0.0.1:{port}/healthz", timeout=1)
-                break
-            except requests.ConnectionError:
-                time.sleep(0.1)
+        wait_for_http(f"http://127.0.0.1:{port}/healthz", process)
         requests.post(f"http://127.0.0.1:{port}/oauth/revoke?token=SECRET-TOKEN&code=SECRET-CODE")
     finally:
-        process.terminate()
-        out, err = process.communicate(timeout=10)
+        out, err = end(process)
     assert f"tokensvc is running on http://127.0.0.1:{port}" in out
     entries = [json.loads(line) for line in err.splitlines()]
     messages = [entry["message"] for entry in entries]

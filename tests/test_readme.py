@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from service import start_demo
+from service import end, start_demo
 
 pytestmark = pytest.mark.e2e
 
@@ -28,8 +28,7 @@ def hand_run_flow() -> str:
 def demo_service():
     process, base = start_demo(stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     yield base
-    process.terminate()
-    process.wait(timeout=10)
+    end(process)
 
 
 @pytest.mark.skipif(shutil.which("curl") is None, reason="the README's flow uses curl")
@@ -112,8 +111,7 @@ def test_adding_a_client_to_the_running_demo_runs_as_written(tmp_path):
                                                   "TOKENSVC_CREDENTIALS": str(tmp_path / "credentials.json"),
                                                   "PATH": bin_dir + os.pathsep + os.environ["PATH"]})
     finally:
-        process.terminate()
-        process.wait(timeout=10)
+        end(process)
     assert result.returncode == 0, result.stderr + result.stdout
     lines = result.stdout.splitlines()
     assert lines[0].startswith(f"signed in to http://127.0.0.1:{admin_port} as root")

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 import requests
-from service import free_port, start_demo
+from service import end, free_port, start_demo
 
 from tokensvc import cli, config
 
@@ -97,8 +97,7 @@ def test_demo_config_on_another_port_works_end_to_end():
         logo = requests.get(sky["logoUrl"])
         assert logo.status_code == 200 and logo.headers["Content-Type"] == "image/svg+xml"
     finally:
-        process.terminate()
-        out, err = process.communicate(timeout=10)
+        out, err = end(process)
     assert process.returncode == 0, err
     assert f"tokensvc is running on {base}" in out
     assert f"authorization:      {base}/oauth/authorize" in out and f"token endpoint:     {base}/oauth/token" in out

@@ -14,7 +14,6 @@ anyway is seen; nothing this release writes holds a hash."""
 from __future__ import annotations
 
 import json
-import time
 from concurrent.futures import ThreadPoolExecutor
 from urllib.parse import parse_qs, urlencode, urljoin, urlsplit
 
@@ -23,6 +22,7 @@ import requests
 from helpers import CHALLENGE, DIGEST, VERIFIER
 from primary import ReplicaSet
 from service import NOWHERE, WEBAPP_SECRET, Service, answer_when_read, start_service
+from waiting import wait_until
 
 from tokensvc import __version__, cli
 from tokensvc.storage.format import TRIPWIRE
@@ -62,13 +62,7 @@ class Deployment:
             service = start_service(directory, storage(self.primary), extra=extra,
                                     env={"TOKENSVC_STORAGE_HEARTBEAT_SECONDS": str(HEARTBEAT)})
         self.services.append(service)
-        if not ready:
-            return service
-        deadline = time.monotonic() + 30
-        while requests.get(service.base + "/readyz", timeout=5).status_code != 200:
-            assert time.monotonic() < deadline and service.process.poll() is None, service.output()
-            time.sleep(0.05)
-        return service
+        return service.wait_ready() if ready else service
 
     def stop(self, service: Service) -> None:
         output = service.stop()
@@ -186,13 +180,6 @@ def indexes(primary: ReplicaSet) -> dict[str, list[str]]:
     return {name: sorted(db[name].index_information()) for name in sorted(db.list_collection_names())}
 
 
-def eventually(check, seconds: float = 15) -> None:
-    deadline = time.monotonic() + seconds
-    while not check():
-        assert time.monotonic() < deadline
-        time.sleep(0.1)
-
-
 def test_a_rolling_upgrade_then_finalize_signs_no_one_out(primary, previous, tmp_path_factory, capsys):
     deployment = Deployment(primary, previous, tmp_path_factory)
     try:
@@ -274,14 +261,13 @@ def test_a_rolling_upgrade_then_finalize_signs_no_one_out(primary, previous, tmp
         code, _, err = deployment.storage(capsys, "finalize")
         assert code == 1 and "not finalized: tokensvc 0.9.0 or earlier is connected from 127.0.0.1:" in err, err
         deployment.stop(old)
-        deadline = time.monotonic() + 10
-        while True:
+
+        def finalized() -> str | None:
             code, _, err = deployment.storage(capsys, "finalize")
-            if code == 0 or time.monotonic() > deadline:
-                break
-            assert "0.9.0 or earlier is connected" in err, err  # its sockets are still closing
-            time.sleep(0.2)
-        assert code == 0, err
+            assert code == 0 or "0.9.0 or earlier is connected" in err, err  # its sockets are still closing
+            return err if code == 0 else None
+
+        err = wait_until(finalized, "finalize, once the previous release's sockets are closed")
         assert "packed-hashes: " in err  # progress on stderr
         code, out, _ = deployment.storage(capsys, "status", "--json")
         status = json.loads(out)
@@ -290,10 +276,8 @@ def test_a_rolling_upgrade_then_finalize_signs_no_one_out(primary, previous, tmp
         assert {seen["writes"] for seen in status["running"]} == {2}
         for name in ("codes", "families", "sessions"):
             assert primary.db["tokensvc"][name].count_documents({"_id": {"$type": "string"}}) == 0, name
-        deadline = time.monotonic() + 10  # the metrics follow the store at the next heartbeat
-        while metric(new, 'tokensvc_store_migration_pending{migration="packed-hashes"}') != 0:
-            assert time.monotonic() < deadline
-            time.sleep(0.1)
+        wait_until(lambda: metric(new, 'tokensvc_store_migration_pending{migration="packed-hashes"}') == 0,
+                   "the metrics following the store at the next heartbeat", retry=(requests.RequestException,))
         assert metric(new, 'tokensvc_store_format{of="compatibility"}') == 2
         assert metric(new, 'tokensvc_store_migration_rows{migration="packed-hashes"}') > 0
 
@@ -323,8 +307,9 @@ def test_a_rolling_upgrade_then_finalize_signs_no_one_out(primary, previous, tmp
         old = deployment.start("previous")
         Browser().sign_in(old.base)  # a session, written as 0.9.0 writes it
         new = deployment.start("current")
-        eventually(lambda: metric(new, "tokensvc_store_old_release_connections") >= 1
-                   and primary.db["tokensvc"]["sessions"].count_documents({"_id": {"$type": "string"}}) == 0)
+        wait_until(lambda: metric(new, "tokensvc_store_old_release_connections") >= 1
+                   and primary.db["tokensvc"]["sessions"].count_documents({"_id": {"$type": "string"}}) == 0,
+                   "the old release seen and its session converted", retry=(requests.RequestException,))
         assert sorted(primary.db["tokensvc"]["failures"].index_information()) == ["_id_", TRIPWIRE]
         assert "tokensvc 0.9.0 or earlier is connected from 127.0.0.1:" in new.output()
         assert "rows of an older format were written after migration packed-hashes was done" in new.output()

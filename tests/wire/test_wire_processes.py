@@ -16,6 +16,7 @@ from helpers import CHALLENGE, VERIFIER
 from primary import Fault, ReplicaSet
 from service import NOWHERE, WEBAPP_SECRET, start_service, user_agent_authorize
 from test_request_metrics import scraped
+from waiting import wait_until
 
 from tokensvc import metrics
 
@@ -24,15 +25,6 @@ pytestmark = pytest.mark.e2e
 
 def mongodb(primary: ReplicaSet) -> str:
     return f'[storage]\nbackend = "mongodb"\nmongodb_uri = "{primary.uri()}"\ntimeout_ms = 3000\n'
-
-
-def ready(service):
-    """The service, once its store is prepared (indexes made, configuration seeded)."""
-    deadline = time.monotonic() + 20
-    while requests.get(service.base + "/readyz", timeout=5).status_code != 200:
-        assert time.monotonic() < deadline, service.output()
-        time.sleep(0.1)
-    return service
 
 
 def code_for(base: str) -> str:
@@ -57,14 +49,14 @@ def primary():
 
 
 def test_sigterm_lets_the_requests_in_flight_finish_before_the_store_closes(tmp_path, primary):
-    service = ready(start_service(tmp_path, mongodb(primary)))
+    service = start_service(tmp_path, mongodb(primary)).wait_ready()
     code = code_for(service.base)
-    # The exchange's consumption takes 1.5 s; the deploy's SIGTERM comes half a second in.
+    # The exchange's consumption takes 1.5 s; the deploy's SIGTERM comes while the store has it.
     primary.script(Fault("findAndModify", "delay", collection="codes", seconds=1.5))
     answer: list[requests.Response] = []
     request = threading.Thread(target=lambda: answer.append(exchange(service.base, code)))
     request.start()
-    time.sleep(0.5)
+    wait_until(lambda: primary.sent("findAndModify", "codes"), "the exchange at the store")
     started = time.monotonic()
     service.process.send_signal(signal.SIGTERM)
     request.join(30)
@@ -78,8 +70,12 @@ def test_sigterm_lets_the_requests_in_flight_finish_before_the_store_closes(tmp_
 def test_failure_limits_hold_across_real_processes(tmp_path_factory, primary):
     """40 concurrent wrong client secrets and 40 wrong passwords from one address, spread over
     three processes: at most the limit's worth are answered 401, the rest 429."""
-    services = [ready(start_service(tmp_path_factory.mktemp(f"p{index}"), mongodb(primary))) for index in range(3)]
+    services = []
     try:
+        for index in range(3):
+            services.append(start_service(tmp_path_factory.mktemp(f"p{index}"), mongodb(primary)))
+            services[-1].wait_ready()
+
         def wrong_secret(index: int) -> int:
             base = services[index % 3].base
             return requests.post(base + "/oauth/token", auth=("webapp", f"wrong-{index}"), timeout=30, data={
@@ -108,8 +104,8 @@ def test_a_scrape_of_any_worker_counts_every_workers_requests(tmp_path, primary)
     worker the kernel hands it to. A worker's own requests count in its scrape at once, the
     other's within a second: soon every scrape, whichever worker answers it, counts all 30."""
     directory = tmp_path / "metrics"
-    service = ready(start_service(tmp_path, mongodb(primary), args=("--processes", "2"),
-                                  env={metrics.MULTIPROCESS_ENV: str(directory)}))
+    service = start_service(tmp_path, mongodb(primary), args=("--processes", "2"),
+                            env={metrics.MULTIPROCESS_ENV: str(directory)}).wait_ready()
     try:
         for _ in range(30):
             assert requests.get(service.base + "/oauth/clients/webapp", timeout=30).status_code == 200
@@ -142,8 +138,11 @@ def test_concurrent_presentations_over_three_processes(tmp_path_factory, primary
     """2, 5 and 50 presentations at once, spread over three processes: of one refresh token,
     every one gets the same successor and the family lives on; of one code, exactly one is
     exchanged and every other is an error that revokes what it gave."""
-    services = [ready(start_service(tmp_path_factory.mktemp(f"p{index}"), mongodb(primary))) for index in range(3)]
+    services = []
     try:
+        for index in range(3):
+            services.append(start_service(tmp_path_factory.mktemp(f"p{index}"), mongodb(primary)))
+            services[-1].wait_ready()
         with ThreadPoolExecutor(50) as pool:
             for presentations in (2, 5, 50):
                 first = exchange(services[0].base, code_for(services[1].base)).json()
@@ -170,7 +169,7 @@ def test_concurrent_presentations_over_three_processes(tmp_path_factory, primary
 def test_a_process_stops_with_one_line_when_a_later_release_finalizes_the_store(tmp_path, primary):
     """Its heartbeat finds a compatibility version it cannot write: /readyz goes 503 and the
     process ends as a start on that store would, with the line that says which release to run."""
-    service = ready(start_service(tmp_path, mongodb(primary), env={"TOKENSVC_STORAGE_HEARTBEAT_SECONDS": "1"}))
+    service = start_service(tmp_path, mongodb(primary), env={"TOKENSVC_STORAGE_HEARTBEAT_SECONDS": "1"}).wait_ready()
     primary.db["tokensvc"]["meta"].update_one({"_id": "format"}, {"$set": {"format": 3, "compatibility": 3}})
     try:
         service.process.wait(timeout=30)
