@@ -1,7 +1,9 @@
-"""Shared fixtures: a fresh store and app per test, served over real HTTP by pytest-tornado."""
+"""Shared fixtures: a fresh store and app per test, served over real HTTP by pytest-tornado;
+and the guard that fails a test leaving a process behind."""
 
 from __future__ import annotations
 
+import children
 import pytest
 from backends import open_store
 from helpers import Browser, Clock, make_config
@@ -48,3 +50,38 @@ def app(io_loop, store, config, ctx):
 @pytest.fixture
 def browser(http_client, base_url, clock):
     return Browser(http_client, base_url, clock)
+
+
+# -- no process left behind ---------------------------------------------------------------------
+
+# How long a process a test started may take to end after the test (a browser's helpers after
+# the browser quit): a bound for a hang, not a speed.
+ENDING_SECONDS = 10.0
+_AT_START: set[children.Child] = set()
+
+
+def pytest_sessionstart(session):
+    children.become_subreaper()
+    _AT_START.update(children.descendants())
+
+
+@pytest.fixture(autouse=True)
+def no_process_left_behind():
+    """Every process a test started (its function-scoped fixtures' included) has ended when it
+    ends; one that has not is killed, and the test fails naming it."""
+    before = children.descendants()
+    yield
+    left = children.left_behind(before, ENDING_SECONDS)
+    if left:
+        pytest.fail("the test left processes running (now killed): "
+                    + "; ".join(f"{child.pid} {child.command}" for child in left), pytrace=False)
+
+
+def pytest_sessionfinish(session):
+    """What a module's or the session's fixtures left running fails the run."""
+    left = children.left_behind(_AT_START, ENDING_SECONDS)
+    if left:
+        reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+        for child in left:
+            reporter.write_line(f"left running by a fixture (now killed): {child.pid} {child.command}", red=True)
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED

@@ -1,0 +1,143 @@
+"""The harness itself, which the suite's determinism on a busy machine rests on: the guard fails
+a test that leaves a process behind (an orphan too), ``end`` stops a process's whole group, and
+the wait for a service takes any request error for "not yet" until its deadline."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+import uuid
+from pathlib import Path
+
+import children
+import pytest
+import requests
+import service
+
+TESTS = Path(__file__).resolve().parent
+
+
+def running_with(marker: str) -> list[int]:
+    """The processes of the machine whose command line holds ``marker``."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if marker.encode() in (entry / "cmdline").read_bytes():
+                    found.append(int(entry.name))
+            except OSError:
+                pass
+    return found
+
+
+def test_the_guard_fails_a_test_that_leaves_a_process_and_ends_it(tmp_path):
+    marker = f"left-{uuid.uuid4().hex}"
+    sleeper = f"import time; time.sleep(300)  # {marker}"
+    (tmp_path / "conftest.py").write_text(textwrap.dedent(f"""
+        import importlib.util, sys
+        sys.path.insert(0, {str(TESTS)!r})
+        spec = importlib.util.spec_from_file_location("guarded", {str(TESTS / "conftest.py")!r})
+        guarded = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(guarded)
+        guarded.ENDING_SECONDS = 1.0
+        no_process_left_behind = guarded.no_process_left_behind
+        pytest_sessionstart, pytest_sessionfinish = guarded.pytest_sessionstart, guarded.pytest_sessionfinish
+    """))
+    (tmp_path / "test_leaks.py").write_text(textwrap.dedent(f"""
+        import subprocess, sys
+        import pytest
+
+        SLEEPER = [sys.executable, "-c", {sleeper!r}]
+
+        def test_ends_what_it_starts():
+            process = subprocess.Popen(SLEEPER)
+            process.kill()
+            process.wait()
+
+        def test_leaves_a_child():
+            subprocess.Popen(SLEEPER)
+
+        def test_leaves_an_orphan():  # its parent ends at once: init would have adopted it
+            subprocess.run([sys.executable, "-c", f"import subprocess; subprocess.Popen({{SLEEPER!r}})"], check=True)
+
+        @pytest.fixture(scope="module")
+        def leaky():
+            yield subprocess.Popen(SLEEPER)
+
+        def test_beside_a_leaky_module_fixture(leaky):
+            pass
+    """))
+    result = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-v", str(tmp_path)],
+                            capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    out = result.stdout
+    assert result.returncode == 1, out + result.stderr
+    assert "test_ends_what_it_starts PASSED" in out and "test_beside_a_leaky_module_fixture PASSED" in out
+    assert "test_leaves_a_child ERROR" in out and "test_leaves_an_orphan ERROR" in out  # failed at its teardown
+    assert out.count("the test left processes running (now killed)") == 2
+    assert out.count("left running by a fixture (now killed)") == 1
+    assert running_with(marker) == []
+
+
+def test_end_stops_the_whole_group_even_when_it_ignores_sigterm():
+    marker = f"stubborn-{uuid.uuid4().hex}"
+    stubborn = f"import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(300)  # {marker}"
+    starter = (f"import signal, subprocess, sys; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+               f"subprocess.Popen([sys.executable, '-c', {stubborn!r}]); print('started', flush=True); "
+               f"signal.pause()  # {marker}")
+    process = service.spawn([sys.executable, "-c", starter], stdout=subprocess.PIPE, text=True)
+    assert process.stdout.readline() == "started\n"
+    assert len(running_with(marker)) == 2
+    service.end(process, grace=0.5)
+    assert process.returncode == -9 and running_with(marker) == []
+
+
+class Starting:
+    """A process that has not exited."""
+
+    args = ["tokensvc"]
+    returncode = None
+
+    def poll(self):
+        return None
+
+
+def test_the_wait_for_a_service_takes_any_request_error_for_not_yet(monkeypatch):
+    """A busy machine makes a starting service refuse, time out, reset and cut answers short:
+    none of it ends the wait before the deadline."""
+    answers = [requests.ConnectionError("refused"), requests.ReadTimeout("busy"),
+               requests.exceptions.ChunkedEncodingError("cut short"), requests.ConnectTimeout("busy"),
+               type("Answer", (), {"status_code": 503})(), type("Answer", (), {"status_code": 200})()]
+    asked = []
+
+    def get(url, timeout):
+        asked.append(url)
+        answer = answers.pop(0)
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
+
+    monkeypatch.setattr(service.requests, "get", get)
+    service.wait_for_http("http://127.0.0.1:1/healthz", Starting(), deadline=30)
+    assert len(asked) == 6 and not answers
+
+
+def test_the_wait_for_a_service_ends_it_at_the_deadline(monkeypatch):
+    def refused(url, timeout):
+        raise requests.ConnectionError("refused")
+
+    ended = []
+    monkeypatch.setattr(service.requests, "get", refused)
+    monkeypatch.setattr(service, "end", lambda process, grace=0: ended.append(grace))
+    with pytest.raises(AssertionError, match="answering 200"):
+        service.wait_for_http("http://127.0.0.1:1/healthz", Starting(), deadline=0.2)
+    assert ended == [0]
+
+
+def test_the_guard_sees_the_runs_descendants():
+    process = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE)
+    try:
+        assert process.pid in {child.pid for child in children.descendants()}
+    finally:
+        process.communicate(b"")
+    assert process.pid not in {child.pid for child in children.descendants() if child.alive}
