@@ -312,6 +312,8 @@ async def test_the_running_memory_store_purges_itself():
     import asyncio
     from datetime import timedelta
 
+    from waiting import until
+
     from tokensvc.bootstrap import purge_periodically
     from tokensvc.records import Session, utcnow
     from tokensvc.storage.memory import MemoryStore
@@ -321,9 +323,13 @@ async def test_the_running_memory_store_purges_itself():
     await store.add_session(Session("old", "u", now - timedelta(hours=2), now - timedelta(hours=1)))
     await store.add_session(Session("live", "u", now, now + timedelta(hours=1)))
     task = asyncio.ensure_future(purge_periodically(store, every=0.01))
-    await asyncio.sleep(0.05)
+
+    async def purged():
+        return await store.get_session("old") is None
+
+    await until(purged, "the expired session purged")
     task.cancel()
-    assert await store.get_session("old") is None and await store.get_session("live") is not None
+    assert await store.get_session("live") is not None
 
 
 def test_json_errors_are_json_on_stderr_with_the_same_exit_codes(tmp_path, config_path, capsys):

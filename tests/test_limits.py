@@ -4,6 +4,7 @@ import pytest
 from backends import BACKENDS
 from helpers import SKY_REDIRECT, WEBAPP_REDIRECT, WEBAPP_SECRET, basic, make_config, post_form
 from tornado.httpclient import HTTPRequest
+from waiting import until
 
 from tokensvc.config import LimitSettings
 from tokensvc.oauth import hashing
@@ -338,6 +339,9 @@ async def test_forty_concurrent_wrong_passwords_over_eight_processes_check_only_
     assert results.count(None) == 3 and results.count("TooManyFailures") == 37
     # The owner signs in from another address; a right password gives its reservation back.
     assert (await sessions.sign_in(processes[2], "alice", "alice-password", "127.0.0.5")).username == "alice"
-    await asyncio.sleep(0.05)  # the store takes the reservation back in the background
     group = processes[0].limits.login_attempt("alice", "127.0.0.5").group
-    assert set((await processes[0].store.failures.find_one({"_id": group}))["c"].values()) == {0}
+
+    async def given_back():  # the store takes the reservation back in the background
+        return set((await processes[0].store.failures.find_one({"_id": group}))["c"].values()) == {0}
+
+    await until(given_back, "the reservation given back")

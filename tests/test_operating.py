@@ -176,7 +176,7 @@ def test_several_processes_give_one_view(tmp_path, monkeypatch):
         for child in children:
             child.start()
         for child in children:
-            child.join(10)
+            child.join(60)  # a bound for a hang, not a speed
             assert child.exitcode == 0
         text = metrics.Metrics().render().decode()
     finally:

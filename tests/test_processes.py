@@ -10,14 +10,15 @@ from datetime import timedelta
 import pytest
 from backends import open_store
 from helpers import Clock, family_of
-from test_ws import closed_within_a_second, tokens, welcome_of, ws_url
+from test_ws import closed_as_revoked, tokens, welcome_of, ws_url
 from tornado.websocket import websocket_connect
+from waiting import DEADLINE, until
 
 from tokensvc.oauth import events
 from tokensvc.records import Client, Family, Pair, Session, Subject
-from tokensvc.storage.base import CLIENT, FAMILY, GRANT, SESSION, Revocation
+from tokensvc.storage.base import CLIENT, FAMILY, GRANT, SESSION, Revocation, StoreObserver
 from tokensvc.storage.memory import MemoryStore
-from tokensvc.storage.mongo import MongoStore
+from tokensvc.storage.mongo import WATCHED, MongoStore
 
 
 @pytest.fixture
@@ -33,6 +34,31 @@ def other_process(store: MongoStore) -> MongoStore:
     return MongoStore(store._client, store._db.name, change_streams=False)
 
 
+class Polls(StoreObserver):
+    """What the feed's polling tells: that it began (its starting point set), and each read of
+    a revocation field (a round reads every one of them once)."""
+
+    ROUND = sum(len(fields) for _, fields in WATCHED.values())
+
+    def __init__(self) -> None:
+        self.began = asyncio.Event()
+        self.reads = 0
+
+    def feed(self, state: str) -> None:
+        if state == "polling":
+            self.began.set()
+
+    def operation(self, name: str, seconds: float) -> None:
+        if name == "_revoked_since":
+            self.reads += 1
+
+    async def round_after_now(self) -> None:
+        """Until a whole round has read the store after this moment (the read under way now
+        may have begun before it, so the round after the current one)."""
+        target = (-(-(self.reads + 1) // self.ROUND) + 1) * self.ROUND
+        await until(lambda: self.reads >= target, "a poll round")
+
+
 @pytest.mark.gen_test(timeout=30)
 async def test_a_revocation_in_another_process_closes_the_socket_within_a_second(browser, http_client, base_url,
                                                                                  store, ctx):
@@ -44,7 +70,7 @@ async def test_a_revocation_in_another_process_closes_the_socket_within_a_second
         elsewhere = other_process(store)
         record = await family_of(elsewhere, issued["access_token"])
         await elsewhere.mark_grant_revoked(record.grant_id, ctx.clock())  # no event of this process fires
-        await closed_within_a_second(connection)
+        await closed_as_revoked(connection)
     finally:
         relay.cancel()
 
@@ -52,6 +78,7 @@ async def test_a_revocation_in_another_process_closes_the_socket_within_a_second
 @pytest.mark.gen_test(timeout=30)
 async def test_the_feed_names_each_revocation_of_another_process_once(store):
     now = Clock().now
+    store.observer = polls = Polls()
     feed = store.revocation_feed(poll_seconds=0.05).__aiter__()
     elsewhere = other_process(store)
     grant = await elsewhere.save_grant("webapp", Subject(user_id="u1"),
@@ -61,24 +88,25 @@ async def test_the_feed_names_each_revocation_of_another_process_once(store):
     await elsewhere.create_family(family)
     await elsewhere.add_session(Session("s1", "u1", now, now + timedelta(hours=1)))
     waiting = asyncio.ensure_future(feed.__anext__())
-    await asyncio.sleep(0.1)
+    await asyncio.wait_for(polls.began.wait(), DEADLINE)
     # Changes that revoke nothing are not announced.
     assert not await elsewhere.revoke_family("no-such-family", now)
     assert not await elsewhere.end_session("no-such-session", now)
     await elsewhere.rotate_family("f1", "r1", Pair(
         "a2", "r2", ["read"], now, now + timedelta(hours=1), now + timedelta(minutes=10)), now)
-    await asyncio.sleep(0.2)
+    await polls.round_after_now()
     assert not waiting.done()
     assert await elsewhere.revoke_access("f1", "a2", now)
     assert await waiting == Revocation(FAMILY, "f1")
     assert await elsewhere.end_session("s1", now)
-    assert await asyncio.wait_for(feed.__anext__(), 1) == Revocation(SESSION, "s1")
+    assert await asyncio.wait_for(feed.__anext__(), DEADLINE) == Revocation(SESSION, "s1")
     assert await elsewhere.mark_grant_revoked(grant.grant_id, now)
     assert await elsewhere.revoke_grant_families(grant.grant_id, now) == 1
-    seen = {await asyncio.wait_for(feed.__anext__(), 1) for _ in range(2)}
+    seen = {await asyncio.wait_for(feed.__anext__(), DEADLINE) for _ in range(2)}
     assert seen == {Revocation(GRANT, grant.grant_id), Revocation(FAMILY, "f1")}
     later = asyncio.ensure_future(feed.__anext__())
-    await asyncio.sleep(0.3)  # each announced once, however often the poll reads them back
+    for _ in range(2):  # each announced once, however often the poll reads them back
+        await polls.round_after_now()
     assert not later.done()
     later.cancel()
     with pytest.raises(asyncio.CancelledError):
@@ -87,7 +115,7 @@ async def test_the_feed_names_each_revocation_of_another_process_once(store):
 
 @pytest.mark.gen_test
 async def test_the_relay_ends_at_once_for_a_store_of_one_process(ctx):
-    await asyncio.wait_for(events.relay(MemoryStore(), ctx.events), 1)
+    await asyncio.wait_for(events.relay(MemoryStore(), ctx.events), DEADLINE)
 
 
 @pytest.mark.gen_test(timeout=30)
@@ -108,20 +136,21 @@ async def test_a_client_narrowed_in_another_process_closes_the_socket_within_a_s
         await elsewhere.patch_client("skyplanner", {"description": "A narrowing of another client is no concern"})
         await elsewhere.patch_client("webapp", {"allowedScopes": ["write", "admin"]})  # read stays in force
         await elsewhere.patch_client("webapp", {"allowedScopes": ["admin"]})
-        await closed_within_a_second(narrowed)
+        await closed_as_revoked(narrowed)
     finally:
         relay.cancel()
 
 
 @pytest.mark.gen_test(timeout=30)
 async def test_the_feed_names_a_narrowed_client(store):
+    store.observer = polls = Polls()
     feed = store.revocation_feed(poll_seconds=0.05).__aiter__()
     elsewhere = other_process(store)
     await elsewhere.put_client(Client("c1", "One", ["https://a/cb"], ["read", "write"]))
     waiting = asyncio.ensure_future(feed.__anext__())
-    await asyncio.sleep(0.1)
+    await asyncio.wait_for(polls.began.wait(), DEADLINE)
     await elsewhere.update_client("c1", {"description": "nothing withdrawn"})
-    await asyncio.sleep(0.2)
+    await polls.round_after_now()
     assert not waiting.done()
     await elsewhere.update_client("c1", {"allowed_scopes": ["read"], "narrowed_at": Clock().now})
     assert await waiting == Revocation(CLIENT, "c1")
@@ -140,9 +169,8 @@ async def test_the_relay_rechecks_everyone_after_an_interruption(store, ctx):
     store.revocation_feed = broken_feed
     ctx.events.subscribe([Revocation(FAMILY, "f")], lambda: calls.append(1))
     relay = asyncio.ensure_future(events.relay(store, ctx.events, retry_seconds=0.01))
-    await asyncio.sleep(0.1)
+    await until(lambda: calls, "every listener re-checked after each gap")
     relay.cancel()
-    assert calls  # every listener re-checked after each gap
 
 
 @pytest.mark.gen_test(timeout=30)

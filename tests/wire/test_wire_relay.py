@@ -13,6 +13,7 @@ import pytest
 from bson import Timestamp
 from helpers import eventually
 from primary import BUDGET_MS, Fault, wire_settings
+from waiting import DEADLINE, until
 
 from tokensvc.oauth import events, hashing
 from tokensvc.records import Session, utcnow
@@ -22,8 +23,18 @@ from tokensvc.storage.mongo import MongoStore
 pytestmark = pytest.mark.gen_test(timeout=30)
 
 
-async def next_revocation(feed, seconds=5.0):
+async def next_revocation(feed, seconds=DEADLINE):
     return await asyncio.wait_for(feed.__anext__(), seconds)
+
+
+async def streaming(store):
+    """Until the change stream is open: its first answer (events or none) gave a resume point."""
+    await until(lambda: store._resume_token is not None, "the change stream open")
+
+
+async def polling(primary):
+    """Until the feed polls (its starting point set): it has read a revocation field."""
+    await until(lambda: primary.sent("find", "sessions"), "the feed polling")
 
 
 async def add_sessions(store, *ids):
@@ -35,25 +46,25 @@ async def add_sessions(store, *ids):
 async def test_revocations_arrive_and_quiet_longer_than_the_budget_is_no_error(wire_store, primary, caplog):
     await add_sessions(wire_store, "s1", "s2")
     feed = wire_store.revocation_feed()
-    waiting = asyncio.ensure_future(next_revocation(feed, 10))
-    await asyncio.sleep(BUDGET_MS / 1000 + 1)  # quiet, for longer than an operation's budget
+    waiting = asyncio.ensure_future(next_revocation(feed))
+    loop = asyncio.get_running_loop()
+    quiet_until = loop.time() + BUDGET_MS / 1000 + 1
+    # Quiet for longer than an operation's budget, the stream asking again and again meanwhile.
+    await until(lambda: loop.time() > quiet_until and len(primary.sent("getMore")) >= 2, "a quiet stream")
     assert not waiting.done()
     await wire_store.end_session("s1", utcnow())
     with caplog.at_level(logging.WARNING):
         assert await waiting == Revocation(SESSION, "s1")
     assert not [record for record in caplog.records if record.levelno >= logging.WARNING]
-    # The stream asked again and again while quiet, and kept the resume point of each answer.
-    assert len(primary.sent("getMore")) >= 2
-    assert wire_store._resume_token is not None
+    assert wire_store._resume_token is not None  # kept from the answers while quiet
     await feed.aclose()
 
 
 async def test_the_resume_token_follows_every_answer_not_only_events(wire_store, primary):
     feed = wire_store.revocation_feed()
-    pending = asyncio.ensure_future(next_revocation(feed, 10))
-    await asyncio.sleep(1.5)
+    pending = asyncio.ensure_future(next_revocation(feed))
+    await streaming(wire_store)  # no event yet: the server's postBatchResumeToken
     quiet_token = wire_store._resume_token
-    assert quiet_token is not None  # no event yet: the server's postBatchResumeToken
     await add_sessions(wire_store, "s1")  # an insert: no revocation, but the stream moves on
     await wire_store.end_session("s1", utcnow())
     assert await pending == Revocation(SESSION, "s1")
@@ -69,20 +80,17 @@ async def test_a_stream_that_cannot_resume_starts_again_from_now_and_every_socke
     seen = []
     revocation_events.subscribe([Revocation(SESSION, "s2")], lambda: seen.append("s2"))
     relay = asyncio.ensure_future(events.relay(wire_store, revocation_events, retry_seconds=0.1))
-    await asyncio.sleep(1.2)
+    await streaming(wire_store)
     # The connection drops under the stream, and meanwhile the history it would resume from is gone.
     primary.lose_history()
     primary.script(Fault("getMore", "hangup"))
-    await asyncio.sleep(1.5)
+    await until(lambda: len(primary.sent("aggregate")) >= 3 and rechecks, "the stream started again from now")
     assert rechecks == ["all"] and seen == ["s2"]  # restarted: every listener re-checked once
     resumes = [doc["pipeline"][0]["$changeStream"] for doc in primary.sent("aggregate")]
     assert "resumeAfter" in resumes[1] and "resumeAfter" not in resumes[2]  # refused, then from now
     seen.clear()
     await wire_store.end_session("s2", utcnow())
-    for _ in range(50):
-        if seen:
-            break
-        await asyncio.sleep(0.1)
+    await until(lambda: seen, "the revocation after the restart")
     assert seen == ["s2"]  # and it follows revocations again
     relay.cancel()
     await asyncio.gather(relay, return_exceptions=True)
@@ -92,8 +100,8 @@ async def test_without_change_streams_the_revocation_fields_are_polled(wire_stor
     primary.change_streams = False
     await add_sessions(wire_store, "s1")
     feed = wire_store.revocation_feed(poll_seconds=0.05)
-    waiting = asyncio.ensure_future(next_revocation(feed, 5))
-    await asyncio.sleep(0.3)
+    waiting = asyncio.ensure_future(next_revocation(feed))
+    await polling(primary)
     assert not wire_store.change_streams and not waiting.done()  # polling, nothing revoked yet
     await wire_store.end_session("s1", utcnow())
     assert await waiting == Revocation(SESSION, "s1")
@@ -108,8 +116,8 @@ async def test_the_recheck_an_event_causes_reads_at_or_after_the_revocation(wire
     await add_sessions(wire_store, "s1")
     other = MongoStore.from_settings(wire_settings(primary))  # a second process
     feed = wire_store.revocation_feed()
-    pending = asyncio.ensure_future(next_revocation(feed, 10))
-    await asyncio.sleep(0.3)
+    pending = asyncio.ensure_future(next_revocation(feed))
+    await streaming(wire_store)
     await other.end_session("s1", utcnow())
     revoked_at = primary.clock
     assert await pending == Revocation(SESSION, "s1")
@@ -129,8 +137,8 @@ async def test_a_revocation_names_the_record_by_its_hash_as_the_records_do(wire_
     session_hash = hashing.digest("a session")
     await add_sessions(wire_store, session_hash)
     feed = wire_store.revocation_feed(poll_seconds=0.05)
-    waiting = asyncio.ensure_future(next_revocation(feed, 5))
-    await asyncio.sleep(0.3)
+    waiting = asyncio.ensure_future(next_revocation(feed))
+    await (streaming(wire_store) if streams else polling(primary))
     await wire_store.end_session(session_hash, utcnow())
     assert await waiting == Revocation(SESSION, session_hash)
     await feed.aclose()
