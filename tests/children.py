@@ -17,7 +17,7 @@ import signal
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from waiting import wait_until
+from helpers import wait_until
 
 PR_SET_CHILD_SUBREAPER = 36
 PROC = Path("/proc")
@@ -97,14 +97,14 @@ def left_behind(before: set[Child], grace: float) -> list[Child]:
         return [child for child in descendants() - before if child.alive]
 
     try:
-        wait_until(lambda: not running(), deadline=grace, interval=0.02)
+        wait_until(lambda: not running(), "the end of what the test started", grace, interval=0.02)
         left = []
     except AssertionError:
         left = running()
         for child in left:
             end(child)
         with contextlib.suppress(AssertionError):
-            wait_until(lambda: not running(), deadline=grace, interval=0.02)
+            wait_until(lambda: not running(), "the end of what the test started", grace, interval=0.02)
     for child in descendants() - before:
         if child.parent == os.getpid():
             with contextlib.suppress(ChildProcessError):

@@ -7,6 +7,7 @@ import base64
 import hashlib
 import html as html_module
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from http.cookies import SimpleCookie
@@ -105,6 +106,11 @@ class Clock:
         self.now += timedelta(seconds=seconds)
 
 
+# A wait's deadline: a bound for a hang, not a speed (on a busy 2-core machine a step takes many
+# times what it takes on an idle one).
+DEADLINE = 30.0
+
+
 async def eventually(predicate: Any, seconds: float = 10.0, what: str = "the condition") -> None:
     """Wait until ``predicate()`` (a function, or a coroutine function) holds: the event a
     test waits for, with a deadline, never a fixed sleep."""
@@ -121,6 +127,28 @@ async def eventually(predicate: Any, seconds: float = 10.0, what: str = "the con
             return
         assert time.monotonic() < deadline, f"{what} did not happen within {seconds:g} s"
         await asyncio.sleep(0.02)
+
+
+def wait_until(condition: Callable[[], Any], what: str = "the condition", seconds: float = DEADLINE,
+               retry: tuple[type[BaseException], ...] = (), interval: float = 0.05) -> Any:
+    """The same, blocking (for a process, a server in a thread: anything outside an event
+    loop), returning the first true value of ``condition()``. An exception of ``retry`` (a
+    request's: the server is busy or not listening yet) means "not yet"; the last one is
+    chained to the AssertionError at the deadline."""
+    import time
+
+    deadline = time.monotonic() + seconds
+    last: BaseException | None = None
+    while True:
+        try:
+            value = condition()
+        except retry as exc:
+            value, last = None, exc
+        if value:
+            return value
+        if time.monotonic() >= deadline:
+            raise AssertionError(f"{what} did not happen within {seconds:g} s") from last
+        time.sleep(interval)
 
 
 def serve_refusal(settings: Any, seconds: float = 20.0) -> str:

@@ -21,7 +21,7 @@ from urllib.parse import parse_qs, urlencode, urljoin, urlsplit
 
 import children
 import requests
-from waiting import wait_until
+from helpers import wait_until
 
 WEBAPP_SECRET = "e2e-webapp-secret"
 # Bounds for a hang, not speeds: on a busy 2-core machine a start (the imports, the store)
@@ -190,7 +190,7 @@ def end(process: subprocess.Popen, grace: float = STOP_SECONDS) -> tuple[Any, An
         # The workers drain on their own: the group outlives its leader (and keeps its id)
         # while one of them runs.
         with contextlib.suppress(AssertionError):
-            wait_until(lambda: not children.group_running(group), "the workers ended",
+            wait_until(lambda: not children.group_running(group), "the workers' end",
                        max(0.0, ending - time.monotonic()))
         return written
     finally:

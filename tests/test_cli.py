@@ -312,7 +312,7 @@ async def test_the_running_memory_store_purges_itself():
     import asyncio
     from datetime import timedelta
 
-    from waiting import until
+    from helpers import eventually
 
     from tokensvc.bootstrap import purge_periodically
     from tokensvc.records import Session, utcnow
@@ -327,7 +327,7 @@ async def test_the_running_memory_store_purges_itself():
     async def purged():
         return await store.get_session("old") is None
 
-    await until(purged, "the expired session purged")
+    await eventually(purged, what="the expired session purged")
     task.cancel()
     assert await store.get_session("live") is not None
 

@@ -14,6 +14,7 @@ import children
 import pytest
 import requests
 import service
+from helpers import wait_until
 
 TESTS = Path(__file__).resolve().parent
 
@@ -89,9 +90,31 @@ def test_end_stops_the_whole_group_even_when_it_ignores_sigterm():
                f"signal.pause()  # {marker}")
     process = service.spawn([sys.executable, "-c", starter], stdout=subprocess.PIPE, text=True)
     assert process.stdout.readline() == "started\n"
-    assert len(running_with(marker)) == 2
+    wait_until(lambda: len(running_with(marker)) == 2, "the starter and its child")
     service.end(process, grace=0.5)
     assert process.returncode == -9 and running_with(marker) == []
+
+
+def test_end_lets_the_workers_drain_after_their_leader_ended(tmp_path):
+    """``--processes N``: the supervisor may end before its workers, which finish what they
+    serve first; end() waits for the whole group, and kills none of it that ends in time."""
+    drained = tmp_path / "drained"
+    worker = (f"import pathlib, signal, sys, time\n"
+              f"def drain(*_):\n"
+              f"    time.sleep(0.5)  # the requests in flight\n"
+              f"    pathlib.Path({str(drained)!r}).write_text('done')\n"
+              f"    sys.exit(0)\n"
+              f"signal.signal(signal.SIGTERM, drain)\n"
+              f"print('ready', flush=True)\n"
+              f"signal.pause()\n")
+    leader = (f"import subprocess, sys; worker = subprocess.Popen([sys.executable, '-c', {worker!r}], "
+              f"stdout=subprocess.PIPE, text=True); print(worker.stdout.readline(), end='', flush=True); "
+              f"import signal; signal.pause()")
+    process = service.spawn([sys.executable, "-c", leader], stdout=subprocess.PIPE, text=True)
+    assert process.stdout.readline() == "ready\n"
+    service.end(process)
+    assert process.returncode == -15 and drained.read_text() == "done"
+    assert children.group_running(process.pid) == []
 
 
 class Starting:

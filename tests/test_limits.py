@@ -2,9 +2,8 @@
 
 import pytest
 from backends import BACKENDS
-from helpers import SKY_REDIRECT, WEBAPP_REDIRECT, WEBAPP_SECRET, basic, make_config, post_form
+from helpers import SKY_REDIRECT, WEBAPP_REDIRECT, WEBAPP_SECRET, basic, eventually, make_config, post_form
 from tornado.httpclient import HTTPRequest
-from waiting import until
 
 from tokensvc.config import LimitSettings
 from tokensvc.oauth import hashing
@@ -344,4 +343,4 @@ async def test_forty_concurrent_wrong_passwords_over_eight_processes_check_only_
     async def given_back():  # the store takes the reservation back in the background
         return set((await processes[0].store.failures.find_one({"_id": group}))["c"].values()) == {0}
 
-    await until(given_back, "the reservation given back")
+    await eventually(given_back, what="the reservation given back")

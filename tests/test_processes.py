@@ -9,10 +9,9 @@ from datetime import timedelta
 
 import pytest
 from backends import open_store
-from helpers import Clock, family_of
+from helpers import DEADLINE, Clock, eventually, family_of
 from test_ws import closed_as_revoked, tokens, welcome_of, ws_url
 from tornado.websocket import websocket_connect
-from waiting import DEADLINE, until
 
 from tokensvc.oauth import events
 from tokensvc.records import Client, Family, Pair, Session, Subject
@@ -56,7 +55,7 @@ class Polls(StoreObserver):
         """Until a whole round has read the store after this moment (the read under way now
         may have begun before it, so the round after the current one)."""
         target = (-(-(self.reads + 1) // self.ROUND) + 1) * self.ROUND
-        await until(lambda: self.reads >= target, "a poll round")
+        await eventually(lambda: self.reads >= target, what="a poll round")
 
 
 @pytest.mark.gen_test(timeout=30)
@@ -169,7 +168,7 @@ async def test_the_relay_rechecks_everyone_after_an_interruption(store, ctx):
     store.revocation_feed = broken_feed
     ctx.events.subscribe([Revocation(FAMILY, "f")], lambda: calls.append(1))
     relay = asyncio.ensure_future(events.relay(store, ctx.events, retry_seconds=0.01))
-    await until(lambda: calls, "every listener re-checked after each gap")
+    await eventually(lambda: calls, what="every listener re-checked after each gap")
     relay.cancel()
 
 

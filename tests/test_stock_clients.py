@@ -19,9 +19,9 @@ import requests
 from authlib.common.security import generate_token
 from authlib.integrations.base_client.errors import OAuthError as AuthlibError
 from authlib.integrations.requests_client import OAuth2Session as AuthlibSession
+from helpers import wait_until
 from requests_oauthlib import OAuth2Session as RequestsOAuthSession
 from service import NOWHERE, WEBAPP_SECRET, start_service, user_agent_authorize
-from waiting import wait_until
 
 pytestmark = pytest.mark.e2e
 

@@ -19,10 +19,9 @@ from urllib.parse import parse_qs, urlencode, urljoin, urlsplit
 
 import releases
 import requests
-from helpers import CHALLENGE, DIGEST, VERIFIER
+from helpers import CHALLENGE, DIGEST, VERIFIER, wait_until
 from primary import ReplicaSet
 from service import NOWHERE, WEBAPP_SECRET, Service, answer_when_read, start_service
-from waiting import wait_until
 
 from tokensvc import __version__, cli
 from tokensvc.storage.format import TRIPWIRE

@@ -11,9 +11,9 @@ from dataclasses import replace
 from datetime import timedelta
 
 import pytest
+from helpers import eventually
 from primary import Fault, ReplicaSet, wire_settings
 from pymongo import AsyncMongoClient
-from waiting import until
 
 from tokensvc import __version__
 from tokensvc.oauth import hashing
@@ -312,7 +312,7 @@ async def test_connections_name_their_release_and_0_9_0s_do_not(primary, caplog)
     async def releases():  # once the server has seen the old client's sockets close
         return {seen.release for seen in await processes.connected(store)} == {__version__}
 
-    await until(releases, "the old client's sockets closed")
+    await eventually(releases, what="the old client's sockets closed")
     primary.current_op = False
     assert await processes.connected(store) is None
     # Its code, not its answer: that carries the cluster time's signature.
@@ -440,8 +440,8 @@ async def test_the_service_migrates_in_the_background_once_finalized(primary):
     upkeep = asyncio.create_task(server.upkeep())
     primary.db[DB]["meta"].update_one({"_id": "format"}, {"$set": {"compatibility": 2}})  # an interrupted finalize
     # Done, then the lease given back (a moment after: wait for both).
-    await until(lambda: "packed-hashes" in meta(primary)["migrations"] and meta(primary)["lease"] is None,
-                "the migration done in the background and its lease given back")
+    await eventually(lambda: "packed-hashes" in meta(primary)["migrations"] and meta(primary)["lease"] is None,
+                     what="the migration done in the background and its lease given back")
     assert primary.db[DB]["families"].count_documents({"_id": {"$type": "string"}}) == 0
     upkeep.cancel()
     await server.close()

@@ -12,11 +12,10 @@ from urllib.parse import urlencode
 
 import pytest
 import requests
-from helpers import CHALLENGE, VERIFIER
+from helpers import CHALLENGE, VERIFIER, wait_until
 from primary import Fault, ReplicaSet
 from service import NOWHERE, WEBAPP_SECRET, start_service, user_agent_authorize
 from test_request_metrics import scraped
-from waiting import wait_until
 
 from tokensvc import metrics
 

@@ -11,9 +11,8 @@ from datetime import timedelta
 
 import pytest
 from bson import Timestamp
-from helpers import eventually
+from helpers import DEADLINE, eventually
 from primary import BUDGET_MS, Fault, wire_settings
-from waiting import DEADLINE, until
 
 from tokensvc.oauth import events, hashing
 from tokensvc.records import Session, utcnow
@@ -29,12 +28,12 @@ async def next_revocation(feed, seconds=DEADLINE):
 
 async def streaming(store):
     """Until the change stream is open: its first answer (events or none) gave a resume point."""
-    await until(lambda: store._resume_token is not None, "the change stream open")
+    await eventually(lambda: store._resume_token is not None, what="the change stream open")
 
 
 async def polling(primary):
     """Until the feed polls (its starting point set): it has read a revocation field."""
-    await until(lambda: primary.sent("find", "sessions"), "the feed polling")
+    await eventually(lambda: primary.sent("find", "sessions"), what="the feed polling")
 
 
 async def add_sessions(store, *ids):
@@ -50,7 +49,7 @@ async def test_revocations_arrive_and_quiet_longer_than_the_budget_is_no_error(w
     loop = asyncio.get_running_loop()
     quiet_until = loop.time() + BUDGET_MS / 1000 + 1
     # Quiet for longer than an operation's budget, the stream asking again and again meanwhile.
-    await until(lambda: loop.time() > quiet_until and len(primary.sent("getMore")) >= 2, "a quiet stream")
+    await eventually(lambda: loop.time() > quiet_until and len(primary.sent("getMore")) >= 2, what="a quiet stream")
     assert not waiting.done()
     await wire_store.end_session("s1", utcnow())
     with caplog.at_level(logging.WARNING):
@@ -84,13 +83,13 @@ async def test_a_stream_that_cannot_resume_starts_again_from_now_and_every_socke
     # The connection drops under the stream, and meanwhile the history it would resume from is gone.
     primary.lose_history()
     primary.script(Fault("getMore", "hangup"))
-    await until(lambda: len(primary.sent("aggregate")) >= 3 and rechecks, "the stream started again from now")
+    await eventually(lambda: len(primary.sent("aggregate")) >= 3 and rechecks, what="the stream started again from now")
     assert rechecks == ["all"] and seen == ["s2"]  # restarted: every listener re-checked once
     resumes = [doc["pipeline"][0]["$changeStream"] for doc in primary.sent("aggregate")]
     assert "resumeAfter" in resumes[1] and "resumeAfter" not in resumes[2]  # refused, then from now
     seen.clear()
     await wire_store.end_session("s2", utcnow())
-    await until(lambda: seen, "the revocation after the restart")
+    await eventually(lambda: seen, what="the revocation after the restart")
     assert seen == ["s2"]  # and it follows revocations again
     relay.cancel()
     await asyncio.gather(relay, return_exceptions=True)
