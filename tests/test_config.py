@@ -101,7 +101,7 @@ def test_successor_keys_come_from_the_environment_too_and_are_never_shown(tmp_pa
     new, old = "n" * 40, "o" * 40
     settings = config.load(write(tmp_path, 'cookie_secret = "0123456789abcdef0123"\n'),
                            environ={"TOKENSVC_TOKENS_SUCCESSOR_KEYS": f"{new},{old}"})
-    assert settings.tokens.successor_keys == [new, old]
+    assert settings.tokens.successor_keys == (new, old)
     assert new not in repr(settings) and new not in repr(config.masked(settings))
     assert config.masked(settings)["tokens"]["successor_keys"] == ["***", "***"]
 
@@ -266,6 +266,8 @@ def test_every_string_a_documented_pattern_admits_is_accepted(pattern, accepts):
 FULL = """
 demo = true
 xheaders = true
+[tokens]
+successor_keys = ["0123456789abcdef0123456789abcdef"]
 [server]
 allowed_hosts = ["auth.example.org"]
 [proxy]

@@ -45,7 +45,7 @@ def make_context(settings: Settings, store: Store, **overrides: Any) -> OAuthCon
     """The protocol context the settings describe (``clock`` and others may be overridden),
     reporting to the service's one :class:`Metrics`, which the store reports to too."""
     shared = store if isinstance(store, SharedFailureCounts) else None  # MongoDB: one count for all processes
-    keys = settings.tokens.successor_keys or [successors.key_from_cookie_secret(settings.cookie_secret)]
+    keys = settings.tokens.successor_keys or (successors.key_from_cookie_secret(settings.cookie_secret),)
     metrics = Metrics()
     values: dict[str, Any] = dict(
         store=store, tokens=settings.tokens, issuer=settings.base_url, successors=successors.SuccessorKeys.of(keys),

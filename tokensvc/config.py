@@ -101,7 +101,7 @@ class TokenSettings:
     # The keys a rotation derives its pair with (the first), and with which a presentation
     # arriving with it recomputes that pair (every one): see docs/security.md. Empty: one key
     # derived from cookie_secret. The same list on every process; at least 32 characters each.
-    successor_keys: list[str] = field(default_factory=list, repr=False)
+    successor_keys: tuple[str, ...] = field(default=(), repr=False)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
