@@ -233,7 +233,7 @@ def test_unix_names_the_unix_sockets_peer_and_needs_the_socket():
     with pytest.raises(ConfigError, match=r"^server.unix_socket_mode: a file mode"):
         make_config(server={"unix_socket": "/run/t.sock", "unix_socket_mode": 0o1777})
     assert make_config(xheaders=True, proxy={"trusted_networks": ["unix", "10.0.0.0/8"]},
-                       server={"unix_socket": "/run/t.sock"}).proxy.trusted_networks == ["unix", "10.0.0.0/8"]
+                       server={"unix_socket": "/run/t.sock"}).proxy.trusted_networks == ("unix", "10.0.0.0/8")
     # Without a connection's word that it came through the unix socket, 0.0.0.0 is trusted by nothing.
     address = ClientAddress(True, trusted_networks=["unix"])
     assert address(request("0.0.0.0", X_Forwarded_For="203.0.113.7")) == "0.0.0.0"
