@@ -1,18 +1,16 @@
 """The admin API, on a listener of its own (``[admin]``): operators manage clients, users,
 installations, grants, sessions and tokens of a running service, on any backend.
 
-Every call but the index carries ``Authorization: Bearer <access token>`` of an admin user,
-holding the ``admin`` scope (the spec: every integration uses an OAuth-issued token); no token
-or a dead one is 401, anyone else 403, and failed attempts count against the caller's address.
-Every call writes an audit line naming the user and the client (never the token). Handlers
-parse, call :class:`tokensvc.operator.Operator` and answer its JSON.
+Every call but the index is authenticated by an administrator's bearer token, under the
+failure limits (:mod:`tokensvc.oauth.adminauth`), and writes an audit line naming the user and
+the client (never the token). Handlers parse, call :class:`tokensvc.operator.Operator` and
+answer its JSON.
 """
 
 from __future__ import annotations
 
 import functools
 import json
-import logging
 import re
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -23,11 +21,8 @@ from tokensvc.config import listen_url
 from tokensvc.errors import ValidationFailed
 from tokensvc.handlers.headers import PRIVATE_HEADERS
 from tokensvc.handlers.json_api import JsonHandler
-from tokensvc.oauth import bearer
-from tokensvc.oauth.administrators import require_admin
-from tokensvc.oauth.errors import AccessDenied, InsufficientScope, InvalidToken
+from tokensvc.oauth import adminauth
 from tokensvc.operator import Operator
-from tokensvc.ratelimit import TooManyFailures
 
 DIGITS = re.compile(r"[0-9]+")
 
@@ -69,33 +64,11 @@ class AdminEndpoint(JsonHandler):
         return values[-1].decode("utf-8", "replace") if values else None
 
     async def authorize_operator(self) -> None:
-        """The caller must be an admin user with a token carrying ``admin``. Unknown and dead
-        tokens count against the caller's address, are audited and counted; past the limit
-        they are answered 429. A token in force (256 random bits: guessing one gains nothing
-        from a limit) is never refused by it, whoever else shares the address."""
-        limits = self.ctx.limits
-        attempt = limits.admin_attempt(self.request.remote_ip or "-")
-        try:
-            presented = bearer.from_authorization(self.request.headers.get("Authorization"))
-            token = await bearer.active_access_token(self.ctx, presented) if presented else None
-            if token is None:
-                self._refused("invalid_token")
-                await limits.failed(attempt)  # TooManyFailures once past the limit
-                raise InvalidToken("An admin's access token is needed (tokensvc login)")
-            try:
-                user = require_admin(token, "The admin API is for administrators")
-            except (AccessDenied, InsufficientScope) as refused:
-                self._refused(refused.error)
-                raise
-        except TooManyFailures:
-            self.ctx.metrics.refused_by_limit("admin")
-            raise
-        self.operator_name, self.log_client_id = user.username, token.token.client_id
-
-    def _refused(self, reason: str) -> None:
-        logs.audit("admin_call", {"method": self.request.method, "route": self.route.path, "outcome": "refused",
-                                  "reason": reason, "remote_ip": self.request.remote_ip},
-                   logging.WARNING, "admin call refused")
+        """The caller must be an administrator (:func:`tokensvc.oauth.adminauth.authenticate`)."""
+        caller = await adminauth.authenticate(self.ctx, adminauth.AdminRequest(
+            self.request.headers.get("Authorization"), self.request.remote_ip or "-", self.request.method or "",
+            self.route.path))
+        self.operator_name, self.log_client_id = caller.username, caller.client_id
 
 
 def operator_call(method: Callable[..., Awaitable[None]]) -> Callable[..., Awaitable[None]]:
