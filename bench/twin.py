@@ -2,9 +2,10 @@
 (``python bench/inprocess.py --ab delegate requesthandler``).
 
 A twin runs the same endpoint code (the same class, the same request lifecycle: its method
-table, body limit, request id, XSRF rule, renderer and access line) but is served the way pages
-are: Tornado's ``RequestHandler`` with its own body parsing, dispatch, error handling and
-response writing, instead of :class:`tokensvc.handlers.json_api.JsonHandler`'s direct writes.
+table, body limit, request id, XSRF rule, renderer, exit and access line) but is served the way
+pages are: Tornado's ``RequestHandler`` with its own body parsing, dispatch, error handling and
+response writing (through the exit's ``write_headers``), instead of
+:class:`tokensvc.handlers.json_api.JsonHandler`'s whole answers.
 """
 
 from __future__ import annotations
@@ -15,9 +16,8 @@ import tornado.web
 
 from tokensvc.app import ROUTES
 from tokensvc.handlers.json_api import JsonHandler
-from tokensvc.handlers.lifecycle import Route
+from tokensvc.handlers.routes import Route
 from tokensvc.handlers.web import WebHandler
-from tokensvc.logs import REQUEST_ID
 
 
 class Twin:
@@ -26,12 +26,12 @@ class Twin:
     def __init__(self, application: tornado.web.Application, request: Any, **kwargs: Any) -> None:
         tornado.web.RequestHandler.__init__(self, application, request, **kwargs)  # type: ignore[arg-type]
 
-    def initialize(self, edge: Any, route: str) -> None:
-        WebHandler.initialize(self, edge, route)  # type: ignore[arg-type]
-        self.request_id = REQUEST_ID.get()
+    def initialize(self) -> None:
+        WebHandler.initialize(self)  # type: ignore[arg-type]
         self.answered = False
 
-    def send(self, status: int, body: bytes, content_type: str | None, extra: dict[str, str] | None = None) -> None:
+    def send(self, status: int, body: bytes, content_type: str | None, extra: dict[str, str] | None = None,
+             base: dict[str, str] | None = None) -> None:
         self.answered = True
         self.set_status(status)
         for name, value in (extra or {}).items():

@@ -105,7 +105,7 @@ def test_a_json_line_carries_the_exception():
     try:
         raise RuntimeError("a bug")
     except RuntimeError:
-        record = logging.LogRecord("tokensvc.handlers.lifecycle", logging.ERROR, __file__, 1, "Uncaught exception",
+        record = logging.LogRecord("tokensvc.handlers.exit", logging.ERROR, __file__, 1, "Uncaught exception",
                                    (), sys.exc_info())
     entry = json.loads(JsonFormatter().format(record))
     assert entry["message"] == "Uncaught exception" and entry["level"] == "error"

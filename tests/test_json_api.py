@@ -109,12 +109,12 @@ async def test_an_unexpected_fault_is_500_in_the_documented_shape_and_logged(htt
         raise RuntimeError("a bug")
 
     store.get_client = broken
-    with caplog.at_level(logging.ERROR, logger="tokensvc.handlers.lifecycle"):
+    with caplog.at_level(logging.ERROR, logger="tokensvc.handlers.exit"):
         response = await http_client.fetch(base_url + "/oauth/clients/webapp", raise_error=False)
     assert response.code == 500
     assert json_of(response) == {"detail": "Internal server error"}
     assert "Traceback" not in response.body.decode()
-    record = next(r for r in caplog.records if r.name == "tokensvc.handlers.lifecycle")
+    record = next(r for r in caplog.records if r.name == "tokensvc.handlers.exit")
     assert "GET /oauth/clients/webapp" in record.getMessage() and record.exc_info[0] is RuntimeError
 
 

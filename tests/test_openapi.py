@@ -53,7 +53,7 @@ def test_the_document_describes_the_route_table():
 
 def test_a_route_without_its_documentation_stops_the_build():
     from tokensvc.app import ROUTES
-    from tokensvc.handlers.lifecycle import Route
+    from tokensvc.handlers.routes import Route
 
     with pytest.raises(ValueError, match="/undocumented"):
         openapi.build([*ROUTES, Route("/undocumented", object, frozenset({"GET", "HEAD"}))], DEMO_BASE)

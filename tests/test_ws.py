@@ -5,12 +5,26 @@ import json
 from datetime import timedelta
 
 import pytest
-from helpers import NODE_REDIRECT, WEBAPP_REDIRECT, WEBAPP_SECRET, basic, check_schema, exchange, json_of, post_form
+from helpers import (
+    NODE_REDIRECT,
+    WEBAPP_REDIRECT,
+    WEBAPP_SECRET,
+    basic,
+    check_schema,
+    exchange,
+    json_of,
+    make_config,
+    post_form,
+)
 from tornado import gen
 from tornado.httpclient import HTTPClientError, HTTPRequest
 from tornado.websocket import websocket_connect
 
 from tokensvc import schemas
+
+# The service's own origin is that of its public URL (what its pages send as Origin), which
+# in the tests is not the address the test server listens on.
+OWN_ORIGIN = make_config().base_url
 
 
 def ws_url(base_url, query=""):
@@ -63,22 +77,36 @@ async def test_token_in_the_authorization_header(browser, http_client, base_url)
 async def test_session_cookie(browser, base_url):
     await browser.login("alice")
     cookie = "; ".join(f"{k}={v}" for k, v in browser.cookies.items())
-    request = HTTPRequest(ws_url(base_url), headers={"Cookie": cookie, "Origin": base_url})
+    request = HTTPRequest(ws_url(base_url), headers={"Cookie": cookie, "Origin": OWN_ORIGIN})
     connection = await websocket_connect(request)
     assert (await welcome_of(connection))["scopes"] == ["read", "write"]
     connection.close()
 
 
+@pytest.mark.parametrize("where", [
+    {"Origin": "https://evil.example"}, {"Origin": "null"},
+    {"Origin": OWN_ORIGIN, "Sec-Fetch-Site": "cross-site"},  # the browser's word first, as for XSRF
+])
 @pytest.mark.gen_test
-async def test_cookie_socket_from_another_origin_is_refused(http_server, browser, base_url):
+async def test_cookie_socket_from_another_origin_is_refused(http_server, browser, base_url, where):
     await browser.login("alice")
     cookie = "; ".join(f"{k}={v}" for k, v in browser.cookies.items())
-    request = HTTPRequest(ws_url(base_url), headers={"Cookie": cookie, "Origin": "https://evil.example"})
+    request = HTTPRequest(ws_url(base_url), headers={"Cookie": cookie, **where})
     with pytest.raises(HTTPClientError) as info:
         await websocket_connect(request)
     assert info.value.code == 403
     assert info.value.response.headers["Content-Type"] == "application/json"
     assert "own origin" in json_of(info.value.response)["detail"]
+
+
+@pytest.mark.gen_test
+async def test_a_bearer_socket_may_come_from_any_origin(browser, http_client, base_url):
+    """The token is explicit, unlike the cookie: a browser app of another origin opens one."""
+    access = (await tokens(browser, http_client, base_url, scope="read"))["access_token"]
+    request = HTTPRequest(ws_url(base_url, "?access_token=" + access), headers={"Origin": "https://app.example"})
+    connection = await websocket_connect(request)
+    assert (await welcome_of(connection))["scopes"] == ["read"]
+    connection.close()
 
 
 HANDSHAKE = {"Upgrade": "websocket", "Connection": "Upgrade", "Sec-WebSocket-Version": "13",
@@ -197,7 +225,8 @@ async def test_a_narrowed_client_closes_the_sockets_that_lost_read(browser, http
 async def test_sign_out_closes_cookie_sockets(browser, base_url):
     await browser.login("alice")
     cookie = "; ".join(f"{k}={v}" for k, v in browser.cookies.items())
-    connection = await websocket_connect(HTTPRequest(ws_url(base_url), headers={"Cookie": cookie, "Origin": base_url}))
+    request = HTTPRequest(ws_url(base_url), headers={"Cookie": cookie, "Origin": OWN_ORIGIN})
+    connection = await websocket_connect(request)
     await welcome_of(connection)
     response = await browser.fetch("/oauth/sign-out", "POST", {}, headers={"X-XSRFToken": browser.cookies["_xsrf"]})
     assert response.code == 200

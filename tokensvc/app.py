@@ -13,8 +13,9 @@ from tokensvc.bootstrap import make_context
 from tokensvc.config import Settings
 from tokensvc.handlers import admin_api, api, clients, meta, pages, token, ws
 from tokensvc.handlers.json_api import NotFoundHandler, serve
-from tokensvc.handlers.lifecycle import UNMATCHED, Edge, Lifecycle, Route
-from tokensvc.handlers.web import StaticFiles, log_request
+from tokensvc.handlers.lifecycle import Edge, Lifecycle
+from tokensvc.handlers.routes import UNMATCHED, Route
+from tokensvc.handlers.web import StaticFiles
 from tokensvc.oauth.context import OAuthContext
 from tokensvc.storage.base import Store
 
@@ -83,9 +84,7 @@ class Target(tornado.routing.Router):
     def __init__(self, application: tornado.web.Application, edge: Edge, route: Route) -> None:
         self.application, self.edge, self.route = application, edge, route
         self.json = not issubclass(route.handler, tornado.web.RequestHandler)
-        self.kwargs: dict[str, Any] = {"edge": edge, "route": route.path}
-        if route.handler is StaticFiles:
-            self.kwargs["path"] = str(STATIC_PATH)
+        self.kwargs: dict[str, Any] = {"path": str(STATIC_PATH)} if route.handler is StaticFiles else {}
 
     def find_handler(self, request: HTTPServerRequest, **kwargs: Any) -> Lifecycle:
         path_args = kwargs.get("path_args") or []
@@ -119,7 +118,7 @@ def make_app(config: Settings, store: Store, ctx: OAuthContext | None = None,
         template_path=str(HERE / "templates"),
         cookie_secret=config.cookie_secret,
         xsrf_cookies=True,  # Tornado calls WebHandler.check_xsrf_cookie: the lifecycle's rule
-        log_function=log_request,
+        log_function=exit_logs,
         serve_traceback=False,
         compress_response=False,
     )
@@ -130,5 +129,10 @@ def make_admin_app(config: Settings, store: Store, ctx: OAuthContext) -> TokenSe
     public one (so it works on the memory backend too), and no page."""
     static = {"static_path": str(STATIC_PATH), "static_url_prefix": "/static/"}
     edge = Edge(ctx, config, ADMIN_ROUTES, HERE / "templates", static, StaticFiles)
-    return TokenService(edge, static=False, log_function=log_request, serve_traceback=False,
+    return TokenService(edge, static=False, log_function=exit_logs, serve_traceback=False,
                         compress_response=False)
+
+
+def exit_logs(handler: tornado.web.RequestHandler) -> None:
+    """The application's ``log_function``: none of Tornado's own access lines. Every response's
+    access line is its exit's (handlers/exit.py)."""

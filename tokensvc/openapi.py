@@ -28,7 +28,7 @@ SESSION_COOKIE = "tokensvc_session"  # the demo's; the served document names the
 
 
 class Route(Protocol):
-    """An entry of the route table (``tokensvc.handlers.lifecycle.Route``)."""
+    """An entry of the route table (``tokensvc.handlers.routes.Route``)."""
 
     @property
     def path(self) -> str: ...

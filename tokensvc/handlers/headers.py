@@ -38,7 +38,7 @@ JSON_HEADERS = {**SECURITY_HEADERS, "Content-Security-Policy": "default-src 'non
 TOKEN_HEADERS = {**JSON_HEADERS, **NO_STORE}
 PRIVATE_HEADERS = {**JSON_HEADERS, "Cache-Control": "no-store"}
 # A page's forms post their own origin in ``Origin`` (under no-referrer a browser sends
-# ``Origin: null``, which tells nothing and is refused, lifecycle.check_xsrf); every other
+# ``Origin: null``, which tells nothing and is refused, guards.check_xsrf); every other
 # origin (a client's redirect, a logo's host) still gets no Referer.
 PAGE_HEADERS = {**SECURITY_HEADERS, "Referrer-Policy": "same-origin", "Content-Security-Policy": page_csp(),
                 "Cache-Control": "no-store"}

@@ -14,6 +14,8 @@ from tokensvc.config import Settings
 from tokensvc.oauth.context import OAuthContext
 from tokensvc.oauth.errors import InvalidRequest
 
+JSON, HTML = "json", "html"  # the two output formats
+
 
 class RequestInput:
     """What every handler is to the request lifecycle, whichever adapter it is built on
@@ -23,12 +25,17 @@ class RequestInput:
     ctx: OAuthContext
     config: Settings
     default_headers: ClassVar[dict[str, str]]  # the security (and caching) headers of its answers
-    output: ClassVar[str]  # "json" or "html"
+    output: ClassVar[str]  # JSON or HTML
     max_body: ClassVar[int | None]  # larger bodies get 413; None: any body is ignored unread
     reads_session: ClassVar[bool]  # whether the session cookie may authorize it (XSRF applies then)
     # Whether an Authorization header takes the cookie's place (the /v1 API's bearer tokens):
     # only then does a request with one need no XSRF token, cookie or not.
     bearer_replaces_cookie: ClassVar[bool] = False
+    log_client_id: str | None = None  # the client the access line names, once known
+
+    def logged_client_id(self) -> str | None:
+        """The client the access line names."""
+        return self.log_client_id
 
     def form(self, schema: Schema) -> dict[str, str]:
         """The form-encoded body's parameters that ``schema`` knows, as single values.

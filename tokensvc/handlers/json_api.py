@@ -4,7 +4,7 @@ Tornado's HTTP layer by the request lifecycle (:mod:`.lifecycle`).
 A ``JsonHandler`` is a plain object made for one request: the lifecycle has counted its body
 and checked its method; the handler parses the body, runs the route's method and writes one
 response through the response writer (:mod:`.response_writer`). Routing, connection handling
-and keep-alive stay Tornado's.
+and keep-alive stay Tornado's; the answer leaves through the request's exit (:mod:`.exit`).
 
 Why not ``RequestHandler``: its per-request machinery (output transforms, flush and finish
 futures, per-header validation, a Task per request) costs more than the OAuth work of a token
@@ -14,29 +14,22 @@ request; docs/performance.md has the A/B.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Mapping
 from http.cookies import SimpleCookie
 from typing import Any, ClassVar, cast
 from urllib.parse import quote
 
 import tornado.httputil
 from marshmallow import Schema
-from tornado.httputil import HTTPServerRequest
 
 from tokensvc.errors import NotFound, ValidationFailed
 from tokensvc.handlers import cors
+from tokensvc.handlers.exit import Exit, log_failure
+from tokensvc.handlers.guards import check_xsrf
 from tokensvc.handlers.headers import JSON_HEADERS
-from tokensvc.handlers.inputs import RequestInput
-from tokensvc.handlers.lifecycle import (
-    JSON,
-    MAX_BODY_BYTES,
-    Edge,
-    Route,
-    answer_for,
-    check_xsrf,
-    dumps,
-    log_failure,
-)
-from tokensvc.handlers.response_writer import write_response
+from tokensvc.handlers.inputs import JSON, RequestInput
+from tokensvc.handlers.lifecycle import MAX_BODY_BYTES, dumps
+from tokensvc.handlers.routes import handler_method
 from tokensvc.schemas import load
 
 
@@ -53,11 +46,11 @@ class JsonHandler(RequestInput):
     cors: ClassVar[bool] = False  # whether browser apps of other origins may call it (handlers/cors.py)
     path_schema: ClassVar[Schema | None] = None  # what the path's {name} segments may be (422 otherwise)
 
-    def __init__(self, edge: Edge, route: Route, request: HTTPServerRequest, request_id: str) -> None:
-        self.edge, self.ctx, self.config = edge, edge.ctx, edge.config
-        self.route, self.request, self.request_id = route, request, request_id
+    def __init__(self, way_out: Exit) -> None:
+        self.exit, self.edge, self.route, self.request = way_out, way_out.edge, way_out.route, way_out.request
+        self.ctx, self.config = self.edge.ctx, self.edge.config
+        way_out.handler = self
         self.log_client_id: str | None = None
-        self.log_error: str | None = None
         self.cookies: SimpleCookie | None = None  # cookies this response sets or clears
         self.cross_origin: dict[str, str] | None = None  # the CORS headers of every answer
         self.answered = False
@@ -73,7 +66,7 @@ class JsonHandler(RequestInput):
             if self.request.body:
                 self._parse_body()
             check_xsrf(self)
-            await getattr(self, "get" if method == "HEAD" else method.lower())(*self._path_arguments(path_args))
+            await getattr(self, handler_method(method))(*self._path_arguments(path_args))
             if not self.answered:
                 raise RuntimeError(f"{type(self).__name__}.{method.lower()} sent no response")
         except Exception as exc:  # every failure becomes a response in the documented shape
@@ -120,16 +113,14 @@ class JsonHandler(RequestInput):
 
     def send_failure(self, exc: Exception) -> None:
         log_failure(self.request, exc, self.edge.metrics)
-        answer = answer_for(exc)
-        self.log_error = answer.error_code
-        status, base, extra, body = self.edge.render(answer, self.output, self.default_headers, self.request)
+        status, base, extra, body = self.exit.render(exc)
         self.send(status, body, None, extra, base)
 
     def send_json(self, body: Any, status: int = 200, headers: dict[str, str] | None = None) -> None:
         self.send(status, dumps(body).encode("utf-8"), "application/json", headers)
 
-    def send(self, status: int, body: bytes, content_type: str | None, extra: dict[str, str] | None = None,
-             base: dict[str, str] | None = None) -> None:
+    def send(self, status: int, body: bytes, content_type: str | None, extra: Mapping[str, str] | None = None,
+             base: Mapping[str, str] | None = None) -> None:
         """Write the whole response (once; later calls are ignored): the route's headers (or
         ``base``), then ``extra``."""
         if self.answered:
@@ -141,13 +132,7 @@ class JsonHandler(RequestInput):
         if content_type:
             headers["Content-Type"] = content_type
         cookies = [morsel.OutputString() for morsel in self.cookies.values()] if self.cookies else ()
-        write_response(self.request, status, self.default_headers if base is None else base, headers, body,
-                       self.request_id, cookies)
-        self.edge.finished(self.request, self.route.path, status, self.logged_client_id(), self.log_error)
-
-    def logged_client_id(self) -> str | None:
-        """The client the access line names."""
-        return self.log_client_id
+        self.exit.send(status, self.default_headers if base is None else base, headers, body, cookies)
 
     def clear_cookie(self, name: str) -> None:
         """Tell the browser to drop cookie ``name`` (path ``/``)."""
@@ -168,9 +153,9 @@ class NotFoundHandler(JsonHandler):
     post = put = patch = delete = options = get
 
 
-def serve(edge: Edge, route: Route, request: HTTPServerRequest, request_id: str, path_args: list[bytes]) -> None:
+def serve(way_out: Exit, path_args: list[bytes]) -> None:
     """Serve a JSON route's request (the lifecycle's ``start``), in an asyncio Task of its own."""
-    handler = cast(type[JsonHandler], route.handler)(edge, route, request, request_id)
+    handler = cast(type[JsonHandler], way_out.route.handler)(way_out)
     task = asyncio.get_running_loop().create_task(handler.serve(path_args))
     _serving.add(task)  # held until it is done, as asyncio asks of a task nobody awaits
     task.add_done_callback(_serving.discard)

@@ -1,53 +1,72 @@
-"""The response writer: every JSON answer, and every answer the lifecycle gives itself, written
-as one block of bytes.
+"""The response writer: a whole answer (a JSON route's, or one the lifecycle gives itself)
+written on Tornado's connection through its public interface, as one block of bytes.
 
-Tornado's ``HTTP1Connection.write_headers`` formats, encodes and checks each header line for
-CR/LF on every response; a JSON route's headers are mostly the same on every answer (its
-security and caching headers). Here they are encoded and checked once per header set, the
-``Date`` line is formatted once a second, the header lines that vary (a cookie, CORS, an error's
-``Allow`` or ``WWW-Authenticate``) are checked in one pass, and the status line, headers and
-body go out in one write.
+Tornado's ``HTTP1Connection.write_headers`` formats, encodes and checks each header line on
+every response; a JSON route's headers are mostly the same on every answer (its security and
+caching headers). Here they are encoded and checked once per header set, the ``Date`` line
+is formatted once a second, the lines that vary (a cookie, CORS, an error's ``Allow`` or
+``WWW-Authenticate``) are checked in one pass, and the status line, headers and body go to
+the connection's ``write`` in one block, which its ``finish`` then ends: whatever Tornado
+keeps about a response in flight (its pending write, the connection's end after it) stays
+Tornado's own.
 
-The connection's own state is kept as ``write_headers`` and ``_format_chunk`` would leave it
-(no chunking, nothing more expected of the body, the write pending), and the request is ended
-by the connection's public ``finish``, so keep-alive, ``Connection: close`` and the next
-request stay Tornado's. Only HTTP/1.1 requests on Tornado's ``HTTP1Connection`` take this way;
-anything else (HTTP/1.0, another connection class) goes through ``write_headers`` as before.
-``tests/test_response_writer.py`` checks that both ways put the same bytes on the wire.
+Every header line is held to RFC 9110's rules, as ``tornado.httputil.HTTPHeaders`` holds a
+header it is given: a name is a token, a value visible characters with inner spaces and tabs
+only (no NUL, no CR or LF, nothing to split the header block).
 
-Measured with ``bench/inprocess.py`` (docs/performance.md, "The response writer").
+``HTTP1Connection.write`` takes a block that begins with its own status line and headers when
+``write_headers`` was not called for the response (its documented, if deprecated, form); so
+only an HTTP/1.1 request the connection keeps alive is written so, the answer then needing no
+``Connection`` header. Anything else (HTTP/1.0, ``Connection: close``, another connection
+class) goes through ``write_headers``, which says how the connection ends.
+``tests/test_response_writer.py`` checks that both ways put the same bytes on the wire, on the
+oldest and the newest Tornado the package allows (``make test``).
+
+Measured with ``bench/inprocess.py`` (docs/performance.md, "The JSON adapter and the response
+writer").
 """
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Iterable, Mapping
 
 import tornado.httputil
-from tornado.concurrent import future_add_done_callback
 from tornado.http1connection import HTTP1Connection
-from tornado.httputil import HTTPHeaders, HTTPServerRequest, ResponseStartLine
+from tornado.httputil import HTTPConnection, HTTPHeaders, HTTPServerRequest, ResponseStartLine
 
 from tokensvc.errors import reason_phrase
+
+# RFC 9110 §5.1 and §5.5: a field name is a token; a field value is visible characters
+# (obs-text included), with spaces and tabs only inside it. A line is ``name: value`` + CRLF.
+_VISIBLE = rb"[\x21-\x7e\x80-\xff]"
+FIELD_LINES = re.compile(rb"(?:[!#$%&'*+\-.^_`|~0-9A-Za-z]+: (?:" + _VISIBLE + rb"(?:[\t \x21-\x7e\x80-\xff]*"
+                         + _VISIBLE + rb")?)?\r\n)*")
 
 # The encoded lines of each header set, by identity: route header sets are module constants.
 _blocks: dict[int, tuple[Mapping[str, str], bytes]] = {}
 MAX_HEADER_SETS = 32
-_date: list = [0, b""]  # the second, and its Date line
+_date: list = [0, "", b""]  # the second, its Date value, and its Date line
 
 
 def header_lines(headers: Iterable[tuple[str, str]]) -> bytes:
-    """``Name: value`` lines, refused if any would split the header block (CR or LF)."""
-    lines = [f"{name}: {value}\r\n".encode("latin1") for name, value in headers]
+    """``Name: value`` lines, refused (ValueError) unless every one is a field line RFC 9110
+    allows: nothing that could split the header block, or that a client may refuse."""
+    try:
+        lines = [f"{name}: {value}\r\n".encode("latin1") for name, value in headers]
+    except UnicodeEncodeError as exc:
+        raise ValueError(f"a header that is not Latin-1: {exc.object!r}") from None
     block = b"".join(lines)
-    # Each line holds one CR and one LF, its own end: any other would split the block.
-    if block.count(b"\r") != len(lines) or block.count(b"\n") != len(lines):
-        raise ValueError(f"illegal characters (CR or LF) in a header: {block!r}")
+    # Every line of the block a field line, and as many lines as headers: none split in two.
+    if FIELD_LINES.fullmatch(block) is None or block.count(b"\n") != len(lines):
+        raise ValueError(f"a header name or value RFC 9110 does not allow: {block!r}")
     return block
 
 
 def constant_lines(headers: Mapping[str, str]) -> bytes:
-    """The encoded lines of a header set that does not change (a route's), made once."""
+    """The encoded lines of a header set that does not change (a route's), made and checked
+    once."""
     cached = _blocks.get(id(headers))
     if cached is None or cached[0] is not headers:
         if len(_blocks) >= MAX_HEADER_SETS:  # a set made per call: encoded, never kept
@@ -56,64 +75,58 @@ def constant_lines(headers: Mapping[str, str]) -> bytes:
     return cached[1]
 
 
-def date_line() -> bytes:
+def http_date() -> tuple[str, bytes]:
+    """Now as a ``Date`` value (RFC 9110 §5.6.7), and its header line; made once a second."""
     now = int(time.time())
     if _date[0] != now:
-        _date[0], _date[1] = now, f"Date: {tornado.httputil.format_timestamp(now)}\r\n".encode()
-    return _date[1]
+        value = tornado.httputil.format_timestamp(now)
+        _date[:] = now, value, f"Date: {value}\r\n".encode()
+    return _date[1], _date[2]
 
 
-def write_response(request: HTTPServerRequest, status: int, base: Mapping[str, str], extra: Mapping[str, str],
-                   body: bytes, request_id: str, cookies: Iterable[str] = ()) -> None:
-    """Write a whole response on the request's connection: the header set ``base`` (a route's
-    constant one), ``extra`` over it (a name in both is ``extra``'s), a ``Set-Cookie`` line
-    for each of ``cookies``; a HEAD gets the headers a GET would, and no body."""
+def in_one_block(connection: HTTPConnection | None, request: HTTPServerRequest) -> bool:
+    """Whether the answer to ``request`` is written as one block: an HTTP/1.1 request that
+    Tornado's HTTP/1 connection keeps alive (its rule: a ``Connection`` header other than
+    ``close``, on a server that keeps connections alive)."""
+    return (type(connection) is HTTP1Connection and request.version == "HTTP/1.1"
+            and (request.headers.get("Connection") or "").lower() != "close"
+            and not connection.params.no_keep_alive)
+
+
+def write_response(connection: HTTPConnection, request: HTTPServerRequest, status: int, base: Mapping[str, str],
+                   extra: Mapping[str, str], body: bytes, request_id: str, cookies: Iterable[str] = ()) -> None:
+    """Write a whole response to ``request`` on ``connection`` and end it: the header set
+    ``base`` (a route's constant one), ``extra`` over it (a name in both is ``extra``'s), a
+    ``Set-Cookie`` line for each of ``cookies``, the request id and ``Date``; a HEAD gets the
+    headers a GET would, and no body."""
     if status == 204:
         body = b""
     varying = [*extra.items(), *(("Set-Cookie", cookie) for cookie in cookies), ("X-Request-ID", request_id)]
     if status != 204:
         varying.append(("Content-Length", str(len(body))))
-    connection = request.connection
-    assert connection is not None
-    if type(connection) is not HTTP1Connection or request.version != "HTTP/1.1":
-        _write_with_tornado(request, status, base, varying, body)
+    if request.method == "HEAD":
+        body = b""
+    if not in_one_block(connection, request):
+        _write_with_tornado(connection, status, base, varying, body)
         return
-    if connection._disconnect_on_finish:
-        varying.append(("Connection", "close"))
-    overridden = not extra.keys().isdisjoint(base)
     reason = reason_phrase(status)
-    lines = [b"HTTP/1.1 %d %s\r\n" % (status, reason.encode("latin1")),
-             header_lines((name, value) for name, value in base.items() if name not in extra) if overridden
-             else constant_lines(base), header_lines(varying), date_line(), b"\r\n"]
-    if request.method != "HEAD":
-        lines.append(body)
-    # What write_headers(start_line, headers, body) leaves: nothing chunked, nothing more to
-    # come of the body, the write pending; finish() then ends the request as Tornado does.
-    connection._response_start_line = ResponseStartLine("HTTP/1.1", status, reason)
-    connection._chunking_output = False
-    connection._expected_content_remaining = 0
-    if connection.stream.closed():
-        # The client went away first: nothing to write, and the request ends as Tornado ends
-        # it then (write_headers would not write either).
-        connection._pending_write = None
-    else:
-        connection._pending_write = connection.stream.write(b"".join(lines))
-        future_add_done_callback(connection._pending_write, connection._on_write_complete)
+    constant = (header_lines([(name, value) for name, value in base.items() if name not in extra])
+                if not extra.keys().isdisjoint(base) else constant_lines(base))
+    connection.write(b"".join((b"HTTP/1.1 %d %s\r\n" % (status, reason.encode("latin1")), constant,
+                               header_lines(varying), http_date()[1], b"\r\n", body)))
     connection.finish()
 
 
-def _write_with_tornado(request: HTTPServerRequest, status: int, base: Mapping[str, str],
+def _write_with_tornado(connection: HTTPConnection, status: int, base: Mapping[str, str],
                         varying: list[tuple[str, str]], body: bytes) -> None:
+    constant_lines(base)
+    header_lines(varying)  # held to the same rules, whichever way it leaves
     headers = HTTPHeaders(base)
     for name, value in varying:
         if name in base:
             headers[name] = value
         else:
             headers.add(name, value)
-    headers["Date"] = tornado.httputil.format_timestamp(time.time())
-    if request.method == "HEAD":
-        body = b""
-    connection = request.connection
-    assert connection is not None
+    headers["Date"] = http_date()[0]
     connection.write_headers(ResponseStartLine("HTTP/1.1", status, reason_phrase(status)), headers, body or None)
     connection.finish()

@@ -1,50 +1,53 @@
 """The ``RequestHandler`` adapter: pages, the WebSocket upgrade and static files are Tornado
 ``RequestHandler``s, entered through the request lifecycle (:mod:`.lifecycle`) like every route.
 
-What a :class:`WebHandler` adds to Tornado's is only the wiring to the lifecycle: the format's
-security headers and the request id on every response, HEAD wherever GET is, the lifecycle's
-XSRF decision in Tornado's own hook, and every error rendered by the lifecycle's renderer.
+What a :class:`WebHandler` adds to Tornado's is only the wiring to the lifecycle: it writes
+through the request's exit (:mod:`.exit`, which gives every response its format's security
+headers, the request id and ``Date``, and writes its access line), HEAD is served by GET, the
+lifecycle's XSRF decision runs in Tornado's own hook, and every error is rendered by the exit's
+renderer.
 """
 
 from __future__ import annotations
 
-from collections.abc import Awaitable
-from typing import Any, ClassVar
+from typing import Any, ClassVar, cast
 
 import tornado.web
 
+from tokensvc.handlers.exit import Exit, log_failure
+from tokensvc.handlers.guards import check_xsrf
 from tokensvc.handlers.headers import PAGE_HEADERS, STATIC_HEADERS, safe_location
-from tokensvc.handlers.inputs import RequestInput
-from tokensvc.handlers.lifecycle import HTML, MAX_BODY_BYTES, UNMATCHED, Edge, answer_for, check_xsrf, log_failure
-from tokensvc.logs import REQUEST_ID
+from tokensvc.handlers.inputs import HTML, RequestInput
+from tokensvc.handlers.lifecycle import MAX_BODY_BYTES
+from tokensvc.handlers.routes import handler_method
 
 
 class WebHandler(RequestInput, tornado.web.RequestHandler):
-    """A ``RequestHandler`` route. Subclasses define ``get``/``post``; ``edge`` and ``route``
-    come from the route table."""
+    """A ``RequestHandler`` route. Subclasses define ``get``/``post``."""
 
     default_headers: ClassVar[dict[str, str]] = PAGE_HEADERS
     output: ClassVar[str] = HTML
     max_body: ClassVar[int | None] = MAX_BODY_BYTES
     reads_session: ClassVar[bool] = True
 
-    def __init_subclass__(cls, **kwargs: Any) -> None:
-        super().__init_subclass__(**kwargs)
-        # HEAD is answered wherever GET is: GET's status and headers, no body (RFC 9110 §9.3.2;
-        # Tornado drops the body of a HEAD response).
-        if cls.head is tornado.web.RequestHandler.head and cls.get is not tornado.web.RequestHandler.get:
-            cls.head = cls.get
+    def initialize(self) -> None:
+        # The lifecycle made the request's connection its exit: everything this handler
+        # writes leaves through it.
+        self.exit = cast(Exit, self.request.connection)
+        assert isinstance(self.exit, Exit), "a WebHandler is served through the request lifecycle"
+        self.exit.handler = self
+        self.edge, self.route = self.exit.edge, self.exit.route
+        self.ctx, self.config = self.edge.ctx, self.edge.config
+        self.log_client_id = None
 
-    def initialize(self, edge: Edge, route: str = UNMATCHED) -> None:
-        self.edge, self.ctx, self.config = edge, edge.ctx, edge.config
-        self.route = route  # the route's pattern, for the metrics
-        self.log_client_id: str | None = None
-        self.log_error: str | None = None
+    def head(self, *args: Any, **kwargs: Any) -> Any:
+        """HEAD is served by GET (the route's method table has HEAD only where it has GET); the
+        exit sends its headers and no body."""
+        return getattr(self, handler_method("HEAD"))(*args, **kwargs)
 
-    def set_default_headers(self) -> None:
-        for name, value in self.default_headers.items():
-            self.set_header(name, value)
-        self.set_header("X-Request-ID", REQUEST_ID.get() or "")
+    def compute_etag(self) -> str | None:
+        """No validator: pages are never cached (``no-store``); static files have their own."""
+        return None
 
     def static_url(self, path: str, include_host: bool | None = None, **kwargs: Any) -> str:
         """The versioned URL of one of the pages' own files (``/static/...``)."""
@@ -63,34 +66,24 @@ class WebHandler(RequestInput, tornado.web.RequestHandler):
 
     def write_error(self, status_code: int, **kwargs: Any) -> None:
         exc = kwargs.get("exc_info", (None, None, None))[1]
-        answer = answer_for(exc if exc is not None else tornado.web.HTTPError(status_code))
-        self.log_error = answer.error_code
-        status, base, extra, body = self.edge.render(answer, self.output, self.default_headers, self.request)
+        status, base, extra, body = self.exit.render(exc if exc is not None else tornado.web.HTTPError(status_code))
         self.set_status(status)
         for name, value in {**base, **extra}.items():
             self.set_header(name, value)
         self.finish(body)
 
 
-def log_request(handler: tornado.web.RequestHandler) -> None:
-    """The application's ``log_function``: a ``RequestHandler`` route is answered."""
-    if isinstance(handler, WebHandler):
-        handler.edge.finished(handler.request, handler.route, handler.get_status(), handler.log_client_id,
-                              handler.log_error)
-
-
 class StaticFiles(WebHandler, tornado.web.StaticFileHandler):
-    """``/static/{path}`` and ``/favicon.ico``: Tornado's static files."""
+    """``/static/{path}`` and ``/favicon.ico``: Tornado's static files, with their validator
+    (``Etag``, ``Last-Modified``) for a browser's conditional requests."""
 
     default_headers = STATIC_HEADERS
+    compute_etag = tornado.web.StaticFileHandler.compute_etag
 
-    def initialize(self, path: str, edge: Edge, route: str = UNMATCHED) -> None:  # type: ignore[override]
-        WebHandler.initialize(self, edge, route)
+    def initialize(self, path: str) -> None:  # type: ignore[override]
+        WebHandler.initialize(self)
         tornado.web.StaticFileHandler.initialize(self, path)
 
     async def get(self, path: str | None = None, include_body: bool = True) -> None:
         """A route without a ``{path}`` (``/favicon.ico``) serves the file of its own name."""
         await super().get(path or self.request.path.lstrip("/"), include_body)
-
-    def head(self, path: str | None = None) -> Awaitable[None]:
-        return self.get(path, include_body=False)

@@ -3,8 +3,9 @@
 The token comes from the ``access_token`` query parameter, the ``Authorization`` header, or
 the session cookie; without a valid one the upgrade is refused with a plain HTTP 401. Every
 refusal (401, 403, a request that is no WebSocket handshake: 400, or of another version: 426)
-is an answer rendered by the lifecycle in the JSON API's shape, before Tornado's own checks,
-which would answer in plain text.
+is an :class:`~tokensvc.errors.HTTPAnswer` raised before Tornado's own checks are reached (they
+would answer in plain text), and rendered by the request's exit in the JSON API's shape, as
+every other route's errors are.
 """
 
 from __future__ import annotations
@@ -19,10 +20,12 @@ import tornado.websocket
 from tornado.httputil import HTTPHeaders
 
 from tokensvc import schemas
-from tokensvc.errors import BadRequest, Forbidden, UpgradeRequired
+from tokensvc.errors import BadRequest, UpgradeRequired
 from tokensvc.handlers.auth import AuthMixin
+from tokensvc.handlers.guards import check_socket_origin
 from tokensvc.handlers.headers import JSON_HEADERS
-from tokensvc.handlers.lifecycle import JSON, Edge, dumps
+from tokensvc.handlers.inputs import JSON
+from tokensvc.handlers.lifecycle import dumps
 from tokensvc.handlers.web import WebHandler
 from tokensvc.oauth import principal as principals
 
@@ -56,8 +59,8 @@ class EchoSocket(AuthMixin, WebHandler, tornado.websocket.WebSocketHandler):
     output = JSON
     accept_query_token = True
 
-    def initialize(self, edge: Edge, route: str = "/v1/ws") -> None:
-        super().initialize(edge, route)
+    def initialize(self) -> None:
+        super().initialize()
         self.opened = False
         self._timers: list[Any] = []
         self._checking = False
@@ -70,15 +73,13 @@ class EchoSocket(AuthMixin, WebHandler, tornado.websocket.WebSocketHandler):
         self.principal = await self.authenticate()
         self.principal.require("read")
         self.log_client_id = self.principal.client_id
+        check_socket_origin(self.request, self.config, self.principal.via_cookie)
         await super().get(*args, **kwargs)
 
     def check_origin(self, origin: str) -> bool:
-        # A bearer token is explicit; a cookie is ambient and only trusted from our own origin.
-        # Tornado asks this only of a request from another origin; the refusal is raised (not
-        # False, which Tornado would answer in plain text) so that the lifecycle renders it.
-        if (self.principal is not None and not self.principal.via_cookie) or super().check_origin(origin):
-            return True
-        raise Forbidden("A WebSocket authorized by the session cookie must come from this service's own origin")
+        """Decided before the upgrade (:func:`.guards.check_socket_origin`), with every other
+        origin decision of the service."""
+        return True
 
     async def open(self, *args: Any, **kwargs: Any) -> None:
         principal = self.principal
