@@ -147,6 +147,32 @@ async def test_every_refused_handshake_is_json(browser, http_client, base_url, c
     assert anonymous.code == status
 
 
+async def raw_answer(base_url, request_line, headers):
+    """The status line, headers and body of the answer to a request written by hand."""
+    host, port = base_url.removeprefix("http://").split(":")
+    reader, writer = await asyncio.open_connection(host, int(port))
+    try:
+        writer.write(("\r\n".join([request_line, *(f"{name}: {value}" for name, value in headers.items())])
+                      + "\r\n\r\n").encode())
+        head = (await reader.readuntil(b"\r\n\r\n")).decode("latin1").split("\r\n")
+        fields = dict(line.split(": ", 1) for line in head[1:] if line)
+        return head[0], fields, await reader.readexactly(int(fields["Content-Length"]))
+    finally:
+        writer.close()
+
+
+@pytest.mark.parametrize("host", [None, "localhost"])
+@pytest.mark.gen_test
+async def test_a_handshake_of_http_1_0_is_refused_in_json(browser, http_client, base_url, host):
+    """Tornado would answer it "Missing/Invalid WebSocket headers" in plain text (RFC 6455 §4.1:
+    HTTP/1.1 and a Host)."""
+    access = (await tokens(browser, http_client, base_url, scope="read"))["access_token"]
+    headers = {**HANDSHAKE, **({"Host": host} if host else {})}
+    status, fields, body = await raw_answer(base_url, f"GET /v1/ws?access_token={access} HTTP/1.0", headers)
+    assert status.startswith("HTTP/1.1 400 ") and fields["Content-Type"] == "application/json"
+    assert "HTTP/1.1" in check_schema(schemas.DetailSchema(), json.loads(body))["detail"]
+
+
 @pytest.mark.parametrize("query,headers", [
     ("", {}), ("?access_token=nope", {}), ("", {"Authorization": "Bearer nope"}),
 ])

@@ -17,7 +17,7 @@ from typing import Any
 
 import tornado.ioloop
 import tornado.websocket
-from tornado.httputil import HTTPHeaders
+from tornado.httputil import HTTPServerRequest
 
 from tokensvc import schemas
 from tokensvc.errors import BadRequest, UpgradeRequired
@@ -37,9 +37,14 @@ VERSION = "13"  # RFC 6455, the one Tornado speaks
 _KEY = re.compile(r"[A-Za-z0-9+/]{21}[AQgw]==")  # base64 of 16 bytes (RFC 6455 §4.2.1)
 
 
-def check_handshake(headers: HTTPHeaders) -> None:
+def check_handshake(request: HTTPServerRequest) -> None:
     """Refuse, as an answer, a request that is not a WebSocket opening handshake (400) or is
-    one of another version (426, naming ours)."""
+    one of another version (426, naming ours): every case in which Tornado's own checks would
+    answer in plain text."""
+    headers = request.headers
+    # RFC 6455 §4.1: HTTP/1.1 at least, and a Host.
+    if request.version != "HTTP/1.1" or not headers.get("Host"):
+        raise BadRequest("Not a WebSocket handshake: an HTTP/1.1 request with a Host is needed")
     # Header values arrive without their surrounding whitespace; inside a list only spaces and
     # tabs separate (RFC 9110 §5.6.1). Exactly what docs/openapi.json's patterns say.
     if headers.get("Upgrade", "").lower() != "websocket":
@@ -69,7 +74,7 @@ class EchoSocket(AuthMixin, WebHandler, tornado.websocket.WebSocketHandler):
     async def get(self, *args: Any, **kwargs: Any) -> None:
         # A failure here (400, 426, 401, 403, 503) is rendered by the lifecycle, before any
         # upgrade: the request's shape first, as every route checks its input before its caller.
-        check_handshake(self.request.headers)
+        check_handshake(self.request)
         self.principal = await self.authenticate()
         self.principal.require("read")
         self.log_client_id = self.principal.client_id
