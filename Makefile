@@ -26,13 +26,29 @@ $(VENV)/.installed-test: $(BIN)/python setup.cfg pyproject.toml
 run: $(VENV)/.installed-run
 	$(BIN)/tokensvc serve --config config/tokensvc.toml
 
+# The response path (the lifecycle, its exit, the response writer, the WebSocket's handshake)
+# keeps to Tornado's public interface, and its tests run on the oldest and the newest Tornado
+# setup.cfg allows: the whole suite on the venv's (the newest, in a fresh checkout such as
+# CI's), then these again with the oldest, installed alone beside the venv and put first on
+# the path.
+TORNADO_OLDEST := $(shell sed -n 's/^ *tornado>=\([0-9.]*\),.*/\1/p' setup.cfg)
+OLDEST_TORNADO := $(VENV)/tornado-$(TORNADO_OLDEST)
+RESPONSE_PATH_TESTS := tests/test_response_writer.py tests/test_exit.py tests/test_ws.py tests/test_json_api.py \
+	tests/test_body_limit.py
+
+$(OLDEST_TORNADO)/.installed: setup.cfg | $(BIN)/python
+	$(BIN)/python -m pip install --quiet --no-deps --target $(OLDEST_TORNADO) tornado==$(TORNADO_OLDEST)
+	@touch $@
+
 # The linter and the type checker first; then pytest, which exits 5 when it collected no
 # test: that is a failure here, never a silent pass.
-test: $(VENV)/.installed-test
+test: $(VENV)/.installed-test $(OLDEST_TORNADO)/.installed
 	$(BIN)/ruff check tokensvc tests bench
 	$(BIN)/mypy
 	@$(BIN)/python -m pytest; status=$$?; \
 	if [ $$status -eq 5 ]; then echo "make test: no tests ran" >&2; exit 1; fi; exit $$status
+	PYTHONPATH=$(OLDEST_TORNADO) $(BIN)/python -c 'import tornado; assert tornado.version == "$(TORNADO_OLDEST)", tornado.version; print("the response path on Tornado", tornado.version)'
+	PYTHONPATH=$(OLDEST_TORNADO) $(BIN)/python -m pytest -q $(RESPONSE_PATH_TESTS)
 
 # Three rounds, medians: one 10-second run moves with the machine's noise.
 bench: $(VENV)/.installed-test

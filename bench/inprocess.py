@@ -25,7 +25,9 @@ service as it is), ``same`` (the same again: the null A/B, the pairs' noise), ``
 leave a part of the request's observability out around their own blocks only (an experiment,
 never a setting): ``no-access-line``, ``no-metrics``, ``no-request-id`` (one fixed id, none
 made), ``quiet`` (all three), ``no-nodelay-toggle`` (Tornado's two ``setsockopt`` calls per
-response); and the plain idioms the current mechanisms replaced (``bench/plain.py``):
+response), ``tornado-writer`` (every JSON answer through Tornado's ``write_headers``, as an
+HTTP/1.0 one is, instead of the response writer's one block: with ``requesthandler``, the JSON
+adapter alone); and the plain idioms the current mechanisms replaced (``bench/plain.py``):
 ``plain-access-line``, ``library-metrics``, ``urandom-request-id``, ``plain-observability``
 (all three). ``delegate`` against a switch is what that part costs, or saves.
 
@@ -69,7 +71,7 @@ from seeded import CLIENT_SECRET, REDIRECT, VERIFIER, fill, settings
 from tokensvc import logs, metrics
 from tokensvc.app import ROUTES, make_app
 from tokensvc.bootstrap import make_context, seed
-from tokensvc.handlers import lifecycle
+from tokensvc.handlers import lifecycle, response_writer
 from tokensvc.storage.memory import MemoryStore
 
 OPERATIONS = ("introspect", "me", "exchange", "refresh", "client")
@@ -193,6 +195,14 @@ def _no_nodelay(self: object, value: bool) -> None:
 
 
 SWITCHES["no-nodelay-toggle"] = [(tornado.iostream.IOStream, "set_nodelay", _no_nodelay)]
+
+
+def _never_one_block(connection: object, request: object) -> bool:
+    """Every JSON answer through Tornado's write_headers (the response writer left out)."""
+    return False
+
+
+SWITCHES["tornado-writer"] = [(response_writer, "in_one_block", _never_one_block)]
 
 
 @dataclass(frozen=True)

@@ -36,10 +36,11 @@ PARTS = [
     ("· the body's parsing (the form)", "json_api.py", "_parse_body"),
     ("· client authentication", "clientauth.py", "authenticate_request"),
     ("· the protocol function (introspect)", "introspection.py", "introspect"),
-    ("· the response writer (the send included)", "response_writer.py", "write_response"),
-    ("· the access line and the metrics (Edge.finished)", "lifecycle.py", "finished"),
-    ("  · the access line", "access_log.py", "log_access"),
-    ("  · the request metrics", "metrics.py", "request"),
+    ("· the exit, whole (Exit.send)", "exit.py", "send"),
+    ("  · the response writer (the send included)", "response_writer.py", "write_response"),
+    ("  · the access line and the metrics (Edge.finished)", "lifecycle.py", "finished"),
+    ("    · the access line", "access_log.py", "log_access"),
+    ("    · the request metrics", "metrics.py", "request"),
     ("the log lines' write, once per loop iteration", "logs.py", "flush_now"),
 ]
 

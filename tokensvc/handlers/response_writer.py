@@ -38,11 +38,12 @@ from tornado.httputil import HTTPConnection, HTTPHeaders, HTTPServerRequest, Res
 
 from tokensvc.errors import reason_phrase
 
-# RFC 9110 §5.1 and §5.5: a field name is a token; a field value is visible characters
-# (obs-text included), with spaces and tabs only inside it. A line is ``name: value`` + CRLF.
-_VISIBLE = rb"[\x21-\x7e\x80-\xff]"
-FIELD_LINES = re.compile(rb"(?:[!#$%&'*+\-.^_`|~0-9A-Za-z]+: (?:" + _VISIBLE + rb"(?:[\t \x21-\x7e\x80-\xff]*"
-                         + _VISIBLE + rb")?)?\r\n)*")
+# RFC 9110 §5.1 and §5.5: a field name is a token; a field value is runs of visible
+# characters (obs-text included) with spaces and tabs only between them. A line is
+# ``name: value`` and CRLF. (Possessive: nothing is tried twice.)
+_VISIBLE = rb"[\x21-\x7e\x80-\xff]++"
+FIELD_LINES = re.compile(rb"(?:[!#$%&'*+\-.^_`|~0-9A-Za-z]++: (?:" + _VISIBLE + rb"(?:[ \t]++" + _VISIBLE
+                         + rb")*+)?\r\n)*+")
 
 # The encoded lines of each header set, by identity: route header sets are module constants.
 _blocks: dict[int, tuple[Mapping[str, str], bytes]] = {}
