@@ -89,9 +89,10 @@ def in_one_block(connection: HTTPConnection | None, request: HTTPServerRequest) 
     """Whether the answer to ``request`` is written as one block: an HTTP/1.1 request that
     Tornado's HTTP/1 connection keeps alive (its rule: a ``Connection`` header other than
     ``close``, on a server that keeps connections alive)."""
-    return (type(connection) is HTTP1Connection and request.version == "HTTP/1.1"
-            and (request.headers.get("Connection") or "").lower() != "close"
-            and not connection.params.no_keep_alive)
+    if type(connection) is not HTTP1Connection or request.version != "HTTP/1.1" or connection.params.no_keep_alive:
+        return False
+    headers = request.headers  # asked with "in" first: a missing name costs HTTPHeaders.get a KeyError
+    return "Connection" not in headers or headers["Connection"].lower() != "close"
 
 
 def write_response(connection: HTTPConnection, request: HTTPServerRequest, status: int, base: Mapping[str, str],
