@@ -17,7 +17,7 @@ from helpers import (
 )
 
 from tokensvc.bootstrap import make_context, seed
-from tokensvc.oauth import authorization, clientauth, grants, hashing, introspection, revocation
+from tokensvc.oauth import adminauth, authorization, clientauth, grants, hashing, introspection, revocation
 from tokensvc.oauth.authorization import Confirm, Consent, Issued, Pairing, SignIn
 from tokensvc.oauth.clientauth import ClientRequest
 from tokensvc.oauth.errors import (
@@ -27,6 +27,7 @@ from tokensvc.oauth.errors import (
     InvalidGrant,
     InvalidRequest,
     InvalidScope,
+    InvalidToken,
     RedirectError,
     RedirectUnverified,
     UnsupportedGrantType,
@@ -275,6 +276,33 @@ async def test_client_authentication_failures_are_limited(seeded):
             await clientauth.authenticate_request(seeded, request)
     with pytest.raises(TooManyFailures):
         await clientauth.authenticate_request(seeded, request)
+
+
+async def test_who_may_call_the_admin_api_and_how_often_they_may_fail(seeded):
+    def call(authorization, address="127.0.0.8"):
+        return adminauth.authenticate(seeded, adminauth.AdminRequest(authorization, address, "GET", "/admin/users"))
+
+    root_code = await code_for(seeded, username="root", scope="read admin")
+    root = await grants.exchange_code(seeded, await client(seeded), root_code, WEBAPP_REDIRECT, VERIFIER)
+    assert await call(f"Bearer {root.access_token}") == adminauth.AdminCaller("root", "webapp")
+    with pytest.raises(AccessDenied):  # a user who is not an administrator
+        await call(f"Bearer {(await pair(seeded)).access_token}")
+    root_read = await grants.refresh(seeded, await client(seeded), root.refresh_token, "read")
+    with pytest.raises(InsufficientScope):
+        await call(f"Bearer {root_read.access_token}")
+    # Neither of those counted as a failure: only no token in force does (none, a dead one, a
+    # refresh token), per address.
+    for attempt in range(seeded.limits.settings.failed_client_auth_per_address):
+        with pytest.raises(InvalidToken):
+            await call([None, "Bearer nope", f"Bearer {root_read.refresh_token}"][attempt % 3])
+    with pytest.raises(TooManyFailures):
+        await call("Bearer nope")
+    with pytest.raises(InvalidToken):  # another address has its own count
+        await call("Bearer nope", "127.0.0.9")
+    again = await grants.exchange_code(seeded, await client(seeded), await code_for(seeded, username="root",
+                                                                                     scope="read admin"),
+                                       WEBAPP_REDIRECT, VERIFIER)
+    assert (await call(f"Bearer {again.access_token}")).username == "root"  # never refused by the limit
 
 
 # -- revocation ----------------------------------------------------------------------------------
