@@ -55,8 +55,12 @@ class Exit(HTTPConnection):
 
     def __init__(self, edge: Edge, route: Route, request: HTTPServerRequest, request_id: str) -> None:
         assert request.connection is not None
-        self.edge, self.route, self.request, self.request_id = edge, route, request, request_id
+        self.edge, self.route, self.request = edge, route, request
         self.connection: HTTPConnection = request.connection
+        # What the exit adds to every response, whichever way it leaves (the request id), and
+        # whether the response has a body: a HEAD has its GET's headers and none.
+        self.carried = (("X-Request-ID", request_id),)
+        self.bodiless = request.method == "HEAD"
         self.handler: RequestInput | None = None  # the handler serving it, which names the client
         self.error: str | None = None  # the error code of a rendered failure
         self.status = 0
@@ -67,7 +71,12 @@ class Exit(HTTPConnection):
              cookies: Iterable[str] = ()) -> None:
         """Write the whole response and end it: the header set ``base`` (a route's constant
         one), ``extra`` over it, ``Set-Cookie`` lines."""
-        write_response(self.connection, self.request, status, base, extra, body, self.request_id, cookies)
+        if status == 204:
+            body = b""
+        lines = [*(("Set-Cookie", cookie) for cookie in cookies), *self.carried]
+        if status != 204:
+            lines.append(("Content-Length", str(len(body))))
+        write_response(self.connection, self.request, status, base, extra, lines, b"" if self.bodiless else body)
         self._ended(status)
 
     def render(self, exc: BaseException) -> tuple[int, Mapping[str, str], dict[str, str], bytes]:
@@ -93,12 +102,13 @@ class Exit(HTTPConnection):
                 headers[name] = value
         if "Server" in headers:
             del headers["Server"]
-        headers["X-Request-ID"] = self.request_id
+        for name, value in self.carried:
+            headers[name] = value
         headers["Date"] = http_date()[0]
-        return self.connection.write_headers(start_line, headers, None if self.request.method == "HEAD" else chunk)
+        return self.connection.write_headers(start_line, headers, None if self.bodiless else chunk)
 
     def write(self, chunk: bytes) -> Future[None]:
-        if self.request.method == "HEAD":
+        if self.bodiless:
             done: Future[None] = Future()
             done.set_result(None)
             return done

@@ -96,25 +96,19 @@ def in_one_block(connection: HTTPConnection | None, request: HTTPServerRequest) 
 
 
 def write_response(connection: HTTPConnection, request: HTTPServerRequest, status: int, base: Mapping[str, str],
-                   extra: Mapping[str, str], body: bytes, request_id: str, cookies: Iterable[str] = ()) -> None:
+                   extra: Mapping[str, str], lines: Iterable[tuple[str, str]], body: bytes) -> None:
     """Write a whole response to ``request`` on ``connection`` and end it: the header set
-    ``base`` (a route's constant one), ``extra`` over it (a name in both is ``extra``'s), a
-    ``Set-Cookie`` line for each of ``cookies``, the request id and ``Date``; a HEAD gets the
-    headers a GET would, and no body."""
-    if status == 204:
-        body = b""
-    varying = [*extra.items(), *(("Set-Cookie", cookie) for cookie in cookies), ("X-Request-ID", request_id)]
-    if status != 204:
-        varying.append(("Content-Length", str(len(body))))
-    if request.method == "HEAD":
-        body = b""
+    ``base`` (a route's constant one), ``extra`` over it (a name in both is ``extra``'s), the
+    header ``lines`` (``Set-Cookie``, and what every response carries), ``Date`` and ``body``.
+    What every response carries, and what a HEAD's body is, are the request's exit's to say
+    (:mod:`.exit`); here they are written."""
+    varying = [*extra.items(), *lines]
     if not in_one_block(connection, request):
         _write_with_tornado(connection, status, base, varying, body)
         return
-    reason = reason_phrase(status)
     constant = (header_lines([(name, value) for name, value in base.items() if name not in extra])
                 if not extra.keys().isdisjoint(base) else constant_lines(base))
-    connection.write(b"".join((b"HTTP/1.1 %d %s\r\n" % (status, reason.encode("latin1")), constant,
+    connection.write(b"".join((b"HTTP/1.1 %d %s\r\n" % (status, reason_phrase(status).encode("latin1")), constant,
                                header_lines(varying), http_date()[1], b"\r\n", body)))
     connection.finish()
 
