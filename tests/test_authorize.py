@@ -102,6 +102,25 @@ async def test_first_party_client_gets_a_code_without_consent(browser, store):
 
 
 @pytest.mark.gen_test
+async def test_a_client_stored_before_the_stricter_rule_still_gets_its_codes(browser, store):
+    """A redirect URI 0.9.0 accepted and the rule now refuses (user info, a port beyond 65535,
+    an upper-case scheme) is still matched exactly and answered: upgrading breaks no client."""
+    from tokensvc.identifiers import redirect_uri_problem
+    from tokensvc.records import Client
+
+    kept = ["https://user@legacy.example:99999/cb", "HTTPS://legacy.example/cb"]
+    assert all(redirect_uri_problem(uri) is not None for uri in kept)
+    await store.put_client(Client("legacy", "Legacy", kept, ["read"], secret_hash=hashing.digest("s" * 43),
+                                  first_party=True))
+    await browser.login("alice")
+    for uri in kept:
+        response = await browser.authorize("legacy", uri, state="old")
+        assert response.code == 302, response.body
+        location = response.headers["Location"]
+        assert location.lower().startswith(uri.lower() + "?") and query_of(location)["code"]
+
+
+@pytest.mark.gen_test
 async def test_admin_scope_is_for_admin_users_only(browser):
     await browser.login("alice")
     response = await browser.authorize("webapp", WEBAPP_REDIRECT, scope="read admin")

@@ -123,7 +123,7 @@ def test_public_client_has_no_secret(run):
     (("clients", "add", "--name", "X", "--redirect-uri", "not a url"),
      "tokensvc: not a valid redirect URI (an absolute URI is required): 'not a url'\n"),
     (("clients", "add", "--name", "X", "--redirect-uri", "https://x/cb", "--logo-url", "ftp://x/logo"),
-     "tokensvc: not a valid http(s) URL: 'ftp://x/logo'\n"),
+     "tokensvc: not a valid logo URL (an absolute http(s) URL with a host): 'ftp://x/logo'\n"),
     (("users", "remove", "ghost"), "tokensvc: no user named 'ghost'\n"),
     (("installations", "remove", "ghost"), "tokensvc: no installation with id 'ghost'\n"),
 ])
@@ -398,6 +398,21 @@ def test_tokens_revoke_takes_the_token_from_an_option_or_standard_input(run):
         assert code == 0 and out == "nothing to revoke: the token was not in force\n", err
     code, _, err = run("tokens", "revoke")
     assert code == 1 and err == "tokensvc: give the token: --value=TOKEN, or on standard input with --token-stdin\n"
+
+
+@pytest.mark.parametrize("uri", ["https://user@app.example/cb", "HTTPS://app.example/cb", "https://app.example:0/cb",
+                                 "https://app.example:99999/cb", "https://äpp.example/cb", "https://app_1.example/cb",
+                                 "https://app.example/{cb}", "https://[::1]/cb", "myapp://user@host/cb"])
+def test_clients_add_and_apply_hold_a_redirect_uri_to_the_one_rule(run, tmp_path, uri):
+    """The command line and apply refuse what the admin API refuses, https and private-use
+    schemes included, in one line naming the URI; nothing is written."""
+    code, _, err = run("clients", "add", "--name", "Ruled", "--redirect-uri", uri)
+    assert code == 1 and err.startswith("tokensvc: not a valid redirect URI (") and repr(uri) in err, err
+    plan = tmp_path / "ruled.toml"
+    plan.write_text(f'[[clients]]\nclient_id = "ruled"\nname = "Ruled"\nredirect_uris = ["{uri}"]\n')
+    code, _, err = run("apply", "-f", str(plan))
+    assert code == 1 and "not a valid redirect URI (" in err and repr(uri) in err, err
+    assert "ruled" not in run("clients", "list")[1].lower()
 
 
 def test_apply_holds_a_file_to_the_admin_apis_rules(run, tmp_path):

@@ -126,6 +126,13 @@ def test_masked_hides_every_secret():
     ("https://client.example/cb#frag", "a fragment is not allowed (RFC 6749 §3.1.2)"),
     ("https:///cb", "an https URI needs a host"),
     ("/relative/cb", "an absolute URI is required"),
+    ("https://user@client.example/cb", "no user info before the host"),
+    ("myapp://user@host/cb", "no user info before the host"),
+    *((uri, identifiers.URI_RULE) for uri in (
+        "HTTPS://client.example/cb", "https://client.example:0/cb", "https://client.example:99999/cb",
+        "https://clïent.example/cb", "https://client.example/<cb>", "https://client.example/a|b",
+        "https://client.example/{cb}", "https://client_1.example/cb", "https://[::1]/cb", "com.example.App:/cb",
+        "http://LOCALHOST/cb", "myapp:/path^x")),
 ])
 def test_redirect_uris_are_refused_with_one_clear_message(tmp_path, uri, problem):
     path = tmp_path / "c.toml"
@@ -183,6 +190,36 @@ def test_a_password_of_unrelated_words_passes_the_context_rule(username, passwor
 def test_the_demo_passwords_pass_the_password_rule():
     settings = config.load("config/tokensvc.toml", environ={})
     assert {user.username for user in settings.users if user.password} >= {"alice", "root"}
+
+
+@pytest.mark.parametrize("logo,problem", [
+    ("ftp://client.example/logo.png", "an absolute http(s) URL with a host"),
+    ("https://user@client.example/logo.png", identifiers.URI_RULE),
+    ("https://client.example:99999/logo.png", identifiers.URI_RULE),
+    ("https://client.example/logo|1.png", identifiers.URI_RULE),
+    ("https://clïent.example/logo.png", identifiers.URI_RULE),
+])
+def test_a_logo_url_follows_the_admin_apis_rule_in_the_config(logo, problem):
+    """The configuration's logo URLs meet the rule of the command line and the admin API (it
+    only asked for an http(s) URL with a host); a path stays one served by the service."""
+    client = {"client_id": "a", "name": "A", "redirect_uris": ["https://client.example/cb"]}
+    with pytest.raises(ConfigError) as error:
+        config.from_dict({"demo": True, "clients": [{**client, "logo_url": logo}]})
+    assert str(error.value) == f"clients[0].logo_url: not a valid logo URL ({problem}): {logo!r}"
+    served = config.from_dict({"demo": True, "clients": [{**client, "logo_url": "/static/demo-client.svg"}]})
+    assert identifiers.logo_url_problem(served.clients[0].logo_url) is None
+
+
+@pytest.mark.parametrize("dots", [".", ".."])
+def test_a_dot_segment_names_nothing_in_the_config(dots):
+    with pytest.raises(ConfigError, match=r"^users\[0\]\.username: "):
+        config.from_dict({"demo": True, "users": [{"username": dots, "password_hash": "scrypt$x"}]})
+    with pytest.raises(ConfigError, match=r"^clients\[0\]\.client_id: "):
+        config.from_dict({"demo": True, "clients": [{"client_id": dots, "name": "A",
+                                                     "redirect_uris": ["https://client.example/cb"]}]})
+    with pytest.raises(ConfigError, match=r"^installations\[0\]\.installation_id: "):
+        config.from_dict({"demo": True, "installations": [{"installation_id": dots, "name": "I",
+                                                           "kind": "telescope"}]})
 
 
 def test_allowed_scopes_follow_the_scope_grammar_of_the_cli():
@@ -243,7 +280,7 @@ def test_a_pkce_challenge_or_verifier_with_a_trailing_newline_is_refused():
 @pytest.mark.parametrize("pattern,accepts", [
     (identifiers.REDIRECT_URI, lambda uri: identifiers.redirect_uri_problem(uri) is None),
     (identifiers.ORIGIN, lambda origin: identifiers.origin_problem(origin) is None),
-    (identifiers.WEB_URL, identifiers.is_url),
+    (identifiers.WEB_URL, lambda url: identifiers.logo_url_problem(url) is None),
     (identifiers.NAME, lambda name: identifiers.name_problem(name) is None and name.strip() != ""),
 ])
 def test_every_string_a_documented_pattern_admits_is_accepted(pattern, accepts):
@@ -261,6 +298,30 @@ def test_every_string_a_documented_pattern_admits_is_accepted(pattern, accepts):
         assert accepts(value), value
 
     admitted()
+
+
+@pytest.mark.parametrize("pattern,problem", [(identifiers.REDIRECT_URI, identifiers.redirect_uri_problem),
+                                             (identifiers.WEB_URL, identifiers.logo_url_problem)])
+def test_every_string_a_rule_accepts_is_one_its_documented_pattern_admits(pattern, problem):
+    """The converse of the test above: no scheme has a way around the stated expression (https
+    was accepted after its named checks alone, user info, ports 0 and 99999 and all)."""
+    from hypothesis import example, given, settings
+    from hypothesis import strategies as st
+
+    uris = st.builds("{}://{}{}{}".format, st.sampled_from(["https", "http", "HTTPS", "myapp", "com.example.App"]),
+                     st.text("abcXYZ019._-@:[]%~!*'|{}<>\\ä", min_size=1, max_size=20),
+                     st.sampled_from(["", ":0", ":443", ":99999", ":65535"]),
+                     st.text("/abc?=&#@:%|<>{}^`\"ä ", max_size=12))
+
+    @settings(max_examples=500, derandomize=True, database=None, deadline=None)
+    @given(uris)
+    @example("https://user@app.example/cb")
+    @example("myapp://user@host/cb")
+    def accepted_only_as_stated(uri):
+        if problem(uri) is None:
+            assert pattern.fullmatch(uri), uri
+
+    accepted_only_as_stated()
 
 
 FULL = """

@@ -381,7 +381,7 @@ async def test_a_new_password_ends_sessions_and_revokes_grants_unless_kept(seede
     session_id = await sessions.start(seeded, alice)
     tokens = await pair(seeded)
     kept = await admin.set_password(seeded, "alice", "a-new-password-1", keep_grants=True)
-    assert kept == {"sessions_ended": 1, "families_revoked": 0}
+    assert kept == {"username": "alice", "sessions_ended": 1, "families_revoked": 0}
     assert await sessions.resolve(seeded, session_id) is None
     assert (await introspection.introspect(seeded, tokens.refresh_token))["active"] is True
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import secrets
-from collections.abc import Iterable, Sequence
+from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any
@@ -20,11 +20,9 @@ from tokensvc.bootstrap import new_user_id
 from tokensvc.errors import HTTPAnswer
 from tokensvc.identifiers import (
     NAME_RULE,
-    URI_RULE,
-    WEB_URL,
     id_problem,
-    is_url,
     kind_problem,
+    logo_url_problem,
     name_problem,
     origin_problem,
     password_problem,
@@ -44,12 +42,19 @@ MAX_PAGE = 200  # the most a listing returns at once
 
 
 class AdminError(HTTPAnswer):
-    """An operator's mistake: the message says what to fix (422 over the admin API)."""
+    """An operator's mistake: the message says what to fix (422 over the admin API), and
+    ``field`` the input at fault, when one is: a field of the body (as the body names it), or
+    with ``location="path"`` the address's parameter, or with ``"query"`` its query's."""
 
     status_code = 422
 
+    def __init__(self, message: str, field: str | None = None, location: str = "body") -> None:
+        super().__init__(message)
+        self.field, self.location = field, location
+
     def body(self) -> dict[str, Any]:
-        return {"detail": [{"loc": ["body"], "msg": str(self), "type": "value_error", "input": None, "ctx": {}}]}
+        loc = [self.location, self.field] if self.field else [self.location]
+        return {"detail": [{"loc": loc, "msg": str(self), "type": "value_error", "input": None, "ctx": {}}]}
 
 
 class Missing(AdminError):
@@ -75,25 +80,11 @@ def _record(event: str, **fields: object) -> None:
     logs.audit(event, fields)
 
 
-def _check(problem: str | None, what: str, value: str) -> None:
-    """AdminError naming ``problem`` (one of identifiers' rules), if there is one."""
+def _check(problem: str | None, what: str, value: str, field: str | None = None, location: str = "body") -> None:
+    """AdminError naming ``problem`` (one of identifiers' rules) and the input at fault
+    (``field`` of ``location``), if there is one."""
     if problem is not None:
-        raise AdminError(f"not a valid {what} ({problem}): {value!r}")
-
-
-def check_redirect_uri(uri: str) -> str:
-    problem = redirect_uri_problem(uri)
-    if problem is not None:
-        raise AdminError(f"not a valid redirect URI ({problem}): {uri!r}")
-    return uri
-
-
-def check_url(uri: str) -> str:
-    if not is_url(uri):
-        raise AdminError(f"not a valid http(s) URL: {uri!r}")
-    if not WEB_URL.fullmatch(uri):
-        raise AdminError(f"not a valid http(s) URL ({URI_RULE}): {uri!r}")
-    return uri
+        raise AdminError(f"not a valid {what} ({problem}): {value!r}", field, location)
 
 
 # -- clients ------------------------------------------------------------------------------------
@@ -112,27 +103,33 @@ class ClientSpec:
     logo_url: str | None = None
     allowed_origins: list[str] | None = None
 
-    def checked(self) -> ClientSpec:
-        if name_problem(self.name) is not None:
-            raise AdminError(f"a client needs a name ({NAME_RULE}): {self.name!r}")
-        name = self.name.strip()
-        if not self.redirect_uris:
-            raise AdminError("a client needs at least one redirect URI")
-        for uri in self.redirect_uris:
-            check_redirect_uri(uri)
-        for scope in self.scopes or []:
-            _check(scope_problem(scope), "scope", scope)
-        if self.logo_url is not None:
-            check_url(self.logo_url)
-        for origin in self.allowed_origins or []:
-            _check(origin_problem(origin), "web origin", origin)
-        return replace(self, name=name)
+    def checked(self, given: Collection[str] | None = None) -> ClientSpec:
+        """The spec as it will be written; AdminError naming the body's field at fault. Only
+        the fields ``given`` (all when None) are held to the rules: a change checks what it
+        sets, so a client stored before a rule was stricter keeps working and can be edited."""
+
+        def asked(name: str) -> bool:
+            return given is None or name in given
+
+        if asked("name") and name_problem(self.name) is not None:
+            raise AdminError(f"a client needs a name ({NAME_RULE}): {self.name!r}", "name")
+        if asked("redirect_uris"):
+            if not self.redirect_uris:
+                raise AdminError("a client needs at least one redirect URI", "redirectUris")
+            for uri in self.redirect_uris:
+                _check(redirect_uri_problem(uri), "redirect URI", uri, "redirectUris")
+        for scope in self.scopes or [] if asked("scopes") else []:
+            _check(scope_problem(scope), "scope", scope, "allowedScopes")
+        if asked("logo_url") and self.logo_url is not None:
+            _check(logo_url_problem(self.logo_url), "logo URL", self.logo_url, "logoUrl")
+        for origin in self.allowed_origins or [] if asked("allowed_origins") else []:
+            _check(origin_problem(origin), "web origin", origin, "allowedOrigins")
+        return replace(self, name=self.name.strip())
 
     @classmethod
     def of(cls, client: Client) -> ClientSpec:
         return cls(client.name, list(client.redirect_uris), client.allowed_scopes, client.first_party,
                    client.confidential, client.description, client.logo_url, client.allowed_origins)
-
 
     def fields(self, names: Iterable[str] | None = None) -> dict[str, Any]:
         """The client fields this spec sets (its secret aside), or those of ``names`` (the
@@ -156,7 +153,7 @@ async def create_client(store: Store, spec: ClientSpec, client_id: str | None = 
     spec = spec.checked()
     # Hex: a generated id never starts with "-" (which a command line would read as an option).
     client_id = secrets.token_hex(12) if client_id is None else client_id
-    _check(id_problem(client_id), "client id", client_id)
+    _check(id_problem(client_id), "client id", client_id, "clientId")
     if await store.get_client(client_id) is not None:
         raise Taken(f"a client with id {client_id!r} already exists")
     if any(client.name.lower() == spec.name.lower() for client in await store.list_clients()):
@@ -174,13 +171,14 @@ async def put_client(ctx: OAuthContext, client_id: str, spec: ClientSpec) -> tup
     """Create or replace the client ``client_id`` as ``spec`` says (idempotent: provisioning may
     run it on every deploy). A confidential client keeps its secret; one that becomes
     confidential gets one (returned once), one that becomes public loses it. Returns the
-    client, a new secret if any, and whether it was created."""
-    spec = spec.checked()
-    _check(id_problem(client_id), "client id", client_id)
-    existing = await ctx.store.get_client(client_id)
+    client, a new secret if any, and whether it was created. The id, the address's, is checked
+    when it is new: a client stored before its rule was stricter keeps working."""
+    existing = await ctx.store.get_client(client_id) if len(client_id) <= 128 else None
     if existing is None:
+        _check(id_problem(client_id), "client id", client_id, "client_id", "path")
         client, secret = await create_client(ctx.store, spec, client_id)
         return client, secret, True
+    spec = spec.checked()
     fields = spec.fields()
     if any(getattr(existing, name) != value for name, value in fields.items()) or \
             spec.confidential != existing.confidential:
@@ -191,10 +189,11 @@ async def put_client(ctx: OAuthContext, client_id: str, spec: ClientSpec) -> tup
 
 
 async def update_client(ctx: OAuthContext, client_id: str, changes: dict[str, Any]) -> tuple[Client, str | None]:
-    """Change some of a client's fields (``ClientSpec``'s names): those alone are written, so a
-    concurrent change of others (a rotated secret, another PATCH) holds."""
+    """Change some of a client's fields (``ClientSpec``'s names): those alone are checked (a
+    client stored before a rule was stricter can be edited) and written, so a concurrent change
+    of others (a rotated secret, another PATCH) holds."""
     existing = await get_client(ctx.store, client_id)
-    spec = replace(ClientSpec.of(existing), **changes).checked()
+    spec = replace(ClientSpec.of(existing), **changes).checked(changes.keys())
     confidential = spec.confidential if "confidential" in changes else None
     client, secret = await _change_client(ctx, existing, spec.fields(changes), confidential)
     _record("client_replaced", client_id=client_id, outcome="success")
@@ -263,7 +262,7 @@ async def remove_client(ctx: OAuthContext, client_id: str) -> int:
 async def _hash_password(password: str, context: Sequence[str]) -> str:
     problem = password_problem(password, context)
     if problem is not None:
-        raise AdminError(problem)
+        raise AdminError(problem, "password")
     return await asyncio.get_running_loop().run_in_executor(None, hashing.hash_password, password)
 
 
@@ -271,7 +270,7 @@ async def create_user(store: Store, username: str, password: str, *, admin: bool
                       service_name: str = "tokensvc") -> User:
     """A new user, stored under their username's key (``Carol`` becomes ``carol``): one user
     per key, so ``ROOT`` can never stand beside ``root``."""
-    _check(username_problem(username), "username", username)
+    _check(username_problem(username), "username", username, "username")
     if await store.get_user_by_username(username) is not None:
         raise Taken(f"a user named {username!r} already exists")
     user = User(new_user_id(), username_key(username), await _hash_password(password, [username, service_name]),
@@ -307,15 +306,17 @@ async def set_admin(ctx: OAuthContext, username: str, admin: bool) -> User:
         if before is None:
             raise Missing(f"no user named {username!r}")
         user = replace(before, admin=admin)
-        _record("user_admin_set", subject=user.user_id, username=username, admin=admin, grants_revoked=len(ended),
+        _record("user_admin_set", subject=user.user_id, username=user.username, admin=admin,
+                grants_revoked=len(ended),
                 outcome="success")
     return user
 
 
 async def set_password(ctx: OAuthContext, username: str, password: str, *, keep_grants: bool = False,
-                       service_name: str = "tokensvc") -> dict[str, int]:
+                       service_name: str = "tokensvc") -> dict[str, Any]:
     """A new password ends the user's web sessions and, unless ``keep_grants``, revokes every
-    grant (and token) of theirs: whoever knew the old password is out everywhere."""
+    grant (and token) of theirs: whoever knew the old password is out everywhere. Says whose
+    (the username as stored), and what it ended."""
     user = await get_user(ctx.store, username)
     password_hash = await _hash_password(password, [username, service_name])
     # The hash alone is written: a promotion or demotion while it was computed holds.
@@ -326,21 +327,23 @@ async def set_password(ctx: OAuthContext, username: str, password: str, *, keep_
     if not keep_grants:
         for grant in await ctx.store.list_grants(Subject(user_id=user.user_id)):
             revoked += await revoke_grant(ctx, grant.grant_id, "admin")
-    _record("user_password_set", subject=user.user_id, username=username, sessions_ended=sessions,
+    _record("user_password_set", subject=user.user_id, username=user.username, sessions_ended=sessions,
             families_revoked=revoked, outcome="success")
-    return {"sessions_ended": sessions, "families_revoked": revoked}
+    return {"username": user.username, "sessions_ended": sessions, "families_revoked": revoked}
 
 
-async def remove_user(ctx: OAuthContext, username: str) -> int:
-    """Delete a user after revoking every grant (and token) of theirs."""
+async def remove_user(ctx: OAuthContext, username: str) -> tuple[str, int]:
+    """Delete a user after revoking every grant (and token) of theirs; their username as it was
+    stored, and the families revoked."""
     user = await get_user(ctx.store, username)
     revoked = 0
     for grant in await ctx.store.list_grants(Subject(user_id=user.user_id)):
         revoked += await revoke_grant(ctx, grant.grant_id, "admin")
     await web_sessions.end_all(ctx, user.user_id)
     await ctx.store.delete_user(user.user_id)
-    _record("user_removed", subject=user.user_id, username=username, families_revoked=revoked, outcome="success")
-    return revoked
+    _record("user_removed", subject=user.user_id, username=user.username, families_revoked=revoked,
+            outcome="success")
+    return user.username, revoked
 
 
 # -- installations ----------------------------------------------------------------------------------
@@ -352,7 +355,7 @@ async def _operator_ids(store: Store, operators: Sequence[str]) -> list[str]:
     for username in operators:
         user = await store.get_user_by_username(username) if len(username) <= 128 else None
         if user is None:
-            raise AdminError(f"no user named {username!r}")
+            raise AdminError(f"no user named {username!r}", "operators")
         ids.append(user.user_id)
     return ids
 
@@ -367,12 +370,14 @@ async def create_installation(store: Store, installation_id: str, name: str, kin
 
 async def put_installation(store: Store, installation_id: str, name: str, kind: str,
                            operators: Sequence[str]) -> tuple[Installation, bool]:
-    """Create or replace an installation (operators by username); whether it was created."""
-    _check(id_problem(installation_id), "installation id", installation_id)
-    _check(kind_problem(kind), "kind", kind)
+    """Create or replace an installation (operators by username); whether it was created. The
+    id is checked when it is new: one stored before its rule was stricter keeps working."""
+    existing = await store.get_installation(installation_id) if len(installation_id) <= 128 else None
+    if existing is None:
+        _check(id_problem(installation_id), "installation id", installation_id, "installation_id", "path")
+    _check(kind_problem(kind), "kind", kind, "kind")
     if name_problem(name) is not None:
-        raise AdminError(f"an installation needs a name ({NAME_RULE}): {name!r}")
-    existing = await store.get_installation(installation_id)
+        raise AdminError(f"an installation needs a name ({NAME_RULE}): {name!r}", "name")
     installation = Installation(installation_id, name.strip(), kind, await _operator_ids(store, operators))
     if installation != existing:
         await store.put_installation(installation)
@@ -406,7 +411,7 @@ async def list_grants(ctx: OAuthContext, username: str | None = None, client_id:
     """The live grants of a user, of a client, or of a user with a client, ordered by id: a
     page of ``limit`` (at most :data:`MAX_PAGE`) after the grant id ``after``."""
     if username is None and client_id is None:
-        raise AdminError("name a user or a client (or both)")
+        raise AdminError("name a user (username) or a client (clientId), or both", location="query")
     size = page_size(limit)
     if username is None:
         assert client_id is not None
@@ -432,14 +437,16 @@ async def list_sessions(ctx: OAuthContext, username: str) -> list[Session]:
 
 
 async def end_session(ctx: OAuthContext, username: str, session_id: str) -> None:
-    if not await web_sessions.end_one(ctx, await get_user(ctx.store, username), session_id):
-        raise Missing(f"no session {session_id!r} of {username!r} is signed in")
-    _record("session_ended", username=username, outcome="ended_by_operator")
+    user = await get_user(ctx.store, username)
+    if not await web_sessions.end_one(ctx, user, session_id):
+        raise Missing(f"no session {session_id!r} of {user.username!r} is signed in")
+    _record("session_ended", username=user.username, outcome="ended_by_operator")
 
 
 async def end_sessions(ctx: OAuthContext, username: str) -> int:
-    ended = await web_sessions.end_all(ctx, (await get_user(ctx.store, username)).user_id)
-    _record("sessions_ended", username=username, sessions_ended=ended, outcome="ended_by_operator")
+    user = await get_user(ctx.store, username)
+    ended = await web_sessions.end_all(ctx, user.user_id)
+    _record("sessions_ended", username=user.username, sessions_ended=ended, outcome="ended_by_operator")
     return ended
 
 

@@ -41,6 +41,7 @@ from tokensvc.identifiers import (
     is_loopback,
     is_url,
     kind_problem,
+    logo_url_problem,
     origin_problem,
     password_problem,
     redirect_uri_problem,
@@ -592,8 +593,9 @@ def _check_clients(clients: tuple[ClientSeed, ...]) -> None:
             problem = scope_problem(scope)
             if problem is not None:
                 raise ConfigError(f"{key}.allowed_scopes: not a valid scope ({problem}): {scope!r}")
-        if client.logo_url is not None:
-            _check_url(f"{key}.logo_url", client.logo_url)
+        problem = logo_url_problem(client.logo_url) if client.logo_url is not None else None
+        if problem is not None:
+            raise ConfigError(f"{key}.logo_url: not a valid logo URL ({problem}): {client.logo_url!r}")
         for origin in client.allowed_origins or []:
             problem = origin_problem(origin)
             if problem is not None:

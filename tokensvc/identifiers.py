@@ -10,15 +10,18 @@ import unicodedata
 from collections.abc import Sequence
 from urllib.parse import urlsplit
 
-# Client and installation ids: the unreserved characters of RFC 3986, at most 128.
-ID_CHARS = re.compile(r"^[A-Za-z0-9._~-]+$")  # the characters alone (the length is checked apart)
-ID = re.compile(r"^[A-Za-z0-9._~-]{1,128}$")
-USERNAME = re.compile(r"^[A-Za-z0-9._@-]{1,64}$")
+# Client and installation ids: the unreserved characters of RFC 3986, at most 128. An id and a
+# username are each a path segment of the APIs, so never a dot segment ("." or ".."), which
+# clients remove from a URL's path (RFC 3986 §5.2.4) before it is sent.
+NOT_A_DOT_SEGMENT = r"(?!\.\.?$)"
+ID_CHARS = re.compile(rf"^{NOT_A_DOT_SEGMENT}[A-Za-z0-9._~-]+$")  # the characters alone (the length apart)
+ID = re.compile(rf"^{NOT_A_DOT_SEGMENT}[A-Za-z0-9._~-]{{1,128}}$")
+USERNAME = re.compile(rf"^{NOT_A_DOT_SEGMENT}[A-Za-z0-9._@-]{{1,64}}$")
 MIN_PASSWORD_LENGTH = 8
 MIN_PASSWORD_SCORE = 3  # zxcvbn's 0-4: 3 is "safely unguessable" against an online attack
 ZXCVBN_MAX_LENGTH = 72  # what zxcvbn rates; a longer password is rated by its start
-ID_RULE = "1-128 characters of [A-Za-z0-9._~-]"
-USERNAME_RULE = "1-64 characters of [A-Za-z0-9._@-]"
+ID_RULE = "1-128 characters of [A-Za-z0-9._~-], not . or .."
+USERNAME_RULE = "1-64 characters of [A-Za-z0-9._@-], not . or .."
 KINDS = ("telescope", "observatory")  # what a node installation is
 # RFC 6749 §3.3: scope-token = 1*( %x21 / %x23-5B / %x5D-7E )
 SCOPE_TOKEN = re.compile(r"^[\x21\x23-\x5b\x5d-\x7e]+$")
@@ -31,10 +34,14 @@ NAME_RULE = "printable characters, not only spaces"
 CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")  # C0, DEL and C1
 
 # The URIs an operator registers, each a regular expression that the OpenAPI document states
-# as it is: RFC 3986's characters (a name in another script is written as its punycode), a
-# lowercase scheme, a host without user info, a port 1-65535. Each rule's function checks
-# its named faults first (for their messages), then the expression.
-URI_RULE = "RFC 3986 characters only, a lowercase scheme, a host without user info, a port 1-65535"
+# as it is, for every scheme alike: RFC 3986's characters (a name in another script is written
+# as its punycode), a lowercase scheme, a host of letters, digits, dots and hyphens without user
+# info, a port 1-65535. A private-use scheme's URI either names an authority
+# (``myapp://host/cb``) or has a path that does not start with ``//`` (``com.example.app:/cb``),
+# so an authority is never read as a path. Each rule's function checks its named faults first
+# (for their messages), then the expression.
+URI_RULE = ("RFC 3986 characters only, a lowercase scheme, a host of letters, digits, dots and hyphens without "
+            "user info, a port 1-65535")
 _OCTET = r"(?:25[0-5]|2[0-4][0-9]|1[0-9]{2}|[1-9]?[0-9])"
 _LOOPBACK = rf"(?:localhost|127\.{_OCTET}\.{_OCTET}\.{_OCTET}|\[::1\])"
 _HOST = r"[A-Za-z0-9.-]+"
@@ -45,7 +52,8 @@ _NEVER = "https?|javascript|data|file|vbscript|blob|about|filesystem"
 REDIRECT_URI = re.compile(
     rf"^(?:https://{_HOST}{_PORT}(?:/{_PATH})?{_QUERY}"
     rf"|http://{_LOOPBACK}{_PORT}(?:/{_PATH})?{_QUERY}"
-    rf"|(?!(?:{_NEVER}):)[a-z][a-z0-9+.-]*:(?://[A-Za-z0-9._~!$&'()*+,;=%-]*{_PORT})?{_PATH}{_QUERY})$")
+    rf"|(?!(?:{_NEVER}):)[a-z][a-z0-9+.-]*:(?://[A-Za-z0-9._~!$&'()*+,;=%-]*{_PORT}(?:/{_PATH})?|(?!//){_PATH})"
+    rf"{_QUERY})$")
 _LABEL = r"[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?"  # RFC 1123 §2.1, lower case
 ORIGIN = re.compile(rf"^(?:https://{_LABEL}(?:\.{_LABEL})*(?!:443$)|http://{_LOOPBACK}(?!:80$)){_PORT}$")
 ORIGIN_MAX_LENGTH = 261  # https:// and a host name of at most 253 characters, or with a port a shorter one
@@ -152,7 +160,8 @@ def redirect_uri_problem(uri: str) -> str | None:
 
     https; http only to a loopback host (RFC 8252 §7.3, §8.3); or a private-use scheme for a
     native app (RFC 8252 §7.1). Absolute, without a fragment (RFC 6749 §3.1.2). Schemes that
-    run or read something in the browser are never one.
+    run or read something in the browser are never one. Whatever the scheme, the URI is then
+    held to :data:`REDIRECT_URI` (no user info, a port 1-65535, RFC 3986's characters).
     """
     try:
         parts = urlsplit(uri)
@@ -166,14 +175,26 @@ def redirect_uri_problem(uri: str) -> str | None:
         return "a fragment is not allowed (RFC 6749 §3.1.2)"
     if scheme in NEVER_REDIRECT_SCHEMES:
         return f"the {scheme}: scheme is never a redirect target"
-    if scheme == "https":
-        return None if host else "an https URI needs a host"
+    if scheme == "https" and not host:
+        return "an https URI needs a host"
     if scheme == "http" and not is_loopback(host):
         return "http only to a loopback host (127.0.0.1, [::1], localhost); use https"
+    if "@" in parts.netloc:
+        return "no user info before the host"
     if not REDIRECT_URI.fullmatch(uri):
         return URI_RULE
-    return None  # https, http to loopback, or a private-use scheme (RFC 8252 §7.1)
+    return None
 
+
+def logo_url_problem(uri: str) -> str | None:
+    """Why ``uri`` cannot be a client's logo URL (the configuration, the command line, the
+    admin API and ``apply`` alike), or None when it can: an absolute http(s) URL with a host,
+    held to :data:`WEB_URL`."""
+    if not is_url(uri):
+        return "an absolute http(s) URL with a host"
+    if not WEB_URL.fullmatch(uri):
+        return URI_RULE
+    return None
 
 
 def is_loopback(host: str | None) -> bool:

@@ -105,7 +105,7 @@ class Operator:
     async def put_client(self, client_id: str, body: Json) -> tuple[Json, bool]:
         data = load(admin_schemas.client_body, body)
         if data.pop("client_id", client_id) != client_id:
-            raise AdminError(f"the body's clientId differs from the address's {client_id!r}")
+            raise AdminError(f"the body's clientId differs from the address's {client_id!r}", "clientId")
         client, secret, created = await admin.put_client(self.ctx, client_id, ClientSpec(**data))
         self.ctx.origins.forget()
         return {**admin_schemas.admin_client.dump(client), "clientSecret": secret}, created
@@ -146,11 +146,12 @@ class Operator:
         data = load(admin_schemas.password_body, body)
         done = await admin.set_password(self.ctx, username, data["password"], keep_grants=data["keep_grants"],
                                         service_name=self.service_name)
-        return {"username": username, "sessionsEnded": done["sessions_ended"],
+        return {"username": done["username"], "sessionsEnded": done["sessions_ended"],
                 "familiesRevoked": done["families_revoked"]}
 
     async def remove_user(self, username: str) -> Json:
-        return {"removed": username, "familiesRevoked": await admin.remove_user(self.ctx, username)}
+        removed, revoked = await admin.remove_user(self.ctx, username)
+        return {"removed": removed, "familiesRevoked": revoked}
 
     # -- installations
 

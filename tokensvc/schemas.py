@@ -172,6 +172,11 @@ SESSION_ID = re.compile(r"^[0-9a-f]{24}$")  # Session.public_id: a prefix of the
 
 
 class SessionIdPathSchema(Schema):
+    """A session's id in a path (its other parameters, the admin API's username, any value)."""
+
+    class Meta:
+        unknown = EXCLUDE
+
     session_id = Text(required=True, max_length=24, validate=[Pattern(SESSION_ID, "a session's id: 24 hex digits")])
 
 

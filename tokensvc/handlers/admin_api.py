@@ -15,7 +15,8 @@ import re
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from tokensvc import logs, openapi
+from tokensvc import logs, openapi, schemas
+from tokensvc.admin import MAX_PAGE
 from tokensvc.bootstrap import CLI_CLIENT
 from tokensvc.config import listen_url
 from tokensvc.errors import ValidationFailed
@@ -52,12 +53,20 @@ class AdminEndpoint(JsonHandler):
         """A JSON body is read by :meth:`body`, not as a form."""
 
     def limit(self) -> int | None:
+        """The listing's ``limit``: 1 to :data:`~tokensvc.admin.MAX_PAGE`, as the document says."""
         raw = self.get_query("limit")
         if raw is None:
             return None
         if not DIGITS.fullmatch(raw):  # str.isdigit takes "²", which int() does not
             raise ValidationFailed.one(["query", "limit"], "Input should be a valid integer", "int_parsing", raw)
-        return int(raw)
+        limit = int(raw)
+        if limit < 1:
+            raise ValidationFailed([{"loc": ["query", "limit"], "msg": "Input should be greater than or equal to 1",
+                                     "type": "greater_than_equal", "input": raw, "ctx": {"ge": 1}}])
+        if limit > MAX_PAGE:
+            raise ValidationFailed([{"loc": ["query", "limit"], "msg": f"Input should be less than or equal to "
+                                     f"{MAX_PAGE}", "type": "less_than_equal", "input": raw, "ctx": {"le": MAX_PAGE}}])
+        return limit
 
     def get_query(self, name: str) -> str | None:
         values = self.request.query_arguments.get(name)
@@ -171,6 +180,8 @@ class UserSessionsHandler(AdminEndpoint):
 
 
 class UserSessionHandler(AdminEndpoint):
+    path_schema = schemas.session_id_path  # a session's id as /v1/me/sessions/{session_id} takes it
+
     @operator_call
     async def delete(self, username: str, session_id: str) -> None:
         self.send_json(await self.operator.end_session(username, session_id))
