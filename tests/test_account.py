@@ -126,6 +126,27 @@ async def test_an_error_page_only_for_a_client_that_prefers_html_to_json(http_cl
     assert answer.headers["Content-Type"] == ("text/html; charset=UTF-8" if page else "application/json")
 
 @pytest.mark.gen_test
+@pytest.mark.parametrize("signed_in", [True, False], ids=["signed-in", "signed-out"])
+@pytest.mark.parametrize("form", [{}, {"action": "explode"}, {"action": "remove", "client_id": "a b"}],
+                         ids=["no-action", "unknown-action", "bad-client-id"])
+async def test_an_account_form_that_is_not_valid_is_a_422_page_signed_in_or_not(browser, signed_in, form):
+    """The form is checked before its caller: a fault is 422 (the page, a listed departure),
+    never a sign-in the browser is sent to; a repeated field or one not UTF-8 too."""
+    if signed_in:
+        await browser.login("alice")
+    xsrf = await browser.xsrf()
+    answer = await browser.fetch("/account", "POST", {**form, "_xsrf": xsrf})
+    assert answer.code == 422 and answer.headers["Content-Type"].startswith("text/html"), answer.body
+    for raw in (b"action=remove&action=unpair", b"action=%FF"):
+        cookies = "; ".join(f"{name}={value}" for name, value in browser.cookies.items())
+        faulty = await browser.client.fetch(browser.base_url + "/account", method="POST", body=raw,
+                                            raise_error=False, follow_redirects=False, headers={
+                                                "Cookie": cookies, "X-XSRFToken": xsrf,
+                                                "Content-Type": "application/x-www-form-urlencoded"})
+        assert faulty.code == 422, (raw, faulty.code)
+
+
+@pytest.mark.gen_test
 async def test_an_expired_sign_in_form_is_shown_again(browser):
     await browser.xsrf()
     browser.cookies["_xsrf"] = "expired.token"

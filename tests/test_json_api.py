@@ -8,7 +8,7 @@ import json
 import logging
 
 import pytest
-from helpers import WEBAPP_SECRET, basic, check_oauth_error, json_of, make_config, post_form
+from helpers import WEBAPP_SECRET, basic, check_oauth_error, check_validation_error, json_of, make_config, post_form
 
 from tokensvc import __version__
 
@@ -101,6 +101,16 @@ async def test_a_body_that_cannot_be_parsed_is_the_documented_error(http_client,
     else:
         check_oauth_error(response, 400, "invalid_request")
         assert json_of(response)["error_description"].startswith("The body could not be parsed: ")
+
+
+@pytest.mark.gen_test
+@pytest.mark.parametrize("query,type_", [("token=%FF", "string_unicode"), ("token=a&token=b", "value_error")])
+async def test_a_fault_of_sign_outs_query_is_a_validation_error(http_client, base_url, query, type_):
+    """Sign-out is no token endpoint: a token that is not UTF-8 or is sent twice is the
+    interface's HTTPValidationError at [query, token], not an OAuth invalid_request."""
+    response = await http_client.fetch(base_url + "/oauth/sign-out?" + query, method="POST", body=b"",
+                                       raise_error=False)
+    check_validation_error(response, ["query", "token"], type_)
 
 
 @pytest.mark.gen_test

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 from typing import Any, ClassVar
+from urllib.parse import quote
 
 import tornado.httputil
 import tornado.web
@@ -11,6 +12,7 @@ from marshmallow import Schema
 
 from tokensvc import schemas
 from tokensvc.config import Settings
+from tokensvc.errors import ValidationFailed
 from tokensvc.oauth.context import OAuthContext
 from tokensvc.oauth.errors import InvalidRequest
 
@@ -37,16 +39,18 @@ class RequestInput:
         """The client the access line names."""
         return self.log_client_id
 
-    def form(self, schema: Schema) -> dict[str, str]:
+    def form(self, schema: Schema, *, validation: bool = False) -> dict[str, str]:
         """The form-encoded body's parameters that ``schema`` knows, as single values.
 
         Empty values count as absent and unknown parameters are ignored (RFC 6749 §3.1); a
-        known one sent twice is ``invalid_request`` (§3.2).
+        known one sent twice, or not UTF-8, is ``invalid_request`` (§3.2: the token
+        endpoints' answer), or with ``validation`` a 422 HTTPValidationError at its name.
         """
-        return single_values(self.request.body_arguments, schema)
+        return single_values(self.request.body_arguments, schema, "body" if validation else None)
 
-    def query(self, schema: Schema) -> dict[str, str]:
-        return single_values(self.request.query_arguments, schema)
+    def query(self, schema: Schema, *, validation: bool = False) -> dict[str, str]:
+        """The query's parameters that ``schema`` knows, as :meth:`form` reads a body's."""
+        return single_values(self.request.query_arguments, schema, "query" if validation else None)
 
     @staticmethod
     def load(schema: Schema, data: dict[str, Any], location: str = "body") -> dict[str, Any]:
@@ -68,7 +72,9 @@ class RequestInput:
         return self.config.tokens.session_ttl / 86400
 
 
-def single_values(arguments: dict[str, list[bytes]], schema: Schema) -> dict[str, str]:
+def single_values(arguments: dict[str, list[bytes]], schema: Schema, location: str | None = None) -> dict[str, str]:
+    """Each parameter ``schema`` knows as one string. A parameter sent twice or not UTF-8 is
+    ``invalid_request``, or, given the ``location`` it is read from, a validation fault there."""
     known = schema.fields
     values: dict[str, str] = {}
     for name, raw in arguments.items():
@@ -78,9 +84,14 @@ def single_values(arguments: dict[str, list[bytes]], schema: Schema) -> dict[str
         if not present:
             continue
         if len(present) > 1:
+            if location is not None:
+                raise ValidationFailed.one([location, name], "Value error, sent more than once", "value_error")
             raise InvalidRequest(f"Parameter '{name}' is repeated")
         try:
             values[name] = present[0].decode("utf-8")
         except UnicodeDecodeError:
+            if location is not None:
+                raise ValidationFailed.one([location, name], "Input should be a valid string: not UTF-8",
+                                           "string_unicode", quote(present[0], safe="")) from None
             raise InvalidRequest(f"Parameter '{name}' is not valid UTF-8") from None
     return values

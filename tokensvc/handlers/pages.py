@@ -230,10 +230,12 @@ class AccountHandler(PageHandler):
                     confirm_unpair=self.get_query_argument("unpair", None))
 
     async def post(self) -> None:
+        # The form before its caller, as every route checks its input: a fault is 422 (a
+        # page) whether or not the browser is signed in.
+        data = self.load(schemas.account_form, self.form(schemas.account_form, validation=True))
         user = await self.signed_in_user()
         if user is None:
             return
-        data = self.load(schemas.account_form, self.form(schemas.account_form))
         action, done = data["action"], ""
         if action == "remove" and data.get("client_id"):
             await revocation.revoke_connected_app(self.ctx, Subject(user_id=user.user_id), data["client_id"])
