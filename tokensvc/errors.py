@@ -138,20 +138,6 @@ class BodyTooLarge(Detail):
         return "What was sent is too large."
 
 
-class UpgradeRequired(Detail):
-    """426: a WebSocket handshake of a version this service does not speak (RFC 6455 §4.2.2),
-    naming the one it does."""
-
-    status_code = 426
-
-    def __init__(self, detail: str, version: str) -> None:
-        super().__init__(detail)
-        self.version = version
-
-    def headers(self) -> dict[str, str]:
-        return {"Sec-WebSocket-Version": self.version, "Upgrade": "websocket"}
-
-
 class ValidationFailed(HTTPAnswer):
     """Input failed field validation: 422 HTTPValidationError."""
 
@@ -177,6 +163,31 @@ class ValidationFailed(HTTPAnswer):
     @property
     def message(self) -> str:
         return "Some of the information sent was not valid."
+
+
+class BadHandshake(ValidationFailed):
+    """A request that is no WebSocket opening handshake: 400, as RFC 6455 §4.2.1 asks, with the
+    fault of its header as an HTTPValidationError, as the interface asks of any input."""
+
+    status_code = 400
+
+    def __init__(self, header: str, message: str, given: str | None) -> None:
+        super().__init__([{"loc": ["header", header], "msg": message, "type": "value_error", "input": given,
+                           "ctx": {}}])
+
+
+class UpgradeRequired(BadHandshake):
+    """426: a WebSocket handshake of a version this service does not speak (RFC 6455 §4.2.2),
+    naming the one it does."""
+
+    status_code = 426
+
+    def __init__(self, version: str, given: str | None) -> None:
+        super().__init__("Sec-WebSocket-Version", f"WebSocket version {version} only", given)
+        self.version = version
+
+    def headers(self) -> dict[str, str]:
+        return {"Sec-WebSocket-Version": self.version, "Upgrade": "websocket"}
 
 
 class Redirect(HTTPAnswer):

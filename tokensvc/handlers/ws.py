@@ -2,10 +2,10 @@
 
 The token comes from the ``access_token`` query parameter, the ``Authorization`` header, or
 the session cookie; without a valid one the upgrade is refused with a plain HTTP 401. Every
-refusal (401, 403, a request that is no WebSocket handshake: 400, or of another version: 426)
-is an :class:`~tokensvc.errors.HTTPAnswer` raised before Tornado's own checks are reached (they
-would answer in plain text), and rendered by the request's exit in the JSON API's shape, as
-every other route's errors are.
+refusal (401, 403, a request that is no WebSocket handshake: 400, or of another version: 426,
+a fault of the handshake's headers HTTPValidationError naming it) is an :class:`~tokensvc.errors.HTTPAnswer`
+raised before Tornado's own checks are reached (they would answer in plain text), and rendered
+by the request's exit in the JSON API's shape, as every other route's errors are.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import tornado.websocket
 from tornado.httputil import HTTPServerRequest
 
 from tokensvc import schemas
-from tokensvc.errors import BadRequest, UpgradeRequired
+from tokensvc.errors import BadHandshake, BadRequest, UpgradeRequired
 from tokensvc.handlers.auth import AuthMixin
 from tokensvc.handlers.guards import check_socket_origin
 from tokensvc.handlers.headers import JSON_HEADERS
@@ -40,21 +40,26 @@ _KEY = re.compile(r"[A-Za-z0-9+/]{21}[AQgw]==")  # base64 of 16 bytes (RFC 6455 
 def check_handshake(request: HTTPServerRequest) -> None:
     """Refuse, as an answer, a request that is not a WebSocket opening handshake (400) or is
     one of another version (426, naming ours): every case in which Tornado's own checks would
-    answer in plain text."""
+    answer in plain text. A fault of the handshake's headers names the header
+    (HTTPValidationError); a request that is not HTTP/1.1 with a Host says so in a ``{"detail"}``."""
     headers = request.headers
     # RFC 6455 §4.1: HTTP/1.1 at least, and a Host.
     if request.version != "HTTP/1.1" or not headers.get("Host"):
         raise BadRequest("Not a WebSocket handshake: an HTTP/1.1 request with a Host is needed")
     # Header values arrive without their surrounding whitespace; inside a list only spaces and
     # tabs separate (RFC 9110 §5.6.1). Exactly what docs/openapi.json's patterns say.
-    if headers.get("Upgrade", "").lower() != "websocket":
-        raise BadRequest("Not a WebSocket handshake: Upgrade must be websocket")
-    if "upgrade" not in (token.strip(" \t").lower() for token in headers.get("Connection", "").split(",")):
-        raise BadRequest("Not a WebSocket handshake: Connection must include Upgrade")
+    upgrade = headers.get("Upgrade")
+    if (upgrade or "").lower() != "websocket":
+        raise BadHandshake("Upgrade", "Not a WebSocket handshake: Upgrade must be websocket", upgrade)
+    connection = headers.get("Connection")
+    if "upgrade" not in (token.strip(" \t").lower() for token in (connection or "").split(",")):
+        raise BadHandshake("Connection", "Not a WebSocket handshake: Connection must include Upgrade", connection)
     if headers.get("Sec-WebSocket-Version") != VERSION:
-        raise UpgradeRequired(f"WebSocket version {VERSION} only", VERSION)
-    if not _KEY.fullmatch(headers.get("Sec-WebSocket-Key", "")):
-        raise BadRequest("Not a WebSocket handshake: Sec-WebSocket-Key must be 16 bytes in base64")
+        raise UpgradeRequired(VERSION, headers.get("Sec-WebSocket-Version"))
+    key = headers.get("Sec-WebSocket-Key")
+    if not _KEY.fullmatch(key or ""):
+        raise BadHandshake("Sec-WebSocket-Key", "Not a WebSocket handshake: Sec-WebSocket-Key must be 16 bytes "
+                           "in base64", key)
 
 
 class EchoSocket(AuthMixin, WebHandler, tornado.websocket.WebSocketHandler):
