@@ -346,6 +346,45 @@ async def test_html_pages_carry_a_strict_csp(browser):
 
 
 @pytest.mark.gen_test
+async def test_the_authorization_endpoint_is_auth_urls_not_base_urls(http_client, store):
+    """With auth_url on another host than base_url, a request at base_url's host is sent on to
+    auth_url (GET, its query whole) or finds nothing (POST); at auth_url's, or where both name
+    one host, it is served."""
+    import tornado.httpserver
+    import tornado.testing
+    from helpers import make_config
+
+    from tokensvc.app import make_app
+    from tokensvc.bootstrap import seed
+
+    query = urlencode({"response_type": "code", "client_id": "webapp", "redirect_uri": WEBAPP_REDIRECT,
+                       "code_challenge": CHALLENGE, "code_challenge_method": "S256", "state": "s t"})
+    for base, auth, moved in (("https://api.example", "https://login.example", True),
+                              ("https://one.example", "https://one.example:8443", False)):
+        config = make_config(base_url=base, auth_url=auth)
+        await seed(store, config)
+        sock, port = tornado.testing.bind_unused_port()
+        server = tornado.httpserver.HTTPServer(make_app(config, store))
+        server.add_sockets([sock])
+        try:
+            async def fetch(host, method="GET", port=port):
+                return await http_client.fetch(f"http://127.0.0.1:{port}/oauth/authorize?{query}", method=method,
+                                                headers={"Host": host}, follow_redirects=False, raise_error=False,
+                                                body=b"" if method == "POST" else None)
+
+            at_base = await fetch(urlsplit(base).netloc)
+            if moved:
+                assert at_base.code == 302 and at_base.headers["Location"] == f"{auth}/oauth/authorize?{query}"
+                assert (await fetch(urlsplit(base).netloc, "POST")).code == 404
+            else:
+                assert at_base.code == 302 and at_base.headers["Location"].startswith("/login?next=")
+            at_auth = await fetch(urlsplit(auth).netloc)
+            assert at_auth.code == 302 and at_auth.headers["Location"].startswith("/login?next=")
+        finally:
+            server.stop()
+
+
+@pytest.mark.gen_test
 async def test_secure_cookie_on_https(http_client, base_url, store, io_loop):
     # A separate app whose public URL is https: its session cookie must be Secure.
     from helpers import Browser, make_config

@@ -74,7 +74,8 @@ def test_csp_sources_are_as_narrow_as_the_url_allows():
 async def test_account_page_needs_a_session(browser):
     response = await browser.fetch("/account")
     assert response.code == 303 and response.headers["Location"] == "/login?next=%2Faccount"
-    removed = await browser.fetch("/account", "POST", {"client_id": "skyplanner", "_xsrf": await browser.xsrf()})
+    removed = await browser.fetch("/account", "POST", {"action": "remove", "client_id": "skyplanner",
+                                                       "_xsrf": await browser.xsrf()})
     assert removed.code == 303 and removed.headers["Location"].startswith("/login?")
 
 

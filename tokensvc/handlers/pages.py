@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from urllib.parse import urlencode, urlsplit
 
 from tokensvc import schemas
-from tokensvc.errors import ValidationFailed, XsrfFailed
+from tokensvc.errors import NotFound, ValidationFailed, XsrfFailed
 from tokensvc.handlers import pace
 from tokensvc.handlers.headers import CONTROL
 from tokensvc.handlers.page import PageHandler
@@ -89,9 +89,16 @@ class AuthorizeHandler(FormPage):
     too_soon = False  # an "allow" that came before the page could be read (handlers/pace.py)
 
     async def get(self) -> None:
+        if self.at_base_url():
+            # A client that took base_url for auth_url is sent on, its request whole.
+            query = self.request.query
+            self.redirect(self.config.auth_url + authorization.AUTHORIZE_PATH + ("?" + query if query else ""))
+            return
         await self.handle(self.request.query_arguments, decision=None)
 
     async def post(self) -> None:
+        if self.at_base_url():  # the consent form is posted from the page at auth_url only
+            raise NotFound(f"No resource at {self.request.path}")
         arguments = self.request.body_arguments
         answer = arguments.get("decision", [b""])[0].decode("utf-8", "replace") or None
         shown = arguments.get(pace.FIELD, [b""])[-1].decode("ascii", "replace")
@@ -100,6 +107,13 @@ class AuthorizeHandler(FormPage):
             self.too_soon, answer = True, None  # a double click's second half: the page again
         # An expired form decides nothing either: the page is shown again.
         await self.handle(arguments, decision=None if self.form_expired else answer)
+
+    def at_base_url(self) -> bool:
+        """Whether the request names base_url's host where auth_url names another: the
+        authorization endpoint is auth_url's (the interface: not served by base_url). Where both
+        name one host, the listener cannot tell them apart and serves it."""
+        base, auth = (urlsplit(url).hostname for url in (self.config.base_url, self.config.auth_url))
+        return base != auth and self.request.host_name == base
 
     async def handle(self, raw_args: dict[str, list[bytes]], decision: str | None) -> None:
         try:
