@@ -1,5 +1,7 @@
 """POST /oauth/token/refresh: rotation and reuse detection."""
 
+import re
+
 import pytest
 from helpers import (
     NODE_REDIRECT,
@@ -16,6 +18,7 @@ from helpers import (
     family_of,
     json_of,
     post_form,
+    query_of,
 )
 
 from tokensvc import schemas
@@ -144,3 +147,23 @@ async def test_refresh_may_narrow_but_not_widen_the_scope(browser, http_client, 
     assert narrowed.code == 200 and json_of(narrowed)["scope"] == "read"
     wider = await refresh(http_client, base_url, json_of(narrowed)["refresh_token"], scope="read write")
     check_oauth_error(wider, 400, "invalid_scope")
+
+
+ERROR_DESCRIPTION = re.compile(r"[\x20-\x21\x23-\x5b\x5d-\x7e]+")  # RFC 6749 §5.2's grammar
+
+
+@pytest.mark.gen_test
+async def test_an_error_description_holds_only_the_characters_rfc_6749_allows(browser, http_client, base_url):
+    """A request's own words echoed in error_description (a scope beyond ASCII, a quote, a
+    backslash) are percent-encoded: the JSON answer and the redirect's both stay within
+    %x20-21 / %x23-5B / %x5D-7E and still say what was sent."""
+    pair = await tokens_for(browser, http_client, base_url, scope="read")
+    for scope, shown in (("é", "%C3%A9"), ('say"what', "say%22what"), ("back\\slash", "back%5C")):
+        said = check_oauth_error(await refresh(http_client, base_url, pair["refresh_token"], scope=scope), 400,
+                                 "invalid_scope")["error_description"]
+        assert ERROR_DESCRIPTION.fullmatch(said) and shown in said, said
+    await browser.login("alice")
+    redirected = await browser.authorize("webapp", WEBAPP_REDIRECT, scope="read é")
+    said = query_of(redirected.headers["Location"])["error_description"]
+    assert ERROR_DESCRIPTION.fullmatch(said) and "%C3%A9" in said, said
+

@@ -9,11 +9,21 @@ only raises them.
 
 from __future__ import annotations
 
-from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+import re
+from urllib.parse import parse_qsl, quote, urlencode, urlsplit, urlunsplit
 
 from tokensvc.errors import HTTPAnswer, Redirect
 
 REALM = "tokensvc"
+# RFC 6749 §5.2 (and §4.1.2.1): error_description = 1*( %x20-21 / %x23-5B / %x5D-7E ).
+_OUTSIDE_DESCRIPTION = re.compile(r"[^\x20-\x21\x23-\x5b\x5d-\x7e]")
+
+
+def description_text(text: str) -> str:
+    """``text`` as an ``error_description`` may hold it: every other character (a quote, a
+    backslash, a control, anything beyond ASCII that a request echoed) percent-encoded as UTF-8,
+    so what is said stays readable and nothing steps outside the grammar."""
+    return _OUTSIDE_DESCRIPTION.sub(lambda found: quote(found.group(), safe=""), text)
 
 
 class OAuthError(HTTPAnswer):
@@ -24,7 +34,7 @@ class OAuthError(HTTPAnswer):
 
     def __init__(self, description: str | None = None, *, status_code: int | None = None) -> None:
         super().__init__(description or self.error)
-        self.description = description
+        self.description = description_text(description) if description else description
         if status_code is not None:
             self.status_code = status_code
 
@@ -126,7 +136,7 @@ class RedirectUnverified(HTTPAnswer):
 
     def __init__(self, description: str) -> None:
         super().__init__(description)
-        self.description = description
+        self.description = description_text(description)
 
     def body(self) -> dict[str, str]:
         return {"error": "invalid_request", "error_description": self.description}
