@@ -97,6 +97,7 @@ async def test_client_secret_post_caller(http_client, base_url):
 async def test_admin_bearer_with_admin_scope_may_introspect(browser, http_client, base_url):
     code = await browser.code_for("webapp", WEBAPP_REDIRECT, user="root", scope="read admin")
     admin_token = json_of(await exchange(http_client, base_url, code))["access_token"]
+    # No client_id: the bearer token names its client (the document's IntrospectionRequest).
     response = await introspect(http_client, base_url, admin_token, {"Authorization": f"Bearer {admin_token}"})
     assert response.code == 200 and json_of(response)["username"] == "root"
 

@@ -65,16 +65,34 @@ def test_every_token_endpoint_call_names_its_client():
     """The interface: client_id on every token-endpoint call; the document says HTTP Basic carries
     it for a client that authenticates so; an empty value is an absent one."""
     document = openapi.build(ROUTES, DEMO_BASE)
-    schemas = document["components"]["schemas"]
-    for path in ("/oauth/token", "/oauth/token/refresh", "/oauth/token/introspect", "/oauth/token/revoke"):
+    for path in ("/oauth/token", "/oauth/token/refresh", "/oauth/token/revoke"):
         operation = document["paths"][path]["post"]
-        form = schemas[operation["requestBody"]["content"]["application/x-www-form-urlencoded"]["schema"]["$ref"]
-                       .rsplit("/", 1)[1]]
+        form = form_of(document, operation)
         assert "client_id" in form["required"], path
         assert "HTTP Basic" in form["properties"]["client_id"]["description"]
         assert all(form["properties"][name]["minLength"] == 1 for name in form["required"])
-        assert {"clientBasic": []} in operation["security"]
-    assert schemas["TokenRequest"]["properties"]["grant_type"]["enum"] == ["authorization_code"]
+        assert operation["security"] == [{}, {"clientBasic": []}], path
+    assert document["components"]["schemas"]["TokenRequest"]["properties"]["grant_type"]["enum"] == [
+        "authorization_code"]
+
+
+def form_of(document, operation):
+    """The schema of ``operation``'s form body."""
+    name = operation["requestBody"]["content"]["application/x-www-form-urlencoded"]["schema"]["$ref"]
+    return document["components"]["schemas"][name.rsplit("/", 1)[1]]
+
+
+def test_introspection_takes_a_client_or_an_admins_bearer_token():
+    """As authorize_caller does: a client's credentials (Basic, or in the body: the empty
+    alternative), or an admin's bearer token, which names no client_id (tests/test_introspect.py
+    introspects so)."""
+    document = openapi.build(ROUTES, DEMO_BASE)
+    operation = document["paths"]["/oauth/token/introspect"]["post"]
+    assert operation["security"] == [{}, {"clientBasic": []}, {"bearer": []}]
+    form = form_of(document, operation)
+    assert form["required"] == ["token"] and "bearer" in form["properties"]["client_id"]["description"]
+    assert "HTTP Basic" in form["properties"]["client_id"]["description"]
+    assert set(operation["responses"]) >= {"401", "403"}
 
 
 def test_every_path_parameter_is_defined_for_every_operation_of_its_path():
@@ -178,3 +196,20 @@ async def test_two_applications_in_one_process_each_publish_their_own_server(htt
                          ("one", "admin"): ["http://127.0.0.1:9101"],
                          ("two", "public"): ["https://two.example"],
                          ("two", "admin"): ["http://127.0.0.1:9102"]}
+
+
+def test_the_admin_document_states_its_listings_limit_and_only_its_own_scheme():
+    """limit 1-200, as the admin API enforces it (tests/test_admin_api.py); only the bearer
+    scheme, the one every admin operation names."""
+    from tokensvc.app import ADMIN_ROUTES
+
+    document = openapi.build(ADMIN_ROUTES, DEMO_ADMIN, admin=True)
+    listings = {path for (path, method), operation in operations_of(document).items()
+                if any(p["name"] == "limit" for p in operation.get("parameters", []))}
+    assert listings == {"/admin/clients", "/admin/users", "/admin/installations", "/admin/grants"}
+    for path in listings:
+        limit = next(p for p in document["paths"][path]["get"]["parameters"] if p["name"] == "limit")
+        assert limit["schema"] == {"type": "integer", "minimum": 1, "maximum": 200}, path
+    assert set(document["components"]["securitySchemes"]) == {"bearer"}
+    assert {scheme for operation in operations_of(document).values()
+            for alternative in operation.get("security", []) for scheme in alternative} == {"bearer"}

@@ -87,11 +87,13 @@ def parameter(name: str, where: str, description: str = "", *, required: bool = 
 
 
 RETRY_AFTER = {"Retry-After": header("Seconds to wait")}
-CHALLENGE = {"WWW-Authenticate": header("The RFC 6750 challenge")}
+CHALLENGE = {"WWW-Authenticate": header("The RFC 6750 challenge: Bearer realm=\"tokensvc\", error=...")}
+BASIC_CHALLENGE = {"WWW-Authenticate": header(
+    "To a client that tried HTTP Basic, Basic realm=\"tokensvc\", charset=\"UTF-8\" (RFC 6749 §5.2)")}
 INVALID = json_answer("HTTPValidationError", "A field failed validation")
 OAUTH_400 = json_answer("OAuthError", "OAuth protocol failure (RFC 6749 §5.2); also a body that cannot be parsed "
                                       "(invalid_request)")
-CLIENT_401 = json_answer("OAuthError", "Client authentication failed (invalid_client)", CHALLENGE)
+CLIENT_401 = json_answer("OAuthError", "Client authentication failed (invalid_client)", BASIC_CHALLENGE)
 BEARER_401 = json_answer("OAuthError", "No valid bearer token or session (invalid_token)", CHALLENGE)
 FORBIDDEN = json_answer("OAuthError", "Authenticated, but not allowed (insufficient_scope / access_denied)")
 FORBIDDEN_OR_XSRF = json_answer(one_of_shapes("OAuthError", "Detail"), "Not allowed (insufficient_scope / "
@@ -117,13 +119,17 @@ def form_body(schema: str) -> dict[str, Any]:
 
 
 def token_endpoint(summary: str, request: str, ok: dict[str, Any], *, auth: bool = True,
-                   extra: dict[str, Any] | None = None) -> dict[str, Any]:
+                   extra: dict[str, Any] | None = None,
+                   security: tuple[str, ...] = ("clientBasic",)) -> dict[str, Any]:
+    """A token endpoint's POST. Its ``security``: the empty alternative is a caller whose
+    credentials are in the body (client_id, and client_secret for a confidential client), which
+    no security scheme can state; then each of the schemes ``security`` names."""
     responses: dict[str, Any] = {"200": ok, "400": OAUTH_400, "413": TOO_LARGE, "422": INVALID, "503": UNAVAILABLE}
     if auth:
         responses.update({"401": CLIENT_401, "429": TOO_MANY})
     responses.update(extra or {})
     return {"post": {"summary": summary, "requestBody": form_body(request), "responses": responses,
-                     "security": [{}, {"clientBasic": []}]}}
+                     "security": [{}, *({scheme: []} for scheme in security)]}}
 
 
 CORS_PREFLIGHT: dict[str, Any] = {
@@ -137,7 +143,8 @@ CORS_PREFLIGHT: dict[str, Any] = {
 
 GENERAL = ("Every path answers 405 with Allow to a method it does not have, HEAD wherever GET is, 404 "
            "{\"detail\"} where no route is, and 400 {\"detail\"} to a Host name the service is not configured "
-           "for (only /healthz and /readyz answer any). A body over 64 KiB is 413. A browser that prefers "
+           "for (only /healthz and /readyz answer any). A body over 64 KiB is 413 (but at /oauth/revoke, which "
+           "never reads its body and answers 200). A browser that prefers "
            "text/html to JSON (by Accept's q-values) navigating to a JSON address gets the 404, 405 or 5xx as "
            "an HTML page.")
 
@@ -159,7 +166,8 @@ def build(routes: Iterable[Route], base_url: str, *, admin: bool = False, auth_u
     )
     for name, schema in (
         ("TokenRequest", schemas.TokenRequestSchema), ("RefreshRequest", schemas.RefreshRequestSchema),
-        ("TokenActionRequest", schemas.TokenActionSchema), ("LoginForm", schemas.LoginFormSchema),
+        ("TokenActionRequest", schemas.TokenActionSchema), ("IntrospectionRequest", schemas.IntrospectionRequestSchema),
+        ("LoginForm", schemas.LoginFormSchema),
         ("TokenResponse", schemas.TokenResponseSchema), ("IntrospectionResponse", schemas.IntrospectionResponseSchema),
         ("OAuthClient", schemas.OAuthClientSchema), ("OAuthError", schemas.OAuthErrorSchema),
         ("Detail", schemas.DetailSchema), ("HTTPValidationError", schemas.HTTPValidationErrorSchema),
@@ -169,9 +177,6 @@ def build(routes: Iterable[Route], base_url: str, *, admin: bool = False, auth_u
         ("Session", schemas.SessionSchema),
     ):
         spec.components.schema(name, schema=schema)
-    spec.components.security_scheme("clientBasic", {
-        "type": "http", "scheme": "basic",
-        "description": "client_secret_basic (RFC 6749 §2.3.1): the client id and secret, each form-urlencoded"})
     spec.components.security_scheme("bearer", {"type": "http", "scheme": "bearer",
                                                "description": "An access token (RFC 6750 §2.1)"})
     if admin:
@@ -179,6 +184,9 @@ def build(routes: Iterable[Route], base_url: str, *, admin: bool = False, auth_u
             spec.components.schema(name, schema=admin_schema)
         operations = openapi_admin.operations()
     else:
+        spec.components.security_scheme("clientBasic", {
+            "type": "http", "scheme": "basic",
+            "description": "client_secret_basic (RFC 6749 §2.3.1): the client id and secret, each form-urlencoded"})
         spec.components.security_scheme("session", {
             "type": "apiKey", "in": "cookie", "name": session_cookie,
             "description": "The web session the sign-in page sets (HttpOnly, SameSite=Lax). An unsafe request "
@@ -212,6 +220,10 @@ def build(routes: Iterable[Route], base_url: str, *, admin: bool = False, auth_u
 
 
 FORMS_WITH_A_CLIENT = ("TokenRequest", "RefreshRequest", "TokenActionRequest")
+INTROSPECTION_CLIENT = (
+    "The client's id, required unless an admin's bearer token (Authorization: Bearer, the admin scope) is the "
+    "caller, which names its client itself. A client authenticating with HTTP Basic (clientBasic) carries it "
+    "there instead; sent in both, they must be the same.")
 PAGES = ("/oauth/authorize", "/login", "/logout", "/account", "/")  # served at auth_url
 
 
@@ -225,7 +237,8 @@ def _form_rules(components: dict[str, Any]) -> None:
         component["properties"]["client_id"]["description"] = (
             "Required on every call (the interface): the client's id. A client authenticating with HTTP Basic "
             "(clientBasic) carries it there instead; sent in both, they must be the same.")
-    for name in (*FORMS_WITH_A_CLIENT, "LoginForm"):
+    components["IntrospectionRequest"]["properties"]["client_id"]["description"] = INTROSPECTION_CLIENT
+    for name in (*FORMS_WITH_A_CLIENT, "IntrospectionRequest", "LoginForm"):
         component = components[name]
         for field in component.get("required", []):
             component["properties"][field]["minLength"] = 1
@@ -251,9 +264,11 @@ def _operations() -> dict[str, dict[str, Any]]:
     ops["/oauth/token"] = token_endpoint("Exchange an authorization code (PKCE) for tokens", "TokenRequest", token_ok)
     ops["/oauth/token/refresh"] = token_endpoint("Rotate a refresh token", "RefreshRequest", token_ok)
     ops["/oauth/token/introspect"] = token_endpoint(
-        "Introspect a token (RFC 7662): a first-party confidential client, or an admin's bearer token with the "
-        "admin scope", "TokenActionRequest", json_answer("IntrospectionResponse", "Token metadata", NO_STORE),
-        extra={"403": FORBIDDEN})
+        "Introspect a token (RFC 7662): a first-party confidential client (its secret in HTTP Basic, clientBasic, "
+        "or as client_secret in the body, which no security scheme can state), or an admin's bearer token with the "
+        "admin scope (bearer)", "IntrospectionRequest",
+        json_answer("IntrospectionResponse", "Token metadata", NO_STORE), extra={"403": FORBIDDEN},
+        security=("clientBasic", "bearer"))
     ops["/oauth/token/revoke"] = token_endpoint("Revoke a token (RFC 7009)", "TokenActionRequest",
                                                 json_answer("Empty", "Revoked, or nothing to revoke", NO_STORE))
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from tokensvc.admin import MAX_PAGE
 from tokensvc.openapi import (
     BEARER_401,
     FORBIDDEN,
@@ -73,7 +74,8 @@ def done(**fields: Any) -> dict[str, Any]:
     return json_answer(obj(**fields), "Done")
 
 
-PAGING = [parameter("limit", "query", "At most this many (1-200; default 200)", pattern="^[0-9]+$"),
+PAGING = [parameter("limit", "query", f"At most this many (default {MAX_PAGE})", type="integer", minimum=1,
+                   maximum=MAX_PAGE),
           parameter("cursor", "query", "The next of the previous page")]
 
 

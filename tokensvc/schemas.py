@@ -145,6 +145,11 @@ class TokenActionSchema(FormSchema):
     client_secret = Text(max_length=512)
 
 
+class IntrospectionRequestSchema(TokenActionSchema):
+    """``POST /oauth/token/introspect``: a token action whose caller may also be an admin's
+    bearer token (RFC 7662 §2.1), which names its client itself: then no client_id."""
+
+
 def ClientId() -> fields.String:
     """A required client id: 1-128 characters of ``[A-Za-z0-9._~-]``."""
     return Text(required=True, max_length=128, validate=[
@@ -285,6 +290,7 @@ class MetadataSchema(Schema):
 token_request = TokenRequestSchema()
 refresh_request = RefreshRequestSchema()
 token_action = TokenActionSchema()
+introspection_request = IntrospectionRequestSchema()
 client_id_path = ClientIdPathSchema()
 optional_token_query = OptionalTokenQuerySchema()
 login_form = LoginFormSchema()

@@ -72,8 +72,8 @@ class IntrospectHandler(TokenEndpoint):
     """``POST /oauth/token/introspect`` (RFC 7662)."""
 
     async def post(self) -> None:
-        form = self.form(schemas.token_action)
-        data = self.load(schemas.token_action, form)
+        form = self.form(schemas.introspection_request)
+        data = self.load(schemas.introspection_request, form)
         await introspection.authorize_caller(self.ctx, self.caller(form))
         body = await introspection.introspect(self.ctx, data["token"])
         self.send_json(schemas.fast_dump(schemas.introspection_response, body))
