@@ -124,6 +124,26 @@ def test_the_websocket_refusals_are_documented_as_served():
     for status in ("400", "401", "403", "426", "503"):
         assert set(responses[status]["content"]) == {"application/json"}, status
     assert responses["426"]["headers"]["Sec-WebSocket-Version"]["schema"]["enum"] == ["13"]
+    for status in ("400", "426"):  # a fault of the handshake's headers (tests/test_ws.py)
+        assert responses[status]["content"]["application/json"]["schema"]["$ref"].endswith("/HTTPValidationError")
+
+
+def test_the_page_forms_state_what_they_require():
+    """The account page's action and the authorization request's parameters are checked
+    before anything else (422 page, or the error page): the forms say they are required."""
+    document = openapi.build(ROUTES, DEMO_BASE)
+
+    def form(path):
+        return document["paths"][path]["post"]["requestBody"]["content"]["application/x-www-form-urlencoded"][
+            "schema"]
+
+    account = form("/account")
+    assert account["required"] == ["action"] and account["properties"]["action"]["minLength"] == 1
+    authorize = form("/oauth/authorize")
+    assert authorize["required"] == sorted(p["name"] for p in document["paths"]["/oauth/authorize"]["get"][
+        "parameters"] if p["required"])
+    assert authorize["required"] == ["client_id", "code_challenge", "code_challenge_method", "redirect_uri",
+                                     "response_type"]
 
 
 @pytest.mark.gen_test
@@ -211,5 +231,7 @@ def test_the_admin_document_states_its_listings_limit_and_only_its_own_scheme():
         limit = next(p for p in document["paths"][path]["get"]["parameters"] if p["name"] == "limit")
         assert limit["schema"] == {"type": "integer", "minimum": 1, "maximum": 200}, path
     assert set(document["components"]["securitySchemes"]) == {"bearer"}
+    session = document["paths"]["/admin/users/{username}/sessions/{session_id}"]["delete"]["parameters"][1]
+    assert session["schema"]["pattern"] == "^[0-9a-f]{24}$"  # as at /v1/me/sessions/{session_id}
     assert {scheme for operation in operations_of(document).values()
             for alternative in operation.get("security", []) for scheme in alternative} == {"bearer"}

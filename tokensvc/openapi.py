@@ -114,6 +114,11 @@ def client_id_path(description: str) -> dict[str, Any]:
     return parameter("client_id", "path", description, pattern=ID_PATTERN, maxLength=128)
 
 
+def session_id_path(description: str) -> dict[str, Any]:
+    """A session's id in a path, at /v1 and the admin API alike (``schemas.session_id_path``)."""
+    return parameter("session_id", "path", description, pattern=schemas.SESSION_ID.pattern)
+
+
 def form_body(schema: str) -> dict[str, Any]:
     return {"required": True, "description": EMPTY_IS_ABSENT, "content": {FORM: {"schema": ref(schema)}}}
 
@@ -250,10 +255,16 @@ XSRF_FIELD = {"type": "string", "description": (
     "without it, or from another origin; an empty value is absent)")}
 
 
-def page_form(**properties: Any) -> dict[str, Any]:
-    """A page's form body: its fields, and the XSRF token every page form carries."""
-    return {"required": True, "content": {FORM: {"schema": {
-        "type": "object", "properties": {**properties, "_xsrf": XSRF_FIELD}}}}}
+def page_form(required: Iterable[str] = (), **properties: Any) -> dict[str, Any]:
+    """A page's form body: its fields (those ``required`` at least one character, as an empty
+    value is an absent one), and the XSRF token every page form carries."""
+    required = sorted(required)
+    for name in required:
+        properties[name] = {"minLength": 1, **properties[name]}
+    schema: dict[str, Any] = {"type": "object", "properties": {**properties, "_xsrf": XSRF_FIELD}}
+    if required:
+        schema["required"] = required
+    return {"required": True, "content": {FORM: {"schema": schema}}}
 
 
 def _operations() -> dict[str, dict[str, Any]]:
@@ -309,7 +320,8 @@ def _operations() -> dict[str, dict[str, Any]]:
         "post": {
         "summary": "The consent, pairing or one-click page's answer (the request's parameters again, decision, "
                    "_xsrf, _shown)",
-        "requestBody": page_form(**{parameter["name"]: parameter["schema"] for parameter in _authorize_parameters()},
+        "requestBody": page_form([parameter["name"] for parameter in _authorize_parameters() if parameter["required"]],
+                                 **{parameter["name"]: parameter["schema"] for parameter in _authorize_parameters()},
                                  decision={"type": "string", "enum": ["allow", "deny"]},
                                  _shown={"type": "string", "maxLength": 128, "description": (
                                      "When the page was shown, as its form says it (signed): an allow sooner than "
@@ -357,7 +369,7 @@ def _operations() -> dict[str, dict[str, Any]]:
                               "503": PAGE_503}},
         "post": {"summary": "A button of the account page",
                  "requestBody": page_form(
-                     action={"type": "string", "enum": ["remove", "unpair", "end-session", "end-others"]},
+                     ["action"], action={"type": "string", "enum": ["remove", "unpair", "end-session", "end-others"]},
                      client_id={"type": "string", "pattern": ID_PATTERN, "maxLength": 128},
                      installation_id={"type": "string", "pattern": ID_PATTERN, "maxLength": 128},
                      session_id={"type": "string", "maxLength": 64}),
@@ -392,8 +404,7 @@ def _operations() -> dict[str, dict[str, Any]]:
         "responses": {"200": listed("Session", "The sessions"), "401": BEARER_401, "403": FORBIDDEN,
                       "503": UNAVAILABLE}}}
     ops["/v1/me/sessions/{session_id}"] = {
-        "parameters": [parameter("session_id", "path", "As GET /v1/me/sessions names it",
-                                 pattern=schemas.SESSION_ID.pattern)], "delete": {
+        "parameters": [session_id_path("As GET /v1/me/sessions names it")], "delete": {
             "summary": "Sign one of the user's sessions out (scope sessions:write; write covers it)",
             "security": bearer_or_session,
             "responses": {"204": {"description": "Signed out"}, "401": BEARER_401, "403": FORBIDDEN_OR_XSRF,
@@ -411,12 +422,12 @@ def _operations() -> dict[str, dict[str, Any]]:
             parameter("Sec-WebSocket-Key", "header", "16 bytes in base64 (RFC 6455 §4.2.1)", required=True,
                       pattern="^[A-Za-z0-9+/]{21}[AQgw]==$")],
         "responses": {"101": {"description": "Upgraded to a WebSocket"},
-                      "400": json_answer("Detail", "Not a WebSocket handshake"),
+                      "400": json_answer("HTTPValidationError", "Not a WebSocket handshake: the header at fault"),
                       "401": BEARER_401,
                       "403": json_answer(one_of_shapes("OAuthError", "Detail"), "Without the read scope "
                                          "(insufficient_scope); or the session cookie from another origin "
                                          "({\"detail\"})"),
-                      "426": json_answer("Detail", "Another WebSocket version than 13", {
+                      "426": json_answer("HTTPValidationError", "Another WebSocket version than 13", {
                           "Sec-WebSocket-Version": header("The version spoken", enum=["13"]),
                           "Upgrade": header("", enum=["websocket"])}),
                       "503": UNAVAILABLE}}}

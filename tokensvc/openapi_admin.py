@@ -20,6 +20,7 @@ from tokensvc.openapi import (
     listed,
     parameter,
     ref,
+    session_id_path,
 )
 
 SECURITY: list[dict[str, list[str]]] = [{"bearer": []}]
@@ -124,7 +125,8 @@ def operations() -> dict[str, dict[str, Any]]:
             "delete": op("End every session of a user", done(ended=INTEGER), parameters=[user], extra=MISSING)},
         "/admin/users/{username}/sessions/{session_id}": {"delete": op(
             "End one session of a user", done(ended={"type": "integer", "enum": [1]}),
-            parameters=[user, looked_up("session_id")], extra=MISSING)},
+            parameters=[user, session_id_path(f"As GET /admin/users/{{username}}/sessions names it; {LOOKED_UP}")],
+            extra=MISSING)},
         "/admin/installations": {"get": op("Installations, a page at a time", page("AdminInstallation"),
                                            parameters=PAGING)},
         "/admin/installations/{installation_id}": {
