@@ -145,3 +145,31 @@ def test_connection_timeouts_have_defaults_and_are_checked():
     assert loaded.server.idle_timeout == 5
     with pytest.raises(config.ConfigError, match="server.body_timeout: must be at least 1 second"):
         config.load(None, environ={"TOKENSVC_SERVER_BODY_TIMEOUT": "0"}, overrides={"demo": True})
+
+
+def test_a_long_address_or_large_header_fields_get_an_answer_in_the_documented_shape(tmp_path):
+    """A target over 64 KiB is 414 and header fields over 64 KiB are 431, in the route's shape
+    (a JSON route's {"detail"}, a browser's navigation included; a page's error page), on both
+    listeners: Tornado closed such a connection without a word. What fits is served as before."""
+    from service import start_service
+
+    service = start_service(tmp_path)
+    try:
+        long_query = "?q=" + "a" * (64 * 1024)
+        for base, path in ((service.base, "/oauth/clients"), (service.base, "/no-such-page"),
+                           (service.admin, "/admin/users")):
+            for accept in ("application/json", "text/html"):
+                answer = requests.get(base + path + long_query, headers={"Accept": accept}, timeout=10)
+                assert answer.status_code == 414 and answer.headers["Content-Type"] == "application/json"
+                assert answer.json()["detail"].startswith("URI Too Long"), (path, accept)
+            large = requests.get(base + path, headers={"X-Padding": "a" * (64 * 1024)}, timeout=10)
+            assert large.status_code == 431 and large.json()["detail"].startswith("Request Header Fields"), path
+        page = requests.get(service.base + "/oauth/authorize" + long_query, timeout=10)
+        assert page.status_code == 414 and page.headers["Content-Type"] == "text/html; charset=UTF-8"
+        assert "The address is too long." in page.text
+        fits = requests.get(service.base + "/oauth/clients?q=" + "a" * (60 * 1024), timeout=10)
+        assert fits.status_code == 200 and fits.json()
+        posted = requests.post(service.base + "/oauth/token" + long_query, data={"grant_type": "x"}, timeout=10)
+        assert posted.status_code == 414 and set(posted.json()) == {"detail"}
+    finally:
+        assert "Traceback" not in service.stop()

@@ -107,6 +107,7 @@ async def serve(settings: Settings, listeners: Listeners) -> None:
 
     from tokensvc.app import make_admin_app, make_app
     from tokensvc.bootstrap import prepare, purge_periodically
+    from tokensvc.handlers.lifecycle import READ_HEAD_BYTES
     from tokensvc.oauth import events
 
     if settings.demo:
@@ -133,7 +134,8 @@ async def serve(settings: Settings, listeners: Listeners) -> None:
     # reach this process's WebSockets within a second.
     relaying = asyncio.create_task(events.relay(store, ctx.events))
     housekeeping = [asyncio.create_task(purge_periodically(store))] if settings.storage.backend == "memory" else []
-    # Bodies are counted by the request lifecycle, which answers 413 (handlers/lifecycle.py).
+    # Bodies are counted by the request lifecycle, which answers 413 (handlers/lifecycle.py);
+    # a long target or large header fields get 414 or 431 there too, read up to READ_HEAD_BYTES.
     # The client's address behind proxies is the request lifecycle's (handlers/proxies.py).
     servers = []
     # The admin API answers on its own listener only: the public one has no route to it.
@@ -142,7 +144,8 @@ async def serve(settings: Settings, listeners: Listeners) -> None:
         if sockets:
             server = tornado.httpserver.HTTPServer(application,
                                                    idle_connection_timeout=settings.server.idle_timeout,
-                                                   body_timeout=settings.server.body_timeout)
+                                                   body_timeout=settings.server.body_timeout,
+                                                   max_header_size=READ_HEAD_BYTES)
             server.add_sockets(sockets)
             servers.append(server)
     local = config_module.listen_url(settings.host, settings.port)

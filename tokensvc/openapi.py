@@ -149,7 +149,9 @@ CORS_PREFLIGHT: dict[str, Any] = {
 GENERAL = ("Every path answers 405 with Allow to a method it does not have, HEAD wherever GET is, 404 "
            "{\"detail\"} where no route is, and 400 {\"detail\"} to a Host name the service is not configured "
            "for (only /healthz and /readyz answer any). A body over 64 KiB is 413 (but at /oauth/revoke, which "
-           "never reads its body and answers 200). A browser that prefers "
+           "never reads its body and answers 200); a path and query over 64 KiB are 414, and header fields over "
+           "64 KiB together 431, each {\"detail\"} (a page's error page at a page); a request head over 1 MiB "
+           "is no request a client sends, and its connection is closed unanswered. A browser that prefers "
            "text/html to JSON (by Accept's q-values) navigating to a JSON address gets the 404, 405 or 5xx as "
            "an HTML page.")
 

@@ -53,6 +53,13 @@ from tokensvc.metrics import Metrics
 from tokensvc.oauth.context import OAuthContext
 
 MAX_BODY_BYTES = 64 * 1024
+# A request's target (path and query), and its header fields together, each at most 64 KiB:
+# past that the answer is 414 or 431 in the route's shape. Tornado reads a request's head up to
+# READ_HEAD_BYTES (the listeners' max_header_size) so that one a little over still gets that
+# answer; a head beyond it is no HTTP request a client sends, and its connection is closed.
+MAX_TARGET_BYTES = 64 * 1024
+MAX_HEADER_FIELD_BYTES = 64 * 1024
+READ_HEAD_BYTES = 1024 * 1024
 
 
 def dumps(body: Any) -> str:
@@ -255,6 +262,11 @@ class Lifecycle(tornado.httputil.HTTPMessageDelegate):
             self.inner.on_connection_close()
 
     def _refusal(self) -> HTTPAnswer | None:
+        request = self.request
+        if len(request.uri or "") > MAX_TARGET_BYTES:
+            return errors.TargetTooLong(MAX_TARGET_BYTES)
+        if sum(len(name) + len(value) for name, value in request.headers.get_all()) > MAX_HEADER_FIELD_BYTES:
+            return errors.HeaderFieldsTooLarge(MAX_HEADER_FIELD_BYTES)
         refusal = self.edge.hosts.refusal(self.request, self.route.path)
         if refusal is not None:
             return refusal
