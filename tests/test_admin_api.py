@@ -416,16 +416,22 @@ async def test_a_session_id_follows_one_rule_in_both_apis(call):
     assert missing.code == 404 and json_of(missing) == {"detail": f"no session {'0' * 24!r} of 'alice' is signed in"}
 
 
-async def test_answers_name_a_user_as_stored_whatever_case_the_address_has(call, store, ctx):
+async def test_answers_name_a_user_as_stored_whatever_case_the_address_has(call, store, ctx, caplog):
     """``PUT /admin/users/ROOT/password`` is root's: its answer, its audit line and every other
     answer name ``root`` as stored, never the address's spelling."""
-    changed = json_of(await call("PUT", "/admin/users/ALICE/password", {"password": "orbit-lantern-quiet"}))
-    assert changed["username"] == "alice"
-    assert json_of(await call("PATCH", "/admin/users/Alice", {"admin": False}))["username"] == "alice"
-    assert json_of(await call("GET", "/admin/users/ALICE"))["username"] == "alice"
-    gone = json_of(await call("DELETE", "/admin/users/ALICE"))
+    with caplog.at_level(logging.INFO, logger="tokensvc.audit"):
+        changed = json_of(await call("PUT", "/admin/users/ALICE/password", {"password": "orbit-lantern-quiet"}))
+        assert changed["username"] == "alice"
+        assert json_of(await call("PATCH", "/admin/users/Alice", {"admin": True}))["username"] == "alice"
+        assert json_of(await call("GET", "/admin/users/ALICE"))["username"] == "alice"
+        assert json_of(await call("DELETE", "/admin/users/ALICE/sessions")) == {"ended": 0}
+        gone = json_of(await call("DELETE", "/admin/users/ALICE"))
     assert gone == {"removed": "alice", "familiesRevoked": 0}
     assert await store.get_user_by_username("alice") is None
+    named = {record.audit["event"]: record.audit["username"] for record in caplog.records
+             if "username" in getattr(record, "audit", {}) and record.audit["event"] != "admin_call"}
+    assert named == {"user_password_set": "alice", "user_admin_set": "alice", "sessions_ended": "alice",
+                     "user_removed": "alice"}
 
 
 # -- installations, grants, tokens, purge --------------------------------------------------------
