@@ -166,7 +166,7 @@ def test_a_long_address_or_large_header_fields_get_an_answer_in_the_documented_s
             assert large.status_code == 431 and large.json()["detail"].startswith("Request Header Fields"), path
         page = requests.get(service.base + "/oauth/authorize" + long_query, timeout=10)
         assert page.status_code == 414 and page.headers["Content-Type"] == "text/html; charset=UTF-8"
-        assert "The address is too long." in page.text
+        assert "What was sent is too large." in page.text
         fits = requests.get(service.base + "/oauth/clients?q=" + "a" * (60 * 1024), timeout=10)
         assert fits.status_code == 200 and fits.json()
         posted = requests.post(service.base + "/oauth/token" + long_query, data={"grant_type": "x"}, timeout=10)

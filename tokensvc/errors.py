@@ -127,37 +127,13 @@ class MethodNotAllowed(Detail):
         return "This address only takes what a form or an app sends; it is not a page of its own."
 
 
-class TargetTooLong(Detail):
-    """414: a request target (its path and query) longer than the service reads."""
+class TooLarge(Detail):
+    """A request over one of the service's sizes, refused before any field of it is read: 413
+    its body, 414 its target (path and query), 431 its header fields (RFC 6585 §5)."""
 
-    status_code = 414
-
-    def __init__(self, limit: int) -> None:
-        super().__init__(f"URI Too Long: a request's path and query are at most {limit} bytes")
-
-    @property
-    def message(self) -> str:
-        return "The address is too long."
-
-
-class HeaderFieldsTooLarge(Detail):
-    """431 (RFC 6585 §5): header fields larger together than the service reads."""
-
-    status_code = 431
-
-    def __init__(self, limit: int) -> None:
-        super().__init__(f"Request Header Fields Too Large: at most {limit} bytes together")
-
-    @property
-    def message(self) -> str:
-        return "What was sent is too large."
-
-
-class BodyTooLarge(Detail):
-    status_code = 413
-
-    def __init__(self) -> None:
-        super().__init__("Request Entity Too Large")
+    def __init__(self, status_code: int = 413, detail: str = "Request Entity Too Large") -> None:
+        super().__init__(detail)
+        self.status_code = status_code
 
     @property
     def message(self) -> str:

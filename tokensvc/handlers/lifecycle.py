@@ -264,14 +264,15 @@ class Lifecycle(tornado.httputil.HTTPMessageDelegate):
     def _refusal(self) -> HTTPAnswer | None:
         request = self.request
         if len(request.uri or "") > MAX_TARGET_BYTES:
-            return errors.TargetTooLong(MAX_TARGET_BYTES)
+            return errors.TooLarge(414, f"URI Too Long: a path and query of at most {MAX_TARGET_BYTES} bytes")
         if sum(len(name) + len(value) for name, value in request.headers.get_all()) > MAX_HEADER_FIELD_BYTES:
-            return errors.HeaderFieldsTooLarge(MAX_HEADER_FIELD_BYTES)
+            return errors.TooLarge(431, f"Request Header Fields Too Large: at most {MAX_HEADER_FIELD_BYTES} bytes "
+                                        "together")
         refusal = self.edge.hosts.refusal(self.request, self.route.path)
         if refusal is not None:
             return refusal
         if self.request.method not in self.route.methods:
             return errors.MethodNotAllowed(self.route.methods)
         if self.limit is not None and self.size > self.limit:
-            return errors.BodyTooLarge()
+            return errors.TooLarge()
         return None
