@@ -424,7 +424,8 @@ def _operations() -> dict[str, dict[str, Any]]:
             parameter("Sec-WebSocket-Key", "header", "16 bytes in base64 (RFC 6455 §4.2.1)", required=True,
                       pattern="^[A-Za-z0-9+/]{21}[AQgw]==$")],
         "responses": {"101": {"description": "Upgraded to a WebSocket"},
-                      "400": json_answer("HTTPValidationError", "Not a WebSocket handshake: the header at fault"),
+                      "400": json_answer(one_of_shapes("HTTPValidationError", "Detail"), "Not a WebSocket "
+                                         "handshake: the header at fault; or not HTTP/1.1 with a Host ({\"detail\"})"),
                       "401": BEARER_401,
                       "403": json_answer(one_of_shapes("OAuthError", "Detail"), "Without the read scope "
                                          "(insufficient_scope); or the session cookie from another origin "
