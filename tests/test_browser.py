@@ -160,8 +160,7 @@ def driver(tmp_path):
                  "--disable-dev-shm-usage", f"--user-data-dir={tmp_path / 'profile'}", "--window-size=1100,900"):
         options.add_argument(flag)
     options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
-    service = webdriver.ChromeService(executable_path=CHROMEDRIVER)
-    browser = webdriver.Chrome(options=options, service=service)
+    browser = start_browser(options)
     browser.set_page_load_timeout(20)
     browser.expected_console = []  # see assert_clean_console
     try:
@@ -169,6 +168,17 @@ def driver(tmp_path):
         assert_clean_console(browser)
     finally:
         browser.quit()
+
+
+def start_browser(options, attempts: int = 3):
+    """Chromium under chromedriver; a chromedriver that exits while starting on a busy machine
+    (status 1 before it listens) is started again, up to ``attempts`` times."""
+    for attempt in range(attempts):
+        try:
+            return webdriver.Chrome(options=options, service=webdriver.ChromeService(executable_path=CHROMEDRIVER))
+        except WebDriverException:
+            if attempt == attempts - 1:
+                raise
 
 
 def assert_clean_console(driver) -> None:
