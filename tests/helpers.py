@@ -87,7 +87,7 @@ def make_config(**overrides: Any) -> config_module.Settings:
 
 
 # Seconds after a rotation past which a presentation of the rotated-out token is no longer
-# taken as concurrent with it (tokensvc.oauth.grants.CONCURRENT_SECONDS).
+# taken as concurrent with it (tokensvc.oauth.successors.CONCURRENT_SECONDS).
 PAST_CONCURRENT = 3
 
 

@@ -16,8 +16,8 @@ from test_protocol import args
 
 from tokensvc import config as config_module
 from tokensvc.bootstrap import make_context, seed
-from tokensvc.oauth import authorization, grants, introspection, principal, revocation, sessions, tokens
-from tokensvc.oauth.errors import InvalidGrant
+from tokensvc.oauth import authorization, grants, introspection, principal, revocation, sessions, successors, tokens
+from tokensvc.oauth.errors import InvalidGrant, InvalidScope
 from tokensvc.records import Subject
 from tokensvc.storage.base import FAMILY, GRANT, SESSION, Revocation, StorageError
 from tokensvc.storage.memory import MemoryStore
@@ -208,10 +208,10 @@ async def test_presentations_within_the_window_get_the_pair_already_issued(seede
     ctx = context(seeded, clock, grace=grace)
     first = await exchange(ctx, await code_for(ctx))
     mine = await refresh(ctx, first.refresh_token)
-    clock.advance(grants.CONCURRENT_SECONDS)
+    clock.advance(successors.CONCURRENT_SECONDS)
     again = await refresh(ctx, first.refresh_token)  # an app's retry, a second tab
     assert (again.access_token, again.refresh_token) == (mine.access_token, mine.refresh_token)
-    assert again.expires_in == ctx.tokens.access_ttl - grants.CONCURRENT_SECONDS  # the same pair's lifetime
+    assert again.expires_in == ctx.tokens.access_ttl - successors.CONCURRENT_SECONDS  # the same pair's lifetime
     assert await alive(ctx, mine) == [True, True]
     # Presented again after its successor was used, within the window: reuse.
     assert await principal.from_bearer(ctx, mine.access_token) is not None
@@ -226,7 +226,7 @@ async def test_outside_the_window_the_grace_rules_stand(seeded, clock):
     ctx = context(seeded, clock, grace=30)
     first = await exchange(ctx, await code_for(ctx))
     lost = await refresh(ctx, first.refresh_token)
-    clock.advance(grants.CONCURRENT_SECONDS + 1)
+    clock.advance(successors.CONCURRENT_SECONDS + 1)
     retries = await asyncio.gather(*(refresh(ctx, first.refresh_token) for _ in range(5)))
     assert len({retry.refresh_token for retry in retries}) == 1 and retries[0].refresh_token != lost.refresh_token
     assert await alive(ctx, lost) == [False, False]
@@ -234,7 +234,7 @@ async def test_outside_the_window_the_grace_rules_stand(seeded, clock):
     # Without grace, the same presentation is reuse.
     strict = context(seeded, clock, grace=0)
     second = await refresh(strict, retries[0].refresh_token)
-    clock.advance(grants.CONCURRENT_SECONDS + 1)
+    clock.advance(successors.CONCURRENT_SECONDS + 1)
     with pytest.raises(InvalidGrant, match="already used"):
         await refresh(strict, retries[0].refresh_token)
     assert await alive(strict, second) == [False, False]
@@ -261,7 +261,7 @@ async def test_the_successor_key_rotates(seeded, clock):
 
 async def test_a_pair_no_key_derived_is_never_taken_for_a_successor(seeded, clock):
     """A release that does not derive pairs (0.9.0) rotates with a random pair and leaves the
-    family's serial and key id as they were: recomputing them gives another pair, so the
+    family's serial, key id and salt as they were: recomputing them gives another pair, so the
     presentation is decided by the grace rules, never answered with a pair the store lacks."""
     ctx = context(seeded, clock, grace=30)
     first = await exchange(ctx, await code_for(ctx))
@@ -269,7 +269,8 @@ async def test_a_pair_no_key_derived_is_never_taken_for_a_successor(seeded, cloc
     family, _ = await seeded.get_family(tokens.parse_refresh(mine.refresh_token)[0])
     older_release = tokens.mint(mine.refresh_token.partition(".")[0], family.scopes, clock(), 3600, 86400)
     assert await seeded.rotate_family(family.family_id, family.refresh_hash,
-                                      replace(older_release.pair, serial=family.serial, key_id=family.key_id),
+                                      replace(older_release.pair, serial=family.serial, key_id=family.key_id,
+                                              salt=family.salt),
                                       clock())
     with pytest.raises(InvalidGrant, match="already used"):  # not the one rotated out last: reuse
         await refresh(ctx, first.refresh_token)
@@ -291,7 +292,7 @@ async def test_a_thief_within_the_window_gets_the_clients_own_pair_and_is_caught
     theirs = await refresh(ctx, stolen.refresh_token)
     assert theirs.refresh_token == mine.refresh_token
     await refresh(ctx, theirs.refresh_token)
-    clock.advance(grants.CONCURRENT_SECONDS + 1)
+    clock.advance(successors.CONCURRENT_SECONDS + 1)
     with pytest.raises(InvalidGrant, match="already used"):
         await refresh(ctx, mine.refresh_token)
     assert counted(ctx, "tokensvc_refresh_reuse_total") == 1
@@ -317,7 +318,7 @@ async def test_a_thief_who_retries_first_is_caught_when_the_client_comes_back(se
     ctx = context(seeded, clock, grace=30)
     stolen = await exchange(ctx, await code_for(ctx))
     mine = await refresh(ctx, stolen.refresh_token)
-    clock.advance(grants.CONCURRENT_SECONDS + 1)
+    clock.advance(successors.CONCURRENT_SECONDS + 1)
     theirs = await refresh(ctx, stolen.refresh_token)
     assert await alive(ctx, theirs) == [True, True]
     assert await principal.from_bearer(ctx, mine.access_token) is None  # replaced
@@ -353,8 +354,8 @@ async def test_the_mongodb_default_grace_covers_an_honest_retry_through_a_long_i
     first = await exchange(ctx, await code_for(ctx))
     rotate = seeded.rotate_family
 
-    async def applied_but_reply_lost(*arguments):
-        await rotate(*arguments)
+    async def applied_but_reply_lost(*arguments, **options):
+        await rotate(*arguments, **options)
         raise StorageError("timed out waiting for the reply")
 
     monkeypatch.setattr(seeded, "rotate_family", applied_but_reply_lost)
@@ -365,6 +366,202 @@ async def test_the_mongodb_default_grace_covers_an_honest_retry_through_a_long_i
     retried = await refresh(ctx, first.refresh_token)
     assert await alive(ctx, retried) == [True, True]
     assert counted(ctx, "tokensvc_refresh_reuse_total") == 0
+
+
+def held_rotations(store, monkeypatch, held=1):
+    """The store's first ``held`` rotations wait, once they reached it, until the test lets
+    them apply (a majority write that lags, an election): an event each says it arrived."""
+    rotate, gate, arrived = store.rotate_family, asyncio.Event(), [asyncio.Event() for _ in range(held)]
+    calls = []
+
+    async def slow(*arguments, **options):
+        calls.append(arguments)
+        if len(calls) <= held:
+            arrived[len(calls) - 1].set()
+            await gate.wait()
+        return await rotate(*arguments, **options)
+
+    monkeypatch.setattr(store, "rotate_family", slow)
+    return gate, arrived
+
+
+@pytest.mark.parametrize("grace", [0, 30])
+async def test_a_presentation_is_judged_by_its_arrival_whatever_the_store_takes(seeded, clock, grace, monkeypatch):
+    """A rotation whose write takes 3 s (a lagging majority, an election) and a second tab
+    arriving 10 ms after it, whose own rotation lands first: the first, deciding again 3 s
+    later, arrived within the window of the pair the second was issued, so both get that pair
+    and nothing is reuse or replaced."""
+    ctx = context(seeded, clock, grace=grace)
+    first = await exchange(ctx, await code_for(ctx))
+    gate, (held,) = held_rotations(seeded, monkeypatch)
+    slow = asyncio.ensure_future(refresh(ctx, first.refresh_token))
+    await held.wait()
+    clock.advance(0.01)
+    second_tab = await refresh(ctx, first.refresh_token)
+    clock.advance(3)
+    gate.set()
+    first_tab = await slow
+    assert (first_tab.access_token, first_tab.refresh_token) == (second_tab.access_token, second_tab.refresh_token)
+    assert await alive(ctx, first_tab) == [True, True]
+    assert counted(ctx, "tokensvc_refresh_reuse_total") == 0
+    assert counted(ctx, "tokensvc_tokens_issued_total", grant="refresh_token") == 1
+    assert (await refresh(ctx, first_tab.refresh_token)).access_token
+
+
+@pytest.mark.parametrize("grace", [0, 30])
+async def test_presentations_held_through_an_election_get_one_pair(seeded, clock, grace, monkeypatch):
+    """Both rotations reach the store and wait 12 s for a new primary, then one lands: the
+    other, deciding then, is judged by its arrival with the one that landed, and gets its pair."""
+    ctx = context(seeded, clock, grace=grace)
+    first = await exchange(ctx, await code_for(ctx))
+    gate, arrivals = held_rotations(seeded, monkeypatch, held=2)
+    tabs = [asyncio.ensure_future(refresh(ctx, first.refresh_token))]
+    await arrivals[0].wait()
+    clock.advance(0.5)
+    tabs.append(asyncio.ensure_future(refresh(ctx, first.refresh_token)))
+    await arrivals[1].wait()
+    clock.advance(12)
+    gate.set()
+    answers = await asyncio.gather(*tabs)
+    assert len({(answer.access_token, answer.refresh_token) for answer in answers}) == 1
+    assert await alive(ctx, answers[0]) == [True, True]
+    assert counted(ctx, "tokensvc_refresh_reuse_total") == 0
+
+
+async def test_a_pair_used_before_a_presentation_arrived_is_not_given_to_it_however_late(seeded, clock):
+    """The order that counts is the arrivals': a presentation that arrived after the pair's
+    first use is reuse, one that arrived before it gets the pair even when the store answers
+    it after the use."""
+    ctx = context(seeded, clock)
+    first = await exchange(ctx, await code_for(ctx))
+    mine = await refresh(ctx, first.refresh_token)
+    arrived = clock()
+    clock.advance(1)
+    assert await principal.from_bearer(ctx, mine.access_token) is not None  # the first use, 1 s in
+    late = await grants.refresh(ctx, await seeded.get_client("webapp"), first.refresh_token, arrived=arrived)
+    assert late.refresh_token == mine.refresh_token
+    with pytest.raises(InvalidGrant, match="already used"):
+        await refresh(ctx, first.refresh_token)  # arrived after the use
+
+
+@pytest.mark.parametrize("grace", [0, 35])
+async def test_a_thiefs_rotation_is_revealed_by_the_access_token_it_killed(seeded, clock, grace):
+    """A thief rotates the current refresh token; the client's next call with its access token
+    fails (one pair per family) and its app refreshes at once, within the window. That access
+    token, rotated out but not expired, shows a second holder: the client's presentation is
+    then decided by the grace rules, so the thief's rotation is caught (reuse at grace 0; at
+    a grace, the thief's unused pair replaced and its next refresh reuse), never absorbed."""
+    ctx = context(seeded, clock, grace=grace)
+    client = await exchange(ctx, await code_for(ctx))
+    clock.advance(600)
+    thief = await refresh(ctx, client.refresh_token)
+    clock.advance(0.2)
+    assert await principal.from_bearer(ctx, client.access_token) is None  # the client's API call: 401
+    clock.advance(0.3)
+    if grace == 0:
+        with pytest.raises(InvalidGrant, match="already used"):
+            await refresh(ctx, client.refresh_token)
+    else:
+        replaced = await refresh(ctx, client.refresh_token)
+        assert replaced.refresh_token != thief.refresh_token
+        with pytest.raises(InvalidGrant, match="already used"):
+            await refresh(ctx, thief.refresh_token)
+        assert await alive(ctx, replaced) == [False, False]
+    assert await alive(ctx, thief) == [False, False]
+    assert counted(ctx, "tokensvc_refresh_reuse_total") == 1
+
+
+async def test_a_rotated_out_access_token_shows_a_second_holder_only_while_it_would_be_in_force(seeded, clock):
+    """Tabs that refresh together, with no call between, and one whose access token had
+    expired before another tab refreshed, still get one pair; a rotated-out access token
+    presented before its expiry closes the window for the family, for good."""
+    ctx = context(seeded, clock)
+    tokens_ = await exchange(ctx, await code_for(ctx))
+    clock.advance(ctx.tokens.access_ttl + 1)
+    assert await principal.from_bearer(ctx, tokens_.access_token) is None  # expired
+    mine = await refresh(ctx, tokens_.refresh_token)
+    assert await principal.from_bearer(ctx, tokens_.access_token) is None  # expired, then rotated out
+    assert (await refresh(ctx, tokens_.refresh_token)).refresh_token == mine.refresh_token
+    family, _ = await seeded.get_family(tokens.parse_refresh(mine.refresh_token)[0])
+    assert family.second_holder_at is None
+    clock.advance(successors.CONCURRENT_SECONDS + 1)
+    theirs = await refresh(ctx, mine.refresh_token)
+    assert await principal.from_bearer(ctx, mine.access_token) is None  # rotated out, unexpired
+    family, _ = await seeded.get_family(family.family_id)
+    assert family.second_holder_at == clock()
+    with pytest.raises(InvalidGrant, match="already used"):  # within the window, but not concurrent now
+        await refresh(ctx, mine.refresh_token)
+    assert await alive(ctx, theirs) == [False, False]
+
+
+async def test_the_successor_needs_the_salt_the_store_holds(seeded, clock):
+    """Each rotation draws a salt of its own, stored with the pair: the key and a refresh
+    token copied long ago do not compute the pairs after it, nor does any salt but the one
+    the store holds now."""
+    ctx = context(seeded, clock)
+    _, key = ctx.successors.deriving
+    current = stolen = await exchange(ctx, await code_for(ctx))
+    presented, salts = [], []
+    for _ in range(4):
+        clock.advance(60)
+        presented.append(current.refresh_token)
+        current = await refresh(ctx, current.refresh_token)
+        family, _ = await seeded.get_family(tokens.parse_refresh(current.refresh_token)[0])
+        salts.append(family.salt)
+    assert len(set(salts)) == 4 and all(len(salt) == 22 for salt in salts)
+    secret = stolen.refresh_token.partition(".")[0]
+    # What the window does: the previous token, the serial and the stored salt give the pair.
+    access, tail = successors.derive(key, presented[-1], family.serial, family.salt)
+    assert (access, f"{secret}.{tail}") == (current.access_token, current.refresh_token)
+    # Whoever has the key and the first token, but not the store's record, computes nothing.
+    for salt in salts[:-1]:
+        access, _ = successors.derive(key, presented[-1], family.serial, salt)
+        assert access != current.access_token
+    token = stolen.refresh_token
+    for serial in range(1, len(salts)):
+        access, tail = successors.derive(key, token, serial, salts[-1])
+        token = f"{secret}.{tail}"
+        assert token not in presented[1:] + [current.refresh_token]
+
+
+async def test_within_the_window_the_scope_is_checked_first(seeded, clock):
+    """A presentation within the window gets the pair only for that pair's scope or none:
+    a malformed scope is invalid_scope before anything, and any other scope a clear error,
+    never the pair with a scope it did not ask for. Nothing is revoked by either."""
+    ctx = context(seeded, clock)
+    webapp = await seeded.get_client("webapp")
+    first = await exchange(ctx, await code_for(ctx))
+    mine = await refresh(ctx, first.refresh_token)
+    for scope in ("read\x00x", "read  write\x7f"):
+        with pytest.raises(InvalidScope):
+            await grants.refresh(ctx, webapp, first.refresh_token, scope)
+    assert mine.scope == "read write connected-apps:write"
+    for scope in ("admin", "read", "read write2"):
+        with pytest.raises(InvalidScope, match="just rotated"):
+            await grants.refresh(ctx, webapp, first.refresh_token, scope)
+    for scope in (None, "", mine.scope, "connected-apps:write write read read"):
+        again = await grants.refresh(ctx, webapp, first.refresh_token, scope)
+        assert (again.refresh_token, again.scope) == (mine.refresh_token, mine.scope)
+    assert await alive(ctx, mine) == [True, True]
+    assert counted(ctx, "tokensvc_refresh_reuse_total") == 0
+
+
+async def test_a_successor_used_after_a_late_reissue_is_never_given_again(seeded, clock):
+    """The window runs from the current pair's issue, a reissue's too, and the pair's first
+    use within it is recorded: a grace retry near the end of the grace, its pair used, then
+    the old token once more is reuse, not that used pair again."""
+    ctx = context(seeded, clock, grace=5)
+    first = await exchange(ctx, await code_for(ctx))
+    clock.advance(10)
+    await refresh(ctx, first.refresh_token)
+    clock.advance(4.9)
+    reissued = await refresh(ctx, first.refresh_token)  # a retry within the grace
+    clock.advance(0.6)  # past the grace, within the window of the reissued pair
+    assert await principal.from_bearer(ctx, reissued.access_token) is not None
+    clock.advance(0.5)
+    with pytest.raises(InvalidGrant, match="already used"):
+        await refresh(ctx, first.refresh_token)
+    assert await alive(ctx, reissued) == [False, False]
 
 
 # -- dead tokens ----------------------------------------------------------------------------------

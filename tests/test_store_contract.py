@@ -413,6 +413,34 @@ async def test_rotation_is_atomic_and_conditional(backend_store, now):
 
 
 @pytest.mark.gen_test
+async def test_a_rotation_keeps_the_access_token_it_replaced_and_a_second_holder_is_marked_once(backend_store, now):
+    """The access token a rotation replaces (as read with the refresh token) finds the family
+    until the next rotation, beside its current one; the rotation applies only while it is
+    still the family's access token. A second holder is recorded once."""
+    store = backend_store
+    await store.create_family(family(now))
+    later = now + timedelta(seconds=5)
+    replaced = ("a1", now + timedelta(seconds=600))
+    assert await store.rotate_family("f1", "r1", pair(later, 2), later, previous_access=("a-other", later)) is None
+    rotated = await store.rotate_family("f1", "r1", replace(pair(later, 2), salt="s2"), later,
+                                        previous_access=replaced)
+    assert (rotated.previous_access_hash, rotated.previous_access_expires_at, rotated.salt) == (*replaced, "s2")
+    found, _ = await store.find_access("a1")
+    assert found == rotated and found.access_hash == "a2"
+    assert (await store.find_access("a2"))[0] == rotated
+    assert await store.mark_second_holder("f1", later) is True
+    assert await store.mark_second_holder("f1", later + timedelta(seconds=1)) is False  # the first stays
+    assert (await store.get_family("f1"))[0].second_holder_at == later
+    assert await store.mark_second_holder("nothing", later) is False
+    again = await store.rotate_family("f1", "r2", pair(later, 3), later, previous_access=("a2", later))
+    assert again.second_holder_at == later and again.previous_access_hash == "a2"  # for good
+    assert await store.find_access("a1") == (None, None)  # only the last one replaced is kept
+    assert (await store.find_access("a2"))[0] == again
+    await store.purge_expired(later + timedelta(seconds=3601))
+    assert await store.find_access("a2") == (None, None)
+
+
+@pytest.mark.gen_test
 async def test_a_pair_is_reissued_only_while_unused(backend_store, now):
     store = backend_store
     await store.create_family(family(now))

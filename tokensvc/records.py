@@ -192,12 +192,21 @@ class Family:
     revoked_at: datetime | None = None  # the whole family
     rotations: int = 0
     # The current pair's number in the family (the exchange's is 0; each rotation or reissue
-    # adds one) and the id of the successor key it was derived with (None: a random pair).
-    # Presentations of the token it succeeded that come within seconds get this same pair,
-    # recomputed (tokensvc.oauth.successors). A release that does not derive pairs leaves both
-    # as they were: a recomputation that does not give the stored hashes is no match.
+    # adds one), the id of the successor key it was derived with (None: a random pair) and the
+    # random salt its derivation took. Presentations of the token it succeeded that come within
+    # seconds get this same pair, recomputed (tokensvc.oauth.successors). A release that does
+    # not derive pairs leaves all three as they were: a recomputation that does not give the
+    # stored hashes is no match.
     serial: int = 0
     key_id: str | None = None
+    salt: str | None = None
+    # The access token the last rotation replaced, and when it would have expired: presented
+    # while it would still be in force, it shows a second holder of the pair it belonged to.
+    previous_access_hash: str | None = None
+    previous_access_expires_at: datetime | None = None
+    # When a second holder showed (that presentation): from then no presentation of a
+    # rotated-out refresh token gets a successor again; the grace rules decide.
+    second_holder_at: datetime | None = None
 
     @property
     def subject(self) -> Subject:
@@ -235,8 +244,9 @@ class Pair:
     issued_at: datetime
     expires_at: datetime  # the refresh token's
     access_expires_at: datetime
-    serial: int = 0  # see Family.serial and Family.key_id
+    serial: int = 0  # see Family.serial, Family.key_id and Family.salt
     key_id: str | None = None
+    salt: str | None = None
 
 
 @dataclass(slots=True, frozen=True)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from tokensvc import schemas
 from tokensvc.handlers.headers import TOKEN_HEADERS
 from tokensvc.handlers.json_api import JsonHandler
@@ -61,11 +63,17 @@ class RefreshHandler(TokenEndpoint):
 
     cors = True
 
+    def __init__(self, *args: Any) -> None:
+        super().__init__(*args)
+        # When the presentation arrived, before anything waits on the store (its origin, its
+        # client): the window of concurrent presentations is judged by it.
+        self.arrived = self.ctx.clock()
+
     async def post(self) -> None:
         form = self.form(schemas.refresh_request)
         data = self.load(schemas.refresh_request, form)
         self.send_tokens(await grants.token_for_refresh(self.ctx, self.caller(form), data["refresh_token"],
-                                                        data.get("scope")))
+                                                        data.get("scope"), self.arrived))
 
 
 class IntrospectHandler(TokenEndpoint):

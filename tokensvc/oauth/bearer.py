@@ -5,11 +5,13 @@ in force now (:func:`in_force`, :mod:`tokensvc.oauth.privileges`)."""
 from __future__ import annotations
 
 import hmac
+import logging
+from datetime import datetime
 
-from tokensvc.oauth import hashing, privileges, tokens
+from tokensvc import logs
+from tokensvc.oauth import hashing, privileges, successors, tokens
 from tokensvc.oauth.context import OAuthContext
 from tokensvc.oauth.privileges import Authority
-from tokensvc.oauth.successors import CONCURRENT_SECONDS
 from tokensvc.records import Family, Grant, Token
 
 
@@ -28,8 +30,9 @@ async def in_force(ctx: OAuthContext, token: str | None) -> Authority | None:
     """The presented token, if it is in force: live (:func:`live`) with a scope still in force
     (:func:`privileges.authority`). None for anything else. One store round trip for the token,
     one each for its client and its user, and for an access token's first presentation within
-    the grace period one more write: from then on its pair is no longer a lost reply's
-    (:meth:`Family.replaceable`)."""
+    the grace period or the window of concurrent presentations one more write: from then on its
+    pair is no longer a lost reply's (:meth:`Family.replaceable`), nor given again. A rotated-out
+    access token may cost one write too (:func:`_second_holder`)."""
     found = await live(ctx, token)
     return None if found is None else await privileges.authority(ctx, found)
 
@@ -72,15 +75,36 @@ async def active_access_token(ctx: OAuthContext, token: str | None) -> Authority
 
 async def _access(ctx: OAuthContext, access_hash: str) -> Token | None:
     family, grant = await ctx.store.find_access(access_hash)
-    if family is None or family.access_revoked_at is not None:
+    if family is None:
+        return None
+    now = ctx.clock()
+    if not hmac.compare_digest(family.access_hash, access_hash):
+        await _second_holder(ctx, family, now)
+        return None
+    if family.access_revoked_at is not None:
         return None
     found = _standing(ctx, family, grant, family.access())
     # The first use of a pair ends both the grace of a lost reply and the window in which its
     # predecessor's presentations get it again; once both have passed, nothing reads the mark.
-    window = max(ctx.tokens.refresh_grace_seconds, CONCURRENT_SECONDS)
-    if found is not None and family.replaceable(window, ctx.clock()):
-        await ctx.store.mark_access_used(family.family_id, access_hash, ctx.clock())
+    if found is not None and (family.replaceable(ctx.tokens.refresh_grace_seconds, now)
+                              or successors.concurrent(family.issued_at, now)):
+        await ctx.store.mark_access_used(family.family_id, access_hash, now)
     return found
+
+
+async def _second_holder(ctx: OAuthContext, family: Family, now: datetime) -> None:
+    """The access token the family's last rotation replaced, presented while it would still be
+    in force: whoever presents it did not get the pair that replaced it, so someone else
+    rotated it (a thief, then the client whose access token that killed; or a tab the other
+    one left behind). From then no presentation of a rotated-out refresh token of the family
+    gets a successor again (the grace rules decide), so the client's next refresh reveals a
+    thief's rotation instead of receiving its pair. The token itself authorizes nothing."""
+    if (family.second_holder_at is None and family.revoked_at is None
+            and family.previous_access_expires_at is not None and family.previous_access_expires_at > now
+            and await ctx.store.mark_second_holder(family.family_id, now)):
+        logs.audit("second_holder", {"client_id": family.client_id, "subject": family.subject.id,
+                                     "subject_type": family.subject.kind, "outcome": "window_closed"},
+                   logging.INFO, "a rotated-out access token presented")
 
 
 def _standing(ctx: OAuthContext, family: Family, grant: Grant | None, token: Token) -> Token | None:

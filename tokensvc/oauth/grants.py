@@ -16,11 +16,16 @@ of any number of presentations of a code by its client, exactly one is exchanged
 other is ``invalid_grant`` and revokes what the code was exchanged for. A reply lost after the
 family was written costs the user one more authorization.
 
-Refresh tokens presented together. Presentations of one refresh token that arrive within
-:data:`CONCURRENT_SECONDS` of its successor's issue, before that successor was used (two tabs,
-an app and its retry, a proxy's duplicate), all get **the same** successor: the pair is derived
-from the presented token (``oauth/successors.py``), so whoever finds the token just rotated out
-recomputes the pair the store holds and answers it again, from any process.
+Refresh tokens presented together. Presentations of one refresh token that arrive within two
+seconds of its successor's issue (``oauth/successors.py``), before that successor was used (two
+tabs, an app and its retry, a proxy's duplicate), all get **the same** successor: the pair is
+derived from the presented token and a salt the store holds, so whoever finds the token just
+rotated out recomputes the pair the store holds and answers it again, from any process. Times
+are arrivals: a rotation issues its pair at its request's arrival, and a presentation is judged
+by its own, whatever the store's latency. A rotated-out access token presented while it would
+still be in force shows a second holder of the pair (a thief's rotation, then the client's call
+with the access token it killed): from then the family's presentations get no successor again,
+and the grace rules decide.
 
 Lost replies. A reply can be lost after the store applied its write (a timeout, a failover, a
 deploy), and the client retries with what it sent. Within ``tokens.refresh_grace_seconds`` of
@@ -44,7 +49,6 @@ from tokensvc.oauth.clientauth import ClientRequest
 from tokensvc.oauth.context import OAuthContext
 from tokensvc.oauth.errors import InvalidGrant, InvalidScope, UnsupportedGrantType
 from tokensvc.oauth.revocation import revoke_family, sweep_if_grant_revoked
-from tokensvc.oauth.successors import CONCURRENT_SECONDS
 from tokensvc.records import AuthorizationCode, Client, Family, Grant, Subject
 
 
@@ -82,10 +86,11 @@ async def token_for_code(ctx: OAuthContext, caller: ClientRequest, code: str, re
 
 
 async def token_for_refresh(ctx: OAuthContext, caller: ClientRequest, refresh_token: str,
-                            scope: str | None) -> TokenResponse:
-    """``POST /oauth/token/refresh``: authenticate the client, then rotate its refresh token."""
+                            scope: str | None, arrived: datetime) -> TokenResponse:
+    """``POST /oauth/token/refresh``, arrived at ``arrived``: authenticate the client, then
+    rotate its refresh token."""
     client = await clientauth.authenticate_request(ctx, caller)
-    return await refresh(ctx, client, refresh_token, scope)
+    return await refresh(ctx, client, refresh_token, scope, arrived=arrived)
 
 
 # -- authorization code ----------------------------------------------------------------
@@ -169,8 +174,14 @@ def _family(family_id: str, grant: Grant, client: Client, record: AuthorizationC
 
 # -- refresh ----------------------------------------------------------------------------
 
-async def refresh(ctx: OAuthContext, client: Client, refresh_token: str, scope: str | None = None) -> TokenResponse:
-    """Rotate ``refresh_token``. ``scope`` may narrow the new pair (RFC 6749 §6), never widen it."""
+async def refresh(ctx: OAuthContext, client: Client, refresh_token: str, scope: str | None = None, *,
+                  arrived: datetime | None = None) -> TokenResponse:
+    """Rotate ``refresh_token``. ``scope`` may narrow the new pair (RFC 6749 §6), never widen it.
+    ``arrived``: when the presentation arrived (now, unless said), the moment the window of
+    concurrent presentations is judged by and a rotation issues its pair at, however long the
+    store then takes."""
+    arrived = arrived or ctx.clock()
+    _asked(scope)  # a malformed scope is told so before anything is decided
     parsed = tokens.parse_refresh(refresh_token)
     if parsed is None:
         raise InvalidGrant("Unknown refresh token")
@@ -185,12 +196,12 @@ async def refresh(ctx: OAuthContext, client: Client, refresh_token: str, scope: 
         rotated_out_last = (family.previous_hash is not None
                             and hmac.compare_digest(token_hash, family.previous_hash))
         if hmac.compare_digest(token_hash, family.refresh_hash):
-            response = await _rotate(ctx, client, family, grant, token_hash, refresh_token, scope)
-        elif rotated_out_last and (same := await _successor_again(ctx, client, family, grant,
-                                                                  refresh_token)) is not None:
+            response = await _rotate(ctx, client, family, grant, token_hash, refresh_token, scope, arrived)
+        elif rotated_out_last and (same := await _successor_again(ctx, client, family, grant, refresh_token,
+                                                                  scope, arrived)) is not None:
             return same
         elif rotated_out_last and family.replaceable(ctx.tokens.refresh_grace_seconds, ctx.clock()):
-            response = await _retry(ctx, client, family, grant, refresh_token, scope)
+            response = await _retry(ctx, client, family, grant, refresh_token, scope, arrived)
         else:
             await _reused(ctx, family)
         if response is not None:
@@ -199,14 +210,14 @@ async def refresh(ctx: OAuthContext, client: Client, refresh_token: str, scope: 
 
 
 async def _rotate(ctx: OAuthContext, client: Client, family: Family, grant: Grant | None, token_hash: str,
-                  presented: str, scope: str | None) -> TokenResponse | None:
-    now = ctx.clock()
-    if family.expires_at <= now:
+                  presented: str, scope: str | None, arrived: datetime) -> TokenResponse | None:
+    if family.expires_at <= arrived:
         raise InvalidGrant("The refresh token has expired")
     if not family.stands(grant):
         raise InvalidGrant("The authorization was revoked")
-    minted = _successor(ctx, family, presented, await _refreshed(ctx, client, family, scope), now)
-    if await ctx.store.rotate_family(family.family_id, token_hash, minted.pair, now) is None:
+    minted = _successor(ctx, family, presented, await _refreshed(ctx, client, family, scope), arrived)
+    if await ctx.store.rotate_family(family.family_id, token_hash, minted.pair, arrived,
+                                     previous_access=(family.access_hash, family.access_expires_at)) is None:
         return None
     _audit("token_refreshed", "success", family.client_id, family.subject)
     ctx.metrics.issued("refresh_token")
@@ -214,38 +225,49 @@ async def _rotate(ctx: OAuthContext, client: Client, family: Family, grant: Gran
 
 
 async def _successor_again(ctx: OAuthContext, client: Client, family: Family, grant: Grant | None,
-                           presented: str) -> TokenResponse | None:
+                           presented: str, scope: str | None, arrived: datetime) -> TokenResponse | None:
     """The family's current pair, when it is the successor of ``presented`` (the token rotated
-    out last) issued within :data:`CONCURRENT_SECONDS` and never used since: recomputed, and
-    answered only if the store holds exactly its hashes, with the scopes of it in force now.
-    None otherwise (the key that derived it is not configured here, a release that does not
-    derive pairs issued it, or the window has passed): the grace rules decide."""
-    now = ctx.clock()
-    if family.access_used_at is not None or (now - family.issued_at).total_seconds() > CONCURRENT_SECONDS:
+    out last) and this presentation arrived within :data:`~tokensvc.oauth.successors.CONCURRENT_SECONDS` of its issue,
+    before its first use, with no second holder of the family shown: recomputed, and answered
+    only if the store holds exactly its hashes, with the scopes of it in force now. None
+    otherwise (the key that derived it is not configured here, a release that does not derive
+    pairs issued it, or the presentation is not concurrent): the grace rules decide."""
+    if (family.second_holder_at is not None or not successors.concurrent(family.issued_at, arrived)
+            or (family.access_used_at is not None and family.access_used_at <= arrived)):
         return None
     key = ctx.successors.get(family.key_id)
-    if key is None:
+    if key is None or family.salt is None:
         return None
-    again = _derived(ctx, family, presented, family.scopes, now, family.key_id, key, family.serial)
+    again = _derived(ctx, family, presented, family.scopes, arrived, family.key_id, key, family.serial, family.salt)
     if not (hmac.compare_digest(again.pair.refresh_hash, family.refresh_hash)
             and hmac.compare_digest(again.pair.access_hash, family.access_hash)):
         return None
-    if not family.stands(grant) or family.expires_at <= now:
+    _same_scope(family, scope)
+    if not family.stands(grant) or family.expires_at <= arrived:
         raise InvalidGrant("The authorization was revoked" if not family.stands(grant)
                            else "The refresh token has expired")
     held = await _in_force(ctx, client, family.subject, family.scopes)
     _audit("token_refreshed", "success", family.client_id, family.subject, concurrent_presentation=True)
-    remaining = max(0, int((family.access_expires_at - now).total_seconds()))
+    remaining = max(0, int((family.access_expires_at - ctx.clock()).total_seconds()))
     return TokenResponse(again.access_token, again.refresh_token, remaining, scopes.render(held))
 
 
+def _same_scope(family: Family, scope: str | None) -> None:
+    """A presentation answered with the pair a concurrent one was issued asks for that pair's
+    scope, or none: anything else is told so (a malformed scope too), never given the pair."""
+    asked = _asked(scope)
+    if asked is not None and set(asked) != set(family.scopes):
+        raise InvalidScope("This refresh token was just rotated by a concurrent request, with the scope "
+                           f"'{scopes.render(family.scopes)}': present it with that scope, or none")
+
+
 async def _retry(ctx: OAuthContext, client: Client, family: Family, grant: Grant | None, presented: str,
-                 scope: str | None) -> TokenResponse | None:
+                 scope: str | None, arrived: datetime) -> TokenResponse | None:
     """The refresh token rotated out last, again, within the grace period, while the pair that
     rotation issued was never used: that pair is replaced (its reply was lost)."""
     if not family.stands(grant):
         raise InvalidGrant("The authorization was revoked")
-    minted = _successor(ctx, family, presented, await _refreshed(ctx, client, family, scope), ctx.clock())
+    minted = _successor(ctx, family, presented, await _refreshed(ctx, client, family, scope), arrived)
     if await ctx.store.reissue_pair(family.family_id, family.refresh_hash, minted.pair) is None:
         return None
     _audit("token_refreshed", "success", family.client_id, family.subject, retry_within_grace=True)
@@ -265,10 +287,7 @@ async def _refreshed(ctx: OAuthContext, client: Client, family: Family, scope: s
     """The scopes of a refresh's new pair: of those the family holds, what ``scope`` asks for
     (all when omitted, never more, RFC 6749 §6) that is in force now. A scope no longer in
     force is left out for good: the new pair does not hold it."""
-    try:
-        asked = scopes.parse(scope)
-    except ValueError as exc:
-        raise InvalidScope(str(exc)) from None
+    asked = _asked(scope)
     beyond = [item for item in asked or [] if item not in family.scopes]
     if beyond:
         raise InvalidScope("A refresh cannot widen the scope: " + " ".join(beyond))
@@ -277,6 +296,14 @@ async def _refreshed(ctx: OAuthContext, client: Client, family: Family, scope: s
     if lost:
         raise InvalidScope("No longer in force: " + " ".join(lost))
     return held if asked is None else asked
+
+
+def _asked(scope: str | None) -> list[str] | None:
+    """The scopes ``scope`` asks for (None: omitted); ``invalid_scope`` when malformed."""
+    try:
+        return scopes.parse(scope)
+    except ValueError as exc:
+        raise InvalidScope(str(exc)) from None
 
 
 async def _in_force(ctx: OAuthContext, client: Client, subject: Subject, held: list[str]) -> list[str]:
@@ -298,16 +325,17 @@ def _mint(ctx: OAuthContext, secret: str, granted: list[str], subject: Subject, 
 
 def _successor(ctx: OAuthContext, family: Family, presented: str, granted: list[str], now: datetime) -> tokens.Minted:
     """The pair that replaces the family's current one, derived from the refresh token
-    ``presented`` with the first key, numbered one past the current pair."""
+    ``presented`` with the first key and a new salt, numbered one past the current pair."""
     key_id, key = ctx.successors.deriving
-    return _derived(ctx, family, presented, granted, now, key_id, key, family.serial + 1)
+    return _derived(ctx, family, presented, granted, now, key_id, key, family.serial + 1, successors.new_salt())
 
 
 def _derived(ctx: OAuthContext, family: Family, presented: str, granted: list[str], now: datetime, key_id: str | None,
-             key: bytes, serial: int) -> tokens.Minted:
-    """The successor of ``presented`` numbered ``serial``, derived with the key ``key_id``."""
+             key: bytes, serial: int, salt: str) -> tokens.Minted:
+    """The successor of ``presented`` numbered ``serial``, derived with the key ``key_id`` and
+    ``salt``."""
     return _mint(ctx, presented.partition(tokens.SEPARATOR)[0], granted, family.subject, now,
-                 derived=successors.derive(key, presented, serial), serial=serial, key_id=key_id)
+                 derived=successors.derive(key, presented, serial, salt), serial=serial, key_id=key_id, salt=salt)
 
 
 def _response(ctx: OAuthContext, minted: tokens.Minted) -> TokenResponse:

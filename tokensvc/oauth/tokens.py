@@ -63,12 +63,13 @@ class Minted:
 
 
 def mint(secret: str, scopes: list[str], now: datetime, access_ttl: int, refresh_ttl: int, *,
-         derived: tuple[str, str] | None = None, serial: int = 0, key_id: str | None = None) -> Minted:
+         derived: tuple[str, str] | None = None, serial: int = 0, key_id: str | None = None,
+         salt: str | None = None) -> Minted:
     """A new pair of the family whose secret is ``secret``: random, or ``derived`` (its access
     token and the random part of its refresh token, :func:`tokensvc.oauth.successors.derive`),
-    numbered ``serial`` in the family and derived with the key ``key_id``."""
+    numbered ``serial`` in the family and derived with the key ``key_id`` and ``salt``."""
     access, tail = derived or (hashing.new_secret(), hashing.new_secret())
     refresh = f"{secret}{SEPARATOR}{tail}"
     return Minted(access, refresh, Pair(hashing.digest(access), hashing.digest(refresh), list(scopes), now,
                                         now + timedelta(seconds=refresh_ttl), now + timedelta(seconds=access_ttl),
-                                        serial, key_id))
+                                        serial, key_id, salt))

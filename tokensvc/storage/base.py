@@ -224,16 +224,21 @@ class Authorizations(abc.ABC):
 
     @abc.abstractmethod
     async def find_access(self, access_hash: str) -> tuple[Family | None, Grant | None]:
-        """The family whose current access token has this hash, and its grant, in one round
-        trip (bearer authentication and introspection)."""
+        """The family whose current access token has this hash, or whose last rotation replaced
+        the access token with this hash (its ``access_hash`` then differs), and its grant, in
+        one round trip (bearer authentication and introspection)."""
 
     @abc.abstractmethod
-    async def rotate_family(self, family_id: str, refresh_hash: str, pair: Pair, now: datetime) -> Family | None:
+    async def rotate_family(self, family_id: str, refresh_hash: str, pair: Pair, now: datetime, *,
+                            previous_access: tuple[str, datetime] | None = None) -> Family | None:
         """Atomically replace the family's pair with ``pair`` (its hashes, scopes, times,
-        ``serial`` and ``key_id``) if ``refresh_hash`` is its current refresh token, unexpired,
-        and the family is not revoked. The replaced refresh token becomes ``previous_hash``,
-        ``now`` the ``renewed_at``; the access token's use and revocation marks are cleared.
-        The family after, or None (exactly one of concurrent callers wins)."""
+        ``serial``, ``key_id`` and ``salt``) if ``refresh_hash`` is its current refresh token,
+        unexpired, and the family is not revoked (and, given ``previous_access``, the hash and
+        expiry of the access token read with it, that this is its access token). The replaced
+        refresh token becomes ``previous_hash``, ``now`` the ``renewed_at``, ``previous_access``
+        the ``previous_access_hash`` and ``previous_access_expires_at`` (None without it); the
+        access token's use and revocation marks are cleared. The family after, or None (exactly
+        one of concurrent callers wins)."""
 
     @abc.abstractmethod
     async def reissue_pair(self, family_id: str, refresh_hash: str, pair: Pair) -> Family | None:
@@ -245,6 +250,11 @@ class Authorizations(abc.ABC):
     @abc.abstractmethod
     async def mark_access_used(self, family_id: str, access_hash: str, now: datetime) -> None:
         """Record the first presentation of the family's current access token."""
+
+    @abc.abstractmethod
+    async def mark_second_holder(self, family_id: str, now: datetime) -> bool:
+        """Record, once, that a second holder of the family showed (``second_holder_at``); True
+        when this call recorded it."""
 
     @abc.abstractmethod
     async def revoke_access(self, family_id: str, access_hash: str, now: datetime) -> bool:

@@ -65,7 +65,7 @@ PACKED_FROM = 2  # the store format from which hashes are written packed
 # The hash fields of each collection's documents, the key first.
 HASHED: dict[str, tuple[str, ...]] = {
     "codes": ("_id", "family_id"),
-    "families": ("_id", "refresh_hash", "access_hash", "previous_hash"),
+    "families": ("_id", "refresh_hash", "access_hash", "previous_hash", "previous_access_hash"),
     "sessions": ("_id",),
 }
 # The fields a sweep (``update_many``) sets, from null to a time: the only change a frozen

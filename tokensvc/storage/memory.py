@@ -111,6 +111,7 @@ class MemoryStore(Store):
         self._codes: dict[str, Row] = {}  # CODES rows
         self._families: dict[str, Row] = {}  # FAMILIES rows
         self._access: dict[str, str] = {}  # a family's current access token hash -> its id
+        self._previous_access: dict[str, str] = {}  # the access token hash its last rotation replaced -> its id
         self._grant_families: dict[str, set[str]] = defaultdict(set)
         self._sessions: dict[str, Row] = {}  # SESSIONS rows
         self._user_sessions: dict[str, set[str]] = defaultdict(set)
@@ -318,7 +319,7 @@ class MemoryStore(Store):
         return self._with_grant(self._families.get(family_id))
 
     async def find_access(self, access_hash: str) -> tuple[Family | None, Grant | None]:
-        family_id = self._access.get(access_hash)
+        family_id = self._access.get(access_hash) or self._previous_access.get(access_hash)
         return self._with_grant(None if family_id is None else self._families.get(family_id))
 
     def _replace_pair(self, family_id: str, row: Row, pair: Pair, **changes: Any) -> Family:
@@ -327,17 +328,25 @@ class MemoryStore(Store):
         updated = FAMILIES.updated(row, refresh_hash=pair.refresh_hash, access_hash=pair.access_hash,
                                    scopes=tuple(pair.scopes), issued_at=pair.issued_at, expires_at=pair.expires_at,
                                    access_expires_at=pair.access_expires_at, access_used_at=None,
-                                   access_revoked_at=None, serial=pair.serial, key_id=pair.key_id, **changes)
+                                   access_revoked_at=None, serial=pair.serial, key_id=pair.key_id, salt=pair.salt,
+                                   **changes)
         self._families[family_id] = updated
         return FAMILIES.unpack_row(updated)
 
-    async def rotate_family(self, family_id: str, refresh_hash: str, pair: Pair, now: datetime) -> Family | None:
+    async def rotate_family(self, family_id: str, refresh_hash: str, pair: Pair, now: datetime, *,
+                            previous_access: tuple[str, datetime] | None = None) -> Family | None:
         row = self._families.get(family_id)
         if (row is None or FAMILIES.get(row, "refresh_hash") != refresh_hash
-                or FAMILIES.get(row, "revoked_at") is not None or FAMILIES.get(row, "expires_at") <= now):
+                or FAMILIES.get(row, "revoked_at") is not None or FAMILIES.get(row, "expires_at") <= now
+                or (previous_access is not None and FAMILIES.get(row, "access_hash") != previous_access[0])):
             return None
+        self._previous_access.pop(FAMILIES.get(row, "previous_access_hash"), None)
+        replaced_hash, replaced_expiry = previous_access or (None, None)
+        if replaced_hash is not None:
+            self._previous_access[replaced_hash] = family_id
         return self._replace_pair(family_id, row, pair, previous_hash=refresh_hash, renewed_at=now,
-                                  rotations=FAMILIES.get(row, "rotations") + 1)
+                                  rotations=FAMILIES.get(row, "rotations") + 1, previous_access_hash=replaced_hash,
+                                  previous_access_expires_at=replaced_expiry)
 
     async def reissue_pair(self, family_id: str, refresh_hash: str, pair: Pair) -> Family | None:
         row = self._families.get(family_id)
@@ -351,6 +360,13 @@ class MemoryStore(Store):
         if (row is not None and FAMILIES.get(row, "access_hash") == access_hash
                 and FAMILIES.get(row, "access_used_at") is None):
             self._families[family_id] = FAMILIES.updated(row, access_used_at=now)
+
+    async def mark_second_holder(self, family_id: str, now: datetime) -> bool:
+        row = self._families.get(family_id)
+        if row is None or FAMILIES.get(row, "second_holder_at") is not None:
+            return False
+        self._families[family_id] = FAMILIES.updated(row, second_holder_at=now)
+        return True
 
     async def revoke_access(self, family_id: str, access_hash: str, now: datetime) -> bool:
         row = self._families.get(family_id)
@@ -421,6 +437,7 @@ class MemoryStore(Store):
         for key in families:
             row = self._families.pop(key)
             self._access.pop(FAMILIES.get(row, "access_hash"), None)
+            self._previous_access.pop(FAMILIES.get(row, "previous_access_hash"), None)
             self._grant_families[FAMILIES.get(row, "grant_id")].discard(key)
         sessions = [key for key, row in self._sessions.items() if SESSIONS.get(row, "expires_at") <= now]
         for key in sessions:

@@ -149,6 +149,8 @@ INDEXES: list[Index] = [
     ("codes", [("client_id", ASCENDING), ("consumed_at", ASCENDING)], {"name": "client_unconsumed"}),
     ("families", [("expires_at", ASCENDING)], {"expireAfterSeconds": 0, "name": "ttl"}),
     ("families", [("access_hash", ASCENDING)], {"unique": True, "name": "access_hash"}),
+    # The family of an access token its last rotation replaced, presented again (a second holder).
+    ("families", [("previous_access_hash", ASCENDING)], {"name": "previous_access_hash"}),
     # A grant's live families, in order (list_families), and the sweep of a revoked grant.
     ("families", [("grant_id", ASCENDING), ("revoked_at", ASCENDING), ("created_at", ASCENDING)],
      {"name": "grant_live"}),
@@ -495,7 +497,8 @@ USERS = _Mapper(User, "user_id")
 INSTALLATIONS = _Mapper(Installation, "installation_id")
 GRANTS = _Mapper(Grant, "grant_id")
 CODES = _Mapper(AuthorizationCode, "code_hash", ("code_hash", "family_id"))
-FAMILIES = _Mapper(Family, "family_id", ("family_id", "refresh_hash", "access_hash", "previous_hash"))
+FAMILIES = _Mapper(Family, "family_id",
+                   ("family_id", "refresh_hash", "access_hash", "previous_hash", "previous_access_hash"))
 SESSIONS = _Mapper(Session, "session_hash", ("session_hash",))
 
 
@@ -512,7 +515,7 @@ def _pair_fields(pair: Pair, pack: Callable[[Any], Any]) -> dict[str, Any]:
     return {"refresh_hash": pack(pair.refresh_hash), "access_hash": pack(pair.access_hash),
             "scopes": list(pair.scopes), "issued_at": pair.issued_at, "expires_at": pair.expires_at,
             "access_expires_at": pair.access_expires_at, "access_used_at": None, "access_revoked_at": None,
-            "serial": pair.serial, "key_id": pair.key_id}
+            "serial": pair.serial, "key_id": pair.key_id, "salt": pair.salt}
 
 
 def _caseless(username: str) -> dict[str, Any]:
@@ -1149,15 +1152,20 @@ class MongoStore(Store):
 
     @guarded(READ)
     async def find_access(self, access_hash: str) -> tuple[Family | None, Grant | None]:
-        return await self._with_grant({"access_hash": hashes.either(access_hash)})
+        either = hashes.either(access_hash)
+        return await self._with_grant({"$or": [{"access_hash": either}, {"previous_access_hash": either}]})
 
     @guarded(ONCE)
-    async def rotate_family(self, family_id: str, refresh_hash: str, pair: Pair, now: datetime) -> Family | None:
+    async def rotate_family(self, family_id: str, refresh_hash: str, pair: Pair, now: datetime, *,
+                            previous_access: tuple[str, datetime] | None = None) -> Family | None:
         pack = await self.writing()
+        replaced_hash, replaced_expiry = previous_access or (None, None)
+        current = {} if replaced_hash is None else {"access_hash": hashes.either(replaced_hash)}
         return FAMILIES.record(await self._write_one("families", family_id, lambda: self.families.find_one_and_update(
-            {"_id": hashes.either(family_id), "refresh_hash": hashes.either(refresh_hash), "revoked_at": None,
-             "expires_at": {"$gt": now}, **hashes.NOT_FROZEN},
-            {"$set": {**_pair_fields(pair, pack), "previous_hash": pack(refresh_hash), "renewed_at": now},
+            {"_id": hashes.either(family_id), "refresh_hash": hashes.either(refresh_hash), **current,
+             "revoked_at": None, "expires_at": {"$gt": now}, **hashes.NOT_FROZEN},
+            {"$set": {**_pair_fields(pair, pack), "previous_hash": pack(refresh_hash), "renewed_at": now,
+                      "previous_access_hash": pack(replaced_hash), "previous_access_expires_at": replaced_expiry},
              "$inc": {"rotations": 1}},
             return_document=ReturnDocument.AFTER)))
 
@@ -1175,6 +1183,13 @@ class MongoStore(Store):
             {"_id": hashes.either(family_id), "access_hash": hashes.either(access_hash), "access_used_at": None,
              **hashes.NOT_FROZEN},
             {"$set": {"access_used_at": now}}))
+
+    @guarded(RERUN)
+    async def mark_second_holder(self, family_id: str, now: datetime) -> bool:
+        result = await self._write_one("families", family_id, lambda: self.families.update_one(
+            {"_id": hashes.either(family_id), "second_holder_at": None, **hashes.NOT_FROZEN},
+            {"$set": {"second_holder_at": now}}))
+        return result.modified_count == 1
 
     @guarded(ONCE)
     async def revoke_access(self, family_id: str, access_hash: str, now: datetime) -> bool:
