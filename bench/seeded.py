@@ -48,7 +48,7 @@ def new_family(ctx: OAuthContext, grant: Grant, now) -> tuple[token_format.Minte
 def settings(port: int) -> config_module.Settings:
     return config_module.from_dict({
         "base_url": f"http://127.0.0.1:{port}", "auth_url": f"http://127.0.0.1:{port}", "port": port,
-        "cookie_secret": "bench-cookie-secret-0123456789",
+        "cookie_secret": "bench-cookie-secret-0123456789abcdef",
         "tokens": {"access_ttl": 86400, "code_ttl": 3600},
         "clients": [{"client_id": "bench", "name": "Bench", "redirect_uris": [REDIRECT], "first_party": True,
                      "client_secret": CLIENT_SECRET, "allowed_scopes": ["read", "write"]}],

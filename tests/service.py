@@ -42,7 +42,7 @@ base_url = "{base}"
 auth_url = "{base}"
 host = "127.0.0.1"
 port = {port}
-cookie_secret = "e2e-cookie-secret-0123456789"
+cookie_secret = "e2e-cookie-secret-0123456789abcdef"
 {storage}
 
 [scopes]

@@ -17,7 +17,7 @@ from tokensvc.oauth import hashing
 from tokensvc.storage.mongo import MongoStore
 
 CONFIG = """
-cookie_secret = "cli-test-cookie-secret-0123"
+cookie_secret = "cli-test-cookie-secret-0123456789abcdef"
 [storage]
 backend = "mongodb"
 mongodb_uri = "mongodb://127.0.0.1:1"
@@ -229,7 +229,7 @@ def test_tokens_purge_prints_counts(run, mongo):
 
 def test_memory_backend_explains_where_clients_come_from(tmp_path, capsys):
     path = tmp_path / "memory.toml"
-    path.write_text('cookie_secret = "0123456789abcdef0123"\n')
+    path.write_text('cookie_secret = "0123456789abcdef0123456789abcdef"\n')
     assert cli.main(["clients", "list", "--config", str(path)]) == 1
     assert "come from the config file" in capsys.readouterr().err
 
@@ -300,7 +300,7 @@ def test_clients_add_refuses_a_javascript_redirect_uri(run):
 
 def test_tokens_purge_on_the_memory_backend_explains_it_purges_itself(tmp_path, capsys):
     path = tmp_path / "memory.toml"
-    path.write_text('cookie_secret = "0123456789abcdef0123"\n')
+    path.write_text('cookie_secret = "0123456789abcdef0123456789abcdef"\n')
     assert cli.main(["tokens", "purge", "--config", str(path)]) == 1
     err = capsys.readouterr().err
     assert "lives inside the running server, which purges its expired codes" in err
@@ -334,7 +334,7 @@ async def test_the_running_memory_store_purges_itself():
 
 def test_json_errors_are_json_on_stderr_with_the_same_exit_codes(tmp_path, config_path, capsys):
     memory = tmp_path / "memory.toml"
-    memory.write_text('cookie_secret = "0123456789abcdef0123"\n')
+    memory.write_text('cookie_secret = "0123456789abcdef0123456789abcdef"\n')
     cases = [
         (["clients", "list", "--config", str(memory), "--json"], "come from the config file"),
         (["clients", "list", "--config", "/no/such.toml", "--json"], "config file not found"),

@@ -9,6 +9,8 @@ from tokensvc.config import ConfigError
 
 REPO = Path(__file__).resolve().parent.parent
 
+SECRET = 'cookie_secret = "0123456789abcdef0123456789abcdef"\n'
+
 
 def write(tmp_path, text):
     path = tmp_path / "tokensvc.toml"
@@ -39,7 +41,7 @@ def test_cookie_secret_required_outside_demo():
 
 
 def test_environment_overrides(tmp_path):
-    path = write(tmp_path, 'cookie_secret = "0123456789abcdef0123"\n[storage]\nbackend = "memory"\n')
+    path = write(tmp_path, SECRET + '[storage]\nbackend = "memory"\n')
     settings = config.load(path, environ={
         "TOKENSVC_STORAGE_BACKEND": "mongodb", "TOKENSVC_STORAGE_MONGODB_URI": "mongodb://db.internal:27017",
         "TOKENSVC_PORT": "9001", "TOKENSVC_TOKENS_ACCESS_TTL": "60", "TOKENSVC_DEMO": "false",
@@ -53,28 +55,28 @@ def test_environment_overrides(tmp_path):
 
 
 @pytest.mark.parametrize("text,key", [
-    ('cookie_secret = "0123456789abcdef0123"\nbogus = 1\n', "bogus: unknown key"),
-    ('cookie_secret = "0123456789abcdef0123"\n[storage]\nbackedn = "memory"\n', "storage.backedn: unknown key"),
-    ('cookie_secret = "0123456789abcdef0123"\nport = "eighty"\n', "port: expected an integer"),
-    ('cookie_secret = "0123456789abcdef0123"\ndemo = "yes"\n', "demo: expected a boolean"),
-    ('cookie_secret = "0123456789abcdef0123"\nbase_url = "ftp://x"\n', "base_url: not a valid http/https URL"),
-    ('cookie_secret = "0123456789abcdef0123"\n[tokens]\naccess_ttl = 0\n', "tokens.access_ttl: must be at least 1"),
-    ('cookie_secret = "0123456789abcdef0123"\n[storage]\nbackend = "redis"\n', "storage.backend"),
-    ('cookie_secret = "0123456789abcdef0123"\n[storage]\nmongodb_uri = "http://x"\n', "storage.mongodb_uri"),
-    ('cookie_secret = "0123456789abcdef0123"\n[storage]\nheartbeat_seconds = 0\n',
+    (SECRET + 'bogus = 1\n', "bogus: unknown key"),
+    (SECRET + '[storage]\nbackedn = "memory"\n', "storage.backedn: unknown key"),
+    (SECRET + 'port = "eighty"\n', "port: expected an integer"),
+    (SECRET + 'demo = "yes"\n', "demo: expected a boolean"),
+    (SECRET + 'base_url = "ftp://x"\n', "base_url: not a valid http/https URL"),
+    (SECRET + '[tokens]\naccess_ttl = 0\n', "tokens.access_ttl: must be at least 1"),
+    (SECRET + '[storage]\nbackend = "redis"\n', "storage.backend"),
+    (SECRET + '[storage]\nmongodb_uri = "http://x"\n', "storage.mongodb_uri"),
+    (SECRET + '[storage]\nheartbeat_seconds = 0\n',
      "storage.heartbeat_seconds: must be positive"),
-    ('cookie_secret = "0123456789abcdef0123"\n[[clients]]\nclient_id = "a"\nname = "A"\n'
+    (SECRET + '[[clients]]\nclient_id = "a"\nname = "A"\n'
      'redirect_uris = ["not a url"]\n', "clients[0].redirect_uris"),
-    ('cookie_secret = "0123456789abcdef0123"\n[[clients]]\nclient_id = "a b"\nname = "A"\n'
+    (SECRET + '[[clients]]\nclient_id = "a b"\nname = "A"\n'
      'redirect_uris = ["https://a/cb"]\n', "clients[0].client_id"),
-    ('cookie_secret = "0123456789abcdef0123"\n[[clients]]\nname = "A"\nredirect_uris = ["https://a/cb"]\n',
+    (SECRET + '[[clients]]\nname = "A"\nredirect_uris = ["https://a/cb"]\n',
      "clients[0].client_id: a value is required"),
-    ('cookie_secret = "0123456789abcdef0123"\n[[users]]\nusername = "a"\n', "users[0]: give exactly one"),
-    ('cookie_secret = "0123456789abcdef0123"\n[[installations]]\ninstallation_id = "i"\nname = "I"\n'
+    (SECRET + '[[users]]\nusername = "a"\n', "users[0]: give exactly one"),
+    (SECRET + '[[installations]]\ninstallation_id = "i"\nname = "I"\n'
      'kind = "telescope"\noperators = ["ghost"]\n', "installations[0].operators: unknown user"),
-    ('cookie_secret = "0123456789abcdef0123"\n[tokens]\nsuccessor_keys = ["short"]\n',
+    (SECRET + '[tokens]\nsuccessor_keys = ["short"]\n',
      "tokens.successor_keys[0]: too short (at least 32 characters"),
-    ('cookie_secret = "0123456789abcdef0123"\n[tokens]\nsuccessor_keys = ["' + "k" * 32 + '", "' + "k" * 32 + '"]\n',
+    (SECRET + '[tokens]\nsuccessor_keys = ["' + "k" * 32 + '", "' + "k" * 32 + '"]\n',
      "tokens.successor_keys: a key is listed twice"),
     ("not toml [", "not valid TOML"),
 ])
@@ -85,7 +87,7 @@ def test_config_errors_name_the_key(tmp_path, text, key):
 
 
 def test_bad_environment_values_name_the_variable(tmp_path):
-    path = write(tmp_path, 'cookie_secret = "0123456789abcdef0123"\n')
+    path = write(tmp_path, SECRET)
     with pytest.raises(ConfigError, match="TOKENSVC_PORT: expected an integer"):
         config.load(path, environ={"TOKENSVC_PORT": "x"})
     with pytest.raises(ConfigError, match="TOKENSVC_STORAGE_BOGUS: unknown key storage.bogus"):
@@ -97,9 +99,22 @@ def test_missing_file():
         config.load("/no/such/file.toml", environ={})
 
 
+def test_a_successor_key_is_derived_only_from_a_long_cookie_secret(tmp_path):
+    """Every visitor gets a cookie signed with the cookie secret, on which guesses are tested
+    offline: below 32 characters the successor key must be a key of its own; demo mode
+    generates a long secret."""
+    short = 'cookie_secret = "0123456789abcdef0123"\n'
+    with pytest.raises(ConfigError, match="^tokens.successor_keys: required while cookie_secret is shorter than 32"):
+        config.load(write(tmp_path, short), environ={})
+    keyed = config.load(write(tmp_path, short + '[tokens]\nsuccessor_keys = ["' + "k" * 32 + '"]\n'), environ={})
+    assert keyed.tokens.successor_keys == ("k" * 32,)
+    assert config.load(write(tmp_path, 'cookie_secret = "' + "c" * 32 + '"\n'), environ={}).tokens.successor_keys == ()
+    assert config.load(write(tmp_path, "demo = true\n"), environ={}).demo
+
+
 def test_successor_keys_come_from_the_environment_too_and_are_never_shown(tmp_path):
     new, old = "n" * 40, "o" * 40
-    settings = config.load(write(tmp_path, 'cookie_secret = "0123456789abcdef0123"\n'),
+    settings = config.load(write(tmp_path, SECRET),
                            environ={"TOKENSVC_TOKENS_SUCCESSOR_KEYS": f"{new},{old}"})
     assert settings.tokens.successor_keys == (new, old)
     assert new not in repr(settings) and new not in repr(config.masked(settings))

@@ -49,6 +49,7 @@ from tokensvc.identifiers import (
     username_key,
     username_problem,
 )
+from tokensvc.oauth import successors
 
 log = logging.getLogger(__name__)
 
@@ -101,7 +102,8 @@ class TokenSettings:
     refresh_grace_seconds: int = field(default=0, metadata=DERIVED)
     # The keys a rotation derives its pair with (the first), and with which a presentation
     # arriving with it recomputes that pair (every one): see docs/security.md. Empty: one key
-    # derived from cookie_secret. The same list on every process; at least 32 characters each.
+    # derived from cookie_secret, which must then have 32 characters or more. The same list on
+    # every process; at least 32 characters each.
     successor_keys: tuple[str, ...] = field(default=(), repr=False)
 
 
@@ -541,6 +543,11 @@ def _check_sections(settings: Settings) -> None:
                               "python3 -c 'import secrets; print(secrets.token_urlsafe(32))')")
     if len(set(keys)) != len(keys):
         raise ConfigError("tokens.successor_keys: a key is listed twice")
+    if not keys and not settings.demo and len(settings.cookie_secret) < successors.MIN_COOKIE_SECRET:
+        # Every visitor holds a cookie signed with it, on which a guess is tested offline.
+        raise ConfigError(f"tokens.successor_keys: required while cookie_secret is shorter than "
+                          f"{successors.MIN_COOKIE_SECRET} characters (otherwise the successor key is derived "
+                          "from it): python3 -c 'import secrets; print(secrets.token_urlsafe(32))'")
     for name in ("idle_timeout", "body_timeout", "drain_seconds"):
         if getattr(settings.server, name) < 1:
             raise ConfigError(f"server.{name}: must be at least 1 second, got {getattr(settings.server, name)}")
