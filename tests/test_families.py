@@ -428,6 +428,31 @@ async def test_presentations_held_through_an_election_get_one_pair(seeded, clock
     assert counted(ctx, "tokensvc_refresh_reuse_total") == 0
 
 
+async def test_an_arrival_stands_for_a_bounded_time(seeded, clock, monkeypatch):
+    """A presentation the store holds longer than successors.HELD_SECONDS is judged as if it
+    had arrived that long before its decision: a concurrent pair issued just after its arrival
+    is then not its own (the grace rules decide: reuse here), while one held just under the
+    bound still gets it."""
+    for held_for, answered in ((successors.HELD_SECONDS - 1, True), (successors.HELD_SECONDS + 3, False)):
+        ctx = context(seeded, clock)
+        first = await exchange(ctx, await code_for(ctx))
+        gate, (held,) = held_rotations(seeded, monkeypatch)
+        slow = asyncio.ensure_future(refresh(ctx, first.refresh_token))
+        await held.wait()
+        clock.advance(0.01)
+        other = await refresh(ctx, first.refresh_token)
+        clock.advance(held_for)
+        gate.set()
+        if answered:
+            assert (await slow).refresh_token == other.refresh_token
+            assert await alive(ctx, other) == [True, True]
+        else:
+            with pytest.raises(InvalidGrant, match="already used"):
+                await slow
+            assert await alive(ctx, other) == [False, False]
+        monkeypatch.undo()
+
+
 async def test_a_pair_used_before_a_presentation_arrived_is_not_given_to_it_however_late(seeded, clock):
     """The order that counts is the arrivals': a presentation that arrived after the pair's
     first use is reuse, one that arrived before it gets the pair even when the store answers

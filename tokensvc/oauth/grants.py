@@ -179,7 +179,7 @@ async def refresh(ctx: OAuthContext, client: Client, refresh_token: str, scope: 
     """Rotate ``refresh_token``. ``scope`` may narrow the new pair (RFC 6749 §6), never widen it.
     ``arrived``: when the presentation arrived (now, unless said), the moment the window of
     concurrent presentations is judged by and a rotation issues its pair at, however long the
-    store then takes."""
+    store then takes (within :data:`~tokensvc.oauth.successors.HELD_SECONDS`)."""
     arrived = arrived or ctx.clock()
     _asked(scope)  # a malformed scope is told so before anything is decided
     parsed = tokens.parse_refresh(refresh_token)
@@ -188,6 +188,7 @@ async def refresh(ctx: OAuthContext, client: Client, refresh_token: str, scope: 
     family_id, token_hash = parsed
     for _ in range(3):  # after losing an atomic step, decide again on the family as it is now
         family, grant = await ctx.store.get_family(family_id)
+        judged = successors.judged_at(arrived, ctx.clock())
         # Bound to its client (RFC 6749 §6): another client's token is simply unknown here.
         if family is None or family.client_id != client.client_id:
             raise InvalidGrant("Unknown refresh token")
@@ -196,12 +197,12 @@ async def refresh(ctx: OAuthContext, client: Client, refresh_token: str, scope: 
         rotated_out_last = (family.previous_hash is not None
                             and hmac.compare_digest(token_hash, family.previous_hash))
         if hmac.compare_digest(token_hash, family.refresh_hash):
-            response = await _rotate(ctx, client, family, grant, token_hash, refresh_token, scope, arrived)
+            response = await _rotate(ctx, client, family, grant, token_hash, refresh_token, scope, judged)
         elif rotated_out_last and (same := await _successor_again(ctx, client, family, grant, refresh_token,
-                                                                  scope, arrived)) is not None:
+                                                                  scope, judged)) is not None:
             return same
         elif rotated_out_last and family.replaceable(ctx.tokens.refresh_grace_seconds, ctx.clock()):
-            response = await _retry(ctx, client, family, grant, refresh_token, scope, arrived)
+            response = await _retry(ctx, client, family, grant, refresh_token, scope, judged)
         else:
             await _reused(ctx, family)
         if response is not None:

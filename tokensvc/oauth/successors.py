@@ -14,7 +14,8 @@ hashes, answers it again: no write, and no token kept in the clear anywhere.
 
 Every time is an arrival: a rotation issues its pair at the moment its request arrived, and a
 presentation is judged by the moment it arrived, not by when the store answered it, so an
-election or a slow majority write between the two changes nothing. Processes compare each
+election or a slow majority write between the two changes nothing. An arrival stands for at
+most :data:`HELD_SECONDS` (:func:`judged_at`). Processes compare each
 other's times: their clocks must agree (NTP), to well under the window.
 
 What the key protects: computing a successor takes the key, the token it succeeds *and* the
@@ -40,7 +41,7 @@ import hmac
 import secrets
 from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 
 # Presentations of a refresh token this close to its successor's issue (and before that
 # successor was used) are taken as concurrent with the one that rotated it: they get the same
@@ -75,6 +76,20 @@ def new_salt() -> str:
     """The random salt of one rotation's derivation (128 bits, 22 characters). It is no secret
     on its own, and no token: without the key it computes nothing."""
     return secrets.token_urlsafe(16)
+
+
+# The longest a request's arrival stands for it: one the store keeps longer (a stalled
+# process, a budget set beyond reason) is judged as if it had arrived this long before its
+# decision. Longer than the store's default budget, twice over (2 x 15 s), so that every
+# request the store answers in time keeps its arrival; short enough that a held request cannot
+# carry an old moment into a window long after it.
+HELD_SECONDS = 30
+
+
+def judged_at(arrived: datetime, now: datetime) -> datetime:
+    """The moment a request that arrived ``arrived`` is judged by, decided ``now``: its
+    arrival, bounded by :data:`HELD_SECONDS` before its decision."""
+    return max(arrived, now - timedelta(seconds=HELD_SECONDS))
 
 
 def concurrent(issued_at: datetime, at: datetime) -> bool:
