@@ -496,6 +496,67 @@ async def test_a_thiefs_rotation_is_revealed_by_the_access_token_it_killed(seede
     assert counted(ctx, "tokensvc_refresh_reuse_total") == 1
 
 
+async def _api_call(ctx, old):
+    assert await principal.from_bearer(ctx, old.access_token) is None
+
+
+async def _introspected(ctx, old):
+    assert await active(ctx, old.access_token) is False
+
+
+async def _introspected_refresh(ctx, old):
+    assert await active(ctx, old.refresh_token) is False
+
+
+async def _revoked_rfc7009(ctx, old):
+    assert await revocation.revoke_token(ctx, old.access_token, await ctx.store.get_client("webapp")) is False
+
+
+async def _revoked_grant(ctx, old):
+    await revocation.revoke_grants_of(ctx, [old.access_token, old.refresh_token])
+
+
+SECOND_HOLDER_PATHS = {"api call": _api_call, "introspection": _introspected,
+                       "introspection of the refresh token": _introspected_refresh,
+                       "RFC 7009 revocation": _revoked_rfc7009, "/oauth/revoke": _revoked_grant}
+
+
+@pytest.mark.parametrize("path", SECOND_HOLDER_PATHS)
+async def test_a_token_of_the_replaced_pair_closes_the_window_from_every_path(seeded, clock, path):
+    """The invariant: once a token of the pair a rotation replaced is presented, while it would
+    still be in force, anywhere but at the refresh endpoint (an API call, introspection, either
+    revocation endpoint), no presentation of the rotated-out refresh token gets the successor:
+    its holder is not the one that rotated. The rotation stands, the old token authorizes and
+    revokes nothing, and the presentation that follows within the window is reuse (grace 0)."""
+    ctx = context(seeded, clock)
+    old = await exchange(ctx, await code_for(ctx))
+    clock.advance(600)
+    new = await refresh(ctx, old.refresh_token)
+    clock.advance(0.2)
+    await SECOND_HOLDER_PATHS[path](ctx, old)
+    family, _ = await seeded.get_family(tokens.parse_refresh(new.refresh_token)[0])
+    assert family.second_holder_at == clock() and family.revoked_at is None
+    assert await alive(ctx, new) == [True, True]
+    clock.advance(0.3)
+    with pytest.raises(InvalidGrant, match="already used"):
+        await refresh(ctx, old.refresh_token)
+    assert await alive(ctx, new) == [False, False]
+    assert counted(ctx, "tokensvc_refresh_reuse_total") == 1
+
+
+async def test_presentations_at_the_refresh_endpoint_alone_keep_the_window(seeded, clock):
+    """Presentations of the rotated-out refresh token at the refresh endpoint are the retries
+    the window is for: any number of them leave it open, and each gets the pair."""
+    ctx = context(seeded, clock)
+    old = await exchange(ctx, await code_for(ctx))
+    new = await refresh(ctx, old.refresh_token)
+    for _ in range(5):
+        clock.advance(0.3)
+        assert (await refresh(ctx, old.refresh_token)).refresh_token == new.refresh_token
+    family, _ = await seeded.get_family(tokens.parse_refresh(new.refresh_token)[0])
+    assert family.second_holder_at is None
+
+
 async def test_a_rotated_out_access_token_shows_a_second_holder_only_while_it_would_be_in_force(seeded, clock):
     """Tabs that refresh together, with no call between, and one whose access token had
     expired before another tab refreshed, still get one pair; a rotated-out access token

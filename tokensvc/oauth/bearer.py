@@ -49,7 +49,11 @@ async def live(ctx: OAuthContext, token: str | None) -> Token | None:
         if parsed is None:
             return None
         family, grant = await ctx.store.get_family(parsed[0])
-        if family is None or not hmac.compare_digest(parsed[1], family.refresh_hash):
+        if family is None:
+            return None
+        if not hmac.compare_digest(parsed[1], family.refresh_hash):
+            if family.previous_hash is not None and hmac.compare_digest(parsed[1], family.previous_hash):
+                await _second_holder(ctx, family, family.expires_at)
             return None
         return _standing(ctx, family, grant, family.refresh())
     return await _access(ctx, hashing.digest(token))
@@ -79,7 +83,7 @@ async def _access(ctx: OAuthContext, access_hash: str) -> Token | None:
         return None
     now = ctx.clock()
     if not hmac.compare_digest(family.access_hash, access_hash):
-        await _second_holder(ctx, family, now)
+        await _second_holder(ctx, family, family.previous_access_expires_at)
         return None
     if family.access_revoked_at is not None:
         return None
@@ -92,19 +96,21 @@ async def _access(ctx: OAuthContext, access_hash: str) -> Token | None:
     return found
 
 
-async def _second_holder(ctx: OAuthContext, family: Family, now: datetime) -> None:
-    """The access token the family's last rotation replaced, presented while it would still be
-    in force: whoever presents it did not get the pair that replaced it, so someone else
-    rotated it (a thief, then the client whose access token that killed; or a tab the other
-    one left behind). From then no presentation of a rotated-out refresh token of the family
-    gets a successor again (the grace rules decide), so the client's next refresh reveals a
-    thief's rotation instead of receiving its pair. The token itself authorizes nothing."""
+async def _second_holder(ctx: OAuthContext, family: Family, in_force_until: datetime | None) -> None:
+    """A token of the pair the family's last rotation replaced (its access token, or its refresh
+    token anywhere but at the refresh endpoint), presented while it would still be in force
+    (until ``in_force_until``): whoever presents it did not get the pair that replaced it, so
+    someone else rotated it (a thief, then the client whose access token that killed; or a tab
+    the other one left behind). From then no presentation of a rotated-out refresh token of the
+    family gets a successor again (the grace rules decide), so the client's next refresh
+    reveals a thief's rotation instead of receiving its pair. The token authorizes nothing."""
+    now = ctx.clock()
     if (family.second_holder_at is None and family.revoked_at is None
-            and family.previous_access_expires_at is not None and family.previous_access_expires_at > now
+            and in_force_until is not None and in_force_until > now
             and await ctx.store.mark_second_holder(family.family_id, now)):
         logs.audit("second_holder", {"client_id": family.client_id, "subject": family.subject.id,
                                      "subject_type": family.subject.kind, "outcome": "window_closed"},
-                   logging.INFO, "a rotated-out access token presented")
+                   logging.INFO, "a token of a rotated-out pair presented")
 
 
 def _standing(ctx: OAuthContext, family: Family, grant: Grant | None, token: Token) -> Token | None:
