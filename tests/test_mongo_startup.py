@@ -4,6 +4,8 @@ reconciled (a TTL, by collMod) or stops start-up with one line naming it and wha
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import requests
 from pymongo.errors import OperationFailure
@@ -121,11 +123,20 @@ def test_serve_stops_with_the_conflict_as_one_line(monkeypatch):
 
 
 @pytest.mark.gen_test
-async def test_readyz_is_503_until_start_up_has_prepared_the_store(http_client, base_url, store):
+async def test_readyz_is_503_until_start_up_has_prepared_the_store(http_client, base_url, store, monkeypatch):
+    """503 with Retry-After and, in the body, why: a store not yet prepared, then a member that
+    takes no writes (what the driver's topology says), then ready."""
     store.prepared = False
     response = await http_client.fetch(base_url + "/readyz", raise_error=False)
     assert response.code == 503 and "Retry-After" in response.headers
+    assert json.loads(response.body) == {"detail": "The token store is not answering; try again shortly.",
+                                         "reason": "start-up has not prepared the store yet"}
     store.prepared = True
+    secondary = "MongoDB at db1:27017 is not a writable primary (secondary): point storage.mongodb_uri at ..."
+    monkeypatch.setattr(store, "unwritable", lambda: secondary)
+    response = await http_client.fetch(base_url + "/readyz", raise_error=False)
+    assert response.code == 503 and json.loads(response.body)["reason"] == secondary
+    monkeypatch.undo()
     assert (await http_client.fetch(base_url + "/readyz")).code == 200
 
 

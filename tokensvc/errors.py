@@ -230,6 +230,19 @@ class StoreUnavailable(Detail):
         return {"Retry-After": str(self.retry_after)}
 
 
+class NotReady(StoreUnavailable):
+    """``/readyz`` while this instance should take no traffic: the store's 503, saying why
+    (``reason``: start-up has not prepared the store, a member that takes no writes, a store
+    that has not answered)."""
+
+    def __init__(self, reason: str, retry_after: int) -> None:
+        super().__init__(retry_after)
+        self.reason = reason
+
+    def body(self) -> dict[str, Any]:
+        return {"detail": self.detail, "reason": self.reason}
+
+
 class StoreRefused(Detail):
     """The store refused for good: 500 without ``Retry-After``, which would promise a recovery."""
 

@@ -180,7 +180,7 @@ def build(routes: Iterable[Route], base_url: str, *, admin: bool = False, auth_u
         ("Detail", schemas.DetailSchema), ("HTTPValidationError", schemas.HTTPValidationErrorSchema),
         ("Empty", schemas.EmptySchema), ("Metadata", schemas.MetadataSchema), ("Me", schemas.MeSchema),
         ("ConnectedApp", schemas.ConnectedAppSchema), ("Status", schemas.StatusSchema),
-        ("Health", schemas.HealthSchema),
+        ("NotReady", schemas.NotReadySchema), ("Health", schemas.HealthSchema),
         ("Session", schemas.SessionSchema),
     ):
         spec.components.schema(name, schema=schema)
@@ -440,7 +440,8 @@ def _operations() -> dict[str, dict[str, Any]]:
     ops["/healthz"] = {"get": {"summary": "The process is alive, and the release it runs",
                                "responses": {"200": json_answer("Health", "Alive")}}}
     ops["/readyz"] = {"get": {"summary": "The store answers",
-                              "responses": {"200": json_answer("Status", "Ready"), "503": UNAVAILABLE}}}
+                              "responses": {"200": json_answer("Status", "Ready"),
+                                            "503": json_answer("NotReady", "Not ready, saying why", RETRY_AFTER)}}}
     ops["/metrics"] = {"get": {
         "summary": "Prometheus metrics (text exposition), to callers in metrics.allow",
         "responses": {"200": {"description": "Metrics", "content": {"text/plain": {"schema": {"type": "string"}}}},

@@ -381,6 +381,14 @@ class StatusSchema(Schema):
     status = fields.String(required=True, validate=validate.Equal("ok"))
 
 
+class NotReadySchema(DetailSchema):
+    """``/readyz`` while not ready: the store's 503, and why."""
+
+    reason = fields.String(required=True, metadata={
+        "description": "why this instance should take no traffic now",
+        "example": "start-up has not prepared the store yet"})
+
+
 class HealthSchema(StatusSchema):
     """``/healthz``: alive, and the release the process runs."""
 

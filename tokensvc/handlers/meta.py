@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 from tokensvc import __version__, openapi, schemas
-from tokensvc.errors import NotFound
+from tokensvc.config import STORE_RETRY_AFTER_SECONDS
+from tokensvc.errors import NotFound, NotReady
 from tokensvc.handlers.json_api import JsonHandler
 from tokensvc.metrics import CONTENT_TYPE, AddressRule
-from tokensvc.storage.base import StorageError
 
 
 class MetadataHandler(JsonHandler):
@@ -33,7 +33,7 @@ class ReadyHandler(JsonHandler):
     async def get(self) -> None:
         reason = await self.edge.readiness.unready()
         if reason is not None:
-            raise StorageError(reason)  # 503, saying why
+            raise NotReady(reason, STORE_RETRY_AFTER_SECONDS)
         self.send_json({"status": "ok"})
 
 
