@@ -610,25 +610,30 @@ async def test_the_successor_needs_the_salt_the_store_holds(seeded, clock):
         assert token not in presented[1:] + [current.refresh_token]
 
 
-async def test_within_the_window_the_scope_is_checked_first(seeded, clock):
-    """A presentation within the window gets the pair only for that pair's scope or none:
-    a malformed scope is invalid_scope before anything, and any other scope a clear error,
-    never the pair with a scope it did not ask for. Nothing is revoked by either."""
+async def test_within_the_window_the_scope_is_checked_as_a_rotation_checks_it(seeded, clock):
+    """A presentation within the window has its scope checked exactly as a rotation's (a
+    malformed scope, a wider one: the same invalid_scope, word for word), and then gets the
+    pair only for that pair's own scope or none: a narrower one is told so, never given the
+    pair with a scope it did not ask for. Nothing is revoked by any of them."""
     ctx = context(seeded, clock)
     webapp = await seeded.get_client("webapp")
     first = await exchange(ctx, await code_for(ctx))
+    current = await exchange(ctx, await code_for(ctx))  # a token no rotation touched, for comparison
     mine = await refresh(ctx, first.refresh_token)
-    for scope in ("read\x00x", "read  write\x7f"):
-        with pytest.raises(InvalidScope):
-            await grants.refresh(ctx, webapp, first.refresh_token, scope)
     assert mine.scope == "read write connected-apps:write"
-    for scope in ("admin", "read", "read write2"):
-        with pytest.raises(InvalidScope, match="just rotated"):
+    for scope in ("read\x00x", "read  write\x7f", "admin", "read write2"):
+        with pytest.raises(InvalidScope) as outside:
+            await grants.refresh(ctx, webapp, current.refresh_token, scope)
+        with pytest.raises(InvalidScope) as inside:
+            await grants.refresh(ctx, webapp, first.refresh_token, scope)
+        assert str(inside.value) == str(outside.value), scope
+    for scope in ("read", "write connected-apps:write"):
+        with pytest.raises(InvalidScope, match="just rotated by a concurrent request, with the scope"):
             await grants.refresh(ctx, webapp, first.refresh_token, scope)
     for scope in (None, "", mine.scope, "connected-apps:write write read read"):
         again = await grants.refresh(ctx, webapp, first.refresh_token, scope)
         assert (again.refresh_token, again.scope) == (mine.refresh_token, mine.scope)
-    assert await alive(ctx, mine) == [True, True]
+    assert await alive(ctx, mine) == [True, True] and await alive(ctx, current) == [True, True]
     assert counted(ctx, "tokensvc_refresh_reuse_total") == 0
 
 

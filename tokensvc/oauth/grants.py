@@ -243,23 +243,20 @@ async def _successor_again(ctx: OAuthContext, client: Client, family: Family, gr
     if not (hmac.compare_digest(again.pair.refresh_hash, family.refresh_hash)
             and hmac.compare_digest(again.pair.access_hash, family.access_hash)):
         return None
-    _same_scope(family, scope)
-    if not family.stands(grant) or family.expires_at <= arrived:
-        raise InvalidGrant("The authorization was revoked" if not family.stands(grant)
-                           else "The refresh token has expired")
-    held = await _in_force(ctx, client, family.subject, family.scopes)
-    _audit("token_refreshed", "success", family.client_id, family.subject, concurrent_presentation=True)
-    remaining = max(0, int((family.access_expires_at - ctx.clock()).total_seconds()))
-    return TokenResponse(again.access_token, again.refresh_token, remaining, scopes.render(held))
-
-
-def _same_scope(family: Family, scope: str | None) -> None:
-    """A presentation answered with the pair a concurrent one was issued asks for that pair's
-    scope, or none: anything else is told so (a malformed scope too), never given the pair."""
-    asked = _asked(scope)
-    if asked is not None and set(asked) != set(family.scopes):
+    if family.expires_at <= arrived:
+        raise InvalidGrant("The refresh token has expired")
+    if not family.stands(grant):
+        raise InvalidGrant("The authorization was revoked")
+    # The scope asked is checked as a rotation checks it (never wider, in force), and then must
+    # be the pair's own: a presentation is never given a pair of another scope than it asked.
+    granted = await _refreshed(ctx, client, family, scope)
+    if scope is not None and set(granted) != set(family.scopes):
         raise InvalidScope("This refresh token was just rotated by a concurrent request, with the scope "
                            f"'{scopes.render(family.scopes)}': present it with that scope, or none")
+    _audit("token_refreshed", "success", family.client_id, family.subject, concurrent_presentation=True)
+    remaining = max(0, int((family.access_expires_at - ctx.clock()).total_seconds()))
+    held = [item for item in family.scopes if item in granted]  # the pair's, in its order, in force now
+    return TokenResponse(again.access_token, again.refresh_token, remaining, scopes.render(held))
 
 
 async def _retry(ctx: OAuthContext, client: Client, family: Family, grant: Grant | None, presented: str,
