@@ -14,7 +14,9 @@ What a real server does that the tests rely on, emulated here:
   ``RetryableWriteError``), a read asking for the primary is ``NotPrimaryNoSecondaryOk`` (13435);
 - elections (:meth:`ReplicaSet.step_down`): the primary steps down, the writes it is executing
   are interrupted (``InterruptedDueToReplStateChange``, 11602, labelled), and after a scripted
-  delay another member is elected with a new term (``electionId``);
+  delay another member is elected with a new term (``electionId``); a crash
+  (:meth:`ReplicaSet.crash`): the primary answers nothing more and closes nothing, as a host
+  that lost power or a partition does, while the others elect a new one;
 - commands run concurrently, one thread each: a slow one holds up nobody else, a
   multi-document write lets others run between its documents, and :class:`Fault` ``"race"``
   makes chosen writes read the same state before any of them commits, as concurrent writes on
@@ -121,6 +123,7 @@ class Member:
         self.process_id = ObjectId()
         self.counter = 0  # topologyVersion.counter: raised at every change of this member's state
         self.down = False  # unreachable: every connection is closed at once
+        self.silent = False  # crashed, or cut off: it answers nothing, and closes nothing
         self.server = MockupDB(auto_ismaster=False)
         self.server.autoresponds(self._handle)
 
@@ -136,6 +139,8 @@ class Member:
         """Called by mockupdb under its one lock: the command runs in a thread of its own."""
         if self.down or self.rs.stopped:
             return request.hangup()
+        if self.silent:
+            return True  # never answered: the client waits on an open connection
         name = request.command_name
         doc = dict(request.doc)
         if name in HANDSHAKE:
@@ -174,6 +179,8 @@ class Member:
             while (seen.get("processId") == self.process_id and seen.get("counter") == self.counter
                    and not self.rs.stopped and not self.down and time.monotonic() < deadline):
                 self.rs.lock.wait(deadline - time.monotonic())
+            while self.silent and not self.rs.stopped:  # a crashed member never answers
+                self.rs.lock.wait(1.0)
         if self.down or self.rs.stopped:
             with contextlib.suppress(OSError):
                 request.hangup()
@@ -331,6 +338,17 @@ class ReplicaSet:
             threading.Thread(target=election, args=(after,), daemon=True).start()
         return elected
 
+    def crash(self, elect: int | None = None, after: float | None = 0.0) -> threading.Event:
+        """The primary crashes, or is cut off by a partition: it answers nothing more (neither
+        the commands it is executing nor any hello) and closes no connection, so the driver
+        learns nothing from it; its connections wait until their own timeouts. The other
+        members elect ``elect`` after ``after`` seconds, and the driver learns of it from them
+        (their streaming hello answers at once). Unlike :meth:`set_down` (a killed process:
+        every connection reset at once) or :meth:`step_down` (a clean step-down)."""
+        with self.lock:
+            self.members[self.primary if self.primary is not None else 0].silent = True
+        return self.step_down(elect=elect, after=after, announce=False)
+
     def elect(self, index: int) -> None:
         with self.lock:
             self.term += 1
@@ -377,6 +395,8 @@ class ReplicaSet:
         finally:
             with self.lock:
                 self._ops.discard(op)
+        if member.silent:
+            return  # it crashed meanwhile: executed or not, no answer ever comes
         if reply is not None and (not reply.get("ok") or "writeConcernError" in reply):
             with self.lock:
                 self.refusals.append((name, reply.get("code") or reply["writeConcernError"]["code"]))

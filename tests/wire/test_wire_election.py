@@ -130,10 +130,10 @@ class Traffic:
             renewed = await self.timed("refresh", lambda token=tokens["refresh_token"]: post_form(
                 self.client, self.base_url + "/oauth/token/refresh", {"refresh_token": token}, self.auth()),
                 lambda body: "access_token" in body)
-            access = renewed.get("access_token", "x")
-            await self.timed("introspection", lambda token=access: post_form(
-                self.client, self.base_url + "/oauth/token/introspect", {"token": token}, self.auth()),
-                lambda body: body.get("active") is True)
+            if "access_token" in renewed:  # a refresh that failed has nothing to introspect
+                await self.timed("introspection", lambda token=renewed["access_token"]: post_form(
+                    self.client, self.base_url + "/oauth/token/introspect", {"token": token}, self.auth()),
+                    lambda body: body.get("active") is True)
             chains.append(renewed if "refresh_token" in renewed else tokens)
 
     async def revocations(self, chains: list[dict], codes: list[str]) -> None:
@@ -179,3 +179,46 @@ async def test_an_election_costs_latency_not_errors(browser, base_url, primary, 
     assert kinds == {"exchange", "refresh", "introspection", "revocation"}
     assert max(seconds for _, _, seconds, _ in during) >= ELECTION_SECONDS * 0.8  # they did wait through it
     assert longest < BUDGET_MS / 1000  # for the new primary, never the whole budget
+
+
+async def test_a_crashed_primary_costs_the_requests_it_holds_their_budget_and_no_more(browser, base_url, primary,
+                                                                                        capsys):
+    """The same traffic, but the primary crashes (it answers nothing more and closes nothing, as
+    a host that lost power or a partition does) and another member is elected 1.5 s later.
+    Unlike a step-down, the requests in flight on it, and those sent to it before the driver
+    hears of the election, get no answer: each waits its whole budget and is a 503 with
+    Retry-After (never a 500). Every request that starts once the new primary is known is
+    answered. The figures of docs/operations.md ("Failover", a crash) come from here."""
+    client = AsyncHTTPClient(force_instance=True, max_clients=32)
+    codes = [await browser.code_for("webapp", WEBAPP_REDIRECT) for _ in range(60)]
+    chains: list[dict] = []
+    traffic = Traffic(client, base_url)
+    workers = [asyncio.ensure_future(traffic.exchanges(codes, chains)),
+               *(asyncio.ensure_future(traffic.refreshes(chains)) for _ in range(6)),
+               asyncio.ensure_future(traffic.revocations(chains, codes))]
+    await eventually(lambda: len(traffic.answers) >= 30, what="traffic before the crash")
+    crashed = time.monotonic()
+    elected = primary.crash(elect=1, after=ELECTION_SECONDS)
+    await eventually(elected.is_set, what="the election")
+    known = time.monotonic()
+    after = len(traffic.answers)
+    await eventually(lambda: len(traffic.answers) >= after + 60, seconds=30, what="traffic after the election")
+    traffic.running = False
+    await asyncio.gather(*workers)
+    client.close()
+
+    failed = [answer for answer in traffic.answers if answer[3]]
+    longest = max(seconds for _, _, seconds, _ in traffic.answers)
+    held = [answer for answer in traffic.answers if answer[1] < known <= answer[1] + answer[2]]
+    with capsys.disabled():
+        print(f"\ncrash, election after {ELECTION_SECONDS} s (budget {BUDGET_MS / 1000:g} s): "
+              f"{len(traffic.answers)} requests, {len(held)} in flight across it, {len(failed)} failed "
+              f"({', '.join(sorted(kind for kind, *_ in failed))}), the longest waited {longest:.2f} s")
+    assert failed, "a crash is no step-down: the requests it holds get no answer"
+    for kind, started, seconds, problem in failed:
+        assert problem.startswith("503 ") and "not answering" in problem, (kind, problem)
+        assert started < known, (kind, started - crashed)  # sent before the election was known
+        assert seconds >= BUDGET_MS / 1000 * 0.9, (kind, seconds)  # it waited its budget...
+    assert longest < BUDGET_MS / 1000 + 1.0  # ...and no request longer
+    started_after = [answer for answer in traffic.answers if answer[1] >= known + 0.1]
+    assert len(started_after) >= 50 and not [answer for answer in started_after if answer[3]]
