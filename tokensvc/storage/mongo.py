@@ -354,12 +354,22 @@ def guarded(kind: str = ONCE, budget: str = "budget") -> Callable[[Callable[...,
                 remaining = deadline - loop.time()
                 _RUN_AGAIN.set(attempt > 0)
                 try:
-                    async with asyncio.timeout(remaining):
-                        if kind == READ:
-                            with pymongo.timeout(remaining):  # the server's maxTimeMS: it stops too
-                                result = await method(self, *args, **kwargs)
-                        else:
-                            result = await method(self, *args, **kwargs)
+                    with (self.topology.abandoning() if kind != ONCE else _NOT_ABANDONED) as abandoned:
+                        try:
+                            async with asyncio.timeout(remaining):
+                                if kind == READ:
+                                    with pymongo.timeout(remaining):  # the server's maxTimeMS: it stops too
+                                        result = await method(self, *args, **kwargs)
+                                else:
+                                    result = await method(self, *args, **kwargs)
+                        except asyncio.CancelledError:
+                            if not abandoned():
+                                raise
+                            asyncio.current_task().uncancel()  # type: ignore[union-attr]
+                            self.observer.error(method.__name__, "abandoned")
+                            attempt += 1
+                            self.observer.retry(method.__name__)
+                            continue  # a new primary: at once, no backoff
                     self.observer.operation(method.__name__, loop.time() - started)
                     return result
                 except TimeoutError:
@@ -380,6 +390,10 @@ def guarded(kind: str = ONCE, budget: str = "budget") -> Callable[[Callable[...,
         return wrapper
 
     return decorate
+
+
+# What a single-document write runs under instead of Topology.abandoning: never abandoned.
+_NOT_ABANDONED = contextlib.nullcontext(lambda: False)
 
 
 def _code_of(exc: Exception) -> str:

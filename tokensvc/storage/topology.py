@@ -11,13 +11,23 @@ primary would serve reads and fail every write for as long as it stays so: no wa
 when the member is primary again, the next view says so and the process serves again. A
 replica set without a primary (an election) is no such case: requests wait for the new
 primary within their budget.
+
+A primary that crashes, or that a partition cuts off, says nothing: it answers no command and
+closes no connection, so what waits on it would wait its whole budget. When the driver learns
+of a new primary (the other members' streaming ``hello`` say so at once), the reads and
+idempotent writes still waiting are abandoned and run again, on the new primary
+(:meth:`Topology.abandoning`).
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from pymongo import monitoring
+from pymongo.server_type import SERVER_TYPE
 from pymongo.topology_description import TOPOLOGY_TYPE
 
 if TYPE_CHECKING:
@@ -35,10 +45,51 @@ def not_primary(address: str, state: str) -> str:
 
 
 class Topology:
-    """The latest view of the deployment the driver published."""
+    """The latest view of the deployment the driver published, and the store's operations that
+    an election abandons (:meth:`abandoning`)."""
 
     def __init__(self) -> None:
-        self.description: Any = None
+        self._description: Any = None
+        self._abandonable: set[asyncio.Task[Any]] = set()
+        self._abandoned: set[asyncio.Task[Any]] = set()
+
+    @property
+    def description(self) -> Any:
+        return self._description
+
+    @description.setter
+    def description(self, new: Any) -> None:
+        old, self._description = self._description, new
+        before, after = _primary(old), _primary(new)
+        if before is not None and after is not None and after != before:
+            self._elected()
+
+    @contextlib.contextmanager
+    def abandoning(self) -> Iterator[Callable[[], bool]]:
+        """While the block runs, the task running it is cancelled if another primary than the
+        one the driver knew is elected: what it waits for may never come (a primary that crashed
+        or was cut off answers nothing, and no connection of it is closed, so the wait lasts the
+        whole budget). Only for what may simply run again (a read, an idempotent write): a
+        single-document write in flight may have applied, and the driver's own retry on the
+        new primary is what runs it once. Yields whether this block's task was abandoned, for
+        the caller's ``except CancelledError`` (which must then ``uncancel`` it)."""
+        task = asyncio.current_task()
+        assert task is not None
+        self._abandonable.add(task)
+        try:
+            yield lambda: task in self._abandoned
+        finally:
+            self._abandonable.discard(task)
+            self._abandoned.discard(task)
+
+    def _elected(self) -> None:
+        for task in list(self._abandonable):
+            task.get_loop().call_soon_threadsafe(self._abandon, task)
+
+    def _abandon(self, task: asyncio.Task[Any]) -> None:
+        if task in self._abandonable and task not in self._abandoned:  # still in the block
+            self._abandoned.add(task)
+            task.cancel()
 
     def unwritable(self) -> str | None:
         """Why no write can succeed now, when only a change of the deployment mends it (a
@@ -52,6 +103,16 @@ class Topology:
         server = known[0]
         host, port = server.address
         return not_primary(f"{host}:{port}", _STATES.get(server.server_type_name, server.server_type_name))
+
+
+def _primary(description: Any) -> tuple[Any, Any] | None:
+    """The primary of a replica set's description, as its address and election id; None."""
+    if description is None or description.topology_type == TOPOLOGY_TYPE.Single:
+        return None
+    for server in description.server_descriptions().values():
+        if server.server_type == SERVER_TYPE.RSPrimary:
+            return server.address, server.election_id
+    return None
 
 
 class DriverEvents(monitoring.ConnectionPoolListener, monitoring.ServerListener, monitoring.TopologyListener):
