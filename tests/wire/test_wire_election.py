@@ -2,7 +2,11 @@
 interrupted, the next ones refused as not primary) and, after a scripted delay, another member
 is elected with a new term. A write in flight lands once on the new primary, and a client of
 the HTTP service sees the failover as latency, not errors: the measured figures of
-docs/operations.md ("Failover") come from :func:`test_an_election_costs_latency_not_errors`."""
+docs/operations.md ("Failover") come from :func:`test_an_election_costs_latency_not_errors`.
+A primary that crashes instead (it answers nothing, closes nothing) costs the single-document
+writes sent to it before the election their budget, while reads are abandoned at the election
+and run again: the figures for a crash come from
+:func:`test_a_crashed_primary_costs_the_writes_it_holds_their_budget_and_no_more`."""
 
 from __future__ import annotations
 
