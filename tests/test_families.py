@@ -385,6 +385,21 @@ def held_rotations(store, monkeypatch, held=1):
     return gate, arrived
 
 
+async def overtaken(ctx, store, clock, monkeypatch, held_for):
+    """A rotation held in the store while a second presentation of the same token, arriving
+    10 ms later, rotates first; the held one is let go ``held_for`` seconds later. The held
+    presentation (a future) and the second one's answer."""
+    first = await exchange(ctx, await code_for(ctx))
+    gate, (held,) = held_rotations(store, monkeypatch)
+    slow = asyncio.ensure_future(refresh(ctx, first.refresh_token))
+    await held.wait()
+    clock.advance(0.01)
+    other = await refresh(ctx, first.refresh_token)
+    clock.advance(held_for)
+    gate.set()
+    return slow, other
+
+
 @pytest.mark.parametrize("grace", [0, 30])
 async def test_a_presentation_is_judged_by_its_arrival_whatever_the_store_takes(seeded, clock, grace, monkeypatch):
     """A rotation whose write takes 3 s (a lagging majority, an election) and a second tab
@@ -392,14 +407,7 @@ async def test_a_presentation_is_judged_by_its_arrival_whatever_the_store_takes(
     later, arrived within the window of the pair the second was issued, so both get that pair
     and nothing is reuse or replaced."""
     ctx = context(seeded, clock, grace=grace)
-    first = await exchange(ctx, await code_for(ctx))
-    gate, (held,) = held_rotations(seeded, monkeypatch)
-    slow = asyncio.ensure_future(refresh(ctx, first.refresh_token))
-    await held.wait()
-    clock.advance(0.01)
-    second_tab = await refresh(ctx, first.refresh_token)
-    clock.advance(3)
-    gate.set()
+    slow, second_tab = await overtaken(ctx, seeded, clock, monkeypatch, held_for=3)
     first_tab = await slow
     assert (first_tab.access_token, first_tab.refresh_token) == (second_tab.access_token, second_tab.refresh_token)
     assert await alive(ctx, first_tab) == [True, True]
@@ -435,14 +443,7 @@ async def test_an_arrival_stands_for_a_bounded_time(seeded, clock, monkeypatch):
     bound still gets it."""
     for held_for, answered in ((successors.HELD_SECONDS - 1, True), (successors.HELD_SECONDS + 3, False)):
         ctx = context(seeded, clock)
-        first = await exchange(ctx, await code_for(ctx))
-        gate, (held,) = held_rotations(seeded, monkeypatch)
-        slow = asyncio.ensure_future(refresh(ctx, first.refresh_token))
-        await held.wait()
-        clock.advance(0.01)
-        other = await refresh(ctx, first.refresh_token)
-        clock.advance(held_for)
-        gate.set()
+        slow, other = await overtaken(ctx, seeded, clock, monkeypatch, held_for)
         if answered:
             assert (await slow).refresh_token == other.refresh_token
             assert await alive(ctx, other) == [True, True]

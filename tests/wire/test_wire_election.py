@@ -11,7 +11,9 @@ and run again: the figures for a crash come from
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
+from collections.abc import Callable
 from datetime import timedelta
 
 import pytest
@@ -186,10 +188,9 @@ class Traffic:
                 lambda body: True)
 
 
-async def test_an_election_costs_latency_not_errors(browser, base_url, primary, capsys):
-    """Exchanges, refreshes, introspections and revocations keep going while the primary steps
-    down and another is elected 1.5 s later: none fails, and none waits much longer than the
-    election (nor its budget)."""
+async def through(browser, base_url: str, failover: Callable[[], threading.Event]) -> tuple[Traffic, float, float]:
+    """Exchanges, refreshes (an introspection after each) and revocations from eight clients
+    while ``failover`` happens; the traffic, when it began and when its election was over."""
     client = AsyncHTTPClient(force_instance=True, max_clients=32)
     codes = [await browser.code_for("webapp", WEBAPP_REDIRECT) for _ in range(60)]
     chains: list[dict] = []
@@ -197,15 +198,24 @@ async def test_an_election_costs_latency_not_errors(browser, base_url, primary, 
     workers = [asyncio.ensure_future(traffic.exchanges(codes, chains)),
                *(asyncio.ensure_future(traffic.refreshes(chains)) for _ in range(6)),
                asyncio.ensure_future(traffic.revocations(chains, codes))]
-    await eventually(lambda: len(traffic.answers) >= 30, what="traffic before the election")
-    stepped_down = time.monotonic()
-    elected = primary.step_down(after=ELECTION_SECONDS)
+    await eventually(lambda: len(traffic.answers) >= 30, what="traffic before the failover")
+    began = time.monotonic()
+    elected = failover()
     await eventually(elected.is_set, what="the election")
+    known = time.monotonic()
     after = len(traffic.answers)
-    await eventually(lambda: len(traffic.answers) >= after + 60, seconds=20, what="traffic after the election")
+    await eventually(lambda: len(traffic.answers) >= after + 60, seconds=30, what="traffic after the election")
     traffic.running = False
     await asyncio.gather(*workers)
     client.close()
+    return traffic, began, known
+
+
+async def test_an_election_costs_latency_not_errors(browser, base_url, primary, capsys):
+    """Exchanges, refreshes, introspections and revocations keep going while the primary steps
+    down and another is elected 1.5 s later: none fails, and none waits much longer than the
+    election (nor its budget)."""
+    traffic, stepped_down, _ = await through(browser, base_url, lambda: primary.step_down(after=ELECTION_SECONDS))
 
     during = [answer for answer in traffic.answers if answer[1] + answer[2] >= stepped_down]
     failed = [answer for answer in traffic.answers if answer[3]]
@@ -230,23 +240,8 @@ async def test_a_crashed_primary_costs_the_writes_it_holds_their_budget_and_no_m
     whole budget and is a 503 with Retry-After (never a 500). Every request that starts once the
     new primary is known is answered. The figures of docs/operations.md ("Failover", a crash)
     come from here."""
-    client = AsyncHTTPClient(force_instance=True, max_clients=32)
-    codes = [await browser.code_for("webapp", WEBAPP_REDIRECT) for _ in range(60)]
-    chains: list[dict] = []
-    traffic = Traffic(client, base_url)
-    workers = [asyncio.ensure_future(traffic.exchanges(codes, chains)),
-               *(asyncio.ensure_future(traffic.refreshes(chains)) for _ in range(6)),
-               asyncio.ensure_future(traffic.revocations(chains, codes))]
-    await eventually(lambda: len(traffic.answers) >= 30, what="traffic before the crash")
-    crashed = time.monotonic()
-    elected = primary.crash(elect=1, after=ELECTION_SECONDS)
-    await eventually(elected.is_set, what="the election")
-    known = time.monotonic()
-    after = len(traffic.answers)
-    await eventually(lambda: len(traffic.answers) >= after + 60, seconds=30, what="traffic after the election")
-    traffic.running = False
-    await asyncio.gather(*workers)
-    client.close()
+    traffic, crashed, known = await through(browser, base_url,
+                                            lambda: primary.crash(elect=1, after=ELECTION_SECONDS))
 
     failed = [answer for answer in traffic.answers if answer[3]]
     longest = max(seconds for _, _, seconds, _ in traffic.answers)
