@@ -88,3 +88,26 @@ async def test_concurrent_presentations_of_a_refresh_token_get_one_pair_and_of_a
     answers = await asyncio.gather(*(exchange(wide, base_url, code) for _ in range(presentations)))
     assert sorted(answer.code for answer in answers) == [200] + [400] * (presentations - 1)
     wide.close()
+
+
+async def test_concurrent_refreshes_that_meet_a_write_conflict_get_one_pair(browser, http_client, base_url, primary,
+                                                                            ctx):
+    """Two presentations of one refresh token whose rotations read the family together and
+    commit one after the other: the server answers the loser a write conflict (112, labelled
+    TransientTransactionError, nothing applied). The store runs it again as the label says, it
+    finds the family rotated, and the window answers it with the winner's pair: two 200s, one
+    pair, alive."""
+    import asyncio
+
+    from helpers import WEBAPP_SECRET, basic, post_form
+
+    auth = {"Authorization": basic("webapp", WEBAPP_SECRET)}
+    tokens = json_of(await exchange(http_client, base_url, await code_of(browser)))
+    primary.script(Fault("findAndModify", "race", collection="families", code=112,
+                         labels=("TransientTransactionError",), times=2))
+    answers = await asyncio.gather(*(post_form(http_client, base_url + "/oauth/token/refresh",
+                                               {"refresh_token": tokens["refresh_token"]}, auth) for _ in range(2)))
+    assert [answer.code for answer in answers] == [200, 200], [answer.body for answer in answers]
+    assert len({json_of(answer)["refresh_token"] for answer in answers}) == 1
+    assert ("findAndModify", 112) in primary.refusals
+    assert (await introspection.introspect(ctx, json_of(answers[0])["access_token"]))["active"] is True
