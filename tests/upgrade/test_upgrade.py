@@ -392,3 +392,42 @@ def test_each_release_is_found_by_its_tag_and_without_it(monkeypatch):
     real_git = releases._git
     monkeypatch.setattr(releases, "_git", lambda *args: "" if args[0] == "tag" else real_git(*args))
     assert releases.previous() == found
+
+
+def test_a_family_keeps_this_releases_fields_through_the_previous_releases_rotation(primary, previous,
+                                                                                     tmp_path_factory):
+    """This release's family fields (the successor's serial, salt and key id, the access token
+    the last rotation replaced, a second holder) survive a rotation by the previous release,
+    which sets the pair's fields and leaves the rest; its random pair is never taken for a
+    derived one (a presentation of the token it rotated out is decided by the grace rules, and
+    the family lives on). A code exchanged here and presented again there, within the grace and
+    while its pair is unused, is exchanged again by the previous release: its own rule, as
+    CHANGELOG.md says (the first pair dies)."""
+    deployment = Deployment(primary, previous, tmp_path_factory)
+    try:
+        old, new = deployment.start("previous"), deployment.start("current")
+        browser = Browser().sign_in(new.base)
+        first = exchange(new.base, browser.code(new.base))
+        second = refresh(new.base, first)
+        assert not works(new.base, first)  # the access token this rotation replaced: a second holder
+        families = primary.db["tokensvc"]["families"]
+        (document,) = list(families.find())
+        assert document["salt"] and document["key_id"] and document["serial"] == 1
+        assert document["previous_access_hash"] and document["second_holder_at"] is not None
+        third = refresh(old.base, second)  # the previous release rotates: a random pair
+        (after,) = list(families.find())
+        assert {key: after[key] for key in ("salt", "key_id", "serial", "second_holder_at")} \
+            == {key: document[key] for key in ("salt", "key_id", "serial", "second_holder_at")}
+        assert after["refresh_hash"] != document["refresh_hash"]
+        again = refresh(new.base, second)  # within the grace, its pair unused: replaced, never recomputed
+        assert again["refresh_token"] != third["refresh_token"]
+        assert works(new.base, again) and not works(new.base, third)
+        # A code exchanged here, presented again at the previous release.
+        code = browser.code(new.base)
+        mine = exchange(new.base, code)
+        replayed = exchange(old.base, code)
+        assert replayed["refresh_token"] != mine["refresh_token"]
+        assert works(new.base, replayed) and not works(new.base, mine)
+    finally:
+        outputs = deployment.close()
+    assert not any("Traceback" in output for output in outputs), outputs
