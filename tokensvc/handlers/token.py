@@ -63,8 +63,8 @@ class RefreshHandler(TokenEndpoint):
 
     cors = True
 
-    def __init__(self, *args: Any) -> None:
-        super().__init__(*args)
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
         # When the presentation arrived, before anything waits on the store (its origin, its
         # client): the window of concurrent presentations is judged by it.
         self.arrived = self.ctx.clock()

@@ -15,8 +15,8 @@ hashes, answers it again: no write, and no token kept in the clear anywhere.
 Every time is an arrival: a rotation issues its pair at the moment its request arrived, and a
 presentation is judged by the moment it arrived, not by when the store answered it, so an
 election or a slow majority write between the two changes nothing. An arrival stands for at
-most :data:`HELD_SECONDS` (:func:`judged_at`). Processes compare each
-other's times: their clocks must agree (NTP), to well under the window.
+most :data:`HELD_SECONDS` (:func:`judged_at`). Processes compare each other's times: their
+clocks must agree (NTP), to well under the window.
 
 What the key protects: computing a successor takes the key, the token it succeeds *and* the
 salt the store holds for the current pair. The key alone gives nothing; the key and a token
@@ -80,9 +80,9 @@ def new_salt() -> str:
 
 # The longest a request's arrival stands for it: one the store keeps longer (a stalled
 # process, a budget set beyond reason) is judged as if it had arrived this long before its
-# decision. Longer than the store's default budget, twice over (2 x 15 s), so that every
-# request the store answers in time keeps its arrival; short enough that a held request cannot
-# carry an old moment into a window long after it.
+# decision. Twice the store's default budget (15 s): a request that waits out one operation's
+# budget and is then answered keeps its arrival; short enough that a held request cannot carry
+# an old moment into a window long after it.
 HELD_SECONDS = 30
 
 
