@@ -165,6 +165,39 @@ def test_concurrent_presentations_over_three_processes(tmp_path_factory, primary
     assert not any("Traceback" in output for output in outputs), outputs
 
 
+def reuse_seen(base: str) -> float:
+    """``tokensvc_refresh_reuse_total`` as the process at ``base`` counts it."""
+    return sum(float(line.split()[-1]) for line in requests.get(base + "/metrics", timeout=10).text.splitlines()
+               if line.startswith("tokensvc_refresh_reuse_total"))
+
+
+def test_a_second_tab_through_another_process_while_the_first_rotation_waits_on_the_store(tmp_path_factory,
+                                                                                         primary):
+    """The first presentation's rotation waits 2.5 s at the server (a lagging majority, an
+    election); a second presentation of the same token arrives at another process 10 ms later.
+    Both are judged by when they arrived, not by when the store answered: one pair for both,
+    no reuse, and the family lives on."""
+    services = [start_service(tmp_path_factory.mktemp(f"p{index}"), mongodb(primary)).wait_ready()
+                for index in range(2)]
+    try:
+        first = exchange(services[0].base, code_for(services[1].base)).json()
+        primary.script(Fault("findAndModify", "delay", collection="families", seconds=2.5))
+        with ThreadPoolExecutor(2) as pool:
+            held = pool.submit(refresh, services[0].base, first["refresh_token"])
+            wait_until(lambda: primary.sent("findAndModify", "families"), "the first rotation at the store")
+            second = pool.submit(refresh, services[1].base, first["refresh_token"])
+            answers = [held.result(), second.result()]
+        assert [answer.status_code for answer in answers] == [200, 200], [answer.text for answer in answers]
+        pairs = {(answer.json()["access_token"], answer.json()["refresh_token"]) for answer in answers}
+        assert len(pairs) == 1
+        access, renewed = pairs.pop()
+        assert introspect(services[1].base, access) and refresh(services[0].base, renewed).status_code == 200
+        assert [reuse_seen(service.base) for service in services] == [0, 0]
+    finally:
+        outputs = [service.stop() for service in services]
+    assert not any("Traceback" in output for output in outputs), outputs
+
+
 def test_a_process_stops_with_one_line_when_a_later_release_finalizes_the_store(tmp_path, primary):
     """Its heartbeat finds a compatibility version it cannot write: /readyz goes 503 and the
     process ends as a start on that store would, with the line that says which release to run."""
