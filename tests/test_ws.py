@@ -145,6 +145,7 @@ async def test_every_refused_handshake_is_json(browser, http_client, base_url, c
     assert fault["loc"] == ["header", next(iter(changed))] and fault["input"] == changed[next(iter(changed))]
     if status == 426:
         assert answer.headers["Sec-WebSocket-Version"] == "13" and answer.headers["Upgrade"] == "websocket"
+        assert "upgrade" in answer.headers["Connection"].lower()  # RFC 9110 §7.8
     # The request's shape is checked before its caller, as on every route.
     anonymous = await http_client.fetch(base_url + "/v1/ws", headers=headers, raise_error=False)
     assert anonymous.code == status

@@ -189,7 +189,8 @@ class UpgradeRequired(BadHandshake):
         self.version = version
 
     def headers(self) -> dict[str, str]:
-        return {"Sec-WebSocket-Version": self.version, "Upgrade": "websocket"}
+        # RFC 9110 §7.8: an Upgrade header field is sent with the "upgrade" connection option.
+        return {"Sec-WebSocket-Version": self.version, "Upgrade": "websocket", "Connection": "Upgrade"}
 
 
 class Redirect(HTTPAnswer):

@@ -13,7 +13,6 @@ from tokensvc.oauth.errors import AccessDenied, InvalidClient
 from tokensvc.oauth.privileges import Authority
 from tokensvc.records import ACCESS, REFRESH, Client
 
-INACTIVE: dict[str, Any] = {"active": False}
 NOT_ALLOWED = "Introspection is open to first-party confidential clients and administrators"
 TOKEN_TYPES = {ACCESS: "access_token", REFRESH: "refresh_token"}
 
@@ -51,7 +50,7 @@ async def introspect(ctx: OAuthContext, token: str) -> dict[str, Any]:
     (:mod:`tokensvc.oauth.privileges`), or only ``active: false`` (for a token with none)."""
     found = await bearer.in_force(ctx, token)
     if found is None:
-        return INACTIVE
+        return {"active": False}  # a new dict each time: the caller may add to its answer
     record = found.token
     body: dict[str, Any] = {
         "active": True,
