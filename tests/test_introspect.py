@@ -11,11 +11,13 @@ from helpers import (
     check_schema,
     check_validation_error,
     exchange,
+    family_of,
     json_of,
     post_form,
 )
 
 from tokensvc import schemas
+from tokensvc.oauth.feed import family_label
 
 
 async def introspect(http_client, base_url, token, headers=None, **form):
@@ -34,7 +36,9 @@ async def test_active_user_token(browser, http_client, base_url, store):
     assert body == {
         "active": True, "scope": "read write", "client_id": "webapp", "token_type": "access_token",
         "exp": body["exp"], "iat": body["iat"], "iss": "http://127.0.0.1:8080",
-        "sub": alice.user_id, "subject_type": "user", "username": "alice"}
+        "sub": alice.user_id, "subject_type": "user", "username": "alice",
+        "family_id": family_label((await family_of(store, tokens["access_token"])).family_id),
+        "grant_id": (await family_of(store, tokens["access_token"])).grant_id}
     assert body["exp"] - body["iat"] == 3600
     assert response.headers["Cache-Control"] == "no-store"
     refresh = json_of(await introspect(http_client, base_url, tokens["refresh_token"]))

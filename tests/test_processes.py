@@ -10,6 +10,8 @@ from datetime import timedelta
 import pytest
 from backends import open_store
 from helpers import DEADLINE, Clock, eventually, family_of
+from test_feed import connect as connect_feed
+from test_feed import next_message
 from test_ws import closed_as_revoked, tokens, welcome_of, ws_url
 from tornado.websocket import websocket_connect
 
@@ -70,6 +72,25 @@ async def test_a_revocation_in_another_process_closes_the_socket_within_a_second
         record = await family_of(elsewhere, issued["access_token"])
         await elsewhere.mark_grant_revoked(record.grant_id, ctx.clock())  # no event of this process fires
         await closed_as_revoked(connection)
+    finally:
+        relay.cancel()
+
+
+@pytest.mark.gen_test(timeout=30)
+async def test_a_revocation_in_another_process_reaches_the_revocation_feed(browser, http_client, base_url, store,
+                                                                           ctx):
+    """Resource servers hear through any process what every process revokes: its relay feeds
+    the revocation feed (GET /oauth/revocations) as it closes its own sockets."""
+    relay = asyncio.ensure_future(events.relay(store, ctx.events))
+    try:
+        issued = await tokens(browser, http_client, base_url)
+        reader = await connect_feed(base_url)
+        await next_message(reader)
+        elsewhere = other_process(store)
+        record = await family_of(elsewhere, issued["access_token"])
+        await elsewhere.mark_grant_revoked(record.grant_id, ctx.clock())  # no event of this process fires
+        assert await next_message(reader) == {"type": "revoked", "seq": 1, "grant_id": record.grant_id}
+        reader.close()
     finally:
         relay.cancel()
 

@@ -11,7 +11,7 @@ from tornado.httputil import HTTPServerRequest
 
 from tokensvc.bootstrap import make_context
 from tokensvc.config import Settings
-from tokensvc.handlers import admin_api, api, clients, meta, pages, token, ws
+from tokensvc.handlers import admin_api, api, clients, feed, meta, pages, token, ws
 from tokensvc.handlers.json_api import NotFoundHandler, serve
 from tokensvc.handlers.lifecycle import Edge, Lifecycle
 from tokensvc.handlers.routes import UNMATCHED, Route
@@ -32,6 +32,7 @@ ROUTES: list[Route] = [Route.of(path, handler) for path, handler in (
     ("/oauth/token/revoke", token.RevokeHandler),
     ("/oauth/revoke", token.GrantRevokeHandler),
     ("/oauth/sign-out", token.SignOutHandler),
+    ("/oauth/revocations", feed.RevocationFeedSocket),
     ("/oauth/clients", clients.ClientListHandler),
     ("/oauth/clients/{client_id}", clients.ClientHandler),
     ("/v1/me", api.MeHandler),

@@ -105,6 +105,18 @@ NOT_FOUND = json_answer("Detail", "No such resource")
 NO_STORE = {"Cache-Control": header("Never cached", enum=["no-store"]), "Pragma": header("", enum=["no-cache"])}
 PAGE_503 = html("The store does not answer", RETRY_AFTER)
 
+WEBSOCKET_HANDSHAKE = [
+    parameter("Upgrade", "header", required=True, pattern="^[Ww][Ee][Bb][Ss][Oo][Cc][Kk][Ee][Tt]$"),
+    parameter("Connection", "header", "A list naming Upgrade", required=True,
+              pattern="^([^,]*,)*[ \\t]*[Uu][Pp][Gg][Rr][Aa][Dd][Ee][ \\t]*(,[^,]*)*$"),
+    parameter("Sec-WebSocket-Version", "header", required=True, enum=["13"]),
+    parameter("Sec-WebSocket-Key", "header", "16 bytes in base64 (RFC 6455 §4.2.1)", required=True,
+              pattern="^[A-Za-z0-9+/]{21}[AQgw]==$")]
+HANDSHAKE_400 = json_answer(one_of_shapes("HTTPValidationError", "Detail"), "Not a WebSocket handshake: the "
+                            "header at fault; or not HTTP/1.1 with a Host ({\"detail\"})")
+UPGRADE_426 = json_answer("HTTPValidationError", "Another WebSocket version than 13", {
+    "Sec-WebSocket-Version": header("The version spoken", enum=["13"]), "Upgrade": header("", enum=["websocket"])})
+
 ID_PATTERN = identifiers.ID.pattern  # an id: 1-128 characters of RFC 3986's unreserved ones
 EMPTY_IS_ABSENT = ("Form bodies: an empty value counts as absent (RFC 6749 §3.1), unknown parameters are ignored, "
                    "and a parameter sent twice is invalid_request.")
@@ -181,7 +193,8 @@ def build(routes: Iterable[Route], base_url: str, *, admin: bool = False, auth_u
         ("Empty", schemas.EmptySchema), ("Metadata", schemas.MetadataSchema), ("Me", schemas.MeSchema),
         ("ConnectedApp", schemas.ConnectedAppSchema), ("Status", schemas.StatusSchema),
         ("NotReady", schemas.NotReadySchema), ("Health", schemas.HealthSchema),
-        ("Session", schemas.SessionSchema),
+        ("Session", schemas.SessionSchema), ("FeedReady", schemas.FeedReadySchema),
+        ("FeedRevoked", schemas.FeedRevokedSchema), ("FeedFlush", schemas.FeedFlushSchema),
     ):
         spec.components.schema(name, schema=schema)
     spec.components.security_scheme("bearer", {"type": "http", "scheme": "bearer",
@@ -411,28 +424,43 @@ def _operations() -> dict[str, dict[str, Any]]:
             "security": bearer_or_session,
             "responses": {"204": {"description": "Signed out"}, "401": BEARER_401, "403": FORBIDDEN_OR_XSRF,
                           "404": NOT_FOUND, "413": TOO_LARGE, "422": INVALID, "503": UNAVAILABLE}}}
+    ops["/oauth/revocations"] = {"get": {
+        "summary": "The revocation feed (WebSocket): for a client that may introspect, in HTTP Basic. Sends a ready "
+                   "message, then one message per revocation naming what a cache of introspection answers must "
+                   "drop (never a token or its hash), each numbered on this process's stream. A reader that "
+                   "reconnects passes stream and after: it gets the messages it missed, or resumed false (flush). "
+                   "Refused before the upgrade, in JSON",
+        "security": [{"clientBasic": []}],
+        "parameters": [
+            *WEBSOCKET_HANDSHAKE,
+            parameter("stream", "query", "The stream of the last message seen (its ready message names it)",
+                      pattern=schemas.FEED_STREAM.pattern, maxLength=16),
+            parameter("after", "query", "The seq of the last message seen on that stream",
+                      pattern=schemas.FEED_SEQ.pattern, maxLength=15)],
+        "responses": {"101": {"description": "Upgraded to a WebSocket"},
+                      "400": HANDSHAKE_400,
+                      "401": json_answer("OAuthError", "No Basic client credentials, or wrong ones (invalid_client)",
+                                         CHALLENGE),
+                      "403": json_answer(one_of_shapes("OAuthError", "Detail"), "A client that may not introspect "
+                                         "(access_denied); or a page of another origin ({\"detail\"})"),
+                      "422": INVALID, "426": UPGRADE_426, "429": TOO_MANY, "503": UNAVAILABLE},
+        "x-websocket-messages": {
+            "description": "Server to client, JSON text frames; the client sends nothing. Cache keys: the "
+                           "introspection answer's family_id, grant_id and client_id",
+            "oneOf": [ref("FeedReady"), ref("FeedRevoked"), ref("FeedFlush")]}}}
     ops["/v1/ws"] = {"get": {
         "summary": "WebSocket (scope read): the token in Authorization, as access_token, or the session cookie "
                    "(then only from the service's own origin). Sends a welcome, echoes text, closes with 4401 "
                    "when its authorization ends. Refused before the upgrade, in JSON",
         "security": [{"bearer": []}, {"accessTokenQuery": []}, {"session": []}],
-        "parameters": [
-            parameter("Upgrade", "header", required=True, pattern="^[Ww][Ee][Bb][Ss][Oo][Cc][Kk][Ee][Tt]$"),
-            parameter("Connection", "header", "A list naming Upgrade", required=True,
-                      pattern="^([^,]*,)*[ \\t]*[Uu][Pp][Gg][Rr][Aa][Dd][Ee][ \\t]*(,[^,]*)*$"),
-            parameter("Sec-WebSocket-Version", "header", required=True, enum=["13"]),
-            parameter("Sec-WebSocket-Key", "header", "16 bytes in base64 (RFC 6455 §4.2.1)", required=True,
-                      pattern="^[A-Za-z0-9+/]{21}[AQgw]==$")],
+        "parameters": WEBSOCKET_HANDSHAKE,
         "responses": {"101": {"description": "Upgraded to a WebSocket"},
-                      "400": json_answer(one_of_shapes("HTTPValidationError", "Detail"), "Not a WebSocket "
-                                         "handshake: the header at fault; or not HTTP/1.1 with a Host ({\"detail\"})"),
+                      "400": HANDSHAKE_400,
                       "401": BEARER_401,
                       "403": json_answer(one_of_shapes("OAuthError", "Detail"), "Without the read scope "
                                          "(insufficient_scope); or the session cookie from another origin "
                                          "({\"detail\"})"),
-                      "426": json_answer("HTTPValidationError", "Another WebSocket version than 13", {
-                          "Sec-WebSocket-Version": header("The version spoken", enum=["13"]),
-                          "Upgrade": header("", enum=["websocket"])}),
+                      "426": UPGRADE_426,
                       "503": UNAVAILABLE}}}
     ops["/.well-known/oauth-authorization-server"] = {"get": {
         "summary": "Authorization server metadata (RFC 8414)",

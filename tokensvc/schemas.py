@@ -185,6 +185,19 @@ class SessionIdPathSchema(Schema):
     session_id = Text(required=True, max_length=24, validate=[Pattern(SESSION_ID, "a session's id: 24 hex digits")])
 
 
+FEED_STREAM = re.compile(r"^[A-Za-z0-9_-]{16}$")  # RevocationFeed.stream
+FEED_SEQ = re.compile(r"^[0-9]{1,15}$")
+
+
+class FeedQuerySchema(FormSchema):
+    """``GET /oauth/revocations``: where a reconnecting reader left off."""
+
+    stream = Text(max_length=16, validate=[Pattern(FEED_STREAM, "stream must be the stream a ready message named")],
+                  metadata={"description": "The stream of the last message seen (its ready message names it)"})
+    after = Text(max_length=15, validate=[Pattern(FEED_SEQ, "after must be a sequence number")],
+                 metadata={"description": "The seq of the last message seen on that stream"})
+
+
 class OptionalTokenQuerySchema(FormSchema):
     token = Text(max_length=512)
 
@@ -235,6 +248,11 @@ class IntrospectionResponseSchema(Schema):
     subject_type = fields.String(validate=validate.OneOf(["user", "installation"]))
     username = fields.String()
     installation_id = fields.String()
+    # Beyond RFC 7662 (§2.2 allows more members): what a cache keys its entries on, and what
+    # the revocation feed names (GET /oauth/revocations).
+    family_id = fields.String(metadata={"description": "The token's family (one authorization code's chain of "
+                                                       "refreshes); opaque, never a token or its hash"})
+    grant_id = fields.String(metadata={"description": "The grant of the subject to the client behind the token"})
 
 
 class OAuthErrorSchema(Schema):
@@ -369,6 +387,37 @@ class WelcomeSchema(Schema):
     scopes = fields.List(fields.String(), required=True)
 
 
+class FeedReadySchema(Schema):
+    """The revocation feed's first message. ``resumed`` false: drop every cached answer."""
+
+    type = fields.String(required=True, validate=validate.Equal("ready"))
+    stream = fields.String(required=True, metadata={"description": "This process's stream: pass it back as stream"})
+    seq = fields.Integer(required=True, metadata={"description": "The last message's number on the stream so far"})
+    resumed = fields.Boolean(required=True, metadata={
+        "description": "true: the messages after the given one follow at once; false: flush the cache"})
+
+
+class FeedRevokedSchema(Schema):
+    """A revocation: drop every cached answer whose member of the same name has this value.
+    Exactly one of the identifiers is present."""
+
+    type = fields.String(required=True, validate=validate.Equal("revoked"))
+    seq = fields.Integer(required=True)
+    family_id = fields.String(metadata={"description": "A token family (or its current access token) was revoked"})
+    grant_id = fields.String(metadata={"description": "A grant and every token of it was revoked"})
+    client_id = fields.String(metadata={"description": "Some of what the client's tokens may do was withdrawn"})
+
+
+class FeedFlushSchema(Schema):
+    """Revocations may have been missed (the service's own feed was interrupted): drop every
+    cached answer."""
+
+    type = fields.String(required=True, validate=validate.Equal("flush"))
+    seq = fields.Integer(required=True)
+
+
+FEED_MESSAGES = {"ready": FeedReadySchema(), "revoked": FeedRevokedSchema(), "flush": FeedFlushSchema()}
+feed_query = FeedQuerySchema()
 me = MeSchema()
 connected_apps = ConnectedAppSchema(many=True)
 user_sessions = SessionSchema(many=True)

@@ -13,6 +13,7 @@ from datetime import datetime
 from typing import Any, Protocol
 
 from tokensvc.oauth.events import RevocationEvents
+from tokensvc.oauth.feed import RevocationFeed
 from tokensvc.oauth.metrics import ProtocolMetrics
 from tokensvc.oauth.origins import BrowserOrigins
 from tokensvc.oauth.successors import SuccessorKeys
@@ -57,3 +58,8 @@ class OAuthContext:
     # The keys successor pairs are derived with (oauth/successors.py); a context made without
     # the settings gets one of its own.
     successors: SuccessorKeys = field(default_factory=lambda: SuccessorKeys.of([secrets.token_urlsafe(32)]))
+    # The revocation feed resource servers read (GET /oauth/revocations): every announcement above.
+    feed: RevocationFeed = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.feed = RevocationFeed(self.events)

@@ -19,11 +19,17 @@ from tokensvc.storage.base import Revocation, StorageError, Store, StoreFault
 log = logging.getLogger(__name__)
 
 Listener = Callable[[], None]
+Watcher = Callable[[Revocation | None], None]  # None: anything may have been revoked
 
 
 class RevocationEvents:
     def __init__(self) -> None:
         self._listeners: dict[Revocation, set[Listener]] = defaultdict(set)
+        self._watchers: list[Watcher] = []
+
+    def watch(self, watcher: Watcher) -> None:
+        """Hear of every revocation (the revocation feed, :mod:`tokensvc.oauth.feed`)."""
+        self._watchers.append(watcher)
 
     def subscribe(self, keys: Iterable[Revocation], listener: Listener) -> None:
         for key in keys:
@@ -40,10 +46,19 @@ class RevocationEvents:
     def publish(self, revocation: Revocation) -> None:
         """``revocation`` happened: the listeners standing on it re-check."""
         self._notify(list(self._listeners.get(revocation, ())))
+        self._tell(revocation)
 
     def publish_all(self) -> None:
         """Anything may have been revoked (the feed was interrupted): every listener re-checks."""
         self._notify({listener for listeners in self._listeners.values() for listener in listeners})
+        self._tell(None)
+
+    def _tell(self, revocation: Revocation | None) -> None:
+        for watcher in self._watchers:
+            try:
+                watcher(revocation)
+            except Exception:  # a broken watcher must not break revocation
+                log.exception("revocation watcher failed")
 
     @staticmethod
     def _notify(listeners: Iterable[Listener]) -> None:

@@ -1,11 +1,15 @@
 """Token introspection (RFC 7662), open to confidential first-party clients and to admin
-users holding the ``admin`` scope."""
+users holding the ``admin`` scope; and who may read the revocation feed.
+
+An active token's answer carries, beside RFC 7662's members, the identifiers a cache of answers
+keys its entries on (``family_id``, ``grant_id``; ``client_id`` and ``sub`` are RFC 7662's),
+which the revocation feed names when they are revoked (:mod:`tokensvc.oauth.feed`)."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from tokensvc.oauth import bearer, clientauth, scopes
+from tokensvc.oauth import bearer, clientauth, feed, scopes
 from tokensvc.oauth.administrators import require_admin
 from tokensvc.oauth.clientauth import ClientRequest
 from tokensvc.oauth.context import OAuthContext
@@ -28,10 +32,17 @@ async def authorize_caller(ctx: OAuthContext, request: ClientRequest) -> None:
             raise InvalidClient("The bearer token is not active")
         check_bearer_caller(token)
         return
+    await authorize_client(ctx, request)
+
+
+async def authorize_client(ctx: OAuthContext, request: ClientRequest) -> Client:
+    """A client that proves its secret and may introspect: the one way to read the revocation
+    feed (``GET /oauth/revocations``, HTTP Basic)."""
     client = await clientauth.authenticate_request(ctx, request)
     if not client.confidential:
         raise InvalidClient("Introspection needs client authentication")
     check_client_caller(client)
+    return client
 
 
 def check_client_caller(client: Client) -> None:
@@ -60,6 +71,7 @@ async def introspect(ctx: OAuthContext, token: str) -> dict[str, Any]:
         "exp": int(record.expires_at.timestamp()),
         "iat": int(record.issued_at.timestamp()),
         "iss": ctx.issuer,
+        **feed.cache_keys(record),
     }
     if found.user is not None:
         body.update(sub=record.user_id, subject_type="user", username=found.user.username)

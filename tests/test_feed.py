@@ -1,0 +1,199 @@
+"""GET /oauth/revocations: the revocation feed names, numbered, what a cache of introspection
+answers must drop for each revocation (never a token or its hash), resumes a reader that
+reconnects or tells it to flush, refuses before the upgrade whoever may not introspect, and
+hears what other processes revoke through the relay."""
+
+from __future__ import annotations
+
+import json
+from datetime import timedelta
+
+import pytest
+from helpers import (
+    PARTNER_SECRET,
+    WEBAPP_SECRET,
+    basic,
+    check_schema,
+    eventually,
+    family_of,
+    hashes_of,
+    json_of,
+    post_form,
+)
+from test_ws import HANDSHAKE, tokens
+from tornado import gen
+from tornado.httpclient import HTTPClientError, HTTPRequest
+from tornado.websocket import websocket_connect
+
+from tokensvc import schemas
+from tokensvc.oauth.events import RevocationEvents
+from tokensvc.oauth.feed import RevocationFeed, family_label
+from tokensvc.storage.base import CLIENT, FAMILY, GRANT, SESSION, USER, Revocation
+
+
+def feed_url(base_url, query=""):
+    return base_url.replace("http://", "ws://") + "/oauth/revocations" + query
+
+
+async def connect(base_url, query="", client_id="webapp", secret=WEBAPP_SECRET):
+    return await websocket_connect(HTTPRequest(feed_url(base_url, query),
+                                               headers={"Authorization": basic(client_id, secret)}))
+
+
+async def next_message(connection, seconds=5.0):
+    """The next message, checked against its documented schema."""
+    raw = await gen.with_timeout(timedelta(seconds=seconds), connection.read_message())
+    assert raw is not None, "the feed closed"
+    message = json.loads(raw)
+    return check_schema(schemas.FEED_MESSAGES[message["type"]], message)
+
+
+async def introspected(http_client, base_url, token):
+    response = await post_form(http_client, base_url + "/oauth/token/introspect", {"token": token},
+                               {"Authorization": basic("webapp", WEBAPP_SECRET)})
+    return check_schema(schemas.introspection_response, json_of(response))
+
+
+@pytest.mark.gen_test(timeout=30)
+async def test_each_revocation_names_what_introspection_keyed_the_answer_on(browser, http_client, base_url, ctx):
+    first = await tokens(browser, http_client, base_url)
+    second = await tokens(browser, http_client, base_url)
+    answer = await introspected(http_client, base_url, first["access_token"])
+    record = await family_of(ctx.store, first["access_token"])
+    assert answer["family_id"] == family_label(record.family_id)
+    assert answer["grant_id"] == record.grant_id and answer["client_id"] == "webapp"
+    connection = await connect(base_url)
+    ready = await next_message(connection)
+    assert ready["type"] == "ready" and ready["resumed"] is False and ready["seq"] == 0
+
+    # RFC 7009 revocation of an access token: its family is named.
+    response = await post_form(http_client, base_url + "/oauth/token/revoke", {"token": first["access_token"]},
+                               {"Authorization": basic("webapp", WEBAPP_SECRET)})
+    assert response.code == 200
+    assert await next_message(connection) == {"type": "revoked", "seq": 1, "family_id": answer["family_id"]}
+    # A web session ending is no bearer token's business: not announced; the grant revocation
+    # that follows is the next message.
+    signed_out = await browser.fetch("/oauth/sign-out", "POST", {}, {"X-XSRFToken": await browser.xsrf()})
+    assert signed_out.code == 200
+    second_answer = await introspected(http_client, base_url, second["access_token"])
+    response = await http_client.fetch(base_url + "/oauth/revoke", method="POST", body="",
+                                       headers={"Authorization": "Bearer " + second["access_token"]})
+    assert response.code == 200
+    assert await next_message(connection) == {"type": "revoked", "seq": 2, "grant_id": second_answer["grant_id"]}
+    # A client's scopes narrowed: its client_id.
+    ctx.events.publish(Revocation(CLIENT, "webapp"))
+    assert await next_message(connection) == {"type": "revoked", "seq": 3, "client_id": "webapp"}
+    # No message holds a token, nor any hash a token or its family is stored under.
+    secrets = {value for issued in (first, second) for value in issued.values() if isinstance(value, str)}
+    forbidden = secrets | hashes_of(secrets) | {record.family_id}
+    for message in ctx.feed._recent:
+        assert not forbidden & {str(value) for value in message.values()}
+    connection.close()
+
+
+@pytest.mark.gen_test(timeout=30)
+async def test_a_reader_that_reconnects_gets_what_it_missed(http_server, base_url, ctx):
+    connection = await connect(base_url)
+    ready = await next_message(connection)
+    ctx.events.publish(Revocation(GRANT, "g1"))
+    seen = await next_message(connection)
+    connection.close()
+    ctx.events.publish(Revocation(GRANT, "g2"))
+    ctx.events.publish(Revocation(GRANT, "g3"))
+    again = await connect(base_url, f"?stream={ready['stream']}&after={seen['seq']}")
+    assert await next_message(again) == {"type": "ready", "stream": ready["stream"], "seq": 3, "resumed": True}
+    assert [await next_message(again) for _ in range(2)] == [
+        {"type": "revoked", "seq": 2, "grant_id": "g2"}, {"type": "revoked", "seq": 3, "grant_id": "g3"}]
+    ctx.events.publish(Revocation(GRANT, "g4"))  # and then what comes
+    assert (await next_message(again))["seq"] == 4
+    again.close()
+    # Another stream (another process, a restart): flush.
+    other = await connect(base_url, f"?stream={'x' * 16}&after=3")
+    assert (await next_message(other))["resumed"] is False
+    other.close()
+
+
+def test_resumption_only_while_the_buffer_holds_every_message_since():
+    events = RevocationEvents()
+    feed = RevocationFeed(events, replay=2)
+    received = []
+    assert feed.open(received.append).ready["resumed"] is False  # a first connection flushes
+    for grant_id in ("g1", "g2", "g3"):
+        events.publish(Revocation(GRANT, grant_id))
+    assert [message["seq"] for message in received] == [1, 2, 3]
+    assert [message["seq"] for message in feed.open(received.append, feed.stream, 1).missed] == [2, 3]
+    assert feed.open(received.append, feed.stream, 2).missed == [{"type": "revoked", "grant_id": "g3", "seq": 3}]
+    assert feed.open(received.append, feed.stream, 3).ready["resumed"] is True
+    assert feed.open(received.append, feed.stream, 0).ready["resumed"] is False  # seq 1 is gone
+    assert feed.open(received.append, feed.stream, 4).ready["resumed"] is False  # never sent
+    assert feed.open(received.append, None, 3).ready["resumed"] is False
+
+
+def test_an_interrupted_relay_is_a_flush_and_sessions_are_not_announced():
+    events = RevocationEvents()
+    feed = RevocationFeed(events)
+    received = []
+    feed.open(received.append)
+    events.publish(Revocation(SESSION, "a-session-hash"))
+    events.publish(Revocation(USER, "u1"))
+    events.publish(Revocation(FAMILY, "f1"))
+    events.publish_all()
+    assert received == [{"type": "revoked", "family_id": family_label("f1"), "seq": 1}, {"type": "flush", "seq": 2}]
+
+
+def test_a_reader_that_fails_keeps_the_message_from_no_other():
+    events = RevocationEvents()
+    feed = RevocationFeed(events)
+    received = []
+
+    def broken(message):
+        raise RuntimeError("gone")
+
+    feed.open(broken)
+    feed.open(received.append)
+    events.publish(Revocation(GRANT, "g1"))
+    assert received == [{"type": "revoked", "grant_id": "g1", "seq": 1}]
+
+
+async def refusal(base_url, headers, query=""):
+    with pytest.raises(HTTPClientError) as info:
+        await websocket_connect(HTTPRequest(feed_url(base_url, query), headers=headers))
+    assert info.value.response.headers["Content-Type"] == "application/json"
+    return info.value.code, json_of(info.value.response), info.value.response.headers
+
+
+@pytest.mark.gen_test
+async def test_only_a_client_that_may_introspect_reads_the_feed(http_server, base_url, ctx):
+    code, body, headers = await refusal(base_url, {})
+    assert (code, body["error"]) == (401, "invalid_client") and headers["WWW-Authenticate"].startswith("Basic")
+    code, body, _ = await refusal(base_url, {"Authorization": basic("webapp", "wrong")})
+    assert (code, body["error"]) == (401, "invalid_client")
+    code, body, _ = await refusal(base_url, {"Authorization": basic("node-agent", "")})  # public
+    assert (code, body["error"]) == (401, "invalid_client")
+    code, body, _ = await refusal(base_url, {"Authorization": basic("partner", PARTNER_SECRET)})  # third-party
+    assert (code, body["error"]) == (403, "access_denied")
+    code, body, _ = await refusal(base_url, {"Authorization": basic("webapp", WEBAPP_SECRET)}, "?after=x")
+    assert code == 422 and body["detail"][0]["loc"] == ["query", "after"]
+    code, body, _ = await refusal(base_url, {"Authorization": basic("webapp", WEBAPP_SECRET),
+                                             "Origin": "https://evil.example"})
+    assert code == 403 and "other origins" in body["detail"]
+    assert ctx.feed.readers == 0
+
+
+@pytest.mark.gen_test
+async def test_a_request_that_is_no_websocket_handshake_is_answered_400(http_client, base_url):
+    response = await http_client.fetch(base_url + "/oauth/revocations", raise_error=False,
+                                       headers={"Authorization": basic("webapp", WEBAPP_SECRET)})
+    assert response.code == 400 and "handshake" in json_of(response)["detail"]
+    response = await http_client.fetch(base_url + "/oauth/revocations", raise_error=False, headers={
+        **HANDSHAKE, "Sec-WebSocket-Version": "8", "Authorization": basic("webapp", WEBAPP_SECRET)})
+    assert response.code == 426 and response.headers["Sec-WebSocket-Version"] == "13"
+
+
+@pytest.mark.gen_test
+async def test_a_reader_that_goes_away_is_dropped(http_server, base_url, ctx):
+    connection = await connect(base_url)
+    await next_message(connection)
+    assert ctx.feed.readers == 1
+    connection.close()
+    await eventually(lambda: ctx.feed.readers == 0, what="the reader dropped")
