@@ -1,0 +1,420 @@
+"""tokensvc.resource: a resource server's verifier (introspect once, cache within bounds, drop
+on the revocation feed, fail closed) and its Tornado and ASGI adapters, against the service
+over real HTTP and its real revocation feed."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import sys
+from datetime import timedelta
+
+import pytest
+import tornado.httpserver
+import tornado.testing
+import tornado.web
+from helpers import WEBAPP_SECRET, basic, eventually, post_form
+from test_ws import tokens
+from tornado import gen
+from tornado.httpclient import HTTPClientError, HTTPRequest
+from tornado.websocket import websocket_connect
+
+from tokensvc.resource import InsufficientScope, InvalidToken, Settings, Unavailable, Verifier
+from tokensvc.resource.tornado import BearerAuthMixin, RevocableWebSocket, requires
+
+
+class Monotonic:
+    """The verifier's clock, moved by hand."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def verifier_for(base_url, clock=None, **settings):
+    return Verifier(Settings(base_url, "webapp", WEBAPP_SECRET, **settings), **({"clock": clock} if clock else {}))
+
+
+async def started(verifier):
+    await verifier.start()
+    await asyncio.wait_for(verifier.connected.wait(), 10)
+    return verifier
+
+
+async def revoke(http_client, base_url, token):
+    response = await post_form(http_client, base_url + "/oauth/token/revoke", {"token": token},
+                               {"Authorization": basic("webapp", WEBAPP_SECRET)})
+    assert response.code == 200
+
+
+@pytest.mark.gen_test(timeout=30)
+async def test_a_token_is_introspected_once_then_dropped_when_revoked(browser, http_client, base_url):
+    access = (await tokens(browser, http_client, base_url, scope="read"))["access_token"]
+    verifier = await started(verifier_for(base_url))
+    try:
+        for _ in range(5):
+            assert (await verifier.check(access, "read")).scopes == ["read"]
+        assert (verifier.counts.introspections, verifier.counts.hits) == (1, 4)
+        await revoke(http_client, base_url, access)
+        await eventually(lambda: verifier.cached == 0, what="the revocation dropping the entry")
+        with pytest.raises(InvalidToken):
+            await verifier.check(access)
+        assert verifier.counts.introspections == 2
+    finally:
+        await verifier.close()
+
+
+@pytest.mark.gen_test(timeout=30)
+async def test_scopes_are_checked_with_the_services_rule(browser, http_client, base_url):
+    access = (await tokens(browser, http_client, base_url, scope="read"))["access_token"]
+    verifier = verifier_for(base_url)
+    assert (await verifier.check(access, "observations:read")).has("read")
+    with pytest.raises(InsufficientScope) as info:
+        await verifier.check(access, "write")
+    assert info.value.status == 403
+    assert info.value.headers("api")["WWW-Authenticate"] == (
+        'Bearer realm="api", error="insufficient_scope", error_description="The token lacks the scope write", '
+        'scope="write"')
+    assert info.value.body()["scope"] == "write"
+    with pytest.raises(InvalidToken) as missing:
+        await verifier.check(None)
+    assert missing.value.headers("api")["WWW-Authenticate"] == 'Bearer realm="api"'  # RFC 6750 §3.1: no error
+
+
+@pytest.mark.gen_test(timeout=30)
+async def test_a_refresh_token_is_no_bearer_token_and_an_inactive_answer_is_cached_briefly(browser, http_client,
+                                                                                          base_url):
+    issued = await tokens(browser, http_client, base_url)
+    clock = Monotonic()
+    verifier = verifier_for(base_url, clock, negative_ttl=5)
+    for _ in range(3):
+        with pytest.raises(InvalidToken):
+            await verifier.check(issued["refresh_token"])
+    assert verifier.counts.introspections == 1
+    clock.now += 6
+    with pytest.raises(InvalidToken):
+        await verifier.check(issued["refresh_token"])
+    assert verifier.counts.introspections == 2
+
+
+@pytest.mark.gen_test(timeout=30)
+async def test_an_answer_never_outlives_the_tokens_exp_nor_the_cache_its_bound(browser, http_client, base_url):
+    first = (await tokens(browser, http_client, base_url))["access_token"]
+    second = (await tokens(browser, http_client, base_url))["access_token"]
+    third = (await tokens(browser, http_client, base_url))["access_token"]
+    clock = Monotonic()
+    verifier = verifier_for(base_url, clock, max_entries=2, offline_ttl=10**6)
+    for token in (first, second, third):
+        await verifier.check(token)
+    assert verifier.cached == 2  # the least recently used went
+    await verifier.check(first)
+    assert verifier.counts.introspections == 4
+    clock.now += 3600  # the tokens' lifetime (access_ttl)
+    await verifier.check(third)  # still active at the service (its clock did not move): asked again
+    assert verifier.counts.introspections == 5
+
+
+@pytest.mark.gen_test(timeout=30)
+async def test_without_the_feed_an_answer_lives_offline_ttl_then_tokensvc_is_asked(browser, http_client, base_url):
+    access = (await tokens(browser, http_client, base_url))["access_token"]
+    clock = Monotonic()
+    verifier = verifier_for(base_url, clock, offline_ttl=30)  # never started: the feed is down
+    await verifier.check(access)
+    clock.now += 29
+    await verifier.check(access)
+    assert verifier.counts.introspections == 1
+    clock.now += 2
+    await verifier.check(access)
+    assert verifier.counts.introspections == 2
+
+
+def drop_feeds(ctx):
+    """The service closes every feed socket it has open (as a restart would)."""
+    for reader in list(ctx.feed._readers):
+        reader.__self__.close()
+
+
+@pytest.mark.gen_test(timeout=30)
+async def test_tokensvc_away_fails_closed():
+    port = tornado.testing.bind_unused_port()
+    port[0].close()  # nothing listens there
+    verifier = verifier_for(f"http://127.0.0.1:{port[1]}", timeout=2)
+    with pytest.raises(Unavailable) as info:
+        await verifier.check("a" * 43)
+    assert info.value.status == 503 and info.value.headers("api")["Retry-After"] == "1"
+
+
+@pytest.mark.gen_test(timeout=60)
+async def test_the_feed_away_bounds_every_answer_then_fails_closed(http_server, browser, http_client, base_url,
+                                                                   ctx):
+    """The feed and tokensvc go away together (the service stops): a cached answer is used
+    within offline_ttl of the feed's going down, then the check fails closed (503)."""
+    access = (await tokens(browser, http_client, base_url))["access_token"]
+    clock = Monotonic()
+    verifier = await started(verifier_for(base_url, clock, offline_ttl=30, timeout=2, retry_seconds=0.05))
+    try:
+        await verifier.check(access)
+        clock.now += 3000  # the feed is up: the answer lives on
+        await verifier.check(access)
+        assert verifier.counts.introspections == 1
+        http_server.stop()  # no new connection: neither introspection nor the feed answers
+        await http_server.close_all_connections()
+        drop_feeds(ctx)  # and the open feed ends (an upgraded socket is no HTTP connection)
+        await eventually(lambda: not verifier.feed_up, what="the feed noticed down")
+        clock.now += 29
+        await verifier.check(access)  # within offline_ttl of the feed's going down
+        clock.now += 2
+        with pytest.raises(Unavailable):
+            await verifier.check(access)
+    finally:
+        await verifier.close()
+
+
+@pytest.mark.gen_test(timeout=30)
+async def test_a_feed_that_drops_resumes_where_it_stood(browser, http_client, base_url, ctx):
+    access = (await tokens(browser, http_client, base_url))["access_token"]
+    verifier = await started(verifier_for(base_url, retry_seconds=0.05))
+    try:
+        await verifier.check(access)
+        drop_feeds(ctx)
+        await eventually(lambda: not verifier.feed_up, what="the feed noticed down")
+        await asyncio.wait_for(verifier.connected.wait(), 10)
+        assert verifier.counts.connects == 2 and verifier.counts.flushes == 1  # the first ready only
+        assert verifier.cached == 1  # resumed: nothing flushed
+        await revoke(http_client, base_url, access)
+        await eventually(lambda: verifier.cached == 0, what="the revocation on the new connection")
+    finally:
+        await verifier.close()
+
+
+@pytest.mark.gen_test(timeout=30)
+async def test_an_answer_a_revocation_overtook_is_asked_again_not_cached():
+    verifier = verifier_for("http://127.0.0.1:9")
+    answers = [{"active": True, "scope": "read", "exp": 2**40, "grant_id": "g1", "family_id": "f1",
+                "client_id": "webapp"}, None]
+
+    async def introspect(token):
+        verifier._heard({"type": "revoked", "seq": 1, "grant_id": "g1"})  # heard while the answer travels
+        return answers.pop(0)
+
+    verifier._introspect = introspect
+    with pytest.raises(InvalidToken):
+        await verifier.check("a" * 43)
+    assert verifier.cached == 1 and not answers  # the second answer (inactive), cached briefly
+
+
+@pytest.mark.gen_test(timeout=30)
+async def test_concurrent_checks_of_one_token_share_one_introspection():
+    verifier = verifier_for("http://127.0.0.1:9")
+    release = asyncio.Event()
+    calls = []
+
+    async def introspect(token):
+        calls.append(token)
+        await release.wait()
+        return {"active": True, "scope": "read", "exp": 2**40, "grant_id": "g1", "family_id": "f1"}
+
+    verifier._introspect = introspect
+    checks = [asyncio.ensure_future(verifier.check("a" * 43, "read")) for _ in range(5)]
+    await eventually(lambda: calls, what="the introspection")
+    release.set()
+    assert all(authorized.scopes == ["read"] for authorized in await asyncio.gather(*checks))
+    assert len(calls) == 1
+
+
+def test_the_library_imports_no_storage_driver_nor_schema_library():
+    probe = ("import sys, tokensvc.resource, tokensvc.resource.tornado, tokensvc.resource.asgi; "
+             "print(sorted({m.split('.')[0] for m in sys.modules} & {'pymongo', 'bson', 'marshmallow', 'apispec', "
+             "'prometheus_client'}))")
+    assert subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout == "[]\n"
+
+
+# -- the Tornado adapter ------------------------------------------------------------------------
+
+
+class Notes(BearerAuthMixin):
+    @requires("read")
+    async def get(self) -> None:
+        self.write({"subject": self.authorized.subject, "scopes": self.authorized.scopes})
+
+    @requires()
+    async def post(self) -> None:
+        self.authorized.require("write")
+        self.write({"written": True})
+
+
+class Live(RevocableWebSocket):
+    required_scope = "read"
+
+    def open(self) -> None:
+        self.write_message("hello")
+
+
+async def serve(application):
+    sock, port = tornado.testing.bind_unused_port()
+    server = tornado.httpserver.HTTPServer(application)
+    server.add_sockets([sock])
+    return server, f"http://127.0.0.1:{port}"
+
+
+@pytest.mark.gen_test(timeout=30)
+async def test_the_tornado_mixin_answers_rfc_6750(browser, http_client, base_url):
+    access = (await tokens(browser, http_client, base_url, scope="read"))["access_token"]
+    verifier = verifier_for(base_url)
+    server, api = await serve(tornado.web.Application([("/notes", Notes)], tokensvc_verifier=verifier))
+    try:
+        response = await http_client.fetch(api + "/notes", raise_error=False)
+        assert response.code == 401 and response.headers["WWW-Authenticate"] == 'Bearer realm="api"'
+        response = await http_client.fetch(api + "/notes", raise_error=False, headers={"Authorization": "Bearer x"})
+        assert response.code == 401 and 'error="invalid_token"' in response.headers["WWW-Authenticate"]
+        assert json.loads(response.body)["error"] == "invalid_token"
+        response = await http_client.fetch(api + "/notes", headers={"Authorization": f"Bearer {access}"})
+        assert json.loads(response.body)["scopes"] == ["read"]
+        response = await http_client.fetch(api + "/notes", method="POST", body="", raise_error=False,
+                                           headers={"Authorization": f"Bearer {access}"})
+        assert response.code == 403 and json.loads(response.body) == {
+            "error": "insufficient_scope", "error_description": "The token lacks the scope write", "scope": "write"}
+        assert 'scope="write"' in response.headers["WWW-Authenticate"]
+    finally:
+        server.stop()
+
+
+@pytest.mark.gen_test(timeout=30)
+async def test_the_tornado_websocket_closes_4401_when_its_token_is_revoked(browser, http_client, base_url):
+    access = (await tokens(browser, http_client, base_url, scope="read"))["access_token"]
+    other = (await tokens(browser, http_client, base_url, scope="read"))["access_token"]
+    verifier = await started(verifier_for(base_url))
+    server, api = await serve(tornado.web.Application([("/live", Live)], tokensvc_verifier=verifier))
+    try:
+        ws = api.replace("http://", "ws://") + "/live"
+        with pytest.raises(HTTPClientError) as info:
+            await websocket_connect(ws)
+        assert info.value.code == 401
+        connection = await websocket_connect(ws + "?access_token=" + access)
+        bystander = await websocket_connect(HTTPRequest(ws, headers={"Authorization": f"Bearer {other}"}))
+        for socket in (connection, bystander):
+            assert await socket.read_message() == "hello"
+        await revoke(http_client, base_url, access)
+        assert await gen.with_timeout(timedelta(seconds=5), connection.read_message()) is None
+        assert connection.close_code == 4401
+        bystander.write_message("still here")
+        assert bystander.close_code is None
+        bystander.close()
+    finally:
+        server.stop()
+        await verifier.close()
+
+
+# -- the ASGI adapter ---------------------------------------------------------------------------
+
+
+async def asgi_call(app, scope, incoming=()):
+    """Run an ASGI application on one connection: what it sent."""
+    queue: asyncio.Queue = asyncio.Queue()
+    for message in incoming:
+        queue.put_nowait(message)
+    sent = []
+
+    async def send(message):
+        sent.append(message)
+
+    await app(scope, queue.get, send)
+    return sent
+
+
+def http_scope(path, token=None):
+    headers = [(b"authorization", f"Bearer {token}".encode())] if token else []
+    return {"type": "http", "method": "GET", "path": path, "raw_path": path.encode(), "query_string": b"",
+            "headers": headers, "scheme": "http", "server": ("test", 80), "client": ("127.0.0.1", 1),
+            "root_path": "", "http_version": "1.1", "asgi": {"version": "3.0"}}
+
+
+def starlette_app(verifier):
+    from starlette.applications import Starlette
+    from starlette.middleware import Middleware
+    from starlette.responses import JSONResponse
+    from starlette.routing import Route
+
+    from tokensvc.resource.asgi import BearerAuthMiddleware
+
+    async def notes(request):
+        request.auth.require("write" if request.query_params.get("write") else "read")
+        return JSONResponse({"subject": request.auth.subject, "scopes": request.auth.scopes})
+
+    return Starlette(routes=[Route("/notes", notes)],
+                     middleware=[Middleware(BearerAuthMiddleware, verifier=verifier, exempt=("/healthz",))])
+
+
+@pytest.mark.gen_test(timeout=30)
+async def test_the_asgi_middleware_in_a_starlette_application(browser, http_client, base_url):
+    access = (await tokens(browser, http_client, base_url, scope="read"))["access_token"]
+    app = starlette_app(verifier_for(base_url))
+    sent = await asgi_call(app, http_scope("/notes"), [{"type": "http.request", "body": b""}])
+    assert sent[0]["status"] == 401 and (b"www-authenticate", b'Bearer realm="api"') in sent[0]["headers"]
+    sent = await asgi_call(app, http_scope("/notes", access), [{"type": "http.request", "body": b""}])
+    assert sent[0]["status"] == 200 and json.loads(sent[1]["body"])["scopes"] == ["read"]
+    scope = {**http_scope("/notes", access), "query_string": b"write=1"}
+    sent = await asgi_call(app, scope, [{"type": "http.request", "body": b""}])
+    assert sent[0]["status"] == 403 and json.loads(sent[1]["body"])["scope"] == "write"
+
+
+@pytest.mark.gen_test(timeout=30)
+async def test_the_asgi_websocket_closes_4401_when_its_token_is_revoked(browser, http_client, base_url):
+    from tokensvc.resource.asgi import BearerAuthMiddleware
+
+    access = (await tokens(browser, http_client, base_url, scope="read"))["access_token"]
+    verifier = await started(verifier_for(base_url))
+    received = []
+
+    async def app(scope, receive, send):  # a plain ASGI WebSocket application
+        assert (await receive())["type"] == "websocket.connect"
+        await send({"type": "websocket.accept"})
+        await send({"type": "websocket.send", "text": "hello"})
+        while True:
+            message = await receive()
+            received.append(message)
+            if message["type"] == "websocket.disconnect":
+                return
+
+    middleware = BearerAuthMiddleware(app, verifier, scope="read")
+    scope = {**http_scope("/live"), "type": "websocket", "query_string": f"access_token={access}".encode()}
+    try:
+        refused = await asgi_call(middleware, {**scope, "query_string": b""}, [{"type": "websocket.connect"}])
+        assert refused == [{"type": "websocket.close", "code": 1008}]
+        queue: asyncio.Queue = asyncio.Queue()
+        queue.put_nowait({"type": "websocket.connect"})
+        sent = []
+
+        async def send(message):
+            sent.append(message)
+
+        running = asyncio.ensure_future(middleware(scope, queue.get, send))
+        await eventually(lambda: len(sent) == 2, what="the socket accepted")
+        await revoke(http_client, base_url, access)
+        await asyncio.wait_for(running, 5)
+        assert sent[-1] == {"type": "websocket.close", "code": 4401}
+        assert received == [{"type": "websocket.disconnect", "code": 4401}]
+    finally:
+        await verifier.close()
+
+
+@pytest.mark.gen_test(timeout=30)
+async def test_a_websocket_is_closed_when_feed_and_tokensvc_are_away_past_offline_ttl(http_server, browser,
+                                                                                        http_client, base_url, ctx):
+    access = (await tokens(browser, http_client, base_url, scope="read"))["access_token"]
+    verifier = await started(verifier_for(base_url, offline_ttl=0.2, timeout=2, retry_seconds=0.05))
+    server, api = await serve(tornado.web.Application([("/live", Live)], tokensvc_verifier=verifier))
+    try:
+        connection = await websocket_connect(api.replace("http://", "ws://") + "/live?access_token=" + access)
+        assert await connection.read_message() == "hello"
+        http_server.stop()
+        await http_server.close_all_connections()
+        drop_feeds(ctx)
+        assert await gen.with_timeout(timedelta(seconds=10), connection.read_message()) is None
+        assert connection.close_code == 4401
+    finally:
+        server.stop()
+        await verifier.close()
