@@ -545,3 +545,23 @@ async def test_the_admin_listener_serves_its_own_openapi_document(call):
     assert document["info"]["title"] == "tokensvc admin API"
     assert set(document["paths"]) == {route.path for route in ADMIN_ROUTES}
     assert document["paths"]["/admin/clients/{client_id}"]["put"]["tags"] == ["admin"]
+
+
+@pytest.mark.gen_test
+async def test_a_resource_server_is_registered_with_a_secret_and_nothing_of_the_flow(call):
+    response = await call("POST", "/admin/clients", {"name": "Notes API", "kind": "resource-server",
+                                                      "clientId": "notes-api"})
+    assert response.code == 201, response.body
+    created = check_schema(admin_schemas.AdminClientWithSecretSchema(), json_of(response))
+    assert (created["kind"], created["redirectUris"], created["allowedScopes"], created["firstParty"],
+            created["confidential"]) == ("resource-server", [], [], False, True)
+    assert created["clientSecret"]
+    refused = await call("PUT", "/admin/clients/notes-api", {"name": "Notes API", "kind": "resource-server",
+                                                             "redirectUris": ["https://notes.example/cb"]})
+    assert refused.code == 422 and "a resource server has no" in json_of(refused)["detail"][0]["msg"]
+    refused = await call("POST", "/admin/clients", {"name": "Calendar"})  # a client needs a redirect URI
+    assert refused.code == 422 and "redirect URI" in json_of(refused)["detail"][0]["msg"]
+    # Made a client again, it is one as the operator describes it, from scratch.
+    response = await call("PATCH", "/admin/clients/notes-api", {"kind": "client",
+                                                                "redirectUris": ["https://notes.example/cb"]})
+    assert response.code == 200 and json_of(response)["kind"] == "client"

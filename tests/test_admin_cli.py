@@ -347,3 +347,16 @@ def test_a_kept_token_is_written_0600_whatever_was_there_and_never_through_a_lin
     refused = tokensvc(*[str(linked) if arg == str(stored) else arg for arg in args])
     assert refused.returncode == 1 and "a link is never followed" in refused.stderr
     assert "Web app" in ok(tokensvc(*args))  # the chain is whole
+
+
+def test_a_resource_server_from_the_command_line(service, credentials):
+    """``clients add --kind resource-server`` needs no redirect URI: a secret, and nothing else."""
+    admin = ["--url", service.admin]
+    text = ok(tokensvc("clients", "add", "--kind", "resource-server", "--name", "Telemetry API", *admin,
+                       credentials=credentials))
+    client_id = text.split("client_id: ")[1].split("\n")[0]
+    assert "client_secret: " in text
+    shown = ok(tokensvc("clients", "show", client_id, *admin, credentials=credentials))
+    assert "kind: resource-server" in shown and "redirect_uris: " in shown
+    refused = tokensvc("clients", "add", "--name", "No redirect", *admin, credentials=credentials)
+    assert refused.returncode != 0 and "redirect URI" in refused.stderr

@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import secrets
 from collections.abc import Collection, Iterable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any
 
@@ -35,7 +35,18 @@ from tokensvc.oauth import hashing, introspection
 from tokensvc.oauth import sessions as web_sessions
 from tokensvc.oauth.context import OAuthContext
 from tokensvc.oauth.revocation import end_chains_before_promotion, narrowing, revoke_grant, revoke_token
-from tokensvc.records import Client, Grant, Installation, Session, Subject, User, utcnow
+from tokensvc.records import (
+    CLIENT_KIND,
+    CLIENT_KINDS,
+    RESOURCE_SERVER,
+    Client,
+    Grant,
+    Installation,
+    Session,
+    Subject,
+    User,
+    utcnow,
+)
 from tokensvc.storage.base import CLIENT, GRANT, Conflict, Revocation, Store
 
 MAX_PAGE = 200  # the most a listing returns at once
@@ -95,24 +106,30 @@ class ClientSpec:
     """What an operator says a client is (everything but its secret and its creation time)."""
 
     name: str
-    redirect_uris: list[str]
+    redirect_uris: list[str] = field(default_factory=list)
     scopes: list[str] | None = None
     first_party: bool = False
     confidential: bool = False
     description: str | None = None
     logo_url: str | None = None
     allowed_origins: list[str] | None = None
+    kind: str = CLIENT_KIND
 
     def checked(self, given: Collection[str] | None = None) -> ClientSpec:
         """The spec as it will be written; AdminError naming the body's field at fault. Only
         the fields ``given`` (all when None) are held to the rules: a change checks what it
-        sets, so a client stored before a rule was stricter keeps working and can be edited."""
+        sets, so a client stored before a rule was stricter keeps working and can be edited.
+        What a resource server may not have is refused whatever is given."""
 
         def asked(name: str) -> bool:
             return given is None or name in given
 
         if asked("name") and name_problem(self.name) is not None:
             raise AdminError(f"a client needs a name ({NAME_RULE}): {self.name!r}", "name")
+        if self.kind not in CLIENT_KINDS:
+            raise AdminError(f"a client's kind is one of {', '.join(CLIENT_KINDS)}: {self.kind!r}", "kind")
+        if self.kind == RESOURCE_SERVER:
+            return replace(self._checked_resource_server(asked("logo_url")), name=self.name.strip())
         if asked("redirect_uris"):
             if not self.redirect_uris:
                 raise AdminError("a client needs at least one redirect URI", "redirectUris")
@@ -126,10 +143,20 @@ class ClientSpec:
             _check(origin_problem(origin), "web origin", origin, "allowedOrigins")
         return replace(self, name=self.name.strip())
 
+    def _checked_resource_server(self, logo: bool) -> ClientSpec:
+        """A resource server is confidential and has none of what the authorization flow uses:
+        no redirect URI, no scope, not first-party, no web origin."""
+        if self.redirect_uris or self.scopes or self.first_party or self.allowed_origins:
+            raise AdminError("a resource server has no redirect URI, scope, web origin, nor first-party flag: "
+                             "it only introspects tokens and reads the revocation feed", "kind")
+        if logo and self.logo_url is not None:
+            _check(logo_url_problem(self.logo_url), "logo URL", self.logo_url, "logoUrl")
+        return replace(self, confidential=True)
+
     @classmethod
     def of(cls, client: Client) -> ClientSpec:
         return cls(client.name, list(client.redirect_uris), client.allowed_scopes, client.first_party,
-                   client.confidential, client.description, client.logo_url, client.allowed_origins)
+                   client.confidential, client.description, client.logo_url, client.allowed_origins, client.kind)
 
     def fields(self, names: Iterable[str] | None = None) -> dict[str, Any]:
         """The client fields this spec sets (its secret aside), or those of ``names`` (the
@@ -137,15 +164,19 @@ class ClientSpec:
         values = {"name": self.name, "redirect_uris": list(self.redirect_uris),
                   "allowed_scopes": list(self.scopes) if self.scopes else None, "first_party": self.first_party,
                   "description": self.description, "logo_url": self.logo_url,
-                  "allowed_origins": list(self.allowed_origins) if self.allowed_origins else None}
+                  "allowed_origins": list(self.allowed_origins) if self.allowed_origins else None,
+                  "kind": self.kind}
+        if self.kind == RESOURCE_SERVER:
+            values["allowed_scopes"] = []  # none at all, never null (which means ["read"])
         if names is None:
             return values
         return {field: values[field] for name in names if (field := CLIENT_FIELDS.get(name))}
 
 
+# ClientSpec's names -> Client's (the secret apart)
 CLIENT_FIELDS = {"name": "name", "redirect_uris": "redirect_uris", "scopes": "allowed_scopes",
                  "first_party": "first_party", "description": "description", "logo_url": "logo_url",
-                 "allowed_origins": "allowed_origins"}  # ClientSpec's names -> Client's (the secret apart)
+                 "allowed_origins": "allowed_origins", "kind": "kind"}
 
 
 async def create_client(store: Store, spec: ClientSpec, client_id: str | None = None) -> tuple[Client, str | None]:
@@ -193,9 +224,12 @@ async def update_client(ctx: OAuthContext, client_id: str, changes: dict[str, An
     client stored before a rule was stricter can be edited) and written, so a concurrent change
     of others (a rotated secret, another PATCH) holds."""
     existing = await get_client(ctx.store, client_id)
-    spec = replace(ClientSpec.of(existing), **changes).checked(changes.keys())
-    confidential = spec.confidential if "confidential" in changes else None
-    client, secret = await _change_client(ctx, existing, spec.fields(changes), confidential)
+    # A change of kind writes (and so checks) every field: what the new kind allows is the
+    # whole client.
+    whole = "kind" in changes
+    spec = replace(ClientSpec.of(existing), **changes).checked(None if whole else changes.keys())
+    confidential = spec.confidential if "confidential" in changes or whole else None
+    client, secret = await _change_client(ctx, existing, spec.fields(None if whole else changes), confidential)
     _record("client_replaced", client_id=client_id, outcome="success")
     return client, secret
 

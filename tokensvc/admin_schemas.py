@@ -6,9 +6,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from marshmallow import RAISE, Schema, fields, pre_dump
+from marshmallow import RAISE, Schema, fields, pre_dump, validate
 
 from tokensvc import identifiers
+from tokensvc.records import CLIENT_KINDS
 from tokensvc.schemas import EXTRA_FORBIDDEN, Flag, Text, TextList
 
 MAX_LIST = 100  # redirect URIs, scopes, origins, operators a body may name
@@ -23,6 +24,11 @@ class BodySchema(Schema):
 
     class Meta:
         unknown = RAISE
+
+
+KIND = ("client (default): the authorization flow; resource-server: an API that may introspect tokens and read "
+        "the revocation feed, nothing else (confidential; no redirect URI, scope, origin, nor first-party flag)")
+KIND_ERROR = "Value error, client or resource-server"
 
 
 # -- resources ---------------------------------------------------------------------------------
@@ -41,6 +47,7 @@ class AdminClientSchema(Schema):
     logo_url = fields.String(allow_none=True, data_key="logoUrl")
     allowed_origins = fields.List(fields.String(), required=True, data_key="allowedOrigins")
     created_at = fields.DateTime(allow_none=True, data_key="createdAt")
+    kind = fields.String(required=True, validate=validate.OneOf(CLIENT_KINDS), metadata={"description": KIND})
 
     @pre_dump
     def in_force(self, client: Any, **_: Any) -> dict[str, Any]:
@@ -48,7 +55,8 @@ class AdminClientSchema(Schema):
         return {"client_id": client.client_id, "name": client.name, "redirect_uris": client.redirect_uris,
                 "allowed_scopes": client.scopes, "first_party": client.first_party,
                 "confidential": client.confidential, "description": client.description, "logo_url": client.logo_url,
-                "allowed_origins": client.allowed_origins or [], "created_at": client.created_at}
+                "allowed_origins": client.allowed_origins or [], "created_at": client.created_at,
+                "kind": client.kind}
 
 
 class AdminClientWithSecretSchema(AdminClientSchema):
@@ -130,15 +138,17 @@ class ClientBodySchema(BodySchema):
         "pattern": identifiers.ID.pattern,
         "description": "POST: the id to give it (default: a random one); PUT: the path's, if given"})
     name = Text(required=True, max_length=200, metadata=NAME)
-    redirect_uris = TextList(required=True, data_key="redirectUris", item=REDIRECT_URI,
-                             metadata={"minItems": 1})
+    redirect_uris = TextList(data_key="redirectUris", item=REDIRECT_URI, metadata={
+        "description": "At least one for a client; none for a resource server"})
     scopes = TextList(data_key="allowedScopes", max_length=128, item=SCOPE, metadata={
-        "description": "Absent or empty: [\"read\"]"})
+        "description": "Absent or empty: [\"read\"] (a resource server: none)"})
     first_party = Flag(load_default=False, data_key="firstParty")
-    confidential = Flag(load_default=False)
+    confidential = Flag(load_default=False, metadata={"description": "A resource server always is"})
     description = Text(max_length=1000, allow_none=True)
     logo_url = Text(allow_none=True, data_key="logoUrl", metadata=LOGO_URL)
     allowed_origins = TextList(data_key="allowedOrigins", item=ORIGIN)
+    kind = Text(max_length=32, validate=[validate.OneOf(CLIENT_KINDS, error=KIND_ERROR)], metadata={
+        "description": KIND, "enum": list(CLIENT_KINDS)})
 
 
 class ClientPutBodySchema(ClientBodySchema):
@@ -160,6 +170,8 @@ class ClientPatchSchema(BodySchema):
     description = Text(max_length=1000, allow_none=True)
     logo_url = Text(allow_none=True, data_key="logoUrl", metadata=LOGO_URL)
     allowed_origins = TextList(data_key="allowedOrigins", item=ORIGIN)
+    kind = Text(max_length=32, validate=[validate.OneOf(CLIENT_KINDS, error=KIND_ERROR)], metadata={
+        "description": KIND, "enum": list(CLIENT_KINDS)})
 
 
 class UserBodySchema(BodySchema):

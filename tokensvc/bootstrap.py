@@ -20,7 +20,7 @@ from tokensvc.oauth.context import OAuthContext
 from tokensvc.oauth.metadata import server_metadata
 from tokensvc.oauth.revocation import end_chains_before_promotion, narrowing
 from tokensvc.ratelimit import FailureLimits, SharedFailureCounts
-from tokensvc.records import Client, Installation, User, utcnow
+from tokensvc.records import RESOURCE_SERVER, Client, Installation, User, utcnow
 from tokensvc.storage.base import StorageError, Store, StoreObserver
 
 log = logging.getLogger(__name__)
@@ -82,7 +82,10 @@ async def seed(store: Store, config: Settings) -> None:
             client_id=seed_client.client_id,
             name=seed_client.name,
             redirect_uris=list(seed_client.redirect_uris),
-            allowed_scopes=None if seed_client.allowed_scopes is None else list(seed_client.allowed_scopes),
+            # A resource server holds no scope, never null (which means ["read"]).
+            allowed_scopes=[] if seed_client.kind == RESOURCE_SERVER
+            else None if seed_client.allowed_scopes is None else list(seed_client.allowed_scopes),
+            kind=seed_client.kind,
             allowed_origins=None if seed_client.allowed_origins is None else list(seed_client.allowed_origins),
             secret_hash=secret_hash,
             first_party=seed_client.first_party,

@@ -29,6 +29,7 @@ from tokensvc.bootstrap import make_context, make_store
 from tokensvc.config import ConfigError, Settings
 from tokensvc.identifiers import KINDS
 from tokensvc.operator import Json, Operations, Operator, RemoteOperator
+from tokensvc.records import CLIENT_KIND, CLIENT_KINDS
 from tokensvc.storage import Store
 
 StoreFactory = Callable[[Settings], Store]
@@ -142,7 +143,7 @@ async def every(listing: Callable[..., Awaitable[Json]]) -> list[Json]:
 def client_body(args: argparse.Namespace) -> Json:
     body = {"name": args.name, "redirectUris": args.redirect_uri, "allowedScopes": args.scope,
             "firstParty": args.first_party, "confidential": args.confidential, "description": args.description,
-            "logoUrl": args.logo_url, "allowedOrigins": args.allowed_origin}
+            "logoUrl": args.logo_url, "allowedOrigins": args.allowed_origin, "kind": args.kind}
     if args.client_id:
         body["clientId"] = args.client_id
     return {key: value for key, value in body.items() if value is not None}
@@ -442,9 +443,13 @@ def add_commands(commands: argparse._SubParsersAction, factory: StoreFactory | N
     clients = group("clients", "manage OAuth clients")
     add = command(clients, "add", "register a client; prints its id and, once, its secret", clients_add)
     add.add_argument("--name", required=True, help="what the consent and account pages call the app")
-    add.add_argument("--redirect-uri", action="append", required=True,
+    add.add_argument("--kind", choices=CLIENT_KINDS, default=CLIENT_KIND,
+                     help="client (default); resource-server: an API that introspects tokens and reads the "
+                          "revocation feed, nothing else (confidential, no redirect URI or scope)")
+    add.add_argument("--redirect-uri", action="append",
                      help="where the app receives its code: https, http on a loopback host (any port), or a "
-                          "private-use scheme (com.example.app:/cb); repeat for several")
+                          "private-use scheme (com.example.app:/cb); repeat for several (required but for a "
+                          "resource server)")
     add.add_argument("--scope", action="append", help="an allowed scope; repeat for several (none: read)")
     add.add_argument("--first-party", action="store_true", help="no consent prompt")
     add.add_argument("--confidential", action="store_true", help="give the client a secret")

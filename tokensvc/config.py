@@ -50,6 +50,7 @@ from tokensvc.identifiers import (
     username_problem,
 )
 from tokensvc.oauth import successors
+from tokensvc.records import CLIENT_KINDS, RESOURCE_SERVER
 
 log = logging.getLogger(__name__)
 
@@ -178,7 +179,8 @@ class MetricsSettings:
 class ClientSeed:
     client_id: str
     name: str
-    redirect_uris: tuple[str, ...]
+    redirect_uris: tuple[str, ...] = ()
+    kind: str = "client"  # or "resource-server": introspection and the revocation feed only
     allowed_scopes: tuple[str, ...] | None = None
     first_party: bool = False
     client_secret: str | None = None
@@ -590,7 +592,11 @@ def _check_clients(clients: tuple[ClientSeed, ...]) -> None:
         if client.client_id in seen:
             raise ConfigError(f"{key}.client_id: duplicate client id {client.client_id!r}")
         seen.add(client.client_id)
-        if not client.redirect_uris:
+        if client.kind not in CLIENT_KINDS:
+            raise ConfigError(f"{key}.kind: one of {', '.join(CLIENT_KINDS)}: {client.kind!r}")
+        if client.kind == RESOURCE_SERVER:
+            _check_resource_server(key, client)
+        elif not client.redirect_uris:
             raise ConfigError(f"{key}.redirect_uris: at least one redirect URI is required")
         for uri in client.redirect_uris:
             problem = redirect_uri_problem(uri)
@@ -611,6 +617,18 @@ def _check_clients(clients: tuple[ClientSeed, ...]) -> None:
             raise ConfigError(f"{key}: give client_secret or client_secret_sha256, not both")
         if client.client_secret_sha256 is not None and not _SHA256_HEX.fullmatch(client.client_secret_sha256):
             raise ConfigError(f"{key}.client_secret_sha256: expected 64 lower-case hex digits")
+
+
+def _check_resource_server(key: str, client: ClientSeed) -> None:
+    """A resource server proves a secret and has nothing of the authorization flow."""
+    for name in ("redirect_uris", "allowed_scopes", "allowed_origins"):
+        if getattr(client, name):
+            raise ConfigError(f"{key}.{name}: a resource server has none (it introspects and reads the feed only)")
+    if client.first_party:
+        raise ConfigError(f"{key}.first_party: a resource server is not first-party (it introspects and reads the "
+                          "feed only)")
+    if client.client_secret is None and client.client_secret_sha256 is None:
+        raise ConfigError(f"{key}: a resource server is confidential: give client_secret or client_secret_sha256")
 
 
 def _check_users(users: tuple[UserSeed, ...], service_name: str) -> set[str]:

@@ -22,6 +22,10 @@ def utcnow() -> datetime:
     return now.replace(microsecond=now.microsecond // 1000 * 1000)
 
 
+CLIENT_KIND, RESOURCE_SERVER = "client", "resource-server"
+CLIENT_KINDS = (CLIENT_KIND, RESOURCE_SERVER)
+
+
 @dataclass(slots=True)
 class Client:
     client_id: str
@@ -39,6 +43,15 @@ class Client:
     # When allowed_scopes last lost a scope: written with the narrowing, so that every process
     # hears of it (the revocation feed) and the open WebSockets of its tokens re-check.
     narrowed_at: datetime | None = None
+    # CLIENT_KIND, or RESOURCE_SERVER: an API that may introspect and read the revocation feed,
+    # nothing else. Stored with no redirect URI, no scope and first_party false, so that a
+    # release that drops the field (0.9.0 rewrites whole documents) leaves a client that may
+    # do nothing at all, never one that may do more.
+    kind: str = CLIENT_KIND
+
+    @property
+    def resource_server(self) -> bool:
+        return self.kind == RESOURCE_SERVER
 
     @property
     def confidential(self) -> bool:

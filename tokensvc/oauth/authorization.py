@@ -143,6 +143,8 @@ async def verify_redirect(ctx: OAuthContext, args: dict[str, list[str]]) -> tupl
     client = await ctx.store.get_client(client_id) if len(client_id) <= 128 else None
     if client is None:
         raise RedirectUnverified("The client that sent you here is not registered with this service.")
+    if client.resource_server:
+        raise RedirectUnverified("The client that sent you here is an API: it cannot ask for authorization.")
     if not redirect_uri:
         raise RedirectUnverified("The request carries no redirect_uri.")
     if not registered(redirect_uri, client):

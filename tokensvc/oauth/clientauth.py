@@ -16,7 +16,7 @@ from urllib.parse import unquote_plus
 from tokensvc import logs
 from tokensvc.errors import ValidationFailed
 from tokensvc.oauth import hashing
-from tokensvc.oauth.errors import InvalidClient, InvalidRequest
+from tokensvc.oauth.errors import InvalidClient, InvalidRequest, UnauthorizedClient
 from tokensvc.ratelimit import Attempt, TooManyFailures
 from tokensvc.records import Client
 
@@ -111,6 +111,16 @@ def require_client(request: ClientRequest) -> None:
 
 def _is_basic(authorization: str | None) -> bool:
     return authorization is not None and authorization[:6].lower() == "basic "
+
+
+async def authenticate_grant_client(ctx: OAuthContext, request: ClientRequest) -> Client:
+    """The client a request for tokens (code exchange, refresh, RFC 7009 revocation) proves: a
+    resource server proves itself too (a wrong secret counts as a failure) and is then told it
+    may use none of them."""
+    client = await authenticate_request(ctx, request)
+    if client.resource_server:
+        raise UnauthorizedClient("A resource server may introspect and read the revocation feed, nothing else")
+    return client
 
 
 async def authenticate_request(ctx: OAuthContext, request: ClientRequest) -> Client:

@@ -75,6 +75,12 @@ class InvalidGrant(OAuthError):
     error = "invalid_grant"
 
 
+class UnauthorizedClient(OAuthError):
+    """RFC 6749 §5.2: the client may not use this grant (a resource server uses none)."""
+
+    error = "unauthorized_client"
+
+
 class UnsupportedGrantType(OAuthError):
     """RFC 6749 §5.2: only ``authorization_code`` is served by the token endpoint."""
 

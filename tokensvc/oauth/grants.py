@@ -81,7 +81,7 @@ def check_grant_type(grant_type: str | None) -> None:
 async def token_for_code(ctx: OAuthContext, caller: ClientRequest, code: str, redirect_uri: str,
                          code_verifier: str | None) -> TokenResponse:
     """``POST /oauth/token``: authenticate the client, then exchange its code."""
-    client = await clientauth.authenticate_request(ctx, caller)
+    client = await clientauth.authenticate_grant_client(ctx, caller)
     return await exchange_code(ctx, client, code, redirect_uri, code_verifier)
 
 
@@ -89,7 +89,7 @@ async def token_for_refresh(ctx: OAuthContext, caller: ClientRequest, refresh_to
                             scope: str | None, arrived: datetime) -> TokenResponse:
     """``POST /oauth/token/refresh``, arrived at ``arrived``: authenticate the client, then
     rotate its refresh token."""
-    client = await clientauth.authenticate_request(ctx, caller)
+    client = await clientauth.authenticate_grant_client(ctx, caller)
     return await refresh(ctx, client, refresh_token, scope, arrived=arrived)
 
 

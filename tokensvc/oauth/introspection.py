@@ -17,7 +17,7 @@ from tokensvc.oauth.errors import AccessDenied, InvalidClient
 from tokensvc.oauth.privileges import Authority
 from tokensvc.records import ACCESS, REFRESH, Client
 
-NOT_ALLOWED = "Introspection is open to first-party confidential clients and administrators"
+NOT_ALLOWED = "Introspection is open to resource servers, first-party confidential clients and administrators"
 TOKEN_TYPES = {ACCESS: "access_token", REFRESH: "refresh_token"}
 
 
@@ -46,8 +46,9 @@ async def authorize_client(ctx: OAuthContext, request: ClientRequest) -> Client:
 
 
 def check_client_caller(client: Client) -> None:
-    """A client may introspect when it is first-party and confidential (it proved a secret)."""
-    if not (client.first_party and client.confidential):
+    """A client may introspect (and read the revocation feed) when it is confidential (it proved
+    a secret) and a resource server or first-party."""
+    if not (client.confidential and (client.resource_server or client.first_party)):
         raise AccessDenied(NOT_ALLOWED)
 
 

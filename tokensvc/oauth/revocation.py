@@ -113,7 +113,7 @@ async def sweep_if_grant_revoked(ctx: OAuthContext, grant: Grant, family_id: str
 
 async def revoke_for_client(ctx: OAuthContext, caller: ClientRequest, token: str) -> bool:
     """``POST /oauth/token/revoke``: authenticate the client, then revoke its token."""
-    client = await clientauth.authenticate_request(ctx, caller)
+    client = await clientauth.authenticate_grant_client(ctx, caller)
     return await revoke_token(ctx, token, client)
 
 
