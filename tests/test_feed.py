@@ -10,6 +10,7 @@ from datetime import timedelta
 
 import pytest
 from helpers import (
+    DEADLINE,
     PARTNER_SECRET,
     WEBAPP_SECRET,
     basic,
@@ -40,7 +41,7 @@ async def connect(base_url, query="", client_id="webapp", secret=WEBAPP_SECRET):
                                                headers={"Authorization": basic(client_id, secret)}))
 
 
-async def next_message(connection, seconds=5.0):
+async def next_message(connection, seconds=DEADLINE):
     """The next message, checked against its documented schema."""
     raw = await gen.with_timeout(timedelta(seconds=seconds), connection.read_message())
     assert raw is not None, "the feed closed"
@@ -54,7 +55,7 @@ async def introspected(http_client, base_url, token):
     return check_schema(schemas.introspection_response, json_of(response))
 
 
-@pytest.mark.gen_test(timeout=30)
+@pytest.mark.gen_test(timeout=90)
 async def test_each_revocation_names_what_introspection_keyed_the_answer_on(browser, http_client, base_url, ctx):
     first = await tokens(browser, http_client, base_url)
     second = await tokens(browser, http_client, base_url)
@@ -91,7 +92,7 @@ async def test_each_revocation_names_what_introspection_keyed_the_answer_on(brow
     connection.close()
 
 
-@pytest.mark.gen_test(timeout=30)
+@pytest.mark.gen_test(timeout=90)
 async def test_a_reader_that_reconnects_gets_what_it_missed(http_server, base_url, ctx):
     connection = await connect(base_url)
     ready = await next_message(connection)
@@ -162,7 +163,7 @@ async def refusal(base_url, headers, query=""):
     return info.value.code, json_of(info.value.response), info.value.response.headers
 
 
-@pytest.mark.gen_test
+@pytest.mark.gen_test(timeout=90)
 async def test_only_a_client_that_may_introspect_reads_the_feed(http_server, base_url, ctx):
     code, body, headers = await refusal(base_url, {})
     assert (code, body["error"]) == (401, "invalid_client") and headers["WWW-Authenticate"].startswith("Basic")
@@ -180,7 +181,7 @@ async def test_only_a_client_that_may_introspect_reads_the_feed(http_server, bas
     assert ctx.feed.readers == 0
 
 
-@pytest.mark.gen_test
+@pytest.mark.gen_test(timeout=90)
 async def test_a_request_that_is_no_websocket_handshake_is_answered_400(http_client, base_url):
     response = await http_client.fetch(base_url + "/oauth/revocations", raise_error=False,
                                        headers={"Authorization": basic("webapp", WEBAPP_SECRET)})
@@ -190,10 +191,10 @@ async def test_a_request_that_is_no_websocket_handshake_is_answered_400(http_cli
     assert response.code == 426 and response.headers["Sec-WebSocket-Version"] == "13"
 
 
-@pytest.mark.gen_test
+@pytest.mark.gen_test(timeout=90)
 async def test_a_reader_that_goes_away_is_dropped(http_server, base_url, ctx):
     connection = await connect(base_url)
     await next_message(connection)
     assert ctx.feed.readers == 1
     connection.close()
-    await eventually(lambda: ctx.feed.readers == 0, what="the reader dropped")
+    await eventually(lambda: ctx.feed.readers == 0, DEADLINE, what="the reader dropped")

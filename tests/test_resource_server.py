@@ -38,7 +38,7 @@ async def introspected(http_client, base_url, token, client_id="notes-api", secr
                            {"Authorization": basic(client_id, secret)})
 
 
-@pytest.mark.gen_test(timeout=30)
+@pytest.mark.gen_test(timeout=90)
 async def test_a_resource_server_introspects_and_reads_the_feed(browser, http_client, base_url, store):
     stored = await store.get_client("notes-api")
     assert (stored.kind, stored.redirect_uris, stored.allowed_scopes, stored.first_party, stored.confidential) == (
@@ -53,7 +53,7 @@ async def test_a_resource_server_introspects_and_reads_the_feed(browser, http_cl
     check_oauth_error(response, 401, "invalid_client")
 
 
-@pytest.mark.gen_test(timeout=30)
+@pytest.mark.gen_test(timeout=90)
 async def test_a_resource_server_may_do_nothing_else(browser, http_client, base_url):
     issued = await tokens(browser, http_client, base_url)
     auth = {"Authorization": basic("notes-api", API_SECRET)}
@@ -106,7 +106,7 @@ def store(io_loop):
     cleanup()
 
 
-@pytest.mark.gen_test(timeout=30)
+@pytest.mark.gen_test(timeout=90)
 async def test_a_resource_server_an_older_release_rewrote_may_do_nothing(browser, http_client, base_url, store,
                                                                           config):
     """0.9.0's put_client replaces the whole document with the fields it knows: ``kind`` goes.
