@@ -117,3 +117,105 @@ def test_adding_a_client_to_the_running_demo_runs_as_written(tmp_path):
     assert lines[0].startswith(f"signed in to http://127.0.0.1:{admin_port} as root")
     assert lines[1] == "client_id: dome-camera" and lines[2].startswith("client_secret: ")
     assert "name: Dome camera" in lines and "confidential: yes" in lines
+
+
+def protecting_programs() -> list[str]:
+    readme = (ROOT / "README.md").read_text()
+    section = readme[readme.index("## Protecting your API"):readme.index("## OpenAPI")]
+    return re.findall(r"```python\n(.*?)```", section, re.S)
+
+
+def revoke_as_webapp(base: str, token: str) -> None:
+    import requests
+
+    answer = requests.post(base + "/oauth/token/revoke", data={"token": token},
+                           auth=("webapp", "webapp-demo-secret"), timeout=10)
+    assert answer.status_code == 200
+
+
+def test_the_tornado_api_of_protecting_your_api_runs_as_written(demo_service, tmp_path):
+    """The Tornado program, as written, against the demo service: a token works, none is 401,
+    a scope it lacks is 403, and once revoked the token is refused (the feed dropped it)."""
+    import requests
+    from helpers import wait_until
+    from service import access_token, free_port, spawn
+
+    program = tmp_path / "notes.py"
+    program.write_text(protecting_programs()[0])
+    port = free_port()
+    process = spawn([sys.executable, str(program)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                    env={**os.environ, "TOKENSVC_URL": demo_service, "PORT": str(port)})
+    try:
+        assert process.stdout is not None and process.stdout.readline() == "listening\n", process.stderr
+        api = f"http://127.0.0.1:{port}/notes"
+        token = access_token(demo_service, "webapp", "http://127.0.0.1:8000/callback", "read", "alice",
+                             "amber-comet-lantern", "webapp-demo-secret")
+        bearer = {"Authorization": f"Bearer {token}"}
+        assert requests.get(api, headers=bearer, timeout=10).json()["notes"] == []
+        refused = requests.get(api, timeout=10)
+        assert refused.status_code == 401 and refused.headers["WWW-Authenticate"] == 'Bearer realm="api"'
+        assert requests.post(api, headers=bearer, timeout=10).json()["error"] == "insufficient_scope"
+        revoke_as_webapp(demo_service, token)
+        wait_until(lambda: requests.get(api, headers=bearer, timeout=10).status_code == 401,
+                   "the revoked token refused")
+    finally:
+        end(process)
+
+
+@pytest.mark.gen_test(timeout=90)
+async def test_the_asgi_api_of_protecting_your_api_runs_as_written(demo_service):
+    """The ASGI program, as written, driven as an ASGI server drives it: start-up opens the
+    feed, a token works, and once revoked it is refused."""
+    import asyncio
+
+    from helpers import DEADLINE, eventually
+    from service import access_token
+
+    os.environ["TOKENSVC_URL"] = demo_service
+    try:
+        namespace: dict = {}
+        exec(compile(protecting_programs()[1], "notes_asgi.py", "exec"), namespace)
+    finally:
+        del os.environ["TOKENSVC_URL"]
+    app, verifier = namespace["app"], namespace["verifier"]
+    lifespan: asyncio.Queue = asyncio.Queue()
+    said: list = []
+
+    async def say(message):
+        said.append(message)
+
+    lifespan.put_nowait({"type": "lifespan.startup"})
+    running = asyncio.ensure_future(app({"type": "lifespan", "asgi": {"version": "3.0"}}, lifespan.get, say))
+    await eventually(lambda: said, DEADLINE, what="the start-up")
+    assert said[0]["type"] == "lifespan.startup.complete"
+    await asyncio.wait_for(verifier.connected.wait(), DEADLINE)
+    token = await asyncio.get_running_loop().run_in_executor(None, lambda: access_token(
+        demo_service, "webapp", "http://127.0.0.1:8000/callback", "read", "alice", "amber-comet-lantern",
+        "webapp-demo-secret"))
+
+    async def get_notes():
+        sent: list = []
+        request: asyncio.Queue = asyncio.Queue()
+        request.put_nowait({"type": "http.request", "body": b""})
+
+        async def send(message):
+            sent.append(message)
+
+        await app({"type": "http", "method": "GET", "path": "/notes", "raw_path": b"/notes", "query_string": b"",
+                   "headers": [(b"authorization", f"Bearer {token}".encode())], "scheme": "http",
+                   "server": ("127.0.0.1", 80), "client": ("127.0.0.1", 1), "root_path": "", "http_version": "1.1",
+                   "asgi": {"version": "3.0"}}, request.get, send)
+        return sent[0]["status"], json.loads(sent[1]["body"])
+
+    assert await get_notes() == (200, {"notes": [], "for": json.loads(requests_me(demo_service, token))["id"]})
+    await asyncio.get_running_loop().run_in_executor(None, revoke_as_webapp, demo_service, token)
+    await eventually(lambda: verifier.cached == 0, DEADLINE, what="the revocation heard")
+    assert (await get_notes())[0] == 401
+    lifespan.put_nowait({"type": "lifespan.shutdown"})
+    await asyncio.wait_for(running, DEADLINE)
+
+
+def requests_me(base: str, token: str) -> str:
+    import requests
+
+    return requests.get(base + "/v1/me", headers={"Authorization": f"Bearer {token}"}, timeout=10).text
