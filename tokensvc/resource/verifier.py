@@ -242,9 +242,10 @@ class Verifier:
         try:
             response = await AsyncHTTPClient().fetch(request)  # the loop's shared client
             answer = json.loads(response.body)
-        except HTTPClientError as exc:
-            log.error("introspection refused (%s): check the resource server's client credentials", exc.code)
-            raise Unavailable("The token service refused the introspection") from None
+        except HTTPClientError as exc:  # an answer other than 200, or none (599)
+            if exc.code in (401, 403):
+                log.error("introspection refused (%s): check the resource server's client credentials", exc.code)
+            raise Unavailable(f"The token service could not introspect ({exc.code})") from None
         except (TimeoutError, OSError, ValueError) as exc:
             raise Unavailable(f"The token service did not answer ({type(exc).__name__})") from None
         if not isinstance(answer, dict) or answer.get("active") is not True:
@@ -414,7 +415,7 @@ class Verifier:
         request = HTTPRequest(url, headers={"Authorization": self._basic}, connect_timeout=self.settings.timeout,
                               request_timeout=self.settings.timeout)
         ping = self.settings.ping_seconds
-        self._connection = connection = await websocket_connect(request, ping_interval=ping / 2, ping_timeout=ping)
+        self._connection = connection = await websocket_connect(request, ping_interval=ping / 2, ping_timeout=ping / 2)
         self.counts.connects += 1
         while True:
             raw = await connection.read_message()
