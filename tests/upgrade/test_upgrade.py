@@ -431,3 +431,47 @@ def test_a_family_keeps_this_releases_fields_through_the_previous_releases_rotat
     finally:
         outputs = deployment.close()
     assert not any("Traceback" in output for output in outputs), outputs
+
+
+RESOURCE_SERVER = ('\n[[clients]]\nclient_id = "notes-api"\nname = "Notes API"\nkind = "resource-server"\n'
+                   'client_secret = "notes-api-upgrade-secret-0123456789abcdef01"\n')
+
+
+def test_a_resource_server_the_previous_release_rewrote_may_do_nothing(primary, previous, tmp_path_factory):
+    """The previous release replaces a client's whole document when it rotates its secret, and
+    drops ``kind``: what is left is a third-party client with no redirect URI and no scope, which
+    this release lets neither introspect, nor read the revocation feed, nor start an
+    authorization. It never gains a right."""
+    import os
+    import subprocess
+
+    deployment = Deployment(primary, previous, tmp_path_factory)
+    try:
+        old = deployment.start("previous")  # first: the store is then one the previous release reads
+        new = deployment.start("current", extra=RESOURCE_SERVER)
+
+        def introspect(secret: str) -> requests.Response:
+            return requests.post(new.base + "/oauth/token/introspect", data={"token": "x" * 43}, timeout=30,
+                                 auth=("notes-api", secret))
+
+        assert introspect("notes-api-upgrade-secret-0123456789abcdef01").json() == {"active": False}
+        rotated = subprocess.run(
+            [previous.python, "-m", "tokensvc", "clients", "rotate-secret", "notes-api", "--config",
+             str(old.log_path.parent / "tokensvc.toml")], capture_output=True, text=True, cwd=previous.cwd,
+            env={**os.environ, **previous.env}, timeout=60)
+        assert rotated.returncode == 0, rotated.stderr
+        secret = rotated.stdout.split("client_secret: ")[1].split()[0]
+        document = primary.db["tokensvc"]["clients"].find_one({"_id": "notes-api"})
+        assert "kind" not in document and document["redirect_uris"] == [] and document["allowed_scopes"] == []
+        assert introspect(secret).status_code == 403
+        feed = requests.get(new.base + "/oauth/revocations", auth=("notes-api", secret), timeout=30, headers={
+            "Upgrade": "websocket", "Connection": "Upgrade", "Sec-WebSocket-Version": "13",
+            "Sec-WebSocket-Key": "dGhlIHNhbXBsZSBub25jZQ=="})
+        assert feed.status_code == 403
+        authorize = requests.get(new.base + "/oauth/authorize", allow_redirects=False, timeout=30, params={
+            "response_type": "code", "client_id": "notes-api", "redirect_uri": NOWHERE["webapp"],
+            "code_challenge": CHALLENGE, "code_challenge_method": "S256"})
+        assert authorize.status_code == 400
+    finally:
+        outputs = deployment.close()
+    assert not any("Traceback" in output for output in outputs), outputs
