@@ -50,7 +50,7 @@ from tokensvc.identifiers import (
     username_problem,
 )
 from tokensvc.oauth import successors
-from tokensvc.records import CLIENT_KINDS, RESOURCE_SERVER
+from tokensvc.records import CLIENT_KIND, CLIENT_KINDS, RESOURCE_SERVER
 
 log = logging.getLogger(__name__)
 
@@ -180,7 +180,7 @@ class ClientSeed:
     client_id: str
     name: str
     redirect_uris: tuple[str, ...] = ()
-    kind: str = "client"  # or "resource-server": introspection and the revocation feed only
+    kind: str = CLIENT_KIND  # or RESOURCE_SERVER: introspection and the revocation feed only
     allowed_scopes: tuple[str, ...] | None = None
     first_party: bool = False
     client_secret: str | None = None

@@ -7,7 +7,6 @@ refusal (400, 401, 403, 422, 426, 429, 503) is answered before the upgrade, in J
 
 from __future__ import annotations
 
-import logging
 from typing import Any
 
 import tornado.websocket
@@ -23,10 +22,10 @@ from tokensvc.oauth.clientauth import ClientRequest
 from tokensvc.oauth.errors import InvalidClient
 from tokensvc.oauth.feed import Message
 
-log = logging.getLogger(__name__)
-
 
 class RevocationFeedSocket(WebHandler, tornado.websocket.WebSocketHandler):
+    """One reader of the feed: the process's messages from ``ready`` on (and those it missed)."""
+
     default_headers = JSON_HEADERS
     output = JSON
     reads_session = False
