@@ -290,7 +290,8 @@ def _operations() -> dict[str, dict[str, Any]]:
     ops["/oauth/token"] = token_endpoint("Exchange an authorization code (PKCE) for tokens", "TokenRequest", token_ok)
     ops["/oauth/token/refresh"] = token_endpoint("Rotate a refresh token", "RefreshRequest", token_ok)
     ops["/oauth/token/introspect"] = token_endpoint(
-        "Introspect a token (RFC 7662): a first-party confidential client (its secret in HTTP Basic, clientBasic, "
+        "Introspect a token (RFC 7662): a resource server or a first-party confidential client (its secret in HTTP "
+        "Basic, clientBasic, "
         "or as client_secret in the body, which no security scheme can state), or an admin's bearer token with the "
         "admin scope (bearer)", "IntrospectionRequest",
         json_answer("IntrospectionResponse", "Token metadata", NO_STORE), extra={"403": FORBIDDEN},

@@ -1,5 +1,5 @@
-"""Token introspection (RFC 7662), open to confidential first-party clients and to admin
-users holding the ``admin`` scope; and who may read the revocation feed.
+"""Token introspection (RFC 7662), open to resource servers, to confidential first-party clients
+and to admin users holding the ``admin`` scope; and who may read the revocation feed.
 
 An active token's answer carries, beside RFC 7662's members, the identifiers a cache of answers
 keys its entries on (``family_id``, ``grant_id``; ``client_id`` and ``sub`` are RFC 7662's),
@@ -22,9 +22,9 @@ TOKEN_TYPES = {ACCESS: "access_token", REFRESH: "refresh_token"}
 
 
 async def authorize_caller(ctx: OAuthContext, request: ClientRequest) -> None:
-    """Introspection is open to a confidential first-party client (its secret, body or
-    Basic) and to an admin user's bearer token carrying ``admin``. Anyone else: 401 for
-    credentials that prove nothing, 403 for a caller who is not allowed."""
+    """Introspection is open to a resource server or a confidential first-party client (its
+    secret, body or Basic) and to an admin user's bearer token carrying ``admin``. Anyone else:
+    401 for credentials that prove nothing, 403 for a caller who is not allowed."""
     presented = bearer.from_authorization(request.authorization)
     if presented is not None:
         token = await bearer.active_access_token(ctx, presented)
