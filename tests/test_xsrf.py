@@ -52,7 +52,7 @@ def test_a_route_that_does_not_read_the_session_cannot():
     """The exemption is declared, and holds: such a handler cannot read the cookie at all."""
     exempt = [route for route in ROUTES if not route.handler.reads_session]
     assert {route.path for route in exempt} == {"/oauth/token", "/oauth/token/refresh", "/oauth/token/introspect",
-                                                "/oauth/token/revoke", "/oauth/revoke"}
+                                                "/oauth/token/revoke", "/oauth/revoke", "/oauth/revocations"}
     for route in exempt:
         with pytest.raises(RuntimeError, match="does not read the session"):
             route.handler.raw_session_id(object.__new__(route.handler))
