@@ -415,6 +415,25 @@ def test_clients_add_and_apply_hold_a_redirect_uri_to_the_one_rule(run, tmp_path
     assert "ruled" not in run("clients", "list")[1].lower()
 
 
+@pytest.mark.parametrize("given", [["{token}"], ["-{token}"], ["--value={token}", "{token}"],
+                                   ["--token-stdin={token}"], ["--t={token}"], ["--value", "x", "{token}"]])
+def test_a_usage_error_of_tokens_revoke_never_repeats_the_token(capsys, given):
+    """A token given as a plain argument (or to the wrong option) is a usage error that says
+    what to do and never shows the token: stderr ends up in logs and scrollback."""
+    import secrets
+
+    token = secrets.token_urlsafe(32)
+    with pytest.raises(SystemExit) as stopped:
+        cli.main(["tokens", "revoke", *(part.format(token=token) for part in given)])
+    err = capsys.readouterr().err
+    assert stopped.value.code == 2 and "tokensvc tokens revoke: error:" in err, err
+    assert token not in err and token[:12] not in err, err
+    if given[0].startswith(("--token-stdin", "--t=")):
+        assert "***" in err, err  # the message itself stays: only the value is masked
+    else:
+        assert "give the token with --value=TOKEN or --token-stdin" in err, err
+
+
 def test_apply_holds_a_file_to_the_admin_apis_rules(run, tmp_path):
     """apply runs the operations of the admin API, with their rules: an origin a browser never
     sends is refused in one line naming the rule, and a user named in another case than the

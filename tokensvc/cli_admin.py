@@ -413,6 +413,32 @@ def cmd_login(args: argparse.Namespace) -> int:
 # -- the parser -------------------------------------------------------------------------------------
 
 
+class Secretive(argparse.ArgumentParser):
+    """The parser of a command given secrets (``tokens revoke``): its usage errors never
+    repeat an argument's value, since a token given as a plain argument (or as the value of
+    the wrong option) must not reach a terminal's scrollback or a log collecting stderr. An
+    argument it does not know is counted, not shown; any other message has every value of its
+    command line masked (the option names stay, so the message still says what was wrong)."""
+
+    _given: tuple[str, ...] = ()
+
+    def parse_known_args(self, args: Any = None, namespace: Any = None) -> Any:
+        self._given = tuple(sys.argv[1:] if args is None else args)
+        parsed, unknown = super().parse_known_args(args, namespace)
+        if unknown:
+            self.error(f"{len(unknown)} argument{'s' if len(unknown) != 1 else ''} it does not take (not shown: "
+                       "it may be a token): give the token with --value=TOKEN or --token-stdin")
+        return parsed, unknown
+
+    def error(self, message: str) -> Any:
+        options = set(self._option_string_actions)
+        for given in self._given:
+            value = given.partition("=")[2] if given.startswith("-") and "=" in given else given
+            if value and value not in options:
+                message = re.sub(rf"(?<![^\s'\"=,]){re.escape(value)}(?![^\s'\"=,])", "***", message)
+        return super().error(message)
+
+
 def add_commands(commands: argparse._SubParsersAction, factory: StoreFactory | None) -> None:
     """The operator commands, with the options every one of them takes."""
     common = argparse.ArgumentParser(add_help=False)
@@ -431,9 +457,10 @@ def add_commands(commands: argparse._SubParsersAction, factory: StoreFactory | N
     common.add_argument("--json", action="store_true", help="print JSON for scripts instead of text")
     run = runner(factory)
 
-    def group(name: str, help_text: str) -> argparse._SubParsersAction:
+    def group(name: str, help_text: str, parser_class: type[argparse.ArgumentParser] = argparse.ArgumentParser,
+              ) -> argparse._SubParsersAction:
         sub = commands.add_parser(name, help=help_text, description=help_text)
-        return sub.add_subparsers(dest="subcommand", required=True, metavar="SUBCOMMAND")
+        return sub.add_subparsers(dest="subcommand", required=True, metavar="SUBCOMMAND", parser_class=parser_class)
 
     def command(subs: argparse._SubParsersAction, name: str, help_text: str, action: Action) -> argparse.ArgumentParser:
         sub = subs.add_parser(name, help=help_text, description=help_text, parents=[common])
@@ -508,7 +535,7 @@ def add_commands(commands: argparse._SubParsersAction, factory: StoreFactory | N
     end.add_argument("username", help="the user's username")
     end.add_argument("session_id", nargs="?", help="the session's id (sessions list); none: every session")
 
-    tokens = group("tokens", "tokens: revoke one, purge the expired")
+    tokens = group("tokens", "tokens: revoke one, purge the expired", Secretive)
     revoke = command(tokens, "revoke", "revoke a token by its value (a refresh token takes its family)", tokens_revoke)
     # An option, not an argument: a token may start with "-", which would read as an option.
     given = revoke.add_mutually_exclusive_group()
