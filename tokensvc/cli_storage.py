@@ -83,8 +83,8 @@ def _status_json(found: Any) -> dict[str, Any]:
             "progress": {name: {"rows": where.get("rows"), "collection": where.get("collection")}
                          for name, where in state.progress.items()},
         },
-        "releasesSeen": [{"release": entry.get("release"), "firstSeen": _when(entry.get("first_seen"))}
-                         for entry in state.releases],
+        "releasesSeen": [{"release": seen.release, "firstSeen": None if seen.since is None else _when(seen.since),
+                          "how": seen.how} for seen in found.seen],
         "finalized": [{"compatibility": entry.get("compatibility"), "at": _when(entry.get("at")),
                        "release": entry.get("release")} for entry in state.finalized],
         "running": [{"release": seen.release, "where": seen.where, "writes": seen.writes,
@@ -104,6 +104,13 @@ def _when(value: Any) -> str:
     return value.strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
+def _how(seen: Any) -> str:
+    """How a release is known to have used the store (opening it: since when)."""
+    from tokensvc.storage import upgrade
+
+    return ", ".join(f"{how} {_when(seen.since)}" if how == upgrade.OPENED else how for how in seen.how)
+
+
 def _status_text(found: Any) -> str:
     state, history = found.state, found.history
     lines = [
@@ -118,7 +125,7 @@ def _status_text(found: Any) -> str:
                      "tokensvc storage migrate (the service also runs it in the background)")
     for migration in found.waiting:
         lines.append(f"at finalize:    {migration.name}: {migration.summary} ({found.left.get(migration.name)} rows)")
-    seen = ", ".join(f"{entry.get('release')} (since {_when(entry.get('first_seen'))})" for entry in state.releases)
+    seen = ", ".join(f"{seen.name} ({_how(seen)})" for seen in found.seen)
     lines.append(f"releases seen:  {seen or '-'}")
     for entry in state.finalized:
         lines.append(f"finalized:      to {entry.get('compatibility')} at {_when(entry.get('at'))} by "

@@ -29,8 +29,9 @@ from tokensvc.storage.format import TRIPWIRE
 HEARTBEAT = 1  # storage.heartbeat_seconds of this release's processes: finalize waits for one
 
 
-def storage(primary: ReplicaSet) -> str:
-    return f'[storage]\nbackend = "mongodb"\nmongodb_uri = "{primary.uri()}"\ntimeout_ms = 5000\n'
+def storage(primary: ReplicaSet, database: str = "tokensvc") -> str:
+    return (f'[storage]\nbackend = "mongodb"\nmongodb_uri = "{primary.uri()}"\ndatabase = "{database}"\n'
+            'timeout_ms = 5000\n')
 
 
 class Deployment:
@@ -52,13 +53,13 @@ class Deployment:
         return "\n".join([*(service.output() for service in self.services
                              if "current" in service.log_path.parent.name), *self.said])
 
-    def start(self, release: str, extra: str = "", ready: bool = True) -> Service:
+    def start(self, release: str, extra: str = "", ready: bool = True, database: str = "tokensvc") -> Service:
         directory = self.tmp.mktemp(release)
         if release == "previous":
-            service = start_service(directory, storage(self.primary), python=self.previous.python,
+            service = start_service(directory, storage(self.primary, database), python=self.previous.python,
                                     cwd=self.previous.cwd, env=self.previous.env, extra=extra)
         else:
-            service = start_service(directory, storage(self.primary), extra=extra,
+            service = start_service(directory, storage(self.primary, database), extra=extra,
                                     env={"TOKENSVC_STORAGE_HEARTBEAT_SECONDS": str(HEARTBEAT)})
         self.services.append(service)
         return service.wait_ready() if ready else service
@@ -199,6 +200,8 @@ def test_a_rolling_upgrade_then_finalize_signs_no_one_out(primary, previous, tmp
         assert {seen["release"] for seen in status["connections"]} == {None, __version__}
         assert status["migrations"]["atFinalize"][0]["name"] == "packed-hashes"
         assert any("0.9.0 or earlier is connected" in blocker for blocker in status["finalizeBlockers"])
+        assert [(seen["release"], seen["how"]) for seen in status["releasesSeen"]] == [
+            (None, ["wrote format 1", "connected"]), (__version__, ["opened the store", "running", "connected"])]
         assert metric(new, 'tokensvc_store_format{of="compatibility"}') == 1
         assert metric(new, 'tokensvc_store_migration_pending{migration="packed-hashes"}') == 1
 
@@ -371,14 +374,31 @@ def test_processes_of_both_releases_starting_together_all_come_up(primary, previ
     assert not any("Traceback" in output for output in outputs), outputs
 
 
-def test_processes_of_this_release_starting_together_drop_a_retired_index_once(primary, previous, tmp_path_factory):
+def test_processes_of_this_release_starting_together_drop_a_retired_index_once(primary, previous, tmp_path_factory,
+                                                                               capsys):
     """Four processes starting at once on a store holding an index 0.9.0 replaced: one drops
-    it, the others find it gone, and every one serves."""
+    it, the others find it gone, and every one serves. Beside them, on the same server, the
+    previous release serves another database: none of this store's concern (no warning at any
+    heartbeat, nothing connected in ``storage status``)."""
     primary.db["tokensvc"]["families"].create_index([("grant_id", 1)], name="grant_id")
     deployment = Deployment(primary, previous, tmp_path_factory)
     try:
-        assert len(start_together(deployment, ["current"] * 4)) == 4
+        with ThreadPoolExecutor(5) as pool:
+            elsewhere = pool.submit(deployment.start, "previous", database="third")
+            services = list(pool.map(deployment.start, ["current"] * 4))
+            elsewhere.result()
         assert "grant_id" not in primary.db["tokensvc"]["families"].index_information()
+        looks = len(primary.sent("aggregate"))
+        wait_until(lambda: len(primary.sent("aggregate")) > looks + 8 * 3,
+                   "two heartbeats' looks at the connections, each process's")  # three looks each
+        code, out, _ = deployment.storage(capsys, "status", "--json")
+        status = json.loads(out)
+        assert code == 0 and status["warnings"] == [] and status["finalizeBlockers"] == []
+        assert {seen["release"] for seen in status["connections"]} == {__version__}
+        assert None not in {seen["release"] for seen in status["releasesSeen"]}
+        for service in services:
+            assert "is connected from" not in service.output()
+            assert metric(service, "tokensvc_store_old_release_connections") == 0
     finally:
         outputs = deployment.close()
     assert not any("Traceback" in output for output in outputs), outputs

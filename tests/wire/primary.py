@@ -36,8 +36,11 @@ What a real server does that the tests rely on, emulated here:
 - index builds with ``commitQuorum``: the default (``votingMembers``) waits while a member is
   down, ``majority`` builds once a majority is up;
 - ``$currentOp`` with ``idleConnections``: every open connection, with the ``appName`` and
-  client metadata its handshake sent and its client address (refused, as a server that will
-  not say, when :attr:`ReplicaSet.current_op` is False); authentication refused when
+  client metadata its handshake sent and its client address; one executing a command is
+  ``active`` and names its namespace (``ns``: the database, then the collection, ``$cmd.aggregate``
+  for a change stream on a whole database) and the command, as a server lists an operation; an
+  idle one names no database (refused, as a server that will not say, when
+  :attr:`ReplicaSet.current_op` is False); authentication refused when
   :attr:`ReplicaSet.auth_fails`.
 
 What it does not: reads see the newest data, not the majority snapshot (a lagging commit
@@ -113,6 +116,8 @@ class Op:
     name: str
     deadline: float | None  # from maxTimeMS
     interrupted: bool = False  # its member stepped down under it (writes)
+    connection: Any = None  # the socket it came on
+    ns: str = ""  # the database, then the collection (as $currentOp names it)
 
 
 class Member:
@@ -387,7 +392,9 @@ class ReplicaSet:
     def run(self, member: Member, request: Request, name: str, doc: dict[str, Any], fault: Fault | None) -> None:
         """Execute one command in its own thread, and answer (unless the client went away)."""
         max_time = doc.get("maxTimeMS") if name != "getMore" else None
-        op = Op(member, name, time.monotonic() + max_time / 1000 if max_time else None)
+        target = doc.get("collection") if name == "getMore" else doc.get(name)
+        op = Op(member, name, time.monotonic() + max_time / 1000 if max_time else None, connection=request._client,
+                ns=f"{doc.get('$db', 'admin')}.{target if isinstance(target, str) else '$cmd.' + name}")
         with self.lock:
             self._ops.add(op)
         try:
@@ -586,12 +593,16 @@ class ReplicaSet:
             return {"ok": 0, "code": 13, "codeName": "Unauthorized", "errmsg": "not authorized on admin to execute "
                                                                               "command { aggregate: 1 }"}
         with self.lock:
-            connections = [{"type": "idleConnection", "active": False, **info}
+            executing = {op.connection: op for op in self._ops}
+            connections = [{"type": "op", "active": True, "ns": executing[sock].ns,
+                            "command": {executing[sock].name: 1}, **info} if sock in executing
+                           else {"type": "idleConnection", "active": False, **info}
                            for sock, info in self.connections.items() if sock.fileno() != -1]
         scratch = mongomock.MongoClient()["scratch"]["operations"]
         if connections:
             scratch.insert_many(connections)
-        projection = {"$project": {"_id": 0, "type": 1, "active": 1, "appName": 1, "clientMetadata": 1, "client": 1}}
+        projection = {"$project": {"_id": 0, "type": 1, "active": 1, "appName": 1, "clientMetadata": 1, "client": 1,
+                                   "ns": 1, "command": 1}}
         return {"ok": 1, "cursor": {"id": 0, "ns": "admin.$cmd.aggregate",
                                     "firstBatch": list(scratch.aggregate([projection, *pipeline[1:]]))}}
 

@@ -300,23 +300,85 @@ async def test_a_process_that_stopped_beating_counts_as_running_for_three_heartb
     await store.close()
 
 
-async def test_connections_name_their_release_and_0_9_0s_do_not(primary, caplog):
+class Serving:
+    """A client as a serving process holds one: its ``appName`` (0.9.0's names no release), and
+    the change stream its revocation relay keeps open on the database it serves (0.9.0's asks
+    for more every second at most, as here)."""
+
+    def __init__(self, primary: ReplicaSet, database: str = DB, app: str = "tokensvc") -> None:
+        self.client = AsyncMongoClient(primary.uri(), appname=app)
+        self.database = database
+        self.task: asyncio.Task | None = None
+
+    async def start(self) -> Serving:
+        stream = await self.client[self.database].watch(max_await_time_ms=1000)
+        opened = asyncio.Event()
+
+        async def follow() -> None:
+            async with stream:
+                opened.set()
+                while True:
+                    await stream.try_next()
+
+        self.task = asyncio.create_task(follow())
+        await opened.wait()
+        return self
+
+    async def close(self) -> None:
+        if self.task is not None:
+            self.task.cancel()
+            await asyncio.gather(self.task, return_exceptions=True)
+        await self.client.close()
+
+
+async def test_only_connections_that_concern_this_store_count(primary, caplog):
+    """A connection counts when the server lists it executing an operation in this store's
+    database (a serving process's change stream): a 0.9.0 process serving another database of
+    the server is none of this store's concern, and the asking store's own connections are
+    never listed."""
     store = await opened(primary)
-    old = AsyncMongoClient(primary.uri(), appname="tokensvc")  # as 0.9.0 connects
-    await old.admin.command("ping")
+    elsewhere = await Serving(primary, "third").start()  # 0.9.0 serving another database
+    current_elsewhere = await Serving(primary, "third", f"tokensvc/{__version__}").start()
+    assert await processes.connected(store) == []
+    here = await Serving(primary).start()  # 0.9.0 serving this store
+    current = await Serving(primary, app=f"tokensvc/{__version__}").start()
     found = await processes.connected(store)
-    assert {(seen.release, seen.reads) for seen in found} == {(None, 1), (__version__, 2)}
+    assert sorted((seen.release or "", seen.reads) for seen in found) == [("", 1), (__version__, 2)]
     assert all(seen.where.startswith("127.0.0.1:") for seen in found)
-    await old.close()
-
-    async def releases():  # once the server has seen the old client's sockets close
-        return {seen.release for seen in await processes.connected(store)} == {__version__}
-
-    await eventually(releases, what="the old client's sockets closed")
+    await here.close()
+    assert [seen.release for seen in await processes.connected(store)] == [__version__]
+    for serving in (current, elsewhere, current_elsewhere):
+        await serving.close()
     primary.current_op = False
     assert await processes.connected(store) is None
     # Its code, not its answer: that carries the cluster time's signature.
     assert "$currentOp: error 13 Unauthorized" in caplog.text and "signature" not in caplog.text
+    await store.close()
+
+
+async def test_a_0_9_0_process_caught_between_two_requests_of_its_stream_is_found_at_the_next_look(primary,
+                                                                                                   monkeypatch):
+    """Between an answer of its change stream and its next request a 0.9.0 process of this
+    store executes nothing: while the server lists a 0.9.0 connection no operation places, the
+    check looks again (here the first look finds its stream idle)."""
+    store = await opened(primary)
+    here = await Serving(primary).start()
+    looks = 0
+    real = processes._operations
+
+    async def first_between_requests(store, quiet):
+        nonlocal looks
+        looks += 1
+        operations = await real(store, quiet)
+        if looks == 1:  # as the server lists it in that instant: idle, no database
+            return [{**op, "active": False, "ns": None} if op.get("appName") == "tokensvc" else op
+                    for op in operations]
+        return operations
+
+    monkeypatch.setattr(processes, "_operations", first_between_requests)
+    assert [seen.release for seen in await processes.connected(store)] == [None]
+    assert looks >= 2
+    await here.close()
     await store.close()
 
 
@@ -337,6 +399,10 @@ async def test_through_mongos_the_connections_are_not_known():
             return Router()
 
     assert await processes.connected(MongoStore(Client(), DB)) is None
+    # Nor on a standalone server: 0.9.0 has no change stream to keep open there (it polls now
+    # and then), so no look at the operations finds it for certain.
+    Router.command = lambda self, name: asyncio.sleep(0, {"ok": 1, "isWritablePrimary": True})
+    assert await processes.connected(MongoStore(Client(), DB)) is None
 
 
 # -- finalize and migrate ----------------------------------------------------------------------
@@ -345,8 +411,9 @@ async def test_through_mongos_the_connections_are_not_known():
 async def test_finalize_is_refused_for_each_thing_that_may_still_need_the_old_format(primary):
     written_by_0_9_0(primary)
     store = await opened(primary)
-    old = AsyncMongoClient(primary.uri(), appname="tokensvc")
-    await old.admin.command("ping")
+    elsewhere = await Serving(primary, "third").start()  # none of this store's concern
+    assert (await upgrade.status(store)).blockers == []
+    old = await Serving(primary).start()
     now = utcnow()
     primary.db[DB]["processes"].insert_one({"_id": "x", "release": "0.9.5", "reads": 1, "writes": 1,
                                             "heartbeat_seconds": 10, "host": "db9", "pid": 7, "seen_at": now,
@@ -357,7 +424,9 @@ async def test_finalize_is_refused_for_each_thing_that_may_still_need_the_old_fo
     assert "tokensvc 0.9.5 is running at db9:7 (it reads formats up to 1)" in message
     assert "tokensvc 0.9.0 or earlier is connected from 127.0.0.1:" in message
     assert meta(primary)["compatibility"] == 1
+    assert message.count("0.9.0 or earlier is connected") == 1  # not the one serving database third
     await old.close()
+    await elsewhere.close()
     primary.db[DB]["processes"].delete_many({})
     primary.current_op = False  # a server that does not say who is connected: the operator's word
     with pytest.raises(upgrade.Refused, match="--previous-release-stopped"):
@@ -486,8 +555,14 @@ async def test_a_release_that_cannot_read_the_store_is_reported_and_what_it_writ
     migration is done, and tokensvc storage status warns."""
     server = await opened(primary, serving=True)
     server.observer = heard = Heard()
-    old = AsyncMongoClient(primary.uri(), appname="tokensvc")  # as 0.9.0 connects
-    await old.admin.command("ping")
+    elsewhere = await Serving(primary, "third").start()  # 0.9.0 serving another database: no concern
+    operator = MongoStore.from_settings(wire_settings(primary))  # a command line's
+    assert (await upgrade.status(operator)).warnings == []
+    with caplog.at_level(logging.WARNING):
+        await migrations.watch(server)
+    assert heard.connections == [0] and "is connected from" not in caplog.text
+    heard.connections.clear()
+    old = await Serving(primary).start()  # 0.9.0 serving this store
     code, family, session = credentials(utcnow())  # as 0.9.0 writes them
     for collection, document in (("codes", {"_id": code.code_hash, "family_id": None}),
                                  ("sessions", {"_id": session.session_hash, "user_id": "u_alice"}),
@@ -496,9 +571,11 @@ async def test_a_release_that_cannot_read_the_store_is_reported_and_what_it_writ
         primary.db[DB][collection].insert_one(document)
     primary.db[DB]["failures"].drop_index(TRIPWIRE)  # as 0.9.0's line advises; then its start makes its own
     primary.db[DB]["failures"].create_index([("expires_at", 1)], expireAfterSeconds=0, name="ttl")
-    operator = MongoStore.from_settings(wire_settings(primary))  # a command line's
     found = await upgrade.status(operator)
     await operator.close()
+    # Among the releases seen: 0.9.0, known by its connection (it records nothing in the store).
+    assert [(seen.name, seen.how) for seen in found.seen] == [("0.9.0 or earlier", ["connected"]),
+                                                             (__version__, ["opened the store", "running"])]
     assert any(warning.startswith("tokensvc 0.9.0 or earlier is connected from 127.0.0.1:") and
                "cannot read this store (compatibility 2; it reads formats up to 1): stop it" in warning
                for warning in found.warnings), found.warnings
@@ -511,13 +588,14 @@ async def test_a_release_that_cannot_read_the_store_is_reported_and_what_it_writ
             assert asyncio.get_running_loop().time() < deadline
             await asyncio.sleep(0.05)
         background.cancel()
-    assert heard.rows[0] == 3 and heard.connections and heard.connections[0] >= 1
+    assert heard.rows[0] == 3 and heard.connections[0] >= 1
     assert "3 rows of an older format were written after migration packed-hashes was done" in caplog.text
     assert "tokensvc 0.9.0 or earlier is connected from 127.0.0.1:" in caplog.text
     assert meta(primary)["migrations"]["packed-hashes"]["rows"] == 3
     assert "index failures.ttl was made again since finalize" in caplog.text  # and the tripwire made again
     assert sorted(primary.db[DB]["failures"].index_information()) == ["_id_", TRIPWIRE]
     await old.close()
+    await elsewhere.close()
     await server.close()
 
 

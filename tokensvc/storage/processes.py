@@ -15,19 +15,23 @@ Clocks are assumed to agree within a heartbeat (NTP).
 **Connections.** Release 0.9.0 predates the registry. Its processes are found by their
 connections: every tokensvc process names its release to MongoDB in the handshake's
 ``appName`` (0.9.0 says ``tokensvc``; later releases ``tokensvc/<release>``), and
-``$currentOp`` with ``idleConnections`` lists the connections of the user running it with
-their ``appName`` and client address; on a replica set no privilege beyond ``readWrite`` is
-needed for one's own user. Without access control a 0.9.0 process is seen as long as it runs
-(it keeps its monitoring connection to the primary open). The limits: with access control the
-server lists a user's *authenticated* connections only, and PyMongo's monitoring connections
-never authenticate, so a 0.9.0 process idle since its pooled connections closed (or before it
-made one) is not listed; processes connecting as another database user are not seen either;
-through ``mongos`` the clients idle behind the routers are not listed, so there the check gives
-no answer (None), as does a server that refuses ``$currentOp``, and finalize needs the
-operator's word (``--previous-release-stopped``). The backstop is the tripwire finalize leaves
-(``storage/format.py``): a 0.9.0 process started after it stops at start-up; one that ran
-through the finalize unseen is found afterwards by what it writes (``storage/migrations.py``)
-and by its connections once it uses them.
+``$currentOp`` lists the connections of the user running it with their ``appName`` and client
+address; on a replica set no privilege beyond ``readWrite`` is needed for one's own user. A
+connection names no database (the server gives one only for the operation it executes), and
+one server may hold the stores of several deployments, so a connection counts only while it
+executes an operation in this store's database: every serving process keeps a change stream
+open on its database (its revocation relay), asked for more as soon as it answers, so it is
+listed that way nearly all the time (with access control too: it runs on an authenticated
+connection). For the instant between two requests, :func:`connected` looks again while a 0.9.0
+connection is listed that no operation places (ARCHITECTURE.md, "Older processes"). The limits:
+processes connecting as another database user are not seen; through ``mongos`` (which lists the
+shards' operations, not its clients), on a standalone server (no change streams: 0.9.0 polls
+now and then instead) and where the server refuses ``$currentOp`` the check gives no answer
+(None), and finalize needs the operator's word (``--previous-release-stopped``). The backstop
+is the tripwire finalize leaves (``storage/format.py``): a 0.9.0 process started after it stops
+at start-up (having answered, from the old format, what reached it while it was starting: it
+is not ready then); one that ran through the finalize unseen is found afterwards by what it
+writes (``storage/migrations.py``) and by its connections.
 """
 
 from __future__ import annotations
@@ -57,6 +61,8 @@ COLLECTION = "processes"
 MISSED_BEATS = 3  # heartbeats a process may miss and still count as running
 LAPSED_BEATS = 2  # heartbeats missed after which a migration no longer waits for a process to follow
 APP_NAME = re.compile(r"tokensvc(?:/(\S+))?")  # the appName of a tokensvc process: its release after a slash
+SAMPLES = 3  # looks at the server's operations while a 0.9.0 connection is listed that none places
+SAMPLE_SECONDS = 1.5  # over this long: more than one wait of a change stream's request (STREAM_WAIT_MS)
 
 
 @dataclass(frozen=True, slots=True)
@@ -159,31 +165,59 @@ async def recent(store: MongoStore) -> list[dict[str, Any]]:
 
 
 async def connected(store: MongoStore, quiet: bool = False) -> list[Seen] | None:
-    """The connections of tokensvc processes the server reports (``$currentOp``), by release;
+    """The connections of tokensvc processes that concern this store, by release: those the
+    server (``$currentOp``) lists executing an operation in this store's database (the change
+    stream every serving process keeps open on it, asked for more at once each time it answers).
+    A connection names no database while it is idle, so the connections of processes serving
+    other databases of the server are not counted, nor this command's own (none executes
+    anything while it asks). While the server lists a connection of a release without a
+    registry entry (0.9.0) that no operation places, it is asked again :data:`SAMPLES` times
+    over :data:`SAMPLE_SECONDS` (longer than one wait of a change stream): a 0.9.0 process of
+    this store caught between two requests of its stream is found at the next look.
+
     None when it cannot tell: a ``mongos`` (which lists the operations running on the shards,
-    not the clients idle behind it), or a server that refuses (not authorized, no such stage);
-    ``quiet``: without saying so (the background asks every heartbeat)."""
-    if (await store.db.command("hello")).get("msg") == "isdbgrid":
+    not the clients behind it), a server without change streams (a standalone, where 0.9.0 polls
+    now and then instead of keeping a stream open), or a server that refuses (not authorized,
+    no such stage); ``quiet``: without saying so (the background asks every heartbeat)."""
+    hello = await store.db.command("hello")
+    if hello.get("msg") == "isdbgrid" or "setName" not in hello:
         return None
+    found: dict[str, Seen] = {}
+    for sample in range(SAMPLES):
+        if sample:
+            await asyncio.sleep(SAMPLE_SECONDS / (SAMPLES - 1))
+        operations = await _operations(store, quiet)
+        if operations is None:
+            return None
+        unplaced = False
+        for operation in operations:
+            match = APP_NAME.fullmatch(operation.get("appName", ""))
+            if match is None:
+                continue
+            release, client = match.group(1), operation.get("client", "?")
+            if operation.get("active") and str(operation.get("ns", "")).partition(".")[0] == store.db.name:
+                found.setdefault(client, Seen(release, client, store.history.newest_format_of(release)))
+            elif release is None and client not in found:
+                unplaced = True
+        if not unplaced:
+            break
+    return list(found.values())
+
+
+async def _operations(store: MongoStore, quiet: bool) -> list[dict[str, Any]] | None:
+    """What ``$currentOp`` lists of tokensvc's connections (idle ones too), or None when the
+    server refuses."""
     try:
         cursor = store.client.admin.aggregate([
             {"$currentOp": {"idleConnections": True}},
             {"$match": {"appName": {"$regex": "^tokensvc(/|$)"}}},
-            {"$project": {"appName": 1, "client": 1}},
+            {"$project": {"appName": 1, "client": 1, "active": 1, "ns": 1}},
         ])
         if asyncio.iscoroutine(cursor):  # PyMongo's aggregate is a coroutine
             cursor = await cursor
-        operations = await cursor.to_list(None)
+        return await cursor.to_list(None)
     except OperationFailure as exc:
         if not quiet:  # its code, never its whole answer (which carries the cluster time's signature)
             log.warning("the server does not list its connections ($currentOp: error %s %s)", exc.code,
                         (exc.details or {}).get("codeName", ""))
         return None
-    found = []
-    for operation in operations:
-        match = APP_NAME.fullmatch(operation.get("appName", ""))
-        if match is None:
-            continue
-        release = match.group(1)
-        found.append(Seen(release, operation.get("client", "?"), store.history.newest_format_of(release)))
-    return found

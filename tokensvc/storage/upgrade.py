@@ -23,9 +23,24 @@ from tokensvc.storage.base import StorageError, StoreFault
 from tokensvc.storage.format import Migration, StoreFormat
 from tokensvc.storage.mongo import READ, RERUN, MongoStore, guarded
 
+OPENED = "opened the store"  # how a release that records its opening is known (since when: the record's)
+
 
 class Refused(Exception):
     """The command cannot do what it was asked: the message says why, and what to do."""
+
+
+@dataclass(frozen=True, slots=True)
+class Release:
+    """A release that used the store, and how that is known."""
+
+    release: str | None  # None: a release that predates the format document (0.9.0)
+    since: Any  # when it first opened the store (releases that record it), else None
+    how: list[str]  # "wrote format 1", "opened the store", "running", "connected"
+
+    @property
+    def name(self) -> str:
+        return self.release or "0.9.0 or earlier"
 
 
 @dataclass(slots=True)
@@ -38,6 +53,30 @@ class Status:
     left: dict[str, int]  # rows each migration still has to convert (behind a done one: written since)
     blockers: list[str]  # why finalize would be refused now (empty: it would not)
     warnings: list[str]  # what a release that cannot read the store leaves: it must be stopped
+
+    @property
+    def seen(self) -> list[Release]:
+        """Every release known to have used the store, oldest first: the one that predates the
+        format document (0.9.0) when the store was ever at its format (it wrote the store, or a
+        later release found its rows), each release that recorded opening the store, and the
+        releases running or connected now."""
+        known: dict[str | None, Release] = {}
+
+        def saw(release: str | None, how: str, since: Any = None) -> None:
+            entry = known.setdefault(release, Release(release, since, []))
+            if how not in entry.how:
+                entry.how.append(how)
+
+        first = store_format.FORMATS[0].version
+        if self.state.compatibility == first or any(entry.get("from") == first for entry in self.state.finalized):
+            saw(None, f"wrote format {first}")
+        for entry in self.state.releases:
+            saw(entry.get("release"), OPENED, entry.get("first_seen"))
+        for seen in self.running:
+            saw(seen.release, "running")
+        for seen in self.connections or []:
+            saw(seen.release, "connected")
+        return sorted(known.values(), key=lambda entry: store_format.release_key(entry.release or "0"))
 
     @property
     def runnable(self) -> list[Migration]:
