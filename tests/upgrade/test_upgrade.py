@@ -8,8 +8,9 @@ other; a refresh chain may alternate between them; a revocation or a sign-out at
 the other; processes restart in any order and come up, and none of them drops an index the
 other relies on; finalize is refused while a process of the previous release is connected;
 after it, with only this release's processes, every credential issued before still works and
-no row of the old format is left; the previous release then refuses to start, and one run
-anyway is seen; nothing this release writes holds a hash."""
+no row of the old format is left; the previous release then refuses to start (answering, until
+it stops, from the old format, never ready), and one run anyway is seen; nothing this release
+writes holds a hash."""
 
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ from urllib.parse import parse_qs, urlencode, urljoin, urlsplit
 import releases
 import requests
 from helpers import CHALLENGE, DIGEST, VERIFIER, wait_until
-from primary import ReplicaSet
+from primary import Fault, ReplicaSet
 from service import NOWHERE, WEBAPP_SECRET, Service, answer_when_read, start_service
 
 from tokensvc import __version__, cli
@@ -295,8 +296,27 @@ def test_a_rolling_upgrade_then_finalize_signs_no_one_out(primary, previous, tmp
         assert works(another.base, exchange(new.base, issued_before["code at the new release"]))
 
         # The previous release now stops at start-up, its line naming the index it cannot make
-        # beside the tripwire, before it writes anything.
+        # beside the tripwire. It listens while it asks for its indexes (its request held here,
+        # for a look): meanwhile it answers from the old format (a live token inactive, its
+        # refresh token unknown: a client would throw it away), and its /readyz answers 503 all
+        # that time, so nothing routed by readiness reaches it.
+        tripwire = Fault("createIndexes", "hold", collection="failures",
+                         when=lambda doc: doc["indexes"][0]["name"] == "ttl")
+        primary.script(tripwire)
         refused = deployment.start("previous", ready=False)
+        wait_until(lambda: tripwire.hits, "the previous release asking for the index the tripwire holds")
+
+        def ready() -> int:
+            return requests.get(refused.base + "/readyz", timeout=30).status_code
+
+        assert wait_until(ready, "the previous release listening", retry=(requests.RequestException,)) == 503
+        live = issued_before["tokens"]
+        assert works(new.base, live) and not works(refused.base, live)
+        unknown = requests.post(refused.base + "/oauth/token/refresh", timeout=30, auth=("webapp", WEBAPP_SECRET),
+                                data={"refresh_token": live["refresh_token"]})
+        assert (unknown.status_code, unknown.json()["error"]) == (400, "invalid_grant"), unknown.text
+        assert ready() == 503 and works(another.base, live)
+        primary.release(tripwire)
         refused.process.wait(timeout=30)
         assert refused.returncode == 1, refused.output()
         assert f"tokensvc: index failures.{TRIPWIRE} (tokensvc's ttl) exists with other options" in refused.output()

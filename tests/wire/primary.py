@@ -81,7 +81,8 @@ class Fault:
     (execute, then close: a lost reply), ``"error"`` (answer ``code`` with ``labels``, not
     executing), ``"write_concern_error"`` (execute, then answer the ``writeConcernError`` a
     server sends for ``code``: 64, a wtimeout, with ``errInfo.wtimeout``), ``"delay"`` (wait
-    ``seconds``, within the command's ``maxTimeMS``, then execute), ``"race"`` (the ``times``
+    ``seconds``, within the command's ``maxTimeMS``, then execute), ``"hold"`` (wait until
+    :meth:`ReplicaSet.release`, within the command's ``maxTimeMS``, then execute), ``"race"`` (the ``times``
     matching writes each read the state, then commit one after the other: a loser whose
     documents changed meanwhile is retried by the server when ``code`` is 0, else answered
     ``code`` with ``labels``: 112, a write conflict; 11000, a unique-index race of an upsert).
@@ -99,6 +100,7 @@ class Fault:
     hits: int = 0
     gate: threading.Barrier | None = None  # a race: every racer reads before any commits
     serial: threading.Lock | None = None  # a race: then they commit one at a time
+    released: bool = False  # a hold: ReplicaSet.release lets it go on
 
     def matches(self, name: str, doc: dict[str, Any]) -> bool:
         if self.hits >= self.times or name != self.command:
@@ -291,6 +293,12 @@ class ReplicaSet:
                     fault.gate, fault.serial = threading.Barrier(fault.times, timeout=10), threading.Lock()
             self.faults.extend(faults)
 
+    def release(self, fault: Fault) -> None:
+        """The commands a ``"hold"`` fault holds go on."""
+        with self.lock:
+            fault.released = True
+            self.lock.notify_all()
+
     def sent(self, name: str, collection: str | None = None) -> list[dict[str, Any]]:
         """The commands named ``name`` received so far (on ``collection``)."""
         with self.lock:
@@ -418,6 +426,8 @@ class ReplicaSet:
     def _run(self, op: Op, doc: dict[str, Any], fault: Fault | None) -> dict[str, Any] | None:
         name, member = op.name, op.member
         if fault is not None and fault.action == "delay" and not self._wait(op, lambda: False, fault.seconds):
+            return self._waited_out(op)
+        if fault is not None and fault.action == "hold" and not self._wait(op, lambda: fault.released):
             return self._waited_out(op)
         if name in WRITES and not member.is_primary:
             return {"ok": 0, "code": NOT_WRITABLE_PRIMARY, "codeName": "NotWritablePrimary",
