@@ -171,9 +171,10 @@ async def connected(store: MongoStore, quiet: bool = False) -> list[Seen] | None
     A connection names no database while it is idle, so the connections of processes serving
     other databases of the server are not counted, nor this command's own (none executes
     anything while it asks). While the server lists a connection of a release without a
-    registry entry (0.9.0) that no operation places, it is asked again :data:`SAMPLES` times
-    over :data:`SAMPLE_SECONDS` (longer than one wait of a change stream): a 0.9.0 process of
-    this store caught between two requests of its stream is found at the next look.
+    registry entry (0.9.0) that no operation places, and none of this store's, it is asked
+    again, :data:`SAMPLES` looks over :data:`SAMPLE_SECONDS` (longer than one wait of a change
+    stream): a 0.9.0 process of this store caught between two requests of its stream is found
+    at the next look.
 
     None when it cannot tell: a ``mongos`` (which lists the operations running on the shards,
     not the clients behind it), a server without change streams (a standalone, where 0.9.0 polls
@@ -199,8 +200,8 @@ async def connected(store: MongoStore, quiet: bool = False) -> list[Seen] | None
                 found.setdefault(client, Seen(release, client, store.history.newest_format_of(release)))
             elif release is None and client not in found:
                 unplaced = True
-        if not unplaced:
-            break
+        if not unplaced or any(seen.release is None for seen in found.values()):
+            break  # nothing left to place, or 0.9.0 found here already: the answer is the same
     return list(found.values())
 
 
