@@ -65,6 +65,11 @@ SAMPLES = 3  # looks at the server's operations while a 0.9.0 connection is list
 SAMPLE_SECONDS = 1.5  # over this long: more than one wait of a change stream's request (STREAM_WAIT_MS)
 
 
+def release_name(release: str | None) -> str:
+    """How the storage commands name a release (None: one that does not name itself)."""
+    return release or "0.9.0 or earlier"
+
+
 @dataclass(frozen=True, slots=True)
 class Seen:
     """A process (registered) or a connection of a release, as the storage commands see it."""
@@ -78,7 +83,7 @@ class Seen:
 
     @property
     def name(self) -> str:
-        return self.release or "0.9.0 or earlier"
+        return release_name(self.release)
 
     def lapsed(self) -> bool:
         """Whether a registered process has missed two heartbeats in a row: it is dead, or cut

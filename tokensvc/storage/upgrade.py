@@ -40,7 +40,7 @@ class Release:
 
     @property
     def name(self) -> str:
-        return self.release or "0.9.0 or earlier"
+        return processes.release_name(self.release)
 
 
 @dataclass(slots=True)
