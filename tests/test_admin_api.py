@@ -565,3 +565,78 @@ async def test_a_resource_server_is_registered_with_a_secret_and_nothing_of_the_
     response = await call("PATCH", "/admin/clients/notes-api", {"kind": "client",
                                                                 "redirectUris": ["https://notes.example/cb"]})
     assert response.code == 200 and json_of(response)["kind"] == "client"
+
+
+# -- secrets the operator holds, and the plan of a desired state ---------------------------------
+
+
+async def test_a_client_secret_given_as_its_digest_makes_the_client_confidential(call, store):
+    from tokensvc.oauth import hashing
+
+    digest = hashing.digest("a-secret-the-operator-holds")
+    created = await call("PUT", "/admin/clients/held", {"name": "Held", "redirectUris": ["https://held.example/cb"],
+                                                         "clientSecretSha256": digest})
+    assert created.code == 201 and json_of(created)["confidential"] and json_of(created)["clientSecret"] is None
+    assert (await store.get_client("held")).secret_hash == digest
+    # A public client given one becomes confidential; the digest is kept as given.
+    other = hashing.digest("another-held-secret")
+    patched = json_of(await call("PATCH", "/admin/clients/skyplanner", {"clientSecretSha256": other}))
+    assert patched["confidential"] and (await store.get_client("skyplanner")).secret_hash == other
+    check_validation_error(await call("PATCH", "/admin/clients/held", {"clientSecretSha256": "not-hex"}),
+                           ["body", "clientSecretSha256"], "value_error")
+    check_validation_error(await call("PUT", "/admin/clients/held", {
+        "name": "Held", "redirectUris": ["https://held.example/cb"], "clientSecretSha256": digest,
+        "confidential": False}), ["body", "clientSecretSha256"], "value_error")
+    assert (await store.get_client("held")).secret_hash == digest  # nothing half-written
+
+
+async def test_a_user_given_a_password_hash_signs_in_with_its_password(call, ctx, store):
+    from tokensvc.oauth import hashing
+
+    password_hash = hashing.hash_password("violet-comet-harbor")
+    assert (await call("POST", "/admin/users", {"username": "hashed", "passwordHash": password_hash})).code == 201
+    assert await sessions.sign_in(ctx, "hashed", "violet-comet-harbor", "127.0.0.1")
+    check_validation_error(await call("POST", "/admin/users", {"username": "both", "password": STRONG,
+                                                              "passwordHash": password_hash}),
+                           ["body", "passwordHash"], "value_error")
+    check_validation_error(await call("PUT", "/admin/users/hashed/password", {"passwordHash": "md5$x"}),
+                           ["body", "passwordHash"], "value_error")
+    assert (await store.get_user_by_username("hashed")).password_hash == password_hash
+
+
+async def test_the_plan_of_a_desired_state_writes_nothing_and_names_every_problem(call, store):
+    before = (await store.list_clients(), await store.list_users(), await store.list_installations())
+    state = {"users": [{"username": "dora", "password": STRONG}],
+             "clients": [{"clientId": "skyplanner", "allowedScopes": ["read"]},
+                         {"clientId": "webapp", "allowedScopes": ["read", "write", "connected-apps:write", "admin"]}],
+             "installations": [{"installationId": "dome", "name": "Dome", "kind": "observatory",
+                                "operators": ["dora"]}]}
+    planned = await call("POST", "/admin/plan", state)
+    assert planned.code == 200, planned.body
+    check_schema(admin_schemas.PlanSchema(), json_of(planned))
+    assert json_of(planned)["steps"] == [
+        {"kind": "user", "id": "dora", "action": "create", "changes": [{"field": "password", "secret": True}]},
+        {"kind": "client", "id": "skyplanner", "action": "update",
+         "changes": [{"field": "allowedScopes", "from": ["read", "observations:write"], "to": ["read"]}]},
+        {"kind": "client", "id": "webapp", "action": "unchanged", "changes": []},
+        {"kind": "installation", "id": "dome", "action": "create", "changes": [
+            {"field": "name", "from": None, "to": "Dome"}, {"field": "kind", "from": None, "to": "observatory"},
+            {"field": "operators", "from": None, "to": ["dora"]}]}]
+    wrong = await call("POST", "/admin/plan", {
+        "users": [{"username": "eve", "password": "eve"}, {"username": "alice", "admin": "yes"}],
+        "clients": [{"clientId": "new-app", "redirectUris": ["https://new.example/cb"]},
+                    {"clientId": "skyplanner", "redirectUris": ["javascript:alert(1)"]}],
+        "installations": [{"installationId": "dome", "name": "Dome", "kind": "submarine"},
+                          {"installationId": "dome-2", "name": "Dome 2", "kind": "telescope", "operators": ["ghost"]}],
+        "prune": True})
+    assert wrong.code == 422
+    assert [(item["loc"], item["type"]) for item in json_of(wrong)["detail"]] == [
+        (["body", "users", 0, "password"], "value_error"), (["body", "users", 1, "admin"], "bool_parsing"),
+        (["body", "clients", 0, "name"], "missing"), (["body", "clients", 1, "redirectUris"], "value_error"),
+        (["body", "installations", 0, "kind"], "value_error"),
+        (["body", "installations", 1, "operators"], "value_error"),
+        # Pruning would remove the client and the user of the token asking.
+        (["body", "clients"], "value_error"), (["body", "users"], "value_error")]
+    assert "'webapp', the client of the token" in json_of(wrong)["detail"][-2]["msg"]
+    assert "'root', who runs this" in json_of(wrong)["detail"][-1]["msg"]
+    assert (await store.list_clients(), await store.list_users(), await store.list_installations()) == before

@@ -247,39 +247,6 @@ def test_users_sessions_and_tokens_from_the_command_line(service, credentials):
     assert purged.startswith("purged ") and "purges its expired codes, tokens and sessions itself" in purged
 
 
-def test_apply_makes_the_service_hold_a_file_and_changes_nothing_the_second_time(service, credentials, tmp_path):
-    wanted = tmp_path / "wanted.toml"
-    wanted.write_text('''
-[[clients]]
-client_id = "applied-app"
-name = "Applied app"
-redirect_uris = ["https://applied.example/cb"]
-allowed_scopes = ["read", "write"]
-
-[[users]]
-username = "dora"
-password = "orbit-lantern-quiet"
-
-[[installations]]
-installation_id = "applied-dome"
-name = "Applied dome"
-kind = "observatory"
-operators = ["dora"]
-''')
-    admin = ["--url", service.admin]
-    planned = ok(tokensvc("apply", "-f", str(wanted), "--dry-run", *admin, credentials=credentials))
-    assert "create client applied-app" in planned and "dry run: nothing was changed" in planned
-    assert requests.get(service.base + "/oauth/clients/applied-app", timeout=10).status_code == 404
-    first = ok(tokensvc("apply", "-f", str(wanted), *admin, credentials=credentials))
-    assert first.splitlines() == ["create client applied-app", "create user dora", "create installation applied-dome"]
-    assert requests.get(service.base + "/oauth/clients/applied-app", timeout=10).json()["allowedScopes"] == [
-        "read", "write"]
-    assert ok(tokensvc("apply", "-f", str(wanted), *admin, credentials=credentials)).strip() == "nothing to change"
-    wanted.write_text(wanted.read_text().replace('["read", "write"]', '["read"]'))
-    assert ok(tokensvc("apply", "-f", str(wanted), *admin, credentials=credentials)).strip() == \
-        "update client applied-app"
-
-
 def cli_tokens(service) -> dict:
     """The command line client's tokens for root: one authorization (the one-click page
     answered), its code exchanged."""

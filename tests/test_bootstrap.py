@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 from backends import BACKENDS
-from helpers import make_config
+from helpers import PASSWORD_HASHES, make_config
 
 from tokensvc import config as config_module
 from tokensvc.bootstrap import CLI_CLIENT, make_store, seed
@@ -126,10 +126,10 @@ async def test_a_seeded_user_is_stored_under_the_key_of_their_name(backend_store
     written in any case; a user seeded before as written keeps that name and id."""
     from tokensvc.records import User
 
-    await backend_store.put_user(User("u_legacy", "Erin", "scrypt$x", False))  # as release 0.9.0 stored it
+    await backend_store.put_user(User("u_legacy", "Erin", PASSWORD_HASHES["alice"], False))  # as 0.9.0 stored it
     # The file names Erin in another case: the same user (on MongoDB a second one was made).
-    config = make_config(users=[{"username": "Dora", "password_hash": "scrypt$x"},
-                                {"username": "ERIN", "password_hash": "scrypt$y"}],
+    config = make_config(users=[{"username": "Dora", "password_hash": PASSWORD_HASHES["alice"]},
+                                {"username": "ERIN", "password_hash": PASSWORD_HASHES["root"]}],
                          installations=[{"installation_id": "dome", "name": "Dome", "kind": "observatory",
                                          "operators": ["DORA", "erin"]}])
     for _ in range(2):
@@ -137,7 +137,7 @@ async def test_a_seeded_user_is_stored_under_the_key_of_their_name(backend_store
         assert sorted(user.username for user in await backend_store.list_users()) == ["Erin", "dora"]
     dora = await backend_store.get_user_by_username("DORA")
     assert (await backend_store.get_installation("dome")).operators == [dora.user_id, "u_legacy"]
-    assert (await backend_store.get_user("u_legacy")).password_hash == "scrypt$y"
+    assert (await backend_store.get_user("u_legacy")).password_hash == PASSWORD_HASHES["root"]
 
 
 @pytest.mark.gen_test

@@ -445,7 +445,7 @@ def test_apply_holds_a_file_to_the_admin_apis_rules(run, tmp_path):
     code, _, err = run("apply", "-f", str(wild))
     assert code == 1 and "not a valid web origin" in err and "no wildcard" in err
     users = tmp_path / "users.toml"
-    users.write_text('[[users]]\nusername = "CAROL"\npassword = "violet-comet-harbor"\n')
+    users.write_text('[[users]]\nusername = "CAROL"\npassword = "meadow-planet-violin"\n')
     code, out, err = run("apply", "-f", str(users))
-    assert code == 0 and out.strip() == "nothing to change", err
+    assert code == 0 and out.splitlines() == ["unchanged user CAROL", "nothing to change (1 unchanged)"], err
     assert [line.split()[0] for line in run("users", "list")[1].splitlines()[1:]] == ["carol"]

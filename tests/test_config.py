@@ -3,6 +3,7 @@
 from pathlib import Path
 
 import pytest
+from helpers import PASSWORD_HASHES
 
 from tokensvc import config, identifiers
 from tokensvc.config import ConfigError
@@ -269,16 +270,19 @@ def test_usernames_are_one_per_key_in_the_config():
     """ROOT and root are one user (NFKC, case folded): the file may not name both, and an
     installation's operator is found whatever the case it is written in."""
     with pytest.raises(ConfigError, match=r"^users\[1\]\.username: duplicate username 'ROOT'"):
-        config.from_dict({"demo": True, "users": [{"username": "root", "password_hash": "scrypt$x"},
-                                                  {"username": "ROOT", "password_hash": "scrypt$y"}]})
-    settings = config.from_dict({"demo": True, "users": [{"username": "Root", "password_hash": "scrypt$x"}],
+        config.from_dict({"demo": True, "users": [{"username": "root", "password_hash": PASSWORD_HASHES["root"]},
+                                                  {"username": "ROOT", "password_hash": PASSWORD_HASHES["alice"]}]})
+    settings = config.from_dict({"demo": True,
+                                 "users": [{"username": "Root", "password_hash": PASSWORD_HASHES["root"]}],
                                  "installations": [{"installation_id": "i", "name": "I", "kind": "telescope",
                                                     "operators": ["ROOT"]}]})
     assert settings.installations[0].operators == ("ROOT",)
 
 
 @pytest.mark.parametrize("problem,valid", [(identifiers.id_problem, "client-1"), (identifiers.username_problem, "bob"),
-                                           (identifiers.scope_problem, "read")])
+                                           (identifiers.scope_problem, "read"),
+                                           (identifiers.secret_sha256_problem, "0" * 64),
+                                           (identifiers.password_hash_problem, PASSWORD_HASHES["alice"])])
 def test_a_trailing_newline_makes_no_identifier(problem, valid):
     """``$`` would let one through (it matches before a final newline): every rule is a full match."""
     assert problem(valid) is None
@@ -401,3 +405,35 @@ def test_the_settings_hold_nothing_mutable_all_the_way_down(tmp_path):
     # The walk finds what it looks for, however deep.
     assert mutable_parts(config.ServerSettings(allowed_hosts=["x"])) == ["settings.allowed_hosts"]
     assert mutable_parts((config.MetricsSettings(), {"read": "x"})) == ["settings[1]"]
+
+
+def test_installation_kinds_are_configurable_and_every_installation_is_one_of_them():
+    assert config.from_dict({"cookie_secret": "k" * 32}).installation_kinds == ("telescope", "observatory")
+    chosen = config.from_dict({"cookie_secret": "k" * 32, "installation_kinds": ["antenna", "weather station"],
+                               "installations": [{"installation_id": "dish", "name": "Dish", "kind": "antenna"}]})
+    assert chosen.installation_kinds == ("antenna", "weather station")
+    for kinds, problem in (([], "at least one kind"), (["Antenna"], "lower-case letters"),
+                           (["dish", "dish"], "listed twice")):
+        with pytest.raises(ConfigError, match=f"installation_kinds: .*{problem}"):
+            config.from_dict({"cookie_secret": "k" * 32, "installation_kinds": kinds})
+    with pytest.raises(ConfigError, match=r"installations\[0\].kind: one of antenna, got 'telescope'"):
+        config.from_dict({"cookie_secret": "k" * 32, "installation_kinds": ["antenna"],
+                          "installations": [{"installation_id": "scope", "name": "Scope", "kind": "telescope"}]})
+
+
+def test_a_password_hash_must_be_one_the_service_wrote():
+    from tokensvc.oauth import hashing
+
+    good = hashing.hash_password("orbit-lantern-quiet")
+    assert config.from_dict({"cookie_secret": "k" * 32, "users": [{"username": "u", "password_hash": good}]})
+    with pytest.raises(ConfigError, match=r"users\[0\].password_hash: expected a scrypt hash"):
+        config.from_dict({"cookie_secret": "k" * 32, "users": [{"username": "u", "password_hash": "md5$abc"}]})
+
+
+def test_an_apply_entry_is_checked_key_by_key():
+    assert config.entry_problems("clients", {"client_id": "x", "first_party": True}) == []
+    assert config.entry_problems("clients", {"client_id": "x", "first_partyy": True, "name": 3}) == [
+        ("first_partyy", "unknown key (the keys of [[clients]]: client_id, name, redirect_uris, allowed_scopes, "
+                         "first_party, client_secret, client_secret_sha256, description, logo_url, allowed_origins)"),
+        ("name", "expected a string, got 3")]
+    assert config.entry_problems("users", "alice") == [(None, "expected a table, got 'alice'")]

@@ -17,17 +17,20 @@ from typing import Any
 
 from tokensvc import logs
 from tokensvc.bootstrap import new_user_id
-from tokensvc.errors import HTTPAnswer
+from tokensvc.errors import HTTPAnswer, ValidationFailed
 from tokensvc.identifiers import (
+    DEFAULT_KINDS,
     NAME_RULE,
     id_problem,
     kind_problem,
     logo_url_problem,
     name_problem,
     origin_problem,
+    password_hash_problem,
     password_problem,
     redirect_uri_problem,
     scope_problem,
+    secret_sha256_problem,
     username_key,
     username_problem,
 )
@@ -103,23 +106,28 @@ def _check(problem: str | None, what: str, value: str, field: str | None = None,
 
 @dataclass(slots=True)
 class ClientSpec:
-    """What an operator says a client is (everything but its secret and its creation time)."""
+    """What an operator says a client is (everything but its creation time). Its secret is
+    the service's to make (``confidential``: one is generated, shown once, and kept by later
+    changes) or the operator's (``secret_sha256``, the SHA-256 of a secret they hold: it
+    makes the client confidential). ``confidential`` None: as ``secret_sha256`` says."""
 
     name: str
     redirect_uris: list[str] = field(default_factory=list)
     scopes: list[str] | None = None
     first_party: bool = False
-    confidential: bool = False
+    confidential: bool | None = None
     description: str | None = None
     logo_url: str | None = None
     allowed_origins: list[str] | None = None
     kind: str = CLIENT_KIND
+    secret_sha256: str | None = None
 
     def checked(self, given: Collection[str] | None = None) -> ClientSpec:
-        """The spec as it will be written; AdminError naming the body's field at fault. Only
-        the fields ``given`` (all when None) are held to the rules: a change checks what it
-        sets, so a client stored before a rule was stricter keeps working and can be edited.
-        What a resource server may not have is refused whatever is given."""
+        """The spec as it will be written (``confidential`` decided); AdminError naming the
+        body's field at fault. Only the fields ``given`` (all when None) are held to the rules:
+        a change checks what it sets, so a client stored before a rule was stricter keeps
+        working and can be edited. What a resource server may not have is refused whatever is
+        given."""
 
         def asked(name: str) -> bool:
             return given is None or name in given
@@ -129,7 +137,7 @@ class ClientSpec:
         if self.kind not in CLIENT_KINDS:
             raise AdminError(f"a client's kind is one of {', '.join(CLIENT_KINDS)}: {self.kind!r}", "kind")
         if self.kind == RESOURCE_SERVER:
-            return replace(self._checked_resource_server(asked("logo_url")), name=self.name.strip())
+            return replace(self._checked_resource_server(asked("logo_url")), name=self.name.strip())._secret()
         if asked("redirect_uris"):
             if not self.redirect_uris:
                 raise AdminError("a client needs at least one redirect URI", "redirectUris")
@@ -141,7 +149,18 @@ class ClientSpec:
             _check(logo_url_problem(self.logo_url), "logo URL", self.logo_url, "logoUrl")
         for origin in self.allowed_origins or [] if asked("allowed_origins") else []:
             _check(origin_problem(origin), "web origin", origin, "allowedOrigins")
-        return replace(self, name=self.name.strip())
+        return replace(self, name=self.name.strip())._secret()
+
+    def _secret(self) -> ClientSpec:
+        """``confidential`` decided: a secret given (its digest) makes the client confidential."""
+        confidential = self.confidential
+        if self.secret_sha256 is not None:
+            _check(secret_sha256_problem(self.secret_sha256), "secret digest", self.secret_sha256,
+                   "clientSecretSha256")
+            if confidential is False:
+                raise AdminError("a client with a secret is confidential", "clientSecretSha256")
+            confidential = True
+        return replace(self, confidential=bool(confidential))
 
     def _checked_resource_server(self, logo: bool) -> ClientSpec:
         """A resource server is confidential and has none of what the authorization flow uses:
@@ -179,19 +198,26 @@ CLIENT_FIELDS = {"name": "name", "redirect_uris": "redirect_uris", "scopes": "al
                  "allowed_origins": "allowed_origins", "kind": "kind"}
 
 
-async def create_client(store: Store, spec: ClientSpec, client_id: str | None = None) -> tuple[Client, str | None]:
-    """Register a client; returns it and, for a confidential one, its secret (shown once)."""
-    spec = spec.checked()
-    # Hex: a generated id never starts with "-" (which a command line would read as an option).
-    client_id = secrets.token_hex(12) if client_id is None else client_id
+async def check_new_client(store: Store, client_id: str, spec: ClientSpec) -> None:
+    """What registering a client under ``client_id`` needs beside its spec: an id of the
+    right form, not taken, and a name no other client has."""
     _check(id_problem(client_id), "client id", client_id, "clientId")
     if await store.get_client(client_id) is not None:
         raise Taken(f"a client with id {client_id!r} already exists")
-    if any(client.name.lower() == spec.name.lower() for client in await store.list_clients()):
-        raise Taken(f"a client named {spec.name!r} already exists")
-    secret = hashing.new_secret() if spec.confidential else None
-    client = Client(client_id=client_id, secret_hash=hashing.digest(secret) if secret else None, created_at=utcnow(),
-                    **spec.fields())
+    if any(client.name.lower() == spec.name.strip().lower() for client in await store.list_clients()):
+        raise Taken(f"a client named {spec.name.strip()!r} already exists")
+
+
+async def create_client(store: Store, spec: ClientSpec, client_id: str | None = None) -> tuple[Client, str | None]:
+    """Register a client; returns it and, for a confidential one given no secret, the secret
+    made for it (shown once)."""
+    spec = spec.checked()
+    # Hex: a generated id never starts with "-" (which a command line would read as an option).
+    client_id = secrets.token_hex(12) if client_id is None else client_id
+    await check_new_client(store, client_id, spec)
+    secret = hashing.new_secret() if spec.confidential and spec.secret_sha256 is None else None
+    secret_hash = spec.secret_sha256 or (hashing.digest(secret) if secret else None)
+    client = Client(client_id=client_id, secret_hash=secret_hash, created_at=utcnow(), **spec.fields())
     await store.put_client(client)
     _record("client_created", client_id=client_id, first_party=spec.first_party, confidential=spec.confidential,
             outcome="success")
@@ -200,10 +226,11 @@ async def create_client(store: Store, spec: ClientSpec, client_id: str | None = 
 
 async def put_client(ctx: OAuthContext, client_id: str, spec: ClientSpec) -> tuple[Client, str | None, bool]:
     """Create or replace the client ``client_id`` as ``spec`` says (idempotent: provisioning may
-    run it on every deploy). A confidential client keeps its secret; one that becomes
-    confidential gets one (returned once), one that becomes public loses it. Returns the
-    client, a new secret if any, and whether it was created. The id, the address's, is checked
-    when it is new: a client stored before its rule was stricter keeps working."""
+    run it on every deploy). A confidential client keeps its secret unless ``spec`` gives
+    one; one that becomes confidential gets one (returned once, unless given), one that
+    becomes public loses it. Returns the client, a new secret if any, and whether it was
+    created. The id, the address's, is checked when it is new: a client stored before its rule
+    was stricter keeps working."""
     existing = await ctx.store.get_client(client_id) if len(client_id) <= 128 else None
     if existing is None:
         _check(id_problem(client_id), "client id", client_id, "client_id", "path")
@@ -211,10 +238,13 @@ async def put_client(ctx: OAuthContext, client_id: str, spec: ClientSpec) -> tup
         return client, secret, True
     spec = spec.checked()
     fields = spec.fields()
+    if spec.secret_sha256 is not None and spec.secret_sha256 != existing.secret_hash:
+        fields["secret_hash"] = spec.secret_sha256
     if any(getattr(existing, name) != value for name, value in fields.items()) or \
             spec.confidential != existing.confidential:
         client, secret = await _change_client(ctx, existing, fields, spec.confidential)
-        _record("client_replaced", client_id=client_id, outcome="success")
+        _record("client_replaced", client_id=client_id, secret_changed=client.secret_hash != existing.secret_hash,
+                outcome="success")
         return client, secret, False
     return existing, None, False
 
@@ -222,15 +252,22 @@ async def put_client(ctx: OAuthContext, client_id: str, spec: ClientSpec) -> tup
 async def update_client(ctx: OAuthContext, client_id: str, changes: dict[str, Any]) -> tuple[Client, str | None]:
     """Change some of a client's fields (``ClientSpec``'s names): those alone are checked (a
     client stored before a rule was stricter can be edited) and written, so a concurrent change
-    of others (a rotated secret, another PATCH) holds."""
+    of others (a rotated secret, another PATCH) holds. A secret given (its digest) makes it
+    confidential."""
     existing = await get_client(ctx.store, client_id)
     # A change of kind writes (and so checks) every field: what the new kind allows is the
     # whole client.
     whole = "kind" in changes
+    if changes.get("secret_sha256") is not None:
+        changes = {"confidential": True, **changes}
     spec = replace(ClientSpec.of(existing), **changes).checked(None if whole else changes.keys())
     confidential = spec.confidential if "confidential" in changes or whole else None
-    client, secret = await _change_client(ctx, existing, spec.fields(None if whole else changes), confidential)
-    _record("client_replaced", client_id=client_id, outcome="success")
+    fields = spec.fields(None if whole else changes)
+    if spec.secret_sha256 is not None:
+        fields["secret_hash"] = spec.secret_sha256
+    client, secret = await _change_client(ctx, existing, fields, confidential)
+    _record("client_replaced", client_id=client_id, secret_changed=client.secret_hash != existing.secret_hash,
+            outcome="success")
     return client, secret
 
 
@@ -241,7 +278,7 @@ async def _change_client(ctx: OAuthContext, existing: Client, fields: dict[str, 
     allowed_scopes withdraws the scopes from its grants, codes and families
     (:func:`revocation.narrowing`), and is announced to the open WebSockets of its tokens."""
     secret = None
-    if confidential is True and existing.secret_hash is None:
+    if confidential is True and existing.secret_hash is None and "secret_hash" not in fields:
         secret = hashing.new_secret()
         fields = {**fields, "secret_hash": hashing.digest(secret)}
     elif confidential is False and existing.secret_hash is not None:
@@ -293,21 +330,49 @@ async def remove_client(ctx: OAuthContext, client_id: str) -> int:
 # -- users ----------------------------------------------------------------------------------------
 
 
-async def _hash_password(password: str, context: Sequence[str]) -> str:
+def check_password(password: str, context: Sequence[str]) -> None:
+    """The password rule (``users add``, ``users set-password``, ``[[users]]``): AdminError."""
     problem = password_problem(password, context)
     if problem is not None:
         raise AdminError(problem, "password")
+
+
+def check_password_choice(password: str | None, password_hash: str | None, context: Sequence[str]) -> None:
+    """One of a password (the rule applies) or a password hash as stored (its form)."""
+    if password is None and password_hash is None:
+        raise ValidationFailed.missing("body", "password")
+    if password is not None and password_hash is not None:
+        raise AdminError("give a password or a passwordHash, not both", "passwordHash")
+    if password_hash is not None:
+        _check(password_hash_problem(password_hash), "password hash", password_hash, "passwordHash")
+    else:
+        assert password is not None
+        check_password(password, context)
+
+
+async def _password_hash(password: str | None, password_hash: str | None, context: Sequence[str]) -> str:
+    """The hash to store: ``password_hash`` as given, or ``password`` hashed (scrypt, off the
+    event loop); either checked first."""
+    check_password_choice(password, password_hash, context)
+    if password is None:
+        return password_hash or ""
     return await asyncio.get_running_loop().run_in_executor(None, hashing.hash_password, password)
 
 
-async def create_user(store: Store, username: str, password: str, *, admin: bool = False,
-                      service_name: str = "tokensvc") -> User:
-    """A new user, stored under their username's key (``Carol`` becomes ``carol``): one user
-    per key, so ``ROOT`` can never stand beside ``root``."""
+async def check_new_user(store: Store, username: str) -> None:
     _check(username_problem(username), "username", username, "username")
     if await store.get_user_by_username(username) is not None:
         raise Taken(f"a user named {username!r} already exists")
-    user = User(new_user_id(), username_key(username), await _hash_password(password, [username, service_name]),
+
+
+async def create_user(store: Store, username: str, password: str | None, *, admin: bool = False,
+                      service_name: str = "tokensvc", password_hash: str | None = None) -> User:
+    """A new user with ``password`` (the rule applies) or, as it is stored, ``password_hash``,
+    stored under their username's key (``Carol`` becomes ``carol``): one user per key, so
+    ``ROOT`` can never stand beside ``root``."""
+    await check_new_user(store, username)
+    user = User(new_user_id(), username_key(username),
+                await _password_hash(password, password_hash, [username, service_name]),
                 admin)
     try:
         await store.put_user(user)
@@ -346,15 +411,15 @@ async def set_admin(ctx: OAuthContext, username: str, admin: bool) -> User:
     return user
 
 
-async def set_password(ctx: OAuthContext, username: str, password: str, *, keep_grants: bool = False,
-                       service_name: str = "tokensvc") -> dict[str, Any]:
-    """A new password ends the user's web sessions and, unless ``keep_grants``, revokes every
-    grant (and token) of theirs: whoever knew the old password is out everywhere. Says whose
-    (the username as stored), and what it ended."""
+async def set_password(ctx: OAuthContext, username: str, password: str | None, *, keep_grants: bool = False,
+                       service_name: str = "tokensvc", password_hash: str | None = None) -> dict[str, Any]:
+    """A new password (or a hash as stored) ends the user's web sessions and, unless
+    ``keep_grants``, revokes every grant (and token) of theirs: whoever knew the old password
+    is out everywhere. Says whose (the username as stored), and what it ended."""
     user = await get_user(ctx.store, username)
-    password_hash = await _hash_password(password, [username, service_name])
+    new_hash = await _password_hash(password, password_hash, [username, service_name])
     # The hash alone is written: a promotion or demotion while it was computed holds.
-    if await ctx.store.update_user(user.user_id, {"password_hash": password_hash}) is None:
+    if await ctx.store.update_user(user.user_id, {"password_hash": new_hash}) is None:
         raise Missing(f"no user named {username!r}")
     sessions = await web_sessions.end_all(ctx, user.user_id)
     revoked = 0
@@ -383,36 +448,37 @@ async def remove_user(ctx: OAuthContext, username: str) -> tuple[str, int]:
 # -- installations ----------------------------------------------------------------------------------
 
 
-async def _operator_ids(store: Store, operators: Sequence[str]) -> list[str]:
-    """The user ids of ``operators`` (usernames); naming no one is the body's fault (422)."""
+async def operator_ids(store: Store, operators: Sequence[str], also: Sequence[str] = ()) -> list[str]:
+    """The user ids of ``operators`` (usernames); naming no one is the body's fault (422).
+    A name in ``also`` (users a plan creates first) counts as there, with an empty id."""
     ids = []
     for username in operators:
         user = await store.get_user_by_username(username) if len(username) <= 128 else None
-        if user is None:
+        if user is None and username not in also:
             raise AdminError(f"no user named {username!r}", "operators")
-        ids.append(user.user_id)
+        ids.append(user.user_id if user is not None else "")
     return ids
 
 
-async def create_installation(store: Store, installation_id: str, name: str, kind: str,
-                              operators: Sequence[str]) -> Installation:
-    if await store.get_installation(installation_id) is not None:
-        raise Taken(f"an installation with id {installation_id!r} already exists")
-    installation, _ = await put_installation(store, installation_id, name, kind, operators)
-    return installation
+def check_installation(installation_id: str | None, name: str, kind: str, kinds: Sequence[str]) -> None:
+    """An installation's fields by their rules; its id (a new one's) unless None."""
+    if installation_id is not None:
+        _check(id_problem(installation_id), "installation id", installation_id, "installationId")
+    _check(kind_problem(kind, kinds), "kind", kind, "kind")
+    if name_problem(name) is not None:
+        raise AdminError(f"an installation needs a name ({NAME_RULE}): {name!r}", "name")
 
 
 async def put_installation(store: Store, installation_id: str, name: str, kind: str,
-                           operators: Sequence[str]) -> tuple[Installation, bool]:
-    """Create or replace an installation (operators by username); whether it was created. The
-    id is checked when it is new: one stored before its rule was stricter keeps working."""
+                           operators: Sequence[str], kinds: Sequence[str] = DEFAULT_KINDS) -> tuple[Installation, bool]:
+    """Create or replace an installation (operators by username, ``kind`` one of ``kinds``,
+    the configured ones); whether it was created. The id is checked when it is new: one stored
+    before its rule was stricter keeps working."""
     existing = await store.get_installation(installation_id) if len(installation_id) <= 128 else None
     if existing is None:
         _check(id_problem(installation_id), "installation id", installation_id, "installation_id", "path")
-    _check(kind_problem(kind), "kind", kind, "kind")
-    if name_problem(name) is not None:
-        raise AdminError(f"an installation needs a name ({NAME_RULE}): {name!r}", "name")
-    installation = Installation(installation_id, name.strip(), kind, await _operator_ids(store, operators))
+    check_installation(None, name, kind, kinds)
+    installation = Installation(installation_id, name.strip(), kind, await operator_ids(store, operators))
     if installation != existing:
         await store.put_installation(installation)
         _record("installation_created" if existing is None else "installation_replaced", subject=installation_id,

@@ -10,9 +10,25 @@ from marshmallow import RAISE, Schema, fields, pre_dump, validate
 
 from tokensvc import identifiers
 from tokensvc.records import CLIENT_KINDS
-from tokensvc.schemas import EXTRA_FORBIDDEN, Flag, Text, TextList
+from tokensvc.schemas import EXTRA_FORBIDDEN, NOT_LIST, NOT_NULL, Flag, Text, TextList
 
 MAX_LIST = 100  # redirect URIs, scopes, origins, operators a body may name
+
+
+def SecretDigest() -> Any:
+    """A client secret given as its SHA-256 (hex), never the secret: it makes the client
+    confidential, and the service keeps the digest as it keeps every secret."""
+    return Text(max_length=64, data_key="clientSecretSha256", metadata={
+        "pattern": identifiers.SHA256_HEX.pattern,
+        "description": "the SHA-256 (64 lower-case hex digits) of a secret the operator holds: the client "
+                       "becomes confidential with it"})
+
+
+def PasswordHash() -> Any:
+    """A user's password given as its hash as the service stores it, instead of the password."""
+    return Text(max_length=256, data_key="passwordHash", metadata={
+        "pattern": identifiers.PASSWORD_HASH.pattern,
+        "description": "instead of password: a scrypt hash as tokensvc stores it (scrypt$N$r$p$salt$key)"})
 
 
 class BodySchema(Schema):
@@ -143,12 +159,14 @@ class ClientBodySchema(BodySchema):
     scopes = TextList(data_key="allowedScopes", max_length=128, item=SCOPE, metadata={
         "description": "Absent or empty: [\"read\"] (a resource server: none)"})
     first_party = Flag(load_default=False, data_key="firstParty")
-    confidential = Flag(load_default=False, metadata={"description": "A resource server always is"})
+    confidential = Flag(metadata={"description": "give it a secret, made by the service and returned once "
+                                                 "(default: as clientSecretSha256 says; a resource server always is)"})
     description = Text(max_length=1000, allow_none=True)
     logo_url = Text(allow_none=True, data_key="logoUrl", metadata=LOGO_URL)
     allowed_origins = TextList(data_key="allowedOrigins", item=ORIGIN)
     kind = Text(max_length=32, validate=[validate.OneOf(CLIENT_KINDS, error=KIND_ERROR)], metadata={
         "description": KIND, "enum": list(CLIENT_KINDS)})
+    secret_sha256 = SecretDigest()
 
 
 class ClientPutBodySchema(ClientBodySchema):
@@ -172,11 +190,15 @@ class ClientPatchSchema(BodySchema):
     allowed_origins = TextList(data_key="allowedOrigins", item=ORIGIN)
     kind = Text(max_length=32, validate=[validate.OneOf(CLIENT_KINDS, error=KIND_ERROR)], metadata={
         "description": KIND, "enum": list(CLIENT_KINDS)})
+    secret_sha256 = SecretDigest()
 
 
 class UserBodySchema(BodySchema):
+    """``POST /admin/users``: a password (the rule applies) or a hash as stored, not both."""
+
     username = Text(required=True, max_length=64, metadata=USERNAME)
-    password = Text(required=True, max_length=1024, metadata=PASSWORD)
+    password = Text(max_length=1024, metadata=PASSWORD)
+    password_hash = PasswordHash()
     admin = Flag(load_default=False)
 
 
@@ -185,14 +207,44 @@ class UserPatchSchema(BodySchema):
 
 
 class PasswordBodySchema(BodySchema):
-    password = Text(required=True, max_length=1024, metadata=PASSWORD)
+    password = Text(max_length=1024, metadata=PASSWORD)
+    password_hash = PasswordHash()
     keep_grants = Flag(load_default=False, data_key="keepGrants")
 
 
 class InstallationBodySchema(BodySchema):
     name = Text(required=True, max_length=200, metadata=NAME)
-    kind = Text(required=True, max_length=32, metadata={"enum": list(identifiers.KINDS)})
+    kind = Text(required=True, max_length=32, metadata={"enum": list(identifiers.DEFAULT_KINDS)})
     operators = TextList(max_length=64, item={**USERNAME, "description": "A user's username (422 if none)"})
+
+
+def Entries(kind: str) -> Any:
+    return fields.List(fields.Dict(), metadata={"description": f"{kind}, each by its id with the fields to hold"},
+                       error_messages={"invalid": NOT_LIST, "null": NOT_NULL})
+
+
+class PlanBodySchema(BodySchema):
+    """``POST /admin/plan``: a desired state (``tokensvc apply``'s file): each entry names its
+    resource by id and gives the fields to hold, by the names of ClientBody, UserBody and
+    InstallationBody (secrets as clientSecretSha256, password or passwordHash); a field left
+    out keeps its value."""
+
+    clients = Entries("clients")
+    users = Entries("users")
+    installations = Entries("installations")
+    prune = Flag(load_default=False, metadata={"description": "also remove what a list given leaves out"})
+
+
+class PlanStepSchema(Schema):
+    kind = fields.String(required=True, metadata={"description": "client, user or installation"})
+    id = fields.String(required=True)
+    action = fields.String(required=True, metadata={"description": "create, update, unchanged or remove"})
+    changes = fields.List(fields.Dict(), required=True, metadata={
+        "description": "the fields set: {field, from, to}, or {field, secret: true} for a secret"})
+
+
+class PlanSchema(Schema):
+    steps = fields.List(fields.Nested(PlanStepSchema), required=True)
 
 
 class TokenBodySchema(BodySchema):
@@ -211,6 +263,7 @@ user_patch = UserPatchSchema()
 password_body = PasswordBodySchema()
 installation_body = InstallationBodySchema()
 token_body = TokenBodySchema()
+plan_body = PlanBodySchema()
 COMPONENTS: dict[str, type[Schema]] = {
     "AdminClient": AdminClientSchema, "AdminClientWithSecret": AdminClientWithSecretSchema,
     "AdminClientPut": AdminClientPutSchema, "AdminInstallationPut": AdminInstallationPutSchema,
@@ -218,4 +271,5 @@ COMPONENTS: dict[str, type[Schema]] = {
     "Grant": GrantSchema, "AdminSession": AdminSessionSchema, "ClientBody": ClientBodySchema,
     "ClientPatch": ClientPatchSchema, "UserBody": UserBodySchema, "UserPatch": UserPatchSchema,
     "ClientPutBody": ClientPutBodySchema, "PasswordBody": PasswordBodySchema,
-    "InstallationBody": InstallationBodySchema, "TokenBody": TokenBodySchema}
+    "InstallationBody": InstallationBodySchema, "TokenBody": TokenBodySchema,
+    "PlanBody": PlanBodySchema, "PlanStep": PlanStepSchema, "Plan": PlanSchema}

@@ -70,6 +70,7 @@ ADMIN_ROUTES: list[Route] = [Route.of(path, handler) for path, handler in (
     ("/admin/tokens/revoke", admin_api.TokenRevokeHandler),
     ("/admin/tokens/introspect", admin_api.TokenIntrospectHandler),
     ("/admin/purge", admin_api.PurgeHandler),
+    ("/admin/plan", admin_api.PlanHandler),
     ("/openapi.json", admin_api.AdminOpenAPIHandler),
 )]
 # The pages' own files (not API resources: the OpenAPI document leaves them out).

@@ -22,15 +22,16 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
-from tokensvc import cli_login
+from tokensvc import cli_login, provisioning
 from tokensvc import config as config_module
 from tokensvc.admin import AdminError, Missing
 from tokensvc.bootstrap import make_context, make_store
 from tokensvc.config import ConfigError, Settings
-from tokensvc.identifiers import KINDS
+from tokensvc.errors import ValidationFailed
+from tokensvc.oauth import hashing
 from tokensvc.operator import Json, Operations, Operator, RemoteOperator
 from tokensvc.records import CLIENT_KIND, CLIENT_KINDS
-from tokensvc.storage import Store
+from tokensvc.storage import StorageError, Store
 
 StoreFactory = Callable[[Settings], Store]
 Action = Callable[[Operations, argparse.Namespace], Awaitable[int]]
@@ -90,10 +91,18 @@ def runner(factory: StoreFactory | None) -> Callable[[argparse.Namespace], int]:
 
         try:
             return asyncio.run(body())
-        except (AdminError, cli_login.LoginError) as exc:
-            raise CommandError(str(exc)) from None
+        except (AdminError, ValidationFailed, cli_login.LoginError) as exc:
+            raise CommandError(_reason(exc)) from None
 
     return run
+
+
+def _reason(exc: Exception) -> str:
+    """An operation's failure in one line: a refused body names each field at fault."""
+    if isinstance(exc, ValidationFailed):
+        return "; ".join(".".join(str(part) for part in item.get("loc", [])[1:]) + f": {item.get('msg')}"
+                         if len(item.get("loc", [])) > 1 else str(item.get("msg")) for item in exc.detail)
+    return str(exc)
 
 
 # -- output ------------------------------------------------------------------------------------
@@ -313,78 +322,198 @@ async def tokens_purge(op: Operations, args: argparse.Namespace) -> int:
 # -- apply ------------------------------------------------------------------------------------------
 
 
-def _client_spec(entry: dict[str, Any]) -> Json:
-    return {key: value for key, value in {
-        "name": entry.get("name"), "redirectUris": entry.get("redirect_uris"),
-        "allowedScopes": entry.get("allowed_scopes"), "firstParty": entry.get("first_party", False),
-        "confidential": entry.get("confidential", False), "description": entry.get("description"),
-        "logoUrl": entry.get("logo_url"), "allowedOrigins": entry.get("allowed_origins")}.items() if value is not None}
+def _snake(name: str) -> str:
+    return re.sub("([A-Z])", lambda m: "_" + m[1].lower(), name)
 
 
-def _differs(current: Json, wanted: Json) -> bool:
-    defaults = {"allowedScopes": ["read"], "allowedOrigins": [], "description": None, "logoUrl": None}
-    return any(current.get(key, defaults.get(key)) != value for key, value in {**defaults, **wanted}.items())
+def _camel(name: str) -> str:
+    return re.sub("_([a-z0-9])", lambda m: m[1].upper(), name)
+
+
+class DesiredState:
+    """A file of ``tokensvc apply``, read and checked key by key, as the admin API's desired
+    state (:mod:`tokensvc.provisioning`): the config file's tables (``[[clients]]``,
+    ``[[users]]``, ``[[installations]]``), every key under its API name. A plain
+    ``client_secret`` is hashed here: the secret never leaves the command line."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        try:
+            wanted = tomllib.loads(Path(path).read_text(encoding="utf-8"))
+        except (OSError, tomllib.TOMLDecodeError) as exc:
+            raise CommandError(f"{path}: {exc}") from None
+        self.problems = [f"{path}: unknown table [[{table}]] (a file has {', '.join(config_module.TABLES)})"
+                         for table in wanted if table not in config_module.TABLES]
+        self.entries: dict[str, list[Json]] = {}
+        self.keys: dict[tuple[str, int], dict[str, str]] = {}  # the file's key of each API field
+        self.ids: dict[tuple[str, int], str] = {}
+        for table in provisioning.TABLES:
+            if table in wanted:
+                items = wanted[table] if isinstance(wanted[table], list) else [wanted[table]]
+                self.entries[table] = [self._entry(table, index, item) for index, item in enumerate(items)]
+
+    def where(self, table: str | None = None, index: int | None = None) -> str:
+        """A problem's place: ``FILE: [[table]] #n (id_key = 'id')``."""
+        if table is None:
+            return self.path
+        if index is None:
+            return f"{self.path}: [[{table}]]"
+        key = self.ids.get((table, index))
+        return (f"{self.path}: [[{table}]] #{index + 1}"
+                + (f" ({_snake(provisioning.ID_FIELDS[table])} = {key!r})" if key else ""))
+
+    def _entry(self, table: str, index: int, item: Any) -> Json:
+        id_key = _snake(provisioning.ID_FIELDS[table])
+        problems = config_module.entry_problems(table, item)
+        if isinstance(item, dict):
+            if isinstance(item.get(id_key), str):
+                self.ids[(table, index)] = item[id_key]
+            elif id_key not in item:
+                problems.append((id_key, "a value is required (it names what the entry is)"))
+            if "client_secret" in item and "client_secret_sha256" in item:
+                problems.append(("client_secret", "give client_secret or client_secret_sha256, not both"))
+        self.problems += [f"{self.where(table, index)}: {key + ': ' if key else ''}{problem}"
+                          for key, problem in problems]
+        entry: Json = {}
+        keys = self.keys[(table, index)] = {}
+        for key, value in (item.items() if not problems else ()):
+            name = _camel(key)
+            if key == "client_secret":
+                name, value = "clientSecretSha256", hashing.digest(value)
+            elif key == "client_secret_sha256":
+                name = "clientSecretSha256"
+            entry[name], keys[name] = value, key
+        return entry
+
+    def body(self, prune: bool) -> Json:
+        return {**self.entries, "prune": prune}
+
+    def index_of(self, step: Json) -> int:
+        table = step["kind"] + "s"
+        return next((index for (name, index), key in self.ids.items() if name == table and key == step["id"]), -1)
+
+    def entry(self, step: Json) -> Json:
+        """The API form of the entry a step carries out, without its id."""
+        table = step["kind"] + "s"
+        found = self.entries[table][self.index_of(step)]
+        return {name: value for name, value in found.items() if name != provisioning.ID_FIELDS[table]}
+
+    def key_of(self, table: str, index: int, api_field: str) -> str:
+        """The file's name of an API field (``client_secret`` or ``client_secret_sha256``)."""
+        return self.keys.get((table, index), {}).get(api_field) or _snake(api_field)
+
+    def explain(self, detail: list[Json]) -> list[str]:
+        """The plan's problems (located as the admin API locates them) in the file's terms."""
+        lines = []
+        for problem in detail:
+            loc = list(problem.get("loc", []))[1:]
+            table = loc[0] if loc and loc[0] in provisioning.TABLES else None
+            index = loc[1] if table is not None and len(loc) > 1 and isinstance(loc[1], int) else None
+            field = loc[2] if index is not None and len(loc) > 2 else None
+            key = f": {self.key_of(table, index, str(field))}" if table and index is not None and field else ""
+            lines.append(f"{self.where(table, index)}{key}: {problem.get('msg')}")
+        return lines
+
+
+def _plan_lines(steps: list[Json], state: DesiredState) -> list[str]:
+    """The plan as an operator reads it: one line per step, the fields it sets below (a
+    secret only "changed", never a value)."""
+    lines = []
+    for step in steps:
+        lines.append(f"{step['action']} {step['kind']} {step['id']}")
+        index = state.index_of(step)
+        for found in step["changes"]:
+            key = state.key_of(step["kind"] + "s", index, found["field"])
+            if found.get("secret") and step["action"] == "create":
+                lines.append(f"    {key}: set")
+            elif found.get("secret"):
+                # What a new password does (users set-password): whoever knew the old one is out.
+                after = " (ends the user's web sessions and revokes their grants)" if step["kind"] == "user" else ""
+                lines.append(f"    {key}: changed{after}")
+            elif step["action"] == "create":
+                lines.append(f"    {key}: {text_of(found['to'])}")
+            else:
+                lines.append(f"    {key}: {text_of(found['from'])} -> {text_of(found['to'])}")
+    return lines
+
+
+def _refused(path: str, problems: list[str]) -> str:
+    count = f"{len(problems)} problem{'s' if len(problems) != 1 else ''}"
+    return "\n".join([f"{path}: {count}; nothing was changed", *problems])
+
+
+def _summary(steps: list[Json]) -> str:
+    count = {action: sum(step["action"] == action for step in steps)
+             for action in ("create", "update", "unchanged", "remove")}
+    if not count["create"] + count["update"] + count["remove"]:
+        return f"nothing to change ({count['unchanged']} unchanged)"
+    return (f"plan: {count['create']} to create, {count['update']} to update, {count['unchanged']} unchanged, "
+            f"{count['remove']} to remove")
+
+
+async def _carry_out(op: Operations, step: Json, state: DesiredState) -> None:
+    """One step of the plan, through the operation that checks what the plan checked."""
+    kind, key, action = step["kind"], step["id"], step["action"]
+    if action == "remove":
+        remove = {"client": op.remove_client, "user": op.remove_user, "installation": op.remove_installation}[kind]
+        await remove(key)
+        return
+    entry = state.entry(step)
+    changed = {found["field"] for found in step["changes"]}
+    if kind == "user":
+        if action == "create":
+            await op.create_user({"username": key, **entry})
+            return
+        if "admin" in changed:
+            await op.patch_user(key, {"admin": entry["admin"]})
+        secrets = {name: entry[name] for name in ("password", "passwordHash") if name in changed}
+        if secrets:
+            await op.set_password(key, secrets)
+    elif kind == "client":
+        if action == "create":
+            await op.put_client(key, entry)
+        else:
+            await op.patch_client(key, {name: value for name, value in entry.items() if name in changed})
+    else:
+        current = {} if action == "create" else await op.get_installation(key)
+        await op.put_installation(key, {**{name: current[name] for name in ("name", "kind", "operators")
+                                           if name in current}, **entry})
 
 
 async def apply(op: Operations, args: argparse.Namespace) -> int:
-    """Make the service hold what a TOML file says (clients, users, installations): created
-    where missing, replaced where different, left alone where the same; prints what changed.
-    Users are created with their password; an existing user's password is never reset here."""
+    """Make the service hold what a TOML file says (``kubectl apply``, ``terraform plan``): the
+    file checked key by key, then the whole plan by the service with the rules of the real
+    run, printed (create, update with the fields that change, unchanged, remove); nothing is
+    changed unless every step is valid, and with ``--dry-run`` nothing at all. A field the
+    file leaves out keeps its value; ``--prune`` removes what a table does not name."""
+    state = DesiredState(args.file)
+    if state.problems:
+        raise CommandError(_refused(args.file, state.problems))
     try:
-        wanted = tomllib.loads(Path(args.file).read_text(encoding="utf-8"))
-    except (OSError, tomllib.TOMLDecodeError) as exc:
-        raise CommandError(f"{args.file}: {exc}") from None
-    unknown = set(wanted) - {"clients", "users", "installations"}
-    if unknown:
-        raise CommandError(f"{args.file}: unknown table(s) {', '.join(sorted(unknown))}")
-    changes: list[str] = []
-
-    async def current(get: Callable[[str], Awaitable[Json]], key: str) -> Json | None:
+        steps: list[Json] = (await op.plan(state.body(args.prune)))["steps"]
+    except ValidationFailed as invalid:
+        raise CommandError(_refused(args.file, state.explain(invalid.detail))) from None
+    to_do = [step for step in steps if step["action"] != "unchanged"]
+    text = [*_plan_lines(steps, state), _summary(steps)]
+    if args.dry_run or not to_do:
+        emit(args, {"steps": steps, "dryRun": args.dry_run, "applied": []},
+             "\n".join(text + (["(dry run: nothing was changed)"] if args.dry_run and to_do else [])))
+        return 0
+    if not args.json:
+        print("\n".join(text), flush=True)
+    done: list[str] = []
+    for step in to_do:
+        name = f"{step['action']} {step['kind']} {step['id']}"
         try:
-            return await get(key)
-        except Missing:
-            return None
-
-    for entry in wanted.get("clients", []):
-        client_id, spec = entry.get("client_id"), _client_spec(entry)
-        if not client_id:
-            raise CommandError(f"{args.file}: every [[clients]] needs a client_id")
-        before = await current(op.get_client, client_id)
-        if before is None or _differs(before, spec):
-            changes.append(f"{'create' if before is None else 'update'} client {client_id}")
-            if not args.dry_run:
-                answer, _ = await op.put_client(client_id, spec)
-                if answer.get("clientSecret"):
-                    changes.append(f"  client_secret: {answer['clientSecret']} (shown once)")
-    for entry in wanted.get("users", []):
-        username = entry.get("username")
-        if not username:
-            raise CommandError(f"{args.file}: every [[users]] needs a username")
-        before = await current(op.get_user, username)
-        if before is None:
-            if not entry.get("password"):
-                raise CommandError(f"{args.file}: user {username!r} is new: give its password")
-            changes.append(f"create user {username}")
-            if not args.dry_run:
-                await op.create_user({"username": username, "password": entry["password"],
-                                      "admin": bool(entry.get("admin", False))})
-        elif before["admin"] != bool(entry.get("admin", False)):
-            changes.append(f"update user {username} (admin: {text_of(bool(entry.get('admin', False)))})")
-            if not args.dry_run:
-                await op.patch_user(username, {"admin": bool(entry.get("admin", False))})
-    for entry in wanted.get("installations", []):
-        installation_id = entry.get("installation_id")
-        if not installation_id:
-            raise CommandError(f"{args.file}: every [[installations]] needs an installation_id")
-        spec = {"name": entry.get("name"), "kind": entry.get("kind"), "operators": entry.get("operators", [])}
-        before = await current(op.get_installation, installation_id)
-        if before is None or any(before.get(key) != value for key, value in spec.items()):
-            changes.append(f"{'create' if before is None else 'update'} installation {installation_id}")
-            if not args.dry_run:
-                await op.put_installation(installation_id, spec)
-    summary = changes or ["nothing to change"]
-    emit(args, {"changes": changes, "dryRun": args.dry_run},
-         "\n".join(summary) + ("\n(dry run: nothing was changed)" if args.dry_run and changes else ""))
+            await _carry_out(op, step, state)
+        except (AdminError, ValidationFailed, StorageError, cli_login.LoginError) as exc:
+            left = [f"{later['action']} {later['kind']} {later['id']}" for later in to_do[len(done) + 1:]]
+            raise CommandError(f"apply stopped at {name}: {_reason(exc)}\n"
+                               f"  applied before it: {', '.join(done) or 'nothing'}\n"
+                               f"  not applied: {', '.join(left) or 'nothing else'}\n"
+                               "(apply again once fixed: what was applied is unchanged the second time)") from None
+        done.append(name)
+    emit(args, {"steps": steps, "dryRun": False, "applied": done}, f"applied: {len(done)} changes")
     return 0
 
 
@@ -512,10 +641,12 @@ def add_commands(commands: argparse._SubParsersAction, factory: StoreFactory | N
     admin_flag.add_argument("admin", choices=("yes", "no"), help="whether the user is an administrator")
 
     installations = group("installations", "manage node installations")
-    add = command(installations, "add", "add a telescope or observatory", installations_add)
+    add = command(installations, "add", "add a node installation (a telescope, an observatory...)",
+                  installations_add)
     add.add_argument("installation_id", help="the installation's id, 1-128 of [A-Za-z0-9._~-]")
     add.add_argument("--name", required=True, help="what the pages call it (\"Backyard telescope\")")
-    add.add_argument("--kind", required=True, choices=KINDS, help="what it is")
+    add.add_argument("--kind", required=True, help="what it is: one of the service's installation_kinds "
+                                                    "(by default telescope, observatory)")
     add.add_argument("--operator", action="append", default=[], help="a username; repeat for several")
     command(installations, "list", "list installations", installations_list)
     command(installations, "remove", "remove an installation and revoke its tokens",
@@ -545,12 +676,19 @@ def add_commands(commands: argparse._SubParsersAction, factory: StoreFactory | N
                        help="read the token from standard input (it stays out of the process list)")
     command(tokens, "purge", "delete expired codes, tokens and sessions; prints the counts", tokens_purge)
 
-    applying = commands.add_parser("apply", help="make the service hold what a TOML file says",
-                                   description="Create or update the clients, users and installations of a TOML "
-                                               "file ([[clients]], [[users]], [[installations]], as in the config "
-                                               "file); idempotent; prints what changed.", parents=[common])
+    applying = commands.add_parser(
+        "apply", help="make the service hold what a TOML file says",
+        description="Make the service hold the clients, users and installations of a TOML file ([[clients]], "
+                    "[[users]], [[installations]], with the config file's keys): the whole file is checked "
+                    "first, and the plan printed (create, update with the fields that change, unchanged, "
+                    "remove); nothing changes unless all of it is valid. A key left out keeps the value the "
+                    "service holds; a second run of the same file changes nothing.", parents=[common])
     applying.add_argument("-f", "--file", required=True, help="the TOML file")
-    applying.add_argument("--dry-run", action="store_true", help="print what would change, change nothing")
+    applying.add_argument("--dry-run", action="store_true",
+                          help="print the plan and change nothing; exit 0 only if the real run would succeed")
+    applying.add_argument("--prune", action="store_true",
+                          help="also remove what a table of the file does not name (a table the file leaves "
+                               "out is left alone)")
     applying.set_defaults(func=run, action=apply)
 
     login = commands.add_parser("login", help="sign in as an administrator for the operator commands",

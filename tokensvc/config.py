@@ -37,15 +37,20 @@ from types import MappingProxyType
 from typing import Any
 
 from tokensvc.identifiers import (
+    DEFAULT_KINDS,
+    KIND,
+    KIND_RULE,
     id_problem,
     is_loopback,
     is_url,
     kind_problem,
     logo_url_problem,
     origin_problem,
+    password_hash_problem,
     password_problem,
     redirect_uri_problem,
     scope_problem,
+    secret_sha256_problem,
     username_key,
     username_problem,
 )
@@ -61,7 +66,6 @@ COMMAND_LINE_VARIABLES = frozenset({"TOKENSVC_ADMIN_URL", "TOKENSVC_ADMIN_TOKEN"
                                     "TOKENSVC_ADMIN_CLIENT_SECRET"})
 # What a 503 (the store not answering) asks a client to wait before it tries again.
 STORE_RETRY_AFTER_SECONDS = 5
-_SHA256_HEX = re.compile(r"^[0-9a-f]{64}$")
 # Settings whose default depends on other settings: absent from the input, filled in by _resolve.
 DERIVED = {"derived": True}
 # How a list of strings is declared (an array in TOML, comma-separated in the environment).
@@ -233,6 +237,8 @@ class Settings:
     # What a scope lets an app do, in the words the consent and account pages show; a scope
     # without one is shown as written. Scopes stay free strings: this only words them.
     scopes: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
+    # What a node installation may be; the pages say "a telescope", "an observatory".
+    installation_kinds: tuple[str, ...] = tuple(DEFAULT_KINDS)
     generated_cookie_secret: bool = field(default=False, metadata=DERIVED, repr=False)
 
     @property
@@ -345,23 +351,29 @@ def _type_name(tp: Any) -> str:
     return {str: "a string", int: "an integer", bool: "a boolean"}.get(tp, str(tp))
 
 
-def _coerce(key: str, value: Any, annotation: str) -> Any:
-    """``value`` if it has the type ``annotation`` names; else ConfigError."""
+def _type_problem(value: Any, annotation: str) -> str | None:
+    """Why ``value`` does not have the type ``annotation`` names, or None when it does."""
     optional = annotation.endswith("| None")
     base = annotation.removesuffix(" | None")
     if value is None:
-        if optional:
-            return None
-        raise ConfigError(f"{key}: a value is required")
+        return None if optional else "a value is required"
     if base == STRINGS:
         if not isinstance(value, (list, tuple)) or not all(isinstance(item, str) for item in value):
-            raise ConfigError(f"{key}: expected a list of strings, got {value!r}")
-        return tuple(value)
+            return f"expected a list of strings, got {value!r}"
+        return None
     expected = {"str": str, "int": int, "bool": bool}[base]
     # bool is an int subclass: reject true/false where a number is expected.
     if not isinstance(value, expected) or (expected is int and isinstance(value, bool)):
-        raise ConfigError(f"{key}: expected {_type_name(expected)}, got {value!r}")
-    return value
+        return f"expected {_type_name(expected)}, got {value!r}"
+    return None
+
+
+def _coerce(key: str, value: Any, annotation: str) -> Any:
+    """``value`` if it has the type ``annotation`` names; else ConfigError."""
+    problem = _type_problem(value, annotation)
+    if problem is not None:
+        raise ConfigError(f"{key}: {problem}")
+    return tuple(value) if annotation.removesuffix(" | None") == STRINGS else value
 
 
 def _table(cls: type, key: str, table: Any) -> dict[str, Any]:
@@ -378,6 +390,24 @@ def _table(cls: type, key: str, table: Any) -> dict[str, Any]:
         if name not in values:
             raise ConfigError(f"{key}.{name}: a value is required")
     return values
+
+
+def entry_problems(table: str, entry: Any) -> list[tuple[str | None, str]]:
+    """What is wrong with one ``[[table]]`` entry taken alone, as (key, problem) pairs: a key
+    the table does not have, a value of the wrong type. ``tokensvc apply`` checks a file with
+    it (where a key may be left out: the service keeps the value it holds)."""
+    if not isinstance(entry, Mapping):
+        return [(None, f"expected a table, got {entry!r}")]
+    inputs = _inputs(TABLES[table])
+    problems: list[tuple[str | None, str]] = []
+    for name, value in entry.items():
+        if name not in inputs:
+            problems.append((name, f"unknown key (the keys of [[{table}]]: {', '.join(inputs)})"))
+            continue
+        problem = _type_problem(value, inputs[name])
+        if problem is not None:
+            problems.append((name, problem))
+    return problems
 
 
 def _typed(raw: Mapping[str, Any]) -> dict[str, Any]:
@@ -490,7 +520,8 @@ def _check(settings: Settings) -> None:
     _check_sections(settings)
     _check_clients(settings.clients)
     names = _check_users(settings.users, settings.service_name)
-    _check_installations(settings.installations, names)
+    _check_kinds(settings.installation_kinds)
+    _check_installations(settings.installations, names, settings.installation_kinds)
 
 
 def _check_service(settings: Settings) -> None:
@@ -615,8 +646,10 @@ def _check_clients(clients: tuple[ClientSeed, ...]) -> None:
                 raise ConfigError(f"{key}.allowed_origins: not a web origin ({problem}): {origin!r}")
         if client.client_secret is not None and client.client_secret_sha256 is not None:
             raise ConfigError(f"{key}: give client_secret or client_secret_sha256, not both")
-        if client.client_secret_sha256 is not None and not _SHA256_HEX.fullmatch(client.client_secret_sha256):
-            raise ConfigError(f"{key}.client_secret_sha256: expected 64 lower-case hex digits")
+        problem = (secret_sha256_problem(client.client_secret_sha256)
+                   if client.client_secret_sha256 is not None else None)
+        if problem is not None:
+            raise ConfigError(f"{key}.client_secret_sha256: expected {problem}")
 
 
 def _check_resource_server(key: str, client: ClientSeed) -> None:
@@ -647,16 +680,30 @@ def _check_users(users: tuple[UserSeed, ...], service_name: str) -> set[str]:
         problem = password_problem(user.password, [user.username, service_name]) if user.password else None
         if problem is not None:
             raise ConfigError(f"{key}.password: {problem} (the rule of `tokensvc users add`)")
+        problem = password_hash_problem(user.password_hash) if user.password_hash is not None else None
+        if problem is not None:
+            raise ConfigError(f"{key}.password_hash: expected {problem}")
     return names
 
 
-def _check_installations(installations: tuple[InstallationSeed, ...], usernames: set[str]) -> None:
+def _check_kinds(kinds: tuple[str, ...]) -> None:
+    if not kinds:
+        raise ConfigError("installation_kinds: at least one kind is required")
+    for kind in kinds:
+        if not KIND.fullmatch(kind):
+            raise ConfigError(f"installation_kinds: {KIND_RULE}: {kind!r}")
+    if len(set(kinds)) != len(kinds):
+        raise ConfigError("installation_kinds: a kind is listed twice")
+
+
+def _check_installations(installations: tuple[InstallationSeed, ...], usernames: set[str],
+                         kinds: tuple[str, ...]) -> None:
     for i, inst in enumerate(installations):
         key = f"installations[{i}]"
         problem = id_problem(inst.installation_id)
         if problem is not None:
             raise ConfigError(f"{key}.installation_id: {problem}: {inst.installation_id!r}")
-        problem = kind_problem(inst.kind)
+        problem = kind_problem(inst.kind, kinds)
         if problem is not None:
             raise ConfigError(f"{key}.kind: {problem}, got {inst.kind!r}")
         for operator in inst.operators:

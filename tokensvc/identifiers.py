@@ -22,7 +22,13 @@ MIN_PASSWORD_SCORE = 3  # zxcvbn's 0-4: 3 is "safely unguessable" against an onl
 ZXCVBN_MAX_LENGTH = 72  # what zxcvbn rates; a longer password is rated by its start
 ID_RULE = "1-128 characters of [A-Za-z0-9._~-], not . or .."
 USERNAME_RULE = "1-64 characters of [A-Za-z0-9._@-], not . or .."
-KINDS = ("telescope", "observatory")  # what a node installation is
+# What a node installation may be, unless the config's installation_kinds says otherwise.
+DEFAULT_KINDS = ("telescope", "observatory")
+KIND = re.compile(r"^[a-z][a-z0-9 -]{0,31}$")
+KIND_RULE = "1-32 characters of lower-case letters, digits, spaces and '-', starting with a letter"
+# A password hash as the service stores it (hashing.hash_password): scrypt$N$r$p$salt$key.
+PASSWORD_HASH = re.compile(r"^scrypt\$[0-9]{1,8}\$[0-9]{1,3}\$[0-9]{1,3}\$[A-Za-z0-9+/]+={0,2}\$[A-Za-z0-9+/]+={0,2}$")
+SHA256_HEX = re.compile(r"^[0-9a-f]{64}$")
 # RFC 6749 §3.3: scope-token = 1*( %x21 / %x23-5B / %x5D-7E )
 SCOPE_TOKEN = re.compile(r"^[\x21\x23-\x5b\x5d-\x7e]+$")
 # A client's or an installation's name: no control character, and something that is not a space
@@ -79,8 +85,25 @@ def name_problem(value: str) -> str | None:
     return None if NAME.fullmatch(value) else NAME_RULE
 
 
-def kind_problem(value: str) -> str | None:
-    return None if value in KINDS else f"one of {', '.join(KINDS)}"
+def kind_problem(value: str, kinds: Sequence[str] = DEFAULT_KINDS) -> str | None:
+    """Why ``value`` cannot be an installation's kind (one of ``kinds``, the configured ones)."""
+    return None if value in kinds else f"one of {', '.join(kinds)}"
+
+
+def with_article(word: str) -> str:
+    """``word`` after "a" or "an", as a page says it: "a telescope", "an observatory"."""
+    return f"{'an' if word[:1].lower() in 'aeiou' else 'a'} {word}"
+
+
+def password_hash_problem(value: str) -> str | None:
+    """Why ``value`` cannot be a stored password hash (``scrypt$N$r$p$salt$key``, what
+    ``tokensvc`` itself writes), or None when it can."""
+    return None if PASSWORD_HASH.fullmatch(value) else "a scrypt hash as tokensvc stores it (scrypt$N$r$p$salt$key)"
+
+
+def secret_sha256_problem(value: str) -> str | None:
+    """Why ``value`` cannot be a client secret's SHA-256 (64 lower-case hex digits)."""
+    return None if SHA256_HEX.fullmatch(value) else "64 lower-case hex digits (the SHA-256 of the secret)"
 
 
 def scope_problem(value: str) -> str | None:

@@ -154,6 +154,8 @@ def operations() -> dict[str, dict[str, Any]]:
                                     json_answer(obj(required=False, codes=INTEGER, families=INTEGER,
                                                     sessions=INTEGER, note=STRING), "The counts, per kind"),
                                     invalid=False)},
+        "/admin/plan": {"post": op("What applying a desired state would do (tokensvc apply), every problem of it "
+                                   "at once; changes nothing", json_answer("Plan", "The steps"), body="PlanBody")},
         "/openapi.json": {"get": {"summary": "This document",
                                   "responses": {"200": json_answer({"type": "object"}, "OpenAPI 3.1")}}},
     }

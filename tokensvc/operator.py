@@ -5,7 +5,8 @@ stopped service's store (:class:`Operator`). Both paths run the same bodies thro
 schemas (``tokensvc/admin_schemas.py``) into the same operations (``tokensvc/admin.py``).
 
 Failures: :class:`~tokensvc.admin.Missing` (404), :class:`~tokensvc.admin.Taken` (409),
-:class:`~tokensvc.admin.AdminError` and :class:`~tokensvc.errors.ValidationFailed` (422).
+:class:`~tokensvc.admin.AdminError` and :class:`~tokensvc.errors.ValidationFailed` (422), on
+either path: a 422 answer of the admin API is raised as the ValidationFailed it carries.
 """
 
 from __future__ import annotations
@@ -15,9 +16,11 @@ from collections.abc import Sequence
 from typing import Any, Protocol
 from urllib.parse import quote, urlencode
 
-from tokensvc import admin, admin_schemas
+from tokensvc import admin, admin_schemas, provisioning
 from tokensvc.admin import AdminError, ClientSpec, Missing, Taken
+from tokensvc.bootstrap import CLI_CLIENT
 from tokensvc.config import Settings
+from tokensvc.errors import ValidationFailed
 from tokensvc.oauth import sessions
 from tokensvc.oauth.context import OAuthContext
 from tokensvc.records import Grant, Session
@@ -58,6 +61,7 @@ class Operations(Protocol):
     async def revoke_token(self, body: Json) -> Json: ...
     async def introspect(self, body: Json) -> Json: ...
     async def purge(self) -> Json: ...
+    async def plan(self, body: Json) -> Json: ...
 
 
 def _page(items: Sequence[Any], schema: Any, limit: int, key: str) -> Json:
@@ -134,8 +138,8 @@ class Operator:
 
     async def create_user(self, body: Json) -> Json:
         data = load(admin_schemas.user_body, body)
-        user = await admin.create_user(self.store, data["username"], data["password"], admin=data["admin"],
-                                       service_name=self.service_name)
+        user = await admin.create_user(self.store, data["username"], data.get("password"), admin=data["admin"],
+                                       service_name=self.service_name, password_hash=data.get("password_hash"))
         return admin_schemas.admin_user.dump(user)
 
     async def patch_user(self, username: str, body: Json) -> Json:
@@ -144,8 +148,8 @@ class Operator:
 
     async def set_password(self, username: str, body: Json) -> Json:
         data = load(admin_schemas.password_body, body)
-        done = await admin.set_password(self.ctx, username, data["password"], keep_grants=data["keep_grants"],
-                                        service_name=self.service_name)
+        done = await admin.set_password(self.ctx, username, data.get("password"), keep_grants=data["keep_grants"],
+                                        service_name=self.service_name, password_hash=data.get("password_hash"))
         return {"username": done["username"], "sessionsEnded": done["sessions_ended"],
                 "familiesRevoked": done["families_revoked"]}
 
@@ -173,7 +177,8 @@ class Operator:
     async def put_installation(self, installation_id: str, body: Json) -> tuple[Json, bool]:
         data = load(admin_schemas.installation_body, body)
         installation, created = await admin.put_installation(self.store, installation_id, data["name"], data["kind"],
-                                                             data.get("operators") or [])
+                                                             data.get("operators") or [],
+                                                             self.settings.installation_kinds)
         return await self._installation(installation), created
 
     async def remove_installation(self, installation_id: str) -> Json:
@@ -212,6 +217,15 @@ class Operator:
         if self.settings.storage.backend == "memory":
             counts["note"] = MEMORY_PURGES_ITSELF
         return counts
+
+    async def plan(self, body: Json, acting_user: str | None = None, acting_client: str | None = None) -> Json:
+        """What applying the desired state ``body`` would do (:mod:`tokensvc.provisioning`);
+        the service's own client is never pruned, nor the caller's user and client."""
+        kept = [CLI_CLIENT.client_id] if self.settings.admin.cli_client else []
+        steps = await provisioning.plan(self.store, body, kinds=self.settings.installation_kinds,
+                                        service_name=self.service_name, acting_user=acting_user,
+                                        acting_client=acting_client, kept_clients=kept)
+        return {"steps": [step.json() for step in steps]}
 
 
 # -- over the admin API ------------------------------------------------------------------------
@@ -324,14 +338,16 @@ class RemoteOperator:
     async def purge(self) -> Json:
         return await self._call("POST", "/admin/purge")
 
+    async def plan(self, body: Json) -> Json:
+        return await self._call("POST", "/admin/plan", body)
+
 
 def _failure(status: int, answer: Any) -> Exception:
     """The operation's exception for an error answer of the admin API."""
     detail = answer.get("detail") if isinstance(answer, dict) else None
-    if isinstance(detail, list) and detail:
-        field = ".".join(str(part) for part in detail[0].get("loc", [])[1:])
-        message = f"{field}: {detail[0].get('msg')}" if field else str(detail[0].get("msg"))
-    elif isinstance(detail, str):
+    if status == 422 and isinstance(detail, list) and detail:
+        return ValidationFailed(detail)  # every problem, located, as the store path raises them
+    if isinstance(detail, str):
         message = detail
     elif isinstance(answer, dict) and "error" in answer:
         message = answer.get("error_description") or answer["error"]

@@ -239,6 +239,15 @@ class PurgeHandler(AdminEndpoint):
         self.send_json(await self.operator.purge())
 
 
+class PlanHandler(AdminEndpoint):
+    """``POST /admin/plan``: what applying a desired state would do (``tokensvc apply``),
+    checked whole; nothing is written."""
+
+    @operator_call
+    async def post(self) -> None:
+        self.send_json(await self.operator.plan(self.body(), self.operator_name, self.log_client_id))
+
+
 class AdminOpenAPIHandler(AdminEndpoint):
     """``GET /openapi.json`` of the admin listener: the admin API's own document."""
 

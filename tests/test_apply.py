@@ -1,0 +1,376 @@
+"""``tokensvc apply`` as an operator trusts ``kubectl apply`` and ``terraform plan``: every key of
+the config file's tables honoured (secrets hashed before they leave the command line), the
+whole file checked before anything changes, the plan printed, nothing changed by a dry run,
+the second run a no-op, a failure midway told. Against a stopped service's MongoDB
+(``--config``, the mongomock stand-in) and a running service's admin API (``--url``, memory)."""
+
+from __future__ import annotations
+
+import re
+import secrets
+import subprocess
+import sys
+from pathlib import Path
+
+import requests
+from authlib.integrations.requests_client import OAuth2Session
+from service import WEBAPP_SECRET, user_agent_authorize
+from test_admin_cli import credentials, ok, service, tokensvc  # noqa: F401 - fixtures among them
+from test_cli import config_path, mongo, run  # noqa: F401 - fixtures
+
+from tokensvc.oauth import hashing
+from tokensvc.storage.base import StorageError
+from tokensvc.storage.mongo import MongoStore
+
+FILE = '''
+[[users]]
+username = "dora"
+password = "orbit-lantern-quiet"
+
+[[clients]]
+client_id = "applied-app"
+name = "Applied app"
+redirect_uris = ["https://applied.example/cb"]
+allowed_scopes = ["read", "write"]
+client_secret = "applied-app-secret-0123456789"
+description = "Applied from a file"
+
+[[installations]]
+installation_id = "applied-dome"
+name = "Applied dome"
+kind = "observatory"
+operators = ["dora"]
+'''
+
+
+def write(tmp_path: Path, text: str, name: str = "wanted.toml") -> str:
+    path = tmp_path / name
+    path.write_text(text)
+    return str(path)
+
+
+# -- against a stopped service's MongoDB (--config) ----------------------------------------------
+
+
+def test_the_plan_is_printed_applied_and_a_second_run_changes_nothing(run, tmp_path):
+    wanted = write(tmp_path, FILE)
+    code, planned, err = run("apply", "-f", wanted, "--dry-run")
+    assert code == 0, err
+    assert planned.splitlines() == [
+        "create user dora", "    password: set",
+        "create client applied-app", "    name: Applied app", "    redirect_uris: https://applied.example/cb",
+        "    allowed_scopes: read write", "    client_secret: set", "    description: Applied from a file",
+        "create installation applied-dome", "    name: Applied dome", "    kind: observatory", "    operators: dora",
+        "plan: 3 to create, 0 to update, 0 unchanged, 0 to remove", "(dry run: nothing was changed)"]
+    assert run("clients", "list")[1].strip() == "no clients"  # the dry run changed nothing
+    code, applied, err = run("apply", "-f", wanted)
+    assert code == 0, err
+    # The real run prints exactly the plan the dry run printed, then what it did.
+    assert applied.splitlines() == planned.splitlines()[:-1] + ["applied: 3 changes"]
+    code, shown, _ = run("clients", "show", "applied-app", json_out=True)
+    assert shown["confidential"] and shown["allowedScopes"] == ["read", "write"]
+    assert run("apply", "-f", wanted)[1].splitlines() == [
+        "unchanged user dora", "unchanged client applied-app", "unchanged installation applied-dome",
+        "nothing to change (3 unchanged)"]
+    assert "applied-app-secret" not in planned + applied and hashing.digest("applied-app-secret-0123456789") \
+        not in planned + applied
+
+
+def test_a_secret_is_hashed_before_it_leaves_the_command_line(run, mongo, tmp_path, monkeypatch):
+    sent = []
+    original = MongoStore.put_client
+
+    async def recording(self, client):
+        sent.append(repr(client))
+        return await original(self, client)
+
+    monkeypatch.setattr(MongoStore, "put_client", recording)
+    plans = []
+    from tokensvc import operator
+
+    original_plan = operator.Operator.plan
+
+    async def plan(self, body, *args):
+        plans.append(repr(body))
+        return await original_plan(self, body, *args)
+
+    monkeypatch.setattr(operator.Operator, "plan", plan)
+    assert run("apply", "-f", write(tmp_path, FILE))[0] == 0
+    assert plans and sent and "applied-app-secret" not in "".join(plans + sent)
+    assert hashing.digest("applied-app-secret-0123456789") in plans[0]
+    # client_secret_sha256 passes as it is.
+    digest = hashing.digest("a-second-secret-0123456789")
+    code, out, err = run("apply", "-f", write(tmp_path, f'[[clients]]\nclient_id = "applied-app"\n'
+                                                        f'client_secret_sha256 = "{digest}"\n', "digest.toml"))
+    assert code == 0, err
+    assert out.splitlines()[:2] == ["update client applied-app", "    client_secret_sha256: changed"]
+    stored = [client for client in __import__("test_cli").stored(mongo, "clients")
+              if client["_id"] == "applied-app"][0]
+    assert stored["secret_hash"] == digest and digest not in out
+
+
+def test_unknown_keys_and_tables_are_refused_naming_file_table_and_key(run, tmp_path):
+    wanted = write(tmp_path, '''
+[[clients]]
+client_id = "typo-app"
+name = "Typo app"
+redirect_uri = ["https://typo.example/cb"]
+first_partyy = true
+
+[[users]]
+username = "frank"
+password = "orbit-lantern-quiet"
+admin = "yes"
+
+[[userz]]
+username = "ghost"
+
+[[installations]]
+name = "No id"
+kind = "telescope"
+''')
+    for dry in ([], ["--dry-run"]):
+        code, out, err = run("apply", "-f", wanted, *dry)
+        assert code == 1 and out == ""
+        assert err.splitlines() == [
+            f"tokensvc: {wanted}: 5 problems; nothing was changed",
+            f"{wanted}: unknown table [[userz]] (a file has clients, users, installations)",
+            f"{wanted}: [[users]] #1 (username = 'frank'): admin: expected a boolean, got 'yes'",
+            f"{wanted}: [[clients]] #1 (client_id = 'typo-app'): redirect_uri: unknown key (the keys of [[clients]]: "
+            "client_id, name, redirect_uris, allowed_scopes, first_party, client_secret, client_secret_sha256, "
+            "description, logo_url, allowed_origins)",
+            f"{wanted}: [[clients]] #1 (client_id = 'typo-app'): first_partyy: unknown key (the keys of [[clients]]: "
+            "client_id, name, redirect_uris, allowed_scopes, first_party, client_secret, client_secret_sha256, "
+            "description, logo_url, allowed_origins)",
+            f"{wanted}: [[installations]] #1: installation_id: a value is required (it names what the entry is)"]
+    assert run("users", "list")[1].strip() == "no users"
+
+
+def test_the_dry_run_checks_the_whole_plan_with_the_rules_of_the_real_run(run, tmp_path):
+    assert run("apply", "-f", write(tmp_path, FILE))[0] == 0
+    wanted = write(tmp_path, '''
+[[users]]
+username = "eve"
+password = "eve-eve"
+
+[[users]]
+username = "dora"
+password_hash = "md5$abc"
+
+[[clients]]
+client_id = "applied-app"
+redirect_uris = ["http://applied.example/cb"]
+
+[[clients]]
+client_id = "second-app"
+name = "applied APP"
+redirect_uris = ["https://second.example/cb"]
+
+[[installations]]
+installation_id = "applied-dome"
+kind = "submarine"
+
+[[installations]]
+installation_id = "dome-2"
+name = "Dome 2"
+kind = "telescope"
+operators = ["ghost"]
+''', "wrong.toml")
+    for dry in (["--dry-run"], []):
+        code, out, err = run("apply", "-f", wanted, *dry)
+        assert code == 1 and out == "", err
+        assert err.splitlines() == [
+            f"tokensvc: {wanted}: 6 problems; nothing was changed",
+            f"{wanted}: [[users]] #1 (username = 'eve'): password: a password needs at least 8 characters",
+            f"{wanted}: [[users]] #2 (username = 'dora'): password_hash: not a valid password hash (a scrypt hash as "
+            "tokensvc stores it (scrypt$N$r$p$salt$key)): 'md5$abc'",
+            f"{wanted}: [[clients]] #1 (client_id = 'applied-app'): redirect_uris: not a valid redirect URI (http only "
+            "to a loopback host (127.0.0.1, [::1], localhost); use https): 'http://applied.example/cb'",
+            f"{wanted}: [[clients]] #2 (client_id = 'second-app'): a client named 'applied APP' already exists",
+            f"{wanted}: [[installations]] #1 (installation_id = 'applied-dome'): kind: not a valid kind (one of "
+            "telescope, observatory): 'submarine'",
+            f"{wanted}: [[installations]] #2 (installation_id = 'dome-2'): operators: no user named 'ghost'"]
+    assert run("clients", "show", "applied-app", json_out=True)[1]["redirectUris"] == ["https://applied.example/cb"]
+    assert run("clients", "show", "second-app")[0] == 1
+
+
+def test_a_field_left_out_keeps_its_value(run, tmp_path):
+    assert run("apply", "-f", write(tmp_path, FILE))[0] == 0
+    code, out, err = run("apply", "-f", write(tmp_path, '''
+[[clients]]
+client_id = "applied-app"
+allowed_scopes = ["read"]
+
+[[users]]
+username = "dora"
+admin = true
+
+[[installations]]
+installation_id = "applied-dome"
+name = "The applied dome"
+''', "partial.toml"))
+    assert code == 0, err
+    assert out.splitlines() == [
+        "update user dora", "    admin: no -> yes",
+        "update client applied-app", "    allowed_scopes: read write -> read",
+        "update installation applied-dome", "    name: Applied dome -> The applied dome",
+        "plan: 0 to create, 3 to update, 0 unchanged, 0 to remove", "applied: 3 changes"]
+    shown = run("clients", "show", "applied-app", json_out=True)[1]
+    assert shown["description"] == "Applied from a file" and shown["confidential"] and shown["name"] == "Applied app"
+    installation = run("installations", "list", json_out=True)[1][0]
+    assert installation["kind"] == "observatory" and installation["operators"] == ["dora"]
+
+
+def test_a_password_is_changed_only_when_it_differs(run, mongo, tmp_path):
+    from test_cli import stored
+
+    assert run("apply", "-f", write(tmp_path, FILE))[0] == 0
+    kept = [user for user in stored(mongo, "users") if user["username"] == "dora"][0]["password_hash"]
+    same = write(tmp_path, '[[users]]\nusername = "dora"\npassword = "orbit-lantern-quiet"\n', "same.toml")
+    assert run("apply", "-f", same)[1].splitlines() == ["unchanged user dora", "nothing to change (1 unchanged)"]
+    new = write(tmp_path, '[[users]]\nusername = "dora"\npassword = "quartz-meadow-lantern"\n', "new.toml")
+    assert run("apply", "-f", new, "--dry-run")[1].splitlines()[:2] == [
+        "update user dora", "    password: changed (ends the user's web sessions and revokes their grants)"]
+    assert run("apply", "-f", new)[0] == 0
+    changed = [user for user in stored(mongo, "users") if user["username"] == "dora"][0]["password_hash"]
+    assert changed != kept and hashing.verify_password("quartz-meadow-lantern", changed)
+    # A hash as stored is taken as it is.
+    as_stored = hashing.hash_password("lantern-quartz-meadow")
+    code, out, _ = run("apply", "-f", write(tmp_path, f'[[users]]\nusername = "hana"\npassword_hash = "{as_stored}"\n'
+                                                     'admin = true\n', "hash.toml"))
+    assert code == 0 and as_stored not in out
+    assert [user for user in stored(mongo, "users") if user["username"] == "hana"][0]["password_hash"] == as_stored
+
+
+def test_prune_removes_what_a_named_table_leaves_out_after_listing_it(run, tmp_path):
+    assert run("apply", "-f", write(tmp_path, FILE))[0] == 0
+    assert run("clients", "add", "--name", "Stray", "--redirect-uri", "https://stray.example/cb",
+               "--client-id", "stray")[0] == 0
+    only_clients = write(tmp_path, '''
+[[clients]]
+client_id = "applied-app"
+''', "clients.toml")
+    planned = run("apply", "-f", only_clients, "--prune", "--dry-run")[1].splitlines()
+    assert planned == ["unchanged client applied-app", "remove client stray",
+                       "plan: 0 to create, 0 to update, 1 unchanged, 1 to remove", "(dry run: nothing was changed)"]
+    # Without --prune nothing is removed; with it, only the clients (no [[users]] table: no user removed).
+    assert run("apply", "-f", only_clients)[1].strip().endswith("nothing to change (1 unchanged)")
+    code, out, _ = run("apply", "-f", only_clients, "--prune")
+    assert code == 0 and out.splitlines()[-1] == "applied: 1 changes"
+    assert run("clients", "show", "stray")[0] == 1 and run("users", "list", json_out=True)[1][0]["username"] == "dora"
+
+
+def test_a_failure_midway_names_what_was_applied_and_what_was_not(run, tmp_path, monkeypatch):
+    async def away(self, installation):
+        raise StorageError("the primary stepped down")
+
+    monkeypatch.setattr(MongoStore, "put_installation", away)
+    code, out, err = run("apply", "-f", write(tmp_path, FILE))
+    assert code == 1 and out.splitlines()[-1] == "plan: 3 to create, 0 to update, 0 unchanged, 0 to remove"
+    assert [line for line in err.splitlines() if "tokensvc.audit" not in line] == [
+        "tokensvc: apply stopped at create installation applied-dome: the primary stepped down",
+        "  applied before it: create user dora, create client applied-app",
+        "  not applied: nothing else",
+        "(apply again once fixed: what was applied is unchanged the second time)"]
+    monkeypatch.undo()
+    assert run("apply", "-f", write(tmp_path, FILE))[1].splitlines()[-4:] == [
+        "    kind: observatory", "    operators: dora", "plan: 1 to create, 0 to update, 2 unchanged, 0 to remove",
+        "applied: 1 changes"]
+
+
+def test_installation_kinds_are_the_configured_ones(run, config_path, tmp_path):
+    Path(config_path).write_text(Path(config_path).read_text().replace(
+        "[storage]", 'installation_kinds = ["telescope", "observatory", "antenna"]\n[storage]'))
+    wanted = write(tmp_path, FILE.replace('kind = "observatory"', 'kind = "antenna"'))
+    assert run("apply", "-f", wanted)[0] == 0
+    assert run("installations", "add", "dish", "--name", "Dish", "--kind", "antenna")[0] == 0
+    code, _, err = run("installations", "add", "sub", "--name", "Sub", "--kind", "submarine")
+    assert code == 1 and err == ("tokensvc: not a valid kind (one of telescope, observatory, antenna): 'submarine'\n")
+
+
+# -- against a running service's admin API (--url) ---------------------------------------------------
+
+
+def code_for(service, client_id: str, secret: str | None) -> dict:
+    """The authorization-code flow of a first-party client of the e2e config, as the client does it."""
+    app = OAuth2Session(client_id, secret, scope="read", redirect_uri="http://127.0.0.1:1/callback",
+                        code_challenge_method="S256", token_endpoint_auth_method="client_secret_post" if secret
+                        else "none")
+    verifier = secrets.token_urlsafe(48)
+    url, _ = app.create_authorization_url(service.base + "/oauth/authorize", code_verifier=verifier)
+    landed = user_agent_authorize(url)
+    code = re.search(r"code=([^&]+)", landed)[1]
+    form = {"grant_type": "authorization_code", "code": code, "redirect_uri": "http://127.0.0.1:1/callback",
+            "code_verifier": verifier, "client_id": client_id, **({"client_secret": secret} if secret else {})}
+    answer = requests.post(service.base + "/oauth/token", data=form, timeout=10)
+    return {"status": answer.status_code, **answer.json()}
+
+
+WEBAPP = f'''
+[[clients]]
+client_id = "webapp"
+name = "Web app"
+redirect_uris = ["http://127.0.0.1:1/callback"]
+allowed_scopes = ["read", "write"]
+first_party = true
+client_secret = "{WEBAPP_SECRET}"
+'''
+
+
+def test_applying_a_confidential_clients_own_table_keeps_it_confidential(service, credentials, tmp_path):
+    admin = ["--url", service.admin]
+    wanted = write(tmp_path, WEBAPP)
+    assert ok(tokensvc("apply", "-f", wanted, *admin, credentials=credentials)).splitlines() == [
+        "unchanged client webapp", "nothing to change (1 unchanged)"]
+    assert code_for(service, "webapp", None)["status"] == 401  # never public
+    assert code_for(service, "webapp", WEBAPP_SECRET)["status"] == 200
+    rotated = write(tmp_path, WEBAPP.replace(WEBAPP_SECRET, "a-new-webapp-secret-0123456789"), "rotated.toml")
+    result = tokensvc("apply", "-f", rotated, *admin, credentials=credentials)
+    assert ok(result).splitlines()[:2] == ["update client webapp", "    client_secret: changed"]
+    assert "a-new-webapp-secret" not in result.stdout + result.stderr
+    assert code_for(service, "webapp", WEBAPP_SECRET)["status"] == 401
+    assert code_for(service, "webapp", "a-new-webapp-secret-0123456789")["status"] == 200
+    ok(tokensvc("apply", "-f", wanted, *admin, credentials=credentials))  # as the other tests expect it
+
+
+def test_a_partial_table_over_the_api_keeps_the_rest(service, credentials, tmp_path):
+    admin = ["--url", service.admin]
+    before = requests.get(service.base + "/oauth/clients/skyplanner", timeout=10).json()
+    wanted = write(tmp_path, '[[clients]]\nclient_id = "skyplanner"\nallowed_scopes = ["read"]\n')
+    planned = ok(tokensvc("apply", "-f", wanted, "--dry-run", *admin, credentials=credentials))
+    assert planned.splitlines()[:2] == ["update client skyplanner",
+                                        "    allowed_scopes: read observations:write -> read"]
+    ok(tokensvc("apply", "-f", wanted, *admin, credentials=credentials))
+    after = requests.get(service.base + "/oauth/clients/skyplanner", timeout=10).json()
+    assert after == {**before, "allowedScopes": ["read"]}
+    assert after["description"] and after["logoUrl"]
+
+
+def test_prune_never_removes_the_operator_running_it(service, credentials, tmp_path):
+    wanted = write(tmp_path, '[[users]]\nusername = "alice"\n')
+    result = tokensvc("apply", "-f", wanted, "--prune", "--url", service.admin, credentials=credentials)
+    assert result.returncode == 1 and result.stdout == ""
+    assert result.stderr.splitlines() == [
+        f"tokensvc: {wanted}: 1 problem; nothing was changed",
+        f"{wanted}: [[users]]: pruning would remove 'root', who runs this: name them in the file"]
+    assert json_users(service, credentials) >= {"root", "alice", "bob"}
+
+
+def json_users(service, credentials) -> set[str]:
+    import json
+
+    listed = ok(tokensvc("users", "list", "--json", "--url", service.admin, credentials=credentials))
+    return {user["username"] for user in json.loads(listed)}
+
+
+def test_apply_over_the_api_runs_the_same_plan_as_on_the_store(service, credentials, tmp_path):
+    admin = ["--url", service.admin]
+    wanted = write(tmp_path, FILE)
+    planned = ok(tokensvc("apply", "-f", wanted, "--dry-run", *admin, credentials=credentials))
+    applied = ok(tokensvc("apply", "-f", wanted, *admin, credentials=credentials))
+    assert applied.splitlines() == planned.splitlines()[:-1] + ["applied: 3 changes"]
+    assert ok(tokensvc("apply", "-f", wanted, *admin, credentials=credentials)).splitlines()[-1] == \
+        "nothing to change (3 unchanged)"
+    assert code_for(service, "webapp", WEBAPP_SECRET)["status"] == 200
+    assert subprocess.run([sys.executable, "-m", "tokensvc", "apply", "--help"], capture_output=True, text=True,
+                          timeout=30).returncode == 0
