@@ -437,3 +437,23 @@ def test_an_apply_entry_is_checked_key_by_key():
                          "first_party, client_secret, client_secret_sha256, description, logo_url, allowed_origins)"),
         ("name", "expected a string, got 3")]
     assert config.entry_problems("users", "alice") == [(None, "expected a table, got 'alice'")]
+
+
+def test_cookie_secret_may_be_the_keys_of_a_rotation(tmp_path):
+    keys = ["the-new-cookie-secret-0123", "the-old-cookie-secret-0123"]
+    settings = config.from_dict({"cookie_secret": keys})
+    assert settings.cookie_secret == keys[0] and settings.cookie_secrets == tuple(keys)
+    assert config.from_dict({"cookie_secret": keys[0]}).cookie_secrets == (keys[0],)
+    from_env = config.load(None, environ={"TOKENSVC_COOKIE_SECRET": '["the-new-cookie-secret-0123", '
+                                                                     '"the-old-cookie-secret-0123"]'})
+    assert from_env.cookie_secrets == tuple(keys)
+    masked = config.masked(settings)
+    assert masked["cookie_secret"] == ["***", "***"] and "cookie_secrets" not in masked
+    for wrong, problem in (([keys[0], "short"], "too short"), ([keys[0], keys[0]], "listed twice"),
+                           ([], "required"), ([keys[0], 3], "a string or a list of strings")):
+        with pytest.raises(ConfigError, match=f"^cookie_secret: .*{problem}"):
+            config.from_dict({"cookie_secret": wrong})
+    with pytest.raises(ConfigError, match="TOKENSVC_COOKIE_SECRET: a list of keys is a JSON array"):
+        config.load(None, environ={"TOKENSVC_COOKIE_SECRET": '["unterminated'})
+    with pytest.raises(ConfigError, match="cookie_secrets: unknown key"):
+        config.from_dict({"cookie_secret": keys, "cookie_secrets": keys})

@@ -259,6 +259,19 @@ async def test_the_successor_key_rotates(seeded, clock):
     assert await alive(after, other_next) == [False, False] and await alive(after, replaced) == [True, True]
 
 
+async def test_the_successor_key_rotates_with_the_cookie_secret(seeded, clock):
+    """Without successor_keys, each key of cookie_secret gives one: the rotation of
+    docs/operations.md rotates them too, and a pair derived before it is recomputed during it."""
+    old, new = "the-old-cookie-secret-0123456789", "the-new-cookie-secret-0123456789"
+    before, during, after = (context(seeded, clock, grace=30, cookie_secret=keys)
+                             for keys in ([old], [new, old], [new]))
+    first = await exchange(before, await code_for(before))
+    derived_with_old = await refresh(before, first.refresh_token)
+    assert (await refresh(during, first.refresh_token)).refresh_token == derived_with_old.refresh_token
+    derived_with_new = await refresh(during, derived_with_old.refresh_token)
+    assert (await refresh(after, derived_with_old.refresh_token)).refresh_token == derived_with_new.refresh_token
+
+
 async def test_a_pair_no_key_derived_is_never_taken_for_a_successor(seeded, clock):
     """A release that does not derive pairs (0.9.0) rotates with a random pair and leaves the
     family's serial, key id and salt as they were: recomputing them gives another pair, so the

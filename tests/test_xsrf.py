@@ -15,12 +15,14 @@ SECRET = "xsrf-test-secret-0123456789"
 
 def test_tokens_are_signed_and_bound_to_the_session():
     token = xsrf.new_token(SECRET, "session-a")
-    assert xsrf.valid(SECRET, token, "session-a")
-    assert not xsrf.valid(SECRET, token, "session-b") and not xsrf.valid(SECRET, token, None)
-    assert not xsrf.valid("another-secret-0123456789", token, "session-a")
+    assert xsrf.valid([SECRET], token, "session-a")
+    assert not xsrf.valid([SECRET], token, "session-b") and not xsrf.valid([SECRET], token, None)
+    assert not xsrf.valid(["another-secret-0123456789"], token, "session-a")
     nonce = token.partition(".")[0]
-    assert not xsrf.valid(SECRET, nonce, "session-a") and not xsrf.valid(SECRET, nonce + ".abc", "session-a")
-    assert not xsrf.valid(SECRET, "abc", None) and not xsrf.valid(SECRET, "", None)
+    assert not xsrf.valid([SECRET], nonce, "session-a") and not xsrf.valid([SECRET], nonce + ".abc", "session-a")
+    assert not xsrf.valid([SECRET], "abc", None) and not xsrf.valid([SECRET], "", None)
+    # While the secret rotates, any of its keys verifies.
+    assert xsrf.valid(["new-secret-0123456789", SECRET], token, "session-a")
     assert xsrf.new_token(SECRET, None) != xsrf.new_token(SECRET, None)
 
 
@@ -143,3 +145,72 @@ async def test_an_empty_field_leaves_the_header_to_speak(browser):
     await browser.login("alice")
     token = browser.cookies["_xsrf"]
     assert (await browser.fetch("/logout", "POST", {"_xsrf": ""}, headers={"X-XSRFToken": token})).code == 303
+
+
+# -- rotating the cookie secret --------------------------------------------------------------------
+
+OLD, NEW = "the-old-cookie-secret-0123456789", "the-new-cookie-secret-0123456789"
+
+
+@pytest.fixture
+def serve_with(io_loop, store, config):
+    """``serve_with(keys)``: the service over the shared store with ``cookie_secret = keys``, as
+    one instance of a rolling deploy; its base URL."""
+    import dataclasses
+
+    from tornado.httpserver import HTTPServer
+    from tornado.testing import bind_unused_port
+
+    from tokensvc.app import make_app
+    from tokensvc.bootstrap import seed
+
+    io_loop.run_sync(lambda: seed(store, config))
+    servers = []
+
+    def serve_with(keys: list[str]) -> str:
+        settings = dataclasses.replace(config, cookie_secret=keys[0], cookie_secrets=tuple(keys))
+        sock, port = bind_unused_port()
+        server = HTTPServer(make_app(settings, store))
+        server.add_sockets([sock])
+        servers.append(server)
+        return f"http://127.0.0.1:{port}"
+
+    yield serve_with
+    for server in servers:
+        server.stop()
+
+
+def signed_with(secret: str, cookie: str) -> bool:
+    import tornado.web
+
+    return tornado.web.decode_signed_value(secret, "tokensvc_session", cookie) is not None
+
+
+@pytest.mark.gen_test
+async def test_a_new_cookie_secret_signs_while_the_old_one_still_verifies(http_client, serve_with):
+    """The rotation of docs/operations.md: sessions and forms of the old key work on instances
+    that list both keys; new sessions are signed with the new key; once the old key is dropped,
+    what it signed is refused (signed out, a form shown again), and what the new one signed works."""
+    before, both, after = serve_with([OLD]), serve_with([NEW, OLD]), serve_with([NEW])
+    browser = Browser(http_client, before)
+    assert (await browser.login("alice")).code == 302
+    old_session, old_form = browser.cookies["tokensvc_session"], browser.cookies["_xsrf"]
+    assert signed_with(OLD, old_session) and not signed_with(NEW, old_session)
+
+    browser.base_url = both
+    assert (await browser.fetch("/account")).code == 200  # still signed in
+    assert browser.cookies["_xsrf"] == old_form  # its forms keep their token
+    ended = await browser.fetch("/account", "POST", {"action": "end-others", "_xsrf": old_form})
+    assert ended.code == 303  # the old key's XSRF token passes
+    fresh = Browser(http_client, both)
+    assert (await fresh.login("alice")).code == 302
+    new_session = fresh.cookies["tokensvc_session"]
+    assert signed_with(NEW, new_session) and not signed_with(OLD, new_session)
+
+    browser.base_url = fresh.base_url = after
+    assert (await browser.fetch("/account")).code == 303  # what only the old key signed: signed out
+    refused = await browser.fetch("/logout", "POST", {"_xsrf": old_form})
+    assert refused.code == 403
+    assert (await fresh.fetch("/account")).code == 200
+    signed_out = await fresh.fetch("/logout", "POST", {"_xsrf": fresh.cookies["_xsrf"]})
+    assert signed_out.code == 303

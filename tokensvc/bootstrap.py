@@ -45,7 +45,10 @@ def make_context(settings: Settings, store: Store, **overrides: Any) -> OAuthCon
     """The protocol context the settings describe (``clock`` and others may be overridden),
     reporting to the service's one :class:`Metrics`, which the store reports to too."""
     shared = store if isinstance(store, SharedFailureCounts) else None  # MongoDB: one count for all processes
-    keys = settings.tokens.successor_keys or (successors.key_from_cookie_secret(settings.cookie_secret),)
+    # Without keys of their own, one from each key of cookie_secret: while it rotates, the pairs
+    # derived under the key being retired are still recomputed, as successor_keys' would be.
+    keys = settings.tokens.successor_keys or tuple(successors.key_from_cookie_secret(key)
+                                                   for key in settings.cookie_secrets)
     metrics = Metrics()
     values: dict[str, Any] = dict(
         store=store, tokens=settings.tokens, issuer=settings.base_url, successors=successors.SuccessorKeys.of(keys),

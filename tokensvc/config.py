@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import dataclasses
 import ipaddress
+import json
 import logging
 import math
 import os
@@ -70,6 +71,10 @@ STORE_RETRY_AFTER_SECONDS = 5
 DERIVED = {"derived": True}
 # How a list of strings is declared (an array in TOML, comma-separated in the environment).
 STRINGS = "tuple[str, ...]"
+# Settings made from others, never given (not keys of the file or the environment).
+MADE = {"derived": True, "made": True}
+# What cookie_secret takes: one key, or the keys of a rotation (the first signs, each verifies).
+COOKIE_SECRET = "str | list[str]"
 
 
 UNIX_PEER = "unix"  # in proxy.trusted_networks: the peer on server.unix_socket
@@ -218,8 +223,11 @@ class Settings:
     auth_url: str = field(default="", metadata=DERIVED)
     host: str = "127.0.0.1"
     port: int = 8080
-    # Unset: an error, except in demo mode, where one is generated (generated_cookie_secret).
+    # The key that signs the session and XSRF cookies. Given as a list (rotation), its first
+    # entry; unset: an error, except in demo mode, where one is generated (generated_cookie_secret).
     cookie_secret: str = field(default="", metadata=DERIVED, repr=False)
+    # Every key a cookie may be signed with: cookie_secret first, then the ones being retired.
+    cookie_secrets: tuple[str, ...] = field(default=(), metadata=MADE, repr=False)
     demo: bool = False
     xheaders: bool = False
     log_format: str = "text"
@@ -239,7 +247,7 @@ class Settings:
     scopes: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
     # What a node installation may be; the pages say "a telescope", "an observatory".
     installation_kinds: tuple[str, ...] = tuple(DEFAULT_KINDS)
-    generated_cookie_secret: bool = field(default=False, metadata=DERIVED, repr=False)
+    generated_cookie_secret: bool = field(default=False, metadata=MADE, repr=False)
 
     @property
     def session_cookie(self) -> str:
@@ -315,6 +323,11 @@ def _apply_env(raw: dict[str, Any], environ: Mapping[str, str]) -> None:
 
 
 def _parse_env(name: str, text: str, annotation: str) -> Any:
+    if annotation == COOKIE_SECRET and text.lstrip().startswith("["):
+        try:  # several keys (a rotation): a JSON array, TOKENSVC_COOKIE_SECRET='["new...", "old..."]'
+            return json.loads(text)
+        except ValueError:
+            raise ConfigError(f"{name}: a list of keys is a JSON array of strings, got {text!r}") from None
     base = annotation.removesuffix(" | None")
     if base == "int":
         try:
@@ -339,7 +352,8 @@ def _parse_env(name: str, text: str, annotation: str) -> Any:
 def _inputs(cls: type) -> dict[str, str]:
     """The keys a section takes, with their annotations (``from __future__``: strings). A
     derived setting may be given; only the flag that says it was generated may not."""
-    return {f.name: str(f.type) for f in dataclasses.fields(cls) if f.name != "generated_cookie_secret"}
+    return {f.name: (COOKIE_SECRET if f.name == "cookie_secret" and cls is Settings else str(f.type))
+            for f in dataclasses.fields(cls) if not f.metadata.get("made")}
 
 
 def _required(cls: type) -> list[str]:
@@ -353,6 +367,10 @@ def _type_name(tp: Any) -> str:
 
 def _type_problem(value: Any, annotation: str) -> str | None:
     """Why ``value`` does not have the type ``annotation`` names, or None when it does."""
+    if annotation == COOKIE_SECRET:
+        if isinstance(value, str) or (isinstance(value, list) and all(isinstance(key, str) for key in value)):
+            return None
+        return f"expected a string or a list of strings, got {value!r}"
     optional = annotation.endswith("| None")
     base = annotation.removesuffix(" | None")
     if value is None:
@@ -485,6 +503,9 @@ def _resolve(values: dict[str, Any]) -> None:
     if not values.get("cookie_secret") and values.get("demo"):
         values["cookie_secret"] = secrets.token_urlsafe(32)
         values["generated_cookie_secret"] = True
+    keys = values.get("cookie_secret") or []
+    values["cookie_secrets"] = tuple([keys] if isinstance(keys, str) else keys)
+    values["cookie_secret"] = values["cookie_secrets"][0] if values["cookie_secrets"] else ""
     for client in values.get("clients", []):
         logo = client.get("logo_url")
         if logo is not None and logo.startswith("/") and not logo.startswith("//"):
@@ -535,8 +556,11 @@ def _check_service(settings: Settings) -> None:
         raise ConfigError(f"log_level: expected debug, info, warning or error, got {settings.log_level!r}")
     if not settings.cookie_secret:
         raise ConfigError("cookie_secret: required outside demo mode (set it, or TOKENSVC_COOKIE_SECRET)")
-    if len(settings.cookie_secret) < 16 and not settings.demo:
-        raise ConfigError("cookie_secret: too short (at least 16 characters outside demo mode)")
+    for key in settings.cookie_secrets:
+        if len(key) < 16 and not settings.demo:
+            raise ConfigError("cookie_secret: too short (at least 16 characters outside demo mode)")
+    if len(set(settings.cookie_secrets)) != len(settings.cookie_secrets):
+        raise ConfigError("cookie_secret: a key is listed twice")
 
 
 def _check_admin(admin: AdminSettings, port: int) -> None:
@@ -576,7 +600,8 @@ def _check_sections(settings: Settings) -> None:
                               "python3 -c 'import secrets; print(secrets.token_urlsafe(32))')")
     if len(set(keys)) != len(keys):
         raise ConfigError("tokens.successor_keys: a key is listed twice")
-    if not keys and not settings.demo and len(settings.cookie_secret) < successors.MIN_COOKIE_SECRET:
+    if not keys and not settings.demo and any(len(key) < successors.MIN_COOKIE_SECRET
+                                              for key in settings.cookie_secrets):
         # Every visitor holds a cookie signed with it, on which a guess is tested offline.
         raise ConfigError(f"tokens.successor_keys: required while cookie_secret is shorter than "
                           f"{successors.MIN_COOKIE_SECRET} characters (otherwise the successor key is derived "
@@ -715,7 +740,8 @@ def masked(settings: Settings) -> dict[str, Any]:
     """The effective settings as a dict, every secret replaced by ``"***"`` (``config check``)."""
     data = _plain(settings)
     data.pop("generated_cookie_secret", None)
-    data["cookie_secret"] = "***" if settings.cookie_secret else None
+    keys = data.pop("cookie_secrets")
+    data["cookie_secret"] = ["***" for _ in keys] if len(keys) > 1 else "***" if settings.cookie_secret else None
     for client in data["clients"]:
         for key in ("client_secret", "client_secret_sha256"):
             if client[key] is not None:

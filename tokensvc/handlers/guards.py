@@ -111,7 +111,7 @@ def check_xsrf(handler: RequestInput) -> None:
         raise errors.XsrfFailed()
     sent = [value for value in request.body_arguments.get(xsrf.FIELD, []) if value]  # empty: absent
     submitted = sent[-1].decode("ascii", "replace") if sent else request.headers.get(xsrf.HEADER)
-    if not xsrf.matches(request, config.xsrf_cookie, config.cookie_secret, handler.raw_session_id(), submitted):
+    if not xsrf.matches(request, config.xsrf_cookie, config.cookie_secrets, handler.raw_session_id(), submitted):
         raise errors.XsrfFailed()
 
 

@@ -64,9 +64,13 @@ class RequestInput:
         morsel = self.request.cookies.get(self.config.session_cookie)
         if morsel is None:
             return None
-        raw = tornado.web.decode_signed_value(self.config.cookie_secret, self.config.session_cookie,
-                                              morsel.value, max_age_days=self.cookie_days())
-        return raw.decode("ascii", "replace") if raw else None
+        # Signed with the first key of cookie_secret; any of its keys verifies (a rotation).
+        for secret in self.config.cookie_secrets:
+            raw = tornado.web.decode_signed_value(secret, self.config.session_cookie, morsel.value,
+                                                  max_age_days=self.cookie_days())
+            if raw:
+                return raw.decode("ascii", "replace")
+        return None
 
     def cookie_days(self) -> float:
         return self.config.tokens.session_ttl / 86400

@@ -41,7 +41,7 @@ class PageHandler(WebHandler):
         if self._form_token is None:
             morsel = self.request.cookies.get(self.config.xsrf_cookie)
             current = morsel.value if morsel is not None else None
-            if current is not None and xsrf.valid(self.config.cookie_secret, current, self._session_id):
+            if current is not None and xsrf.valid(self.config.cookie_secrets, current, self._session_id):
                 self._form_token = current
             else:
                 self._form_token = self.issue_xsrf_token()

@@ -22,8 +22,8 @@ What the key protects: computing a successor takes the key, the token it succeed
 salt the store holds for the current pair. The key alone gives nothing; the key and a token
 copied long ago do not give the pairs after it (each rotation's salt is new and lives only in
 the store); whoever holds the current refresh token may refresh anyway. The key lives only in
-the configuration (``tokens.successor_keys``, or derived from a ``cookie_secret`` of 32
-characters or more), never in the store, which holds its id beside the pair it derived
+the configuration (``tokens.successor_keys``, or derived from each key of a ``cookie_secret``
+of 32 characters or more), never in the store, which holds its id beside the pair it derived
 (``Family.key_id``).
 
 Rotating the key: every key listed recomputes the pairs it derived; the first derives new
@@ -66,9 +66,10 @@ MIN_COOKIE_SECRET = 32
 
 
 def key_from_cookie_secret(cookie_secret: str) -> str:
-    """The one key used when none is configured: every process sharing the cookie secret
-    (as they must) derives the same. An HMAC of a label of its own under the cookie secret, so
-    it is no signature the service ever gives out (a signed cookie's message never starts so)."""
+    """The key one key of ``cookie_secret`` gives when none is configured: every process
+    sharing the cookie secret (as they must) derives the same. An HMAC of a label of its own
+    under the cookie secret, so it is no signature the service ever gives out (a signed
+    cookie's message never starts so)."""
     return _b64(hmac.new(cookie_secret.encode("utf-8"), _FROM_COOKIE_SECRET, hashlib.sha256).digest())
 
 
