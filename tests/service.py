@@ -123,12 +123,13 @@ class Service:
 
 def start_service(tmp_path: Path, storage: str = "", *, callback: str | None = None, extra: str = "",
                   env: dict[str, str] | None = None, python: str = sys.executable,
-                  cwd: Path | None = None, args: tuple[str, ...] = ()) -> Service:
+                  cwd: Path | None = None, args: tuple[str, ...] = (), prefix: tuple[str, ...] = ()) -> Service:
     """Start ``tokensvc serve`` on a free port, its admin listener on another. ``callback`` (a
     base URL) gives every client the redirect_uri ``{callback}/{client_id}``; ``extra`` is
     appended to the config file; ``env`` adds to the environment; ``python`` and ``cwd`` run
     another release (tests/upgrade); ``args`` are added to the command (``--processes N``:
-    its workers are of the service's process group, which stop() ends whole)."""
+    its workers are of the service's process group, which stop() ends whole), and ``prefix``
+    runs it through another command (``unshare ...``)."""
     port, admin_port = free_port(), free_port()
     base = f"http://127.0.0.1:{port}"
     redirects = {name: f"{callback}/{name}" for name in NOWHERE} if callback else NOWHERE
@@ -140,7 +141,7 @@ def start_service(tmp_path: Path, storage: str = "", *, callback: str | None = N
                                     sky_origins=f'["{callback}"]' if callback else "[]"))
     log_path = tmp_path / "tokensvc.log"
     with open(log_path, "w") as log:
-        process = spawn([python, "-m", "tokensvc", "serve", "--config", str(config), *args],
+        process = spawn([*prefix, python, "-m", "tokensvc", "serve", "--config", str(config), *args],
                         stdout=log, stderr=subprocess.STDOUT, text=True, cwd=cwd,
                         env={**os.environ, "TOKENSVC_ADMIN_PORT": str(admin_port), **(env or {})})
     service = Service(process, base, log_path, f"http://127.0.0.1:{admin_port}")

@@ -282,6 +282,8 @@ def test_audit_records_for_registry_changes(run, caplog):
 def test_several_processes_need_mongodb(capsys):
     assert cli.main(["serve", "--config", "config/tokensvc.toml", "--processes", "2"]) == 1
     assert "--processes needs the MongoDB backend" in capsys.readouterr().err
+    assert cli.main(["serve", "--config", "config/tokensvc.toml", "--processes", "-1"]) == 1
+    assert capsys.readouterr().err == "tokensvc: --processes: 0 (one per core) or more\n"
 
 
 def test_generated_client_ids_are_safe_on_a_command_line(run):

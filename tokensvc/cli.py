@@ -100,10 +100,25 @@ def _bind_unix(path: str, mode: int) -> socket.socket:
                            "server.unix_socket") from None
 
 
-async def serve(settings: Settings, listeners: Listeners) -> None:
-    """Run the service on ``listeners`` (see :func:`bind`) until SIGINT/SIGTERM."""
+def banner(settings: Settings, listeners: Listeners) -> str:
+    """What ``serve`` prints once it listens: where everything is."""
+    local = config_module.listen_url(settings.host, settings.port)
+    admin_url = config_module.listen_url(settings.admin.host, settings.admin.port) if listeners.admin else None
+    return (f"tokensvc is running on {local}\n"
+            f"  home page:          {local}/\n"
+            f"  authorization:      {settings.auth_url}/oauth/authorize\n"
+            f"  token endpoint:     {settings.base_url}/oauth/token\n"
+            f"  server metadata:    {settings.base_url}/.well-known/oauth-authorization-server\n"
+            f"  registered clients: {settings.base_url}/oauth/clients\n"
+            + (f"  admin API:          {admin_url}/admin (tokensvc login --url {admin_url})\n" if admin_url
+               else "  admin API:          off (admin.port = 0)\n")
+            + "Press Ctrl+C to stop.")
+
+
+async def serve(settings: Settings, listeners: Listeners, *, show_banner: bool = True) -> None:
+    """Run the service on ``listeners`` (see :func:`bind`) until SIGINT/SIGTERM; the banner is
+    the supervisor's to print when there are several processes."""
     import tornado.httpserver
-    import tornado.process
 
     from tokensvc.app import make_admin_app, make_app
     from tokensvc.bootstrap import prepare, purge_periodically
@@ -158,16 +173,8 @@ async def serve(settings: Settings, listeners: Listeners) -> None:
         if not is_loopback(settings.admin.host):
             log.warning("the admin API listens on %s, beyond this machine: keep it behind TLS and a network "
                         "policy that lets only operators reach it", admin_url)
-    if tornado.process.task_id() in (None, 0):  # one banner for a group of processes
-        print(f"tokensvc is running on {local}\n"
-              f"  home page:          {local}/\n"
-              f"  authorization:      {settings.auth_url}/oauth/authorize\n"
-              f"  token endpoint:     {settings.base_url}/oauth/token\n"
-              f"  server metadata:    {settings.base_url}/.well-known/oauth-authorization-server\n"
-              f"  registered clients: {settings.base_url}/oauth/clients\n"
-              + (f"  admin API:          {admin_url}/admin (tokensvc login --url {admin_url})\n" if admin_url
-                 else "  admin API:          off (admin.port = 0)\n")
-              + "Press Ctrl+C to stop.", flush=True)
+    if show_banner:
+        print(banner(settings, listeners), flush=True)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGINT, signal.SIGTERM):
@@ -212,25 +219,37 @@ def cmd_serve(args: argparse.Namespace) -> int:
     if processes == 1:
         asyncio.run(serve(settings, bind(settings)))
         return 0
+    if processes < 0:
+        raise CommandError("--processes: 0 (one per core) or more")
     if settings.storage.backend == "memory":
         raise CommandError("--processes needs the MongoDB backend: the memory backend's state lives in one "
                            "process, so several processes would each see different clients, codes and tokens")
     import tempfile
 
-    import tornado.process
-
     from tokensvc import metrics
+    from tokensvc.supervisor import STOP_MARGIN, Supervisor
 
-    # Bind before forking so every process accepts on the same sockets (tornado's multi-process
-    # recipe); each child then builds its own event loop, store client and application.
+    # The cores this process may run on (a container's CPU set, not the host's count).
+    processes = processes or len(os.sched_getaffinity(0))
+    # Bind before forking so every worker accepts on the same sockets; each then builds its
+    # own event loop, store client and application.
     listeners = bind(settings)
     # Every process writes its metrics to files in one directory, which a scrape of any of
     # them reads whole (prometheus_client's multiprocess mode).
     directory = os.environ.get(metrics.MULTIPROCESS_ENV) or tempfile.mkdtemp(prefix="tokensvc-metrics-")
     metrics.use_multiprocess_dir(directory)
-    tornado.process.fork_processes(processes)
-    asyncio.run(serve(settings, listeners))
-    return 0
+    print(banner(settings, listeners), flush=True)
+
+    def work(slot: int) -> int:
+        try:
+            asyncio.run(serve(settings, listeners, show_banner=False))
+        except (CommandError, StoreFault) as exc:
+            return _error(args, str(exc))
+        return 0
+
+    supervisor = Supervisor(processes, work, stop_seconds=settings.server.drain_seconds + STOP_MARGIN,
+                            died=metrics.process_died, sockets=[*listeners.public, *listeners.admin])
+    return supervisor.run()
 
 
 def cmd_config_check(args: argparse.Namespace) -> int:

@@ -20,7 +20,7 @@ from collections.abc import Iterable
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector, generate_latest
 from prometheus_client import values as prometheus_values
-from prometheus_client.multiprocess import MultiProcessCollector
+from prometheus_client.multiprocess import MultiProcessCollector, mark_process_dead
 
 from tokensvc.request_metrics import FILE_PREFIX, RequestCollector, RequestCounts
 
@@ -40,6 +40,14 @@ def use_multiprocess_dir(directory: str) -> None:
             os.remove(os.path.join(directory, name))
     os.environ[MULTIPROCESS_ENV] = directory
     prometheus_values.ValueClass = prometheus_values.get_value_class()
+
+
+def process_died(pid: int) -> None:
+    """Forget the live gauges of a process that has ended (multiprocess mode; the supervisor
+    tells of each worker that left), so that they are no longer summed."""
+    directory = os.environ.get(MULTIPROCESS_ENV)
+    if directory:
+        mark_process_dead(pid, directory)
 
 
 class Metrics:

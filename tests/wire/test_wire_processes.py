@@ -1,13 +1,18 @@
 """``tokensvc serve`` processes on the MongoDB backend, their store the scripted primary: a
 deploy's SIGTERM lets the requests in flight finish, the failure limits hold across
-processes, and a scrape of any worker of ``--processes N`` counts every worker's requests."""
+processes, a scrape of any worker of ``--processes N`` counts every worker's requests, and the
+supervisor of ``--processes N`` stops, restarts and reaps its workers."""
 
 from __future__ import annotations
 
+import os
+import re
 import signal
+import subprocess
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from urllib.parse import urlencode
 
 import pytest
@@ -210,3 +215,118 @@ def test_a_process_stops_with_one_line_when_a_later_release_finalizes_the_store(
     assert service.returncode == 1, output
     assert "tokensvc: the store holds format 3 (its compatibility version), which tokensvc" in output, output
     assert "Traceback" not in output, output
+
+
+# -- tokensvc serve --processes: the supervisor --------------------------------------------------
+
+
+def workers(service) -> dict[int, int]:
+    """The live workers of a supervisor by slot, as its log tells of them."""
+    return {int(slot): int(pid) for slot, pid in re.findall(r"worker (\d+) started \(pid (\d+)\)", service.output())}
+
+
+def until(condition, what: str, timeout: float = 30) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"not within {timeout}s: {what}"
+        time.sleep(0.05)
+
+
+def gone(pid: int) -> bool:
+    return not os.path.exists(f"/proc/{pid}")
+
+
+def refused(base: str) -> bool:
+    try:
+        requests.get(base + "/healthz", timeout=5)
+    except requests.ConnectionError:
+        return True
+    return False
+
+
+def test_sigterm_to_the_supervisor_drains_every_worker_then_frees_the_port(tmp_path, primary):
+    service = ready(start_service(tmp_path, mongodb(primary), args=("--processes", "2")))
+    until(lambda: len(workers(service)) == 2, "two workers")
+    pids = list(workers(service).values())
+    codes = [code_for(service.base) for _ in range(4)]
+    # Every consumption takes 1.5 s; the deploy's SIGTERM comes while all four are in flight.
+    primary.script(Fault("findAndModify", "delay", collection="codes", seconds=1.5, times=4))
+    primary.forget()
+    with ThreadPoolExecutor(4) as pool:
+        answers = [pool.submit(exchange, service.base, code) for code in codes]
+        until(lambda: len(primary.sent("findAndModify", "codes")) == 4, "four exchanges in flight")
+        service.process.send_signal(signal.SIGTERM)
+        statuses = [answer.result(30).status_code for answer in answers]
+    assert service.process.wait(30) == 0, service.output()
+    output = service.output()
+    assert statuses == [200] * 4, output
+    assert output.count("tokensvc stopped") == 2 and output.count("stopped (exited with code 0)") == 2
+    assert "every worker has stopped" in output and "Traceback" not in output
+    assert all(gone(pid) for pid in pids) and refused(service.base)
+
+
+def test_a_worker_that_dies_is_started_again_and_the_service_goes_on(tmp_path, primary):
+    service = ready(start_service(tmp_path, mongodb(primary), args=("--processes", "2")))
+    until(lambda: len(workers(service)) == 2, "two workers")
+    first = workers(service)[0]
+    os.kill(first, signal.SIGKILL)
+    until(lambda: workers(service)[0] != first, "worker 0 started again")
+    assert f"worker 0 (pid {first}) was killed by SIGKILL; restarting it in 0.5s" in service.output()
+    for _ in range(8):  # whichever worker answers
+        assert exchange(service.base, code_for(service.base)).status_code == 200
+    pids = list(workers(service).values())
+    service.process.send_signal(signal.SIGTERM)
+    assert service.process.wait(30) == 0, service.output()
+    assert all(gone(pid) for pid in pids)
+
+
+def test_workers_that_keep_dying_end_the_supervisor_with_exit_code_1(tmp_path, primary):
+    # A store that refuses every index (a role without createIndex): no restart mends it.
+    primary.script(Fault("createIndexes", "error", code=13, times=10_000))
+    service = start_service(tmp_path, mongodb(primary), args=("--processes", "2"))
+    assert service.process.wait(60) == 1, service.output()
+    output = service.output()
+    assert re.search(r"worker \d \(pid \d+\) exited with code 1; it died 5 times in a row, each within 10s of "
+                     r"starting: giving up", output)
+    assert "tokensvc: MongoDB refused" in output and "restarting it in 4.0s" in output
+    started = [int(pid) for pid in re.findall(r"started \(pid (\d+)\)", output)]
+    assert all(gone(pid) for pid in started) and refused(service.base)
+
+
+def test_as_pid_1_the_supervisor_takes_signals_and_reaps_orphans(tmp_path, primary):
+    """In a PID namespace of its own, as in a container: PID 1 gets no default signal
+    handling from the kernel, and every orphan of the namespace becomes its child."""
+    service = ready(start_service(tmp_path, mongodb(primary), args=("--processes", "2"),
+                                  prefix=("unshare", "--pid", "--fork", "--kill-child")))
+    until(lambda: len(workers(service)) == 2, "two workers")
+    supervisor = children(service.process.pid)[0]
+    assert namespace_pids(supervisor)[-1] == 1  # PID 1 where it runs
+    # An orphan in its namespace: a shell started there leaves a sleep behind.
+    subprocess.run(["nsenter", "--target", str(supervisor), "--pid", "--", "sh", "-c", "sleep 300 &"], check=True,
+                   timeout=30)
+    until(lambda: any(command(pid) == "sleep" for pid in children(supervisor)), "the orphan re-parented to PID 1")
+    orphan = next(pid for pid in children(supervisor) if command(pid) == "sleep")
+    os.kill(orphan, signal.SIGKILL)
+    until(lambda: gone(orphan), "the orphan reaped")
+    pids = children(supervisor)  # the workers (the log names them by their pids in the namespace)
+    assert len(pids) == 2
+    os.kill(supervisor, signal.SIGTERM)
+    assert service.process.wait(30) == 0, service.output()
+    assert "every worker has stopped" in service.output()
+    assert all(gone(pid) for pid in [supervisor, *pids])
+
+
+def children(pid: int) -> list[int]:
+    return [int(child) for child in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+
+
+def namespace_pids(pid: int) -> list[int]:
+    status = Path(f"/proc/{pid}/status").read_text()
+    return [int(value) for value in re.search(r"^NSpid:\s+(.+)$", status, re.M)[1].split()]
+
+
+def command(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/comm").read_text().strip()
+    except FileNotFoundError:
+        return ""
