@@ -327,3 +327,66 @@ def test_a_resource_server_from_the_command_line(service, credentials):
     assert "kind: resource-server" in shown and "redirect_uris: " in shown
     refused = tokensvc("clients", "add", "--name", "No redirect", *admin, credentials=credentials)
     assert refused.returncode != 0 and "redirect URI" in refused.stderr
+
+
+SERVICE_ACCOUNT = '''
+[[users]]
+username = "ci-deploy"
+password = "granite-harbor-lantern-ci"
+admin = true
+
+[[clients]]
+client_id = "ci-deploy"
+name = "CI deploys"
+redirect_uris = ["http://127.0.0.1/callback"]
+allowed_scopes = ["admin"]
+first_party = true
+client_secret_sha256 = "{digest}"
+'''
+
+
+def test_a_service_account_signs_in_once_then_automation_runs_without_anyone(service, credentials, tmp_path,
+                                                                              monkeypatch):
+    """docs/administration.md's recipe, step by step: the account made by apply, one sign-in
+    that keeps the refresh token in a file, unattended runs that rotate it, the client secret
+    rotated, the password retired, then the account revoked."""
+    secret = "ci-client-secret-0123456789abcdef"
+    account = tmp_path / "service-account.toml"
+    account.write_text(SERVICE_ACCOUNT.format(digest=hashlib.sha256(secret.encode()).hexdigest()))
+    ok(tokensvc("apply", "-f", str(account), "--url", service.admin, credentials=credentials))
+    kept = tmp_path / "ci-refresh-token"
+    monkeypatch.setenv("TOKENSVC_ADMIN_CLIENT_SECRET", secret)
+    monkeypatch.setattr("webbrowser.open", lambda url: sign_in_in_a_browser(url, "ci-deploy",
+                                                                            "granite-harbor-lantern-ci"))
+    assert cli.main(["login", "--url", service.admin, "--token-client-id", "ci-deploy", "--refresh-token", str(kept),
+                     "--json"]) == 0
+    assert stat.S_IMODE(kept.stat().st_mode) == 0o600
+    monkeypatch.delenv("TOKENSVC_ADMIN_CLIENT_SECRET")
+
+    def unattended(client_secret: str = secret) -> subprocess.CompletedProcess:
+        return tokensvc("clients", "show", "ci-deploy", "--url", service.admin, "--refresh-token", str(kept),
+                        env={"TOKENSVC_ADMIN_CLIENT_ID": "ci-deploy", "TOKENSVC_ADMIN_CLIENT_SECRET": client_secret})
+
+    before = kept.read_text()
+    assert "CI deploys" in ok(unattended())
+    assert kept.read_text() != before and "CI deploys" in ok(unattended())  # rotated in place, and kept
+    # The refresh token alone is not enough: the client's secret is the second half.
+    wrong = unattended("not-the-secret")
+    assert wrong.returncode == 1 and "refused: Client authentication failed" in wrong.stderr, wrong.stderr
+    # Rotating the client's secret keeps the refresh chain; the old secret stops.
+    rotated = json.loads(ok(tokensvc("clients", "rotate-secret", "ci-deploy", "--url", service.admin, "--json",
+                                     credentials=credentials)))["clientSecret"]
+    assert unattended(secret).returncode == 1
+    assert "CI deploys" in ok(unattended(rotated))
+    # The password served the one sign-in: replaced by one nobody keeps, the chain goes on.
+    ok(tokensvc("users", "set-password", "ci-deploy", "--keep-grants", "--password-stdin", "--url", service.admin,
+                stdin=secrets.token_urlsafe(32) + "\n", credentials=credentials))
+    assert "CI deploys" in ok(unattended(rotated))
+    # Revoking the account's grant ends it at once, and the next run says what to do.
+    grants = json.loads(ok(tokensvc("grants", "list", "--user", "ci-deploy", "--client", "ci-deploy", "--json",
+                                    "--url", service.admin, credentials=credentials)))
+    ok(tokensvc("grants", "revoke", grants[0]["grantId"], "--url", service.admin, credentials=credentials))
+    refused = unattended(rotated)
+    assert refused.returncode == 1
+    assert f"the refresh token in {kept} no longer works for ci-deploy: sign in again with `tokensvc login" \
+        in refused.stderr

@@ -14,6 +14,7 @@ import asyncio
 import functools
 import getpass
 import json
+import os
 import re
 import sys
 import tomllib
@@ -525,12 +526,19 @@ def cmd_login(args: argparse.Namespace) -> int:
     if not url:
         raise CommandError("give the admin listener's address: --url http://127.0.0.1:8081 (or TOKENSVC_ADMIN_URL)")
 
+    client_id = args.token_client_id or os.environ.get(cli_login.CLIENT_ID_ENV)
+    if args.refresh_token and not client_id:
+        raise CommandError(f"--refresh-token FILE keeps a service account's token: give its client with "
+                           f"--token-client-id (or {cli_login.CLIENT_ID_ENV})")
+    keep_in = Path(args.refresh_token) if args.refresh_token else None
+
     async def body() -> int:
-        tokens = await cli_login.login(url, open_browser=not args.no_browser)
+        tokens = await cli_login.login(url, open_browser=not args.no_browser, client_id=client_id, keep_in=keep_in)
         who = await RemoteOperator(url, tokens["access_token"]).introspect({"token": tokens["access_token"]})
-        emit(args, {"url": url, "username": who.get("username"), "scope": who.get("scope")},
+        emit(args, {"url": url, "username": who.get("username"), "clientId": who.get("client_id"),
+                    "scope": who.get("scope")},
              f"signed in to {url} as {who.get('username')}; the refresh token is kept in "
-             f"{cli_login.credentials_path()}")
+             f"{keep_in or cli_login.credentials_path()}")
         return 0
 
     try:
@@ -697,6 +705,12 @@ def add_commands(commands: argparse._SubParsersAction, factory: StoreFactory | N
                                             "the refresh token is kept for the operator commands' --url.")
     login.add_argument("--url", help=f"the service's admin listener (or {cli_login.ADMIN_URL_ENV})")
     login.add_argument("--no-browser", action="store_true", help="print the sign-in address, open no browser")
+    login.add_argument("--token-client-id", metavar="CLIENT_ID",
+                       help=f"sign in as this first-party client (a service account's; or {cli_login.CLIENT_ID_ENV}) "
+                            f"instead of tokensvc-cli; a confidential one's secret from {cli_login.CLIENT_SECRET_ENV}")
+    login.add_argument("--refresh-token", metavar="FILE",
+                       help="keep the refresh token in FILE (0600) for the operator commands' --refresh-token, "
+                            "instead of the credentials file")
     login.add_argument("--json", action="store_true", help="print JSON for scripts instead of text")
     login.set_defaults(func=cmd_login)
 

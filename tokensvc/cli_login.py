@@ -6,10 +6,13 @@ vouches for whoever listens there), and keeps the refresh token in the user's co
 directory (mode 0600); every later command refreshes it there (rotation: the new one replaces
 it at once).
 
-Headless automation follows the spec's recipe instead: an access token (``--token`` or
-``TOKENSVC_ADMIN_TOKEN``), or a refresh token of a first-party client kept in a file of its own
-(``--refresh-token FILE``, with ``--token-client-id`` or ``TOKENSVC_ADMIN_CLIENT_ID`` and, for a
-confidential client, ``TOKENSVC_ADMIN_CLIENT_SECRET``), which is rewritten with each rotation.
+Automation follows the spec's recipe instead (a service account, docs/administration.md): a
+first-party client of its own, confidential, and a user; one ``tokensvc login
+--token-client-id ID --refresh-token FILE`` (``TOKENSVC_ADMIN_CLIENT_SECRET`` in the
+environment) signs in as that user once and keeps the refresh token in FILE; every later
+command runs with the same ``--refresh-token FILE --token-client-id ID`` (or
+``TOKENSVC_ADMIN_CLIENT_ID``), and FILE is rewritten with each rotation. An access token alone
+(``--token``, ``TOKENSVC_ADMIN_TOKEN``) also serves, until it expires.
 
 A refresh token rotates, and the one rotated out is spent (presented again, it revokes its
 chain); a refresh also replaces the chain's access token (one pair per chain). So every command
@@ -169,10 +172,13 @@ async def access_token(args: argparse.Namespace, url: str) -> AsyncIterator[str]
             refresh_token = (read_private(path) or "").strip()
             if not refresh_token:
                 raise LoginError(f"{path}: no refresh token there")
-            form = {"refresh_token": refresh_token, "client_id": client_id}
-            if os.environ.get(CLIENT_SECRET_ENV):
-                form["client_secret"] = os.environ[CLIENT_SECRET_ENV]
-            tokens = await _fetch(refresh_at, "POST", form)
+            form = {"refresh_token": refresh_token, "client_id": client_id, **_secret()}
+            try:
+                tokens = await _fetch(refresh_at, "POST", form)
+            except LoginError as refused:
+                raise LoginError(f"{refused}; the refresh token in {path} no longer works for {client_id}: sign "
+                                 f"in again with `tokensvc login --url {url} --token-client-id {client_id} "
+                                 f"--refresh-token {path}`") from None
             write_private(path, tokens["refresh_token"] + "\n")  # rotated: the old one is spent
             yield tokens["access_token"]
         return
@@ -189,20 +195,28 @@ async def access_token(args: argparse.Namespace, url: str) -> AsyncIterator[str]
         yield tokens["access_token"]
 
 
+def _secret() -> dict[str, str]:
+    """The client secret of a confidential client, from the environment (never a flag)."""
+    return {"client_secret": os.environ[CLIENT_SECRET_ENV]} if os.environ.get(CLIENT_SECRET_ENV) else {}
+
+
 def _pkce() -> tuple[str, str]:
     verifier = secrets.token_urlsafe(48)
     challenge = base64.urlsafe_b64encode(hashlib.sha256(verifier.encode()).digest()).rstrip(b"=").decode()
     return verifier, challenge
 
 
-async def login(url: str, open_browser: bool = True, timeout: float = LOGIN_TIMEOUT_SECONDS) -> dict[str, Any]:
-    """Sign in to the service behind the admin listener at ``url`` as an admin, in a browser;
-    keep the refresh token. Returns who signed in (the admin API's view of the user)."""
+async def login(url: str, open_browser: bool = True, timeout: float = LOGIN_TIMEOUT_SECONDS, *,
+                client_id: str | None = None, keep_in: Path | None = None) -> dict[str, Any]:
+    """Sign in to the service behind the admin listener at ``url`` as an admin, in a browser,
+    as the CLI's client or as ``client_id`` (a service account's: its secret from
+    ``TOKENSVC_ADMIN_CLIENT_SECRET``, a redirect URI ``http://127.0.0.1/callback``); keep the
+    refresh token in the credentials file, or in ``keep_in`` alone. Returns the tokens."""
     index = await discover(url)
-    client_id = index.get("cliClientId")
+    client_id = client_id or index.get("cliClientId")
     if not client_id:
-        raise LoginError("this service does not offer `tokensvc login` (admin.cli_client = false): "
-                         "give --token or --refresh-token")
+        raise LoginError("this service does not offer `tokensvc login` as its own client (admin.cli_client = "
+                         "false): give a client of yours (--token-client-id), or --token")
     verifier, challenge = _pkce()
     state = secrets.token_urlsafe(16)
     received: asyncio.Future[dict[str, list[str]]] = asyncio.get_running_loop().create_future()
@@ -242,7 +256,11 @@ async def login(url: str, open_browser: bool = True, timeout: float = LOGIN_TIME
         raise LoginError(f"the service refused: {query.get('error_description', query['error'])[0]}")
     tokens = await _fetch(index["tokenEndpoint"], "POST", {
         "grant_type": "authorization_code", "code": query["code"][0], "redirect_uri": redirect_uri,
-        "code_verifier": verifier, "client_id": client_id})
+        "code_verifier": verifier, "client_id": client_id, **_secret()})
+    if keep_in is not None:
+        async with held(keep_in):
+            write_private(keep_in, tokens["refresh_token"] + "\n")
+        return tokens
     path = credentials_path()
     async with held(path):
         everything = _load(path)
