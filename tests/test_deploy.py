@@ -1,0 +1,179 @@
+"""deploy/ kept honest without a container engine: the Dockerfile, the systemd unit and the
+Kubernetes example name commands and flags the command line takes, mount a config that passes
+``tokensvc config check``, and give a stop the time the supervisor's drain needs. (The image's
+build and install steps are run for real in ``tests/wire/test_wire_deploy.py``.)"""
+
+from __future__ import annotations
+
+import configparser
+import json
+import os
+import shlex
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path, PurePosixPath
+
+import pytest
+import yaml
+
+from tokensvc import cli, config
+from tokensvc.identifiers import is_loopback
+from tokensvc.supervisor import STOP_MARGIN
+
+ROOT = Path(__file__).resolve().parent.parent
+DEPLOY = ROOT / "deploy"
+SECRETS = {"TOKENSVC_COOKIE_SECRET": "a-cookie-secret-of-the-tests-0123456789",
+           "TOKENSVC_STORAGE_MONGODB_URI": "mongodb://tokensvc:pw@db-0.db,db-1.db/?replicaSet=rs0"}
+
+
+@dataclass
+class Stage:
+    image: str
+    name: str | None
+    instructions: list[tuple[str, str]] = field(default_factory=list)
+
+    def all(self, keyword: str) -> list[str]:
+        return [value for key, value in self.instructions if key == keyword]
+
+    def last(self, keyword: str) -> str:
+        return self.all(keyword)[-1]
+
+
+def dockerfile() -> list[Stage]:
+    """deploy/Dockerfile's stages: comments dropped, continued lines joined."""
+    stages: list[Stage] = []
+    logical = ""
+    for line in (DEPLOY / "Dockerfile").read_text().splitlines():
+        if not logical and (not line.strip() or line.lstrip().startswith("#")):
+            continue
+        logical += line.rstrip("\\").strip() + " " if line.endswith("\\") else line.strip()
+        if line.endswith("\\"):
+            continue
+        keyword, _, value = logical.partition(" ")
+        logical = ""
+        if keyword == "FROM":
+            image, _, name = value.partition(" AS ")
+            stages.append(Stage(image.strip(), name.strip() or None))
+        else:
+            stages[-1].instructions.append((keyword, value.strip()))
+    return stages
+
+
+def check_config(path: Path, environ: dict[str, str]) -> subprocess.CompletedProcess:
+    clean = {key: value for key, value in os.environ.items() if not key.startswith("TOKENSVC_")}
+    return subprocess.run([sys.executable, "-m", "tokensvc", "config", "check", "--config", str(path), "--json"],
+                          capture_output=True, text=True, timeout=60, env={**clean, **environ})
+
+
+def serve_args(argv: list[str]) -> object:
+    """``argv`` (after the program) parsed by the command line: a serve with the supervisor."""
+    args = cli.build_parser().parse_args(argv)
+    assert args.func is cli.cmd_serve and args.processes >= 2, argv
+    return args
+
+
+def kubernetes() -> dict[str, dict]:
+    return {document["kind"]: document for document in yaml.safe_load_all((DEPLOY / "kubernetes.yaml").read_text())}
+
+
+# -- the image ------------------------------------------------------------------------------------------
+
+
+def test_the_image_is_slim_python_3_11_run_by_a_user_of_its_own_with_the_supervisor():
+    stages = dockerfile()
+    assert [stage.image for stage in stages] == ["python:3.11-slim", "python:3.11-slim"]
+    build, runtime = stages
+    assert build.last("RUN") == "pip wheel --no-cache-dir --no-deps --wheel-dir /wheels ."
+    assert runtime.all("COPY")[0] == "--from=build /wheels /wheels"
+    assert runtime.all("RUN")[0].startswith("pip install --no-cache-dir /wheels/*.whl && rm -rf /wheels && useradd")
+    user = runtime.last("USER")
+    assert user.split(":")[0] not in ("root", "0") and f"--uid {user.split(':')[0]}" in runtime.all("RUN")[0]
+    entrypoint, command = json.loads(runtime.last("ENTRYPOINT")), json.loads(runtime.last("CMD"))
+    assert entrypoint == ["tokensvc", "serve"] and runtime.last("STOPSIGNAL") == "SIGTERM"
+    args = serve_args([*entrypoint[1:], *command])
+    # The config it serves is the one the image copies in, and every file it copies exists.
+    copies = [value.split() for stage in stages for value in stage.all("COPY") if not value.startswith("--from")]
+    assert ["deploy/tokensvc.toml", args.config] in copies  # type: ignore[attr-defined]
+    assert all((ROOT / source).exists() for *sources, _ in copies for source in sources), copies
+    port = config.load(DEPLOY / "tokensvc.toml", environ=SECRETS).port
+    assert runtime.last("EXPOSE") == str(port)
+
+
+def test_the_config_of_the_image_and_the_pods_passes_config_check():
+    checked = check_config(DEPLOY / "tokensvc.toml", SECRETS)
+    assert checked.returncode == 0, checked.stderr
+    settings = json.loads(checked.stdout)
+    assert settings["storage"]["backend"] == "mongodb" and settings["storage"]["mongodb_uri"].startswith(
+        "mongodb://***@")  # the URI's password masked
+    assert is_loopback(settings["admin"]["host"])  # the admin API never leaves the pod
+    # The ConfigMap mounts that very file.
+    assert kubernetes()["ConfigMap"]["data"]["tokensvc.toml"] == (DEPLOY / "tokensvc.toml").read_text()
+    # Without the Secret's values, start-up stops.
+    assert "cookie_secret: required" in check_config(DEPLOY / "tokensvc.toml", {}).stderr
+
+
+# -- Kubernetes -------------------------------------------------------------------------------------------
+
+
+def test_the_pods_are_probed_on_readyz_and_outlast_the_drain():
+    documents = kubernetes()
+    pod = documents["Deployment"]["spec"]["template"]["spec"]
+    container = pod["containers"][0]
+    runtime = dockerfile()[-1]
+    args = serve_args([*json.loads(runtime.last("ENTRYPOINT"))[1:], *container["args"]])
+    mounted = next(mount["mountPath"] for mount in container["volumeMounts"] if mount["name"] == "config")
+    assert PurePosixPath(args.config).parent == PurePosixPath(mounted)  # type: ignore[attr-defined]
+    settings = config.load(DEPLOY / "tokensvc.toml", environ=SECRETS)
+    ports = {port["name"]: port["containerPort"] for port in container["ports"]}
+    assert ports == {"http": settings.port}  # the admin listener's port is not there
+    assert container["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "http"}
+    assert container["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "http"}
+    pause = int(container["lifecycle"]["preStop"]["exec"]["command"][1])
+    assert pod["terminationGracePeriodSeconds"] > pause + settings.server.drain_seconds + STOP_MARGIN
+    secrets = {item["name"]: item["valueFrom"]["secretKeyRef"] for item in container["env"]}
+    assert set(secrets) == set(SECRETS)  # both secrets from the Secret, nothing in the clear
+    assert pod["securityContext"]["runAsNonRoot"] and str(pod["securityContext"]["runAsUser"]) == \
+        runtime.last("USER").split(":")[0]
+    if container["securityContext"]["readOnlyRootFilesystem"]:  # the metrics' files need /tmp
+        assert any(mount["mountPath"] == "/tmp" for mount in container["volumeMounts"])
+    service = documents["Service"]["spec"]
+    assert [port["targetPort"] for port in service["ports"]] == ["http"]
+
+
+# -- systemd ----------------------------------------------------------------------------------------------
+
+
+def unit() -> configparser.ConfigParser:
+    parser = configparser.ConfigParser(strict=False, interpolation=None)
+    parser.optionxform = str  # type: ignore[assignment,method-assign]
+    parser.read(DEPLOY / "tokensvc.service")
+    return parser
+
+
+@pytest.mark.parametrize("key", ["ExecStartPre", "ExecStart"])
+def test_the_systemd_units_commands_parse_against_the_command_line(key):
+    argv = shlex.split(unit()["Service"][key])
+    assert argv[0] == "/opt/tokensvc/bin/tokensvc"
+    args = cli.build_parser().parse_args(argv[1:])
+    assert args.config == "/etc/tokensvc/tokensvc.toml"
+    if key == "ExecStart":
+        serve_args(argv[1:])
+    else:
+        assert args.func is cli.cmd_config_check
+
+
+def test_the_systemd_unit_stops_the_supervisor_alone_and_waits_for_the_drain():
+    service = unit()["Service"]
+    assert service["KillMode"] == "mixed" and service["KillSignal"] == "SIGTERM"
+    assert service["User"] != "root" and service["Restart"] == "on-failure"
+    # The unit's config is config/tokensvc.mongodb.toml installed as /etc/tokensvc/tokensvc.toml,
+    # with the secrets of the environment file.
+    example = dict(line.split("=", 1) for line in (DEPLOY / "tokensvc.env.example").read_text().splitlines()
+                   if line and not line.startswith("#"))
+    assert set(example) == set(SECRETS)
+    assert check_config(ROOT / "config" / "tokensvc.mongodb.toml", example).returncode == 1  # left empty: stops
+    checked = check_config(ROOT / "config" / "tokensvc.mongodb.toml", SECRETS)
+    assert checked.returncode == 0, checked.stderr
+    drain = json.loads(checked.stdout)["server"]["drain_seconds"]
+    assert int(service["TimeoutStopSec"]) > drain + STOP_MARGIN
