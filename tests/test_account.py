@@ -5,7 +5,7 @@ opens an address that is not a page."""
 from __future__ import annotations
 
 import pytest
-from helpers import SKY_REDIRECT, Browser, exchange, json_of, post_form
+from helpers import NODE_REDIRECT, SKY_REDIRECT, Browser, exchange, json_of, post_form
 
 from tokensvc.oauth import sessions
 
@@ -74,18 +74,24 @@ def test_a_browser_is_named_as_a_person_would():
 
 
 @pytest.mark.gen_test
-async def test_only_an_operator_or_an_admin_unpairs(browser, http_client, base_url):
+async def test_an_installation_is_listed_once_paired_and_no_longer_once_unpaired(browser, http_client, base_url):
     await browser.login("alice")
-    page = await browser.fetch("/account")
-    assert b'data-installation-id="backyard-scope"' in page.body  # alice operates it
+    listed = b'data-installation-id="backyard-scope"'
+    assert listed not in (await browser.fetch("/account")).body  # operated, never paired
+    page = await browser.authorize("node-agent", NODE_REDIRECT, installation_id="backyard-scope")
+    assert (await browser.decide(page, "allow")).code == 302  # paired: the agent holds its grant
+    account = await browser.fetch("/account")
+    assert listed in account.body and b"A telescope \xc2\xb7 <code>backyard-scope</code>" in account.body
     stranger = Browser(http_client, base_url)
-    await stranger.login("root")  # an admin sees every installation
-    assert b'data-installation-id="backyard-scope"' in (await stranger.fetch("/account")).body
+    await stranger.login("root")  # an admin sees every paired installation
+    assert listed in (await stranger.fetch("/account")).body
     asking = await browser.fetch("/account?unpair=backyard-scope")
     assert b"Unpair Backyard telescope?" in asking.body
     unpaired = await browser.fetch("/account", "POST", {"action": "unpair", "installation_id": "backyard-scope",
                                                         "_xsrf": browser.cookies["_xsrf"]})
     assert unpaired.code == 303 and unpaired.headers["Location"] == "/account?unpaired=backyard-scope"
+    after = await browser.fetch(unpaired.headers["Location"])
+    assert b"Backyard telescope is unpaired" in after.body and listed not in after.body
     nobody = await browser.fetch("/account", "POST", {"action": "unpair", "installation_id": "no-such-scope",
                                                       "_xsrf": browser.cookies["_xsrf"]})
     assert nobody.code == 403

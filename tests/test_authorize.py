@@ -17,7 +17,7 @@ async def test_unknown_client_gets_an_error_page_and_no_redirect(browser):
     assert response.code == 400
     assert "Location" not in response.headers
     assert response.headers["Content-Type"].startswith("text/html")
-    assert b"not registered" in response.body
+    assert b"The app that sent you here is not known to this service." in response.body
 
 
 @pytest.mark.gen_test
@@ -27,15 +27,19 @@ async def test_unregistered_redirect_uri_gets_an_error_page_and_no_redirect(brow
         response = await browser.authorize("webapp", uri)
         assert response.code == 400, uri
         assert "Location" not in response.headers
-        assert b"redirect_uri is not registered" in response.body
+        # In the words of the person who followed the link: no parameter names.
+        assert b"Web app asked to send you back to an address it has not registered" in response.body
+        assert b"redirect_uri" not in response.body and b"client_id" not in response.body
 
 
 @pytest.mark.gen_test
 async def test_missing_redirect_uri_or_client_id_is_an_error_page(browser):
     response = await browser.fetch("/oauth/authorize?" + urlencode({"client_id": "webapp", "response_type": "code"}))
     assert response.code == 400 and "Location" not in response.headers
+    assert b"Web app did not say where to send you back to." in response.body
     response = await browser.fetch("/oauth/authorize?" + urlencode({"redirect_uri": WEBAPP_REDIRECT}))
     assert response.code == 400 and "Location" not in response.headers
+    assert b"does not say which app it comes from" in response.body and b"client_id" not in response.body
 
 
 @pytest.mark.gen_test
@@ -265,7 +269,8 @@ async def test_pairing_an_installation_needs_an_operator(browser, store):
     await browser.login("alice")
     page = await browser.authorize("node-agent", NODE_REDIRECT, installation_id="backyard-scope")
     # Even the first-party agent shows which installation it pairs before the code is issued.
-    assert page.code == 200 and b"Pair Backyard telescope" in page.body and b"telescope" in page.body
+    assert page.code == 200 and b"Pair Backyard telescope" in page.body and b"a telescope, with" in page.body
+    assert b"Not alice? <button type=\"submit\" class=\"link\">Switch account</button>" in page.body
     response = await browser.decide(page, "allow")
     code = await store.get_code(hashing.digest(query_of(response.headers["Location"])["code"]))
     assert code.installation_id == "backyard-scope" and code.user_id is None
@@ -287,6 +292,7 @@ async def test_pairing_an_installation_one_does_not_operate_is_denied(browser, s
     admin = type(browser)(browser.client, browser.base_url, browser.clock)
     await admin.login("root")
     page = await admin.authorize("node-agent", NODE_REDIRECT, installation_id="other-scope")
+    assert b"an observatory, with" in page.body  # in good English, whatever the kind
     assert "code" in query_of((await admin.decide(page, "allow")).headers["Location"])
 
 
@@ -511,7 +517,7 @@ async def test_a_confidential_client_gets_no_code_on_another_loopback_port(brows
     await browser.login("alice")
     response = await browser.authorize("webapp", "http://127.0.0.1:50999/callback")
     assert response.code == 400 and "Location" not in response.headers
-    assert b"redirect_uri is not registered" in response.body
+    assert b"Web app asked to send you back to an address it has not registered" in response.body
 
 
 # -- a decision at a person's pace (double-clickjacking) ------------------------------------------

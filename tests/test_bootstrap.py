@@ -149,3 +149,14 @@ async def test_the_command_lines_client_is_seeded_unless_switched_off(store):
     assert cli_client.scopes == ["admin"]
     await seed(store, make_config(admin={"cli_client": False}))
     assert await store.get_client(CLI_CLIENT.client_id) is None
+
+
+@pytest.mark.gen_test
+async def test_the_start_up_line_counts_every_client_it_seeded(store, caplog):
+    caplog.set_level("INFO", logger="tokensvc.bootstrap")
+    await seed(store, make_config())
+    await seed(store, make_config(admin={"cli_client": False}, installations=[]))
+    assert [record.getMessage() for record in caplog.records] == [
+        "seeded 5 clients (4 from the config and tokensvc-cli), 2 users, 1 installation",
+        "seeded 4 clients (from the config), 2 users, 0 installations"]
+    assert len(await store.list_clients()) == 4

@@ -3,8 +3,9 @@ through every page flow, against the real service started as a process:
 
 - first-party sign-in from signed out, and again when already signed in (no sign-in page);
 - third-party consent, allowed and denied; a wrong password, then the right one;
-- installation pairing by an operator, and refused for a user who is not one;
-- the account page (connected apps, Remove) and sign-out.
+- installation pairing by an operator ("an observatory"), and refused for a user who is not one;
+- the account page (connected apps, Remove; an installation listed once paired, Unpair) and sign-out;
+- the home page's addresses on a phone, and the page tokensvc login lands on.
 
 Each client's redirect_uri points at a small callback server of the test's own, so every
 redirect is really followed by the browser. After each test the browser's console must be
@@ -142,13 +143,32 @@ def callback():
     yield from page_server()
 
 
+# An installation of the kind that takes "an", paired and unpaired by a test of its own; an
+# administrator, for tokensvc login.
+EXTRA = '''
+[[installations]]
+installation_id = "hilltop-dome"
+name = "Hilltop observatory"
+kind = "observatory"
+operators = ["alice"]
+
+[[users]]
+username = "root"
+password = "{root}"
+admin = true
+'''.format(root=PASSWORDS["root"])
+
+
 @pytest.fixture(scope="module")
-def service(tmp_path_factory, callback):
-    password = PASSWORDS["root"]
-    root = f'\n[[users]]\nusername = "root"\npassword = "{password}"\nadmin = true\n'
-    service = start_service(tmp_path_factory.mktemp("browser"), callback=callback, extra=root)
-    yield service.base
+def running(tmp_path_factory, callback):
+    service = start_service(tmp_path_factory.mktemp("browser"), callback=callback, extra=EXTRA)
+    yield service
     service.stop()
+
+
+@pytest.fixture(scope="module")
+def service(running):
+    return running.base
 
 
 @pytest.fixture
@@ -601,17 +621,23 @@ def test_the_other_sessions_are_listed_and_signed_out(service, driver):
     assert "Firefox" not in driver.find_element(By.XPATH, "//h2[@id='sessions']/following-sibling::ul[1]").text
 
 
-def test_an_operator_unpairs_an_installation(service, callback, driver):
-    driver.get(pairing_url(service, callback))
-    sign_in(driver, PASSWORDS["alice"])
-    decision(driver, "allow").click()
+def test_the_account_lists_an_installation_once_paired_and_unpair_takes_it_away(service, callback, driver):
+    sign_in_directly(driver, service)
+    driver.get(service + "/account")
+    wait_for(driver, By.ID, "sessions")
+    assert not driver.find_elements(By.CSS_SELECTOR, "li.item[data-installation-id=hilltop-dome]")  # never paired
+    driver.get(authorize_url(service, callback, "node-agent", "read", installation_id="hilltop-dome"))
+    pair = decision(driver, "allow")
+    assert "an observatory, with Node installation agent" in driver.find_element(By.TAG_NAME, "main").text
+    pair.click()
     tokens = exchange(service, landed_on(driver, f"{callback}/node-agent")["code"][0], "node-agent", callback)
     driver.get(service + "/account#installations")
-    item = wait_for(driver, By.CSS_SELECTOR, "li.item[data-installation-id=backyard-scope]")
-    assert "Backyard telescope" in item.text and "telescope" in item.text
-    item.find_element(By.CSS_SELECTOR, "[aria-label='Unpair Backyard telescope']").click()
+    item = wait_for(driver, By.CSS_SELECTOR, "li.item[data-installation-id=hilltop-dome]")
+    assert "Hilltop observatory" in item.text and "An observatory" in item.text
+    item.find_element(By.CSS_SELECTOR, "[aria-label='Unpair Hilltop observatory']").click()
     wait_for(driver, By.CSS_SELECTOR, "form.confirm button[name=installation_id]").click()
-    assert "Backyard telescope is unpaired" in wait_for(driver, By.CSS_SELECTOR, ".note").text
+    assert "Hilltop observatory is unpaired" in wait_for(driver, By.CSS_SELECTOR, ".note").text
+    assert not driver.find_elements(By.CSS_SELECTOR, "li.item[data-installation-id=hilltop-dome]")
     assert introspect(service, tokens["refresh_token"]) == {"active": False}
 
 
@@ -742,3 +768,71 @@ def test_a_double_click_elsewhere_gets_no_code_and_a_persons_click_does(service,
     decision(driver, "allow").click()  # a person, once Continue is there
     wait_until(driver, lambda d: listener.seen)
     assert len(listener.seen) == 1 and parse_qs(urlsplit(listener.seen[0]).query)["code"]
+
+
+def test_not_alice_switches_account_on_the_pairing_page_too(service, callback, driver):
+    driver.get(pairing_url(service, callback))
+    sign_in(driver, PASSWORDS["alice"])
+    decision(driver, "allow")
+    driver.find_element(By.CSS_SELECTOR, "button.link").click()  # "Not alice? Switch account"
+    sign_in(driver, PASSWORDS["bob"], "bob")  # bob operates nothing: the node software is told so
+    query = landed_on(driver, f"{callback}/node-agent")
+    assert query["error"] == ["access_denied"] and "code" not in query
+
+
+def breaks_only_after_a_slash(driver) -> bool:
+    """Every endpoint address on the home page wraps, if it wraps, only after a "/" or a space:
+    each character that starts a new line follows one."""
+    return driver.execute_script("""
+      return [...document.querySelectorAll('.endpoints code')].every(code => {
+        const text = document.createTreeWalker(code, NodeFilter.SHOW_TEXT);
+        let top = null, before = null;
+        for (let node = text.nextNode(); node; node = text.nextNode()) {
+          for (let i = 0; i < node.length; i++) {
+            const range = document.createRange();
+            range.setStart(node, i);
+            range.setEnd(node, i + 1);
+            const box = range.getClientRects()[0];
+            if (!box) continue;
+            if (top !== null && box.top > top + 1 && before !== '/' && before !== ' ') return false;
+            top = box.top;
+            before = node.data[i];
+          }
+        }
+        return true;
+      })""")
+
+
+def test_the_home_pages_addresses_wrap_only_after_a_slash_on_a_phone(service, driver):
+    driver.set_window_size(375, 812)
+    driver.get(service + "/")
+    wait_for(driver, By.CSS_SELECTOR, ".endpoints code")
+    wrapped = driver.execute_script(
+        "return [...document.querySelectorAll('.endpoints code')].filter(c => c.getClientRects().length > 1).length")
+    assert wrapped >= 1  # the phone is narrow enough that some address must wrap
+    assert breaks_only_after_a_slash(driver) and fits_the_window(driver)
+
+
+def test_tokensvc_login_lands_on_a_page_in_the_services_look(running, driver, tmp_path, monkeypatch):
+    """The command line's loopback page, reached by Chromium at the end of tokensvc login."""
+    import queue
+
+    from tokensvc import cli
+
+    opened: queue.Queue[str] = queue.Queue()
+    monkeypatch.setenv("TOKENSVC_CREDENTIALS", str(tmp_path / "credentials.json"))
+    monkeypatch.setattr("webbrowser.open", opened.put)
+    code: list[int] = []
+    login = threading.Thread(target=lambda: code.append(cli.main(["login", "--url", running.admin, "--json"])))
+    login.start()
+    driver.get(opened.get(timeout=30))
+    sign_in(driver, PASSWORDS["root"], "root")
+    decision(driver, "allow").click()  # the one click a native app needs
+    wait_until(driver, lambda d: d.title == "Signed in · tokensvc")
+    card = driver.find_element(By.TAG_NAME, "main")
+    assert "You can close this window and go back to the command line." in card.text
+    style = driver.execute_script("const s = getComputedStyle(arguments[0]); return [s.backgroundColor, "
+                                  "s.borderRadius, s.maxWidth]", card)
+    assert style == ["rgb(255, 255, 255)", "12px", "440px"]  # the card of the service's pages
+    login.join(30)
+    assert code == [0]

@@ -133,8 +133,15 @@ async def seed(store: Store, config: Settings) -> None:
             kind=seed_installation.kind,
             operators=[user_ids[username_key(name)] for name in seed_installation.operators],
         ))
-    log.info("seeded %d clients, %d users, %d installations from the config",
-             len(config.clients), len(config.users), len(config.installations))
+    clients = counted(len(config.clients) + config.admin.cli_client, "client")  # the CLI's client too
+    where = f"{len(config.clients)} from the config and {CLI_CLIENT.client_id}" if config.admin.cli_client \
+        else "from the config"
+    log.info("seeded %s (%s), %s, %s", clients, where, counted(len(config.users), "user"),
+             counted(len(config.installations), "installation"))
+
+
+def counted(count: int, noun: str) -> str:
+    return f"{count} {noun}{'' if count == 1 else 's'}"
 
 
 async def seed_client_as(store: Store, existing: Client | None, client: Client, now: datetime) -> None:

@@ -200,6 +200,24 @@ def _secret() -> dict[str, str]:
     return {"client_secret": os.environ[CLIENT_SECRET_ENV]} if os.environ.get(CLIENT_SECRET_ENV) else {}
 
 
+def callback_page(title: str, text: str) -> bytes:
+    """The page the browser lands on at the command line's loopback port: the service's look
+    (its stylesheet's colours and card), inline, since nothing else is served there."""
+    return f"""<!doctype html>
+<html lang="en"><head><meta charset="utf-8"><meta name="viewport" content="width=device-width, initial-scale=1">
+<title>{title} · tokensvc</title>
+<style>
+body {{ margin: 0; display: flex; justify-content: center; padding: 6vh 16px; background: #f3f5f9; color: #1c2330;
+       font: 16px/1.5 system-ui, -apple-system, "Segoe UI", Roboto, sans-serif; }}
+main {{ width: 100%; max-width: 440px; background: #fff; border: 1px solid #dde2ec; border-radius: 12px;
+       padding: 28px; box-shadow: 0 4px 24px rgba(20, 30, 60, .06); }}
+header {{ font-weight: 600; color: #5b6475; margin-bottom: 12px; }} h1 {{ font-size: 1.45rem; margin: .2em 0 .4em; }}
+p {{ margin: 0; color: #5b6475; }}
+</style></head>
+<body><main><header>tokensvc command line</header><h1>{title}</h1><p>{text}</p></main></body></html>
+""".encode()
+
+
 def _pkce() -> tuple[str, str]:
     verifier = secrets.token_urlsafe(48)
     challenge = base64.urlsafe_b64encode(hashlib.sha256(verifier.encode()).digest()).rstrip(b"=").decode()
@@ -226,10 +244,11 @@ async def login(url: str, open_browser: bool = True, timeout: float = LOGIN_TIME
         while (await reader.readline()) not in (b"\r\n", b"\n", b""):
             pass
         query = parse_qs(urlsplit(request_line.split(" ")[1] if " " in request_line else "").query)
-        page = ("<!doctype html><title>tokensvc</title><p>Signed in: you can close this window and go back "
-                "to the command line.</p>" if "code" in query else
-                "<!doctype html><title>tokensvc</title><p>Not signed in: see the command line.</p>").encode()
+        page = (callback_page("Signed in", "You can close this window and go back to the command line.")
+                if "code" in query else callback_page("Not signed in", "The command line says why."))
         writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/html; charset=utf-8\r\nConnection: close\r\n"
+                     b"Content-Security-Policy: default-src 'none'; style-src 'unsafe-inline'\r\n"
+                     b"Referrer-Policy: no-referrer\r\nCache-Control: no-store\r\n"
                      b"Content-Length: %d\r\n\r\n%s" % (len(page), page))
         await writer.drain()
         writer.close()

@@ -90,11 +90,6 @@ def kind_problem(value: str, kinds: Sequence[str] = DEFAULT_KINDS) -> str | None
     return None if value in kinds else f"one of {', '.join(kinds)}"
 
 
-def with_article(word: str) -> str:
-    """``word`` after "a" or "an", as a page says it: "a telescope", "an observatory"."""
-    return f"{'an' if word[:1].lower() in 'aeiou' else 'a'} {word}"
-
-
 def password_hash_problem(value: str) -> str | None:
     """Why ``value`` cannot be a stored password hash (``scrypt$N$r$p$salt$key``, what
     ``tokensvc`` itself writes), or None when it can."""

@@ -11,6 +11,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
+from tornado.escape import xhtml_escape
+
 from tokensvc.handlers import xsrf
 from tokensvc.handlers.headers import csp_source, page_csp
 from tokensvc.handlers.web import WebHandler
@@ -81,5 +83,17 @@ class PageHandler(WebHandler):
 
     def get_template_namespace(self) -> dict[str, Any]:
         namespace = super().get_template_namespace()
-        namespace["service_name"] = self.config.service_name
+        namespace.update(service_name=self.config.service_name, with_article=with_article, breakable=breakable)
         return namespace
+
+
+def with_article(word: str) -> str:
+    """``word`` after "a" or "an", as a page says it: "a telescope", "an observatory" (an
+    installation's kind is the operator's word: installation_kinds)."""
+    return f"{'an' if word[:1].lower() in 'aeiou' else 'a'} {word}"
+
+
+def breakable(url: str) -> str:
+    """``url`` as HTML that a narrow screen wraps only after a ``/`` (``<wbr>``), never inside
+    a word; for ``{% raw %}``."""
+    return "/<wbr>".join(xhtml_escape(part) for part in url.split("/"))

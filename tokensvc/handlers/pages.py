@@ -120,7 +120,8 @@ class AuthorizeHandler(FormPage):
             args = {name: [value.decode("utf-8") for value in values] for name, values in raw_args.items()
                     if name not in ("decision", "_xsrf", pace.FIELD)}
         except UnicodeDecodeError:
-            raise RedirectUnverified("The authorization request is not valid UTF-8.") from None
+            raise RedirectUnverified("The authorization request is not valid UTF-8.",
+                                     "The link that sent you here is malformed.") from None
         found = await self.session()
         try:
             outcome = await authorization.decide(self.ctx, args, found[1] if found else None, decision)
@@ -222,7 +223,7 @@ class LogoutHandler(PageHandler):
 
 
 class AccountHandler(PageHandler):
-    """``GET|POST {auth_url}/account``: who is signed in, their connected apps, the
+    """``GET|POST {auth_url}/account``: who is signed in, their connected apps, the paired
     installations they operate and their sessions. Remove and Unpair ask first (``?remove=``,
     ``?unpair=``), then post here and come back saying what happened."""
 
@@ -231,7 +232,7 @@ class AccountHandler(PageHandler):
         if user is None:
             return
         apps = await connected_apps.list_connected(self.ctx, Subject(user_id=user.user_id))
-        installations = await connected_apps.installations_of(self.ctx, user)
+        installations = await connected_apps.paired_installations(self.ctx, user)
         current = hashing.digest(self._session_id) if self._session_id else None
         self.allow_sources(img_src=[app.logo_url for app in apps])
         notice = await self.notice()

@@ -137,18 +137,25 @@ async def verify_redirect(ctx: OAuthContext, args: dict[str, list[str]]) -> tupl
         client_id = single("client_id")
         redirect_uri = single("redirect_uri")
     except InvalidRequest as exc:
-        raise RedirectUnverified(exc.description or "Repeated parameter") from None
+        raise RedirectUnverified(exc.description or "Repeated parameter",
+                                 "The link that sent you here is malformed: it repeats a part of itself.") from None
     if not client_id:
-        raise RedirectUnverified("The request names no client (client_id is missing).")
+        raise RedirectUnverified("The request names no client (client_id is missing).",
+                                 "The link that sent you here does not say which app it comes from.")
     client = await ctx.store.get_client(client_id) if len(client_id) <= 128 else None
     if client is None:
-        raise RedirectUnverified("The client that sent you here is not registered with this service.")
+        raise RedirectUnverified("The client that sent you here is not registered with this service.",
+                                 "The app that sent you here is not known to this service.")
     if client.resource_server:
-        raise RedirectUnverified("The client that sent you here is an API: it cannot ask for authorization.")
+        raise RedirectUnverified("The client that sent you here is an API: it cannot ask for authorization.",
+                                 f"{client.name} is an API, not an app: it cannot sign you in.")
     if not redirect_uri:
-        raise RedirectUnverified("The request carries no redirect_uri.")
+        raise RedirectUnverified("The request carries no redirect_uri.",
+                                 f"{client.name} did not say where to send you back to.")
     if not registered(redirect_uri, client):
-        raise RedirectUnverified("The redirect_uri is not registered for this client.")
+        raise RedirectUnverified("The redirect_uri is not registered for this client.",
+                                 f"{client.name} asked to send you back to an address it has not registered with "
+                                 "this service, so you are not sent there.")
     return client, redirect_uri
 
 

@@ -1,5 +1,6 @@
 """A user's connected apps and paired installations: what the account page and
-``GET /v1/me/connected-apps`` show, and what a user may withdraw.
+``GET /v1/me/connected-apps`` show, and what a user may withdraw (an installation is paired
+while its node software holds a live grant).
 
 An app's scopes are what is in force: those of its grant (the latest consent) and every scope a
 live token of it still carries (an earlier, broader consent's refresh token keeps its scopes
@@ -57,17 +58,27 @@ async def list_connected(ctx: OAuthContext, subject: Subject) -> list[ConnectedA
     return apps
 
 
-async def installations_of(ctx: OAuthContext, user: User) -> list[Installation]:
-    """The installations the user may see and unpair: those they operate; every one for an admin."""
-    installations = await ctx.store.list_installations()
-    return [inst for inst in installations if user.admin or user.user_id in inst.operators]
+def operates(user: User, installation: Installation) -> bool:
+    """Whether ``user`` may pair and unpair ``installation``: an operator of it, or an admin."""
+    return user.admin or user.user_id in installation.operators
+
+
+async def paired_installations(ctx: OAuthContext, user: User) -> list[Installation]:
+    """The installations of the account page: those the user operates (every one for an
+    admin) that are paired, their node software holding a live grant. One never paired, or
+    unpaired since, is not there."""
+    operated = [inst for inst in await ctx.store.list_installations() if operates(user, inst)]
+    grants = await asyncio.gather(*(ctx.store.list_grants(Subject(installation_id=inst.installation_id))
+                                    for inst in operated))
+    return [inst for inst, live in zip(operated, grants, strict=True) if live]
 
 
 async def unpair(ctx: OAuthContext, user: User, installation_id: str) -> int:
     """Revoke every grant (and token) of an installation the user operates (or any, for an
     admin): the node software must be paired again. The families revoked; AccessDenied for an
     installation the user may not unpair."""
-    if installation_id not in {inst.installation_id for inst in await installations_of(ctx, user)}:
+    installation = await ctx.store.get_installation(installation_id) if len(installation_id) <= 128 else None
+    if installation is None or not operates(user, installation):
         raise AccessDenied("You may not unpair this installation")
     revoked = 0
     for grant in await ctx.store.list_grants(Subject(installation_id=installation_id)):

@@ -140,9 +140,10 @@ class RedirectUnverified(HTTPAnswer):
 
     status_code = 400
 
-    def __init__(self, description: str) -> None:
+    def __init__(self, description: str, words: str | None = None) -> None:
         super().__init__(description)
-        self.description = description_text(description)
+        self.description = description_text(description)  # the RFC's terms, for the client's developer (JSON)
+        self.words = words  # the same in plain words, for the person who followed the link (a page)
 
     def body(self) -> dict[str, str]:
         return {"error": "invalid_request", "error_description": self.description}
@@ -150,6 +151,10 @@ class RedirectUnverified(HTTPAnswer):
     @property
     def title(self) -> str:
         return "This request cannot be completed"
+
+    @property
+    def message(self) -> str:
+        return self.words or self.description
 
 
 def redirect_to(redirect_uri: str, params: dict[str, str | None]) -> str:
