@@ -30,6 +30,7 @@ import ctypes
 import logging
 import os
 import signal
+import socket
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -61,7 +62,7 @@ class Supervisor:
     process)."""
 
     def __init__(self, workers: int, work: Callable[[int], int], *, stop_seconds: float,
-                 died: Callable[[int], None] = lambda pid: None, sockets: Sequence[object] = (),
+                 died: Callable[[int], None] = lambda pid: None, sockets: Sequence[socket.socket] = (),
                  first_delay: float = FIRST_DELAY, max_delay: float = MAX_DELAY,
                  stable_seconds: float = STABLE_SECONDS, give_up_after: int = GIVE_UP_AFTER) -> None:
         self.count, self.work, self.stop_seconds, self.died = workers, work, stop_seconds, died
@@ -127,7 +128,7 @@ class Supervisor:
             self.due.clear()
             for sock in self.sockets:  # the port is free once the last worker has closed its copy
                 with contextlib.suppress(OSError):
-                    sock.close()  # type: ignore[attr-defined]
+                    sock.close()
         for pid in self.workers:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signum)
