@@ -129,10 +129,18 @@ def table(rows: list[list[str]], header: list[str]) -> str:
     return "\n".join(lines)
 
 
+def _snake(name: str) -> str:
+    """An API field's name as the config file and a person write it (firstParty: first_party)."""
+    return re.sub("([A-Z])", lambda m: "_" + m[1].lower(), name)
+
+
+def _camel(name: str) -> str:
+    return re.sub("_([a-z0-9])", lambda m: m[1].upper(), name)
+
+
 def record(data: Json) -> str:
     """One ``key: value`` line per field, the keys as a person reads them (first_party)."""
-    return "\n".join(f"{re.sub('([A-Z])', lambda m: '_' + m[1].lower(), key)}: {text_of(value)}"
-                     for key, value in data.items() if key != "created")
+    return "\n".join(f"{_snake(key)}: {text_of(value)}" for key, value in data.items() if key != "created")
 
 
 async def every(listing: Callable[..., Awaitable[Json]]) -> list[Json]:
@@ -323,14 +331,6 @@ async def tokens_purge(op: Operations, args: argparse.Namespace) -> int:
 # -- apply ------------------------------------------------------------------------------------------
 
 
-def _snake(name: str) -> str:
-    return re.sub("([A-Z])", lambda m: "_" + m[1].lower(), name)
-
-
-def _camel(name: str) -> str:
-    return re.sub("_([a-z0-9])", lambda m: m[1].upper(), name)
-
-
 class DesiredState:
     """A file of ``tokensvc apply``, read and checked key by key, as the admin API's desired
     state (:mod:`tokensvc.provisioning`): the config file's tables (``[[clients]]``,
@@ -349,9 +349,10 @@ class DesiredState:
         self.keys: dict[tuple[str, int], dict[str, str]] = {}  # the file's key of each API field
         self.ids: dict[tuple[str, int], str] = {}
         for table in provisioning.TABLES:
-            if table in wanted:
-                items = wanted[table] if isinstance(wanted[table], list) else [wanted[table]]
-                self.entries[table] = [self._entry(table, index, item) for index, item in enumerate(items)]
+            if table in wanted and not isinstance(wanted[table], list):
+                self.problems.append(f"{path}: [{table}]: expected an array of tables ([[{table}]])")
+            elif table in wanted:
+                self.entries[table] = [self._entry(table, index, item) for index, item in enumerate(wanted[table])]
 
     def where(self, table: str | None = None, index: int | None = None) -> str:
         """A problem's place: ``FILE: [[table]] #n (id_key = 'id')``."""

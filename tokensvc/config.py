@@ -351,7 +351,8 @@ def _parse_env(name: str, text: str, annotation: str) -> Any:
 
 def _inputs(cls: type) -> dict[str, str]:
     """The keys a section takes, with their annotations (``from __future__``: strings). A
-    derived setting may be given; only the flag that says it was generated may not."""
+    derived setting may be given; one made from others (``MADE``) may not. ``cookie_secret``
+    takes one key or a list."""
     return {f.name: (COOKIE_SECRET if f.name == "cookie_secret" and cls is Settings else str(f.type))
             for f in dataclasses.fields(cls) if not f.metadata.get("made")}
 
