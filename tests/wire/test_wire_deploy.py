@@ -71,7 +71,7 @@ def test_the_images_entrypoint_serves_from_the_wheel_and_stops_on_sigterm(instal
                 try:
                     if requests.get(f"http://127.0.0.1:{port}/readyz", timeout=5).status_code == 200:
                         break
-                except requests.ConnectionError:
+                except (requests.ConnectionError, requests.Timeout):
                     pass
                 assert time.monotonic() < deadline, log.read_text()
                 time.sleep(0.1)
