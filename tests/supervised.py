@@ -14,10 +14,10 @@ from tokensvc import logs
 from tokensvc.supervisor import Supervisor
 
 
-def wait_for_sigterm(ready: Path) -> None:
-    """Say so in ``ready`` once SIGTERM is sure to be waited for, then wait for it."""
+def wait_for_sigterm(directory: Path, slot: int) -> None:
+    """Say so (``ready-SLOT-PID``) once SIGTERM is sure to be waited for, then wait for it."""
     signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
-    ready.write_text(str(os.getpid()))
+    (directory / f"ready-{slot}-{os.getpid()}").touch()
     signal.sigwait({signal.SIGTERM})
 
 
@@ -27,7 +27,7 @@ def main() -> int:
 
     def work(slot: int) -> int:
         if behaviour == "drain":  # takes a moment to finish what it holds
-            wait_for_sigterm(directory / f"ready-{slot}")
+            wait_for_sigterm(directory, slot)
             time.sleep(0.3)
             (directory / f"drained-{slot}").write_text(str(os.getpid()))
             return 0
@@ -37,7 +37,7 @@ def main() -> int:
                     (directory / f"orphan-{slot}-{os.getpid()}").touch()
                     signal.pause()
                 os._exit(0)
-            wait_for_sigterm(directory / f"ready-{slot}-{os.getpid()}")
+            wait_for_sigterm(directory, slot)
             return 0
         if behaviour == "stubborn":  # never stops when asked
             signal.signal(signal.SIGTERM, signal.SIG_IGN)
