@@ -374,3 +374,22 @@ def test_apply_over_the_api_runs_the_same_plan_as_on_the_store(service, credenti
     assert code_for(service, "webapp", WEBAPP_SECRET)["status"] == 200
     assert subprocess.run([sys.executable, "-m", "tokensvc", "apply", "--help"], capture_output=True, text=True,
                           timeout=30).returncode == 0
+
+
+def test_a_user_is_one_whatever_the_case_the_file_names_them_in(run, tmp_path):
+    code, out, err = run("apply", "-f", write(tmp_path, '''
+[[users]]
+username = "Dora"
+password = "orbit-lantern-quiet"
+
+[[installations]]
+installation_id = "applied-dome"
+name = "Applied dome"
+kind = "observatory"
+operators = ["DORA"]
+'''))
+    assert code == 0, err
+    assert run("installations", "list", json_out=True)[1][0]["operators"] == ["dora"]  # stored under the key
+    twice = '[[users]]\nusername = "carol"\npassword = "orbit-lantern-quiet"\n[[users]]\nusername = "CAROL"\n'
+    code, _, err = run("apply", "-f", write(tmp_path, twice, "twice.toml"))
+    assert code == 1 and "[[users]] #2 (username = 'CAROL'): username: user 'CAROL' is named twice" in err

@@ -449,12 +449,14 @@ async def remove_user(ctx: OAuthContext, username: str) -> tuple[str, int]:
 
 
 async def operator_ids(store: Store, operators: Sequence[str], also: Sequence[str] = ()) -> list[str]:
-    """The user ids of ``operators`` (usernames); naming no one is the body's fault (422).
-    A name in ``also`` (users a plan creates first) counts as there, with an empty id."""
+    """The user ids of ``operators`` (usernames, in any case); naming no one is the body's
+    fault (422). A name in ``also`` (users a plan creates first) counts as there, with an empty
+    id."""
+    planned = {username_key(name) for name in also}
     ids = []
     for username in operators:
         user = await store.get_user_by_username(username) if len(username) <= 128 else None
-        if user is None and username not in also:
+        if user is None and username_key(username) not in planned:
             raise AdminError(f"no user named {username!r}", "operators")
         ids.append(user.user_id if user is not None else "")
     return ids

@@ -28,6 +28,7 @@ from typing import Any
 from tokensvc import admin, admin_schemas
 from tokensvc.admin import AdminError, ClientSpec
 from tokensvc.errors import ValidationFailed
+from tokensvc.identifiers import username_key
 from tokensvc.oauth import hashing
 from tokensvc.records import DEFAULT_SCOPES, Client
 from tokensvc.schemas import load
@@ -107,9 +108,9 @@ async def plan(store: Store, body: Any, *, kinds: Sequence[str], service_name: s
         for index, entry in enumerate(data.get(table) or []):
             with problems.at(table, index):
                 key = _key(table, entry)
-                if key in named[table]:
+                if same(table, key) in named[table]:
                     raise AdminError(f"{KIND_OF[table]} {key!r} is named twice", ID_FIELDS[table])
-                named[table].add(key)
+                named[table].add(same(table, key))
                 fields = {name: value for name, value in entry.items() if name != ID_FIELDS[table]}
                 if table == "users":
                     steps.append(await _user(store, key, fields, service_name, desired))
@@ -122,6 +123,12 @@ async def plan(store: Store, body: Any, *, kinds: Sequence[str], service_name: s
     if problems.detail:
         raise ValidationFailed(problems.detail)
     return steps
+
+
+def same(table: str, key: str) -> str:
+    """What makes two entries of ``table`` one: a user's name is one whatever its case (its
+    key, NFKC and case folded), an id is itself."""
+    return username_key(key) if table == "users" else key
 
 
 def _key(table: str, entry: Any) -> str:
@@ -248,9 +255,9 @@ async def _removals(store: Store, data: Json, named: dict[str, set[str]], proble
             steps.append(Step("client", client.client_id, "remove"))
     if "users" in data:
         for user in await store.list_users():
-            if user.username in named["users"]:
+            if username_key(user.username) in named["users"]:
                 continue
-            if user.username == acting_user:
+            if acting_user is not None and username_key(user.username) == username_key(acting_user):
                 problems.add(["users"], f"pruning would remove {user.username!r}, who runs this: name them in the "
                                         "file")
             steps.append(Step("user", user.username, "remove"))
