@@ -30,10 +30,15 @@ START_SECONDS = 60.0
 STOP_SECONDS = 30.0
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+def free_port(*taken: int) -> int:
+    """A port free now, other than ``taken`` (a socket closed at once may be handed out again
+    to the next one asking: two picks in a row can be the same port)."""
+    while True:
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            port = sock.getsockname()[1]
+        if port not in taken:
+            return port
 
 
 CONFIG = """
@@ -130,7 +135,8 @@ def start_service(tmp_path: Path, storage: str = "", *, callback: str | None = N
     another release (tests/upgrade); ``args`` are added to the command (``--processes N``:
     its workers are of the service's process group, which stop() ends whole), and ``prefix``
     runs it through another command (``unshare ...``)."""
-    port, admin_port = free_port(), free_port()
+    port = free_port()
+    admin_port = free_port(port)
     base = f"http://127.0.0.1:{port}"
     redirects = {name: f"{callback}/{name}" for name in NOWHERE} if callback else NOWHERE
     config = tmp_path / "tokensvc.toml"
@@ -160,7 +166,7 @@ def start_demo(admin_port: int | None = None, **popen: object) -> tuple[subproce
     port = free_port()
     base = f"http://127.0.0.1:{port}"
     environ = {key: value for key, value in os.environ.items() if not key.startswith("TOKENSVC_")}
-    environ.update(TOKENSVC_PORT=str(port), TOKENSVC_ADMIN_PORT=str(admin_port or free_port()))
+    environ.update(TOKENSVC_PORT=str(port), TOKENSVC_ADMIN_PORT=str(admin_port or free_port(port)))
     process = spawn([sys.executable, "-m", "tokensvc", "serve", "--config", str(DEMO_CONFIG)], env=environ, **popen)
     wait_for_http(base + "/healthz", process)
     return process, base

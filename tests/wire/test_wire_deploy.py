@@ -59,7 +59,7 @@ def test_the_images_entrypoint_serves_from_the_wheel_and_stops_on_sigterm(instal
         port = free_port()
         environ = {key: value for key, value in os.environ.items() if not key.startswith("TOKENSVC_")}
         environ.update(SECRETS, TOKENSVC_STORAGE_MONGODB_URI=primary.uri(), TOKENSVC_HOST="127.0.0.1",
-                       TOKENSVC_PORT=str(port), TOKENSVC_ADMIN_PORT=str(free_port()),
+                       TOKENSVC_PORT=str(port), TOKENSVC_ADMIN_PORT=str(free_port(port)),
                        PATH=f"{installed / 'bin'}{os.pathsep}{environ.get('PATH', '')}")
         log = tmp_path / "container.log"
         with open(log, "w") as output:

@@ -225,13 +225,6 @@ def workers(service) -> dict[int, int]:
     return {int(slot): int(pid) for slot, pid in re.findall(r"worker (\d+) started \(pid (\d+)\)", service.output())}
 
 
-def until(condition, what: str, timeout: float = 30) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, f"not within {timeout}s: {what}"
-        time.sleep(0.05)
-
-
 def gone(pid: int) -> bool:
     return not os.path.exists(f"/proc/{pid}")
 
@@ -245,8 +238,8 @@ def refused(base: str) -> bool:
 
 
 def test_sigterm_to_the_supervisor_drains_every_worker_then_frees_the_port(tmp_path, primary):
-    service = ready(start_service(tmp_path, mongodb(primary), args=("--processes", "2")))
-    until(lambda: len(workers(service)) == 2, "two workers")
+    service = start_service(tmp_path, mongodb(primary), args=("--processes", "2")).wait_ready()
+    wait_until(lambda: len(workers(service)) == 2, "two workers")
     pids = list(workers(service).values())
     codes = [code_for(service.base) for _ in range(4)]
     # Every consumption takes 1.5 s; the deploy's SIGTERM comes while all four are in flight.
@@ -254,7 +247,7 @@ def test_sigterm_to_the_supervisor_drains_every_worker_then_frees_the_port(tmp_p
     primary.forget()
     with ThreadPoolExecutor(4) as pool:
         answers = [pool.submit(exchange, service.base, code) for code in codes]
-        until(lambda: len(primary.sent("findAndModify", "codes")) == 4, "four exchanges in flight")
+        wait_until(lambda: len(primary.sent("findAndModify", "codes")) == 4, "four exchanges in flight")
         service.process.send_signal(signal.SIGTERM)
         statuses = [answer.result(30).status_code for answer in answers]
     assert service.process.wait(30) == 0, service.output()
@@ -266,11 +259,11 @@ def test_sigterm_to_the_supervisor_drains_every_worker_then_frees_the_port(tmp_p
 
 
 def test_a_worker_that_dies_is_started_again_and_the_service_goes_on(tmp_path, primary):
-    service = ready(start_service(tmp_path, mongodb(primary), args=("--processes", "2")))
-    until(lambda: len(workers(service)) == 2, "two workers")
+    service = start_service(tmp_path, mongodb(primary), args=("--processes", "2")).wait_ready()
+    wait_until(lambda: len(workers(service)) == 2, "two workers")
     first = workers(service)[0]
     os.kill(first, signal.SIGKILL)
-    until(lambda: workers(service)[0] != first, "worker 0 started again")
+    wait_until(lambda: workers(service)[0] != first, "worker 0 started again")
     assert f"worker 0 (pid {first}) was killed by SIGKILL; restarting it in 0.5s" in service.output()
     for _ in range(8):  # whichever worker answers
         assert exchange(service.base, code_for(service.base)).status_code == 200
@@ -296,18 +289,18 @@ def test_workers_that_keep_dying_end_the_supervisor_with_exit_code_1(tmp_path, p
 def test_as_pid_1_the_supervisor_takes_signals_and_reaps_orphans(tmp_path, primary):
     """In a PID namespace of its own, as in a container: PID 1 gets no default signal
     handling from the kernel, and every orphan of the namespace becomes its child."""
-    service = ready(start_service(tmp_path, mongodb(primary), args=("--processes", "2"),
-                                  prefix=("unshare", "--pid", "--fork", "--kill-child")))
-    until(lambda: len(workers(service)) == 2, "two workers")
+    service = start_service(tmp_path, mongodb(primary), args=("--processes", "2"),
+                            prefix=("unshare", "--pid", "--fork", "--kill-child")).wait_ready()
+    wait_until(lambda: len(workers(service)) == 2, "two workers")
     supervisor = children(service.process.pid)[0]
     assert namespace_pids(supervisor)[-1] == 1  # PID 1 where it runs
     # An orphan in its namespace: a shell started there leaves a sleep behind.
     subprocess.run(["nsenter", "--target", str(supervisor), "--pid", "--", "sh", "-c", "sleep 300 &"], check=True,
                    timeout=30)
-    until(lambda: any(command(pid) == "sleep" for pid in children(supervisor)), "the orphan re-parented to PID 1")
+    wait_until(lambda: any(command(pid) == "sleep" for pid in children(supervisor)), "the orphan re-parented to PID 1")
     orphan = next(pid for pid in children(supervisor) if command(pid) == "sleep")
     os.kill(orphan, signal.SIGKILL)
-    until(lambda: gone(orphan), "the orphan reaped")
+    wait_until(lambda: gone(orphan), "the orphan reaped")
     pids = children(supervisor)  # the workers (the log names them by their pids in the namespace)
     assert len(pids) == 2
     os.kill(supervisor, signal.SIGTERM)
