@@ -604,6 +604,61 @@ async def test_a_user_given_a_password_hash_signs_in_with_its_password(call, ctx
     assert (await store.get_user_by_username("hashed")).password_hash == password_hash
 
 
+async def test_a_plan_writes_nothing_whoever_it_names(call, store):
+    """The caller's own user and client and the command line's client may be named, demoted,
+    re-passworded and pruned around in a plan: it is only a plan (the fuzz run relies on it)."""
+    from tokensvc.oauth import hashing
+
+    before = (await store.list_clients(), await store.list_users(), await store.list_installations())
+    planned = await call("POST", "/admin/plan", {
+        "users": [{"username": "root", "admin": False, "password": STRONG}],
+        "clients": [{"clientId": "webapp", "redirectUris": ["https://elsewhere.example/cb"], "confidential": False},
+                    {"clientId": "tokensvc-cli", "clientSecretSha256": hashing.digest("taken-over")}],
+        "installations": [], "prune": True})
+    assert planned.code == 200, planned.body
+    actions = {(step["kind"], step["id"]): step["action"] for step in json_of(planned)["steps"]}
+    assert actions[("user", "root")] == actions[("client", "webapp")] == "update"
+    assert actions[("client", "tokensvc-cli")] == "update" and actions[("user", "alice")] == "remove"
+    assert actions[("installation", "backyard-scope")] == "remove"
+    assert (await store.list_clients(), await store.list_users(), await store.list_installations()) == before
+    assert json_of(await call("GET", "/admin/users/root"))["admin"]  # the token still works, root still admin
+
+
+async def test_a_plan_entry_holds_its_tables_fields_only(call):
+    """Each entry is checked for its table's fields and their types, for a user the service
+    has as for a new one; an entry that is no object is refused first, at its index."""
+    check_validation_error(await call("POST", "/admin/plan", {"users": [{"username": "alice"}, "bob"]}),
+                           ["body", "users", 1], "model_type")
+    wrong = await call("POST", "/admin/plan", {
+        "users": [{"username": "alice", "admn": True}, {"password": STRONG}],
+        "clients": [{"clientId": "webapp", "name": 7}],
+        "installations": [{"installationId": "backyard-scope", "kind": "telescope", "owner": "alice"}]})
+    assert [(item["loc"], item["type"]) for item in json_of(wrong)["detail"]] == [
+        (["body", "users", 0, "admn"], "extra_forbidden"), (["body", "users", 1, "username"], "missing"),
+        (["body", "clients", 0, "name"], "string_type"),
+        (["body", "installations", 0, "owner"], "extra_forbidden")]
+    assert (await call("POST", "/admin/plan")).code == 200  # no body: the plan of nothing
+
+
+async def test_the_served_document_names_the_configured_installation_kinds(http_client, config, store, ctx, call):
+    import dataclasses
+
+    from tornado.httpserver import HTTPServer
+    from tornado.testing import bind_unused_port
+
+    served = json_of(await call("GET", "/openapi.json"))["components"]["schemas"]
+    assert served["InstallationBody"]["properties"]["kind"]["enum"] == ["telescope", "observatory"]
+    sock, port = bind_unused_port()
+    server = HTTPServer(make_admin_app(dataclasses.replace(config, installation_kinds=["antenna"]), store, ctx))
+    server.add_sockets([sock])
+    try:
+        other = json_of(await http_client.fetch(f"http://127.0.0.1:{port}/openapi.json"))["components"]["schemas"]
+    finally:
+        server.stop()
+    assert [other[name]["properties"]["kind"]["enum"] for name in ("InstallationBody", "PlanInstallation")] == [
+        ["antenna"], ["antenna"]]
+
+
 async def test_the_plan_of_a_desired_state_writes_nothing_and_names_every_problem(call, store):
     before = (await store.list_clients(), await store.list_users(), await store.list_installations())
     state = {"users": [{"username": "dora", "password": STRONG}],

@@ -407,6 +407,34 @@ def test_the_settings_hold_nothing_mutable_all_the_way_down(tmp_path):
     assert mutable_parts((config.MetricsSettings(), {"read": "x"})) == ["settings[1]"]
 
 
+@pytest.mark.parametrize("pattern,accepts,starts", [
+    (identifiers.REDIRECT_URI, lambda uri: identifiers.redirect_uri_problem(uri) is None,
+     ["https://", "https://app.example", "http://127.0.0.1", "com.example.app:/", "HTTPS://app.example"]),
+    (identifiers.ORIGIN, lambda origin: identifiers.origin_problem(origin) is None,
+     ["https://", "https://app.example", "http://localhost", "http://[::1]"]),
+])
+def test_no_string_a_documented_pattern_refuses_is_accepted(pattern, accepts, starts):
+    """The other way round: what the expression refuses, the rule refuses, whatever named
+    fault it checks first (an https URI with a host is no exception: "https://0P8*" has a
+    character no host may hold)."""
+    import string
+
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+
+    tails = st.text(alphabet=string.ascii_letters[:6] + string.digits[:3] + string.punctuation + " \t\u00e9",
+                    max_size=16)
+
+    @settings(max_examples=300, derandomize=True, database=None, deadline=None)
+    @given(st.sampled_from(starts), tails)
+    def refused(start, tail):
+        value = start + tail
+        assert not accepts(value) or pattern.fullmatch(value), value
+
+    refused()
+    assert not accepts("https://0P8*") and not accepts("https://user@app.example/cb")
+
+
 def test_installation_kinds_are_configurable_and_every_installation_is_one_of_them():
     assert config.from_dict({"cookie_secret": "k" * 32}).installation_kinds == ("telescope", "observatory")
     chosen = config.from_dict({"cookie_secret": "k" * 32, "installation_kinds": ["antenna", "weather station"],

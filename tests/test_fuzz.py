@@ -80,7 +80,7 @@ def schemathesis(document: str, credentials: dict[str, str], tmp_path: Path,
     environ = {**os.environ, **credentials, "SCHEMATHESIS_HOOKS": "fuzz_hooks", "NO_COLOR": "1",
                "PYTHONPATH": str(Path(__file__).parent), "SCHEMATHESIS_TELEMETRY": "false", **(environ or {})}
     command = [str(Path(sys.executable).with_name("st")), "--config-file", str(CONFIG), "run", document,
-               "--checks", "all", "--max-examples", str(EXAMPLES),
+               "--max-examples", str(EXAMPLES),
                *(["--seed", os.environ["TOKENSVC_FUZZ_SEED"]] if "TOKENSVC_FUZZ_SEED" in os.environ else [])]
     result = subprocess.run(command, capture_output=True, text=True, env=environ, cwd=tmp_path,
                             timeout=30 * max(EXAMPLES, 20))
@@ -113,5 +113,5 @@ def test_the_public_api_is_as_its_document_says(service, credentials, tmp_path):
 
 def test_the_admin_api_is_as_its_document_says(service, credentials, tmp_path):
     output, generated = schemathesis(service.admin + "/openapi.json", credentials, tmp_path,
-                                     {"TOKENSVC_FUZZ_AS": "admin"})
-    assert generated >= 20 * EXAMPLES and "Operations:       26 selected / 26 total" in output, output
+                                     {"TOKENSVC_FUZZ_AS": "admin", "TOKENSVC_FUZZ_ADMIN": service.admin})
+    assert generated >= 20 * EXAMPLES and "Operations:       27 selected / 27 total" in output, output

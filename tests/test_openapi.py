@@ -237,3 +237,48 @@ def test_the_admin_document_states_its_listings_limit_and_only_its_own_scheme():
     assert session["schema"]["pattern"] == "^[0-9a-f]{24}$"  # as at /v1/me/sessions/{session_id}
     assert {scheme for operation in operations_of(document).values()
             for alternative in operation.get("security", []) for scheme in alternative} == {"bearer"}
+
+
+def test_the_admin_document_states_the_plan_the_secrets_as_given_and_the_configured_kinds(tmp_path, capsys):
+    """What ``tokensvc apply`` sends, with the rules the service applies: a plan's entries each
+    of its table's fields (the id required), a client secret as its SHA-256 (which makes the
+    client confidential), a password or a hash as stored (one of them), the kinds the service
+    is configured with; and a 422 names the field at fault in its loc."""
+    from tokensvc import admin_schemas, cli, identifiers
+    from tokensvc.app import ADMIN_ROUTES
+
+    document = openapi.build(ADMIN_ROUTES, DEMO_ADMIN, admin=True, kinds=["antenna", "weather station"])
+    schemas = document["components"]["schemas"]
+    plan = document["paths"]["/admin/plan"]["post"]
+    assert plan["requestBody"] == {"required": False, "content": {"application/json": {
+        "schema": {"$ref": "#/components/schemas/PlanBody"}}}}  # no body: the plan of nothing
+    assert set(plan["responses"]) == {"200", "401", "403", "413", "422", "429", "503"}
+    assert plan["responses"]["200"]["content"]["application/json"]["schema"] == {"$ref": "#/components/schemas/Plan"}
+    assert "loc names it" in plan["responses"]["422"]["description"]
+    entries = {name: schemas["PlanBody"]["properties"][name]["items"] for name in ("clients", "users", "installations")}
+    assert entries == {"clients": {"$ref": "#/components/schemas/PlanClient"},
+                       "users": {"$ref": "#/components/schemas/PlanUser"},
+                       "installations": {"$ref": "#/components/schemas/PlanInstallation"}}
+    assert [schemas[name]["required"] for name in ("PlanClient", "PlanUser", "PlanInstallation")] == [
+        ["clientId"], ["username"], ["installationId"]]
+    assert all(schemas[name]["additionalProperties"] is False
+               for name in ("PlanBody", "PlanClient", "PlanUser", "PlanInstallation"))
+    step = schemas["PlanStep"]["properties"]
+    assert step["action"]["enum"] == ["create", "update", "unchanged", "remove"]
+    assert step["changes"]["items"] == {"$ref": "#/components/schemas/PlanChange"}
+    for name in ("ClientBody", "ClientPutBody", "ClientPatch", "PlanClient"):
+        assert schemas[name]["properties"]["clientSecretSha256"]["pattern"] == identifiers.SHA256_HEX.pattern
+        assert schemas[name]["not"] == admin_schemas.SECRET_MAKES_CONFIDENTIAL["not"]
+    for name in ("UserBody", "PasswordBody", "PlanUser"):
+        assert schemas[name]["properties"]["passwordHash"]["pattern"] == identifiers.PASSWORD_HASH.pattern
+    assert schemas["UserBody"]["oneOf"] == schemas["PasswordBody"]["oneOf"] == [
+        {"required": ["password"]}, {"required": ["passwordHash"]}]
+    assert "password" not in schemas["UserBody"].get("required", [])
+    for name in ("InstallationBody", "PlanInstallation"):
+        assert schemas[name]["properties"]["kind"]["enum"] == ["antenna", "weather station"]
+    # The command line prints the document of the config's kinds.
+    config_file = tmp_path / "kinds.toml"
+    config_file.write_text('cookie_secret = "a-cookie-secret-of-32-characters"\ninstallation_kinds = ["antenna"]\n')
+    assert cli.main(["openapi", "--admin", "--config", str(config_file)]) == 0
+    printed = json.loads(capsys.readouterr().out)["components"]["schemas"]
+    assert printed["InstallationBody"]["properties"]["kind"]["enum"] == ["antenna"]

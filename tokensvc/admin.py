@@ -337,23 +337,24 @@ def check_password(password: str, context: Sequence[str]) -> None:
         raise AdminError(problem, "password")
 
 
-def check_password_choice(password: str | None, password_hash: str | None, context: Sequence[str]) -> None:
-    """One of a password (the rule applies) or a password hash as stored (its form)."""
-    if password is None and password_hash is None:
-        raise ValidationFailed.missing("body", "password")
+async def check_password_choice(password: str | None, password_hash: str | None, context: Sequence[str]) -> None:
+    """One of a password (the rule applies) or a password hash as stored (its form). The rule
+    runs off the event loop: zxcvbn takes up to half a second over a long random password, and
+    a plan may hold many."""
     if password is not None and password_hash is not None:
         raise AdminError("give a password or a passwordHash, not both", "passwordHash")
-    if password_hash is not None:
+    if password is not None:
+        await asyncio.get_running_loop().run_in_executor(None, check_password, password, context)
+    elif password_hash is not None:
         _check(password_hash_problem(password_hash), "password hash", password_hash, "passwordHash")
     else:
-        assert password is not None
-        check_password(password, context)
+        raise ValidationFailed.missing("body", "password")
 
 
 async def _password_hash(password: str | None, password_hash: str | None, context: Sequence[str]) -> str:
     """The hash to store: ``password_hash`` as given, or ``password`` hashed (scrypt, off the
     event loop); either checked first."""
-    check_password_choice(password, password_hash, context)
+    await check_password_choice(password, password_hash, context)
     if password is None:
         return password_hash or ""
     return await asyncio.get_running_loop().run_in_executor(None, hashing.hash_password, password)

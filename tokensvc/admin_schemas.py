@@ -10,7 +10,7 @@ from marshmallow import RAISE, Schema, fields, pre_dump, validate
 
 from tokensvc import identifiers
 from tokensvc.records import CLIENT_KINDS
-from tokensvc.schemas import EXTRA_FORBIDDEN, NOT_LIST, NOT_NULL, Flag, Text, TextList
+from tokensvc.schemas import EXTRA_FORBIDDEN, NOT_LIST, NOT_NULL, NOT_OBJECT, Flag, Text, TextList
 
 MAX_LIST = 100  # redirect URIs, scopes, origins, operators a body may name
 
@@ -20,7 +20,7 @@ def SecretDigest() -> Any:
     confidential, and the service keeps the digest as it keeps every secret."""
     return Text(max_length=64, data_key="clientSecretSha256", metadata={
         "pattern": identifiers.SHA256_HEX.pattern,
-        "description": "the SHA-256 (64 lower-case hex digits) of a secret the operator holds: the client "
+        "description": "The SHA-256 (64 lower-case hex digits) of a secret the operator holds: the client "
                        "becomes confidential with it"})
 
 
@@ -28,7 +28,7 @@ def PasswordHash() -> Any:
     """A user's password given as its hash as the service stores it, instead of the password."""
     return Text(max_length=256, data_key="passwordHash", metadata={
         "pattern": identifiers.PASSWORD_HASH.pattern,
-        "description": "instead of password: a scrypt hash as tokensvc stores it (scrypt$N$r$p$salt$key)"})
+        "description": "Instead of password: a scrypt hash as tokensvc stores it (scrypt$N$r$p$salt$key)"})
 
 
 class BodySchema(Schema):
@@ -145,6 +145,9 @@ PASSWORD = {"minLength": identifiers.MIN_PASSWORD_LENGTH, "description": (
     "At least 8 characters, and hard to guess (zxcvbn's score 3 of 4, the username and the service's "
     "name counted against it): a common, breached or name-built password is 422")}
 USERNAME = {"pattern": identifiers.USERNAME.pattern}
+OPERATOR = {**USERNAME, "description": "A user's username (422 if none)"}
+# The document of a running service names its configured installation_kinds (openapi_admin.py).
+KIND = {"enum": list(identifiers.DEFAULT_KINDS), "description": "One of the service's installation_kinds"}
 
 
 class ClientBodySchema(BodySchema):
@@ -159,7 +162,7 @@ class ClientBodySchema(BodySchema):
     scopes = TextList(data_key="allowedScopes", max_length=128, item=SCOPE, metadata={
         "description": "Absent or empty: [\"read\"] (a resource server: none)"})
     first_party = Flag(load_default=False, data_key="firstParty")
-    confidential = Flag(metadata={"description": "give it a secret, made by the service and returned once "
+    confidential = Flag(metadata={"description": "Give it a secret, made by the service and returned once "
                                                  "(default: as clientSecretSha256 says; a resource server always is)"})
     description = Text(max_length=1000, allow_none=True)
     logo_url = Text(allow_none=True, data_key="logoUrl", metadata=LOGO_URL)
@@ -214,13 +217,55 @@ class PasswordBodySchema(BodySchema):
 
 class InstallationBodySchema(BodySchema):
     name = Text(required=True, max_length=200, metadata=NAME)
-    kind = Text(required=True, max_length=32, metadata={"enum": list(identifiers.DEFAULT_KINDS)})
-    operators = TextList(max_length=64, item={**USERNAME, "description": "A user's username (422 if none)"})
+    kind = Text(required=True, max_length=32, metadata=KIND)
+    operators = TextList(max_length=64, item=OPERATOR)
 
 
-def Entries(kind: str) -> Any:
-    return fields.List(fields.Dict(), metadata={"description": f"{kind}, each by its id with the fields to hold"},
+class Entry(fields.Nested):
+    """An entry of a plan: the document states its schema; the plan loads each entry on its
+    own (``tokensvc/provisioning.py``), so that the problems of every entry are reported at
+    once, located at their table, entry and field. Here it need only be an object."""
+
+    default_error_messages = {"type": NOT_OBJECT, "null": NOT_NULL}
+
+    def _deserialize(self, value: Any, attr: str | None, data: Any, partial: Any = None, **kwargs: Any) -> Any:
+        if not isinstance(value, dict):
+            raise self.make_error("type")
+        return value
+
+
+def Entries(schema: type[Schema], what: str) -> Any:
+    return fields.List(Entry(schema), metadata={"description": what},
                        error_messages={"invalid": NOT_LIST, "null": NOT_NULL})
+
+
+class PlanClientSchema(ClientPatchSchema):
+    """A client of a plan: its id and the fields to hold, ClientPatch's (a client the service
+    does not have yet needs what ClientBody requires: name and redirectUris)."""
+
+    client_id = Text(required=True, max_length=128, data_key="clientId", metadata={
+        "pattern": identifiers.ID.pattern})
+
+
+class PlanUserSchema(BodySchema):
+    """A user of a plan: a new one needs a password or a passwordHash (not both); a password
+    given for one the service has is a change only if it is not the one it holds."""
+
+    username = Text(required=True, max_length=64, metadata=USERNAME)
+    password = Text(max_length=1024, metadata=PASSWORD)
+    password_hash = PasswordHash()
+    admin = Flag()
+
+
+class PlanInstallationSchema(BodySchema):
+    """An installation of a plan: its id and the fields to hold, InstallationBody's (a new one
+    needs name and kind)."""
+
+    installation_id = Text(required=True, max_length=128, data_key="installationId", metadata={
+        "pattern": identifiers.ID.pattern})
+    name = Text(max_length=200, metadata=NAME)
+    kind = Text(max_length=32, metadata=KIND)
+    operators = TextList(max_length=64, item=OPERATOR)
 
 
 class PlanBodySchema(BodySchema):
@@ -229,18 +274,27 @@ class PlanBodySchema(BodySchema):
     InstallationBody (secrets as clientSecretSha256, password or passwordHash); a field left
     out keeps its value."""
 
-    clients = Entries("clients")
-    users = Entries("users")
-    installations = Entries("installations")
-    prune = Flag(load_default=False, metadata={"description": "also remove what a list given leaves out"})
+    clients = Entries(PlanClientSchema, "Clients, each by its id with the fields to hold")
+    users = Entries(PlanUserSchema, "Users, each by its username with the fields to hold")
+    installations = Entries(PlanInstallationSchema, "Installations, each by its id with the fields to hold")
+    prune = Flag(load_default=False, metadata={"description": "Also remove what a list given leaves out (never the "
+                                                              "user or client of the token asking: 422)"})
+
+
+class PlanChangeSchema(Schema):
+    """A field a step sets: its value before and after, or for a secret only that it is set."""
+
+    field = fields.String(required=True, metadata={"description": "The body's name of the field"})
+    before = fields.Raw(data_key="from", allow_none=True, metadata={"description": "Null when created"})
+    after = fields.Raw(data_key="to", allow_none=True)
+    secret = fields.Boolean(metadata={"enum": [True], "description": "A secret: never its value"})
 
 
 class PlanStepSchema(Schema):
-    kind = fields.String(required=True, metadata={"description": "client, user or installation"})
+    kind = fields.String(required=True, metadata={"enum": ["client", "user", "installation"]})
     id = fields.String(required=True)
-    action = fields.String(required=True, metadata={"description": "create, update, unchanged or remove"})
-    changes = fields.List(fields.Dict(), required=True, metadata={
-        "description": "the fields set: {field, from, to}, or {field, secret: true} for a secret"})
+    action = fields.String(required=True, metadata={"enum": ["create", "update", "unchanged", "remove"]})
+    changes = fields.List(fields.Nested(PlanChangeSchema), required=True)
 
 
 class PlanSchema(Schema):
@@ -250,6 +304,22 @@ class PlanSchema(Schema):
 class TokenBodySchema(BodySchema):
     token = Text(required=True, max_length=512)
 
+
+# What the fields of a body cannot say one by one, as JSON Schema the OpenAPI document adds to
+# its component (openapi_admin.py); admin.py applies the same rules (422 at the field named).
+SECRET_MAKES_CONFIDENTIAL = {
+    "description": "A clientSecretSha256 makes the client confidential: confidential false beside one is 422",
+    "not": {"required": ["clientSecretSha256", "confidential"], "properties": {"confidential": {"const": False}}}}
+PASSWORD_OR_HASH = {"description": "A password or a passwordHash, not both",
+                    "oneOf": [{"required": ["password"]}, {"required": ["passwordHash"]}]}
+RULES: dict[str, dict[str, Any]] = {
+    "ClientBody": SECRET_MAKES_CONFIDENTIAL, "ClientPutBody": SECRET_MAKES_CONFIDENTIAL,
+    "ClientPatch": SECRET_MAKES_CONFIDENTIAL, "PlanClient": SECRET_MAKES_CONFIDENTIAL,
+    "UserBody": PASSWORD_OR_HASH, "PasswordBody": PASSWORD_OR_HASH,
+    "PlanUser": {"description": "A new user needs a password or a passwordHash; never both",
+                 "not": {"required": ["password", "passwordHash"]}},
+    "PlanChange": {"oneOf": [{"required": ["from", "to"]}, {"required": ["secret"]}]}}
+WITH_KIND = ("InstallationBody", "PlanInstallation")  # whose kind is one of the configured ones
 
 admin_client = AdminClientSchema()
 admin_user = AdminUserSchema()
@@ -264,6 +334,7 @@ password_body = PasswordBodySchema()
 installation_body = InstallationBodySchema()
 token_body = TokenBodySchema()
 plan_body = PlanBodySchema()
+plan_entries = {"clients": PlanClientSchema(), "users": PlanUserSchema(), "installations": PlanInstallationSchema()}
 COMPONENTS: dict[str, type[Schema]] = {
     "AdminClient": AdminClientSchema, "AdminClientWithSecret": AdminClientWithSecretSchema,
     "AdminClientPut": AdminClientPutSchema, "AdminInstallationPut": AdminInstallationPutSchema,
@@ -272,4 +343,5 @@ COMPONENTS: dict[str, type[Schema]] = {
     "ClientPatch": ClientPatchSchema, "UserBody": UserBodySchema, "UserPatch": UserPatchSchema,
     "ClientPutBody": ClientPutBodySchema, "PasswordBody": PasswordBodySchema,
     "InstallationBody": InstallationBodySchema, "TokenBody": TokenBodySchema,
-    "PlanBody": PlanBodySchema, "PlanStep": PlanStepSchema, "Plan": PlanSchema}
+    "PlanClient": PlanClientSchema, "PlanUser": PlanUserSchema, "PlanInstallation": PlanInstallationSchema,
+    "PlanBody": PlanBodySchema, "PlanChange": PlanChangeSchema, "PlanStep": PlanStepSchema, "Plan": PlanSchema}

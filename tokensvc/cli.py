@@ -316,7 +316,7 @@ def cmd_openapi(args: argparse.Namespace) -> int:
     settings = load_settings(args)
     if args.admin:
         url = config_module.listen_url(settings.admin.host, settings.admin.port)
-        sys.stdout.write(openapi.render(ADMIN_ROUTES, url, admin=True))
+        sys.stdout.write(openapi.render(ADMIN_ROUTES, url, admin=True, kinds=settings.installation_kinds))
     else:
         sys.stdout.write(openapi.render(ROUTES, settings.base_url, auth_url=settings.auth_url,
                                         session_cookie=settings.session_cookie))

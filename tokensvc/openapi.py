@@ -14,7 +14,7 @@ checked-in copies that a test keeps current; the service serves it at ``GET /ope
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import Any, Protocol
 
 from apispec import APISpec
@@ -169,10 +169,11 @@ GENERAL = ("Every path answers 405 with Allow to a method it does not have, HEAD
 
 
 def build(routes: Iterable[Route], base_url: str, *, admin: bool = False, auth_url: str | None = None,
-          session_cookie: str = SESSION_COOKIE) -> dict[str, Any]:
+          session_cookie: str = SESSION_COOKIE, kinds: Sequence[str] = identifiers.DEFAULT_KINDS) -> dict[str, Any]:
     """The document of ``routes`` (the route table, ``tokensvc.app.ROUTES``, or with ``admin``
     the admin listener's, ``tokensvc.app.ADMIN_ROUTES``) of a service reached at ``base_url``,
-    its pages at ``auth_url`` (default: ``base_url``), its web session in ``session_cookie``."""
+    its pages at ``auth_url`` (default: ``base_url``), its web session in ``session_cookie``,
+    its installations of the ``kinds`` configured."""
     from tokensvc import openapi_admin
 
     spec = APISpec(
@@ -232,7 +233,9 @@ def build(routes: Iterable[Route], base_url: str, *, admin: bool = False, auth_u
     if operations:
         raise ValueError(f"documented but not routed: {sorted(operations)}")
     document = spec.to_dict()
-    if not admin:
+    if admin:
+        openapi_admin.add_rules(document["components"]["schemas"], kinds)
+    else:
         _form_rules(document["components"]["schemas"])
         for path in PAGES:
             document["paths"][path]["servers"] = pages_server
@@ -500,6 +503,6 @@ def _authorize_parameters() -> list[dict[str, Any]]:
 
 
 def render(routes: Iterable[Route], base_url: str, *, admin: bool = False, auth_url: str | None = None,
-           session_cookie: str = SESSION_COOKIE) -> str:
-    return json.dumps(build(routes, base_url, admin=admin, auth_url=auth_url, session_cookie=session_cookie),
-                      indent=2, sort_keys=True) + "\n"
+           session_cookie: str = SESSION_COOKIE, kinds: Sequence[str] = identifiers.DEFAULT_KINDS) -> str:
+    return json.dumps(build(routes, base_url, admin=admin, auth_url=auth_url, session_cookie=session_cookie,
+                            kinds=kinds), indent=2, sort_keys=True) + "\n"

@@ -3,14 +3,15 @@ each route's methods take and answer. The bodies are ``admin_schemas.py``'s."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
+from tokensvc import admin_schemas
 from tokensvc.admin import MAX_PAGE
 from tokensvc.openapi import (
     BEARER_401,
     FORBIDDEN,
     ID_PATTERN,
-    INVALID,
     JSON,
     NOT_FOUND,
     TOO_LARGE,
@@ -28,6 +29,12 @@ REFUSED = {"401": BEARER_401, "403": FORBIDDEN, "429": TOO_MANY, "503": UNAVAILA
 CONFLICT = json_answer("Detail", "Already there")
 MISSING = {"404": NOT_FOUND}
 LOOKED_UP = "Any value: one that names nothing is 404"
+INVALID = json_answer("HTTPValidationError", (
+    "A field failed validation: each item's loc names it ([\"body\", \"redirectUris\"], [\"path\", \"client_id\"]; "
+    "in a plan [\"body\", \"clients\", 0, \"name\"]), or [\"body\"] for the body as a whole"))
+# The bodies a call may go without: a PATCH without one changes nothing, a plan without one
+# is the plan of nothing.
+OPTIONAL_BODIES = frozenset({"ClientPatch", "PlanBody"})
 
 
 def obj(required: bool = True, **properties: Any) -> dict[str, Any]:
@@ -50,8 +57,7 @@ def op(summary: str, ok: dict[str, Any], *, body: str | None = None, extra: dict
         responses["422"] = INVALID
     operation: dict[str, Any] = {"summary": summary, "security": SECURITY, "tags": ["admin"], "responses": responses}
     if body:
-        # A PATCH without a body changes nothing; any other body is what the call is about.
-        operation["requestBody"] = {"required": body != "ClientPatch", "content": {JSON: {"schema": ref(body)}}}
+        operation["requestBody"] = {"required": body not in OPTIONAL_BODIES, "content": {JSON: {"schema": ref(body)}}}
         responses["413"] = TOO_LARGE
     if parameters:
         operation["parameters"] = parameters
@@ -155,7 +161,18 @@ def operations() -> dict[str, dict[str, Any]]:
                                                     sessions=INTEGER, note=STRING), "The counts, per kind"),
                                     invalid=False)},
         "/admin/plan": {"post": op("What applying a desired state would do (tokensvc apply), every problem of it "
-                                   "at once; changes nothing", json_answer("Plan", "The steps"), body="PlanBody")},
+                                   "at once (422, each at its table, entry and field); writes nothing",
+                                   json_answer("Plan", "The steps, in the order they would run"),
+                                   body="PlanBody")},
         "/openapi.json": {"get": {"summary": "This document",
                                   "responses": {"200": json_answer({"type": "object"}, "OpenAPI 3.1")}}},
     }
+
+
+def add_rules(components: dict[str, Any], kinds: Sequence[str]) -> None:
+    """What the admin bodies' schemas cannot say field by field (``admin_schemas.RULES``), and
+    the installation kinds the service is configured with."""
+    for name, rule in admin_schemas.RULES.items():
+        components[name].update(rule)
+    for name in admin_schemas.WITH_KIND:
+        components[name]["properties"]["kind"]["enum"] = list(kinds)

@@ -131,13 +131,12 @@ def same(table: str, key: str) -> str:
     return username_key(key) if table == "users" else key
 
 
-def _key(table: str, entry: Any) -> str:
-    if not isinstance(entry, dict):
-        raise AdminError(f"each of {table} is an object")
-    key = entry.get(ID_FIELDS[table])
-    if not isinstance(key, str) or not key:
-        raise AdminError(f"each of {table} needs its {ID_FIELDS[table]}", ID_FIELDS[table])
-    return key
+def _key(table: str, entry: Json) -> str:
+    """The id of ``entry``, once its shape is checked: the fields of its table's entries (the
+    document's PlanClient, PlanUser, PlanInstallation), each of its type. What its fields
+    must hold is for the operations' checks that follow."""
+    load(admin_schemas.plan_entries[table], entry)
+    return str(entry[ID_FIELDS[table]])
 
 
 # -- users ---------------------------------------------------------------------------------------
@@ -149,7 +148,7 @@ async def _user(store: Store, username: str, entry: Json, service_name: str, des
     if existing is None:
         data = load(admin_schemas.user_body, {"username": username, **entry})
         await admin.check_new_user(store, username)
-        admin.check_password_choice(data.get("password"), data.get("password_hash"), context)
+        await admin.check_password_choice(data.get("password"), data.get("password_hash"), context)
         desired.users.add(username)
         return Step("user", username, "create", [change(name, None, value) for name, value in entry.items()])
     changes = []
@@ -161,7 +160,7 @@ async def _user(store: Store, username: str, entry: Json, service_name: str, des
     if secrets:
         data = load(admin_schemas.password_body, secrets)
         password, password_hash = data.get("password"), data.get("password_hash")
-        admin.check_password_choice(password, password_hash, context)
+        await admin.check_password_choice(password, password_hash, context)
         if password is None:
             differs = password_hash != existing.password_hash
         else:

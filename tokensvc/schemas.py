@@ -41,6 +41,7 @@ REQUIRED = ErrorDetail("Field required", "missing")
 NOT_STRING = ErrorDetail("Input should be a valid string", "string_type")
 NOT_NULL = ErrorDetail("Input should not be null", "missing")
 NOT_LIST = ErrorDetail("Input should be a valid list", "list_type")
+NOT_OBJECT = ErrorDetail("Input should be an object", "model_type")
 NOT_BOOLEAN = ErrorDetail("Input should be a valid boolean", "bool_parsing")
 EXTRA_FORBIDDEN = ErrorDetail("Extra inputs are not permitted", "extra_forbidden")
 
@@ -546,8 +547,7 @@ _dumpers: weakref.WeakKeyDictionary[Schema, Dumper] = weakref.WeakKeyDictionary(
 def load(schema: Schema, data: Any, location: str = "body") -> dict[str, Any]:
     """``data`` loaded by ``schema``; ValidationFailed (422 HTTPValidationError) when it fails."""
     if not isinstance(data, Mapping):
-        raise ValidationFailed([{"loc": [location], "msg": "Input should be an object", "type": "model_type",
-                                 "input": None, "ctx": {}}])
+        raise ValidationFailed.one([location], str(NOT_OBJECT), NOT_OBJECT.type)
     try:
         return fast_load(schema, data)
     except ValidationError as exc:

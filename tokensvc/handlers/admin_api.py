@@ -254,5 +254,6 @@ class AdminOpenAPIHandler(AdminEndpoint):
     async def get(self) -> None:
         if self.edge.openapi_document is None:
             url = listen_url(self.config.admin.host, self.config.admin.port)
-            self.edge.openapi_document = openapi.render(self.edge.routes, url, admin=True).encode()
+            self.edge.openapi_document = openapi.render(self.edge.routes, url, admin=True,
+                                                        kinds=self.config.installation_kinds).encode()
         self.send(200, self.edge.openapi_document, "application/json")
