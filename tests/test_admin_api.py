@@ -631,11 +631,11 @@ async def test_a_plan_entry_holds_its_tables_fields_only(call):
                            ["body", "users", 1], "model_type")
     wrong = await call("POST", "/admin/plan", {
         "users": [{"username": "alice", "admn": True}, {"password": STRONG}],
-        "clients": [{"clientId": "webapp", "name": 7}],
+        "clients": [{"clientId": "webapp", "name": 7, "firstPartyy": True}],
         "installations": [{"installationId": "backyard-scope", "kind": "telescope", "owner": "alice"}]})
     assert [(item["loc"], item["type"]) for item in json_of(wrong)["detail"]] == [
         (["body", "users", 0, "admn"], "extra_forbidden"), (["body", "users", 1, "username"], "missing"),
-        (["body", "clients", 0, "name"], "string_type"),
+        (["body", "clients", 0, "name"], "string_type"), (["body", "clients", 0, "firstPartyy"], "extra_forbidden"),
         (["body", "installations", 0, "owner"], "extra_forbidden")]
     assert (await call("POST", "/admin/plan")).code == 200  # no body: the plan of nothing
 

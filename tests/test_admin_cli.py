@@ -338,7 +338,7 @@ admin = true
 [[clients]]
 client_id = "ci-deploy"
 name = "CI deploys"
-redirect_uris = ["http://127.0.0.1/callback"]
+redirect_uris = ["http://127.0.0.1:{port}/callback"]
 allowed_scopes = ["admin"]
 first_party = true
 client_secret_sha256 = "{digest}"
@@ -352,14 +352,15 @@ def test_a_service_account_signs_in_once_then_automation_runs_without_anyone(ser
     rotated, the password retired, then the account revoked."""
     secret = "ci-client-secret-0123456789abcdef"
     account = tmp_path / "service-account.toml"
-    account.write_text(SERVICE_ACCOUNT.format(digest=hashlib.sha256(secret.encode()).hexdigest()))
+    port = free_port()
+    account.write_text(SERVICE_ACCOUNT.format(digest=hashlib.sha256(secret.encode()).hexdigest(), port=port))
     ok(tokensvc("apply", "-f", str(account), "--url", service.admin, credentials=credentials))
     kept = tmp_path / "ci-refresh-token"
     monkeypatch.setenv("TOKENSVC_ADMIN_CLIENT_SECRET", secret)
     monkeypatch.setattr("webbrowser.open", lambda url: sign_in_in_a_browser(url, "ci-deploy",
                                                                             "granite-harbor-lantern-ci"))
     assert cli.main(["login", "--url", service.admin, "--token-client-id", "ci-deploy", "--refresh-token", str(kept),
-                     "--json"]) == 0
+                     "--callback-port", str(port), "--json"]) == 0
     assert stat.S_IMODE(kept.stat().st_mode) == 0o600
     monkeypatch.delenv("TOKENSVC_ADMIN_CLIENT_SECRET")
 
@@ -390,3 +391,11 @@ def test_a_service_account_signs_in_once_then_automation_runs_without_anyone(ser
     assert refused.returncode == 1
     assert f"the refresh token in {kept} no longer works for ci-deploy: sign in again with `tokensvc login" \
         in refused.stderr
+
+
+def test_login_takes_a_callback_port_of_1_to_65535(capsys):
+    for wrong in ("0", "65536", "http"):
+        with pytest.raises(SystemExit) as ended:
+            cli.main(["login", "--url", "http://127.0.0.1:9", "--callback-port", wrong])
+        assert ended.value.code == 2
+        assert f"argument --callback-port: not a port (1 to 65535): {wrong!r}" in capsys.readouterr().err

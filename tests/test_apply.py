@@ -121,6 +121,7 @@ first_partyy = true
 username = "frank"
 password = "orbit-lantern-quiet"
 admin = "yes"
+pasword = "orbit-lantern-quiet"
 
 [[userz]]
 username = "ghost"
@@ -128,20 +129,25 @@ username = "ghost"
 [[installations]]
 name = "No id"
 kind = "telescope"
+operator = ["frank"]
 ''')
     for dry in ([], ["--dry-run"]):
         code, out, err = run("apply", "-f", wanted, *dry)
         assert code == 1 and out == ""
         assert err.splitlines() == [
-            f"tokensvc: {wanted}: 5 problems; nothing was changed",
+            f"tokensvc: {wanted}: 7 problems; nothing was changed",
             f"{wanted}: unknown table [[userz]] (a file has clients, users, installations)",
             f"{wanted}: [[users]] #1 (username = 'frank'): admin: expected a boolean, got 'yes'",
+            f"{wanted}: [[users]] #1 (username = 'frank'): pasword: unknown key (the keys of [[users]]: username, "
+            "password, password_hash, admin)",
             f"{wanted}: [[clients]] #1 (client_id = 'typo-app'): redirect_uri: unknown key (the keys of [[clients]]: "
             "client_id, name, redirect_uris, allowed_scopes, first_party, client_secret, client_secret_sha256, "
             "description, logo_url, allowed_origins)",
             f"{wanted}: [[clients]] #1 (client_id = 'typo-app'): first_partyy: unknown key (the keys of [[clients]]: "
             "client_id, name, redirect_uris, allowed_scopes, first_party, client_secret, client_secret_sha256, "
             "description, logo_url, allowed_origins)",
+            f"{wanted}: [[installations]] #1: operator: unknown key (the keys of [[installations]]: installation_id, "
+            "name, kind, operators)",
             f"{wanted}: [[installations]] #1: installation_id: a value is required (it names what the entry is)"]
     assert run("users", "list")[1].strip() == "no users"
 

@@ -522,6 +522,12 @@ async def apply(op: Operations, args: argparse.Namespace) -> int:
 # -- login ------------------------------------------------------------------------------------------
 
 
+def _port(text: str) -> int:
+    if not text.isdigit() or not 0 < int(text) < 65536:
+        raise argparse.ArgumentTypeError(f"not a port (1 to 65535): {text!r}")
+    return int(text)
+
+
 def cmd_login(args: argparse.Namespace) -> int:
     url = cli_login.admin_url(args)
     if not url:
@@ -534,7 +540,8 @@ def cmd_login(args: argparse.Namespace) -> int:
     keep_in = Path(args.refresh_token) if args.refresh_token else None
 
     async def body() -> int:
-        tokens = await cli_login.login(url, open_browser=not args.no_browser, client_id=client_id, keep_in=keep_in)
+        tokens = await cli_login.login(url, open_browser=not args.no_browser, client_id=client_id, keep_in=keep_in,
+                                        port=args.callback_port)
         who = await RemoteOperator(url, tokens["access_token"]).introspect({"token": tokens["access_token"]})
         emit(args, {"url": url, "username": who.get("username"), "clientId": who.get("client_id"),
                     "scope": who.get("scope")},
@@ -709,6 +716,9 @@ def add_commands(commands: argparse._SubParsersAction, factory: StoreFactory | N
     login.add_argument("--token-client-id", metavar="CLIENT_ID",
                        help=f"sign in as this first-party client (a service account's; or {cli_login.CLIENT_ID_ENV}) "
                             f"instead of tokensvc-cli; a confidential one's secret from {cli_login.CLIENT_SECRET_ENV}")
+    login.add_argument("--callback-port", metavar="PORT", type=_port, default=0,
+                       help="the loopback port the browser is sent back to (http://127.0.0.1:PORT/callback): a "
+                            "confidential client's registered redirect URI names it; by default any free port")
     login.add_argument("--refresh-token", metavar="FILE",
                        help="keep the refresh token in FILE (0600) for the operator commands' --refresh-token, "
                             "instead of the credentials file")

@@ -8,11 +8,12 @@ it at once).
 
 Automation follows the spec's recipe instead (a service account, docs/administration.md): a
 first-party client of its own, confidential, and a user; one ``tokensvc login
---token-client-id ID --refresh-token FILE`` (``TOKENSVC_ADMIN_CLIENT_SECRET`` in the
-environment) signs in as that user once and keeps the refresh token in FILE; every later
-command runs with the same ``--refresh-token FILE --token-client-id ID`` (or
-``TOKENSVC_ADMIN_CLIENT_ID``), and FILE is rewritten with each rotation. An access token alone
-(``--token``, ``TOKENSVC_ADMIN_TOKEN``) also serves, until it expires.
+--token-client-id ID --callback-port PORT --refresh-token FILE`` (``TOKENSVC_ADMIN_CLIENT_SECRET``
+in the environment; PORT the one of the client's loopback redirect URI) signs in as that user
+once and keeps the refresh token in FILE; every later command runs with the same
+``--refresh-token FILE --token-client-id ID`` (or ``TOKENSVC_ADMIN_CLIENT_ID``), and FILE is
+rewritten with each rotation. An access token alone (``--token``, ``TOKENSVC_ADMIN_TOKEN``) also
+serves, until it expires.
 
 A refresh token rotates, and the one rotated out is spent (presented again, it revokes its
 chain); a refresh also replaces the chain's access token (one pair per chain). So every command
@@ -178,7 +179,7 @@ async def access_token(args: argparse.Namespace, url: str) -> AsyncIterator[str]
             except LoginError as refused:
                 raise LoginError(f"{refused}; the refresh token in {path} no longer works for {client_id}: sign "
                                  f"in again with `tokensvc login --url {url} --token-client-id {client_id} "
-                                 f"--refresh-token {path}`") from None
+                                 f"--callback-port PORT --refresh-token {path}`") from None
             write_private(path, tokens["refresh_token"] + "\n")  # rotated: the old one is spent
             yield tokens["access_token"]
         return
@@ -225,11 +226,13 @@ def _pkce() -> tuple[str, str]:
 
 
 async def login(url: str, open_browser: bool = True, timeout: float = LOGIN_TIMEOUT_SECONDS, *,
-                client_id: str | None = None, keep_in: Path | None = None) -> dict[str, Any]:
+                client_id: str | None = None, keep_in: Path | None = None, port: int = 0) -> dict[str, Any]:
     """Sign in to the service behind the admin listener at ``url`` as an admin, in a browser,
     as the CLI's client or as ``client_id`` (a service account's: its secret from
-    ``TOKENSVC_ADMIN_CLIENT_SECRET``, a redirect URI ``http://127.0.0.1/callback``); keep the
-    refresh token in the credentials file, or in ``keep_in`` alone. Returns the tokens."""
+    ``TOKENSVC_ADMIN_CLIENT_SECRET``); keep the refresh token in the credentials file, or in
+    ``keep_in`` alone. The redirect comes back to ``http://127.0.0.1:PORT/callback``: any free
+    port for a public client (its loopback redirect matches any port, RFC 8252 §7.3), ``port``
+    for a confidential one, whose registered redirect URI matches exactly. Returns the tokens."""
     index = await discover(url)
     client_id = client_id or index.get("cliClientId")
     if not client_id:
@@ -255,7 +258,10 @@ async def login(url: str, open_browser: bool = True, timeout: float = LOGIN_TIME
         if query.get("state") == [state] and not received.done():
             received.set_result(query)
 
-    server = await asyncio.start_server(callback, "127.0.0.1", 0)  # any free port (RFC 8252 §7.3)
+    try:
+        server = await asyncio.start_server(callback, "127.0.0.1", port)
+    except OSError as exc:
+        raise LoginError(f"cannot listen on 127.0.0.1:{port} for the sign-in's redirect ({exc.strerror})") from None
     redirect_uri = f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}/callback"
     authorize = index["authorizationEndpoint"] + "?" + urlencode({
         "response_type": "code", "client_id": client_id, "redirect_uri": redirect_uri, "scope": "admin",
