@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import logging
+from datetime import timedelta
 from urllib.parse import quote
 
 import pytest
@@ -140,7 +141,7 @@ async def test_clients_lifecycle(call, ctx):
     assert (await ctx.store.get_client(client_id)).secret_hash != secret  # kept as a hash only
 
     shown = json_of(await call("GET", f"/admin/clients/{client_id}"))
-    check_schema(admin_schemas.admin_client, shown)
+    check_schema(admin_schemas.AdminClientShownSchema(), shown)
     assert "clientSecret" not in shown and secret not in json.dumps(shown)
 
     patched = json_of(await call("PATCH", f"/admin/clients/{client_id}", {"name": "Planner 2",
@@ -695,3 +696,88 @@ async def test_the_plan_of_a_desired_state_writes_nothing_and_names_every_proble
     assert "'webapp', the client of the token" in json_of(wrong)["detail"][-2]["msg"]
     assert "'root', who runs this" in json_of(wrong)["detail"][-1]["msg"]
     assert (await store.list_clients(), await store.list_users(), await store.list_installations()) == before
+
+
+# -- a client secret rotated with overlap ---------------------------------------------------------
+
+
+async def test_a_rotation_that_keeps_the_previous_secret_lets_both_work_until_it_expires(call, ctx, store, clock,
+                                                                                          caplog):
+    """POST /admin/clients/{id}/secret with keepPreviousSeconds: the old secret proves the client
+    beside the new one until then (shown as a time, never a hash), its use and its expiry
+    audited once; another rotation, or any other change of the secret, ends it at once."""
+    from helpers import WEBAPP_SECRET
+
+    from tokensvc.oauth import clientauth
+    from tokensvc.oauth.clientauth import ClientRequest
+    from tokensvc.oauth.errors import InvalidClient
+
+    def proves(secret):
+        return clientauth.authenticate_request(ctx, ClientRequest(None, "webapp", secret, "127.0.0.1", "/oauth/token"))
+
+    rotated = await call("POST", "/admin/clients/webapp/secret", {"keepPreviousSeconds": 600})
+    assert rotated.code == 200, rotated.body
+    answer = json_of(rotated)
+    check_schema(admin_schemas.SecretRotatedSchema(), answer)
+    new = answer["clientSecret"]
+    assert answer["previousSecretExpiresAt"] == (clock.now + timedelta(seconds=600)).isoformat()
+    shown = json_of(await call("GET", "/admin/clients/webapp"))
+    check_schema(admin_schemas.AdminClientShownSchema(), shown)
+    assert shown["previousSecretExpiresAt"] == answer["previousSecretExpiresAt"]
+    assert shown["previousSecretLastUsedAt"] is None
+    previous = await store.get_previous_secret("webapp")
+    assert previous.secret_hash not in rotated.body.decode() + json.dumps(shown)
+    with caplog.at_level(logging.INFO, logger="tokensvc.audit"):
+        assert (await proves(new)).client_id == "webapp"
+        assert (await proves(WEBAPP_SECRET)).client_id == "webapp"  # the old one, still in force
+        clock.advance(30)
+        await proves(WEBAPP_SECRET)  # within the minute: recorded once
+        with pytest.raises(InvalidClient):
+            await proves("neither-of-them")
+        clock.advance(570)  # its ten minutes are up
+        with pytest.raises(InvalidClient):
+            await proves(WEBAPP_SECRET)
+        assert (await proves(new)).client_id == "webapp"
+        assert json_of(await call("GET", "/admin/clients/webapp"))["previousSecretExpiresAt"] is None
+        assert await clientauth.expire_previous_secrets(store, clock.now) == 1
+        assert await clientauth.expire_previous_secrets(store, clock.now) == 0
+    events = [record.audit for record in caplog.records if record.name == "tokensvc.audit"]
+    used = [event for event in events if event["event"] == "client_previous_secret_used"]
+    expired = [event for event in events if event["event"] == "client_previous_secret_expired"]
+    assert [(event["client_id"], event["outcome"]) for event in used] == [("webapp", "still_in_use")]
+    assert [(event["client_id"], event["last_used_at"]) for event in expired] == [
+        ("webapp", (clock.now - timedelta(seconds=600)).isoformat())]
+    assert new not in caplog.text and WEBAPP_SECRET not in caplog.text and previous.secret_hash not in caplog.text
+
+    # Kept again, then rotated without keeping: the old one stops at once.
+    second = json_of(await call("POST", "/admin/clients/webapp/secret", {"keepPreviousSeconds": 600}))
+    assert (await proves(new)).client_id == "webapp"
+    third = json_of(await call("POST", "/admin/clients/webapp/secret"))
+    assert third["previousSecretExpiresAt"] is None and await store.get_previous_secret("webapp") is None
+    for gone in (new, second["clientSecret"]):
+        with pytest.raises(InvalidClient):
+            await proves(gone)
+    # Any other change of the secret ends the overlap: it holds only beside the secret that replaced it.
+    fourth = json_of(await call("POST", "/admin/clients/webapp/secret", {"keepPreviousSeconds": 600}))
+    from tokensvc.oauth import hashing
+
+    patched = await call("PATCH", "/admin/clients/webapp", {"clientSecretSha256": hashing.digest("held-by-ops")})
+    assert patched.code == 200
+    for gone in (third["clientSecret"], fourth["clientSecret"]):
+        with pytest.raises(InvalidClient):
+            await proves(gone)
+    assert json_of(await call("GET", "/admin/clients/webapp"))["previousSecretExpiresAt"] is None
+
+
+async def test_the_previous_secret_is_kept_for_a_bounded_time_of_a_confidential_client(call, store):
+    before = await store.get_client("webapp")
+    for wrong, kind in ((-1, "value_error"), (30 * 86400 + 1, "value_error"), ("3600", "value_error"),
+                        (1.5, "value_error"), (None, "value_error")):
+        check_validation_error(await call("POST", "/admin/clients/webapp/secret", {"keepPreviousSeconds": wrong}),
+                               ["body", "keepPreviousSeconds"], kind)
+    check_validation_error(await call("POST", "/admin/clients/webapp/secret", {"keepPrevious": 60}),
+                           ["body", "keepPrevious"], "extra_forbidden")
+    assert await store.get_client("webapp") == before and await store.get_previous_secret("webapp") is None
+    public = await call("POST", "/admin/clients/skyplanner/secret", {"keepPreviousSeconds": 60})
+    assert public.code == 409 and await store.get_previous_secret("skyplanner") is None
+    assert (await call("POST", "/admin/clients/webapp/secret", {"keepPreviousSeconds": 30 * 86400})).code == 200

@@ -399,3 +399,40 @@ def test_login_takes_a_callback_port_of_1_to_65535(capsys):
             cli.main(["login", "--url", "http://127.0.0.1:9", "--callback-port", wrong])
         assert ended.value.code == 2
         assert f"argument --callback-port: not a port (1 to 65535): {wrong!r}" in capsys.readouterr().err
+
+
+def test_a_secret_rotated_with_keep_previous_works_beside_the_new_one(service, credentials):
+    """`clients rotate-secret --keep-previous 15m` against the running service: both secrets
+    prove the client at the token endpoints, `clients show` tells until when (never a hash);
+    a rotation without it ends the old one at once."""
+    added = json.loads(ok(tokensvc("clients", "add", "--name", "Rolling app", "--client-id", "rolling", "--first-party",
+                                   "--confidential", "--redirect-uri", "https://rolling.example/cb", "--json",
+                                   "--url", service.admin, credentials=credentials)))
+
+    def proves(secret: str) -> bool:
+        answer = requests.post(service.base + "/oauth/token/introspect", data={"token": "not-a-token"},
+                               auth=("rolling", secret), timeout=10)
+        assert answer.status_code in (200, 401), answer.text
+        return answer.status_code == 200
+
+    old = added["clientSecret"]
+    out = ok(tokensvc("clients", "rotate-secret", "rolling", "--keep-previous", "15m", "--url", service.admin,
+                      credentials=credentials))
+    new = re.search(r"client_secret: (\S+)", out)[1]
+    until = re.search(r"the old secret works until (\S+)\)", out)[1]
+    assert proves(old) and proves(new)
+    shown = ok(tokensvc("clients", "show", "rolling", "--url", service.admin, credentials=credentials))
+    assert f"previous_secret_expires_at: {until}" in shown and "previous_secret_last_used_at: " in shown
+    assert hashlib.sha256(old.encode()).hexdigest() not in shown
+    out = ok(tokensvc("clients", "rotate-secret", "rolling", "--url", service.admin, credentials=credentials))
+    assert "the old secret no longer works" in out
+    newest = re.search(r"client_secret: (\S+)", out)[1]
+    assert proves(newest) and not proves(new) and not proves(old)
+    for wrong in ("15x", "5.5m", "m"):
+        refused = tokensvc("clients", "rotate-secret", "rolling", "--keep-previous", wrong, "--url", service.admin,
+                           credentials=credentials)
+        assert refused.returncode == 2 and "not a duration (90s, 15m, 12h, 7d)" in refused.stderr
+    too_long = tokensvc("clients", "rotate-secret", "rolling", "--keep-previous", "31d", "--url", service.admin,
+                        credentials=credentials)
+    assert too_long.returncode == 1 and "keepPreviousSeconds" in too_long.stderr, too_long.stderr
+    assert proves(newest)

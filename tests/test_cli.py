@@ -91,7 +91,9 @@ def test_secret_shown_once_in_text_mode(run):
     assert code == 0 and "client_secret: " in out and "shown once" in out
     client_id = out.split("client_id: ")[1].split()[0]
     code, out, _ = run("clients", "show", client_id)
-    assert "secret" not in out.replace("confidential", "") and "first_party: yes" in out
+    # No secret, nor its hash: only until when a previous one works (none here).
+    assert "previous_secret_expires_at: -\nprevious_secret_last_used_at: -" in out
+    assert "secret" not in out.replace("confidential", "").replace("previous_secret_", "") and "first_party: yes" in out
     # What a person reads: no Python None, True or list brackets.
     assert "None" not in out and "True" not in out and "[" not in out and "description: -" in out
 
@@ -332,6 +334,34 @@ async def test_the_running_memory_store_purges_itself():
     await eventually(purged, what="the expired session purged")
     task.cancel()
     assert await store.get_session("live") is not None
+
+
+@pytest.mark.gen_test
+async def test_a_serving_process_forgets_expired_previous_secrets_and_tells_of_each(caplog):
+    import asyncio
+    import logging
+    import time
+    from datetime import timedelta
+
+    from tokensvc.bootstrap import expire_previous_secrets_periodically
+    from tokensvc.records import PreviousSecret, utcnow
+    from tokensvc.storage.memory import MemoryStore
+
+    store = MemoryStore()
+    now = utcnow()
+    await store.put_previous_secret(PreviousSecret("old", "a" * 64, "b" * 64, now - timedelta(hours=1), now))
+    await store.put_previous_secret(PreviousSecret("live", "c" * 64, "d" * 64, now, now + timedelta(hours=1)))
+    with caplog.at_level(logging.INFO, logger="tokensvc.audit"):
+        task = asyncio.ensure_future(expire_previous_secrets_periodically(store, every=0.01))
+        deadline = time.monotonic() + 10
+        while await store.get_previous_secret("old") is not None:
+            assert time.monotonic() < deadline, "the expired previous secret is still kept"
+            await asyncio.sleep(0.01)
+        task.cancel()
+    assert await store.get_previous_secret("live") is not None
+    told = [record.audit for record in caplog.records if record.name == "tokensvc.audit"]
+    assert [(event["event"], event["client_id"], event["last_used_at"]) for event in told] == [
+        ("client_previous_secret_expired", "old", None)]
 
 
 def test_json_errors_are_json_on_stderr_with_the_same_exit_codes(tmp_path, config_path, capsys):

@@ -11,7 +11,17 @@ import pytest
 from backends import BACKENDS
 from helpers import Clock
 
-from tokensvc.records import AuthorizationCode, Client, Family, Installation, Pair, Session, Subject, User
+from tokensvc.records import (
+    AuthorizationCode,
+    Client,
+    Family,
+    Installation,
+    Pair,
+    PreviousSecret,
+    Session,
+    Subject,
+    User,
+)
 from tokensvc.storage.base import Conflict, Store
 
 pytestmark = pytest.mark.parametrize("backend_store", BACKENDS, indirect=True)
@@ -280,6 +290,42 @@ async def test_concurrent_changes_of_a_user_each_hold(backend_store):
 
 
 @pytest.mark.gen_test
+async def test_a_previous_secret_is_kept_used_and_expired_by_one_caller_each(backend_store, now):
+    """A client's previous secret is a record of its own: replaced by the next one, its use
+    recorded by one of concurrent callers (once per interval), its expiry handed to exactly one
+    of concurrent sweeps, and gone with its client."""
+    store = backend_store
+    await store.put_client(Client("c", "C", ["https://c/cb"], secret_hash="b" * 64, created_at=now))
+    assert await store.get_previous_secret("c") is None
+    first = PreviousSecret("c", "a" * 64, "b" * 64, now, now + timedelta(seconds=60))
+    await store.put_previous_secret(first)
+    assert await store.get_previous_secret("c") == first
+    kept = PreviousSecret("c", "b" * 64, "d" * 64, now, now + timedelta(seconds=120))
+    await store.put_previous_secret(kept)  # a second rotation replaces the first
+    assert await store.get_previous_secret("c") == kept
+    # Of uses at once, one records it; within the interval no other does; after it, one again.
+    used = await asyncio.gather(*(store.note_previous_secret_use("c", now, 60) for _ in range(4)))
+    assert sorted(used) == [False, False, False, True]
+    assert (await store.get_previous_secret("c")).last_used_at == now
+    assert not await store.note_previous_secret_use("c", now + timedelta(seconds=59), 60)
+    assert await store.note_previous_secret_use("c", now + timedelta(seconds=61), 60)
+    assert not await store.note_previous_secret_use("nobody", now, 60)
+    # Unexpired, it stays; expired, one of concurrent sweeps gets it.
+    assert await store.expire_previous_secrets(now + timedelta(seconds=119)) == []
+    swept = await asyncio.gather(*(store.expire_previous_secrets(now + timedelta(seconds=120)) for _ in range(3)))
+    assert sorted(len(each) for each in swept) == [0, 0, 1]
+    gone = next(each for each in swept if each)[0]
+    assert (gone.client_id, gone.last_used_at) == ("c", now + timedelta(seconds=61))
+    assert await store.get_previous_secret("c") is None
+    # Forgotten on request, and with its client.
+    await store.put_previous_secret(kept)
+    assert await store.delete_previous_secret("c") is True and await store.delete_previous_secret("c") is False
+    await store.put_previous_secret(kept)
+    assert await store.delete_client("c") is True
+    assert await store.get_previous_secret("c") is None
+
+
+@pytest.mark.gen_test
 async def test_concurrent_changes_of_a_client_each_hold(backend_store):
     """A secret rotated beside a PATCH or a PUT of the client, and two PATCHes of different
     fields: each change holds (each wrote the whole client it had read: the rotated secret,
@@ -293,12 +339,13 @@ async def test_concurrent_changes_of_a_client_each_hold(backend_store):
     ctx = make_context(make_config(), backend_store)
     spec = admin.ClientSpec("Robot", ["https://robot.example/cb"], ["read", "write"], confidential=True)
     await admin.create_client(backend_store, spec, "robot")
-    secret, _ = await asyncio.gather(admin.rotate_secret(backend_store, "robot"),
-                                     admin.update_client(ctx, "robot", {"description": "Builds things"}))
+    (secret, _), _ = await asyncio.gather(admin.rotate_secret(backend_store, "robot"),
+                                          admin.update_client(ctx, "robot", {"description": "Builds things"}))
     robot = await backend_store.get_client("robot")
     assert hashing.matches(secret, robot.secret_hash) and robot.description == "Builds things"
-    secret, _ = await asyncio.gather(admin.rotate_secret(backend_store, "robot"),
-                                     admin.put_client(ctx, "robot", replace(spec, name="Robot 2", scopes=["read"])))
+    (secret, _), _ = await asyncio.gather(admin.rotate_secret(backend_store, "robot"),
+                                          admin.put_client(ctx, "robot", replace(spec, name="Robot 2",
+                                                                                 scopes=["read"])))
     robot = await backend_store.get_client("robot")
     assert hashing.matches(secret, robot.secret_hash) and robot.name == "Robot 2" and robot.scopes == ["read"]
     await asyncio.gather(admin.update_client(ctx, "robot", {"description": "Still builds"}),

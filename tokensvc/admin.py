@@ -12,7 +12,7 @@ import asyncio
 import secrets
 from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass, field, replace
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 from tokensvc import logs
@@ -41,10 +41,12 @@ from tokensvc.oauth.revocation import end_chains_before_promotion, narrowing, re
 from tokensvc.records import (
     CLIENT_KIND,
     CLIENT_KINDS,
+    MAX_KEEP_PREVIOUS_SECONDS,
     RESOURCE_SERVER,
     Client,
     Grant,
     Installation,
+    PreviousSecret,
     Session,
     Subject,
     User,
@@ -304,15 +306,44 @@ async def get_client(store: Store, client_id: str) -> Client:
     return client
 
 
-async def rotate_secret(store: Store, client_id: str) -> str:
+async def rotate_secret(store: Store, client_id: str, keep_previous_seconds: int = 0,
+                        now: datetime | None = None) -> tuple[str, PreviousSecret | None]:
     """A new secret for a confidential client: its secret alone is written, and only while it
-    has one (a concurrent change making it public wins)."""
-    await get_client(store, client_id)
+    has one (a concurrent change making it public wins). With ``keep_previous_seconds`` the
+    secret it replaces keeps working that long beside it (at most
+    :data:`MAX_KEEP_PREVIOUS_SECONDS`), as a record of its own bound to the new secret, written
+    before the client: a rotation cut short leaves a record that proves nothing (its successor
+    is not the client's secret), never an outage of the old one. The new secret, and the
+    previous one kept."""
+    if not 0 <= keep_previous_seconds <= MAX_KEEP_PREVIOUS_SECONDS:
+        raise AdminError(f"keep the previous secret between 0 and {MAX_KEEP_PREVIOUS_SECONDS} seconds (30 days)",
+                         "keepPreviousSeconds")
+    client = await get_client(store, client_id)
     secret = hashing.new_secret()
-    if await store.update_client(client_id, {"secret_hash": hashing.digest(secret)}, if_confidential=True) is None:
+    now = now or utcnow()
+    previous = None
+    if keep_previous_seconds and client.secret_hash is not None:
+        previous = PreviousSecret(client_id, client.secret_hash, hashing.digest(secret), now,
+                                  now + timedelta(seconds=keep_previous_seconds))
+        await store.put_previous_secret(previous)
+    before = await store.update_client(client_id, {"secret_hash": hashing.digest(secret)}, if_confidential=True)
+    if before is None:
         raise Taken(f"client {client_id!r} is public: it has no secret to rotate")
-    _record("client_secret_rotated", client_id=client_id, outcome="success")
-    return secret
+    if previous is None:
+        await store.delete_previous_secret(client_id)
+    elif before.secret_hash != previous.secret_hash:  # another rotation came between the read and the write
+        assert before.secret_hash is not None  # it was confidential (if_confidential)
+        previous = replace(previous, secret_hash=before.secret_hash)
+        await store.put_previous_secret(previous)
+    _record("client_secret_rotated", client_id=client_id, keep_previous_seconds=keep_previous_seconds,
+            previous_expires_at=previous.expires_at.isoformat() if previous else None, outcome="success")
+    return secret, previous
+
+
+async def previous_secret(store: Store, client: Client, now: datetime) -> PreviousSecret | None:
+    """The client's previous secret while it still works (what ``clients show`` tells)."""
+    previous = await store.get_previous_secret(client.client_id) if client.confidential else None
+    return previous if previous is not None and previous.in_force(client, now) else None
 
 
 async def remove_client(ctx: OAuthContext, client_id: str) -> int:

@@ -9,7 +9,7 @@ from typing import Any
 from marshmallow import RAISE, Schema, fields, pre_dump, validate
 
 from tokensvc import identifiers
-from tokensvc.records import CLIENT_KINDS
+from tokensvc.records import CLIENT_KINDS, MAX_KEEP_PREVIOUS_SECONDS
 from tokensvc.schemas import EXTRA_FORBIDDEN, NOT_LIST, NOT_NULL, NOT_OBJECT, Flag, Text, TextList
 
 MAX_LIST = 100  # redirect URIs, scopes, origins, operators a body may name
@@ -73,6 +73,28 @@ class AdminClientSchema(Schema):
                 "confidential": client.confidential, "description": client.description, "logo_url": client.logo_url,
                 "allowed_origins": client.allowed_origins or [], "created_at": client.created_at,
                 "kind": client.kind}
+
+
+class AdminClientShownSchema(AdminClientSchema):
+    """One client as ``GET /admin/clients/{id}`` shows it: with its previous secret's time, when
+    a rotation keeps one valid (never the secret, nor its hash)."""
+
+    previous_secret_expires_at = fields.DateTime(required=True, allow_none=True,
+                                                 data_key="previousSecretExpiresAt", metadata={
+                                                     "description": "Until when the secret a rotation replaced "
+                                                                    "still works; null when none does"})
+    previous_secret_last_used_at = fields.DateTime(required=True, allow_none=True,
+                                                   data_key="previousSecretLastUsedAt", metadata={
+                                                       "description": "Its latest use (to within a minute); null "
+                                                                      "when it was not used since the rotation"})
+
+    @pre_dump
+    def in_force(self, shown: Any, **_: Any) -> dict[str, Any]:
+        """``(client, its previous secret in force or None)``."""
+        client, previous = shown
+        return {**super().in_force(client),
+                "previous_secret_expires_at": previous.expires_at if previous else None,
+                "previous_secret_last_used_at": previous.last_used_at if previous else None}
 
 
 class AdminClientWithSecretSchema(AdminClientSchema):
@@ -215,6 +237,20 @@ class PasswordBodySchema(BodySchema):
     keep_grants = Flag(load_default=False, data_key="keepGrants")
 
 
+class SecretBodySchema(BodySchema):
+    keep_previous_seconds = fields.Integer(
+        load_default=0, strict=True, data_key="keepPreviousSeconds",
+        validate=validate.Range(0, MAX_KEEP_PREVIOUS_SECONDS),
+        metadata={"description": "How long the secret being replaced keeps working beside the new one, in seconds "
+                                 f"(at most {MAX_KEEP_PREVIOUS_SECONDS}, 30 days; 0, the default: it stops at once)"})
+
+
+class SecretRotatedSchema(Schema):
+    client_id = fields.String(required=True, data_key="clientId")
+    client_secret = fields.String(required=True, data_key="clientSecret")
+    previous_secret_expires_at = fields.DateTime(required=True, allow_none=True, data_key="previousSecretExpiresAt")
+
+
 class InstallationBodySchema(BodySchema):
     name = Text(required=True, max_length=200, metadata=NAME)
     kind = Text(required=True, max_length=32, metadata=KIND)
@@ -322,6 +358,9 @@ RULES: dict[str, dict[str, Any]] = {
 WITH_KIND = ("InstallationBody", "PlanInstallation")  # whose kind is one of the configured ones
 
 admin_client = AdminClientSchema()
+admin_client_shown = AdminClientShownSchema()
+secret_body = SecretBodySchema()
+secret_rotated = SecretRotatedSchema()
 admin_user = AdminUserSchema()
 admin_installation = AdminInstallationSchema()
 grant = GrantSchema()
@@ -336,7 +375,9 @@ token_body = TokenBodySchema()
 plan_body = PlanBodySchema()
 plan_entries = {"clients": PlanClientSchema(), "users": PlanUserSchema(), "installations": PlanInstallationSchema()}
 COMPONENTS: dict[str, type[Schema]] = {
-    "AdminClient": AdminClientSchema, "AdminClientWithSecret": AdminClientWithSecretSchema,
+    "AdminClient": AdminClientSchema, "AdminClientShown": AdminClientShownSchema,
+    "SecretBody": SecretBodySchema, "SecretRotated": SecretRotatedSchema,
+    "AdminClientWithSecret": AdminClientWithSecretSchema,
     "AdminClientPut": AdminClientPutSchema, "AdminInstallationPut": AdminInstallationPutSchema,
     "AdminUser": AdminUserSchema, "AdminInstallation": AdminInstallationSchema,
     "Grant": GrantSchema, "AdminSession": AdminSessionSchema, "ClientBody": ClientBodySchema,

@@ -15,13 +15,13 @@ from typing import Any
 from tokensvc.config import ConfigError, Settings, StorageSettings
 from tokensvc.identifiers import username_key
 from tokensvc.metrics import Metrics
-from tokensvc.oauth import hashing, successors
+from tokensvc.oauth import clientauth, hashing, successors
 from tokensvc.oauth.context import OAuthContext
 from tokensvc.oauth.metadata import server_metadata
 from tokensvc.oauth.revocation import end_chains_before_promotion, narrowing
 from tokensvc.ratelimit import FailureLimits, SharedFailureCounts
 from tokensvc.records import RESOURCE_SERVER, Client, Installation, User, utcnow
-from tokensvc.storage.base import StorageError, Store, StoreObserver
+from tokensvc.storage.base import StorageError, Store, StoreFault, StoreObserver
 
 log = logging.getLogger(__name__)
 
@@ -194,6 +194,25 @@ async def purge_periodically(store: Store, every: float = MEMORY_PURGE_SECONDS) 
         if any(counts.values()):
             log.info("purged %d expired codes, %d token families, %d sessions", counts["codes"], counts["families"],
                      counts["sessions"])
+
+
+# How often a serving process looks for clients' previous secrets whose time is up. An expired
+# one is refused at its time whatever this does; this forgets it and writes its audit line.
+PREVIOUS_SECRET_SWEEP_SECONDS = 30.0
+
+
+async def expire_previous_secrets_periodically(store: Store, every: float = PREVIOUS_SECRET_SWEEP_SECONDS) -> None:
+    """Forget the previous client secrets whose time is up, each audited by the one process that
+    forgets it, every ``every`` seconds until cancelled (on every backend: MongoDB has no TTL
+    index for them, which would delete them without a word)."""
+    while True:
+        await asyncio.sleep(every)
+        if not store.prepared:
+            continue
+        try:
+            await clientauth.expire_previous_secrets(store, utcnow())
+        except (StorageError, StoreFault) as exc:
+            log.warning("could not look for expired previous client secrets: %s", exc)
 
 
 class StoreMetrics(StoreObserver):

@@ -121,7 +121,7 @@ async def serve(settings: Settings, listeners: Listeners, *, show_banner: bool =
     import tornado.httpserver
 
     from tokensvc.app import make_admin_app, make_app
-    from tokensvc.bootstrap import prepare, purge_periodically
+    from tokensvc.bootstrap import expire_previous_secrets_periodically, prepare, purge_periodically
     from tokensvc.handlers.lifecycle import READ_HEAD_BYTES
     from tokensvc.oauth import events
 
@@ -149,6 +149,7 @@ async def serve(settings: Settings, listeners: Listeners, *, show_banner: bool =
     # reach this process's WebSockets within a second.
     relaying = asyncio.create_task(events.relay(store, ctx.events))
     housekeeping = [asyncio.create_task(purge_periodically(store))] if settings.storage.backend == "memory" else []
+    housekeeping.append(asyncio.create_task(expire_previous_secrets_periodically(store)))
     # Bodies are counted by the request lifecycle, which answers 413 (handlers/lifecycle.py);
     # a long target or large header fields get 414 or 431 there too, read up to READ_HEAD_BYTES.
     # The client's address behind proxies is the request lifecycle's (handlers/proxies.py).

@@ -197,9 +197,22 @@ async def clients_remove(op: Operations, args: argparse.Namespace) -> int:
 
 
 async def clients_rotate_secret(op: Operations, args: argparse.Namespace) -> int:
-    done = await op.rotate_secret(args.client_id)
-    emit(args, done, f"client_secret: {done['clientSecret']}\n(shown once: the old secret no longer works)")
+    done = await op.rotate_secret(args.client_id, {"keepPreviousSeconds": args.keep_previous})
+    until = done.get("previousSecretExpiresAt")
+    old = f"the old secret works until {until}" if until else "the old secret no longer works"
+    emit(args, done, f"client_secret: {done['clientSecret']}\n(shown once: {old})")
     return 0
+
+
+DURATION_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+def duration(text: str) -> int:
+    """Seconds from ``90``, ``90s``, ``15m``, ``12h`` or ``7d``."""
+    number, unit = (text[:-1], text[-1]) if text[-1:] in DURATION_UNITS else (text, "s")
+    if not number.isdigit():
+        raise argparse.ArgumentTypeError(f"not a duration (90s, 15m, 12h, 7d): {text!r}")
+    return int(number) * DURATION_UNITS[unit]
 
 
 # -- users ---------------------------------------------------------------------------------------
@@ -636,7 +649,12 @@ def add_commands(commands: argparse._SubParsersAction, factory: StoreFactory | N
                                     ("remove", "remove a client at once, then revoke its grants", clients_remove),
                                     ("rotate-secret", "give a confidential client a new secret",
                                      clients_rotate_secret)):
-        command(clients, name, help_text, action).add_argument("client_id", help="the client's id")
+        sub = command(clients, name, help_text, action)
+        sub.add_argument("client_id", help="the client's id")
+        if name == "rotate-secret":
+            sub.add_argument("--keep-previous", metavar="DURATION", type=duration, default=0,
+                             help="keep the old secret working this long beside the new one (90s, 15m, 12h, 7d; "
+                                  "at most 30d), while every instance of the client takes the new one")
 
     users = group("users", "manage users")
     for name, help_text, action in (("add", "add a user (password from a prompt or --password-stdin)", users_add),

@@ -34,7 +34,7 @@ INVALID = json_answer("HTTPValidationError", (
     "in a plan [\"body\", \"clients\", 0, \"name\"]), or [\"body\"] for the body as a whole"))
 # The bodies a call may go without: a PATCH without one changes nothing, a plan without one
 # is the plan of nothing.
-OPTIONAL_BODIES = frozenset({"ClientPatch", "PlanBody"})
+OPTIONAL_BODIES = frozenset({"ClientPatch", "PlanBody", "SecretBody"})
 
 
 def obj(required: bool = True, **properties: Any) -> dict[str, Any]:
@@ -101,7 +101,7 @@ def operations() -> dict[str, dict[str, Any]]:
                        json_answer(WITH_SECRET, "Registered"), body="ClientBody", extra={"409": CONFLICT},
                        status="201")},
         "/admin/clients/{client_id}": {
-            "get": op("One client", json_answer("AdminClient", "The client"), parameters=[client], extra=MISSING),
+            "get": op("One client", json_answer("AdminClientShown", "The client"), parameters=[client], extra=MISSING),
             "put": op("Create or replace a client (idempotent)", json_answer(PUT_CLIENT, "Replaced"),
                       body="ClientPutBody", parameters=[new_id("client_id")],
                       extra={"201": json_answer(PUT_CLIENT, "Created"), "409": CONFLICT}),
@@ -110,8 +110,10 @@ def operations() -> dict[str, dict[str, Any]]:
             "delete": op("Remove a client at once, then revoke its grants in bulk",
                          done(removed=STRING, grantsRevoked=INTEGER), parameters=[client], extra=MISSING)},
         "/admin/clients/{client_id}/secret": {"post": op(
-            "A new secret, returned once (a confidential client's; a public one has none: 409)",
-            done(clientId=STRING, clientSecret=STRING), parameters=[client], extra={**MISSING, "409": CONFLICT})},
+            "A new secret, returned once (a confidential client's; a public one has none: 409); the old one keeps "
+            "working for keepPreviousSeconds",
+            json_answer("SecretRotated", "Rotated"), body="SecretBody", parameters=[client],
+            extra={**MISSING, "409": CONFLICT})},
         "/admin/users": {
             "get": op("Users, a page at a time", page("AdminUser"), parameters=PAGING),
             "post": op("Add a user (the password rule applies)", json_answer("AdminUser", "Added"), body="UserBody",

@@ -75,6 +75,33 @@ class Client:
         return origins
 
 
+# The longest a rotation may keep the previous secret valid: long enough to roll every
+# instance of a client, short enough that a forgotten overlap ends by itself.
+MAX_KEEP_PREVIOUS_SECONDS = 30 * 86400
+
+
+@dataclass(slots=True)
+class PreviousSecret:
+    """A client's secret that a rotation replaced and kept valid for a while (``clients
+    rotate-secret --keep-previous``), so that every instance of the client can take the new one
+    before the old one stops. A record of its own, never a field of the client's document: a
+    release that rewrites whole client documents (0.9.0) cannot drop it, and it is in force only
+    beside the secret that replaced it (``successor_hash``): any other change of the client's
+    secret ends it."""
+
+    client_id: str
+    secret_hash: str  # the SHA-256 of the old secret
+    successor_hash: str  # the SHA-256 of the secret that replaced it
+    rotated_at: datetime
+    expires_at: datetime
+    last_used_at: datetime | None = None  # the latest use, to within PREVIOUS_USE_NOTED_EVERY
+
+    def in_force(self, client: Client, now: datetime) -> bool:
+        """Whether the old secret still proves ``client``: unexpired, and the secret that
+        replaced it is still the client's."""
+        return now < self.expires_at and client.secret_hash == self.successor_hash
+
+
 def web_origin(url: str) -> str | None:
     """``scheme://host[:port]`` of an https URL; None for any other (http is only ever a
     loopback redirect's: a native app's)."""

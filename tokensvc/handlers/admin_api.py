@@ -136,7 +136,7 @@ class ClientHandler(AdminEndpoint):
 class ClientSecretHandler(AdminEndpoint):
     @operator_call
     async def post(self, client_id: str) -> None:
-        self.send_json(await self.operator.rotate_secret(client_id))
+        self.send_json(await self.operator.rotate_secret(client_id, self.body()))
 
 
 class UsersHandler(AdminEndpoint):

@@ -2,6 +2,12 @@
 
 ``client_secret_basic`` (HTTP Basic), ``client_secret_post`` (secret in the body) for
 confidential clients; ``none`` (client_id only) for public clients, which rely on PKCE.
+
+A confidential client's secret may have a predecessor still in force (a rotation that kept it,
+:class:`~tokensvc.records.PreviousSecret`): a secret that is not the current one is compared
+with it too, each comparison in constant time, and a use of the old one is recorded and
+audited (at most once per :data:`PREVIOUS_USE_NOTED_EVERY`), its expiry audited by whoever
+forgets it (:func:`expire_previous_secrets`).
 """
 
 from __future__ import annotations
@@ -10,6 +16,7 @@ import base64
 import binascii
 import logging
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import TYPE_CHECKING
 from urllib.parse import unquote_plus
 
@@ -18,13 +25,18 @@ from tokensvc.errors import ValidationFailed
 from tokensvc.oauth import hashing
 from tokensvc.oauth.errors import InvalidClient, InvalidRequest, UnauthorizedClient
 from tokensvc.ratelimit import Attempt, TooManyFailures
-from tokensvc.records import Client
+from tokensvc.records import Client, PreviousSecret, utcnow
+from tokensvc.storage.base import Store
 
 if TYPE_CHECKING:  # the context's metadata names this module's methods
     from tokensvc.oauth.context import OAuthContext
 
 BASIC, POST, NONE = "client_secret_basic", "client_secret_post", "none"
 AUTH_METHODS = (BASIC, POST, NONE)
+# A use of a previous secret is recorded (its last_used_at) and audited at most this often:
+# one write and one line a minute however busy the client, never one per request.
+PREVIOUS_USE_NOTED_EVERY = 60.0
+_NO_DIGEST = "0" * 64  # compared with when there is no previous secret, so that each path costs the same
 
 
 @dataclass(slots=True)
@@ -145,11 +157,20 @@ async def authenticate_request(ctx: OAuthContext, request: ClientRequest) -> Cli
     assert creds is not None  # it names a client
     attempt = limits.client_attempt(creds.client_id, request.address)
     client = await ctx.store.get_client(creds.client_id)
+    # A confidential client's previous secret is read whatever secret came: the right one, the
+    # old one and a wrong one take the same steps (a wrong one is counted no later than a right
+    # one is answered, however the store's replies interleave).
+    previous = None
+    if client is not None and client.secret_hash is not None and creds.client_secret is not None:
+        previous = await ctx.store.get_previous_secret(client.client_id)
+    now = ctx.clock()
     try:
-        proven = verify(client, creds)
+        proven = verify(client, creds, previous, now)
     except InvalidClient:
         await _failed(ctx, attempt, creds.client_id, request)
         raise
+    if previous is not None and not hashing.matches(creds.client_secret or "", proven.secret_hash or ""):
+        await _previous_used(ctx, previous, request, now)  # proven, and not by its current secret
     if not guessable(proven, creds):
         return proven
     try:
@@ -187,17 +208,51 @@ def _audit_failure(client_id: str | None, request: ClientRequest) -> None:
                                "outcome": "failure"}, logging.WARNING, "client authentication failed")
 
 
-def verify(client: Client | None, creds: ClientCredentials) -> Client:
-    """``client`` if ``creds`` prove it (the one their client_id names); else InvalidClient (401)."""
+def verify(client: Client | None, creds: ClientCredentials, previous: PreviousSecret | None = None,
+           now: datetime | None = None) -> Client:
+    """``client`` if ``creds`` prove it (the one their client_id names) with its secret, or with
+    ``previous`` while that is in force; else InvalidClient (401). Both secrets are compared,
+    each in constant time, whichever matches."""
     basic = creds.method == BASIC
     if client is None:
         # Spend a digest anyway so an unknown id and a wrong secret take the same time.
-        hashing.matches(creds.client_secret or "", "0" * 64)
+        hashing.matches(creds.client_secret or "", _NO_DIGEST)
         raise InvalidClient("Client authentication failed", basic=basic)
     if client.secret_hash is None:
         if creds.client_secret:  # a public client has no secret to present
             raise InvalidClient("Client authentication failed", basic=basic)
         return client
-    if creds.client_secret is None or not hashing.matches(creds.client_secret, client.secret_hash):
+    if creds.client_secret is None:
+        raise InvalidClient("Client authentication failed", basic=basic)
+    in_force = previous is not None and previous.in_force(client, now or utcnow())
+    current = hashing.matches(creds.client_secret, client.secret_hash)
+    old = hashing.matches(creds.client_secret, previous.secret_hash if in_force and previous else _NO_DIGEST)
+    if not (current | old):
         raise InvalidClient("Client authentication failed", basic=basic)
     return client
+
+
+async def _previous_used(ctx: OAuthContext, previous: PreviousSecret, request: ClientRequest, now: datetime) -> None:
+    """A client proved itself with its previous secret: recorded, and audited as still in use
+    by the one process that recorded it (at most once per :data:`PREVIOUS_USE_NOTED_EVERY`)."""
+    if await ctx.store.note_previous_secret_use(previous.client_id, now, PREVIOUS_USE_NOTED_EVERY):
+        logs.audit("client_previous_secret_used",
+                   {"client_id": previous.client_id, "remote_ip": request.address, "endpoint": request.endpoint,
+                    "expires_at": previous.expires_at.isoformat(), "outcome": "still_in_use"},
+                   logging.WARNING, "a client authenticated with its previous secret, which expires at "
+                                    f"{previous.expires_at.isoformat()}")
+
+
+async def expire_previous_secrets(store: Store, now: datetime) -> int:
+    """Forget the previous secrets whose time is up, auditing each once (whichever process
+    forgets it): when it was last used, or that it never was since the rotation. The count."""
+    count = 0
+    while expired := await store.expire_previous_secrets(now):
+        for previous in expired:
+            last = previous.last_used_at.isoformat() if previous.last_used_at else None
+            logs.audit("client_previous_secret_expired",
+                       {"client_id": previous.client_id, "rotated_at": previous.rotated_at.isoformat(),
+                        "last_used_at": last, "outcome": "expired"},
+                       logging.INFO, f"a client's previous secret expired (last used: {last or 'never'})")
+        count += len(expired)
+    return count

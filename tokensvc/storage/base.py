@@ -19,7 +19,18 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from tokensvc.records import AuthorizationCode, Client, Family, Grant, Installation, Pair, Session, Subject, User
+from tokensvc.records import (
+    AuthorizationCode,
+    Client,
+    Family,
+    Grant,
+    Installation,
+    Pair,
+    PreviousSecret,
+    Session,
+    Subject,
+    User,
+)
 
 
 class StorageError(Exception):
@@ -88,7 +99,32 @@ class Registry(abc.ABC):
 
     @abc.abstractmethod
     async def delete_client(self, client_id: str) -> bool:
-        """Remove a client; True when it existed (CLI)."""
+        """Remove a client, and its previous secret; True when it existed (CLI)."""
+
+    # -- a client's previous secret: kept valid for a while by a rotation (a record of its own)
+
+    @abc.abstractmethod
+    async def put_previous_secret(self, previous: PreviousSecret) -> None:
+        """Keep ``previous`` as its client's previous secret, replacing any other."""
+
+    @abc.abstractmethod
+    async def get_previous_secret(self, client_id: str) -> PreviousSecret | None:
+        """The client's previous secret, expired or not, or None."""
+
+    @abc.abstractmethod
+    async def delete_previous_secret(self, client_id: str) -> bool:
+        """Forget the client's previous secret; True when there was one."""
+
+    @abc.abstractmethod
+    async def note_previous_secret_use(self, client_id: str, now: datetime, every_seconds: float) -> bool:
+        """Record a use of the client's previous secret at ``now``, unless one was recorded less
+        than ``every_seconds`` before; True when this call recorded it (exactly one of concurrent
+        callers: whoever tells of the use)."""
+
+    @abc.abstractmethod
+    async def expire_previous_secrets(self, now: datetime, limit: int = 100) -> list[PreviousSecret]:
+        """Forget up to ``limit`` previous secrets expired by ``now``, each as one atomic step,
+        and return them (exactly one caller gets each: whoever tells of its expiry)."""
 
     # -- users: sign-in, /v1/me, introspection's ``username``, the CLI
 

@@ -24,7 +24,18 @@ from datetime import datetime, timedelta
 from typing import Any, Generic, TypeVar
 
 from tokensvc.identifiers import username_key
-from tokensvc.records import AuthorizationCode, Client, Family, Grant, Installation, Pair, Session, Subject, User
+from tokensvc.records import (
+    AuthorizationCode,
+    Client,
+    Family,
+    Grant,
+    Installation,
+    Pair,
+    PreviousSecret,
+    Session,
+    Subject,
+    User,
+)
 from tokensvc.storage.base import CODE_RETENTION_SECONDS, MAX_LISTED_SESSIONS, Conflict, Store
 
 R = TypeVar("R")
@@ -102,6 +113,7 @@ def _page(keys: list[str], after: str | None, limit: int | None) -> list[str]:
 class MemoryStore(Store):
     def __init__(self) -> None:
         self._clients: dict[str, Client] = {}
+        self._previous_secrets: dict[str, PreviousSecret] = {}
         self._users: dict[str, User] = {}
         self._user_ids_by_name: dict[str, str] = {}
         self._user_ids_by_key: dict[str, str] = {}  # identifiers.username_key -> user id: one user per key
@@ -140,7 +152,30 @@ class MemoryStore(Store):
         return _client(client)
 
     async def delete_client(self, client_id: str) -> bool:
+        self._previous_secrets.pop(client_id, None)
         return self._clients.pop(client_id, None) is not None
+
+    async def put_previous_secret(self, previous: PreviousSecret) -> None:
+        self._previous_secrets[previous.client_id] = copy(previous)
+
+    async def get_previous_secret(self, client_id: str) -> PreviousSecret | None:
+        previous = self._previous_secrets.get(client_id)
+        return None if previous is None else copy(previous)
+
+    async def delete_previous_secret(self, client_id: str) -> bool:
+        return self._previous_secrets.pop(client_id, None) is not None
+
+    async def note_previous_secret_use(self, client_id: str, now: datetime, every_seconds: float) -> bool:
+        previous = self._previous_secrets.get(client_id)
+        if previous is None or (previous.last_used_at is not None
+                                and previous.last_used_at > now - timedelta(seconds=every_seconds)):
+            return False
+        previous.last_used_at = now
+        return True
+
+    async def expire_previous_secrets(self, now: datetime, limit: int = 100) -> list[PreviousSecret]:
+        expired = [key for key, previous in self._previous_secrets.items() if previous.expires_at <= now][:limit]
+        return [self._previous_secrets.pop(key) for key in expired]
 
     # -- users
 

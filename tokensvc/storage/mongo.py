@@ -14,6 +14,7 @@ The queries and the index serving each (no query scans a collection):
 collection              query                                        index
 ======================  ===========================================  ===========================
 clients                 by client_id; list sorted by client_id       ``_id``
+previous_secrets        by client_id; the expired ones               ``_id``; ``expires_at``
 codes                   a narrowed client's unconsumed ones          ``client_unconsumed``
 users                   by user_id / by username; list by username   ``_id``; ``username`` unique
 users                   a name 0.9.0 stored with capitals, caseless  ``username`` (read whole)
@@ -93,6 +94,7 @@ from tokensvc.records import (
     Grant,
     Installation,
     Pair,
+    PreviousSecret,
     Session,
     Subject,
     User,
@@ -139,6 +141,9 @@ def _revoked_only(collection: str, field: str) -> Index:
 # Created at start-up, idempotently.
 INDEXES: list[Index] = [
     ("users", [("username", ASCENDING)], {"unique": True, "name": "username"}),
+    # The previous secrets whose time is up (expire_previous_secrets; not a TTL index, which
+    # would delete them with no one to tell of it).
+    ("previous_secrets", [("expires_at", ASCENDING)], {"name": "expires_at"}),
     ("grants", [("client_id", ASCENDING), ("user_id", ASCENDING), ("installation_id", ASCENDING)],
      {"unique": True, "name": "subject_client"}),
     ("grants", [("user_id", ASCENDING), ("installation_id", ASCENDING), ("revoked_at", ASCENDING)],
@@ -507,6 +512,7 @@ class _Mapper:
 
 
 CLIENTS = _Mapper(Client, "client_id")
+PREVIOUS_SECRETS = _Mapper(PreviousSecret, "client_id")
 USERS = _Mapper(User, "user_id")
 INSTALLATIONS = _Mapper(Installation, "installation_id")
 GRANTS = _Mapper(Grant, "grant_id")
@@ -565,6 +571,8 @@ class MongoStore(Store):
         self.clock = CausalClock() if causal else None
         wrap = _Sessioned if causal else (lambda collection: collection)
         self.clients, self.users, self.installations = wrap(db["clients"]), wrap(db["users"]), wrap(db["installations"])
+        # A collection of its own, which 0.9.0 never reads nor rewrites (ARCHITECTURE.md).
+        self.previous_secrets = wrap(db["previous_secrets"])
         self.grants, self.codes, self.families = wrap(db["grants"]), wrap(db["codes"]), wrap(db["families"])
         self.sessions = wrap(db["sessions"])
         self.failures = wrap(db["failures"])  # failure counts shared by the processes (ratelimit)
@@ -867,7 +875,40 @@ class MongoStore(Store):
 
     @guarded(RERUN)
     async def delete_client(self, client_id: str) -> bool:
-        return (await self.clients.delete_one({"_id": client_id})).deleted_count == 1
+        deleted = (await self.clients.delete_one({"_id": client_id})).deleted_count == 1
+        await self.previous_secrets.delete_one({"_id": client_id})
+        return deleted
+
+    @guarded(RERUN)
+    async def put_previous_secret(self, previous: PreviousSecret) -> None:
+        document = PREVIOUS_SECRETS.doc(previous)
+        await self.previous_secrets.replace_one({"_id": document["_id"]}, document, upsert=True)
+
+    @guarded(READ)
+    async def get_previous_secret(self, client_id: str) -> PreviousSecret | None:
+        return PREVIOUS_SECRETS.record(await self.previous_secrets.find_one({"_id": client_id}))
+
+    @guarded(RERUN)
+    async def delete_previous_secret(self, client_id: str) -> bool:
+        return (await self.previous_secrets.delete_one({"_id": client_id})).deleted_count == 1
+
+    @guarded(ONCE)
+    async def note_previous_secret_use(self, client_id: str, now: datetime, every_seconds: float) -> bool:
+        quiet = {"$or": [{"last_used_at": None}, {"last_used_at": {"$lte": now - timedelta(seconds=every_seconds)}}]}
+        result = await self.previous_secrets.update_one({"_id": client_id, **quiet}, {"$set": {"last_used_at": now}})
+        return result.modified_count == 1
+
+    @guarded(ONCE)
+    async def expire_previous_secrets(self, now: datetime, limit: int = 100) -> list[PreviousSecret]:
+        expired = []
+        for document in await self.previous_secrets.find({"expires_at": {"$lte": now}}).limit(limit).to_list(limit):
+            # One process deletes each (the one that tells of it); a rotation meanwhile replaced
+            # it with another, unexpired, which the condition keeps.
+            gone = await self.previous_secrets.find_one_and_delete({"_id": document["_id"],
+                                                                    "expires_at": {"$lte": now}})
+            if gone is not None:
+                expired.append(PREVIOUS_SECRETS.record(gone))
+        return expired
 
     # -- users
 
