@@ -169,7 +169,7 @@ PASSWORD = {"minLength": identifiers.MIN_PASSWORD_LENGTH, "description": (
 USERNAME = {"pattern": identifiers.USERNAME.pattern}
 OPERATOR = {**USERNAME, "description": "A user's username (422 if none)"}
 # The document of a running service names its configured installation_kinds (openapi_admin.py).
-KIND = {"enum": list(identifiers.DEFAULT_KINDS), "description": "One of the service's installation_kinds"}
+INSTALLATION_KIND = {"enum": list(identifiers.DEFAULT_KINDS), "description": "One of the service's installation_kinds"}
 
 
 class ClientBodySchema(BodySchema):
@@ -253,7 +253,7 @@ class SecretRotatedSchema(Schema):
 
 class InstallationBodySchema(BodySchema):
     name = Text(required=True, max_length=200, metadata=NAME)
-    kind = Text(required=True, max_length=32, metadata=KIND)
+    kind = Text(required=True, max_length=32, metadata=INSTALLATION_KIND)
     operators = TextList(max_length=64, item=OPERATOR)
 
 
@@ -300,7 +300,7 @@ class PlanInstallationSchema(BodySchema):
     installation_id = Text(required=True, max_length=128, data_key="installationId", metadata={
         "pattern": identifiers.ID.pattern})
     name = Text(max_length=200, metadata=NAME)
-    kind = Text(max_length=32, metadata=KIND)
+    kind = Text(max_length=32, metadata=INSTALLATION_KIND)
     operators = TextList(max_length=64, item=OPERATOR)
 
 

@@ -514,3 +514,66 @@ def test_a_resource_server_the_previous_release_rewrote_may_do_nothing(primary, 
     finally:
         outputs = deployment.close()
     assert not any("Traceback" in output for output in outputs), outputs
+
+
+ROLLING = '''
+[[clients]]
+client_id = "rolling"
+name = "Rolling app"
+redirect_uris = ["https://rolling.example/cb"]
+first_party = true
+client_secret_sha256 = "{digest}"
+description = "{description}"
+'''
+
+
+def proves(base: str, secret: str) -> bool:
+    """Whether ``secret`` proves the client ``rolling`` at the token endpoints."""
+    answer = requests.post(base + "/oauth/token/introspect", timeout=30, auth=("rolling", secret),
+                           data={"token": "not-a-token"})
+    assert answer.status_code in (200, 401), answer.text
+    return answer.status_code == 200
+
+
+def test_a_previous_secret_outlives_the_previous_release_rewriting_its_client(primary, previous, tmp_path_factory,
+                                                                              capsys):
+    """A rotation at this release keeps the old secret for an hour; the previous release then
+    rewrites the client's document whole (its start-up seeding, from a configuration that now
+    names the new secret), dropping every field it does not know. The old secret still proves
+    the client at this release, which keeps it in a record the previous release never reads
+    nor writes; the previous release itself takes only the current one."""
+    import hashlib
+
+    from tokensvc.oauth import hashing
+
+    old_secret = "rolling-old-secret-0123456789abcdef"
+    digest = hashing.digest(old_secret)
+    deployment = Deployment(primary, previous, tmp_path_factory)
+    try:
+        old = deployment.start("previous", extra=ROLLING.format(digest=digest, description="First"))
+        new = deployment.start("current", extra=ROLLING.format(digest=digest, description="First"))
+        assert cli.main(["clients", "rotate-secret", "rolling", "--keep-previous", "1h", "--json",
+                         "--config", deployment.config()]) == 0
+        rotated = json.loads(capsys.readouterr().out)
+        new_secret = rotated["clientSecret"]
+        assert proves(new.base, old_secret) and proves(new.base, new_secret)
+        # The deploy that follows names the new secret; the previous release restarts first.
+        deployment.stop(old)
+        rewritten = ROLLING.format(digest=hashlib.sha256(new_secret.encode()).hexdigest(), description="Second")
+        old = deployment.start("previous", extra=rewritten)
+        document = primary.db["tokensvc"]["clients"].find_one({"_id": "rolling"})
+        assert document["description"] == "Second" and document["secret_hash"] == hashing.digest(new_secret)
+        assert primary.db["tokensvc"]["previous_secrets"].count_documents({"_id": "rolling"}) == 1
+        assert proves(new.base, old_secret) and proves(new.base, new_secret)
+        assert proves(old.base, new_secret) and not proves(old.base, old_secret)
+        # This release restarted with the same configuration: the overlap holds there too.
+        deployment.stop(new)
+        new = deployment.start("current", extra=rewritten)
+        assert proves(new.base, old_secret) and proves(new.base, new_secret)
+        assert cli.main(["clients", "show", "rolling", "--json", "--config", deployment.config()]) == 0
+        shown = json.loads(capsys.readouterr().out)
+        assert shown["previousSecretExpiresAt"] == rotated["previousSecretExpiresAt"]
+        assert digest not in json.dumps(shown)
+    finally:
+        outputs = deployment.close()
+    assert not any("Traceback" in output for output in outputs), outputs
