@@ -316,6 +316,76 @@ async def test_removing_a_client_stops_its_tokens_at_once(call, ctx):
         assert await introspection.introspect(ctx, token) == {"active": False}
 
 
+async def test_a_removal_cut_short_leaves_the_client_gone_and_its_retry_finishes_it(call, ctx, store, config,
+                                                                                     monkeypatch):
+    """The store fails after the removal was recorded (its grants not yet revoked): 503, and yet
+    the client's tokens are dead everywhere they are checked (introspection, bearer, refresh,
+    the token endpoints' client authentication), nobody can register the id meanwhile, and the
+    same DELETE again finishes it."""
+    from tokensvc.oauth import bearer, clientauth, grants
+    from tokensvc.oauth.clientauth import ClientRequest
+    from tokensvc.oauth.errors import InvalidClient
+    from tokensvc.storage.base import StorageError
+
+    sky = await store.get_client("skyplanner")
+    issued = [await issue_tokens(ctx, name, "read", "skyplanner", SKY_REDIRECT) for name in ("alice", "root")]
+    revoke_batch = store.revoke_client_grants
+
+    async def failing(*args):
+        raise StorageError("the store went away mid-removal")
+
+    monkeypatch.setattr(store, "revoke_client_grants", failing)
+    cut_short = await call("DELETE", "/admin/clients/skyplanner")
+    assert cut_short.code == 503, cut_short.body
+    assert (await store.get_removal("skyplanner")) is not None
+    assert len(await store.list_client_grants("skyplanner")) == 2  # not one revoked yet
+    for tokens in issued:
+        for token in (tokens.access_token, tokens.refresh_token):
+            assert await introspection.introspect(ctx, token) == {"active": False}
+        assert await bearer.in_force(ctx, tokens.access_token) is None
+    # A refresh is refused at the client's authentication; one that authenticated it just
+    # before the removal began gets nothing in force.
+    late = await grants.refresh(ctx, sky, issued[0].refresh_token)
+    assert await introspection.introspect(ctx, late.access_token) == {"active": False}
+    assert await bearer.in_force(ctx, late.access_token) is None
+    with pytest.raises(InvalidClient):
+        await clientauth.authenticate_request(ctx, ClientRequest(None, "skyplanner", None, "127.0.0.1", "/oauth/token"))
+    assert (await call("GET", "/admin/clients/skyplanner")).code == 404
+    assert "skyplanner" not in [item["clientId"] for item in json_of(await call("GET", "/admin/clients"))["items"]]
+    again = await call("PUT", "/admin/clients/skyplanner", {"name": "SkyPlanner", "redirectUris": [SKY_REDIRECT]})
+    assert again.code == 409 and "is being removed" in json_of(again)["detail"]
+    monkeypatch.setattr(store, "revoke_client_grants", revoke_batch)
+    finished = await call("DELETE", "/admin/clients/skyplanner")
+    assert json_of(finished) == {"removed": "skyplanner", "grantsRevoked": 2}
+    assert await store.get_removal("skyplanner") is None and await store.list_client_grants("skyplanner") == []
+    assert (await call("DELETE", "/admin/clients/skyplanner")).code == 404  # done: nothing left to remove
+    registered = await call("PUT", "/admin/clients/skyplanner", {"name": "SkyPlanner", "redirectUris": [SKY_REDIRECT]})
+    assert registered.code == 201  # registered anew, with none of the grants of before
+    for tokens in issued:
+        assert await introspection.introspect(ctx, tokens.access_token) == {"active": False}
+
+
+async def test_the_next_start_up_finishes_a_removal_left_under_way(ctx, store, config, caplog):
+    """A process that stopped mid-removal: any process's start-up finishes it before seeding, so
+    a client the configuration names again comes back afresh, with no grant of before."""
+    from tokensvc.bootstrap import prepare
+    from tokensvc.oauth import removal
+
+    await seed(store, config)
+    tokens = await issue_tokens(ctx, "alice", "read", "skyplanner", SKY_REDIRECT)
+    grant_id = (await store.list_client_grants("skyplanner"))[0].grant_id
+    await store.begin_removal("skyplanner", ctx.clock())  # the process stopped right after this
+    await store.delete_client("skyplanner")
+    with caplog.at_level(logging.INFO):
+        await prepare(store, config)
+    assert "finished the removal of client skyplanner" in caplog.text
+    assert await store.get_removal("skyplanner") is None
+    assert (await store.get_grant(grant_id)).revoked_at is not None
+    assert (await store.get_client("skyplanner")).name == "SkyPlanner"  # seeded again from the configuration
+    assert await introspection.introspect(ctx, tokens.access_token) == {"active": False}
+    assert await removal.finish_pending(store, ctx.clock()) == []
+
+
 async def test_listings_are_paged(call):
     for index in range(5):
         assert (await call("PUT", f"/admin/clients/paged-{index}", {

@@ -276,7 +276,7 @@ def test_audit_records_for_registry_changes(run, caplog):
         run("clients", "rotate-secret", out["clientId"])
         run("clients", "remove", out["clientId"])
     events = [record.audit["event"] for record in caplog.records if hasattr(record, "audit")]
-    assert events == ["client_created", "client_secret_rotated", "client_removed"]
+    assert events == ["client_created", "client_secret_rotated", "client_removal_started", "client_removed"]
     assert all(out["clientId"] == record.audit["client_id"] for record in caplog.records if hasattr(record, "audit"))
     assert out["clientSecret"] not in caplog.text
 

@@ -210,12 +210,55 @@ async def test_a_clients_grants_and_families_are_revoked_in_bulk(backend_store, 
     theirs = await store.save_grant("skyplanner", ALICE, ["read"], now)
     await store.create_family(family(now, "f1", mine.grant_id))
     await store.create_family(replace(family(now, "f2", theirs.grant_id, n=2), client_id="skyplanner"))
-    assert await store.revoke_client_grants("webapp", now) == [mine.grant_id]
+    assert await store.revoke_client_grants("webapp", now, 10) == [mine.grant_id]
     assert (await store.get_grant(mine.grant_id)).revoked_at == now
     assert await store.list_families(mine.grant_id) == []
     assert [f.family_id for f in await store.list_families(theirs.grant_id)] == ["f2"]
     assert await store.list_client_grants("webapp") == []
-    assert await store.revoke_client_grants("webapp", now) == []
+    assert await store.revoke_client_grants("webapp", now, 10) == []
+
+
+@pytest.mark.gen_test
+async def test_a_clients_grants_are_revoked_a_bounded_batch_at_a_time(backend_store, now):
+    store = backend_store
+    grants = sorted([(await store.save_grant("webapp", Subject(user_id=f"u_{n}"), ["read"], now)).grant_id
+                     for n in range(5)])
+    for index, grant_id in enumerate(grants):
+        await store.create_family(family(now, f"f{index}", grant_id, Subject(user_id=f"u_{index}"), n=index))
+    assert await store.revoke_client_grants("webapp", now, 2) == grants[:2]
+    assert [g.grant_id for g in await store.list_client_grants("webapp")] == grants[2:]
+    assert [len(await store.list_families(grant_id)) for grant_id in grants] == [0, 0, 1, 1, 1]
+    assert await store.revoke_client_grants("webapp", now, 2) == grants[2:4]
+    assert await store.revoke_client_grants("webapp", now, 2) == grants[4:]
+    assert await store.revoke_client_grants("webapp", now, 2) == []
+
+
+@pytest.mark.gen_test
+async def test_a_client_under_removal_is_no_client_whatever_writes_its_document(backend_store, now):
+    """From the removal's record on, the client is gone (found by id or listed), even when a
+    writer that knows nothing of the record (release 0.9.0's seeding) writes its document back;
+    finished, the document, the previous secret and the record are gone."""
+    store = backend_store
+    for client_id in ("a", "doomed", "z"):
+        await store.put_client(Client(client_id, client_id.upper(), [f"https://{client_id}/cb"], created_at=now))
+    await store.put_previous_secret(PreviousSecret("doomed", "a" * 64, "b" * 64, now, now + timedelta(hours=1)))
+    assert await store.get_removal("doomed") is None and await store.list_removals() == []
+    removal = await store.begin_removal("doomed", now)
+    assert removal.client_id == "doomed" and removal.started_at == now
+    assert await store.begin_removal("doomed", now + timedelta(seconds=5)) == removal  # idempotent
+    assert await store.get_removal("doomed") == removal and await store.list_removals() == [removal]
+    assert await store.get_client("doomed") is None
+    assert [client.client_id for client in await store.list_clients()] == ["a", "z"]
+    assert [client.client_id for client in await store.list_clients(None, 1)] == ["a"]
+    assert [client.client_id for client in await store.list_clients("a", 1)] == ["z"]
+    await store.delete_client("doomed")
+    await store.put_client(Client("doomed", "Doomed", ["https://doomed/cb"], created_at=now))  # written back
+    assert await store.get_client("doomed") is None
+    assert await store.end_removal("doomed") is True and await store.end_removal("doomed") is False
+    assert await store.get_removal("doomed") is None and await store.list_removals() == []
+    assert await store.get_client("doomed") is None and await store.get_previous_secret("doomed") is None
+    await store.put_client(Client("doomed", "Doomed", ["https://doomed/cb"], created_at=now))  # registered anew
+    assert (await store.get_client("doomed")).name == "Doomed"
 
 
 @pytest.mark.gen_test

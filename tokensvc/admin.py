@@ -34,7 +34,7 @@ from tokensvc.identifiers import (
     username_key,
     username_problem,
 )
-from tokensvc.oauth import hashing, introspection
+from tokensvc.oauth import hashing, introspection, removal
 from tokensvc.oauth import sessions as web_sessions
 from tokensvc.oauth.context import OAuthContext
 from tokensvc.oauth.revocation import end_chains_before_promotion, narrowing, revoke_grant, revoke_token
@@ -206,6 +206,8 @@ async def check_new_client(store: Store, client_id: str, spec: ClientSpec) -> No
     _check(id_problem(client_id), "client id", client_id, "clientId")
     if await store.get_client(client_id) is not None:
         raise Taken(f"a client with id {client_id!r} already exists")
+    if await store.get_removal(client_id) is not None:
+        raise Taken(f"client {client_id!r} is being removed: remove it again to finish, then register it")
     if any(client.name.lower() == spec.name.strip().lower() for client in await store.list_clients()):
         raise Taken(f"a client named {spec.name.strip()!r} already exists")
 
@@ -347,15 +349,13 @@ async def previous_secret(store: Store, client: Client, now: datetime) -> Previo
 
 
 async def remove_client(ctx: OAuthContext, client_id: str) -> int:
-    """Remove a client: it is gone at once (no token request, no authorization names it any
-    more), then every grant and token of it is revoked in bulk. The grants revoked."""
-    await get_client(ctx.store, client_id)
-    await ctx.store.delete_client(client_id)
-    grant_ids = await ctx.store.revoke_client_grants(client_id, ctx.clock())
-    for grant_id in grant_ids:
-        ctx.events.publish(Revocation(GRANT, grant_id))
-    _record("client_removed", client_id=client_id, grants_revoked=len(grant_ids), outcome="success")
-    return len(grant_ids)
+    """Remove a client so that it cannot half-happen (:mod:`tokensvc.oauth.removal`): recorded
+    first (its tokens stop at once, in every process), then its grants revoked in batches, then
+    finished. A removal cut short (503) is carried on by the same call again, or by the next
+    start-up. The grants this call revoked."""
+    if len(client_id) > 128 or await ctx.store.get_removal(client_id) is None:
+        await get_client(ctx.store, client_id)
+    return await removal.remove_client(ctx.store, client_id, ctx.clock(), ctx.events.publish)
 
 
 # -- users ----------------------------------------------------------------------------------------

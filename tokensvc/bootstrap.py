@@ -15,7 +15,7 @@ from typing import Any
 from tokensvc.config import ConfigError, Settings, StorageSettings
 from tokensvc.identifiers import username_key
 from tokensvc.metrics import Metrics
-from tokensvc.oauth import clientauth, hashing, successors
+from tokensvc.oauth import clientauth, hashing, removal, successors
 from tokensvc.oauth.context import OAuthContext
 from tokensvc.oauth.metadata import server_metadata
 from tokensvc.oauth.revocation import end_chains_before_promotion, narrowing
@@ -157,7 +157,8 @@ async def seed_client_as(store: Store, existing: Client | None, client: Client, 
 
 
 async def prepare(store: Store, config: Settings, *, first_delay: float = 1.0, max_delay: float = 30.0) -> None:
-    """Open the store and seed it, retrying until the store answers; then mark it prepared.
+    """Open the store, finish the client removals left under way, and seed it, retrying until
+    the store answers; then mark it prepared.
 
     The service listens meanwhile and answers 503 where it needs the store (``/readyz``
     too), so a database that starts after tokensvc (or is briefly away at deploy time) needs
@@ -168,6 +169,10 @@ async def prepare(store: Store, config: Settings, *, first_delay: float = 1.0, m
     while True:
         try:
             await store.open()
+            # A removal a process left under way is finished first: the configuration may name
+            # the client again, and seeding then registers it afresh, with no grant of before.
+            for client_id in await removal.finish_pending(store, utcnow()):
+                log.info("finished the removal of client %s", client_id)
             await seed(store, config)
             store.prepared = True
             return

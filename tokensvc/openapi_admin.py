@@ -107,7 +107,8 @@ def operations() -> dict[str, dict[str, Any]]:
                       extra={"201": json_answer(PUT_CLIENT, "Created"), "409": CONFLICT}),
             "patch": op("Change some of a client's fields", json_answer(WITH_SECRET, "Changed"), body="ClientPatch",
                         parameters=[client], extra=MISSING),
-            "delete": op("Remove a client at once, then revoke its grants in bulk",
+            "delete": op("Remove a client: gone at once, then its grants revoked in batches; a 503 leaves it gone, "
+                         "and the same DELETE again (or the next start-up) finishes it",
                          done(removed=STRING, grantsRevoked=INTEGER), parameters=[client], extra=MISSING)},
         "/admin/clients/{client_id}/secret": {"post": op(
             "A new secret, returned once (a confidential client's; a public one has none: 409); the old one keeps "

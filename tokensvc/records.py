@@ -102,6 +102,17 @@ class PreviousSecret:
         return now < self.expires_at and client.secret_hash == self.successor_hash
 
 
+@dataclass(slots=True)
+class Removal:
+    """A client's removal under way: recorded before anything else of it, so that from then on
+    the client is gone for every process of this release (the store answers no client, whatever
+    document a writer left or made), and finished by a retry of the removal or by the next
+    start-up once every grant of the client is revoked."""
+
+    client_id: str
+    started_at: datetime
+
+
 def web_origin(url: str) -> str | None:
     """``scheme://host[:port]`` of an https URL; None for any other (http is only ever a
     loopback redirect's: a native app's)."""

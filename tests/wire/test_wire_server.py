@@ -37,14 +37,14 @@ def pair(name: str) -> Pair:
 
 
 async def test_a_read_the_server_stops_at_its_max_time_is_a_storage_error_within_the_budget(wire_store, primary):
-    primary.script(Fault("find", "delay", collection="clients", seconds=BUDGET_MS / 1000 * 3))
+    primary.script(Fault("aggregate", "delay", collection="clients", seconds=BUDGET_MS / 1000 * 3))
     started = time.monotonic()
     with pytest.raises(StorageError):
         await wire_store.get_client("webapp")
     assert time.monotonic() - started < BUDGET_MS / 1000 + 0.5
-    sent = primary.sent("find", "clients")[0]["maxTimeMS"]
+    sent = primary.sent("aggregate", "clients")[0]["maxTimeMS"]
     assert 0 < sent <= BUDGET_MS
-    await eventually(lambda: ("find", 50) in primary.refusals, what="the server's MaxTimeMSExpired")
+    await eventually(lambda: ("aggregate", 50) in primary.refusals, what="the server's MaxTimeMSExpired")
 
 
 async def test_a_failed_write_concern_is_503_and_no_later_read_waits_on_the_write(wire_store, primary):
@@ -135,4 +135,4 @@ async def test_listings_come_in_batches_and_a_cursor_lost_meanwhile_is_read_agai
     await eventually(lambda: primary.sent("getMore"), what="the first getMore")
     primary.kill_cursors()  # the cursor is gone before the server reads on (a failover, a timeout)
     assert [client.client_id for client in await listing] == [f"app{i}" for i in range(5)]
-    assert ("getMore", 43) in primary.refusals and len(primary.sent("find", "clients")) == 2
+    assert ("getMore", 43) in primary.refusals and len(primary.sent("aggregate", "clients")) == 2

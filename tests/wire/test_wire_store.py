@@ -72,7 +72,11 @@ async def every_operation(store: MongoStore) -> None:
     await store.uncount_attempt("client|127.0.0.1", ["address"], [])
     await store.mark_grant_revoked(grant.grant_id, now)
     await store.revoke_grant_families(grant.grant_id, now)
-    await store.revoke_client_grants("webapp", now)
+    await store.revoke_client_grants("webapp", now, 10)
+    await store.begin_removal("webapp", now)
+    await store.get_removal("webapp")
+    await store.list_removals()
+    await store.end_removal("webapp")
     await store.purge_expired(now)
     await store.delete_client("webapp")
     await store.ping()
@@ -113,7 +117,7 @@ async def test_a_read_waits_for_every_write_acknowledged_before_it_whichever_req
     assert read["readConcern"] == {"level": "majority", "afterClusterTime": Timestamp(1_700_000_000, ended_at)}
     # Reads carry the time forward too, and a time never goes back.
     await wire_store.get_client("webapp")
-    assert primary.sent("find", "clients")[0]["readConcern"]["afterClusterTime"] == Timestamp(1_700_000_000,
+    assert primary.sent("aggregate", "clients")[0]["readConcern"]["afterClusterTime"] == Timestamp(1_700_000_000,
                                                                                              ended_at)
 
 
@@ -140,13 +144,13 @@ async def test_multi_document_writes_are_run_again_after_a_dropped_connection(wi
     for collection, operation, run in (
             ("families", "update", lambda: wire_store.revoke_grant_families("g1", now)),
             ("codes", "delete", lambda: wire_store.purge_expired(now)),
-            ("grants", "update", lambda: wire_store.revoke_client_grants("webapp", now))):
+            ("grants", "update", lambda: wire_store.revoke_client_grants("webapp", now, 10))):
         primary.script(Fault(operation, "hangup", collection=collection))
         await run()  # no StorageError: run again, and the sweep is the same sweep
 
 
 async def test_retryable_errors_that_do_not_stop_are_tried_with_backoff_not_back_to_back(wire_store, primary):
-    primary.script(Fault("find", "error", collection="clients", code=262, labels=("RetryableWriteError",),
+    primary.script(Fault("aggregate", "error", collection="clients", code=262, labels=("RetryableWriteError",),
                          times=100_000),
                    Fault("update", "error", collection="clients", code=6, labels=("RetryableWriteError",),
                          times=100_000),
@@ -161,13 +165,13 @@ async def test_retryable_errors_that_do_not_stop_are_tried_with_backoff_not_back
         assert time.monotonic() - started <= BUDGET_MS / 1000 + 0.5  # never past the budget
     # A storm sends thousands. Full jitter may draw short waits, and each store attempt of a
     # write is two commands (the driver's own retry): tens at the most within the budget.
-    assert 2 <= len(primary.sent("find", "clients")) <= 40
+    assert 2 <= len(primary.sent("aggregate", "clients")) <= 40
     assert 2 <= len(primary.sent("update", "clients")) <= 60
     assert len(primary.sent("findAndModify", "codes")) == 2  # a one-document write: the driver's one retry
 
 
 async def test_an_operation_never_outlasts_its_budget_and_the_store_recovers(wire_store, primary):
-    primary.script(Fault("find", "delay", collection="clients", seconds=BUDGET_MS / 1000 + 2))
+    primary.script(Fault("aggregate", "delay", collection="clients", seconds=BUDGET_MS / 1000 + 2))
     started = time.monotonic()
     with pytest.raises(StorageError, match="no answer within"):
         await wire_store.get_client("webapp")
@@ -275,3 +279,55 @@ async def test_a_sweep_run_again_after_its_reply_was_lost_reports_what_the_store
     assert await wire_store.end_user_sessions("u_alice", now) == 3
     assert await wire_store.revoke_grant_families(grant.grant_id, now) == 2
     assert len(primary.sent("update", "sessions")) == len(primary.sent("update", "families")) == 2  # run again
+
+
+async def test_a_removal_whose_every_reply_is_lost_happens_whole_and_once(wire_store, primary):
+    """Every step of a client's removal applied by the server with its reply lost (the record,
+    the document's deletion, the families' sweep, the grants', the record's end): each is run
+    again or deduplicated, and the removal ends whole: the client gone, every grant and family
+    of it revoked, each grant counted once, the record gone."""
+    from tokensvc.oauth import removal
+
+    now = utcnow()
+    await wire_store.put_client(Client("webapp", "Web", ["https://a/cb"], created_at=now))
+    grant_ids = []
+    for index in range(3):
+        grant = await wire_store.save_grant("webapp", Subject(user_id=f"u_{index}"), ["read"], now)
+        await wire_store.create_family(replace(family(now, grant.grant_id, f"f{index}"), user_id=f"u_{index}"))
+        grant_ids.append(grant.grant_id)
+    primary.forget()
+    primary.script(Fault("findAndModify", "hangup_after", collection="removals"),
+                   Fault("delete", "hangup_after", collection="clients"),
+                   Fault("update", "hangup_after", collection="families"),
+                   Fault("update", "hangup_after", collection="grants"),
+                   Fault("delete", "hangup_after", collection="removals"))
+    assert await removal.remove_client(wire_store, "webapp", now) == 3
+    assert all(fault.hits == 1 for fault in primary.faults), primary.faults  # every reply was lost once
+    assert await wire_store.get_client("webapp") is None and await wire_store.get_removal("webapp") is None
+    assert await wire_store.list_client_grants("webapp") == []
+    for grant_id in grant_ids:
+        assert (await wire_store.get_grant(grant_id)).revoked_at is not None
+        assert await wire_store.list_families(grant_id) == []
+    assert primary.db["tokensvc"]["clients"].count_documents({}) == 0
+
+
+async def test_a_removal_the_store_stops_midway_is_carried_on_by_a_retry(wire_store, primary):
+    """The server refuses the families' sweep until the budget runs out: the removal stops
+    with StorageError after its record (the client already gone), and the same removal again
+    finishes it."""
+    from tokensvc.oauth import removal
+
+    now = utcnow()
+    await wire_store.put_client(Client("webapp", "Web", ["https://a/cb"], created_at=now))
+    grant = await wire_store.save_grant("webapp", ALICE, ["read"], now)
+    await wire_store.create_family(family(now, grant.grant_id))
+    primary.script(Fault("update", "error", collection="families", code=262, labels=("RetryableWriteError",),
+                         times=100_000))
+    with pytest.raises(StorageError):
+        await removal.remove_client(wire_store, "webapp", now)
+    assert await wire_store.get_removal("webapp") is not None and await wire_store.get_client("webapp") is None
+    assert [g.grant_id for g in await wire_store.list_client_grants("webapp")] == [grant.grant_id]
+    with primary.lock:  # the server answers again
+        primary.faults.clear()
+    assert await removal.remove_client(wire_store, "webapp", now) == 1
+    assert await wire_store.get_removal("webapp") is None and await wire_store.list_families(grant.grant_id) == []

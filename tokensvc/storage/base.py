@@ -27,6 +27,7 @@ from tokensvc.records import (
     Installation,
     Pair,
     PreviousSecret,
+    Removal,
     Session,
     Subject,
     User,
@@ -78,12 +79,13 @@ class Registry(abc.ABC):
 
     @abc.abstractmethod
     async def get_client(self, client_id: str) -> Client | None:
-        """The registered client, or None."""
+        """The registered client, or None (also while a removal of it is recorded, whatever
+        document a writer left or made meanwhile)."""
 
     @abc.abstractmethod
     async def list_clients(self, after: str | None = None, limit: int | None = None) -> list[Client]:
-        """The registered clients ordered by client_id: every one, or a page of ``limit`` after
-        the client_id ``after`` (the admin API's listings)."""
+        """The registered clients ordered by client_id, none whose removal is recorded: every
+        one, or a page of ``limit`` after the client_id ``after`` (the admin API's listings)."""
 
     @abc.abstractmethod
     async def put_client(self, client: Client) -> None:
@@ -100,6 +102,26 @@ class Registry(abc.ABC):
     @abc.abstractmethod
     async def delete_client(self, client_id: str) -> bool:
         """Remove a client, and its previous secret; True when it existed (CLI)."""
+
+    # -- a client's removal: a record of its own, from its start until it is finished
+
+    @abc.abstractmethod
+    async def begin_removal(self, client_id: str, now: datetime) -> Removal:
+        """Record the removal of a client (from then on :meth:`get_client` says None); the one
+        recorded already, if there is one. Idempotent."""
+
+    @abc.abstractmethod
+    async def get_removal(self, client_id: str) -> Removal | None: ...
+
+    @abc.abstractmethod
+    async def list_removals(self) -> list[Removal]:
+        """The removals under way (start-up finishes them)."""
+
+    @abc.abstractmethod
+    async def end_removal(self, client_id: str) -> bool:
+        """Finish a removal whose grants are all revoked: delete the client's document (whatever
+        wrote it meanwhile), its previous secret, then the removal's record. True when there
+        was one. Idempotent."""
 
     # -- a client's previous secret: kept valid for a while by a rotation (a record of its own)
 
@@ -209,9 +231,11 @@ class Authorizations(abc.ABC):
         ``limit`` after the grant_id ``after`` (the admin API's listing)."""
 
     @abc.abstractmethod
-    async def revoke_client_grants(self, client_id: str, now: datetime) -> list[str]:
-        """Revoke every grant of a client and every family of them, in bulk (the client was
-        removed); the ids of the grants revoked."""
+    async def revoke_client_grants(self, client_id: str, now: datetime, limit: int) -> list[str]:
+        """Revoke up to ``limit`` live grants of a client and every family of them, the families
+        first (a removed client's, a batch at a time); the ids of the grants revoked, fewer
+        than ``limit`` when none is left. Idempotent: run again after a reply was lost, it
+        takes the grants still live (those whose revocation applied go uncounted)."""
 
     @abc.abstractmethod
     async def withdraw_scopes(self, client_id: str, kept: list[str]) -> int:

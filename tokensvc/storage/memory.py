@@ -32,6 +32,7 @@ from tokensvc.records import (
     Installation,
     Pair,
     PreviousSecret,
+    Removal,
     Session,
     Subject,
     User,
@@ -114,6 +115,7 @@ class MemoryStore(Store):
     def __init__(self) -> None:
         self._clients: dict[str, Client] = {}
         self._previous_secrets: dict[str, PreviousSecret] = {}
+        self._removals: dict[str, Removal] = {}
         self._users: dict[str, User] = {}
         self._user_ids_by_name: dict[str, str] = {}
         self._user_ids_by_key: dict[str, str] = {}  # identifiers.username_key -> user id: one user per key
@@ -135,10 +137,11 @@ class MemoryStore(Store):
 
     async def get_client(self, client_id: str) -> Client | None:
         client = self._clients.get(client_id)
-        return None if client is None else _client(client)
+        return None if client is None or client_id in self._removals else _client(client)
 
     async def list_clients(self, after: str | None = None, limit: int | None = None) -> list[Client]:
-        return [_client(self._clients[key]) for key in _page(sorted(self._clients), after, limit)]
+        keys = sorted(key for key in self._clients if key not in self._removals)
+        return [_client(self._clients[key]) for key in _page(keys, after, limit)]
 
     async def put_client(self, client: Client) -> None:
         self._clients[client.client_id] = _client(client)
@@ -154,6 +157,22 @@ class MemoryStore(Store):
     async def delete_client(self, client_id: str) -> bool:
         self._previous_secrets.pop(client_id, None)
         return self._clients.pop(client_id, None) is not None
+
+    async def begin_removal(self, client_id: str, now: datetime) -> Removal:
+        removal = self._removals.setdefault(client_id, Removal(client_id, now))
+        return copy(removal)
+
+    async def get_removal(self, client_id: str) -> Removal | None:
+        removal = self._removals.get(client_id)
+        return None if removal is None else copy(removal)
+
+    async def list_removals(self) -> list[Removal]:
+        return [copy(removal) for _, removal in sorted(self._removals.items())]
+
+    async def end_removal(self, client_id: str) -> bool:
+        self._clients.pop(client_id, None)
+        self._previous_secrets.pop(client_id, None)
+        return self._removals.pop(client_id, None) is not None
 
     async def put_previous_secret(self, previous: PreviousSecret) -> None:
         self._previous_secrets[previous.client_id] = copy(previous)
@@ -283,11 +302,11 @@ class MemoryStore(Store):
                   if grant.client_id == client_id and grant.revoked_at is None}
         return [grants[grant_id] for grant_id in _page(sorted(grants), after, limit)]
 
-    async def revoke_client_grants(self, client_id: str, now: datetime) -> list[str]:
-        revoked = [grant.grant_id for grant in await self.list_client_grants(client_id)]
+    async def revoke_client_grants(self, client_id: str, now: datetime, limit: int) -> list[str]:
+        revoked = [grant.grant_id for grant in await self.list_client_grants(client_id, None, limit)]
         for grant_id in revoked:
-            await self.mark_grant_revoked(grant_id, now)
             await self.revoke_grant_families(grant_id, now)
+            await self.mark_grant_revoked(grant_id, now)
         return revoked
 
     async def withdraw_scopes(self, client_id: str, kept: list[str]) -> int:

@@ -13,7 +13,9 @@ The queries and the index serving each (no query scans a collection):
 ======================  ===========================================  ===========================
 collection              query                                        index
 ======================  ===========================================  ===========================
-clients                 by client_id; list sorted by client_id       ``_id``
+clients                 by client_id, with its removal ($lookup);    ``_id``; removals ``_id``
+                        list sorted by client_id
+removals                by client_id; every one (start-up)           ``_id``
 previous_secrets        by client_id; the expired ones               ``_id``; ``expires_at``
 codes                   a narrowed client's unconsumed ones          ``client_unconsumed``
 users                   by user_id / by username; list by username   ``_id``; ``username`` unique
@@ -95,6 +97,7 @@ from tokensvc.records import (
     Installation,
     Pair,
     PreviousSecret,
+    Removal,
     Session,
     Subject,
     User,
@@ -513,6 +516,7 @@ class _Mapper:
 
 CLIENTS = _Mapper(Client, "client_id")
 PREVIOUS_SECRETS = _Mapper(PreviousSecret, "client_id")
+REMOVALS = _Mapper(Removal, "client_id")
 USERS = _Mapper(User, "user_id")
 INSTALLATIONS = _Mapper(Installation, "installation_id")
 GRANTS = _Mapper(Grant, "grant_id")
@@ -573,6 +577,7 @@ class MongoStore(Store):
         self.clients, self.users, self.installations = wrap(db["clients"]), wrap(db["users"]), wrap(db["installations"])
         # A collection of its own, which 0.9.0 never reads nor rewrites (ARCHITECTURE.md).
         self.previous_secrets = wrap(db["previous_secrets"])
+        self.removals = wrap(db["removals"])  # clients being removed: 0.9.0 never reads nor writes it
         self.grants, self.codes, self.families = wrap(db["grants"]), wrap(db["codes"]), wrap(db["families"])
         self.sessions = wrap(db["sessions"])
         self.failures = wrap(db["failures"])  # failure counts shared by the processes (ratelimit)
@@ -852,13 +857,29 @@ class MongoStore(Store):
 
     # -- clients
 
+    async def _clients(self, match: dict[str, Any], limit: int | None = None) -> list[Client]:
+        """The clients ``match`` finds, by id, none whose removal is recorded: one read, the
+        removal looked up beside each (a document 0.9.0 wrote back during a removal is no
+        client)."""
+        pipeline: list[dict[str, Any]] = [
+            {"$match": match}, {"$sort": {"_id": ASCENDING}},
+            {"$lookup": {"from": "removals", "localField": "_id", "foreignField": "_id", "as": "removal"}},
+            {"$match": {"removal": {"$size": 0}}}]
+        if limit is not None:
+            pipeline.append({"$limit": limit})
+        cursor = self.clients.aggregate(pipeline)
+        if inspect.isawaitable(cursor):  # PyMongo's aggregate is a coroutine; Motor-style ones are not
+            cursor = await cursor
+        documents = await cursor.to_list(limit)
+        return [CLIENTS.record({key: value for key, value in doc.items() if key != "removal"}) for doc in documents]
+
     @guarded(READ)
     async def get_client(self, client_id: str) -> Client | None:
-        return CLIENTS.record(await self.clients.find_one({"_id": client_id}))
+        return next(iter(await self._clients({"_id": client_id}, 1)), None)
 
     @guarded(READ)
     async def list_clients(self, after: str | None = None, limit: int | None = None) -> list[Client]:
-        return [CLIENTS.record(doc) for doc in await _page(self.clients, "_id", after, limit)]
+        return await self._clients({"_id": {"$gt": after}} if after is not None else {}, limit)
 
     @guarded(RERUN)
     async def put_client(self, client: Client) -> None:
@@ -878,6 +899,26 @@ class MongoStore(Store):
         deleted = (await self.clients.delete_one({"_id": client_id})).deleted_count == 1
         await self.previous_secrets.delete_one({"_id": client_id})
         return deleted
+
+    @guarded(RERUN)
+    async def begin_removal(self, client_id: str, now: datetime) -> Removal:
+        return REMOVALS.record(await self.removals.find_one_and_update(
+            {"_id": client_id}, {"$setOnInsert": {"started_at": now}}, upsert=True,
+            return_document=ReturnDocument.AFTER))
+
+    @guarded(READ)
+    async def get_removal(self, client_id: str) -> Removal | None:
+        return REMOVALS.record(await self.removals.find_one({"_id": client_id}))
+
+    @guarded(READ)
+    async def list_removals(self) -> list[Removal]:
+        return [REMOVALS.record(doc) for doc in await self.removals.find({}).sort("_id", ASCENDING).to_list(None)]
+
+    @guarded(RERUN)
+    async def end_removal(self, client_id: str) -> bool:
+        await self.clients.delete_one({"_id": client_id})
+        await self.previous_secrets.delete_one({"_id": client_id})
+        return (await self.removals.delete_one({"_id": client_id})).deleted_count == 1
 
     @guarded(RERUN)
     async def put_previous_secret(self, previous: PreviousSecret) -> None:
@@ -1050,22 +1091,23 @@ class MongoStore(Store):
         cursor = self.grants.find(live).sort("_id", ASCENDING)
         return [GRANTS.record(doc) for doc in await (cursor.limit(limit) if limit else cursor).to_list(None)]
 
-    async def revoke_client_grants(self, client_id: str, now: datetime) -> list[str]:
-        grant_ids = await self._live_grant_ids(client_id)
-        await self._revoke_client(client_id, now)
+    async def revoke_client_grants(self, client_id: str, now: datetime, limit: int) -> list[str]:
+        # Three operations, each with its own budget and run again alone after a lost reply:
+        # the batch read (client_live), the families' sweep, then the grants' (grant_live, _id).
+        grant_ids = await self._live_client_grant_ids(client_id, limit)
+        if grant_ids:
+            await self._revoke_where(self.families, {"grant_id": {"$in": grant_ids}, "revoked_at": None}, now)
+            await self._revoke_where(self.grants, {"_id": {"$in": grant_ids}, "revoked_at": None}, now)
         return grant_ids
 
     @guarded(READ)
-    async def _live_grant_ids(self, client_id: str) -> list[str]:
-        live = {"client_id": client_id, "revoked_at": None}
-        return [doc["_id"] for doc in await self.grants.find(live, {"_id": 1}).to_list(None)]
+    async def _live_client_grant_ids(self, client_id: str, limit: int) -> list[str]:
+        cursor = self.grants.find({"client_id": client_id, "revoked_at": None}, {"_id": 1}).sort("_id", ASCENDING)
+        return [doc["_id"] for doc in await cursor.limit(limit).to_list(limit)]
 
     @guarded(RERUN)
-    async def _revoke_client(self, client_id: str, now: datetime) -> None:
-        live = {"client_id": client_id, "revoked_at": None}
-        # The grants first: from then on none of their tokens is in force, whatever the sweep does.
-        await self.grants.update_many(live, {"$set": {"revoked_at": now}})
-        await self.families.update_many(live, {"$set": {"revoked_at": now}})
+    async def _revoke_where(self, collection: Any, match: dict[str, Any], now: datetime) -> None:
+        await collection.update_many(match, {"$set": {"revoked_at": now}})
 
     @guarded(RERUN)
     async def withdraw_scopes(self, client_id: str, kept: list[str]) -> int:
