@@ -577,3 +577,47 @@ def test_a_previous_secret_outlives_the_previous_release_rewriting_its_client(pr
     finally:
         outputs = deployment.close()
     assert not any("Traceback" in output for output in outputs), outputs
+
+
+def test_a_client_under_removal_stays_gone_when_the_previous_release_writes_it_back(primary, previous,
+                                                                                   tmp_path_factory, capsys):
+    """A removal at this release stops after its record (the store refuses the sweep); the
+    previous release then restarts and its seeding writes the client's document back whole. At
+    this release the client stays gone (its tokens refused, its secret no proof) until the same
+    removal, run again, finishes it: its grants revoked, so the previous release refuses the
+    tokens too, and the document deleted again."""
+    from primary import Fault
+
+    deployment = Deployment(primary, previous, tmp_path_factory)
+    try:
+        old = deployment.start("previous")
+        new = deployment.start("current")
+        alice = Browser().sign_in(old.base)
+        tokens = exchange(old.base, alice.code(old.base))
+        bearer = {"Authorization": f"Bearer {tokens['access_token']}"}
+        assert requests.get(new.base + "/v1/me", headers=bearer, timeout=30).status_code == 200
+        primary.script(Fault("update", "error", collection="families", code=262, labels=("RetryableWriteError",),
+                             times=100_000))
+        assert cli.main(["clients", "remove", "webapp", "--config", deployment.config()]) == 1
+        assert "tokensvc: " in capsys.readouterr().err
+        with primary.lock:
+            primary.faults.clear()
+        assert primary.db["tokensvc"]["removals"].count_documents({"_id": "webapp"}) == 1
+        deployment.stop(old)
+        old = deployment.start("previous")  # its seeding writes the webapp's document back
+        assert primary.db["tokensvc"]["clients"].count_documents({"_id": "webapp"}) == 1
+        assert requests.get(new.base + "/v1/me", headers=bearer, timeout=30).status_code == 401
+        introspected = requests.post(new.base + "/oauth/token/introspect", timeout=30,
+                                     auth=("webapp", WEBAPP_SECRET), data={"token": tokens["access_token"]})
+        assert introspected.status_code == 401  # the client is gone: its secret proves nothing
+        assert requests.post(new.base + "/oauth/token/refresh", timeout=30, auth=("webapp", WEBAPP_SECRET),
+                             data={"refresh_token": tokens["refresh_token"]}).status_code == 401
+        # The same removal again finishes it, whichever release wrote the document meanwhile.
+        assert cli.main(["clients", "remove", "webapp", "--config", deployment.config()]) == 0
+        assert "1 grants revoked" in capsys.readouterr().out
+        assert primary.db["tokensvc"]["removals"].count_documents({}) == 0
+        assert primary.db["tokensvc"]["clients"].count_documents({"_id": "webapp"}) == 0
+        assert requests.get(old.base + "/v1/me", headers=bearer, timeout=30).status_code == 401
+    finally:
+        outputs = deployment.close()
+    assert not any("Traceback" in output for output in outputs), outputs
