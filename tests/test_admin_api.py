@@ -850,4 +850,9 @@ async def test_the_previous_secret_is_kept_for_a_bounded_time_of_a_confidential_
     assert await store.get_client("webapp") == before and await store.get_previous_secret("webapp") is None
     public = await call("POST", "/admin/clients/skyplanner/secret", {"keepPreviousSeconds": 60})
     assert public.code == 409 and await store.get_previous_secret("skyplanner") is None
+    assert (await call("POST", "/admin/clients/webapp/secret", raw="null")).code == 422  # a body, not an object
+    assert await store.get_client("webapp") == before
     assert (await call("POST", "/admin/clients/webapp/secret", {"keepPreviousSeconds": 30 * 86400})).code == 200
+    assert (await call("POST", "/admin/clients/webapp/secret", {"keepPreviousSeconds": 60.0})).code == 200  # JSON's 60
+    assert (await store.get_previous_secret("webapp")).expires_at - (await store.get_previous_secret(
+        "webapp")).rotated_at == timedelta(seconds=60)

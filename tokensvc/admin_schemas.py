@@ -237,9 +237,20 @@ class PasswordBodySchema(BodySchema):
     keep_grants = Flag(load_default=False, data_key="keepGrants")
 
 
+class WholeNumber(fields.Integer):
+    """A JSON integer as JSON Schema reads one: ``3600`` or ``3600.0``, never ``3600.5``, a
+    string or a boolean."""
+
+    def _deserialize(self, value: Any, attr: str | None, data: Any, **kwargs: Any) -> int:
+        if isinstance(value, bool) or not isinstance(value, int | float) or \
+                (isinstance(value, float) and not value.is_integer()):
+            raise self.make_error("invalid")
+        return int(value)
+
+
 class SecretBodySchema(BodySchema):
-    keep_previous_seconds = fields.Integer(
-        load_default=0, strict=True, data_key="keepPreviousSeconds",
+    keep_previous_seconds = WholeNumber(
+        load_default=0, data_key="keepPreviousSeconds",
         validate=validate.Range(0, MAX_KEEP_PREVIOUS_SECONDS),
         metadata={"description": "How long the secret being replaced keeps working beside the new one, in seconds "
                                  f"(at most {MAX_KEEP_PREVIOUS_SECONDS}, 30 days; 0, the default: it stops at once)"})

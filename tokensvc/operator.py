@@ -41,7 +41,7 @@ class Operations(Protocol):
     async def put_client(self, client_id: str, body: Json) -> tuple[Json, bool]: ...
     async def patch_client(self, client_id: str, body: Json) -> Json: ...
     async def remove_client(self, client_id: str) -> Json: ...
-    async def rotate_secret(self, client_id: str, body: Json | None = None) -> Json: ...
+    async def rotate_secret(self, client_id: str, body: Any) -> Json: ...
     async def list_users(self, limit: int | None = None, cursor: str | None = None) -> Json: ...
     async def get_user(self, username: str) -> Json: ...
     async def create_user(self, body: Json) -> Json: ...
@@ -126,8 +126,8 @@ class Operator:
         self.ctx.origins.forget()
         return {"removed": client_id, "grantsRevoked": revoked}
 
-    async def rotate_secret(self, client_id: str, body: Json | None = None) -> Json:
-        keep = load(admin_schemas.secret_body, body or {})["keep_previous_seconds"]
+    async def rotate_secret(self, client_id: str, body: Any) -> Json:
+        keep = load(admin_schemas.secret_body, body)["keep_previous_seconds"]
         secret, previous = await admin.rotate_secret(self.store, client_id, keep, self.ctx.clock())
         return admin_schemas.secret_rotated.dump({"client_id": client_id, "client_secret": secret,
                                                   "previous_secret_expires_at": previous and previous.expires_at})
@@ -282,8 +282,8 @@ class RemoteOperator:
     async def remove_client(self, client_id: str) -> Json:
         return await self._call("DELETE", f"/admin/clients/{quote(client_id, safe='')}")
 
-    async def rotate_secret(self, client_id: str, body: Json | None = None) -> Json:
-        return await self._call("POST", f"/admin/clients/{quote(client_id, safe='')}/secret", body or {})
+    async def rotate_secret(self, client_id: str, body: Any) -> Json:
+        return await self._call("POST", f"/admin/clients/{quote(client_id, safe='')}/secret", body)
 
     async def list_users(self, limit: int | None = None, cursor: str | None = None) -> Json:
         return await self._call("GET", "/admin/users", query={"limit": limit, "cursor": cursor})
