@@ -4,10 +4,10 @@
 confidential clients; ``none`` (client_id only) for public clients, which rely on PKCE.
 
 A confidential client's secret may have a predecessor still in force (a rotation that kept it,
-:class:`~tokensvc.records.PreviousSecret`): a secret that is not the current one is compared
-with it too, each comparison in constant time, and a use of the old one is recorded and
-audited (at most once per :data:`PREVIOUS_USE_NOTED_EVERY`), its expiry audited by whoever
-forgets it (:func:`expire_previous_secrets`).
+:class:`~tokensvc.records.PreviousSecret`): a presented secret is compared with both, each in
+constant time, whichever matches; a use of the old one is recorded and audited (at most once
+per :data:`PREVIOUS_USE_NOTED_EVERY`), its expiry audited by whoever forgets it
+(:func:`expire_previous_secrets`).
 """
 
 from __future__ import annotations
