@@ -65,7 +65,7 @@ def run_token() -> str:
 def own_grants() -> frozenset[str]:
     """The ids of root's grants to the command line's client: the run's token is of one."""
     answer = requests.get(os.environ["TOKENSVC_FUZZ_ADMIN"] + "/admin/grants",
-                          params={"username": ACTING_AS["username"], "clientId": ACTING_AS["client_id"]},
+                          params={"username": ACTING_AS["username"][0], "clientId": ACTING_AS["client_id"][0]},
                           headers={"Authorization": f"Bearer {run_token()}"}, timeout=10)
     answer.raise_for_status()
     return frozenset(grant["grantId"] for grant in answer.json()["items"])
