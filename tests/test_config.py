@@ -395,7 +395,8 @@ def test_the_settings_hold_nothing_mutable_all_the_way_down(tmp_path):
     """Every holder of the settings (the protocol context, each application of the process)
     shares one object: no list, dict or set anywhere in it, from the file, the environment or
     the defaults, whatever a table holds."""
-    settings = config.load(write(tmp_path, FULL), environ={"TOKENSVC_SERVER_ALLOWED_HOSTS": "a.example, b.example"})
+    full = FULL.replace("scrypt$x", PASSWORD_HASHES["alice"])  # a hash as the service writes one
+    settings = config.load(write(tmp_path, full), environ={"TOKENSVC_SERVER_ALLOWED_HOSTS": "a.example, b.example"})
     assert settings.server.allowed_hosts == ("a.example", "b.example")
     for sample in (settings, config.from_dict({"demo": True}), config.load(REPO / "config" / "tokensvc.toml",
                                                                             environ={})):
