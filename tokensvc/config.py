@@ -392,7 +392,7 @@ def _coerce(key: str, value: Any, annotation: str) -> Any:
     problem = _type_problem(value, annotation)
     if problem is not None:
         raise ConfigError(f"{key}: {problem}")
-    return tuple(value) if annotation.removesuffix(" | None") == STRINGS else value
+    return tuple(value) if value is not None and annotation.removesuffix(" | None") == STRINGS else value
 
 
 def _table(cls: type, key: str, table: Any) -> dict[str, Any]:
