@@ -208,7 +208,7 @@ async def test_failure_limits_hold_across_processes(store, monkeypatch, io_loop)
     assert all(ctx.limits.shared is not None for ctx in processes)
     checked = []
     original = clientauth.verify
-    monkeypatch.setattr(clientauth, "verify", lambda client, creds: (checked.append(1), original(client, creds))[1])
+    monkeypatch.setattr(clientauth, "verify", lambda *args: (checked.append(1), original(*args))[1])
     results = [await authenticate(processes[n % 2], "wrong") for n in range(20)]  # a load balancer's round robin
     # The limit (3) over both processes, not 3 in each: the rest learn nothing (429).
     assert len(checked) == 20 and results.count("InvalidClient") == 3 and results.count("TooManyFailures") == 17
