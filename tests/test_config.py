@@ -1,5 +1,6 @@
 """Config loading: TOML, environment overrides, and one clear message naming the bad key."""
 
+import json
 from pathlib import Path
 
 import pytest
@@ -469,15 +470,16 @@ def test_an_apply_entry_is_checked_key_by_key():
 
 
 def test_cookie_secret_may_be_the_keys_of_a_rotation(tmp_path):
-    keys = ["the-new-cookie-secret-0123", "the-old-cookie-secret-0123"]
+    keys = ["the-new-cookie-secret-0123456789", "the-old-cookie-secret-0123456789"]  # 32: successor keys too
     settings = config.from_dict({"cookie_secret": keys})
     assert settings.cookie_secret == keys[0] and settings.cookie_secrets == tuple(keys)
     assert config.from_dict({"cookie_secret": keys[0]}).cookie_secrets == (keys[0],)
-    from_env = config.load(None, environ={"TOKENSVC_COOKIE_SECRET": '["the-new-cookie-secret-0123", '
-                                                                     '"the-old-cookie-secret-0123"]'})
+    from_env = config.load(None, environ={"TOKENSVC_COOKIE_SECRET": json.dumps(keys)})
     assert from_env.cookie_secrets == tuple(keys)
     masked = config.masked(settings)
     assert masked["cookie_secret"] == ["***", "***"] and "cookie_secrets" not in masked
+    with pytest.raises(ConfigError, match="tokens.successor_keys: required while cookie_secret is shorter"):
+        config.from_dict({"cookie_secret": [keys[0], "an-old-key-of-16-to-31"]})  # each key gives a successor key
     for wrong, problem in (([keys[0], "short"], "too short"), ([keys[0], keys[0]], "listed twice"),
                            ([], "required"), ([keys[0], 3], "a string or a list of strings")):
         with pytest.raises(ConfigError, match=f"^cookie_secret: .*{problem}"):
