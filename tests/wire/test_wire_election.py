@@ -105,15 +105,15 @@ async def test_reads_waiting_on_a_crashed_primary_run_again_on_the_new_one(wire_
     abandoned when the driver learns of the new primary, and run again there: answered soon
     after the election, not after the whole budget."""
     await wire_store.put_client(Client("webapp", "Web", ["https://a/cb"]))
-    primary.script(Fault("find", "delay", collection="clients", seconds=30))
-    before = len(primary.sent("find", "clients"))
+    primary.script(Fault("aggregate", "delay", collection="clients", seconds=30))
+    before = len(primary.sent("aggregate", "clients"))
     started = time.monotonic()
     reading = asyncio.ensure_future(wire_store.get_client("webapp"))
-    await eventually(lambda: len(primary.sent("find", "clients")) > before, what="the read on the primary")
+    await eventually(lambda: len(primary.sent("aggregate", "clients")) > before, what="the read on the primary")
     elected = primary.crash(elect=1, after=ELECTION_SECONDS)
     assert (await reading).name == "Web"
     assert elected.is_set() and time.monotonic() - started < BUDGET_MS / 1000 * 0.75
-    assert len(primary.sent("find", "clients")) == before + 2  # once on each primary
+    assert len(primary.sent("aggregate", "clients")) == before + 2  # once on each primary
 
 
 async def test_a_single_document_write_waiting_on_a_crashed_primary_is_not_run_again(wire_store, primary):
