@@ -141,10 +141,10 @@ operator = ["frank"]
             f"{wanted}: [[users]] #1 (username = 'frank'): pasword: unknown key (the keys of [[users]]: username, "
             "password, password_hash, admin)",
             f"{wanted}: [[clients]] #1 (client_id = 'typo-app'): redirect_uri: unknown key (the keys of [[clients]]: "
-            "client_id, name, redirect_uris, allowed_scopes, first_party, client_secret, client_secret_sha256, "
+            "client_id, name, redirect_uris, kind, allowed_scopes, first_party, client_secret, client_secret_sha256, "
             "description, logo_url, allowed_origins)",
             f"{wanted}: [[clients]] #1 (client_id = 'typo-app'): first_partyy: unknown key (the keys of [[clients]]: "
-            "client_id, name, redirect_uris, allowed_scopes, first_party, client_secret, client_secret_sha256, "
+            "client_id, name, redirect_uris, kind, allowed_scopes, first_party, client_secret, client_secret_sha256, "
             "description, logo_url, allowed_origins)",
             f"{wanted}: [[installations]] #1: operator: unknown key (the keys of [[installations]]: installation_id, "
             "name, kind, operators)",
