@@ -148,7 +148,7 @@ async def verify_redirect(ctx: OAuthContext, args: dict[str, list[str]]) -> tupl
                                  "The app that sent you here is not known to this service.")
     if client.resource_server:
         raise RedirectUnverified("The client that sent you here is an API: it cannot ask for authorization.",
-                                 f"{client.name} is an API, not an app: it cannot sign you in.")
+                                 f"{client.name} is an API, not an app: it cannot ask for authorization.")
     if not redirect_uri:
         raise RedirectUnverified("The request carries no redirect_uri.",
                                  f"{client.name} did not say where to send you back to.")
