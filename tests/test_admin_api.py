@@ -655,6 +655,9 @@ async def test_a_client_secret_given_as_its_digest_makes_the_client_confidential
     assert patched["confidential"] and (await store.get_client("skyplanner")).secret_hash == other
     check_validation_error(await call("PATCH", "/admin/clients/held", {"clientSecretSha256": "not-hex"}),
                            ["body", "clientSecretSha256"], "value_error")
+    # The digest of an empty secret (an unset variable hashed) would let anyone prove the client.
+    check_validation_error(await call("PATCH", "/admin/clients/held", {"clientSecretSha256": hashing.digest("")}),
+                           ["body", "clientSecretSha256"], "value_error")
     check_validation_error(await call("PUT", "/admin/clients/held", {
         "name": "Held", "redirectUris": ["https://held.example/cb"], "clientSecretSha256": digest,
         "confidential": False}), ["body", "clientSecretSha256"], "value_error")

@@ -76,6 +76,11 @@ def test_environment_overrides(tmp_path):
     (SECRET + '[[users]]\nusername = "a"\n', "users[0]: give exactly one"),
     (SECRET + '[[installations]]\ninstallation_id = "i"\nname = "I"\n'
      'kind = "telescope"\noperators = ["ghost"]\n', "installations[0].operators: unknown user"),
+    (SECRET + '[[clients]]\nclient_id = "a"\nname = "A"\nredirect_uris = ["https://a/cb"]\nclient_secret = " "\n',
+     "clients[0].client_secret: expected a secret that is not empty or blank"),
+    (SECRET + '[[clients]]\nclient_id = "a"\nname = "A"\nredirect_uris = ["https://a/cb"]\n'
+     'client_secret_sha256 = "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855"\n',
+     "clients[0].client_secret_sha256: expected the SHA-256 of a secret that is not empty"),
     (SECRET + '[tokens]\nsuccessor_keys = ["short"]\n',
      "tokens.successor_keys[0]: too short (at least 32 characters"),
     (SECRET + '[tokens]\nsuccessor_keys = ["' + "k" * 32 + '", "' + "k" * 32 + '"]\n',

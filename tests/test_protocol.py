@@ -269,6 +269,18 @@ async def test_who_may_introspect(seeded):
         await introspection.authorize_caller(seeded, caller(authorization=f"Bearer {root_read.access_token}"))
 
 
+def test_an_empty_secret_proves_no_confidential_client_whatever_digest_is_stored():
+    """A store written before empty secrets were refused may hold the digest of one: presenting
+    no secret, or an empty one, still proves nothing."""
+    from tokensvc.oauth.clientauth import BASIC, ClientCredentials
+    from tokensvc.records import Client
+
+    client = Client("legacy", "Legacy", ["https://legacy.example/cb"], secret_hash=hashing.digest(""))
+    for secret in ("", None):
+        with pytest.raises(InvalidClient):
+            clientauth.verify(client, ClientCredentials("legacy", secret, BASIC))
+
+
 async def test_client_authentication_failures_are_limited(seeded):
     request = ClientRequest(None, "webapp", "wrong", "127.0.0.9", "/oauth/token")
     for _ in range(seeded.limits.settings.failed_client_auth_per_client):

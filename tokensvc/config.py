@@ -51,6 +51,7 @@ from tokensvc.identifiers import (
     password_problem,
     redirect_uri_problem,
     scope_problem,
+    secret_problem,
     secret_sha256_problem,
     username_key,
     username_problem,
@@ -676,6 +677,9 @@ def _check_clients(clients: tuple[ClientSeed, ...]) -> None:
                    if client.client_secret_sha256 is not None else None)
         if problem is not None:
             raise ConfigError(f"{key}.client_secret_sha256: expected {problem}")
+        problem = secret_problem(client.client_secret) if client.client_secret is not None else None
+        if problem is not None:
+            raise ConfigError(f"{key}.client_secret: expected {problem}")
 
 
 def _check_resource_server(key: str, client: ClientSeed) -> None:

@@ -4,6 +4,7 @@ commands and the request schemas."""
 
 from __future__ import annotations
 
+import hashlib
 import ipaddress
 import re
 import unicodedata
@@ -29,6 +30,7 @@ KIND_RULE = "1-32 characters of lower-case letters, digits, spaces and '-', star
 # A password hash as the service stores it (hashing.hash_password): scrypt$N$r$p$salt$key.
 PASSWORD_HASH = re.compile(r"^scrypt\$[0-9]{1,8}\$[0-9]{1,3}\$[0-9]{1,3}\$[A-Za-z0-9+/]+={0,2}\$[A-Za-z0-9+/]+={0,2}$")
 SHA256_HEX = re.compile(r"^[0-9a-f]{64}$")
+EMPTY_SECRET_SHA256 = hashlib.sha256(b"").hexdigest()
 # RFC 6749 §3.3: scope-token = 1*( %x21 / %x23-5B / %x5D-7E )
 SCOPE_TOKEN = re.compile(r"^[\x21\x23-\x5b\x5d-\x7e]+$")
 # A client's or an installation's name: no control character, and something that is not a space
@@ -97,8 +99,16 @@ def password_hash_problem(value: str) -> str | None:
 
 
 def secret_sha256_problem(value: str) -> str | None:
-    """Why ``value`` cannot be a client secret's SHA-256 (64 lower-case hex digits)."""
-    return None if SHA256_HEX.fullmatch(value) else "64 lower-case hex digits (the SHA-256 of the secret)"
+    """Why ``value`` cannot be a client secret's SHA-256 (64 lower-case hex digits, and not the
+    digest of an empty secret, which would let any client prove itself with none)."""
+    if not SHA256_HEX.fullmatch(value):
+        return "64 lower-case hex digits (the SHA-256 of the secret)"
+    return "the SHA-256 of a secret that is not empty" if value == EMPTY_SECRET_SHA256 else None
+
+
+def secret_problem(value: str) -> str | None:
+    """Why ``value`` cannot be a client secret set by hand: empty or blank (an unset variable)."""
+    return None if value.strip() else "a secret that is not empty or blank"
 
 
 def scope_problem(value: str) -> str | None:

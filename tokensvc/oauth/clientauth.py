@@ -222,7 +222,7 @@ def verify(client: Client | None, creds: ClientCredentials, previous: PreviousSe
         if creds.client_secret:  # a public client has no secret to present
             raise InvalidClient("Client authentication failed", basic=basic)
         return client
-    if creds.client_secret is None:
+    if not creds.client_secret:  # an empty secret proves no confidential client, whatever digest is stored
         raise InvalidClient("Client authentication failed", basic=basic)
     in_force = previous is not None and previous.in_force(client, now or utcnow())
     current = hashing.matches(creds.client_secret, client.secret_hash)
