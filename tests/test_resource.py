@@ -397,6 +397,7 @@ async def test_the_asgi_websocket_closes_4401_when_its_token_is_revoked(browser,
         await asyncio.wait_for(running, DEADLINE)
         assert sent[-1] == {"type": "websocket.close", "code": 4401}
         assert received == [{"type": "websocket.disconnect", "code": 4401}]
+        assert scope["query_string"] == b"access_token=***"  # what the server's access log writes
     finally:
         await verifier.close()
 

@@ -6,8 +6,9 @@ with ``WWW-Authenticate``); otherwise the application runs with ``scope["auth"]`
 before answering (``request.auth.require("write")``) becomes the 403. WebSocket: the token from
 ``Authorization`` or ``?access_token=``; refused, the handshake is closed (1008) before it is
 accepted; accepted, the connection is closed with 4401 when the token is revoked, and the
-application then receives ``websocket.disconnect``. Lifespan: the verifier's feed is opened at
-start-up and closed at shutdown.
+application then receives ``websocket.disconnect``. The scope's query keeps the token masked
+(``access_token=***``): the server's access log (uvicorn's) writes the query it holds.
+Lifespan: the verifier's feed is opened at start-up and closed at shutdown.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from typing import Any
 from urllib.parse import parse_qs
 
 from tokensvc.resource.errors import InsufficientScope, Refusal
-from tokensvc.resource.verifier import Authorized, Verifier, bearer_token
+from tokensvc.resource.verifier import Authorized, Verifier, bearer_token, masked_query
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -63,7 +64,10 @@ class BearerAuthMiddleware:
         headers = {name.decode("latin-1").lower(): value.decode("latin-1") for name, value in scope["headers"]}
         token = bearer_token(headers.get("authorization"))
         if token is None and query_token:
-            token = (parse_qs(scope.get("query_string", b"").decode("latin-1")).get("access_token") or [None])[0]
+            query = scope.get("query_string", b"").decode("latin-1")
+            token = (parse_qs(query).get("access_token") or [None])[0]
+            # masked in place: the server logs the scope it passed, after the handshake
+            scope["query_string"] = masked_query(query).encode("latin-1")
         return token, await self.verifier.check(token, self.required)
 
     async def _http(self, scope: Scope, receive: Receive, send: Send) -> None:

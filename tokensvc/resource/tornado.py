@@ -1,23 +1,29 @@
 """The Tornado adapter: a ``RequestHandler`` mixin and ``@requires(scope)``, and a WebSocket
 handler base that closes its connection (4401) when its token is revoked.
 
-The application's settings hold the verifier under ``tokensvc_verifier``.
+The application's settings hold the verifier under ``tokensvc_verifier``. A WebSocket's token
+rides in its query (``?access_token=``), and Tornado writes the request's URI into its access
+log (a refusal at WARNING, which reaches stderr even where logging was never configured) and
+into its error lines: the mixin's handlers write the URI with that value masked instead.
 """
 
 from __future__ import annotations
 
 import functools
 import json
+import types
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+import tornado.log
 import tornado.web
 import tornado.websocket
 
 from tokensvc.resource.errors import Refusal
-from tokensvc.resource.verifier import Authorized, Verifier, bearer_token
+from tokensvc.resource.verifier import Authorized, Verifier, bearer_token, masked_query
 
 CLOSE_REVOKED = 4401
+
 
 
 class BearerAuthMixin(tornado.web.RequestHandler):
@@ -51,6 +57,18 @@ class BearerAuthMixin(tornado.web.RequestHandler):
             self.set_header(name, value)
         self.set_header("Content-Type", "application/json")
         self.finish(json.dumps(refusal.body()))
+
+    def _request_summary(self) -> str:
+        # What Tornado's access log and its error lines name the request by: never a token.
+        path, sep, query = (self.request.uri or "").partition("?")
+        return f"{self.request.method} {path}{sep}{masked_query(query)} ({self.request.remote_ip})"
+
+    def log_exception(self, typ: type[BaseException] | None, value: BaseException | None,
+                      tb: types.TracebackType | None) -> None:
+        if isinstance(value, tornado.web.HTTPError):  # its line names the request by the summary
+            super().log_exception(typ, value, tb)
+        else:  # Tornado's own line adds the request's repr, URI and all
+            tornado.log.app_log.error("Uncaught exception %s", self._request_summary(), exc_info=value)
 
     def write_error(self, status_code: int, **kwargs: Any) -> None:
         refusal = kwargs.get("exc_info", (None, None, None))[1]

@@ -28,7 +28,7 @@ from collections import OrderedDict, deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
-from urllib.parse import quote, urlencode
+from urllib.parse import parse_qsl, quote, urlencode
 
 from tornado.httpclient import AsyncHTTPClient, HTTPClientError, HTTPRequest
 from tornado.websocket import WebSocketClientConnection, websocket_connect
@@ -49,6 +49,15 @@ def bearer_token(authorization: str | None) -> str | None:
     scheme, _, token = authorization.partition(" ")
     token = token.strip()
     return token if scheme.lower() == "bearer" and token else None
+
+
+def masked_query(query: str) -> str:
+    """``query`` with the value of ``access_token`` (a WebSocket's token, RFC 6750 §2.3)
+    replaced by ``***``: what a log may hold of a query."""
+    if "access_token" not in query:
+        return query
+    return urlencode([(key, "***" if key == "access_token" else value)
+                      for key, value in parse_qsl(query, keep_blank_values=True)], safe="*/:")
 
 
 @dataclass(slots=True, frozen=True)
