@@ -28,7 +28,7 @@ from tornado.websocket import websocket_connect
 
 from tokensvc import schemas
 from tokensvc.oauth.events import RevocationEvents
-from tokensvc.oauth.feed import RevocationFeed, family_label
+from tokensvc.oauth.feed import CLOSE_CREDENTIALS, RevocationFeed, family_label
 from tokensvc.storage.base import CLIENT, FAMILY, GRANT, SESSION, USER, Revocation
 
 
@@ -47,6 +47,24 @@ async def next_message(connection, seconds=DEADLINE):
     assert raw is not None, "the feed closed"
     message = json.loads(raw)
     return check_schema(schemas.FEED_MESSAGES[message["type"]], message)
+
+
+async def closed_for_its_credentials(connection):
+    """Until the feed closes the reader (whatever it was sent before): with the close code of a
+    reader whose credentials no longer hold."""
+    while await gen.with_timeout(timedelta(seconds=DEADLINE), connection.read_message()) is not None:
+        pass
+    assert connection.close_code == CLOSE_CREDENTIALS
+
+
+async def notes_api(ctx):
+    """A resource server registered now, and its secret."""
+    from tokensvc import admin
+    from tokensvc.records import RESOURCE_SERVER
+
+    _, secret = await admin.create_client(ctx.store, admin.ClientSpec("Notes", confidential=True,
+                                                                      kind=RESOURCE_SERVER), "notes-api")
+    return secret
 
 
 async def introspected(http_client, base_url, token):
@@ -198,3 +216,36 @@ async def test_a_reader_that_goes_away_is_dropped(http_server, base_url, ctx):
     assert ctx.feed.readers == 1
     connection.close()
     await eventually(lambda: ctx.feed.readers == 0, DEADLINE, what="the reader dropped")
+
+
+@pytest.mark.gen_test(timeout=90)
+async def test_a_reader_is_closed_when_its_client_is_removed_or_rotated_or_may_no_longer_read(http_server, base_url,
+                                                                                              ctx):
+    """The feed checks its reader again whenever the reader's client changes: a rotated secret,
+    a removal, a first-party client made third-party each close it (4403); a change that
+    withdraws nothing, a rotation that keeps its secret in force, or another client's change,
+    leaves it open. A reconnection with credentials
+    that prove nothing any more is refused."""
+    from tokensvc import admin
+
+    secret = await notes_api(ctx)
+    webapp = await connect(base_url)
+    assert (await next_message(webapp))["type"] == "ready"
+    reader = await connect(base_url, client_id="notes-api", secret=secret)
+    assert (await next_message(reader))["type"] == "ready"
+    await admin.update_client(ctx, "notes-api", {"description": "Nothing withdrawn"})
+    await admin.rotate_secret(ctx, "notes-api", keep_previous_seconds=60)  # the old secret still works
+    assert (await next_message(reader))["client_id"] == "notes-api"  # the rotation, told every reader
+    new_secret, _ = await admin.rotate_secret(ctx, "notes-api")
+    assert (await next_message(reader))["client_id"] == "notes-api"  # it was still open
+    await closed_for_its_credentials(reader)
+    assert (await refusal(base_url, {"Authorization": basic("notes-api", secret)}))[0] == 401
+    reader = await connect(base_url, client_id="notes-api", secret=new_secret)
+    await next_message(reader)
+    await admin.remove_client(ctx, "notes-api")
+    await closed_for_its_credentials(reader)
+    assert (await refusal(base_url, {"Authorization": basic("notes-api", new_secret)}))[0] == 401
+    assert (await next_message(webapp))["client_id"] == "notes-api"  # another client's reader stays
+    await admin.update_client(ctx, "webapp", {"first_party": False})
+    await closed_for_its_credentials(webapp)
+    await eventually(lambda: ctx.feed.readers == 0, DEADLINE, what="the readers dropped")

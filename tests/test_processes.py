@@ -162,6 +162,35 @@ async def test_a_client_narrowed_in_another_process_closes_the_socket_within_a_s
 
 
 @pytest.mark.gen_test(timeout=30)
+async def test_a_readers_client_rotated_or_removed_in_another_process_closes_the_reader(http_server, base_url, store,
+                                                                                        ctx, config, monkeypatch):
+    """The rotation's write carries the client's mark (narrowed_at), which every relay hears:
+    the reader checks its credentials again and is closed. A removal's deletion leaves nothing
+    a poll can find: the readers also check every RECHECK_SECONDS (shortened here)."""
+    from test_feed import closed_for_its_credentials, notes_api
+
+    from tokensvc.bootstrap import make_context
+    from tokensvc.handlers import feed
+    from tokensvc.operator import Operator
+
+    secret = await notes_api(ctx)
+    elsewhere = Operator(make_context(config, other_process(store)), config)
+    relay = asyncio.ensure_future(events.relay(store, ctx.events))
+    try:
+        reader = await connect_feed(base_url, client_id="notes-api", secret=secret)
+        await next_message(reader)
+        rotated = (await elsewhere.rotate_secret("notes-api", {}))["clientSecret"]
+        await closed_for_its_credentials(reader)
+        monkeypatch.setattr(feed, "RECHECK_SECONDS", 0.2)
+        reader = await connect_feed(base_url, client_id="notes-api", secret=rotated)
+        await next_message(reader)
+        await elsewhere.remove_client("notes-api")
+        await closed_for_its_credentials(reader)
+    finally:
+        relay.cancel()
+
+
+@pytest.mark.gen_test(timeout=30)
 async def test_the_feed_names_a_narrowed_client(store):
     store.observer = polls = Polls()
     feed = store.revocation_feed(poll_seconds=0.05).__aiter__()

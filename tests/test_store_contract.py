@@ -382,11 +382,11 @@ async def test_concurrent_changes_of_a_client_each_hold(backend_store):
     ctx = make_context(make_config(), backend_store)
     spec = admin.ClientSpec("Robot", ["https://robot.example/cb"], ["read", "write"], confidential=True)
     await admin.create_client(backend_store, spec, "robot")
-    (secret, _), _ = await asyncio.gather(admin.rotate_secret(backend_store, "robot"),
+    (secret, _), _ = await asyncio.gather(admin.rotate_secret(ctx, "robot"),
                                           admin.update_client(ctx, "robot", {"description": "Builds things"}))
     robot = await backend_store.get_client("robot")
     assert hashing.matches(secret, robot.secret_hash) and robot.description == "Builds things"
-    (secret, _), _ = await asyncio.gather(admin.rotate_secret(backend_store, "robot"),
+    (secret, _), _ = await asyncio.gather(admin.rotate_secret(ctx, "robot"),
                                           admin.put_client(ctx, "robot", replace(spec, name="Robot 2",
                                                                                  scopes=["read"])))
     robot = await backend_store.get_client("robot")

@@ -55,6 +55,9 @@ from tokensvc.records import (
 from tokensvc.storage.base import CLIENT, GRANT, Conflict, Revocation, Store
 
 MAX_PAGE = 200  # the most a listing returns at once
+# What decides whether a client may read the revocation feed with the credentials it proved:
+# a change of one is marked (narrowed_at) and announced, as a narrowing of its scopes is.
+READER_FIELDS = ("secret_hash", "kind", "first_party")
 
 
 class AdminError(HTTPAnswer):
@@ -288,17 +291,32 @@ async def _change_client(ctx: OAuthContext, existing: Client, fields: dict[str, 
     elif confidential is False and existing.secret_hash is not None:
         fields = {**fields, "secret_hash": None}
     kept = fields.get("allowed_scopes", existing.allowed_scopes)
+    now = ctx.clock()
+    withdrawn = any(name in fields and fields[name] != getattr(existing, name) for name in READER_FIELDS)
 
     async def write(narrowed_at: datetime | None) -> Client | None:
-        return await ctx.store.update_client(existing.client_id, fields if narrowed_at is None
-                                             else {**fields, "narrowed_at": narrowed_at})
+        marked = narrowed_at or (now if withdrawn else None)
+        return await ctx.store.update_client(existing.client_id, fields if marked is None
+                                             else {**fields, "narrowed_at": marked})
 
-    before, narrowed = await narrowing(ctx.store, existing, kept, ctx.clock(), write)
+    before, narrowed = await narrowing(ctx.store, existing, kept, now, write)
     if before is None:
         raise Missing(f"no client with id {existing.client_id!r}")
-    if narrowed:
+    if narrowed or withdrawn:
         ctx.events.publish(Revocation(CLIENT, existing.client_id))
     return replace(before, **fields), secret
+
+
+async def _replace_secret(ctx: OAuthContext, client_id: str, secret: str) -> Client | None:
+    """Write ``secret`` as the client's, only while it has one (a concurrent change making it
+    public wins), marked and announced as a withdrawal: the revocation feed's readers of the
+    client in every process check their credentials again. The client as it was, or None when
+    nothing was written."""
+    before = await ctx.store.update_client(client_id, {"secret_hash": hashing.digest(secret),
+                                                       "narrowed_at": ctx.clock()}, if_confidential=True)
+    if before is not None:
+        ctx.events.publish(Revocation(CLIENT, client_id))
+    return before
 
 
 async def get_client(store: Store, client_id: str) -> Client:
@@ -308,27 +326,29 @@ async def get_client(store: Store, client_id: str) -> Client:
     return client
 
 
-async def rotate_secret(store: Store, client_id: str, keep_previous_seconds: int = 0,
-                        now: datetime | None = None) -> tuple[str, PreviousSecret | None]:
-    """A new secret for a confidential client: its secret alone is written, and only while it
-    has one (a concurrent change making it public wins). With ``keep_previous_seconds`` the
-    secret it replaces keeps working that long beside it (at most
-    :data:`MAX_KEEP_PREVIOUS_SECONDS`), as a record of its own bound to the new secret, written
-    before the client: a rotation cut short leaves a record that proves nothing (its successor
-    is not the client's secret), never an outage of the old one. The new secret, and the
-    previous one kept."""
+async def rotate_secret(ctx: OAuthContext, client_id: str,
+                        keep_previous_seconds: int = 0) -> tuple[str, PreviousSecret | None]:
+    """A new secret for a confidential client: its secret alone is written (with the client's
+    mark, announced: the revocation feed's readers of the client, in every process, check their
+    credentials again), and only while it has one (a concurrent change making it public wins).
+    With ``keep_previous_seconds`` the secret it replaces keeps working that long beside it (at
+    most :data:`MAX_KEEP_PREVIOUS_SECONDS`), as a record of its own bound to the new secret,
+    written before the client: a rotation cut short leaves a record that proves nothing (its
+    successor is not the client's secret), never an outage of the old one. The new secret, and
+    the previous one kept."""
     if not 0 <= keep_previous_seconds <= MAX_KEEP_PREVIOUS_SECONDS:
         raise AdminError(f"keep the previous secret between 0 and {MAX_KEEP_PREVIOUS_SECONDS} seconds (30 days)",
                          "keepPreviousSeconds")
+    store = ctx.store
     client = await get_client(store, client_id)
     secret = hashing.new_secret()
-    now = now or utcnow()
+    now = ctx.clock()
     previous = None
     if keep_previous_seconds and client.secret_hash is not None:
         previous = PreviousSecret(client_id, client.secret_hash, hashing.digest(secret), now,
                                   now + timedelta(seconds=keep_previous_seconds))
         await store.put_previous_secret(previous)
-    before = await store.update_client(client_id, {"secret_hash": hashing.digest(secret)}, if_confidential=True)
+    before = await _replace_secret(ctx, client_id, secret)
     if before is None:
         raise Taken(f"client {client_id!r} is public: it has no secret to rotate")
     if previous is None:
@@ -352,9 +372,13 @@ async def remove_client(ctx: OAuthContext, client_id: str) -> int:
     """Remove a client so that it cannot half-happen (:mod:`tokensvc.oauth.removal`): recorded
     first (its tokens stop at once, in every process), then its grants revoked in batches, then
     finished. A removal cut short (503) is carried on by the same call again, or by the next
-    start-up. The grants this call revoked."""
+    start-up. The grants this call revoked. Its secret is first replaced by one nobody knows,
+    marked and announced as a rotation is: the relays of the other processes hear of that write
+    (neither the record nor the deletion is one they watch for), and a reader of the feed under
+    the client, asking again, finds its credentials proving nothing."""
     if len(client_id) > 128 or await ctx.store.get_removal(client_id) is None:
         await get_client(ctx.store, client_id)
+        await _replace_secret(ctx, client_id, hashing.new_secret())
     return await removal.remove_client(ctx.store, client_id, ctx.clock(), ctx.events.publish)
 
 

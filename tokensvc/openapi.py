@@ -22,6 +22,7 @@ from apispec.ext.marshmallow import MarshmallowPlugin
 
 from tokensvc import __version__, admin_schemas, identifiers, schemas
 from tokensvc.oauth.authorization import MAX_PARAMETER_LENGTH
+from tokensvc.oauth.feed import CLOSE_CREDENTIALS
 
 OAUTH_API_VERSION = "2.0.0"  # the interface's label of the OAuth API
 SESSION_COOKIE = "tokensvc_session"  # the demo's; the served document names the configured one
@@ -451,7 +452,11 @@ def _operations() -> dict[str, dict[str, Any]]:
         "x-websocket-messages": {
             "description": "Server to client, JSON text frames; the client sends nothing. Cache keys: the "
                            "introspection answer's family_id, grant_id and client_id",
-            "oneOf": [ref("FeedReady"), ref("FeedRevoked"), ref("FeedFlush")]}}}
+            "oneOf": [ref("FeedReady"), ref("FeedRevoked"), ref("FeedFlush")]},
+        "x-websocket-close-codes": {
+            str(CLOSE_CREDENTIALS): "The reader's credentials no longer prove a client that may read the feed "
+                                    "(its client removed, its secret rotated, or made one that may not "
+                                    "introspect): reconnect with the current ones"}}}
     ops["/v1/ws"] = {"get": {
         "summary": "WebSocket (scope read): the token in Authorization, as access_token, or the session cookie "
                    "(then only from the service's own origin). Sends a welcome, echoes text, closes with 4401 "

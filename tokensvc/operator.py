@@ -128,7 +128,7 @@ class Operator:
 
     async def rotate_secret(self, client_id: str, body: Any) -> Json:
         keep = load(admin_schemas.secret_body, body)["keep_previous_seconds"]
-        secret, previous = await admin.rotate_secret(self.store, client_id, keep, self.ctx.clock())
+        secret, previous = await admin.rotate_secret(self.ctx, client_id, keep)
         return admin_schemas.secret_rotated.dump({"client_id": client_id, "client_secret": secret,
                                                   "previous_secret_expires_at": previous and previous.expires_at})
 

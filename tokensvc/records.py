@@ -40,8 +40,10 @@ class Client:
     # Web origins (scheme://host[:port]) whose pages may call the token endpoints and the API
     # (CORS), besides the origins of a public client's redirect URIs.
     allowed_origins: list[str] | None = None
-    # When allowed_scopes last lost a scope: written with the narrowing, so that every process
-    # hears of it (the revocation feed) and the open WebSockets of its tokens re-check.
+    # When something the client or its tokens may do was last withdrawn (allowed_scopes lost a
+    # scope; its secret, kind or first_party changed; it is being removed): written with the
+    # change, so that every process hears of it (the revocation feed) and the open WebSockets
+    # of its tokens, and its own readers of the feed, check again.
     narrowed_at: datetime | None = None
     # CLIENT_KIND, or RESOURCE_SERVER: an API that may introspect and read the revocation feed,
     # nothing else. Stored with no redirect URI, no scope and first_party false, so that a

@@ -3,12 +3,21 @@
 A client that may introspect authenticates with HTTP Basic (a WebSocket has no body); every
 refusal (400, 401, 403, 422, 426, 429, 503) is answered before the upgrade, in JSON. After a
 ``ready`` message the socket carries the feed's messages; what the reader sends is ignored.
+
+The reader stands on its client (as a token's socket stands on what it was issued under):
+when the client changes in any process (removed, its secret rotated, its right to read
+withdrawn), the socket asks whether the credentials it proved still hold, and closes with
+:data:`CLOSE_CREDENTIALS` when they do not. It also asks every :data:`RECHECK_SECONDS`: a
+removal reaches other processes as the write that precedes the deletion, which a relay that
+polls (no change streams) may never see.
 """
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
+import tornado.ioloop
 import tornado.websocket
 
 from tokensvc import schemas
@@ -20,7 +29,12 @@ from tokensvc.handlers.ws import check_handshake
 from tokensvc.oauth import introspection
 from tokensvc.oauth.clientauth import ClientRequest
 from tokensvc.oauth.errors import InvalidClient
-from tokensvc.oauth.feed import Message
+from tokensvc.oauth.feed import CLOSE_CREDENTIALS, Message
+from tokensvc.storage.base import CLIENT, Revocation
+
+log = logging.getLogger(__name__)
+
+RECHECK_SECONDS = 30.0
 
 
 class RevocationFeedSocket(WebHandler, tornado.websocket.WebSocketHandler):
@@ -29,6 +43,9 @@ class RevocationFeedSocket(WebHandler, tornado.websocket.WebSocketHandler):
     default_headers = JSON_HEADERS
     output = JSON
     reads_session = False
+    _stands_on: list[Revocation] = []
+    _checking = False
+    _recheck: tornado.ioloop.PeriodicCallback | None = None
 
     async def get(self, *args: Any, **kwargs: Any) -> None:
         authorization = self.request.headers.get("Authorization")
@@ -38,9 +55,10 @@ class RevocationFeedSocket(WebHandler, tornado.websocket.WebSocketHandler):
         query = self.load(schemas.feed_query, self.query(schemas.feed_query), "query")
         self._stream = query.get("stream")
         self._after = int(query["after"]) if "after" in query else None
-        caller = ClientRequest(authorization, None, None, self.request.remote_ip or "-", self.request.path)
-        client = await introspection.authorize_client(self.ctx, caller)
+        self._caller = ClientRequest(authorization, None, None, self.request.remote_ip or "-", self.request.path)
+        client = await introspection.authorize_client(self.ctx, self._caller)
         self.log_client_id = client.client_id
+        self._stands_on = [Revocation(CLIENT, client.client_id)]
         await super().get(*args, **kwargs)
 
     def check_origin(self, origin: str) -> bool:
@@ -51,6 +69,9 @@ class RevocationFeedSocket(WebHandler, tornado.websocket.WebSocketHandler):
         raise Forbidden("The revocation feed does not serve pages of other origins")
 
     def open(self, *args: Any, **kwargs: Any) -> None:
+        self.ctx.events.subscribe(self._stands_on, self._client_changed)
+        self._recheck = tornado.ioloop.PeriodicCallback(self._client_changed, RECHECK_SECONDS * 1000, jitter=0.1)
+        self._recheck.start()
         opening = self.ctx.feed.open(self._send, self._stream, self._after)
         for message in (opening.ready, *opening.missed):
             self._send(message)
@@ -60,6 +81,23 @@ class RevocationFeedSocket(WebHandler, tornado.websocket.WebSocketHandler):
 
     def on_close(self) -> None:
         self.ctx.feed.close(self._send)
+        self.ctx.events.unsubscribe(self._stands_on, self._client_changed)
+        if self._recheck is not None:
+            self._recheck.stop()
+
+    def _client_changed(self) -> None:
+        if not self._checking:
+            self._checking = True
+            tornado.ioloop.IOLoop.current().add_callback(self._check)
+
+    async def _check(self) -> None:
+        try:
+            if not await introspection.still_a_reader(self.ctx, self._caller):
+                self.close(CLOSE_CREDENTIALS, "the client's credentials no longer hold")
+        except Exception:  # the store is away: kept, as a token's socket is; the relay re-checks all once it is back
+            log.warning("could not re-check a revocation feed reader's credentials", exc_info=True)
+        finally:
+            self._checking = False
 
     def _send(self, message: Message) -> None:
         try:

@@ -32,6 +32,8 @@ from tokensvc.storage.base import CLIENT, FAMILY, GRANT, Revocation
 log = logging.getLogger(__name__)
 
 REPLAY = 4096  # messages kept for readers that reconnect
+# The close code of a reader whose credentials no longer prove a client that may read the feed.
+CLOSE_CREDENTIALS = 4403
 # What each kind of revocation names, by the introspection member a cache keys on.
 NAMED = {FAMILY: "family_id", GRANT: "grant_id", CLIENT: "client_id"}
 

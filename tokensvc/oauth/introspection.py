@@ -45,6 +45,22 @@ async def authorize_client(ctx: OAuthContext, request: ClientRequest) -> Client:
     return client
 
 
+async def still_a_reader(ctx: OAuthContext, request: ClientRequest) -> bool:
+    """Whether the credentials a feed reader proved at its handshake still prove a client that
+    may read the feed (asked again when its client changes: removed, its secret rotated, its
+    right withdrawn): its secret, or the previous one while a rotation keeps that in force. No
+    new attempt: nothing is counted against a limit nor audited."""
+    creds = request.credentials()
+    assert creds is not None  # it was proven at the handshake
+    client = await ctx.store.get_client(creds.client_id)
+    previous = await ctx.store.get_previous_secret(creds.client_id) if client is not None else None
+    try:
+        check_client_caller(clientauth.verify(client, creds, previous, ctx.clock()))
+    except (InvalidClient, AccessDenied):
+        return False
+    return True
+
+
 def check_client_caller(client: Client) -> None:
     """A client may introspect (and read the revocation feed) when it is confidential (it proved
     a secret) and a resource server or first-party."""
