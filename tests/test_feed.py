@@ -196,6 +196,9 @@ async def test_only_a_client_that_may_introspect_reads_the_feed(http_server, bas
     code, body, _ = await refusal(base_url, {"Authorization": basic("webapp", WEBAPP_SECRET),
                                              "Origin": "https://evil.example"})
     assert code == 403 and "other origins" in body["detail"]
+    for site in ({"Sec-Fetch-Site": "cross-site"}, {"Sec-Fetch-Site": "same-site"}):  # no Origin
+        code, body, _ = await refusal(base_url, {"Authorization": basic("webapp", WEBAPP_SECRET), **site})
+        assert code == 403 and "other origins" in body["detail"]
     assert ctx.feed.readers == 0
 
 

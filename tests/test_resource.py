@@ -268,6 +268,7 @@ async def test_the_tornado_mixin_answers_rfc_6750(browser, http_client, base_url
     try:
         response = await http_client.fetch(api + "/notes", raise_error=False)
         assert response.code == 401 and response.headers["WWW-Authenticate"] == 'Bearer realm="api"'
+        assert json.loads(response.body) == {"error_description": "A bearer token is required"}  # no error, as above
         response = await http_client.fetch(api + "/notes", raise_error=False, headers={"Authorization": "Bearer x"})
         assert response.code == 401 and 'error="invalid_token"' in response.headers["WWW-Authenticate"]
         assert json.loads(response.body)["error"] == "invalid_token"

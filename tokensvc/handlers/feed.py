@@ -22,6 +22,7 @@ import tornado.websocket
 
 from tokensvc import schemas
 from tokensvc.errors import Forbidden
+from tokensvc.handlers.guards import from_own_origin
 from tokensvc.handlers.headers import JSON_HEADERS
 from tokensvc.handlers.lifecycle import JSON, dumps
 from tokensvc.handlers.web import WebHandler
@@ -59,14 +60,16 @@ class RevocationFeedSocket(WebHandler, tornado.websocket.WebSocketHandler):
         client = await introspection.authorize_client(self.ctx, self._caller)
         self.log_client_id = client.client_id
         self._stands_on = [Revocation(CLIENT, client.client_id)]
+        # Resource servers send neither Sec-Fetch-Site nor Origin. A browser page elsewhere must
+        # not ride on Basic credentials its browser remembers; refused in JSON here, before
+        # Tornado's own check (which answers in plain text).
+        if not from_own_origin(self.request, self.config):
+            raise Forbidden("The revocation feed does not serve pages of other origins")
         await super().get(*args, **kwargs)
 
     def check_origin(self, origin: str) -> bool:
-        # Resource servers send no Origin. A browser page elsewhere must not ride on Basic
-        # credentials its browser remembers; refused as an answer the lifecycle renders.
-        if super().check_origin(origin):
-            return True
-        raise Forbidden("The revocation feed does not serve pages of other origins")
+        """Decided before the upgrade, in :meth:`get`."""
+        return True
 
     def open(self, *args: Any, **kwargs: Any) -> None:
         self.ctx.events.subscribe(self._stands_on, self._client_changed)

@@ -32,8 +32,8 @@ class Refusal(Exception):
         return {"WWW-Authenticate": self.challenge(realm), "Cache-Control": "no-store"}
 
     def body(self) -> dict[str, Any]:
-        if self.error is None:  # no credentials at all: no error code (RFC 6750 §3.1)
-            return {"error": "invalid_token", "error_description": "A bearer token is required"}
+        if self.error is None:  # no credentials at all: no error code, as the challenge (RFC 6750 §3.1)
+            return {"error_description": "A bearer token is required"}
         body: dict[str, Any] = {"error": self.error}
         if self.description:
             body["error_description"] = self.description
