@@ -154,10 +154,12 @@ async def test_the_feed_away_bounds_every_answer_then_fails_closed(http_server, 
     within offline_ttl of the feed's going down, then the check fails closed (503)."""
     access = (await tokens(browser, http_client, base_url))["access_token"]
     clock = Monotonic()
-    verifier = await started(verifier_for(base_url, clock, offline_ttl=30, timeout=2, retry_seconds=0.05))
+    verifier = await started(verifier_for(base_url, clock, offline_ttl=30, timeout=2, retry_seconds=0.05,
+                                          ping_seconds=0.4))
     try:
         await verifier.check(access)
-        clock.now += 3000  # the feed is up: the answer lives on
+        clock.now += 3000  # the feed is up, its pongs say so: the answer lives on
+        await eventually(lambda: verifier.alive_at == clock.now, DEADLINE, what="a pong")
         await verifier.check(access)
         assert verifier.counts.introspections == 1
         http_server.stop()  # no new connection: neither introspection nor the feed answers
@@ -165,12 +167,66 @@ async def test_the_feed_away_bounds_every_answer_then_fails_closed(http_server, 
         drop_feeds(ctx)  # and the open feed ends (an upgraded socket is no HTTP connection)
         await eventually(lambda: not verifier.feed_up, DEADLINE, what="the feed noticed down")
         clock.now += 29
-        await verifier.check(access)  # within offline_ttl of the feed's going down
+        await verifier.check(access)  # within offline_ttl of the feed's last sign of life
         clock.now += 2
         with pytest.raises(Unavailable):
             await verifier.check(access)
     finally:
         await verifier.close()
+
+
+class StallingProxy:
+    """A TCP proxy to tokensvc that can stall: from then on it passes nothing either way and
+    closes nothing (a proxy that hangs, a silent partition)."""
+
+    def __init__(self, upstream_port):
+        self.upstream_port, self.stalled, self._tasks = upstream_port, False, set()
+
+    async def start(self):
+        self.server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
+        return f"http://127.0.0.1:{self.server.sockets[0].getsockname()[1]}"
+
+    async def _serve(self, reader, writer):
+        up_reader, up_writer = await asyncio.open_connection("127.0.0.1", self.upstream_port)
+        for source, sink in ((reader, up_writer), (up_reader, writer)):
+            task = asyncio.ensure_future(self._pipe(source, sink))
+            self._tasks.add(task)
+
+    async def _pipe(self, source, sink):
+        while data := await source.read(65536):
+            if self.stalled:
+                await asyncio.Event().wait()  # holds the connection open, passing nothing
+            sink.write(data)
+            await sink.drain()
+        sink.close()
+
+    def close(self):
+        self.server.close()
+        for task in self._tasks:
+            task.cancel()
+
+
+@pytest.mark.gen_test(timeout=90)
+async def test_a_silent_feed_bounds_an_answer_from_its_last_sign_of_life(browser, http_client, base_url):
+    """The feed falls silent without closing (its proxy stalls): it is taken for down once a
+    ping goes unanswered, and an answer lives offline_ttl from the feed's last sign of life,
+    not from the moment its silence was noticed; then tokensvc, silent too, fails it closed."""
+    access = (await tokens(browser, http_client, base_url))["access_token"]
+    proxy = StallingProxy(int(base_url.rsplit(":", 1)[1]))
+    clock = Monotonic()
+    verifier = await started(verifier_for(await proxy.start(), clock, offline_ttl=30, timeout=1, ping_seconds=1))
+    try:
+        await verifier.check(access)
+        proxy.stalled = True
+        clock.now += 20  # silent for 20 s before the silence is noticed
+        await eventually(lambda: not verifier.feed_up, DEADLINE, what="the silent feed taken for down")
+        assert verifier.alive_at < clock.now
+        clock.now = verifier.alive_at + 31  # past offline_ttl from the last sign of life, not from the notice
+        with pytest.raises(Unavailable):
+            await verifier.check(access)
+    finally:
+        await verifier.close()
+        proxy.close()
 
 
 @pytest.mark.gen_test(timeout=90)

@@ -10,8 +10,11 @@ introspection, and an answer a revocation overtook on its way is asked again, ne
 
 While the feed is down (not yet open, reconnecting), nothing tells the cache of a revocation: an
 answer is used only within ``offline_ttl`` seconds of the last moment it was known current (the
-feed's going down, or the introspection, whichever is later); past that the token is introspected
-again, and when tokensvc does not answer either the check fails closed (:class:`Unavailable`).
+feed's last sign of life, a message or a pong, or the introspection, whichever is later); past
+that the token is introspected again, and when tokensvc does not answer either the check fails
+closed (:class:`Unavailable`). A feed that falls silent without closing (a stalled proxy) is
+taken for down once a ping goes unanswered ``ping_seconds``; its silence counts from its last
+sign of life, not from that moment.
 """
 
 from __future__ import annotations
@@ -147,6 +150,7 @@ class Verifier:
         self._generation = 0  # counts the feed's revocations and flushes
         self._recent: deque[tuple[int, tuple[str, str] | None]] = deque(maxlen=RECENT)
         self._down_since: float | None = clock()  # the feed is down until its first ready
+        self._alive = self._down_since  # the feed's last sign of life while current: a message or a pong
         self._stream: str | None = None
         self._seq = 0
         self._catching_up_to = 0
@@ -383,6 +387,11 @@ class Verifier:
     def feed_up(self) -> bool:
         return self._down_since is None
 
+    @property
+    def alive_at(self) -> float:
+        """The feed's last sign of life while current (a message or a pong), on the clock."""
+        return self._alive
+
     async def _follow(self) -> None:
         wait = self.settings.retry_seconds
         while True:
@@ -399,7 +408,7 @@ class Verifier:
 
     def _went_down(self) -> None:
         if self._down_since is None:
-            self._down_since = self._clock()
+            self._down_since = self._alive  # silent since then, however late that was noticed
             if not self._confirming:
                 self._spawn(self._confirm_watches_while_down())
         self.connected.clear()
@@ -425,6 +434,7 @@ class Verifier:
                               request_timeout=self.settings.timeout)
         ping = self.settings.ping_seconds
         self._connection = connection = await websocket_connect(request, ping_interval=ping / 2, ping_timeout=ping / 2)
+        connection.on_pong = self._sign_of_life  # type: ignore[method-assign,assignment]
         self.counts.connects += 1
         while True:
             raw = await connection.read_message()
@@ -450,3 +460,8 @@ class Verifier:
         if self._down_since is not None and self._seq >= self._catching_up_to:
             self._down_since = None  # every message it missed is in: current again
             self.connected.set()
+        self._sign_of_life()
+
+    def _sign_of_life(self, _pong: bytes = b"") -> None:
+        if self._down_since is None:  # a feed still catching up vouches for nothing yet
+            self._alive = self._clock()
