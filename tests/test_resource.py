@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import subprocess
 import sys
 from datetime import timedelta
@@ -337,6 +338,35 @@ async def test_the_tornado_mixin_answers_rfc_6750(browser, http_client, base_url
         assert 'scope="write"' in response.headers["WWW-Authenticate"]
     finally:
         server.stop()
+
+
+class Failing(BearerAuthMixin):
+    async def get(self):
+        raise RuntimeError("a bug of the resource server")
+
+
+@pytest.mark.gen_test(timeout=90)
+async def test_tornados_log_lines_never_hold_a_query_token(http_client, caplog):
+    """The mixin's handlers name a request with its access_token masked, in the access log (a
+    refusal is a WARNING) and in the line of an uncaught exception (Tornado's own adds the
+    request's repr, URI and all)."""
+    verifier = verifier_for("http://127.0.0.1:9")  # never asked: the refusals need no answer
+    server, api = await serve(tornado.web.Application([("/live", Live), ("/failing", Failing)],
+                                                      tokensvc_verifier=verifier))
+    secret = "a-query-token-" + "x" * 30
+    try:
+        with caplog.at_level(logging.INFO):
+            response = await http_client.fetch(api + "/failing?access_token=" + secret, raise_error=False)
+            assert response.code == 500
+            response = await http_client.fetch(api + "/live?x=1&access_token=", raise_error=False,
+                                               headers={"Connection": "Upgrade", "Upgrade": "websocket"})
+            assert response.code == 401
+    finally:
+        server.stop()
+    logged = "\n".join(record.getMessage() + (caplog.text if record.exc_info else "") for record in caplog.records)
+    assert "Uncaught exception GET /failing?access_token=*** " in logged
+    assert "GET /live?x=1&access_token=*** " in logged
+    assert secret not in caplog.text
 
 
 @pytest.mark.gen_test(timeout=90)

@@ -25,7 +25,6 @@ from tokensvc.resource.verifier import Authorized, Verifier, bearer_token, maske
 CLOSE_REVOKED = 4401
 
 
-
 class BearerAuthMixin(tornado.web.RequestHandler):
     """Sets ``self.authorized`` from the request's bearer token; a refusal is answered here
     (401/403/503, RFC 6750 JSON with ``WWW-Authenticate``) and ends the request."""
