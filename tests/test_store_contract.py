@@ -22,7 +22,8 @@ from tokensvc.records import (
     Subject,
     User,
 )
-from tokensvc.storage.base import Conflict, Store
+from tokensvc.storage.base import Conflict, FailureCounts, Store
+from tokensvc.storage.memory import MemoryStore
 
 pytestmark = pytest.mark.parametrize("backend_store", BACKENDS, indirect=True)
 
@@ -714,3 +715,27 @@ async def test_a_users_sessions_are_listed_newest_first_and_bounded(backend_stor
     listed = await store.list_user_sessions("u_alice", now)
     assert len(listed) == MAX_LISTED_SESSIONS
     assert [s.session_hash for s in listed[:2]] == [f"s{MAX_LISTED_SESSIONS + 4:04}", f"s{MAX_LISTED_SESSIONS + 3:04}"]
+
+
+@pytest.mark.gen_test
+async def test_failure_counts_are_shared_where_several_processes_share_the_store(backend_store):
+    """The failure-count concern (storage.base.FailureCounts): a store several processes share
+    counts there, in one atomic step per attempt; a store of one process has none, and the
+    limits count in that process (ratelimit.FailureLimits)."""
+    counts = backend_store.failure_counts()
+    if isinstance(backend_store, MemoryStore):
+        assert counts is None
+        return
+    assert isinstance(counts, FailureCounts)
+    assert await counts.read_counts("login|10.0.0.1", ["address", "alice"]) == ([0, 0], 0.0)
+    first, left = await counts.count_attempt("login|10.0.0.1", ["address", "alice"], 300)
+    assert first == [1, 1] and 0 < left <= 300
+    # Concurrent attempts each see a count of their own: one atomic step each.
+    results = await asyncio.gather(*(counts.count_attempt("login|10.0.0.1", ["address"], 300) for _ in range(8)))
+    assert sorted(counted[0] for counted, _ in results) == list(range(2, 10))
+    assert (await counts.read_counts("login|10.0.0.1", ["address", "alice", "bob"]))[0] == [9, 1, 0]
+    await counts.uncount_attempt("login|10.0.0.1", ["address"], ["alice"])
+    counted, left = await counts.read_counts("login|10.0.0.1", ["address", "alice"])
+    assert counted == [8, 0] and 0 < left <= 300
+    # Groups are apart.
+    assert (await counts.read_counts("client|10.0.0.1", ["address"]))[0] == [0]

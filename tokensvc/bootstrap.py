@@ -19,7 +19,7 @@ from tokensvc.oauth import clientauth, hashing, removal, successors
 from tokensvc.oauth.context import OAuthContext
 from tokensvc.oauth.metadata import server_metadata
 from tokensvc.oauth.revocation import end_chains_before_promotion, narrowing
-from tokensvc.ratelimit import FailureLimits, SharedFailureCounts
+from tokensvc.ratelimit import FailureLimits
 from tokensvc.records import RESOURCE_SERVER, Client, Installation, User, utcnow
 from tokensvc.storage.base import StorageError, Store, StoreFault, StoreObserver
 
@@ -44,7 +44,6 @@ def make_store(settings: StorageSettings, *, serving: bool = False) -> Store:
 def make_context(settings: Settings, store: Store, **overrides: Any) -> OAuthContext:
     """The protocol context the settings describe (``clock`` and others may be overridden),
     reporting to the service's one :class:`Metrics`, which the store reports to too."""
-    shared = store if isinstance(store, SharedFailureCounts) else None  # MongoDB: one count for all processes
     # Without keys of their own, one from each key of cookie_secret: while it rotates, the pairs
     # derived under the key being retired are still recomputed, as successor_keys' would be.
     keys = settings.tokens.successor_keys or tuple(successors.key_from_cookie_secret(key)
@@ -52,7 +51,7 @@ def make_context(settings: Settings, store: Store, **overrides: Any) -> OAuthCon
     metrics = Metrics()
     values: dict[str, Any] = dict(
         store=store, tokens=settings.tokens, issuer=settings.base_url, successors=successors.SuccessorKeys.of(keys),
-        limits=FailureLimits(settings.limits, shared=shared),
+        limits=FailureLimits(settings.limits, shared=store.failure_counts()),
         metadata=server_metadata(settings.base_url, settings.auth_url,
                                  (client.allowed_scopes for client in settings.clients)),
         metrics=metrics)

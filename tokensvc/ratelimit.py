@@ -19,7 +19,7 @@ Two ways to count, for the two kinds of check:
 
 :class:`MemoryFailureLimiter` counts in this process, with no wait between a count and its
 decision. Several processes over one MongoDB also count in the store
-(:class:`SharedFailureCounts`): the counters of one address live in one document, and one
+(``storage.base.FailureCounts``): the counters of one address live in one document, and one
 atomic ``$inc`` that returns the new counts counts an attempt in all of them; the decision is
 made on the counts every process sees. Of N concurrent wrong attempts spread over any number of
 processes, at most the limit's worth are checked (a sign-in) or answered 401 (a client), plus
@@ -37,11 +37,11 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Protocol, runtime_checkable
+from typing import Protocol
 
 from tokensvc.errors import HTTPAnswer
 from tokensvc.identifiers import username_key
-from tokensvc.storage.base import StorageError, StoreFault
+from tokensvc.storage.base import FailureCounts, StorageError, StoreFault
 
 log = logging.getLogger(__name__)
 
@@ -88,26 +88,6 @@ class LimitPolicy(Protocol):
 
     @property
     def ipv6_prefix(self) -> int: ...
-
-
-@runtime_checkable
-class SharedFailureCounts(Protocol):
-    """Attempt counts every process sees (the MongoDB store): the counters of one group (an
-    address, for client authentication or for sign-in) in one document, with a window."""
-
-    async def count_attempt(self, group: str, counters: list[str], window_seconds: int) -> tuple[list[int], float]:
-        """Add one to each counter in one atomic step: their new counts, and the seconds left
-        in the group's window (which starts with its first attempt)."""
-        ...
-
-    async def uncount_attempt(self, group: str, counters: list[str], reset: list[str]) -> None:
-        """Take one back from each of ``counters`` (the attempt succeeded, or was refused), and
-        set each of ``reset`` to zero (a right password clears its username), in one step."""
-        ...
-
-    async def read_counts(self, group: str, counters: list[str]) -> tuple[list[int], float]:
-        """The counters' counts (0 for none) and the seconds left in the group's window."""
-        ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -208,7 +188,7 @@ class FailureLimits:
     process and, with several processes, in the store."""
 
     def __init__(self, settings: LimitPolicy, limiter: MemoryFailureLimiter | None = None,
-                 shared: SharedFailureCounts | None = None) -> None:
+                 shared: FailureCounts | None = None) -> None:
         self.settings = settings
         self.limiter = limiter or MemoryFailureLimiter(settings.window_seconds)
         self.shared = shared

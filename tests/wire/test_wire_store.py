@@ -16,7 +16,7 @@ from primary import BUDGET_MS, Fault, wire_settings
 from tokensvc.oauth import hashing
 from tokensvc.records import AuthorizationCode, Client, Family, Pair, Session, Subject, User, utcnow
 from tokensvc.storage.base import StorageError
-from tokensvc.storage.mongo import MongoStore
+from tokensvc.storage.mongo import ONCE, READ, RERUN, RETRY_KINDS, STEPS, MongoStore
 
 pytestmark = pytest.mark.gen_test
 
@@ -331,3 +331,58 @@ async def test_a_removal_the_store_stops_midway_is_carried_on_by_a_retry(wire_st
         primary.faults.clear()
     assert await removal.remove_client(wire_store, "webapp", now) == 1
     assert await wire_store.get_removal("webapp") is None and await wire_store.list_families(grant.grant_id) == []
+
+
+# One operation of each retry kind (mongo.RETRY_KINDS), each meeting a lost reply: the server
+# applied the command and the connection closed before its answer came.
+REPRESENTATIVES = {ONCE: "count_attempt", RERUN: "put_client", READ: "get_grant", STEPS: "put_user"}
+
+
+def test_each_retry_kind_has_its_lost_reply_test_below():
+    assert set(REPRESENTATIVES) == set(RETRY_KINDS.values())
+    assert all(RETRY_KINDS[name] == kind for kind, name in REPRESENTATIVES.items())
+
+
+async def test_a_write_run_once_whose_replies_are_all_lost_fails_and_is_applied_once(wire_store, primary):
+    """ONCE: a write that, applied twice, does something else (here an attempt counted twice).
+    The driver's one retry carries the same txnNumber, which the server applies at most once;
+    when its reply is lost too, the store does not run the write again: 503, counted once."""
+    assert (await wire_store.count_attempt("login|127.0.0.1", ["address"], 300))[0] == [1]  # the window
+    primary.forget()
+    primary.script(Fault("findAndModify", "hangup_after", collection="failures", times=2))
+    with pytest.raises(StorageError):
+        await wire_store.count_attempt("login|127.0.0.1", ["address"], 300)
+    sent = primary.sent("findAndModify", "failures")
+    assert len(sent) == 2 and sent[0]["txnNumber"] == sent[1]["txnNumber"]
+    assert (await wire_store.read_counts("login|127.0.0.1", ["address"]))[0] == [2]
+
+
+async def test_an_idempotent_write_whose_replies_are_all_lost_is_run_again_and_succeeds(wire_store, primary):
+    """RERUN: a write whose second application changes nothing more (an upsert of the whole
+    client). After the driver's retry's reply is lost too, the store runs it again."""
+    now = utcnow()
+    primary.script(Fault("update", "hangup_after", collection="clients", times=2))
+    await wire_store.put_client(Client("webapp", "Web", ["https://a/cb"], created_at=now))
+    sent = primary.sent("update", "clients")
+    assert len(sent) == 3 and sent[0]["txnNumber"] == sent[1]["txnNumber"] != sent[2]["txnNumber"]
+    assert (await wire_store.get_client("webapp")).name == "Web"
+
+
+async def test_a_read_whose_reply_is_lost_is_run_again_under_the_servers_time_limit(wire_store, primary):
+    """READ: the driver never retries a read (retryReads=False); the store runs it again, each
+    run under the server's maxTimeMS."""
+    grant = await wire_store.save_grant("webapp", ALICE, ["read"], utcnow())
+    primary.forget()
+    primary.script(Fault("find", "hangup_after", collection="grants"))
+    assert (await wire_store.get_grant(grant.grant_id)) == grant
+    sent = primary.sent("find", "grants")
+    assert len(sent) == 2 and all(0 < doc["maxTimeMS"] <= BUDGET_MS for doc in sent)
+
+
+async def test_a_method_of_several_steps_runs_again_only_the_step_whose_reply_was_lost(wire_store, primary):
+    """STEPS: put_user reads who holds the name, then writes: each step is an operation of its
+    own kind, so a lost write is run again alone, not the read before it."""
+    primary.script(Fault("update", "hangup_after", collection="users", times=2))
+    await wire_store.put_user(User("u_alice", "alice", "scrypt$x"))
+    assert len(primary.sent("find", "users")) == 1 and len(primary.sent("update", "users")) == 3
+    assert (await wire_store.get_user("u_alice")).username == "alice"

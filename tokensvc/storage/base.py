@@ -358,6 +358,36 @@ class Sessions(abc.ABC):
         """Note that the session was used at ``now`` (what the account page calls last seen)."""
 
 
+class FailureCounts(abc.ABC):
+    """Counts of failed attempts that every process sharing the store sees (``ratelimit``: the
+    brute-force limits on client authentication and sign-in, FailureLimits). A group (an
+    address) holds named counters in one record with one window, which starts with the group's
+    first attempt and ends ``window_seconds`` later, when every counter of it is forgotten.
+
+    A concern of its own, beside the Store rather than in it: a store that only one process
+    uses (memory) has none (:meth:`Housekeeping.failure_counts` is None) and the limits count in
+    that process; a store several processes share (MongoDB) has one, or N processes would each
+    allow the limit. Every call comes from ``ratelimit.FailureLimits``."""
+
+    @abc.abstractmethod
+    async def count_attempt(self, group: str, counters: list[str], window_seconds: int) -> tuple[list[int], float]:
+        """Add one to each counter in one atomic step: their new counts (of concurrent callers,
+        each sees a count of its own), and the seconds left in the group's window (a new window
+        of ``window_seconds`` when there was none, or it had ended). Not idempotent: counted
+        again, an attempt counts twice."""
+
+    @abc.abstractmethod
+    async def uncount_attempt(self, group: str, counters: list[str], reset: list[str]) -> None:
+        """Take one back from each of ``counters`` (the attempt succeeded, or was refused before
+        its check), and set each of ``reset`` to zero (a right password clears its username),
+        in one step, within the group's window (after it, nothing is left to take back)."""
+
+    @abc.abstractmethod
+    async def read_counts(self, group: str, counters: list[str]) -> tuple[list[int], float]:
+        """The counters' counts (0 for one never counted, or after the window) and the seconds
+        left in the group's window (0.0 without one)."""
+
+
 class StoreObserver:
     """What a store tells about its own work (the store metrics, ``tokensvc/bootstrap.py``
     connects them); by default nobody listens."""
@@ -421,6 +451,12 @@ class Housekeeping(abc.ABC):
     @abc.abstractmethod
     async def ping(self) -> None:
         """Raise StorageError unless the store answers. Used by ``/readyz``."""
+
+    def failure_counts(self) -> FailureCounts | None:
+        """The failed-attempt counts every process sharing this store sees, or None where one
+        process uses the store (memory: the limits count in the process). Asked once, at
+        start-up (``bootstrap.make_context``)."""
+        return None
 
     def unwritable(self) -> str | None:
         """Why no write can succeed now, as far as the store knows without asking, when only a

@@ -113,6 +113,7 @@ from tokensvc.storage.base import (
     MAX_LISTED_SESSIONS,
     SESSION,
     Conflict,
+    FailureCounts,
     Revocation,
     StorageError,
     Store,
@@ -212,6 +213,45 @@ def have_options(index: dict[str, Any]) -> dict[str, Any]:
 ONCE = "once"  # a single-document write: the driver's one retry, with the same txnNumber, dedups it
 RERUN = "rerun"  # an idempotent write (a conditional set, an upsert, a sweep): run again, with backoff
 READ = "read"  # a read: run again, with backoff, each run under the server's maxTimeMS
+STEPS = "steps"  # not one operation: several, one after the other, each with its own kind (below)
+
+# The retry kind of every method of the Store contract (storage/base.py), and of the store's
+# own operations that those run as steps: the one place that says how each may be tried
+# again. ``guarded()`` takes a method's kind from here; tests/test_mongo_retry.py holds the
+# table to the contract, and tests/wire/test_wire_store.py shows each kind meeting a lost reply.
+# ONCE is every write that, applied twice, does something else than once: an insert, a
+# consumption, a rotation, a revocation that answers whether it revoked, a count.
+RETRY_KINDS: dict[str, str] = {
+    # Registry
+    "get_client": READ, "list_clients": READ, "put_client": RERUN, "update_client": ONCE, "delete_client": RERUN,
+    "get_user": READ, "get_user_by_username": READ, "list_users": READ, "seed_user": RERUN, "put_user": STEPS,
+    "update_user": ONCE, "delete_user": RERUN,
+    "get_installation": READ, "list_installations": READ, "put_installation": RERUN, "delete_installation": RERUN,
+    "begin_removal": RERUN, "get_removal": READ, "list_removals": READ, "end_removal": RERUN,
+    "put_previous_secret": RERUN, "get_previous_secret": READ, "delete_previous_secret": RERUN,
+    "note_previous_secret_use": ONCE, "expire_previous_secrets": ONCE,
+    # Authorizations
+    "save_grant": ONCE, "get_grant": READ, "find_grant": READ, "list_grants": READ, "list_client_grants": READ,
+    "revoke_client_grants": STEPS, "withdraw_scopes": RERUN, "mark_grant_revoked": ONCE,
+    "revoke_grant_families": RERUN,
+    "add_code": ONCE, "get_code": READ, "consume_code": ONCE,
+    "create_family": ONCE, "get_family": READ, "find_access": READ, "rotate_family": ONCE, "reissue_pair": ONCE,
+    "mark_access_used": RERUN, "mark_second_holder": RERUN, "revoke_access": ONCE, "revoke_family": ONCE,
+    "list_families": READ,
+    # Sessions
+    "add_session": ONCE, "get_session": READ, "end_session": ONCE, "end_user_sessions": RERUN,
+    "list_user_sessions": READ, "touch_session": RERUN,
+    # Housekeeping
+    "open": ONCE, "close": STEPS, "upkeep": STEPS, "ping": READ, "revocation_feed": STEPS, "purge_expired": RERUN,
+    # Failure counts (FailureCounts)
+    "count_attempt": ONCE, "uncount_attempt": ONCE, "read_counts": READ,
+    # The steps of the STEPS methods above.
+    "_caseless_holders": READ, "_write_user": RERUN,  # put_user
+    "_live_client_grant_ids": READ, "_revoke_where": RERUN,  # revoke_client_grants
+    "_mark_stopped": RERUN,  # close
+    "heartbeat": RERUN,  # upkeep
+    "_revoked_since": READ,  # revocation_feed, polling
+}
 BACKOFF_BASE_SECONDS = 0.025
 BACKOFF_CAP_SECONDS = 1.0
 
@@ -307,10 +347,11 @@ class CausalClock:
         await session.end_session()
 
 
-def guarded(kind: str = ONCE, budget: str = "budget") -> Callable[[Callable[..., Coroutine[Any, Any, R]]],
-                                                                  Callable[..., Coroutine[Any, Any, R]]]:
+def guarded(kind: str | None = None, budget: str = "budget") -> Callable[[Callable[..., Coroutine[Any, Any, R]]],
+                                                                         Callable[..., Coroutine[Any, Any, R]]]:
     """One budget per operation (``storage.timeout_ms``), retries within it, and every driver
-    error leaving as one of three.
+    error leaving as one of three. ``kind``: how the operation may be tried again; by default
+    the one :data:`RETRY_KINDS` gives the method's name.
 
     The whole operation, its retries included, ends within the store's budget (an
     ``asyncio.timeout``: server selection, the pool wait, the write concern and the reply).
@@ -334,6 +375,10 @@ def guarded(kind: str = ONCE, budget: str = "budget") -> Callable[[Callable[...,
     with its one line)."""
 
     def decorate(method: Callable[..., Coroutine[Any, Any, R]]) -> Callable[..., Coroutine[Any, Any, R]]:
+        chosen = kind or RETRY_KINDS[method.__name__]
+        if chosen not in (ONCE, RERUN, READ):
+            raise ValueError(f"{method.__name__}: {chosen!r} is no kind of a single operation")
+
         @functools.wraps(method)
         async def wrapper(self: MongoStore, *args: Any, **kwargs: Any) -> R:
             if self.clock is None or _CAUSAL_SESSION.get() is not None:
@@ -350,7 +395,7 @@ def guarded(kind: str = ONCE, budget: str = "budget") -> Callable[[Callable[...,
                 await self.clock.end(session, acknowledged)
 
         async def attempts(self: MongoStore, *args: Any, **kwargs: Any) -> R:
-            if kind != READ and (reason := self.unwritable()) is not None:
+            if chosen != READ and (reason := self.unwritable()) is not None:
                 self.observer.error(method.__name__, "not_writable")
                 raise StorageError(reason)
             loop = asyncio.get_running_loop()
@@ -362,10 +407,10 @@ def guarded(kind: str = ONCE, budget: str = "budget") -> Callable[[Callable[...,
                 remaining = deadline - loop.time()
                 _RUN_AGAIN.set(attempt > 0)
                 try:
-                    with (self.topology.abandoning() if kind != ONCE else _NOT_ABANDONED) as abandoned:
+                    with (self.topology.abandoning() if chosen != ONCE else _NOT_ABANDONED) as abandoned:
                         try:
                             async with asyncio.timeout(remaining):
-                                if kind == READ:
+                                if chosen == READ:
                                     with pymongo.timeout(remaining):  # the server's maxTimeMS: it stops too
                                         result = await method(self, *args, **kwargs)
                                 else:
@@ -387,7 +432,7 @@ def guarded(kind: str = ONCE, budget: str = "budget") -> Callable[[Callable[...,
                     error = translate(exc)
                     self.observer.error(method.__name__, _code_of(exc))
                     delay = backoff(attempt)
-                    again = kind != ONCE or not_applied(exc)
+                    again = chosen != ONCE or not_applied(exc)
                     if (not again or type(error) is not StorageError or isinstance(exc, InvalidOperation)
                             or loop.time() + delay >= deadline):
                         raise error from None
@@ -395,6 +440,7 @@ def guarded(kind: str = ONCE, budget: str = "budget") -> Callable[[Callable[...,
                 self.observer.retry(method.__name__)
                 await asyncio.sleep(delay)
 
+        wrapper.retry_kind = chosen  # type: ignore[attr-defined]
         return wrapper
 
     return decorate
@@ -552,7 +598,7 @@ def _missed(result: Any) -> bool:
     return result is None or getattr(result, "matched_count", 1) == 0
 
 
-class MongoStore(Store):
+class MongoStore(Store, FailureCounts):
     def __init__(self, client: Any, database: str, *, change_streams: bool = True, timeout_ms: int = 15_000,
                  build_timeout_ms: int = BUILD_TIMEOUT_MS, causal: bool = False) -> None:
         """``client`` is a ``pymongo.AsyncMongoClient`` (or an API-compatible stand-in in tests,
@@ -668,7 +714,7 @@ class MongoStore(Store):
             store.registration = processes.Registration(settings.heartbeat_seconds)
         return store
 
-    @guarded(ONCE, budget="build_budget")
+    @guarded(budget="build_budget")
     async def open(self) -> None:
         """Check that the server takes writes and that this release can read the store's format
         (:class:`StoreFault` naming the release it needs otherwise), then make every index. One
@@ -806,7 +852,7 @@ class MongoStore(Store):
         return (f"{where} exists with other options ({found}; tokensvc needs {keys} {wanted}): "
                 f"drop it (db.{collection}.dropIndex('{in_the_way}')) and start tokensvc again, which makes it anew")
 
-    @guarded(RERUN)
+    @guarded()
     async def heartbeat(self) -> None:
         """Follow the store's format and renew this process's entry (storage/processes.py)."""
         if self.registration is not None:
@@ -843,7 +889,7 @@ class MongoStore(Store):
         if inspect.isawaitable(result):
             await result
 
-    @guarded(RERUN)
+    @guarded()
     async def _mark_stopped(self) -> None:
         if self.registration is not None:
             await self.registration.stopped(self)
@@ -851,7 +897,10 @@ class MongoStore(Store):
     def unwritable(self) -> str | None:
         return self.topology.unwritable()
 
-    @guarded(READ)
+    def failure_counts(self) -> FailureCounts:
+        return self  # every process sharing the store counts in it
+
+    @guarded()
     async def ping(self) -> None:
         await self._db.command("ping")
 
@@ -873,19 +922,19 @@ class MongoStore(Store):
         documents = await cursor.to_list(limit)
         return [CLIENTS.record({key: value for key, value in doc.items() if key != "removal"}) for doc in documents]
 
-    @guarded(READ)
+    @guarded()
     async def get_client(self, client_id: str) -> Client | None:
         return next(iter(await self._clients({"_id": client_id}, 1)), None)
 
-    @guarded(READ)
+    @guarded()
     async def list_clients(self, after: str | None = None, limit: int | None = None) -> list[Client]:
         return await self._clients({"_id": {"$gt": after}} if after is not None else {}, limit)
 
-    @guarded(RERUN)
+    @guarded()
     async def put_client(self, client: Client) -> None:
         await self.clients.update_one({"_id": client.client_id}, CLIENTS.setting(client), upsert=True)
 
-    @guarded(ONCE)
+    @guarded()
     async def update_client(self, client_id: str, fields: dict[str, Any], *,
                             if_confidential: bool = False) -> Client | None:
         match: dict[str, Any] = {"_id": client_id}
@@ -894,52 +943,52 @@ class MongoStore(Store):
         return CLIENTS.record(await self.clients.find_one_and_update(
             match, {"$set": dict(fields)}, return_document=ReturnDocument.BEFORE))
 
-    @guarded(RERUN)
+    @guarded()
     async def delete_client(self, client_id: str) -> bool:
         deleted = (await self.clients.delete_one({"_id": client_id})).deleted_count == 1
         await self.previous_secrets.delete_one({"_id": client_id})
         return deleted
 
-    @guarded(RERUN)
+    @guarded()
     async def begin_removal(self, client_id: str, now: datetime) -> Removal:
         return REMOVALS.record(await self.removals.find_one_and_update(
             {"_id": client_id}, {"$setOnInsert": {"started_at": now}}, upsert=True,
             return_document=ReturnDocument.AFTER))
 
-    @guarded(READ)
+    @guarded()
     async def get_removal(self, client_id: str) -> Removal | None:
         return REMOVALS.record(await self.removals.find_one({"_id": client_id}))
 
-    @guarded(READ)
+    @guarded()
     async def list_removals(self) -> list[Removal]:
         return [REMOVALS.record(doc) for doc in await self.removals.find({}).sort("_id", ASCENDING).to_list(None)]
 
-    @guarded(RERUN)
+    @guarded()
     async def end_removal(self, client_id: str) -> bool:
         await self.clients.delete_one({"_id": client_id})
         await self.previous_secrets.delete_one({"_id": client_id})
         return (await self.removals.delete_one({"_id": client_id})).deleted_count == 1
 
-    @guarded(RERUN)
+    @guarded()
     async def put_previous_secret(self, previous: PreviousSecret) -> None:
         document = PREVIOUS_SECRETS.doc(previous)
         await self.previous_secrets.replace_one({"_id": document["_id"]}, document, upsert=True)
 
-    @guarded(READ)
+    @guarded()
     async def get_previous_secret(self, client_id: str) -> PreviousSecret | None:
         return PREVIOUS_SECRETS.record(await self.previous_secrets.find_one({"_id": client_id}))
 
-    @guarded(RERUN)
+    @guarded()
     async def delete_previous_secret(self, client_id: str) -> bool:
         return (await self.previous_secrets.delete_one({"_id": client_id})).deleted_count == 1
 
-    @guarded(ONCE)
+    @guarded()
     async def note_previous_secret_use(self, client_id: str, now: datetime, every_seconds: float) -> bool:
         quiet = {"$or": [{"last_used_at": None}, {"last_used_at": {"$lte": now - timedelta(seconds=every_seconds)}}]}
         result = await self.previous_secrets.update_one({"_id": client_id, **quiet}, {"$set": {"last_used_at": now}})
         return result.modified_count == 1
 
-    @guarded(ONCE)
+    @guarded()
     async def expire_previous_secrets(self, now: datetime, limit: int = 100) -> list[PreviousSecret]:
         expired = []
         for document in await self.previous_secrets.find({"expires_at": {"$lte": now}}).limit(limit).to_list(limit):
@@ -953,11 +1002,11 @@ class MongoStore(Store):
 
     # -- users
 
-    @guarded(READ)
+    @guarded()
     async def get_user(self, user_id: str) -> User | None:
         return USERS.record(await self.users.find_one({"_id": user_id}))
 
-    @guarded(READ)
+    @guarded()
     async def get_user_by_username(self, username: str) -> User | None:
         # New usernames are stored as their key, so the unique index on username holds one
         # user per key: the exact name, then the key, through that index. One stored with
@@ -973,11 +1022,11 @@ class MongoStore(Store):
         exact = [doc for doc in found if doc["username"] == username]
         return USERS.record((exact or found or [None])[0])
 
-    @guarded(READ)
+    @guarded()
     async def list_users(self, after: str | None = None, limit: int | None = None) -> list[User]:
         return [USERS.record(doc) for doc in await _page(self.users, "username", after, limit)]
 
-    @guarded(RERUN)
+    @guarded()
     async def seed_user(self, user: User) -> User:
         for _ in range(3):  # a concurrent first insert of the same name: the upsert finds it next time
             try:
@@ -1001,40 +1050,40 @@ class MongoStore(Store):
             raise Conflict(f"username {user.username!r} is taken")
         await self._write_user(user)
 
-    @guarded(READ)
+    @guarded()
     async def _caseless_holders(self, username: str) -> list[dict[str, Any]]:
         return await self.users.find({"username": _caseless(username)}, {"username": 1}).to_list(None)
 
-    @guarded(RERUN)
+    @guarded()
     async def _write_user(self, user: User) -> None:
         await self.users.update_one({"_id": user.user_id}, USERS.setting(user), upsert=True)
 
-    @guarded(ONCE)
+    @guarded()
     async def update_user(self, user_id: str, fields: dict[str, Any]) -> User | None:
         assert "username" not in fields and "user_id" not in fields  # a user's keys stay
         return USERS.record(await self.users.find_one_and_update(
             {"_id": user_id}, {"$set": dict(fields)}, return_document=ReturnDocument.BEFORE))
 
-    @guarded(RERUN)
+    @guarded()
     async def delete_user(self, user_id: str) -> bool:
         return (await self.users.delete_one({"_id": user_id})).deleted_count == 1
 
     # -- installations
 
-    @guarded(READ)
+    @guarded()
     async def get_installation(self, installation_id: str) -> Installation | None:
         return INSTALLATIONS.record(await self.installations.find_one({"_id": installation_id}))
 
-    @guarded(READ)
+    @guarded()
     async def list_installations(self, after: str | None = None, limit: int | None = None) -> list[Installation]:
         return [INSTALLATIONS.record(doc) for doc in await _page(self.installations, "_id", after, limit)]
 
-    @guarded(RERUN)
+    @guarded()
     async def put_installation(self, installation: Installation) -> None:
         await self.installations.update_one({"_id": installation.installation_id},
                                             INSTALLATIONS.setting(installation), upsert=True)
 
-    @guarded(RERUN)
+    @guarded()
     async def delete_installation(self, installation_id: str) -> bool:
         return (await self.installations.delete_one({"_id": installation_id})).deleted_count == 1
 
@@ -1044,7 +1093,7 @@ class MongoStore(Store):
     def _subject_filter(client_id: str, subject: Subject) -> dict[str, Any]:
         return {"client_id": client_id, "user_id": subject.user_id, "installation_id": subject.installation_id}
 
-    @guarded(ONCE)
+    @guarded()
     async def save_grant(self, client_id: str, subject: Subject, scopes: list[str], now: datetime) -> Grant:
         where = self._subject_filter(client_id, subject)
         for _ in range(3):  # a concurrent first insert of the same grant: read it back and go on
@@ -1068,21 +1117,21 @@ class MongoStore(Store):
                 continue
         raise StorageError("could not save the grant (concurrent updates)")
 
-    @guarded(READ)
+    @guarded()
     async def get_grant(self, grant_id: str) -> Grant | None:
         return GRANTS.record(await self.grants.find_one({"_id": grant_id}))
 
-    @guarded(READ)
+    @guarded()
     async def find_grant(self, client_id: str, subject: Subject) -> Grant | None:
         return GRANTS.record(await self.grants.find_one(self._subject_filter(client_id, subject)))
 
-    @guarded(READ)
+    @guarded()
     async def list_grants(self, subject: Subject) -> list[Grant]:
         docs = await self.grants.find({"user_id": subject.user_id, "installation_id": subject.installation_id,
                                        "revoked_at": None}).to_list(None)
         return sorted((GRANTS.record(doc) for doc in docs), key=lambda grant: (grant.created_at, grant.grant_id))
 
-    @guarded(READ)
+    @guarded()
     async def list_client_grants(self, client_id: str, after: str | None = None,
                                  limit: int | None = None) -> list[Grant]:
         live: dict[str, Any] = {"client_id": client_id, "revoked_at": None}
@@ -1100,16 +1149,16 @@ class MongoStore(Store):
             await self._revoke_where(self.grants, {"_id": {"$in": grant_ids}, "revoked_at": None}, now)
         return grant_ids
 
-    @guarded(READ)
+    @guarded()
     async def _live_client_grant_ids(self, client_id: str, limit: int) -> list[str]:
         cursor = self.grants.find({"client_id": client_id, "revoked_at": None}, {"_id": 1}).sort("_id", ASCENDING)
         return [doc["_id"] for doc in await cursor.limit(limit).to_list(limit)]
 
-    @guarded(RERUN)
+    @guarded()
     async def _revoke_where(self, collection: Any, match: dict[str, Any], now: datetime) -> None:
         await collection.update_many(match, {"$set": {"revoked_at": now}})
 
-    @guarded(RERUN)
+    @guarded()
     async def withdraw_scopes(self, client_id: str, kept: list[str]) -> int:
         # What holds a scope beyond ``kept`` loses it; a sweep, as a removed client's revocation
         # is (a frozen original of a move takes it too, and hands it to its copy: hashes.finish).
@@ -1120,12 +1169,12 @@ class MongoStore(Store):
         result = await self.families.update_many({"client_id": client_id, "revoked_at": None, **beyond}, withdraw)
         return result.modified_count
 
-    @guarded(ONCE)
+    @guarded()
     async def mark_grant_revoked(self, grant_id: str, now: datetime) -> bool:
         result = await self.grants.update_one({"_id": grant_id, "revoked_at": None}, {"$set": {"revoked_at": now}})
         return result.modified_count == 1
 
-    @guarded(RERUN)
+    @guarded()
     async def revoke_grant_families(self, grant_id: str, now: datetime) -> int:
         now = _stored(now)
         result = await self.families.update_many({"grant_id": grant_id, "revoked_at": None},
@@ -1186,15 +1235,15 @@ class MongoStore(Store):
 
         return hashes.merged_all(collection, await hashes.settled(self.db, collection, with_originals))
 
-    @guarded(ONCE)
+    @guarded()
     async def add_code(self, code: AuthorizationCode) -> None:
         await self.codes.insert_one(CODES.doc(code, await self.writing()))
 
-    @guarded(READ)
+    @guarded()
     async def get_code(self, code_hash: str) -> AuthorizationCode | None:
         return CODES.record(await self._one("codes", {"_id": hashes.either(code_hash)}))
 
-    @guarded(ONCE)
+    @guarded()
     async def consume_code(self, code_hash: str, now: datetime, *, family_id: str | None = None,
                            failed: bool = False) -> AuthorizationCode | None:
         pack = await self.writing()
@@ -1205,7 +1254,7 @@ class MongoStore(Store):
 
     # -- token families
 
-    @guarded(ONCE)
+    @guarded()
     async def create_family(self, family: Family) -> bool:
         """False when the family exists, in either format (a code redeemed again). While the
         conversion to packed hashes is unfinished, processes may write either format, and
@@ -1243,16 +1292,16 @@ class MongoStore(Store):
         grants = document.pop("grant")
         return FAMILIES.record(document), GRANTS.record(grants[0] if grants else None)
 
-    @guarded(READ)
+    @guarded()
     async def get_family(self, family_id: str) -> tuple[Family | None, Grant | None]:
         return await self._with_grant({"_id": hashes.either(family_id)})
 
-    @guarded(READ)
+    @guarded()
     async def find_access(self, access_hash: str) -> tuple[Family | None, Grant | None]:
         either = hashes.either(access_hash)
         return await self._with_grant({"$or": [{"access_hash": either}, {"previous_access_hash": either}]})
 
-    @guarded(ONCE)
+    @guarded()
     async def rotate_family(self, family_id: str, refresh_hash: str, pair: Pair, now: datetime, *,
                             previous_access: tuple[str, datetime] | None = None) -> Family | None:
         pack = await self.writing()
@@ -1266,7 +1315,7 @@ class MongoStore(Store):
              "$inc": {"rotations": 1}},
             return_document=ReturnDocument.AFTER)))
 
-    @guarded(ONCE)
+    @guarded()
     async def reissue_pair(self, family_id: str, refresh_hash: str, pair: Pair) -> Family | None:
         pack = await self.writing()
         return FAMILIES.record(await self._write_one("families", family_id, lambda: self.families.find_one_and_update(
@@ -1274,21 +1323,21 @@ class MongoStore(Store):
              "revoked_at": None, **hashes.NOT_FROZEN},
             {"$set": _pair_fields(pair, pack)}, return_document=ReturnDocument.AFTER)))
 
-    @guarded(RERUN)
+    @guarded()
     async def mark_access_used(self, family_id: str, access_hash: str, now: datetime) -> None:
         await self._write_one("families", family_id, lambda: self.families.update_one(
             {"_id": hashes.either(family_id), "access_hash": hashes.either(access_hash), "access_used_at": None,
              **hashes.NOT_FROZEN},
             {"$set": {"access_used_at": now}}))
 
-    @guarded(RERUN)
+    @guarded()
     async def mark_second_holder(self, family_id: str, now: datetime) -> bool:
         result = await self._write_one("families", family_id, lambda: self.families.update_one(
             {"_id": hashes.either(family_id), "second_holder_at": None, **hashes.NOT_FROZEN},
             {"$set": {"second_holder_at": now}}))
         return result.modified_count == 1
 
-    @guarded(ONCE)
+    @guarded()
     async def revoke_access(self, family_id: str, access_hash: str, now: datetime) -> bool:
         result = await self._write_one("families", family_id, lambda: self.families.update_one(
             {"_id": hashes.either(family_id), "access_hash": hashes.either(access_hash), "access_revoked_at": None,
@@ -1296,14 +1345,14 @@ class MongoStore(Store):
             {"$set": {"access_revoked_at": now, "access_used_at": now}}))
         return result.modified_count == 1
 
-    @guarded(ONCE)
+    @guarded()
     async def revoke_family(self, family_id: str, now: datetime) -> bool:
         result = await self._write_one("families", family_id, lambda: self.families.update_one(
             {"_id": hashes.either(family_id), "revoked_at": None, **hashes.NOT_FROZEN},
             {"$set": {"revoked_at": now}}))
         return result.modified_count == 1
 
-    @guarded(READ)
+    @guarded()
     async def list_families(self, grant_id: str) -> list[Family]:
         live = {"grant_id": grant_id, "revoked_at": None}
         documents = await self._listing("families", lambda: self.families.find(live).sort(
@@ -1312,43 +1361,43 @@ class MongoStore(Store):
 
     # -- sessions
 
-    @guarded(ONCE)
+    @guarded()
     async def add_session(self, session: Session) -> None:
         await self.sessions.insert_one(SESSIONS.doc(session, await self.writing()))
 
-    @guarded(READ)
+    @guarded()
     async def get_session(self, session_hash: str) -> Session | None:
         session = SESSIONS.record(await self._one("sessions", {"_id": hashes.either(session_hash)}))
         return None if session is None or session.ended_at is not None else session
 
-    @guarded(ONCE)
+    @guarded()
     async def end_session(self, session_hash: str, now: datetime) -> bool:
         result = await self._write_one("sessions", session_hash, lambda: self.sessions.update_one(
             {"_id": hashes.either(session_hash), "ended_at": None, **hashes.NOT_FROZEN},
             {"$set": {"ended_at": now}}))
         return result.modified_count == 1
 
-    @guarded(READ)
+    @guarded()
     async def list_user_sessions(self, user_id: str, now: datetime) -> list[Session]:
         live = {"user_id": user_id, "ended_at": None, "expires_at": {"$gt": now}}
         documents = await self._listing("sessions", lambda: self.sessions.find(live).sort(
             [("last_seen_at", DESCENDING), ("_id", DESCENDING)]).limit(MAX_LISTED_SESSIONS).to_list(None))
         return [session for session in map(SESSIONS.record, documents) if session.ended_at is None]
 
-    @guarded(RERUN)
+    @guarded()
     async def touch_session(self, session_hash: str, now: datetime) -> None:
         await self._write_one("sessions", session_hash, lambda: self.sessions.update_one(
             {"_id": hashes.either(session_hash), **hashes.NOT_FROZEN}, {"$set": {"last_seen_at": now}}))
 
-    @guarded(RERUN)
+    @guarded()
     async def end_user_sessions(self, user_id: str, now: datetime) -> int:
         now = _stored(now)
         result = await self.sessions.update_many({"user_id": user_id, "ended_at": None}, {"$set": {"ended_at": now}})
         return await self._swept(result, self.sessions, {"user_id": user_id, "ended_at": now})
 
-    # -- failure counts shared by the processes (ratelimit.SharedFailureCounts)
+    # -- failure counts shared by the processes (FailureCounts)
 
-    @guarded(ONCE)
+    @guarded()
     async def count_attempt(self, group: str, counters: list[str], window_seconds: int) -> tuple[list[int], float]:
         now = datetime.now(UTC)
         for _ in range(3):
@@ -1367,14 +1416,14 @@ class MongoStore(Store):
                 continue
         raise StorageError("could not count an attempt (concurrent updates)")
 
-    @guarded(ONCE)
+    @guarded()
     async def uncount_attempt(self, group: str, counters: list[str], reset: list[str]) -> None:
         update: dict[str, Any] = {"$inc": {f"c.{name}": -1 for name in counters}}
         if reset:
             update["$set"] = {f"c.{name}": 0 for name in reset}
         await self.failures.update_one({"_id": group, "expires_at": {"$gt": datetime.now(UTC)}}, update)
 
-    @guarded(READ)
+    @guarded()
     async def read_counts(self, group: str, counters: list[str]) -> tuple[list[int], float]:
         now = datetime.now(UTC)
         found = await self.failures.find_one({"_id": group, "expires_at": {"$gt": now}})
@@ -1474,13 +1523,13 @@ class MongoStore(Store):
             since = now
             seen = {key: at for key, at in seen.items() if at > since - 2 * POLL_OVERLAP}
 
-    @guarded(READ)
+    @guarded()
     async def _revoked_since(self, collection: str, field: str, since: datetime) -> list[dict[str, Any]]:
         return await self._db[collection].find({field: {"$gt": since}}, {field: 1}).to_list(None)
 
     # -- housekeeping
 
-    @guarded(RERUN)
+    @guarded()
     async def purge_expired(self, now: datetime) -> dict[str, int]:
         # The TTL index keeps every code the retention past its expiry; here an unconsumed one
         # (nothing to detect a replay of) goes at once.
