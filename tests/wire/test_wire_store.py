@@ -386,3 +386,25 @@ async def test_a_method_of_several_steps_runs_again_only_the_step_whose_reply_wa
     await wire_store.put_user(User("u_alice", "alice", "scrypt$x"))
     assert len(primary.sent("find", "users")) == 1 and len(primary.sent("update", "users")) == 3
     assert (await wire_store.get_user("u_alice")).username == "alice"
+
+
+async def test_the_polling_feed_reads_after_every_write_acknowledged_before_it(wire_store, primary):
+    """Every collection the store reaches runs in the operation's causally consistent session,
+    the polling fallback of the revocation feed's reads too (they reach the collections by
+    name): a poll just after an election waits for the revocations acknowledged before it."""
+    now = utcnow()
+    grant = await wire_store.save_grant("webapp", ALICE, ["read"], now)
+    await wire_store.create_family(family(now, grant.grant_id))
+    await wire_store.revoke_family("f1", now)
+    revoked_at = primary.clock
+    primary.forget()
+    wire_store.change_streams = False
+    feed = wire_store.revocation_feed(poll_seconds=0.01)
+    try:
+        async with asyncio.timeout(30):  # a bound for a hang, not a speed
+            assert (await anext(feed)).key == "f1"
+    finally:
+        await feed.aclose()
+    polled = [doc for doc in primary.sent("find", "families") if "revoked_at" in doc["filter"]]
+    assert polled and all(doc["readConcern"]["afterClusterTime"] >= Timestamp(1_700_000_000, revoked_at)
+                          for doc in polled)

@@ -296,8 +296,11 @@ class _Sessioned:
 
 
 class _SessionedDatabase:
-    """The database, its collections :class:`_Sessioned` (the storage commands' and the
-    migrations' work runs in the current operation's session too)."""
+    """The database, its collections :class:`_Sessioned`: the one way the store, the storage
+    commands, the migrations and the process registry reach a collection, so none of them can
+    read or write outside the current operation's session. Commands that read no record
+    (``hello``, ``ping``, ``collMod``) and the change stream, which outlives any operation,
+    go to the database as they are."""
 
     __slots__ = ("_db",)
 
@@ -306,6 +309,9 @@ class _SessionedDatabase:
 
     def __getitem__(self, name: str) -> _Sessioned:
         return _Sessioned(self._db[name])
+
+    def get_collection(self, name: str) -> _Sessioned:
+        return self[name]
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._db, name)
@@ -616,17 +622,17 @@ class MongoStore(Store, FailureCounts):
         self._client = client
         db = client.get_database(database, write_concern=WriteConcern("majority", j=True, wtimeout=timeout_ms),
                                  read_preference=ReadPreference.PRIMARY, read_concern=ReadConcern("majority"))
-        self._db = db
-        self._sessioned_db = _SessionedDatabase(db) if causal else db
+        # The store holds the database only through the accessor that runs every collection
+        # call in the current operation's session (none without ``causal``).
+        self._db = _SessionedDatabase(db)
         self.clock = CausalClock() if causal else None
-        wrap = _Sessioned if causal else (lambda collection: collection)
-        self.clients, self.users, self.installations = wrap(db["clients"]), wrap(db["users"]), wrap(db["installations"])
+        self.clients, self.users, self.installations = self._db["clients"], self._db["users"], self._db["installations"]
         # A collection of its own, which 0.9.0 never reads nor rewrites (ARCHITECTURE.md).
-        self.previous_secrets = wrap(db["previous_secrets"])
-        self.removals = wrap(db["removals"])  # clients being removed: 0.9.0 never reads nor writes it
-        self.grants, self.codes, self.families = wrap(db["grants"]), wrap(db["codes"]), wrap(db["families"])
-        self.sessions = wrap(db["sessions"])
-        self.failures = wrap(db["failures"])  # failure counts shared by the processes (ratelimit)
+        self.previous_secrets = self._db["previous_secrets"]
+        self.removals = self._db["removals"]  # clients being removed: 0.9.0 never reads nor writes it
+        self.grants, self.codes, self.families = self._db["grants"], self._db["codes"], self._db["families"]
+        self.sessions = self._db["sessions"]
+        self.failures = self._db["failures"]  # failure counts shared by the processes (ratelimit)
         self.change_streams = change_streams
         self._resume_token: Any = None
         self.budget, self.build_budget = timeout_ms / 1000, build_timeout_ms / 1000
@@ -643,10 +649,10 @@ class MongoStore(Store, FailureCounts):
         self.replica_set = True  # whether the server is a replica-set member (open() asks)
 
     @property
-    def db(self) -> Any:
+    def db(self) -> _SessionedDatabase:
         """The database, in the current operation's causally consistent session (the storage
         commands, the migrations and the process registry work on it directly)."""
-        return self._sessioned_db
+        return self._db
 
     @property
     def client(self) -> Any:
