@@ -548,6 +548,20 @@ class _Mapper:
         document["_id"] = document.pop(self.key)
         return document
 
+    def match(self, **values: Any) -> dict[str, Any]:
+        """A filter on ``values`` (the key's as ``_id``): a hash found in either format."""
+        return {"_id" if name == self.key else name: hashes.either(value) if name in self.hashes else value
+                for name, value in values.items()}
+
+    def writable(self, **values: Any) -> dict[str, Any]:
+        """The filter of a single-document write: :meth:`match`, never on a frozen original
+        (storage/hashes.py: a document being moved is written on its copy)."""
+        return {**self.match(**values), **hashes.NOT_FROZEN}
+
+    def fields(self, pack: Callable[[Any], Any], **values: Any) -> dict[str, Any]:
+        """Field values as a write stores them: a hash as ``pack`` (the store's format) says."""
+        return {name: pack(value) if name in self.hashes else value for name, value in values.items()}
+
     def setting(self, record: Any) -> dict[str, Any]:
         """The update that writes every field this release knows and keeps the others: a field a
         later release added survives this one's writes (0.9.0 replaced whole documents, and
@@ -586,9 +600,9 @@ async def _page(collection: Any, key: str, after: str | None, limit: int | None)
     return await cursor.to_list(None)
 
 
-def _pair_fields(pair: Pair, pack: Callable[[Any], Any]) -> dict[str, Any]:
+def _pair_fields(pair: Pair) -> dict[str, Any]:
     """The fields a new pair sets on its family; the access token's marks start afresh."""
-    return {"refresh_hash": pack(pair.refresh_hash), "access_hash": pack(pair.access_hash),
+    return {"refresh_hash": pair.refresh_hash, "access_hash": pair.access_hash,
             "scopes": list(pair.scopes), "issued_at": pair.issued_at, "expires_at": pair.expires_at,
             "access_expires_at": pair.access_expires_at, "access_used_at": None, "access_revoked_at": None,
             "serial": pair.serial, "key_id": pair.key_id, "salt": pair.salt}
@@ -1247,15 +1261,15 @@ class MongoStore(Store, FailureCounts):
 
     @guarded()
     async def get_code(self, code_hash: str) -> AuthorizationCode | None:
-        return CODES.record(await self._one("codes", {"_id": hashes.either(code_hash)}))
+        return CODES.record(await self._one("codes", CODES.match(code_hash=code_hash)))
 
     @guarded()
     async def consume_code(self, code_hash: str, now: datetime, *, family_id: str | None = None,
                            failed: bool = False) -> AuthorizationCode | None:
         pack = await self.writing()
         return CODES.record(await self._write_one("codes", code_hash, lambda: self.codes.find_one_and_update(
-            {"_id": hashes.either(code_hash), "consumed_at": None, **hashes.NOT_FROZEN},
-            {"$set": {"consumed_at": now, "spent_by_failure": failed, "family_id": pack(family_id)}},
+            CODES.writable(code_hash=code_hash, consumed_at=None),
+            {"$set": CODES.fields(pack, consumed_at=now, spent_by_failure=failed, family_id=family_id)},
             return_document=ReturnDocument.BEFORE)))
 
     # -- token families
@@ -1300,24 +1314,24 @@ class MongoStore(Store, FailureCounts):
 
     @guarded()
     async def get_family(self, family_id: str) -> tuple[Family | None, Grant | None]:
-        return await self._with_grant({"_id": hashes.either(family_id)})
+        return await self._with_grant(FAMILIES.match(family_id=family_id))
 
     @guarded()
     async def find_access(self, access_hash: str) -> tuple[Family | None, Grant | None]:
-        either = hashes.either(access_hash)
-        return await self._with_grant({"$or": [{"access_hash": either}, {"previous_access_hash": either}]})
+        return await self._with_grant({"$or": [FAMILIES.match(access_hash=access_hash),
+                                                FAMILIES.match(previous_access_hash=access_hash)]})
 
     @guarded()
     async def rotate_family(self, family_id: str, refresh_hash: str, pair: Pair, now: datetime, *,
                             previous_access: tuple[str, datetime] | None = None) -> Family | None:
         pack = await self.writing()
         replaced_hash, replaced_expiry = previous_access or (None, None)
-        current = {} if replaced_hash is None else {"access_hash": hashes.either(replaced_hash)}
+        current = {} if replaced_hash is None else {"access_hash": replaced_hash}
         return FAMILIES.record(await self._write_one("families", family_id, lambda: self.families.find_one_and_update(
-            {"_id": hashes.either(family_id), "refresh_hash": hashes.either(refresh_hash), **current,
-             "revoked_at": None, "expires_at": {"$gt": now}, **hashes.NOT_FROZEN},
-            {"$set": {**_pair_fields(pair, pack), "previous_hash": pack(refresh_hash), "renewed_at": now,
-                      "previous_access_hash": pack(replaced_hash), "previous_access_expires_at": replaced_expiry},
+            FAMILIES.writable(family_id=family_id, refresh_hash=refresh_hash, **current, revoked_at=None,
+                              expires_at={"$gt": now}),
+            {"$set": FAMILIES.fields(pack, **_pair_fields(pair), previous_hash=refresh_hash, renewed_at=now,
+                                     previous_access_hash=replaced_hash, previous_access_expires_at=replaced_expiry),
              "$inc": {"rotations": 1}},
             return_document=ReturnDocument.AFTER)))
 
@@ -1325,36 +1339,33 @@ class MongoStore(Store, FailureCounts):
     async def reissue_pair(self, family_id: str, refresh_hash: str, pair: Pair) -> Family | None:
         pack = await self.writing()
         return FAMILIES.record(await self._write_one("families", family_id, lambda: self.families.find_one_and_update(
-            {"_id": hashes.either(family_id), "refresh_hash": hashes.either(refresh_hash), "access_used_at": None,
-             "revoked_at": None, **hashes.NOT_FROZEN},
-            {"$set": _pair_fields(pair, pack)}, return_document=ReturnDocument.AFTER)))
+            FAMILIES.writable(family_id=family_id, refresh_hash=refresh_hash, access_used_at=None, revoked_at=None),
+            {"$set": FAMILIES.fields(pack, **_pair_fields(pair))}, return_document=ReturnDocument.AFTER)))
 
     @guarded()
     async def mark_access_used(self, family_id: str, access_hash: str, now: datetime) -> None:
         await self._write_one("families", family_id, lambda: self.families.update_one(
-            {"_id": hashes.either(family_id), "access_hash": hashes.either(access_hash), "access_used_at": None,
-             **hashes.NOT_FROZEN},
+            FAMILIES.writable(family_id=family_id, access_hash=access_hash, access_used_at=None),
             {"$set": {"access_used_at": now}}))
 
     @guarded()
     async def mark_second_holder(self, family_id: str, now: datetime) -> bool:
         result = await self._write_one("families", family_id, lambda: self.families.update_one(
-            {"_id": hashes.either(family_id), "second_holder_at": None, **hashes.NOT_FROZEN},
+            FAMILIES.writable(family_id=family_id, second_holder_at=None),
             {"$set": {"second_holder_at": now}}))
         return result.modified_count == 1
 
     @guarded()
     async def revoke_access(self, family_id: str, access_hash: str, now: datetime) -> bool:
         result = await self._write_one("families", family_id, lambda: self.families.update_one(
-            {"_id": hashes.either(family_id), "access_hash": hashes.either(access_hash), "access_revoked_at": None,
-             **hashes.NOT_FROZEN},
+            FAMILIES.writable(family_id=family_id, access_hash=access_hash, access_revoked_at=None),
             {"$set": {"access_revoked_at": now, "access_used_at": now}}))
         return result.modified_count == 1
 
     @guarded()
     async def revoke_family(self, family_id: str, now: datetime) -> bool:
         result = await self._write_one("families", family_id, lambda: self.families.update_one(
-            {"_id": hashes.either(family_id), "revoked_at": None, **hashes.NOT_FROZEN},
+            FAMILIES.writable(family_id=family_id, revoked_at=None),
             {"$set": {"revoked_at": now}}))
         return result.modified_count == 1
 
@@ -1373,13 +1384,13 @@ class MongoStore(Store, FailureCounts):
 
     @guarded()
     async def get_session(self, session_hash: str) -> Session | None:
-        session = SESSIONS.record(await self._one("sessions", {"_id": hashes.either(session_hash)}))
+        session = SESSIONS.record(await self._one("sessions", SESSIONS.match(session_hash=session_hash)))
         return None if session is None or session.ended_at is not None else session
 
     @guarded()
     async def end_session(self, session_hash: str, now: datetime) -> bool:
         result = await self._write_one("sessions", session_hash, lambda: self.sessions.update_one(
-            {"_id": hashes.either(session_hash), "ended_at": None, **hashes.NOT_FROZEN},
+            SESSIONS.writable(session_hash=session_hash, ended_at=None),
             {"$set": {"ended_at": now}}))
         return result.modified_count == 1
 
@@ -1393,7 +1404,7 @@ class MongoStore(Store, FailureCounts):
     @guarded()
     async def touch_session(self, session_hash: str, now: datetime) -> None:
         await self._write_one("sessions", session_hash, lambda: self.sessions.update_one(
-            {"_id": hashes.either(session_hash), **hashes.NOT_FROZEN}, {"$set": {"last_seen_at": now}}))
+            SESSIONS.writable(session_hash=session_hash), {"$set": {"last_seen_at": now}}))
 
     @guarded()
     async def end_user_sessions(self, user_id: str, now: datetime) -> int:
