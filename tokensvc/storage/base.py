@@ -80,16 +80,29 @@ class Registry(abc.ABC):
     @abc.abstractmethod
     async def get_client(self, client_id: str) -> Client | None:
         """The registered client, or None (also while a removal of it is recorded, whatever
-        document a writer left or made meanwhile)."""
+        document a writer left or made meanwhile).
+
+        Called by client authentication (oauth/clientauth.py), the authorization request
+        (oauth/authorization.py), a token's privileges (oauth/privileges.py), connected apps, the pages'
+        notices, GET /oauth/clients/{id}, the operator's actions (admin.py) and start-up seeding
+        (bootstrap.py).
+        """
 
     @abc.abstractmethod
     async def list_clients(self, after: str | None = None, limit: int | None = None) -> list[Client]:
         """The registered clients ordered by client_id, none whose removal is recorded: every
-        one, or a page of ``limit`` after the client_id ``after`` (the admin API's listings)."""
+        one, or a page of ``limit`` after the client_id ``after`` (the admin API's listings).
+
+        Called by the allowed CORS origins (oauth/origins.py), GET /oauth/clients, the operator's listings
+        (operator.py) and client creation (admin.py).
+        """
 
     @abc.abstractmethod
     async def put_client(self, client: Client) -> None:
-        """Insert or replace the client with this client_id (config seeding, CLI)."""
+        """Insert or replace the client with this client_id (config seeding, CLI).
+
+        Called by client creation (admin.py) and start-up seeding (bootstrap.py).
+        """
 
     @abc.abstractmethod
     async def update_client(self, client_id: str, fields: dict[str, Any], *,
@@ -97,107 +110,179 @@ class Registry(abc.ABC):
         """Set ``fields`` (names of :class:`Client`'s fields) of the client and no other, in one
         atomic step: concurrent changes of different fields all hold (a PATCH beside a secret's
         rotation). With ``if_confidential``, only while the client has a secret. The client as
-        it was before, or None when there is none (or, with ``if_confidential``, it is public)."""
+        it was before, or None when there is none (or, with ``if_confidential``, it is public).
+
+        Called by the operator's client changes and secret rotation (admin.py).
+        """
 
     @abc.abstractmethod
     async def delete_client(self, client_id: str) -> bool:
-        """Remove a client, and its previous secret; True when it existed (CLI)."""
+        """Remove a client, and its previous secret; True when it existed (CLI).
+
+        Called by a client's removal (oauth/removal.py) and start-up seeding (bootstrap.py).
+        """
 
     # -- a client's removal: a record of its own, from its start until it is finished
 
     @abc.abstractmethod
     async def begin_removal(self, client_id: str, now: datetime) -> Removal:
         """Record the removal of a client (from then on :meth:`get_client` says None); the one
-        recorded already, if there is one. Idempotent."""
+        recorded already, if there is one. Idempotent.
+
+        Called by a client's removal (oauth/removal.py).
+        """
 
     @abc.abstractmethod
-    async def get_removal(self, client_id: str) -> Removal | None: ...
+    async def get_removal(self, client_id: str) -> Removal | None:
+        """The client's removal under way, or None.
+
+        Called by a client's removal (oauth/removal.py) and the operator's client actions (admin.py).
+        """
 
     @abc.abstractmethod
     async def list_removals(self) -> list[Removal]:
-        """The removals under way (start-up finishes them)."""
+        """The removals under way (start-up finishes them).
+
+        Called by start-up, which finishes the removals under way (oauth/removal.py).
+        """
 
     @abc.abstractmethod
     async def end_removal(self, client_id: str) -> bool:
         """Finish a removal whose grants are all revoked: delete the client's document (whatever
         wrote it meanwhile), its previous secret, then the removal's record. True when there
-        was one. Idempotent."""
+        was one. Idempotent.
+
+        Called by a client's removal, once its grants are revoked (oauth/removal.py).
+        """
 
     # -- a client's previous secret: kept valid for a while by a rotation (a record of its own)
 
     @abc.abstractmethod
     async def put_previous_secret(self, previous: PreviousSecret) -> None:
-        """Keep ``previous`` as its client's previous secret, replacing any other."""
+        """Keep ``previous`` as its client's previous secret, replacing any other.
+
+        Called by a secret's rotation with overlap (admin.py).
+        """
 
     @abc.abstractmethod
     async def get_previous_secret(self, client_id: str) -> PreviousSecret | None:
-        """The client's previous secret, expired or not, or None."""
+        """The client's previous secret, expired or not, or None.
+
+        Called by client authentication (oauth/clientauth.py) and the operator's views (admin.py).
+        """
 
     @abc.abstractmethod
     async def delete_previous_secret(self, client_id: str) -> bool:
-        """Forget the client's previous secret; True when there was one."""
+        """Forget the client's previous secret; True when there was one.
+
+        Called by a secret's rotation (admin.py).
+        """
 
     @abc.abstractmethod
     async def note_previous_secret_use(self, client_id: str, now: datetime, every_seconds: float) -> bool:
         """Record a use of the client's previous secret at ``now``, unless one was recorded less
         than ``every_seconds`` before; True when this call recorded it (exactly one of concurrent
-        callers: whoever tells of the use)."""
+        callers: whoever tells of the use).
+
+        Called by client authentication with the previous secret (oauth/clientauth.py).
+        """
 
     @abc.abstractmethod
     async def expire_previous_secrets(self, now: datetime, limit: int = 100) -> list[PreviousSecret]:
         """Forget up to ``limit`` previous secrets expired by ``now``, each as one atomic step,
-        and return them (exactly one caller gets each: whoever tells of its expiry)."""
+        and return them (exactly one caller gets each: whoever tells of its expiry).
+
+        Called by the periodic expiry of previous secrets (oauth/clientauth.py).
+        """
 
     # -- users: sign-in, /v1/me, introspection's ``username``, the CLI
 
     @abc.abstractmethod
-    async def get_user(self, user_id: str) -> User | None: ...
+    async def get_user(self, user_id: str) -> User | None:
+        """The user with this user_id, or None.
+
+        Called by sign-in sessions (oauth/sessions.py), bearer principals (oauth/principal.py), a token's
+        privileges (oauth/privileges.py) and the operator's views (operator.py).
+        """
 
     @abc.abstractmethod
     async def get_user_by_username(self, username: str) -> User | None:
         """The user stored under exactly ``username``, else the one whose username has the same
         key (:func:`tokensvc.identifiers.username_key`: ``ROOT`` finds ``root``), or None. A
-        username stored by a release before 0.10 with capitals is found as written (MongoDB)."""
+        username stored by a release before 0.10 with capitals is found as written (MongoDB).
+
+        Called by sign-in (oauth/sessions.py), the operator's user actions (admin.py) and start-up seeding
+        (bootstrap.py).
+        """
 
     @abc.abstractmethod
     async def list_users(self, after: str | None = None, limit: int | None = None) -> list[User]:
-        """The users ordered by username: every one, or a page after the username ``after``."""
+        """The users ordered by username: every one, or a page after the username ``after``.
+
+        Called by the operator's listings (operator.py).
+        """
 
     @abc.abstractmethod
     async def seed_user(self, user: User) -> User:
         """Upsert on the username: an existing user keeps its id and takes ``user``'s password
         hash and admin flag; otherwise ``user`` is added. Returns the stored user. Several
-        processes seeding one empty database at once all succeed, with one user per name."""
+        processes seeding one empty database at once all succeed, with one user per name.
+
+        Called by start-up seeding (bootstrap.py).
+        """
 
     @abc.abstractmethod
     async def put_user(self, user: User) -> None:
         """Insert or replace the user with this user_id. Usernames are unique by their key
         (:func:`tokensvc.identifiers.username_key`, NFKC and case folded): one whose key another
-        user's username has is Conflict."""
+        user's username has is Conflict.
+
+        Called by user creation (admin.py).
+        """
 
     @abc.abstractmethod
     async def update_user(self, user_id: str, fields: dict[str, Any]) -> User | None:
         """Set ``fields`` of the user (``password_hash``, ``admin``) and no other, in one atomic
         step: a password set beside a demotion leaves both. The user as it was before, or None
-        when there is none."""
+        when there is none.
+
+        Called by the operator's password and admin changes (admin.py).
+        """
 
     @abc.abstractmethod
-    async def delete_user(self, user_id: str) -> bool: ...
+    async def delete_user(self, user_id: str) -> bool:
+        """Remove a user; True when it existed.
+
+        Called by user removal (admin.py)."""
 
     # -- node installations: pairing at /oauth/authorize, the CLI
 
     @abc.abstractmethod
-    async def get_installation(self, installation_id: str) -> Installation | None: ...
+    async def get_installation(self, installation_id: str) -> Installation | None:
+        """The installation with this id, or None.
+
+        Called by the authorization request's subject (oauth/authorization.py), bearer principals
+        (oauth/principal.py), the pages' notices and the operator's actions (admin.py).
+        """
 
     @abc.abstractmethod
     async def list_installations(self, after: str | None = None, limit: int | None = None) -> list[Installation]:
-        """The installations ordered by id: every one, or a page after the id ``after``."""
+        """The installations ordered by id: every one, or a page after the id ``after``.
+
+        Called by connected apps (oauth/connected_apps.py) and the operator's listings (operator.py).
+        """
 
     @abc.abstractmethod
-    async def put_installation(self, installation: Installation) -> None: ...
+    async def put_installation(self, installation: Installation) -> None:
+        """Insert or replace the installation with this id.
+
+        Called by the operator's actions (admin.py) and start-up seeding (bootstrap.py)."""
 
     @abc.abstractmethod
-    async def delete_installation(self, installation_id: str) -> bool: ...
+    async def delete_installation(self, installation_id: str) -> bool:
+        """Remove an installation; True when it existed.
+
+        Called by installation removal (admin.py)."""
 
 
 class Authorizations(abc.ABC):
@@ -212,54 +297,91 @@ class Authorizations(abc.ABC):
 
         The grant_id of an existing grant is kept; created_at is reset when the grant was
         revoked (a fresh consent), and so is revoked_at, and its generation is raised.
+
+        Called by consent, as a code is issued (oauth/authorization.py).
         """
 
     @abc.abstractmethod
-    async def get_grant(self, grant_id: str) -> Grant | None: ...
+    async def get_grant(self, grant_id: str) -> Grant | None:
+        """The grant with this id, revoked or not, or None.
+
+        Called by revocation's sweep of a revoked grant (oauth/revocation.py) and the operator's grant
+        revocation (admin.py).
+        """
 
     @abc.abstractmethod
-    async def find_grant(self, client_id: str, subject: Subject) -> Grant | None: ...
+    async def find_grant(self, client_id: str, subject: Subject) -> Grant | None:
+        """The (subject, client) grant, revoked or not, or None.
+
+        Called by code redemption (oauth/grants.py) and a user's revocation of a connected app
+        (oauth/revocation.py).
+        """
 
     @abc.abstractmethod
     async def list_grants(self, subject: Subject) -> list[Grant]:
-        """The active (unrevoked) grants of a subject, oldest first (connected apps)."""
+        """The active (unrevoked) grants of a subject, oldest first (connected apps).
+
+        Called by connected apps (oauth/connected_apps.py), revocation before a promotion
+        (oauth/revocation.py) and the operator's actions that end a subject's grants (admin.py).
+        """
 
     @abc.abstractmethod
     async def list_client_grants(self, client_id: str, after: str | None = None,
                                  limit: int | None = None) -> list[Grant]:
         """The active grants held by a client ordered by grant_id: every one, or a page of
-        ``limit`` after the grant_id ``after`` (the admin API's listing)."""
+        ``limit`` after the grant_id ``after`` (the admin API's listing).
+
+        Called by the operator's grant listing (admin.py).
+        """
 
     @abc.abstractmethod
     async def revoke_client_grants(self, client_id: str, now: datetime, limit: int) -> list[str]:
         """Revoke up to ``limit`` live grants of a client and every family of them, the families
         first (a removed client's, a batch at a time); the ids of the grants revoked, fewer
         than ``limit`` when none is left. Idempotent: run again after a reply was lost, it
-        takes the grants still live (those whose revocation applied go uncounted)."""
+        takes the grants still live (those whose revocation applied go uncounted).
+
+        Called by a client's removal, a batch at a time (oauth/removal.py).
+        """
 
     @abc.abstractmethod
     async def withdraw_scopes(self, client_id: str, kept: list[str]) -> int:
         """Take every scope not in ``kept`` out of what the client's live grants, unconsumed
         codes and unrevoked families hold, in bulk (its allowed_scopes were narrowed to
-        ``kept``): a later widening gives them nothing back. The families changed. Idempotent."""
+        ``kept``): a later widening gives them nothing back. The families changed. Idempotent.
+
+        Called by the narrowing of a client's allowed_scopes (oauth/revocation.py).
+        """
 
     @abc.abstractmethod
     async def mark_grant_revoked(self, grant_id: str, now: datetime) -> bool:
         """Mark an active grant revoked; True when it was active. From then on none of its
-        families is in force (their generation no longer stands), swept or not."""
+        families is in force (their generation no longer stands), swept or not.
+
+        Called by the end of a grant (oauth/revocation.py).
+        """
 
     @abc.abstractmethod
     async def revoke_grant_families(self, grant_id: str, now: datetime) -> int:
         """Revoke every unrevoked family of a grant; the count. One write however many
-        refreshes the families have seen."""
+        refreshes the families have seen.
+
+        Called by the end of a grant, after mark_grant_revoked (oauth/revocation.py).
+        """
 
     # -- authorization codes: /oauth/authorize issues, /oauth/token consumes
 
     @abc.abstractmethod
-    async def add_code(self, code: AuthorizationCode) -> None: ...
+    async def add_code(self, code: AuthorizationCode) -> None:
+        """Store a new authorization code (its hash; never consumed yet).
+
+        Called by the authorization endpoint, as a code is issued (oauth/authorization.py)."""
 
     @abc.abstractmethod
-    async def get_code(self, code_hash: str) -> AuthorizationCode | None: ...
+    async def get_code(self, code_hash: str) -> AuthorizationCode | None:
+        """The code with this hash, consumed or not, or None.
+
+        Called by the code exchange (oauth/grants.py)."""
 
     @abc.abstractmethod
     async def consume_code(self, code_hash: str, now: datetime, *, family_id: str | None = None,
@@ -269,6 +391,8 @@ class Authorizations(abc.ABC):
 
         None when the code is unknown or was already consumed: exactly one of concurrent
         callers gets the record.
+
+        Called by the code exchange (oauth/grants.py).
         """
 
     # -- token families: one record per redeemed code, holding its current pair
@@ -276,17 +400,27 @@ class Authorizations(abc.ABC):
     @abc.abstractmethod
     async def create_family(self, family: Family) -> bool:
         """Insert ``family`` unless one with its id exists; True when inserted (exactly one
-        of concurrent callers)."""
+        of concurrent callers).
+
+        Called by code redemption (oauth/grants.py).
+        """
 
     @abc.abstractmethod
     async def get_family(self, family_id: str) -> tuple[Family | None, Grant | None]:
-        """A family and its grant, in one round trip (refresh, revocation, sockets)."""
+        """A family and its grant, in one round trip (refresh, revocation, sockets).
+
+        Called by the refresh and code exchange (oauth/grants.py), bearer authentication (oauth/bearer.py)
+        and the WebSockets' re-checks (oauth/principal.py).
+        """
 
     @abc.abstractmethod
     async def find_access(self, access_hash: str) -> tuple[Family | None, Grant | None]:
         """The family whose current access token has this hash, or whose last rotation replaced
         the access token with this hash (its ``access_hash`` then differs), and its grant, in
-        one round trip (bearer authentication and introspection)."""
+        one round trip (bearer authentication and introspection).
+
+        Called by bearer authentication and introspection (oauth/bearer.py).
+        """
 
     @abc.abstractmethod
     async def rotate_family(self, family_id: str, refresh_hash: str, pair: Pair, now: datetime, *,
@@ -298,64 +432,105 @@ class Authorizations(abc.ABC):
         refresh token becomes ``previous_hash``, ``now`` the ``renewed_at``, ``previous_access``
         the ``previous_access_hash`` and ``previous_access_expires_at`` (None without it); the
         access token's use and revocation marks are cleared. The family after, or None (exactly
-        one of concurrent callers wins)."""
+        one of concurrent callers wins).
+
+        Called by the refresh (oauth/grants.py).
+        """
 
     @abc.abstractmethod
     async def reissue_pair(self, family_id: str, refresh_hash: str, pair: Pair) -> Family | None:
         """Atomically replace a pair that was never used (a retry of a reply that was lost):
         only if ``refresh_hash`` is still the current refresh token, its access token was
         never presented, and the family is not revoked. ``previous_hash``, ``renewed_at``
-        and ``rotations`` stay. The family after, or None."""
+        and ``rotations`` stay. The family after, or None.
+
+        Called by the refresh retried after a lost reply (oauth/grants.py).
+        """
 
     @abc.abstractmethod
     async def mark_access_used(self, family_id: str, access_hash: str, now: datetime) -> None:
-        """Record the first presentation of the family's current access token."""
+        """Record the first presentation of the family's current access token.
+
+        Called by bearer authentication (oauth/bearer.py).
+        """
 
     @abc.abstractmethod
     async def mark_second_holder(self, family_id: str, now: datetime) -> bool:
         """Record, once, that a second holder of the family showed (``second_holder_at``); True
-        when this call recorded it."""
+        when this call recorded it.
+
+        Called by bearer authentication, meeting a rotated-out token (oauth/bearer.py).
+        """
 
     @abc.abstractmethod
     async def revoke_access(self, family_id: str, access_hash: str, now: datetime) -> bool:
         """Revoke the family's current access token alone (RFC 7009 for an access token);
-        True when it was in force."""
+        True when it was in force.
+
+        Called by RFC 7009 revocation of an access token (oauth/revocation.py).
+        """
 
     @abc.abstractmethod
     async def revoke_family(self, family_id: str, now: datetime) -> bool:
-        """Revoke a family (its refresh and access token); True when it was unrevoked."""
+        """Revoke a family (its refresh and access token); True when it was unrevoked.
+
+        Called by revocation of a family (oauth/revocation.py: RFC 7009, a replay, a second holder).
+        """
 
     @abc.abstractmethod
     async def list_families(self, grant_id: str) -> list[Family]:
-        """The unrevoked families of a grant, oldest first (what a connected app can do)."""
+        """The unrevoked families of a grant, oldest first (what a connected app can do).
+
+        Called by connected apps (oauth/connected_apps.py) and a token's admin privileges
+        (oauth/privileges.py).
+        """
 
 
 class Sessions(abc.ABC):
     """Web sessions: the ``<service>_session`` cookie carries a random id, stored as its hash."""
 
     @abc.abstractmethod
-    async def add_session(self, session: Session) -> None: ...
+    async def add_session(self, session: Session) -> None:
+        """Store a new web session (its hash).
+
+        Called by sign-in (oauth/sessions.py)."""
 
     @abc.abstractmethod
     async def get_session(self, session_hash: str) -> Session | None:
-        """The session, unless it was ended (expiry is the caller's to check)."""
+        """The session, unless it was ended (expiry is the caller's to check).
+
+        Called by the session cookie's resolution (oauth/sessions.py) and the WebSockets' re-checks
+        (oauth/principal.py).
+        """
 
     @abc.abstractmethod
     async def end_session(self, session_hash: str, now: datetime) -> bool:
-        """End a session (sign-out); True when it was live."""
+        """End a session (sign-out); True when it was live.
+
+        Called by sign-out and the ending of one session (oauth/sessions.py).
+        """
 
     @abc.abstractmethod
     async def end_user_sessions(self, user_id: str, now: datetime) -> int:
-        """End every web session of a user (a password set, the user removed); the count."""
+        """End every web session of a user (a password set, the user removed); the count.
+
+        Called by a password set or a user removed (oauth/sessions.py).
+        """
 
     @abc.abstractmethod
     async def list_user_sessions(self, user_id: str, now: datetime) -> list[Session]:
         """A user's live sessions (not ended, not expired), the most recently seen first, at most
-        :data:`MAX_LISTED_SESSIONS` of them (the account page, ``GET /v1/me/sessions``)."""
+        :data:`MAX_LISTED_SESSIONS` of them (the account page, ``GET /v1/me/sessions``).
+
+        Called by the account page and GET /v1/me/sessions (oauth/sessions.py).
+        """
 
     @abc.abstractmethod
     async def touch_session(self, session_hash: str, now: datetime) -> None:
-        """Note that the session was used at ``now`` (what the account page calls last seen)."""
+        """Note that the session was used at ``now`` (what the account page calls last seen).
+
+        Called by the session cookie's resolution (oauth/sessions.py).
+        """
 
 
 class FailureCounts(abc.ABC):
@@ -374,18 +549,27 @@ class FailureCounts(abc.ABC):
         """Add one to each counter in one atomic step: their new counts (of concurrent callers,
         each sees a count of its own), and the seconds left in the group's window (a new window
         of ``window_seconds`` when there was none, or it had ended). Not idempotent: counted
-        again, an attempt counts twice."""
+        again, an attempt counts twice.
+
+        Called by FailureLimits.failed and FailureLimits.reserve (ratelimit.py).
+        """
 
     @abc.abstractmethod
     async def uncount_attempt(self, group: str, counters: list[str], reset: list[str]) -> None:
         """Take one back from each of ``counters`` (the attempt succeeded, or was refused before
         its check), and set each of ``reset`` to zero (a right password clears its username),
-        in one step, within the group's window (after it, nothing is left to take back)."""
+        in one step, within the group's window (after it, nothing is left to take back).
+
+        Called by FailureLimits, a success or a refusal given back (ratelimit.py).
+        """
 
     @abc.abstractmethod
     async def read_counts(self, group: str, counters: list[str]) -> tuple[list[int], float]:
         """The counters' counts (0 for one never counted, or after the window) and the seconds
-        left in the group's window (0.0 without one)."""
+        left in the group's window (0.0 without one).
+
+        Called by FailureLimits.check (ratelimit.py).
+        """
 
 
 class StoreObserver:
@@ -437,20 +621,32 @@ class Housekeeping(abc.ABC):
     observer: StoreObserver = StoreObserver()  # who hears what the store tells (the metrics)
 
     async def open(self) -> None:  # noqa: B027 - optional hook
-        """Prepare the backend (create indexes, ...). Called once at start-up."""
+        """Prepare the backend (create indexes, ...). Called once at start-up.
+
+        Called by start-up (bootstrap.prepare) and the command line's store (cli_admin.py).
+        """
 
     async def close(self) -> None:  # noqa: B027 - optional hook
-        """Release connections. Called at shutdown."""
+        """Release connections. Called at shutdown.
+
+        Called by shutdown (cli.py) and the command line's store (cli_admin.py, cli_storage.py).
+        """
 
     async def upkeep(self) -> None:  # noqa: B027 - optional hook
         """What the backend does in the background while the service runs, until cancelled
         (MongoDB: the process's heartbeat and the migrations, storage/processes.py and
         storage/migrations.py). Returns at once where there is nothing: the memory backend
-        keeps no state across a restart, so it has no format to follow."""
+        keeps no state across a restart, so it has no format to follow.
+
+        Called by tokensvc serve, while it runs (cli.py).
+        """
 
     @abc.abstractmethod
     async def ping(self) -> None:
-        """Raise StorageError unless the store answers. Used by ``/readyz``."""
+        """Raise StorageError unless the store answers. Used by ``/readyz``.
+
+        Called by /readyz (handlers/readiness.py).
+        """
 
     def failure_counts(self) -> FailureCounts | None:
         """The failed-attempt counts every process sharing this store sees, or None where one
@@ -468,7 +664,10 @@ class Housekeeping(abc.ABC):
         """Yields each revocation any process sharing this store makes (a family, its access
         token, a grant, a session), so that this process re-checks the WebSockets standing on
         it. A store only one process uses (memory) never yields: that process's own
-        announcements suffice."""
+        announcements suffice.
+
+        Called by the relay (oauth/events.py).
+        """
         return
         yield  # an async generator that ends at once
 
@@ -476,7 +675,10 @@ class Housekeeping(abc.ABC):
     async def purge_expired(self, now: datetime) -> dict[str, int]:
         """Delete expired families and sessions, and expired codes: unconsumed ones at once,
         consumed ones :data:`CODE_RETENTION_SECONDS` after their expiry (replay detection);
-        counts per kind (``tokens purge``)."""
+        counts per kind (``tokens purge``).
+
+        Called by the periodic purge (bootstrap.py) and tokens purge (admin.py).
+        """
 
 
 class Store(Registry, Authorizations, Sessions, Housekeeping, abc.ABC):
