@@ -51,7 +51,12 @@ through the partial indexes.
 Reads see the writes before them: every operation runs in a causally consistent session
 advanced to the latest operation time this process has seen (its own writes' and the relay's
 change events'), so a primary elected a moment ago waits until it holds them before it
-answers a majority read (``afterClusterTime``), instead of answering from before them.
+answers a majority read (``afterClusterTime``), instead of answering from before them. The
+store reaches the database only through :class:`_SessionedDatabase`, which hands every
+collection call that session.
+
+How each operation is tried again is one table, :data:`RETRY_KINDS` (see :func:`guarded`);
+how a record's hashes are stored and looked for, its kind's :class:`_Mapper`.
 """
 
 from __future__ import annotations
