@@ -8,11 +8,13 @@ a database of its own that is dropped afterwards.
 
 from __future__ import annotations
 
+import inspect
 import os
 import secrets
 
 import pytest
 
+from tokensvc.storage.base import FailureCounts, Store
 from tokensvc.storage.memory import MemoryStore
 from tokensvc.storage.mongo import MongoStore
 
@@ -69,3 +71,10 @@ def store_fixture():
         cleanup()
 
     return store
+
+
+def contract_methods() -> dict[str, object]:
+    """Every operation a caller of the Store contract may run (storage/base.py): the public
+    coroutines and streams of the Store and of the failure-count concern."""
+    return {name: member for concern in (Store, FailureCounts) for name, member in inspect.getmembers(concern)
+            if not name.startswith("_") and (inspect.iscoroutinefunction(member) or inspect.isasyncgenfunction(member))}

@@ -7,14 +7,9 @@ import inspect
 import re
 from pathlib import Path
 
-from tokensvc.storage.base import FailureCounts, Store
+from backends import contract_methods
 
 PACKAGE = Path(__file__).resolve().parent.parent / "tokensvc"
-
-
-def contract_methods() -> dict[str, object]:
-    return {name: member for concern in (Store, FailureCounts) for name, member in inspect.getmembers(concern)
-            if not name.startswith("_") and (inspect.iscoroutinefunction(member) or inspect.isasyncgenfunction(member))}
 
 
 def test_every_method_of_the_contract_says_who_calls_it_and_each_module_named_does():
