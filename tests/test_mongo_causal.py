@@ -9,8 +9,7 @@ import asyncio
 import pytest
 from mongomock_motor import AsyncMongoMockClient
 
-from tokensvc.storage import mongo
-from tokensvc.storage.mongo import MongoStore
+from tokensvc.storage.mongo import MongoStore, causal
 
 pytestmark = pytest.mark.mongodb
 
@@ -37,34 +36,34 @@ def test_every_collection_the_store_holds_or_hands_out_is_sessioned():
     store = MongoStore(AsyncMongoMockClient(tz_aware=True), "tokensvc_test")
     raw = (type(store._db._db), type(store._db._db["clients"]))  # as the driver gives them
     assert [name for name, value in vars(store).items() if isinstance(value, raw)] == []
-    collections = {name: value for name, value in vars(store).items() if isinstance(value, mongo._Sessioned)}
+    collections = {name: value for name, value in vars(store).items() if isinstance(value, causal._Sessioned)}
     assert {"clients", "users", "installations", "grants", "codes", "families", "sessions", "failures"} \
         <= set(collections)
     assert store.db is store._db
-    assert isinstance(store.db["families"], mongo._Sessioned)
-    assert isinstance(store.db.get_collection("families"), mongo._Sessioned)
+    assert isinstance(store.db["families"], causal._Sessioned)
+    assert isinstance(store.db.get_collection("families"), causal._Sessioned)
 
 
 def test_a_call_through_the_accessor_runs_in_the_operations_session_and_only_then():
-    db = mongo._SessionedDatabase(Database())
+    db = causal._SessionedDatabase(Database())
     db["families"].find({"revoked_at": None})
     session = object()
-    token = mongo._CAUSAL_SESSION.set(session)
+    token = causal._CAUSAL_SESSION.set(session)
     try:
         db["families"].find({"revoked_at": None})
         db.get_collection("families").update_one({}, {})
         db["families"].create_indexes([])  # an index build reads no record: no session
     finally:
-        mongo._CAUSAL_SESSION.reset(token)
+        causal._CAUSAL_SESSION.reset(token)
     assert db._db["families"].calls == [("find", {}), ("find", {"session": session}),
                                         ("update_one", {"session": session}), ("create_indexes", {})]
 
 
 def test_a_sessioned_collection_passes_the_session_of_its_own_task():
-    db = mongo._SessionedDatabase(Database())
+    db = causal._SessionedDatabase(Database())
 
     async def operation(session):
-        mongo._CAUSAL_SESSION.set(session)  # each task has its own context
+        causal._CAUSAL_SESSION.set(session)  # each task has its own context
         await asyncio.sleep(0)
         db["codes"].find_one({})
 

@@ -11,7 +11,8 @@ import pytest
 
 from tokensvc.records import Pair, utcnow
 from tokensvc.storage import hashes
-from tokensvc.storage.mongo import CODES, FAMILIES, SESSIONS, MongoStore, _pair_fields
+from tokensvc.storage.mongo import CODES, FAMILIES, SESSIONS, MongoStore
+from tokensvc.storage.mongo.mapping import _pair_fields
 
 pytestmark = pytest.mark.mongodb
 

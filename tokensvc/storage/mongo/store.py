@@ -1,94 +1,22 @@
-"""The MongoDB backend, on PyMongo's asyncio API (``AsyncMongoClient``).
-
-One collection per record kind, keyed by ``_id`` (the record's id or hash; a hash, a SHA-256
-digest, stored in the format the store's compatibility version says: ``storage/format.py``,
-``storage/hashes.py``). Every
-operation that must be atomic is one single-document atomic command
-(``find_one_and_update`` with the precondition in its filter). Expired codes, tokens and
-sessions are removed by TTL indexes. Every driver error leaves this module as
-:class:`StorageError`, and a duplicate unique key as :class:`Conflict`.
-
-The queries and the index serving each (no query scans a collection):
-
-======================  ===========================================  ===========================
-collection              query                                        index
-======================  ===========================================  ===========================
-clients                 by client_id, with its removal ($lookup);    ``_id``; removals ``_id``
-                        list sorted by client_id
-removals                by client_id; every one (start-up)           ``_id``
-previous_secrets        by client_id; the expired ones               ``_id``; ``expires_at``
-codes                   a narrowed client's unconsumed ones          ``client_unconsumed``
-users                   by user_id / by username; list by username   ``_id``; ``username`` unique
-users                   a name 0.9.0 stored with capitals, caseless  ``username`` (read whole)
-installations           by installation_id; list                     ``_id``
-grants                  by grant_id                                  ``_id``
-grants                  by (client_id, user_id, installation_id)     ``subject_client`` unique
-grants                  active grants of a subject                   ``user_subject`` *
-grants                  active grants of a client, by id             ``client_live``
-families                a removed client's (bulk revocation), a      ``client_revoked``
-                        narrowed client's live ones
-codes                   by code_hash (get, consume)                  ``_id``; TTL ``expires_at``
-families                by family_id (refresh, rotate, revoke)       ``_id``; TTL ``expires_at``
-families                by the current access token's hash           ``access_hash`` unique
-families                one per id while both formats are written    ``family_key`` unique,
-                        (create: storage/hashes.py, Twins)           sparse
-families                a grant's live ones (revoke a grant, list)   ``grant_live``
-sessions                by session_hash; a user's (end them all)     ``_id``; ``user_id``; TTL
-(polling fallback)      revocations since a moment                   partial ``revoked_at``,
-                                                                     ``access_revoked_at``,
-                                                                     ``ended_at``, ``narrowed_at``
-======================  ===========================================  ===========================
-
-(*) ``list_grants`` filters on ``user_id`` + ``installation_id`` + ``revoked_at``: the index
-``user_subject`` (user_id, installation_id, revoked_at) serves it whole.
-
-Revocations reach the other processes without a write of their own: each process's relay
-watches the families, grants, sessions and clients collections for updates that set
-``revoked_at``, ``access_revoked_at``, ``ended_at`` or a client's ``narrowed_at`` (a change
-stream resumed where it left off), or, where the deployment has none, polls those fields
-through the partial indexes.
-
-Reads see the writes before them: every operation runs in a causally consistent session
-advanced to the latest operation time this process has seen (its own writes' and the relay's
-change events'), so a primary elected a moment ago waits until it holds them before it
-answers a majority read (``afterClusterTime``), instead of answering from before them. The
-store reaches the database only through :class:`_SessionedDatabase`, which hands every
-collection call that session.
-
-How each operation is tried again is one table, :data:`RETRY_KINDS` (see :func:`guarded`);
-how a record's hashes are stored and looked for, its kind's :class:`_Mapper`.
-"""
+"""The MongoDB store (:class:`MongoStore`): the Store contract's operations, start-up (the
+indexes, the store's format) and the process's upkeep. The package's docstring describes its
+collections, queries and indexes."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import contextvars
-import functools
 import inspect
 import logging
-import random
 import re
 import secrets
-from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
-from dataclasses import MISSING, fields
+from collections.abc import Awaitable, Callable, Coroutine
 from datetime import UTC, datetime, timedelta
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any
 
 import pymongo
-from bson.errors import BSONError
 from pymongo import ASCENDING, DESCENDING, IndexModel, ReadPreference, ReturnDocument, WriteConcern
-from pymongo.errors import (
-    BulkWriteError,
-    ConfigurationError,
-    ConnectionFailure,
-    DuplicateKeyError,
-    ExecutionTimeout,
-    InvalidOperation,
-    OperationFailure,
-    PyMongoError,
-    WTimeoutError,
-)
+from pymongo.errors import DuplicateKeyError, OperationFailure
 from pymongo.read_concern import ReadConcern
 
 from tokensvc import __version__
@@ -111,33 +39,38 @@ from tokensvc.records import (
 from tokensvc.storage import format as store_format
 from tokensvc.storage import hashes, processes, topology
 from tokensvc.storage.base import (
-    CLIENT,
     CODE_RETENTION_SECONDS,
-    FAMILY,
-    GRANT,
     MAX_LISTED_SESSIONS,
-    SESSION,
     Conflict,
     FailureCounts,
-    Revocation,
     StorageError,
     Store,
     StoreFault,
     StoreObserver,
 )
+from tokensvc.storage.mongo.causal import CausalClock, _SessionedDatabase
+from tokensvc.storage.mongo.feed import WATCHED, RevocationFeed
+from tokensvc.storage.mongo.mapping import (
+    CLIENTS,
+    CODES,
+    FAMILIES,
+    GRANTS,
+    INSTALLATIONS,
+    PREVIOUS_SECRETS,
+    REMOVALS,
+    SESSIONS,
+    USERS,
+    _as_is,
+    _pair_fields,
+    _stored,
+    _utc,
+)
+from tokensvc.storage.mongo.retry import _RUN_AGAIN, guarded
+
+if TYPE_CHECKING:
+    from tokensvc.storage.mongo.retry import R
 
 log = logging.getLogger(__name__)
-
-R = TypeVar("R")
-
-# The collections whose updates are revocations: what each names, and the fields that,
-# set to a time, revoke it.
-WATCHED: dict[str, tuple[str, tuple[str, ...]]] = {
-    "families": (FAMILY, ("revoked_at", "access_revoked_at")),
-    "grants": (GRANT, ("revoked_at",)),
-    "sessions": (SESSION, ("ended_at",)),
-    "clients": (CLIENT, ("narrowed_at",)),  # some of what its tokens may do withdrawn
-}
 
 Index = tuple[str, list[tuple[str, int]], dict[str, Any]]  # (collection, keys, options)
 
@@ -179,422 +112,14 @@ INDEXES: list[Index] = [
     # What the polling fallback of the revocation feed reads.
     *(_revoked_only(collection, field) for collection, (_, fields) in WATCHED.items() for field in fields),
 ]
-
-DUPLICATE_KEY = frozenset({11000, 11001, 12582})
-# Codes a read or write may be tried again after (the driver's list, and the server's
-# retryable-write codes): a step-down, shutdown, a node unreachable, a time limit, majority
-# reads not yet available on a new primary; a write conflict (nothing applied) and a lost
-# cursor (the read runs again from the start).
-WRITE_CONFLICT, CURSOR_NOT_FOUND = 112, 43
-RETRYABLE_CODES = frozenset({6, 7, 89, 91, 134, 189, 262, 9001, 10107, 11600, 11602, 13435, 13436,
-                             WRITE_CONFLICT, CURSOR_NOT_FOUND})
-AUTHENTICATION_FAILED = 18
-MINIMUM_SERVER = "4.4"  # wire version 9: change streams' postBatchResumeToken, retryable writes, $lookup
 INDEX_CONFLICT = frozenset({85, 86})  # IndexOptionsConflict, IndexKeySpecsConflict
 INDEX_NOT_FOUND = 27
 UNAUTHORIZED = 13
-# "$changeStream is only supported on replica sets", and kin: poll instead.
-NO_CHANGE_STREAMS = frozenset({40573, 40324, 136})
-POLL_SECONDS = 0.5
-STREAM_WAIT_MS = 1000  # how long one getMore of the change stream waits for events
-# The change stream's resume point is gone: ChangeStreamHistoryLost, InvalidResumeToken,
-# ChangeStreamFatalError.
-HISTORY_LOST = frozenset({286, 260, 280})
 BUILD_TIMEOUT_MS = 30 * 60 * 1000  # index builds at start-up: a new index on a large collection takes long
-# A poll reads back this far before its last one: revocations stamped by a process whose clock
-# runs a little behind are still seen (what was seen already is not announced twice).
-POLL_OVERLAP = timedelta(seconds=5)
-
-
-class _NoChangeStreams(Exception):
-    pass
 
 
 def have_options(index: dict[str, Any]) -> dict[str, Any]:
     return {key: value for key, value in index.items() if key not in ("key", "v", "ns")}
-
-
-# How an operation may be tried again within its budget (see :func:`guarded`).
-ONCE = "once"  # a single-document write: the driver's one retry, with the same txnNumber, dedups it
-RERUN = "rerun"  # an idempotent write (a conditional set, an upsert, a sweep): run again, with backoff
-READ = "read"  # a read: run again, with backoff, each run under the server's maxTimeMS
-STEPS = "steps"  # not one operation: several, one after the other, each with its own kind (below)
-
-# The retry kind of every method of the Store contract (storage/base.py), and of the store's
-# own operations that those run as steps: the one place that says how each may be tried
-# again. ``guarded()`` takes a method's kind from here; tests/test_mongo_retry.py holds the
-# table to the contract, and tests/wire/test_wire_store.py shows each kind meeting a lost reply.
-# ONCE is every write that, applied twice, does something else than once: an insert, a
-# consumption, a rotation, a revocation that answers whether it revoked, a count.
-RETRY_KINDS: dict[str, str] = {
-    # Registry
-    "get_client": READ, "list_clients": READ, "put_client": RERUN, "update_client": ONCE, "delete_client": RERUN,
-    "get_user": READ, "get_user_by_username": READ, "list_users": READ, "seed_user": RERUN, "put_user": STEPS,
-    "update_user": ONCE, "delete_user": RERUN,
-    "get_installation": READ, "list_installations": READ, "put_installation": RERUN, "delete_installation": RERUN,
-    "begin_removal": RERUN, "get_removal": READ, "list_removals": READ, "end_removal": RERUN,
-    "put_previous_secret": RERUN, "get_previous_secret": READ, "delete_previous_secret": RERUN,
-    "note_previous_secret_use": ONCE, "expire_previous_secrets": ONCE,
-    # Authorizations
-    "save_grant": ONCE, "get_grant": READ, "find_grant": READ, "list_grants": READ, "list_client_grants": READ,
-    "revoke_client_grants": STEPS, "withdraw_scopes": RERUN, "mark_grant_revoked": ONCE,
-    "revoke_grant_families": RERUN,
-    "add_code": ONCE, "get_code": READ, "consume_code": ONCE,
-    "create_family": ONCE, "get_family": READ, "find_access": READ, "rotate_family": ONCE, "reissue_pair": ONCE,
-    "mark_access_used": RERUN, "mark_second_holder": RERUN, "revoke_access": ONCE, "revoke_family": ONCE,
-    "list_families": READ,
-    # Sessions
-    "add_session": ONCE, "get_session": READ, "end_session": ONCE, "end_user_sessions": RERUN,
-    "list_user_sessions": READ, "touch_session": RERUN,
-    # Housekeeping
-    "open": ONCE, "close": STEPS, "upkeep": STEPS, "ping": READ, "revocation_feed": STEPS, "purge_expired": RERUN,
-    # Failure counts (FailureCounts)
-    "count_attempt": ONCE, "uncount_attempt": ONCE, "read_counts": READ,
-    # The steps of the STEPS methods above.
-    "_caseless_holders": READ, "_write_user": RERUN,  # put_user
-    "_live_client_grant_ids": READ, "_revoke_where": RERUN,  # revoke_client_grants
-    "_mark_stopped": RERUN,  # close
-    "heartbeat": RERUN,  # upkeep
-    "_revoked_since": READ,  # revocation_feed, polling
-}
-BACKOFF_BASE_SECONDS = 0.025
-BACKOFF_CAP_SECONDS = 1.0
-
-
-def backoff(attempt: int) -> float:
-    """Full jitter (a uniform wait up to an exponential cap): processes that failed together
-    do not come back together."""
-    return random.uniform(0, min(BACKOFF_CAP_SECONDS, BACKOFF_BASE_SECONDS * 2 ** attempt))
-
-
-# Whether the operation running in this task is being run again after a failed attempt, whose
-# write may have applied all the same (a sweep then reports what the store holds: _swept).
-_RUN_AGAIN: contextvars.ContextVar[bool] = contextvars.ContextVar("tokensvc_mongo_run_again", default=False)
-# The causally consistent session of the operation running in this task (see MongoStore.causal).
-_CAUSAL_SESSION: contextvars.ContextVar[Any] = contextvars.ContextVar("tokensvc_mongo_session", default=None)
-# The collection methods that take a session.
-SESSIONED = frozenset({"find", "find_one", "find_one_and_update", "find_one_and_delete", "find_one_and_replace",
-                       "insert_one", "insert_many", "update_one", "update_many", "replace_one", "delete_one",
-                       "delete_many", "count_documents", "aggregate", "bulk_write", "distinct"})
-
-
-class _Sessioned:
-    """A collection whose calls run in the current operation's session, when there is one."""
-
-    __slots__ = ("_collection",)
-
-    def __init__(self, collection: Any) -> None:
-        self._collection = collection
-
-    def __getattr__(self, name: str) -> Any:
-        attribute = getattr(self._collection, name)
-        if name not in SESSIONED:
-            return attribute
-
-        def call(*args: Any, **kwargs: Any) -> Any:
-            session = _CAUSAL_SESSION.get()
-            if session is not None:
-                kwargs["session"] = session
-            return attribute(*args, **kwargs)
-
-        return call
-
-
-class _SessionedDatabase:
-    """The database, its collections :class:`_Sessioned`: the one way the store, the storage
-    commands, the migrations and the process registry reach a collection, so none of them can
-    read or write outside the current operation's session. Commands that read no record
-    (``hello``, ``ping``, ``collMod``) and the change stream, which outlives any operation,
-    go to the database as they are."""
-
-    __slots__ = ("_db",)
-
-    def __init__(self, db: Any) -> None:
-        self._db = db
-
-    def __getitem__(self, name: str) -> _Sessioned:
-        return _Sessioned(self._db[name])
-
-    def get_collection(self, name: str) -> _Sessioned:
-        return self[name]
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._db, name)
-
-
-class CausalClock:
-    """The latest cluster and operation time this process has seen, handed to each new
-    session (so a read waits for every write acknowledged before it, whichever request made
-    it) and taken back from it when it ends.
-
-    Only an operation that succeeded gives back its operation time: a failed one's session may
-    hold the time of a write the server applied but could not replicate (its write concern
-    failed), which the majority may never reach; every later read would wait on it and fail
-    while replication lags. The cluster time (gossip, which no read waits on) is always taken."""
-
-    __slots__ = ("cluster_time", "operation_time")
-
-    def __init__(self) -> None:
-        self.cluster_time: dict[str, Any] | None = None
-        self.operation_time: Any = None
-
-    def start(self, client: Any) -> Any:
-        session = client.start_session(causal_consistency=True)
-        if self.cluster_time is not None:
-            session.advance_cluster_time(self.cluster_time)
-        if self.operation_time is not None:
-            session.advance_operation_time(self.operation_time)
-        return session
-
-    def seen(self, operation_time: Any, cluster_time: dict[str, Any] | None = None) -> None:
-        if operation_time is not None and (self.operation_time is None or operation_time > self.operation_time):
-            self.operation_time = operation_time
-        if cluster_time is not None and (self.cluster_time is None
-                                         or cluster_time["clusterTime"] > self.cluster_time["clusterTime"]):
-            self.cluster_time = cluster_time
-
-    async def end(self, session: Any, acknowledged: bool) -> None:
-        self.seen(session.operation_time if acknowledged else None, session.cluster_time)
-        await session.end_session()
-
-
-def guarded(kind: str | None = None, budget: str = "budget") -> Callable[[Callable[..., Coroutine[Any, Any, R]]],
-                                                                         Callable[..., Coroutine[Any, Any, R]]]:
-    """One budget per operation (``storage.timeout_ms``), retries within it, and every driver
-    error leaving as one of three. ``kind``: how the operation may be tried again; by default
-    the one :data:`RETRY_KINDS` gives the method's name.
-
-    The whole operation, its retries included, ends within the store's budget (an
-    ``asyncio.timeout``: server selection, the pool wait, the write concern and the reply).
-    The driver retries a write once with the same ``txnNumber`` (the server applies it at most
-    once) and never a read; the store itself tries reads and idempotent writes again after a
-    transient error, with jittered exponential backoff, while the budget lasts. Nothing is
-    ever tried back to back (the driver's own loop under ``timeoutMS`` would, for the whole
-    budget: that is why the client has no ``timeoutMS``).
-
-    A one-document write is run again by the store only after an error whose label says the
-    server did not apply it (a write conflict, ``TransientTransactionError``); a write while
-    the driver sees no writable member that only a change of the deployment brings back (a
-    directly connected secondary: storage/topology.py) fails at once, as does any operation
-    under a closed client (the service is stopping: retrying cannot help).
-
-    Errors: a duplicate key as :class:`Conflict`; what passes (network, server selection, a
-    primary stepping down, a timeout, a write conflict, the client closed under a request) as
-    :class:`StorageError` (503, try again); anything else, which will not pass by retrying
-    (authentication, a server too old, validation, index options, a document BSON cannot
-    hold), as :class:`StoreFault` (500, the operator must act; at start-up the service stops
-    with its one line)."""
-
-    def decorate(method: Callable[..., Coroutine[Any, Any, R]]) -> Callable[..., Coroutine[Any, Any, R]]:
-        chosen = kind or RETRY_KINDS[method.__name__]
-        if chosen not in (ONCE, RERUN, READ):
-            raise ValueError(f"{method.__name__}: {chosen!r} is no kind of a single operation")
-
-        @functools.wraps(method)
-        async def wrapper(self: MongoStore, *args: Any, **kwargs: Any) -> R:
-            if self.clock is None or _CAUSAL_SESSION.get() is not None:
-                return await attempts(self, *args, **kwargs)
-            session = self.clock.start(self._client)
-            token = _CAUSAL_SESSION.set(session)
-            acknowledged = False
-            try:
-                result = await attempts(self, *args, **kwargs)
-                acknowledged = True
-                return result
-            finally:
-                _CAUSAL_SESSION.reset(token)
-                await self.clock.end(session, acknowledged)
-
-        async def attempts(self: MongoStore, *args: Any, **kwargs: Any) -> R:
-            if chosen != READ and (reason := self.unwritable()) is not None:
-                self.observer.error(method.__name__, "not_writable")
-                raise StorageError(reason)
-            loop = asyncio.get_running_loop()
-            seconds: float = getattr(self, budget)
-            deadline = loop.time() + seconds
-            attempt = 0
-            started = loop.time()
-            while True:
-                remaining = deadline - loop.time()
-                _RUN_AGAIN.set(attempt > 0)
-                try:
-                    with (self.topology.abandoning() if chosen != ONCE else _NOT_ABANDONED) as abandoned:
-                        try:
-                            async with asyncio.timeout(remaining):
-                                if chosen == READ:
-                                    with pymongo.timeout(remaining):  # the server's maxTimeMS: it stops too
-                                        result = await method(self, *args, **kwargs)
-                                else:
-                                    result = await method(self, *args, **kwargs)
-                        except asyncio.CancelledError:
-                            if not abandoned():
-                                raise
-                            asyncio.current_task().uncancel()  # type: ignore[union-attr]
-                            self.observer.error(method.__name__, "abandoned")
-                            attempt += 1
-                            self.observer.retry(method.__name__)
-                            continue  # a new primary: at once, no backoff
-                    self.observer.operation(method.__name__, loop.time() - started)
-                    return result
-                except TimeoutError:
-                    self.observer.error(method.__name__, "timeout")
-                    raise StorageError(f"MongoDB: no answer within {seconds:g} s") from None
-                except (PyMongoError, BSONError) as exc:
-                    error = translate(exc)
-                    self.observer.error(method.__name__, _code_of(exc))
-                    delay = backoff(attempt)
-                    again = chosen != ONCE or not_applied(exc)
-                    if (not again or type(error) is not StorageError or isinstance(exc, InvalidOperation)
-                            or loop.time() + delay >= deadline):
-                        raise error from None
-                attempt += 1
-                self.observer.retry(method.__name__)
-                await asyncio.sleep(delay)
-
-        wrapper.retry_kind = chosen  # type: ignore[attr-defined]
-        return wrapper
-
-    return decorate
-
-
-# What a single-document write runs under instead of Topology.abandoning: never abandoned.
-_NOT_ABANDONED = contextlib.nullcontext(lambda: False)
-
-
-def _code_of(exc: Exception) -> str:
-    """A bounded label for an error: its server code, or its class."""
-    code = getattr(exc, "code", None)
-    return str(code) if isinstance(code, int) else type(exc).__name__
-
-
-def translate(exc: Exception) -> Exception:
-    """The store's exception for a driver error (see :func:`guarded`). Its message never holds
-    a hash (a duplicate key's value, the server's whole answer with its signed cluster time)."""
-    if _duplicate_key(exc):
-        details = getattr(exc, "details", None) or {}
-        key = details.get("keyValue")
-        return Conflict(str({name: "<hash>" if isinstance(value, bytes) or hashes.is_digest(value) else value
-                             for name, value in key.items()}) if isinstance(key, dict) else _head(exc))
-    head = _head(exc)
-    if isinstance(exc, ConfigurationError) and "wire version" in head:
-        return StoreFault(f"MongoDB is too old for tokensvc, which needs MongoDB {MINIMUM_SERVER} or later: {head}")
-    if isinstance(exc, OperationFailure) and exc.code == AUTHENTICATION_FAILED:
-        return StoreFault(f"MongoDB refused the credentials of storage.mongodb_uri: {head} (check its user, password "
-                          "and authSource)")
-    if isinstance(exc, PyMongoError) and transient(exc):
-        return StorageError(f"MongoDB: {type(exc).__name__}: {head}")
-    return StoreFault(f"MongoDB refused: {type(exc).__name__}: {head}")
-
-
-def _head(exc: Exception) -> str:
-    """What a message may say of a driver error: its first part (the driver's can carry a whole
-    topology description, or the server's whole reply), any duplicate key's value left out."""
-    head = str(exc).split(", full error:")[0].split(", Timeout:")[0].split(" (configured timeouts")[0][:300]
-    return re.sub(r"dup key: \{.*?\}", "dup key: {...}", head)
-
-
-def transient(exc: PyMongoError) -> bool:
-    """Whether waiting and trying again can help: the network, a timeout, a primary stepping
-    down, a write conflict, an SRV record that does not resolve yet (``ConfigurationError``),
-    the client closed under a request while the service stops (``InvalidOperation``: a 503,
-    tried once)."""
-    return (isinstance(exc, (ConnectionFailure, ExecutionTimeout, WTimeoutError, ConfigurationError,
-                             InvalidOperation)) or exc.timeout
-            or exc.has_error_label("RetryableWriteError") or exc.has_error_label("TransientTransactionError")
-            or (isinstance(exc, OperationFailure) and exc.code in RETRYABLE_CODES))
-
-
-def not_applied(exc: Exception) -> bool:
-    """Whether the server says it applied nothing, so that even a one-document write may run
-    again: a write conflict (its label ``TransientTransactionError``: start over)."""
-    return isinstance(exc, PyMongoError) and (exc.has_error_label("TransientTransactionError") or (
-        isinstance(exc, OperationFailure) and exc.code == WRITE_CONFLICT))
-
-
-def _duplicate_key(exc: Exception) -> bool:
-    if isinstance(exc, DuplicateKeyError):
-        return True
-    if isinstance(exc, BulkWriteError):
-        errors = exc.details.get("writeErrors") or []
-        return bool(errors) and all(error.get("code") in DUPLICATE_KEY for error in errors)
-    return isinstance(exc, OperationFailure) and exc.code in DUPLICATE_KEY
-
-
-def _utc(value: Any) -> Any:
-    # Drivers hand back naive or fixed-offset datetimes; records hold aware UTC ones.
-    if isinstance(value, datetime):
-        return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
-    return value
-
-
-def _stored(moment: datetime) -> datetime:
-    """``moment`` as MongoDB stores it (milliseconds), so that it finds what it wrote."""
-    return moment.replace(microsecond=moment.microsecond // 1000 * 1000)
-
-
-def _as_is(value: Any) -> Any:
-    return value
-
-
-class _Mapper:
-    """Record dataclass <-> document, with the record's key stored as ``_id`` and the fields
-    named in ``hashes`` stored as the store's format says (``pack``), read in either."""
-
-    def __init__(self, cls: type, key: str, hashes: tuple[str, ...] = ()) -> None:
-        self.cls, self.key, self.hashes = cls, key, hashes
-        self.names = [f.name for f in fields(cls)]
-        # A field added in a later release is missing from older documents: its default.
-        self.defaults = {f.name: f.default for f in fields(cls) if f.default is not MISSING}
-
-    def doc(self, record: Any, pack: Callable[[Any], Any] = _as_is) -> dict[str, Any]:
-        document = {name: getattr(record, name) for name in self.names}
-        for name in self.hashes:
-            document[name] = pack(document[name])
-        document["_id"] = document.pop(self.key)
-        return document
-
-    def match(self, **values: Any) -> dict[str, Any]:
-        """A filter on ``values`` (the key's as ``_id``): a hash found in either format."""
-        return {"_id" if name == self.key else name: hashes.either(value) if name in self.hashes else value
-                for name, value in values.items()}
-
-    def writable(self, **values: Any) -> dict[str, Any]:
-        """The filter of a single-document write: :meth:`match`, never on a frozen original
-        (storage/hashes.py: a document being moved is written on its copy)."""
-        return {**self.match(**values), **hashes.NOT_FROZEN}
-
-    def fields(self, pack: Callable[[Any], Any], **values: Any) -> dict[str, Any]:
-        """Field values as a write stores them: a hash as ``pack`` (the store's format) says."""
-        return {name: pack(value) if name in self.hashes else value for name, value in values.items()}
-
-    def setting(self, record: Any) -> dict[str, Any]:
-        """The update that writes every field this release knows and keeps the others: a field a
-        later release added survives this one's writes (0.9.0 replaced whole documents, and
-        dropped them)."""
-        document = self.doc(record)
-        del document["_id"]
-        return {"$set": document}
-
-    def record(self, document: dict[str, Any] | None) -> Any:
-        if document is None:
-            return None
-        values = {name: _utc(document.get(name, self.defaults.get(name))) for name in self.names if name != self.key}
-        values[self.key] = document["_id"]
-        for name in self.hashes:
-            values[name] = hashes.unpacked(values[name])
-        return self.cls(**values)
-
-
-CLIENTS = _Mapper(Client, "client_id")
-PREVIOUS_SECRETS = _Mapper(PreviousSecret, "client_id")
-REMOVALS = _Mapper(Removal, "client_id")
-USERS = _Mapper(User, "user_id")
-INSTALLATIONS = _Mapper(Installation, "installation_id")
-GRANTS = _Mapper(Grant, "grant_id")
-CODES = _Mapper(AuthorizationCode, "code_hash", ("code_hash", "family_id"))
-FAMILIES = _Mapper(Family, "family_id",
-                   ("family_id", "refresh_hash", "access_hash", "previous_hash", "previous_access_hash"))
-SESSIONS = _Mapper(Session, "session_hash", ("session_hash",))
 
 
 async def _page(collection: Any, key: str, after: str | None, limit: int | None) -> list[dict[str, Any]]:
@@ -603,14 +128,6 @@ async def _page(collection: Any, key: str, after: str | None, limit: int | None)
     if limit is not None:
         cursor = cursor.limit(limit)
     return await cursor.to_list(None)
-
-
-def _pair_fields(pair: Pair) -> dict[str, Any]:
-    """The fields a new pair sets on its family; the access token's marks start afresh."""
-    return {"refresh_hash": pair.refresh_hash, "access_hash": pair.access_hash,
-            "scopes": list(pair.scopes), "issued_at": pair.issued_at, "expires_at": pair.expires_at,
-            "access_expires_at": pair.access_expires_at, "access_used_at": None, "access_revoked_at": None,
-            "serial": pair.serial, "key_id": pair.key_id, "salt": pair.salt}
 
 
 def _caseless(username: str) -> dict[str, Any]:
@@ -623,7 +140,7 @@ def _missed(result: Any) -> bool:
     return result is None or getattr(result, "matched_count", 1) == 0
 
 
-class MongoStore(Store, FailureCounts):
+class MongoStore(RevocationFeed, Store, FailureCounts):
     def __init__(self, client: Any, database: str, *, change_streams: bool = True, timeout_ms: int = 15_000,
                  build_timeout_ms: int = BUILD_TIMEOUT_MS, causal: bool = False) -> None:
         """``client`` is a ``pymongo.AsyncMongoClient`` (or an API-compatible stand-in in tests,
@@ -1452,102 +969,6 @@ class MongoStore(Store, FailureCounts):
         if found is None:
             return [0] * len(counters), 0.0
         return [found["c"].get(name, 0) for name in counters], (_utc(found["expires_at"]) - now).total_seconds()
-
-    # -- revocations across processes
-
-    async def revocation_feed(self, poll_seconds: float = POLL_SECONDS) -> AsyncIterator[Revocation]:
-        """Yields each revocation any process makes: from a change stream on the watched
-        collections (resumed where it left off), or, where the deployment has none (a
-        standalone server), by polling their revocation fields every ``poll_seconds``."""
-        if self.change_streams:
-            try:
-                async for revocation in self._changes():
-                    self.observer.feed_event()
-                    yield revocation
-            except _NoChangeStreams:
-                log.warning("MongoDB offers no change streams (not a replica set): polling for revocations")
-                self.change_streams = False
-            except BaseException:
-                self.observer.feed("interrupted")
-                raise
-        self.observer.feed("polling")
-        async for revocation in self._poll(poll_seconds):
-            self.observer.feed_event()
-            yield revocation
-
-    async def _changes(self) -> AsyncIterator[Revocation]:
-        """The change stream, asked for more every :data:`STREAM_WAIT_MS` at most: quiet is no
-        error, and the resume token (the server's ``postBatchResumeToken``) is kept after every
-        answer, events or none. It reports ``stream`` once it is open, and ends in a
-        :class:`StorageError` (``events.relay`` opens it again, and every socket re-checks once)
-        when the server closes it (a cursor id 0), when an answer does not come within the
-        watchdog (:data:`STREAM_WAIT_MS` and the budget: a ``getMore`` that hangs is abandoned),
-        and when the server can no longer resume it (the oplog rolled past it: 286, 260, 280; or
-        the stream was invalidated): then it starts again from now."""
-        watchdog = STREAM_WAIT_MS / 1000 + self.budget
-        fields = {field for _, revoking in WATCHED.values() for field in revoking}
-        pipeline = [
-            {"$match": {"operationType": {"$in": ["update", "invalidate"]},
-                        "$or": [{"operationType": "invalidate"}, {
-                            "ns.coll": {"$in": list(WATCHED)},
-                            "$or": [{f"updateDescription.updatedFields.{field}": {"$type": "date"}}
-                                    for field in sorted(fields)]}]}},
-            {"$project": {"ns": 1, "documentKey": 1, "operationType": 1, "clusterTime": 1}},
-        ]
-        try:
-            async with asyncio.timeout(watchdog):
-                stream = self._db.watch(pipeline, resume_after=self._resume_token, max_await_time_ms=STREAM_WAIT_MS)
-                if inspect.isawaitable(stream):  # PyMongo's watch is a coroutine; Motor-style ones are not
-                    stream = await stream
-            async with stream:
-                self._resume_token = stream.resume_token  # where it stands, before any answer
-                self.observer.feed("stream")
-                while stream.alive:
-                    async with asyncio.timeout(watchdog):
-                        change = await stream.try_next()
-                    self._resume_token = stream.resume_token
-                    if change is None:
-                        continue
-                    if self.clock is not None:
-                        # The re-check this event causes reads at or after the revocation.
-                        self.clock.seen(change.get("clusterTime"))
-                    if change["operationType"] == "invalidate":
-                        self._resume_token = None
-                        raise StorageError("the change stream was invalidated; following from now")
-                    yield Revocation(WATCHED[change["ns"]["coll"]][0], hashes.unpacked(change["documentKey"]["_id"]))
-            raise StorageError("the server closed the change stream; opening it again where it stood")
-        except TimeoutError:
-            raise StorageError(f"the change stream did not answer within {watchdog:g} s; opening it again where it "
-                               "stood") from None
-        except OperationFailure as exc:
-            if exc.code in NO_CHANGE_STREAMS:
-                raise _NoChangeStreams() from None
-            if exc.code in HISTORY_LOST:
-                self._resume_token = None  # from now on: what happened meanwhile, every socket re-checks
-                raise StorageError(f"the change stream cannot resume ({exc.code}); following from now") from None
-            raise translate(exc) from None
-        except PyMongoError as exc:
-            raise translate(exc) from None
-
-    async def _poll(self, poll_seconds: float) -> AsyncIterator[Revocation]:
-        since = datetime.now(UTC)
-        seen: dict[tuple[str, str, str], datetime] = {}
-        while True:
-            await asyncio.sleep(poll_seconds)
-            now = datetime.now(UTC)
-            for collection, (kind, revoking) in WATCHED.items():
-                for field in revoking:
-                    for document in await self._revoked_since(collection, field, since - POLL_OVERLAP):
-                        key = (collection, document["_id"], field)
-                        if key not in seen:
-                            seen[key] = _utc(document[field])
-                            yield Revocation(kind, hashes.unpacked(document["_id"]))
-            since = now
-            seen = {key: at for key, at in seen.items() if at > since - 2 * POLL_OVERLAP}
-
-    @guarded()
-    async def _revoked_since(self, collection: str, field: str, since: datetime) -> list[dict[str, Any]]:
-        return await self._db[collection].find({field: {"$gt": since}}, {field: 1}).to_list(None)
 
     # -- housekeeping
 

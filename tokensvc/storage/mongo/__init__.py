@@ -1,0 +1,96 @@
+"""The MongoDB backend, on PyMongo's asyncio API (``AsyncMongoClient``), as a package:
+:mod:`.store` (the store), :mod:`.retry` (budgets, retry kinds, errors), :mod:`.causal`
+(sessions), :mod:`.mapping` (records and their hashes) and :mod:`.feed` (revocations).
+
+One collection per record kind, keyed by ``_id`` (the record's id or hash; a hash, a SHA-256
+digest, stored in the format the store's compatibility version says: ``storage/format.py``,
+``storage/hashes.py``). Every
+operation that must be atomic is one single-document atomic command
+(``find_one_and_update`` with the precondition in its filter). Expired codes, tokens and
+sessions are removed by TTL indexes. Every driver error leaves this module as
+:class:`StorageError`, and a duplicate unique key as :class:`Conflict`.
+
+The queries and the index serving each (no query scans a collection):
+
+======================  ===========================================  ===========================
+collection              query                                        index
+======================  ===========================================  ===========================
+clients                 by client_id, with its removal ($lookup);    ``_id``; removals ``_id``
+                        list sorted by client_id
+removals                by client_id; every one (start-up)           ``_id``
+previous_secrets        by client_id; the expired ones               ``_id``; ``expires_at``
+codes                   a narrowed client's unconsumed ones          ``client_unconsumed``
+users                   by user_id / by username; list by username   ``_id``; ``username`` unique
+users                   a name 0.9.0 stored with capitals, caseless  ``username`` (read whole)
+installations           by installation_id; list                     ``_id``
+grants                  by grant_id                                  ``_id``
+grants                  by (client_id, user_id, installation_id)     ``subject_client`` unique
+grants                  active grants of a subject                   ``user_subject`` *
+grants                  active grants of a client, by id             ``client_live``
+families                a removed client's (bulk revocation), a      ``client_revoked``
+                        narrowed client's live ones
+codes                   by code_hash (get, consume)                  ``_id``; TTL ``expires_at``
+families                by family_id (refresh, rotate, revoke)       ``_id``; TTL ``expires_at``
+families                by the current access token's hash           ``access_hash`` unique
+families                one per id while both formats are written    ``family_key`` unique,
+                        (create: storage/hashes.py, Twins)           sparse
+families                a grant's live ones (revoke a grant, list)   ``grant_live``
+sessions                by session_hash; a user's (end them all)     ``_id``; ``user_id``; TTL
+(polling fallback)      revocations since a moment                   partial ``revoked_at``,
+                                                                     ``access_revoked_at``,
+                                                                     ``ended_at``, ``narrowed_at``
+======================  ===========================================  ===========================
+
+(*) ``list_grants`` filters on ``user_id`` + ``installation_id`` + ``revoked_at``: the index
+``user_subject`` (user_id, installation_id, revoked_at) serves it whole.
+
+Revocations reach the other processes without a write of their own: each process's relay
+watches the families, grants, sessions and clients collections for updates that set
+``revoked_at``, ``access_revoked_at``, ``ended_at`` or a client's ``narrowed_at`` (a change
+stream resumed where it left off), or, where the deployment has none, polls those fields
+through the partial indexes.
+
+Reads see the writes before them: every operation runs in a causally consistent session
+advanced to the latest operation time this process has seen (its own writes' and the relay's
+change events'), so a primary elected a moment ago waits until it holds them before it
+answers a majority read (``afterClusterTime``), instead of answering from before them. The
+store reaches the database only through :class:`_SessionedDatabase`, which hands every
+collection call that session.
+
+How each operation is tried again is one table, :data:`RETRY_KINDS` (see :func:`guarded`);
+how a record's hashes are stored and looked for, its kind's :class:`_Mapper`.
+"""
+
+from __future__ import annotations
+
+from tokensvc.storage.mongo.causal import CausalClock
+from tokensvc.storage.mongo.feed import POLL_SECONDS, WATCHED
+from tokensvc.storage.mongo.mapping import (
+    CLIENTS,
+    CODES,
+    FAMILIES,
+    GRANTS,
+    INSTALLATIONS,
+    PREVIOUS_SECRETS,
+    REMOVALS,
+    SESSIONS,
+    USERS,
+)
+from tokensvc.storage.mongo.retry import (
+    ONCE,
+    READ,
+    RERUN,
+    RETRY_KINDS,
+    STEPS,
+    guarded,
+    not_applied,
+    transient,
+    translate,
+)
+from tokensvc.storage.mongo.store import INDEXES, MongoStore
+
+__all__ = [
+    "CLIENTS", "CODES", "CausalClock", "FAMILIES", "GRANTS", "INDEXES", "INSTALLATIONS", "MongoStore", "ONCE",
+    "POLL_SECONDS", "PREVIOUS_SECRETS", "READ", "REMOVALS", "RERUN", "RETRY_KINDS", "SESSIONS", "STEPS",
+    "USERS", "WATCHED", "guarded", "not_applied", "transient", "translate",
+]

@@ -1,0 +1,153 @@
+"""The revocation feed of the MongoDB store: a change stream on the watched collections, resumed
+where it left off, or, where the deployment has none, polling their revocation fields."""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import logging
+from collections.abc import AsyncIterator
+from datetime import UTC, datetime, timedelta
+from typing import TYPE_CHECKING, Any
+
+from pymongo.errors import OperationFailure, PyMongoError
+
+from tokensvc.storage import hashes
+from tokensvc.storage.base import CLIENT, FAMILY, GRANT, SESSION, Revocation, StorageError, StoreObserver
+from tokensvc.storage.mongo.mapping import _utc
+from tokensvc.storage.mongo.retry import guarded, translate
+
+if TYPE_CHECKING:
+    from tokensvc.storage.mongo.causal import CausalClock, _SessionedDatabase
+
+log = logging.getLogger(__name__)
+
+# The collections whose updates are revocations: what each names, and the fields that,
+# set to a time, revoke it.
+WATCHED: dict[str, tuple[str, tuple[str, ...]]] = {
+    "families": (FAMILY, ("revoked_at", "access_revoked_at")),
+    "grants": (GRANT, ("revoked_at",)),
+    "sessions": (SESSION, ("ended_at",)),
+    "clients": (CLIENT, ("narrowed_at",)),  # some of what its tokens may do withdrawn
+}
+# "$changeStream is only supported on replica sets", and kin: poll instead.
+NO_CHANGE_STREAMS = frozenset({40573, 40324, 136})
+POLL_SECONDS = 0.5
+STREAM_WAIT_MS = 1000  # how long one getMore of the change stream waits for events
+# The change stream's resume point is gone: ChangeStreamHistoryLost, InvalidResumeToken,
+# ChangeStreamFatalError.
+HISTORY_LOST = frozenset({286, 260, 280})
+# A poll reads back this far before its last one: revocations stamped by a process whose clock
+# runs a little behind are still seen (what was seen already is not announced twice).
+POLL_OVERLAP = timedelta(seconds=5)
+
+
+class _NoChangeStreams(Exception):
+    pass
+
+
+class RevocationFeed:
+    """The revocation feed of :class:`~tokensvc.storage.mongo.store.MongoStore` (its mixin)."""
+
+    change_streams: bool
+    _resume_token: Any
+    _db: _SessionedDatabase
+    budget: float
+    clock: CausalClock | None
+    observer: StoreObserver
+
+    # -- revocations across processes
+
+    async def revocation_feed(self, poll_seconds: float = POLL_SECONDS) -> AsyncIterator[Revocation]:
+        """Yields each revocation any process makes: from a change stream on the watched
+        collections (resumed where it left off), or, where the deployment has none (a
+        standalone server), by polling their revocation fields every ``poll_seconds``."""
+        if self.change_streams:
+            try:
+                async for revocation in self._changes():
+                    self.observer.feed_event()
+                    yield revocation
+            except _NoChangeStreams:
+                log.warning("MongoDB offers no change streams (not a replica set): polling for revocations")
+                self.change_streams = False
+            except BaseException:
+                self.observer.feed("interrupted")
+                raise
+        self.observer.feed("polling")
+        async for revocation in self._poll(poll_seconds):
+            self.observer.feed_event()
+            yield revocation
+
+    async def _changes(self) -> AsyncIterator[Revocation]:
+        """The change stream, asked for more every :data:`STREAM_WAIT_MS` at most: quiet is no
+        error, and the resume token (the server's ``postBatchResumeToken``) is kept after every
+        answer, events or none. It reports ``stream`` once it is open, and ends in a
+        :class:`StorageError` (``events.relay`` opens it again, and every socket re-checks once)
+        when the server closes it (a cursor id 0), when an answer does not come within the
+        watchdog (:data:`STREAM_WAIT_MS` and the budget: a ``getMore`` that hangs is abandoned),
+        and when the server can no longer resume it (the oplog rolled past it: 286, 260, 280; or
+        the stream was invalidated): then it starts again from now."""
+        watchdog = STREAM_WAIT_MS / 1000 + self.budget
+        fields = {field for _, revoking in WATCHED.values() for field in revoking}
+        pipeline = [
+            {"$match": {"operationType": {"$in": ["update", "invalidate"]},
+                        "$or": [{"operationType": "invalidate"}, {
+                            "ns.coll": {"$in": list(WATCHED)},
+                            "$or": [{f"updateDescription.updatedFields.{field}": {"$type": "date"}}
+                                    for field in sorted(fields)]}]}},
+            {"$project": {"ns": 1, "documentKey": 1, "operationType": 1, "clusterTime": 1}},
+        ]
+        try:
+            async with asyncio.timeout(watchdog):
+                stream = self._db.watch(pipeline, resume_after=self._resume_token, max_await_time_ms=STREAM_WAIT_MS)
+                if inspect.isawaitable(stream):  # PyMongo's watch is a coroutine; Motor-style ones are not
+                    stream = await stream
+            async with stream:
+                self._resume_token = stream.resume_token  # where it stands, before any answer
+                self.observer.feed("stream")
+                while stream.alive:
+                    async with asyncio.timeout(watchdog):
+                        change = await stream.try_next()
+                    self._resume_token = stream.resume_token
+                    if change is None:
+                        continue
+                    if self.clock is not None:
+                        # The re-check this event causes reads at or after the revocation.
+                        self.clock.seen(change.get("clusterTime"))
+                    if change["operationType"] == "invalidate":
+                        self._resume_token = None
+                        raise StorageError("the change stream was invalidated; following from now")
+                    yield Revocation(WATCHED[change["ns"]["coll"]][0], hashes.unpacked(change["documentKey"]["_id"]))
+            raise StorageError("the server closed the change stream; opening it again where it stood")
+        except TimeoutError:
+            raise StorageError(f"the change stream did not answer within {watchdog:g} s; opening it again where it "
+                               "stood") from None
+        except OperationFailure as exc:
+            if exc.code in NO_CHANGE_STREAMS:
+                raise _NoChangeStreams() from None
+            if exc.code in HISTORY_LOST:
+                self._resume_token = None  # from now on: what happened meanwhile, every socket re-checks
+                raise StorageError(f"the change stream cannot resume ({exc.code}); following from now") from None
+            raise translate(exc) from None
+        except PyMongoError as exc:
+            raise translate(exc) from None
+
+    async def _poll(self, poll_seconds: float) -> AsyncIterator[Revocation]:
+        since = datetime.now(UTC)
+        seen: dict[tuple[str, str, str], datetime] = {}
+        while True:
+            await asyncio.sleep(poll_seconds)
+            now = datetime.now(UTC)
+            for collection, (kind, revoking) in WATCHED.items():
+                for field in revoking:
+                    for document in await self._revoked_since(collection, field, since - POLL_OVERLAP):
+                        key = (collection, document["_id"], field)
+                        if key not in seen:
+                            seen[key] = _utc(document[field])
+                            yield Revocation(kind, hashes.unpacked(document["_id"]))
+            since = now
+            seen = {key: at for key, at in seen.items() if at > since - 2 * POLL_OVERLAP}
+
+    @guarded()
+    async def _revoked_since(self, collection: str, field: str, since: datetime) -> list[dict[str, Any]]:
+        return await self._db[collection].find({field: {"$gt": since}}, {field: 1}).to_list(None)
