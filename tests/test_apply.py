@@ -18,6 +18,7 @@ from service import WEBAPP_SECRET, user_agent_authorize
 from test_admin_cli import credentials, ok, service, tokensvc  # noqa: F401 - fixtures among them
 from test_cli import config_path, mongo, run  # noqa: F401 - fixtures
 
+from tokensvc import config as config_module
 from tokensvc.oauth import hashing
 from tokensvc.storage.base import StorageError
 from tokensvc.storage.mongo import MongoStore
@@ -399,3 +400,46 @@ operators = ["DORA"]
     twice = '[[users]]\nusername = "carol"\npassword = "orbit-lantern-quiet"\n[[users]]\nusername = "CAROL"\n'
     code, _, err = run("apply", "-f", write(tmp_path, twice, "twice.toml"))
     assert code == 1 and "[[users]] #2 (username = 'CAROL'): username: user 'CAROL' is named twice" in err
+
+
+# -- a logo given as a path, as the configuration takes it ---------------------------------------
+
+LOGO_PATH_CLIENT = '''
+[[clients]]
+client_id = "pathlogo"
+name = "Path logo"
+redirect_uris = ["https://pathlogo.example/cb"]
+logo_url = "/static/demo-client.svg"
+'''
+
+
+def test_a_logo_given_as_a_path_is_served_here_on_the_store(run, config_path, tmp_path):
+    served = config_module.load(config_path, environ={}).auth_url + "/static/demo-client.svg"
+    wanted = write(tmp_path, LOGO_PATH_CLIENT)
+    code, planned, err = run("apply", "-f", wanted, "--dry-run")
+    assert code == 0, err
+    assert f"    logo_url: {served}" in planned.splitlines()  # what the client will hold
+    code, _, err = run("apply", "-f", wanted)
+    assert code == 0, err
+    assert run("clients", "show", "pathlogo", json_out=True)[1]["logoUrl"] == served
+    assert run("apply", "-f", wanted)[1].splitlines()[-1] == "nothing to change (1 unchanged)"
+
+
+def test_the_demos_own_logo_path_applies_over_the_api(service, credentials, tmp_path):
+    admin = ["--url", service.admin]
+    seeded = requests.get(service.base + "/oauth/clients/skyplanner", timeout=10).json()["logoUrl"]
+    assert seeded == service.base + "/static/demo-client.svg"  # the configuration's logo, given as a URL
+    # The demo's own table gives it as a path: the same logo, nothing to change.
+    demo = write(tmp_path, '[[clients]]\nclient_id = "skyplanner"\nlogo_url = "/static/demo-client.svg"\n')
+    assert ok(tokensvc("apply", "-f", demo, *admin, credentials=credentials)).splitlines() == [
+        "unchanged client skyplanner", "nothing to change (1 unchanged)"]
+    other = write(tmp_path, '[[clients]]\nclient_id = "skyplanner"\nlogo_url = "/static/other.svg"\n', "o.toml")
+    planned = ok(tokensvc("apply", "-f", other, "--dry-run", *admin, credentials=credentials))
+    assert planned.splitlines()[:2] == ["update client skyplanner",
+                                        f"    logo_url: {seeded} -> {service.base}/static/other.svg"]
+    applied = ok(tokensvc("apply", "-f", other, *admin, credentials=credentials))
+    assert applied.splitlines() == planned.splitlines()[:-1] + ["applied: 1 changes"]
+    shown = requests.get(service.base + "/oauth/clients/skyplanner", timeout=10).json()["logoUrl"]
+    assert shown == service.base + "/static/other.svg"
+    ok(tokensvc("apply", "-f", demo, *admin, credentials=credentials))  # as the other tests expect it
+    assert requests.get(service.base + "/oauth/clients/skyplanner", timeout=10).json()["logoUrl"] == seeded

@@ -159,7 +159,9 @@ REDIRECT_URI = {"pattern": identifiers.REDIRECT_URI.pattern, "description": (
     "(com.example.app:/cb, RFC 8252 §7.1), never javascript:, data:, file:, vbscript:, blob:, about:, "
     "filesystem:; no fragment; " + identifiers.URI_RULE)}
 SCOPE = {"pattern": identifiers.SCOPE_TOKEN.pattern, "description": "RFC 6749 §3.3's scope-token"}
-LOGO_URL = {"pattern": identifiers.WEB_URL.pattern, "description": "An http(s) URL; " + identifiers.URI_RULE}
+LOGO_URL = {"pattern": identifiers.LOGO.pattern, "description": (
+    "An http(s) URL (" + identifiers.URI_RULE + "), or a path such as /static/app.svg: this service's "
+    "public URL followed by the path is held, as the configuration's logo_url")}
 ORIGIN = {"pattern": identifiers.ORIGIN.pattern, "maxLength": identifiers.ORIGIN_MAX_LENGTH, "description": (
     "A web origin as a browser sends it: scheme://host[:port] in lower case without its default port, https "
     "and a DNS name, or http on a loopback host; never a wildcard")}

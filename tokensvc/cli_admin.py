@@ -639,7 +639,8 @@ def add_commands(commands: argparse._SubParsersAction, factory: StoreFactory | N
     add.add_argument("--first-party", action="store_true", help="no consent prompt")
     add.add_argument("--confidential", action="store_true", help="give the client a secret")
     add.add_argument("--description", help="one sentence for the consent page")
-    add.add_argument("--logo-url", help="an https URL of the app's logo, shown on the consent and account pages")
+    add.add_argument("--logo-url", help="an http(s) URL of the app's logo, or a path this service serves "
+                     "(/static/app.svg), shown on the consent and account pages")
     add.add_argument("--client-id", help="choose the id, 1-128 of [A-Za-z0-9._~-] (default: a random one)")
     add.add_argument("--allowed-origin", action="append",
                      help="a web origin (https://app.example) whose pages may call the token endpoints and "

@@ -53,6 +53,7 @@ from tokensvc.identifiers import (
     scope_problem,
     secret_problem,
     secret_sha256_problem,
+    served_here,
     username_key,
     username_problem,
 )
@@ -509,9 +510,8 @@ def _resolve(values: dict[str, Any]) -> None:
     values["cookie_secrets"] = tuple([keys] if isinstance(keys, str) else keys)
     values["cookie_secret"] = values["cookie_secrets"][0] if values["cookie_secrets"] else ""
     for client in values.get("clients", []):
-        logo = client.get("logo_url")
-        if logo is not None and logo.startswith("/") and not logo.startswith("//"):
-            client["logo_url"] = values["auth_url"] + logo  # served by this service
+        if isinstance(client.get("logo_url"), str):
+            client["logo_url"] = served_here(client["logo_url"], values["auth_url"])
 
 
 def from_dict(raw: Mapping[str, Any]) -> Settings:

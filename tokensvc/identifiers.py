@@ -66,6 +66,9 @@ _LABEL = r"[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?"  # RFC 1123 §2.1, lower case
 ORIGIN = re.compile(rf"^(?:https://{_LABEL}(?:\.{_LABEL})*(?!:443$)|http://{_LOOPBACK}(?!:80$)){_PORT}$")
 ORIGIN_MAX_LENGTH = 261  # https:// and a host name of at most 253 characters, or with a port a shorter one
 WEB_URL = re.compile(rf"^https?://{_HOST}{_PORT}(?:/{_PATH})?{_QUERY}$")
+# A logo as the configuration and the admin API take it: a web URL, or a path this service
+# serves (made a web URL at auth_url by served_here).
+LOGO = re.compile(rf"^(?:https?://{_HOST}{_PORT}(?:/{_PATH})?|/(?!/){_PATH}){_QUERY}$")
 
 
 def id_problem(value: str) -> str | None:
@@ -212,6 +215,13 @@ def redirect_uri_problem(uri: str) -> str | None:
     if not REDIRECT_URI.fullmatch(uri):
         return URI_RULE
     return None
+
+
+def served_here(uri: str, auth_url: str) -> str:
+    """A logo given as a path (``/static/app.svg``), as the configuration and the admin API
+    alike take one: the URL this service serves it at (``auth_url`` + path), which is what a
+    client holds; anything else as it is, for :func:`logo_url_problem` to judge."""
+    return auth_url + uri if uri.startswith("/") and not uri.startswith("//") else uri
 
 
 def logo_url_problem(uri: str) -> str | None:

@@ -21,6 +21,7 @@ from tokensvc.admin import AdminError, ClientSpec, Missing, Taken
 from tokensvc.bootstrap import CLI_CLIENT
 from tokensvc.config import Settings
 from tokensvc.errors import ValidationFailed
+from tokensvc.identifiers import served_here
 from tokensvc.oauth import sessions
 from tokensvc.oauth.context import OAuthContext
 from tokensvc.records import Grant, Session
@@ -102,14 +103,14 @@ class Operator:
                                                                                               self.ctx.clock())))
 
     async def create_client(self, body: Json) -> Json:
-        data = load(admin_schemas.client_body, body)
+        data = load(admin_schemas.client_body, self._logo_served_here(body))
         client_id = data.pop("client_id", None)
         client, secret = await admin.create_client(self.store, ClientSpec(**data), client_id)
         self.ctx.origins.forget()
         return {**admin_schemas.admin_client.dump(client), "clientSecret": secret}
 
     async def put_client(self, client_id: str, body: Json) -> tuple[Json, bool]:
-        data = load(admin_schemas.client_body, body)
+        data = load(admin_schemas.client_body, self._logo_served_here(body))
         if data.pop("client_id", client_id) != client_id:
             raise AdminError(f"the body's clientId differs from the address's {client_id!r}", "clientId")
         client, secret, created = await admin.put_client(self.ctx, client_id, ClientSpec(**data))
@@ -117,9 +118,17 @@ class Operator:
         return {**admin_schemas.admin_client.dump(client), "clientSecret": secret}, created
 
     async def patch_client(self, client_id: str, body: Json) -> Json:
-        client, secret = await admin.update_client(self.ctx, client_id, load(admin_schemas.client_patch, body))
+        client, secret = await admin.update_client(self.ctx, client_id,
+                                                 load(admin_schemas.client_patch, self._logo_served_here(body)))
         self.ctx.origins.forget()
         return {**admin_schemas.admin_client.dump(client), "clientSecret": secret}
+
+    def _logo_served_here(self, body: Any) -> Any:
+        """A client body with its logo given as a path made the URL this service serves it at,
+        as the configuration makes it (:func:`~tokensvc.identifiers.served_here`)."""
+        if isinstance(body, dict) and isinstance(body.get("logoUrl"), str):
+            return {**body, "logoUrl": served_here(body["logoUrl"], self.settings.auth_url)}
+        return body
 
     async def remove_client(self, client_id: str) -> Json:
         revoked = await admin.remove_client(self.ctx, client_id)
@@ -227,6 +236,8 @@ class Operator:
         """What applying the desired state ``body`` would do (:mod:`tokensvc.provisioning`);
         the service's own client is never pruned, nor the caller's user and client."""
         kept = [CLI_CLIENT.client_id] if self.settings.admin.cli_client else []
+        if isinstance(body, dict) and isinstance(body.get("clients"), list):
+            body = {**body, "clients": [self._logo_served_here(entry) for entry in body["clients"]]}
         steps = await provisioning.plan(self.store, body, kinds=self.settings.installation_kinds,
                                         service_name=self.service_name, acting_user=acting_user,
                                         acting_client=acting_client, kept_clients=kept)
