@@ -680,12 +680,16 @@ async def test_a_user_given_a_password_hash_signs_in_with_its_password(call, ctx
 
 async def test_a_plan_writes_nothing_whoever_it_names(call, store):
     """The caller's own user and client and the command line's client may be named, demoted,
-    re-passworded and pruned around in a plan: it is only a plan (the fuzz run relies on it)."""
+    re-passworded and pruned around in a plan: it is only a plan (the fuzz run relies on it).
+    What ends the caller's rights is its last step; demoting and re-passwording them at once
+    (which no run could finish) is refused, located at the entry."""
     from tokensvc.oauth import hashing
 
     before = (await store.list_clients(), await store.list_users(), await store.list_installations())
+    both = await call("POST", "/admin/plan", {"users": [{"username": "root", "admin": False, "password": STRONG}]})
+    check_validation_error(both, ["body", "users", 0, "admin"], "value_error")
     planned = await call("POST", "/admin/plan", {
-        "users": [{"username": "root", "admin": False, "password": STRONG}],
+        "users": [{"username": "root", "admin": False}],
         "clients": [{"clientId": "webapp", "redirectUris": ["https://elsewhere.example/cb"], "confidential": False},
                     {"clientId": "tokensvc-cli", "clientSecretSha256": hashing.digest("taken-over")}],
         "installations": [], "prune": True})
@@ -694,6 +698,9 @@ async def test_a_plan_writes_nothing_whoever_it_names(call, store):
     assert actions[("user", "root")] == actions[("client", "webapp")] == "update"
     assert actions[("client", "tokensvc-cli")] == "update" and actions[("user", "alice")] == "remove"
     assert actions[("installation", "backyard-scope")] == "remove"
+    last = json_of(planned)["steps"][-1]
+    assert (last["kind"], last["id"], last["endsCaller"]) == ("user", "root", True)
+    assert [step["id"] for step in json_of(planned)["steps"] if step["endsCaller"]] == ["root"]
     assert (await store.list_clients(), await store.list_users(), await store.list_installations()) == before
     assert json_of(await call("GET", "/admin/users/root"))["admin"]  # the token still works, root still admin
 
@@ -743,7 +750,9 @@ async def test_the_plan_of_a_desired_state_writes_nothing_and_names_every_proble
     planned = await call("POST", "/admin/plan", state)
     assert planned.code == 200, planned.body
     check_schema(admin_schemas.PlanSchema(), json_of(planned))
-    assert json_of(planned)["steps"] == [
+    assert not any(step["endsCaller"] for step in json_of(planned)["steps"])  # the caller is not named
+    assert [{key: value for key, value in step.items() if key != "endsCaller"}
+            for step in json_of(planned)["steps"]] == [
         {"kind": "user", "id": "dora", "action": "create", "changes": [{"field": "password", "secret": True}]},
         {"kind": "client", "id": "skyplanner", "action": "update",
          "changes": [{"field": "allowedScopes", "from": ["read", "observations:write"], "to": ["read"]}]},

@@ -6,18 +6,21 @@ the second run a no-op, a failure midway told. Against a stopped service's Mongo
 
 from __future__ import annotations
 
+import functools
 import re
 import secrets
 import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import requests
 from authlib.integrations.requests_client import OAuth2Session
 from service import WEBAPP_SECRET, user_agent_authorize
-from test_admin_cli import credentials, ok, service, tokensvc  # noqa: F401 - fixtures among them
+from test_admin_cli import credentials, ok, service, sign_in_in_a_browser, tokensvc  # noqa: F401 - fixtures among them
 from test_cli import config_path, mongo, run  # noqa: F401 - fixtures
 
+from tokensvc import cli
 from tokensvc import config as config_module
 from tokensvc.oauth import hashing
 from tokensvc.storage.base import StorageError
@@ -443,3 +446,92 @@ def test_the_demos_own_logo_path_applies_over_the_api(service, credentials, tmp_
     assert shown == service.base + "/static/other.svg"
     ok(tokensvc("apply", "-f", demo, *admin, credentials=credentials))  # as the other tests expect it
     assert requests.get(service.base + "/oauth/clients/skyplanner", timeout=10).json()["logoUrl"] == seeded
+
+
+# -- what ends the rights of the token apply runs with ---------------------------------------------
+
+OPS_PASSWORD = "copper-meadow-signal"
+
+
+def signed_in_admin(service, credentials, tmp_path, username: str) -> Path:
+    """A second administrator (root's file makes them), signed in with ``tokensvc login``: the
+    credentials file their token is kept in."""
+    made = write(tmp_path, f'[[users]]\nusername = "{username}"\npassword = "{OPS_PASSWORD}"\nadmin = true\n',
+                 f"{username}.toml")
+    ok(tokensvc("apply", "-f", made, "--url", service.admin, credentials=credentials))
+    path = tmp_path / username / "credentials.json"
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("TOKENSVC_CREDENTIALS", str(path))
+        patch.setattr("webbrowser.open", functools.partial(sign_in_in_a_browser, username=username,
+                                                           password=OPS_PASSWORD))
+        assert cli.main(["login", "--url", service.admin, "--json"]) == 0
+    return path
+
+
+def client_ids(service, credentials) -> set[str]:
+    import json
+
+    listed = ok(tokensvc("clients", "list", "--json", "--url", service.admin, credentials=credentials))
+    return {client["clientId"] for client in json.loads(listed)}
+
+
+@pytest.mark.parametrize("change", ["admin = false", 'password = "a-brand-new-long-passphrase"'])
+def test_a_file_that_ends_its_runners_rights_applies_them_last(service, credentials, tmp_path, change):
+    name = "ops" + str(len(change))
+    mine = signed_in_admin(service, credentials, tmp_path, name)
+    client = f"after-{name}"
+    wanted = write(tmp_path, f'''
+[[users]]
+username = "{name}"
+{change}
+
+[[clients]]
+client_id = "{client}"
+name = "After {name}"
+redirect_uris = ["https://after.example/cb"]
+''')
+    admin = ["--url", service.admin]
+    planned = ok(tokensvc("apply", "-f", wanted, "--dry-run", *admin, credentials=mine)).splitlines()
+    assert planned[0] == f"create client {client}"
+    assert planned[3] == f"update user {name}"  # after everything else
+    assert planned[5] == "    (applied last: it ends this token's rights)"
+    result = tokensvc("apply", "-f", wanted, *admin, credentials=mine)
+    assert result.returncode == 0, result.stderr  # true to what happened: every step applied
+    assert result.stdout.splitlines() == planned[:-1] + [
+        "applied: 2 changes", "(this token's rights have ended: sign in again with `tokensvc login`)"]
+    assert client in client_ids(service, credentials)
+    assert tokensvc("clients", "list", *admin, credentials=mine).returncode == 1  # as the plan said
+    shown = json_user(service, credentials, name)
+    assert shown["admin"] is (change != "admin = false")
+
+
+def json_user(service, credentials, username: str) -> dict:
+    import json
+
+    listed = ok(tokensvc("users", "list", "--json", "--url", service.admin, credentials=credentials))
+    return next(user for user in json.loads(listed) if user["username"] == username)
+
+
+def test_demoting_and_rekeying_the_runner_at_once_is_refused(service, credentials, tmp_path):
+    mine = signed_in_admin(service, credentials, tmp_path, "opsboth")
+    wanted = write(tmp_path, '''
+[[clients]]
+client_id = "never-made"
+name = "Never made"
+redirect_uris = ["https://never.example/cb"]
+
+[[users]]
+username = "opsboth"
+admin = false
+password = "a-brand-new-long-passphrase"
+''')
+    for dry_run in (["--dry-run"], []):
+        result = tokensvc("apply", "-f", wanted, *dry_run, "--url", service.admin, credentials=mine)
+        assert result.returncode == 1 and result.stdout == ""
+        assert result.stderr.splitlines() == [
+            f"tokensvc: {wanted}: 1 problem; nothing was changed",
+            f"{wanted}: [[users]] #1 (username = 'opsboth'): admin: 'opsboth' runs this: their demotion and their "
+            "new password each end this token's rights, so one run cannot apply both; apply one, sign in again, "
+            "then the other"]
+    assert "never-made" not in client_ids(service, credentials)
+    assert json_user(service, credentials, "opsboth")["admin"] is True

@@ -344,6 +344,8 @@ class PlanStepSchema(Schema):
     id = fields.String(required=True)
     action = fields.String(required=True, metadata={"enum": ["create", "update", "unchanged", "remove"]})
     changes = fields.List(fields.Nested(PlanChangeSchema), required=True)
+    ends_caller = fields.Boolean(required=True, data_key="endsCaller", metadata={"description": (
+        "It ends the rights of the token asking (its user's demotion or new password): ordered last")})
 
 
 class PlanSchema(Schema):

@@ -449,6 +449,8 @@ def _plan_lines(steps: list[Json], state: DesiredState) -> list[str]:
                 lines.append(f"    {key}: {text_of(found['to'])}")
             else:
                 lines.append(f"    {key}: {text_of(found['from'])} -> {text_of(found['to'])}")
+        if step.get("endsCaller"):
+            lines.append("    (applied last: it ends this token's rights)")
     return lines
 
 
@@ -528,7 +530,9 @@ async def apply(op: Operations, args: argparse.Namespace) -> int:
                                f"  not applied: {', '.join(left) or 'nothing else'}\n"
                                "(apply again once fixed: what was applied is unchanged the second time)") from None
         done.append(name)
-    emit(args, {"steps": steps, "dryRun": False, "applied": done}, f"applied: {len(done)} changes")
+    ended = any(step.get("endsCaller") for step in to_do)
+    emit(args, {"steps": steps, "dryRun": False, "applied": done}, f"applied: {len(done)} changes"
+         + ("\n(this token's rights have ended: sign in again with `tokensvc login`)" if ended else ""))
     return 0
 
 

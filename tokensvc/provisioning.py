@@ -11,7 +11,8 @@ says what it would do: ``create``, ``update`` (the fields that change, with thei
 secret only that it changes, never a value), ``unchanged``, or ``remove`` (with ``prune``:
 what the state does not name, in the tables it names anything in). The steps run in the
 order given: users (installations name them), clients, installations, then the removals the
-other way round.
+other way round; last of all, the change that ends the rights of the token asking (its user's
+demotion or new password, ``endsCaller``), so that nothing else needs them after it.
 
 The plan writes nothing; the command line carries it out step by step through the same
 operations (``tokensvc/cli_admin.py``), so a failure midway is known to the step.
@@ -50,9 +51,11 @@ class Step:
     id: str
     action: str
     changes: list[Json] = field(default_factory=list)
+    ends_caller: bool = False  # it ends the rights of the token asking: run last
 
     def json(self) -> Json:
-        return {"kind": self.kind, "id": self.id, "action": self.action, "changes": self.changes}
+        return {"kind": self.kind, "id": self.id, "action": self.action, "changes": self.changes,
+                "endsCaller": self.ends_caller}
 
 
 def change(name: str, before: Any, after: Any) -> Json:
@@ -113,7 +116,7 @@ async def plan(store: Store, body: Any, *, kinds: Sequence[str], service_name: s
                 named[table].add(same(table, key))
                 fields = {name: value for name, value in entry.items() if name != ID_FIELDS[table]}
                 if table == "users":
-                    steps.append(await _user(store, key, fields, service_name, desired))
+                    steps.append(_as_caller(await _user(store, key, fields, service_name, desired), acting_user))
                 elif table == "clients":
                     steps.append(await _client(store, key, fields, desired))
                 else:
@@ -122,7 +125,10 @@ async def plan(store: Store, body: Any, *, kinds: Sequence[str], service_name: s
         steps += await _removals(store, data, named, problems, acting_user, acting_client, kept_clients)
     if problems.detail:
         raise ValidationFailed(problems.detail)
-    return steps
+    # What ends the caller's rights runs last, once the rest no longer needs them (terraform
+    # would not lock itself out midway either): a file that demotes or re-keys its own runner
+    # is applied whole, as its dry run said.
+    return [step for step in steps if not step.ends_caller] + [step for step in steps if step.ends_caller]
 
 
 def same(table: str, key: str) -> str:
@@ -169,6 +175,20 @@ async def _user(store: Store, username: str, entry: Json, service_name: str, des
         if differs:
             changes += [change(name, None, None) for name in secrets]
     return Step("user", username, "update" if changes else "unchanged", changes)
+
+
+def _as_caller(step: Step, acting_user: str | None) -> Step:
+    """``step`` marked if it ends the rights of ``acting_user``'s token: their demotion, or
+    their new password (which revokes their grants). Both at once cannot be carried out (the
+    first ends the token the second needs): refused."""
+    if acting_user is None or step.action != "update" or same("users", step.id) != same("users", acting_user):
+        return step
+    demoted = any(found["field"] == "admin" and found["to"] is False for found in step.changes)
+    rekeyed = any(found["field"] in SECRET_FIELDS for found in step.changes)
+    if demoted and rekeyed:
+        raise AdminError(f"{step.id!r} runs this: their demotion and their new password each end this token's "
+                         "rights, so one run cannot apply both; apply one, sign in again, then the other", "admin")
+    return replace(step, ends_caller=True) if demoted or rekeyed else step
 
 
 # -- clients -------------------------------------------------------------------------------------
