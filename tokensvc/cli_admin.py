@@ -31,7 +31,7 @@ from tokensvc.config import ConfigError, Settings
 from tokensvc.errors import ValidationFailed
 from tokensvc.oauth import hashing
 from tokensvc.operator import Json, Operations, Operator, RemoteOperator
-from tokensvc.records import CLIENT_KIND, CLIENT_KINDS
+from tokensvc.records import CLIENT_KIND, CLIENT_KINDS, MAX_KEEP_PREVIOUS_SECONDS
 from tokensvc.storage import StorageError, Store
 
 StoreFactory = Callable[[Settings], Store]
@@ -213,6 +213,16 @@ def duration(text: str) -> int:
     if not number.isdigit():
         raise argparse.ArgumentTypeError(f"not a duration (90s, 15m, 12h, 7d): {text!r}")
     return int(number) * DURATION_UNITS[unit]
+
+
+def keep_previous(text: str) -> int:
+    """``--keep-previous``: a :func:`duration` within the service's bound, refused in the flag's
+    terms (not the admin API's field)."""
+    seconds = duration(text)
+    if seconds > MAX_KEEP_PREVIOUS_SECONDS:
+        raise argparse.ArgumentTypeError(f"at most {MAX_KEEP_PREVIOUS_SECONDS // 86400}d "
+                                         f"({MAX_KEEP_PREVIOUS_SECONDS} seconds): {text!r}")
+    return seconds
 
 
 # -- users ---------------------------------------------------------------------------------------
@@ -657,7 +667,7 @@ def add_commands(commands: argparse._SubParsersAction, factory: StoreFactory | N
         sub = command(clients, name, help_text, action)
         sub.add_argument("client_id", help="the client's id")
         if name == "rotate-secret":
-            sub.add_argument("--keep-previous", metavar="DURATION", type=duration, default=0,
+            sub.add_argument("--keep-previous", metavar="DURATION", type=keep_previous, default=0,
                              help="keep the old secret working this long beside the new one (90s, 15m, 12h, 7d; "
                                   "at most 30d), while every instance of the client takes the new one")
 
