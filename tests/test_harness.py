@@ -71,7 +71,9 @@ def test_the_guard_fails_a_test_that_leaves_a_process_and_ends_it(tmp_path):
     """))
     plugins = [flag for plugin in ("cacheprovider", "schemathesis", "hypothesispytest", "anyio", "tornado")
                for flag in ("-p", f"no:{plugin}")]  # none is needed here, and they take seconds to load
-    result = subprocess.run([sys.executable, "-m", "pytest", *plugins, "-v", str(tmp_path)],
+    # -rN: no short summary, whose lines repeat each message only when the caller's terminal is wide
+    # enough (COLUMNS) to hold it
+    result = subprocess.run([sys.executable, "-m", "pytest", *plugins, "-v", "-rN", str(tmp_path)],
                             capture_output=True, text=True, timeout=300, cwd=tmp_path)
     out = result.stdout
     assert result.returncode == 1, out + result.stderr
