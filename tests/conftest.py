@@ -3,6 +3,8 @@ and the guard that fails a test leaving a process behind."""
 
 from __future__ import annotations
 
+import os
+
 import children
 import pytest
 from backends import open_store
@@ -11,6 +13,14 @@ from helpers import Browser, Clock, make_config
 from tokensvc.app import make_app
 from tokensvc.bootstrap import make_context, seed
 from tokensvc.storage.memory import MemoryStore
+
+# Every server of the tests listens on this host. A proxy the caller's environment names
+# (http_proxy, https_proxy, all_proxy) must not carry the clients the tests drive to it
+# (requests, Authlib, Selenium, Chromium, curl): loopback is added to no_proxy, in the forms
+# each of them understands, for this run and the processes it starts.
+LOOPBACK = ("localhost", "127.0.0.1", "127.0.0.0/8", "::1")
+for _name in ("no_proxy", "NO_PROXY"):
+    os.environ[_name] = ",".join(filter(None, (os.environ.get(_name), *LOOPBACK)))
 
 
 @pytest.fixture

@@ -155,6 +155,18 @@ def test_login_keeps_the_refresh_token_for_its_owner_alone(service, credentials)
     assert stat.S_IMODE(credentials.stat().st_mode) == 0o600
 
 
+def test_the_command_line_reaches_a_loopback_service_whatever_proxy_the_environment_names(service, credentials):
+    """A proxy in the operator's environment (here one that refuses every connection), with no
+    no_proxy to exempt loopback, never carries the command line's requests to a service on this
+    host."""
+    dead = "http://127.0.0.1:9"
+    proxies = {name: dead for name in ("http_proxy", "https_proxy", "all_proxy", "HTTP_PROXY", "HTTPS_PROXY",
+                                       "ALL_PROXY")}
+    listed = json.loads(ok(tokensvc("users", "list", "--url", service.admin, "--json", credentials=credentials,
+                                    env={**proxies, "no_proxy": "", "NO_PROXY": ""})))
+    assert "root" in [user["username"] for user in listed]
+
+
 def test_login_as_someone_who_is_not_an_admin_is_refused_in_one_line(service, tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("TOKENSVC_CREDENTIALS", str(tmp_path / "credentials.json"))
     monkeypatch.setattr("webbrowser.open", lambda url: sign_in_in_a_browser(url, "alice", "violet-tide-anchor"))

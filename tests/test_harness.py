@@ -4,9 +4,11 @@ the wait for a service takes any request error for "not yet" until its deadline.
 
 from __future__ import annotations
 
+import http.server
 import subprocess
 import sys
 import textwrap
+import threading
 import uuid
 from pathlib import Path
 
@@ -168,3 +170,27 @@ def test_the_guard_sees_the_runs_descendants():
     finally:
         process.communicate(b"")
     assert process.pid not in {child.pid for child in children.descendants() if child.alive}
+
+
+class NoContent(http.server.BaseHTTPRequestHandler):
+    def do_GET(self) -> None:
+        self.send_response(204)
+        self.end_headers()
+
+    def log_message(self, *args) -> None:
+        pass
+
+
+def test_the_tests_clients_reach_loopback_whatever_proxy_the_caller_names(monkeypatch):
+    """A proxy in the caller's environment (here one that refuses every connection) carries no
+    request of the tests to a server on this host: conftest.py exempts loopback (no_proxy)."""
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), NoContent)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        for name in ("http_proxy", "https_proxy", "all_proxy", "HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY"):
+            monkeypatch.setenv(name, "http://127.0.0.1:9")
+        for host in ("127.0.0.1", "localhost"):
+            assert requests.get(f"http://{host}:{server.server_address[1]}/", timeout=10).status_code == 204
+    finally:
+        server.shutdown()
+        server.server_close()
