@@ -5,6 +5,7 @@ the wait for a service takes any request error for "not yet" until its deadline.
 from __future__ import annotations
 
 import http.server
+import os
 import subprocess
 import sys
 import textwrap
@@ -71,12 +72,17 @@ def test_the_guard_fails_a_test_that_leaves_a_process_and_ends_it(tmp_path):
         def test_beside_a_leaky_module_fixture(leaky):
             pass
     """))
+    # An ini file of its own: the inner run takes no configuration from above tmp_path (a TMPDIR
+    # inside a checkout would find the project's setup.cfg).
+    (tmp_path / "pytest.ini").write_text("[pytest]\n")
     plugins = [flag for plugin in ("cacheprovider", "schemathesis", "hypothesispytest", "anyio", "tornado")
                for flag in ("-p", f"no:{plugin}")]  # none is needed here, and they take seconds to load
-    # -rN: no short summary, whose lines repeat each message only when the caller's terminal is wide
-    # enough (COLUMNS) to hold it
-    result = subprocess.run([sys.executable, "-m", "pytest", *plugins, "-v", "-rN", str(tmp_path)],
-                            capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    # The output counted below is the same whatever the caller's terminal and environment: -rN, no
+    # short summary (its lines repeat each message only when the terminal is wide enough, COLUMNS,
+    # to hold it); --color=no, whatever FORCE_COLOR or PY_COLORS say; and no PYTEST_ADDOPTS (a -q).
+    environ = {key: value for key, value in os.environ.items() if not key.startswith("PYTEST_")}
+    result = subprocess.run([sys.executable, "-m", "pytest", *plugins, "-v", "-rN", "--color=no", str(tmp_path)],
+                            capture_output=True, text=True, timeout=300, cwd=tmp_path, env=environ)
     out = result.stdout
     assert result.returncode == 1, out + result.stderr
     assert "test_ends_what_it_starts PASSED" in out and "test_beside_a_leaky_module_fixture PASSED" in out
