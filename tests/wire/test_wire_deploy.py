@@ -31,8 +31,9 @@ def installed(tmp_path_factory) -> Path:
     build, runtime = dockerfile()
     work = tmp_path_factory.mktemp("image")
     wheels = work / "wheels"
-    # The build stage's command, its paths made this machine's.
-    command = shlex.split(build.last("RUN").replace("/wheels", str(wheels)))
+    # The build stage's command, its paths made this machine's (after splitting: a path here may
+    # hold a space).
+    command = [str(wheels) if arg == "/wheels" else arg for arg in shlex.split(build.last("RUN"))]
     built = subprocess.run([sys.executable, "-m", *command[:-1], str(ROOT)], capture_output=True, text=True,
                            timeout=300, cwd=work)
     assert built.returncode == 0, built.stderr[-2000:]
@@ -40,9 +41,10 @@ def installed(tmp_path_factory) -> Path:
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
     site = next(venv.glob("lib/python3*/site-packages"))
     (site / "dependencies.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
-    install = runtime.all("RUN")[0].split("&&")[0].replace("/wheels/*.whl", str(next(wheels.glob("*.whl"))))
-    installed = subprocess.run([str(venv / "bin" / "python"), "-m", *shlex.split(install), "--no-deps",
-                                "--no-index"], capture_output=True, text=True, timeout=300)
+    wheel = str(next(wheels.glob("*.whl")))
+    install = [wheel if arg == "/wheels/*.whl" else arg for arg in shlex.split(runtime.all("RUN")[0].split("&&")[0])]
+    installed = subprocess.run([str(venv / "bin" / "python"), "-m", *install, "--no-deps", "--no-index"],
+                               capture_output=True, text=True, timeout=300)
     assert installed.returncode == 0, installed.stderr[-2000:]
     where = subprocess.run([str(venv / "bin" / "python"), "-c", "import tokensvc; print(tokensvc.__file__)"],
                            capture_output=True, text=True, timeout=60, cwd=work)
