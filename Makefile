@@ -40,15 +40,21 @@ $(OLDEST_TORNADO)/.installed: setup.cfg | $(BIN)/python
 	$(BIN)/python -m pip install --quiet --no-deps --target $(OLDEST_TORNADO) tornado==$(TORNADO_OLDEST)
 	@touch $@
 
+# The suite as setup.cfg defines it, whatever the caller's environment holds: pytest's own
+# variables are not taken (a stray PYTEST_ADDOPTS with -x, -k or -m would narrow the gate and
+# still pass; PYTEST_PLUGINS and PYTEST_DISABLE_PLUGIN_AUTOLOAD change which plugins run). For
+# a narrower run, call $(BIN)/python -m pytest directly.
+PYTEST := env -u PYTEST_ADDOPTS -u PYTEST_PLUGINS -u PYTEST_DISABLE_PLUGIN_AUTOLOAD $(BIN)/python -m pytest
+
 # The linter and the type checker first; then pytest, which exits 5 when it collected no
 # test: that is a failure here, never a silent pass.
 test: $(VENV)/.installed-test $(OLDEST_TORNADO)/.installed
 	$(BIN)/ruff check tokensvc tests bench
 	$(BIN)/mypy
-	@$(BIN)/python -m pytest; status=$$?; \
+	@$(PYTEST); status=$$?; \
 	if [ $$status -eq 5 ]; then echo "make test: no tests ran" >&2; exit 1; fi; exit $$status
 	PYTHONPATH=$(OLDEST_TORNADO) $(BIN)/python -c 'import tornado; assert tornado.version == "$(TORNADO_OLDEST)", tornado.version; print("the response path on Tornado", tornado.version)'
-	PYTHONPATH=$(OLDEST_TORNADO) $(BIN)/python -m pytest -q $(RESPONSE_PATH_TESTS)
+	PYTHONPATH=$(OLDEST_TORNADO) $(PYTEST) -q $(RESPONSE_PATH_TESTS)
 
 # Three rounds, medians: one 10-second run moves with the machine's noise.
 bench: $(VENV)/.installed-test

@@ -200,3 +200,15 @@ def test_the_tests_clients_reach_loopback_whatever_proxy_the_caller_names(monkey
     finally:
         server.shutdown()
         server.server_close()
+
+
+def test_make_test_runs_pytest_with_no_options_from_the_environment():
+    """``make test``'s pytest (the Makefile's PYTEST) collects the suite as setup.cfg defines it,
+    whatever PYTEST_ADDOPTS the caller has (here one that would deselect every test)."""
+    collect = "collect: ; @$(PYTEST) --collect-only -q -p no:cacheprovider tests/test_harness.py"
+    result = subprocess.run(["make", "-s", "--no-print-directory", "--eval", collect, "collect"],
+                            capture_output=True, text=True, timeout=120, cwd=TESTS.parent,
+                            env={**os.environ, "PYTEST_ADDOPTS": "-k no_such_test"})
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "tests/test_harness.py::test_make_test_runs_pytest_with_no_options_from_the_environment" in result.stdout
+    assert "deselected" not in result.stdout
