@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from primary import ReplicaSet, wire_settings
+from primary import BUDGET_MS, ReplicaSet, wire_settings
 
 from tokensvc.storage.mongo import MongoStore
 
@@ -23,10 +23,17 @@ def primary():
 
 
 @pytest.fixture
-def wire_store(primary, io_loop):
+def wire_budget_ms() -> int:
+    """``storage.timeout_ms`` of ``wire_store``: the tier's short budget, so that a fault that
+    waits it out ends quickly. A module none of whose faults waits on it gives a longer one."""
+    return BUDGET_MS
+
+
+@pytest.fixture
+def wire_store(primary, io_loop, wire_budget_ms):
     """A MongoStore over the real driver, opened (its indexes made), talking to ``primary``."""
     async def opened() -> MongoStore:  # the driver's event listeners start within a running loop
-        store = MongoStore.from_settings(wire_settings(primary))
+        store = MongoStore.from_settings(wire_settings(primary, timeout_ms=wire_budget_ms))
         await store.open()
         return store
 

@@ -18,7 +18,7 @@ from datetime import timedelta
 
 import pytest
 from helpers import WEBAPP_REDIRECT, WEBAPP_SECRET, basic, eventually, exchange, json_of, make_config, post_form
-from primary import Fault, ReplicaSet, wire_settings
+from primary import Fault, ReplicaSet
 from tornado.httpclient import AsyncHTTPClient
 
 from tokensvc.records import AuthorizationCode, Client, utcnow
@@ -39,15 +39,8 @@ def primary():
 
 
 @pytest.fixture
-def wire_store(primary, io_loop):
-    async def opened() -> MongoStore:
-        store = MongoStore.from_settings(wire_settings(primary, timeout_ms=BUDGET_MS))
-        await store.open()
-        return store
-
-    store = io_loop.run_sync(opened)
-    yield store
-    io_loop.run_sync(store.close)
+def wire_budget_ms():
+    return BUDGET_MS
 
 
 @pytest.fixture
