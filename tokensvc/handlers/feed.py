@@ -14,7 +14,6 @@ polls (no change streams) may never see.
 
 from __future__ import annotations
 
-import logging
 from typing import Any
 
 import tornado.ioloop
@@ -25,6 +24,7 @@ from tokensvc.errors import Forbidden
 from tokensvc.handlers.guards import from_own_origin
 from tokensvc.handlers.headers import JSON_HEADERS
 from tokensvc.handlers.lifecycle import JSON, dumps
+from tokensvc.handlers.recheck import Recheck
 from tokensvc.handlers.web import WebHandler
 from tokensvc.handlers.ws import check_handshake
 from tokensvc.oauth import introspection
@@ -32,8 +32,6 @@ from tokensvc.oauth.clientauth import ClientRequest
 from tokensvc.oauth.errors import InvalidClient
 from tokensvc.oauth.feed import CLOSE_CREDENTIALS, Message
 from tokensvc.storage.base import CLIENT, Revocation
-
-log = logging.getLogger(__name__)
 
 RECHECK_SECONDS = 30.0
 
@@ -45,8 +43,8 @@ class RevocationFeedSocket(WebHandler, tornado.websocket.WebSocketHandler):
     output = JSON
     reads_session = False
     _stands_on: list[Revocation] = []
-    _checking = False
-    _recheck: tornado.ioloop.PeriodicCallback | None = None
+    _recheck: Recheck
+    _every: tornado.ioloop.PeriodicCallback | None = None
 
     async def get(self, *args: Any, **kwargs: Any) -> None:
         authorization = self.request.headers.get("Authorization")
@@ -72,9 +70,10 @@ class RevocationFeedSocket(WebHandler, tornado.websocket.WebSocketHandler):
         return True
 
     def open(self, *args: Any, **kwargs: Any) -> None:
-        self.ctx.events.subscribe(self._stands_on, self._client_changed)
-        self._recheck = tornado.ioloop.PeriodicCallback(self._client_changed, RECHECK_SECONDS * 1000, jitter=0.1)
-        self._recheck.start()
+        self._recheck = Recheck(self._check, "could not re-check a revocation feed reader's credentials")
+        self.ctx.events.subscribe(self._stands_on, self._recheck.request)
+        self._every = tornado.ioloop.PeriodicCallback(self._recheck.request, RECHECK_SECONDS * 1000, jitter=0.1)
+        self._every.start()
         opening = self.ctx.feed.open(self._send, self._stream, self._after)
         for message in (opening.ready, *opening.missed):
             self._send(message)
@@ -84,23 +83,13 @@ class RevocationFeedSocket(WebHandler, tornado.websocket.WebSocketHandler):
 
     def on_close(self) -> None:
         self.ctx.feed.close(self._send)
-        self.ctx.events.unsubscribe(self._stands_on, self._client_changed)
-        if self._recheck is not None:
-            self._recheck.stop()
-
-    def _client_changed(self) -> None:
-        if not self._checking:
-            self._checking = True
-            tornado.ioloop.IOLoop.current().add_callback(self._check)
+        if self._every is not None:
+            self.ctx.events.unsubscribe(self._stands_on, self._recheck.request)
+            self._every.stop()
 
     async def _check(self) -> None:
-        try:
-            if not await introspection.still_a_reader(self.ctx, self._caller):
-                self.close(CLOSE_CREDENTIALS, "the client's credentials no longer hold")
-        except Exception:  # the store is away: kept, as a token's socket is; the relay re-checks all once it is back
-            log.warning("could not re-check a revocation feed reader's credentials", exc_info=True)
-        finally:
-            self._checking = False
+        if not await introspection.still_a_reader(self.ctx, self._caller):
+            self.close(CLOSE_CREDENTIALS, "the client's credentials no longer hold")
 
     def _send(self, message: Message) -> None:
         try:

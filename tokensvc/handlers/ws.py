@@ -11,7 +11,6 @@ by the request's exit in the JSON API's shape, as every other route's errors are
 from __future__ import annotations
 
 import json
-import logging
 import re
 from typing import Any
 
@@ -26,10 +25,9 @@ from tokensvc.handlers.guards import check_socket_origin
 from tokensvc.handlers.headers import JSON_HEADERS
 from tokensvc.handlers.inputs import JSON
 from tokensvc.handlers.lifecycle import dumps
+from tokensvc.handlers.recheck import Recheck
 from tokensvc.handlers.web import WebHandler
 from tokensvc.oauth import principal as principals
-
-log = logging.getLogger(__name__)
 
 CLOSE_REVOKED = 4401
 
@@ -73,7 +71,7 @@ class EchoSocket(AuthMixin, WebHandler, tornado.websocket.WebSocketHandler):
         super().initialize()
         self.opened = False
         self._timers: list[Any] = []
-        self._checking = False
+        self._recheck = Recheck(self._check, "could not re-check a WebSocket's authorization")
         self._stands_on: list[Any] = []
 
     async def get(self, *args: Any, **kwargs: Any) -> None:
@@ -97,7 +95,7 @@ class EchoSocket(AuthMixin, WebHandler, tornado.websocket.WebSocketHandler):
         # Revocations reach the socket as announcements (oauth.events), from this process and,
         # through the process's one relay, from every other: no socket polls on its own.
         self._stands_on = principals.stands_on(principal)
-        self.ctx.events.subscribe(self._stands_on, self._on_revocation)
+        self.ctx.events.subscribe(self._stands_on, self._recheck.request)
         self.opened = True
         self.edge.metrics.websockets_open.inc()
         loop = tornado.ioloop.IOLoop.current()
@@ -113,7 +111,7 @@ class EchoSocket(AuthMixin, WebHandler, tornado.websocket.WebSocketHandler):
         self.write_message(json.dumps({"type": "echo", "data": message}))
 
     def on_close(self) -> None:
-        self.ctx.events.unsubscribe(self._stands_on, self._on_revocation)
+        self.ctx.events.unsubscribe(self._stands_on, self._recheck.request)
         if self.opened:
             self.opened = False
             self.edge.metrics.websockets_open.dec()
@@ -122,22 +120,9 @@ class EchoSocket(AuthMixin, WebHandler, tornado.websocket.WebSocketHandler):
             loop.remove_timeout(timer)
         self._timers.clear()
 
-    def _on_revocation(self) -> None:
-        self._spawn_check()
-
-    def _spawn_check(self) -> None:
-        if not self._checking:
-            self._checking = True
-            tornado.ioloop.IOLoop.current().add_callback(self._check)
-
     async def _check(self) -> None:
-        try:
-            if self.principal is not None and not await principals.still_valid(self.ctx, self.principal):
-                self._close_revoked()
-        except Exception:  # the store is away: keep the socket; the relay re-checks all once it is back
-            log.warning("could not re-check a WebSocket's authorization", exc_info=True)
-        finally:
-            self._checking = False
+        if self.principal is not None and not await principals.still_valid(self.ctx, self.principal):
+            self._close_revoked()
 
     def _close_revoked(self) -> None:
         if self.ws_connection is not None:
