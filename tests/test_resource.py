@@ -346,26 +346,41 @@ class Failing(BearerAuthMixin):
 
 
 @pytest.mark.gen_test(timeout=90)
-async def test_tornados_log_lines_never_hold_a_query_token(http_client, caplog):
-    """The mixin's handlers name a request with its access_token masked, in the access log (a
-    refusal is a WARNING) and in the line of an uncaught exception (Tornado's own adds the
-    request's repr, URI and all)."""
-    verifier = verifier_for("http://127.0.0.1:9")  # never asked: the refusals need no answer
+@pytest.mark.parametrize("own_log", [False, True])
+async def test_tornados_log_lines_never_hold_a_query_token(http_client, caplog, own_log):
+    """A token in the query is taken out of the request as the mixin's handler is made: the
+    access log (a refusal is a WARNING; a method the handler lacks, 405, is refused before any
+    of its code runs), the line of an uncaught exception (Tornado's adds the request's repr),
+    and an application's own ``log_function`` name the request with ``access_token=***``;
+    whichever of Tornado's methods writes them (none is overridden)."""
+    verifier = verifier_for("http://127.0.0.1:9")  # nothing listens: a token presented is answered 503
+    own = {"log_function": lambda handler: logging.getLogger("app.access").info(
+        "%s %s", handler.get_status(), handler.request.uri)} if own_log else {}
     server, api = await serve(tornado.web.Application([("/live", Live), ("/failing", Failing)],
-                                                      tokensvc_verifier=verifier))
+                                                      tokensvc_verifier=verifier, **own))
     secret = "a-query-token-" + "x" * 30
     try:
         with caplog.at_level(logging.INFO):
             response = await http_client.fetch(api + "/failing?access_token=" + secret, raise_error=False)
             assert response.code == 500
-            response = await http_client.fetch(api + "/live?x=1&access_token=", raise_error=False,
+            response = await http_client.fetch(api + "/live?x=1&access_token=" + secret, raise_error=False,
                                                headers={"Connection": "Upgrade", "Upgrade": "websocket"})
-            assert response.code == 401
+            assert response.code == 503
+            response = await http_client.fetch(api + "/live?access_token=" + secret, method="POST", body="",
+                                               raise_error=False)
+            assert response.code == 405
+            response = await http_client.fetch(api + "/live?access%5Ftoken=" + secret, raise_error=False)
+            assert response.code == 503  # escaped, the name is access_token all the same: presented
     finally:
         server.stop()
     logged = "\n".join(record.getMessage() + (caplog.text if record.exc_info else "") for record in caplog.records)
     assert "Uncaught exception GET /failing?access_token=*** " in logged
-    assert "GET /live?x=1&access_token=*** " in logged
+    if own_log:
+        assert [record.getMessage() for record in caplog.records if record.name == "app.access"] == [
+            "500 /failing?access_token=***", "503 /live?x=1&access_token=***", "405 /live?access_token=***",
+            "503 /live?***"]
+    else:
+        assert "GET /live?x=1&access_token=*** " in logged and "POST /live?access_token=*** " in logged
     assert secret not in caplog.text
 
 

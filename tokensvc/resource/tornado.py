@@ -2,20 +2,24 @@
 handler base that closes its connection (4401) when its token is revoked.
 
 The application's settings hold the verifier under ``tokensvc_verifier``. A WebSocket's token
-rides in its query (``?access_token=``), and Tornado writes the request's URI into its access
-log (a refusal at WARNING, which reaches stderr even where logging was never configured) and
-into its error lines: the mixin's handlers write the URI with that value masked instead.
+rides in its query (``?access_token=``; RFC 6750 §2.3: only where no header can carry it, so
+only :class:`RevocableWebSocket` takes it), and whatever names the request writes its URI:
+Tornado's access log (a refusal at WARNING, which reaches stderr even where logging was never
+configured), its line of an uncaught exception (the request's repr), an application's own
+``log_function``. So the mixin takes the token out of the request as its handler is made and
+leaves ``access_token=***`` in its place (``uri``, ``query``, the query's arguments: the
+request's public attributes, as the ASGI middleware masks its scope), before any of those is
+written and whichever of Tornado's methods writes them.
 """
 
 from __future__ import annotations
 
 import functools
 import json
-import types
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-import tornado.log
+import tornado.httputil
 import tornado.web
 import tornado.websocket
 
@@ -31,6 +35,14 @@ class BearerAuthMixin(tornado.web.RequestHandler):
 
     authorized: Authorized | None = None
     accept_query_token = False  # WebSockets: browsers cannot set headers (RFC 6750 §2.3)
+    _query_token: str | None = None
+
+    def __init__(self, application: tornado.web.Application, request: tornado.httputil.HTTPServerRequest,
+                 **kwargs: Any) -> None:
+        if "access_token" in request.query_arguments:  # taken out whether accepted here or not
+            self._query_token = request.query_arguments["access_token"][-1].decode("utf-8", "replace").strip()
+            _mask_query_token(request)
+        super().__init__(application, request, **kwargs)
 
     @property
     def verifier(self) -> Verifier:
@@ -39,7 +51,7 @@ class BearerAuthMixin(tornado.web.RequestHandler):
     def presented_token(self) -> str | None:
         token = bearer_token(self.request.headers.get("Authorization"))
         if token is None and self.accept_query_token:
-            token = self.get_query_argument("access_token", None)
+            token = self._query_token
         return token
 
     async def authorize(self, scope: str | None = None) -> Authorized:
@@ -57,24 +69,25 @@ class BearerAuthMixin(tornado.web.RequestHandler):
         self.set_header("Content-Type", "application/json")
         self.finish(json.dumps(refusal.body()))
 
-    def _request_summary(self) -> str:
-        # What Tornado's access log and its error lines name the request by: never a token.
-        path, sep, query = (self.request.uri or "").partition("?")
-        return f"{self.request.method} {path}{sep}{masked_query(query)} ({self.request.remote_ip})"
-
-    def log_exception(self, typ: type[BaseException] | None, value: BaseException | None,
-                      tb: types.TracebackType | None) -> None:
-        if isinstance(value, tornado.web.HTTPError):  # its line names the request by the summary
-            super().log_exception(typ, value, tb)
-        else:  # Tornado's own line adds the request's repr, URI and all
-            tornado.log.app_log.error("Uncaught exception %s", self._request_summary(), exc_info=value)
-
     def write_error(self, status_code: int, **kwargs: Any) -> None:
         refusal = kwargs.get("exc_info", (None, None, None))[1]
         if isinstance(refusal, Refusal):  # raised by the handler itself (authorized.require)
             self.refuse(refusal)
         else:
             super().write_error(status_code, **kwargs)
+
+
+def _mask_query_token(request: tornado.httputil.HTTPServerRequest) -> None:
+    """``request`` with its query's ``access_token`` replaced by ``***`` wherever the request
+    holds it. A name written escaped (``access%5Ftoken``), which :func:`masked_query` leaves
+    as it is, leaves nothing of the query in the URI."""
+    masked = masked_query(request.query)
+    if masked == request.query:
+        masked = "***"
+    request.query = masked
+    request.uri = f"{request.path}?{masked}"
+    request.query_arguments["access_token"] = [b"***"]
+    request.arguments["access_token"] = [b"***", *request.body_arguments.get("access_token", [])]
 
 
 Method = Callable[..., Awaitable[None]]
