@@ -636,6 +636,14 @@ async def test_a_resource_server_is_registered_with_a_secret_and_nothing_of_the_
     response = await call("PATCH", "/admin/clients/notes-api", {"kind": "client",
                                                                 "redirectUris": ["https://notes.example/cb"]})
     assert response.code == 200 and json_of(response)["kind"] == "client"
+    assert json_of(response)["allowedScopes"] == ["read"]  # a client given no scope: read
+    # And a resource server again only once what a client has is emptied: the field at fault is
+    # named, as `apply` names it in the file's words.
+    check_validation_error(await call("PATCH", "/admin/clients/notes-api", {"kind": "resource-server"}),
+                           ["body", "redirectUris"], "value_error")
+    response = await call("PATCH", "/admin/clients/notes-api", {"kind": "resource-server", "redirectUris": []})
+    assert response.code == 200, response.body
+    assert (json_of(response)["kind"], json_of(response)["allowedScopes"]) == ("resource-server", [])
 
 
 # -- secrets the operator holds, and the plan of a desired state ---------------------------------

@@ -535,3 +535,167 @@ password = "a-brand-new-long-passphrase"
             "then the other"]
     assert "never-made" not in client_ids(service, credentials)
     assert json_user(service, credentials, "opsboth")["admin"] is True
+
+
+# -- a resource server: introspection and the feed, nothing else -------------------------------------
+
+API_SECRET = "notes-api-secret-0123456789"
+RESOURCE_SERVER = f'''
+[[clients]]
+client_id = "notes-api"
+name = "Notes API"
+kind = "resource-server"
+client_secret = "{API_SECRET}"
+'''
+
+
+def test_a_resource_server_is_planned_applied_and_unchanged_the_second_time(run, mongo, tmp_path):
+    from test_cli import stored
+
+    wanted = write(tmp_path, RESOURCE_SERVER)
+    code, planned, err = run("apply", "-f", wanted, "--dry-run")
+    assert code == 0, err
+    assert planned.splitlines() == [
+        "create client notes-api", "    name: Notes API", "    kind: resource-server", "    client_secret: set",
+        "plan: 1 to create, 0 to update, 0 unchanged, 0 to remove", "(dry run: nothing was changed)"]
+    assert run("clients", "list")[1].strip() == "no clients"
+    code, applied, err = run("apply", "-f", wanted)
+    assert code == 0, err
+    assert applied.splitlines() == planned.splitlines()[:-1] + ["applied: 1 changes"]
+    shown = run("clients", "show", "notes-api", json_out=True)[1]
+    assert (shown["kind"], shown["redirectUris"], shown["allowedScopes"], shown["firstParty"],
+            shown["confidential"]) == ("resource-server", [], [], False, True)
+    assert [client["secret_hash"] for client in stored(mongo, "clients")] == [hashing.digest(API_SECRET)]
+    assert run("apply", "-f", wanted)[1].splitlines() == ["unchanged client notes-api",
+                                                          "nothing to change (1 unchanged)"]
+
+
+def test_a_resource_server_table_with_anything_of_the_flow_is_refused_in_the_files_words(run, tmp_path):
+    assert run("apply", "-f", write(tmp_path, RESOURCE_SERVER))[0] == 0
+    wanted = write(tmp_path, f'''
+[[clients]]
+client_id = "notes-api"
+allowed_origins = ["https://notes.example"]
+
+[[clients]]
+client_id = "rs-redirect"
+name = "RS redirect"
+kind = "resource-server"
+redirect_uris = ["https://rs.example/cb"]
+client_secret = "{API_SECRET}"
+
+[[clients]]
+client_id = "rs-scoped"
+name = "RS scoped"
+kind = "resource-server"
+allowed_scopes = ["read"]
+client_secret = "{API_SECRET}"
+
+[[clients]]
+client_id = "rs-first"
+name = "RS first"
+kind = "resource-server"
+first_party = true
+client_secret = "{API_SECRET}"
+
+[[clients]]
+client_id = "rs-secretless"
+name = "RS secretless"
+kind = "resource-server"
+''', "wrong.toml")
+    feed_only = "it only introspects tokens and reads the revocation feed"
+    for dry in (["--dry-run"], []):
+        code, out, err = run("apply", "-f", wanted, *dry)
+        assert code == 1 and out == "", err
+        assert err.splitlines() == [
+            f"tokensvc: {wanted}: 5 problems; nothing was changed",
+            f"{wanted}: [[clients]] #1 (client_id = 'notes-api'): allowed_origins: a resource server has no web "
+            f"origin: {feed_only}",
+            f"{wanted}: [[clients]] #2 (client_id = 'rs-redirect'): redirect_uris: a resource server has no "
+            f"redirect URI: {feed_only}",
+            f"{wanted}: [[clients]] #3 (client_id = 'rs-scoped'): allowed_scopes: a resource server has no scope: "
+            f"{feed_only}",
+            f"{wanted}: [[clients]] #4 (client_id = 'rs-first'): first_party: a resource server has no first-party "
+            f"flag: {feed_only}",
+            # a secret apply made could be shown to no one
+            f"{wanted}: [[clients]] #5 (client_id = 'rs-secretless'): a resource server is confidential: give "
+            "client_secret or client_secret_sha256"]
+    assert [client["clientId"] for client in run("clients", "list", json_out=True)[1]] == ["notes-api"]
+
+
+TURNCOAT_SECRET = "turncoat-secret-0123456789"
+TURNCOAT = f'''
+[[clients]]
+client_id = "turncoat"
+name = "Turncoat"
+redirect_uris = ["http://127.0.0.1:1/callback"]
+first_party = true
+client_secret = "{TURNCOAT_SECRET}"
+'''
+AS_RESOURCE_SERVER = '''
+[[clients]]
+client_id = "turncoat"
+kind = "resource-server"
+redirect_uris = []
+first_party = false
+'''
+AS_CLIENT = '''
+[[clients]]
+client_id = "turncoat"
+kind = "client"
+redirect_uris = ["http://127.0.0.1:1/callback"]
+'''
+
+
+def introspected(service, token: str, client_id: str, secret: str) -> requests.Response:
+    return requests.post(service.base + "/oauth/token/introspect", data={"token": token}, auth=(client_id, secret),
+                         timeout=10)
+
+
+def test_a_change_of_kind_keeps_a_resource_server_to_introspection_and_the_feed(service, credentials, tmp_path):
+    """A client made a resource server keeps its id and secret, and nothing of the flow: the
+    file says so (its redirect URIs and first-party flag emptied; its scopes go with the kind),
+    and every token it was issued is out of force at once, for good. Made a client again, it
+    starts from nothing (the scopes of a client given none: read). The plan says each of it;
+    the admin API (PATCH, the same checks) carries it out."""
+    admin = ["--url", service.admin]
+
+    def apply(text: str, name: str, *options: str) -> list[str]:
+        return ok(tokensvc("apply", "-f", write(tmp_path, text, name), *options, *admin,
+                           credentials=credentials)).splitlines()
+
+    apply(TURNCOAT, "turncoat.toml")
+    issued = code_for(service, "turncoat", TURNCOAT_SECRET)
+    assert issued["status"] == 200
+    assert introspected(service, issued["access_token"], "turncoat", TURNCOAT_SECRET).json()["active"] is True
+    # Only the kind: what a client has and a resource server may not is named in the file's words.
+    partial = write(tmp_path, '[[clients]]\nclient_id = "turncoat"\nkind = "resource-server"\n', "partial.toml")
+    refused = tokensvc("apply", "-f", partial, *admin, credentials=credentials)
+    assert refused.returncode == 1 and refused.stderr.splitlines()[1:] == [
+        f"{partial}: [[clients]] #1 (client_id = 'turncoat'): redirect_uris: a resource server has no redirect URI: "
+        "it only introspects tokens and reads the revocation feed"]
+    planned = apply(AS_RESOURCE_SERVER, "rs.toml", "--dry-run")
+    assert planned == [
+        "update client turncoat", "    kind: client -> resource-server",
+        "    redirect_uris: http://127.0.0.1:1/callback -> -", "    allowed_scopes: read -> -",
+        "    first_party: yes -> no", "plan: 0 to create, 1 to update, 0 unchanged, 0 to remove",
+        "(dry run: nothing was changed)"]
+    assert apply(AS_RESOURCE_SERVER, "rs.toml") == planned[:-1] + ["applied: 1 changes"]
+    assert apply(AS_RESOURCE_SERVER, "rs.toml") == ["unchanged client turncoat", "nothing to change (1 unchanged)"]
+    # Its own token is dead; its secret still proves it, for introspection alone.
+    assert introspected(service, issued["access_token"], "turncoat", TURNCOAT_SECRET).json() == {"active": False}
+    assert requests.get(service.base + "/v1/me", headers={"Authorization": f"Bearer {issued['access_token']}"},
+                        timeout=10).status_code == 401
+    refresh = requests.post(service.base + "/oauth/token/refresh", auth=("turncoat", TURNCOAT_SECRET),
+                            data={"refresh_token": issued["refresh_token"]}, timeout=10)
+    assert refresh.status_code == 400 and refresh.json()["error"] == "unauthorized_client"
+    # Back to a client: as the file describes it, from nothing; its tokens of before stay dead.
+    planned = apply(AS_CLIENT, "client.toml", "--dry-run")
+    assert planned[:4] == ["update client turncoat", "    kind: resource-server -> client",
+                           "    redirect_uris: - -> http://127.0.0.1:1/callback", "    allowed_scopes: - -> read"]
+    assert apply(AS_CLIENT, "client.toml") == planned[:-1] + ["applied: 1 changes"]
+    assert introspected(service, issued["access_token"], "webapp", WEBAPP_SECRET).json() == {"active": False}
+    answer = introspected(service, issued["access_token"], "turncoat", TURNCOAT_SECRET)
+    assert answer.status_code == 403  # a third-party client: it no longer introspects
+    assert code_for(service, "turncoat", TURNCOAT_SECRET)["status"] == 200
+    ok(tokensvc("clients", "remove", "turncoat", *admin, credentials=credentials))

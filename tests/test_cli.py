@@ -111,6 +111,28 @@ def test_a_client_with_allowed_origins(run):
     assert code == 1 and "not a valid web origin (a host name of letters" in err and "no wildcard" in err
 
 
+def test_clients_add_kind_resource_server_on_the_store(run, mongo, capsys):
+    """``clients add --kind resource-server`` against a stopped service's store, as over the
+    admin API: a secret made and shown once, nothing of the flow; anything of it refused."""
+    code, out, err = run("clients", "add", "--kind", "resource-server", "--name", "Notes API", "--client-id",
+                         "notes-api", json_out=True)
+    assert code == 0, err
+    assert (out["kind"], out["redirectUris"], out["allowedScopes"], out["firstParty"], out["confidential"]) == (
+        "resource-server", [], [], False, True)
+    assert stored(mongo, "clients")[0]["secret_hash"] == hashing.digest(out["clientSecret"])
+    for option, what in ((("--redirect-uri", "https://notes.example/cb"), "redirect URI"),
+                         (("--scope", "read"), "scope"), (("--first-party",), "first-party flag"),
+                         (("--allowed-origin", "https://notes.example"), "web origin")):
+        code, _, err = run("clients", "add", "--kind", "resource-server", "--name", "Other API", *option)
+        assert code == 1 and err == (f"tokensvc: a resource server has no {what}: it only introspects tokens and "
+                                     "reads the revocation feed\n")
+    with pytest.raises(SystemExit) as refused:
+        run("clients", "add", "--kind", "api", "--name", "Other API")
+    err = capsys.readouterr().err
+    assert refused.value.code == 2 and "--kind: invalid choice: 'api'" in err and "resource-server" in err
+    assert [client["_id"] for client in stored(mongo, "clients")] == ["notes-api"]
+
+
 def test_public_client_has_no_secret(run):
     code, out, _ = run("clients", "add", "--name", "App", "--redirect-uri", "myapp://cb", "--client-id", "app",
                        json_out=True)

@@ -170,9 +170,13 @@ class ClientSpec:
     def _checked_resource_server(self, logo: bool) -> ClientSpec:
         """A resource server is confidential and has none of what the authorization flow uses:
         no redirect URI, no scope, not first-party, no web origin."""
-        if self.redirect_uris or self.scopes or self.first_party or self.allowed_origins:
-            raise AdminError("a resource server has no redirect URI, scope, web origin, nor first-party flag: "
-                             "it only introspects tokens and reads the revocation feed", "kind")
+        for what, given, name in (("redirect URI", self.redirect_uris, "redirectUris"),
+                                  ("scope", self.scopes, "allowedScopes"),
+                                  ("web origin", self.allowed_origins, "allowedOrigins"),
+                                  ("first-party flag", self.first_party, "firstParty")):
+            if given:
+                raise AdminError(f"a resource server has no {what}: it only introspects tokens and reads the "
+                                 "revocation feed", name)
         if logo and self.logo_url is not None:
             _check(logo_url_problem(self.logo_url), "logo URL", self.logo_url, "logoUrl")
         return replace(self, confidential=True)

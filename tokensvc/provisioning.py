@@ -31,7 +31,7 @@ from tokensvc.admin import AdminError, ClientSpec
 from tokensvc.errors import ValidationFailed
 from tokensvc.identifiers import username_key
 from tokensvc.oauth import hashing
-from tokensvc.records import DEFAULT_SCOPES, Client
+from tokensvc.records import DEFAULT_SCOPES, RESOURCE_SERVER, Client
 from tokensvc.schemas import load
 from tokensvc.storage.base import Store
 
@@ -195,12 +195,22 @@ def _as_caller(step: Step, acting_user: str | None) -> Step:
 
 
 def _in_force(spec: ClientSpec) -> Json:
-    """A client's fields as they act, by the body's names (no scopes: read; no origins: none)."""
-    return {"name": spec.name, "redirectUris": list(spec.redirect_uris),
-            "allowedScopes": list(spec.scopes) if spec.scopes is not None else list(DEFAULT_SCOPES),
+    """A client's fields as they act, by the body's names: what ``spec.fields()`` writes (a
+    client's empty scopes are read, a resource server's none; no origins: none)."""
+    written = spec.fields()
+    return {"name": spec.name, "kind": spec.kind, "redirectUris": written["redirect_uris"],
+            "allowedScopes": list(DEFAULT_SCOPES) if written["allowed_scopes"] is None else written["allowed_scopes"],
             "firstParty": spec.first_party, "confidential": bool(spec.confidential),
             "description": spec.description, "logoUrl": spec.logo_url,
-            "allowedOrigins": list(spec.allowed_origins or [])}
+            "allowedOrigins": written["allowed_origins"] or []}
+
+
+def _secret_given(spec: ClientSpec, existing: Client | None) -> None:
+    """A client the state makes confidential is given its secret: one the service made would
+    be shown to no one (apply prints no secret), and the client could never prove itself."""
+    if spec.confidential and spec.secret_sha256 is None and (existing is None or not existing.confidential):
+        what = "a resource server" if spec.kind == RESOURCE_SERVER else "a confidential client"
+        raise AdminError(f"{what} is confidential: give client_secret or client_secret_sha256")
 
 
 async def _client(store: Store, client_id: str, entry: Json, desired: Desired) -> Step:
@@ -208,6 +218,7 @@ async def _client(store: Store, client_id: str, entry: Json, desired: Desired) -
     if existing is None:
         data = load(admin_schemas.client_body, entry)
         spec = ClientSpec(**data).checked()
+        _secret_given(spec, None)
         await admin.check_new_client(store, client_id, spec)
         _name_free(client_id, spec.name, desired)
         return Step("client", client_id, "create", [change(name, None, value) for name, value in entry.items()])
@@ -215,6 +226,7 @@ async def _client(store: Store, client_id: str, entry: Json, desired: Desired) -
     if changes.get("secret_sha256") is not None:
         changes = {"confidential": True, **changes}
     spec = replace(ClientSpec.of(existing), **changes).checked()
+    _secret_given(spec, existing)
     _name_free(client_id, spec.name, desired)
     before, after = _in_force(ClientSpec.of(existing).checked()), _in_force(spec)
     found = [change(name, before[name], after[name]) for name in after if before[name] != after[name]]
