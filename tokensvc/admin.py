@@ -42,6 +42,7 @@ from tokensvc.records import (
     CLIENT_KIND,
     CLIENT_KINDS,
     MAX_KEEP_PREVIOUS_SECONDS,
+    READER_FIELDS,
     RESOURCE_SERVER,
     Client,
     Grant,
@@ -55,9 +56,6 @@ from tokensvc.records import (
 from tokensvc.storage.base import CLIENT, GRANT, Conflict, Revocation, Store
 
 MAX_PAGE = 200  # the most a listing returns at once
-# What decides whether a client may read the revocation feed with the credentials it proved:
-# a change of one is marked (narrowed_at) and announced, as a narrowing of its scopes is.
-READER_FIELDS = ("secret_hash", "kind", "first_party")
 
 
 class AdminError(HTTPAnswer):

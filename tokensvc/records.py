@@ -26,6 +26,12 @@ CLIENT_KIND, RESOURCE_SERVER = "client", "resource-server"
 CLIENT_KINDS = (CLIENT_KIND, RESOURCE_SERVER)
 
 
+# What decides whether a client may read the revocation feed with the credentials it proved:
+# a change of one is marked (Client.narrowed_at) and announced, as a narrowing of its scopes is,
+# whoever writes it (the admin API, the CLI, apply, the configuration at start-up).
+READER_FIELDS = ("secret_hash", "kind", "first_party")
+
+
 @dataclass(slots=True)
 class Client:
     client_id: str
