@@ -209,8 +209,8 @@ def _secret_given(spec: ClientSpec, existing: Client | None) -> None:
     """A client the state makes confidential is given its secret: one the service made would
     be shown to no one (apply prints no secret), and the client could never prove itself."""
     if spec.confidential and spec.secret_sha256 is None and (existing is None or not existing.confidential):
-        what = "a resource server" if spec.kind == RESOURCE_SERVER else "a confidential client"
-        raise AdminError(f"{what} is confidential: give client_secret or client_secret_sha256")
+        what = "a resource server is confidential" if spec.kind == RESOURCE_SERVER else "a confidential client"
+        raise AdminError(f"{what}: give client_secret or client_secret_sha256")
 
 
 async def _client(store: Store, client_id: str, entry: Json, desired: Desired) -> Step:
