@@ -80,3 +80,12 @@ class SignedIn:
 
     def set(self, case: Any, data: str, context: Any) -> None:
         case.headers = {**(case.headers or {}), "Authorization": f"Bearer {data}"}
+
+
+@schemathesis.hook
+def before_call(context: Any, case: Any, **kwargs: Any) -> None:
+    """A header named Host among those the run makes up is not sent: it would address a server
+    the documents' ``servers`` do not describe, which the service refuses on every route alike
+    (400, an unknown host: tests/test_pages.py::test_only_the_configured_host_names_are_served)."""
+    if case.headers and any(name.lower() == "host" for name in case.headers):
+        case.headers = {name: value for name, value in case.headers.items() if name.lower() != "host"}
