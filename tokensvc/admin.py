@@ -53,7 +53,7 @@ from tokensvc.records import (
     User,
     utcnow,
 )
-from tokensvc.storage.base import CLIENT, GRANT, Conflict, Revocation, Store
+from tokensvc.storage.base import CLIENT, GRANT, SUBJECT, Conflict, Revocation, Store
 
 MAX_PAGE = 200  # the most a listing returns at once
 
@@ -447,11 +447,23 @@ async def get_user(store: Store, username: str) -> User:
     return user
 
 
+async def _narrow_user(ctx: OAuthContext, user_id: str, fields: dict[str, Any]) -> User | None:
+    """Write ``fields`` of the user with the user's mark (``narrowed_at``), in one write, and
+    announce it under the user: some of what their tokens may do is withdrawn. Every process's
+    relay hears the mark, and the revocation feed names the user (``sub``), so resource servers
+    drop the answers they cached for them. The user as they were, or None when there is none."""
+    before = await ctx.store.update_user(user_id, {**fields, "narrowed_at": ctx.clock()})
+    if before is not None:
+        ctx.events.publish(Revocation(SUBJECT, user_id))
+    return before
+
+
 async def set_admin(ctx: OAuthContext, username: str, admin: bool) -> User:
     """Make a user an administrator, or not. Either takes effect at once, in every process:
     ``admin`` is in force only while the user is one (:mod:`tokensvc.oauth.privileges`). A
     promotion first revokes the grants of theirs that may carry ``admin``, so that a chain from
-    an earlier time as administrator never comes back to life."""
+    an earlier time as administrator never comes back to life; a demotion is written with the
+    user's mark and announced (:func:`_narrow_user`), so that no cached answer keeps ``admin``."""
     user = await get_user(ctx.store, username)
     if user.admin != admin:
         ended = await end_chains_before_promotion(ctx.store, user.user_id, ctx.clock()) if admin else {}
@@ -459,7 +471,8 @@ async def set_admin(ctx: OAuthContext, username: str, admin: bool) -> User:
             ctx.metrics.revoked_families("promotion", count)
             ctx.events.publish(Revocation(GRANT, grant_id))
         # The flag alone is written: a password set meanwhile holds (and this holds beside it).
-        before = await ctx.store.update_user(user.user_id, {"admin": admin})
+        before = await (ctx.store.update_user(user.user_id, {"admin": True}) if admin
+                        else _narrow_user(ctx, user.user_id, {"admin": False}))
         if before is None:
             raise Missing(f"no user named {username!r}")
         user = replace(before, admin=admin)
@@ -480,24 +493,25 @@ async def set_password(ctx: OAuthContext, username: str, password: str | None, *
     if await ctx.store.update_user(user.user_id, {"password_hash": new_hash}) is None:
         raise Missing(f"no user named {username!r}")
     sessions = await web_sessions.end_all(ctx, user.user_id)
-    revoked = 0
-    if not keep_grants:
-        for grant in await ctx.store.list_grants(Subject(user_id=user.user_id)):
-            revoked += await revoke_grant(ctx, grant.grant_id, "admin")
+    revoked = 0 if keep_grants else await _revoke_grants_of(ctx, Subject(user_id=user.user_id))
     _record("user_password_set", subject=user.user_id, username=user.username, sessions_ended=sessions,
             families_revoked=revoked, outcome="success")
     return {"username": user.username, "sessions_ended": sessions, "families_revoked": revoked}
 
 
 async def remove_user(ctx: OAuthContext, username: str) -> tuple[str, int]:
-    """Delete a user after revoking every grant (and token) of theirs; their username as it was
-    stored, and the families revoked."""
+    """Delete a user after revoking every grant (and token) of theirs, each announced; their
+    username as it was stored, and the families revoked. The user's mark is written and
+    announced just before the deletion (which no relay hears), so that every resource server
+    drops whatever it cached for them, also of a grant made while this ran, which the sweep
+    after the deletion revokes (no token of theirs is in force once they are gone)."""
     user = await get_user(ctx.store, username)
-    revoked = 0
-    for grant in await ctx.store.list_grants(Subject(user_id=user.user_id)):
-        revoked += await revoke_grant(ctx, grant.grant_id, "admin")
+    subject = Subject(user_id=user.user_id)
+    revoked = await _revoke_grants_of(ctx, subject)
     await web_sessions.end_all(ctx, user.user_id)
+    await _narrow_user(ctx, user.user_id, {})
     await ctx.store.delete_user(user.user_id)
+    revoked += await _revoke_grants_of(ctx, subject)
     _record("user_removed", subject=user.user_id, username=user.username, families_revoked=revoked,
             outcome="success")
     return user.username, revoked
@@ -555,15 +569,21 @@ async def get_installation(store: Store, installation_id: str) -> Installation:
 
 async def remove_installation(ctx: OAuthContext, installation_id: str) -> int:
     await get_installation(ctx.store, installation_id)
-    revoked = 0
-    for grant in await ctx.store.list_grants(Subject(installation_id=installation_id)):
-        revoked += await revoke_grant(ctx, grant.grant_id, "admin")
+    revoked = await _revoke_grants_of(ctx, Subject(installation_id=installation_id))
     await ctx.store.delete_installation(installation_id)
     _record("installation_removed", subject=installation_id, families_revoked=revoked, outcome="success")
     return revoked
 
 
 # -- grants, sessions, tokens -------------------------------------------------------------------------
+
+
+async def _revoke_grants_of(ctx: OAuthContext, subject: Subject) -> int:
+    """Revoke every live grant of ``subject`` (each announced); the families revoked."""
+    revoked = 0
+    for grant in await ctx.store.list_grants(subject):
+        revoked += await revoke_grant(ctx, grant.grant_id, "admin")
+    return revoked
 
 
 async def list_grants(ctx: OAuthContext, username: str | None = None, client_id: str | None = None,

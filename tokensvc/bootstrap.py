@@ -117,13 +117,14 @@ async def seed(store: Store, config: Settings) -> None:
             # `users set-admin` promotes: no chain from before holds admin in force again.
             await end_chains_before_promotion(store, existing_user.user_id, utcnow())
         # Upserted on the username (a new one stored as its key, as `users add` does): processes
-        # seeding one empty database at once agree on its id.
+        # seeding one empty database at once agree on its id. Demoted by the file, the user is
+        # marked in the same write, which every process's relay hears (the revocation feed).
         user = await store.seed_user(User(
             user_id=existing_user.user_id if existing_user else new_user_id(),
             username=existing_user.username if existing_user else username_key(seed_user.username),
             password_hash=password_hash,
             admin=seed_user.admin,
-        ))
+        ), utcnow())
         user_ids[username_key(seed_user.username)] = user.user_id
     for seed_installation in config.installations:
         await store.put_installation(Installation(

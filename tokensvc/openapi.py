@@ -451,7 +451,7 @@ def _operations() -> dict[str, dict[str, Any]]:
                       "422": INVALID, "426": UPGRADE_426, "429": TOO_MANY, "503": UNAVAILABLE},
         "x-websocket-messages": {
             "description": "Server to client, JSON text frames; the client sends nothing. Cache keys: the "
-                           "introspection answer's family_id, grant_id and client_id",
+                           "introspection answer's family_id, grant_id, client_id and sub",
             "oneOf": [ref("FeedReady"), ref("FeedRevoked"), ref("FeedFlush")]},
         "x-websocket-close-codes": {
             str(CLOSE_CREDENTIALS): "The reader's credentials no longer prove a client that may read the feed "

@@ -136,6 +136,12 @@ class User:
     username: str
     password_hash: str
     admin: bool = False
+    # When something the user's tokens may do was last withdrawn (no longer an administrator;
+    # being removed): written with the change, so that every process hears of it (the
+    # revocation feed names the user) and resource servers drop the answers they cached. An
+    # event, never state: nothing decides anything on its value, so a writer that drops it
+    # (0.9.0 replaces whole documents) loses nothing that was heard when it was written.
+    narrowed_at: datetime | None = None
 
 
 @dataclass(slots=True)

@@ -407,6 +407,8 @@ class FeedRevokedSchema(Schema):
     family_id = fields.String(metadata={"description": "A token family (or its current access token) was revoked"})
     grant_id = fields.String(metadata={"description": "A grant and every token of it was revoked"})
     client_id = fields.String(metadata={"description": "Some of what the client's tokens may do was withdrawn"})
+    sub = fields.String(metadata={"description": "Some of what the user's tokens may do was withdrawn (no longer "
+                                                 "an administrator, or removed)"})
 
 
 class FeedFlushSchema(Schema):

@@ -110,8 +110,8 @@ async def test_unique_index_races_between_processes_end_with_one_record(wire_sto
     other = MongoStore.from_settings(wire_settings(primary))
     primary.script(Fault("findAndModify", "race", collection="users", code=11000, times=2),
                    Fault("insert", "race", collection="grants", times=2))
-    seeded = await asyncio.gather(wire_store.seed_user(User("u_1", "alice", "scrypt$1")),
-                                  other.seed_user(User("u_2", "alice", "scrypt$2")))
+    seeded = await asyncio.gather(wire_store.seed_user(User("u_1", "alice", "scrypt$1"), utcnow()),
+                                  other.seed_user(User("u_2", "alice", "scrypt$2"), utcnow()))
     assert seeded[0].user_id == seeded[1].user_id and ("findAndModify", 11000) in primary.refusals
     now = utcnow()
     grants = await asyncio.gather(wire_store.save_grant("webapp", ALICE, ["read"], now),

@@ -42,7 +42,7 @@ async def every_operation(store: MongoStore) -> None:
     await store.get_client("webapp")
     await store.list_clients(None, 10)
     await store.put_user(User("u_alice", "alice", "scrypt$x"))
-    await store.seed_user(User("u_bob", "bob", "scrypt$y"))
+    await store.seed_user(User("u_bob", "bob", "scrypt$y"), now)
     await store.get_user("u_alice")
     await store.get_user_by_username("alice")
     await store.list_users()

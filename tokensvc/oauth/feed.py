@@ -4,9 +4,10 @@ cache of introspection answers must drop, numbered.
 Every revocation this process makes, and through its relay (:func:`tokensvc.oauth.events.relay`)
 every one another process sharing the store makes, becomes one message naming the identifier a
 cache keys its entries on, as introspection returns it (:func:`cache_keys`): a token family's
-``family_id``, a grant's ``grant_id``, or a client's ``client_id`` (some of what its tokens may
-do was withdrawn). Never a token, nor any hash a token is looked up under: the family's key in
-the store is the hash of its secret, so the feed names it by a one-way function of that key
+``family_id``, a grant's ``grant_id``, a client's ``client_id`` (some of what its tokens may
+do was withdrawn), or a user's ``sub`` (likewise: demoted from administrator, or removed).
+Never a token, nor any hash a token is looked up under: the family's key in the store is the
+hash of its secret, so the feed names it by a one-way function of that key
 (:func:`family_label`). Web sessions are no bearer tokens and are not announced.
 
 Each message carries a sequence number of this process's stream. A reader that reconnects names
@@ -27,7 +28,7 @@ from typing import Any
 from tokensvc.oauth import hashing
 from tokensvc.oauth.events import RevocationEvents
 from tokensvc.records import Token
-from tokensvc.storage.base import CLIENT, FAMILY, GRANT, Revocation
+from tokensvc.storage.base import CLIENT, FAMILY, GRANT, SUBJECT, Revocation
 
 log = logging.getLogger(__name__)
 
@@ -35,7 +36,7 @@ REPLAY = 4096  # messages kept for readers that reconnect
 # The close code of a reader whose credentials no longer prove a client that may read the feed.
 CLOSE_CREDENTIALS = 4403
 # What each kind of revocation names, by the introspection member a cache keys on.
-NAMED = {FAMILY: "family_id", GRANT: "grant_id", CLIENT: "client_id"}
+NAMED = {FAMILY: "family_id", GRANT: "grant_id", CLIENT: "client_id", SUBJECT: "sub"}
 
 Message = dict[str, Any]
 Reader = Callable[[Message], None]

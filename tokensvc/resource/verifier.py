@@ -5,7 +5,7 @@ A token is introspected once (RFC 7662, with the resource server's client creden
 answer cached: a bounded LRU, an active answer never past the token's ``exp`` (nor ``max_ttl``),
 an inactive one ``negative_ttl`` seconds. The revocation feed (``GET /oauth/revocations``) stays
 open beside it and drops the entries each revocation names, by the identifiers introspection
-returned (``family_id``, ``grant_id``, ``client_id``). Concurrent checks of one token share one
+returned (``family_id``, ``grant_id``, ``client_id``, ``sub``). Concurrent checks of one token share one
 introspection, and an answer a revocation overtook on its way is asked again, never cached.
 
 While the feed is down (not yet open, reconnecting), nothing tells the cache of a revocation: an
@@ -41,7 +41,10 @@ from tokensvc.resource.errors import InsufficientScope, InvalidToken, Unavailabl
 
 log = logging.getLogger(__name__)
 
-KEYS = ("family_id", "grant_id", "client_id")  # what a feed message names, as introspection does
+KEYS = ("family_id", "grant_id", "client_id", "sub")  # what a feed message names, as introspection does
+# What a message names when some of what the tokens may do was withdrawn (a client narrowed, a
+# user demoted), rather than the tokens ended: a watched connection asks again what is left.
+NARROWED = ("client_id", "sub")
 RECENT = 1024  # revocations remembered, to tell an introspection that one overtook it
 
 
@@ -344,11 +347,13 @@ class Verifier:
 
     def _recheck_watches(self, named: tuple[str, str] | None) -> None:
         """A flush asks again for every watched token; a revocation ends those whose family or
-        grant it names, and asks again for those of a narrowed client (what is left?)."""
+        grant it names, and asks again for those of a narrowed client or user (what is left?)."""
         for watch in list(self._watches):
-            if named is None or (named[0] == "client_id" and watch.authorized.answer.get("client_id") == named[1]):
+            if named is not None and watch.authorized.answer.get(named[0]) != named[1]:
+                continue
+            if named is None or named[0] in NARROWED:
                 self._spawn(self._reverify(watch))
-            elif watch.authorized.answer.get(named[0]) == named[1]:
+            else:
                 self._end(watch)
 
     async def _reverify(self, watch: _Watch) -> None:

@@ -58,17 +58,18 @@ MAX_LISTED_SESSIONS = 100
 
 # What a revocation concerns, named in every announcement of it: open WebSockets re-check
 # only when one of the keys they stand on is named.
-FAMILY, GRANT, SESSION, USER, CLIENT = "family", "grant", "session", "user", "client"
+FAMILY, GRANT, SESSION, USER, CLIENT, SUBJECT = "family", "grant", "session", "user", "client", "subject"
 
 
 @dataclass(slots=True, frozen=True)
 class Revocation:
     """Something was revoked: a token family (or its access token alone), a grant, a web
-    session, every web session of a user, or some of what a client's tokens may do (its
-    allowed_scopes narrowed)."""
+    session, every web session of a user, some of what a client's tokens may do (its
+    allowed_scopes narrowed), or some of what a user's tokens may do (the user demoted, or
+    removed)."""
 
-    kind: str  # FAMILY | GRANT | SESSION | USER | CLIENT
-    key: str  # the family_id, grant_id, session_hash, user_id or client_id
+    kind: str  # FAMILY | GRANT | SESSION | USER | CLIENT | SUBJECT
+    key: str  # the family_id, grant_id, session_hash, user_id, client_id or (SUBJECT) user_id
 
 
 class Registry(abc.ABC):
@@ -223,10 +224,14 @@ class Registry(abc.ABC):
         """
 
     @abc.abstractmethod
-    async def seed_user(self, user: User) -> User:
+    async def seed_user(self, user: User, now: datetime) -> User:
         """Upsert on the username: an existing user keeps its id and takes ``user``'s password
         hash and admin flag; otherwise ``user`` is added. Returns the stored user. Several
-        processes seeding one empty database at once all succeed, with one user per name.
+        processes seeding one empty database at once all succeed, with one user per name. A
+        write that takes ``admin`` away from an administrator also marks the user narrowed
+        (``narrowed_at``: ``now``), decided on the record it replaces, so that no demotion is
+        ever written without its mark (a promotion landing between a read and the write
+        included).
 
         Called by start-up seeding (bootstrap.py).
         """
@@ -242,8 +247,8 @@ class Registry(abc.ABC):
 
     @abc.abstractmethod
     async def update_user(self, user_id: str, fields: dict[str, Any]) -> User | None:
-        """Set ``fields`` of the user (``password_hash``, ``admin``) and no other, in one atomic
-        step: a password set beside a demotion leaves both. The user as it was before, or None
+        """Set ``fields`` of the user (``password_hash``, ``admin``, ``narrowed_at``) and no
+        other, in one atomic step: a password set beside a demotion leaves both. The user as it was before, or None
         when there is none.
 
         Called by the operator's password and admin changes (admin.py).

@@ -210,10 +210,12 @@ class MemoryStore(Store):
         names = _page(sorted(self._user_ids_by_name), after, limit)
         return [copy(self._users[self._user_ids_by_name[name]]) for name in names]
 
-    async def seed_user(self, user: User) -> User:
+    async def seed_user(self, user: User, now: datetime) -> User:
         existing = await self.get_user_by_username(user.username)
         if existing is not None:
-            user = copy(existing, password_hash=user.password_hash, admin=user.admin)
+            demoted = existing.admin and not user.admin
+            user = copy(existing, password_hash=user.password_hash, admin=user.admin,
+                        narrowed_at=now if demoted else existing.narrowed_at)
         await self.put_user(user)
         return copy(user)
 

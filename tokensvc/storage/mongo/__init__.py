@@ -39,15 +39,16 @@ sessions                by session_hash; a user's (end them all)     ``_id``; ``
 (polling fallback)      revocations since a moment                   partial ``revoked_at``,
                                                                      ``access_revoked_at``,
                                                                      ``ended_at``, ``narrowed_at``
+                                                                     (clients and users)
 ======================  ===========================================  ===========================
 
 (*) ``list_grants`` filters on ``user_id`` + ``installation_id`` + ``revoked_at``: the index
 ``user_subject`` (user_id, installation_id, revoked_at) serves it whole.
 
 Revocations reach the other processes without a write of their own: each process's relay
-watches the families, grants, sessions and clients collections for updates that set
-``revoked_at``, ``access_revoked_at``, ``ended_at`` or a client's ``narrowed_at`` (a change
-stream resumed where it left off), or, where the deployment has none, polls those fields
+watches the families, grants, sessions, clients and users collections for updates that set
+``revoked_at``, ``access_revoked_at``, ``ended_at`` or a client's or user's ``narrowed_at`` (a
+change stream resumed where it left off), or, where the deployment has none, polls those fields
 through the partial indexes.
 
 Reads see the writes before them: every operation runs in a causally consistent session

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 from pymongo.errors import OperationFailure, PyMongoError
 
 from tokensvc.storage import hashes
-from tokensvc.storage.base import CLIENT, FAMILY, GRANT, SESSION, Revocation, StorageError, StoreObserver
+from tokensvc.storage.base import CLIENT, FAMILY, GRANT, SESSION, SUBJECT, Revocation, StorageError, StoreObserver
 from tokensvc.storage.mongo.mapping import _utc
 from tokensvc.storage.mongo.retry import guarded, translate
 
@@ -29,6 +29,7 @@ WATCHED: dict[str, tuple[str, tuple[str, ...]]] = {
     "grants": (GRANT, ("revoked_at",)),
     "sessions": (SESSION, ("ended_at",)),
     "clients": (CLIENT, ("narrowed_at",)),  # some of what its tokens may do withdrawn
+    "users": (SUBJECT, ("narrowed_at",)),  # likewise: demoted, or being removed
 }
 # "$changeStream is only supported on replica sets", and kin: poll instead.
 NO_CHANGE_STREAMS = frozenset({40573, 40324, 136})
@@ -141,9 +142,11 @@ class RevocationFeed:
             for collection, (kind, revoking) in WATCHED.items():
                 for field in revoking:
                     for document in await self._revoked_since(collection, field, since - POLL_OVERLAP):
-                        key = (collection, document["_id"], field)
-                        if key not in seen:
-                            seen[key] = _utc(document[field])
+                        key, at = (collection, document["_id"], field), _utc(document[field])
+                        # Seen at another time: marked again (a user demoted twice within the
+                        # overlap, a grant revoked again after a new consent) is announced again.
+                        if seen.get(key) != at:
+                            seen[key] = at
                             yield Revocation(kind, hashes.unpacked(document["_id"]))
             since = now
             seen = {key: at for key, at in seen.items() if at > since - 2 * POLL_OVERLAP}

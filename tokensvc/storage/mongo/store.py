@@ -569,16 +569,28 @@ class MongoStore(RevocationFeed, Store, FailureCounts):
         return [USERS.record(doc) for doc in await _page(self.users, "username", after, limit)]
 
     @guarded()
-    async def seed_user(self, user: User) -> User:
-        for _ in range(3):  # a concurrent first insert of the same name: the upsert finds it next time
+    async def seed_user(self, user: User, now: datetime) -> User:
+        # Written only over the admin flag it read (a compare-and-set), so that whether the write
+        # demotes, and so carries the mark, is decided on the document it replaces; a new user
+        # is inserted only while no administrator holds the name (the unique index then refuses
+        # the insert, and the loop reads it).
+        for _ in range(3):  # a concurrent first insert, or change of the flag: read again
+            found = await self.users.find_one({"username": user.username}, {"admin": 1})
+            fields: dict[str, Any] = {"password_hash": user.password_hash, "admin": user.admin}
+            if found is None:
+                where = {"username": user.username, **({} if user.admin else {"admin": {"$ne": True}})}
+                update = {"$set": fields, "$setOnInsert": {"_id": user.user_id}}
+            else:
+                where = {"_id": found["_id"], "admin": found.get("admin")}
+                update = {"$set": {**fields, "narrowed_at": now} if found.get("admin") is True and not user.admin
+                          else fields}
             try:
-                return USERS.record(await self.users.find_one_and_update(
-                    {"username": user.username},
-                    {"$set": {"password_hash": user.password_hash, "admin": user.admin},
-                     "$setOnInsert": {"_id": user.user_id}},
-                    upsert=True, return_document=ReturnDocument.AFTER))
+                seeded = await self.users.find_one_and_update(where, update, upsert=found is None,
+                                                              return_document=ReturnDocument.AFTER)
             except DuplicateKeyError:
                 continue
+            if seeded is not None:
+                return USERS.record(seeded)
         raise StorageError(f"could not seed user {user.username!r} (concurrent updates)")
 
     async def put_user(self, user: User) -> None:
