@@ -29,7 +29,7 @@ from tornado.websocket import websocket_connect
 from tokensvc import schemas
 from tokensvc.oauth.events import RevocationEvents
 from tokensvc.oauth.feed import CLOSE_CREDENTIALS, RevocationFeed, family_label
-from tokensvc.storage.base import CLIENT, FAMILY, GRANT, SESSION, USER, Revocation
+from tokensvc.storage.base import CLIENT, FAMILY, GRANT, SESSION, SUBJECT, USER, Revocation
 
 
 def feed_url(base_url, query=""):
@@ -148,16 +148,18 @@ def test_resumption_only_while_the_buffer_holds_every_message_since():
     assert feed.open(received.append, None, 3).ready["resumed"] is False
 
 
-def test_an_interrupted_relay_is_a_flush_and_sessions_are_not_announced():
+def test_a_narrowed_user_is_named_an_interrupted_relay_is_a_flush_and_sessions_are_not_announced():
     events = RevocationEvents()
     feed = RevocationFeed(events)
     received = []
     feed.open(received.append)
     events.publish(Revocation(SESSION, "a-session-hash"))
-    events.publish(Revocation(USER, "u1"))
+    events.publish(Revocation(USER, "u1"))  # every web session of the user ended
     events.publish(Revocation(FAMILY, "f1"))
+    events.publish(Revocation(SUBJECT, "u1"))  # some of what the user's tokens may do withdrawn
     events.publish_all()
-    assert received == [{"type": "revoked", "family_id": family_label("f1"), "seq": 1}, {"type": "flush", "seq": 2}]
+    assert received == [{"type": "revoked", "family_id": family_label("f1"), "seq": 1},
+                        {"type": "revoked", "sub": "u1", "seq": 2}, {"type": "flush", "seq": 3}]
 
 
 def test_a_reader_that_fails_keeps_the_message_from_no_other():

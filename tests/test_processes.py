@@ -16,8 +16,8 @@ from test_ws import closed_as_revoked, tokens, welcome_of, ws_url
 from tornado.websocket import websocket_connect
 
 from tokensvc.oauth import events
-from tokensvc.records import Client, Family, Pair, Session, Subject
-from tokensvc.storage.base import CLIENT, FAMILY, GRANT, SESSION, Revocation, StoreObserver
+from tokensvc.records import Client, Family, Pair, Session, Subject, User
+from tokensvc.storage.base import CLIENT, FAMILY, GRANT, SESSION, SUBJECT, Revocation, StoreObserver
 from tokensvc.storage.memory import MemoryStore
 from tokensvc.storage.mongo import WATCHED, MongoStore
 
@@ -203,6 +203,32 @@ async def test_the_feed_names_a_narrowed_client(store):
     assert not waiting.done()
     await elsewhere.update_client("c1", {"allowed_scopes": ["read"], "narrowed_at": Clock().now})
     assert await waiting == Revocation(CLIENT, "c1")
+
+
+@pytest.mark.gen_test(timeout=30)
+async def test_the_feed_names_a_narrowed_user_each_time_they_are_marked(store):
+    """A user's mark (narrowed_at: demoted, being removed) is heard as a client's is. Marked
+    again within the poll's read-back overlap (demoted, promoted, demoted again), the user is
+    announced again: a poll keeps what it saw with its time, and another time is news."""
+    store.observer = polls = Polls()
+    feed = store.revocation_feed(poll_seconds=0.05).__aiter__()
+    elsewhere = other_process(store)
+    await elsewhere.put_user(User("u1", "una", "h1", admin=True))
+    waiting = asyncio.ensure_future(feed.__anext__())
+    await asyncio.wait_for(polls.began.wait(), DEADLINE)
+    await elsewhere.update_user("u1", {"password_hash": "h2"})
+    await polls.round_after_now()
+    assert not waiting.done()
+    now = Clock().now
+    await elsewhere.update_user("u1", {"admin": False, "narrowed_at": now})
+    assert await waiting == Revocation(SUBJECT, "u1")
+    await elsewhere.update_user("u1", {"admin": True})
+    again = asyncio.ensure_future(feed.__anext__())
+    for _ in range(2):  # read back within the overlap: not announced twice
+        await polls.round_after_now()
+    assert not again.done()
+    await elsewhere.update_user("u1", {"admin": False, "narrowed_at": now + timedelta(milliseconds=1)})
+    assert await asyncio.wait_for(again, DEADLINE) == Revocation(SUBJECT, "u1")
 
 
 @pytest.mark.gen_test(timeout=30)

@@ -312,6 +312,28 @@ async def test_updates_write_only_the_fields_they_name(backend_store):
 
 
 @pytest.mark.gen_test
+async def test_seeding_that_takes_admin_away_marks_the_user_in_the_same_write(backend_store, now):
+    """The configuration demotes: the user is marked (narrowed_at, what every relay hears) in
+    the write that demotes, decided on the record it replaces; a promotion landing between the
+    seeding's read and its write is never demoted without the mark."""
+    store = backend_store
+    assert await store.seed_user(User("u_una", "una", "h1", admin=True), now) == User("u_una", "una", "h1", True)
+    assert (await store.seed_user(User("u_other", "una", "h1", admin=True), now)).narrowed_at is None  # its id stays
+    assert await store.seed_user(User("u_other", "una", "h2"), now) == User("u_una", "una", "h2", False, now)
+    later = now + timedelta(seconds=5)
+    assert (await store.seed_user(User("u_other", "una", "h3"), later)).narrowed_at == now  # no administrator: kept
+    assert (await store.seed_user(User("u_new", "newt", "h"), later)).narrowed_at is None
+    assert await store.get_user("u_una") == User("u_una", "una", "h3", False, now)
+    for round_ in range(10):
+        await store.update_user("u_una", {"admin": False, "narrowed_at": None})
+        mark = later + timedelta(seconds=round_)
+        writes = [store.seed_user(User("u_x", "una", "h"), mark), store.update_user("u_una", {"admin": True})]
+        await asyncio.gather(*writes[::1 if round_ % 2 else -1])  # each first in turn
+        una = await store.get_user("u_una")
+        assert una.admin or una.narrowed_at == mark, una
+
+
+@pytest.mark.gen_test
 async def test_concurrent_changes_of_a_user_each_hold(backend_store):
     """A demotion (or a promotion, which first ends the chains that may carry admin) beside a
     password set: each writes its own field, so both hold (the password set wrote the whole

@@ -235,3 +235,36 @@ async def test_an_invalidated_stream_follows_from_now_with_one_recheck(wire_stor
     assert listening.rechecks == ["all"]
     await wire_store.end_session("s2", utcnow())
     await eventually(lambda: listening.delivered == 1, what="the revocation")
+
+
+@pytest.mark.parametrize("streams", [True, False])
+async def test_a_user_demoted_or_removed_in_another_process_is_named(wire_store, primary, streams):
+    """Another process demotes root (its seeding made root an administrator), then removes the
+    user: the demotion's write carries the user's mark, which this process's feed hears from the
+    change stream and from polling; the removal's mark, written just before the deletion, is in
+    the change stream (a poll finds no document once it is deleted: the removal's revoked grants
+    name what a cache holds, tests/test_demotion.py)."""
+    from helpers import make_config
+
+    from tokensvc import admin
+    from tokensvc.bootstrap import make_context, seed
+    from tokensvc.storage.base import SUBJECT
+
+    primary.change_streams = streams
+    config = make_config()
+    other = MongoStore.from_settings(wire_settings(primary))  # a second process
+    await seed(other, config)
+    root = await other.get_user_by_username("root")
+    feed = wire_store.revocation_feed(poll_seconds=0.05)
+    waiting = asyncio.ensure_future(next_revocation(feed))
+    await (streaming(wire_store) if streams else polling(primary))
+    elsewhere = make_context(config, other)
+    await admin.set_admin(elsewhere, "root", False)
+    assert await waiting == Revocation(SUBJECT, root.user_id)
+    assert (await wire_store.get_user(root.user_id)).narrowed_at is not None
+    if streams:
+        waiting = asyncio.ensure_future(next_revocation(feed))
+        await admin.remove_user(elsewhere, "root")
+        assert await waiting == Revocation(SUBJECT, root.user_id)
+    await feed.aclose()
+    await other.close()

@@ -64,7 +64,7 @@ STEPS = "steps"  # not one operation: several, one after the other, each with it
 RETRY_KINDS: dict[str, str] = {
     # Registry
     "get_client": READ, "list_clients": READ, "put_client": RERUN, "update_client": ONCE, "delete_client": RERUN,
-    "get_user": READ, "get_user_by_username": READ, "list_users": READ, "seed_user": RERUN, "put_user": STEPS,
+    "get_user": READ, "get_user_by_username": READ, "list_users": READ, "seed_user": STEPS, "put_user": STEPS,
     "update_user": ONCE, "delete_user": RERUN,
     "get_installation": READ, "list_installations": READ, "put_installation": RERUN, "delete_installation": RERUN,
     "begin_removal": RERUN, "get_removal": READ, "list_removals": READ, "end_removal": RERUN,
@@ -87,6 +87,7 @@ RETRY_KINDS: dict[str, str] = {
     "count_attempt": ONCE, "uncount_attempt": ONCE, "read_counts": READ,
     # The steps of the STEPS methods above.
     "_caseless_holders": READ, "_write_user": RERUN,  # put_user
+    "_seeded_admin": READ, "_seed_write": RERUN,  # seed_user
     "_live_client_grant_ids": READ, "_revoke_where": RERUN,  # revoke_client_grants
     "_mark_stopped": RERUN,  # close
     "heartbeat": RERUN,  # upkeep

@@ -568,15 +568,15 @@ class MongoStore(RevocationFeed, Store, FailureCounts):
     async def list_users(self, after: str | None = None, limit: int | None = None) -> list[User]:
         return [USERS.record(doc) for doc in await _page(self.users, "username", after, limit)]
 
-    @guarded()
     async def seed_user(self, user: User, now: datetime) -> User:
         # Written only over the admin flag it read (a compare-and-set), so that whether the write
         # demotes, and so carries the mark, is decided on the document it replaces; a new user
         # is inserted only while no administrator holds the name (the unique index then refuses
         # the insert, and the loop reads it).
         for _ in range(3):  # a concurrent first insert, or change of the flag: read again
-            found = await self.users.find_one({"username": user.username}, {"admin": 1})
+            found = await self._seeded_admin(user.username)
             fields: dict[str, Any] = {"password_hash": user.password_hash, "admin": user.admin}
+            where: dict[str, Any]
             if found is None:
                 where = {"username": user.username, **({} if user.admin else {"admin": {"$ne": True}})}
                 update = {"$set": fields, "$setOnInsert": {"_id": user.user_id}}
@@ -585,13 +585,22 @@ class MongoStore(RevocationFeed, Store, FailureCounts):
                 update = {"$set": {**fields, "narrowed_at": now} if found.get("admin") is True and not user.admin
                           else fields}
             try:
-                seeded = await self.users.find_one_and_update(where, update, upsert=found is None,
-                                                              return_document=ReturnDocument.AFTER)
-            except DuplicateKeyError:
+                seeded = await self._seed_write(where, update)
+            except Conflict:
                 continue
             if seeded is not None:
                 return USERS.record(seeded)
         raise StorageError(f"could not seed user {user.username!r} (concurrent updates)")
+
+    @guarded()
+    async def _seeded_admin(self, username: str) -> dict[str, Any] | None:
+        return await self.users.find_one({"username": username}, {"admin": 1})
+
+    @guarded()
+    async def _seed_write(self, where: dict[str, Any], update: dict[str, Any]) -> dict[str, Any] | None:
+        # Run again after a lost reply: the flag it wrote no longer matches, and seeding reads again.
+        return await self.users.find_one_and_update(where, update, upsert="$setOnInsert" in update,
+                                                    return_document=ReturnDocument.AFTER)
 
     async def put_user(self, user: User) -> None:
         # Usernames are ASCII (identifiers.USERNAME), where a caseless regex is the key's
