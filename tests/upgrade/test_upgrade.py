@@ -621,3 +621,90 @@ def test_a_client_under_removal_stays_gone_when_the_previous_release_writes_it_b
     finally:
         outputs = deployment.close()
     assert not any("Traceback" in output for output in outputs), outputs
+
+
+CAROL = '\n[[users]]\nusername = "carol"\npassword = "granite-willow-comet"\nadmin = {admin}\n'
+
+
+def after_reading_the_feed(base: str, action, until) -> dict:
+    """Open the revocation feed at ``base`` (as the first-party web app), run ``action`` once it
+    is ready, and read until a message ``until`` accepts: that message."""
+    import asyncio
+
+    from tornado.httpclient import HTTPRequest
+    from tornado.websocket import websocket_connect
+
+    from tokensvc.resource.verifier import Settings, Verifier
+
+    basic = Verifier(Settings(base, "webapp", WEBAPP_SECRET))._basic
+
+    async def read() -> dict:
+        reader = await websocket_connect(HTTPRequest(base.replace("http", "ws", 1) + "/oauth/revocations",
+                                                     headers={"Authorization": basic}))
+        try:
+            assert json.loads(await asyncio.wait_for(reader.read_message(), 30))["type"] == "ready"
+            await asyncio.to_thread(action)
+            while True:
+                raw = await asyncio.wait_for(reader.read_message(), 30)
+                assert raw is not None, "the feed closed"
+                if until(message := json.loads(raw)):
+                    return message
+        finally:
+            reader.close()
+
+    return asyncio.run(read())
+
+
+def test_a_demotion_outlives_the_previous_release_rewriting_the_user(primary, previous, tmp_path_factory, capsys):
+    """This release demotes carol: the write carries the user's mark (``narrowed_at``), which
+    this release's relay hears, and its revocation feed names her. The previous release then
+    replaces her whole document (its ``users set-password --keep-grants``), dropping the mark: the
+    demotion holds (the flag is one it knows), and nothing is lost, as the mark is an event, heard
+    when it was written, and nothing reads it afterwards. Its seeding (``$set`` of the password
+    and the flag) keeps the mark, and this release marks and names a later demotion of the
+    document the previous release rewrote."""
+    import os
+    import subprocess
+
+    deployment = Deployment(primary, previous, tmp_path_factory)
+    users = primary.db["tokensvc"]["users"]
+    try:
+        old = deployment.start("previous", extra=CAROL.format(admin="true"))
+        new = deployment.start("current", extra=CAROL.format(admin="true"))
+        carol = users.find_one({"username": "carol"})
+        assert carol["admin"] is True and "narrowed_at" not in carol  # what the previous release wrote
+
+        def set_admin(admin: str):
+            return lambda: cli.main(["users", "set-admin", "carol", admin, "--config", deployment.config()])
+
+        named = after_reading_the_feed(new.base, set_admin("no"), lambda message: "sub" in message)
+        assert named == {"type": "revoked", "seq": named["seq"], "sub": carol["_id"]}
+        demoted = users.find_one({"_id": carol["_id"]})
+        assert demoted["admin"] is False and demoted["narrowed_at"] is not None
+
+        # The previous release rewrites her whole document: the mark is gone, the demotion holds.
+        rewritten = subprocess.run(
+            [previous.python, "-m", "tokensvc", "users", "set-password", "carol", "--keep-grants", "--password-stdin",
+             "--config", str(old.log_path.parent / "tokensvc.toml")], input="cobalt-meadow-lantern\n",
+            capture_output=True, text=True, cwd=previous.cwd, env={**os.environ, **previous.env}, timeout=60)
+        assert rewritten.returncode == 0, rewritten.stderr
+        document = users.find_one({"_id": carol["_id"]})
+        assert "narrowed_at" not in document and document["admin"] is False
+        assert Browser("carol", "cobalt-meadow-lantern").sign_in(new.base).me(new.base) == 200
+
+        # Promoted and demoted again at this release: marked and named again.
+        assert cli.main(["users", "set-admin", "carol", "yes", "--config", deployment.config()]) == 0
+        named = after_reading_the_feed(new.base, set_admin("no"), lambda message: "sub" in message)
+        assert named["sub"] == carol["_id"]
+        marked = users.find_one({"_id": carol["_id"]})["narrowed_at"]
+
+        # The previous release restarts, its configuration now saying what the store holds: its
+        # seeding sets the password and the flag, and leaves the mark.
+        deployment.stop(old)
+        old = deployment.start("previous", extra=CAROL.format(admin="false"))
+        document = users.find_one({"_id": carol["_id"]})
+        assert document["admin"] is False and document["narrowed_at"] == marked
+    finally:
+        outputs = deployment.close()
+    capsys.readouterr()
+    assert not any("Traceback" in output for output in outputs), outputs
