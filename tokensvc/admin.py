@@ -502,9 +502,10 @@ async def set_password(ctx: OAuthContext, username: str, password: str | None, *
 async def remove_user(ctx: OAuthContext, username: str) -> tuple[str, int]:
     """Delete a user after revoking every grant (and token) of theirs, each announced; their
     username as it was stored, and the families revoked. The user's mark is written and
-    announced just before the deletion (which no relay hears), so that every resource server
-    drops whatever it cached for them, also of a grant made while this ran, which the sweep
-    after the deletion revokes (no token of theirs is in force once they are gone)."""
+    announced just before the deletion (which no relay hears; a change stream hears the mark, a
+    poll may find the document gone), so that resource servers drop whatever they cached for
+    the user; the grants name it all too, also one made while this ran, which the sweep after
+    the deletion revokes (no token of theirs is in force once they are gone)."""
     user = await get_user(ctx.store, username)
     subject = Subject(user_id=user.user_id)
     revoked = await _revoke_grants_of(ctx, subject)

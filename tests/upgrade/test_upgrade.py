@@ -623,7 +623,7 @@ def test_a_client_under_removal_stays_gone_when_the_previous_release_writes_it_b
     assert not any("Traceback" in output for output in outputs), outputs
 
 
-CAROL = '\n[[users]]\nusername = "carol"\npassword = "granite-willow-comet"\nadmin = {admin}\n'
+AN_ADMINISTRATOR = '\n[[users]]\nusername = "carol"\npassword = "granite-willow-comet"\nadmin = {admin}\n'
 
 
 def after_reading_the_feed(base: str, action, until) -> dict:
@@ -669,8 +669,8 @@ def test_a_demotion_outlives_the_previous_release_rewriting_the_user(primary, pr
     deployment = Deployment(primary, previous, tmp_path_factory)
     users = primary.db["tokensvc"]["users"]
     try:
-        old = deployment.start("previous", extra=CAROL.format(admin="true"))
-        new = deployment.start("current", extra=CAROL.format(admin="true"))
+        old = deployment.start("previous", extra=AN_ADMINISTRATOR.format(admin="true"))
+        new = deployment.start("current", extra=AN_ADMINISTRATOR.format(admin="true"))
         carol = users.find_one({"username": "carol"})
         assert carol["admin"] is True and "narrowed_at" not in carol  # what the previous release wrote
 
@@ -701,7 +701,7 @@ def test_a_demotion_outlives_the_previous_release_rewriting_the_user(primary, pr
         # The previous release restarts, its configuration now saying what the store holds: its
         # seeding sets the password and the flag, and leaves the mark.
         deployment.stop(old)
-        old = deployment.start("previous", extra=CAROL.format(admin="false"))
+        old = deployment.start("previous", extra=AN_ADMINISTRATOR.format(admin="false"))
         document = users.find_one({"_id": carol["_id"]})
         assert document["admin"] is False and document["narrowed_at"] == marked
     finally:

@@ -5,8 +5,9 @@ A token is introspected once (RFC 7662, with the resource server's client creden
 answer cached: a bounded LRU, an active answer never past the token's ``exp`` (nor ``max_ttl``),
 an inactive one ``negative_ttl`` seconds. The revocation feed (``GET /oauth/revocations``) stays
 open beside it and drops the entries each revocation names, by the identifiers introspection
-returned (``family_id``, ``grant_id``, ``client_id``, ``sub``). Concurrent checks of one token share one
-introspection, and an answer a revocation overtook on its way is asked again, never cached.
+returned (``family_id``, ``grant_id``, ``client_id``, ``sub``). Concurrent checks of one token
+share one introspection, and an answer a revocation overtook on its way is asked again, never
+cached.
 
 While the feed is down (not yet open, reconnecting), nothing tells the cache of a revocation: an
 answer is used only within ``offline_ttl`` seconds of the last moment it was known current (the

@@ -248,8 +248,8 @@ class Registry(abc.ABC):
     @abc.abstractmethod
     async def update_user(self, user_id: str, fields: dict[str, Any]) -> User | None:
         """Set ``fields`` of the user (``password_hash``, ``admin``, ``narrowed_at``) and no
-        other, in one atomic step: a password set beside a demotion leaves both. The user as it was before, or None
-        when there is none.
+        other, in one atomic step: a password set beside a demotion leaves both. The user as it
+        was before, or None when there is none.
 
         Called by the operator's password and admin changes (admin.py).
         """
