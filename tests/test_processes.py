@@ -74,6 +74,7 @@ async def test_a_revocation_in_another_process_closes_the_socket_within_a_second
         await closed_as_revoked(connection)
     finally:
         relay.cancel()
+        await asyncio.gather(relay, return_exceptions=True)  # its poll ended, not left to the collector
 
 
 @pytest.mark.gen_test(timeout=30)
@@ -93,6 +94,7 @@ async def test_a_revocation_in_another_process_reaches_the_revocation_feed(brows
         reader.close()
     finally:
         relay.cancel()
+        await asyncio.gather(relay, return_exceptions=True)  # its poll ended, not left to the collector
 
 
 @pytest.mark.gen_test(timeout=30)
@@ -159,6 +161,7 @@ async def test_a_client_narrowed_in_another_process_closes_the_socket_within_a_s
         await closed_as_revoked(narrowed)
     finally:
         relay.cancel()
+        await asyncio.gather(relay, return_exceptions=True)  # its poll ended, not left to the collector
 
 
 @pytest.mark.gen_test(timeout=30)
@@ -188,6 +191,7 @@ async def test_a_readers_client_rotated_or_removed_in_another_process_closes_the
         await closed_for_its_credentials(reader)
     finally:
         relay.cancel()
+        await asyncio.gather(relay, return_exceptions=True)  # its poll ended, not left to the collector
 
 
 @pytest.mark.gen_test(timeout=30)
@@ -203,6 +207,7 @@ async def test_the_feed_names_a_narrowed_client(store):
     assert not waiting.done()
     await elsewhere.update_client("c1", {"allowed_scopes": ["read"], "narrowed_at": Clock().now})
     assert await waiting == Revocation(CLIENT, "c1")
+    await feed.aclose()
 
 
 @pytest.mark.gen_test(timeout=30)
@@ -229,6 +234,7 @@ async def test_the_feed_names_a_narrowed_user_each_time_they_are_marked(store):
     assert not again.done()
     await elsewhere.update_user("u1", {"admin": False, "narrowed_at": now + timedelta(milliseconds=1)})
     assert await asyncio.wait_for(again, DEADLINE) == Revocation(SUBJECT, "u1")
+    await feed.aclose()
 
 
 @pytest.mark.gen_test(timeout=30)

@@ -50,7 +50,12 @@ class Yielding:
         return await self._later(self._target.command(command, *args, **kwargs))
 
     async def _later(self, awaitable: Any) -> Any:
-        await asyncio.sleep(self._latency)  # the request travels to the server ...
+        try:
+            await asyncio.sleep(self._latency)  # the request travels to the server ...
+        except asyncio.CancelledError:  # never sent: the driver's call is dropped, not left unawaited
+            if inspect.iscoroutine(awaitable):
+                awaitable.close()
+            raise
         result = await awaitable
         await asyncio.sleep(self._latency)  # ... and the reply comes back, a loop iteration later
         return result
