@@ -118,7 +118,8 @@ class Registry(abc.ABC):
 
     @abc.abstractmethod
     async def delete_client(self, client_id: str) -> bool:
-        """Remove a client, and its previous secret; True when it existed (CLI).
+        """Remove a client, and its previous secret; True when it existed (CLI). Run again
+        after a reply lost, a client found gone counts as removed by this call.
 
         Called by a client's removal (oauth/removal.py) and start-up seeding (bootstrap.py).
         """
@@ -256,7 +257,8 @@ class Registry(abc.ABC):
 
     @abc.abstractmethod
     async def delete_user(self, user_id: str) -> bool:
-        """Remove a user; True when it existed.
+        """Remove a user; True when it existed. Run again after a reply lost, a user found gone
+        counts as removed by this call.
 
         Called by user removal (admin.py)."""
 
@@ -462,7 +464,7 @@ class Authorizations(abc.ABC):
     @abc.abstractmethod
     async def mark_second_holder(self, family_id: str, now: datetime) -> bool:
         """Record, once, that a second holder of the family showed (``second_holder_at``); True
-        when this call recorded it.
+        when this call recorded it, also when its reply was lost and it ran again.
 
         Called by bearer authentication, meeting a rotated-out token (oauth/bearer.py).
         """

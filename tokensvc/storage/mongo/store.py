@@ -135,6 +135,12 @@ def _caseless(username: str) -> dict[str, Any]:
     return {"$regex": f"^{re.escape(username)}$", "$options": "i"}
 
 
+def _deleted(result: Any) -> bool:
+    """Whether a one-document delete removed its document. Run again after a reply lost (the
+    first run may have removed it), a document found gone counts as this call's removal."""
+    return result.deleted_count == 1 or _RUN_AGAIN.get()
+
+
 def _missed(result: Any) -> bool:
     """Whether a single-document write changed nothing (None, or no match)."""
     return result is None or getattr(result, "matched_count", 1) == 0
@@ -487,7 +493,7 @@ class MongoStore(RevocationFeed, Store, FailureCounts):
 
     @guarded()
     async def delete_client(self, client_id: str) -> bool:
-        deleted = (await self.clients.delete_one({"_id": client_id})).deleted_count == 1
+        deleted = _deleted(await self.clients.delete_one({"_id": client_id}))
         await self.previous_secrets.delete_one({"_id": client_id})
         return deleted
 
@@ -629,7 +635,7 @@ class MongoStore(RevocationFeed, Store, FailureCounts):
 
     @guarded()
     async def delete_user(self, user_id: str) -> bool:
-        return (await self.users.delete_one({"_id": user_id})).deleted_count == 1
+        return _deleted(await self.users.delete_one({"_id": user_id}))
 
     # -- installations
 
@@ -893,10 +899,19 @@ class MongoStore(RevocationFeed, Store, FailureCounts):
 
     @guarded()
     async def mark_second_holder(self, family_id: str, now: datetime) -> bool:
+        now = _stored(now)
         result = await self._write_one("families", family_id, lambda: self.families.update_one(
             FAMILIES.writable(family_id=family_id, second_holder_at=None),
             {"$set": {"second_holder_at": now}}))
-        return result.modified_count == 1
+        if result.modified_count == 1:
+            return True
+        if not _RUN_AGAIN.get():
+            return False
+        # Run again after a reply lost: the mark found set is this call's when it holds this
+        # call's moment (another holder's would hold its own).
+        with pymongo.timeout(self.budget):  # a read: the server stops at the budget too
+            family = await self._one("families", FAMILIES.match(family_id=family_id))
+        return family is not None and _utc(family.get("second_holder_at")) == now
 
     @guarded()
     async def revoke_access(self, family_id: str, access_hash: str, now: datetime) -> bool:
