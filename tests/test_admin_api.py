@@ -713,6 +713,29 @@ async def test_a_plan_writes_nothing_whoever_it_names(call, store):
     assert json_of(await call("GET", "/admin/users/root"))["admin"]  # the token still works, root still admin
 
 
+async def test_a_plan_takes_admin_from_the_callers_client_last(call, store):
+    """The caller's client losing ``admin`` (or changing kind) ends the caller's token as a
+    demotion does: its step is the plan's last; with the caller's demotion too, refused."""
+    webapp = {"clientId": "webapp", "allowedScopes": ["read", "write"]}
+    planned = await call("POST", "/admin/plan", {
+        "clients": [webapp, {"clientId": "later", "name": "Later", "redirectUris": ["https://later.example/cb"]}]})
+    assert planned.code == 200, planned.body
+    steps = json_of(planned)["steps"]
+    assert [(step["id"], step["action"], step["endsCaller"]) for step in steps] == [
+        ("later", "create", False), ("webapp", "update", True)]
+    kept = await call("POST", "/admin/plan", {"clients": [{"clientId": "webapp", "allowedScopes": ["read", "admin"]}]})
+    assert [step["endsCaller"] for step in json_of(kept)["steps"]] == [False]  # admin stays
+    kind = await call("POST", "/admin/plan", {"clients": [{"clientId": "webapp", "kind": "resource-server",
+                                                           "redirectUris": [], "allowedScopes": [], "firstParty": False,
+                                                           "clientSecretSha256": "ab" * 32}]})
+    assert kind.code == 200, kind.body
+    assert [step["endsCaller"] for step in json_of(kind)["steps"]] == [True]
+    both = await call("POST", "/admin/plan", {"users": [{"username": "root", "admin": False}], "clients": [webapp]})
+    check_validation_error(both, ["body", "clients", 0], "value_error")
+    assert "each end the rights of the token" in json_of(both)["detail"][0]["msg"]
+    assert "admin" in (await store.get_client("webapp")).allowed_scopes  # a plan writes nothing
+
+
 async def test_a_plan_entry_holds_its_tables_fields_only(call):
     """Each entry is checked for its table's fields and their types, for a user the service
     has as for a new one; an entry that is no object is refused first, at its index."""

@@ -345,7 +345,8 @@ class PlanStepSchema(Schema):
     action = fields.String(required=True, metadata={"enum": ["create", "update", "unchanged", "remove"]})
     changes = fields.List(fields.Nested(PlanChangeSchema), required=True)
     ends_caller = fields.Boolean(required=True, data_key="endsCaller", metadata={"description": (
-        "It ends the rights of the token asking (its user's demotion or new password): ordered last")})
+        "It ends the rights of the token asking (its user's demotion or new password, its client's "
+        "loss of admin): ordered last")})
 
 
 class PlanSchema(Schema):

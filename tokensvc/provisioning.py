@@ -12,7 +12,8 @@ secret only that it changes, never a value), ``unchanged``, or ``remove`` (with 
 what the state does not name, in the tables it names anything in). The steps run in the
 order given: users (installations name them), clients, installations, then the removals the
 other way round; last of all, the change that ends the rights of the token asking (its user's
-demotion or new password, ``endsCaller``), so that nothing else needs them after it.
+demotion or new password, its client's loss of ``admin``: ``endsCaller``),
+so that nothing else needs them after it; a state with two such changes is refused.
 
 The plan writes nothing; the command line carries it out step by step through the same
 operations (``tokensvc/cli_admin.py``), so a failure midway is known to the step.
@@ -31,6 +32,7 @@ from tokensvc.admin import AdminError, ClientSpec
 from tokensvc.errors import ValidationFailed
 from tokensvc.identifiers import username_key
 from tokensvc.oauth import hashing
+from tokensvc.oauth.scopes import ADMIN
 from tokensvc.records import DEFAULT_SCOPES, RESOURCE_SERVER, Client
 from tokensvc.schemas import load
 from tokensvc.storage.base import Store
@@ -118,11 +120,12 @@ async def plan(store: Store, body: Any, *, kinds: Sequence[str], service_name: s
                 if table == "users":
                     steps.append(_as_caller(await _user(store, key, fields, service_name, desired), acting_user))
                 elif table == "clients":
-                    steps.append(await _client(store, key, fields, desired))
+                    steps.append(_client_as_caller(await _client(store, key, fields, desired), acting_client))
                 else:
                     steps.append(await _installation(store, key, fields, kinds, desired))
     if data["prune"]:
         steps += await _removals(store, data, named, problems, acting_user, acting_client, kept_clients)
+    _one_end_of_the_caller(steps, data, problems)
     if problems.detail:
         raise ValidationFailed(problems.detail)
     # What ends the caller's rights runs last, once the rest no longer needs them (terraform
@@ -191,6 +194,20 @@ def _as_caller(step: Step, acting_user: str | None) -> Step:
     return replace(step, ends_caller=True) if demoted or rekeyed else step
 
 
+def _one_end_of_the_caller(steps: list[Step], data: Json, problems: Problems) -> None:
+    """Two steps that each end the caller's rights (its user's demotion, its client's loss of
+    ``admin``) cannot both be carried out: the first ends the token the second needs."""
+    ending = [step for step in steps if step.ends_caller]
+    if len(ending) < 2:
+        return
+    table = "clients" if ending[1].kind == "client" else "users"
+    index = next(index for index, entry in enumerate(data.get(table) or [])
+                 if same(table, str(entry[ID_FIELDS[table]])) == same(table, ending[1].id))
+    problems.add([table, index], f"{ending[0].kind} {ending[0].id!r} and {ending[1].kind} {ending[1].id!r} each end "
+                                 "the rights of the token this runs with, so one run cannot apply both; apply one, "
+                                 "sign in again, then the other")
+
+
 # -- clients -------------------------------------------------------------------------------------
 
 
@@ -203,6 +220,17 @@ def _in_force(spec: ClientSpec) -> Json:
             "firstParty": spec.first_party, "confidential": bool(spec.confidential),
             "description": spec.description, "logoUrl": spec.logo_url,
             "allowedOrigins": written["allowed_origins"] or []}
+
+
+def _client_as_caller(step: Step, acting_client: str | None) -> Step:
+    """``step`` marked if it ends the rights of ``acting_client``'s tokens: ``admin`` taken
+    from its scopes, withdrawn from its live tokens (a resource server has no scope: made one,
+    it loses ``admin`` too)."""
+    if step.action != "update" or step.id != acting_client:
+        return step
+    narrowed = any(found["field"] == "allowedScopes" and ADMIN in found["from"] and ADMIN not in found["to"]
+                   for found in step.changes)
+    return replace(step, ends_caller=True) if narrowed else step
 
 
 def _secret_given(spec: ClientSpec, existing: Client | None) -> None:
