@@ -6,8 +6,10 @@ with ``WWW-Authenticate``); otherwise the application runs with ``scope["auth"]`
 before answering (``request.auth.require("write")``) becomes the 403. WebSocket: the token from
 ``Authorization`` or ``?access_token=``; refused, the handshake is closed (1008) before it is
 accepted; accepted, the connection is closed with 4401 when the token is revoked, and the
-application then receives ``websocket.disconnect``. The scope's query keeps the token masked
-(``access_token=***``): the server's access log (uvicorn's) writes the query it holds.
+application then receives ``websocket.disconnect``. Every HTTP and WebSocket scope it passes
+on, exempt paths included, has an ``access_token`` of its query masked in place
+(``access_token=***``, however the name was escaped): the server's access log (uvicorn's) writes
+the query the scope holds once the application answered.
 Lifespan: the verifier's feed is opened at start-up and closed at shutdown.
 """
 
@@ -43,12 +45,16 @@ class BearerAuthMiddleware:
         kind = scope["type"]
         if kind == "lifespan":
             await self.app(scope, self._lifespan(receive), send)
-        elif kind not in ("http", "websocket") or scope.get("path") in self.exempt:
+        elif kind not in ("http", "websocket"):
             await self.app(scope, receive, send)
-        elif kind == "http":
-            await self._http(scope, receive, send)
         else:
-            await self._websocket(scope, receive, send)
+            query_token = _take_query_token(scope)  # before anything answers: the server logs the scope
+            if scope.get("path") in self.exempt:
+                await self.app(scope, receive, send)
+            elif kind == "http":  # a token in an HTTP query is never taken (RFC 6750 §2.3), only masked
+                await self._http(scope, receive, send)
+            else:
+                await self._websocket(scope, receive, send, query_token)
 
     def _lifespan(self, receive: Receive) -> Receive:
         async def wrapped() -> Message:
@@ -60,19 +66,14 @@ class BearerAuthMiddleware:
             return message
         return wrapped
 
-    async def _authorize(self, scope: Scope, query_token: bool) -> tuple[str | None, Authorized]:
+    async def _authorize(self, scope: Scope, query_token: str | None) -> tuple[str | None, Authorized]:
         headers = {name.decode("latin-1").lower(): value.decode("latin-1") for name, value in scope["headers"]}
-        token = bearer_token(headers.get("authorization"))
-        if token is None and query_token:
-            query = scope.get("query_string", b"").decode("latin-1")
-            token = (parse_qs(query).get("access_token") or [None])[0]
-            # masked in place: the server logs the scope it passed, after the handshake
-            scope["query_string"] = masked_query(query).encode("latin-1")
+        token = bearer_token(headers.get("authorization")) or query_token
         return token, await self.verifier.check(token, self.required)
 
     async def _http(self, scope: Scope, receive: Receive, send: Send) -> None:
         try:
-            _, scope["auth"] = await self._authorize(scope, False)
+            _, scope["auth"] = await self._authorize(scope, None)
         except Refusal as refusal:
             await self._refuse(send, refusal)
             return
@@ -98,9 +99,9 @@ class BearerAuthMiddleware:
         await send({"type": "http.response.start", "status": refusal.status, "headers": headers})
         await send({"type": "http.response.body", "body": body})
 
-    async def _websocket(self, scope: Scope, receive: Receive, send: Send) -> None:
+    async def _websocket(self, scope: Scope, receive: Receive, send: Send, query_token: str | None) -> None:
         try:
-            token, scope["auth"] = await self._authorize(scope, True)
+            token, scope["auth"] = await self._authorize(scope, query_token)
         except Refusal:
             first = await receive()  # websocket.connect, answered with a refusal before acceptance
             if first["type"] == "websocket.connect":
@@ -140,3 +141,15 @@ class BearerAuthMiddleware:
         finally:
             stop()
             closer.cancel()
+
+
+def _take_query_token(scope: Scope) -> str | None:
+    """The ``access_token`` of the scope's query, which is left masked in place (the server's
+    access log writes the scope it passed on, after the application answered), whatever the
+    request is and whether or not the token is used."""
+    query = scope.get("query_string", b"").decode("latin-1")
+    masked = masked_query(query)
+    if masked == query:
+        return None
+    scope["query_string"] = masked.encode("latin-1")
+    return (parse_qs(query).get("access_token") or [None])[0]

@@ -19,6 +19,7 @@ import json
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+import tornado.escape
 import tornado.httputil
 import tornado.web
 import tornado.websocket
@@ -39,9 +40,11 @@ class BearerAuthMixin(tornado.web.RequestHandler):
 
     def __init__(self, application: tornado.web.Application, request: tornado.httputil.HTTPServerRequest,
                  **kwargs: Any) -> None:
-        if "access_token" in request.query_arguments:  # taken out whether accepted here or not
-            self._query_token = request.query_arguments["access_token"][-1].decode("utf-8", "replace").strip()
-            _mask_query_token(request)
+        masked = masked_query(request.query)
+        if masked != request.query:  # taken out whether accepted here or not
+            if "access_token" in request.query_arguments:
+                self._query_token = request.query_arguments["access_token"][-1].decode("utf-8", "replace").strip()
+            _mask_query_token(request, masked)
         super().__init__(application, request, **kwargs)
 
     @property
@@ -77,17 +80,15 @@ class BearerAuthMixin(tornado.web.RequestHandler):
             super().write_error(status_code, **kwargs)
 
 
-def _mask_query_token(request: tornado.httputil.HTTPServerRequest) -> None:
-    """``request`` with its query's ``access_token`` replaced by ``***`` wherever the request
-    holds it. A name written escaped (``access%5Ftoken``), which :func:`masked_query` leaves
-    as it is, leaves nothing of the query in the URI."""
-    masked = masked_query(request.query)
-    if masked == request.query:
-        masked = "***"
+def _mask_query_token(request: tornado.httputil.HTTPServerRequest, masked: str) -> None:
+    """``request`` with its query replaced by ``masked`` (:func:`masked_query`) wherever the
+    request holds it: its URI, query and arguments."""
     request.query = masked
     request.uri = f"{request.path}?{masked}"
-    request.query_arguments["access_token"] = [b"***"]
-    request.arguments["access_token"] = [b"***", *request.body_arguments.get("access_token", [])]
+    request.query_arguments = tornado.escape.parse_qs_bytes(masked, keep_blank_values=True)
+    request.arguments = {name: list(values) for name, values in request.query_arguments.items()}
+    for name, values in request.body_arguments.items():  # as Tornado merges them
+        request.arguments.setdefault(name, []).extend(values)
 
 
 Method = Callable[..., Awaitable[None]]
