@@ -18,7 +18,7 @@ import tornado.web
 from helpers import DEADLINE, WEBAPP_SECRET, basic, eventually, post_form
 from test_ws import tokens
 from tornado import gen
-from tornado.httpclient import HTTPClientError, HTTPRequest
+from tornado.httpclient import AsyncHTTPClient, HTTPClientError, HTTPRequest
 from tornado.websocket import websocket_connect
 
 from tokensvc.resource import InsufficientScope, InvalidToken, Settings, Unavailable, Verifier
@@ -64,6 +64,18 @@ async def test_a_token_is_introspected_once_then_dropped_when_revoked(browser, h
         with pytest.raises(InvalidToken):
             await verifier.check(access)
         assert verifier.counts.introspections == 2
+    finally:
+        await verifier.close()
+
+
+@pytest.mark.gen_test(timeout=90)
+async def test_a_base_url_with_a_trailing_slash_reaches_introspection_and_the_feed(browser, http_client, base_url):
+    access = (await tokens(browser, http_client, base_url, scope="read"))["access_token"]
+    settings = Settings(base_url + "//", "webapp", WEBAPP_SECRET)
+    assert settings.base_url == base_url
+    verifier = await started(Verifier(settings))
+    try:
+        assert (await verifier.check(access)).scopes == ["read"]
     finally:
         await verifier.close()
 
@@ -338,6 +350,7 @@ async def test_the_tornado_mixin_answers_rfc_6750(browser, http_client, base_url
         assert 'scope="write"' in response.headers["WWW-Authenticate"]
     finally:
         server.stop()
+        await verifier.close()  # the mixin opened its feed
 
 
 class Failing(BearerAuthMixin):
@@ -375,6 +388,7 @@ async def test_tornados_log_lines_never_hold_a_query_token(http_client, caplog, 
             assert response.code == 500  # a name no parser takes for the token here, masked all the same
     finally:
         server.stop()
+        await verifier.close()  # the mixin opened its feed
     logged = "\n".join(record.getMessage() + (caplog.text if record.exc_info else "") for record in caplog.records)
     assert "Uncaught exception GET /failing?access_token=*** " in logged
     if own_log:
@@ -439,7 +453,7 @@ def http_scope(path, token=None):
 def starlette_app(verifier):
     from starlette.applications import Starlette
     from starlette.middleware import Middleware
-    from starlette.responses import JSONResponse
+    from starlette.responses import JSONResponse, PlainTextResponse
     from starlette.routing import Route
 
     from tokensvc.resource.asgi import BearerAuthMiddleware
@@ -448,21 +462,66 @@ def starlette_app(verifier):
         request.auth.require("write" if request.query_params.get("write") else "read")
         return JSONResponse({"subject": request.auth.subject, "scopes": request.auth.scopes})
 
-    return Starlette(routes=[Route("/notes", notes)],
+    async def healthz(request):
+        return PlainTextResponse("ok")
+
+    return Starlette(routes=[Route("/notes", notes), Route("/healthz", healthz)],
                      middleware=[Middleware(BearerAuthMiddleware, verifier=verifier, exempt=("/healthz",))])
 
 
 @pytest.mark.gen_test(timeout=90)
 async def test_the_asgi_middleware_in_a_starlette_application(browser, http_client, base_url):
     access = (await tokens(browser, http_client, base_url, scope="read"))["access_token"]
-    app = starlette_app(verifier_for(base_url))
-    sent = await asgi_call(app, http_scope("/notes"), [{"type": "http.request", "body": b""}])
-    assert sent[0]["status"] == 401 and (b"www-authenticate", b'Bearer realm="api"') in sent[0]["headers"]
-    sent = await asgi_call(app, http_scope("/notes", access), [{"type": "http.request", "body": b""}])
-    assert sent[0]["status"] == 200 and json.loads(sent[1]["body"])["scopes"] == ["read"]
-    scope = {**http_scope("/notes", access), "query_string": b"write=1"}
-    sent = await asgi_call(app, scope, [{"type": "http.request", "body": b""}])
-    assert sent[0]["status"] == 403 and json.loads(sent[1]["body"])["scope"] == "write"
+    verifier = verifier_for(base_url)
+    app = starlette_app(verifier)
+    try:
+        sent = await asgi_call(app, http_scope("/notes"), [{"type": "http.request", "body": b""}])
+        assert sent[0]["status"] == 401 and (b"www-authenticate", b'Bearer realm="api"') in sent[0]["headers"]
+        sent = await asgi_call(app, http_scope("/notes", access), [{"type": "http.request", "body": b""}])
+        assert sent[0]["status"] == 200 and json.loads(sent[1]["body"])["scopes"] == ["read"]
+        scope = {**http_scope("/notes", access), "query_string": b"write=1"}
+        sent = await asgi_call(app, scope, [{"type": "http.request", "body": b""}])
+        assert sent[0]["status"] == 403 and json.loads(sent[1]["body"])["scope"] == "write"
+        for path, status in (("/healthz", 200), ("/healthz/", 401), ("/healthz/../notes", 401)):
+            sent = await asgi_call(app, http_scope(path), [{"type": "http.request", "body": b""}])
+            assert sent[0]["status"] == status, path  # an exempt path is served as it is, and only it
+    finally:
+        await verifier.close()  # the middleware opened its feed on the first request
+
+
+async def tornado_notes(verifier, path, token):
+    server, api = await serve(tornado.web.Application([("/notes", Notes)], tokensvc_verifier=verifier))
+    try:
+        response = await AsyncHTTPClient().fetch(api + path, raise_error=False,
+                                                 headers={"Authorization": f"Bearer {token}"})
+        return response.code
+    finally:
+        server.stop()
+
+
+async def asgi_notes(verifier, path, token):
+    return (await asgi_call(starlette_app(verifier), http_scope(path, token),
+                            [{"type": "http.request", "body": b""}]))[0]["status"]
+
+
+@pytest.mark.gen_test(timeout=90)
+@pytest.mark.parametrize("served", [tornado_notes, asgi_notes], ids=["tornado", "asgi"])
+async def test_an_adapter_opens_the_feed_the_application_forgot_to_start(served, browser, http_client, base_url):
+    """No ``await verifier.start()``, no lifespan: the first check opens the feed, so a revoked
+    token is refused as soon as the feed names it, not ``offline_ttl`` (an hour here) later. A
+    verifier closed at shutdown is not opened again by a late request."""
+    access = (await tokens(browser, http_client, base_url, scope="read"))["access_token"]
+    verifier = verifier_for(base_url, offline_ttl=3600)
+    try:
+        assert await served(verifier, "/notes", access) == 200
+        await asyncio.wait_for(verifier.connected.wait(), DEADLINE)
+        await revoke(http_client, base_url, access)
+        await eventually(lambda: verifier.cached == 0, DEADLINE, what="the feed dropping the answer")
+        assert await served(verifier, "/notes", access) == 401
+    finally:
+        await verifier.close()
+    assert await served(verifier, "/notes", access) == 401
+    assert verifier._task is None  # no feed following again
 
 
 @pytest.mark.gen_test(timeout=90)

@@ -22,6 +22,7 @@ from typing import Any
 from urllib.parse import parse_qs
 
 from tokensvc.resource.errors import InsufficientScope, Refusal
+from tokensvc.resource.started import feed_opened
 from tokensvc.resource.verifier import Authorized, Verifier, bearer_token, masked_query
 
 Scope = MutableMapping[str, Any]
@@ -60,7 +61,7 @@ class BearerAuthMiddleware:
         async def wrapped() -> Message:
             message = await receive()
             if message["type"] == "lifespan.startup":
-                await self.verifier.start()
+                await feed_opened(self.verifier)
             elif message["type"] == "lifespan.shutdown":
                 await self.verifier.close()
             return message
@@ -69,6 +70,7 @@ class BearerAuthMiddleware:
     async def _authorize(self, scope: Scope, query_token: str | None) -> tuple[str | None, Authorized]:
         headers = {name.decode("latin-1").lower(): value.decode("latin-1") for name, value in scope["headers"]}
         token = bearer_token(headers.get("authorization")) or query_token
+        await feed_opened(self.verifier)  # a server that runs no lifespan
         return token, await self.verifier.check(token, self.required)
 
     async def _http(self, scope: Scope, receive: Receive, send: Send) -> None:

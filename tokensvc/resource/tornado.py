@@ -25,6 +25,7 @@ import tornado.web
 import tornado.websocket
 
 from tokensvc.resource.errors import Refusal
+from tokensvc.resource.started import feed_opened
 from tokensvc.resource.verifier import Authorized, Verifier, bearer_token, masked_query
 
 CLOSE_REVOKED = 4401
@@ -58,6 +59,7 @@ class BearerAuthMixin(tornado.web.RequestHandler):
         return token
 
     async def authorize(self, scope: str | None = None) -> Authorized:
+        await feed_opened(self.verifier)  # on the first request, if the application did not
         try:
             self.authorized = await self.verifier.check(self.presented_token(), scope)
         except Refusal as refusal:

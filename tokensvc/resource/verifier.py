@@ -124,6 +124,9 @@ class Settings:
     retry_seconds: float = 1.0  # the first wait before reconnecting the feed (doubles up to 30 s)
     realm: str = "api"
 
+    def __post_init__(self) -> None:
+        self.base_url = self.base_url.rstrip("/")  # the endpoints' paths are joined to it
+
 
 @dataclass(slots=True, eq=False)
 class _Watch:
