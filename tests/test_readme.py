@@ -18,10 +18,15 @@ pytestmark = pytest.mark.e2e
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def hand_run_flow() -> str:
+def hand_run_blocks() -> list[str]:
+    """The flow by hand: steps 1 to 3 (a token in $ACCESS), then 4 and 5."""
     readme = (ROOT / "README.md").read_text()
-    section = readme[readme.index("A whole flow by hand"):]
-    return re.search(r"```sh\n(.*?)```", section, re.S).group(1)
+    section = readme[readme.index("A whole flow by hand"):readme.index("In a browser instead")]
+    return re.findall(r"```sh\n(.*?)```", section, re.S)
+
+
+def hand_run_flow() -> str:
+    return "".join(hand_run_blocks())
 
 
 @pytest.fixture
@@ -86,9 +91,10 @@ def admin_block() -> str:
     return re.search(r"```sh\n(.*?)```", section, re.S).group(1)
 
 
-def test_adding_a_client_to_the_running_demo_runs_as_written(tmp_path):
-    """The README's administration block, with a browser stand-in (BROWSER) that signs in as
-    root with the demo's password, as the operator would in the browser tokensvc login opens."""
+def run_as_operator(block: str, tmp_path: Path) -> tuple[subprocess.CompletedProcess, int]:
+    """A block that signs in with ``tokensvc login`` and runs commands, against the demo, with a
+    browser stand-in (BROWSER) that signs in as root with the demo's password, as the operator
+    would in the browser tokensvc login opens; what it did and the admin port."""
     from service import free_port
 
     stand_in = tmp_path / "browser"
@@ -105,7 +111,7 @@ def test_adding_a_client_to_the_running_demo_runs_as_written(tmp_path):
     try:
         environ = {key: value for key, value in os.environ.items() if not key.startswith("TOKENSVC_")}
         bin_dir = str(Path(sys.executable).parent)  # where `make run` installed tokensvc
-        result = subprocess.run(["bash", "-euo", "pipefail", "-c", admin_block()], capture_output=True, text=True,
+        result = subprocess.run(["bash", "-euo", "pipefail", "-c", block], capture_output=True, text=True,
                                 timeout=120, env={**environ, "BROWSER": str(stand_in),
                                                   "TOKENSVC_ADMIN_URL": f"http://127.0.0.1:{admin_port}",
                                                   "TOKENSVC_CREDENTIALS": str(tmp_path / "credentials.json"),
@@ -113,119 +119,122 @@ def test_adding_a_client_to_the_running_demo_runs_as_written(tmp_path):
     finally:
         end(process)
     assert result.returncode == 0, result.stderr + result.stdout
+    return result, admin_port
+
+
+def test_adding_a_client_to_the_running_demo_runs_as_written(tmp_path):
+    result, admin_port = run_as_operator(admin_block(), tmp_path)
     lines = result.stdout.splitlines()
     assert lines[0].startswith(f"signed in to http://127.0.0.1:{admin_port} as root")
     assert lines[1] == "client_id: dome-camera" and lines[2].startswith("client_secret: ")
     assert "name: Dome camera" in lines and "confidential: yes" in lines
 
 
-def protecting_programs() -> list[str]:
+def protecting_blocks(language: str) -> list[str]:
+    """The blocks of "Protecting your API" in ``language``: python, the Tornado and the ASGI
+    programs; sh, the registration, the uvicorn command and the calls."""
     readme = (ROOT / "README.md").read_text()
     section = readme[readme.index("## Protecting your API"):readme.index("## OpenAPI")]
-    return re.findall(r"```python\n(.*?)```", section, re.S)
+    return re.findall(rf"```{language}\n(.*?)```", section, re.S)
 
 
-def revoke_as_webapp(base: str, token: str) -> None:
+def test_registering_a_resource_server_runs_as_written(tmp_path):
+    """On the demo as it ships: the README's resource server is not one the demo has."""
+    result, admin_port = run_as_operator(protecting_blocks("sh")[0], tmp_path)
+    lines = result.stdout.splitlines()
+    assert lines[0].startswith(f"signed in to http://127.0.0.1:{admin_port} as root")
+    assert lines[1] == "client_id: orders-api" and lines[2].startswith("client_secret: ")
+
+
+def call_the_api(base: str, api: str) -> str:
+    """Steps 1 to 3 of the flow by hand, then the README's calls of the API at ``api``, as
+    written, in one shell: each answer checked; the access token they used."""
     import requests
 
-    answer = requests.post(base + "/oauth/token/revoke", data={"token": token},
-                           auth=("webapp", "webapp-demo-secret"), timeout=10)
-    assert answer.status_code == 200
+    bin_dir = str(Path(sys.executable).parent)  # the flow's python3 is whatever is on PATH
+    result = subprocess.run(["bash", "-euo", "pipefail", "-c", hand_run_blocks()[0] + protecting_blocks("sh")[2]],
+                            capture_output=True, text=True, timeout=60,
+                            env={**os.environ, "BASE": base, "API": api,
+                                 "PATH": bin_dir + os.pathsep + os.environ["PATH"]})
+    assert result.returncode == 0, result.stderr + result.stdout
+    lines = result.stdout.splitlines()
+    token, me = json.loads(lines[1])["access_token"], json.loads(lines[2])
+    assert [json.loads(line) for line in lines[3:]] == [
+        {"notes": [], "for": me["id"]}, {"error_description": "A bearer token is required"},
+        {"error": "insufficient_scope", "error_description": "The token lacks the scope write", "scope": "write"}]
+    answer = requests.get(api + "/notes", headers={"Authorization": f"Bearer {token}"}, timeout=10)
+    assert answer.status_code == 200, answer.text
+    return token
+
+
+def revoked_then_refused(base: str, api: str, token: str) -> None:
+    """The README's revocation (skyplanner's, a public client's) is refused by the API within
+    the deadline: the feed dropped the answer."""
+    import requests
+    from helpers import wait_until
+
+    assert requests.post(base + "/oauth/token/revoke", data={"token": token, "client_id": "skyplanner"},
+                         timeout=10).status_code == 200
+    wait_until(lambda: requests.get(api + "/notes", headers={"Authorization": f"Bearer {token}"},
+                                    timeout=10).status_code == 401, "the revoked token refused")
 
 
 def test_the_tornado_api_of_protecting_your_api_runs_as_written(demo_service, tmp_path):
-    """The Tornado program, as written, against the demo service: a token works, none is 401,
-    a scope it lacks is 403, and once revoked the token is refused (the feed dropped it). The
-    refused WebSocket handshake's token, in its query, is logged by Tornado (a 4xx is a
-    WARNING, written to stderr with no logging configured) masked, never as it is."""
+    """The Tornado program, as written, against the demo service, called as the README calls it:
+    a token works, none is 401, a scope it lacks is 403, and once revoked the token is refused
+    (the feed dropped it). The refused WebSocket handshake's token, in its query, is logged by
+    Tornado (a 4xx is a WARNING, written to stderr with no logging configured) masked, never as
+    it is."""
     import requests
-    from helpers import wait_until
-    from service import access_token, free_port, spawn
+    from service import free_port, spawn
 
     program = tmp_path / "notes.py"
-    program.write_text(protecting_programs()[0])
+    program.write_text(protecting_blocks("python")[0])
     port = free_port()
     process = spawn([sys.executable, str(program)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                     env={**os.environ, "TOKENSVC_URL": demo_service, "PORT": str(port)})
     try:
         assert process.stdout is not None and process.stdout.readline() == "listening\n", process.stderr
-        api = f"http://127.0.0.1:{port}/notes"
-        token = access_token(demo_service, "webapp", "http://127.0.0.1:8000/callback", "read", "alice",
-                             "amber-comet-lantern", "webapp-demo-secret")
-        bearer = {"Authorization": f"Bearer {token}"}
-        assert requests.get(api, headers=bearer, timeout=10).json()["notes"] == []
-        refused = requests.get(api, timeout=10)
-        assert refused.status_code == 401 and refused.headers["WWW-Authenticate"] == 'Bearer realm="api"'
-        assert requests.post(api, headers=bearer, timeout=10).json()["error"] == "insufficient_scope"
-        revoke_as_webapp(demo_service, token)
-        wait_until(lambda: requests.get(api, headers=bearer, timeout=10).status_code == 401,
-                   "the revoked token refused")
-        live = f"http://127.0.0.1:{port}/live?access_token={token}"
+        api = f"http://127.0.0.1:{port}"
+        token = call_the_api(demo_service, api)
+        revoked_then_refused(demo_service, api, token)
+        live = f"{api}/live?access_token={token}"
         assert requests.get(live, headers={"Connection": "Upgrade", "Upgrade": "websocket"},
                             timeout=10).status_code == 401
         # Tornado logs a request just after sending its answer; one more answer from the same
         # event loop means that line is written before the program is ended.
-        assert requests.get(api, timeout=10).status_code == 401
+        assert requests.get(api + "/notes", timeout=10).status_code == 401
     finally:
         out, err = end(process)
     assert "GET /live?access_token=*** " in err
     assert token not in out + err
 
 
-@pytest.mark.gen_test(timeout=90)
-async def test_the_asgi_api_of_protecting_your_api_runs_as_written(demo_service):
-    """The ASGI program, as written, driven as an ASGI server drives it: start-up opens the
-    feed, a token works, and once revoked it is refused."""
-    import asyncio
-
-    from helpers import DEADLINE, eventually
-    from service import access_token
-
-    os.environ["TOKENSVC_URL"] = demo_service
-    try:
-        namespace: dict = {}
-        exec(compile(protecting_programs()[1], "notes_asgi.py", "exec"), namespace)
-    finally:
-        del os.environ["TOKENSVC_URL"]
-    app, verifier = namespace["app"], namespace["verifier"]
-    lifespan: asyncio.Queue = asyncio.Queue()
-    said: list = []
-
-    async def say(message):
-        said.append(message)
-
-    lifespan.put_nowait({"type": "lifespan.startup"})
-    running = asyncio.ensure_future(app({"type": "lifespan", "asgi": {"version": "3.0"}}, lifespan.get, say))
-    await eventually(lambda: said, DEADLINE, what="the start-up")
-    assert said[0]["type"] == "lifespan.startup.complete"
-    await asyncio.wait_for(verifier.connected.wait(), DEADLINE)
-    token = await asyncio.get_running_loop().run_in_executor(None, lambda: access_token(
-        demo_service, "webapp", "http://127.0.0.1:8000/callback", "read", "alice", "amber-comet-lantern",
-        "webapp-demo-secret"))
-
-    async def get_notes():
-        sent: list = []
-        request: asyncio.Queue = asyncio.Queue()
-        request.put_nowait({"type": "http.request", "body": b""})
-
-        async def send(message):
-            sent.append(message)
-
-        await app({"type": "http", "method": "GET", "path": "/notes", "raw_path": b"/notes", "query_string": b"",
-                   "headers": [(b"authorization", f"Bearer {token}".encode())], "scheme": "http",
-                   "server": ("127.0.0.1", 80), "client": ("127.0.0.1", 1), "root_path": "", "http_version": "1.1",
-                   "asgi": {"version": "3.0"}}, request.get, send)
-        return sent[0]["status"], json.loads(sent[1]["body"])
-
-    assert await get_notes() == (200, {"notes": [], "for": json.loads(requests_me(demo_service, token))["id"]})
-    await asyncio.get_running_loop().run_in_executor(None, revoke_as_webapp, demo_service, token)
-    await eventually(lambda: verifier.cached == 0, DEADLINE, what="the revocation heard")
-    assert (await get_notes())[0] == 401
-    lifespan.put_nowait({"type": "lifespan.shutdown"})
-    await asyncio.wait_for(running, DEADLINE)
-
-
-def requests_me(base: str, token: str) -> str:
+def test_the_asgi_api_of_protecting_your_api_runs_under_the_uvicorn_command_as_written(demo_service, tmp_path):
+    """The ASGI program, as written, served by the README's uvicorn command as written (moved to
+    a free port by UVICORN_PORT, which uvicorn reads for --port) with its logging as it ships:
+    start-up opens the feed, the health check needs no token, the README's calls answer as it
+    says, a revoked token is refused, and uvicorn's access log holds the query's token masked."""
     import requests
+    from service import free_port, spawn, wait_for_http
 
-    return requests.get(base + "/v1/me", headers={"Authorization": f"Bearer {token}"}, timeout=10).text
+    (tmp_path / "notes_asgi.py").write_text(protecting_blocks("python")[1])
+    command = protecting_blocks("sh")[1]
+    assert command.split()[0] == "uvicorn"
+    port = free_port()
+    bin_dir = str(Path(sys.executable).parent)  # where the test extras installed uvicorn
+    process = spawn(["bash", "-euo", "pipefail", "-c", command], cwd=tmp_path, stdout=subprocess.PIPE,
+                    stderr=subprocess.PIPE, text=True,
+                    env={**os.environ, "TOKENSVC_URL": demo_service, "UVICORN_PORT": str(port),
+                         "PATH": bin_dir + os.pathsep + os.environ["PATH"]})
+    api = f"http://127.0.0.1:{port}"
+    try:
+        wait_for_http(api + "/healthz", process)
+        token = call_the_api(demo_service, api)
+        assert requests.get(f"{api}/notes?access_token={token}", timeout=10).status_code == 401  # HTTP: header only
+        revoked_then_refused(demo_service, api, token)
+    finally:
+        out, err = end(process)
+    assert "Application startup complete." in err and "Application shutdown complete." in err
+    assert '"GET /notes?access_token=*** HTTP/1.1" 401' in out
+    assert token not in out + err
