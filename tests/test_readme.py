@@ -138,6 +138,16 @@ def protecting_blocks(language: str) -> list[str]:
     return re.findall(rf"```{language}\n(.*?)```", section, re.S)
 
 
+def test_the_resource_server_the_readme_shows_is_the_demos():
+    import tomllib
+
+    readme = (ROOT / "README.md").read_text()
+    section = readme[readme.index("## Protecting your API"):readme.index("## OpenAPI")]
+    shown = tomllib.loads(re.search(r"```toml\n(.*?)```", section, re.S).group(1))["clients"]
+    demo = tomllib.loads((ROOT / "config" / "tokensvc.toml").read_text())["clients"]
+    assert len(shown) == 1 and shown[0] in demo and shown[0]["kind"] == "resource-server"
+
+
 def test_registering_a_resource_server_runs_as_written(tmp_path):
     """On the demo as it ships: the README's resource server is not one the demo has."""
     result, admin_port = run_as_operator(protecting_blocks("sh")[0], tmp_path)
