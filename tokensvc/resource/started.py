@@ -15,9 +15,9 @@ from tokensvc.resource.verifier import Verifier
 _opened: weakref.WeakSet[Verifier] = weakref.WeakSet()
 
 
-async def feed_opened(verifier: Verifier) -> None:
-    """Open ``verifier``'s feed unless an adapter did before (:meth:`Verifier.start` itself does
+async def feed_opened(checker: Verifier) -> None:
+    """Open ``checker``'s feed unless an adapter did before (:meth:`Verifier.start` itself does
     nothing when the feed is open already)."""
-    if verifier not in _opened:
-        _opened.add(verifier)
-        await verifier.start()
+    if checker not in _opened:
+        _opened.add(checker)
+        await checker.start()
