@@ -10,7 +10,8 @@ application then receives ``websocket.disconnect``. Every HTTP and WebSocket sco
 on, exempt paths included, has an ``access_token`` of its query masked in place
 (``access_token=***``, however the name was escaped): the server's access log (uvicorn's) writes
 the query the scope holds once the application answered.
-Lifespan: the verifier's feed is opened at start-up and closed at shutdown.
+Lifespan: the verifier's feed is opened at start-up and closed at shutdown; under a server that
+runs no lifespan, on the first request (:mod:`.started`).
 """
 
 from __future__ import annotations
