@@ -577,6 +577,26 @@ async def test_the_asgi_websocket_closes_4401_when_its_token_is_revoked(browser,
         await verifier.close()
 
 
+def test_the_last_query_token_counts_in_every_adapter():
+    """Given twice, the query's last ``access_token`` is the one checked, in the ASGI middleware
+    as in the Tornado adapter and tokensvc's own sockets (``get_query_argument``)."""
+    from unittest import mock
+
+    from tornado.httputil import HTTPHeaders, HTTPServerRequest, RequestStartLine
+
+    from tokensvc.resource.asgi import _take_query_token
+    from tokensvc.resource.tornado import BearerAuthMixin
+
+    scope = {"query_string": b"access_token=first&access_token=last"}
+    assert _take_query_token(scope) == "last" and b"first" not in scope["query_string"]
+    request = HTTPServerRequest(start_line=RequestStartLine("GET", "/live?access_token=first&access_token=last",
+                                                            "HTTP/1.1"), headers=HTTPHeaders({"Host": "api.example"}),
+                                connection=mock.Mock())
+    handler = type("Probe", (BearerAuthMixin, tornado.web.RequestHandler), {"accept_query_token": True})
+    probe = handler(tornado.web.Application(), request)
+    assert probe.presented_token() == "last" and "first" not in request.uri
+
+
 @pytest.mark.gen_test(timeout=90)
 async def test_a_websocket_is_closed_when_feed_and_tokensvc_are_away_past_offline_ttl(http_server, browser,
                                                                                         http_client, base_url, ctx):

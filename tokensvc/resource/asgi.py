@@ -149,10 +149,11 @@ class BearerAuthMiddleware:
 def _take_query_token(scope: Scope) -> str | None:
     """The ``access_token`` of the scope's query, which is left masked in place (the server's
     access log writes the scope it passed on, after the application answered), whatever the
-    request is and whether or not the token is used."""
+    request is and whether or not the token is used. Given more than once, the last one counts
+    (as in tokensvc's own sockets and the Tornado adapter)."""
     query = scope.get("query_string", b"").decode("latin-1")
     masked = masked_query(query)
     if masked == query:
         return None
     scope["query_string"] = masked.encode("latin-1")
-    return (parse_qs(query).get("access_token") or [None])[0]
+    return (parse_qs(query).get("access_token") or [None])[-1]  # the last, as Tornado's get_query_argument
