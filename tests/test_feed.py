@@ -6,6 +6,7 @@ hears what other processes revoke through the relay."""
 from __future__ import annotations
 
 import json
+import re
 from datetime import timedelta
 
 import pytest
@@ -19,6 +20,7 @@ from helpers import (
     family_of,
     hashes_of,
     json_of,
+    make_config,
     post_form,
 )
 from test_ws import HANDSHAKE, tokens
@@ -254,3 +256,41 @@ async def test_a_reader_is_closed_when_its_client_is_removed_or_rotated_or_may_n
     await admin.update_client(ctx, "webapp", {"first_party": False})
     await closed_for_its_credentials(webapp)
     await eventually(lambda: ctx.feed.readers == 0, DEADLINE, what="the readers dropped")
+
+
+
+@pytest.mark.parametrize("config", [make_config(feed={"max_readers": 2, "max_readers_per_client": 1})])
+@pytest.mark.gen_test(timeout=90)
+async def test_every_refusal_is_as_the_document_says(http_server, base_url, ctx):
+    """Each refusal's status is documented, with the headers the document says it carries (a
+    401's challenge is the scheme the document names: Basic, which the feed asked for), and its
+    body has one of the documented shapes."""
+    from tokensvc import openapi
+    from tokensvc.app import ROUTES
+
+    document = openapi.build(ROUTES, base_url)
+    documented = document["paths"]["/oauth/revocations"]["get"]["responses"]
+    shapes = document["components"]["schemas"]
+    secret = await notes_api(ctx)
+    webapp = {"Authorization": basic("webapp", WEBAPP_SECRET)}
+    readers = [await connect(base_url)]  # webapp's one reader (of two in all)
+
+    async def as_documented(headers):
+        code, body, served = await refusal(base_url, headers)
+        response = documented[str(code)]
+        for name, header in response.get("headers", {}).items():
+            if header.get("required") or name in served:
+                assert re.match(header["schema"].get("pattern", ""), served[name]), (code, name, served.get(name))
+        schema = response["content"]["application/json"]["schema"]
+        names = [shape["$ref"].rsplit("/", 1)[1] for shape in schema.get("anyOf", [schema])]
+        assert any(set(shapes[name].get("required", [])) <= set(body) <= set(shapes[name]["properties"])
+                   for name in names), (code, body)
+        return code
+
+    assert [await as_documented(headers) for headers in (
+        {}, {"Authorization": basic("webapp", "wrong")}, {"Authorization": basic("node-agent", "")},
+        {"Authorization": basic("partner", PARTNER_SECRET)}, webapp)] == [401, 401, 401, 403, 429]
+    readers.append(await connect(base_url, client_id="notes-api", secret=secret))  # two of two
+    assert await as_documented({"Authorization": basic("notes-api", secret)}) == 503
+    for reader in readers:
+        reader.close()

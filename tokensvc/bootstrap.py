@@ -17,6 +17,7 @@ from tokensvc.identifiers import username_key
 from tokensvc.metrics import Metrics
 from tokensvc.oauth import clientauth, hashing, removal, successors
 from tokensvc.oauth.context import OAuthContext
+from tokensvc.oauth.feed import ReaderCaps
 from tokensvc.oauth.metadata import server_metadata
 from tokensvc.oauth.revocation import end_chains_before_promotion, narrowing
 from tokensvc.ratelimit import FailureLimits
@@ -54,7 +55,7 @@ def make_context(settings: Settings, store: Store, **overrides: Any) -> OAuthCon
         limits=FailureLimits(settings.limits, shared=store.failure_counts()),
         metadata=server_metadata(settings.base_url, settings.auth_url,
                                  (client.allowed_scopes for client in settings.clients)),
-        metrics=metrics)
+        metrics=metrics, feed_caps=ReaderCaps(settings.feed.max_readers, settings.feed.max_readers_per_client))
     values.update(overrides)
     store.observer = StoreMetrics(metrics)
     return OAuthContext(**values)

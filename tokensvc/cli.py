@@ -188,6 +188,11 @@ async def serve(settings: Settings, listeners: Listeners, *, show_banner: bool =
     # server.drain_seconds), idle keep-alive connections closed; only then the store.
     for server in servers:
         server.stop()
+    # Readers of the revocation feed would hold this process until the end: told to go now
+    # (1012), they reconnect to another process.
+    ended = ctx.feed.end_all()
+    if ended:
+        log.info("stopping: %d revocation feed readers told to reconnect elsewhere", ended)
     edges = [app.edge, *([admin_app.edge] if listeners.admin else [])]
     try:
         await asyncio.wait_for(asyncio.gather(*(edge.drained() for edge in edges)), settings.server.drain_seconds)

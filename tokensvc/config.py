@@ -79,6 +79,9 @@ MADE = {"derived": True, "made": True}
 COOKIE_SECRET = "str | list[str]"
 
 
+# The least feed.max_unsent_bytes may be: a few messages (a resumption's missed ones, bounded
+# by the feed's replay buffer, are not counted against it).
+MIN_UNSENT_BYTES = 4096
 UNIX_PEER = "unix"  # in proxy.trusted_networks: the peer on server.unix_socket
 
 
@@ -180,6 +183,21 @@ class LimitSettings:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class FeedSettings:
+    # The revocation feed's readers (GET /oauth/revocations): refused before the upgrade past
+    # either count, so that a fan-out stays short for everyone (docs/configuration.md).
+    max_readers: int = 1000  # open in this process
+    max_readers_per_client: int = 100  # of one client, in this process
+    # A ping every ping_seconds; a reader that has not answered within ping_timeout_seconds
+    # (at most ping_seconds) is closed: a dead one no longer counts against the caps.
+    ping_seconds: int = 20
+    ping_timeout_seconds: int = 10
+    # A reader whose messages not yet written to its socket exceed this is closed (1008): it
+    # does not keep up, and the process would otherwise hold them without bound.
+    max_unsent_bytes: int = 1024 * 1024
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class MetricsSettings:
     enabled: bool = True
     # Who may scrape GET /metrics (networks; anyone else gets 404): loopback and the private ranges.
@@ -240,6 +258,7 @@ class Settings:
     storage: StorageSettings = field(default_factory=StorageSettings)
     tokens: TokenSettings = field(default_factory=TokenSettings)
     limits: LimitSettings = field(default_factory=LimitSettings)
+    feed: FeedSettings = field(default_factory=FeedSettings)
     metrics: MetricsSettings = field(default_factory=MetricsSettings)
     clients: tuple[ClientSeed, ...] = ()
     users: tuple[UserSeed, ...] = ()
@@ -273,7 +292,7 @@ class Settings:
 SECTIONS: dict[str, type] = {"server": ServerSettings, "proxy": ProxySettings, "admin": AdminSettings,
                              "storage": StorageSettings,
                              "tokens": TokenSettings,
-                             "limits": LimitSettings, "metrics": MetricsSettings}
+                             "limits": LimitSettings, "feed": FeedSettings, "metrics": MetricsSettings}
 TABLES: dict[str, type] = {"clients": ClientSeed, "users": UserSeed, "installations": InstallationSeed}
 
 
@@ -622,6 +641,7 @@ def _check_sections(settings: Settings) -> None:
             raise ConfigError(f"limits.{f.name}: must be at least 1, got {value}")
     if settings.limits.ipv6_prefix > 128:
         raise ConfigError(f"limits.ipv6_prefix: an IPv6 prefix length, 1 to 128, got {settings.limits.ipv6_prefix}")
+    _check_feed(settings.feed)
     for key, networks in (("metrics.allow", settings.metrics.allow),
                           ("proxy.trusted_networks", settings.proxy.trusted_networks)):
         for network in networks:
@@ -638,6 +658,21 @@ def _check_sections(settings: Settings) -> None:
         # limits and /metrics would take the address it chose.
         raise ConfigError("proxy.trusted_networks: required with xheaders: the networks of the proxies the service "
                           "is reached through (their headers are believed from them alone)")
+
+
+def _check_feed(feed: FeedSettings) -> None:
+    for f in dataclasses.fields(FeedSettings):
+        if getattr(feed, f.name) < 1:
+            raise ConfigError(f"feed.{f.name}: must be at least 1, got {getattr(feed, f.name)}")
+    if feed.ping_timeout_seconds > feed.ping_seconds:
+        raise ConfigError(f"feed.ping_timeout_seconds: at most feed.ping_seconds ({feed.ping_seconds}), got "
+                          f"{feed.ping_timeout_seconds}")
+    if feed.max_readers_per_client > feed.max_readers:
+        raise ConfigError(f"feed.max_readers_per_client: at most feed.max_readers ({feed.max_readers}), got "
+                          f"{feed.max_readers_per_client}")
+    if feed.max_unsent_bytes < MIN_UNSENT_BYTES:
+        raise ConfigError(f"feed.max_unsent_bytes: at least {MIN_UNSENT_BYTES} (a few messages), got "
+                          f"{feed.max_unsent_bytes}")
 
 
 def _check_clients(clients: tuple[ClientSeed, ...]) -> None:

@@ -244,6 +244,22 @@ class NotReady(StoreUnavailable):
         return {"detail": self.detail, "reason": self.reason}
 
 
+class FeedFull(Detail):
+    """A revocation feed reader refused before the upgrade, for a cap: 429 when its client has
+    as many readers open as it may, 503 when this process has (or is stopping); ``Retry-After``
+    and the ``reason`` in either."""
+
+    def __init__(self, reason: str, detail: str, retry_after: int, status_code: int) -> None:
+        super().__init__(detail, status_code)
+        self.reason, self.retry_after = reason, retry_after
+
+    def body(self) -> dict[str, Any]:
+        return {"detail": self.detail, "reason": self.reason}
+
+    def headers(self) -> dict[str, str]:
+        return {"Retry-After": str(self.retry_after)}
+
+
 class StoreRefused(Detail):
     """The store refused for good: 500 without ``Retry-After``, which would promise a recovery."""
 

@@ -80,6 +80,21 @@ class Metrics:
                                     "Requests the store failed (503: not answering; 500: refused)", ("kind",))
         self.websockets_open = Gauge("tokensvc_websockets_open", "Open WebSocket connections",
                                      registry=registry, multiprocess_mode="livesum")
+        # The revocation feed's readers (GET /oauth/revocations): how many, what they were sent,
+        # how they came back, and who was refused or closed, and why (docs/operations.md).
+        self.feed_readers = Gauge("tokensvc_feed_readers", "Open revocation feed readers", registry=registry,
+                                  multiprocess_mode="livesum")
+        self.feed_messages = counter("tokensvc_feed_messages_sent_total",
+                                     "Revocation feed messages handed to readers (one per reader)")
+        self.feed_openings = counter("tokensvc_feed_openings_total",
+                                     "Revocation feed readers opened: resumed where they left off, or told to flush",
+                                     ("outcome",))
+        self.feed_refusals = counter("tokensvc_feed_refusals_total",
+                                     "Revocation feed readers refused (before the upgrade) or closed for their "
+                                     "credentials (4403), by reason", ("reason",))
+        self.feed_closed = counter("tokensvc_feed_closed_total",
+                                   "Revocation feed readers the service closed: too slow (1008), the process "
+                                   "stopping (1012)", ("reason",))
         # The store's own work (MongoDB): what each operation costs, how it fails, what the
         # driver's pool and topology do, and whether revocations of other processes arrive.
         self.store_seconds = Histogram("tokensvc_store_operation_seconds",
@@ -153,6 +168,12 @@ class Metrics:
 
     def refused_by_limit(self, kind: str) -> None:
         self.rate_limited.labels(kind).inc()
+
+    def feed_sent(self, count: int) -> None:
+        self.feed_messages.inc(count)
+
+    def feed_opened(self, resumed: bool) -> None:
+        self.feed_openings.labels("resumed" if resumed else "flush").inc()
 
     def render(self) -> bytes:
         """The text exposition: this process's registry, or, in multiprocess mode, every

@@ -22,7 +22,7 @@ from apispec.ext.marshmallow import MarshmallowPlugin
 
 from tokensvc import __version__, admin_schemas, identifiers, schemas
 from tokensvc.oauth.authorization import MAX_PARAMETER_LENGTH
-from tokensvc.oauth.feed import CLOSE_CREDENTIALS
+from tokensvc.oauth.feed import CLOSE_CREDENTIALS, CLOSE_RESTART, CLOSE_TOO_SLOW
 
 OAUTH_API_VERSION = "2.0.0"  # the interface's label of the OAuth API
 SESSION_COOKIE = "tokensvc_session"  # the demo's; the served document names the configured one
@@ -88,9 +88,11 @@ def parameter(name: str, where: str, description: str = "", *, required: bool = 
 
 
 RETRY_AFTER = {"Retry-After": header("Seconds to wait")}
-CHALLENGE = {"WWW-Authenticate": header("The RFC 6750 challenge: Bearer realm=\"tokensvc\", error=...")}
+CHALLENGE = {"WWW-Authenticate": header("The RFC 6750 challenge: Bearer realm=\"tokensvc\", error=...",
+                                        pattern="^Bearer ")}
 BASIC_CHALLENGE = {"WWW-Authenticate": header(
-    "To a client that tried HTTP Basic, Basic realm=\"tokensvc\", charset=\"UTF-8\" (RFC 6749 §5.2)")}
+    "To a client that tried HTTP Basic, Basic realm=\"tokensvc\", charset=\"UTF-8\" (RFC 6749 §5.2)",
+    pattern="^Basic ")}
 INVALID = json_answer("HTTPValidationError", "A field failed validation")
 OAUTH_400 = json_answer("OAuthError", "OAuth protocol failure (RFC 6749 §5.2); also a body that cannot be parsed "
                                       "(invalid_request)")
@@ -197,6 +199,7 @@ def build(routes: Iterable[Route], base_url: str, *, admin: bool = False, auth_u
         ("NotReady", schemas.NotReadySchema), ("Health", schemas.HealthSchema),
         ("Session", schemas.SessionSchema), ("FeedReady", schemas.FeedReadySchema),
         ("FeedRevoked", schemas.FeedRevokedSchema), ("FeedFlush", schemas.FeedFlushSchema),
+        ("FeedFull", schemas.FeedFullSchema),
     ):
         spec.components.schema(name, schema=schema)
     spec.components.security_scheme("bearer", {"type": "http", "scheme": "bearer",
@@ -444,16 +447,32 @@ def _operations() -> dict[str, dict[str, Any]]:
                       pattern=schemas.FEED_SEQ.pattern, maxLength=15)],
         "responses": {"101": {"description": "Upgraded to a WebSocket"},
                       "400": HANDSHAKE_400,
-                      "401": json_answer("OAuthError", "No Basic client credentials, or wrong ones (invalid_client)",
-                                         CHALLENGE),
+                      "401": json_answer("OAuthError", "No Basic client credentials, or wrong ones, or a public "
+                                         "client's (invalid_client)", {"WWW-Authenticate": {
+                                             **BASIC_CHALLENGE["WWW-Authenticate"], "required": True}}),
                       "403": json_answer(one_of_shapes("OAuthError", "Detail"), "A client that may not introspect "
                                          "(access_denied); or a page of another origin ({\"detail\"})"),
-                      "422": INVALID, "426": UPGRADE_426, "429": TOO_MANY, "503": UNAVAILABLE},
+                      "422": INVALID, "426": UPGRADE_426,
+                      "429": json_answer(one_of_shapes("OAuthError", "FeedFull"), "Too many failed authentications "
+                                         "(too_many_requests); or the client has as many readers open in this "
+                                         "process as feed.max_readers_per_client allows (FeedFull, reason "
+                                         "client_cap)", RETRY_AFTER),
+                      "503": json_answer(one_of_shapes("Detail", "FeedFull"), "The store does not answer; or the "
+                                         "process has as many readers open as feed.max_readers allows, or is "
+                                         "stopping (FeedFull, reason process_cap or stopping): connect again, "
+                                         "another process may have room", RETRY_AFTER)},
         "x-websocket-messages": {
-            "description": "Server to client, JSON text frames; the client sends nothing. Cache keys: the "
-                           "introspection answer's family_id, grant_id, client_id and sub",
+            "description": "Server to client, JSON text frames; the client sends nothing (a ping is answered, as "
+                           "RFC 6455 asks). Cache keys: the introspection answer's family_id, grant_id, client_id "
+                           "and sub. ready first (with the missed messages after it when resumed), then revoked "
+                           "and flush, each with the next seq of the stream",
             "oneOf": [ref("FeedReady"), ref("FeedRevoked"), ref("FeedFlush")]},
         "x-websocket-close-codes": {
+            "1000": "\"ping timed out\": the reader answered no ping within feed.ping_timeout_seconds (a reader "
+                    "that answers is never closed for it)",
+            str(CLOSE_TOO_SLOW): "The reader did not keep up: over feed.max_unsent_bytes of messages it had not "
+                                 "taken. Reconnect with stream and after: resumed, or told to flush",
+            str(CLOSE_RESTART): "The process is stopping (service restart): reconnect, to another process",
             str(CLOSE_CREDENTIALS): "The reader's credentials no longer prove a client that may read the feed "
                                     "(its client removed, its secret rotated, or made one that may not "
                                     "introspect): reconnect with the current ones"}}}

@@ -441,6 +441,15 @@ class NotReadySchema(DetailSchema):
         "example": "start-up has not prepared the store yet"})
 
 
+class FeedFullSchema(DetailSchema):
+    """A revocation feed reader refused for a cap (429 its client's, 503 the process's)."""
+
+    reason = fields.String(required=True, validate=validate.OneOf(["client_cap", "process_cap", "stopping"]),
+                           metadata={"description": "client_cap: the client has as many readers open in this process "
+                                                    "as it may (429); process_cap: the process has (503); stopping: "
+                                                    "the process is stopping (503)"})
+
+
 class HealthSchema(StatusSchema):
     """``/healthz``: alive, and the release the process runs."""
 

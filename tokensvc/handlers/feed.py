@@ -10,17 +10,27 @@ withdrawn), the socket asks whether the credentials it proved still hold, and cl
 :data:`CLOSE_CREDENTIALS` when they do not. It also asks every :data:`RECHECK_SECONDS`: a
 removal reaches other processes as the write that precedes the deletion, which a relay that
 polls (no change streams) may never see.
+
+What one reader may cost the process is bounded (the ``[feed]`` settings): a seat among the
+process's readers and its client's, taken before the upgrade (past either cap: 429 or 503,
+``Retry-After``); a ping every ``ping_seconds``, and a reader that has not answered within
+``ping_timeout_seconds`` is closed; and the messages it has not yet taken off its socket, past
+``max_unsent_bytes``, close it (:data:`CLOSE_TOO_SLOW`). A message is queued on each socket
+and never awaited, so a slow reader delays no other.
 """
 
 from __future__ import annotations
 
+import logging
+from asyncio import Future
+from functools import partial
 from typing import Any
 
 import tornado.ioloop
 import tornado.websocket
 
 from tokensvc import schemas
-from tokensvc.errors import Forbidden
+from tokensvc.errors import FeedFull, Forbidden, HTTPAnswer
 from tokensvc.handlers.guards import from_own_origin
 from tokensvc.handlers.headers import JSON_HEADERS
 from tokensvc.handlers.lifecycle import JSON, dumps
@@ -30,10 +40,26 @@ from tokensvc.handlers.ws import check_handshake
 from tokensvc.oauth import introspection
 from tokensvc.oauth.clientauth import ClientRequest
 from tokensvc.oauth.errors import InvalidClient
-from tokensvc.oauth.feed import CLOSE_CREDENTIALS, Message
+from tokensvc.oauth.feed import (
+    CLIENT_CAP,
+    CLOSE_CREDENTIALS,
+    CLOSE_RESTART,
+    CLOSE_TOO_SLOW,
+    PROCESS_CAP,
+    STOPPING,
+    Message,
+)
 from tokensvc.storage.base import CLIENT, Revocation
 
+log = logging.getLogger(__name__)
+
 RECHECK_SECONDS = 30.0
+RETRY_AFTER_SECONDS = 5  # what a reader refused a seat is asked to wait
+# A refused seat's answer: the client's own cap is 429; the process's is 503, as is a process
+# that stops (another process may have room).
+REFUSED = {CLIENT_CAP: (429, "This client has as many revocation feed readers open here as it may"),
+           PROCESS_CAP: (503, "This process serves as many revocation feed readers as it may; connect again"),
+           STOPPING: (503, "This process is stopping; connect again")}
 
 
 class RevocationFeedSocket(WebHandler, tornado.websocket.WebSocketHandler):
@@ -45,6 +71,7 @@ class RevocationFeedSocket(WebHandler, tornado.websocket.WebSocketHandler):
     _stands_on: list[Revocation] = []
     _recheck: Recheck
     _every: tornado.ioloop.PeriodicCallback | None = None
+    _unsent = 0  # bytes of live messages queued on the socket and not yet written to it
 
     async def get(self, *args: Any, **kwargs: Any) -> None:
         authorization = self.request.headers.get("Authorization")
@@ -55,28 +82,54 @@ class RevocationFeedSocket(WebHandler, tornado.websocket.WebSocketHandler):
         self._stream = query.get("stream")
         self._after = int(query["after"]) if "after" in query else None
         self._caller = ClientRequest(authorization, None, None, self.request.remote_ip or "-", self.request.path)
-        client = await introspection.authorize_client(self.ctx, self._caller)
-        self.log_client_id = client.client_id
-        self._stands_on = [Revocation(CLIENT, client.client_id)]
+        try:
+            client = await introspection.authorize_client(self.ctx, self._caller)
+        except HTTPAnswer as answer:
+            if answer.status_code == 403:  # a client that proved its secret, without the right
+                self.edge.metrics.feed_refusals.labels("not_a_reader").inc()
+            raise
+        self.log_client_id = client_id = client.client_id
+        self._stands_on = [Revocation(CLIENT, client_id)]
         # Resource servers send neither Sec-Fetch-Site nor Origin. A browser page elsewhere must
         # not ride on Basic credentials its browser remembers; refused in JSON here, before
         # Tornado's own check (which answers in plain text).
         if not from_own_origin(self.request, self.config):
             raise Forbidden("The revocation feed does not serve pages of other origins")
-        await super().get(*args, **kwargs)
+        seats = self.ctx.feed.seats
+        refusal = seats.take(client_id)
+        if refusal is not None:
+            self.edge.metrics.feed_refusals.labels(refusal).inc()
+            log.warning("revocation feed: a reader of client %s refused (%s: %d of its own, %d in all open)",
+                        client_id, refusal, seats.of(client_id), seats.taken)
+            status, detail = REFUSED[refusal]
+            raise FeedFull(refusal, detail, RETRY_AFTER_SECONDS, status)
+        try:  # returns once the connection has ended (Tornado reads its frames until then)
+            await super().get(*args, **kwargs)
+        finally:
+            seats.give_back(client_id)
 
     def check_origin(self, origin: str) -> bool:
         """Decided before the upgrade, in :meth:`get`."""
         return True
 
+    @property
+    def ping_interval(self) -> float:
+        return float(self.config.feed.ping_seconds)
+
+    @property
+    def ping_timeout(self) -> float:
+        return float(self.config.feed.ping_timeout_seconds)
+
     def open(self, *args: Any, **kwargs: Any) -> None:
+        self.edge.metrics.feed_readers.inc()
         self._recheck = Recheck(self._check, "could not re-check a revocation feed reader's credentials")
         self.ctx.events.subscribe(self._stands_on, self._recheck.request)
         self._every = tornado.ioloop.PeriodicCallback(self._recheck.request, RECHECK_SECONDS * 1000, jitter=0.1)
         self._every.start()
-        opening = self.ctx.feed.open(self._send, self._stream, self._after)
+        opening = self.ctx.feed.open(self._send, self._stream, self._after, end=self._restart)
+        # The opening (at most the feed's replay buffer) is not counted against the bound.
         for message in (opening.ready, *opening.missed):
-            self._send(message)
+            self._write(dumps(message).encode("utf-8"))
 
     def on_message(self, message: str | bytes) -> None:
         """The reader has nothing to say; whatever it sends is ignored."""
@@ -84,15 +137,49 @@ class RevocationFeedSocket(WebHandler, tornado.websocket.WebSocketHandler):
     def on_close(self) -> None:
         self.ctx.feed.close(self._send)
         if self._every is not None:
+            self.edge.metrics.feed_readers.dec()
             self.ctx.events.unsubscribe(self._stands_on, self._recheck.request)
             self._every.stop()
 
     async def _check(self) -> None:
         if not await introspection.still_a_reader(self.ctx, self._caller):
-            self.close(CLOSE_CREDENTIALS, "the client's credentials no longer hold")
+            self.edge.metrics.feed_refusals.labels("credentials").inc()
+            log.warning("revocation feed: a reader of client %s closed (%d): its credentials no longer hold",
+                        self.log_client_id, CLOSE_CREDENTIALS)
+            self._end(CLOSE_CREDENTIALS, "the client's credentials no longer hold")
 
     def _send(self, message: Message) -> None:
+        """A live message: queued on the socket, never awaited; past the bound of what the
+        reader has not taken, it is closed."""
+        data = dumps(message).encode("utf-8")
+        written = self._write(data)
+        if written is None:
+            return
+        self._unsent += len(data)
+        written.add_done_callback(partial(self._taken, len(data)))
+        if self._unsent > self.config.feed.max_unsent_bytes:
+            self.edge.metrics.feed_closed.labels("too_slow").inc()
+            log.warning("revocation feed: a reader of client %s closed (%d): over %d bytes not yet taken",
+                        self.log_client_id, CLOSE_TOO_SLOW, self.config.feed.max_unsent_bytes)
+            self._end(CLOSE_TOO_SLOW, "too slow: messages not taken")
+
+    def _write(self, data: bytes) -> Future[None] | None:
         try:
-            self.write_message(dumps(message))
+            return self.write_message(data)
         except tornado.websocket.WebSocketClosedError:
             self.ctx.feed.close(self._send)
+            return None
+
+    def _taken(self, size: int, written: Future[None]) -> None:
+        self._unsent -= size
+        if not written.cancelled():
+            written.exception()  # a socket closed meanwhile: nothing more to do (and nothing left unread)
+
+    def _restart(self) -> None:
+        self.edge.metrics.feed_closed.labels("restart").inc()
+        self._end(CLOSE_RESTART, "the service is restarting: connect again")
+
+    def _end(self, code: int, reason: str) -> None:
+        """No message after this one; the socket closed with ``code``."""
+        self.ctx.feed.close(self._send)
+        self.close(code, reason)

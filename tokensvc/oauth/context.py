@@ -13,7 +13,7 @@ from datetime import datetime
 from typing import Any, Protocol
 
 from tokensvc.oauth.events import RevocationEvents
-from tokensvc.oauth.feed import RevocationFeed
+from tokensvc.oauth.feed import ReaderCaps, RevocationFeed
 from tokensvc.oauth.metrics import ProtocolMetrics
 from tokensvc.oauth.origins import BrowserOrigins
 from tokensvc.oauth.successors import SuccessorKeys
@@ -60,6 +60,8 @@ class OAuthContext:
     successors: SuccessorKeys = field(default_factory=lambda: SuccessorKeys.of([secrets.token_urlsafe(32)]))
     # The revocation feed resource servers read (GET /oauth/revocations): every announcement above.
     feed: RevocationFeed = field(init=False)
+    # How many readers the feed admits (the [feed] settings).
+    feed_caps: ReaderCaps = field(default_factory=ReaderCaps)
 
     def __post_init__(self) -> None:
-        self.feed = RevocationFeed(self.events)
+        self.feed = RevocationFeed(self.events, self.metrics, self.feed_caps)

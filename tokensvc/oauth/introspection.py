@@ -39,8 +39,8 @@ async def authorize_client(ctx: OAuthContext, request: ClientRequest) -> Client:
     """A client that proves its secret and may introspect: the one way to read the revocation
     feed (``GET /oauth/revocations``, HTTP Basic)."""
     client = await clientauth.authenticate_request(ctx, request)
-    if not client.confidential:
-        raise InvalidClient("Introspection needs client authentication")
+    if not client.confidential:  # it tried Basic (the feed takes nothing else): challenged to again
+        raise InvalidClient("Introspection needs client authentication", basic=True)
     check_client_caller(client)
     return client
 

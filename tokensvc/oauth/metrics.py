@@ -35,3 +35,9 @@ class ProtocolMetrics(Protocol):
 
     def refused_by_limit(self, kind: str) -> None:
         """A request refused by a failure limit (429): ``login``, ``client_auth``, ``admin``."""
+
+    def feed_sent(self, count: int) -> None:
+        """One revocation feed message handed to ``count`` readers."""
+
+    def feed_opened(self, resumed: bool) -> None:
+        """A revocation feed reader opened: ``resumed`` where it left off, or told to flush."""
