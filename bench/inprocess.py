@@ -29,11 +29,16 @@ response), ``tornado-writer`` (every JSON answer through Tornado's ``write_heade
 HTTP/1.0 one is, instead of the response writer's one block: with ``requesthandler``, the JSON
 adapter alone); and the plain idioms the current mechanisms replaced (``bench/plain.py``):
 ``plain-access-line``, ``library-metrics``, ``urandom-request-id``, ``plain-observability``
-(all three). ``delegate`` against a switch is what that part costs, or saves.
+(all three); ``unbounded-feed`` (the revocation feed's reader without the bound on what it has
+not taken, for ``revoke-feed``). ``delegate`` against a switch is what that part costs, or saves.
 
 Operations: introspect, me, exchange, refresh, client (all by default), and ``floor``: the
 bare Tornado form POST of ``bench/hello.py`` (parse a form, set the no-store headers, write a
-small JSON body), the least any form-posting JSON endpoint costs in Tornado, for reference. Run it before and
+small JSON body), the least any form-posting JSON endpoint costs in Tornado, for reference; and
+``revoke-feed``: RFC 7009 revocations of distinct access tokens with ``--readers`` revocation
+feed readers open (each revocation one message to every reader, its fan-out in the service's
+CPU; the readers are read by a thread of their own, outside it; ``--readers 0`` is the
+revocation alone). Run it before and
 after a change, on the same machine, and compare the operation the change targets.
 """
 
@@ -43,6 +48,7 @@ import argparse
 import asyncio
 import base64
 import contextlib
+import dataclasses
 import re
 import socket
 import statistics
@@ -76,6 +82,7 @@ from tokensvc.storage.memory import MemoryStore
 
 OPERATIONS = ("introspect", "me", "exchange", "refresh", "client")
 FLOOR = "floor"
+FEED = "revoke-feed"
 BASIC = "Basic " + base64.b64encode(f"bench:{CLIENT_SECRET}".encode()).decode()
 REFRESH_TOKEN = re.compile(rb'"refresh_token":"([^"]+)"')
 CONTENT_LENGTH = re.compile(rb"\r\nContent-Length: (\d+)", re.I)
@@ -230,6 +237,7 @@ VARIANTS = {
     "delegate": Variant(lambda: ROUTES),
     "requesthandler": Variant(lambda: twin.TWIN_ROUTES),
     "same": Variant(lambda: ROUTES),  # the service as it is again: the null A/B's other side
+    "unbounded-feed": Variant(lambda: plain.unbounded_feed_routes(ROUTES)),  # for revoke-feed
     **{name: Variant(lambda: ROUTES, tuple(patches)) for name, patches in SWITCHES.items()},
 }
 
@@ -238,7 +246,7 @@ class Service:
     """One variant of the service, seeded for one operation, and its requests."""
 
     def __init__(self, thread: ServiceThread, variant: str, operation: str, requests: int, runs: int,
-                 tokens: int) -> None:
+                 tokens: int, readers: int = 0) -> None:
         self.operation = operation
         if operation == FLOOR:
             self.variant = Variant(lambda: [])
@@ -248,6 +256,11 @@ class Service:
         self.routes = self.variant.routes()
         out = Path(tempfile.mkdtemp(prefix="tokensvc-inprocess-"))
         config = settings(8080)
+        if operation == FEED and hasattr(config, "feed"):  # room for every reader (a release without caps: none)
+            # The bench's readers answer no ping: none is sent while it runs.
+            caps = {"max_readers": max(readers, 1), "max_readers_per_client": max(readers, 1),
+                    "ping_seconds": 3600, "ping_timeout_seconds": 3600}
+            config = dataclasses.replace(config, feed=dataclasses.replace(config.feed, **caps))
         store = MemoryStore()
         ctx = make_context(config, store)
 
@@ -260,7 +273,10 @@ class Service:
         self.access = (out / "access.txt").read_text().split()
         self.codes = iter((out / "codes-main1.txt").read_text().split()) if operation == "exchange" else iter(())
         self.chain = [(out / "refresh-main1.txt").read_text().split()[0]] if operation == "refresh" else []
-        self.connection = Connection(thread.serve(make_app(config, store, ctx, self.routes)))
+        port = thread.serve(make_app(config, store, ctx, self.routes))
+        self.connection = Connection(port)
+        if operation == FEED:
+            self.readers = FeedReaders(port, readers)
 
     def request(self, i: int) -> bytes:
         if self.operation == FLOOR:
@@ -275,11 +291,47 @@ class Service:
                                         f"&redirect_uri={redirect}&code_verifier={VERIFIER}")
         if self.operation == "refresh":
             return post("/oauth/token/refresh", f"refresh_token={self.chain[-1]}")
+        if self.operation == FEED:
+            return post("/oauth/token/revoke", f"token={access[i]}")
         return get("/oauth/clients/bench")
 
     def seen(self, body: bytes) -> None:
         if self.operation == "refresh":
             self.chain.append(REFRESH_TOKEN.search(body).group(1).decode())
+
+
+READERS = 100  # --readers
+
+
+class FeedReaders:
+    """``count`` readers of the revocation feed (the bench client: first-party, confidential),
+    each on a socket of its own, read and discarded by a thread of their own (outside the
+    service's CPU), so that none falls behind."""
+
+    def __init__(self, port: int, count: int) -> None:
+        import selectors
+
+        self.selector = selectors.DefaultSelector()
+        for n in range(count):
+            sock = socket.create_connection(("127.0.0.1", port))
+            key = base64.b64encode(n.to_bytes(16, "big")).decode()
+            sock.sendall((f"GET /oauth/revocations HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nUpgrade: websocket\r\n"
+                          f"Connection: Upgrade\r\nSec-WebSocket-Version: 13\r\nSec-WebSocket-Key: {key}\r\n"
+                          f"Authorization: {BASIC}\r\n\r\n").encode())
+            head = b""
+            while b"\r\n\r\n" not in head:
+                head += sock.recv(4096)
+            if not head.startswith(b"HTTP/1.1 101"):
+                raise RuntimeError(f"the feed refused reader {n}: {head[:200]!r}")
+            sock.setblocking(False)
+            self.selector.register(sock, selectors.EVENT_READ)
+        threading.Thread(target=self._drain, daemon=True).start()
+
+    def _drain(self) -> None:
+        while True:
+            for key, _ in self.selector.select():
+                with contextlib.suppress(BlockingIOError):
+                    key.fileobj.recv(1 << 20)  # type: ignore[union-attr]
 
 
 LOG_SINKS = ("file", "pipe")
@@ -299,13 +351,14 @@ def configure_logs(sink: str = "file") -> None:
 
 
 def measure(operation: str, requests: int, repeat: int, tokens: int,
-            variants: tuple[str, ...] = ("delegate",), sink: str = "file") -> dict[str, list[tuple[float, float]]]:
+            variants: tuple[str, ...] = ("delegate",), sink: str = "file",
+            readers: int = 0) -> dict[str, list[tuple[float, float]]]:
     """For each variant, (CPU µs per request, the hello world's around it) of each measured
     block; the variants' blocks alternate, each between two hello world blocks."""
     configure_logs(sink)
     runs = repeat + 1  # the first block warms up
     thread = ServiceThread()
-    services = {variant: Service(thread, variant, operation, requests, runs, tokens) for variant in variants}
+    services = {variant: Service(thread, variant, operation, requests, runs, tokens, readers) for variant in variants}
     hello_connection = Connection(thread.serve(tornado.web.Application([(r"/", MainHandler)])))
     hello_request = get("/")
     results: dict[str, list[tuple[float, float]]] = {variant: [] for variant in variants}
@@ -331,19 +384,20 @@ def main() -> int:
     parser.add_argument("--requests", type=int, default=400, help="requests per block")
     parser.add_argument("--repeat", type=int, default=25, help="blocks measured, after one warm-up")
     parser.add_argument("--tokens", type=int, default=10_000, help="live access tokens in the store")
+    parser.add_argument("--readers", type=int, default=READERS, help=f"revocation feed readers open ({FEED})")
     parser.add_argument("--log-sink", choices=LOG_SINKS, default="file",
                         help="where the log lines go: a file (the default), or a pipe another process reads")
     parser.add_argument("--ab", nargs=2, metavar=("A", "B"), choices=sorted(VARIANTS),
                         help="compare two variants, block by block: " + ", ".join(sorted(VARIANTS)))
     args = parser.parse_args()
-    unknown = set(args.operations) - {*OPERATIONS, FLOOR}
+    unknown = set(args.operations) - {*OPERATIONS, FLOOR, FEED}
     if unknown:
         parser.error(f"unknown operation(s): {', '.join(sorted(unknown))}")
     variants = tuple(args.ab or ("delegate",))
     print(f"{'operation':<12} {'variant':<15} {'× hello':>8} {'mean':>6} {'min':>6} {'max':>6} "
           f"{'µs CPU/request':>15} {'hello µs':>9}")
     for operation in args.operations or OPERATIONS:
-        measured = measure(operation, args.requests, args.repeat, args.tokens, variants, args.log_sink)
+        measured = measure(operation, args.requests, args.repeat, args.tokens, variants, args.log_sink, args.readers)
         medians = {}
         for variant, pairs in measured.items():
             ratios = [spent / hello for spent, hello in pairs]

@@ -7,7 +7,11 @@ service did it before, kept here for the A/B only.
   escaped by the formatter, the time formatted by it;
 - the request metrics as ``prometheus_client`` children: a counter and a histogram of the
   request's label set, each with its lock;
-- the request id from a ``getrandom`` system call (``os.urandom``).
+- the request id from a ``getrandom`` system call (``os.urandom``);
+
+and, for the revocation feed's fan-out (``--ab delegate unbounded-feed revoke-feed``), its
+reader as it was before what a reader has not taken was bounded: each message queued on the
+socket, nothing counted.
 """
 
 from __future__ import annotations
@@ -17,11 +21,14 @@ import os
 import re
 from typing import Any
 
+import tornado.websocket
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from tornado.httputil import HTTPServerRequest
 
 from tokensvc import logs, metrics
-from tokensvc.handlers import access_log
+from tokensvc.handlers import access_log, feed
+from tokensvc.handlers.lifecycle import dumps
+from tokensvc.handlers.routes import Route
 
 
 def log_access(status: int, request: HTTPServerRequest, client_id: str | None, error: str | None = None,
@@ -82,3 +89,19 @@ def request_id_for(request: HTTPServerRequest) -> str:
     if incoming is not None and _REQUEST_ID.fullmatch(incoming):
         return incoming
     return os.urandom(8).hex()
+
+
+class UnboundedFeedSocket(feed.RevocationFeedSocket):
+    """The feed's reader without the bound on what it has not taken."""
+
+    def _send(self, message: dict[str, Any]) -> None:
+        try:
+            self.write_message(dumps(message))
+        except tornado.websocket.WebSocketClosedError:
+            self.ctx.feed.close(self._send)
+
+
+def unbounded_feed_routes(routes: list[Route]) -> list[Route]:
+    """``routes`` with the feed served by :class:`UnboundedFeedSocket`."""
+    return [Route.of(route.path, UnboundedFeedSocket) if route.handler is feed.RevocationFeedSocket else route
+            for route in routes]

@@ -58,6 +58,7 @@ from tokensvc.identifiers import (
     username_problem,
 )
 from tokensvc.oauth import successors
+from tokensvc.oauth.feed import ReaderCaps
 from tokensvc.records import CLIENT_KIND, CLIENT_KINDS, RESOURCE_SERVER
 
 log = logging.getLogger(__name__)
@@ -186,8 +187,8 @@ class LimitSettings:
 class FeedSettings:
     # The revocation feed's readers (GET /oauth/revocations): refused before the upgrade past
     # either count, so that a fan-out stays short for everyone (docs/configuration.md).
-    max_readers: int = 1000  # open in this process
-    max_readers_per_client: int = 100  # of one client, in this process
+    max_readers: int = ReaderCaps().per_process  # open in this process
+    max_readers_per_client: int = ReaderCaps().per_client  # of one client, in this process
     # A ping every ping_seconds; a reader that has not answered within ping_timeout_seconds
     # (at most ping_seconds) is closed: a dead one no longer counts against the caps.
     ping_seconds: int = 20

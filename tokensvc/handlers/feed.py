@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import logging
 from asyncio import Future
-from functools import partial
+from collections import deque
 from typing import Any
 
 import tornado.ioloop
@@ -71,7 +71,7 @@ class RevocationFeedSocket(WebHandler, tornado.websocket.WebSocketHandler):
     _stands_on: list[Revocation] = []
     _recheck: Recheck
     _every: tornado.ioloop.PeriodicCallback | None = None
-    _unsent = 0  # bytes of live messages queued on the socket and not yet written to it
+    _unsent_bytes = 0  # of live messages queued on the socket and not yet written to it
 
     async def get(self, *args: Any, **kwargs: Any) -> None:
         authorization = self.request.headers.get("Authorization")
@@ -121,6 +121,8 @@ class RevocationFeedSocket(WebHandler, tornado.websocket.WebSocketHandler):
         return float(self.config.feed.ping_timeout_seconds)
 
     def open(self, *args: Any, **kwargs: Any) -> None:
+        self._unsent: deque[tuple[Future[None], int]] = deque()
+        self._bound = self.config.feed.max_unsent_bytes
         self.edge.metrics.feed_readers.inc()
         self._recheck = Recheck(self._check, "could not re-check a revocation feed reader's credentials")
         self.ctx.events.subscribe(self._stands_on, self._recheck.request)
@@ -129,7 +131,9 @@ class RevocationFeedSocket(WebHandler, tornado.websocket.WebSocketHandler):
         opening = self.ctx.feed.open(self._send, self._stream, self._after, end=self._restart)
         # The opening (at most the feed's replay buffer) is not counted against the bound.
         for message in (opening.ready, *opening.missed):
-            self._write(dumps(message).encode("utf-8"))
+            written = self._write(dumps(message).encode("utf-8"))
+            if written is not None:
+                self._unsent.append((written, 0))
 
     def on_message(self, message: str | bytes) -> None:
         """The reader has nothing to say; whatever it sends is ignored."""
@@ -137,6 +141,8 @@ class RevocationFeedSocket(WebHandler, tornado.websocket.WebSocketHandler):
     def on_close(self) -> None:
         self.ctx.feed.close(self._send)
         if self._every is not None:
+            for written, _ in self._unsent:  # ended with the socket: their errors are no news
+                written.add_done_callback(_retrieved)
             self.edge.metrics.feed_readers.dec()
             self.ctx.events.unsubscribe(self._stands_on, self._recheck.request)
             self._every.stop()
@@ -151,13 +157,20 @@ class RevocationFeedSocket(WebHandler, tornado.websocket.WebSocketHandler):
     def _send(self, message: Message) -> None:
         """A live message: queued on the socket, never awaited; past the bound of what the
         reader has not taken, it is closed."""
-        data = dumps(message).encode("utf-8")
+        data = _encoded(message)
         written = self._write(data)
         if written is None:
             return
-        self._unsent += len(data)
-        written.add_done_callback(partial(self._taken, len(data)))
-        if self._unsent > self.config.feed.max_unsent_bytes:
+        # What the socket has not written yet: its writes complete in order, so the oldest
+        # come off the front as they are done (no callback per write on the fan-out's path).
+        unsent = self._unsent
+        unsent.append((written, len(data)))
+        self._unsent_bytes += len(data)
+        while unsent and unsent[0][0].done():
+            done, size = unsent.popleft()
+            self._unsent_bytes -= size
+            _retrieved(done)
+        if self._unsent_bytes > self._bound:
             self.edge.metrics.feed_closed.labels("too_slow").inc()
             log.warning("revocation feed: a reader of client %s closed (%d): over %d bytes not yet taken",
                         self.log_client_id, CLOSE_TOO_SLOW, self.config.feed.max_unsent_bytes)
@@ -170,11 +183,6 @@ class RevocationFeedSocket(WebHandler, tornado.websocket.WebSocketHandler):
             self.ctx.feed.close(self._send)
             return None
 
-    def _taken(self, size: int, written: Future[None]) -> None:
-        self._unsent -= size
-        if not written.cancelled():
-            written.exception()  # a socket closed meanwhile: nothing more to do (and nothing left unread)
-
     def _restart(self) -> None:
         self.edge.metrics.feed_closed.labels("restart").inc()
         self._end(CLOSE_RESTART, "the service is restarting: connect again")
@@ -183,3 +191,21 @@ class RevocationFeedSocket(WebHandler, tornado.websocket.WebSocketHandler):
         """No message after this one; the socket closed with ``code``."""
         self.ctx.feed.close(self._send)
         self.close(code, reason)
+
+
+def _retrieved(written: Future[None]) -> None:
+    """A write's outcome taken (a socket closed meanwhile is no news: the reader is closed)."""
+    if not written.cancelled():
+        written.exception()
+
+
+_last: tuple[Message | None, bytes] = (None, b"")
+
+
+def _encoded(message: Message) -> bytes:
+    """``message`` as the socket sends it, encoded once for all the readers of one fan-out:
+    the feed hands every reader the same message in one pass (kept until the next)."""
+    global _last
+    if _last[0] is not message:
+        _last = (message, dumps(message).encode("utf-8"))
+    return _last[1]
