@@ -187,7 +187,8 @@ async def test_a_reader_that_answers_no_ping_is_closed_and_one_that_answers_stay
 
 @pytest.mark.parametrize("config", [BOUNDED])
 @pytest.mark.gen_test(timeout=120)
-async def test_a_reader_that_stops_reading_is_closed_and_the_others_get_every_message(http_client, base_url, ctx):
+async def test_a_reader_that_stops_reading_is_closed_and_the_others_get_every_message(http_client, base_url, ctx,
+                                                                                      caplog):
     keeping_up = await connect(base_url)
     await next_message(keeping_up)
     stopped = await RawReader.connect(base_url, receive_buffer=4096)  # reads nothing after the handshake
@@ -207,6 +208,8 @@ async def test_a_reader_that_stops_reading_is_closed_and_the_others_get_every_me
     assert (await next_message(keeping_up))["grant_id"] == "after"
     exposition = await scrape(http_client, base_url)
     assert sample(exposition, "tokensvc_feed_closed_total", reason="too_slow") == 1
+    assert [record.getMessage() for record in caplog.records if "(1008)" in record.getMessage()] == [
+        "revocation feed: a reader of client webapp closed (1008): over 65536 bytes not yet taken"]
     # Its close frame (1008) waits behind what it never read; it is dropped all the same.
     await eventually(lambda: ctx.feed.seats.taken == 1, DEADLINE, what="the stopped reader's seat given back")
     stopped.close()
@@ -237,7 +240,7 @@ async def test_a_slow_reader_is_told_why_it_was_closed(http_server, base_url, ct
 
 
 @pytest.mark.gen_test(timeout=90)
-async def test_the_feed_s_metrics_count_readers_messages_openings_and_refusals(http_client, base_url, ctx):
+async def test_the_feed_s_metrics_count_readers_messages_openings_and_refusals(http_client, base_url, ctx, caplog):
     from tokensvc import admin
 
     secret = await notes_api(ctx)
@@ -266,6 +269,8 @@ async def test_the_feed_s_metrics_count_readers_messages_openings_and_refusals(h
     exposition = await scrape(http_client, base_url)
     assert sample(exposition, "tokensvc_feed_refusals_total", reason="credentials") == 1
     assert sample(exposition, "tokensvc_feed_refusals_total", reason="not_a_reader") == 1
+    closed = [record.getMessage() for record in caplog.records if "(4403)" in record.getMessage()]
+    assert len(closed) == 1 and "notes-api" in closed[0] and secret not in caplog.text
     assert sample(exposition, "tokensvc_feed_readers") == 2
     first.close()
     resumed.close()
