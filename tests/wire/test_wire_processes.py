@@ -117,7 +117,11 @@ def test_a_scrape_of_any_worker_counts_every_workers_requests(tmp_path, primary)
         while agreeing < 8:  # scrapes in a row, on connections of their own, that count all 30
             agreeing = agreeing + 1 if counted(service.base) == 30 else 0
             assert time.monotonic() < deadline, counted(service.base)
-        workers = {path.name for path in directory.glob("tokensvc_http_*.json")}
+        # A worker writes its numbers within a second of a change: one that took every request
+        # and every scrape counted them from memory, and may not have written them yet.
+        while not (workers := {path.name for path in directory.glob("tokensvc_http_*.json")}):
+            assert time.monotonic() < deadline + 10, "no worker wrote its numbers"
+            time.sleep(0.05)
     finally:
         output = service.stop()
     assert 1 <= len(workers) <= 2 and "Traceback" not in output, output
