@@ -1,5 +1,6 @@
 """The admin API's operations in its OpenAPI document (:mod:`tokensvc.openapi` builds it): what
-each route's methods take and answer. The bodies are ``admin_schemas.py``'s."""
+each route's methods take and answer, of the parts in :mod:`tokensvc.openapi_parts`. The
+bodies are ``admin_schemas.py``'s."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from typing import Any
 
 from tokensvc import admin_schemas
 from tokensvc.admin import MAX_PAGE
-from tokensvc.openapi import (
+from tokensvc.openapi_parts import (
     BEARER_401,
     FORBIDDEN,
     ID_PATTERN,
