@@ -9,18 +9,20 @@ import json
 import logging
 import subprocess
 import sys
+import time
 from datetime import timedelta
 
 import pytest
 import tornado.httpserver
 import tornado.testing
 import tornado.web
-from helpers import DEADLINE, WEBAPP_SECRET, basic, eventually, post_form
+from helpers import DEADLINE, WEBAPP_SECRET, basic, eventually, issue_tokens, post_form
 from test_ws import tokens
 from tornado import gen
 from tornado.httpclient import AsyncHTTPClient, HTTPClientError, HTTPRequest
 from tornado.websocket import websocket_connect
 
+from tokensvc.records import utcnow
 from tokensvc.resource import InsufficientScope, InvalidToken, Settings, Unavailable, Verifier
 from tokensvc.resource.tornado import BearerAuthMixin, RevocableWebSocket, requires
 
@@ -190,28 +192,34 @@ async def test_the_feed_away_bounds_every_answer_then_fails_closed(http_server, 
 
 class StallingProxy:
     """A TCP proxy to tokensvc that can stall: from then on it passes nothing either way and
-    closes nothing (a proxy that hangs, a silent partition)."""
+    closes nothing (a proxy that hangs, a silent partition). ``events`` records each connection
+    from the client opened and closed by the client (``("open", n)``, ``("closed", n)``)."""
 
     def __init__(self, upstream_port):
         self.upstream_port, self.stalled, self._tasks = upstream_port, False, set()
+        self.events = []
 
     async def start(self):
         self.server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
         return f"http://127.0.0.1:{self.server.sockets[0].getsockname()[1]}"
 
     async def _serve(self, reader, writer):
+        number = 1 + sum(1 for event in self.events if event[0] == "open")
+        self.events.append(("open", number))
         up_reader, up_writer = await asyncio.open_connection("127.0.0.1", self.upstream_port)
-        for source, sink in ((reader, up_writer), (up_reader, writer)):
-            task = asyncio.ensure_future(self._pipe(source, sink))
+        for source, sink, client in ((reader, up_writer, number), (up_reader, writer, None)):
+            task = asyncio.ensure_future(self._pipe(source, sink, client))
             self._tasks.add(task)
 
-    async def _pipe(self, source, sink):
+    async def _pipe(self, source, sink, client):
         while data := await source.read(65536):
-            if self.stalled:
-                await asyncio.Event().wait()  # holds the connection open, passing nothing
-            sink.write(data)
-            await sink.drain()
-        sink.close()
+            if not self.stalled:  # stalled: read and dropped, so that a close is still seen
+                sink.write(data)
+                await sink.drain()
+        if client is not None:
+            self.events.append(("closed", client))
+        if not self.stalled:
+            sink.close()
 
     def close(self):
         self.server.close()
@@ -237,6 +245,24 @@ async def test_a_silent_feed_bounds_an_answer_from_its_last_sign_of_life(browser
         clock.now = verifier.alive_at + 31  # past offline_ttl from the last sign of life, not from the notice
         with pytest.raises(Unavailable):
             await verifier.check(access)
+    finally:
+        await verifier.close()
+        proxy.close()
+
+
+@pytest.mark.gen_test(timeout=90)
+async def test_a_silent_feed_is_down_after_ping_seconds_not_after_its_close_handshake(browser, http_client,
+                                                                                    base_url):
+    """Silent for ping_seconds, the feed is taken for down and a new connection is tried at
+    once: the silent one's close handshake (which Tornado gives 5 s) is not waited for."""
+    proxy = StallingProxy(int(base_url.rsplit(":", 1)[1]))
+    verifier = await started(verifier_for(await proxy.start(), ping_seconds=1, timeout=1, retry_seconds=0.05))
+    try:
+        assert proxy.events == [("open", 1)]
+        proxy.stalled = True
+        await eventually(lambda: ("open", 2) in proxy.events, DEADLINE, what="a new connection tried")
+        assert ("closed", 1) not in proxy.events  # the silent one still waits for its close handshake
+        assert not verifier.feed_up and not verifier.connected.is_set()
     finally:
         await verifier.close()
         proxy.close()
@@ -292,6 +318,109 @@ async def test_concurrent_checks_of_one_token_share_one_introspection():
     release.set()
     assert all(authorized.scopes == ["read"] for authorized in await asyncio.gather(*checks))
     assert len(calls) == 1
+
+
+@pytest.mark.gen_test(timeout=90)
+async def test_a_check_cancelled_leaves_the_shared_introspection_to_the_others():
+    """One caller of a token's introspection goes away (its client disconnected, a timeout):
+    the others still get the answer, and it is cached."""
+    verifier = verifier_for("http://127.0.0.1:9")
+    release = asyncio.Event()
+    calls = []
+
+    async def introspect(token):
+        calls.append(token)
+        await release.wait()
+        return {"active": True, "scope": "read", "exp": 2**40, "grant_id": "g1", "family_id": "f1"}
+
+    verifier._introspect = introspect
+    first = asyncio.ensure_future(verifier.check("a" * 43, "read"))
+    await eventually(lambda: calls, DEADLINE, what="the introspection")
+    others = [asyncio.ensure_future(verifier.check("a" * 43, "read")) for _ in range(3)]
+    await asyncio.sleep(0)  # every other caller waits on the same introspection
+    first.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await first
+    release.set()
+    assert [authorized.scopes for authorized in await asyncio.gather(*others)] == [["read"]] * 3
+    assert len(calls) == 1 and verifier.cached == 1
+
+
+@pytest.mark.gen_test(timeout=90)
+async def test_a_token_longer_than_tokensvc_takes_is_refused_without_a_round_trip(http_server, base_url):
+    from tokensvc import schemas
+    from tokensvc.resource.verifier import MAX_TOKEN_LENGTH
+
+    assert schemas.TokenActionSchema().fields["token"].metadata["maxLength"] == MAX_TOKEN_LENGTH
+    verifier = verifier_for(base_url)
+    for length in (MAX_TOKEN_LENGTH + 1, 1024, 10**6):
+        with pytest.raises(InvalidToken) as info:
+            await verifier.check("a" * length)
+        assert info.value.status == 401
+    assert verifier.counts.introspections == 0 and verifier.cached == 0
+    with pytest.raises(InvalidToken):  # the longest tokensvc takes: asked, and not active
+        await verifier.check("a" * MAX_TOKEN_LENGTH)
+    assert verifier.counts.introspections == 1
+
+
+@pytest.mark.gen_test(timeout=90)
+async def test_a_token_tokensvc_refuses_as_malformed_is_not_active(http_server, base_url, monkeypatch):
+    """tokensvc answers 422 (no token it issued looks like this): the token is not active (401),
+    not tokensvc unavailable (503); the answer is cached like any inactive one."""
+    from tokensvc.resource import verifier as module
+
+    monkeypatch.setattr(module, "MAX_TOKEN_LENGTH", 10**6, raising=False)  # past the local bound: tokensvc's own answer
+    verifier = verifier_for(base_url)
+    for _ in range(2):
+        with pytest.raises(InvalidToken) as info:
+            await verifier.check("a" * 1024)
+        assert info.value.status == 401
+    assert verifier.counts.introspections == 1
+
+
+@pytest.mark.gen_test(timeout=90)
+async def test_junk_tokens_never_evict_a_good_answer(browser, http_client, base_url):
+    """Inactive answers are cached apart, in a bounded table of their own: a flood of made-up
+    tokens neither grows the cache past its bound nor pushes a good answer out."""
+    access = (await tokens(browser, http_client, base_url))["access_token"]
+    verifier = verifier_for(base_url, max_entries=2, max_negative=3)
+    await verifier.check(access)
+    for number in range(10):
+        with pytest.raises(InvalidToken):
+            await verifier.check(f"junk-{number}-" + "x" * 40)
+    assert verifier.cached == 1 + 3
+    await verifier.check(access)
+    assert verifier.counts.introspections == 11 and verifier.counts.hits == 1
+
+
+@pytest.mark.gen_test(timeout=90)
+async def test_an_answer_lives_to_exp_by_tokensvcs_clock_not_this_hosts(browser, http_client, base_url):
+    """This host's clock is 1,000 s behind tokensvc's: the answer's lifetime is taken from
+    tokensvc's Date header, so it is asked again at the token's exp, not 1,000 s later."""
+    access = (await tokens(browser, http_client, base_url))["access_token"]
+    clock = Monotonic()
+    verifier = Verifier(Settings(base_url, "webapp", WEBAPP_SECRET, offline_ttl=10**6, max_ttl=10**6), clock=clock,
+                        wall=lambda: time.time() - 1000)
+    assert (await verifier.check(access)).answer["exp"] > time.time() + 3000
+    clock.now += 3600  # the token's lifetime (access_ttl), by the monotonic clock
+    await verifier.check(access)  # still active at the service (its clock did not move): asked again
+    assert verifier.counts.introspections == 2
+
+
+@pytest.mark.gen_test(timeout=90)
+async def test_a_watched_connection_ends_at_exp_by_tokensvcs_clock(http_server, base_url, ctx, clock):
+    """A token issued to expire within seconds, watched on a host whose clock is 1,000 s behind
+    tokensvc's: the connection ends at the token's exp, by tokensvc's clock."""
+    clock.now = utcnow() - timedelta(seconds=3600 - 3)  # issued so as to expire in 3 s (access_ttl 3600)
+    access = (await issue_tokens(ctx, "alice", "read")).access_token
+    verifier = Verifier(Settings(base_url, "webapp", WEBAPP_SECRET), wall=lambda: time.time() - 1000)
+    ended = asyncio.Event()
+    stop = verifier.watch(access, await verifier.check(access), ended.set)
+    try:
+        await asyncio.wait_for(ended.wait(), DEADLINE)
+    finally:
+        stop()
+        await verifier.close()
 
 
 def test_the_library_imports_tornado_and_no_other_requirement_of_the_package():

@@ -1,21 +1,50 @@
 """The verifier: a resource server's check of a bearer token at local speed, revoked everywhere
 within a second.
 
-A token is introspected once (RFC 7662, with the resource server's client credentials) and the
-answer cached: a bounded LRU, an active answer never past the token's ``exp`` (nor ``max_ttl``),
-an inactive one ``negative_ttl`` seconds. The revocation feed (``GET /oauth/revocations``) stays
-open beside it and drops the entries each revocation names, by the identifiers introspection
-returned (``family_id``, ``grant_id``, ``client_id``, ``sub``). Concurrent checks of one token
-share one introspection, and an answer a revocation overtook on its way is asked again, never
-cached.
+A token is introspected once (RFC 7662, with the resource server's client credentials, through
+an HTTP client of the verifier's own) and the answer cached: a bounded LRU, an active answer
+never past the token's ``exp`` (nor ``max_ttl``), an inactive one ``negative_ttl`` seconds in a
+bounded table of its own (junk tokens never evict a good answer). ``exp`` is judged by
+tokensvc's clock, not this host's: each introspection's ``Date`` header gives the offset
+between the two (at most: the header is in whole seconds), and a lifetime once known runs on the
+monotonic clock, so a clock set back or a suspended host cannot stretch it. A token longer
+than tokensvc accepts (:data:`MAX_TOKEN_LENGTH`), or one it refuses as malformed (400, 422), is
+not active: refused without (another) round trip.
 
-While the feed is down (not yet open, reconnecting), nothing tells the cache of a revocation: an
-answer is used only within ``offline_ttl`` seconds of the last moment it was known current (the
-feed's last sign of life, a message or a pong, or the introspection, whichever is later); past
-that the token is introspected again, and when tokensvc does not answer either the check fails
-closed (:class:`Unavailable`). A feed that falls silent without closing (a stalled proxy) is
-taken for down once a ping goes unanswered ``ping_seconds``; its silence counts from its last
-sign of life, not from that moment.
+The revocation feed (``GET /oauth/revocations``) stays open beside it and drops the entries each
+revocation names, by the identifiers introspection returned (``family_id``, ``grant_id``,
+``client_id``, ``sub``). Concurrent checks of one token share one introspection (a caller that
+goes away leaves it running for the others), and an answer a revocation overtook on its way is
+asked again, never cached. A message the verifier does not understand (a type it does not
+know, a revocation naming anything but those identifiers) drops every cached answer, as a
+``flush`` does, with a warning logged once: a newer tokensvc is never trusted to mean nothing.
+
+A reconnecting feed resumes after the last message it *processed*: the ``ready`` of a resumed
+stream names the stream's newest message, and the cache is current again only once every
+message up to that one is in; a connection cut before the replay is resumed from the same point
+again. A feed that cannot resume is a flush.
+
+While the feed is down (not yet open, reconnecting, catching up), nothing tells the cache of a
+revocation: an answer is used only within ``offline_ttl`` seconds of the last moment it was
+known current (the feed's last sign of life, a message or a pong, or the introspection,
+whichever is later); past that the token is introspected again, and when tokensvc does not
+answer either the check fails closed (:class:`Unavailable`). The verifier pings the feed every
+``ping_seconds / 2``; a feed that falls silent without closing (a stalled proxy) is taken for
+down once nothing came for ``ping_seconds``, and reconnected at once (its close handshake is
+not waited for); its silence counts from its last sign of life, not from that moment.
+
+Watched connections (:meth:`Verifier.watch`) end when a revocation names their token's family
+or grant; a flush, a narrowed client or user, or the feed down past ``offline_ttl`` has each
+token asked again through the cache and the shared introspection, at most
+``reverify_concurrency`` at a time (a larger batch spread over ``reverify_spread`` seconds). A
+token tokensvc says is inactive (or no longer holding the connection's scope) ends its
+connections; tokensvc not answering is no revocation: it is asked again until ``offline_ttl``
+past the moment the authorization was last known current, and only then does the connection end
+(fail closed).
+
+The feed's life is logged, never a token nor a secret: connected, resumed, flushed (WARNING),
+closed or unreachable with the reason (WARNING, with the wait before reconnecting); and counted
+in :class:`Counts`.
 """
 
 from __future__ import annotations
@@ -23,6 +52,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
+import email.utils
 import hashlib
 import json
 import logging
@@ -30,13 +60,13 @@ import random
 import re
 import time
 from collections import OrderedDict, deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import quote, unquote_plus, urlencode
 
 from tornado.httpclient import AsyncHTTPClient, HTTPClientError, HTTPRequest
-from tornado.websocket import WebSocketClientConnection, websocket_connect
+from tornado.websocket import WebSocketClientConnection, WebSocketClosedError, websocket_connect
 
 from tokensvc.oauth.scopes import satisfies
 from tokensvc.resource.errors import InsufficientScope, InvalidToken, Unavailable
@@ -48,6 +78,11 @@ KEYS = ("family_id", "grant_id", "client_id", "sub")  # what a feed message name
 # user demoted), rather than the tokens ended: a watched connection asks again what is left.
 NARROWED = ("client_id", "sub")
 RECENT = 1024  # revocations remembered, to tell an introspection that one overtook it
+# The longest token tokensvc introspects (its form refuses a longer one, 422): no token it
+# issues comes near, so a longer one is refused here without a round trip.
+MAX_TOKEN_LENGTH = 512
+NOT_ACTIVE = "The access token is not active"
+MESSAGE_FIELDS = frozenset(("type", "seq"))  # what every numbered feed message carries besides
 
 
 def bearer_token(authorization: str | None) -> str | None:
@@ -71,6 +106,11 @@ def masked_query(query: str) -> str:
         if unquote_plus(parts[index].partition("=")[0]).strip().lower() == "access_token":
             parts[index] = "access_token=***"
     return "".join(parts)
+
+
+def _key(token: str) -> bytes:
+    """What the cache keys a token's answer on: never the token itself."""
+    return hashlib.sha256(token.encode("utf-8", "surrogatepass")).digest()
 
 
 @dataclass(slots=True, frozen=True)
@@ -116,12 +156,15 @@ class Settings:
     client_id: str
     client_secret: str
     max_entries: int = 10_000
+    max_negative: int = 1_000  # inactive answers, kept apart from the active ones
     max_ttl: float = 3600.0  # an active answer is used at most this long, feed or not
     negative_ttl: float = 5.0  # an inactive answer
     offline_ttl: float = 30.0  # the bound of an answer's age while the feed is down
     timeout: float = 5.0  # introspection and the feed's handshake
-    ping_seconds: float = 10.0  # the feed is taken for down when a ping has no answer within this
+    ping_seconds: float = 10.0  # the feed is taken for down when nothing came for this long
     retry_seconds: float = 1.0  # the first wait before reconnecting the feed (doubles up to 30 s)
+    reverify_concurrency: int = 8  # watched connections' tokens asked again at once
+    reverify_spread: float = 1.0  # a larger batch of them starts spread at random over this
     realm: str = "api"
 
     def __post_init__(self) -> None:
@@ -134,12 +177,15 @@ class _Watch:
     authorized: Authorized
     required: str | None
     on_end: Callable[[], None]
+    confirmed: float  # on the clock: when the authorization was last known current
     ended: bool = False
 
 
 @dataclass(slots=True)
 class Counts:
-    """What the verifier did: checks, cache hits, introspections, feed messages."""
+    """What the verifier did: checks, cache hits, introspections; and the feed's life: its
+    connections, those that resumed, its numbered messages, the revocations they named, and the
+    flushes (a feed that could not resume, a ``flush`` message, one not understood)."""
 
     checks: int = 0
     hits: int = 0
@@ -147,31 +193,39 @@ class Counts:
     revocations: int = 0
     flushes: int = 0
     connects: int = 0
+    resumes: int = 0
+    messages: int = 0
 
 
 class Verifier:
-    """Checks bearer tokens for one resource server; one per process. :meth:`start` opens the
-    feed (within a running event loop), :meth:`close` ends it."""
+    """Checks bearer tokens for one resource server; one per process, used within one event
+    loop. :meth:`start` opens the feed (within a running event loop), :meth:`close` ends it."""
 
     def __init__(self, settings: Settings, *, clock: Callable[[], float] = time.monotonic,
                  wall: Callable[[], float] = time.time) -> None:
         self.settings = settings
         self._clock, self._wall = clock, wall
         self._cache: OrderedDict[bytes, _Entry] = OrderedDict()
+        self._negative: OrderedDict[bytes, _Entry] = OrderedDict()  # inactive answers
         self._index: dict[tuple[str, str], set[bytes]] = {}
         self._inflight: dict[bytes, asyncio.Future[_Entry]] = {}
         self._generation = 0  # counts the feed's revocations and flushes
         self._recent: deque[tuple[int, tuple[str, str] | None]] = deque(maxlen=RECENT)
+        self._offset = 0.0  # tokensvc's clock minus this host's, at most (the last Date heard)
         self._down_since: float | None = clock()  # the feed is down until its first ready
         self._alive = self._down_since  # the feed's last sign of life while current: a message or a pong
+        self._heard_at = 0.0  # time.monotonic() of the feed's last message or pong: its silence
         self._stream: str | None = None
-        self._seq = 0
-        self._catching_up_to = 0
+        self._seq = 0  # the last message processed: where a reconnection resumes
+        self._catching_up_to = 0  # the feed is current once _seq reaches this
         self._task: asyncio.Task[None] | None = None
         self._connection: WebSocketClientConnection | None = None
+        self._http: AsyncHTTPClient | None = None
+        self._limit = asyncio.Semaphore(settings.reverify_concurrency)
         self._watches: set[_Watch] = set()
         self._tasks: set[asyncio.Future[Any]] = set()
         self._confirming = False  # the watches are confirmed while the feed is down
+        self._warned: set[str] = set()  # messages not understood, warned of once each
         self.counts = Counts()
         self.connected = asyncio.Event()  # set while the feed is open and current
         secret = f"{quote(settings.client_id, safe='')}:{quote(settings.client_secret, safe='')}"
@@ -185,47 +239,53 @@ class Verifier:
         if not token:
             raise InvalidToken(None)
         self.counts.checks += 1
-        key = hashlib.sha256(token.encode("utf-8", "surrogatepass")).digest()
+        if len(token) > MAX_TOKEN_LENGTH:
+            raise InvalidToken(NOT_ACTIVE)
+        key = _key(token)
         entry = self._cached(key)
         if entry is None:
             entry = await self._introspect_shared(key, token)
         else:
             self.counts.hits += 1
         if entry.answer is None:
-            raise InvalidToken("The access token is not active")
+            raise InvalidToken(NOT_ACTIVE)
         authorized = Authorized(entry.answer)
         if scope is not None:
             authorized.require(scope)
         return authorized
 
     def _cached(self, key: bytes) -> _Entry | None:
-        entry = self._cache.get(key)
+        table = self._cache
+        entry = table.get(key)
         if entry is None:
-            return None
+            table = self._negative
+            entry = table.get(key)
+            if entry is None:
+                return None
         now = self._clock()
         stale = self._down_since is not None and now - max(entry.verified, self._down_since) > self.settings.offline_ttl
         if now >= entry.expires or stale:
             self._drop(key)
             return None
-        self._cache.move_to_end(key)
+        table.move_to_end(key)
         return entry
 
     async def _introspect_shared(self, key: bytes, token: str) -> _Entry:
-        pending = self._inflight.get(key)
-        if pending is not None:
-            return await asyncio.shield(pending)
-        future: asyncio.Future[_Entry] = asyncio.get_running_loop().create_future()
-        self._inflight[key] = future
-        try:
-            entry = await self._introspect_current(key, token)
-        except BaseException as exc:
-            future.set_exception(exc)
-            future.exception()  # retrieved: no "never retrieved" warning when no one else waited
-            raise
-        finally:
+        """The token's answer, from one introspection at a time per token whoever asks: it runs
+        as a task of its own, so a caller cancelled (its client went away) leaves it running for
+        the others."""
+        task = self._inflight.get(key)
+        if task is None:
+            task = asyncio.ensure_future(self._introspect_current(key, token))
+            self._inflight[key] = task
+            task.add_done_callback(lambda done: self._settled(key, done))
+        return await asyncio.shield(task)
+
+    def _settled(self, key: bytes, task: asyncio.Future[_Entry]) -> None:
+        if self._inflight.get(key) is task:
             del self._inflight[key]
-        future.set_result(entry)
-        return entry
+        if not task.cancelled():
+            task.exception()  # retrieved: no "never retrieved" warning when every caller went away
 
     async def _introspect_current(self, key: bytes, token: str) -> _Entry:
         """An answer no revocation overtook: asked again when one named it on its way."""
@@ -255,8 +315,18 @@ class Verifier:
         settings, now = self.settings, self._clock()
         if answer is None:
             return _Entry(None, now + settings.negative_ttl, asked)
-        left = float(answer.get("exp", 0)) - self._wall()
-        return _Entry(answer, now + min(left, settings.max_ttl), asked)
+        return _Entry(answer, now + min(self._left(answer), settings.max_ttl), asked)
+
+    def _left(self, answer: dict[str, Any]) -> float:
+        """Seconds until the token's ``exp``, by tokensvc's clock."""
+        return float(answer.get("exp", 0)) - (self._wall() + self._offset)
+
+    def _client(self) -> AsyncHTTPClient:
+        """The verifier's own HTTP client: the application's requests through the loop's shared
+        one never queue behind its introspections, nor they behind the application's."""
+        if self._http is None:
+            self._http = AsyncHTTPClient(force_instance=True, max_clients=2 * self.settings.reverify_concurrency)
+        return self._http
 
     async def _introspect(self, token: str) -> dict[str, Any] | None:
         """The answer for an active access token, None for anything else."""
@@ -265,20 +335,33 @@ class Verifier:
                               body=urlencode({"token": token, "token_type_hint": "access_token"}),
                               headers={"Authorization": self._basic, "Accept": "application/json"},
                               request_timeout=self.settings.timeout, connect_timeout=self.settings.timeout)
+        sent = self._wall()
         try:
-            response = await AsyncHTTPClient().fetch(request)  # the loop's shared client
+            response = await self._client().fetch(request)
             answer = json.loads(response.body)
         except HTTPClientError as exc:  # an answer other than 200, or none (599)
+            if exc.code in (400, 422):  # the token itself refused (too long, malformed): none tokensvc issued
+                return None
             if exc.code in (401, 403):
                 log.error("introspection refused (%s): check the resource server's client credentials", exc.code)
             raise Unavailable(f"The token service could not introspect ({exc.code})") from None
         except (TimeoutError, OSError, ValueError) as exc:
             raise Unavailable(f"The token service did not answer ({type(exc).__name__})") from None
+        self._heard_date(response.headers.get("Date"), sent)
         if not isinstance(answer, dict) or answer.get("active") is not True:
             return None
         if answer.get("token_type", "access_token") != "access_token":
             return None  # a refresh token is never a bearer token
         return answer
+
+    def _heard_date(self, date: str | None, sent: float) -> None:
+        """tokensvc's clock, from its answer's ``Date``: stamped after ``sent`` (this host's
+        clock), in whole seconds, so its clock is at most ``Date + 1 - sent`` ahead of ours."""
+        try:
+            stamped = email.utils.parsedate_to_datetime(date).timestamp()  # type: ignore[arg-type]
+        except (TypeError, ValueError):
+            return
+        self._offset = stamped + 1 - sent
 
     # -- the cache ----------------------------------------------------------------------------
 
@@ -286,14 +369,17 @@ class Verifier:
         if entry.expires <= self._clock():
             return
         self._drop(key)
-        self._cache[key] = entry
+        table, bound = (self._cache, self.settings.max_entries) if entry.answer else (
+            self._negative, self.settings.max_negative)
+        table[key] = entry
         for name in KEYS:
             if entry.answer and name in entry.answer:
                 self._index.setdefault((name, entry.answer[name]), set()).add(key)
-        while len(self._cache) > self.settings.max_entries:
-            self._drop(next(iter(self._cache)))
+        while len(table) > bound:
+            self._drop(next(iter(table)))
 
     def _drop(self, key: bytes) -> None:
+        self._negative.pop(key, None)
         entry = self._cache.pop(key, None)
         if entry is None or entry.answer is None:
             return
@@ -309,6 +395,7 @@ class Verifier:
         self._generation += 1
         self._recent.append((self._generation, None))
         self._cache.clear()
+        self._negative.clear()
         self._index.clear()
         self.counts.flushes += 1
         self._recheck_watches(None)
@@ -323,7 +410,8 @@ class Verifier:
 
     @property
     def cached(self) -> int:
-        return len(self._cache)
+        """The answers cached, active and inactive."""
+        return len(self._cache) + len(self._negative)
 
     # -- watching a connection ----------------------------------------------------------------
 
@@ -333,11 +421,11 @@ class Verifier:
         :meth:`check` found it) ends: revoked (the feed names it), expired, no longer holding
         ``scope``, or no longer confirmable (the feed down past ``offline_ttl`` and tokensvc not
         answering). The function returned stops the watch (call it when the connection closes)."""
-        watch = _Watch(token, authorized, scope, on_end)
+        entry = self._cache.get(_key(token)) if self._down_since is not None else None
+        confirmed = max(entry.verified, self._down_since) if entry and self._down_since is not None else self._clock()
+        watch = _Watch(token, authorized, scope, on_end, confirmed)
         self._watches.add(watch)
-        loop = asyncio.get_running_loop()
-        left = float(authorized.answer.get("exp", 0)) - self._wall()
-        timer = loop.call_later(max(0.0, left), self._end, watch)
+        timer = asyncio.get_running_loop().call_later(max(0.0, self._left(authorized.answer)), self._end, watch)
         if self._down_since is not None and not self._confirming:
             self._spawn(self._confirm_watches_while_down())
 
@@ -358,21 +446,54 @@ class Verifier:
     def _recheck_watches(self, named: tuple[str, str] | None) -> None:
         """A flush asks again for every watched token; a revocation ends those whose family or
         grant it names, and asks again for those of a narrowed client or user (what is left?)."""
-        for watch in list(self._watches):
-            if named is not None and watch.authorized.answer.get(named[0]) != named[1]:
-                continue
-            if named is None or named[0] in NARROWED:
-                self._spawn(self._reverify(watch))
-            else:
+        watches = [watch for watch in self._watches
+                   if named is None or watch.authorized.answer.get(named[0]) == named[1]]
+        if named is None or named[0] in NARROWED:
+            self._reverify_all(watches)
+        else:
+            for watch in watches:
                 self._end(watch)
 
-    async def _reverify(self, watch: _Watch) -> None:
-        try:
-            answer = await self._introspect(watch.token)
-        except Unavailable:  # nothing confirms it any more: fail closed
-            answer = None
+    def _reverify_all(self, watches: Iterable[_Watch]) -> None:
+        watches = list(watches)
+        spread = self.settings.reverify_spread if len(watches) > self.settings.reverify_concurrency else 0.0
+        for watch in watches:
+            self._spawn(self._reverify(watch, spread))
+
+    async def _reverify(self, watch: _Watch, spread: float = 0.0) -> None:
+        """Whether the watched token still holds what its connection stands on: through the
+        cache and the introspection its other connections share, ``reverify_concurrency`` at a
+        time, after a random wait within ``spread``. tokensvc not answering is no revocation:
+        asked again until ``offline_ttl`` past the moment the authorization was last known
+        current (the feed up: now), then the watch ends (fail closed)."""
+        down = self._down_since
+        since = self._clock() if down is None else max(watch.confirmed, down)
+        if spread:
+            await asyncio.sleep(random.uniform(0, spread))
+        key, wait = _key(watch.token), self.settings.retry_seconds
+        while True:
+            if watch.ended:
+                return
+            try:
+                entry = self._cached(key)
+                if entry is None:
+                    async with self._limit:
+                        entry = self._cached(key) or await self._introspect_shared(key, watch.token)
+                break
+            except Unavailable:
+                left = since + self.settings.offline_ttl - self._clock()
+                if left <= 0:
+                    log.warning("a watched connection ended: tokensvc could not confirm its token within offline_ttl")
+                    self._end(watch)
+                    return
+                await asyncio.sleep(min(left, wait * (0.5 + random.random() / 2)))
+                wait = min(wait * 2, 30.0)
+        answer = entry.answer
         if answer is None or (watch.required and not satisfies(str(answer.get("scope", "")).split(), watch.required)):
             self._end(watch)
+        else:
+            down = self._down_since
+            watch.confirmed = self._clock() if down is None else max(entry.verified, down)
 
     def _spawn(self, coroutine: Any) -> None:
         task = asyncio.ensure_future(coroutine)
@@ -392,11 +513,14 @@ class Verifier:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
             self._task = None
-        for task in list(self._tasks):
+        for task in [*self._tasks, *self._inflight.values()]:
             task.cancel()
         if self._connection is not None:
             self._connection.close()
             self._connection = None
+        if self._http is not None:
+            self._http.close()
+            self._http = None
 
     @property
     def feed_up(self) -> bool:
@@ -411,14 +535,16 @@ class Verifier:
         wait = self.settings.retry_seconds
         while True:
             try:
-                await self._read_feed()
+                ended = await self._read_feed()
                 wait = self.settings.retry_seconds
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # refused, unreachable, broken: down, and try again
-                log.warning("revocation feed unavailable (%s); reconnecting in %.1fs", exc, wait)
+                ended = f"unavailable ({exc})"
             self._went_down()
-            await asyncio.sleep(wait * (0.5 + random.random() / 2))
+            pause = wait * (0.5 + random.random() / 2)
+            log.warning("revocation feed %s; reconnecting in %.1fs", ended, pause)
+            await asyncio.sleep(pause)
             wait = min(wait * 2, 30.0)
 
     def _went_down(self) -> None:
@@ -431,52 +557,113 @@ class Verifier:
 
     async def _confirm_watches_while_down(self) -> None:
         """While the feed is down, every ``offline_ttl`` each watched connection's token is
-        introspected again (the feed cannot say it was revoked); one that is not confirmed ends."""
+        asked again (the feed cannot say it was revoked); one that is not confirmed ends."""
         self._confirming = True
         try:
             while self._down_since is not None and self._watches:
                 await asyncio.sleep(self.settings.offline_ttl)
                 if self._down_since is not None:
-                    for watch in list(self._watches):
-                        self._spawn(self._reverify(watch))
+                    self._reverify_all(self._watches)
         finally:
             self._confirming = False
 
-    async def _read_feed(self) -> None:
+    async def _read_feed(self) -> str:
+        """Follow one connection of the feed until it ends: what ended it, for the log."""
         query = f"?stream={self._stream}&after={self._seq}" if self._stream else ""
         url = self.settings.base_url.replace("http", "ws", 1) + "/oauth/revocations" + query
         request = HTTPRequest(url, headers={"Authorization": self._basic}, connect_timeout=self.settings.timeout,
                               request_timeout=self.settings.timeout)
-        ping = self.settings.ping_seconds
-        self._connection = connection = await websocket_connect(request, ping_interval=ping / 2, ping_timeout=ping / 2)
-        connection.on_pong = self._sign_of_life  # type: ignore[method-assign,assignment]
+        self._connection = connection = await websocket_connect(request)
+        connection.on_pong = self._pong  # type: ignore[method-assign,assignment]
         self.counts.connects += 1
+        self._heard_at = time.monotonic()
+        silent: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        pinging = asyncio.ensure_future(self._ping(connection, silent))
+        try:
+            while True:
+                reading = asyncio.ensure_future(connection.read_message())
+                await asyncio.wait((reading, silent), return_when=asyncio.FIRST_COMPLETED)
+                if not reading.done():  # taken for down now: its close handshake is not waited for
+                    return f"silent for {self.settings.ping_seconds:g}s"
+                raw = reading.result()
+                if raw is None:
+                    return f"closed (code {connection.close_code}, {connection.close_reason or 'no reason'})"
+                self._heard(json.loads(raw))
+        finally:
+            pinging.cancel()
+            connection.close()
+
+    async def _ping(self, connection: WebSocketClientConnection, silent: asyncio.Future[None]) -> None:
+        """A ping every ``ping_seconds / 2``; ``silent`` once nothing (a message, a pong) came
+        for ``ping_seconds``."""
+        ping = self.settings.ping_seconds
         while True:
-            raw = await connection.read_message()
-            if raw is None:
+            try:
+                connection.ping()
+            except WebSocketClosedError:  # the read sees the end
                 return
-            self._heard(json.loads(raw))
+            await asyncio.sleep(min(ping / 2, self._heard_at + ping - time.monotonic()))
+            if time.monotonic() - self._heard_at >= ping:
+                silent.set_result(None)
+                return
+
+    def _pong(self, _data: bytes) -> None:
+        self._heard_at = time.monotonic()
+        self._sign_of_life()
 
     def _heard(self, message: dict[str, Any]) -> None:
+        self._heard_at = time.monotonic()
         kind = message.get("type")
         if kind == "ready":
-            if not message.get("resumed"):
-                self._flush()
-            self._stream, self._seq = message["stream"], int(message["seq"])
-            self._catching_up_to = int(message["seq"])
+            self._ready(message)
         else:
-            self._seq = int(message.get("seq", self._seq))
+            self.counts.messages += 1
             if kind == "flush":
+                log.warning("revocation feed: flush (revocations may have been missed): every cached answer dropped")
                 self._flush()
             elif kind == "revoked":
-                for name in KEYS:
-                    if name in message:
-                        self._revoked((name, str(message[name])))
+                self._revocation(message)
+            else:
+                self._not_understood(f"a message of type {str(kind)[:40]!r}")
+            self._seq = int(message.get("seq", self._seq))  # processed: a reconnection resumes after it
         if self._down_since is not None and self._seq >= self._catching_up_to:
             self._down_since = None  # every message it missed is in: current again
             self.connected.set()
         self._sign_of_life()
 
-    def _sign_of_life(self, _pong: bytes = b"") -> None:
+    def _ready(self, message: dict[str, Any]) -> None:
+        stream, newest = str(message["stream"]), int(message["seq"])
+        if message.get("resumed"):  # the messages after self._seq follow: it moves as each is processed
+            self.counts.resumes += 1
+            log.info("revocation feed resumed after message %d (%d to replay)", self._seq, newest - self._seq)
+        else:
+            if self._stream is None:
+                log.info("revocation feed connected")
+            else:
+                log.warning("revocation feed could not resume (tokensvc restarted, or too much was missed): "
+                            "every cached answer dropped")
+            self._flush()
+            self._seq = newest
+        self._stream, self._catching_up_to = stream, newest
+
+    def _revocation(self, message: dict[str, Any]) -> None:
+        unknown = sorted(str(name)[:40] for name in message.keys() - MESSAGE_FIELDS - set(KEYS))
+        named = [(name, str(message[name])) for name in KEYS if name in message]
+        if unknown or not named:
+            self._not_understood("a revocation naming " + (", ".join(unknown) or "nothing"))
+            return
+        for each in named:
+            self._revoked(each)
+
+    def _not_understood(self, what: str) -> None:
+        """A message this library does not know (a newer tokensvc?): whatever it revoked is
+        dropped with everything else; a warning once for each kind."""
+        if what not in self._warned:
+            self._warned.add(what)
+            log.warning("revocation feed: %s, not understood: every cached answer dropped "
+                        "(is tokensvc.resource older than tokensvc?)", what)
+        self._flush()
+
+    def _sign_of_life(self) -> None:
         if self._down_since is None:  # a feed still catching up vouches for nothing yet
             self._alive = self._clock()
