@@ -301,11 +301,10 @@ async def test_an_answer_a_revocation_overtook_is_asked_again_not_cached():
     assert verifier.cached == 1 and not answers  # the second answer (inactive), cached briefly
 
 
-@pytest.mark.gen_test(timeout=90)
-async def test_concurrent_checks_of_one_token_share_one_introspection():
-    verifier = verifier_for("http://127.0.0.1:9")
-    release = asyncio.Event()
-    calls = []
+def held_introspection(verifier):
+    """The verifier's introspection answers (active, ``read``) once the event returned is set;
+    the list returned records each call."""
+    release, calls = asyncio.Event(), []
 
     async def introspect(token):
         calls.append(token)
@@ -313,6 +312,13 @@ async def test_concurrent_checks_of_one_token_share_one_introspection():
         return {"active": True, "scope": "read", "exp": 2**40, "grant_id": "g1", "family_id": "f1"}
 
     verifier._introspect = introspect
+    return release, calls
+
+
+@pytest.mark.gen_test(timeout=90)
+async def test_concurrent_checks_of_one_token_share_one_introspection():
+    verifier = verifier_for("http://127.0.0.1:9")
+    release, calls = held_introspection(verifier)
     checks = [asyncio.ensure_future(verifier.check("a" * 43, "read")) for _ in range(5)]
     await eventually(lambda: calls, DEADLINE, what="the introspection")
     release.set()
@@ -325,15 +331,7 @@ async def test_a_check_cancelled_leaves_the_shared_introspection_to_the_others()
     """One caller of a token's introspection goes away (its client disconnected, a timeout):
     the others still get the answer, and it is cached."""
     verifier = verifier_for("http://127.0.0.1:9")
-    release = asyncio.Event()
-    calls = []
-
-    async def introspect(token):
-        calls.append(token)
-        await release.wait()
-        return {"active": True, "scope": "read", "exp": 2**40, "grant_id": "g1", "family_id": "f1"}
-
-    verifier._introspect = introspect
+    release, calls = held_introspection(verifier)
     first = asyncio.ensure_future(verifier.check("a" * 43, "read"))
     await eventually(lambda: calls, DEADLINE, what="the introspection")
     others = [asyncio.ensure_future(verifier.check("a" * 43, "read")) for _ in range(3)]
