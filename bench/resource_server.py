@@ -4,6 +4,7 @@ reaches it (docs/performance.md, "Protecting an API").
     python bench/resource_server.py cached [--checks 200000]
     python bench/resource_server.py run [--tokens 500] [--requests 20000] [--revoked 0.02]
     python bench/resource_server.py latency [--tokens 1000] [--workers 3] [--services 2] [--revocations 200]
+    python bench/resource_server.py flush [--watches 8000] [--revoked 0.01]
 
 ``cached``: CPU time per check of a cached token (``Verifier.check``) with the feed up (the
 answer current: a hit, checked to be one), in process, against a real tokensvc on the memory
@@ -19,7 +20,10 @@ the workers spread over the services, every token cached in every worker), then
 ``--revocations`` tokens revoked one after another (RFC 7009) through the first service; each
 worker records when its check of a revoked token is refused (the feed dropped the entry, the
 check asked tokensvc again and was told "inactive"). Latency: that moment minus the moment the
-revocation was sent, over every (token, worker); p50 and p99.
+revocation was sent, over every (token, worker); p50 and p99. ``flush``: ``--watches`` watched
+connections (``Verifier.watch``, every token its own family) on one verifier in process, a share
+of their tokens revoked without the feed hearing of it, then a flush (the relay interrupted):
+how many connections were closed, rightly and wrongly, and how long asking again took.
 """
 
 from __future__ import annotations
@@ -84,7 +88,8 @@ def revoke(base: str, token: str, secret: str | None = None) -> None:
 
 
 async def in_process(action: Any) -> Any:
-    """``action(base, issue)`` beside a tokensvc on the memory backend, served in this process."""
+    """``action(base, issue, ctx)`` beside a tokensvc on the memory backend, served in this
+    process (``ctx``: its context)."""
     import tornado.httpserver
     import tornado.testing
     from helpers import make_config
@@ -111,7 +116,7 @@ async def in_process(action: Any) -> Any:
         return [(await issue_one(ctx, "alice", "read")).access_token for _ in range(count)]
 
     try:
-        return await action(base, issue_tokens)
+        return await action(base, issue_tokens, ctx)
     finally:
         server.stop()
 
@@ -123,7 +128,7 @@ def verifier_for(base: str, **settings: Any) -> Any:
 
 
 async def cached(args: argparse.Namespace) -> None:
-    async def measure(base: str, issue_tokens: Any) -> None:
+    async def measure(base: str, issue_tokens: Any, ctx: Any) -> None:
         token = (await issue_tokens(1))[0]
         verifier = verifier_for(base)
         await verifier.start()  # the feed up: a cached answer is current (no offline_ttl bound to check)
@@ -146,7 +151,7 @@ async def cached(args: argparse.Namespace) -> None:
 
 
 async def run(args: argparse.Namespace) -> None:
-    async def measure(base: str, issue_tokens: Any) -> None:
+    async def measure(base: str, issue_tokens: Any, ctx: Any) -> None:
         tokens = await issue_tokens(args.tokens)
         verifier = verifier_for(base)
         await verifier.start()
@@ -172,6 +177,55 @@ async def run(args: argparse.Namespace) -> None:
               f"{refused} checks refused")
 
     await in_process(measure)
+
+
+async def flush(args: argparse.Namespace) -> None:
+    async def measure(base: str, issue_tokens: Any, ctx: Any) -> None:
+        from tokensvc.resource import Unavailable
+
+        tokens = await issue_tokens(args.watches)
+        verifier = verifier_for(base, max_entries=args.watches + 10)
+        await verifier.start()
+        await asyncio.wait_for(verifier.connected.wait(), 30)
+
+        async def authorized(token: str) -> Any:
+            while True:
+                try:
+                    return await verifier.check(token, "read")
+                except Unavailable:
+                    await asyncio.sleep(0.1)
+
+        answers = []
+        for start in range(0, len(tokens), 8):
+            answers += await asyncio.gather(*(authorized(token) for token in tokens[start:start + 8]))
+        ended: set[str] = set()
+        for token, answer in zip(tokens, answers, strict=True):
+            verifier.watch(token, answer, lambda token=token: ended.add(token))
+        revoked = set(random.Random(40).sample(tokens, int(len(tokens) * args.revoked)))
+        publish, ctx.events.publish = ctx.events.publish, lambda revocation: None  # missed by the feed
+        try:
+            for token in revoked:
+                await revoke_in_process(ctx, token)
+        finally:
+            ctx.events.publish = publish
+        asked, started = verifier.counts.introspections, time.monotonic()
+        ctx.events.publish_all()  # the relay was interrupted: the feed says flush
+        while verifier.counts.flushes < 2 or verifier._tasks:
+            await asyncio.sleep(0.05)
+        took = time.monotonic() - started
+        await verifier.close()
+        print(f"{len(tokens)} watched connections, a flush, {len(revoked)} of the tokens revoked unannounced: "
+              f"{len(ended & revoked)} revoked closed, {len(ended - revoked)} closed wrongly, "
+              f"{verifier.counts.introspections - asked} introspections in {took:.1f} s")
+
+    await in_process(measure)
+
+
+async def revoke_in_process(ctx: Any, token: str) -> None:
+    """RFC 7009 through the protocol core, as the web app."""
+    from tokensvc.oauth import revocation
+
+    await revocation.revoke_token(ctx, token, await ctx.store.get_client("webapp"))
 
 
 # -- several processes ---------------------------------------------------------------------------
@@ -316,6 +370,9 @@ def main() -> None:
     sub.add_argument("--workers", type=int, default=3)
     sub.add_argument("--services", type=int, default=2, help="1: the memory backend, one process")
     sub.add_argument("--revocations", type=int, default=200)
+    sub = subs.add_parser("flush")
+    sub.add_argument("--watches", type=int, default=8000)
+    sub.add_argument("--revoked", type=float, default=0.01)
     sub = subs.add_parser("worker")
     sub.add_argument("--base", required=True)
     sub.add_argument("--tokens-file", required=True)
@@ -323,7 +380,7 @@ def main() -> None:
     if args.what == "latency":
         latency(args)
     else:
-        asyncio.run({"cached": cached, "run": run, "worker": worker}[args.what](args))
+        asyncio.run({"cached": cached, "run": run, "flush": flush, "worker": worker}[args.what](args))
 
 
 if __name__ == "__main__":

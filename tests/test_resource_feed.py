@@ -167,10 +167,8 @@ async def test_a_flush_asks_again_for_every_watched_connection_a_few_at_a_time(h
 async def revoke_directly(ctx, token):
     """RFC 7009 through the protocol core, as the token's client."""
     from tokensvc.oauth import revocation
-    from tokensvc.oauth.clientauth import ClientRequest
 
-    caller = ClientRequest(basic("webapp", WEBAPP_SECRET), None, None, "127.0.0.1", "/oauth/token/revoke")
-    await revocation.revoke_for_client(ctx, caller, token)
+    await revocation.revoke_token(ctx, token, await ctx.store.get_client("webapp"))
 
 
 @pytest.mark.gen_test(timeout=90)
