@@ -421,9 +421,7 @@ class Verifier:
         :meth:`check` found it) ends: revoked (the feed names it), expired, no longer holding
         ``scope``, or no longer confirmable (the feed down past ``offline_ttl`` and tokensvc not
         answering). The function returned stops the watch (call it when the connection closes)."""
-        entry = self._cache.get(_key(token)) if self._down_since is not None else None
-        confirmed = max(entry.verified, self._down_since) if entry and self._down_since is not None else self._clock()
-        watch = _Watch(token, authorized, scope, on_end, confirmed)
+        watch = _Watch(token, authorized, scope, on_end, self._known_current(self._cache.get(_key(token))))
         self._watches.add(watch)
         timer = asyncio.get_running_loop().call_later(max(0.0, self._left(authorized.answer)), self._end, watch)
         if self._down_since is not None and not self._confirming:
@@ -492,8 +490,14 @@ class Verifier:
         if answer is None or (watch.required and not satisfies(str(answer.get("scope", "")).split(), watch.required)):
             self._end(watch)
         else:
-            down = self._down_since
-            watch.confirmed = self._clock() if down is None else max(entry.verified, down)
+            watch.confirmed = self._known_current(entry)
+
+    def _known_current(self, entry: _Entry | None) -> float:
+        """When ``entry``'s answer was last known current: now while the feed is up; else when
+        it was introspected or the feed last vouched, whichever is later (now, with no entry:
+        the answer was just asked)."""
+        down = self._down_since
+        return self._clock() if down is None or entry is None else max(entry.verified, down)
 
     def _spawn(self, coroutine: Any) -> None:
         task = asyncio.ensure_future(coroutine)
