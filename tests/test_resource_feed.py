@@ -44,8 +44,8 @@ def resumed_without_replay(ctx, monkeypatch, then):
     missed, handing them to ``then(reader, missed)``; later openings are left alone."""
     open_feed, done = ctx.feed.open, []
 
-    def opening(reader, stream=None, after=None):
-        opened = open_feed(reader, stream, after)
+    def opening(reader, stream=None, after=None, **options):
+        opened = open_feed(reader, stream, after, **options)
         if done or not opened.ready["resumed"]:
             return opened
         done.append(opened)
