@@ -340,7 +340,8 @@ def test_wrong_password_then_right_one(service, callback, driver, shots):
     alert = wait_for(driver, By.CSS_SELECTOR, ".alert")
     assert alert.text == "Wrong username or password."
     assert driver.find_element(By.ID, "username").get_attribute("value") == "alice"
-    assert driver.switch_to.active_element.get_attribute("id") == "password"  # the focus follows the error
+    # The focus follows the error; a browser applies autofocus at its next rendering step, not at load.
+    wait_until(driver, lambda d: d.switch_to.active_element.get_attribute("id") == "password")
     assert "to continue to Web app" in driver.find_element(By.TAG_NAME, "main").text
     driver.save_screenshot(str(shots / "login-error.png"))
 
