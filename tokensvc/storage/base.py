@@ -74,7 +74,11 @@ class Revocation:
 
 class Registry(abc.ABC):
     """Clients, users and node installations: the token endpoints and the pages read them, the
-    operator's commands and start-up seeding write them."""
+    operator's commands and start-up seeding write them.
+
+    A removal answers nothing: whether the record was there is not something a store that runs
+    a delete again after a lost reply can say (the first run may have removed it), so callers
+    read first when they must know (the admin API's 404)."""
 
     # -- clients: client lookup on every token endpoint, the client endpoints, the CLI
 
@@ -117,9 +121,8 @@ class Registry(abc.ABC):
         """
 
     @abc.abstractmethod
-    async def delete_client(self, client_id: str) -> bool:
-        """Remove a client, and its previous secret; True when it existed (CLI). Run again
-        after a reply lost, a client found gone counts as removed by this call.
+    async def delete_client(self, client_id: str) -> None:
+        """Remove a client, and its previous secret, if there.
 
         Called by a client's removal (oauth/removal.py) and start-up seeding (bootstrap.py).
         """
@@ -149,10 +152,9 @@ class Registry(abc.ABC):
         """
 
     @abc.abstractmethod
-    async def end_removal(self, client_id: str) -> bool:
+    async def end_removal(self, client_id: str) -> None:
         """Finish a removal whose grants are all revoked: delete the client's document (whatever
-        wrote it meanwhile), its previous secret, then the removal's record. True when there
-        was one. Idempotent.
+        wrote it meanwhile), its previous secret, then the removal's record. Idempotent.
 
         Called by a client's removal, once its grants are revoked (oauth/removal.py).
         """
@@ -174,8 +176,8 @@ class Registry(abc.ABC):
         """
 
     @abc.abstractmethod
-    async def delete_previous_secret(self, client_id: str) -> bool:
-        """Forget the client's previous secret; True when there was one.
+    async def delete_previous_secret(self, client_id: str) -> None:
+        """Forget the client's previous secret, if there is one.
 
         Called by a secret's rotation (admin.py).
         """
@@ -256,9 +258,8 @@ class Registry(abc.ABC):
         """
 
     @abc.abstractmethod
-    async def delete_user(self, user_id: str) -> bool:
-        """Remove a user; True when it existed. Run again after a reply lost, a user found gone
-        counts as removed by this call.
+    async def delete_user(self, user_id: str) -> None:
+        """Remove a user, if there.
 
         Called by user removal (admin.py)."""
 
@@ -286,8 +287,8 @@ class Registry(abc.ABC):
         Called by the operator's actions (admin.py) and start-up seeding (bootstrap.py)."""
 
     @abc.abstractmethod
-    async def delete_installation(self, installation_id: str) -> bool:
-        """Remove an installation; True when it existed.
+    async def delete_installation(self, installation_id: str) -> None:
+        """Remove an installation, if there.
 
         Called by installation removal (admin.py)."""
 

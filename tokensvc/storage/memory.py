@@ -154,9 +154,9 @@ class MemoryStore(Store):
         self._clients[client_id] = _client(copy(client, **fields))
         return _client(client)
 
-    async def delete_client(self, client_id: str) -> bool:
+    async def delete_client(self, client_id: str) -> None:
         self._previous_secrets.pop(client_id, None)
-        return self._clients.pop(client_id, None) is not None
+        self._clients.pop(client_id, None)
 
     async def begin_removal(self, client_id: str, now: datetime) -> Removal:
         removal = self._removals.setdefault(client_id, Removal(client_id, now))
@@ -169,10 +169,10 @@ class MemoryStore(Store):
     async def list_removals(self) -> list[Removal]:
         return [copy(removal) for _, removal in sorted(self._removals.items())]
 
-    async def end_removal(self, client_id: str) -> bool:
+    async def end_removal(self, client_id: str) -> None:
         self._clients.pop(client_id, None)
         self._previous_secrets.pop(client_id, None)
-        return self._removals.pop(client_id, None) is not None
+        self._removals.pop(client_id, None)
 
     async def put_previous_secret(self, previous: PreviousSecret) -> None:
         self._previous_secrets[previous.client_id] = copy(previous)
@@ -181,8 +181,8 @@ class MemoryStore(Store):
         previous = self._previous_secrets.get(client_id)
         return None if previous is None else copy(previous)
 
-    async def delete_previous_secret(self, client_id: str) -> bool:
-        return self._previous_secrets.pop(client_id, None) is not None
+    async def delete_previous_secret(self, client_id: str) -> None:
+        self._previous_secrets.pop(client_id, None)
 
     async def note_previous_secret_use(self, client_id: str, now: datetime, every_seconds: float) -> bool:
         previous = self._previous_secrets.get(client_id)
@@ -240,13 +240,11 @@ class MemoryStore(Store):
         self._users[user_id] = copy(user, **fields)
         return copy(user)
 
-    async def delete_user(self, user_id: str) -> bool:
+    async def delete_user(self, user_id: str) -> None:
         user = self._users.pop(user_id, None)
-        if user is None:
-            return False
-        self._user_ids_by_name.pop(user.username, None)
-        self._user_ids_by_key.pop(username_key(user.username), None)
-        return True
+        if user is not None:
+            self._user_ids_by_name.pop(user.username, None)
+            self._user_ids_by_key.pop(username_key(user.username), None)
 
     # -- installations
 
@@ -260,8 +258,8 @@ class MemoryStore(Store):
     async def put_installation(self, installation: Installation) -> None:
         self._installations[installation.installation_id] = _installation(installation)
 
-    async def delete_installation(self, installation_id: str) -> bool:
-        return self._installations.pop(installation_id, None) is not None
+    async def delete_installation(self, installation_id: str) -> None:
+        self._installations.pop(installation_id, None)
 
     # -- grants
 

@@ -135,12 +135,6 @@ def _caseless(username: str) -> dict[str, Any]:
     return {"$regex": f"^{re.escape(username)}$", "$options": "i"}
 
 
-def _deleted(result: Any) -> bool:
-    """Whether a one-document delete removed its document. Run again after a reply lost (the
-    first run may have removed it), a document found gone counts as this call's removal."""
-    return result.deleted_count == 1 or _RUN_AGAIN.get()
-
-
 def _missed(result: Any) -> bool:
     """Whether a single-document write changed nothing (None, or no match)."""
     return result is None or getattr(result, "matched_count", 1) == 0
@@ -492,10 +486,9 @@ class MongoStore(RevocationFeed, Store, FailureCounts):
             match, {"$set": dict(fields)}, return_document=ReturnDocument.BEFORE))
 
     @guarded()
-    async def delete_client(self, client_id: str) -> bool:
-        deleted = _deleted(await self.clients.delete_one({"_id": client_id}))
+    async def delete_client(self, client_id: str) -> None:
+        await self.clients.delete_one({"_id": client_id})
         await self.previous_secrets.delete_one({"_id": client_id})
-        return deleted
 
     @guarded()
     async def begin_removal(self, client_id: str, now: datetime) -> Removal:
@@ -512,10 +505,10 @@ class MongoStore(RevocationFeed, Store, FailureCounts):
         return [REMOVALS.record(doc) for doc in await self.removals.find({}).sort("_id", ASCENDING).to_list(None)]
 
     @guarded()
-    async def end_removal(self, client_id: str) -> bool:
+    async def end_removal(self, client_id: str) -> None:
         await self.clients.delete_one({"_id": client_id})
         await self.previous_secrets.delete_one({"_id": client_id})
-        return (await self.removals.delete_one({"_id": client_id})).deleted_count == 1
+        await self.removals.delete_one({"_id": client_id})
 
     @guarded()
     async def put_previous_secret(self, previous: PreviousSecret) -> None:
@@ -527,8 +520,8 @@ class MongoStore(RevocationFeed, Store, FailureCounts):
         return PREVIOUS_SECRETS.record(await self.previous_secrets.find_one({"_id": client_id}))
 
     @guarded()
-    async def delete_previous_secret(self, client_id: str) -> bool:
-        return (await self.previous_secrets.delete_one({"_id": client_id})).deleted_count == 1
+    async def delete_previous_secret(self, client_id: str) -> None:
+        await self.previous_secrets.delete_one({"_id": client_id})
 
     @guarded()
     async def note_previous_secret_use(self, client_id: str, now: datetime, every_seconds: float) -> bool:
@@ -634,8 +627,8 @@ class MongoStore(RevocationFeed, Store, FailureCounts):
             {"_id": user_id}, {"$set": dict(fields)}, return_document=ReturnDocument.BEFORE))
 
     @guarded()
-    async def delete_user(self, user_id: str) -> bool:
-        return _deleted(await self.users.delete_one({"_id": user_id}))
+    async def delete_user(self, user_id: str) -> None:
+        await self.users.delete_one({"_id": user_id})
 
     # -- installations
 
@@ -653,8 +646,8 @@ class MongoStore(RevocationFeed, Store, FailureCounts):
                                             INSTALLATIONS.setting(installation), upsert=True)
 
     @guarded()
-    async def delete_installation(self, installation_id: str) -> bool:
-        return (await self.installations.delete_one({"_id": installation_id})).deleted_count == 1
+    async def delete_installation(self, installation_id: str) -> None:
+        await self.installations.delete_one({"_id": installation_id})
 
     # -- grants
 
