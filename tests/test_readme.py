@@ -194,7 +194,7 @@ def test_the_tornado_api_of_protecting_your_api_runs_as_written(demo_service, tm
     a token works, none is 401, a scope it lacks is 403, and once revoked the token is refused
     (the feed dropped it). The refused WebSocket handshake's token, in its query, is logged by
     Tornado (a 4xx is a WARNING, written to stderr with no logging configured) masked, never as
-    it is."""
+    it is; so is the token of a path no handler serves (the application's 404)."""
     import requests
     from service import free_port, spawn
 
@@ -208,15 +208,19 @@ def test_the_tornado_api_of_protecting_your_api_runs_as_written(demo_service, tm
         api = f"http://127.0.0.1:{port}"
         token = call_the_api(demo_service, api)
         revoked_then_refused(demo_service, api, token)
-        live = f"{api}/live?access_token={token}"
-        assert requests.get(live, headers={"Connection": "Upgrade", "Upgrade": "websocket"},
-                            timeout=10).status_code == 401
+        upgrade = {"Connection": "Upgrade", "Upgrade": "websocket"}
+        assert requests.get(f"{api}/live?access_token={token}", headers=upgrade, timeout=10).status_code == 401
+        for path in ("/live/", "/nope", "/Live"):  # no handler serves these: the application's 404
+            for name in ("access_token", "access%5Ftoken"):
+                assert requests.get(f"{api}{path}?{name}={token}", headers=upgrade, timeout=10).status_code == 404
         # Tornado logs a request just after sending its answer; one more answer from the same
         # event loop means that line is written before the program is ended.
         assert requests.get(api + "/notes", timeout=10).status_code == 401
     finally:
         out, err = end(process)
     assert "GET /live?access_token=*** " in err
+    for path in ("/live/", "/nope", "/Live"):
+        assert f"404 GET {path}?access_token=*** " in err
     assert token not in out + err
 
 

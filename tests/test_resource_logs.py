@@ -1,8 +1,10 @@
 """A token in a request's query never reaches a resource server's log: the ASGI middleware
-served by uvicorn (its access log and its WebSocket lines) and the Tornado adapter served by
-Tornado (its access log), each a process of its own with its logging as it ships, every path:
-HTTP and WebSocket, refused, accepted, exempt, with a header beside the query, and the name
-written escaped in every way a query parser still reads as ``access_token``."""
+served by uvicorn (its access log and its WebSocket lines) and the Tornado adapter's application
+served by Tornado (its access log and its lines of an uncaught exception), each a process of its
+own with its logging as it ships, every path: HTTP and WebSocket, refused, accepted, exempt, a
+handler without the mixin, one that fails, a path no handler serves (404), with a header beside
+the query, and the name written escaped in every way a query parser still reads as
+``access_token``."""
 
 from __future__ import annotations
 
@@ -62,7 +64,7 @@ import os
 import tornado.web
 
 from tokensvc.resource import Settings, Verifier
-from tokensvc.resource.tornado import BearerAuthMixin, RevocableWebSocket, requires
+from tokensvc.resource.tornado import Application, BearerAuthMixin, RevocableWebSocket, requires
 
 
 class Notes(BearerAuthMixin):
@@ -83,12 +85,22 @@ class Live(RevocableWebSocket):
         self.write_message("hello")
 
 
+class Plain(tornado.web.RequestHandler):  # no mixin: served by the application alone
+    def get(self):
+        self.write("plain")
+
+
+class Fails(tornado.web.RequestHandler):  # an uncaught exception: its line names the request
+    def get(self):
+        raise RuntimeError("fails")
+
+
 async def main():
     logging.basicConfig(level=logging.INFO)  # every access line, not only the refusals
     verifier = Verifier(Settings(os.environ["TOKENSVC_URL"], "webapp", os.environ["SECRET"]))
     await verifier.start()
-    app = tornado.web.Application([("/notes", Notes), ("/healthz", Health), ("/live", Live)],
-                                  tokensvc_verifier=verifier)
+    app = Application([("/notes", Notes), ("/healthz", Health), ("/live", Live), ("/plain", Plain),
+                       ("/fails", Fails)], tokensvc_verifier=verifier)
     app.listen(int(os.environ["PORT"]), "127.0.0.1")
     await asyncio.Event().wait()
 
@@ -166,6 +178,14 @@ async def test_a_query_token_never_reaches_the_servers_log(kind, tmp_path, brows
         for name in ESCAPED:
             assert (await get(f"/notes?{name}={SECRET}")).code == 401
         assert (await get(f"/healthz?access_token={SECRET}")).code == 200
+        if kind == "tornado":  # requests no mixin handler serves: masked by the application
+            for target in (f"/plain?access_token={SECRET}", f"/plain?access%5Ftoken={SECRET}"):
+                assert (await get(target)).body == b"plain"
+            for target in (f"/fails?access_token={SECRET}", f"/fails?x=1&access%5Ftoken={SECRET}"):
+                assert (await get(target)).code == 500
+            for target in (f"/nope?access_token={SECRET}", f"/live/?access_token={access}",
+                           f"/notes/?access%5Ftoken={SECRET}"):
+                assert (await get(target, bearer)).code == 404
 
         for target, headers in ((f"/live?access_token={access}", {}), (f"/live?x=1&access_token={access}", bearer),
                                 (f"/live?access%5Ftoken={access}", {})):

@@ -1,21 +1,25 @@
-"""The Tornado adapter: a ``RequestHandler`` mixin and ``@requires(scope)``, and a WebSocket
-handler base that closes its connection (4401) when its token is revoked.
+"""The Tornado adapter: an ``Application`` that masks a query token in every request, a
+``RequestHandler`` mixin and ``@requires(scope)``, and a WebSocket handler base that closes its
+connection (4401) when its token is revoked.
 
 The application's settings hold the verifier under ``tokensvc_verifier``. A WebSocket's token
 rides in its query (``?access_token=``; RFC 6750 §2.3: only where no header can carry it, so
 only :class:`RevocableWebSocket` takes it), and whatever names the request writes its URI:
 Tornado's access log (a refusal at WARNING, which reaches stderr even where logging was never
 configured), its line of an uncaught exception (the request's repr), an application's own
-``log_function``. So the mixin takes the token out of the request as its handler is made and
+``log_function``. So :class:`Application` takes the token out of every request as it is routed,
+before any handler is made (a path no handler serves, its 404, a handler of any kind), and
 leaves ``access_token=***`` in its place (``uri``, ``query``, the query's arguments: the
-request's public attributes, as the ASGI middleware masks its scope), before any of those is
-written and whichever of Tornado's methods writes them.
+request's public attributes, as the ASGI middleware masks its scope); the token taken is kept
+beside the request for the mixin. In a plain ``tornado.web.Application`` the mixin masks its own
+requests as its handler is made, and no other request is masked.
 """
 
 from __future__ import annotations
 
 import functools
 import json
+import weakref
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -30,6 +34,32 @@ from tokensvc.resource.verifier import Authorized, Verifier, bearer_token, maske
 
 CLOSE_REVOKED = 4401
 
+# The token each masked request held in its query, for the mixin that may take it (a WebSocket):
+# kept beside the request, never in it, and gone with it.
+_query_tokens: weakref.WeakKeyDictionary[tornado.httputil.HTTPServerRequest, str] = weakref.WeakKeyDictionary()
+
+
+class Application(tornado.web.Application):
+    """A ``tornado.web.Application`` whose every request has a query ``access_token`` masked
+    as it is routed, before any handler (or the 404 of a path none serves) is made."""
+
+    # Typed as the public Router.find_handler is (Application narrows it to a private class).
+    def find_handler(self, request: tornado.httputil.HTTPServerRequest,  # type: ignore[override]
+                     **kwargs: Any) -> tornado.httputil.HTTPMessageDelegate:
+        _take_query_token(request)
+        return super().find_handler(request, **kwargs)
+
+
+def _take_query_token(request: tornado.httputil.HTTPServerRequest) -> None:
+    """Mask ``request``'s query token (a request masked already is left as it is), keeping the
+    token beside it."""
+    masked = masked_query(request.query)
+    if masked == request.query:
+        return
+    if "access_token" in request.query_arguments:
+        _query_tokens[request] = request.query_arguments["access_token"][-1].decode("utf-8", "replace").strip()
+    _mask_query_token(request, masked)
+
 
 class BearerAuthMixin(tornado.web.RequestHandler):
     """Sets ``self.authorized`` from the request's bearer token; a refusal is answered here
@@ -41,11 +71,8 @@ class BearerAuthMixin(tornado.web.RequestHandler):
 
     def __init__(self, application: tornado.web.Application, request: tornado.httputil.HTTPServerRequest,
                  **kwargs: Any) -> None:
-        masked = masked_query(request.query)
-        if masked != request.query:  # taken out whether accepted here or not
-            if "access_token" in request.query_arguments:
-                self._query_token = request.query_arguments["access_token"][-1].decode("utf-8", "replace").strip()
-            _mask_query_token(request, masked)
+        _take_query_token(request)  # taken out whether accepted here or not (a plain Application)
+        self._query_token = _query_tokens.get(request)
         super().__init__(application, request, **kwargs)
 
     @property
