@@ -224,11 +224,81 @@ def test_the_tornado_api_of_protecting_your_api_runs_as_written(demo_service, tm
     assert token not in out + err
 
 
+def asgi_install_line() -> list[str]:
+    """What the README's ``pip install`` for the ASGI program names."""
+    import shlex
+
+    readme = (ROOT / "README.md").read_text()
+    section = readme[readme.index("## Protecting your API"):readme.index("## OpenAPI")]
+    line = re.search(r"`pip install (starlette[^`]*)`", section).group(1)
+    return shlex.split(line)
+
+
+def brought_by(requirements: list[str]) -> set[str]:
+    """The distributions that installing ``requirements`` brings (each with its extras), read
+    from what is installed here: their canonical names."""
+    from importlib.metadata import PackageNotFoundError, requires
+
+    from packaging.requirements import Requirement
+    from packaging.utils import canonicalize_name
+
+    brought: set[str] = set()
+    pending = [(Requirement(text), "") for text in requirements]
+    while pending:
+        requirement, asked_by_extra = pending.pop()
+        name = canonicalize_name(requirement.name)
+        key = name + "[" + ",".join(sorted(requirement.extras)) + "]"
+        if key in brought:
+            continue
+        brought.update({name, key})
+        try:
+            entries = requires(name) or []
+        except PackageNotFoundError:  # named by the line but not installed: the check below fails
+            continue
+        for entry in map(Requirement, entries):
+            marker = entry.marker
+            if marker is None or any(marker.evaluate({"extra": extra}) for extra in requirement.extras | {""}):
+                pending.append((entry, ""))
+    return {name for name in brought if "[" not in name}
+
+
+def test_the_readme_installs_what_its_asgi_program_runs_on():
+    """The ASGI program runs on what the README's install line brings: Starlette, uvicorn, and
+    a WebSocket library uvicorn takes (without one it refuses every WebSocket handshake); the
+    test extras install the same, so the programs' tests run on it."""
+    from importlib.metadata import version
+
+    brought = brought_by(asgi_install_line())
+    assert {"starlette", "uvicorn"} <= brought, brought
+    assert brought & {"websockets", "wsproto"}, brought
+    for name in brought:
+        assert version(name)  # installed here, as the test extras name it
+
+
+async def live_closed_on_revocation(url: str, revoke) -> int | None:
+    """The WebSocket at ``url`` greets; ``revoke`` (blocking) revokes its token; the socket's
+    close code."""
+    import asyncio
+
+    from helpers import DEADLINE
+    from tornado.websocket import websocket_connect
+
+    connection = await websocket_connect(url)
+    assert await asyncio.wait_for(connection.read_message(), DEADLINE) == "hello"
+    await asyncio.get_running_loop().run_in_executor(None, revoke)
+    assert await asyncio.wait_for(connection.read_message(), DEADLINE) is None
+    return connection.close_code
+
+
 def test_the_asgi_api_of_protecting_your_api_runs_under_the_uvicorn_command_as_written(demo_service, tmp_path):
     """The ASGI program, as written, served by the README's uvicorn command as written (moved to
     a free port by UVICORN_PORT, which uvicorn reads for --port) with its logging as it ships:
     start-up opens the feed, the health check needs no token, the README's calls answer as it
-    says, a revoked token is refused, and uvicorn's access log holds the query's token masked."""
+    says, its WebSocket greets with a query token and is closed with 4401 once the token is
+    revoked, a revoked token is refused, and uvicorn's access log holds the query's token
+    masked."""
+    import asyncio
+
     import requests
     from service import free_port, spawn, wait_for_http
 
@@ -246,7 +316,9 @@ def test_the_asgi_api_of_protecting_your_api_runs_under_the_uvicorn_command_as_w
         wait_for_http(api + "/healthz", process)
         token = call_the_api(demo_service, api)
         assert requests.get(f"{api}/notes?access_token={token}", timeout=10).status_code == 401  # HTTP: header only
-        revoked_then_refused(demo_service, api, token)
+        live = api.replace("http://", "ws://") + f"/live?access_token={token}"
+        assert asyncio.run(live_closed_on_revocation(live, lambda: revoked_then_refused(demo_service, api, token))) \
+            == 4401
     finally:
         out, err = end(process)
     assert "Application startup complete." in err and "Application shutdown complete." in err
