@@ -161,15 +161,19 @@ def test_the_caps_and_bounds_are_settings_with_defaults_and_are_checked():
 
 @pytest.mark.parametrize("config", [PINGED])
 @pytest.mark.gen_test(timeout=90)
-async def test_a_reader_that_answers_no_ping_is_closed_and_one_that_answers_stays(http_server, base_url, ctx):
+async def test_a_reader_that_answers_no_ping_is_closed_and_one_that_answers_stays(http_server, http_client, base_url,
+                                                                                   ctx, caplog):
     answering = await connect(base_url)  # Tornado's client answers every ping
     await next_message(answering)
+    gone = await RawReader.connect(base_url)  # drops its connection itself: not the ping's doing
+    assert (await gone.frame())[0] == 0x1
+    gone.close()
     silent = await RawReader.connect(base_url)
     frames = [await silent.frame()]
     while frames[-1][0] != CLOSE:
         frames.append(await silent.frame())
     assert [opcode for opcode, _ in frames] == [0x1, PING, CLOSE]
-    assert frames[-1][1][2:] == b"ping timed out"
+    assert struct.unpack("!H", frames[-1][1][:2])[0] == 1000 and frames[-1][1][2:] == b"ping timed out"
     # It answers the close no more than the ping: the connection is dropped all the same, and
     # its seat given back.
     assert await silent.closed()
@@ -179,7 +183,15 @@ async def test_a_reader_that_answers_no_ping_is_closed_and_one_that_answers_stay
     # Pinged as often, the reader that answers is open still: it gets what comes next.
     ctx.events.publish(Revocation(GRANT, "g1"))
     assert (await next_message(answering))["grant_id"] == "g1"
-    answering.close()
+    answering.close()  # closed by the reader: no more a timeout than the one that went away
+    await eventually(lambda: ctx.feed.readers == 0, DEADLINE, what="the answering reader closed")
+    # Counted and logged once, for the silent reader alone, naming its client and nothing secret.
+    exposition = await scrape(http_client, base_url)
+    assert sample(exposition, "tokensvc_feed_closed_total", reason="ping_timeout") == 1
+    assert [record.getMessage() for record in caplog.records if "(1000)" in record.getMessage()] == [
+        "revocation feed: a reader of client webapp closed (1000): no pong within 1 s of a ping"]
+    assert [record.levelname for record in caplog.records if "(1000)" in record.getMessage()] == ["WARNING"]
+    assert WEBAPP_SECRET not in caplog.text
 
 
 # -- the bound on what a reader has not taken ----------------------------------------------------

@@ -94,7 +94,7 @@ class Metrics:
                                      "credentials (4403), by reason", ("reason",))
         self.feed_closed = counter("tokensvc_feed_closed_total",
                                    "Revocation feed readers the service closed: too slow (1008), the process "
-                                   "stopping (1012)", ("reason",))
+                                   "stopping (1012), no pong in time (1000)", ("reason",))
         # The store's own work (MongoDB): what each operation costs, how it fails, what the
         # driver's pool and topology do, and whether revocations of other processes arrive.
         self.store_seconds = Histogram("tokensvc_store_operation_seconds",

@@ -22,7 +22,7 @@ from apispec.ext.marshmallow import MarshmallowPlugin
 
 from tokensvc import __version__, admin_schemas, identifiers, openapi_admin, schemas
 from tokensvc.oauth.authorization import MAX_PARAMETER_LENGTH
-from tokensvc.oauth.feed import CLOSE_CREDENTIALS, CLOSE_RESTART, CLOSE_TOO_SLOW
+from tokensvc.oauth.feed import CLOSE_CREDENTIALS, CLOSE_PING_TIMEOUT, CLOSE_RESTART, CLOSE_TOO_SLOW
 from tokensvc.openapi_parts import (
     BASIC_CHALLENGE,
     BEARER_401,
@@ -396,8 +396,8 @@ def _operations() -> dict[str, dict[str, Any]]:
                            "and flush, each with the next seq of the stream",
             "oneOf": [ref("FeedReady"), ref("FeedRevoked"), ref("FeedFlush")]},
         "x-websocket-close-codes": {
-            "1000": "\"ping timed out\": the reader answered no ping within feed.ping_timeout_seconds (a reader "
-                    "that answers is never closed for it)",
+            str(CLOSE_PING_TIMEOUT): "\"ping timed out\": the reader answered no ping within "
+                                     "feed.ping_timeout_seconds (a reader that answers is never closed for it)",
             str(CLOSE_TOO_SLOW): "The reader did not keep up: over feed.max_unsent_bytes of messages it had not "
                                  "taken. Reconnect with stream and after: resumed, or told to flush",
             str(CLOSE_RESTART): "The process is stopping (service restart): reconnect, to another process",

@@ -14,13 +14,17 @@ polls (no change streams) may never see.
 What one reader may cost the process is bounded (the ``[feed]`` settings): a seat among the
 process's readers and its client's, taken before the upgrade (past either cap: 429 or 503,
 ``Retry-After``); a ping every ``ping_seconds``, and a reader that has not answered within
-``ping_timeout_seconds`` is closed; and the messages it has not yet taken off its socket, past
-``max_unsent_bytes``, close it (:data:`CLOSE_TOO_SLOW`). A message is queued on each socket
-and never awaited, so a slow reader delays no other.
+``ping_timeout_seconds`` is closed (:data:`CLOSE_PING_TIMEOUT`, counted and logged); and the
+messages it has not yet taken off its socket, past ``max_unsent_bytes``, close it
+(:data:`CLOSE_TOO_SLOW`). A message is queued on each socket and never awaited, so a slow reader
+delays no other. The handler runs the ping's deadline itself: Tornado's own ping timeout closes
+the connection with no public sign that it did (its ``close_code`` and ``close_reason`` are the
+peer's, None here as for a reader that dropped its connection), so ``on_close`` could not count it.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from asyncio import Future
 from collections import deque
@@ -43,6 +47,7 @@ from tokensvc.oauth.errors import InvalidClient
 from tokensvc.oauth.feed import (
     CLIENT_CAP,
     CLOSE_CREDENTIALS,
+    CLOSE_PING_TIMEOUT,
     CLOSE_RESTART,
     CLOSE_TOO_SLOW,
     PROCESS_CAP,
@@ -71,6 +76,8 @@ class RevocationFeedSocket(WebHandler, tornado.websocket.WebSocketHandler):
     _stands_on: list[Revocation] = []
     _recheck: Recheck
     _every: tornado.ioloop.PeriodicCallback | None = None
+    _pinging: asyncio.Task[None] | None = None
+    _ponged = False
     _unsent_bytes = 0  # of live messages queued on the socket and not yet written to it
 
     async def get(self, *args: Any, **kwargs: Any) -> None:
@@ -114,11 +121,8 @@ class RevocationFeedSocket(WebHandler, tornado.websocket.WebSocketHandler):
 
     @property
     def ping_interval(self) -> float:
-        return float(self.config.feed.ping_seconds)
-
-    @property
-    def ping_timeout(self) -> float:
-        return float(self.config.feed.ping_timeout_seconds)
+        """None of Tornado's pings: :meth:`_keep_pinging` sends them."""
+        return 0.0
 
     def open(self, *args: Any, **kwargs: Any) -> None:
         self._unsent: deque[tuple[Future[None], int]] = deque()
@@ -128,6 +132,7 @@ class RevocationFeedSocket(WebHandler, tornado.websocket.WebSocketHandler):
         self.ctx.events.subscribe(self._stands_on, self._recheck.request)
         self._every = tornado.ioloop.PeriodicCallback(self._recheck.request, RECHECK_SECONDS * 1000, jitter=0.1)
         self._every.start()
+        self._pinging = asyncio.create_task(self._keep_pinging())
         opening = self.ctx.feed.open(self._send, self._stream, self._after, end=self._restart)
         # The opening (at most the feed's replay buffer) is not counted against the bound.
         for message in (opening.ready, *opening.missed):
@@ -138,14 +143,39 @@ class RevocationFeedSocket(WebHandler, tornado.websocket.WebSocketHandler):
     def on_message(self, message: str | bytes) -> None:
         """The reader has nothing to say; whatever it sends is ignored."""
 
+    def on_pong(self, data: bytes) -> None:
+        self._ponged = True
+
     def on_close(self) -> None:
         self.ctx.feed.close(self._send)
+        if self._pinging is not None:
+            self._pinging.cancel()
         if self._every is not None:
             for written, _ in self._unsent:  # ended with the socket: their errors are no news
                 written.add_done_callback(_retrieved)
             self.edge.metrics.feed_readers.dec()
             self.ctx.events.unsubscribe(self._stands_on, self._recheck.request)
             self._every.stop()
+
+    async def _keep_pinging(self) -> None:
+        """A ping every ``ping_seconds``; a reader that has answered none within
+        ``ping_timeout_seconds`` of it is closed."""
+        interval, timeout = self.config.feed.ping_seconds, self.config.feed.ping_timeout_seconds
+        await asyncio.sleep(interval)
+        while True:
+            self._ponged = False
+            try:
+                self.ping()
+            except tornado.websocket.WebSocketClosedError:  # closed meanwhile: on_close ends this
+                return
+            await asyncio.sleep(timeout)
+            if not self._ponged:
+                self.edge.metrics.feed_closed.labels("ping_timeout").inc()
+                log.warning("revocation feed: a reader of client %s closed (%d): no pong within %d s of a ping",
+                            self.log_client_id, CLOSE_PING_TIMEOUT, timeout)
+                self._end(CLOSE_PING_TIMEOUT, "ping timed out")
+                return
+            await asyncio.sleep(interval - timeout)
 
     async def _check(self) -> None:
         if not await introspection.still_a_reader(self.ctx, self._caller):

@@ -44,6 +44,9 @@ CLOSE_CREDENTIALS = 4403
 # The close code of a reader that does not keep up (its unsent messages over the bound): RFC
 # 6455's policy violation. It reconnects and resumes, or flushes.
 CLOSE_TOO_SLOW = 1008
+# The close code of a reader that answered no ping in time ("ping timed out", as Tornado's own
+# ping timeout closed it): a normal closure, the reader being gone or stuck.
+CLOSE_PING_TIMEOUT = 1000
 # The close code of every reader when the process stops (RFC 6455's "service restart", IANA
 # registry): reconnect, to another process.
 CLOSE_RESTART = 1012
