@@ -242,24 +242,23 @@ def brought_by(requirements: list[str]) -> set[str]:
     from packaging.requirements import Requirement
     from packaging.utils import canonicalize_name
 
-    brought: set[str] = set()
-    pending = [(Requirement(text), "") for text in requirements]
+    seen: set[tuple[str, frozenset[str]]] = set()
+    pending = [Requirement(text) for text in requirements]
     while pending:
-        requirement, asked_by_extra = pending.pop()
+        requirement = pending.pop()
         name = canonicalize_name(requirement.name)
-        key = name + "[" + ",".join(sorted(requirement.extras)) + "]"
-        if key in brought:
+        if (name, frozenset(requirement.extras)) in seen:
             continue
-        brought.update({name, key})
+        seen.add((name, frozenset(requirement.extras)))
         try:
             entries = requires(name) or []
-        except PackageNotFoundError:  # named by the line but not installed: the check below fails
+        except PackageNotFoundError:  # named but not installed here: the caller's check fails
             continue
         for entry in map(Requirement, entries):
-            marker = entry.marker
-            if marker is None or any(marker.evaluate({"extra": extra}) for extra in requirement.extras | {""}):
-                pending.append((entry, ""))
-    return {name for name in brought if "[" not in name}
+            if entry.marker is None or any(entry.marker.evaluate({"extra": extra})
+                                           for extra in requirement.extras | {""}):
+                pending.append(entry)
+    return {name for name, _ in seen}
 
 
 def test_the_readme_installs_what_its_asgi_program_runs_on():
