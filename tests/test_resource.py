@@ -25,6 +25,7 @@ from tornado.websocket import websocket_connect
 from tokensvc.records import utcnow
 from tokensvc.resource import InsufficientScope, InvalidToken, Settings, Unavailable, Verifier
 from tokensvc.resource.tornado import BearerAuthMixin, RevocableWebSocket, requires
+from tokensvc.resource.verifier import _key
 
 
 class Monotonic:
@@ -105,13 +106,16 @@ async def test_a_refresh_token_is_no_bearer_token_and_an_inactive_answer_is_cach
     issued = await tokens(browser, http_client, base_url)
     clock = Monotonic()
     verifier = verifier_for(base_url, clock, negative_ttl=5)
+    with pytest.raises(InvalidToken):
+        await verifier.check(issued["refresh_token"])  # not of an access token's form: not even asked
+    assert verifier.counts.introspections == 0
     for _ in range(3):
         with pytest.raises(InvalidToken):
-            await verifier.check(issued["refresh_token"])
+            await verifier.check("n" * 43)
     assert verifier.counts.introspections == 1
     clock.now += 6
     with pytest.raises(InvalidToken):
-        await verifier.check(issued["refresh_token"])
+        await verifier.check("n" * 43)
     assert verifier.counts.introspections == 2
 
 
@@ -344,20 +348,32 @@ async def test_a_check_cancelled_leaves_the_shared_introspection_to_the_others()
     assert len(calls) == 1 and verifier.cached == 1
 
 
-@pytest.mark.gen_test(timeout=90)
-async def test_a_token_longer_than_tokensvc_takes_is_refused_without_a_round_trip(http_server, base_url):
-    from tokensvc import schemas
-    from tokensvc.resource.verifier import MAX_TOKEN_LENGTH
+def test_every_access_token_tokensvc_issues_has_the_form_the_verifier_takes():
+    """The verifier refuses without a round trip whatever is not 43 URL-safe characters: every
+    access token tokensvc mints has that form, random or a rotation's derived successor."""
+    import secrets
 
-    assert schemas.TokenActionSchema().fields["token"].metadata["maxLength"] == MAX_TOKEN_LENGTH
+    from tokensvc.oauth import successors, tokens
+    from tokensvc.oauth.hashing import ACCESS_TOKEN
+
+    for _ in range(2000):
+        minted = tokens.mint("family-secret-22-chars", ["read"], utcnow(), 60, 60)
+        derived = successors.derive(secrets.token_bytes(32), minted.refresh_token, 1, successors.new_salt())
+        assert all(ACCESS_TOKEN.fullmatch(token) for token in (minted.access_token, *derived))
+
+
+@pytest.mark.gen_test(timeout=90)
+async def test_what_cannot_be_a_tokensvc_access_token_is_refused_without_a_round_trip(http_server, base_url):
     verifier = verifier_for(base_url)
-    for length in (MAX_TOKEN_LENGTH + 1, 1024, 10**6):
+    refresh_form = "b" * 22 + "." + "c" * 43
+    for junk in ("a" * 42, "a" * 44, "a" * 513, "a" * 10**6, "a" * 42 + "=", "a" * 42 + "/", "a" * 42 + "é",
+                 "a" * 42 + "\n", refresh_form):
         with pytest.raises(InvalidToken) as info:
-            await verifier.check("a" * length)
+            await verifier.check(junk)
         assert info.value.status == 401
     assert verifier.counts.introspections == 0 and verifier.cached == 0
-    with pytest.raises(InvalidToken):  # the longest tokensvc takes: asked, and not active
-        await verifier.check("a" * MAX_TOKEN_LENGTH)
+    with pytest.raises(InvalidToken):  # the form of one: asked, and not active
+        await verifier.check("a" * 43)
     assert verifier.counts.introspections == 1
 
 
@@ -365,15 +381,37 @@ async def test_a_token_longer_than_tokensvc_takes_is_refused_without_a_round_tri
 async def test_a_token_tokensvc_refuses_as_malformed_is_not_active(http_server, base_url, monkeypatch):
     """tokensvc answers 422 (no token it issued looks like this): the token is not active (401),
     not tokensvc unavailable (503); the answer is cached like any inactive one."""
+    import re
+
     from tokensvc.resource import verifier as module
 
-    monkeypatch.setattr(module, "MAX_TOKEN_LENGTH", 10**6, raising=False)  # past the local bound: tokensvc's own answer
+    monkeypatch.setattr(module, "ACCESS_TOKEN", re.compile(".*", re.S))  # past the local check: tokensvc's answer
     verifier = verifier_for(base_url)
     for _ in range(2):
         with pytest.raises(InvalidToken) as info:
             await verifier.check("a" * 1024)
         assert info.value.status == 401
     assert verifier.counts.introspections == 1
+
+
+@pytest.mark.gen_test(timeout=90)
+async def test_a_flood_of_new_tokens_waits_in_a_bounded_queue_and_the_rest_fail_at_once():
+    """Anyone may present made-up tokens: at most introspection_concurrency introspections are
+    in flight for checks and introspection_queue more wait; a check past that fails at once
+    (503), it does not queue; a token cached meanwhile is answered as ever."""
+    verifier = verifier_for("http://127.0.0.1:9", introspection_concurrency=2, introspection_queue=3)
+    release, calls = held_introspection(verifier)
+    known = "k" * 43
+    verifier._store(_key(known), verifier._entry({"active": True, "scope": "read", "exp": 2**40}, 0.0))
+    checks = [asyncio.ensure_future(verifier.check(f"{number:03d}" + "x" * 40)) for number in range(10)]
+    await eventually(lambda: len(calls) == 2 and sum(check.done() for check in checks) == 5, DEADLINE,
+                     what="two introspections in flight, five refused")
+    refused = [check for check in checks if check.done()]
+    assert all(isinstance(check.exception(), Unavailable) for check in refused) and refused == checks[5:]
+    assert (await verifier.check(known)).scopes == ["read"]
+    release.set()
+    assert all(authorized.scopes == ["read"] for authorized in await asyncio.gather(*checks[:5]))
+    assert len(calls) == 5
 
 
 @pytest.mark.gen_test(timeout=90)
@@ -385,7 +423,7 @@ async def test_junk_tokens_never_evict_a_good_answer(browser, http_client, base_
     await verifier.check(access)
     for number in range(10):
         with pytest.raises(InvalidToken):
-            await verifier.check(f"junk-{number}-" + "x" * 40)
+            await verifier.check(f"junk{number:03d}" + "x" * 36)
     assert verifier.cached == 1 + 3
     await verifier.check(access)
     assert verifier.counts.introspections == 11 and verifier.counts.hits == 1
@@ -510,7 +548,7 @@ async def test_tornados_log_lines_never_hold_a_query_token(http_client, caplog, 
         "%s %s", handler.get_status(), handler.request.uri)} if own_log else {}
     server, api = await serve(tornado.web.Application([("/live", Live), ("/failing", Failing)],
                                                       tokensvc_verifier=verifier, **own))
-    secret = "a-query-token-" + "x" * 30
+    secret = "a-query-token-" + "x" * 29  # of the form of an access token: asked
     try:
         with caplog.at_level(logging.INFO):
             response = await http_client.fetch(api + "/failing?access_token=" + secret, raise_error=False)

@@ -7,20 +7,135 @@ is logged and counted without a token."""
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 from collections import Counter
 
 import pytest
+import tornado.web
+import tornado.websocket
 from helpers import DEADLINE, WEBAPP_SECRET, basic, eventually, issue_tokens
-from test_resource import Monotonic, drop_feeds, revoke, started, verifier_for
+from test_resource import Monotonic, drop_feeds, revoke, serve, started, verifier_for
 from test_ws import tokens
 
 from tokensvc import schemas
 from tokensvc.oauth import introspection
 from tokensvc.oauth.feed import Opening
-from tokensvc.resource import InvalidToken
+from tokensvc.resource import InvalidToken, Unavailable
 from tokensvc.resource.verifier import KEYS
 from tokensvc.storage.base import StorageError
+
+ACTIVE = {"active": True, "scope": "read", "exp": 2**40, "client_id": "webapp", "sub": "alice"}
+
+
+class FakeTokensvc:
+    """Stands in for tokensvc over real HTTP, for what the real one never does (a frame lost,
+    a message out of turn, a handshake that hangs). Introspection answers ``ACTIVE`` (with a
+    ``grant_id`` of the token's own) for the tokens in ``active``, inactive for any other, held
+    until ``release`` is set while ``holding``. The feed's ``ready`` resumes a reader of its
+    stream that is not ahead of it and replays what it missed; :meth:`publish` numbers a
+    message, :meth:`send` writes one as it is; ``handshake``, when set, holds each upgrade."""
+
+    def __init__(self):
+        self.active, self.asked, self.holding, self.release = set(), [], False, asyncio.Event()
+        self.stream, self.published, self.feeds, self.closed, self.upgrades = "s1", [], [], 0, 0
+        self.handshake: asyncio.Event | None = None
+        fake = self
+
+        class Introspect(tornado.web.RequestHandler):
+            async def post(self):
+                token = self.get_body_argument("token")
+                fake.asked.append(token)
+                if token in fake.active:
+                    self.write({**ACTIVE, "grant_id": "g-" + token[:8]})
+                    return
+                if fake.holding:
+                    await fake.release.wait()
+                self.write({"active": False})
+
+        class Feed(tornado.websocket.WebSocketHandler):
+            async def get(self, *args, **kwargs):
+                fake.upgrades += 1
+                if fake.handshake is not None:
+                    await fake.handshake.wait()
+                await super().get(*args, **kwargs)
+
+            def open(self):
+                fake.feeds.append(self)
+                stream, after = self.get_query_argument("stream", None), self.get_query_argument("after", None)
+                resumed = stream == fake.stream and after is not None and int(after) <= len(fake.published)
+                self.write_message(json.dumps({"type": "ready", "stream": fake.stream, "seq": len(fake.published),
+                                               "resumed": resumed}))
+                for message in fake.published[int(after):] if resumed else ():
+                    self.write_message(json.dumps(message))
+
+            def on_close(self):
+                fake.feeds.remove(self)
+                fake.closed += 1
+
+        self.app = tornado.web.Application([("/oauth/token/introspect", Introspect), ("/oauth/revocations", Feed)])
+
+    async def start(self):
+        self.server, self.base_url = await serve(self.app)
+        return self
+
+    def publish(self, body):
+        """A message of the stream, numbered, to every reader."""
+        self.published.append({**body, "seq": len(self.published) + 1})
+        self.send(self.published[-1])
+
+    def send(self, message):
+        for feed in self.feeds:
+            feed.write_message(json.dumps(message))
+
+    def stop(self):
+        self.release.set()
+        self.server.stop()
+        for feed in list(self.feeds):
+            feed.close()
+
+
+async def fake_tokensvc_and_verifier(**settings):
+    fake = await FakeTokensvc().start()
+    verifier = await started(verifier_for(fake.base_url, **settings))
+    return fake, verifier
+
+
+def tokens_of(prefix, count):
+    """``count`` tokens of the form tokensvc issues, each its own."""
+    return [f"{prefix}{number:05d}".ljust(43, "x") for number in range(count)]
+
+
+@pytest.mark.gen_test(timeout=120)
+async def test_a_flush_during_a_flood_of_made_up_tokens_closes_no_valid_connection():
+    """Anyone may send made-up tokens: while hundreds of them wait on a slow introspection,
+    a flush has every watched connection asked again on places of their own, answered at
+    once, and none of them ends; the flood's checks past the queue fail at once (503)."""
+    fake, verifier = await fake_tokensvc_and_verifier(timeout=1, offline_ttl=3600, retry_seconds=0.05,
+                                                      reverify_spread=0.0)
+    watched = tokens_of("w", 20)
+    fake.active.update(watched)
+    ended = []
+    try:
+        stops = [verifier.watch(token, await verifier.check(token), lambda token=token: ended.append(token))
+                 for token in watched]
+        fake.holding = True  # the made-up tokens' introspections hang
+        flood = [asyncio.ensure_future(verifier.check(token)) for token in tokens_of("junk", 1000)]
+        await eventually(lambda: len(fake.asked) == len(watched) + verifier.settings.introspection_concurrency,
+                         DEADLINE, what="the flood's introspections in flight")
+        assert sum(1 for check in flood if check.done() and isinstance(check.exception(), Unavailable)) == (
+            1000 - verifier.settings.introspection_concurrency - verifier.settings.introspection_queue)
+        fake.publish({"type": "flush"})
+        await eventually(lambda: fake.asked.count(watched[-1]) == 2 and not verifier._tasks, DEADLINE,
+                         what="every watched token asked again during the flood")
+        assert all(fake.asked.count(token) == 2 for token in watched) and not ended
+        fake.release.set()
+        await asyncio.gather(*flood, return_exceptions=True)
+        for stop in stops:
+            stop()
+    finally:
+        await verifier.close()
+        fake.stop()
 
 
 class Withheld:

@@ -11,10 +11,15 @@ import base64
 import functools
 import hashlib
 import hmac
+import re
 import secrets
 
 TOKEN_BYTES = 32  # 256 bits
 SECRET_LENGTH = 43  # the characters of new_secret(): what a secret at least this long is taken to hold
+# Every access token tokensvc issues (and every release before issued): new_secret()'s form, which
+# the successor of a rotation (successors.derive) has too. A resource server refuses anything
+# else without asking (tokensvc.resource): a new form of access token must be taught to it first.
+ACCESS_TOKEN = re.compile(r"[A-Za-z0-9_-]{43}")
 
 # scrypt cost: about 16 MiB and a few tens of milliseconds per hash on a current core.
 _SCRYPT_N, _SCRYPT_R, _SCRYPT_P = 2**14, 8, 1

@@ -7,9 +7,16 @@ never past the token's ``exp`` (nor ``max_ttl``), an inactive one ``negative_ttl
 bounded table of its own (junk tokens never evict a good answer). ``exp`` is judged by
 tokensvc's clock, not this host's: each introspection's ``Date`` header gives the offset
 between the two (at most: the header is in whole seconds), and a lifetime once known runs on the
-monotonic clock, so a clock set back or a suspended host cannot stretch it. A token longer
-than tokensvc accepts (:data:`MAX_TOKEN_LENGTH`), or one it refuses as malformed (400, 422), is
-not active: refused without (another) round trip.
+monotonic clock, so a clock set back or a suspended host cannot stretch it. What cannot be an
+access token tokensvc issued (every one is 43 URL-safe characters: :data:`ACCESS_TOKEN`), or
+what it refuses as malformed (400, 422), is not active: refused without (another) round trip.
+
+Anyone may present tokens, so what a flood of made-up ones can take is bounded: checks have at
+most ``introspection_concurrency`` introspections in flight and ``introspection_queue`` more
+waiting; past that a check of a token not cached fails at once (:class:`Unavailable`) rather
+than queueing. Watched connections are asked again on places of their own
+(``reverify_concurrency``), which checks never take, and the HTTP client has a connection for
+every place, so nothing queues in it.
 
 The revocation feed (``GET /oauth/revocations``) stays open beside it and drops the entries each
 revocation names, by the identifiers introspection returned (``family_id``, ``grant_id``,
@@ -60,7 +67,7 @@ import random
 import re
 import time
 from collections import OrderedDict, deque
-from collections.abc import Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import quote, unquote_plus, urlencode
@@ -68,6 +75,7 @@ from urllib.parse import quote, unquote_plus, urlencode
 from tornado.httpclient import AsyncHTTPClient, HTTPClientError, HTTPRequest
 from tornado.websocket import WebSocketClientConnection, WebSocketClosedError, websocket_connect
 
+from tokensvc.oauth.hashing import ACCESS_TOKEN
 from tokensvc.oauth.scopes import satisfies
 from tokensvc.resource.errors import InsufficientScope, InvalidToken, Unavailable
 
@@ -78,9 +86,6 @@ KEYS = ("family_id", "grant_id", "client_id", "sub")  # what a feed message name
 # user demoted), rather than the tokens ended: a watched connection asks again what is left.
 NARROWED = ("client_id", "sub")
 RECENT = 1024  # revocations remembered, to tell an introspection that one overtook it
-# The longest token tokensvc introspects (its form refuses a longer one, 422): no token it
-# issues comes near, so a longer one is refused here without a round trip.
-MAX_TOKEN_LENGTH = 512
 NOT_ACTIVE = "The access token is not active"
 MESSAGE_FIELDS = frozenset(("type", "seq"))  # what every numbered feed message carries besides
 
@@ -163,7 +168,9 @@ class Settings:
     timeout: float = 5.0  # introspection and the feed's handshake
     ping_seconds: float = 10.0  # the feed is taken for down when nothing came for this long
     retry_seconds: float = 1.0  # the first wait before reconnecting the feed (doubles up to 30 s)
-    reverify_concurrency: int = 8  # watched connections' tokens asked again at once
+    introspection_concurrency: int = 32  # checks' introspections in flight at once
+    introspection_queue: int = 256  # more of them waiting; past that a check fails at once (503)
+    reverify_concurrency: int = 8  # watched connections' tokens asked again at once (places of their own)
     reverify_spread: float = 1.0  # a larger batch of them starts spread at random over this
     realm: str = "api"
 
@@ -179,6 +186,37 @@ class _Watch:
     on_end: Callable[[], None]
     confirmed: float  # on the clock: when the authorization was last known current
     ended: bool = False
+
+
+class _Lane:
+    """Introspections of one kind, one per token shared by whoever asks: at most ``limit`` in
+    flight and, when ``queue`` is given, that many more waiting for a place; past that a new
+    one is refused at once (:class:`Unavailable`) rather than queued."""
+
+    def __init__(self, limit: int, queue: int | None = None) -> None:
+        self._places = asyncio.Semaphore(limit)
+        self._bound = None if queue is None else limit + queue
+        self.inflight: dict[bytes, asyncio.Future[_Entry]] = {}  # in flight and waiting
+
+    def join(self, key: bytes, introspect: Callable[[], Awaitable[_Entry]]) -> asyncio.Future[_Entry]:
+        task = self.inflight.get(key)
+        if task is None:
+            if self._bound is not None and len(self.inflight) >= self._bound:
+                raise Unavailable("Too many tokens are being introspected at once")
+            task = asyncio.ensure_future(self._run(introspect))
+            self.inflight[key] = task
+            task.add_done_callback(lambda done: self._settled(key, done))
+        return task
+
+    async def _run(self, introspect: Callable[[], Awaitable[_Entry]]) -> _Entry:
+        async with self._places:
+            return await introspect()
+
+    def _settled(self, key: bytes, task: asyncio.Future[_Entry]) -> None:
+        if self.inflight.get(key) is task:
+            del self.inflight[key]
+        if not task.cancelled():
+            task.exception()  # retrieved: no "never retrieved" warning when every caller went away
 
 
 @dataclass(slots=True)
@@ -208,7 +246,8 @@ class Verifier:
         self._cache: OrderedDict[bytes, _Entry] = OrderedDict()
         self._negative: OrderedDict[bytes, _Entry] = OrderedDict()  # inactive answers
         self._index: dict[tuple[str, str], set[bytes]] = {}
-        self._inflight: dict[bytes, asyncio.Future[_Entry]] = {}
+        self._checks = _Lane(settings.introspection_concurrency, settings.introspection_queue)
+        self._reverifies = _Lane(settings.reverify_concurrency)  # never starved by checks
         self._generation = 0  # counts the feed's revocations and flushes
         self._recent: deque[tuple[int, tuple[str, str] | None]] = deque(maxlen=RECENT)
         self._offset = 0.0  # tokensvc's clock minus this host's, at most (the last Date heard)
@@ -221,7 +260,6 @@ class Verifier:
         self._task: asyncio.Task[None] | None = None
         self._connection: WebSocketClientConnection | None = None
         self._http: AsyncHTTPClient | None = None
-        self._limit = asyncio.Semaphore(settings.reverify_concurrency)
         self._watches: set[_Watch] = set()
         self._tasks: set[asyncio.Future[Any]] = set()
         self._confirming = False  # the watches are confirmed while the feed is down
@@ -239,12 +277,12 @@ class Verifier:
         if not token:
             raise InvalidToken(None)
         self.counts.checks += 1
-        if len(token) > MAX_TOKEN_LENGTH:
+        if not ACCESS_TOKEN.fullmatch(token):  # none tokensvc issued: no round trip
             raise InvalidToken(NOT_ACTIVE)
         key = _key(token)
         entry = self._cached(key)
         if entry is None:
-            entry = await self._introspect_shared(key, token)
+            entry = await self._introspect_shared(key, token, self._checks)
         else:
             self.counts.hits += 1
         if entry.answer is None:
@@ -270,22 +308,11 @@ class Verifier:
         table.move_to_end(key)
         return entry
 
-    async def _introspect_shared(self, key: bytes, token: str) -> _Entry:
-        """The token's answer, from one introspection at a time per token whoever asks: it runs
-        as a task of its own, so a caller cancelled (its client went away) leaves it running for
-        the others."""
-        task = self._inflight.get(key)
-        if task is None:
-            task = asyncio.ensure_future(self._introspect_current(key, token))
-            self._inflight[key] = task
-            task.add_done_callback(lambda done: self._settled(key, done))
-        return await asyncio.shield(task)
-
-    def _settled(self, key: bytes, task: asyncio.Future[_Entry]) -> None:
-        if self._inflight.get(key) is task:
-            del self._inflight[key]
-        if not task.cancelled():
-            task.exception()  # retrieved: no "never retrieved" warning when every caller went away
+    async def _introspect_shared(self, key: bytes, token: str, lane: _Lane) -> _Entry:
+        """The token's answer, from one introspection at a time per token and ``lane`` whoever
+        asks: it runs as a task of its own, so a caller cancelled (its client went away) leaves
+        it running for the others."""
+        return await asyncio.shield(lane.join(key, lambda: self._introspect_current(key, token)))
 
     async def _introspect_current(self, key: bytes, token: str) -> _Entry:
         """An answer no revocation overtook: asked again when one named it on its way."""
@@ -325,7 +352,9 @@ class Verifier:
         """The verifier's own HTTP client: the application's requests through the loop's shared
         one never queue behind its introspections, nor they behind the application's."""
         if self._http is None:
-            self._http = AsyncHTTPClient(force_instance=True, max_clients=2 * self.settings.reverify_concurrency)
+            settings = self.settings  # a connection for every place: none waits in the client's queue
+            self._http = AsyncHTTPClient(force_instance=True, max_clients=settings.introspection_concurrency
+                                         + settings.reverify_concurrency)
         return self._http
 
     async def _introspect(self, token: str) -> dict[str, Any] | None:
@@ -473,10 +502,7 @@ class Verifier:
             if watch.ended:
                 return
             try:
-                entry = self._cached(key)
-                if entry is None:
-                    async with self._limit:
-                        entry = self._cached(key) or await self._introspect_shared(key, watch.token)
+                entry = self._cached(key) or await self._introspect_shared(key, watch.token, self._reverifies)
                 break
             except Unavailable:
                 left = since + self.settings.offline_ttl - self._clock()
@@ -517,7 +543,7 @@ class Verifier:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
             self._task = None
-        for task in [*self._tasks, *self._inflight.values()]:
+        for task in [*self._tasks, *self._checks.inflight.values(), *self._reverifies.inflight.values()]:
             task.cancel()
         if self._connection is not None:
             self._connection.close()
