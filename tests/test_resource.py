@@ -296,7 +296,7 @@ async def test_an_answer_a_revocation_overtook_is_asked_again_not_cached():
                 "client_id": "webapp"}, None]
 
     async def introspect(token):
-        verifier._heard({"type": "revoked", "seq": 1, "grant_id": "g1"})  # heard while the answer travels
+        verifier._revoked(("grant_id", "g1"))  # heard on the feed while the answer travels
         return answers.pop(0)
 
     verifier._introspect = introspect

@@ -32,14 +32,16 @@ class FakeTokensvc:
     """Stands in for tokensvc over real HTTP, for what the real one never does (a frame lost,
     a message out of turn, a handshake that hangs). Introspection answers ``ACTIVE`` (with a
     ``grant_id`` of the token's own) for the tokens in ``active``, inactive for any other, held
-    until ``release`` is set while ``holding``. The feed's ``ready`` resumes a reader of its
-    stream that is not ahead of it and replays what it missed; :meth:`publish` numbers a
-    message, :meth:`send` writes one as it is; ``handshake``, when set, holds each upgrade."""
+    until ``release`` is set while ``holding``. The feed's ``ready`` (or ``ready_instead``)
+    resumes a reader of its stream that is not ahead of it and replays what it missed, after
+    whatever ``before_ready`` holds; :meth:`publish` numbers a message, :meth:`send` writes one
+    as it is; ``handshake``, when set, holds each upgrade after the first ``free_upgrades``."""
 
     def __init__(self):
         self.active, self.asked, self.holding, self.release = set(), [], False, asyncio.Event()
         self.stream, self.published, self.feeds, self.closed, self.upgrades = "s1", [], [], 0, 0
         self.handshake: asyncio.Event | None = None
+        self.free_upgrades, self.before_ready, self.ready_instead = 0, [], None
         fake = self
 
         class Introspect(tornado.web.RequestHandler):
@@ -56,7 +58,7 @@ class FakeTokensvc:
         class Feed(tornado.websocket.WebSocketHandler):
             async def get(self, *args, **kwargs):
                 fake.upgrades += 1
-                if fake.handshake is not None:
+                if fake.handshake is not None and fake.upgrades > fake.free_upgrades:
                     await fake.handshake.wait()
                 await super().get(*args, **kwargs)
 
@@ -64,8 +66,10 @@ class FakeTokensvc:
                 fake.feeds.append(self)
                 stream, after = self.get_query_argument("stream", None), self.get_query_argument("after", None)
                 resumed = stream == fake.stream and after is not None and int(after) <= len(fake.published)
-                self.write_message(json.dumps({"type": "ready", "stream": fake.stream, "seq": len(fake.published),
-                                               "resumed": resumed}))
+                for message in fake.before_ready:
+                    self.write_message(json.dumps(message))
+                self.write_message(json.dumps(fake.ready_instead or {
+                    "type": "ready", "stream": fake.stream, "seq": len(fake.published), "resumed": resumed}))
                 for message in fake.published[int(after):] if resumed else ():
                     self.write_message(json.dumps(message))
 
@@ -79,10 +83,11 @@ class FakeTokensvc:
         self.server, self.base_url = await serve(self.app)
         return self
 
-    def publish(self, body):
-        """A message of the stream, numbered, to every reader."""
+    def publish(self, body, lost=False):
+        """A message of the stream, numbered, to every reader (``lost``: on the way)."""
         self.published.append({**body, "seq": len(self.published) + 1})
-        self.send(self.published[-1])
+        if not lost:
+            self.send(self.published[-1])
 
     def send(self, message):
         for feed in self.feeds:
@@ -133,6 +138,87 @@ async def test_a_flush_during_a_flood_of_made_up_tokens_closes_no_valid_connecti
         await asyncio.gather(*flood, return_exceptions=True)
         for stop in stops:
             stop()
+    finally:
+        await verifier.close()
+        fake.stop()
+
+
+@pytest.mark.gen_test(timeout=90)
+@pytest.mark.parametrize("fault", ["lost", "repeated", "reordered"])
+async def test_a_message_out_of_sequence_breaks_the_connection_and_the_feed_resumes_after_the_last_processed(fault):
+    """A middlebox loses, repeats or reorders a frame of the feed: the message that does not
+    follow the last processed ends the connection, and the next resumes after the last message
+    processed, so the revocation the lost frame carried is heard, and nothing is flushed."""
+    fake, verifier = await fake_tokensvc_and_verifier(retry_seconds=0.05)
+    first, second = tokens_of("t", 2)
+    fake.active.update((first, second))
+    try:
+        for token in (first, second):
+            await verifier.check(token)
+        fake.active.clear()  # both revoked at tokensvc
+        revocations = [{"type": "revoked", "grant_id": "g-" + token[:8]} for token in (first, second)]
+        if fault == "lost":
+            fake.publish(revocations[0], lost=True)
+            fake.publish(revocations[1])
+        elif fault == "repeated":
+            fake.publish(revocations[0])
+            fake.send(fake.published[-1])
+            fake.publish(revocations[1], lost=True)
+        else:
+            fake.publish(revocations[0], lost=True)
+            fake.publish(revocations[1])
+            fake.send(fake.published[0])
+        await eventually(lambda: verifier.counts.resumes == 1 and verifier.feed_up and verifier.counts.revocations == 2,
+                         DEADLINE, what="the feed resumed and both revocations heard")
+        assert verifier.cached == 0 and verifier.counts.flushes == 1  # the first ready's only
+        for token in (first, second):
+            with pytest.raises(InvalidToken):
+                await verifier.check(token)
+    finally:
+        await verifier.close()
+        fake.stop()
+
+
+@pytest.mark.gen_test(timeout=90)
+async def test_a_message_before_ready_flushes_and_the_feed_is_current_only_after_a_ready():
+    """A message before the connection's ``ready`` (a proxy's replay, a confused stream): every
+    answer is dropped, the connection given up, and the feed is current only once a new
+    connection's ``ready`` came."""
+    fake = await FakeTokensvc().start()
+    fake.before_ready = [{"type": "revoked", "grant_id": "elsewhere", "seq": 1}]
+    fake.free_upgrades, fake.handshake = 1, asyncio.Event()  # the second connection waits
+    verifier = verifier_for(fake.base_url, retry_seconds=0.05)
+    try:
+        await verifier.start()
+        await eventually(lambda: fake.upgrades == 2, DEADLINE, what="the first connection given up")
+        assert not verifier.feed_up and not verifier.connected.is_set()
+        assert (verifier.counts.flushes, verifier.counts.messages, verifier.counts.revocations) == (1, 0, 0)
+        fake.before_ready = []
+        fake.handshake.set()
+        await asyncio.wait_for(verifier.connected.wait(), DEADLINE)
+    finally:
+        await verifier.close()
+        fake.stop()
+
+
+@pytest.mark.gen_test(timeout=90)
+async def test_a_resumed_ready_behind_the_messages_processed_flushes():
+    """A reconnection told it resumed, at a message before the last it processed (a process
+    whose stream went back, a rewritten ready): what it resumes is unknown, so it flushes."""
+    fake, verifier = await fake_tokensvc_and_verifier(retry_seconds=0.05)
+    token = tokens_of("t", 1)[0]
+    fake.active.add(token)
+    try:
+        fake.publish({"type": "revoked", "grant_id": "g1"})
+        fake.publish({"type": "revoked", "grant_id": "g2"})
+        await eventually(lambda: verifier.counts.revocations == 2, DEADLINE, what="the revocations")
+        await verifier.check(token)
+        fake.ready_instead = {"type": "ready", "stream": fake.stream, "seq": 1, "resumed": True}
+        for feed in list(fake.feeds):
+            feed.close()
+        await eventually(lambda: verifier.counts.connects == 2 and verifier.feed_up, DEADLINE,
+                         what="the reconnection")
+        assert verifier.counts.flushes == 2 and verifier.cached == 0 and verifier.counts.resumes == 0
     finally:
         await verifier.close()
         fake.stop()

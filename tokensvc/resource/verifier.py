@@ -29,7 +29,12 @@ know, a revocation naming anything but those identifiers) drops every cached ans
 A reconnecting feed resumes after the last message it *processed*: the ``ready`` of a resumed
 stream names the stream's newest message, and the cache is current again only once every
 message up to that one is in; a connection cut before the replay is resumed from the same point
-again. A feed that cannot resume is a flush.
+again. A feed that cannot resume is a flush, and so is a ``ready`` that claims to resume behind
+what was processed. Each connection starts with its ``ready`` and every message after it is
+numbered one past the last: anything else (a message before the ``ready``, a frame a middlebox
+lost, repeated or reordered, a second ``ready``) breaks the connection, which is resumed after
+the last message processed; one before the ``ready`` flushes too (nothing on that connection
+can be trusted).
 
 While the feed is down (not yet open, reconnecting, catching up), nothing tells the cache of a
 revocation: an answer is used only within ``offline_ttl`` seconds of the last moment it was
@@ -186,6 +191,10 @@ class _Watch:
     on_end: Callable[[], None]
     confirmed: float  # on the clock: when the authorization was last known current
     ended: bool = False
+
+
+class _Broken(Exception):
+    """The feed's connection broke its order (why, for the log): it is given up and resumed."""
 
 
 class _Lane:
@@ -609,6 +618,7 @@ class Verifier:
         self._heard_at = time.monotonic()
         silent: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         pinging = asyncio.ensure_future(self._ping(connection, silent))
+        opened = False  # its ready came
         try:
             while True:
                 reading = asyncio.ensure_future(connection.read_message())
@@ -618,7 +628,11 @@ class Verifier:
                 raw = reading.result()
                 if raw is None:
                     return f"closed (code {connection.close_code}, {connection.close_reason or 'no reason'})"
-                self._heard(json.loads(raw))
+                try:
+                    (self._heard if opened else self._opened)(json.loads(raw))
+                except _Broken as broken:
+                    return str(broken)
+                opened = True
         finally:
             pinging.cancel()
             connection.close()
@@ -641,21 +655,38 @@ class Verifier:
         self._heard_at = time.monotonic()
         self._sign_of_life()
 
-    def _heard(self, message: dict[str, Any]) -> None:
+    def _opened(self, message: dict[str, Any]) -> None:
+        """A connection's first message, which must be its ``ready``: anything before it means
+        the stream cannot be trusted (what it missed is unknown), so every answer is dropped."""
         self._heard_at = time.monotonic()
-        kind = message.get("type")
+        if message.get("type") != "ready":
+            log.warning("revocation feed: a message before ready: every cached answer dropped")
+            self._flush()
+            raise _Broken("sent a message before ready")
+        self._ready(message)
+        self._processed()
+
+    def _heard(self, message: dict[str, Any]) -> None:
+        """A numbered message: the one after the last processed, or the connection is broken
+        (a frame lost or repeated on the way) and resumed after the last processed."""
+        self._heard_at = time.monotonic()
+        kind, seq = message.get("type"), message.get("seq")
         if kind == "ready":
-            self._ready(message)
+            raise _Broken("sent a second ready")
+        if type(seq) is not int or seq != self._seq + 1:
+            raise _Broken(f"out of sequence (message {str(seq)[:20]} after {self._seq})")
+        self.counts.messages += 1
+        if kind == "flush":
+            log.warning("revocation feed: flush (revocations may have been missed): every cached answer dropped")
+            self._flush()
+        elif kind == "revoked":
+            self._revocation(message)
         else:
-            self.counts.messages += 1
-            if kind == "flush":
-                log.warning("revocation feed: flush (revocations may have been missed): every cached answer dropped")
-                self._flush()
-            elif kind == "revoked":
-                self._revocation(message)
-            else:
-                self._not_understood(f"a message of type {str(kind)[:40]!r}")
-            self._seq = int(message.get("seq", self._seq))  # processed: a reconnection resumes after it
+            self._not_understood(f"a message of type {str(kind)[:40]!r}")
+        self._seq = seq  # processed: a reconnection resumes after it
+        self._processed()
+
+    def _processed(self) -> None:
         if self._down_since is not None and self._seq >= self._catching_up_to:
             self._down_since = None  # every message it missed is in: current again
             self.connected.set()
@@ -663,12 +694,17 @@ class Verifier:
 
     def _ready(self, message: dict[str, Any]) -> None:
         stream, newest = str(message["stream"]), int(message["seq"])
-        if message.get("resumed"):  # the messages after self._seq follow: it moves as each is processed
+        resumed = bool(message.get("resumed"))
+        if resumed and stream == self._stream and newest >= self._seq:
+            # The messages after self._seq follow: it moves as each is processed.
             self.counts.resumes += 1
             log.info("revocation feed resumed after message %d (%d to replay)", self._seq, newest - self._seq)
         else:
             if self._stream is None:
                 log.info("revocation feed connected")
+            elif resumed:  # behind what was processed, or another stream's: what it resumes is unknown
+                log.warning("revocation feed resumed behind message %d (at %d): every cached answer dropped",
+                            self._seq, newest)
             else:
                 log.warning("revocation feed could not resume (tokensvc restarted, or too much was missed): "
                             "every cached answer dropped")
