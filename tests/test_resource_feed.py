@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import time
 from collections import Counter
 
 import pytest
@@ -35,21 +36,27 @@ class FakeTokensvc:
     until ``release`` is set while ``holding``. The feed's ``ready`` (or ``ready_instead``)
     resumes a reader of its stream that is not ahead of it and replays what it missed, after
     whatever ``before_ready`` holds; :meth:`publish` numbers a message, :meth:`send` writes one
-    as it is; ``handshake``, when set, holds each upgrade after the first ``free_upgrades``."""
+    as it is; ``handshake``, when set, holds each upgrade after the first ``free_upgrades``.
+    An answer carries ``exp`` and the header ``Date``: Tornado's, or ``date`` (``""``: none)."""
 
     def __init__(self):
         self.active, self.asked, self.holding, self.release = set(), [], False, asyncio.Event()
         self.stream, self.published, self.feeds, self.closed, self.upgrades = "s1", [], [], 0, 0
         self.handshake: asyncio.Event | None = None
         self.free_upgrades, self.before_ready, self.ready_instead = 0, [], None
+        self.exp, self.date = 2**40, None
         fake = self
 
         class Introspect(tornado.web.RequestHandler):
             async def post(self):
                 token = self.get_body_argument("token")
                 fake.asked.append(token)
+                if fake.date is not None:
+                    self.clear_header("Date")
+                    if fake.date:
+                        self.set_header("Date", fake.date)
                 if token in fake.active:
-                    self.write({**ACTIVE, "grant_id": "g-" + token[:8]})
+                    self.write({**ACTIVE, "grant_id": "g-" + token[:8], "exp": fake.exp})
                     return
                 if fake.holding:
                     await fake.release.wait()
@@ -219,6 +226,78 @@ async def test_a_resumed_ready_behind_the_messages_processed_flushes():
         await eventually(lambda: verifier.counts.connects == 2 and verifier.feed_up, DEADLINE,
                          what="the reconnection")
         assert verifier.counts.flushes == 2 and verifier.cached == 0 and verifier.counts.resumes == 0
+    finally:
+        await verifier.close()
+        fake.stop()
+
+
+@pytest.mark.gen_test(timeout=90)
+async def test_a_date_in_the_past_stretches_no_answer_past_exp_by_this_hosts_clock():
+    """An answer's ``Date`` from 1970 (a clock gone wrong, a proxy rewriting it) would put exp
+    decades away by tokensvc's clock: the answer lives until exp by this host's clock, which
+    says it comes first; a watch ends then too."""
+    fake = await FakeTokensvc().start()
+    clock, now = Monotonic(), 1_800_000_000.0
+    fake.exp, fake.date = now + 100, "Thu, 01 Jan 1970 00:00:00 GMT"
+    token = tokens_of("t", 1)[0]
+    fake.active.add(token)
+    verifier = verifier_for(fake.base_url, clock, offline_ttl=10**6)
+    verifier._wall = lambda: now
+    try:
+        await verifier.check(token)
+        clock.now += 99
+        await verifier.check(token)
+        assert verifier.counts.introspections == 1
+        clock.now += 2  # past exp by this host's clock
+        await verifier.check(token)
+        assert verifier.counts.introspections == 2
+        watch = verifier.watch(token, await verifier.check(token), lambda: None)
+        assert [w.timer.when() - asyncio.get_running_loop().time() for w in verifier._watches][0] <= 100
+        watch()
+    finally:
+        await verifier.close()
+        fake.stop()
+
+
+@pytest.mark.gen_test(timeout=90)
+@pytest.mark.parametrize("date", ["", "garbage"])
+async def test_an_answer_without_a_date_keeps_no_offset_heard_before(date):
+    """A ``Date`` far ahead (no answer may be cached by it), then answers with none, or none
+    readable: the offset heard before no longer holds, and the next answer is cached by this
+    host's clock."""
+    fake = await FakeTokensvc().start()
+    token = tokens_of("t", 1)[0]
+    fake.active.add(token)
+    fake.exp, fake.date = time.time() + 3600, "Fri, 31 Dec 9999 23:59:59 GMT"
+    verifier = verifier_for(fake.base_url, offline_ttl=10**6)
+    try:
+        await verifier.check(token)
+        assert verifier.cached == 0  # expired long ago, by that Date
+        fake.date = date
+        await verifier.check(token)
+        await verifier.check(token)
+        assert verifier.counts.introspections == 2 and verifier.cached == 1
+    finally:
+        await verifier.close()
+        fake.stop()
+
+
+@pytest.mark.gen_test(timeout=90)
+async def test_a_watched_connection_is_asked_again_every_max_ttl_and_ends_when_its_token_is_not_active():
+    """A token that expires in years is held by a connection no longer than ``max_ttl``
+    without being asked again, as a cached answer is: when tokensvc no longer says it is active
+    (revoked while no feed could tell), the connection ends."""
+    fake, verifier = await fake_tokensvc_and_verifier(max_ttl=0.2)
+    token = tokens_of("t", 1)[0]
+    fake.active.add(token)
+    ended = asyncio.Event()
+    try:
+        stop = verifier.watch(token, await verifier.check(token), ended.set)
+        await eventually(lambda: fake.asked.count(token) >= 3, DEADLINE, what="asked again twice")
+        assert not ended.is_set()
+        fake.active.clear()
+        await asyncio.wait_for(ended.wait(), DEADLINE)
+        stop()
     finally:
         await verifier.close()
         fake.stop()

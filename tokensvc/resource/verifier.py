@@ -5,9 +5,11 @@ A token is introspected once (RFC 7662, with the resource server's client creden
 an HTTP client of the verifier's own) and the answer cached: a bounded LRU, an active answer
 never past the token's ``exp`` (nor ``max_ttl``), an inactive one ``negative_ttl`` seconds in a
 bounded table of its own (junk tokens never evict a good answer). ``exp`` is judged by
-tokensvc's clock, not this host's: each introspection's ``Date`` header gives the offset
-between the two (at most: the header is in whole seconds), and a lifetime once known runs on the
-monotonic clock, so a clock set back or a suspended host cannot stretch it. What cannot be an
+whichever of tokensvc's clock and this host's says it comes first (fail closed, whichever is
+wrong): tokensvc's is this host's plus the offset the last introspection's ``Date`` header gave
+(at most: the header is in whole seconds; an answer without a ``Date`` it can read gives none),
+and a lifetime once known runs on the monotonic clock, so a clock set back or a suspended host
+cannot stretch it. What cannot be an
 access token tokensvc issued (every one is 43 URL-safe characters: :data:`ACCESS_TOKEN`), or
 what it refuses as malformed (400, 422), is not active: refused without (another) round trip.
 
@@ -191,6 +193,7 @@ class _Watch:
     on_end: Callable[[], None]
     confirmed: float  # on the clock: when the authorization was last known current
     ended: bool = False
+    timer: asyncio.TimerHandle | None = None  # its token's exp, or max_ttl: asked again then
 
 
 class _Broken(Exception):
@@ -354,8 +357,9 @@ class Verifier:
         return _Entry(answer, now + min(self._left(answer), settings.max_ttl), asked)
 
     def _left(self, answer: dict[str, Any]) -> float:
-        """Seconds until the token's ``exp``, by tokensvc's clock."""
-        return float(answer.get("exp", 0)) - (self._wall() + self._offset)
+        """Seconds until the token's ``exp`` by tokensvc's clock or this host's, whichever says
+        fewer: a ``Date`` in the past (a clock, or a proxy, gone wrong) stretches nothing."""
+        return float(answer.get("exp", 0)) - (self._wall() + max(self._offset, 0.0))
 
     def _client(self) -> AsyncHTTPClient:
         """The verifier's own HTTP client: the application's requests through the loop's shared
@@ -397,7 +401,8 @@ class Verifier:
         clock), in whole seconds, so its clock is at most ``Date + 1 - sent`` ahead of ours."""
         try:
             stamped = email.utils.parsedate_to_datetime(date).timestamp()  # type: ignore[arg-type]
-        except (TypeError, ValueError):
+        except (TypeError, ValueError, OverflowError):
+            self._offset = 0.0  # none heard: an offset heard before is no longer known to hold
             return
         self._offset = stamped + 1 - sent
 
@@ -461,18 +466,38 @@ class Verifier:
         answering). The function returned stops the watch (call it when the connection closes)."""
         watch = _Watch(token, authorized, scope, on_end, self._known_current(self._cache.get(_key(token))))
         self._watches.add(watch)
-        timer = asyncio.get_running_loop().call_later(max(0.0, self._left(authorized.answer)), self._end, watch)
+        self._arm(watch)
         if self._down_since is not None and not self._confirming:
             self._spawn(self._confirm_watches_while_down())
 
-        def stop() -> None:
-            timer.cancel()
+        def stop() -> None:  # ended without on_end: nothing of it runs again
+            watch.ended = True
+            if watch.timer is not None:
+                watch.timer.cancel()
             self._watches.discard(watch)
         return stop
+
+    def _arm(self, watch: _Watch) -> None:
+        """The watch is due at its token's ``exp``, or ``max_ttl`` from now if that comes first:
+        an authorization is held no longer than a cached answer without being asked again."""
+        if watch.timer is not None:
+            watch.timer.cancel()
+        if watch.ended:
+            return
+        due = max(0.0, min(self._left(watch.authorized.answer), self.settings.max_ttl))
+        watch.timer = asyncio.get_running_loop().call_later(due, self._due, watch)
+
+    def _due(self, watch: _Watch) -> None:
+        if self._left(watch.authorized.answer) <= 0:
+            self._end(watch)
+        else:
+            self._spawn(self._reverify(watch))
 
     def _end(self, watch: _Watch) -> None:
         if not watch.ended:
             watch.ended = True
+            if watch.timer is not None:
+                watch.timer.cancel()
             self._watches.discard(watch)
             try:
                 watch.on_end()
@@ -526,6 +551,7 @@ class Verifier:
             self._end(watch)
         else:
             watch.confirmed = self._known_current(entry)
+            self._arm(watch)
 
     def _known_current(self, entry: _Entry | None) -> float:
         """When ``entry``'s answer was last known current: now while the feed is up; else when
