@@ -303,6 +303,21 @@ async def test_a_watched_connection_is_asked_again_every_max_ttl_and_ends_when_i
         fake.stop()
 
 
+@pytest.mark.gen_test(timeout=90)
+async def test_a_verifier_closed_during_the_feeds_handshake_leaves_no_connection_open():
+    fake = await FakeTokensvc().start()
+    fake.handshake = asyncio.Event()
+    verifier = verifier_for(fake.base_url)
+    try:
+        await verifier.start()
+        await eventually(lambda: fake.upgrades == 1, DEADLINE, what="the handshake begun")
+        await verifier.close()
+        fake.handshake.set()  # the handshake completes after close()
+        await eventually(lambda: fake.closed == 1 and not fake.feeds, DEADLINE, what="the connection closed")
+    finally:
+        fake.stop()
+
+
 class Withheld:
     """Revocations made while the verifier's feed is away: their announcements are held back
     (the store is written, nothing reaches the feed) until :meth:`release` hands them to the

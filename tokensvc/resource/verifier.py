@@ -196,6 +196,13 @@ class _Watch:
     timer: asyncio.TimerHandle | None = None  # its token's exp, or max_ttl: asked again then
 
 
+def _close_connected(connecting: asyncio.Future[WebSocketClientConnection]) -> None:
+    """A feed connection given up during its handshake (the verifier closed): closed when the
+    handshake completes, never left open."""
+    if not connecting.cancelled() and connecting.exception() is None:
+        connecting.result().close()
+
+
 class _Broken(Exception):
     """The feed's connection broke its order (why, for the log): it is given up and resumed."""
 
@@ -638,7 +645,12 @@ class Verifier:
         url = self.settings.base_url.replace("http", "ws", 1) + "/oauth/revocations" + query
         request = HTTPRequest(url, headers={"Authorization": self._basic}, connect_timeout=self.settings.timeout,
                               request_timeout=self.settings.timeout)
-        self._connection = connection = await websocket_connect(request)
+        connecting = asyncio.ensure_future(websocket_connect(request))
+        try:  # shielded: a handshake that completes after close() is still there to be closed
+            self._connection = connection = await asyncio.shield(connecting)
+        except asyncio.CancelledError:
+            connecting.add_done_callback(_close_connected)
+            raise
         connection.on_pong = self._pong  # type: ignore[method-assign,assignment]
         self.counts.connects += 1
         self._heard_at = time.monotonic()
