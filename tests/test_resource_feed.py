@@ -23,7 +23,7 @@ from tokensvc import schemas
 from tokensvc.oauth import introspection
 from tokensvc.oauth.feed import Opening
 from tokensvc.resource import InvalidToken, Unavailable
-from tokensvc.resource.verifier import KEYS
+from tokensvc.resource.verifier import KEYS, READY_FIELDS
 from tokensvc.storage.base import StorageError
 
 ACTIVE = {"active": True, "scope": "read", "exp": 2**40, "client_id": "webapp", "sub": "alice"}
@@ -471,7 +471,9 @@ async def revoke_directly(ctx, token):
 @pytest.mark.gen_test(timeout=90)
 @pytest.mark.parametrize("message", [{"type": "renamed"}, {"type": "revoked", "jti": "j1"},
                                      {"type": "revoked", "family_id": "f1", "token_family": "f2"},
-                                     {"type": "revoked"}])
+                                     {"type": "revoked"}, {"type": "revoked", "family_id": None},
+                                     {"type": "revoked", "family_id": ""}, {"type": "revoked", "sub": 5},
+                                     {"type": "revoked", "grant_id": ["g1"]}])
 async def test_a_feed_message_not_understood_drops_every_answer(browser, http_client, base_url, ctx, caplog,
                                                                 message):
     """A newer tokensvc may name what this library does not know: whatever it revoked is
@@ -494,6 +496,32 @@ async def test_a_feed_message_not_understood_drops_every_answer(browser, http_cl
         await verifier.close()
 
 
+@pytest.mark.gen_test(timeout=90)
+@pytest.mark.parametrize("ready", [{"resumed": "partial"}, {"resumed": None}, {"resumed": True, "since": 0}])
+async def test_a_ready_not_understood_drops_every_answer(ready, caplog):
+    """A ``ready`` whose ``resumed`` is neither true nor false, or that carries a member the
+    library does not know, cannot be taken to resume: every answer is dropped, with a warning
+    once however often it comes."""
+    fake, verifier = await fake_tokensvc_and_verifier(retry_seconds=0.05)
+    token = tokens_of("t", 1)[0]
+    fake.active.add(token)
+    try:
+        with caplog.at_level(logging.WARNING, logger="tokensvc.resource"):
+            for connects in (2, 3):
+                await verifier.check(token)
+                fake.ready_instead = {"type": "ready", "stream": fake.stream, "seq": 0, "resumed": True, **ready}
+                for feed in list(fake.feeds):
+                    feed.close()
+                await eventually(lambda connects=connects: verifier.counts.connects == connects and verifier.feed_up,
+                                 DEADLINE, what="the reconnection")
+                assert verifier.cached == 0 and verifier.counts.resumes == 0
+        assert verifier.counts.flushes == 3
+        assert len([record for record in caplog.records if "not understood" in record.getMessage()]) == 1
+    finally:
+        await verifier.close()
+        fake.stop()
+
+
 def test_the_verifier_understands_every_message_the_feed_documents():
     """The feed's reference (schemas.FEED_MESSAGES) and the verifier agree: a message type or a
     revocation's identifier added to one and not the other fails here, not in production (where
@@ -501,6 +529,7 @@ def test_the_verifier_understands_every_message_the_feed_documents():
     assert set(schemas.FEED_MESSAGES) == {"ready", "revoked", "flush"}
     assert set(schemas.FEED_MESSAGES["revoked"].fields) == {"type", "seq", *KEYS}
     assert set(schemas.FEED_MESSAGES["flush"].fields) == {"type", "seq"}
+    assert set(schemas.FEED_MESSAGES["ready"].fields) == READY_FIELDS
 
 
 @pytest.mark.gen_test(timeout=90)

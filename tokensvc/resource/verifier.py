@@ -25,8 +25,10 @@ revocation names, by the identifiers introspection returned (``family_id``, ``gr
 ``client_id``, ``sub``). Concurrent checks of one token share one introspection (a caller that
 goes away leaves it running for the others), and an answer a revocation overtook on its way is
 asked again, never cached. A message the verifier does not understand (a type it does not
-know, a revocation naming anything but those identifiers) drops every cached answer, as a
-``flush`` does, with a warning logged once: a newer tokensvc is never trusted to mean nothing.
+know, a revocation naming anything but those identifiers or naming one by anything but a
+non-empty string, a ``ready`` with a member it does not know or a ``resumed`` neither true nor
+false) drops every cached answer, as a ``flush`` does, with a warning logged once: a newer
+tokensvc is never trusted to mean nothing.
 
 A reconnecting feed resumes after the last message it *processed*: the ``ready`` of a resumed
 stream names the stream's newest message, and the cache is current again only once every
@@ -95,6 +97,7 @@ NARROWED = ("client_id", "sub")
 RECENT = 1024  # revocations remembered, to tell an introspection that one overtook it
 NOT_ACTIVE = "The access token is not active"
 MESSAGE_FIELDS = frozenset(("type", "seq"))  # what every numbered feed message carries besides
+READY_FIELDS = frozenset(("type", "stream", "seq", "resumed"))  # what a ready carries
 
 
 def bearer_token(authorization: str | None) -> str | None:
@@ -731,9 +734,15 @@ class Verifier:
         self._sign_of_life()
 
     def _ready(self, message: dict[str, Any]) -> None:
-        stream, newest = str(message["stream"]), int(message["seq"])
-        resumed = bool(message.get("resumed"))
-        if resumed and stream == self._stream and newest >= self._seq:
+        stream, newest, resumed = message.get("stream"), message.get("seq"), message.get("resumed")
+        if not isinstance(stream, str) or not stream or type(newest) is not int or newest < 0:
+            self._not_understood("a ready without a stream and a number")
+            raise _Broken("sent a ready without a stream and a number")
+        unknown = sorted(str(name)[:40] for name in message.keys() - READY_FIELDS)
+        if unknown or type(resumed) is not bool:  # resumed how far? Unknown: as if not at all
+            self._not_understood("a ready with " + (", ".join(unknown) or f"resumed {str(resumed)[:20]!r}"))
+            self._seq = newest
+        elif resumed and stream == self._stream and newest >= self._seq:
             # The messages after self._seq follow: it moves as each is processed.
             self.counts.resumes += 1
             log.info("revocation feed resumed after message %d (%d to replay)", self._seq, newest - self._seq)
@@ -752,9 +761,13 @@ class Verifier:
 
     def _revocation(self, message: dict[str, Any]) -> None:
         unknown = sorted(str(name)[:40] for name in message.keys() - MESSAGE_FIELDS - set(KEYS))
-        named = [(name, str(message[name])) for name in KEYS if name in message]
+        named = [(name, message[name]) for name in KEYS if name in message]
         if unknown or not named:
             self._not_understood("a revocation naming " + (", ".join(unknown) or "nothing"))
+            return
+        odd = [name for name, value in named if not isinstance(value, str) or not value]
+        if odd:  # what would it match? Nothing cached: so it drops everything
+            self._not_understood(f"a revocation whose {odd[0]} is no identifier")
             return
         for each in named:
             self._revoked(each)
