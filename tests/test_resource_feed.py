@@ -33,14 +33,15 @@ class FakeTokensvc:
     """Stands in for tokensvc over real HTTP, for what the real one never does (a frame lost,
     a message out of turn, a handshake that hangs). Introspection answers ``ACTIVE`` (with a
     ``grant_id`` of the token's own) for the tokens in ``active``, inactive for any other, held
-    until ``release`` is set while ``holding``. The feed's ``ready`` (or ``ready_instead``)
+    until ``release`` is set when ``held(token)``. The feed's ``ready`` (or ``ready_instead``)
     resumes a reader of its stream that is not ahead of it and replays what it missed, after
     whatever ``before_ready`` holds; :meth:`publish` numbers a message, :meth:`send` writes one
     as it is; ``handshake``, when set, holds each upgrade after the first ``free_upgrades``.
     An answer carries ``exp`` and the header ``Date``: Tornado's, or ``date`` (``""``: none)."""
 
     def __init__(self):
-        self.active, self.asked, self.holding, self.release = set(), [], False, asyncio.Event()
+        self.active, self.asked, self.release = set(), [], asyncio.Event()
+        self.held = lambda token: False
         self.stream, self.published, self.feeds, self.closed, self.upgrades = "s1", [], [], 0, 0
         self.handshake: asyncio.Event | None = None
         self.free_upgrades, self.before_ready, self.ready_instead = 0, [], None
@@ -55,12 +56,12 @@ class FakeTokensvc:
                     self.clear_header("Date")
                     if fake.date:
                         self.set_header("Date", fake.date)
+                if fake.held(token):
+                    await fake.release.wait()
                 if token in fake.active:
                     self.write({**ACTIVE, "grant_id": "g-" + token[:8], "exp": fake.exp})
-                    return
-                if fake.holding:
-                    await fake.release.wait()
-                self.write({"active": False})
+                else:
+                    self.write({"active": False})
 
         class Feed(tornado.websocket.WebSocketHandler):
             async def get(self, *args, **kwargs):
@@ -131,7 +132,7 @@ async def test_a_flush_during_a_flood_of_made_up_tokens_closes_no_valid_connecti
     try:
         stops = [verifier.watch(token, await verifier.check(token), lambda token=token: ended.append(token))
                  for token in watched]
-        fake.holding = True  # the made-up tokens' introspections hang
+        fake.held = lambda token: token.startswith("junk")  # the made-up tokens' introspections hang
         flood = [asyncio.ensure_future(verifier.check(token)) for token in tokens_of("junk", 1000)]
         await eventually(lambda: len(fake.asked) == len(watched) + verifier.settings.introspection_concurrency,
                          DEADLINE, what="the flood's introspections in flight")
@@ -315,6 +316,36 @@ async def test_a_verifier_closed_during_the_feeds_handshake_leaves_no_connection
         fake.handshake.set()  # the handshake completes after close()
         await eventually(lambda: fake.closed == 1 and not fake.feeds, DEADLINE, what="the connection closed")
     finally:
+        fake.stop()
+
+
+@pytest.mark.gen_test(timeout=90)
+async def test_flushes_during_a_re_verification_pile_up_nothing():
+    """Twenty flushes while each watched token's re-verification hangs: one re-verification
+    per watched connection stays in flight (not one per flush), each runs once more after it,
+    and no connection ends."""
+    fake, verifier = await fake_tokensvc_and_verifier(reverify_spread=0.0, timeout=60)
+    watched = tokens_of("w", 10)
+    fake.active.update(watched)
+    ended = []
+    try:
+        stops = [verifier.watch(token, await verifier.check(token), lambda token=token: ended.append(token))
+                 for token in watched]
+        fake.held = lambda token: True
+        for _ in range(20):
+            fake.publish({"type": "flush"})
+        await eventually(lambda: verifier.counts.flushes == 21
+                         and len(fake.asked) == len(watched) + verifier.settings.reverify_concurrency, DEADLINE,
+                         what="the flushes heard, watched tokens being asked again")
+        assert len(verifier._tasks) == len(watched)
+        fake.release.set()
+        await eventually(lambda: not verifier._tasks, DEADLINE, what="the re-verifications done")
+        # The check, then asked again: once more when a flush overtook the answer, never per flush.
+        assert all(fake.asked.count(token) in (2, 3) for token in watched) and not ended
+        for stop in stops:
+            stop()
+    finally:
+        await verifier.close()
         fake.stop()
 
 

@@ -197,6 +197,8 @@ class _Watch:
     confirmed: float  # on the clock: when the authorization was last known current
     ended: bool = False
     timer: asyncio.TimerHandle | None = None  # its token's exp, or max_ttl: asked again then
+    reverifying: bool = False  # one re-verification at a time
+    again: bool = False  # asked for during it: once more after it
 
 
 def _close_connected(connecting: asyncio.Future[WebSocketClientConnection]) -> None:
@@ -501,7 +503,7 @@ class Verifier:
         if self._left(watch.authorized.answer) <= 0:
             self._end(watch)
         else:
-            self._spawn(self._reverify(watch))
+            self._reverify_soon(watch)
 
     def _end(self, watch: _Watch) -> None:
         if not watch.ended:
@@ -529,7 +531,27 @@ class Verifier:
         watches = list(watches)
         spread = self.settings.reverify_spread if len(watches) > self.settings.reverify_concurrency else 0.0
         for watch in watches:
-            self._spawn(self._reverify(watch, spread))
+            self._reverify_soon(watch, spread)
+
+    def _reverify_soon(self, watch: _Watch, spread: float = 0.0) -> None:
+        """At most one re-verification of ``watch`` in flight, however many flushes ask for
+        one: asked during one, it runs once more after it (what it found may predate the ask)."""
+        if watch.reverifying:
+            watch.again = True
+        else:
+            watch.reverifying = True
+            self._spawn(self._reverify_while_asked(watch, spread))
+
+    async def _reverify_while_asked(self, watch: _Watch, spread: float) -> None:
+        try:
+            while True:
+                watch.again = False
+                await self._reverify(watch, spread)
+                if not watch.again:
+                    return
+                spread = 0.0
+        finally:
+            watch.reverifying = False
 
     async def _reverify(self, watch: _Watch, spread: float = 0.0) -> None:
         """Whether the watched token still holds what its connection stands on: through the
