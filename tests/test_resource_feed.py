@@ -349,6 +349,30 @@ async def test_flushes_during_a_re_verification_pile_up_nothing():
         fake.stop()
 
 
+@pytest.mark.gen_test(timeout=90)
+async def test_connections_ended_unconfirmed_are_logged_in_one_line(caplog):
+    """A flush while tokensvc does not answer: past offline_ttl every watched connection ends
+    (fail closed), and the log says so in one line with their number, not one line each."""
+    fake, verifier = await fake_tokensvc_and_verifier(offline_ttl=0.3, timeout=0.1, retry_seconds=0.05,
+                                                      reverify_spread=0.0)
+    watched = tokens_of("w", 30)
+    fake.active.update(watched)
+    ended = []
+    try:
+        for token in watched:
+            verifier.watch(token, await verifier.check(token), lambda token=token: ended.append(token))
+        fake.held = lambda token: True
+        with caplog.at_level(logging.WARNING, logger="tokensvc.resource"):
+            fake.publish({"type": "flush"})
+            await eventually(lambda: len(ended) == len(watched) and not verifier._tasks, DEADLINE,
+                             what="every watched connection ended")
+        lines = [record.getMessage() for record in caplog.records if "watched connection" in record.getMessage()]
+        assert lines == ["30 watched connection(s) ended: tokensvc could not confirm their tokens within offline_ttl"]
+    finally:
+        await verifier.close()
+        fake.stop()
+
+
 class Withheld:
     """Revocations made while the verifier's feed is away: their announcements are held back
     (the store is written, nothing reaches the feed) until :meth:`release` hands them to the

@@ -285,6 +285,8 @@ class Verifier:
         self._connection: WebSocketClientConnection | None = None
         self._http: AsyncHTTPClient | None = None
         self._watches: set[_Watch] = set()
+        self._reverifying = 0  # watches with a re-verification in flight
+        self._unconfirmed = 0  # of them, ended unconfirmed since the last were logged
         self._tasks: set[asyncio.Future[Any]] = set()
         self._confirming = False  # the watches are confirmed while the feed is down
         self._warned: set[str] = set()  # messages not understood, warned of once each
@@ -540,6 +542,7 @@ class Verifier:
             watch.again = True
         else:
             watch.reverifying = True
+            self._reverifying += 1
             self._spawn(self._reverify_while_asked(watch, spread))
 
     async def _reverify_while_asked(self, watch: _Watch, spread: float) -> None:
@@ -552,6 +555,11 @@ class Verifier:
                 spread = 0.0
         finally:
             watch.reverifying = False
+            self._reverifying -= 1
+            if not self._reverifying and self._unconfirmed:  # a round over: one line, however many ended
+                log.warning("%d watched connection(s) ended: tokensvc could not confirm their tokens within "
+                            "offline_ttl", self._unconfirmed)
+                self._unconfirmed = 0
 
     async def _reverify(self, watch: _Watch, spread: float = 0.0) -> None:
         """Whether the watched token still holds what its connection stands on: through the
@@ -573,7 +581,7 @@ class Verifier:
             except Unavailable:
                 left = since + self.settings.offline_ttl - self._clock()
                 if left <= 0:
-                    log.warning("a watched connection ended: tokensvc could not confirm its token within offline_ttl")
+                    self._unconfirmed += 1  # logged once for them all, when the round is over
                     self._end(watch)
                     return
                 await asyncio.sleep(min(left, wait * (0.5 + random.random() / 2)))
