@@ -9,9 +9,9 @@ whichever of tokensvc's clock and this host's says it comes first (fail closed, 
 wrong): tokensvc's is this host's plus the offset the last introspection's ``Date`` header gave
 (at most: the header is in whole seconds; an answer without a ``Date`` it can read gives none),
 and a lifetime once known runs on the monotonic clock, so a clock set back or a suspended host
-cannot stretch it. What cannot be an
-access token tokensvc issued (every one is 43 URL-safe characters: :data:`ACCESS_TOKEN`), or
-what it refuses as malformed (400, 422), is not active: refused without (another) round trip.
+cannot stretch it. What cannot be an access token tokensvc issued (every one is 43 URL-safe
+characters: :data:`ACCESS_TOKEN`), or what it refuses as malformed (400, 422), is not active:
+refused without (another) round trip.
 
 Anyone may present tokens, so what a flood of made-up ones can take is bounded: checks have at
 most ``introspection_concurrency`` introspections in flight and ``introspection_queue`` more
@@ -50,17 +50,19 @@ down once nothing came for ``ping_seconds``, and reconnected at once (its close 
 not waited for); its silence counts from its last sign of life, not from that moment.
 
 Watched connections (:meth:`Verifier.watch`) end when a revocation names their token's family
-or grant; a flush, a narrowed client or user, or the feed down past ``offline_ttl`` has each
-token asked again through the cache and the shared introspection, at most
-``reverify_concurrency`` at a time (a larger batch spread over ``reverify_spread`` seconds). A
-token tokensvc says is inactive (or no longer holding the connection's scope) ends its
-connections; tokensvc not answering is no revocation: it is asked again until ``offline_ttl``
-past the moment the authorization was last known current, and only then does the connection end
-(fail closed).
+or grant, or at its ``exp``; a flush, a narrowed client or user, the feed down past
+``offline_ttl``, or ``max_ttl`` since it was last confirmed has each token asked again through
+the cache and the shared introspection, at most ``reverify_concurrency`` at a time (a larger
+batch spread over ``reverify_spread`` seconds) and one at a time per connection (asked again
+during one, it runs once more after it). A token tokensvc says is inactive (or no longer
+holding the connection's scope) ends its connections; tokensvc not answering is no revocation:
+it is asked again until ``offline_ttl`` past the moment the authorization was last known
+current, and only then does the connection end (fail closed).
 
 The feed's life is logged, never a token nor a secret: connected, resumed, flushed (WARNING),
-closed or unreachable with the reason (WARNING, with the wait before reconnecting); and counted
-in :class:`Counts`.
+closed, broken or unreachable with the reason (WARNING, with the wait before reconnecting); so
+are the watched connections ended unconfirmed (WARNING, one line a round with their number);
+and counted in :class:`Counts`.
 """
 
 from __future__ import annotations
