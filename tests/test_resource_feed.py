@@ -7,6 +7,7 @@ is logged and counted without a token."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import time
@@ -108,10 +109,18 @@ class FakeTokensvc:
             feed.close()
 
 
+@contextlib.asynccontextmanager
 async def fake_tokensvc_and_verifier(**settings):
+    """A :class:`FakeTokensvc` and a verifier of it whose feed is up; both closed after."""
     fake = await FakeTokensvc().start()
-    verifier = await started(verifier_for(fake.base_url, **settings))
-    return fake, verifier
+    try:
+        verifier = await started(verifier_for(fake.base_url, **settings))
+        try:
+            yield fake, verifier
+        finally:
+            await verifier.close()
+    finally:
+        fake.stop()
 
 
 def tokens_of(prefix, count):
@@ -124,12 +133,11 @@ async def test_a_flush_during_a_flood_of_made_up_tokens_closes_no_valid_connecti
     """Anyone may send made-up tokens: while hundreds of them wait on a slow introspection,
     a flush has every watched connection asked again on places of their own, answered at
     once, and none of them ends; the flood's checks past the queue fail at once (503)."""
-    fake, verifier = await fake_tokensvc_and_verifier(timeout=1, offline_ttl=3600, retry_seconds=0.05,
-                                                      reverify_spread=0.0)
-    watched = tokens_of("w", 20)
-    fake.active.update(watched)
-    ended = []
-    try:
+    async with fake_tokensvc_and_verifier(timeout=1, offline_ttl=3600, retry_seconds=0.05,
+                                          reverify_spread=0.0) as (fake, verifier):
+        watched = tokens_of("w", 20)
+        fake.active.update(watched)
+        ended = []
         stops = [verifier.watch(token, await verifier.check(token), lambda token=token: ended.append(token))
                  for token in watched]
         fake.held = lambda token: token.startswith("junk")  # the made-up tokens' introspections hang
@@ -146,9 +154,6 @@ async def test_a_flush_during_a_flood_of_made_up_tokens_closes_no_valid_connecti
         await asyncio.gather(*flood, return_exceptions=True)
         for stop in stops:
             stop()
-    finally:
-        await verifier.close()
-        fake.stop()
 
 
 @pytest.mark.gen_test(timeout=90)
@@ -157,10 +162,9 @@ async def test_a_message_out_of_sequence_breaks_the_connection_and_the_feed_resu
     """A middlebox loses, repeats or reorders a frame of the feed: the message that does not
     follow the last processed ends the connection, and the next resumes after the last message
     processed, so the revocation the lost frame carried is heard, and nothing is flushed."""
-    fake, verifier = await fake_tokensvc_and_verifier(retry_seconds=0.05)
-    first, second = tokens_of("t", 2)
-    fake.active.update((first, second))
-    try:
+    async with fake_tokensvc_and_verifier(retry_seconds=0.05) as (fake, verifier):
+        first, second = tokens_of("t", 2)
+        fake.active.update((first, second))
         for token in (first, second):
             await verifier.check(token)
         fake.active.clear()  # both revoked at tokensvc
@@ -182,9 +186,6 @@ async def test_a_message_out_of_sequence_breaks_the_connection_and_the_feed_resu
         for token in (first, second):
             with pytest.raises(InvalidToken):
                 await verifier.check(token)
-    finally:
-        await verifier.close()
-        fake.stop()
 
 
 @pytest.mark.gen_test(timeout=90)
@@ -213,10 +214,9 @@ async def test_a_message_before_ready_flushes_and_the_feed_is_current_only_after
 async def test_a_resumed_ready_behind_the_messages_processed_flushes():
     """A reconnection told it resumed, at a message before the last it processed (a process
     whose stream went back, a rewritten ready): what it resumes is unknown, so it flushes."""
-    fake, verifier = await fake_tokensvc_and_verifier(retry_seconds=0.05)
-    token = tokens_of("t", 1)[0]
-    fake.active.add(token)
-    try:
+    async with fake_tokensvc_and_verifier(retry_seconds=0.05) as (fake, verifier):
+        token = tokens_of("t", 1)[0]
+        fake.active.add(token)
         fake.publish({"type": "revoked", "grant_id": "g1"})
         fake.publish({"type": "revoked", "grant_id": "g2"})
         await eventually(lambda: verifier.counts.revocations == 2, DEADLINE, what="the revocations")
@@ -227,9 +227,6 @@ async def test_a_resumed_ready_behind_the_messages_processed_flushes():
         await eventually(lambda: verifier.counts.connects == 2 and verifier.feed_up, DEADLINE,
                          what="the reconnection")
         assert verifier.counts.flushes == 2 and verifier.cached == 0 and verifier.counts.resumes == 0
-    finally:
-        await verifier.close()
-        fake.stop()
 
 
 @pytest.mark.gen_test(timeout=90)
@@ -288,20 +285,16 @@ async def test_a_watched_connection_is_asked_again_every_max_ttl_and_ends_when_i
     """A token that expires in years is held by a connection no longer than ``max_ttl``
     without being asked again, as a cached answer is: when tokensvc no longer says it is active
     (revoked while no feed could tell), the connection ends."""
-    fake, verifier = await fake_tokensvc_and_verifier(max_ttl=0.2)
-    token = tokens_of("t", 1)[0]
-    fake.active.add(token)
-    ended = asyncio.Event()
-    try:
+    async with fake_tokensvc_and_verifier(max_ttl=0.2) as (fake, verifier):
+        token = tokens_of("t", 1)[0]
+        fake.active.add(token)
+        ended = asyncio.Event()
         stop = verifier.watch(token, await verifier.check(token), ended.set)
         await eventually(lambda: fake.asked.count(token) >= 3, DEADLINE, what="asked again twice")
         assert not ended.is_set()
         fake.active.clear()
         await asyncio.wait_for(ended.wait(), DEADLINE)
         stop()
-    finally:
-        await verifier.close()
-        fake.stop()
 
 
 @pytest.mark.gen_test(timeout=90)
@@ -324,11 +317,10 @@ async def test_flushes_during_a_re_verification_pile_up_nothing():
     """Twenty flushes while each watched token's re-verification hangs: one re-verification
     per watched connection stays in flight (not one per flush), each runs once more after it,
     and no connection ends."""
-    fake, verifier = await fake_tokensvc_and_verifier(reverify_spread=0.0, timeout=60)
-    watched = tokens_of("w", 10)
-    fake.active.update(watched)
-    ended = []
-    try:
+    async with fake_tokensvc_and_verifier(reverify_spread=0.0, timeout=60) as (fake, verifier):
+        watched = tokens_of("w", 10)
+        fake.active.update(watched)
+        ended = []
         stops = [verifier.watch(token, await verifier.check(token), lambda token=token: ended.append(token))
                  for token in watched]
         fake.held = lambda token: True
@@ -344,21 +336,17 @@ async def test_flushes_during_a_re_verification_pile_up_nothing():
         assert all(fake.asked.count(token) in (2, 3) for token in watched) and not ended
         for stop in stops:
             stop()
-    finally:
-        await verifier.close()
-        fake.stop()
 
 
 @pytest.mark.gen_test(timeout=90)
 async def test_connections_ended_unconfirmed_are_logged_in_one_line(caplog):
     """A flush while tokensvc does not answer: past offline_ttl every watched connection ends
     (fail closed), and the log says so in one line with their number, not one line each."""
-    fake, verifier = await fake_tokensvc_and_verifier(offline_ttl=0.3, timeout=0.1, retry_seconds=0.05,
-                                                      reverify_spread=0.0)
-    watched = tokens_of("w", 30)
-    fake.active.update(watched)
-    ended = []
-    try:
+    async with fake_tokensvc_and_verifier(offline_ttl=0.3, timeout=0.1, retry_seconds=0.05,
+                                          reverify_spread=0.0) as (fake, verifier):
+        watched = tokens_of("w", 30)
+        fake.active.update(watched)
+        ended = []
         for token in watched:
             verifier.watch(token, await verifier.check(token), lambda token=token: ended.append(token))
         fake.held = lambda token: True
@@ -368,9 +356,6 @@ async def test_connections_ended_unconfirmed_are_logged_in_one_line(caplog):
                              what="every watched connection ended")
         lines = [record.getMessage() for record in caplog.records if "watched connection" in record.getMessage()]
         assert lines == ["30 watched connection(s) ended: tokensvc could not confirm their tokens within offline_ttl"]
-    finally:
-        await verifier.close()
-        fake.stop()
 
 
 class Withheld:
@@ -557,10 +542,9 @@ async def test_a_ready_not_understood_drops_every_answer(ready, caplog):
     """A ``ready`` whose ``resumed`` is neither true nor false, or that carries a member the
     library does not know, cannot be taken to resume: every answer is dropped, with a warning
     once however often it comes."""
-    fake, verifier = await fake_tokensvc_and_verifier(retry_seconds=0.05)
-    token = tokens_of("t", 1)[0]
-    fake.active.add(token)
-    try:
+    async with fake_tokensvc_and_verifier(retry_seconds=0.05) as (fake, verifier):
+        token = tokens_of("t", 1)[0]
+        fake.active.add(token)
         with caplog.at_level(logging.WARNING, logger="tokensvc.resource"):
             for connects in (2, 3):
                 await verifier.check(token)
@@ -572,9 +556,6 @@ async def test_a_ready_not_understood_drops_every_answer(ready, caplog):
                 assert verifier.cached == 0 and verifier.counts.resumes == 0
         assert verifier.counts.flushes == 3
         assert len([record for record in caplog.records if "not understood" in record.getMessage()]) == 1
-    finally:
-        await verifier.close()
-        fake.stop()
 
 
 def test_the_verifier_understands_every_message_the_feed_documents():
