@@ -51,7 +51,7 @@ not waited for); its silence counts from its last sign of life, not from that mo
 
 Watched connections (:meth:`Verifier.watch`) end when a revocation names their token's family
 or grant, or at its ``exp``; a flush, a narrowed client or user, the feed down past
-``offline_ttl``, or ``max_ttl`` since it was last confirmed has each token asked again through
+``offline_ttl``, or ``max_ttl`` after its answer's introspection has each token asked again through
 the cache and the shared introspection, at most ``reverify_concurrency`` at a time (a larger
 batch spread over ``reverify_spread`` seconds) and one at a time per connection (asked again
 during one, it runs once more after it). A token tokensvc says is inactive (or no longer
@@ -483,9 +483,10 @@ class Verifier:
         :meth:`check` found it) ends: revoked (the feed names it), expired, no longer holding
         ``scope``, or no longer confirmable (the feed down past ``offline_ttl`` and tokensvc not
         answering). The function returned stops the watch (call it when the connection closes)."""
-        watch = _Watch(token, authorized, scope, on_end, self._known_current(self._cache.get(_key(token))))
+        entry = self._cache.get(_key(token))
+        watch = _Watch(token, authorized, scope, on_end, self._known_current(entry))
         self._watches.add(watch)
-        self._arm(watch)
+        self._arm(watch, entry)
         if self._down_since is not None and not self._confirming:
             self._spawn(self._confirm_watches_while_down())
 
@@ -496,14 +497,17 @@ class Verifier:
             self._watches.discard(watch)
         return stop
 
-    def _arm(self, watch: _Watch) -> None:
-        """The watch is due at its token's ``exp``, or ``max_ttl`` from now if that comes first:
-        an authorization is held no longer than a cached answer without being asked again."""
+    def _arm(self, watch: _Watch, entry: _Entry | None = None) -> None:
+        """The watch is due at its token's ``exp``, or when the answer it stands on (``entry``;
+        none: one just asked) leaves the cache, ``max_ttl`` after its introspection, if that
+        comes first: an authorization is held no longer than a cached answer without being
+        asked again."""
         if watch.timer is not None:
             watch.timer.cancel()
         if watch.ended:
             return
-        due = max(0.0, min(self._left(watch.authorized.answer), self.settings.max_ttl))
+        held = self.settings.max_ttl if entry is None else entry.expires - self._clock()
+        due = max(0.0, min(self._left(watch.authorized.answer), held))
         watch.timer = asyncio.get_running_loop().call_later(due, self._due, watch)
 
     def _due(self, watch: _Watch) -> None:
@@ -596,7 +600,7 @@ class Verifier:
             self._end(watch)
         else:
             watch.confirmed = self._known_current(entry)
-            self._arm(watch)
+            self._arm(watch, entry)
 
     def _known_current(self, entry: _Entry | None) -> float:
         """When ``entry``'s answer was last known current: now while the feed is up; else when
