@@ -167,6 +167,21 @@ async def test_tokensvc_away_fails_closed():
 
 
 @pytest.mark.gen_test(timeout=90)
+async def test_a_closed_verifier_serves_no_cached_answer_and_asks_nothing(http_server, browser, http_client,
+                                                                         base_url):
+    """After close() (the application stopping, a request still in flight), nothing keeps the
+    cache current: a check is 503, not a cached answer, and opens no new HTTP client."""
+    access = (await tokens(browser, http_client, base_url))["access_token"]
+    verifier = await started(verifier_for(base_url))
+    await verifier.check(access)
+    await verifier.close()
+    assert not verifier.feed_up and not verifier.connected.is_set() and verifier.cached == 0
+    with pytest.raises(Unavailable):
+        await verifier.check(access)
+    assert verifier.counts.introspections == 1 and verifier._http is None
+
+
+@pytest.mark.gen_test(timeout=90)
 async def test_the_feed_away_bounds_every_answer_then_fails_closed(http_server, browser, http_client, base_url,
                                                                    ctx):
     """The feed and tokensvc go away together (the service stops): a cached answer is used
@@ -687,7 +702,7 @@ async def asgi_notes(verifier, path, token):
 async def test_an_adapter_opens_the_feed_the_application_forgot_to_start(served, browser, http_client, base_url):
     """No ``await verifier.start()``, no lifespan: the first check opens the feed, so a revoked
     token is refused as soon as the feed names it, not ``offline_ttl`` (an hour here) later. A
-    verifier closed at shutdown is not opened again by a late request."""
+    verifier closed at shutdown is not opened again by a late request, which it refuses (503)."""
     access = (await tokens(browser, http_client, base_url, scope="read"))["access_token"]
     verifier = verifier_for(base_url, offline_ttl=3600)
     try:
@@ -698,7 +713,7 @@ async def test_an_adapter_opens_the_feed_the_application_forgot_to_start(served,
         assert await served(verifier, "/notes", access) == 401
     finally:
         await verifier.close()
-    assert await served(verifier, "/notes", access) == 401
+    assert await served(verifier, "/notes", access) == 503
     assert verifier._task is None  # no feed following again
 
 

@@ -133,8 +133,8 @@ async def test_a_flush_during_a_flood_of_made_up_tokens_closes_no_valid_connecti
     """Anyone may send made-up tokens: while hundreds of them wait on a slow introspection,
     a flush has every watched connection asked again on places of their own, answered at
     once, and none of them ends; the flood's checks past the queue fail at once (503)."""
-    async with fake_tokensvc_and_verifier(timeout=1, offline_ttl=3600, retry_seconds=0.05,
-                                          reverify_spread=0.0) as (fake, verifier):
+    async with fake_tokensvc_and_verifier(timeout=1, offline_ttl=3600, retry_seconds=0.05, reverify_spread=0.0,
+                                          introspection_queue=256) as (fake, verifier):
         watched = tokens_of("w", 20)
         fake.active.update(watched)
         ended = []

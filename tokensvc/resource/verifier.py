@@ -181,7 +181,7 @@ class Settings:
     ping_seconds: float = 10.0  # the feed is taken for down when nothing came for this long
     retry_seconds: float = 1.0  # the first wait before reconnecting the feed (doubles up to 30 s)
     introspection_concurrency: int = 32  # checks' introspections in flight at once
-    introspection_queue: int = 256  # more of them waiting; past that a check fails at once (503)
+    introspection_queue: int = 4096  # more of them waiting; past that a check fails at once (503)
     reverify_concurrency: int = 8  # watched connections' tokens asked again at once (places of their own)
     reverify_spread: float = 1.0  # a larger batch of them starts spread at random over this
     realm: str = "api"
@@ -277,6 +277,7 @@ class Verifier:
         self._generation = 0  # counts the feed's revocations and flushes
         self._recent: deque[tuple[int, tuple[str, str] | None]] = deque(maxlen=RECENT)
         self._offset = 0.0  # tokensvc's clock minus this host's, at most (the last Date heard)
+        self._closed = False
         self._down_since: float | None = clock()  # the feed is down until its first ready
         self._alive = self._down_since  # the feed's last sign of life while current: a message or a pong
         self._heard_at = 0.0  # time.monotonic() of the feed's last message or pong: its silence
@@ -304,6 +305,8 @@ class Verifier:
         (403) or :class:`Unavailable` (503, tokensvc unreachable while nothing current is known)."""
         if not token:
             raise InvalidToken(None)
+        if self._closed:  # nothing vouches for a cached answer any more, and nothing may ask
+            raise Unavailable("The verifier is closed")
         self.counts.checks += 1
         if len(token) != SECRET_LENGTH:  # none tokensvc issued (and not worth a digest): no round trip
             raise InvalidToken(NOT_ACTIVE)
@@ -622,6 +625,16 @@ class Verifier:
             self._task = asyncio.ensure_future(self._follow())
 
     async def close(self) -> None:
+        """Stop: the feed closed, every task ended, and every check from now on is 503 (a
+        request still in flight at shutdown is neither served from a cache nothing keeps
+        current any more nor given a new HTTP client)."""
+        self._closed = True
+        if self._down_since is None:
+            self._down_since = self._clock()
+        self.connected.clear()
+        self._cache.clear()
+        self._negative.clear()
+        self._index.clear()
         if self._task is not None:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
