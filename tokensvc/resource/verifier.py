@@ -456,12 +456,16 @@ class Verifier:
                     if not keys:
                         del self._index[(name, entry.answer[name])]
 
-    def _flush(self) -> None:
-        self._generation += 1
-        self._recent.append((self._generation, None))
+    def _forget(self) -> None:
+        """Every answer dropped, active and inactive, with the index on them."""
         self._cache.clear()
         self._negative.clear()
         self._index.clear()
+
+    def _flush(self) -> None:
+        self._generation += 1
+        self._recent.append((self._generation, None))
+        self._forget()
         self.counts.flushes += 1
         self._recheck_watches(None)
 
@@ -632,9 +636,7 @@ class Verifier:
         if self._down_since is None:
             self._down_since = self._clock()
         self.connected.clear()
-        self._cache.clear()
-        self._negative.clear()
-        self._index.clear()
+        self._forget()
         if self._task is not None:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
