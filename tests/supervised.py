@@ -42,7 +42,8 @@ def main() -> int:
         if behaviour == "stubborn":  # never stops when asked
             signal.signal(signal.SIGTERM, signal.SIG_IGN)
             signal.signal(signal.SIGINT, signal.SIG_IGN)
-            (directory / f"deaf-{slot}").write_text(str(os.getpid()))
+            # The process id is in the name: a file is whole the moment it exists.
+            (directory / f"deaf-{slot}-{os.getpid()}").touch()
             while True:
                 signal.pause()
         return 3  # "crash": dies as soon as it starts

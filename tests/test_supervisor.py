@@ -54,6 +54,11 @@ def orphans(directory: Path, slot: int | str = "*") -> list[int]:
     return [int(path.name.rsplit("-", 1)[1]) for path in directory.glob(f"orphan-{slot}-*")]
 
 
+def deaf(directory: Path, slot: int) -> list[int]:
+    """The workers of ``slot`` that ignore SIGTERM and SIGINT (each says so itself), by pid."""
+    return [int(path.name.rsplit("-", 1)[1]) for path in directory.glob(f"deaf-{slot}-*")]
+
+
 def ready(directory: Path, slot: int) -> list[int]:
     """The workers of ``slot`` that have started so far (each says so itself), by pid."""
     return [int(path.name.rsplit("-", 1)[1]) for path in directory.glob(f"ready-{slot}-*")]
@@ -73,8 +78,8 @@ def test_a_stop_waits_for_every_worker_to_drain(tmp_path):
 
 def test_a_worker_that_will_not_stop_is_killed_and_the_exit_code_says_so(tmp_path):
     supervised = Supervised("stubborn", tmp_path)
-    until(lambda: all((tmp_path / f"deaf-{slot}").exists() for slot in (0, 1)), "two workers that will not stop")
-    pids = [int((tmp_path / f"deaf-{slot}").read_text()) for slot in (0, 1)]
+    until(lambda: deaf(tmp_path, 0) and deaf(tmp_path, 1), "two workers that will not stop")
+    pids = deaf(tmp_path, 0) + deaf(tmp_path, 1)
     supervised.process.send_signal(signal.SIGINT)
     assert supervised.wait() == 1
     assert supervised.output().count("did not stop within 2s: killed") == 2
