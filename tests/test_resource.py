@@ -758,9 +758,16 @@ async def test_the_asgi_websocket_closes_4401_when_its_token_is_revoked(browser,
         await verifier.close()
 
 
-def test_the_last_query_token_counts_in_every_adapter():
-    """Given twice, the query's last ``access_token`` is the one checked, in the ASGI middleware
-    as in the Tornado adapter and tokensvc's own sockets (``get_query_argument``)."""
+@pytest.mark.parametrize("query, token", [
+    ("access_token=first&access_token=last", "last"),  # given twice, the last counts
+    ("access_token=%20padded%09", "padded"),  # whitespace around it stripped
+    ("access%5Ftoken=escaped", "escaped"),  # the name as a parser decodes it
+    ("access_token=first&access_token=", ""),  # a blank last one is presented, and refused as such
+    ("ACCESS_TOKEN=other-name", None),
+])
+def test_every_adapter_reads_the_query_token_as_tokensvcs_own_sockets_do(query, token):
+    """The ASGI middleware and the Tornado adapter take the same token from the same query as
+    tokensvc's own sockets (``get_query_argument``), and leave no part of any in the request."""
     from unittest import mock
 
     from tornado.httputil import HTTPHeaders, HTTPServerRequest, RequestStartLine
@@ -768,14 +775,18 @@ def test_the_last_query_token_counts_in_every_adapter():
     from tokensvc.resource.asgi import _take_query_token
     from tokensvc.resource.tornado import BearerAuthMixin
 
-    scope = {"query_string": b"access_token=first&access_token=last"}
-    assert _take_query_token(scope) == "last" and b"first" not in scope["query_string"]
-    request = HTTPServerRequest(start_line=RequestStartLine("GET", "/live?access_token=first&access_token=last",
-                                                            "HTTP/1.1"), headers=HTTPHeaders({"Host": "api.example"}),
-                                connection=mock.Mock())
+    scope = {"query_string": query.encode()}
+    assert _take_query_token(scope) == token
+    request = HTTPServerRequest(start_line=RequestStartLine("GET", "/live?" + query, "HTTP/1.1"),
+                                headers=HTTPHeaders({"Host": "api.example"}), connection=mock.Mock())
     handler = type("Probe", (BearerAuthMixin, tornado.web.RequestHandler), {"accept_query_token": True})
-    probe = handler(tornado.web.Application(), request)
-    assert probe.presented_token() == "last" and "first" not in request.uri
+    own = type("Own", (tornado.web.RequestHandler,), {})(tornado.web.Application(), HTTPServerRequest(
+        start_line=RequestStartLine("GET", "/live?" + query, "HTTP/1.1"), headers=HTTPHeaders({"Host": "api.example"}),
+        connection=mock.Mock()))
+    assert handler(tornado.web.Application(), request).presented_token() == token
+    assert own.get_query_argument("access_token", None) == token
+    for value in ("first", "padded", "escaped"):
+        assert value not in scope["query_string"].decode() and value not in request.uri
 
 
 @pytest.mark.gen_test(timeout=90)

@@ -20,11 +20,10 @@ import asyncio
 import json
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
-from urllib.parse import parse_qs
 
 from tokensvc.resource.errors import InsufficientScope, Refusal
 from tokensvc.resource.started import feed_opened
-from tokensvc.resource.verifier import Authorized, Verifier, bearer_token, masked_query
+from tokensvc.resource.verifier import Authorized, Verifier, bearer_token, masked_query, query_token
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -156,4 +155,4 @@ def _take_query_token(scope: Scope) -> str | None:
     if masked == query:
         return None
     scope["query_string"] = masked.encode("latin-1")
-    return (parse_qs(query).get("access_token") or [None])[-1]  # the last, as Tornado's get_query_argument
+    return query_token(query)

@@ -30,7 +30,7 @@ import tornado.websocket
 
 from tokensvc.resource.errors import Refusal
 from tokensvc.resource.started import feed_opened
-from tokensvc.resource.verifier import Authorized, Verifier, bearer_token, masked_query
+from tokensvc.resource.verifier import Authorized, Verifier, bearer_token, masked_query, query_token
 
 CLOSE_REVOKED = 4401
 
@@ -56,8 +56,9 @@ def _take_query_token(request: tornado.httputil.HTTPServerRequest) -> None:
     masked = masked_query(request.query)
     if masked == request.query:
         return
-    if "access_token" in request.query_arguments:
-        _query_tokens[request] = request.query_arguments["access_token"][-1].decode("utf-8", "replace").strip()
+    token = query_token(request.query)
+    if token is not None:
+        _query_tokens[request] = token
     _mask_query_token(request, masked)
 
 

@@ -81,7 +81,7 @@ from collections import OrderedDict, deque
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
-from urllib.parse import quote, unquote_plus, urlencode
+from urllib.parse import parse_qs, quote, unquote_plus, urlencode
 
 from tornado.httpclient import AsyncHTTPClient, HTTPClientError, HTTPRequest
 from tornado.websocket import WebSocketClientConnection, WebSocketClosedError, websocket_connect
@@ -109,6 +109,13 @@ def bearer_token(authorization: str | None) -> str | None:
     scheme, _, token = authorization.partition(" ")
     token = token.strip()
     return token if scheme.lower() == "bearer" and token else None
+
+
+def query_token(query: str) -> str | None:
+    """The ``access_token`` of ``query`` as Tornado's ``get_query_argument`` reads it (the last
+    one given, percent-decoded, whitespace stripped), else None: one reading for every adapter."""
+    values = parse_qs(query, keep_blank_values=True).get("access_token")
+    return values[-1].strip() if values else None
 
 
 def masked_query(query: str) -> str:
