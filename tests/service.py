@@ -7,12 +7,14 @@ import contextlib
 import hashlib
 import html as html_module
 import os
+import random
 import re
 import secrets
 import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -30,14 +32,29 @@ START_SECONDS = 60.0
 STOP_SECONDS = 30.0
 
 
+# Ports for processes to listen on are picked below the range the kernel hands to outgoing
+# connections (ip_local_port_range, 32768-60999 by default): a port picked there, free when it
+# is picked, can become the local end of a connection before the process binds it.
+PORTS = range(20000, 32768)
+_handed_out: set[int] = set()
+_handing = threading.Lock()
+_pick = random.Random()
+
+
 def free_port(*taken: int) -> int:
-    """A port free now, other than ``taken`` (a socket closed at once may be handed out again
-    to the next one asking: two picks in a row can be the same port)."""
-    while True:
-        with socket.socket() as sock:
-            sock.bind(("127.0.0.1", 0))
-            port = sock.getsockname()[1]
-        if port not in taken:
+    """A port free now, other than ``taken`` and never handed out before in this test run (so
+    that processes started together, from several threads, never pick the same one)."""
+    with _handing:
+        while True:
+            port = _pick.choice(PORTS)
+            if port in taken or port in _handed_out:
+                continue
+            with socket.socket() as sock:
+                try:
+                    sock.bind(("127.0.0.1", port))
+                except OSError:
+                    continue
+            _handed_out.add(port)
             return port
 
 
