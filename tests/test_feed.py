@@ -52,11 +52,13 @@ async def next_message(connection, seconds=DEADLINE):
 
 
 async def closed_for_its_credentials(connection):
-    """Until the feed closes the reader (whatever it was sent before): with the close code of a
-    reader whose credentials no longer hold."""
-    while await gen.with_timeout(timedelta(seconds=DEADLINE), connection.read_message()) is not None:
-        pass
+    """Until the feed closes the reader: with the close code of a reader whose credentials no
+    longer hold. The messages it was sent before, in order."""
+    messages = []
+    while (raw := await gen.with_timeout(timedelta(seconds=DEADLINE), connection.read_message())) is not None:
+        messages.append(json.loads(raw))
     assert connection.close_code == CLOSE_CREDENTIALS
+    return messages
 
 
 async def notes_api(ctx):
@@ -227,14 +229,25 @@ async def test_a_reader_that_goes_away_is_dropped(http_server, base_url, ctx):
 
 @pytest.mark.gen_test(timeout=90)
 async def test_a_reader_is_closed_when_its_client_is_removed_or_rotated_or_may_no_longer_read(http_server, base_url,
-                                                                                              ctx):
-    """The feed checks its reader again whenever the reader's client changes: a rotated secret,
-    a removal, a first-party client made third-party each close it (4403); a change that
-    withdraws nothing, a rotation that keeps its secret in force, or another client's change,
-    leaves it open. A reconnection with credentials
-    that prove nothing any more is refused."""
+                                                                                              ctx, monkeypatch):
+    """The feed checks its reader again whenever what its client's readers proved changes: a
+    rotated secret, a removal, a first-party client made third-party each close it (4403); a
+    change that withdraws nothing, a rotation that keeps its secret in force, or another
+    client's change, leaves it open. A reconnection with credentials that prove nothing any more
+    is refused. None of those changes but the removal is named on the feed: a new secret or a
+    first-party flag withdraws nothing from the client's tokens, so no reader (a resource
+    server) is told to drop its answers for them; a narrowing of the client's scopes is named."""
     from tokensvc import admin
+    from tokensvc.handlers import feed
+    from tokensvc.oauth import introspection
 
+    checks, check = [], introspection.still_a_reader
+
+    async def still_a_reader(ctx, request):
+        checks.append(await check(ctx, request))
+        return checks[-1]
+
+    monkeypatch.setattr(feed.introspection, "still_a_reader", still_a_reader)
     secret = await notes_api(ctx)
     webapp = await connect(base_url)
     assert (await next_message(webapp))["type"] == "ready"
@@ -242,21 +255,26 @@ async def test_a_reader_is_closed_when_its_client_is_removed_or_rotated_or_may_n
     assert (await next_message(reader))["type"] == "ready"
     await admin.update_client(ctx, "notes-api", {"description": "Nothing withdrawn"})
     await admin.rotate_secret(ctx, "notes-api", keep_previous_seconds=60)  # the old secret still works
-    assert (await next_message(reader))["client_id"] == "notes-api"  # the rotation, told every reader
+    await eventually(lambda: checks, DEADLINE, what="the reader checked again at the rotation")
+    assert all(checks)  # and kept
     new_secret, _ = await admin.rotate_secret(ctx, "notes-api")
-    assert (await next_message(reader))["client_id"] == "notes-api"  # it was still open
-    await closed_for_its_credentials(reader)
+    assert await closed_for_its_credentials(reader) == []  # closed, and told of no revocation
+    assert checks[-1] is False
     assert (await refusal(base_url, {"Authorization": basic("notes-api", secret)}))[0] == 401
     reader = await connect(base_url, client_id="notes-api", secret=new_secret)
     await next_message(reader)
     await admin.remove_client(ctx, "notes-api")
     await closed_for_its_credentials(reader)
     assert (await refusal(base_url, {"Authorization": basic("notes-api", new_secret)}))[0] == 401
-    assert (await next_message(webapp))["client_id"] == "notes-api"  # another client's reader stays
+    # Another client's reader stays, and hears of the removal first: of neither rotation.
+    assert await next_message(webapp) == {"type": "revoked", "seq": 1, "client_id": "notes-api"}
+    await admin.update_client(ctx, "webapp", {"scopes": ["read", "write"]})  # a narrowing: named, and it reads on
+    while (message := await next_message(webapp))["client_id"] == "notes-api":  # the removal, told twice
+        pass
+    assert message == {"type": "revoked", "seq": message["seq"], "client_id": "webapp"}
     await admin.update_client(ctx, "webapp", {"first_party": False})
-    await closed_for_its_credentials(webapp)
+    assert await closed_for_its_credentials(webapp) == []
     await eventually(lambda: ctx.feed.readers == 0, DEADLINE, what="the readers dropped")
-
 
 
 @pytest.mark.parametrize("config", [make_config(feed={"max_readers": 2, "max_readers_per_client": 1})])

@@ -17,7 +17,7 @@ from tornado.websocket import websocket_connect
 
 from tokensvc.oauth import events
 from tokensvc.records import Client, Family, Pair, Session, Subject, User
-from tokensvc.storage.base import CLIENT, FAMILY, GRANT, SESSION, SUBJECT, Revocation, StoreObserver
+from tokensvc.storage.base import CLIENT, CREDENTIALS, FAMILY, GRANT, SESSION, SUBJECT, Revocation, StoreObserver
 from tokensvc.storage.memory import MemoryStore
 from tokensvc.storage.mongo import WATCHED, MongoStore
 
@@ -39,7 +39,7 @@ class Polls(StoreObserver):
     """What the feed's polling tells: that it began (its starting point set), and each read of
     a revocation field (a round reads every one of them once)."""
 
-    ROUND = sum(len(fields) for _, fields in WATCHED.values())
+    ROUND = sum(len(fields) for fields in WATCHED.values())
 
     def __init__(self) -> None:
         self.began = asyncio.Event()
@@ -167,9 +167,12 @@ async def test_a_client_narrowed_in_another_process_closes_the_socket_within_a_s
 @pytest.mark.gen_test(timeout=30)
 async def test_a_readers_client_rotated_or_removed_in_another_process_closes_the_reader(http_server, base_url, store,
                                                                                         ctx, config, monkeypatch):
-    """The rotation's write carries the client's mark (narrowed_at), which every relay hears:
-    the reader checks its credentials again and is closed. A removal's deletion leaves nothing
-    a poll can find: the readers also check every RECHECK_SECONDS (shortened here)."""
+    """The rotation's write carries the client's credentials mark (credentials_changed_at),
+    which every relay hears: the reader checks its credentials again and is closed. Another
+    reader of the feed (as a resource server reads it) is told nothing of the rotation, which
+    withdraws nothing from the client's tokens, and is told of a narrowing made there. A
+    removal's deletion leaves nothing a poll can find: the readers also check every
+    RECHECK_SECONDS (shortened here)."""
     from test_feed import closed_for_its_credentials, notes_api
 
     from tokensvc.bootstrap import make_context
@@ -180,10 +183,15 @@ async def test_a_readers_client_rotated_or_removed_in_another_process_closes_the
     elsewhere = Operator(make_context(config, other_process(store)), config)
     relay = asyncio.ensure_future(events.relay(store, ctx.events))
     try:
+        listening = await connect_feed(base_url)
+        await next_message(listening)
         reader = await connect_feed(base_url, client_id="notes-api", secret=secret)
         await next_message(reader)
         rotated = (await elsewhere.rotate_secret("notes-api", {}))["clientSecret"]
-        await closed_for_its_credentials(reader)
+        assert await closed_for_its_credentials(reader) == []
+        await elsewhere.patch_client("webapp", {"allowedScopes": ["read", "write"]})
+        assert await next_message(listening) == {"type": "revoked", "seq": 1, "client_id": "webapp"}
+        listening.close()
         monkeypatch.setattr(feed, "RECHECK_SECONDS", 0.2)
         reader = await connect_feed(base_url, client_id="notes-api", secret=rotated)
         await next_message(reader)
@@ -207,6 +215,14 @@ async def test_the_feed_names_a_narrowed_client(store):
     assert not waiting.done()
     await elsewhere.update_client("c1", {"allowed_scopes": ["read"], "narrowed_at": Clock().now})
     assert await waiting == Revocation(CLIENT, "c1")
+    # What its feed readers proved changed: heard under its own kind, which the feed never names.
+    await elsewhere.update_client("c1", {"secret_hash": "s2", "credentials_changed_at": Clock().now})
+    assert await asyncio.wait_for(feed.__anext__(), DEADLINE) == Revocation(CREDENTIALS, "c1")
+    now = Clock().now + timedelta(milliseconds=1)
+    await elsewhere.update_client("c1", {"allowed_scopes": [], "kind": "resource-server", "narrowed_at": now,
+                                         "credentials_changed_at": now})
+    assert {await asyncio.wait_for(feed.__anext__(), DEADLINE) for _ in range(2)} == {
+        Revocation(CLIENT, "c1"), Revocation(CREDENTIALS, "c1")}
     await feed.aclose()
 
 

@@ -72,6 +72,40 @@ async def test_a_token_is_introspected_once_then_dropped_when_revoked(browser, h
 
 
 @pytest.mark.gen_test(timeout=90)
+async def test_a_secret_rotation_drops_no_cached_answer_and_a_narrowing_does(browser, http_client, base_url, ctx):
+    """Rotating the secret of the first-party web app (with overlap, then without) withdraws
+    nothing from its tokens: a resource server keeps every answer it cached for them and asks
+    tokensvc nothing again (the feed names no client). Narrowing the web app's scopes does
+    withdraw: its answers are dropped and each token is introspected again."""
+    from test_feed import notes_api
+    from test_resource_feed import revoke_directly
+
+    from tokensvc import admin
+
+    secret = await notes_api(ctx)
+    kept = (await tokens(browser, http_client, base_url, scope="read write"))["access_token"]
+    revoked = (await tokens(browser, http_client, base_url, scope="read"))["access_token"]
+    verifier = await started(Verifier(Settings(base_url, "notes-api", secret)))
+    try:
+        for access in (kept, revoked):
+            await verifier.check(access)
+        assert (verifier.counts.introspections, verifier.cached) == (2, 2)
+        await admin.rotate_secret(ctx, "webapp", keep_previous_seconds=3600)
+        await admin.rotate_secret(ctx, "webapp")  # the old secret ends at once
+        await revoke_directly(ctx, revoked)  # told after the rotations: when it is in, they were too
+        await eventually(lambda: verifier.cached == 1, DEADLINE, what="the revocation dropping its entry")
+        assert verifier.counts.revocations == 1  # the family's alone
+        assert (await verifier.check(kept, "write")).scopes == ["read", "write"]
+        assert verifier.counts.introspections == 2  # answered from the cache
+        await admin.update_client(ctx, "webapp", {"scopes": ["read", "connected-apps:write", "admin"]})
+        await eventually(lambda: verifier.cached == 0, DEADLINE, what="the narrowing dropping the entry")
+        assert (await verifier.check(kept, "read")).scopes == ["read"]
+        assert verifier.counts.introspections == 3
+    finally:
+        await verifier.close()
+
+
+@pytest.mark.gen_test(timeout=90)
 async def test_a_base_url_with_a_trailing_slash_reaches_introspection_and_the_feed(browser, http_client, base_url):
     access = (await tokens(browser, http_client, base_url, scope="read"))["access_token"]
     settings = Settings(base_url + "//", "webapp", WEBAPP_SECRET)

@@ -134,25 +134,33 @@ async def test_a_resource_server_an_older_release_rewrote_may_do_nothing(browser
 @pytest.mark.gen_test
 async def test_the_configuration_seeds_a_resource_server_and_marks_what_its_readers_proved(store):
     """Seeded, a resource server is stored as the admin API makes one; seeded again unchanged,
-    nothing is written; a new secret, or a change of kind, is marked (narrowed_at), which the
-    other processes' relays hear: their feed readers of the client check their credentials."""
+    nothing is written; a new secret, or a change of kind, is marked (credentials_changed_at),
+    which the other processes' relays hear: their feed readers of the client check their
+    credentials. Neither withdraws anything from a token (narrowed_at stays unset); a client
+    made a resource server again loses its scopes, which is marked as a narrowing too."""
 
     def configured(**changes):
         return make_config(clients=[{**API, **changes}])
 
     await seed(store, configured())
     seeded = await store.get_client("notes-api")
-    assert (seeded.kind, seeded.redirect_uris, seeded.allowed_scopes, seeded.first_party, seeded.narrowed_at) == (
-        "resource-server", [], [], False, None)
+    assert (seeded.kind, seeded.redirect_uris, seeded.allowed_scopes, seeded.first_party, seeded.narrowed_at,
+            seeded.credentials_changed_at) == ("resource-server", [], [], False, None, None)
     await seed(store, configured())
     assert await store.get_client("notes-api") == seeded
     await seed(store, configured(client_secret=API_SECRET[::-1]))
     rotated = await store.get_client("notes-api")
-    assert rotated.narrowed_at is not None and rotated.secret_hash != seeded.secret_hash
-    await store.update_client("notes-api", {"narrowed_at": None})  # the mark below is the kind's
+    assert rotated.credentials_changed_at is not None and rotated.secret_hash != seeded.secret_hash
+    assert rotated.narrowed_at is None
+    await store.update_client("notes-api", {"credentials_changed_at": None})  # the mark below is the kind's
     await seed(store, configured(client_secret=API_SECRET[::-1], kind="client",
                                  redirect_uris=["https://notes.example/cb"]))
     made_a_client = await store.get_client("notes-api")
     assert (made_a_client.kind, made_a_client.scopes) == ("client", ["read"])
-    assert made_a_client.narrowed_at is not None
+    assert made_a_client.credentials_changed_at is not None and made_a_client.narrowed_at is None
     assert made_a_client.created_at == seeded.created_at
+    await store.update_client("notes-api", {"credentials_changed_at": None})  # the marks below are this change's
+    await seed(store, configured(client_secret=API_SECRET[::-1]))
+    again = await store.get_client("notes-api")
+    assert again.kind == "resource-server" and again.narrowed_at is not None
+    assert again.credentials_changed_at is not None

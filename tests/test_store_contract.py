@@ -315,6 +315,74 @@ async def test_updates_write_only_the_fields_they_name(backend_store):
 
 
 @pytest.mark.gen_test
+async def test_each_change_of_a_client_carries_the_marks_of_what_it_withdraws(backend_store):
+    """A change of a client is marked in its own write, by what it takes away: some of what its
+    tokens may do (a narrowing of its scopes, its removal: ``narrowed_at``, announced under the
+    client, which the revocation feed names to resource servers), what its feed readers proved
+    (a new secret, kind or first-party flag: ``credentials_changed_at``, announced to those
+    readers alone), both when it does both (made a resource server, whose scopes are none),
+    neither when it withdraws nothing. A client never changed holds neither mark."""
+    from helpers import make_config
+
+    from tokensvc import admin
+    from tokensvc.bootstrap import make_context
+    from tokensvc.storage.base import CLIENT, CREDENTIALS, Revocation
+
+    clock = Clock()
+    ctx = make_context(make_config(), backend_store)
+    ctx.clock = clock
+    heard = []
+    ctx.events.watch(heard.append)
+    spec = admin.ClientSpec("Robot", ["https://robot.example/cb"], ["read", "write"], confidential=True)
+    await admin.create_client(backend_store, spec, "robot")
+
+    async def change(step, *marks):
+        """``step``'s marks and announcements: the marks it set, each at this moment."""
+        clock.advance(1)
+        before = await backend_store.get_client("robot")
+        heard.clear()
+        await step()
+        after = await backend_store.get_client("robot")
+        set_now = {name for name in ("narrowed_at", "credentials_changed_at")
+                   if getattr(after, name) != getattr(before, name)}
+        assert all(getattr(after, name) == clock.now for name in set_now)
+        assert set_now == set(marks)
+        return heard[:]
+
+    robot = await backend_store.get_client("robot")
+    assert (robot.narrowed_at, robot.credentials_changed_at) == (None, None)
+    assert await change(lambda: admin.rotate_secret(ctx, "robot", 60), "credentials_changed_at") == [
+        Revocation(CREDENTIALS, "robot")]
+    assert await change(lambda: admin.update_client(ctx, "robot", {"description": "Builds things"})) == []
+    assert await change(lambda: admin.update_client(ctx, "robot", {"scopes": ["read"]}), "narrowed_at") == [
+        Revocation(CLIENT, "robot")]
+    assert await change(lambda: admin.update_client(ctx, "robot", {"scopes": ["read", "write"]})) == []  # widened
+    assert await change(lambda: admin.update_client(ctx, "robot", {"first_party": True}),
+                        "credentials_changed_at") == [Revocation(CREDENTIALS, "robot")]
+    assert await change(lambda: admin.update_client(ctx, "robot", {"secret_sha256": "ab" * 32}),
+                        "credentials_changed_at") == [Revocation(CREDENTIALS, "robot")]
+    made_an_api = {"kind": "resource-server", "redirect_uris": [], "scopes": None, "first_party": False}
+    assert await change(lambda: admin.update_client(ctx, "robot", made_an_api), "narrowed_at",
+                        "credentials_changed_at") == [Revocation(CLIENT, "robot"), Revocation(CREDENTIALS, "robot")]
+    assert await change(lambda: admin.update_client(ctx, "robot", {"kind": "client", "redirect_uris": [
+        "https://robot.example/cb"]}), "credentials_changed_at") == [Revocation(CREDENTIALS, "robot")]
+    written, update = [], backend_store.update_client
+
+    async def recording(client_id, fields, **options):
+        written.append(fields)
+        return await update(client_id, fields, **options)
+
+    backend_store.update_client = recording
+    clock.advance(1)
+    heard.clear()
+    await admin.remove_client(ctx, "robot")
+    # Its secret replaced first, marked as both: the other processes hear that write, not the
+    # deletion.
+    assert [(fields["narrowed_at"], fields["credentials_changed_at"]) for fields in written] == [(clock.now,) * 2]
+    assert heard[:2] == [Revocation(CREDENTIALS, "robot"), Revocation(CLIENT, "robot")]
+
+
+@pytest.mark.gen_test
 async def test_seeding_that_takes_admin_away_marks_the_user_in_the_same_write(backend_store, now):
     """The configuration demotes: the user is marked (narrowed_at, what every relay hears) in
     the write that demotes, decided on the record it replaces; a promotion landing between the

@@ -37,12 +37,17 @@ from tokensvc.identifiers import (
 from tokensvc.oauth import hashing, introspection, removal
 from tokensvc.oauth import sessions as web_sessions
 from tokensvc.oauth.context import OAuthContext
-from tokensvc.oauth.revocation import end_chains_before_promotion, narrowing, revoke_grant, revoke_token
+from tokensvc.oauth.revocation import (
+    client_change,
+    client_marks,
+    end_chains_before_promotion,
+    revoke_grant,
+    revoke_token,
+)
 from tokensvc.records import (
     CLIENT_KIND,
     CLIENT_KINDS,
     MAX_KEEP_PREVIOUS_SECONDS,
-    READER_FIELDS,
     RESOURCE_SERVER,
     Client,
     Grant,
@@ -53,7 +58,7 @@ from tokensvc.records import (
     User,
     utcnow,
 )
-from tokensvc.storage.base import CLIENT, GRANT, SUBJECT, Conflict, Revocation, Store
+from tokensvc.storage.base import CLIENT, CREDENTIALS, GRANT, SUBJECT, Conflict, Revocation, Store
 
 MAX_PAGE = 200  # the most a listing returns at once
 
@@ -283,41 +288,39 @@ async def update_client(ctx: OAuthContext, client_id: str, changes: dict[str, An
 async def _change_client(ctx: OAuthContext, existing: Client, fields: dict[str, Any],
                          confidential: bool | None) -> tuple[Client, str | None]:
     """Write ``fields`` of the client and no other (a concurrent change of another field
-    holds), with a secret made or dropped when ``confidential`` changes it. A narrowing of its
-    allowed_scopes withdraws the scopes from its grants, codes and families
-    (:func:`revocation.narrowing`), and is announced to the open WebSockets of its tokens."""
+    holds), with a secret made or dropped when ``confidential`` changes it, and the marks the
+    change carries (:func:`revocation.client_change`: a narrowing of its allowed_scopes, withdrawn
+    from its grants, codes and families, announced to the open WebSockets of its tokens and to
+    resource servers; a change of what its feed readers proved, to those readers alone)."""
     secret = None
     if confidential is True and existing.secret_hash is None and "secret_hash" not in fields:
         secret = hashing.new_secret()
         fields = {**fields, "secret_hash": hashing.digest(secret)}
     elif confidential is False and existing.secret_hash is not None:
         fields = {**fields, "secret_hash": None}
-    kept = fields.get("allowed_scopes", existing.allowed_scopes)
-    now = ctx.clock()
-    withdrawn = any(name in fields and fields[name] != getattr(existing, name) for name in READER_FIELDS)
-
-    async def write(narrowed_at: datetime | None) -> Client | None:
-        marked = narrowed_at or (now if withdrawn else None)
-        return await ctx.store.update_client(existing.client_id, fields if marked is None
-                                             else {**fields, "narrowed_at": marked})
-
-    before, narrowed = await narrowing(ctx.store, existing, kept, now, write)
+    before, announced = await client_change(
+        ctx.store, existing, fields, ctx.clock(),
+        lambda marks: ctx.store.update_client(existing.client_id, {**fields, **marks}))
     if before is None:
         raise Missing(f"no client with id {existing.client_id!r}")
-    if narrowed or withdrawn:
-        ctx.events.publish(Revocation(CLIENT, existing.client_id))
+    for revocation in announced:
+        ctx.events.publish(revocation)
     return replace(before, **fields), secret
 
 
-async def _replace_secret(ctx: OAuthContext, client_id: str, secret: str) -> Client | None:
+async def _replace_secret(ctx: OAuthContext, client_id: str, secret: str, *, removing: bool = False) -> Client | None:
     """Write ``secret`` as the client's, only while it has one (a concurrent change making it
-    public wins), marked and announced as a withdrawal: the revocation feed's readers of the
-    client in every process check their credentials again. The client as it was, or None when
-    nothing was written."""
+    public wins), marked and announced as a change of its credentials: the revocation feed's
+    readers of the client in every process check their credentials again. No token of the client
+    loses anything by a new secret, so resource servers hear nothing of it; ``removing``: it is
+    the first step of the client's removal, which is marked and announced as a narrowing too.
+    The client as it was, or None when nothing was written."""
+    announced = [Revocation(kind, client_id) for kind in (CREDENTIALS, *([CLIENT] if removing else []))]
     before = await ctx.store.update_client(client_id, {"secret_hash": hashing.digest(secret),
-                                                       "narrowed_at": ctx.clock()}, if_confidential=True)
+                                                       **client_marks(announced, ctx.clock())}, if_confidential=True)
     if before is not None:
-        ctx.events.publish(Revocation(CLIENT, client_id))
+        for revocation in announced:
+            ctx.events.publish(revocation)
     return before
 
 
@@ -331,13 +334,13 @@ async def get_client(store: Store, client_id: str) -> Client:
 async def rotate_secret(ctx: OAuthContext, client_id: str,
                         keep_previous_seconds: int = 0) -> tuple[str, PreviousSecret | None]:
     """A new secret for a confidential client: its secret alone is written (with the client's
-    mark, announced: the revocation feed's readers of the client, in every process, check their
-    credentials again), and only while it has one (a concurrent change making it public wins).
-    With ``keep_previous_seconds`` the secret it replaces keeps working that long beside it (at
-    most :data:`MAX_KEEP_PREVIOUS_SECONDS`), as a record of its own bound to the new secret,
-    written before the client: a rotation cut short leaves a record that proves nothing (its
-    successor is not the client's secret), never an outage of the old one. The new secret, and
-    the previous one kept."""
+    credentials mark, announced: the revocation feed's readers of the client, in every process,
+    check their credentials again; no resource server drops an answer), and only while it has
+    one (a concurrent change making it public wins). With ``keep_previous_seconds`` the secret
+    it replaces keeps working that long beside it (at most :data:`MAX_KEEP_PREVIOUS_SECONDS`),
+    as a record of its own bound to the new secret, written before the client: a rotation cut
+    short leaves a record that proves nothing (its successor is not the client's secret), never
+    an outage of the old one. The new secret, and the previous one kept."""
     if not 0 <= keep_previous_seconds <= MAX_KEEP_PREVIOUS_SECONDS:
         raise AdminError(f"keep the previous secret between 0 and {MAX_KEEP_PREVIOUS_SECONDS} seconds (30 days)",
                          "keepPreviousSeconds")
@@ -375,12 +378,13 @@ async def remove_client(ctx: OAuthContext, client_id: str) -> int:
     first (its tokens stop at once, in every process), then its grants revoked in batches, then
     finished. A removal cut short (503) is carried on by the same call again, or by the next
     start-up. The grants this call revoked. Its secret is first replaced by one nobody knows,
-    marked and announced as a rotation is: the relays of the other processes hear of that write
-    (neither the record nor the deletion is one they watch for), and a reader of the feed under
-    the client, asking again, finds its credentials proving nothing."""
+    marked and announced as a rotation is and as a narrowing: the relays of the other processes
+    hear of that write (neither the record nor the deletion is one they watch for), a reader of
+    the feed under the client, asking again, finds its credentials proving nothing, and the feed
+    names the client to resource servers."""
     if len(client_id) > 128 or await ctx.store.get_removal(client_id) is None:
         await get_client(ctx.store, client_id)
-        await _replace_secret(ctx, client_id, hashing.new_secret())
+        await _replace_secret(ctx, client_id, hashing.new_secret(), removing=True)
     return await removal.remove_client(ctx.store, client_id, ctx.clock(), ctx.events.publish)
 
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import secrets
-from dataclasses import replace
+from dataclasses import asdict, replace
 from datetime import datetime
 from typing import Any
 
@@ -19,9 +19,9 @@ from tokensvc.oauth import clientauth, hashing, removal, successors
 from tokensvc.oauth.context import OAuthContext
 from tokensvc.oauth.feed import ReaderCaps
 from tokensvc.oauth.metadata import server_metadata
-from tokensvc.oauth.revocation import end_chains_before_promotion, narrowing
+from tokensvc.oauth.revocation import client_change, end_chains_before_promotion
 from tokensvc.ratelimit import FailureLimits
-from tokensvc.records import READER_FIELDS, RESOURCE_SERVER, Client, Installation, User, utcnow
+from tokensvc.records import RESOURCE_SERVER, Client, Installation, User, utcnow
 from tokensvc.storage.base import StorageError, Store, StoreFault, StoreObserver
 
 log = logging.getLogger(__name__)
@@ -146,18 +146,18 @@ def counted(count: int, noun: str) -> str:
 
 
 async def seed_client_as(store: Store, existing: Client | None, client: Client, now: datetime) -> None:
-    """Write ``client`` as the configuration says it, over ``existing``: a narrowing of its
-    allowed_scopes is withdrawn from what its grants and tokens hold, as the admin API's is
-    (:func:`tokensvc.oauth.revocation.narrowing`); it and a change of what its feed readers
-    proved (its secret, kind, first-party flag) are marked, so the other processes' readers of
-    the client check their credentials again."""
+    """Write ``client`` as the configuration says it, over ``existing``, with the marks the
+    change carries (:func:`tokensvc.oauth.revocation.client_change`): a narrowing of its
+    allowed_scopes is withdrawn from what its grants and tokens hold, as the admin API's is, and
+    marked; a change of what its feed readers proved (its secret, kind, first-party flag) is
+    marked, so the other processes' readers of the client check their credentials again. The
+    marks it does not set keep their value."""
     if existing is None:
         await store.put_client(client)
         return
-    client = replace(client, narrowed_at=existing.narrowed_at)
-    withdrawn = any(getattr(client, name) != getattr(existing, name) for name in READER_FIELDS)
-    await narrowing(store, existing, client.allowed_scopes, now, lambda narrowed_at: store.put_client(
-        client if narrowed_at is None and not withdrawn else replace(client, narrowed_at=narrowed_at or now)))
+    client = replace(client, narrowed_at=existing.narrowed_at, credentials_changed_at=existing.credentials_changed_at)
+    await client_change(store, existing, asdict(client), now,
+                        lambda marks: store.put_client(replace(client, **marks)))
 
 
 async def prepare(store: Store, config: Settings, *, first_delay: float = 1.0, max_delay: float = 30.0) -> None:

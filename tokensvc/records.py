@@ -27,8 +27,11 @@ CLIENT_KINDS = (CLIENT_KIND, RESOURCE_SERVER)
 
 
 # What decides whether a client may read the revocation feed with the credentials it proved:
-# a change of one is marked (Client.narrowed_at) and announced, as a narrowing of its scopes is,
-# whoever writes it (the admin API, the CLI, apply, the configuration at start-up).
+# a change of one is marked (Client.credentials_changed_at) and announced to the client's feed
+# readers, whoever writes it (the admin API, the CLI, apply, the configuration at start-up). It
+# withdraws nothing from the client's tokens (none of the three is in an introspection answer,
+# nor what a token's socket stands on), so it is no revocation a resource server hears of; a
+# change of kind to a resource server empties the scopes too, which is a narrowing.
 READER_FIELDS = ("secret_hash", "kind", "first_party")
 
 
@@ -46,16 +49,22 @@ class Client:
     # Web origins (scheme://host[:port]) whose pages may call the token endpoints and the API
     # (CORS), besides the origins of a public client's redirect URIs.
     allowed_origins: list[str] | None = None
-    # When something the client or its tokens may do was last withdrawn (allowed_scopes lost a
-    # scope; its secret, kind or first_party changed; it is being removed): written with the
-    # change, so that every process hears of it (the revocation feed) and the open WebSockets
-    # of its tokens, and its own readers of the feed, check again.
+    # When something its tokens may do was last withdrawn (allowed_scopes lost a scope; it is
+    # being removed): written with the change, so that every process hears of it, the open
+    # WebSockets of its tokens check again, and the revocation feed names the client to resource
+    # servers. An event, never state: nothing decides anything on its value.
     narrowed_at: datetime | None = None
     # CLIENT_KIND, or RESOURCE_SERVER: an API that may introspect and read the revocation feed,
     # nothing else. Stored with no redirect URI, no scope and first_party false, so that a
     # release that drops the field (0.9.0 rewrites whole documents) leaves a client that may
     # do nothing at all, never one that may do more.
     kind: str = CLIENT_KIND
+    # When what its readers of the revocation feed proved last changed (READER_FIELDS: its
+    # secret, kind or first-party flag; it is being removed): written with the change, so that
+    # every process hears of it and the client's feed readers check their credentials again.
+    # Never named on the feed: no token of the client loses anything. An event, as narrowed_at
+    # is: absent (a document 0.9.0 wrote or rewrote) it reads as None, and nothing is lost.
+    credentials_changed_at: datetime | None = None
 
     @property
     def resource_server(self) -> bool:

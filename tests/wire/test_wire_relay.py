@@ -268,3 +268,39 @@ async def test_a_user_demoted_or_removed_in_another_process_is_named(wire_store,
         assert await waiting == Revocation(SUBJECT, root.user_id)
     await feed.aclose()
     await other.close()
+
+
+@pytest.mark.parametrize("streams", [True, False])
+async def test_a_clients_two_marks_are_heard_apart(wire_store, primary, streams):
+    """Another process changes a client: a new secret alone is heard as a change of its feed
+    readers' credentials (CREDENTIALS), a narrowing alone as the client's (CLIENT, which the
+    revocation feed names), a change that is both (made a resource server) as both, and a change
+    that marks nothing not at all; from the change stream (which says which fields an update
+    set) and from polling (which reads each mark through its own partial index)."""
+    from tokensvc.records import Client
+    from tokensvc.storage.base import CLIENT, CREDENTIALS
+
+    primary.change_streams = streams
+    other = MongoStore.from_settings(wire_settings(primary))  # a second process
+    await other.open()
+    await other.put_client(Client("c1", "One", ["https://a/cb"], ["read", "write"], secret_hash="s1"))
+    feed = wire_store.revocation_feed(poll_seconds=0.05)
+    waiting = asyncio.ensure_future(next_revocation(feed))
+    await (streaming(wire_store) if streams else polling(primary))
+    await other.update_client("c1", {"description": "nothing withdrawn"})
+    now = utcnow()
+    await other.update_client("c1", {"secret_hash": "s2", "credentials_changed_at": now})
+    assert await waiting == Revocation(CREDENTIALS, "c1")
+    await other.update_client("c1", {"allowed_scopes": ["read"], "narrowed_at": now})
+    assert await next_revocation(feed) == Revocation(CLIENT, "c1")
+    later = now + timedelta(milliseconds=1)
+    await other.update_client("c1", {"allowed_scopes": [], "kind": "resource-server", "narrowed_at": later,
+                                     "credentials_changed_at": later})
+    assert {await next_revocation(feed) for _ in range(2)} == {Revocation(CLIENT, "c1"), Revocation(CREDENTIALS, "c1")}
+    if streams:  # the projection keeps the marks the match selected on
+        assert "updateDescription.updatedFields.credentials_changed_at" in primary.sent("aggregate")[-1][
+            "pipeline"][2]["$project"]
+    else:
+        assert any("credentials_changed_at" in doc["filter"] for doc in primary.sent("find", "clients"))
+    await feed.aclose()
+    await other.close()

@@ -4,12 +4,13 @@ A client that may introspect authenticates with HTTP Basic (a WebSocket has no b
 refusal (400, 401, 403, 422, 426, 429, 503) is answered before the upgrade, in JSON. After a
 ``ready`` message the socket carries the feed's messages; what the reader sends is ignored.
 
-The reader stands on its client (as a token's socket stands on what it was issued under):
-when the client changes in any process (removed, its secret rotated, its right to read
-withdrawn), the socket asks whether the credentials it proved still hold, and closes with
-:data:`CLOSE_CREDENTIALS` when they do not. It also asks every :data:`RECHECK_SECONDS`: a
-removal reaches other processes as the write that precedes the deletion, which a relay that
-polls (no change streams) may never see.
+The reader stands on its client's credentials (as a token's socket stands on what it was issued
+under): when what it proved changes in any process (the client removed, its secret rotated, its
+right to read withdrawn: :data:`~tokensvc.storage.base.CREDENTIALS`), the socket asks whether
+the credentials it proved still hold, and closes with :data:`CLOSE_CREDENTIALS` when they do
+not. It also asks every :data:`RECHECK_SECONDS`: a removal reaches other processes as the write
+that precedes the deletion, which a relay that polls (no change streams) may never see, and a
+process of 0.9.0 marks none of its changes.
 
 What one reader may cost the process is bounded (the ``[feed]`` settings): a seat among the
 process's readers and its client's, taken before the upgrade (past either cap: 429 or 503,
@@ -54,7 +55,7 @@ from tokensvc.oauth.feed import (
     STOPPING,
     Message,
 )
-from tokensvc.storage.base import CLIENT, Revocation
+from tokensvc.storage.base import CREDENTIALS, Revocation
 
 log = logging.getLogger(__name__)
 
@@ -96,7 +97,7 @@ class RevocationFeedSocket(WebHandler, tornado.websocket.WebSocketHandler):
                 self.edge.metrics.feed_refusals.labels("not_a_reader").inc()
             raise
         self.log_client_id = client_id = client.client_id
-        self._stands_on = [Revocation(CLIENT, client_id)]
+        self._stands_on = [Revocation(CREDENTIALS, client_id)]
         # Resource servers send neither Sec-Fetch-Site nor Origin. A browser page elsewhere must
         # not ride on Basic credentials its browser remembers; refused in JSON here, before
         # Tornado's own check (which answers in plain text).

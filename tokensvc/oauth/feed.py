@@ -5,10 +5,14 @@ Every revocation this process makes, and through its relay (:func:`tokensvc.oaut
 every one another process sharing the store makes, becomes one message naming the identifier a
 cache keys its entries on, as introspection returns it (:func:`cache_keys`): a token family's
 ``family_id``, a grant's ``grant_id``, a client's ``client_id`` (some of what its tokens may
-do was withdrawn), or a user's ``sub`` (likewise: demoted from administrator, or removed).
-Never a token, nor any hash a token is looked up under: the family's key in the store is the
-hash of its secret, so the feed names it by a one-way function of that key
-(:func:`family_label`). Web sessions are no bearer tokens and are not announced.
+do was withdrawn: its scopes narrowed, its removal), or a user's ``sub`` (likewise: demoted from
+administrator, or removed). A change of what a client's feed readers proved (its secret rotated,
+its kind or first-party flag changed: ``CREDENTIALS``) is heard by those readers alone and never
+named: no token of the client loses anything, and a resource server that dropped every answer
+for the client's tokens would ask again for each of them (a routine rotation of a large client
+would be a wave of introspections). Never a token, nor any hash a token is looked up under: the
+family's key in the store is the hash of its secret, so the feed names it by a one-way function
+of that key (:func:`family_label`). Web sessions are no bearer tokens and are not announced.
 
 Each message carries a sequence number of this process's stream. A reader that reconnects names
 the stream and the last number it saw: when the bounded buffer still holds everything after it,
@@ -52,7 +56,8 @@ CLOSE_PING_TIMEOUT = 1000
 CLOSE_RESTART = 1012
 # Why a reader is refused a seat (the metrics' and the answer's reason).
 CLIENT_CAP, PROCESS_CAP, STOPPING = "client_cap", "process_cap", "stopping"
-# What each kind of revocation names, by the introspection member a cache keys on.
+# What each kind of revocation names, by the introspection member a cache keys on; the others
+# (SESSION, USER, CREDENTIALS) end nothing a cache of introspection answers holds.
 NAMED = {FAMILY: "family_id", GRANT: "grant_id", CLIENT: "client_id", SUBJECT: "sub"}
 
 Message = dict[str, Any]

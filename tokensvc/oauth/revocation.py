@@ -18,16 +18,16 @@ changed nothing announces nothing.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from datetime import datetime
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from tokensvc import logs
 from tokensvc.oauth import bearer, clientauth, privileges, tokens
 from tokensvc.oauth.clientauth import ClientRequest
 from tokensvc.oauth.context import OAuthContext
-from tokensvc.records import ACCESS, DEFAULT_SCOPES, Client, Grant, Subject
-from tokensvc.storage.base import FAMILY, GRANT, Revocation, Store
+from tokensvc.records import ACCESS, DEFAULT_SCOPES, READER_FIELDS, Client, Grant, Subject
+from tokensvc.storage.base import CLIENT, CLIENT_MARKS, CREDENTIALS, FAMILY, GRANT, Revocation, Store
 
 R = TypeVar("R")
 
@@ -70,11 +70,19 @@ async def end_chains_before_promotion(store: Store, user_id: str, now: datetime)
     return ended
 
 
-async def narrowing(store: Store, before: Client, allowed_scopes: list[str] | None, now: datetime,
-                    write: Callable[[datetime | None], Awaitable[R]]) -> tuple[R, bool]:
-    """Write a change of the client ``before`` that sets its allowed_scopes to
-    ``allowed_scopes`` (``write(narrowed_at)``: the time to record with it when it narrows them,
-    which tells every process, else None); and whether it narrowed them.
+async def client_change(store: Store, before: Client, fields: Mapping[str, Any], now: datetime,
+                        write: Callable[[dict[str, Any]], Awaitable[R]]) -> tuple[R, list[Revocation]]:
+    """Write a change of the client ``before`` that sets ``fields`` (``write(marks)``: with the
+    marks to record in the same write, which every process's relay hears), and what it
+    announces (for the caller to publish in this process):
+
+    - a narrowing of its allowed_scopes withdraws some of what its tokens may do: marked
+      ``narrowed_at``, announced under the client (:data:`CLIENT`: its tokens' sockets check
+      again, and the revocation feed names the client to resource servers);
+    - a change of what its feed readers proved (:data:`READER_FIELDS`: its secret, kind or
+      first-party flag) withdraws nothing from its tokens: marked ``credentials_changed_at``,
+      announced as :data:`CREDENTIALS` (its feed readers check their credentials again; the feed
+      does not name it, so no resource server drops an answer for it).
 
     A narrowing holds at once at every use (:mod:`privileges`); here it is also withdrawn from
     what the client's grants, codes and families hold (:meth:`Store.withdraw_scopes`), so that
@@ -82,14 +90,24 @@ async def narrowing(store: Store, before: Client, allowed_scopes: list[str] | No
     failure leaves the client as it was, and the change tried again withdraws then) and again
     after it, for what was issued in between; a failure of that second pass leaves only that
     moment's tokens to the check at use."""
+    allowed_scopes = fields.get("allowed_scopes", before.allowed_scopes)
     kept = list(DEFAULT_SCOPES) if allowed_scopes is None else allowed_scopes
     narrowed = any(scope not in kept for scope in before.scopes)
+    credentials = any(name in fields and fields[name] != getattr(before, name) for name in READER_FIELDS)
+    announced = [Revocation(kind, before.client_id) for kind, marked in ((CLIENT, narrowed), (CREDENTIALS, credentials))
+                 if marked]
     if narrowed:
         await store.withdraw_scopes(before.client_id, kept)
-    written = await write(now if narrowed else None)
+    written = await write(client_marks(announced, now))
     if narrowed:
         await store.withdraw_scopes(before.client_id, kept)
-    return written, narrowed
+    return written, announced
+
+
+def client_marks(announced: Iterable[Revocation], now: datetime) -> dict[str, Any]:
+    """The client's fields that carry ``announced`` (:data:`CLIENT_MARKS`) to every process, set
+    to ``now``."""
+    return {CLIENT_MARKS[revocation.kind]: now for revocation in announced}
 
 
 async def revoke_family(ctx: OAuthContext, family_id: str, reason: str) -> bool:

@@ -59,17 +59,23 @@ MAX_LISTED_SESSIONS = 100
 # What a revocation concerns, named in every announcement of it: open WebSockets re-check
 # only when one of the keys they stand on is named.
 FAMILY, GRANT, SESSION, USER, CLIENT, SUBJECT = "family", "grant", "session", "user", "client", "subject"
+# What a client's readers of the revocation feed proved changed (its secret, kind or first-party
+# flag; its removal): they check their credentials again. No token loses anything by it.
+CREDENTIALS = "credentials"
+# The client's field that carries each announcement about a client to every process (its
+# relay watches them, storage/mongo/feed.py), written in the change's own write.
+CLIENT_MARKS = {CLIENT: "narrowed_at", CREDENTIALS: "credentials_changed_at"}
 
 
 @dataclass(slots=True, frozen=True)
 class Revocation:
     """Something was revoked: a token family (or its access token alone), a grant, a web
     session, every web session of a user, some of what a client's tokens may do (its
-    allowed_scopes narrowed), or some of what a user's tokens may do (the user demoted, or
-    removed)."""
+    allowed_scopes narrowed, or its removal), some of what a user's tokens may do (the user
+    demoted, or removed), or what a client's feed readers proved (CREDENTIALS)."""
 
-    kind: str  # FAMILY | GRANT | SESSION | USER | CLIENT | SUBJECT
-    key: str  # the family_id, grant_id, session_hash, user_id, client_id or (SUBJECT) user_id
+    kind: str  # FAMILY | GRANT | SESSION | USER | CLIENT | SUBJECT | CREDENTIALS
+    key: str  # the family_id, grant_id, session_hash, user_id or client_id (SUBJECT: user_id; CREDENTIALS: client_id)
 
 
 class Registry(abc.ABC):

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 from pymongo.errors import OperationFailure, PyMongoError
 
 from tokensvc.storage import hashes
-from tokensvc.storage.base import CLIENT, FAMILY, GRANT, SESSION, SUBJECT, Revocation, StorageError, StoreObserver
+from tokensvc.storage.base import CLIENT_MARKS, FAMILY, GRANT, SESSION, SUBJECT, Revocation, StorageError, StoreObserver
 from tokensvc.storage.mongo.mapping import _utc
 from tokensvc.storage.mongo.retry import guarded, translate
 
@@ -22,14 +22,15 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-# The collections whose updates are revocations: what each names, and the fields that,
-# set to a time, revoke it.
-WATCHED: dict[str, tuple[str, tuple[str, ...]]] = {
-    "families": (FAMILY, ("revoked_at", "access_revoked_at")),
-    "grants": (GRANT, ("revoked_at",)),
-    "sessions": (SESSION, ("ended_at",)),
-    "clients": (CLIENT, ("narrowed_at",)),  # some of what its tokens may do withdrawn
-    "users": (SUBJECT, ("narrowed_at",)),  # likewise: demoted, or being removed
+# The collections whose updates are revocations: the fields that, set to a time, revoke
+# something, and what each names.
+WATCHED: dict[str, dict[str, str]] = {
+    "families": {"revoked_at": FAMILY, "access_revoked_at": FAMILY},
+    "grants": {"revoked_at": GRANT},
+    "sessions": {"ended_at": SESSION},
+    # Some of what its tokens may do withdrawn (CLIENT); what its feed readers proved (CREDENTIALS).
+    "clients": {field: kind for kind, field in CLIENT_MARKS.items()},
+    "users": {"narrowed_at": SUBJECT},  # some of what the user's tokens may do: demoted, or being removed
 }
 # "$changeStream is only supported on replica sets", and kin: poll instead.
 NO_CHANGE_STREAMS = frozenset({40573, 40324, 136})
@@ -89,14 +90,16 @@ class RevocationFeed:
         and when the server can no longer resume it (the oplog rolled past it: 286, 260, 280; or
         the stream was invalidated): then it starts again from now."""
         watchdog = STREAM_WAIT_MS / 1000 + self.budget
-        fields = {field for _, revoking in WATCHED.values() for field in revoking}
+        fields = sorted({field for revoking in WATCHED.values() for field in revoking})
         pipeline = [
             {"$match": {"operationType": {"$in": ["update", "invalidate"]},
                         "$or": [{"operationType": "invalidate"}, {
                             "ns.coll": {"$in": list(WATCHED)},
                             "$or": [{f"updateDescription.updatedFields.{field}": {"$type": "date"}}
-                                    for field in sorted(fields)]}]}},
-            {"$project": {"ns": 1, "documentKey": 1, "operationType": 1, "clusterTime": 1}},
+                                    for field in fields]}]}},
+            # Which of the watched fields the update set: one document may carry two marks.
+            {"$project": {"ns": 1, "documentKey": 1, "operationType": 1, "clusterTime": 1,
+                          **{f"updateDescription.updatedFields.{field}": 1 for field in fields}}},
         ]
         try:
             async with asyncio.timeout(watchdog):
@@ -118,7 +121,8 @@ class RevocationFeed:
                     if change["operationType"] == "invalidate":
                         self._resume_token = None
                         raise StorageError("the change stream was invalidated; following from now")
-                    yield Revocation(WATCHED[change["ns"]["coll"]][0], hashes.unpacked(change["documentKey"]["_id"]))
+                    for revocation in _revocations(change):
+                        yield revocation
             raise StorageError("the server closed the change stream; opening it again where it stood")
         except TimeoutError:
             raise StorageError(f"the change stream did not answer within {watchdog:g} s; opening it again where it "
@@ -139,8 +143,8 @@ class RevocationFeed:
         while True:
             await asyncio.sleep(poll_seconds)
             now = datetime.now(UTC)
-            for collection, (kind, revoking) in WATCHED.items():
-                for field in revoking:
+            for collection, revoking in WATCHED.items():
+                for field, kind in revoking.items():
                     for document in await self._revoked_since(collection, field, since - POLL_OVERLAP):
                         key, at = (collection, document["_id"], field), _utc(document[field])
                         # Seen at another time: marked again (a user demoted twice within the
@@ -154,3 +158,12 @@ class RevocationFeed:
     @guarded()
     async def _revoked_since(self, collection: str, field: str, since: datetime) -> list[dict[str, Any]]:
         return await self._db[collection].find({field: {"$gt": since}}, {field: 1}).to_list(None)
+
+
+def _revocations(change: dict[str, Any]) -> list[Revocation]:
+    """What an update the change stream reported revokes: one announcement for each kind its
+    collection names by a field the update set to a time (a family's two marks are one)."""
+    updated = change.get("updateDescription", {}).get("updatedFields", {})
+    revoking = WATCHED[change["ns"]["coll"]]
+    kinds = dict.fromkeys(kind for field, kind in revoking.items() if isinstance(updated.get(field), datetime))
+    return [Revocation(kind, hashes.unpacked(change["documentKey"]["_id"])) for kind in kinds]

@@ -110,7 +110,7 @@ INDEXES: list[Index] = [
     # The running processes' entries (storage/processes.py), kept a day after their last heartbeat.
     ("processes", [("seen_at", ASCENDING)], {"expireAfterSeconds": 86400, "name": "ttl"}),
     # What the polling fallback of the revocation feed reads.
-    *(_revoked_only(collection, field) for collection, (_, fields) in WATCHED.items() for field in fields),
+    *(_revoked_only(collection, field) for collection, fields in WATCHED.items() for field in fields),
 ]
 INDEX_CONFLICT = frozenset({85, 86})  # IndexOptionsConflict, IndexKeySpecsConflict
 INDEX_NOT_FOUND = 27
