@@ -406,7 +406,10 @@ class FeedRevokedSchema(Schema):
     seq = fields.Integer(required=True)
     family_id = fields.String(metadata={"description": "A token family (or its current access token) was revoked"})
     grant_id = fields.String(metadata={"description": "A grant and every token of it was revoked"})
-    client_id = fields.String(metadata={"description": "Some of what the client's tokens may do was withdrawn"})
+    client_id = fields.String(metadata={"description": "Some of what the client's tokens may do was withdrawn (its "
+                                                       "allowed scopes narrowed, or the client removed). Never sent "
+                                                       "for a new secret, kind or first-party flag, which withdraws "
+                                                       "nothing from its tokens"})
     sub = fields.String(metadata={"description": "Some of what the user's tokens may do was withdrawn (no longer "
                                                  "an administrator, or removed)"})
 

@@ -39,7 +39,8 @@ sessions                by session_hash; a user's (end them all)     ``_id``; ``
 (polling fallback)      revocations since a moment                   partial ``revoked_at``,
                                                                      ``access_revoked_at``,
                                                                      ``ended_at``, ``narrowed_at``
-                                                                     (clients and users)
+                                                                     (clients and users),
+                                                                     ``credentials_changed_at``
 ======================  ===========================================  ===========================
 
 (*) ``list_grants`` filters on ``user_id`` + ``installation_id`` + ``revoked_at``: the index
@@ -47,9 +48,10 @@ sessions                by session_hash; a user's (end them all)     ``_id``; ``
 
 Revocations reach the other processes without a write of their own: each process's relay
 watches the families, grants, sessions, clients and users collections for updates that set
-``revoked_at``, ``access_revoked_at``, ``ended_at`` or a client's or user's ``narrowed_at`` (a
-change stream resumed where it left off), or, where the deployment has none, polls those fields
-through the partial indexes.
+``revoked_at``, ``access_revoked_at``, ``ended_at``, a client's or user's ``narrowed_at`` or a
+client's ``credentials_changed_at`` (a change stream resumed where it left off, which says which
+of them an update set), or, where the deployment has none, polls those fields through the
+partial indexes.
 
 Reads see the writes before them: every operation runs in a causally consistent session
 advanced to the latest operation time this process has seen (its own writes' and the relay's
