@@ -541,7 +541,10 @@ def test_a_previous_secret_outlives_the_previous_release_rewriting_its_client(pr
     rewrites the client's document whole (its start-up seeding, from a configuration that now
     names the new secret), dropping every field it does not know. The old secret still proves
     the client at this release, which keeps it in a record the previous release never reads
-    nor writes; the previous release itself takes only the current one."""
+    nor writes; the previous release itself takes only the current one. The rotation's mark
+    (``credentials_changed_at``) goes with that rewrite, which weakens nothing: a rotation at this
+    release of the document the previous release wrote is marked again, and closes the client's
+    feed reader on the secret it replaced."""
     import hashlib
 
     from tokensvc.oauth import hashing
@@ -557,12 +560,15 @@ def test_a_previous_secret_outlives_the_previous_release_rewriting_its_client(pr
         rotated = json.loads(capsys.readouterr().out)
         new_secret = rotated["clientSecret"]
         assert proves(new.base, old_secret) and proves(new.base, new_secret)
+        document = primary.db["tokensvc"]["clients"].find_one({"_id": "rolling"})
+        assert document["credentials_changed_at"] is not None and document.get("narrowed_at") is None
         # The deploy that follows names the new secret; the previous release restarts first.
         deployment.stop(old)
         rewritten = ROLLING.format(digest=hashlib.sha256(new_secret.encode()).hexdigest(), description="Second")
         old = deployment.start("previous", extra=rewritten)
         document = primary.db["tokensvc"]["clients"].find_one({"_id": "rolling"})
         assert document["description"] == "Second" and document["secret_hash"] == hashing.digest(new_secret)
+        assert "credentials_changed_at" not in document  # a field the previous release does not know
         assert primary.db["tokensvc"]["previous_secrets"].count_documents({"_id": "rolling"}) == 1
         assert proves(new.base, old_secret) and proves(new.base, new_secret)
         assert proves(old.base, new_secret) and not proves(old.base, old_secret)
@@ -574,6 +580,14 @@ def test_a_previous_secret_outlives_the_previous_release_rewriting_its_client(pr
         shown = json.loads(capsys.readouterr().out)
         assert shown["previousSecretExpiresAt"] == rotated["previousSecretExpiresAt"]
         assert digest not in json.dumps(shown)
+        # Rotated at this release again, without overlap: marked, and the reader on the secret it
+        # replaced is closed (4403), told of no revocation.
+        def rotate() -> None:
+            assert cli.main(["clients", "rotate-secret", "rolling", "--config", deployment.config()]) == 0
+
+        assert closed_while_reading_the_feed(new.base, "rolling", new_secret, rotate) == ([], 4403)
+        document = primary.db["tokensvc"]["clients"].find_one({"_id": "rolling"})
+        assert document["credentials_changed_at"] is not None
     finally:
         outputs = deployment.close()
     assert not any("Traceback" in output for output in outputs), outputs
@@ -651,6 +665,31 @@ def after_reading_the_feed(base: str, action, until) -> dict:
                     return message
         finally:
             reader.close()
+
+    return asyncio.run(read())
+
+
+def closed_while_reading_the_feed(base: str, client_id: str, secret: str, action) -> tuple[list[dict], int | None]:
+    """Open the revocation feed at ``base`` as ``client_id``, run ``action`` once it is ready,
+    and read until the feed closes the reader: the messages before, and the close code."""
+    import asyncio
+
+    from tornado.httpclient import HTTPRequest
+    from tornado.websocket import websocket_connect
+
+    from tokensvc.resource.verifier import Settings, Verifier
+
+    basic = Verifier(Settings(base, client_id, secret))._basic
+
+    async def read() -> tuple[list[dict], int | None]:
+        reader = await websocket_connect(HTTPRequest(base.replace("http", "ws", 1) + "/oauth/revocations",
+                                                     headers={"Authorization": basic}))
+        assert json.loads(await asyncio.wait_for(reader.read_message(), 30))["type"] == "ready"
+        await asyncio.to_thread(action)
+        messages = []
+        while (raw := await asyncio.wait_for(reader.read_message(), 30)) is not None:
+            messages.append(json.loads(raw))
+        return messages, reader.close_code
 
     return asyncio.run(read())
 
