@@ -315,7 +315,7 @@ async def _replace_secret(ctx: OAuthContext, client_id: str, secret: str, *, rem
     loses anything by a new secret, so resource servers hear nothing of it; ``removing``: it is
     the first step of the client's removal, which is marked and announced as a narrowing too.
     The client as it was, or None when nothing was written."""
-    announced = [Revocation(kind, client_id) for kind in (CREDENTIALS, *([CLIENT] if removing else []))]
+    announced = [Revocation(kind, client_id) for kind in ((CREDENTIALS, CLIENT) if removing else (CREDENTIALS,))]
     before = await ctx.store.update_client(client_id, {"secret_hash": hashing.digest(secret),
                                                        **client_marks(announced, ctx.clock())}, if_confidential=True)
     if before is not None:
