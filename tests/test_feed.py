@@ -277,6 +277,75 @@ async def test_a_reader_is_closed_when_its_client_is_removed_or_rotated_or_may_n
     await eventually(lambda: ctx.feed.readers == 0, DEADLINE, what="the readers dropped")
 
 
+CHANGES_OF_WEBAPP = {
+    "rotated": lambda admin, ctx: admin.rotate_secret(ctx, "webapp"),
+    "made-third-party": lambda admin, ctx: admin.update_client(ctx, "webapp", {"first_party": False}),
+    "removed": lambda admin, ctx: admin.remove_client(ctx, "webapp"),
+}
+
+
+def changed_after_authenticating(monkeypatch, change):
+    """Every reader's handshake: ``change(ctx)`` lands just after the client's credentials were
+    read, before the reader subscribes to their changes."""
+    from tokensvc.handlers import feed
+
+    authorize = feed.introspection.authorize_client
+
+    async def then_changed(ctx, caller):
+        client = await authorize(ctx, caller)
+        await change(ctx)
+        return client
+
+    monkeypatch.setattr(feed.introspection, "authorize_client", then_changed)
+
+
+@pytest.mark.parametrize("change", sorted(CHANGES_OF_WEBAPP))
+@pytest.mark.gen_test(timeout=60)
+async def test_a_change_during_the_handshake_closes_the_reader_before_ready(http_server, base_url, ctx, monkeypatch,
+                                                                          change):
+    """The handshake reads the client's credentials before the upgrade, and the reader hears of
+    their changes only once open: a change that lands in between was announced before the reader
+    listened, so the reader checks before ``ready`` and is closed (4403) having been told nothing,
+    not kept until the periodic check (made an hour here, so only the handshake's can close it)."""
+    from tokensvc import admin
+    from tokensvc.handlers import feed
+
+    monkeypatch.setattr(feed, "RECHECK_SECONDS", 3600.0)
+    changed_after_authenticating(monkeypatch, lambda ctx: CHANGES_OF_WEBAPP[change](admin, ctx))
+    reader = await connect(base_url)
+    assert await closed_for_its_credentials(reader) == []
+    await eventually(lambda: ctx.feed.readers == 0, DEADLINE, what="no reader registered")
+
+
+@pytest.mark.gen_test(timeout=60)
+async def test_a_handshake_its_clients_credentials_did_not_change_during_checks_nothing_more(http_server, base_url,
+                                                                                            ctx, monkeypatch):
+    """Only a change of the reader's own client during its handshake makes it check before
+    ``ready``: none, or another client's, costs the handshake no second read of the store. The
+    reader then hears its own client's changes."""
+    from tokensvc import admin
+    from tokensvc.handlers import feed
+
+    checks, check = [], feed.introspection.still_a_reader
+
+    async def still_a_reader(ctx, request):
+        checks.append(request.credentials().client_id)
+        return await check(ctx, request)
+
+    monkeypatch.setattr(feed.introspection, "still_a_reader", still_a_reader)
+    reader = await connect(base_url)
+    assert (await next_message(reader))["type"] == "ready"
+    await notes_api(ctx)
+    changed_after_authenticating(monkeypatch, lambda ctx: admin.rotate_secret(ctx, "notes-api"))
+    other = await connect(base_url)
+    assert (await next_message(other))["type"] == "ready"
+    assert checks == []
+    await admin.rotate_secret(ctx, "webapp")
+    assert await closed_for_its_credentials(other) == []
+    assert await closed_for_its_credentials(reader) == []
+    assert checks == ["webapp", "webapp"]
+
+
 @pytest.mark.parametrize("config", [make_config(feed={"max_readers": 2, "max_readers_per_client": 1})])
 @pytest.mark.gen_test(timeout=90)
 async def test_every_refusal_is_as_the_document_says(http_server, base_url, ctx):

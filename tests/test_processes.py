@@ -203,6 +203,37 @@ async def test_a_readers_client_rotated_or_removed_in_another_process_closes_the
 
 
 @pytest.mark.gen_test(timeout=30)
+async def test_a_rotation_in_another_process_heard_during_a_readers_handshake_closes_it_before_ready(
+        http_server, base_url, store, ctx, config, monkeypatch):
+    """A rotation made elsewhere whose announcement reaches this process through the relay
+    after the reader's credentials were read, but before it subscribed: checked before
+    ``ready``, and the reader is closed (4403) having been told nothing."""
+    from test_feed import changed_after_authenticating, closed_for_its_credentials, notes_api
+
+    from tokensvc.bootstrap import make_context
+    from tokensvc.handlers import feed
+    from tokensvc.operator import Operator
+
+    secret = await notes_api(ctx)
+    elsewhere = Operator(make_context(config, other_process(store)), config)
+
+    async def rotated_elsewhere_and_heard(ctx):
+        mark = ctx.events.mark()
+        await elsewhere.rotate_secret("notes-api", {})
+        await eventually(lambda: ctx.events.mark() > mark, DEADLINE, what="the rotation relayed here")
+
+    monkeypatch.setattr(feed, "RECHECK_SECONDS", 3600.0)
+    changed_after_authenticating(monkeypatch, rotated_elsewhere_and_heard)
+    relay = asyncio.ensure_future(events.relay(store, ctx.events))
+    try:
+        reader = await connect_feed(base_url, client_id="notes-api", secret=secret)
+        assert await closed_for_its_credentials(reader) == []
+    finally:
+        relay.cancel()
+        await asyncio.gather(relay, return_exceptions=True)  # its poll ended, not left to the collector
+
+
+@pytest.mark.gen_test(timeout=30)
 async def test_the_feed_names_a_narrowed_client(store):
     store.observer = polls = Polls()
     feed = store.revocation_feed(poll_seconds=0.05).__aiter__()

@@ -1,6 +1,8 @@
 """A socket's re-check (tokensvc/handlers/recheck.py): one check at a time; a change announced
 while one runs causes exactly one more run after it, however many arrived; a failing check is
-logged, never raised, and the next request checks again."""
+logged, never raised, and the next request checks again. A socket that subscribes after its
+handshake read the store checks before going on only when one of its keys was announced since
+it began reading (or anything was, or more than are remembered)."""
 
 from __future__ import annotations
 
@@ -10,6 +12,8 @@ import logging
 import pytest
 
 from tokensvc.handlers.recheck import Recheck
+from tokensvc.oauth.events import REMEMBERED, RevocationEvents
+from tokensvc.storage.base import CLIENT, FAMILY, GRANT, Revocation
 
 
 class GatedCheck:
@@ -91,3 +95,59 @@ async def test_a_failing_check_is_logged_not_raised_and_the_next_request_checks_
     assert await started(check) == 3
     await let_run(check, recheck)
     assert check.most == 1
+
+
+OURS = [Revocation(FAMILY, "f1"), Revocation(GRANT, "g1")]
+
+
+async def stood_on(announce) -> list[str]:
+    """The checks a socket standing on OURS runs in :meth:`Recheck.stand_on`, after
+    ``announce(events)`` between its mark and its subscription: each one over before it returned."""
+    events, checks = RevocationEvents(), []
+
+    async def check() -> None:
+        await asyncio.sleep(0)  # a store read yields
+        checks.append("checked")
+
+    recheck = Recheck(check, "could not re-check")
+    mark = events.mark()
+    announce(events)
+    await recheck.stand_on(events, OURS, mark)
+    assert recheck._task is None, "stand_on returned before its check was over"
+    return checks
+
+
+@pytest.mark.parametrize(("announce", "checks"), [
+    (lambda events: None, 0),
+    (lambda events: events.publish(Revocation(FAMILY, "f2")), 0),  # another socket's
+    (lambda events: events.publish(Revocation(CLIENT, "f1")), 0),  # the same id, another kind
+    (lambda events: events.publish(Revocation(GRANT, "g1")), 1),
+    (lambda events: [events.publish(Revocation(FAMILY, "f1")) for _ in range(3)], 1),
+    (lambda events: events.publish_all(), 1),  # anything may have been revoked
+    (lambda events: [events.publish(Revocation(FAMILY, "f1"))] + [
+        events.publish(Revocation(FAMILY, str(n))) for n in range(REMEMBERED)], 1),  # ours, among the last
+    (lambda events: [events.publish(Revocation(FAMILY, "f1"))] + [
+        events.publish(Revocation(FAMILY, str(n))) for n in range(REMEMBERED - 1)], 1),
+    (lambda events: [events.publish(Revocation(FAMILY, str(n))) for n in range(REMEMBERED)], 0),
+    (lambda events: [events.publish(Revocation(FAMILY, str(n))) for n in range(REMEMBERED + 1)], 1),  # forgotten
+], ids=["none", "another-family", "another-kind", "its-grant", "its-family-thrice", "anything",
+        "its-family-since-forgotten", "its-family-still-remembered", "as-many-as-remembered",
+        "more-than-remembered"])
+@pytest.mark.gen_test
+async def test_a_socket_checks_before_going_on_only_when_what_it_stands_on_was_announced_since_its_mark(announce,
+                                                                                                        checks):
+    assert len(await stood_on(announce)) == checks
+
+
+@pytest.mark.gen_test
+async def test_after_standing_on_its_keys_a_socket_hears_each_later_announcement():
+    events, heard = RevocationEvents(), asyncio.Event()
+
+    async def check() -> None:
+        heard.set()
+
+    recheck = Recheck(check, "could not re-check")
+    await recheck.stand_on(events, OURS, events.mark())
+    assert not heard.is_set()
+    events.publish(Revocation(GRANT, "g1"))
+    await asyncio.wait_for(heard.wait(), 10)

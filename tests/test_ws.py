@@ -238,6 +238,75 @@ async def test_revocation_closes_the_socket_within_a_second(browser, http_client
     await closed_as_revoked(connection)
 
 
+def revoked_after_authenticating(monkeypatch, source, revoke):
+    """The next handshake authenticated from ``source`` (``from_bearer``, ``from_session``):
+    ``revoke()`` lands just after its credential was read, before the socket subscribes."""
+    from tokensvc.oauth import principal as principals
+
+    authenticate, pending = getattr(principals, source), [revoke]
+
+    async def then_revoked(ctx, presented):
+        found = await authenticate(ctx, presented)
+        if found is not None and pending:
+            await pending.pop()()
+        return found
+
+    monkeypatch.setattr(principals, source, then_revoked)
+
+
+@pytest.mark.gen_test
+async def test_a_revocation_during_the_handshake_closes_the_socket_before_the_welcome(browser, http_client, base_url,
+                                                                                    monkeypatch):
+    """The handshake reads the token before the upgrade, and the socket hears of revocations
+    only once open: one that lands in between was announced before the socket listened, so the
+    socket checks before its welcome and is closed (4401) having been told nothing (it stayed
+    open, nothing checking it again until the token expired)."""
+    issued = await tokens(browser, http_client, base_url)
+    revoked_after_authenticating(monkeypatch, "from_bearer",
+                                 lambda: revoke_rfc7009(http_client, base_url, issued, browser))
+    connection = await websocket_connect(ws_url(base_url, "?access_token=" + issued["access_token"]))
+    await closed_as_revoked(connection)
+
+
+@pytest.mark.gen_test
+async def test_a_sign_out_during_the_handshake_closes_the_cookie_socket_before_the_welcome(browser, base_url,
+                                                                                         monkeypatch):
+    await browser.login("alice")
+    cookie = "; ".join(f"{k}={v}" for k, v in browser.cookies.items())
+
+    async def sign_out():
+        response = await browser.fetch("/oauth/sign-out", "POST", {}, headers={"X-XSRFToken": browser.cookies["_xsrf"]})
+        assert response.code == 200
+
+    revoked_after_authenticating(monkeypatch, "from_session", sign_out)
+    connection = await websocket_connect(HTTPRequest(ws_url(base_url), headers={"Cookie": cookie,
+                                                                                 "Origin": OWN_ORIGIN}))
+    await closed_as_revoked(connection)
+
+
+@pytest.mark.gen_test
+async def test_a_handshake_no_revocation_touched_checks_nothing_more(browser, http_client, base_url, monkeypatch):
+    """Only a revocation of what the socket stands on, during its handshake, makes it check
+    before its welcome: another family's costs the handshake no second read of the store."""
+    from tokensvc.oauth import principal as principals
+
+    other = await tokens(browser, http_client, base_url)
+    issued = await tokens(browser, http_client, base_url)
+    checked, still_valid = [], principals.still_valid
+
+    async def counting(ctx, principal):
+        checked.append(principal.token.family_id)
+        return await still_valid(ctx, principal)
+
+    monkeypatch.setattr(principals, "still_valid", counting)
+    revoked_after_authenticating(monkeypatch, "from_bearer",
+                                 lambda: revoke_rfc7009(http_client, base_url, other, browser))
+    connection = await websocket_connect(ws_url(base_url, "?access_token=" + issued["access_token"]))
+    await welcome_of(connection)
+    assert checked == []
+    connection.close()
+
+
 @pytest.mark.gen_test
 async def test_a_narrowed_client_closes_the_sockets_that_lost_read(browser, http_client, base_url, ctx, config):
     """Narrowing a client's allowed_scopes revokes nothing, but a socket whose token no longer

@@ -8,9 +8,11 @@ The reader stands on its client's credentials (as a token's socket stands on wha
 under): when what it proved changes in any process (the client removed, its secret rotated, its
 right to read withdrawn: :data:`~tokensvc.storage.base.CREDENTIALS`), the socket asks whether
 the credentials it proved still hold, and closes with :data:`CLOSE_CREDENTIALS` when they do
-not. It also asks every :data:`RECHECK_SECONDS`: a removal reaches other processes as the write
-that precedes the deletion, which a relay that polls (no change streams) may never see, and a
-process of 0.9.0 marks none of its changes.
+not; a change between its handshake's authentication and its subscription is asked about
+before ``ready`` (:meth:`.Recheck.stand_on`), so no reader is told ``ready`` on credentials that
+no longer hold. It also asks every :data:`RECHECK_SECONDS`: a removal reaches other processes
+as the write that precedes the deletion, which a relay that polls (no change streams) may never
+see, and a process of 0.9.0 marks none of its changes.
 
 What one reader may cost the process is bounded (the ``[feed]`` settings): a seat among the
 process's readers and its client's, taken before the upgrade (past either cap: 429 or 503,
@@ -75,11 +77,14 @@ class RevocationFeedSocket(WebHandler, tornado.websocket.WebSocketHandler):
     output = JSON
     reads_session = False
     _stands_on: list[Revocation] = []
-    _recheck: Recheck
     _every: tornado.ioloop.PeriodicCallback | None = None
     _pinging: asyncio.Task[None] | None = None
     _ponged = False
     _unsent_bytes = 0  # of live messages queued on the socket and not yet written to it
+
+    def initialize(self) -> None:
+        super().initialize()
+        self._recheck = Recheck(self._check, "could not re-check a revocation feed reader's credentials")
 
     async def get(self, *args: Any, **kwargs: Any) -> None:
         authorization = self.request.headers.get("Authorization")
@@ -90,6 +95,7 @@ class RevocationFeedSocket(WebHandler, tornado.websocket.WebSocketHandler):
         self._stream = query.get("stream")
         self._after = int(query["after"]) if "after" in query else None
         self._caller = ClientRequest(authorization, None, None, self.request.remote_ip or "-", self.request.path)
+        self._mark = self.ctx.events.mark()  # before the credentials are read (Recheck.stand_on)
         try:
             client = await introspection.authorize_client(self.ctx, self._caller)
         except HTTPAnswer as answer:
@@ -125,12 +131,13 @@ class RevocationFeedSocket(WebHandler, tornado.websocket.WebSocketHandler):
         """None of Tornado's pings: :meth:`_keep_pinging` sends them."""
         return 0.0
 
-    def open(self, *args: Any, **kwargs: Any) -> None:
+    async def open(self, *args: Any, **kwargs: Any) -> None:
+        await self._recheck.stand_on(self.ctx.events, self._stands_on, self._mark)
+        if self.ws_connection is None:  # closed meanwhile: its credentials no longer hold, or it left
+            return
         self._unsent: deque[tuple[Future[None], int]] = deque()
         self._bound = self.config.feed.max_unsent_bytes
         self.edge.metrics.feed_readers.inc()
-        self._recheck = Recheck(self._check, "could not re-check a revocation feed reader's credentials")
-        self.ctx.events.subscribe(self._stands_on, self._recheck.request)
         self._every = tornado.ioloop.PeriodicCallback(self._recheck.request, RECHECK_SECONDS * 1000, jitter=0.1)
         self._every.start()
         self._pinging = asyncio.create_task(self._keep_pinging())
@@ -149,13 +156,13 @@ class RevocationFeedSocket(WebHandler, tornado.websocket.WebSocketHandler):
 
     def on_close(self) -> None:
         self.ctx.feed.close(self._send)
+        self.ctx.events.unsubscribe(self._stands_on, self._recheck.request)
         if self._pinging is not None:
             self._pinging.cancel()
         if self._every is not None:
             for written, _ in self._unsent:  # ended with the socket: their errors are no news
                 written.add_done_callback(_retrieved)
             self.edge.metrics.feed_readers.dec()
-            self.ctx.events.unsubscribe(self._stands_on, self._recheck.request)
             self._every.stop()
 
     async def _keep_pinging(self) -> None:

@@ -9,6 +9,11 @@ while one runs is not dropped: that check may have read the store before the cha
 so exactly one more runs after it, however many arrived meanwhile. A check that fails (the
 store away) is logged and the socket kept, as a token's socket is: the relay announces again,
 to every listener, once the store is back.
+
+A socket subscribes only once it has read what it stands on (its handshake authenticated it),
+so a change in between is not announced to it: :meth:`Recheck.stand_on` asks the announcements
+whether one came since the socket's mark, and if so checks before the socket says its first
+word (``ready``, ``welcome``). A handshake no announcement touched reads nothing more.
 """
 
 from __future__ import annotations
@@ -16,6 +21,9 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable
+
+from tokensvc.oauth.events import RevocationEvents
+from tokensvc.storage.base import Revocation
 
 log = logging.getLogger(__name__)
 
@@ -37,6 +45,15 @@ class Recheck:
             self._again = True
         else:
             self._task = asyncio.get_running_loop().create_task(self._run())
+
+    async def stand_on(self, events: RevocationEvents, keys: list[Revocation], mark: int) -> None:
+        """Subscribe :meth:`request` to ``keys``, which the socket read after ``mark``
+        (:meth:`RevocationEvents.mark`); when any was announced since, return only once a check
+        has run (it closes the socket when what it read no longer holds)."""
+        if events.subscribe(keys, self.request, since=mark):
+            self.request()
+            assert self._task is not None
+            await self._task
 
     async def _run(self) -> None:
         try:

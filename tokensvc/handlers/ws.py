@@ -78,6 +78,7 @@ class EchoSocket(AuthMixin, WebHandler, tornado.websocket.WebSocketHandler):
         # A failure here (400, 426, 401, 403, 503) is rendered by the lifecycle, before any
         # upgrade: the request's shape first, as every route checks its input before its caller.
         check_handshake(self.request)
+        self._mark = self.ctx.events.mark()  # before the credential is read (Recheck.stand_on)
         self.principal = await self.authenticate()
         self.principal.require("read")
         self.log_client_id = self.principal.client_id
@@ -93,9 +94,13 @@ class EchoSocket(AuthMixin, WebHandler, tornado.websocket.WebSocketHandler):
         principal = self.principal
         assert principal is not None
         # Revocations reach the socket as announcements (oauth.events), from this process and,
-        # through the process's one relay, from every other: no socket polls on its own.
+        # through the process's one relay, from every other: no socket polls on its own. One
+        # between the handshake's authentication and this subscription is checked before the
+        # welcome: none is sent on a credential that no longer holds.
         self._stands_on = principals.stands_on(principal)
-        self.ctx.events.subscribe(self._stands_on, self._recheck.request)
+        await self._recheck.stand_on(self.ctx.events, self._stands_on, self._mark)
+        if self.ws_connection is None:  # closed meanwhile: revoked, or the peer left
+            return
         self.opened = True
         self.edge.metrics.websockets_open.inc()
         loop = tornado.ioloop.IOLoop.current()
