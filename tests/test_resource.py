@@ -288,10 +288,11 @@ async def test_a_silent_feed_bounds_an_answer_from_its_last_sign_of_life(browser
     access = (await tokens(browser, http_client, base_url))["access_token"]
     proxy = StallingProxy(int(base_url.rsplit(":", 1)[1]))
     clock = Monotonic()
-    verifier = await started(verifier_for(await proxy.start(), clock, offline_ttl=30, timeout=1, ping_seconds=1))
+    verifier = await started(verifier_for(await proxy.start(), clock, offline_ttl=30, ping_seconds=1))
     try:
         await verifier.check(access)
         proxy.stalled = True
+        verifier.settings.timeout = 1  # tokensvc's silence, below, is given up after 1 s (not the setup's)
         clock.now += 20  # silent for 20 s before the silence is noticed
         await eventually(lambda: not verifier.feed_up, DEADLINE, what="the silent feed taken for down")
         assert verifier.alive_at < clock.now
@@ -309,7 +310,7 @@ async def test_a_silent_feed_is_down_after_ping_seconds_not_after_its_close_hand
     """Silent for ping_seconds, the feed is taken for down and a new connection is tried at
     once: the silent one's close handshake (which Tornado gives 5 s) is not waited for."""
     proxy = StallingProxy(int(base_url.rsplit(":", 1)[1]))
-    verifier = await started(verifier_for(await proxy.start(), ping_seconds=1, timeout=1, retry_seconds=0.05))
+    verifier = await started(verifier_for(await proxy.start(), ping_seconds=1, retry_seconds=0.05))
     try:
         assert proxy.events == [("open", 1)]
         proxy.stalled = True

@@ -133,8 +133,10 @@ async def test_a_flush_during_a_flood_of_made_up_tokens_closes_no_valid_connecti
     """Anyone may send made-up tokens: while hundreds of them wait on a slow introspection,
     a flush has every watched connection asked again on places of their own, answered at
     once, and none of them ends; the flood's checks past the queue fail at once (503)."""
-    async with fake_tokensvc_and_verifier(timeout=1, offline_ttl=3600, retry_seconds=0.05, reverify_spread=0.0,
-                                          introspection_queue=256) as (fake, verifier):
+    # The held introspections outlast every wait below (one given up would let another of the
+    # queue in, and the counts would move on).
+    async with fake_tokensvc_and_verifier(timeout=DEADLINE, offline_ttl=3600, retry_seconds=0.05,
+                                          reverify_spread=0.0, introspection_queue=256) as (fake, verifier):
         watched = tokens_of("w", 20)
         fake.active.update(watched)
         ended = []
@@ -465,12 +467,14 @@ async def test_a_flush_asks_again_for_every_watched_connection_a_few_at_a_time(h
     although the whole round takes longer than one introspection's timeout; no more than
     reverify_concurrency introspections at a time."""
     issued = [(await issue_tokens(ctx, "alice", "read")).access_token for _ in range(200)]
-    verifier = await started(verifier_for(base_url, timeout=1, offline_ttl=60, retry_seconds=0.05,
-                                          reverify_spread=0.2))
+    verifier = await started(verifier_for(base_url, offline_ttl=60, retry_seconds=0.05, reverify_spread=0.2))
     ended: set[str] = set()
     try:
         stops = [verifier.watch(token, await verifier.check(token), lambda token=token: ended.add(token))
                  for token in issued]
+        # The round below takes longer than one introspection's timeout; the checks above had the
+        # default one (a busy machine may hold one of them up longer than a second).
+        verifier.settings.timeout = 1
         withheld = Withheld(ctx, monkeypatch)  # revoked while the relay was interrupted: never announced
         revoked = set(issued[::20])
         for token in revoked:
