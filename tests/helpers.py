@@ -111,7 +111,7 @@ class Clock:
 DEADLINE = 30.0
 
 
-async def eventually(predicate: Any, seconds: float = 10.0, what: str = "the condition") -> None:
+async def eventually(predicate: Any, seconds: float = DEADLINE, what: str = "the condition") -> None:
     """Wait until ``predicate()`` (a function, or a coroutine function) holds: the event a
     test waits for, with a deadline, never a fixed sleep."""
     import asyncio

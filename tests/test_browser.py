@@ -30,7 +30,7 @@ from urllib.parse import parse_qs, urlencode, urlsplit
 
 import pytest
 import requests
-from helpers import CHALLENGE, VERIFIER
+from helpers import CHALLENGE, DEADLINE, VERIFIER
 from service import WEBAPP_SECRET, start_service
 
 pytestmark = [pytest.mark.browser, pytest.mark.e2e]
@@ -246,7 +246,7 @@ def wait_until(driver, condition):
                 return False
             raise
 
-    return WebDriverWait(driver, 10, ignored_exceptions=[StaleElementReferenceException]).until(settled)
+    return WebDriverWait(driver, DEADLINE, ignored_exceptions=[StaleElementReferenceException]).until(settled)
 
 
 def wait_for(driver, by, value):

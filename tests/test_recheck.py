@@ -10,6 +10,7 @@ import asyncio
 import logging
 
 import pytest
+from helpers import DEADLINE
 
 from tokensvc.handlers.recheck import Recheck
 from tokensvc.oauth.events import REMEMBERED, RevocationEvents
@@ -40,7 +41,7 @@ class GatedCheck:
 
 
 async def started(check: GatedCheck) -> int:
-    return await asyncio.wait_for(check.started.get(), 10)
+    return await asyncio.wait_for(check.started.get(), DEADLINE)
 
 
 async def let_run(check: GatedCheck, recheck: Recheck) -> None:
