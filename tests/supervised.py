@@ -48,7 +48,11 @@ def main() -> int:
                 signal.pause()
         return 3  # "crash": dies as soon as it starts
 
-    supervisor = Supervisor(2, work, stop_seconds=2.0, first_delay=0.1, stable_seconds=30.0, give_up_after=4)
+    # The drain's bound: short where a worker will not stop (it is killed after it), a bound for
+    # a hang where every worker drains (a busy machine may hold a drain up for seconds).
+    stop_seconds = 2.0 if behaviour == "stubborn" else 30.0
+    supervisor = Supervisor(2, work, stop_seconds=stop_seconds, first_delay=0.1, stable_seconds=30.0,
+                            give_up_after=4)
     return supervisor.run()
 
 
