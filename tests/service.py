@@ -200,6 +200,8 @@ def end(process: subprocess.Popen, grace: float = STOP_SECONDS) -> tuple[Any, An
     N``), wait until none of it runs, SIGKILL what is left after ``grace`` seconds; returns
     what ``process`` wrote to its pipes (if any), once it is reaped, whatever happened."""
     if process.returncode is not None:  # reaped already (its group's id may be another's by now)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            return process.communicate(timeout=grace)  # what it wrote before it ended: why it did
         return None, None
     group, ending = process.pid, time.monotonic() + grace
     try:

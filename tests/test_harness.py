@@ -127,6 +127,15 @@ def test_end_lets_the_workers_drain_after_their_leader_ended(tmp_path):
     assert children.group_running(process.pid) == []
 
 
+def test_end_returns_what_a_process_that_ended_by_itself_wrote():
+    """A process found ended (its exit seen by poll(), as a wait for a service sees it) is not
+    signalled, and what it wrote before it ended, which says why, is returned all the same."""
+    process = service.spawn([sys.executable, "-c", "import sys; print('said'); sys.exit('failed')"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    wait_until(lambda: process.poll() is not None, "the process's end")
+    assert service.end(process) == ("said\n", "failed\n") and process.returncode == 1
+
+
 class Starting:
     """A process that has not exited."""
 
