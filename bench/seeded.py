@@ -107,7 +107,7 @@ async def main() -> None:
     parser.add_argument("--switch", help="a switch variant of bench/inprocess.py, for the whole run (bench/wrk_ab.py)")
     args = parser.parse_args()
     if args.switch:
-        from inprocess import VARIANTS
+        from variants import VARIANTS
 
         VARIANTS[args.switch].switched().__enter__()
     config = dataclasses.replace(settings(args.port), log_level=args.log_level)
