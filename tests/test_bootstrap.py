@@ -160,3 +160,145 @@ async def test_the_start_up_line_counts_every_client_it_seeded(store, caplog):
         "seeded 5 clients (4 from the config and tokensvc-cli), 2 users, 1 installation",
         "seeded 4 clients (from the config), 2 users, 0 installations"]
     assert len(await store.list_clients()) == 4
+
+
+CLI_REDIRECT = "http://127.0.0.1:5555/callback"
+
+
+def audited(caplog, event):
+    return [record.audit for record in caplog.records if record.name == "tokensvc.audit"
+            and record.audit["event"] == event]
+
+
+async def cli_login(store, clock):
+    """root's `tokensvc login`: an admin token pair of the command line's client."""
+    from helpers import issue_tokens
+
+    from tokensvc.bootstrap import make_context
+
+    ctx = make_context(make_config(), store, clock=clock)
+    issued = await issue_tokens(ctx, "root", "admin", client_id=CLI_CLIENT.client_id, redirect_uri=CLI_REDIRECT)
+    return ctx, issued
+
+
+async def dead(ctx, issued):
+    """Whether neither token of ``issued`` does anything: inactive, and no refresh."""
+    from tokensvc.oauth import grants, introspection
+    from tokensvc.oauth.errors import InvalidGrant
+
+    for token in (issued.access_token, issued.refresh_token):
+        if (await introspection.introspect(ctx, token))["active"]:
+            return False
+    client = await ctx.store.get_client(CLI_CLIENT.client_id)
+    if client is not None:
+        with pytest.raises(InvalidGrant):
+            await grants.refresh(ctx, client, issued.refresh_token, None)
+    return True
+
+
+@pytest.mark.gen_test
+@pytest.mark.parametrize("backend_store", BACKENDS, indirect=True)
+async def test_switching_the_cli_client_off_removes_it_as_clients_remove_does_and_on_again_revives_nothing(
+        backend_store, clock, caplog):
+    """``admin.cli_client = false`` removes tokensvc-cli as ``clients remove`` would: its grants
+    revoked (each announced through the store), audited, no removal left under way; a restart
+    still switched off does nothing more; a later one switched on registers it afresh, and the
+    admin tokens of before stay dead (no introspection answers active, no refresh)."""
+    store = backend_store
+    await seed(store, make_config())
+    ctx, issued = await cli_login(store, clock)
+    grant = (await store.list_client_grants(CLI_CLIENT.client_id))[0]
+    with caplog.at_level("INFO", logger="tokensvc.audit"):
+        await seed(store, make_config(admin={"cli_client": False}))
+        await seed(store, make_config(admin={"cli_client": False}))  # a second start, still off
+    assert (await store.get_grant(grant.grant_id)).revoked_at is not None
+    assert [event["grants_revoked"] for event in audited(caplog, "client_removed")] == [1]
+    assert await store.get_removal(CLI_CLIENT.client_id) is None and await store.list_removals() == []
+    assert await dead(ctx, issued)
+    await seed(store, make_config(admin={"cli_client": True}))
+    assert (await store.get_client(CLI_CLIENT.client_id)).scopes == ["admin"]
+    assert await dead(ctx, issued)
+    _, again = await cli_login(store, clock)  # a new login works
+    from tokensvc.oauth import introspection
+
+    assert (await introspection.introspect(ctx, again.access_token))["active"]
+
+
+@pytest.mark.gen_test(timeout=60)
+@pytest.mark.parametrize("backend_store", BACKENDS, indirect=True)
+async def test_several_processes_switching_the_cli_client_off_at_once_remove_it_once(backend_store, clock, caplog):
+    """Start-ups at once (every store call yields on mongodb): none fails, the client is
+    removed, its grant revoked, no removal left under way."""
+    store = backend_store
+    await seed(store, make_config())
+    ctx, issued = await cli_login(store, clock)
+    grant = (await store.list_client_grants(CLI_CLIENT.client_id))[0]
+    off = make_config(admin={"cli_client": False})
+    with caplog.at_level("INFO", logger="tokensvc.audit"):
+        await asyncio.gather(*(seed(store, off) for _ in range(3)))
+    assert await store.list_removals() == [] and await store.get_client(CLI_CLIENT.client_id) is None
+    assert (await store.get_grant(grant.grant_id)).revoked_at is not None and audited(caplog, "client_removed")
+    await seed(store, make_config())
+    assert await dead(ctx, issued)
+
+
+@pytest.mark.gen_test
+@pytest.mark.parametrize("backend_store", BACKENDS, indirect=True)
+async def test_switching_the_cli_client_off_cut_short_is_finished_by_the_next_start_up(backend_store, clock,
+                                                                                      monkeypatch):
+    """The store fails once the removal is recorded: that start-up fails (it retries), the
+    client is gone meanwhile, and the next one, switched on again, finishes the removal before
+    registering the client afresh."""
+    from tokensvc.bootstrap import prepare
+    from tokensvc.storage.base import StorageError
+
+    store = backend_store
+    await seed(store, make_config())
+    ctx, issued = await cli_login(store, clock)
+    revoke = store.revoke_client_grants
+
+    async def failing(*args):
+        raise StorageError("the store went away")
+
+    monkeypatch.setattr(store, "revoke_client_grants", failing)
+    with pytest.raises(StorageError):
+        await seed(store, make_config(admin={"cli_client": False}))
+    assert await store.get_removal(CLI_CLIENT.client_id) is not None
+    assert await dead(ctx, issued)
+    monkeypatch.setattr(store, "revoke_client_grants", revoke)
+    await prepare(store, make_config())
+    assert await store.list_removals() == [] and await store.get_client(CLI_CLIENT.client_id) is not None
+    assert await store.list_client_grants(CLI_CLIENT.client_id) == []
+    assert await dead(ctx, issued)
+
+
+@pytest.mark.gen_test
+@pytest.mark.parametrize("backend_store", BACKENDS, indirect=True)
+@pytest.mark.parametrize("registration", ["seeding", "clients add", "admin API PUT"])
+async def test_a_client_registered_again_after_any_deletion_revives_nothing_of_before(backend_store, clock,
+                                                                                      registration):
+    """Whatever deleted a client without revoking its grants (0.9.0's `clients remove` cut short
+    between its deletion and its revocation, its start-up switching tokensvc-cli off, a hand in
+    the database), registering the id again revokes what was left under it first, each grant
+    announced: the tokens of before stay dead under the new client."""
+    from tokensvc import admin
+    from tokensvc.storage.base import GRANT, Revocation
+
+    store = backend_store
+    await seed(store, make_config())
+    ctx, issued = await cli_login(store, clock)
+    grant = (await store.list_client_grants(CLI_CLIENT.client_id))[0]
+    await store.delete_client(CLI_CLIENT.client_id)  # as 0.9.0 did, with no revocation after it
+    heard = []
+    ctx.events.watch(heard.append)
+    if registration == "seeding":
+        await seed(store, make_config())
+    elif registration == "clients add":
+        await admin.create_client(store, admin.ClientSpec("Again", [CLI_REDIRECT], ["admin"], first_party=True),
+                                  CLI_CLIENT.client_id, ctx.events.publish)
+    else:
+        await admin.put_client(ctx, CLI_CLIENT.client_id, admin.ClientSpec("Again", [CLI_REDIRECT], ["admin"]))
+    assert (await store.get_grant(grant.grant_id)).revoked_at is not None
+    assert await dead(ctx, issued)
+    if registration != "seeding":  # start-up: no WebSocket listens yet
+        assert Revocation(GRANT, grant.grant_id) in heard

@@ -317,11 +317,12 @@ async def test_updates_write_only_the_fields_they_name(backend_store):
 @pytest.mark.gen_test
 async def test_each_change_of_a_client_carries_the_marks_of_what_it_withdraws(backend_store):
     """A change of a client is marked in its own write, by what it takes away: some of what its
-    tokens may do (a narrowing of its scopes, its removal: ``narrowed_at``, announced under the
-    client, which the revocation feed names to resource servers), what its feed readers proved
-    (a new secret, kind or first-party flag: ``credentials_changed_at``, announced to those
-    readers alone), both when it does both (made a resource server, whose scopes are none),
-    neither when it withdraws nothing. A client never changed holds neither mark."""
+    tokens may do (a narrowing of its scopes: ``narrowed_at``, announced under the client, which
+    the revocation feed names to resource servers), what its feed readers proved (a new secret,
+    kind or first-party flag: ``credentials_changed_at``, announced to those readers alone), both
+    when it does both (made a resource server, whose scopes are none), neither when it withdraws
+    nothing. A client never changed holds neither mark. Its removal replaces its secret first
+    (its readers' mark alone) and names the client only once the removal is recorded."""
     from helpers import make_config
 
     from tokensvc import admin
@@ -366,20 +367,25 @@ async def test_each_change_of_a_client_carries_the_marks_of_what_it_withdraws(ba
                         "credentials_changed_at") == [Revocation(CLIENT, "robot"), Revocation(CREDENTIALS, "robot")]
     assert await change(lambda: admin.update_client(ctx, "robot", {"kind": "client", "redirect_uris": [
         "https://robot.example/cb"]}), "credentials_changed_at") == [Revocation(CREDENTIALS, "robot")]
-    written, update = [], backend_store.update_client
+    written, update, begin = [], backend_store.update_client, backend_store.begin_removal
 
     async def recording(client_id, fields, **options):
         written.append(fields)
         return await update(client_id, fields, **options)
 
-    backend_store.update_client = recording
+    async def beginning(client_id, now):
+        heard.append("recorded")
+        return await begin(client_id, now)
+
+    backend_store.update_client, backend_store.begin_removal = recording, beginning
     clock.advance(1)
     heard.clear()
     await admin.remove_client(ctx, "robot")
-    # Its secret replaced first, marked as both: the other processes hear that write, not the
-    # deletion.
-    assert [(fields["narrowed_at"], fields["credentials_changed_at"]) for fields in written] == [(clock.now,) * 2]
-    assert heard[:2] == [Revocation(CREDENTIALS, "robot"), Revocation(CLIENT, "robot")]
+    # Its secret replaced first, marked for its feed readers alone; the client named once its
+    # removal is recorded, when its tokens are refused already.
+    assert [set(fields) & {"narrowed_at", "credentials_changed_at"} for fields in written] == [
+        {"credentials_changed_at"}]
+    assert heard[:3] == [Revocation(CREDENTIALS, "robot"), "recorded", Revocation(CLIENT, "robot")]
 
 
 @pytest.mark.gen_test

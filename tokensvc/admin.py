@@ -58,7 +58,7 @@ from tokensvc.records import (
     User,
     utcnow,
 )
-from tokensvc.storage.base import CLIENT, CREDENTIALS, GRANT, SUBJECT, Conflict, Revocation, Store
+from tokensvc.storage.base import CREDENTIALS, GRANT, SUBJECT, Conflict, Revocation, Store
 
 MAX_PAGE = 200  # the most a listing returns at once
 
@@ -222,16 +222,20 @@ async def check_new_client(store: Store, client_id: str, spec: ClientSpec) -> No
         raise Taken(f"a client named {spec.name.strip()!r} already exists")
 
 
-async def create_client(store: Store, spec: ClientSpec, client_id: str | None = None) -> tuple[Client, str | None]:
+async def create_client(store: Store, spec: ClientSpec, client_id: str | None = None,
+                        announce: removal.Announce = removal.nobody) -> tuple[Client, str | None]:
     """Register a client; returns it and, for a confidential one given no secret, the secret
-    made for it (shown once)."""
+    made for it (shown once). Grants left under its id are revoked first, each announced
+    (:func:`removal.clear_leftovers`): nothing issued to a client of before comes back."""
     spec = spec.checked()
     # Hex: a generated id never starts with "-" (which a command line would read as an option).
     client_id = secrets.token_hex(12) if client_id is None else client_id
     await check_new_client(store, client_id, spec)
     secret = hashing.new_secret() if spec.confidential and spec.secret_sha256 is None else None
     secret_hash = spec.secret_sha256 or (hashing.digest(secret) if secret else None)
-    client = Client(client_id=client_id, secret_hash=secret_hash, created_at=utcnow(), **spec.fields())
+    now = utcnow()
+    await removal.clear_leftovers(store, client_id, now, announce)
+    client = Client(client_id=client_id, secret_hash=secret_hash, created_at=now, **spec.fields())
     await store.put_client(client)
     _record("client_created", client_id=client_id, first_party=spec.first_party, confidential=spec.confidential,
             outcome="success")
@@ -248,7 +252,7 @@ async def put_client(ctx: OAuthContext, client_id: str, spec: ClientSpec) -> tup
     existing = await ctx.store.get_client(client_id) if len(client_id) <= 128 else None
     if existing is None:
         _check(id_problem(client_id), "client id", client_id, "client_id", "path")
-        client, secret = await create_client(ctx.store, spec, client_id)
+        client, secret = await create_client(ctx.store, spec, client_id, ctx.events.publish)
         return client, secret, True
     spec = spec.checked()
     fields = spec.fields()
@@ -308,14 +312,13 @@ async def _change_client(ctx: OAuthContext, existing: Client, fields: dict[str, 
     return replace(before, **fields), secret
 
 
-async def _replace_secret(ctx: OAuthContext, client_id: str, secret: str, *, removing: bool = False) -> Client | None:
+async def _replace_secret(ctx: OAuthContext, client_id: str, secret: str) -> Client | None:
     """Write ``secret`` as the client's, only while it has one (a concurrent change making it
     public wins), marked and announced as a change of its credentials: the revocation feed's
     readers of the client in every process check their credentials again. No token of the client
-    loses anything by a new secret, so resource servers hear nothing of it; ``removing``: it is
-    the first step of the client's removal, which is marked and announced as a narrowing too.
-    The client as it was, or None when nothing was written."""
-    announced = [Revocation(kind, client_id) for kind in ((CREDENTIALS, CLIENT) if removing else (CREDENTIALS,))]
+    loses anything by a new secret, so resource servers hear nothing of it. The client as it
+    was, or None when nothing was written."""
+    announced = [Revocation(CREDENTIALS, client_id)]
     before = await ctx.store.update_client(client_id, {"secret_hash": hashing.digest(secret),
                                                        **client_marks(announced, ctx.clock())}, if_confidential=True)
     if before is not None:
@@ -377,14 +380,14 @@ async def remove_client(ctx: OAuthContext, client_id: str) -> int:
     """Remove a client so that it cannot half-happen (:mod:`tokensvc.oauth.removal`): recorded
     first (its tokens stop at once, in every process), then its grants revoked in batches, then
     finished. A removal cut short (503) is carried on by the same call again, or by the next
-    start-up. The grants this call revoked. Its secret is first replaced by one nobody knows,
-    marked and announced as a rotation is and as a narrowing: the relays of the other processes
-    hear of that write (neither the record nor the deletion is one they watch for), a reader of
-    the feed under the client, asking again, finds its credentials proving nothing, and the feed
-    names the client to resource servers."""
+    start-up. The grants this call revoked. A confidential client's secret is first replaced by
+    one nobody knows, marked and announced as a rotation is: a reader of the feed under the
+    client, in any process, asking again, finds its credentials proving nothing. The feed names
+    the client to resource servers once the removal is recorded (its mark, which every relay
+    hears), public or confidential, whatever comes after."""
     if len(client_id) > 128 or await ctx.store.get_removal(client_id) is None:
         await get_client(ctx.store, client_id)
-        await _replace_secret(ctx, client_id, hashing.new_secret(), removing=True)
+        await _replace_secret(ctx, client_id, hashing.new_secret())
     return await removal.remove_client(ctx.store, client_id, ctx.clock(), ctx.events.publish)
 
 

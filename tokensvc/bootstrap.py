@@ -100,8 +100,10 @@ async def seed(store: Store, config: Settings) -> None:
         existing = await store.get_client(CLI_CLIENT.client_id)
         await seed_client_as(store, existing, replace(CLI_CLIENT, created_at=existing.created_at if existing else now),
                              now)
-    else:
-        await store.delete_client(CLI_CLIENT.client_id)
+    elif await store.get_client(CLI_CLIENT.client_id) is not None:
+        # Switched off: removed as `clients remove` removes a client (recorded, its grants
+        # revoked and announced), so its tokens stay dead when a later start switches it on.
+        await removal.remove_client(store, CLI_CLIENT.client_id, now)
     user_ids: dict[str, str] = {}
     loop = asyncio.get_running_loop()
     for seed_user in config.users:
@@ -151,8 +153,10 @@ async def seed_client_as(store: Store, existing: Client | None, client: Client, 
     allowed_scopes is withdrawn from what its grants and tokens hold, as the admin API's is, and
     marked; a change of what its feed readers proved (its secret, kind, first-party flag) is
     marked, so the other processes' readers of the client check their credentials again. The
-    marks it does not set keep their value."""
+    marks it does not set keep their value. A client registered anew first has the grants left
+    under its id revoked (:func:`tokensvc.oauth.removal.clear_leftovers`)."""
     if existing is None:
+        await removal.clear_leftovers(store, client.client_id, now)
         await store.put_client(client)
         return
     client = replace(client, narrowed_at=existing.narrowed_at, credentials_changed_at=existing.credentials_changed_at)

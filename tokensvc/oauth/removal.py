@@ -5,16 +5,25 @@
    client is looked at (every use: :mod:`tokensvc.oauth.privileges` finds no client, so
    introspection says inactive, bearer checks refuse, a refresh or an exchange is
    ``invalid_client``), and its document is deleted (a process of 0.9.0, which knows nothing of
-   the record, then refuses the client at its token endpoints too).
+   the record, then refuses the client at its token endpoints too). Only then is the client
+   named as revoked (``client_id`` on the revocation feed): by this process at once, and by
+   every other process's relay from the mark the record's write leaves (MongoDB: the
+   ``removed_clients`` notice), so an introspection made after the name was heard can never
+   find the client's tokens active. Every call of the removal writes the mark again.
 2. **Then its grants are revoked in bounded batches** (:data:`BATCH` at a time, each one store
    operation with its own budget, the families before their grants), each announced.
 3. **Then finished** (:meth:`Store.end_removal`): the document deleted again (whatever wrote it
    back meanwhile), the previous secret, the record.
 
 A failure at any step (503) leaves the record: the client stays gone, and a retry of the same
-removal, or the next start-up of any process, carries on from where it stopped. The record is
-one of its own, never a field of the client's document, which 0.9.0 rewrites whole
-(ARCHITECTURE.md, the store's format).
+removal, or the next start-up of any process, carries on from where it stopped (and names the
+client again). The record is one of its own, never a field of the client's document, which
+0.9.0 rewrites whole (ARCHITECTURE.md, the store's format).
+
+A client registered under an id no client holds first has the grants left under that id
+revoked (:func:`clear_leftovers`): whatever removed the client before (a removal by 0.9.0 cut
+short between its deletion and its revocation, a document deleted by hand), nothing issued to
+it comes back to life under the new one.
 """
 
 from __future__ import annotations
@@ -28,26 +37,28 @@ from tokensvc.storage.base import CLIENT, GRANT, Revocation, Store
 BATCH = 200  # grants revoked per store operation
 
 
-def _nobody(revocation: Revocation) -> None:
+Announce = Callable[[Revocation], None]
+
+
+def nobody(revocation: Revocation) -> None:
     """No WebSocket listens (start-up)."""
 
 
-async def remove_client(store: Store, client_id: str, now: datetime,
-                        announce: Callable[[Revocation], None] = _nobody) -> int:
-    """Remove a client (or carry on with its removal): recorded, its document deleted, its
-    grants revoked a batch at a time, then finished. The grants this call revoked."""
-    if await store.get_removal(client_id) is None:
-        await store.begin_removal(client_id, now)
+async def remove_client(store: Store, client_id: str, now: datetime, announce: Announce = nobody) -> int:
+    """Remove a client (or carry on with its removal): recorded (its mark written again when it
+    was already), its document deleted, named as revoked, its grants revoked a batch at a time,
+    then finished. The grants this call revoked."""
+    started = await store.get_removal(client_id) is None
+    await store.begin_removal(client_id, now)
+    if started:
         logs.audit("client_removal_started", {"client_id": client_id, "outcome": "disabled"})
     await store.delete_client(client_id)
-    announce(Revocation(CLIENT, client_id))  # open WebSockets of its tokens re-check: no client
+    announce(Revocation(CLIENT, client_id))  # its tokens are refused already; caches drop their answers
     return await finish(store, client_id, now, announce)
 
 
-async def finish(store: Store, client_id: str, now: datetime,
-                 announce: Callable[[Revocation], None] = _nobody) -> int:
-    """Revoke what is left of a recorded removal, a batch at a time, then end it. The grants
-    revoked."""
+async def _revoke_grants(store: Store, client_id: str, now: datetime, announce: Announce) -> int:
+    """Revoke every live grant under ``client_id``, a batch at a time, each announced; how many."""
     revoked = 0
     while True:
         batch = await store.revoke_client_grants(client_id, now, BATCH)
@@ -55,16 +66,36 @@ async def finish(store: Store, client_id: str, now: datetime,
             announce(Revocation(GRANT, grant_id))
         revoked += len(batch)
         if len(batch) < BATCH:
-            break
+            return revoked
+
+
+async def finish(store: Store, client_id: str, now: datetime, announce: Announce = nobody) -> int:
+    """Revoke what is left of a recorded removal, a batch at a time, then end it. The grants
+    revoked."""
+    revoked = await _revoke_grants(store, client_id, now, announce)
     await store.end_removal(client_id)
     logs.audit("client_removed", {"client_id": client_id, "grants_revoked": revoked, "outcome": "success"})
     return revoked
 
 
 async def finish_pending(store: Store, now: datetime) -> list[str]:
-    """Finish every removal a process left under way (start-up); the clients removed."""
+    """Finish every removal a process left under way (start-up), each named again first (the
+    process may have stopped before its mark was written); the clients removed."""
     removed = []
     for removal in await store.list_removals():
+        await store.begin_removal(removal.client_id, now)
         await finish(store, removal.client_id, now)
         removed.append(removal.client_id)
     return removed
+
+
+async def clear_leftovers(store: Store, client_id: str, now: datetime, announce: Announce = nobody) -> int:
+    """Revoke the grants left under ``client_id``, which no client holds (about to be
+    registered): whatever path removed the client of before, nothing issued to it comes back to
+    life with the new one. Each announced; how many. A registration it cuts short (503) does
+    it again when asked again."""
+    revoked = await _revoke_grants(store, client_id, now, announce)
+    if revoked:
+        logs.audit("client_leftovers_revoked", {"client_id": client_id, "grants_revoked": revoked,
+                                                 "outcome": "success"})
+    return revoked

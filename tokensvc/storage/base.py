@@ -128,9 +128,9 @@ class Registry(abc.ABC):
 
     @abc.abstractmethod
     async def delete_client(self, client_id: str) -> None:
-        """Remove a client, and its previous secret, if there.
+        """Remove a client's document, and its previous secret, if there.
 
-        Called by a client's removal (oauth/removal.py) and start-up seeding (bootstrap.py).
+        Called by a client's removal, once it is recorded (oauth/removal.py).
         """
 
     # -- a client's removal: a record of its own, from its start until it is finished
@@ -138,9 +138,13 @@ class Registry(abc.ABC):
     @abc.abstractmethod
     async def begin_removal(self, client_id: str, now: datetime) -> Removal:
         """Record the removal of a client (from then on :meth:`get_client` says None); the one
-        recorded already, if there is one. Idempotent.
+        recorded already, if there is one. Idempotent. Then, every time, the removal's mark,
+        which every process's relay hears (:meth:`revocation_feed` yields the client, CLIENT):
+        written after the record, so it is heard when the client's tokens are refused already
+        (MongoDB: the ``removed_clients`` notice, kept a day after the removal; a store only one
+        process uses has none).
 
-        Called by a client's removal (oauth/removal.py).
+        Called by a client's removal and start-up's finishing of one under way (oauth/removal.py).
         """
 
     @abc.abstractmethod

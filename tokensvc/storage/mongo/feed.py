@@ -13,7 +13,17 @@ from typing import TYPE_CHECKING, Any
 from pymongo.errors import OperationFailure, PyMongoError
 
 from tokensvc.storage import hashes
-from tokensvc.storage.base import CLIENT_MARKS, FAMILY, GRANT, SESSION, SUBJECT, Revocation, StorageError, StoreObserver
+from tokensvc.storage.base import (
+    CLIENT,
+    CLIENT_MARKS,
+    FAMILY,
+    GRANT,
+    SESSION,
+    SUBJECT,
+    Revocation,
+    StorageError,
+    StoreObserver,
+)
 from tokensvc.storage.mongo.mapping import _utc
 from tokensvc.storage.mongo.retry import guarded, translate
 
@@ -22,8 +32,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-# The collections whose updates are revocations: the fields that, set to a time, revoke
-# something, and what each names.
+# The collections whose writes are revocations: the fields that, set to a time (by an update,
+# or in a document inserted with it), revoke something, and what each names.
 WATCHED: dict[str, dict[str, str]] = {
     "families": {"revoked_at": FAMILY, "access_revoked_at": FAMILY},
     "grants": {"revoked_at": GRANT},
@@ -31,6 +41,9 @@ WATCHED: dict[str, dict[str, str]] = {
     # Some of what its tokens may do withdrawn (CLIENT); what its feed readers proved (CREDENTIALS).
     "clients": {field: kind for kind, field in CLIENT_MARKS.items()},
     "users": {"narrowed_at": SUBJECT},  # some of what the user's tokens may do: demoted, or being removed
+    # A client's removal, marked once it is recorded (begin_removal): the client's document is
+    # deleted moments later, the mark is kept a day.
+    "removed_clients": {"removed_at": CLIENT},
 }
 # "$changeStream is only supported on replica sets", and kin: poll instead.
 NO_CHANGE_STREAMS = frozenset({40573, 40324, 136})
@@ -91,15 +104,18 @@ class RevocationFeed:
         the stream was invalidated): then it starts again from now."""
         watchdog = STREAM_WAIT_MS / 1000 + self.budget
         fields = sorted({field for revoking in WATCHED.values() for field in revoking})
+        # Where a change says a mark was set: an update's fields, an inserted document (an upsert
+        # that made it: a removal's first mark).
+        marked = [f"{where}.{field}" for where in ("updateDescription.updatedFields", "fullDocument")
+                  for field in fields]
         pipeline = [
-            {"$match": {"operationType": {"$in": ["update", "invalidate"]},
+            {"$match": {"operationType": {"$in": ["insert", "update", "invalidate"]},
                         "$or": [{"operationType": "invalidate"}, {
                             "ns.coll": {"$in": list(WATCHED)},
-                            "$or": [{f"updateDescription.updatedFields.{field}": {"$type": "date"}}
-                                    for field in fields]}]}},
-            # Which of the watched fields the update set: one document may carry two marks.
+                            "$or": [{path: {"$type": "date"}} for path in marked]}]}},
+            # Which of the watched fields the write set: one document may carry two marks.
             {"$project": {"ns": 1, "documentKey": 1, "operationType": 1, "clusterTime": 1,
-                          **{f"updateDescription.updatedFields.{field}": 1 for field in fields}}},
+                          **dict.fromkeys(marked, 1)}},
         ]
         try:
             async with asyncio.timeout(watchdog):
@@ -161,9 +177,12 @@ class RevocationFeed:
 
 
 def _revocations(change: dict[str, Any]) -> list[Revocation]:
-    """What an update the change stream reported revokes: one announcement for each kind its
-    collection names by a field the update set to a time (a family's two marks are one)."""
-    updated = change.get("updateDescription", {}).get("updatedFields", {})
+    """What a write the change stream reported revokes: one announcement for each kind its
+    collection names by a field the update set to a time, or the inserted document holds (a
+    family's two marks are one)."""
+    updated = change.get("fullDocument") if change["operationType"] == "insert" else \
+        change.get("updateDescription", {}).get("updatedFields")
+    updated = updated or {}
     revoking = WATCHED[change["ns"]["coll"]]
     kinds = dict.fromkeys(kind for field, kind in revoking.items() if isinstance(updated.get(field), datetime))
     return [Revocation(kind, hashes.unpacked(change["documentKey"]["_id"])) for kind in kinds]

@@ -80,6 +80,9 @@ def _revoked_only(collection: str, field: str) -> Index:
     return collection, [(field, ASCENDING)], {"name": field, "partialFilterExpression": {field: {"$type": "date"}}}
 
 
+# How long a removal's mark outlives its write: every relay has long polled it by then.
+REMOVED_CLIENT_SECONDS = 86400
+
 # Created at start-up, idempotently.
 INDEXES: list[Index] = [
     ("users", [("username", ASCENDING)], {"unique": True, "name": "username"}),
@@ -109,6 +112,8 @@ INDEXES: list[Index] = [
     ("failures", [("expires_at", ASCENDING)], {"expireAfterSeconds": 0, "name": "ttl"}),
     # The running processes' entries (storage/processes.py), kept a day after their last heartbeat.
     ("processes", [("seen_at", ASCENDING)], {"expireAfterSeconds": 86400, "name": "ttl"}),
+    # A removal's mark (begin_removal), kept a day: long after every relay polled it.
+    ("removed_clients", [("expires_at", ASCENDING)], {"expireAfterSeconds": 0, "name": "ttl"}),
     # What the polling fallback of the revocation feed reads.
     *(_revoked_only(collection, field) for collection, fields in WATCHED.items() for field in fields),
 ]
@@ -166,6 +171,9 @@ class MongoStore(RevocationFeed, Store, FailureCounts):
         # A collection of its own, which 0.9.0 never reads nor rewrites (ARCHITECTURE.md).
         self.previous_secrets = self._db["previous_secrets"]
         self.removals = self._db["removals"]  # clients being removed: 0.9.0 never reads nor writes it
+        # The removals' marks, which the relays watch, kept a while after the removal is
+        # finished (a poll finds them): 0.9.0 never reads nor writes it either.
+        self.removed_clients = self._db["removed_clients"]
         self.grants, self.codes, self.families = self._db["grants"], self._db["codes"], self._db["families"]
         self.sessions = self._db["sessions"]
         self.failures = self._db["failures"]  # failure counts shared by the processes (ratelimit)
@@ -492,9 +500,15 @@ class MongoStore(RevocationFeed, Store, FailureCounts):
 
     @guarded()
     async def begin_removal(self, client_id: str, now: datetime) -> Removal:
-        return REMOVALS.record(await self.removals.find_one_and_update(
+        removal = REMOVALS.record(await self.removals.find_one_and_update(
             {"_id": client_id}, {"$setOnInsert": {"started_at": now}}, upsert=True,
             return_document=ReturnDocument.AFTER))
+        # The mark, after the record: a relay that hears it finds the client gone already.
+        await self.removed_clients.update_one(
+            {"_id": client_id},
+            {"$set": {"removed_at": now, "expires_at": now + timedelta(seconds=REMOVED_CLIENT_SECONDS)}},
+            upsert=True)
+        return removal
 
     @guarded()
     async def get_removal(self, client_id: str) -> Removal | None:
