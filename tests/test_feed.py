@@ -381,3 +381,31 @@ async def test_every_refusal_is_as_the_document_says(http_server, base_url, ctx)
     assert await as_documented({"Authorization": basic("notes-api", secret)}) == 503
     for reader in readers:
         reader.close()
+
+
+@pytest.mark.parametrize("client_id", ["webapp", "skyplanner"])  # confidential, public
+@pytest.mark.gen_test(timeout=60)
+async def test_a_removal_cut_short_is_named_once_recorded(http_server, base_url, ctx, monkeypatch, client_id):
+    """The store fails once the removal is recorded, its grants not yet revoked: the feed has
+    named the client all the same, public or confidential, and an introspection after the
+    message says inactive."""
+    from helpers import SKY_REDIRECT, WEBAPP_REDIRECT, issue_tokens
+
+    from tokensvc import admin
+    from tokensvc.oauth import introspection
+    from tokensvc.storage.base import StorageError
+
+    issued = await issue_tokens(ctx, "alice", "read", client_id,
+                                WEBAPP_REDIRECT if client_id == "webapp" else SKY_REDIRECT)
+    secret = await notes_api(ctx)
+    listening = await connect(base_url, client_id="notes-api", secret=secret)
+    assert (await next_message(listening))["type"] == "ready"
+
+    async def cut_short(*args):
+        raise StorageError("the store went away")
+
+    monkeypatch.setattr(ctx.store, "revoke_client_grants", cut_short)
+    with pytest.raises(StorageError):
+        await admin.remove_client(ctx, client_id)
+    assert await next_message(listening) == {"type": "revoked", "seq": 1, "client_id": client_id}
+    assert await introspection.introspect(ctx, issued.access_token) == {"active": False}

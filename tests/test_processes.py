@@ -323,3 +323,73 @@ async def test_failure_limits_hold_across_processes(store, monkeypatch, io_loop)
     # The shared count lives in the store, one document per address, with a TTL.
     counts = (await store.failures.find_one({"_id": "client|127.0.0.1"}))["c"]
     assert counts[processes[0].limits.client_attempt("webapp", "x").counters[1][0]] >= 3
+
+
+@pytest.mark.parametrize("client_id", ["webapp", "skyplanner"])  # confidential, public
+@pytest.mark.gen_test(timeout=60)
+async def test_a_removal_cut_short_in_another_process_is_named_to_resource_servers(http_server, base_url, store, ctx,
+                                                                                   config, client_id):
+    """Another process removes a client, and the store fails once the removal is recorded, its
+    grants not yet revoked (503 there): this process's relay, polling, hears the removal's mark
+    and the feed names the client to resource servers, public or confidential; by then tokensvc
+    refuses the client's tokens, so an introspection after the message can only say inactive."""
+    from helpers import SKY_REDIRECT, WEBAPP_REDIRECT, issue_tokens
+    from test_feed import notes_api
+
+    from tokensvc.bootstrap import make_context
+    from tokensvc.oauth import introspection
+    from tokensvc.operator import Operator
+    from tokensvc.storage.base import StorageError
+
+    store.observer = polls = Polls()
+    secret = await notes_api(ctx)
+    issued = await issue_tokens(ctx, "alice", "read", client_id,
+                                WEBAPP_REDIRECT if client_id == "webapp" else SKY_REDIRECT)
+    other = other_process(store)
+    elsewhere = Operator(make_context(config, other), config)
+
+    async def cut_short(*args):
+        raise StorageError("the store went away")
+
+    relay = asyncio.ensure_future(events.relay(store, ctx.events))
+    try:
+        await asyncio.wait_for(polls.began.wait(), DEADLINE)
+        listening = await connect_feed(base_url, client_id="notes-api", secret=secret)
+        assert (await next_message(listening))["type"] == "ready"
+        other.revoke_client_grants = cut_short
+        with pytest.raises(StorageError):
+            await elsewhere.remove_client(client_id)
+        while (message := await next_message(listening))["type"] == "revoked" and "client_id" not in message:
+            pass  # (none comes first: no grant was revoked)
+        assert message == {"type": "revoked", "seq": message["seq"], "client_id": client_id}
+        assert await introspection.introspect(ctx, issued.access_token) == {"active": False}
+        assert await store.get_removal(client_id) is not None
+        assert len(await store.list_client_grants(client_id)) == 1  # still to revoke: a retry or a start-up
+    finally:
+        relay.cancel()
+        await asyncio.gather(relay, return_exceptions=True)  # its poll ended, not left to the collector
+
+
+@pytest.mark.gen_test(timeout=30)
+async def test_the_feed_names_a_client_whose_removal_another_process_finished(store):
+    """A removal in another process deletes the client's document and its record moments after
+    it began, before the next poll: its mark, kept a day, is still found, and the client named
+    once; a removal of it again (registered anew) is named again."""
+    from tokensvc.oauth import removal
+
+    store.observer = polls = Polls()
+    feed = store.revocation_feed(poll_seconds=0.05).__aiter__()
+    elsewhere = other_process(store)
+    await elsewhere.put_client(Client("c1", "One", ["https://a/cb"], ["read"]))
+    waiting = asyncio.ensure_future(feed.__anext__())
+    await asyncio.wait_for(polls.began.wait(), DEADLINE)
+    await removal.remove_client(elsewhere, "c1", Clock().now)
+    assert await store.get_removal("c1") is None
+    assert await waiting == Revocation(CLIENT, "c1")
+    waiting = asyncio.ensure_future(feed.__anext__())
+    await polls.round_after_now()
+    assert not waiting.done()  # named once
+    await elsewhere.put_client(Client("c1", "One", ["https://a/cb"], ["read"]))
+    await removal.remove_client(elsewhere, "c1", Clock().now + timedelta(milliseconds=1))
+    assert await waiting == Revocation(CLIENT, "c1")
+    await feed.aclose()

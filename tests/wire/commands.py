@@ -11,7 +11,8 @@ commands executed on the set's one mongomock data set, as a server executes them
 - ``find`` and ``aggregate`` answer in batches (:attr:`ReplicaSet.batch_size`, 101 as a server's
   first batch); the rest waits in a cursor for ``getMore``, and a cursor that is gone (killed,
   or on a member that stepped down) is ``CursorNotFound`` (43).
-- Every update records its change events for the change streams (``streams.py``).
+- Every update records its change events for the change streams (``streams.py``), an upsert
+  that made its document an ``insert`` event.
 """
 
 from __future__ import annotations
@@ -140,6 +141,8 @@ class Commands:
                     else:
                         result = collection.replace_one(query, change, upsert=spec.get("upsert", False))
                     self.rs.streams.record_updates(doc["$db"], doc["update"], before)
+                    if result.upserted_id is not None:
+                        self.rs.streams.record_insert(doc["$db"], doc["update"], result.upserted_id)
             except mongomock.DuplicateKeyError as exc:
                 errors.append({"index": index, "code": 11000, "errmsg": str(exc)})
                 break

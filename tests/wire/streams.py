@@ -77,6 +77,16 @@ class Streams:
                                 "updateDescription": {"updatedFields": updated, "removedFields": []}})
         self.rs.lock.notify_all()
 
+    def record_insert(self, database: str, collection_name: str, _id: Any) -> None:
+        """An ``insert`` change event for the document a write made (an upsert's, under the set's
+        lock, by the write), the whole document in ``fullDocument`` as a server sends it."""
+        document = self.rs.data[database][collection_name].find_one({"_id": _id})
+        self.events.append({"_seq": len(self.events) + 1, "operationType": "insert",
+                            "clusterTime": Timestamp(1_700_000_000, self.rs.clock + 1),
+                            "ns": {"db": database, "coll": collection_name}, "documentKey": {"_id": _id},
+                            "fullDocument": document})
+        self.rs.lock.notify_all()
+
     def open(self, member: int, doc: dict[str, Any], pipeline: list[dict[str, Any]]) -> dict[str, Any]:
         if not self.rs.change_streams:
             return {"ok": 0, "code": 40573, "errmsg": "The $changeStream stage is only supported on replica sets"}

@@ -304,3 +304,38 @@ async def test_a_clients_two_marks_are_heard_apart(wire_store, primary, streams)
         assert any("credentials_changed_at" in doc["filter"] for doc in primary.sent("find", "clients"))
     await feed.aclose()
     await other.close()
+
+
+@pytest.mark.parametrize("streams", [True, False])
+async def test_a_client_removed_in_another_process_is_named_once_its_tokens_are_refused(wire_store, primary,
+                                                                                       streams):
+    """Another process removes a client whose document is gone moments later, and one whose
+    grants' revocation the store cuts short: each is named (CLIENT) from the removal's mark,
+    written after its record (an upsert: an insert event, or a poll of its own partial index),
+    and the removal is there when it is heard, so that a re-check finds the client gone."""
+    from tokensvc.oauth import removal
+    from tokensvc.records import Client
+    from tokensvc.storage.base import CLIENT, StorageError
+
+    primary.change_streams = streams
+    other = MongoStore.from_settings(wire_settings(primary))  # a second process
+    await other.open()
+    for client_id in ("c1", "c2"):
+        await other.put_client(Client(client_id, client_id.upper(), ["https://a/cb"], ["read"]))
+    feed = wire_store.revocation_feed(poll_seconds=0.05)
+    waiting = asyncio.ensure_future(next_revocation(feed))
+    await (streaming(wire_store) if streams else polling(primary))
+    assert await removal.remove_client(other, "c1", utcnow()) == 0
+    assert await waiting == Revocation(CLIENT, "c1")
+    assert await wire_store.get_client("c1") is None and await wire_store.get_removal("c1") is None
+
+    async def cut_short(*args):
+        raise StorageError("the store went away")
+
+    other.revoke_client_grants = cut_short
+    with pytest.raises(StorageError):
+        await removal.remove_client(other, "c2", utcnow())
+    assert await next_revocation(feed) == Revocation(CLIENT, "c2")
+    assert await wire_store.get_removal("c2") is not None and await wire_store.get_client("c2") is None
+    await feed.aclose()
+    await other.close()
