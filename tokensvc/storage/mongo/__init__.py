@@ -18,6 +18,7 @@ collection              query                                        index
 clients                 by client_id, with its removal ($lookup);    ``_id``; removals ``_id``
                         list sorted by client_id
 removals                by client_id; every one (start-up)           ``_id``
+removed_clients         (a removal's mark, for the relays)           TTL ``expires_at``
 previous_secrets        by client_id; the expired ones               ``_id``; ``expires_at``
 codes                   a narrowed client's unconsumed ones          ``client_unconsumed``
 users                   by user_id / by username; list by username   ``_id``; ``username`` unique
@@ -40,18 +41,20 @@ sessions                by session_hash; a user's (end them all)     ``_id``; ``
                                                                      ``access_revoked_at``,
                                                                      ``ended_at``, ``narrowed_at``
                                                                      (clients and users),
-                                                                     ``credentials_changed_at``
+                                                                     ``credentials_changed_at``,
+                                                                     ``removed_at``
 ======================  ===========================================  ===========================
 
 (*) ``list_grants`` filters on ``user_id`` + ``installation_id`` + ``revoked_at``: the index
 ``user_subject`` (user_id, installation_id, revoked_at) serves it whole.
 
-Revocations reach the other processes without a write of their own: each process's relay
-watches the families, grants, sessions, clients and users collections for updates that set
-``revoked_at``, ``access_revoked_at``, ``ended_at``, a client's or user's ``narrowed_at`` or a
-client's ``credentials_changed_at`` (a change stream resumed where it left off, which says which
-of them an update set), or, where the deployment has none, polls those fields through the
-partial indexes.
+Revocations reach the other processes without a write of their own, but for a client's
+removal: each process's relay watches the families, grants, sessions, clients and users
+collections for writes that set ``revoked_at``, ``access_revoked_at``, ``ended_at``, a client's
+or user's ``narrowed_at`` or a client's ``credentials_changed_at``, and ``removed_clients`` for a
+removal's mark, ``removed_at`` (a change stream resumed where it left off, which says which of
+them an update set or an inserted document holds), or, where the deployment has none, polls
+those fields through the partial indexes.
 
 Reads see the writes before them: every operation runs in a causally consistent session
 advanced to the latest operation time this process has seen (its own writes' and the relay's
