@@ -383,7 +383,7 @@ async def test_the_next_start_up_finishes_a_removal_left_under_way(ctx, store, c
     assert (await store.get_grant(grant_id)).revoked_at is not None
     assert (await store.get_client("skyplanner")).name == "SkyPlanner"  # seeded again from the configuration
     assert await introspection.introspect(ctx, tokens.access_token) == {"active": False}
-    assert await removal.finish_pending(store, ctx.clock()) == []
+    assert await removal.finish_pending(store, ctx.clock) == []
 
 
 async def test_listings_are_paged(call):

@@ -383,13 +383,13 @@ async def test_the_feed_names_a_client_whose_removal_another_process_finished(st
     await elsewhere.put_client(Client("c1", "One", ["https://a/cb"], ["read"]))
     waiting = asyncio.ensure_future(feed.__anext__())
     await asyncio.wait_for(polls.began.wait(), DEADLINE)
-    await removal.remove_client(elsewhere, "c1", Clock().now)
+    await removal.remove_client(elsewhere, "c1", Clock())
     assert await store.get_removal("c1") is None
     assert await waiting == Revocation(CLIENT, "c1")
     waiting = asyncio.ensure_future(feed.__anext__())
     await polls.round_after_now()
     assert not waiting.done()  # named once
     await elsewhere.put_client(Client("c1", "One", ["https://a/cb"], ["read"]))
-    await removal.remove_client(elsewhere, "c1", Clock().now + timedelta(milliseconds=1))
+    await removal.remove_client(elsewhere, "c1", lambda: Clock().now + timedelta(milliseconds=1))
     assert await waiting == Revocation(CLIENT, "c1")
     await feed.aclose()

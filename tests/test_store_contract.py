@@ -18,6 +18,7 @@ from tokensvc.records import (
     Installation,
     Pair,
     PreviousSecret,
+    Removal,
     Session,
     Subject,
     User,
@@ -246,9 +247,9 @@ async def test_a_client_under_removal_is_no_client_whatever_writes_its_document(
         await store.put_client(Client(client_id, client_id.upper(), [f"https://{client_id}/cb"], created_at=now))
     await store.put_previous_secret(PreviousSecret("doomed", "a" * 64, "b" * 64, now, now + timedelta(hours=1)))
     assert await store.get_removal("doomed") is None and await store.list_removals() == []
-    removal = await store.begin_removal("doomed", now)
-    assert removal.client_id == "doomed" and removal.started_at == now
-    assert await store.begin_removal("doomed", now + timedelta(seconds=5)) == removal  # idempotent
+    assert await store.begin_removal("doomed", now)  # recorded by this call
+    removal = Removal("doomed", now)
+    assert not await store.begin_removal("doomed", now + timedelta(seconds=5))  # idempotent: recorded already
     assert await store.get_removal("doomed") == removal and await store.list_removals() == [removal]
     assert await store.get_client("doomed") is None
     assert [client.client_id for client in await store.list_clients()] == ["a", "z"]

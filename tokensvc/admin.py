@@ -388,7 +388,7 @@ async def remove_client(ctx: OAuthContext, client_id: str) -> int:
     if len(client_id) > 128 or await ctx.store.get_removal(client_id) is None:
         await get_client(ctx.store, client_id)
         await _replace_secret(ctx, client_id, hashing.new_secret())
-    return await removal.remove_client(ctx.store, client_id, ctx.clock(), ctx.events.publish)
+    return await removal.remove_client(ctx.store, client_id, ctx.clock, ctx.events.publish)
 
 
 # -- users ----------------------------------------------------------------------------------------

@@ -103,7 +103,7 @@ async def seed(store: Store, config: Settings) -> None:
     elif await store.get_client(CLI_CLIENT.client_id) is not None:
         # Switched off: removed as `clients remove` removes a client (recorded, its grants
         # revoked and announced), so its tokens stay dead when a later start switches it on.
-        await removal.remove_client(store, CLI_CLIENT.client_id, now)
+        await removal.remove_client(store, CLI_CLIENT.client_id, utcnow)
     user_ids: dict[str, str] = {}
     loop = asyncio.get_running_loop()
     for seed_user in config.users:
@@ -179,7 +179,7 @@ async def prepare(store: Store, config: Settings, *, first_delay: float = 1.0, m
             await store.open()
             # A removal a process left under way is finished first: the configuration may name
             # the client again, and seeding then registers it afresh, with no grant of before.
-            for client_id in await removal.finish_pending(store, utcnow()):
+            for client_id in await removal.finish_pending(store, utcnow):
                 log.info("finished the removal of client %s", client_id)
             await seed(store, config)
             store.prepared = True

@@ -325,7 +325,7 @@ async def test_a_client_removed_in_another_process_is_named_once_its_tokens_are_
     feed = wire_store.revocation_feed(poll_seconds=0.05)
     waiting = asyncio.ensure_future(next_revocation(feed))
     await (streaming(wire_store) if streams else polling(primary))
-    assert await removal.remove_client(other, "c1", utcnow()) == 0
+    assert await removal.remove_client(other, "c1", utcnow) == 0
     assert await waiting == Revocation(CLIENT, "c1")
     assert await wire_store.get_client("c1") is None and await wire_store.get_removal("c1") is None
 
@@ -334,7 +334,7 @@ async def test_a_client_removed_in_another_process_is_named_once_its_tokens_are_
 
     other.revoke_client_grants = cut_short
     with pytest.raises(StorageError):
-        await removal.remove_client(other, "c2", utcnow())
+        await removal.remove_client(other, "c2", utcnow)
     assert await next_revocation(feed) == Revocation(CLIENT, "c2")
     assert await wire_store.get_removal("c2") is not None and await wire_store.get_client("c2") is None
     await feed.aclose()

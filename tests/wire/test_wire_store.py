@@ -5,6 +5,7 @@ a server that does not answer, a client closed under a request."""
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from dataclasses import replace
 from datetime import timedelta
@@ -74,6 +75,7 @@ async def every_operation(store: MongoStore) -> None:
     await store.revoke_grant_families(grant.grant_id, now)
     await store.revoke_client_grants("webapp", now, 10)
     await store.begin_removal("webapp", now)
+    await store.mark_removal("webapp", now)
     await store.get_removal("webapp")
     await store.list_removals()
     await store.end_removal("webapp")
@@ -309,11 +311,12 @@ async def test_a_mark_run_again_after_its_reply_was_lost_reports_its_own_effect(
     assert await wire_store.mark_second_holder("f2", now + timedelta(seconds=1)) is False
 
 
-async def test_a_removal_whose_every_reply_is_lost_happens_whole_and_once(wire_store, primary):
+async def test_a_removal_whose_every_reply_is_lost_happens_whole_and_once(wire_store, primary, caplog):
     """Every step of a client's removal applied by the server with its reply lost (the record,
     the document's deletion, the families' sweep, the grants', the record's end): each is run
     again or deduplicated, and the removal ends whole: the client gone, every grant and family
-    of it revoked, each grant counted once, the record gone."""
+    of it revoked, each grant counted once, the record gone. The record's write, run again,
+    still knows it made the record: the removal's start is audited."""
     from tokensvc.oauth import removal
 
     now = utcnow()
@@ -329,8 +332,11 @@ async def test_a_removal_whose_every_reply_is_lost_happens_whole_and_once(wire_s
                    Fault("update", "hangup_after", collection="families"),
                    Fault("update", "hangup_after", collection="grants"),
                    Fault("delete", "hangup_after", collection="removals"))
-    assert await removal.remove_client(wire_store, "webapp", now) == 3
+    with caplog.at_level(logging.INFO, "tokensvc.audit"):
+        assert await removal.remove_client(wire_store, "webapp", lambda: now) == 3
     assert all(fault.hits == 1 for fault in primary.faults), primary.faults  # every reply was lost once
+    assert [record.audit["event"] for record in caplog.records if record.name == "tokensvc.audit"] == [
+        "client_removal_started", "client_removed"]
     assert await wire_store.get_client("webapp") is None and await wire_store.get_removal("webapp") is None
     assert await wire_store.list_client_grants("webapp") == []
     for grant_id in grant_ids:
@@ -352,12 +358,12 @@ async def test_a_removal_the_store_stops_midway_is_carried_on_by_a_retry(wire_st
     primary.script(Fault("update", "error", collection="families", code=262, labels=("RetryableWriteError",),
                          times=100_000))
     with pytest.raises(StorageError):
-        await removal.remove_client(wire_store, "webapp", now)
+        await removal.remove_client(wire_store, "webapp", lambda: now)
     assert await wire_store.get_removal("webapp") is not None and await wire_store.get_client("webapp") is None
     assert [g.grant_id for g in await wire_store.list_client_grants("webapp")] == [grant.grant_id]
     with primary.lock:  # the server answers again
         primary.faults.clear()
-    assert await removal.remove_client(wire_store, "webapp", now) == 1
+    assert await removal.remove_client(wire_store, "webapp", lambda: now) == 1
     assert await wire_store.get_removal("webapp") is None and await wire_store.list_families(grant.grant_id) == []
 
 

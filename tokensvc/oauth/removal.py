@@ -7,9 +7,11 @@
    ``invalid_client``), and its document is deleted (a process of 0.9.0, which knows nothing of
    the record, then refuses the client at its token endpoints too). Only then is the client
    named as revoked (``client_id`` on the revocation feed): by this process at once, and by
-   every other process's relay from the mark the record's write leaves (MongoDB: the
-   ``removed_clients`` notice), so an introspection made after the name was heard can never
-   find the client's tokens active. Every call of the removal writes the mark again.
+   every other process's relay from the removal's mark, written after the record
+   (:meth:`Store.mark_removal`; MongoDB: the ``removed_clients`` notice), so an introspection
+   made after the name was heard can never find the client's tokens active. Every call of the
+   removal writes the mark again, stamped with the time of that write. The call that recorded
+   the removal audits its start (``client_removal_started``) before anything else can fail.
 2. **Then its grants are revoked in bounded batches** (:data:`BATCH` at a time, each one store
    operation with its own budget, the families before their grants), each announced.
 3. **Then finished** (:meth:`Store.end_removal`): the document deleted again (whatever wrote it
@@ -38,30 +40,33 @@ BATCH = 200  # grants revoked per store operation
 
 
 Announce = Callable[[Revocation], None]
+Clock = Callable[[], datetime]  # the time of each write, read as it is made
 
 
 def nobody(revocation: Revocation) -> None:
     """No WebSocket listens (start-up)."""
 
 
-async def remove_client(store: Store, client_id: str, now: datetime, announce: Announce = nobody) -> int:
-    """Remove a client (or carry on with its removal): recorded (its mark written again when it
-    was already), its document deleted, named as revoked, its grants revoked a batch at a time,
-    then finished. The grants this call revoked."""
-    started = await store.get_removal(client_id) is None
-    await store.begin_removal(client_id, now)
-    if started:
+async def remove_client(store: Store, client_id: str, clock: Clock, announce: Announce = nobody) -> int:
+    """Remove a client (or carry on with its removal): recorded (the start audited by the call
+    that recorded it, as soon as it did), marked (again, when it was already), its document
+    deleted, named as revoked, its grants revoked a batch at a time, then finished. The grants
+    this call revoked."""
+    if await store.begin_removal(client_id, clock()):
         logs.audit("client_removal_started", {"client_id": client_id, "outcome": "disabled"})
+    await store.mark_removal(client_id, clock())
     await store.delete_client(client_id)
     announce(Revocation(CLIENT, client_id))  # its tokens are refused already; caches drop their answers
-    return await finish(store, client_id, now, announce)
+    return await finish(store, client_id, clock, announce)
 
 
-async def _revoke_grants(store: Store, client_id: str, now: datetime, announce: Announce) -> int:
-    """Revoke every live grant under ``client_id``, a batch at a time, each announced; how many."""
+async def _revoke_grants(store: Store, client_id: str, clock: Clock, announce: Announce) -> int:
+    """Revoke every live grant under ``client_id``, a batch at a time, each announced and
+    stamped with the time of its own write (a polling relay reads the stamps a few seconds
+    back: a long removal's later batches are heard too); how many."""
     revoked = 0
     while True:
-        batch = await store.revoke_client_grants(client_id, now, BATCH)
+        batch = await store.revoke_client_grants(client_id, clock(), BATCH)
         for grant_id in batch:
             announce(Revocation(GRANT, grant_id))
         revoked += len(batch)
@@ -69,22 +74,24 @@ async def _revoke_grants(store: Store, client_id: str, now: datetime, announce: 
             return revoked
 
 
-async def finish(store: Store, client_id: str, now: datetime, announce: Announce = nobody) -> int:
+async def finish(store: Store, client_id: str, clock: Clock, announce: Announce = nobody) -> int:
     """Revoke what is left of a recorded removal, a batch at a time, then end it. The grants
     revoked."""
-    revoked = await _revoke_grants(store, client_id, now, announce)
+    revoked = await _revoke_grants(store, client_id, clock, announce)
     await store.end_removal(client_id)
     logs.audit("client_removed", {"client_id": client_id, "grants_revoked": revoked, "outcome": "success"})
     return revoked
 
 
-async def finish_pending(store: Store, now: datetime) -> list[str]:
+async def finish_pending(store: Store, clock: Clock) -> list[str]:
     """Finish every removal a process left under way (start-up), each named again first (the
-    process may have stopped before its mark was written); the clients removed."""
+    process may have stopped before its mark was written), its mark stamped when it is written
+    (after the removals before it: a polling relay reads the stamps a few seconds back); the
+    clients removed."""
     removed = []
     for removal in await store.list_removals():
-        await store.begin_removal(removal.client_id, now)
-        await finish(store, removal.client_id, now)
+        await store.mark_removal(removal.client_id, clock())
+        await finish(store, removal.client_id, clock)
         removed.append(removal.client_id)
     return removed
 
@@ -94,7 +101,7 @@ async def clear_leftovers(store: Store, client_id: str, now: datetime, announce:
     registered): whatever path removed the client of before, nothing issued to it comes back to
     life with the new one. Each announced; how many. A registration it cuts short (503) does
     it again when asked again."""
-    revoked = await _revoke_grants(store, client_id, now, announce)
+    revoked = await _revoke_grants(store, client_id, lambda: now, announce)
     if revoked:
         logs.audit("client_leftovers_revoked", {"client_id": client_id, "grants_revoked": revoked,
                                                  "outcome": "success"})

@@ -136,13 +136,22 @@ class Registry(abc.ABC):
     # -- a client's removal: a record of its own, from its start until it is finished
 
     @abc.abstractmethod
-    async def begin_removal(self, client_id: str, now: datetime) -> Removal:
-        """Record the removal of a client (from then on :meth:`get_client` says None); the one
-        recorded already, if there is one. Idempotent. Then, every time, the removal's mark,
-        which every process's relay hears (:meth:`revocation_feed` yields the client, CLIENT):
-        written after the record, so it is heard when the client's tokens are refused already
-        (MongoDB: the ``removed_clients`` notice, kept a day after the removal; a store only one
-        process uses has none).
+    async def begin_removal(self, client_id: str, now: datetime) -> bool:
+        """Record the removal of a client, started ``now`` (from then on :meth:`get_client` says
+        None), unless one is recorded already. Idempotent. True when this call recorded it (a
+        write whose reply was lost and that is tried again included), False for every other
+        call: of removals run at once, one says True.
+
+        Called by a client's removal (oauth/removal.py).
+        """
+
+    @abc.abstractmethod
+    async def mark_removal(self, client_id: str, now: datetime) -> None:
+        """Write the mark of a recorded removal, stamped ``now`` (the time of the write), which
+        every process's relay hears (:meth:`revocation_feed` yields the client, CLIENT): written
+        after the record, so it is heard when the client's tokens are refused already. Written
+        again by each call of the removal (MongoDB: the ``removed_clients`` notice, kept a day
+        after the removal; a store only one process uses has none).
 
         Called by a client's removal and start-up's finishing of one under way (oauth/removal.py).
         """

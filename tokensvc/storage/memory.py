@@ -158,9 +158,14 @@ class MemoryStore(Store):
         self._previous_secrets.pop(client_id, None)
         self._clients.pop(client_id, None)
 
-    async def begin_removal(self, client_id: str, now: datetime) -> Removal:
-        removal = self._removals.setdefault(client_id, Removal(client_id, now))
-        return copy(removal)
+    async def begin_removal(self, client_id: str, now: datetime) -> bool:
+        if client_id in self._removals:
+            return False
+        self._removals[client_id] = Removal(client_id, now)
+        return True
+
+    async def mark_removal(self, client_id: str, now: datetime) -> None:
+        """One process: its own announcement is every relay there is."""
 
     async def get_removal(self, client_id: str) -> Removal | None:
         removal = self._removals.get(client_id)

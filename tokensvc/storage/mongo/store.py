@@ -498,17 +498,24 @@ class MongoStore(RevocationFeed, Store, FailureCounts):
         await self.clients.delete_one({"_id": client_id})
         await self.previous_secrets.delete_one({"_id": client_id})
 
+    async def begin_removal(self, client_id: str, now: datetime) -> bool:
+        # This call's own tag, set only by the write that made the record: a retry of that
+        # write (its reply lost) finds its tag and says True still; any other call, False.
+        return await self._record_removal(client_id, now, secrets.token_hex(8))
+
     @guarded()
-    async def begin_removal(self, client_id: str, now: datetime) -> Removal:
-        removal = REMOVALS.record(await self.removals.find_one_and_update(
-            {"_id": client_id}, {"$setOnInsert": {"started_at": now}}, upsert=True,
-            return_document=ReturnDocument.AFTER))
-        # The mark, after the record: a relay that hears it finds the client gone already.
+    async def _record_removal(self, client_id: str, now: datetime, tag: str) -> bool:
+        removal = await self.removals.find_one_and_update(
+            {"_id": client_id}, {"$setOnInsert": {"started_at": now, "tag": tag}}, upsert=True,
+            return_document=ReturnDocument.AFTER)
+        return bool(removal.get("tag") == tag)
+
+    @guarded()
+    async def mark_removal(self, client_id: str, now: datetime) -> None:
         await self.removed_clients.update_one(
             {"_id": client_id},
             {"$set": {"removed_at": now, "expires_at": now + timedelta(seconds=REMOVED_CLIENT_SECONDS)}},
             upsert=True)
-        return removal
 
     @guarded()
     async def get_removal(self, client_id: str) -> Removal | None:
