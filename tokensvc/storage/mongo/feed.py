@@ -45,6 +45,10 @@ WATCHED: dict[str, dict[str, str]] = {
     # deleted moments later, the mark is kept a day.
     "removed_clients": {"removed_at": CLIENT},
 }
+# The one collection whose inserted documents are revocations: a removal's first mark is an
+# upsert that makes its document. Elsewhere an insert is a new record or a copy (the move of
+# a revoked family or an ended session to format 2, storage/hashes.py), never a revocation.
+INSERTED = "removed_clients"
 # "$changeStream is only supported on replica sets", and kin: poll instead.
 NO_CHANGE_STREAMS = frozenset({40573, 40324, 136})
 POLL_SECONDS = 0.5
@@ -104,18 +108,20 @@ class RevocationFeed:
         the stream was invalidated): then it starts again from now."""
         watchdog = STREAM_WAIT_MS / 1000 + self.budget
         fields = sorted({field for revoking in WATCHED.values() for field in revoking})
-        # Where a change says a mark was set: an update's fields, an inserted document (an upsert
-        # that made it: a removal's first mark).
-        marked = [f"{where}.{field}" for where in ("updateDescription.updatedFields", "fullDocument")
-                  for field in fields]
+        # Where a change says a mark was set: an update's fields, or the document an insert
+        # made in INSERTED alone (an upsert that made it: a removal's first mark).
+        updated = [f"updateDescription.updatedFields.{field}" for field in fields]
+        inserted = [f"fullDocument.{field}" for field in WATCHED[INSERTED]]
         pipeline = [
             {"$match": {"operationType": {"$in": ["insert", "update", "invalidate"]},
-                        "$or": [{"operationType": "invalidate"}, {
-                            "ns.coll": {"$in": list(WATCHED)},
-                            "$or": [{path: {"$type": "date"}} for path in marked]}]}},
+                        "$or": [{"operationType": "invalidate"},
+                                {"operationType": "update", "ns.coll": {"$in": list(WATCHED)},
+                                 "$or": [{path: {"$type": "date"}} for path in updated]},
+                                {"operationType": "insert", "ns.coll": INSERTED,
+                                 "$or": [{path: {"$type": "date"}} for path in inserted]}]}},
             # Which of the watched fields the write set: one document may carry two marks.
             {"$project": {"ns": 1, "documentKey": 1, "operationType": 1, "clusterTime": 1,
-                          **dict.fromkeys(marked, 1)}},
+                          **dict.fromkeys(updated + inserted, 1)}},
         ]
         try:
             async with asyncio.timeout(watchdog):
@@ -178,11 +184,12 @@ class RevocationFeed:
 
 def _revocations(change: dict[str, Any]) -> list[Revocation]:
     """What a write the change stream reported revokes: one announcement for each kind its
-    collection names by a field the update set to a time, or the inserted document holds (a
-    family's two marks are one)."""
-    updated = change.get("fullDocument") if change["operationType"] == "insert" else \
-        change.get("updateDescription", {}).get("updatedFields")
-    updated = updated or {}
+    collection names by a field the update set to a time, or the document inserted in
+    :data:`INSERTED` holds (a family's two marks are one). Any other insert revokes nothing."""
+    if change["operationType"] == "insert":
+        updated = change.get("fullDocument") or {} if change["ns"]["coll"] == INSERTED else {}
+    else:
+        updated = change.get("updateDescription", {}).get("updatedFields") or {}
     revoking = WATCHED[change["ns"]["coll"]]
     kinds = dict.fromkeys(kind for field, kind in revoking.items() if isinstance(updated.get(field), datetime))
     return [Revocation(kind, hashes.unpacked(change["documentKey"]["_id"])) for kind in kinds]
