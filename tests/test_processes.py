@@ -16,10 +16,11 @@ from test_ws import closed_as_revoked, tokens, welcome_of, ws_url
 from tornado.websocket import websocket_connect
 
 from tokensvc.oauth import events
-from tokensvc.records import Client, Family, Pair, Session, Subject, User
+from tokensvc.records import Client, Family, Pair, Session, Subject, User, utcnow
 from tokensvc.storage.base import CLIENT, CREDENTIALS, FAMILY, GRANT, SESSION, SUBJECT, Revocation, StoreObserver
 from tokensvc.storage.memory import MemoryStore
 from tokensvc.storage.mongo import WATCHED, MongoStore
+from tokensvc.storage.mongo.feed import POLL_OVERLAP
 
 
 @pytest.fixture
@@ -393,3 +394,100 @@ async def test_the_feed_names_a_client_whose_removal_another_process_finished(st
     await removal.remove_client(elsewhere, "c1", lambda: Clock().now + timedelta(milliseconds=1))
     assert await waiting == Revocation(CLIENT, "c1")
     await feed.aclose()
+
+
+def lagging(seconds: float) -> Clock:
+    """A clock that reads ``seconds`` before now until a test moves it (the work between two
+    writes took that long)."""
+    clock = Clock()
+    clock.advance(-seconds)
+    return clock
+
+
+@pytest.mark.gen_test(timeout=30)
+async def test_a_start_up_finishing_two_removals_names_the_second_to_polling_relays(store):
+    """A start-up finishes two removals another process left under way; the first one's grants
+    take longer than a poll's overlap: the second one's mark is stamped when it is written, not
+    when the start-up began, and a polling relay names that client."""
+    from tokensvc.oauth import removal
+
+    store.observer = polls = Polls()
+    elsewhere = other_process(store)
+    clock = lagging(POLL_OVERLAP.total_seconds() + 1)
+    for client_id in ("a", "b"):
+        await elsewhere.put_client(Client(client_id, client_id.upper(), ["https://a/cb"], ["read"]))
+        assert await elsewhere.begin_removal(client_id, clock())  # left under way: the process stopped
+    feed = store.revocation_feed(poll_seconds=0.05).__aiter__()
+    heard = []
+
+    async def listen():
+        async for revocation in feed:
+            heard.append(revocation)
+
+    listening = asyncio.ensure_future(listen())
+    await asyncio.wait_for(polls.began.wait(), DEADLINE)
+    revoke = elsewhere.revoke_client_grants
+
+    async def long(client_id, now, limit):
+        if client_id == "a":
+            clock.advance(POLL_OVERLAP.total_seconds() + 1)  # many batches
+        return await revoke(client_id, now, limit)
+
+    elsewhere.revoke_client_grants = long
+    assert await removal.finish_pending(elsewhere, clock) == ["a", "b"]
+    await eventually(lambda: Revocation(CLIENT, "b") in heard, what="b named")
+    listening.cancel()
+    await asyncio.gather(listening, return_exceptions=True)
+
+
+@pytest.mark.gen_test(timeout=30)
+async def test_a_long_removals_later_batch_is_heard_by_a_polling_relay(store, monkeypatch):
+    """A removal whose grant batches take longer than a poll's overlap: each batch is stamped
+    when it is written, so a polling relay hears the grants of a later batch too."""
+    from tokensvc.oauth import removal
+
+    monkeypatch.setattr(removal, "BATCH", 1)
+    store.observer = polls = Polls()
+    elsewhere = other_process(store)
+    clock = lagging(POLL_OVERLAP.total_seconds() + 1)
+    await elsewhere.put_client(Client("c1", "One", ["https://a/cb"], ["read"]))
+    grants = [await elsewhere.save_grant("c1", Subject(user_id=f"u_{index}"), ["read"], clock())
+              for index in range(2)]
+    feed = store.revocation_feed(poll_seconds=0.05).__aiter__()
+    heard = []
+
+    async def listen():
+        async for revocation in feed:
+            heard.append(revocation)
+
+    listening = asyncio.ensure_future(listen())
+    await asyncio.wait_for(polls.began.wait(), DEADLINE)
+    revoke, batches = elsewhere.revoke_client_grants, []
+
+    async def long(client_id, now, limit):
+        batches.append(await revoke(client_id, now, limit))
+        clock.advance(POLL_OVERLAP.total_seconds() + 1)  # a batch that took long
+        return batches[-1]
+
+    elsewhere.revoke_client_grants = long
+    assert await removal.remove_client(elsewhere, "c1", clock) == 2
+    assert sorted(batches[0] + batches[1]) == sorted(grant.grant_id for grant in grants)
+    await eventually(lambda: Revocation(GRANT, batches[1][0]) in heard, what="the later batch heard")
+    listening.cancel()
+    await asyncio.gather(listening, return_exceptions=True)
+
+
+def test_an_insert_elsewhere_than_removed_clients_is_no_revocation():
+    """The move to format 2 inserts a copy of a revoked family or an ended session
+    (hashes.finish): the change stream hears an insert holding the mark, and it revokes
+    nothing; a removal's first mark (an upsert that made its document) names the client."""
+    from tokensvc.storage.mongo.feed import _revocations
+
+    at = utcnow()
+    for collection, mark in (("families", "revoked_at"), ("sessions", "ended_at"), ("grants", "revoked_at")):
+        change = {"operationType": "insert", "ns": {"coll": collection}, "documentKey": {"_id": "ab" * 32},
+                  "fullDocument": {"_id": "ab" * 32, mark: at}}
+        assert _revocations(change) == []
+    mark = {"operationType": "insert", "ns": {"coll": "removed_clients"}, "documentKey": {"_id": "c1"},
+            "fullDocument": {"_id": "c1", "removed_at": at}}
+    assert _revocations(mark) == [Revocation(CLIENT, "c1")]

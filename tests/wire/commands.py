@@ -11,8 +11,8 @@ commands executed on the set's one mongomock data set, as a server executes them
 - ``find`` and ``aggregate`` answer in batches (:attr:`ReplicaSet.batch_size`, 101 as a server's
   first batch); the rest waits in a cursor for ``getMore``, and a cursor that is gone (killed,
   or on a member that stepped down) is ``CursorNotFound`` (43).
-- Every update records its change events for the change streams (``streams.py``), an upsert
-  that made its document an ``insert`` event.
+- Every write records its change events for the change streams (``streams.py``): an update's
+  ``update`` events, an insert's (or an upsert that made its document) ``insert`` event.
 """
 
 from __future__ import annotations
@@ -116,6 +116,7 @@ class Commands:
             with self.rs.lock:
                 try:
                     collection.insert_one(document)
+                    self.rs.streams.record_insert(doc["$db"], doc["insert"], document["_id"])
                     n += 1
                 except mongomock.DuplicateKeyError as exc:
                     errors.append({"index": index, "code": 11000, "errmsg": str(exc)})

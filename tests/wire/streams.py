@@ -78,8 +78,9 @@ class Streams:
         self.rs.lock.notify_all()
 
     def record_insert(self, database: str, collection_name: str, _id: Any) -> None:
-        """An ``insert`` change event for the document a write made (an upsert's, under the set's
-        lock, by the write), the whole document in ``fullDocument`` as a server sends it."""
+        """An ``insert`` change event for the document a write made (an insert's or an upsert's,
+        under the set's lock, by the write), the whole document in ``fullDocument`` as a server
+        sends it."""
         document = self.rs.data[database][collection_name].find_one({"_id": _id})
         self.events.append({"_seq": len(self.events) + 1, "operationType": "insert",
                             "clusterTime": Timestamp(1_700_000_000, self.rs.clock + 1),

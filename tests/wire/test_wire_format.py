@@ -525,6 +525,35 @@ async def test_the_service_migrates_in_the_background_once_finalized(primary):
     await server.close()
 
 
+async def test_a_migrations_copies_of_a_revoked_family_and_an_ended_session_announce_nothing(primary):
+    """The move to format 2 inserts a copy of each family and session (hashes.finish), the
+    revoked and ended ones with their marks: the change stream hears those inserts and
+    announces none of them (nothing is revoked by a move); the next revocation is the first
+    thing heard."""
+    from helpers import DEADLINE
+
+    from tokensvc.storage.base import SESSION, Revocation
+
+    server = await serving_on_a_0_9_0_store(primary)
+    _, family, session = credentials(utcnow())
+    assert await server.revoke_family(family.family_id, utcnow()) and await server.end_session(session.session_hash,
+                                                                                                utcnow())
+    feed = server.revocation_feed()
+    heard = asyncio.ensure_future(feed.__anext__())
+    await eventually(lambda: server._resume_token is not None, what="the change stream open")
+    upkeep = asyncio.create_task(server.upkeep())
+    primary.db[DB]["meta"].update_one({"_id": "format"}, {"$set": {"compatibility": 2}})
+    await eventually(lambda: "packed-hashes" in meta(primary)["migrations"], what="the migration done")
+    copies = {event["ns"]["coll"] for event in primary.streams.events if event["operationType"] == "insert"}
+    assert {"families", "sessions"} <= copies
+    await server.add_session(Session(digest("later"), "u_alice", utcnow(), utcnow() + timedelta(hours=1)))
+    assert await server.end_session(digest("later"), utcnow())
+    assert await asyncio.wait_for(heard, DEADLINE) == Revocation(SESSION, digest("later"))
+    upkeep.cancel()
+    await feed.aclose()
+    await server.close()
+
+
 async def test_finalize_waits_for_no_process_whose_heartbeat_lapsed_and_says_when_it_raised_already(primary,
                                                                                                    monkeypatch):
     server = await serving_on_a_0_9_0_store(primary)  # registered, writing format 1, its heartbeat not running
