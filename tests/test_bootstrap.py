@@ -239,8 +239,58 @@ async def test_several_processes_switching_the_cli_client_off_at_once_remove_it_
         await asyncio.gather(*(seed(store, off) for _ in range(3)))
     assert await store.list_removals() == [] and await store.get_client(CLI_CLIENT.client_id) is None
     assert (await store.get_grant(grant.grant_id)).revoked_at is not None and audited(caplog, "client_removed")
+    assert len(audited(caplog, "client_removal_started")) == 1  # by the one that recorded it
     await seed(store, make_config())
     assert await dead(ctx, issued)
+
+
+@pytest.mark.gen_test(timeout=60)
+@pytest.mark.parametrize("backend_store", BACKENDS, indirect=True)
+async def test_removals_of_one_client_at_once_audit_its_start_once(backend_store, clock, caplog):
+    """Three removals of one client at once (every store call yields on mongodb): its start is
+    audited once, by the removal that recorded it; the client is gone, no removal left."""
+    from tokensvc import admin
+    from tokensvc.bootstrap import make_context
+
+    store = backend_store
+    await seed(store, make_config())
+    ctx = make_context(make_config(), store, clock=clock)
+    with caplog.at_level("INFO", logger="tokensvc.audit"):
+        await asyncio.gather(*(admin.remove_client(ctx, "webapp") for _ in range(3)), return_exceptions=True)
+    assert [event["client_id"] for event in audited(caplog, "client_removal_started")] == ["webapp"]
+    assert audited(caplog, "client_removed")
+    assert await store.get_client("webapp") is None and await store.list_removals() == []
+
+
+@pytest.mark.gen_test
+@pytest.mark.parametrize("backend_store", BACKENDS, indirect=True)
+async def test_a_removal_whose_mark_fails_to_be_written_has_its_start_audited(backend_store, clock, caplog,
+                                                                             monkeypatch):
+    """The removal is recorded, then the write of its mark fails (503): its start is audited
+    all the same, by that call, and the retry, which finds it recorded, finishes it: each audit
+    line once."""
+    from tokensvc import admin
+    from tokensvc.bootstrap import make_context
+    from tokensvc.storage.base import StorageError
+
+    store = backend_store
+    await seed(store, make_config())
+    ctx = make_context(make_config(), store, clock=clock)
+    mark = store.mark_removal
+
+    async def failing(*args):
+        raise StorageError("the store went away")
+
+    monkeypatch.setattr(store, "mark_removal", failing)
+    with caplog.at_level("INFO", logger="tokensvc.audit"):
+        with pytest.raises(StorageError):
+            await admin.remove_client(ctx, "webapp")
+        assert await store.get_removal("webapp") is not None and await store.get_client("webapp") is None
+        monkeypatch.setattr(store, "mark_removal", mark)
+        await admin.remove_client(ctx, "webapp")
+    assert [event["client_id"] for event in audited(caplog, "client_removal_started")] == ["webapp"]
+    assert [event["client_id"] for event in audited(caplog, "client_removed")] == ["webapp"]
+    assert await store.list_removals() == []
 
 
 @pytest.mark.gen_test
