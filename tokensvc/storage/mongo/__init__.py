@@ -53,8 +53,10 @@ removal: each process's relay watches the families, grants, sessions, clients an
 collections for writes that set ``revoked_at``, ``access_revoked_at``, ``ended_at``, a client's
 or user's ``narrowed_at`` or a client's ``credentials_changed_at``, and ``removed_clients`` for a
 removal's mark, ``removed_at`` (a change stream resumed where it left off, which says which of
-them an update set or an inserted document holds), or, where the deployment has none, polls
-those fields through the partial indexes.
+them an update set, or, in ``removed_clients`` alone, which an inserted document holds: the
+upsert's insert of a removal's first mark; elsewhere an insert, such as the move of a revoked
+family to format 2, revokes nothing), or, where the deployment has none, polls those fields
+through the partial indexes.
 
 Reads see the writes before them: every operation runs in a causally consistent session
 advanced to the latest operation time this process has seen (its own writes' and the relay's

@@ -41,7 +41,7 @@ WATCHED: dict[str, dict[str, str]] = {
     # Some of what its tokens may do withdrawn (CLIENT); what its feed readers proved (CREDENTIALS).
     "clients": {field: kind for kind, field in CLIENT_MARKS.items()},
     "users": {"narrowed_at": SUBJECT},  # some of what the user's tokens may do: demoted, or being removed
-    # A client's removal, marked once it is recorded (begin_removal): the client's document is
+    # A client's removal, marked once it is recorded (mark_removal): the client's document is
     # deleted moments later, the mark is kept a day.
     "removed_clients": {"removed_at": CLIENT},
 }

@@ -112,7 +112,7 @@ INDEXES: list[Index] = [
     ("failures", [("expires_at", ASCENDING)], {"expireAfterSeconds": 0, "name": "ttl"}),
     # The running processes' entries (storage/processes.py), kept a day after their last heartbeat.
     ("processes", [("seen_at", ASCENDING)], {"expireAfterSeconds": 86400, "name": "ttl"}),
-    # A removal's mark (begin_removal), kept a day: long after every relay polled it.
+    # A removal's mark (mark_removal), kept a day: long after every relay polled it.
     ("removed_clients", [("expires_at", ASCENDING)], {"expireAfterSeconds": 0, "name": "ttl"}),
     # What the polling fallback of the revocation feed reads.
     *(_revoked_only(collection, field) for collection, fields in WATCHED.items() for field in fields),
