@@ -160,7 +160,7 @@ class Registry(abc.ABC):
     async def get_removal(self, client_id: str) -> Removal | None:
         """The client's removal under way, or None.
 
-        Called by a client's removal (oauth/removal.py) and the operator's client actions (admin.py).
+        Called by the operator's client actions (admin.py).
         """
 
     @abc.abstractmethod
