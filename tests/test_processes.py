@@ -404,6 +404,22 @@ def lagging(seconds: float) -> Clock:
     return clock
 
 
+async def hearing(store: MongoStore, polls: Polls) -> tuple[list[Revocation], asyncio.Future]:
+    """What the store's polling feed yields, from its first poll on (the list grows), and the
+    task listening (cancel it)."""
+    store.observer = polls
+    feed = store.revocation_feed(poll_seconds=0.05).__aiter__()
+    heard: list[Revocation] = []
+
+    async def listen() -> None:
+        async for revocation in feed:
+            heard.append(revocation)
+
+    listening = asyncio.ensure_future(listen())
+    await asyncio.wait_for(polls.began.wait(), DEADLINE)
+    return heard, listening
+
+
 @pytest.mark.gen_test(timeout=30)
 async def test_a_start_up_finishing_two_removals_names_the_second_to_polling_relays(store):
     """A start-up finishes two removals another process left under way; the first one's grants
@@ -411,21 +427,13 @@ async def test_a_start_up_finishing_two_removals_names_the_second_to_polling_rel
     when the start-up began, and a polling relay names that client."""
     from tokensvc.oauth import removal
 
-    store.observer = polls = Polls()
+    polls = Polls()
     elsewhere = other_process(store)
     clock = lagging(POLL_OVERLAP.total_seconds() + 1)
     for client_id in ("a", "b"):
         await elsewhere.put_client(Client(client_id, client_id.upper(), ["https://a/cb"], ["read"]))
         assert await elsewhere.begin_removal(client_id, clock())  # left under way: the process stopped
-    feed = store.revocation_feed(poll_seconds=0.05).__aiter__()
-    heard = []
-
-    async def listen():
-        async for revocation in feed:
-            heard.append(revocation)
-
-    listening = asyncio.ensure_future(listen())
-    await asyncio.wait_for(polls.began.wait(), DEADLINE)
+    heard, listening = await hearing(store, polls)
     revoke = elsewhere.revoke_client_grants
 
     async def long(client_id, now, limit):
@@ -447,21 +455,13 @@ async def test_a_long_removals_later_batch_is_heard_by_a_polling_relay(store, mo
     from tokensvc.oauth import removal
 
     monkeypatch.setattr(removal, "BATCH", 1)
-    store.observer = polls = Polls()
+    polls = Polls()
     elsewhere = other_process(store)
     clock = lagging(POLL_OVERLAP.total_seconds() + 1)
     await elsewhere.put_client(Client("c1", "One", ["https://a/cb"], ["read"]))
     grants = [await elsewhere.save_grant("c1", Subject(user_id=f"u_{index}"), ["read"], clock())
               for index in range(2)]
-    feed = store.revocation_feed(poll_seconds=0.05).__aiter__()
-    heard = []
-
-    async def listen():
-        async for revocation in feed:
-            heard.append(revocation)
-
-    listening = asyncio.ensure_future(listen())
-    await asyncio.wait_for(polls.began.wait(), DEADLINE)
+    heard, listening = await hearing(store, polls)
     revoke, batches = elsewhere.revoke_client_grants, []
 
     async def long(client_id, now, limit):
