@@ -82,13 +82,13 @@ def test_the_plan_is_printed_applied_and_a_second_run_changes_nothing(run, tmp_p
 
 def test_a_secret_is_hashed_before_it_leaves_the_command_line(run, mongo, tmp_path, monkeypatch):
     sent = []
-    original = MongoStore.put_client
+    original = MongoStore.add_client
 
     async def recording(self, client):
         sent.append(repr(client))
         return await original(self, client)
 
-    monkeypatch.setattr(MongoStore, "put_client", recording)
+    monkeypatch.setattr(MongoStore, "add_client", recording)  # a registration's write
     plans = []
     from tokensvc import operator
 

@@ -223,20 +223,26 @@ async def check_new_client(store: Store, client_id: str, spec: ClientSpec) -> No
 
 
 async def create_client(store: Store, spec: ClientSpec, client_id: str | None = None,
-                        announce: removal.Announce = removal.nobody) -> tuple[Client, str | None]:
+                        announce: removal.Announce = removal.nobody,
+                        now: datetime | None = None) -> tuple[Client, str | None]:
     """Register a client; returns it and, for a confidential one given no secret, the secret
-    made for it (shown once). Grants left under its id are revoked first, each announced
-    (:func:`removal.clear_leftovers`): nothing issued to a client of before comes back."""
+    made for it (shown once). The id is claimed in one step (:func:`removal.register`): of two
+    registrations of one id at once, one wins and the other is :class:`Taken` (409). The
+    winner then revokes the grants left under its id from before its claim, each announced:
+    nothing issued to a client of before comes back. ``now``: the clock that stamps grants
+    (the context's), which the leftovers' bound is compared with."""
     spec = spec.checked()
     # Hex: a generated id never starts with "-" (which a command line would read as an option).
     client_id = secrets.token_hex(12) if client_id is None else client_id
     await check_new_client(store, client_id, spec)
     secret = hashing.new_secret() if spec.confidential and spec.secret_sha256 is None else None
     secret_hash = spec.secret_sha256 or (hashing.digest(secret) if secret else None)
-    now = utcnow()
-    await removal.clear_leftovers(store, client_id, now, announce)
+    now = utcnow() if now is None else now
     client = Client(client_id=client_id, secret_hash=secret_hash, created_at=now, **spec.fields())
-    await store.put_client(client)
+    try:
+        await removal.register(store, client, now, announce)
+    except Conflict:  # another registration of the id won meanwhile
+        raise Taken(f"a client with id {client_id!r} already exists") from None
     _record("client_created", client_id=client_id, first_party=spec.first_party, confidential=spec.confidential,
             outcome="success")
     return client, secret
@@ -252,7 +258,7 @@ async def put_client(ctx: OAuthContext, client_id: str, spec: ClientSpec) -> tup
     existing = await ctx.store.get_client(client_id) if len(client_id) <= 128 else None
     if existing is None:
         _check(id_problem(client_id), "client id", client_id, "client_id", "path")
-        client, secret = await create_client(ctx.store, spec, client_id, ctx.events.publish)
+        client, secret = await create_client(ctx.store, spec, client_id, ctx.events.publish, ctx.clock())
         return client, secret, True
     spec = spec.checked()
     fields = spec.fields()

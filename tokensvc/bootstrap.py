@@ -22,7 +22,7 @@ from tokensvc.oauth.metadata import server_metadata
 from tokensvc.oauth.revocation import client_change, end_chains_before_promotion
 from tokensvc.ratelimit import FailureLimits
 from tokensvc.records import RESOURCE_SERVER, Client, Installation, User, utcnow
-from tokensvc.storage.base import StorageError, Store, StoreFault, StoreObserver
+from tokensvc.storage.base import Conflict, StorageError, Store, StoreFault, StoreObserver
 
 log = logging.getLogger(__name__)
 
@@ -154,11 +154,18 @@ async def seed_client_as(store: Store, existing: Client | None, client: Client, 
     marked; a change of what its feed readers proved (its secret, kind, first-party flag) is
     marked, so the other processes' readers of the client check their credentials again. The
     marks it does not set keep their value. A client registered anew first has the grants left
-    under its id revoked (:func:`tokensvc.oauth.removal.clear_leftovers`)."""
+    under its id from before its claim revoked (:func:`tokensvc.oauth.removal.register`); when
+    another process seeding the same entry claimed the id first, its client is the existing one
+    this one is written over."""
     if existing is None:
-        await removal.clear_leftovers(store, client.client_id, now)
-        await store.put_client(client)
-        return
+        try:
+            await removal.register(store, client, now)
+            return
+        except Conflict:
+            existing = await store.get_client(client.client_id)
+            if existing is None:  # claimed, then removed at once: the next start-up seeds it
+                raise StorageError(f"client {client.client_id!r} changed while it was seeded") from None
+            client = replace(client, created_at=existing.created_at)
     client = replace(client, narrowed_at=existing.narrowed_at, credentials_changed_at=existing.credentials_changed_at)
     await client_change(store, existing, asdict(client), now,
                         lambda marks: store.put_client(replace(client, **marks)))

@@ -22,18 +22,22 @@ removal, or the next start-up of any process, carries on from where it stopped (
 client again). The record is one of its own, never a field of the client's document, which
 0.9.0 rewrites whole (ARCHITECTURE.md, the store's format).
 
-A client registered under an id no client holds first has the grants left under that id
-revoked (:func:`clear_leftovers`): whatever removed the client before (a removal by 0.9.0 cut
-short between its deletion and its revocation, a document deleted by hand), nothing issued to
-it comes back to life under the new one.
+A client registered under an id no client holds claims the id (:meth:`Store.add_client`,
+atomic: of two registrations at once one wins, the other is refused), and only then has the
+grants left under that id from before its claim revoked (:func:`register`,
+:func:`clear_leftovers`): whatever removed the client before (a removal by 0.9.0 cut short
+between its deletion and its revocation, a document deleted by hand), nothing issued to it
+comes back to life under the new one, and nothing issued to the new one is taken.
 """
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 from datetime import datetime
 
 from tokensvc import logs
+from tokensvc.records import Client
 from tokensvc.storage.base import CLIENT, GRANT, Revocation, Store
 
 BATCH = 200  # grants revoked per store operation
@@ -60,13 +64,14 @@ async def remove_client(store: Store, client_id: str, clock: Clock, announce: An
     return await finish(store, client_id, clock, announce)
 
 
-async def _revoke_grants(store: Store, client_id: str, clock: Clock, announce: Announce) -> int:
-    """Revoke every live grant under ``client_id``, a batch at a time, each announced and
-    stamped with the time of its own write (a polling relay reads the stamps a few seconds
-    back: a long removal's later batches are heard too); how many."""
+async def _revoke_grants(store: Store, client_id: str, clock: Clock, announce: Announce,
+                         before: datetime | None = None) -> int:
+    """Revoke every live grant under ``client_id`` (created before ``before``, if given), a
+    batch at a time, each announced and stamped with the time of its own write (a polling relay
+    reads the stamps a few seconds back: a long removal's later batches are heard too); how many."""
     revoked = 0
     while True:
-        batch = await store.revoke_client_grants(client_id, clock(), BATCH)
+        batch = await store.revoke_client_grants(client_id, clock(), BATCH, before)
         for grant_id in batch:
             announce(Revocation(GRANT, grant_id))
         revoked += len(batch)
@@ -97,12 +102,30 @@ async def finish_pending(store: Store, clock: Clock) -> list[str]:
 
 
 async def clear_leftovers(store: Store, client_id: str, now: datetime, announce: Announce = nobody) -> int:
-    """Revoke the grants left under ``client_id``, which no client holds (about to be
-    registered): whatever path removed the client of before, nothing issued to it comes back to
-    life with the new one. Each announced; how many. A registration it cuts short (503) does
-    it again when asked again."""
-    revoked = await _revoke_grants(store, client_id, lambda: now, announce)
+    """Revoke the grants left under ``client_id``, which a registration has just claimed
+    (:meth:`Store.add_client`, at ``now``: the new client's ``created_at``): whatever path
+    removed the client of before, nothing issued to it comes back to life with the new one.
+    Only the grants created before ``now``: those issued to the new client since its claim
+    stay. Each announced; how many. Only the registration that won the claim calls it; one it
+    cuts short (503) withdraws its claim (:func:`register`), so that asked again it clears again."""
+    revoked = await _revoke_grants(store, client_id, lambda: now, announce, before=now)
     if revoked:
         logs.audit("client_leftovers_revoked", {"client_id": client_id, "grants_revoked": revoked,
                                                  "outcome": "success"})
     return revoked
+
+
+async def register(store: Store, client: Client, now: datetime, announce: Announce = nobody) -> None:
+    """Register ``client`` (its ``created_at`` is ``now``) under an id it claims
+    (:meth:`Store.add_client`: :class:`~tokensvc.storage.base.Conflict` when another
+    registration claimed it first, with nothing written and nothing revoked), then clear the
+    grants left under the id from before the claim (:func:`clear_leftovers`). When the clearing
+    fails, the claim is withdrawn (as far as the store answers), so that the registration
+    asked again claims and clears again instead of finding the id taken."""
+    await store.add_client(client)
+    try:
+        await clear_leftovers(store, client.client_id, now, announce)
+    except Exception:
+        with contextlib.suppress(Exception):
+            await store.delete_client(client.client_id)
+        raise

@@ -112,7 +112,20 @@ class Registry(abc.ABC):
     async def put_client(self, client: Client) -> None:
         """Insert or replace the client with this client_id (config seeding, CLI).
 
-        Called by client creation (admin.py) and start-up seeding (bootstrap.py).
+        Called by start-up seeding of a client that exists (bootstrap.py).
+        """
+
+    @abc.abstractmethod
+    async def add_client(self, client: Client) -> None:
+        """Register the client only if no document holds its client_id, in one atomic step (its
+        claim of the id): of two registrations of one id at once, exactly one wins, and the
+        other gets :class:`Conflict` and writes nothing. Its ``created_at`` is the claim's time,
+        which bounds the leftovers its registration revokes (:meth:`revoke_client_grants`'s
+        ``before``). A lost reply never turns into a false Conflict (MongoDB: the driver's retry
+        of the insert carries the same transaction number, and the server applies it once).
+
+        Called by a registration (oauth/removal.py), for client creation and start-up seeding of
+        a new client.
         """
 
     @abc.abstractmethod
@@ -362,13 +375,17 @@ class Authorizations(abc.ABC):
         """
 
     @abc.abstractmethod
-    async def revoke_client_grants(self, client_id: str, now: datetime, limit: int) -> list[str]:
+    async def revoke_client_grants(self, client_id: str, now: datetime, limit: int,
+                                   before: datetime | None = None) -> list[str]:
         """Revoke up to ``limit`` live grants of a client and every family of them, the families
         first (a removed client's, a batch at a time); the ids of the grants revoked, fewer
-        than ``limit`` when none is left. Idempotent: run again after a reply was lost, it
-        takes the grants still live (those whose revocation applied go uncounted).
+        than ``limit`` when none is left. With ``before``, only the grants created before it
+        (the leftovers under a newly claimed id: those issued to the new client stay).
+        Idempotent: run again after a reply was lost, it takes the grants still live (those
+        whose revocation applied go uncounted).
 
-        Called by a client's removal, a batch at a time (oauth/removal.py).
+        Called by a client's removal and a registration's clearing of leftovers, a batch at a
+        time (oauth/removal.py).
         """
 
     @abc.abstractmethod

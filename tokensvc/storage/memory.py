@@ -146,6 +146,11 @@ class MemoryStore(Store):
     async def put_client(self, client: Client) -> None:
         self._clients[client.client_id] = _client(client)
 
+    async def add_client(self, client: Client) -> None:
+        if client.client_id in self._clients:  # the check and the write with no await between
+            raise Conflict(f"client id {client.client_id!r} is taken")
+        self._clients[client.client_id] = _client(client)
+
     async def update_client(self, client_id: str, fields: dict[str, Any], *,
                             if_confidential: bool = False) -> Client | None:
         client = self._clients.get(client_id)
@@ -307,8 +312,10 @@ class MemoryStore(Store):
                   if grant.client_id == client_id and grant.revoked_at is None}
         return [grants[grant_id] for grant_id in _page(sorted(grants), after, limit)]
 
-    async def revoke_client_grants(self, client_id: str, now: datetime, limit: int) -> list[str]:
-        revoked = [grant.grant_id for grant in await self.list_client_grants(client_id, None, limit)]
+    async def revoke_client_grants(self, client_id: str, now: datetime, limit: int,
+                                   before: datetime | None = None) -> list[str]:
+        revoked = [grant.grant_id for grant in await self.list_client_grants(client_id)
+                   if before is None or grant.created_at < before][:limit]
         for grant_id in revoked:
             await self.revoke_grant_families(grant_id, now)
             await self.mark_grant_revoked(grant_id, now)

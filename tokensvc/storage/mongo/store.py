@@ -485,6 +485,10 @@ class MongoStore(RevocationFeed, Store, FailureCounts):
         await self.clients.update_one({"_id": client.client_id}, CLIENTS.setting(client), upsert=True)
 
     @guarded()
+    async def add_client(self, client: Client) -> None:
+        await self.clients.insert_one(CLIENTS.doc(client))  # a duplicate _id: Conflict (guarded)
+
+    @guarded()
     async def update_client(self, client_id: str, fields: dict[str, Any], *,
                             if_confidential: bool = False) -> Client | None:
         match: dict[str, Any] = {"_id": client_id}
@@ -723,18 +727,22 @@ class MongoStore(RevocationFeed, Store, FailureCounts):
         cursor = self.grants.find(live).sort("_id", ASCENDING)
         return [GRANTS.record(doc) for doc in await (cursor.limit(limit) if limit else cursor).to_list(None)]
 
-    async def revoke_client_grants(self, client_id: str, now: datetime, limit: int) -> list[str]:
+    async def revoke_client_grants(self, client_id: str, now: datetime, limit: int,
+                                   before: datetime | None = None) -> list[str]:
         # Three operations, each with its own budget and run again alone after a lost reply:
         # the batch read (client_live), the families' sweep, then the grants' (grant_live, _id).
-        grant_ids = await self._live_client_grant_ids(client_id, limit)
+        grant_ids = await self._live_client_grant_ids(client_id, limit, before)
         if grant_ids:
             await self._revoke_where(self.families, {"grant_id": {"$in": grant_ids}, "revoked_at": None}, now)
             await self._revoke_where(self.grants, {"_id": {"$in": grant_ids}, "revoked_at": None}, now)
         return grant_ids
 
     @guarded()
-    async def _live_client_grant_ids(self, client_id: str, limit: int) -> list[str]:
-        cursor = self.grants.find({"client_id": client_id, "revoked_at": None}, {"_id": 1}).sort("_id", ASCENDING)
+    async def _live_client_grant_ids(self, client_id: str, limit: int, before: datetime | None) -> list[str]:
+        live: dict[str, Any] = {"client_id": client_id, "revoked_at": None}
+        if before is not None:
+            live["created_at"] = {"$lt": before}
+        cursor = self.grants.find(live, {"_id": 1}).sort("_id", ASCENDING)
         return [doc["_id"] for doc in await cursor.limit(limit).to_list(limit)]
 
     @guarded()
