@@ -4,6 +4,7 @@ opens it."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 from datetime import timedelta
@@ -15,7 +16,7 @@ from helpers import SKY_REDIRECT, check_oauth_error, check_schema, check_validat
 from tokensvc import admin_schemas
 from tokensvc.app import ADMIN_ROUTES, make_admin_app
 from tokensvc.bootstrap import seed
-from tokensvc.oauth import introspection, sessions
+from tokensvc.oauth import hashing, introspection, sessions
 
 pytestmark = pytest.mark.gen_test
 
@@ -170,6 +171,31 @@ async def test_put_creates_then_replaces_and_changes_nothing_when_the_same(call,
     assert public["confidential"] is False and (await store.get_client("prov")).secret_hash is None
     conflicting = await call("PUT", "/admin/clients/prov", {**body, "clientId": "other"})
     check_validation_error(conflicting, ["body", "clientId"], "value_error")
+
+
+@pytest.mark.parametrize("method,path", [("POST", "/admin/clients"), ("PUT", "/admin/clients/twin")])
+async def test_two_registrations_of_one_id_at_once_give_one_201_and_one_409(call, store, method, path):
+    """Both requests check the id before either writes (each held until the other has
+    checked): the store's claim lets one register, and the other gets the documented 409."""
+    real_list = store.list_clients
+    both = asyncio.Barrier(2)
+
+    async def held(*args, **kwargs):  # check_new_client's name check, once the id was found free
+        result = await real_list(*args, **kwargs)
+        await asyncio.wait_for(both.wait(), 10)
+        return result
+
+    store.list_clients = held
+    answers = await asyncio.gather(*(call(method, path, {"name": f"Twin {n}", "redirectUris": [SKY_REDIRECT],
+                                                         "clientId": "twin", "confidential": True})
+                                     for n in range(2)))
+    store.list_clients = real_list
+    assert sorted(answer.code for answer in answers) == [201, 409], [a.code for a in answers]
+    won, lost = sorted(answers, key=lambda answer: answer.code)
+    assert json_of(lost) == {"detail": "a client with id 'twin' already exists"}
+    assert (await store.get_client("twin")).name == json_of(won)["name"]
+    secret = json_of(won)["clientSecret"]
+    assert (await store.get_client("twin")).secret_hash == hashing.digest(secret)  # the winner's secret stands
 
 
 async def test_client_mistakes_are_422_404_and_409(call):

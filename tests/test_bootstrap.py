@@ -2,6 +2,7 @@
 
 import asyncio
 import dataclasses
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
@@ -354,3 +355,72 @@ async def test_a_client_registered_again_after_any_deletion_revives_nothing_of_b
     assert await dead(ctx, issued)
     if registration != "seeding":  # start-up: no WebSocket listens yet
         assert Revocation(GRANT, grant.grant_id) in heard
+
+
+@pytest.mark.gen_test(timeout=30)
+@pytest.mark.parametrize("backend_store", BACKENDS, indirect=True)
+async def test_a_registration_that_loses_the_race_for_an_id_revokes_and_replaces_nothing(backend_store, clock):
+    """B checks that the id is free; A registers it and a user gets a grant under A; then B
+    goes on: B is refused (409), A's document (its secret) stays, and A's live grant too."""
+    from helpers import SKY_REDIRECT, issue_tokens
+
+    from tokensvc import admin
+    from tokensvc.bootstrap import make_context
+    from tokensvc.oauth import introspection
+
+    store = backend_store
+    await seed(store, make_config())
+    ctx = make_context(make_config(), store, clock=clock)
+    checked, go = asyncio.Event(), asyncio.Event()
+    real_list = store.list_clients
+
+    async def held(*args, **kwargs):  # B's check_new_client, held once it has found the id free
+        result = await real_list(*args, **kwargs)
+        store.list_clients = real_list
+        checked.set()
+        await go.wait()
+        return result
+
+    store.list_clients = held
+    b = asyncio.ensure_future(admin.create_client(store, admin.ClientSpec("Twin B", [SKY_REDIRECT], ["read"],
+                                                                          confidential=True),
+                                                  "twin", ctx.events.publish, clock()))
+    await asyncio.wait_for(checked.wait(), 10)
+    a, a_secret = await admin.create_client(store, admin.ClientSpec("Twin A", [SKY_REDIRECT], ["read"],
+                                                                    confidential=True),
+                                            "twin", ctx.events.publish, clock())
+    clock.advance(1)
+    issued = await issue_tokens(ctx, "alice", "read", "twin", SKY_REDIRECT)
+    go.set()
+    with pytest.raises(admin.Taken, match="already exists"):
+        await b
+    assert (await store.get_client("twin")).secret_hash == a.secret_hash == hashing.digest(a_secret)
+    assert (await introspection.introspect(ctx, issued.access_token))["active"]
+
+
+@pytest.mark.gen_test(timeout=30)
+@pytest.mark.parametrize("backend_store", BACKENDS, indirect=True)
+async def test_a_start_up_that_loses_the_race_to_seed_a_new_client_seeds_over_the_winners(backend_store):
+    """Two processes seed a new [[clients]] entry at once: the one whose claim comes second
+    takes the other's client as an existing one (no failure, no second clearing)."""
+    from tokensvc.bootstrap import seed_client_as
+    from tokensvc.records import Client, utcnow
+
+    store = backend_store
+    now = utcnow()
+    first = Client("seeded", "Seeded", ["https://a/cb"], ["read"], created_at=now)
+    await seed_client_as(store, None, first, now)  # the other process, which won
+    revokes = []
+    real = store.revoke_client_grants
+
+    async def counted(*args, **kwargs):
+        revokes.append(args)
+        return await real(*args, **kwargs)
+
+    store.revoke_client_grants = counted
+    claimed_at = (await store.get_client("seeded")).created_at
+    await seed_client_as(store, None, dataclasses.replace(first, name="Seeded again", created_at=now + timedelta(1)),
+                         now)
+    stored = await store.get_client("seeded")
+    assert stored.name == "Seeded again" and stored.created_at == claimed_at  # the winner's claim stays
+    assert revokes == []  # the grants were cleared by the winner's claim alone

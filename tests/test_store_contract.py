@@ -238,6 +238,33 @@ async def test_a_clients_grants_are_revoked_a_bounded_batch_at_a_time(backend_st
 
 
 @pytest.mark.gen_test
+async def test_a_client_id_is_claimed_once(backend_store, now):
+    """add_client inserts only when no document holds the id: of registrations at once,
+    exactly one wins, and the others write nothing."""
+    store = backend_store
+    clients = [Client("twin", f"Twin {n}", ["https://a/cb"], secret_hash=str(n) * 64, created_at=now)
+               for n in range(3)]
+    results = await asyncio.gather(*(store.add_client(client) for client in clients), return_exceptions=True)
+    won = [client for client, result in zip(clients, results, strict=True) if result is None]
+    assert len(won) == 1 and all(isinstance(result, Conflict) for result in results if result is not None)
+    assert await store.get_client("twin") == won[0]
+    with pytest.raises(Conflict):
+        await store.add_client(replace(clients[0], client_id="twin"))
+    assert await store.get_client("twin") == won[0]
+
+
+@pytest.mark.gen_test
+async def test_a_clients_grants_are_revoked_up_to_a_creation_time(backend_store, now):
+    """``before`` bounds a client's revocation to the grants created before it (a new
+    registration's leftovers): those created at or after it stay."""
+    store = backend_store
+    old = await store.save_grant("webapp", Subject(user_id="u_old"), ["read"], now - timedelta(seconds=1))
+    new = await store.save_grant("webapp", Subject(user_id="u_new"), ["read"], now)
+    assert await store.revoke_client_grants("webapp", now, 10, before=now) == [old.grant_id]
+    assert [g.grant_id for g in await store.list_client_grants("webapp")] == [new.grant_id]
+
+
+@pytest.mark.gen_test
 async def test_a_client_under_removal_is_no_client_whatever_writes_its_document(backend_store, now):
     """From the removal's record on, the client is gone (found by id or listed), even when a
     writer that knows nothing of the record (release 0.9.0's seeding) writes its document back;
