@@ -424,3 +424,33 @@ async def test_a_start_up_that_loses_the_race_to_seed_a_new_client_seeds_over_th
     stored = await store.get_client("seeded")
     assert stored.name == "Seeded again" and stored.created_at == claimed_at  # the winner's claim stays
     assert revokes == []  # the grants were cleared by the winner's claim alone
+
+
+@pytest.mark.gen_test
+@pytest.mark.parametrize("backend_store", BACKENDS, indirect=True)
+async def test_a_registration_whose_clearing_fails_withdraws_its_claim_and_clears_when_asked_again(backend_store,
+                                                                                                     clock):
+    """The store fails while the leftovers are revoked: the registration fails (503) without
+    leaving the client registered over live leftovers, and asked again it registers and clears."""
+    from tokensvc import admin
+    from tokensvc.storage.base import StorageError
+
+    store = backend_store
+    await seed(store, make_config())
+    ctx, issued = await cli_login(store, clock)
+    await store.delete_client(CLI_CLIENT.client_id)  # as 0.9.0 did, with no revocation after it
+    clock.advance(1)
+    real = store.revoke_client_grants
+
+    async def failing(*args):
+        raise StorageError("the store went away")
+
+    store.revoke_client_grants = failing
+    spec = admin.ClientSpec("Again", [CLI_REDIRECT], ["admin"], first_party=True)
+    with pytest.raises(StorageError):
+        await admin.create_client(store, spec, CLI_CLIENT.client_id, now=clock())
+    assert await store.get_client(CLI_CLIENT.client_id) is None
+    store.revoke_client_grants = real
+    await admin.create_client(store, spec, CLI_CLIENT.client_id, now=clock())
+    assert await store.list_client_grants(CLI_CLIENT.client_id) == []
+    assert await dead(ctx, issued)

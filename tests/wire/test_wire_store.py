@@ -16,7 +16,7 @@ from primary import BUDGET_MS, Fault, wire_settings
 
 from tokensvc.oauth import hashing
 from tokensvc.records import AuthorizationCode, Client, Family, Pair, Session, Subject, User, utcnow
-from tokensvc.storage.base import StorageError
+from tokensvc.storage.base import Conflict, StorageError
 from tokensvc.storage.mongo import ONCE, READ, RERUN, RETRY_KINDS, STEPS, MongoStore
 
 pytestmark = pytest.mark.gen_test
@@ -389,6 +389,19 @@ async def test_a_write_run_once_whose_replies_are_all_lost_fails_and_is_applied_
     sent = primary.sent("findAndModify", "failures")
     assert len(sent) == 2 and sent[0]["txnNumber"] == sent[1]["txnNumber"]
     assert (await wire_store.read_counts("login|127.0.0.1", ["address"]))[0] == [2]
+
+
+async def test_a_claim_whose_reply_is_lost_registers_the_client_and_is_no_false_conflict(wire_store, primary):
+    """add_client (ONCE): the insert applied and its reply lost, the driver's retry carries the
+    same txnNumber and the server answers it as applied: no duplicate key, the client is there."""
+    client = Client("twin", "Twin", ["https://a/cb"], created_at=utcnow())
+    primary.script(Fault("insert", "hangup_after", collection="clients"))
+    await wire_store.add_client(client)
+    sent = primary.sent("insert", "clients")
+    assert len(sent) == 2 and sent[0]["txnNumber"] == sent[1]["txnNumber"]
+    assert (await wire_store.get_client("twin")).name == "Twin"
+    with pytest.raises(Conflict):  # another registration of the id: refused
+        await wire_store.add_client(client)
 
 
 async def test_an_idempotent_write_whose_replies_are_all_lost_is_run_again_and_succeeds(wire_store, primary):
