@@ -436,10 +436,10 @@ async def test_a_start_up_finishing_two_removals_names_the_second_to_polling_rel
     heard, listening = await hearing(store, polls)
     revoke = elsewhere.revoke_client_grants
 
-    async def long(client_id, now, limit):
+    async def long(client_id, now, limit, before=None):
         if client_id == "a":
             clock.advance(POLL_OVERLAP.total_seconds() + 1)  # many batches
-        return await revoke(client_id, now, limit)
+        return await revoke(client_id, now, limit, before)
 
     elsewhere.revoke_client_grants = long
     assert await removal.finish_pending(elsewhere, clock) == ["a", "b"]
@@ -464,8 +464,8 @@ async def test_a_long_removals_later_batch_is_heard_by_a_polling_relay(store, mo
     heard, listening = await hearing(store, polls)
     revoke, batches = elsewhere.revoke_client_grants, []
 
-    async def long(client_id, now, limit):
-        batches.append(await revoke(client_id, now, limit))
+    async def long(client_id, now, limit, before=None):
+        batches.append(await revoke(client_id, now, limit, before))
         clock.advance(POLL_OVERLAP.total_seconds() + 1)  # a batch that took long
         return batches[-1]
 
