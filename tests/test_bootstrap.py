@@ -402,33 +402,26 @@ async def test_a_registration_that_loses_the_race_for_an_id_revokes_and_replaces
 @pytest.mark.parametrize("backend_store", BACKENDS, indirect=True)
 async def test_a_start_up_that_loses_the_race_to_seed_a_new_client_seeds_over_the_winners(backend_store):
     """Two processes seed a new [[clients]] entry at once: the one whose claim comes second
-    takes the other's client as an existing one (no failure, no second clearing)."""
+    takes the other's client as an existing one (no failure), and its clearing, bounded by the
+    moment it began, revokes nothing the winner issued."""
     from tokensvc.bootstrap import seed_client_as
-    from tokensvc.records import Client, utcnow
+    from tokensvc.records import Client, Subject, utcnow
 
     store = backend_store
     now = utcnow()
-    first = Client("seeded", "Seeded", ["https://a/cb"], ["read"], created_at=now)
-    await seed_client_as(store, None, first, now)  # the other process, which won
-    revokes = []
-    real = store.revoke_client_grants
-
-    async def counted(*args, **kwargs):
-        revokes.append(args)
-        return await real(*args, **kwargs)
-
-    store.revoke_client_grants = counted
+    first = Client("seeded", "Seeded", ["https://a/cb"], ["read"], created_at=now + timedelta(milliseconds=1))
+    await seed_client_as(store, None, first, first.created_at)  # the other process, which won
+    issued = await store.save_grant("seeded", Subject(user_id="u1"), ["read"], now + timedelta(seconds=1))
     claimed_at = (await store.get_client("seeded")).created_at
-    await seed_client_as(store, None, dataclasses.replace(first, name="Seeded again", created_at=now + timedelta(1)),
-                         now)
+    await seed_client_as(store, None, dataclasses.replace(first, name="Seeded again", created_at=now), now)
     stored = await store.get_client("seeded")
     assert stored.name == "Seeded again" and stored.created_at == claimed_at  # the winner's claim stays
-    assert revokes == []  # the grants were cleared by the winner's claim alone
+    assert (await store.get_grant(issued.grant_id)).revoked_at is None
 
 
 @pytest.mark.gen_test
 @pytest.mark.parametrize("backend_store", BACKENDS, indirect=True)
-async def test_a_registration_whose_clearing_fails_withdraws_its_claim_and_clears_when_asked_again(backend_store,
+async def test_a_registration_whose_clearing_fails_claims_nothing_and_clears_when_asked_again(backend_store,
                                                                                                      clock):
     """The store fails while the leftovers are revoked: the registration fails (503) without
     leaving the client registered over live leftovers, and asked again it registers and clears."""
@@ -454,3 +447,81 @@ async def test_a_registration_whose_clearing_fails_withdraws_its_claim_and_clear
     await admin.create_client(store, spec, CLI_CLIENT.client_id, now=clock())
     assert await store.list_client_grants(CLI_CLIENT.client_id) == []
     assert await dead(ctx, issued)
+
+
+@pytest.mark.gen_test
+@pytest.mark.parametrize("backend_store", BACKENDS, indirect=True)
+async def test_a_registration_whose_claim_was_written_but_not_answered_leaves_no_leftover_live(backend_store):
+    """The claim applied, its answer lost (503): the leftovers were revoked before it, so asked
+    again (409: the client is there) nothing of the earlier client of that id is live."""
+    from tokensvc import admin
+    from tokensvc.records import Subject, utcnow
+    from tokensvc.storage.base import StorageError
+
+    store, now = backend_store, utcnow()
+    old = await store.save_grant("app1", Subject(user_id="u1"), ["read"], now - timedelta(hours=1))
+    real = store.add_client
+
+    async def lost(client):
+        await real(client)
+        raise StorageError("the answer was lost")
+
+    store.add_client = lost
+    spec = admin.ClientSpec(name="App", redirect_uris=["https://a/cb"])
+    with pytest.raises(StorageError):
+        await admin.create_client(store, spec, "app1", now=now)
+    store.add_client = real
+    with pytest.raises(admin.Taken):
+        await admin.create_client(store, spec, "app1", now=now)
+    assert (await store.get_grant(old.grant_id)).revoked_at is not None
+
+
+@pytest.mark.gen_test
+@pytest.mark.parametrize("backend_store", BACKENDS, indirect=True)
+async def test_a_registration_that_fails_while_clearing_leaves_the_client_registered_since(backend_store):
+    """A's clearing stalls, then fails; meanwhile the id is registered by C: A claimed nothing,
+    so C's client stays, and A asked again is refused (409)."""
+    from tokensvc import admin
+    from tokensvc.records import Subject, utcnow
+    from tokensvc.storage.base import StorageError
+
+    store, now = backend_store, utcnow()
+    await store.save_grant("app1", Subject(user_id="u1"), ["read"], now - timedelta(hours=1))
+    real, held, go = store.revoke_client_grants, asyncio.Event(), asyncio.Event()
+
+    async def stalled(*args, **kwargs):
+        store.revoke_client_grants = real
+        held.set()
+        await go.wait()
+        raise StorageError("the store went away")
+
+    store.revoke_client_grants = stalled
+    a = asyncio.ensure_future(admin.create_client(store, admin.ClientSpec("A", ["https://a/cb"]), "app1", now=now))
+    await held.wait()
+    await admin.create_client(store, admin.ClientSpec("C", ["https://c/cb"]), "app1", now=utcnow())
+    go.set()
+    with pytest.raises(StorageError):
+        await a
+    assert (await store.get_client("app1")).name == "C"
+
+
+@pytest.mark.gen_test
+@pytest.mark.parametrize("backend_store", BACKENDS, indirect=True)
+async def test_a_grant_given_to_a_client_just_registered_is_never_a_leftover(backend_store):
+    """A user authorizes the new client at once: its grant is a new generation (the leftover of
+    the earlier client of that id was revoked before the claim, so never carried on), and stays."""
+    from tokensvc import admin
+    from tokensvc.records import Subject, utcnow
+
+    store, now = backend_store, utcnow()
+    old = await store.save_grant("app1", Subject(user_id="u1"), ["read"], now - timedelta(hours=1))
+    real, issued = store.add_client, {}
+
+    async def then_authorized(client):
+        await real(client)
+        issued["grant"] = await store.save_grant("app1", Subject(user_id="u1"), ["read"], now + timedelta(seconds=1))
+
+    store.add_client = then_authorized
+    await admin.create_client(store, admin.ClientSpec("App", ["https://a/cb"]), "app1", now=now)
+    assert issued["grant"].generation > old.generation and issued["grant"].created_at > now
+    assert (await store.get_grant(issued["grant"].grant_id)).revoked_at is None

@@ -226,18 +226,18 @@ async def create_client(store: Store, spec: ClientSpec, client_id: str | None = 
                         announce: removal.Announce = removal.nobody,
                         now: datetime | None = None) -> tuple[Client, str | None]:
     """Register a client; returns it and, for a confidential one given no secret, the secret
-    made for it (shown once). The id is claimed in one step (:func:`removal.register`): of two
-    registrations of one id at once, one wins and the other is :class:`Taken` (409). The
-    winner then revokes the grants left under its id from before its claim, each announced:
-    nothing issued to a client of before comes back. ``now``: the clock that stamps grants
+    made for it (shown once). The grants left under the id from before are revoked, each
+    announced, then the id is claimed in one step (:func:`removal.register`): nothing issued to
+    a client of before comes back, and of two registrations of one id at once one wins and the
+    other is :class:`Taken` (409). ``now``: the clock that stamps grants
     (the context's), which the leftovers' bound is compared with."""
     spec = spec.checked()
+    now = utcnow() if now is None else now  # before the id is found free: the leftovers' bound
     # Hex: a generated id never starts with "-" (which a command line would read as an option).
     client_id = secrets.token_hex(12) if client_id is None else client_id
     await check_new_client(store, client_id, spec)
     secret = hashing.new_secret() if spec.confidential and spec.secret_sha256 is None else None
     secret_hash = spec.secret_sha256 or (hashing.digest(secret) if secret else None)
-    now = utcnow() if now is None else now
     client = Client(client_id=client_id, secret_hash=secret_hash, created_at=now, **spec.fields())
     try:
         await removal.register(store, client, now, announce)

@@ -154,7 +154,7 @@ async def seed_client_as(store: Store, existing: Client | None, client: Client, 
     marked; a change of what its feed readers proved (its secret, kind, first-party flag) is
     marked, so the other processes' readers of the client check their credentials again. The
     marks it does not set keep their value. A client registered anew first has the grants left
-    under its id from before its claim revoked (:func:`tokensvc.oauth.removal.register`); when
+    under its id from before revoked (:func:`tokensvc.oauth.removal.register`); when
     another process seeding the same entry claimed the id first, its client is the existing one
     this one is written over."""
     if existing is None:

@@ -22,17 +22,16 @@ removal, or the next start-up of any process, carries on from where it stopped (
 client again). The record is one of its own, never a field of the client's document, which
 0.9.0 rewrites whole (ARCHITECTURE.md, the store's format).
 
-A client registered under an id no client holds claims the id (:meth:`Store.add_client`,
-atomic: of two registrations at once one wins, the other is refused), and only then has the
-grants left under that id from before its claim revoked (:func:`register`,
-:func:`clear_leftovers`): whatever removed the client before (a removal by 0.9.0 cut short
+A client registered under an id no client holds first has the grants left under that id from
+before the registration began revoked, then claims the id (:func:`register`,
+:func:`clear_leftovers`, :meth:`Store.add_client`, atomic: of two registrations at once one
+wins, the other is refused): whatever removed the client before (a removal by 0.9.0 cut short
 between its deletion and its revocation, a document deleted by hand), nothing issued to it
-comes back to life under the new one, and nothing issued to the new one is taken.
+comes back to life under the new one, and nothing issued to the winner of a race is taken.
 """
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Callable
 from datetime import datetime
 
@@ -102,12 +101,11 @@ async def finish_pending(store: Store, clock: Clock) -> list[str]:
 
 
 async def clear_leftovers(store: Store, client_id: str, now: datetime, announce: Announce = nobody) -> int:
-    """Revoke the grants left under ``client_id``, which a registration has just claimed
-    (:meth:`Store.add_client`, at ``now``: the new client's ``created_at``): whatever path
-    removed the client of before, nothing issued to it comes back to life with the new one.
-    Only the grants created before ``now``: those issued to the new client since its claim
-    stay. Each announced; how many. Only the registration that won the claim calls it; one it
-    cuts short (503) withdraws its claim (:func:`register`), so that asked again it clears again."""
+    """Revoke the grants left under ``client_id``, which no client holds (about to be
+    registered, at ``now``: the new client's ``created_at``, read before the id was found free):
+    whatever path removed the client of before, nothing issued to it comes back to life with the
+    new one. Only the grants created before ``now``: a registration of the same id that won
+    meanwhile keeps what it issued. Each announced; how many."""
     revoked = await _revoke_grants(store, client_id, lambda: now, announce, before=now)
     if revoked:
         logs.audit("client_leftovers_revoked", {"client_id": client_id, "grants_revoked": revoked,
@@ -116,16 +114,12 @@ async def clear_leftovers(store: Store, client_id: str, now: datetime, announce:
 
 
 async def register(store: Store, client: Client, now: datetime, announce: Announce = nobody) -> None:
-    """Register ``client`` (its ``created_at`` is ``now``) under an id it claims
-    (:meth:`Store.add_client`: :class:`~tokensvc.storage.base.Conflict` when another
-    registration claimed it first, with nothing written and nothing revoked), then clear the
-    grants left under the id from before the claim (:func:`clear_leftovers`). When the clearing
-    fails, the claim is withdrawn (as far as the store answers), so that the registration
-    asked again claims and clears again instead of finding the id taken."""
+    """Register ``client`` (its ``created_at`` is ``now``, read before its id was found free):
+    the grants left under the id from before ``now`` revoked first (:func:`clear_leftovers`),
+    then the id claimed (:meth:`Store.add_client`: :class:`~tokensvc.storage.base.Conflict`
+    when another registration claimed it first, with nothing written). In this order no client
+    is ever registered over live leftovers: a registration cut short anywhere (503, a reply
+    lost) has either claimed nothing, and clears again when asked again, or cleared already; and
+    the grants a registration that won the id issued are after ``now``, so never touched."""
+    await clear_leftovers(store, client.client_id, now, announce)
     await store.add_client(client)
-    try:
-        await clear_leftovers(store, client.client_id, now, announce)
-    except Exception:
-        with contextlib.suppress(Exception):
-            await store.delete_client(client.client_id)
-        raise

@@ -119,10 +119,12 @@ class Registry(abc.ABC):
     async def add_client(self, client: Client) -> None:
         """Register the client only if no document holds its client_id, in one atomic step (its
         claim of the id): of two registrations of one id at once, exactly one wins, and the
-        other gets :class:`Conflict` and writes nothing. Its ``created_at`` is the claim's time,
-        which bounds the leftovers its registration revokes (:meth:`revoke_client_grants`'s
-        ``before``). A lost reply never turns into a false Conflict (MongoDB: the driver's retry
-        of the insert carries the same transaction number, and the server applies it once).
+        other gets :class:`Conflict` and writes nothing. Its ``created_at`` is the time its
+        registration began, which bounded the leftovers revoked before it
+        (:meth:`revoke_client_grants`'s ``before``). A lost reply never turns into a false
+        Conflict within this call (MongoDB: the driver's retry of the insert carries the same
+        transaction number, and the server applies it once); a registration asked again after
+        a 503 may find its own claim (409).
 
         Called by a registration (oauth/removal.py), for client creation and start-up seeding of
         a new client.
