@@ -359,7 +359,7 @@ async def test_a_client_registered_again_after_any_deletion_revives_nothing_of_b
 
 @pytest.mark.gen_test(timeout=30)
 @pytest.mark.parametrize("backend_store", BACKENDS, indirect=True)
-async def test_a_registration_that_loses_the_race_for_an_id_revokes_and_replaces_nothing(backend_store, clock):
+async def test_a_registration_that_loses_the_race_for_an_id_takes_and_replaces_nothing(backend_store, clock):
     """B checks that the id is free; A registers it and a user gets a grant under A; then B
     goes on: B is refused (409), A's document (its secret) stays, and A's live grant too."""
     from helpers import SKY_REDIRECT, issue_tokens
@@ -525,3 +525,29 @@ async def test_a_grant_given_to_a_client_just_registered_is_never_a_leftover(bac
     await admin.create_client(store, admin.ClientSpec("App", ["https://a/cb"]), "app1", now=now)
     assert issued["grant"].generation > old.generation and issued["grant"].created_at > now
     assert (await store.get_grant(issued["grant"].grant_id)).revoked_at is None
+
+
+@pytest.mark.gen_test
+@pytest.mark.parametrize("backend_store", BACKENDS, indirect=True)
+async def test_each_seeded_client_bounds_its_leftovers_by_the_moment_its_own_id_was_found_free(backend_store,
+                                                                                              monkeypatch):
+    """A long start-up: a grant left under an id (its client deleted by hand while the seeding
+    ran through the entries before it) is older than the moment that entry's id was found free,
+    so it is revoked, however long before the run began."""
+    from tokensvc import bootstrap
+    from tokensvc.records import Subject, utcnow
+
+    store, start = backend_store, utcnow()
+    moments = iter(start + timedelta(seconds=10 * step) for step in range(100))
+    monkeypatch.setattr(bootstrap, "utcnow", lambda: next(moments))
+    real, left = store.add_client, {}
+
+    async def meanwhile(client):
+        await real(client)
+        if client.client_id == "webapp":  # the first entry, while a later one's client is gone
+            left["grant"] = await store.save_grant("partner", Subject(user_id="u1"), ["read"],
+                                                   start + timedelta(seconds=5))
+
+    store.add_client = meanwhile
+    await seed(store, make_config())
+    assert (await store.get_grant(left["grant"].grant_id)).revoked_at is not None

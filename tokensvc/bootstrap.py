@@ -73,8 +73,9 @@ def new_user_id() -> str:
 
 
 async def seed(store: Store, config: Settings) -> None:
-    now = utcnow()
     for seed_client in config.clients:
+        # Read before the entry's id is found free: the bound of the leftovers a registration revokes.
+        now = utcnow()
         existing = await store.get_client(seed_client.client_id)
         secret_hash: str | None
         if seed_client.client_secret is not None:
@@ -97,6 +98,7 @@ async def seed(store: Store, config: Settings) -> None:
             created_at=existing.created_at if existing and existing.created_at else now,
         ), now)
     if config.admin.cli_client:  # `tokensvc login`: a native app on a loopback port (RFC 8252)
+        now = utcnow()
         existing = await store.get_client(CLI_CLIENT.client_id)
         await seed_client_as(store, existing, replace(CLI_CLIENT, created_at=existing.created_at if existing else now),
                              now)
