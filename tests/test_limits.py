@@ -524,7 +524,7 @@ def answer_of(response):
 @pytest.fixture
 def frozen_limits(ctx):
     """The limits' clock stopped: Retry-After is the same for every answer of one moment."""
-    ctx.limits.clock = ctx.limits.limiter.clock = lambda: 1000.0
+    ctx.limits.clock = lambda: 1000.0
     return ctx
 
 

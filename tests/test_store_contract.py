@@ -905,3 +905,13 @@ async def test_failure_counts_are_shared_where_several_processes_share_the_store
     assert counted == [8, 0] and 0 < left <= 300
     # Groups are apart.
     assert (await counts.read_counts("client|10.0.0.1", ["address"]))[0] == [0]
+    # Each group has its own window (an account's hour, its 30 days); a count set back to zero
+    # alone (a sign-in forgiving an account's failures since the last) takes nothing else back.
+    _, hour = await counts.count_attempt("account|a1", ["n"], 3600)
+    _, month = await counts.count_attempt("account-run|a1", ["n"], 30 * 86400)
+    assert 300 < hour <= 3600 and 86400 < month <= 30 * 86400
+    await counts.count_attempt("account-run|a1", ["n"], 30 * 86400)
+    await counts.uncount_attempt("account-run|a1", [], ["n"])
+    await counts.uncount_attempt("account|a1", [], [])
+    assert (await counts.read_counts("account-run|a1", ["n"]))[0] == [0]
+    assert (await counts.read_counts("account|a1", ["n"]))[0] == [1]

@@ -11,15 +11,17 @@ Two ways to count, for the two kinds of check:
   constant time, no cost to speak of) and what counts is what the answer reveals
   (:meth:`FailureLimits.failed`, :meth:`FailureLimits.check`): a wrong one is counted, and
   answered 401 only while its count is within the limit, 429 past it. A right one of high
-  entropy (a token, a generated client secret) is never refused: no number of guesses finds
-  one, and refusing it would let anyone sharing the address lock its owner out. A right
-  low-entropy secret (a client secret set by hand, shorter than a generated one) is answered
-  429 too while the key is over its limit, so that a guesser learns the outcome of at most the
-  limit's worth of guesses. A busy client's concurrent right requests never count at all.
+  entropy (a token, a client secret the store records as generated) is never refused: no
+  number of guesses finds one, and refusing it would let anyone sharing the address lock its
+  owner out. Any other right secret (one set by hand, whatever its length) is answered 429 too
+  while the key is over its limit, exactly as a wrong one, so that a guesser learns the outcome
+  of at most the limit's worth of guesses (``oauth/clientauth.py`` decides which is which). A
+  busy client's concurrent right requests never count at all.
 
 :class:`MemoryFailureLimiter` counts in this process, with no wait between a count and its
 decision. Several processes over one MongoDB also count in the store
-(``storage.base.FailureCounts``): the counters of one address live in one document, and one
+(``storage.base.FailureCounts``): the counters of one group (an address; an account, a
+browser) live in one document with the group's window, and one
 atomic ``$inc`` that returns the new counts counts an attempt in all of them; the decision is
 made on the counts every process sees. Of N concurrent wrong attempts spread over any number of
 processes, at most the limit's worth are checked (a sign-in) or answered 401 (a client), plus
