@@ -217,6 +217,7 @@ class Browser:
     base_url: str
     clock: Clock | None = None
     cookies: dict[str, str] = field(default_factory=dict)
+    address: str | None = None  # the loopback address it connects from (127.0.0.0/8), if not the default
 
     async def fetch(self, path: str, method: str = "GET", body: dict[str, str] | None = None,
                     headers: dict[str, str] | None = None) -> HTTPResponse:
@@ -226,7 +227,7 @@ class Browser:
         url = path if path.startswith("http") else self.base_url + path
         response = await self.client.fetch(
             url, method=method, body=urlencode(body) if body is not None else None,
-            headers=all_headers, follow_redirects=False, raise_error=False)
+            headers=all_headers, follow_redirects=False, raise_error=False, network_interface=self.address)
         for header in response.headers.get_list("Set-Cookie"):
             jar = SimpleCookie()
             jar.load(header)

@@ -2,7 +2,16 @@
 
 import pytest
 from backends import BACKENDS
-from helpers import SKY_REDIRECT, WEBAPP_REDIRECT, WEBAPP_SECRET, basic, eventually, make_config, post_form
+from helpers import (
+    PARTNER_SECRET,
+    SKY_REDIRECT,
+    WEBAPP_REDIRECT,
+    WEBAPP_SECRET,
+    basic,
+    eventually,
+    make_config,
+    post_form,
+)
 from tornado.httpclient import HTTPRequest
 
 from tokensvc.config import LimitSettings
@@ -39,10 +48,13 @@ async def test_failed_client_authentication_is_limited_per_client(http_client, b
 
 @pytest.mark.gen_test
 async def test_failed_client_authentication_is_limited_per_address(http_client, base_url):
-    for client_id in ("a", "b", "c", "d", "e", "f"):
+    # Guesses at the secrets set by hand (the configuration's), over both of their ids.
+    for client_id in ("webapp", "webapp", "webapp", "partner", "partner"):
         assert (await introspect(http_client, base_url, "wrong", client_id=client_id)).code == 401
-    assert (await introspect(http_client, base_url, "wrong", client_id="g")).code == 429
-    assert (await introspect(http_client, base_url, WEBAPP_SECRET)).code == 429  # a hand-set secret, guessable
+    assert (await introspect(http_client, base_url, "wrong", client_id="webapp")).code == 429  # per client
+    # partner has failed twice (its limit is 3), the address six times (its limit).
+    assert (await introspect(http_client, base_url, "wrong", client_id="partner")).code == 429
+    assert (await introspect(http_client, base_url, PARTNER_SECRET, client_id="partner")).code == 429  # set by hand
     # A public client proves nothing, so there is nothing to guess: it is never refused, and
     # gets the answer its request deserves.
     token_endpoint = await post_form(http_client, base_url + "/oauth/token", {
@@ -54,9 +66,10 @@ ROBOT_SECRET = hashing.new_secret()  # a generated secret: 256 random bits
 
 
 async def add_robot(store):
-    """A confidential client with a generated secret."""
-    await store.put_client(Client("robot", "Robot", ["https://robot.example/cb"],
-                                  secret_hash=hashing.digest(ROBOT_SECRET)))
+    """A confidential client with a generated secret, recorded as such."""
+    digest = hashing.digest(ROBOT_SECRET)
+    await store.put_client(Client("robot", "Robot", ["https://robot.example/cb"], secret_hash=digest,
+                                  generated_secret_hash=digest))
 
 
 def revoke_from(http_client, base_url, address, client_id, secret):
@@ -311,7 +324,10 @@ async def test_forty_concurrent_wrong_secrets_over_eight_processes_learn_only_th
     # A generated secret that checks out is answered by every process, from that address too.
     await add_robot(processes[0].store)
     assert {(await authenticate(ctx, ROBOT_SECRET, client_id="robot")).client_id for ctx in processes} == {"robot"}
-    assert {await authenticate(ctx, "guess", client_id="robot") for ctx in processes} == {"TooManyFailures"}
+    # Guesses at it count in a group of their own, limited alike (their 429 says nothing: a
+    # right one is answered, and no guess is ever right), which refuses no client's right secret.
+    guesses = [await authenticate(ctx, "guess", client_id="robot") for ctx in processes]
+    assert guesses == ["InvalidClient"] * 3 + ["TooManyFailures"] * 5
 
 
 @pytest.mark.gen_test(timeout=60)
@@ -344,3 +360,415 @@ async def test_forty_concurrent_wrong_passwords_over_eight_processes_check_only_
         return set((await processes[0].store.failures.find_one({"_id": group}))["c"].values()) == {0}
 
     await eventually(given_back, what="the reservation given back")
+
+
+# -- what exempts a right secret: what the store holds of it, never what a request presents -------
+
+# Set by hand and as long as a generated secret (43 characters), but predictable: a guesser who
+# knows the pattern finds it. Its length said "high entropy", and the right one was answered
+# 200 among 429s (about 254 guesses a second on one connection found one).
+LONG_HAND_SET = "webapp-production-secret-2026-01-15-by-carol"
+
+
+def spec(name, **fields):
+    from tokensvc.admin import ClientSpec
+
+    return ClientSpec(name, ["https://robot.example/cb"], **fields)
+
+
+async def hand_set_by_configuration(ctx):
+    """webapp, as a configuration entry sets it, with a long secret (the fixture's config)."""
+    return "webapp", LONG_HAND_SET
+
+
+async def hand_set_by_the_admin_api(ctx):
+    from tokensvc import admin
+
+    await admin.create_client(ctx.store, spec("Robot", secret_sha256=hashing.digest(LONG_HAND_SET)), "robot")
+    return "robot", LONG_HAND_SET
+
+
+async def hand_set_over_a_generated_one(ctx):
+    from tokensvc import admin
+
+    await admin.create_client(ctx.store, spec("Robot", confidential=True), "robot")
+    await admin.update_client(ctx, "robot", {"secret_sha256": hashing.digest(LONG_HAND_SET)})
+    return "robot", LONG_HAND_SET
+
+
+async def hand_set_then_kept_by_a_rotation(ctx):
+    """A rotation that keeps the previous secret: that one is still the hand-set one."""
+    from tokensvc import admin
+
+    await admin.create_client(ctx.store, spec("Robot", secret_sha256=hashing.digest(LONG_HAND_SET)), "robot")
+    await admin.rotate_secret(ctx, "robot", keep_previous_seconds=3600)
+    return "robot", LONG_HAND_SET
+
+
+HAND_SET = [hand_set_by_configuration, hand_set_by_the_admin_api, hand_set_over_a_generated_one,
+            hand_set_then_kept_by_a_rotation]
+
+
+LONG_SECRET_CONFIG = make_config(limits={"window_seconds": 60, "failed_client_auth_per_client": 3,
+                                         "failed_client_auth_per_address": 6},
+                                 clients=[{"client_id": "webapp", "name": "Web app", "redirect_uris": [WEBAPP_REDIRECT],
+                                           "first_party": True, "client_secret": LONG_HAND_SET}])
+
+
+@pytest.fixture
+def long_secret_config():
+    return LONG_SECRET_CONFIG
+
+
+@pytest.mark.gen_test
+@pytest.mark.parametrize("made", HAND_SET, ids=lambda made: made.__name__)
+async def test_a_secret_set_by_hand_keeps_the_limit_on_right_answers_however_long(long_secret_config, made):
+    from tokensvc.bootstrap import make_context, seed
+    from tokensvc.storage.memory import MemoryStore
+
+    store = MemoryStore()
+    await seed(store, long_secret_config)
+    ctx = make_context(long_secret_config, store)
+    client_id, secret = await made(ctx)
+    assert len(secret) >= hashing.SECRET_LENGTH
+    assert [await authenticate(ctx, "guess", client_id=client_id) for _ in range(4)] == \
+        ["InvalidClient"] * 3 + ["TooManyFailures"]
+    assert await authenticate(ctx, secret, client_id=client_id) == "TooManyFailures"
+    # From an address of its own, the client is answered.
+    assert (await authenticate(ctx, secret, "127.0.0.31", client_id=client_id)).client_id == client_id
+
+
+async def generated_by_registration(ctx):
+    from tokensvc import admin
+
+    client, secret = await admin.create_client(ctx.store, spec("Robot", confidential=True), "robot")
+    return "robot", secret
+
+
+async def generated_by_a_rotation(ctx):
+    from tokensvc import admin
+
+    await admin.create_client(ctx.store, spec("Robot", secret_sha256=hashing.digest(LONG_HAND_SET)), "robot")
+    secret, _ = await admin.rotate_secret(ctx, "robot")
+    return "robot", secret
+
+
+async def generated_then_kept_by_a_rotation(ctx):
+    from tokensvc import admin
+
+    client, secret = await admin.create_client(ctx.store, spec("Robot", confidential=True), "robot")
+    await admin.rotate_secret(ctx, "robot", keep_previous_seconds=3600)
+    return "robot", secret
+
+
+async def generated_when_made_confidential(ctx):
+    from tokensvc import admin
+
+    await admin.create_client(ctx.store, spec("Robot"), "robot")
+    _, secret = await admin.update_client(ctx, "robot", {"confidential": True})
+    return "robot", secret
+
+
+async def generated_then_handed_back_by_the_configuration(ctx):
+    """Rotated, then its digest copied into the configuration that seeds the client (the
+    procedure for a client the configuration owns): the very secret the service generated."""
+    from tokensvc import admin
+    from tokensvc.bootstrap import seed
+
+    secret, _ = await admin.rotate_secret(ctx, "webapp")
+    await seed(ctx.store, make_config(clients=[{"client_id": "webapp", "name": "Web app",
+                                                "redirect_uris": [WEBAPP_REDIRECT], "first_party": True,
+                                                "client_secret_sha256": hashing.digest(secret)}]))
+    return "webapp", secret
+
+
+async def generated_then_handed_back_by_the_admin_api(ctx):
+    from tokensvc import admin
+
+    client, secret = await admin.create_client(ctx.store, spec("Robot", confidential=True), "robot")
+    await admin.update_client(ctx, "robot", {"secret_sha256": hashing.digest(secret)})
+    await admin.put_client(ctx, "robot", spec("Robot", secret_sha256=hashing.digest(secret), description="Again"))
+    return "robot", secret
+
+
+GENERATED = [generated_by_registration, generated_by_a_rotation, generated_then_kept_by_a_rotation,
+             generated_when_made_confidential, generated_then_handed_back_by_the_configuration,
+             generated_then_handed_back_by_the_admin_api]
+
+
+@pytest.mark.gen_test
+@pytest.mark.parametrize("made", GENERATED, ids=lambda made: made.__name__)
+async def test_a_secret_the_service_generated_is_never_refused(long_secret_config, made):
+    from tokensvc.bootstrap import make_context, seed
+    from tokensvc.storage.memory import MemoryStore
+
+    store = MemoryStore()
+    await seed(store, long_secret_config)
+    ctx = make_context(long_secret_config, store)
+    client_id, secret = await made(ctx)
+    assert secret is not None
+    assert [await authenticate(ctx, "guess", client_id=client_id) for _ in range(4)] == \
+        ["InvalidClient"] * 3 + ["TooManyFailures"]
+    assert (await authenticate(ctx, secret, client_id=client_id)).client_id == client_id
+    assert await authenticate(ctx, "guess", client_id=client_id) == "TooManyFailures"
+
+
+def answer_of(response):
+    """What a caller learns from a response: its status, body and headers (the request id and
+    the date aside, which every response has of its own)."""
+    headers = sorted((name, value) for name, value in response.headers.get_all()
+                     if name not in ("X-Request-Id", "X-Request-ID", "Date"))
+    return response.code, response.body, headers
+
+
+@pytest.fixture
+def frozen_limits(ctx):
+    """The limits' clock stopped: Retry-After is the same for every answer of one moment."""
+    ctx.limits.clock = lambda: 1000.0
+    return ctx
+
+
+@pytest.mark.gen_test
+@pytest.mark.parametrize("config", [LONG_SECRET_CONFIG], ids=["long-hand-set"])
+async def test_past_the_limit_a_right_and_a_wrong_secret_get_the_same_answer(http_client, base_url, frozen_limits):
+    """While a key is over its limit, what a guesser gets for the right hand-set secret is what
+    it gets for a wrong one: status, body and every header."""
+    for _ in range(3):
+        assert (await revoke_from(http_client, base_url, "127.0.0.41", "webapp", "guess")).code == 401
+    answers = [answer_of(await revoke_from(http_client, base_url, "127.0.0.41", "webapp", secret))
+               for secret in ("guess", LONG_HAND_SET, "guess-again", LONG_HAND_SET)]
+    assert answers[0][0] == 429
+    assert all(answer == answers[0] for answer in answers), answers
+
+
+@pytest.mark.gen_test
+async def test_failures_under_client_ids_that_do_not_exist_never_limit_a_real_one(http_client, base_url, store):
+    """Anyone sharing an address failed under ids no client has (and with malformed credentials)
+    until the address was over its limit, and every client with a hand-set secret was refused
+    from it: a resource server's introspection, and so every new token at its API (503)."""
+    await add_robot(store)
+    failures = []
+    for n in range(12):
+        failures.append((await revoke_from(http_client, base_url, "127.0.0.51", f"ghost-{n}", "guess")).code)
+        malformed = HTTPRequest(base_url + "/oauth/token/revoke", method="POST", body="token=x",
+                                headers={"Authorization": "Basic !!!"}, network_interface="127.0.0.51")
+        failures.append((await http_client.fetch(malformed, raise_error=False)).code)
+    # The unknown ids are limited all the same, in a count of their own.
+    assert failures[:6] == [401] * 6 and set(failures[6:]) == {429}
+    # A public client's id and a generated secret's guessed at: nothing a limit protects either.
+    for _ in range(12):
+        await revoke_from(http_client, base_url, "127.0.0.51", "robot", "guess")
+        await http_client.fetch(HTTPRequest(base_url + "/oauth/token/revoke", method="POST",
+                                            body="token=x&client_id=skyplanner&client_secret=guess",
+                                            network_interface="127.0.0.51"), raise_error=False)
+    # The clients whose secrets were set by hand are answered from that address.
+    assert (await revoke_from(http_client, base_url, "127.0.0.51", "webapp", WEBAPP_SECRET)).code == 200
+    assert (await revoke_from(http_client, base_url, "127.0.0.51", "partner", PARTNER_SECRET)).code == 200
+
+
+# -- per account, across addresses: passwords (NIST SP 800-63B §5.2.2) ------------------------------
+#
+# An account takes at most 10 failed sign-ins an hour (limits.failed_logins_per_account,
+# limits.account_window_seconds) from every browser that has not signed in to it before, from
+# any number of addresses, and at most 100 failures since its last sign-in
+# (limits.consecutive_failed_logins). A browser that has signed in to it before is an account of
+# its own to the limits: its owner signs in there whatever anyone else fails.
+
+
+def browser_at(http_client, base_url, address):
+    return Browser(http_client, base_url, address=address)
+
+
+def addresses(count, start=100):
+    """``count`` loopback addresses, each an address of its own to the limits."""
+    return [f"127.0.{(start + n) // 250}.{(start + n) % 250 + 2}" for n in range(count)]
+
+
+@pytest.mark.gen_test(timeout=90)
+async def test_an_account_takes_ten_failures_an_hour_from_any_number_of_addresses(http_client, base_url, monkeypatch):
+    """40 wrong passwords for one account from 20 addresses, two each (within every address's
+    limits): all of them were answered 401. Only 10 are checked now; and the owner, in a browser
+    that has not signed in before, is told to wait or to use one that has."""
+    checked = count_password_checks(monkeypatch)
+    codes = []
+    for address in addresses(20):
+        guesser = browser_at(http_client, base_url, address)
+        for _ in range(2):
+            codes.append((await guesser.login("alice", "wrong-password")).code)
+    assert codes[:10] == [401] * 10 and codes[10:] == [429] * 30
+    assert len(checked) == 10
+    owner = browser_at(http_client, base_url, "127.0.9.9")
+    refused = await owner.login("alice")
+    assert refused.code == 429 and 1 <= int(refused.headers["Retry-After"]) <= 3600
+    assert b"Too many failed sign-in attempts for this account" in refused.body
+    assert b"a browser you have signed in with before" in refused.body
+    # Another account is not touched, from the same addresses.
+    assert (await browser_at(http_client, base_url, addresses(1)[0]).login("root")).code == 302
+
+
+@pytest.mark.gen_test(timeout=90)
+async def test_the_owner_signs_in_where_they_signed_in_before_whatever_anyone_fails(http_client, base_url, config):
+    owner = browser_at(http_client, base_url, "127.0.0.1")
+    assert (await owner.login("alice")).code == 302
+    assert any(name.endswith("_browser") for name in owner.cookies)
+    await owner.fetch("/logout", "POST", {"_xsrf": owner.cookies["_xsrf"]})
+    # Guessers spend the account's hour, and the address the owner shares with them.
+    for address in addresses(5):
+        await browser_at(http_client, base_url, address).login("alice", "wrong-password")
+        await browser_at(http_client, base_url, address).login("alice", "wrong-password")
+    for name in ("u1", "u2", "u3", "u4", "u5"):
+        await browser_at(http_client, base_url, "127.0.0.1").login(name, "whatever-password")
+    assert (await browser_at(http_client, base_url, "127.0.0.1").login("alice")).code == 429
+    # The owner's browser, from that address or any other.
+    assert (await owner.login("alice")).code == 302
+    owner.address = "127.0.5.5"
+    assert (await owner.login("alice")).code == 302
+    # A cookie that is not the service's, or a browser that signed in to another account, is no
+    # browser that signed in to this one.
+    forged = browser_at(http_client, base_url, "127.0.5.6")
+    forged.cookies[config.browser_cookie] = "made-up|" + "0" * 32
+    assert (await forged.login("alice")).code == 429
+    roots = browser_at(http_client, base_url, "127.0.5.7")
+    assert (await roots.login("root")).code == 302
+    assert (await roots.login("alice")).code == 429
+
+
+@pytest.mark.gen_test(timeout=90)
+async def test_a_browser_that_signed_in_before_is_limited_on_its_own(http_client, base_url):
+    """Someone holding the owner's browser (its cookie) gets the account's hourly number of
+    guesses there, and takes none from the owner's other browsers."""
+    owner = browser_at(http_client, base_url, "127.0.6.1")
+    assert (await owner.login("alice")).code == 302
+    codes = [(await owner.login("alice", "wrong-password")).code for _ in range(11)]
+    assert codes == [401] * 10 + [429]
+    assert b"in this browser" in (await owner.login("alice")).body
+    # The account's own count is untouched: a new browser signs in.
+    assert (await browser_at(http_client, base_url, "127.0.6.2").login("alice")).code == 302
+
+
+def cheap_password_hash(password):
+    """An scrypt hash as cheap as scrypt allows, for a user a test fails a hundred times."""
+    import base64
+    import hashlib
+    import secrets as random
+
+    salt = random.token_bytes(16)
+    key = hashlib.scrypt(password.encode(), salt=salt, n=2, r=1, p=1, dklen=32)
+    return f"scrypt$2$1$1${base64.b64encode(salt).decode()}${base64.b64encode(key).decode()}"
+
+
+@pytest.fixture
+def carol(io_loop, store, ctx):
+    from tokensvc.records import User
+
+    io_loop.run_sync(lambda: store.put_user(User("u_carol", "carol", cheap_password_hash("carol-password"))))
+    return "carol"
+
+
+@pytest.mark.gen_test(timeout=90)
+@pytest.mark.parametrize("config", [make_config(limits={"failed_logins_per_account": 1000})], ids=["hourly-raised"])
+async def test_a_hundred_failures_since_the_last_sign_in_stop_every_browser_the_account_does_not_know(ctx, carol):
+    """NIST SP 800-63B §5.2.2: at most 100 consecutive failed attempts on one account. Past them
+    a browser that never signed in to it is refused, right password or not, until the owner signs
+    in from one that did, an operator sets a new password, or 30 days pass."""
+    from tokensvc.oauth import sessions
+    from tokensvc.oauth.sessions import KnownBrowser
+
+    async def sign_in(password, address, browser=None):
+        try:
+            user = await sessions.sign_in(ctx, carol, password, address, browser)
+        except TooManyFailures as refused:
+            return refused
+        return user.username if user else None
+
+    known = KnownBrowser.new().knowing(carol)
+    assert await sign_in("carol-password", "127.0.7.1", known) == "carol"
+    results = [await sign_in("wrong-password", address) for address in addresses(101, start=300)]
+    assert results[:100] == [None] * 100
+    stopped = results[100]
+    assert isinstance(stopped, TooManyFailures) and stopped.reason == "account_stopped"
+    assert 29 * 86400 < stopped.retry_after <= 30 * 86400
+    assert isinstance(await sign_in("carol-password", "127.0.8.1"), TooManyFailures)
+    # The owner, in a browser that signed in before; then the count starts again.
+    assert await sign_in("carol-password", "127.0.8.2", known) == "carol"
+    assert await sign_in("carol-password", "127.0.8.3") == "carol"
+
+
+@pytest.mark.gen_test(timeout=90)
+async def test_the_accounts_hour_and_its_stop_end_with_their_windows(ctx, carol, monkeypatch):
+    from tokensvc.oauth import sessions
+
+    now = [5000.0]
+    ctx.limits.clock = lambda: now[0]
+    for address in addresses(10, start=600):
+        assert await sessions.sign_in(ctx, carol, "wrong-password", address) is None
+    with pytest.raises(TooManyFailures) as refused:
+        await sessions.sign_in(ctx, carol, "carol-password", "127.0.9.1")
+    assert refused.value.reason == "account" and refused.value.retry_after == 3600
+    now[0] += 3600
+    assert (await sessions.sign_in(ctx, carol, "carol-password", "127.0.9.1")).username == "carol"
+
+
+@pytest.mark.gen_test(timeout=90)
+async def test_a_new_password_set_by_an_operator_ends_the_accounts_wait(ctx, carol):
+    from tokensvc import admin
+    from tokensvc.oauth import sessions
+
+    for address in addresses(10, start=700):
+        await sessions.sign_in(ctx, carol, "wrong-password", address)
+    with pytest.raises(TooManyFailures):
+        await sessions.sign_in(ctx, carol, "carol-password", "127.0.9.2")
+    await admin.set_password(ctx, carol, None, password_hash=cheap_password_hash("carol-new-password"))
+    assert (await sessions.sign_in(ctx, carol, "carol-new-password", "127.0.9.2")).username == "carol"
+
+
+def test_the_per_account_numbers_are_nists():
+    from tokensvc.config import ConfigError
+
+    settings = LimitSettings()
+    assert (settings.failed_logins_per_account, settings.account_window_seconds) == (10, 3600)
+    assert (settings.consecutive_failed_logins, settings.consecutive_window_seconds) == (100, 30 * 86400)
+    make_config(limits={"consecutive_failed_logins": 100})
+    with pytest.raises(ConfigError, match=r"^limits.consecutive_failed_logins: at most 100"):
+        make_config(limits={"consecutive_failed_logins": 101})
+
+
+@pytest.mark.gen_test(timeout=60)
+@pytest.mark.parametrize("backend_store", BACKENDS, indirect=True)
+async def test_forty_concurrent_wrong_passwords_from_twenty_addresses_check_only_the_accounts_worth(
+        yielding_ctx, monkeypatch):
+    from tokensvc.oauth import sessions
+
+    checked = count_password_checks(monkeypatch)
+
+    async def sign_in(address):
+        try:
+            return await sessions.sign_in(yielding_ctx, "alice", "wrong-password", address)
+        except TooManyFailures:
+            return "TooManyFailures"
+
+    results = await asyncio.gather(*(sign_in(address) for address in addresses(20) * 2))
+    assert len(checked) == 10 and results.count(None) == 10 and results.count("TooManyFailures") == 30
+
+
+@pytest.mark.gen_test(timeout=60)
+async def test_forty_wrong_passwords_from_twenty_addresses_over_eight_processes_check_only_the_accounts_worth(
+        processes, monkeypatch):
+    from tokensvc.oauth import sessions
+
+    checked = count_password_checks(monkeypatch)
+
+    async def sign_in(ctx, address):
+        try:
+            return await sessions.sign_in(ctx, "alice", "wrong-password", address)
+        except TooManyFailures:
+            return "TooManyFailures"
+
+    results = await asyncio.gather(*(sign_in(processes[n % 8], address)
+                                     for n, address in enumerate(addresses(20) * 2)))
+    assert len(checked) == 10 and results.count(None) == 10 and results.count("TooManyFailures") == 30
+    # The owner, in a browser that signed in before, from any process.
+    from tokensvc.oauth.sessions import KnownBrowser
+
+    known = KnownBrowser.new().knowing("alice")
+    assert (await sessions.sign_in(processes[3], "alice", "alice-password", "127.0.0.1", known)).username == "alice"

@@ -499,6 +499,43 @@ async def test_a_previous_secret_is_kept_used_and_expired_by_one_caller_each(bac
 
 
 @pytest.mark.gen_test
+async def test_a_generated_secret_is_known_by_the_store_for_that_secret_alone(backend_store, now):
+    """Whether a client's secret was generated (what exempts it from the failure limits) is the
+    store's word for that very secret: kept by every write of another field, and lost by any
+    write of the secret that does not say it again, as 0.10.0's rotation and seeding write it,
+    and by a document without it, as 0.10.0 and 0.9.0 wrote every client. Lost, the client is
+    limited: an older process never makes a secret exempt."""
+    store = backend_store
+    generated = Client("g", "G", ["https://g/cb"], secret_hash="a" * 64, generated_secret_hash="a" * 64,
+                       created_at=now)
+    await store.put_client(generated)
+    assert (await store.get_client("g")).secret_generated
+    await store.update_client("g", {"name": "G2", "first_party": True})
+    assert (await store.get_client("g")).secret_generated
+    await store.update_client("g", {"secret_hash": "b" * 64}, if_confidential=True)  # 0.10.0's rotation
+    assert not (await store.get_client("g")).secret_generated
+    await store.put_client(generated)
+    await store.put_client(replace(generated, secret_hash="c" * 64, generated_secret_hash=None))  # set by hand
+    assert not (await store.get_client("g")).secret_generated
+    # A document written before the field existed (0.10.0, 0.9.0): limited.
+    if isinstance(store, MemoryStore):
+        store._clients["old"] = Client("old", "Old", ["https://old/cb"], secret_hash="d" * 64, created_at=now)
+    else:
+        await store.clients.insert_one({"_id": "old", "name": "Old", "redirect_uris": ["https://old/cb"],
+                                        "allowed_scopes": None, "secret_hash": "d" * 64, "first_party": False,
+                                        "description": None, "logo_url": None, "created_at": now})
+    old = await store.get_client("old")
+    assert old.secret_hash == "d" * 64 and old.generated_secret_hash is None and not old.secret_generated
+    # A previous secret says whether it was generated; one written without it (0.10.0) was not.
+    kept = PreviousSecret("g", "a" * 64, "c" * 64, now, now + timedelta(seconds=60), generated=True)
+    await store.put_previous_secret(kept)
+    assert (await store.get_previous_secret("g")).generated
+    if not isinstance(store, MemoryStore):
+        await store.previous_secrets.update_one({"_id": "g"}, {"$unset": {"generated": ""}})
+        assert not (await store.get_previous_secret("g")).generated
+
+
+@pytest.mark.gen_test
 async def test_concurrent_changes_of_a_client_each_hold(backend_store):
     """A secret rotated beside a PATCH or a PUT of the client, and two PATCHes of different
     fields: each change holds (each wrote the whole client it had read: the rotated secret,
@@ -868,3 +905,13 @@ async def test_failure_counts_are_shared_where_several_processes_share_the_store
     assert counted == [8, 0] and 0 < left <= 300
     # Groups are apart.
     assert (await counts.read_counts("client|10.0.0.1", ["address"]))[0] == [0]
+    # Each group has its own window (an account's hour, its 30 days); a count set back to zero
+    # alone (a sign-in forgiving an account's failures since the last) takes nothing else back.
+    _, hour = await counts.count_attempt("account|a1", ["n"], 3600)
+    _, month = await counts.count_attempt("account-run|a1", ["n"], 30 * 86400)
+    assert 300 < hour <= 3600 and 86400 < month <= 30 * 86400
+    await counts.count_attempt("account-run|a1", ["n"], 30 * 86400)
+    await counts.uncount_attempt("account-run|a1", [], ["n"])
+    await counts.uncount_attempt("account|a1", [], [])
+    assert (await counts.read_counts("account-run|a1", ["n"]))[0] == [0]
+    assert (await counts.read_counts("account|a1", ["n"]))[0] == [1]

@@ -56,6 +56,7 @@ from tokensvc.records import (
     Session,
     Subject,
     User,
+    generated_digest,
     utcnow,
 )
 from tokensvc.storage.base import CREDENTIALS, GRANT, SUBJECT, Conflict, Revocation, Store
@@ -237,8 +238,8 @@ async def create_client(store: Store, spec: ClientSpec, client_id: str | None = 
     client_id = secrets.token_hex(12) if client_id is None else client_id
     await check_new_client(store, client_id, spec)
     secret = hashing.new_secret() if spec.confidential and spec.secret_sha256 is None else None
-    secret_hash = spec.secret_sha256 or (hashing.digest(secret) if secret else None)
-    client = Client(client_id=client_id, secret_hash=secret_hash, created_at=now, **spec.fields())
+    client = Client(client_id=client_id, created_at=now, **spec.fields(),
+                    **_secret_fields(secret, spec.secret_sha256))
     try:
         await removal.register(store, client, now, announce)
     except Conflict:  # another registration of the id won meanwhile
@@ -263,7 +264,7 @@ async def put_client(ctx: OAuthContext, client_id: str, spec: ClientSpec) -> tup
     spec = spec.checked()
     fields = spec.fields()
     if spec.secret_sha256 is not None and spec.secret_sha256 != existing.secret_hash:
-        fields["secret_hash"] = spec.secret_sha256
+        fields.update(_secret_fields(None, spec.secret_sha256, existing))
     if any(getattr(existing, name) != value for name, value in fields.items()) or \
             spec.confidential != existing.confidential:
         client, secret = await _change_client(ctx, existing, fields, spec.confidential)
@@ -288,7 +289,7 @@ async def update_client(ctx: OAuthContext, client_id: str, changes: dict[str, An
     confidential = spec.confidential if "confidential" in changes or whole else None
     fields = spec.fields(None if whole else changes)
     if spec.secret_sha256 is not None:
-        fields["secret_hash"] = spec.secret_sha256
+        fields.update(_secret_fields(None, spec.secret_sha256, existing))
     client, secret = await _change_client(ctx, existing, fields, confidential)
     _record("client_replaced", client_id=client_id, secret_changed=client.secret_hash != existing.secret_hash,
             outcome="success")
@@ -305,9 +306,9 @@ async def _change_client(ctx: OAuthContext, existing: Client, fields: dict[str, 
     secret = None
     if confidential is True and existing.secret_hash is None and "secret_hash" not in fields:
         secret = hashing.new_secret()
-        fields = {**fields, "secret_hash": hashing.digest(secret)}
+        fields = {**fields, **_secret_fields(secret)}
     elif confidential is False and existing.secret_hash is not None:
-        fields = {**fields, "secret_hash": None}
+        fields = {**fields, **_secret_fields(None)}
     before, announced = await client_change(
         ctx.store, existing, fields, ctx.clock(),
         lambda marks: ctx.store.update_client(existing.client_id, {**fields, **marks}))
@@ -325,12 +326,26 @@ async def _replace_secret(ctx: OAuthContext, client_id: str, secret: str) -> Cli
     loses anything by a new secret, so resource servers hear nothing of it. The client as it
     was, or None when nothing was written."""
     announced = [Revocation(CREDENTIALS, client_id)]
-    before = await ctx.store.update_client(client_id, {"secret_hash": hashing.digest(secret),
-                                                       **client_marks(announced, ctx.clock())}, if_confidential=True)
+    fields = {**_secret_fields(secret), **client_marks(announced, ctx.clock())}
+    before = await ctx.store.update_client(client_id, fields, if_confidential=True)
     if before is not None:
         for revocation in announced:
             ctx.events.publish(revocation)
     return before
+
+
+def _secret_fields(generated: str | None, given_sha256: str | None = None,
+                   existing: Client | None = None) -> dict[str, Any]:
+    """The client fields a secret writes: its digest, and whether the service generated it
+    (``generated``, a secret of :func:`hashing.new_secret`) or an operator gave it
+    (``given_sha256``, its digest); neither: no secret (public). Every writer of a secret writes
+    both, so the store never takes a secret set by hand for a generated one. A digest given is
+    still a generated secret's when it is the one the store recorded as generated for the
+    client (``existing``): an operator handing back the secret the service made for it."""
+    if generated is not None:
+        secret_hash = hashing.digest(generated)
+        return {"secret_hash": secret_hash, "generated_secret_hash": secret_hash}
+    return {"secret_hash": given_sha256, "generated_secret_hash": generated_digest(existing, given_sha256)}
 
 
 async def get_client(store: Store, client_id: str) -> Client:
@@ -360,16 +375,17 @@ async def rotate_secret(ctx: OAuthContext, client_id: str,
     previous = None
     if keep_previous_seconds and client.secret_hash is not None:
         previous = PreviousSecret(client_id, client.secret_hash, hashing.digest(secret), now,
-                                  now + timedelta(seconds=keep_previous_seconds))
+                                  now + timedelta(seconds=keep_previous_seconds), generated=client.secret_generated)
         await store.put_previous_secret(previous)
     before = await _replace_secret(ctx, client_id, secret)
     if before is None:
         raise Taken(f"client {client_id!r} is public: it has no secret to rotate")
     if previous is None:
         await store.delete_previous_secret(client_id)
-    elif before.secret_hash != previous.secret_hash:  # another rotation came between the read and the write
+    elif before.secret_hash != previous.secret_hash or before.secret_generated != previous.generated:
+        # Another change of the secret came between the read and the write: the one replaced is its.
         assert before.secret_hash is not None  # it was confidential (if_confidential)
-        previous = replace(previous, secret_hash=before.secret_hash)
+        previous = replace(previous, secret_hash=before.secret_hash, generated=before.secret_generated)
         await store.put_previous_secret(previous)
     _record("client_secret_rotated", client_id=client_id, keep_previous_seconds=keep_previous_seconds,
             previous_expires_at=previous.expires_at.isoformat() if previous else None, outcome="success")
@@ -507,6 +523,7 @@ async def set_password(ctx: OAuthContext, username: str, password: str | None, *
         raise Missing(f"no user named {username!r}")
     sessions = await web_sessions.end_all(ctx, user.user_id)
     revoked = 0 if keep_grants else await _revoke_grants_of(ctx, Subject(user_id=user.user_id))
+    ctx.limits.password_set(user.username)  # what was guessed at was the old one: the account's wait ends
     _record("user_password_set", subject=user.user_id, username=user.username, sessions_ended=sessions,
             families_revoked=revoked, outcome="success")
     return {"username": user.username, "sessions_ended": sessions, "families_revoked": revoked}

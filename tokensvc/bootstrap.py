@@ -21,7 +21,7 @@ from tokensvc.oauth.feed import ReaderCaps
 from tokensvc.oauth.metadata import server_metadata
 from tokensvc.oauth.revocation import client_change, end_chains_before_promotion
 from tokensvc.ratelimit import FailureLimits
-from tokensvc.records import RESOURCE_SERVER, Client, Installation, User, utcnow
+from tokensvc.records import RESOURCE_SERVER, Client, Installation, User, generated_digest, utcnow
 from tokensvc.storage.base import Conflict, StorageError, Store, StoreFault, StoreObserver
 
 log = logging.getLogger(__name__)
@@ -92,6 +92,9 @@ async def seed(store: Store, config: Settings) -> None:
             kind=seed_client.kind,
             allowed_origins=None if seed_client.allowed_origins is None else list(seed_client.allowed_origins),
             secret_hash=secret_hash,
+            # Set by hand, unless it is the very secret the service generated for the client
+            # (its digest copied into the file after a rotation).
+            generated_secret_hash=generated_digest(existing, secret_hash),
             first_party=seed_client.first_party,
             description=seed_client.description,
             logo_url=seed_client.logo_url,

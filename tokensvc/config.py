@@ -170,6 +170,11 @@ class AdminSettings:
     cli_client: bool = True
 
 
+# NIST SP 800-63B §5.2.2: a verifier limits the consecutive failed attempts on one account to no
+# more than 100.
+MAX_CONSECUTIVE_FAILED_LOGINS = 100
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class LimitSettings:
     enabled: bool = True
@@ -178,6 +183,13 @@ class LimitSettings:
     failed_client_auth_per_address: int = 50
     failed_logins_per_username: int = 5
     failed_logins_per_address: int = 20
+    # Per account, from any number of addresses: failed sign-ins an hour from the browsers that
+    # have not signed in to it before (each one that has is limited alike on its own), and the
+    # failures since its last sign-in, at most 100 (NIST SP 800-63B §5.2.2), counted over 30 days.
+    failed_logins_per_account: int = 10
+    account_window_seconds: int = 3600
+    consecutive_failed_logins: int = 100
+    consecutive_window_seconds: int = 30 * 86400
     # The IPv6 addresses counted as one address: a host commonly holds a whole /64 and picks
     # any address of it, so counting each address apart would give it unlimited guesses.
     ipv6_prefix: int = 64
@@ -280,6 +292,12 @@ class Settings:
     @property
     def xsrf_cookie(self) -> str:
         return f"{self._cookie_prefix}_xsrf"
+
+    @property
+    def browser_cookie(self) -> str:
+        """``<service_name>_browser``: a browser's own id and the accounts that signed in with
+        it (the per-account failure limits know it by that), with the session cookie's prefix."""
+        return f"{self._cookie_prefix}{self.service_name}_browser"
 
     @property
     def _cookie_prefix(self) -> str:
@@ -640,6 +658,9 @@ def _check_sections(settings: Settings) -> None:
         value = getattr(settings.limits, f.name)
         if f.name != "enabled" and value < 1:
             raise ConfigError(f"limits.{f.name}: must be at least 1, got {value}")
+    if settings.limits.consecutive_failed_logins > MAX_CONSECUTIVE_FAILED_LOGINS:
+        raise ConfigError(f"limits.consecutive_failed_logins: at most {MAX_CONSECUTIVE_FAILED_LOGINS} (NIST SP 800-63B "
+                          f"§5.2.2), got {settings.limits.consecutive_failed_logins}")
     if settings.limits.ipv6_prefix > 128:
         raise ConfigError(f"limits.ipv6_prefix: an IPv6 prefix length, 1 to 128, got {settings.limits.ipv6_prefix}")
     _check_feed(settings.feed)

@@ -8,6 +8,7 @@ SHA-256 hex digest, passwords as a scrypt hash. Tokens have no records of their 
 
 from __future__ import annotations
 
+import hmac
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from urllib.parse import urlsplit
@@ -65,6 +66,22 @@ class Client:
     # Never named on the feed: no token of the client loses anything. An event, as narrowed_at
     # is: absent (a document 0.9.0 wrote or rewrote) it reads as None, and nothing is lost.
     credentials_changed_at: datetime | None = None
+    # The digest of the secret the service generated for the client (256 random bits, shown
+    # once): written beside secret_hash by whatever generates one (a registration, a rotation),
+    # None where a secret was set by hand. The failure limits never refuse a right secret the
+    # store knows to be generated (:attr:`secret_generated`). Bound to the secret, not a flag:
+    # a writer that changes the secret and not this (0.10.0's rotation or seeding, a hand-set
+    # secret written by any release) leaves it naming another secret, and one that drops it
+    # (0.9.0 replaces whole documents) leaves none; either way the client is limited again,
+    # never exempt by mistake.
+    generated_secret_hash: str | None = None
+
+    @property
+    def secret_generated(self) -> bool:
+        """Whether the client's current secret is one the service generated: the store says so
+        for this very secret."""
+        return (self.secret_hash is not None and self.generated_secret_hash is not None
+                and hmac.compare_digest(self.secret_hash, self.generated_secret_hash))
 
     @property
     def resource_server(self) -> bool:
@@ -92,6 +109,17 @@ class Client:
         return origins
 
 
+def generated_digest(existing: Client | None, given_sha256: str | None) -> str | None:
+    """What a client's ``generated_secret_hash`` is when a writer gives its secret as a digest:
+    ``given_sha256`` when the store records it as the digest of the secret the service generated
+    for ``existing`` (an operator handing back, in the configuration or ``apply``, the secret the
+    service made), None otherwise (a secret set by hand)."""
+    recorded = existing.generated_secret_hash if existing is not None else None
+    if given_sha256 is None or recorded is None or not hmac.compare_digest(given_sha256, recorded):
+        return None
+    return recorded
+
+
 # The longest a rotation may keep the previous secret valid: long enough to roll every
 # instance of a client, short enough that a forgotten overlap ends by itself.
 MAX_KEEP_PREVIOUS_SECONDS = 30 * 86400
@@ -112,6 +140,10 @@ class PreviousSecret:
     rotated_at: datetime
     expires_at: datetime
     last_used_at: datetime | None = None  # the latest use, to within PREVIOUS_USE_NOTED_EVERY
+    # Whether the old secret was one the service generated (the client's secret_generated when
+    # the rotation replaced it): a right old secret is exempt from the failure limits only then.
+    # A record written without it (0.10.0) reads False: limited.
+    generated: bool = False
 
     def in_force(self, client: Client, now: datetime) -> bool:
         """Whether the old secret still proves ``client``: unexpired, and the secret that

@@ -593,6 +593,47 @@ def test_a_previous_secret_outlives_the_previous_release_rewriting_its_client(pr
     assert not any("Traceback" in output for output in outputs), outputs
 
 
+def test_a_generated_secret_the_previous_release_rewrote_is_limited_until_rotated_again(primary, previous,
+                                                                                       tmp_path_factory, capsys):
+    """A secret this release generated (a rotation) is recorded as such, and its right answer is
+    never refused by a limit. The previous release then rewrites the client's document whole (its
+    seeding, from a configuration that names that very secret), dropping the record: this
+    release limits the secret again, as it limits one set by hand, until it rotates it. An older
+    process never makes a secret exempt; it can only take an exemption away."""
+    from tokensvc.oauth import hashing
+
+    def answered(secret: str) -> int:
+        return requests.post(new.base + "/oauth/token/introspect", timeout=30, auth=("rolling", secret),
+                             data={"token": "not-a-token"}).status_code
+
+    hand_set = "rolling-hand-set-secret-0123456789abcdef"
+    deployment = Deployment(primary, previous, tmp_path_factory)
+    try:
+        old = deployment.start("previous", extra=ROLLING.format(digest=hashing.digest(hand_set), description="First"))
+        new = deployment.start("current", extra=ROLLING.format(digest=hashing.digest(hand_set), description="First"))
+        assert cli.main(["clients", "rotate-secret", "rolling", "--json", "--config", deployment.config()]) == 0
+        generated = json.loads(capsys.readouterr().out)["clientSecret"]
+        clients = primary.db["tokensvc"]["clients"]
+        assert clients.find_one({"_id": "rolling"})["generated_secret_hash"] == hashing.digest(generated)
+        # limits.failed_client_auth_per_client (10), from this address; the generated secret is answered.
+        assert [answered("guess") for _ in range(11)] == [401] * 10 + [429]
+        assert answered(generated) == 200
+        deployment.stop(old)
+        old = deployment.start("previous", extra=ROLLING.format(digest=hashing.digest(generated), description="Second"))
+        document = clients.find_one({"_id": "rolling"})
+        assert document["secret_hash"] == hashing.digest(generated) and "generated_secret_hash" not in document
+        # Limited again: once its key is over the limit, the right secret is answered as a wrong one.
+        assert [answered("guess") for _ in range(10)] == [401] * 10
+        assert answered(generated) == 429 and answered("guess") == 429
+        # Rotated at this release, it is generated again, and answered.
+        assert cli.main(["clients", "rotate-secret", "rolling", "--json", "--config", deployment.config()]) == 0
+        rotated = json.loads(capsys.readouterr().out)["clientSecret"]
+        assert answered(rotated) == 200
+    finally:
+        outputs = deployment.close()
+    assert not any("Traceback" in output for output in outputs), outputs
+
+
 def test_a_client_under_removal_stays_gone_when_the_previous_release_writes_it_back(primary, previous,
                                                                                    tmp_path_factory, capsys):
     """A removal at this release stops after its record (the store refuses the sweep); the

@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
+import tornado.web
 from tornado.escape import xhtml_escape
 
 from tokensvc.handlers import xsrf
@@ -74,6 +75,28 @@ class PageHandler(WebHandler):
             httponly=True, samesite="Lax", secure=self.config.secure_cookies)
         self._session_id = session_id
         self.issue_xsrf_token()
+
+    # A browser's cookie is kept this long after its last sign-in there.
+    BROWSER_COOKIE_DAYS = 365
+
+    def known_browser(self) -> sessions.KnownBrowser | None:
+        """The browser as its signed cookie tells (the accounts that signed in with it), or None
+        without a valid one. Signed with the first key of cookie_secret, any key verifies."""
+        morsel = self.request.cookies.get(self.config.browser_cookie)
+        if morsel is None:
+            return None
+        for secret in self.config.cookie_secrets:
+            raw = tornado.web.decode_signed_value(secret, self.config.browser_cookie, morsel.value,
+                                                  max_age_days=self.BROWSER_COOKIE_DAYS)
+            if raw:
+                return sessions.KnownBrowser.parse(raw.decode("ascii", "replace"))
+        return None
+
+    def remember_browser(self, browser: sessions.KnownBrowser) -> None:
+        """Set the browser's cookie: the accounts that signed in with it, this one first. Kept
+        across sign-outs (it is no credential: the password is still asked), HttpOnly."""
+        self.set_signed_cookie(self.config.browser_cookie, browser.value(), expires_days=self.BROWSER_COOKIE_DAYS,
+                               path="/", httponly=True, samesite="Lax", secure=self.config.secure_cookies)
 
     def end_session(self) -> None:
         # Secure as it was set: a browser ignores a __Host- cookie's clearing without it.

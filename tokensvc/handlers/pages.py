@@ -13,7 +13,7 @@ from tokensvc.handlers.headers import CONTROL
 from tokensvc.handlers.page import PageHandler
 from tokensvc.oauth import authorization, connected_apps, hashing, revocation, sessions
 from tokensvc.oauth.errors import RedirectError, RedirectUnverified
-from tokensvc.ratelimit import TooManyFailures
+from tokensvc.ratelimit import ACCOUNT_STOPPED, BY_ACCOUNT, BY_BROWSER, TooManyFailures
 from tokensvc.records import Subject, User
 
 SCOPE_WORDS = {
@@ -174,17 +174,18 @@ class LoginHandler(FormPage):
             self.set_status(400)
             return await self.render_login(target, "Enter your username and password.",
                                            form.get("username", "")[:128])
+        browser = self.known_browser()
         try:
-            user = await sessions.sign_in(self.ctx, data["username"], data["password"], self.request.remote_ip or "-")
+            user = await sessions.sign_in(self.ctx, data["username"], data["password"], self.request.remote_ip or "-",
+                                          browser)
         except TooManyFailures as exc:
             self.set_status(429)
             self.set_header("Retry-After", str(exc.retry_after))
-            minutes = max(1, round(exc.retry_after / 60))
-            return await self.render_login(target, f"Too many failed sign-in attempts. Try again in {minutes} "
-                                                   f"minute{'s' if minutes > 1 else ''}.", data["username"])
+            return await self.render_login(target, refusal(exc), data["username"])
         if user is None:
             self.set_status(401)
             return await self.render_login(target, "Wrong username or password.", data["username"])
+        self.remember_browser((browser or sessions.KnownBrowser.new()).knowing(data["username"]))
         await sessions.end(self.ctx, self._session_id)  # the session this browser had, if any
         self.start_session(await sessions.start(self.ctx, user, self.request.headers.get("User-Agent"),
                                                 self.request.remote_ip))
@@ -201,6 +202,31 @@ class LoginHandler(FormPage):
         found = await self.session()
         self.render("login.html", next=target, error=error, username=username,
                     client=behind[0] if behind else None, signed_in=found[1] if found else None)
+
+
+def refusal(refused: TooManyFailures) -> str:
+    """What the sign-in page says of a limit's refusal: how long, and what the owner may do
+    meanwhile (docs/security.md, the password's limits)."""
+    wait = in_words(refused.retry_after)
+    if refused.reason == ACCOUNT_STOPPED:
+        return ("Too many failed sign-in attempts for this account. Sign in from a browser you have signed in with "
+                f"before, ask an operator to set a new password, or try again in {wait}.")
+    if refused.reason == BY_ACCOUNT:
+        return (f"Too many failed sign-in attempts for this account. Try again in {wait}, or sign in from a browser "
+                "you have signed in with before.")
+    if refused.reason == BY_BROWSER:
+        return f"Too many failed sign-in attempts in this browser. Try again in {wait}."
+    return f"Too many failed sign-in attempts. Try again in {wait}."
+
+
+def in_words(seconds: int) -> str:
+    """A wait as a person says it: "5 minutes", "2 hours", "30 days" (rounded, at least 1 minute)."""
+    for unit, size in (("day", 86400), ("hour", 3600)):
+        if seconds >= 2 * size:
+            count = round(seconds / size)
+            return f"{count} {unit}s"
+    minutes = max(1, round(seconds / 60))
+    return f"{minutes} minute{'s' if minutes > 1 else ''}"
 
 
 class LogoutHandler(PageHandler):

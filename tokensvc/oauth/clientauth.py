@@ -140,22 +140,27 @@ async def authenticate_request(ctx: OAuthContext, request: ClientRequest) -> Cli
 
     The credentials are checked first (a digest, in constant time). A failure is counted
     against the address and the client id, audited and counted in the metrics; past a limit
-    the answer to a failure is TooManyFailures (429) instead of 401. A right secret of high
-    entropy (:func:`guessable`: one the service generated, or a hand-set one as long) and a
-    public client's ``client_id`` (nothing to guess) are never refused by a limit: guessing one
-    gains nothing from the limit, and refusing the right one would let anyone sharing the
-    address lock the client out. Only a right secret shorter than that is answered 429 too
-    while its key is over the limit, so that the answer tells a guesser nothing.
+    the answer to a failure is TooManyFailures (429) instead of 401. What a limit may refuse is
+    decided by what the store holds, never by what the request presents (:func:`guessable`):
+    a right secret the service generated, and a public client's ``client_id`` (nothing to
+    guess), are never refused, since guessing one gains nothing from the limit and refusing the
+    right one would let anyone sharing the address lock the client out; a right secret set by
+    hand, however long, is answered 429 too while its key is over the limit, exactly as a wrong
+    one is, so that the answer tells a guesser nothing.
+
+    A failure counts toward the address's limit only when it could be a guess at a secret a
+    limit protects (:func:`guarded`): failures under an id no client has, under a public
+    client, or at a client whose secrets were all generated, are counted in a group of their
+    own, limited alike (429 past it), and never refuse a client whose secret was set by hand.
     """
     require_client(request)
     limits = ctx.limits
     try:
         creds = request.credentials()
     except InvalidClient:
-        await _failed(ctx, limits.client_attempt(None, request.address), None, request)
+        await _failed(ctx, limits.client_attempt(None, request.address, guarded=False), None, request)
         raise
     assert creds is not None  # it names a client
-    attempt = limits.client_attempt(creds.client_id, request.address)
     client = await ctx.store.get_client(creds.client_id)
     # A confidential client's previous secret is read whatever secret came: the right one, the
     # old one and a wrong one take the same steps (a wrong one is counted no later than a right
@@ -164,32 +169,47 @@ async def authenticate_request(ctx: OAuthContext, request: ClientRequest) -> Cli
     if client is not None and client.secret_hash is not None and creds.client_secret is not None:
         previous = await ctx.store.get_previous_secret(client.client_id)
     now = ctx.clock()
+    attempt = limits.client_attempt(creds.client_id, request.address, guarded=guarded(client, previous, now))
     try:
         proven = verify(client, creds, previous, now)
     except InvalidClient:
         await _failed(ctx, attempt, creds.client_id, request)
         raise
-    if previous is not None and not hashing.matches(creds.client_secret or "", proven.secret_hash or ""):
+    by_previous = previous is not None and not hashing.matches(creds.client_secret or "", proven.secret_hash or "")
+    if guessable(proven, previous if by_previous else None):
+        try:
+            await limits.check(attempt)
+        except TooManyFailures:
+            ctx.metrics.refused_by_limit("client_auth")
+            raise
+    if by_previous:
+        assert previous is not None
         await _previous_used(ctx, previous, request, now)  # proven, and not by its current secret
-    if not guessable(proven, creds):
-        return proven
-    try:
-        await limits.check(attempt)
-    except TooManyFailures:
-        ctx.metrics.refused_by_limit("client_auth")
-        raise
     return proven
 
 
-def guessable(client: Client, creds: ClientCredentials) -> bool:
-    """Whether the right secret ``creds`` proved ``client`` with could have been guessed within
-    any number of attempts the limits allow: a confidential client's secret shorter than a
-    generated one (256 random bits, :data:`hashing.SECRET_LENGTH` characters), as an operator
-    may set by hand in the configuration. A public client has no secret to guess, however it
-    names itself: ``client_id`` alone, or HTTP Basic with an empty secret (``Basic
+def guessable(client: Client, previous: PreviousSecret | None = None) -> bool:
+    """Whether the right secret that proved ``client`` could have been guessed within any
+    number of attempts the limits allow, as the store knows it: a confidential client's secret
+    is one the service generated (256 random bits) only when the store records it so
+    (:attr:`Client.secret_generated`; ``previous``, when the client proved itself with the
+    secret a rotation kept, :attr:`PreviousSecret.generated`). Anything else was set by hand
+    and may be predictable, whatever its length. A public client has no secret to guess,
+    however it names itself: ``client_id`` alone, or HTTP Basic with an empty secret (``Basic
     base64("node-agent:")``, requests-oauthlib's way for a public client)."""
-    secret = creds.client_secret
-    return client.confidential and secret is not None and len(secret) < hashing.SECRET_LENGTH
+    if not client.confidential:
+        return False
+    return not (previous.generated if previous is not None else client.secret_generated)
+
+
+def guarded(client: Client | None, previous: PreviousSecret | None, now: datetime) -> bool:
+    """Whether a failure under ``client`` could be a guess at a secret the limits protect: one
+    set by hand, its current one or the previous one a rotation keeps in force. An id no client
+    has, a public client and a client whose secrets were all generated hold none."""
+    if client is None or not client.confidential:
+        return False
+    kept = previous is not None and previous.in_force(client, now)
+    return guessable(client) or (kept and guessable(client, previous))
 
 
 async def _failed(ctx: OAuthContext, attempt: Attempt, client_id: str | None, request: ClientRequest) -> None:

@@ -6,27 +6,34 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import re
+from dataclasses import dataclass
 from datetime import timedelta
 
 from tokensvc import logs
 from tokensvc.oauth import hashing, revocation
 from tokensvc.oauth.context import OAuthContext
-from tokensvc.ratelimit import TooManyFailures
+from tokensvc.ratelimit import TooManyFailures, account_counter
 from tokensvc.records import Session, User
 from tokensvc.storage.base import SESSION, USER, Revocation, StorageError, StoreFault
 
 
-async def sign_in(ctx: OAuthContext, username: str, password: str, address: str) -> User | None:
-    """The user when the password is right, None when not; TooManyFailures (429) when the
-    username or the address failed too often. Every outcome is audited; a failed one names
-    the username only when such a user exists (what was typed may be a password typed in the
-    wrong field)."""
+async def sign_in(ctx: OAuthContext, username: str, password: str, address: str,
+                  browser: KnownBrowser | None = None) -> User | None:
+    """The user when the password is right, None when not; TooManyFailures (429) when a limit
+    is reached (:meth:`FailureLimits.sign_in_attempts`): the username or the address failed too
+    often there, or the account from browsers it does not know, from any number of addresses;
+    from a ``browser`` that signed in to the account before (its cookie, which the handler
+    verified), that browser did. Every outcome is audited; a failed one names the username only
+    when such a user exists (what was typed may be a password typed in the wrong field)."""
     limits = ctx.limits
-    try:
-        reservation = await limits.reserve(limits.login_attempt(username, address))  # before the slow check
-    except TooManyFailures:
+    known = browser is not None and browser.knows(username)
+    try:  # before the slow check
+        reservation = await limits.reserve(limits.sign_in_attempts(
+            username, address, browser.browser_id if known and browser is not None else None))
+    except TooManyFailures as refused:
         logs.audit("login", {"username": await _known(ctx, username), "outcome": "rate_limited",
-                             "remote_ip": address}, logging.WARNING, "login refused")
+                             "limit": refused.reason, "remote_ip": address}, logging.WARNING, "login refused")
         ctx.metrics.refused_by_limit("login")
         raise
     named, right = await check_password(ctx, username, password)
@@ -36,9 +43,59 @@ async def sign_in(ctx: OAuthContext, username: str, password: str, address: str)
         ctx.metrics.failed_login()
         return None  # the attempt stays counted
     limits.release(reservation, clear_account=True)
+    if known:  # the account's own failures since its last sign-in end with this one too
+        limits.signed_in(username)
     logs.audit("login", {"subject": named.user_id, "username": named.username, "outcome": "success",
                          "remote_ip": address}, message="login succeeded")
     return named
+
+
+# How many accounts a browser's cookie remembers having signed in with it (the latest first).
+BROWSER_ACCOUNTS = 5
+
+
+@dataclass(frozen=True, slots=True)
+class KnownBrowser:
+    """A browser, as its cookie (``<service_name>_browser``, signed with the cookie secret)
+    tells: a random id of its own, and the accounts that signed in with it (each as
+    :func:`ratelimit.account_counter`, a digest of the username's key, never the username). A
+    sign-in from a browser known to its account counts against that browser's limits and not
+    the account's (:meth:`FailureLimits.sign_in_attempts`): the owner signs in where they did
+    before, whatever anyone else fails. Not a credential: the password is still asked."""
+
+    browser_id: str
+    accounts: tuple[str, ...] = ()
+
+    @classmethod
+    def new(cls) -> KnownBrowser:
+        return cls(hashing.new_secret()[:22])  # 128 random bits
+
+    def knows(self, username: str) -> bool:
+        return account_counter(username) in self.accounts
+
+    def knowing(self, username: str) -> KnownBrowser:
+        """This browser, having signed in to ``username`` now (the latest first)."""
+        account = account_counter(username)
+        return KnownBrowser(self.browser_id, (account, *[a for a in self.accounts if a != account])[:BROWSER_ACCOUNTS])
+
+    def value(self) -> str:
+        """What its cookie carries (before the handler signs it)."""
+        return f"{self.browser_id}|{','.join(self.accounts)}"
+
+    @classmethod
+    def parse(cls, value: str) -> KnownBrowser | None:
+        """A browser from its cookie's (verified) value; None when it is not one."""
+        browser_id, sep, accounts = value.partition("|")
+        if not sep or not _BROWSER_ID.fullmatch(browser_id):
+            return None
+        listed = tuple(account for account in accounts.split(",") if account)
+        if len(listed) > BROWSER_ACCOUNTS or not all(_ACCOUNT.fullmatch(account) for account in listed):
+            return None
+        return cls(browser_id, listed)
+
+
+_BROWSER_ID = re.compile(r"[A-Za-z0-9_-]{22}")
+_ACCOUNT = re.compile(r"[0-9a-f]{32}")
 
 
 UNKNOWN_USER = "(unknown)"  # no username holds a parenthesis: it names no one

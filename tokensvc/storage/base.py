@@ -603,10 +603,13 @@ class FailureCounts(abc.ABC):
     @abc.abstractmethod
     async def uncount_attempt(self, group: str, counters: list[str], reset: list[str]) -> None:
         """Take one back from each of ``counters`` (the attempt succeeded, or was refused before
-        its check), and set each of ``reset`` to zero (a right password clears its username),
-        in one step, within the group's window (after it, nothing is left to take back).
+        its check), and set each of ``reset`` to zero (a right password clears its username, a
+        sign-in its account's failures since the last, a new password its account's counts), in
+        one step, within the group's window (after it, nothing is left to take back). Either
+        list may be empty.
 
-        Called by FailureLimits, a success or a refusal given back (ratelimit.py).
+        Called by FailureLimits, a success or a refusal given back, an account's counts
+        forgiven (ratelimit.py).
         """
 
     @abc.abstractmethod

@@ -1015,9 +1015,11 @@ class MongoStore(RevocationFeed, Store, FailureCounts):
 
     @guarded()
     async def uncount_attempt(self, group: str, counters: list[str], reset: list[str]) -> None:
-        update: dict[str, Any] = {"$inc": {f"c.{name}": -1 for name in counters}}
+        update: dict[str, Any] = {"$inc": {f"c.{name}": -1 for name in counters}} if counters else {}
         if reset:
             update["$set"] = {f"c.{name}": 0 for name in reset}
+        if not update:
+            return
         await self.failures.update_one({"_id": group, "expires_at": {"$gt": datetime.now(UTC)}}, update)
 
     @guarded()
