@@ -12,6 +12,7 @@ from datetime import timedelta
 
 import pytest
 from bson import Timestamp
+from helpers import eventually
 from primary import BUDGET_MS, Fault, wire_settings
 
 from tokensvc.oauth import hashing
@@ -74,11 +75,11 @@ async def every_operation(store: MongoStore) -> None:
     await store.mark_grant_revoked(grant.grant_id, now)
     await store.revoke_grant_families(grant.grant_id, now)
     await store.revoke_client_grants("webapp", now, 10)
-    await store.begin_removal("webapp", now)
+    removal = await store.begin_removal("webapp", now, "tag")
     await store.mark_removal("webapp", now)
     await store.get_removal("webapp")
     await store.list_removals()
-    await store.end_removal("webapp")
+    await store.end_removal(removal)
     await store.purge_expired(now)
     await store.delete_client("webapp")
     await store.ping()
@@ -343,6 +344,63 @@ async def test_a_removal_whose_every_reply_is_lost_happens_whole_and_once(wire_s
         assert (await wire_store.get_grant(grant_id)).revoked_at is not None
         assert await wire_store.list_families(grant_id) == []
     assert primary.db["tokensvc"]["clients"].count_documents({}) == 0
+
+
+async def test_a_removals_last_step_run_again_after_a_lost_reply_keeps_a_client_registered_in_between(
+        wire_store, primary):
+    """The record's deletion, the last step of a removal, applied with its reply lost (and the
+    driver's retry's too): the id is free, and a client is registered under it before the store
+    runs the step again. The run again deletes nothing of it: the client registered stays, with
+    the secret its registration answered (it was deleted, 201 and then 404)."""
+    from tokensvc.oauth import removal
+
+    now = utcnow()
+    await wire_store.put_client(Client("webapp", "Web", ["https://a/cb"], created_at=now))
+    recorded = await wire_store.begin_removal("webapp", now, "tag")
+    await wire_store.delete_client("webapp")
+    primary.forget()
+    # The document's deletion goes through; the record's is applied and its reply lost, twice;
+    # a deletion of the document after that waits until the client is registered.
+    held = Fault("delete", "hold", collection="clients")
+    primary.script(Fault("delete", "delay", collection="clients"),
+                   Fault("delete", "hangup_after", collection="removals", times=2), held)
+    ending = asyncio.ensure_future(wire_store.end_removal(recorded))
+    try:
+        await eventually(lambda: len(primary.sent("delete", "removals")) >= 2, what="the record's end, its reply lost")
+        assert primary.db["tokensvc"]["removals"].count_documents({}) == 0  # applied: the id is free
+        registered = Client("webapp", "Web again", ["https://a/cb"], secret_hash="b" * 64, created_at=utcnow())
+        await removal.register(wire_store, registered, registered.created_at)  # 201, and its secret
+    finally:
+        primary.release(held)
+    await ending
+    assert await wire_store.get_client("webapp") == registered
+
+
+async def test_expired_previous_secrets_forgotten_before_a_failure_are_each_told(wire_store, primary, caplog):
+    """Two previous secrets are expired, and the store refuses to forget the second: the first,
+    forgotten, is told (audited) all the same, and the second once the store takes it. Forgotten
+    in one batch, a failure midway told none of those it had forgotten."""
+    from tokensvc.oauth import clientauth
+    from tokensvc.records import PreviousSecret
+    from tokensvc.storage.base import StoreFault
+
+    now = utcnow()
+    for index, client_id in enumerate(("c1", "c2")):
+        await wire_store.put_previous_secret(PreviousSecret(client_id, "a" * 64, "b" * 64, now - timedelta(hours=1),
+                                                            now - timedelta(minutes=2 - index)))
+    primary.script(Fault("findAndModify", "delay", collection="previous_secrets"),
+                   Fault("findAndModify", "error", collection="previous_secrets", code=2))  # BadValue
+
+    def told():
+        return [record.audit["client_id"] for record in caplog.records if record.name == "tokensvc.audit"
+                and record.audit["event"] == "client_previous_secret_expired"]
+
+    with caplog.at_level(logging.INFO, "tokensvc.audit"):
+        with pytest.raises(StoreFault):
+            await clientauth.expire_previous_secrets(wire_store, now)
+        assert told() == ["c1"] and await wire_store.get_previous_secret("c1") is None
+        assert await clientauth.expire_previous_secrets(wire_store, now) == 1
+    assert told() == ["c1", "c2"] and await wire_store.get_previous_secret("c2") is None
 
 
 async def test_a_removal_the_store_stops_midway_is_carried_on_by_a_retry(wire_store, primary):

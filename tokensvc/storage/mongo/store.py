@@ -502,17 +502,13 @@ class MongoStore(RevocationFeed, Store, FailureCounts):
         await self.clients.delete_one({"_id": client_id})
         await self.previous_secrets.delete_one({"_id": client_id})
 
-    async def begin_removal(self, client_id: str, now: datetime) -> bool:
-        # This call's own tag, set only by the write that made the record: a retry of that
-        # write (its reply lost) finds its tag and says True still; any other call, False.
-        return await self._record_removal(client_id, now, secrets.token_hex(8))
-
     @guarded()
-    async def _record_removal(self, client_id: str, now: datetime, tag: str) -> bool:
-        removal = await self.removals.find_one_and_update(
+    async def begin_removal(self, client_id: str, now: datetime, tag: str) -> Removal:
+        # The call's own tag, set only by the write that made the record: a retry of that write
+        # (its reply lost) finds its tag still; any other call, the tag of the one that made it.
+        return REMOVALS.record(await self.removals.find_one_and_update(
             {"_id": client_id}, {"$setOnInsert": {"started_at": now, "tag": tag}}, upsert=True,
-            return_document=ReturnDocument.AFTER)
-        return bool(removal.get("tag") == tag)
+            return_document=ReturnDocument.AFTER))
 
     @guarded()
     async def mark_removal(self, client_id: str, now: datetime) -> None:
@@ -529,11 +525,26 @@ class MongoStore(RevocationFeed, Store, FailureCounts):
     async def list_removals(self) -> list[Removal]:
         return [REMOVALS.record(doc) for doc in await self.removals.find({}).sort("_id", ASCENDING).to_list(None)]
 
+    async def end_removal(self, removal: Removal) -> None:
+        # Two operations, each run again alone after a lost reply: the document and the previous
+        # secret deleted while this removal's record is there, then the record, by its tag. Run
+        # as one, a run again after the record's deletion was applied deleted a client registered
+        # under the id in between (its 201 and secret, then 404).
+        await self._clear_removed(removal)
+        await self._drop_removal(removal)
+
     @guarded()
-    async def end_removal(self, client_id: str) -> None:
-        await self.clients.delete_one({"_id": client_id})
-        await self.previous_secrets.delete_one({"_id": client_id})
-        await self.removals.delete_one({"_id": client_id})
+    async def _clear_removed(self, removal: Removal) -> None:
+        with pymongo.timeout(self.budget):  # a read: the server stops at the budget too
+            recorded = await self.removals.find_one({"_id": removal.client_id, "tag": removal.tag}, {"_id": 1})
+        if recorded is None:
+            return  # finished already (by another call of the same removal): the id may be someone's again
+        await self.clients.delete_one({"_id": removal.client_id})
+        await self.previous_secrets.delete_one({"_id": removal.client_id})
+
+    @guarded()
+    async def _drop_removal(self, removal: Removal) -> None:
+        await self.removals.delete_one({"_id": removal.client_id, "tag": removal.tag})
 
     @guarded()
     async def put_previous_secret(self, previous: PreviousSecret) -> None:
@@ -555,16 +566,10 @@ class MongoStore(RevocationFeed, Store, FailureCounts):
         return result.modified_count == 1
 
     @guarded()
-    async def expire_previous_secrets(self, now: datetime, limit: int = 100) -> list[PreviousSecret]:
-        expired = []
-        for document in await self.previous_secrets.find({"expires_at": {"$lte": now}}).limit(limit).to_list(limit):
-            # One process deletes each (the one that tells of it); a rotation meanwhile replaced
-            # it with another, unexpired, which the condition keeps.
-            gone = await self.previous_secrets.find_one_and_delete({"_id": document["_id"],
-                                                                    "expires_at": {"$lte": now}})
-            if gone is not None:
-                expired.append(PREVIOUS_SECRETS.record(gone))
-        return expired
+    async def expire_previous_secret(self, now: datetime) -> PreviousSecret | None:
+        # One process deletes each (the one that tells of it), the earliest first (expires_at).
+        return PREVIOUS_SECRETS.record(await self.previous_secrets.find_one_and_delete(
+            {"expires_at": {"$lte": now}}, sort=[("expires_at", ASCENDING)]))
 
     # -- users
 
@@ -750,15 +755,14 @@ class MongoStore(RevocationFeed, Store, FailureCounts):
         await collection.update_many(match, {"$set": {"revoked_at": now}})
 
     @guarded()
-    async def withdraw_scopes(self, client_id: str, kept: list[str]) -> int:
+    async def withdraw_scopes(self, client_id: str, kept: list[str]) -> None:
         # What holds a scope beyond ``kept`` loses it; a sweep, as a removed client's revocation
         # is (a frozen original of a move takes it too, and hands it to its copy: hashes.finish).
         beyond = {"scopes": {"$elemMatch": {"$nin": list(kept)}}}
         withdraw = {"$pull": {"scopes": {"$nin": list(kept)}}}
         await self.grants.update_many({"client_id": client_id, "revoked_at": None, **beyond}, withdraw)
         await self.codes.update_many({"client_id": client_id, "consumed_at": None, **beyond}, withdraw)
-        result = await self.families.update_many({"client_id": client_id, "revoked_at": None, **beyond}, withdraw)
-        return result.modified_count
+        await self.families.update_many({"client_id": client_id, "revoked_at": None, **beyond}, withdraw)
 
     @guarded()
     async def mark_grant_revoked(self, grant_id: str, now: datetime) -> bool:
