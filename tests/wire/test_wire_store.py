@@ -19,6 +19,7 @@ from tokensvc.oauth import hashing
 from tokensvc.records import AuthorizationCode, Client, Family, Pair, Session, Subject, User, utcnow
 from tokensvc.storage.base import Conflict, StorageError
 from tokensvc.storage.mongo import ONCE, READ, RERUN, RETRY_KINDS, STEPS, MongoStore
+from tokensvc.storage.mongo.store import CASELESS
 
 pytestmark = pytest.mark.gen_test
 
@@ -374,6 +375,25 @@ async def test_a_removals_last_step_run_again_after_a_lost_reply_keeps_a_client_
         primary.release(held)
     await ending
     assert await wire_store.get_client("webapp") == registered
+
+
+async def test_a_username_is_looked_up_in_one_read_through_an_index_whatever_its_case(wire_store, primary):
+    """A username in any case (a name release 0.9.0 stored with capitals, typed otherwise), or one
+    no user has (a typo, a guess at sign-in), is one read of the users, an equality on the
+    username under the caseless collation, which the caseless index serves: never a
+    case-insensitive regex, which reads the whole username index, and never a second read."""
+    await wire_store.put_user(User("u_carol", "Carol", "scrypt$x"))  # as release 0.9.0 stored it
+    await wire_store.put_user(User("u_dave", "dave", "scrypt$y"))
+    indexes = await wire_store.db["users"].index_information()
+    assert indexes["username_caseless"]["collation"] == CASELESS and not indexes["username_caseless"].get("unique")
+    for typed, found in (("CAROL", "u_carol"), ("Carol", "u_carol"), ("Dave", "u_dave"), ("nobody", None)):
+        primary.forget()
+        user = await wire_store.get_user_by_username(typed)
+        assert (user.user_id if user else None) == found
+        reads = primary.sent("find", "users") + primary.sent("aggregate", "users")
+        assert len(reads) == 1, reads
+        assert reads[0]["collation"] == CASELESS and "$regex" not in str(reads[0]["filter"]), reads[0]
+        assert set(reads[0]["filter"]) == {"username"}
 
 
 async def test_expired_previous_secrets_forgotten_before_a_failure_are_each_told(wire_store, primary, caplog):

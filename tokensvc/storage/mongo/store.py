@@ -8,7 +8,6 @@ import asyncio
 import contextlib
 import inspect
 import logging
-import re
 import secrets
 from collections.abc import Awaitable, Callable, Coroutine
 from datetime import UTC, datetime, timedelta
@@ -21,7 +20,7 @@ from pymongo.read_concern import ReadConcern
 
 from tokensvc import __version__
 from tokensvc.config import StorageSettings
-from tokensvc.identifiers import USERNAME, username_key
+from tokensvc.identifiers import username_key
 from tokensvc.records import (
     AuthorizationCode,
     Client,
@@ -83,9 +82,17 @@ def _revoked_only(collection: str, field: str) -> Index:
 # How long a removal's mark outlives its write: every relay has long polled it by then.
 REMOVED_CLIENT_SECONDS = 86400
 
+# Usernames compared whatever their case (ICU at strength 2): for the ASCII usernames are
+# (identifiers.USERNAME), the comparison of their keys (identifiers.username_key). A read under it
+# is served by the index of the same collation, username_caseless.
+CASELESS: dict[str, Any] = {"locale": "en", "strength": 2}
+
 # Created at start-up, idempotently.
 INDEXES: list[Index] = [
     ("users", [("username", ASCENDING)], {"unique": True, "name": "username"}),
+    # A username typed in another case than stored (release 0.9.0 kept capitals), or no user's:
+    # one equality on this index, where a caseless regex read the whole of the one above.
+    ("users", [("username", ASCENDING)], {"name": "username_caseless", "collation": CASELESS}),
     # The previous secrets whose time is up (expire_previous_secrets; not a TTL index, which
     # would delete them with no one to tell of it).
     ("previous_secrets", [("expires_at", ASCENDING)], {"name": "expires_at"}),
@@ -135,9 +142,10 @@ async def _page(collection: Any, key: str, after: str | None, limit: int | None)
     return await cursor.to_list(None)
 
 
-def _caseless(username: str) -> dict[str, Any]:
-    """A filter on ``username`` whatever its case: for ASCII, the key's comparison."""
-    return {"$regex": f"^{re.escape(username)}$", "$options": "i"}
+def _collated(index: dict[str, Any]) -> tuple[Any, Any]:
+    """An index's collation as it compares (a server lists it with every default filled in)."""
+    collation = index.get("collation") or {}
+    return collation.get("locale", "simple"), collation.get("strength")
 
 
 def _missed(result: Any) -> bool:
@@ -368,9 +376,11 @@ class MongoStore(RevocationFeed, Store, FailureCounts):
         """Bring an existing index to ``options``, or say why it cannot be (None: done)."""
         name = options["name"]
         indexes = await self._db[collection].index_information()
-        # The index in the way: tokensvc's name with other keys, or tokensvc's keys under another name.
+        # The index in the way: tokensvc's name with other keys, or tokensvc's keys (under its
+        # collation: the same keys under another are another index) under another name.
         in_the_way = name if name in indexes else next(
-            (other for other, info in indexes.items() if list(info["key"]) == keys), None)
+            (other for other, info in indexes.items() if list(info["key"]) == keys
+             and _collated(info) == _collated(options)), None)
         if in_the_way != name and in_the_way in self.history.index_names(collection, name):
             return None  # its other name (a tripwire's): the store was finalized since its format was read
         existing = indexes.get(in_the_way) if in_the_way else None
@@ -580,18 +590,12 @@ class MongoStore(RevocationFeed, Store, FailureCounts):
     @guarded()
     async def get_user_by_username(self, username: str) -> User | None:
         # New usernames are stored as their key, so the unique index on username holds one
-        # user per key: the exact name, then the key, through that index. One stored with
-        # capitals by release 0.9.0 (Alice) is found by neither when typed otherwise (ALICE,
-        # alice): then by a caseless comparison, which is the key's for the ASCII usernames
-        # allow (identifiers.USERNAME). That one reads the whole username index, and only when
-        # no user has the name or its key (an unknown name: a typo, a new user, a guess).
-        key = username_key(username)
-        found = await self.users.find({"username": {"$in": list({username, key})}}).to_list(2)
-        if not found and USERNAME.fullmatch(username):
-            # Two 0.9.0 users whose names differ only in case: the first by name, as listed.
-            found = await self.users.find({"username": _caseless(username)}).sort("username", ASCENDING).to_list(1)
-        exact = [doc for doc in found if doc["username"] == username]
-        return USERS.record((exact or found or [None])[0])
+        # user per key; one stored with capitals by release 0.9.0 (Alice) is found typed
+        # otherwise (ALICE, alice) too. One read, an equality under the caseless collation on its
+        # index (username_caseless), for a name no user has as well (a typo, a new user, a
+        # guess): the name as written, else the one stored as its key, else of those stored
+        # under its key the first by name, as listed (two 0.9.0 users differing only in case).
+        return USERS.record(next(iter(await self._same_key(username)), None))
 
     @guarded()
     async def list_users(self, after: str | None = None, limit: int | None = None) -> list[User]:
@@ -644,7 +648,18 @@ class MongoStore(RevocationFeed, Store, FailureCounts):
 
     @guarded()
     async def _caseless_holders(self, username: str) -> list[dict[str, Any]]:
-        return await self.users.find({"username": _caseless(username)}, {"username": 1}).to_list(None)
+        return await self._same_key(username, {"username": 1})
+
+    async def _same_key(self, username: str, projection: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+        """The users whose username has the key of ``username`` (identifiers.username_key), in the
+        order a lookup takes them: the name as written, the key, then the others by name. One
+        read under the caseless collation (its index), which finds the name, its key and every
+        ASCII name differing from them in case; the key decides."""
+        key = username_key(username)
+        documents = await self.users.find({"username": {"$in": sorted({username, key})}}, projection,
+                                          collation=CASELESS).to_list(None)
+        same = [doc for doc in documents if doc["username"] == username or username_key(doc["username"]) == key]
+        return sorted(same, key=lambda doc: (doc["username"] != username, doc["username"] != key, doc["username"]))
 
     @guarded()
     async def _write_user(self, user: User) -> None:
