@@ -93,7 +93,7 @@ INDEXES: list[Index] = [
     # A username typed in another case than stored (release 0.9.0 kept capitals), or no user's:
     # one equality on this index, where a caseless regex read the whole of the one above.
     ("users", [("username", ASCENDING)], {"name": "username_caseless", "collation": CASELESS}),
-    # The previous secrets whose time is up (expire_previous_secrets; not a TTL index, which
+    # The previous secrets whose time is up (expire_previous_secret; not a TTL index, which
     # would delete them with no one to tell of it).
     ("previous_secrets", [("expires_at", ASCENDING)], {"name": "expires_at"}),
     ("grants", [("client_id", ASCENDING), ("user_id", ASCENDING), ("installation_id", ASCENDING)],
