@@ -493,6 +493,20 @@ async def test_an_idempotent_write_whose_replies_are_all_lost_is_run_again_and_s
     assert (await wire_store.get_client("webapp")).name == "Web"
 
 
+async def test_a_withdrawal_whose_reply_is_lost_is_run_again_and_reports_no_count(wire_store, primary):
+    """RERUN, a sweep: the families' withdrawal applied and its reply lost, the store runs the
+    whole withdrawal again, which finds nothing left to withdraw. What it changed cannot be told
+    then (its modified count said 0 for a family it did narrow), so it reports no count."""
+    now = utcnow()
+    grant = await wire_store.save_grant("webapp", ALICE, ["read", "write"], now)
+    await wire_store.create_family(replace(family(now, grant.grant_id), scopes=["read", "write"]))
+    primary.script(Fault("update", "hangup_after", collection="families"))
+    assert await wire_store.withdraw_scopes("webapp", ["read"]) is None
+    assert len(primary.sent("update", "families")) == 2  # run again
+    assert (await wire_store.get_family("f1"))[0].scopes == ["read"]
+    assert (await wire_store.get_grant(grant.grant_id)).scopes == ["read"]
+
+
 async def test_a_read_whose_reply_is_lost_is_run_again_under_the_servers_time_limit(wire_store, primary):
     """READ: the driver never retries a read (retryReads=False); the store runs it again, each
     run under the server's maxTimeMS."""
