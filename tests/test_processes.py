@@ -15,12 +15,12 @@ from test_feed import next_message
 from test_ws import closed_as_revoked, tokens, welcome_of, ws_url
 from tornado.websocket import websocket_connect
 
-from tokensvc.oauth import events
+from tokensvc.oauth import events, hashing
 from tokensvc.records import Client, Family, Pair, Session, Subject, User, utcnow
 from tokensvc.storage.base import CLIENT, CREDENTIALS, FAMILY, GRANT, SESSION, SUBJECT, Revocation, StoreObserver
 from tokensvc.storage.memory import MemoryStore
 from tokensvc.storage.mongo import WATCHED, MongoStore
-from tokensvc.storage.mongo.feed import POLL_OVERLAP
+from tokensvc.storage.mongo.feed import CLOCK_SKEW, poll_overlap
 
 
 @pytest.fixture
@@ -423,22 +423,23 @@ async def hearing(store: MongoStore, polls: Polls) -> tuple[list[Revocation], as
 @pytest.mark.gen_test(timeout=30)
 async def test_a_start_up_finishing_two_removals_names_the_second_to_polling_relays(store):
     """A start-up finishes two removals another process left under way; the first one's grants
-    take longer than a poll's overlap: the second one's mark is stamped when it is written, not
+    take longer than a poll's overlap (poll_overlap): the second one's mark is stamped when it is written, not
     when the start-up began, and a polling relay names that client."""
     from tokensvc.oauth import removal
 
     polls = Polls()
     elsewhere = other_process(store)
-    clock = lagging(POLL_OVERLAP.total_seconds() + 1)
+    late = poll_overlap(elsewhere).total_seconds() + 1
+    clock = lagging(late)
     for client_id in ("a", "b"):
         await elsewhere.put_client(Client(client_id, client_id.upper(), ["https://a/cb"], ["read"]))
-        assert await elsewhere.begin_removal(client_id, clock())  # left under way: the process stopped
+        await elsewhere.begin_removal(client_id, clock(), "stopped")  # left under way: the process stopped
     heard, listening = await hearing(store, polls)
     revoke = elsewhere.revoke_client_grants
 
     async def long(client_id, now, limit, before=None):
         if client_id == "a":
-            clock.advance(POLL_OVERLAP.total_seconds() + 1)  # many batches
+            clock.advance(late)  # many batches
         return await revoke(client_id, now, limit, before)
 
     elsewhere.revoke_client_grants = long
@@ -457,7 +458,8 @@ async def test_a_long_removals_later_batch_is_heard_by_a_polling_relay(store, mo
     monkeypatch.setattr(removal, "BATCH", 1)
     polls = Polls()
     elsewhere = other_process(store)
-    clock = lagging(POLL_OVERLAP.total_seconds() + 1)
+    late = poll_overlap(elsewhere).total_seconds() + 1
+    clock = lagging(late)
     await elsewhere.put_client(Client("c1", "One", ["https://a/cb"], ["read"]))
     grants = [await elsewhere.save_grant("c1", Subject(user_id=f"u_{index}"), ["read"], clock())
               for index in range(2)]
@@ -466,7 +468,7 @@ async def test_a_long_removals_later_batch_is_heard_by_a_polling_relay(store, mo
 
     async def long(client_id, now, limit, before=None):
         batches.append(await revoke(client_id, now, limit, before))
-        clock.advance(POLL_OVERLAP.total_seconds() + 1)  # a batch that took long
+        clock.advance(late)  # a batch that took long
         return batches[-1]
 
     elsewhere.revoke_client_grants = long
@@ -475,6 +477,145 @@ async def test_a_long_removals_later_batch_is_heard_by_a_polling_relay(store, mo
     await eventually(lambda: Revocation(GRANT, batches[1][0]) in heard, what="the later batch heard")
     listening.cancel()
     await asyncio.gather(listening, return_exceptions=True)
+
+
+@pytest.mark.gen_test(timeout=30)
+async def test_a_revocation_whose_write_lands_late_is_heard_by_a_polling_relay(store):
+    """A write carries the time read just before it, and lands when its operation gets through:
+    a retry after a primary stepped down lands seconds later, anywhere within the store's
+    budget, on a host whose clock may run a little behind the poller's. A polling relay reads
+    back the budget and that skew, so it hears the revocation however late within them it
+    landed (the overlap of five seconds alone missed it, and its socket stayed open)."""
+    polls = Polls()
+    elsewhere = other_process(store)
+    now = utcnow()
+    for session_id in ("late", "next"):
+        await elsewhere.add_session(Session(session_id, "u_alice", now, now + timedelta(hours=1)))
+    heard, listening = await hearing(store, polls)
+    try:
+        await polls.round_after_now()
+        # Landing now, near the end of its budget, from a host whose clock runs behind.
+        stamped = utcnow() - timedelta(seconds=elsewhere.budget - 1) - CLOCK_SKEW
+        assert await elsewhere.end_session("late", stamped)
+        assert await elsewhere.end_session("next", utcnow())
+        await eventually(lambda: Revocation(SESSION, "next") in heard, what="the revocation after it")
+        await polls.round_after_now()
+        assert Revocation(SESSION, "late") in heard
+    finally:
+        listening.cancel()
+        await asyncio.gather(listening, return_exceptions=True)
+
+
+def _family(family_id: str, grant_id: str, client_id: str, now) -> Family:
+    return Family(family_id, grant_id, client_id, "u_alice", None, 0, ["read"], now, hashing.digest(family_id + "r"),
+                  hashing.digest(family_id + "a"), now, now + timedelta(hours=1), now + timedelta(minutes=10),
+                  renewed_at=now)
+
+
+@pytest.mark.gen_test(timeout=30)
+async def test_a_grants_families_swept_long_after_its_mark_are_heard_by_a_polling_relay(store):
+    """A grant is revoked in two writes (the grant marked, then its families swept), and a
+    promotion revokes each grant that may carry admin, one after the other: each write is stamped
+    when it is made, so a polling relay hears the families of a sweep that came long after the
+    grant's mark, and the later grant of a promotion."""
+    from tokensvc.oauth import revocation
+
+    polls = Polls()
+    elsewhere = other_process(store)
+    late = poll_overlap(elsewhere).total_seconds() + 1
+    clock = lagging(late)
+    for client_id in ("c0", "c1"):
+        await elsewhere.put_client(Client(client_id, client_id.upper(), ["https://a/cb"], ["read", "admin"]))
+    grants = [await elsewhere.save_grant(f"c{index}", Subject(user_id="u_alice"), ["read"], clock())
+              for index in range(2)]
+    families = [hashing.digest(f"family {index}") for index in range(2)]
+    for grant, family_id in zip(grants, families, strict=True):
+        assert await elsewhere.create_family(_family(family_id, grant.grant_id, grant.client_id, clock()))
+    heard, listening = await hearing(store, polls)
+    mark = elsewhere.mark_grant_revoked
+
+    async def long(grant_id, now):
+        marked = await mark(grant_id, now)
+        clock.advance(late)  # the grant's write took long (retried until a primary was elected)
+        return marked
+
+    elsewhere.mark_grant_revoked = long
+    try:
+        assert await revocation.end_grant(elsewhere, grants[0].grant_id, clock) == (True, 1)
+        await eventually(lambda: Revocation(FAMILY, families[0]) in heard, what="the families of the grant")
+        # A promotion's grants: the second one's writes long after the first one's.
+        elsewhere.list_grants = lambda subject: asyncio.sleep(0, grants)
+        assert await revocation.end_chains_before_promotion(elsewhere, "u_alice", clock) == {grants[1].grant_id: 1}
+        await eventually(lambda: {Revocation(GRANT, grants[1].grant_id), Revocation(FAMILY, families[1])} <= set(heard),
+                         what="the promotion's later grant")
+    finally:
+        listening.cancel()
+        await asyncio.gather(listening, return_exceptions=True)
+
+
+@pytest.mark.gen_test(timeout=30)
+async def test_a_narrowing_whose_withdrawal_took_long_is_heard_by_a_polling_relay(store):
+    """A narrowing withdraws the scopes from the client's tokens before it writes the client
+    with its mark: the mark is stamped when it is written, after a withdrawal that took long."""
+    from tokensvc.oauth import revocation
+
+    polls = Polls()
+    elsewhere = other_process(store)
+    late = poll_overlap(elsewhere).total_seconds() + 1
+    clock = lagging(late)
+    before = Client("c1", "One", ["https://a/cb"], ["read", "write"])
+    await elsewhere.put_client(before)
+    heard, listening = await hearing(store, polls)
+    withdraw = elsewhere.withdraw_scopes
+
+    async def long(client_id, kept):
+        clock.advance(late)  # a large client's tokens
+        return await withdraw(client_id, kept)
+
+    elsewhere.withdraw_scopes = long
+    try:
+        await revocation.client_change(elsewhere, before, {"allowed_scopes": ["read"]}, clock,
+                                       lambda marks: elsewhere.update_client("c1", {"allowed_scopes": ["read"],
+                                                                                    **marks}))
+        await eventually(lambda: Revocation(CLIENT, "c1") in heard, what="the narrowing")
+    finally:
+        listening.cancel()
+        await asyncio.gather(listening, return_exceptions=True)
+
+
+@pytest.mark.gen_test(timeout=30)
+async def test_a_registrations_later_batch_of_leftovers_is_heard_by_a_polling_relay(store, monkeypatch):
+    """A registration revokes the grants left under its id a batch at a time before it claims
+    the id: each batch is stamped when it is written (the registration's moment is the bound
+    of the leftovers, not the time of the writes), so a polling relay hears a later batch."""
+    from tokensvc.oauth import removal
+
+    monkeypatch.setattr(removal, "BATCH", 1)
+    polls = Polls()
+    elsewhere = other_process(store)
+    late = poll_overlap(elsewhere).total_seconds() + 1
+    clock = lagging(late)
+    grants = [await elsewhere.save_grant("c1", Subject(user_id=f"u_{index}"), ["read"], clock())
+              for index in range(2)]
+    clock.advance(1)
+    now = clock()
+    heard, listening = await hearing(store, polls)
+    revoke, batches = elsewhere.revoke_client_grants, []
+
+    async def long(client_id, stamp, limit, before=None):
+        batches.append(await revoke(client_id, stamp, limit, before))
+        clock.advance(late)  # a batch that took long
+        return batches[-1]
+
+    elsewhere.revoke_client_grants = long
+    try:
+        await removal.register(elsewhere, Client("c1", "One", ["https://a/cb"], ["read"], created_at=now), now,
+                               clock=clock)
+        assert sorted(batches[0] + batches[1]) == sorted(grant.grant_id for grant in grants)
+        await eventually(lambda: Revocation(GRANT, batches[1][0]) in heard, what="the later batch heard")
+    finally:
+        listening.cancel()
+        await asyncio.gather(listening, return_exceptions=True)
 
 
 def test_an_insert_elsewhere_than_removed_clients_is_no_revocation():

@@ -274,9 +274,10 @@ async def test_a_client_under_removal_is_no_client_whatever_writes_its_document(
         await store.put_client(Client(client_id, client_id.upper(), [f"https://{client_id}/cb"], created_at=now))
     await store.put_previous_secret(PreviousSecret("doomed", "a" * 64, "b" * 64, now, now + timedelta(hours=1)))
     assert await store.get_removal("doomed") is None and await store.list_removals() == []
-    assert await store.begin_removal("doomed", now)  # recorded by this call
-    removal = Removal("doomed", now)
-    assert not await store.begin_removal("doomed", now + timedelta(seconds=5))  # idempotent: recorded already
+    removal = Removal("doomed", now, "t1")
+    assert await store.begin_removal("doomed", now, "t1") == removal  # recorded by this call
+    # Idempotent: recorded already, by the call of t1.
+    assert await store.begin_removal("doomed", now + timedelta(seconds=5), "t2") == removal
     assert await store.get_removal("doomed") == removal and await store.list_removals() == [removal]
     assert await store.get_client("doomed") is None
     assert [client.client_id for client in await store.list_clients()] == ["a", "z"]
@@ -285,12 +286,33 @@ async def test_a_client_under_removal_is_no_client_whatever_writes_its_document(
     await store.delete_client("doomed")
     await store.put_client(Client("doomed", "Doomed", ["https://doomed/cb"], created_at=now))  # written back
     assert await store.get_client("doomed") is None
-    await store.end_removal("doomed")
-    await store.end_removal("doomed")
+    await store.end_removal(removal)
+    await store.end_removal(removal)
     assert await store.get_removal("doomed") is None and await store.list_removals() == []
     assert await store.get_client("doomed") is None and await store.get_previous_secret("doomed") is None
-    await store.put_client(Client("doomed", "Doomed", ["https://doomed/cb"], created_at=now))  # registered anew
+    await store.add_client(Client("doomed", "Doomed", ["https://doomed/cb"], created_at=now))  # registered anew
     assert (await store.get_client("doomed")).name == "Doomed"
+
+
+@pytest.mark.gen_test
+async def test_a_removals_end_run_again_never_reaches_beyond_its_removal(backend_store, now):
+    """The last step of a removal, run again once its record went (its reply lost, or another
+    call of the same removal finished it), deletes nothing: not a client registered since under
+    the id with its previous secret, nor the record of a later removal of that client."""
+    store = backend_store
+    await store.put_client(Client("c1", "One", ["https://a/cb"], created_at=now))
+    first = await store.begin_removal("c1", now, "first")
+    await store.end_removal(first)
+    registered = Client("c1", "One again", ["https://a/cb"], secret_hash="b" * 64, created_at=now)
+    await store.add_client(registered)
+    await store.put_previous_secret(PreviousSecret("c1", "a" * 64, "b" * 64, now, now + timedelta(hours=1)))
+    await store.end_removal(first)  # run again
+    assert await store.get_client("c1") == registered and await store.get_previous_secret("c1") is not None
+    second = await store.begin_removal("c1", now + timedelta(seconds=1), "second")
+    await store.end_removal(first)
+    assert await store.get_removal("c1") == second  # the later removal goes on
+    await store.end_removal(second)
+    assert await store.get_removal("c1") is None and await store.get_previous_secret("c1") is None
 
 
 @pytest.mark.gen_test
@@ -310,7 +332,7 @@ async def test_a_narrowed_clients_scopes_are_withdrawn_from_what_holds_them(back
     await store.add_code(replace(code(now, "c2"), scopes=wide))
     await store.consume_code("c2", now, family_id="f9")
     await store.add_code(replace(code(now, "c3"), client_id="skyplanner", scopes=wide))
-    assert await store.withdraw_scopes("webapp", ["read", "admin"]) == 1
+    await store.withdraw_scopes("webapp", ["read", "admin"])
     assert (await store.get_family("f1"))[0].scopes == ["read", "admin"]
     assert (await store.get_family("f2"))[0].scopes == ["read"]
     assert (await store.get_family("f3"))[0].scopes == wide  # revoked: nothing to withdraw
@@ -318,8 +340,10 @@ async def test_a_narrowed_clients_scopes_are_withdrawn_from_what_holds_them(back
     assert (await store.get_grant(mine.grant_id)).scopes == ["read", "admin"]
     assert (await store.get_grant(theirs.grant_id)).scopes == wide
     assert [(await store.get_code(c)).scopes for c in ("c1", "c2", "c3")] == [["read", "admin"], wide, wide]
-    assert await store.withdraw_scopes("webapp", ["read", "admin"]) == 0  # once is enough
-    assert await store.withdraw_scopes("webapp", []) == 2
+    await store.withdraw_scopes("webapp", ["read", "admin"])  # again: nothing more withdrawn
+    assert (await store.get_family("f1"))[0].scopes == ["read", "admin"]
+    assert (await store.get_grant(mine.grant_id)).scopes == ["read", "admin"]
+    await store.withdraw_scopes("webapp", [])
     assert (await store.get_family("f1"))[0].scopes == [] and (await store.get_family("f2"))[0].scopes == []
 
 
@@ -401,9 +425,9 @@ async def test_each_change_of_a_client_carries_the_marks_of_what_it_withdraws(ba
         written.append(fields)
         return await update(client_id, fields, **options)
 
-    async def beginning(client_id, now):
+    async def beginning(client_id, now, tag):
         heard.append("recorded")
-        return await begin(client_id, now)
+        return await begin(client_id, now, tag)
 
     backend_store.update_client, backend_store.begin_removal = recording, beginning
     clock.advance(1)
@@ -482,10 +506,10 @@ async def test_a_previous_secret_is_kept_used_and_expired_by_one_caller_each(bac
     assert await store.note_previous_secret_use("c", now + timedelta(seconds=61), 60)
     assert not await store.note_previous_secret_use("nobody", now, 60)
     # Unexpired, it stays; expired, one of concurrent sweeps gets it.
-    assert await store.expire_previous_secrets(now + timedelta(seconds=119)) == []
-    swept = await asyncio.gather(*(store.expire_previous_secrets(now + timedelta(seconds=120)) for _ in range(3)))
-    assert sorted(len(each) for each in swept) == [0, 0, 1]
-    gone = next(each for each in swept if each)[0]
+    assert await store.expire_previous_secret(now + timedelta(seconds=119)) is None
+    swept = await asyncio.gather(*(store.expire_previous_secret(now + timedelta(seconds=120)) for _ in range(3)))
+    assert sorted(each is None for each in swept) == [False, True, True]
+    gone = next(each for each in swept if each)
     assert (gone.client_id, gone.last_used_at) == ("c", now + timedelta(seconds=61))
     assert await store.get_previous_secret("c") is None
     # Forgotten on request, and with its client.

@@ -15,6 +15,8 @@ import asyncio
 import inspect
 from typing import Any
 
+from collation import caseless
+
 
 class Yielding:
     def __init__(self, target: Any, latency: float = 0.0) -> None:
@@ -32,6 +34,8 @@ class Yielding:
             return value
 
         def call(*args: Any, **kwargs: Any) -> Any:
+            if name == "find" and args and kwargs.get("collation") is not None:  # mongomock ignores it
+                args = (caseless(args[0], kwargs["collation"]), *args[1:])
             result = value(*args, **kwargs)
             if inspect.isawaitable(result):
                 return self._later(result)

@@ -225,13 +225,14 @@ async def check_new_client(store: Store, client_id: str, spec: ClientSpec) -> No
 
 async def create_client(store: Store, spec: ClientSpec, client_id: str | None = None,
                         announce: removal.Announce = removal.nobody,
-                        now: datetime | None = None) -> tuple[Client, str | None]:
+                        now: datetime | None = None, clock: removal.Clock = utcnow) -> tuple[Client, str | None]:
     """Register a client; returns it and, for a confidential one given no secret, the secret
     made for it (shown once). The grants left under the id from before are revoked, each
     announced, then the id is claimed in one step (:func:`removal.register`): nothing issued to
     a client of before comes back, and of two registrations of one id at once one wins and the
-    other is :class:`Taken` (409). ``now``: the clock that stamps grants
-    (the context's), which the leftovers' bound is compared with."""
+    other is :class:`Taken` (409). ``now``: the time by the clock that stamps grants (the
+    context's), which the leftovers' bound is compared with; ``clock``: that clock, which
+    stamps each revocation as it is written."""
     spec = spec.checked()
     now = utcnow() if now is None else now  # before the id is found free: the leftovers' bound
     # Hex: a generated id never starts with "-" (which a command line would read as an option).
@@ -241,7 +242,7 @@ async def create_client(store: Store, spec: ClientSpec, client_id: str | None = 
     client = Client(client_id=client_id, created_at=now, **spec.fields(),
                     **_secret_fields(secret, spec.secret_sha256))
     try:
-        await removal.register(store, client, now, announce)
+        await removal.register(store, client, now, announce, clock)
     except Conflict:  # another registration of the id won meanwhile
         raise Taken(f"a client with id {client_id!r} already exists") from None
     _record("client_created", client_id=client_id, first_party=spec.first_party, confidential=spec.confidential,
@@ -259,7 +260,7 @@ async def put_client(ctx: OAuthContext, client_id: str, spec: ClientSpec) -> tup
     existing = await ctx.store.get_client(client_id) if len(client_id) <= 128 else None
     if existing is None:
         _check(id_problem(client_id), "client id", client_id, "client_id", "path")
-        client, secret = await create_client(ctx.store, spec, client_id, ctx.events.publish, ctx.clock())
+        client, secret = await create_client(ctx.store, spec, client_id, ctx.events.publish, ctx.clock(), ctx.clock)
         return client, secret, True
     spec = spec.checked()
     fields = spec.fields()
@@ -310,7 +311,7 @@ async def _change_client(ctx: OAuthContext, existing: Client, fields: dict[str, 
     elif confidential is False and existing.secret_hash is not None:
         fields = {**fields, **_secret_fields(None)}
     before, announced = await client_change(
-        ctx.store, existing, fields, ctx.clock(),
+        ctx.store, existing, fields, ctx.clock,
         lambda marks: ctx.store.update_client(existing.client_id, {**fields, **marks}))
     if before is None:
         raise Missing(f"no client with id {existing.client_id!r}")
@@ -495,7 +496,7 @@ async def set_admin(ctx: OAuthContext, username: str, admin: bool) -> User:
     user's mark and announced (:func:`_narrow_user`), so that no cached answer keeps ``admin``."""
     user = await get_user(ctx.store, username)
     if user.admin != admin:
-        ended = await end_chains_before_promotion(ctx.store, user.user_id, ctx.clock()) if admin else {}
+        ended = await end_chains_before_promotion(ctx.store, user.user_id, ctx.clock) if admin else {}
         for grant_id, count in ended.items():
             ctx.metrics.revoked_families("promotion", count)
             ctx.events.publish(Revocation(GRANT, grant_id))

@@ -123,7 +123,7 @@ async def seed(store: Store, config: Settings) -> None:
         if existing_user is not None and seed_user.admin and not existing_user.admin:
             # Promoted by the file (or again, after a demotion through the admin API), as
             # `users set-admin` promotes: no chain from before holds admin in force again.
-            await end_chains_before_promotion(store, existing_user.user_id, utcnow())
+            await end_chains_before_promotion(store, existing_user.user_id, utcnow)
         # Upserted on the username (a new one stored as its key, as `users add` does): processes
         # seeding one empty database at once agree on its id. Demoted by the file, the user is
         # marked in the same write, which every process's relay hears (the revocation feed).
@@ -172,7 +172,7 @@ async def seed_client_as(store: Store, existing: Client | None, client: Client, 
                 raise StorageError(f"client {client.client_id!r} changed while it was seeded") from None
             client = replace(client, created_at=existing.created_at)
     client = replace(client, narrowed_at=existing.narrowed_at, credentials_changed_at=existing.credentials_changed_at)
-    await client_change(store, existing, asdict(client), now,
+    await client_change(store, existing, asdict(client), utcnow,
                         lambda marks: store.put_client(replace(client, **marks)))
 
 

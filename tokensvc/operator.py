@@ -106,7 +106,7 @@ class Operator:
         data = load(admin_schemas.client_body, self._logo_served_here(body))
         client_id = data.pop("client_id", None)
         client, secret = await admin.create_client(self.store, ClientSpec(**data), client_id, self.ctx.events.publish,
-                                                   self.ctx.clock())
+                                                   self.ctx.clock(), self.ctx.clock)
         self.ctx.origins.forget()
         return {**admin_schemas.admin_client.dump(client), "clientSecret": secret}
 

@@ -160,6 +160,10 @@ class Removal:
 
     client_id: str
     started_at: datetime
+    # Which removal of the client this is (random, the call's that recorded it): what its last
+    # step is conditional on, so that a run of it after the record went (its reply lost, or
+    # another call finished it) deletes nothing registered since under the same id.
+    tag: str | None = None
 
 
 def web_origin(url: str) -> str | None:

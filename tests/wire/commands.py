@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import mongomock
+from collation import caseless
 from pymongo import ReturnDocument
 
 CURSOR_NOT_FOUND = 43
@@ -43,6 +44,8 @@ class Commands:
     def __init__(self, rs: Any) -> None:
         self.rs = rs
         self.cursors: dict[int, Cursor] = {}
+        # Each index's collation, which mongomock does not keep: (database, collection, name).
+        self.collations: dict[tuple[str, str, str], dict[str, Any]] = {}
         self._cursor_ids = itertools.count(10_000)
 
     def collection(self, doc: dict[str, Any], name: str) -> Any:
@@ -86,7 +89,8 @@ class Commands:
 
     def find(self, member: int, doc: dict[str, Any]) -> dict[str, Any]:
         with self.rs.lock:
-            cursor = self.collection(doc, "find").find(doc.get("filter", {}), doc.get("projection"))
+            cursor = self.collection(doc, "find").find(caseless(doc.get("filter", {}), doc.get("collation")),
+                                                       doc.get("projection"))
             if doc.get("sort"):
                 cursor = cursor.sort(list(doc["sort"].items()))
             if doc.get("skip"):
@@ -235,11 +239,13 @@ class Commands:
     def create_indexes(self, doc: dict[str, Any]) -> dict[str, Any]:
         with self.rs.lock:
             collection = self.collection(doc, "createIndexes")
-            existing = collection.index_information()
+            existing = self._indexes(doc, "createIndexes")
             for index in doc.get("indexes", []):
                 options = {key: value for key, value in index.items() if key not in ("key", "name")}
+                # Indexes of the same keys under other collations are others (the server's rule).
                 same_keys = [name for name, info in existing.items()
-                             if list(info["key"]) == list(index["key"].items()) and name != index["name"]]
+                             if list(info["key"]) == list(index["key"].items()) and name != index["name"]
+                             and info.get("collation") == index.get("collation")]
                 if same_keys:
                     return {"ok": 0, "code": 85,
                             "errmsg": f"Index already exists with a different name: {same_keys[0]}"}
@@ -251,6 +257,8 @@ class Commands:
                                                               f"{index['name']}"}
                     continue
                 collection.create_index(list(index["key"].items()), name=index["name"], **options)
+                if "collation" in index:
+                    self.collations[(doc["$db"], doc["createIndexes"], index["name"])] = index["collation"]
             return {"ok": 1, "createdCollectionAutomatically": False, "numIndexesBefore": len(existing),
                     "numIndexesAfter": len(collection.index_information())}
 
@@ -258,7 +266,7 @@ class Commands:
         with self.rs.lock:
             indexes = [{"v": 2, "key": dict(info["key"]), "name": name,
                         **{key: value for key, value in info.items() if key not in ("key", "v", "ns")}}
-                       for name, info in self.collection(doc, "listIndexes").index_information().items()]
+                       for name, info in self._indexes(doc, "listIndexes").items()]
         return {"ok": 1, "cursor": {"id": 0, "ns": f"{doc['$db']}.{doc['listIndexes']}", "firstBatch": indexes}}
 
     def drop_indexes(self, doc: dict[str, Any]) -> dict[str, Any]:
@@ -267,4 +275,14 @@ class Commands:
             if doc["index"] not in collection.index_information():
                 return {"ok": 0, "code": 27, "codeName": "IndexNotFound", "errmsg": f"index not found: {doc['index']}"}
             collection.drop_index(doc["index"])
+            self.collations.pop((doc["$db"], doc["dropIndexes"], doc["index"]), None)
         return {"ok": 1}
+
+    def _indexes(self, doc: dict[str, Any], name: str) -> dict[str, dict[str, Any]]:
+        """The collection's indexes as the server lists them: with their collations."""
+        indexes = self.collection(doc, name).index_information()
+        for index, info in indexes.items():
+            collation = self.collations.get((doc["$db"], doc[name], index))
+            if collation is not None:
+                info["collation"] = collation
+        return indexes

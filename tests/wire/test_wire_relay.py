@@ -108,6 +108,39 @@ async def test_without_change_streams_the_revocation_fields_are_polled(wire_stor
     await feed.aclose()
 
 
+@pytest.mark.parametrize("wire_budget_ms", [9000])
+async def test_a_revocation_whose_write_lands_late_within_its_budget_is_heard_by_polling(wire_store, primary,
+                                                                                      wire_budget_ms):
+    """Another process ends a session, and the server holds the write six seconds before it
+    applies it (a write waiting out a busy server, or retried until a new primary is elected,
+    lands so), within the store's budget. The write carries the time it was asked at: a poll
+    reads back the budget and the clocks' skew before its last one, so it hears it (reading
+    five seconds back, it never did, and the session's socket stayed open)."""
+    primary.change_streams = False
+    await add_sessions(wire_store, "late", "next")
+    other = MongoStore.from_settings(wire_settings(primary, timeout_ms=wire_budget_ms))  # a second process
+    feed = wire_store.revocation_feed(poll_seconds=0.05)
+    heard = []
+
+    async def listen():
+        async for revocation in feed:
+            heard.append(revocation)
+
+    listening = asyncio.ensure_future(listen())
+    try:
+        await polling(primary)
+        primary.script(Fault("update", "delay", collection="sessions", seconds=6))
+        assert await other.end_session("late", utcnow())  # applied six seconds after its time
+        assert await other.end_session("next", utcnow())
+        await eventually(lambda: Revocation(SESSION, "next") in heard, what="the revocation after it")
+        # A poll that found "next" read the sessions after "late" landed.
+        assert Revocation(SESSION, "late") in heard
+    finally:
+        listening.cancel()
+        await asyncio.gather(listening, return_exceptions=True)
+        await other.close()
+
+
 async def test_the_recheck_an_event_causes_reads_at_or_after_the_revocation(wire_store, primary):
     """Another process ended the session: the re-check this process makes on the event must not
     be answered from before that write (a primary elected meanwhile), so the event's cluster

@@ -12,12 +12,14 @@ from datetime import timedelta
 
 import pytest
 from bson import Timestamp
+from helpers import eventually
 from primary import BUDGET_MS, Fault, wire_settings
 
 from tokensvc.oauth import hashing
 from tokensvc.records import AuthorizationCode, Client, Family, Pair, Session, Subject, User, utcnow
 from tokensvc.storage.base import Conflict, StorageError
 from tokensvc.storage.mongo import ONCE, READ, RERUN, RETRY_KINDS, STEPS, MongoStore
+from tokensvc.storage.mongo.store import CASELESS
 
 pytestmark = pytest.mark.gen_test
 
@@ -74,11 +76,11 @@ async def every_operation(store: MongoStore) -> None:
     await store.mark_grant_revoked(grant.grant_id, now)
     await store.revoke_grant_families(grant.grant_id, now)
     await store.revoke_client_grants("webapp", now, 10)
-    await store.begin_removal("webapp", now)
+    removal = await store.begin_removal("webapp", now, "tag")
     await store.mark_removal("webapp", now)
     await store.get_removal("webapp")
     await store.list_removals()
-    await store.end_removal("webapp")
+    await store.end_removal(removal)
     await store.purge_expired(now)
     await store.delete_client("webapp")
     await store.ping()
@@ -345,6 +347,82 @@ async def test_a_removal_whose_every_reply_is_lost_happens_whole_and_once(wire_s
     assert primary.db["tokensvc"]["clients"].count_documents({}) == 0
 
 
+async def test_a_removals_last_step_run_again_after_a_lost_reply_keeps_a_client_registered_in_between(
+        wire_store, primary):
+    """The record's deletion, the last step of a removal, applied with its reply lost (and the
+    driver's retry's too): the id is free, and a client is registered under it before the store
+    runs the step again. The run again deletes nothing of it: the client registered stays, with
+    the secret its registration answered (it was deleted, 201 and then 404)."""
+    from tokensvc.oauth import removal
+
+    now = utcnow()
+    await wire_store.put_client(Client("webapp", "Web", ["https://a/cb"], created_at=now))
+    recorded = await wire_store.begin_removal("webapp", now, "tag")
+    await wire_store.delete_client("webapp")
+    primary.forget()
+    # The document's deletion goes through; the record's is applied and its reply lost, twice;
+    # a deletion of the document after that waits until the client is registered.
+    held = Fault("delete", "hold", collection="clients")
+    primary.script(Fault("delete", "delay", collection="clients"),
+                   Fault("delete", "hangup_after", collection="removals", times=2), held)
+    ending = asyncio.ensure_future(wire_store.end_removal(recorded))
+    try:
+        await eventually(lambda: len(primary.sent("delete", "removals")) >= 2, what="the record's end, its reply lost")
+        assert primary.db["tokensvc"]["removals"].count_documents({}) == 0  # applied: the id is free
+        registered = Client("webapp", "Web again", ["https://a/cb"], secret_hash="b" * 64, created_at=utcnow())
+        await removal.register(wire_store, registered, registered.created_at)  # 201, and its secret
+    finally:
+        primary.release(held)
+    await ending
+    assert await wire_store.get_client("webapp") == registered
+
+
+async def test_a_username_is_looked_up_in_one_read_through_an_index_whatever_its_case(wire_store, primary):
+    """A username in any case (a name release 0.9.0 stored with capitals, typed otherwise), or one
+    no user has (a typo, a guess at sign-in), is one read of the users, an equality on the
+    username under the caseless collation, which the caseless index serves: never a
+    case-insensitive regex, which reads the whole username index, and never a second read."""
+    await wire_store.put_user(User("u_carol", "Carol", "scrypt$x"))  # as release 0.9.0 stored it
+    await wire_store.put_user(User("u_dave", "dave", "scrypt$y"))
+    indexes = await wire_store.db["users"].index_information()
+    assert indexes["username_caseless"]["collation"] == CASELESS and not indexes["username_caseless"].get("unique")
+    for typed, found in (("CAROL", "u_carol"), ("Carol", "u_carol"), ("Dave", "u_dave"), ("nobody", None)):
+        primary.forget()
+        user = await wire_store.get_user_by_username(typed)
+        assert (user.user_id if user else None) == found
+        reads = primary.sent("find", "users") + primary.sent("aggregate", "users")
+        assert len(reads) == 1, reads
+        assert reads[0]["collation"] == CASELESS and "$regex" not in str(reads[0]["filter"]), reads[0]
+        assert set(reads[0]["filter"]) == {"username"}
+
+
+async def test_expired_previous_secrets_forgotten_before_a_failure_are_each_told(wire_store, primary, caplog):
+    """Two previous secrets are expired, and the store refuses to forget the second: the first,
+    forgotten, is told (audited) all the same, and the second once the store takes it. Forgotten
+    in one batch, a failure midway told none of those it had forgotten."""
+    from tokensvc.oauth import clientauth
+    from tokensvc.records import PreviousSecret
+    from tokensvc.storage.base import StoreFault
+
+    now = utcnow()
+    for index, client_id in enumerate(("c1", "c2")):
+        await wire_store.put_previous_secret(PreviousSecret(client_id, "a" * 64, "b" * 64, now - timedelta(hours=1),
+                                                            now - timedelta(minutes=2 - index)))
+    primary.script(Fault("findAndModify", "delay", collection="previous_secrets"),
+                   Fault("findAndModify", "error", collection="previous_secrets", code=2))  # BadValue
+
+    def told():
+        return [record.audit["client_id"] for record in caplog.records if record.name == "tokensvc.audit"
+                and record.audit["event"] == "client_previous_secret_expired"]
+
+    with caplog.at_level(logging.INFO, "tokensvc.audit"):
+        with pytest.raises(StoreFault):
+            await clientauth.expire_previous_secrets(wire_store, now)
+        assert told() == ["c1"] and await wire_store.get_previous_secret("c1") is None
+        assert await clientauth.expire_previous_secrets(wire_store, now) == 1
+    assert told() == ["c1", "c2"] and await wire_store.get_previous_secret("c2") is None
+
+
 async def test_a_removal_the_store_stops_midway_is_carried_on_by_a_retry(wire_store, primary):
     """The server refuses the families' sweep until the budget runs out: the removal stops
     with StorageError after its record (the client already gone), and the same removal again
@@ -413,6 +491,20 @@ async def test_an_idempotent_write_whose_replies_are_all_lost_is_run_again_and_s
     sent = primary.sent("update", "clients")
     assert len(sent) == 3 and sent[0]["txnNumber"] == sent[1]["txnNumber"] != sent[2]["txnNumber"]
     assert (await wire_store.get_client("webapp")).name == "Web"
+
+
+async def test_a_withdrawal_whose_reply_is_lost_is_run_again_and_reports_no_count(wire_store, primary):
+    """RERUN, a sweep: the families' withdrawal applied and its reply lost, the store runs the
+    whole withdrawal again, which finds nothing left to withdraw. What it changed cannot be told
+    then (its modified count said 0 for a family it did narrow), so it reports no count."""
+    now = utcnow()
+    grant = await wire_store.save_grant("webapp", ALICE, ["read", "write"], now)
+    await wire_store.create_family(replace(family(now, grant.grant_id), scopes=["read", "write"]))
+    primary.script(Fault("update", "hangup_after", collection="families"))
+    assert await wire_store.withdraw_scopes("webapp", ["read"]) is None
+    assert len(primary.sent("update", "families")) == 2  # run again
+    assert (await wire_store.get_family("f1"))[0].scopes == ["read"]
+    assert (await wire_store.get_grant(grant.grant_id)).scopes == ["read"]
 
 
 async def test_a_read_whose_reply_is_lost_is_run_again_under_the_servers_time_limit(wire_store, primary):

@@ -267,12 +267,12 @@ async def expire_previous_secrets(store: Store, now: datetime) -> int:
     """Forget the previous secrets whose time is up, auditing each once (whichever process
     forgets it): when it was last used, or that it never was since the rotation. The count."""
     count = 0
-    while expired := await store.expire_previous_secrets(now):
-        for previous in expired:
-            last = previous.last_used_at.isoformat() if previous.last_used_at else None
-            logs.audit("client_previous_secret_expired",
-                       {"client_id": previous.client_id, "rotated_at": previous.rotated_at.isoformat(),
-                        "last_used_at": last, "outcome": "expired"},
-                       logging.INFO, f"a client's previous secret expired (last used: {last or 'never'})")
-        count += len(expired)
+    # One at a time, each told as soon as the store answers it: a failure midway loses no line.
+    while (previous := await store.expire_previous_secret(now)) is not None:
+        last = previous.last_used_at.isoformat() if previous.last_used_at else None
+        logs.audit("client_previous_secret_expired",
+                   {"client_id": previous.client_id, "rotated_at": previous.rotated_at.isoformat(),
+                    "last_used_at": last, "outcome": "expired"},
+                   logging.INFO, f"a client's previous secret expired (last used: {last or 'never'})")
+        count += 1
     return count

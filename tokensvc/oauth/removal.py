@@ -15,7 +15,9 @@
 2. **Then its grants are revoked in bounded batches** (:data:`BATCH` at a time, each one store
    operation with its own budget, the families before their grants), each announced.
 3. **Then finished** (:meth:`Store.end_removal`): the document deleted again (whatever wrote it
-   back meanwhile), the previous secret, the record.
+   back meanwhile), the previous secret, the record; each only while the record of this
+   removal (its ``tag``, the call's that recorded it) is there, so that a run of the last step
+   again, after its reply was lost, never deletes a client registered since under the id.
 
 A failure at any step (503) leaves the record: the client stays gone, and a retry of the same
 removal, or the next start-up of any process, carries on from where it stopped (and names the
@@ -32,11 +34,12 @@ comes back to life under the new one, and nothing issued to the winner of a race
 
 from __future__ import annotations
 
+import secrets
 from collections.abc import Callable
 from datetime import datetime
 
 from tokensvc import logs
-from tokensvc.records import Client
+from tokensvc.records import Client, Removal, utcnow
 from tokensvc.storage.base import CLIENT, GRANT, Revocation, Store
 
 BATCH = 200  # grants revoked per store operation
@@ -55,12 +58,14 @@ async def remove_client(store: Store, client_id: str, clock: Clock, announce: An
     that recorded it, as soon as it did), marked (again, when it was already), its document
     deleted, named as revoked, its grants revoked a batch at a time, then finished. The grants
     this call revoked."""
-    if await store.begin_removal(client_id, clock()):
+    tag = secrets.token_hex(8)
+    removal = await store.begin_removal(client_id, clock(), tag)
+    if removal.tag == tag:
         logs.audit("client_removal_started", {"client_id": client_id, "outcome": "disabled"})
     await store.mark_removal(client_id, clock())
     await store.delete_client(client_id)
     announce(Revocation(CLIENT, client_id))  # its tokens are refused already; caches drop their answers
-    return await finish(store, client_id, clock, announce)
+    return await finish(store, removal, clock, announce)
 
 
 async def _revoke_grants(store: Store, client_id: str, clock: Clock, announce: Announce,
@@ -78,12 +83,12 @@ async def _revoke_grants(store: Store, client_id: str, clock: Clock, announce: A
             return revoked
 
 
-async def finish(store: Store, client_id: str, clock: Clock, announce: Announce = nobody) -> int:
-    """Revoke what is left of a recorded removal, a batch at a time, then end it. The grants
-    revoked."""
-    revoked = await _revoke_grants(store, client_id, clock, announce)
-    await store.end_removal(client_id)
-    logs.audit("client_removed", {"client_id": client_id, "grants_revoked": revoked, "outcome": "success"})
+async def finish(store: Store, removal: Removal, clock: Clock, announce: Announce = nobody) -> int:
+    """Revoke what is left of a recorded removal, a batch at a time, then end it (that removal
+    alone). The grants revoked."""
+    revoked = await _revoke_grants(store, removal.client_id, clock, announce)
+    await store.end_removal(removal)
+    logs.audit("client_removed", {"client_id": removal.client_id, "grants_revoked": revoked, "outcome": "success"})
     return revoked
 
 
@@ -95,31 +100,36 @@ async def finish_pending(store: Store, clock: Clock) -> list[str]:
     removed = []
     for removal in await store.list_removals():
         await store.mark_removal(removal.client_id, clock())
-        await finish(store, removal.client_id, clock)
+        await finish(store, removal, clock)
         removed.append(removal.client_id)
     return removed
 
 
-async def clear_leftovers(store: Store, client_id: str, now: datetime, announce: Announce = nobody) -> int:
+async def clear_leftovers(store: Store, client_id: str, now: datetime, announce: Announce = nobody,
+                          clock: Clock = utcnow) -> int:
     """Revoke the grants left under ``client_id``, which no client holds (about to be
     registered, at ``now``: the new client's ``created_at``, read before the id was found free):
     whatever path removed the client of before, nothing issued to it comes back to life with the
     new one. Only the grants created before ``now``: a registration of the same id that won
-    meanwhile keeps what it issued. Each announced; how many."""
-    revoked = await _revoke_grants(store, client_id, lambda: now, announce, before=now)
+    meanwhile keeps what it issued. Each announced, each batch stamped with the time ``clock``
+    says as it is written (``now`` is a bound, not the time of the writes: a polling relay reads
+    the stamps back an operation's budget); how many."""
+    revoked = await _revoke_grants(store, client_id, clock, announce, before=now)
     if revoked:
         logs.audit("client_leftovers_revoked", {"client_id": client_id, "grants_revoked": revoked,
                                                  "outcome": "success"})
     return revoked
 
 
-async def register(store: Store, client: Client, now: datetime, announce: Announce = nobody) -> None:
+async def register(store: Store, client: Client, now: datetime, announce: Announce = nobody,
+                   clock: Clock = utcnow) -> None:
     """Register ``client`` (its ``created_at`` is ``now``, read before its id was found free):
     the grants left under the id from before ``now`` revoked first (:func:`clear_leftovers`),
     then the id claimed (:meth:`Store.add_client`: :class:`~tokensvc.storage.base.Conflict`
     when another registration claimed it first, with nothing written). In this order no client
     is ever registered over live leftovers: a registration cut short anywhere (503, a reply
     lost) has either claimed nothing, and clears again when asked again, or cleared already; and
-    the grants a registration that won the id issued are after ``now``, so never touched."""
-    await clear_leftovers(store, client.client_id, now, announce)
+    the grants a registration that won the id issued are after ``now``, so never touched.
+    ``clock``: the time of each write (the context's)."""
+    await clear_leftovers(store, client.client_id, now, announce, clock)
     await store.add_client(client)

@@ -30,6 +30,7 @@ from tokensvc.records import ACCESS, DEFAULT_SCOPES, READER_FIELDS, Client, Gran
 from tokensvc.storage.base import CLIENT, CLIENT_MARKS, CREDENTIALS, FAMILY, GRANT, Revocation, Store
 
 R = TypeVar("R")
+Clock = Callable[[], datetime]  # the time of each write, read as it is made
 
 # -- the primitives ---------------------------------------------------------------------
 
@@ -41,36 +42,39 @@ async def revoke_grant(ctx: OAuthContext, grant_id: str, reason: str) -> int:
     fails half-way leaves nothing usable, and a family minted concurrently is caught either
     by the sweep or by its minter's check afterwards (:func:`sweep_if_grant_revoked`).
     """
-    marked, count = await end_grant(ctx.store, grant_id, ctx.clock())
+    marked, count = await end_grant(ctx.store, grant_id, ctx.clock)
     if marked or count:
         ctx.metrics.revoked_families(reason, count)
         ctx.events.publish(Revocation(GRANT, grant_id))
     return count
 
 
-async def end_grant(store: Store, grant_id: str, now: datetime) -> tuple[bool, int]:
-    """The store's part of revoking a grant: marked first, then its families swept. Whether it
-    was live, and the families revoked. (Other processes hear of it from the store's feed.)"""
-    marked = await store.mark_grant_revoked(grant_id, now)
-    return marked, await store.revoke_grant_families(grant_id, now)
+async def end_grant(store: Store, grant_id: str, clock: Clock) -> tuple[bool, int]:
+    """The store's part of revoking a grant: marked first, then its families swept, each write
+    stamped with the time ``clock`` says as it is made (a polling relay reads the stamps back
+    an operation's budget, not two). Whether it was live, and the families revoked. (Other
+    processes hear of it from the store's feed.)"""
+    marked = await store.mark_grant_revoked(grant_id, clock())
+    return marked, await store.revoke_grant_families(grant_id, clock())
 
 
-async def end_chains_before_promotion(store: Store, user_id: str, now: datetime) -> dict[str, int]:
+async def end_chains_before_promotion(store: Store, user_id: str, clock: Clock) -> dict[str, int]:
     """Before a user is made an administrator (again): revoke every live grant of theirs that
     may carry ``admin`` (:func:`privileges.may_carry_admin`), so that no chain from before,
     nor a code on its way, ever holds ``admin`` in force. The grants revoked, with their
     families' counts. Done before the promotion is written: a failure leaves the user as they
-    were, and the promotion, tried again, ends them then."""
+    were, and the promotion, tried again, ends them then. Each write stamped as it is made
+    (``clock``): there may be many."""
     ended = {}
     for grant in await store.list_grants(Subject(user_id=user_id)):
         if await privileges.may_carry_admin(store, grant):
-            marked, count = await end_grant(store, grant.grant_id, now)
+            marked, count = await end_grant(store, grant.grant_id, clock)
             if marked or count:
                 ended[grant.grant_id] = count
     return ended
 
 
-async def client_change(store: Store, before: Client, fields: Mapping[str, Any], now: datetime,
+async def client_change(store: Store, before: Client, fields: Mapping[str, Any], clock: Clock,
                         write: Callable[[dict[str, Any]], Awaitable[R]]) -> tuple[R, list[Revocation]]:
     """Write a change of the client ``before`` that sets ``fields`` (``write(marks)``: with the
     marks to record in the same write, which every process's relay hears), and what it
@@ -89,7 +93,8 @@ async def client_change(store: Store, before: Client, fields: Mapping[str, Any],
     a later widening gives the tokens issued before nothing back. Withdrawn before the write (a
     failure leaves the client as it was, and the change tried again withdraws then) and again
     after it, for what was issued in between; a failure of that second pass leaves only that
-    moment's tokens to the check at use."""
+    moment's tokens to the check at use. The marks carry the time ``clock`` says once the first
+    withdrawal is done (a sweep of a large client's tokens takes a while), as they are written."""
     allowed_scopes = fields.get("allowed_scopes", before.allowed_scopes)
     kept = list(DEFAULT_SCOPES) if allowed_scopes is None else allowed_scopes
     narrowed = any(scope not in kept for scope in before.scopes)
@@ -98,7 +103,7 @@ async def client_change(store: Store, before: Client, fields: Mapping[str, Any],
                  if marked]
     if narrowed:
         await store.withdraw_scopes(before.client_id, kept)
-    written = await write(client_marks(announced, now))
+    written = await write(client_marks(announced, clock()))
     if narrowed:
         await store.withdraw_scopes(before.client_id, kept)
     return written, announced

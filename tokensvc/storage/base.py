@@ -151,11 +151,12 @@ class Registry(abc.ABC):
     # -- a client's removal: a record of its own, from its start until it is finished
 
     @abc.abstractmethod
-    async def begin_removal(self, client_id: str, now: datetime) -> bool:
-        """Record the removal of a client, started ``now`` (from then on :meth:`get_client` says
-        None), unless one is recorded already. Idempotent. True when this call recorded it (a
-        write whose reply was lost and that is tried again included), False for every other
-        call: of removals run at once, one says True.
+    async def begin_removal(self, client_id: str, now: datetime, tag: str) -> Removal:
+        """Record the removal of a client, started ``now``, under ``tag`` (the call's own, random;
+        from then on :meth:`get_client` says None), unless one is recorded already. Idempotent.
+        The removal as recorded: this call's, whose ``tag`` is ``tag`` (a write whose reply was
+        lost and that is tried again included), or the one recorded before, for every other
+        call: of removals run at once, one finds its own tag.
 
         Called by a client's removal (oauth/removal.py).
         """
@@ -186,9 +187,13 @@ class Registry(abc.ABC):
         """
 
     @abc.abstractmethod
-    async def end_removal(self, client_id: str) -> None:
-        """Finish a removal whose grants are all revoked: delete the client's document (whatever
-        wrote it meanwhile), its previous secret, then the removal's record. Idempotent.
+    async def end_removal(self, removal: Removal) -> None:
+        """Finish ``removal``, whose grants are all revoked: delete the client's document
+        (whatever wrote it meanwhile) and its previous secret while that removal's record is
+        there, then the record (by its ``tag``). Idempotent, and never beyond the removal: run
+        again after its record went (its reply lost, or another call of the same removal
+        finished it), it deletes nothing, neither a client registered since under the id nor
+        the record of a later removal of it.
 
         Called by a client's removal, once its grants are revoked (oauth/removal.py).
         """
@@ -226,9 +231,13 @@ class Registry(abc.ABC):
         """
 
     @abc.abstractmethod
-    async def expire_previous_secrets(self, now: datetime, limit: int = 100) -> list[PreviousSecret]:
-        """Forget up to ``limit`` previous secrets expired by ``now``, each as one atomic step,
-        and return them (exactly one caller gets each: whoever tells of its expiry).
+    async def expire_previous_secret(self, now: datetime) -> PreviousSecret | None:
+        """Forget one previous secret expired by ``now``, in one atomic step, and return it
+        (exactly one caller gets each: whoever tells of its expiry), or None when none is. One
+        at a time, so that each is told as soon as it is forgotten: a failure after some of a
+        batch were forgotten lost the telling of every one of them. (MongoDB: a reply lost is
+        answered by the driver's retry of the same write, which the server answers with what it
+        deleted.)
 
         Called by the periodic expiry of previous secrets (oauth/clientauth.py).
         """
@@ -391,10 +400,12 @@ class Authorizations(abc.ABC):
         """
 
     @abc.abstractmethod
-    async def withdraw_scopes(self, client_id: str, kept: list[str]) -> int:
+    async def withdraw_scopes(self, client_id: str, kept: list[str]) -> None:
         """Take every scope not in ``kept`` out of what the client's live grants, unconsumed
         codes and unrevoked families hold, in bulk (its allowed_scopes were narrowed to
-        ``kept``): a later widening gives them nothing back. The families changed. Idempotent.
+        ``kept``): a later widening gives them nothing back. Idempotent. It says nothing of how
+        many it changed: run again after a lost reply (MongoDB), it cannot tell what its first
+        run changed, and nothing needs the number.
 
         Called by the narrowing of a client's allowed_scopes (oauth/revocation.py).
         """

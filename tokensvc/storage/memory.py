@@ -163,11 +163,9 @@ class MemoryStore(Store):
         self._previous_secrets.pop(client_id, None)
         self._clients.pop(client_id, None)
 
-    async def begin_removal(self, client_id: str, now: datetime) -> bool:
-        if client_id in self._removals:
-            return False
-        self._removals[client_id] = Removal(client_id, now)
-        return True
+    async def begin_removal(self, client_id: str, now: datetime, tag: str) -> Removal:
+        removal = self._removals.setdefault(client_id, Removal(client_id, now, tag))
+        return copy(removal)
 
     async def mark_removal(self, client_id: str, now: datetime) -> None:
         """One process: its own announcement is every relay there is."""
@@ -179,10 +177,13 @@ class MemoryStore(Store):
     async def list_removals(self) -> list[Removal]:
         return [copy(removal) for _, removal in sorted(self._removals.items())]
 
-    async def end_removal(self, client_id: str) -> None:
-        self._clients.pop(client_id, None)
-        self._previous_secrets.pop(client_id, None)
-        self._removals.pop(client_id, None)
+    async def end_removal(self, removal: Removal) -> None:
+        recorded = self._removals.get(removal.client_id)
+        if recorded is None or recorded.tag != removal.tag:
+            return  # finished already: the id may have been registered (or be removed) again since
+        self._clients.pop(removal.client_id, None)
+        self._previous_secrets.pop(removal.client_id, None)
+        del self._removals[removal.client_id]
 
     async def put_previous_secret(self, previous: PreviousSecret) -> None:
         self._previous_secrets[previous.client_id] = copy(previous)
@@ -202,9 +203,10 @@ class MemoryStore(Store):
         previous.last_used_at = now
         return True
 
-    async def expire_previous_secrets(self, now: datetime, limit: int = 100) -> list[PreviousSecret]:
-        expired = [key for key, previous in self._previous_secrets.items() if previous.expires_at <= now][:limit]
-        return [self._previous_secrets.pop(key) for key in expired]
+    async def expire_previous_secret(self, now: datetime) -> PreviousSecret | None:
+        expired = min(((previous.expires_at, key) for key, previous in self._previous_secrets.items()
+                       if previous.expires_at <= now), default=None)
+        return None if expired is None else self._previous_secrets.pop(expired[1])
 
     # -- users
 
@@ -321,9 +323,8 @@ class MemoryStore(Store):
             await self.mark_grant_revoked(grant_id, now)
         return revoked
 
-    async def withdraw_scopes(self, client_id: str, kept: list[str]) -> int:
-        def narrowed(rows: Rows[Any], table: dict[str, Row], keys: Iterable[str], live: str) -> int:
-            changed = 0
+    async def withdraw_scopes(self, client_id: str, kept: list[str]) -> None:
+        def narrowed(rows: Rows[Any], table: dict[str, Row], keys: Iterable[str], live: str) -> None:
             for key in keys:
                 row = table.get(key)
                 if row is None or rows.get(row, "client_id") != client_id or rows.get(row, live) is not None:
@@ -331,14 +332,12 @@ class MemoryStore(Store):
                 held = rows.get(row, "scopes")
                 if any(scope not in kept for scope in held):
                     table[key] = rows.updated(row, scopes=tuple(scope for scope in held if scope in kept))
-                    changed += 1
-            return changed
 
         grant_ids = [key for key, row in self._grants.items() if GRANTS.get(row, "client_id") == client_id]
         narrowed(GRANTS, self._grants, grant_ids, "revoked_at")
         narrowed(CODES, self._codes, list(self._codes), "consumed_at")
         families = [family_id for grant_id in grant_ids for family_id in self._grant_families.get(grant_id, ())]
-        return narrowed(FAMILIES, self._families, families, "revoked_at")
+        narrowed(FAMILIES, self._families, families, "revoked_at")
 
     async def mark_grant_revoked(self, grant_id: str, now: datetime) -> bool:
         row = self._grants.get(grant_id)

@@ -21,8 +21,9 @@ removals                by client_id; every one (start-up)           ``_id``
 removed_clients         (a removal's mark, for the relays)           TTL ``expires_at``
 previous_secrets        by client_id; the expired ones               ``_id``; ``expires_at``
 codes                   a narrowed client's unconsumed ones          ``client_unconsumed``
-users                   by user_id / by username; list by username   ``_id``; ``username`` unique
-users                   a name 0.9.0 stored with capitals, caseless  ``username`` (read whole)
+users                   by user_id; list by username                 ``_id``; ``username`` unique
+users                   by username in any case (one read: a name    ``username_caseless``
+                        0.9.0 stored with capitals, none at all)     (collation en, strength 2)
 installations           by installation_id; list                     ``_id``
 grants                  by grant_id                                  ``_id``
 grants                  by (client_id, user_id, installation_id)     ``subject_client`` unique

@@ -56,9 +56,9 @@ STREAM_WAIT_MS = 1000  # how long one getMore of the change stream waits for eve
 # The change stream's resume point is gone: ChangeStreamHistoryLost, InvalidResumeToken,
 # ChangeStreamFatalError.
 HISTORY_LOST = frozenset({286, 260, 280})
-# A poll reads back this far before its last one: revocations stamped by a process whose clock
-# runs a little behind are still seen (what was seen already is not announced twice).
-POLL_OVERLAP = timedelta(seconds=5)
+# How far behind the poller's clock a writer's may run (the hosts kept on NTP). A poll reads back
+# the store's budget and this before its last one (poll_overlap).
+CLOCK_SKEW = timedelta(seconds=5)
 
 
 class _NoChangeStreams(Exception):
@@ -160,6 +160,7 @@ class RevocationFeed:
             raise translate(exc) from None
 
     async def _poll(self, poll_seconds: float) -> AsyncIterator[Revocation]:
+        overlap = poll_overlap(self)
         since = datetime.now(UTC)
         seen: dict[tuple[str, str, str], datetime] = {}
         while True:
@@ -167,15 +168,16 @@ class RevocationFeed:
             now = datetime.now(UTC)
             for collection, revoking in WATCHED.items():
                 for field, kind in revoking.items():
-                    for document in await self._revoked_since(collection, field, since - POLL_OVERLAP):
+                    for document in await self._revoked_since(collection, field, since - overlap):
                         key, at = (collection, document["_id"], field), _utc(document[field])
                         # Seen at another time: marked again (a user demoted twice within the
                         # overlap, a grant revoked again after a new consent) is announced again.
+                        # What was seen already is not announced twice.
                         if seen.get(key) != at:
                             seen[key] = at
                             yield Revocation(kind, hashes.unpacked(document["_id"]))
             since = now
-            seen = {key: at for key, at in seen.items() if at > since - 2 * POLL_OVERLAP}
+            seen = {key: at for key, at in seen.items() if at > since - 2 * overlap}
 
     @guarded()
     async def _revoked_since(self, collection: str, field: str, since: datetime) -> list[dict[str, Any]]:
@@ -193,3 +195,13 @@ def _revocations(change: dict[str, Any]) -> list[Revocation]:
     revoking = WATCHED[change["ns"]["coll"]]
     kinds = dict.fromkeys(kind for field, kind in revoking.items() if isinstance(updated.get(field), datetime))
     return [Revocation(kind, hashes.unpacked(change["documentKey"]["_id"])) for kind in kinds]
+
+
+def poll_overlap(store: RevocationFeed) -> timedelta:
+    """How far a poll reads back before its last one. A mark carries the time its writer read
+    just before the operation that writes it (each write reads its own: a removal's batches, a
+    grant's families after the grant), and that operation lands within the store's budget
+    (``storage.timeout_ms``, its retries included: a write retried while a new primary is
+    elected lands seconds after its time), on a host whose clock may run :data:`CLOCK_SKEW`
+    behind the poller's. A shorter overlap missed such a mark for good."""
+    return timedelta(seconds=store.budget) + CLOCK_SKEW

@@ -68,9 +68,9 @@ RETRY_KINDS: dict[str, str] = {
     "get_user": READ, "get_user_by_username": READ, "list_users": READ, "seed_user": STEPS, "put_user": STEPS,
     "update_user": ONCE, "delete_user": RERUN,
     "get_installation": READ, "list_installations": READ, "put_installation": RERUN, "delete_installation": RERUN,
-    "begin_removal": STEPS, "mark_removal": RERUN, "get_removal": READ, "list_removals": READ, "end_removal": RERUN,
+    "begin_removal": RERUN, "mark_removal": RERUN, "get_removal": READ, "list_removals": READ, "end_removal": STEPS,
     "put_previous_secret": RERUN, "get_previous_secret": READ, "delete_previous_secret": RERUN,
-    "note_previous_secret_use": ONCE, "expire_previous_secrets": ONCE,
+    "note_previous_secret_use": ONCE, "expire_previous_secret": ONCE,
     # Authorizations
     "save_grant": ONCE, "get_grant": READ, "find_grant": READ, "list_grants": READ, "list_client_grants": READ,
     "revoke_client_grants": STEPS, "withdraw_scopes": RERUN, "mark_grant_revoked": ONCE,
@@ -90,7 +90,7 @@ RETRY_KINDS: dict[str, str] = {
     "_caseless_holders": READ, "_write_user": RERUN,  # put_user
     "_seeded_admin": READ, "_seed_write": RERUN,  # seed_user
     "_live_client_grant_ids": READ, "_revoke_where": RERUN,  # revoke_client_grants
-    "_record_removal": RERUN,  # begin_removal
+    "_clear_removed": RERUN, "_drop_removal": RERUN,  # end_removal
     "_mark_stopped": RERUN,  # close
     "heartbeat": RERUN,  # upkeep
     "_revoked_since": READ,  # revocation_feed, polling

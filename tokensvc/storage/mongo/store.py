@@ -8,7 +8,6 @@ import asyncio
 import contextlib
 import inspect
 import logging
-import re
 import secrets
 from collections.abc import Awaitable, Callable, Coroutine
 from datetime import UTC, datetime, timedelta
@@ -21,7 +20,7 @@ from pymongo.read_concern import ReadConcern
 
 from tokensvc import __version__
 from tokensvc.config import StorageSettings
-from tokensvc.identifiers import USERNAME, username_key
+from tokensvc.identifiers import username_key
 from tokensvc.records import (
     AuthorizationCode,
     Client,
@@ -83,10 +82,18 @@ def _revoked_only(collection: str, field: str) -> Index:
 # How long a removal's mark outlives its write: every relay has long polled it by then.
 REMOVED_CLIENT_SECONDS = 86400
 
+# Usernames compared whatever their case (ICU at strength 2): for the ASCII usernames are
+# (identifiers.USERNAME), the comparison of their keys (identifiers.username_key). A read under it
+# is served by the index of the same collation, username_caseless.
+CASELESS: dict[str, Any] = {"locale": "en", "strength": 2}
+
 # Created at start-up, idempotently.
 INDEXES: list[Index] = [
     ("users", [("username", ASCENDING)], {"unique": True, "name": "username"}),
-    # The previous secrets whose time is up (expire_previous_secrets; not a TTL index, which
+    # A username typed in another case than stored (release 0.9.0 kept capitals), or no user's:
+    # one equality on this index, where a caseless regex read the whole of the one above.
+    ("users", [("username", ASCENDING)], {"name": "username_caseless", "collation": CASELESS}),
+    # The previous secrets whose time is up (expire_previous_secret; not a TTL index, which
     # would delete them with no one to tell of it).
     ("previous_secrets", [("expires_at", ASCENDING)], {"name": "expires_at"}),
     ("grants", [("client_id", ASCENDING), ("user_id", ASCENDING), ("installation_id", ASCENDING)],
@@ -135,9 +142,10 @@ async def _page(collection: Any, key: str, after: str | None, limit: int | None)
     return await cursor.to_list(None)
 
 
-def _caseless(username: str) -> dict[str, Any]:
-    """A filter on ``username`` whatever its case: for ASCII, the key's comparison."""
-    return {"$regex": f"^{re.escape(username)}$", "$options": "i"}
+def _collated(index: dict[str, Any]) -> tuple[Any, Any]:
+    """An index's collation as it compares (a server lists it with every default filled in)."""
+    collation = index.get("collation") or {}
+    return collation.get("locale", "simple"), collation.get("strength")
 
 
 def _missed(result: Any) -> bool:
@@ -368,9 +376,11 @@ class MongoStore(RevocationFeed, Store, FailureCounts):
         """Bring an existing index to ``options``, or say why it cannot be (None: done)."""
         name = options["name"]
         indexes = await self._db[collection].index_information()
-        # The index in the way: tokensvc's name with other keys, or tokensvc's keys under another name.
+        # The index in the way: tokensvc's name with other keys, or tokensvc's keys (under its
+        # collation: the same keys under another are another index) under another name.
         in_the_way = name if name in indexes else next(
-            (other for other, info in indexes.items() if list(info["key"]) == keys), None)
+            (other for other, info in indexes.items() if list(info["key"]) == keys
+             and _collated(info) == _collated(options)), None)
         if in_the_way != name and in_the_way in self.history.index_names(collection, name):
             return None  # its other name (a tripwire's): the store was finalized since its format was read
         existing = indexes.get(in_the_way) if in_the_way else None
@@ -502,17 +512,13 @@ class MongoStore(RevocationFeed, Store, FailureCounts):
         await self.clients.delete_one({"_id": client_id})
         await self.previous_secrets.delete_one({"_id": client_id})
 
-    async def begin_removal(self, client_id: str, now: datetime) -> bool:
-        # This call's own tag, set only by the write that made the record: a retry of that
-        # write (its reply lost) finds its tag and says True still; any other call, False.
-        return await self._record_removal(client_id, now, secrets.token_hex(8))
-
     @guarded()
-    async def _record_removal(self, client_id: str, now: datetime, tag: str) -> bool:
-        removal = await self.removals.find_one_and_update(
+    async def begin_removal(self, client_id: str, now: datetime, tag: str) -> Removal:
+        # The call's own tag, set only by the write that made the record: a retry of that write
+        # (its reply lost) finds its tag still; any other call, the tag of the one that made it.
+        return REMOVALS.record(await self.removals.find_one_and_update(
             {"_id": client_id}, {"$setOnInsert": {"started_at": now, "tag": tag}}, upsert=True,
-            return_document=ReturnDocument.AFTER)
-        return bool(removal.get("tag") == tag)
+            return_document=ReturnDocument.AFTER))
 
     @guarded()
     async def mark_removal(self, client_id: str, now: datetime) -> None:
@@ -529,11 +535,26 @@ class MongoStore(RevocationFeed, Store, FailureCounts):
     async def list_removals(self) -> list[Removal]:
         return [REMOVALS.record(doc) for doc in await self.removals.find({}).sort("_id", ASCENDING).to_list(None)]
 
+    async def end_removal(self, removal: Removal) -> None:
+        # Two operations, each run again alone after a lost reply: the document and the previous
+        # secret deleted while this removal's record is there, then the record, by its tag. Run
+        # as one, a run again after the record's deletion was applied deleted a client registered
+        # under the id in between (its 201 and secret, then 404).
+        await self._clear_removed(removal)
+        await self._drop_removal(removal)
+
     @guarded()
-    async def end_removal(self, client_id: str) -> None:
-        await self.clients.delete_one({"_id": client_id})
-        await self.previous_secrets.delete_one({"_id": client_id})
-        await self.removals.delete_one({"_id": client_id})
+    async def _clear_removed(self, removal: Removal) -> None:
+        with pymongo.timeout(self.budget):  # a read: the server stops at the budget too
+            recorded = await self.removals.find_one({"_id": removal.client_id, "tag": removal.tag}, {"_id": 1})
+        if recorded is None:
+            return  # finished already (by another call of the same removal): the id may be someone's again
+        await self.clients.delete_one({"_id": removal.client_id})
+        await self.previous_secrets.delete_one({"_id": removal.client_id})
+
+    @guarded()
+    async def _drop_removal(self, removal: Removal) -> None:
+        await self.removals.delete_one({"_id": removal.client_id, "tag": removal.tag})
 
     @guarded()
     async def put_previous_secret(self, previous: PreviousSecret) -> None:
@@ -555,16 +576,10 @@ class MongoStore(RevocationFeed, Store, FailureCounts):
         return result.modified_count == 1
 
     @guarded()
-    async def expire_previous_secrets(self, now: datetime, limit: int = 100) -> list[PreviousSecret]:
-        expired = []
-        for document in await self.previous_secrets.find({"expires_at": {"$lte": now}}).limit(limit).to_list(limit):
-            # One process deletes each (the one that tells of it); a rotation meanwhile replaced
-            # it with another, unexpired, which the condition keeps.
-            gone = await self.previous_secrets.find_one_and_delete({"_id": document["_id"],
-                                                                    "expires_at": {"$lte": now}})
-            if gone is not None:
-                expired.append(PREVIOUS_SECRETS.record(gone))
-        return expired
+    async def expire_previous_secret(self, now: datetime) -> PreviousSecret | None:
+        # One process deletes each (the one that tells of it), the earliest first (expires_at).
+        return PREVIOUS_SECRETS.record(await self.previous_secrets.find_one_and_delete(
+            {"expires_at": {"$lte": now}}, sort=[("expires_at", ASCENDING)]))
 
     # -- users
 
@@ -575,18 +590,12 @@ class MongoStore(RevocationFeed, Store, FailureCounts):
     @guarded()
     async def get_user_by_username(self, username: str) -> User | None:
         # New usernames are stored as their key, so the unique index on username holds one
-        # user per key: the exact name, then the key, through that index. One stored with
-        # capitals by release 0.9.0 (Alice) is found by neither when typed otherwise (ALICE,
-        # alice): then by a caseless comparison, which is the key's for the ASCII usernames
-        # allow (identifiers.USERNAME). That one reads the whole username index, and only when
-        # no user has the name or its key (an unknown name: a typo, a new user, a guess).
-        key = username_key(username)
-        found = await self.users.find({"username": {"$in": list({username, key})}}).to_list(2)
-        if not found and USERNAME.fullmatch(username):
-            # Two 0.9.0 users whose names differ only in case: the first by name, as listed.
-            found = await self.users.find({"username": _caseless(username)}).sort("username", ASCENDING).to_list(1)
-        exact = [doc for doc in found if doc["username"] == username]
-        return USERS.record((exact or found or [None])[0])
+        # user per key; one stored with capitals by release 0.9.0 (Alice) is found typed
+        # otherwise (ALICE, alice) too. One read, an equality under the caseless collation on its
+        # index (username_caseless), for a name no user has as well (a typo, a new user, a
+        # guess): the name as written, else the one stored as its key, else of those stored
+        # under its key the first by name, as listed (two 0.9.0 users differing only in case).
+        return USERS.record(next(iter(await self._same_key(username)), None))
 
     @guarded()
     async def list_users(self, after: str | None = None, limit: int | None = None) -> list[User]:
@@ -639,7 +648,18 @@ class MongoStore(RevocationFeed, Store, FailureCounts):
 
     @guarded()
     async def _caseless_holders(self, username: str) -> list[dict[str, Any]]:
-        return await self.users.find({"username": _caseless(username)}, {"username": 1}).to_list(None)
+        return await self._same_key(username, {"username": 1})
+
+    async def _same_key(self, username: str, projection: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+        """The users whose username has the key of ``username`` (identifiers.username_key), in the
+        order a lookup takes them: the name as written, the key, then the others by name. One
+        read under the caseless collation (its index), which finds the name, its key and every
+        ASCII name differing from them in case; the key decides."""
+        key = username_key(username)
+        documents = await self.users.find({"username": {"$in": sorted({username, key})}}, projection,
+                                          collation=CASELESS).to_list(None)
+        same = [doc for doc in documents if doc["username"] == username or username_key(doc["username"]) == key]
+        return sorted(same, key=lambda doc: (doc["username"] != username, doc["username"] != key, doc["username"]))
 
     @guarded()
     async def _write_user(self, user: User) -> None:
@@ -750,15 +770,14 @@ class MongoStore(RevocationFeed, Store, FailureCounts):
         await collection.update_many(match, {"$set": {"revoked_at": now}})
 
     @guarded()
-    async def withdraw_scopes(self, client_id: str, kept: list[str]) -> int:
+    async def withdraw_scopes(self, client_id: str, kept: list[str]) -> None:
         # What holds a scope beyond ``kept`` loses it; a sweep, as a removed client's revocation
         # is (a frozen original of a move takes it too, and hands it to its copy: hashes.finish).
         beyond = {"scopes": {"$elemMatch": {"$nin": list(kept)}}}
         withdraw = {"$pull": {"scopes": {"$nin": list(kept)}}}
         await self.grants.update_many({"client_id": client_id, "revoked_at": None, **beyond}, withdraw)
         await self.codes.update_many({"client_id": client_id, "consumed_at": None, **beyond}, withdraw)
-        result = await self.families.update_many({"client_id": client_id, "revoked_at": None, **beyond}, withdraw)
-        return result.modified_count
+        await self.families.update_many({"client_id": client_id, "revoked_at": None, **beyond}, withdraw)
 
     @guarded()
     async def mark_grant_revoked(self, grant_id: str, now: datetime) -> bool:
