@@ -72,7 +72,6 @@ import base64
 import contextlib
 import email.utils
 import hashlib
-import json
 import logging
 import random
 import re
@@ -86,6 +85,7 @@ from urllib.parse import parse_qs, quote, unquote_plus, urlencode
 from tornado.httpclient import AsyncHTTPClient, HTTPClientError, HTTPRequest
 from tornado.websocket import WebSocketClientConnection, WebSocketClosedError, websocket_connect
 
+from tokensvc import jsontext
 from tokensvc.oauth.hashing import ACCESS_TOKEN, SECRET_LENGTH
 from tokensvc.oauth.scopes import satisfies
 from tokensvc.resource.errors import InsufficientScope, InvalidToken, Unavailable
@@ -409,7 +409,7 @@ class Verifier:
         sent = self._wall()
         try:
             response = await self._client().fetch(request)
-            answer = json.loads(response.body)
+            answer = jsontext.loads(response.body)
         except HTTPClientError as exc:  # an answer other than 200, or none (599)
             if exc.code in (400, 422):  # the token itself refused (too long, malformed): none tokensvc issued
                 return None
@@ -731,7 +731,7 @@ class Verifier:
                 if raw is None:
                     return f"closed (code {connection.close_code}, {connection.close_reason or 'no reason'})"
                 try:
-                    (self._heard if opened else self._opened)(json.loads(raw))
+                    (self._heard if opened else self._opened)(jsontext.loads(raw))
                 except _Broken as broken:
                     return str(broken)
                 opened = True
