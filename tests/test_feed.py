@@ -277,6 +277,21 @@ async def test_a_reader_is_closed_when_its_client_is_removed_or_rotated_or_may_n
     await eventually(lambda: ctx.feed.readers == 0, DEADLINE, what="the readers dropped")
 
 
+@pytest.mark.gen_test(timeout=60)
+async def test_a_reader_sending_more_than_a_body_is_closed_as_too_big(http_server, base_url, ctx):
+    """What a reader sends is ignored, and capped as every message the service takes: past
+    64 KiB the reader is closed with 1009 (message too big), its seat given back."""
+    from tokensvc.handlers.lifecycle import MAX_BODY_BYTES
+
+    reader = await connect(base_url)
+    assert (await next_message(reader))["type"] == "ready"
+    reader.write_message("x" * MAX_BODY_BYTES)  # ignored
+    reader.write_message("x" * (MAX_BODY_BYTES + 1))
+    assert await gen.with_timeout(timedelta(seconds=DEADLINE), reader.read_message()) is None
+    assert reader.close_code == 1009
+    await eventually(lambda: ctx.feed.readers == 0, DEADLINE, what="the reader dropped")
+
+
 CHANGES_OF_WEBAPP = {
     "rotated": lambda admin, ctx: admin.rotate_secret(ctx, "webapp"),
     "made-third-party": lambda admin, ctx: admin.update_client(ctx, "webapp", {"first_party": False}),
