@@ -276,10 +276,11 @@ def _operations() -> dict[str, dict[str, Any]]:
                                  decision={"type": "string", "enum": ["allow", "deny"]},
                                  _shown={"type": "string", "maxLength": 128, "description": (
                                      "When the page was shown, as its form says it (signed): an allow sooner than "
-                                     "half a second after is taken for none, and the page is shown again")}),
+                                     "half a second after, or more than ten minutes after, is taken for none, and "
+                                     "the page is shown again")}),
         "security": [{}, {"session": []}],
-        "responses": {"200": html("The page again (no decision; an allow sooner than the page could be read; or "
-                                  "the form had expired: 403)"),
+        "responses": {"200": html("The page again (no decision; an allow sooner than the page could be read, or "
+                                  "long after it was shown; or the form had expired: 403)"),
                       "302": redirect("To the client: a code (allow) or access_denied (deny); or an error"),
                       "303": redirect("Not signed in: to sign-in"),
                       "400": html("Unknown client or unregistered redirect_uri: never redirected"),
