@@ -25,13 +25,18 @@ TOKEN_TYPES = {ACCESS: "access_token", REFRESH: "refresh_token"}
 
 async def authorize_caller(ctx: OAuthContext, request: ClientRequest) -> None:
     """Introspection is open to a resource server or a confidential first-party client (its
-    secret, body or Basic) and to an admin user's bearer token carrying ``admin``. Anyone else:
+    secret, body or Basic) and to an admin user's bearer token carrying ``admin``. Every call
+    names its client (the interface: every token-endpoint call carries ``client_id``), a bearer
+    call the client its token was issued to. Anyone else: 422 for a call that names no client,
     401 for credentials that prove nothing, 403 for a caller who is not allowed."""
     presented = bearer.from_authorization(request.authorization)
     if presented is not None:
+        clientauth.require_client(request)
         token = await bearer.active_access_token(ctx, presented)
         if token is None:
             raise InvalidClient("The bearer token is not active")
+        if request.client_id != token.token.client_id:
+            raise InvalidClient("client_id is not the client the bearer token was issued to")
         check_bearer_caller(token)
         return
     await authorize_client(ctx, request)
