@@ -101,6 +101,46 @@ async def test_no_control_character_or_blank_name_gets_into_a_client(call, field
     assert json_of(response)["detail"][0]["loc"] == ["body", field]
 
 
+def operations_with_a_body() -> list[tuple[str, str]]:
+    from tokensvc import openapi
+
+    paths = openapi.build(ADMIN_ROUTES, "http://127.0.0.1", admin=True)["paths"]
+    return [(path, method.upper()) for path, item in sorted(paths.items()) for method, operation in sorted(item.items())
+            if isinstance(operation, dict) and "requestBody" in operation]
+
+
+NESTED_PAST_THE_LIMIT = {
+    "brackets-filling-the-body": "[" * 60_000,  # past the interpreter's recursion limit: a RecursionError
+    "deep-in-a-field": '{"name": ' + "[" * 900 + "]" * 900 + "}",  # parsed, then walked again
+    "one-past-the-limit": "[" * 33 + "]" * 33,
+    "objects": '{"a":' * 40 + "1" + "}" * 40,
+}
+
+
+@pytest.mark.parametrize("path,method", operations_with_a_body())
+@pytest.mark.parametrize("nested", sorted(NESTED_PAST_THE_LIMIT))
+async def test_a_body_nested_past_the_limit_is_422_never_500(call, path, method, nested):
+    """Every JSON body is refused as invalid JSON past 32 levels of arrays and objects, before it
+    is parsed: 64 KiB of ``[`` was a 500 (a RecursionError), and a deep value was walked by every
+    schema after the parse. Brackets inside strings nest nothing."""
+    from tokensvc import jsontext
+
+    fault = check_validation_error(await call(method, example_path(path), raw=NESTED_PAST_THE_LIMIT[nested]),
+                                   ["body"], "json_invalid")
+    assert fault["ctx"] == {"max_depth": jsontext.MAX_DEPTH}
+
+
+async def test_a_body_within_the_limit_is_read_as_ever(call):
+    """32 levels are read (a wrong type is the field's fault, not the body's), and brackets in a
+    string count for nothing."""
+    within = '{"name": "Nested", "redirectUris": ["https://n.example/cb"], "description": ' + \
+             "[" * 31 + "]" * 31 + "}"
+    check_validation_error(await call("POST", "/admin/clients", raw=within), ["body", "description"], "string_type")
+    in_a_string = {"name": "Brackets", "redirectUris": ["https://n.example/cb"], "description": "[{" * 100}
+    created = await call("POST", "/admin/clients", in_a_string)
+    assert created.code == 201 and json_of(created)["description"] == "[{" * 100
+
+
 async def test_a_limit_is_ascii_digits(call):
     for limit in ("\u00b2", "-1", "1.5", "x"):
         check_validation_error(await call("GET", "/admin/clients?limit=" + quote(limit)), ["query", "limit"],

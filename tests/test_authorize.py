@@ -582,6 +582,31 @@ async def test_the_moment_a_page_was_shown_is_the_servers_word(browser, http_cli
     assert again.code == 200 and b"Your answer came before this page could be read" in again.body
 
 
+@pytest.mark.gen_test
+async def test_an_allow_on_a_page_shown_long_ago_is_taken_for_none(browser, clock):
+    """The moment a page was shown holds for a while, not for the session's life: an allow
+    posted more than ``pace.MAX_SECONDS`` after the page was rendered (a tab left open, a page
+    brought back from the history under a click meant for something else) is taken for none,
+    and the page is shown again, saying why, with a moment of its own; within the time it is
+    taken. Deny is taken whenever it comes."""
+    from tokensvc.handlers import pace
+
+    await browser.login("alice")
+    page = await browser.authorize("skyplanner", SKY_REDIRECT, scope="read")
+    fields = {**browser.form_fields(page.body.decode()), "decision": "allow"}
+    clock.advance(pace.MAX_SECONDS + 1)
+    again = await browser.fetch("/oauth/authorize", "POST", fields)
+    assert again.code == 200 and "Location" not in again.headers
+    assert b"This page was shown too long ago" in again.body
+    assert b"Your answer came before this page could be read" not in again.body
+    fresh = {**browser.form_fields(again.body.decode()), "decision": "allow"}
+    assert fresh[pace.FIELD] != fields[pace.FIELD]
+    assert (await browser.fetch("/oauth/authorize", "POST", {**fields, "decision": "deny"})).code == 302
+    clock.advance(pace.MAX_SECONDS - 1)  # read for a long while, within the time
+    answered = await browser.fetch("/oauth/authorize", "POST", fresh)
+    assert answered.code == 302 and "code" in query_of(answered.headers["Location"])
+
+
 def test_the_buttons_appear_after_the_server_takes_an_answer():
     """The stylesheet reveals a decision's buttons later than the server's bound: a person who
     clicks as soon as they appear is never refused (the margin is what clocks may disagree by)."""

@@ -551,3 +551,48 @@ async def test_each_seeded_client_bounds_its_leftovers_by_the_moment_its_own_id_
     store.add_client = meanwhile
     await seed(store, make_config())
     assert (await store.get_grant(left["grant"].grant_id)).revoked_at is not None
+
+
+def instance_of(client) -> MongoStore:
+    """A serving process's MongoDB store on the database ``client`` holds: it registers among
+    the running processes when it opens."""
+    from yielding import Yielding
+
+    from tokensvc.storage import processes
+
+    store = MongoStore(Yielding(client), "tokensvc_test", change_streams=False)
+    store.registration = processes.Registration(10)
+    return store
+
+
+@pytest.mark.gen_test(timeout=60)
+async def test_an_instance_that_disagrees_on_the_cli_client_with_a_running_one_says_so(caplog):
+    """``admin.cli_client`` is the deployment's: the store is one, and an instance with it off
+    removes the command line's client for every instance. Instances that disagree would remove
+    it and register it afresh at each of their starts (each removal ending every command-line
+    sign-in), so an instance that starts beside a running one that says otherwise warns, naming
+    the value here and there; one that agrees, or starts alone, says nothing. The memory store
+    has one process: nothing to compare."""
+    from mongomock_motor import AsyncMongoMockClient
+
+    from tokensvc.bootstrap import prepare
+
+    database = AsyncMongoMockClient(tz_aware=True)
+    on, off, also_on = instance_of(database), instance_of(database), instance_of(database)
+    warned = "admin.cli_client"
+    with caplog.at_level("WARNING", logger="tokensvc.bootstrap"):
+        await prepare(on, make_config())
+        assert warned not in caplog.text  # alone
+        await prepare(also_on, make_config())
+        assert warned not in caplog.text  # agrees
+        await prepare(off, make_config(admin={"cli_client": False}))
+    lines = [record.getMessage() for record in caplog.records if warned in record.getMessage()]
+    assert len(lines) == 1 and "false here" in lines[0] and "true at 2 running instances" in lines[0], lines
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="tokensvc.bootstrap"):
+        await off.close()  # stopped: no longer running
+        await prepare(instance_of(database), make_config())
+    assert warned not in caplog.text
+    assert await MemoryStore().deployment_settings({"cli_client": False}) == {}
+    for store in (on, also_on):
+        await store.close()

@@ -192,6 +192,15 @@ def test_a_weak_password_in_the_config_is_refused(weak):
     ("r00t", "root-granite-harbor"),
     ("alice", "a1ice-granite-harbor"),  # 1, l and i read alike
     ("dave", "granite-harbor-tok3nsvc"),  # the service's name
+    ("dora.smith", "dora-granite-harbor"),  # a part of the username
+    ("dora.smith", "granite-harbor-5mith"),
+    ("dora_smith@example.org", "dora-granite-harbor"),
+    ("carol", "lorac-granite-harbor"),  # reversed
+    ("dora.smith", "granite-htims-harbor"),
+    ("dave", "cvsnekot-granite-harbor"),
+    ("carol", "\u1d04\u1d00\u0280\u1d0f\u029f-granite-harbor"),  # small capitals: ᴄᴀʀᴏʟ
+    ("dave", "granite-\u1d1b\u1d0f\u1d0b\u1d07\u0274\ua731\u1d20\u1d04-harbor"),  # ᴛᴏᴋᴇɴꜱᴠᴄ
+    ("carol", "c\u2c65r\u00f8l-granite-harbor"),  # strokes, which no decomposition takes off: cⱥrøl
 ])
 def test_a_password_holding_the_username_however_written_is_refused(username, password):
     """The username or the service's name is found in a password however it is written: digits,
@@ -201,10 +210,12 @@ def test_a_password_holding_the_username_however_written_is_refused(username, pa
 
 
 @pytest.mark.parametrize("username,password", [("carol", "violet-comet-harbor"), ("r00t", "granite-harbor-ember"),
-                                               ("al", "alpine-granite-harbor")])
+                                               ("al", "alpine-granite-harbor"), ("al.bo", "alpine-bonfire-harbor"),
+                                               ("dora@example.org", "gorgeous-granite-harbor")])
 def test_a_password_of_unrelated_words_passes_the_context_rule(username, password):
     """No composition rule (NIST SP 800-63B §5.1.1.2), and a username of fewer than 3 letters as
-    it reads (``al``) is part of too many words to refuse."""
+    it reads (``al``), or a part of one (``al.bo``), is part of too many words to refuse; an
+    address's domain is no part of the person's name (``org`` in ``gorgeous``)."""
     settings = config.from_dict({"demo": True, "users": [{"username": username, "password": password}]})
     assert settings.users[0].password == password
 

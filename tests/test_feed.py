@@ -259,7 +259,7 @@ async def test_a_reader_is_closed_when_its_client_is_removed_or_rotated_or_may_n
     assert all(checks)  # and kept
     new_secret, _ = await admin.rotate_secret(ctx, "notes-api")
     assert await closed_for_its_credentials(reader) == []  # closed, and told of no revocation
-    assert checks[-1] is False
+    assert checks[-1] is None
     assert (await refusal(base_url, {"Authorization": basic("notes-api", secret)}))[0] == 401
     reader = await connect(base_url, client_id="notes-api", secret=new_secret)
     await next_message(reader)
@@ -277,6 +277,48 @@ async def test_a_reader_is_closed_when_its_client_is_removed_or_rotated_or_may_n
     await eventually(lambda: ctx.feed.readers == 0, DEADLINE, what="the readers dropped")
 
 
+@pytest.mark.gen_test(timeout=60)
+async def test_a_reader_sending_more_than_a_body_is_closed_as_too_big(http_server, base_url, ctx):
+    """What a reader sends is ignored, and capped as every message the service takes: past
+    64 KiB the reader is closed with 1009 (message too big), its seat given back."""
+    from tokensvc.handlers.lifecycle import MAX_BODY_BYTES
+
+    reader = await connect(base_url)
+    assert (await next_message(reader))["type"] == "ready"
+    reader.write_message("x" * MAX_BODY_BYTES)  # ignored
+    reader.write_message("x" * (MAX_BODY_BYTES + 1))
+    assert await gen.with_timeout(timedelta(seconds=DEADLINE), reader.read_message()) is None
+    assert reader.close_code == 1009
+    await eventually(lambda: ctx.feed.readers == 0, DEADLINE, what="the reader dropped")
+
+
+@pytest.mark.gen_test(timeout=90)
+async def test_a_reader_on_a_previous_secret_is_closed_when_its_time_is_up(http_server, base_url, ctx, monkeypatch):
+    """A reader that proved its client with the previous secret a rotation kept is closed when
+    that secret's time is up, at its expiry: it was left to the check every 30 s, so it read on
+    for up to half a minute past it (the periodic check is made an hour here, so only the
+    expiry can close it). A reader on the current secret is given the same end when a rotation
+    makes its secret the previous one; a reader on the new secret reads on."""
+    from tokensvc import admin
+    from tokensvc.handlers import feed
+
+    monkeypatch.setattr(feed, "RECHECK_SECONDS", 3600.0)
+    old = await notes_api(ctx)
+    new, _ = await admin.rotate_secret(ctx, "notes-api", keep_previous_seconds=1)
+    on_the_old = await connect(base_url, client_id="notes-api", secret=old)
+    on_the_new = await connect(base_url, client_id="notes-api", secret=new)
+    for reader in (on_the_old, on_the_new):
+        assert (await next_message(reader))["type"] == "ready"
+    assert await closed_for_its_credentials(on_the_old) == []
+    newest, _ = await admin.rotate_secret(ctx, "notes-api", keep_previous_seconds=1)  # new becomes the previous
+    assert await closed_for_its_credentials(on_the_new) == []
+    assert (await refusal(base_url, {"Authorization": basic("notes-api", old)}))[0] == 401
+    reader = await connect(base_url, client_id="notes-api", secret=newest)
+    assert (await next_message(reader))["type"] == "ready"
+    await eventually(lambda: ctx.feed.readers == 1, DEADLINE, what="the closed readers dropped")
+    reader.close()
+
+
 CHANGES_OF_WEBAPP = {
     "rotated": lambda admin, ctx: admin.rotate_secret(ctx, "webapp"),
     "made-third-party": lambda admin, ctx: admin.update_client(ctx, "webapp", {"first_party": False}),
@@ -289,14 +331,14 @@ def changed_after_authenticating(monkeypatch, change):
     read, before the reader subscribes to their changes."""
     from tokensvc.handlers import feed
 
-    authorize = feed.introspection.authorize_client
+    authorize = feed.introspection.authorize_reader
 
     async def then_changed(ctx, caller):
-        client = await authorize(ctx, caller)
+        reader = await authorize(ctx, caller)
         await change(ctx)
-        return client
+        return reader
 
-    monkeypatch.setattr(feed.introspection, "authorize_client", then_changed)
+    monkeypatch.setattr(feed.introspection, "authorize_reader", then_changed)
 
 
 @pytest.mark.parametrize("change", sorted(CHANGES_OF_WEBAPP))

@@ -101,16 +101,34 @@ async def test_client_secret_post_caller(http_client, base_url):
 async def test_admin_bearer_with_admin_scope_may_introspect(browser, http_client, base_url):
     code = await browser.code_for("webapp", WEBAPP_REDIRECT, user="root", scope="read admin")
     admin_token = json_of(await exchange(http_client, base_url, code))["access_token"]
-    # No client_id: the bearer token names its client (the document's IntrospectionRequest).
-    response = await introspect(http_client, base_url, admin_token, {"Authorization": f"Bearer {admin_token}"})
+    # The call names its client, as every token-endpoint call does: the bearer token's.
+    response = await introspect(http_client, base_url, admin_token, {"Authorization": f"Bearer {admin_token}"},
+                                client_id="webapp")
     assert response.code == 200 and json_of(response)["username"] == "root"
+
+
+@pytest.mark.gen_test
+async def test_an_admins_bearer_call_names_its_tokens_client(browser, http_client, base_url):
+    """Every token-endpoint call carries client_id (the interface, §4), an administrator's bearer
+    call too: without it, 422 at [body, client_id] before the token is looked at (it was
+    answered); naming another client than the token's, 401 invalid_client."""
+    code = await browser.code_for("webapp", WEBAPP_REDIRECT, user="root", scope="read admin")
+    admin_token = json_of(await exchange(http_client, base_url, code))["access_token"]
+    bearer = {"Authorization": f"Bearer {admin_token}"}
+    check_validation_error(await introspect(http_client, base_url, admin_token, bearer), ["body", "client_id"],
+                           "missing")
+    check_validation_error(await introspect(http_client, base_url, "x", {"Authorization": "Bearer not-a-token"}),
+                           ["body", "client_id"], "missing")
+    check_oauth_error(await introspect(http_client, base_url, admin_token, bearer, client_id="partner"), 401,
+                      "invalid_client")
 
 
 @pytest.mark.gen_test
 async def test_admin_bearer_without_admin_scope_is_403(browser, http_client, base_url):
     code = await browser.code_for("webapp", WEBAPP_REDIRECT, user="root", scope="read")
     token = json_of(await exchange(http_client, base_url, code))["access_token"]
-    response = await introspect(http_client, base_url, token, {"Authorization": f"Bearer {token}"})
+    response = await introspect(http_client, base_url, token, {"Authorization": f"Bearer {token}"},
+                                client_id="webapp")
     check_oauth_error(response, 403, "insufficient_scope")
     assert 'error="insufficient_scope"' in response.headers["WWW-Authenticate"]
 
@@ -119,13 +137,15 @@ async def test_admin_bearer_without_admin_scope_is_403(browser, http_client, bas
 async def test_non_admin_bearer_is_403(browser, http_client, base_url):
     code = await browser.code_for("webapp", WEBAPP_REDIRECT, user="alice")
     token = json_of(await exchange(http_client, base_url, code))["access_token"]
-    response = await introspect(http_client, base_url, token, {"Authorization": f"Bearer {token}"})
+    response = await introspect(http_client, base_url, token, {"Authorization": f"Bearer {token}"},
+                                client_id="webapp")
     check_oauth_error(response, 403, "access_denied")
 
 
 @pytest.mark.gen_test
 async def test_invalid_bearer_is_401(http_client, base_url):
-    response = await introspect(http_client, base_url, "x", {"Authorization": "Bearer not-a-token"})
+    response = await introspect(http_client, base_url, "x", {"Authorization": "Bearer not-a-token"},
+                                client_id="webapp")
     check_oauth_error(response, 401, "invalid_client")
 
 

@@ -6,6 +6,7 @@ import asyncio
 import email.utils
 import json
 import logging
+import re
 
 import pytest
 from helpers import WEBAPP_SECRET, basic, check_oauth_error, check_validation_error, json_of, make_config, post_form
@@ -101,6 +102,27 @@ async def test_a_body_that_cannot_be_parsed_is_the_documented_error(http_client,
     else:
         check_oauth_error(response, 400, "invalid_request")
         assert json_of(response)["error_description"].startswith("The body could not be parsed: ")
+
+
+def routes_with_a_body() -> list[tuple[str, str]]:
+    from tokensvc.app import ROUTES
+
+    return [(route.path, method) for route in ROUTES for method in sorted(route.methods)
+            if method in ("POST", "PUT", "PATCH", "DELETE")]
+
+
+@pytest.mark.gen_test
+@pytest.mark.parametrize("path,method", routes_with_a_body())
+async def test_json_nested_past_any_depth_is_never_a_fault_at_a_public_route(http_client, base_url, path, method):
+    """No public route reads a JSON body (forms, queries and the socket's text), so 60,000
+    ``[`` sent as JSON are never parsed: whatever each answers, never a 5xx, and ``/oauth/revoke``
+    200 as the interface says."""
+    response = await http_client.fetch(base_url + re.sub(r"\{[a-z_]+\}", "webapp", path), method=method,
+                                       raise_error=False, body="[" * 60_000, allow_nonstandard_methods=True,
+                                       headers={"Content-Type": "application/json"})
+    assert response.code < 500, response.body
+    if path == "/oauth/revoke":
+        assert response.code == 200 and json_of(response) == {}
 
 
 @pytest.mark.gen_test

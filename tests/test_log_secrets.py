@@ -117,6 +117,11 @@ def test_no_secret_reaches_any_log_line(tmp_path, monkeypatch):
         bearer = {"Authorization": "Bearer " + refreshed["access_token"]}
         assert requests.get(base + "/v1/me", headers=bearer).status_code == 200
         requests.get(base + "/v1/me?access_token=" + refreshed["access_token"])
+        # The token under every spelling a parser may read as a token parameter's, and under a
+        # name no rule knows (its shape withholds it).
+        for name in ("ACCESS_TOKEN", "access_token%00", "access_token%20", "Access%5FToken", "TOKEN", "t"):
+            requests.get(f"{base}/v1/me?{name}={refreshed['access_token']}")
+            requests.post(f"{base}/oauth/revoke?x=1&{name}={refreshed['refresh_token']}")
         # The WebSocket, its token in the query; and a plain GET of it, which is no upgrade.
         async def socket_round() -> None:
             connection = await websocket_connect(f"ws://127.0.0.1:{port}/v1/ws?access_token={refreshed['access_token']}")

@@ -62,16 +62,17 @@ def test_a_route_without_its_documentation_stops_the_build():
 
 
 def test_every_token_endpoint_call_names_its_client():
-    """The interface: client_id on every token-endpoint call; the document says HTTP Basic carries
-    it for a client that authenticates so; an empty value is an absent one."""
+    """The interface: client_id on every token-endpoint call, introspection's too; the document
+    says HTTP Basic carries it for a client that authenticates so; an empty value is an absent
+    one."""
     document = openapi.build(ROUTES, DEMO_BASE)
-    for path in ("/oauth/token", "/oauth/token/refresh", "/oauth/token/revoke"):
+    for path in ("/oauth/token", "/oauth/token/refresh", "/oauth/token/revoke", "/oauth/token/introspect"):
         operation = document["paths"][path]["post"]
         form = form_of(document, operation)
         assert "client_id" in form["required"], path
         assert "HTTP Basic" in form["properties"]["client_id"]["description"]
         assert all(form["properties"][name]["minLength"] == 1 for name in form["required"])
-        assert operation["security"] == [{}, {"clientBasic": []}], path
+        assert operation["security"] == [{}, {"clientBasic": []}, *([{"bearer": []}] if "introspect" in path else [])]
     assert document["components"]["schemas"]["TokenRequest"]["properties"]["grant_type"]["enum"] == [
         "authorization_code"]
 
@@ -84,13 +85,13 @@ def form_of(document, operation):
 
 def test_introspection_takes_a_client_or_an_admins_bearer_token():
     """As authorize_caller does: a client's credentials (Basic, or in the body: the empty
-    alternative), or an admin's bearer token, which names no client_id (tests/test_introspect.py
-    introspects so)."""
+    alternative), or an admin's bearer token, whose call names the token's client in client_id
+    (tests/test_introspect.py introspects so)."""
     document = openapi.build(ROUTES, DEMO_BASE)
     operation = document["paths"]["/oauth/token/introspect"]["post"]
     assert operation["security"] == [{}, {"clientBasic": []}, {"bearer": []}]
     form = form_of(document, operation)
-    assert form["required"] == ["token"] and "bearer" in form["properties"]["client_id"]["description"]
+    assert form["required"] == ["client_id", "token"] and "bearer" in form["properties"]["client_id"]["description"]
     assert "HTTP Basic" in form["properties"]["client_id"]["description"]
     assert set(operation["responses"]) >= {"401", "403"}
 

@@ -17,6 +17,7 @@ from helpers import (
 )
 
 from tokensvc.bootstrap import make_context, seed
+from tokensvc.errors import ValidationFailed
 from tokensvc.oauth import adminauth, authorization, clientauth, grants, hashing, introspection, revocation
 from tokensvc.oauth.authorization import Confirm, Consent, Issued, Pairing, SignIn
 from tokensvc.oauth.clientauth import ClientRequest
@@ -260,13 +261,21 @@ async def test_who_may_introspect(seeded):
         await introspection.authorize_caller(seeded, caller(client_id="webapp", client_secret="wrong"))
     alice = await pair(seeded)
     with pytest.raises(AccessDenied):  # a user who is not an administrator
-        await introspection.authorize_caller(seeded, caller(authorization=f"Bearer {alice.access_token}"))
+        await introspection.authorize_caller(seeded, caller(authorization=f"Bearer {alice.access_token}",
+                                                            client_id="webapp"))
     root_code = await code_for(seeded, username="root", scope="read admin")
     root = await grants.exchange_code(seeded, await client(seeded), root_code, WEBAPP_REDIRECT, VERIFIER)
-    await introspection.authorize_caller(seeded, caller(authorization=f"Bearer {root.access_token}"))
+    await introspection.authorize_caller(seeded, caller(authorization=f"Bearer {root.access_token}",
+                                                        client_id="webapp"))
+    with pytest.raises(ValidationFailed):  # every call names its client: a bearer call its token's
+        await introspection.authorize_caller(seeded, caller(authorization=f"Bearer {root.access_token}"))
+    with pytest.raises(InvalidClient):
+        await introspection.authorize_caller(seeded, caller(authorization=f"Bearer {root.access_token}",
+                                                            client_id="partner"))
     root_read = await grants.refresh(seeded, await client(seeded), root.refresh_token, "read")
     with pytest.raises(InsufficientScope):
-        await introspection.authorize_caller(seeded, caller(authorization=f"Bearer {root_read.access_token}"))
+        await introspection.authorize_caller(seeded, caller(authorization=f"Bearer {root_read.access_token}",
+                                                            client_id="webapp"))
 
 
 def test_an_empty_secret_proves_no_confidential_client_whatever_digest_is_stored():

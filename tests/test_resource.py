@@ -445,6 +445,31 @@ async def test_a_token_tokensvc_refuses_as_malformed_is_not_active(http_server, 
     assert verifier.counts.introspections == 1
 
 
+class Nested(tornado.web.RequestHandler):
+    """An introspection endpoint answering JSON nested past any reader's depth."""
+
+    def post(self):
+        self.set_header("Content-Type", "application/json")
+        self.write("[" * 60_000)
+
+
+@pytest.mark.gen_test(timeout=90)
+async def test_an_answer_nested_past_the_limit_is_tokensvc_unavailable_never_a_fault():
+    """The library reads tokensvc's answers within the service's own nesting depth: an answer of
+    60,000 ``[`` (a RecursionError, which no handler of the resource server expects, escaped
+    the check) is an answer it cannot use, 503, and nothing is cached."""
+    server, fake = await serve(tornado.web.Application([("/oauth/token/introspect", Nested)]))
+    verifier = verifier_for(fake)
+    try:
+        for _ in range(2):
+            with pytest.raises(Unavailable):
+                await verifier.check("a" * 43)
+        assert verifier.counts.introspections == 2
+    finally:
+        server.stop()
+        await verifier.close()
+
+
 @pytest.mark.gen_test(timeout=90)
 async def test_a_flood_of_new_tokens_waits_in_a_bounded_queue_and_the_rest_fail_at_once():
     """Anyone may present made-up tokens: at most introspection_concurrency introspections are

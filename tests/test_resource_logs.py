@@ -109,7 +109,8 @@ asyncio.run(main())
 """
 
 SECRET = "a-query-token-" + "q" * 30  # a token no one issued
-ESCAPED = ["access%5Ftoken", "access%5ftoken", "ACCESS_TOKEN", "%61ccess%5Ftoken", "access_token+", "+access_token"]
+ESCAPED = ["access%5Ftoken", "access%5ftoken", "ACCESS_TOKEN", "%61ccess%5Ftoken", "access_token+", "+access_token",
+           "access_token%00", "access_token%20", "access%2500_token", "access_token%E2%80%8B"]
 
 
 def test_masked_query_masks_every_spelling_a_parser_reads_and_keeps_the_rest():

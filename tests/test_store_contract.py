@@ -73,6 +73,15 @@ async def test_ping(backend_store):
 
 
 @pytest.mark.gen_test
+async def test_a_store_no_other_serving_process_shares_says_no_one_disagrees(backend_store):
+    """The deployment's settings are compared among the serving processes of one store (their
+    entries among the running processes: tests/test_bootstrap.py, tests/wire/); a store of no
+    serving process (this one), or only this process's (memory), answers nothing, every time."""
+    for value in (True, False):
+        assert await backend_store.deployment_settings({"cli_client": value}) == {}
+
+
+@pytest.mark.gen_test
 async def test_clients(backend_store, now):
     store = backend_store
     assert await store.get_client("b") is None

@@ -66,6 +66,24 @@ async def test_token_in_the_query_string(browser, http_client, base_url, store):
 
 
 @pytest.mark.gen_test
+async def test_a_message_is_capped_as_a_body_is_and_read_as_text(browser, http_client, base_url):
+    """A message may be as large as an HTTP body (64 KiB), no larger: one byte more closes the
+    socket with 1009 (message too big, RFC 6455 §7.4.1), before it is read whole (2 MiB were
+    taken). A message is text, never parsed: JSON nested past any depth comes back as it went."""
+    from tokensvc.handlers.lifecycle import MAX_BODY_BYTES
+
+    access = (await tokens(browser, http_client, base_url, scope="read"))["access_token"]
+    connection = await websocket_connect(ws_url(base_url, "?access_token=" + access))
+    await welcome_of(connection)
+    for text in ("x" * MAX_BODY_BYTES, "[" * 60_000):
+        connection.write_message(text)
+        assert json.loads(await gen.with_timeout(READ, connection.read_message())) == {"type": "echo", "data": text}
+    connection.write_message("x" * (MAX_BODY_BYTES + 1))
+    assert await gen.with_timeout(READ, connection.read_message()) is None
+    assert connection.close_code == 1009
+
+
+@pytest.mark.gen_test
 async def test_token_in_the_authorization_header(browser, http_client, base_url):
     access = (await tokens(browser, http_client, base_url))["access_token"]
     connection = await websocket_connect(HTTPRequest(ws_url(base_url), headers={"Authorization": f"Bearer {access}"}))

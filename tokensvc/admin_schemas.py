@@ -166,8 +166,8 @@ ORIGIN = {"pattern": identifiers.ORIGIN.pattern, "maxLength": identifiers.ORIGIN
     "A web origin as a browser sends it: scheme://host[:port] in lower case without its default port, https "
     "and a DNS name, or http on a loopback host; never a wildcard")}
 PASSWORD = {"minLength": identifiers.MIN_PASSWORD_LENGTH, "description": (
-    "At least 8 characters, and hard to guess (zxcvbn's score 3 of 4, the username and the service's "
-    "name counted against it): a common, breached or name-built password is 422")}
+    "At least 8 characters, and hard to guess (zxcvbn's score 3 of 4, the username, its parts and the "
+    "service's name counted against it): a common, breached or name-built password is 422")}
 USERNAME = {"pattern": identifiers.USERNAME.pattern}
 OPERATOR = {**USERNAME, "description": "A user's username (422 if none)"}
 # The document of a running service names its configured installation_kinds (openapi_admin.py).

@@ -13,7 +13,7 @@ from tokensvc.bootstrap import make_context
 from tokensvc.config import Settings
 from tokensvc.handlers import admin_api, api, clients, feed, meta, pages, token, ws
 from tokensvc.handlers.json_api import NotFoundHandler, serve
-from tokensvc.handlers.lifecycle import Edge, Lifecycle
+from tokensvc.handlers.lifecycle import MAX_BODY_BYTES, Edge, Lifecycle
 from tokensvc.handlers.routes import UNMATCHED, Route
 from tokensvc.handlers.web import StaticFiles
 from tokensvc.oauth.context import OAuthContext
@@ -123,6 +123,9 @@ def make_app(config: Settings, store: Store, ctx: OAuthContext | None = None,
         log_function=exit_logs,
         serve_traceback=False,
         compress_response=False,
+        # A WebSocket message is capped as a body is (Tornado's default is 10 MiB): one larger
+        # closes the socket with 1009, before it is read whole.
+        websocket_max_message_size=MAX_BODY_BYTES,
     )
 
 

@@ -194,12 +194,36 @@ async def prepare(store: Store, config: Settings, *, first_delay: float = 1.0, m
             for client_id in await removal.finish_pending(store, utcnow):
                 log.info("finished the removal of client %s", client_id)
             await seed(store, config)
+            await compare_deployment_settings(store, config)
             store.prepared = True
             return
         except StorageError as exc:
             log.warning("store not ready (%s); retrying in %.0fs", exc, delay)
             await asyncio.sleep(delay)
             delay = min(delay * 2, max_delay)
+
+
+async def compare_deployment_settings(store: Store, config: Settings) -> None:
+    """Say what this instance holds of the settings every instance of one store must share, and
+    warn of each running instance that says otherwise. ``admin.cli_client`` is the deployment's,
+    as the store is one: an instance with it off removes ``tokensvc-cli`` for every instance
+    (and each removal ends every command-line sign-in), one with it on registers it afresh, so
+    instances that disagree undo each other at every start. A store that does not answer
+    delays nothing: the comparison is left to the next start."""
+    here = {"cli_client": config.admin.cli_client}
+    try:
+        others = await store.deployment_settings(here)
+    except StorageError as exc:
+        log.warning("could not compare admin.cli_client with the other instances of this store: %s", exc)
+        return
+    elsewhere = sorted(others)
+    if elsewhere:
+        value = str(not config.admin.cli_client).lower()
+        log.warning("admin.cli_client is %s here and %s at %s running instance%s of this store (%s): every instance "
+                    "of one store must say the same, or each start of one removes %s (ending every command-line "
+                    "sign-in) and each start of another registers it afresh", str(config.admin.cli_client).lower(),
+                    value, len(elsewhere), "" if len(elsewhere) == 1 else "s", ", ".join(elsewhere),
+                    CLI_CLIENT.client_id)
 
 
 # The memory store has no TTL indexes: the server purges it itself, this often.

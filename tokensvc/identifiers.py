@@ -4,6 +4,7 @@ commands and the request schemas."""
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import ipaddress
 import re
@@ -125,26 +126,29 @@ def password_problem(password: str, context: Sequence[str] = ()) -> str | None:
 
     NIST SP 800-63B §5.1.1.2: at least 8 characters, any characters, no composition rule, and
     not one that is common, breached or built from context words (``context``: the username,
-    the service's name). A password that holds a context word of 3 letters or more is refused
-    outright, compared as they read (:func:`_readings`): whatever their case, accents,
-    separators or digits between the letters (``tokensvc-carol``, ``carol_tokensvc_2026``,
+    the service's name, and each of their parts: :func:`context_words`). A password that holds
+    a context word of 3 letters or more, forwards or reversed (``lorac``), is refused outright,
+    compared as they read (:func:`_readings`): whatever their case, accents, separators or
+    digits between the letters (``tokensvc-carol``, ``carol_tokensvc_2026``,
     ``ćarol-tókensvc-99``), digits and signs written for letters (``c4rol-t0kensvc``, a
-    username ``r00t`` in ``r00t-granite-harbor``), or letters of another script that look the
-    same (a Cyrillic ``с`` for ``c``). The rest is rated by zxcvbn against its frequency lists
-    of common passwords, words and names and against those words, and anything it scores below
-    3 of 4 is refused, with its own reason.
+    username ``r00t`` in ``r00t-granite-harbor``), letters of another script that look the same
+    (a Cyrillic ``с`` for ``c``), or Latin letters written otherwise (small capitals
+    ``ᴄᴀʀᴏʟ``, a stroke ``cⱥrøl``). The rest is rated by zxcvbn against its frequency lists of
+    common passwords, words and names and against those words, and anything it scores below 3
+    of 4 is refused, with its own reason.
     """
     if len(password) < MIN_PASSWORD_LENGTH:
         return f"a password needs at least {MIN_PASSWORD_LENGTH} characters"
     held = _readings(password)
-    for word in context:
-        if any(len(reading) >= MIN_CONTEXT_LETTERS and any(reading in text for text in held)
+    words = [part for word in context for part in context_words(word)]
+    for word in words:
+        if any(len(reading) >= MIN_CONTEXT_LETTERS and any(reading in text or reading[::-1] in text for text in held)
                for reading in _readings(word)):
             return ("this password is too easy to guess (it holds the username or the service's name); "
                     "use a few unrelated words")
     from zxcvbn import zxcvbn  # its lists take a moment to load: only where a password is set
 
-    rating = zxcvbn(password[:ZXCVBN_MAX_LENGTH], user_inputs=[word for word in context if word])
+    rating = zxcvbn(password[:ZXCVBN_MAX_LENGTH], user_inputs=[word for word in (*context, *words) if word])
     if rating["score"] < MIN_PASSWORD_SCORE:
         why = (rating["feedback"]["warning"] or "it is common or built from a name").rstrip(".")
         return f"this password is too easy to guess ({why[0].lower() + why[1:]}); use a few unrelated words"
@@ -152,6 +156,16 @@ def password_problem(password: str, context: Sequence[str] = ()) -> str | None:
 
 
 MIN_CONTEXT_LETTERS = 3  # a shorter context word ("al") is part of too many words to refuse
+_PARTS = re.compile(r"[._@+-]+")  # what separates the parts of a username (and of a service's name)
+
+
+def context_words(word: str) -> list[str]:
+    """``word`` and the parts it is made of, as a person's name is made of names: the parts of
+    a username before its last ``@`` (``dora.smith`` is ``dora`` and ``smith``; the domain of an
+    address names no one), each part of the service's name."""
+    local = word.rpartition("@")[0] or word
+    parts = [part for part in _PARTS.split(local) if part]
+    return [word, *parts] if len(parts) > 1 or local != word else [word]
 
 
 # Letters of other scripts that look like Latin ones (a few of Unicode's confusables, those a
@@ -164,6 +178,29 @@ _LOOK_ALIKE = str.maketrans({
     "χ": "x", "γ": "y",  # Greek
     "ı": "i", "ɡ": "g", "ℓ": "l", "l": "i",
 })
+# Latin letters written otherwise, which no decomposition takes back to the letter: small
+# capitals (ᴄᴀʀᴏʟ), letters with a stroke or a bar (ø, đ), dotless, script, turned and reversed
+# forms. Found by their Unicode names, in the blocks that hold them, and read as that letter.
+_LATIN_FORM = re.compile(r"LATIN (?:SMALL |CAPITAL )?LETTER (?:SMALL CAPITAL |DOTLESS |SCRIPT |TURNED |REVERSED )?"
+                         r"([A-Z])(?: WITH .+)?")
+_LATIN_BLOCKS = ((0x00C0, 0x024F), (0x0250, 0x02AF), (0x1D00, 0x1DBF), (0x1E00, 0x1EFF), (0x2C60, 0x2C7F),
+                 (0xA720, 0xA7FF), (0xAB30, 0xAB6F), (0x10780, 0x107BF), (0x1DF00, 0x1DFFF))
+
+
+def _latin_forms() -> dict[int, str]:
+    forms = {}
+    for first, last in _LATIN_BLOCKS:
+        for code in range(first, last + 1):
+            found = _LATIN_FORM.fullmatch(unicodedata.name(chr(code), ""))
+            if found:  # then read as that letter is read (an l as an i)
+                forms[code] = found.group(1).lower().translate(_LOOK_ALIKE)
+    return forms
+
+
+@functools.cache
+def _look_alike() -> dict[int, str]:
+    """The whole table, made when a password is first compared (not at every import)."""
+    return {**_latin_forms(), **_LOOK_ALIKE}
 _FOR_LETTERS = str.maketrans({"0": "o", "1": "i", "3": "e", "4": "a", "5": "s", "7": "t", "8": "b", "9": "g",
                               "@": "a", "$": "s", "!": "i", "|": "i", "+": "t"})
 
@@ -174,7 +211,7 @@ def _readings(text: str) -> tuple[str, str]:
     ones read as those; then once with digits and signs read as the letters they stand for
     (``c4r0l``: ``carol``), once with them set aside (``car2ol``: ``carol``)."""
     plain = "".join(char for char in unicodedata.normalize("NFKD", username_key(text))
-                    if not unicodedata.combining(char)).translate(_LOOK_ALIKE)
+                    if not unicodedata.combining(char)).translate(_look_alike())
     return (_letters(plain.translate(_FOR_LETTERS)), _letters(plain))
 
 

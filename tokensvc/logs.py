@@ -29,6 +29,8 @@ import time
 from contextvars import ContextVar
 from typing import Any, BinaryIO, TextIO
 
+from tokensvc import redaction
+
 access_log = logging.getLogger("tokensvc.access")
 audit_log = logging.getLogger("tokensvc.audit")
 
@@ -36,18 +38,21 @@ EXTRA_KINDS = ("access", "audit")
 # The id of the request being served (the X-Request-ID it came with, or a new one).
 REQUEST_ID: ContextVar[str | None] = ContextVar("request_id", default=None)
 
-# Request parameters whose values are secrets: never written to a log line.
-SECRET_PARAMETERS = frozenset({"token", "access_token", "code", "refresh_token", "client_secret",
-                               "code_verifier", "password", "state"})
+# Request parameters whose values are secrets: never written to a log line (however their
+# names are written: tokensvc.redaction).
+SECRET_PARAMETERS = redaction.SECRET_PARAMETERS
 TORNADO_LOGGERS = ("tornado.access", "tornado.application", "tornado.general")
 
-# A value Tornado quotes with %r (a header, a cookie, a request's repr), and a secret parameter
-# written into a message, also percent-encoded once or twice inside another parameter (next=).
+# A value Tornado quotes with %r (a header, a cookie, a request's repr), and a parameter written
+# into a message, also percent-encoded once or twice inside another parameter (next=): its name
+# (letters, digits, escapes, what a name may be written with), then "=" however it is escaped,
+# then its value. Whether the name is a secret's is tokensvc.redaction's to say.
 _QUOTED = re.compile(r"b?'(?:[^'\\]|\\.)*'" "|" r'b?"(?:[^"\\]|\\.)*"')
-_SECRET_PARAMETER = re.compile(
+_ENDS = r"%3D|%253D|%26|%2526|%3F|%253F"  # escaped "=", "&", "?": where a name written in a value ends
+_NAME = re.compile(
     r"(?:^|(?<=[?&;,\s(])|(?<=%3F)|(?<=%26)|(?<=%253F)|(?<=%2526))"
-    rf"({'|'.join(sorted(SECRET_PARAMETERS))})"
-    r"(=|%3D|%253D)(?:(?!%26|%2526)[^&\s'\"])*", re.IGNORECASE)
+    rf"((?:(?!{_ENDS})[A-Za-z0-9_.~%+-])+)(?:=|%3D|%253D)", re.IGNORECASE)
+_VALUE = re.compile(r"(?:(?!%26|%2526)[^&;\s'\"])*", re.IGNORECASE)
 _CREDENTIALS = re.compile(r"\b(Bearer|Basic)\s+[^\s'\"]+", re.IGNORECASE)
 
 # C0, DEL, C1 and the Unicode line and paragraph separators: what could start a line of its
@@ -74,9 +79,27 @@ def withhold_client_input(message: str) -> str:
     """``message`` with whatever a client sent that may be a secret withheld: quoted values
     (Tornado quotes header values, cookies and requests with ``%r``), secret parameters and
     credentials."""
-    message = _SECRET_PARAMETER.sub(r"\1\2***", message)
+    message = _withhold_parameters(message)
     message = _CREDENTIALS.sub(r"\1 ***", message)
-    return _QUOTED.sub("'(withheld)'", message)
+    message = _QUOTED.sub("'(withheld)'", message)
+    return redaction.SECRET_SHAPED.sub("***", message)
+
+
+def _withhold_parameters(message: str) -> str:
+    """``message`` with the value of every parameter whose name is a secret's withheld. A name is
+    found wherever one may start, inside another parameter's value too (a value is not taken
+    whole, so the names in it are looked at)."""
+    kept: list[str] = []
+    upto = 0
+    for name in _NAME.finditer(message):
+        start = name.end()
+        if start < upto or not redaction.secret_name(name.group(1)):
+            continue
+        end = _VALUE.match(message, start).end()  # type: ignore[union-attr]  # it matches the empty string
+        if end > start:
+            kept += (message[upto:start], "***")
+            upto = end
+    return "".join(kept) + message[upto:] if kept else message
 
 
 class WithholdClientInput(logging.Filter):

@@ -174,11 +174,11 @@ def build(routes: Iterable[Route], base_url: str, *, admin: bool = False, auth_u
     return document
 
 
-FORMS_WITH_A_CLIENT = ("TokenRequest", "RefreshRequest", "TokenActionRequest")
+FORMS_WITH_A_CLIENT = ("TokenRequest", "RefreshRequest", "TokenActionRequest", "IntrospectionRequest")
 INTROSPECTION_CLIENT = (
-    "The client's id, required unless an admin's bearer token (Authorization: Bearer, the admin scope) is the "
-    "caller, which names its client itself. A client authenticating with HTTP Basic (clientBasic) carries it "
-    "there instead; sent in both, they must be the same.")
+    "Required on every call (the interface): the client's id; with an admin's bearer token (Authorization: "
+    "Bearer, the admin scope), the client the token was issued to (401 for another). A client authenticating "
+    "with HTTP Basic (clientBasic) carries it there instead; sent in both, they must be the same.")
 PAGES = ("/oauth/authorize", "/login", "/logout", "/account", "/")  # served at auth_url
 
 
@@ -193,7 +193,7 @@ def _form_rules(components: dict[str, Any]) -> None:
             "Required on every call (the interface): the client's id. A client authenticating with HTTP Basic "
             "(clientBasic) carries it there instead; sent in both, they must be the same.")
     components["IntrospectionRequest"]["properties"]["client_id"]["description"] = INTROSPECTION_CLIENT
-    for name in (*FORMS_WITH_A_CLIENT, "IntrospectionRequest", "LoginForm"):
+    for name in (*FORMS_WITH_A_CLIENT, "LoginForm"):
         component = components[name]
         for field in component.get("required", []):
             component["properties"][field]["minLength"] = 1
@@ -276,10 +276,11 @@ def _operations() -> dict[str, dict[str, Any]]:
                                  decision={"type": "string", "enum": ["allow", "deny"]},
                                  _shown={"type": "string", "maxLength": 128, "description": (
                                      "When the page was shown, as its form says it (signed): an allow sooner than "
-                                     "half a second after is taken for none, and the page is shown again")}),
+                                     "half a second after, or more than ten minutes after, is taken for none, and "
+                                     "the page is shown again")}),
         "security": [{}, {"session": []}],
-        "responses": {"200": html("The page again (no decision; an allow sooner than the page could be read; or "
-                                  "the form had expired: 403)"),
+        "responses": {"200": html("The page again (no decision; an allow sooner than the page could be read, or "
+                                  "long after it was shown; or the form had expired: 403)"),
                       "302": redirect("To the client: a code (allow) or access_denied (deny); or an error"),
                       "303": redirect("Not signed in: to sign-in"),
                       "400": html("Unknown client or unregistered redirect_uri: never redirected"),

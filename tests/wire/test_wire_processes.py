@@ -103,6 +103,21 @@ def test_failure_limits_hold_across_real_processes(tmp_path_factory, primary):
     assert 1 <= passwords_answered.count(401) <= 5  # limits.failed_logins_per_username
 
 
+def test_a_process_that_disagrees_on_the_cli_client_with_a_running_one_warns(tmp_path_factory, primary):
+    """Two ``tokensvc serve`` on one store, the second with ``admin.cli_client`` off: it warns
+    at start-up that the running one says otherwise (its entry among the running processes says
+    so); the first, started alone, did not."""
+    services = []
+    try:
+        services.append(start_service(tmp_path_factory.mktemp("on"), mongodb(primary)).wait_ready())
+        services.append(start_service(tmp_path_factory.mktemp("off"), mongodb(primary),
+                                      env={"TOKENSVC_ADMIN_CLI_CLIENT": "false"}).wait_ready())
+    finally:
+        on, off = (service.stop() for service in services)
+    assert "admin.cli_client is false here and true at 1 running instance of this store" in off, off
+    assert "admin.cli_client" not in on, on
+
+
 def test_a_scrape_of_any_worker_counts_every_workers_requests(tmp_path, primary):
     """``--processes 2``: 30 requests on connections of their own, each taken by whichever
     worker the kernel hands it to. A worker's own requests count in its scrape at once, the

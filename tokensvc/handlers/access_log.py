@@ -17,11 +17,12 @@ embedding program added) takes the general way. Both ways write the same line
 from __future__ import annotations
 
 import logging
-from urllib.parse import parse_qsl, urlencode
+import re
+from urllib.parse import quote
 
 import tornado.httputil
 
-from tokensvc import logs
+from tokensvc import logs, redaction
 
 PATH_LIMIT = 2048  # characters of a path and query in an access line
 METHOD_LIMIT = 16
@@ -29,14 +30,39 @@ MAX_KEPT = 512  # constant parts kept (route, method and status): a table far la
 
 
 def redact(uri: str) -> str:
-    """``uri`` with the value of every secret-bearing query parameter replaced by ``***``, also
-    inside another parameter's value that is itself a URI with a query (``next=/oauth/authorize?...``)."""
+    """``uri`` with the value of every secret-bearing query parameter replaced by ``***``: a
+    parameter whose name is a secret's however it is written, and any value holding what a
+    secret of the service looks like (:mod:`tokensvc.redaction`); also inside another
+    parameter's value that is itself a URI with a query or a query (``next=/oauth/authorize?...``).
+    Every other part of the query is kept as it came."""
     path, sep, query = uri.partition("?")
     if not sep:
         return uri
-    pairs = parse_qsl(query, keep_blank_values=True)
-    return path + "?" + urlencode([(key, "***" if key in logs.SECRET_PARAMETERS else redact(value) if "?" in value
-                                   else value) for key, value in pairs], safe="*/:")
+    return path + "?" + _redact_query(query, NESTED_QUERIES)
+
+
+NESTED_QUERIES = 4  # queries within a value, within a value ... redacted pair by pair; deeper ones withheld whole
+_SEPARATOR = re.compile(r"([&;])")  # ';' too: a parser that takes it for a separator reads a name after it
+
+
+def _redact_query(query: str, nested: int) -> str:
+    parts = _SEPARATOR.split(query)
+    for index in range(0, len(parts), 2):
+        name, equals, value = parts[index].partition("=")
+        if not equals:
+            continue
+        if redaction.secret_name(name):
+            parts[index] = name + "=***"
+            continue
+        plain = redaction.decoded(value)
+        if "=" in plain:  # a URI with a query, or a query, as a value: redacted pair by pair
+            inner_path, sep, inner_query = plain.partition("?") if "?" in plain else ("", "", plain)
+            clean = _redact_query(inner_query, nested - 1) if nested else "***"
+            if clean != inner_query:
+                parts[index] = f"{name}={quote(inner_path + sep + clean, safe='*/:')}"
+        elif redaction.secret_shaped(plain):
+            parts[index] = name + "=***"
+    return "".join(parts)
 
 
 def level_of(status: int) -> int:

@@ -10,12 +10,11 @@ answer its JSON.
 from __future__ import annotations
 
 import functools
-import json
 import re
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from tokensvc import logs, openapi, schemas
+from tokensvc import jsontext, logs, openapi, schemas
 from tokensvc.admin import MAX_PAGE
 from tokensvc.bootstrap import CLI_CLIENT
 from tokensvc.config import listen_url
@@ -40,12 +39,16 @@ class AdminEndpoint(JsonHandler):
         return Operator(self.ctx, self.config)
 
     def body(self) -> Any:
-        """The JSON body (an empty one is ``{}``); 422 when it is not JSON."""
+        """The JSON body (an empty one is ``{}``); 422 when it is not JSON, or is nested deeper
+        than :data:`tokensvc.jsontext.MAX_DEPTH` (never parsed then)."""
         if not self.request.body:
             return {}
         try:
-            return json.loads(self.request.body)
-        except (ValueError, UnicodeDecodeError):
+            return jsontext.loads(self.request.body)
+        except jsontext.TooDeep as exc:
+            raise ValidationFailed([{"loc": ["body"], "msg": f"Invalid JSON: {exc}", "type": "json_invalid",
+                                     "input": None, "ctx": {"max_depth": exc.max_depth}}]) from None
+        except ValueError:  # UnicodeDecodeError too
             raise ValidationFailed([{"loc": ["body"], "msg": "Invalid JSON", "type": "json_invalid",
                                      "input": None, "ctx": {}}]) from None
 

@@ -12,7 +12,10 @@ not; a change between its handshake's authentication and its subscription is ask
 before ``ready`` (:meth:`.Recheck.stand_on`), so no reader is told ``ready`` on credentials that
 no longer hold. It also asks every :data:`RECHECK_SECONDS`: a removal reaches other processes
 as the write that precedes the deletion, which a relay that polls (no change streams) may never
-see, and a process of 0.9.0 marks none of its changes.
+see, and a process of 0.9.0 marks none of its changes. A reader that proved its client with the
+previous secret a rotation kept (at its handshake, or since: a rotation that kept the reader's
+secret as the previous one) is closed with :data:`CLOSE_CREDENTIALS` when that secret's time is
+up, at its expiry, not at the next check.
 
 What one reader may cost the process is bounded (the ``[feed]`` settings): a seat among the
 process's readers and its client's, taken before the upgrade (past either cap: 429 or 503,
@@ -31,6 +34,7 @@ import asyncio
 import logging
 from asyncio import Future
 from collections import deque
+from datetime import datetime
 from typing import Any
 
 import tornado.ioloop
@@ -81,6 +85,8 @@ class RevocationFeedSocket(WebHandler, tornado.websocket.WebSocketHandler):
     _pinging: asyncio.Task[None] | None = None
     _ponged = False
     _unsent_bytes = 0  # of live messages queued on the socket and not yet written to it
+    _until: datetime | None = None  # when the previous secret the reader proved expires
+    _expiry: object | None = None  # the loop's timeout that closes the reader then
 
     def initialize(self) -> None:
         super().initialize()
@@ -97,12 +103,13 @@ class RevocationFeedSocket(WebHandler, tornado.websocket.WebSocketHandler):
         self._caller = ClientRequest(authorization, None, None, self.request.remote_ip or "-", self.request.path)
         self._mark = self.ctx.events.mark()  # before the credentials are read (Recheck.stand_on)
         try:
-            client = await introspection.authorize_client(self.ctx, self._caller)
+            reader = await introspection.authorize_reader(self.ctx, self._caller)
         except HTTPAnswer as answer:
             if answer.status_code == 403:  # a client that proved its secret, without the right
                 self.edge.metrics.feed_refusals.labels("not_a_reader").inc()
             raise
-        self.log_client_id = client_id = client.client_id
+        self.log_client_id = client_id = reader.client.client_id
+        self._until = reader.until
         self._stands_on = [Revocation(CREDENTIALS, client_id)]
         # Resource servers send neither Sec-Fetch-Site nor Origin. A browser page elsewhere must
         # not ride on Basic credentials its browser remembers; refused in JSON here, before
@@ -132,8 +139,10 @@ class RevocationFeedSocket(WebHandler, tornado.websocket.WebSocketHandler):
         return 0.0
 
     async def open(self, *args: Any, **kwargs: Any) -> None:
+        self._ends_at(self._until)  # first: a check while it subscribes may give it another end
         await self._recheck.stand_on(self.ctx.events, self._stands_on, self._mark)
         if self.ws_connection is None:  # closed meanwhile: its credentials no longer hold, or it left
+            self._ends_at(None)
             return
         self._unsent: deque[tuple[Future[None], int]] = deque()
         self._bound = self.config.feed.max_unsent_bytes
@@ -155,6 +164,7 @@ class RevocationFeedSocket(WebHandler, tornado.websocket.WebSocketHandler):
         self._ponged = True
 
     def on_close(self) -> None:
+        self._ends_at(None)
         self.ctx.feed.close(self._send)
         self.ctx.events.unsubscribe(self._stands_on, self._recheck.request)
         if self._pinging is not None:
@@ -186,11 +196,34 @@ class RevocationFeedSocket(WebHandler, tornado.websocket.WebSocketHandler):
             await asyncio.sleep(interval - timeout)
 
     async def _check(self) -> None:
-        if not await introspection.still_a_reader(self.ctx, self._caller):
+        reader = await introspection.still_a_reader(self.ctx, self._caller)
+        if reader is None:
             self.edge.metrics.feed_refusals.labels("credentials").inc()
             log.warning("revocation feed: a reader of client %s closed (%d): its credentials no longer hold",
                         self.log_client_id, CLOSE_CREDENTIALS)
             self._end(CLOSE_CREDENTIALS, "the client's credentials no longer hold")
+        elif self.ws_connection is not None:
+            self._ends_at(reader.until)
+
+    def _ends_at(self, until: datetime | None) -> None:
+        """Close the reader at ``until`` (the previous secret it proved expires then), or at no
+        set time (None)."""
+        loop = tornado.ioloop.IOLoop.current()
+        if self._expiry is not None:
+            loop.remove_timeout(self._expiry)
+            self._expiry = None
+        if until is not None:
+            remaining = (until - self.ctx.clock()).total_seconds()
+            self._expiry = loop.call_later(max(0.0, remaining), self._expired)
+
+    def _expired(self) -> None:
+        self._expiry = None
+        if self.ws_connection is None:
+            return
+        self.edge.metrics.feed_refusals.labels("credentials").inc()
+        log.warning("revocation feed: a reader of client %s closed (%d): the previous secret it proved expired",
+                    self.log_client_id, CLOSE_CREDENTIALS)
+        self._end(CLOSE_CREDENTIALS, "the client's previous secret expired")
 
     def _send(self, message: Message) -> None:
         """A live message: queued on the socket, never awaited; past the bound of what the

@@ -14,6 +14,13 @@ is), so a form cannot claim an earlier one.
 The server's bound is below the stylesheet's, so that a person who clicks as soon as the
 buttons appear is never refused: what is left for the clocks of two processes (a page
 rendered by one, answered at another) to disagree by.
+
+The moment holds for :data:`MAX_SECONDS`, not for the session's life: an "allow" posted later
+than that after the page was rendered is taken for none as well, and the page shown again
+with a moment of its own. A page whose buttons have long been there is what a click meant for
+something else lands on, when a page elsewhere brings an old tab of the service back (the
+history, a restored window) under the user's pointer; an answer after that long was never the
+answer to what the user is reading now.
 """
 
 from __future__ import annotations
@@ -24,6 +31,8 @@ from datetime import datetime
 
 FIELD = "_shown"
 MIN_SECONDS = 0.5  # an "allow" sooner than this after the page was rendered is taken for none
+MAX_SECONDS = 600  # and one later than this (ten minutes: a page read at leisure is answered in time)
+TOO_SOON, TOO_LATE = "too soon", "too late"
 REVEAL_SECONDS = 0.8  # when the buttons appear (static/style.css: .decision button)
 
 
@@ -33,17 +42,21 @@ def stamp(secret: str, session_id: str | None, now: datetime) -> str:
     return f"{at}.{_signature(secret, at, session_id)}"
 
 
-def too_soon(secret: str, session_id: str | None, value: str | None, now: datetime) -> bool:
-    """Whether a decision posted at ``now`` with the ``_shown`` field ``value`` comes sooner than
-    :data:`MIN_SECONDS` after its page was rendered; a field that is missing or not signed for
-    this session (a form rendered by a release without it, or forged) is taken as too soon: the
-    page is shown again, with a field of its own."""
+def judge(secret: str, session_id: str | None, value: str | None, now: datetime) -> str | None:
+    """None when an "allow" posted at ``now`` with the ``_shown`` field ``value`` is taken;
+    :data:`TOO_SOON` when it comes sooner than :data:`MIN_SECONDS` after its page was rendered,
+    or the field is missing or not signed for this session (a form rendered by a release
+    without it, or forged); :data:`TOO_LATE` when it comes more than :data:`MAX_SECONDS` after.
+    Either way the page is shown again, with a field of its own."""
     if not value or len(value) > 128:
-        return True
+        return TOO_SOON
     at, _, signature = value.partition(".")
     if not at.isdigit() or not hmac.compare_digest(signature, _signature(secret, at, session_id)):
-        return True
-    return now.timestamp() * 1000 - int(at) < MIN_SECONDS * 1000
+        return TOO_SOON
+    waited = now.timestamp() * 1000 - int(at)
+    if waited < MIN_SECONDS * 1000:
+        return TOO_SOON
+    return TOO_LATE if waited > MAX_SECONDS * 1000 else None
 
 
 def _signature(secret: str, at: str, session_id: str | None) -> str:

@@ -87,6 +87,7 @@ class AuthorizeHandler(FormPage):
     :func:`authorization.decide`'s to say."""
 
     too_soon = False  # an "allow" that came before the page could be read (handlers/pace.py)
+    too_late = False  # or long after it was shown
 
     async def get(self) -> None:
         if self.at_base_url():
@@ -102,9 +103,10 @@ class AuthorizeHandler(FormPage):
         arguments = self.request.body_arguments
         answer = arguments.get("decision", [b""])[0].decode("utf-8", "replace") or None
         shown = arguments.get(pace.FIELD, [b""])[-1].decode("ascii", "replace")
-        if answer == "allow" and not self.form_expired and pace.too_soon(
-                self.config.cookie_secret, self._session_id, shown, self.ctx.clock()):
-            self.too_soon, answer = True, None  # a double click's second half: the page again
+        if answer == "allow" and not self.form_expired:
+            verdict = pace.judge(self.config.cookie_secret, self._session_id, shown, self.ctx.clock())
+            if verdict is not None:  # a double click's second half, or a page shown long ago: the page again
+                self.too_soon, self.too_late, answer = verdict == pace.TOO_SOON, verdict == pace.TOO_LATE, None
         # An expired form decides nothing either: the page is shown again.
         await self.handle(arguments, decision=None if self.form_expired else answer)
 
@@ -153,7 +155,8 @@ class AuthorizeHandler(FormPage):
         self.render(template, client=request.client, user=outcome.user, installation=installation,
                     scopes=describe_scopes(request.scopes, self.config.scopes, installation is not None),
                     fields=fields, destination=where, warning=warning, expired=self.form_expired,
-                    too_soon=self.too_soon, switch_to="/oauth/authorize?" + urlencode(request.hidden_fields()))
+                    too_soon=self.too_soon, too_late=self.too_late,
+                    switch_to="/oauth/authorize?" + urlencode(request.hidden_fields()))
 
 
 class LoginHandler(FormPage):

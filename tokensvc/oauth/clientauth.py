@@ -135,8 +135,23 @@ async def authenticate_grant_client(ctx: OAuthContext, request: ClientRequest) -
     return client
 
 
+@dataclass(slots=True, frozen=True)
+class Proof:
+    """A client proven, and the previous secret it was proven with (None: its current secret)."""
+
+    client: Client
+    previous: PreviousSecret | None = None
+
+
 async def authenticate_request(ctx: OAuthContext, request: ClientRequest) -> Client:
-    """The client a token-endpoint request proves, under the failure limits, or InvalidClient.
+    """The client a token-endpoint request proves (:func:`prove`)."""
+    return (await prove(ctx, request)).client
+
+
+async def prove(ctx: OAuthContext, request: ClientRequest) -> Proof:
+    """The client a token-endpoint request proves, under the failure limits, or InvalidClient;
+    with the previous secret it proved, when it was that one (a feed reader holds only until
+    that secret's time is up).
 
     The credentials are checked first (a digest, in constant time). A failure is counted
     against the address and the client id, audited and counted in the metrics; past a limit
@@ -175,17 +190,25 @@ async def authenticate_request(ctx: OAuthContext, request: ClientRequest) -> Cli
     except InvalidClient:
         await _failed(ctx, attempt, creds.client_id, request)
         raise
-    by_previous = previous is not None and not hashing.matches(creds.client_secret or "", proven.secret_hash or "")
-    if guessable(proven, previous if by_previous else None):
+    used = proven_by_previous(proven, creds, previous)
+    if guessable(proven, used):
         try:
             await limits.check(attempt)
         except TooManyFailures:
             ctx.metrics.refused_by_limit("client_auth")
             raise
-    if by_previous:
-        assert previous is not None
-        await _previous_used(ctx, previous, request, now)  # proven, and not by its current secret
-    return proven
+    if used is not None:
+        await _previous_used(ctx, used, request, now)  # proven, and not by its current secret
+    return Proof(proven, used)
+
+
+def proven_by_previous(client: Client, creds: ClientCredentials,
+                       previous: PreviousSecret | None) -> PreviousSecret | None:
+    """``previous`` when it is what ``creds`` proved ``client`` with (:func:`verify` said they
+    prove it), not its current secret; else None."""
+    if previous is None or hashing.matches(creds.client_secret or "", client.secret_hash or ""):
+        return None
+    return previous
 
 
 def guessable(client: Client, previous: PreviousSecret | None = None) -> bool:

@@ -7,6 +7,8 @@ which the revocation feed names when they are revoked (:mod:`tokensvc.oauth.feed
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
 from tokensvc.oauth import bearer, clientauth, feed, scopes
@@ -23,42 +25,67 @@ TOKEN_TYPES = {ACCESS: "access_token", REFRESH: "refresh_token"}
 
 async def authorize_caller(ctx: OAuthContext, request: ClientRequest) -> None:
     """Introspection is open to a resource server or a confidential first-party client (its
-    secret, body or Basic) and to an admin user's bearer token carrying ``admin``. Anyone else:
+    secret, body or Basic) and to an admin user's bearer token carrying ``admin``. Every call
+    names its client (the interface: every token-endpoint call carries ``client_id``), a bearer
+    call the client its token was issued to. Anyone else: 422 for a call that names no client,
     401 for credentials that prove nothing, 403 for a caller who is not allowed."""
     presented = bearer.from_authorization(request.authorization)
     if presented is not None:
+        clientauth.require_client(request)
         token = await bearer.active_access_token(ctx, presented)
         if token is None:
             raise InvalidClient("The bearer token is not active")
+        if request.client_id != token.token.client_id:
+            raise InvalidClient("client_id is not the client the bearer token was issued to")
         check_bearer_caller(token)
         return
     await authorize_client(ctx, request)
 
 
+@dataclass(slots=True, frozen=True)
+class Reader:
+    """A client that may read the revocation feed, and until when the secret it proved proves
+    it: the expiry of its previous secret when it proved that one; None for its current secret,
+    which holds until it is changed (and the change is announced)."""
+
+    client: Client
+    until: datetime | None = None
+
+
 async def authorize_client(ctx: OAuthContext, request: ClientRequest) -> Client:
+    """A client that proves its secret and may introspect."""
+    return (await authorize_reader(ctx, request)).client
+
+
+async def authorize_reader(ctx: OAuthContext, request: ClientRequest) -> Reader:
     """A client that proves its secret and may introspect: the one way to read the revocation
     feed (``GET /oauth/revocations``, HTTP Basic)."""
-    client = await clientauth.authenticate_request(ctx, request)
+    proof = await clientauth.prove(ctx, request)
+    client = proof.client
     if not client.confidential:  # it tried Basic (the feed takes nothing else): challenged to again
         raise InvalidClient("Introspection needs client authentication", basic=True)
     check_client_caller(client)
-    return client
+    return Reader(client, proof.previous.expires_at if proof.previous else None)
 
 
-async def still_a_reader(ctx: OAuthContext, request: ClientRequest) -> bool:
-    """Whether the credentials a feed reader proved at its handshake still prove a client that
-    may read the feed (asked again when its client changes: removed, its secret rotated, its
-    right withdrawn): its secret, or the previous one while a rotation keeps that in force. No
-    new attempt: nothing is counted against a limit nor audited."""
+async def still_a_reader(ctx: OAuthContext, request: ClientRequest) -> Reader | None:
+    """The reader again, when the credentials a feed reader proved at its handshake still prove
+    a client that may read the feed (asked when its client changes: removed, its secret rotated,
+    its right withdrawn): its secret, or the previous one while a rotation keeps that in force,
+    and then until that one's time is up (a rotation that kept the reader's secret as the
+    previous one gives it an end). None when they prove nothing. No new attempt: nothing is
+    counted against a limit nor audited."""
     creds = request.credentials()
     assert creds is not None  # it was proven at the handshake
     client = await ctx.store.get_client(creds.client_id)
     previous = await ctx.store.get_previous_secret(creds.client_id) if client is not None else None
     try:
-        check_client_caller(clientauth.verify(client, creds, previous, ctx.clock()))
+        proven = clientauth.verify(client, creds, previous, ctx.clock())
+        check_client_caller(proven)
     except (InvalidClient, AccessDenied):
-        return False
-    return True
+        return None
+    used = clientauth.proven_by_previous(proven, creds, previous)
+    return Reader(proven, used.expires_at if used else None)
 
 
 def check_client_caller(client: Client) -> None:

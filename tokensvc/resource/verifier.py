@@ -72,7 +72,6 @@ import base64
 import contextlib
 import email.utils
 import hashlib
-import json
 import logging
 import random
 import re
@@ -81,11 +80,12 @@ from collections import OrderedDict, deque
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
-from urllib.parse import parse_qs, quote, unquote_plus, urlencode
+from urllib.parse import parse_qs, quote, urlencode
 
 from tornado.httpclient import AsyncHTTPClient, HTTPClientError, HTTPRequest
 from tornado.websocket import WebSocketClientConnection, WebSocketClosedError, websocket_connect
 
+from tokensvc import jsontext, redaction
 from tokensvc.oauth.hashing import ACCESS_TOKEN, SECRET_LENGTH
 from tokensvc.oauth.scopes import satisfies
 from tokensvc.resource.errors import InsufficientScope, InvalidToken, Unavailable
@@ -120,14 +120,16 @@ def query_token(query: str) -> str | None:
 
 def masked_query(query: str) -> str:
     """``query`` with the value of ``access_token`` (a WebSocket's token, RFC 6750 §2.3)
-    replaced by ``***``: what a log may hold of a query. The name counts as a parser decodes it
-    (``access%5Ftoken``, ``access%5ftoken``, ``access_token+``), in any case; every other part
-    is kept byte for byte."""
+    replaced by ``***``: what a log may hold of a query. The name counts as any parser may read
+    it (:func:`tokensvc.redaction.name_key`: ``access%5Ftoken``, ``ACCESS_TOKEN``,
+    ``access_token+``, ``access_token%00``, ``access_token%20``); every other part is kept byte
+    for byte (the other names a log withholds may be the application's own: ``code`` and
+    ``state`` at its OAuth callback)."""
     if "%" not in query and "token" not in query.lower():
         return query
     parts = re.split(r"([&;])", query)  # ';' too: a parser that takes it as a separator sees a name there
     for index in range(0, len(parts), 2):
-        if unquote_plus(parts[index].partition("=")[0]).strip().lower() == "access_token":
+        if redaction.name_key(parts[index].partition("=")[0]) == "access_token":
             parts[index] = "access_token=***"
     return "".join(parts)
 
@@ -409,7 +411,7 @@ class Verifier:
         sent = self._wall()
         try:
             response = await self._client().fetch(request)
-            answer = json.loads(response.body)
+            answer = jsontext.loads(response.body)
         except HTTPClientError as exc:  # an answer other than 200, or none (599)
             if exc.code in (400, 422):  # the token itself refused (too long, malformed): none tokensvc issued
                 return None
@@ -731,7 +733,7 @@ class Verifier:
                 if raw is None:
                     return f"closed (code {connection.close_code}, {connection.close_reason or 'no reason'})"
                 try:
-                    (self._heard if opened else self._opened)(json.loads(raw))
+                    (self._heard if opened else self._opened)(jsontext.loads(raw))
                 except _Broken as broken:
                     return str(broken)
                 opened = True

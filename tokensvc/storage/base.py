@@ -14,7 +14,7 @@ A backend raises :class:`StorageError` when it cannot answer (the web layer answ
 from __future__ import annotations
 
 import abc
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -707,6 +707,17 @@ class Housekeeping(abc.ABC):
 
         Called by /readyz (handlers/readiness.py).
         """
+
+    async def deployment_settings(self, settings: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
+        """Record this process's ``settings`` of those every instance of one store must share
+        (the store is one deployment: ``admin.cli_client``), and answer the other running
+        processes of this store that say otherwise: by process (``host:pid:tag``), the settings
+        they differ in, as they say them. A store only one process uses (memory), or no serving
+        process's, answers nothing.
+
+        Called by start-up (bootstrap.py), after seeding.
+        """
+        return {}
 
     def failure_counts(self) -> FailureCounts | None:
         """The failed-attempt counts every process sharing this store sees, or None where one

@@ -157,10 +157,41 @@ async def running(store: MongoStore) -> list[Seen]:
     now = utcnow()
     found = []
     for entry in await store.db[COLLECTION].find({"stopped_at": None}).to_list(None):
-        seen_at = entry["seen_at"] if entry["seen_at"].tzinfo else entry["seen_at"].replace(tzinfo=UTC)
-        if seen_at + timedelta(seconds=MISSED_BEATS * entry.get("heartbeat_seconds", 10)) >= now:
+        seen_at = _seen_at(entry)
+        if _alive(entry, now):
             found.append(Seen(entry.get("release"), f"{entry.get('host')}:{entry.get('pid')}", entry.get("reads", 1),
                               entry.get("writes"), seen_at, entry.get("heartbeat_seconds", 10)))
+    return found
+
+
+def _seen_at(entry: dict[str, Any]) -> Any:
+    return entry["seen_at"] if entry["seen_at"].tzinfo else entry["seen_at"].replace(tzinfo=UTC)
+
+
+def _alive(entry: dict[str, Any], now: Any) -> bool:
+    """Whether a registered process that has not stopped counts as running at ``now``."""
+    return bool(_seen_at(entry) + timedelta(seconds=MISSED_BEATS * entry.get("heartbeat_seconds", 10)) >= now)
+
+
+# The deployment's settings a process says in its entry (``settings``: a later field, which
+# 0.10.0 neither writes nor reads): those every instance of one store must share.
+SETTINGS_FIELD = "settings"
+SETTINGS_FILTER = {"stopped_at": None, SETTINGS_FIELD: {"$exists": True}}
+
+
+def disagreeing(entries: list[dict[str, Any]], own_id: str, settings: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """Of ``entries`` (the registry's, :data:`SETTINGS_FILTER`), the running processes but
+    this one that say another value of any of ``settings``: by their entry's id
+    (``host:pid:tag``), those values."""
+    now = utcnow()
+    found: dict[str, dict[str, Any]] = {}
+    for entry in entries:
+        if entry["_id"] == own_id or not _alive(entry, now):
+            continue
+        theirs = entry.get(SETTINGS_FIELD) or {}
+        differ = {name: theirs[name] for name, value in settings.items() if name in theirs and theirs[name] != value}
+        if differ:
+            found[str(entry["_id"])] = differ
     return found
 
 

@@ -84,6 +84,7 @@ RETRY_KINDS: dict[str, str] = {
     "list_user_sessions": READ, "touch_session": RERUN,
     # Housekeeping
     "open": ONCE, "close": STEPS, "upkeep": STEPS, "ping": READ, "revocation_feed": STEPS, "purge_expired": RERUN,
+    "deployment_settings": STEPS,
     # Failure counts (FailureCounts)
     "count_attempt": ONCE, "uncount_attempt": ONCE, "read_counts": READ,
     # The steps of the STEPS methods above.
@@ -92,6 +93,7 @@ RETRY_KINDS: dict[str, str] = {
     "_live_client_grant_ids": READ, "_revoke_where": RERUN,  # revoke_client_grants
     "_clear_removed": RERUN, "_drop_removal": RERUN,  # end_removal
     "_mark_stopped": RERUN,  # close
+    "_declare_settings": RERUN, "_running_settings": READ,  # deployment_settings
     "heartbeat": RERUN,  # upkeep
     "_revoked_since": READ,  # revocation_feed, polling
 }

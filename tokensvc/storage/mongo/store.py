@@ -9,7 +9,7 @@ import contextlib
 import inspect
 import logging
 import secrets
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
@@ -448,6 +448,22 @@ class MongoStore(RevocationFeed, Store, FailureCounts):
         result = self._client.close()
         if inspect.isawaitable(result):
             await result
+
+    async def deployment_settings(self, settings: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
+        if self.registration is None:  # no serving process's store: it says nothing for one
+            return {}
+        await self._declare_settings(dict(settings))
+        return processes.disagreeing(await self._running_settings(), self.registration.id, dict(settings))
+
+    @guarded()
+    async def _declare_settings(self, settings: dict[str, Any]) -> None:
+        assert self.registration is not None
+        await self.db[processes.COLLECTION].update_one({"_id": self.registration.id},
+                                                       {"$set": {processes.SETTINGS_FIELD: settings}})
+
+    @guarded()
+    async def _running_settings(self) -> list[dict[str, Any]]:
+        return await self.db[processes.COLLECTION].find(processes.SETTINGS_FILTER).to_list(None)
 
     @guarded()
     async def _mark_stopped(self) -> None:
