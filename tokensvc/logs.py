@@ -38,7 +38,7 @@ REQUEST_ID: ContextVar[str | None] = ContextVar("request_id", default=None)
 
 # Request parameters whose values are secrets: never written to a log line.
 SECRET_PARAMETERS = frozenset({"token", "access_token", "code", "refresh_token", "client_secret",
-                               "code_verifier", "password", "state"})
+                               "code_verifier", "confirmation_code", "password", "state"})
 TORNADO_LOGGERS = ("tornado.access", "tornado.application", "tornado.general")
 
 # A value Tornado quotes with %r (a header, a cookie, a request's repr), and a secret parameter
