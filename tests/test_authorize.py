@@ -614,10 +614,9 @@ async def test_admin_to_a_native_app_shows_a_confirmation_code_that_its_exchange
     text = " ".join(re.sub(r"<[^>]+>", "", html).split())
     shown = confirmation_shown(html)
     assert shown and confirmation.normalized(shown) is not None
-    assert "Your confirmation code" in text and "Type it where tokensvc command line asks for it, then choose " \
-        "Continue. Without this code, tokensvc command line gets nothing." in text
-    assert "Any program on this computer can start this: only the one you type the code below into gets the " \
-        "access." in text
+    assert "Type this code where tokensvc command line asks for it, then choose Continue: " + shown in text
+    assert "Go on only if you started this yourself, just now. Any program on this computer can start this: only " \
+        "the one you type the code into gets the access. Never type the code into a web page." in text
     field = browser.form_fields(html)[confirmation_field.FIELD]
     assert field.startswith(confirmation.normalized(shown) + ".")
     allowed = await browser.decide(page, "allow")
@@ -647,7 +646,7 @@ async def test_other_pages_show_no_confirmation_code(browser, store):
                  await browser.authorize("skyplanner", SKY_REDIRECT, scope="read")):
         assert page.code == 200 and confirmation_shown(page.body.decode()) is None
         assert confirmation_field.FIELD not in browser.form_fields(page.body.decode())
-        assert b"Your confirmation code" not in page.body
+        assert b'class="confirmation"' not in page.body
         allowed = await browser.decide(page, "allow")
         code = query_of(allowed.headers["Location"])["code"]
         assert await store.get_code(hashing.digest(code)) is not None
@@ -710,6 +709,7 @@ async def test_the_page_shown_again_keeps_its_confirmation_code(browser, clock):
     again = await browser.fetch("/oauth/authorize", "POST", {**browser.form_fields(page.body.decode()),
                                                              "decision": "allow"})
     assert b"Your answer came before this page could be read" in again.body
+    assert confirmation_shown(page.body.decode()) is not None
     assert confirmation_shown(again.body.decode()) == confirmation_shown(page.body.decode())
 
 

@@ -46,7 +46,7 @@ def destination(redirect_uri: str, confirmed: bool = False) -> tuple[str, str]:
     ("on this computer, port 53817"), and who else could have started the request; with
     ``confirmed`` (the page shows a confirmation code), who gets the access then."""
     parts = urlsplit(redirect_uri)
-    typed = ": only the one you type the code below into gets the access."
+    typed = ": only the one you type the code into gets the access."
     if parts.scheme not in ("http", "https"):
         return (f"in the app that opens {parts.scheme}: links on this device",
                 "Any app on this device can start this and claim those links" + (typed if confirmed else "."))
