@@ -543,7 +543,7 @@ def test_tokensvc_login_asks_for_the_code_on_the_terminal_without_echoing_it(ser
     pid, terminal = pty.fork()
     if pid == 0:  # the child: its controlling terminal is the pseudo-terminal
         os.execve(sys.executable, argv, environ)
-    seen = b""
+    seen, status = b"", None
 
     def read_until(wanted: bytes) -> None:
         nonlocal seen
@@ -570,9 +570,9 @@ def test_tokensvc_login_asks_for_the_code_on_the_terminal_without_echoing_it(ser
         read_until(b"signed in to ")
         assert shown[0].encode() not in seen[before:]  # never echoed
         assert termios.tcgetattr(terminal)[3] & termios.ECHO  # the terminal as it was found
-        _, status = os.waitpid(pid, 0)
+        status = os.waitpid(pid, 0)[1]
     finally:
-        with contextlib.suppress(ChildProcessError, ProcessLookupError):
+        if status is None:  # not reaped: still ours to end
             os.kill(pid, 9)
             os.waitpid(pid, 0)
         os.close(terminal)
