@@ -110,10 +110,10 @@ class AuthorizeHandler(FormPage):
             self.too_soon, answer = True, None  # a double click's second half: the page again
         # The confirmation code the page showed, if its form carries one signed for this session
         # (shown again with the page, and the one an "allow" issues the code for).
-        typed = confirmation_field.shown(self.config.cookie_secrets, self._session_id,
-                                         arguments.get(confirmation_field.FIELD, [b""])[-1].decode("ascii", "replace"))
+        carried = arguments.get(confirmation_field.FIELD, [b""])[-1].decode("ascii", "replace")
+        code_shown = confirmation_field.shown(self.config.cookie_secrets, self._session_id, carried)
         # An expired form decides nothing either: the page is shown again.
-        await self.handle(arguments, decision=None if self.form_expired else answer, confirmation=typed)
+        await self.handle(arguments, decision=None if self.form_expired else answer, code_shown=code_shown)
 
     def at_base_url(self) -> bool:
         """Whether the request names base_url's host where auth_url names another: the
@@ -123,7 +123,8 @@ class AuthorizeHandler(FormPage):
         return base != auth and self.request.host_name == base
 
     async def handle(self, raw_args: dict[str, list[bytes]], decision: str | None,
-                     confirmation: str | None = None) -> None:
+                     code_shown: str | None = None) -> None:
+        """What the request leads to; ``code_shown``: the confirmation code the answered page showed."""
         try:
             args = {name: [value.decode("utf-8") for value in values] for name, values in raw_args.items()
                     if name not in ("decision", "_xsrf", pace.FIELD, confirmation_field.FIELD)}
@@ -132,8 +133,7 @@ class AuthorizeHandler(FormPage):
                                      "The link that sent you here is malformed.") from None
         found = await self.session()
         try:
-            outcome = await authorization.decide(self.ctx, args, found[1] if found else None, decision,
-                                                 confirmation)
+            outcome = await authorization.decide(self.ctx, args, found[1] if found else None, decision, code_shown)
         except (RedirectUnverified, RedirectError):
             if self.form_expired:  # nothing to show again: the refusal itself
                 raise XsrfFailed() from None
@@ -153,21 +153,21 @@ class AuthorizeHandler(FormPage):
         """The page where the user decides: its form leads on to the verified redirect_uri
         (``form-action``), posts back with its XSRF token, and names where the code goes; where
         the answer needs one, it shows the confirmation code and its form carries it."""
-        request, installation, typed = outcome.request, outcome.installation, outcome.confirmation
+        request, installation, code_shown = outcome.request, outcome.installation, outcome.confirmation
         self.allow_sources(form_action=[request.redirect_uri], img_src=[request.client.logo_url])
-        where, warning = destination(request.redirect_uri, confirmed=typed is not None)
+        where, warning = destination(request.redirect_uri, confirmed=code_shown is not None)
         template = {authorization.Pairing: "pairing.html", authorization.Confirm: "confirm.html"}.get(
             type(outcome), "consent.html")
         fields = {**request.hidden_fields(),
                   pace.FIELD: pace.stamp(self.config.cookie_secret, self._session_id, self.ctx.clock())}
-        if typed is not None:
+        if code_shown is not None:
             fields[confirmation_field.FIELD] = confirmation_field.field(self.config.cookie_secret, self._session_id,
-                                                                        typed)
+                                                                        code_shown)
         self.render(template, client=request.client, user=outcome.user, installation=installation,
                     scopes=describe_scopes(request.scopes, self.config.scopes, installation is not None),
                     fields=fields, destination=where, warning=warning, expired=self.form_expired,
                     too_soon=self.too_soon, switch_to="/oauth/authorize?" + urlencode(request.hidden_fields()),
-                    confirmation=confirmation.shown(typed) if typed is not None else None)
+                    confirmation=confirmation.shown(code_shown) if code_shown is not None else None)
 
 
 class LoginHandler(FormPage):
