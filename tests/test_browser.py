@@ -111,7 +111,7 @@ button.addEventListener("mousedown", () => { location.href = q.get("to"); }, {on
 </script>"""
 
 
-# The two-step lure of issue 45: a page of another origin asks for a click on its button
+# A two-step lure: a page of another origin asks for a click on its button
 # (``/two-clicks?x=...&y=...&to=URL&code=...``), whose mousedown sends the browser to ``to``, and
 # for another click at the same place a moment later, when "the next screen" is there: where
 # Continue then is. It shows a "confirmation code" of its own, as a lure hoping to be typed.
@@ -830,7 +830,7 @@ def attacker_exchange(service: str, listener, code: str, confirmation: str | Non
 
 @pytest.mark.parametrize("gap", [1, 2, 3])
 def test_a_two_click_lure_elsewhere_gets_no_admin(service, stranger, listener, driver, gap):
-    """Issue 45's lure: a page of another origin asks a signed-in administrator for a click
+    """The two-step lure: a page of another origin asks a signed-in administrator for a click
     (which opens the command line's authorization, with a loopback port and PKCE challenge of
     the page's own) and for another one ``gap`` seconds later at the same place, where
     Continue then is; it shows a "confirmation code" of its own. The second click is taken and
