@@ -30,6 +30,7 @@ WEBAPP_REDIRECT = "http://127.0.0.1:8080/callback"
 SKY_REDIRECT = "http://127.0.0.1:9000/callback"
 PARTNER_REDIRECT = "https://partner.example/cb"
 NODE_REDIRECT = "http://127.0.0.1:8765/paired"
+CLI_REDIRECT = "http://127.0.0.1:53817/callback"  # tokensvc login's loopback port
 
 # scrypt hashes of "alice-password", "bob-password" and "root-password", computed once so
 # that seeding a fresh store per test costs nothing.
@@ -208,6 +209,13 @@ def query_of(url: str) -> dict[str, str]:
     return {key: values[0] for key, values in parse_qs(urlsplit(url).query).items()}
 
 
+def confirmation_shown(html: str) -> str | None:
+    """The confirmation code a page shows (``K7QM-3XPD``: oauth/confirmation.py), as a person
+    reads it off the page; None when it shows none."""
+    found = re.search(r'<p class="code"><code>([0-9A-Z]{4}-[0-9A-Z]{4})</code></p>', html)
+    return found[1] if found else None
+
+
 @dataclass
 class Browser:
     """Drives the HTML side of the service the way a user agent does; with the service's
@@ -218,6 +226,7 @@ class Browser:
     clock: Clock | None = None
     cookies: dict[str, str] = field(default_factory=dict)
     address: str | None = None  # the loopback address it connects from (127.0.0.0/8), if not the default
+    confirmation: str | None = None  # the confirmation code the last page answered showed
 
     async def fetch(self, path: str, method: str = "GET", body: dict[str, str] | None = None,
                     headers: dict[str, str] | None = None) -> HTTPResponse:
@@ -270,6 +279,7 @@ class Browser:
 
         fields = self.form_fields(consent_page.body.decode())
         fields["decision"] = decision
+        self.confirmation = confirmation_shown(consent_page.body.decode())
         if self.clock is not None:
             self.clock.advance(pace.REVEAL_SECONDS)
         return await self.fetch("/oauth/authorize", "POST", fields)
@@ -289,10 +299,13 @@ class Browser:
 
 async def exchange(client: AsyncHTTPClient, base_url: str, code: str, *, client_id: str = "webapp",
                    secret: str | None = WEBAPP_SECRET, redirect_uri: str = WEBAPP_REDIRECT,
-                   verifier: str | None = VERIFIER, use_basic: bool = True) -> HTTPResponse:
+                   verifier: str | None = VERIFIER, use_basic: bool = True,
+                   confirmation: str | None = None) -> HTTPResponse:
     form = {"grant_type": "authorization_code", "code": code, "redirect_uri": redirect_uri}
     if verifier is not None:
         form["code_verifier"] = verifier
+    if confirmation is not None:
+        form["confirmation_code"] = confirmation
     headers = {}
     if secret is not None and use_basic:
         headers["Authorization"] = basic(client_id, secret)
@@ -330,12 +343,40 @@ def new_verifier() -> tuple[str, str]:
 async def issue_tokens(ctx: Any, username: str, scope: str, client_id: str = "webapp",
                        redirect_uri: str = WEBAPP_REDIRECT) -> Any:
     """A token response for ``username`` through the protocol core (an authorization the user
-    allowed, its code redeemed), without HTTP: for tests of what a token opens."""
-    from tokensvc.oauth import authorization, grants
+    allowed, its code redeemed, with the confirmation code its page showed where it needs
+    one), without HTTP: for tests of what a token opens."""
+    from tokensvc.oauth import authorization, confirmation, grants
 
     args = {"response_type": "code", "client_id": client_id, "redirect_uri": redirect_uri, "state": "s",
             "code_challenge": CHALLENGE, "code_challenge_method": "S256", "scope": scope}
     request = await authorization.validate(ctx, {name: [value] for name, value in args.items()})
     subject, _ = await authorization.resolve_subject(ctx, request, await ctx.store.get_user_by_username(username))
-    code = (await authorization.issue_code(ctx, request, subject)).split("code=")[1].split("&")[0]
-    return await grants.exchange_code(ctx, await ctx.store.get_client(client_id), code, redirect_uri, VERIFIER)
+    shown = (confirmation.new() if authorization.needs_confirmation(request.client, request.redirect_uri,
+                                                                    request.scopes) else None)
+    code = (await authorization.issue_code(ctx, request, subject, shown)).split("code=")[1].split("&")[0]
+    return await grants.exchange_code(ctx, await ctx.store.get_client(client_id), code, redirect_uri, VERIFIER,
+                                      shown)
+
+
+async def confirmed_code(ctx: Any, username: str = "root", client_id: str = "tokensvc-cli",
+                         redirect_uri: str = CLI_REDIRECT, scope: str = "admin") -> tuple[str, str]:
+    """A code ``username`` allowed on the page of an authorization that would grant admin to a
+    native app, through the protocol core, and the confirmation code that page showed."""
+    from tokensvc.oauth import authorization
+
+    args = {name: [value] for name, value in {
+        "response_type": "code", "client_id": client_id, "redirect_uri": redirect_uri, "state": "s",
+        "code_challenge": CHALLENGE, "code_challenge_method": "S256", "scope": scope}.items()}
+    user = await ctx.store.get_user_by_username(username)
+    page = await authorization.decide(ctx, args, user)
+    assert page.confirmation is not None, page
+    issued = await authorization.decide(ctx, args, user, "allow", page.confirmation)
+    return query_of(issued.location)["code"], page.confirmation
+
+
+def another_confirmation(shown: str) -> str:
+    """A confirmation code that is not ``shown``: its last character changed."""
+    from tokensvc.oauth import confirmation
+
+    last = confirmation.ALPHABET[(confirmation.ALPHABET.index(shown[-1]) + 1) % len(confirmation.ALPHABET)]
+    return shown[:-1] + last

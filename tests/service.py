@@ -23,7 +23,7 @@ from urllib.parse import parse_qs, urlencode, urljoin, urlsplit
 
 import children
 import requests
-from helpers import wait_until
+from helpers import confirmation_shown, wait_until
 
 WEBAPP_SECRET = "e2e-webapp-secret"
 # Bounds for a hang, not speeds: on a busy 2-core machine a start (the imports, the store)
@@ -262,10 +262,12 @@ def answer_when_read(agent: requests.Session, url: str, page: str, decision: str
 
 
 def user_agent_authorize(authorization_url: str, decision: str = "allow", password: str = "violet-tide-anchor",
-                         username: str = "alice") -> str:
+                         username: str = "alice", read: Callable[[str], None] | None = None) -> str:
     """Follow the authorization URL as a browser would: sign in, answer the page that asks
     (third-party consent, pairing, or the one-click page of a native app or of admin) with one
-    click, and return the final redirect to the client (not followed: the caller decides)."""
+    click, and return the final redirect to the client (not followed: the caller decides).
+    ``read`` is handed the confirmation code the page shows, if it shows one, before the click
+    (the person reads it off the page and types it where the app asks)."""
     agent = requests.Session()
     response = agent.get(authorization_url, allow_redirects=False)
     assert response.status_code == 302 and response.headers["Location"].startswith("/login?next=")
@@ -278,6 +280,9 @@ def user_agent_authorize(authorization_url: str, decision: str = "allow", passwo
     response = agent.get(urljoin(authorization_url, response.headers["Location"]), allow_redirects=False)
     if response.status_code == 200:  # the page where the user decides
         assert 'name="decision" value="allow"' in response.text, response.text
+        shown = confirmation_shown(response.text)
+        if shown is not None and read is not None:
+            read(shown)
         response = answer_when_read(agent, urljoin(authorization_url, "/oauth/authorize"), response.text, decision)
     assert response.status_code == 302, response.text
     return response.headers["Location"]
@@ -297,11 +302,14 @@ def access_token(base: str, client_id: str, redirect_uri: str, scope: str, usern
     answer = browser.post(base + "/login", data={**hidden_fields(sign_in.text), "username": username,
                                                  "password": password}, allow_redirects=False, timeout=10)
     answer = browser.get(urljoin(url, answer.headers["Location"]), allow_redirects=False, timeout=10)
-    if answer.status_code == 200:  # a consent (or pairing) page
+    shown = None
+    if answer.status_code == 200:  # a consent (or pairing) page, the confirmation code it shows
+        shown = confirmation_shown(answer.text)
         answer = answer_when_read(browser, base + "/oauth/authorize", answer.text)
     code = parse_qs(urlsplit(answer.headers["Location"]).query)["code"][0]
     form = {"grant_type": "authorization_code", "code": code, "redirect_uri": redirect_uri,
-            "code_verifier": verifier, "client_id": client_id, **({"client_secret": secret} if secret else {})}
+            "code_verifier": verifier, "client_id": client_id, **({"client_secret": secret} if secret else {}),
+            **({"confirmation_code": shown} if shown else {})}
     issued = requests.post(base + "/oauth/token", data=form, timeout=10)
     assert issued.status_code == 200, issued.text
     return issued.json()["access_token"]

@@ -5,6 +5,7 @@ loopback redirect, and the operator commands run as processes with ``--url``."""
 from __future__ import annotations
 
 import base64
+import contextlib
 import hashlib
 import json
 import os
@@ -15,7 +16,9 @@ import stat
 import subprocess
 import sys
 import threading
+from collections.abc import Iterator
 from pathlib import Path
+from typing import TextIO
 from urllib.parse import parse_qs, urlencode, urlsplit
 
 import pytest
@@ -40,25 +43,46 @@ def service(tmp_path_factory):
     assert "quartz-river-beacon" not in output
 
 
-def sign_in_in_a_browser(url: str, username: str = "root", password: str = "quartz-river-beacon") -> None:
-    """What the operator does in the browser ``tokensvc login`` opened: sign in, and land on
-    the command line's loopback port (in a thread: the command line serves it meanwhile)."""
+def sign_in_in_a_browser(url: str, username: str = "root", password: str = "quartz-river-beacon",
+                         typing: TextIO | None = None) -> None:
+    """What the operator does in the browser ``tokensvc login`` opened: sign in, type the
+    confirmation code the page shows where the command line reads it (``typing``), answer the
+    page, and land on the command line's loopback port (in a thread: the command line serves it
+    meanwhile)."""
+
+    def typed(code: str) -> None:
+        if typing is not None:
+            typing.write(code + "\n")
+            typing.flush()
 
     def browse() -> None:
-        landed = user_agent_authorize(url, username=username, password=password)
+        landed = user_agent_authorize(url, username=username, password=password, read=typed)
         requests.get(landed, timeout=10)
 
     threading.Thread(target=browse, daemon=True).start()
 
 
+@contextlib.contextmanager
+def keyboard(patch: pytest.MonkeyPatch) -> Iterator[TextIO]:
+    """Standard input of ``tokensvc login --confirmation-stdin`` in this process: a pipe whose
+    other end the test types into; closed at the end, so that a question left open ends."""
+    reading, writing = (os.fdopen(end, mode) for end, mode in zip(os.pipe(), ("r", "w"), strict=True))
+    patch.setattr("sys.stdin", reading)
+    try:
+        yield writing
+    finally:
+        writing.close()
+
+
 @pytest.fixture(scope="module")
 def credentials(service, tmp_path_factory):
-    """``tokensvc login`` as root, in process (its browser played by requests); the file it keeps."""
+    """``tokensvc login`` as root, in process (its browser played by requests, the confirmation
+    code typed on its standard input); the file it keeps."""
     path = tmp_path_factory.mktemp("home") / "tokensvc" / "credentials.json"
-    with pytest.MonkeyPatch.context() as patch:
+    with pytest.MonkeyPatch.context() as patch, keyboard(patch) as typing:
         patch.setenv("TOKENSVC_CREDENTIALS", str(path))
-        patch.setattr("webbrowser.open", sign_in_in_a_browser)
-        assert cli.main(["login", "--url", service.admin, "--json"]) == 0
+        patch.setattr("webbrowser.open", lambda url: sign_in_in_a_browser(url, typing=typing))
+        assert cli.main(["login", "--url", service.admin, "--confirmation-stdin", "--json"]) == 0
     return path
 
 
@@ -170,10 +194,12 @@ def test_the_command_line_reaches_a_loopback_service_whatever_proxy_the_environm
 def test_login_as_someone_who_is_not_an_admin_is_refused_in_one_line(service, tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("TOKENSVC_CREDENTIALS", str(tmp_path / "credentials.json"))
     monkeypatch.setattr("webbrowser.open", lambda url: sign_in_in_a_browser(url, "alice", "violet-tide-anchor"))
-    assert cli.main(["login", "--url", service.admin]) == 1
-    prompt, address, refusal = capsys.readouterr().err.splitlines()
+    with keyboard(monkeypatch):
+        assert cli.main(["login", "--url", service.admin, "--confirmation-stdin"]) == 1
+    prompt, address, *asked, refusal = capsys.readouterr().err.splitlines()
     assert prompt == "Sign in as an administrator in your browser:"
     assert address.strip().startswith(service.base + "/oauth/authorize?response_type=code&client_id=tokensvc-cli")
+    assert asked[0].startswith("The page shows a confirmation code: type it here")
     assert refusal == "tokensvc: the service refused: The admin scope is for administrators only"
     assert not (tmp_path / "credentials.json").exists()
 
@@ -261,17 +287,19 @@ def test_users_sessions_and_tokens_from_the_command_line(service, credentials):
 
 def cli_tokens(service) -> dict:
     """The command line client's tokens for root: one authorization (the one-click page
-    answered), its code exchanged."""
+    answered), its code exchanged with the confirmation code the page showed."""
     verifier = secrets.token_urlsafe(48)
     challenge = base64.urlsafe_b64encode(hashlib.sha256(verifier.encode()).digest()).rstrip(b"=").decode()
     redirect = "http://127.0.0.1:5/callback"  # any loopback port of the CLI's client
     url = service.base + "/oauth/authorize?" + urlencode({
         "response_type": "code", "client_id": "tokensvc-cli", "redirect_uri": redirect, "scope": "admin",
         "state": "s", "code_challenge": challenge, "code_challenge_method": "S256"})
-    code = parse_qs(urlsplit(user_agent_authorize(url, username="root", password="quartz-river-beacon")).query)["code"]
+    shown: list[str] = []
+    landed = user_agent_authorize(url, username="root", password="quartz-river-beacon", read=shown.append)
+    code = parse_qs(urlsplit(landed).query)["code"]
     return requests.post(service.base + "/oauth/token", timeout=10, data={
         "grant_type": "authorization_code", "code": code[0], "redirect_uri": redirect, "code_verifier": verifier,
-        "client_id": "tokensvc-cli"}).json()
+        "client_id": "tokensvc-cli", "confirmation_code": shown[0]}).json()
 
 
 def test_headless_automation_with_a_refresh_token_file(service, tmp_path):
@@ -454,3 +482,110 @@ def test_a_secret_rotated_with_keep_previous_works_beside_the_new_one(service, c
     newest = re.search(r"client_secret: (\S+)", ok(tokensvc(
         "clients", "rotate-secret", "rolling", "--url", service.admin, credentials=credentials)))[1]
     assert proves(newest)
+
+
+# -- tokensvc login as a process: the confirmation code the page shows ---------------------------
+
+
+def login_environment(credentials: Path) -> dict[str, str]:
+    environ = {key: value for key, value in os.environ.items() if not key.startswith("TOKENSVC_")}
+    return {**environ, "TOKENSVC_CREDENTIALS": str(credentials)}
+
+
+def test_tokensvc_login_takes_the_pages_confirmation_code_on_standard_input(service, tmp_path):
+    """``tokensvc login --confirmation-stdin`` as a process, end to end: it says where to sign
+    in and that the page shows a code; what cannot be a code is asked again at once, a code the
+    service says is not the page's is asked again (the code may be presented three times), and
+    the page's own code signs in as root with admin, kept for the operator commands."""
+    from helpers import another_confirmation
+
+    credentials = tmp_path / "credentials.json"
+    login = subprocess.Popen([sys.executable, "-m", "tokensvc", "login", "--url", service.admin, "--no-browser",
+                              "--confirmation-stdin", "--json"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True, env=login_environment(credentials))
+    try:
+        assert login.stderr.readline() == "Sign in as an administrator in your browser:\n"
+        url = login.stderr.readline().strip()
+        shown: list[str] = []
+        landed = user_agent_authorize(url, username="root", password="quartz-river-beacon", read=shown.append)
+        login.stdin.write("nope\n" + another_confirmation(shown[0]) + "\n" + shown[0].lower() + "\n")
+        login.stdin.close()
+        page = requests.get(landed, timeout=10)
+        login.wait(60)
+        out, err = login.stdout.read(), login.stderr.read()  # the rest (a line read is not read again)
+    finally:
+        if login.poll() is None:
+            login.kill()
+            login.communicate()
+    assert login.returncode == 0, err
+    assert page.status_code == 200
+    assert err.splitlines() == [
+        "The page shows a confirmation code: type it here (it is not shown as you type), then choose Continue on "
+        "the page.", "Confirmation code:",
+        "That is not a confirmation code (8 letters and digits, as the page shows them). Type it again:",
+        "That is not the code the page showed. Type it again (2 tries left):"]
+    signed_in = json.loads(out)
+    assert (signed_in["username"], signed_in["clientId"], signed_in["scope"]) == ("root", "tokensvc-cli", "admin")
+    assert "root" in ok(tokensvc("users", "list", "--url", service.admin, credentials=credentials))
+
+
+def test_tokensvc_login_asks_for_the_code_on_the_terminal_without_echoing_it(service, tmp_path):
+    """``tokensvc login`` as a person runs it, on a terminal of its own (a pseudo-terminal): the
+    page answered first, the command line's page says to type the code; the code typed is not
+    echoed, the sign-in goes through, and the terminal echoes again after."""
+    import pty
+    import select
+    import termios
+    import time
+
+    argv = [sys.executable, "-m", "tokensvc", "login", "--url", service.admin, "--no-browser"]
+    environ = login_environment(tmp_path / "credentials.json")
+    pid, terminal = pty.fork()
+    if pid == 0:  # the child: its controlling terminal is the pseudo-terminal
+        os.execve(sys.executable, argv, environ)
+    seen, status = b"", None
+
+    def read_until(wanted: bytes) -> None:
+        nonlocal seen
+        deadline = time.monotonic() + 60
+        while wanted not in seen:
+            assert time.monotonic() < deadline, seen
+            if select.select([terminal], [], [], 0.5)[0]:
+                try:
+                    seen += os.read(terminal, 4096)
+                except OSError:  # the child closed the terminal
+                    break
+
+    try:
+        read_until(b"Confirmation code: ")
+        url = re.search(rb"(http://\S+/oauth/authorize\?\S+)", seen)[1].decode()
+        assert not termios.tcgetattr(terminal)[3] & termios.ECHO  # while it asks
+        shown: list[str] = []
+        landed = user_agent_authorize(url, username="root", password="quartz-river-beacon", read=shown.append)
+        # Continue before the code is typed: the command line's page says where to type it.
+        page = requests.get(landed, timeout=10)
+        assert "<title>Type the code in the command line · tokensvc</title>" in page.text
+        before = len(seen)
+        os.write(terminal, shown[0].encode() + b"\n")
+        read_until(b"signed in to ")
+        assert shown[0].encode() not in seen[before:]  # never echoed
+        assert termios.tcgetattr(terminal)[3] & termios.ECHO  # the terminal as it was found
+        status = os.waitpid(pid, 0)[1]
+    finally:
+        if status is None:  # not reaped: still ours to end
+            os.kill(pid, 9)
+            os.waitpid(pid, 0)
+        os.close(terminal)
+    assert os.waitstatus_to_exitcode(status) == 0, seen
+
+
+def test_tokensvc_login_without_a_terminal_says_so_before_the_sign_in(service, tmp_path):
+    """No terminal to ask on (a session without one, as a job runs): said at once, with the way
+    out, rather than after the operator signed in."""
+    result = subprocess.run([sys.executable, "-m", "tokensvc", "login", "--url", service.admin, "--no-browser"],
+                            capture_output=True, text=True, timeout=60, start_new_session=True,
+                            env=login_environment(tmp_path / "credentials.json"))
+    assert result.returncode == 1
+    assert result.stderr.splitlines()[-1] == ("tokensvc: no terminal to type the confirmation code on: give it on "
+                                              "standard input with --confirmation-stdin")
+    assert not (tmp_path / "credentials.json").exists()

@@ -17,7 +17,14 @@ import pytest
 import requests
 from authlib.integrations.requests_client import OAuth2Session
 from service import WEBAPP_SECRET, user_agent_authorize
-from test_admin_cli import credentials, ok, service, sign_in_in_a_browser, tokensvc  # noqa: F401 - fixtures among them
+from test_admin_cli import (  # noqa: F401 - fixtures among them
+    credentials,
+    keyboard,
+    ok,
+    service,
+    sign_in_in_a_browser,
+    tokensvc,
+)
 from test_cli import config_path, mongo, run  # noqa: F401 - fixtures
 
 from tokensvc import cli
@@ -460,11 +467,11 @@ def signed_in_admin(service, credentials, tmp_path, username: str) -> Path:
                  f"{username}.toml")
     ok(tokensvc("apply", "-f", made, "--url", service.admin, credentials=credentials))
     path = tmp_path / username / "credentials.json"
-    with pytest.MonkeyPatch.context() as patch:
+    with pytest.MonkeyPatch.context() as patch, keyboard(patch) as typing:
         patch.setenv("TOKENSVC_CREDENTIALS", str(path))
         patch.setattr("webbrowser.open", functools.partial(sign_in_in_a_browser, username=username,
-                                                           password=OPS_PASSWORD))
-        assert cli.main(["login", "--url", service.admin, "--json"]) == 0
+                                                           password=OPS_PASSWORD, typing=typing))
+        assert cli.main(["login", "--url", service.admin, "--confirmation-stdin", "--json"]) == 0
     return path
 
 

@@ -6,7 +6,7 @@ from datetime import UTC, datetime
 from urllib.parse import urlencode, urlsplit
 
 import pytest
-from helpers import CHALLENGE, NODE_REDIRECT, SKY_REDIRECT, WEBAPP_REDIRECT, query_of
+from helpers import CHALLENGE, NODE_REDIRECT, SKY_REDIRECT, WEBAPP_REDIRECT, another_confirmation, query_of
 
 from tokensvc.oauth import hashing
 
@@ -618,3 +618,127 @@ def test_the_buttons_appear_after_the_server_takes_an_answer():
     rule = re.search(r"\.decision button \{[^}]*animation: appear [.0-9]+s [a-z-]+ ([.0-9]+)s both;", css)
     assert rule and float(rule.group(1)) == pace.REVEAL_SECONDS > pace.MIN_SECONDS + 0.25
     assert re.search(r"@keyframes appear \{ from \{ visibility: hidden; opacity: 0; \}", css)
+
+
+# -- admin to a native app: the confirmation code its page shows ---------------------------------
+
+
+@pytest.mark.gen_test
+async def test_admin_to_a_native_app_shows_a_confirmation_code_that_its_exchange_must_carry(
+        browser, http_client, base_url, store):
+    """The one-click page of tokensvc login shows a confirmation code, says where to type it, and
+    its form carries it (signed); the code the click issues is exchanged only with it."""
+    from helpers import confirmation_shown, exchange, json_of
+
+    from tokensvc.handlers import confirmation_field
+    from tokensvc.oauth import confirmation
+
+    await browser.login("root")
+    page = await browser.authorize("tokensvc-cli", CLI_REDIRECT, scope="admin")
+    html = page.body.decode()
+    text = " ".join(re.sub(r"<[^>]+>", "", html).split())
+    shown = confirmation_shown(html)
+    assert shown and confirmation.normalized(shown) is not None
+    assert "Type this code where tokensvc command line asks for it, then choose Continue: " + shown in text
+    assert "Go on only if you started this yourself, just now. Any program on this computer can start this: only " \
+        "the one you type the code into gets the access. Never type the code into a web page." in text
+    field = browser.form_fields(html)[confirmation_field.FIELD]
+    assert field.startswith(confirmation.normalized(shown) + ".")
+    allowed = await browser.decide(page, "allow")
+    code = query_of(allowed.headers["Location"])["code"]
+    assert await store.get_code(hashing.digest(code)) is None  # stored under code and confirmation alone
+    cli = {"client_id": "tokensvc-cli", "secret": None, "redirect_uri": CLI_REDIRECT}
+    refused = await exchange(http_client, base_url, code, **cli)
+    assert refused.code == 400 and b"invalid_grant" in refused.body
+    wrong = await exchange(http_client, base_url, code, **cli, confirmation=another_confirmation(shown))
+    assert wrong.code == 400 and confirmation.NOT_THE_PAGES.encode() in wrong.body
+    issued = await exchange(http_client, base_url, code, **cli, confirmation=shown.lower())
+    assert issued.code == 200 and json_of(issued)["scope"] == "admin"
+
+
+@pytest.mark.gen_test
+async def test_other_pages_show_no_confirmation_code(browser, store):
+    """A native app's other scopes (its one-click page, pairing), a confidential client's admin
+    and a third party's consent at an https address: as before, no code shown, none carried."""
+    from helpers import confirmation_shown
+
+    from tokensvc.handlers import confirmation_field
+
+    await browser.login("root")
+    for page in (await browser.authorize("node-agent", NODE_REDIRECT, scope="read"),
+                 await browser.authorize("node-agent", NODE_REDIRECT, installation_id="backyard-scope"),
+                 await browser.authorize("webapp", WEBAPP_REDIRECT, scope="read admin"),
+                 await browser.authorize("skyplanner", SKY_REDIRECT, scope="read")):
+        assert page.code == 200 and confirmation_shown(page.body.decode()) is None
+        assert confirmation_field.FIELD not in browser.form_fields(page.body.decode())
+        assert b'class="confirmation"' not in page.body
+        allowed = await browser.decide(page, "allow")
+        code = query_of(allowed.headers["Location"])["code"]
+        assert await store.get_code(hashing.digest(code)) is not None
+
+
+@pytest.mark.gen_test
+async def test_a_third_partys_native_app_asking_for_admin_shows_the_code_on_its_consent_page(browser, store):
+    from helpers import confirmation_shown
+
+    from tokensvc.records import Client
+
+    await store.put_client(Client("desk-admin", "Desk admin", ["com.example.desk:/cb"], ["admin"]))
+    await browser.login("root")
+    page = await browser.authorize("desk-admin", "com.example.desk:/cb", scope="admin")
+    assert page.code == 200 and b"wants access to your account" in page.body
+    assert confirmation_shown(page.body.decode()) and b"then choose Allow" in page.body
+
+
+@pytest.mark.gen_test
+@pytest.mark.parametrize("carried", ["missing", "its-own", "another-session", "malformed"])
+async def test_an_answer_issues_the_code_only_for_the_confirmation_its_page_showed(
+        browser, http_client, base_url, clock, store, carried):
+    """The form's confirmation is the server's word, bound to the session: a form that drops it,
+    brings one of its own (a lure's, signed by nobody), or carries another session's issues no
+    code; the page is shown again with a confirmation code of its own."""
+    from helpers import Browser, confirmation_shown
+
+    from tokensvc.handlers import confirmation_field
+    from tokensvc.oauth import confirmation
+
+    await browser.login("root")
+    page = await browser.authorize("tokensvc-cli", CLI_REDIRECT, scope="admin")
+    fields = {**browser.form_fields(page.body.decode()), "decision": "allow"}
+    if carried == "missing":
+        fields.pop(confirmation_field.FIELD)
+    elif carried == "its-own":
+        _, _, signature = fields[confirmation_field.FIELD].partition(".")
+        fields[confirmation_field.FIELD] = f"K7QM3XPD.{signature}"
+    elif carried == "another-session":
+        other = Browser(http_client, base_url, clock)
+        await other.login("root")
+        theirs = await other.authorize("tokensvc-cli", CLI_REDIRECT, scope="admin")
+        fields[confirmation_field.FIELD] = other.form_fields(theirs.body.decode())[confirmation_field.FIELD]
+    else:
+        fields[confirmation_field.FIELD] = "K7QM3XPD"
+    clock.advance(pace_seconds())
+    again = await browser.fetch("/oauth/authorize", "POST", fields)
+    assert again.code == 200 and "Location" not in again.headers and code_count(store) == 0
+    assert confirmation.normalized(confirmation_shown(again.body.decode())) is not None
+
+
+@pytest.mark.gen_test
+async def test_the_page_shown_again_keeps_its_confirmation_code(browser, clock):
+    """An answer that came too soon shows the page again with the same code: a person who
+    typed it already has typed the right one."""
+    from helpers import confirmation_shown
+
+    await browser.login("root")
+    page = await browser.authorize("tokensvc-cli", CLI_REDIRECT, scope="admin")
+    again = await browser.fetch("/oauth/authorize", "POST", {**browser.form_fields(page.body.decode()),
+                                                             "decision": "allow"})
+    assert b"Your answer came before this page could be read" in again.body
+    assert confirmation_shown(page.body.decode()) is not None
+    assert confirmation_shown(again.body.decode()) == confirmation_shown(page.body.decode())
+
+
+def pace_seconds() -> float:
+    from tokensvc.handlers import pace
+
+    return pace.REVEAL_SECONDS

@@ -22,6 +22,7 @@ from __future__ import annotations
 import http.server
 import json
 import os
+import re
 import shutil
 import socket
 import threading
@@ -45,7 +46,11 @@ if not (CHROMIUM and CHROMEDRIVER):
     pytest.skip("no headless browser here: apt-get install chromium chromium-driver", allow_module_level=True)
 
 webdriver = pytest.importorskip("selenium.webdriver")
-from selenium.common.exceptions import StaleElementReferenceException, WebDriverException  # noqa: E402
+from selenium.common.exceptions import (  # noqa: E402
+    StaleElementReferenceException,
+    TimeoutException,
+    WebDriverException,
+)
 from selenium.webdriver.common.by import By  # noqa: E402
 from selenium.webdriver.support import expected_conditions  # noqa: E402
 from selenium.webdriver.support.ui import WebDriverWait  # noqa: E402
@@ -106,18 +111,35 @@ button.addEventListener("mousedown", () => { location.href = q.get("to"); }, {on
 </script>"""
 
 
+# A two-step lure: a page of another origin asks for a click on its button
+# (``/two-clicks?x=...&y=...&to=URL&code=...``), whose mousedown sends the browser to ``to``, and
+# for another click at the same place a moment later, when "the next screen" is there: where
+# Continue then is. It shows a "confirmation code" of its own, as a lure hoping to be typed.
+TWO_CLICKS = """<!doctype html><title>a game</title><link rel="icon" href="data:,">
+<p>Click the button, then click again at the same place when the next screen appears.</p>
+<p>Your code: <strong id="code"></strong></p>
+<button id="b" style="position:absolute;transform:translate(-50%,-50%);width:160px;height:60px">Click me</button>
+<script>
+const q = new URLSearchParams(location.search), button = document.getElementById("b");
+button.style.left = q.get("x") + "px"; button.style.top = q.get("y") + "px";
+document.getElementById("code").textContent = q.get("code");
+button.addEventListener("mousedown", () => { location.href = q.get("to"); }, {once: true});
+</script>"""
+
+
 class CallbackPage(http.server.BaseHTTPRequestHandler):
     """A client's redirect target: a plain page that names what it received; with
-    ``state=app``, the browser app above; at ``/navigate``, ``/post`` and ``/double-click``, a
-    page of another origin that sends the browser on (above)."""
+    ``state=app``, the browser app above; at ``/navigate``, ``/post``, ``/double-click`` and
+    ``/two-clicks``, a page of another origin that sends the browser on (above)."""
 
     def do_GET(self) -> None:
         body = b'<!doctype html><title>callback</title><link rel="icon" href="data:,"><p>received</p>'
         path = urlsplit(self.path).path
         if parse_qs(urlsplit(self.path).query).get("state") == ["app"]:
             body = BROWSER_APP.replace("VERIFIER", VERIFIER).encode()
-        elif path in ("/navigate", "/post", "/double-click"):
-            body = {"/navigate": NAVIGATE, "/post": POST, "/double-click": DOUBLE_CLICK}[path].encode()
+        elif path in ("/navigate", "/post", "/double-click", "/two-clicks"):
+            body = {"/navigate": NAVIGATE, "/post": POST, "/double-click": DOUBLE_CLICK,
+                    "/two-clicks": TWO_CLICKS}[path].encode()
         self.send_response(200)
         self.send_header("Content-Type", "text/html; charset=utf-8")
         self.send_header("Content-Length", str(len(body)))
@@ -709,21 +731,47 @@ def test_a_page_of_another_origin_gets_no_code_for_a_signed_in_admin(service, st
     assert listener.seen == []
 
 
+def one_line(driver, element) -> bool:
+    """Whether ``element``'s text stands on one line (a code broken over two is misread)."""
+    return driver.execute_script("const r = document.createRange(); r.selectNodeContents(arguments[0]);"
+                                 "return r.getClientRects().length === 1", element)
+
+
+def shown_code(driver) -> str:
+    """The confirmation code the page shows, as a person reads it."""
+    return driver.find_element(By.CSS_SELECTOR, ".confirmation .code code").text
+
+
 def test_the_command_lines_sign_in_is_one_click(service, callback, driver, shots):
-    """tokensvc login's page in a browser: signed in, one click on Continue, and the code lands
-    on the command line's loopback port (form-action lets the form lead there), console clean."""
+    """tokensvc login's page in a browser: signed in, the confirmation code to type into the
+    command line shown large and whole (on a phone too), one click on Continue, and the code
+    lands on the command line's loopback port (form-action lets the form lead there), console
+    clean. The code shown redeems it."""
     redirect = f"{callback}/callback"
     driver.get(cli_url(service, redirect))
     sign_in(driver, PASSWORDS["root"], "root")
     carry_on = decision(driver, "allow")
     assert carry_on.text == "Continue"
     port = urlsplit(callback).port
-    assert f"tokensvc command line on this computer, port {port}" in driver.find_element(By.TAG_NAME, "main").text
+    main = driver.find_element(By.TAG_NAME, "main").text
+    assert f"tokensvc command line on this computer, port {port}" in main
+    assert "Type this code where tokensvc command line asks for it, then choose Continue:" in main
+    code = driver.find_element(By.CSS_SELECTOR, ".confirmation .code code")
+    assert re.fullmatch(r"[0-9A-Z]{4}-[0-9A-Z]{4}", code.text) and code.rect["height"] >= 36  # large
+    assert one_line(driver, code)
     assert fits_the_window(driver) and chips_whole(driver)
     driver.save_screenshot(str(shots / "confirm.png"))
-    carry_on.click()
+    typed = shown_code(driver)
+    driver.set_window_size(375, 812)
+    assert fits_the_window(driver) and one_line(driver, code)
+    driver.set_window_size(1100, 900)
+    decision(driver, "allow").click()
     query = landed_on(driver, redirect)
     assert query["state"] == ["s"] and query["code"]
+    tokens = requests.post(service + "/oauth/token", data={
+        "grant_type": "authorization_code", "code": query["code"][0], "redirect_uri": redirect,
+        "code_verifier": VERIFIER, "client_id": "tokensvc-cli", "confirmation_code": typed}, timeout=30)
+    assert tokens.status_code == 200 and tokens.json()["scope"] == "admin"
 
 
 def click_at(driver, x: int, y: int, count: int) -> None:
@@ -771,6 +819,60 @@ def test_a_double_click_elsewhere_gets_no_code_and_a_persons_click_does(service,
     assert len(listener.seen) == 1 and parse_qs(urlsplit(listener.seen[0]).query)["code"]
 
 
+def attacker_exchange(service: str, listener, code: str, confirmation: str | None) -> requests.Response:
+    """What the program on the listener's port does with a code it received: exchanges it with
+    the verifier of the challenge it wrote into the request, and whatever confirmation it has."""
+    return requests.post(service + "/oauth/token", timeout=30, data={
+        "grant_type": "authorization_code", "code": code, "code_verifier": VERIFIER, "client_id": "tokensvc-cli",
+        "redirect_uri": f"http://127.0.0.1:{listener.server_address[1]}/callback",
+        **({"confirmation_code": confirmation} if confirmation is not None else {})})
+
+
+@pytest.mark.parametrize("gap", [1, 2, 3])
+def test_a_two_click_lure_elsewhere_gets_no_admin(service, stranger, listener, driver, gap):
+    """The two-step lure: a page of another origin asks a signed-in administrator for a click
+    (which opens the command line's authorization, with a loopback port and PKCE challenge of
+    the page's own) and for another one ``gap`` seconds later at the same place, where
+    Continue then is; it shows a "confirmation code" of its own. The second click is taken and
+    the code reaches the port, but the program there never saw the page: exchanged without a
+    confirmation, or with the lure's, it gives nothing (before: 200 and scope admin). The code
+    the page showed the person, which only they saw, is what redeems it."""
+    import secrets
+    import time
+
+    sign_in_directly(driver, service, "root")
+    target = cli_url(service, f"http://127.0.0.1:{listener.server_address[1]}/callback")
+    driver.get(target)  # where Continue appears is the same for everyone at this size: the page knows it
+    box = driver.execute_script("const r = arguments[0].getBoundingClientRect();"
+                                "return [Math.round(r.x + r.width / 2), Math.round(r.y + r.height / 2)];",
+                                decision(driver, "allow"))
+    lures = "".join(secrets.choice("0123456789ABCDEFGHJKMNPQRSTVWXYZ") for _ in range(8))
+    lures = f"{lures[:4]}-{lures[4:]}"
+    for _ in range(5):  # until the second click lands on Continue (a busy machine may load the page later)
+        driver.get(f"{stranger}/two-clicks?" + urlencode({"x": box[0], "y": box[1], "to": target, "code": lures}))
+        assert wait_for(driver, By.ID, "code").text == lures
+        first = time.monotonic()
+        click_at(driver, *box, count=1)  # its mousedown sends the browser on
+        wait_until(driver, lambda d: urlsplit(d.current_url).path == "/oauth/authorize")
+        time.sleep(max(0.0, first + gap - time.monotonic()))
+        click_at(driver, *box, count=1)  # the second click, where Continue is now
+        try:
+            WebDriverWait(driver, 10).until(lambda d: listener.seen)
+            break
+        except TimeoutException:
+            continue
+    else:
+        pytest.fail(f"the second click, {gap} s after the first, never landed on Continue (too busy a machine)")
+    assert len(listener.seen) == 1
+    code = parse_qs(urlsplit(listener.seen[0]).query)["code"][0]
+    for confirmation in (None, lures):
+        refused = attacker_exchange(service, listener, code, confirmation)
+        assert refused.status_code == 400 and refused.json()["error"] == "invalid_grant", refused.text
+        assert "access_token" not in refused.text
+    answered = attacker_exchange(service, listener, code, shown_code(driver))  # the person's, off the page
+    assert answered.status_code == 200 and answered.json()["scope"] == "admin"
+
+
 def test_not_alice_switches_account_on_the_pairing_page_too(service, callback, driver):
     driver.get(pairing_url(service, callback))
     sign_in(driver, PASSWORDS["alice"])
@@ -815,25 +917,36 @@ def test_the_home_pages_addresses_wrap_only_after_a_slash_on_a_phone(service, dr
 
 
 def test_tokensvc_login_lands_on_a_page_in_the_services_look(running, driver, tmp_path, monkeypatch):
-    """The command line's loopback page, reached by Chromium at the end of tokensvc login."""
+    """tokensvc login end to end in Chromium: signed in, the confirmation code the page shows
+    typed where the command line reads it, one click, and the command line's loopback page in
+    the service's look; the command line keeps an admin's refresh token."""
     import queue
 
     from tokensvc import cli
 
     opened: queue.Queue[str] = queue.Queue()
-    monkeypatch.setenv("TOKENSVC_CREDENTIALS", str(tmp_path / "credentials.json"))
+    credentials = tmp_path / "credentials.json"
+    monkeypatch.setenv("TOKENSVC_CREDENTIALS", str(credentials))
     monkeypatch.setattr("webbrowser.open", opened.put)
+    reading, typing = (os.fdopen(end, mode) for end, mode in zip(os.pipe(), ("r", "w"), strict=True))
+    monkeypatch.setattr("sys.stdin", reading)  # what --confirmation-stdin reads
     code: list[int] = []
-    login = threading.Thread(target=lambda: code.append(cli.main(["login", "--url", running.admin, "--json"])))
+    login = threading.Thread(target=lambda: code.append(cli.main(["login", "--url", running.admin,
+                                                                  "--confirmation-stdin", "--json"])))
     login.start()
     driver.get(opened.get(timeout=30))
     sign_in(driver, PASSWORDS["root"], "root")
-    decision(driver, "allow").click()  # the one click a native app needs
-    wait_until(driver, lambda d: d.title == "Signed in · tokensvc")
+    carry_on = decision(driver, "allow")
+    typing.write(shown_code(driver) + "\n")  # the person types what the page shows
+    typing.close()
+    carry_on.click()  # then the one click
+    # "Signed in", or, when the command line had not read the code yet, where to type it.
+    wait_until(driver, lambda d: d.title in ("Signed in · tokensvc", "Type the code in the command line · tokensvc"))
     card = driver.find_element(By.TAG_NAME, "main")
-    assert "You can close this window and go back to the command line." in card.text
+    assert "go back to the command line" in card.text or "where the command line asks for it" in card.text
     style = driver.execute_script("const s = getComputedStyle(arguments[0]); return [s.backgroundColor, "
                                   "s.borderRadius, s.maxWidth]", card)
     assert style == ["rgb(255, 255, 255)", "12px", "440px"]  # the card of the service's pages
     login.join(30)
     assert code == [0]
+    assert json.loads(credentials.read_text())[running.admin]["client_id"] == "tokensvc-cli"

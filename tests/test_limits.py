@@ -772,3 +772,111 @@ async def test_forty_wrong_passwords_from_twenty_addresses_over_eight_processes_
 
     known = KnownBrowser.new().knowing("alice")
     assert (await sessions.sign_in(processes[3], "alice", "alice-password", "127.0.0.1", known)).username == "alice"
+
+
+# -- confirmation codes: per code whatever the settings, per address as sign-ins --------------------
+
+
+async def present(ctx, code, typed, address="127.0.0.1"):
+    """A code of ``tokensvc-cli`` presented with the confirmation ``typed``: the scope it gave,
+    or the refusal's name and description."""
+    from helpers import CLI_REDIRECT, VERIFIER
+
+    from tokensvc.oauth import grants
+    from tokensvc.oauth.errors import InvalidGrant
+
+    cli = await ctx.store.get_client("tokensvc-cli")
+    try:
+        return (await grants.exchange_code(ctx, cli, code, CLI_REDIRECT, VERIFIER, typed, address=address)).scope
+    except InvalidGrant as exc:
+        return exc.description
+    except TooManyFailures:
+        return "TooManyFailures"
+
+
+TOO_MANY = "Too many confirmation codes were presented with this authorization code: it is no longer valid"
+
+
+def count_code_lookups(monkeypatch, store) -> list[str]:
+    looked_up: list[str] = []
+    original = store.get_code
+
+    async def get_code(code_hash):
+        looked_up.append(code_hash)
+        return await original(code_hash)
+
+    monkeypatch.setattr(store, "get_code", get_code)
+    return looked_up
+
+
+@pytest.mark.gen_test(timeout=60)
+@pytest.mark.parametrize("backend_store", BACKENDS, indirect=True)
+async def test_a_code_is_looked_up_for_three_confirmations_at_most_then_dies(yielding_ctx, monkeypatch):
+    """Whoever received the code guesses its confirmation (40 bits) three times at most,
+    concurrent guesses and guesses from many addresses included: each presentation is counted
+    before the lookup, and past three the code is dead, the right confirmation included."""
+    from helpers import another_confirmation, confirmed_code
+
+    from tokensvc.oauth import confirmation
+
+    code, shown = await confirmed_code(yielding_ctx)
+    looked_up = count_code_lookups(monkeypatch, yielding_ctx.store)
+    wrong = another_confirmation(shown)
+    results = await asyncio.gather(*(present(yielding_ctx, code, wrong, f"127.0.1.{n}") for n in range(20)))
+    assert results.count(confirmation.NOT_THE_PAGES) == 3 and results.count(TOO_MANY) == 17
+    assert len(looked_up) == 3
+    assert await present(yielding_ctx, code, shown, "127.0.2.1") == TOO_MANY
+    # Another code's presentations are its own.
+    code, shown = await confirmed_code(yielding_ctx)
+    assert await present(yielding_ctx, code, wrong, "127.0.2.2") == confirmation.NOT_THE_PAGES
+    assert await present(yielding_ctx, code, shown, "127.0.2.2") == "admin"
+
+
+@pytest.mark.gen_test
+async def test_a_codes_three_presentations_hold_with_the_limits_turned_off(store):
+    from helpers import another_confirmation, confirmed_code
+
+    from tokensvc.bootstrap import make_context, seed
+
+    settings = make_config(limits={"enabled": False})
+    await seed(store, settings)
+    ctx = make_context(settings, store)
+    code, shown = await confirmed_code(ctx)
+    for _ in range(3):
+        assert await present(ctx, code, another_confirmation(shown)) != TOO_MANY
+    assert await present(ctx, code, shown) == TOO_MANY
+
+
+@pytest.mark.gen_test(timeout=60)
+async def test_a_codes_three_presentations_hold_over_eight_processes(processes):
+    from helpers import another_confirmation, confirmed_code
+
+    code, shown = await confirmed_code(processes[0])
+    wrong = another_confirmation(shown)
+    results = await asyncio.gather(*(present(processes[n % 8], code, wrong, f"127.0.3.{n}") for n in range(40)))
+    assert results.count(TOO_MANY) == 37
+    assert {await present(ctx, code, shown, f"127.0.4.{n}") for n, ctx in enumerate(processes)} == {TOO_MANY}
+
+
+@pytest.mark.gen_test(timeout=60)
+@pytest.mark.parametrize("backend_store", BACKENDS, indirect=True)
+async def test_wrong_confirmations_are_limited_per_address_and_right_ones_given_back(yielding_ctx):
+    """A person types the confirmation code, as a password: the presentations of an address are
+    reserved before the lookup, a right one given back, and past the sign-in's limit per
+    address (5 here) the address gets 429 for any, the right one included; another address
+    does not."""
+    from helpers import another_confirmation, confirmed_code
+
+    from tokensvc.oauth import confirmation
+
+    for _ in range(6):  # right ones never count
+        code, shown = await confirmed_code(yielding_ctx)
+        assert await present(yielding_ctx, code, shown, "127.0.0.8") == "admin"
+    for _ in range(5):
+        code, shown = await confirmed_code(yielding_ctx)
+        assert await present(yielding_ctx, code, another_confirmation(shown), "127.0.0.8") == confirmation.NOT_THE_PAGES
+    code, shown = await confirmed_code(yielding_ctx)
+    assert await present(yielding_ctx, code, shown, "127.0.0.8") == "TooManyFailures"
+    assert await present(yielding_ctx, code, shown, "127.0.0.9") == "admin"
+    assert yielding_ctx.metrics.registry.get_sample_value("tokensvc_rate_limited_total",
+                                                          {"kind": "confirmation"}) == 1

@@ -14,14 +14,15 @@ from urllib.parse import parse_qs, urlencode, urljoin, urlsplit
 
 import pytest
 import requests
-from helpers import DIGEST, hashes_of
-from service import WEBAPP_SECRET, answer_when_read, hidden_fields, start_service
+from helpers import DIGEST, another_confirmation, hashes_of
+from service import WEBAPP_SECRET, answer_when_read, hidden_fields, start_service, user_agent_authorize
 from tornado.websocket import websocket_connect
 
 pytestmark = pytest.mark.e2e
 
 NOWHERE = {"webapp": "http://127.0.0.1:1/callback", "skyplanner": "http://127.0.0.1:2/callback",
-           "node-agent": "http://127.0.0.1:3/paired"}
+           "node-agent": "http://127.0.0.1:3/paired", "tokensvc-cli": "http://127.0.0.1:4/callback"}
+ROOT = '\n[[users]]\nusername = "root"\npassword = "quartz-river-beacon"\nadmin = true\n'
 
 
 class Flows:
@@ -96,7 +97,7 @@ def raw(port: int, request: bytes) -> bytes:
 
 def test_no_secret_reaches_any_log_line(tmp_path, monkeypatch):
     monkeypatch.setenv("TOKENSVC_LOG_LEVEL", "debug")
-    service = start_service(tmp_path)
+    service = start_service(tmp_path, extra=ROOT)
     base = service.base
     port = int(base.rsplit(":", 1)[1])
     flows = Flows(base)
@@ -149,6 +150,24 @@ def test_no_secret_reaches_any_log_line(tmp_path, monkeypatch):
         requests.post(base + "/oauth/token/revoke", data={"token": node["refresh_token"], "client_id": "node-agent"})
         requests.post(base + "/oauth/revoke?token=" + node["access_token"])
         assert requests.delete(base + "/v1/me/connected-apps/webapp", headers=bearer).status_code == 204
+        # admin for the command line: the confirmation code its page showed, a wrong one first.
+        verifier = flows.secret(secrets.token_urlsafe(48))
+        challenge = base64.urlsafe_b64encode(hashlib.sha256(verifier.encode()).digest()).rstrip(b"=").decode()
+        shown: list[str] = []
+        landed = user_agent_authorize(base + "/oauth/authorize?" + urlencode({
+            "response_type": "code", "client_id": "tokensvc-cli", "redirect_uri": NOWHERE["tokensvc-cli"],
+            "scope": "admin", "state": flows.secret("state-" + secrets.token_hex(8)), "code_challenge": challenge,
+            "code_challenge_method": "S256"}), username="root", password=flows.secret("quartz-river-beacon"),
+            read=shown.append)
+        cli = {"grant_type": "authorization_code", "code": flows.secret(parse_qs(urlsplit(landed).query)["code"][0]),
+               "redirect_uri": NOWHERE["tokensvc-cli"], "code_verifier": verifier, "client_id": "tokensvc-cli"}
+        for typed in (another_confirmation(shown[0]), shown[0]):
+            flows.secret(typed)
+            flows.secret(typed.replace("-", ""))
+            answer = requests.post(base + "/oauth/token", data={**cli, "confirmation_code": typed})
+        assert answer.status_code == 200, answer.text
+        flows.secret(answer.json()["access_token"])
+        flows.secret(answer.json()["refresh_token"])
         # The sign-out form.
         page = flows.agent.get(base + "/account")
         flows.agent.post(base + "/logout", data=hidden_fields(page.text), allow_redirects=False)
@@ -169,7 +188,8 @@ def test_no_secret_reaches_any_log_line(tmp_path, monkeypatch):
         output = service.stop()
     # The flows happened, and were logged ...
     for evidence in ("token_issued", "token_refreshed", "code_reuse", "refresh_reuse", "client_auth",
-                     "Malformed HTTP message", "Invalid cookie signature", "/oauth/revoke?token=***"):
+                     "code_confirmation", "Malformed HTTP message", "Invalid cookie signature",
+                     "/oauth/revoke?token=***"):
         assert evidence in output, evidence
     # ... and not one of their secrets, nor its hash (what the store holds), nor any hash at all.
     leaked = sorted(value for value in flows.used | hashes_of(flows.used) if value in output)

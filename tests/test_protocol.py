@@ -7,18 +7,31 @@ from __future__ import annotations
 import pytest
 from helpers import (
     CHALLENGE,
+    CLI_REDIRECT,
     NODE_REDIRECT,
     PAST_CONCURRENT,
     SKY_REDIRECT,
     VERIFIER,
     WEBAPP_REDIRECT,
     WEBAPP_SECRET,
+    another_confirmation,
+    confirmed_code,
     make_config,
+    query_of,
 )
 
 from tokensvc.bootstrap import make_context, seed
 from tokensvc.errors import ValidationFailed
-from tokensvc.oauth import adminauth, authorization, clientauth, grants, hashing, introspection, revocation
+from tokensvc.oauth import (
+    adminauth,
+    authorization,
+    clientauth,
+    confirmation,
+    grants,
+    hashing,
+    introspection,
+    revocation,
+)
 from tokensvc.oauth.authorization import Confirm, Consent, Issued, Pairing, SignIn
 from tokensvc.oauth.clientauth import ClientRequest
 from tokensvc.oauth.errors import (
@@ -137,12 +150,22 @@ async def test_what_an_authorization_request_leads_to(seeded):
     # names), and admin whatever the client: the user's click first (RFC 8252 §8.6).
     root = await seeded.store.get_user_by_username("root")
     for request, user in ((args("node-agent", NODE_REDIRECT, scope="read"), alice),
-                          (args("tokensvc-cli", "http://127.0.0.1:53817/callback", scope="admin"), root),
                           (args(scope="read admin"), root)):
         confirm = await authorization.decide(seeded, request, user)
-        assert isinstance(confirm, Confirm) and confirm.user == user
+        assert isinstance(confirm, Confirm) and confirm.user == user and confirm.confirmation is None
         assert isinstance(await authorization.decide(seeded, request, user, "allow"), Issued)
     assert isinstance(await authorization.decide(seeded, args(scope="read"), root), Issued)
+    # admin to a native app: the page shows a confirmation code, and an answer issues the code
+    # only for the one its page showed (none: the page again, the same code when it is given).
+    cli = args("tokensvc-cli", CLI_REDIRECT, scope="admin")
+    confirm = await authorization.decide(seeded, cli, root)
+    assert isinstance(confirm, Confirm) and confirmation.normalized(confirm.confirmation) == confirm.confirmation
+    again = await authorization.decide(seeded, cli, root, "allow")
+    assert isinstance(again, Confirm) and again.confirmation != confirm.confirmation  # (1 in 2^40 to fail)
+    assert isinstance(await authorization.decide(seeded, cli, root, None, confirm.confirmation), Confirm)
+    assert (await authorization.decide(seeded, cli, root, None, confirm.confirmation)).confirmation \
+        == confirm.confirmation
+    assert isinstance(await authorization.decide(seeded, cli, root, "allow", confirm.confirmation), Issued)
 
 
 # -- code exchange ----------------------------------------------------------------------
@@ -172,6 +195,111 @@ async def test_a_code_is_bound_to_its_client_redirect_verifier_and_lifetime(seed
     clock.advance(seeded.tokens.code_ttl + 1)
     with pytest.raises(InvalidGrant, match="expired"):
         await grants.exchange_code(seeded, webapp, code, WEBAPP_REDIRECT, VERIFIER)
+
+
+# -- admin to a native app: the confirmation code its page showed ---------------------------------
+
+
+async def test_admin_to_a_native_app_is_redeemed_only_with_the_confirmation_its_page_showed(seeded):
+    """Two clicks deliver a code to whatever listens on the port the request named; the code is
+    worth nothing without the confirmation code the page showed the person, and a process that
+    looks it up by the code alone (a presentation without it; release 0.10.0) finds nothing."""
+    cli = await client(seeded, "tokensvc-cli")
+    code, shown = await confirmed_code(seeded)
+    assert await seeded.store.get_code(hashing.digest(code)) is None
+    with pytest.raises(InvalidGrant, match="^Unknown authorization code$"):
+        await grants.exchange_code(seeded, cli, code, CLI_REDIRECT, VERIFIER)
+    with pytest.raises(InvalidGrant, match=confirmation.NOT_THE_PAGES):
+        await grants.exchange_code(seeded, cli, code, CLI_REDIRECT, VERIFIER, another_confirmation(shown))
+    # As a person types it: lower case, a space and a hyphen, O and I for 0 and 1.
+    typed = (shown[:4] + " - " + shown[4:]).lower().replace("0", "o").replace("1", "i")
+    tokens = await grants.exchange_code(seeded, cli, code, CLI_REDIRECT, VERIFIER, typed)
+    assert tokens.scope == "admin"
+    assert (await introspection.introspect(seeded, tokens.access_token))["scope"] == "admin"
+    # The code is single-use as every code is: its replay with the confirmation revokes what it gave.
+    with pytest.raises(InvalidGrant, match="already used"):
+        await grants.exchange_code(seeded, cli, code, CLI_REDIRECT, VERIFIER, shown)
+    assert await introspection.introspect(seeded, tokens.access_token) == {"active": False}
+
+
+async def test_a_code_for_admin_to_a_native_app_whose_page_showed_no_confirmation_is_refused(seeded, clock):
+    """A code release 0.10.0 issued for its one-click page alone (stored under the code's own
+    digest) is refused here, and spent."""
+    from datetime import timedelta
+
+    from tokensvc.records import AuthorizationCode
+
+    root = await seeded.store.get_user_by_username("root")
+    grant = await seeded.store.save_grant("tokensvc-cli", Subject(user_id=root.user_id), ["admin"], clock())
+    code = hashing.new_secret()
+    await seeded.store.add_code(AuthorizationCode(
+        hashing.digest(code), "tokensvc-cli", CLI_REDIRECT, ["admin"], root.user_id, None, CHALLENGE, "S256",
+        clock() + timedelta(seconds=300), generation=grant.generation))
+    cli = await client(seeded, "tokensvc-cli")
+    with pytest.raises(InvalidGrant, match="redeemed only with the confirmation code its page showed"):
+        await grants.exchange_code(seeded, cli, code, CLI_REDIRECT, VERIFIER)
+    assert (await seeded.store.get_code(hashing.digest(code))).spent_by_failure
+    with pytest.raises(InvalidGrant):
+        await grants.exchange_code(seeded, cli, code, CLI_REDIRECT, VERIFIER)
+
+
+async def test_other_native_requests_and_confidential_or_web_clients_need_no_confirmation(seeded):
+    """The confirmation is for admin to a public client with a native redirect, whatever page
+    it gets (the one-click page, a third party's consent): a native app's other scopes, a
+    confidential client (its code is worth nothing without its secret, even at a loopback
+    address) and a public client at an https address keep the page and the code as before."""
+    from tokensvc.records import Client
+
+    await seeded.store.put_client(Client("console", "Console", ["https://console.example/cb"], ["admin"],
+                                         first_party=True))
+    await seeded.store.put_client(Client("desk-admin", "Desk admin", ["com.example.desk:/cb"], ["admin"]))
+    alice, root = [await seeded.store.get_user_by_username(name) for name in ("alice", "root")]
+    for request, user, page in ((args("node-agent", NODE_REDIRECT, scope="read"), alice, Confirm),
+                                (args(scope="read admin"), root, Confirm),  # webapp: confidential, loopback
+                                (args("console", "https://console.example/cb", scope="admin"), root, Confirm)):
+        shown = await authorization.decide(seeded, request, user)
+        assert isinstance(shown, page) and shown.confirmation is None
+        issued = await authorization.decide(seeded, request, user, "allow")
+        code = query_of(issued.location)["code"]
+        assert await seeded.store.get_code(hashing.digest(code)) is not None  # as before: under its own digest
+        called = request["client_id"][0]
+        assert (await grants.exchange_code(seeded, await client(seeded, called), code, request["redirect_uri"][0],
+                                           VERIFIER)).access_token
+    consent = await authorization.decide(seeded, args("desk-admin", "com.example.desk:/cb", scope="admin"), root)
+    assert isinstance(consent, Consent) and confirmation.normalized(consent.confirmation) == consent.confirmation
+    pairing = await authorization.decide(seeded, args("node-agent", NODE_REDIRECT, installation_id="backyard-scope"),
+                                         alice)
+    assert isinstance(pairing, Pairing) and pairing.confirmation is None
+
+
+async def test_no_code_for_admin_to_a_native_app_is_issued_without_a_confirmation(seeded):
+    request = await authorization.validate(seeded, args("tokensvc-cli", CLI_REDIRECT, scope="admin"))
+    root = await seeded.store.get_user_by_username("root")
+    subject, _ = await authorization.resolve_subject(seeded, request, root)
+    for wrong in (None, "k7qm3xpd", "K7QM-3XPD"):  # none, or not as issued
+        with pytest.raises(ValueError, match="needs the confirmation code"):
+            await authorization.issue_code(seeded, request, subject, wrong)
+    webapp = await authorization.validate(seeded, args(scope="read"))
+    with pytest.raises(ValueError, match="shows no confirmation code"):
+        await authorization.issue_code(seeded, webapp, subject, "K7QM3XPD")
+    assert seeded.store._codes == {}
+
+
+async def test_wrong_confirmations_are_audited_and_counted(seeded, caplog):
+    import logging
+
+    cli = await client(seeded, "tokensvc-cli")
+    code, shown = await confirmed_code(seeded)
+    caplog.clear()  # the consent's own audit line, wherever an earlier test set the level, is not counted
+    with caplog.at_level(logging.INFO, logger="tokensvc.audit"):
+        for wrong in (another_confirmation(shown), "not a code"):  # not the page's, or none at all
+            with pytest.raises(InvalidGrant, match=confirmation.NOT_THE_PAGES):
+                await grants.exchange_code(seeded, cli, code, CLI_REDIRECT, VERIFIER, wrong, address="127.0.0.7")
+    events = [record.audit for record in caplog.records if record.name == "tokensvc.audit"]
+    assert events == [{"event": "code_confirmation", "client_id": "tokensvc-cli", "outcome": "failure",
+                       "remote_ip": "127.0.0.7"}] * 2
+    assert shown not in caplog.text and code not in caplog.text
+    assert seeded.metrics.registry.get_sample_value("tokensvc_confirmation_failures_total") == 2
 
 
 async def test_the_token_endpoint_serves_the_code_grant_only():

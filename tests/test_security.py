@@ -12,11 +12,14 @@ from tokensvc.oauth import hashing, pkce
 
 # What a client presents in clear: never compared as it is (only its SHA-256, or the KDF's output).
 RAW_SECRETS = re.compile(r"^(client_secret|secret|password|code_verifier|verifier|refresh_token|access_token|"
-                         r"token|code|session_id|submitted|cookie)$")
+                         r"token|code|session_id|submitted|cookie|confirmation|confirmation_code|typed|shown)$")
 # Comparisons that are no check of a secret, each with its reason.
 NOT_CHECKS = {
     "oauth/tokens.py: SEPARATOR in token",  # the format: the separator stands at the same place in every token
     "cli_admin.py: getpass.getpass('Repeat password: ') != password",  # the operator's own two entries, at a prompt
+    # The confirmation code the service drew itself (its page's form, signature verified), checked for
+    # its form before the code is issued for it: what a client presents is looked up by digest.
+    "oauth/authorization.py: confirmations.normalized(confirmation) != confirmation",
 }
 
 

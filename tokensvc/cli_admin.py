@@ -567,8 +567,9 @@ def cmd_login(args: argparse.Namespace) -> int:
     keep_in = Path(args.refresh_token) if args.refresh_token else None
 
     async def body() -> int:
+        read = cli_login.typed_on_stdin if args.confirmation_stdin else cli_login.typed_on_the_terminal
         tokens = await cli_login.login(url, open_browser=not args.no_browser, client_id=client_id, keep_in=keep_in,
-                                        port=args.callback_port)
+                                        port=args.callback_port, read=read)
         who = await RemoteOperator(url, tokens["access_token"]).introspect({"token": tokens["access_token"]})
         emit(args, {"url": url, "username": who.get("username"), "clientId": who.get("client_id"),
                     "scope": who.get("scope")},
@@ -755,6 +756,9 @@ def add_commands(commands: argparse._SubParsersAction, factory: StoreFactory | N
     login.add_argument("--refresh-token", metavar="FILE",
                        help="keep the refresh token in FILE (0600) for the operator commands' --refresh-token, "
                             "instead of the credentials file")
+    login.add_argument("--confirmation-stdin", action="store_true",
+                       help="read the confirmation code the page shows from standard input, one line, instead of "
+                            "asking on the terminal")
     login.add_argument("--json", action="store_true", help="print JSON for scripts instead of text")
     login.set_defaults(func=cmd_login)
 

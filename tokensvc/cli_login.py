@@ -1,10 +1,14 @@
 """How the command line gets an admin's access token for the admin API, the way native apps do
 (RFC 8252): ``tokensvc login`` runs the authorization-code flow with PKCE as the first-party
-public client ``tokensvc-cli``, through a redirect to a loopback port of its own (the operator
-signs in, then clicks once on the page that names the command line and its port: nothing else
-vouches for whoever listens there), and keeps the refresh token in the user's configuration
-directory (mode 0600); every later command refreshes it there (rotation: the new one replaces
-it at once).
+public client ``tokensvc-cli``, through a redirect to a loopback port of its own, and keeps the
+refresh token in the user's configuration directory (mode 0600); every later command refreshes
+it there (rotation: the new one replaces it at once). The operator signs in, and the page that
+names the command line and its port shows a confirmation code, which they type on the terminal
+before choosing Continue (not echoed, as a password; ``--confirmation-stdin`` reads it from
+standard input instead): any program may listen on a loopback port and any page may start
+the request, so only the exchange that carries the code the page showed gets the token
+(``oauth/confirmation.py``). What is typed is asked again while it cannot be a code, and, once
+the service says it is not the page's, up to the code's three presentations.
 
 Automation follows the spec's recipe instead (a service account, docs/administration.md): a
 first-party client of its own, confidential, and a user; one ``tokensvc login
@@ -35,13 +39,17 @@ import hashlib
 import json
 import os
 import secrets
+import select
 import sys
+import termios
 import threading
 import webbrowser
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, urlencode, urlsplit
+
+from tokensvc.oauth import confirmation
 
 ADMIN_URL_ENV = "TOKENSVC_ADMIN_URL"
 TOKEN_ENV = "TOKENSVC_ADMIN_TOKEN"
@@ -53,6 +61,15 @@ LOGIN_TIMEOUT_SECONDS = 300
 
 class LoginError(Exception):
     """What went wrong getting a token: one line for the operator."""
+
+
+class Refused(LoginError):
+    """The service answered with an error (RFC 6749 §5.2 at the token endpoint): its ``error``
+    and ``error_description`` beside the line."""
+
+    def __init__(self, line: str, error: str | None, description: str | None) -> None:
+        super().__init__(line)
+        self.error, self.description = error, description
 
 
 def admin_url(args: argparse.Namespace) -> str | None:
@@ -140,7 +157,7 @@ async def _fetch(url: str, method: str = "GET", form: dict[str, str] | None = No
         raise LoginError(f"{url} answered {response.code}, not JSON: is it the admin listener?") from None
     if response.code >= 400:
         reason = answer.get("error_description") or answer.get("error") or answer.get("detail") or response.code
-        raise LoginError(f"{url} refused: {reason}")
+        raise Refused(f"{url} refused: {reason}", answer.get("error"), answer.get("error_description"))
     return answer
 
 
@@ -225,14 +242,112 @@ def _pkce() -> tuple[str, str]:
     return verifier, challenge
 
 
+# -- the confirmation code ----------------------------------------------------------------------
+
+# Reads what the person types after a prompt, or None once there is nothing more to read (the
+# end of the input, or the event set: the sign-in ended otherwise).
+Reader = Callable[[str, threading.Event], "str | None"]
+FIRST_PROMPT = "Confirmation code: "
+NOT_A_CODE = "That is not a confirmation code (8 letters and digits, as the page shows them). Type it again: "
+
+
+def typed_on_the_terminal(prompt: str, stop: threading.Event) -> str | None:
+    """What the person types on the terminal after ``prompt``, not echoed (as getpass reads a
+    password, from the terminal itself whatever standard input is), or None once ``stop`` is
+    set or the input ends. The terminal is left as it was found, however the reading ends."""
+    try:
+        descriptor = os.open("/dev/tty", os.O_RDWR | os.O_NOCTTY)
+    except OSError:
+        raise LoginError("no terminal to type the confirmation code on: give it on standard input with "
+                         "--confirmation-stdin") from None
+    try:
+        before = termios.tcgetattr(descriptor)
+        quiet = termios.tcgetattr(descriptor)
+        quiet[3] &= ~termios.ECHO
+        termios.tcsetattr(descriptor, termios.TCSAFLUSH, quiet)
+        line = b""
+        try:
+            os.write(descriptor, prompt.encode())
+            while b"\n" not in line:
+                if stop.is_set():
+                    return None
+                ready, _, _ = select.select([descriptor], [], [], 0.1)
+                if ready:
+                    chunk = os.read(descriptor, 1024)
+                    if not chunk:
+                        return None
+                    line += chunk
+        finally:
+            termios.tcsetattr(descriptor, termios.TCSAFLUSH, before)
+            os.write(descriptor, b"\n")
+        return line.partition(b"\n")[0].decode("utf-8", "replace")
+    finally:
+        os.close(descriptor)
+
+
+def typed_on_stdin(prompt: str, stop: threading.Event) -> str | None:
+    """A line of standard input (``--confirmation-stdin``), the prompt on standard error."""
+    print(prompt.rstrip(), file=sys.stderr, flush=True)
+    line = sys.stdin.readline()
+    return line.rstrip("\r\n") if line else None
+
+
+def ask(read: Reader, stop: threading.Event, prompt: str = FIRST_PROMPT) -> str | None:
+    """The confirmation code the person types, as issued (``confirmation.normalized``); "" when
+    they type nothing (a page of a service that shows none); asked again while what is typed
+    cannot be a code; None when the input ends."""
+    while True:
+        typed = read(prompt, stop)
+        if typed is None:
+            return None
+        if not typed.strip():
+            return ""
+        code = confirmation.normalized(typed)
+        if code is not None:
+            return code
+        prompt = NOT_A_CODE
+
+
+def asked_in_a_thread(read: Reader, stop: threading.Event,
+                      prompt: str = FIRST_PROMPT) -> tuple[asyncio.Future[str | None], threading.Thread]:
+    """:func:`ask` in a thread of its own (a daemon: a read of standard input cannot be
+    interrupted, and must not keep the command from ending), its answer a future of this loop."""
+    loop = asyncio.get_running_loop()
+    answer: asyncio.Future[str | None] = loop.create_future()
+
+    def settle(result: str | None, error: BaseException | None) -> None:
+        if answer.done():
+            return
+        if error is not None:
+            answer.set_exception(error)
+        else:
+            answer.set_result(result)
+
+    def run() -> None:
+        try:
+            result, error = ask(read, stop, prompt), None
+        except Exception as exc:  # handed to the loop, which says it in one line
+            result, error = None, exc
+        with contextlib.suppress(RuntimeError):  # the loop has ended: nobody waits for the answer any more
+            loop.call_soon_threadsafe(settle, result, error)
+
+    thread = threading.Thread(target=run, name="confirmation-code", daemon=True)
+    thread.start()
+    return answer, thread
+
+
 async def login(url: str, open_browser: bool = True, timeout: float = LOGIN_TIMEOUT_SECONDS, *,
-                client_id: str | None = None, keep_in: Path | None = None, port: int = 0) -> dict[str, Any]:
+                client_id: str | None = None, keep_in: Path | None = None, port: int = 0,
+                read: Reader = typed_on_the_terminal) -> dict[str, Any]:
     """Sign in to the service behind the admin listener at ``url`` as an admin, in a browser,
     as the CLI's client or as ``client_id`` (a service account's: its secret from
     ``TOKENSVC_ADMIN_CLIENT_SECRET``); keep the refresh token in the credentials file, or in
     ``keep_in`` alone. The redirect comes back to ``http://127.0.0.1:PORT/callback``: any free
     port for a public client (its loopback redirect matches any port, RFC 8252 §7.3), ``port``
-    for a confidential one, whose registered redirect URI matches exactly. Returns the tokens."""
+    for a confidential one, whose registered redirect URI matches exactly. A public client's
+    exchange carries the confirmation code its page showed, as ``read`` gets it from the person
+    (the terminal, or standard input), asked while the browser is on the page. Returns the
+    tokens."""
     index = await discover(url)
     client_id = client_id or index.get("cliClientId")
     if not client_id:
@@ -241,14 +356,25 @@ async def login(url: str, open_browser: bool = True, timeout: float = LOGIN_TIME
     verifier, challenge = _pkce()
     state = secrets.token_urlsafe(16)
     received: asyncio.Future[dict[str, list[str]]] = asyncio.get_running_loop().create_future()
+    # A confidential client's code is worth nothing without its secret: its page shows no code.
+    confirming = not _secret()
+    stop = threading.Event()
+    typed: asyncio.Future[str | None] | None = None
+    asking: threading.Thread | None = None
 
     async def callback(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         request_line = (await reader.readline()).decode("latin-1")
         while (await reader.readline()) not in (b"\r\n", b"\n", b""):
             pass
         query = parse_qs(urlsplit(request_line.split(" ")[1] if " " in request_line else "").query)
-        page = (callback_page("Signed in", "You can close this window and go back to the command line.")
-                if "code" in query else callback_page("Not signed in", "The command line says why."))
+        if "code" not in query:
+            page = callback_page("Not signed in", "The command line says why.")
+        elif typed is not None and not typed.done():
+            page = callback_page("Type the code in the command line",
+                                 "Type the confirmation code the sign-in page showed where the command line asks "
+                                 "for it: that finishes the sign-in.")
+        else:
+            page = callback_page("Signed in", "You can close this window and go back to the command line.")
         writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/html; charset=utf-8\r\nConnection: close\r\n"
                      b"Content-Security-Policy: default-src 'none'; style-src 'unsafe-inline'\r\n"
                      b"Referrer-Policy: no-referrer\r\nCache-Control: no-store\r\n"
@@ -267,21 +393,45 @@ async def login(url: str, open_browser: bool = True, timeout: float = LOGIN_TIME
         "response_type": "code", "client_id": client_id, "redirect_uri": redirect_uri, "scope": "admin",
         "state": state, "code_challenge": challenge, "code_challenge_method": "S256"})
     print(f"Sign in as an administrator in your browser:\n  {authorize}", file=sys.stderr, flush=True)
-    if open_browser:
-        # In a thread of its own: a browser command may not return until the browser closes,
-        # and the redirect must be served meanwhile.
-        threading.Thread(target=webbrowser.open, args=(authorize,), daemon=True).start()
     try:
-        query = await asyncio.wait_for(received, timeout)
-    except TimeoutError:
-        raise LoginError(f"no sign-in within {int(timeout)} s") from None
+        if confirming:
+            print("The page shows a confirmation code: type it here (it is not shown as you type), then choose "
+                  "Continue on the page.", file=sys.stderr, flush=True)
+            typed, asking = asked_in_a_thread(read, stop)
+        if open_browser:
+            # In a thread of its own: a browser command may not return until the browser closes,
+            # and the redirect must be served meanwhile.
+            threading.Thread(target=webbrowser.open, args=(authorize,), daemon=True).start()
+        try:
+            # The redirect, or the code typed first: a question that cannot be asked (no terminal),
+            # or input that ended, is said at once, not after the sign-in.
+            deadline = asyncio.get_running_loop().time() + timeout
+            waited: list[asyncio.Future[Any]] = [received] if typed is None else [received, typed]
+            await asyncio.wait(waited, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+            if typed is not None and typed.done() and typed.result() is None:  # result() raises what it met
+                raise LoginError("no confirmation code was typed")
+            query = await asyncio.wait_for(received, max(0.0, deadline - asyncio.get_running_loop().time()))
+        except TimeoutError:
+            raise LoginError(f"no sign-in within {int(timeout)} s") from None
+        finally:
+            server.close()
+        if "error" in query:
+            raise LoginError(f"the service refused: {query.get('error_description', query['error'])[0]}")
+        code = None
+        if typed is not None:
+            try:
+                code = await asyncio.wait_for(typed, timeout)
+            except TimeoutError:
+                raise LoginError(f"no confirmation code typed within {int(timeout)} s") from None
+            if code is None:
+                raise LoginError("no confirmation code was typed")
+        form = {"grant_type": "authorization_code", "code": query["code"][0], "redirect_uri": redirect_uri,
+                "code_verifier": verifier, "client_id": client_id, **_secret()}
+        tokens = await _exchange(index["tokenEndpoint"], form, code, read, stop)
     finally:
-        server.close()
-    if "error" in query:
-        raise LoginError(f"the service refused: {query.get('error_description', query['error'])[0]}")
-    tokens = await _fetch(index["tokenEndpoint"], "POST", {
-        "grant_type": "authorization_code", "code": query["code"][0], "redirect_uri": redirect_uri,
-        "code_verifier": verifier, "client_id": client_id, **_secret()})
+        stop.set()  # a question still on the terminal ends, and leaves it as it was
+        if asking is not None:
+            asking.join(0.5)
     if keep_in is not None:
         async with held(keep_in):
             write_private(keep_in, tokens["refresh_token"] + "\n")
@@ -292,3 +442,22 @@ async def login(url: str, open_browser: bool = True, timeout: float = LOGIN_TIME
         everything[url.rstrip("/")] = {"client_id": client_id, "refresh_token": tokens["refresh_token"]}
         _save(path, everything)
     return tokens
+
+
+async def _exchange(endpoint: str, form: dict[str, str], code: str | None, read: Reader,
+                    stop: threading.Event) -> dict[str, Any]:
+    """The code's exchange, with the confirmation ``code`` typed (none: "" or None); while the
+    service says it is not the page's, the person types it again, as often as the code may be
+    presented with one."""
+    for left in range(confirmation.PRESENTATIONS - 1, -1, -1):
+        try:
+            return await _fetch(endpoint, "POST", {**form, **({confirmation.PARAMETER: code} if code else {})})
+        except Refused as refused:
+            if not code or not left or refused.description != confirmation.NOT_THE_PAGES:
+                raise
+        answer, _ = asked_in_a_thread(read, stop, f"That is not the code the page showed. Type it again "
+                                                  f"({left} {'tries' if left > 1 else 'try'} left): ")
+        code = await answer
+        if not code:
+            raise LoginError("no confirmation code was typed")
+    raise AssertionError("unreachable: the last try raises")  # pragma: no cover

@@ -74,6 +74,9 @@ class Metrics:
                                   "Redeemed authorization codes presented again (their family revoked)")
         self.client_auth_failures = counter("tokensvc_client_auth_failures_total", "Failed client authentications")
         self.login_failures = counter("tokensvc_login_failures_total", "Failed sign-ins")
+        self.confirmation_failures = counter("tokensvc_confirmation_failures_total",
+                                             "Confirmation codes refused at a code's exchange (not its page's, "
+                                             "or past the code's presentations)")
         self.rate_limited = counter("tokensvc_rate_limited_total", "Requests refused by a failure limit (429)",
                                     ("kind",))
         self.store_errors = counter("tokensvc_store_errors_total",
@@ -165,6 +168,9 @@ class Metrics:
 
     def failed_login(self) -> None:
         self.login_failures.inc()
+
+    def failed_confirmation(self) -> None:
+        self.confirmation_failures.inc()
 
     def refused_by_limit(self, kind: str) -> None:
         self.rate_limited.labels(kind).inc()

@@ -6,7 +6,10 @@ Two ways to count, for the two kinds of check:
 
 - **A sign-in is reserved before its check** (scrypt, tens of milliseconds of CPU) and given back
   when it succeeds (:meth:`FailureLimits.reserve`): of N concurrent wrong passwords only the
-  limit's worth are ever checked.
+  limit's worth are ever checked. A confirmation code presented with an authorization code is
+  reserved the same way, per address (:meth:`FailureLimits.confirmation_attempt`); and each
+  authorization code's presentations with one are counted on their own, a bound no setting
+  lifts (:meth:`FailureLimits.present`).
 - **A client's secret, or an admin's bearer token, is checked at once** (a digest compared in
   constant time, no cost to speak of) and what counts is what the answer reveals
   (:meth:`FailureLimits.failed`, :meth:`FailureLimits.check`): a wrong one is counted, and
@@ -243,6 +246,7 @@ class FailureLimits:
         # The in-process counts of each window: window_seconds', and the accounts' longer ones.
         self._limiters = {settings.window_seconds: self.limiter}
         self._releasing: set[asyncio.Task[None]] = set()
+        self._presented: dict[int, MemoryFailureLimiter] = {}  # present(), in this process, by window
 
     # Attempts count per (account, address) and per address: a stranger's failures must not
     # lock the owner out from an address of their own. An "address" is an IPv6 network of
@@ -304,6 +308,34 @@ class FailureLimits:
         """An account's failures since its last sign-in, which any sign-in clears."""
         return Attempt(f"account-run|{account}", ((FAILURES, self.settings.consecutive_failed_logins),),
                        self.settings.consecutive_window_seconds, (FAILURES,), ACCOUNT_STOPPED)
+
+    def confirmation_attempt(self, address: str) -> Attempt:
+        """A confirmation code presented with an authorization code (``oauth/grants.py``): a
+        person types it, as a password, so it counts per address with the sign-in's limit per
+        address, in a group of its own (wrong confirmations do not lock an address out of
+        sign-in)."""
+        return Attempt(f"confirmation|{self.address_key(address)}",
+                       ((ADDRESS, self.settings.failed_logins_per_address),))
+
+    async def present(self, key: str, limit: int, window_seconds: int) -> bool:
+        """Count one presentation of what ``key`` names (an authorization code's confirmations,
+        ``oauth/confirmation.py``), before it is checked: whether it is within ``limit``
+        presentations in the ``window_seconds`` from the first. Counted whatever ``enabled``
+        says (a rule of the protocol, not a limit an operator may lift), never taken back, and,
+        with several processes, in the store: of any number of presentations, concurrent or
+        not, from any process, ``limit`` at most are within."""
+        if self.shared is not None:
+            counts, _ = await self.shared.count_attempt(f"presented|{key}", ["n"], window_seconds)
+            return counts[0] <= limit
+        presented = self._presented.get(window_seconds)
+        if presented is None:
+            presented = self._presented[window_seconds] = MemoryFailureLimiter(window_seconds,
+                                                                               self.limiter.clock)
+        try:
+            presented.reserve([(key, limit)])
+        except TooManyFailures:
+            return False
+        return True
 
     def address_key(self, address: str) -> str:
         """What the limits count an address as: an IPv6 address as its network of

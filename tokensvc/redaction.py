@@ -27,7 +27,7 @@ from urllib.parse import unquote_plus
 # Request parameters whose values are secrets (RFC 6749, 6750, 7009, 7636, 7662; the sign-in
 # form): never written to a log line.
 SECRET_PARAMETERS = frozenset({"token", "access_token", "code", "refresh_token", "client_secret",
-                               "code_verifier", "password", "state"})
+                               "code_verifier", "confirmation_code", "password", "state"})
 MAX_DECODINGS = 4  # a name decoded this many times at most (each pass shortens it)
 # 43 or more characters of the base64url alphabet in a row: a secret the service issued, or a
 # PKCE verifier (secrets.token_urlsafe), wherever it stands in a value.

@@ -125,6 +125,10 @@ class TokenRequestSchema(FormSchema):
     code_verifier = Text(max_length=128)
     client_id = Text(max_length=128)
     client_secret = Text(max_length=512)
+    confirmation_code = Text(max_length=32, metadata={"description": (
+        "The confirmation code the authorization's page showed, as the person typed it (8 characters; case, "
+        "spaces and hyphens do not matter). Required for a code that grants admin to a public client with a "
+        "loopback or private-use redirect URI; such a code may be presented with one 3 times at most.")})
 
 
 class RefreshRequestSchema(FormSchema):

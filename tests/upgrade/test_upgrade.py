@@ -788,3 +788,57 @@ def test_a_demotion_outlives_the_previous_release_rewriting_the_user(primary, pr
         outputs = deployment.close()
     capsys.readouterr()
     assert not any("Traceback" in output for output in outputs), outputs
+
+
+ROOT = '\n[[users]]\nusername = "root"\npassword = "quartz-river-beacon"\nadmin = true\n'
+CLI_REDIRECT = "http://127.0.0.1:5/callback"  # a loopback port of tokensvc login's public client
+
+
+def cli_code(browser: Browser, base: str) -> tuple[str, str | None]:
+    """A code for admin to tokensvc login's client, its page answered, and the confirmation
+    code the page showed (None: a release whose page shows none)."""
+    from helpers import confirmation_shown
+
+    url = base + "/oauth/authorize?" + urlencode({
+        "response_type": "code", "client_id": "tokensvc-cli", "redirect_uri": CLI_REDIRECT, "scope": "admin",
+        "state": "s", "code_challenge": CHALLENGE, "code_challenge_method": "S256"})
+    answer = browser.agent.get(url, timeout=30, allow_redirects=False)
+    shown = None
+    if answer.status_code == 200:  # the page where the user decides
+        shown = confirmation_shown(answer.text)
+        answer = answer_when_read(browser.agent, urljoin(url, "/oauth/authorize"), answer.text)
+    assert answer.status_code == 302, answer.text
+    return parse_qs(urlsplit(answer.headers["Location"]).query)["code"][0], shown
+
+
+def cli_exchange(base: str, code: str, confirmation: str | None = None) -> requests.Response:
+    return requests.post(base + "/oauth/token", timeout=30, data={
+        "grant_type": "authorization_code", "code": code, "redirect_uri": CLI_REDIRECT, "code_verifier": VERIFIER,
+        "client_id": "tokensvc-cli", **({"confirmation_code": confirmation} if confirmation else {})})
+
+
+def test_admin_to_the_command_line_needs_its_confirmation_at_either_release(primary, previous, tmp_path_factory):
+    """A code this release issued for admin to tokensvc login's client is stored under the digest
+    of the code and the confirmation its page showed: the previous release, which looks a code up
+    by the code alone, finds nothing (invalid_grant), given the confirmation or not, and spends
+    nothing, so the code is still good here with it. A code the previous release issued without
+    showing a confirmation is refused here, as clicks alone would have been."""
+    deployment = Deployment(primary, previous, tmp_path_factory)
+    try:
+        old = deployment.start("previous", extra=ROOT)
+        new = deployment.start("current", extra=ROOT)
+        root = Browser("root", "quartz-river-beacon").sign_in(new.base)
+        code, shown = cli_code(root, new.base)
+        assert shown is not None
+        for confirmation in (None, shown):
+            refused = cli_exchange(old.base, code, confirmation)
+            assert (refused.status_code, refused.json()["error"]) == (400, "invalid_grant"), refused.text
+        here = cli_exchange(new.base, code, shown)
+        assert here.status_code == 200 and here.json()["scope"] == "admin", here.text
+        code, none_shown = cli_code(root, old.base)
+        assert none_shown is None
+        refused = cli_exchange(new.base, code)
+        assert (refused.status_code, refused.json()["error"]) == (400, "invalid_grant"), refused.text
+        assert "redeemed only with the confirmation code its page showed" in refused.json()["error_description"]
+    finally:
+        deployment.close()

@@ -8,10 +8,10 @@ from urllib.parse import urlencode, urlsplit
 
 from tokensvc import schemas
 from tokensvc.errors import NotFound, ValidationFailed, XsrfFailed
-from tokensvc.handlers import pace
+from tokensvc.handlers import confirmation_field, pace
 from tokensvc.handlers.headers import CONTROL
 from tokensvc.handlers.page import PageHandler
-from tokensvc.oauth import authorization, connected_apps, hashing, revocation, sessions
+from tokensvc.oauth import authorization, confirmation, connected_apps, hashing, revocation, sessions
 from tokensvc.oauth.errors import RedirectError, RedirectUnverified
 from tokensvc.ratelimit import ACCOUNT_STOPPED, BY_ACCOUNT, BY_BROWSER, TooManyFailures
 from tokensvc.records import Subject, User
@@ -41,16 +41,19 @@ def describe_scopes(granted: list[str], descriptions: Mapping[str, str],
     return [(scope, descriptions.get(scope) or own.get(scope) or scope) for scope in granted]
 
 
-def destination(redirect_uri: str) -> tuple[str, str]:
+def destination(redirect_uri: str, confirmed: bool = False) -> tuple[str, str]:
     """Where a code sent to ``redirect_uri`` goes, in a person's words after the app's name
-    ("on this computer, port 53817"), and who else could have started the request."""
+    ("on this computer, port 53817"), and who else could have started the request; with
+    ``confirmed`` (the page shows a confirmation code), who gets the access then."""
     parts = urlsplit(redirect_uri)
+    typed = ": only the one you type the code into gets the access."
     if parts.scheme not in ("http", "https"):
         return (f"in the app that opens {parts.scheme}: links on this device",
-                "Any app on this device can start this and claim those links.")
+                "Any app on this device can start this and claim those links" + (typed if confirmed else "."))
     if authorization.native_redirect(redirect_uri):
         return ("on this computer" + (f", port {parts.port}" if parts.port else ""),
-                "Any program on this computer can start this, and whatever listens on that port gets the access.")
+                "Any program on this computer can start this" + (
+                    typed if confirmed else ", and whatever listens on that port gets the access."))
     return f"at {parts.hostname}", "Any page you visit can send you here."
 
 
@@ -107,8 +110,12 @@ class AuthorizeHandler(FormPage):
             verdict = pace.judge(self.config.cookie_secret, self._session_id, shown, self.ctx.clock())
             if verdict is not None:  # a double click's second half, or a page shown long ago: the page again
                 self.too_soon, self.too_late, answer = verdict == pace.TOO_SOON, verdict == pace.TOO_LATE, None
+        # The confirmation code the page showed, if its form carries one signed for this session
+        # (shown again with the page, and the one an "allow" issues the code for).
+        carried = arguments.get(confirmation_field.FIELD, [b""])[-1].decode("ascii", "replace")
+        code_shown = confirmation_field.shown(self.config.cookie_secrets, self._session_id, carried)
         # An expired form decides nothing either: the page is shown again.
-        await self.handle(arguments, decision=None if self.form_expired else answer)
+        await self.handle(arguments, decision=None if self.form_expired else answer, code_shown=code_shown)
 
     def at_base_url(self) -> bool:
         """Whether the request names base_url's host where auth_url names another: the
@@ -117,16 +124,18 @@ class AuthorizeHandler(FormPage):
         base, auth = (urlsplit(url).hostname for url in (self.config.base_url, self.config.auth_url))
         return base != auth and self.request.host_name == base
 
-    async def handle(self, raw_args: dict[str, list[bytes]], decision: str | None) -> None:
+    async def handle(self, raw_args: dict[str, list[bytes]], decision: str | None,
+                     code_shown: str | None = None) -> None:
+        """What the request leads to; ``code_shown``: the confirmation code the answered page showed."""
         try:
             args = {name: [value.decode("utf-8") for value in values] for name, values in raw_args.items()
-                    if name not in ("decision", "_xsrf", pace.FIELD)}
+                    if name not in ("decision", "_xsrf", pace.FIELD, confirmation_field.FIELD)}
         except UnicodeDecodeError:
             raise RedirectUnverified("The authorization request is not valid UTF-8.",
                                      "The link that sent you here is malformed.") from None
         found = await self.session()
         try:
-            outcome = await authorization.decide(self.ctx, args, found[1] if found else None, decision)
+            outcome = await authorization.decide(self.ctx, args, found[1] if found else None, decision, code_shown)
         except (RedirectUnverified, RedirectError):
             if self.form_expired:  # nothing to show again: the refusal itself
                 raise XsrfFailed() from None
@@ -144,19 +153,24 @@ class AuthorizeHandler(FormPage):
 
     def render_decision(self, outcome: authorization.Consent | authorization.Pairing | authorization.Confirm) -> None:
         """The page where the user decides: its form leads on to the verified redirect_uri
-        (``form-action``), posts back with its XSRF token, and names where the code goes."""
-        request, installation = outcome.request, outcome.installation
+        (``form-action``), posts back with its XSRF token, and names where the code goes; where
+        the answer needs one, it shows the confirmation code and its form carries it."""
+        request, installation, code_shown = outcome.request, outcome.installation, outcome.confirmation
         self.allow_sources(form_action=[request.redirect_uri], img_src=[request.client.logo_url])
-        where, warning = destination(request.redirect_uri)
+        where, warning = destination(request.redirect_uri, confirmed=code_shown is not None)
         template = {authorization.Pairing: "pairing.html", authorization.Confirm: "confirm.html"}.get(
             type(outcome), "consent.html")
         fields = {**request.hidden_fields(),
                   pace.FIELD: pace.stamp(self.config.cookie_secret, self._session_id, self.ctx.clock())}
+        if code_shown is not None:
+            fields[confirmation_field.FIELD] = confirmation_field.field(self.config.cookie_secret, self._session_id,
+                                                                        code_shown)
         self.render(template, client=request.client, user=outcome.user, installation=installation,
                     scopes=describe_scopes(request.scopes, self.config.scopes, installation is not None),
                     fields=fields, destination=where, warning=warning, expired=self.form_expired,
                     too_soon=self.too_soon, too_late=self.too_late,
-                    switch_to="/oauth/authorize?" + urlencode(request.hidden_fields()))
+                    switch_to="/oauth/authorize?" + urlencode(request.hidden_fields()),
+                    confirmation=confirmation.shown(code_shown) if code_shown is not None else None)
 
 
 class LoginHandler(FormPage):

@@ -55,7 +55,8 @@ class TokenHandler(TokenEndpoint):
         grants.check_grant_type(form.get("grant_type"))
         data = self.load(schemas.token_request, form)
         self.send_tokens(await grants.token_for_code(self.ctx, self.caller(form), data["code"],
-                                                     data["redirect_uri"], data.get("code_verifier")))
+                                                     data["redirect_uri"], data.get("code_verifier"),
+                                                     data.get("confirmation_code")))
 
 
 class RefreshHandler(TokenEndpoint):

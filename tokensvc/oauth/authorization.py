@@ -11,7 +11,10 @@ No code is issued without the user's action where nothing else vouches for where
 scheme cannot prove it is the app it names (any local process can listen on a loopback
 port, any app can claim a scheme), so even a first-party one gets a one-click page that
 names the app, the scopes and where the code goes; and ``admin`` is never granted without
-such a page, whatever the client (:func:`needs_the_user`).
+such a page, whatever the client (:func:`needs_the_user`). Clicks alone never grant ``admin``
+to such an app: its page shows a confirmation code the person types into the program that
+started the flow, and only the exchange that carries it redeems the code
+(:func:`needs_confirmation`, ``oauth/confirmation.py``).
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from urllib.parse import parse_qsl, urlsplit
 
 from tokensvc import logs
 from tokensvc.identifiers import is_loopback
+from tokensvc.oauth import confirmation as confirmations
 from tokensvc.oauth import hashing, pkce, scopes
 from tokensvc.oauth.context import OAuthContext
 from tokensvc.oauth.errors import (
@@ -80,11 +84,13 @@ class SignIn:
 
 @dataclass(slots=True)
 class Consent:
-    """A third-party client: the user is asked."""
+    """A third-party client: the user is asked. ``confirmation``: the code the page shows, where
+    :func:`needs_confirmation` (else None)."""
 
     request: AuthorizationRequest
     user: User
     installation: Installation | None
+    confirmation: str | None = None
 
 
 @dataclass(slots=True)
@@ -95,6 +101,7 @@ class Pairing:
     request: AuthorizationRequest
     user: User
     installation: Installation
+    confirmation: str | None = None
 
 
 @dataclass(slots=True)
@@ -105,6 +112,7 @@ class Confirm:
     request: AuthorizationRequest
     user: User
     installation: None = None  # as the other pages' outcomes say it: no installation is paired
+    confirmation: str | None = None
 
 
 @dataclass(slots=True)
@@ -280,13 +288,22 @@ async def resolve_subject(ctx: OAuthContext, request: AuthorizationRequest,
     return Subject(installation_id=installation.installation_id), installation
 
 
-async def issue_code(ctx: OAuthContext, request: AuthorizationRequest, subject: Subject) -> str:
-    """Record the grant and mint a code; returns the URL to redirect the user agent to."""
+async def issue_code(ctx: OAuthContext, request: AuthorizationRequest, subject: Subject,
+                     confirmation: str | None = None) -> str:
+    """Record the grant and mint a code; returns the URL to redirect the user agent to. Where
+    :func:`needs_confirmation`, ``confirmation`` is the code the person's page showed, and the
+    code is stored under the digest of both (``confirmation.code_digest``): it is redeemed
+    only with it. Without one there, nothing is issued (ValueError: no caller gets that far)."""
+    if needs_confirmation(request.client, request.redirect_uri, request.scopes):
+        if confirmation is None or confirmations.normalized(confirmation) != confirmation:
+            raise ValueError("this authorization needs the confirmation code its page showed")
+    elif confirmation is not None:
+        raise ValueError("this authorization shows no confirmation code")
     now = ctx.clock()
     grant = await ctx.store.save_grant(request.client.client_id, subject, request.scopes, now)
     code = hashing.new_secret()
     await ctx.store.add_code(AuthorizationCode(
-        code_hash=hashing.digest(code),
+        code_hash=hashing.digest(code) if confirmation is None else confirmations.code_digest(code, confirmation),
         client_id=request.client.client_id,
         redirect_uri=request.redirect_uri,
         scopes=request.scopes,
@@ -322,6 +339,16 @@ def needs_the_user(request: AuthorizationRequest) -> bool:
     return native or scopes.ADMIN in request.scopes
 
 
+def needs_confirmation(client: Client, redirect_uri: str, granted: list[str]) -> bool:
+    """Whether clicks are not enough: an authorization that would grant ``admin`` to a public
+    client with a native redirect (any local program may listen there, and the request, its
+    PKCE challenge and port included, may be anyone's) is redeemed only with the confirmation
+    code its page showed (``oauth/confirmation.py``). A confidential client's code is worth
+    nothing without its secret, and an https redirect is vouched for by its host: those keep
+    the one-click page alone."""
+    return scopes.ADMIN in granted and not client.confidential and native_redirect(redirect_uri)
+
+
 def record_consent(request: AuthorizationRequest, user: User, allowed: bool) -> None:
     """Audit the user's answer to a consent page."""
     outcome = "allowed" if allowed else "denied"
@@ -330,12 +357,17 @@ def record_consent(request: AuthorizationRequest, user: User, allowed: bool) -> 
 
 
 async def decide(ctx: OAuthContext, args: dict[str, list[str]], user: User | None,
-                 decision: str | None = None) -> SignIn | Consent | Pairing | Confirm | Issued:
+                 decision: str | None = None,
+                 confirmation: str | None = None) -> SignIn | Consent | Pairing | Confirm | Issued:
     """What an authorization request (``decision``: the answer of a page's form, posted with
     its XSRF token, None for the request itself) leads to for ``user`` (None: not signed in).
     Third-party clients always get the consent page (the spec); pairing an installation names
     it first; a first-party client gets the one-click page where :func:`needs_the_user`, and
-    otherwise its code without a prompt. RedirectUnverified or RedirectError when it fails."""
+    otherwise its code without a prompt. Where :func:`needs_confirmation`, the page shows a
+    confirmation code (``confirmation``: the one the answered page showed, verified by the
+    caller; a new one when None) and an "allow" issues the code only for the confirmation
+    its page showed: one without is answered with the page again. RedirectUnverified or
+    RedirectError when it fails."""
     request = await validate(ctx, args)
     if user is None:
         return SignIn(request)
@@ -347,12 +379,16 @@ async def decide(ctx: OAuthContext, args: dict[str, list[str]], user: User | Non
     if decision not in (None, "allow"):
         raise RedirectError(InvalidRequest("decision must be allow or deny"), request.redirect_uri, request.state,
                             ctx.issuer)
+    confirming = needs_confirmation(request.client, request.redirect_uri, request.scopes)
+    if decision == "allow" and confirming and confirmation is None:
+        decision = None  # the answer of a page that showed no confirmation code: the page, with one
+    shown = (confirmation or confirmations.new()) if confirming else None
     if decision == "allow":
         record_consent(request, user, allowed=True)
     elif not request.client.first_party:
-        return Consent(request, user, installation)
+        return Consent(request, user, installation, shown)
     elif installation is not None:
-        return Pairing(request, user, installation)
+        return Pairing(request, user, installation, shown)
     elif needs_the_user(request):
-        return Confirm(request, user)
-    return Issued(await issue_code(ctx, request, subject))
+        return Confirm(request, user, confirmation=shown)
+    return Issued(await issue_code(ctx, request, subject, shown))

@@ -9,7 +9,10 @@ on that code", and nothing else of the user's.
 
 The presenter of a code is checked (client, redirect_uri, PKCE verifier) before anything else:
 whoever saw a code but is not its client, or lacks its verifier, gets ``invalid_grant`` and
-changes nothing but the unredeemed code, which a failed check spends.
+changes nothing but the unredeemed code, which a failed check spends. A code that grants
+``admin`` to a native app is found only with the confirmation code its page showed
+(``oauth/confirmation.py``): the presentations with one are counted, per address and per code,
+before the lookup.
 
 Codes are single-use, with no grace (the interface's state table, RFC 6749 §4.1.2's MUST deny):
 of any number of presentations of a code by its client, exactly one is exchanged, and every
@@ -44,11 +47,22 @@ from datetime import datetime
 from typing import Any
 
 from tokensvc import logs
-from tokensvc.oauth import clientauth, hashing, pkce, privileges, scopes, successors, tokens
+from tokensvc.oauth import (
+    authorization,
+    clientauth,
+    confirmation,
+    hashing,
+    pkce,
+    privileges,
+    scopes,
+    successors,
+    tokens,
+)
 from tokensvc.oauth.clientauth import ClientRequest
 from tokensvc.oauth.context import OAuthContext
 from tokensvc.oauth.errors import InvalidGrant, InvalidScope, UnsupportedGrantType
 from tokensvc.oauth.revocation import revoke_family, sweep_if_grant_revoked
+from tokensvc.ratelimit import TooManyFailures
 from tokensvc.records import AuthorizationCode, Client, Family, Grant, Subject
 
 
@@ -79,10 +93,12 @@ def check_grant_type(grant_type: str | None) -> None:
 
 
 async def token_for_code(ctx: OAuthContext, caller: ClientRequest, code: str, redirect_uri: str,
-                         code_verifier: str | None) -> TokenResponse:
-    """``POST /oauth/token``: authenticate the client, then exchange its code."""
+                         code_verifier: str | None, confirmation_code: str | None = None) -> TokenResponse:
+    """``POST /oauth/token``: authenticate the client, then exchange its code (with the
+    confirmation code its page showed, where it needs one)."""
     client = await clientauth.authenticate_grant_client(ctx, caller)
-    return await exchange_code(ctx, client, code, redirect_uri, code_verifier)
+    return await exchange_code(ctx, client, code, redirect_uri, code_verifier, confirmation_code,
+                               address=caller.address)
 
 
 async def token_for_refresh(ctx: OAuthContext, caller: ClientRequest, refresh_token: str,
@@ -96,14 +112,25 @@ async def token_for_refresh(ctx: OAuthContext, caller: ClientRequest, refresh_to
 # -- authorization code ----------------------------------------------------------------
 
 async def exchange_code(ctx: OAuthContext, client: Client, code: str, redirect_uri: str,
-                        code_verifier: str | None) -> TokenResponse:
+                        code_verifier: str | None, confirmation_code: str | None = None, *,
+                        address: str = "-") -> TokenResponse:
+    """Exchange ``client``'s ``code``, presented from ``address``; ``confirmation_code``: what the
+    person typed from the code's page, for a code that grants ``admin`` to a native app."""
     store, now = ctx.store, ctx.clock()
-    code_hash = hashing.digest(code)
-    record = await store.get_code(code_hash)
-    if record is None:
-        raise InvalidGrant("Unknown authorization code")
+    if confirmation_code:
+        record, code_hash = await _confirmed(ctx, client, code, confirmation_code, address)
+    else:
+        code_hash = hashing.digest(code)
+        found = await store.get_code(code_hash)
+        if found is None:
+            raise InvalidGrant("Unknown authorization code")
+        record = found
     try:
         verifier = _check_presenter(record, client, redirect_uri, code_verifier)
+        if not confirmation_code and authorization.needs_confirmation(client, record.redirect_uri, record.scopes):
+            # Issued without one, by a release that showed none: clicks alone never grant admin here.
+            raise InvalidGrant("A code that grants admin to a native app is redeemed only with the confirmation "
+                               "code its page showed (confirmation_code): authorize again")
         if record.consumed_at is None and record.expires_at <= now:
             raise InvalidGrant("The authorization code has expired")
     except InvalidGrant:
@@ -120,6 +147,42 @@ async def exchange_code(ctx: OAuthContext, client: Client, code: str, redirect_u
     if record.spent_by_failure:
         raise InvalidGrant("The authorization code is no longer valid")
     return await _redeem(ctx, client, record, secret, family_id, first, now)
+
+
+async def _confirmed(ctx: OAuthContext, client: Client, code: str, typed: str,
+                     address: str) -> tuple[AuthorizationCode, str]:
+    """The code issued with the confirmation ``typed`` (``oauth/confirmation.py``), and its key;
+    else InvalidGrant. Counted before the lookup, so that concurrent guesses count too: per
+    address, as a sign-in is (TooManyFailures past the limit; a right one is given back), and
+    per code, whatever the settings: past :data:`~tokensvc.oauth.confirmation.PRESENTATIONS`
+    presentations the code is dead, the right confirmation included."""
+    limits = ctx.limits
+    try:
+        reservation = await limits.reserve(limits.confirmation_attempt(address))
+    except TooManyFailures:
+        _audit_confirmation(client, address, "rate_limited")
+        ctx.metrics.refused_by_limit("confirmation")
+        raise
+    if not await limits.present(confirmation.presentations_key(code), confirmation.PRESENTATIONS,
+                                ctx.tokens.code_ttl):
+        _audit_confirmation(client, address, "code_exhausted")
+        ctx.metrics.failed_confirmation()
+        raise InvalidGrant("Too many confirmation codes were presented with this authorization code: it is no "
+                           "longer valid")
+    shown = confirmation.normalized(typed)
+    code_hash = confirmation.code_digest(code, shown) if shown is not None else None
+    record = await ctx.store.get_code(code_hash) if code_hash is not None else None
+    if record is None or code_hash is None:
+        _audit_confirmation(client, address, "failure")
+        ctx.metrics.failed_confirmation()
+        raise InvalidGrant(confirmation.NOT_THE_PAGES)
+    limits.release(reservation)
+    return record, code_hash
+
+
+def _audit_confirmation(client: Client, address: str, outcome: str) -> None:
+    logs.audit("code_confirmation", {"client_id": client.client_id, "outcome": outcome, "remote_ip": address},
+               logging.WARNING, "confirmation code refused")
 
 
 def _check_presenter(record: AuthorizationCode, client: Client, redirect_uri: str,

@@ -33,8 +33,13 @@ class ProtocolMetrics(Protocol):
     def failed_login(self) -> None:
         """A sign-in failed."""
 
+    def failed_confirmation(self) -> None:
+        """A confirmation code presented with an authorization code was not its page's (or the
+        code had had its presentations)."""
+
     def refused_by_limit(self, kind: str) -> None:
-        """A request refused by a failure limit (429): ``login``, ``client_auth``, ``admin``."""
+        """A request refused by a failure limit (429): ``login``, ``client_auth``, ``admin``,
+        ``confirmation``."""
 
     def feed_sent(self, count: int) -> None:
         """One revocation feed message handed to ``count`` readers."""
