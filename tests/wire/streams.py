@@ -18,14 +18,16 @@ Every document a write changes makes one change event, shaped as MongoDB 8 shape
 
 An event is delivered only once the majority commit point has reached it (a stream never
 tells of a write a failover can roll back); a stream opened without a resume token starts at
-the commit point. ``aggregate`` with ``$changeStream`` opens a cursor whose ``getMore`` waits (up
-to its ``maxTimeMS``, the stream's await time) for events, and runs each through the stream's
-own pipeline as the server does: the stages a change stream allows (``$match``, ``$project``,
-``$addFields``, ``$set``, ``$unset``, ``$replaceRoot``, ``$replaceWith``, ``$redact``; any other is
-``IllegalOperation``, 20, at once), an event they filter out never sent, what they project
-the whole of what is sent, and one whose ``_id`` they removed or changed ending the stream
-(``ChangeStreamFatalError``, 280). Resume tokens and ``postBatchResumeToken``; history older
-than :attr:`oldest` is lost (286). What else a real stream meets, on the test's command:
+the commit point. ``aggregate`` with ``$changeStream`` opens a cursor on a collection, a
+database or (``allChangesForCluster``) the whole set, whose ``getMore`` waits (up to its
+``maxTimeMS``, the stream's await time) for the events of what it watches, and runs each through
+the stream's own pipeline as the server does: the stages a change stream allows (``$match``,
+``$project``, ``$addFields``, ``$set``, ``$unset``, ``$replaceRoot``, ``$replaceWith``,
+``$redact``; any other is ``IllegalOperation``, 20, at once), an event they filter out never
+sent, what they project the whole of what is sent, and one whose ``_id`` they removed or changed
+ending the stream (``ChangeStreamFatalError``, 280). Resume tokens and ``postBatchResumeToken``;
+history older than :attr:`oldest` is lost (286). What else a real stream meets, on the test's
+command:
 
 - :meth:`invalidate`: an ``invalidate`` event (the watched database dropped or renamed), with
   which the server closes the cursor;
@@ -64,6 +66,8 @@ _MISSING = object()
 class Stream:
     member: int
     pipeline: list[dict[str, Any]]  # the stages after $changeStream
+    database: str | None  # what it watches: a database (None: the whole cluster)
+    collection: str | None  # and in it, one collection (None: every one)
     position: int  # the sequence number of the last event handed out
     closed: bool = False  # the server closed it: the next getMore says so (cursor id 0)
     invalidated: bool = False  # an invalidate was handed out: closed after it
@@ -155,7 +159,10 @@ class Streams:
                     return {"ok": 0, "code": CHANGE_STREAM_FATAL, "codeName": "ChangeStreamFatalError",
                             "errmsg": "cannot resume stream; the resume token was not found"}
             cursor_id = next(self.rs.executor._cursor_ids)
-            self.streams[cursor_id] = Stream(member, [copy.deepcopy(stage) for stage in stages], position)
+            watched = None if options.get("allChangesForCluster") else doc["$db"]
+            collection = doc["aggregate"] if isinstance(doc["aggregate"], str) else None
+            self.streams[cursor_id] = Stream(member, [copy.deepcopy(stage) for stage in stages], watched, collection,
+                                             position)
         return {"ok": 1, "cursor": {"id": cursor_id, "ns": f"{doc['$db']}.$cmd.aggregate", "firstBatch": [],
                                     "postBatchResumeToken": self.token(position)}}
 
@@ -180,7 +187,7 @@ class Streams:
                 visible = self.visible()
                 fresh = self.events[stream.position:visible]
                 for event in fresh:
-                    sent = self._through(stream.pipeline, event)
+                    sent = self._through(stream.pipeline, event) if _watches(stream, event) else []
                     if isinstance(sent, str):  # the pipeline changed the resume token: the stream ends
                         del self.streams[doc["getMore"]]
                         return {"ok": 0, "code": CHANGE_STREAM_FATAL, "codeName": "ChangeStreamFatalError",
@@ -230,6 +237,13 @@ class Streams:
                         f"that point. Only transformations that retain the unmodified _id field are allowed. Expected: "
                         f"{{_id: {public['_id']}}} but found: {{_id: {out.get('_id')}}}")
         return sent
+
+
+def _watches(stream: Stream, event: dict[str, Any]) -> bool:
+    """Whether ``event`` is in what ``stream`` watches (an invalidate reaches every stream)."""
+    ns = event.get("ns")
+    return ns is None or ((stream.database is None or ns["db"] == stream.database)
+                          and (stream.collection is None or ns["coll"] == stream.collection))
 
 
 def describe(update: Any, before: dict[str, Any], after: dict[str, Any]) -> dict[str, Any]:

@@ -62,6 +62,18 @@ def test_a_change_stream_sends_only_what_its_pipeline_lets_through_and_projects(
     assert change == {"_id": change["_id"], "operationType": "update", "updateDescription": {"updatedFields": {"b": 3}}}
 
 
+def test_a_change_stream_sends_the_events_of_what_it_watches_alone(client):
+    db = client["t"]
+    with db.x.watch() as collection, db.watch() as database, client.watch() as cluster:
+        db.y.insert_one({"_id": "y"})
+        client["other"].x.insert_one({"_id": "other"})
+        db.x.insert_one({"_id": "x"})
+        assert next_change(collection)["documentKey"] == {"_id": "x"}
+        assert [next_change(database)["documentKey"] for _ in range(2)] == [{"_id": "y"}, {"_id": "x"}]
+        assert [next_change(cluster)["documentKey"] for _ in range(3)] == [{"_id": "y"}, {"_id": "other"},
+                                                                           {"_id": "x"}]
+
+
 def test_change_events_are_shaped_as_a_server_shapes_them(client):
     db = client["t"]
     db.x.insert_one({"_id": 1, "a": {"b": 1}, "c": 1, "same": 1, "tags": ["x"]})
