@@ -22,17 +22,34 @@ What a real server does that the tests rely on, emulated here:
   makes chosen writes read the same state before any of them commits, as concurrent writes on
   a real server do (the losers are retried by the server, or meet a write conflict, 112, or a
   unique-index race, 11000, as scripted);
-- retryable-write deduplication: a write retried with the ``lsid`` and ``txnNumber`` it was
-  first sent with is answered with the first reply, never applied twice (on any member);
-- the cluster's logical clock and the majority commit point: every reply carries
-  ``operationTime`` and ``$clusterTime``; a majority write waits for the commit point up to its
-  ``wtimeout`` and then answers the ``writeConcernError`` a server sends (code 64 with
-  ``errInfo.wtimeout``), applied all the same; a majority read with ``afterClusterTime`` waits
-  for the commit point to reach it; :attr:`ReplicaSet.lagging` holds the commit point back;
+- retryable-write deduplication as a server keeps it, per session (``lsid``): a write with the
+  session's newest ``txnNumber`` runs only the statements the session has not executed yet
+  (each document of an insert, each spec of an update or a delete, a ``findAndModify``: those
+  that wrote something), the others answered from what they did, with their write concern
+  waited for again; one with an older ``txnNumber`` is ``TransactionTooOld`` (225); a session
+  runs one write at a time. The record lives with the data (a server's
+  ``config.transactions``): a retry on another member finds it, and a rollback takes it back;
+- the cluster's logical clock and the majority commit point: every document a write changes
+  is an oplog entry with its own optime; every reply carries ``operationTime`` and
+  ``$clusterTime``; a majority write waits for the commit point up to its ``wtimeout`` and then
+  answers the ``writeConcernError`` a server sends (code 64 with ``errInfo.wtimeout``), applied
+  all the same; a majority read answers from the majority snapshot (the data as the commit
+  point left it: what the secondaries have not acknowledged yet is not in it), and one with
+  ``afterClusterTime`` first waits for the commit point to reach it; a change stream tells of a
+  write once the commit point has reached it; :attr:`ReplicaSet.lagging` holds the commit
+  point back, :meth:`ReplicaSet.catch_up` lets it go;
+- rollback: a member elected while the commit point lags behind the writes its predecessor
+  applied never had them; they are rolled back (the data, their change events, their
+  retryable-write records), as the old primary does when it rejoins the set, closing every
+  client connection as it enters rollback;
 - ``maxTimeMS``: a command whose wait (a delay, an ``afterClusterTime``) outlasts it answers
   ``MaxTimeMSExpired`` (50);
 - ``find`` and ``aggregate`` in batches with ``getMore``, ``CursorNotFound`` (43) for a cursor
-  that is gone; change streams with resume tokens, invalidate and closed cursors;
+  that is gone; cursors survive a step-down (since 4.2 a server interrupts only writes) and die
+  with their member's process (:meth:`ReplicaSet.set_down`); change streams as ``streams.py``
+  says;
+- the TTL monitor, on the test's command (:meth:`ReplicaSet.expire`): a pass deletes what a
+  TTL index says has expired, as a delete the oplog and the change streams see;
 - index builds with ``commitQuorum``: the default (``votingMembers``) waits while a member is
   down, ``majority`` builds once a majority is up;
 - ``$currentOp`` with ``idleConnections``: every open connection, with the ``appName`` and
@@ -43,8 +60,7 @@ What a real server does that the tests rely on, emulated here:
   :attr:`ReplicaSet.current_op` is False); authentication refused when
   :attr:`ReplicaSet.auth_fails`.
 
-What it does not: reads see the newest data, not the majority snapshot (a lagging commit
-point delays reads, it does not hide writes); nothing is rolled back.
+What it does not, and why, is in ``README.md`` beside this module.
 """
 
 from __future__ import annotations
@@ -55,9 +71,10 @@ import itertools
 import socket
 import threading
 import time
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import mongomock
@@ -70,7 +87,23 @@ BUDGET_MS = 2000  # storage.timeout_ms of the wire tests: short, so faults end q
 WRITES = frozenset({"insert", "update", "delete", "findAndModify", "createIndexes", "collMod", "dropIndexes"})
 READS = frozenset({"find", "aggregate", "count", "distinct", "listIndexes", "listCollections"})
 HANDSHAKE = frozenset({"hello", "ismaster", "isMaster"})
+# Writes that change no document but are an oplog entry of their own all the same.
+CATALOG_WRITES = frozenset({"createIndexes", "collMod", "dropIndexes"})
 NOT_WRITABLE_PRIMARY, NOT_PRIMARY_NO_SECONDARY_OK, INTERRUPTED_BY_STEP_DOWN = 10107, 13435, 11602
+TRANSACTION_TOO_OLD = 225
+
+
+def _client_port(request: Request) -> int:
+    """The client's TCP port; 0 once its connection is gone. (mockupdb's own raises in its server
+    thread when a test resets the connections under a request: a restart, a rollback.)"""
+    with contextlib.suppress(OSError):
+        address = request._client.getpeername()
+        if isinstance(address, tuple):
+            return int(address[1])
+    return 0
+
+
+Request.client_port = property(_client_port)  # type: ignore[assignment]
 
 
 @dataclass
@@ -120,6 +153,31 @@ class Op:
     interrupted: bool = False  # its member stepped down under it (writes)
     connection: Any = None  # the socket it came on
     ns: str = ""  # the database, then the collection (as $currentOp names it)
+    optime: int | None = None  # the optime of the last document it changed
+    # A retryable write: its session's record of the statements of its txnNumber executed so
+    # far (statement -> (optime, what it did)), which the write reads and adds to.
+    executed: dict[int, tuple[int, dict[str, Any]]] | None = None
+
+
+@dataclass(eq=False)
+class Undo:
+    """A document a write changed past the commit point, as it was before (None: the write made it)."""
+
+    optime: int
+    member: int  # the primary that applied it
+    database: str
+    collection: str
+    _id: Any
+    before: dict[str, Any] | None
+
+
+@dataclass(eq=False)
+class TxnSession:
+    """A server session's retryable-write state (a server's ``config.transactions`` entry)."""
+
+    txn: int = -1  # the newest txnNumber begun on it
+    executed: dict[int, tuple[int, dict[str, Any]]] = field(default_factory=dict)
+    lock: threading.Lock = field(default_factory=threading.Lock)  # checked out by one write at a time
 
 
 class Member:
@@ -242,10 +300,11 @@ class ReplicaSet:
         self.members = [Member(self, index) for index in range(self.size)]
         self.streams = Streams(self)
         self.executor = Commands(self)
-        self._replies: dict[tuple[bytes, int], dict[str, Any]] = {}
-        self._txn_locks: dict[tuple[bytes, int], threading.Lock] = {}
+        self.sessions: dict[bytes, TxnSession] = {}  # lsid -> its retryable writes
+        self.journal: list[Undo] = []  # every document changed past the commit point, in optime order
         self._ops: set[Op] = set()  # executing now
         self.refusals: list[tuple[str, int]] = []  # (command, code) of every error the set answered
+        self.rollbacks = 0  # elections that rolled writes back
         self._op_ids = itertools.count()
 
     # -- the test's side
@@ -313,7 +372,8 @@ class ReplicaSet:
         self.streams.lose_history()
 
     def kill_cursors(self) -> None:
-        """Every open (non-stream) cursor is gone: its next getMore is CursorNotFound."""
+        """Every open (non-stream) cursor is gone (``killCursors`` by an operator, or the idle
+        timeout): its next getMore is CursorNotFound."""
         with self.lock:
             self.executor.cursors.clear()
 
@@ -321,8 +381,37 @@ class ReplicaSet:
         """The secondaries acknowledge again: the commit point reaches the newest write."""
         with self.lock:
             self.lagging = False
-            self.committed = self.clock
+            self._commit(self.clock)
             self.lock.notify_all()
+
+    def expire(self, now: datetime | None = None) -> int:
+        """One pass of the TTL monitor (a primary runs one every 60 s; here only when a test
+        asks): every document whose TTL index's field holds a date (in an array, its earliest)
+        at least ``expireAfterSeconds`` before ``now`` is deleted, each an oplog entry and a
+        ``delete`` change event. None without a primary. How many it deleted."""
+        now = (now or datetime.now(UTC)).astimezone(UTC).replace(tzinfo=None)
+        deleted = 0
+        with self.lock:
+            if self.primary is None:
+                return 0
+            for database in self.data.list_database_names():
+                for name in self.data[database].list_collection_names():
+                    collection = self.data[database][name]
+                    for index in collection.index_information().values():
+                        if "expireAfterSeconds" not in index or len(index["key"]) != 1:
+                            continue
+                        path, after = index["key"][0][0], timedelta(seconds=index["expireAfterSeconds"])
+                        for document in list(collection.find({path: {"$exists": True}})):
+                            value = document
+                            for part in path.split("."):
+                                value = value.get(part) if isinstance(value, dict) else None
+                            dates = [item for item in (value if isinstance(value, list) else [value])
+                                     if isinstance(item, datetime)]
+                            if dates and min(dates) + after <= now:
+                                collection.delete_one({"_id": document["_id"]})
+                                self.applied(None, database, name, document["_id"], document, None)
+                                deleted += 1
+        return deleted
 
     def step_down(self, elect: int | None = None, after: float | None = 0.0, announce: bool = True) -> threading.Event:
         """The primary steps down: it answers as a secondary, and the writes it is executing are
@@ -363,16 +452,25 @@ class ReplicaSet:
         return self.step_down(elect=elect, after=after, announce=False)
 
     def elect(self, index: int) -> None:
+        """Member ``index`` is elected. The writes past the commit point that another member
+        applied never reached it (the secondaries acknowledged none of them): they are rolled
+        back."""
         with self.lock:
+            self._roll_back(index)
             self.term += 1
             self.primary = index
             self._changed()
 
     def set_down(self, index: int, down: bool = True) -> None:
-        """Member ``index`` becomes unreachable (or reachable again)."""
+        """Member ``index``'s process is killed (every connection reset at once), or started
+        again: a new process, without the cursors and change streams of the old one."""
         member = self.members[index]
         with self.lock:
             member.down = down
+            if down:
+                self.executor.kill_member(index)
+                self.streams.kill_member(index)
+                member.process_id = ObjectId()  # topologyVersion.processId: a restarted server's is new
             self._changed()
         if down:
             for sock in list(member.server._server_socks):
@@ -385,6 +483,76 @@ class ReplicaSet:
         self.lock.notify_all()
 
     # -- the server's side
+
+    def tick(self) -> int:
+        """A new oplog entry (under the lock): its optime; the commit point follows it unless
+        the secondaries lag."""
+        self.clock += 1
+        if not self.lagging:
+            self._commit(self.clock)
+        self.lock.notify_all()
+        return self.clock
+
+    def applied(self, op: Op | None, database: str, collection: str, _id: Any, before: dict[str, Any] | None,
+                after: dict[str, Any] | None, update: Any = None) -> None:
+        """One document a write changed (under the lock, by the write): its oplog entry, with
+        its optime (the write's operation time, if it is its last), what a majority snapshot
+        and a rollback need (the document as it was) while the commit point is behind it, and
+        its change event."""
+        optime = self.tick()
+        if op is not None:
+            op.optime = optime
+        if optime > self.committed:
+            member = op.member.index if op is not None else self.primary if self.primary is not None else -1
+            self.journal.append(Undo(optime, member, database, collection, _id, copy.deepcopy(before)))
+        self.streams.record(database, collection, _id, before, after, update, optime)
+
+    def _commit(self, optime: int) -> None:
+        """The commit point reaches ``optime`` (under the lock)."""
+        self.committed = max(self.committed, optime)
+        self.journal = [undo for undo in self.journal if undo.optime > self.committed]
+
+    def snapshot(self, database: str) -> Any:
+        """The database as a majority read sees it (under the lock): the newest data, less what
+        the commit point has not reached (each such document as it was before)."""
+        pending = [undo for undo in self.journal if undo.optime > self.committed and undo.database == database]
+        if not pending:
+            return self.data[database]
+        scratch = mongomock.MongoClient()[database]
+        for name in self.data[database].list_collection_names():
+            documents = list(self.data[database][name].find())
+            if documents:
+                scratch[name].insert_many(documents)
+        for undo in reversed(pending):
+            scratch[undo.collection].delete_one({"_id": undo._id})
+            if undo.before is not None:
+                scratch[undo.collection].insert_one(copy.deepcopy(undo.before))
+        return scratch
+
+    def _roll_back(self, elected: int) -> None:
+        """Member ``elected`` never had the writes past the commit point another member applied
+        (under the lock): the data goes back to what it had, their change events (never
+        delivered) and their retryable-write records with it, and the member that applied them
+        closes every client connection as it enters rollback."""
+        lost = [undo for undo in self.journal if undo.optime > self.committed and undo.member != elected]
+        if not lost:
+            return
+        for undo in reversed(lost):
+            collection = self.data[undo.database][undo.collection]
+            collection.delete_one({"_id": undo._id})
+            if undo.before is not None:
+                collection.insert_one(copy.deepcopy(undo.before))
+        gone = {undo.optime for undo in lost}
+        self.journal = [undo for undo in self.journal if undo.optime not in gone]
+        self.streams.rolled_back()
+        for session in self.sessions.values():
+            session.executed = {statement: done for statement, done in session.executed.items()
+                                if done[0] not in gone}
+        self.rollbacks += 1
+        for index in {undo.member for undo in lost if undo.member >= 0}:  # a member in rollback closes
+            for sock in list(self.members[index].server._server_socks):  # every client connection
+                with contextlib.suppress(OSError):
+                    sock.shutdown(socket.SHUT_RDWR)
 
     def times(self, operation_time: int | None = None) -> dict[str, Any]:
         """``operationTime`` (the operation's, else the newest write's) and ``$clusterTime``."""
@@ -442,17 +610,20 @@ class ReplicaSet:
         key = self._retry_key(doc) if name in WRITES else None
         if key is None:
             return self._execute(op, doc, fault)
+        lsid, txn = key
         with self.lock:
-            txn = self._txn_locks.setdefault(key, threading.Lock())
-        with txn:  # a retry that arrives while the first attempt runs waits for its answer
+            session = self.sessions.setdefault(lsid, TxnSession())
+        with session.lock:  # one write at a time: a retry that arrives while the first runs waits for it
             with self.lock:
-                if key in self._replies:
-                    return self._replies[key]  # a retried write: the first answer, applied once
-            reply = self._execute(op, doc, fault)
-            if reply is not None and reply.get("ok"):
-                with self.lock:
-                    self._replies[key] = reply
-            return reply
+                if txn < session.txn:
+                    return {"ok": 0, "code": TRANSACTION_TOO_OLD, "codeName": "TransactionTooOld",
+                            "errmsg": f"Retryable write with txnNumber {txn} is prohibited on session "
+                                      f"{uuid.UUID(bytes=lsid)} because a newer retryable write with txnNumber "
+                                      f"{session.txn} has already started on this session."}
+                if txn > session.txn:
+                    session.txn, session.executed = txn, {}
+                op.executed = session.executed
+            return self._execute(op, doc, fault)
 
     def _waited_out(self, op: Op) -> dict[str, Any]:
         if op.interrupted:
@@ -491,11 +662,11 @@ class ReplicaSet:
         operation_time = None
         with self.lock:
             if name in WRITES and reply.get("ok"):
-                self.clock += 1
-                operation_time = self.clock
-                if not self.lagging:
-                    self.committed = self.clock
-                self.lock.notify_all()
+                if op.optime is None and name in CATALOG_WRITES:
+                    op.optime = self.tick()
+                # A write that changed nothing (or a retry answered from its record) waits, as a
+                # server's does, for the newest optime the member has.
+                operation_time = op.optime if op.optime is not None else self.clock
             elif name in READS:
                 operation_time = self.committed  # a majority read answers at the commit point
         reply = {**reply, **self.times(operation_time)}
@@ -561,7 +732,7 @@ class ReplicaSet:
             return {"ok": 0, "code": 2, "errmsg": "this stand-in authenticates nobody"}
         if name == "getMore":
             if self.streams.is_stream(doc["getMore"]):
-                return self.streams.more(doc)
+                return self.streams.more(member, doc)
             with self.lock:
                 return commands.get_more(member, doc)
         if name == "killCursors":
@@ -582,11 +753,13 @@ class ReplicaSet:
             if not self._wait(op, lambda: sum(not m.down for m in self.members) >= needed):
                 return self._waited_out(op)
             return commands.create_indexes(doc)
-        simple = {"ping": lambda: {"ok": 1}, "endSessions": lambda: {"ok": 1}, "collMod": lambda: {"ok": 1},
+        simple = {"ping": lambda: {"ok": 1}, "endSessions": lambda: {"ok": 1},
+                  "collMod": lambda: commands.coll_mod(doc),
                   "buildInfo": lambda: {"ok": 1, "version": "8.0.4", "versionArray": [8, 0, 4, 0]},
                   "find": lambda: commands.find(member, doc), "count": lambda: commands.count(doc),
-                  "insert": lambda: commands.insert(doc), "update": lambda: commands.update(doc),
-                  "delete": lambda: commands.delete(doc), "findAndModify": lambda: commands.find_and_modify(doc),
+                  "insert": lambda: commands.insert(op, doc), "update": lambda: commands.update(op, doc),
+                  "delete": lambda: commands.delete(op, doc),
+                  "findAndModify": lambda: commands.find_and_modify(op, doc),
                   "listIndexes": lambda: commands.list_indexes(doc), "dropIndexes": lambda: commands.drop_indexes(doc)}
         if name in simple:
             return simple[name]()
