@@ -16,14 +16,17 @@ A primary that crashes, or that a partition cuts off, says nothing: it answers n
 closes no connection, so what waits on it would wait its whole budget. When the driver learns
 of a new primary (the other members' streaming ``hello`` say so at once), the reads and
 idempotent writes still waiting are abandoned and run again, on the new primary
-(:meth:`Topology.abandoning`).
+(:meth:`Topology.election`: the store stops waiting for them, never cancelling the driver,
+storage/mongo/calls.py).
+
+A store that could not be reached at start-up is tried again as soon as the driver sees a
+member that takes writes (:meth:`Topology.writable`), not only at the next step of the
+start-up's back-off.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
-from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from pymongo import monitoring
@@ -50,8 +53,8 @@ class Topology:
 
     def __init__(self) -> None:
         self._description: Any = None
-        self._abandonable: set[asyncio.Task[Any]] = set()
-        self._abandoned: set[asyncio.Task[Any]] = set()
+        self._election: asyncio.Future[None] | None = None  # done at the next election
+        self._writable: asyncio.Future[None] | None = None  # done when a member takes writes again
 
     @property
     def description(self) -> Any:
@@ -62,34 +65,28 @@ class Topology:
         old, self._description = self._description, new
         before, after = _primary(old), _primary(new)
         if before is not None and after is not None and after != before:
-            self._elected()
+            _finish(self._election)
+            self._election = None  # the next wait takes a new one
+        if not _takes_writes(old) and _takes_writes(new):
+            _finish(self._writable)
+            self._writable = None
 
-    @contextlib.contextmanager
-    def abandoning(self) -> Iterator[Callable[[], bool]]:
-        """While the block runs, the task running it is cancelled if another primary than the
-        one the driver knew is elected: what it waits for may never come (a primary that crashed
-        or was cut off answers nothing, and no connection of it is closed, so the wait lasts the
-        whole budget). Only for what may simply run again (a read, an idempotent write): a
-        single-document write in flight may have applied, and the driver's own retry on the
-        new primary is what runs it once. Yields whether this block's task was abandoned, for
-        the caller's ``except CancelledError`` (which must then ``uncancel`` it)."""
-        task = asyncio.current_task()
-        assert task is not None
-        self._abandonable.add(task)
-        try:
-            yield lambda: task in self._abandoned
-        finally:
-            self._abandonable.discard(task)
-            self._abandoned.discard(task)
+    def election(self) -> asyncio.Future[None]:
+        """Done when another primary than the one the driver knows now is elected: what waits
+        on the old one may never come (a primary that crashed or was cut off answers nothing,
+        and no connection of it is closed, so the wait would last the whole budget). Only for
+        what may simply run again (a read, an idempotent write): a single-document write in
+        flight may have applied, and the driver's own retry on the new primary is what runs
+        it once."""
+        if self._election is None:
+            self._election = asyncio.get_running_loop().create_future()
+        return self._election
 
-    def _elected(self) -> None:
-        for task in list(self._abandonable):
-            task.get_loop().call_soon_threadsafe(self._abandon, task)
-
-    def _abandon(self, task: asyncio.Task[Any]) -> None:
-        if task in self._abandonable and task not in self._abandoned:  # still in the block
-            self._abandoned.add(task)
-            task.cancel()
+    def writable(self) -> asyncio.Future[None]:
+        """Done when the driver next sees a member that takes writes, having seen none."""
+        if self._writable is None:
+            self._writable = asyncio.get_running_loop().create_future()
+        return self._writable
 
     def unwritable(self) -> str | None:
         """Why no write can succeed now, when only a change of the deployment mends it (a
@@ -103,6 +100,21 @@ class Topology:
         server = known[0]
         host, port = server.address
         return not_primary(f"{host}:{port}", _STATES.get(server.server_type_name, server.server_type_name))
+
+
+def _finish(future: asyncio.Future[None] | None) -> None:
+    """``future`` done, from the driver's events (which may come from another thread)."""
+    if future is not None:
+        future.get_loop().call_soon_threadsafe(_done, future)
+
+
+def _done(future: asyncio.Future[None]) -> None:
+    if not future.done():
+        future.set_result(None)
+
+
+def _takes_writes(description: Any) -> bool:
+    return description is not None and any(server.is_writable for server in description.known_servers)
 
 
 def _primary(description: Any) -> tuple[Any, Any] | None:
