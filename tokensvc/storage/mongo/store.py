@@ -126,7 +126,7 @@ BUILD_TIMEOUT_MS = 30 * 60 * 1000  # index builds at start-up: a new index on a 
 # How long closing the store may take, whatever the server does: within the supervisor's margin
 # past the drain (supervisor.STOP_MARGIN), with room for the process to leave.
 CLOSE_SECONDS = 5.0
-CLOSE_MARGIN_SECONDS = 1.0  # the driver's close gives up this much sooner, and then closes what is left
+CLOSE_MARGIN_SECONDS = 2.5  # the driver's close gives up on the server this much sooner, then closes the rest
 
 
 def have_options(index: dict[str, Any]) -> dict[str, Any]:
