@@ -377,6 +377,34 @@ class MongoStore(RevocationFeed, Store, FailureCounts):
                                  "stop it")
         return dropped
 
+    async def set_tripwires(self, after: int, upto: int, placed: bool = True) -> None:
+        """Place the tripwires of a raise of the compatibility version from ``after`` to
+        ``upto`` (storage/format.py): each index made under its new name, its old name dropped,
+        before the raise, so that a release that cannot read the new format stops at its
+        start-up from now on. ``placed=False`` takes them back (a finalize refused before its
+        raise leaves the store as it found it). An old name made again between the drop and
+        the make (that release, starting just then: it runs, and is seen) is dropped again."""
+        for collection, old, new in self.history.tripwires(after, upto):
+            keys, options = next((keys, options) for where, keys, options in INDEXES
+                                 if where == collection and options["name"] == old)
+            gone, made = (old, new) if placed else (new, old)
+            for _ in range(3):
+                try:
+                    await self._db[collection].drop_index(gone)
+                except OperationFailure as exc:
+                    if exc.code != INDEX_NOT_FOUND:
+                        raise
+                try:
+                    await self._make_index(collection, keys, {**options, "name": made})
+                    break
+                except OperationFailure as exc:
+                    if exc.code not in INDEX_CONFLICT:
+                        raise
+            else:
+                raise StoreFault(f"index {collection}.{made} cannot be made: index {collection}.{gone} is made again "
+                                 "each time it is dropped, by a release that cannot read this store, started over and "
+                                 "over: stop it")
+
     async def _reconcile(self, collection: str, keys: list[tuple[str, int]], options: dict[str, Any]) -> str | None:
         """Bring an existing index to ``options``, or say why it cannot be (None: done)."""
         name = options["name"]
