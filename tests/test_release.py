@@ -18,7 +18,10 @@ SEMVER = re.compile(r"(0|[1-9]\d*)\.(0|[1-9]\d*)\.(0|[1-9]\d*)")
 
 
 def releases() -> list[str]:
-    return re.findall(r"^## (\S+)$", CHANGELOG.read_text(), re.MULTILINE)
+    """The releases the changelog lists, newest first: not the section of what is not released yet
+    (``## Unreleased``, at the top, if any)."""
+    listed = re.findall(r"^## (\S+)$", CHANGELOG.read_text(), re.MULTILINE)
+    return listed[1:] if listed[:1] == ["Unreleased"] else listed
 
 
 def test_the_package_and_the_command_say_the_same_version(capsys):
