@@ -16,7 +16,7 @@ A primary that crashes, or that a partition cuts off, says nothing: it answers n
 closes no connection, so what waits on it would wait its whole budget. When the driver learns
 of a new primary (the other members' streaming ``hello`` say so at once), the reads and
 idempotent writes still waiting are abandoned and run again, on the new primary
-(:meth:`Topology.election`: the store stops waiting for them, never cancelling the driver,
+(:meth:`Topology.abandoned`: the store stops waiting for them, never cancelling the driver,
 storage/mongo/calls.py).
 
 A store that could not be reached at start-up is tried again as soon as the driver sees a
@@ -32,6 +32,8 @@ from typing import TYPE_CHECKING, Any
 from pymongo import monitoring
 from pymongo.server_type import SERVER_TYPE
 from pymongo.topology_description import TOPOLOGY_TYPE
+
+from tokensvc.storage.mongo import calls
 
 if TYPE_CHECKING:
     from tokensvc.storage.mongo import MongoStore
@@ -49,11 +51,11 @@ def not_primary(address: str, state: str) -> str:
 
 class Topology:
     """The latest view of the deployment the driver published, and the store's operations that
-    an election abandons (:meth:`abandoning`)."""
+    an election abandons (:meth:`abandoned`)."""
 
     def __init__(self) -> None:
         self._description: Any = None
-        self._election: asyncio.Future[None] | None = None  # done at the next election
+        self.elections: set[asyncio.Future[Any]] = set()  # the waits an election abandons (calls.Calls.wait)
         self._writable: asyncio.Future[None] | None = None  # done when a member takes writes again
 
     @property
@@ -65,22 +67,20 @@ class Topology:
         old, self._description = self._description, new
         before, after = _primary(old), _primary(new)
         if before is not None and after is not None and after != before:
-            _finish(self._election)
-            self._election = None  # the next wait takes a new one
+            for waiter in list(self.elections):
+                waiter.get_loop().call_soon_threadsafe(calls.wake, waiter, calls.ELECTED)
         if not _takes_writes(old) and _takes_writes(new):
             _finish(self._writable)
             self._writable = None
 
-    def election(self) -> asyncio.Future[None]:
-        """Done when another primary than the one the driver knows now is elected: what waits
-        on the old one may never come (a primary that crashed or was cut off answers nothing,
-        and no connection of it is closed, so the wait would last the whole budget). Only for
-        what may simply run again (a read, an idempotent write): a single-document write in
-        flight may have applied, and the driver's own retry on the new primary is what runs
-        it once."""
-        if self._election is None:
-            self._election = asyncio.get_running_loop().create_future()
-        return self._election
+    def abandoned(self) -> set[asyncio.Future[Any]]:
+        """The waits abandoned when another primary than the one the driver knows now is
+        elected (each woken with :data:`calls.ELECTED`): what waits on the old one may never
+        come (a primary that crashed or was cut off answers nothing, and no connection of it is
+        closed, so the wait would last the whole budget). Only for what may simply run again (a
+        read, an idempotent write): a single-document write in flight may have applied, and the
+        driver's own retry on the new primary is what runs it once."""
+        return self.elections
 
     def writable(self) -> asyncio.Future[None]:
         """Done when the driver next sees a member that takes writes, having seen none."""
@@ -105,12 +105,7 @@ class Topology:
 def _finish(future: asyncio.Future[None] | None) -> None:
     """``future`` done, from the driver's events (which may come from another thread)."""
     if future is not None:
-        future.get_loop().call_soon_threadsafe(_done, future)
-
-
-def _done(future: asyncio.Future[None]) -> None:
-    if not future.done():
-        future.set_result(None)
+        future.get_loop().call_soon_threadsafe(calls.wake, future)
 
 
 def _takes_writes(description: Any) -> bool:

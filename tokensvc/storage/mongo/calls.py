@@ -33,6 +33,15 @@ class Elected(Left):
     """Another primary was elected while a call waited: it is run again, on the new one."""
 
 
+ELECTED = "elected"  # what an election wakes a waiter with (storage/topology.py)
+
+
+def wake(waiter: asyncio.Future[Any], why: Any = None) -> None:
+    """End a wait (the call done, its time up, an election), unless something else ended it."""
+    if not waiter.done():
+        waiter.set_result(why)
+
+
 class Calls:
     """The driver calls of one store: each in a task of its own, waited for and never cancelled;
     those the store stopped waiting for, until they end."""
@@ -42,21 +51,30 @@ class Calls:
 
     def start(self, call: Coroutine[Any, Any, R], context: contextvars.Context | None = None) -> asyncio.Task[R]:
         """``call`` running in a task of its own (in ``context``, a copy of the caller's by default)."""
-        return asyncio.get_running_loop().create_task(call, context=context or contextvars.copy_context())
+        return asyncio.get_running_loop().create_task(call, context=context)
 
-    async def wait(self, call: asyncio.Task[R], seconds: float, elected: asyncio.Future[Any] | None = None) -> R:
-        """The answer of ``call``, waited for at most ``seconds`` (:class:`Left`), or until
-        ``elected`` is done (:class:`Elected`). Whatever happens (the caller cancelled too), the
-        call is never cancelled: one not done is left to end by itself."""
-        waits: set[asyncio.Future[Any]] = {call} if elected is None else {call, elected}
+    async def wait(self, call: asyncio.Task[R], seconds: float, elections: set[asyncio.Future[Any]] | None = None) -> R:
+        """The answer of ``call``, waited for at most ``seconds`` (:class:`Left`), or until an
+        election wakes the wait through ``elections`` (:class:`Elected`; the topology's set of
+        waits an election abandons). Whatever happens (the caller cancelled too), the call is
+        never cancelled: one not done is left to end by itself."""
+        loop = asyncio.get_running_loop()
+        waiter: asyncio.Future[Any] = loop.create_future()
+        call.add_done_callback(lambda _: wake(waiter))
+        timer = loop.call_later(max(seconds, 0.0), wake, waiter)
+        if elections is not None:
+            elections.add(waiter)
         try:
-            await asyncio.wait(waits, timeout=max(seconds, 0.0), return_when=asyncio.FIRST_COMPLETED)
+            await waiter
         finally:
+            timer.cancel()
+            if elections is not None:
+                elections.discard(waiter)
             if not call.done():
                 self.leave(call)
         if call.done():
             return call.result()
-        raise Elected() if elected is not None and elected.done() else Left()
+        raise Elected() if waiter.result() == ELECTED else Left()
 
     def leave(self, call: asyncio.Task[Any]) -> None:
         """``call`` goes on without anyone waiting for it: kept until it ends, its outcome read

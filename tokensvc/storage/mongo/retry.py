@@ -136,7 +136,7 @@ def guarded(kind: str | None = None, budget: str = "budget") -> Callable[[Callab
     directly connected secondary: storage/topology.py) fails at once, as does any operation
     under a closed client (the service is stopping: retrying cannot help). A read or an
     idempotent write waiting when another primary is elected is run again at once, on the new
-    one (:meth:`Topology.election`).
+    one (:meth:`Topology.abandoned`).
 
     Errors: a duplicate key as :class:`Conflict`; what passes (network, server selection, a
     primary stepping down, a timeout, a write conflict, the client closed under a request) as
@@ -165,7 +165,7 @@ def guarded(kind: str | None = None, budget: str = "budget") -> Callable[[Callab
             the attempt ends, or at once when the store stops waiting for it (an operation run
             as a step of another, as ``upgrade.status`` runs ``upgrade.current``, runs in that
             one's session)."""
-            elected = self.topology.election() if chosen != ONCE else None
+            elections = self.topology.abandoned() if chosen != ONCE else None
             context = contextvars.copy_context()
             session = None
             if self.clock is not None and _CAUSAL_SESSION.get() is None:  # else a step of a call: its session
@@ -173,7 +173,7 @@ def guarded(kind: str | None = None, budget: str = "budget") -> Callable[[Callab
                 context.run(_CAUSAL_SESSION.set, session)
             call = self.calls.start(attempt(self, again, remaining, *args, **kwargs), context)
             try:
-                return await self.calls.wait(call, remaining, elected)
+                return await self.calls.wait(call, remaining, elections)
             finally:
                 if session is not None and self.clock is not None:
                     if call.done():
