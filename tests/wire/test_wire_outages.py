@@ -150,6 +150,8 @@ def test_the_store_down_then_back_costs_503s_and_nothing_else(tmp_path):
                    "the store serving again", seconds=ANSWER_SECONDS)
         assert time.monotonic() - back < READY_SECONDS
         assert requests.get(service.base + "/readyz", timeout=ANSWER_SECONDS).status_code == 200
+        wait_until(lambda: 'tokensvc_revocation_feed_state{state="stream"} 1.0' in requests.get(
+            service.base + "/metrics", timeout=ANSWER_SECONDS).text, "the relay's change stream open again")
         served = traffic.count()
         wait_until(lambda: traffic.count() >= served + 20, "answers once the store is back")
         answers = traffic.stop()
