@@ -10,6 +10,7 @@ import pytest
 import requests
 from authlib.common.security import generate_token
 from authlib.integrations.requests_client import OAuth2Session
+from helpers import wait_until
 from service import WEBAPP_SECRET, free_port, start_service, user_agent_authorize
 
 from tokensvc import cli
@@ -105,6 +106,9 @@ def test_service_starts_without_its_database_and_answers_503(tmp_path):
         assert metadata.status_code == 200 and metadata.json()["issuer"] == base
         assert requests.get(base + "/openapi.json").status_code == 200
         assert requests.head(base + "/.well-known/oauth-authorization-server").status_code == 200
+        # Start-up's first try ends when the driver gives up on the server (it waits in steps
+        # of half a second): it says so, and tries again.
+        wait_until(lambda: "store not ready" in service.output(), "start-up saying the store is not ready")
     finally:
         output = service.stop()
     assert "Traceback" not in output

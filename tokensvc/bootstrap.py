@@ -198,8 +198,8 @@ async def prepare(store: Store, config: Settings, *, first_delay: float = 1.0, m
             store.prepared = True
             return
         except StorageError as exc:
-            log.warning("store not ready (%s); retrying in %.0fs", exc, delay)
-            await asyncio.sleep(delay)
+            log.warning("store not ready (%s); retrying in %.0fs, or as soon as it answers", exc, delay)
+            await store.reachable(delay)
             delay = min(delay * 2, max_delay)
 
 

@@ -423,6 +423,49 @@ def test_processes_of_this_release_starting_together_drop_a_retired_index_once(p
     assert not any("Traceback" in output for output in outputs), outputs
 
 
+def test_the_previous_release_started_while_finalize_raises_the_version_stops_at_start_up(primary, previous,
+                                                                                          tmp_path_factory, capsys):
+    """Finalize places its tripwire before it raises the compatibility version, and looks at who
+    is connected in between: with the raise held, a process of the previous release started
+    meanwhile stops at its start-up (never ready: it cannot be the one that answers every
+    credential as unknown), and the raise then goes on."""
+    import threading
+
+    deployment = Deployment(primary, previous, tmp_path_factory)
+    try:
+        old = deployment.start("previous")
+        deployment.start("current")
+        deployment.stop(old)
+
+        def ready_to_finalize() -> bool:
+            code, out, _ = deployment.storage(capsys, "status", "--json")
+            return code == 0 and json.loads(out)["finalizeBlockers"] == []
+
+        wait_until(ready_to_finalize, "the previous release's sockets closed")
+        patient = deployment.tmp.mktemp("finalize") / "tokensvc.toml"  # a budget longer than the raise is held
+        patient.write_text("demo = true\n" + storage(primary).replace("timeout_ms = 5000", "timeout_ms = 120000"))
+        held = Fault("update", "hold", collection="meta",
+                     when=lambda doc: "compatibility" in str(doc["updates"][0]["u"].get("$set", {})))
+        primary.script(held)
+        finalized: list[int] = []
+        finalizing = threading.Thread(target=lambda: finalized.append(
+            cli.main(["storage", "finalize", "--config", str(patient)])))
+        finalizing.start()
+        wait_until(lambda: held.hits, "the raise, held")
+        refused = deployment.start("previous", ready=False)
+        refused.process.wait(timeout=60)
+        assert refused.returncode == 1, refused.output()
+        assert f"tokensvc: index failures.{TRIPWIRE} (tokensvc's ttl) exists with other options" in refused.output()
+        assert primary.db["tokensvc"]["meta"].find_one({"_id": "format"})["compatibility"] == 1
+        primary.release(held)
+        finalizing.join(timeout=120)
+        assert finalized == [0], capsys.readouterr().err
+        assert primary.db["tokensvc"]["meta"].find_one({"_id": "format"})["compatibility"] == 2
+    finally:
+        outputs = deployment.close()
+    assert not any("Traceback" in output for output in outputs), outputs
+
+
 def test_each_release_is_found_by_its_tag_and_without_it(monkeypatch):
     # A checkout without tags still finds the previous release by its recorded commit; with
     # tags, the tag and the record name the same commit.

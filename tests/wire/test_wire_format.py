@@ -686,6 +686,95 @@ async def test_finalize_leaves_0_9_0_an_index_it_cannot_make_alongside(primary):
         await opener.close()
 
 
+async def starts_as_0_9_0(primary: ReplicaSet) -> bool:
+    """What 0.9.0's start-up asks before it serves, word for word: whether it gets its failure
+    counts' TTL index (True: it goes on to serve), or the server refuses it beside the tripwire
+    (IndexOptionsConflict, 85: it stops)."""
+    from pymongo.errors import OperationFailure
+
+    client = AsyncMongoClient(primary.uri(), appname="tokensvc")
+    try:
+        await client[DB]["failures"].create_index([("expires_at", 1)], expireAfterSeconds=0, name="ttl")
+        return True
+    except OperationFailure as exc:
+        assert exc.code == 85
+        return False
+    finally:
+        await client.close()
+
+
+def raising(doc: dict) -> bool:
+    """The raise of the compatibility version (finalize's update of the format document)."""
+    return doc.get("update") == "meta" and "compatibility" in str(doc.get("updates", [{}])[0].get("u", {}))
+
+
+async def test_a_0_9_0_process_started_while_finalize_raises_the_version_stops_at_start_up(primary):
+    """The tripwire is placed before the raise: with the raise held, a 0.9.0 process that
+    starts meanwhile is refused its index, and stops; then the raise goes on."""
+    written_by_0_9_0(primary)
+    store = await opened(primary)
+    store.budget = 30.0  # the raise is held here longer than a budget
+    held = Fault("update", "hold", collection="meta", when=raising)
+    primary.script(held)
+    finalizing = asyncio.ensure_future(upgrade.finalize(store))
+    await eventually(lambda: held.hits, what="the raise, held")
+    assert meta(primary)["compatibility"] == 1
+    assert not await starts_as_0_9_0(primary)
+    primary.release(held)
+    assert (await finalizing)[0] == 1
+    assert meta(primary)["compatibility"] == 2
+    assert sorted(primary.db[DB]["failures"].index_information()) == ["_id_", TRIPWIRE]
+    await store.close()
+
+
+async def test_a_0_9_0_process_started_before_the_tripwire_is_seen_and_the_tripwire_taken_back(primary):
+    """A 0.9.0 process that got its index just before the tripwire (here, while the tripwire's
+    own request is held) runs: the look that follows the tripwire sees it, finalize is refused,
+    and the store is left as it was (its index under its old name: 0.9.0 may start again)."""
+    written_by_0_9_0(primary)
+    store = await opened(primary)
+    store.build_budget = 30.0
+    held = Fault("createIndexes", "hold", collection="failures",
+                 when=lambda doc: doc["indexes"][0]["name"] == TRIPWIRE)
+    primary.script(held)
+    finalizing = asyncio.ensure_future(upgrade.finalize(store))
+    await eventually(lambda: held.hits, what="the tripwire's request, held")
+    assert await starts_as_0_9_0(primary)  # "ttl" is dropped: it makes it again, and serves
+    old = await Serving(primary).start()
+    primary.release(held)
+    with pytest.raises(upgrade.Refused, match="not finalized: tokensvc 0.9.0 or earlier is connected from 127.0.0.1:"):
+        await finalizing
+    assert meta(primary)["compatibility"] == 1
+    assert sorted(primary.db[DB]["failures"].index_information()) == ["_id_", "ttl"]
+    assert await starts_as_0_9_0(primary)
+    await old.close()
+    await store.close()
+
+
+async def test_a_0_9_0_process_seen_only_after_the_raise_is_named_by_finalize(primary):
+    """One that got past its index before the tripwire but was not yet listed at the look
+    before the raise (still starting: its change stream not open) is seen by the look after
+    it; the raise stands, and the command says to stop it."""
+    written_by_0_9_0(primary)
+    store = await opened(primary)
+    store.budget = 30.0
+    held = Fault("update", "hold", collection="meta", when=raising)
+    primary.script(held)
+    finalizing = asyncio.ensure_future(upgrade.finalize(store))
+    await eventually(lambda: held.hits, what="the raise, held")
+    old = await Serving(primary).start()  # its stream open only now
+    primary.release(held)
+    with pytest.raises(upgrade.Refused) as refused:
+        await finalizing
+    assert str(refused.value).startswith("finalized: the compatibility version is raised from 1 to 2")
+    assert "tokensvc 0.9.0 or earlier is connected from 127.0.0.1:" in str(refused.value)
+    assert str(refused.value).endswith("stop it, then run tokensvc storage migrate (the running processes convert "
+                                       "what it writes)")
+    assert meta(primary)["compatibility"] == 2
+    await old.close()
+    await store.close()
+
+
 async def test_processes_dropping_one_index_together_all_succeed(primary):
     primary.db[DB]["families"].create_index([("grant_id", 1)], name="grant_id")
     # Each drop waits, so that every process has seen the index before any drops it.

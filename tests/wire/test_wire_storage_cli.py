@@ -88,6 +88,23 @@ def test_a_refusal_is_one_line_and_exit_code_1(primary, config, capsys):
     assert code == 0 and (json.loads(out)["format"], json.loads(out)["compatibility"]) == (3, 3)
 
 
+def test_a_store_that_answers_nothing_is_one_line_and_leaves_nothing_running(primary, config, capsys, caplog):
+    """The primary crashed (it answers nothing, closes nothing): each command gives up at its
+    budget with one line, exit code 1, and nothing else, then or later: no call of the driver
+    is left running when it ends (a task destroyed while pending would say so when collected)."""
+    import gc
+
+    opened_by_this_release(primary, credentials=False)
+    primary.crash(after=None)
+    for command in ("status", "migrate", "finalize"):
+        code, out, err = run(capsys, command, "--config", config)
+        assert (code, out) == (1, "") and err.count("\n") == 1, err
+        assert err.startswith("tokensvc: the store is not answering: MongoDB: "), err
+    gc.collect()
+    assert capsys.readouterr().err == ""
+    assert [record.getMessage() for record in caplog.records if record.name == "asyncio"] == []
+
+
 @pytest.mark.parametrize("command", ["status", "migrate", "finalize"])
 def test_the_memory_backend_has_no_format_and_each_command_says_so(tmp_path, capsys, command):
     path = tmp_path / "tokensvc.toml"

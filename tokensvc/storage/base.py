@@ -14,6 +14,7 @@ A backend raises :class:`StorageError` when it cannot answer (the web layer answ
 from __future__ import annotations
 
 import abc
+import asyncio
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
 from datetime import datetime
@@ -691,6 +692,15 @@ class Housekeeping(abc.ABC):
 
         Called by shutdown (cli.py) and the command line's store (cli_admin.py, cli_storage.py).
         """
+
+    async def reachable(self, seconds: float) -> None:
+        """Wait ``seconds``, or less: until the store may answer again (MongoDB: its driver sees
+        a member that takes writes, having seen none), so that a store that comes back is
+        prepared at once, not at the next step of a long back-off.
+
+        Called by start-up, between its tries (bootstrap.py).
+        """
+        await asyncio.sleep(seconds)
 
     async def upkeep(self) -> None:  # noqa: B027 - optional hook
         """What the backend does in the background while the service runs, until cancelled

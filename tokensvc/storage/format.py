@@ -187,6 +187,11 @@ class History:
         return [index for entry in self.formats if entry.version <= state.compatibility
                 for index in (*entry.retired_indexes, *((c, old) for c, old, _ in entry.tripwires))]
 
+    def tripwires(self, after: int, upto: int) -> list[tuple[str, str, str]]:
+        """The tripwires of the formats a raise of the compatibility version from ``after`` to
+        ``upto`` reaches: (collection, the old name, the new name)."""
+        return [tripwire for entry in self.formats if after < entry.version <= upto for tripwire in entry.tripwires]
+
     def index_name(self, collection: str, name: str, state: StoreFormat) -> str:
         """The name this release's index ``name`` has on a store at ``state``: renamed by each
         tripwire its compatibility version has reached."""

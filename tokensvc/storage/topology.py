@@ -16,19 +16,24 @@ A primary that crashes, or that a partition cuts off, says nothing: it answers n
 closes no connection, so what waits on it would wait its whole budget. When the driver learns
 of a new primary (the other members' streaming ``hello`` say so at once), the reads and
 idempotent writes still waiting are abandoned and run again, on the new primary
-(:meth:`Topology.abandoning`).
+(:meth:`Topology.abandoned`: the store stops waiting for them, never cancelling the driver,
+storage/mongo/calls.py).
+
+A store that could not be reached at start-up is tried again as soon as the driver sees a
+member that takes writes (:meth:`Topology.writable`), not only at the next step of the
+start-up's back-off.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
-from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from pymongo import monitoring
 from pymongo.server_type import SERVER_TYPE
 from pymongo.topology_description import TOPOLOGY_TYPE
+
+from tokensvc.storage.mongo import calls
 
 if TYPE_CHECKING:
     from tokensvc.storage.mongo import MongoStore
@@ -46,12 +51,12 @@ def not_primary(address: str, state: str) -> str:
 
 class Topology:
     """The latest view of the deployment the driver published, and the store's operations that
-    an election abandons (:meth:`abandoning`)."""
+    an election abandons (:meth:`abandoned`)."""
 
     def __init__(self) -> None:
         self._description: Any = None
-        self._abandonable: set[asyncio.Task[Any]] = set()
-        self._abandoned: set[asyncio.Task[Any]] = set()
+        self.elections: set[asyncio.Future[Any]] = set()  # the waits an election abandons (calls.Calls.wait)
+        self._writable: asyncio.Future[None] | None = None  # done when a member takes writes again
 
     @property
     def description(self) -> Any:
@@ -62,34 +67,26 @@ class Topology:
         old, self._description = self._description, new
         before, after = _primary(old), _primary(new)
         if before is not None and after is not None and after != before:
-            self._elected()
+            for waiter in list(self.elections):
+                waiter.get_loop().call_soon_threadsafe(calls.wake, waiter, calls.ELECTED)
+        if not _takes_writes(old) and _takes_writes(new):
+            _finish(self._writable)
+            self._writable = None
 
-    @contextlib.contextmanager
-    def abandoning(self) -> Iterator[Callable[[], bool]]:
-        """While the block runs, the task running it is cancelled if another primary than the
-        one the driver knew is elected: what it waits for may never come (a primary that crashed
-        or was cut off answers nothing, and no connection of it is closed, so the wait lasts the
-        whole budget). Only for what may simply run again (a read, an idempotent write): a
-        single-document write in flight may have applied, and the driver's own retry on the
-        new primary is what runs it once. Yields whether this block's task was abandoned, for
-        the caller's ``except CancelledError`` (which must then ``uncancel`` it)."""
-        task = asyncio.current_task()
-        assert task is not None
-        self._abandonable.add(task)
-        try:
-            yield lambda: task in self._abandoned
-        finally:
-            self._abandonable.discard(task)
-            self._abandoned.discard(task)
+    def abandoned(self) -> set[asyncio.Future[Any]]:
+        """The waits abandoned when another primary than the one the driver knows now is
+        elected (each woken with :data:`calls.ELECTED`): what waits on the old one may never
+        come (a primary that crashed or was cut off answers nothing, and no connection of it is
+        closed, so the wait would last the whole budget). Only for what may simply run again (a
+        read, an idempotent write): a single-document write in flight may have applied, and the
+        driver's own retry on the new primary is what runs it once."""
+        return self.elections
 
-    def _elected(self) -> None:
-        for task in list(self._abandonable):
-            task.get_loop().call_soon_threadsafe(self._abandon, task)
-
-    def _abandon(self, task: asyncio.Task[Any]) -> None:
-        if task in self._abandonable and task not in self._abandoned:  # still in the block
-            self._abandoned.add(task)
-            task.cancel()
+    def writable(self) -> asyncio.Future[None]:
+        """Done when the driver next sees a member that takes writes, having seen none."""
+        if self._writable is None:
+            self._writable = asyncio.get_running_loop().create_future()
+        return self._writable
 
     def unwritable(self) -> str | None:
         """Why no write can succeed now, when only a change of the deployment mends it (a
@@ -103,6 +100,16 @@ class Topology:
         server = known[0]
         host, port = server.address
         return not_primary(f"{host}:{port}", _STATES.get(server.server_type_name, server.server_type_name))
+
+
+def _finish(future: asyncio.Future[None] | None) -> None:
+    """``future`` done, from the driver's events (which may come from another thread)."""
+    if future is not None:
+        future.get_loop().call_soon_threadsafe(calls.wake, future)
+
+
+def _takes_writes(description: Any) -> bool:
+    return description is not None and any(server.is_writable for server in description.known_servers)
 
 
 def _primary(description: Any) -> tuple[Any, Any] | None:

@@ -196,7 +196,18 @@ async def finalize(store: MongoStore, assume_stopped: bool = False,
     """Raise the compatibility version to this release's format (Refused, with every reason,
     when something may still need the old one), then migrate. Returns the version it was
     raised from and the rows each migration converted; already finalized: (the version, {})
-    after completing any migration left unfinished."""
+    after completing any migration left unfinished.
+
+    In this order, so that a process of a release that cannot read the new format (0.9.0),
+    started at any moment, either stops at its start-up or is seen: the tripwire first (from
+    then on such a process stops at start-up), then the look at who is connected (one started
+    before the tripwire runs, and is seen: refused, the tripwire taken back), then the raise,
+    then the look again (one that was still starting at the first look: the raise cannot be
+    taken back, so the command says to stop it; the running processes keep looking too,
+    storage/migrations.py). The blockers are looked at once before the tripwire as well, so a
+    finalize refused for them changes nothing; one refused at the second look takes the
+    tripwire back. A raise that fails may still apply (sent, its answer lost), so the tripwire
+    then stays, and the command says to run it again."""
     found = await status(store, assume_stopped)
     state, target = found.state, store.history.newest
     if state.compatibility > target:
@@ -205,12 +216,31 @@ async def finalize(store: MongoStore, assume_stopped: bool = False,
         return state.compatibility, await migrate(store, progress)
     if found.blockers:
         raise Refused("not finalized: " + "; ".join(found.blockers))
-    await _raise(store, state.compatibility, target)
+    await _tripwires(store, state.compatibility, target)
+    try:
+        found = await status(store, assume_stopped)
+        if found.state.compatibility != state.compatibility or found.blockers:
+            raise Refused("not finalized: " + "; ".join(
+                found.blockers or ["another finalize changed the compatibility version meanwhile: run this one again"]))
+    except BaseException as exc:
+        await _take_back(store, state.compatibility, target, exc)
+        raise
+    try:
+        await _raise(store, state.compatibility, target)
+    except (StorageError, StoreFault) as exc:  # sent, perhaps applied, perhaps to apply still: the tripwire stays
+        raise Refused(f"not finalized for certain ({exc}): the raise of the compatibility version may still apply, so "
+                      f"its tripwire stays in place (a process of a release that cannot read format {target} cannot "
+                      "start): run tokensvc storage finalize again") from None
     said = (f"finalized: the compatibility version is raised from {state.compatibility} to {target} (irreversible: "
             "tokensvc storage finalize need not run again); but ")
     try:
         store.format = await current(store)
         await _follow_indexes(store)
+        older = [seen for seen in await _connected(store) or [] if seen.reads < target]
+        if older:
+            raise Refused(f"{said}tokensvc {older[0].name} is connected from "
+                          f"{', '.join(sorted({seen.where for seen in older}))}, and cannot read this store: stop it, "
+                          "then run tokensvc storage migrate (the running processes convert what it writes)")
         return state.compatibility, await migrate(store, progress, said)
     except (StorageError, StoreFault) as exc:  # what a Refused does not say already
         raise Refused(f"{said}{exc}: the running processes follow the new version at their next heartbeat, and "
@@ -229,3 +259,27 @@ async def _raise(store: MongoStore, before: int, target: int) -> None:
 @guarded(RERUN, budget="build_budget")
 async def _follow_indexes(store: MongoStore) -> None:
     await store.follow_indexes()
+
+
+@guarded(RERUN, budget="build_budget")
+async def _tripwires(store: MongoStore, before: int, target: int, placed: bool = True) -> None:
+    await store.set_tripwires(before, target, placed)
+
+
+async def _take_back(store: MongoStore, before: int, target: int, cause: BaseException) -> None:
+    """The tripwires of a finalize refused before its raise taken back, the store as it found
+    it (a release that cannot read the new format may start again); left when another
+    finalize raised the compatibility version meanwhile. Refused, saying so, when the store
+    does not answer."""
+    try:
+        if (await current(store)).compatibility == before:
+            await _tripwires(store, before, target, placed=False)
+    except (StorageError, StoreFault, Refused) as exc:
+        said = str(cause) if isinstance(cause, Refused) else f"not finalized ({cause})"
+        raise Refused(f"{said}; and its tripwire is left in place ({exc}): a process of a release that cannot read "
+                      f"format {target} cannot start until tokensvc storage finalize runs again") from None
+
+
+@guarded(READ)
+async def _connected(store: MongoStore) -> list[processes.Seen] | None:
+    return await processes.connected(store)

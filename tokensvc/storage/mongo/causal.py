@@ -93,3 +93,16 @@ class CausalClock:
     async def end(self, session: Any, acknowledged: bool) -> None:
         self.seen(session.operation_time if acknowledged else None, session.cluster_time)
         await session.end_session()
+
+    async def abandon(self, session: Any) -> None:
+        """End the session of a call the store stopped waiting for (storage/mongo/calls.py),
+        which goes on in the driver: nothing is sent with it from now on (the driver checks
+        that a session has not ended as it writes each command, after it has a server and a
+        connection), so a write the store answered 503 for is never sent after that answer.
+        Its server session is thrown away, not pooled, as the driver does after a network
+        error: a command of the call may still be on the server with its id. Its cluster time
+        is taken, its operation time is not (nothing of the call was acknowledged)."""
+        server_session = getattr(session, "_server_session", None)
+        if server_session is not None:
+            server_session.mark_dirty()
+        await self.end(session, acknowledged=False)

@@ -4,12 +4,14 @@ where it left off, or, where the deployment has none, polling their revocation f
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import inspect
 import logging
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
+import pymongo
 from pymongo.errors import OperationFailure, PyMongoError
 
 from tokensvc.storage import hashes
@@ -24,6 +26,7 @@ from tokensvc.storage.base import (
     StorageError,
     StoreObserver,
 )
+from tokensvc.storage.mongo.calls import Calls, Left
 from tokensvc.storage.mongo.mapping import _utc
 from tokensvc.storage.mongo.retry import guarded, translate
 
@@ -72,6 +75,7 @@ class RevocationFeed:
     _resume_token: Any
     _db: _SessionedDatabase
     budget: float
+    calls: Calls
     clock: CausalClock | None
     observer: StoreObserver
 
@@ -103,9 +107,10 @@ class RevocationFeed:
         answer, events or none. It reports ``stream`` once it is open, and ends in a
         :class:`StorageError` (``events.relay`` opens it again, and every socket re-checks once)
         when the server closes it (a cursor id 0), when an answer does not come within the
-        watchdog (:data:`STREAM_WAIT_MS` and the budget: a ``getMore`` that hangs is abandoned),
-        and when the server can no longer resume it (the oplog rolled past it: 286, 260, 280; or
-        the stream was invalidated): then it starts again from now."""
+        watchdog (:data:`STREAM_WAIT_MS` and the budget: a ``getMore`` that hangs is left to the
+        driver's socket timeout, never cancelled, and the stream closed once it ends), and when
+        the server can no longer resume it (the oplog rolled past it: 286, 260, 280; or the
+        stream was invalidated): then it starts again from now."""
         watchdog = STREAM_WAIT_MS / 1000 + self.budget
         fields = sorted({field for revoking in WATCHED.values() for field in revoking})
         # Where a change says a mark was set: an update's fields, or the document an insert
@@ -123,17 +128,20 @@ class RevocationFeed:
             {"$project": {"ns": 1, "documentKey": 1, "operationType": 1, "clusterTime": 1,
                           **dict.fromkeys(updated + inserted, 1)}},
         ]
+        asking: asyncio.Task[Any] | None = None
         try:
-            async with asyncio.timeout(watchdog):
-                stream = self._db.watch(pipeline, resume_after=self._resume_token, max_await_time_ms=STREAM_WAIT_MS)
-                if inspect.isawaitable(stream):  # PyMongo's watch is a coroutine; Motor-style ones are not
-                    stream = await stream
-            async with stream:
+            opening = self.calls.start(self._watch(pipeline))
+            try:
+                stream = await self._within(opening, watchdog)
+            except BaseException:  # not waited for any more: the stream it opens, if it does, is closed
+                opening.add_done_callback(self._opened_too_late)
+                raise
+            try:
                 self._resume_token = stream.resume_token  # where it stands, before any answer
                 self.observer.feed("stream")
                 while stream.alive:
-                    async with asyncio.timeout(watchdog):
-                        change = await stream.try_next()
+                    asking = self.calls.start(stream.try_next())
+                    change = await self._within(asking, watchdog)
                     self._resume_token = stream.resume_token
                     if change is None:
                         continue
@@ -145,10 +153,9 @@ class RevocationFeed:
                         raise StorageError("the change stream was invalidated; following from now")
                     for revocation in _revocations(change):
                         yield revocation
+            finally:
+                self._close_stream(stream, asking)
             raise StorageError("the server closed the change stream; opening it again where it stood")
-        except TimeoutError:
-            raise StorageError(f"the change stream did not answer within {watchdog:g} s; opening it again where it "
-                               "stood") from None
         except OperationFailure as exc:
             if exc.code in NO_CHANGE_STREAMS:
                 raise _NoChangeStreams() from None
@@ -158,6 +165,38 @@ class RevocationFeed:
             raise translate(exc) from None
         except PyMongoError as exc:
             raise translate(exc) from None
+
+    async def _watch(self, pipeline: list[Any]) -> Any:
+        stream = self._db.watch(pipeline, resume_after=self._resume_token, max_await_time_ms=STREAM_WAIT_MS)
+        if inspect.isawaitable(stream):  # PyMongo's watch is a coroutine; Motor-style ones are not
+            stream = await stream
+        return stream
+
+    async def _within(self, call: asyncio.Task[Any], watchdog: float) -> Any:
+        """The answer of a call on the change stream within the watchdog, never cancelling it
+        (storage/mongo/calls.py): one that does not come is left to the driver's own socket
+        timeout, and the stream is opened again."""
+        try:
+            return await self.calls.wait(call, watchdog)
+        except Left:
+            raise StorageError(f"the change stream did not answer within {watchdog:g} s; opening it again where it "
+                               "stood") from None
+
+    def _opened_too_late(self, opening: asyncio.Task[Any]) -> None:
+        if not opening.cancelled() and opening.exception() is None:
+            self._close_stream(opening.result(), None)
+
+    def _close_stream(self, stream: Any, asking: asyncio.Task[Any] | None) -> None:
+        """Close ``stream`` (its cursor killed on the server) once its request in flight, if
+        any, has ended: in the background, never cancelling either (the store's close lets it
+        end)."""
+        async def close() -> None:
+            if asking is not None and not asking.done():
+                await asyncio.wait({asking})
+            with contextlib.suppress(PyMongoError), pymongo.timeout(self.budget):
+                await stream.close()
+
+        self.calls.leave(self.calls.start(close()))
 
     async def _poll(self, poll_seconds: float) -> AsyncIterator[Revocation]:
         overlap = poll_overlap(self)

@@ -6,7 +6,6 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import contextvars
 import functools
 import random
@@ -30,6 +29,7 @@ from pymongo.errors import (
 
 from tokensvc.storage import hashes
 from tokensvc.storage.base import Conflict, StorageError, StoreFault
+from tokensvc.storage.mongo import calls
 from tokensvc.storage.mongo.causal import _CAUSAL_SESSION
 
 if TYPE_CHECKING:
@@ -85,6 +85,7 @@ RETRY_KINDS: dict[str, str] = {
     # Housekeeping
     "open": ONCE, "close": STEPS, "upkeep": STEPS, "ping": READ, "revocation_feed": STEPS, "purge_expired": RERUN,
     "deployment_settings": STEPS,
+    "reachable": STEPS,  # no operation: a wait for the driver to see the store again
     # Failure counts (FailureCounts)
     "count_attempt": ONCE, "uncount_attempt": ONCE, "read_counts": READ,
     # The steps of the STEPS methods above.
@@ -118,19 +119,26 @@ def guarded(kind: str | None = None, budget: str = "budget") -> Callable[[Callab
     error leaving as one of three. ``kind``: how the operation may be tried again; by default
     the one :data:`RETRY_KINDS` gives the method's name.
 
-    The whole operation, its retries included, ends within the store's budget (an
-    ``asyncio.timeout``: server selection, the pool wait, the write concern and the reply).
-    The driver retries a write once with the same ``txnNumber`` (the server applies it at most
-    once) and never a read; the store itself tries reads and idempotent writes again after a
-    transient error, with jittered exponential backoff, while the budget lasts. Nothing is
-    ever tried back to back (the driver's own loop under ``timeoutMS`` would, for the whole
-    budget: that is why the client has no ``timeoutMS``).
+    The whole operation, its retries included, is answered within the store's budget: each
+    attempt runs in a task of its own (storage/mongo/calls.py), which the store waits for at
+    most what is left of the budget and never cancels (a cancellation inside the driver can
+    leave its lock held by no one). An attempt the store stops waiting for goes on to the
+    driver's own deadlines (a read's ``pymongo.timeout``, the client's server-selection, pool
+    and socket timeouts), and its session is ended at once (:meth:`CausalClock.abandon`), so
+    nothing of it is sent after the store answered. The driver retries a write once with the
+    same ``txnNumber`` (the server applies it at most once) and never a read; the store itself
+    tries reads and idempotent writes again after a transient error, with jittered
+    exponential backoff, while the budget lasts. Nothing is ever tried back to back (the
+    driver's own loop under ``timeoutMS`` would, for the whole budget: that is why the client
+    has no ``timeoutMS``, and why a write runs under no ``pymongo.timeout``).
 
     A one-document write is run again by the store only after an error whose label says the
     server did not apply it (a write conflict, ``TransientTransactionError``); a write while
     the driver sees no writable member that only a change of the deployment brings back (a
     directly connected secondary: storage/topology.py) fails at once, as does any operation
-    under a closed client (the service is stopping: retrying cannot help).
+    under a closed client (the service is stopping: retrying cannot help). A read or an
+    idempotent write waiting when another primary is elected is run again at once, on the new
+    one (:meth:`Topology.abandoned`).
 
     Errors: a duplicate key as :class:`Conflict`; what passes (network, server selection, a
     primary stepping down, a timeout, a write conflict, the client closed under a request) as
@@ -144,64 +152,70 @@ def guarded(kind: str | None = None, budget: str = "budget") -> Callable[[Callab
         if chosen not in (ONCE, RERUN, READ):
             raise ValueError(f"{method.__name__}: {chosen!r} is no kind of a single operation")
 
+        async def attempt(self: MongoStore, again: bool, remaining: float, *args: Any, **kwargs: Any) -> R:
+            """One attempt, in its own task: the method, a read under the server's maxTimeMS."""
+            _RUN_AGAIN.set(again)
+            if chosen == READ:
+                with pymongo.timeout(remaining):  # the server's maxTimeMS: it stops too
+                    return await method(self, *args, **kwargs)
+            return await method(self, *args, **kwargs)
+
+        async def waited(self: MongoStore, remaining: float, again: bool, *args: Any, **kwargs: Any) -> R:
+            """One attempt's answer, waited for at most ``remaining`` (:class:`calls.Left`), or,
+            unless it is a single-document write, until another primary is elected
+            (:class:`calls.Elected`); in a causally consistent session of its own, ended when
+            the attempt ends, or at once when the store stops waiting for it (an operation run
+            as a step of another, as ``upgrade.status`` runs ``upgrade.current``, runs in that
+            one's session)."""
+            elections = self.topology.abandoned() if chosen != ONCE else None
+            context = contextvars.copy_context()
+            session = None
+            if self.clock is not None and _CAUSAL_SESSION.get() is None:  # else a step of a call: its session
+                session = self.clock.start(self._client)
+                context.run(_CAUSAL_SESSION.set, session)
+            call = self.calls.start(attempt(self, again, remaining, *args, **kwargs), context)
+            try:
+                return await self.calls.wait(call, remaining, elections)
+            finally:
+                if session is not None and self.clock is not None:
+                    if call.done():
+                        await self.clock.end(session, not call.cancelled() and call.exception() is None)
+                    else:
+                        await self.clock.abandon(session)
+
         @functools.wraps(method)
         async def wrapper(self: MongoStore, *args: Any, **kwargs: Any) -> R:
-            if self.clock is None or _CAUSAL_SESSION.get() is not None:
-                return await attempts(self, *args, **kwargs)
-            session = self.clock.start(self._client)
-            token = _CAUSAL_SESSION.set(session)
-            acknowledged = False
-            try:
-                result = await attempts(self, *args, **kwargs)
-                acknowledged = True
-                return result
-            finally:
-                _CAUSAL_SESSION.reset(token)
-                await self.clock.end(session, acknowledged)
-
-        async def attempts(self: MongoStore, *args: Any, **kwargs: Any) -> R:
             if chosen != READ and (reason := self.unwritable()) is not None:
                 self.observer.error(method.__name__, "not_writable")
                 raise StorageError(reason)
             loop = asyncio.get_running_loop()
             seconds: float = getattr(self, budget)
             deadline = loop.time() + seconds
-            attempt = 0
+            attempt_number = 0
             started = loop.time()
             while True:
-                remaining = deadline - loop.time()
-                _RUN_AGAIN.set(attempt > 0)
                 try:
-                    with (self.topology.abandoning() if chosen != ONCE else _NOT_ABANDONED) as abandoned:
-                        try:
-                            async with asyncio.timeout(remaining):
-                                if chosen == READ:
-                                    with pymongo.timeout(remaining):  # the server's maxTimeMS: it stops too
-                                        result = await method(self, *args, **kwargs)
-                                else:
-                                    result = await method(self, *args, **kwargs)
-                        except asyncio.CancelledError:
-                            if not abandoned():
-                                raise
-                            asyncio.current_task().uncancel()  # type: ignore[union-attr]
-                            self.observer.error(method.__name__, "abandoned")
-                            attempt += 1
-                            self.observer.retry(method.__name__)
-                            continue  # a new primary: at once, no backoff
+                    try:
+                        result = await waited(self, deadline - loop.time(), attempt_number > 0, *args, **kwargs)
+                    except calls.Elected:
+                        self.observer.error(method.__name__, "abandoned")
+                        attempt_number += 1
+                        self.observer.retry(method.__name__)
+                        continue  # a new primary: at once, no backoff
                     self.observer.operation(method.__name__, loop.time() - started)
                     return result
-                except TimeoutError:
+                except (calls.Left, TimeoutError):
                     self.observer.error(method.__name__, "timeout")
                     raise StorageError(f"MongoDB: no answer within {seconds:g} s") from None
                 except (PyMongoError, BSONError) as exc:
                     error = translate(exc)
                     self.observer.error(method.__name__, _code_of(exc))
-                    delay = backoff(attempt)
+                    delay = backoff(attempt_number)
                     again = chosen != ONCE or not_applied(exc)
                     if (not again or type(error) is not StorageError or isinstance(exc, InvalidOperation)
                             or loop.time() + delay >= deadline):
                         raise error from None
-                attempt += 1
+                attempt_number += 1
                 self.observer.retry(method.__name__)
                 await asyncio.sleep(delay)
 
@@ -209,10 +223,6 @@ def guarded(kind: str | None = None, budget: str = "budget") -> Callable[[Callab
         return wrapper
 
     return decorate
-
-
-# What a single-document write runs under instead of Topology.abandoning: never abandoned.
-_NOT_ABANDONED = contextlib.nullcontext(lambda: False)
 
 
 def _code_of(exc: Exception) -> str:

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 import pymongo
 from pymongo import ASCENDING, DESCENDING, IndexModel, ReadPreference, ReturnDocument, WriteConcern
-from pymongo.errors import DuplicateKeyError, OperationFailure
+from pymongo.errors import DuplicateKeyError, OperationFailure, PyMongoError
 from pymongo.read_concern import ReadConcern
 
 from tokensvc import __version__
@@ -47,8 +47,10 @@ from tokensvc.storage.base import (
     StoreFault,
     StoreObserver,
 )
+from tokensvc.storage.mongo import calls
+from tokensvc.storage.mongo.calls import Calls
 from tokensvc.storage.mongo.causal import CausalClock, _SessionedDatabase
-from tokensvc.storage.mongo.feed import WATCHED, RevocationFeed
+from tokensvc.storage.mongo.feed import STREAM_WAIT_MS, WATCHED, RevocationFeed
 from tokensvc.storage.mongo.mapping import (
     CLIENTS,
     CODES,
@@ -128,6 +130,10 @@ INDEX_CONFLICT = frozenset({85, 86})  # IndexOptionsConflict, IndexKeySpecsConfl
 INDEX_NOT_FOUND = 27
 UNAUTHORIZED = 13
 BUILD_TIMEOUT_MS = 30 * 60 * 1000  # index builds at start-up: a new index on a large collection takes long
+# How long closing the store may take, whatever the server does: within the supervisor's margin
+# past the drain (supervisor.STOP_MARGIN), with room for the process to leave.
+CLOSE_SECONDS = 5.0
+CLOSE_MARGIN_SECONDS = 2.5  # the driver's close gives up on the server this much sooner, then closes the rest
 
 
 def have_options(index: dict[str, Any]) -> dict[str, Any]:
@@ -188,6 +194,7 @@ class MongoStore(RevocationFeed, Store, FailureCounts):
         self.change_streams = change_streams
         self._resume_token: Any = None
         self.budget, self.build_budget = timeout_ms / 1000, build_timeout_ms / 1000
+        self.stop_budget = min(self.budget, CLOSE_SECONDS / 2)  # the stop's one write (its entry marked stopped)
         self.observer = StoreObserver()
         # The formats this release knows, and where the store stands: what is written follows
         # its compatibility version, read by open and followed by the process's heartbeat
@@ -198,6 +205,7 @@ class MongoStore(RevocationFeed, Store, FailureCounts):
         # A serving process's entry among the running processes (None: a command line's store).
         self.registration: processes.Registration | None = None
         self.topology = topology.Topology()  # the deployment as the driver last saw it
+        self.calls = Calls()  # the driver calls the store waits for, and those it stopped waiting for
         self.replica_set = True  # whether the server is a replica-set member (open() asks)
 
     @property
@@ -252,6 +260,10 @@ class MongoStore(RevocationFeed, Store, FailureCounts):
             connectTimeoutMS=min(10_000, settings.timeout_ms),
             maxPoolSize=settings.max_pool_size,
             waitQueueTimeoutMS=settings.timeout_ms,
+            # A reply that has not come a second after the budget is the driver's to give up on:
+            # every call the store stops waiting for ends by itself (storage/mongo/calls.py). A
+            # read's pymongo.timeout, and an index build's, say less or more.
+            socketTimeoutMS=settings.timeout_ms + STREAM_WAIT_MS,
             # No timeoutMS (whatever the URI says): under it the driver retries a failing operation
             # back to back for the whole budget. The store holds each operation to its budget
             # itself, and retries with backoff (guarded).
@@ -326,7 +338,8 @@ class MongoStore(RevocationFeed, Store, FailureCounts):
         # A build waits for the members its quorum names: all voting ones by default, so one
         # member down would hold start-up; a majority builds as a majority write is acknowledged.
         quorum = {"commitQuorum": "majority"} if self.replica_set else {}
-        await self._db[collection].create_indexes([IndexModel(keys, **options)], **quorum)
+        with pymongo.timeout(self.build_budget):  # a build may take long: longer than a reply's socket timeout
+            await self._db[collection].create_indexes([IndexModel(keys, **options)], **quorum)
 
     async def drop_retired_indexes(self) -> list[str]:
         """Drop each index an earlier release relied on that no release allowed to run on this
@@ -371,6 +384,34 @@ class MongoStore(RevocationFeed, Store, FailureCounts):
                                  "is made again each time it is dropped, by a release that cannot read this store: "
                                  "stop it")
         return dropped
+
+    async def set_tripwires(self, after: int, upto: int, placed: bool = True) -> None:
+        """Place the tripwires of a raise of the compatibility version from ``after`` to
+        ``upto`` (storage/format.py): each index made under its new name, its old name dropped,
+        before the raise, so that a release that cannot read the new format stops at its
+        start-up from now on. ``placed=False`` takes them back (a finalize refused before its
+        raise leaves the store as it found it). An old name made again between the drop and
+        the make (that release, starting just then: it runs, and is seen) is dropped again."""
+        for collection, old, new in self.history.tripwires(after, upto):
+            keys, options = next((keys, options) for where, keys, options in INDEXES
+                                 if where == collection and options["name"] == old)
+            gone, made = (old, new) if placed else (new, old)
+            for _ in range(3):
+                try:
+                    await self._db[collection].drop_index(gone)
+                except OperationFailure as exc:
+                    if exc.code != INDEX_NOT_FOUND:
+                        raise
+                try:
+                    await self._make_index(collection, keys, {**options, "name": made})
+                    break
+                except OperationFailure as exc:
+                    if exc.code not in INDEX_CONFLICT:
+                        raise
+            else:
+                raise StoreFault(f"index {collection}.{made} cannot be made: index {collection}.{gone} is made again "
+                                 "each time it is dropped, by a release that cannot read this store, started over and "
+                                 "over: stop it")
 
     async def _reconcile(self, collection: str, keys: list[tuple[str, int]], options: dict[str, Any]) -> str | None:
         """Bring an existing index to ``options``, or say why it cannot be (None: done)."""
@@ -442,12 +483,33 @@ class MongoStore(RevocationFeed, Store, FailureCounts):
                 task.cancel()
 
     async def close(self) -> None:
+        """Mark this process's entry stopped, close the client, and let the calls the store
+        stopped waiting for end: within :data:`CLOSE_SECONDS` whatever the server does (a stop
+        is bounded: the supervisor kills a worker that outlasts its drain by a margin), never
+        cancelling the driver (storage/mongo/calls.py). The client's close ends its sessions
+        on the server, within what is left (``pymongo.timeout``: no server selection waits the
+        whole budget for a server that is gone)."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + CLOSE_SECONDS
         if self.registration is not None and self.registration.announced:
             with contextlib.suppress(StorageError, StoreFault):
                 await self._mark_stopped()
-        result = self._client.close()
-        if inspect.isawaitable(result):
-            await result
+
+        async def close_client() -> None:
+            # The driver's own deadline, a moment before the store stops waiting: it ends the
+            # close itself (its ending of the sessions gives up; the rest takes no server).
+            with pymongo.timeout(max(deadline - loop.time() - CLOSE_MARGIN_SECONDS, 0.001)):
+                result = self._client.close()
+                if inspect.isawaitable(result):
+                    await result
+
+        closing = self.calls.start(close_client())
+        with contextlib.suppress(calls.Left, PyMongoError):
+            await self.calls.wait(closing, deadline - loop.time())
+        left = await self.calls.settle(deadline - loop.time())  # the close among them, if it is not done
+        if left:
+            log.warning("the MongoDB client did not close within %g s (%d calls still running): stopping anyway",
+                        CLOSE_SECONDS, left)
 
     async def deployment_settings(self, settings: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
         if self.registration is None:  # no serving process's store: it says nothing for one
@@ -465,13 +527,16 @@ class MongoStore(RevocationFeed, Store, FailureCounts):
     async def _running_settings(self) -> list[dict[str, Any]]:
         return await self.db[processes.COLLECTION].find(processes.SETTINGS_FILTER).to_list(None)
 
-    @guarded()
+    @guarded(budget="stop_budget")
     async def _mark_stopped(self) -> None:
         if self.registration is not None:
             await self.registration.stopped(self)
 
     def unwritable(self) -> str | None:
         return self.topology.unwritable()
+
+    async def reachable(self, seconds: float) -> None:
+        await asyncio.wait({self.topology.writable()}, timeout=seconds)
 
     def failure_counts(self) -> FailureCounts:
         return self  # every process sharing the store counts in it
