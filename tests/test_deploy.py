@@ -6,8 +6,10 @@ build and install steps are run for real in ``tests/wire/test_wire_deploy.py``.)
 from __future__ import annotations
 
 import configparser
+import ipaddress
 import json
 import os
+import re
 import shlex
 import subprocess
 import sys
@@ -18,6 +20,7 @@ import pytest
 import yaml
 
 from tokensvc import cli, config
+from tokensvc.handlers import guards
 from tokensvc.identifiers import is_loopback
 from tokensvc.supervisor import STOP_MARGIN
 
@@ -77,6 +80,38 @@ def kubernetes() -> dict[str, dict]:
     return {document["kind"]: document for document in yaml.safe_load_all((DEPLOY / "kubernetes.yaml").read_text())}
 
 
+# A pod as Kubernetes would start it: its namespace and address (the Downward API's).
+NAMESPACE, POD_IP = "observatory", "10.42.3.17"
+
+
+def pod_environment(secrets: dict[str, str] | None = None, namespace: str = NAMESPACE,
+                    pod_ip: str = POD_IP) -> dict[str, str]:
+    """The container's environment as the kubelet fills it from the manifest: each Secret's key
+    from ``secrets`` (by the variable it fills: SECRETS unless given), each field of the pod,
+    and each ``value``'s references ``$(NAME)`` to a variable listed before it expanded
+    (``$$`` is a ``$``; a reference to no such variable stays as written)."""
+    secrets = SECRETS if secrets is None else secrets
+    fields = {"metadata.namespace": namespace, "status.podIP": pod_ip}
+    environ: dict[str, str] = {}
+    for item in kubernetes()["Deployment"]["spec"]["template"]["spec"]["containers"][0]["env"]:
+        source = item.get("valueFrom", {})
+        if "secretKeyRef" in source:
+            environ[item["name"]] = secrets[item["name"]]
+        elif "fieldRef" in source:
+            environ[item["name"]] = fields[source["fieldRef"]["fieldPath"]]
+        else:
+            environ[item["name"]] = re.sub(r"\$\$|\$\(([A-Za-z_][A-Za-z0-9_]*)\)",
+                                           lambda found: "$" if found.group(0) == "$$"
+                                           else environ.get(found.group(1), found.group(0)), item["value"])
+    return environ
+
+
+def service_names(namespace: str = NAMESPACE) -> list[str]:
+    """The names the cluster's DNS gives the manifest's Service, seen from a pod of any namespace."""
+    name = kubernetes()["Service"]["metadata"]["name"]
+    return [name, f"{name}.{namespace}", f"{name}.{namespace}.svc", f"{name}.{namespace}.svc.cluster.local"]
+
+
 # -- the image ------------------------------------------------------------------------------------------
 
 
@@ -131,7 +166,8 @@ def test_the_pods_are_probed_on_readyz_and_outlast_the_drain():
     assert container["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "http"}
     pause = int(container["lifecycle"]["preStop"]["exec"]["command"][1])
     assert pod["terminationGracePeriodSeconds"] > pause + settings.server.drain_seconds + STOP_MARGIN
-    secrets = {item["name"]: item["valueFrom"]["secretKeyRef"] for item in container["env"]}
+    secrets = {item["name"]: item["valueFrom"]["secretKeyRef"] for item in container["env"]
+               if "secretKeyRef" in item.get("valueFrom", {})}
     assert set(secrets) == set(SECRETS)  # both secrets from the Secret, nothing in the clear
     assert pod["securityContext"]["runAsNonRoot"] and str(pod["securityContext"]["runAsUser"]) == \
         runtime.last("USER").split(":")[0]
@@ -139,6 +175,23 @@ def test_the_pods_are_probed_on_readyz_and_outlast_the_drain():
         assert any(mount["mountPath"] == "/tmp" for mount in container["volumeMounts"])
     service = documents["Service"]["spec"]
     assert [port["targetPort"] for port in service["ports"]] == ["http"]
+
+
+def test_the_pods_answer_to_the_services_names_and_their_own_address_and_to_no_other():
+    """What the manifest fills in makes the service answer to the names in-cluster callers use
+    (the Service's, a scrape's pod address) beside its public one, and still to no other
+    (tests/wire/test_wire_deploy.py calls a service started so)."""
+    settings = config.load(DEPLOY / "tokensvc.toml", environ=pod_environment())
+    names = guards.allowed_hosts(settings)
+    assert names is not None and "*" not in settings.server.allowed_hosts
+    assert {*service_names(), POD_IP, "auth.example.org"} <= names
+    assert "evil.example" not in names and not any(name.endswith(".example") for name in names - {"auth.example.org"})
+    # Another namespace, another address: the names follow the pod.
+    elsewhere = config.load(DEPLOY / "tokensvc.toml", environ=pod_environment(namespace="web", pod_ip="10.9.0.4"))
+    assert {*service_names("web"), "10.9.0.4"} <= (guards.allowed_hosts(elsewhere) or set())
+    assert f"tokensvc.{NAMESPACE}" not in (guards.allowed_hosts(elsewhere) or set())
+    # A scrape by pod address comes from the pods' network, which metrics.allow takes.
+    assert any(ipaddress.ip_address(POD_IP) in ipaddress.ip_network(network) for network in settings.metrics.allow)
 
 
 # -- systemd ----------------------------------------------------------------------------------------------

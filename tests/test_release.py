@@ -18,7 +18,10 @@ SEMVER = re.compile(r"(0|[1-9]\d*)\.(0|[1-9]\d*)\.(0|[1-9]\d*)")
 
 
 def releases() -> list[str]:
-    return re.findall(r"^## (\S+)$", CHANGELOG.read_text(), re.MULTILINE)
+    """The releases the CHANGELOG lists, newest first (``## Unreleased``, what the next one will
+    hold, is none)."""
+    return [version for version in re.findall(r"^## (\S+)$", CHANGELOG.read_text(), re.MULTILINE)
+            if version != "Unreleased"]
 
 
 def test_the_package_and_the_command_say_the_same_version(capsys):
