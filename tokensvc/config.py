@@ -270,6 +270,9 @@ class Settings:
     # What a node installation may be; the pages say "a telescope", "an observatory".
     installation_kinds: tuple[str, ...] = tuple(DEFAULT_KINDS)
     generated_cookie_secret: bool = field(default=False, metadata=MADE, repr=False)
+    # The file the settings were read from ("" when none): its [[clients]], [[users]] and
+    # [[installations]] are its own, and a refusal to change one names it.
+    config_file: str = field(default="", metadata=MADE)
 
     @property
     def session_cookie(self) -> str:
@@ -314,7 +317,8 @@ def load(path: str | os.PathLike[str] | None = None, environ: Mapping[str, str] 
             raise ConfigError(f"{path}: not valid TOML: {exc}") from None
     _apply_env(raw, os.environ if environ is None else environ)
     raw.update({key: value for key, value in (overrides or {}).items() if value is not None})
-    return from_dict(raw)
+    settings = from_dict(raw)
+    return settings if path is None else dataclasses.replace(settings, config_file=str(path))
 
 
 def _apply_env(raw: dict[str, Any], environ: Mapping[str, str]) -> None:
@@ -781,6 +785,7 @@ def masked(settings: Settings) -> dict[str, Any]:
     """The effective settings as a dict, every secret replaced by ``"***"`` (``config check``)."""
     data = _plain(settings)
     data.pop("generated_cookie_secret", None)
+    data.pop("config_file", None)
     keys = data.pop("cookie_secrets")
     data["cookie_secret"] = ["***" for _ in keys] if len(keys) > 1 else "***" if settings.cookie_secret else None
     for client in data["clients"]:
