@@ -25,8 +25,8 @@ from tokensvc.oauth import pkce
 VERIFIER = "dBjftJeZ4CVP-mB92K27uhbUJU1p1r_wW1gFWFOEjXk"
 CHALLENGE = "E9Melhoa2OwvFrEMTJguCHaoeK1t8URWbuGJSstw-cM"
 
-WEBAPP_SECRET = "webapp-test-secret"
-PARTNER_SECRET = "partner-test-secret"
+WEBAPP_SECRET = "webapp-test-secret-0123456789abcdef"
+PARTNER_SECRET = "partner-test-secret-0123456789abcdef"
 WEBAPP_REDIRECT = "http://127.0.0.1:8080/callback"
 SKY_REDIRECT = "http://127.0.0.1:9000/callback"
 PARTNER_REDIRECT = "https://partner.example/cb"

@@ -25,7 +25,7 @@ import children
 import requests
 from helpers import wait_until
 
-WEBAPP_SECRET = "e2e-webapp-secret"
+WEBAPP_SECRET = "e2e-webapp-secret-0123456789abcdef"
 # Bounds for a hang, not speeds: on a busy 2-core machine a start (the imports, the store)
 # takes many times what it takes on an idle one, and a graceful stop drains what is in flight.
 START_SECONDS = 60.0

@@ -36,7 +36,7 @@ client_id = "applied-app"
 name = "Applied app"
 redirect_uris = ["https://applied.example/cb"]
 allowed_scopes = ["read", "write"]
-client_secret = "applied-app-secret-0123456789"
+client_secret = "applied-app-secret-0123456789abcdef"
 description = "Applied from a file"
 
 [[installations]]
@@ -76,7 +76,7 @@ def test_the_plan_is_printed_applied_and_a_second_run_changes_nothing(run, tmp_p
     assert run("apply", "-f", wanted)[1].splitlines() == [
         "unchanged user dora", "unchanged client applied-app", "unchanged installation applied-dome",
         "nothing to change (3 unchanged)"]
-    assert "applied-app-secret" not in planned + applied and hashing.digest("applied-app-secret-0123456789") \
+    assert "applied-app-secret" not in planned + applied and hashing.digest("applied-app-secret-0123456789abcdef") \
         not in planned + applied
 
 
@@ -101,7 +101,7 @@ def test_a_secret_is_hashed_before_it_leaves_the_command_line(run, mongo, tmp_pa
     monkeypatch.setattr(operator.Operator, "plan", plan)
     assert run("apply", "-f", write(tmp_path, FILE))[0] == 0
     assert plans and sent and "applied-app-secret" not in "".join(plans + sent)
-    assert hashing.digest("applied-app-secret-0123456789") in plans[0]
+    assert hashing.digest("applied-app-secret-0123456789abcdef") in plans[0]
     # client_secret_sha256 passes as it is.
     digest = hashing.digest("a-second-secret-0123456789")
     code, out, err = run("apply", "-f", write(tmp_path, f'[[clients]]\nclient_id = "applied-app"\n'
@@ -455,6 +455,18 @@ operators = ["DORA"]
     assert code == 1 and "[[users]] #2 (username = 'CAROL'): username: user 'CAROL' is named twice" in err
 
 
+def test_a_secret_below_the_one_minimum_length_is_refused_before_it_is_hashed(run, tmp_path):
+    """The configuration's rule (identifiers.MIN_SECRET_LENGTH): the service sees only the
+    digest, so the command line holds the secret to it, naming the entry."""
+    wanted = write(tmp_path, FILE.replace('client_secret = "applied-app-secret-0123456789abcdef"',
+                                          'client_secret = "x"'))
+    code, out, err = run("apply", "-f", wanted, "--dry-run")
+    assert code == 1 and out == ""
+    assert f"{wanted}: [[clients]] #1 (client_id = 'applied-app'): client_secret: expected a secret of at least 32 " \
+           "characters, not 1" in err
+    assert run("clients", "list")[1].strip() == "no clients"
+
+
 # -- a logo given as a path, as the configuration takes it ---------------------------------------
 
 LOGO_PATH_CLIENT = '''
@@ -591,7 +603,7 @@ password = "a-brand-new-long-passphrase"
 
 # -- a resource server: introspection and the feed, nothing else -------------------------------------
 
-API_SECRET = "notes-api-secret-0123456789"
+API_SECRET = "notes-api-secret-0123456789abcdef"
 RESOURCE_SERVER = f'''
 [[clients]]
 client_id = "notes-api"
@@ -675,7 +687,7 @@ kind = "resource-server"
     assert [client["clientId"] for client in run("clients", "list", json_out=True)[1]] == ["notes-api"]
 
 
-TURNCOAT_SECRET = "turncoat-secret-0123456789"
+TURNCOAT_SECRET = "turncoat-secret-0123456789abcdef"
 TURNCOAT = f'''
 [[clients]]
 client_id = "turncoat"

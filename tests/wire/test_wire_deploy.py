@@ -47,7 +47,10 @@ def installed(tmp_path_factory) -> Path:
     site = next(venv.glob("lib/python3*/site-packages"))
     (site / "dependencies.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
     wheel = str(next(wheels.glob("*.whl")))
-    install = [wheel if arg == "/wheels/*.whl" else arg for arg in shlex.split(runtime.all("RUN")[0].split("&&")[0])]
+    copied = {value.split()[1]: str(ROOT / value.split()[0]) for value in runtime.all("COPY")
+              if not value.startswith("--from")}  # the image's paths, made the tree's
+    install = [wheel if arg == "/wheels/*.whl" else copied.get(arg, arg)
+               for arg in shlex.split(runtime.all("RUN")[0].split("&&")[0])]
     installed = subprocess.run([str(venv / "bin" / "python"), "-m", *install, "--no-deps", "--no-index"],
                                capture_output=True, text=True, timeout=300)
     assert installed.returncode == 0, installed.stderr[-2000:]
@@ -90,6 +93,9 @@ def test_the_images_entrypoint_serves_from_the_wheel_and_stops_on_sigterm(instal
         text = log.read_text()
         assert text.count('"message":"worker') >= 4 and '"message":"every worker has stopped"' in text  # JSON lines
         assert "Traceback" not in text
+        # JSON lines only, the banner among them: a log collector reads every line of the container's output.
+        lines = [json.loads(line) for line in text.splitlines()]
+        assert any(line["message"].startswith("tokensvc is running on ") for line in lines)
     finally:
         primary.stop()
 
@@ -159,5 +165,6 @@ def test_in_cluster_callers_reach_the_pods_as_the_manifest_configures_them(tmp_p
         finally:
             end(process)
         assert "Traceback" not in log.read_text()
+        assert all(json.loads(line) for line in log.read_text().splitlines())  # the JSON log mode: JSON lines only
     finally:
         primary.stop()
