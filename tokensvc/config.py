@@ -272,8 +272,9 @@ class Settings:
     # What a node installation may be; the pages say "a telescope", "an observatory".
     installation_kinds: tuple[str, ...] = tuple(DEFAULT_KINDS)
     generated_cookie_secret: bool = field(default=False, metadata=MADE, repr=False)
-    # The file the settings were read from ("" when none): its [[clients]], [[users]] and
-    # [[installations]] are its own, and a refusal to change one names it.
+    # The file the settings were read from, as an absolute path ("" when none): its
+    # [[clients]], [[users]] and [[installations]] are its own, and a refusal to change one
+    # names it (to an admin API caller who does not know the service's working directory).
     config_file: str = field(default="", metadata=MADE)
 
     @property
@@ -320,7 +321,7 @@ def load(path: str | os.PathLike[str] | None = None, environ: Mapping[str, str] 
     _apply_env(raw, os.environ if environ is None else environ)
     raw.update({key: value for key, value in (overrides or {}).items() if value is not None})
     settings = from_dict(raw)
-    return settings if path is None else dataclasses.replace(settings, config_file=str(path))
+    return settings if path is None else dataclasses.replace(settings, config_file=os.path.abspath(path))
 
 
 def _apply_env(raw: dict[str, Any], environ: Mapping[str, str]) -> None:
