@@ -47,7 +47,7 @@ sys.path[:0] = [str(ROOT / "tests"), str(ROOT / "tests" / "wire")]
 RESOURCE_SERVER = ('\n[[clients]]\nclient_id = "bench-api"\nname = "Bench API"\nkind = "resource-server"\n'
                    'client_secret = "bench-api-secret-0123456789abcdef0123456789"\n')
 API_SECRET = "bench-api-secret-0123456789abcdef0123456789"
-TEST_WEBAPP_SECRET = "webapp-test-secret"  # tests/helpers.py's configuration, which runs in process
+TEST_WEBAPP_SECRET = "webapp-test-secret-0123456789abcdef"  # tests/helpers.py's configuration, which runs in process
 
 
 def issue(base: str, count: int) -> list[str]:

@@ -225,7 +225,7 @@ def main() -> int:
                                       rounds=args.rounds))
         env = {**os.environ, "BENCH_LUA": str(HERE / "lua"), "BENCH_DIR": str(svc_dir),
                "BENCH_THREADS": str(THREADS), "BENCH_VERIFIER": "dBjftJeZ4CVP-mB92K27uhbUJU1p1r_wW1gFWFOEjXk",
-               "BENCH_BASIC": "Basic " + base64.b64encode(b"bench:bench-client-secret").decode()}
+               "BENCH_BASIC": "Basic " + base64.b64encode(b"bench:bench-client-secret-0123456789abcdef").decode()}
         urls = {"hello": f"http://127.0.0.1:{hello_port}", "svc": f"http://127.0.0.1:{svc_port}"}
 
         pids = {"hello": hello.pid, "svc": processes[-1].pid}

@@ -29,7 +29,7 @@ from tokensvc.oauth.context import OAuthContext
 from tokensvc.records import AuthorizationCode, Family, Grant, Subject, User, utcnow
 from tokensvc.storage.memory import MemoryStore
 
-CLIENT_SECRET = "bench-client-secret"
+CLIENT_SECRET = "bench-client-secret-0123456789abcdef"
 REDIRECT = "http://127.0.0.1:1/cb"
 VERIFIER = "dBjftJeZ4CVP-mB92K27uhbUJU1p1r_wW1gFWFOEjXk"
 

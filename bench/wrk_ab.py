@@ -24,6 +24,7 @@ from pathlib import Path
 from run import HERE, free_port, need_wrk, start_seeded, wrk_run
 
 SCRIPTS = {"introspect": "introspect.lua", "me": "me.lua", "client": "client.lua"}
+BENCH_CREDENTIALS = b"bench:bench-client-secret-0123456789abcdef"  # seeded.py's client
 
 
 def main() -> int:
@@ -51,7 +52,7 @@ def main() -> int:
             for name in order:
                 process, url, out = servers[name]
                 env = {**os.environ, "BENCH_LUA": str(HERE / "lua"), "BENCH_DIR": str(out),
-                       "BENCH_BASIC": "Basic " + base64.b64encode(b"bench:bench-client-secret").decode()}
+                       "BENCH_BASIC": "Basic " + base64.b64encode(BENCH_CREDENTIALS).decode()}
                 result = wrk_run(wrk, name, url, SCRIPTS[args.operation], env, args.duration, args.connections,
                                  pid=process.pid)
                 if result.non2xx:

@@ -4,6 +4,7 @@ driver of the authorization flow over real HTTP (cookies, XSRF tokens, redirects
 from __future__ import annotations
 
 import base64
+import dataclasses
 import hashlib
 import html as html_module
 import re
@@ -24,8 +25,8 @@ from tokensvc.oauth import pkce
 VERIFIER = "dBjftJeZ4CVP-mB92K27uhbUJU1p1r_wW1gFWFOEjXk"
 CHALLENGE = "E9Melhoa2OwvFrEMTJguCHaoeK1t8URWbuGJSstw-cM"
 
-WEBAPP_SECRET = "webapp-test-secret"
-PARTNER_SECRET = "partner-test-secret"
+WEBAPP_SECRET = "webapp-test-secret-0123456789abcdef"
+PARTNER_SECRET = "partner-test-secret-0123456789abcdef"
 WEBAPP_REDIRECT = "http://127.0.0.1:8080/callback"
 SKY_REDIRECT = "http://127.0.0.1:9000/callback"
 PARTNER_REDIRECT = "https://partner.example/cb"
@@ -85,6 +86,15 @@ def make_config(**overrides: Any) -> config_module.Settings:
     }
     raw.update(overrides)
     return config_module.from_dict(raw)
+
+
+def handed_over(config: config_module.Settings) -> config_module.Settings:
+    """``config`` without its ``[[clients]]``, ``[[users]]`` and ``[[installations]]``: the
+    settings of a service whose store holds what ``config`` seeded but whose file names none of
+    it any more, so that the entries are the admin API's to change (docs/administration.md,
+    "Who owns an entry"). The tests of what the admin API does to an entry use it; a file's own
+    entries are refused (tests/test_ownership.py)."""
+    return dataclasses.replace(config, clients=(), users=(), installations=())
 
 
 # Seconds after a rotation past which a presentation of the rotated-out token is no longer

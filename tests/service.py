@@ -25,7 +25,7 @@ import children
 import requests
 from helpers import confirmation_shown, wait_until
 
-WEBAPP_SECRET = "e2e-webapp-secret"
+WEBAPP_SECRET = "e2e-webapp-secret-0123456789abcdef"
 # Bounds for a hang, not speeds: on a busy 2-core machine a start (the imports, the store)
 # takes many times what it takes on an idle one, and a graceful stop drains what is in flight.
 START_SECONDS = 60.0
@@ -120,8 +120,10 @@ class Service:
     """A running ``tokensvc serve``; its output goes to a file (a pipe nobody reads would fill
     up and stall the server once it had logged 64 KiB)."""
 
-    def __init__(self, process: subprocess.Popen, base: str, log_path: Path, admin: str) -> None:
+    def __init__(self, process: subprocess.Popen, base: str, log_path: Path, admin: str,
+                 config: Path | None = None) -> None:
         self.process, self.base, self.log_path, self.admin = process, base, log_path, admin
+        self.config = config  # the config file it serves, when the harness wrote one
 
     def output(self) -> str:
         return self.log_path.read_text()
@@ -167,7 +169,7 @@ def start_service(tmp_path: Path, storage: str = "", *, callback: str | None = N
         process = spawn([*prefix, python, "-m", "tokensvc", "serve", "--config", str(config), *args],
                         stdout=log, stderr=subprocess.STDOUT, text=True, cwd=cwd,
                         env={**os.environ, "TOKENSVC_ADMIN_PORT": str(admin_port), **(env or {})})
-    service = Service(process, base, log_path, f"http://127.0.0.1:{admin_port}")
+    service = Service(process, base, log_path, f"http://127.0.0.1:{admin_port}", config)
     wait_for_http(base + "/healthz", process, service.output)
     return service
 

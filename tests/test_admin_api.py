@@ -11,7 +11,15 @@ from datetime import timedelta
 from urllib.parse import quote
 
 import pytest
-from helpers import SKY_REDIRECT, check_oauth_error, check_schema, check_validation_error, issue_tokens, json_of
+from helpers import (
+    SKY_REDIRECT,
+    check_oauth_error,
+    check_schema,
+    check_validation_error,
+    handed_over,
+    issue_tokens,
+    json_of,
+)
 
 from tokensvc import admin_schemas
 from tokensvc.app import ADMIN_ROUTES, make_admin_app
@@ -26,7 +34,7 @@ STRONG = "violet-comet-harbor"
 @pytest.fixture
 def app(io_loop, store, config, ctx):
     io_loop.run_sync(lambda: seed(store, config))
-    return make_admin_app(config, store, ctx)
+    return make_admin_app(handed_over(config), store, ctx)
 
 
 @pytest.fixture
@@ -753,24 +761,29 @@ async def test_a_user_given_a_password_hash_signs_in_with_its_password(call, ctx
 
 
 async def test_a_plan_writes_nothing_whoever_it_names(call, store):
-    """The caller's own user and client and the command line's client may be named, demoted,
-    re-passworded and pruned around in a plan: it is only a plan (the fuzz run relies on it).
-    What ends the caller's rights is its last step; demoting and re-passwording them at once
-    (which no run could finish) is refused, located at the entry."""
+    """The caller's own user and client may be named, demoted, re-passworded and pruned around
+    in a plan: it is only a plan (the fuzz run relies on it). What ends the caller's rights is
+    its last step; demoting and re-passwording them at once (which no run could finish) is
+    refused, located at the entry. The command line's client is the configuration's (it is
+    seeded at every start while admin.cli_client is on): a change to it is refused, located at
+    its entry, and prune leaves it alone."""
     from tokensvc.oauth import hashing
 
     before = (await store.list_clients(), await store.list_users(), await store.list_installations())
     both = await call("POST", "/admin/plan", {"users": [{"username": "root", "admin": False, "password": STRONG}]})
     check_validation_error(both, ["body", "users", 0, "admin"], "value_error")
+    cli = await call("POST", "/admin/plan", {"clients": [
+        {"clientId": "webapp"}, {"clientId": "tokensvc-cli", "clientSecretSha256": hashing.digest("taken-over")}]})
+    assert "written by the configuration file" in check_validation_error(cli, ["body", "clients", 1],
+                                                                         "value_error")["msg"]
     planned = await call("POST", "/admin/plan", {
         "users": [{"username": "root", "admin": False}],
-        "clients": [{"clientId": "webapp", "redirectUris": ["https://elsewhere.example/cb"], "confidential": False},
-                    {"clientId": "tokensvc-cli", "clientSecretSha256": hashing.digest("taken-over")}],
+        "clients": [{"clientId": "webapp", "redirectUris": ["https://elsewhere.example/cb"], "confidential": False}],
         "installations": [], "prune": True})
     assert planned.code == 200, planned.body
     actions = {(step["kind"], step["id"]): step["action"] for step in json_of(planned)["steps"]}
     assert actions[("user", "root")] == actions[("client", "webapp")] == "update"
-    assert actions[("client", "tokensvc-cli")] == "update" and actions[("user", "alice")] == "remove"
+    assert ("client", "tokensvc-cli") not in actions and actions[("user", "alice")] == "remove"
     assert actions[("installation", "backyard-scope")] == "remove"
     last = json_of(planned)["steps"][-1]
     assert (last["kind"], last["id"], last["endsCaller"]) == ("user", "root", True)
@@ -827,7 +840,8 @@ async def test_the_served_document_names_the_configured_installation_kinds(http_
     served = json_of(await call("GET", "/openapi.json"))["components"]["schemas"]
     assert served["InstallationBody"]["properties"]["kind"]["enum"] == ["telescope", "observatory"]
     sock, port = bind_unused_port()
-    server = HTTPServer(make_admin_app(dataclasses.replace(config, installation_kinds=["antenna"]), store, ctx))
+    antenna = dataclasses.replace(handed_over(config), installation_kinds=["antenna"])
+    server = HTTPServer(make_admin_app(antenna, store, ctx))
     server.add_sockets([sock])
     try:
         other = json_of(await http_client.fetch(f"http://127.0.0.1:{port}/openapi.json"))["components"]["schemas"]

@@ -271,7 +271,7 @@ def test_users_sessions_and_tokens_from_the_command_line(service, credentials):
     assert "is an administrator" in ok(tokensvc("users", "set-admin", "carol", "yes", *admin, credentials=credentials))
     ok(tokensvc("users", "remove", "carol", *admin, credentials=credentials))
 
-    app = OAuth2Session("webapp", "e2e-webapp-secret", scope="read", redirect_uri="http://127.0.0.1:1/callback",
+    app = OAuth2Session("webapp", "e2e-webapp-secret-0123456789abcdef", scope="read", redirect_uri="http://127.0.0.1:1/callback",
                         code_challenge_method="S256")
     verifier = secrets.token_urlsafe(48)
     url, _ = app.create_authorization_url(service.base + "/oauth/authorize", code_verifier=verifier)

@@ -43,7 +43,7 @@ client_id = "applied-app"
 name = "Applied app"
 redirect_uris = ["https://applied.example/cb"]
 allowed_scopes = ["read", "write"]
-client_secret = "applied-app-secret-0123456789"
+client_secret = "applied-app-secret-0123456789abcdef"
 description = "Applied from a file"
 
 [[installations]]
@@ -83,7 +83,7 @@ def test_the_plan_is_printed_applied_and_a_second_run_changes_nothing(run, tmp_p
     assert run("apply", "-f", wanted)[1].splitlines() == [
         "unchanged user dora", "unchanged client applied-app", "unchanged installation applied-dome",
         "nothing to change (3 unchanged)"]
-    assert "applied-app-secret" not in planned + applied and hashing.digest("applied-app-secret-0123456789") \
+    assert "applied-app-secret" not in planned + applied and hashing.digest("applied-app-secret-0123456789abcdef") \
         not in planned + applied
 
 
@@ -108,7 +108,7 @@ def test_a_secret_is_hashed_before_it_leaves_the_command_line(run, mongo, tmp_pa
     monkeypatch.setattr(operator.Operator, "plan", plan)
     assert run("apply", "-f", write(tmp_path, FILE))[0] == 0
     assert plans and sent and "applied-app-secret" not in "".join(plans + sent)
-    assert hashing.digest("applied-app-secret-0123456789") in plans[0]
+    assert hashing.digest("applied-app-secret-0123456789abcdef") in plans[0]
     # client_secret_sha256 passes as it is.
     digest = hashing.digest("a-second-secret-0123456789")
     code, out, err = run("apply", "-f", write(tmp_path, f'[[clients]]\nclient_id = "applied-app"\n'
@@ -323,6 +323,35 @@ def code_for(service, client_id: str, secret: str | None) -> dict:
     return {"status": answer.status_code, **answer.json()}
 
 
+OWN_APP = '''
+[[clients]]
+client_id = "own-app"
+name = "Own app"
+redirect_uris = ["http://127.0.0.1:1/callback"]
+allowed_scopes = ["read", "write"]
+first_party = true
+'''
+OWN_SECRET = "own-app-secret-0123456789abcdef-0123"
+
+
+def test_applying_a_confidential_clients_own_table_keeps_it_confidential(service, credentials, tmp_path):
+    admin = ["--url", service.admin]
+    ok(tokensvc("apply", "-f", write(tmp_path, OWN_APP + f'client_secret = "{OWN_SECRET}"\n', "made.toml"), *admin,
+                credentials=credentials))
+    wanted = write(tmp_path, OWN_APP)
+    assert ok(tokensvc("apply", "-f", wanted, *admin, credentials=credentials)).splitlines() == [
+        "unchanged client own-app", "nothing to change (1 unchanged)"]
+    assert code_for(service, "own-app", None)["status"] == 401  # never public
+    assert code_for(service, "own-app", OWN_SECRET)["status"] == 200
+    new_secret = "a-new-own-app-secret-0123456789abcdef"
+    rotated = write(tmp_path, OWN_APP + f'client_secret = "{new_secret}"\n', "rotated.toml")
+    result = tokensvc("apply", "-f", rotated, *admin, credentials=credentials)
+    assert ok(result).splitlines()[:2] == ["update client own-app", "    client_secret: changed"]
+    assert new_secret not in result.stdout + result.stderr
+    assert code_for(service, "own-app", OWN_SECRET)["status"] == 401
+    assert code_for(service, "own-app", new_secret)["status"] == 200
+
+
 WEBAPP = f'''
 [[clients]]
 client_id = "webapp"
@@ -334,43 +363,64 @@ client_secret = "{WEBAPP_SECRET}"
 '''
 
 
-def test_applying_a_confidential_clients_own_table_keeps_it_confidential(service, credentials, tmp_path):
+def test_apply_names_the_configuration_files_entries_as_the_file_has_them_and_changes_none(service, credentials,
+                                                                                            tmp_path):
+    """The service's configuration file writes its entries at every start: apply may name them
+    as the file has them (unchanged), never change them (the file is named, nothing changes),
+    and its prune leaves them alone."""
     admin = ["--url", service.admin]
-    wanted = write(tmp_path, WEBAPP)
-    assert ok(tokensvc("apply", "-f", wanted, *admin, credentials=credentials)).splitlines() == [
+    assert ok(tokensvc("apply", "-f", write(tmp_path, WEBAPP), *admin, credentials=credentials)).splitlines() == [
         "unchanged client webapp", "nothing to change (1 unchanged)"]
-    assert code_for(service, "webapp", None)["status"] == 401  # never public
-    assert code_for(service, "webapp", WEBAPP_SECRET)["status"] == 200
-    rotated = write(tmp_path, WEBAPP.replace(WEBAPP_SECRET, "a-new-webapp-secret-0123456789"), "rotated.toml")
-    result = tokensvc("apply", "-f", rotated, *admin, credentials=credentials)
-    assert ok(result).splitlines()[:2] == ["update client webapp", "    client_secret: changed"]
-    assert "a-new-webapp-secret" not in result.stdout + result.stderr
-    assert code_for(service, "webapp", WEBAPP_SECRET)["status"] == 401
-    assert code_for(service, "webapp", "a-new-webapp-secret-0123456789")["status"] == 200
-    ok(tokensvc("apply", "-f", wanted, *admin, credentials=credentials))  # as the other tests expect it
+    changed = write(tmp_path, WEBAPP.replace('["read", "write"]', '["read"]') + '''
+[[users]]
+username = "alice"
+admin = true
+''', "changed.toml")
+    result = tokensvc("apply", "-f", changed, *admin, credentials=credentials)
+    assert result.returncode == 1 and result.stdout == ""
+    assert result.stderr.splitlines()[1:] == [
+        f"{changed}: [[users]] #1 (username = 'alice'): user 'alice' is written by the configuration file "
+        f"{service.config} at every start: change it there (or take it out of the file to manage it here)",
+        f"{changed}: [[clients]] #1 (client_id = 'webapp'): client 'webapp' is written by the configuration file "
+        f"{service.config} at every start: change it there (or take it out of the file to manage it here)"]
+    assert code_for(service, "webapp", WEBAPP_SECRET)["scope"] == "read"  # as the file has it
+    pruned = write(tmp_path, '[[users]]\nusername = "root"\n[[clients]]\nclient_id = "webapp"\n', "pruned.toml")
+    planned = ok(tokensvc("apply", "-f", pruned, "--prune", "--dry-run", *admin, credentials=credentials))
+    for entry in ("user alice", "user bob", "client skyplanner", "client node-agent", "client tokensvc-cli"):
+        assert entry not in planned
 
 
 def test_a_partial_table_over_the_api_keeps_the_rest(service, credentials, tmp_path):
     admin = ["--url", service.admin]
-    before = requests.get(service.base + "/oauth/clients/skyplanner", timeout=10).json()
-    wanted = write(tmp_path, '[[clients]]\nclient_id = "skyplanner"\nallowed_scopes = ["read"]\n')
+    ok(tokensvc("apply", "-f", write(tmp_path, '''
+[[clients]]
+client_id = "partial-app"
+name = "Partial app"
+redirect_uris = ["https://partial.example/cb"]
+allowed_scopes = ["read", "observations:write"]
+description = "Keeps what a table leaves out"
+logo_url = "https://partial.example/logo.png"
+''', "made.toml"), *admin, credentials=credentials))
+    before = requests.get(service.base + "/oauth/clients/partial-app", timeout=10).json()
+    wanted = write(tmp_path, '[[clients]]\nclient_id = "partial-app"\nallowed_scopes = ["read"]\n')
     planned = ok(tokensvc("apply", "-f", wanted, "--dry-run", *admin, credentials=credentials))
-    assert planned.splitlines()[:2] == ["update client skyplanner",
+    assert planned.splitlines()[:2] == ["update client partial-app",
                                         "    allowed_scopes: read observations:write -> read"]
     ok(tokensvc("apply", "-f", wanted, *admin, credentials=credentials))
-    after = requests.get(service.base + "/oauth/clients/skyplanner", timeout=10).json()
+    after = requests.get(service.base + "/oauth/clients/partial-app", timeout=10).json()
     assert after == {**before, "allowedScopes": ["read"]}
     assert after["description"] and after["logoUrl"]
 
 
 def test_prune_never_removes_the_operator_running_it(service, credentials, tmp_path):
+    mine = signed_in_admin(service, credentials, tmp_path, "opsprune")
     wanted = write(tmp_path, '[[users]]\nusername = "alice"\n')
-    result = tokensvc("apply", "-f", wanted, "--prune", "--url", service.admin, credentials=credentials)
+    result = tokensvc("apply", "-f", wanted, "--prune", "--url", service.admin, credentials=mine)
     assert result.returncode == 1 and result.stdout == ""
     assert result.stderr.splitlines() == [
         f"tokensvc: {wanted}: 1 problem; nothing was changed",
-        f"{wanted}: [[users]]: pruning would remove 'root', who runs this: name them in the file"]
-    assert json_users(service, credentials) >= {"root", "alice", "bob"}
+        f"{wanted}: [[users]]: pruning would remove 'opsprune', who runs this: name them in the file"]
+    assert json_users(service, credentials) >= {"root", "alice", "bob", "opsprune"}
 
 
 def json_users(service, credentials) -> set[str]:
@@ -412,6 +462,18 @@ operators = ["DORA"]
     assert code == 1 and "[[users]] #2 (username = 'CAROL'): username: user 'CAROL' is named twice" in err
 
 
+def test_a_secret_below_the_one_minimum_length_is_refused_before_it_is_hashed(run, tmp_path):
+    """The configuration's rule (identifiers.MIN_SECRET_LENGTH): the service sees only the
+    digest, so the command line holds the secret to it, naming the entry."""
+    wanted = write(tmp_path, FILE.replace('client_secret = "applied-app-secret-0123456789abcdef"',
+                                          'client_secret = "x"'))
+    code, out, err = run("apply", "-f", wanted, "--dry-run")
+    assert code == 1 and out == ""
+    assert f"{wanted}: [[clients]] #1 (client_id = 'applied-app'): client_secret: expected a secret of at least 32 " \
+           "characters, not 1" in err
+    assert run("clients", "list")[1].strip() == "no clients"
+
+
 # -- a logo given as a path, as the configuration takes it ---------------------------------------
 
 LOGO_PATH_CLIENT = '''
@@ -443,16 +505,18 @@ def test_the_demos_own_logo_path_applies_over_the_api(service, credentials, tmp_
     demo = write(tmp_path, '[[clients]]\nclient_id = "skyplanner"\nlogo_url = "/static/demo-client.svg"\n')
     assert ok(tokensvc("apply", "-f", demo, *admin, credentials=credentials)).splitlines() == [
         "unchanged client skyplanner", "nothing to change (1 unchanged)"]
-    other = write(tmp_path, '[[clients]]\nclient_id = "skyplanner"\nlogo_url = "/static/other.svg"\n', "o.toml")
+    # A client of the admin API's own takes a path the same way.
+    made = write(tmp_path, LOGO_PATH_CLIENT.replace("pathlogo", "pathlogo-api"), "made.toml")
+    ok(tokensvc("apply", "-f", made, *admin, credentials=credentials))
+    assert requests.get(service.base + "/oauth/clients/pathlogo-api", timeout=10).json()["logoUrl"] == seeded
+    other = write(tmp_path, '[[clients]]\nclient_id = "pathlogo-api"\nlogo_url = "/static/other.svg"\n', "o.toml")
     planned = ok(tokensvc("apply", "-f", other, "--dry-run", *admin, credentials=credentials))
-    assert planned.splitlines()[:2] == ["update client skyplanner",
+    assert planned.splitlines()[:2] == ["update client pathlogo-api",
                                         f"    logo_url: {seeded} -> {service.base}/static/other.svg"]
     applied = ok(tokensvc("apply", "-f", other, *admin, credentials=credentials))
     assert applied.splitlines() == planned.splitlines()[:-1] + ["applied: 1 changes"]
-    shown = requests.get(service.base + "/oauth/clients/skyplanner", timeout=10).json()["logoUrl"]
+    shown = requests.get(service.base + "/oauth/clients/pathlogo-api", timeout=10).json()["logoUrl"]
     assert shown == service.base + "/static/other.svg"
-    ok(tokensvc("apply", "-f", demo, *admin, credentials=credentials))  # as the other tests expect it
-    assert requests.get(service.base + "/oauth/clients/skyplanner", timeout=10).json()["logoUrl"] == seeded
 
 
 # -- what ends the rights of the token apply runs with ---------------------------------------------
@@ -546,7 +610,7 @@ password = "a-brand-new-long-passphrase"
 
 # -- a resource server: introspection and the feed, nothing else -------------------------------------
 
-API_SECRET = "notes-api-secret-0123456789"
+API_SECRET = "notes-api-secret-0123456789abcdef"
 RESOURCE_SERVER = f'''
 [[clients]]
 client_id = "notes-api"
@@ -630,7 +694,7 @@ kind = "resource-server"
     assert [client["clientId"] for client in run("clients", "list", json_out=True)[1]] == ["notes-api"]
 
 
-TURNCOAT_SECRET = "turncoat-secret-0123456789"
+TURNCOAT_SECRET = "turncoat-secret-0123456789abcdef"
 TURNCOAT = f'''
 [[clients]]
 client_id = "turncoat"

@@ -29,7 +29,7 @@ async def test_seeding_twice_changes_nothing_and_an_edit_is_applied(backend_stor
     assert await store.list_users() == users
     assert await store.list_clients() == clients
     webapp = await store.get_client("webapp")
-    assert webapp.secret_hash == hashing.digest("webapp-test-secret") and webapp.first_party
+    assert webapp.secret_hash == hashing.digest("webapp-test-secret-0123456789abcdef") and webapp.first_party
     installation = await store.get_installation("backyard-scope")
     alice = await store.get_user_by_username("alice")
     assert installation.operators == [alice.user_id]
@@ -91,12 +91,13 @@ async def test_mongodb_client_options_are_set_in_code_whatever_the_uri_says():
 
 def test_the_refresh_grace_defaults_by_backend():
     assert make_config().tokens.refresh_grace_seconds == 0
-    on_mongodb = make_config(storage={"backend": "mongodb"})
+    replica_set = {"backend": "mongodb", "mongodb_uri": "mongodb://db1,db2,db3/?replicaSet=rs0"}
+    on_mongodb = make_config(storage=replica_set)
     # The whole retry budget: the first attempt's timeout, Retry-After, the retry's timeout.
     assert on_mongodb.tokens.refresh_grace_seconds == 2 * 15 + config_module.STORE_RETRY_AFTER_SECONDS == 35
-    slower = make_config(storage={"backend": "mongodb", "timeout_ms": 20500})
+    slower = make_config(storage={**replica_set, "timeout_ms": 20500})
     assert slower.tokens.refresh_grace_seconds == 2 * 21 + 5
-    strict = make_config(storage={"backend": "mongodb"}, tokens={"refresh_grace_seconds": 0})
+    strict = make_config(storage=replica_set, tokens={"refresh_grace_seconds": 0})
     assert strict.tokens.refresh_grace_seconds == 0
     with pytest.raises(ConfigError, match="storage.timeout_ms"):
         make_config(storage={"timeout_ms": 0})

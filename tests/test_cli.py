@@ -282,6 +282,44 @@ def test_config_check_masks_secrets(capsys):
     assert 'storage.backend = "memory"' in text and 'cookie_secret = "***"' in text
 
 
+PRODUCTION = """
+base_url = "https://auth.example.org"
+cookie_secret = "0123456789abcdef0123456789abcdef"
+[storage]
+backend = "mongodb"
+mongodb_uri = "{uri}"
+"""
+
+
+def test_config_check_is_a_production_gate(tmp_path, capsys):
+    """What no production deployment wants is named and passes with a warning; --strict
+    refuses it (exit 1); a replica set's configuration passes both."""
+    path = tmp_path / "tokensvc.toml"
+    path.write_text(PRODUCTION.format(uri="mongodb://tokensvc:pw@db1,db2,db3/?replicaSet=rs0"))
+    assert cli.main(["config", "check", "--config", str(path), "--strict"]) == 0
+    assert capsys.readouterr().err == f"{path}: OK\n"
+    path.write_text(PRODUCTION.format(uri="mongodb://127.0.0.1:27017/?directConnection=true"))
+    assert cli.main(["config", "check", "--config", str(path)]) == 0
+    err = capsys.readouterr().err.splitlines()
+    assert err[0].startswith("tokensvc: warning: storage.mongodb_uri: names this machine alone (127.0.0.1)")
+    assert err[1].startswith("tokensvc: warning: storage.mongodb_uri: directConnection=true")
+    assert err[2] == f"{path}: OK (2 warnings)"
+    assert cli.main(["config", "check", "--config", str(path), "--strict"]) == 1
+    out, err = capsys.readouterr()
+    assert out == "" and err.splitlines()[-1] == f"tokensvc: {path}: 2 warnings, refused by --strict"
+    assert f"tokensvc: {path}: storage.mongodb_uri: directConnection=true" in err
+    assert cli.main(["config", "check", "--config", str(path), "--json"]) == 0
+    out, err = capsys.readouterr()
+    assert json.loads(out)["storage"]["backend"] == "mongodb"
+    assert [json.loads(line)["warning"].split(":")[0] for line in err.splitlines()[:-1]] == [
+        "storage.mongodb_uri", "storage.mongodb_uri"]
+    # Unset, the URI would name this host alone: refused with or without --strict.
+    path.write_text(PRODUCTION.split("mongodb_uri")[0])
+    assert cli.main(["config", "check", "--config", str(path)]) == 1
+    assert capsys.readouterr().err.startswith('tokensvc: storage.mongodb_uri: required with storage.backend = '
+                                              '"mongodb" outside demo mode')
+
+
 @pytest.mark.parametrize("command", [[], ["serve"], ["clients"], ["clients", "add"], ["users"], ["users", "add"],
                                      ["installations"], ["tokens", "purge"], ["config", "check"]])
 def test_every_command_has_help(command, capsys):

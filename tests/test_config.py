@@ -75,14 +75,28 @@ def test_environment_overrides(tmp_path):
      "clients[0].client_id: a value is required"),
     (SECRET + '[[users]]\nusername = "a"\n', "users[0]: give exactly one"),
     (SECRET + '[[installations]]\ninstallation_id = "i"\nname = "I"\n'
-     'kind = "telescope"\noperators = ["ghost"]\n', "installations[0].operators: unknown user"),
+     'kind = "telescope"\noperators = ["alice"]\n', "installations[0].operators[0]: unknown user 'alice'"),
     (SECRET + '[[clients]]\nclient_id = "a"\nname = "A"\nredirect_uris = ["https://a/cb"]\nclient_secret = " "\n',
      "clients[0].client_secret: expected a secret that is not empty or blank"),
     (SECRET + '[[clients]]\nclient_id = "a"\nname = "A"\nredirect_uris = ["https://a/cb"]\n'
      'client_secret_sha256 = "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855"\n',
      "clients[0].client_secret_sha256: expected the SHA-256 of a secret that is not empty"),
-    (SECRET + '[tokens]\nsuccessor_keys = ["short"]\n',
-     "tokens.successor_keys[0]: too short (at least 32 characters"),
+    (SECRET + '[tokens]\nsuccessor_keys = ["' + "k" * 32 + '", "short"]\n',
+     "tokens.successor_keys[1]: expected a secret of at least 32 characters, not 5"),
+    # A list's entry at fault is named by its place.
+    (SECRET + '[[clients]]\nclient_id = "a"\nname = "A"\n'
+     'redirect_uris = ["https://a/cb", "not a url"]\n', "clients[0].redirect_uris[1]: not a valid redirect URI"),
+    (SECRET + '[[clients]]\nclient_id = "a"\nname = "A"\nredirect_uris = ["https://a/cb"]\n'
+     'allowed_scopes = ["read", "a b"]\n', "clients[0].allowed_scopes[1]: not a valid scope"),
+    (SECRET + '[[clients]]\nclient_id = "a"\nname = "A"\nredirect_uris = ["https://a/cb"]\n'
+     'allowed_origins = ["https://a.example", "https://*.a.example"]\n', "clients[0].allowed_origins[1]: not a web"),
+    (SECRET + '[metrics]\nallow = ["127.0.0.0/8", "nowhere"]\n', "metrics.allow[1]: not a network"),
+    (SECRET + 'xheaders = true\n[proxy]\ntrusted_networks = ["10.0.0.0/8", "ten"]\n',
+     "proxy.trusted_networks[1]: not a network"),
+    (SECRET + '[server]\nallowed_hosts = ["tokensvc", "https://auth.example"]\n',
+     "server.allowed_hosts[1]: a host name or address as a request's Host names it"),
+    (SECRET + '[server]\nallowed_hosts = ["tokensvc:8080"]\n', "server.allowed_hosts[0]"),
+    (SECRET + 'installation_kinds = ["telescope", "Radio Dish!"]\n', "installation_kinds[1]: "),
     (SECRET + '[tokens]\nsuccessor_keys = ["' + "k" * 32 + '", "' + "k" * 32 + '"]\n',
      "tokens.successor_keys: a key is listed twice"),
     ("not toml [", "not valid TOML"),
@@ -106,17 +120,79 @@ def test_missing_file():
         config.load("/no/such/file.toml", environ={})
 
 
-def test_a_successor_key_is_derived_only_from_a_long_cookie_secret(tmp_path):
-    """Every visitor gets a cookie signed with the cookie secret, on which guesses are tested
-    offline: below 32 characters the successor key must be a key of its own; demo mode
-    generates a long secret."""
-    short = 'cookie_secret = "0123456789abcdef0123"\n'
-    with pytest.raises(ConfigError, match="^tokens.successor_keys: required while cookie_secret is shorter than 32"):
-        config.load(write(tmp_path, short), environ={})
-    keyed = config.load(write(tmp_path, short + '[tokens]\nsuccessor_keys = ["' + "k" * 32 + '"]\n'), environ={})
-    assert keyed.tokens.successor_keys == ("k" * 32,)
-    assert config.load(write(tmp_path, 'cookie_secret = "' + "c" * 32 + '"\n'), environ={}).tokens.successor_keys == ()
+def test_every_secret_given_by_hand_has_the_one_minimum_length_outside_demo_mode(tmp_path):
+    """One rule (identifiers.MIN_SECRET_LENGTH, 32 characters) for each cookie_secret key, each
+    successor key and each client_secret, the failing entry of a list named: every visitor gets
+    a cookie signed with the cookie secret, on which guesses are tested offline, and the
+    successor key is derived from it unless successor_keys are given. Demo mode takes weak
+    secrets (and generates a long cookie secret)."""
+    assert identifiers.MIN_SECRET_LENGTH == 32
+    short, long = "0123456789abcdef0123", "c" * 32
+    with pytest.raises(ConfigError, match=r"^cookie_secret: expected a secret of at least 32 characters, not 20"):
+        config.load(write(tmp_path, f'cookie_secret = "{short}"\n'), environ={})
+    # Successor keys of their own do not make a short cookie secret any harder to guess.
+    with pytest.raises(ConfigError, match=r"^cookie_secret: expected a secret of at least 32"):
+        config.load(write(tmp_path, f'cookie_secret = "{short}"\n[tokens]\nsuccessor_keys = ["{"k" * 32}"]\n'),
+                    environ={})
+    with pytest.raises(ConfigError, match=r"^cookie_secret\[1\]: expected a secret of at least 32 characters"):
+        config.load(write(tmp_path, f'cookie_secret = ["{long}", "{short}"]\n'), environ={})
+    with pytest.raises(ConfigError, match=r"^cookie_secret\[0\]: expected a secret"):
+        config.load(write(tmp_path, SECRET), environ={"TOKENSVC_COOKIE_SECRET": f'["{short}", "{long}"]'})
+    client = '[[clients]]\nclient_id = "a"\nname = "A"\nredirect_uris = ["https://a/cb"]\nclient_secret = "{}"\n'
+    with pytest.raises(ConfigError, match=r"^clients\[0\].client_secret: expected a secret of at least 32 characters, "
+                                          "not 1"):
+        config.load(write(tmp_path, SECRET + client.format("x")), environ={})
+    assert config.load(write(tmp_path, SECRET + client.format(long)), environ={}).clients[0].client_secret == long
+    assert config.load(write(tmp_path, f'cookie_secret = "{long}"\n'), environ={}).tokens.successor_keys == ()
+    demo = config.load(write(tmp_path, f'demo = true\ncookie_secret = "{short}"\n' + client.format("x")), environ={})
+    assert demo.demo and demo.cookie_secret == short and demo.clients[0].client_secret == "x"
     assert config.load(write(tmp_path, "demo = true\n"), environ={}).demo
+
+
+MONGODB = 'cookie_secret = "0123456789abcdef0123456789abcdef"\n[storage]\nbackend = "mongodb"\n'
+
+
+def test_the_mongodb_uri_is_required_outside_demo_mode(tmp_path):
+    """Unset, it would name this host alone: a forgotten Secret would leave a production service
+    waiting for a database that is not there."""
+    with pytest.raises(ConfigError, match=r'^storage.mongodb_uri: required with storage.backend = "mongodb" outside '
+                                          "demo mode"):
+        config.load(write(tmp_path, MONGODB), environ={})
+    with pytest.raises(ConfigError, match="^storage.mongodb_uri: required"):
+        config.load(write(tmp_path, SECRET), environ={"TOKENSVC_STORAGE_BACKEND": "mongodb"})
+    given = config.load(write(tmp_path, MONGODB), environ={"TOKENSVC_STORAGE_MONGODB_URI": "mongodb://db1,db2/"})
+    assert given.storage.mongodb_uri == "mongodb://db1,db2/"
+    demo = config.load(write(tmp_path, "demo = true\n" + MONGODB), environ={})
+    assert demo.storage.mongodb_uri == "mongodb://127.0.0.1:27017"  # trying it out on this machine
+
+
+@pytest.mark.parametrize("uri,warned", [
+    ("mongodb://tokensvc:pw@db-0.db,db-1.db,db-2.db/?replicaSet=rs0&authSource=admin", None),
+    ("mongodb+srv://tokensvc:pw@cluster0.example.net/?retryWrites=true", None),
+    ("mongodb://127.0.0.1:27017", "storage.mongodb_uri: names this machine alone (127.0.0.1)"),
+    ("mongodb://tokensvc:pw@localhost,[::1]:27018/?replicaSet=rs0", "names this machine alone (localhost, ::1)"),
+    ("mongodb://db1.example:27017/?directConnection=true", "storage.mongodb_uri: directConnection=true"),
+    ("mongodb://db1.example/tokensvc?replicaSet=rs0&DirectConnection=TRUE", "directConnection=true"),
+])
+def test_a_mongodb_uri_no_production_store_has_is_warned_of(tmp_path, uri, warned):
+    settings = config.load(write(tmp_path, MONGODB), environ={"TOKENSVC_STORAGE_MONGODB_URI": uri})
+    found = config.warnings(settings)
+    assert (found == []) if warned is None else any(warned in warning for warning in found), found
+
+
+def test_what_no_production_deployment_wants_is_warned_of_demo_mode_alone_in_a_demo():
+    replica_set = {"backend": "mongodb", "mongodb_uri": "mongodb://db1,db2,db3/?replicaSet=rs0"}
+    assert config.warnings(config.from_dict({"cookie_secret": "x" * 32, "base_url": "https://auth.example",
+                                             "storage": replica_set})) == []
+    memory = config.warnings(config.from_dict({"cookie_secret": "x" * 32}))
+    assert memory == ['storage.backend: "memory" keeps nothing across a restart and serves one process alone; '
+                      'production uses "mongodb"']
+    plain = config.warnings(config.from_dict({"cookie_secret": "x" * 32, "base_url": "http://auth.example",
+                                              "auth_url": "http://login.example"}))
+    assert [warning.split(":")[0] for warning in plain] == ["storage.backend", "base_url", "auth_url"]
+    assert config.warnings(config.from_dict({"demo": True, "base_url": "http://auth.example"})) == [
+        "demo: true: weak secrets are taken and a cookie secret may be generated; for trying tokensvc out, not for "
+        "production"]
 
 
 def test_successor_keys_come_from_the_environment_too_and_are_never_shown(tmp_path):
@@ -161,7 +237,7 @@ def test_redirect_uris_are_refused_with_one_clear_message(tmp_path, uri, problem
     path.write_text(f'demo = true\n[[clients]]\nclient_id = "a"\nname = "A"\nredirect_uris = ["{uri}"]\n')
     with pytest.raises(config.ConfigError) as error:
         config.load(path, environ={})
-    assert str(error.value) == f"clients[0].redirect_uris: not a valid redirect URI ({problem}): {uri!r}"
+    assert str(error.value) == f"clients[0].redirect_uris[0]: not a valid redirect URI ({problem}): {uri!r}"
 
 
 @pytest.mark.parametrize("uri", ["https://client.example/cb?x=1", "http://127.0.0.1:9000/cb", "http://127.8.0.1/cb",
@@ -256,7 +332,7 @@ def test_a_dot_segment_names_nothing_in_the_config(dots):
 
 
 def test_allowed_scopes_follow_the_scope_grammar_of_the_cli():
-    with pytest.raises(ConfigError, match=r"clients\[0\]\.allowed_scopes: not a valid scope"):
+    with pytest.raises(ConfigError, match=r"clients\[0\]\.allowed_scopes\[1\]: not a valid scope"):
         config.from_dict({"demo": True, "clients": [{"client_id": "c", "name": "C",
                                                       "redirect_uris": ["https://c.example/cb"],
                                                       "allowed_scopes": ["read", 'bad"scope']}]})
@@ -279,7 +355,7 @@ def test_allowed_origins_are_web_origins(origin, fine):
     if fine:
         assert config.from_dict(raw).clients[0].allowed_origins == (origin,)
     else:
-        with pytest.raises(ConfigError, match=r"clients\[0\]\.allowed_origins: not a web origin"):
+        with pytest.raises(ConfigError, match=r"clients\[0\]\.allowed_origins\[0\]: not a web origin"):
             config.from_dict(raw)
 
 
@@ -458,9 +534,10 @@ def test_installation_kinds_are_configurable_and_every_installation_is_one_of_th
     chosen = config.from_dict({"cookie_secret": "k" * 32, "installation_kinds": ["antenna", "weather station"],
                                "installations": [{"installation_id": "dish", "name": "Dish", "kind": "antenna"}]})
     assert chosen.installation_kinds == ("antenna", "weather station")
-    for kinds, problem in (([], "at least one kind"), (["Antenna"], "lower-case letters"),
-                           (["dish", "dish"], "listed twice")):
-        with pytest.raises(ConfigError, match=f"installation_kinds: .*{problem}"):
+    for kinds, problem in (([], "installation_kinds: .*at least one kind"),
+                           (["Antenna"], r"installation_kinds\[0\]: .*lower-case letters"),
+                           (["dish", "dish"], "installation_kinds: .*listed twice")):
+        with pytest.raises(ConfigError, match=problem):
             config.from_dict({"cookie_secret": "k" * 32, "installation_kinds": kinds})
     with pytest.raises(ConfigError, match=r"installations\[0\].kind: one of antenna, got 'telescope'"):
         config.from_dict({"cookie_secret": "k" * 32, "installation_kinds": ["antenna"],
@@ -494,11 +571,10 @@ def test_cookie_secret_may_be_the_keys_of_a_rotation(tmp_path):
     assert from_env.cookie_secrets == tuple(keys)
     masked = config.masked(settings)
     assert masked["cookie_secret"] == ["***", "***"] and "cookie_secrets" not in masked
-    with pytest.raises(ConfigError, match="tokens.successor_keys: required while cookie_secret is shorter"):
-        config.from_dict({"cookie_secret": [keys[0], "an-old-key-of-16-to-31"]})  # each key gives a successor key
-    for wrong, problem in (([keys[0], "short"], "too short"), ([keys[0], keys[0]], "listed twice"),
-                           ([], "required"), ([keys[0], 3], "a string or a list of strings")):
-        with pytest.raises(ConfigError, match=f"^cookie_secret: .*{problem}"):
+    for wrong, problem in (([keys[0], "an-old-key-of-16-to-31"], r"\[1\]: expected a secret of at least 32"),
+                           ([keys[0], keys[0]], ": .*listed twice"), ([], ": .*required"),
+                           ([keys[0], 3], ": .*a string or a list of strings")):
+        with pytest.raises(ConfigError, match=f"^cookie_secret{problem}"):
             config.from_dict({"cookie_secret": wrong})
     with pytest.raises(ConfigError, match="TOKENSVC_COOKIE_SECRET: a list of keys is a JSON array"):
         config.load(None, environ={"TOKENSVC_COOKIE_SECRET": '["unterminated'})

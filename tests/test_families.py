@@ -357,7 +357,7 @@ async def test_a_retry_of_an_older_token_or_after_the_grace_is_reuse(seeded, clo
 
 
 async def test_the_mongodb_default_grace_covers_an_honest_retry_through_a_long_incident(seeded, clock, monkeypatch):
-    config = make_config(storage={"backend": "mongodb"})
+    config = make_config(storage={"backend": "mongodb", "mongodb_uri": "mongodb://db1,db2,db3/?replicaSet=rs0"})
     timeout_s = config.storage.timeout_ms / 1000
     # The first attempt may take the whole budget, the client waits Retry-After, and the retry
     # may take the budget again before it reaches the store.

@@ -301,7 +301,7 @@ def test_a_graceful_stop_closes_every_reader_with_1012(tmp_path):
         async def read_through_the_stop() -> int | None:
             url = service.base.replace("http://", "ws://") + "/oauth/revocations"
             connection = await websocket_connect(HTTPRequest(url, headers={
-                "Authorization": basic("webapp", "e2e-webapp-secret")}))
+                "Authorization": basic("webapp", "e2e-webapp-secret-0123456789abcdef")}))
             assert (await next_message(connection))["type"] == "ready"
             service.process.send_signal(signal.SIGTERM)
             return await read_until_closed(connection)

@@ -451,7 +451,7 @@ async def test_a_code_redeemed_at_a_process_writing_format_2_and_again_at_one_st
     from tokensvc.oauth import authorization, grants, introspection
     from tokensvc.oauth.errors import InvalidGrant
 
-    config = make_config(storage={"backend": "mongodb"})
+    config = make_config(storage={"backend": "mongodb", "mongodb_uri": "mongodb://db1,db2,db3/?replicaSet=rs0"})
     store = await format_1_store()
     await seed(store, config)
     await finalized(store)

@@ -9,7 +9,16 @@ from __future__ import annotations
 import json
 
 import pytest
-from helpers import CHALLENGE, PASSWORD_HASHES, SKY_REDIRECT, VERIFIER, WEBAPP_REDIRECT, issue_tokens, make_config
+from helpers import (
+    CHALLENGE,
+    PASSWORD_HASHES,
+    SKY_REDIRECT,
+    VERIFIER,
+    WEBAPP_REDIRECT,
+    handed_over,
+    issue_tokens,
+    make_config,
+)
 
 from tokensvc import admin
 from tokensvc.app import make_admin_app
@@ -40,12 +49,12 @@ def seeded(io_loop, store, config):
 
 @pytest.fixture
 def app(store, config, ctx):
-    return make_admin_app(config, store, ctx)
+    return make_admin_app(handed_over(config), store, ctx)
 
 
 @pytest.fixture
 def operator(ctx, config):
-    return Operator(ctx, config)
+    return Operator(ctx, handed_over(config))
 
 
 async def refresh(ctx, tokens, client_id="webapp", scope=None):
@@ -260,11 +269,11 @@ async def test_a_demotion_in_one_process_holds_in_every_other_at_once(two_proces
     first, second = two_processes
     web = await issue_tokens(first, "bob", "read admin")
     assert await scope_of(second, web.access_token) == "read admin"
-    await Operator(first, config).patch_user("bob", {"admin": False})
+    await Operator(first, handed_over(config)).patch_user("bob", {"admin": False})
     assert await scope_of(second, web.access_token) == "read"
     with pytest.raises(InvalidScope):
         await refresh(second, web, scope="admin")
-    await Operator(second, config).patch_client("webapp", {"allowedScopes": ["write"]})
+    await Operator(second, handed_over(config)).patch_client("webapp", {"allowedScopes": ["write"]})
     assert await introspection.introspect(first, web.access_token) == {"active": False}
 
 

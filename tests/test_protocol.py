@@ -9,6 +9,7 @@ from helpers import (
     CHALLENGE,
     CLI_REDIRECT,
     NODE_REDIRECT,
+    PARTNER_SECRET,
     PAST_CONCURRENT,
     SKY_REDIRECT,
     VERIFIER,
@@ -382,7 +383,7 @@ async def test_introspection_reports_and_expires(seeded, clock):
 async def test_who_may_introspect(seeded):
     await introspection.authorize_caller(seeded, caller(client_id="webapp", client_secret=WEBAPP_SECRET))
     with pytest.raises(AccessDenied):  # confidential but third-party
-        await introspection.authorize_caller(seeded, caller(client_id="partner", client_secret="partner-test-secret"))
+        await introspection.authorize_caller(seeded, caller(client_id="partner", client_secret=PARTNER_SECRET))
     with pytest.raises(InvalidClient):  # public: proves nothing
         await introspection.authorize_caller(seeded, caller(client_id="node-agent"))
     with pytest.raises(InvalidClient):

@@ -68,7 +68,7 @@ async def test_a_resource_server_may_do_nothing_else(browser, http_client, base_
                                f"{WEBAPP_REDIRECT}&code_challenge={CHALLENGE}&code_challenge_method=S256&state=s")
     assert page.code == 400 and b"cannot ask for authorization" in page.body
     response = await post_form(http_client, base_url + "/oauth/token/introspect", {"token": issued["access_token"]},
-                               {"Authorization": basic("webapp", "webapp-test-secret")})
+                               {"Authorization": basic("webapp", "webapp-test-secret-0123456789abcdef")})
     assert json_of(response)["active"] is True  # its refused revocation revoked nothing
 
 

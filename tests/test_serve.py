@@ -42,6 +42,26 @@ def test_a_busy_port_is_one_line():
     assert line == f"tokensvc: 127.0.0.1:{port} is already in use; choose another with --port or TOKENSVC_PORT"
 
 
+def test_the_json_log_mode_writes_a_refusal_as_a_json_line_too(tmp_path):
+    """A log collector reads one JSON line per line: the refusal of a busy port, and of a
+    configuration that is refused whole (its log_format read from the file all the same)."""
+    import json
+
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        line = json.loads(one_line(serve(["--port", str(port), "--log-format", "json"])))
+    assert (line["level"], line["logger"]) == ("error", "tokensvc")
+    assert line["message"] == f"127.0.0.1:{port} is already in use; choose another with --port or TOKENSVC_PORT"
+    broken = tmp_path / "broken.toml"
+    broken.write_text('log_format = "json"\n[storage]\nbackend = "mongodb"\n')
+    result = subprocess.run([sys.executable, "-m", "tokensvc", "serve", "--config", str(broken)], capture_output=True,
+                            text=True, timeout=30, env={key: value for key, value in os.environ.items()
+                                                        if not key.startswith("TOKENSVC_")})
+    assert json.loads(one_line(result))["message"].startswith("storage.mongodb_uri: required")
+
+
 def test_a_host_that_does_not_resolve_is_one_line():
     line = one_line(serve(["--host", "no-such-host.invalid"]))
     assert line.startswith("tokensvc: cannot listen on 'no-such-host.invalid': the host does not resolve")

@@ -99,6 +99,41 @@ class Taken(AdminError):
         return {"detail": str(self)}
 
 
+class TheFiles(Taken):
+    """The entry is the configuration file's (409): the operations leave it alone, since each
+    start of any process writes it again as the file says (:class:`FileEntries`)."""
+
+
+@dataclass(frozen=True, slots=True)
+class FileEntries:
+    """The entries the configuration file writes at each start of every process: its
+    ``[[clients]]`` (and the command line's client while ``admin.cli_client`` is on), its
+    ``[[users]]`` (by their username's key) and its ``[[installations]]``. They are the file's:
+    an operation that would change or remove one is refused (:class:`TheFiles`), naming the
+    file, so that no change made here is undone by the next restart of a worker, an instance
+    or all of them. Every other entry is the admin API's, and no start-up writes it."""
+
+    file: str = ""
+    clients: frozenset[str] = frozenset()
+    users: frozenset[str] = frozenset()
+    installations: frozenset[str] = frozenset()
+
+    def check(self, kind: str, key: str) -> None:
+        """Refuse (409) a change to the ``kind`` (client, user, installation) ``key`` if the file writes it."""
+        owned = {"client": self.clients, "user": self.users, "installation": self.installations}[kind]
+        if (username_key(key) if kind == "user" else key) in owned:
+            where = f"the configuration file {self.file}" if self.file else "the configuration file"
+            raise TheFiles(f"{kind} {key!r} is written by {where} at every start: change it there (or take it out "
+                           "of the file to manage it here)")
+
+    def writes(self, kind: str, key: str) -> bool:
+        try:
+            self.check(kind, key)
+        except TheFiles:
+            return True
+        return False
+
+
 def _record(event: str, **fields: object) -> None:
     logs.audit(event, fields)
 

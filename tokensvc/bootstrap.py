@@ -10,7 +10,7 @@ import logging
 import secrets
 from dataclasses import asdict, replace
 from datetime import datetime
-from typing import Any
+from typing import Any, TypeVar
 
 from tokensvc.config import ConfigError, Settings, StorageSettings
 from tokensvc.identifiers import username_key
@@ -82,7 +82,7 @@ async def seed(store: Store, config: Settings) -> None:
             secret_hash = hashing.digest(seed_client.client_secret)
         else:
             secret_hash = seed_client.client_secret_sha256
-        await seed_client_as(store, existing, Client(
+        await seed_client_as(store, existing, said_if_changed(existing, Client(
             client_id=seed_client.client_id,
             name=seed_client.name,
             redirect_uris=list(seed_client.redirect_uris),
@@ -99,7 +99,7 @@ async def seed(store: Store, config: Settings) -> None:
             description=seed_client.description,
             logo_url=seed_client.logo_url,
             created_at=existing.created_at if existing and existing.created_at else now,
-        ), now)
+        )), now)
     if config.admin.cli_client:  # `tokensvc login`: a native app on a loopback port (RFC 8252)
         now = utcnow()
         existing = await store.get_client(CLI_CLIENT.client_id)
@@ -127,25 +127,49 @@ async def seed(store: Store, config: Settings) -> None:
         # Upserted on the username (a new one stored as its key, as `users add` does): processes
         # seeding one empty database at once agree on its id. Demoted by the file, the user is
         # marked in the same write, which every process's relay hears (the revocation feed).
-        user = await store.seed_user(User(
+        user = await store.seed_user(said_if_changed(existing_user, User(
             user_id=existing_user.user_id if existing_user else new_user_id(),
             username=existing_user.username if existing_user else username_key(seed_user.username),
             password_hash=password_hash,
             admin=seed_user.admin,
-        ), utcnow())
+        )), utcnow())
         user_ids[username_key(seed_user.username)] = user.user_id
     for seed_installation in config.installations:
-        await store.put_installation(Installation(
+        installation = Installation(
             installation_id=seed_installation.installation_id,
             name=seed_installation.name,
             kind=seed_installation.kind,
             operators=[user_ids[username_key(name)] for name in seed_installation.operators],
-        ))
+        )
+        existing_installation = await store.get_installation(installation.installation_id)
+        await store.put_installation(said_if_changed(existing_installation, installation))
     clients = counted(len(config.clients) + config.admin.cli_client, "client")  # the CLI's client too
     where = f"{len(config.clients)} from the config and {CLI_CLIENT.client_id}" if config.admin.cli_client \
         else "from the config"
     log.info("seeded %s (%s), %s, %s", clients, where, counted(len(config.users), "user"),
              counted(len(config.installations), "installation"))
+
+
+# What seeding compares of an entry it writes over: what the file says of it.
+SAID = {Client: ("name", "redirect_uris", "allowed_scopes", "kind", "allowed_origins", "secret_hash", "first_party",
+                 "description", "logo_url"),
+        User: ("password_hash", "admin"), Installation: ("name", "kind", "operators")}
+Entry = TypeVar("Entry", Client, User, Installation)
+
+
+def said_if_changed(existing: Entry | None, entry: Entry) -> Entry:
+    """``entry``, as the file has it; when the store held it otherwise, a line says which fields
+    the file writes over (never a value: a secret's or a password's hash among them). The admin
+    API changes no entry of the file, so this is the file edited, or an entry of the admin API's
+    named by the file, which is the file's from now on (docs/administration.md)."""
+    if existing is not None:
+        changed = [name for name in SAID[type(entry)] if getattr(existing, name) != getattr(entry, name)]
+        if changed:
+            kind = type(entry).__name__.lower()
+            key = entry.username if isinstance(entry, User) else \
+                entry.client_id if isinstance(entry, Client) else entry.installation_id
+            log.info("%s %s written as the configuration file says: %s", kind, key, ", ".join(changed))
+    return entry
 
 
 def counted(count: int, noun: str) -> str:

@@ -175,7 +175,7 @@ async def serve(settings: Settings, listeners: Listeners, *, show_banner: bool =
             log.warning("the admin API listens on %s, beyond this machine: keep it behind TLS and a network "
                         "policy that lets only operators reach it", admin_url)
     if show_banner:
-        print(banner(settings, listeners), flush=True)
+        say_banner(settings, listeners)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGINT, signal.SIGTERM):
@@ -223,7 +223,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
     logs.configure(settings.log_format, settings.log_level)
     processes = args.processes
     if processes == 1:
-        asyncio.run(serve(settings, bind(settings)))
+        listeners = bind(settings)
+        warn(settings)
+        asyncio.run(serve(settings, listeners))
         return 0
     if processes < 0:
         raise CommandError("--processes: 0 (one per core) or more")
@@ -240,11 +242,12 @@ def cmd_serve(args: argparse.Namespace) -> int:
     # Bind before forking so every worker accepts on the same sockets; each then builds its
     # own event loop, store client and application.
     listeners = bind(settings)
+    warn(settings)
     # Every process writes its metrics to files in one directory, which a scrape of any of
     # them reads whole (prometheus_client's multiprocess mode).
     directory = os.environ.get(metrics.MULTIPROCESS_ENV) or tempfile.mkdtemp(prefix="tokensvc-metrics-")
     metrics.use_multiprocess_dir(directory)
-    print(banner(settings, listeners), flush=True)
+    say_banner(settings, listeners)
 
     def work(slot: int) -> int:
         try:
@@ -258,14 +261,40 @@ def cmd_serve(args: argparse.Namespace) -> int:
     return supervisor.run()
 
 
+def warn(settings: Settings) -> None:
+    """What ``config check`` warns of, logged once as the service starts (demo mode has lines of
+    its own)."""
+    for warning in [] if settings.demo else config_module.warnings(settings):
+        log.warning("configuration: %s", warning)
+
+
+def say_banner(settings: Settings, listeners: Listeners) -> None:
+    """The banner, on standard output; in the JSON log mode, which writes JSON lines only, one
+    log line instead."""
+    text = banner(settings, listeners)
+    if settings.log_format == "json":
+        log.info("%s", "; ".join(" ".join(line.split()) for line in text.splitlines()[:-1]))
+    else:
+        print(text, flush=True)
+
+
 def cmd_config_check(args: argparse.Namespace) -> int:
     settings = load_settings(args)
+    warnings = config_module.warnings(settings)
+    if args.strict and warnings:
+        for warning in warnings:
+            _error(args, f"{args.config}: {warning}")
+        raise CommandError(f"{args.config}: {len(warnings)} warning{'s' if len(warnings) > 1 else ''}, refused "
+                           "by --strict")
     if args.json:
         print(json.dumps(config_module.masked(settings), indent=2))
     else:
         for line in _flatten(config_module.masked(settings)):
             print(line)
-    print(f"{args.config}: OK", file=sys.stderr)
+    for warning in warnings:
+        print(json.dumps({"warning": warning}) if args.json else f"tokensvc: warning: {warning}", file=sys.stderr)
+    print(f"{args.config}: OK" + (f" ({len(warnings)} warning{'s' if len(warnings) > 1 else ''})" if warnings
+                                   else ""), file=sys.stderr)
     return 0
 
 
@@ -303,6 +332,8 @@ def build_parser(store_factory: StoreFactory | None = None) -> argparse.Argument
         description="Validate a config and print the effective settings, every secret masked.")
     check.add_argument("--config", default="config/tokensvc.toml", help="TOML config file (default: %(default)s)")
     check.add_argument("--json", action="store_true", help="print JSON for scripts instead of text")
+    check.add_argument("--strict", action="store_true",
+                       help="refuse what a production deployment does not want (the warnings), exit 1")
     check.set_defaults(func=cmd_config_check)
 
     document = commands.add_parser("openapi", help="print the OpenAPI document of every endpoint",
@@ -330,12 +361,33 @@ def cmd_openapi(args: argparse.Namespace) -> int:
 
 
 def _error(args: argparse.Namespace, message: str, code: int = 1) -> int:
-    """An error on standard error: one line, or with ``--json`` one JSON object."""
-    if getattr(args, "json", False):
+    """An error on standard error: one line, or with ``--json`` one JSON object; ``serve`` in
+    the JSON log mode writes it as a log line of that mode."""
+    if getattr(args, "func", None) is cmd_serve and _log_format(args) == "json":
+        print(logs.JsonFormatter().format(logging.makeLogRecord(
+            {"name": "tokensvc", "levelno": logging.ERROR, "levelname": "ERROR", "msg": message})), file=sys.stderr,
+            flush=True)
+    elif getattr(args, "json", False):
         print(json.dumps({"error": message}), file=sys.stderr)
     else:
         print(f"tokensvc: {message}", file=sys.stderr)
     return code
+
+
+def _log_format(args: argparse.Namespace) -> str:
+    """The log format ``serve`` runs (or would have run) with: the flag's, the environment's, the
+    file's, even when the configuration as a whole is refused."""
+    if getattr(args, "log_format", None):
+        return str(args.log_format)
+    if os.environ.get("TOKENSVC_LOG_FORMAT"):
+        return os.environ["TOKENSVC_LOG_FORMAT"]
+    try:
+        import tomllib
+
+        with open(args.config, "rb") as file:
+            return str(tomllib.load(file).get("log_format", "text"))
+    except (OSError, ValueError):
+        return "text"
 
 
 def main(argv: Sequence[str] | None = None, *, store_factory: StoreFactory | None = None) -> int:

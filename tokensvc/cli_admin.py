@@ -29,6 +29,7 @@ from tokensvc.admin import AdminError, Missing
 from tokensvc.bootstrap import make_context, make_store
 from tokensvc.config import ConfigError, Settings
 from tokensvc.errors import ValidationFailed
+from tokensvc.identifiers import secret_problem
 from tokensvc.oauth import hashing
 from tokensvc.operator import Json, Operations, Operator, RemoteOperator
 from tokensvc.records import CLIENT_KIND, CLIENT_KINDS, MAX_KEEP_PREVIOUS_SECONDS
@@ -397,6 +398,10 @@ class DesiredState:
                 problems.append((id_key, "a value is required (it names what the entry is)"))
             if "client_secret" in item and "client_secret_sha256" in item:
                 problems.append(("client_secret", "give client_secret or client_secret_sha256, not both"))
+            # The configuration's rule (one length for every secret given by hand): here, where
+            # the secret is seen before it is hashed; the service sees only its digest.
+            if isinstance(item.get("client_secret"), str) and (problem := secret_problem(item["client_secret"])):
+                problems.append(("client_secret", f"expected {problem}"))
         self.problems += [f"{self.where(table, index)}: {key + ': ' if key else ''}{problem}"
                           for key, problem in problems]
         entry: Json = {}

@@ -36,6 +36,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any
+from urllib.parse import parse_qsl, urlsplit
 
 from tokensvc.identifiers import (
     DEFAULT_KINDS,
@@ -57,7 +58,6 @@ from tokensvc.identifiers import (
     username_key,
     username_problem,
 )
-from tokensvc.oauth import successors
 from tokensvc.oauth.feed import ReaderCaps
 from tokensvc.records import CLIENT_KIND, CLIENT_KINDS, RESOURCE_SERVER
 
@@ -80,6 +80,8 @@ MADE = {"derived": True, "made": True}
 COOKIE_SECRET = "str | list[str]"
 
 
+# What server.allowed_hosts takes: a host name or an address as a request's Host names it.
+HOST_NAME = re.compile(r"\[?[0-9A-Fa-f:.]+\]?|[A-Za-z0-9_](?:[A-Za-z0-9_.-]*[A-Za-z0-9_])?")
 # The least feed.max_unsent_bytes may be: a few messages (a resumption's missed ones, bounded
 # by the feed's replay buffer, are not counted against it).
 MIN_UNSENT_BYTES = 4096
@@ -282,6 +284,10 @@ class Settings:
     # What a node installation may be; the pages say "a telescope", "an observatory".
     installation_kinds: tuple[str, ...] = tuple(DEFAULT_KINDS)
     generated_cookie_secret: bool = field(default=False, metadata=MADE, repr=False)
+    # The file the settings were read from, as an absolute path ("" when none): its
+    # [[clients]], [[users]] and [[installations]] are its own, and a refusal to change one
+    # names it (to an admin API caller who does not know the service's working directory).
+    config_file: str = field(default="", metadata=MADE)
 
     @property
     def session_cookie(self) -> str:
@@ -332,7 +338,8 @@ def load(path: str | os.PathLike[str] | None = None, environ: Mapping[str, str] 
             raise ConfigError(f"{path}: not valid TOML: {exc}") from None
     _apply_env(raw, os.environ if environ is None else environ)
     raw.update({key: value for key, value in (overrides or {}).items() if value is not None})
-    return from_dict(raw)
+    settings = from_dict(raw)
+    return settings if path is None else dataclasses.replace(settings, config_file=os.path.abspath(path))
 
 
 def _apply_env(raw: dict[str, Any], environ: Mapping[str, str]) -> None:
@@ -536,6 +543,12 @@ def _resolve(values: dict[str, Any]) -> None:
     if "port" not in admin:  # beside the public port
         admin["port"] = port + 1 if port < 65535 else 0
     storage = values.setdefault("storage", {})
+    if storage.get("backend", _default(StorageSettings, "backend")) == "mongodb" and "mongodb_uri" not in storage \
+            and not values.get("demo"):
+        # Its default names this host alone: a forgotten secret would make a production service wait
+        # for a database that is not there.
+        raise ConfigError('storage.mongodb_uri: required with storage.backend = "mongodb" outside demo mode (set it, '
+                          "or TOKENSVC_STORAGE_MONGODB_URI)")
     tokens = values.setdefault("tokens", {})
     if "refresh_grace_seconds" not in tokens:
         on_mongodb = storage.get("backend", _default(StorageSettings, "backend")) == "mongodb"
@@ -579,7 +592,7 @@ def _check(settings: Settings) -> None:
     _check_admin(settings.admin, settings.port)
     _check_storage(settings.storage)
     _check_sections(settings)
-    _check_clients(settings.clients)
+    _check_clients(settings.clients, settings.demo)
     names = _check_users(settings.users, settings.service_name)
     _check_kinds(settings.installation_kinds)
     _check_installations(settings.installations, names, settings.installation_kinds)
@@ -596,9 +609,11 @@ def _check_service(settings: Settings) -> None:
         raise ConfigError(f"log_level: expected debug, info, warning or error, got {settings.log_level!r}")
     if not settings.cookie_secret:
         raise ConfigError("cookie_secret: required outside demo mode (set it, or TOKENSVC_COOKIE_SECRET)")
-    for key in settings.cookie_secrets:
-        if len(key) < 16 and not settings.demo:
-            raise ConfigError("cookie_secret: too short (at least 16 characters outside demo mode)")
+    for index, key in enumerate(settings.cookie_secrets):
+        problem = secret_problem(key, demo=settings.demo)
+        if problem is not None:
+            name = f"cookie_secret[{index}]" if len(settings.cookie_secrets) > 1 else "cookie_secret"
+            raise ConfigError(f"{name}: expected {problem}")
     if len(set(settings.cookie_secrets)) != len(settings.cookie_secrets):
         raise ConfigError("cookie_secret: a key is listed twice")
 
@@ -635,17 +650,13 @@ def _check_sections(settings: Settings) -> None:
             raise ConfigError(f"tokens.{f.name}: must be at least {minimum}, got {value}")
     keys = settings.tokens.successor_keys
     for index, key in enumerate(keys):
-        if len(key) < 32:
-            raise ConfigError(f"tokens.successor_keys[{index}]: too short (at least 32 characters: "
-                              "python3 -c 'import secrets; print(secrets.token_urlsafe(32))')")
+        problem = secret_problem(key)  # demo mode too: it is no cookie secret a demo generates
+        if problem is not None:
+            raise ConfigError(f"tokens.successor_keys[{index}]: expected {problem}")
     if len(set(keys)) != len(keys):
         raise ConfigError("tokens.successor_keys: a key is listed twice")
-    if not keys and not settings.demo and any(len(key) < successors.MIN_COOKIE_SECRET
-                                              for key in settings.cookie_secrets):
-        # Every visitor holds a cookie signed with it, on which a guess is tested offline.
-        raise ConfigError(f"tokens.successor_keys: required while cookie_secret is shorter than "
-                          f"{successors.MIN_COOKIE_SECRET} characters (otherwise the successor key is derived "
-                          "from it): python3 -c 'import secrets; print(secrets.token_urlsafe(32))'")
+    # Without keys of their own, one is derived from each cookie_secret key, which has
+    # MIN_SECRET_LENGTH characters or more outside demo mode (the rule of _check_service).
     for name in ("idle_timeout", "body_timeout", "drain_seconds"):
         if getattr(settings.server, name) < 1:
             raise ConfigError(f"server.{name}: must be at least 1 second, got {getattr(settings.server, name)}")
@@ -666,13 +677,17 @@ def _check_sections(settings: Settings) -> None:
     _check_feed(settings.feed)
     for key, networks in (("metrics.allow", settings.metrics.allow),
                           ("proxy.trusted_networks", settings.proxy.trusted_networks)):
-        for network in networks:
+        for index, network in enumerate(networks):
             if key == "proxy.trusted_networks" and network == UNIX_PEER:
                 continue
             try:
                 ipaddress.ip_network(network, strict=False)
             except ValueError:
-                raise ConfigError(f"{key}: not a network (address/prefix): {network!r}") from None
+                raise ConfigError(f"{key}[{index}]: not a network (address/prefix): {network!r}") from None
+    for index, host in enumerate(settings.server.allowed_hosts):
+        if host != "*" and not HOST_NAME.fullmatch(host):
+            raise ConfigError(f"server.allowed_hosts[{index}]: a host name or address as a request's Host names it, "
+                              f"without scheme, port or path (or \"*\" for any): {host!r}")
     if settings.proxy.trusted_hops < 0:
         raise ConfigError(f"proxy.trusted_hops: must be 0 or more, got {settings.proxy.trusted_hops}")
     if settings.xheaders and not settings.proxy.trusted_networks:
@@ -697,7 +712,7 @@ def _check_feed(feed: FeedSettings) -> None:
                           f"{feed.max_unsent_bytes}")
 
 
-def _check_clients(clients: tuple[ClientSeed, ...]) -> None:
+def _check_clients(clients: tuple[ClientSeed, ...], demo: bool) -> None:
     seen: set[str] = set()
     for i, client in enumerate(clients):
         key = f"clients[{i}]"
@@ -713,28 +728,28 @@ def _check_clients(clients: tuple[ClientSeed, ...]) -> None:
             _check_resource_server(key, client)
         elif not client.redirect_uris:
             raise ConfigError(f"{key}.redirect_uris: at least one redirect URI is required")
-        for uri in client.redirect_uris:
+        for index, uri in enumerate(client.redirect_uris):
             problem = redirect_uri_problem(uri)
             if problem is not None:
-                raise ConfigError(f"{key}.redirect_uris: not a valid redirect URI ({problem}): {uri!r}")
-        for scope in client.allowed_scopes or []:
+                raise ConfigError(f"{key}.redirect_uris[{index}]: not a valid redirect URI ({problem}): {uri!r}")
+        for index, scope in enumerate(client.allowed_scopes or []):
             problem = scope_problem(scope)
             if problem is not None:
-                raise ConfigError(f"{key}.allowed_scopes: not a valid scope ({problem}): {scope!r}")
+                raise ConfigError(f"{key}.allowed_scopes[{index}]: not a valid scope ({problem}): {scope!r}")
         problem = logo_url_problem(client.logo_url) if client.logo_url is not None else None
         if problem is not None:
             raise ConfigError(f"{key}.logo_url: not a valid logo URL ({problem}): {client.logo_url!r}")
-        for origin in client.allowed_origins or []:
+        for index, origin in enumerate(client.allowed_origins or []):
             problem = origin_problem(origin)
             if problem is not None:
-                raise ConfigError(f"{key}.allowed_origins: not a web origin ({problem}): {origin!r}")
+                raise ConfigError(f"{key}.allowed_origins[{index}]: not a web origin ({problem}): {origin!r}")
         if client.client_secret is not None and client.client_secret_sha256 is not None:
             raise ConfigError(f"{key}: give client_secret or client_secret_sha256, not both")
         problem = (secret_sha256_problem(client.client_secret_sha256)
                    if client.client_secret_sha256 is not None else None)
         if problem is not None:
             raise ConfigError(f"{key}.client_secret_sha256: expected {problem}")
-        problem = secret_problem(client.client_secret) if client.client_secret is not None else None
+        problem = secret_problem(client.client_secret, demo=demo) if client.client_secret is not None else None
         if problem is not None:
             raise ConfigError(f"{key}.client_secret: expected {problem}")
 
@@ -776,9 +791,9 @@ def _check_users(users: tuple[UserSeed, ...], service_name: str) -> set[str]:
 def _check_kinds(kinds: tuple[str, ...]) -> None:
     if not kinds:
         raise ConfigError("installation_kinds: at least one kind is required")
-    for kind in kinds:
+    for index, kind in enumerate(kinds):
         if not KIND.fullmatch(kind):
-            raise ConfigError(f"installation_kinds: {KIND_RULE}: {kind!r}")
+            raise ConfigError(f"installation_kinds[{index}]: {KIND_RULE}: {kind!r}")
     if len(set(kinds)) != len(kinds):
         raise ConfigError("installation_kinds: a kind is listed twice")
 
@@ -793,15 +808,66 @@ def _check_installations(installations: tuple[InstallationSeed, ...], usernames:
         problem = kind_problem(inst.kind, kinds)
         if problem is not None:
             raise ConfigError(f"{key}.kind: {problem}, got {inst.kind!r}")
-        for operator in inst.operators:
+        for index, operator in enumerate(inst.operators):
             if username_key(operator) not in usernames:
-                raise ConfigError(f"{key}.operators: unknown user {operator!r}")
+                raise ConfigError(f"{key}.operators[{index}]: unknown user {operator!r}")
+
+
+# -- what a production deployment does not want ------------------------------------------------
+
+
+def warnings(settings: Settings) -> list[str]:
+    """What is valid but no production deployment wants, each naming its key: ``config check``
+    prints these (``--strict`` refuses them) and ``serve`` logs them at start. Demo mode is
+    said once, and nothing else: it is for trying tokensvc out."""
+    if settings.demo:
+        return ["demo: true: weak secrets are taken and a cookie secret may be generated; for trying tokensvc out, "
+                "not for production"]
+    found = []
+    storage = settings.storage
+    if storage.backend == "memory":
+        found.append('storage.backend: "memory" keeps nothing across a restart and serves one process alone; '
+                     'production uses "mongodb"')
+    else:
+        hosts, options = mongodb_hosts(storage.mongodb_uri)
+        if hosts and all(is_loopback(host) for host in hosts):
+            found.append(f"storage.mongodb_uri: names this machine alone ({', '.join(hosts)}); a production store is "
+                         "a replica set of three members on hosts of their own (docs/operations.md, Production "
+                         "checklist)")
+        if options.get("directconnection", "").lower() == "true":
+            found.append("storage.mongodb_uri: directConnection=true: the driver talks to that one member and "
+                         "follows no election; name the replica set's members and replicaSet= instead "
+                         "(docs/operations.md, Production checklist)")
+    urls = {"base_url": settings.base_url, **({"auth_url": settings.auth_url}
+                                              if settings.auth_url != settings.base_url else {})}
+    for key, url in urls.items():
+        host = urlsplit(url).hostname or ""
+        if url.startswith("http://") and not is_loopback(host):
+            found.append(f"{key}: http:// to {host}: sign-in and tokens cross the network unencrypted, and cookies "
+                         "are not Secure; serve https (TLS in front) and give the https URL")
+    return found
+
+
+def mongodb_hosts(uri: str) -> tuple[list[str], dict[str, str]]:
+    """The hosts a MongoDB URI names (without ports; an SRV record's name for ``mongodb+srv``)
+    and its options (names lower-cased), read without resolving anything."""
+    rest = uri.partition("://")[2]
+    authority, _, tail = rest.partition("/")
+    authority, _, query = authority.partition("?") if "?" in authority else (authority, "", tail.partition("?")[2])
+    hosts = []
+    for host in authority.rpartition("@")[2].split(","):
+        if host.startswith("["):
+            hosts.append(host[1:host.find("]")])
+        elif host:
+            hosts.append(host.rsplit(":", 1)[0])
+    return hosts, {name.lower(): value for name, value in parse_qsl(query)}
 
 
 def masked(settings: Settings) -> dict[str, Any]:
     """The effective settings as a dict, every secret replaced by ``"***"`` (``config check``)."""
     data = _plain(settings)
     data.pop("generated_cookie_secret", None)
+    data.pop("config_file", None)
     keys = data.pop("cookie_secrets")
     data["cookie_secret"] = ["***" for _ in keys] if len(keys) > 1 else "***" if settings.cookie_secret else None
     for client in data["clients"]:

@@ -110,9 +110,23 @@ def secret_sha256_problem(value: str) -> str | None:
     return "the SHA-256 of a secret that is not empty" if value == EMPTY_SECRET_SHA256 else None
 
 
-def secret_problem(value: str) -> str | None:
-    """Why ``value`` cannot be a client secret set by hand: empty or blank (an unset variable)."""
-    return None if value.strip() else "a secret that is not empty or blank"
+# The one length rule of every secret given by hand: a cookie_secret key, a successor key, a
+# client_secret (the configuration, `config check`, `apply`). A generated one is longer
+# (secrets.token_urlsafe(32): 43 characters); the admin API takes a secret only as its digest.
+MIN_SECRET_LENGTH = 32
+MAKE_A_SECRET = "python3 -c 'import secrets; print(secrets.token_urlsafe(32))'"
+
+
+def secret_problem(value: str, *, demo: bool = False) -> str | None:
+    """Why ``value`` cannot be a secret given by hand: empty or blank (an unset variable), or,
+    outside demo mode, shorter than :data:`MIN_SECRET_LENGTH` (every visitor holds a cookie
+    signed with the cookie secret, on which a guess is tested offline; a client secret is
+    guessed online, and a short one keeps the failure limits on its right answers)."""
+    if not value.strip():
+        return "a secret that is not empty or blank"
+    if len(value) < MIN_SECRET_LENGTH and not demo:
+        return f"a secret of at least {MIN_SECRET_LENGTH} characters, not {len(value)} ({MAKE_A_SECRET})"
+    return None
 
 
 def scope_problem(value: str) -> str | None:

@@ -28,6 +28,9 @@ from tokensvc.openapi_parts import (
 SECURITY: list[dict[str, list[str]]] = [{"bearer": []}]
 REFUSED = {"401": BEARER_401, "403": FORBIDDEN, "429": TOO_MANY, "503": UNAVAILABLE}
 CONFLICT = json_answer("Detail", "Already there")
+# The entries the configuration file writes at every start are its own (admin.FileEntries).
+FILES = "the configuration file's entry, which it writes at every start: change it there"
+THE_FILES = {"409": json_answer("Detail", FILES[0].upper() + FILES[1:])}
 MISSING = {"404": NOT_FOUND}
 LOOKED_UP = "Any value: one that names nothing is 404"
 INVALID = json_answer("HTTPValidationError", (
@@ -105,17 +108,19 @@ def operations() -> dict[str, dict[str, Any]]:
             "get": op("One client", json_answer("AdminClientShown", "The client"), parameters=[client], extra=MISSING),
             "put": op("Create or replace a client (idempotent)", json_answer(PUT_CLIENT, "Replaced"),
                       body="ClientPutBody", parameters=[new_id("client_id")],
-                      extra={"201": json_answer(PUT_CLIENT, "Created"), "409": CONFLICT}),
+                      extra={"201": json_answer(PUT_CLIENT, "Created"),
+                             "409": json_answer("Detail", f"Registered meanwhile, or {FILES}")}),
             "patch": op("Change some of a client's fields", json_answer(WITH_SECRET, "Changed"), body="ClientPatch",
-                        parameters=[client], extra=MISSING),
+                        parameters=[client], extra={**MISSING, **THE_FILES}),
             "delete": op("Remove a client: gone at once, then its grants revoked in batches; a 503 leaves it gone, "
                          "and the same DELETE again (or the next start-up) finishes it",
-                         done(removed=STRING, grantsRevoked=INTEGER), parameters=[client], extra=MISSING)},
+                         done(removed=STRING, grantsRevoked=INTEGER), parameters=[client],
+                         extra={**MISSING, **THE_FILES})},
         "/admin/clients/{client_id}/secret": {"post": op(
             "A new secret, returned once (a confidential client's; a public one has none: 409); the old one keeps "
             "working for keepPreviousSeconds",
             json_answer("SecretRotated", "Rotated"), body="SecretBody", parameters=[client],
-            extra={**MISSING, "409": CONFLICT})},
+            extra={**MISSING, "409": json_answer("Detail", f"A public client (it has no secret), or {FILES}")})},
         "/admin/users": {
             "get": op("Users, a page at a time", page("AdminUser"), parameters=PAGING),
             "post": op("Add a user (the password rule applies)", json_answer("AdminUser", "Added"), body="UserBody",
@@ -123,13 +128,14 @@ def operations() -> dict[str, dict[str, Any]]:
         "/admin/users/{username}": {
             "get": op("One user", json_answer("AdminUser", "The user"), parameters=[user], extra=MISSING),
             "patch": op("Make a user an admin, or not", json_answer("AdminUser", "Changed"), body="UserPatch",
-                        parameters=[user], extra=MISSING),
+                        parameters=[user], extra={**MISSING, **THE_FILES}),
             "delete": op("Remove a user, revoking their grants and ending their sessions",
-                         done(removed=STRING, familiesRevoked=INTEGER), parameters=[user], extra=MISSING)},
+                         done(removed=STRING, familiesRevoked=INTEGER), parameters=[user],
+                         extra={**MISSING, **THE_FILES})},
         "/admin/users/{username}/password": {"put": op(
             "Set a password: ends the user's sessions, revokes their grants unless keepGrants",
             done(username=STRING, sessionsEnded=INTEGER, familiesRevoked=INTEGER), body="PasswordBody",
-            parameters=[user], extra=MISSING)},
+            parameters=[user], extra={**MISSING, **THE_FILES})},
         "/admin/users/{username}/sessions": {
             "get": op("A user's sessions", listed("AdminSession", "The sessions"), parameters=[user], extra=MISSING),
             "delete": op("End every session of a user", done(ended=INTEGER), parameters=[user], extra=MISSING)},
@@ -145,9 +151,9 @@ def operations() -> dict[str, dict[str, Any]]:
             "put": op("Create or replace an installation (operators by username)",
                       json_answer(PUT_INSTALLATION, "Replaced"), body="InstallationBody",
                       parameters=[new_id("installation_id")],
-                      extra={"201": json_answer(PUT_INSTALLATION, "Created")}),
+                      extra={"201": json_answer(PUT_INSTALLATION, "Created"), **THE_FILES}),
             "delete": op("Remove an installation, revoking its grants", done(removed=STRING, familiesRevoked=INTEGER),
-                         parameters=[installation], extra=MISSING)},
+                         parameters=[installation], extra={**MISSING, **THE_FILES})},
         "/admin/grants": {"get": op(
             "The live grants of a user (username) and/or a client (clientId): naming neither is 422",
             page("Grant"), extra=MISSING, parameters=[

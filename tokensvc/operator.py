@@ -21,7 +21,7 @@ from tokensvc.admin import AdminError, ClientSpec, Missing, Taken
 from tokensvc.bootstrap import CLI_CLIENT
 from tokensvc.config import Settings
 from tokensvc.errors import ValidationFailed
-from tokensvc.identifiers import served_here
+from tokensvc.identifiers import served_here, username_key
 from tokensvc.oauth import sessions
 from tokensvc.oauth.context import OAuthContext
 from tokensvc.records import Grant, Session
@@ -83,13 +83,25 @@ def _session(session: Session) -> Json:
         "address": session.address, "signed_in_at": session.created_at, "last_seen_at": session.last_seen_at})
 
 
+def file_entries(settings: Settings) -> admin.FileEntries:
+    """The entries the configuration file of ``settings`` writes at every start (bootstrap.seed):
+    the file's own, which no operation changes."""
+    clients = {seed.client_id for seed in settings.clients}
+    if settings.admin.cli_client:
+        clients.add(CLI_CLIENT.client_id)
+    return admin.FileEntries(settings.config_file, frozenset(clients),
+                             frozenset(username_key(seed.username) for seed in settings.users),
+                             frozenset(seed.installation_id for seed in settings.installations))
+
+
 class Operator:
     """The operations over one service's store (``ctx``): the admin API's, and the CLI's on a
-    stopped service."""
+    stopped service. Neither changes an entry of the configuration file (:func:`file_entries`)."""
 
     def __init__(self, ctx: OAuthContext, settings: Settings) -> None:
         self.ctx, self.store, self.settings = ctx, ctx.store, settings
         self.service_name = settings.service_name
+        self.file = file_entries(settings)
 
     # -- clients
 
@@ -114,13 +126,15 @@ class Operator:
         data = load(admin_schemas.client_body, self._logo_served_here(body))
         if data.pop("client_id", client_id) != client_id:
             raise AdminError(f"the body's clientId differs from the address's {client_id!r}", "clientId")
+        self.file.check("client", client_id)
         client, secret, created = await admin.put_client(self.ctx, client_id, ClientSpec(**data))
         self.ctx.origins.forget()
         return {**admin_schemas.admin_client.dump(client), "clientSecret": secret}, created
 
     async def patch_client(self, client_id: str, body: Json) -> Json:
-        client, secret = await admin.update_client(self.ctx, client_id,
-                                                 load(admin_schemas.client_patch, self._logo_served_here(body)))
+        changes = load(admin_schemas.client_patch, self._logo_served_here(body))
+        self.file.check("client", client_id)
+        client, secret = await admin.update_client(self.ctx, client_id, changes)
         self.ctx.origins.forget()
         return {**admin_schemas.admin_client.dump(client), "clientSecret": secret}
 
@@ -132,12 +146,14 @@ class Operator:
         return body
 
     async def remove_client(self, client_id: str) -> Json:
+        self.file.check("client", client_id)
         revoked = await admin.remove_client(self.ctx, client_id)
         self.ctx.origins.forget()
         return {"removed": client_id, "grantsRevoked": revoked}
 
     async def rotate_secret(self, client_id: str, body: Any) -> Json:
         keep = load(admin_schemas.secret_body, body)["keep_previous_seconds"]
+        self.file.check("client", client_id)
         secret, previous = await admin.rotate_secret(self.ctx, client_id, keep)
         return admin_schemas.secret_rotated.dump({"client_id": client_id, "client_secret": secret,
                                                   "previous_secret_expires_at": previous and previous.expires_at})
@@ -159,16 +175,19 @@ class Operator:
 
     async def patch_user(self, username: str, body: Json) -> Json:
         data = load(admin_schemas.user_patch, body)
+        self.file.check("user", username)
         return admin_schemas.admin_user.dump(await admin.set_admin(self.ctx, username, data["admin"]))
 
     async def set_password(self, username: str, body: Json) -> Json:
         data = load(admin_schemas.password_body, body)
+        self.file.check("user", username)
         done = await admin.set_password(self.ctx, username, data.get("password"), keep_grants=data["keep_grants"],
                                         service_name=self.service_name, password_hash=data.get("password_hash"))
         return {"username": done["username"], "sessionsEnded": done["sessions_ended"],
                 "familiesRevoked": done["families_revoked"]}
 
     async def remove_user(self, username: str) -> Json:
+        self.file.check("user", username)
         removed, revoked = await admin.remove_user(self.ctx, username)
         return {"removed": removed, "familiesRevoked": revoked}
 
@@ -191,12 +210,14 @@ class Operator:
 
     async def put_installation(self, installation_id: str, body: Json) -> tuple[Json, bool]:
         data = load(admin_schemas.installation_body, body)
+        self.file.check("installation", installation_id)
         installation, created = await admin.put_installation(self.store, installation_id, data["name"], data["kind"],
                                                              data.get("operators") or [],
                                                              self.settings.installation_kinds)
         return await self._installation(installation), created
 
     async def remove_installation(self, installation_id: str) -> Json:
+        self.file.check("installation", installation_id)
         return {"removed": installation_id,
                 "familiesRevoked": await admin.remove_installation(self.ctx, installation_id)}
 
@@ -234,14 +255,14 @@ class Operator:
         return counts
 
     async def plan(self, body: Json, acting_user: str | None = None, acting_client: str | None = None) -> Json:
-        """What applying the desired state ``body`` would do (:mod:`tokensvc.provisioning`);
-        the service's own client is never pruned, nor the caller's user and client."""
-        kept = [CLI_CLIENT.client_id] if self.settings.admin.cli_client else []
+        """What applying the desired state ``body`` would do (:mod:`tokensvc.provisioning`); the
+        configuration file's entries (the service's own client among them) are neither changed
+        nor pruned, nor the caller's user and client pruned."""
         if isinstance(body, dict) and isinstance(body.get("clients"), list):
             body = {**body, "clients": [self._logo_served_here(entry) for entry in body["clients"]]}
         steps = await provisioning.plan(self.store, body, kinds=self.settings.installation_kinds,
                                         service_name=self.service_name, acting_user=acting_user,
-                                        acting_client=acting_client, kept_clients=kept)
+                                        acting_client=acting_client, file=self.file)
         return {"steps": [step.json() for step in steps]}
 
 

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from tokensvc import admin, admin_schemas
-from tokensvc.admin import AdminError, ClientSpec
+from tokensvc.admin import AdminError, ClientSpec, FileEntries
 from tokensvc.errors import ValidationFailed
 from tokensvc.identifiers import username_key
 from tokensvc.oauth import hashing
@@ -42,6 +42,7 @@ TABLES = ("users", "clients", "installations")  # in the order their steps run
 ID_FIELDS = {"clients": "clientId", "users": "username", "installations": "installationId"}
 KIND_OF = {"clients": "client", "users": "user", "installations": "installation"}
 SECRET_FIELDS = frozenset({"clientSecretSha256", "password", "passwordHash"})
+NO_FILE = FileEntries()  # a store no configuration file writes to
 
 
 @dataclass(slots=True)
@@ -100,11 +101,14 @@ class Desired:
 
 async def plan(store: Store, body: Any, *, kinds: Sequence[str], service_name: str,
                acting_user: str | None = None, acting_client: str | None = None,
-               kept_clients: Sequence[str] = ()) -> list[Step]:
+               file: FileEntries = NO_FILE) -> list[Step]:
     """The steps that make ``store`` hold ``body`` (``{"users", "clients", "installations":
-    [entries], "prune"}``), or ValidationFailed listing every problem. With ``prune``, what a
-    table does not name is removed, except ``kept_clients`` (the service's own) and never the
-    user or client of the token asking (``acting_user``, ``acting_client``): that is refused."""
+    [entries], "prune"}``), or ValidationFailed listing every problem. An entry of the
+    configuration file (``file``) may be named only as the file has it (``unchanged``): a
+    change to it is a problem, naming the file. With ``prune``, what a table does not name is
+    removed, except the configuration file's entries (the service's own client among them) and
+    never the user or client of the token asking (``acting_user``, ``acting_client``): that is
+    refused."""
     data = load(admin_schemas.plan_body, body)
     problems, desired = Problems(), Desired()
     steps: list[Step] = []
@@ -123,8 +127,10 @@ async def plan(store: Store, body: Any, *, kinds: Sequence[str], service_name: s
                     steps.append(_client_as_caller(await _client(store, key, fields, desired), acting_client))
                 else:
                     steps.append(await _installation(store, key, fields, kinds, desired))
+                if steps[-1].action != "unchanged":
+                    file.check(KIND_OF[table], key)
     if data["prune"]:
-        steps += await _removals(store, data, named, problems, acting_user, acting_client, kept_clients)
+        steps += await _removals(store, data, named, problems, acting_user, acting_client, file)
     _one_end_of_the_caller(steps, data, problems)
     if problems.detail:
         raise ValidationFailed(problems.detail)
@@ -296,17 +302,19 @@ async def _installation(store: Store, installation_id: str, entry: Json, kinds: 
 
 
 async def _removals(store: Store, data: Json, named: dict[str, set[str]], problems: Problems,
-                    acting_user: str | None, acting_client: str | None, kept_clients: Sequence[str]) -> list[Step]:
+                    acting_user: str | None, acting_client: str | None, file: FileEntries) -> list[Step]:
     """What each table the state names anything in holds and the state does not: removed,
-    installations first (their grants), then clients, then users."""
+    installations first (their grants), then clients, then users; never an entry of the
+    configuration file."""
     steps: list[Step] = []
     if "installations" in data:
         steps += [Step("installation", inst.installation_id, "remove") for inst in await store.list_installations()
-                  if inst.installation_id not in named["installations"]]
+                  if inst.installation_id not in named["installations"]
+                  and not file.writes("installation", inst.installation_id)]
     if "clients" in data:
         clients: list[Client] = await store.list_clients()
         for client in clients:
-            if client.client_id in named["clients"] or client.client_id in kept_clients:
+            if client.client_id in named["clients"] or file.writes("client", client.client_id):
                 continue
             if client.client_id == acting_client:
                 problems.add(["clients"], f"pruning would remove {client.client_id!r}, the client of the token this "
@@ -314,7 +322,7 @@ async def _removals(store: Store, data: Json, named: dict[str, set[str]], proble
             steps.append(Step("client", client.client_id, "remove"))
     if "users" in data:
         for user in await store.list_users():
-            if username_key(user.username) in named["users"]:
+            if username_key(user.username) in named["users"] or file.writes("user", user.username):
                 continue
             if acting_user is not None and username_key(user.username) == username_key(acting_user):
                 problems.add(["users"], f"pruning would remove {user.username!r}, who runs this: name them in the "

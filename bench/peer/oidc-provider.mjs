@@ -17,7 +17,7 @@ import Provider from 'oidc-provider';
 
 const [port, out, count] = [Number(process.argv[2]), process.argv[3], Number(process.argv[4] || 10000)];
 const CLIENT_ID = 'bench';
-const CLIENT_SECRET = 'bench-client-secret';
+const CLIENT_SECRET = 'bench-client-secret-0123456789abcdef';
 const DAY = 86400;
 
 // A signing key of its own (the library warns about its development keys); introspection

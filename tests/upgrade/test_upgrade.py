@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from urllib.parse import parse_qs, urlencode, urljoin, urlsplit
 
 import releases
@@ -73,6 +74,16 @@ class Deployment:
         """A config file of this release's processes (the storage commands read the store from it)."""
         current = next(service for service in self.services if "current" in service.log_path.parent.name)
         return str(current.log_path.parent / "tokensvc.toml")
+
+    def operators_config(self) -> str:
+        """That config without its [[clients]], [[users]] and [[installations]]: an operator's
+        command changes only entries no configuration file of this release names
+        (docs/administration.md, "Who owns an entry"); the previous release seeds from its own
+        file whatever that names, and knows no owner."""
+        text = Path(self.config()).read_text()
+        path = Path(self.config()).with_name("operators.toml")
+        path.write_text(text.split("\n[[", 1)[0] + "\n")
+        return str(path)
 
     def close(self) -> list[str]:
         return [service.stop() for service in self.services if service.process.poll() is None]
@@ -599,7 +610,7 @@ def test_a_previous_secret_outlives_the_previous_release_rewriting_its_client(pr
         old = deployment.start("previous", extra=ROLLING.format(digest=digest, description="First"))
         new = deployment.start("current", extra=ROLLING.format(digest=digest, description="First"))
         assert cli.main(["clients", "rotate-secret", "rolling", "--keep-previous", "1h", "--json",
-                         "--config", deployment.config()]) == 0
+                         "--config", deployment.operators_config()]) == 0
         rotated = json.loads(capsys.readouterr().out)
         new_secret = rotated["clientSecret"]
         assert proves(new.base, old_secret) and proves(new.base, new_secret)
@@ -626,7 +637,7 @@ def test_a_previous_secret_outlives_the_previous_release_rewriting_its_client(pr
         # Rotated at this release again, without overlap: marked, and the reader on the secret it
         # replaced is closed (4403), told of no revocation.
         def rotate() -> None:
-            assert cli.main(["clients", "rotate-secret", "rolling", "--config", deployment.config()]) == 0
+            assert cli.main(["clients", "rotate-secret", "rolling", "--config", deployment.operators_config()]) == 0
 
         assert closed_while_reading_the_feed(new.base, "rolling", new_secret, rotate) == ([], 4403)
         document = primary.db["tokensvc"]["clients"].find_one({"_id": "rolling"})
@@ -696,7 +707,7 @@ def test_a_client_under_removal_stays_gone_when_the_previous_release_writes_it_b
         assert requests.get(new.base + "/v1/me", headers=bearer, timeout=30).status_code == 200
         primary.script(Fault("update", "error", collection="families", code=262, labels=("RetryableWriteError",),
                              times=100_000))
-        assert cli.main(["clients", "remove", "webapp", "--config", deployment.config()]) == 1
+        assert cli.main(["clients", "remove", "webapp", "--config", deployment.operators_config()]) == 1
         assert "tokensvc: " in capsys.readouterr().err
         with primary.lock:
             primary.faults.clear()
@@ -711,7 +722,7 @@ def test_a_client_under_removal_stays_gone_when_the_previous_release_writes_it_b
         assert requests.post(new.base + "/oauth/token/refresh", timeout=30, auth=("webapp", WEBAPP_SECRET),
                              data={"refresh_token": tokens["refresh_token"]}).status_code == 401
         # The same removal again finishes it, whichever release wrote the document meanwhile.
-        assert cli.main(["clients", "remove", "webapp", "--config", deployment.config()]) == 0
+        assert cli.main(["clients", "remove", "webapp", "--config", deployment.operators_config()]) == 0
         assert "1 grants revoked" in capsys.readouterr().out
         assert primary.db["tokensvc"]["removals"].count_documents({}) == 0
         assert primary.db["tokensvc"]["clients"].count_documents({"_id": "webapp"}) == 0
@@ -798,7 +809,7 @@ def test_a_demotion_outlives_the_previous_release_rewriting_the_user(primary, pr
         assert carol["admin"] is True and "narrowed_at" not in carol  # what the previous release wrote
 
         def set_admin(admin: str):
-            return lambda: cli.main(["users", "set-admin", "carol", admin, "--config", deployment.config()])
+            return lambda: cli.main(["users", "set-admin", "carol", admin, "--config", deployment.operators_config()])
 
         named = after_reading_the_feed(new.base, set_admin("no"), lambda message: "sub" in message)
         assert named == {"type": "revoked", "seq": named["seq"], "sub": carol["_id"]}
@@ -816,7 +827,7 @@ def test_a_demotion_outlives_the_previous_release_rewriting_the_user(primary, pr
         assert Browser("carol", "cobalt-meadow-lantern").sign_in(new.base).me(new.base) == 200
 
         # Promoted and demoted again at this release: marked and named again.
-        assert cli.main(["users", "set-admin", "carol", "yes", "--config", deployment.config()]) == 0
+        assert cli.main(["users", "set-admin", "carol", "yes", "--config", deployment.operators_config()]) == 0
         named = after_reading_the_feed(new.base, set_admin("no"), lambda message: "sub" in message)
         assert named["sub"] == carol["_id"]
         marked = users.find_one({"_id": carol["_id"]})["narrowed_at"]

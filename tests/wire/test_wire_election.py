@@ -50,7 +50,8 @@ def store(wire_store):
 
 @pytest.fixture
 def config():
-    return make_config(storage={"backend": "mongodb", "timeout_ms": BUDGET_MS})
+    return make_config(storage={"backend": "mongodb", "mongodb_uri": "mongodb://db1,db2,db3/?replicaSet=rs0",
+                                "timeout_ms": BUDGET_MS})  # the store itself is the wire tier's
 
 
 def primary_address(store: MongoStore) -> str | None:

@@ -27,7 +27,8 @@ def wire_budget_ms():
 @pytest.fixture
 def config(wire_budget_ms):
     # The MongoDB backend's default grace: the whole retry budget of a client.
-    return make_config(storage={"backend": "mongodb", "timeout_ms": wire_budget_ms})
+    return make_config(storage={"backend": "mongodb", "mongodb_uri": "mongodb://db1,db2,db3/?replicaSet=rs0",
+                                "timeout_ms": wire_budget_ms})  # the store itself is the wire tier's
 
 
 @pytest.fixture

@@ -43,6 +43,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
+from tokensvc.identifiers import MIN_SECRET_LENGTH
+
 # Presentations of a refresh token this close to its successor's issue (and before that
 # successor was used) are taken as concurrent with the one that rotated it: they get the same
 # pair. Requests sent together arrive within milliseconds; two seconds cover a proxy's or a
@@ -59,10 +61,11 @@ def key_id(key: bytes) -> str:
     return hashlib.sha256(_KEY_ID + key).hexdigest()[:16]
 
 
-# The shortest cookie secret a key is derived from when none is configured. Every visitor gets a
-# cookie signed with the cookie secret, on which a guess can be tested offline: a key derived
-# from a short one would be no stronger than that guess.
-MIN_COOKIE_SECRET = 32
+# The shortest cookie secret a key is derived from when none is configured (the one length rule
+# of a secret given by hand, outside demo mode). Every visitor gets a cookie signed with the
+# cookie secret, on which a guess can be tested offline: a key derived from a short one would be
+# no stronger than that guess.
+MIN_COOKIE_SECRET = MIN_SECRET_LENGTH
 
 
 def key_from_cookie_secret(cookie_secret: str) -> str:

@@ -1,0 +1,119 @@
+"""Who owns an entry (docs/administration.md): the configuration file's ``[[clients]]``,
+``[[users]]`` and ``[[installations]]`` (and the command line's client) are the file's, written
+again at every start, so the operations refuse to change or remove them (409, naming the file)
+on every path: the admin API, the command line on a store, ``apply``'s plan. Every other entry
+is the admin API's, and seeding never writes it; seeding over an entry that differs says which
+fields it writes. ``tests/wire/test_wire_ownership.py`` restarts workers and instances after
+each kind of change."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+
+import pytest
+from helpers import handed_over, issue_tokens
+
+from tokensvc import admin
+from tokensvc.bootstrap import seed
+from tokensvc.errors import ValidationFailed
+from tokensvc.oauth import hashing
+from tokensvc.operator import Operator
+from tokensvc.records import Subject
+
+pytestmark = pytest.mark.gen_test
+
+FILE = "/etc/tokensvc/tokensvc.toml"
+STRONG = "violet-comet-harbor"
+
+
+@pytest.fixture
+def config(config):
+    return dataclasses.replace(config, config_file=FILE)
+
+
+@pytest.fixture
+def operator(io_loop, store, config, ctx):
+    io_loop.run_sync(lambda: seed(store, config))
+    return Operator(ctx, config)
+
+
+CHANGES = {
+    "demotion": lambda op: op.patch_user("root", {"admin": False}),
+    "promotion": lambda op: op.patch_user("ALICE", {"admin": True}),  # a username in any case
+    "password": lambda op: op.set_password("alice", {"password": STRONG}),
+    "user removal": lambda op: op.remove_user("alice"),
+    "secret rotation": lambda op: op.rotate_secret("webapp", {}),
+    "narrowed scopes": lambda op: op.patch_client("webapp", {"allowedScopes": ["read"]}),
+    "replaced client": lambda op: op.put_client("skyplanner", {"name": "SkyPlanner", "redirectUris": [
+        "https://elsewhere.example/cb"]}),
+    "client removal": lambda op: op.remove_client("partner"),
+    "the command line's client": lambda op: op.patch_client("tokensvc-cli", {"description": "Ours now"}),
+    "installation": lambda op: op.put_installation("backyard-scope", {"name": "Front yard", "kind": "telescope"}),
+    "installation removal": lambda op: op.remove_installation("backyard-scope"),
+}
+
+
+@pytest.mark.parametrize("change", CHANGES)
+async def test_an_entry_of_the_file_is_changed_by_no_operation_which_names_the_file(operator, store, change):
+    before = (await store.list_clients(), await store.list_users(), await store.list_installations())
+    with pytest.raises(admin.TheFiles) as refused:
+        await CHANGES[change](operator)
+    assert refused.value.status_code == 409
+    assert f"is written by the configuration file {FILE} at every start: change it there" in str(refused.value)
+    assert (await store.list_clients(), await store.list_users(), await store.list_installations()) == before
+
+
+async def test_what_the_file_does_not_write_stays_the_operators_to_do(operator, ctx, store):
+    """Tokens, grants and sessions are no entry of the file: revoked and ended as ever, a file
+    user's too; reading an entry of the file is reading."""
+    issued = await issue_tokens(ctx, "alice", "read")
+    grants = (await operator.list_grants("alice"))["items"]
+    assert grants and (await operator.revoke_grant(grants[0]["grantId"]))["familiesRevoked"] == 1
+    assert (await operator.end_sessions("alice")) == {"ended": 0}
+    assert (await operator.get_user("root"))["admin"] and (await operator.get_client("webapp"))["confidential"]
+    assert not await store.list_grants(Subject(user_id=(await store.get_user_by_username("alice")).user_id))
+    assert issued.access_token
+
+
+async def test_the_same_entry_is_the_admin_apis_once_the_file_no_longer_names_it(operator, ctx, config, store):
+    await Operator(ctx, handed_over(config)).patch_user("root", {"admin": False})
+    assert not (await store.get_user_by_username("root")).admin
+
+
+async def test_a_plan_names_an_entry_of_the_file_as_the_file_has_it_changes_none_and_prunes_none(operator, store):
+    unchanged = await operator.plan({"clients": [{"clientId": "webapp", "allowedScopes": [
+        "read", "write", "connected-apps:write", "admin"]}], "users": [{"username": "alice"}]})
+    assert [step["action"] for step in unchanged["steps"]] == ["unchanged", "unchanged"]
+    with pytest.raises(ValidationFailed) as refused:
+        await operator.plan({"users": [{"username": "alice", "admin": True}],
+                             "clients": [{"clientId": "made-here", "name": "Made here",
+                                          "redirectUris": ["https://made.example/cb"]},
+                                         {"clientId": "webapp", "allowedScopes": ["read"]}]})
+    assert [(item["loc"], "written by the configuration file" in item["msg"]) for item in refused.value.detail] == [
+        (["body", "users", 0], True), (["body", "clients", 1], True)]
+    await operator.create_client({"clientId": "made-here", "name": "Made here",
+                                  "redirectUris": ["https://made.example/cb"]})
+    pruned = await operator.plan({"clients": [], "users": [], "installations": [], "prune": True})
+    assert [(step["kind"], step["id"], step["action"]) for step in pruned["steps"]] == [
+        ("client", "made-here", "remove")]
+
+
+async def test_seeding_over_an_entry_that_differs_says_which_fields_it_writes(store, config, caplog):
+    await seed(store, config)
+    caplog.set_level(logging.INFO, logger="tokensvc.bootstrap")
+    caplog.clear()
+    await seed(store, config)  # a restart with the same file: nothing to say
+    assert "written as the configuration file says" not in caplog.text
+    # An entry of the admin API's that a new version of the file names: the file's from now on.
+    webapp = await store.get_client("webapp")
+    await store.update_client("webapp", {"name": "Renamed here", "secret_hash": hashing.digest("another")})
+    alice = await store.get_user_by_username("alice")
+    await store.update_user(alice.user_id, {"admin": True})
+    await seed(store, config)
+    assert "client webapp written as the configuration file says: name, secret_hash" in caplog.text
+    assert "user alice written as the configuration file says: admin" in caplog.text
+    assert "another" not in caplog.text and hashing.digest("another") not in caplog.text
+    written = await store.get_client("webapp")
+    assert (written.name, written.secret_hash) == (webapp.name, webapp.secret_hash)
+    assert not (await store.get_user_by_username("alice")).admin
