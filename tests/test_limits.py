@@ -47,12 +47,15 @@ async def test_failed_client_authentication_is_limited_per_client(http_client, b
 
 
 @pytest.mark.gen_test
-async def test_failed_client_authentication_is_limited_per_address(http_client, base_url):
+@pytest.mark.parametrize("config", [make_config(limits={
+    "window_seconds": 60, "failed_client_auth_per_client": 3, "failed_client_auth_per_address": 5})],
+    ids=["five-per-address"])
+async def test_failed_client_authentication_is_limited_per_address(http_client, base_url, config):
     # Guesses at the secrets set by hand (the configuration's), over both of their ids.
     for client_id in ("webapp", "webapp", "webapp", "partner", "partner"):
         assert (await introspect(http_client, base_url, "wrong", client_id=client_id)).code == 401
     assert (await introspect(http_client, base_url, "wrong", client_id="webapp")).code == 429  # per client
-    # partner has failed twice (its limit is 3), the address six times (its limit).
+    # partner has failed twice (its limit is 3), the address five times (its limit).
     assert (await introspect(http_client, base_url, "wrong", client_id="partner")).code == 429
     assert (await introspect(http_client, base_url, PARTNER_SECRET, client_id="partner")).code == 429  # set by hand
     # A public client proves nothing, so there is nothing to guess: it is never refused, and
@@ -541,6 +544,87 @@ async def test_past_the_limit_a_right_and_a_wrong_secret_get_the_same_answer(htt
     assert all(answer == answers[0] for answer in answers), answers
 
 
+PAST_THE_LIMIT = [["right"] * 6, ["wrong"] * 6, ["right", "wrong"] * 3, ["wrong", "right"] * 3,
+                  ["wrong", "right", "right", "wrong", "wrong", "wrong"]]
+
+
+async def answers_past_the_limit(now, attempt, pattern):
+    """What ``attempt(right)`` answers, one every 2 s on the limits' clock: first three wrong
+    ones (the key's limit), then ``pattern``; each answer's kind, or the refusal's Retry-After
+    and the limit that refused."""
+    answers = []
+    for guess in ["wrong"] * 3 + pattern:
+        try:
+            answers.append(await attempt(guess == "right"))
+        except TooManyFailures as refused:
+            answers.append(("TooManyFailures", refused.retry_after, refused.reason))
+        now[0] += 2
+    return answers
+
+
+async def client_secret_attempt(ctx, n):
+    """A hand-set client secret (the configuration's), from an address of the run's own."""
+    from tokensvc.oauth import clientauth
+    from tokensvc.oauth.clientauth import ClientRequest
+    from tokensvc.oauth.errors import InvalidClient
+
+    async def attempt(right):
+        try:
+            await clientauth.authenticate_request(ctx, ClientRequest(
+                None, "webapp", WEBAPP_SECRET if right else "wrong", f"127.0.12.{n}"))
+        except InvalidClient:
+            return "InvalidClient"
+        return "authenticated"
+    return attempt
+
+
+async def password_attempt(ctx, n, known=False):
+    """A password of an account of the run's own, from a browser it does not know (or from one
+    that signed in to it before: ``known``)."""
+    from tokensvc.oauth import sessions
+    from tokensvc.oauth.sessions import KnownBrowser
+    from tokensvc.records import User
+
+    username = f"guessed{n}"
+    await ctx.store.put_user(User(f"u_guessed{n}", username, cheap_password_hash("right-password")))
+    browser = KnownBrowser.new().knowing(username) if known else None
+
+    async def attempt(right):
+        password = "right-password" if right else "wrong-password"
+        user = await sessions.sign_in(ctx, username, password, f"127.0.13.{n}", browser)
+        return "signed in" if user else "wrong password"
+    return attempt
+
+
+async def known_browser_password_attempt(ctx, n):
+    return await password_attempt(ctx, n, known=True)
+
+
+@pytest.mark.gen_test(timeout=120)
+@pytest.mark.parametrize("backend_store", BACKENDS, indirect=True)
+@pytest.mark.parametrize("config", [make_config(limits={
+    "window_seconds": 60, "failed_client_auth_per_client": 3, "failed_client_auth_per_address": 6,
+    "failed_logins_per_username": 3, "failed_logins_per_address": 5, "failed_logins_per_account": 3})],
+    ids=["limits"])
+@pytest.mark.parametrize("kind", [client_secret_attempt, password_attempt, known_browser_password_attempt],
+                         ids=["hand-set-client-secret", "password", "password-from-a-known-browser"])
+async def test_past_the_limit_right_and_wrong_leave_the_same_state(yielding_ctx, kind):
+    """While a key is over its limit, a right and a wrong credential get the same answer and
+    leave the same state: every later answer, its Retry-After included, is the same whichever
+    was sent. A refused attempt is not counted: the window is not extended by refused guesses,
+    and Retry-After falls as the clock runs."""
+    now = [10_000.0]
+    yielding_ctx.limits.clock = lambda: now[0]
+    runs = []
+    for n, pattern in enumerate(PAST_THE_LIMIT):
+        now[0] = 10_000.0
+        runs.append(await answers_past_the_limit(now, await kind(yielding_ctx, n), pattern))
+    first = runs[0]
+    assert all(answer[0] == "TooManyFailures" for answer in first[3:]), first
+    assert [answer[1] for answer in first[3:]] == [first[3][1] - 2 * step for step in range(6)], first
+    assert all(run == first for run in runs), runs
+
+
 @pytest.mark.gen_test
 async def test_failures_under_client_ids_that_do_not_exist_never_limit_a_real_one(http_client, base_url, store):
     """Anyone sharing an address failed under ids no client has (and with malformed credentials)
@@ -860,11 +944,12 @@ async def test_a_codes_three_presentations_hold_over_eight_processes(processes):
 
 @pytest.mark.gen_test(timeout=60)
 @pytest.mark.parametrize("backend_store", BACKENDS, indirect=True)
-async def test_wrong_confirmations_are_limited_per_address_and_right_ones_given_back(yielding_ctx):
-    """A person types the confirmation code, as a password: the presentations of an address are
-    reserved before the lookup, a right one given back, and past the sign-in's limit per
-    address (5 here) the address gets 429 for any, the right one included; another address
-    does not."""
+async def test_wrong_confirmations_are_limited_per_address_and_right_ones_never_refused(yielding_ctx):
+    """A person types the confirmation code, as a password: an address's wrong confirmations
+    count, and past the sign-in's limit per address (5 here) a wrong one gets 429. A right one
+    never counts and is never refused by that count: made-up confirmations sent from the
+    person's address (loopback, a NAT) do not lock them out. Each code's three presentations
+    bound guessing whatever the address's count."""
     from helpers import another_confirmation, confirmed_code
 
     from tokensvc.oauth import confirmation
@@ -876,7 +961,33 @@ async def test_wrong_confirmations_are_limited_per_address_and_right_ones_given_
         code, shown = await confirmed_code(yielding_ctx)
         assert await present(yielding_ctx, code, another_confirmation(shown), "127.0.0.8") == confirmation.NOT_THE_PAGES
     code, shown = await confirmed_code(yielding_ctx)
-    assert await present(yielding_ctx, code, shown, "127.0.0.8") == "TooManyFailures"
-    assert await present(yielding_ctx, code, shown, "127.0.0.9") == "admin"
+    assert await present(yielding_ctx, code, another_confirmation(shown), "127.0.0.8") == "TooManyFailures"
+    assert await present(yielding_ctx, code, shown, "127.0.0.8") == "admin"  # the person, from the same address
+    code, shown = await confirmed_code(yielding_ctx)
+    for _ in range(3):
+        assert await present(yielding_ctx, code, another_confirmation(shown), "127.0.0.8") == "TooManyFailures"
+    assert await present(yielding_ctx, code, shown, "127.0.0.8") == TOO_MANY  # the code's three, spent
     assert yielding_ctx.metrics.registry.get_sample_value("tokensvc_rate_limited_total",
-                                                          {"kind": "confirmation"}) == 1
+                                                          {"kind": "confirmation"}) == 4
+
+
+@pytest.mark.gen_test(timeout=60)
+async def test_made_up_confirmations_from_the_admins_address_never_block_the_admins_login(http_client, base_url,
+                                                                                         ctx):
+    """Twenty made-up confirmations from 127.0.0.1, then the admin's real exchange from
+    127.0.0.1: answered, not 429."""
+    from helpers import CLI_REDIRECT, VERIFIER, another_confirmation, confirmed_code
+
+    def exchange(code, typed):
+        return post_form(http_client, base_url + "/oauth/token", {
+            "grant_type": "authorization_code", "code": code, "redirect_uri": CLI_REDIRECT,
+            "client_id": "tokensvc-cli", "code_verifier": VERIFIER, "confirmation_code": typed})
+
+    codes = []
+    for _ in range(20):
+        code, shown = await confirmed_code(ctx)
+        codes.append((await exchange(code, another_confirmation(shown))).code)
+    assert codes[:5] == [400] * 5 and set(codes[5:]) == {429}
+    code, shown = await confirmed_code(ctx)
+    answer = await exchange(code, shown)
+    assert answer.code == 200 and b"access_token" in answer.body

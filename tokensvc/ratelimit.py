@@ -6,10 +6,10 @@ Two ways to count, for the two kinds of check:
 
 - **A sign-in is reserved before its check** (scrypt, tens of milliseconds of CPU) and given back
   when it succeeds (:meth:`FailureLimits.reserve`): of N concurrent wrong passwords only the
-  limit's worth are ever checked. A confirmation code presented with an authorization code is
-  reserved the same way, per address (:meth:`FailureLimits.confirmation_attempt`); and each
-  authorization code's presentations with one are counted on their own, a bound no setting
-  lifts (:meth:`FailureLimits.present`).
+  limit's worth are ever checked. Each authorization code's presentations with a confirmation
+  code are counted before the lookup, a bound no setting lifts (:meth:`FailureLimits.present`);
+  a wrong confirmation also counts per address as a client's secret does, after its lookup
+  (:meth:`FailureLimits.confirmation_attempt`), and a right one is never refused by that count.
 - **A client's secret, or an admin's bearer token, is checked at once** (a digest compared in
   constant time, no cost to speak of) and what counts is what the answer reveals
   (:meth:`FailureLimits.failed`, :meth:`FailureLimits.check`): a wrong one is counted, and
@@ -20,6 +20,10 @@ Two ways to count, for the two kinds of check:
   while the key is over its limit, exactly as a wrong one, so that a guesser learns the outcome
   of at most the limit's worth of guesses (``oauth/clientauth.py`` decides which is which). A
   busy client's concurrent right requests never count at all.
+
+Past a limit, an attempt refused is not counted, right or wrong: both leave the same state, so
+no later answer's ``Retry-After`` tells them apart, and the window is not extended by refused
+guesses (the limit stays a guesser's rate).
 
 :class:`MemoryFailureLimiter` counts in this process, with no wait between a count and its
 decision. Several processes over one MongoDB also count in the store
@@ -310,10 +314,11 @@ class FailureLimits:
                        self.settings.consecutive_window_seconds, (FAILURES,), ACCOUNT_STOPPED)
 
     def confirmation_attempt(self, address: str) -> Attempt:
-        """A confirmation code presented with an authorization code (``oauth/grants.py``): a
-        person types it, as a password, so it counts per address with the sign-in's limit per
+        """A wrong confirmation code presented with an authorization code (``oauth/grants.py``):
+        a person types it, as a password, so it counts per address with the sign-in's limit per
         address, in a group of its own (wrong confirmations do not lock an address out of
-        sign-in)."""
+        sign-in). A right one never counts here and is never refused by it: each code's
+        presentations (:meth:`present`) bound guessing."""
         return Attempt(f"confirmation|{self.address_key(address)}",
                        ((ADDRESS, self.settings.failed_logins_per_address),))
 
@@ -365,14 +370,15 @@ class FailureLimits:
 
     async def failed(self, attempt: Attempt) -> None:
         """A failed attempt, counted after its (instant) check: TooManyFailures when a counter
-        is now past its limit, so that the outcome of the check stays hidden."""
+        is now past its limit, so that the outcome of the check stays hidden. One refused here
+        is not counted: a right one refused (:meth:`check`) counts nothing, so a wrong one
+        refused must leave the same state, or a later answer's ``Retry-After`` would tell them
+        apart; and the window is not extended by refused guesses, so the limit stays a rate."""
         if not self.settings.enabled:
             return
         keys, limiter = attempt.keys, self._memory(attempt)
-        try:
-            limiter.check(keys)
-        finally:
-            limiter.failed(keys)
+        limiter.check(keys)
+        limiter.failed(keys)
         if self.shared is not None:
             counts, seconds_left = await self.shared.count_attempt(attempt.group, attempt.names, self._window(attempt))
             self._refuse_past([(attempt, counts, seconds_left)], at_limit=False)

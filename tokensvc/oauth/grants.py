@@ -152,17 +152,14 @@ async def exchange_code(ctx: OAuthContext, client: Client, code: str, redirect_u
 async def _confirmed(ctx: OAuthContext, client: Client, code: str, typed: str,
                      address: str) -> tuple[AuthorizationCode, str]:
     """The code issued with the confirmation ``typed`` (``oauth/confirmation.py``), and its key;
-    else InvalidGrant. Counted before the lookup, so that concurrent guesses count too: per
-    address, as a sign-in is (TooManyFailures past the limit; a right one is given back), and
-    per code, whatever the settings: past :data:`~tokensvc.oauth.confirmation.PRESENTATIONS`
-    presentations the code is dead, the right confirmation included."""
+    else InvalidGrant. Counted per code before the lookup, whatever the settings, so that
+    concurrent guesses count too: past :data:`~tokensvc.oauth.confirmation.PRESENTATIONS`
+    presentations the code is dead, the right confirmation included. That bounds guessing. A
+    wrong confirmation also counts per address, as a failed sign-in does (TooManyFailures past
+    the limit, instead of its InvalidGrant); a right one is never refused by the address's
+    count, so that wrong ones sent from a shared address (loopback, a NAT) cannot lock the
+    person out. Only the holder of the right confirmation sees the difference."""
     limits = ctx.limits
-    try:
-        reservation = await limits.reserve(limits.confirmation_attempt(address))
-    except TooManyFailures:
-        _audit_confirmation(client, address, "rate_limited")
-        ctx.metrics.refused_by_limit("confirmation")
-        raise
     if not await limits.present(confirmation.presentations_key(code), confirmation.PRESENTATIONS,
                                 ctx.tokens.code_ttl):
         _audit_confirmation(client, address, "code_exhausted")
@@ -173,10 +170,15 @@ async def _confirmed(ctx: OAuthContext, client: Client, code: str, typed: str,
     code_hash = confirmation.code_digest(code, shown) if shown is not None else None
     record = await ctx.store.get_code(code_hash) if code_hash is not None else None
     if record is None or code_hash is None:
+        try:
+            await limits.failed(limits.confirmation_attempt(address))
+        except TooManyFailures:
+            _audit_confirmation(client, address, "rate_limited")
+            ctx.metrics.refused_by_limit("confirmation")
+            raise
         _audit_confirmation(client, address, "failure")
         ctx.metrics.failed_confirmation()
         raise InvalidGrant(confirmation.NOT_THE_PAGES)
-    limits.release(reservation)
     return record, code_hash
 
 
