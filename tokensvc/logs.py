@@ -45,13 +45,13 @@ TORNADO_LOGGERS = ("tornado.access", "tornado.application", "tornado.general")
 
 # A value Tornado quotes with %r (a header, a cookie, a request's repr), and a parameter written
 # into a message, also percent-encoded once or twice inside another parameter (next=): its name
-# (letters, digits, escapes, what a name may be written with), then "=" however it is escaped,
-# then its value. Whether the name is a secret's is tokensvc.redaction's to say.
+# (letters, digits, escapes, brackets, characters beyond ASCII: what a name may be written
+# with), then "=" however it is escaped, then its value. Whether the name is a secret's is tokensvc.redaction's to say.
 _QUOTED = re.compile(r"b?'(?:[^'\\]|\\.)*'" "|" r'b?"(?:[^"\\]|\\.)*"')
 _ENDS = r"%3D|%253D|%26|%2526|%3F|%253F"  # escaped "=", "&", "?": where a name written in a value ends
 _NAME = re.compile(
     r"(?:^|(?<=[?&;,\s(])|(?<=%3F)|(?<=%26)|(?<=%253F)|(?<=%2526))"
-    rf"((?:(?!{_ENDS})[A-Za-z0-9_.~%+-])+)(?:=|%3D|%253D)", re.IGNORECASE)
+    rf"((?:(?!{_ENDS})[A-Za-z0-9_.~%+\-\[\]\u0080-\U0010ffff])+)(?:=|%3D|%253D)", re.IGNORECASE)
 _VALUE = re.compile(r"(?:(?!%26|%2526)[^&;\s'\"])*", re.IGNORECASE)
 _CREDENTIALS = re.compile(r"\b(Bearer|Basic)\s+[^\s'\"]+", re.IGNORECASE)
 

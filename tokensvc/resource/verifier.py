@@ -121,15 +121,16 @@ def query_token(query: str) -> str | None:
 def masked_query(query: str) -> str:
     """``query`` with the value of ``access_token`` (a WebSocket's token, RFC 6750 §2.3)
     replaced by ``***``: what a log may hold of a query. The name counts as any parser may read
-    it (:func:`tokensvc.redaction.name_key`: ``access%5Ftoken``, ``ACCESS_TOKEN``,
-    ``access_token+``, ``access_token%00``, ``access_token%20``); every other part is kept byte
+    it (:func:`tokensvc.redaction.names`: ``access%5Ftoken``, ``ACCESS_TOKEN``,
+    ``access_token+``, ``access_token%00``, ``access.token``, ``access_token[]``,
+    ``x[access_token]``); every other part is kept byte
     for byte (the other names a log withholds may be the application's own: ``code`` and
     ``state`` at its OAuth callback)."""
-    if "%" not in query and "token" not in query.lower():
+    if query.isascii() and "%" not in query and "token" not in query.lower():
         return query
     parts = re.split(r"([&;])", query)  # ';' too: a parser that takes it as a separator sees a name there
     for index in range(0, len(parts), 2):
-        if redaction.name_key(parts[index].partition("=")[0]) == "access_token":
+        if redaction.names(parts[index].partition("=")[0], "access_token"):
             parts[index] = "access_token=***"
     return "".join(parts)
 
