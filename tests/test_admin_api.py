@@ -979,3 +979,53 @@ async def test_the_previous_secret_is_kept_for_a_bounded_time_of_a_confidential_
     assert (await call("POST", "/admin/clients/webapp/secret", {"keepPreviousSeconds": 60.0})).code == 200  # JSON's 60
     assert (await store.get_previous_secret("webapp")).expires_at - (await store.get_previous_secret(
         "webapp")).rotated_at == timedelta(seconds=60)
+
+
+LONE_SURROGATES = {
+    "in-a-value": '{"name": "Gen \\ud800"}',
+    "in-a-key": '{"name": "Gen", "\\udc00": 1}',
+    "deep-in-a-list": '{"name": "Gen", "redirectUris": ["https://g.example/cb", {"x": ["\\udfff"]}]}',
+    "as-raw-bytes": b'{"name": "Gen \xed\xa0\x80"}',  # what a surrogatepass decoding reads as one
+}
+
+
+async def stored_everything(store):
+    return (await store.list_clients(), await store.list_users(), await store.list_installations())
+
+
+@pytest.mark.parametrize("path,method", operations_with_a_body())
+@pytest.mark.parametrize("where", sorted(LONE_SURROGATES))
+async def test_a_lone_surrogate_in_a_body_is_422_and_nothing_is_stored(call, store, path, method, where):
+    """A string holding a lone surrogate, key or value at any depth, is refused as invalid JSON
+    before any schema sees it: it was stored on the memory backend (and broke every answer
+    naming it), a 500 on MongoDB, and a 422 echoing it sent no answer at all."""
+    before = await stored_everything(store)
+    response = await asyncio.wait_for(call(method, example_path(path), raw=LONE_SURROGATES[where]), 10)
+    fault = check_validation_error(response, ["body"], "json_invalid")
+    assert "lone surrogate" in fault["msg"] and fault["input"] is None
+    assert await stored_everything(store) == before
+
+
+@pytest.mark.parametrize("method,path,body", [
+    ("PATCH", "/admin/clients/webapp", {"name": "Gen \ud800"}),
+    ("POST", "/admin/clients", {"name": "Gen", "redirectUris": ["https://g.example/cb"], "description": "\ud800"}),
+    ("PUT", "/admin/installations/x", {"name": "X \ud800", "kind": "observatory", "operators": ["alice"]}),
+    ("POST", "/admin/clients/webapp/secret", {"x": "\ud800"}),  # a 422 echoing it sent no answer
+    ("POST", "/admin/users", {"username": "gen", "password": STRONG, "unknown": "\ud800"}),
+])
+async def test_the_reported_surrogate_writes_are_422_and_every_listing_still_answers(call, store, method, path, body):
+    """The writes found to store a lone surrogate, or to send no answer: each a 422 now, and the
+    listings and the record answer 200 after it."""
+    before = await stored_everything(store)
+    response = await asyncio.wait_for(call(method, path, raw=json.dumps(body)), 10)
+    check_validation_error(response, ["body"], "json_invalid")
+    assert await stored_everything(store) == before
+    for listing in ("/admin/clients", "/admin/clients/webapp", "/admin/installations", "/admin/users"):
+        assert (await call("GET", listing)).code == 200, listing
+
+
+async def test_a_surrogate_pair_is_read_as_its_character(call, store):
+    """An escaped pair is one character (U+1F52D here), no lone surrogate: taken as ever."""
+    response = await call("PATCH", "/admin/clients/webapp", raw='{"name": "Scope \\ud83d\\udd2d"}')
+    assert response.code == 200, response.body
+    assert (await store.get_client("webapp")).name == "Scope \U0001f52d"

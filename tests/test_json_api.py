@@ -203,3 +203,46 @@ async def test_fixed_paths_match_exactly(http_client, base_url):
         assert json_of(response) == {"detail": f"No resource at {path}"}
     response = await http_client.fetch(base_url + "/healthz?probe=1")
     assert json_of(response) == {"status": "ok", "version": __version__}
+
+
+def test_a_body_holding_a_lone_surrogate_is_written_in_ascii_never_failing_to_encode():
+    """The one JSON renderer: a lone surrogate (no text, which UTF-8 does not encode) in what an
+    answer echoes is written as its escape, so the answer is sent; other bodies keep their
+    characters as they are."""
+    from tokensvc.handlers.lifecycle import dumps
+
+    body = {"detail": [{"input": {"x": "Gen \ud800", "\udc00": "Zürich"}}]}
+    written = dumps(body).encode("utf-8")
+    assert written.isascii() and json.loads(written) == body
+    assert dumps({"name": "Zürich \U0001F52D"}) == '{"name":"Zürich \U0001F52D"}'
+
+
+@pytest.mark.gen_test
+@pytest.mark.parametrize("config", [make_config(clients=[{
+    "client_id": "gen1", "name": "Gen \ud800", "redirect_uris": ["https://gen.example/cb"]}])])
+async def test_a_stored_lone_surrogate_never_stops_a_public_answer(http_client, base_url, config):
+    """A name holding a lone surrogate that a store holds (an older release took one through the
+    admin API) is answered, escaped, by the public listing and the client's own page: no 500."""
+    for path in ("/oauth/clients", "/oauth/clients/gen1"):
+        response = await asyncio.wait_for(http_client.fetch(base_url + path, raise_error=False), 10)
+        assert response.code == 200, (path, response.body)
+        assert b'"Gen \\ud800"' in response.body and response.body.isascii()
+
+
+@pytest.mark.gen_test
+async def test_a_lone_surrogates_bytes_in_a_form_a_path_or_a_query_are_a_4xx(http_client, base_url):
+    """Tornado reads form fields, paths and queries as UTF-8: the bytes of a lone surrogate
+    (``%ED%A0%80``) never reach a handler as one. Each answer is a 4xx, never a 500, and it comes."""
+    surrogate = "%ED%A0%80"
+    answers = [
+        http_client.fetch(base_url + "/oauth/token", method="POST", raise_error=False,
+                          headers={"Authorization": basic("webapp", WEBAPP_SECRET)},
+                          body=f"grant_type=authorization_code&code={surrogate}&redirect_uri={surrogate}"),
+        http_client.fetch(base_url + "/oauth/token/introspect", method="POST", raise_error=False,
+                          body=f"token=t&client_id={surrogate}"),
+        http_client.fetch(base_url + f"/oauth/clients/{surrogate}", raise_error=False),
+        http_client.fetch(base_url + f"/oauth/authorize?client_id={surrogate}&response_type=code",
+                          raise_error=False, follow_redirects=False),
+    ]
+    for response in await asyncio.wait_for(asyncio.gather(*answers), 10):
+        assert 400 <= response.code < 500, (response.effective_url, response.code, response.body)

@@ -174,3 +174,26 @@ def test_configure_puts_the_filter_on_tornados_loggers(service_log, caplog):
     with caplog.at_level(logging.INFO, logger="tornado.general"):
         logging.getLogger("tornado.general").warning("Tampered cookie %r", "c2VjcmV0")
     assert caplog.records[-1].getMessage() == "Tampered cookie '(withheld)'"
+
+
+DRIVER_LOGGERS = ("pymongo", "pymongo.command", "pymongo.serverSelection", "pymongo.connection", "pymongo.topology")
+
+
+@pytest.mark.parametrize("level", ["debug", "info", "warning"])
+def test_the_mongodb_drivers_loggers_never_log_below_info(level):
+    """At debug the service's own loggers log debug, the driver's do not: pymongo logs whole
+    commands and replies at debug, and the documents hold password hashes and secrets' digests.
+    Above info the driver follows the configured level."""
+    root, driver = logging.getLogger(), logging.getLogger("pymongo")
+    saved = root.handlers[:], root.level, driver.level
+    try:
+        logs.configure("text", level, stream=Stream())
+        for name in DRIVER_LOGGERS:
+            logger = logging.getLogger(name)
+            assert logger.getEffectiveLevel() == max(logging.INFO, logging.getLevelName(level.upper())), name
+            assert not logger.isEnabledFor(logging.DEBUG), name
+        assert logging.getLogger("tokensvc.store").isEnabledFor(logging.DEBUG) == (level == "debug")
+    finally:
+        root.handlers[:], root_level, driver_level = saved
+        root.setLevel(root_level)
+        driver.setLevel(driver_level)

@@ -31,6 +31,9 @@ from typing import Any, BinaryIO, TextIO
 
 from tokensvc import redaction
 
+# The MongoDB driver's loggers (pymongo.command, .serverSelection, .connection, .topology): never
+# below INFO, see configure.
+DRIVER_LOGGER = "pymongo"
 access_log = logging.getLogger("tokensvc.access")
 audit_log = logging.getLogger("tokensvc.audit")
 
@@ -327,6 +330,10 @@ def configure(fmt: str = "text", level: str = "info", stream: TextIO | None = No
     root.setLevel(level.upper())
     # Tornado's own access log is replaced by tokensvc.access (which redacts secrets).
     logging.getLogger("tornado.access").setLevel(logging.WARNING)
+    # The MongoDB driver logs whole commands and replies at DEBUG (pymongo.command and its
+    # siblings): the documents they hold carry password hashes and client secrets' digests,
+    # which are never logged. So its loggers stay at INFO whatever ``level`` says.
+    logging.getLogger(DRIVER_LOGGER).setLevel(max(logging.INFO, root.level))
     for name in TORNADO_LOGGERS:
         tornado_logger = logging.getLogger(name)
         if not any(isinstance(f, WithholdClientInput) for f in tornado_logger.filters):

@@ -123,3 +123,38 @@ async def test_concurrent_refreshes_that_meet_a_write_conflict_get_one_pair(brow
     assert len({json_of(answer)["refresh_token"] for answer in answers}) == 1
     assert ("findAndModify", 112) in primary.refusals
     assert (await introspection.introspect(ctx, json_of(answers[0])["access_token"]))["active"] is True
+
+
+async def test_at_debug_the_log_holds_no_password_hash_and_no_secret_digest(browser, http_client, base_url, store):
+    """A sign-in and a code exchange by a client with a secret, logged at debug on the real
+    driver: the service's own debug lines are there, the driver's command log (whole user and
+    client documents) is not."""
+    import hashlib
+    import io
+    import logging
+
+    from helpers import WEBAPP_SECRET
+
+    from tokensvc import logs
+
+    root, driver = logging.getLogger(), logging.getLogger("pymongo")
+    saved = root.handlers[:], root.level, driver.level
+    stream = io.StringIO()
+    handler = logs.configure("text", "debug", stream=stream)
+    try:
+        logging.getLogger("tokensvc.wire").debug("logged at debug")
+        code = await code_of(browser)  # the sign-in reads alice's record, its password hash with it
+        assert (await exchange(http_client, base_url, code)).code == 200  # webapp's secret against its digest
+        handler.flush_now()
+    finally:
+        root.handlers[:], root_level, driver_level = saved
+        root.setLevel(root_level)
+        driver.setLevel(driver_level)
+    text = stream.getvalue()
+    assert "DEBUG tokensvc.wire: logged at debug" in text and "POST /oauth/token" in text
+    alice = await store.get_user_by_username("alice")
+    webapp = await store.get_client("webapp")
+    assert alice.password_hash.startswith("scrypt$") and webapp.secret_hash
+    assert "scrypt$" not in text
+    assert webapp.secret_hash not in text
+    assert hashlib.sha256(WEBAPP_SECRET.encode()).hexdigest() not in text

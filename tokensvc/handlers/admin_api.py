@@ -39,8 +39,9 @@ class AdminEndpoint(JsonHandler):
         return Operator(self.ctx, self.config)
 
     def body(self) -> Any:
-        """The JSON body (an empty one is ``{}``); 422 when it is not JSON, or is nested deeper
-        than :data:`tokensvc.jsontext.MAX_DEPTH` (never parsed then)."""
+        """The JSON body (an empty one is ``{}``); 422 when it is not JSON, is nested deeper
+        than :data:`tokensvc.jsontext.MAX_DEPTH` (never parsed then), or holds a lone surrogate
+        in a string (before any schema sees it)."""
         if not self.request.body:
             return {}
         try:
@@ -48,6 +49,9 @@ class AdminEndpoint(JsonHandler):
         except jsontext.TooDeep as exc:
             raise ValidationFailed([{"loc": ["body"], "msg": f"Invalid JSON: {exc}", "type": "json_invalid",
                                      "input": None, "ctx": {"max_depth": exc.max_depth}}]) from None
+        except jsontext.LoneSurrogate as exc:
+            raise ValidationFailed([{"loc": ["body"], "msg": f"Invalid JSON: {exc}", "type": "json_invalid",
+                                     "input": None, "ctx": {}}]) from None
         except ValueError:  # UnicodeDecodeError too
             raise ValidationFailed([{"loc": ["body"], "msg": "Invalid JSON", "type": "json_invalid",
                                      "input": None, "ctx": {}}]) from None

@@ -62,9 +62,15 @@ MAX_HEADER_FIELD_BYTES = 64 * 1024
 READ_HEAD_BYTES = 1024 * 1024
 
 
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
 def dumps(body: Any) -> str:
-    """A response body as compact JSON, non-ASCII characters kept as they are."""
-    return json.dumps(body, separators=(",", ":"), ensure_ascii=False)
+    """A response body as compact JSON, non-ASCII characters kept as they are. A body holding
+    a lone surrogate (no text, which UTF-8 does not encode) is written all in ASCII, escapes
+    and all: an answer must encode whatever it echoes, or no answer is sent."""
+    text = json.dumps(body, separators=(",", ":"), ensure_ascii=False)
+    return json.dumps(body, separators=(",", ":")) if _SURROGATE.search(text) else text
 
 
 # -- the request's id -------------------------------------------------------------------------
