@@ -79,6 +79,7 @@ class Chaos:
         self.revocations: list[Revocation] = []
         self.running = True
         self.ended = seconds
+        self.settled = False  # every client's last revocation is in
         self.loop = asyncio.new_event_loop()
 
     def now(self) -> float:
@@ -277,7 +278,7 @@ class Chaos:
                     in_flight[key] -= 1
 
         with ThreadPoolExecutor(PROBES * 2 * self.clients) as pool:
-            while self.running or (self._pending() and self.now() < self.ended + 10):
+            while not self.settled or (self._pending() and self.now() < self.ended + 10):
                 for revocation in self._pending():
                     for process in range(len(bases)):
                         key = (id(revocation), process)
@@ -315,17 +316,19 @@ class Chaos:
             self.started = time.monotonic()
             self.ended = self.seconds
             plan = self.script()
-            workers = [threading.Thread(target=self._store, args=(rs, plan), daemon=True),
-                       threading.Thread(target=self._watch, args=(bases,), daemon=True)]
+            watcher = threading.Thread(target=self._watch, args=(bases,), daemon=True)
+            workers = [threading.Thread(target=self._store, args=(rs, plan), daemon=True)]
             workers += [threading.Thread(target=self._client, args=(bases, index), daemon=True)
                         for index in range(self.clients)]
-            for worker in workers:
+            for worker in [watcher, *workers]:
                 worker.start()
             time.sleep(max(0.0, self.seconds - self.now()))
             self.running = False
             self.ended = self.now()
             for worker in workers:
                 worker.join(ANSWER_SECONDS + 15)
+            self.settled = True
+            watcher.join(ANSWER_SECONDS + 15)
             time.sleep(HEARD_SECONDS)  # the last sockets' closes
             live = self._live_pairs(bases)
             stops = []
