@@ -297,10 +297,18 @@ class Chaos:
         """When the store last came back before ``moment``."""
         return self.ups[bisect.bisect_right(self.ups, moment) - 1]
 
+    def away_at(self, moment: float) -> bool:
+        """Whether the store was away (down, or without a primary) at ``moment``."""
+        before = bisect.bisect_right(self.downs, moment)
+        return before > 0 and self.downs[before - 1] > self.back_before(moment)
+
     def lag(self, revocation: Revocation, moment: float) -> float:
         """How long after the revocation, or after the store's return if it was away since,
-        ``moment`` came."""
-        return moment - max(revocation.at, self.back_before(moment))
+        ``moment`` came; 0 for a moment while the store was away (a request sent then waits for
+        its return, or its budget)."""
+        if self.away_at(moment):
+            return 0.0
+        return max(0.0, moment - max(revocation.at, self.back_before(moment)))
 
     # -- the run
 
