@@ -61,7 +61,7 @@ class Revocation:
     # (process, when) of every one answered "active": true.
     refused: dict[int, float] = field(default_factory=dict)
     accepted: list[tuple[int, float]] = field(default_factory=list)
-    probes: list[tuple[int, float, float, int | None]] = field(default_factory=list)  # (process, sent, answered, status)
+    probes: list[tuple[int, float, float, int | None]] = field(default_factory=list)  # process, sent, answered, status
 
 
 class Chaos:
@@ -146,7 +146,8 @@ class Chaos:
         with self.lock:
             self.answers[(what, status)] += 1
 
-    def _send(self, what: str, session: requests.Session, method: str, url: str, **kwargs: Any) -> requests.Response | None:
+    def _send(self, what: str, session: requests.Session, method: str, url: str,
+              **kwargs: Any) -> requests.Response | None:
         """One request, its answer recorded; None when it had none."""
         try:
             answer = session.request(method, url, timeout=ANSWER_SECONDS, allow_redirects=False, **kwargs)
@@ -229,7 +230,7 @@ class Chaos:
         except HTTPClientError as exc:
             self._record("websocket", exc.code)
             return
-        except Exception as exc:  # noqa: BLE001 - every other failure is an unanswered upgrade
+        except Exception as exc:  # every other failure: the upgrade unanswered
             self._record("websocket", "unanswered")
             with self.lock:
                 self.unanswered.append(f"{self.now():.2f}s websocket: {exc!r}")
