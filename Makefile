@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 
-.PHONY: run test bench clean
+.PHONY: run test bench chaos clean
 
 $(BIN)/python:
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "tokensvc needs Python >= 3.11 (set PYTHON=...)")'
@@ -59,6 +59,11 @@ test: $(VENV)/.installed-test $(OLDEST_TORNADO)/.installed
 # Three rounds, medians: one 10-second run moves with the machine's noise.
 bench: $(VENV)/.installed-test
 	$(BIN)/python bench/run.py --rounds 3
+
+# The store chaos run (docs/operations.md), on the wire tier's stand-in for a replica set:
+# make chaos CHAOS="--seconds 60 --seed 7".
+chaos: $(VENV)/.installed-test
+	$(BIN)/python bench/chaos.py $(CHAOS)
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache

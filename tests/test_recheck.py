@@ -12,6 +12,7 @@ import logging
 import pytest
 from helpers import DEADLINE
 
+from tokensvc.handlers import recheck as recheck_module
 from tokensvc.handlers.recheck import Recheck
 from tokensvc.oauth.events import REMEMBERED, RevocationEvents
 from tokensvc.storage.base import CLIENT, FAMILY, GRANT, Revocation
@@ -152,3 +153,38 @@ async def test_after_standing_on_its_keys_a_socket_hears_each_later_announcement
     assert not heard.is_set()
     events.publish(Revocation(GRANT, "g1"))
     await asyncio.wait_for(heard.wait(), 10)
+
+
+@pytest.mark.gen_test
+async def test_a_failing_check_is_tried_again_on_its_own_until_one_succeeds(monkeypatch):
+    """The store away, a check fails, and nothing may announce again (the relay's own stream
+    survived): the socket checks again on its own, a moment later, until a check succeeds."""
+    monkeypatch.setattr(recheck_module, "RETRY_SECONDS", 0.01)
+    check = GatedCheck()
+    check.fail = True
+    recheck = Recheck(check, "could not re-check")
+    recheck.request()
+    await started(check)
+    await let_run(check, recheck)
+    assert await started(check) == 2  # no request: tried again on its own
+    await let_run(check, recheck)
+    assert await started(check) == 3
+    check.fail = False
+    await let_run(check, recheck)
+    await asyncio.sleep(0.05)
+    assert check.runs == 3 and check.started.empty()  # a check that succeeded is not tried again
+
+
+@pytest.mark.gen_test
+async def test_a_stopped_recheck_is_not_tried_again(monkeypatch):
+    monkeypatch.setattr(recheck_module, "RETRY_SECONDS", 0.01)
+    check = GatedCheck()
+    check.fail = True
+    recheck = Recheck(check, "could not re-check")
+    recheck.request()
+    await started(check)
+    await let_run(check, recheck)
+    recheck.stop()  # the socket closed
+    await asyncio.sleep(0.05)
+    recheck.request()
+    assert check.runs == 1 and check.started.empty()

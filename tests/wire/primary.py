@@ -203,7 +203,9 @@ class Member:
     def _handle(self, request: Request) -> bool:
         """Called by mockupdb under its one lock: the command runs in a thread of its own."""
         if self.down or self.rs.stopped:
-            return request.hangup()
+            with contextlib.suppress(OSError):  # the client's end may be gone already (a reset)
+                request.hangup()
+            return True
         if self.silent:
             return True  # never answered: the client waits on an open connection
         name = request.command_name

@@ -167,6 +167,7 @@ class RevocationFeedSocket(WebHandler, tornado.websocket.WebSocketHandler):
         self._ends_at(None)
         self.ctx.feed.close(self._send)
         self.ctx.events.unsubscribe(self._stands_on, self._recheck.request)
+        self._recheck.stop()
         if self._pinging is not None:
             self._pinging.cancel()
         if self._every is not None:

@@ -7,8 +7,11 @@ Announcements come in bursts (one removal writes several records, a relay that r
 announces everything), so at most one check runs at a time. An announcement that arrives
 while one runs is not dropped: that check may have read the store before the change landed,
 so exactly one more runs after it, however many arrived meanwhile. A check that fails (the
-store away) is logged and the socket kept, as a token's socket is: the relay announces again,
-to every listener, once the store is back.
+store away) is logged and the socket kept, as a token's socket is, and it runs again
+:data:`RETRY_SECONDS` later, until one succeeds or the socket closes (:meth:`Recheck.stop`):
+the relay announces again to every listener when it resumes, but a relay whose own stream
+survived the outage (on another member) has nothing to resume, and the change the failed check
+missed would otherwise go unheard while the socket lives.
 
 A socket subscribes only once it has read what it stands on (its handshake authenticated it),
 so a change in between is not announced to it: :meth:`Recheck.stand_on` asks the announcements
@@ -27,6 +30,8 @@ from tokensvc.storage.base import Revocation
 
 log = logging.getLogger(__name__)
 
+RETRY_SECONDS = 1.0  # a failed check runs again this long after
+
 
 class Recheck:
     """Runs ``check`` on :meth:`request`: at once when none is running, else once more after
@@ -37,10 +42,18 @@ class Recheck:
         self._check = check
         self._failure = failure
         self._task: asyncio.Task[None] | None = None
+        self._retry: asyncio.TimerHandle | None = None
+        self._stopped = False
+        self._failing = False  # the last check failed: the next failure is not logged again
         self._again = False
 
     def request(self) -> None:
         """Something the socket stands on may have changed: check (again)."""
+        if self._stopped:
+            return
+        if self._retry is not None:
+            self._retry.cancel()
+            self._retry = None
         if self._task is not None:
             self._again = True
         else:
@@ -55,15 +68,28 @@ class Recheck:
             assert self._task is not None
             await self._task
 
+    def stop(self) -> None:
+        """The socket closed: no check runs again on its own, and no request starts one."""
+        self._stopped = True
+        if self._retry is not None:
+            self._retry.cancel()
+            self._retry = None
+
     async def _run(self) -> None:
+        failed = False
         try:
             while True:
                 self._again = False
                 try:
                     await self._check()
+                    failed = self._failing = False
                 except Exception:
-                    log.warning(self._failure, exc_info=True)
+                    if not self._failing:  # once per outage, not at every retry
+                        log.warning(self._failure, exc_info=True)
+                    failed = self._failing = True
                 if not self._again:
-                    return
+                    break
         finally:
             self._task = None
+        if failed and not self._stopped:
+            self._retry = asyncio.get_running_loop().call_later(RETRY_SECONDS, self.request)

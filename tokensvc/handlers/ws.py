@@ -117,6 +117,7 @@ class EchoSocket(AuthMixin, WebHandler, tornado.websocket.WebSocketHandler):
 
     def on_close(self) -> None:
         self.ctx.events.unsubscribe(self._stands_on, self._recheck.request)
+        self._recheck.stop()
         if self.opened:
             self.opened = False
             self.edge.metrics.websockets_open.dec()
