@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import re
@@ -99,11 +98,8 @@ def run_as_operator(block: str, tmp_path: Path) -> tuple[subprocess.CompletedPro
     demo's password, as the operator would in the browser tokensvc login opens, and reads the
     confirmation code off the page, which the operator types on the terminal; what it did
     (standard output and error apart) and the admin port."""
-    import pty
-    import select
-    import time
-
     from service import free_port
+    from terminal import run_in_terminal
 
     typed = tmp_path / "typed"
     stand_in = tmp_path / "browser"
@@ -118,40 +114,15 @@ def run_as_operator(block: str, tmp_path: Path) -> tuple[subprocess.CompletedPro
     stand_in.chmod(0o755)
     admin_port = free_port()
     process, _ = start_demo(admin_port, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    out, err = tmp_path / "stdout", tmp_path / "stderr"
     try:
         environ = {key: value for key, value in os.environ.items() if not key.startswith("TOKENSVC_")}
         bin_dir = str(Path(sys.executable).parent)  # where `make run` installed tokensvc
         environ.update({"BROWSER": str(stand_in), "TOKENSVC_ADMIN_URL": f"http://127.0.0.1:{admin_port}",
                         "TOKENSVC_CREDENTIALS": str(tmp_path / "credentials.json"),
                         "PATH": bin_dir + os.pathsep + os.environ["PATH"]})
-        pid, terminal = pty.fork()
-        if pid == 0:  # the operator's shell, the pseudo-terminal its terminal; its output kept apart
-            os.dup2(os.open(out, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), 1)
-            os.dup2(os.open(err, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), 2)
-            os.execve("/bin/bash", ["bash", "-euo", "pipefail", "-c", block], environ)
-        deadline, said, status = time.monotonic() + 120, False, None
-        try:
-            while status is None:
-                ended, code = os.waitpid(pid, os.WNOHANG)
-                if ended:
-                    status = os.waitstatus_to_exitcode(code)
-                    break
-                assert time.monotonic() < deadline, "the block did not end within 120 s"
-                if select.select([terminal], [], [], 0.1)[0]:
-                    with contextlib.suppress(OSError):
-                        os.read(terminal, 4096)  # the question, on the terminal
-                if not said and typed.exists() and typed.read_text():
-                    os.write(terminal, typed.read_text().encode() + b"\n")  # the operator types the code
-                    said = True
-        finally:
-            if status is None:  # not reaped: still ours to end
-                os.kill(pid, 9)
-                os.waitpid(pid, 0)
-            os.close(terminal)
+        result = run_in_terminal(block, environ, typed, tmp_path)
     finally:
         end(process)
-    result = subprocess.CompletedProcess(block, status, out.read_text(), err.read_text())
     assert result.returncode == 0, result.stderr + result.stdout
     return result, admin_port
 

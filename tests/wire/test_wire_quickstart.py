@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 from primary import ReplicaSet
 from service import end, free_port, spawn, wait_for_http
+from terminal import run_in_terminal
 
 pytestmark = pytest.mark.e2e
 
@@ -43,15 +44,17 @@ def bash(script: str, cwd: Path, environ: dict[str, str]) -> subprocess.Complete
     return result
 
 
-def browser(tmp_path: Path) -> Path:
-    """What the operator does in the browser ``tokensvc login`` opens: signs in as root."""
+def browser(tmp_path: Path, typed: Path) -> Path:
+    """What the operator does in the browser ``tokensvc login`` opens: signs in as root, and
+    reads the confirmation code off the page (into ``typed``, which the terminal then types)."""
     stand_in = tmp_path / "browser"
     stand_in.write_text(f"#!{sys.executable}\n"
                         "import sys\n"
                         f"sys.path.insert(0, {str(ROOT / 'tests')!r})\n"
                         "import requests\n"
                         "from service import user_agent_authorize\n"
-                        f"landed = user_agent_authorize(sys.argv[1], username='root', password={ROOT_PASSWORD!r})\n"
+                        f"landed = user_agent_authorize(sys.argv[1], username='root', password={ROOT_PASSWORD!r},\n"
+                        f"                              read=open({str(typed)!r}, 'w').write)\n"
                         "requests.get(landed, timeout=10)\n")
     stand_in.chmod(0o755)
     return stand_in
@@ -78,9 +81,12 @@ def test_an_operators_first_day_runs_as_written(tmp_path):
                             env=environment(), stdout=output, stderr=subprocess.STDOUT)
         try:
             wait_for_http(base + "/readyz", process, log.read_text)
-            done = bash(ready + sign_in + scrape, tmp_path, environment(
-                BASE=base, TOKENSVC_ADMIN_URL=f"http://127.0.0.1:{admin_port}", BROWSER=str(browser(tmp_path)),
-                TOKENSVC_CREDENTIALS=str(tmp_path / "credentials.json")))
+            # In the operator's terminal: tokensvc login asks there for the code the page shows.
+            typed = tmp_path / "typed"
+            done = run_in_terminal(ready + sign_in + scrape, environment(
+                BASE=base, TOKENSVC_ADMIN_URL=f"http://127.0.0.1:{admin_port}", BROWSER=str(browser(tmp_path, typed)),
+                TOKENSVC_CREDENTIALS=str(tmp_path / "credentials.json")), typed, tmp_path, cwd=tmp_path, seconds=180)
+            assert done.returncode == 0, done.stderr + done.stdout
         finally:
             end(process)
         lines = done.stdout.splitlines()
