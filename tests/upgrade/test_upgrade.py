@@ -665,7 +665,8 @@ def test_a_generated_secret_the_previous_release_rewrote_is_limited_until_rotate
     try:
         old = deployment.start("previous", extra=ROLLING.format(digest=hashing.digest(hand_set), description="First"))
         new = deployment.start("current", extra=ROLLING.format(digest=hashing.digest(hand_set), description="First"))
-        assert cli.main(["clients", "rotate-secret", "rolling", "--json", "--config", deployment.config()]) == 0
+        rotate = ["clients", "rotate-secret", "rolling", "--json", "--config", deployment.operators_config()]
+        assert cli.main(rotate) == 0
         generated = json.loads(capsys.readouterr().out)["clientSecret"]
         clients = primary.db["tokensvc"]["clients"]
         assert clients.find_one({"_id": "rolling"})["generated_secret_hash"] == hashing.digest(generated)
@@ -680,7 +681,7 @@ def test_a_generated_secret_the_previous_release_rewrote_is_limited_until_rotate
         assert [answered("guess") for _ in range(10)] == [401] * 10
         assert answered(generated) == 429 and answered("guess") == 429
         # Rotated at this release, it is generated again, and answered.
-        assert cli.main(["clients", "rotate-secret", "rolling", "--json", "--config", deployment.config()]) == 0
+        assert cli.main(rotate) == 0
         rotated = json.loads(capsys.readouterr().out)["clientSecret"]
         assert answered(rotated) == 200
     finally:
