@@ -15,7 +15,7 @@ import re
 import secrets
 
 TOKEN_BYTES = 32  # 256 bits
-SECRET_LENGTH = 43  # the characters of new_secret(): what a secret at least this long is taken to hold
+SECRET_LENGTH = 43  # the characters of new_secret(): the length of every token and generated secret
 # Every access token tokensvc issues (and every release before issued): new_secret()'s form, which
 # the successor of a rotation (successors.derive) has too. A resource server refuses anything
 # else without asking (tokensvc.resource): a new form of access token must be taught to it first.
