@@ -210,7 +210,7 @@ async def flush(args: argparse.Namespace) -> None:
             ctx.events.publish = publish
         asked, started = verifier.counts.introspections, time.monotonic()
         ctx.events.publish_all()  # the relay was interrupted: the feed says flush
-        while verifier.counts.flushes < 2 or verifier._tasks:
+        while verifier.counts.flushes < 2 or verifier.reverifying:
             await asyncio.sleep(0.05)
         took = time.monotonic() - started
         await verifier.close()
@@ -239,20 +239,21 @@ async def worker(args: argparse.Namespace) -> None:
     import hashlib
 
     from tokensvc.resource import InvalidToken, Settings, Unavailable, Verifier
+    from tokensvc.resource.cache import AnswerCache
 
     tokens = Path(args.tokens_file).read_text().split()
     dropped_at: dict[int, float] = {}
     refused: dict[int, float] = {}
     by_key: dict[bytes, int] = {}
 
-    class Recording(Verifier):
-        def _revoked(self, named: tuple[str, str]) -> None:
-            dropped = [by_key[key] for key in self._index.get(named, ()) if key in by_key]
-            super()._revoked(named)
+    class Recording(AnswerCache):
+        def revoke(self, named: tuple[str, str]) -> list[bytes]:
+            dropped = super().revoke(named)
             now = time.time()
-            for index in dropped:
+            for index in (by_key[key] for key in dropped if key in by_key):
                 dropped_at[index] = now
                 asyncio.ensure_future(refusal(index))
+            return dropped
 
     async def refusal(index: int) -> None:
         try:
@@ -260,7 +261,8 @@ async def worker(args: argparse.Namespace) -> None:
         except InvalidToken:
             refused[index] = time.time()
 
-    verifier = Recording(Settings(args.base, "bench-api", API_SECRET, max_entries=len(tokens) + 10, timeout=60))
+    settings = Settings(args.base, "bench-api", API_SECRET, max_entries=len(tokens) + 10, timeout=60)
+    verifier = Verifier(settings, cache=Recording(settings, time.monotonic))
     await verifier.start()
     await asyncio.wait_for(verifier.connected.wait(), 60)
     for index, token in enumerate(tokens):

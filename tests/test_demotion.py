@@ -249,7 +249,7 @@ async def test_a_watched_connection_of_a_demoted_user_asks_again_what_is_left(ap
         asked = verifier.counts.introspections
         await Operator(ctx, handed_over(config)).patch_user("bob", {"admin": False})
         await gen.with_timeout(timedelta(seconds=DEADLINE), ended["admin"].wait())
-        await eventually(lambda: verifier.counts.introspections == asked + 1 and not verifier._tasks, DEADLINE,
+        await eventually(lambda: verifier.counts.introspections == asked + 1 and not verifier.reverifying, DEADLINE,
                          what="both connections asked again, through one introspection")
         assert not ended["read"].is_set()
         for stop in stops:

@@ -24,8 +24,9 @@ from tornado.websocket import websocket_connect
 
 from tokensvc.records import utcnow
 from tokensvc.resource import InsufficientScope, InvalidToken, Settings, Unavailable, Verifier
+from tokensvc.resource.cache import AnswerCache
+from tokensvc.resource.introspection import Introspector
 from tokensvc.resource.tornado import BearerAuthMixin, RevocableWebSocket, requires
-from tokensvc.resource.verifier import _key
 
 
 class Monotonic:
@@ -206,13 +207,16 @@ async def test_a_closed_verifier_serves_no_cached_answer_and_asks_nothing(http_s
     """After close() (the application stopping, a request still in flight), nothing keeps the
     cache current: a check is 503, not a cached answer, and opens no new HTTP client."""
     access = (await tokens(browser, http_client, base_url))["access_token"]
-    verifier = await started(verifier_for(base_url))
+    settings = Settings(base_url, "webapp", WEBAPP_SECRET)
+    introspector = Introspector(settings)
+    verifier = await started(Verifier(settings, introspector=introspector))
     await verifier.check(access)
+    assert introspector.client_open
     await verifier.close()
     assert not verifier.feed_up and not verifier.connected.is_set() and verifier.cached == 0
     with pytest.raises(Unavailable):
         await verifier.check(access)
-    assert verifier.counts.introspections == 1 and verifier._http is None
+    assert verifier.counts.introspections == 1 and not introspector.client_open
 
 
 @pytest.mark.gen_test(timeout=90)
@@ -341,38 +345,42 @@ async def test_a_feed_that_drops_resumes_where_it_stood(browser, http_client, ba
 
 @pytest.mark.gen_test(timeout=90)
 async def test_an_answer_a_revocation_overtook_is_asked_again_not_cached():
-    verifier = verifier_for("http://127.0.0.1:9")
+    settings = Settings("http://127.0.0.1:9", "webapp", WEBAPP_SECRET)
+    cache = AnswerCache(settings, time.monotonic)
     answers = [{"active": True, "scope": "read", "exp": 2**40, "grant_id": "g1", "family_id": "f1",
                 "client_id": "webapp"}, None]
 
-    async def introspect(token):
-        verifier._revoked(("grant_id", "g1"))  # heard on the feed while the answer travels
-        return answers.pop(0)
+    class Overtaken(Introspector):
+        async def introspect(self, token):
+            cache.revoke(("grant_id", "g1"))  # heard on the feed while the answer travels
+            return answers.pop(0)
 
-    verifier._introspect = introspect
+    verifier = Verifier(settings, cache=cache, introspector=Overtaken(settings))
     with pytest.raises(InvalidToken):
         await verifier.check("a" * 43)
     assert verifier.cached == 1 and not answers  # the second answer (inactive), cached briefly
 
 
-def held_introspection(verifier):
-    """The verifier's introspection answers (active, ``read``) once the event returned is set;
-    the list returned records each call."""
+def held_introspection(held=lambda token: True, **settings):
+    """A verifier (of nothing listening) whose introspection answers (active, ``read``) at once
+    for a token ``held`` refuses, and for the others once the event returned is set; the list
+    returned records each call held."""
     release, calls = asyncio.Event(), []
 
-    async def introspect(token):
-        calls.append(token)
-        await release.wait()
-        return {"active": True, "scope": "read", "exp": 2**40, "grant_id": "g1", "family_id": "f1"}
+    class Held(Introspector):
+        async def introspect(self, token):
+            if held(token):
+                calls.append(token)
+                await release.wait()
+            return {"active": True, "scope": "read", "exp": 2**40, "grant_id": "g1", "family_id": "f1"}
 
-    verifier._introspect = introspect
-    return release, calls
+    of_nothing = Settings("http://127.0.0.1:9", "webapp", WEBAPP_SECRET, **settings)
+    return Verifier(of_nothing, introspector=Held(of_nothing)), release, calls
 
 
 @pytest.mark.gen_test(timeout=90)
 async def test_concurrent_checks_of_one_token_share_one_introspection():
-    verifier = verifier_for("http://127.0.0.1:9")
-    release, calls = held_introspection(verifier)
+    verifier, release, calls = held_introspection()
     checks = [asyncio.ensure_future(verifier.check("a" * 43, "read")) for _ in range(5)]
     await eventually(lambda: calls, DEADLINE, what="the introspection")
     release.set()
@@ -384,8 +392,7 @@ async def test_concurrent_checks_of_one_token_share_one_introspection():
 async def test_a_check_cancelled_leaves_the_shared_introspection_to_the_others():
     """One caller of a token's introspection goes away (its client disconnected, a timeout):
     the others still get the answer, and it is cached."""
-    verifier = verifier_for("http://127.0.0.1:9")
-    release, calls = held_introspection(verifier)
+    verifier, release, calls = held_introspection()
     first = asyncio.ensure_future(verifier.check("a" * 43, "read"))
     await eventually(lambda: calls, DEADLINE, what="the introspection")
     others = [asyncio.ensure_future(verifier.check("a" * 43, "read")) for _ in range(3)]
@@ -427,22 +434,46 @@ async def test_what_cannot_be_a_tokensvc_access_token_is_refused_without_a_round
     assert verifier.counts.introspections == 1
 
 
+class Malformed(tornado.web.RequestHandler):
+    """An introspection endpoint refusing every token as tokensvc refuses a malformed one."""
+
+    def initialize(self, status):
+        self.status = status
+
+    def post(self):
+        self.set_status(self.status)
+        self.write({"error": "invalid_request", "error_description": "token is malformed"})
+
+
 @pytest.mark.gen_test(timeout=90)
-async def test_a_token_tokensvc_refuses_as_malformed_is_not_active(http_server, base_url, monkeypatch):
+@pytest.mark.parametrize("status", [400, 422])
+async def test_a_token_tokensvc_refuses_as_malformed_is_not_active(http_server, base_url, status):
     """tokensvc answers 422 (no token it issued looks like this): the token is not active (401),
-    not tokensvc unavailable (503); the answer is cached like any inactive one."""
-    import re
-
-    from tokensvc.resource import verifier as module
-
-    monkeypatch.setattr(module, "SECRET_LENGTH", 1024)  # past the local check: tokensvc's answer
-    monkeypatch.setattr(module, "ACCESS_TOKEN", re.compile(".*", re.S))
-    verifier = verifier_for(base_url)
-    for _ in range(2):
-        with pytest.raises(InvalidToken) as info:
-            await verifier.check("a" * 1024)
-        assert info.value.status == 401
-    assert verifier.counts.introspections == 1
+    not tokensvc unavailable (503); the answer is cached like any inactive one. tokensvc itself
+    refuses a token past the form of its own (the introspector asked directly: the verifier's
+    check refuses that form before asking), and an endpoint refusing a token of the form (400,
+    422) is asked once."""
+    introspector = Introspector(Settings(base_url, "webapp", WEBAPP_SECRET))
+    try:
+        response = await AsyncHTTPClient().fetch(base_url + "/oauth/token/introspect", method="POST",
+                                                 body="token=" + "a" * 1024, raise_error=False,
+                                                 headers={"Authorization": basic("webapp", WEBAPP_SECRET)})
+        assert response.code in (400, 422)
+        assert await introspector.introspect("a" * 1024) is None  # not active, not Unavailable
+    finally:
+        introspector.close()
+    server, refusing = await serve(tornado.web.Application([("/oauth/token/introspect", Malformed,
+                                                             {"status": status})]))
+    verifier = verifier_for(refusing)
+    try:
+        for _ in range(2):
+            with pytest.raises(InvalidToken) as info:
+                await verifier.check("a" * 43)
+            assert info.value.status == 401
+        assert verifier.counts.introspections == 1
+    finally:
+        server.stop()
+        await verifier.close()
 
 
 class Nested(tornado.web.RequestHandler):
@@ -475,10 +506,10 @@ async def test_a_flood_of_new_tokens_waits_in_a_bounded_queue_and_the_rest_fail_
     """Anyone may present made-up tokens: at most introspection_concurrency introspections are
     in flight for checks and introspection_queue more wait; a check past that fails at once
     (503), it does not queue; a token cached meanwhile is answered as ever."""
-    verifier = verifier_for("http://127.0.0.1:9", introspection_concurrency=2, introspection_queue=3)
-    release, calls = held_introspection(verifier)
     known = "k" * 43
-    verifier._store(_key(known), verifier._entry({"active": True, "scope": "read", "exp": 2**40}, 0.0))
+    verifier, release, calls = held_introspection(lambda token: token != known, introspection_concurrency=2,
+                                                  introspection_queue=3)
+    await verifier.check(known)  # answered at once: cached
     checks = [asyncio.ensure_future(verifier.check(f"{number:03d}" + "x" * 40)) for number in range(10)]
     await eventually(lambda: len(calls) == 2 and sum(check.done() for check in checks) == 5, DEADLINE,
                      what="two introspections in flight, five refused")
@@ -774,7 +805,7 @@ async def test_an_adapter_opens_the_feed_the_application_forgot_to_start(served,
     finally:
         await verifier.close()
     assert await served(verifier, "/notes", access) == 503
-    assert verifier._task is None  # no feed following again
+    assert not verifier.following  # no feed following again
 
 
 @pytest.mark.gen_test(timeout=90)
@@ -832,11 +863,11 @@ def test_every_adapter_reads_the_query_token_as_tokensvcs_own_sockets_do(query, 
 
     from tornado.httputil import HTTPHeaders, HTTPServerRequest, RequestStartLine
 
-    from tokensvc.resource.asgi import _take_query_token
+    from tokensvc.resource.bearer import take_query_token
     from tokensvc.resource.tornado import BearerAuthMixin
 
     scope = {"query_string": query.encode()}
-    assert _take_query_token(scope) == token
+    assert take_query_token(scope) == token
     request = HTTPServerRequest(start_line=RequestStartLine("GET", "/live?" + query, "HTTP/1.1"),
                                 headers=HTTPHeaders({"Host": "api.example"}), connection=mock.Mock())
     handler = type("Probe", (BearerAuthMixin, tornado.web.RequestHandler), {"accept_query_token": True})

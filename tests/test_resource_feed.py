@@ -23,8 +23,9 @@ from test_ws import tokens
 from tokensvc import schemas
 from tokensvc.oauth import introspection
 from tokensvc.oauth.feed import Opening
-from tokensvc.resource import InvalidToken, Unavailable
-from tokensvc.resource.verifier import KEYS, READY_FIELDS
+from tokensvc.resource import InvalidToken, Settings, Unavailable, Verifier
+from tokensvc.resource.cache import KEYS
+from tokensvc.resource.feed import READY_FIELDS
 from tokensvc.storage.base import StorageError
 
 ACTIVE = {"active": True, "scope": "read", "exp": 2**40, "client_id": "webapp", "sub": "alice"}
@@ -149,7 +150,7 @@ async def test_a_flush_during_a_flood_of_made_up_tokens_closes_no_valid_connecti
         assert sum(1 for check in flood if check.done() and isinstance(check.exception(), Unavailable)) == (
             1000 - verifier.settings.introspection_concurrency - verifier.settings.introspection_queue)
         fake.publish({"type": "flush"})
-        await eventually(lambda: fake.asked.count(watched[-1]) == 2 and not verifier._tasks, DEADLINE,
+        await eventually(lambda: fake.asked.count(watched[-1]) == 2 and not verifier.reverifying, DEADLINE,
                          what="every watched token asked again during the flood")
         assert all(fake.asked.count(token) == 2 for token in watched) and not ended
         fake.release.set()
@@ -241,8 +242,8 @@ async def test_a_date_in_the_past_stretches_no_answer_past_exp_by_this_hosts_clo
     fake.exp, fake.date = now + 100, "Thu, 01 Jan 1970 00:00:00 GMT"
     token = tokens_of("t", 1)[0]
     fake.active.add(token)
-    verifier = verifier_for(fake.base_url, clock, offline_ttl=10**6)
-    verifier._wall = lambda: now
+    verifier = Verifier(Settings(fake.base_url, "webapp", WEBAPP_SECRET, offline_ttl=10**6), clock=clock,
+                        wall=lambda: now)
     try:
         await verifier.check(token)
         clock.now += 99
@@ -252,7 +253,7 @@ async def test_a_date_in_the_past_stretches_no_answer_past_exp_by_this_hosts_clo
         await verifier.check(token)
         assert verifier.counts.introspections == 2
         watch = verifier.watch(token, await verifier.check(token), lambda: None)
-        assert [w.timer.when() - asyncio.get_running_loop().time() for w in verifier._watches][0] <= 100
+        assert watch.due - asyncio.get_running_loop().time() <= 100
         watch()
     finally:
         await verifier.close()
@@ -331,9 +332,9 @@ async def test_flushes_during_a_re_verification_pile_up_nothing():
         await eventually(lambda: verifier.counts.flushes == 21
                          and len(fake.asked) == len(watched) + verifier.settings.reverify_concurrency, DEADLINE,
                          what="the flushes heard, watched tokens being asked again")
-        assert len(verifier._tasks) == len(watched)
+        assert verifier.reverifying == len(watched)
         fake.release.set()
-        await eventually(lambda: not verifier._tasks, DEADLINE, what="the re-verifications done")
+        await eventually(lambda: not verifier.reverifying, DEADLINE, what="the re-verifications done")
         # The check, then asked again: once more when a flush overtook the answer, never per flush.
         assert all(fake.asked.count(token) in (2, 3) for token in watched) and not ended
         for stop in stops:
@@ -357,7 +358,7 @@ async def test_connections_ended_unconfirmed_are_logged_in_one_line(caplog):
         verifier.settings.timeout = 0.1
         with caplog.at_level(logging.WARNING, logger="tokensvc.resource"):
             fake.publish({"type": "flush"})
-            await eventually(lambda: len(ended) == len(watched) and not verifier._tasks, DEADLINE,
+            await eventually(lambda: len(ended) == len(watched) and not verifier.reverifying, DEADLINE,
                              what="every watched connection ended")
         lines = [record.getMessage() for record in caplog.records if "watched connection" in record.getMessage()]
         assert lines == ["30 watched connection(s) ended: tokensvc could not confirm their tokens within offline_ttl"]
@@ -497,7 +498,7 @@ async def test_a_flush_asks_again_for_every_watched_connection_a_few_at_a_time(h
 
         monkeypatch.setattr(introspection, "introspect", slow)
         ctx.events.publish_all()
-        await eventually(lambda: verifier.counts.flushes == 2 and not verifier._tasks, 90,
+        await eventually(lambda: verifier.counts.flushes == 2 and not verifier.reverifying, 90,
                          what="every watched token asked again")
         assert ended == revoked
         assert running[1] <= verifier.settings.reverify_concurrency

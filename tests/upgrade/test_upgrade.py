@@ -744,9 +744,9 @@ def after_reading_the_feed(base: str, action, until) -> dict:
     from tornado.httpclient import HTTPRequest
     from tornado.websocket import websocket_connect
 
-    from tokensvc.resource.verifier import Settings, Verifier
+    from tokensvc.resource.settings import Settings, basic_authorization
 
-    basic = Verifier(Settings(base, "webapp", WEBAPP_SECRET))._basic
+    basic = basic_authorization(Settings(base, "webapp", WEBAPP_SECRET))
 
     async def read() -> dict:
         reader = await websocket_connect(HTTPRequest(base.replace("http", "ws", 1) + "/oauth/revocations",
@@ -773,9 +773,9 @@ def closed_while_reading_the_feed(base: str, client_id: str, secret: str, action
     from tornado.httpclient import HTTPRequest
     from tornado.websocket import websocket_connect
 
-    from tokensvc.resource.verifier import Settings, Verifier
+    from tokensvc.resource.settings import Settings, basic_authorization
 
-    basic = Verifier(Settings(base, client_id, secret))._basic
+    basic = basic_authorization(Settings(base, client_id, secret))
 
     async def read() -> tuple[list[dict], int | None]:
         reader = await websocket_connect(HTTPRequest(base.replace("http", "ws", 1) + "/oauth/revocations",

@@ -8,8 +8,10 @@ handler that closes when its token is revoked) and :mod:`tokensvc.resource.asgi`
 for Starlette or any ASGI application, HTTP and WebSocket).
 """
 
+from tokensvc.resource.bearer import Authorized, bearer_token
 from tokensvc.resource.errors import InsufficientScope, InvalidToken, Refusal, Unavailable
-from tokensvc.resource.verifier import Authorized, Settings, Verifier, bearer_token
+from tokensvc.resource.settings import Settings
+from tokensvc.resource.verifier import Verifier
 
 __all__ = ["Authorized", "InsufficientScope", "InvalidToken", "Refusal", "Settings", "Unavailable", "Verifier",
            "bearer_token"]

@@ -21,9 +21,10 @@ import json
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
+from tokensvc.resource.bearer import Authorized, bearer_token, take_query_token
 from tokensvc.resource.errors import InsufficientScope, Refusal
-from tokensvc.resource.started import feed_opened
-from tokensvc.resource.verifier import Authorized, Verifier, bearer_token, masked_query, query_token
+from tokensvc.resource.started import ensure_feed_open
+from tokensvc.resource.verifier import Verifier
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -49,7 +50,7 @@ class BearerAuthMiddleware:
         elif kind not in ("http", "websocket"):
             await self.app(scope, receive, send)
         else:
-            query_token = _take_query_token(scope)  # before anything answers: the server logs the scope
+            query_token = take_query_token(scope)  # before anything answers: the server logs the scope
             if scope.get("path") in self.exempt:
                 await self.app(scope, receive, send)
             elif kind == "http":  # a token in an HTTP query is never taken (RFC 6750 §2.3), only masked
@@ -61,7 +62,7 @@ class BearerAuthMiddleware:
         async def wrapped() -> Message:
             message = await receive()
             if message["type"] == "lifespan.startup":
-                await feed_opened(self.verifier)
+                await ensure_feed_open(self.verifier)
             elif message["type"] == "lifespan.shutdown":
                 await self.verifier.close()
             return message
@@ -70,7 +71,7 @@ class BearerAuthMiddleware:
     async def _authorize(self, scope: Scope, query_token: str | None) -> tuple[str | None, Authorized]:
         headers = {name.decode("latin-1").lower(): value.decode("latin-1") for name, value in scope["headers"]}
         token = bearer_token(headers.get("authorization")) or query_token
-        await feed_opened(self.verifier)  # a server that runs no lifespan
+        await ensure_feed_open(self.verifier)  # a server that runs no lifespan
         return token, await self.verifier.check(token, self.required)
 
     async def _http(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -144,15 +145,3 @@ class BearerAuthMiddleware:
             stop()
             closer.cancel()
 
-
-def _take_query_token(scope: Scope) -> str | None:
-    """The ``access_token`` of the scope's query, which is left masked in place (the server's
-    access log writes the scope it passed on, after the application answered), whatever the
-    request is and whether or not the token is used. Given more than once, the last one counts
-    (as in tokensvc's own sockets and the Tornado adapter)."""
-    query = scope.get("query_string", b"").decode("latin-1")
-    masked = masked_query(query)
-    if masked == query:
-        return None
-    scope["query_string"] = masked.encode("latin-1")
-    return query_token(query)

@@ -15,9 +15,9 @@ from tokensvc.resource.verifier import Verifier
 _opened: weakref.WeakSet[Verifier] = weakref.WeakSet()
 
 
-async def feed_opened(checker: Verifier) -> None:
-    """Open ``checker``'s feed unless an adapter did before (:meth:`Verifier.start` itself does
-    nothing when the feed is open already)."""
+async def ensure_feed_open(checker: Verifier) -> None:
+    """Make sure ``checker``'s feed was opened once by an adapter: opened now unless an adapter
+    did before (:meth:`Verifier.start` itself does nothing when the feed is open already)."""
     if checker not in _opened:
         _opened.add(checker)
         await checker.start()

@@ -28,9 +28,10 @@ import tornado.httputil
 import tornado.web
 import tornado.websocket
 
+from tokensvc.resource.bearer import Authorized, bearer_token, masked_query, query_token
 from tokensvc.resource.errors import Refusal
-from tokensvc.resource.started import feed_opened
-from tokensvc.resource.verifier import Authorized, Verifier, bearer_token, masked_query, query_token
+from tokensvc.resource.started import ensure_feed_open
+from tokensvc.resource.verifier import Verifier
 
 CLOSE_REVOKED = 4401
 
@@ -87,7 +88,7 @@ class BearerAuthMixin(tornado.web.RequestHandler):
         return token
 
     async def authorize(self, scope: str | None = None) -> Authorized:
-        await feed_opened(self.verifier)  # on the first request, if the application did not
+        await ensure_feed_open(self.verifier)  # on the first request, if the application did not
         try:
             self.authorized = await self.verifier.check(self.presented_token(), scope)
         except Refusal as refusal:
