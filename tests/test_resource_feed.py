@@ -7,6 +7,7 @@ is logged and counted without a token."""
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import json
 import logging
@@ -610,3 +611,54 @@ async def test_the_feeds_life_is_logged_and_counted_without_a_token(browser, htt
         assert expected in said, said
     for secret in (access, WEBAPP_SECRET, basic("webapp", WEBAPP_SECRET).split()[1]):
         assert secret not in caplog.text
+
+
+class ScriptedFeed:
+    """A feed connection that hands over the messages it was given, then closes."""
+
+    def __init__(self, messages):
+        self.messages, self.close_code, self.close_reason = list(messages), 1000, None
+
+    async def read_message(self):
+        return json.dumps(self.messages.pop(0)) if self.messages else None
+
+    def ping(self):
+        pass
+
+    def close(self, *args):
+        self.messages = []
+
+
+@pytest.mark.gen_test(timeout=90)
+async def test_the_feed_resumes_after_the_last_message_processed_with_the_resource_servers_credentials():
+    """Through the verifier's ``connect``: the first connection names no stream; each after it
+    resumes the stream after the last message processed (not the ready's newest), also after a
+    connection that failed; every one carries the resource server's Basic credentials, its id
+    and secret form-encoded first (RFC 6749 §2.3.1)."""
+    asked, scripts = [], [
+        [{"type": "ready", "stream": "s1", "seq": 2, "resumed": False},
+         {"type": "revoked", "grant_id": "g1", "seq": 3}],
+        [{"type": "ready", "stream": "s1", "seq": 5, "resumed": True}, {"type": "flush", "seq": 4}],  # cut at 4
+    ]
+
+    async def connect(request):
+        asked.append(request)
+        if not scripts:
+            raise OSError("refused")
+        return ScriptedFeed(scripts.pop(0))
+
+    verifier = Verifier(Settings("http://tokensvc.example:8080/", "notes api", "s3cret:&", retry_seconds=0.01),
+                        connect=connect)
+    try:
+        await verifier.start()
+        await eventually(lambda: len(asked) >= 4, DEADLINE, what="two connections, then failed ones")
+    finally:
+        await verifier.close()
+    assert [request.url for request in asked[:4]] == [
+        "ws://tokensvc.example:8080/oauth/revocations", "ws://tokensvc.example:8080/oauth/revocations?stream=s1&after=3",
+        "ws://tokensvc.example:8080/oauth/revocations?stream=s1&after=4",
+        "ws://tokensvc.example:8080/oauth/revocations?stream=s1&after=4"]
+    assert {request.headers["Authorization"] for request in asked} == {
+        "Basic " + base64.b64encode(b"notes%20api:s3cret%3A%26").decode()}
+    counts = verifier.counts
+    assert (counts.connects, counts.resumes, counts.messages, counts.revocations, counts.flushes) == (2, 1, 2, 1, 2)

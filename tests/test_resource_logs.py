@@ -1,5 +1,6 @@
 """A token in a request's query never reaches a resource server's log: the ASGI middleware
-served by uvicorn (its access log and its WebSocket lines) and the Tornado adapter's application
+served by uvicorn (its access log and its WebSocket lines), the Starlette backend served by
+uvicorn (its WebSocket route behind the ASGI middleware), and the Tornado adapter's application
 served by Tornado (its access log and its lines of an uncaught exception), each a process of its
 own with its logging as it ships, every path: HTTP and WebSocket, refused, accepted, exempt, a
 handler without the mixin, one that fails, a path no handler serves (404), with a header beside
@@ -54,6 +55,43 @@ async def live(websocket):
 app = Starlette(routes=[Route("/notes", notes), Route("/healthz", healthz), WebSocketRoute("/live", live)],
                 middleware=[Middleware(BearerAuthMiddleware, verifier=verifier, scope="read",
                                        exempt=("/healthz",))])
+"""
+
+STARLETTE_APP = """
+import os
+
+from starlette.applications import Starlette
+from starlette.authentication import requires
+from starlette.middleware import Middleware
+from starlette.responses import JSONResponse, PlainTextResponse
+from starlette.routing import Route, WebSocketRoute
+
+from tokensvc.resource import Settings, Verifier
+from tokensvc.resource.asgi import BearerAuthMiddleware
+from tokensvc.resource.starlette import EXCEPTION_HANDLERS, authentication
+
+verifier = Verifier(Settings(os.environ["TOKENSVC_URL"], "webapp", os.environ["SECRET"]))
+
+
+@requires("read")
+async def notes(request):
+    return JSONResponse({"scopes": list(request.auth.scopes)})
+
+
+async def healthz(request):
+    return PlainTextResponse("ok")
+
+
+async def live(websocket):
+    await websocket.accept()
+    await websocket.send_text("hello")
+    await websocket.receive()  # until the client closes
+
+
+app = Starlette(routes=[Route("/notes", notes), Route("/healthz", healthz),
+                        WebSocketRoute("/live", live, middleware=[Middleware(BearerAuthMiddleware, verifier=verifier,
+                                                                             scope="read")])],
+                middleware=[authentication(verifier)], exception_handlers=EXCEPTION_HANDLERS)
 """
 
 TORNADO_APP = """
@@ -135,11 +173,12 @@ def masked_target(target: str) -> str:
 
 async def started_server(kind, tmp_path, base_url, http_client):
     """The program of ``kind``, served on a free port as an integrator serves it: uvicorn with
-    its default logging, or the Tornado program; its process and its URL once it answers."""
+    its default logging (the ASGI middleware's program, or the Starlette backend's), or the
+    Tornado program; its process and its URL once it answers."""
     port = free_port()
     environ = {**os.environ, "TOKENSVC_URL": base_url, "SECRET": WEBAPP_SECRET, "PORT": str(port)}
-    if kind == "uvicorn":
-        (tmp_path / "notes_asgi.py").write_text(ASGI_APP)
+    if kind in ("uvicorn", "starlette"):
+        (tmp_path / "notes_asgi.py").write_text(ASGI_APP if kind == "uvicorn" else STARLETTE_APP)
         command = [sys.executable, "-m", "uvicorn", "notes_asgi:app", "--port", str(port)]
     else:
         (tmp_path / "notes_tornado.py").write_text(TORNADO_APP)
@@ -160,7 +199,7 @@ async def started_server(kind, tmp_path, base_url, http_client):
 
 @pytest.mark.e2e
 @pytest.mark.gen_test(timeout=120)
-@pytest.mark.parametrize("kind", ["uvicorn", "tornado"])
+@pytest.mark.parametrize("kind", ["uvicorn", "starlette", "tornado"])
 async def test_a_query_token_never_reaches_the_servers_log(kind, tmp_path, browser, http_client, base_url):
     access = (await tokens(browser, http_client, base_url, scope="read"))["access_token"]
     bearer = {"Authorization": f"Bearer {access}"}
