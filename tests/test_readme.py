@@ -328,3 +328,39 @@ def test_the_asgi_api_of_protecting_your_api_runs_under_the_uvicorn_command_as_w
     assert "Application startup complete." in err and "Application shutdown complete." in err
     assert '"GET /notes?access_token=*** HTTP/1.1" 401' in out
     assert token not in out + err
+
+
+def test_the_starlette_api_of_protecting_your_api_runs_under_uvicorn_as_written(demo_service, tmp_path):
+    """The Starlette program (the backend that ``requires`` works with), as written, served by
+    ``uvicorn notes_starlette:app`` as the README says: its lifespan opens and closes the feed,
+    the health check needs no token, the README's calls answer as for the other programs (the
+    RFC 6750 refusals of ``requires``), its WebSocket route greets with a query token and is
+    closed with 4401 once the token is revoked, and uvicorn's access log holds the query's token
+    masked."""
+    import asyncio
+
+    import requests
+    from service import free_port, spawn, wait_for_http
+
+    readme = (ROOT / "README.md").read_text()
+    assert "it is served by `uvicorn notes_starlette:app`" in readme
+    (tmp_path / "notes_starlette.py").write_text(protecting_blocks("python")[2])
+    port = free_port()
+    bin_dir = str(Path(sys.executable).parent)  # where the test extras installed uvicorn
+    process = spawn(["bash", "-euo", "pipefail", "-c", "uvicorn notes_starlette:app"], cwd=tmp_path,
+                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                    env={**os.environ, "TOKENSVC_URL": demo_service, "UVICORN_PORT": str(port),
+                         "PATH": bin_dir + os.pathsep + os.environ["PATH"]})
+    api = f"http://127.0.0.1:{port}"
+    try:
+        wait_for_http(api + "/healthz", process)
+        token = call_the_api(demo_service, api)
+        assert requests.get(f"{api}/notes?access_token={token}", timeout=10).status_code == 401  # HTTP: header only
+        live = api.replace("http://", "ws://") + f"/live?access_token={token}"
+        assert asyncio.run(live_closed_on_revocation(live, lambda: revoked_then_refused(demo_service, api, token))) \
+            == 4401
+    finally:
+        out, err = end(process)
+    assert "Application startup complete." in err and "Application shutdown complete." in err
+    assert '"GET /notes?access_token=*** HTTP/1.1" 401' in out
+    assert token not in out + err

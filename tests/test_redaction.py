@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 
 from tokensvc import logs
 from tokensvc.handlers.access_log import redact
-from tokensvc.resource.verifier import masked_query
+from tokensvc.resource.bearer import masked_query
 
 SECRET_NAMES = ("token", "access_token", "code", "refresh_token", "client_secret", "code_verifier", "password",
                 "state")

@@ -22,7 +22,7 @@ from test_ws import tokens
 from tornado.httpclient import HTTPClientError, HTTPRequest
 from tornado.websocket import websocket_connect
 
-from tokensvc.resource.verifier import masked_query
+from tokensvc.resource.bearer import masked_query
 
 ASGI_APP = """
 import os
