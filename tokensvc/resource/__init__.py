@@ -4,8 +4,10 @@
 service: no storage driver, no schema library. :class:`Verifier` introspects a token once,
 caches the answer and keeps the revocation feed open (:mod:`.verifier`); the adapters are
 :mod:`tokensvc.resource.tornado` (a ``RequestHandler`` mixin, ``@requires``, and a WebSocket
-handler that closes when its token is revoked) and :mod:`tokensvc.resource.asgi` (a middleware
-for Starlette or any ASGI application, HTTP and WebSocket).
+handler that closes when its token is revoked), :mod:`tokensvc.resource.asgi` (a middleware
+for Starlette or any ASGI application, HTTP and WebSocket) and :mod:`tokensvc.resource.starlette`
+(an ``AuthenticationBackend``, so that Starlette's ``requires`` guards each route; it imports
+Starlette, which the package does not require).
 """
 
 from tokensvc.resource.bearer import Authorized, bearer_token

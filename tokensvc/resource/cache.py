@@ -1,12 +1,15 @@
 """The answer cache: what introspection said of each token, within bounds, and dropped when the
 feed names it.
 
-Active answers sit in a bounded LRU, each until its token's ``exp`` (nor ``max_ttl``) on the
-monotonic clock; inactive ones ``negative_ttl`` seconds in a bounded table of their own, so junk
-tokens never evict a good answer. Answers are keyed by a digest of the token, never the token,
-and indexed by the identifiers introspection returned (:data:`KEYS`), which a revocation names.
-While the feed is down an answer is used only within ``offline_ttl`` of the last moment it was
-known current: its introspection, or the feed's last sign of life, whichever is later.
+Active answers sit in a bounded LRU, each until its token's ``exp`` (nor ``max_ttl``); inactive
+ones ``negative_ttl`` seconds in a bounded table of their own, so junk tokens never evict a good
+answer. A lifetime once known runs on the monotonic clock, so a clock set back or a suspended
+host cannot stretch it. Answers are keyed by a digest of the token, never the token, and indexed
+by the identifiers introspection returned (:data:`KEYS`), which a revocation names. While the
+feed is down an answer is used only within ``offline_ttl`` of the last moment it was known
+current: its introspection, or the feed's last sign of life (a message or a pong), whichever is
+later. Past that the token is introspected again, and when tokensvc does not answer either the
+check fails closed (:class:`~tokensvc.resource.errors.Unavailable`).
 
 The cache also remembers the last revocations and flushes it heard (:meth:`AnswerCache.overtaken`),
 so that an introspection a revocation overtook on its way is asked again, never cached.
