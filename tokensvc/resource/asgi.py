@@ -144,4 +144,3 @@ class BearerAuthMiddleware:
         finally:
             stop()
             closer.cancel()
-
