@@ -373,12 +373,13 @@ def test_config_check_names_every_problem_at_once(tmp_path, capsys):
     assert cli.main(["config", "check", "--config", str(path)]) == 1
     out, err = capsys.readouterr()
     assert out == "" and len(err.splitlines()) == len(expected)
-    assert all(line.startswith(f"tokensvc: {start}") for line, start in zip(err.splitlines(), expected)), err
+    assert all(line.startswith(f"tokensvc: {start}")
+               for line, start in zip(err.splitlines(), expected, strict=True)), err
     assert cli.main(["config", "check", "--config", str(path), "--json"]) == 1
     out, err = capsys.readouterr()
     errors = [json.loads(line)["error"] for line in err.splitlines()]
     assert out == "" and len(errors) == len(expected)
-    assert all(line.startswith(start) for line, start in zip(errors, expected)), errors
+    assert all(line.startswith(start) for line, start in zip(errors, expected, strict=True)), errors
 
 
 def test_a_config_path_that_cannot_be_read_is_one_line_at_the_command_line(tmp_path, capsys, monkeypatch):

@@ -671,7 +671,8 @@ def test_the_mongodb_uri_is_read_by_pymongos_own_parser(tmp_path, options, probl
         with pytest.raises(ConfigError) as info:
             config.load(write(tmp_path, MONGODB), environ={"TOKENSVC_STORAGE_MONGODB_URI": uri})
     found = info.value.problems
-    assert len(found) == len(problems) and all(line.startswith(expected) for line, expected in zip(found, problems)), found
+    assert len(found) == len(problems), found
+    assert all(line.startswith(expected) for line, expected in zip(found, problems, strict=True)), found
     assert "hunter2" not in str(info.value) and "tsl" not in str(info.value) and "bogus" not in str(info.value)
 
 

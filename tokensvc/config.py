@@ -25,6 +25,7 @@ does not start.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import ipaddress
 import json
 import logging
@@ -1008,16 +1009,17 @@ def mongodb_uri_problems(uri: str) -> list[str]:
     for place, option in enumerate(filter(None, re.split("[&;]", query)), 1):
         name = option.partition("=")[0]
         known = name.lower() in uri_parser.URI_OPTIONS_VALIDATOR_MAP or name.lower() == "readpreferencetags"
-        if said(f"option {name}: " if known else f"option {place} of the query, not named (it may be credential "
-                f"text): ", lambda option=option: uri_parser.split_options(option, validate=True, warn=False)):
+        what = f"option {name}: " if known else f"option {place} of the query, not named (it may be credential text): "
+        if said(what, functools.partial(uri_parser.split_options, option, validate=True, warn=False)):
             taken.append(option)
+    parse: Callable[..., Any] | None
     try:  # parse_uri without its DNS lookups (mongodb+srv), in every PyMongo 4 since 4.13
         from pymongo.uri_parser_shared import _validate_uri as parse
     except ImportError:  # pragma: no cover - a later PyMongo 4: its public parser, mongodb:// alone
         parse = uri_parser.parse_uri if uri.startswith("mongodb://") else None
     if parse is not None:  # the whole URI, with the options refused above left out
         whole = uri.partition("?")[0] + ("?" + "&".join(taken) if taken else "")
-        said("", lambda: parse(whole, validate=True, warn=False))
+        said("", functools.partial(parse, whole, validate=True, warn=False))
     return problems
 
 
