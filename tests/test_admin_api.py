@@ -774,8 +774,8 @@ async def test_a_plan_writes_nothing_whoever_it_names(call, store):
     check_validation_error(both, ["body", "users", 0, "admin"], "value_error")
     cli = await call("POST", "/admin/plan", {"clients": [
         {"clientId": "webapp"}, {"clientId": "tokensvc-cli", "clientSecretSha256": hashing.digest("taken-over")}]})
-    assert "written by the configuration file" in check_validation_error(cli, ["body", "clients", 1],
-                                                                         "value_error")["msg"]
+    assert "written at every start while admin.cli_client is on" in check_validation_error(
+        cli, ["body", "clients", 1], "value_error")["msg"]
     planned = await call("POST", "/admin/plan", {
         "users": [{"username": "root", "admin": False}],
         "clients": [{"clientId": "webapp", "redirectUris": ["https://elsewhere.example/cb"], "confidential": False}],

@@ -589,3 +589,69 @@ def test_tokensvc_login_without_a_terminal_says_so_before_the_sign_in(service, t
     assert result.stderr.splitlines()[-1] == ("tokensvc: no terminal to type the confirmation code on: give it on "
                                               "standard input with --confirmation-stdin")
     assert not (tmp_path / "credentials.json").exists()
+
+
+# -- what cannot be reached ----------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def an_index_naming(token_endpoint: str) -> Iterator[str]:
+    """An admin listener's index (``GET /admin``) whose token endpoint is ``token_endpoint``:
+    the admin listener answers while the public URL does not. Its URL is yielded."""
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    class Index(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # http.server's name
+            body = json.dumps({"issuer": "http://127.0.0.1:9", "authorizationEndpoint": "http://127.0.0.1:9/oauth/"
+                               "authorize", "tokenEndpoint": token_endpoint, "cliClientId": "tokensvc-cli"}).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Index)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_what_does_not_answer_is_named_with_what_to_check(tmp_path):
+    """Nothing at the admin listener's address (the service stopped, no port-forward, a wrong
+    port): every command's one line names the admin listener at that URL and what to check. It
+    said "the store is not answering" where a token was given, and where the public URL did
+    not answer, that the refresh token no longer worked."""
+    url = f"http://127.0.0.1:{free_port()}"
+    state = tmp_path / "state.toml"
+    state.write_text('[[users]]\nusername = "dora"\n')
+    token = {"TOKENSVC_ADMIN_TOKEN": "x" * 43}
+    for args, env in ((["users", "list", "--url", url], {}),  # signs in first: asks the listener's index
+                      (["users", "list", "--url", url], token),  # straight to the admin API
+                      (["clients", "rotate-secret", "webapp", "--url", url], token),
+                      (["apply", "-f", str(state), "--url", url], token),
+                      (["login", "--url", url, "--no-browser"], {})):
+        result = tokensvc(*args, credentials=tmp_path / "credentials.json", env=env)
+        assert result.returncode == 1 and result.stdout == "", (args, result.stderr)
+        assert result.stderr == (f"tokensvc: the admin listener at {url} does not answer (Connection refused): check "
+                                 "that tokensvc serve runs with its admin listener there (admin.host, admin.port; with "
+                                 "kubectl port-forward or an SSH tunnel, that the tunnel is open), and that --url or "
+                                 "TOKENSVC_ADMIN_URL names it\n"), (args, result.stderr)
+    # The admin listener answers, the public URL (its token endpoint) does not.
+    endpoint = f"http://127.0.0.1:{free_port()}/oauth/token"
+    with an_index_naming(endpoint) as index:
+        credentials = tmp_path / "signed-in.json"
+        credentials.write_text(json.dumps({index: {"client_id": "tokensvc-cli", "refresh_token": "r" * 43}}))
+        kept = tmp_path / "refresh-token"
+        kept.write_text("r" * 43 + "\n")
+        for args in (["users", "list", "--url", index],
+                     ["users", "list", "--url", index, "--refresh-token", str(kept), "--token-client-id", "ci"]):
+            result = tokensvc(*args, credentials=credentials)
+            assert result.returncode == 1 and result.stderr == (
+                f"tokensvc: the token endpoint at {endpoint}/refresh does not answer (Connection refused): it is "
+                "the service's public URL (base_url); check that this machine reaches it\n"), result.stderr

@@ -275,7 +275,7 @@ def test_config_check_masks_secrets(capsys):
     out, err = capsys.readouterr()
     data = json.loads(out)
     assert data["cookie_secret"] == "***" and all(c["client_secret"] in (None, "***") for c in data["clients"])
-    assert "demo-secret" not in out and "OK" in err
+    assert "demo-secret" not in out and json.loads(err.splitlines()[-1])["ok"] is True
     assert "amber-comet-lantern" not in out and "granite-harbor-ember" not in out  # the demo's passwords
     assert cli.main(["config", "check", "--config", "config/tokensvc.toml"]) == 0
     text = capsys.readouterr().out
@@ -313,11 +313,96 @@ def test_config_check_is_a_production_gate(tmp_path, capsys):
     assert json.loads(out)["storage"]["backend"] == "mongodb"
     assert [json.loads(line)["warning"].split(":")[0] for line in err.splitlines()[:-1]] == [
         "storage.mongodb_uri", "storage.mongodb_uri"]
+    assert json.loads(err.splitlines()[-1]) == {"config": str(path), "ok": True, "warnings": 2}
     # Unset, the URI would name this host alone: refused with or without --strict.
     path.write_text(PRODUCTION.split("mongodb_uri")[0])
     assert cli.main(["config", "check", "--config", str(path)]) == 1
     assert capsys.readouterr().err.startswith('tokensvc: storage.mongodb_uri: required with storage.backend = '
                                               '"mongodb" outside demo mode')
+
+
+def test_config_check_in_json_mode_writes_json_lines_only(tmp_path):
+    """``--json``: every line the command writes is JSON, on standard output (the settings, on
+    one line) and on standard error (each warning, and the verdict that closed it as text:
+    ``tokensvc.toml: OK``), whatever it finds, and PyMongo writes no warning of its own."""
+    path = tmp_path / "tokensvc.toml"
+    for uri in ("mongodb://tokensvc:pw@db1,db2,db3/?replicaSet=rs0",
+                "mongodb://127.0.0.1:27017/?directConnection=true",
+                "mongodb://db1,db2,db3/?replicaSet=rs0&tls=true&tls=false&tsl=true"):
+        path.write_text(PRODUCTION.format(uri=uri))
+        for strict in ([], ["--strict"]):
+            result = subprocess.run([sys.executable, "-m", "tokensvc", "config", "check", "--config", str(path),
+                                     "--json", *strict], capture_output=True, text=True, timeout=60)
+            lines = result.stdout.splitlines() + result.stderr.splitlines()
+            assert lines and all(isinstance(json.loads(line), dict) for line in lines), (uri, strict, lines)
+            if result.returncode == 0:
+                assert len(result.stdout.splitlines()) == 1
+                verdict = json.loads(result.stderr.splitlines()[-1])
+                assert verdict["ok"] is True and verdict["config"] == str(path), verdict
+            else:
+                assert result.stdout == "" and all("error" in json.loads(line) for line in result.stderr.splitlines())
+    assert result.returncode == 1 and [json.loads(line)["error"] for line in result.stderr.splitlines()] == [
+        "storage.mongodb_uri: option 4 of the query, not named (it may be credential text): Unknown option. Did you "
+        "mean one of (tls, ssl, tlscafile) or maybe a camelCase version of one?",
+        "storage.mongodb_uri: Duplicate URI option 'tls'."]
+
+
+SEVERAL = """
+cookie_secret = "short"
+base_url = "https://auth.example.org"
+port = "8080"
+[storage]
+backend = "mongodb"
+mongodb_uri = "mongodb://db1,db2,db3/?replicaSet=rs0&tls=maybe"
+[[clients]]
+client_id = "a b"
+name = "A"
+redirect_uris = ["https://a.example/cb"]
+"""
+
+
+def test_config_check_names_every_problem_at_once(tmp_path, capsys):
+    """Each problem on a line of its own naming its key (with ``--json`` an object each), exit 1:
+    an operator fixes them all in one pass, not one per run."""
+    path = tmp_path / "tokensvc.toml"
+    path.write_text(SEVERAL)
+    expected = ["port: expected an integer, got '8080'",
+                "cookie_secret: expected a secret of at least 32 characters, not 5",
+                "storage.mongodb_uri: option tls: The value of tls must be 'true' or 'false'",
+                "clients[0].client_id: "]
+    assert cli.main(["config", "check", "--config", str(path)]) == 1
+    out, err = capsys.readouterr()
+    assert out == "" and len(err.splitlines()) == len(expected)
+    assert all(line.startswith(f"tokensvc: {start}")
+               for line, start in zip(err.splitlines(), expected, strict=True)), err
+    assert cli.main(["config", "check", "--config", str(path), "--json"]) == 1
+    out, err = capsys.readouterr()
+    errors = [json.loads(line)["error"] for line in err.splitlines()]
+    assert out == "" and len(errors) == len(expected)
+    assert all(line.startswith(start) for line, start in zip(errors, expected, strict=True)), errors
+
+
+def test_a_config_path_that_cannot_be_read_is_one_line_at_the_command_line(tmp_path, capsys, monkeypatch):
+    """A directory, a file that is not UTF-8, a file this user may not read: one line, exit 1,
+    as for a file that is not there (each was a traceback)."""
+    latin = tmp_path / "latin-1.toml"
+    latin.write_bytes('service_name = "caf\xe9"\n'.encode("latin-1"))
+    for given, words in ((tmp_path, "a directory, not a config file"), (latin, "not UTF-8 text (byte 19)")):
+        for command in (["config", "check"], ["serve"], ["clients", "list"], ["storage", "status"]):
+            assert cli.main([*command, "--config", str(given)]) == 1
+            out, err = capsys.readouterr()
+            assert out == "" and err.startswith(f"tokensvc: {given}: {words}") and err.count("\n") == 1, err
+        assert cli.main(["config", "check", "--config", str(given), "--json"]) == 1
+        assert words in json.loads(capsys.readouterr().err)["error"]
+    locked = tmp_path / "tokensvc.toml"
+    locked.write_text(CONFIG)
+
+    def refused(self, *args, **kwargs):  # as another user's file reads (the tests may run as root)
+        raise PermissionError(13, "Permission denied", str(self))
+
+    monkeypatch.setattr("pathlib.Path.read_text", refused)
+    assert cli.main(["config", "check", "--config", str(locked)]) == 1
+    assert capsys.readouterr().err == f"tokensvc: {locked}: cannot be read: Permission denied\n"
 
 
 @pytest.mark.parametrize("command", [[], ["serve"], ["clients"], ["clients", "add"], ["users"], ["users", "add"],

@@ -172,7 +172,7 @@ def test_the_mongodb_uri_is_required_outside_demo_mode(tmp_path):
     ("mongodb://127.0.0.1:27017", "storage.mongodb_uri: names this machine alone (127.0.0.1)"),
     ("mongodb://tokensvc:pw@localhost,[::1]:27018/?replicaSet=rs0", "names this machine alone (localhost, ::1)"),
     ("mongodb://db1.example:27017/?directConnection=true", "storage.mongodb_uri: directConnection=true"),
-    ("mongodb://db1.example/tokensvc?replicaSet=rs0&DirectConnection=TRUE", "directConnection=true"),
+    ("mongodb://db1.example/tokensvc?replicaSet=rs0&DirectConnection=true", "directConnection=true"),
 ])
 def test_a_mongodb_uri_no_production_store_has_is_warned_of(tmp_path, uri, warned):
     settings = config.load(write(tmp_path, MONGODB), environ={"TOKENSVC_STORAGE_MONGODB_URI": uri})
@@ -580,3 +580,159 @@ def test_cookie_secret_may_be_the_keys_of_a_rotation(tmp_path):
         config.load(None, environ={"TOKENSVC_COOKIE_SECRET": '["unterminated'})
     with pytest.raises(ConfigError, match="cookie_secrets: unknown key"):
         config.from_dict({"cookie_secret": keys, "cookie_secrets": keys})
+
+
+# -- every problem at once ---------------------------------------------------------------------
+
+SEVERAL = SECRET + """port = "eighty"
+bogus = 1
+[tokens]
+access_ttl = 0
+[metrics]
+allow = ["127.0.0.0/8", "nowhere"]
+[storage]
+backend = "mongodb"
+mongodb_uri = "mongodb://db1,db2,db3/?replicaSet=rs0&tsl=true"
+[[clients]]
+client_id = "a"
+name = "A"
+redirect_uris = "https://a.example/cb"
+[[clients]]
+client_id = "b c"
+name = "B"
+redirect_uris = ["https://b.example/cb#x"]
+[[users]]
+username = "alice"
+password_hash = "md5$abc"
+"""
+
+
+def test_every_problem_of_a_configuration_is_named_at_once(tmp_path):
+    """A reading of the settings goes on past the first problem and names each, its key first,
+    in the order of the file's stages (types, then rules); what follows from a value refused
+    (a client whose redirect_uris were refused has none) is not said again."""
+    with pytest.raises(ConfigError) as info:
+        config.load(write(tmp_path, SEVERAL), environ={"TOKENSVC_LIMITS_WINDOW_SECONDS": "soon",
+                                                       "TOKENSVC_FEED_BOGUS": "1"})
+    problems = info.value.problems
+    assert [problem.split(":")[0] for problem in problems] == [
+        "TOKENSVC_LIMITS_WINDOW_SECONDS", "TOKENSVC_FEED_BOGUS", "port", "bogus", "clients[0].redirect_uris",
+        "storage.mongodb_uri", "tokens.access_ttl", "metrics.allow[1]", "clients[1].client_id",
+        "clients[1].redirect_uris[0]", "users[0].password_hash"], problems
+    assert str(info.value) == "\n".join(problems)
+    assert "at least one redirect URI" not in str(info.value)  # clients[0]'s followed from its refused list
+    # A problem alone is the one line it was.
+    with pytest.raises(ConfigError) as info:
+        config.load(write(tmp_path, SECRET + '[tokens]\naccess_ttl = 0\n'), environ={})
+    assert info.value.problems == ["tokens.access_ttl: must be at least 1, got 0"]
+
+
+def test_a_port_out_of_range_is_said_once_not_again_through_what_follows_from_it():
+    """base_url, auth_url and a logo's URL follow from the port when unset: the port alone is named."""
+    with pytest.raises(ConfigError) as info:
+        config.from_dict({"demo": True, "port": 99999, "clients": [
+            {"client_id": "c", "name": "C", "redirect_uris": ["https://c.example/cb"], "logo_url": "/static/x.svg"}]})
+    assert info.value.problems == ["port: 99999 is outside 1-65535; choose another with --port or TOKENSVC_PORT"]
+
+
+def test_an_entry_that_is_no_table_is_named_once():
+    with pytest.raises(ConfigError) as info:
+        config.from_dict({"cookie_secret": "k" * 32, "clients": ["webapp"], "users": [{"name": "x"}],
+                          "server": 3})
+    assert info.value.problems == ["clients[0]: expected a table, got 'webapp'", "users[0].name: unknown key",
+                                   "users[0].username: a value is required", "server: expected a table, got 3"]
+
+
+# -- the MongoDB URI, as PyMongo reads it --------------------------------------------------------
+
+
+@pytest.mark.parametrize("options,problems", [
+    ("replicaSet=rs0&tsl=true", ["storage.mongodb_uri: option 2 of the query, not named (it may be credential "
+                                 "text): Unknown option. Did you mean one of (tls, ssl, tlscafile)"]),
+    ("tls=maybe", ["storage.mongodb_uri: option tls: The value of tls must be 'true' or 'false'"]),
+    ("bogusOption=1&replicaSet=rs0", ["storage.mongodb_uri: option 1 of the query, not named"]),
+    ("tls=true&tls=false", ["storage.mongodb_uri: Duplicate URI option 'tls'."]),
+    ("ssl=true&tls=false", ["storage.mongodb_uri: Can not specify conflicting values for URI options ssl and tls"]),
+    ("tsl=true&journal=maybe&w=majority&w=1", [
+        "storage.mongodb_uri: option 1 of the query, not named", "storage.mongodb_uri: option journal: ",
+        "storage.mongodb_uri: Duplicate URI option 'w'."]),
+])
+def test_the_mongodb_uri_is_read_by_pymongos_own_parser(tmp_path, options, problems):
+    """A misspelt option (PyMongo's own ``tsl``), a value it does not take, an option given
+    twice: each a problem naming the key, as start-up would meet it in the driver (or not at
+    all: a duplicate's last value wins silently). An unknown option is named by its place (it
+    may be credential text); the password never appears; nothing is written to standard error
+    as a warning."""
+    import warnings
+
+    uri = f"mongodb://tokensvc:hunter2-secret@db1,db2,db3/?{options}"
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a warning PyMongo issued would fail the test here
+        with pytest.raises(ConfigError) as info:
+            config.load(write(tmp_path, MONGODB), environ={"TOKENSVC_STORAGE_MONGODB_URI": uri})
+    found = info.value.problems
+    assert len(found) == len(problems), found
+    assert all(line.startswith(expected) for line, expected in zip(found, problems, strict=True)), found
+    assert "hunter2" not in str(info.value) and "tsl" not in str(info.value) and "bogus" not in str(info.value)
+
+
+@pytest.mark.parametrize("uri", [
+    "mongodb://tokensvc:pw@db-0.db,db-1.db,db-2.db/?replicaSet=rs0&authSource=admin",
+    "mongodb+srv://tokensvc:pw@cluster0.invalid/?retryWrites=true&w=majority",  # never looked up
+    "mongodb://db1:27017,db2:27018/tokensvc?replicaSet=rs0&readPreferenceTags=dc:ny&readPreferenceTags=&tls=true",
+    "mongodb://db1/?appName=tokensvc;replicaSet=rs0",
+])
+def test_a_mongodb_uri_pymongo_takes_passes(tmp_path, uri):
+    settings = config.load(write(tmp_path, MONGODB), environ={"TOKENSVC_STORAGE_MONGODB_URI": uri})
+    assert settings.storage.mongodb_uri == uri
+
+
+# -- a file that cannot be read ----------------------------------------------------------------
+
+
+def test_a_config_path_that_cannot_be_read_is_one_line(tmp_path, monkeypatch):
+    with pytest.raises(ConfigError) as info:
+        config.load(tmp_path, environ={})
+    assert info.value.problems == [f"{tmp_path}: a directory, not a config file (give the TOML file with --config)"]
+    latin = tmp_path / "latin-1.toml"
+    latin.write_bytes(SECRET.encode() + 'service_name = "caf\xe9"\n'.encode("latin-1"))
+    with pytest.raises(ConfigError) as info:
+        config.load(latin, environ={})
+    where = len(SECRET.encode()) + len(b'service_name = "caf')
+    assert info.value.problems == [f"{latin}: not UTF-8 text (byte {where}): a config file is TOML in UTF-8"]
+    locked = write(tmp_path, SECRET)
+
+    def refused(self, *args, **kwargs):  # as a file of another user's reads (the tests may run as root)
+        raise PermissionError(13, "Permission denied", str(self))
+
+    monkeypatch.setattr(Path, "read_text", refused)
+    with pytest.raises(ConfigError) as info:
+        config.load(locked, environ={})
+    assert info.value.problems == [f"{locked}: cannot be read: Permission denied"]
+
+
+# -- lists from the environment ----------------------------------------------------------------
+
+
+def test_a_list_from_the_environment_is_a_json_array_or_comma_separated(tmp_path):
+    """``TOKENSVC_TOKENS_SUCCESSOR_KEYS='["a...", "b..."]'`` was split on its comma: two keys
+    with brackets and quotes in them, each long enough to be taken, neither the one meant."""
+    new, old = "n" * 40, "o,ld" + "o" * 36  # a comma in a key: the JSON form alone can hold it
+    path = write(tmp_path, SECRET)
+    settings = config.load(path, environ={"TOKENSVC_TOKENS_SUCCESSOR_KEYS": json.dumps([new, old])})
+    assert settings.tokens.successor_keys == (new, old)
+    settings = config.load(path, environ={"TOKENSVC_TOKENS_SUCCESSOR_KEYS": f" [ {json.dumps(new)} ] "})
+    assert settings.tokens.successor_keys == (new,)
+    settings = config.load(path, environ={"TOKENSVC_TOKENS_SUCCESSOR_KEYS": f"{new},{'p' * 40}"})
+    assert settings.tokens.successor_keys == (new, "p" * 40)  # the comma form, as before
+    hosts = config.load(path, environ={"TOKENSVC_SERVER_ALLOWED_HOSTS": "[::1],tokensvc",
+                                       "TOKENSVC_METRICS_ALLOW": '["10.0.0.0/8", "::1/128"]'})
+    assert hosts.server.allowed_hosts == ("[::1]", "tokensvc") and hosts.metrics.allow == ("10.0.0.0/8", "::1/128")
+    for broken in (f'["{new}", "{old}"', f'["{new}", 3]', '{"a": 1}'.replace("{", "[", 1).replace("}", "]")):
+        with pytest.raises(ConfigError) as info:
+            config.load(path, environ={"TOKENSVC_TOKENS_SUCCESSOR_KEYS": broken})
+        assert info.value.problems == ["TOKENSVC_TOKENS_SUCCESSOR_KEYS: a list is a JSON array of strings, or "
+                                       "comma-separated, got a value not shown (it holds keys)"], broken
+    with pytest.raises(ConfigError, match=r"^TOKENSVC_PROXY_TRUSTED_NETWORKS: a list is a JSON array of strings, or "
+                                          r"comma-separated, got '\[\"10.0.0.0/8\"'$"):
+        config.load(path, environ={"TOKENSVC_PROXY_TRUSTED_NETWORKS": '["10.0.0.0/8"'})

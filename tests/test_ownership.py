@@ -48,7 +48,6 @@ CHANGES = {
     "replaced client": lambda op: op.put_client("skyplanner", {"name": "SkyPlanner", "redirectUris": [
         "https://elsewhere.example/cb"]}),
     "client removal": lambda op: op.remove_client("partner"),
-    "the command line's client": lambda op: op.patch_client("tokensvc-cli", {"description": "Ours now"}),
     "installation": lambda op: op.put_installation("backyard-scope", {"name": "Front yard", "kind": "telescope"}),
     "installation removal": lambda op: op.remove_installation("backyard-scope"),
 }
@@ -62,6 +61,27 @@ async def test_an_entry_of_the_file_is_changed_by_no_operation_which_names_the_f
     assert refused.value.status_code == 409
     assert f"is written by the configuration file {FILE} at every start: change it there" in str(refused.value)
     assert (await store.list_clients(), await store.list_users(), await store.list_installations()) == before
+
+
+@pytest.mark.parametrize("change", [lambda op: op.patch_client("tokensvc-cli", {"description": "Ours now"}),
+                                    lambda op: op.rotate_secret("tokensvc-cli", {}),
+                                    lambda op: op.remove_client("tokensvc-cli")])
+async def test_the_command_lines_client_is_refused_naming_admin_cli_client(operator, store, change):
+    """``tokensvc-cli`` is no entry of the file's ``[[clients]]``: ``admin.cli_client`` (on by
+    default) writes it. The 409 said to take it out of the file, where it never was."""
+    before = await store.get_client("tokensvc-cli")
+    with pytest.raises(admin.TheFiles) as refused:
+        await change(operator)
+    assert refused.value.status_code == 409
+    assert str(refused.value) == (
+        "client 'tokensvc-cli' is tokensvc login's own client, written at every start while admin.cli_client is on "
+        "(its default): it cannot be changed here; admin.cli_client = false removes it, and a client of your own "
+        "then serves tokensvc login --token-client-id")
+    assert await store.get_client("tokensvc-cli") == before
+    plan = operator.plan({"clients": [{"clientId": "tokensvc-cli", "description": "Ours now"}]})
+    with pytest.raises(ValidationFailed) as planned:
+        await plan
+    assert planned.value.detail[0]["msg"].startswith("client 'tokensvc-cli' is tokensvc login's own client")
 
 
 async def test_what_the_file_does_not_write_stays_the_operators_to_do(operator, ctx, store):

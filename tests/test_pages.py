@@ -209,7 +209,7 @@ async def test_signing_in_ends_the_session_the_browser_had(browser, http_client,
 @pytest.mark.parametrize("config", [make_config(server={"allowed_hosts": ["tokensvc.internal"]})])
 async def test_only_the_configured_host_names_are_served(http_client, base_url, config, host, status):
     """DNS rebinding: a name an attacker points at this address reaches nothing; the public
-    URLs' names, server.allowed_hosts and, for a loopback deployment, the loopback names do."""
+    URLs' names, server.allowed_hosts and the loopback names do (tests/test_hosts.py)."""
     for path in ("/metrics", "/oauth/clients", "/login"):
         response = await http_client.fetch(base_url + path, headers={"Host": host}, raise_error=False)
         assert response.code == status, (path, host)

@@ -59,7 +59,26 @@ def test_the_json_log_mode_writes_a_refusal_as_a_json_line_too(tmp_path):
     result = subprocess.run([sys.executable, "-m", "tokensvc", "serve", "--config", str(broken)], capture_output=True,
                             text=True, timeout=30, env={key: value for key, value in os.environ.items()
                                                         if not key.startswith("TOKENSVC_")})
-    assert json.loads(one_line(result))["message"].startswith("storage.mongodb_uri: required")
+    assert result.returncode == 1 and result.stdout == "" and "Traceback" not in result.stderr
+    lines = [json.loads(line) for line in result.stderr.splitlines()]  # every problem, a JSON line each
+    assert [line["message"].split(":")[0] for line in lines] == ["storage.mongodb_uri", "cookie_secret"], lines
+    assert {(line["level"], line["logger"]) for line in lines} == {("error", "tokensvc")}
+
+
+def test_start_up_names_every_problem_of_the_configuration_at_once(tmp_path):
+    """The refusal to start lists every problem the configuration has, one line each naming its
+    key, as ``config check`` does: an operator fixes them in one pass, not one per restart."""
+    broken = tmp_path / "broken.toml"
+    broken.write_text('cookie_secret = "short"\n[tokens]\naccess_ttl = 0\n[storage]\nbackend = "mongodb"\n'
+                      'mongodb_uri = "mongodb://db1,db2/?replicaSet=rs0&tsl=true"\n')
+    result = subprocess.run([sys.executable, "-m", "tokensvc", "serve", "--config", str(broken)], capture_output=True,
+                            text=True, timeout=30, env={**{key: value for key, value in os.environ.items()
+                                                           if not key.startswith("TOKENSVC_")},
+                                                        "TOKENSVC_SERVER_DRAIN_SECONDS": "soon"})
+    assert result.returncode == 1 and result.stdout == "" and "Traceback" not in result.stderr
+    assert [line.split(":")[:2] for line in result.stderr.splitlines()] == [
+        ["tokensvc", " TOKENSVC_SERVER_DRAIN_SECONDS"], ["tokensvc", " cookie_secret"],
+        ["tokensvc", " storage.mongodb_uri"], ["tokensvc", " tokens.access_ttl"]], result.stderr
 
 
 def test_a_host_that_does_not_resolve_is_one_line():

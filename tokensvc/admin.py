@@ -117,14 +117,20 @@ class FileEntries:
     clients: frozenset[str] = frozenset()
     users: frozenset[str] = frozenset()
     installations: frozenset[str] = frozenset()
+    cli_client: str = ""  # the command line's client, while admin.cli_client writes it (not a [[clients]] entry)
 
     def check(self, kind: str, key: str) -> None:
-        """Refuse (409) a change to the ``kind`` (client, user, installation) ``key`` if the file writes it."""
+        """Refuse (409) a change to the ``kind`` (client, user, installation) ``key`` if the file
+        writes it, naming what writes it: the file's table, or ``admin.cli_client``."""
         owned = {"client": self.clients, "user": self.users, "installation": self.installations}[kind]
         if (username_key(key) if kind == "user" else key) in owned:
             where = f"the configuration file {self.file}" if self.file else "the configuration file"
             raise TheFiles(f"{kind} {key!r} is written by {where} at every start: change it there (or take it out "
                            "of the file to manage it here)")
+        if kind == "client" and key == self.cli_client:
+            raise TheFiles(f"client {key!r} is tokensvc login's own client, written at every start while "
+                           "admin.cli_client is on (its default): it cannot be changed here; admin.cli_client = false "
+                           "removes it, and a client of your own then serves tokensvc login --token-client-id")
 
     def writes(self, kind: str, key: str) -> bool:
         try:

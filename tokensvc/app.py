@@ -133,7 +133,7 @@ def make_admin_app(config: Settings, store: Store, ctx: OAuthContext) -> TokenSe
     """The admin listener's application: the admin API over the same store and context as the
     public one (so it works on the memory backend too), and no page."""
     static = {"static_path": str(STATIC_PATH), "static_url_prefix": "/static/"}
-    edge = Edge(ctx, config, ADMIN_ROUTES, HERE / "templates", static, StaticFiles)
+    edge = Edge(ctx, config, ADMIN_ROUTES, HERE / "templates", static, StaticFiles, admin=True)
     return TokenService(edge, static=False, log_function=exit_logs, serve_traceback=False,
                         compress_response=False)
 

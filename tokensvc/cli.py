@@ -286,15 +286,18 @@ def cmd_config_check(args: argparse.Namespace) -> int:
             _error(args, f"{args.config}: {warning}")
         raise CommandError(f"{args.config}: {len(warnings)} warning{'s' if len(warnings) > 1 else ''}, refused "
                            "by --strict")
-    if args.json:
-        print(json.dumps(config_module.masked(settings), indent=2))
+    if args.json:  # every line JSON: the settings on one line, each line of standard error an object
+        print(json.dumps(config_module.masked(settings)))
     else:
         for line in _flatten(config_module.masked(settings)):
             print(line)
     for warning in warnings:
         print(json.dumps({"warning": warning}) if args.json else f"tokensvc: warning: {warning}", file=sys.stderr)
-    print(f"{args.config}: OK" + (f" ({len(warnings)} warning{'s' if len(warnings) > 1 else ''})" if warnings
-                                   else ""), file=sys.stderr)
+    if args.json:
+        print(json.dumps({"config": args.config, "ok": True, "warnings": len(warnings)}), file=sys.stderr)
+    else:
+        print(f"{args.config}: OK" + (f" ({len(warnings)} warning{'s' if len(warnings) > 1 else ''})" if warnings
+                                       else ""), file=sys.stderr)
     return 0
 
 
@@ -399,7 +402,11 @@ def main(argv: Sequence[str] | None = None, *, store_factory: StoreFactory | Non
         logging.getLogger("tokensvc.audit").setLevel(logging.INFO)
     try:
         return args.func(args)
-    except (ConfigError, CommandError, StoreFault) as exc:
+    except ConfigError as exc:  # every problem found, one line (or JSON object) each
+        for problem in exc.problems:
+            _error(args, problem)
+        return 1
+    except (CommandError, StoreFault) as exc:
         return _error(args, str(exc))
     except StorageError as exc:
         return _error(args, f"the store is not answering: {exc}")

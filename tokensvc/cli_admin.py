@@ -31,7 +31,7 @@ from tokensvc.config import ConfigError, Settings
 from tokensvc.errors import ValidationFailed
 from tokensvc.identifiers import secret_problem
 from tokensvc.oauth import hashing
-from tokensvc.operator import Json, Operations, Operator, RemoteOperator
+from tokensvc.operator import Json, Operations, Operator, RemoteOperator, Unreachable
 from tokensvc.records import CLIENT_KIND, CLIENT_KINDS, MAX_KEEP_PREVIOUS_SECONDS
 from tokensvc.storage import StorageError, Store
 
@@ -93,7 +93,7 @@ def runner(factory: StoreFactory | None) -> Callable[[argparse.Namespace], int]:
 
         try:
             return asyncio.run(body())
-        except (AdminError, ValidationFailed, cli_login.LoginError) as exc:
+        except (AdminError, ValidationFailed, cli_login.LoginError, Unreachable) as exc:
             raise CommandError(_reason(exc)) from None
 
     return run
@@ -538,7 +538,7 @@ async def apply(op: Operations, args: argparse.Namespace) -> int:
         name = f"{step['action']} {step['kind']} {step['id']}"
         try:
             await _carry_out(op, step, state)
-        except (AdminError, ValidationFailed, StorageError, cli_login.LoginError) as exc:
+        except (AdminError, ValidationFailed, StorageError, cli_login.LoginError, Unreachable) as exc:
             left = [f"{later['action']} {later['kind']} {later['id']}" for later in to_do[len(done) + 1:]]
             raise CommandError(f"apply stopped at {name}: {_reason(exc)}\n"
                                f"  applied before it: {', '.join(done) or 'nothing'}\n"
@@ -584,7 +584,7 @@ def cmd_login(args: argparse.Namespace) -> int:
 
     try:
         return asyncio.run(body())
-    except (AdminError, cli_login.LoginError) as exc:
+    except (AdminError, cli_login.LoginError, Unreachable) as exc:
         raise CommandError(str(exc)) from None
 
 

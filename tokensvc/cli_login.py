@@ -50,6 +50,7 @@ from typing import Any
 from urllib.parse import parse_qs, urlencode, urlsplit
 
 from tokensvc.oauth import confirmation
+from tokensvc.operator import unreachable
 
 ADMIN_URL_ENV = "TOKENSVC_ADMIN_URL"
 TOKEN_ENV = "TOKENSVC_ADMIN_TOKEN"
@@ -141,16 +142,20 @@ async def held(path: Path) -> AsyncIterator[None]:
         os.close(descriptor)  # and with it the lock
 
 
-async def _fetch(url: str, method: str = "GET", form: dict[str, str] | None = None) -> Any:
+async def _fetch(url: str, method: str = "GET", form: dict[str, str] | None = None,
+                 unanswered: Callable[[object], str] | None = None) -> Any:
+    """The JSON answer of ``url``; ``unanswered(reason)``: the line when nothing answers (by
+    default, the token endpoint's)."""
     from tornado.httpclient import AsyncHTTPClient
 
+    unanswered = unanswered or (lambda reason: token_endpoint_unreachable(url, reason))
     try:
         response = await AsyncHTTPClient().fetch(url, method=method, raise_error=False,
                                                  body=urlencode(form) if form is not None else None)
     except OSError as exc:
-        raise LoginError(f"{url} does not answer: {exc}") from None
+        raise LoginError(unanswered(exc)) from None
     if response.code == 599:
-        raise LoginError(f"{url} does not answer: {response.error}")
+        raise LoginError(unanswered(response.error))
     try:
         answer = json.loads(response.body or b"{}")
     except ValueError:
@@ -161,9 +166,17 @@ async def _fetch(url: str, method: str = "GET", form: dict[str, str] | None = No
     return answer
 
 
+def token_endpoint_unreachable(url: str, reason: object) -> str:
+    """Why the token endpoint at ``url`` was not reached, and what to check: it is the service's
+    public URL (``base_url``, which the admin listener's index names), not the admin listener."""
+    why = reason.strerror if isinstance(reason, OSError) and reason.strerror else reason
+    return (f"the token endpoint at {url} does not answer ({why}): it is the service's public URL (base_url); check "
+            "that this machine reaches it")
+
+
 async def discover(url: str) -> dict[str, Any]:
     """The admin listener's index: the service's token endpoints and the CLI's client."""
-    return await _fetch(url.rstrip("/") + "/admin")
+    return await _fetch(url.rstrip("/") + "/admin", unanswered=lambda reason: unreachable(url.rstrip("/"), reason))
 
 
 def _refresh_endpoint(token_endpoint: str) -> str:
@@ -193,7 +206,7 @@ async def access_token(args: argparse.Namespace, url: str) -> AsyncIterator[str]
             form = {"refresh_token": refresh_token, "client_id": client_id, **_secret()}
             try:
                 tokens = await _fetch(refresh_at, "POST", form)
-            except LoginError as refused:
+            except Refused as refused:  # not a token endpoint that does not answer: its own line says so
                 raise LoginError(f"{refused}; the refresh token in {path} no longer works for {client_id}: sign "
                                  f"in again with `tokensvc login --url {url} --token-client-id {client_id} "
                                  f"--callback-port PORT --refresh-token {path}`") from None

@@ -16,13 +16,16 @@ The settings are immutable all the way down (frozen dataclasses, tuples, a read-
 whatever holds them (the protocol context, every application of the process) shares them
 without a copy, and nothing can change them under another holder.
 
-Every key has a default except ``cookie_secret`` outside demo mode. A fault at any stage raises
-:class:`ConfigError` with one message that names the key, and the service does not start.
+Every key has a default except ``cookie_secret`` outside demo mode. Every stage runs whatever
+the ones before found (a value refused is left out, its default taken); then
+:class:`ConfigError` lists every problem found, one line each naming its key, and the service
+does not start.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import ipaddress
 import json
 import logging
@@ -31,7 +34,7 @@ import os
 import re
 import secrets
 import tomllib
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
@@ -68,6 +71,8 @@ ENV_PREFIX = "TOKENSVC_"
 # not how the service runs, so they are never read as [admin] settings.
 COMMAND_LINE_VARIABLES = frozenset({"TOKENSVC_ADMIN_URL", "TOKENSVC_ADMIN_TOKEN", "TOKENSVC_ADMIN_CLIENT_ID",
                                     "TOKENSVC_ADMIN_CLIENT_SECRET"})
+# The variables that hold keys: a message about one never repeats its value.
+SECRET_VARIABLES = frozenset({"TOKENSVC_COOKIE_SECRET", "TOKENSVC_TOKENS_SUCCESSOR_KEYS"})
 # What a 503 (the store not answering) asks a client to wait before it tries again.
 STORE_RETRY_AFTER_SECONDS = 5
 # Settings whose default depends on other settings: absent from the input, filled in by _resolve.
@@ -88,8 +93,17 @@ MIN_UNSENT_BYTES = 4096
 UNIX_PEER = "unix"  # in proxy.trusted_networks: the peer on server.unix_socket
 
 
+# Says one problem of the settings, a line that starts with its key (``key: what is wrong``).
+Say = Callable[[str], None]
+
+
 class ConfigError(Exception):
-    """A configuration fault; the message names the key."""
+    """A configuration fault: ``problems``, one line each naming its key, every one that one
+    reading of the settings found; the message is those lines."""
+
+    def __init__(self, *problems: str) -> None:
+        super().__init__("\n".join(problems))
+        self.problems = list(problems)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -327,22 +341,67 @@ TABLES: dict[str, type] = {"clients": ClientSeed, "users": UserSeed, "installati
 def load(path: str | os.PathLike[str] | None = None, environ: Mapping[str, str] | None = None,
          overrides: Mapping[str, Any] | None = None) -> Settings:
     """Read the TOML file at ``path`` (none: defaults only), apply the environment, then
-    ``overrides`` (command-line flags, top-level keys), and make the settings."""
-    raw: dict[str, Any] = {}
-    if path is not None:
-        try:
-            raw = tomllib.loads(Path(path).read_text(encoding="utf-8"))
-        except FileNotFoundError:
-            raise ConfigError(f"config file not found: {path}") from None
-        except tomllib.TOMLDecodeError as exc:
-            raise ConfigError(f"{path}: not valid TOML: {exc}") from None
-    _apply_env(raw, os.environ if environ is None else environ)
+    ``overrides`` (command-line flags, top-level keys), and make the settings. A file that
+    cannot be read stops here; every other problem of the file and the environment is found
+    before :class:`ConfigError` lists them all."""
+    raw: dict[str, Any] = {} if path is None else _read(path)
+    found = _Problems()
+    _apply_env(raw, os.environ if environ is None else environ, found)
     raw.update({key: value for key, value in (overrides or {}).items() if value is not None})
-    settings = from_dict(raw)
+    settings = _settings(raw, found)
     return settings if path is None else dataclasses.replace(settings, config_file=os.path.abspath(path))
 
 
-def _apply_env(raw: dict[str, Any], environ: Mapping[str, str]) -> None:
+def _read(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """The TOML document at ``path``; what keeps it from being read, in one line."""
+    try:
+        return tomllib.loads(Path(path).read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ConfigError(f"config file not found: {path}") from None
+    except IsADirectoryError:
+        raise ConfigError(f"{path}: a directory, not a config file (give the TOML file with --config)") from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{path}: not UTF-8 text (byte {exc.start}): a config file is TOML in UTF-8") from None
+    except OSError as exc:  # no permission to read it, an I/O error
+        raise ConfigError(f"{path}: cannot be read: {exc.strerror or exc}") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{path}: not valid TOML: {exc}") from None
+
+
+class _Problems:
+    """What a reading of the settings finds wrong, one line each naming its key, in the order
+    found. A value refused for its type (or its variable) is left out, its default taken, so
+    that the later stages go on and find every other problem; what a later stage says of a
+    key refused before, or of the entry that holds it, follows from that refusal and is left
+    out (``clients[0].redirect_uris: at least one ...`` after ``redirect_uris`` was refused)."""
+
+    def __init__(self) -> None:
+        self.lines: list[str] = []
+        self.refused: list[str] = []
+
+    def __call__(self, line: str) -> None:
+        key = line.split(": ", 1)[0]
+        if not any(_related(key, refused) for refused in self.refused):
+            self.lines.append(line)
+
+    def refuse(self, key: str, line: str) -> None:
+        """``line`` said of ``key``, whose value is left out."""
+        self(line)
+        self.refused.append(key)
+
+    def check(self) -> None:
+        if self.lines:
+            raise ConfigError(*self.lines)
+
+
+def _related(key: str, other: str) -> bool:
+    """Whether one of two keys is the other or holds it (``clients[0]``, ``clients[0].name``)."""
+    if len(key) > len(other):
+        key, other = other, key
+    return other == key or other.startswith((key + ".", key + "["))
+
+
+def _apply_env(raw: dict[str, Any], environ: Mapping[str, str], found: _Problems) -> None:
     """Fold ``TOKENSVC_<SECTION>_<KEY>`` (or ``TOKENSVC_<KEY>``) variables into ``raw``.
 
     Variables of another prefix (``TOKENSVC_TEST_...``) are not settings and are left alone;
@@ -355,26 +414,42 @@ def _apply_env(raw: dict[str, Any], environ: Mapping[str, str]) -> None:
             continue
         rest = name[len(ENV_PREFIX):].lower()
         if rest in top:
-            raw[rest] = _parse_env(name, text, top[rest])
+            try:
+                raw[rest] = _parse_env(name, text, top[rest])
+            except ConfigError as exc:
+                found.refuse(rest, str(exc))
             continue
         section, _, key = rest.partition("_")
         if section not in SECTIONS:
             continue
         fields = _inputs(SECTIONS[section])
         if key not in fields:
-            raise ConfigError(f"{name}: unknown key {section}.{key}")
+            found.refuse(f"{section}.{key}", f"{name}: unknown key {section}.{key}")
+            continue
         table = raw.setdefault(section, {})
         if not isinstance(table, dict):
-            raise ConfigError(f"{section}: expected a table")
-        table[key] = _parse_env(name, text, fields[key])
+            continue  # the file's [section] is no table, which the next stage says
+        try:
+            table[key] = _parse_env(name, text, fields[key])
+        except ConfigError as exc:
+            found.refuse(f"{section}.{key}", str(exc))
 
 
 def _parse_env(name: str, text: str, annotation: str) -> Any:
-    if annotation == COOKIE_SECRET and text.lstrip().startswith("["):
-        try:  # several keys (a rotation): a JSON array, TOKENSVC_COOKIE_SECRET='["new...", "old..."]'
-            return json.loads(text)
+    if annotation in (COOKIE_SECRET, STRINGS) and text.lstrip().startswith("["):
+        # A list as a JSON array (several keys: TOKENSVC_COOKIE_SECRET='["new...", "old..."]'),
+        # which takes a comma in an entry too. An IPv6 address in brackets ("[::1],tokensvc")
+        # is no JSON: read as the comma-separated form.
+        try:
+            value = json.loads(text)
         except ValueError:
-            raise ConfigError(f"{name}: a list of keys is a JSON array of strings, got {text!r}") from None
+            value = None
+        if isinstance(value, list) and all(isinstance(item, str) for item in value):
+            return value
+        if value is not None or text.lstrip().startswith('["') or annotation == COOKIE_SECRET:
+            raise ConfigError(f"{name}: a list of keys is a JSON array of strings" if annotation == COOKIE_SECRET
+                              else f"{name}: a list is a JSON array of strings, or comma-separated, got "
+                                   f"{_quoted(name, text)}")
     base = annotation.removesuffix(" | None")
     if base == "int":
         try:
@@ -391,6 +466,11 @@ def _parse_env(name: str, text: str, annotation: str) -> Any:
     if base == STRINGS:
         return [item.strip() for item in text.split(",") if item.strip()]
     return text
+
+
+def _quoted(name: str, text: str) -> str:
+    """``text`` as a message may show it: a variable of keys is never shown."""
+    return "a value not shown (it holds keys)" if name in SECRET_VARIABLES else repr(text)
 
 
 # -- stage 2: typed ----------------------------------------------------------------------------
@@ -442,19 +522,28 @@ def _coerce(key: str, value: Any, annotation: str) -> Any:
     return tuple(value) if value is not None and annotation.removesuffix(" | None") == STRINGS else value
 
 
-def _table(cls: type, key: str, table: Any) -> dict[str, Any]:
-    """The keys of one table, each of the type its section declares."""
+def _table(cls: type, key: str, table: Any, found: _Problems) -> dict[str, Any]:
+    """The keys of one table, each of the type its section declares; a key refused is left
+    out, and a required one left out or refused is "" (found says why), so that the entry is
+    still made and its other keys checked."""
     if not isinstance(table, Mapping):
-        raise ConfigError(f"{key}: expected a table, got {table!r}")
+        found.refuse(key, f"{key}: expected a table, got {table!r}")
+        table = {}
     inputs = _inputs(cls)
     values: dict[str, Any] = {}
     for name, value in table.items():
         if name not in inputs:
-            raise ConfigError(f"{key}.{name}: unknown key")
-        values[name] = _coerce(f"{key}.{name}", value, inputs[name])
-    for name in _required(cls):
+            found.refuse(f"{key}.{name}", f"{key}.{name}: unknown key")
+            continue
+        try:
+            values[name] = _coerce(f"{key}.{name}", value, inputs[name])
+        except ConfigError as exc:
+            found.refuse(f"{key}.{name}", str(exc))
+    for name in _required(cls):  # every required key is a string
         if name not in values:
-            raise ConfigError(f"{key}.{name}: a value is required")
+            if name not in table:
+                found.refuse(f"{key}.{name}", f"{key}.{name}: a value is required")
+            values[name] = ""
     return values
 
 
@@ -476,36 +565,47 @@ def entry_problems(table: str, entry: Any) -> list[tuple[str | None, str]]:
     return problems
 
 
-def _typed(raw: Mapping[str, Any]) -> dict[str, Any]:
-    """Every key of ``raw`` checked against the settings' declared types, as plain values."""
+def _typed(raw: Mapping[str, Any], found: _Problems) -> dict[str, Any]:
+    """Every key of ``raw`` checked against the settings' declared types, as plain values; a
+    key refused is left out."""
     inputs = _inputs(Settings)
     values: dict[str, Any] = {}
     for key, value in raw.items():
         if key not in inputs:
-            raise ConfigError(f"{key}: unknown key")
-        if key == "scopes":
-            values[key] = _scope_descriptions(value)
+            found.refuse(key, f"{key}: unknown key")
+        elif key == "scopes":
+            values[key] = _scope_descriptions(value, found)
         elif key in SECTIONS:
-            values[key] = _table(SECTIONS[key], key, value)
+            values[key] = _table(SECTIONS[key], key, value, found)
         elif key in TABLES:
             if not isinstance(value, list):
-                raise ConfigError(f"{key}: expected an array of tables ([[{key}]])")
-            values[key] = [_table(TABLES[key], f"{key}[{i}]", item) for i, item in enumerate(value)]
+                found.refuse(key, f"{key}: expected an array of tables ([[{key}]])")
+                continue
+            values[key] = [_table(TABLES[key], f"{key}[{i}]", item, found) for i, item in enumerate(value)]
         else:
-            values[key] = _coerce(key, value, inputs[key])
+            try:
+                values[key] = _coerce(key, value, inputs[key])
+            except ConfigError as exc:
+                found.refuse(key, str(exc))
     return values
 
 
-def _scope_descriptions(table: Any) -> Mapping[str, str]:
+def _scope_descriptions(table: Any, found: _Problems) -> Mapping[str, str]:
     if not isinstance(table, Mapping):
-        raise ConfigError("scopes: expected a table of scope = \"description\"")
+        found.refuse("scopes", "scopes: expected a table of scope = \"description\"")
+        return MappingProxyType({})
+    described = {}
     for scope, words in table.items():
         if not isinstance(words, str) or not words.strip():
-            raise ConfigError(f"scopes.{scope}: expected a description (a non-empty string), got {words!r}")
+            found.refuse(f"scopes.{scope}",
+                         f"scopes.{scope}: expected a description (a non-empty string), got {words!r}")
+            continue
         problem = scope_problem(scope)
         if problem is not None:
-            raise ConfigError(f"scopes: not a scope ({problem}): {scope!r}")
-    return MappingProxyType(dict(table))
+            found(f"scopes: not a scope ({problem}): {scope!r}")
+            continue
+        described[scope] = words
+    return MappingProxyType(described)
 
 
 # -- stage 3: resolved -------------------------------------------------------------------------
@@ -532,12 +632,16 @@ def _default(cls: type, name: str) -> Any:
     return next(f.default for f in dataclasses.fields(cls) if f.name == name)
 
 
-def _resolve(values: dict[str, Any]) -> None:
+def _resolve(values: dict[str, Any], found: _Problems) -> None:
     """Fill in the settings whose default depends on others."""
     host, port = values.get("host", _default(Settings, "host")), values.get("port", _default(Settings, "port"))
+    if not 1 <= port <= 65535:
+        found.refuse("port", f"port: {port} is outside 1-65535; choose another with --port or TOKENSVC_PORT")
+        port = _default(Settings, "port")  # to derive the rest with: their problems would be this one's
     for key in ("base_url", "auth_url"):
         url = values.get(key) or listen_url(host, port)  # not set: reached where it listens
-        _check_url(key, url)
+        if not _check_url(key, url, found):
+            url = listen_url(host, port)  # to check the rest with
         values[key] = url.rstrip("/")
     admin = values.setdefault("admin", {})
     if "port" not in admin:  # beside the public port
@@ -547,8 +651,8 @@ def _resolve(values: dict[str, Any]) -> None:
             and not values.get("demo"):
         # Its default names this host alone: a forgotten secret would make a production service wait
         # for a database that is not there.
-        raise ConfigError('storage.mongodb_uri: required with storage.backend = "mongodb" outside demo mode (set it, '
-                          "or TOKENSVC_STORAGE_MONGODB_URI)")
+        found('storage.mongodb_uri: required with storage.backend = "mongodb" outside demo mode (set it, '
+              "or TOKENSVC_STORAGE_MONGODB_URI)")
     tokens = values.setdefault("tokens", {})
     if "refresh_grace_seconds" not in tokens:
         on_mongodb = storage.get("backend", _default(StorageSettings, "backend")) == "mongodb"
@@ -567,79 +671,89 @@ def _resolve(values: dict[str, Any]) -> None:
 
 def from_dict(raw: Mapping[str, Any]) -> Settings:
     """The settings ``raw`` (a parsed TOML document) describes."""
-    values = _typed(raw)
-    _resolve(values)
+    return _settings(raw, _Problems())
+
+
+def _settings(raw: Mapping[str, Any], found: _Problems) -> Settings:
+    """The settings ``raw`` describes, every stage run whatever the ones before found (what
+    they refused is left out), then :class:`ConfigError` with every problem found, if any."""
+    values = _typed(raw, found)
+    _resolve(values, found)
     for key, cls in SECTIONS.items():
         values[key] = cls(**values.get(key, {}))
     for key, cls in TABLES.items():
         values[key] = tuple(cls(**item) for item in values.get(key, []))
     settings = Settings(**values)
-    _check(settings)
+    _check(settings, found)
+    found.check()
     return settings
 
 
 # -- stage 4: checked --------------------------------------------------------------------------
 
 
-def _check_url(key: str, url: str, *, schemes: tuple[str, ...] = ("http", "https")) -> None:
-    if not is_url(url, schemes):
-        raise ConfigError(f"{key}: not a valid {'/'.join(schemes)} URL: {url!r}")
+def _check_url(key: str, url: str, say: Say, *, schemes: tuple[str, ...] = ("http", "https")) -> bool:
+    """Whether ``url`` is a URL of one of ``schemes``; if not, said."""
+    if is_url(url, schemes):
+        return True
+    say(f"{key}: not a valid {'/'.join(schemes)} URL: {url!r}")
+    return False
 
 
-def _check(settings: Settings) -> None:
+def _check(settings: Settings, say: Say) -> None:
     """Each section's rules, on the settings as they will be used."""
-    _check_service(settings)
-    _check_admin(settings.admin, settings.port)
-    _check_storage(settings.storage)
-    _check_sections(settings)
-    _check_clients(settings.clients, settings.demo)
-    names = _check_users(settings.users, settings.service_name)
-    _check_kinds(settings.installation_kinds)
-    _check_installations(settings.installations, names, settings.installation_kinds)
+    _check_service(settings, say)
+    _check_admin(settings.admin, settings.port, say)
+    _check_storage(settings.storage, say)
+    _check_sections(settings, say)
+    _check_clients(settings.clients, settings.demo, say)
+    names = _check_users(settings.users, settings.service_name, say)
+    _check_kinds(settings.installation_kinds, say)
+    _check_installations(settings.installations, names, settings.installation_kinds, say)
 
 
-def _check_service(settings: Settings) -> None:
+def _check_service(settings: Settings, say: Say) -> None:
     if not re.fullmatch(r"[A-Za-z0-9_-]{1,64}", settings.service_name):
-        raise ConfigError("service_name: letters, digits, '_' and '-' only (it names the session cookie)")
-    if not 1 <= settings.port <= 65535:
-        raise ConfigError(f"port: {settings.port} is outside 1-65535; choose another with --port or TOKENSVC_PORT")
+        say("service_name: letters, digits, '_' and '-' only (it names the session cookie)")
     if settings.log_format not in ("text", "json"):
-        raise ConfigError(f"log_format: expected 'text' or 'json', got {settings.log_format!r}")
+        say(f"log_format: expected 'text' or 'json', got {settings.log_format!r}")
     if settings.log_level.upper() not in ("DEBUG", "INFO", "WARNING", "ERROR"):
-        raise ConfigError(f"log_level: expected debug, info, warning or error, got {settings.log_level!r}")
+        say(f"log_level: expected debug, info, warning or error, got {settings.log_level!r}")
     if not settings.cookie_secret:
-        raise ConfigError("cookie_secret: required outside demo mode (set it, or TOKENSVC_COOKIE_SECRET)")
+        say("cookie_secret: required outside demo mode (set it, or TOKENSVC_COOKIE_SECRET)")
     for index, key in enumerate(settings.cookie_secrets):
         problem = secret_problem(key, demo=settings.demo)
         if problem is not None:
             name = f"cookie_secret[{index}]" if len(settings.cookie_secrets) > 1 else "cookie_secret"
-            raise ConfigError(f"{name}: expected {problem}")
+            say(f"{name}: expected {problem}")
     if len(set(settings.cookie_secrets)) != len(settings.cookie_secrets):
-        raise ConfigError("cookie_secret: a key is listed twice")
+        say("cookie_secret: a key is listed twice")
 
 
-def _check_admin(admin: AdminSettings, port: int) -> None:
+def _check_admin(admin: AdminSettings, port: int, say: Say) -> None:
     if not 0 <= admin.port <= 65535:
-        raise ConfigError(f"admin.port: {admin.port} is outside 0-65535 (0: no admin listener)")
+        say(f"admin.port: {admin.port} is outside 0-65535 (0: no admin listener)")
     if admin.port and admin.port == port:
-        raise ConfigError("admin.port: the admin listener needs a port of its own, not the public one")
+        say("admin.port: the admin listener needs a port of its own, not the public one")
     if admin.port and not is_loopback(admin.host) and not admin.allow_remote:
-        raise ConfigError(f"admin.host: {admin.host!r} is not a loopback address; the admin API belongs on "
+        say(f"admin.host: {admin.host!r} is not a loopback address; the admin API belongs on "
                           "loopback, or behind TLS and a network policy with admin.allow_remote = true")
 
 
-def _check_storage(storage: StorageSettings) -> None:
+def _check_storage(storage: StorageSettings, say: Say) -> None:
     if storage.backend not in ("memory", "mongodb"):
-        raise ConfigError(f"storage.backend: expected 'memory' or 'mongodb', got {storage.backend!r}")
-    _check_url("storage.mongodb_uri", storage.mongodb_uri, schemes=("mongodb", "mongodb+srv"))
+        say(f"storage.backend: expected 'memory' or 'mongodb', got {storage.backend!r}")
+    if _check_url("storage.mongodb_uri", storage.mongodb_uri, say, schemes=("mongodb", "mongodb+srv")):
+        for problem in mongodb_uri_problems(storage.mongodb_uri):
+            say(f"storage.mongodb_uri: {problem}")
     if not re.fullmatch(r"[A-Za-z0-9_-]{1,63}", storage.database):
-        raise ConfigError(f"storage.database: not a valid database name: {storage.database!r}")
+        say(f"storage.database: not a valid database name: {storage.database!r}")
     for key in ("timeout_ms", "max_pool_size", "heartbeat_seconds"):
         if getattr(storage, key) <= 0:
-            raise ConfigError(f"storage.{key}: must be positive")
+            say(f"storage.{key}: must be positive")
 
 
-def _check_sections(settings: Settings) -> None:
+def _check_sections(settings: Settings, say: Say) -> None:
     """The numbers of [tokens], [server], [proxy] and [limits], and the networks of [metrics] and [proxy]."""
     for f in dataclasses.fields(TokenSettings):
         value = getattr(settings.tokens, f.name)
@@ -647,34 +761,34 @@ def _check_sections(settings: Settings) -> None:
             continue
         minimum = 0 if f.name == "refresh_grace_seconds" else 1
         if value < minimum:
-            raise ConfigError(f"tokens.{f.name}: must be at least {minimum}, got {value}")
+            say(f"tokens.{f.name}: must be at least {minimum}, got {value}")
     keys = settings.tokens.successor_keys
     for index, key in enumerate(keys):
         problem = secret_problem(key)  # demo mode too: it is no cookie secret a demo generates
         if problem is not None:
-            raise ConfigError(f"tokens.successor_keys[{index}]: expected {problem}")
+            say(f"tokens.successor_keys[{index}]: expected {problem}")
     if len(set(keys)) != len(keys):
-        raise ConfigError("tokens.successor_keys: a key is listed twice")
+        say("tokens.successor_keys: a key is listed twice")
     # Without keys of their own, one is derived from each cookie_secret key, which has
     # MIN_SECRET_LENGTH characters or more outside demo mode (the rule of _check_service).
     for name in ("idle_timeout", "body_timeout", "drain_seconds"):
         if getattr(settings.server, name) < 1:
-            raise ConfigError(f"server.{name}: must be at least 1 second, got {getattr(settings.server, name)}")
+            say(f"server.{name}: must be at least 1 second, got {getattr(settings.server, name)}")
     if not 0 <= settings.server.unix_socket_mode <= 0o777:
-        raise ConfigError(f"server.unix_socket_mode: a file mode (0o660), got {settings.server.unix_socket_mode:#o}")
+        say(f"server.unix_socket_mode: a file mode (0o660), got {settings.server.unix_socket_mode:#o}")
     if UNIX_PEER in settings.proxy.trusted_networks and not settings.server.unix_socket:
-        raise ConfigError(f'proxy.trusted_networks: "{UNIX_PEER}" trusts the peer on server.unix_socket, which is '
+        say(f'proxy.trusted_networks: "{UNIX_PEER}" trusts the peer on server.unix_socket, which is '
                           "not set")
     for f in dataclasses.fields(LimitSettings):
         value = getattr(settings.limits, f.name)
         if f.name != "enabled" and value < 1:
-            raise ConfigError(f"limits.{f.name}: must be at least 1, got {value}")
+            say(f"limits.{f.name}: must be at least 1, got {value}")
     if settings.limits.consecutive_failed_logins > MAX_CONSECUTIVE_FAILED_LOGINS:
-        raise ConfigError(f"limits.consecutive_failed_logins: at most {MAX_CONSECUTIVE_FAILED_LOGINS} (NIST SP 800-63B "
+        say(f"limits.consecutive_failed_logins: at most {MAX_CONSECUTIVE_FAILED_LOGINS} (NIST SP 800-63B "
                           f"§5.2.2), got {settings.limits.consecutive_failed_logins}")
     if settings.limits.ipv6_prefix > 128:
-        raise ConfigError(f"limits.ipv6_prefix: an IPv6 prefix length, 1 to 128, got {settings.limits.ipv6_prefix}")
-    _check_feed(settings.feed)
+        say(f"limits.ipv6_prefix: an IPv6 prefix length, 1 to 128, got {settings.limits.ipv6_prefix}")
+    _check_feed(settings.feed, say)
     for key, networks in (("metrics.allow", settings.metrics.allow),
                           ("proxy.trusted_networks", settings.proxy.trusted_networks)):
         for index, network in enumerate(networks):
@@ -683,134 +797,134 @@ def _check_sections(settings: Settings) -> None:
             try:
                 ipaddress.ip_network(network, strict=False)
             except ValueError:
-                raise ConfigError(f"{key}[{index}]: not a network (address/prefix): {network!r}") from None
+                say(f"{key}[{index}]: not a network (address/prefix): {network!r}")
     for index, host in enumerate(settings.server.allowed_hosts):
         if host != "*" and not HOST_NAME.fullmatch(host):
-            raise ConfigError(f"server.allowed_hosts[{index}]: a host name or address as a request's Host names it, "
+            say(f"server.allowed_hosts[{index}]: a host name or address as a request's Host names it, "
                               f"without scheme, port or path (or \"*\" for any): {host!r}")
     if settings.proxy.trusted_hops < 0:
-        raise ConfigError(f"proxy.trusted_hops: must be 0 or more, got {settings.proxy.trusted_hops}")
+        say(f"proxy.trusted_hops: must be 0 or more, got {settings.proxy.trusted_hops}")
     if settings.xheaders and not settings.proxy.trusted_networks:
         # Else a client connecting directly writes its own X-Forwarded-For: the failure
         # limits and /metrics would take the address it chose.
-        raise ConfigError("proxy.trusted_networks: required with xheaders: the networks of the proxies the service "
+        say("proxy.trusted_networks: required with xheaders: the networks of the proxies the service "
                           "is reached through (their headers are believed from them alone)")
 
 
-def _check_feed(feed: FeedSettings) -> None:
+def _check_feed(feed: FeedSettings, say: Say) -> None:
     for f in dataclasses.fields(FeedSettings):
         if getattr(feed, f.name) < 1:
-            raise ConfigError(f"feed.{f.name}: must be at least 1, got {getattr(feed, f.name)}")
+            say(f"feed.{f.name}: must be at least 1, got {getattr(feed, f.name)}")
     if feed.ping_timeout_seconds > feed.ping_seconds:
-        raise ConfigError(f"feed.ping_timeout_seconds: at most feed.ping_seconds ({feed.ping_seconds}), got "
+        say(f"feed.ping_timeout_seconds: at most feed.ping_seconds ({feed.ping_seconds}), got "
                           f"{feed.ping_timeout_seconds}")
     if feed.max_readers_per_client > feed.max_readers:
-        raise ConfigError(f"feed.max_readers_per_client: at most feed.max_readers ({feed.max_readers}), got "
+        say(f"feed.max_readers_per_client: at most feed.max_readers ({feed.max_readers}), got "
                           f"{feed.max_readers_per_client}")
     if feed.max_unsent_bytes < MIN_UNSENT_BYTES:
-        raise ConfigError(f"feed.max_unsent_bytes: at least {MIN_UNSENT_BYTES} (a few messages), got "
+        say(f"feed.max_unsent_bytes: at least {MIN_UNSENT_BYTES} (a few messages), got "
                           f"{feed.max_unsent_bytes}")
 
 
-def _check_clients(clients: tuple[ClientSeed, ...], demo: bool) -> None:
+def _check_clients(clients: tuple[ClientSeed, ...], demo: bool, say: Say) -> None:
     seen: set[str] = set()
     for i, client in enumerate(clients):
         key = f"clients[{i}]"
         problem = id_problem(client.client_id)
         if problem is not None:
-            raise ConfigError(f"{key}.client_id: {problem}: {client.client_id!r}")
+            say(f"{key}.client_id: {problem}: {client.client_id!r}")
         if client.client_id in seen:
-            raise ConfigError(f"{key}.client_id: duplicate client id {client.client_id!r}")
+            say(f"{key}.client_id: duplicate client id {client.client_id!r}")
         seen.add(client.client_id)
         if client.kind not in CLIENT_KINDS:
-            raise ConfigError(f"{key}.kind: one of {', '.join(CLIENT_KINDS)}: {client.kind!r}")
+            say(f"{key}.kind: one of {', '.join(CLIENT_KINDS)}: {client.kind!r}")
         if client.kind == RESOURCE_SERVER:
-            _check_resource_server(key, client)
+            _check_resource_server(key, client, say)
         elif not client.redirect_uris:
-            raise ConfigError(f"{key}.redirect_uris: at least one redirect URI is required")
+            say(f"{key}.redirect_uris: at least one redirect URI is required")
         for index, uri in enumerate(client.redirect_uris):
             problem = redirect_uri_problem(uri)
             if problem is not None:
-                raise ConfigError(f"{key}.redirect_uris[{index}]: not a valid redirect URI ({problem}): {uri!r}")
+                say(f"{key}.redirect_uris[{index}]: not a valid redirect URI ({problem}): {uri!r}")
         for index, scope in enumerate(client.allowed_scopes or []):
             problem = scope_problem(scope)
             if problem is not None:
-                raise ConfigError(f"{key}.allowed_scopes[{index}]: not a valid scope ({problem}): {scope!r}")
+                say(f"{key}.allowed_scopes[{index}]: not a valid scope ({problem}): {scope!r}")
         problem = logo_url_problem(client.logo_url) if client.logo_url is not None else None
         if problem is not None:
-            raise ConfigError(f"{key}.logo_url: not a valid logo URL ({problem}): {client.logo_url!r}")
+            say(f"{key}.logo_url: not a valid logo URL ({problem}): {client.logo_url!r}")
         for index, origin in enumerate(client.allowed_origins or []):
             problem = origin_problem(origin)
             if problem is not None:
-                raise ConfigError(f"{key}.allowed_origins[{index}]: not a web origin ({problem}): {origin!r}")
+                say(f"{key}.allowed_origins[{index}]: not a web origin ({problem}): {origin!r}")
         if client.client_secret is not None and client.client_secret_sha256 is not None:
-            raise ConfigError(f"{key}: give client_secret or client_secret_sha256, not both")
+            say(f"{key}: give client_secret or client_secret_sha256, not both")
         problem = (secret_sha256_problem(client.client_secret_sha256)
                    if client.client_secret_sha256 is not None else None)
         if problem is not None:
-            raise ConfigError(f"{key}.client_secret_sha256: expected {problem}")
+            say(f"{key}.client_secret_sha256: expected {problem}")
         problem = secret_problem(client.client_secret, demo=demo) if client.client_secret is not None else None
         if problem is not None:
-            raise ConfigError(f"{key}.client_secret: expected {problem}")
+            say(f"{key}.client_secret: expected {problem}")
 
 
-def _check_resource_server(key: str, client: ClientSeed) -> None:
+def _check_resource_server(key: str, client: ClientSeed, say: Say) -> None:
     """A resource server proves a secret and has nothing of the authorization flow."""
     for name in ("redirect_uris", "allowed_scopes", "allowed_origins"):
         if getattr(client, name):
-            raise ConfigError(f"{key}.{name}: a resource server has none (it introspects and reads the feed only)")
+            say(f"{key}.{name}: a resource server has none (it introspects and reads the feed only)")
     if client.first_party:
-        raise ConfigError(f"{key}.first_party: a resource server is not first-party (it introspects and reads the "
+        say(f"{key}.first_party: a resource server is not first-party (it introspects and reads the "
                           "feed only)")
     if client.client_secret is None and client.client_secret_sha256 is None:
-        raise ConfigError(f"{key}: a resource server is confidential: give client_secret or client_secret_sha256")
+        say(f"{key}: a resource server is confidential: give client_secret or client_secret_sha256")
 
 
-def _check_users(users: tuple[UserSeed, ...], service_name: str) -> set[str]:
+def _check_users(users: tuple[UserSeed, ...], service_name: str, say: Say) -> set[str]:
     """The users' rules; their usernames' keys (identifiers.username_key)."""
     names: set[str] = set()
     for i, user in enumerate(users):
         key = f"users[{i}]"
         problem = username_problem(user.username)
         if problem is not None:
-            raise ConfigError(f"{key}.username: {problem}: {user.username!r}")
+            say(f"{key}.username: {problem}: {user.username!r}")
         if username_key(user.username) in names:  # one user per key: ROOT is root
-            raise ConfigError(f"{key}.username: duplicate username {user.username!r}")
+            say(f"{key}.username: duplicate username {user.username!r}")
         names.add(username_key(user.username))
         if (user.password is None) == (user.password_hash is None):
-            raise ConfigError(f"{key}: give exactly one of password or password_hash")
+            say(f"{key}: give exactly one of password or password_hash")
         problem = password_problem(user.password, [user.username, service_name]) if user.password else None
         if problem is not None:
-            raise ConfigError(f"{key}.password: {problem} (the rule of `tokensvc users add`)")
+            say(f"{key}.password: {problem} (the rule of `tokensvc users add`)")
         problem = password_hash_problem(user.password_hash) if user.password_hash is not None else None
         if problem is not None:
-            raise ConfigError(f"{key}.password_hash: expected {problem}")
+            say(f"{key}.password_hash: expected {problem}")
     return names
 
 
-def _check_kinds(kinds: tuple[str, ...]) -> None:
+def _check_kinds(kinds: tuple[str, ...], say: Say) -> None:
     if not kinds:
-        raise ConfigError("installation_kinds: at least one kind is required")
+        say("installation_kinds: at least one kind is required")
     for index, kind in enumerate(kinds):
         if not KIND.fullmatch(kind):
-            raise ConfigError(f"installation_kinds[{index}]: {KIND_RULE}: {kind!r}")
+            say(f"installation_kinds[{index}]: {KIND_RULE}: {kind!r}")
     if len(set(kinds)) != len(kinds):
-        raise ConfigError("installation_kinds: a kind is listed twice")
+        say("installation_kinds: a kind is listed twice")
 
 
 def _check_installations(installations: tuple[InstallationSeed, ...], usernames: set[str],
-                         kinds: tuple[str, ...]) -> None:
+                         kinds: tuple[str, ...], say: Say) -> None:
     for i, inst in enumerate(installations):
         key = f"installations[{i}]"
         problem = id_problem(inst.installation_id)
         if problem is not None:
-            raise ConfigError(f"{key}.installation_id: {problem}: {inst.installation_id!r}")
+            say(f"{key}.installation_id: {problem}: {inst.installation_id!r}")
         problem = kind_problem(inst.kind, kinds)
         if problem is not None:
-            raise ConfigError(f"{key}.kind: {problem}, got {inst.kind!r}")
+            say(f"{key}.kind: {problem}, got {inst.kind!r}")
         for index, operator in enumerate(inst.operators):
             if username_key(operator) not in usernames:
-                raise ConfigError(f"{key}.operators[{index}]: unknown user {operator!r}")
+                say(f"{key}.operators[{index}]: unknown user {operator!r}")
 
 
 # -- what a production deployment does not want ------------------------------------------------
@@ -861,6 +975,60 @@ def mongodb_hosts(uri: str) -> tuple[list[str], dict[str, str]]:
         elif host:
             hosts.append(host.rsplit(":", 1)[0])
     return hosts, {name.lower(): value for name, value in parse_qsl(query)}
+
+
+def mongodb_uri_problems(uri: str) -> list[str]:
+    """What PyMongo's own parser refuses in ``uri``, one line each: an option it does not know
+    (``tsl=true``, named by its place in the query, since PyMongo never names an unknown key:
+    it may be credential text), a value it does not take (``tls=maybe``), then the URI as a
+    whole (hosts, ports, options in conflict or given twice). Nothing is resolved: a
+    ``mongodb+srv`` name is not looked up. PyMongo's warnings are caught and said here too,
+    never written to standard error."""
+    import warnings as python_warnings
+
+    from pymongo import uri_parser
+    from pymongo.errors import PyMongoError
+
+    scheme_free = uri.partition("://")[2]
+    query = scheme_free.partition("?")[2]
+    userinfo = scheme_free.partition("?")[0].partition("/")[0].rpartition("@")[0]
+    problems: list[str] = []
+
+    def said(what: str, parse: Callable[[], Any]) -> bool:
+        with python_warnings.catch_warnings(record=True) as caught:
+            python_warnings.simplefilter("always")
+            try:
+                parse()
+            except (ValueError, TypeError, PyMongoError) as exc:  # InvalidURI and ConfigurationError among them
+                problems.append(f"{what}{_unsaid(str(exc), userinfo)}")
+                return False
+        problems.extend(f"{what}{_unsaid(str(warning.message), userinfo)}" for warning in caught)
+        return not caught
+
+    taken = []
+    for place, option in enumerate(filter(None, re.split("[&;]", query)), 1):
+        name = option.partition("=")[0]
+        known = name.lower() in uri_parser.URI_OPTIONS_VALIDATOR_MAP or name.lower() == "readpreferencetags"
+        what = f"option {name}: " if known else f"option {place} of the query, not named (it may be credential text): "
+        if said(what, functools.partial(uri_parser.split_options, option, validate=True, warn=False)):
+            taken.append(option)
+    parse: Callable[..., Any] | None
+    try:  # parse_uri without its DNS lookups (mongodb+srv), in every PyMongo 4 since 4.13
+        from pymongo.uri_parser_shared import _validate_uri as parse
+    except ImportError:  # pragma: no cover - a later PyMongo 4: its public parser, mongodb:// alone
+        parse = uri_parser.parse_uri if uri.startswith("mongodb://") else None
+    if parse is not None:  # the whole URI, with the options refused above left out
+        whole = uri.partition("?")[0] + ("?" + "&".join(taken) if taken else "")
+        said("", functools.partial(parse, whole, validate=True, warn=False))
+    return problems
+
+
+def _unsaid(message: str, userinfo: str) -> str:
+    """PyMongo's ``message`` with what the URI holds before its ``@`` (user and password) and
+    its advice to read a docstring taken out."""
+    for part in filter(None, userinfo.split(":")):
+        message = message.replace(part, "***")
+    return message.replace(" Refer to docstring.", "")
 
 
 def masked(settings: Settings) -> dict[str, Any]:

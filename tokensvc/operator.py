@@ -86,12 +86,10 @@ def _session(session: Session) -> Json:
 def file_entries(settings: Settings) -> admin.FileEntries:
     """The entries the configuration file of ``settings`` writes at every start (bootstrap.seed):
     the file's own, which no operation changes."""
-    clients = {seed.client_id for seed in settings.clients}
-    if settings.admin.cli_client:
-        clients.add(CLI_CLIENT.client_id)
-    return admin.FileEntries(settings.config_file, frozenset(clients),
+    return admin.FileEntries(settings.config_file, frozenset(seed.client_id for seed in settings.clients),
                              frozenset(username_key(seed.username) for seed in settings.users),
-                             frozenset(seed.installation_id for seed in settings.installations))
+                             frozenset(seed.installation_id for seed in settings.installations),
+                             CLI_CLIENT.client_id if settings.admin.cli_client else "")
 
 
 class Operator:
@@ -269,6 +267,20 @@ class Operator:
 # -- over the admin API ------------------------------------------------------------------------
 
 
+class Unreachable(Exception):
+    """The admin listener did not answer at all (nothing listens there, or no way reaches it):
+    one line naming it and what to check (:func:`unreachable`)."""
+
+
+def unreachable(url: str, reason: object) -> str:
+    """Why the admin listener at ``url`` was not reached (``reason``: the connection's error),
+    and what to check: the service, its listener's address and the way there."""
+    why = reason.strerror if isinstance(reason, OSError) and reason.strerror else reason
+    return (f"the admin listener at {url} does not answer ({why}): check that tokensvc serve runs with its admin "
+            "listener there (admin.host, admin.port; with kubectl port-forward or an SSH tunnel, that the tunnel "
+            "is open), and that --url or TOKENSVC_ADMIN_URL names it")
+
+
 class RemoteOperator:
     """The same operations, asked of a running service's admin API with an access token."""
 
@@ -288,9 +300,9 @@ class RemoteOperator:
                                                      body=json.dumps(body) if body is not None else None,
                                                      allow_nonstandard_methods=True)
         except (OSError, HTTPClientError) as exc:
-            raise StorageError(f"the admin API at {self.url} does not answer: {exc}") from None
+            raise Unreachable(unreachable(self.url, exc)) from None
         if response.code == 599:
-            raise StorageError(f"the admin API at {self.url} does not answer: {response.error}")
+            raise Unreachable(unreachable(self.url, response.error))
         answer = json.loads(response.body or b"{}") if response.body else {}
         if response.code >= 400:
             raise _failure(response.code, answer)

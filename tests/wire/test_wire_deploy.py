@@ -123,12 +123,15 @@ def test_in_cluster_callers_reach_the_pods_as_the_manifest_configures_them(tmp_p
     """deploy/tokensvc.toml, its environment filled in as the manifest fills it, served as the
     pods serve it (the supervisor and two workers): a scrape names the pod's address, a
     resource server introspects and reads the revocation feed through each name of the
-    Service; a name nobody listed is still refused (DNS rebinding), on each of those routes."""
+    Service (the fully qualified one with its final dot too); a name nobody listed is still
+    refused (DNS rebinding), on each of those routes. An operator's ``kubectl port-forward`` to
+    the admin listener names 127.0.0.1 or localhost, which it answers."""
     primary = ReplicaSet().start()
     port = free_port()
+    admin_port = free_port(port)
     environ = {key: value for key, value in os.environ.items() if not key.startswith("TOKENSVC_")}
     environ.update(pod_environment({**SECRETS, "TOKENSVC_STORAGE_MONGODB_URI": primary.uri()}),
-                   TOKENSVC_HOST="127.0.0.1", TOKENSVC_PORT=str(port), TOKENSVC_ADMIN_PORT=str(free_port(port)))
+                   TOKENSVC_HOST="127.0.0.1", TOKENSVC_PORT=str(port), TOKENSVC_ADMIN_PORT=str(admin_port))
     command = [sys.executable, "-m", "tokensvc"]
     config = ["--config", str(DEPLOY / "tokensvc.toml")]
     try:
@@ -147,7 +150,7 @@ def test_in_cluster_callers_reach_the_pods_as_the_manifest_configures_them(tmp_p
             wait_for_http(base + "/readyz", process, log.read_text)
             scraped = requests.get(base + "/metrics", headers={"Host": f"{POD_IP}:{port}"}, timeout=30)
             assert scraped.status_code == 200 and "tokensvc_http_requests_total" in scraped.text
-            for name in service_names():
+            for name in [*service_names(), service_names()[-1] + "."]:
                 introspected = requests.post(base + "/oauth/token/introspect", headers={"Host": name},
                                              auth=("notes-api", secret), data={"token": "x" * 43}, timeout=30)
                 assert introspected.status_code == 200 and introspected.json() == {"active": False}, name
@@ -160,6 +163,12 @@ def test_in_cluster_callers_reach_the_pods_as_the_manifest_configures_them(tmp_p
                                      auth=("notes-api", secret), data={"token": "x" * 43},
                                      timeout=30).status_code == 400
                 assert feed_opens(port, host, "notes-api", secret) == 400
+            # kubectl port-forward deploy/tokensvc 8081:8081, then tokensvc login --url http://127.0.0.1:8081.
+            for host in (f"127.0.0.1:{admin_port}", f"localhost:{admin_port}"):
+                index = requests.get(f"http://127.0.0.1:{admin_port}/admin", headers={"Host": host}, timeout=30)
+                assert index.status_code == 200 and index.json()["cliClientId"] == "tokensvc-cli", host
+            assert requests.get(f"http://127.0.0.1:{admin_port}/admin", headers={"Host": "evil.example"},
+                                timeout=30).status_code == 400
             # The probes answer the kubelet, which names the pod's address too.
             assert requests.get(base + "/readyz", headers={"Host": f"{POD_IP}:{port}"}, timeout=30).status_code == 200
         finally:

@@ -2,8 +2,9 @@
 and the XSRF proof of a request the session cookie may authorize. Every such decision of the
 web edge is made here, for every route:
 
-- :class:`Hosts` (``Host``): only the service's configured names are answered (a rebinding
-  page's name is not), except by the probes of a load balancer (:data:`HOST_FREE`);
+- :class:`Hosts` (``Host``): only the service's configured names, the loopback names and, on
+  the admin listener, its own address are answered (a rebinding page's name is not), except
+  by the probes of a load balancer (:data:`HOST_FREE`);
 - :func:`check_xsrf`: an unsafe request the cookie may authorize comes from the service's own
   origin and repeats its XSRF token (:mod:`.xsrf`);
 - :func:`check_socket_origin`: a WebSocket the cookie authorizes is opened by the service's own
@@ -14,6 +15,7 @@ Which other origins may *read* an answer is CORS's business (:mod:`.cors`), not 
 
 from __future__ import annotations
 
+import ipaddress
 from urllib.parse import urlsplit
 
 from tornado.httputil import HTTPServerRequest
@@ -23,9 +25,9 @@ from tokensvc.config import Settings
 from tokensvc.handlers import xsrf
 from tokensvc.handlers.inputs import HTML, RequestInput
 from tokensvc.handlers.routes import UNSAFE_METHODS
-from tokensvc.identifiers import is_loopback
 
 LOOPBACK_NAMES = ("localhost", "127.0.0.1", "::1")
+WILDCARDS = ("", "0.0.0.0", "::")  # a listener on every address of the machine
 HOST_FREE = ("/healthz", "/readyz")  # what a load balancer's probe asks by the instance's own address
 
 
@@ -34,27 +36,58 @@ HOST_FREE = ("/healthz", "/readyz")  # what a load balancer's probe asks by the 
 
 class Hosts:
     """The host names a request may name: those of the public URLs and
-    ``server.allowed_hosts``, and the loopback names where a public URL is on loopback (any,
-    with ``*``)."""
+    ``server.allowed_hosts`` (any, with ``*``), and the loopback names, on either listener. The
+    admin listener (``admin=True``) also answers its own address: ``admin.host``, or any
+    address where it listens on every one.
 
-    def __init__(self, config: Settings) -> None:
-        self.names = allowed_hosts(config)
+    None of these is a name a rebinding page can give. Such a page is the attacker's, at a
+    name of the attacker's DNS, and a browser names that host in every request the page makes.
+    A browser names a loopback name or an address only for a page it loaded from that name or
+    address and port: the service itself (docs/security.md, The host a request names)."""
+
+    def __init__(self, config: Settings, admin: bool = False) -> None:
+        self.names = allowed_hosts(config, admin=admin)
+        self.any_address = admin and config.admin.host in WILDCARDS
 
     def refusal(self, request: HTTPServerRequest, route_path: str) -> errors.HTTPAnswer | None:
         """The answer to a request naming a host the service does not answer to; None if it may."""
-        if self.names is None or route_path in HOST_FREE or request.host_name.strip("[]") in self.names:
+        if self.names is None or route_path in HOST_FREE:
+            return None
+        name = host_name(request)
+        if name in self.names or (self.any_address and is_address(name)):
             return None
         return errors.BadRequest("Unknown host: this service answers to its configured names only")
 
 
-def allowed_hosts(config: Settings) -> frozenset[str] | None:
-    """The host names a request may name (None: any)."""
+def host_name(request: HTTPServerRequest) -> str:
+    """The host ``request`` names, as the service compares names: in lower case, without the
+    port or an IPv6 address's brackets, and without the final dot of a fully qualified name
+    (``tokensvc.ns.svc.cluster.local.`` is ``tokensvc.ns.svc.cluster.local``; one dot only)."""
+    return _plain_name(request.host_name)
+
+
+def _plain_name(name: str) -> str:
+    return name.lower().strip("[]").removesuffix(".")
+
+
+def is_address(name: str) -> bool:
+    try:
+        ipaddress.ip_address(name)
+    except ValueError:
+        return False
+    return True
+
+
+def allowed_hosts(config: Settings, admin: bool = False) -> frozenset[str] | None:
+    """The host names a request may name (None: any), on the public listener or the admin one."""
     if "*" in config.server.allowed_hosts:
         return None
-    names = {urlsplit(url).hostname or "" for url in (config.base_url, config.auth_url)}
-    names.update(host.lower().strip("[]") for host in config.server.allowed_hosts)
-    if names & set(LOOPBACK_NAMES) or any(is_loopback(name) for name in names):
-        names.update(LOOPBACK_NAMES)
+    names = {_plain_name(urlsplit(url).hostname or "") for url in (config.base_url, config.auth_url)}
+    names.update(_plain_name(host) for host in config.server.allowed_hosts)
+    names.update(LOOPBACK_NAMES)
+    if admin and config.admin.host not in WILDCARDS:
+        names.add(_plain_name(config.admin.host))
+    names.discard("")
     return frozenset(names)
 
 

@@ -95,16 +95,17 @@ def request_id_for(request: HTTPServerRequest) -> str:
 
 class Edge:
     """What every route shares: the protocol context, the settings, the metrics, the route
-    table, and the one renderer of each output format."""
+    table, and the one renderer of each output format; ``admin``: the admin listener's."""
 
     def __init__(self, ctx: OAuthContext, config: Settings, routes: list[Route], template_path: Path,
-                 static_settings: dict[str, Any], static_files: type[tornado.web.StaticFileHandler]) -> None:
+                 static_settings: dict[str, Any], static_files: type[tornado.web.StaticFileHandler],
+                 admin: bool = False) -> None:
         if not isinstance(ctx.metrics, Metrics):  # the protocol sees an interface; the edge needs the registry
             raise TypeError("a service's context reports to its Metrics (bootstrap.make_context)")
         self.ctx, self.config, self.metrics = ctx, config, ctx.metrics
         self.routes = routes  # the route table
         self.templates = tornado.template.Loader(str(template_path))
-        self.hosts = Hosts(config)
+        self.hosts = Hosts(config, admin=admin)  # the admin listener answers its own address too
         proxy = config.proxy
         self.client_address = ClientAddress(config.xheaders, proxy.trusted_hops, proxy.trusted_networks,
                                             proxy.real_ip_header)

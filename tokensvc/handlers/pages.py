@@ -8,7 +8,7 @@ from urllib.parse import urlencode, urlsplit
 
 from tokensvc import schemas
 from tokensvc.errors import NotFound, ValidationFailed, XsrfFailed
-from tokensvc.handlers import confirmation_field, pace
+from tokensvc.handlers import confirmation_field, guards, pace
 from tokensvc.handlers.headers import CONTROL
 from tokensvc.handlers.page import PageHandler
 from tokensvc.oauth import authorization, confirmation, connected_apps, hashing, revocation, sessions
@@ -122,7 +122,7 @@ class AuthorizeHandler(FormPage):
         authorization endpoint is auth_url's (the interface: not served by base_url). Where both
         name one host, the listener cannot tell them apart and serves it."""
         base, auth = (urlsplit(url).hostname for url in (self.config.base_url, self.config.auth_url))
-        return base != auth and self.request.host_name == base
+        return base != auth and guards.host_name(self.request) == base
 
     async def handle(self, raw_args: dict[str, list[bytes]], decision: str | None,
                      code_shown: str | None = None) -> None:
