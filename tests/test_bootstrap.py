@@ -559,7 +559,7 @@ def instance_of(client) -> MongoStore:
     the running processes when it opens."""
     from yielding import Yielding
 
-    from tokensvc.storage import processes
+    from tokensvc.storage.mongo import processes
 
     store = MongoStore(Yielding(client), "tokensvc_test", change_streams=False)
     store.registration = processes.Registration(10)

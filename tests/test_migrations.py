@@ -17,9 +17,8 @@ from yielding import Yielding
 
 from tokensvc.oauth import hashing
 from tokensvc.records import AuthorizationCode, Family, Pair, Session, utcnow
-from tokensvc.storage import hashes, migrations
 from tokensvc.storage.base import StorageError
-from tokensvc.storage.mongo import MongoStore
+from tokensvc.storage.mongo import MongoStore, hashes, migrations
 
 pytestmark = [pytest.mark.mongodb, pytest.mark.gen_test(timeout=60)]
 

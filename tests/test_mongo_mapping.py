@@ -10,8 +10,7 @@ from datetime import timedelta
 import pytest
 
 from tokensvc.records import Pair, utcnow
-from tokensvc.storage import hashes
-from tokensvc.storage.mongo import CODES, FAMILIES, SESSIONS, MongoStore
+from tokensvc.storage.mongo import CODES, FAMILIES, SESSIONS, MongoStore, hashes
 from tokensvc.storage.mongo.mapping import _pair_fields
 
 pytestmark = pytest.mark.mongodb

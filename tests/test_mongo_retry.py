@@ -15,7 +15,7 @@ pytestmark = pytest.mark.mongodb
 
 
 def test_the_table_names_every_method_of_the_store_contract_and_no_other():
-    steps = {name for name in RETRY_KINDS if name.startswith("_")} | {"heartbeat"}  # upkeep's, storage/processes.py
+    steps = {name for name in RETRY_KINDS if name.startswith("_")} | {"heartbeat"}  # upkeep's: processes.py
     public = set(RETRY_KINDS) - steps
     assert public == set(contract_methods())
     assert set(RETRY_KINDS.values()) == {ONCE, RERUN, READ, STEPS}

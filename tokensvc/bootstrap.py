@@ -30,7 +30,7 @@ log = logging.getLogger(__name__)
 def make_store(settings: StorageSettings, *, serving: bool = False) -> Store:
     """The backend ``storage.backend`` names; built inside the running event loop (the MongoDB
     driver starts its monitors as tasks of it). ``serving``: for ``tokensvc serve``, whose
-    MongoDB store registers the process among those running (storage/processes.py)."""
+    MongoDB store registers the process among those running (storage/mongo/processes.py)."""
     if settings.backend == "memory":
         from tokensvc.storage.memory import MemoryStore
 

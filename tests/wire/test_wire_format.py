@@ -18,10 +18,9 @@ from pymongo import AsyncMongoClient
 from tokensvc import __version__
 from tokensvc.oauth import hashing
 from tokensvc.records import AuthorizationCode, Client, Family, Installation, Pair, Session, User, utcnow
-from tokensvc.storage import migrations, processes, upgrade
 from tokensvc.storage.base import StorageError, StoreFault, StoreObserver
-from tokensvc.storage.format import FORMATS, TRIPWIRE, Format, History, Migration
-from tokensvc.storage.mongo import MongoStore
+from tokensvc.storage.mongo import MongoStore, migrations, processes, upgrade
+from tokensvc.storage.mongo.format import FORMATS, TRIPWIRE, Format, History, Migration
 
 pytestmark = pytest.mark.gen_test
 
@@ -277,7 +276,7 @@ async def test_a_serving_process_is_registered_and_follows_a_raised_compatibilit
     [seen] = await processes.running(store)
     assert (seen.release, seen.reads, seen.writes) == (__version__, 2, 1)
     primary.db[DB]["meta"].update_one({"_id": "format"}, {"$set": {"compatibility": 2}})
-    with caplog.at_level(logging.INFO, "tokensvc.storage.processes"):
+    with caplog.at_level(logging.INFO, "tokensvc.storage.mongo.processes"):
         await store.heartbeat()
     assert store.format.compatibility == 2 and (await store.writing())(digest("x")) == bytes.fromhex(digest("x"))
     assert "the store's compatibility version is now 2 (was 1): writing format 2" in caplog.text

@@ -704,8 +704,8 @@ class Housekeeping(abc.ABC):
 
     async def upkeep(self) -> None:  # noqa: B027 - optional hook
         """What the backend does in the background while the service runs, until cancelled
-        (MongoDB: the process's heartbeat and the migrations, storage/processes.py and
-        storage/migrations.py). Returns at once where there is nothing: the memory backend
+        (MongoDB: the process's heartbeat and the migrations, storage/mongo/processes.py and
+        storage/mongo/migrations.py). Returns at once where there is nothing: the memory backend
         keeps no state across a restart, so it has no format to follow.
 
         Called by tokensvc serve, while it runs (cli.py).

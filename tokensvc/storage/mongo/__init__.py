@@ -3,8 +3,8 @@
 (sessions), :mod:`.mapping` (records and their hashes) and :mod:`.feed` (revocations).
 
 One collection per record kind, keyed by ``_id`` (the record's id or hash; a hash, a SHA-256
-digest, stored in the format the store's compatibility version says: ``storage/format.py``,
-``storage/hashes.py``). Every
+digest, stored in the format the store's compatibility version says: ``storage/mongo/format.py``,
+``storage/mongo/hashes.py``). Every
 operation that must be atomic is one single-document atomic command
 (``find_one_and_update`` with the precondition in its filter). Expired codes, tokens and
 sessions are removed by TTL indexes. Every driver error leaves this module as
@@ -35,7 +35,7 @@ codes                   by code_hash (get, consume)                  ``_id``; TT
 families                by family_id (refresh, rotate, revoke)       ``_id``; TTL ``expires_at``
 families                by the current access token's hash           ``access_hash`` unique
 families                one per id while both formats are written    ``family_key`` unique,
-                        (create: storage/hashes.py, Twins)           sparse
+                        (create: storage/mongo/hashes.py, Twins)           sparse
 families                a grant's live ones (revoke a grant, list)   ``grant_live``
 sessions                by session_hash; a user's (end them all)     ``_id``; ``user_id``; TTL
 (polling fallback)      revocations since a moment                   partial ``revoked_at``,

@@ -14,7 +14,6 @@ from typing import TYPE_CHECKING, Any
 import pymongo
 from pymongo.errors import OperationFailure, PyMongoError
 
-from tokensvc.storage import hashes
 from tokensvc.storage.base import (
     CLIENT,
     CLIENT_MARKS,
@@ -26,6 +25,7 @@ from tokensvc.storage.base import (
     StorageError,
     StoreObserver,
 )
+from tokensvc.storage.mongo import hashes
 from tokensvc.storage.mongo.calls import Calls, Left
 from tokensvc.storage.mongo.mapping import _utc
 from tokensvc.storage.mongo.retry import guarded, translate

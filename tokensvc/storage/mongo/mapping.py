@@ -1,5 +1,5 @@
 """Record dataclass <-> MongoDB document: a record's key stored as ``_id``, and its hashes
-packed as the store's format says, looked for in either format (storage/hashes.py), here and
+packed as the store's format says, looked for in either format (storage/mongo/hashes.py), here and
 not at each call."""
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from tokensvc.records import (
     Session,
     User,
 )
-from tokensvc.storage import hashes
+from tokensvc.storage.mongo import hashes
 
 
 def _utc(value: Any) -> Any:
@@ -64,7 +64,7 @@ class _Mapper:
 
     def writable(self, **values: Any) -> dict[str, Any]:
         """The filter of a single-document write: :meth:`match`, never on a frozen original
-        (storage/hashes.py: a document being moved is written on its copy)."""
+        (storage/mongo/hashes.py: a document being moved is written on its copy)."""
         return {**self.match(**values), **hashes.NOT_FROZEN}
 
     def fields(self, pack: Callable[[Any], Any], **values: Any) -> dict[str, Any]:

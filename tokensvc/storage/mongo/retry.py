@@ -27,9 +27,8 @@ from pymongo.errors import (
     WTimeoutError,
 )
 
-from tokensvc.storage import hashes
 from tokensvc.storage.base import Conflict, StorageError, StoreFault
-from tokensvc.storage.mongo import calls
+from tokensvc.storage.mongo import calls, hashes
 from tokensvc.storage.mongo.causal import _CAUSAL_SESSION
 
 if TYPE_CHECKING:
@@ -135,7 +134,7 @@ def guarded(kind: str | None = None, budget: str = "budget") -> Callable[[Callab
     A one-document write is run again by the store only after an error whose label says the
     server did not apply it (a write conflict, ``TransientTransactionError``); a write while
     the driver sees no writable member that only a change of the deployment brings back (a
-    directly connected secondary: storage/topology.py) fails at once, as does any operation
+    directly connected secondary: storage/mongo/topology.py) fails at once, as does any operation
     under a closed client (the service is stopping: retrying cannot help). A read or an
     idempotent write waiting when another primary is elected is run again at once, on the new
     one (:meth:`Topology.abandoned`).

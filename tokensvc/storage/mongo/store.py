@@ -35,8 +35,6 @@ from tokensvc.records import (
     User,
     utcnow,
 )
-from tokensvc.storage import format as store_format
-from tokensvc.storage import hashes, processes, topology
 from tokensvc.storage.base import (
     CODE_RETENTION_SECONDS,
     MAX_LISTED_SESSIONS,
@@ -47,7 +45,8 @@ from tokensvc.storage.base import (
     StoreFault,
     StoreObserver,
 )
-from tokensvc.storage.mongo import calls
+from tokensvc.storage.mongo import calls, hashes, processes, topology
+from tokensvc.storage.mongo import format as store_format
 from tokensvc.storage.mongo.calls import Calls
 from tokensvc.storage.mongo.causal import CausalClock, _SessionedDatabase
 from tokensvc.storage.mongo.feed import STREAM_WAIT_MS, WATCHED, RevocationFeed
@@ -114,12 +113,12 @@ INDEXES: list[Index] = [
     ("families", [("grant_id", ASCENDING), ("revoked_at", ASCENDING), ("created_at", ASCENDING)],
      {"name": "grant_live"}),
     ("families", [("client_id", ASCENDING), ("revoked_at", ASCENDING)], {"name": "client_revoked"}),
-    # One family per id while keys of both formats are written (storage/hashes.py, Twins).
+    # One family per id while keys of both formats are written (storage/mongo/hashes.py, Twins).
     ("families", [(hashes.GUARD, ASCENDING)], {"unique": True, "sparse": True, "name": hashes.GUARD}),
     ("sessions", [("expires_at", ASCENDING)], {"expireAfterSeconds": 0, "name": "ttl"}),
     ("sessions", [("user_id", ASCENDING)], {"name": "user_id"}),
     ("failures", [("expires_at", ASCENDING)], {"expireAfterSeconds": 0, "name": "ttl"}),
-    # The running processes' entries (storage/processes.py), kept a day after their last heartbeat.
+    # The running processes' entries (storage/mongo/processes.py), kept a day after their last heartbeat.
     ("processes", [("seen_at", ASCENDING)], {"expireAfterSeconds": 86400, "name": "ttl"}),
     # A removal's mark (mark_removal), kept a day: long after every relay polled it.
     ("removed_clients", [("expires_at", ASCENDING)], {"expireAfterSeconds": 0, "name": "ttl"}),
@@ -229,7 +228,7 @@ class MongoStore(RevocationFeed, Store, FailureCounts):
     async def writing(self) -> Callable[[Any], Any]:
         """How a hash is written now: what every release allowed to run reads, by the store's
         compatibility version. Nothing is written before it is known: a serving process reads
-        it at open, after registering (storage/processes.py), and answers 503 until then, or
+        it at open, after registering (storage/mongo/processes.py), and answers 503 until then, or
         once a heartbeat found a compatibility version it cannot write (it is stopping); a
         command line's store reads it at its first write."""
         if self.refusal is not None:
@@ -246,7 +245,7 @@ class MongoStore(RevocationFeed, Store, FailureCounts):
     @classmethod
     def from_settings(cls, settings: StorageSettings, *, serving: bool = False) -> MongoStore:
         """The store ``settings`` describe; ``serving``: a ``tokensvc serve`` process, which
-        registers among the running processes and keeps a heartbeat (storage/processes.py)."""
+        registers among the running processes and keeps a heartbeat (storage/mongo/processes.py)."""
         from pymongo import AsyncMongoClient
 
         events = topology.DriverEvents()
@@ -292,10 +291,10 @@ class MongoStore(RevocationFeed, Store, FailureCounts):
         TTL: ``collMod``); otherwise the others are still made and then :class:`StoreFault`
         names each conflicting index (found by its keys, whatever its name) and what to do. An
         index no release allowed to run relies on any more is dropped first, and an index a
-        tripwire renamed is made under its new name (storage/format.py); then the store records
+        tripwire renamed is made under its new name (storage/mongo/format.py); then the store records
         this release's format as made."""
         await self.check_primary()
-        if self.registration is not None:  # before the format is read: see storage/processes.py
+        if self.registration is not None:  # before the format is read: see storage/mongo/processes.py
             await self.registration.announce(self)
         now = utcnow()
         state = await store_format.recorded(self.db, self.history, now)
@@ -387,7 +386,7 @@ class MongoStore(RevocationFeed, Store, FailureCounts):
 
     async def set_tripwires(self, after: int, upto: int, placed: bool = True) -> None:
         """Place the tripwires of a raise of the compatibility version from ``after`` to
-        ``upto`` (storage/format.py): each index made under its new name, its old name dropped,
+        ``upto`` (storage/mongo/format.py): each index made under its new name, its old name dropped,
         before the raise, so that a release that cannot read the new format stops at its
         start-up from now on. ``placed=False`` takes them back (a finalize refused before its
         raise leaves the store as it found it). An old name made again between the drop and
@@ -455,7 +454,7 @@ class MongoStore(RevocationFeed, Store, FailureCounts):
 
     @guarded()
     async def heartbeat(self) -> None:
-        """Follow the store's format and renew this process's entry (storage/processes.py)."""
+        """Follow the store's format and renew this process's entry (storage/mongo/processes.py)."""
         if self.registration is not None:
             await self.registration.beat(self)
             self._tell_format()
@@ -469,10 +468,10 @@ class MongoStore(RevocationFeed, Store, FailureCounts):
 
     async def upkeep(self) -> None:
         """While the service runs: the heartbeat, and the migrations the compatibility version
-        allows, in the background (storage/migrations.py); nothing for a command line's store."""
+        allows, in the background (storage/mongo/migrations.py); nothing for a command line's store."""
         if self.registration is None:
             return
-        from tokensvc.storage import migrations
+        from tokensvc.storage.mongo import migrations
 
         work = [asyncio.ensure_future(self.registration.run(self)), asyncio.ensure_future(
             migrations.in_background(self, self.registration.id, self.registration.heartbeat_seconds))]
@@ -881,7 +880,7 @@ class MongoStore(RevocationFeed, Store, FailureCounts):
         with pymongo.timeout(self.budget):  # a read: the server stops at the budget too
             return int(await collection.count_documents(match))
 
-    # -- codes, families and sessions: keyed by a hash, found in either format (storage/hashes.py)
+    # -- codes, families and sessions: keyed by a hash, found in either format (storage/mongo/hashes.py)
 
     async def _one(self, collection: str, match: dict[str, Any]) -> dict[str, Any] | None:
         """The document of one credential, never a frozen original on its own (hashes.settled)."""

@@ -1,6 +1,6 @@
 """Migrations: the rows of earlier formats rewritten, in bounded batches, beside live traffic.
 
-A migration (declared in ``storage/format.py``, implemented here in :data:`STEPS`) passes over
+A migration (declared in ``storage/mongo/format.py``, implemented here in :data:`STEPS`) passes over
 its collections in ``_id`` order. Each document's conversion is one store operation, with its
 own budget (``storage.timeout_ms``) and retries: a slow server slows the pass, it does not cut
 a batch of moves in half. A batch ends after :data:`BATCH` documents or :data:`BATCH_SECONDS`,
@@ -43,10 +43,9 @@ from typing import Any
 from pymongo import ASCENDING, ReturnDocument
 
 from tokensvc.records import utcnow
-from tokensvc.storage import format as store_format
-from tokensvc.storage import hashes, processes
 from tokensvc.storage.base import StorageError, StoreFault
-from tokensvc.storage.mongo import ONCE, READ, RERUN, MongoStore, guarded
+from tokensvc.storage.mongo import ONCE, READ, RERUN, MongoStore, guarded, hashes, processes
+from tokensvc.storage.mongo import format as store_format
 
 log = logging.getLogger(__name__)
 

@@ -28,10 +28,10 @@ processes connecting as another database user are not seen; through ``mongos`` (
 shards' operations, not its clients), on a standalone server (no change streams: 0.9.0 polls
 now and then instead) and where the server refuses ``$currentOp`` the check gives no answer
 (None), and finalize needs the operator's word (``--previous-release-stopped``). The backstop
-is the tripwire finalize leaves (``storage/format.py``): a 0.9.0 process started after it stops
+is the tripwire finalize leaves (``storage/mongo/format.py``): a 0.9.0 process started after it stops
 at start-up (having answered, from the old format, what reached it while it was starting: it
 is not ready then); one that ran through the finalize unseen is found afterwards by what it
-writes (``storage/migrations.py``) and by its connections.
+writes (``storage/mongo/migrations.py``) and by its connections.
 """
 
 from __future__ import annotations
@@ -49,8 +49,8 @@ from typing import TYPE_CHECKING, Any
 from pymongo.errors import OperationFailure
 
 from tokensvc.records import utcnow
-from tokensvc.storage import format as store_format
 from tokensvc.storage.base import StorageError, StoreFault
+from tokensvc.storage.mongo import format as store_format
 
 if TYPE_CHECKING:
     from tokensvc.storage.mongo import MongoStore

@@ -6,7 +6,7 @@ so; format 2 stores its 32 bytes (:func:`packed`), half the size in the document
 index on it. The hashes are the key (``_id``) of codes, sessions and families, and the fields
 :data:`HASHED` names. Until every format-1 row is gone, lookups find a hash in either form
 (:func:`either`), and what a process writes follows the store's compatibility version
-(``storage/format.py``).
+(``storage/mongo/format.py``).
 
 **Moving a document.** A key cannot change in place (``_id`` is immutable), so a format-1
 document becomes format 2 as a copy under its packed key, and the original goes. Without a

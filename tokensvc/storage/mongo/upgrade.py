@@ -3,11 +3,11 @@ where the store stands, the migrations the compatibility version allows, and its
 
 ``finalize`` raises the compatibility version to this release's format only when nothing can
 still need the old one: no running process and no connection of a release that cannot read
-the new format (``storage/processes.py``), every migration the current version allows done,
+the new format (``storage/mongo/processes.py``), every migration the current version allows done,
 and this release's indexes made (a process of it has opened the store). Then the processes
 write the new format from their next heartbeat; finalize waits for them, drops the indexes no
 release allowed to run still needs, and runs the migrations the new version allows
-(``storage/migrations.py``), which ``migrate`` resumes if anything interrupts them.
+(``storage/mongo/migrations.py``), which ``migrate`` resumes if anything interrupts them.
 """
 
 from __future__ import annotations
@@ -17,11 +17,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from tokensvc.records import utcnow
-from tokensvc.storage import format as store_format
-from tokensvc.storage import migrations, processes
 from tokensvc.storage.base import StorageError, StoreFault
-from tokensvc.storage.format import Migration, StoreFormat
-from tokensvc.storage.mongo import READ, RERUN, MongoStore, guarded
+from tokensvc.storage.mongo import READ, RERUN, MongoStore, guarded, migrations, processes
+from tokensvc.storage.mongo import format as store_format
+from tokensvc.storage.mongo.format import Migration, StoreFormat
 
 OPENED = "opened the store"  # how a release that records its opening is known (since when: the record's)
 
@@ -204,7 +203,7 @@ async def finalize(store: MongoStore, assume_stopped: bool = False,
     before the tripwire runs, and is seen: refused, the tripwire taken back), then the raise,
     then the look again (one that was still starting at the first look: the raise cannot be
     taken back, so the command says to stop it; the running processes keep looking too,
-    storage/migrations.py). The blockers are looked at once before the tripwire as well, so a
+    storage/mongo/migrations.py). The blockers are looked at once before the tripwire as well, so a
     finalize refused for them changes nothing; one refused at the second look takes the
     tripwire back. A raise that fails may still apply (sent, its answer lost), so the tripwire
     then stays, and the command says to run it again."""
