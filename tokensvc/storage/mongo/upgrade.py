@@ -18,9 +18,11 @@ from typing import Any
 
 from tokensvc.records import utcnow
 from tokensvc.storage.base import StorageError, StoreFault
-from tokensvc.storage.mongo import READ, RERUN, MongoStore, guarded, migrations, processes
 from tokensvc.storage.mongo import format as store_format
+from tokensvc.storage.mongo import migrations, processes
 from tokensvc.storage.mongo.format import Migration, StoreFormat
+from tokensvc.storage.mongo.retry import READ, RERUN, guarded
+from tokensvc.storage.mongo.store import MongoStore
 
 OPENED = "opened the store"  # how a release that records its opening is known (since when: the record's)
 
@@ -90,7 +92,7 @@ class Status:
 async def current(store: MongoStore) -> StoreFormat:
     """The store's format (the server a writable primary); Refused for a store no release of
     this history ever opened."""
-    await store.check_primary()
+    await store.connection.check_primary()
     state = await store_format.read(store.db)
     if state is None:
         raise Refused("the store has no format document: 0.9.0 wrote it (format 1), or it is empty; the first "
@@ -101,10 +103,10 @@ async def current(store: MongoStore) -> StoreFormat:
 @guarded(READ)
 async def status(store: MongoStore, assume_stopped: bool = False) -> Status:
     state = await current(store)
-    running = await processes.running(store)
-    connections = await processes.connected(store)
+    running = await processes.running(store.connection)
+    connections = await processes.connected(store.connection)
     left = {migration.name: await _left(store, migration) for migration in store.history.migrations}
-    return Status(state, store.history, running, connections, await processes.recent(store), left,
+    return Status(state, store.history, running, connections, await processes.recent(store.connection), left,
                   _blockers(store, state, running, connections, assume_stopped), _warnings(state, connections, left))
 
 
@@ -187,7 +189,7 @@ async def migrate(store: MongoStore, progress: Progress | None = None, said: str
 
 @guarded(READ)
 async def _running(store: MongoStore) -> list[processes.Seen]:
-    return await processes.running(store)
+    return await processes.running(store.connection)
 
 
 async def finalize(store: MongoStore, assume_stopped: bool = False,
@@ -257,12 +259,12 @@ async def _raise(store: MongoStore, before: int, target: int) -> None:
 
 @guarded(RERUN, budget="build_budget")
 async def _follow_indexes(store: MongoStore) -> None:
-    await store.follow_indexes()
+    await store.indexes.follow()
 
 
 @guarded(RERUN, budget="build_budget")
 async def _tripwires(store: MongoStore, before: int, target: int, placed: bool = True) -> None:
-    await store.set_tripwires(before, target, placed)
+    await store.indexes.set_tripwires(before, target, placed)
 
 
 async def _take_back(store: MongoStore, before: int, target: int, cause: BaseException) -> None:
@@ -281,4 +283,4 @@ async def _take_back(store: MongoStore, before: int, target: int, cause: BaseExc
 
 @guarded(READ)
 async def _connected(store: MongoStore) -> list[processes.Seen] | None:
-    return await processes.connected(store)
+    return await processes.connected(store.connection)
