@@ -259,3 +259,25 @@ def test_no_module_takes_a_private_name_of_another():
                   if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id in aliases
                   and node.attr.startswith("_") and not node.attr.startswith("__")]
     assert taken == []
+
+
+def test_each_protocol_function_asks_storage_for_the_concern_it_uses():
+    """A function of ``tokensvc.oauth`` that takes storage takes the concern it uses
+    (``Registry``, ``Authorizations``, ``Sessions``, ``Housekeeping``, or
+    ``RegistryAndAuthorizations`` for both), never the whole ``Store`` (the type checker holds
+    each to its concern); the protocol's context alone carries the whole store."""
+    concerns = {"Registry", "Authorizations", "Sessions", "Housekeeping", "FailureCounts", "RegistryAndAuthorizations"}
+    whole, asked = [], set()
+    for name, path in MODULES.items():
+        if not within(name, "tokensvc.oauth"):
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                for argument in [*node.args.args, *node.args.kwonlyargs]:
+                    annotation = ast.unparse(argument.annotation) if argument.annotation else ""
+                    if annotation == "Store":
+                        whole.append(f"{name}.{node.name}({argument.arg})")
+                    elif annotation in concerns:
+                        asked.add(annotation)
+    assert whole == []
+    assert {"Registry", "Authorizations", "Housekeeping", "RegistryAndAuthorizations"} <= asked
