@@ -17,6 +17,7 @@ import pytest
 from tokensvc.storage.base import FailureCounts, Store
 from tokensvc.storage.memory import MemoryStore
 from tokensvc.storage.mongo import MongoStore
+from tokensvc.storage.mongo.causal import SessionedCollection, SessionedDatabase
 
 REAL_URI = os.environ.get("TOKENSVC_TEST_MONGODB_URI")
 
@@ -51,7 +52,7 @@ def open_store(kind: str, io_loop):
     def cleanup():
         async def drop():
             if kind == "mongodb-real":
-                await store._client.drop_database(store._db.name)
+                await store.client.drop_database(store.db.name)
             await store.close()
 
         io_loop.run_sync(drop)
@@ -78,3 +79,22 @@ def contract_methods() -> dict[str, object]:
     coroutines and streams of the Store and of the failure-count concern."""
     return {name: member for concern in (Store, FailureCounts) for name, member in inspect.getmembers(concern)
             if not name.startswith("_") and (inspect.iscoroutinefunction(member) or inspect.isasyncgenfunction(member))}
+
+
+def held(store: MongoStore) -> list[object]:
+    """Everything the store holds, and its parts (each on the store's connection) hold, down
+    to the accessor: the objects of the MongoDB package, and the values they keep."""
+    found, seen, objects = [], set(), [store]
+    while objects:
+        holder = objects.pop()
+        if id(holder) in seen:
+            continue
+        seen.add(id(holder))
+        values = list(getattr(holder, "__dict__", {}).values())
+        values += [item for value in values if isinstance(value, dict) for item in value.values()]
+        for value in values:
+            found.append(value)
+            if type(value).__module__.startswith("tokensvc.storage.mongo") \
+                    and not isinstance(value, SessionedDatabase | SessionedCollection):
+                objects.append(value)
+    return found

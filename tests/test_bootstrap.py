@@ -71,10 +71,9 @@ def test_mongodb_example_config_is_valid():
 async def test_mongodb_client_options_are_set_in_code_whatever_the_uri_says():
     uri = ("mongodb://127.0.0.1:1/?w=1&journal=false&readPreference=secondaryPreferred"
            "&readConcernLevel=local&timeoutMS=100&maxPoolSize=5")
-    store = MongoStore.from_settings(StorageSettings(backend="mongodb", mongodb_uri=uri, timeout_ms=12000,
-                                                     max_pool_size=40))
+    store = make_store(StorageSettings(backend="mongodb", mongodb_uri=uri, timeout_ms=12000, max_pool_size=40))
     try:
-        client, db = store._client, store._db
+        client, db = store.client, store.db
         for target in (client, db):
             assert target.write_concern.document == {"w": "majority", "j": True, "wtimeout": 12000}
             assert target.read_preference.mongos_mode == "primary"
@@ -559,7 +558,7 @@ def instance_of(client) -> MongoStore:
     the running processes when it opens."""
     from yielding import Yielding
 
-    from tokensvc.storage import processes
+    from tokensvc.storage.mongo import processes
 
     store = MongoStore(Yielding(client), "tokensvc_test", change_streams=False)
     store.registration = processes.Registration(10)

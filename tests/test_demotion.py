@@ -88,7 +88,7 @@ async def run_cli(store, tmp_path, *argv):
     service (its own event loop, its own store object: another process to the service)."""
     path = tmp_path / "tokensvc.toml"
     path.write_text(CLI_CONFIG)
-    client, database = store._client, store._db.name
+    client, database = store.client, store.db.name
     code = await asyncio.to_thread(cli.main, [*argv, "--config", str(path)],
                                    store_factory=lambda settings: MongoStore(client, database, change_streams=False))
     assert code == 0

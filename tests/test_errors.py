@@ -7,11 +7,11 @@ import socket
 import pytest
 from helpers import WEBAPP_REDIRECT, WEBAPP_SECRET, basic, json_of, make_config, post_form
 
+from tokensvc.bootstrap import make_store
 from tokensvc.config import StorageSettings
 from tokensvc.handlers.access_log import redact
 from tokensvc.storage.base import StorageError
 from tokensvc.storage.memory import MemoryStore
-from tokensvc.storage.mongo import MongoStore
 
 
 class DownStore(MemoryStore):
@@ -191,7 +191,7 @@ async def test_unreachable_server_is_503_never_500(http_client, io_loop, config)
 
     from tokensvc.app import make_app
 
-    down = MongoStore.from_settings(StorageSettings(
+    down = make_store(StorageSettings(
         backend="mongodb", mongodb_uri=f"mongodb://127.0.0.1:{closed_port()}", timeout_ms=150))
     sock, port = bind_unused_port()
     server = HTTPServer(make_app(config, down))

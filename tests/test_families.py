@@ -749,7 +749,7 @@ class Counting:
 async def family_count(store):
     if isinstance(store, MemoryStore):
         return len(store._families)
-    return await store.families.count_documents({})
+    return await store.db["families"].count_documents({})
 
 
 @pytest.mark.gen_test(timeout=60)  # thousands of refreshes: seconds on a busy machine, and no wait is timed

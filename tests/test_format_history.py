@@ -1,4 +1,4 @@
-"""The store format's history (tokensvc/storage/format.py) holds together: one entry per
+"""The store format's history (tokensvc/storage/mongo/format.py) holds together: one entry per
 format, numbered in order, each first written by a later release than the one before; every
 migration implemented, running no earlier than the format before its own; no index this
 release makes is one the history retires; each tripwire renames an index this release makes;
@@ -7,9 +7,8 @@ and this release writes the newest format."""
 from __future__ import annotations
 
 from tokensvc import __version__
-from tokensvc.storage import migrations
-from tokensvc.storage.format import FORMATS, HISTORY, release_key
-from tokensvc.storage.mongo import INDEXES
+from tokensvc.storage.mongo import INDEXES, migrations
+from tokensvc.storage.mongo.format import FORMATS, HISTORY, release_key
 
 
 def test_formats_are_numbered_in_order_and_each_came_with_a_later_release():

@@ -1,14 +1,20 @@
 """The layering ARCHITECTURE.md states, checked: the protocol layer (``tokensvc.oauth``) loads
 neither the configuration nor a web framework, a database driver or a metrics library, and
-reports what it counts through an interface the service's metrics implement."""
+reports what it counts through an interface the service's metrics implement; no module imports
+in a circle or from a layer above its own; only the MongoDB store imports the driver; and no
+module takes another's private names."""
 
 from __future__ import annotations
 
+import ast
 import inspect
 import json
 import subprocess
 import sys
+from dataclasses import dataclass
+from pathlib import Path
 
+import tokensvc
 from tokensvc.metrics import Metrics
 from tokensvc.oauth.metrics import ProtocolMetrics
 
@@ -60,3 +66,218 @@ def test_each_report_reaches_its_series():
     assert value("tokensvc_code_reuse_total") == value("tokensvc_refresh_reuse_total") == 1
     assert value("tokensvc_client_auth_failures_total") == value("tokensvc_login_failures_total") == 1
     assert value("tokensvc_rate_limited_total", {"kind": "login"}) == 1
+
+
+# -- the import graph, read from the sources ------------------------------------------------------
+
+PACKAGE = Path(tokensvc.__file__).resolve().parent
+
+
+@dataclass(frozen=True, slots=True)
+class Imported:
+    """One import of a tokensvc module: what it names, and whether only a type checker runs it."""
+
+    module: str  # the tokensvc module (or package) imported
+    names: tuple[str, ...]  # the names taken from it (``from module import names``); () for ``import module``
+    typing_only: bool
+
+
+def module_names() -> dict[str, Path]:
+    found = {}
+    for path in PACKAGE.rglob("*.py"):
+        parts = list(path.relative_to(PACKAGE.parent).with_suffix("").parts)
+        found[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    return found
+
+
+MODULES = module_names()
+
+
+def imports_of(path: Path) -> list[Imported]:
+    """Every import of a tokensvc module in ``path``: at its top, in a function, or under
+    ``if TYPE_CHECKING:`` (``typing_only``). ``from package import module`` imports the module."""
+    tree = ast.parse(path.read_text())
+    typing_only = {id(node) for block in ast.walk(tree) if isinstance(block, ast.If)
+                   and "TYPE_CHECKING" in ast.unparse(block.test) for node in ast.walk(block)}
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found += [Imported(alias.name, (), id(node) in typing_only) for alias in node.names
+                      if alias.name.split(".")[0] == "tokensvc"]
+        elif isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] == "tokensvc":
+            for alias in node.names:
+                submodule = f"{node.module}.{alias.name}"
+                if submodule in MODULES:
+                    found.append(Imported(submodule, (), id(node) in typing_only))
+                else:
+                    found.append(Imported(node.module, (alias.name,), id(node) in typing_only))
+    return found
+
+
+def graph(typing_too: bool) -> dict[str, set[str]]:
+    """Each tokensvc module and the tokensvc modules it imports (with ``typing_too``, those it
+    imports for type checking alone as well)."""
+    return {name: {imported.module for imported in imports_of(path)
+                   if imported.module != name and (typing_too or not imported.typing_only)}
+            for name, path in MODULES.items()}
+
+
+def circles(edges: dict[str, set[str]]) -> list[list[str]]:
+    """The import circles: each set of modules that import one another, round (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found: list[list[str]] = []
+
+    def visit(module: str) -> None:
+        index[module] = low[module] = len(index)
+        stack.append(module)
+        for imported in edges.get(module, ()):
+            if imported not in index:
+                visit(imported)
+                low[module] = min(low[module], low[imported])
+            elif imported in stack:
+                low[module] = min(low[module], index[imported])
+        if low[module] == index[module]:
+            members = []
+            while True:
+                member = stack.pop()
+                members.append(member)
+                if member == module:
+                    break
+            if len(members) > 1:
+                found.append(sorted(members))
+
+    for module in sorted(edges):
+        if module not in index:
+            visit(module)
+    return found
+
+
+def test_the_import_graph_is_read_whole():
+    edges = graph(typing_too=True)
+    assert len(edges) > 100 and "tokensvc.storage.mongo.lifecycle" in edges["tokensvc.storage.mongo.store"]
+    assert "tokensvc.storage.mongo.connection" in edges["tokensvc.storage.mongo.retry"]  # for type checking alone
+    assert circles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+
+
+def test_no_module_imports_in_a_circle():
+    """What runs: the imports at a module's top and in its functions (a function's import that
+    closes a circle is a circle all the same)."""
+    assert circles(graph(typing_too=False)) == []
+
+
+def test_below_the_web_edge_not_even_a_type_checker_goes_round():
+    """The storage, the protocol and every module outside the web edge import in no circle,
+    counting the imports a type checker alone runs: a circle of annotations ties the modules
+    together as much as one of code."""
+    found = circles(graph(typing_too=True))
+    assert [members for members in found if not all(m.startswith("tokensvc.handlers.") for m in members)] == []
+
+
+# The layers below the rest of the house, from the bottom up (ARCHITECTURE.md, Layout). A module
+# of a layer imports from its own layer and those below it; never from a layer above, nor from
+# the rest of the house (the web edge, the configuration, the operator's modules, the command
+# line), which stands on them all. "tokensvc" alone is the package itself (its __version__).
+LAYERS: tuple[tuple[str, ...], ...] = (
+    ("tokensvc", "tokensvc.records", "tokensvc.identifiers", "tokensvc.errors", "tokensvc.redaction",
+     "tokensvc.jsontext"),
+    ("tokensvc.storage", "tokensvc.storage.base"),  # the contract
+    ("tokensvc.storage.memory", "tokensvc.storage.mongo"),  # the backends
+    ("tokensvc.logs", "tokensvc.ratelimit"),
+    ("tokensvc.oauth",),
+)
+BACKENDS = ("tokensvc.storage.memory", "tokensvc.storage.mongo")
+
+
+def within(module: str, name: str) -> bool:
+    return module == name or (name != "tokensvc" and module.startswith(name + "."))
+
+
+def layer_of(module: str) -> tuple[int, str] | None:
+    """The layer of ``module`` and the entry that places it (the longest that names it); None
+    for the rest of the house."""
+    entries = [(len(name), index, name) for index, names in enumerate(LAYERS) for name in names if within(module, name)]
+    if not entries:
+        return None
+    _, index, name = max(entries)
+    return index, name
+
+
+def test_no_module_imports_a_layer_above_its_own():
+    edges = graph(typing_too=True)
+    placed = [module for module in edges if layer_of(module) is not None]
+    assert "tokensvc.storage.mongo.store" in placed and "tokensvc.oauth.grants" in placed
+    assert layer_of("tokensvc.handlers.exit") is None and layer_of("tokensvc.config") is None
+    upward = [(module, imported) for module in placed for imported in edges[module]
+              if layer_of(imported) is None or layer_of(imported)[0] > layer_of(module)[0]]
+    assert upward == []
+
+
+def test_the_storage_backends_import_the_contract_never_each_other():
+    edges = graph(typing_too=True)
+    crossing = [(module, imported) for module in edges for imported in edges[module] for backend in BACKENDS
+                if within(module, backend) and any(within(imported, other) for other in BACKENDS if other != backend)]
+    assert crossing == []
+    assert all(not any(within(imported, backend) for backend in BACKENDS)
+               for imported in edges["tokensvc.storage"] | edges["tokensvc.storage.base"])
+
+
+def test_only_the_mongodb_store_imports_the_driver():
+    """Everything that imports pymongo (or bson, motor) lives in ``tokensvc.storage.mongo``."""
+    drivers = ("pymongo", "bson", "motor")
+    outside = []
+    for name, path in MODULES.items():
+        if within(name, "tokensvc.storage.mongo"):
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                outside += [(name, alias.name) for alias in node.names if alias.name.split(".")[0] in drivers]
+            elif isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] in drivers:
+                outside.append((name, node.module))
+    assert outside == []
+
+
+def test_no_module_takes_a_private_name_of_another():
+    """A name with a leading underscore is its module's own: no other module imports it, nor
+    reaches it through the module (what two modules share is public in the one that owns it)."""
+    taken = []
+    for name, path in MODULES.items():
+        tree = ast.parse(path.read_text())
+        aliases = {}  # the names bound to tokensvc modules here
+        for imported in imports_of(path):
+            taken += [(name, f"{imported.module}.{private}") for private in imported.names
+                      if private.startswith("_") and not private.startswith("__")]
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] == "tokensvc":
+                aliases.update({alias.asname or alias.name: f"{node.module}.{alias.name}" for alias in node.names
+                                if f"{node.module}.{alias.name}" in MODULES})
+            elif isinstance(node, ast.Import):
+                aliases.update({alias.asname or alias.name: alias.name for alias in node.names
+                                if alias.name.split(".")[0] == "tokensvc"})
+        taken += [(name, f"{aliases[node.value.id]}.{node.attr}") for node in ast.walk(tree)
+                  if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id in aliases
+                  and node.attr.startswith("_") and not node.attr.startswith("__")]
+    assert taken == []
+
+
+def test_each_protocol_function_asks_storage_for_the_concern_it_uses():
+    """A function of ``tokensvc.oauth`` that takes storage takes the concern it uses
+    (``Registry``, ``Authorizations``, ``Sessions``, ``Housekeeping``, or
+    ``RegistryAndAuthorizations`` for both), never the whole ``Store`` (the type checker holds
+    each to its concern); the protocol's context alone carries the whole store."""
+    concerns = {"Registry", "Authorizations", "Sessions", "Housekeeping", "FailureCounts", "RegistryAndAuthorizations"}
+    whole, asked = [], set()
+    for name, path in MODULES.items():
+        if not within(name, "tokensvc.oauth"):
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                for argument in [*node.args.args, *node.args.kwonlyargs]:
+                    annotation = ast.unparse(argument.annotation) if argument.annotation else ""
+                    if annotation == "Store":
+                        whole.append(f"{name}.{node.name}({argument.arg})")
+                    elif annotation in concerns:
+                        asked.add(annotation)
+    assert whole == []
+    assert {"Registry", "Authorizations", "Housekeeping", "RegistryAndAuthorizations"} <= asked

@@ -311,7 +311,7 @@ def processes(io_loop, config):
 
     store, cleanup = open_store("mongodb", io_loop)
     io_loop.run_sync(lambda: seed(store, config))
-    stores = [store] + [MongoStore(store._client, store._db.name, change_streams=False) for _ in range(7)]
+    stores = [store] + [MongoStore(store.client, store.db.name, change_streams=False) for _ in range(7)]
     yield [make_context(config, each) for each in stores]
     cleanup()
 
@@ -360,7 +360,7 @@ async def test_forty_concurrent_wrong_passwords_over_eight_processes_check_only_
     group = processes[0].limits.login_attempt("alice", "127.0.0.5").group
 
     async def given_back():  # the store takes the reservation back in the background
-        return set((await processes[0].store.failures.find_one({"_id": group}))["c"].values()) == {0}
+        return set((await processes[0].store.db["failures"].find_one({"_id": group}))["c"].values()) == {0}
 
     await eventually(given_back, what="the reservation given back")
 

@@ -1,5 +1,5 @@
 """What only the memory backend promises: what it stores adds nothing to the work of CPython's
-full garbage collections (see storage/memory.py). Its behaviour as a Store is the contract
+full garbage collections (see storage/rows.py). Its behaviour as a Store is the contract
 suite's (tests/test_store_contract.py)."""
 
 from __future__ import annotations

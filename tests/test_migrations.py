@@ -17,9 +17,8 @@ from yielding import Yielding
 
 from tokensvc.oauth import hashing
 from tokensvc.records import AuthorizationCode, Family, Pair, Session, utcnow
-from tokensvc.storage import hashes, migrations
 from tokensvc.storage.base import StorageError
-from tokensvc.storage.mongo import MongoStore
+from tokensvc.storage.mongo import MongoStore, hashes, migrations
 
 pytestmark = [pytest.mark.mongodb, pytest.mark.gen_test(timeout=60)]
 
@@ -31,8 +30,9 @@ async def format_1_store() -> MongoStore:
     store = MongoStore(client, "tokensvc", change_streams=False)
     await store.open()
     assert store.format.compatibility == 1
-    await store.grants.insert_one({"_id": "g1", "client_id": "webapp", "user_id": "u_alice", "installation_id": None,
-                                   "scopes": ["read"], "created_at": utcnow(), "revoked_at": None, "generation": 0})
+    await store.db["grants"].insert_one({"_id": "g1", "client_id": "webapp", "user_id": "u_alice",
+                                         "installation_id": None, "scopes": ["read"], "created_at": utcnow(),
+                                         "revoked_at": None, "generation": 0})
     return store
 
 
@@ -386,7 +386,7 @@ async def test_a_move_cut_short_after_any_step_never_answers_from_its_frozen_ori
 def laggard_beside(store: MongoStore) -> MongoStore:
     """Another process on the same database that has not yet seen the store finalized: it still
     writes format 1 (its next heartbeat would tell it)."""
-    laggard = MongoStore(store._client, "tokensvc", change_streams=False)
+    laggard = MongoStore(store.client, "tokensvc", change_streams=False)
     laggard.format = replace(store.format, compatibility=1)
     return laggard
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 
 import pytest
+from backends import held
 from mongomock_motor import AsyncMongoMockClient
 
 from tokensvc.storage.mongo import MongoStore, causal
@@ -34,36 +35,38 @@ class Database:
 
 def test_every_collection_the_store_holds_or_hands_out_is_sessioned():
     store = MongoStore(AsyncMongoMockClient(tz_aware=True), "tokensvc_test")
-    raw = (type(store._db._db), type(store._db._db["clients"]))  # as the driver gives them
-    assert [name for name, value in vars(store).items() if isinstance(value, raw)] == []
-    collections = {name: value for name, value in vars(store).items() if isinstance(value, causal._Sessioned)}
+    raw = (type(store.db._db), type(store.db._db["clients"]))  # as the driver gives them
+    values = held(store)
+    assert store.registry in values and store.authorizations.credentials in values  # the parts were walked
+    assert [value for value in values if isinstance(value, raw)] == []
+    collections = {value._collection.name for value in values if isinstance(value, causal.SessionedCollection)}
     assert {"clients", "users", "installations", "grants", "codes", "families", "sessions", "failures"} \
-        <= set(collections)
-    assert store.db is store._db
-    assert isinstance(store.db["families"], causal._Sessioned)
-    assert isinstance(store.db.get_collection("families"), causal._Sessioned)
+        <= collections
+    assert store.db is store.connection.db
+    assert isinstance(store.db["families"], causal.SessionedCollection)
+    assert isinstance(store.db.get_collection("families"), causal.SessionedCollection)
 
 
 def test_a_call_through_the_accessor_runs_in_the_operations_session_and_only_then():
-    db = causal._SessionedDatabase(Database())
+    db = causal.SessionedDatabase(Database())
     db["families"].find({"revoked_at": None})
     session = object()
-    token = causal._CAUSAL_SESSION.set(session)
+    token = causal.CAUSAL_SESSION.set(session)
     try:
         db["families"].find({"revoked_at": None})
         db.get_collection("families").update_one({}, {})
         db["families"].create_indexes([])  # an index build reads no record: no session
     finally:
-        causal._CAUSAL_SESSION.reset(token)
+        causal.CAUSAL_SESSION.reset(token)
     assert db._db["families"].calls == [("find", {}), ("find", {"session": session}),
                                         ("update_one", {"session": session}), ("create_indexes", {})]
 
 
 def test_a_sessioned_collection_passes_the_session_of_its_own_task():
-    db = causal._SessionedDatabase(Database())
+    db = causal.SessionedDatabase(Database())
 
     async def operation(session):
-        causal._CAUSAL_SESSION.set(session)  # each task has its own context
+        causal.CAUSAL_SESSION.set(session)  # each task has its own context
         await asyncio.sleep(0)
         db["codes"].find_one({})
 

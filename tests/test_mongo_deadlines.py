@@ -15,6 +15,7 @@ import pytest
 from pymongo.asynchronous import pool as driver_pool
 from pymongo.asynchronous import topology as driver_topology
 
+from tokensvc.bootstrap import make_store
 from tokensvc.config import StorageSettings
 from tokensvc.records import Session, utcnow
 from tokensvc.storage.base import StorageError
@@ -32,8 +33,8 @@ def closed_port() -> int:
 def unreachable(timeout_ms: int) -> MongoStore:
     """A store as ``tokensvc serve`` builds it (its budget, the driver's server-selection and
     pool timeouts as the settings give them), whose server is not there."""
-    return MongoStore.from_settings(StorageSettings(backend="mongodb", mongodb_uri=f"mongodb://127.0.0.1:{closed_port()}",
-                                                    timeout_ms=timeout_ms))
+    return make_store(StorageSettings(backend="mongodb", mongodb_uri=f"mongodb://127.0.0.1:{closed_port()}",
+                                      timeout_ms=timeout_ms))
 
 
 @pytest.fixture
@@ -67,7 +68,7 @@ async def test_concurrent_operations_on_an_unreachable_store_end_in_503_and_neve
                 store.get_client("webapp"), store.find_access("a" * 64), store.list_clients(),
                 store.revoke_family("f" * 64, now), store.end_session("s" * 64, now),
                 store.add_session(Session("s" * 64, "u_alice", now, now + timedelta(hours=1))),
-                store.count_attempt("g", ["address"], 60))),
+                store.failure_counts().count_attempt("g", ["address"], 60))),
                 return_exceptions=True)
             assert all(isinstance(answer, StorageError) for answer in answers), answers
         assert driver_waits == []

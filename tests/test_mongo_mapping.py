@@ -10,9 +10,8 @@ from datetime import timedelta
 import pytest
 
 from tokensvc.records import Pair, utcnow
-from tokensvc.storage import hashes
-from tokensvc.storage.mongo import CODES, FAMILIES, SESSIONS, MongoStore
-from tokensvc.storage.mongo.mapping import _pair_fields
+from tokensvc.storage.mongo import CODES, FAMILIES, SESSIONS, MongoStore, hashes
+from tokensvc.storage.mongo.mapping import pair_fields
 
 pytestmark = pytest.mark.mongodb
 
@@ -32,7 +31,7 @@ def test_a_filter_finds_each_hash_in_either_format_and_leaves_the_rest_as_is():
 def test_a_write_stores_each_hash_as_the_format_says_and_nothing_else_packed():
     now = utcnow()
     pair = Pair(A, B, ["read"], now, now + timedelta(hours=1), now + timedelta(minutes=10))
-    written = FAMILIES.fields(hashes.packed, **_pair_fields(pair), previous_hash=A, previous_access_hash=None,
+    written = FAMILIES.fields(hashes.packed, **pair_fields(pair), previous_hash=A, previous_access_hash=None,
                               renewed_at=now)
     assert written["access_hash"] == bytes.fromhex(A) and written["refresh_hash"] == bytes.fromhex(B)
     assert written["previous_hash"] == bytes.fromhex(A) and written["previous_access_hash"] is None

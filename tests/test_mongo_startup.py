@@ -12,8 +12,8 @@ from pymongo.errors import OperationFailure
 from service import free_port, start_service
 
 from tokensvc.storage.base import StoreFault
-from tokensvc.storage.format import HISTORY
 from tokensvc.storage.mongo import INDEXES, MongoStore
+from tokensvc.storage.mongo.format import HISTORY
 
 
 class FakeCollection:

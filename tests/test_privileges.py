@@ -260,7 +260,7 @@ def two_processes(io_loop, config):
 
     store, cleanup = open_store("mongodb", io_loop)
     io_loop.run_sync(lambda: seed(store, config))
-    other = MongoStore(store._client, store._db.name, change_streams=False)
+    other = MongoStore(store.client, store.db.name, change_streams=False)
     yield make_context(config, store), make_context(config, other)
     cleanup()
 

@@ -33,7 +33,7 @@ def store(io_loop):
 
 def other_process(store: MongoStore) -> MongoStore:
     """Another process's store over the same database."""
-    return MongoStore(store._client, store._db.name, change_streams=False)
+    return MongoStore(store.client, store.db.name, change_streams=False)
 
 
 class Polls(StoreObserver):
@@ -322,7 +322,7 @@ async def test_failure_limits_hold_across_processes(store, monkeypatch, io_loop)
     # The limit (3) over both processes, not 3 in each: the rest learn nothing (429).
     assert len(checked) == 20 and results.count("InvalidClient") == 3 and results.count("TooManyFailures") == 17
     # The shared count lives in the store, one document per address, with a TTL.
-    counts = (await store.failures.find_one({"_id": "client|127.0.0.1"}))["c"]
+    counts = (await store.db["failures"].find_one({"_id": "client|127.0.0.1"}))["c"]
     assert counts[processes[0].limits.client_attempt("webapp", "x").counters[1][0]] >= 3
 
 

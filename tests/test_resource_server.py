@@ -115,7 +115,7 @@ async def test_a_resource_server_an_older_release_rewrote_may_do_nothing(browser
     await seed(store, config)
     old_fields = {field.name for field in dataclasses.fields(Client)} - {"kind"}
     current = CLIENTS.doc(await store.get_client("notes-api"))
-    await store.clients.replace_one({"_id": "notes-api"}, {key: value for key, value in current.items()
+    await store.db["clients"].replace_one({"_id": "notes-api"}, {key: value for key, value in current.items()
                                                            if key == "_id" or key in old_fields})
     rewritten = await store.get_client("notes-api")
     assert (rewritten.kind, rewritten.scopes, rewritten.redirect_uris, rewritten.first_party) == ("client", [], [],

@@ -554,7 +554,7 @@ async def test_a_generated_secret_is_known_by_the_store_for_that_secret_alone(ba
     if isinstance(store, MemoryStore):
         store._clients["old"] = Client("old", "Old", ["https://old/cb"], secret_hash="d" * 64, created_at=now)
     else:
-        await store.clients.insert_one({"_id": "old", "name": "Old", "redirect_uris": ["https://old/cb"],
+        await store.db["clients"].insert_one({"_id": "old", "name": "Old", "redirect_uris": ["https://old/cb"],
                                         "allowed_scopes": None, "secret_hash": "d" * 64, "first_party": False,
                                         "description": None, "logo_url": None, "created_at": now})
     old = await store.get_client("old")
@@ -564,7 +564,7 @@ async def test_a_generated_secret_is_known_by_the_store_for_that_secret_alone(ba
     await store.put_previous_secret(kept)
     assert (await store.get_previous_secret("g")).generated
     if not isinstance(store, MemoryStore):
-        await store.previous_secrets.update_one({"_id": "g"}, {"$unset": {"generated": ""}})
+        await store.db["previous_secrets"].update_one({"_id": "g"}, {"$unset": {"generated": ""}})
         assert not (await store.get_previous_secret("g")).generated
 
 

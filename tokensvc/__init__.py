@@ -3,7 +3,7 @@
 ``__version__`` is the release (semantic versioning; CHANGELOG.md has each release and its
 upgrade notes). The package's metadata takes it from here (setup.cfg), ``tokensvc --version``
 prints it, ``/healthz`` answers it, and every process names it to MongoDB (its ``appName``
-and its entry among the running processes, ``tokensvc/storage/processes.py``).
+and its entry among the running processes, ``tokensvc/storage/mongo/processes.py``).
 """
 
 __version__ = "0.10.0"

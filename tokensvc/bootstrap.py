@@ -30,7 +30,7 @@ log = logging.getLogger(__name__)
 def make_store(settings: StorageSettings, *, serving: bool = False) -> Store:
     """The backend ``storage.backend`` names; built inside the running event loop (the MongoDB
     driver starts its monitors as tasks of it). ``serving``: for ``tokensvc serve``, whose
-    MongoDB store registers the process among those running (storage/processes.py)."""
+    MongoDB store registers the process among those running (storage/mongo/processes.py)."""
     if settings.backend == "memory":
         from tokensvc.storage.memory import MemoryStore
 
@@ -38,7 +38,9 @@ def make_store(settings: StorageSettings, *, serving: bool = False) -> Store:
     if settings.backend == "mongodb":
         from tokensvc.storage.mongo import MongoStore
 
-        return MongoStore.from_settings(settings, serving=serving)
+        return MongoStore.connect(settings.mongodb_uri, settings.database, timeout_ms=settings.timeout_ms,
+                                  max_pool_size=settings.max_pool_size,
+                                  heartbeat_seconds=settings.heartbeat_seconds if serving else None)
     raise ConfigError(f"storage.backend: unknown backend {settings.backend!r}")
 
 

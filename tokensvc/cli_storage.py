@@ -1,5 +1,5 @@
 """``tokensvc storage status|migrate|finalize``: the MongoDB store's format, as an upgrade
-needs it (docs/operations.md, Upgrading; the work itself is ``tokensvc/storage/upgrade.py``).
+needs it (docs/operations.md, Upgrading; the work itself is ``tokensvc/storage/mongo/upgrade.py``).
 
 They talk to the store of ``--config`` directly, beside the running service (which they never
 stop). Progress goes to stderr, one line per batch; the result to stdout (``--json``: one JSON
@@ -46,7 +46,7 @@ def runner(factory: StoreFactory | None,
             return 0
 
         async def body() -> int:
-            from tokensvc.storage.upgrade import Refused
+            from tokensvc.storage.mongo.upgrade import Refused
 
             store = _store(settings, factory)
             try:
@@ -106,7 +106,7 @@ def _when(value: Any) -> str:
 
 def _how(seen: Any) -> str:
     """How a release is known to have used the store (opening it: since when)."""
-    from tokensvc.storage import upgrade
+    from tokensvc.storage.mongo import upgrade
 
     return ", ".join(f"{how} {_when(seen.since)}" if how == upgrade.OPENED else how for how in seen.how)
 
@@ -150,7 +150,7 @@ def _status_text(found: Any) -> str:
 
 
 async def storage_status(store: Any, args: argparse.Namespace) -> int:
-    from tokensvc.storage import upgrade
+    from tokensvc.storage.mongo import upgrade
 
     found = await upgrade.status(store, args.previous_release_stopped)
     print(json.dumps(_status_json(found), indent=2) if args.json else _status_text(found))
@@ -165,7 +165,7 @@ def _converted(converted: dict[str, int]) -> str:
 
 
 async def storage_migrate(store: Any, args: argparse.Namespace) -> int:
-    from tokensvc.storage import upgrade
+    from tokensvc.storage.mongo import upgrade
 
     converted = await upgrade.migrate(store, None if args.json else _progress)
     waiting = store.history.waiting(store.format)
@@ -179,7 +179,7 @@ async def storage_migrate(store: Any, args: argparse.Namespace) -> int:
 
 
 async def storage_finalize(store: Any, args: argparse.Namespace) -> int:
-    from tokensvc.storage import upgrade
+    from tokensvc.storage.mongo import upgrade
 
     before, converted = await upgrade.finalize(store, args.previous_release_stopped,
                                                None if args.json else _progress)

@@ -21,7 +21,7 @@ from pathlib import Path
 from packaging.requirements import Requirement
 
 from tokensvc import __version__
-from tokensvc.storage.format import release_key
+from tokensvc.storage.mongo.format import release_key
 
 ROOT = Path(__file__).resolve().parent.parent.parent
 

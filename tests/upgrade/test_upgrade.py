@@ -26,7 +26,7 @@ from primary import Fault, ReplicaSet
 from service import NOWHERE, WEBAPP_SECRET, Service, answer_when_read, start_service
 
 from tokensvc import __version__, cli
-from tokensvc.storage.format import TRIPWIRE
+from tokensvc.storage.mongo.format import TRIPWIRE
 
 HEARTBEAT = 1  # storage.heartbeat_seconds of this release's processes: finalize waits for one
 

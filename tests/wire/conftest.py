@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 from primary import BUDGET_MS, ReplicaSet, wire_settings
 
+from tokensvc.bootstrap import make_store
 from tokensvc.storage.mongo import MongoStore
 
 
@@ -33,7 +34,7 @@ def wire_budget_ms() -> int:
 def wire_store(primary, io_loop, wire_budget_ms):
     """A MongoStore over the real driver, opened (its indexes made), talking to ``primary``."""
     async def opened() -> MongoStore:  # the driver's event listeners start within a running loop
-        store = MongoStore.from_settings(wire_settings(primary, timeout_ms=wire_budget_ms))
+        store = make_store(wire_settings(primary, timeout_ms=wire_budget_ms))
         await store.open()
         return store
 

@@ -21,9 +21,9 @@ from pymongo.read_concern import ReadConcern
 from pymongo.server_type import SERVER_TYPE
 from pymongo.write_concern import WriteConcern
 
+from tokensvc.bootstrap import make_store
 from tokensvc.records import AuthorizationCode, Session, utcnow
 from tokensvc.storage.base import CODE_RETENTION_SECONDS, SESSION, Revocation, StorageError
-from tokensvc.storage.mongo import MongoStore
 
 
 @pytest.fixture
@@ -135,7 +135,7 @@ async def test_the_relay_hears_a_revocation_once_a_majority_holds_it(wire_store,
     it; then it hears it, and the re-check reads it."""
     now = utcnow()
     await wire_store.add_session(Session("s1", "u_alice", now, now + timedelta(hours=1)))
-    other = MongoStore.from_settings(wire_settings(primary))
+    other = make_store(wire_settings(primary))
     feed = wire_store.revocation_feed()
     pending = asyncio.ensure_future(anext(feed))
     await eventually(lambda: wire_store._resume_token is not None, what="the change stream open")
@@ -178,7 +178,7 @@ async def test_the_store_decides_on_what_a_majority_holds_not_on_a_write_the_sec
     what this process reads: a failover could roll it back."""
     now = utcnow()
     await wire_store.add_session(Session("s1", "u_alice", now, now + timedelta(hours=1)))
-    other = MongoStore.from_settings(wire_settings(primary))
+    other = make_store(wire_settings(primary))
     primary.lagging = True
     primary.script(Fault("update", "write_concern_error", collection="sessions", code=64))
     with pytest.raises(StorageError):
@@ -286,7 +286,7 @@ async def test_a_write_an_election_rolls_back_is_applied_once_by_the_drivers_ret
     member elected never had it, so it is rolled back; the driver's retry (the write concern
     interrupted, 189, labelled) runs it on the new primary, once. The relay hears of it once."""
     replica_set = ReplicaSet(size=2).start()
-    store = MongoStore.from_settings(wire_settings(replica_set))
+    store = make_store(wire_settings(replica_set))
     try:
         await store.open()
         now = utcnow()

@@ -16,12 +16,12 @@ from primary import Fault, ReplicaSet, wire_settings
 from pymongo import AsyncMongoClient
 
 from tokensvc import __version__
+from tokensvc.bootstrap import make_store
 from tokensvc.oauth import hashing
 from tokensvc.records import AuthorizationCode, Client, Family, Installation, Pair, Session, User, utcnow
-from tokensvc.storage import migrations, processes, upgrade
 from tokensvc.storage.base import StorageError, StoreFault, StoreObserver
-from tokensvc.storage.format import FORMATS, TRIPWIRE, Format, History, Migration
-from tokensvc.storage.mongo import MongoStore
+from tokensvc.storage.mongo import MongoStore, migrations, processes, upgrade
+from tokensvc.storage.mongo.format import FORMATS, TRIPWIRE, Format, History, Migration
 
 pytestmark = pytest.mark.gen_test
 
@@ -38,7 +38,7 @@ def written_by_0_9_0(primary: ReplicaSet) -> None:
 
 
 async def opened(primary: ReplicaSet, serving: bool = False, history: History | None = None) -> MongoStore:
-    store = MongoStore.from_settings(wire_settings(primary), serving=serving)
+    store = make_store(wire_settings(primary), serving=serving)
     if history is not None:
         store.history = history
     await store.open()
@@ -125,7 +125,7 @@ async def test_a_store_of_a_newer_format_is_refused_in_one_line(primary):
     await (await opened(primary)).close()
     primary.db[DB]["meta"].update_one({"_id": "format"}, {"$set": {"format": 3, "compatibility": 3}})
     primary.forget()
-    store = MongoStore.from_settings(wire_settings(primary))
+    store = make_store(wire_settings(primary))
     with pytest.raises(StoreFault) as refused:
         await store.open()
     assert str(refused.value) == (f"the store holds format 3 (its compatibility version), which tokensvc {__version__} "
@@ -147,7 +147,7 @@ async def test_a_release_that_no_longer_reads_the_stores_format_says_what_to_fin
     written_by_0_9_0(primary)
     await (await opened(primary)).close()
     later = History(FORMATS, oldest=2, release="0.11.0")  # a release that dropped format 1's read path
-    store = MongoStore.from_settings(wire_settings(primary))
+    store = make_store(wire_settings(primary))
     store.history = later
     with pytest.raises(StoreFault, match=r"still holds rows of format 1, which tokensvc 0\.11\.0 no longer reads: "
                                          r"finish that upgrade first with tokensvc 0\.10\.0"):
@@ -186,7 +186,7 @@ async def test_every_operation_keyed_by_a_hash_finds_it_in_either_format(primary
     assert (await new.find_access(pair.access_hash))[0].family_id == family.family_id  # its packed access hash
     again = Pair(digest("access 3"), digest("refresh 3"), ["read"], now, now + timedelta(hours=1),
                  now + timedelta(minutes=10))
-    await new.families.update_one({"_id": family.family_id}, {"$set": {"access_used_at": None}})
+    await new.db["families"].update_one({"_id": family.family_id}, {"$set": {"access_used_at": None}})
     assert (await new.reissue_pair(family.family_id, pair.refresh_hash, again)).access_hash == again.access_hash
     assert [f.family_id for f in await new.list_families("g1")] == [family.family_id]
     assert await new.revoke_access(family.family_id, again.access_hash, now)
@@ -207,7 +207,7 @@ async def test_nothing_is_written_before_the_stores_format_is_read(primary):
     written_by_0_9_0(primary)
     await (await opened(primary)).close()
     code, family, session = credentials(utcnow())
-    serving = MongoStore.from_settings(wire_settings(primary), serving=True)
+    serving = make_store(wire_settings(primary), serving=True)
     for write in (lambda: serving.add_code(code), lambda: serving.create_family(family),
                   lambda: serving.add_session(session)):
         with pytest.raises(StorageError, match="start-up has not read the store's format yet"):
@@ -215,7 +215,7 @@ async def test_nothing_is_written_before_the_stores_format_is_read(primary):
     assert [raw(primary, name) for name in ("codes", "families", "sessions")] == [[], [], []]
     await serving.open()
     await serving.add_session(session)
-    command_line = MongoStore.from_settings(wire_settings(primary))
+    command_line = make_store(wire_settings(primary))
     await command_line.add_code(code)
     assert [raw(primary, name)[0]["_id"] for name in ("codes", "sessions")] == [code.code_hash, session.session_hash]
     for store in (serving, command_line):
@@ -238,7 +238,7 @@ async def test_a_running_process_stops_serving_on_a_format_it_cannot_write(prima
     assert raw(primary, "sessions") == [] and primary.db[DB]["processes"].find_one()["writes"] == 2
     store.registration.heartbeat_seconds = 0.05
     with pytest.raises(StoreFault):  # the heartbeat's loop ends with it: the process stops
-        await asyncio.wait_for(store.registration.run(store), 5)
+        await asyncio.wait_for(store.registration.run(store.connection, store.heartbeat), 5)
     await store.close()
 
 
@@ -274,18 +274,18 @@ async def test_a_field_a_later_release_added_survives_this_ones_writes(primary):
 async def test_a_serving_process_is_registered_and_follows_a_raised_compatibility_version(primary, caplog):
     written_by_0_9_0(primary)
     store = await opened(primary, serving=True)
-    [seen] = await processes.running(store)
+    [seen] = await processes.running(store.connection)
     assert (seen.release, seen.reads, seen.writes) == (__version__, 2, 1)
     primary.db[DB]["meta"].update_one({"_id": "format"}, {"$set": {"compatibility": 2}})
-    with caplog.at_level(logging.INFO, "tokensvc.storage.processes"):
+    with caplog.at_level(logging.INFO, "tokensvc.storage.mongo.processes"):
         await store.heartbeat()
     assert store.format.compatibility == 2 and (await store.writing())(digest("x")) == bytes.fromhex(digest("x"))
     assert "the store's compatibility version is now 2 (was 1): writing format 2" in caplog.text
-    assert (await processes.running(store))[0].writes == 2
+    assert (await processes.running(store.connection))[0].writes == 2
     await store.close()
     assert primary.db[DB]["processes"].find_one()["stopped_at"] is not None
     watcher = await opened(primary)
-    assert await processes.running(watcher) == []  # stopped
+    assert await processes.running(watcher.connection) == []  # stopped
     await watcher.close()
 
 
@@ -296,7 +296,7 @@ async def test_a_process_that_stopped_beating_counts_as_running_for_three_heartb
         primary.db[DB]["processes"].insert_one({"_id": name, "release": "0.10.0", "reads": 2, "writes": 2,
                                                 "heartbeat_seconds": 10, "host": name, "pid": 1,
                                                 "seen_at": now - timedelta(seconds=ago), "stopped_at": None})
-    assert [seen.where for seen in await processes.running(store)] == ["recent:1"]
+    assert [seen.where for seen in await processes.running(store.connection)] == ["recent:1"]
     await store.close()
 
 
@@ -339,7 +339,7 @@ async def test_only_connections_that_concern_this_store_count(primary, caplog):
     store = await opened(primary)
     elsewhere = await Serving(primary, "third").start()  # 0.9.0 serving another database
     current_elsewhere = await Serving(primary, "third", f"tokensvc/{__version__}").start()
-    assert await processes.connected(store) == []
+    assert await processes.connected(store.connection) == []
     here = await Serving(primary).start()  # 0.9.0 serving this store
     current = await Serving(primary, app=f"tokensvc/{__version__}").start()
     # A look sees a connection while it executes; a serving process's stream is idle for an
@@ -347,7 +347,7 @@ async def test_only_connections_that_concern_this_store_count(primary, caplog):
     found: list = []
 
     async def seen(expected) -> bool:
-        found[:] = await processes.connected(store)
+        found[:] = await processes.connected(store.connection)
         return expected(found)
 
     await eventually(lambda: seen(lambda found: sorted((seen.release or "", seen.reads) for seen in found)
@@ -359,7 +359,7 @@ async def test_only_connections_that_concern_this_store_count(primary, caplog):
     for serving in (current, elsewhere, current_elsewhere):
         await serving.close()
     primary.current_op = False
-    assert await processes.connected(store) is None
+    assert await processes.connected(store.connection) is None
     # Its code, not its answer: that carries the cluster time's signature.
     assert "$currentOp: error 13 Unauthorized" in caplog.text and "signature" not in caplog.text
     await store.close()
@@ -385,7 +385,7 @@ async def test_a_0_9_0_process_caught_between_two_requests_of_its_stream_is_foun
         return operations
 
     monkeypatch.setattr(processes, "_operations", first_between_requests)
-    assert [seen.release for seen in await processes.connected(store)] == [None]
+    assert [seen.release for seen in await processes.connected(store.connection)] == [None]
     assert looks == 2  # and no more: found
     await here.close()
     await store.close()
@@ -407,11 +407,11 @@ async def test_through_mongos_the_connections_are_not_known():
         def get_database(self, name, **options):
             return Router()
 
-    assert await processes.connected(MongoStore(Client(), DB)) is None
+    assert await processes.connected(MongoStore(Client(), DB).connection) is None
     # Nor on a standalone server: 0.9.0 has no change stream to keep open there (it polls now
     # and then), so no look at the operations finds it for certain.
     Router.command = lambda self, name: asyncio.sleep(0, {"ok": 1, "isWritablePrimary": True})
-    assert await processes.connected(MongoStore(Client(), DB)) is None
+    assert await processes.connected(MongoStore(Client(), DB).connection) is None
 
 
 # -- finalize and migrate ----------------------------------------------------------------------
@@ -449,7 +449,7 @@ async def test_finalize_is_refused_before_this_release_has_opened_the_store(prim
     written_by_0_9_0(primary)
     await (await opened(primary)).close()
     primary.db[DB]["meta"].update_one({"_id": "format"}, {"$set": {"format": 1}})
-    store = MongoStore.from_settings(wire_settings(primary))  # a command line's: never opened
+    store = make_store(wire_settings(primary))  # a command line's: never opened
     with pytest.raises(upgrade.Refused, match="no process of tokensvc .* has opened the store yet"):
         await upgrade.finalize(store)
     await store.close()
@@ -503,7 +503,7 @@ async def serving_on_a_0_9_0_store(primary: ReplicaSet) -> MongoStore:
 
 async def test_finalize_waits_for_every_process_to_write_the_new_format_before_converting(primary):
     server = await serving_on_a_0_9_0_store(primary)
-    beating = asyncio.create_task(server.registration.run(server))
+    beating = asyncio.create_task(server.registration.run(server.connection, server.heartbeat))
     store = await opened(primary)
     await upgrade.finalize(store)
     assert server.format.compatibility == 2  # it followed, then the rows were converted
@@ -569,7 +569,7 @@ async def test_finalize_waits_for_no_process_whose_heartbeat_lapsed_and_says_whe
     assert meta(primary)["compatibility"] == 2
     # Two heartbeats without a word (killed -9, cut off): no longer waited for, though counted as running.
     primary.db[DB]["processes"].update_one({}, {"$set": {"seen_at": utcnow() - timedelta(seconds=2.5)}})
-    assert len(await processes.running(store)) == 1
+    assert len(await processes.running(store.connection)) == 1
     assert await upgrade.migrate(store) == {"packed-hashes": 3}
     await server.close()
     await store.close()
@@ -594,7 +594,7 @@ async def test_a_release_that_cannot_read_the_store_is_reported_and_what_it_writ
     server = await opened(primary, serving=True)
     server.observer = heard = Heard()
     elsewhere = await Serving(primary, "third").start()  # 0.9.0 serving another database: no concern
-    operator = MongoStore.from_settings(wire_settings(primary))  # a command line's
+    operator = make_store(wire_settings(primary))  # a command line's
     assert (await upgrade.status(operator)).warnings == []
     with caplog.at_level(logging.WARNING):
         await migrations.watch(server)
@@ -667,7 +667,7 @@ async def test_finalize_leaves_0_9_0_an_index_it_cannot_make_alongside(primary):
     late = Fault("createIndexes", "delay", seconds=1.5,
                  when=lambda doc: (doc["createIndexes"], doc["indexes"][0]["name"]) == ("failures", "ttl"))
     primary.script(late)
-    laggard = MongoStore.from_settings(wire_settings(primary))
+    laggard = make_store(wire_settings(primary))
     opening = asyncio.create_task(laggard.open())
     while not late.hits:
         await asyncio.sleep(0.01)

@@ -14,10 +14,10 @@ from bson import Timestamp
 from helpers import DEADLINE, eventually
 from primary import BUDGET_MS, Fault, wire_settings
 
+from tokensvc.bootstrap import make_store
 from tokensvc.oauth import events, hashing
 from tokensvc.records import Session, utcnow
 from tokensvc.storage.base import SESSION, Revocation, StoreObserver
-from tokensvc.storage.mongo import MongoStore
 
 pytestmark = pytest.mark.gen_test(timeout=30)
 
@@ -118,7 +118,7 @@ async def test_a_revocation_whose_write_lands_late_within_its_budget_is_heard_by
     five seconds back, it never did, and the session's socket stayed open)."""
     primary.change_streams = False
     await add_sessions(wire_store, "late", "next")
-    other = MongoStore.from_settings(wire_settings(primary, timeout_ms=wire_budget_ms))  # a second process
+    other = make_store(wire_settings(primary, timeout_ms=wire_budget_ms))  # a second process
     feed = wire_store.revocation_feed(poll_seconds=0.05)
     heard = []
 
@@ -146,7 +146,7 @@ async def test_the_recheck_an_event_causes_reads_at_or_after_the_revocation(wire
     be answered from before that write (a primary elected meanwhile), so the event's cluster
     time becomes the floor of every read after it."""
     await add_sessions(wire_store, "s1")
-    other = MongoStore.from_settings(wire_settings(primary))  # a second process
+    other = make_store(wire_settings(primary))  # a second process
     feed = wire_store.revocation_feed()
     pending = asyncio.ensure_future(next_revocation(feed))
     await streaming(wire_store)
@@ -285,7 +285,7 @@ async def test_a_user_demoted_or_removed_in_another_process_is_named(wire_store,
 
     primary.change_streams = streams
     config = make_config()
-    other = MongoStore.from_settings(wire_settings(primary))  # a second process
+    other = make_store(wire_settings(primary))  # a second process
     await seed(other, config)
     root = await other.get_user_by_username("root")
     feed = wire_store.revocation_feed(poll_seconds=0.05)
@@ -314,7 +314,7 @@ async def test_a_clients_two_marks_are_heard_apart(wire_store, primary, streams)
     from tokensvc.storage.base import CLIENT, CREDENTIALS
 
     primary.change_streams = streams
-    other = MongoStore.from_settings(wire_settings(primary))  # a second process
+    other = make_store(wire_settings(primary))  # a second process
     await other.open()
     await other.put_client(Client("c1", "One", ["https://a/cb"], ["read", "write"], secret_hash="s1"))
     feed = wire_store.revocation_feed(poll_seconds=0.05)
@@ -351,7 +351,7 @@ async def test_a_client_removed_in_another_process_is_named_once_its_tokens_are_
     from tokensvc.storage.base import CLIENT, StorageError
 
     primary.change_streams = streams
-    other = MongoStore.from_settings(wire_settings(primary))  # a second process
+    other = make_store(wire_settings(primary))  # a second process
     await other.open()
     for client_id in ("c1", "c2"):
         await other.put_client(Client(client_id, client_id.upper(), ["https://a/cb"], ["read"]))

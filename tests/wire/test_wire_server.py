@@ -15,10 +15,10 @@ from bson import Timestamp
 from helpers import eventually
 from primary import BUDGET_MS, Fault, wire_settings
 
+from tokensvc.bootstrap import make_store
 from tokensvc.oauth import hashing
 from tokensvc.records import Client, Family, Pair, Session, Subject, User, utcnow
 from tokensvc.storage.base import StorageError
-from tokensvc.storage.mongo import MongoStore
 
 pytestmark = pytest.mark.gen_test(timeout=30)
 
@@ -69,7 +69,7 @@ async def test_a_failed_write_concern_is_503_and_no_later_read_waits_on_the_writ
 
 
 async def test_a_read_after_a_write_it_heard_of_waits_for_the_commit_point(wire_store, primary):
-    other = MongoStore.from_settings(wire_settings(primary))  # another process
+    other = make_store(wire_settings(primary))  # another process
     primary.lagging = True
     writing = asyncio.ensure_future(other.add_session(session("s9")))  # applied, waiting for a majority
     await eventually(lambda: primary.sent("insert", "sessions"), what="the insert")
@@ -107,7 +107,7 @@ async def test_unique_index_races_between_processes_end_with_one_record(wire_sto
     """Two processes seed one user (an upsert on the unique username: the loser is DuplicateKey)
     and save one grant (two inserts of one unique key) at the same moment: both succeed, with
     one record each."""
-    other = MongoStore.from_settings(wire_settings(primary))
+    other = make_store(wire_settings(primary))
     primary.script(Fault("findAndModify", "race", collection="users", code=11000, times=2),
                    Fault("insert", "race", collection="grants", times=2))
     seeded = await asyncio.gather(wire_store.seed_user(User("u_1", "alice", "scrypt$1"), utcnow()),

@@ -6,8 +6,9 @@ from __future__ import annotations
 import pytest
 from primary import BUDGET_MS, Fault, ReplicaSet, wire_settings
 
+from tokensvc.bootstrap import make_store
 from tokensvc.storage.base import StorageError, StoreFault
-from tokensvc.storage.mongo import INDEXES, MongoStore
+from tokensvc.storage.mongo import INDEXES
 
 pytestmark = pytest.mark.gen_test
 
@@ -15,7 +16,7 @@ pytestmark = pytest.mark.gen_test
 async def test_a_secondary_reached_directly_is_not_served_from():
     secondary = ReplicaSet(writable=False).start()
     try:
-        store = MongoStore.from_settings(wire_settings(secondary, mongodb_uri=secondary.uri(directConnection="true")))
+        store = make_store(wire_settings(secondary, mongodb_uri=secondary.uri(directConnection="true")))
         with pytest.raises(StorageError, match="is not a writable primary \\(secondary\\).*no directConnection"):
             await store.open()
         assert secondary.sent("createIndexes") == []  # nothing attempted on it
@@ -26,7 +27,7 @@ async def test_a_secondary_reached_directly_is_not_served_from():
 
 async def test_index_builds_may_take_longer_than_a_requests_budget(primary):
     primary.script(Fault("createIndexes", "delay", collection="families", seconds=BUDGET_MS / 1000 + 0.5))
-    store = MongoStore.from_settings(wire_settings(primary))
+    store = make_store(wire_settings(primary))
     await store.open()  # not cut at the request budget
     assert len(primary.sent("createIndexes")) == len(INDEXES)
     await store.close()
@@ -34,7 +35,7 @@ async def test_index_builds_may_take_longer_than_a_requests_budget(primary):
 
 async def test_tokensvcs_keys_under_another_name_are_named_with_what_to_drop(primary):
     primary.db["tokensvc"]["users"].create_index([("username", 1)], name="username_1", unique=True)
-    store = MongoStore.from_settings(wire_settings(primary))
+    store = make_store(wire_settings(primary))
     with pytest.raises(StoreFault) as refused:
         await store.open()
     message = str(refused.value)
@@ -46,7 +47,7 @@ async def test_tokensvcs_keys_under_another_name_are_named_with_what_to_drop(pri
 async def test_a_ttl_that_needs_coll_mod_without_the_role_says_which_role(primary):
     primary.db["tokensvc"]["codes"].create_index([("expires_at", 1)], name="ttl", expireAfterSeconds=60)
     primary.script(Fault("collMod", "error", code=13))  # Unauthorized: readWrite has no collMod
-    store = MongoStore.from_settings(wire_settings(primary))
+    store = make_store(wire_settings(primary))
     with pytest.raises(StoreFault) as refused:
         await store.open()
     message = str(refused.value)
@@ -57,7 +58,7 @@ async def test_a_ttl_that_needs_coll_mod_without_the_role_says_which_role(primar
 
 async def test_an_index_a_later_one_replaced_is_dropped(primary):
     primary.db["tokensvc"]["families"].create_index([("grant_id", 1)], name="grant_id")
-    store = MongoStore.from_settings(wire_settings(primary))
+    store = make_store(wire_settings(primary))
     await store.open()
     indexes = primary.db["tokensvc"]["families"].index_information()
     assert "grant_id" not in indexes and indexes["grant_live"]["key"] == [("grant_id", 1), ("revoked_at", 1),

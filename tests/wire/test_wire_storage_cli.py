@@ -141,7 +141,7 @@ def test_each_rows_move_has_its_own_budget_and_batches_end_in_time(primary, tmp_
     take longer than one budget (one batch of 500 would need far more); each document's move has
     its own, and a batch ends after BATCH_SECONDS, its progress recorded and printed. The budget
     is 25 times one copy's delay, so a busy machine's stalls do not exhaust it."""
-    from tokensvc.storage import migrations
+    from tokensvc.storage.mongo import migrations
 
     written_by_0_9_0(primary)
     opened_by_this_release(primary)

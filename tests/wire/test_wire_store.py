@@ -15,11 +15,12 @@ from bson import Timestamp
 from helpers import eventually
 from primary import BUDGET_MS, Fault, wire_settings
 
+from tokensvc.bootstrap import make_store
 from tokensvc.oauth import hashing
 from tokensvc.records import AuthorizationCode, Client, Family, Pair, Session, Subject, User, utcnow
 from tokensvc.storage.base import Conflict, StorageError
 from tokensvc.storage.mongo import ONCE, READ, RERUN, RETRY_KINDS, STEPS, MongoStore
-from tokensvc.storage.mongo.store import CASELESS
+from tokensvc.storage.mongo.indexes import CASELESS
 
 pytestmark = pytest.mark.gen_test
 
@@ -70,9 +71,9 @@ async def every_operation(store: MongoStore) -> None:
     await store.list_user_sessions("u_alice", now)
     await store.end_session("s1", now)
     await store.end_user_sessions("u_alice", now)
-    await store.count_attempt("client|127.0.0.1", ["address"], 300)
-    await store.read_counts("client|127.0.0.1", ["address"])
-    await store.uncount_attempt("client|127.0.0.1", ["address"], [])
+    await store.failure_counts().count_attempt("client|127.0.0.1", ["address"], 300)
+    await store.failure_counts().read_counts("client|127.0.0.1", ["address"])
+    await store.failure_counts().uncount_attempt("client|127.0.0.1", ["address"], [])
     await store.mark_grant_revoked(grant.grant_id, now)
     await store.revoke_grant_families(grant.grant_id, now)
     await store.revoke_client_grants("webapp", now, 10)
@@ -185,7 +186,7 @@ async def test_an_operation_never_outlasts_its_budget_and_the_store_recovers(wir
 
 
 async def test_a_request_under_a_closed_client_is_a_storage_error(primary):
-    store = MongoStore.from_settings(wire_settings(primary))
+    store = make_store(wire_settings(primary))
     await store.ping()
     await store.close()
     with pytest.raises(StorageError):  # InvalidOperation: the service is stopping; 503, never 500
@@ -193,7 +194,7 @@ async def test_a_request_under_a_closed_client_is_a_storage_error(primary):
 
 
 async def test_an_srv_name_that_does_not_resolve_is_transient():
-    store = MongoStore.from_settings(wire_settings_for("mongodb+srv://cluster0.no-such-name.invalid/", 500))
+    store = make_store(wire_settings_for("mongodb+srv://cluster0.no-such-name.invalid/", 500))
     started = time.monotonic()
     with pytest.raises(StorageError):
         await store.ping()
@@ -308,7 +309,7 @@ async def test_a_mark_run_again_after_its_reply_was_lost_reports_its_own_effect(
     assert (await wire_store.get_family("f1"))[0].second_holder_at is not None
     # Without a lost reply nothing is claimed: the mark stays the first one's.
     assert await wire_store.mark_second_holder("f1", now + timedelta(seconds=1)) is False
-    await wire_store.families.update_one({"_id": "f2"}, {"$set": {"second_holder_at": now}})
+    await wire_store.db["families"].update_one({"_id": "f2"}, {"$set": {"second_holder_at": now}})
     primary.script(Fault("update", "hangup_after", collection="families", times=2))
     assert await wire_store.mark_second_holder("f2", now + timedelta(seconds=1)) is False
 
@@ -459,14 +460,15 @@ async def test_a_write_run_once_whose_replies_are_all_lost_fails_and_is_applied_
     """ONCE: a write that, applied twice, does something else (here an attempt counted twice).
     The driver's one retry carries the same txnNumber, which the server applies at most once;
     when its reply is lost too, the store does not run the write again: 503, counted once."""
-    assert (await wire_store.count_attempt("login|127.0.0.1", ["address"], 300))[0] == [1]  # the window
+    counts = wire_store.failure_counts()
+    assert (await counts.count_attempt("login|127.0.0.1", ["address"], 300))[0] == [1]  # the window
     primary.forget()
     primary.script(Fault("findAndModify", "hangup_after", collection="failures", times=2))
     with pytest.raises(StorageError):
-        await wire_store.count_attempt("login|127.0.0.1", ["address"], 300)
+        await counts.count_attempt("login|127.0.0.1", ["address"], 300)
     sent = primary.sent("findAndModify", "failures")
     assert len(sent) == 2 and sent[0]["txnNumber"] == sent[1]["txnNumber"]
-    assert (await wire_store.read_counts("login|127.0.0.1", ["address"]))[0] == [2]
+    assert (await counts.read_counts("login|127.0.0.1", ["address"]))[0] == [2]
 
 
 async def test_a_claim_whose_reply_is_lost_registers_the_client_and_is_no_false_conflict(wire_store, primary):

@@ -14,12 +14,11 @@ import pytest
 from helpers import eventually, make_config, serve_refusal
 from primary import BUDGET_MS, ReplicaSet, wire_settings
 
-from tokensvc.bootstrap import prepare
+from tokensvc.bootstrap import make_store, prepare
 from tokensvc.cli_admin import load_settings
 from tokensvc.handlers.readiness import Readiness
 from tokensvc.records import Client, utcnow
 from tokensvc.storage.base import StorageError, StoreFault
-from tokensvc.storage.mongo import MongoStore
 
 pytestmark = pytest.mark.gen_test(timeout=30)
 
@@ -27,7 +26,7 @@ WEB = Client("webapp", "Web", ["https://a/cb"])
 
 
 async def test_a_directly_connected_member_that_steps_down_is_noticed_and_served_again_once_primary(primary):
-    store = MongoStore.from_settings(wire_settings(primary, mongodb_uri=primary.uri(directConnection="true")))
+    store = make_store(wire_settings(primary, mongodb_uri=primary.uri(directConnection="true")))
     await store.open()
     readiness = Readiness(store)
     assert await readiness.unready() is None
@@ -52,7 +51,7 @@ async def test_a_directly_connected_member_that_steps_down_is_noticed_and_served
 async def test_through_the_replica_set_an_election_is_waited_for_not_refused(primary):
     """The same step-down seen through the replica set (no directConnection): no primary for a
     moment is an election, which requests wait out within their budget."""
-    store = MongoStore.from_settings(wire_settings(primary))
+    store = make_store(wire_settings(primary))
     await store.open()
     elected = primary.step_down(after=0.5)
     await store.put_client(WEB)  # waits for the new term
@@ -94,7 +93,7 @@ def test_credentials_the_server_refuses_stop_start_up_with_one_line(tmp_path):
 async def test_prepare_does_not_retry_what_waiting_cannot_mend():
     old = ReplicaSet(max_wire_version=6).start()
     try:
-        store = MongoStore.from_settings(wire_settings(old))
+        store = make_store(wire_settings(old))
         with pytest.raises(StoreFault, match="too old"):
             await asyncio.wait_for(prepare(store, make_config(), first_delay=0.01), 5)
         await store.close()
@@ -103,7 +102,7 @@ async def test_prepare_does_not_retry_what_waiting_cannot_mend():
 
 
 async def test_a_closed_client_is_not_retried(primary):
-    store = MongoStore.from_settings(wire_settings(primary))
+    store = make_store(wire_settings(primary))
     await store.ping()
     await store.close()
     retried = []
@@ -123,7 +122,7 @@ async def test_index_builds_do_not_wait_for_a_member_that_is_down():
     replica_set = ReplicaSet(size=3).start()
     try:
         replica_set.set_down(2)
-        store = MongoStore.from_settings(wire_settings(replica_set))
+        store = make_store(wire_settings(replica_set))
         store.build_budget = 5
         await store.open()
         builds = replica_set.sent("createIndexes")

@@ -33,7 +33,7 @@ class Readiness:
     async def unready(self) -> str | None:
         """Why this instance should take no traffic now; None when it should: the store was
         prepared, its driver knows no reason that writes cannot succeed (a directly connected
-        member that is no primary, storage/topology.py), and it answered within the grace."""
+        member that is no primary, storage/mongo/topology.py), and it answered within the grace."""
         if not self.store.prepared:
             return "start-up has not prepared the store yet"
         reason = self.store.unwritable()

@@ -26,7 +26,7 @@ from tokensvc.oauth import hashing
 from tokensvc.oauth.errors import InvalidClient, InvalidRequest, UnauthorizedClient
 from tokensvc.ratelimit import Attempt, TooManyFailures
 from tokensvc.records import Client, PreviousSecret, utcnow
-from tokensvc.storage.base import Store
+from tokensvc.storage.base import Registry
 
 if TYPE_CHECKING:  # the context's metadata names this module's methods
     from tokensvc.oauth.context import OAuthContext
@@ -286,7 +286,7 @@ async def _previous_used(ctx: OAuthContext, previous: PreviousSecret, request: C
                                     f"{previous.expires_at.isoformat()}")
 
 
-async def expire_previous_secrets(store: Store, now: datetime) -> int:
+async def expire_previous_secrets(store: Registry, now: datetime) -> int:
     """Forget the previous secrets whose time is up, auditing each once (whichever process
     forgets it): when it was last used, or that it never was since the rotation. The count."""
     count = 0

@@ -23,7 +23,7 @@ from collections import defaultdict, deque
 from collections.abc import Callable, Iterable
 from itertools import islice
 
-from tokensvc.storage.base import Revocation, StorageError, Store, StoreFault
+from tokensvc.storage.base import Housekeeping, Revocation, StorageError, StoreFault
 
 log = logging.getLogger(__name__)
 
@@ -101,7 +101,7 @@ class RevocationEvents:
                 log.exception("revocation listener failed")
 
 
-async def relay(store: Store, events: RevocationEvents, retry_seconds: float = 1.0) -> None:
+async def relay(store: Housekeeping, events: RevocationEvents, retry_seconds: float = 1.0) -> None:
     """Hand every revocation any process makes to this process's listeners, until cancelled.
 
     After an interruption (the store away) every listener re-checks once, for whatever was

@@ -26,7 +26,7 @@ from dataclasses import dataclass, replace
 from tokensvc.oauth.context import OAuthContext
 from tokensvc.oauth.scopes import ADMIN
 from tokensvc.records import Client, Grant, Subject, Token, User
-from tokensvc.storage.base import Store
+from tokensvc.storage.base import RegistryAndAuthorizations
 
 
 @dataclass(slots=True, frozen=True)
@@ -74,7 +74,7 @@ async def authority(ctx: OAuthContext, token: Token, client: Client | None = Non
                      found.client)
 
 
-async def may_carry_admin(store: Store, grant: Grant) -> bool:
+async def may_carry_admin(store: RegistryAndAuthorizations, grant: Grant) -> bool:
     """Whether something of ``grant`` may hold ``admin``: its last consent asked for it, its
     client may ask for it (a code may be on its way), or a live chain of it holds it."""
     if ADMIN in grant.scopes:

@@ -40,7 +40,7 @@ from datetime import datetime
 
 from tokensvc import logs
 from tokensvc.records import Client, Removal, utcnow
-from tokensvc.storage.base import CLIENT, GRANT, Revocation, Store
+from tokensvc.storage.base import CLIENT, GRANT, Authorizations, RegistryAndAuthorizations, Revocation
 
 BATCH = 200  # grants revoked per store operation
 
@@ -53,7 +53,8 @@ def nobody(revocation: Revocation) -> None:
     """No WebSocket listens (start-up)."""
 
 
-async def remove_client(store: Store, client_id: str, clock: Clock, announce: Announce = nobody) -> int:
+async def remove_client(store: RegistryAndAuthorizations, client_id: str, clock: Clock,
+                        announce: Announce = nobody) -> int:
     """Remove a client (or carry on with its removal): recorded (the start audited by the call
     that recorded it, as soon as it did), marked (again, when it was already), its document
     deleted, named as revoked, its grants revoked a batch at a time, then finished. The grants
@@ -68,7 +69,7 @@ async def remove_client(store: Store, client_id: str, clock: Clock, announce: An
     return await finish(store, removal, clock, announce)
 
 
-async def _revoke_grants(store: Store, client_id: str, clock: Clock, announce: Announce,
+async def _revoke_grants(store: Authorizations, client_id: str, clock: Clock, announce: Announce,
                          before: datetime | None = None) -> int:
     """Revoke every live grant under ``client_id`` (created before ``before``, if given), a
     batch at a time, each announced and stamped with the time of its own write (a polling relay
@@ -83,7 +84,7 @@ async def _revoke_grants(store: Store, client_id: str, clock: Clock, announce: A
             return revoked
 
 
-async def finish(store: Store, removal: Removal, clock: Clock, announce: Announce = nobody) -> int:
+async def finish(store: RegistryAndAuthorizations, removal: Removal, clock: Clock, announce: Announce = nobody) -> int:
     """Revoke what is left of a recorded removal, a batch at a time, then end it (that removal
     alone). The grants revoked."""
     revoked = await _revoke_grants(store, removal.client_id, clock, announce)
@@ -92,7 +93,7 @@ async def finish(store: Store, removal: Removal, clock: Clock, announce: Announc
     return revoked
 
 
-async def finish_pending(store: Store, clock: Clock) -> list[str]:
+async def finish_pending(store: RegistryAndAuthorizations, clock: Clock) -> list[str]:
     """Finish every removal a process left under way (start-up), each named again first (the
     process may have stopped before its mark was written), its mark stamped when it is written
     (after the removals before it: a polling relay reads the stamps a few seconds back); the
@@ -105,7 +106,7 @@ async def finish_pending(store: Store, clock: Clock) -> list[str]:
     return removed
 
 
-async def clear_leftovers(store: Store, client_id: str, now: datetime, announce: Announce = nobody,
+async def clear_leftovers(store: Authorizations, client_id: str, now: datetime, announce: Announce = nobody,
                           clock: Clock = utcnow) -> int:
     """Revoke the grants left under ``client_id``, which no client holds (about to be
     registered, at ``now``: the new client's ``created_at``, read before the id was found free):
@@ -121,7 +122,7 @@ async def clear_leftovers(store: Store, client_id: str, now: datetime, announce:
     return revoked
 
 
-async def register(store: Store, client: Client, now: datetime, announce: Announce = nobody,
+async def register(store: RegistryAndAuthorizations, client: Client, now: datetime, announce: Announce = nobody,
                    clock: Clock = utcnow) -> None:
     """Register ``client`` (its ``created_at`` is ``now``, read before its id was found free):
     the grants left under the id from before ``now`` revoked first (:func:`clear_leftovers`),

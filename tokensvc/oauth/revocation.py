@@ -27,7 +27,16 @@ from tokensvc.oauth import bearer, clientauth, privileges, tokens
 from tokensvc.oauth.clientauth import ClientRequest
 from tokensvc.oauth.context import OAuthContext
 from tokensvc.records import ACCESS, DEFAULT_SCOPES, READER_FIELDS, Client, Grant, Subject
-from tokensvc.storage.base import CLIENT, CLIENT_MARKS, CREDENTIALS, FAMILY, GRANT, Revocation, Store
+from tokensvc.storage.base import (
+    CLIENT,
+    CLIENT_MARKS,
+    CREDENTIALS,
+    FAMILY,
+    GRANT,
+    Authorizations,
+    RegistryAndAuthorizations,
+    Revocation,
+)
 
 R = TypeVar("R")
 Clock = Callable[[], datetime]  # the time of each write, read as it is made
@@ -49,7 +58,7 @@ async def revoke_grant(ctx: OAuthContext, grant_id: str, reason: str) -> int:
     return count
 
 
-async def end_grant(store: Store, grant_id: str, clock: Clock) -> tuple[bool, int]:
+async def end_grant(store: Authorizations, grant_id: str, clock: Clock) -> tuple[bool, int]:
     """The store's part of revoking a grant: marked first, then its families swept, each write
     stamped with the time ``clock`` says as it is made (a polling relay reads the stamps back
     an operation's budget, not two). Whether it was live, and the families revoked. (Other
@@ -58,7 +67,7 @@ async def end_grant(store: Store, grant_id: str, clock: Clock) -> tuple[bool, in
     return marked, await store.revoke_grant_families(grant_id, clock())
 
 
-async def end_chains_before_promotion(store: Store, user_id: str, clock: Clock) -> dict[str, int]:
+async def end_chains_before_promotion(store: RegistryAndAuthorizations, user_id: str, clock: Clock) -> dict[str, int]:
     """Before a user is made an administrator (again): revoke every live grant of theirs that
     may carry ``admin`` (:func:`privileges.may_carry_admin`), so that no chain from before,
     nor a code on its way, ever holds ``admin`` in force. The grants revoked, with their
@@ -74,7 +83,7 @@ async def end_chains_before_promotion(store: Store, user_id: str, clock: Clock) 
     return ended
 
 
-async def client_change(store: Store, before: Client, fields: Mapping[str, Any], clock: Clock,
+async def client_change(store: Authorizations, before: Client, fields: Mapping[str, Any], clock: Clock,
                         write: Callable[[dict[str, Any]], Awaitable[R]]) -> tuple[R, list[Revocation]]:
     """Write a change of the client ``before`` that sets ``fields`` (``write(marks)``: with the
     marks to record in the same write, which every process's relay hears), and what it

@@ -3,7 +3,8 @@
 The interface is the sum of one abstract class per concern: the :class:`Registry` (clients,
 users, installations), :class:`Authorizations` (grants, codes and token families),
 :class:`Sessions` (web sign-ins) and :class:`Housekeeping` (start-up, health, expiry, the
-revocation feed). Every method is a coroutine. Each operation that must be atomic
+revocation feed). A protocol function asks for the concern it uses, and for
+:class:`RegistryAndAuthorizations` where it uses both. Every method is a coroutine. Each operation that must be atomic
 (consuming a code, rotating a family's refresh token) is one method here, and each backend
 implements it as one atomic step: of two concurrent calls, exactly one wins.
 
@@ -704,8 +705,8 @@ class Housekeeping(abc.ABC):
 
     async def upkeep(self) -> None:  # noqa: B027 - optional hook
         """What the backend does in the background while the service runs, until cancelled
-        (MongoDB: the process's heartbeat and the migrations, storage/processes.py and
-        storage/migrations.py). Returns at once where there is nothing: the memory backend
+        (MongoDB: the process's heartbeat and the migrations, storage/mongo/processes.py and
+        storage/mongo/migrations.py). Returns at once where there is nothing: the memory backend
         keeps no state across a restart, so it has no format to follow.
 
         Called by tokensvc serve, while it runs (cli.py).
@@ -762,5 +763,12 @@ class Housekeeping(abc.ABC):
         """
 
 
-class Store(Registry, Authorizations, Sessions, Housekeeping, abc.ABC):
+class RegistryAndAuthorizations(Registry, Authorizations, abc.ABC):
+    """The registry and the authorizations together: what a protocol function asks of storage
+    when it weighs an authorization against its client (may a grant carry ``admin``), or ends
+    a client's authorizations with the client (its removal; a registration clearing what was
+    left under its id)."""
+
+
+class Store(RegistryAndAuthorizations, Sessions, Housekeeping, abc.ABC):
     """Everything the protocol layer, the handlers and the CLI ask of storage."""

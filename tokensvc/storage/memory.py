@@ -5,10 +5,10 @@ restart. Atomicity comes from asyncio itself: no method awaits between its read 
 write, so no other coroutine can interleave. Every record handed to a caller is its own
 copy: changing it changes nothing stored.
 
-The records that grow with traffic (families, codes, sessions and grants) are held as
-:class:`Rows`, tuples of plain values, which CPython's garbage collector stops tracking
-after a collection or two: a full collection then does not walk every live token
-(docs/performance.md has the figure). Clients, users and installations are few and stay
+The records that grow with traffic (families, codes, sessions and grants) are held as rows
+(rows.py), tuples of plain values, which CPython's garbage collector stops tracking after a
+collection or two: a full collection then does not walk every live token (docs/performance.md
+has the figure). Clients, users and installations are few and stay
 dataclasses, copied on the way in and out.
 """
 
@@ -16,12 +16,11 @@ from __future__ import annotations
 
 import bisect
 import dataclasses
-import operator
 import secrets
 from collections import defaultdict
 from collections.abc import Iterable
 from datetime import datetime, timedelta
-from typing import Any, Generic, TypeVar
+from typing import Any
 
 from tokensvc.identifiers import username_key
 from tokensvc.records import (
@@ -38,54 +37,7 @@ from tokensvc.records import (
     User,
 )
 from tokensvc.storage.base import CODE_RETENTION_SECONDS, MAX_LISTED_SESSIONS, Conflict, Store
-
-R = TypeVar("R")
-Row = tuple[Any, ...]
-
-
-class Rows(Generic[R]):
-    """How the store holds one record type: a tuple of its field values in field order,
-    list fields as tuples (so that nothing in the row is a container the collector tracks)."""
-
-    def __init__(self, cls: type[R], lists: tuple[str, ...] = ()) -> None:
-        names = [field.name for field in dataclasses.fields(cls)]  # type: ignore[arg-type]
-        self.cls = cls
-        self.index = {name: position for position, name in enumerate(names)}
-        self._lists = tuple(self.index[name] for name in lists)
-        self._values = operator.attrgetter(*names)
-
-    def pack(self, record: R) -> Row:
-        values = self._values(record)
-        if not self._lists:
-            return values
-        items = list(values)
-        for position in self._lists:
-            if items[position] is not None:
-                items[position] = tuple(items[position])
-        return tuple(items)
-
-    def unpack(self, row: Row | None) -> R | None:
-        """A new record from ``row`` (callers get their own copy, never the stored one)."""
-        return None if row is None else self.unpack_row(row)
-
-    def unpack_row(self, row: Row) -> R:
-        if not self._lists:
-            return self.cls(*row)
-        items = list(row)
-        for position in self._lists:
-            if items[position] is not None:
-                items[position] = list(items[position])
-        return self.cls(*items)
-
-    def get(self, row: Row, name: str) -> Any:
-        return row[self.index[name]]
-
-    def updated(self, row: Row, **changes: Any) -> Row:
-        items = list(row)
-        for name, value in changes.items():
-            items[self.index[name]] = value
-        return tuple(items)
-
+from tokensvc.storage.rows import Row, Rows
 
 FAMILIES = Rows(Family, lists=("scopes",))
 CODES = Rows(AuthorizationCode, lists=("scopes",))

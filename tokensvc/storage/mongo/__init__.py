@@ -1,11 +1,25 @@
-"""The MongoDB backend, on PyMongo's asyncio API (``AsyncMongoClient``), as a package:
-:mod:`.store` (the store), :mod:`.retry` (budgets, retry kinds, errors), :mod:`.causal`
-(sessions), :mod:`.mapping` (records and their hashes) and :mod:`.feed` (revocations).
+"""The MongoDB backend, on PyMongo's asyncio API (``AsyncMongoClient``), as a package. The
+store (:mod:`.store`, ``MongoStore``) is assembled from one part per job, each on the store's
+one connection (:mod:`.connection`: the client, the sessioned database, the budgets, where the
+store's format stands):
+
+- the records, one part per concern of the Store contract: :mod:`.registry` (clients, their
+  removals and previous secrets, users, installations), :mod:`.authorizations` (grants, codes,
+  token families), :mod:`.sessions` (web sessions) and :mod:`.failures` (the failure counts);
+  codes, families and sessions are credentials, keyed by a hash (:mod:`.credentials`);
+- the store's keeping: :mod:`.indexes` (what start-up makes, what a finalize renames),
+  :mod:`.lifecycle` (start-up, the heartbeat and the background migrations, health, stop),
+  and :mod:`.feed` (the revocation feed);
+- how an operation runs: :mod:`.retry` (budgets, retry kinds, errors), :mod:`.calls` (each
+  driver call in a task of its own), :mod:`.causal` (sessions), :mod:`.topology` (the
+  deployment as the driver sees it), :mod:`.mapping` (records and their hashes);
+- what versions the store: :mod:`.format` (the format's history), :mod:`.hashes` (a hash in
+  either format), :mod:`.migrations`, :mod:`.processes` (the running processes) and
+  :mod:`.upgrade` (what the storage commands run).
 
 One collection per record kind, keyed by ``_id`` (the record's id or hash; a hash, a SHA-256
-digest, stored in the format the store's compatibility version says: ``storage/format.py``,
-``storage/hashes.py``). Every
-operation that must be atomic is one single-document atomic command
+digest, stored in the format the store's compatibility version says: ``format.py``,
+``hashes.py``). Every operation that must be atomic is one single-document atomic command
 (``find_one_and_update`` with the precondition in its filter). Expired codes, tokens and
 sessions are removed by TTL indexes. Every driver error leaves this module as
 :class:`StorageError`, and a duplicate unique key as :class:`Conflict`.
@@ -35,7 +49,7 @@ codes                   by code_hash (get, consume)                  ``_id``; TT
 families                by family_id (refresh, rotate, revoke)       ``_id``; TTL ``expires_at``
 families                by the current access token's hash           ``access_hash`` unique
 families                one per id while both formats are written    ``family_key`` unique,
-                        (create: storage/hashes.py, Twins)           sparse
+                        (create: hashes.py, Twins)                   sparse
 families                a grant's live ones (revoke a grant, list)   ``grant_live``
 sessions                by session_hash; a user's (end them all)     ``_id``; ``user_id``; TTL
 (polling fallback)      revocations since a moment                   partial ``revoked_at``,
@@ -63,17 +77,18 @@ Reads see the writes before them: every operation runs in a causally consistent 
 advanced to the latest operation time this process has seen (its own writes' and the relay's
 change events'), so a primary elected a moment ago waits until it holds them before it
 answers a majority read (``afterClusterTime``), instead of answering from before them. The
-store reaches the database only through :class:`_SessionedDatabase`, which hands every
+store reaches the database only through :class:`~.causal.SessionedDatabase`, which hands every
 collection call that session.
 
 How each operation is tried again is one table, :data:`RETRY_KINDS` (see :func:`guarded`);
-how a record's hashes are stored and looked for, its kind's :class:`_Mapper`.
+how a record's hashes are stored and looked for, its kind's :class:`~.mapping.Mapper`.
 """
 
 from __future__ import annotations
 
 from tokensvc.storage.mongo.causal import CausalClock
 from tokensvc.storage.mongo.feed import POLL_SECONDS, WATCHED
+from tokensvc.storage.mongo.indexes import INDEXES
 from tokensvc.storage.mongo.mapping import (
     CLIENTS,
     CODES,
@@ -96,7 +111,7 @@ from tokensvc.storage.mongo.retry import (
     transient,
     translate,
 )
-from tokensvc.storage.mongo.store import INDEXES, MongoStore
+from tokensvc.storage.mongo.store import MongoStore
 
 __all__ = [
     "CLIENTS", "CODES", "CausalClock", "FAMILIES", "GRANTS", "INDEXES", "INSTALLATIONS", "MongoStore", "ONCE",

@@ -33,7 +33,7 @@ class Elected(Left):
     """Another primary was elected while a call waited: it is run again, on the new one."""
 
 
-ELECTED = "elected"  # what an election wakes a waiter with (storage/topology.py)
+ELECTED = "elected"  # what an election wakes a waiter with (storage/mongo/topology.py)
 
 
 def wake(waiter: asyncio.Future[Any], why: Any = None) -> None:

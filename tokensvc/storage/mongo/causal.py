@@ -7,15 +7,15 @@ from __future__ import annotations
 import contextvars
 from typing import Any
 
-# The causally consistent session of the operation running in this task (see MongoStore.causal).
-_CAUSAL_SESSION: contextvars.ContextVar[Any] = contextvars.ContextVar("tokensvc_mongo_session", default=None)
+# The causally consistent session of the operation running in this task (retry.guarded starts it).
+CAUSAL_SESSION: contextvars.ContextVar[Any] = contextvars.ContextVar("tokensvc_mongo_session", default=None)
 # The collection methods that take a session.
 SESSIONED = frozenset({"find", "find_one", "find_one_and_update", "find_one_and_delete", "find_one_and_replace",
                        "insert_one", "insert_many", "update_one", "update_many", "replace_one", "delete_one",
                        "delete_many", "count_documents", "aggregate", "bulk_write", "distinct"})
 
 
-class _Sessioned:
+class SessionedCollection:
     """A collection whose calls run in the current operation's session, when there is one."""
 
     __slots__ = ("_collection",)
@@ -29,7 +29,7 @@ class _Sessioned:
             return attribute
 
         def call(*args: Any, **kwargs: Any) -> Any:
-            session = _CAUSAL_SESSION.get()
+            session = CAUSAL_SESSION.get()
             if session is not None:
                 kwargs["session"] = session
             return attribute(*args, **kwargs)
@@ -37,8 +37,8 @@ class _Sessioned:
         return call
 
 
-class _SessionedDatabase:
-    """The database, its collections :class:`_Sessioned`: the one way the store, the storage
+class SessionedDatabase:
+    """The database, its collections :class:`SessionedCollection`: the one way the store, the storage
     commands, the migrations and the process registry reach a collection, so none of them can
     read or write outside the current operation's session. Commands that read no record
     (``hello``, ``ping``, ``collMod``) and the change stream, which outlives any operation,
@@ -49,10 +49,10 @@ class _SessionedDatabase:
     def __init__(self, db: Any) -> None:
         self._db = db
 
-    def __getitem__(self, name: str) -> _Sessioned:
-        return _Sessioned(self._db[name])
+    def __getitem__(self, name: str) -> SessionedCollection:
+        return SessionedCollection(self._db[name])
 
-    def get_collection(self, name: str) -> _Sessioned:
+    def get_collection(self, name: str) -> SessionedCollection:
         return self[name]
 
     def __getattr__(self, name: str) -> Any:

@@ -14,7 +14,6 @@ from typing import TYPE_CHECKING, Any
 import pymongo
 from pymongo.errors import OperationFailure, PyMongoError
 
-from tokensvc.storage import hashes
 from tokensvc.storage.base import (
     CLIENT,
     CLIENT_MARKS,
@@ -26,12 +25,14 @@ from tokensvc.storage.base import (
     StorageError,
     StoreObserver,
 )
+from tokensvc.storage.mongo import hashes
 from tokensvc.storage.mongo.calls import Calls, Left
-from tokensvc.storage.mongo.mapping import _utc
+from tokensvc.storage.mongo.mapping import as_utc as _utc
 from tokensvc.storage.mongo.retry import guarded, translate
 
 if TYPE_CHECKING:
-    from tokensvc.storage.mongo.causal import CausalClock, _SessionedDatabase
+    from tokensvc.storage.mongo.causal import CausalClock
+    from tokensvc.storage.mongo.causal import SessionedDatabase as _SessionedDatabase
 
 log = logging.getLogger(__name__)
 

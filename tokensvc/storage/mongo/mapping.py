@@ -1,5 +1,5 @@
 """Record dataclass <-> MongoDB document: a record's key stored as ``_id``, and its hashes
-packed as the store's format says, looked for in either format (storage/hashes.py), here and
+packed as the store's format says, looked for in either format (storage/mongo/hashes.py), here and
 not at each call."""
 
 from __future__ import annotations
@@ -21,26 +21,26 @@ from tokensvc.records import (
     Session,
     User,
 )
-from tokensvc.storage import hashes
+from tokensvc.storage.mongo import hashes
 
 
-def _utc(value: Any) -> Any:
+def as_utc(value: Any) -> Any:
     # Drivers hand back naive or fixed-offset datetimes; records hold aware UTC ones.
     if isinstance(value, datetime):
         return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
     return value
 
 
-def _stored(moment: datetime) -> datetime:
+def stored(moment: datetime) -> datetime:
     """``moment`` as MongoDB stores it (milliseconds), so that it finds what it wrote."""
     return moment.replace(microsecond=moment.microsecond // 1000 * 1000)
 
 
-def _as_is(value: Any) -> Any:
+def as_is(value: Any) -> Any:
     return value
 
 
-class _Mapper:
+class Mapper:
     """Record dataclass <-> document, with the record's key stored as ``_id`` and the fields
     named in ``hashes`` stored as the store's format says (``pack``), read in either."""
 
@@ -50,7 +50,7 @@ class _Mapper:
         # A field added in a later release is missing from older documents: its default.
         self.defaults = {f.name: f.default for f in fields(cls) if f.default is not MISSING}
 
-    def doc(self, record: Any, pack: Callable[[Any], Any] = _as_is) -> dict[str, Any]:
+    def doc(self, record: Any, pack: Callable[[Any], Any] = as_is) -> dict[str, Any]:
         document = {name: getattr(record, name) for name in self.names}
         for name in self.hashes:
             document[name] = pack(document[name])
@@ -64,7 +64,7 @@ class _Mapper:
 
     def writable(self, **values: Any) -> dict[str, Any]:
         """The filter of a single-document write: :meth:`match`, never on a frozen original
-        (storage/hashes.py: a document being moved is written on its copy)."""
+        (storage/mongo/hashes.py: a document being moved is written on its copy)."""
         return {**self.match(**values), **hashes.NOT_FROZEN}
 
     def fields(self, pack: Callable[[Any], Any], **values: Any) -> dict[str, Any]:
@@ -82,26 +82,26 @@ class _Mapper:
     def record(self, document: dict[str, Any] | None) -> Any:
         if document is None:
             return None
-        values = {name: _utc(document.get(name, self.defaults.get(name))) for name in self.names if name != self.key}
+        values = {name: as_utc(document.get(name, self.defaults.get(name))) for name in self.names if name != self.key}
         values[self.key] = document["_id"]
         for name in self.hashes:
             values[name] = hashes.unpacked(values[name])
         return self.cls(**values)
 
 
-CLIENTS = _Mapper(Client, "client_id")
-PREVIOUS_SECRETS = _Mapper(PreviousSecret, "client_id")
-REMOVALS = _Mapper(Removal, "client_id")
-USERS = _Mapper(User, "user_id")
-INSTALLATIONS = _Mapper(Installation, "installation_id")
-GRANTS = _Mapper(Grant, "grant_id")
-CODES = _Mapper(AuthorizationCode, "code_hash", ("code_hash", "family_id"))
-FAMILIES = _Mapper(Family, "family_id",
+CLIENTS = Mapper(Client, "client_id")
+PREVIOUS_SECRETS = Mapper(PreviousSecret, "client_id")
+REMOVALS = Mapper(Removal, "client_id")
+USERS = Mapper(User, "user_id")
+INSTALLATIONS = Mapper(Installation, "installation_id")
+GRANTS = Mapper(Grant, "grant_id")
+CODES = Mapper(AuthorizationCode, "code_hash", ("code_hash", "family_id"))
+FAMILIES = Mapper(Family, "family_id",
                    ("family_id", "refresh_hash", "access_hash", "previous_hash", "previous_access_hash"))
-SESSIONS = _Mapper(Session, "session_hash", ("session_hash",))
+SESSIONS = Mapper(Session, "session_hash", ("session_hash",))
 
 
-def _pair_fields(pair: Pair) -> dict[str, Any]:
+def pair_fields(pair: Pair) -> dict[str, Any]:
     """The fields a new pair sets on its family; the access token's marks start afresh."""
     return {"refresh_hash": pair.refresh_hash, "access_hash": pair.access_hash,
             "scopes": list(pair.scopes), "issued_at": pair.issued_at, "expires_at": pair.expires_at,

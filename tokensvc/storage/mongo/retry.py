@@ -11,7 +11,7 @@ import functools
 import random
 import re
 from collections.abc import Callable, Coroutine
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 import pymongo
 from bson.errors import BSONError
@@ -27,15 +27,22 @@ from pymongo.errors import (
     WTimeoutError,
 )
 
-from tokensvc.storage import hashes
 from tokensvc.storage.base import Conflict, StorageError, StoreFault
-from tokensvc.storage.mongo import calls
-from tokensvc.storage.mongo.causal import _CAUSAL_SESSION
+from tokensvc.storage.mongo import calls, hashes
+from tokensvc.storage.mongo.causal import CAUSAL_SESSION
 
 if TYPE_CHECKING:
-    from tokensvc.storage.mongo.store import MongoStore
+    from tokensvc.storage.mongo.connection import Connection
 
 R = TypeVar("R")
+
+
+class OnConnection(Protocol):
+    """What a guarded operation runs on: a part of the store (or the store), holding the
+    store's :class:`~tokensvc.storage.mongo.connection.Connection`."""
+
+    @property
+    def connection(self) -> Connection: ...
 
 DUPLICATE_KEY = frozenset({11000, 11001, 12582})
 # Codes a read or write may be tried again after (the driver's list, and the server's
@@ -109,15 +116,17 @@ def backoff(attempt: int) -> float:
 
 
 # Whether the operation running in this task is being run again after a failed attempt, whose
-# write may have applied all the same (a sweep then reports what the store holds: _swept).
-_RUN_AGAIN: contextvars.ContextVar[bool] = contextvars.ContextVar("tokensvc_mongo_run_again", default=False)
+# write may have applied all the same (a sweep then reports what the store holds: Credentials.swept).
+RUN_AGAIN: contextvars.ContextVar[bool] = contextvars.ContextVar("tokensvc_mongo_run_again", default=False)
 
 
 def guarded(kind: str | None = None, budget: str = "budget") -> Callable[[Callable[..., Coroutine[Any, Any, R]]],
                                                                          Callable[..., Coroutine[Any, Any, R]]]:
     """One budget per operation (``storage.timeout_ms``), retries within it, and every driver
     error leaving as one of three. ``kind``: how the operation may be tried again; by default
-    the one :data:`RETRY_KINDS` gives the method's name.
+    the one :data:`RETRY_KINDS` gives the method's name. The operation is a method of a part of
+    the store, or a function of the store (its first argument): either holds the store's
+    connection (:class:`OnConnection`), whose ``budget`` (or the one ``budget`` names) it has.
 
     The whole operation, its retries included, is answered within the store's budget: each
     attempt runs in a task of its own (storage/mongo/calls.py), which the store waits for at
@@ -135,7 +144,7 @@ def guarded(kind: str | None = None, budget: str = "budget") -> Callable[[Callab
     A one-document write is run again by the store only after an error whose label says the
     server did not apply it (a write conflict, ``TransientTransactionError``); a write while
     the driver sees no writable member that only a change of the deployment brings back (a
-    directly connected secondary: storage/topology.py) fails at once, as does any operation
+    directly connected secondary: storage/mongo/topology.py) fails at once, as does any operation
     under a closed client (the service is stopping: retrying cannot help). A read or an
     idempotent write waiting when another primary is elected is run again at once, on the new
     one (:meth:`Topology.abandoned`).
@@ -152,44 +161,47 @@ def guarded(kind: str | None = None, budget: str = "budget") -> Callable[[Callab
         if chosen not in (ONCE, RERUN, READ):
             raise ValueError(f"{method.__name__}: {chosen!r} is no kind of a single operation")
 
-        async def attempt(self: MongoStore, again: bool, remaining: float, *args: Any, **kwargs: Any) -> R:
+        async def attempt(self: OnConnection, again: bool, remaining: float, *args: Any, **kwargs: Any) -> R:
             """One attempt, in its own task: the method, a read under the server's maxTimeMS."""
-            _RUN_AGAIN.set(again)
+            RUN_AGAIN.set(again)
             if chosen == READ:
                 with pymongo.timeout(remaining):  # the server's maxTimeMS: it stops too
                     return await method(self, *args, **kwargs)
             return await method(self, *args, **kwargs)
 
-        async def waited(self: MongoStore, remaining: float, again: bool, *args: Any, **kwargs: Any) -> R:
+        async def waited(self: OnConnection, remaining: float, again: bool, *args: Any, **kwargs: Any) -> R:
             """One attempt's answer, waited for at most ``remaining`` (:class:`calls.Left`), or,
             unless it is a single-document write, until another primary is elected
             (:class:`calls.Elected`); in a causally consistent session of its own, ended when
             the attempt ends, or at once when the store stops waiting for it (an operation run
             as a step of another, as ``upgrade.status`` runs ``upgrade.current``, runs in that
             one's session)."""
-            elections = self.topology.abandoned() if chosen != ONCE else None
+            connection = self.connection
+            elections = connection.topology.abandoned() if chosen != ONCE else None
             context = contextvars.copy_context()
             session = None
-            if self.clock is not None and _CAUSAL_SESSION.get() is None:  # else a step of a call: its session
-                session = self.clock.start(self._client)
-                context.run(_CAUSAL_SESSION.set, session)
-            call = self.calls.start(attempt(self, again, remaining, *args, **kwargs), context)
+            clock = connection.clock
+            if clock is not None and CAUSAL_SESSION.get() is None:  # else a step of a call: its session
+                session = clock.start(connection.client)
+                context.run(CAUSAL_SESSION.set, session)
+            call = connection.calls.start(attempt(self, again, remaining, *args, **kwargs), context)
             try:
-                return await self.calls.wait(call, remaining, elections)
+                return await connection.calls.wait(call, remaining, elections)
             finally:
-                if session is not None and self.clock is not None:
+                if session is not None and clock is not None:
                     if call.done():
-                        await self.clock.end(session, not call.cancelled() and call.exception() is None)
+                        await clock.end(session, not call.cancelled() and call.exception() is None)
                     else:
-                        await self.clock.abandon(session)
+                        await clock.abandon(session)
 
         @functools.wraps(method)
-        async def wrapper(self: MongoStore, *args: Any, **kwargs: Any) -> R:
-            if chosen != READ and (reason := self.unwritable()) is not None:
-                self.observer.error(method.__name__, "not_writable")
+        async def wrapper(self: OnConnection, *args: Any, **kwargs: Any) -> R:
+            connection = self.connection
+            if chosen != READ and (reason := connection.unwritable()) is not None:
+                connection.observer.error(method.__name__, "not_writable")
                 raise StorageError(reason)
             loop = asyncio.get_running_loop()
-            seconds: float = getattr(self, budget)
+            seconds: float = getattr(connection, budget)
             deadline = loop.time() + seconds
             attempt_number = 0
             started = loop.time()
@@ -198,25 +210,25 @@ def guarded(kind: str | None = None, budget: str = "budget") -> Callable[[Callab
                     try:
                         result = await waited(self, deadline - loop.time(), attempt_number > 0, *args, **kwargs)
                     except calls.Elected:
-                        self.observer.error(method.__name__, "abandoned")
+                        connection.observer.error(method.__name__, "abandoned")
                         attempt_number += 1
-                        self.observer.retry(method.__name__)
+                        connection.observer.retry(method.__name__)
                         continue  # a new primary: at once, no backoff
-                    self.observer.operation(method.__name__, loop.time() - started)
+                    connection.observer.operation(method.__name__, loop.time() - started)
                     return result
                 except (calls.Left, TimeoutError):
-                    self.observer.error(method.__name__, "timeout")
+                    connection.observer.error(method.__name__, "timeout")
                     raise StorageError(f"MongoDB: no answer within {seconds:g} s") from None
                 except (PyMongoError, BSONError) as exc:
                     error = translate(exc)
-                    self.observer.error(method.__name__, _code_of(exc))
+                    connection.observer.error(method.__name__, _code_of(exc))
                     delay = backoff(attempt_number)
                     again = chosen != ONCE or not_applied(exc)
                     if (not again or type(error) is not StorageError or isinstance(exc, InvalidOperation)
                             or loop.time() + delay >= deadline):
                         raise error from None
                 attempt_number += 1
-                self.observer.retry(method.__name__)
+                connection.observer.retry(method.__name__)
                 await asyncio.sleep(delay)
 
         wrapper.retry_kind = chosen  # type: ignore[attr-defined]

@@ -28,10 +28,10 @@ processes connecting as another database user are not seen; through ``mongos`` (
 shards' operations, not its clients), on a standalone server (no change streams: 0.9.0 polls
 now and then instead) and where the server refuses ``$currentOp`` the check gives no answer
 (None), and finalize needs the operator's word (``--previous-release-stopped``). The backstop
-is the tripwire finalize leaves (``storage/format.py``): a 0.9.0 process started after it stops
+is the tripwire finalize leaves (``storage/mongo/format.py``): a 0.9.0 process started after it stops
 at start-up (having answered, from the old format, what reached it while it was starting: it
 is not ready then); one that ran through the finalize unseen is found afterwards by what it
-writes (``storage/migrations.py``) and by its connections.
+writes (``storage/mongo/migrations.py``) and by its connections.
 """
 
 from __future__ import annotations
@@ -42,18 +42,18 @@ import os
 import re
 import secrets
 import socket
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import UTC, timedelta
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from pymongo.errors import OperationFailure
 
 from tokensvc.records import utcnow
-from tokensvc.storage import format as store_format
 from tokensvc.storage.base import StorageError, StoreFault
-
-if TYPE_CHECKING:
-    from tokensvc.storage.mongo import MongoStore
+from tokensvc.storage.mongo import format as store_format
+from tokensvc.storage.mongo.connection import Connection
+from tokensvc.storage.mongo.indexes import Indexes
 
 log = logging.getLogger(__name__)
 
@@ -101,62 +101,62 @@ class Registration:
         self.id = f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(4)}"
         self.announced = False
 
-    def _entry(self, store: MongoStore, **extra: Any) -> dict[str, Any]:
-        return {"release": store.history.release, "reads": store.history.newest,
+    def _entry(self, connection: Connection, **extra: Any) -> dict[str, Any]:
+        return {"release": connection.history.release, "reads": connection.history.newest,
                 "heartbeat_seconds": self.heartbeat_seconds, "seen_at": utcnow(), **extra}
 
-    async def announce(self, store: MongoStore) -> None:
+    async def announce(self, connection: Connection) -> None:
         """The entry made (at open, before the format is read): the process counts as running."""
-        await store.db[COLLECTION].update_one({"_id": self.id}, {"$set": self._entry(
-            store, host=socket.gethostname(), pid=os.getpid(), started_at=utcnow(), stopped_at=None, writes=None)},
-            upsert=True)
+        await connection.db[COLLECTION].update_one({"_id": self.id}, {"$set": self._entry(
+            connection, host=socket.gethostname(), pid=os.getpid(), started_at=utcnow(), stopped_at=None,
+            writes=None)}, upsert=True)
         self.announced = True
 
-    async def beat(self, store: MongoStore) -> None:
+    async def beat(self, connection: Connection, indexes: Indexes) -> None:
         """Follow the store's format (a raised compatibility version is written from now on),
         then renew the entry, saying which format this process writes. A compatibility version
         this release cannot write (a later release finalized) is :class:`StoreFault`, with the
         line a start would print: the process stops serving (not ready, nothing written) and
         stops, as it would refuse to start."""
-        state = await store_format.read(store.db)
-        refusal = None if state is None else store.history.refusal(state)
+        state = await store_format.read(connection.db)
+        refusal = None if state is None else connection.history.refusal(state)
         if refusal is not None:
-            store.refusal = refusal
-            store.prepared = False
+            connection.refusal = refusal  # the store is no longer prepared (not ready), and writes nothing
             raise StoreFault(refusal)
-        if state is not None and state.compatibility != store.format.compatibility:
+        if state is not None and state.compatibility != connection.format.compatibility:
             log.info("the store's compatibility version is now %d (was %d): writing format %d",
-                     state.compatibility, store.format.compatibility, state.compatibility)
-            store.format = state
-            await store.follow_indexes()
+                     state.compatibility, connection.format.compatibility, state.compatibility)
+            connection.format = state
+            await indexes.follow()
         elif state is not None:
-            store.format = state
-        await store.db[COLLECTION].update_one({"_id": self.id}, {"$set": self._entry(
-            store, writes=store.format.compatibility)})
+            connection.format = state
+        await connection.db[COLLECTION].update_one({"_id": self.id}, {"$set": self._entry(
+            connection, writes=connection.format.compatibility)})
 
-    async def stopped(self, store: MongoStore) -> None:
-        await store.db[COLLECTION].update_one({"_id": self.id}, {"$set": {"stopped_at": utcnow()}})
+    async def stopped(self, connection: Connection) -> None:
+        await connection.db[COLLECTION].update_one({"_id": self.id}, {"$set": {"stopped_at": utcnow()}})
 
-    async def run(self, store: MongoStore) -> None:
-        """Beat every ``heartbeat_seconds`` until cancelled, or until the store's format refuses
+    async def run(self, connection: Connection, heartbeat: Callable[[], Awaitable[None]]) -> None:
+        """Beat (``heartbeat``: the store's operation, :meth:`beat` with its own budget and
+        backoff) every ``heartbeat_seconds`` until cancelled, or until the store's format refuses
         this release (:class:`StoreFault`, raised: the process stops); a missed beat is logged
-        and the next one tried (the store's own budget and backoff apply to each)."""
+        and the next one tried."""
         while True:
             await asyncio.sleep(self.heartbeat_seconds)
             try:
-                await store.heartbeat()
+                await heartbeat()
             except (StorageError, StoreFault) as exc:
-                if store.refusal is not None:
+                if connection.refusal is not None:
                     raise
                 log.warning("heartbeat missed (%s); the storage commands count this process as running for "
                             "%d heartbeats after its last", exc, MISSED_BEATS)
 
 
-async def running(store: MongoStore) -> list[Seen]:
+async def running(connection: Connection) -> list[Seen]:
     """The registered processes that have not stopped and whose last heartbeat is recent."""
     now = utcnow()
     found = []
-    for entry in await store.db[COLLECTION].find({"stopped_at": None}).to_list(None):
+    for entry in await connection.db[COLLECTION].find({"stopped_at": None}).to_list(None):
         seen_at = _seen_at(entry)
         if _alive(entry, now):
             found.append(Seen(entry.get("release"), f"{entry.get('host')}:{entry.get('pid')}", entry.get("reads", 1),
@@ -195,12 +195,12 @@ def disagreeing(entries: list[dict[str, Any]], own_id: str, settings: dict[str, 
     return found
 
 
-async def recent(store: MongoStore) -> list[dict[str, Any]]:
+async def recent(connection: Connection) -> list[dict[str, Any]]:
     """Every entry the registry still keeps (a day past its last heartbeat), newest first."""
-    return await store.db[COLLECTION].find({}).sort("seen_at", -1).to_list(None)
+    return await connection.db[COLLECTION].find({}).sort("seen_at", -1).to_list(None)
 
 
-async def connected(store: MongoStore, quiet: bool = False) -> list[Seen] | None:
+async def connected(connection: Connection, quiet: bool = False) -> list[Seen] | None:
     """The connections of tokensvc processes that concern this store, by release: those the
     server (``$currentOp``) lists executing an operation in this store's database (the change
     stream every serving process keeps open on it, asked for more at once each time it answers).
@@ -216,14 +216,14 @@ async def connected(store: MongoStore, quiet: bool = False) -> list[Seen] | None
     not the clients behind it), a server without change streams (a standalone, where 0.9.0 polls
     now and then instead of keeping a stream open), or a server that refuses (not authorized,
     no such stage); ``quiet``: without saying so (the background asks every heartbeat)."""
-    hello = await store.db.command("hello")
+    hello = await connection.db.command("hello")
     if hello.get("msg") == "isdbgrid" or "setName" not in hello:
         return None
     found: dict[str, Seen] = {}
     for sample in range(SAMPLES):
         if sample:
             await asyncio.sleep(SAMPLE_SECONDS / (SAMPLES - 1))
-        operations = await _operations(store, quiet)
+        operations = await _operations(connection, quiet)
         if operations is None:
             return None
         unplaced = False
@@ -232,8 +232,8 @@ async def connected(store: MongoStore, quiet: bool = False) -> list[Seen] | None
             if match is None:
                 continue
             release, client = match.group(1), operation.get("client", "?")
-            if operation.get("active") and str(operation.get("ns", "")).partition(".")[0] == store.db.name:
-                found.setdefault(client, Seen(release, client, store.history.newest_format_of(release)))
+            if operation.get("active") and str(operation.get("ns", "")).partition(".")[0] == connection.db.name:
+                found.setdefault(client, Seen(release, client, connection.history.newest_format_of(release)))
             elif release is None and client not in found:
                 unplaced = True
         if not unplaced or any(seen.release is None for seen in found.values()):
@@ -241,11 +241,11 @@ async def connected(store: MongoStore, quiet: bool = False) -> list[Seen] | None
     return list(found.values())
 
 
-async def _operations(store: MongoStore, quiet: bool) -> list[dict[str, Any]] | None:
+async def _operations(connection: Connection, quiet: bool) -> list[dict[str, Any]] | None:
     """What ``$currentOp`` lists of tokensvc's connections (idle ones too), or None when the
     server refuses."""
     try:
-        cursor = store.client.admin.aggregate([
+        cursor = connection.client.admin.aggregate([
             {"$currentOp": {"idleConnections": True}},
             {"$match": {"appName": {"$regex": "^tokensvc(/|$)"}}},
             {"$project": {"appName": 1, "client": 1, "active": 1, "ns": 1}},

@@ -3,11 +3,11 @@ where the store stands, the migrations the compatibility version allows, and its
 
 ``finalize`` raises the compatibility version to this release's format only when nothing can
 still need the old one: no running process and no connection of a release that cannot read
-the new format (``storage/processes.py``), every migration the current version allows done,
+the new format (``storage/mongo/processes.py``), every migration the current version allows done,
 and this release's indexes made (a process of it has opened the store). Then the processes
 write the new format from their next heartbeat; finalize waits for them, drops the indexes no
 release allowed to run still needs, and runs the migrations the new version allows
-(``storage/migrations.py``), which ``migrate`` resumes if anything interrupts them.
+(``storage/mongo/migrations.py``), which ``migrate`` resumes if anything interrupts them.
 """
 
 from __future__ import annotations
@@ -17,11 +17,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from tokensvc.records import utcnow
-from tokensvc.storage import format as store_format
-from tokensvc.storage import migrations, processes
 from tokensvc.storage.base import StorageError, StoreFault
-from tokensvc.storage.format import Migration, StoreFormat
-from tokensvc.storage.mongo import READ, RERUN, MongoStore, guarded
+from tokensvc.storage.mongo import format as store_format
+from tokensvc.storage.mongo import migrations, processes
+from tokensvc.storage.mongo.format import Migration, StoreFormat
+from tokensvc.storage.mongo.retry import READ, RERUN, guarded
+from tokensvc.storage.mongo.store import MongoStore
 
 OPENED = "opened the store"  # how a release that records its opening is known (since when: the record's)
 
@@ -91,7 +92,7 @@ class Status:
 async def current(store: MongoStore) -> StoreFormat:
     """The store's format (the server a writable primary); Refused for a store no release of
     this history ever opened."""
-    await store.check_primary()
+    await store.connection.check_primary()
     state = await store_format.read(store.db)
     if state is None:
         raise Refused("the store has no format document: 0.9.0 wrote it (format 1), or it is empty; the first "
@@ -102,10 +103,10 @@ async def current(store: MongoStore) -> StoreFormat:
 @guarded(READ)
 async def status(store: MongoStore, assume_stopped: bool = False) -> Status:
     state = await current(store)
-    running = await processes.running(store)
-    connections = await processes.connected(store)
+    running = await processes.running(store.connection)
+    connections = await processes.connected(store.connection)
     left = {migration.name: await _left(store, migration) for migration in store.history.migrations}
-    return Status(state, store.history, running, connections, await processes.recent(store), left,
+    return Status(state, store.history, running, connections, await processes.recent(store.connection), left,
                   _blockers(store, state, running, connections, assume_stopped), _warnings(state, connections, left))
 
 
@@ -188,7 +189,7 @@ async def migrate(store: MongoStore, progress: Progress | None = None, said: str
 
 @guarded(READ)
 async def _running(store: MongoStore) -> list[processes.Seen]:
-    return await processes.running(store)
+    return await processes.running(store.connection)
 
 
 async def finalize(store: MongoStore, assume_stopped: bool = False,
@@ -204,7 +205,7 @@ async def finalize(store: MongoStore, assume_stopped: bool = False,
     before the tripwire runs, and is seen: refused, the tripwire taken back), then the raise,
     then the look again (one that was still starting at the first look: the raise cannot be
     taken back, so the command says to stop it; the running processes keep looking too,
-    storage/migrations.py). The blockers are looked at once before the tripwire as well, so a
+    storage/mongo/migrations.py). The blockers are looked at once before the tripwire as well, so a
     finalize refused for them changes nothing; one refused at the second look takes the
     tripwire back. A raise that fails may still apply (sent, its answer lost), so the tripwire
     then stays, and the command says to run it again."""
@@ -258,12 +259,12 @@ async def _raise(store: MongoStore, before: int, target: int) -> None:
 
 @guarded(RERUN, budget="build_budget")
 async def _follow_indexes(store: MongoStore) -> None:
-    await store.follow_indexes()
+    await store.indexes.follow()
 
 
 @guarded(RERUN, budget="build_budget")
 async def _tripwires(store: MongoStore, before: int, target: int, placed: bool = True) -> None:
-    await store.set_tripwires(before, target, placed)
+    await store.indexes.set_tripwires(before, target, placed)
 
 
 async def _take_back(store: MongoStore, before: int, target: int, cause: BaseException) -> None:
@@ -282,4 +283,4 @@ async def _take_back(store: MongoStore, before: int, target: int, cause: BaseExc
 
 @guarded(READ)
 async def _connected(store: MongoStore) -> list[processes.Seen] | None:
-    return await processes.connected(store)
+    return await processes.connected(store.connection)

@@ -1,6 +1,6 @@
 """Migrations: the rows of earlier formats rewritten, in bounded batches, beside live traffic.
 
-A migration (declared in ``storage/format.py``, implemented here in :data:`STEPS`) passes over
+A migration (declared in ``storage/mongo/format.py``, implemented here in :data:`STEPS`) passes over
 its collections in ``_id`` order. Each document's conversion is one store operation, with its
 own budget (``storage.timeout_ms``) and retries: a slow server slows the pass, it does not cut
 a batch of moves in half. A batch ends after :data:`BATCH` documents or :data:`BATCH_SECONDS`,
@@ -38,15 +38,17 @@ import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any
+from typing import Any, Protocol
 
 from pymongo import ASCENDING, ReturnDocument
 
 from tokensvc.records import utcnow
-from tokensvc.storage import format as store_format
-from tokensvc.storage import hashes, processes
 from tokensvc.storage.base import StorageError, StoreFault
-from tokensvc.storage.mongo import ONCE, READ, RERUN, MongoStore, guarded
+from tokensvc.storage.mongo import format as store_format
+from tokensvc.storage.mongo import hashes, processes
+from tokensvc.storage.mongo.connection import Connection
+from tokensvc.storage.mongo.indexes import Indexes
+from tokensvc.storage.mongo.retry import ONCE, READ, RERUN, guarded
 
 log = logging.getLogger(__name__)
 
@@ -54,6 +56,17 @@ BATCH = 500  # documents per batch at most
 BATCH_SECONDS = 5.0  # and at most this long: progress, checkpoints and the lease's renewal come this often
 BACKGROUND_PAUSE_SECONDS = 0.05  # between the background's batches, so live traffic comes first
 LEASE_SECONDS = 60  # a background migrator that stops renewing its lease leaves it to another after this
+
+
+class Maintained(Protocol):
+    """What a migration runs on: the MongoDB store (or its lifecycle, which runs the background's
+    migrations), as its connection and its indexes."""
+
+    @property
+    def connection(self) -> Connection: ...
+
+    @property
+    def indexes(self) -> Indexes: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,14 +116,14 @@ class Stopped(Exception):
 
 
 @guarded(READ)
-async def laggards(store: MongoStore, runs_from: int) -> list[processes.Seen]:
+async def laggards(store: Maintained, runs_from: int) -> list[processes.Seen]:
     """The running processes that do not write format ``runs_from`` yet, leaving out those
     whose heartbeat has lapsed twice: dead, or cut off from the store."""
-    return [seen for seen in await processes.running(store)
+    return [seen for seen in await processes.running(store.connection)
             if (seen.writes is None or seen.writes < runs_from) and not seen.lapsed()]
 
 
-async def wait_for_processes(store: MongoStore, runs_from: int, seconds: float) -> None:
+async def wait_for_processes(store: Maintained, runs_from: int, seconds: float) -> None:
     """Wait (at most ``seconds``) until every running process writes format ``runs_from``."""
     deadline = asyncio.get_running_loop().time() + seconds
     while True:
@@ -124,7 +137,7 @@ async def wait_for_processes(store: MongoStore, runs_from: int, seconds: float) 
         await asyncio.sleep(0.2)
 
 
-async def run(store: MongoStore, name: str, progress: Progress | None = None, pause: float = 0.0,
+async def run(store: Maintained, name: str, progress: Progress | None = None, pause: float = 0.0,
               still_mine: Callable[[], Awaitable[bool]] | None = None) -> int:
     """Run the migration ``name`` to its end (resuming where a pass stopped), record it done,
     and return the rows it has converted, store-wide (every pass's). ``still_mine``: asked
@@ -200,7 +213,7 @@ def lower_bound(key: Any) -> Any:
     return key[:8] if isinstance(key, str) else key
 
 
-async def _convert(store: MongoStore, step: Step, collection: str,
+async def _convert(store: Maintained, step: Step, collection: str,
                    batch: list[dict[str, Any]]) -> tuple[int, Any, Exception | None]:
     """Convert a batch's documents one at a time, each its own store operation, for at most
     :data:`BATCH_SECONDS`: (rows this call converted, the last key done, what stopped it)."""
@@ -219,33 +232,34 @@ async def _convert(store: MongoStore, step: Step, collection: str,
 
 
 @guarded(READ)
-async def format_state(store: MongoStore) -> store_format.StoreFormat:
-    state = await store_format.read(store.db)
+async def format_state(store: Maintained) -> store_format.StoreFormat:
+    state = await store_format.read(store.connection.db)
     if state is None:
         raise NotYet("the store has no format document yet: start tokensvc serve once")
     return state
 
 
 @guarded(READ)
-async def migration_batch(store: MongoStore, collection: str, kind: str,
+async def migration_batch(store: Maintained, collection: str, kind: str,
                           after: dict[str, Any] | None) -> list[dict[str, Any]]:
-    cursor = store.db[collection].find({"_id": {"$type": kind, **(after or {})}}).sort("_id", ASCENDING).limit(BATCH)
+    documents = store.connection.db[collection]
+    cursor = documents.find({"_id": {"$type": kind, **(after or {})}}).sort("_id", ASCENDING).limit(BATCH)
     return await cursor.to_list(BATCH)
 
 
 @guarded(RERUN)
-async def migration_convert(store: MongoStore, step: Step, collection: str, document: dict[str, Any]) -> bool:
+async def migration_convert(store: Maintained, step: Step, collection: str, document: dict[str, Any]) -> bool:
     """One document's conversion: its own budget and retries (it is idempotent)."""
-    return await step.convert(store.db, collection, document)
+    return await step.convert(store.connection.db, collection, document)
 
 
 @guarded(ONCE)
-async def migration_checkpoint(store: MongoStore, name: str, collection: str, kind: str, last: Any, rows: int,
+async def migration_checkpoint(store: Maintained, name: str, collection: str, kind: str, last: Any, rows: int,
                                again: bool) -> int | None:
     """Record where the pass stands and add ``rows`` to the store-wide count (once: ``$inc``
     under the driver's deduplicated retry, never run again by the store); the count, or None
     when the migration was recorded done meanwhile (the pass stops: another finished it)."""
-    meta = store.db[store_format.COLLECTION]
+    meta = store.connection.db[store_format.COLLECTION]
     if again:
         found = await meta.find_one_and_update({"_id": store_format.KEY}, {"$inc": {f"migrations.{name}.rows": rows}},
                                                projection={"migrations": 1}, return_document=ReturnDocument.AFTER)
@@ -260,19 +274,20 @@ async def migration_checkpoint(store: MongoStore, name: str, collection: str, ki
 
 
 @guarded(READ)
-async def migration_left(store: MongoStore, step: Step) -> int:
-    return sum([await store.db[collection].count_documents(step.left) for collection in step.collections])
+async def migration_left(store: Maintained, step: Step) -> int:
+    return sum([await store.connection.db[collection].count_documents(step.left) for collection in step.collections])
 
 
 @guarded(RERUN)
-async def migration_done(store: MongoStore, name: str) -> int:
+async def migration_done(store: Maintained, name: str) -> int:
     """Record the migration done, with the store-wide count, once (a second pass that gets
     here finds it recorded, and changes nothing); the count."""
-    state = await store_format.read(store.db)
+    state = await store_format.read(store.connection.db)
     rows = int(((state.progress if state else {}).get(name) or {}).get("rows", 0))
-    await store.db[store_format.COLLECTION].update_one(
+    release = store.connection.history.release
+    await store.connection.db[store_format.COLLECTION].update_one(
         {"_id": store_format.KEY, f"migrations.{name}": {"$exists": False}},
-        {"$set": {f"migrations.{name}": {"done_at": utcnow(), "rows": rows, "release": store.history.release}},
+        {"$set": {f"migrations.{name}": {"done_at": utcnow(), "rows": rows, "release": release}},
          "$unset": {f"progress.{name}": ""}})
     return int((await format_state(store)).migrations[name].get("rows", 0))
 
@@ -281,10 +296,10 @@ async def migration_done(store: MongoStore, name: str) -> int:
 
 
 @guarded(RERUN)
-async def migration_lease(store: MongoStore, owner: str) -> bool:
+async def migration_lease(store: Maintained, owner: str) -> bool:
     """Take or renew the background migration's lease: one process migrates at a time."""
     now = utcnow()
-    taken = await store.db[store_format.COLLECTION].find_one_and_update(
+    taken = await store.connection.db[store_format.COLLECTION].find_one_and_update(
         {"_id": store_format.KEY, "$or": [{"lease": None}, {"lease.owner": owner}, {"lease.until": {"$lt": now}}]},
         {"$set": {"lease": {"owner": owner, "until": now + timedelta(seconds=LEASE_SECONDS)}}},
         projection={"_id": 1}, return_document=ReturnDocument.AFTER)
@@ -292,20 +307,20 @@ async def migration_lease(store: MongoStore, owner: str) -> bool:
 
 
 @guarded(RERUN)
-async def migration_release(store: MongoStore, owner: str) -> None:
-    await store.db[store_format.COLLECTION].update_one({"_id": store_format.KEY, "lease.owner": owner},
+async def migration_release(store: Maintained, owner: str) -> None:
+    await store.connection.db[store_format.COLLECTION].update_one({"_id": store_format.KEY, "lease.owner": owner},
                                                        {"$set": {"lease": None}})
 
 
-async def in_background(store: MongoStore, owner: str, every: float) -> None:
+async def in_background(store: Maintained, owner: str, every: float) -> None:
     """Until cancelled: every ``every`` seconds, look for what a release that cannot read the
     store leaves behind (:func:`watch`), and run what the compatibility version allows and is
     not done, or the rows of the old form behind a done migration, when every running process
     already writes its output and no other process holds the lease."""
     while True:
         await asyncio.sleep(every)
-        state = store.format
-        for migration in store.history.migrations:
+        state = store.connection.format
+        for migration in store.connection.history.migrations:
             if migration.runs_from > state.compatibility:
                 continue
             try:
@@ -326,11 +341,11 @@ async def in_background(store: MongoStore, owner: str, every: float) -> None:
             log.warning("could not look for processes of releases that cannot read the store (%s)", exc)
 
 
-async def _written_behind(store: MongoStore, migration: store_format.Migration) -> int:
+async def _written_behind(store: Maintained, migration: store_format.Migration) -> int:
     """Rows still in the old form behind the done migration ``migration`` (0 when none): a
     release that cannot read the store wrote them since. Reported, and converted next."""
     left = await migration_left(store, STEPS[migration.name])
-    store.observer.old_format_rows(left)
+    store.connection.observer.old_format_rows(left)
     if left:
         log.warning("%d rows of an older format were written after migration %s was done: a process of a release "
                     "that cannot read this store (0.9.0) is writing to it; find it and stop it (tokensvc storage "
@@ -338,11 +353,11 @@ async def _written_behind(store: MongoStore, migration: store_format.Migration) 
     return left
 
 
-async def watch(store: MongoStore) -> None:
+async def watch(store: Maintained) -> None:
     """Report the connections of releases that cannot read the store's compatibility version
     (0.9.0 after finalize): a warning each time, and the metric. Nothing to look for before a
     finalize, when every release that may connect reads it."""
-    if store.format.compatibility <= store_format.FORMATS[0].version:
+    if store.connection.format.compatibility <= store_format.FORMATS[0].version:
         return
     made_again = await indexes_followed(store)
     if made_again:
@@ -352,24 +367,24 @@ async def watch(store: MongoStore) -> None:
     found = await old_releases(store)
     if found is None:
         return
-    store.observer.old_release_connections(len(found))
+    store.connection.observer.old_release_connections(len(found))
     if found:
         log.warning("tokensvc %s is connected from %s, and cannot read this store (its compatibility version is %d): "
                     "it answers every credential issued since as unknown, and what it writes is at odds with "
                     "every other process: stop it", found[0].name, ", ".join(sorted({seen.where for seen in found})),
-                    store.format.compatibility)
+                    store.connection.format.compatibility)
 
 
 @guarded(RERUN)
-async def indexes_followed(store: MongoStore) -> list[str]:
-    return await store.follow_indexes()
+async def indexes_followed(store: Maintained) -> list[str]:
+    return await store.indexes.follow()
 
 
 @guarded(READ)
-async def old_releases(store: MongoStore) -> list[processes.Seen] | None:
+async def old_releases(store: Maintained) -> list[processes.Seen] | None:
     """The connections of releases that cannot read the store's compatibility version; None
     when the server does not say."""
-    connections = await processes.connected(store, quiet=True)
+    connections = await processes.connected(store.connection, quiet=True)
     if connections is None:
         return None
-    return [seen for seen in connections if seen.reads < store.format.compatibility]
+    return [seen for seen in connections if seen.reads < store.connection.format.compatibility]

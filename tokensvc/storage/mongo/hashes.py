@@ -6,7 +6,7 @@ so; format 2 stores its 32 bytes (:func:`packed`), half the size in the document
 index on it. The hashes are the key (``_id``) of codes, sessions and families, and the fields
 :data:`HASHED` names. Until every format-1 row is gone, lookups find a hash in either form
 (:func:`either`), and what a process writes follows the store's compatibility version
-(``storage/format.py``).
+(``storage/mongo/format.py``).
 
 **Moving a document.** A key cannot change in place (``_id`` is immutable), so a format-1
 document becomes format 2 as a copy under its packed key, and the original goes. Without a
@@ -37,8 +37,8 @@ complete.
 writes the same key twice: the key's uniqueness is what makes the second redemption fail. With
 two formats the two keys differ, so every family written while the conversion is unfinished
 also holds its id's 32 bytes in :data:`GUARD`, under a unique index: two redemptions in
-different formats at once collide there (``MongoStore.create_family`` also looks for the other
-format's key before writing, for families written without the guard: by 0.9.0). A twin that
+different formats at once collide there (``MongoAuthorizations.create_family`` also looks for
+the other format's key before writing, for families written without the guard: by 0.9.0). A twin that
 exists anyway (a process of 0.9.0 started against the rules) is never deleted silently: a move
 that meets one revokes both, as a code used twice, and a read that finds both takes them as
 revoked (:func:`merged`).

@@ -27,16 +27,14 @@ start-up's back-off.
 from __future__ import annotations
 
 import asyncio
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from pymongo import monitoring
 from pymongo.server_type import SERVER_TYPE
 from pymongo.topology_description import TOPOLOGY_TYPE
 
+from tokensvc.storage.base import StoreObserver
 from tokensvc.storage.mongo import calls
-
-if TYPE_CHECKING:
-    from tokensvc.storage.mongo import MongoStore
 
 # How the driver names a member's state, in an operator's words.
 _STATES = {"RSSecondary": "secondary", "RSArbiter": "arbiter", "RSGhost": "not in a replica-set state yet",
@@ -122,30 +120,38 @@ def _primary(description: Any) -> tuple[Any, Any] | None:
     return None
 
 
+class Observed(Protocol):
+    """What the driver's events reach (the store's connection): who hears what the store tells,
+    and its view of the deployment."""
+
+    observer: StoreObserver
+    topology: Topology
+
+
 class DriverEvents(monitoring.ConnectionPoolListener, monitoring.ServerListener, monitoring.TopologyListener):
     """The driver's events: pool and server changes to the store's observer, each new view of
     the topology to the store's :class:`Topology`."""
 
     def __init__(self) -> None:
-        self.store: MongoStore | None = None
+        self.connection: Observed | None = None
 
     def connection_checked_out(self, event: monitoring.ConnectionCheckedOutEvent) -> None:
-        if self.store is not None:
-            self.store.observer.pool_checked_out(event.duration or 0.0)
+        if self.connection is not None:
+            self.connection.observer.pool_checked_out(event.duration or 0.0)
 
     def connection_checked_in(self, event: monitoring.ConnectionCheckedInEvent) -> None:
-        if self.store is not None:
-            self.store.observer.pool_checked_in()
+        if self.connection is not None:
+            self.connection.observer.pool_checked_in()
 
     def description_changed(self, event: Any) -> None:
         """A server's description changed (ServerListener), or the topology's (TopologyListener):
         both interfaces name their method so."""
-        if self.store is None:
+        if self.connection is None:
             return
         if isinstance(event, monitoring.TopologyDescriptionChangedEvent):
-            self.store.topology.description = event.new_description
+            self.connection.topology.description = event.new_description
         elif event.previous_description.server_type != event.new_description.server_type:
-            self.store.observer.topology_changed()
+            self.connection.observer.topology_changed()
 
     # The rest of the three interfaces: nothing to count.
     def pool_created(self, event: Any) -> None: ...

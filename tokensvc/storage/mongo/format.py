@@ -13,7 +13,7 @@ and this one can serve side by side:
    new format is connected, and every migration that could already run is done): the
    compatibility version is raised, every process writes the new format from its next
    heartbeat, the migrations of the new format convert the rows written before
-   (``storage/migrations.py``), and the indexes no release still allowed to run relies on are
+   (``storage/mongo/migrations.py``), and the indexes no release still allowed to run relies on are
    dropped;
 3. **contract**: a later release drops the old read path (raises :attr:`History.oldest`) and
    refuses a store whose conversion is unfinished.

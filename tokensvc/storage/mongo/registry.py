@@ -1,0 +1,278 @@
+"""The MongoDB store's registry (:class:`MongoRegistry`, the Store contract's
+:class:`~tokensvc.storage.base.Registry`): clients, a client's removal and its previous secret,
+users and node installations. The package's docstring lists the queries and their indexes."""
+
+from __future__ import annotations
+
+import inspect
+from datetime import datetime, timedelta
+from typing import Any
+
+import pymongo
+from pymongo import ASCENDING, ReturnDocument
+
+from tokensvc.identifiers import username_key
+from tokensvc.records import Client, Installation, PreviousSecret, Removal, User
+from tokensvc.storage.base import Conflict, Registry, StorageError
+from tokensvc.storage.mongo.connection import Connection
+from tokensvc.storage.mongo.indexes import CASELESS
+from tokensvc.storage.mongo.mapping import CLIENTS, INSTALLATIONS, PREVIOUS_SECRETS, REMOVALS, USERS
+from tokensvc.storage.mongo.retry import guarded
+
+# How long a removal's mark outlives its write: every relay has long polled it by then.
+REMOVED_CLIENT_SECONDS = 86400
+
+
+async def _page(collection: Any, key: str, after: str | None, limit: int | None) -> list[dict[str, Any]]:
+    """The documents ordered by ``key``: every one, or ``limit`` of them after ``after``."""
+    cursor = collection.find({key: {"$gt": after}} if after is not None else {}).sort(key, ASCENDING)
+    if limit is not None:
+        cursor = cursor.limit(limit)
+    return await cursor.to_list(None)
+
+
+class MongoRegistry(Registry):
+    """Clients, users and installations, each in a collection of its own; a client's removal and
+    its previous secret in collections that release 0.9.0 never reads nor writes."""
+
+    def __init__(self, connection: Connection) -> None:
+        self.connection = connection
+        db = connection.db
+        self.clients, self.users, self.installations = db["clients"], db["users"], db["installations"]
+        # A collection of its own, which 0.9.0 never reads nor rewrites (ARCHITECTURE.md).
+        self.previous_secrets = db["previous_secrets"]
+        self.removals = db["removals"]  # clients being removed: 0.9.0 never reads nor writes it
+        # The removals' marks, which the relays watch, kept a while after the removal is
+        # finished (a poll finds them): 0.9.0 never reads nor writes it either.
+        self.removed_clients = db["removed_clients"]
+
+    # -- clients
+
+    async def _clients(self, match: dict[str, Any], limit: int | None = None) -> list[Client]:
+        """The clients ``match`` finds, by id, none whose removal is recorded: one read, the
+        removal looked up beside each (a document 0.9.0 wrote back during a removal is no
+        client)."""
+        pipeline: list[dict[str, Any]] = [
+            {"$match": match}, {"$sort": {"_id": ASCENDING}},
+            {"$lookup": {"from": "removals", "localField": "_id", "foreignField": "_id", "as": "removal"}},
+            {"$match": {"removal": {"$size": 0}}}]
+        if limit is not None:
+            pipeline.append({"$limit": limit})
+        cursor = self.clients.aggregate(pipeline)
+        if inspect.isawaitable(cursor):  # PyMongo's aggregate is a coroutine; Motor-style ones are not
+            cursor = await cursor
+        documents = await cursor.to_list(limit)
+        return [CLIENTS.record({key: value for key, value in doc.items() if key != "removal"}) for doc in documents]
+
+    @guarded()
+    async def get_client(self, client_id: str) -> Client | None:
+        return next(iter(await self._clients({"_id": client_id}, 1)), None)
+
+    @guarded()
+    async def list_clients(self, after: str | None = None, limit: int | None = None) -> list[Client]:
+        return await self._clients({"_id": {"$gt": after}} if after is not None else {}, limit)
+
+    @guarded()
+    async def put_client(self, client: Client) -> None:
+        await self.clients.update_one({"_id": client.client_id}, CLIENTS.setting(client), upsert=True)
+
+    @guarded()
+    async def add_client(self, client: Client) -> None:
+        await self.clients.insert_one(CLIENTS.doc(client))  # a duplicate _id: Conflict (guarded)
+
+    @guarded()
+    async def update_client(self, client_id: str, fields: dict[str, Any], *,
+                            if_confidential: bool = False) -> Client | None:
+        match: dict[str, Any] = {"_id": client_id}
+        if if_confidential:
+            match["secret_hash"] = {"$ne": None}
+        return CLIENTS.record(await self.clients.find_one_and_update(
+            match, {"$set": dict(fields)}, return_document=ReturnDocument.BEFORE))
+
+    @guarded()
+    async def delete_client(self, client_id: str) -> None:
+        await self.clients.delete_one({"_id": client_id})
+        await self.previous_secrets.delete_one({"_id": client_id})
+
+    @guarded()
+    async def begin_removal(self, client_id: str, now: datetime, tag: str) -> Removal:
+        # The call's own tag, set only by the write that made the record: a retry of that write
+        # (its reply lost) finds its tag still; any other call, the tag of the one that made it.
+        return REMOVALS.record(await self.removals.find_one_and_update(
+            {"_id": client_id}, {"$setOnInsert": {"started_at": now, "tag": tag}}, upsert=True,
+            return_document=ReturnDocument.AFTER))
+
+    @guarded()
+    async def mark_removal(self, client_id: str, now: datetime) -> None:
+        await self.removed_clients.update_one(
+            {"_id": client_id},
+            {"$set": {"removed_at": now, "expires_at": now + timedelta(seconds=REMOVED_CLIENT_SECONDS)}},
+            upsert=True)
+
+    @guarded()
+    async def get_removal(self, client_id: str) -> Removal | None:
+        return REMOVALS.record(await self.removals.find_one({"_id": client_id}))
+
+    @guarded()
+    async def list_removals(self) -> list[Removal]:
+        return [REMOVALS.record(doc) for doc in await self.removals.find({}).sort("_id", ASCENDING).to_list(None)]
+
+    async def end_removal(self, removal: Removal) -> None:
+        # Two operations, each run again alone after a lost reply: the document and the previous
+        # secret deleted while this removal's record is there, then the record, by its tag. Run
+        # as one, a run again after the record's deletion was applied deleted a client registered
+        # under the id in between (its 201 and secret, then 404).
+        await self._clear_removed(removal)
+        await self._drop_removal(removal)
+
+    @guarded()
+    async def _clear_removed(self, removal: Removal) -> None:
+        with pymongo.timeout(self.connection.budget):  # a read: the server stops at the budget too
+            recorded = await self.removals.find_one({"_id": removal.client_id, "tag": removal.tag}, {"_id": 1})
+        if recorded is None:
+            return  # finished already (by another call of the same removal): the id may be someone's again
+        await self.clients.delete_one({"_id": removal.client_id})
+        await self.previous_secrets.delete_one({"_id": removal.client_id})
+
+    @guarded()
+    async def _drop_removal(self, removal: Removal) -> None:
+        await self.removals.delete_one({"_id": removal.client_id, "tag": removal.tag})
+
+    @guarded()
+    async def put_previous_secret(self, previous: PreviousSecret) -> None:
+        document = PREVIOUS_SECRETS.doc(previous)
+        await self.previous_secrets.replace_one({"_id": document["_id"]}, document, upsert=True)
+
+    @guarded()
+    async def get_previous_secret(self, client_id: str) -> PreviousSecret | None:
+        return PREVIOUS_SECRETS.record(await self.previous_secrets.find_one({"_id": client_id}))
+
+    @guarded()
+    async def delete_previous_secret(self, client_id: str) -> None:
+        await self.previous_secrets.delete_one({"_id": client_id})
+
+    @guarded()
+    async def note_previous_secret_use(self, client_id: str, now: datetime, every_seconds: float) -> bool:
+        quiet = {"$or": [{"last_used_at": None}, {"last_used_at": {"$lte": now - timedelta(seconds=every_seconds)}}]}
+        result = await self.previous_secrets.update_one({"_id": client_id, **quiet}, {"$set": {"last_used_at": now}})
+        return result.modified_count == 1
+
+    @guarded()
+    async def expire_previous_secret(self, now: datetime) -> PreviousSecret | None:
+        # One process deletes each (the one that tells of it), the earliest first (expires_at).
+        return PREVIOUS_SECRETS.record(await self.previous_secrets.find_one_and_delete(
+            {"expires_at": {"$lte": now}}, sort=[("expires_at", ASCENDING)]))
+
+    # -- users
+
+    @guarded()
+    async def get_user(self, user_id: str) -> User | None:
+        return USERS.record(await self.users.find_one({"_id": user_id}))
+
+    @guarded()
+    async def get_user_by_username(self, username: str) -> User | None:
+        # New usernames are stored as their key, so the unique index on username holds one
+        # user per key; one stored with capitals by release 0.9.0 (Alice) is found typed
+        # otherwise (ALICE, alice) too. One read, an equality under the caseless collation on its
+        # index (username_caseless), for a name no user has as well (a typo, a new user, a
+        # guess): the name as written, else the one stored as its key, else of those stored
+        # under its key the first by name, as listed (two 0.9.0 users differing only in case).
+        return USERS.record(next(iter(await self._same_key(username)), None))
+
+    @guarded()
+    async def list_users(self, after: str | None = None, limit: int | None = None) -> list[User]:
+        return [USERS.record(doc) for doc in await _page(self.users, "username", after, limit)]
+
+    async def seed_user(self, user: User, now: datetime) -> User:
+        # Written only over the admin flag it read (a compare-and-set), so that whether the write
+        # demotes, and so carries the mark, is decided on the document it replaces; a new user
+        # is inserted only while no administrator holds the name (the unique index then refuses
+        # the insert, and the loop reads it).
+        for _ in range(3):  # a concurrent first insert, or change of the flag: read again
+            found = await self._seeded_admin(user.username)
+            fields: dict[str, Any] = {"password_hash": user.password_hash, "admin": user.admin}
+            where: dict[str, Any]
+            if found is None:
+                where = {"username": user.username, **({} if user.admin else {"admin": {"$ne": True}})}
+                update = {"$set": fields, "$setOnInsert": {"_id": user.user_id}}
+            else:
+                where = {"_id": found["_id"], "admin": found.get("admin")}
+                update = {"$set": {**fields, "narrowed_at": now} if found.get("admin") is True and not user.admin
+                          else fields}
+            try:
+                seeded = await self._seed_write(where, update)
+            except Conflict:
+                continue
+            if seeded is not None:
+                return USERS.record(seeded)
+        raise StorageError(f"could not seed user {user.username!r} (concurrent updates)")
+
+    @guarded()
+    async def _seeded_admin(self, username: str) -> dict[str, Any] | None:
+        return await self.users.find_one({"username": username}, {"admin": 1})
+
+    @guarded()
+    async def _seed_write(self, where: dict[str, Any], update: dict[str, Any]) -> dict[str, Any] | None:
+        # Run again after a lost reply: the flag it wrote no longer matches, and seeding reads again.
+        return await self.users.find_one_and_update(where, update, upsert="$setOnInsert" in update,
+                                                    return_document=ReturnDocument.AFTER)
+
+    async def put_user(self, user: User) -> None:
+        # Usernames are ASCII (identifiers.USERNAME), where a caseless regex is the key's
+        # comparison: it also finds a user that release 0.9.0 stored with capitals under the
+        # same key, which the unique index alone would not. A user who keeps their name is
+        # never refused (two such users from before stay as they are).
+        same = await self._caseless_holders(user.username)
+        kept = any(doc["_id"] == user.user_id and doc["username"] == user.username for doc in same)
+        if not kept and any(doc["_id"] != user.user_id for doc in same):
+            raise Conflict(f"username {user.username!r} is taken")
+        await self._write_user(user)
+
+    @guarded()
+    async def _caseless_holders(self, username: str) -> list[dict[str, Any]]:
+        return await self._same_key(username, {"username": 1})
+
+    async def _same_key(self, username: str, projection: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+        """The users whose username has the key of ``username`` (identifiers.username_key), in the
+        order a lookup takes them: the name as written, the key, then the others by name. One
+        read under the caseless collation (its index), which finds the name, its key and every
+        ASCII name differing from them in case; the key decides."""
+        key = username_key(username)
+        documents = await self.users.find({"username": {"$in": sorted({username, key})}}, projection,
+                                          collation=CASELESS).to_list(None)
+        same = [doc for doc in documents if doc["username"] == username or username_key(doc["username"]) == key]
+        return sorted(same, key=lambda doc: (doc["username"] != username, doc["username"] != key, doc["username"]))
+
+    @guarded()
+    async def _write_user(self, user: User) -> None:
+        await self.users.update_one({"_id": user.user_id}, USERS.setting(user), upsert=True)
+
+    @guarded()
+    async def update_user(self, user_id: str, fields: dict[str, Any]) -> User | None:
+        assert "username" not in fields and "user_id" not in fields  # a user's keys stay
+        return USERS.record(await self.users.find_one_and_update(
+            {"_id": user_id}, {"$set": dict(fields)}, return_document=ReturnDocument.BEFORE))
+
+    @guarded()
+    async def delete_user(self, user_id: str) -> None:
+        await self.users.delete_one({"_id": user_id})
+
+    # -- installations
+
+    @guarded()
+    async def get_installation(self, installation_id: str) -> Installation | None:
+        return INSTALLATIONS.record(await self.installations.find_one({"_id": installation_id}))
+
+    @guarded()
+    async def list_installations(self, after: str | None = None, limit: int | None = None) -> list[Installation]:
+        return [INSTALLATIONS.record(doc) for doc in await _page(self.installations, "_id", after, limit)]
+
+    @guarded()
+    async def put_installation(self, installation: Installation) -> None:
+        await self.installations.update_one({"_id": installation.installation_id},
+                                            INSTALLATIONS.setting(installation), upsert=True)
+
+    @guarded()
+    async def delete_installation(self, installation_id: str) -> None:
+        await self.installations.delete_one({"_id": installation_id})
+

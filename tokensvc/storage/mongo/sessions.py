@@ -1,0 +1,59 @@
+"""The MongoDB store's web sessions (:class:`MongoSessions`, the Store contract's
+:class:`~tokensvc.storage.base.Sessions`): credentials keyed by the hash of the cookie's id,
+in either format (credentials.py)."""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from pymongo import DESCENDING
+
+from tokensvc.records import Session
+from tokensvc.storage.base import MAX_LISTED_SESSIONS, Sessions
+from tokensvc.storage.mongo.connection import Connection
+from tokensvc.storage.mongo.credentials import Credentials
+from tokensvc.storage.mongo.mapping import SESSIONS, stored
+from tokensvc.storage.mongo.retry import guarded
+
+
+class MongoSessions(Sessions):
+    """The sessions collection: one document per sign-in, removed by its TTL index."""
+
+    def __init__(self, connection: Connection, credentials: Credentials) -> None:
+        self.connection, self.credentials = connection, credentials
+        self.sessions = credentials.collections["sessions"]
+
+    @guarded()
+    async def add_session(self, session: Session) -> None:
+        await self.sessions.insert_one(SESSIONS.doc(session, await self.connection.writing()))
+
+    @guarded()
+    async def get_session(self, session_hash: str) -> Session | None:
+        session = SESSIONS.record(await self.credentials.one("sessions", SESSIONS.match(session_hash=session_hash)))
+        return None if session is None or session.ended_at is not None else session
+
+    @guarded()
+    async def end_session(self, session_hash: str, now: datetime) -> bool:
+        result = await self.credentials.write_one("sessions", session_hash, lambda: self.sessions.update_one(
+            SESSIONS.writable(session_hash=session_hash, ended_at=None),
+            {"$set": {"ended_at": now}}))
+        return result.modified_count == 1
+
+    @guarded()
+    async def list_user_sessions(self, user_id: str, now: datetime) -> list[Session]:
+        live = {"user_id": user_id, "ended_at": None, "expires_at": {"$gt": now}}
+        documents = await self.credentials.listing("sessions", lambda: self.sessions.find(live).sort(
+            [("last_seen_at", DESCENDING), ("_id", DESCENDING)]).limit(MAX_LISTED_SESSIONS).to_list(None))
+        return [session for session in map(SESSIONS.record, documents) if session.ended_at is None]
+
+    @guarded()
+    async def touch_session(self, session_hash: str, now: datetime) -> None:
+        await self.credentials.write_one("sessions", session_hash, lambda: self.sessions.update_one(
+            SESSIONS.writable(session_hash=session_hash), {"$set": {"last_seen_at": now}}))
+
+    @guarded()
+    async def end_user_sessions(self, user_id: str, now: datetime) -> int:
+        now = stored(now)
+        result = await self.sessions.update_many({"user_id": user_id, "ended_at": None}, {"$set": {"ended_at": now}})
+        return await self.credentials.swept(result, "sessions", {"user_id": user_id, "ended_at": now})
+
