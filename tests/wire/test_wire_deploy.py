@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pytest
 import requests
+from helpers import source_copy
 from primary import ReplicaSet
 from service import end, free_port, spawn, wait_for_http
 from test_deploy import DEPLOY, POD_IP, ROOT, SECRETS, dockerfile, pod_environment, service_names
@@ -39,7 +40,8 @@ def installed(tmp_path_factory) -> Path:
     # The build stage's command, its paths made this machine's (after splitting: a path here may
     # hold a space).
     command = [str(wheels) if arg == "/wheels" else arg for arg in shlex.split(build.last("RUN"))]
-    built = subprocess.run([sys.executable, "-m", *command[:-1], str(ROOT)], capture_output=True, text=True,
+    source = source_copy(work / "src")  # the build stage's WORKDIR, holding what it copies
+    built = subprocess.run([sys.executable, "-m", *command[:-1], str(source)], capture_output=True, text=True,
                            timeout=300, cwd=work)
     assert built.returncode == 0, built.stderr[-2000:]
     venv = work / "venv"
