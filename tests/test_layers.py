@@ -9,6 +9,8 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 from tokensvc.metrics import Metrics
 from tokensvc.oauth.metrics import ProtocolMetrics
 
@@ -25,6 +27,7 @@ print(json.dumps(sorted(sys.modules)))
 """
 
 
+@pytest.mark.process
 def test_the_protocol_layer_loads_no_configuration_framework_driver_or_metrics_library():
     """In a fresh interpreter (this one has loaded everything already)."""
     result = subprocess.run([sys.executable, "-c", PROGRAM], capture_output=True, text=True, timeout=120,
