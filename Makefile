@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 
-.PHONY: run test bench chaos clean
+.PHONY: run test check bench chaos clean
 
 $(BIN)/python:
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "tokensvc needs Python >= 3.11 (set PYTHON=...)")'
@@ -46,15 +46,29 @@ $(OLDEST_TORNADO)/.installed: setup.cfg | $(BIN)/python
 # a narrower run, call $(BIN)/python -m pytest directly.
 PYTEST := env -u PYTEST_ADDOPTS -u PYTEST_PLUGINS -u PYTEST_DISABLE_PLUGIN_AUTOLOAD $(BIN)/python -m pytest
 
+# The suite's files are spread over worker processes (pytest-xdist), whole files each, so that a
+# module's fixtures start once: most of the suite's time is spent waiting on real processes,
+# browsers and stores, so three workers keep two cores busy.
+WORKERS ?= 3
+
 # The linter and the type checker first; then pytest, which exits 5 when it collected no
 # test: that is a failure here, never a silent pass.
 test: $(VENV)/.installed-test $(OLDEST_TORNADO)/.installed
 	$(BIN)/ruff check tokensvc tests bench
 	$(BIN)/mypy
-	@$(PYTEST); status=$$?; \
+	@$(PYTEST) -n $(WORKERS) --dist loadfile; status=$$?; \
 	if [ $$status -eq 5 ]; then echo "make test: no tests ran" >&2; exit 1; fi; exit $$status
 	PYTHONPATH=$(OLDEST_TORNADO) $(BIN)/python -c 'import tornado; assert tornado.version == "$(TORNADO_OLDEST)", tornado.version; print("the response path on Tornado", tornado.version)'
 	PYTHONPATH=$(OLDEST_TORNADO) $(PYTEST) -q $(RESPONSE_PATH_TESTS)
+
+# The fast tier, for the inner loop (CONTRIBUTING.md, The test tiers): the protocol, the store
+# contract on memory and mongomock, the service over in-process HTTP. No process is started,
+# no browser, no wire tier, no previous release; a test that starts a process fails here.
+FAST := not (e2e or wire or upgrade or browser or process)
+
+check: $(VENV)/.installed-test
+	@TOKENSVC_TEST_TIER=check $(PYTEST) -q -p no:cacheprovider -n 2 --dist loadfile -m "$(FAST)"; status=$$?; \
+	if [ $$status -eq 5 ]; then echo "make check: no tests ran" >&2; exit 1; fi; exit $$status
 
 # Three rounds, medians: one 10-second run moves with the machine's noise.
 bench: $(VENV)/.installed-test

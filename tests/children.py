@@ -89,12 +89,25 @@ def descendants(root: int | None = None) -> set[Child]:
     return found
 
 
-def left_behind(before: set[Child], grace: float) -> list[Child]:
+def left_behind(before: set[Child], grace: float, *, beneath_before: bool = False) -> list[Child]:
     """The processes started since ``before`` that are still running after ``grace`` seconds
     (one that is ending, a browser's helper after the browser quit, gets that long); those
-    are then killed, and every new zombie of this process is reaped."""
+    are then killed, and every new zombie of this process is reaped. With ``beneath_before``,
+    a process started by one of ``before`` (a renderer of a browser a module shares) is that
+    process's own, not counted."""
+    earlier = {child.pid for child in before}
+
+    def started_by_earlier(child: Child, parents: dict[int, int]) -> bool:
+        pid = child.parent
+        while pid in parents and pid not in earlier:
+            pid = parents[pid]
+        return pid in earlier
+
     def running() -> list[Child]:
-        return [child for child in descendants() - before if child.alive]
+        now = descendants() - before
+        parents = {child.pid: child.parent for child in now}
+        return [child for child in now
+                if child.alive and not (beneath_before and started_by_earlier(child, parents))]
 
     try:
         wait_until(lambda: not running(), "the end of what the test started", grace, interval=0.02)

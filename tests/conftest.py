@@ -4,6 +4,7 @@ and the guard that fails a test leaving a process behind."""
 from __future__ import annotations
 
 import os
+import subprocess
 
 import children
 import pytest
@@ -62,6 +63,35 @@ def browser(http_client, base_url, clock):
     return Browser(http_client, base_url, clock)
 
 
+# -- the fast tier ------------------------------------------------------------------------------
+
+# `make check` runs the tests marked none of e2e, wire, upgrade, browser and process, with
+# TOKENSVC_TEST_TIER=check: there a test that starts a process fails, naming the marker it
+# lacks, so the fast tier stays what CONTRIBUTING.md says it is.
+FAST_TIER = os.environ.get("TOKENSVC_TEST_TIER") == "check"
+
+
+def _refuse(*args, **kwargs):
+    raise AssertionError("a test that starts a process belongs to `make test` only: mark it "
+                         "pytest.mark.process (or e2e when it starts the service)")
+
+
+if FAST_TIER:
+    subprocess.Popen._execute_child = _refuse  # type: ignore[attr-defined]
+    os.fork = _refuse
+
+
+SLOW_TIERS = ("e2e", "wire", "upgrade", "browser", "process")
+
+
+@pytest.hookimpl(trylast=True)  # after the wire and upgrade conftests have marked their tests
+def pytest_collection_modifyitems(items):
+    """The files of the slow tiers first: `make test` hands whole files to its workers in this
+    order, so the long ones start at once and the short ones fill the gaps."""
+    slow = {item.path for item in items if any(item.get_closest_marker(name) for name in SLOW_TIERS)}
+    items.sort(key=lambda item: item.path not in slow)
+
+
 # -- no process left behind ---------------------------------------------------------------------
 
 # How long a process a test started may take to end after the test (a browser's helpers after
@@ -81,7 +111,8 @@ def no_process_left_behind():
     ends; one that has not is killed, and the test fails naming it."""
     before = children.descendants()
     yield
-    left = children.left_behind(before, ENDING_SECONDS)
+    # A process a module's fixture started (a shared browser) may start processes of its own.
+    left = children.left_behind(before, ENDING_SECONDS, beneath_before=True)
     if left:
         pytest.fail("the test left processes running (now killed): "
                     + "; ".join(f"{child.pid} {child.command}" for child in left), pytrace=False)

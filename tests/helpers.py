@@ -8,10 +8,12 @@ import dataclasses
 import hashlib
 import html as html_module
 import re
+import shutil
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from http.cookies import SimpleCookie
+from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, urlencode, urlsplit
 
@@ -43,6 +45,20 @@ PASSWORDS = {"alice": "alice-password", "root": "root-password"}
 
 
 DIGEST = re.compile(r"(?<![0-9a-f])[0-9a-f]{64}(?![0-9a-f])")  # a SHA-256 digest in hex: a stored hash
+
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def source_copy(destination: Path) -> Path:
+    """What deploy/Dockerfile's build stage copies from the repository (the package and its
+    packaging files), copied to ``destination``: a wheel is built there, as the image builds
+    it, and never in the repository, which other tests read at the same time."""
+    destination.mkdir(parents=True, exist_ok=True)
+    for name in ("pyproject.toml", "setup.cfg", "README.md"):
+        shutil.copy2(ROOT / name, destination / name)
+    shutil.copytree(ROOT / "tokensvc", destination / "tokensvc")
+    return destination
 
 
 def hashes_of(secrets: set[str]) -> set[str]:

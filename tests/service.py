@@ -35,7 +35,11 @@ STOP_SECONDS = 30.0
 # Ports for processes to listen on are picked below the range the kernel hands to outgoing
 # connections (ip_local_port_range, 32768-60999 by default): a port picked there, free when it
 # is picked, can become the local end of a connection before the process binds it.
-PORTS = range(20000, 32768)
+# Under pytest-xdist each worker picks from its own slice of that range, so that workers never
+# hand out the same port.
+_WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+_WORKER = int(os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw"))
+PORTS = range(20000 + _WORKER, 32768, _WORKERS)
 _handed_out: set[int] = set()
 _handing = threading.Lock()
 _pick = random.Random()

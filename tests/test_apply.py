@@ -334,6 +334,7 @@ first_party = true
 OWN_SECRET = "own-app-secret-0123456789abcdef-0123"
 
 
+@pytest.mark.process
 def test_applying_a_confidential_clients_own_table_keeps_it_confidential(service, credentials, tmp_path):
     admin = ["--url", service.admin]
     ok(tokensvc("apply", "-f", write(tmp_path, OWN_APP + f'client_secret = "{OWN_SECRET}"\n', "made.toml"), *admin,
@@ -363,6 +364,7 @@ client_secret = "{WEBAPP_SECRET}"
 '''
 
 
+@pytest.mark.process
 def test_apply_names_the_configuration_files_entries_as_the_file_has_them_and_changes_none(service, credentials,
                                                                                             tmp_path):
     """The service's configuration file writes its entries at every start: apply may name them
@@ -390,6 +392,7 @@ admin = true
         assert entry not in planned
 
 
+@pytest.mark.process
 def test_a_partial_table_over_the_api_keeps_the_rest(service, credentials, tmp_path):
     admin = ["--url", service.admin]
     ok(tokensvc("apply", "-f", write(tmp_path, '''
@@ -412,6 +415,7 @@ logo_url = "https://partial.example/logo.png"
     assert after["description"] and after["logoUrl"]
 
 
+@pytest.mark.process
 def test_prune_never_removes_the_operator_running_it(service, credentials, tmp_path):
     mine = signed_in_admin(service, credentials, tmp_path, "opsprune")
     wanted = write(tmp_path, '[[users]]\nusername = "alice"\n')
@@ -430,6 +434,7 @@ def json_users(service, credentials) -> set[str]:
     return {user["username"] for user in json.loads(listed)}
 
 
+@pytest.mark.process
 def test_apply_over_the_api_runs_the_same_plan_as_on_the_store(service, credentials, tmp_path):
     admin = ["--url", service.admin]
     wanted = write(tmp_path, FILE)
@@ -497,6 +502,7 @@ def test_a_logo_given_as_a_path_is_served_here_on_the_store(run, config_path, tm
     assert run("apply", "-f", wanted)[1].splitlines()[-1] == "nothing to change (1 unchanged)"
 
 
+@pytest.mark.process
 def test_the_demos_own_logo_path_applies_over_the_api(service, credentials, tmp_path):
     admin = ["--url", service.admin]
     seeded = requests.get(service.base + "/oauth/clients/skyplanner", timeout=10).json()["logoUrl"]
@@ -546,6 +552,7 @@ def client_ids(service, credentials) -> set[str]:
     return {client["clientId"] for client in json.loads(listed)}
 
 
+@pytest.mark.process
 @pytest.mark.parametrize("change", ["admin = false", 'password = "a-brand-new-long-passphrase"'])
 def test_a_file_that_ends_its_runners_rights_applies_them_last(service, credentials, tmp_path, change):
     name = "ops" + str(len(change))
@@ -583,6 +590,7 @@ def json_user(service, credentials, username: str) -> dict:
     return next(user for user in json.loads(listed) if user["username"] == username)
 
 
+@pytest.mark.process
 def test_demoting_and_rekeying_the_runner_at_once_is_refused(service, credentials, tmp_path):
     mine = signed_in_admin(service, credentials, tmp_path, "opsboth")
     wanted = write(tmp_path, '''
@@ -723,6 +731,7 @@ def introspected(service, token: str, client_id: str, secret: str) -> requests.R
                          timeout=10)
 
 
+@pytest.mark.process
 def test_a_change_of_kind_keeps_a_resource_server_to_introspection_and_the_feed(service, credentials, tmp_path):
     """A client made a resource server keeps its id and secret, and nothing of the flow: the
     file says so (its redirect URIs and first-party flag emptied; its scopes go with the kind),

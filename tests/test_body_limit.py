@@ -82,6 +82,7 @@ def raw_request(port: int, head: bytes, body_pieces) -> bytes:
     return answer
 
 
+@pytest.mark.process
 def test_the_running_server_answers_413_past_its_own_limit(tmp_path):
     """Through ``tokensvc serve``: Tornado's own limit would answer a bare 400 and close."""
     service = start_service(tmp_path)

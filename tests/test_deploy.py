@@ -166,6 +166,7 @@ def test_the_image_installs_a_pinned_dependency_set_that_setup_cfg_allows_and_th
     assert (DEPLOY / "requirements.lock").read_text() == lock.render(pinned)
 
 
+@pytest.mark.process
 def test_the_config_of_the_image_and_the_pods_passes_config_check():
     checked = check_config(DEPLOY / "tokensvc.toml", SECRETS)
     assert checked.returncode == 0, checked.stderr
@@ -285,6 +286,7 @@ def test_one_grace_period_everywhere():
 OK_EXPOSURE = 2.0
 
 
+@pytest.mark.process
 @pytest.mark.skipif(shutil.which("systemd-analyze") is None,
                     reason="systemd-analyze is not installed (Debian: apt-get install systemd)")
 def test_the_systemd_unit_is_sandboxed_as_systemd_rates_ok(tmp_path):
@@ -298,6 +300,7 @@ def test_the_systemd_unit_is_sandboxed_as_systemd_rates_ok(tmp_path):
     assert float(found[1]) <= OK_EXPOSURE and found[2] == "OK", found[0]
 
 
+@pytest.mark.process
 def test_the_systemd_unit_stops_the_supervisor_alone_and_waits_for_the_drain():
     service = unit()["Service"]
     assert service["KillMode"] == "mixed" and service["KillSignal"] == "SIGTERM"

@@ -293,6 +293,7 @@ async def test_the_feed_s_metrics_count_readers_messages_openings_and_refusals(h
 # -- a graceful stop ---------------------------------------------------------------------------------
 
 
+@pytest.mark.process
 def test_a_graceful_stop_closes_every_reader_with_1012(tmp_path):
     """SIGTERM: the process stops accepting and tells each feed reader to go (1012, service
     restart) before it drains, so that its resource servers reconnect to another process."""

@@ -35,6 +35,7 @@ def running_with(marker: str) -> list[int]:
     return found
 
 
+@pytest.mark.process
 def test_the_guard_fails_a_test_that_leaves_a_process_and_ends_it(tmp_path):
     marker = f"left-{uuid.uuid4().hex}"
     sleeper = f"import time; time.sleep(300)  # {marker}"
@@ -92,6 +93,7 @@ def test_the_guard_fails_a_test_that_leaves_a_process_and_ends_it(tmp_path):
     assert running_with(marker) == []
 
 
+@pytest.mark.process
 def test_end_stops_the_whole_group_even_when_it_ignores_sigterm():
     marker = f"stubborn-{uuid.uuid4().hex}"
     stubborn = f"import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(300)  # {marker}"
@@ -105,6 +107,7 @@ def test_end_stops_the_whole_group_even_when_it_ignores_sigterm():
     assert process.returncode == -9 and running_with(marker) == []
 
 
+@pytest.mark.process
 def test_end_lets_the_workers_drain_after_their_leader_ended(tmp_path):
     """``--processes N``: the supervisor may end before its workers, which finish what they
     serve first; end() waits for the whole group, and kills none of it that ends in time."""
@@ -127,6 +130,7 @@ def test_end_lets_the_workers_drain_after_their_leader_ended(tmp_path):
     assert children.group_running(process.pid) == []
 
 
+@pytest.mark.process
 def test_end_returns_what_a_process_that_ended_by_itself_wrote():
     """A process found ended (its exit seen by poll(), as a wait for a service sees it) is not
     signalled, and what it wrote before it ended, which says why, is returned all the same."""
@@ -178,6 +182,7 @@ def test_the_wait_for_a_service_ends_it_at_the_deadline(monkeypatch):
     assert ended == [0]
 
 
+@pytest.mark.process
 def test_the_guard_sees_the_runs_descendants():
     process = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE)
     try:
@@ -211,11 +216,13 @@ def test_the_tests_clients_reach_loopback_whatever_proxy_the_caller_names(monkey
         server.server_close()
 
 
+@pytest.mark.process
 def test_make_test_runs_pytest_with_no_options_from_the_environment():
     """``make test``'s pytest (the Makefile's PYTEST) collects the suite as setup.cfg defines it,
     whatever PYTEST_ADDOPTS the caller has (here one that would deselect every test)."""
     collect = "collect: ; @$(PYTEST) --collect-only -q -p no:cacheprovider tests/test_harness.py"
-    result = subprocess.run(["make", "-s", "--no-print-directory", "--eval", collect, "collect"],
+    # The Makefile's PYTEST on this run's interpreter, wherever its environment lives.
+    result = subprocess.run(["make", "-s", "--no-print-directory", f"VENV={sys.prefix}", "--eval", collect, "collect"],
                             capture_output=True, text=True, timeout=120, cwd=TESTS.parent,
                             env={**os.environ, "PYTEST_ADDOPTS": "-k no_such_test"})
     assert result.returncode == 0, result.stdout + result.stderr

@@ -14,6 +14,8 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+import pytest
+
 import tokensvc
 from tokensvc.metrics import Metrics
 from tokensvc.oauth.metrics import ProtocolMetrics
@@ -31,6 +33,7 @@ print(json.dumps(sorted(sys.modules)))
 """
 
 
+@pytest.mark.process
 def test_the_protocol_layer_loads_no_configuration_framework_driver_or_metrics_library():
     """In a fresh interpreter (this one has loaded everything already)."""
     result = subprocess.run([sys.executable, "-c", PROGRAM], capture_output=True, text=True, timeout=120,

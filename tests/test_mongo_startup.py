@@ -140,6 +140,7 @@ async def test_readyz_is_503_until_start_up_has_prepared_the_store(http_client, 
     assert (await http_client.fetch(base_url + "/readyz")).code == 200
 
 
+@pytest.mark.process
 def test_readyz_waits_for_a_store_that_is_not_there(tmp_path):
     port = free_port()  # nothing listens there
     storage = (f'[storage]\nbackend = "mongodb"\nmongodb_uri = "mongodb://127.0.0.1:{port}"\n'

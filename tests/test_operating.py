@@ -164,6 +164,7 @@ def _child(directory: str, count: int) -> None:
     registry_metrics.websockets_open.inc()
 
 
+@pytest.mark.process
 def test_several_processes_give_one_view(tmp_path, monkeypatch):
     from prometheus_client import values
 
@@ -244,6 +245,7 @@ def _new_ids(count: int, queue=None) -> list[str]:
     return made
 
 
+@pytest.mark.process
 def test_new_request_ids_differ_in_every_worker():
     """Ids come from the process's pseudo-random generator: distinct, and not repeated by a
     forked worker (the generator is reseeded in the child)."""

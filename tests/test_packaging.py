@@ -5,17 +5,17 @@ from __future__ import annotations
 import subprocess
 import sys
 import zipfile
-from pathlib import Path
 
 import pytest
-
-ROOT = Path(__file__).resolve().parent.parent
+from helpers import source_copy
 
 
 @pytest.mark.e2e
 def test_the_wheel_builds_without_warnings_and_holds_the_data(tmp_path):
-    # Built as pip builds it for an install: in an isolated environment with a current setuptools.
-    result = subprocess.run([sys.executable, "-m", "pip", "wheel", str(ROOT), "--no-deps", "-v", "-w", str(tmp_path)],
+    # Built as pip builds it for an install: in an isolated environment with a current setuptools,
+    # from what the image's build copies (the package's __pycache__ directories included).
+    source = source_copy(tmp_path / "src")
+    result = subprocess.run([sys.executable, "-m", "pip", "wheel", str(source), "--no-deps", "-v", "-w", str(tmp_path)],
                             capture_output=True, text=True, timeout=300, cwd=tmp_path)
     assert result.returncode == 0, result.stderr[-2000:]
     output = result.stdout + result.stderr

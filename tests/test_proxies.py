@@ -197,6 +197,7 @@ def through_unix_socket(path: str, target: str, **headers: str) -> int:
         connection.close()
 
 
+@pytest.mark.process
 def test_a_proxy_on_this_host_is_believed_through_its_unix_socket_alone(tmp_path):
     """The service also listens on server.unix_socket (mode 0660: only the proxy's group opens
     it), and trusted_networks = ["unix"] believes X-Forwarded-For from that peer alone: a local

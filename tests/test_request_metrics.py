@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import os
 import re
-import time
 
 import pytest
 import requests
+from helpers import wait_until
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from service import start_service
 
@@ -108,16 +108,12 @@ def scraped(base: str) -> dict[str, float]:
 def wait_for_counts(base: str, ok: int, missing: int, deadline_seconds: float = 20) -> dict[str, float]:
     """Scrape until the route's 200s and 404s are ``ok`` and ``missing`` (another process's
     numbers arrive within a second), with a deadline."""
-    deadline = time.monotonic() + deadline_seconds
-    while True:
+    def counted() -> dict[str, float] | None:
         found = scraped(base)
-        counted = (found.get('tokensvc_http_requests_total{method="GET",route="/oauth/clients/{client_id}",'
-                             'status="200"}', 0), found.get('tokensvc_http_requests_total{method="GET",'
-                                                            'route="/oauth/clients/{client_id}",status="404"}', 0))
-        if counted == (ok, missing):
-            return found
-        assert time.monotonic() < deadline, (base, counted, found)
-        time.sleep(0.1)
+        route = 'tokensvc_http_requests_total{method="GET",route="/oauth/clients/{client_id}",status='
+        return found if (found.get(route + '"200"}', 0), found.get(route + '"404"}', 0)) == (ok, missing) else None
+
+    return wait_until(counted, f"{ok} 200s and {missing} 404s scraped at {base}", deadline_seconds, interval=0.1)
 
 
 @pytest.mark.e2e

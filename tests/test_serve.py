@@ -33,6 +33,7 @@ def one_line(result: subprocess.CompletedProcess) -> str:
     return lines[0]
 
 
+@pytest.mark.process
 def test_a_busy_port_is_one_line():
     with socket.socket() as busy:
         busy.bind(("127.0.0.1", 0))
@@ -42,6 +43,7 @@ def test_a_busy_port_is_one_line():
     assert line == f"tokensvc: 127.0.0.1:{port} is already in use; choose another with --port or TOKENSVC_PORT"
 
 
+@pytest.mark.process
 def test_the_json_log_mode_writes_a_refusal_as_a_json_line_too(tmp_path):
     """A log collector reads one JSON line per line: the refusal of a busy port, and of a
     configuration that is refused whole (its log_format read from the file all the same)."""
@@ -81,17 +83,20 @@ def test_start_up_names_every_problem_of_the_configuration_at_once(tmp_path):
         ["tokensvc", " storage.mongodb_uri"], ["tokensvc", " tokens.access_ttl"]], result.stderr
 
 
+@pytest.mark.process
 def test_a_host_that_does_not_resolve_is_one_line():
     line = one_line(serve(["--host", "no-such-host.invalid"]))
     assert line.startswith("tokensvc: cannot listen on 'no-such-host.invalid': the host does not resolve")
     assert "--host or TOKENSVC_HOST" in line
 
 
+@pytest.mark.process
 def test_an_address_not_of_this_machine_is_one_line():
     line = one_line(serve(["--host", "192.0.2.1", "--port", str(free_port())]))  # TEST-NET-1: never local
     assert "not an address of this machine" in line
 
 
+@pytest.mark.process
 @pytest.mark.parametrize("how", ["flag", "env", "file"])
 @pytest.mark.parametrize("port", ["-1", "0", "65536", "99999"])
 def test_a_port_outside_the_range_is_one_line(tmp_path, how, port):
@@ -124,6 +129,7 @@ def test_unset_public_urls_follow_the_listen_address():
     assert explicit.base_url == "https://auth.example" and explicit.auth_url == "http://127.0.0.1:9000"
 
 
+@pytest.mark.process
 def test_demo_config_on_another_port_works_end_to_end():
     admin_port = free_port()
     process, base = start_demo(admin_port, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -155,6 +161,7 @@ def test_in_process_listen_errors_are_command_errors(capsys):
                                        "choose another with --port or TOKENSVC_PORT\n")
 
 
+@pytest.mark.process
 def test_a_client_that_stops_mid_headers_is_dropped(tmp_path):
     from service import start_service
 
@@ -186,6 +193,7 @@ def test_connection_timeouts_have_defaults_and_are_checked():
         config.load(None, environ={"TOKENSVC_SERVER_BODY_TIMEOUT": "0"}, overrides={"demo": True})
 
 
+@pytest.mark.process
 def test_a_long_address_or_large_header_fields_get_an_answer_in_the_documented_shape(tmp_path):
     """A target over 64 KiB is 414 and header fields over 64 KiB are 431, in the route's shape
     (a JSON route's {"detail"}, a browser's navigation included; a page's error page), on both

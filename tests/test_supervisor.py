@@ -10,11 +10,11 @@ import re
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from helpers import wait_until
 
 HERE = Path(__file__).resolve().parent
 
@@ -34,10 +34,7 @@ class Supervised:
 
 
 def until(condition: Callable[[], object], what: str, timeout: float = 20) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, f"not within {timeout}s: {what}"
-        time.sleep(0.02)
+    wait_until(condition, what, timeout, interval=0.02)
 
 
 def alive(pid: int) -> bool:
@@ -64,6 +61,7 @@ def ready(directory: Path, slot: int) -> list[int]:
     return [int(path.name.rsplit("-", 1)[1]) for path in directory.glob(f"ready-{slot}-*")]
 
 
+@pytest.mark.process
 def test_a_stop_waits_for_every_worker_to_drain(tmp_path):
     supervised = Supervised("drain", tmp_path)
     until(lambda: ready(tmp_path, 0) and ready(tmp_path, 1), "two workers")
@@ -76,6 +74,7 @@ def test_a_stop_waits_for_every_worker_to_drain(tmp_path):
     assert "every worker has stopped" in supervised.output()
 
 
+@pytest.mark.process
 def test_a_worker_that_will_not_stop_is_killed_and_the_exit_code_says_so(tmp_path):
     supervised = Supervised("stubborn", tmp_path)
     until(lambda: deaf(tmp_path, 0) and deaf(tmp_path, 1), "two workers that will not stop")
@@ -86,6 +85,7 @@ def test_a_worker_that_will_not_stop_is_killed_and_the_exit_code_says_so(tmp_pat
     assert not any(alive(pid) for pid in pids)
 
 
+@pytest.mark.process
 def test_a_worker_that_keeps_dying_is_restarted_with_backoff_then_given_up(tmp_path):
     supervised = Supervised("crash", tmp_path)
     assert supervised.wait() == 1
@@ -97,6 +97,7 @@ def test_a_worker_that_keeps_dying_is_restarted_with_backoff_then_given_up(tmp_p
     assert not any(alive(pid) for pid in map(int, re.findall(r"started \(pid (\d+)\)", output)))
 
 
+@pytest.mark.process
 def test_orphans_are_reaped_and_a_killed_worker_is_restarted(tmp_path):
     supervised = Supervised("orphan", tmp_path)
     until(lambda: orphans(tmp_path, 0) and len(list(tmp_path.glob("ready-*"))) == 2, "the workers and an orphan")

@@ -15,11 +15,11 @@ import signal
 import subprocess
 import sys
 import sysconfig
-import time
 from pathlib import Path
 
 import pytest
 import requests
+from helpers import source_copy, wait_until
 from primary import ReplicaSet
 from service import end, free_port, spawn, wait_for_http
 from test_deploy import DEPLOY, POD_IP, ROOT, SECRETS, dockerfile, pod_environment, service_names
@@ -39,7 +39,8 @@ def installed(tmp_path_factory) -> Path:
     # The build stage's command, its paths made this machine's (after splitting: a path here may
     # hold a space).
     command = [str(wheels) if arg == "/wheels" else arg for arg in shlex.split(build.last("RUN"))]
-    built = subprocess.run([sys.executable, "-m", *command[:-1], str(ROOT)], capture_output=True, text=True,
+    source = source_copy(work / "src")  # the build stage's WORKDIR, holding what it copies
+    built = subprocess.run([sys.executable, "-m", *command[:-1], str(source)], capture_output=True, text=True,
                            timeout=300, cwd=work)
     assert built.returncode == 0, built.stderr[-2000:]
     venv = work / "venv"
@@ -75,16 +76,12 @@ def test_the_images_entrypoint_serves_from_the_wheel_and_stops_on_sigterm(instal
         with open(log, "w") as output:
             process = subprocess.Popen(argv, env=environ, stdout=output, stderr=subprocess.STDOUT, cwd=tmp_path)
         try:
-            deadline = time.monotonic() + 60
-            while True:
+            def ready() -> bool:
                 assert process.poll() is None, log.read_text()
-                try:
-                    if requests.get(f"http://127.0.0.1:{port}/readyz", timeout=5).status_code == 200:
-                        break
-                except (requests.ConnectionError, requests.Timeout):
-                    pass
-                assert time.monotonic() < deadline, log.read_text()
-                time.sleep(0.1)
+                return requests.get(f"http://127.0.0.1:{port}/readyz", timeout=5).status_code == 200
+
+            wait_until(ready, "the container's /readyz", 60, retry=(requests.ConnectionError, requests.Timeout),
+                       interval=0.1)
             process.send_signal(signal.SIGTERM)
             assert process.wait(60) == 0, log.read_text()
         finally:

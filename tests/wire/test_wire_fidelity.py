@@ -13,7 +13,7 @@ from datetime import datetime, timedelta
 
 import pytest
 from bson import Int64
-from helpers import DEADLINE, eventually
+from helpers import DEADLINE, eventually, wait_until
 from primary import Fault, ReplicaSet, wire_settings
 from pymongo import MongoClient
 from pymongo.errors import CursorNotFound, OperationFailure
@@ -234,10 +234,8 @@ def restarted(replica_set: ReplicaSet, client: MongoClient, index: int) -> None:
     address = tuple(replica_set.members[index].address.split(":"))
     address = (address[0], int(address[1]))
     replica_set.set_down(index)
-    deadline = time.monotonic() + DEADLINE
-    while client.topology_description.server_descriptions()[address].server_type != SERVER_TYPE.Unknown:
-        assert time.monotonic() < deadline, "the driver never saw the member go"
-        time.sleep(0.01)
+    wait_until(lambda: client.topology_description.server_descriptions()[address].server_type == SERVER_TYPE.Unknown,
+               "the driver seeing the member go", DEADLINE, interval=0.01)
     replica_set.set_down(index, down=False)
     client.admin.command("ping")
 
