@@ -15,11 +15,12 @@ $(BIN)/python:
 # warning (tests/test_packaging.py), so it is filtered here and nowhere else.
 EDITABLE := PYTHONWARNINGS="ignore:Editable installation"
 
-$(VENV)/.installed-run: $(BIN)/python setup.cfg pyproject.toml
+# tokensvc/__init__.py holds the version the package's metadata takes (setup.cfg's attr:).
+$(VENV)/.installed-run: $(BIN)/python setup.cfg pyproject.toml tokensvc/__init__.py
 	$(EDITABLE) $(BIN)/python -m pip install --quiet -e .
 	@touch $@
 
-$(VENV)/.installed-test: $(BIN)/python setup.cfg pyproject.toml
+$(VENV)/.installed-test: $(BIN)/python setup.cfg pyproject.toml tokensvc/__init__.py
 	$(EDITABLE) $(BIN)/python -m pip install --quiet -e '.[test]'
 	@touch $@ $(VENV)/.installed-run
 

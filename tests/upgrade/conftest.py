@@ -1,5 +1,7 @@
 """The upgrade tier: the previous release (from the project's history) and this tree as real
-``tokensvc serve`` processes on one wire-tier primary (tests/wire/primary.py)."""
+``tokensvc serve`` processes on one wire-tier primary (tests/wire/primary.py). What only the
+oldest release whose store this tree still reads does (0.9.0: its format, its ways) is tested
+against that release (``oldest``)."""
 
 from __future__ import annotations
 
@@ -25,6 +27,12 @@ def pytest_collection_modifyitems(items):
 def previous(tmp_path_factory) -> releases.Installed:
     """The release before this one, ready to run."""
     return releases.install(releases.previous(), tmp_path_factory.mktemp("releases"))
+
+
+@pytest.fixture(scope="session")
+def oldest(tmp_path_factory) -> releases.Installed:
+    """The oldest release whose store this one still reads (0.9.0), ready to run."""
+    return releases.install(releases.oldest(), tmp_path_factory.mktemp("releases"))
 
 
 @pytest.fixture

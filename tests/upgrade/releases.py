@@ -1,5 +1,7 @@
 """The previous release, from the project's own history: the newest tag ``v<version>`` on this
-branch older than the package's version, its tree taken out with ``git archive``.
+branch older than the package's version (a development version, ``0.11.0.dev0``, comes after
+0.10.0), its tree taken out with ``git archive``; and the oldest release whose store this one
+still reads (:func:`oldest`), for what only that release does.
 
 It runs from that tree with this environment's interpreter and packages (``PYTHONPATH`` names
 the tree, the working directory is the tree, so its ``tokensvc`` is the one imported) when this
@@ -21,7 +23,7 @@ from pathlib import Path
 from packaging.requirements import Requirement
 
 from tokensvc import __version__
-from tokensvc.storage.mongo.format import release_key
+from tokensvc.storage.mongo.format import HISTORY, release_key
 
 ROOT = Path(__file__).resolve().parent.parent.parent
 
@@ -50,15 +52,31 @@ def _git(*args: str) -> str:
 
 # Each release's commit, as its tag names it: a checkout that came without tags (a CI system
 # that fetches the branch alone) still finds the previous release in the history it has.
-RELEASED = {"0.9.0": "d4258688babc12003c53eb7cedce5822dd5b3650"}
+RELEASED = {"0.9.0": "d4258688babc12003c53eb7cedce5822dd5b3650",
+            "0.10.0": "a6c35a84df343ff6f5b368181275c51964f876b4"}
+
+
+def _tags() -> dict[str, str]:
+    return {tag[1:]: tag for tag in _git("tag", "--list", "v*", "--merged", "HEAD").split()}
 
 
 def previous(current: str = __version__) -> Release:
-    tags = {tag[1:]: tag for tag in _git("tag", "--list", "v*", "--merged", "HEAD").split()}
+    tags = _tags()
     versions = [version for version in {*tags, *RELEASED} if release_key(version) < release_key(current)]
     if not versions:
         raise AssertionError(f"no release before {current} is known: tag it v<version> and add it to RELEASED")
-    version = max(versions, key=release_key)
+    return named(max(versions, key=release_key), tags)
+
+
+def oldest() -> Release:
+    """The release that first wrote the oldest format this one reads (0.9.0: format 1), whose
+    store this release still upgrades."""
+    return named(HISTORY.first_release_of(HISTORY.oldest))
+
+
+def named(version: str, tags: dict[str, str] | None = None) -> Release:
+    """The release ``version``, by its tag or by its commit in :data:`RELEASED`."""
+    tags = _tags() if tags is None else tags
     if version in tags:
         return Release(version, tags[version], _git("rev-parse", f"{tags[version]}^{{commit}}").strip())
     commit = RELEASED[version]

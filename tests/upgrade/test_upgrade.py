@@ -6,11 +6,16 @@ The invariant: no credential dies of the upgrade. Every credential either releas
 (access and refresh tokens, codes, session cookies, installation tokens) is served by the
 other; a refresh chain may alternate between them; a revocation or a sign-out at one holds at
 the other; processes restart in any order and come up, and none of them drops an index the
-other relies on; finalize is refused while a process of the previous release is connected;
-after it, with only this release's processes, every credential issued before still works and
-no row of the old format is left; the previous release then refuses to start (answering, until
-it stops, from the old format, never ready), and one run anyway is seen; nothing this release
-writes holds a hash."""
+other relies on; nothing this release writes holds a hash. The previous release writes the
+store's format as this one does, so finalize raises nothing, and it serves what this one
+issued once this one's processes stop (a rollback).
+
+From 0.9.0 (fixture ``oldest``; "the previous release" of those tests, the older of the
+deployment), whose format this release still reads: finalize is refused while a process of it
+is connected; after it, with only this release's processes, every credential issued before
+still works and no row of the old format is left; 0.9.0 then refuses to start (answering, until
+it stops, from the old format, never ready), and one run anyway is seen. What 0.9.0 drops when
+it rewrites a document this release wrote loses nothing and grants nothing."""
 
 from __future__ import annotations
 
@@ -26,7 +31,7 @@ from primary import Fault, ReplicaSet
 from service import NOWHERE, WEBAPP_SECRET, Service, answer_when_read, start_service
 
 from tokensvc import __version__, cli
-from tokensvc.storage.mongo.format import TRIPWIRE
+from tokensvc.storage.mongo.format import TRIPWIRE, release_key
 
 HEARTBEAT = 1  # storage.heartbeat_seconds of this release's processes: finalize waits for one
 
@@ -197,8 +202,108 @@ def indexes(primary: ReplicaSet) -> dict[str, list[str]]:
     return {name: sorted(db[name].index_information()) for name in sorted(db.list_collection_names())}
 
 
-def test_a_rolling_upgrade_then_finalize_signs_no_one_out(primary, previous, tmp_path_factory, capsys):
+def each_serves_the_others(old: Service, new: Service, alice: Browser) -> None:
+    """What either release issues works at the other: a session cookie, a code, access and
+    refresh tokens, installation tokens; a sign-out and revocations at one hold at both."""
+    for issuer, other in ((old, new), (new, old)):
+        browser = Browser("bob", "copper-fern-meadow").sign_in(issuer.base)
+        assert browser.me(other.base) == 200  # the session cookie
+        tokens = exchange(other.base, browser.code(issuer.base))  # a code
+        assert works(issuer.base, tokens) and works(other.base, tokens)  # an access token
+        tokens = refresh(other.base, tokens)
+        assert works(issuer.base, tokens)  # a refresh token
+        paired = exchange(other.base, alice.code(issuer.base, "node-agent", "backyard-scope"), "node-agent")
+        paired = refresh(other.base, paired)
+        assert works(issuer.base, paired)  # installation tokens
+        # Acting on the other's records: a sign-out, and revocations of tokens in force, hold at both.
+        session = cookie_of(browser)
+        browser.sign_out(other.base)
+        assert session.get(issuer.base + "/v1/me", timeout=30).status_code == 401
+        revoke(other.base, paired)  # a family (RFC 7009)
+        assert not works(issuer.base, paired) and not works(other.base, paired)
+        revoke_grant(other.base, tokens)  # bob's grant to the web app, whole
+        assert not works(issuer.base, tokens)
+        assert requests.post(issuer.base + "/oauth/token/refresh", timeout=30, auth=("webapp", WEBAPP_SECRET),
+                             data={"refresh_token": tokens["refresh_token"]}).status_code == 400
+
+
+def alternated(chain: dict, old: Service, new: Service) -> dict:
+    """A refresh chain alternating between the releases keeps working: its last pair."""
+    for base in (new.base, old.base, new.base, old.base):
+        chain = refresh(base, chain)
+        assert works(old.base, chain) and works(new.base, chain)
+    return chain
+
+
+def restarted(deployment: Deployment, old: Service, new: Service) -> tuple[Service, Service]:
+    """Each process restarted, the previous release's first: each comes up, and none drops an
+    index another relies on."""
+    made = indexes(deployment.primary)
+    for release, service in (("previous", old), ("current", new)):
+        deployment.stop(service)
+        started = deployment.start(release)
+        old, new = (started, new) if release == "previous" else (old, started)
+        assert indexes(deployment.primary) == made
+    assert deployment.primary.sent("dropIndexes") == []
+    return old, new
+
+
+def test_a_rolling_upgrade_signs_no_one_out_and_leaves_nothing_to_finalize(primary, previous, tmp_path_factory,
+                                                                           capsys):
+    """The previous release and this one write the same format: side by side, each serves what
+    the other issued, a refresh chain alternates between them, presentations arriving together
+    at both get one pair, restarts drop no index; nothing blocks finalize and it raises nothing;
+    the previous release, alone again (a rollback), serves every credential this one issued."""
     deployment = Deployment(primary, previous, tmp_path_factory)
+    try:
+        old = deployment.start("previous")
+        assert requests.get(old.base + "/healthz", timeout=5).json() == {"status": "ok", "version": previous.version}
+        alice = Browser().sign_in(old.base)
+        issued_before = {"pending code": alice.code(old.base), "tokens": exchange(old.base, alice.code(old.base))}
+
+        new = deployment.start("current")
+        assert requests.get(new.base + "/healthz", timeout=5).json() == {"status": "ok", "version": __version__}
+        code, out, _ = deployment.storage(capsys, "status", "--json")
+        status = json.loads(out)
+        assert code == 0 and (status["format"], status["compatibility"]) == (2, 2)
+        assert status["finalizeBlockers"] == [] and status["warnings"] == []
+        assert {seen["release"] for seen in status["connections"]} == {previous.version, __version__}
+        assert [(seen["release"], seen["how"]) for seen in status["releasesSeen"]] == [
+            (release, ["opened the store", "running", "connected"]) for release in (previous.version, __version__)]
+
+        each_serves_the_others(old, new, alice)
+        chain = alternated(issued_before["tokens"], old, new)
+        # Arriving together, one at each release: the one pair both derive.
+        with ThreadPoolExecutor(2) as pool:
+            together = list(pool.map(lambda base, tokens=chain: refresh(base, tokens), [old.base, new.base]))
+        assert together[0]["refresh_token"] == together[1]["refresh_token"]
+        chain = together[0]
+        assert works(old.base, chain) and works(new.base, chain)
+        old, new = restarted(deployment, old, new)
+        assert works(old.base, chain) and works(new.base, chain) and alice.me(new.base) == 200
+
+        # Finalize, the previous release still serving: nothing to raise, nothing refused.
+        code, _, err = deployment.storage(capsys, "finalize")
+        assert code == 0, err
+        assert primary.db["tokensvc"]["meta"].find_one({"_id": "format"})["compatibility"] == 2
+        # This release's credentials, its processes stopped: the previous release serves them all.
+        bob = Browser("bob", "copper-fern-meadow").sign_in(new.base)
+        issued_here = {"code": bob.code(new.base), "tokens": refresh(new.base, exchange(new.base, bob.code(new.base)))}
+        deployment.stop(new)
+        assert bob.me(old.base) == 200 and alice.me(old.base) == 200
+        assert works(old.base, refresh(old.base, issued_here["tokens"]))
+        assert works(old.base, exchange(old.base, issued_here["code"]))
+        assert works(old.base, exchange(old.base, issued_before["pending code"]))
+        assert works(old.base, refresh(old.base, chain))
+    finally:
+        outputs = deployment.close()
+    assert not any("Traceback" in output for output in outputs), outputs
+    assert not DIGEST.search(deployment.written()), DIGEST.search(deployment.written())  # no hash, ever
+
+
+def test_a_rolling_upgrade_then_finalize_signs_no_one_out(primary, oldest, tmp_path_factory, capsys):
+    """From 0.9.0, whose format (1) this release converts at finalize."""
+    deployment = Deployment(primary, oldest, tmp_path_factory)
     try:
         # The deployment as it runs today: the previous release, with what users hold.
         old = deployment.start("previous")
@@ -223,32 +328,10 @@ def test_a_rolling_upgrade_then_finalize_signs_no_one_out(primary, previous, tmp
         assert metric(new, 'tokensvc_store_migration_pending{migration="packed-hashes"}') == 1
 
         # What either issues works at the other.
-        for issuer, other in ((old, new), (new, old)):
-            browser = Browser("bob", "copper-fern-meadow").sign_in(issuer.base)
-            assert browser.me(other.base) == 200  # the session cookie
-            tokens = exchange(other.base, browser.code(issuer.base))  # a code
-            assert works(issuer.base, tokens) and works(other.base, tokens)  # an access token
-            tokens = refresh(other.base, tokens)
-            assert works(issuer.base, tokens)  # a refresh token
-            paired = exchange(other.base, alice.code(issuer.base, "node-agent", "backyard-scope"), "node-agent")
-            paired = refresh(other.base, paired)
-            assert works(issuer.base, paired)  # installation tokens
-            # Acting on the other's records: a sign-out, and revocations of tokens in force, hold at both.
-            session = cookie_of(browser)
-            browser.sign_out(other.base)
-            assert session.get(issuer.base + "/v1/me", timeout=30).status_code == 401
-            revoke(other.base, paired)  # a family (RFC 7009)
-            assert not works(issuer.base, paired) and not works(other.base, paired)
-            revoke_grant(other.base, tokens)  # bob's grant to the web app, whole
-            assert not works(issuer.base, tokens)
-            assert requests.post(issuer.base + "/oauth/token/refresh", timeout=30, auth=("webapp", WEBAPP_SECRET),
-                                 data={"refresh_token": tokens["refresh_token"]}).status_code == 400
+        each_serves_the_others(old, new, alice)
 
         # A refresh chain alternating between the releases keeps working.
-        chain = issued_before["tokens"]
-        for base in (new.base, old.base, new.base, old.base):
-            chain = refresh(base, chain)
-            assert works(old.base, chain) and works(new.base, chain)
+        chain = alternated(issued_before["tokens"], old, new)
         # Presentations arriving together at this release get the one pair it derived, an
         # ordinary pair to the previous release; a pair the previous release issued (random,
         # the family's serial and key id left as they were) is never taken for one: a
@@ -267,13 +350,7 @@ def test_a_rolling_upgrade_then_finalize_signs_no_one_out(primary, previous, tmp
         issued_before["code at the new release"] = Browser().sign_in(new.base).code(new.base)
 
         # Restarts in any order come up, and no process drops an index another relies on.
-        made = indexes(primary)
-        for release, service in (("previous", old), ("current", new)):
-            deployment.stop(service)
-            started = deployment.start(release)
-            old, new = (started, new) if release == "previous" else (old, started)
-            assert indexes(primary) == made
-        assert primary.sent("dropIndexes") == []
+        old, new = restarted(deployment, old, new)
         assert works(old.base, chain) and works(new.base, chain) and alice.me(new.base) == 200
 
         # Finalize waits for the previous release to be gone.
@@ -373,9 +450,10 @@ def test_processes_of_both_releases_starting_together_all_come_up(primary, previ
     """Two processes of each release starting at once on a store the previous release wrote:
     every one serves, each serves the others' credentials, and no index is dropped.
 
-    The previous release stored a username as written (``users add Carol``). This release finds
-    it whatever the case it is typed in: its configuration naming ``carol`` takes that user (on
-    MongoDB 0.9.0 added a second one, Carol's twin), and Carol signs in as CAROL."""
+    The previous release stored a username with capitals (``users add Carol``). This release
+    finds it whatever the case it is typed in, through an index the previous release does not
+    make: its configuration naming ``carol`` takes that user (where 0.9.0 added a second one on
+    MongoDB, Carol's twin), and Carol signs in as CAROL."""
     import os
     import subprocess
 
@@ -404,14 +482,14 @@ def test_processes_of_both_releases_starting_together_all_come_up(primary, previ
     assert not any("Traceback" in output for output in outputs), outputs
 
 
-def test_processes_of_this_release_starting_together_drop_a_retired_index_once(primary, previous, tmp_path_factory,
+def test_processes_of_this_release_starting_together_drop_a_retired_index_once(primary, oldest, tmp_path_factory,
                                                                                capsys):
     """Four processes starting at once on a store holding an index 0.9.0 replaced: one drops
     it, the others find it gone, and every one serves. Beside them, on the same server, the
     previous release serves another database: none of this store's concern (no warning at any
     heartbeat, nothing connected in ``storage status``)."""
     primary.db["tokensvc"]["families"].create_index([("grant_id", 1)], name="grant_id")
-    deployment = Deployment(primary, previous, tmp_path_factory)
+    deployment = Deployment(primary, oldest, tmp_path_factory)
     try:
         with ThreadPoolExecutor(5) as pool:
             elsewhere = pool.submit(deployment.start, "previous", database="third")
@@ -434,7 +512,7 @@ def test_processes_of_this_release_starting_together_drop_a_retired_index_once(p
     assert not any("Traceback" in output for output in outputs), outputs
 
 
-def test_the_previous_release_started_while_finalize_raises_the_version_stops_at_start_up(primary, previous,
+def test_the_previous_release_started_while_finalize_raises_the_version_stops_at_start_up(primary, oldest,
                                                                                           tmp_path_factory, capsys):
     """Finalize places its tripwire before it raises the compatibility version, and looks at who
     is connected in between: with the raise held, a process of the previous release started
@@ -442,7 +520,7 @@ def test_the_previous_release_started_while_finalize_raises_the_version_stops_at
     credential as unknown), and the raise then goes on."""
     import threading
 
-    deployment = Deployment(primary, previous, tmp_path_factory)
+    deployment = Deployment(primary, oldest, tmp_path_factory)
     try:
         old = deployment.start("previous")
         deployment.start("current")
@@ -480,14 +558,15 @@ def test_the_previous_release_started_while_finalize_raises_the_version_stops_at
 def test_each_release_is_found_by_its_tag_and_without_it(monkeypatch):
     # A checkout without tags still finds the previous release by its recorded commit; with
     # tags, the tag and the record name the same commit.
-    found = releases.previous()
-    assert found.commit == releases.RELEASED[found.version]
+    found, oldest = releases.previous(), releases.oldest()
+    assert found.commit == releases.RELEASED[found.version] and oldest.commit == releases.RELEASED[oldest.version]
+    assert oldest.version == "0.9.0" and release_key(oldest.version) < release_key(found.version)
     real_git = releases._git
     monkeypatch.setattr(releases, "_git", lambda *args: "" if args[0] == "tag" else real_git(*args))
-    assert releases.previous() == found
+    assert releases.previous() == found and releases.oldest() == oldest
 
 
-def test_a_family_keeps_this_releases_fields_through_the_previous_releases_rotation(primary, previous,
+def test_a_family_keeps_this_releases_fields_through_the_previous_releases_rotation(primary, oldest,
                                                                                      tmp_path_factory):
     """This release's family fields (the successor's serial, salt and key id, the access token
     the last rotation replaced, a second holder) survive a rotation by the previous release,
@@ -496,7 +575,7 @@ def test_a_family_keeps_this_releases_fields_through_the_previous_releases_rotat
     the family lives on). A code exchanged here and presented again there, within the grace and
     while its pair is unused, is exchanged again by the previous release: its own rule, as
     CHANGELOG.md says (the first pair dies)."""
-    deployment = Deployment(primary, previous, tmp_path_factory)
+    deployment = Deployment(primary, oldest, tmp_path_factory)
     try:
         old, new = deployment.start("previous"), deployment.start("current")
         browser = Browser().sign_in(new.base)
@@ -530,7 +609,7 @@ RESOURCE_SERVER = ('\n[[clients]]\nclient_id = "notes-api"\nname = "Notes API"\n
                    'client_secret = "notes-api-upgrade-secret-0123456789abcdef01"\n')
 
 
-def test_a_resource_server_the_previous_release_rewrote_may_do_nothing(primary, previous, tmp_path_factory):
+def test_a_resource_server_the_previous_release_rewrote_may_do_nothing(primary, oldest, tmp_path_factory):
     """The previous release replaces a client's whole document when it rotates its secret, and
     drops ``kind``: what is left is a third-party client with no redirect URI and no scope, which
     this release lets neither introspect, nor read the revocation feed, nor start an
@@ -538,7 +617,7 @@ def test_a_resource_server_the_previous_release_rewrote_may_do_nothing(primary, 
     import os
     import subprocess
 
-    deployment = Deployment(primary, previous, tmp_path_factory)
+    deployment = Deployment(primary, oldest, tmp_path_factory)
     try:
         old = deployment.start("previous")  # first: the store is then one the previous release reads
         new = deployment.start("current", extra=RESOURCE_SERVER)
@@ -549,9 +628,9 @@ def test_a_resource_server_the_previous_release_rewrote_may_do_nothing(primary, 
 
         assert introspect("notes-api-upgrade-secret-0123456789abcdef01").json() == {"active": False}
         rotated = subprocess.run(
-            [previous.python, "-m", "tokensvc", "clients", "rotate-secret", "notes-api", "--config",
-             str(old.log_path.parent / "tokensvc.toml")], capture_output=True, text=True, cwd=previous.cwd,
-            env={**os.environ, **previous.env}, timeout=60)
+            [oldest.python, "-m", "tokensvc", "clients", "rotate-secret", "notes-api", "--config",
+             str(old.log_path.parent / "tokensvc.toml")], capture_output=True, text=True, cwd=oldest.cwd,
+            env={**os.environ, **oldest.env}, timeout=60)
         assert rotated.returncode == 0, rotated.stderr
         secret = rotated.stdout.split("client_secret: ")[1].split()[0]
         document = primary.db["tokensvc"]["clients"].find_one({"_id": "notes-api"})
@@ -589,7 +668,7 @@ def proves(base: str, secret: str) -> bool:
     return answer.status_code == 200
 
 
-def test_a_previous_secret_outlives_the_previous_release_rewriting_its_client(primary, previous, tmp_path_factory,
+def test_a_previous_secret_outlives_the_previous_release_rewriting_its_client(primary, oldest, tmp_path_factory,
                                                                               capsys):
     """A rotation at this release keeps the old secret for an hour; the previous release then
     rewrites the client's document whole (its start-up seeding, from a configuration that now
@@ -605,7 +684,7 @@ def test_a_previous_secret_outlives_the_previous_release_rewriting_its_client(pr
 
     old_secret = "rolling-old-secret-0123456789abcdef"
     digest = hashing.digest(old_secret)
-    deployment = Deployment(primary, previous, tmp_path_factory)
+    deployment = Deployment(primary, oldest, tmp_path_factory)
     try:
         old = deployment.start("previous", extra=ROLLING.format(digest=digest, description="First"))
         new = deployment.start("current", extra=ROLLING.format(digest=digest, description="First"))
@@ -650,9 +729,9 @@ def test_a_previous_secret_outlives_the_previous_release_rewriting_its_client(pr
 def test_a_generated_secret_the_previous_release_rewrote_is_limited_until_rotated_again(primary, previous,
                                                                                        tmp_path_factory, capsys):
     """A secret this release generated (a rotation) is recorded as such, and its right answer is
-    never refused by a limit. The previous release then rewrites the client's document whole (its
-    seeding, from a configuration that names that very secret), dropping the record: this
-    release limits the secret again, as it limits one set by hand, until it rotates it. An older
+    never refused by a limit. The previous release then sets another secret (its seeding, from a
+    configuration that names one set by hand), which it does without that record: this release
+    limits the client again, as it limits any secret set by hand, until it rotates it. An older
     process never makes a secret exempt; it can only take an exemption away."""
     from tokensvc.oauth import hashing
 
@@ -674,12 +753,15 @@ def test_a_generated_secret_the_previous_release_rewrote_is_limited_until_rotate
         assert [answered("guess") for _ in range(11)] == [401] * 10 + [429]
         assert answered(generated) == 200
         deployment.stop(old)
-        old = deployment.start("previous", extra=ROLLING.format(digest=hashing.digest(generated), description="Second"))
+        set_by_hand = "rolling-set-by-hand-again-0123456789abcdef"
+        old = deployment.start("previous", extra=ROLLING.format(digest=hashing.digest(set_by_hand),
+                                                                 description="Second"))
         document = clients.find_one({"_id": "rolling"})
-        assert document["secret_hash"] == hashing.digest(generated) and "generated_secret_hash" not in document
+        assert document["secret_hash"] == hashing.digest(set_by_hand)
+        assert document.get("generated_secret_hash") != document["secret_hash"]
         # Limited again: once its key is over the limit, the right secret is answered as a wrong one.
         assert [answered("guess") for _ in range(10)] == [401] * 10
-        assert answered(generated) == 429 and answered("guess") == 429
+        assert answered(set_by_hand) == 429 and answered("guess") == 429
         # Rotated at this release, it is generated again, and answered.
         assert cli.main(rotate) == 0
         rotated = json.loads(capsys.readouterr().out)["clientSecret"]
@@ -689,7 +771,7 @@ def test_a_generated_secret_the_previous_release_rewrote_is_limited_until_rotate
     assert not any("Traceback" in output for output in outputs), outputs
 
 
-def test_a_client_under_removal_stays_gone_when_the_previous_release_writes_it_back(primary, previous,
+def test_a_client_under_removal_stays_gone_when_the_previous_release_writes_it_back(primary, oldest,
                                                                                    tmp_path_factory, capsys):
     """A removal at this release stops after its record (the store refuses the sweep); the
     previous release then restarts and its seeding writes the client's document back whole. At
@@ -698,7 +780,7 @@ def test_a_client_under_removal_stays_gone_when_the_previous_release_writes_it_b
     tokens too, and the document deleted again."""
     from primary import Fault
 
-    deployment = Deployment(primary, previous, tmp_path_factory)
+    deployment = Deployment(primary, oldest, tmp_path_factory)
     try:
         old = deployment.start("previous")
         new = deployment.start("current")
@@ -790,7 +872,7 @@ def closed_while_reading_the_feed(base: str, client_id: str, secret: str, action
     return asyncio.run(read())
 
 
-def test_a_demotion_outlives_the_previous_release_rewriting_the_user(primary, previous, tmp_path_factory, capsys):
+def test_a_demotion_outlives_the_previous_release_rewriting_the_user(primary, oldest, tmp_path_factory, capsys):
     """This release demotes carol: the write carries the user's mark (``narrowed_at``), which
     this release's relay hears, and its revocation feed names her. The previous release then
     replaces her whole document (its ``users set-password --keep-grants``), dropping the mark: the
@@ -801,7 +883,7 @@ def test_a_demotion_outlives_the_previous_release_rewriting_the_user(primary, pr
     import os
     import subprocess
 
-    deployment = Deployment(primary, previous, tmp_path_factory)
+    deployment = Deployment(primary, oldest, tmp_path_factory)
     users = primary.db["tokensvc"]["users"]
     try:
         old = deployment.start("previous", extra=AN_ADMINISTRATOR.format(admin="true"))
@@ -819,9 +901,9 @@ def test_a_demotion_outlives_the_previous_release_rewriting_the_user(primary, pr
 
         # The previous release rewrites her whole document: the mark is gone, the demotion holds.
         rewritten = subprocess.run(
-            [previous.python, "-m", "tokensvc", "users", "set-password", "carol", "--keep-grants", "--password-stdin",
+            [oldest.python, "-m", "tokensvc", "users", "set-password", "carol", "--keep-grants", "--password-stdin",
              "--config", str(old.log_path.parent / "tokensvc.toml")], input="cobalt-meadow-lantern\n",
-            capture_output=True, text=True, cwd=previous.cwd, env={**os.environ, **previous.env}, timeout=60)
+            capture_output=True, text=True, cwd=oldest.cwd, env={**os.environ, **oldest.env}, timeout=60)
         assert rewritten.returncode == 0, rewritten.stderr
         document = users.find_one({"_id": carol["_id"]})
         assert "narrowed_at" not in document and document["admin"] is False

@@ -98,8 +98,12 @@ FORMAT_1_COLLECTIONS = ("clients", "users", "installations", "grants", "codes", 
 
 
 def release_key(release: str) -> tuple[int, ...]:
-    """A release's version as numbers, for ordering (``0.10.0`` after ``0.9.0``)."""
-    return tuple(int(part) for part in re.findall(r"\d+", release)[:3])
+    """A release's version as numbers, for ordering (``0.10.0`` after ``0.9.0``). A development
+    version (PEP 440, ``0.11.0.dev0``) comes after the releases before its own, and before that
+    one (``0.10.0`` < ``0.11.0.dev0`` < ``0.11.0``)."""
+    numbers = [int(part) for part in re.findall(r"\d+", release.split(".dev", 1)[0])[:3]]
+    development = re.fullmatch(r".*\.dev(\d+)", release)
+    return (*numbers, *[0] * (3 - len(numbers)), *((0, int(development[1])) if development else (1, 0)))
 
 
 @dataclass(slots=True)
