@@ -450,10 +450,10 @@ def test_processes_of_both_releases_starting_together_all_come_up(primary, previ
     """Two processes of each release starting at once on a store the previous release wrote:
     every one serves, each serves the others' credentials, and no index is dropped.
 
-    The previous release stored a username with capitals (``users add Carol``). This release
-    finds it whatever the case it is typed in, through an index the previous release does not
-    make: its configuration naming ``carol`` takes that user (where 0.9.0 added a second one on
-    MongoDB, Carol's twin), and Carol signs in as CAROL."""
+    The previous release stored ``users add Carol`` under her key (``carol``). This release,
+    which looks usernames up through an index the previous release does not make (and does not
+    drop), finds her whatever the case it is typed in: its configuration naming ``carol`` takes
+    that user, and Carol signs in as CAROL."""
     import os
     import subprocess
 
@@ -474,7 +474,8 @@ def test_processes_of_both_releases_starting_together_all_come_up(primary, previ
         assert primary.sent("dropIndexes") == []
         users = primary.db["tokensvc"]["users"]
         assert [user["username"] for user in users.find({"username": {"$regex": "^carol$", "$options": "i"}})] \
-            == ["Carol"]
+            == ["carol"]
+        assert "username_caseless" in users.index_information()
         Browser("CAROL", "juniper-vault-cascade").sign_in(services[1].base)  # the file's password, set on Carol
         Browser("Carol", "juniper-vault-cascade").sign_in(services[0].base)
     finally:
