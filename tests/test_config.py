@@ -736,3 +736,64 @@ def test_a_list_from_the_environment_is_a_json_array_or_comma_separated(tmp_path
     with pytest.raises(ConfigError, match=r"^TOKENSVC_PROXY_TRUSTED_NETWORKS: a list is a JSON array of strings, or "
                                           r"comma-separated, got '\[\"10.0.0.0/8\"'$"):
         config.load(path, environ={"TOKENSVC_PROXY_TRUSTED_NETWORKS": '["10.0.0.0/8"'})
+
+
+# -- no problem shows a secret -----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("uri", [
+    "mongdb://tokensvc:S3cr3tPW@db1.example/?replicaSet=rs0",  # a scheme misspelt
+    '"mongodb://tokensvc:S3cr3tPW@db1.example/?replicaSet=rs0"',  # quoted, as docker --env-file keeps it
+    "'mongodb://tokensvc:S3cr3tPW@db1.example/?replicaSet=rs0'",
+    "mongodb://tokensvc:S3cr3t/PW@db1.example/?replicaSet=rs0",  # a '/' in the password, not escaped
+    "mongodb://tokensvc:S3cr3tPW@db1.example:notaport/?replicaSet=rs0",
+])
+def test_no_problem_of_the_mongodb_uri_shows_its_user_or_password(tmp_path, uri):
+    with pytest.raises(ConfigError) as info:
+        config.load(write(tmp_path, MONGODB), environ={"TOKENSVC_STORAGE_MONGODB_URI": uri})
+    said = str(info.value)
+    assert "S3cr3t" not in said and "tokensvc:" not in said and info.value.problems, said
+    assert all(line.startswith("storage.mongodb_uri: ") for line in info.value.problems), said
+    if uri[0] in "\"'":
+        assert "***@db1.example" in said and "remove the quotes" in said
+    assert "S3cr3t" not in json.dumps(config.masked(config.load(write(tmp_path, MONGODB), environ={
+        "TOKENSVC_STORAGE_MONGODB_URI": "mongodb://tokensvc:S3cr3tPW@db1,db2/?replicaSet=rs0"})))
+
+
+def test_the_mongodb_uri_is_masked_before_its_problems_are_said_not_in_their_text(tmp_path):
+    """A user ``u`` replaced in the text made "Duplicate" "D***plicate", and gave a password
+    away by its context."""
+    with pytest.raises(ConfigError) as info:
+        config.load(write(tmp_path, MONGODB), environ={"TOKENSVC_STORAGE_MONGODB_URI":
+                                                       "mongodb://u:ption@db1,db2/?replicaSet=rs0&w=1&w=2"})
+    assert info.value.problems == ["storage.mongodb_uri: Duplicate URI option 'w'."]
+
+
+def test_a_tls_file_the_mongodb_uri_names_that_cannot_be_read_is_one_line(tmp_path):
+    with pytest.raises(ConfigError) as info:
+        config.load(write(tmp_path, MONGODB), environ={
+            "TOKENSVC_STORAGE_MONGODB_URI": f"mongodb://db1,db2/?replicaSet=rs0&tlsCAFile={tmp_path}/missing.pem"})
+    assert len(info.value.problems) == 1
+    assert info.value.problems[0].startswith("storage.mongodb_uri: option tlsCAFile: ")
+    assert "not readable" in info.value.problems[0]
+
+
+@pytest.mark.parametrize("text", [
+    '[tokens]\nsuccessor_keys = "S3cr3t-successor-key-0123456789abcdef"\n',
+    '[[clients]]\nclient_id = "webapp"\nname = "W"\nclient_secret = ["S3cr3t-client"]\n'
+    'redirect_uris = ["https://w.example/cb"]\n',
+    '[[users]]\nusername = "alice"\npassword = ["S3cr3t-password"]\n',
+])
+def test_a_secret_of_the_wrong_type_is_not_shown(tmp_path, text):
+    with pytest.raises(ConfigError) as info:
+        config.load(write(tmp_path, SECRET + text), environ={})
+    assert "S3cr3t" not in str(info.value) and "not shown" in str(info.value), info.value.problems
+
+
+def test_a_python_list_of_keys_in_the_environment_is_refused_not_split(tmp_path):
+    """``"['a...', 'b...']"`` was taken as the keys ``['a...'`` and ``'b...']``."""
+    new, old = "n" * 40, "o" * 40
+    with pytest.raises(ConfigError) as info:
+        config.load(write(tmp_path, SECRET), environ={"TOKENSVC_TOKENS_SUCCESSOR_KEYS": f"['{new}', '{old}']"})
+    assert info.value.problems == ["TOKENSVC_TOKENS_SUCCESSOR_KEYS: a list is a JSON array of strings, or "
+                                   "comma-separated, got a value not shown (it holds keys)"]

@@ -72,6 +72,9 @@ COMMAND_LINE_VARIABLES = frozenset({"TOKENSVC_ADMIN_URL", "TOKENSVC_ADMIN_TOKEN"
                                     "TOKENSVC_ADMIN_CLIENT_SECRET"})
 # The variables that hold keys: a message about one never repeats its value.
 SECRET_VARIABLES = frozenset({"TOKENSVC_COOKIE_SECRET", "TOKENSVC_TOKENS_SUCCESSOR_KEYS"})
+# Keys whose value is a secret or may hold one: a problem of their type never shows the value.
+SECRET_KEYS = frozenset({"cookie_secret", "successor_keys", "client_secret", "client_secret_sha256", "password",
+                         "password_hash", "mongodb_uri"})
 # What a 503 (the store not answering) asks a client to wait before it tries again.
 STORE_RETRY_AFTER_SECONDS = 5
 # Settings whose default depends on other settings: absent from the input, filled in by _resolve.
@@ -445,7 +448,8 @@ def _parse_env(name: str, text: str, annotation: str) -> Any:
             value = None
         if isinstance(value, list) and all(isinstance(item, str) for item in value):
             return value
-        if value is not None or text.lstrip().startswith('["') or annotation == COOKIE_SECRET:
+        if value is not None or text.lstrip().startswith(('["', "['")) or name in SECRET_VARIABLES \
+                or annotation == COOKIE_SECRET:
             raise ConfigError(f"{name}: a list of keys is a JSON array of strings" if annotation == COOKIE_SECRET
                               else f"{name}: a list is a JSON array of strings, or comma-separated, got "
                                    f"{_quoted(name, text)}")
@@ -492,8 +496,12 @@ def _type_name(tp: Any) -> str:
     return {str: "a string", int: "an integer", bool: "a boolean"}.get(tp, str(tp))
 
 
-def _type_problem(value: Any, annotation: str) -> str | None:
-    """Why ``value`` does not have the type ``annotation`` names, or None when it does."""
+def _type_problem(value: Any, annotation: str, *, secret: bool = False) -> str | None:
+    """Why ``value`` does not have the type ``annotation`` names, or None when it does. The
+    value of a ``secret`` key is not shown, its type alone."""
+    if secret:
+        problem = _type_problem(value, annotation)
+        return None if problem is None else f"{problem.partition(', got ')[0]}, got {_kind(value)} (not shown)"
     if annotation == COOKIE_SECRET:
         if isinstance(value, str) or (isinstance(value, list) and all(isinstance(key, str) for key in value)):
             return None
@@ -513,9 +521,15 @@ def _type_problem(value: Any, annotation: str) -> str | None:
     return None
 
 
+def _kind(value: Any) -> str:
+    """What a value is, as a message may say it without showing it."""
+    return {str: "a string", int: "an integer", float: "a number", bool: "a boolean", list: "a list",
+            dict: "a table"}.get(type(value), type(value).__name__)
+
+
 def _coerce(key: str, value: Any, annotation: str) -> Any:
     """``value`` if it has the type ``annotation`` names; else ConfigError."""
-    problem = _type_problem(value, annotation)
+    problem = _type_problem(value, annotation, secret=key.rpartition(".")[2] in SECRET_KEYS)
     if problem is not None:
         raise ConfigError(f"{key}: {problem}")
     return tuple(value) if value is not None and annotation.removesuffix(" | None") == STRINGS else value
@@ -558,7 +572,7 @@ def entry_problems(table: str, entry: Any) -> list[tuple[str | None, str]]:
         if name not in inputs:
             problems.append((name, f"unknown key (the keys of [[{table}]]: {', '.join(inputs)})"))
             continue
-        problem = _type_problem(value, inputs[name])
+        problem = _type_problem(value, inputs[name], secret=name in SECRET_KEYS)
         if problem is not None:
             problems.append((name, problem))
     return problems
@@ -695,8 +709,23 @@ def _check_url(key: str, url: str, say: Say, *, schemes: tuple[str, ...] = ("htt
     """Whether ``url`` is a URL of one of ``schemes``; if not, said."""
     if is_url(url, schemes):
         return True
-    say(f"{key}: not a valid {'/'.join(schemes)} URL: {url!r}")
+    quoted = len(url) > 1 and url[0] == url[-1] and url[0] in "\"'"
+    say(f"{key}: not a valid {'/'.join(schemes)} URL: {masked_uri(url)!r}"
+        + (" (remove the quotes around it: docker --env-file and systemd's EnvironmentFile keep them as given)"
+           if quoted else ""))
     return False
+
+
+def masked_uri(uri: str) -> str:
+    """``uri`` with what it holds before its last ``@`` (a user and a password) as ``***``,
+    whatever its scheme: the form any message or listing shows of a URI. A query holding an
+    ``@`` masks the hosts too, never less."""
+    scheme, sep, rest = uri.partition("://")
+    if not sep:
+        scheme, rest = "", uri
+    if "@" not in rest:
+        return uri
+    return f"{scheme}{sep}***@{rest.rpartition('@')[2]}"
 
 
 def _check(settings: Settings, say: Say) -> None:
@@ -994,7 +1023,7 @@ def masked(settings: Settings) -> dict[str, Any]:
             if user[key] is not None:
                 user[key] = "***"
     data["tokens"]["successor_keys"] = ["***"] * len(settings.tokens.successor_keys)
-    data["storage"]["mongodb_uri"] = re.sub(r"//[^@/]*@", "//***@", data["storage"]["mongodb_uri"])
+    data["storage"]["mongodb_uri"] = masked_uri(data["storage"]["mongodb_uri"])
     return data
 
 
