@@ -135,7 +135,9 @@ def test_every_secret_given_by_hand_has_the_one_minimum_length_outside_demo_mode
         config.load(write(tmp_path, f'cookie_secret = "{short}"\n[tokens]\nsuccessor_keys = ["{"k" * 32}"]\n'),
                     environ={})
     with pytest.raises(ConfigError, match=r"^cookie_secret\[1\]: expected a secret of at least 32 characters"):
-        config.load(write(tmp_path, f'cookie_secret = ["{long}", "{short}"]\n'), environ={})
+        config.load(write(tmp_path, f'cookie_secret = ["{long}", "{short[:15]}"]\n'), environ={})
+    # A key 0.10.0 took (16 or more) verifies after the first and signs nothing: warned, not refused.
+    config.load(write(tmp_path, f'cookie_secret = ["{long}", "{short}"]\n'), environ={})
     with pytest.raises(ConfigError, match=r"^cookie_secret\[0\]: expected a secret"):
         config.load(write(tmp_path, SECRET), environ={"TOKENSVC_COOKIE_SECRET": f'["{short}", "{long}"]'})
     client = '[[clients]]\nclient_id = "a"\nname = "A"\nredirect_uris = ["https://a/cb"]\nclient_secret = "{}"\n'
@@ -571,7 +573,7 @@ def test_cookie_secret_may_be_the_keys_of_a_rotation(tmp_path):
     assert from_env.cookie_secrets == tuple(keys)
     masked = config.masked(settings)
     assert masked["cookie_secret"] == ["***", "***"] and "cookie_secrets" not in masked
-    for wrong, problem in (([keys[0], "an-old-key-of-16-to-31"], r"\[1\]: expected a secret of at least 32"),
+    for wrong, problem in (([keys[0], "too-short-15-ch"], r"\[1\]: expected a secret of at least 32"),
                            ([keys[0], keys[0]], ": .*listed twice"), ([], ": .*required"),
                            ([keys[0], 3], ": .*a string or a list of strings")):
         with pytest.raises(ConfigError, match=f"^cookie_secret{problem}"):
@@ -797,3 +799,15 @@ def test_a_python_list_of_keys_in_the_environment_is_refused_not_split(tmp_path)
         config.load(write(tmp_path, SECRET), environ={"TOKENSVC_TOKENS_SUCCESSOR_KEYS": f"['{new}', '{old}']"})
     assert info.value.problems == ["TOKENSVC_TOKENS_SUCCESSOR_KEYS: a list is a JSON array of strings, or "
                                    "comma-separated, got a value not shown (it holds keys)"]
+
+
+def test_a_short_cookie_secret_of_0_10_0_is_kept_to_verify_only(tmp_path):
+    """0.10.0 took a 16-character cookie_secret; this release signs with 32 or more. Kept after
+    a new key, the short one verifies what it signed (nobody is signed out) and never signs."""
+    new, old = "n" * 32, "o" * 16
+    settings = config.load(write(tmp_path, f'cookie_secret = ["{new}", "{old}"]\n'), environ={})
+    assert settings.cookie_secret == new and settings.cookie_secrets == (new, old)
+    assert [line for line in config.warnings(settings) if line.startswith("cookie_secret[1]: 16 characters")]
+    for keys in ([old, new], [new, "o" * 15], [old]):
+        with pytest.raises(ConfigError, match=r"cookie_secret(\[\d\])?: expected a secret of at least 32"):
+            config.load(write(tmp_path, f"cookie_secret = {json.dumps(keys)}\n"), environ={})

@@ -44,6 +44,7 @@ from tokensvc.identifiers import (
     DEFAULT_KINDS,
     KIND,
     KIND_RULE,
+    MIN_SECRET_LENGTH,
     id_problem,
     is_loopback,
     is_url,
@@ -75,6 +76,8 @@ SECRET_VARIABLES = frozenset({"TOKENSVC_COOKIE_SECRET", "TOKENSVC_TOKENS_SUCCESS
 # Keys whose value is a secret or may hold one: a problem of their type never shows the value.
 SECRET_KEYS = frozenset({"cookie_secret", "successor_keys", "client_secret", "client_secret_sha256", "password",
                          "password_hash", "mongodb_uri"})
+# The shortest cookie_secret 0.10.0 took: after the first key, such a key verifies and never signs.
+VERIFY_ONLY_SECRET_LENGTH = 16
 # What a 503 (the store not answering) asks a client to wait before it tries again.
 STORE_RETRY_AFTER_SECONDS = 5
 # Settings whose default depends on other settings: absent from the input, filled in by _resolve.
@@ -750,12 +753,21 @@ def _check_service(settings: Settings, say: Say) -> None:
     if not settings.cookie_secret:
         say("cookie_secret: required outside demo mode (set it, or TOKENSVC_COOKIE_SECRET)")
     for index, key in enumerate(settings.cookie_secrets):
+        if verify_only(index, key):
+            continue  # warned of: a key 0.10.0 signed with, kept to verify while its sessions live
         problem = secret_problem(key, demo=settings.demo)
         if problem is not None:
             name = f"cookie_secret[{index}]" if len(settings.cookie_secrets) > 1 else "cookie_secret"
             say(f"{name}: expected {problem}")
     if len(set(settings.cookie_secrets)) != len(settings.cookie_secrets):
         say("cookie_secret: a key is listed twice")
+
+
+def verify_only(index: int, key: str) -> bool:
+    """Whether the ``index``-th key of ``cookie_secret`` is one shorter than a key that signs
+    but as long as 0.10.0 took: kept after the first, it verifies and never signs, so that an
+    upgrade from a short key signs nobody out."""
+    return index > 0 and bool(key.strip()) and VERIFY_ONLY_SECRET_LENGTH <= len(key) < MIN_SECRET_LENGTH
 
 
 def _check_admin(admin: AdminSettings, port: int, say: Say) -> None:
@@ -967,7 +979,10 @@ def warnings(settings: Settings) -> list[str]:
     if settings.demo:
         return ["demo: true: weak secrets are taken and a cookie secret may be generated; for trying tokensvc out, "
                 "not for production"]
-    found = []
+    found = [f"cookie_secret[{index}]: {len(key)} characters, shorter than a key that signs: it verifies what "
+             "0.10.0 signed and signs nothing; drop it once tokens.session_ttl has passed since the upgrade "
+             "(docs/operations.md, Rotating the cookie secret)"
+             for index, key in enumerate(settings.cookie_secrets) if verify_only(index, key)]
     storage = settings.storage
     if storage.backend == "memory":
         found.append('storage.backend: "memory" keeps nothing across a restart and serves one process alone; '
