@@ -811,3 +811,17 @@ def test_a_short_cookie_secret_of_0_10_0_is_kept_to_verify_only(tmp_path):
     for keys in ([old, new], [new, "o" * 15], [old]):
         with pytest.raises(ConfigError, match=r"cookie_secret(\[\d\])?: expected a secret of at least 32"):
             config.load(write(tmp_path, f"cookie_secret = {json.dumps(keys)}\n"), environ={})
+
+
+@pytest.mark.parametrize("listener", ['host = "127.0.0.1"\n', 'host = "0.0.0.0"\n[server]\nunix_socket = "/run/t.sock"\n'])
+def test_an_https_service_behind_a_proxy_on_this_host_without_xheaders_is_warned_of(tmp_path, listener):
+    """Every client then has the proxy's address: 21 wrong sign-ins lock everyone out."""
+    text = SECRET + 'base_url = "https://auth.example.org"\n' + listener
+    warned = config.warnings(config.load(write(tmp_path, text), environ={}))
+    assert [line for line in warned if line.startswith("xheaders: false while base_url is https")], warned
+    trusted = text.replace("[server]", "[proxy]\ntrusted_networks = [\"unix\"]\n[server]") if "[server]" in text \
+        else text + '[proxy]\ntrusted_networks = ["127.0.0.1/32"]\n'
+    warned = config.warnings(config.load(write(tmp_path, "xheaders = true\n" + trusted), environ={}))
+    assert not [line for line in warned if line.startswith("xheaders")], warned
+    plain = config.load(write(tmp_path, SECRET + 'host = "127.0.0.1"\n'), environ={})  # the loopback demo
+    assert not [line for line in config.warnings(plain) if line.startswith("xheaders")]

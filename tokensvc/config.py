@@ -999,6 +999,14 @@ def warnings(settings: Settings) -> list[str]:
                          "(docs/operations.md, Production checklist)")
     urls = {"base_url": settings.base_url, **({"auth_url": settings.auth_url}
                                               if settings.auth_url != settings.base_url else {})}
+    behind_proxy = settings.server.unix_socket or is_loopback(settings.host)
+    if settings.base_url.startswith("https://") and behind_proxy and not settings.xheaders:
+        where = f"server.unix_socket {settings.server.unix_socket}" if settings.server.unix_socket \
+            else f"host {settings.host}"
+        found.append(f"xheaders: false while base_url is https and the service listens on {where}: a proxy on "
+                     "this host serves it, and every client then has the proxy's address, so one client's failed "
+                     'sign-ins lock every client out; set xheaders = true, server.unix_socket and '
+                     'proxy.trusted_networks = ["unix"] (docs/configuration.md, Behind a reverse proxy)')
     for key, url in urls.items():
         host = urlsplit(url).hostname or ""
         if url.startswith("http://") and not is_loopback(host):
