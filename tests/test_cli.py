@@ -628,3 +628,24 @@ def test_apply_holds_a_file_to_the_admin_apis_rules(run, tmp_path):
     code, out, err = run("apply", "-f", str(users))
     assert code == 0 and out.splitlines() == ["unchanged user CAROL", "nothing to change (1 unchanged)"], err
     assert [line.split()[0] for line in run("users", "list")[1].splitlines()[1:]] == ["carol"]
+
+
+@pytest.mark.parametrize("message", ["Timeout during request", "Timeout during TLS handshake"])
+def test_a_listener_that_accepts_and_never_answers_is_one_line(monkeypatch, message):
+    """Tornado raises HTTPTimeoutError even with raise_error=False: it was a traceback."""
+    import asyncio
+
+    from tornado.httpclient import AsyncHTTPClient
+    from tornado.simple_httpclient import HTTPTimeoutError
+
+    from tokensvc import cli_login
+
+    async def never(*args, **kwargs):
+        raise HTTPTimeoutError(message)
+
+    monkeypatch.setattr(AsyncHTTPClient, "fetch", never)
+    url = "https://auth.example.org/oauth/token"
+    with pytest.raises(cli_login.LoginError) as info:
+        asyncio.run(cli_login._fetch(url, "POST", {"grant_type": "refresh_token"}))
+    assert str(info.value) == (f"the token endpoint at {url} does not answer ({message}): it is the "
+                               "service's public URL (base_url); check that this machine reaches it")

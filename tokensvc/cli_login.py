@@ -146,13 +146,13 @@ async def _fetch(url: str, method: str = "GET", form: dict[str, str] | None = No
                  unanswered: Callable[[object], str] | None = None) -> Any:
     """The JSON answer of ``url``; ``unanswered(reason)``: the line when nothing answers (by
     default, the token endpoint's)."""
-    from tornado.httpclient import AsyncHTTPClient
+    from tornado.httpclient import AsyncHTTPClient, HTTPClientError
 
     unanswered = unanswered or (lambda reason: token_endpoint_unreachable(url, reason))
     try:
         response = await AsyncHTTPClient().fetch(url, method=method, raise_error=False,
                                                  body=urlencode(form) if form is not None else None)
-    except OSError as exc:
+    except (OSError, HTTPClientError) as exc:  # HTTPTimeoutError: a listener that accepts and never answers
         raise LoginError(unanswered(exc)) from None
     if response.code == 599:
         raise LoginError(unanswered(response.error))
