@@ -219,8 +219,12 @@ async def access_token(args: argparse.Namespace, url: str) -> AsyncIterator[str]
         stored = everything.get(url.rstrip("/"))
         if not stored:
             raise LoginError(f"not signed in to {url}: run `tokensvc login --url {url}` (or give --token)")
-        tokens = await _fetch(refresh_at, "POST", {"refresh_token": stored["refresh_token"],
-                                                  "client_id": stored["client_id"]})
+        try:
+            tokens = await _fetch(refresh_at, "POST", {"refresh_token": stored["refresh_token"],
+                                                      "client_id": stored["client_id"]})
+        except Refused as refused:  # ended, revoked, or spent elsewhere: only a new sign-in helps
+            raise LoginError(f"{refused}; the sign-in kept in {path} for {url} no longer works: run "
+                             f"`tokensvc login --url {url}` again") from None
         everything[url.rstrip("/")] = {**stored, "refresh_token": tokens["refresh_token"]}
         _save(path, everything)
         yield tokens["access_token"]
