@@ -813,7 +813,8 @@ def test_a_short_cookie_secret_of_0_10_0_is_kept_to_verify_only(tmp_path):
             config.load(write(tmp_path, f"cookie_secret = {json.dumps(keys)}\n"), environ={})
 
 
-@pytest.mark.parametrize("listener", ['host = "127.0.0.1"\n', 'host = "0.0.0.0"\n[server]\nunix_socket = "/run/t.sock"\n'])
+@pytest.mark.parametrize("listener", ['host = "127.0.0.1"\n',
+                                      'host = "0.0.0.0"\n[server]\nunix_socket = "/run/t.sock"\n'])
 def test_an_https_service_behind_a_proxy_on_this_host_without_xheaders_is_warned_of(tmp_path, listener):
     """Every client then has the proxy's address: 21 wrong sign-ins lock everyone out."""
     text = SECRET + 'base_url = "https://auth.example.org"\n' + listener
