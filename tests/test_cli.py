@@ -285,6 +285,9 @@ def test_config_check_masks_secrets(capsys):
 PRODUCTION = """
 base_url = "https://auth.example.org"
 cookie_secret = "0123456789abcdef0123456789abcdef"
+xheaders = true
+[proxy]
+trusted_networks = ["10.0.0.0/8"]
 [storage]
 backend = "mongodb"
 mongodb_uri = "{uri}"

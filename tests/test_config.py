@@ -185,7 +185,8 @@ def test_a_mongodb_uri_no_production_store_has_is_warned_of(tmp_path, uri, warne
 def test_what_no_production_deployment_wants_is_warned_of_demo_mode_alone_in_a_demo():
     replica_set = {"backend": "mongodb", "mongodb_uri": "mongodb://db1,db2,db3/?replicaSet=rs0"}
     assert config.warnings(config.from_dict({"cookie_secret": "x" * 32, "base_url": "https://auth.example",
-                                             "storage": replica_set})) == []
+                                             "storage": replica_set, "xheaders": True,
+                                             "proxy": {"trusted_networks": ["10.0.0.0/8"]}})) == []
     memory = config.warnings(config.from_dict({"cookie_secret": "x" * 32}))
     assert memory == ['storage.backend: "memory" keeps nothing across a restart and serves one process alone; '
                       'production uses "mongodb"']
