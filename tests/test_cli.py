@@ -286,6 +286,9 @@ def test_config_check_masks_secrets(capsys):
 PRODUCTION = """
 base_url = "https://auth.example.org"
 cookie_secret = "0123456789abcdef0123456789abcdef"
+xheaders = true
+[proxy]
+trusted_networks = ["10.0.0.0/8"]
 [storage]
 backend = "mongodb"
 mongodb_uri = "{uri}"
@@ -630,3 +633,56 @@ def test_apply_holds_a_file_to_the_admin_apis_rules(run, tmp_path):
     code, out, err = run("apply", "-f", str(users))
     assert code == 0 and out.splitlines() == ["unchanged user CAROL", "nothing to change (1 unchanged)"], err
     assert [line.split()[0] for line in run("users", "list")[1].splitlines()[1:]] == ["carol"]
+
+
+@pytest.mark.parametrize("message", ["Timeout during request", "Timeout during TLS handshake"])
+def test_a_listener_that_accepts_and_never_answers_is_one_line(monkeypatch, message):
+    """Tornado raises HTTPTimeoutError even with raise_error=False: it was a traceback."""
+    import asyncio
+
+    from tornado.httpclient import AsyncHTTPClient
+    from tornado.simple_httpclient import HTTPTimeoutError
+
+    from tokensvc import cli_login
+
+    async def never(*args, **kwargs):
+        raise HTTPTimeoutError(message)
+
+    monkeypatch.setattr(AsyncHTTPClient, "fetch", never)
+    url = "https://auth.example.org/oauth/token"
+    with pytest.raises(cli_login.LoginError) as info:
+        asyncio.run(cli_login._fetch(url, "POST", {"grant_type": "refresh_token"}))
+    assert str(info.value) == (f"the token endpoint at {url} does not answer ({message}): it is the "
+                               "service's public URL (base_url); check that this machine reaches it")
+
+
+def test_a_dead_sign_in_says_to_run_login_again(monkeypatch, tmp_path):
+    """"Unknown refresh token" alone left the operator no way forward."""
+    import argparse
+    import asyncio
+
+    from tokensvc import cli_login
+
+    url = "http://127.0.0.1:27999"
+    credentials = tmp_path / "credentials.json"
+    credentials.write_text(json.dumps({url: {"client_id": "tokensvc-cli", "refresh_token": "r" * 43}}))
+    monkeypatch.setenv(cli_login.CREDENTIALS_ENV, str(credentials))
+
+    async def index(at):
+        return {"tokenEndpoint": "https://auth.example.org/oauth/token"}
+
+    async def refused(*args, **kwargs):
+        raise cli_login.Refused("the token endpoint refused: invalid_grant: Unknown refresh token", "invalid_grant",
+                                "Unknown refresh token")
+
+    monkeypatch.setattr(cli_login, "discover", index)
+    monkeypatch.setattr(cli_login, "_fetch", refused)
+
+    async def use():
+        async with cli_login.access_token(argparse.Namespace(token=None, refresh_token=None), url):
+            pass
+
+    with pytest.raises(cli_login.LoginError) as info:
+        asyncio.run(use())
+    assert str(info.value).endswith(f"no longer works: run `tokensvc login --url {url}` again")
+    assert "Unknown refresh token" in str(info.value)

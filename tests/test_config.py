@@ -135,7 +135,9 @@ def test_every_secret_given_by_hand_has_the_one_minimum_length_outside_demo_mode
         config.load(write(tmp_path, f'cookie_secret = "{short}"\n[tokens]\nsuccessor_keys = ["{"k" * 32}"]\n'),
                     environ={})
     with pytest.raises(ConfigError, match=r"^cookie_secret\[1\]: expected a secret of at least 32 characters"):
-        config.load(write(tmp_path, f'cookie_secret = ["{long}", "{short}"]\n'), environ={})
+        config.load(write(tmp_path, f'cookie_secret = ["{long}", "{short[:15]}"]\n'), environ={})
+    # A key 0.10.0 took (16 or more) verifies after the first and signs nothing: warned, not refused.
+    config.load(write(tmp_path, f'cookie_secret = ["{long}", "{short}"]\n'), environ={})
     with pytest.raises(ConfigError, match=r"^cookie_secret\[0\]: expected a secret"):
         config.load(write(tmp_path, SECRET), environ={"TOKENSVC_COOKIE_SECRET": f'["{short}", "{long}"]'})
     client = '[[clients]]\nclient_id = "a"\nname = "A"\nredirect_uris = ["https://a/cb"]\nclient_secret = "{}"\n'
@@ -183,7 +185,8 @@ def test_a_mongodb_uri_no_production_store_has_is_warned_of(tmp_path, uri, warne
 def test_what_no_production_deployment_wants_is_warned_of_demo_mode_alone_in_a_demo():
     replica_set = {"backend": "mongodb", "mongodb_uri": "mongodb://db1,db2,db3/?replicaSet=rs0"}
     assert config.warnings(config.from_dict({"cookie_secret": "x" * 32, "base_url": "https://auth.example",
-                                             "storage": replica_set})) == []
+                                             "storage": replica_set, "xheaders": True,
+                                             "proxy": {"trusted_networks": ["10.0.0.0/8"]}})) == []
     memory = config.warnings(config.from_dict({"cookie_secret": "x" * 32}))
     assert memory == ['storage.backend: "memory" keeps nothing across a restart and serves one process alone; '
                       'production uses "mongodb"']
@@ -571,7 +574,7 @@ def test_cookie_secret_may_be_the_keys_of_a_rotation(tmp_path):
     assert from_env.cookie_secrets == tuple(keys)
     masked = config.masked(settings)
     assert masked["cookie_secret"] == ["***", "***"] and "cookie_secrets" not in masked
-    for wrong, problem in (([keys[0], "an-old-key-of-16-to-31"], r"\[1\]: expected a secret of at least 32"),
+    for wrong, problem in (([keys[0], "too-short-15-ch"], r"\[1\]: expected a secret of at least 32"),
                            ([keys[0], keys[0]], ": .*listed twice"), ([], ": .*required"),
                            ([keys[0], 3], ": .*a string or a list of strings")):
         with pytest.raises(ConfigError, match=f"^cookie_secret{problem}"):
@@ -736,3 +739,91 @@ def test_a_list_from_the_environment_is_a_json_array_or_comma_separated(tmp_path
     with pytest.raises(ConfigError, match=r"^TOKENSVC_PROXY_TRUSTED_NETWORKS: a list is a JSON array of strings, or "
                                           r"comma-separated, got '\[\"10.0.0.0/8\"'$"):
         config.load(path, environ={"TOKENSVC_PROXY_TRUSTED_NETWORKS": '["10.0.0.0/8"'})
+
+
+# -- no problem shows a secret -----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("uri", [
+    "mongdb://tokensvc:S3cr3tPW@db1.example/?replicaSet=rs0",  # a scheme misspelt
+    '"mongodb://tokensvc:S3cr3tPW@db1.example/?replicaSet=rs0"',  # quoted, as docker --env-file keeps it
+    "'mongodb://tokensvc:S3cr3tPW@db1.example/?replicaSet=rs0'",
+    "mongodb://tokensvc:S3cr3t/PW@db1.example/?replicaSet=rs0",  # a '/' in the password, not escaped
+    "mongodb://tokensvc:S3cr3tPW@db1.example:notaport/?replicaSet=rs0",
+])
+def test_no_problem_of_the_mongodb_uri_shows_its_user_or_password(tmp_path, uri):
+    with pytest.raises(ConfigError) as info:
+        config.load(write(tmp_path, MONGODB), environ={"TOKENSVC_STORAGE_MONGODB_URI": uri})
+    said = str(info.value)
+    assert "S3cr3t" not in said and "tokensvc:" not in said and info.value.problems, said
+    assert all(line.startswith("storage.mongodb_uri: ") for line in info.value.problems), said
+    if uri[0] in "\"'":
+        assert "***@db1.example" in said and "remove the quotes" in said
+    assert "S3cr3t" not in json.dumps(config.masked(config.load(write(tmp_path, MONGODB), environ={
+        "TOKENSVC_STORAGE_MONGODB_URI": "mongodb://tokensvc:S3cr3tPW@db1,db2/?replicaSet=rs0"})))
+
+
+def test_the_mongodb_uri_is_masked_before_its_problems_are_said_not_in_their_text(tmp_path):
+    """A user ``u`` replaced in the text made "Duplicate" "D***plicate", and gave a password
+    away by its context."""
+    with pytest.raises(ConfigError) as info:
+        config.load(write(tmp_path, MONGODB), environ={"TOKENSVC_STORAGE_MONGODB_URI":
+                                                       "mongodb://u:ption@db1,db2/?replicaSet=rs0&w=1&w=2"})
+    assert info.value.problems == ["storage.mongodb_uri: Duplicate URI option 'w'."]
+
+
+def test_a_tls_file_the_mongodb_uri_names_that_cannot_be_read_is_one_line(tmp_path):
+    with pytest.raises(ConfigError) as info:
+        config.load(write(tmp_path, MONGODB), environ={
+            "TOKENSVC_STORAGE_MONGODB_URI": f"mongodb://db1,db2/?replicaSet=rs0&tlsCAFile={tmp_path}/missing.pem"})
+    assert len(info.value.problems) == 1
+    assert info.value.problems[0].startswith("storage.mongodb_uri: option tlsCAFile: ")
+    assert "not readable" in info.value.problems[0]
+
+
+@pytest.mark.parametrize("text", [
+    '[tokens]\nsuccessor_keys = "S3cr3t-successor-key-0123456789abcdef"\n',
+    '[[clients]]\nclient_id = "webapp"\nname = "W"\nclient_secret = ["S3cr3t-client"]\n'
+    'redirect_uris = ["https://w.example/cb"]\n',
+    '[[users]]\nusername = "alice"\npassword = ["S3cr3t-password"]\n',
+])
+def test_a_secret_of_the_wrong_type_is_not_shown(tmp_path, text):
+    with pytest.raises(ConfigError) as info:
+        config.load(write(tmp_path, SECRET + text), environ={})
+    assert "S3cr3t" not in str(info.value) and "not shown" in str(info.value), info.value.problems
+
+
+def test_a_python_list_of_keys_in_the_environment_is_refused_not_split(tmp_path):
+    """``"['a...', 'b...']"`` was taken as the keys ``['a...'`` and ``'b...']``."""
+    new, old = "n" * 40, "o" * 40
+    with pytest.raises(ConfigError) as info:
+        config.load(write(tmp_path, SECRET), environ={"TOKENSVC_TOKENS_SUCCESSOR_KEYS": f"['{new}', '{old}']"})
+    assert info.value.problems == ["TOKENSVC_TOKENS_SUCCESSOR_KEYS: a list is a JSON array of strings, or "
+                                   "comma-separated, got a value not shown (it holds keys)"]
+
+
+def test_a_short_cookie_secret_of_0_10_0_is_kept_to_verify_only(tmp_path):
+    """0.10.0 took a 16-character cookie_secret; this release signs with 32 or more. Kept after
+    a new key, the short one verifies what it signed (nobody is signed out) and never signs."""
+    new, old = "n" * 32, "o" * 16
+    settings = config.load(write(tmp_path, f'cookie_secret = ["{new}", "{old}"]\n'), environ={})
+    assert settings.cookie_secret == new and settings.cookie_secrets == (new, old)
+    assert [line for line in config.warnings(settings) if line.startswith("cookie_secret[1]: 16 characters")]
+    for keys in ([old, new], [new, "o" * 15], [old]):
+        with pytest.raises(ConfigError, match=r"cookie_secret(\[\d\])?: expected a secret of at least 32"):
+            config.load(write(tmp_path, f"cookie_secret = {json.dumps(keys)}\n"), environ={})
+
+
+@pytest.mark.parametrize("listener", ['host = "127.0.0.1"\n',
+                                      'host = "0.0.0.0"\n[server]\nunix_socket = "/run/t.sock"\n'])
+def test_an_https_service_behind_a_proxy_on_this_host_without_xheaders_is_warned_of(tmp_path, listener):
+    """Every client then has the proxy's address: 21 wrong sign-ins lock everyone out."""
+    text = SECRET + 'base_url = "https://auth.example.org"\n' + listener
+    warned = config.warnings(config.load(write(tmp_path, text), environ={}))
+    assert [line for line in warned if line.startswith("xheaders: false while base_url is https")], warned
+    trusted = text.replace("[server]", "[proxy]\ntrusted_networks = [\"unix\"]\n[server]") if "[server]" in text \
+        else text + '[proxy]\ntrusted_networks = ["127.0.0.1/32"]\n'
+    warned = config.warnings(config.load(write(tmp_path, "xheaders = true\n" + trusted), environ={}))
+    assert not [line for line in warned if line.startswith("xheaders")], warned
+    plain = config.load(write(tmp_path, SECRET + 'host = "127.0.0.1"\n'), environ={})  # the loopback demo
+    assert not [line for line in config.warnings(plain) if line.startswith("xheaders")]

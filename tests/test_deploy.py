@@ -315,3 +315,16 @@ def test_the_systemd_unit_stops_the_supervisor_alone_and_waits_for_the_drain():
     assert checked.returncode == 0, checked.stderr
     drain = json.loads(checked.stdout)["server"]["drain_seconds"]
     assert int(service["TimeoutStopSec"]) > drain + STOP_MARGIN
+
+
+def test_the_systemd_path_gives_real_client_addresses_through_its_unix_socket():
+    """The unit's config listened on loopback behind a proxy with no xheaders: every client had
+    the proxy's address, and 21 wrong sign-ins locked everyone out. It serves nginx on the unix
+    socket whose directory the unit makes (ProtectSystem=strict leaves /run read-only)."""
+    settings = config.load(ROOT / "config" / "tokensvc.mongodb.toml", environ=SECRETS)
+    assert settings.xheaders and settings.proxy.trusted_networks == ("unix",)
+    socket_dir = Path(settings.server.unix_socket).parent
+    assert socket_dir.parent == Path("/run")
+    service = unit()["Service"]
+    assert service["ProtectSystem"] == "strict" and service["RuntimeDirectory"] == socket_dir.name
+    assert not [line for line in config.warnings(settings) if line.startswith("xheaders")]

@@ -12,7 +12,7 @@ from dataclasses import asdict, replace
 from datetime import datetime
 from typing import Any, TypeVar
 
-from tokensvc.config import ConfigError, Settings, StorageSettings
+from tokensvc.config import ConfigError, Settings, StorageSettings, verify_only
 from tokensvc.identifiers import username_key
 from tokensvc.metrics import Metrics
 from tokensvc.oauth import clientauth, hashing, removal, successors
@@ -49,8 +49,10 @@ def make_context(settings: Settings, store: Store, **overrides: Any) -> OAuthCon
     reporting to the service's one :class:`Metrics`, which the store reports to too."""
     # Without keys of their own, one from each key of cookie_secret: while it rotates, the pairs
     # derived under the key being retired are still recomputed, as successor_keys' would be.
+    # A short key kept to verify what 0.10.0 signed derives none: 0.10.0 derived none from it either.
     keys = settings.tokens.successor_keys or tuple(successors.key_from_cookie_secret(key)
-                                                   for key in settings.cookie_secrets)
+                                                   for index, key in enumerate(settings.cookie_secrets)
+                                                   if not verify_only(index, key))
     metrics = Metrics()
     values: dict[str, Any] = dict(
         store=store, tokens=settings.tokens, issuer=settings.base_url, successors=successors.SuccessorKeys.of(keys),

@@ -146,13 +146,13 @@ async def _fetch(url: str, method: str = "GET", form: dict[str, str] | None = No
                  unanswered: Callable[[object], str] | None = None) -> Any:
     """The JSON answer of ``url``; ``unanswered(reason)``: the line when nothing answers (by
     default, the token endpoint's)."""
-    from tornado.httpclient import AsyncHTTPClient
+    from tornado.httpclient import AsyncHTTPClient, HTTPClientError
 
     unanswered = unanswered or (lambda reason: token_endpoint_unreachable(url, reason))
     try:
         response = await AsyncHTTPClient().fetch(url, method=method, raise_error=False,
                                                  body=urlencode(form) if form is not None else None)
-    except OSError as exc:
+    except (OSError, HTTPClientError) as exc:  # HTTPTimeoutError: a listener that accepts and never answers
         raise LoginError(unanswered(exc)) from None
     if response.code == 599:
         raise LoginError(unanswered(response.error))
@@ -219,8 +219,12 @@ async def access_token(args: argparse.Namespace, url: str) -> AsyncIterator[str]
         stored = everything.get(url.rstrip("/"))
         if not stored:
             raise LoginError(f"not signed in to {url}: run `tokensvc login --url {url}` (or give --token)")
-        tokens = await _fetch(refresh_at, "POST", {"refresh_token": stored["refresh_token"],
-                                                  "client_id": stored["client_id"]})
+        try:
+            tokens = await _fetch(refresh_at, "POST", {"refresh_token": stored["refresh_token"],
+                                                      "client_id": stored["client_id"]})
+        except Refused as refused:  # ended, revoked, or spent elsewhere: only a new sign-in helps
+            raise LoginError(f"{refused}; the sign-in kept in {path} for {url} no longer works: run "
+                             f"`tokensvc login --url {url}` again") from None
         everything[url.rstrip("/")] = {**stored, "refresh_token": tokens["refresh_token"]}
         _save(path, everything)
         yield tokens["access_token"]

@@ -44,6 +44,7 @@ from tokensvc.identifiers import (
     DEFAULT_KINDS,
     KIND,
     KIND_RULE,
+    MIN_SECRET_LENGTH,
     id_problem,
     is_loopback,
     is_url,
@@ -72,6 +73,11 @@ COMMAND_LINE_VARIABLES = frozenset({"TOKENSVC_ADMIN_URL", "TOKENSVC_ADMIN_TOKEN"
                                     "TOKENSVC_ADMIN_CLIENT_SECRET"})
 # The variables that hold keys: a message about one never repeats its value.
 SECRET_VARIABLES = frozenset({"TOKENSVC_COOKIE_SECRET", "TOKENSVC_TOKENS_SUCCESSOR_KEYS"})
+# Keys whose value is a secret or may hold one: a problem of their type never shows the value.
+SECRET_KEYS = frozenset({"cookie_secret", "successor_keys", "client_secret", "client_secret_sha256", "password",
+                         "password_hash", "mongodb_uri"})
+# The shortest cookie_secret 0.10.0 took: after the first key, such a key verifies and never signs.
+VERIFY_ONLY_SECRET_LENGTH = 16
 # What a 503 (the store not answering) asks a client to wait before it tries again.
 STORE_RETRY_AFTER_SECONDS = 5
 # Settings whose default depends on other settings: absent from the input, filled in by _resolve.
@@ -445,7 +451,8 @@ def _parse_env(name: str, text: str, annotation: str) -> Any:
             value = None
         if isinstance(value, list) and all(isinstance(item, str) for item in value):
             return value
-        if value is not None or text.lstrip().startswith('["') or annotation == COOKIE_SECRET:
+        if value is not None or text.lstrip().startswith(('["', "['")) or name in SECRET_VARIABLES \
+                or annotation == COOKIE_SECRET:
             raise ConfigError(f"{name}: a list of keys is a JSON array of strings" if annotation == COOKIE_SECRET
                               else f"{name}: a list is a JSON array of strings, or comma-separated, got "
                                    f"{_quoted(name, text)}")
@@ -492,8 +499,12 @@ def _type_name(tp: Any) -> str:
     return {str: "a string", int: "an integer", bool: "a boolean"}.get(tp, str(tp))
 
 
-def _type_problem(value: Any, annotation: str) -> str | None:
-    """Why ``value`` does not have the type ``annotation`` names, or None when it does."""
+def _type_problem(value: Any, annotation: str, *, secret: bool = False) -> str | None:
+    """Why ``value`` does not have the type ``annotation`` names, or None when it does. The
+    value of a ``secret`` key is not shown, its type alone."""
+    if secret:
+        problem = _type_problem(value, annotation)
+        return None if problem is None else f"{problem.partition(', got ')[0]}, got {_kind(value)} (not shown)"
     if annotation == COOKIE_SECRET:
         if isinstance(value, str) or (isinstance(value, list) and all(isinstance(key, str) for key in value)):
             return None
@@ -513,9 +524,15 @@ def _type_problem(value: Any, annotation: str) -> str | None:
     return None
 
 
+def _kind(value: Any) -> str:
+    """What a value is, as a message may say it without showing it."""
+    return {str: "a string", int: "an integer", float: "a number", bool: "a boolean", list: "a list",
+            dict: "a table"}.get(type(value), type(value).__name__)
+
+
 def _coerce(key: str, value: Any, annotation: str) -> Any:
     """``value`` if it has the type ``annotation`` names; else ConfigError."""
-    problem = _type_problem(value, annotation)
+    problem = _type_problem(value, annotation, secret=key.rpartition(".")[2] in SECRET_KEYS)
     if problem is not None:
         raise ConfigError(f"{key}: {problem}")
     return tuple(value) if value is not None and annotation.removesuffix(" | None") == STRINGS else value
@@ -558,7 +575,7 @@ def entry_problems(table: str, entry: Any) -> list[tuple[str | None, str]]:
         if name not in inputs:
             problems.append((name, f"unknown key (the keys of [[{table}]]: {', '.join(inputs)})"))
             continue
-        problem = _type_problem(value, inputs[name])
+        problem = _type_problem(value, inputs[name], secret=name in SECRET_KEYS)
         if problem is not None:
             problems.append((name, problem))
     return problems
@@ -695,8 +712,23 @@ def _check_url(key: str, url: str, say: Say, *, schemes: tuple[str, ...] = ("htt
     """Whether ``url`` is a URL of one of ``schemes``; if not, said."""
     if is_url(url, schemes):
         return True
-    say(f"{key}: not a valid {'/'.join(schemes)} URL: {url!r}")
+    quoted = len(url) > 1 and url[0] == url[-1] and url[0] in "\"'"
+    say(f"{key}: not a valid {'/'.join(schemes)} URL: {masked_uri(url)!r}"
+        + (" (remove the quotes around it: docker --env-file and systemd's EnvironmentFile keep them as given)"
+           if quoted else ""))
     return False
+
+
+def masked_uri(uri: str) -> str:
+    """``uri`` with what it holds before its last ``@`` (a user and a password) as ``***``,
+    whatever its scheme: the form any message or listing shows of a URI. A query holding an
+    ``@`` masks the hosts too, never less."""
+    scheme, sep, rest = uri.partition("://")
+    if not sep:
+        scheme, rest = "", uri
+    if "@" not in rest:
+        return uri
+    return f"{scheme}{sep}***@{rest.rpartition('@')[2]}"
 
 
 def _check(settings: Settings, say: Say) -> None:
@@ -721,12 +753,21 @@ def _check_service(settings: Settings, say: Say) -> None:
     if not settings.cookie_secret:
         say("cookie_secret: required outside demo mode (set it, or TOKENSVC_COOKIE_SECRET)")
     for index, key in enumerate(settings.cookie_secrets):
+        if verify_only(index, key):
+            continue  # warned of: a key 0.10.0 signed with, kept to verify while its sessions live
         problem = secret_problem(key, demo=settings.demo)
         if problem is not None:
             name = f"cookie_secret[{index}]" if len(settings.cookie_secrets) > 1 else "cookie_secret"
             say(f"{name}: expected {problem}")
     if len(set(settings.cookie_secrets)) != len(settings.cookie_secrets):
         say("cookie_secret: a key is listed twice")
+
+
+def verify_only(index: int, key: str) -> bool:
+    """Whether the ``index``-th key of ``cookie_secret`` is one shorter than a key that signs
+    but as long as 0.10.0 took: kept after the first, it verifies and never signs, so that an
+    upgrade from a short key signs nobody out."""
+    return index > 0 and bool(key.strip()) and VERIFY_ONLY_SECRET_LENGTH <= len(key) < MIN_SECRET_LENGTH
 
 
 def _check_admin(admin: AdminSettings, port: int, say: Say) -> None:
@@ -938,7 +979,10 @@ def warnings(settings: Settings) -> list[str]:
     if settings.demo:
         return ["demo: true: weak secrets are taken and a cookie secret may be generated; for trying tokensvc out, "
                 "not for production"]
-    found = []
+    found = [f"cookie_secret[{index}]: {len(key)} characters, shorter than a key that signs: it verifies what "
+             "0.10.0 signed and signs nothing; drop it once tokens.session_ttl has passed since the upgrade "
+             "(docs/operations.md, Rotating the cookie secret)"
+             for index, key in enumerate(settings.cookie_secrets) if verify_only(index, key)]
     storage = settings.storage
     if storage.backend == "memory":
         found.append('storage.backend: "memory" keeps nothing across a restart and serves one process alone; '
@@ -955,6 +999,14 @@ def warnings(settings: Settings) -> list[str]:
                          "(docs/operations.md, Production checklist)")
     urls = {"base_url": settings.base_url, **({"auth_url": settings.auth_url}
                                               if settings.auth_url != settings.base_url else {})}
+    behind_proxy = settings.server.unix_socket or is_loopback(settings.host)
+    if settings.base_url.startswith("https://") and behind_proxy and not settings.xheaders:
+        where = f"server.unix_socket {settings.server.unix_socket}" if settings.server.unix_socket \
+            else f"host {settings.host}"
+        found.append(f"xheaders: false while base_url is https and the service listens on {where}: a proxy on "
+                     "this host serves it, and every client then has the proxy's address, so one client's failed "
+                     'sign-ins lock every client out; set xheaders = true, server.unix_socket and '
+                     'proxy.trusted_networks = ["unix"] (docs/configuration.md, Behind a reverse proxy)')
     for key, url in urls.items():
         host = urlsplit(url).hostname or ""
         if url.startswith("http://") and not is_loopback(host):
@@ -994,7 +1046,7 @@ def masked(settings: Settings) -> dict[str, Any]:
             if user[key] is not None:
                 user[key] = "***"
     data["tokens"]["successor_keys"] = ["***"] * len(settings.tokens.successor_keys)
-    data["storage"]["mongodb_uri"] = re.sub(r"//[^@/]*@", "//***@", data["storage"]["mongodb_uri"])
+    data["storage"]["mongodb_uri"] = masked_uri(data["storage"]["mongodb_uri"])
     return data
 
 

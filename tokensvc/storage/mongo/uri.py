@@ -20,20 +20,33 @@ def uri_problems(uri: str) -> list[str]:
     whole (hosts, ports, options in conflict or given twice). Nothing is resolved: a
     ``mongodb+srv`` name is not looked up. PyMongo's warnings are caught and said here too,
     never written to standard error."""
-    scheme_free = uri.partition("://")[2]
-    query = scheme_free.partition("?")[2]
-    userinfo = scheme_free.partition("?")[0].partition("/")[0].rpartition("@")[0]
     problems: list[str] = []
+    scheme, _, scheme_free = uri.partition("://")
+    userinfo, at, after = scheme_free.rpartition("@")
+    if at:  # read with its user and password masked: no message of the parser can repeat them
+        try:
+            unescaped = userinfo != scheme_free.partition("?")[0].partition("/")[0].rpartition("@")[0]
+            uri_parser.parse_userinfo("@" if unescaped else userinfo)
+        except PyMongoError as exc:  # its fixed text names neither
+            problems.append(f"the user and password before the hosts: {exc} (an '@', ':', '/' or '?' in them "
+                            "is written %40, %3A, %2F, %3F)")
+        scheme_free = f"{'***:***' if ':' in userinfo else '***'}@{after}"
+        uri = f"{scheme}://{scheme_free}"
+    query = scheme_free.partition("?")[2]
 
     def said(what: str, parse: Callable[[], Any]) -> bool:
         with python_warnings.catch_warnings(record=True) as caught:
             python_warnings.simplefilter("always")
             try:
                 parse()
-            except (ValueError, TypeError, PyMongoError) as exc:  # InvalidURI and ConfigurationError among them
-                problems.append(f"{what}{_unsaid(str(exc), userinfo)}")
+            except OSError as exc:  # a file an option names (tlsCAFile, tlsCertificateKeyFile) not read
+                problems.append(f"{what}{exc.strerror or exc} (check the file the option names, and that this "
+                                "user may read it)")
                 return False
-        problems.extend(f"{what}{_unsaid(str(warning.message), userinfo)}" for warning in caught)
+            except (ValueError, TypeError, PyMongoError) as exc:  # InvalidURI and ConfigurationError among them
+                problems.append(f"{what}{_unsaid(str(exc))}")
+                return False
+        problems.extend(f"{what}{_unsaid(str(warning.message))}" for warning in caught)
         return not caught
 
     taken = []
@@ -54,9 +67,6 @@ def uri_problems(uri: str) -> list[str]:
     return problems
 
 
-def _unsaid(message: str, userinfo: str) -> str:
-    """PyMongo's ``message`` with what the URI holds before its ``@`` (user and password) and
-    its advice to read a docstring taken out."""
-    for part in filter(None, userinfo.split(":")):
-        message = message.replace(part, "***")
+def _unsaid(message: str) -> str:
+    """PyMongo's ``message`` without its advice to read a docstring."""
     return message.replace(" Refer to docstring.", "")
