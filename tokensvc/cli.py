@@ -14,7 +14,7 @@ import socket
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tokensvc import __version__, cli_admin, cli_storage, logs
 from tokensvc import config as config_module
@@ -23,6 +23,9 @@ from tokensvc.cli_admin import CommandError, StoreFactory, load_settings
 from tokensvc.config import ConfigError, Settings
 from tokensvc.identifiers import is_loopback
 from tokensvc.storage import StorageError, StoreFault
+
+if TYPE_CHECKING:
+    from tornado.httpserver import HTTPServer
 
 log = logging.getLogger("tokensvc")
 GENERATED_SECRET_NOTICE = ("generated a random cookie secret: sessions and XSRF tokens end when the process "
@@ -186,8 +189,7 @@ async def serve(settings: Settings, listeners: Listeners, *, show_banner: bool =
     await stop.wait()
     # A graceful stop: no new connection, the requests in flight answered (for at most
     # server.drain_seconds), idle keep-alive connections closed; only then the store.
-    for server in servers:
-        server.stop()
+    stop_accepting(servers)
     # Readers of the revocation feed would hold this process until the end: told to go now
     # (1012), they reconnect to another process.
     ended = ctx.feed.end_all()
@@ -212,6 +214,17 @@ async def serve(settings: Settings, listeners: Listeners, *, show_banner: bool =
         if _failed(task):
             raise CommandError(str(task.exception()))
     log.info("tokensvc stopped")
+
+
+def stop_accepting(servers: Sequence[HTTPServer]) -> None:
+    """A graceful stop's first step, on each of ``servers`` (Tornado's ``HTTPServer``): no new
+    connection, and a request read from now on is its connection's last (``Connection:
+    close``). A client keeping its connection alive would otherwise hold the drain for its
+    whole length with requests sent one after the other, each one in flight in turn; it
+    connects again instead, to another process."""
+    for server in servers:
+        server.stop()
+        server.conn_params.no_keep_alive = True
 
 
 def _failed(task: asyncio.Task[None]) -> bool:
