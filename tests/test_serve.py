@@ -259,3 +259,47 @@ async def test_once_stopping_each_connection_ends_with_the_next_answer_it_carrie
         for _, writer in (busy, idle):
             writer.close()
 
+
+# A service's event loop ending while a call of the MongoDB driver still runs: one the store's
+# close could not wait out (a reply the driver still waits for). ``main`` returns, or fails.
+LEFT_RUNNING = """
+import asyncio, sys
+from tokensvc import cli, logs
+from tokensvc.storage.mongo.calls import Calls
+
+async def call():  # as the driver waits for a reply
+    try:
+        await asyncio.sleep(3600)
+    except asyncio.CancelledError:
+        print("cancelled inside the driver", flush=True)
+        raise
+
+async def main():
+    Calls().start(call())
+    await asyncio.sleep(0)
+    print("serve ended", flush=True)
+    if sys.argv[2] == "failed":
+        raise cli.CommandError("start-up failed")
+
+logs.configure("text", "info")
+(asyncio.run if sys.argv[1] == "asyncio.run" else cli.run)(main())
+print("the interpreter's exit", flush=True)
+"""
+
+
+@pytest.mark.parametrize("ending, code", [("returned", 0), ("failed", 1)])
+def test_a_driver_call_still_running_when_serve_ends_is_not_cancelled(ending, code):
+    """The process leaves at once instead, cancelling nothing and finalizing nothing (a driver
+    call's coroutine closed where it waits): asyncio.run cancels every task still running, and a
+    cancellation delivered inside PyMongo's server selection leaves its lock broken and logs a
+    traceback (issue #47)."""
+    result = subprocess.run([sys.executable, "-c", LEFT_RUNNING, "cli.run", ending], capture_output=True,
+                            text=True, timeout=60)
+    assert result.returncode == code, result
+    assert result.stdout == "serve ended\n", result
+    assert ("ERROR tokensvc: start-up failed" in result.stderr) == (ending == "failed"), result.stderr
+    assert "Traceback" not in result.stderr and "destroyed" not in result.stderr, result.stderr
+    if ending == "returned":  # what asyncio.run does with it
+        cancelled = subprocess.run([sys.executable, "-c", LEFT_RUNNING, "asyncio.run", ending], capture_output=True,
+                                   text=True, timeout=60)
+        assert "cancelled inside the driver" in cancelled.stdout, cancelled
