@@ -19,7 +19,7 @@ from tokensvc.bootstrap import make_store
 from tokensvc.config import StorageSettings
 from tokensvc.records import Session, utcnow
 from tokensvc.storage.base import StorageError
-from tokensvc.storage.mongo import MongoStore
+from tokensvc.storage.mongo import MongoStore, calls
 
 pytestmark = [pytest.mark.mongodb, pytest.mark.gen_test(timeout=60)]
 
@@ -78,6 +78,48 @@ async def test_concurrent_operations_on_an_unreachable_store_end_in_503_and_neve
         assert not store.client._topology._lock.locked()
     finally:
         await store.close()
+
+
+async def test_settling_waits_for_every_call_still_running_and_cancels_none():
+    """What a stop waits for once the client is closed: the calls left behind, a call a request
+    still waits for (a drain that did not wait the request out), and one left meanwhile. The
+    event loop's end cancels whatever still runs (asyncio.run), a driver call among them."""
+    store_calls = calls.Calls()
+    cancelled: list[str] = []
+
+    async def call(name: str, seconds: float) -> str:  # as the driver waits for a server
+        try:
+            await asyncio.sleep(seconds)
+        except asyncio.CancelledError:
+            cancelled.append(name)
+            raise
+        return name
+
+    left = store_calls.start(call("left", 0.1))
+    store_calls.leave(left)
+    waited = store_calls.start(call("waited", 0.6))
+    request = asyncio.ensure_future(store_calls.wait(waited, 0.3))  # its budget ends while the store settles
+    assert await store_calls.settle(10) == 0
+    assert left.done() and waited.done() and cancelled == []
+    with pytest.raises(calls.Left):
+        await request
+    assert store_calls.running == store_calls.left == set()
+    assert calls.running(asyncio.get_running_loop()) == 0
+
+
+async def test_the_stores_close_waits_for_the_call_of_a_request_still_in_flight(driver_waits):
+    """A request the drain did not wait out is still waiting for its call when the store closes:
+    the close waits for the call too (the closed client ends it at once), so nothing of the
+    driver is left running for the event loop's end to cancel."""
+    store = unreachable(timeout_ms=5000)
+    request = asyncio.ensure_future(store.list_clients())
+    await asyncio.sleep(0.2)  # its call is selecting a server
+    assert len(store.calls.running) == 1 and not store.calls.left
+    await store.close()
+    assert store.calls.running == set() and calls.running(asyncio.get_running_loop()) == 0
+    assert driver_waits == []
+    with pytest.raises(StorageError):
+        await request
 
 
 @pytest.mark.skipif(sys.version_info >= (3, 12), reason="Python 3.12 rewrote asyncio.wait_for on asyncio.timeout")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import socket
 import subprocess
@@ -220,3 +221,112 @@ def test_a_long_address_or_large_header_fields_get_an_answer_in_the_documented_s
         assert posted.status_code == 414 and set(posted.json()) == {"detail"}
     finally:
         assert "Traceback" not in service.stop()
+
+
+async def answer_on(reader: asyncio.StreamReader) -> tuple[str, dict[str, str]]:
+    """One response's status line and headers (its body read by its Content-Length)."""
+    head = (await reader.readuntil(b"\r\n\r\n")).decode("latin1")
+    status, *lines = head.split("\r\n")[:-2]
+    headers = dict(line.lower().split(": ", 1) for line in lines)
+    await reader.readexactly(int(headers.get("content-length", "0")))
+    return status, headers
+
+
+async def ended(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> bool:
+    """Whether the server has ended the connection: a request sent now is answered (kept) or
+    meets the connection's end, one or the other, so nothing is waited for a fixed time."""
+    try:
+        writer.write(b"GET /healthz HTTP/1.1\r\nHost: localhost\r\n\r\n")
+        await writer.drain()
+        await reader.readuntil(b"\r\n\r\n")
+        return False
+    except (asyncio.IncompleteReadError, ConnectionError):
+        return True
+
+
+@pytest.mark.gen_test
+async def test_once_stopping_each_connection_ends_with_the_next_answer_it_carries(app, http_server, http_port,
+                                                                                   monkeypatch):
+    """A stop answers the requests in flight, and a request a kept-alive connection sends
+    meanwhile, each connection's last (``Connection: close``): four clients sending one request
+    after another held the drain whole, one of theirs always in flight (issue #47). A JSON
+    route's answer and a page's alike."""
+    from tokensvc.handlers import meta
+
+    entered, release = asyncio.Event(), asyncio.Event()
+    health = meta.HealthHandler.get
+
+    async def held(self):  # the request in flight when the stop comes
+        if not release.is_set():
+            entered.set()
+            await release.wait()
+        await health(self)
+
+    monkeypatch.setattr(meta.HealthHandler, "get", held)
+    busy = await asyncio.open_connection("127.0.0.1", http_port)
+    idle = await asyncio.open_connection("127.0.0.1", http_port)
+    try:
+        idle[1].write(b"GET /.well-known/oauth-authorization-server HTTP/1.1\r\nHost: localhost\r\n\r\n")
+        status, headers = await answer_on(idle[0])
+        assert status == "HTTP/1.1 200 OK" and "connection" not in headers  # kept alive
+        busy[1].write(b"GET /healthz HTTP/1.1\r\nHost: localhost\r\n\r\n")
+        await entered.wait()
+        cli.stop_accepting([http_server])
+        with pytest.raises(ConnectionError):  # no new connection
+            await asyncio.open_connection("127.0.0.1", http_port)
+        release.set()
+        status, _ = await answer_on(busy[0])
+        assert status == "HTTP/1.1 200 OK"  # the request in flight is answered
+        for (reader, writer), path in ((busy, "/oauth/clients"), (idle, "/login")):
+            writer.write(f"GET {path} HTTP/1.1\r\nHost: localhost\r\n\r\n".encode())
+            status, headers = await answer_on(reader)
+            assert status == "HTTP/1.1 200 OK" and headers["connection"] == "close", path
+            assert await ended(reader, writer), path
+    finally:
+        for _, writer in (busy, idle):
+            writer.close()
+
+
+# A service's event loop ending while a call of the MongoDB driver still runs: one the store's
+# close could not wait out (a reply the driver still waits for). ``main`` returns, or fails.
+LEFT_RUNNING = """
+import asyncio, sys
+from tokensvc import cli, logs
+from tokensvc.storage.mongo.calls import Calls
+
+async def call():  # as the driver waits for a reply
+    try:
+        await asyncio.sleep(3600)
+    except asyncio.CancelledError:
+        print("cancelled inside the driver", flush=True)
+        raise
+
+async def main():
+    Calls().start(call())
+    await asyncio.sleep(0)
+    print("serve ended", flush=True)
+    if sys.argv[2] == "failed":
+        raise cli.CommandError("start-up failed")
+
+logs.configure("text", "info")
+(asyncio.run if sys.argv[1] == "asyncio.run" else cli.run)(main())
+print("the interpreter's exit", flush=True)
+"""
+
+
+@pytest.mark.parametrize("ending, code", [("returned", 0), ("failed", 1)])
+def test_a_driver_call_still_running_when_serve_ends_is_not_cancelled(ending, code):
+    """The process leaves at once instead, cancelling nothing and finalizing nothing (a driver
+    call's coroutine closed where it waits): asyncio.run cancels every task still running, and a
+    cancellation delivered inside PyMongo's server selection leaves its lock broken and logs a
+    traceback (issue #47)."""
+    result = subprocess.run([sys.executable, "-c", LEFT_RUNNING, "cli.run", ending], capture_output=True,
+                            text=True, timeout=60)
+    assert result.returncode == code, result
+    assert result.stdout == "serve ended\n", result
+    assert ("ERROR tokensvc: start-up failed" in result.stderr) == (ending == "failed"), result.stderr
+    assert "Traceback" not in result.stderr and "destroyed" not in result.stderr, result.stderr
+    if ending == "returned":  # what asyncio.run does with it
+        cancelled = subprocess.run([sys.executable, "-c", LEFT_RUNNING, "asyncio.run", ending], capture_output=True,
+                                   text=True, timeout=60)
+        assert "cancelled inside the driver" in cancelled.stdout, cancelled

@@ -12,9 +12,9 @@ import os
 import signal
 import socket
 import sys
-from collections.abc import Sequence
+from collections.abc import Coroutine, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from tokensvc import __version__, cli_admin, cli_storage, logs
 from tokensvc import config as config_module
@@ -23,6 +23,9 @@ from tokensvc.cli_admin import CommandError, StoreFactory, load_settings
 from tokensvc.config import ConfigError, Settings
 from tokensvc.identifiers import is_loopback
 from tokensvc.storage import StorageError, StoreFault
+
+if TYPE_CHECKING:
+    from tornado.httpserver import HTTPServer
 
 log = logging.getLogger("tokensvc")
 GENERATED_SECRET_NOTICE = ("generated a random cookie secret: sessions and XSRF tokens end when the process "
@@ -186,8 +189,7 @@ async def serve(settings: Settings, listeners: Listeners, *, show_banner: bool =
     await stop.wait()
     # A graceful stop: no new connection, the requests in flight answered (for at most
     # server.drain_seconds), idle keep-alive connections closed; only then the store.
-    for server in servers:
-        server.stop()
+    stop_accepting(servers)
     # Readers of the revocation feed would hold this process until the end: told to go now
     # (1012), they reconnect to another process.
     ended = ctx.feed.end_all()
@@ -214,8 +216,56 @@ async def serve(settings: Settings, listeners: Listeners, *, show_banner: bool =
     log.info("tokensvc stopped")
 
 
+def stop_accepting(servers: Sequence[HTTPServer]) -> None:
+    """A graceful stop's first step, on each of ``servers`` (Tornado's ``HTTPServer``): no new
+    connection, and a request read from now on is its connection's last (``Connection:
+    close``). A client keeping its connection alive would otherwise hold the drain for its
+    whole length with requests sent one after the other, each one in flight in turn; it
+    connects again instead, to another process."""
+    for server in servers:
+        server.stop()
+        server.conn_params.no_keep_alive = True
+
+
 def _failed(task: asyncio.Task[None]) -> bool:
     return task.done() and not task.cancelled() and task.exception() is not None
+
+
+def run(main: Coroutine[Any, Any, None]) -> None:
+    """Run ``main`` (:func:`serve`) on an event loop of its own, as ``asyncio.run`` does, but
+    never cancel a call of the MongoDB driver. ``asyncio.run`` cancels every task still running
+    when ``main`` ends, and a cancellation delivered inside the driver can leave its lock held
+    by no one, with a traceback (storage/mongo/calls.py). The store's close waits for its
+    calls; should one still be running after that (a reply the driver still waits for, within
+    its socket timeout), the process leaves at once instead, its log written, cancelling
+    nothing: with exit code 0, or 1 once it has logged why ``main`` failed."""
+    with asyncio.Runner() as runner:
+        try:
+            runner.run(main)
+        except Exception as exc:
+            if _driver_calls_running(runner.get_loop()):
+                log.error("%s", exc)
+                _leave(1)
+            raise
+        if _driver_calls_running(runner.get_loop()):
+            _leave(0)
+
+
+def _driver_calls_running(loop: asyncio.AbstractEventLoop) -> int:
+    """How many calls of the MongoDB driver are still running on ``loop``: none in a process
+    that never loaded the MongoDB store (the memory backend does not import the driver)."""
+    calls = sys.modules.get("tokensvc.storage.mongo.calls")
+    return calls.running(loop) if calls is not None else 0
+
+
+def _leave(code: int) -> NoReturn:
+    """End the process now, its log and output written: no task is cancelled, and none is
+    finalized (a driver call's coroutine closed where it waits, as the interpreter's exit would)."""
+    logging.shutdown()
+    with contextlib.suppress(Exception):
+        sys.stdout.flush()
+        sys.stderr.flush()
+    os._exit(code)
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
@@ -225,7 +275,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     if processes == 1:
         listeners = bind(settings)
         warn(settings)
-        asyncio.run(serve(settings, listeners))
+        run(serve(settings, listeners))
         return 0
     if processes < 0:
         raise CommandError("--processes: 0 (one per core) or more")
@@ -251,7 +301,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     def work(slot: int) -> int:
         try:
-            asyncio.run(serve(settings, listeners, show_banner=False))
+            run(serve(settings, listeners, show_banner=False))
         except (CommandError, StoreFault) as exc:
             return _error(args, str(exc))
         return 0

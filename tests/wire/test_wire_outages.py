@@ -102,7 +102,9 @@ def storage(uri: str) -> str:
 
 def stopped_in_time(service: Service, traffic: Traffic | None = None) -> float:
     """SIGTERM to the service's process group (every worker), with ``traffic`` still coming;
-    how long until it had all left."""
+    how long until it had all left. Each process's drain ends once the requests in flight are
+    answered: a client sending one request after another on a kept-alive connection does not
+    hold it (each connection ends with the next answer it carries)."""
     if traffic is not None:
         traffic.stopping = True
     started = time.monotonic()
@@ -110,6 +112,7 @@ def stopped_in_time(service: Service, traffic: Traffic | None = None) -> float:
     took = time.monotonic() - started
     assert service.returncode == 0, output
     assert "Traceback" not in output and "Lock is not acquired" not in output, output
+    assert "still in flight" not in output, output
     return took
 
 

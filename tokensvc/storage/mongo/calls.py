@@ -10,13 +10,17 @@ forever). So nothing the store does cancels a call: not its budget, not an elect
 abandons a read, not the caller going away (``/readyz``'s short wait, a stop cancelling the
 relay). The store stops waiting instead, and the call ends by the driver's own deadlines
 (``pymongo.timeout`` for a read, the client's server-selection, pool and socket timeouts);
-:meth:`Calls.settle` lets the calls left behind end before the client closes."""
+:meth:`Calls.settle` lets every call still running end once the client is closed. Nor does the
+process's end cancel one: ``asyncio.run`` would cancel every task still running, these among
+them, so ``tokensvc serve`` leaves without cancelling the calls its store's close could not
+wait out (:func:`running`, ``tokensvc.cli.run``)."""
 
 from __future__ import annotations
 
 import asyncio
 import contextvars
 import logging
+import weakref
 from collections.abc import Coroutine
 from typing import Any, TypeVar
 
@@ -42,16 +46,31 @@ def wake(waiter: asyncio.Future[Any], why: Any = None) -> None:
         waiter.set_result(why)
 
 
+# The driver calls of this process, whichever store started them: those still running when a
+# service's event loop ends are left to end with the process, not cancelled (``tokensvc.cli.run``).
+_STARTED: weakref.WeakSet[asyncio.Task[Any]] = weakref.WeakSet()
+
+
+def running(loop: asyncio.AbstractEventLoop) -> int:
+    """How many driver calls are still running on ``loop``, whichever store started them."""
+    return sum(1 for call in list(_STARTED) if call.get_loop() is loop and not call.done())
+
+
 class Calls:
     """The driver calls of one store: each in a task of its own, waited for and never cancelled;
-    those the store stopped waiting for, until they end."""
+    each kept until it ends (``running``), and those the store stopped waiting for in ``left``."""
 
     def __init__(self) -> None:
+        self.running: set[asyncio.Task[Any]] = set()
         self.left: set[asyncio.Task[Any]] = set()
 
     def start(self, call: Coroutine[Any, Any, R], context: contextvars.Context | None = None) -> asyncio.Task[R]:
         """``call`` running in a task of its own (in ``context``, a copy of the caller's by default)."""
-        return asyncio.get_running_loop().create_task(call, context=context)
+        task = asyncio.get_running_loop().create_task(call, context=context)
+        self.running.add(task)
+        _STARTED.add(task)
+        task.add_done_callback(self.running.discard)
+        return task
 
     async def wait(self, call: asyncio.Task[R], seconds: float, elections: set[asyncio.Future[Any]] | None = None) -> R:
         """The answer of ``call``, waited for at most ``seconds`` (:class:`Left`), or until an
@@ -88,8 +107,11 @@ class Calls:
             log.debug("a store call nobody waited for any more ended: %r", call.exception())
 
     async def settle(self, seconds: float) -> int:
-        """Wait at most ``seconds`` for the calls left behind to end (never cancelling one); how
-        many are still running then."""
-        if self.left:
-            await asyncio.wait(set(self.left), timeout=max(seconds, 0.0))
-        return len(self.left)
+        """Wait at most ``seconds`` for every call still running to end, never cancelling one:
+        those left behind, those a caller still waits for (a request the drain did not wait out),
+        and those started or left meanwhile; how many are still running then."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + max(seconds, 0.0)
+        while self.running and loop.time() < deadline:
+            await asyncio.wait(set(self.running), timeout=deadline - loop.time())
+        return len(self.running)
