@@ -20,8 +20,10 @@ idempotent writes still waiting are abandoned and run again, on the new primary
 storage/mongo/calls.py).
 
 A store that could not be reached at start-up is tried again as soon as the driver sees a
-member that takes writes (:meth:`Topology.writable`), not only at the next step of the
-start-up's back-off.
+member that takes writes, or a newly elected primary (:meth:`Topology.writable`), not only at
+the next step of the start-up's back-off; so are the revocation relay's change stream and a
+socket's re-check that failed meanwhile (``Store.reachable``). The relay's change stream, which
+stands on the primary that opened it, follows a new primary at once (storage/mongo/feed.py).
 """
 
 from __future__ import annotations
@@ -69,7 +71,7 @@ class Topology:
         if before is not None and after is not None and after != before:
             for waiter in list(self.elections):
                 waiter.get_loop().call_soon_threadsafe(calls.wake, waiter, calls.ELECTED)
-        if not _takes_writes(old) and _takes_writes(new):
+        if _takes_writes(new) and (not _takes_writes(old) or after != before):
             _finish(self._writable)
             self._writable = None
 
@@ -78,12 +80,14 @@ class Topology:
         elected (each woken with :data:`calls.ELECTED`): what waits on the old one may never
         come (a primary that crashed or was cut off answers nothing, and no connection of it is
         closed, so the wait would last the whole budget). Only for what may simply run again (a
-        read, an idempotent write): a single-document write in flight may have applied, and the
-        driver's own retry on the new primary is what runs it once."""
+        read, an idempotent write, the relay's change stream, opened again where it stood): a
+        single-document write in flight may have applied, and the driver's own retry on the new
+        primary is what runs it once."""
         return self.elections
 
     def writable(self) -> asyncio.Future[None]:
-        """Done when the driver next sees a member that takes writes, having seen none."""
+        """Done when the driver next sees a member that takes writes, having seen none, or
+        another primary than the one it knew: what failed for want of one may succeed now."""
         if self._writable is None:
             self._writable = asyncio.get_running_loop().create_future()
         return self._writable
