@@ -57,6 +57,10 @@ class Topology:
 
     def __init__(self) -> None:
         self._description: Any = None
+        # The primary the driver knew last (its address and election id), kept while it knows
+        # none: the crashed primary is often marked unknown before the others elect a new one
+        # (a new connection's handshake to it timed out), and what waits on it waits all the same.
+        self._primary: tuple[Any, Any] | None = None
         self.elections: set[asyncio.Future[Any]] = set()  # the waits an election abandons (calls.Calls.wait)
         self._writable: asyncio.Future[None] | None = None  # done when a member takes writes again
 
@@ -67,22 +71,25 @@ class Topology:
     @description.setter
     def description(self, new: Any) -> None:
         old, self._description = self._description, new
-        before, after = _primary(old), _primary(new)
-        if before is not None and after is not None and after != before:
+        before, now = self._primary, _primary(new)
+        elected = before is not None and now is not None and now != before
+        if now is not None:
+            self._primary = now
+        if elected:
             for waiter in list(self.elections):
                 waiter.get_loop().call_soon_threadsafe(calls.wake, waiter, calls.ELECTED)
-        if _takes_writes(new) and (not _takes_writes(old) or after != before):
+        if _takes_writes(new) and (not _takes_writes(old) or elected):
             _finish(self._writable)
             self._writable = None
 
     def abandoned(self) -> set[asyncio.Future[Any]]:
-        """The waits abandoned when another primary than the one the driver knows now is
-        elected (each woken with :data:`calls.ELECTED`): what waits on the old one may never
-        come (a primary that crashed or was cut off answers nothing, and no connection of it is
-        closed, so the wait would last the whole budget). Only for what may simply run again (a
-        read, an idempotent write, the relay's change stream, opened again where it stood): a
-        single-document write in flight may have applied, and the driver's own retry on the new
-        primary is what runs it once."""
+        """The waits abandoned when another primary than the one the driver knew last is
+        elected (each woken with :data:`calls.ELECTED`), whether or not it knew none in between:
+        what waits on the old one may never come (a primary that crashed or was cut off answers
+        nothing, and no connection of it is closed, so the wait would last the whole budget).
+        Only for what may simply run again (a read, an idempotent write, the relay's change
+        stream, opened again where it stood): a single-document write in flight may have
+        applied, and the driver's own retry on the new primary is what runs it once."""
         return self.elections
 
     def writable(self) -> asyncio.Future[None]:

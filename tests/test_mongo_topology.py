@@ -1,0 +1,98 @@
+"""What the store makes of the driver's views of a replica set (tokensvc/storage/topology.py):
+an election wakes the waits on the old primary (reads, the relay's change stream) and says the
+store may answer again, also when the driver knew no primary in between (it marked the crashed
+one unknown first, as a timed-out handshake to it makes it); the same primary seen again, or
+a secondary's change, wakes nothing."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from bson import ObjectId
+from pymongo.asynchronous.settings import TopologySettings
+from pymongo.hello import Hello
+from pymongo.server_description import ServerDescription
+from pymongo.topology_description import TOPOLOGY_TYPE, TopologyDescription
+
+from tokensvc.storage.mongo import calls
+from tokensvc.storage.topology import Topology
+
+A, B, C = ("db1", 27017), ("db2", 27017), ("db3", 27017)
+
+
+def member(address, state: str, term: int = 1) -> ServerDescription:
+    """A member as its ``hello`` describes it: ``"primary"`` (elected in ``term``),
+    ``"secondary"``, or ``"unknown"`` (no answer)."""
+    if state == "unknown":
+        return ServerDescription(address)
+    hello = {"ok": 1, "setName": "rs0", "hosts": [f"{host}:{port}" for host, port in (A, B, C)], "setVersion": 1,
+             "maxWireVersion": 25, "minWireVersion": 0, "isWritablePrimary": state == "primary",
+             "secondary": state == "secondary"}
+    if state == "primary":
+        hello["electionId"] = ObjectId(f"7fffffff{term:016x}")
+    return ServerDescription(address, Hello(hello))
+
+
+def view(*members: ServerDescription) -> TopologyDescription:
+    """The replica set as the driver describes it, with these members."""
+    kind = (TOPOLOGY_TYPE.ReplicaSetWithPrimary if any(server.is_writable for server in members)
+            else TOPOLOGY_TYPE.ReplicaSetNoPrimary)
+    return TopologyDescription(kind, {server.address: server for server in members}, "rs0", None, None,
+                               TopologySettings())
+
+
+async def waits(topology: Topology) -> tuple[asyncio.Future, asyncio.Future]:
+    """A wait an election abandons, and the store's wait until it may answer again."""
+    waiter = asyncio.get_running_loop().create_future()
+    topology.abandoned().add(waiter)
+    return waiter, topology.writable()
+
+
+async def settled() -> None:
+    """The wakes the driver's events queued (call_soon_threadsafe) have run."""
+    for _ in range(3):
+        await asyncio.sleep(0)
+
+
+@pytest.mark.gen_test
+async def test_an_election_wakes_the_waits_on_the_old_primary():
+    topology = Topology()
+    topology.description = view(member(A, "primary"), member(B, "secondary"), member(C, "secondary"))
+    waiter, writable = await waits(topology)
+    topology.description = view(member(A, "unknown"), member(B, "primary", term=2), member(C, "secondary"))
+    await settled()
+    assert waiter.done() and waiter.result() == calls.ELECTED
+    assert writable.done()
+
+
+@pytest.mark.gen_test
+async def test_an_election_wakes_them_also_after_the_driver_gave_up_on_the_old_primary():
+    """The crashed primary is marked unknown before the others elect (a new connection's
+    handshake to it timed out): the driver knows no primary for a while. What was sent to the
+    old one still waits on it, and the election wakes it all the same."""
+    topology = Topology()
+    topology.description = view(member(A, "primary"), member(B, "secondary"), member(C, "secondary"))
+    waiter, writable = await waits(topology)
+    topology.description = view(member(A, "unknown"), member(B, "secondary"), member(C, "secondary"))
+    await settled()
+    assert not waiter.done() and not writable.done()
+    topology.description = view(member(A, "unknown"), member(B, "primary", term=2), member(C, "secondary"))
+    await settled()
+    assert waiter.done() and waiter.result() == calls.ELECTED
+    assert writable.done()
+
+
+@pytest.mark.gen_test
+async def test_the_same_primary_seen_again_or_a_secondarys_change_wakes_nothing():
+    topology = Topology()
+    topology.description = view(member(A, "primary"), member(B, "secondary"), member(C, "secondary"))
+    waiter, writable = await waits(topology)
+    topology.description = view(member(A, "primary"), member(B, "unknown"), member(C, "secondary"))
+    await settled()
+    assert not waiter.done() and not writable.done()
+    topology.description = view(member(A, "unknown"), member(B, "unknown"), member(C, "secondary"))
+    topology.description = view(member(A, "primary"), member(B, "secondary"), member(C, "secondary"))
+    await settled()
+    assert not waiter.done()  # the same primary, the same term: nothing waited on another
+    assert writable.done()  # but a member takes writes again
