@@ -19,6 +19,10 @@ idempotent writes still waiting are abandoned and run again, on the new primary
 (:meth:`Topology.abandoned`: the store stops waiting for them, never cancelling the driver,
 storage/mongo/calls.py).
 
+The driver publishes its topology's events from a queue it empties once a second; its
+heartbeats' at once. A heartbeat from a member that says it is a new primary makes the store
+take the driver's own view at once (:meth:`Topology.primary_heard`), not up to a second later.
+
 A store that could not be reached at start-up is tried again as soon as the driver sees a
 member that takes writes, or a newly elected primary (:meth:`Topology.writable`), not only at
 the next step of the start-up's back-off; so are the revocation relay's change stream and a
@@ -29,6 +33,7 @@ stands on the primary that opened it, follows a new primary at once (storage/mon
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from pymongo import monitoring
@@ -44,6 +49,12 @@ if TYPE_CHECKING:
 _STATES = {"RSSecondary": "secondary", "RSArbiter": "arbiter", "RSGhost": "not in a replica-set state yet",
            "RSOther": "neither primary nor secondary", "Unknown": "unknown"}
 DIRECT_ADVICE = "point storage.mongodb_uri at the replica set (replicaSet=..., no directConnection=true)"
+
+
+# After a heartbeat from a new primary, how often and how many times the store looks at the
+# driver's view for it: the driver takes the answer in right after it publishes it.
+LOOK_SECONDS = 0.01
+LOOKS = 50
 
 
 def not_primary(address: str, state: str) -> str:
@@ -92,6 +103,33 @@ class Topology:
         applied, and the driver's own retry on the new primary is what runs it once."""
         return self.elections
 
+    def primary_heard(self, primary: tuple[Any, Any], now: Callable[[], Any]) -> None:
+        """A member answered the driver's monitor that it is the primary (``primary``: its
+        address and election id). One the store does not know is an election: the driver's view
+        (``now()``) shows it as soon as the driver has taken that answer in, right after it
+        published it, and the store takes that view then, looking again every
+        :data:`LOOK_SECONDS` for at most :data:`LOOKS` looks (a member that only believes it is
+        primary never shows)."""
+        if primary == self._primary:
+            return
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:  # not the asyncio driver's monitor: its queued events say it
+            return
+        loop.call_soon(self._look, primary, now, LOOKS)
+
+    def _look(self, primary: tuple[Any, Any], now: Callable[[], Any], looks: int) -> None:
+        if primary == self._primary:
+            return  # the driver's events said it meanwhile
+        description = now()
+        if description.topology_type == TOPOLOGY_TYPE.Single:
+            return  # a member connected directly: no election to follow
+        shown = _primary(description)
+        if shown is not None and shown != self._primary:
+            self.description = description
+        elif looks > 1:
+            asyncio.get_running_loop().call_later(LOOK_SECONDS, self._look, primary, now, looks - 1)
+
     def writable(self) -> asyncio.Future[None]:
         """Done when the driver next sees a member that takes writes, having seen none, or
         another primary than the one it knew: what failed for want of one may succeed now."""
@@ -133,9 +171,17 @@ def _primary(description: Any) -> tuple[Any, Any] | None:
     return None
 
 
-class DriverEvents(monitoring.ConnectionPoolListener, monitoring.ServerListener, monitoring.TopologyListener):
+class DriverEvents(monitoring.ConnectionPoolListener, monitoring.ServerListener, monitoring.TopologyListener,
+                   monitoring.ServerHeartbeatListener):
     """The driver's events: pool and server changes to the store's observer, each new view of
-    the topology to the store's :class:`Topology`."""
+    the topology to the store's :class:`Topology`.
+
+    The driver publishes its topology's and servers' events from a queue it empties once a
+    second (``pymongo.common.EVENTS_QUEUE_FREQUENCY``), its heartbeats' at once. So a new view
+    is taken from the driver itself (``topology_description``, its view now) whenever an event
+    says something changed, and a heartbeat from a member that says it is a primary the store
+    does not know makes the store look at once (:meth:`Topology.primary_heard`): an election
+    reached the relay and the reads waiting on a crashed primary up to a second late."""
 
     def __init__(self) -> None:
         self.store: MongoStore | None = None
@@ -154,11 +200,24 @@ class DriverEvents(monitoring.ConnectionPoolListener, monitoring.ServerListener,
         if self.store is None:
             return
         if isinstance(event, monitoring.TopologyDescriptionChangedEvent):
-            self.store.topology.description = event.new_description
+            self.store.topology.description = self._now()  # newer than the event's, if anything
         elif event.previous_description.server_type != event.new_description.server_type:
             self.store.observer.topology_changed()
 
-    # The rest of the three interfaces: nothing to count.
+    def succeeded(self, event: monitoring.ServerHeartbeatSucceededEvent) -> None:
+        """A member answered the driver's monitor (ServerHeartbeatListener)."""
+        reply = event.reply
+        if self.store is not None and reply.is_writable and reply.election_id is not None:
+            self.store.topology.primary_heard((event.connection_id, reply.election_id), self._now)
+
+    def _now(self) -> Any:
+        """The driver's view of the deployment now."""
+        assert self.store is not None
+        return self.store.client.topology_description
+
+    # The rest of the four interfaces: nothing to count.
+    def started(self, event: Any) -> None: ...
+    def failed(self, event: Any) -> None: ...
     def pool_created(self, event: Any) -> None: ...
     def pool_ready(self, event: Any) -> None: ...
     def pool_cleared(self, event: Any) -> None: ...
