@@ -163,3 +163,21 @@ async def test_the_known_primarys_or_a_secondarys_heartbeat_looks_at_nothing_and
     await eventually(lambda: len(looked) == topology.LOOKS, seconds=5, what="every look")
     await asyncio.sleep(topology.LOOK_SECONDS * 3)
     assert len(looked) == topology.LOOKS  # and no more
+
+
+@pytest.mark.gen_test
+async def test_the_primarys_heartbeat_when_the_store_saw_none_is_the_store_back_at_once():
+    """The whole set was down and comes back, the same primary in the same term: no election,
+    but the waits for the store to answer again (a failed socket re-check, the relay, start-up)
+    end at its first heartbeat, not at the driver's next queued event."""
+    up = view(member(A, "primary"), member(B, "secondary"), member(C, "secondary"))
+    store = Driver(up)
+    events = DriverEvents()
+    events.store = store  # type: ignore[assignment]
+    down = view(member(A, "unknown"), member(B, "unknown"), member(C, "unknown"))
+    store.topology.description = store.client.topology_description = down
+    waiter, writable = await waits(store.topology)
+    events.succeeded(heartbeat(member(A, "primary")))
+    store.client.topology_description = up
+    await eventually(writable.done, seconds=5, what="the store back")
+    assert not waiter.done()  # nothing was elected: what waits on the primary waits on

@@ -105,12 +105,12 @@ class Topology:
 
     def primary_heard(self, primary: tuple[Any, Any], now: Callable[[], Any]) -> None:
         """A member answered the driver's monitor that it is the primary (``primary``: its
-        address and election id). One the store does not know is an election: the driver's view
-        (``now()``) shows it as soon as the driver has taken that answer in, right after it
-        published it, and the store takes that view then, looking again every
-        :data:`LOOK_SECONDS` for at most :data:`LOOKS` looks (a member that only believes it is
-        primary never shows)."""
-        if primary == self._primary:
+        address and election id). One the store does not know is an election, and any primary
+        is the store back when it saw none: the driver's view (``now()``) shows it as soon as
+        the driver has taken that answer in, right after it published it, and the store takes
+        that view then, looking again every :data:`LOOK_SECONDS` for at most :data:`LOOKS`
+        looks (a member that only believes it is primary never shows)."""
+        if primary == self._primary and _takes_writes(self._description):
             return
         try:
             loop = asyncio.get_running_loop()
@@ -119,13 +119,13 @@ class Topology:
         loop.call_soon(self._look, primary, now, LOOKS)
 
     def _look(self, primary: tuple[Any, Any], now: Callable[[], Any], looks: int) -> None:
-        if primary == self._primary:
+        if primary == self._primary and _takes_writes(self._description):
             return  # the driver's events said it meanwhile
         description = now()
         if description.topology_type == TOPOLOGY_TYPE.Single:
-            return  # a member connected directly: no election to follow
+            return  # a member connected directly: its events say it
         shown = _primary(description)
-        if shown is not None and shown != self._primary:
+        if shown is not None and (shown != self._primary or not _takes_writes(self._description)):
             self.description = description
         elif looks > 1:
             asyncio.get_running_loop().call_later(LOOK_SECONDS, self._look, primary, now, looks - 1)
