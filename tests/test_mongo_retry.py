@@ -4,13 +4,19 @@ each operation runs as its kind says. How each kind meets a lost reply: tests/wi
 
 from __future__ import annotations
 
+import asyncio
 import inspect
+import time
 
 import pytest
 from backends import contract_methods
+from helpers import eventually
 from mongomock_motor import AsyncMongoMockClient
 
-from tokensvc.storage.mongo import ONCE, READ, RERUN, RETRY_KINDS, STEPS, MongoStore, guarded
+from tokensvc.storage.base import StorageError, StoreObserver
+from tokensvc.storage.mongo import ONCE, READ, RERUN, RETRY_KINDS, STEPS, MongoStore, calls, guarded
+from tokensvc.storage.mongo.calls import Calls
+from tokensvc.storage.mongo.topology import Topology
 
 pytestmark = pytest.mark.mongodb
 
@@ -57,3 +63,43 @@ def test_an_operation_without_a_kind_in_the_table_is_refused_where_it_is_written
         @guarded(STEPS)
         async def several(self):  # pragma: no cover - never runs
             pass
+
+
+class Abandoned:
+    """Just enough of the store for :func:`guarded`: a read that never answers, in a deployment
+    whose elections a test plays (:class:`Topology`)."""
+
+    budget = 0.05
+
+    def __init__(self) -> None:
+        self.topology, self.calls, self.clock, self.observer = Topology(), Calls(), None, StoreObserver()
+        self.answer = asyncio.Event()  # the read's attempts end once the test lets them
+
+    def unwritable(self) -> None:
+        return None
+
+    @guarded(kind=READ)
+    async def read(self) -> None:
+        await self.answer.wait()
+
+
+@pytest.mark.gen_test
+async def test_an_election_that_abandons_a_read_as_its_budget_runs_out_is_a_503_not_a_500():
+    """The election's wake and the budget's end come in one turn of the loop (a busy process):
+    the read is abandoned with nothing of its budget left. It is answered as a read whose
+    budget ran out (StorageError, 503); it was tried again with a negative budget, which the
+    driver refuses with a ValueError (a 500)."""
+    store = Abandoned()
+    reading = asyncio.ensure_future(store.read())
+    await eventually(lambda: store.topology.elections, what="the read waiting")
+
+    def elected_late() -> None:
+        time.sleep(store.budget * 2)  # the loop busy past the budget
+        for waiter in list(store.topology.elections):
+            calls.wake(waiter, calls.ELECTED)  # before the budget's own timer runs
+
+    asyncio.get_running_loop().call_soon(elected_late)
+    with pytest.raises(StorageError, match="no answer within"):
+        await reading
+    store.answer.set()
+    assert await store.calls.settle(5) == 0  # the attempt left behind ends by itself

@@ -10,7 +10,7 @@ import asyncio
 import logging
 
 import pytest
-from helpers import DEADLINE
+from helpers import DEADLINE, eventually
 
 from tokensvc.handlers import recheck as recheck_module
 from tokensvc.handlers.recheck import Recheck
@@ -188,3 +188,54 @@ async def test_a_stopped_recheck_is_not_tried_again(monkeypatch):
     await asyncio.sleep(0.05)
     recheck.request()
     assert check.runs == 1 and check.started.empty()
+
+
+@pytest.mark.gen_test
+async def test_a_failing_check_is_tried_again_as_soon_as_the_store_may_answer_again():
+    """The check failed with the store away. Its next try does not wait out its second when the
+    store says sooner that it may answer again (MongoDB: a newly elected primary, a member that
+    takes writes seen again): a change the failed check missed is heard as the store returns."""
+    back = asyncio.Event()
+    waited: list[float] = []
+
+    async def reachable(seconds: float) -> None:  # the store's: at most ``seconds``, or until it is back
+        waited.append(seconds)
+        await back.wait()  # here, only the store's return ends it
+
+    check = GatedCheck()
+    check.fail = True
+    recheck = Recheck(check, "could not re-check", reachable)
+    recheck.request()
+    await started(check)
+    await let_run(check, recheck)
+    await eventually(lambda: waited, what="the failed check waiting for the store")
+    assert waited == [recheck_module.RETRY_SECONDS] and check.started.empty()
+    back.set()  # the store is back
+    assert await started(check) == 2
+    check.fail = False
+    await let_run(check, recheck)
+
+
+@pytest.mark.gen_test
+async def test_a_request_while_a_failed_check_waits_for_the_store_checks_at_once():
+    never, waited = asyncio.Event(), []
+
+    async def reachable(seconds: float) -> None:
+        waited.append(seconds)
+        await never.wait()
+
+    check = GatedCheck()
+    check.fail = True
+    recheck = Recheck(check, "could not re-check", reachable)
+    recheck.request()
+    await started(check)
+    await let_run(check, recheck)
+    await eventually(lambda: waited, what="the failed check waiting for the store")
+    waiting = recheck._retry
+    assert waiting is not None
+    recheck.request()  # an announcement: no need to wait for the store any more
+    assert await started(check) == 2
+    await eventually(waiting.cancelled, what="the wait for the store given up")
+    check.fail = False
+    await let_run(check, recheck)
+    recheck.stop()

@@ -18,10 +18,13 @@ from datetime import timedelta
 
 import pytest
 from helpers import WEBAPP_REDIRECT, WEBAPP_SECRET, basic, eventually, exchange, json_of, make_config, post_form
-from primary import Fault, ReplicaSet
+from primary import Fault, ReplicaSet, wire_settings
+from test_wire_relay import Listening, States
 from tornado.httpclient import AsyncHTTPClient
 
-from tokensvc.records import AuthorizationCode, Client, utcnow
+from tokensvc.handlers import recheck as recheck_module
+from tokensvc.handlers.recheck import Recheck
+from tokensvc.records import AuthorizationCode, Client, Session, utcnow
 from tokensvc.storage.base import StorageError
 from tokensvc.storage.mongo import MongoStore
 
@@ -29,6 +32,7 @@ pytestmark = pytest.mark.gen_test(timeout=60)
 
 BUDGET_MS = 4000  # storage.timeout_ms here: longer than the election, as in production (15 s against 10-12 s)
 ELECTION_SECONDS = 1.5  # no primary for this long
+HEARD_SECONDS = 1.0  # the issue's bound: a revocation reaches every process's sockets this soon
 
 
 @pytest.fixture
@@ -126,6 +130,61 @@ async def test_a_single_document_write_waiting_on_a_crashed_primary_is_not_run_a
         await consuming
     assert time.monotonic() - started >= BUDGET_MS / 1000 * 0.9
     assert len(primary.sent("findAndModify", "codes")) == 1
+
+
+async def test_a_change_stream_on_a_crashed_primary_follows_the_new_one_where_it_stood(wire_store, primary):
+    """The relay's change stream stands on the primary, which crashes: the getMore it waits on
+    is never answered. As soon as the driver knows of the new primary, the stream is opened
+    again on it where it stood (resumeAfter), without waiting out its watchdog (the stream's
+    wait and the budget, 5 s here): a session another process ends then is heard within a
+    second. Nothing was missed, so no socket re-checks, and the feed never says it was
+    interrupted."""
+    await wire_store.add_session(Session("s2", "u_alice", utcnow(), utcnow() + timedelta(hours=1)))
+    other = MongoStore.from_settings(wire_settings(primary, timeout_ms=BUDGET_MS))  # a second process
+    wire_store.observer = observer = States()
+    listening = Listening(wire_store)
+    try:
+        await eventually(lambda: observer.states == ["stream"] and primary.sent("getMore"), what="the stream open")
+        assert await other.get_session("s2") is not None  # the other process's driver follows the set
+        primary.crash(elect=1, after=ELECTION_SECONDS)
+        await eventually(lambda: primary_address(other) == primary.members[1].address, what="the new primary known")
+        assert await other.end_session("s2", utcnow())
+        await eventually(lambda: listening.delivered == 1, seconds=HEARD_SECONDS,
+                         what="the revocation heard within a second")
+        assert listening.rechecks == [] and "interrupted" not in observer.states
+        reopened = primary.sent("aggregate")[-1]["pipeline"][0]["$changeStream"]
+        assert "resumeAfter" in reopened
+    finally:
+        await listening.stop()
+        await other.close()
+
+
+async def test_a_recheck_that_failed_on_a_crashed_primary_runs_again_once_another_is_elected(wire_store, primary,
+                                                                                            caplog, monkeypatch):
+    """A socket's re-check reads the store on the primary, which crashes; no member is elected
+    within the read's budget, so the check fails. It runs again as soon as the driver learns
+    of the new primary, not at its next second: the revocation it missed is heard within a
+    second of the store's return, also where the relay's stream, following the new primary
+    where it stood, announces nothing again."""
+    monkeypatch.setattr(recheck_module, "RETRY_SECONDS", 60.0)  # only the election brings it back in time
+    await wire_store.add_session(Session("s2", "u_alice", utcnow(), utcnow() + timedelta(hours=1)))
+    attempts, answers = [], []
+
+    async def check() -> None:
+        attempts.append(1)
+        answers.append(await wire_store.get_session("s2"))
+
+    recheck = Recheck(check, "could not re-check the socket", wire_store.reachable)
+    try:
+        primary.crash(elect=1, after=None)  # nobody elected yet
+        recheck.request()
+        await eventually(lambda: "could not re-check the socket" in caplog.text, what="the check failed")
+        assert attempts == [1] and answers == []
+        primary.elect(1)
+        await eventually(lambda: answers, seconds=HEARD_SECONDS, what="the check again within a second")
+        assert len(attempts) == 2 and answers[0] is not None
+    finally:
+        recheck.stop()
 
 
 class Traffic:

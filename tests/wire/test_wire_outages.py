@@ -6,10 +6,13 @@ trying and ``/readyz`` is 200 within seconds of the store's return; SIGTERM stop
 
 from __future__ import annotations
 
+import http.client
 import threading
 import time
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+from urllib.parse import urlsplit
 
 import pytest
 import requests
@@ -87,6 +90,46 @@ class Traffic:
 
     def count(self) -> int:
         return len(self.answers)
+
+
+class InFlight:
+    """One request in flight at a process: sent on a connection that process has already taken
+    (it answered ``/healthz`` on it first), so that it is not waiting to be accepted, in a thread
+    of its own. :meth:`start` returns once the request is sent; :attr:`outcome` holds its status
+    and ``Retry-After``, or what went wrong instead."""
+
+    def __init__(self, base: str, path: str) -> None:
+        self.base, self.path = urlsplit(base), path
+        self.outcome: list[Any] = []
+        self.sent = threading.Event()
+        self.thread = threading.Thread(target=self._send, daemon=True)
+
+    def start(self) -> InFlight:
+        self.thread.start()
+        assert self.sent.wait(ANSWER_SECONDS), self.outcome
+        return self
+
+    def _send(self) -> None:
+        connection = http.client.HTTPConnection(self.base.hostname, self.base.port, timeout=ANSWER_SECONDS)
+        try:
+            connection.request("GET", "/healthz")
+            connection.getresponse().read()
+            connection.request("GET", self.path)
+            self.sent.set()
+            answer = connection.getresponse()
+            answer.read()
+            self.outcome.append((answer.status, answer.getheader("Retry-After")))
+        except (OSError, http.client.HTTPException) as exc:  # the test looks at it
+            self.outcome.append(exc)
+        finally:
+            self.sent.set()
+            connection.close()
+
+    def answer(self) -> Any:
+        """The outcome, once the thread has ended."""
+        self.thread.join(ANSWER_SECONDS + 5)
+        assert not self.thread.is_alive() and len(self.outcome) == 1, self.outcome
+        return self.outcome[0]
 
 
 def unexpected(answers, allowed=None) -> list:
@@ -210,8 +253,8 @@ def test_a_step_down_costs_no_request_an_error(tmp_path):
 @pytest.mark.parametrize("processes", [1, 2])
 def test_sigterm_stops_every_process_while_the_primary_answers_nothing(tmp_path, processes):
     """The primary crashed (it answers nothing, closes nothing) and no other is elected: the
-    requests in flight wait their budget and are answered 503; SIGTERM then stops every
-    process within the drain."""
+    requests in flight wait their budget and are answered 503, one of them sent just before
+    SIGTERM on a connection a process had taken; SIGTERM stops every process within the drain."""
     primary = ReplicaSet().start()
     args = ("--processes", str(processes)) if processes > 1 else ()
     service = start_service(tmp_path, storage(primary.uri()), args=args).wait_ready()
@@ -221,11 +264,10 @@ def test_sigterm_stops_every_process_while_the_primary_answers_nothing(tmp_path,
         primary.crash(after=None)
         before = traffic.count()
         wait_until(lambda: any(status == 503 for _, status, _ in traffic.answers[before:]), "a 503 after the crash")
-        in_flight = threading.Event()
-        threading.Thread(target=lambda: (in_flight.set(), requests.get(service.base + "/oauth/clients",
-                                                                       timeout=ANSWER_SECONDS)), daemon=True).start()
-        in_flight.wait(5)
+        in_flight = InFlight(service.base, "/oauth/clients").start()
         assert stopped_in_time(service, traffic) < DRAIN_SECONDS + STOP_MARGIN
+        answer = in_flight.answer()  # answered within its budget, while the process drained
+        assert isinstance(answer, tuple) and answer[0] == 503 and answer[1], answer
         answers = traffic.stop()
         assert [answer for answer in answers[before:] if answer[1] == 500 or answer[2]] == []
         assert Counter(status for _, status, _ in answers[before:])[None] == 0

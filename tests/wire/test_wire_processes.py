@@ -5,6 +5,7 @@ supervisor of ``--processes N`` stops, restarts and reaps its workers."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import re
 import signal
@@ -17,10 +18,11 @@ from urllib.parse import urlencode
 
 import pytest
 import requests
-from helpers import CHALLENGE, VERIFIER, wait_until
+from helpers import CHALLENGE, VERIFIER, eventually, wait_until
 from primary import Fault, ReplicaSet
 from service import NOWHERE, WEBAPP_SECRET, start_service, user_agent_authorize
 from test_request_metrics import scraped
+from tornado.websocket import websocket_connect
 
 from tokensvc import metrics
 
@@ -219,6 +221,61 @@ def test_a_second_tab_through_another_process_while_the_first_rotation_waits_on_
         assert [reuse_seen(service.base) for service in services] == [0, 0]
     finally:
         outputs = [service.stop() for service in services]
+    assert not any("Traceback" in output for output in outputs), outputs
+
+
+HEARD_SECONDS = 1.0  # the issue's bound: a revocation closes its WebSockets at every process this soon
+STREAM_OPEN = 'tokensvc_revocation_feed_state{state="stream"} 1.0'
+
+
+def revoke_until_served(base: str, refresh_token: str) -> None:
+    """The revocation, sent again while the store answers 503 (a write that waited on the crashed
+    primary), until it is answered 200."""
+    while (answer := requests.post(base + "/oauth/token/revoke", auth=("webapp", WEBAPP_SECRET), timeout=30,
+                                   data={"token": refresh_token})).status_code == 503:
+        pass
+    assert answer.status_code == 200, answer.text
+
+
+def test_a_revocation_right_after_an_election_closes_the_socket_at_another_process_within_a_second(
+        tmp_path_factory):
+    """The primary crashes (it answers nothing, closes nothing) and another member is elected
+    1.5 s later. A token is revoked at process A right after: its WebSocket at process B closes
+    4401 within a second of the revocation, the issue's bound. B's relay had its change stream
+    on the crashed member, whose getMore never comes back: it follows the new primary where it
+    stood as soon as the driver knows of it, not when its watchdog (the stream's wait and
+    storage.timeout_ms, 4 s here) gives up on the old one."""
+    replica_set = ReplicaSet(size=3).start()
+    storage = f'[storage]\nbackend = "mongodb"\nmongodb_uri = "{replica_set.uri()}"\ntimeout_ms = 3000\n'
+    services = []
+    try:
+        for name in ("a", "b"):
+            services.append(start_service(tmp_path_factory.mktemp(name), storage).wait_ready())
+        a, b = services
+        tokens = exchange(a.base, code_for(a.base)).json()
+        wait_until(lambda: STREAM_OPEN in requests.get(b.base + "/metrics", timeout=10).text, "B's change stream open")
+
+        async def across_the_election() -> None:
+            loop = asyncio.get_running_loop()
+            url = b.base.replace("http://", "ws://") + "/v1/ws?access_token=" + tokens["access_token"]
+            socket = await websocket_connect(url)
+
+            async def hold() -> None:  # its messages (a welcome first) read until the service closes it
+                while await socket.read_message() is not None:
+                    pass
+
+            holding = asyncio.ensure_future(hold())
+            elected = replica_set.crash(elect=1, after=1.5)
+            await loop.run_in_executor(None, elected.wait, 10)
+            await loop.run_in_executor(None, revoke_until_served, a.base, tokens["refresh_token"])
+            await eventually(holding.done, seconds=HEARD_SECONDS,
+                             what="the socket at B closed within a second of the revocation at A")
+            assert socket.close_code == 4401, socket.close_code
+
+        asyncio.run(across_the_election())
+    finally:
+        outputs = [service.stop() for service in services]
+        replica_set.stop()
     assert not any("Traceback" in output for output in outputs), outputs
 
 

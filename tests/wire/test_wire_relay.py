@@ -21,6 +21,8 @@ from tokensvc.storage.base import SESSION, Revocation, StoreObserver
 
 pytestmark = pytest.mark.gen_test(timeout=30)
 
+HEARD_SECONDS = 1.0  # the issue's bound: a revocation is heard this soon after the store is back
+
 
 async def next_revocation(feed, seconds=DEADLINE):
     return await asyncio.wait_for(feed.__anext__(), seconds)
@@ -191,12 +193,12 @@ class Listening:
     revoked here (it hears only re-checks of everything): the s2 socket hears each re-check
     too, so what reached it by the stream is :attr:`delivered`."""
 
-    def __init__(self, store):
+    def __init__(self, store, retry_seconds=0.1):
         self.rechecks, self.seen = [], []
         self.events = events.RevocationEvents()
         self.events.subscribe([Revocation(SESSION, "unrelated")], lambda: self.rechecks.append("all"))
         self.events.subscribe([Revocation(SESSION, "s2")], lambda: self.seen.append("s2"))
-        self.task = asyncio.ensure_future(events.relay(store, self.events, retry_seconds=0.1))
+        self.task = asyncio.ensure_future(events.relay(store, self.events, retry_seconds=retry_seconds))
 
     @property
     def delivered(self):
@@ -212,8 +214,8 @@ def relay_of(io_loop):
     """Starts a process's relay (:class:`Listening`) on a store; stopped after the test, however it ends."""
     started = []
 
-    def start(store):
-        started.append(Listening(store))
+    def start(store, retry_seconds=0.1):
+        started.append(Listening(store, retry_seconds))
         return started[-1]
 
     yield start
@@ -247,6 +249,29 @@ async def test_a_get_more_that_hangs_is_abandoned_and_the_stream_opened_again(wi
     await eventually(lambda: listening.delivered == 1, seconds=watchdog + 5, what="the revocation")
     assert listening.rechecks == ["all"]
     assert "resumeAfter" in primary.sent("aggregate")[1]["pipeline"][0]["$changeStream"]  # where it stood
+
+
+async def test_a_relay_that_waited_out_the_store_follows_it_within_a_second_of_its_return(wire_store, primary,
+                                                                                           relay_of):
+    """The store goes down under the stream: the driver's resume waits for a server its whole
+    selection timeout (the budget, 2 s) and the feed is interrupted. The store is back at once.
+    The relay, whose attempt took longer than its pause between attempts (a second, as
+    ``serve`` runs it), tries again at once and so follows the store within a second of its
+    return, where it stood, with one re-check for what the gap may hold; it does not first
+    sleep its second."""
+    await add_sessions(wire_store, "s2")
+    wire_store.observer = observer = States()
+    listening = relay_of(wire_store, retry_seconds=1.0)
+    await eventually(lambda: observer.states == ["stream"], what="the stream open")
+    primary.set_down(0)
+    await eventually(lambda: "interrupted" in observer.states, what="the feed interrupted")
+    primary.set_down(0, False)
+    await eventually(lambda: observer.states[-1] == "stream", seconds=HEARD_SECONDS,
+                     what="the stream open again within a second of the store's return")
+    assert "resumeAfter" in primary.sent("aggregate")[-1]["pipeline"][0]["$changeStream"]
+    await wire_store.end_session("s2", utcnow())
+    await eventually(lambda: listening.delivered == 1, what="the revocation")
+    assert listening.rechecks == ["all"]
 
 
 async def test_the_feed_says_stream_only_once_a_stream_is_open(wire_store, primary, relay_of):

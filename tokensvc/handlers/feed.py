@@ -90,7 +90,8 @@ class RevocationFeedSocket(WebHandler, tornado.websocket.WebSocketHandler):
 
     def initialize(self) -> None:
         super().initialize()
-        self._recheck = Recheck(self._check, "could not re-check a revocation feed reader's credentials")
+        self._recheck = Recheck(self._check, "could not re-check a revocation feed reader's credentials",
+                                self.ctx.store.reachable)
 
     async def get(self, *args: Any, **kwargs: Any) -> None:
         authorization = self.request.headers.get("Authorization")

@@ -8,10 +8,13 @@ announces everything), so at most one check runs at a time. An announcement that
 while one runs is not dropped: that check may have read the store before the change landed,
 so exactly one more runs after it, however many arrived meanwhile. A check that fails (the
 store away) is logged and the socket kept, as a token's socket is, and it runs again
-:data:`RETRY_SECONDS` later, until one succeeds or the socket closes (:meth:`Recheck.stop`):
-the relay announces again to every listener when it resumes, but a relay whose own stream
-survived the outage (on another member) has nothing to resume, and the change the failed check
-missed would otherwise go unheard while the socket lives.
+:data:`RETRY_SECONDS` later, or as soon as the store says it may answer again (``pause``: the
+store's ``reachable``, which ends at a member that takes writes seen again or a newly elected
+primary), until one succeeds or the socket closes (:meth:`Recheck.stop`): the relay announces
+again to every listener when it resumes, but a relay whose own stream survived the outage (on
+another member, or following the new primary where it stood) has nothing to resume, and the
+change the failed check missed would otherwise go unheard while the socket lives, or be heard
+up to a second after the store's return.
 
 A socket subscribes only once it has read what it stands on (its handshake authenticated it),
 so a change in between is not announced to it: :meth:`Recheck.stand_on` asks the announcements
@@ -30,19 +33,22 @@ from tokensvc.storage.base import Revocation
 
 log = logging.getLogger(__name__)
 
-RETRY_SECONDS = 1.0  # a failed check runs again this long after
+RETRY_SECONDS = 1.0  # a failed check runs again this long after, at the latest
+
+Pause = Callable[[float], Awaitable[None]]  # waits at most its seconds (Store.reachable)
 
 
 class Recheck:
     """Runs ``check`` on :meth:`request`: at once when none is running, else once more after
     the running one. A failure of ``check`` is logged (``failure``, the warning's text), never
-    raised."""
+    raised, and ``check`` runs again once ``pause`` (:data:`RETRY_SECONDS`) has passed."""
 
-    def __init__(self, check: Callable[[], Awaitable[None]], failure: str) -> None:
+    def __init__(self, check: Callable[[], Awaitable[None]], failure: str, pause: Pause = asyncio.sleep) -> None:
         self._check = check
         self._failure = failure
+        self._pause = pause
         self._task: asyncio.Task[None] | None = None
-        self._retry: asyncio.TimerHandle | None = None
+        self._retry: asyncio.Task[None] | None = None
         self._stopped = False
         self._failing = False  # the last check failed: the next failure is not logged again
         self._again = False
@@ -92,4 +98,11 @@ class Recheck:
         finally:
             self._task = None
         if failed and not self._stopped:
-            self._retry = asyncio.get_running_loop().call_later(RETRY_SECONDS, self.request)
+            self._retry = asyncio.get_running_loop().create_task(self._later())
+
+    async def _later(self) -> None:
+        """The check after a failed one: :data:`RETRY_SECONDS` later, or as soon as the store
+        may answer again (a request meanwhile cancels it, and checks at once)."""
+        await self._pause(RETRY_SECONDS)
+        self._retry = None
+        self.request()

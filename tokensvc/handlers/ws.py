@@ -71,7 +71,8 @@ class EchoSocket(AuthMixin, WebHandler, tornado.websocket.WebSocketHandler):
         super().initialize()
         self.opened = False
         self._timers: list[Any] = []
-        self._recheck = Recheck(self._check, "could not re-check a WebSocket's authorization")
+        self._recheck = Recheck(self._check, "could not re-check a WebSocket's authorization",
+                                self.ctx.store.reachable)
         self._stands_on: list[Any] = []
 
     async def get(self, *args: Any, **kwargs: Any) -> None:

@@ -105,14 +105,24 @@ async def relay(store: Housekeeping, events: RevocationEvents, retry_seconds: fl
     """Hand every revocation any process makes to this process's listeners, until cancelled.
 
     After an interruption (the store away) every listener re-checks once, for whatever was
-    revoked meanwhile. Returns at once for a store only one process uses.
+    revoked meanwhile. The feed is opened again at most once every ``retry_seconds``: at once
+    after an attempt that lasted longer (one that waited the store's budget for a server that
+    takes writes), so that while the store is away an attempt is always waiting for it and the
+    feed follows it as soon as it is back; sooner when the store says it may answer again
+    (:meth:`~tokensvc.storage.base.Store.reachable`). Returns at once for a store only one
+    process uses.
     """
+    loop = asyncio.get_running_loop()
     while True:
+        began = loop.time()
         try:
             async for revocation in store.revocation_feed():
                 events.publish(revocation)
             return
         except (StorageError, StoreFault) as exc:
-            log.warning("revocation feed interrupted (%s); resuming in %.0fs", exc, retry_seconds)
-        await asyncio.sleep(retry_seconds)
+            pause = max(0.0, began + retry_seconds - loop.time())
+            log.warning("revocation feed interrupted (%s); resuming %s", exc,
+                        f"in {pause:.1f}s" if pause else "at once")
+        if pause:
+            await store.reachable(pause)
         events.publish_all()

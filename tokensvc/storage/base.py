@@ -696,10 +696,11 @@ class Housekeeping(abc.ABC):
 
     async def reachable(self, seconds: float) -> None:
         """Wait ``seconds``, or less: until the store may answer again (MongoDB: its driver sees
-        a member that takes writes, having seen none), so that a store that comes back is
-        prepared at once, not at the next step of a long back-off.
+        a member that takes writes, having seen none, or a newly elected primary), so that a
+        store that comes back is prepared at once, not at the next step of a long back-off.
 
-        Called by start-up, between its tries (bootstrap.py).
+        Called by start-up, between its tries (bootstrap.py), by the relay between its tries
+        (oauth/events.py), and by a socket whose re-check failed (handlers/recheck.py).
         """
         await asyncio.sleep(seconds)
 

@@ -7,7 +7,7 @@ import asyncio
 import contextlib
 import inspect
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
@@ -26,13 +26,14 @@ from tokensvc.storage.base import (
     StoreObserver,
 )
 from tokensvc.storage.mongo import hashes
-from tokensvc.storage.mongo.calls import Calls, Left
+from tokensvc.storage.mongo.calls import Calls, Elected, Left
 from tokensvc.storage.mongo.mapping import as_utc as _utc
 from tokensvc.storage.mongo.retry import guarded, translate
 
 if TYPE_CHECKING:
     from tokensvc.storage.mongo.causal import CausalClock
     from tokensvc.storage.mongo.causal import SessionedDatabase as _SessionedDatabase
+    from tokensvc.storage.mongo.topology import Topology
 
 log = logging.getLogger(__name__)
 
@@ -80,6 +81,10 @@ class RevocationFeed:
     clock: CausalClock | None
     observer: StoreObserver
 
+    if TYPE_CHECKING:
+        @property
+        def topology(self) -> Topology: ...
+
     # -- revocations across processes
 
     async def revocation_feed(self, poll_seconds: float = POLL_SECONDS) -> AsyncIterator[Revocation]:
@@ -111,7 +116,16 @@ class RevocationFeed:
         watchdog (:data:`STREAM_WAIT_MS` and the budget: a ``getMore`` that hangs is left to the
         driver's socket timeout, never cancelled, and the stream closed once it ends), and when
         the server can no longer resume it (the oplog rolled past it: 286, 260, 280; or the
-        stream was invalidated): then it starts again from now."""
+        stream was invalidated): then it starts again from now.
+
+        A stream stands on the primary that opened it. When the driver learns that another
+        primary was elected, the stream waits no more on the old one (a primary that crashed
+        or was cut off answers nothing, and the watchdog would hear nothing for seconds): it is
+        opened again at once on the new one, where it stood (:meth:`Topology.abandoned`). That
+        misses nothing, as the driver's own resume misses nothing: the old stream told only of
+        majority-committed writes, which the new primary holds, so no socket re-checks. A
+        stream that had no resume point yet (it was to follow from now) is interrupted instead,
+        and every socket re-checks."""
         watchdog = STREAM_WAIT_MS / 1000 + self.budget
         fields = sorted({field for revoking in WATCHED.values() for field in revoking})
         # Where a change says a mark was set: an update's fields, or the document an insert
@@ -129,34 +143,17 @@ class RevocationFeed:
             {"$project": {"ns": 1, "documentKey": 1, "operationType": 1, "clusterTime": 1,
                           **dict.fromkeys(updated + inserted, 1)}},
         ]
-        asking: asyncio.Task[Any] | None = None
         try:
-            opening = self.calls.start(self._watch(pipeline))
-            try:
-                stream = await self._within(opening, watchdog)
-            except BaseException:  # not waited for any more: the stream it opens, if it does, is closed
-                opening.add_done_callback(self._opened_too_late)
-                raise
-            try:
-                self._resume_token = stream.resume_token  # where it stands, before any answer
-                self.observer.feed("stream")
-                while stream.alive:
-                    asking = self.calls.start(stream.try_next())
-                    change = await self._within(asking, watchdog)
-                    self._resume_token = stream.resume_token
-                    if change is None:
-                        continue
-                    if self.clock is not None:
-                        # The re-check this event causes reads at or after the revocation.
-                        self.clock.seen(change.get("clusterTime"))
-                    if change["operationType"] == "invalidate":
-                        self._resume_token = None
-                        raise StorageError("the change stream was invalidated; following from now")
-                    for revocation in _revocations(change):
-                        yield revocation
-            finally:
-                self._close_stream(stream, asking)
-            raise StorageError("the server closed the change stream; opening it again where it stood")
+            while True:
+                try:
+                    async with contextlib.aclosing(self._follow(pipeline, watchdog)) as following:
+                        async for revocation in following:
+                            yield revocation
+                except Elected:
+                    if self._resume_token is None:
+                        raise StorageError("another primary was elected before the change stream had a resume "
+                                           "point; following from now") from None
+                    log.info("another MongoDB primary was elected: the change stream follows it where it stood")
         except OperationFailure as exc:
             if exc.code in NO_CHANGE_STREAMS:
                 raise _NoChangeStreams() from None
@@ -167,6 +164,38 @@ class RevocationFeed:
         except PyMongoError as exc:
             raise translate(exc) from None
 
+    async def _follow(self, pipeline: list[Any], watchdog: float) -> AsyncGenerator[Revocation, None]:
+        """One change stream, opened where the feed stands, followed until it ends: in a
+        :class:`StorageError` as :meth:`_changes` says, or in :class:`Elected` when another
+        primary is elected while it waits on the old one."""
+        asking: asyncio.Task[Any] | None = None
+        opening = self.calls.start(self._watch(pipeline))
+        try:
+            stream = await self._within(opening, watchdog)
+        except BaseException:  # not waited for any more: the stream it opens, if it does, is closed
+            opening.add_done_callback(self._opened_too_late)
+            raise
+        try:
+            self._resume_token = stream.resume_token  # where it stands, before any answer
+            self.observer.feed("stream")
+            while stream.alive:
+                asking = self.calls.start(stream.try_next())
+                change = await self._within(asking, watchdog)
+                self._resume_token = stream.resume_token
+                if change is None:
+                    continue
+                if self.clock is not None:
+                    # The re-check this event causes reads at or after the revocation.
+                    self.clock.seen(change.get("clusterTime"))
+                if change["operationType"] == "invalidate":
+                    self._resume_token = None
+                    raise StorageError("the change stream was invalidated; following from now")
+                for revocation in _revocations(change):
+                    yield revocation
+        finally:
+            self._close_stream(stream, asking)
+        raise StorageError("the server closed the change stream; opening it again where it stood")
+
     async def _watch(self, pipeline: list[Any]) -> Any:
         stream = self._db.watch(pipeline, resume_after=self._resume_token, max_await_time_ms=STREAM_WAIT_MS)
         if inspect.isawaitable(stream):  # PyMongo's watch is a coroutine; Motor-style ones are not
@@ -174,11 +203,14 @@ class RevocationFeed:
         return stream
 
     async def _within(self, call: asyncio.Task[Any], watchdog: float) -> Any:
-        """The answer of a call on the change stream within the watchdog, never cancelling it
-        (storage/mongo/calls.py): one that does not come is left to the driver's own socket
-        timeout, and the stream is opened again."""
+        """The answer of a call on the change stream within the watchdog, or until another
+        primary is elected (:class:`Elected`), never cancelling it (storage/mongo/calls.py): one
+        that does not come is left to the driver's own socket timeout, and the stream is opened
+        again."""
         try:
-            return await self.calls.wait(call, watchdog)
+            return await self.calls.wait(call, watchdog, self.topology.abandoned())
+        except Elected:
+            raise
         except Left:
             raise StorageError(f"the change stream did not answer within {watchdog:g} s; opening it again where it "
                                "stood") from None

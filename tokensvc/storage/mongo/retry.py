@@ -147,7 +147,7 @@ def guarded(kind: str | None = None, budget: str = "budget") -> Callable[[Callab
     directly connected secondary: storage/mongo/topology.py) fails at once, as does any operation
     under a closed client (the service is stopping: retrying cannot help). A read or an
     idempotent write waiting when another primary is elected is run again at once, on the new
-    one (:meth:`Topology.abandoned`).
+    one (:meth:`Topology.abandoned`), unless its budget ran out meanwhile (then it is a timeout).
 
     Errors: a duplicate key as :class:`Conflict`; what passes (network, server selection, a
     primary stepping down, a timeout, a write conflict, the client closed under a request) as
@@ -208,7 +208,10 @@ def guarded(kind: str | None = None, budget: str = "budget") -> Callable[[Callab
             while True:
                 try:
                     try:
-                        result = await waited(self, deadline - loop.time(), attempt_number > 0, *args, **kwargs)
+                        remaining = deadline - loop.time()
+                        if remaining <= 0:  # abandoned by an election as the budget ran out
+                            raise calls.Left()
+                        result = await waited(self, remaining, attempt_number > 0, *args, **kwargs)
                     except calls.Elected:
                         connection.observer.error(method.__name__, "abandoned")
                         attempt_number += 1

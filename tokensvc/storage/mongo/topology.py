@@ -19,14 +19,21 @@ idempotent writes still waiting are abandoned and run again, on the new primary
 (:meth:`Topology.abandoned`: the store stops waiting for them, never cancelling the driver,
 storage/mongo/calls.py).
 
+The driver publishes its topology's events from a queue it empties once a second; its
+heartbeats' at once. A heartbeat from a member that says it is a new primary makes the store
+take the driver's own view at once (:meth:`Topology.primary_heard`), not up to a second later.
+
 A store that could not be reached at start-up is tried again as soon as the driver sees a
-member that takes writes (:meth:`Topology.writable`), not only at the next step of the
-start-up's back-off.
+member that takes writes, or a newly elected primary (:meth:`Topology.writable`), not only at
+the next step of the start-up's back-off; so are the revocation relay's change stream and a
+socket's re-check that failed meanwhile (``Store.reachable``). The relay's change stream, which
+stands on the primary that opened it, follows a new primary at once (storage/mongo/feed.py).
 """
 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from typing import Any, Protocol
 
 from pymongo import monitoring
@@ -42,6 +49,12 @@ _STATES = {"RSSecondary": "secondary", "RSArbiter": "arbiter", "RSGhost": "not i
 DIRECT_ADVICE = "point storage.mongodb_uri at the replica set (replicaSet=..., no directConnection=true)"
 
 
+# After a heartbeat from a new primary, how often and how many times the store looks at the
+# driver's view for it: the driver takes the answer in right after it publishes it.
+LOOK_SECONDS = 0.01
+LOOKS = 50
+
+
 def not_primary(address: str, state: str) -> str:
     """The one line that says a member takes no writes, and what to do."""
     return f"MongoDB at {address} is not a writable primary ({state}): {DIRECT_ADVICE}"
@@ -53,6 +66,10 @@ class Topology:
 
     def __init__(self) -> None:
         self._description: Any = None
+        # The primary the driver knew last (its address and election id), kept while it knows
+        # none: the crashed primary is often marked unknown before the others elect a new one
+        # (a new connection's handshake to it timed out), and what waits on it waits all the same.
+        self._primary: tuple[Any, Any] | None = None
         self.elections: set[asyncio.Future[Any]] = set()  # the waits an election abandons (calls.Calls.wait)
         self._writable: asyncio.Future[None] | None = None  # done when a member takes writes again
 
@@ -63,25 +80,57 @@ class Topology:
     @description.setter
     def description(self, new: Any) -> None:
         old, self._description = self._description, new
-        before, after = _primary(old), _primary(new)
-        if before is not None and after is not None and after != before:
+        before, now = self._primary, _primary(new)
+        elected = before is not None and now is not None and now != before
+        if now is not None:
+            self._primary = now
+        if elected:
             for waiter in list(self.elections):
                 waiter.get_loop().call_soon_threadsafe(calls.wake, waiter, calls.ELECTED)
-        if not _takes_writes(old) and _takes_writes(new):
+        if _takes_writes(new) and (not _takes_writes(old) or elected):
             _finish(self._writable)
             self._writable = None
 
     def abandoned(self) -> set[asyncio.Future[Any]]:
-        """The waits abandoned when another primary than the one the driver knows now is
-        elected (each woken with :data:`calls.ELECTED`): what waits on the old one may never
-        come (a primary that crashed or was cut off answers nothing, and no connection of it is
-        closed, so the wait would last the whole budget). Only for what may simply run again (a
-        read, an idempotent write): a single-document write in flight may have applied, and the
-        driver's own retry on the new primary is what runs it once."""
+        """The waits abandoned when another primary than the one the driver knew last is
+        elected (each woken with :data:`calls.ELECTED`), whether or not it knew none in between:
+        what waits on the old one may never come (a primary that crashed or was cut off answers
+        nothing, and no connection of it is closed, so the wait would last the whole budget).
+        Only for what may simply run again (a read, an idempotent write, the relay's change
+        stream, opened again where it stood): a single-document write in flight may have
+        applied, and the driver's own retry on the new primary is what runs it once."""
         return self.elections
 
+    def primary_heard(self, primary: tuple[Any, Any], now: Callable[[], Any]) -> None:
+        """A member answered the driver's monitor that it is the primary (``primary``: its
+        address and election id). One the store does not know is an election, and any primary
+        is the store back when it saw none: the driver's view (``now()``) shows it as soon as
+        the driver has taken that answer in, right after it published it, and the store takes
+        that view then, looking again every :data:`LOOK_SECONDS` for at most :data:`LOOKS`
+        looks (a member that only believes it is primary never shows)."""
+        if primary == self._primary and _takes_writes(self._description):
+            return
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:  # not the asyncio driver's monitor: its queued events say it
+            return
+        loop.call_soon(self._look, primary, now, LOOKS)
+
+    def _look(self, primary: tuple[Any, Any], now: Callable[[], Any], looks: int) -> None:
+        if primary == self._primary and _takes_writes(self._description):
+            return  # the driver's events said it meanwhile
+        description = now()
+        if description.topology_type == TOPOLOGY_TYPE.Single:
+            return  # a member connected directly: its events say it
+        shown = _primary(description)
+        if shown is not None and (shown != self._primary or not _takes_writes(self._description)):
+            self.description = description
+        elif looks > 1:
+            asyncio.get_running_loop().call_later(LOOK_SECONDS, self._look, primary, now, looks - 1)
+
     def writable(self) -> asyncio.Future[None]:
-        """Done when the driver next sees a member that takes writes, having seen none."""
+        """Done when the driver next sees a member that takes writes, having seen none, or
+        another primary than the one it knew: what failed for want of one may succeed now."""
         if self._writable is None:
             self._writable = asyncio.get_running_loop().create_future()
         return self._writable
@@ -126,11 +175,20 @@ class Observed(Protocol):
 
     observer: StoreObserver
     topology: Topology
+    client: Any
 
 
-class DriverEvents(monitoring.ConnectionPoolListener, monitoring.ServerListener, monitoring.TopologyListener):
+class DriverEvents(monitoring.ConnectionPoolListener, monitoring.ServerListener, monitoring.TopologyListener,
+                   monitoring.ServerHeartbeatListener):
     """The driver's events: pool and server changes to the store's observer, each new view of
-    the topology to the store's :class:`Topology`."""
+    the topology to the store's :class:`Topology`.
+
+    The driver publishes its topology's and servers' events from a queue it empties once a
+    second (``pymongo.common.EVENTS_QUEUE_FREQUENCY``), its heartbeats' at once. So a new view
+    is taken from the driver itself (``topology_description``, its view now) whenever an event
+    says something changed, and a heartbeat from a member that says it is a primary the store
+    does not know makes the store look at once (:meth:`Topology.primary_heard`): an election
+    reached the relay and the reads waiting on a crashed primary up to a second late."""
 
     def __init__(self) -> None:
         self.connection: Observed | None = None
@@ -149,11 +207,24 @@ class DriverEvents(monitoring.ConnectionPoolListener, monitoring.ServerListener,
         if self.connection is None:
             return
         if isinstance(event, monitoring.TopologyDescriptionChangedEvent):
-            self.connection.topology.description = event.new_description
+            self.connection.topology.description = self._now()  # newer than the event's, if anything
         elif event.previous_description.server_type != event.new_description.server_type:
             self.connection.observer.topology_changed()
 
-    # The rest of the three interfaces: nothing to count.
+    def succeeded(self, event: monitoring.ServerHeartbeatSucceededEvent) -> None:
+        """A member answered the driver's monitor (ServerHeartbeatListener)."""
+        reply = event.reply
+        if self.connection is not None and reply.is_writable and reply.election_id is not None:
+            self.connection.topology.primary_heard((event.connection_id, reply.election_id), self._now)
+
+    def _now(self) -> Any:
+        """The driver's view of the deployment now."""
+        assert self.connection is not None
+        return self.connection.client.topology_description
+
+    # The rest of the four interfaces: nothing to count.
+    def started(self, event: Any) -> None: ...
+    def failed(self, event: Any) -> None: ...
     def pool_created(self, event: Any) -> None: ...
     def pool_ready(self, event: Any) -> None: ...
     def pool_cleared(self, event: Any) -> None: ...
