@@ -74,6 +74,7 @@ class Abandoned:
     def __init__(self) -> None:
         self.topology, self.calls, self.clock, self.observer = Topology(), Calls(), None, StoreObserver()
         self.answer = asyncio.Event()  # the read's attempts end once the test lets them
+        self.connection = self  # what guarded reads of a part's connection, this fake holds itself
 
     def unwritable(self) -> None:
         return None

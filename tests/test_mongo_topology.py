@@ -20,9 +20,8 @@ from pymongo.hello import Hello
 from pymongo.server_description import ServerDescription
 from pymongo.topology_description import TOPOLOGY_TYPE, TopologyDescription
 
-from tokensvc.storage import topology
 from tokensvc.storage.base import StoreObserver
-from tokensvc.storage.mongo import calls
+from tokensvc.storage.mongo import calls, topology
 from tokensvc.storage.mongo.topology import DriverEvents, Topology
 
 A, B, C = ("db1", 27017), ("db2", 27017), ("db3", 27017)
@@ -130,7 +129,7 @@ async def test_a_new_primarys_heartbeat_is_followed_without_waiting_for_the_driv
     before any topology event is published."""
     store = Driver(view(member(A, "primary"), member(B, "secondary"), member(C, "secondary")))
     events = DriverEvents()
-    events.store = store  # type: ignore[assignment]
+    events.connection = store  # type: ignore[assignment]
     waiter, writable = await waits(store.topology)
     elected = member(B, "primary", term=2)
     events.succeeded(heartbeat(elected))  # the driver has not taken the answer in yet
@@ -145,7 +144,7 @@ async def test_a_new_primarys_heartbeat_is_followed_without_waiting_for_the_driv
 async def test_the_known_primarys_or_a_secondarys_heartbeat_looks_at_nothing_and_a_stale_ones_a_while():
     store = Driver(view(member(A, "primary"), member(B, "secondary"), member(C, "secondary")))
     events = DriverEvents()
-    events.store = store  # type: ignore[assignment]
+    events.connection = store  # type: ignore[assignment]
     looked = []
 
     class Client:
@@ -173,7 +172,7 @@ async def test_the_primarys_heartbeat_when_the_store_saw_none_is_the_store_back_
     up = view(member(A, "primary"), member(B, "secondary"), member(C, "secondary"))
     store = Driver(up)
     events = DriverEvents()
-    events.store = store  # type: ignore[assignment]
+    events.connection = store  # type: ignore[assignment]
     down = view(member(A, "unknown"), member(B, "unknown"), member(C, "unknown"))
     store.topology.description = store.client.topology_description = down
     waiter, writable = await waits(store.topology)

@@ -40,9 +40,6 @@ def test_a_store_chaos_run_costs_503s_and_nothing_else(report):
     assert [(stop["exit"], stop["uncaught"]) for stop in report["stops"]] == [(0, []), (0, [])], report["stops"]
 
 
-@pytest.mark.xfail(reason="after a crash the revocation relay hears nothing until its watchdog (STREAM_WAIT_MS and "
-                          "storage.timeout_ms) reopens its stream, so a revoked token's WebSocket at another process "
-                          "may close later than the bound (docs/operations.md, A store chaos run)", strict=False)
 def test_every_revocation_is_heard_within_a_second_of_the_stores_return(report):
     """The issue's bound: every revoked token refused by introspection at both processes, and
     its WebSocket closed (4401), within a second of the revocation or of the store's return."""

@@ -22,6 +22,7 @@ from primary import Fault, ReplicaSet, wire_settings
 from test_wire_relay import Listening, States
 from tornado.httpclient import AsyncHTTPClient
 
+from tokensvc.bootstrap import make_store
 from tokensvc.handlers import recheck as recheck_module
 from tokensvc.handlers.recheck import Recheck
 from tokensvc.records import AuthorizationCode, Client, Session, utcnow
@@ -140,7 +141,7 @@ async def test_a_change_stream_on_a_crashed_primary_follows_the_new_one_where_it
     second. Nothing was missed, so no socket re-checks, and the feed never says it was
     interrupted."""
     await wire_store.add_session(Session("s2", "u_alice", utcnow(), utcnow() + timedelta(hours=1)))
-    other = MongoStore.from_settings(wire_settings(primary, timeout_ms=BUDGET_MS))  # a second process
+    other = make_store(wire_settings(primary, timeout_ms=BUDGET_MS))  # a second process
     wire_store.observer = observer = States()
     listening = Listening(wire_store)
     try:
