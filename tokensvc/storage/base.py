@@ -699,8 +699,9 @@ class Housekeeping(abc.ABC):
         a member that takes writes, having seen none, or a newly elected primary), so that a
         store that comes back is prepared at once, not at the next step of a long back-off.
 
-        Called by start-up, between its tries (bootstrap.py), by the relay between its tries
-        (oauth/events.py), and by a socket whose re-check failed (handlers/recheck.py).
+        Called by start-up, between its tries (bootstrap.py), and by the relay between its tries
+        (oauth/events.py). The WebSocket handlers give it to each socket's re-check as the pause
+        after a failed one.
         """
         await asyncio.sleep(seconds)
 

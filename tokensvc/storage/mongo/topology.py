@@ -122,8 +122,8 @@ class Topology:
         description = now()
         if description.topology_type == TOPOLOGY_TYPE.Single:
             return  # a member connected directly: its events say it
-        shown = _primary(description)
-        if shown is not None and (shown != self._primary or not _takes_writes(self._description)):
+        elected = _primary(description)
+        if elected is not None and (elected != self._primary or not _takes_writes(self._description)):
             self.description = description
         elif looks > 1:
             asyncio.get_running_loop().call_later(LOOK_SECONDS, self._look, primary, now, looks - 1)
