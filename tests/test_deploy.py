@@ -6,6 +6,7 @@ build and install steps are run for real in ``tests/wire/test_wire_deploy.py``.)
 from __future__ import annotations
 
 import configparser
+import fnmatch
 import importlib.metadata
 import ipaddress
 import json
@@ -136,6 +137,14 @@ def test_the_image_is_slim_python_3_11_run_by_a_user_of_its_own_with_the_supervi
     copies = [value.split() for stage in stages for value in stage.all("COPY") if not value.startswith("--from")]
     assert ["deploy/tokensvc.toml", args.config] in copies  # type: ignore[attr-defined]
     assert all((ROOT / source).exists() for *sources, _ in copies for source in sources), copies
+    # The build context leaves out what a checkout holds besides (.dockerignore), never what is copied.
+    ignored = [line.rstrip("/") for line in (ROOT / ".dockerignore").read_text().splitlines()
+               if line and not line.startswith("#")]
+    assert {".git", ".venv", "tests", "build"} <= set(ignored)
+    for *sources, _ in copies:
+        for source in sources:
+            assert not any(fnmatch.fnmatch(source, pattern) or source.startswith(pattern + "/")
+                           for pattern in ignored), (source, ignored)
     port = config.load(DEPLOY / "tokensvc.toml", environ=SECRETS).port
     assert runtime.last("EXPOSE") == str(port)
 
