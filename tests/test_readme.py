@@ -294,24 +294,20 @@ async def live_closed_on_revocation(url: str, revoke) -> int | None:
     return connection.close_code
 
 
-def test_the_asgi_api_of_protecting_your_api_runs_under_the_uvicorn_command_as_written(demo_service, tmp_path):
-    """The ASGI program, as written, served by the README's uvicorn command as written (moved to
-    a free port by UVICORN_PORT, which uvicorn reads for --port) with its logging as it ships:
-    start-up opens the feed, the health check needs no token, the README's calls answer as it
-    says, its WebSocket greets with a query token and is closed with 4401 once the token is
-    revoked, a revoked token is refused, and uvicorn's access log holds the query's token
-    masked."""
+def served_by_uvicorn_as_written(command: str, demo_service: str, cwd: Path) -> None:
+    """``command`` (a uvicorn command line) serving a README program from ``cwd`` on a free port
+    (UVICORN_PORT, which uvicorn reads for --port): its lifespan opens and closes the feed, the
+    health check needs no token, the README's calls answer as it says, a query token is
+    refused over HTTP, its WebSocket greets with a query token and is closed with 4401 once
+    the token is revoked, and uvicorn's access log holds the query's token masked."""
     import asyncio
 
     import requests
     from service import free_port, spawn, wait_for_http
 
-    (tmp_path / "notes_asgi.py").write_text(protecting_blocks("python")[1])
-    command = protecting_blocks("sh")[1]
-    assert command.split()[0] == "uvicorn"
     port = free_port()
     bin_dir = str(Path(sys.executable).parent)  # where the test extras installed uvicorn
-    process = spawn(["bash", "-euo", "pipefail", "-c", command], cwd=tmp_path, stdout=subprocess.PIPE,
+    process = spawn(["bash", "-euo", "pipefail", "-c", command], cwd=cwd, stdout=subprocess.PIPE,
                     stderr=subprocess.PIPE, text=True,
                     env={**os.environ, "TOKENSVC_URL": demo_service, "UVICORN_PORT": str(port),
                          "PATH": bin_dir + os.pathsep + os.environ["PATH"]})
@@ -330,37 +326,20 @@ def test_the_asgi_api_of_protecting_your_api_runs_under_the_uvicorn_command_as_w
     assert token not in out + err
 
 
+def test_the_asgi_api_of_protecting_your_api_runs_under_the_uvicorn_command_as_written(demo_service, tmp_path):
+    """The ASGI program, as written, served by the README's uvicorn command as written, with its
+    logging as it ships (served_by_uvicorn_as_written says what is checked)."""
+    (tmp_path / "notes_asgi.py").write_text(protecting_blocks("python")[1])
+    command = protecting_blocks("sh")[1]
+    assert command.split()[0] == "uvicorn"
+    served_by_uvicorn_as_written(command, demo_service, tmp_path)
+
+
 def test_the_starlette_api_of_protecting_your_api_runs_under_uvicorn_as_written(demo_service, tmp_path):
     """The Starlette program (the backend that ``requires`` works with), as written, served by
-    ``uvicorn notes_starlette:app`` as the README says: its lifespan opens and closes the feed,
-    the health check needs no token, the README's calls answer as for the other programs (the
-    RFC 6750 refusals of ``requires``), its WebSocket route greets with a query token and is
-    closed with 4401 once the token is revoked, and uvicorn's access log holds the query's token
-    masked."""
-    import asyncio
-
-    import requests
-    from service import free_port, spawn, wait_for_http
-
+    ``uvicorn notes_starlette:app`` as the README says; its refusals are those of ``requires``
+    (served_by_uvicorn_as_written says what else is checked)."""
     readme = (ROOT / "README.md").read_text()
     assert "it is served by `uvicorn notes_starlette:app`" in readme
     (tmp_path / "notes_starlette.py").write_text(protecting_blocks("python")[2])
-    port = free_port()
-    bin_dir = str(Path(sys.executable).parent)  # where the test extras installed uvicorn
-    process = spawn(["bash", "-euo", "pipefail", "-c", "uvicorn notes_starlette:app"], cwd=tmp_path,
-                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                    env={**os.environ, "TOKENSVC_URL": demo_service, "UVICORN_PORT": str(port),
-                         "PATH": bin_dir + os.pathsep + os.environ["PATH"]})
-    api = f"http://127.0.0.1:{port}"
-    try:
-        wait_for_http(api + "/healthz", process)
-        token = call_the_api(demo_service, api)
-        assert requests.get(f"{api}/notes?access_token={token}", timeout=10).status_code == 401  # HTTP: header only
-        live = api.replace("http://", "ws://") + f"/live?access_token={token}"
-        assert asyncio.run(live_closed_on_revocation(live, lambda: revoked_then_refused(demo_service, api, token))) \
-            == 4401
-    finally:
-        out, err = end(process)
-    assert "Application startup complete." in err and "Application shutdown complete." in err
-    assert '"GET /notes?access_token=*** HTTP/1.1" 401' in out
-    assert token not in out + err
+    served_by_uvicorn_as_written("uvicorn notes_starlette:app", demo_service, tmp_path)
