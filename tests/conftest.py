@@ -76,9 +76,17 @@ def _refuse(*args, **kwargs):
                          "pytest.mark.process (or e2e when it starts the service)")
 
 
-if FAST_TIER:
-    subprocess.Popen._execute_child = _refuse  # type: ignore[attr-defined]
-    os.fork = _refuse
+@pytest.fixture(scope="session", autouse=True)
+def no_process_in_the_fast_tier():
+    """Set up where the tests run, before any other fixture: a pytest-xdist worker, or a run
+    without workers; never in the controller, which starts its workers as processes."""
+    if not FAST_TIER:
+        yield
+        return
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(subprocess.Popen, "_execute_child", _refuse)
+        patch.setattr(os, "fork", _refuse)
+        yield
 
 
 SLOW_TIERS = ("e2e", "wire", "upgrade", "browser", "process")

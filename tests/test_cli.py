@@ -325,6 +325,7 @@ def test_config_check_is_a_production_gate(tmp_path, capsys):
                                               '"mongodb" outside demo mode')
 
 
+@pytest.mark.process
 def test_config_check_in_json_mode_writes_json_lines_only(tmp_path):
     """``--json``: every line the command writes is JSON, on standard output (the settings, on
     one line) and on standard error (each warning, and the verdict that closed it as text:

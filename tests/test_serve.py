@@ -68,6 +68,7 @@ def test_the_json_log_mode_writes_a_refusal_as_a_json_line_too(tmp_path):
     assert {(line["level"], line["logger"]) for line in lines} == {("error", "tokensvc")}
 
 
+@pytest.mark.process
 def test_start_up_names_every_problem_of_the_configuration_at_once(tmp_path):
     """The refusal to start lists every problem the configuration has, one line each naming its
     key, as ``config check`` does: an operator fixes them in one pass, not one per restart."""
@@ -314,6 +315,7 @@ print("the interpreter's exit", flush=True)
 """
 
 
+@pytest.mark.process
 @pytest.mark.parametrize("ending, code", [("returned", 0), ("failed", 1)])
 def test_a_driver_call_still_running_when_serve_ends_is_not_cancelled(ending, code):
     """The process leaves at once instead, cancelling nothing and finalizing nothing (a driver
