@@ -228,3 +228,34 @@ def test_make_test_runs_pytest_with_no_options_from_the_environment():
     assert result.returncode == 0, result.stdout + result.stderr
     assert "tests/test_harness.py::test_make_test_runs_pytest_with_no_options_from_the_environment" in result.stdout
     assert "deselected" not in result.stdout
+
+
+@pytest.mark.process
+def test_the_fast_tier_runs_on_workers_and_fails_a_test_that_starts_a_process(tmp_path):
+    """``make check``'s run: pytest-xdist's workers start (the guard is not set where they are
+    started), a test that starts nothing passes, and one that starts a process fails, naming
+    the marker it lacks."""
+    (tmp_path / "conftest.py").write_text(textwrap.dedent(f"""
+        import importlib.util, sys
+        sys.path.insert(0, {str(TESTS)!r})
+        spec = importlib.util.spec_from_file_location("guarded", {str(TESTS / "conftest.py")!r})
+        guarded = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(guarded)
+        no_process_in_the_fast_tier = guarded.no_process_in_the_fast_tier
+    """))
+    (tmp_path / "test_tier.py").write_text(textwrap.dedent("""
+        import subprocess, sys
+
+        def test_starts_nothing():
+            assert sum(range(4)) == 6
+
+        def test_starts_a_process():
+            subprocess.run([sys.executable, "-c", "pass"], check=True)
+    """))
+    environ = {**os.environ, "TOKENSVC_TEST_TIER": "check"}
+    environ.pop("PYTEST_ADDOPTS", None)
+    result = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-n", "2", "-rf",
+                             str(tmp_path)], capture_output=True, text=True, timeout=300, cwd=tmp_path, env=environ)
+    output = result.stdout + result.stderr
+    assert result.returncode == 1 and "1 failed, 1 passed" in output, output
+    assert "FAILED test_tier.py::test_starts_a_process" in output and "mark it pytest.mark.process" in output, output
