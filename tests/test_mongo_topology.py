@@ -9,11 +9,12 @@ driver's view shows it."""
 from __future__ import annotations
 
 import asyncio
+import threading
 from types import SimpleNamespace
 
 import pytest
 from bson import ObjectId
-from helpers import eventually
+from helpers import DEADLINE, eventually
 from pymongo import monitoring
 from pymongo.asynchronous.settings import TopologySettings
 from pymongo.hello import Hello
@@ -21,7 +22,7 @@ from pymongo.server_description import ServerDescription
 from pymongo.topology_description import TOPOLOGY_TYPE, TopologyDescription
 
 from tokensvc.storage.base import StoreObserver
-from tokensvc.storage.mongo import calls, topology
+from tokensvc.storage.mongo import MongoStore, calls, topology
 from tokensvc.storage.mongo.topology import DriverEvents, Topology
 
 A, B, C = ("db1", 27017), ("db2", 27017), ("db3", 27017)
@@ -141,7 +142,11 @@ async def test_a_new_primarys_heartbeat_is_followed_without_waiting_for_the_driv
 
 
 @pytest.mark.gen_test
-async def test_the_known_primarys_or_a_secondarys_heartbeat_looks_at_nothing_and_a_stale_ones_a_while():
+async def test_every_heartbeat_takes_the_drivers_view_and_a_stale_primarys_is_looked_for_a_while():
+    """Each heartbeat, and each cleared pool, makes the store take the driver's view, at once and
+    once more when the driver has taken it in. The known primary's or a secondary's wakes
+    nothing. A member that only believes it is primary (its term is over) is looked for in the
+    driver's view :data:`LOOKS` times, then no more."""
     store = Driver(view(member(A, "primary"), member(B, "secondary"), member(C, "secondary")))
     events = DriverEvents()
     events.connection = store  # type: ignore[assignment]
@@ -154,14 +159,17 @@ async def test_the_known_primarys_or_a_secondarys_heartbeat_looks_at_nothing_and
             return view(member(A, "primary"), member(B, "secondary"), member(C, "secondary"))
 
     store.client = Client()  # type: ignore[assignment]
+    waiter, _ = await waits(store.topology)
     events.succeeded(heartbeat(member(A, "primary")))
     events.succeeded(heartbeat(member(B, "secondary")))
-    await settled()
-    assert looked == []
+    events.pool_cleared(monitoring.PoolClearedEvent(C))
+    await eventually(lambda: len(looked) == 6, seconds=5, what="two looks for each")
+    assert not waiter.done()
+    looked.clear()
     events.succeeded(heartbeat(member(B, "primary", term=2)))  # a member that only believes it
-    await eventually(lambda: len(looked) == topology.LOOKS, seconds=5, what="every look")
+    await eventually(lambda: len(looked) == topology.LOOKS + 2, seconds=5, what="every look")
     await asyncio.sleep(topology.LOOK_SECONDS * 3)
-    assert len(looked) == topology.LOOKS  # and no more
+    assert len(looked) == topology.LOOKS + 2 and not waiter.done()  # and no more
 
 
 @pytest.mark.gen_test
@@ -180,3 +188,41 @@ async def test_the_primarys_heartbeat_when_the_store_saw_none_is_the_store_back_
     store.client.topology_description = up
     await eventually(writable.done, seconds=5, what="the store back")
     assert not waiter.done()  # nothing was elected: what waits on the primary waits on
+
+
+def test_a_burst_of_server_changes_never_blocks_the_stores_event_loop():
+    """PyMongo's asyncio driver hands its server and topology events to listeners through a
+    queue of 100, which a task on the same event loop empties once a second, and puts into it
+    blocking. More than 100 changes within that second (an outage under load: each operation
+    failing on an established connection is one) blocked the event loop for good, and the
+    process answered nothing more (a store chaos run). The store listens to none of them: the
+    heartbeats and the pool's events it follows are published at once."""
+    finished = threading.Event()
+
+    async def burst() -> None:
+        store = MongoStore.connect("mongodb://127.0.0.1:1/?replicaSet=rs0", "tokensvc", timeout_ms=500,
+                                   max_pool_size=10)
+        await store.connection.client.aconnect()
+        driver = store.connection.client._topology  # the driver's own SDAM path, as an outage drives it
+        address = ("127.0.0.1", 1)
+        for change in range(150):
+            driver._sdam.server_description_changed(ServerDescription(address),
+                                                    ServerDescription(address, error=OSError(change)), address)
+        await store.close()
+        finished.set()
+
+    thread = threading.Thread(target=asyncio.run, args=(burst(),), daemon=True)
+    thread.start()
+    assert finished.wait(DEADLINE), "the event loop blocked"
+
+
+def test_each_member_that_changes_its_state_is_counted():
+    """``tokensvc_store_topology_changes_total``: each member whose state differs from the view
+    the store took before (an election: the old primary unknown, a secondary primary)."""
+    changes = []
+    seen = Topology(lambda: changes.append(1))
+    seen.description = view(member(A, "primary"), member(B, "secondary"), member(C, "secondary"))
+    seen.description = view(member(A, "primary"), member(B, "secondary"), member(C, "secondary"))
+    assert changes == []
+    seen.description = view(member(A, "unknown"), member(B, "primary", term=2), member(C, "secondary"))
+    assert len(changes) == 2

@@ -55,7 +55,8 @@ class Connection:
         self.budget, self.build_budget = timeout_ms / 1000, build_timeout_ms / 1000
         self.stop_budget = min(self.budget, CLOSE_SECONDS / 2)  # the stop's one write (its entry marked stopped)
         self.observer = StoreObserver()
-        self.topology = topology.Topology()  # the deployment as the driver last saw it
+        # The deployment as the driver last saw it; a member changing its state is counted.
+        self.topology = topology.Topology(lambda: self.observer.topology_changed())
         self.calls = Calls()  # the driver calls the store waits for, and those it stopped waiting for
         self.replica_set = True  # whether the server is a replica-set member (check_primary asks)
         # The formats this release knows, and where the store stands: what is written follows

@@ -1,33 +1,36 @@
-"""The MongoDB deployment as the driver sees it while the service runs: its pool, server and
-topology events, handed to the store's observer (the metrics), and what they say about
-whether writes can succeed.
+"""The MongoDB deployment as the driver sees it while the service runs: its pool and its
+members' heartbeats, handed to the store's observer (the metrics), and what the driver's view
+says about whether writes can succeed.
 
 The driver monitors every member (streaming ``hello``: a member's change of state reaches it at
-once) and publishes each new view of the deployment. A directly connected member
-(``directConnection=true``, a topology of one server) that is not, or no longer, a writable
-primary would serve reads and fail every write for as long as it stays so: no wait mends it.
-:meth:`Topology.unwritable` says so from the latest view, without a round trip, so that
-``/readyz`` answers 503 saying why and writes fail at once instead of after their whole budget;
-when the member is primary again, the next view says so and the process serves again. A
-replica set without a primary (an election) is no such case: requests wait for the new
-primary within their budget.
+once). A directly connected member (``directConnection=true``, a topology of one server) that
+is not, or no longer, a writable primary would serve reads and fail every write for as long as
+it stays so: no wait mends it. :meth:`Topology.unwritable` says so from the latest view,
+without a round trip, so that ``/readyz`` answers 503 saying why and writes fail at once
+instead of after their whole budget; when the member is primary again, the next view says so
+and the process serves again. A replica set without a primary (an election) is no such case:
+requests wait for the new primary within their budget.
 
 A primary that crashes, or that a partition cuts off, says nothing: it answers no command and
 closes no connection, so what waits on it would wait its whole budget. When the driver learns
 of a new primary (the other members' streaming ``hello`` say so at once), the reads and
 idempotent writes still waiting are abandoned and run again, on the new primary
 (:meth:`Topology.abandoned`: the store stops waiting for them, never cancelling the driver,
-storage/mongo/calls.py).
+storage/mongo/calls.py), and the revocation relay's change stream follows it
+(storage/mongo/feed.py).
 
-The driver publishes its topology's events from a queue it empties once a second; its
-heartbeats' at once. A heartbeat from a member that says it is a new primary makes the store
-take the driver's own view at once (:meth:`Topology.primary_heard`), not up to a second later.
+The store takes the driver's view itself (``topology_description``, the view now) whenever a
+heartbeat, failed or not, or a cleared pool says it may have changed, and never listens to the
+driver's server and topology events. PyMongo's asyncio driver queues those for listeners in a
+queue of 100, which a task on the same event loop empties once a second, and puts into it
+blocking: more than 100 changes within a second (an outage under load) blocked the process's
+event loop for good. Heartbeats and the pool's events are published at once, unqueued; a new
+primary's heartbeat is followed until the driver's view shows it (:meth:`Topology.primary_heard`).
 
 A store that could not be reached at start-up is tried again as soon as the driver sees a
 member that takes writes, or a newly elected primary (:meth:`Topology.writable`), not only at
 the next step of the start-up's back-off; so are the revocation relay's change stream and a
-socket's re-check that failed meanwhile (``Store.reachable``). The relay's change stream, which
-stands on the primary that opened it, follows a new primary at once (storage/mongo/feed.py).
+socket's re-check that failed meanwhile (``Store.reachable``).
 """
 
 from __future__ import annotations
@@ -49,8 +52,9 @@ _STATES = {"RSSecondary": "secondary", "RSArbiter": "arbiter", "RSGhost": "not i
 DIRECT_ADVICE = "point storage.mongodb_uri at the replica set (replicaSet=..., no directConnection=true)"
 
 
-# After a heartbeat from a new primary, how often and how many times the store looks at the
-# driver's view for it: the driver takes the answer in right after it publishes it.
+# After a heartbeat, how soon the store looks again at the driver's view (the driver takes the
+# answer in right after it publishes it), and how many times at most it looks for a new
+# primary a heartbeat named.
 LOOK_SECONDS = 0.01
 LOOKS = 50
 
@@ -64,7 +68,8 @@ class Topology:
     """The latest view of the deployment the driver published, and the store's operations that
     an election abandons (:meth:`abandoned`)."""
 
-    def __init__(self) -> None:
+    def __init__(self, server_changed: Callable[[], None] | None = None) -> None:
+        self._server_changed = server_changed  # a member changed its state (the metric)
         self._description: Any = None
         # The primary the driver knew last (its address and election id), kept while it knows
         # none: the crashed primary is often marked unknown before the others elect a new one
@@ -80,6 +85,11 @@ class Topology:
     @description.setter
     def description(self, new: Any) -> None:
         old, self._description = self._description, new
+        if old is not None and new is not None and self._server_changed is not None:
+            before = old.server_descriptions()
+            for address, server in new.server_descriptions().items():
+                if address in before and before[address].server_type != server.server_type:
+                    self._server_changed()
         before, now = self._primary, _primary(new)
         elected = before is not None and now is not None and now != before
         if now is not None:
@@ -100,6 +110,20 @@ class Topology:
         stream, opened again where it stood): a single-document write in flight may have
         applied, and the driver's own retry on the new primary is what runs it once."""
         return self.elections
+
+    def follow(self, now: Callable[[], Any]) -> None:
+        """Something may have changed (a heartbeat, a cleared pool): take the driver's view
+        (``now()``) at once and once more a moment later, when the driver has taken the change
+        in (it publishes a heartbeat just before)."""
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:  # not the asyncio driver's own task
+            return
+        loop.call_soon(self._take, now)
+        loop.call_later(LOOK_SECONDS, self._take, now)
+
+    def _take(self, now: Callable[[], Any]) -> None:
+        self.description = now()
 
     def primary_heard(self, primary: tuple[Any, Any], now: Callable[[], Any]) -> None:
         """A member answered the driver's monitor that it is the primary (``primary``: its
@@ -178,17 +202,10 @@ class Observed(Protocol):
     client: Any
 
 
-class DriverEvents(monitoring.ConnectionPoolListener, monitoring.ServerListener, monitoring.TopologyListener,
-                   monitoring.ServerHeartbeatListener):
-    """The driver's events: pool and server changes to the store's observer, each new view of
-    the topology to the store's :class:`Topology`.
-
-    The driver publishes its topology's and servers' events from a queue it empties once a
-    second (``pymongo.common.EVENTS_QUEUE_FREQUENCY``), its heartbeats' at once. So a new view
-    is taken from the driver itself (``topology_description``, its view now) whenever an event
-    says something changed, and a heartbeat from a member that says it is a primary the store
-    does not know makes the store look at once (:meth:`Topology.primary_heard`): an election
-    reached the relay and the reads waiting on a crashed primary up to a second late."""
+class DriverEvents(monitoring.ConnectionPoolListener, monitoring.ServerHeartbeatListener):
+    """The driver's pool and heartbeat events, all published at once: the pool's use to the
+    store's observer, and after each heartbeat or cleared pool the driver's view to the store's
+    :class:`Topology`. Never a server or topology listener (the module's docstring says why)."""
 
     def __init__(self) -> None:
         self.connection: Observed | None = None
@@ -201,38 +218,36 @@ class DriverEvents(monitoring.ConnectionPoolListener, monitoring.ServerListener,
         if self.connection is not None:
             self.connection.observer.pool_checked_in()
 
-    def description_changed(self, event: Any) -> None:
-        """A server's description changed (ServerListener), or the topology's (TopologyListener):
-        both interfaces name their method so."""
-        if self.connection is None:
-            return
-        if isinstance(event, monitoring.TopologyDescriptionChangedEvent):
-            self.connection.topology.description = self._now()  # newer than the event's, if anything
-        elif event.previous_description.server_type != event.new_description.server_type:
-            self.connection.observer.topology_changed()
+    def pool_cleared(self, event: monitoring.PoolClearedEvent) -> None:
+        """An operation met a network error: the driver marked the member unknown."""
+        if self.connection is not None:
+            self.connection.topology.follow(self._now)
 
     def succeeded(self, event: monitoring.ServerHeartbeatSucceededEvent) -> None:
         """A member answered the driver's monitor (ServerHeartbeatListener)."""
+        if self.connection is None:
+            return
         reply = event.reply
-        if self.connection is not None and reply.is_writable and reply.election_id is not None:
+        if reply.is_writable and reply.election_id is not None:
             self.connection.topology.primary_heard((event.connection_id, reply.election_id), self._now)
+        self.connection.topology.follow(self._now)
+
+    def failed(self, event: monitoring.ServerHeartbeatFailedEvent) -> None:
+        if self.connection is not None:
+            self.connection.topology.follow(self._now)
 
     def _now(self) -> Any:
         """The driver's view of the deployment now."""
         assert self.connection is not None
         return self.connection.client.topology_description
 
-    # The rest of the four interfaces: nothing to count.
+    # The rest of the two interfaces: nothing to count.
     def started(self, event: Any) -> None: ...
-    def failed(self, event: Any) -> None: ...
     def pool_created(self, event: Any) -> None: ...
     def pool_ready(self, event: Any) -> None: ...
-    def pool_cleared(self, event: Any) -> None: ...
     def pool_closed(self, event: Any) -> None: ...
     def connection_created(self, event: Any) -> None: ...
     def connection_ready(self, event: Any) -> None: ...
     def connection_closed(self, event: Any) -> None: ...
     def connection_check_out_started(self, event: Any) -> None: ...
     def connection_check_out_failed(self, event: Any) -> None: ...
-    def opened(self, event: Any) -> None: ...
-    def closed(self, event: Any) -> None: ...
