@@ -47,8 +47,8 @@ from tokensvc.oauth.revocation import (
 from tokensvc.records import (
     CLI_CLIENT_OWNER,
     CLIENT_KIND,
-    FILE_OWNER,
     CLIENT_KINDS,
+    FILE_OWNER,
     MAX_KEEP_PREVIOUS_SECONDS,
     RESOURCE_SERVER,
     Client,

@@ -117,8 +117,8 @@ class MemoryStore(Store):
         return _client(client)
 
     async def set_owners(self, kind: str, owners: Mapping[str, str]) -> None:
-        entries: dict[str, Any] = {"client": self._clients, "user": self._users,
-                                   "installation": self._installations}[kind]
+        entries: dict[str, Any] = (self._clients if kind == "client" else self._users if kind == "user"
+                                   else self._installations)
         for key, entry in entries.items():
             if entry.owner != owners.get(key):
                 entries[key] = copy(entry, owner=owners.get(key))

@@ -5,8 +5,8 @@ users and node installations. The package's docstring lists the queries and thei
 from __future__ import annotations
 
 import inspect
-from datetime import datetime, timedelta
 from collections.abc import Mapping
+from datetime import datetime, timedelta
 from typing import Any
 
 import pymongo
