@@ -109,8 +109,19 @@ def handed_over(config: config_module.Settings) -> config_module.Settings:
     settings of a service whose store holds what ``config`` seeded but whose file names none of
     it any more, so that the entries are the admin API's to change (docs/administration.md,
     "Who owns an entry"). The tests of what the admin API does to an entry use it; a file's own
-    entries are refused (tests/test_ownership.py)."""
+    entries are refused (tests/test_ownership.py). The store marks what a file wrote until a
+    start whose file names it no more: :func:`hand_over` is that start."""
     return dataclasses.replace(config, clients=(), users=(), installations=())
+
+
+async def hand_over(store, config: config_module.Settings) -> config_module.Settings:
+    """A start with :func:`handed_over`'s file on ``store``, which ``config`` seeded: the store's
+    marks of the entries ``config`` names are cleared, and they are the admin API's from then
+    on. Its settings."""
+    from tokensvc.bootstrap import seed
+
+    await seed(store, handed_over(config))
+    return handed_over(config)
 
 
 # Seconds after a rotation past which a presentation of the rotated-out token is no longer

@@ -16,6 +16,7 @@ from helpers import (
     check_oauth_error,
     check_schema,
     check_validation_error,
+    hand_over,
     handed_over,
     issue_tokens,
     json_of,
@@ -34,7 +35,7 @@ STRONG = "violet-comet-harbor"
 @pytest.fixture
 def app(io_loop, store, config, ctx):
     io_loop.run_sync(lambda: seed(store, config))
-    return make_admin_app(handed_over(config), store, ctx)
+    return make_admin_app(io_loop.run_sync(lambda: hand_over(store, config)), store, ctx)
 
 
 @pytest.fixture

@@ -1,6 +1,7 @@
 """Config loading: TOML, environment overrides, and one clear message naming the bad key."""
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -118,6 +119,28 @@ def test_bad_environment_values_name_the_variable(tmp_path):
 def test_missing_file():
     with pytest.raises(ConfigError, match="config file not found"):
         config.load("/no/such/file.toml", environ={})
+
+
+def test_a_file_that_never_ends_is_refused_in_one_line_and_nothing_hangs(tmp_path):
+    """``--config /dev/zero`` (any device, pipe or socket) read without end; a config file is a
+    regular file, and anything else is refused before it is read."""
+    with pytest.raises(ConfigError) as info:
+        config.load("/dev/zero", environ={})
+    assert str(info.value) == "/dev/zero: not a regular file (give the TOML file with --config)"
+    fifo = tmp_path / "fifo.toml"
+    os.mkfifo(fifo)
+    with pytest.raises(ConfigError, match="not a regular file"):
+        config.load(fifo, environ={})
+
+
+def test_a_file_that_starts_with_a_byte_order_mark_is_named_so(tmp_path):
+    """A UTF-8 byte order mark (an editor's) made a TOML error at line 1 that named nothing."""
+    path = tmp_path / "bom.toml"
+    path.write_bytes(b"\xef\xbb\xbf" + SECRET.encode())
+    with pytest.raises(ConfigError) as info:
+        config.load(path, environ={})
+    assert str(info.value) == (f"{path}: starts with a UTF-8 byte order mark, which TOML does not take: save it "
+                               "as UTF-8 without one")
 
 
 def test_every_secret_given_by_hand_has_the_one_minimum_length_outside_demo_mode(tmp_path):

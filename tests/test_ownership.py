@@ -96,9 +96,64 @@ async def test_what_the_file_does_not_write_stays_the_operators_to_do(operator, 
     assert issued.access_token
 
 
-async def test_the_same_entry_is_the_admin_apis_once_the_file_no_longer_names_it(operator, ctx, config, store):
+async def test_the_same_entry_is_the_admin_apis_once_a_start_with_a_file_that_no_longer_names_it(operator, ctx,
+                                                                                                    config, store):
+    """The store's mark follows the file of the last start: one whose file names the entry
+    no more clears it, one whose file names it again marks it again (a rolling deploy that
+    removes an entry, or adds one, while instances of both files start)."""
+    await seed(store, handed_over(config))  # the restart with the file that hands the entries over
+    assert not any(client.owner for client in await store.list_clients() if client.client_id != "tokensvc-cli")
+    assert not any(user.owner for user in await store.list_users())
     await Operator(ctx, handed_over(config)).patch_user("root", {"admin": False})
     assert not (await store.get_user_by_username("root")).admin
+    await seed(store, config)  # a start with the file that names it again: the file's again
+    assert (await store.get_user_by_username("root")).admin
+    with pytest.raises(admin.TheFiles, match=f"written by the configuration file {FILE} at every start"):
+        await Operator(ctx, handed_over(config)).patch_user("root", {"admin": False})
+
+
+ELSEWHERE = "/srv/elsewhere/tokensvc.toml"
+
+
+def elsewhere(config, **admin_settings):
+    """The settings of a command given another file than the deployment's (``--config``),
+    which names none of its entries."""
+    return dataclasses.replace(handed_over(config), config_file=ELSEWHERE,
+                               admin=dataclasses.replace(config.admin, **admin_settings))
+
+
+@pytest.mark.parametrize("change", CHANGES)
+async def test_an_entry_the_store_marks_is_refused_whatever_file_the_operator_was_given(operator, ctx, config, store,
+                                                                                       change):
+    """The command line on a store reads the file it is given, not the running deployment's: the
+    store says which entries a file writes at every start, so the change is refused all the
+    same, naming the file that writes it, and nothing changes (a rotated secret that the next
+    restart took back, before)."""
+    before = (await store.list_clients(), await store.list_users(), await store.list_installations())
+    with pytest.raises(admin.TheFiles) as refused:
+        await CHANGES[change](Operator(ctx, elsewhere(config)))
+    assert refused.value.status_code == 409
+    assert f"is written by the configuration file {FILE} at every start: change it there" in str(refused.value)
+    assert (await store.list_clients(), await store.list_users(), await store.list_installations()) == before
+
+
+async def test_the_command_lines_client_is_refused_whatever_the_operators_settings_say(operator, ctx, config, store):
+    before = await store.get_client("tokensvc-cli")
+    with pytest.raises(admin.TheFiles) as refused:
+        await Operator(ctx, elsewhere(config, cli_client=False)).rotate_secret("tokensvc-cli", {})
+    assert str(refused.value).startswith("client 'tokensvc-cli' is tokensvc login's own client, written at every "
+                                         "start while admin.cli_client is on")
+    assert await store.get_client("tokensvc-cli") == before
+
+
+async def test_a_plan_given_another_file_changes_no_entry_the_store_marks_and_prunes_none(operator, ctx, config):
+    other = Operator(ctx, elsewhere(config))
+    with pytest.raises(ValidationFailed) as refused:
+        await other.plan({"clients": [{"clientId": "webapp", "allowedScopes": ["read"]}],
+                          "users": [{"username": "alice", "admin": True}]})
+    assert [(item["loc"], f"written by the configuration file {FILE}" in item["msg"])
+            for item in refused.value.detail] == [(["body", "users", 0], True), (["body", "clients", 0], True)]
+    assert (await other.plan({"clients": [], "users": [], "installations": [], "prune": True}))["steps"] == []
 
 
 async def test_a_plan_names_an_entry_of_the_file_as_the_file_has_it_changes_none_and_prunes_none(operator, store):

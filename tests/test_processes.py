@@ -9,7 +9,7 @@ from datetime import timedelta
 
 import pytest
 from backends import open_store
-from helpers import DEADLINE, Clock, eventually, family_of, handed_over
+from helpers import DEADLINE, Clock, eventually, family_of, hand_over
 from test_feed import connect as connect_feed
 from test_feed import next_message
 from test_ws import closed_as_revoked, tokens, welcome_of, ws_url
@@ -155,7 +155,7 @@ async def test_a_client_narrowed_in_another_process_closes_the_socket_within_a_s
         issued = await tokens(browser, http_client, base_url, scope="read write")
         narrowed = await websocket_connect(ws_url(base_url, "?access_token=" + issued["access_token"]))
         await welcome_of(narrowed)
-        elsewhere = Operator(make_context(config, other_process(store)), handed_over(config))
+        elsewhere = Operator(make_context(config, other_process(store)), await hand_over(store, config))
         await elsewhere.patch_client("skyplanner", {"description": "A narrowing of another client is no concern"})
         await elsewhere.patch_client("webapp", {"allowedScopes": ["write", "admin"]})  # read stays in force
         await elsewhere.patch_client("webapp", {"allowedScopes": ["admin"]})
@@ -181,7 +181,7 @@ async def test_a_readers_client_rotated_or_removed_in_another_process_closes_the
     from tokensvc.operator import Operator
 
     secret = await notes_api(ctx)
-    elsewhere = Operator(make_context(config, other_process(store)), handed_over(config))
+    elsewhere = Operator(make_context(config, other_process(store)), await hand_over(store, config))
     relay = asyncio.ensure_future(events.relay(store, ctx.events))
     try:
         listening = await connect_feed(base_url)
@@ -216,7 +216,7 @@ async def test_a_rotation_in_another_process_heard_during_a_readers_handshake_cl
     from tokensvc.operator import Operator
 
     secret = await notes_api(ctx)
-    elsewhere = Operator(make_context(config, other_process(store)), handed_over(config))
+    elsewhere = Operator(make_context(config, other_process(store)), await hand_over(store, config))
 
     async def rotated_elsewhere_and_heard(ctx):
         mark = ctx.events.mark()
@@ -347,7 +347,7 @@ async def test_a_removal_cut_short_in_another_process_is_named_to_resource_serve
     issued = await issue_tokens(ctx, "alice", "read", client_id,
                                 WEBAPP_REDIRECT if client_id == "webapp" else SKY_REDIRECT)
     other = other_process(store)
-    elsewhere = Operator(make_context(config, other), handed_over(config))
+    elsewhere = Operator(make_context(config, other), await hand_over(store, config))
 
     async def cut_short(*args):
         raise StorageError("the store went away")

@@ -569,6 +569,62 @@ async def test_a_generated_secret_is_known_by_the_store_for_that_secret_alone(ba
 
 
 @pytest.mark.gen_test
+async def test_the_store_marks_the_entries_a_configuration_file_writes_and_no_other_write_clears_it(backend_store,
+                                                                                                   now):
+    """Which entries the configuration file writes at every start is the store's word
+    (``owner``), so that every writer refuses them whatever file it was given: each start marks
+    what its file names and clears the mark of every other entry; no other write, seeding's
+    own included, marks or clears it. A document without the field (0.10.0 wrote every one) is
+    the admin API's."""
+    store = backend_store
+    file = "/etc/tokensvc/tokensvc.toml"
+    await store.add_client(Client("webapp", "Web", ["https://a/cb"], created_at=now))
+    await store.add_client(Client("tokensvc-cli", "CLI", ["http://127.0.0.1/cb"], created_at=now))
+    await store.add_client(Client("made-here", "Made here", ["https://m/cb"], created_at=now))
+    await store.put_user(User("u_alice", "alice", "h1"))
+    await store.put_user(User("u_bob", "bob", "h1"))
+    await store.put_installation(Installation("scope-1", "Scope", "telescope"))
+    assert (await store.get_client("webapp")).owner is None and (await store.get_user("u_alice")).owner is None
+    await store.set_owners("client", {"webapp": file, "tokensvc-cli": "admin.cli_client"})
+    await store.set_owners("user", {"u_alice": file})
+    await store.set_owners("installation", {"scope-1": file})
+
+    def owners(entries, key):
+        return {getattr(entry, key): entry.owner for entry in entries}
+
+    marked = {"webapp": file, "tokensvc-cli": "admin.cli_client", "made-here": None}
+    assert owners(await store.list_clients(), "client_id") == marked
+    assert owners(await store.list_users(), "username") == {"alice": file, "bob": None}
+    assert (await store.get_user_by_username("ALICE")).owner == file
+    assert (await store.get_installation("scope-1")).owner == file
+    # Every other write keeps the mark, a record that says none included.
+    await store.put_client(Client("webapp", "Web 2", ["https://a/cb"], created_at=now))
+    await store.update_client("webapp", {"name": "Web 3"})
+    await store.seed_user(User("u_alice", "alice", "h2", admin=True), now)
+    await store.update_user("u_alice", {"admin": False})
+    await store.put_user(User("u_alice", "alice", "h3"))
+    await store.put_installation(Installation("scope-1", "Scope 2", "telescope"))
+    assert owners(await store.list_clients(), "client_id") == marked
+    assert (await store.get_client("webapp")).name == "Web 3"
+    assert (await store.get_user("u_alice")).owner == file
+    assert (await store.get_installation("scope-1")).owner == file
+    # A later start's file: what it names is marked as its own, every other mark cleared.
+    await store.set_owners("client", {"made-here": "/srv/other.toml", "tokensvc-cli": "admin.cli_client"})
+    await store.set_owners("user", {})
+    await store.set_owners("installation", {})
+    assert owners(await store.list_clients(), "client_id") == {
+        "webapp": None, "tokensvc-cli": "admin.cli_client", "made-here": "/srv/other.toml"}
+    assert owners(await store.list_users(), "username") == {"alice": None, "bob": None}
+    assert (await store.get_installation("scope-1")).owner is None
+    # A document written before the field existed (0.10.0, 0.9.0): the admin API's.
+    if not isinstance(store, MemoryStore):
+        await store.db["clients"].insert_one({"_id": "old", "name": "Old", "redirect_uris": ["https://old/cb"],
+                                              "allowed_scopes": None, "secret_hash": None, "first_party": False,
+                                              "description": None, "logo_url": None, "created_at": now})
+        assert (await store.get_client("old")).owner is None
+
+
+@pytest.mark.gen_test
 async def test_concurrent_changes_of_a_client_each_hold(backend_store):
     """A secret rotated beside a PATCH or a PUT of the client, and two PATCHes of different
     fields: each change holds (each wrote the whole client it had read: the rotated secret,

@@ -45,8 +45,10 @@ from tokensvc.oauth.revocation import (
     revoke_token,
 )
 from tokensvc.records import (
+    CLI_CLIENT_OWNER,
     CLIENT_KIND,
     CLIENT_KINDS,
+    FILE_OWNER,
     MAX_KEEP_PREVIOUS_SECONDS,
     RESOURCE_SERVER,
     Client,
@@ -124,13 +126,9 @@ class FileEntries:
         writes it, naming what writes it: the file's table, or ``admin.cli_client``."""
         owned = {"client": self.clients, "user": self.users, "installation": self.installations}[kind]
         if (username_key(key) if kind == "user" else key) in owned:
-            where = f"the configuration file {self.file}" if self.file else "the configuration file"
-            raise TheFiles(f"{kind} {key!r} is written by {where} at every start: change it there (or take it out "
-                           "of the file to manage it here)")
+            raise written_at_every_start(kind, key, self.file or FILE_OWNER)
         if kind == "client" and key == self.cli_client:
-            raise TheFiles(f"client {key!r} is tokensvc login's own client, written at every start while "
-                           "admin.cli_client is on (its default): it cannot be changed here; admin.cli_client = false "
-                           "removes it, and a client of your own then serves tokensvc login --token-client-id")
+            raise written_at_every_start(kind, key, CLI_CLIENT_OWNER)
 
     def writes(self, kind: str, key: str) -> bool:
         try:
@@ -138,6 +136,35 @@ class FileEntries:
         except TheFiles:
             return True
         return False
+
+    async def refuse(self, store: Store, kind: str, key: str) -> None:
+        """Refuse (409) a change to the ``kind`` ``key`` that a configuration file writes at every
+        start: this process's file (:meth:`check`), or the file the store says wrote it (its
+        ``owner``, marked by the last start), whatever file this process was given: the command
+        line on a store reads its own ``--config``, not the running deployment's."""
+        self.check(kind, key)
+        entry: Client | User | Installation | None
+        if kind == "client":
+            entry = await store.get_client(key)
+        elif kind == "user":
+            entry = await store.get_user_by_username(key)
+        else:
+            entry = await store.get_installation(key)
+        if entry is not None and entry.owner:
+            raise written_at_every_start(kind, key, entry.owner)
+
+
+def written_at_every_start(kind: str, key: str, owner: str) -> TheFiles:
+    """The refusal (409) of a change to the ``kind`` ``key``, which ``owner`` writes at every
+    start: ``admin.cli_client`` (:data:`~tokensvc.records.CLI_CLIENT_OWNER`), else a
+    configuration file, named by its path."""
+    if owner == CLI_CLIENT_OWNER:
+        return TheFiles(f"client {key!r} is tokensvc login's own client, written at every start while "
+                        "admin.cli_client is on (its default): it cannot be changed here; admin.cli_client = false "
+                        "removes it, and a client of your own then serves tokensvc login --token-client-id")
+    where = "the configuration file" if owner == FILE_OWNER else f"the configuration file {owner}"
+    return TheFiles(f"{kind} {key!r} is written by {where} at every start: change it there (or take it out "
+                    "of the file to manage it here)")
 
 
 def _record(event: str, **fields: object) -> None:

@@ -21,7 +21,16 @@ from tokensvc.oauth.feed import ReaderCaps
 from tokensvc.oauth.metadata import server_metadata
 from tokensvc.oauth.revocation import client_change, end_chains_before_promotion
 from tokensvc.ratelimit import FailureLimits
-from tokensvc.records import RESOURCE_SERVER, Client, Installation, User, generated_digest, utcnow
+from tokensvc.records import (
+    CLI_CLIENT_OWNER,
+    FILE_OWNER,
+    RESOURCE_SERVER,
+    Client,
+    Installation,
+    User,
+    generated_digest,
+    utcnow,
+)
 from tokensvc.storage.base import Conflict, StorageError, Store, StoreFault, StoreObserver
 
 log = logging.getLogger(__name__)
@@ -147,6 +156,16 @@ async def seed(store: Store, config: Settings) -> None:
         )
         existing_installation = await store.get_installation(installation.installation_id)
         await store.put_installation(said_if_changed(existing_installation, installation))
+    # What the file writes at every start is marked as the file's in the store, and the mark of
+    # what it no longer names is cleared: every writer refuses a marked entry, whatever file it
+    # was given (docs/administration.md, "Who owns an entry").
+    owner = config.config_file or FILE_OWNER
+    clients_owned = {seed_client.client_id: owner for seed_client in config.clients}
+    if config.admin.cli_client:
+        clients_owned[CLI_CLIENT.client_id] = CLI_CLIENT_OWNER
+    await store.set_owners("client", clients_owned)
+    await store.set_owners("user", dict.fromkeys(user_ids.values(), owner))
+    await store.set_owners("installation", {seed.installation_id: owner for seed in config.installations})
     clients = counted(len(config.clients) + config.admin.cli_client, "client")  # the CLI's client too
     where = f"{len(config.clients)} from the config and {CLI_CLIENT.client_id}" if config.admin.cli_client \
         else "from the config"

@@ -32,6 +32,7 @@ import math
 import os
 import re
 import secrets
+import stat
 import tomllib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -360,7 +361,14 @@ def load(path: str | os.PathLike[str] | None = None, environ: Mapping[str, str] 
 def _read(path: str | os.PathLike[str]) -> dict[str, Any]:
     """The TOML document at ``path``; what keeps it from being read, in one line."""
     try:
-        return tomllib.loads(Path(path).read_text(encoding="utf-8"))
+        if os.path.exists(path) and not os.path.isdir(path) and not stat.S_ISREG(os.stat(path).st_mode):
+            # A device, a pipe or a socket: /dev/zero would be read without end.
+            raise ConfigError(f"{path}: not a regular file (give the TOML file with --config)")
+        text = Path(path).read_text(encoding="utf-8")
+        if text.startswith("\ufeff"):
+            raise ConfigError(f"{path}: starts with a UTF-8 byte order mark, which TOML does not take: save it as "
+                              "UTF-8 without one")
+        return tomllib.loads(text)
     except FileNotFoundError:
         raise ConfigError(f"config file not found: {path}") from None
     except IsADirectoryError:

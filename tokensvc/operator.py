@@ -124,14 +124,14 @@ class Operator:
         data = load(admin_schemas.client_body, self._logo_served_here(body))
         if data.pop("client_id", client_id) != client_id:
             raise AdminError(f"the body's clientId differs from the address's {client_id!r}", "clientId")
-        self.file.check("client", client_id)
+        await self.file.refuse(self.store, "client", client_id)
         client, secret, created = await admin.put_client(self.ctx, client_id, ClientSpec(**data))
         self.ctx.origins.forget()
         return {**admin_schemas.admin_client.dump(client), "clientSecret": secret}, created
 
     async def patch_client(self, client_id: str, body: Json) -> Json:
         changes = load(admin_schemas.client_patch, self._logo_served_here(body))
-        self.file.check("client", client_id)
+        await self.file.refuse(self.store, "client", client_id)
         client, secret = await admin.update_client(self.ctx, client_id, changes)
         self.ctx.origins.forget()
         return {**admin_schemas.admin_client.dump(client), "clientSecret": secret}
@@ -144,14 +144,14 @@ class Operator:
         return body
 
     async def remove_client(self, client_id: str) -> Json:
-        self.file.check("client", client_id)
+        await self.file.refuse(self.store, "client", client_id)
         revoked = await admin.remove_client(self.ctx, client_id)
         self.ctx.origins.forget()
         return {"removed": client_id, "grantsRevoked": revoked}
 
     async def rotate_secret(self, client_id: str, body: Any) -> Json:
         keep = load(admin_schemas.secret_body, body)["keep_previous_seconds"]
-        self.file.check("client", client_id)
+        await self.file.refuse(self.store, "client", client_id)
         secret, previous = await admin.rotate_secret(self.ctx, client_id, keep)
         return admin_schemas.secret_rotated.dump({"client_id": client_id, "client_secret": secret,
                                                   "previous_secret_expires_at": previous and previous.expires_at})
@@ -173,19 +173,19 @@ class Operator:
 
     async def patch_user(self, username: str, body: Json) -> Json:
         data = load(admin_schemas.user_patch, body)
-        self.file.check("user", username)
+        await self.file.refuse(self.store, "user", username)
         return admin_schemas.admin_user.dump(await admin.set_admin(self.ctx, username, data["admin"]))
 
     async def set_password(self, username: str, body: Json) -> Json:
         data = load(admin_schemas.password_body, body)
-        self.file.check("user", username)
+        await self.file.refuse(self.store, "user", username)
         done = await admin.set_password(self.ctx, username, data.get("password"), keep_grants=data["keep_grants"],
                                         service_name=self.service_name, password_hash=data.get("password_hash"))
         return {"username": done["username"], "sessionsEnded": done["sessions_ended"],
                 "familiesRevoked": done["families_revoked"]}
 
     async def remove_user(self, username: str) -> Json:
-        self.file.check("user", username)
+        await self.file.refuse(self.store, "user", username)
         removed, revoked = await admin.remove_user(self.ctx, username)
         return {"removed": removed, "familiesRevoked": revoked}
 
@@ -208,14 +208,14 @@ class Operator:
 
     async def put_installation(self, installation_id: str, body: Json) -> tuple[Json, bool]:
         data = load(admin_schemas.installation_body, body)
-        self.file.check("installation", installation_id)
+        await self.file.refuse(self.store, "installation", installation_id)
         installation, created = await admin.put_installation(self.store, installation_id, data["name"], data["kind"],
                                                              data.get("operators") or [],
                                                              self.settings.installation_kinds)
         return await self._installation(installation), created
 
     async def remove_installation(self, installation_id: str) -> Json:
-        self.file.check("installation", installation_id)
+        await self.file.refuse(self.store, "installation", installation_id)
         return {"removed": installation_id,
                 "familiesRevoked": await admin.remove_installation(self.ctx, installation_id)}
 

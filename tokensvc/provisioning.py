@@ -128,7 +128,7 @@ async def plan(store: Store, body: Any, *, kinds: Sequence[str], service_name: s
                 else:
                     steps.append(await _installation(store, key, fields, kinds, desired))
                 if steps[-1].action != "unchanged":
-                    file.check(KIND_OF[table], key)
+                    await file.refuse(store, KIND_OF[table], key)
     if data["prune"]:
         steps += await _removals(store, data, named, problems, acting_user, acting_client, file)
     _one_end_of_the_caller(steps, data, problems)
@@ -310,11 +310,11 @@ async def _removals(store: Store, data: Json, named: dict[str, set[str]], proble
     if "installations" in data:
         steps += [Step("installation", inst.installation_id, "remove") for inst in await store.list_installations()
                   if inst.installation_id not in named["installations"]
-                  and not file.writes("installation", inst.installation_id)]
+                  and not inst.owner and not file.writes("installation", inst.installation_id)]
     if "clients" in data:
         clients: list[Client] = await store.list_clients()
         for client in clients:
-            if client.client_id in named["clients"] or file.writes("client", client.client_id):
+            if client.client_id in named["clients"] or client.owner or file.writes("client", client.client_id):
                 continue
             if client.client_id == acting_client:
                 problems.add(["clients"], f"pruning would remove {client.client_id!r}, the client of the token this "
@@ -322,7 +322,7 @@ async def _removals(store: Store, data: Json, named: dict[str, set[str]], proble
             steps.append(Step("client", client.client_id, "remove"))
     if "users" in data:
         for user in await store.list_users():
-            if username_key(user.username) in named["users"] or file.writes("user", user.username):
+            if username_key(user.username) in named["users"] or user.owner or file.writes("user", user.username):
                 continue
             if acting_user is not None and username_key(user.username) == username_key(acting_user):
                 problems.add(["users"], f"pruning would remove {user.username!r}, who runs this: name them in the "

@@ -36,6 +36,18 @@ CLIENT_KINDS = (CLIENT_KIND, RESOURCE_SERVER)
 READER_FIELDS = ("secret_hash", "kind", "first_party")
 
 
+# OWNER: who writes a client, a user or an installation at every start of every process
+# (docs/administration.md, "Who owns an entry"), in its record's ``owner``: the path of the
+# configuration file that names it, FILE_OWNER when the settings came without a path, or
+# CLI_CLIENT_OWNER for the command line's client. Marked by start-up seeding alone, which clears
+# it once the file no longer names the entry, and kept by every other write; every writer
+# refuses a marked entry. None (a document without the field: 0.10.0 wrote every one): the
+# admin API's. It limits who may write the entry and grants nothing, so a release that ignores it
+# (0.10.0 reads the record as before and keeps the field when it writes) never grants more.
+FILE_OWNER = "config"
+CLI_CLIENT_OWNER = "admin.cli_client"
+
+
 @dataclass(slots=True)
 class Client:
     client_id: str
@@ -75,6 +87,7 @@ class Client:
     # (0.9.0 replaces whole documents) leaves none; either way the client is limited again,
     # never exempt by mistake.
     generated_secret_hash: str | None = None
+    owner: str | None = None  # who writes it at every start (OWNER, below); None: the admin API
 
     @property
     def secret_generated(self) -> bool:
@@ -187,6 +200,7 @@ class User:
     # event, never state: nothing decides anything on its value, so a writer that drops it
     # (0.9.0 replaces whole documents) loses nothing that was heard when it was written.
     narrowed_at: datetime | None = None
+    owner: str | None = None  # who writes it at every start (OWNER, above); None: the admin API
 
 
 @dataclass(slots=True)
@@ -195,6 +209,7 @@ class Installation:
     name: str
     kind: str  # "telescope" | "observatory"
     operators: list[str] = field(default_factory=list)  # user ids
+    owner: str | None = None  # who writes it at every start (OWNER, above); None: the admin API
 
 
 @dataclass(slots=True)

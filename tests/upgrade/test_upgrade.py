@@ -83,12 +83,19 @@ class Deployment:
     def operators_config(self) -> str:
         """That config without its [[clients]], [[users]] and [[installations]]: an operator's
         command changes only entries no configuration file of this release names
-        (docs/administration.md, "Who owns an entry"); the previous release seeds from its own
-        file whatever that names, and knows no owner."""
+        (docs/administration.md, "Who owns an entry"): one that the store marks as a file's, which
+        this release's file names, is refused whatever file the command is given. The previous
+        release seeds from its own file whatever that names, and knows no owner."""
         text = Path(self.config()).read_text()
         path = Path(self.config()).with_name("operators.toml")
         path.write_text(text.split("\n[[", 1)[0] + "\n")
         return str(path)
+
+    def unmark(self, collection: str, key: str) -> None:
+        """Take the store's mark off an entry this release's file names (``owner``), as a start of
+        this release whose file names it no more does: the entry is the operator's to change
+        here, while the previous release's file goes on naming it."""
+        self.primary.db["tokensvc"][collection].update_one({"_id": key}, {"$unset": {"owner": ""}})
 
     def close(self) -> list[str]:
         return [service.stop() for service in self.services if service.process.poll() is None]
@@ -688,7 +695,7 @@ def test_a_previous_secret_outlives_the_previous_release_rewriting_its_client(pr
     deployment = Deployment(primary, oldest, tmp_path_factory)
     try:
         old = deployment.start("previous", extra=ROLLING.format(digest=digest, description="First"))
-        new = deployment.start("current", extra=ROLLING.format(digest=digest, description="First"))
+        new = deployment.start("current")  # its file names no rolling: the operator's to rotate here
         assert cli.main(["clients", "rotate-secret", "rolling", "--keep-previous", "1h", "--json",
                          "--config", deployment.operators_config()]) == 0
         rotated = json.loads(capsys.readouterr().out)
@@ -708,7 +715,7 @@ def test_a_previous_secret_outlives_the_previous_release_rewriting_its_client(pr
         assert proves(old.base, new_secret) and not proves(old.base, old_secret)
         # This release restarted with the same configuration: the overlap holds there too.
         deployment.stop(new)
-        new = deployment.start("current", extra=rewritten)
+        new = deployment.start("current")
         assert proves(new.base, old_secret) and proves(new.base, new_secret)
         assert cli.main(["clients", "show", "rolling", "--json", "--config", deployment.config()]) == 0
         shown = json.loads(capsys.readouterr().out)
@@ -744,7 +751,7 @@ def test_a_generated_secret_the_previous_release_rewrote_is_limited_until_rotate
     deployment = Deployment(primary, previous, tmp_path_factory)
     try:
         old = deployment.start("previous", extra=ROLLING.format(digest=hashing.digest(hand_set), description="First"))
-        new = deployment.start("current", extra=ROLLING.format(digest=hashing.digest(hand_set), description="First"))
+        new = deployment.start("current")  # its file names no rolling: the operator's to rotate here
         rotate = ["clients", "rotate-secret", "rolling", "--json", "--config", deployment.operators_config()]
         assert cli.main(rotate) == 0
         generated = json.loads(capsys.readouterr().out)["clientSecret"]
@@ -785,6 +792,7 @@ def test_a_client_under_removal_stays_gone_when_the_previous_release_writes_it_b
     try:
         old = deployment.start("previous")
         new = deployment.start("current")
+        deployment.unmark("clients", "webapp")
         alice = Browser().sign_in(old.base)
         tokens = exchange(old.base, alice.code(old.base))
         bearer = {"Authorization": f"Bearer {tokens['access_token']}"}
@@ -888,7 +896,7 @@ def test_a_demotion_outlives_the_previous_release_rewriting_the_user(primary, ol
     users = primary.db["tokensvc"]["users"]
     try:
         old = deployment.start("previous", extra=AN_ADMINISTRATOR.format(admin="true"))
-        new = deployment.start("current", extra=AN_ADMINISTRATOR.format(admin="true"))
+        new = deployment.start("current")  # its file names no carol: the operator's to change here
         carol = users.find_one({"username": "carol"})
         assert carol["admin"] is True and "narrowed_at" not in carol  # what the previous release wrote
 
@@ -980,3 +988,59 @@ def test_admin_to_the_command_line_needs_its_confirmation_at_either_release(prim
         assert "redeemed only with the confirmation code its page showed" in refused.json()["error_description"]
     finally:
         deployment.close()
+
+
+def test_an_entry_this_releases_file_writes_is_served_by_the_previous_release_and_keeps_its_mark(
+        primary, previous, tmp_path_factory, capsys):
+    """This release marks the client and the user its file names (``owner``: the file's path).
+    The previous release reads both as before (the field is one it does not know), so the client's
+    secret proves it there and the user signs in there. The previous release knows no mark: its
+    commands on the store, given a file that names neither, change both (a rotated secret, a
+    promotion), as they did before this release, and its writes (``$set``) keep the mark. So this
+    release still refuses to change them, naming its file, and its next start writes the file's
+    values back. The mark only limits who writes an entry: a release that ignores it grants
+    nothing more."""
+    import os
+    import subprocess
+
+    from tokensvc.oauth import hashing
+
+    secret = "rolling-file-secret-0123456789abcdef"
+    carol = ("carol", "juniper-vault-cascade")
+    deployment = Deployment(primary, previous, tmp_path_factory)
+    clients, users = primary.db["tokensvc"]["clients"], primary.db["tokensvc"]["users"]
+    named = ROLLING.format(digest=hashing.digest(secret), description="First") + "\n" + CAROL
+    try:
+        new = deployment.start("current", extra=named)
+        old = deployment.start("previous")  # its file names neither
+        assert clients.find_one({"_id": "rolling"})["owner"] == deployment.config()
+        assert users.find_one({"username": "carol"})["owner"] == deployment.config()
+        assert proves(old.base, secret) and proves(new.base, secret)
+        assert Browser(*carol).sign_in(old.base).me(old.base) == 200
+
+        def previous_command(*argv: str) -> subprocess.CompletedProcess:
+            return subprocess.run([previous.python, "-m", "tokensvc", *argv, "--json", "--config",
+                                   str(old.log_path.parent / "tokensvc.toml")], capture_output=True, text=True,
+                                  cwd=previous.cwd, env={**os.environ, **previous.env}, timeout=60)
+
+        rotated = previous_command("clients", "rotate-secret", "rolling")
+        assert rotated.returncode == 0, rotated.stderr
+        promoted = previous_command("users", "set-admin", "carol", "yes")
+        assert promoted.returncode == 0, promoted.stderr
+        assert not proves(new.base, secret)  # the previous release's change holds until a start
+        assert clients.find_one({"_id": "rolling"})["owner"] == deployment.config()
+        assert users.find_one({"username": "carol"})["owner"] == deployment.config()
+        # This release refuses both still, whatever file its command is given.
+        for argv in (["clients", "rotate-secret", "rolling"], ["users", "set-admin", "carol", "no"]):
+            assert cli.main([*argv, "--config", deployment.operators_config()]) == 1
+            assert f"is written by the configuration file {deployment.config()} at every start" in \
+                capsys.readouterr().err
+        # Its next start writes the file's values back, and marks them again.
+        deployment.stop(new)
+        new = deployment.start("current", extra=named)
+        assert proves(new.base, secret) and proves(old.base, secret)
+        assert users.find_one({"username": "carol"})["admin"] is False
+        assert clients.find_one({"_id": "rolling"})["owner"] == str(new.log_path.parent / "tokensvc.toml")
+    finally:
+        outputs = deployment.close()
+    assert not any("Traceback" in output for output in outputs), outputs

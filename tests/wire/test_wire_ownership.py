@@ -8,6 +8,7 @@ changed through the admin API as an operator does (the command line with ``--url
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -183,6 +184,65 @@ def test_no_restart_brings_back_what_an_admin_change_did(tmp_path):
         services += [start(tmp_path, "a-again", primary, "--processes", "2"), start(tmp_path, "b-third", primary)]
         for service in services:
             nothing_came_back(service)
+    finally:
+        for service in services:
+            output = service.stop()
+            assert "Traceback" not in output, output
+        primary.stop()
+
+
+def on_the_store(config: Path, *args: str, stdin: str | None = None) -> subprocess.CompletedProcess:
+    """An operator command straight on the store of ``config`` (no ``--url``)."""
+    environ = {key: value for key, value in os.environ.items() if not key.startswith("TOKENSVC_")}
+    return subprocess.run([sys.executable, "-m", "tokensvc", *args, "--config", str(config)], input=stdin,
+                          capture_output=True, text=True, timeout=120, env=environ)
+
+
+def test_a_command_on_the_store_given_another_file_changes_no_entry_of_the_deployments_file(tmp_path):
+    """The command line on a store reads the file it is given (``--config``), not the running
+    deployment's. Given another, which names none of the deployment's entries, it changed them
+    all the same, and the next restart wrote the file's values back (a rotated secret reverted,
+    with the new one handed out). The store says which entries a file writes: each change is
+    refused in one line naming the deployment's file, nothing changes, and a restart changes
+    nothing either."""
+    primary = ReplicaSet().start()
+    services: list[Service] = []
+    try:
+        service = start(tmp_path, "a", primary)
+        services.append(service)
+        other = tmp_path / "other.toml"
+        other.write_text(f'cookie_secret = "another-file-cookie-secret-0123456789"\n{storage(primary)}')
+        narrowed = tmp_path / "narrowed.toml"
+        narrowed.write_text('[[clients]]\nclient_id = "skyplanner"\nallowed_scopes = ["read"]\n')
+        for command, stdin in ((["clients", "rotate-secret", "webapp"], None),
+                               (["clients", "remove", "node-agent"], None),
+                               (["users", "set-admin", "dana", "no"], None),
+                               (["users", "set-password", "alice", "--password-stdin"], NEW_PASSWORD + "\n"),
+                               (["users", "remove", "bob"], None),
+                               (["apply", "-f", str(narrowed)], None)):
+            refused = on_the_store(other, *command, stdin=stdin)
+            assert refused.returncode == 1, refused
+            assert f"is written by the configuration file {service.config} at every start" in refused.stderr, refused
+            assert "Traceback" not in refused.stderr, refused.stderr
+            if command[0] != "apply":  # which says how many problems its file has, then each
+                assert refused.stderr.count("\n") == 1, refused.stderr
+
+        def nothing_changed(service: Service) -> None:
+            listed = on_the_store(other, "users", "list", "--json")
+            assert listed.returncode == 0, listed
+            users = {user["username"]: user["admin"] for user in json.loads(listed.stdout)}
+            assert users["dana"] is True and "bob" in users
+            assert proves(service, "webapp", WEBAPP_SECRET)
+            assert signs_in(service, "alice", PASSWORDS["alice"]) and not signs_in(service, "alice", NEW_PASSWORD)
+            assert scopes(service, "skyplanner") == ["read", "observations:write"]
+            assert scopes(service, "node-agent") is not None
+
+        nothing_changed(service)
+        service.stop()
+        services.remove(service)
+        service = start(tmp_path, "a-again", primary)
+        services.append(service)
+        nothing_changed(service)
     finally:
         for service in services:
             output = service.stop()

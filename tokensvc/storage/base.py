@@ -150,6 +150,16 @@ class Registry(abc.ABC):
         Called by a client's removal, once it is recorded (oauth/removal.py).
         """
 
+    @abc.abstractmethod
+    async def set_owners(self, kind: str, owners: Mapping[str, str]) -> None:
+        """Mark each entry of ``kind`` (``client``, ``user``, ``installation``) that ``owners``
+        names by its key (client_id, user_id, installation_id) with its owner (what writes it at
+        every start: records.OWNER), and clear the mark of every other entry of that kind. No
+        other write marks or clears one: a record written with ``owner`` None keeps the mark the
+        store holds (``add_client``'s new document excepted, which holds its record's).
+
+        Called by start-up seeding (bootstrap.py)."""
+
     # -- a client's removal: a record of its own, from its start until it is finished
 
     @abc.abstractmethod

@@ -18,7 +18,7 @@ import bisect
 import dataclasses
 import secrets
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -51,6 +51,11 @@ def _client(client: Client) -> Client:
     scopes = None if client.allowed_scopes is None else list(client.allowed_scopes)
     origins = None if client.allowed_origins is None else list(client.allowed_origins)
     return copy(client, redirect_uris=list(client.redirect_uris), allowed_scopes=scopes, allowed_origins=origins)
+
+
+def _owner(stored: Client | User | Installation | None) -> str | None:
+    """The mark a write keeps: the stored entry's (Store.set_owners alone changes it)."""
+    return stored.owner if stored is not None else None
 
 
 def _installation(installation: Installation) -> Installation:
@@ -96,7 +101,7 @@ class MemoryStore(Store):
         return [_client(self._clients[key]) for key in _page(keys, after, limit)]
 
     async def put_client(self, client: Client) -> None:
-        self._clients[client.client_id] = _client(client)
+        self._clients[client.client_id] = _client(copy(client, owner=_owner(self._clients.get(client.client_id))))
 
     async def add_client(self, client: Client) -> None:
         if client.client_id in self._clients:  # the check and the write with no await between
@@ -110,6 +115,13 @@ class MemoryStore(Store):
             return None
         self._clients[client_id] = _client(copy(client, **fields))
         return _client(client)
+
+    async def set_owners(self, kind: str, owners: Mapping[str, str]) -> None:
+        entries: dict[str, Any] = (self._clients if kind == "client" else self._users if kind == "user"
+                                   else self._installations)
+        for key, entry in entries.items():
+            if entry.owner != owners.get(key):
+                entries[key] = copy(entry, owner=owners.get(key))
 
     async def delete_client(self, client_id: str) -> None:
         self._previous_secrets.pop(client_id, None)
@@ -192,7 +204,7 @@ class MemoryStore(Store):
         if previous is not None:
             self._user_ids_by_name.pop(previous.username, None)
             self._user_ids_by_key.pop(username_key(previous.username), None)
-        self._users[user.user_id] = copy(user)
+        self._users[user.user_id] = copy(user, owner=_owner(previous))
         self._user_ids_by_name[user.username] = user.user_id
         self._user_ids_by_key[key] = user.user_id
 
@@ -220,7 +232,8 @@ class MemoryStore(Store):
         return [_installation(self._installations[key]) for key in _page(sorted(self._installations), after, limit)]
 
     async def put_installation(self, installation: Installation) -> None:
-        self._installations[installation.installation_id] = _installation(installation)
+        previous = self._installations.get(installation.installation_id)
+        self._installations[installation.installation_id] = _installation(copy(installation, owner=_owner(previous)))
 
     async def delete_installation(self, installation_id: str) -> None:
         self._installations.pop(installation_id, None)

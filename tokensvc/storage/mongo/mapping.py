@@ -44,8 +44,10 @@ class Mapper:
     """Record dataclass <-> document, with the record's key stored as ``_id`` and the fields
     named in ``hashes`` stored as the store's format says (``pack``), read in either."""
 
-    def __init__(self, cls: type, key: str, hashes: tuple[str, ...] = ()) -> None:
-        self.cls, self.key, self.hashes = cls, key, hashes
+    def __init__(self, cls: type, key: str, hashes: tuple[str, ...] = (), kept: tuple[str, ...] = ()) -> None:
+        # ``kept``: fields one write alone sets (an entry's owner: Store.set_owners), which
+        # every other write of the record keeps.
+        self.cls, self.key, self.hashes, self.kept = cls, key, hashes, kept
         self.names = [f.name for f in fields(cls)]
         # A field added in a later release is missing from older documents: its default.
         self.defaults = {f.name: f.default for f in fields(cls) if f.default is not MISSING}
@@ -74,9 +76,11 @@ class Mapper:
     def setting(self, record: Any) -> dict[str, Any]:
         """The update that writes every field this release knows and keeps the others: a field a
         later release added survives this one's writes (0.9.0 replaced whole documents, and
-        dropped them)."""
+        dropped them). The fields ``kept`` are not written: the document keeps its own."""
         document = self.doc(record)
         del document["_id"]
+        for name in self.kept:
+            del document[name]
         return {"$set": document}
 
     def record(self, document: dict[str, Any] | None) -> Any:
@@ -89,11 +93,11 @@ class Mapper:
         return self.cls(**values)
 
 
-CLIENTS = Mapper(Client, "client_id")
+CLIENTS = Mapper(Client, "client_id", kept=("owner",))
 PREVIOUS_SECRETS = Mapper(PreviousSecret, "client_id")
 REMOVALS = Mapper(Removal, "client_id")
-USERS = Mapper(User, "user_id")
-INSTALLATIONS = Mapper(Installation, "installation_id")
+USERS = Mapper(User, "user_id", kept=("owner",))
+INSTALLATIONS = Mapper(Installation, "installation_id", kept=("owner",))
 GRANTS = Mapper(Grant, "grant_id")
 CODES = Mapper(AuthorizationCode, "code_hash", ("code_hash", "family_id"))
 FAMILIES = Mapper(Family, "family_id",

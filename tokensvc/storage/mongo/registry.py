@@ -5,6 +5,7 @@ users and node installations. The package's docstring lists the queries and thei
 from __future__ import annotations
 
 import inspect
+from collections.abc import Mapping
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -88,6 +89,17 @@ class MongoRegistry(Registry):
             match["secret_hash"] = {"$ne": None}
         return CLIENTS.record(await self.clients.find_one_and_update(
             match, {"$set": dict(fields)}, return_document=ReturnDocument.BEFORE))
+
+    @guarded()
+    async def set_owners(self, kind: str, owners: Mapping[str, str]) -> None:
+        # Idempotent as a whole, so run again after a lost reply; a start-up's few round trips
+        # (one per owner), on a collection of a deployment's entries.
+        collection = {"client": self.clients, "user": self.users, "installation": self.installations}[kind]
+        await collection.update_many({"_id": {"$nin": list(owners)}, "owner": {"$ne": None}},
+                                     {"$unset": {"owner": ""}})
+        for owner in sorted(set(owners.values())):
+            await collection.update_many({"_id": {"$in": [key for key, value in owners.items() if value == owner]},
+                                          "owner": {"$ne": owner}}, {"$set": {"owner": owner}})
 
     @guarded()
     async def delete_client(self, client_id: str) -> None:

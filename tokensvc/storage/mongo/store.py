@@ -238,6 +238,9 @@ class MongoStore(RevocationFeed, Store):
                             if_confidential: bool = False) -> Client | None:
         return await self.registry.update_client(client_id, fields, if_confidential=if_confidential)
 
+    async def set_owners(self, kind: str, owners: Mapping[str, str]) -> None:
+        await self.registry.set_owners(kind, owners)
+
     async def delete_client(self, client_id: str) -> None:
         await self.registry.delete_client(client_id)
 
