@@ -394,7 +394,10 @@ class FailureLimits:
 
     async def check(self, attempt: Attempt) -> None:
         """A succeeded attempt: TooManyFailures while a counter is at its limit (the right
-        secret is refused too, or it would tell itself from the wrong ones)."""
+        secret is refused too, or it would tell itself from the wrong ones). With the counts in
+        the store, a group the store counted no failure of when this process read it, less
+        than ``CACHE_SECONDS`` ago, and of which this process counted none since, is not read
+        again (docs/security.md, What a process keeps)."""
         if not self.settings.enabled:
             return
         self._memory(attempt).check(attempt.keys)

@@ -9,7 +9,9 @@ issued:
   ``allowed_scopes`` (an operator who narrows them takes the rest away at once);
 - ``admin`` is in force only for a user who is an administrator now.
 
-Nothing is cached, so a change any process writes holds at the next use in every process. A
+The token's client and user are read with its family, in the same store command
+(:class:`~tokensvc.storage.base.Standing`), never kept, so a change any process writes holds at
+the next use in every process. A
 token with no scope left in force is inactive: introspection says ``active: false``, bearer
 authentication refuses it, a refresh is ``invalid_grant``.
 
