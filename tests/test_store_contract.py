@@ -23,7 +23,7 @@ from tokensvc.records import (
     Subject,
     User,
 )
-from tokensvc.storage.base import Conflict, FailureCounts, Store
+from tokensvc.storage.base import ClientRecord, Conflict, FailureCounts, Store
 from tokensvc.storage.memory import MemoryStore
 
 pytestmark = pytest.mark.parametrize("backend_store", BACKENDS, indirect=True)
@@ -733,6 +733,47 @@ async def test_a_family_is_found_by_id_and_by_its_access_token_with_its_grant(ba
     orphan = family(now, "f-orphan", grant_id="no-such-grant", n=9)
     await store.create_family(orphan)
     assert await store.get_family("f-orphan") == (orphan, None)
+
+
+@pytest.mark.gen_test
+async def test_a_familys_standing_is_read_with_its_grant_client_and_user(backend_store, now):
+    """What a token's use is decided on, read together: the family, its grant, its client
+    (none once its removal is recorded) and its user (none for an installation, or once gone)."""
+    store = backend_store
+    webapp = Client("webapp", "Web app", ["https://a/cb"], ["read"])
+    alice = User("u_alice", "alice", "x")
+    await store.put_client(webapp)
+    await store.put_user(alice)
+    grant = await store.save_grant("webapp", ALICE, ["read"], now)
+    stored = family(now, grant_id=grant.grant_id)
+    await store.create_family(stored)
+    for standing in (await store.family_standing("f1"), await store.access_standing("a1")):
+        assert (standing.family, standing.grant, standing.client, standing.user) == (stored, grant, webapp, alice)
+    assert (await store.access_standing("r1")).family is None
+    assert (await store.family_standing("nothing")).family is None
+    installation_grant = await store.save_grant("webapp", SCOPE, ["read"], now)
+    await store.create_family(family(now, "f2", installation_grant.grant_id, SCOPE, n=2))
+    assert (await store.access_standing("a2")).user is None
+    await store.delete_user("u_alice")
+    await store.begin_removal("webapp", now, "t")
+    gone = await store.family_standing("f1")
+    assert (gone.family, gone.grant, gone.client, gone.user) == (stored, grant, None, None)
+
+
+@pytest.mark.gen_test
+async def test_a_clients_record_holds_its_previous_secret(backend_store, now):
+    store = backend_store
+    webapp = Client("webapp", "Web app", ["https://a/cb"], ["read"], secret_hash="b" * 64)
+    await store.put_client(webapp)
+    assert await store.client_record("webapp") == ClientRecord(webapp, None)
+    previous = PreviousSecret("webapp", "a" * 64, "b" * 64, now, now + timedelta(hours=1))
+    await store.put_previous_secret(previous)
+    assert await store.client_record("webapp") == ClientRecord(webapp, previous)
+    await store.delete_previous_secret("webapp")
+    assert await store.client_record("webapp") == ClientRecord(webapp, None)
+    assert await store.client_record("nothing") is None
+    await store.begin_removal("webapp", now, "t")
+    assert await store.client_record("webapp") is None
 
 
 @pytest.mark.gen_test

@@ -58,10 +58,12 @@ from typing import Any, Protocol
 
 from tokensvc.errors import HTTPAnswer
 from tokensvc.identifiers import username_key
-from tokensvc.storage.base import FailureCounts, StorageError, StoreFault
+from tokensvc.storage.base import CACHE_SECONDS, FailureCounts, StorageError, StoreFault
 
 log = logging.getLogger(__name__)
 
+# The most groups whose clean state a process keeps (FailureLimits.check): past it, all are read again.
+MAX_CLEAN_GROUPS = 10_000
 ADDRESS = "*"  # the counter of an address itself, whatever client id or username
 FAILURES = "n"  # the one counter of an account's or a browser's group
 
@@ -251,6 +253,11 @@ class FailureLimits:
         self._limiters = {settings.window_seconds: self.limiter}
         self._releasing: set[asyncio.Task[None]] = set()
         self._presented: dict[int, MemoryFailureLimiter] = {}  # present(), in this process, by window
+        # The groups the store counted no failure of when this process last read them (check),
+        # each until CACHE_SECONDS after that read began, unless a failure of the group was
+        # counted here since: a right secret of such a group is answered without asking again.
+        self._clean: dict[str, float] = {}
+        self._failures_here = 0  # failures this process counted: a read that overlapped one is not kept
 
     # Attempts count per (account, address) and per address: a stranger's failures must not
     # lock the owner out from an address of their own. An "address" is an IPv6 network of
@@ -377,6 +384,8 @@ class FailureLimits:
         if not self.settings.enabled:
             return
         keys, limiter = attempt.keys, self._memory(attempt)
+        self._failures_here += 1
+        self._clean.pop(attempt.group, None)
         limiter.check(keys)
         limiter.failed(keys)
         if self.shared is not None:
@@ -385,13 +394,24 @@ class FailureLimits:
 
     async def check(self, attempt: Attempt) -> None:
         """A succeeded attempt: TooManyFailures while a counter is at its limit (the right
-        secret is refused too, or it would tell itself from the wrong ones)."""
+        secret is refused too, or it would tell itself from the wrong ones). With the counts in
+        the store, a group the store counted no failure of when this process read it, less
+        than ``CACHE_SECONDS`` ago, and of which this process counted none since, is not read
+        again (docs/security.md, What a process keeps)."""
         if not self.settings.enabled:
             return
         self._memory(attempt).check(attempt.keys)
         if self.shared is not None:
-            counts, seconds_left = await self.shared.read_counts(attempt.group, attempt.names)
+            group = attempt.group
+            if self._clean.get(group, 0.0) > self.clock():
+                return  # no failure in the store a moment ago, and none counted here since
+            began, failures = self.clock(), self._failures_here
+            counts, seconds_left = await self.shared.read_counts(group, attempt.names)
             self._refuse_past([(attempt, counts, seconds_left)], at_limit=True)
+            if not any(counts) and failures == self._failures_here:
+                if len(self._clean) >= MAX_CLEAN_GROUPS:
+                    self._clean.clear()
+                self._clean[group] = began + CACHE_SECONDS
 
     def _refuse_past(self, counted: list[tuple[Attempt, list[int], float]], *, at_limit: bool,
                      reserved: bool = False) -> None:
@@ -418,6 +438,9 @@ class FailureLimits:
         if not self.settings.enabled:
             return None
         parts = (attempt,) if isinstance(attempt, Attempt) else tuple(attempt)
+        self._failures_here += 1  # an attempt counted before its check: a failure until it is taken back
+        for part in parts:
+            self._clean.pop(part.group, None)
         waits = [(wait, part.reason) for part in parts if (wait := self._memory(part).wait(part.keys)) is not None]
         if waits:
             raise TooManyFailures(*max(waits))

@@ -13,6 +13,9 @@ from tokensvc.oauth import hashing, privileges, successors, tokens
 from tokensvc.oauth.context import OAuthContext
 from tokensvc.oauth.privileges import Authority
 from tokensvc.records import Family, Grant, Token
+from tokensvc.storage.base import Standing
+
+NOTHING = Standing(None)
 
 
 def from_authorization(header: str | None) -> str | None:
@@ -28,35 +31,49 @@ MAX_TOKEN_LENGTH = 512  # ours are 43 or 66 characters; anything far longer is n
 
 async def in_force(ctx: OAuthContext, token: str | None) -> Authority | None:
     """The presented token, if it is in force: live (:func:`live`) with a scope still in force
-    (:func:`privileges.authority`). None for anything else. One store round trip for the token,
-    one each for its client and its user, and for an access token's first presentation within
-    the grace period or the window of concurrent presentations one more write: from then on its
-    pair is no longer a lost reply's (:meth:`Family.replaceable`), nor given again. A rotated-out
-    access token may cost one write too (:func:`_second_holder`)."""
-    found = await live(ctx, token)
-    return None if found is None else await privileges.authority(ctx, found)
+    (:func:`privileges.authority`). None for anything else. One store round trip: the token's
+    family read with its grant, its client and its user (:class:`Standing`); and for an access
+    token's first presentation within the grace period or the window of concurrent
+    presentations one more write: from then on its pair is no longer a lost reply's
+    (:meth:`Family.replaceable`), nor given again. A rotated-out access token may cost one write
+    too (:func:`_second_holder`)."""
+    found, standing = await _live(ctx, token, holders=True)
+    return None if found is None else await _authority(ctx, found, standing)
 
 
 async def live(ctx: OAuthContext, token: str | None) -> Token | None:
     """The presented token's record, if it still stands, whatever is in force now: the current
     access or refresh token of an unrevoked family whose grant still stands behind it,
     unexpired (and, for an access token, not revoked alone). What a revocation finds: a token
-    whose every scope is out of force (its client narrowed) can still be given up."""
+    whose every scope is out of force (its client narrowed) can still be given up. Its family
+    and grant are read, nothing else."""
+    return (await _live(ctx, token, holders=False))[0]
+
+
+async def _live(ctx: OAuthContext, token: str | None, *, holders: bool) -> tuple[Token | None, Standing]:
+    """The token's record if it stands, and what the store read with it: with ``holders``, its
+    client and user too (:meth:`~tokensvc.storage.base.RegistryAndAuthorizations.family_standing`)."""
     if not token or len(token) > MAX_TOKEN_LENGTH:
-        return None
+        return None, NOTHING
     if tokens.is_refresh_format(token):
         parsed = tokens.parse_refresh(token)
         if parsed is None:
-            return None
-        family, grant = await ctx.store.get_family(parsed[0])
+            return None, NOTHING
+        standing = (await ctx.store.family_standing(parsed[0]) if holders
+                    else Standing(*await ctx.store.get_family(parsed[0])))
+        family = standing.family
         if family is None:
-            return None
+            return None, standing
         if not hmac.compare_digest(parsed[1], family.refresh_hash):
             if family.previous_hash is not None and hmac.compare_digest(parsed[1], family.previous_hash):
                 await _second_holder(ctx, family, family.expires_at)
-            return None
-        return _standing(ctx, family, grant, family.refresh())
-    return await _access(ctx, hashing.digest(token))
+            return None, standing
+        return _standing(ctx, family, standing.grant, family.refresh()), standing
+    return await _access(ctx, hashing.digest(token), holders=holders)
+
+
+async def _authority(ctx: OAuthContext, token: Token, standing: Standing) -> Authority | None:
+    return await privileges.authority(ctx, token, holders=privileges.Holders(standing.client, standing.user))
 
 
 async def family_member(ctx: OAuthContext, token: str) -> Token | None:
@@ -73,27 +90,29 @@ async def active_access_token(ctx: OAuthContext, token: str | None) -> Authority
     """The presented access token if it is in force, else None (refresh tokens authorize no request)."""
     if not token or len(token) > MAX_TOKEN_LENGTH or tokens.is_refresh_format(token):
         return None
-    found = await _access(ctx, hashing.digest(token))
-    return None if found is None else await privileges.authority(ctx, found)
+    found, standing = await _access(ctx, hashing.digest(token), holders=True)
+    return None if found is None else await _authority(ctx, found, standing)
 
 
-async def _access(ctx: OAuthContext, access_hash: str) -> Token | None:
-    family, grant = await ctx.store.find_access(access_hash)
+async def _access(ctx: OAuthContext, access_hash: str, *, holders: bool) -> tuple[Token | None, Standing]:
+    standing = (await ctx.store.access_standing(access_hash) if holders
+                else Standing(*await ctx.store.find_access(access_hash)))
+    family, grant = standing.family, standing.grant
     if family is None:
-        return None
+        return None, standing
     now = ctx.clock()
     if not hmac.compare_digest(family.access_hash, access_hash):
         await _second_holder(ctx, family, family.previous_access_expires_at)
-        return None
+        return None, standing
     if family.access_revoked_at is not None:
-        return None
+        return None, standing
     found = _standing(ctx, family, grant, family.access())
     # The first use of a pair ends both the grace of a lost reply and the window in which its
     # predecessor's presentations get it again; once both have passed, nothing reads the mark.
     if found is not None and (family.replaceable(ctx.tokens.refresh_grace_seconds, now)
                               or successors.concurrent(family.issued_at, now)):
         await ctx.store.mark_access_used(family.family_id, access_hash, now)
-    return found
+    return found, standing
 
 
 async def _second_holder(ctx: OAuthContext, family: Family, in_force_until: datetime | None) -> None:

@@ -176,13 +176,14 @@ async def prove(ctx: OAuthContext, request: ClientRequest) -> Proof:
         await _failed(ctx, limits.client_attempt(None, request.address, guarded=False), None, request)
         raise
     assert creds is not None  # it names a client
-    client = await ctx.store.get_client(creds.client_id)
-    # A confidential client's previous secret is read whatever secret came: the right one, the
-    # old one and a wrong one take the same steps (a wrong one is counted no later than a right
-    # one is answered, however the store's replies interleave).
+    # The client and its previous secret in one read, which a store several processes share
+    # may answer from what this process read less than a second ago (Registry.client_record):
+    # the right secret, the old one and a wrong one take the same steps.
+    record = await ctx.store.client_record(creds.client_id)
+    client = record.client if record is not None else None
     previous = None
-    if client is not None and client.secret_hash is not None and creds.client_secret is not None:
-        previous = await ctx.store.get_previous_secret(client.client_id)
+    if record is not None and record.client.secret_hash is not None and creds.client_secret is not None:
+        previous = record.previous
     now = ctx.clock()
     attempt = limits.client_attempt(creds.client_id, request.address, guarded=guarded(client, previous, now))
     try:

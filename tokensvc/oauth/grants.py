@@ -252,7 +252,9 @@ async def refresh(ctx: OAuthContext, client: Client, refresh_token: str, scope: 
         raise InvalidGrant("Unknown refresh token")
     family_id, token_hash = parsed
     for _ in range(3):  # after losing an atomic step, decide again on the family as it is now
-        family, grant = await ctx.store.get_family(family_id)
+        standing = await ctx.store.family_standing(family_id)
+        family, grant = standing.family, standing.grant
+        holders = privileges.Holders(standing.client, standing.user)
         judged = successors.judged_at(arrived, ctx.clock())
         # Bound to its client (RFC 6749 §6): another client's token is simply unknown here.
         if family is None or family.client_id != client.client_id:
@@ -262,12 +264,12 @@ async def refresh(ctx: OAuthContext, client: Client, refresh_token: str, scope: 
         rotated_out_last = (family.previous_hash is not None
                             and hmac.compare_digest(token_hash, family.previous_hash))
         if hmac.compare_digest(token_hash, family.refresh_hash):
-            response = await _rotate(ctx, client, family, grant, token_hash, refresh_token, scope, judged)
+            response = await _rotate(ctx, client, family, grant, token_hash, refresh_token, scope, judged, holders)
         elif rotated_out_last and (same := await _successor_again(ctx, client, family, grant, refresh_token,
-                                                                  scope, judged)) is not None:
+                                                                  scope, judged, holders)) is not None:
             return same
         elif rotated_out_last and family.replaceable(ctx.tokens.refresh_grace_seconds, ctx.clock()):
-            response = await _retry(ctx, client, family, grant, refresh_token, scope, judged)
+            response = await _retry(ctx, client, family, grant, refresh_token, scope, judged, holders)
         else:
             await _reused(ctx, family)
         if response is not None:
@@ -276,12 +278,13 @@ async def refresh(ctx: OAuthContext, client: Client, refresh_token: str, scope: 
 
 
 async def _rotate(ctx: OAuthContext, client: Client, family: Family, grant: Grant | None, token_hash: str,
-                  presented: str, scope: str | None, arrived: datetime) -> TokenResponse | None:
+                  presented: str, scope: str | None, arrived: datetime,
+                  holders: privileges.Holders | None = None) -> TokenResponse | None:
     if family.expires_at <= arrived:
         raise InvalidGrant("The refresh token has expired")
     if not family.stands(grant):
         raise InvalidGrant("The authorization was revoked")
-    minted = _successor(ctx, family, presented, await _refreshed(ctx, client, family, scope), arrived)
+    minted = _successor(ctx, family, presented, await _refreshed(ctx, client, family, scope, holders), arrived)
     if await ctx.store.rotate_family(family.family_id, token_hash, minted.pair, arrived,
                                      previous_access=(family.access_hash, family.access_expires_at)) is None:
         return None
@@ -291,7 +294,8 @@ async def _rotate(ctx: OAuthContext, client: Client, family: Family, grant: Gran
 
 
 async def _successor_again(ctx: OAuthContext, client: Client, family: Family, grant: Grant | None,
-                           presented: str, scope: str | None, arrived: datetime) -> TokenResponse | None:
+                           presented: str, scope: str | None, arrived: datetime,
+                           holders: privileges.Holders | None = None) -> TokenResponse | None:
     """The family's current pair, when it is the successor of ``presented`` (the token rotated
     out last) and this presentation arrived within :data:`~tokensvc.oauth.successors.CONCURRENT_SECONDS` of its issue,
     before its first use, with no second holder of the family shown: recomputed, and answered
@@ -314,7 +318,7 @@ async def _successor_again(ctx: OAuthContext, client: Client, family: Family, gr
         raise InvalidGrant("The authorization was revoked")
     # The scope asked is checked as a rotation checks it (never wider, in force), and then must
     # be the pair's own: a presentation is never given a pair of another scope than it asked.
-    granted = await _refreshed(ctx, client, family, scope)
+    granted = await _refreshed(ctx, client, family, scope, holders)
     if scope is not None and set(granted) != set(family.scopes):
         raise InvalidScope("This refresh token was just rotated by a concurrent request, with the scope "
                            f"'{scopes.render(family.scopes)}': present it with that scope, or none")
@@ -325,12 +329,13 @@ async def _successor_again(ctx: OAuthContext, client: Client, family: Family, gr
 
 
 async def _retry(ctx: OAuthContext, client: Client, family: Family, grant: Grant | None, presented: str,
-                 scope: str | None, arrived: datetime) -> TokenResponse | None:
+                 scope: str | None, arrived: datetime,
+                 holders: privileges.Holders | None = None) -> TokenResponse | None:
     """The refresh token rotated out last, again, within the grace period, while the pair that
     rotation issued was never used: that pair is replaced (its reply was lost)."""
     if not family.stands(grant):
         raise InvalidGrant("The authorization was revoked")
-    minted = _successor(ctx, family, presented, await _refreshed(ctx, client, family, scope), arrived)
+    minted = _successor(ctx, family, presented, await _refreshed(ctx, client, family, scope, holders), arrived)
     if await ctx.store.reissue_pair(family.family_id, family.refresh_hash, minted.pair) is None:
         return None
     _audit("token_refreshed", "success", family.client_id, family.subject, retry_within_grace=True)
@@ -346,7 +351,8 @@ async def _reused(ctx: OAuthContext, family: Family) -> None:
     raise InvalidGrant("The refresh token was already used")
 
 
-async def _refreshed(ctx: OAuthContext, client: Client, family: Family, scope: str | None) -> list[str]:
+async def _refreshed(ctx: OAuthContext, client: Client, family: Family, scope: str | None,
+                     holders: privileges.Holders | None = None) -> list[str]:
     """The scopes of a refresh's new pair: of those the family holds, what ``scope`` asks for
     (all when omitted, never more, RFC 6749 §6) that is in force now. A scope no longer in
     force is left out for good: the new pair does not hold it."""
@@ -354,7 +360,7 @@ async def _refreshed(ctx: OAuthContext, client: Client, family: Family, scope: s
     beyond = [item for item in asked or [] if item not in family.scopes]
     if beyond:
         raise InvalidScope("A refresh cannot widen the scope: " + " ".join(beyond))
-    held = await _in_force(ctx, client, family.subject, family.scopes)
+    held = await _in_force(ctx, client, family.subject, family.scopes, holders)
     lost = [item for item in asked or [] if item not in held]
     if lost:
         raise InvalidScope("No longer in force: " + " ".join(lost))
@@ -369,9 +375,12 @@ def _asked(scope: str | None) -> list[str] | None:
         raise InvalidScope(str(exc)) from None
 
 
-async def _in_force(ctx: OAuthContext, client: Client, subject: Subject, held: list[str]) -> list[str]:
-    """The scopes of ``held`` in force now; InvalidGrant when none is."""
-    found = await privileges.in_force(ctx, client.client_id, subject, held, client)
+async def _in_force(ctx: OAuthContext, client: Client, subject: Subject, held: list[str],
+                    holders: privileges.Holders | None = None) -> list[str]:
+    """The scopes of ``held`` in force now; InvalidGrant when none is. ``holders``: the client
+    and user read with the family (they say what is in force now, the authenticated client
+    perhaps what this process read of it a moment ago)."""
+    found = await privileges.in_force(ctx, client.client_id, subject, held, client, holders)
     if not found.scopes:
         raise InvalidGrant("Nothing this authorization granted is in force any more")
     return found.scopes

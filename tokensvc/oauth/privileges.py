@@ -9,7 +9,9 @@ issued:
   ``allowed_scopes`` (an operator who narrows them takes the rest away at once);
 - ``admin`` is in force only for a user who is an administrator now.
 
-Nothing is cached, so a change any process writes holds at the next use in every process. A
+The token's client and user are read with its family, in the same store command
+(:class:`~tokensvc.storage.base.Standing`), never kept, so a change any process writes holds at
+the next use in every process. A
 token with no scope left in force is inactive: introspection says ``active: false``, bearer
 authentication refuses it, a refresh is ``invalid_grant``.
 
@@ -50,24 +52,38 @@ class InForce:
 
 
 async def in_force(ctx: OAuthContext, client_id: str, subject: Subject, held: list[str],
-                   client: Client | None = None) -> InForce:
+                   client: Client | None = None, holders: Holders | None = None) -> InForce:
     """Which of ``held`` (the scopes a token, or a code, of ``client_id`` for ``subject``
     carries) are in force now. ``client`` saves a read where the caller has just read or
-    authenticated it."""
-    if client is None or client.client_id != client_id:
-        client = await ctx.store.get_client(client_id)
-    user = await ctx.store.get_user(subject.user_id) if subject.user_id is not None else None
-    if client is None or (subject.user_id is not None and user is None):
+    authenticated it; ``holders``, the client and user the store read with the token's family
+    (:class:`~tokensvc.storage.base.Standing`), save both."""
+    if holders is not None:
+        client, user = holders.client, holders.user
+    else:
+        if client is None or client.client_id != client_id:
+            client = await ctx.store.get_client(client_id)
+        user = await ctx.store.get_user(subject.user_id) if subject.user_id is not None else None
+    if client is None or client.client_id != client_id or (subject.user_id is not None and
+                                                            (user is None or user.user_id != subject.user_id)):
         return InForce([], user, client)  # the client was removed, or the user: nothing stands behind it
     allowed = client.scopes
     admin = user is not None and user.admin
     return InForce([scope for scope in held if scope in allowed and (scope != ADMIN or admin)], user, client)
 
 
-async def authority(ctx: OAuthContext, token: Token, client: Client | None = None) -> Authority | None:
+@dataclass(slots=True, frozen=True)
+class Holders:
+    """A token's client and user as the store holds them now, read with its family (None: gone)."""
+
+    client: Client | None
+    user: User | None
+
+
+async def authority(ctx: OAuthContext, token: Token, client: Client | None = None,
+                    holders: Holders | None = None) -> Authority | None:
     """``token`` (in force as a credential: unexpired, its family and grant standing) with the
     scopes in force now; None when none is."""
-    found = await in_force(ctx, token.client_id, token.subject, token.scopes, client)
+    found = await in_force(ctx, token.client_id, token.subject, token.scopes, client, holders)
     if not found.scopes or found.client is None:
         return None
     return Authority(token if found.scopes == token.scopes else replace(token, scopes=found.scopes), found.user,

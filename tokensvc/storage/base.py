@@ -67,6 +67,10 @@ CREDENTIALS = "credentials"
 # The client's field that carries each announcement about a client to every process (its
 # relay watches them, storage/mongo/feed.py), written in the change's own write.
 CLIENT_MARKS = {CLIENT: "narrowed_at", CREDENTIALS: "credentials_changed_at"}
+# The longest a process answers client authentication from what it read of a client before
+# (Registry.client_record), should it hear of no change: the bound of every cache of
+# the store's records (docs/security.md, "What a process keeps").
+CACHE_SECONDS = 1.0
 
 
 @dataclass(slots=True, frozen=True)
@@ -78,6 +82,27 @@ class Revocation:
 
     kind: str  # FAMILY | GRANT | SESSION | USER | CLIENT | SUBJECT | CREDENTIALS
     key: str  # the family_id, grant_id, session_hash, user_id or client_id (SUBJECT: user_id; CREDENTIALS: client_id)
+
+
+@dataclass(slots=True, frozen=True)
+class Standing:
+    """A token family with everything its use is decided on, as the store holds them now, read
+    in one round trip: its grant, its client (None when it is not registered, or its removal is
+    recorded) and its user (None for an installation's family, or a user who is gone)."""
+
+    family: Family | None
+    grant: Grant | None = None
+    client: Client | None = None
+    user: User | None = None
+
+
+@dataclass(slots=True, frozen=True)
+class ClientRecord:
+    """A registered client and its previous secret (None when it has none), as client
+    authentication weighs them."""
+
+    client: Client
+    previous: PreviousSecret | None = None
 
 
 class Registry(abc.ABC):
@@ -95,7 +120,7 @@ class Registry(abc.ABC):
         """The registered client, or None (also while a removal of it is recorded, whatever
         document a writer left or made meanwhile).
 
-        Called by client authentication (oauth/clientauth.py), the authorization request
+        Called by a feed reader's re-check (oauth/introspection.py), the authorization request
         (oauth/authorization.py), a token's privileges (oauth/privileges.py), connected apps, the pages'
         notices, GET /oauth/clients/{id}, the operator's actions (admin.py) and start-up seeding
         (bootstrap.py).
@@ -210,6 +235,19 @@ class Registry(abc.ABC):
         Called by a client's removal, once its grants are revoked (oauth/removal.py).
         """
 
+    @abc.abstractmethod
+    async def client_record(self, client_id: str) -> ClientRecord | None:
+        """The registered client and its previous secret, or None (as :meth:`get_client`
+        says), for client authentication, which every token-endpoint request and every
+        introspection begins with. A store that several processes share may answer from what
+        this process read of them less than a second ago (:data:`CACHE_SECONDS`), made current
+        at once by every change this process writes and every announcement its relay hears of
+        another's (the client narrowed, removed, or what its feed readers proved changed); a
+        change announced by nothing (a widening) is seen within that second.
+
+        Called by client authentication (oauth/clientauth.py).
+        """
+
     # -- a client's previous secret: kept valid for a while by a rotation (a record of its own)
 
     @abc.abstractmethod
@@ -223,7 +261,8 @@ class Registry(abc.ABC):
     async def get_previous_secret(self, client_id: str) -> PreviousSecret | None:
         """The client's previous secret, expired or not, or None.
 
-        Called by client authentication (oauth/clientauth.py) and the operator's views (admin.py).
+        Called by a feed reader's re-check (oauth/introspection.py) and the operator's views
+        (admin.py); client authentication reads it with its client (:meth:`client_record`).
         """
 
     @abc.abstractmethod
@@ -486,9 +525,10 @@ class Authorizations(abc.ABC):
     async def find_access(self, access_hash: str) -> tuple[Family | None, Grant | None]:
         """The family whose current access token has this hash, or whose last rotation replaced
         the access token with this hash (its ``access_hash`` then differs), and its grant, in
-        one round trip (bearer authentication and introspection).
+        one round trip: what a revocation finds a token by. A token's use reads it with its
+        client and user (:meth:`RegistryAndAuthorizations.access_standing`).
 
-        Called by bearer authentication and introspection (oauth/bearer.py).
+        Called by bearer authentication (oauth/bearer.py).
         """
 
     @abc.abstractmethod
@@ -779,7 +819,24 @@ class RegistryAndAuthorizations(Registry, Authorizations, abc.ABC):
     """The registry and the authorizations together: what a protocol function asks of storage
     when it weighs an authorization against its client (may a grant carry ``admin``), or ends
     a client's authorizations with the client (its removal; a registration clearing what was
-    left under its id)."""
+    left under its id), and a token's use, decided on its family, grant, client and user read
+    together."""
+
+    @abc.abstractmethod
+    async def family_standing(self, family_id: str) -> Standing:
+        """A family with its grant, client and user as they are now (:class:`Standing`), in one
+        round trip: what a refresh token's use is decided on.
+
+        Called by the refresh (oauth/grants.py) and bearer authentication (oauth/bearer.py).
+        """
+
+    @abc.abstractmethod
+    async def access_standing(self, access_hash: str) -> Standing:
+        """The family :meth:`find_access` finds, with its grant, client and user as they are
+        now (:class:`Standing`), in one round trip: what an access token's use is decided on.
+
+        Called by bearer authentication and introspection (oauth/bearer.py).
+        """
 
 
 class Store(RegistryAndAuthorizations, Sessions, Housekeeping, abc.ABC):

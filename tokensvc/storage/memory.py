@@ -36,7 +36,14 @@ from tokensvc.records import (
     Subject,
     User,
 )
-from tokensvc.storage.base import CODE_RETENTION_SECONDS, MAX_LISTED_SESSIONS, Conflict, Store
+from tokensvc.storage.base import (
+    CODE_RETENTION_SECONDS,
+    MAX_LISTED_SESSIONS,
+    ClientRecord,
+    Conflict,
+    Standing,
+    Store,
+)
 from tokensvc.storage.rows import Row, Rows
 
 FAMILIES = Rows(Family, lists=("scopes",))
@@ -151,6 +158,10 @@ class MemoryStore(Store):
 
     async def put_previous_secret(self, previous: PreviousSecret) -> None:
         self._previous_secrets[previous.client_id] = copy(previous)
+
+    async def client_record(self, client_id: str) -> ClientRecord | None:
+        client = await self.get_client(client_id)
+        return None if client is None else ClientRecord(client, await self.get_previous_secret(client_id))
 
     async def get_previous_secret(self, client_id: str) -> PreviousSecret | None:
         previous = self._previous_secrets.get(client_id)
@@ -339,6 +350,18 @@ class MemoryStore(Store):
         self._access[family.access_hash] = family.family_id
         self._grant_families[family.grant_id].add(family.family_id)
         return True
+
+    async def family_standing(self, family_id: str) -> Standing:
+        return await self._standing(*await self.get_family(family_id))
+
+    async def access_standing(self, access_hash: str) -> Standing:
+        return await self._standing(*await self.find_access(access_hash))
+
+    async def _standing(self, family: Family | None, grant: Grant | None) -> Standing:
+        if family is None:
+            return Standing(None)
+        user = await self.get_user(family.user_id) if family.user_id is not None else None
+        return Standing(family, grant, await self.get_client(family.client_id), user)
 
     def _with_grant(self, row: Row | None) -> tuple[Family | None, Grant | None]:
         if row is None:

@@ -15,12 +15,12 @@ from pymongo import ASCENDING, ReturnDocument
 from pymongo.errors import DuplicateKeyError
 
 from tokensvc.records import AuthorizationCode, Family, Grant, Pair, Subject
-from tokensvc.storage.base import Authorizations, StorageError
+from tokensvc.storage.base import Authorizations, Standing, StorageError
 from tokensvc.storage.mongo import format as store_format
 from tokensvc.storage.mongo import hashes
 from tokensvc.storage.mongo.connection import Connection
 from tokensvc.storage.mongo.credentials import Credentials
-from tokensvc.storage.mongo.mapping import CODES, FAMILIES, GRANTS, as_utc, pair_fields, stored
+from tokensvc.storage.mongo.mapping import CLIENTS, CODES, FAMILIES, GRANTS, USERS, as_utc, pair_fields, stored
 from tokensvc.storage.mongo.retry import RUN_AGAIN, guarded
 
 
@@ -172,11 +172,24 @@ class MongoAuthorizations(Authorizations):
         return True
 
     async def _with_grant(self, match: dict[str, Any]) -> tuple[Family | None, Grant | None]:
+        standing = await self._read_standing(match, holders=False)
+        return standing.family, standing.grant
+
+    # The lookups of a family's holders: its client (with its removal, which makes it no
+    # client) and its user, beside its grant, so that a token's use is decided on one read.
+    HOLDERS: list[dict[str, Any]] = [
+        {"$lookup": {"from": "clients", "localField": "client_id", "foreignField": "_id", "as": "client"}},
+        {"$lookup": {"from": "removals", "localField": "client_id", "foreignField": "_id", "as": "removal"}},
+        {"$lookup": {"from": "users", "localField": "user_id", "foreignField": "_id", "as": "user"}},
+    ]
+
+    async def _read_standing(self, match: dict[str, Any], *, holders: bool = True) -> Standing:
         async def read() -> list[dict[str, Any]]:
             cursor = self.families.aggregate([
                 {"$match": match},
                 {"$limit": 2},  # the one family, or, while it moves, its frozen original and its copy
                 {"$lookup": {"from": "grants", "localField": "grant_id", "foreignField": "_id", "as": "grant"}},
+                *(self.HOLDERS if holders else []),
             ])
             if inspect.isawaitable(cursor):  # PyMongo's aggregate is a coroutine; Motor-style ones are not
                 cursor = await cursor
@@ -184,9 +197,15 @@ class MongoAuthorizations(Authorizations):
 
         document = hashes.merged("families", await hashes.settled(self.connection.db, "families", read))
         if document is None:
-            return None, None
+            return Standing(None)
         grants = document.pop("grant")
-        return FAMILIES.record(document), GRANTS.record(grants[0] if grants else None)
+        clients, removal, users = (document.pop(name, None) or [] for name in ("client", "removal", "user"))
+        family = FAMILIES.record(document)
+        if not holders:
+            return Standing(family, GRANTS.record(grants[0] if grants else None))
+        client = CLIENTS.record(clients[0]) if clients and not removal else None
+        user = USERS.record(users[0]) if users and family.user_id is not None else None
+        return Standing(family, GRANTS.record(grants[0] if grants else None), client, user)
 
     @guarded()
     async def get_family(self, family_id: str) -> tuple[Family | None, Grant | None]:
@@ -194,8 +213,19 @@ class MongoAuthorizations(Authorizations):
 
     @guarded()
     async def find_access(self, access_hash: str) -> tuple[Family | None, Grant | None]:
-        return await self._with_grant({"$or": [FAMILIES.match(access_hash=access_hash),
-                                                FAMILIES.match(previous_access_hash=access_hash)]})
+        return await self._with_grant(self._access_match(access_hash))
+
+    @guarded()
+    async def family_standing(self, family_id: str) -> Standing:
+        return await self._read_standing(FAMILIES.match(family_id=family_id))
+
+    @guarded()
+    async def access_standing(self, access_hash: str) -> Standing:
+        return await self._read_standing(self._access_match(access_hash))
+
+    @staticmethod
+    def _access_match(access_hash: str) -> dict[str, Any]:
+        return {"$or": [FAMILIES.match(access_hash=access_hash), FAMILIES.match(previous_access_hash=access_hash)]}
 
     @guarded()
     async def rotate_family(self, family_id: str, refresh_hash: str, pair: Pair, now: datetime, *,

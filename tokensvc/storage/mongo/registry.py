@@ -14,10 +14,11 @@ from pymongo import ASCENDING, ReturnDocument
 
 from tokensvc.identifiers import username_key
 from tokensvc.records import Client, Installation, PreviousSecret, Removal, User
-from tokensvc.storage.base import Conflict, Registry, StorageError
+from tokensvc.storage.base import ClientRecord, Conflict, Registry, StorageError
 from tokensvc.storage.mongo.connection import Connection
 from tokensvc.storage.mongo.indexes import CASELESS
 from tokensvc.storage.mongo.mapping import CLIENTS, INSTALLATIONS, PREVIOUS_SECRETS, REMOVALS, USERS
+from tokensvc.storage.mongo.recent import Recent
 from tokensvc.storage.mongo.retry import guarded
 
 # How long a removal's mark outlives its write: every relay has long polled it by then.
@@ -46,6 +47,8 @@ class MongoRegistry(Registry):
         # The removals' marks, which the relays watch, kept a while after the removal is
         # finished (a poll finds them): 0.9.0 never reads nor writes it either.
         self.removed_clients = db["removed_clients"]
+        # The clients client authentication weighs, as this process read them lately (recent.py).
+        self.recent: Recent[ClientRecord] = Recent()
 
     # -- clients
 
@@ -68,6 +71,35 @@ class MongoRegistry(Registry):
     @guarded()
     async def get_client(self, client_id: str) -> Client | None:
         return next(iter(await self._clients({"_id": client_id}, 1)), None)
+
+    async def client_record(self, client_id: str) -> ClientRecord | None:
+        kept = self.recent.get(client_id)
+        if kept is not None:
+            return kept
+        began = self.recent.began()
+        found = await self._client_record(client_id)
+        if found is not None:
+            self.recent.keep(client_id, found, began)
+        return found
+
+    @guarded()
+    async def _client_record(self, client_id: str) -> ClientRecord | None:
+        """The client and its previous secret, in one read (the removal looked up beside it)."""
+        cursor = self.clients.aggregate([
+            {"$match": {"_id": client_id}},
+            {"$lookup": {"from": "removals", "localField": "_id", "foreignField": "_id", "as": "removal"}},
+            {"$match": {"removal": {"$size": 0}}},
+            {"$lookup": {"from": "previous_secrets", "localField": "_id", "foreignField": "_id", "as": "previous"}},
+        ])
+        if inspect.isawaitable(cursor):  # PyMongo's aggregate is a coroutine; Motor-style ones are not
+            cursor = await cursor
+        documents = await cursor.to_list(1)
+        if not documents:
+            return None
+        document = documents[0]
+        previous = document.pop("previous", None) or []
+        document.pop("removal", None)
+        return ClientRecord(CLIENTS.record(document), PREVIOUS_SECRETS.record(previous[0]) if previous else None)
 
     @guarded()
     async def list_clients(self, after: str | None = None, limit: int | None = None) -> list[Client]:

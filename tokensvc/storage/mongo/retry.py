@@ -76,14 +76,15 @@ RETRY_KINDS: dict[str, str] = {
     "update_user": ONCE, "delete_user": RERUN,
     "get_installation": READ, "list_installations": READ, "put_installation": RERUN, "delete_installation": RERUN,
     "begin_removal": RERUN, "mark_removal": RERUN, "get_removal": READ, "list_removals": READ, "end_removal": STEPS,
-    "put_previous_secret": RERUN, "get_previous_secret": READ, "delete_previous_secret": RERUN,
+    "client_record": STEPS, "put_previous_secret": RERUN, "get_previous_secret": READ, "delete_previous_secret": RERUN,
     "note_previous_secret_use": ONCE, "expire_previous_secret": ONCE,
     # Authorizations
     "save_grant": ONCE, "get_grant": READ, "find_grant": READ, "list_grants": READ, "list_client_grants": READ,
     "revoke_client_grants": STEPS, "withdraw_scopes": RERUN, "mark_grant_revoked": ONCE,
     "revoke_grant_families": RERUN,
     "add_code": ONCE, "get_code": READ, "consume_code": ONCE,
-    "create_family": ONCE, "get_family": READ, "find_access": READ, "rotate_family": ONCE, "reissue_pair": ONCE,
+    "create_family": ONCE, "get_family": READ, "find_access": READ,
+    "family_standing": READ, "access_standing": READ, "rotate_family": ONCE, "reissue_pair": ONCE,
     "mark_access_used": RERUN, "mark_second_holder": RERUN, "revoke_access": ONCE, "revoke_family": ONCE,
     "list_families": READ,
     # Sessions
@@ -97,6 +98,7 @@ RETRY_KINDS: dict[str, str] = {
     "count_attempt": ONCE, "uncount_attempt": ONCE, "read_counts": READ,
     # The steps of the STEPS methods above.
     "_caseless_holders": READ, "_write_user": RERUN,  # put_user
+    "_client_record": READ,  # client_record, when this process read it too long ago
     "_seeded_admin": READ, "_seed_write": RERUN,  # seed_user
     "_live_client_grant_ids": READ, "_revoke_where": RERUN,  # revoke_client_grants
     "_clear_removed": RERUN, "_drop_removal": RERUN,  # end_removal

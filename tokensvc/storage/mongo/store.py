@@ -4,9 +4,10 @@ collections, queries and indexes."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+import functools
+from collections.abc import AsyncIterator, Callable, Coroutine, Mapping
 from datetime import datetime
-from typing import Any
+from typing import Any, TypeVar
 
 from tokensvc import __version__
 from tokensvc.records import (
@@ -22,7 +23,16 @@ from tokensvc.records import (
     Subject,
     User,
 )
-from tokensvc.storage.base import FailureCounts, Store, StoreObserver
+from tokensvc.storage.base import (
+    CLIENT,
+    CREDENTIALS,
+    ClientRecord,
+    FailureCounts,
+    Revocation,
+    Standing,
+    Store,
+    StoreObserver,
+)
 from tokensvc.storage.mongo import format as store_format
 from tokensvc.storage.mongo import processes, topology
 from tokensvc.storage.mongo.authorizations import MongoAuthorizations
@@ -35,6 +45,23 @@ from tokensvc.storage.mongo.indexes import Indexes
 from tokensvc.storage.mongo.lifecycle import Lifecycle
 from tokensvc.storage.mongo.registry import MongoRegistry
 from tokensvc.storage.mongo.sessions import MongoSessions
+
+R = TypeVar("R")
+
+
+def _changes_clients(method: Callable[..., Coroutine[Any, Any, R]]) -> Callable[..., Coroutine[Any, Any, R]]:
+    """A write that may change what client authentication weighs (a client, its previous
+    secret, its removal): what this process read of clients lately is dropped before it and
+    again once it is answered (or failed), so that no read it overtook is kept either."""
+    @functools.wraps(method)
+    async def wrapper(self: MongoStore, *args: Any, **kwargs: Any) -> R:
+        self.registry.recent.clear()
+        try:
+            return await method(self, *args, **kwargs)
+        finally:
+            self.registry.recent.clear()
+
+    return wrapper
 
 
 class MongoStore(RevocationFeed, Store):
@@ -220,6 +247,20 @@ class MongoStore(RevocationFeed, Store):
     async def purge_expired(self, now: datetime) -> dict[str, int]:
         return await self.lifecycle.purge_expired(now)
 
+    async def revocation_feed(self, poll_seconds: float | None = None) -> AsyncIterator[Revocation]:
+        """The feed (feed.py), each announcement about a client dropping what this process
+        read of it lately before it is yielded; its start and its end, however it ends (an
+        interruption: anything may have changed meanwhile), everything read."""
+        self.registry.recent.clear()
+        feed = super().revocation_feed() if poll_seconds is None else super().revocation_feed(poll_seconds)
+        try:
+            async for revocation in feed:
+                if revocation.kind in (CLIENT, CREDENTIALS):
+                    self.registry.recent.drop(revocation.key)
+                yield revocation
+        finally:
+            self.registry.recent.clear()
+
     # -- Registry (registry.py)
 
     async def get_client(self, client_id: str) -> Client | None:
@@ -228,25 +269,32 @@ class MongoStore(RevocationFeed, Store):
     async def list_clients(self, after: str | None = None, limit: int | None = None) -> list[Client]:
         return await self.registry.list_clients(after, limit)
 
+    @_changes_clients
     async def put_client(self, client: Client) -> None:
         await self.registry.put_client(client)
 
+    @_changes_clients
     async def add_client(self, client: Client) -> None:
         await self.registry.add_client(client)
 
+    @_changes_clients
     async def update_client(self, client_id: str, fields: dict[str, Any], *,
                             if_confidential: bool = False) -> Client | None:
         return await self.registry.update_client(client_id, fields, if_confidential=if_confidential)
 
+    @_changes_clients
     async def set_owners(self, kind: str, owners: Mapping[str, str]) -> None:
         await self.registry.set_owners(kind, owners)
 
+    @_changes_clients
     async def delete_client(self, client_id: str) -> None:
         await self.registry.delete_client(client_id)
 
+    @_changes_clients
     async def begin_removal(self, client_id: str, now: datetime, tag: str) -> Removal:
         return await self.registry.begin_removal(client_id, now, tag)
 
+    @_changes_clients
     async def mark_removal(self, client_id: str, now: datetime) -> None:
         await self.registry.mark_removal(client_id, now)
 
@@ -256,21 +304,28 @@ class MongoStore(RevocationFeed, Store):
     async def list_removals(self) -> list[Removal]:
         return await self.registry.list_removals()
 
+    @_changes_clients
     async def end_removal(self, removal: Removal) -> None:
         await self.registry.end_removal(removal)
 
+    @_changes_clients
     async def put_previous_secret(self, previous: PreviousSecret) -> None:
         await self.registry.put_previous_secret(previous)
 
     async def get_previous_secret(self, client_id: str) -> PreviousSecret | None:
         return await self.registry.get_previous_secret(client_id)
 
+    async def client_record(self, client_id: str) -> ClientRecord | None:
+        return await self.registry.client_record(client_id)
+
+    @_changes_clients
     async def delete_previous_secret(self, client_id: str) -> None:
         await self.registry.delete_previous_secret(client_id)
 
     async def note_previous_secret_use(self, client_id: str, now: datetime, every_seconds: float) -> bool:
         return await self.registry.note_previous_secret_use(client_id, now, every_seconds)
 
+    @_changes_clients
     async def expire_previous_secret(self, now: datetime) -> PreviousSecret | None:
         return await self.registry.expire_previous_secret(now)
 
@@ -353,6 +408,12 @@ class MongoStore(RevocationFeed, Store):
 
     async def get_family(self, family_id: str) -> tuple[Family | None, Grant | None]:
         return await self.authorizations.get_family(family_id)
+
+    async def family_standing(self, family_id: str) -> Standing:
+        return await self.authorizations.family_standing(family_id)
+
+    async def access_standing(self, access_hash: str) -> Standing:
+        return await self.authorizations.access_standing(access_hash)
 
     async def find_access(self, access_hash: str) -> tuple[Family | None, Grant | None]:
         return await self.authorizations.find_access(access_hash)
