@@ -208,3 +208,28 @@ def test_the_command_line_says_what_is_wrong_with_the_file(tmp_path, capsys):
     assert capsys.readouterr().err.splitlines() == [
         f"tokensvc: {config}: tokensvc_url: required (a string)",
         f"tokensvc: {config}: client_secret: required (or in TOKENSVC_GATE_CLIENT_SECRET)"]
+
+
+def test_the_deploy_examples_name_what_the_gate_reads():
+    """deploy/gate/: gate.toml loads; Traefik asks /auth/traefik, sets the X-Forwarded-* headers
+    itself and takes every X-Auth-* header from the gate alone (the client's stripped first).
+    nginx's example is run as it ships in tests/test_gate_nginx.py."""
+    import re
+    from pathlib import Path
+
+    import yaml
+
+    deploy = Path(__file__).resolve().parent.parent / "deploy" / "gate"
+    settings = load(str(deploy / "gate.toml"), environ={"TOKENSVC_GATE_CLIENT_SECRET": "s" * 32})
+    assert settings.required_scope("POST", "/notes/1") == "write" and settings.required_scope("GET", "/x") == "read"
+    traefik = yaml.safe_load((deploy / "traefik.yml").read_text())["http"]
+    forward = traefik["middlewares"]["tokensvc-gate"]["forwardAuth"]
+    assert forward["address"].endswith(":8090/auth/traefik") and forward["trustForwardHeader"] is False
+    pattern = re.compile(forward["authResponseHeadersRegex"])
+    assert all(pattern.match(name) for name in ("X-Auth-Subject", "X-Auth-Scope", "X-Auth-Client-Id",
+                                                 "X-Auth-Installation-Id"))
+    assert not pattern.match("Authorization")
+    assert traefik["routers"]["protected-api"]["middlewares"] == ["tokensvc-gate"]
+    nginx = (deploy / "nginx.conf").read_text()
+    for header in ("X-Auth-Subject", "X-Auth-Scope", "X-Auth-Client-Id", "X-Auth-Installation-Id"):
+        assert f"proxy_set_header {header} $auth_" in nginx
