@@ -5,6 +5,7 @@ reaches it (docs/performance.md, "Protecting an API").
     python bench/resource_server.py run [--tokens 500] [--requests 20000] [--revoked 0.02]
     python bench/resource_server.py latency [--tokens 1000] [--workers 3] [--services 2] [--revocations 200]
     python bench/resource_server.py flush [--watches 8000] [--revoked 0.01]
+    python bench/resource_server.py gate [--checks 20000] [--revocations 100]
 
 ``cached``: CPU time per check of a cached token (``Verifier.check``) with the feed up (the
 answer current: a hit, checked to be one), in process, against a real tokensvc on the memory
@@ -24,6 +25,12 @@ revocation was sent, over every (token, worker); p50 and p99. ``flush``: ``--wat
 connections (``Verifier.watch``, every token its own family) on one verifier in process, a share
 of their tokens revoked without the feed hearing of it, then a flush (the relay interrupted):
 how many connections were closed, rightly and wrongly, and how long asking again took.
+``gate``: ``tokensvc gate``'s server (its Tornado application) on a thread and event loop of its
+own, beside a tokensvc on the memory backend in the main thread: the gate thread's CPU time per
+check of a cached token (``--checks`` nginx checks over one kept-alive connection, sent by a third
+thread), beside a Tornado "Hello, world" handler served the same way; then ``--revocations``
+tokens, each cached at the gate, revoked (RFC 7009 through the protocol core) and checked again
+until refused: from the revocation's start to the gate's first 401, p50 and p99.
 """
 
 from __future__ import annotations
@@ -228,6 +235,113 @@ async def revoke_in_process(ctx: Any, token: str) -> None:
     await revocation.revoke_token(ctx, token, await ctx.store.get_client("webapp"))
 
 
+async def gate(args: argparse.Namespace) -> None:
+    import http.client
+    import threading
+
+    import tornado.httpserver
+    import tornado.web
+
+    from tokensvc.gate import Gate
+    from tokensvc.gate.server import make_app
+    from tokensvc.gate.settings import from_dict
+
+    class Hello(tornado.web.RequestHandler):
+        def get(self) -> None:
+            self.write("Hello, world")
+
+    async def measure(base: str, issue_tokens: Any, ctx: Any) -> None:
+        settings = from_dict({"tokensvc_url": base, "client_id": "bench-api", "client_secret": API_SECRET,
+                              "scope": "read", "verifier": {"max_entries": args.revocations + 10}})
+        served: dict[str, Any] = {}
+        started = threading.Event()
+
+        def gate_thread() -> None:
+            async def run() -> None:
+                from tokensvc.resource import Verifier
+                verifier = Verifier(settings.verifier_settings())
+                await verifier.start()
+                app = make_app(Gate(settings, verifier))
+                app.add_handlers(r".*", [(r"/hello", Hello)])
+                server = tornado.httpserver.HTTPServer(app)
+                sock, port = tornado.testing.bind_unused_port()
+                server.add_sockets([sock])
+                served.update(port=port, verifier=verifier, loop=asyncio.get_running_loop(), stop=asyncio.Event())
+                await asyncio.wait_for(verifier.connected.wait(), 30)
+                started.set()
+                await served["stop"].wait()
+                await verifier.close()
+                server.stop()
+            asyncio.run(run())
+
+        import tornado.testing
+        thread = threading.Thread(target=gate_thread, daemon=True)
+        thread.start()
+        await asyncio.get_running_loop().run_in_executor(None, started.wait, 30)
+        gate_loop = served["loop"]
+
+        def gate_cpu() -> float:  # the gate thread's CPU time, read on that thread
+            return asyncio.run_coroutine_threadsafe(_thread_time(), gate_loop).result()
+
+        def requests_over_one_connection(path: str, headers: dict[str, str], count: int) -> list[int]:
+            connection = http.client.HTTPConnection("127.0.0.1", served["port"])
+            statuses = []
+            for _ in range(count):
+                connection.request("GET", path, headers=headers)
+                answer = connection.getresponse()
+                answer.read()
+                statuses.append(answer.status)
+            connection.close()
+            return statuses
+
+        loop = asyncio.get_running_loop()
+        token = (await issue_tokens(1))[0]
+        check = {"Authorization": f"Bearer {token}", "X-Original-URI": "/notes/1", "X-Original-Method": "GET"}
+        figures: dict[str, list[float]] = {"check": [], "hello": []}
+        for _ in range(5):
+            for name, path, headers in (("check", "/auth/nginx", check), ("hello", "/hello", {})):
+                before = await loop.run_in_executor(None, gate_cpu)
+                statuses = await loop.run_in_executor(None, requests_over_one_connection, path, headers, args.checks)
+                spent = await loop.run_in_executor(None, gate_cpu) - before
+                assert set(statuses) == {200}, set(statuses)
+                figures[name].append(spent / args.checks * 1e6)
+        counts = served["verifier"].counts
+        assert counts.introspections == 1, "every check but the first a cache hit"
+        check_us, hello_us = statistics.median(figures["check"]), statistics.median(figures["hello"])
+        print(f"a cached check at the gate: {check_us:.1f} µs of the gate thread's CPU (median of 5 rounds of "
+              f"{args.checks}; {min(figures['check']):.1f}-{max(figures['check']):.1f}); hello world "
+              f"{hello_us:.1f} µs; {check_us / hello_us:.2f} x hello", flush=True)
+
+        tokens = await issue_tokens(args.revocations)
+        for each in tokens:
+            headers = {**check, "Authorization": f"Bearer {each}"}
+            assert (await loop.run_in_executor(None, requests_over_one_connection, "/auth/nginx", headers, 1)) == [200]
+        latencies = []
+        for each in tokens:
+            headers = {**check, "Authorization": f"Bearer {each}"}
+            began = time.perf_counter()
+            await revoke_in_process(ctx, each)
+            while True:  # a benchmark, not a test: asks at once, again and again
+                status = (await loop.run_in_executor(None, requests_over_one_connection, "/auth/nginx", headers,
+                                                     1))[0]
+                if status == 401:
+                    break
+                await asyncio.sleep(0)
+            latencies.append((time.perf_counter() - began) * 1000)
+        latencies.sort()
+        gate_loop.call_soon_threadsafe(served["stop"].set)
+        thread.join(30)
+        p50, p99 = latencies[len(latencies) // 2], latencies[min(len(latencies) - 1, int(len(latencies) * 0.99))]
+        print(f"revocation to refusal at the gate ({len(latencies)} tokens): p50 {p50:.1f} ms, p99 {p99:.1f} ms, "
+              f"max {latencies[-1]:.1f} ms", flush=True)
+
+    await in_process(measure)
+
+
+async def _thread_time() -> float:
+    return time.thread_time()
+
+
 # -- several processes ---------------------------------------------------------------------------
 
 
@@ -375,6 +489,9 @@ def main() -> None:
     sub = subs.add_parser("flush")
     sub.add_argument("--watches", type=int, default=8000)
     sub.add_argument("--revoked", type=float, default=0.01)
+    sub = subs.add_parser("gate")
+    sub.add_argument("--checks", type=int, default=20_000)
+    sub.add_argument("--revocations", type=int, default=100)
     sub = subs.add_parser("worker")
     sub.add_argument("--base", required=True)
     sub.add_argument("--tokens-file", required=True)
@@ -382,7 +499,7 @@ def main() -> None:
     if args.what == "latency":
         latency(args)
     else:
-        asyncio.run({"cached": cached, "run": run, "flush": flush, "worker": worker}[args.what](args))
+        asyncio.run({"cached": cached, "run": run, "flush": flush, "gate": gate, "worker": worker}[args.what](args))
 
 
 if __name__ == "__main__":

@@ -378,6 +378,15 @@ def build_parser(store_factory: StoreFactory | None = None) -> argparse.Argument
     cli_admin.add_commands(commands, store_factory)
     cli_storage.add_commands(commands, store_factory)
 
+    gate = commands.add_parser("gate", help="answer forward-auth checks (nginx, Traefik, Envoy) for an API",
+                               description="Answer the forward-auth checks of nginx auth_request, Traefik's "
+                                           "ForwardAuth and Envoy's ext_authz with a resource server's "
+                                           "credentials (docs/gate.md).")
+    gate.add_argument("--config", required=True, help="the gate's TOML file (deploy/gate.toml is an example)")
+    gate.add_argument("--host", help="listen address (overrides the file)")
+    gate.add_argument("--port", type=int, help="listen port, 1-65535 (overrides the file)")
+    gate.set_defaults(func=cmd_gate)
+
     config_commands = commands.add_parser("config", help="configuration commands",
                                           description="configuration commands")
     check = config_commands.add_subparsers(dest="subcommand", required=True, metavar="SUBCOMMAND").add_parser(
@@ -397,6 +406,24 @@ def build_parser(store_factory: StoreFactory | None = None) -> argparse.Argument
     document.add_argument("--admin", action="store_true", help="the admin API's document instead")
     document.set_defaults(func=cmd_openapi)
     return parser
+
+
+def cmd_gate(args: argparse.Namespace) -> int:
+    from tokensvc import gate
+    from tokensvc.gate import server
+
+    try:
+        settings = gate.load(args.config, host=args.host, port=args.port)
+    except gate.GateConfigError as exc:
+        raise ConfigError(*(f"{args.config}: {problem}" for problem in exc.problems)) from None
+    logs.configure(settings.log_format, settings.log_level)
+    try:
+        sockets = server.bind(settings)
+    except OSError as exc:
+        raise CommandError(f"cannot listen on {settings.host}:{settings.port}: {exc.strerror or exc}; choose another "
+                           "with --host and --port") from None
+    run(server.serve(settings, sockets))
+    return 0
 
 
 def cmd_openapi(args: argparse.Namespace) -> int:
