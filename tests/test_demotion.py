@@ -13,7 +13,7 @@ from datetime import timedelta
 
 import pytest
 from backends import open_store
-from helpers import DEADLINE, PASSWORD_HASHES, eventually, handed_over, issue_tokens, make_config
+from helpers import DEADLINE, PASSWORD_HASHES, eventually, hand_over, issue_tokens, make_config
 from test_cli import CONFIG as CLI_CONFIG
 from test_feed import connect, next_message
 from test_processes import other_process
@@ -71,7 +71,7 @@ async def admin_api(config, store, ctx, method, path, body=None):
     from tornado.httpclient import AsyncHTTPClient
 
     sock, port = bind_unused_port()
-    server = HTTPServer(make_admin_app(handed_over(config), store, ctx))
+    server = HTTPServer(make_admin_app(await hand_over(store, config), store, ctx))
     server.add_sockets([sock])
     root = (await issue_tokens(ctx, "root", "read admin")).access_token
     try:
@@ -129,10 +129,13 @@ async def demote_elsewhere(path, store, config, tmp_path):
     """bob demoted by another process sharing the store, by ``path``."""
     elsewhere = other_process(store)
     if path == "admin-api":  # what PATCH /admin/users/bob runs, in another process
-        await Operator(make_context(config, elsewhere), handed_over(config)).patch_user("bob", {"admin": False})
+        handed = await hand_over(store, config)
+        await Operator(make_context(config, elsewhere), handed).patch_user("bob", {"admin": False})
     elif path == "cli":
+        await hand_over(store, config)
         await run_cli(store, tmp_path, "users", "set-admin", "bob", "no")
     elif path == "apply":
+        await hand_over(store, config)
         wanted = tmp_path / "wanted.toml"
         wanted.write_text('[[users]]\nusername = "bob"\nadmin = false\n')
         await run_cli(store, tmp_path, "apply", "-f", str(wanted))
@@ -177,7 +180,7 @@ async def test_a_removal_names_the_user_and_each_grant(app, http_server, base_ur
     if where == "here":
         assert (await admin_api(config, store, ctx, "DELETE", "/admin/users/bob")).code == 200
     else:
-        await Operator(make_context(config, other_process(store)), handed_over(config)).remove_user("bob")
+        await Operator(make_context(config, other_process(store)), await hand_over(store, config)).remove_user("bob")
     assert await named(reader, grant_id=grant_id)
     if where == "here":
         assert await named(reader, sub=bob.user_id)
@@ -247,7 +250,7 @@ async def test_a_watched_connection_of_a_demoted_user_asks_again_what_is_left(ap
         authorized = await verifier.check(access, "admin")
         stops = [verifier.watch(access, authorized, ended[scope].set, scope) for scope in ended]
         asked = verifier.counts.introspections
-        await Operator(ctx, handed_over(config)).patch_user("bob", {"admin": False})
+        await Operator(ctx, await hand_over(ctx.store, config)).patch_user("bob", {"admin": False})
         await gen.with_timeout(timedelta(seconds=DEADLINE), ended["admin"].wait())
         await eventually(lambda: verifier.counts.introspections == asked + 1 and not verifier.reverifying, DEADLINE,
                          what="both connections asked again, through one introspection")

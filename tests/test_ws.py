@@ -12,7 +12,7 @@ from helpers import (
     basic,
     check_schema,
     exchange,
-    handed_over,
+    hand_over,
     json_of,
     make_config,
     post_form,
@@ -335,7 +335,7 @@ async def test_a_narrowed_client_closes_the_sockets_that_lost_read(browser, http
     issued = await tokens(browser, http_client, base_url, scope="read write")
     connection = await websocket_connect(ws_url(base_url, "?access_token=" + issued["access_token"]))
     await welcome_of(connection)
-    await Operator(ctx, handed_over(config)).patch_client("webapp", {"allowedScopes": ["admin"]})
+    await Operator(ctx, await hand_over(ctx.store, config)).patch_client("webapp", {"allowedScopes": ["admin"]})
     await closed_as_revoked(connection)
 
 
