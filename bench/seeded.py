@@ -20,7 +20,6 @@ from pathlib import Path
 import tornado.httpserver
 
 from tokensvc import config as config_module
-from tokensvc import logs
 from tokensvc.app import make_app
 from tokensvc.bootstrap import make_context, seed
 from tokensvc.oauth import hashing, pkce
@@ -28,6 +27,7 @@ from tokensvc.oauth import tokens as token_format
 from tokensvc.oauth.context import OAuthContext
 from tokensvc.records import AuthorizationCode, Family, Grant, Subject, User, utcnow
 from tokensvc.storage.memory import MemoryStore
+from tokensvc.telemetry import logs
 
 CLIENT_SECRET = "bench-client-secret-0123456789abcdef"
 REDIRECT = "http://127.0.0.1:1/cb"

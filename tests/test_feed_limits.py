@@ -253,7 +253,7 @@ async def test_a_slow_reader_is_told_why_it_was_closed(http_server, base_url, ct
 
 @pytest.mark.gen_test(timeout=90)
 async def test_the_feed_s_metrics_count_readers_messages_openings_and_refusals(http_client, base_url, ctx, caplog):
-    from tokensvc import admin
+    from tokensvc.admin import actions as admin
 
     secret = await notes_api(ctx)
     first = await connect(base_url)

@@ -17,11 +17,11 @@ from pathlib import Path
 import pytest
 
 import tokensvc
-from tokensvc.metrics import Metrics
 from tokensvc.oauth.metrics import ProtocolMetrics
+from tokensvc.telemetry.metrics import Metrics
 
 # What importing every module of tokensvc.oauth must not load.
-FOREIGN = ("tokensvc.config", "prometheus_client", "tornado", "pymongo", "bson", "motor", "tokensvc.metrics",
+FOREIGN = ("tokensvc.config", "prometheus_client", "tornado", "pymongo", "bson", "motor", "tokensvc.telemetry.metrics",
            "tokensvc.handlers", "tokensvc.app")
 
 PROGRAM = """
@@ -183,11 +183,11 @@ def test_below_the_web_edge_not_even_a_type_checker_goes_round():
 # the rest of the house (the web edge, the configuration, the operator's modules, the command
 # line), which stands on them all. "tokensvc" alone is the package itself (its __version__).
 LAYERS: tuple[tuple[str, ...], ...] = (
-    ("tokensvc", "tokensvc.records", "tokensvc.identifiers", "tokensvc.errors", "tokensvc.redaction",
+    ("tokensvc", "tokensvc.records", "tokensvc.identifiers", "tokensvc.errors", "tokensvc.telemetry.redaction",
      "tokensvc.jsontext"),
     ("tokensvc.storage", "tokensvc.storage.base"),  # the contract
     ("tokensvc.storage.memory", "tokensvc.storage.mongo"),  # the backends
-    ("tokensvc.logs", "tokensvc.ratelimit"),
+    ("tokensvc.telemetry.logs", "tokensvc.ratelimit"),
     ("tokensvc.oauth",),
 )
 BACKENDS = ("tokensvc.storage.memory", "tokensvc.storage.mongo")
@@ -211,7 +211,7 @@ def test_no_module_imports_a_layer_above_its_own():
     edges = graph(typing_too=True)
     placed = [module for module in edges if layer_of(module) is not None]
     assert "tokensvc.storage.mongo.store" in placed and "tokensvc.oauth.grants" in placed
-    assert layer_of("tokensvc.handlers.exit") is None and layer_of("tokensvc.config") is None
+    assert layer_of("tokensvc.handlers.edge.exit") is None and layer_of("tokensvc.config") is None
     upward = [(module, imported) for module in placed for imported in edges[module]
               if layer_of(imported) is None or layer_of(imported)[0] > layer_of(module)[0]]
     assert upward == []

@@ -10,7 +10,7 @@ import logging
 
 import pytest
 
-from tokensvc import logs
+from tokensvc.telemetry import logs
 
 ACCESS = {"status": 200, "method": "POST", "path": "/oauth/token", "ms": 1.5, "client_id": "webapp",
           "remote_ip": "127.0.0.1"}

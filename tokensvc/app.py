@@ -11,11 +11,13 @@ from tornado.httputil import HTTPServerRequest
 
 from tokensvc.bootstrap import make_context
 from tokensvc.config import Settings
-from tokensvc.handlers import admin_api, api, clients, feed, meta, pages, token, ws
-from tokensvc.handlers.json_api import NotFoundHandler, serve
-from tokensvc.handlers.lifecycle import MAX_BODY_BYTES, Edge, Lifecycle
-from tokensvc.handlers.routes import UNMATCHED, Route
-from tokensvc.handlers.web import StaticFiles
+from tokensvc.handlers import admin as admin_api
+from tokensvc.handlers import clients, feed, meta, pages, token, ws
+from tokensvc.handlers import me as api
+from tokensvc.handlers.edge.json_handler import NotFoundHandler, serve
+from tokensvc.handlers.edge.lifecycle import MAX_BODY_BYTES, Edge, Lifecycle
+from tokensvc.handlers.edge.routes import UNMATCHED, Route
+from tokensvc.handlers.edge.web_handler import StaticFiles
 from tokensvc.oauth.context import OAuthContext
 from tokensvc.storage.base import Store
 
@@ -23,7 +25,7 @@ HERE = Path(__file__).parent
 
 # The one route table: every path the service answers, written as the OpenAPI document writes
 # it ({name} is one path segment). JSON routes are JsonHandlers; pages, the socket and static
-# files RequestHandlers (handlers/web.py); every one is entered through the request lifecycle.
+# files RequestHandlers (handlers/edge/web_handler.py); every one is entered through the request lifecycle.
 # tests/test_openapi.py checks that the document describes exactly these routes and methods.
 ROUTES: list[Route] = [Route.of(path, handler) for path, handler in (
     ("/oauth/token/introspect", token.IntrospectHandler),
@@ -140,4 +142,4 @@ def make_admin_app(config: Settings, store: Store, ctx: OAuthContext) -> TokenSe
 
 def exit_logs(handler: tornado.web.RequestHandler) -> None:
     """The application's ``log_function``: none of Tornado's own access lines. Every response's
-    access line is its exit's (handlers/exit.py)."""
+    access line is its exit's (handlers/edge/exit.py)."""

@@ -67,7 +67,7 @@ from tokensvc.records import CLIENT_KIND, CLIENT_KINDS, RESOURCE_SERVER
 log = logging.getLogger(__name__)
 
 ENV_PREFIX = "TOKENSVC_"
-# The operator commands' own variables (tokensvc/cli_login.py): what a command line talks to,
+# The operator commands' own variables (tokensvc/cli/login.py): what a command line talks to,
 # not how the service runs, so they are never read as [admin] settings.
 COMMAND_LINE_VARIABLES = frozenset({"TOKENSVC_ADMIN_URL", "TOKENSVC_ADMIN_TOKEN", "TOKENSVC_ADMIN_CLIENT_ID",
                                     "TOKENSVC_ADMIN_CLIENT_SECRET"})

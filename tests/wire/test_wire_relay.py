@@ -304,7 +304,7 @@ async def test_a_user_demoted_or_removed_in_another_process_is_named(wire_store,
     name what a cache holds, tests/test_demotion.py)."""
     from helpers import make_config
 
-    from tokensvc import admin
+    from tokensvc.admin import actions as admin
     from tokensvc.bootstrap import make_context, seed
     from tokensvc.storage.base import SUBJECT
 

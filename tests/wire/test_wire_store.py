@@ -220,7 +220,7 @@ async def test_writes_from_concurrent_requests_go_on_while_one_waits(wire_store,
 
 async def test_the_store_reports_its_work_as_metrics(wire_store, primary):
     from tokensvc.bootstrap import StoreMetrics
-    from tokensvc.metrics import Metrics
+    from tokensvc.telemetry.metrics import Metrics
 
     metrics = Metrics()
     wire_store.observer = StoreMetrics(metrics)

@@ -8,11 +8,11 @@ import hmac
 import logging
 from datetime import datetime
 
-from tokensvc import logs
 from tokensvc.oauth import hashing, privileges, successors, tokens
 from tokensvc.oauth.context import OAuthContext
 from tokensvc.oauth.privileges import Authority
 from tokensvc.records import Family, Grant, Token
+from tokensvc.telemetry import logs
 
 
 def from_authorization(header: str | None) -> str | None:

@@ -1,6 +1,6 @@
 """marshmallow schemas of the admin API: its resources (camelCase on the wire, like
 OAuthClient) and the JSON bodies operators send. The same schemas check what the CLI sends
-straight to a stopped service's store (``tokensvc/operator.py``): one place for each rule."""
+straight to a stopped service's store (``tokensvc/admin/operator.py``): one place for each rule."""
 
 from __future__ import annotations
 
@@ -151,7 +151,7 @@ class AdminSessionSchema(Schema):
 
 
 # What the OpenAPI document says of each field beyond its type and length: the rules of
-# tokensvc/identifiers.py that admin.py applies (422 otherwise). What no pattern can hold (a
+# tokensvc/identifiers.py that admin/actions.py applies (422 otherwise). What no pattern can hold (a
 # password's strength, an operator who exists) is said in words.
 NAME = {"pattern": identifiers.NAME.pattern, "description": f"A name: {identifiers.NAME_RULE}"}
 REDIRECT_URI = {"pattern": identifiers.REDIRECT_URI.pattern, "description": (
@@ -170,7 +170,7 @@ PASSWORD = {"minLength": identifiers.MIN_PASSWORD_LENGTH, "description": (
     "service's name counted against it): a common, breached or name-built password is 422")}
 USERNAME = {"pattern": identifiers.USERNAME.pattern}
 OPERATOR = {**USERNAME, "description": "A user's username (422 if none)"}
-# The document of a running service names its configured installation_kinds (openapi_admin.py).
+# The document of a running service names its configured installation_kinds (openapi/admin.py).
 INSTALLATION_KIND = {"enum": list(identifiers.DEFAULT_KINDS), "description": "One of the service's installation_kinds"}
 
 
@@ -272,7 +272,7 @@ class InstallationBodySchema(BodySchema):
 
 class Entry(fields.Nested):
     """An entry of a plan: the document states its schema; the plan loads each entry on its
-    own (``tokensvc/provisioning.py``), so that the problems of every entry are reported at
+    own (``tokensvc/admin/provisioning.py``), so that the problems of every entry are reported at
     once, located at their table, entry and field. Here it need only be an object."""
 
     default_error_messages = {"type": NOT_OBJECT, "null": NOT_NULL}
@@ -358,7 +358,7 @@ class TokenBodySchema(BodySchema):
 
 
 # What the fields of a body cannot say one by one, as JSON Schema the OpenAPI document adds to
-# its component (openapi_admin.py); admin.py applies the same rules (422 at the field named).
+# its component (openapi/admin.py); admin/actions.py applies the same rules (422 at the field named).
 SECRET_MAKES_CONFIDENTIAL = {
     "description": "A clientSecretSha256 makes the client confidential: confidential false beside one is 422",
     "not": {"required": ["clientSecretSha256", "confidential"], "properties": {"confidential": {"const": False}}}}

@@ -22,7 +22,7 @@ from urllib.parse import quote
 
 import tornado.httputil
 
-from tokensvc import logs, redaction
+from tokensvc.telemetry import logs, redaction
 
 PATH_LIMIT = 2048  # characters of a path and query in an access line
 METHOD_LIMIT = 16
@@ -32,7 +32,7 @@ MAX_KEPT = 512  # constant parts kept (route, method and status): a table far la
 def redact(uri: str) -> str:
     """``uri`` with the value of every secret-bearing query parameter replaced by ``***``: a
     parameter whose name is a secret's however it is written, and any value holding what a
-    secret of the service looks like (:mod:`tokensvc.redaction`); also inside another
+    secret of the service looks like (:mod:`tokensvc.telemetry.redaction`); also inside another
     parameter's value that is itself a URI with a query or a query (``next=/oauth/authorize?...``).
     Every other part of the query is kept as it came."""
     path, sep, query = uri.partition("?")
@@ -80,7 +80,7 @@ def log_access(status: int, request: tornado.httputil.HTTPServerRequest, client_
                error: str | None = None, route: str | None = None, seconds: float | None = None) -> None:
     """One access-log line per request, query secrets redacted: remote address, status,
     method, path, milliseconds, the client (if any) and, on a 4xx/5xx, the OAuth error code.
-    The time and the request id come with every line (:mod:`tokensvc.logs`). ``route`` is the
+    The time and the request id come with every line (:mod:`tokensvc.telemetry.logs`). ``route`` is the
     route's path (a request to it exactly, the usual case, reuses its line's middle);
     ``seconds`` the time the request took, when the caller has it."""
     level = level_of(status)

@@ -10,7 +10,7 @@ signature; a token the service issued for someone else's session, or for none, f
 victim is signed in. Signing in issues a token for the new session.
 
 Which requests must carry one is decided by the request lifecycle
-(:func:`tokensvc.handlers.guards.check_xsrf`), for every route.
+(:func:`tokensvc.handlers.edge.guards.check_xsrf`), for every route.
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@ installations, grants, sessions and tokens of a running service, on any backend.
 
 Every call but the index is authenticated by an administrator's bearer token, under the
 failure limits (:mod:`tokensvc.oauth.adminauth`), and writes an audit line naming the user and
-the client (never the token). Handlers parse, call :class:`tokensvc.operator.Operator` and
+the client (never the token). Handlers parse, call :class:`tokensvc.admin.operator.Operator` and
 answer its JSON.
 """
 
@@ -14,15 +14,17 @@ import re
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from tokensvc import jsontext, logs, openapi, schemas
-from tokensvc.admin import MAX_PAGE
+from tokensvc import jsontext, schemas
+from tokensvc.admin.actions import MAX_PAGE
+from tokensvc.admin.operator import Operator
 from tokensvc.bootstrap import CLI_CLIENT
 from tokensvc.config import listen_url
 from tokensvc.errors import ValidationFailed
-from tokensvc.handlers.headers import PRIVATE_HEADERS
-from tokensvc.handlers.json_api import JsonHandler
+from tokensvc.handlers.edge.headers import PRIVATE_HEADERS
+from tokensvc.handlers.edge.json_handler import JsonHandler
 from tokensvc.oauth import adminauth
-from tokensvc.operator import Operator
+from tokensvc.openapi import document as openapi
+from tokensvc.telemetry import logs
 
 DIGITS = re.compile(r"[0-9]+")
 
@@ -60,7 +62,7 @@ class AdminEndpoint(JsonHandler):
         """A JSON body is read by :meth:`body`, not as a form."""
 
     def limit(self) -> int | None:
-        """The listing's ``limit``: 1 to :data:`~tokensvc.admin.MAX_PAGE`, as the document says."""
+        """The listing's ``limit``: 1 to :data:`~tokensvc.admin.actions.MAX_PAGE`, as the document says."""
         raw = self.get_query("limit")
         if raw is None:
             return None

@@ -1,15 +1,15 @@
-"""The admin API's operations in its OpenAPI document (:mod:`tokensvc.openapi` builds it): what
-each route's methods take and answer, of the parts in :mod:`tokensvc.openapi_parts`. The
-bodies are ``admin_schemas.py``'s."""
+"""The admin API's operations in its OpenAPI document (:mod:`tokensvc.openapi.document` builds it): what
+each route's methods take and answer, of the parts in :mod:`tokensvc.openapi.parts`. The
+bodies are ``admin/schemas.py``'s."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from typing import Any
 
-from tokensvc import admin_schemas
-from tokensvc.admin import MAX_PAGE
-from tokensvc.openapi_parts import (
+from tokensvc.admin import schemas as admin_schemas
+from tokensvc.admin.actions import MAX_PAGE
+from tokensvc.openapi.parts import (
     BEARER_401,
     FORBIDDEN,
     ID_PATTERN,

@@ -22,9 +22,9 @@ from tornado.httputil import HTTPServerRequest
 
 from tokensvc import errors
 from tokensvc.config import Settings
-from tokensvc.handlers import xsrf
-from tokensvc.handlers.inputs import HTML, RequestInput
-from tokensvc.handlers.routes import UNSAFE_METHODS
+from tokensvc.handlers.edge import xsrf
+from tokensvc.handlers.edge.inputs import HTML, RequestInput
+from tokensvc.handlers.edge.routes import UNSAFE_METHODS
 
 LOOPBACK_NAMES = ("localhost", "127.0.0.1", "::1")
 WILDCARDS = ("", "0.0.0.0", "::")  # a listener on every address of the machine

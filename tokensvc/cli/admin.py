@@ -4,7 +4,7 @@ tokens, ``apply`` and ``login``.
 Each runs against a running service's admin API (``--url`` or ``TOKENSVC_ADMIN_URL``, with a
 token from ``tokensvc login``, ``--token`` or ``--refresh-token``), on any backend; or, without
 ``--url``, straight against the store of a stopped service on MongoDB (``--config``). Both paths
-call the same operations (``tokensvc/operator.py``) and print the same JSON with ``--json``.
+call the same operations (``tokensvc/admin/operator.py``) and print the same JSON with ``--json``.
 """
 
 from __future__ import annotations
@@ -23,15 +23,16 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
-from tokensvc import cli_login, provisioning
 from tokensvc import config as config_module
-from tokensvc.admin import AdminError, Missing
+from tokensvc.admin import provisioning
+from tokensvc.admin.actions import AdminError, Missing
+from tokensvc.admin.operator import Json, Operations, Operator, RemoteOperator, Unreachable
 from tokensvc.bootstrap import make_context, make_store
+from tokensvc.cli import login as cli_login
 from tokensvc.config import ConfigError, Settings
 from tokensvc.errors import ValidationFailed
 from tokensvc.identifiers import secret_problem
 from tokensvc.oauth import hashing
-from tokensvc.operator import Json, Operations, Operator, RemoteOperator, Unreachable
 from tokensvc.records import CLIENT_KIND, CLIENT_KINDS, MAX_KEEP_PREVIOUS_SECONDS
 from tokensvc.storage import StorageError, Store
 
@@ -357,7 +358,7 @@ async def tokens_purge(op: Operations, args: argparse.Namespace) -> int:
 
 class DesiredState:
     """A file of ``tokensvc apply``, read and checked key by key, as the admin API's desired
-    state (:mod:`tokensvc.provisioning`): the config file's tables (``[[clients]]``,
+    state (:mod:`tokensvc.admin.provisioning`): the config file's tables (``[[clients]]``,
     ``[[users]]``, ``[[installations]]``), every key under its API name. A plain
     ``client_secret`` is hashed here: the secret never leaves the command line."""
 

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 import tornado.web
 
 if TYPE_CHECKING:
-    from tokensvc.handlers.inputs import RequestInput
+    from tokensvc.handlers.edge.inputs import RequestInput
 
 STANDARD_METHODS = ("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS")
 UNSAFE_METHODS = frozenset({"POST", "PUT", "PATCH", "DELETE"})
@@ -27,7 +27,7 @@ UNMATCHED = "(unmatched)"  # the metrics' route label of a request no route matc
 
 def methods_of(handler: type) -> frozenset[str]:
     """The methods ``handler`` answers: those it defines (HEAD aside), HEAD wherever GET is,
-    and OPTIONS on a route that answers other origins' preflights (handlers/cors.py)."""
+    and OPTIONS on a route that answers other origins' preflights (handlers/edge/cors.py)."""
     unimplemented = tornado.web.RequestHandler.get  # how Tornado's base says "not answered"
     found = {method for method in STANDARD_METHODS if method != "HEAD"
              and callable(defined := getattr(handler, method.lower(), None)) and defined is not unimplemented}

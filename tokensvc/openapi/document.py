@@ -1,6 +1,6 @@
 """The OpenAPI 3.1 documents of the public listener and of the admin listener, built by apispec
 from the marshmallow schemas (the operations are listed here and in :mod:`.openapi_admin`;
-every body schema comes from ``schemas.py`` or ``admin_schemas.py``).
+every body schema comes from ``schemas.py`` or ``admin/schemas.py``).
 
 A document says what the service does, no more and no less: every constraint it enforces on an
 input (patterns, lengths, enums, which parameters are required), every status and body shape it
@@ -20,10 +20,12 @@ from typing import Any, Protocol
 from apispec import APISpec
 from apispec.ext.marshmallow import MarshmallowPlugin
 
-from tokensvc import __version__, admin_schemas, identifiers, openapi_admin, schemas
+from tokensvc import __version__, identifiers, schemas
+from tokensvc.admin import schemas as admin_schemas
 from tokensvc.oauth.authorization import MAX_PARAMETER_LENGTH
 from tokensvc.oauth.feed import CLOSE_CREDENTIALS, CLOSE_PING_TIMEOUT, CLOSE_RESTART, CLOSE_TOO_SLOW
-from tokensvc.openapi_parts import (
+from tokensvc.openapi import admin as openapi_admin
+from tokensvc.openapi.parts import (
     BASIC_CHALLENGE,
     BEARER_401,
     CLIENT_401,
@@ -60,7 +62,7 @@ SESSION_COOKIE = "tokensvc_session"  # the demo's; the served document names the
 
 
 class Route(Protocol):
-    """An entry of the route table (``tokensvc.handlers.routes.Route``)."""
+    """An entry of the route table (``tokensvc.handlers.edge.routes.Route``)."""
 
     @property
     def path(self) -> str: ...

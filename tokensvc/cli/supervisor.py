@@ -20,7 +20,7 @@ dies, and stops them all together.
   on Linux: so it reaps the same way when it is not PID 1).
 
 Nothing here knows the service: :class:`Supervisor` runs ``work(slot)`` in each child, and
-``tokensvc/cli.py`` gives it the service.
+``tokensvc/cli/main.py`` gives it the service.
 """
 
 from __future__ import annotations

@@ -36,17 +36,17 @@ from tornado.iostream import IOStream
 from tokensvc import errors
 from tokensvc.config import STORE_RETRY_AFTER_SECONDS
 from tokensvc.errors import HTTPAnswer, reason_phrase
-from tokensvc.handlers.access_log import redact
-from tokensvc.handlers.response_writer import http_date, write_response
-from tokensvc.metrics import Metrics
+from tokensvc.handlers.edge.access_log import redact
+from tokensvc.handlers.edge.response_writer import http_date, write_response
 from tokensvc.storage.base import StorageError, StoreFault
+from tokensvc.telemetry.metrics import Metrics
 
 if TYPE_CHECKING:
-    from tokensvc.handlers.inputs import RequestInput
-    from tokensvc.handlers.lifecycle import Edge
-    from tokensvc.handlers.routes import Route
+    from tokensvc.handlers.edge.inputs import RequestInput
+    from tokensvc.handlers.edge.lifecycle import Edge
+    from tokensvc.handlers.edge.routes import Route
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("tokensvc.handlers.exit")  # the name its lines carry: what log filters select
 
 
 class Exit(HTTPConnection):

@@ -31,7 +31,7 @@ from collections.abc import Awaitable, Callable
 from tokensvc.oauth.events import RevocationEvents
 from tokensvc.storage.base import Revocation
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("tokensvc.handlers.recheck")  # the name its lines carry: what log filters select
 
 RETRY_SECONDS = 1.0  # a failed check runs again this long after, at the latest
 

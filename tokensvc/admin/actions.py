@@ -1,6 +1,6 @@
 """Operator actions: clients, users, node installations, grants, sessions, tokens,
 housekeeping. One place for each action and its validation, whoever asks: the admin API
-(``tokensvc/handlers/admin_api.py``), and the CLI writing straight into the store of a stopped
+(``tokensvc/handlers/admin.py``), and the CLI writing straight into the store of a stopped
 service. Each action validates its input (:class:`AdminError`, a message for a person;
 :class:`Missing` for what is not there; :class:`Taken` for what is already), writes through the
 Store, revokes what a removal leaves behind, and leaves one audit record (never a secret).
@@ -15,7 +15,6 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from typing import Any
 
-from tokensvc import logs
 from tokensvc.bootstrap import new_user_id
 from tokensvc.errors import HTTPAnswer, ValidationFailed
 from tokensvc.identifiers import (
@@ -60,6 +59,7 @@ from tokensvc.records import (
     utcnow,
 )
 from tokensvc.storage.base import CREDENTIALS, GRANT, SUBJECT, Conflict, Revocation, Store
+from tokensvc.telemetry import logs
 
 MAX_PAGE = 200  # the most a listing returns at once
 

@@ -10,7 +10,7 @@ from urllib.parse import urlsplit
 
 from tokensvc.identifiers import CONTROL  # never in a Location
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("tokensvc.handlers.headers")  # the name its lines carry: what log filters select
 
 SECURITY_HEADERS = {
     "X-Content-Type-Options": "nosniff",

@@ -14,9 +14,9 @@ from typing import Any
 import tornado.web
 from tornado.escape import xhtml_escape
 
-from tokensvc.handlers import xsrf
-from tokensvc.handlers.headers import csp_source, page_csp
-from tokensvc.handlers.web import WebHandler
+from tokensvc.handlers.edge import xsrf
+from tokensvc.handlers.edge.headers import csp_source, page_csp
+from tokensvc.handlers.edge.web_handler import WebHandler
 from tokensvc.oauth import sessions
 from tokensvc.records import Session, User
 

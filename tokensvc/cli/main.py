@@ -1,5 +1,5 @@
 """The ``tokensvc`` command line: ``serve``, ``config check``, ``openapi``; the operator
-commands are ``tokensvc/cli_admin.py``'s."""
+commands are ``tokensvc/cli/admin.py``'s."""
 
 from __future__ import annotations
 
@@ -16,13 +16,16 @@ from collections.abc import Coroutine, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, NoReturn
 
-from tokensvc import __version__, cli_admin, cli_storage, logs
+from tokensvc import __version__
 from tokensvc import config as config_module
 from tokensvc.bootstrap import make_context, make_store
-from tokensvc.cli_admin import CommandError, StoreFactory, load_settings
+from tokensvc.cli import admin as cli_admin
+from tokensvc.cli import storage as cli_storage
+from tokensvc.cli.admin import CommandError, StoreFactory, load_settings
 from tokensvc.config import ConfigError, Settings
 from tokensvc.identifiers import is_loopback
 from tokensvc.storage import StorageError, StoreFault
+from tokensvc.telemetry import logs
 
 if TYPE_CHECKING:
     from tornado.httpserver import HTTPServer
@@ -125,7 +128,7 @@ async def serve(settings: Settings, listeners: Listeners, *, show_banner: bool =
 
     from tokensvc.app import make_admin_app, make_app
     from tokensvc.bootstrap import expire_previous_secrets_periodically, prepare, purge_periodically
-    from tokensvc.handlers.lifecycle import READ_HEAD_BYTES
+    from tokensvc.handlers.edge.lifecycle import READ_HEAD_BYTES
     from tokensvc.oauth import events
 
     if settings.demo:
@@ -153,9 +156,9 @@ async def serve(settings: Settings, listeners: Listeners, *, show_banner: bool =
     relaying = asyncio.create_task(events.relay(store, ctx.events))
     housekeeping = [asyncio.create_task(purge_periodically(store))] if settings.storage.backend == "memory" else []
     housekeeping.append(asyncio.create_task(expire_previous_secrets_periodically(store)))
-    # Bodies are counted by the request lifecycle, which answers 413 (handlers/lifecycle.py);
+    # Bodies are counted by the request lifecycle, which answers 413 (handlers/edge/lifecycle.py);
     # a long target or large header fields get 414 or 431 there too, read up to READ_HEAD_BYTES.
-    # The client's address behind proxies is the request lifecycle's (handlers/proxies.py).
+    # The client's address behind proxies is the request lifecycle's (handlers/edge/proxies.py).
     servers = []
     # The admin API answers on its own listener only: the public one has no route to it.
     admin_app = make_admin_app(settings, store, ctx)
@@ -284,8 +287,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
                            "process, so several processes would each see different clients, codes and tokens")
     import tempfile
 
-    from tokensvc import metrics
-    from tokensvc.supervisor import STOP_MARGIN, Supervisor
+    from tokensvc.cli.supervisor import STOP_MARGIN, Supervisor
+    from tokensvc.telemetry import metrics
 
     # The cores this process may run on (a container's CPU set, not the host's count).
     processes = processes or len(os.sched_getaffinity(0))
@@ -400,8 +403,8 @@ def build_parser(store_factory: StoreFactory | None = None) -> argparse.Argument
 
 
 def cmd_openapi(args: argparse.Namespace) -> int:
-    from tokensvc import openapi
     from tokensvc.app import ADMIN_ROUTES, ROUTES
+    from tokensvc.openapi import document as openapi
 
     settings = load_settings(args)
     if args.admin:

@@ -29,7 +29,7 @@ import time
 from contextvars import ContextVar
 from typing import Any, BinaryIO, TextIO
 
-from tokensvc import redaction
+from tokensvc.telemetry import redaction
 
 # The MongoDB driver's loggers (pymongo.command, .serverSelection, .connection, .topology): never
 # below INFO, see configure.
@@ -42,14 +42,15 @@ EXTRA_KINDS = ("access", "audit")
 REQUEST_ID: ContextVar[str | None] = ContextVar("request_id", default=None)
 
 # Request parameters whose values are secrets: never written to a log line (however their
-# names are written: tokensvc.redaction).
+# names are written: tokensvc.telemetry.redaction).
 SECRET_PARAMETERS = redaction.SECRET_PARAMETERS
 TORNADO_LOGGERS = ("tornado.access", "tornado.application", "tornado.general")
 
 # A value Tornado quotes with %r (a header, a cookie, a request's repr), and a parameter written
 # into a message, also percent-encoded once or twice inside another parameter (next=): its name
 # (letters, digits, escapes, brackets, characters beyond ASCII: what a name may be written
-# with), then "=" however it is escaped, then its value. Whether the name is a secret's is tokensvc.redaction's to say.
+# with), then "=" however it is escaped, then its value. Whether the name is a secret's is
+# tokensvc.telemetry.redaction's to say.
 _QUOTED = re.compile(r"b?'(?:[^'\\]|\\.)*'" "|" r'b?"(?:[^"\\]|\\.)*"')
 _ENDS = r"%3D|%253D|%26|%2526|%3F|%253F"  # escaped "=", "&", "?": where a name written in a value ends
 _NAME = re.compile(

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from tokensvc import schemas
 from tokensvc.errors import NotFound
-from tokensvc.handlers.auth import AuthMixin, requires
-from tokensvc.handlers.headers import PRIVATE_HEADERS
-from tokensvc.handlers.json_api import JsonHandler
+from tokensvc.handlers.edge.auth import AuthMixin, requires
+from tokensvc.handlers.edge.headers import PRIVATE_HEADERS
+from tokensvc.handlers.edge.json_handler import JsonHandler
 from tokensvc.oauth import connected_apps, revocation, sessions
 from tokensvc.oauth import principal as principals
 

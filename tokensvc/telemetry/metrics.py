@@ -9,7 +9,7 @@ sockets, the error renderer the store's failures.
 With ``tokensvc serve --processes N`` every process writes its values to files in one
 directory (the library's multiprocess mode) and a scrape of any process reads them all: one
 consistent view. The request metrics, which every request adds to, are plain numbers folded
-into the exposition when it is scraped (:mod:`tokensvc.request_metrics`).
+into the exposition when it is scraped (:mod:`tokensvc.telemetry.request_metrics`).
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Proc
 from prometheus_client import values as prometheus_values
 from prometheus_client.multiprocess import MultiProcessCollector, mark_process_dead
 
-from tokensvc.request_metrics import FILE_PREFIX, RequestCollector, RequestCounts
+from tokensvc.telemetry.request_metrics import FILE_PREFIX, RequestCollector, RequestCounts
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 MULTIPROCESS_ENV = "PROMETHEUS_MULTIPROC_DIR"

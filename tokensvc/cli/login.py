@@ -49,8 +49,8 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, urlencode, urlsplit
 
+from tokensvc.admin.operator import unreachable
 from tokensvc.oauth import confirmation
-from tokensvc.operator import unreachable
 
 ADMIN_URL_ENV = "TOKENSVC_ADMIN_URL"
 TOKEN_ENV = "TOKENSVC_ADMIN_TOKEN"

@@ -4,7 +4,7 @@ file says, computed and checked whole before anything is written.
 A desired state names clients, users and installations by their ids, each with some of its
 fields (the admin API's names): a field left out keeps the value the service holds. The plan
 compares it with the store entry by entry, through the checks the operations that carry it
-out make (:mod:`tokensvc.admin`, the bodies of :mod:`tokensvc.admin_schemas`), so a plan that
+out make (:mod:`tokensvc.admin.actions`, the bodies of :mod:`tokensvc.admin.schemas`), so a plan that
 passes is one those operations accept, short of a change made meanwhile; every problem of
 the whole state is reported at once (422, located at its table, entry and field). Each step
 says what it would do: ``create``, ``update`` (the fields that change, with their values; a
@@ -16,7 +16,7 @@ demotion or new password, its client's loss of ``admin``: ``endsCaller``),
 so that nothing else needs them after it; a state with two such changes is refused.
 
 The plan writes nothing; the command line carries it out step by step through the same
-operations (``tokensvc/cli_admin.py``), so a failure midway is known to the step.
+operations (``tokensvc/cli/admin.py``), so a failure midway is known to the step.
 """
 
 from __future__ import annotations
@@ -27,8 +27,9 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from tokensvc import admin, admin_schemas
-from tokensvc.admin import AdminError, ClientSpec, FileEntries
+from tokensvc.admin import actions as admin
+from tokensvc.admin import schemas as admin_schemas
+from tokensvc.admin.actions import AdminError, ClientSpec, FileEntries
 from tokensvc.errors import ValidationFailed
 from tokensvc.identifiers import username_key
 from tokensvc.oauth import hashing

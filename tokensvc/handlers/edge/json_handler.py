@@ -23,13 +23,13 @@ import tornado.httputil
 from marshmallow import Schema
 
 from tokensvc.errors import NotFound, ValidationFailed
-from tokensvc.handlers import cors
-from tokensvc.handlers.exit import Exit, log_failure
-from tokensvc.handlers.guards import check_xsrf
-from tokensvc.handlers.headers import JSON_HEADERS
-from tokensvc.handlers.inputs import JSON, RequestInput
-from tokensvc.handlers.lifecycle import MAX_BODY_BYTES, dumps
-from tokensvc.handlers.routes import handler_method
+from tokensvc.handlers.edge import cors
+from tokensvc.handlers.edge.exit import Exit, log_failure
+from tokensvc.handlers.edge.guards import check_xsrf
+from tokensvc.handlers.edge.headers import JSON_HEADERS
+from tokensvc.handlers.edge.inputs import JSON, RequestInput
+from tokensvc.handlers.edge.lifecycle import MAX_BODY_BYTES, dumps
+from tokensvc.handlers.edge.routes import handler_method
 from tokensvc.schemas import load
 
 
@@ -43,7 +43,7 @@ class JsonHandler(RequestInput):
     output: ClassVar[str] = JSON
     max_body: ClassVar[int | None] = MAX_BODY_BYTES
     reads_session: ClassVar[bool] = True
-    cors: ClassVar[bool] = False  # whether browser apps of other origins may call it (handlers/cors.py)
+    cors: ClassVar[bool] = False  # whether browser apps of other origins may call it (handlers/edge/cors.py)
     path_schema: ClassVar[Schema | None] = None  # what the path's {name} segments may be (422 otherwise)
 
     def __init__(self, way_out: Exit) -> None:

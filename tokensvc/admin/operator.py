@@ -1,11 +1,11 @@
 """The operator's actions as JSON, in and out: what the admin API answers
-(``tokensvc/handlers/admin_api.py`` calls :class:`Operator`), and what the CLI runs, either
+(``tokensvc/handlers/admin.py`` calls :class:`Operator`), and what the CLI runs, either
 against a running service over its admin API (:class:`RemoteOperator`) or straight against a
 stopped service's store (:class:`Operator`). Both paths run the same bodies through the same
-schemas (``tokensvc/admin_schemas.py``) into the same operations (``tokensvc/admin.py``).
+schemas (``tokensvc/admin/schemas.py``) into the same operations (``tokensvc/admin/actions.py``).
 
-Failures: :class:`~tokensvc.admin.Missing` (404), :class:`~tokensvc.admin.Taken` (409),
-:class:`~tokensvc.admin.AdminError` and :class:`~tokensvc.errors.ValidationFailed` (422), on
+Failures: :class:`~tokensvc.admin.actions.Missing` (404), :class:`~tokensvc.admin.actions.Taken` (409),
+:class:`~tokensvc.admin.actions.AdminError` and :class:`~tokensvc.errors.ValidationFailed` (422), on
 either path: a 422 answer of the admin API is raised as the ValidationFailed it carries.
 """
 
@@ -16,8 +16,10 @@ from collections.abc import Sequence
 from typing import Any, Protocol
 from urllib.parse import quote, urlencode
 
-from tokensvc import admin, admin_schemas, provisioning
-from tokensvc.admin import AdminError, ClientSpec, Missing, Taken
+from tokensvc.admin import actions as admin
+from tokensvc.admin import provisioning
+from tokensvc.admin import schemas as admin_schemas
+from tokensvc.admin.actions import AdminError, ClientSpec, Missing, Taken
 from tokensvc.bootstrap import CLI_CLIENT
 from tokensvc.config import Settings
 from tokensvc.errors import ValidationFailed
@@ -253,7 +255,7 @@ class Operator:
         return counts
 
     async def plan(self, body: Json, acting_user: str | None = None, acting_client: str | None = None) -> Json:
-        """What applying the desired state ``body`` would do (:mod:`tokensvc.provisioning`); the
+        """What applying the desired state ``body`` would do (:mod:`tokensvc.admin.provisioning`); the
         configuration file's entries (the service's own client among them) are neither changed
         nor pruned, nor the caller's user and client pruned."""
         if isinstance(body, dict) and isinstance(body.get("clients"), list):

@@ -14,12 +14,12 @@ from typing import Any, ClassVar, cast
 
 import tornado.web
 
-from tokensvc.handlers.exit import Exit, log_failure
-from tokensvc.handlers.guards import check_xsrf
-from tokensvc.handlers.headers import PAGE_HEADERS, STATIC_HEADERS, safe_location
-from tokensvc.handlers.inputs import HTML, RequestInput
-from tokensvc.handlers.lifecycle import MAX_BODY_BYTES
-from tokensvc.handlers.routes import handler_method
+from tokensvc.handlers.edge.exit import Exit, log_failure
+from tokensvc.handlers.edge.guards import check_xsrf
+from tokensvc.handlers.edge.headers import PAGE_HEADERS, STATIC_HEADERS, safe_location
+from tokensvc.handlers.edge.inputs import HTML, RequestInput
+from tokensvc.handlers.edge.lifecycle import MAX_BODY_BYTES
+from tokensvc.handlers.edge.routes import handler_method
 
 
 class WebHandler(RequestInput, tornado.web.RequestHandler):

@@ -40,17 +40,17 @@ from tornado.httputil import HTTPHeaders, HTTPServerRequest
 from tokensvc import errors
 from tokensvc.config import Settings
 from tokensvc.errors import HTTPAnswer
-from tokensvc.handlers.access_log import log_access
-from tokensvc.handlers.exit import Exit
-from tokensvc.handlers.guards import Hosts
-from tokensvc.handlers.headers import PAGE_HEADERS, safe_location
-from tokensvc.handlers.inputs import HTML, JSON
-from tokensvc.handlers.proxies import ClientAddress
-from tokensvc.handlers.readiness import Readiness
-from tokensvc.handlers.routes import STANDARD_METHODS, Route
-from tokensvc.logs import REQUEST_ID
-from tokensvc.metrics import Metrics
+from tokensvc.handlers.edge.access_log import log_access
+from tokensvc.handlers.edge.exit import Exit
+from tokensvc.handlers.edge.guards import Hosts
+from tokensvc.handlers.edge.headers import PAGE_HEADERS, safe_location
+from tokensvc.handlers.edge.inputs import HTML, JSON
+from tokensvc.handlers.edge.proxies import ClientAddress
+from tokensvc.handlers.edge.readiness import Readiness
+from tokensvc.handlers.edge.routes import STANDARD_METHODS, Route
 from tokensvc.oauth.context import OAuthContext
+from tokensvc.telemetry.logs import REQUEST_ID
+from tokensvc.telemetry.metrics import Metrics
 
 MAX_BODY_BYTES = 64 * 1024
 # A request's target (path and query), and its header fields together, each at most 64 KiB:

@@ -18,7 +18,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from tokensvc.bootstrap import make_store
-from tokensvc.cli_admin import CommandError, StoreFactory, load_settings, table
+from tokensvc.cli.admin import CommandError, StoreFactory, load_settings, table
 from tokensvc.config import Settings
 
 MEMORY = ("the memory backend keeps nothing across a restart: it stores no format, and upgrading it needs no "

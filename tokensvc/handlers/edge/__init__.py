@@ -1,0 +1,1 @@
+"""The web edge's machinery."""
