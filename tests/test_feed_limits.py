@@ -93,6 +93,15 @@ async def read_until_closed(connection):
 # -- the caps -------------------------------------------------------------------------------------
 
 
+def test_the_settings_default_caps_are_the_feeds_own():
+    """The settings import nothing of the protocol: their defaults repeat the feed's, and this
+    holds them together (a context made without settings caps its readers as a service does)."""
+    from tokensvc.config import FeedSettings
+
+    assert (FeedSettings().max_readers, FeedSettings().max_readers_per_client) == (ReaderCaps().per_process,
+                                                                                   ReaderCaps().per_client)
+
+
 def test_seats_count_per_client_and_in_all_and_none_is_given_while_stopping():
     feed = RevocationFeed(RevocationEvents(), caps=ReaderCaps(per_process=3, per_client=2))
     seats = feed.seats

@@ -226,6 +226,31 @@ def test_the_storage_backends_import_the_contract_never_each_other():
                for imported in edges["tokensvc.storage"] | edges["tokensvc.storage.base"])
 
 
+def test_the_configuration_imports_nothing_of_the_protocol():
+    """The settings stand beside the protocol layer, not on it: no module of ``tokensvc.config``
+    imports ``tokensvc.oauth`` (nor the other way round: the protocol loads no configuration),
+    counting the imports a type checker alone runs."""
+    edges = graph(typing_too=True)
+    config = [module for module in edges if within(module, "tokensvc.config")]
+    assert "tokensvc.config.checks" in config and "tokensvc.config.settings" in config
+    assert [(module, imported) for module in config for imported in edges[module]
+            if within(imported, "tokensvc.oauth")] == []
+    assert [(module, imported) for module in edges if within(module, "tokensvc.oauth") for imported in edges[module]
+            if within(imported, "tokensvc.config")] == []
+
+
+# The modules at tokensvc's top, beside its packages (admin, cli, config, handlers, oauth, openapi,
+# resource, storage, telemetry): what every layer shares, and the composition root.
+TOP_MODULES_AT_MOST = 8
+
+
+def test_the_top_level_holds_few_modules_and_the_packages_show_the_layers():
+    top = sorted(path.stem for path in PACKAGE.glob("*.py") if path.stem not in ("__init__", "__main__"))
+    assert len(top) <= TOP_MODULES_AT_MOST, top
+    packages = {path.parent.name for path in PACKAGE.glob("*/__init__.py")}
+    assert {"admin", "cli", "config", "handlers", "oauth", "openapi", "resource", "storage", "telemetry"} <= packages
+
+
 def test_only_the_mongodb_store_imports_the_driver():
     """Everything that imports pymongo (or bson, motor) lives in ``tokensvc.storage.mongo``."""
     drivers = ("pymongo", "bson", "motor")
