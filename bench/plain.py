@@ -27,7 +27,7 @@ from tornado.httputil import HTTPServerRequest
 
 from tokensvc.handlers import feed
 from tokensvc.handlers.edge import access_log
-from tokensvc.handlers.edge.lifecycle import dumps
+from tokensvc.handlers.edge.exit import dumps
 from tokensvc.handlers.edge.routes import Route
 from tokensvc.telemetry import logs, metrics
 

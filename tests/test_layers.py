@@ -170,6 +170,12 @@ def test_no_module_imports_in_a_circle():
     assert circles(graph(typing_too=False)) == []
 
 
+def test_not_even_a_type_checker_goes_round_anywhere():
+    """The web edge too: what every route shares (``Edge``, its renderer) lives beside the
+    exit, so the exit and the lifecycle do not import each other, not even for a type checker."""
+    assert circles(graph(typing_too=True)) == []
+
+
 def test_below_the_web_edge_not_even_a_type_checker_goes_round():
     """The storage, the protocol and every module outside the web edge import in no circle,
     counting the imports a type checker alone runs: a circle of annotations ties the modules
@@ -205,6 +211,52 @@ def layer_of(module: str) -> tuple[int, str] | None:
         return None
     _, index, name = max(entries)
     return index, name
+
+
+# The rest of the house, from the bottom up (ARCHITECTURE.md, Layout): each package stands on
+# the layers above (LAYERS) and on the packages before it here, never on one after it. The
+# library a resource server imports first (it stands on the bottom layer alone); the settings
+# and the schemas; then the metrics; start-up; the operator's work; the OpenAPI documents (the
+# admin API's operations are the operator's); the web edge's machinery, then the endpoints on
+# it; the composition root; the command line, which runs it all.
+HOUSE: tuple[tuple[str, ...], ...] = (
+    ("tokensvc.resource",),
+    ("tokensvc.config", "tokensvc.schemas"),
+    ("tokensvc.telemetry.metrics", "tokensvc.telemetry.request_metrics"),
+    ("tokensvc.bootstrap",),
+    ("tokensvc.admin",),
+    ("tokensvc.openapi",),
+    ("tokensvc.handlers.edge",),
+    ("tokensvc.handlers",),
+    ("tokensvc.app",),
+    ("tokensvc.cli", "tokensvc.__main__"),
+)
+
+
+def house_layer_of(module: str) -> int | None:
+    """The layer of ``module`` in the rest of the house (the longest entry that names it)."""
+    entries = [(len(name), index) for index, names in enumerate(HOUSE) for name in names if within(module, name)]
+    return max(entries)[1] if entries else None
+
+
+def test_every_module_has_its_place():
+    """Each module is placed once: in a layer below the rest of the house or in the house's
+    own order (the packages' own ``__init__`` that import nothing stand outside both)."""
+    edges = graph(typing_too=True)
+    unplaced = [module for module in edges if layer_of(module) is None and house_layer_of(module) is None
+                and (edges[module] or MODULES[module].name != "__init__.py")]
+    twice = [module for module in edges if layer_of(module) is not None and house_layer_of(module) is not None]
+    assert unplaced == [] and twice == []
+
+
+def test_the_rest_of_the_house_imports_down_its_own_order():
+    """The web edge's machinery imports no endpoint, the operator's work no web edge, the
+    settings nothing of what starts the service, and nothing imports the command line."""
+    edges = graph(typing_too=True)
+    assert house_layer_of("tokensvc.handlers.edge.exit") == 6 and house_layer_of("tokensvc.handlers.token") == 7
+    upward = [(module, imported) for module in edges if (mine := house_layer_of(module)) is not None
+              for imported in edges[module] if (theirs := house_layer_of(imported)) is not None and theirs > mine]
+    assert upward == []
 
 
 def test_no_module_imports_a_layer_above_its_own():

@@ -11,11 +11,10 @@ from tornado.httputil import HTTPServerRequest
 
 from tokensvc.bootstrap import make_context
 from tokensvc.config import Settings
-from tokensvc.handlers import admin as admin_api
-from tokensvc.handlers import clients, feed, meta, pages, token, ws
-from tokensvc.handlers import me as api
+from tokensvc.handlers import admin, clients, feed, me, meta, pages, token, ws
+from tokensvc.handlers.edge.exit import Edge
 from tokensvc.handlers.edge.json_handler import NotFoundHandler, serve
-from tokensvc.handlers.edge.lifecycle import MAX_BODY_BYTES, Edge, Lifecycle
+from tokensvc.handlers.edge.lifecycle import MAX_BODY_BYTES, Lifecycle
 from tokensvc.handlers.edge.routes import UNMATCHED, Route
 from tokensvc.handlers.edge.web_handler import StaticFiles
 from tokensvc.oauth.context import OAuthContext
@@ -37,11 +36,11 @@ ROUTES: list[Route] = [Route.of(path, handler) for path, handler in (
     ("/oauth/revocations", feed.RevocationFeedSocket),
     ("/oauth/clients", clients.ClientListHandler),
     ("/oauth/clients/{client_id}", clients.ClientHandler),
-    ("/v1/me", api.MeHandler),
-    ("/v1/me/connected-apps", api.ConnectedAppsHandler),
-    ("/v1/me/connected-apps/{client_id}", api.ConnectedAppHandler),
-    ("/v1/me/sessions", api.SessionsHandler),
-    ("/v1/me/sessions/{session_id}", api.SessionHandler),
+    ("/v1/me", me.MeHandler),
+    ("/v1/me/connected-apps", me.ConnectedAppsHandler),
+    ("/v1/me/connected-apps/{client_id}", me.ConnectedAppHandler),
+    ("/v1/me/sessions", me.SessionsHandler),
+    ("/v1/me/sessions/{session_id}", me.SessionHandler),
     ("/v1/ws", ws.EchoSocket),
     ("/.well-known/oauth-authorization-server", meta.MetadataHandler),
     ("/healthz", meta.HealthHandler),
@@ -56,24 +55,24 @@ ROUTES: list[Route] = [Route.of(path, handler) for path, handler in (
 )]
 # The admin listener's route table: never routed from the public port.
 ADMIN_ROUTES: list[Route] = [Route.of(path, handler) for path, handler in (
-    ("/admin", admin_api.IndexHandler),
-    ("/admin/clients", admin_api.ClientsHandler),
-    ("/admin/clients/{client_id}", admin_api.ClientHandler),
-    ("/admin/clients/{client_id}/secret", admin_api.ClientSecretHandler),
-    ("/admin/users", admin_api.UsersHandler),
-    ("/admin/users/{username}", admin_api.UserHandler),
-    ("/admin/users/{username}/password", admin_api.PasswordHandler),
-    ("/admin/users/{username}/sessions", admin_api.UserSessionsHandler),
-    ("/admin/users/{username}/sessions/{session_id}", admin_api.UserSessionHandler),
-    ("/admin/installations", admin_api.InstallationsHandler),
-    ("/admin/installations/{installation_id}", admin_api.InstallationHandler),
-    ("/admin/grants", admin_api.GrantsHandler),
-    ("/admin/grants/{grant_id}", admin_api.GrantHandler),
-    ("/admin/tokens/revoke", admin_api.TokenRevokeHandler),
-    ("/admin/tokens/introspect", admin_api.TokenIntrospectHandler),
-    ("/admin/purge", admin_api.PurgeHandler),
-    ("/admin/plan", admin_api.PlanHandler),
-    ("/openapi.json", admin_api.AdminOpenAPIHandler),
+    ("/admin", admin.IndexHandler),
+    ("/admin/clients", admin.ClientsHandler),
+    ("/admin/clients/{client_id}", admin.ClientHandler),
+    ("/admin/clients/{client_id}/secret", admin.ClientSecretHandler),
+    ("/admin/users", admin.UsersHandler),
+    ("/admin/users/{username}", admin.UserHandler),
+    ("/admin/users/{username}/password", admin.PasswordHandler),
+    ("/admin/users/{username}/sessions", admin.UserSessionsHandler),
+    ("/admin/users/{username}/sessions/{session_id}", admin.UserSessionHandler),
+    ("/admin/installations", admin.InstallationsHandler),
+    ("/admin/installations/{installation_id}", admin.InstallationHandler),
+    ("/admin/grants", admin.GrantsHandler),
+    ("/admin/grants/{grant_id}", admin.GrantHandler),
+    ("/admin/tokens/revoke", admin.TokenRevokeHandler),
+    ("/admin/tokens/introspect", admin.TokenIntrospectHandler),
+    ("/admin/purge", admin.PurgeHandler),
+    ("/admin/plan", admin.PlanHandler),
+    ("/openapi.json", admin.AdminOpenAPIHandler),
 )]
 # The pages' own files (not API resources: the OpenAPI document leaves them out).
 STATIC_ROUTES = [Route.of("/static/{path}", StaticFiles), Route.of("/favicon.ico", StaticFiles)]

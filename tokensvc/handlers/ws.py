@@ -21,10 +21,10 @@ from tornado.httputil import HTTPServerRequest
 from tokensvc import schemas
 from tokensvc.errors import BadHandshake, BadRequest, UpgradeRequired
 from tokensvc.handlers.edge.auth import AuthMixin
+from tokensvc.handlers.edge.exit import dumps
 from tokensvc.handlers.edge.guards import check_socket_origin
 from tokensvc.handlers.edge.headers import JSON_HEADERS
 from tokensvc.handlers.edge.inputs import JSON
-from tokensvc.handlers.edge.lifecycle import dumps
 from tokensvc.handlers.edge.recheck import Recheck
 from tokensvc.handlers.edge.web_handler import WebHandler
 from tokensvc.oauth import principal as principals

@@ -17,34 +17,44 @@ Whichever way, here and nowhere else a response gets what every response carries
 - for a HEAD, the headers its GET would have, ``Content-Length`` included, and no body;
 
 and, as the response ends, its access line and its count in the request metrics
-(:meth:`.lifecycle.Edge.finished`). A failure is rendered here too (:meth:`Exit.render`: the
-one renderer of each output format, :meth:`.lifecycle.Edge.render`), in the route's shape:
+(:meth:`Edge.finished`). A failure is rendered here too (:meth:`Exit.render`: the
+one renderer of each output format, :meth:`Edge.render`), in the route's shape:
 JSON, or a page.
 """
 
 from __future__ import annotations
 
+import asyncio
+import json
 import logging
+import re
 from collections.abc import Iterable, Mapping
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import tornado.template
 import tornado.web
 from tornado.concurrent import Future
 from tornado.httputil import HTTPConnection, HTTPHeaders, HTTPServerRequest, RequestStartLine, ResponseStartLine
 from tornado.iostream import IOStream
 
 from tokensvc import errors
-from tokensvc.config import STORE_RETRY_AFTER_SECONDS
+from tokensvc.config import STORE_RETRY_AFTER_SECONDS, Settings
 from tokensvc.errors import HTTPAnswer, reason_phrase
-from tokensvc.handlers.edge.access_log import redact
+from tokensvc.handlers.edge.access_log import log_access, redact
+from tokensvc.handlers.edge.guards import Hosts
+from tokensvc.handlers.edge.headers import PAGE_HEADERS, safe_location
+from tokensvc.handlers.edge.inputs import HTML, JSON
+from tokensvc.handlers.edge.proxies import ClientAddress
+from tokensvc.handlers.edge.readiness import Readiness
 from tokensvc.handlers.edge.response_writer import http_date, write_response
+from tokensvc.handlers.edge.routes import STANDARD_METHODS, Route
+from tokensvc.oauth.context import OAuthContext
 from tokensvc.storage.base import StorageError, StoreFault
 from tokensvc.telemetry.metrics import Metrics
 
 if TYPE_CHECKING:
     from tokensvc.handlers.edge.inputs import RequestInput
-    from tokensvc.handlers.edge.lifecycle import Edge
-    from tokensvc.handlers.edge.routes import Route
 
 log = logging.getLogger("tokensvc.handlers.exit")  # the name its lines carry: what log filters select
 
@@ -164,3 +174,122 @@ def log_failure(request: HTTPServerRequest, exc: BaseException, metrics: Metrics
         metrics.store_errors.labels("refused").inc()
     elif not isinstance(exc, (HTTPAnswer, tornado.web.HTTPError)):
         log.error("Uncaught exception %s %s", request.method, redact(request.uri or ""), exc_info=exc_info or exc)
+
+
+# -- the answer's JSON text ---------------------------------------------------------------------
+
+
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def dumps(body: Any) -> str:
+    """A response body as compact JSON, non-ASCII characters kept as they are. A body holding
+    a lone surrogate (no text, which UTF-8 does not encode) is written all in ASCII, escapes
+    and all: an answer must encode whatever it echoes, or no answer is sent."""
+    text = json.dumps(body, separators=(",", ":"), ensure_ascii=False)
+    return json.dumps(body, separators=(",", ":")) if _SURROGATE.search(text) else text
+
+
+# -- what every route shares ---------------------------------------------------------------------
+
+
+class Edge:
+    """What every route shares: the protocol context, the settings, the metrics, the route
+    table, and the one renderer of each output format; ``admin``: the admin listener's."""
+
+    def __init__(self, ctx: OAuthContext, config: Settings, routes: list[Route], template_path: Path,
+                 static_settings: dict[str, Any], static_files: type[tornado.web.StaticFileHandler],
+                 admin: bool = False) -> None:
+        if not isinstance(ctx.metrics, Metrics):  # the protocol sees an interface; the edge needs the registry
+            raise TypeError("a service's context reports to its Metrics (bootstrap.make_context)")
+        self.ctx, self.config, self.metrics = ctx, config, ctx.metrics
+        self.routes = routes  # the route table
+        self.templates = tornado.template.Loader(str(template_path))
+        self.hosts = Hosts(config, admin=admin)  # the admin listener answers its own address too
+        proxy = config.proxy
+        self.client_address = ClientAddress(config.xheaders, proxy.trusted_hops, proxy.trusted_networks,
+                                            proxy.real_ip_header)
+        self._static_settings, self._static_files = static_settings, static_files
+        self.in_flight = 0  # requests whose body is in and whose answer is not yet written
+        self.readiness = Readiness(ctx.store)
+        # This application's OpenAPI document, built at its first request: its server URL is
+        # this application's own (two applications in one process publish their own).
+        self.openapi_document: bytes | None = None
+
+    async def drained(self, poll_seconds: float = 0.05) -> None:
+        """Return once no request is in flight (a graceful stop waits for it, with a deadline)."""
+        while self.in_flight > 0:
+            await asyncio.sleep(poll_seconds)
+
+    def static_url(self, path: str) -> str:
+        return self._static_files.make_static_url(self._static_settings, path)
+
+    def page(self, template: str, **namespace: Any) -> bytes:
+        """A page made from ``template``, outside any handler (the error page)."""
+        return self.templates.load(template).generate(static_url=self.static_url,
+                                                      service_name=self.config.service_name, **namespace)
+
+    def render(self, answer: HTTPAnswer, output: str, headers: dict[str, str],
+               request: HTTPServerRequest | None = None) -> tuple[int, dict[str, str], dict[str, str], bytes]:
+        """``(status, base, extra, body)`` of ``answer`` in ``output``: the route's ``headers``
+        (or the pages' ones) as ``base``, and over them ``extra``, the answer's own.
+        A browser that navigated to a JSON route's address (the 404 of a mistyped one, a 405, a
+        5xx) gets the error page rather than JSON; an API caller keeps its JSON."""
+        status = answer.status_code
+        if output == JSON and request is not None and (status in (404, 405) or status >= 500) and navigation(request):
+            output, headers = HTML, PAGE_HEADERS
+        extra = answer.headers()
+        if "Location" in extra:
+            extra["Location"] = safe_location(extra["Location"])
+        body = answer.body()
+        if body is None:
+            return status, headers, extra, b""
+        if output == HTML:
+            extra["Content-Type"] = "text/html; charset=UTF-8"
+            return status, headers, extra, self.page("error.html", title=answer.title, message=answer.message,
+                                                     status=status)
+        extra["Content-Type"] = "application/json"
+        return status, headers, extra, dumps(body).encode("utf-8")
+
+    def finished(self, request: HTTPServerRequest, route: str, status: int, client_id: str | None,
+                 error: str | None) -> None:
+        """The request is answered (its exit calls this as the response ends): its access line,
+        and its count in the metrics."""
+        self.in_flight = max(0, self.in_flight - 1)
+        seconds = request.request_time()
+        log_access(status, request, client_id, error, route, seconds)
+        method = request.method if request.method in STANDARD_METHODS else "other"
+        self.metrics.request(route, method, status, seconds)
+
+
+def navigation(request: HTTPServerRequest) -> bool:
+    """Whether a browser is opening ``request``'s address as a page (not an app's fetch): a
+    GET whose ``Accept`` ranks ``text/html`` above JSON by their q-values (RFC 9110 §12.5.1)."""
+    headers = request.headers
+    if request.method not in ("GET", "HEAD") or headers.get("Sec-Fetch-Mode", "navigate") != "navigate":
+        return False
+    accept = headers.get("Accept", "")
+    return quality(accept, "text/html") > quality(accept, "application/json")
+
+
+def quality(accept: str, media_type: str) -> float:
+    """The q-value ``accept`` gives ``media_type``: that of its most specific matching range
+    (``type/subtype`` over ``type/*`` over ``*/*``); 0 when none matches."""
+    kind = media_type.split("/", 1)[0]
+    best, found = -1, 0.0
+    for item in accept.split(","):
+        media_range, *parameters = (part.strip() for part in item.split(";"))
+        media_range = media_range.lower()
+        specificity = {media_type: 2, f"{kind}/*": 1, "*/*": 0}.get(media_range, -1)
+        if specificity <= best:
+            continue
+        q = 1.0
+        for parameter in parameters:
+            name, _, value = parameter.partition("=")
+            if name.strip().lower() == "q":
+                try:
+                    q = min(max(float(value), 0.0), 1.0)
+                except ValueError:
+                    q = 0.0
+        best, found = specificity, q
+    return found

@@ -21,7 +21,7 @@ JSON, HTML = "json", "html"  # the two output formats
 
 class RequestInput:
     """What every handler is to the request lifecycle, whichever adapter it is built on
-    (:class:`.json_api.JsonHandler`, :class:`.web.WebHandler`), and how it reads its request."""
+    (:class:`.json_handler.JsonHandler`, :class:`.web_handler.WebHandler`), and how it reads its request."""
 
     request: tornado.httputil.HTTPServerRequest
     ctx: OAuthContext

@@ -24,11 +24,11 @@ from marshmallow import Schema
 
 from tokensvc.errors import NotFound, ValidationFailed
 from tokensvc.handlers.edge import cors
-from tokensvc.handlers.edge.exit import Exit, log_failure
+from tokensvc.handlers.edge.exit import Exit, dumps, log_failure
 from tokensvc.handlers.edge.guards import check_xsrf
 from tokensvc.handlers.edge.headers import JSON_HEADERS
 from tokensvc.handlers.edge.inputs import JSON, RequestInput
-from tokensvc.handlers.edge.lifecycle import MAX_BODY_BYTES, dumps
+from tokensvc.handlers.edge.lifecycle import MAX_BODY_BYTES
 from tokensvc.handlers.edge.routes import handler_method
 from tokensvc.schemas import load
 

@@ -11,25 +11,22 @@ through its :class:`~.exit.Exit`. In order:
    (:mod:`.routes`): any other method is 405 with ``Allow``; HEAD is served wherever GET is;
 3. the body is counted here, not by Tornado (whose own limit answers a bare 400 before any
    route is asked): past the route's limit the answer is 413 in the route's shape;
-4. the route's handler runs, through one of two thin adapters: :class:`.json_api.JsonHandler`
-   for the JSON routes, :class:`.web.WebHandler` (Tornado's ``RequestHandler``) for pages, the
+4. the route's handler runs, through one of two thin adapters: :class:`.json_handler.JsonHandler`
+   for the JSON routes, :class:`.web_handler.WebHandler` (Tornado's ``RequestHandler``) for pages, the
    socket and static files. Before an unsafe request is served, :func:`.guards.check_xsrf`
    decides whether it must prove it came from this service's pages, and checks it;
 5. the answer leaves through the request's :class:`~.exit.Exit`, the one exit: a failure
    rendered there as an :class:`~tokensvc.errors.HTTPAnswer` once per output format
-   (:meth:`Edge.render`: JSON or an HTML page); every response given what every response
+   (:meth:`.exit.Edge.render`: JSON or an HTML page); every response given what every response
    carries (the format's security headers, the request id, ``Date``); its access line written
-   and its metrics counted as it ends (:meth:`Edge.finished`).
+   and its metrics counted as it ends (:meth:`.exit.Edge.finished`).
 """
 
 from __future__ import annotations
 
-import asyncio
-import json
 import random
 import re
 import sys
-from pathlib import Path
 from typing import Any, Protocol
 
 import tornado.httputil
@@ -38,19 +35,10 @@ import tornado.web
 from tornado.httputil import HTTPHeaders, HTTPServerRequest
 
 from tokensvc import errors
-from tokensvc.config import Settings
 from tokensvc.errors import HTTPAnswer
-from tokensvc.handlers.edge.access_log import log_access
-from tokensvc.handlers.edge.exit import Exit
-from tokensvc.handlers.edge.guards import Hosts
-from tokensvc.handlers.edge.headers import PAGE_HEADERS, safe_location
-from tokensvc.handlers.edge.inputs import HTML, JSON
-from tokensvc.handlers.edge.proxies import ClientAddress
-from tokensvc.handlers.edge.readiness import Readiness
-from tokensvc.handlers.edge.routes import STANDARD_METHODS, Route
-from tokensvc.oauth.context import OAuthContext
+from tokensvc.handlers.edge.exit import Edge, Exit
+from tokensvc.handlers.edge.routes import Route
 from tokensvc.telemetry.logs import REQUEST_ID
-from tokensvc.telemetry.metrics import Metrics
 
 MAX_BODY_BYTES = 64 * 1024
 # A request's target (path and query), and its header fields together, each at most 64 KiB:
@@ -60,17 +48,6 @@ MAX_BODY_BYTES = 64 * 1024
 MAX_TARGET_BYTES = 64 * 1024
 MAX_HEADER_FIELD_BYTES = 64 * 1024
 READ_HEAD_BYTES = 1024 * 1024
-
-
-_SURROGATE = re.compile("[\ud800-\udfff]")
-
-
-def dumps(body: Any) -> str:
-    """A response body as compact JSON, non-ASCII characters kept as they are. A body holding
-    a lone surrogate (no text, which UTF-8 does not encode) is written all in ASCII, escapes
-    and all: an answer must encode whatever it echoes, or no answer is sent."""
-    text = json.dumps(body, separators=(",", ":"), ensure_ascii=False)
-    return json.dumps(body, separators=(",", ":")) if _SURROGATE.search(text) else text
 
 
 # -- the request's id -------------------------------------------------------------------------
@@ -88,111 +65,6 @@ def request_id_for(request: HTTPServerRequest) -> str:
     if incoming is not None and _REQUEST_ID.fullmatch(incoming):
         return incoming
     return f"{random.getrandbits(64):016x}"
-
-
-# -- what every route shares ---------------------------------------------------------------------
-
-
-class Edge:
-    """What every route shares: the protocol context, the settings, the metrics, the route
-    table, and the one renderer of each output format; ``admin``: the admin listener's."""
-
-    def __init__(self, ctx: OAuthContext, config: Settings, routes: list[Route], template_path: Path,
-                 static_settings: dict[str, Any], static_files: type[tornado.web.StaticFileHandler],
-                 admin: bool = False) -> None:
-        if not isinstance(ctx.metrics, Metrics):  # the protocol sees an interface; the edge needs the registry
-            raise TypeError("a service's context reports to its Metrics (bootstrap.make_context)")
-        self.ctx, self.config, self.metrics = ctx, config, ctx.metrics
-        self.routes = routes  # the route table
-        self.templates = tornado.template.Loader(str(template_path))
-        self.hosts = Hosts(config, admin=admin)  # the admin listener answers its own address too
-        proxy = config.proxy
-        self.client_address = ClientAddress(config.xheaders, proxy.trusted_hops, proxy.trusted_networks,
-                                            proxy.real_ip_header)
-        self._static_settings, self._static_files = static_settings, static_files
-        self.in_flight = 0  # requests whose body is in and whose answer is not yet written
-        self.readiness = Readiness(ctx.store)
-        # This application's OpenAPI document, built at its first request: its server URL is
-        # this application's own (two applications in one process publish their own).
-        self.openapi_document: bytes | None = None
-
-    async def drained(self, poll_seconds: float = 0.05) -> None:
-        """Return once no request is in flight (a graceful stop waits for it, with a deadline)."""
-        while self.in_flight > 0:
-            await asyncio.sleep(poll_seconds)
-
-    def static_url(self, path: str) -> str:
-        return self._static_files.make_static_url(self._static_settings, path)
-
-    def page(self, template: str, **namespace: Any) -> bytes:
-        """A page made from ``template``, outside any handler (the error page)."""
-        return self.templates.load(template).generate(static_url=self.static_url,
-                                                      service_name=self.config.service_name, **namespace)
-
-    def render(self, answer: HTTPAnswer, output: str, headers: dict[str, str],
-               request: HTTPServerRequest | None = None) -> tuple[int, dict[str, str], dict[str, str], bytes]:
-        """``(status, base, extra, body)`` of ``answer`` in ``output``: the route's ``headers``
-        (or the pages' ones) as ``base``, and over them ``extra``, the answer's own.
-        A browser that navigated to a JSON route's address (the 404 of a mistyped one, a 405, a
-        5xx) gets the error page rather than JSON; an API caller keeps its JSON."""
-        status = answer.status_code
-        if output == JSON and request is not None and (status in (404, 405) or status >= 500) and navigation(request):
-            output, headers = HTML, PAGE_HEADERS
-        extra = answer.headers()
-        if "Location" in extra:
-            extra["Location"] = safe_location(extra["Location"])
-        body = answer.body()
-        if body is None:
-            return status, headers, extra, b""
-        if output == HTML:
-            extra["Content-Type"] = "text/html; charset=UTF-8"
-            return status, headers, extra, self.page("error.html", title=answer.title, message=answer.message,
-                                                     status=status)
-        extra["Content-Type"] = "application/json"
-        return status, headers, extra, dumps(body).encode("utf-8")
-
-    def finished(self, request: HTTPServerRequest, route: str, status: int, client_id: str | None,
-                 error: str | None) -> None:
-        """The request is answered (its exit calls this as the response ends): its access line,
-        and its count in the metrics."""
-        self.in_flight = max(0, self.in_flight - 1)
-        seconds = request.request_time()
-        log_access(status, request, client_id, error, route, seconds)
-        method = request.method if request.method in STANDARD_METHODS else "other"
-        self.metrics.request(route, method, status, seconds)
-
-
-def navigation(request: HTTPServerRequest) -> bool:
-    """Whether a browser is opening ``request``'s address as a page (not an app's fetch): a
-    GET whose ``Accept`` ranks ``text/html`` above JSON by their q-values (RFC 9110 §12.5.1)."""
-    headers = request.headers
-    if request.method not in ("GET", "HEAD") or headers.get("Sec-Fetch-Mode", "navigate") != "navigate":
-        return False
-    accept = headers.get("Accept", "")
-    return quality(accept, "text/html") > quality(accept, "application/json")
-
-
-def quality(accept: str, media_type: str) -> float:
-    """The q-value ``accept`` gives ``media_type``: that of its most specific matching range
-    (``type/subtype`` over ``type/*`` over ``*/*``); 0 when none matches."""
-    kind = media_type.split("/", 1)[0]
-    best, found = -1, 0.0
-    for item in accept.split(","):
-        media_range, *parameters = (part.strip() for part in item.split(";"))
-        media_range = media_range.lower()
-        specificity = {media_type: 2, f"{kind}/*": 1, "*/*": 0}.get(media_range, -1)
-        if specificity <= best:
-            continue
-        q = 1.0
-        for parameter in parameters:
-            name, _, value = parameter.partition("=")
-            if name.strip().lower() == "q":
-                try:
-                    q = min(max(float(value), 0.0), 1.0)
-                except ValueError:
-                    q = 0.0
-        best, found = specificity, q
-    return found
 
 
 class Start(Protocol):
