@@ -361,3 +361,49 @@ def test_each_protocol_function_asks_storage_for_the_concern_it_uses():
                         asked.add(annotation)
     assert whole == []
     assert {"Registry", "Authorizations", "Housekeeping", "RegistryAndAuthorizations"} <= asked
+
+
+# -- the handlers' one vocabulary -----------------------------------------------------------------
+
+ENDPOINTS = [name for name in MODULES if within(name, "tokensvc.handlers")
+             and not within(name, "tokensvc.handlers.edge") and name != "tokensvc.handlers"]
+
+
+def test_the_decisions_a_handler_class_carries_are_listed_in_one_place():
+    """Every class attribute that carries a security decision is named in the handlers' base
+    and in CONTRIBUTING.md, and each attribute of the bases an endpoint sets is one of them."""
+    from tokensvc.handlers.edge.auth import AuthMixin
+    from tokensvc.handlers.edge.inputs import SECURITY_ATTRIBUTES, RequestInput
+    from tokensvc.handlers.edge.json_handler import JsonHandler
+    from tokensvc.handlers.edge.web_handler import WebHandler
+
+    contributing = (PACKAGE.parent / "CONTRIBUTING.md").read_text()
+    bases = (RequestInput, JsonHandler, WebHandler, AuthMixin)
+    for name in SECURITY_ATTRIBUTES:
+        assert f"``{name}``" in (RequestInput.__doc__ or "") and f"`{name}`" in contributing, name
+        assert any(hasattr(base, name) for base in bases), name
+    set_by_endpoints = set()
+    for module in ENDPOINTS:
+        for node in ast.walk(ast.parse(MODULES[module].read_text())):
+            if isinstance(node, ast.ClassDef):
+                for statement in node.body:
+                    targets = statement.targets if isinstance(statement, ast.Assign) else \
+                        [statement.target] if isinstance(statement, ast.AnnAssign) else []
+                    set_by_endpoints |= {target.id for target in targets if isinstance(target, ast.Name)}
+    overridden = {name for name in set_by_endpoints if any(hasattr(base, name) for base in bases)}
+    assert {"cors", "reads_session", "default_headers", "max_body", "accept_query_token"} <= overridden
+    assert overridden <= set(SECURITY_ATTRIBUTES), overridden - set(SECURITY_ATTRIBUTES)
+
+
+def test_no_endpoint_writes_through_tornado():
+    """An endpoint answers whole (``send_json``, ``send``, ``render``, ``redirect``) or raises;
+    Tornado's ``write``, ``flush`` and ``finish`` are the adapters' alone."""
+    assert "tokensvc.handlers.token" in ENDPOINTS and "tokensvc.handlers.pages" in ENDPOINTS
+    written = []
+    for module in ENDPOINTS:
+        for node in ast.walk(ast.parse(MODULES[module].read_text())):
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) \
+                    and isinstance(node.func.value, ast.Name) and node.func.value.id == "self" \
+                    and node.func.attr in ("write", "flush", "finish"):
+                written.append((module, node.func.attr))
+    assert written == []

@@ -17,11 +17,46 @@ from tokensvc.oauth.context import OAuthContext
 from tokensvc.oauth.errors import InvalidRequest
 
 JSON, HTML = "json", "html"  # the two output formats
+# The class attributes that carry a handler's security decisions (RequestInput's table).
+SECURITY_ATTRIBUTES = ("default_headers", "output", "max_body", "reads_session", "bearer_replaces_cookie", "cors",
+                       "path_schema", "accept_query_token")
 
 
 class RequestInput:
     """What every handler is to the request lifecycle, whichever adapter it is built on
-    (:class:`.json_handler.JsonHandler`, :class:`.web_handler.WebHandler`), and how it reads its request."""
+    (:class:`.json_handler.JsonHandler`, :class:`.web_handler.WebHandler`), and how it reads its
+    request.
+
+    **The decisions a handler class carries.** Each is a class attribute that the edge reads
+    for every request of the route; a subclass changes one only where its route needs it
+    (:data:`SECURITY_ATTRIBUTES`, CONTRIBUTING.md holds the same table):
+
+    - ``default_headers`` (the format's: ``JSON_HEADERS``, ``PAGE_HEADERS``): the security and
+      caching headers of every answer, errors included (:mod:`.headers`);
+    - ``output`` (``JSON`` or ``HTML``): the shape of a refusal, JSON or the error page;
+    - ``max_body`` (``MAX_BODY_BYTES``): a larger body is 413; None: the body is never read;
+    - ``reads_session`` (True): the session cookie may authorize it, so an unsafe request
+      proves it came from the service's pages (XSRF, :mod:`.guards`);
+    - ``bearer_replaces_cookie`` (False; True with :class:`.auth.AuthMixin`): an
+      ``Authorization`` header takes the cookie's place, and needs no XSRF proof;
+    - ``cors`` (False): browser apps of other origins may call it (:mod:`.cors`), and OPTIONS
+      is answered;
+    - ``path_schema`` (None; :class:`.json_handler.JsonHandler`): what the path's ``{name}``
+      segments may be (422 otherwise);
+    - ``accept_query_token`` (False; :class:`.auth.AuthMixin`): a WebSocket's ``access_token``
+      query parameter authenticates (RFC 6750 §2.3).
+
+    Two decisions are not attributes: which listener serves a route is the route table it is in
+    (``app.ROUTES`` or the admin listener's ``app.ADMIN_ROUTES``), and which scope a method
+    needs is its ``@requires(scope)`` (:mod:`.auth`).
+
+    **One way to answer.** A handler answers once, with a whole answer: a JSON route with
+    ``send_json(body, status)`` (or ``send`` for bytes of another type), a page with ``render``
+    or ``redirect`` (after ``set_status`` or ``set_header`` where it needs them); a refusal is
+    raised as an :class:`~tokensvc.errors.HTTPAnswer`, which the exit renders in the route's
+    shape. No endpoint calls Tornado's ``write``, ``flush`` or ``finish``: those are the
+    adapters' own, and every answer leaves through the request's exit (:mod:`.exit`).
+    """
 
     request: tornado.httputil.HTTPServerRequest
     ctx: OAuthContext
@@ -33,6 +68,7 @@ class RequestInput:
     # Whether an Authorization header takes the cookie's place (the /v1 API's bearer tokens):
     # only then does a request with one need no XSRF token, cookie or not.
     bearer_replaces_cookie: ClassVar[bool] = False
+    cors: ClassVar[bool] = False  # whether browser apps of other origins may call it (handlers/edge/cors.py)
     log_client_id: str | None = None  # the client the access line names, once known
 
     def logged_client_id(self) -> str | None:

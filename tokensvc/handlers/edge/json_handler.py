@@ -43,7 +43,6 @@ class JsonHandler(RequestInput):
     output: ClassVar[str] = JSON
     max_body: ClassVar[int | None] = MAX_BODY_BYTES
     reads_session: ClassVar[bool] = True
-    cors: ClassVar[bool] = False  # whether browser apps of other origins may call it (handlers/edge/cors.py)
     path_schema: ClassVar[Schema | None] = None  # what the path's {name} segments may be (422 otherwise)
 
     def __init__(self, way_out: Exit) -> None:
