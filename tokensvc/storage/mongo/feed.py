@@ -49,7 +49,7 @@ WATCHED: dict[str, dict[str, str]] = {
 }
 # The one collection whose inserted documents are revocations: a removal's first mark is an
 # upsert that makes its document. Elsewhere an insert is a new record or a copy (the move of
-# a revoked family or an ended session to format 2, storage/hashes.py), never a revocation.
+# a revoked family or an ended session to format 2, storage/mongo/hashes.py), never a revocation.
 INSERTED = "removed_clients"
 # "$changeStream is only supported on replica sets", and kin: poll instead.
 NO_CHANGE_STREAMS = frozenset({40573, 40324, 136})
