@@ -25,9 +25,7 @@ from tokensvc.config.settings import (
     ConfigError,
     Settings,
 )
-from tokensvc.identifiers import (
-    scope_problem,
-)
+from tokensvc.identifiers import scope_problem
 
 
 def read_file(path: str | os.PathLike[str]) -> dict[str, Any]:

@@ -12,9 +12,7 @@ from typing import Any
 from tokensvc.config.checks import check_url
 from tokensvc.config.reading import Problems
 from tokensvc.config.settings import STORE_RETRY_AFTER_SECONDS, Settings, StorageSettings
-from tokensvc.identifiers import (
-    served_here,
-)
+from tokensvc.identifiers import served_here
 
 
 def listen_url(host: str, port: int) -> str:

@@ -8,9 +8,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
-from tokensvc.identifiers import (
-    DEFAULT_KINDS,
-)
+from tokensvc.identifiers import DEFAULT_KINDS
 from tokensvc.records import CLIENT_KIND
 
 ENV_PREFIX = "TOKENSVC_"
