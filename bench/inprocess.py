@@ -72,10 +72,10 @@ from hello import FloorHandler, MainHandler
 from seeded import CLIENT_SECRET, REDIRECT, VERIFIER, fill, settings
 from variants import VARIANTS, Variant
 
-from tokensvc import logs
 from tokensvc.app import make_app
 from tokensvc.bootstrap import make_context, seed
 from tokensvc.storage.memory import MemoryStore
+from tokensvc.telemetry import logs
 
 OPERATIONS = ("introspect", "me", "exchange", "refresh", "client")
 FLOOR = "floor"

@@ -25,10 +25,11 @@ import tornado.websocket
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from tornado.httputil import HTTPServerRequest
 
-from tokensvc import logs, metrics
-from tokensvc.handlers import access_log, feed
-from tokensvc.handlers.lifecycle import dumps
-from tokensvc.handlers.routes import Route
+from tokensvc.handlers import feed
+from tokensvc.handlers.edge import access_log
+from tokensvc.handlers.edge.exit import dumps
+from tokensvc.handlers.edge.routes import Route
+from tokensvc.telemetry import logs, metrics
 
 
 def log_access(status: int, request: HTTPServerRequest, client_id: str | None, error: str | None = None,

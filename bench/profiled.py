@@ -40,8 +40,8 @@ PARTS = [
     ("  · the response writer (the send included)", "response_writer.py", "write_response"),
     ("  · the access line and the metrics (Edge.finished)", "lifecycle.py", "finished"),
     ("    · the access line", "access_log.py", "log_access"),
-    ("    · the request metrics", "metrics.py", "request"),
-    ("the log lines' write, once per loop iteration", "logs.py", "flush_now"),
+    ("    · the request metrics", "telemetry/metrics.py", "request"),
+    ("the log lines' write, once per loop iteration", "telemetry/logs.py", "flush_now"),
 ]
 
 

@@ -20,7 +20,6 @@ from pathlib import Path
 import tornado.httpserver
 
 from tokensvc import config as config_module
-from tokensvc import logs
 from tokensvc.app import make_app
 from tokensvc.bootstrap import make_context, seed
 from tokensvc.oauth import hashing, pkce
@@ -28,6 +27,7 @@ from tokensvc.oauth import tokens as token_format
 from tokensvc.oauth.context import OAuthContext
 from tokensvc.records import AuthorizationCode, Family, Grant, Subject, User, utcnow
 from tokensvc.storage.memory import MemoryStore
+from tokensvc.telemetry import logs
 
 CLIENT_SECRET = "bench-client-secret-0123456789abcdef"
 REDIRECT = "http://127.0.0.1:1/cb"
@@ -52,7 +52,7 @@ def settings(port: int) -> config_module.Settings:
         "tokens": {"access_ttl": 86400, "code_ttl": 3600},
         "clients": [{"client_id": "bench", "name": "Bench", "redirect_uris": [REDIRECT], "first_party": True,
                      "client_secret": CLIENT_SECRET, "allowed_scopes": ["read", "write"]}],
-        "users": [{"username": "bench-user", "password": "bench-password-1"}],
+        "users": [{"username": "bench-user", "password": "amber-lantern-quietly-7"}],
     })
 
 

@@ -5,7 +5,7 @@ A twin runs the same endpoint code (the same class, the same request lifecycle: 
 table, body limit, request id, XSRF rule, renderer, exit and access line) but is served the way
 pages are: Tornado's ``RequestHandler`` with its own body parsing, dispatch, error handling and
 response writing (through the exit's ``write_headers``), instead of
-:class:`tokensvc.handlers.json_api.JsonHandler`'s whole answers.
+:class:`tokensvc.handlers.edge.json_handler.JsonHandler`'s whole answers.
 """
 
 from __future__ import annotations
@@ -15,9 +15,9 @@ from typing import Any
 import tornado.web
 
 from tokensvc.app import ROUTES
-from tokensvc.handlers.json_api import JsonHandler
-from tokensvc.handlers.routes import Route
-from tokensvc.handlers.web import WebHandler
+from tokensvc.handlers.edge.json_handler import JsonHandler
+from tokensvc.handlers.edge.routes import Route
+from tokensvc.handlers.edge.web_handler import WebHandler
 
 
 class Twin:

@@ -13,9 +13,9 @@ import plain
 import tornado.iostream
 import twin
 
-from tokensvc import metrics
 from tokensvc.app import ROUTES
-from tokensvc.handlers import lifecycle, response_writer
+from tokensvc.handlers.edge import lifecycle, response_writer
+from tokensvc.telemetry import metrics
 
 
 def _quiet_access(*args: object, **kwargs: object) -> None:

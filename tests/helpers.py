@@ -197,7 +197,7 @@ def serve_refusal(settings: Any, seconds: float = 20.0) -> str:
 
     import pytest
 
-    from tokensvc import cli
+    from tokensvc.cli import main as cli
 
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -256,7 +256,7 @@ def confirmation_shown(html: str) -> str | None:
 @dataclass
 class Browser:
     """Drives the HTML side of the service the way a user agent does; with the service's
-    ``clock``, a person who reads a page before answering it (handlers/pace.py)."""
+    ``clock``, a person who reads a page before answering it (handlers/edge/pace.py)."""
 
     client: AsyncHTTPClient
     base_url: str
@@ -312,7 +312,7 @@ class Browser:
 
     async def decide(self, consent_page: HTTPResponse, decision: str) -> HTTPResponse:
         """Answer a page where the user decides, once it was shown long enough to be read."""
-        from tokensvc.handlers import pace
+        from tokensvc.handlers.edge import pace
 
         fields = self.form_fields(consent_page.body.decode())
         fields["decision"] = decision

@@ -256,9 +256,9 @@ def hidden_fields(html: str) -> dict[str, str]:
 
 def answer_when_read(agent: requests.Session, url: str, page: str, decision: str = "allow") -> requests.Response:
     """Answer a page where the user decides (POST ``url``) as a person does: once it has been
-    shown long enough to be read, which the service asks of an "allow" (handlers/pace.py). The
+    shown long enough to be read, which the service asks of an "allow" (handlers/edge/pace.py). The
     moment comes from the page's own form, by this host's clock, the service's."""
-    from tokensvc.handlers import pace
+    from tokensvc.handlers.edge import pace
 
     form = {**hidden_fields(page), "decision": decision}
     if pace.FIELD in form:  # (a release before it has none)

@@ -10,8 +10,8 @@ import sys
 import time
 from pathlib import Path
 
-from tokensvc import logs
-from tokensvc.supervisor import Supervisor
+from tokensvc.cli.supervisor import Supervisor
+from tokensvc.telemetry import logs
 
 
 def wait_for_sigterm(directory: Path, slot: int) -> None:

@@ -13,8 +13,8 @@ import time
 import pytest
 from tornado.httputil import HTTPHeaders, HTTPServerRequest, RequestStartLine
 
-from tokensvc import logs
-from tokensvc.handlers.access_log import log_access
+from tokensvc.handlers.edge.access_log import log_access
+from tokensvc.telemetry import logs
 
 NOW = 1795617329.0421  # 2026-11-25T14:35:29.042Z
 

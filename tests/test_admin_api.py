@@ -22,7 +22,7 @@ from helpers import (
     json_of,
 )
 
-from tokensvc import admin_schemas
+from tokensvc.admin import schemas as admin_schemas
 from tokensvc.app import ADMIN_ROUTES, make_admin_app
 from tokensvc.bootstrap import seed
 from tokensvc.oauth import hashing, introspection, sessions
@@ -111,7 +111,7 @@ async def test_no_control_character_or_blank_name_gets_into_a_client(call, field
 
 
 def operations_with_a_body() -> list[tuple[str, str]]:
-    from tokensvc import openapi
+    from tokensvc.openapi import document as openapi
 
     paths = openapi.build(ADMIN_ROUTES, "http://127.0.0.1", admin=True)["paths"]
     return [(path, method.upper()) for path, item in sorted(paths.items()) for method, operation in sorted(item.items())
@@ -554,7 +554,8 @@ async def test_sessions_listed_and_ended(call, ctx, store):
 async def test_a_session_id_follows_one_rule_in_both_apis(call):
     """A session's id is 24 hex digits at the admin API as at /v1/me/sessions/{session_id} (one
     schema): any other is 422 at the path, never a 404 at one and a 422 at the other."""
-    from tokensvc.handlers import admin_api, api
+    from tokensvc.handlers import admin as admin_api
+    from tokensvc.handlers import me as api
 
     assert admin_api.UserSessionHandler.path_schema is api.SessionHandler.path_schema
     for session_id in ("xyz", "0" * 23, "A" * 24):

@@ -26,8 +26,9 @@ import requests
 from authlib.integrations.requests_client import OAuth2Session
 from service import free_port, start_service, user_agent_authorize
 
-from tokensvc import cli, config
+from tokensvc import config
 from tokensvc.app import ADMIN_ROUTES
+from tokensvc.cli import main as cli
 
 pytestmark = pytest.mark.e2e
 

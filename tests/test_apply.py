@@ -27,8 +27,8 @@ from test_admin_cli import (  # noqa: F401 - fixtures among them
 )
 from test_cli import config_path, mongo, run  # noqa: F401 - fixtures
 
-from tokensvc import cli
 from tokensvc import config as config_module
+from tokensvc.cli import main as cli
 from tokensvc.oauth import hashing
 from tokensvc.storage.base import StorageError
 from tokensvc.storage.mongo import MongoStore
@@ -97,7 +97,7 @@ def test_a_secret_is_hashed_before_it_leaves_the_command_line(run, mongo, tmp_pa
 
     monkeypatch.setattr(MongoStore, "add_client", recording)  # a registration's write
     plans = []
-    from tokensvc import operator
+    from tokensvc.admin import operator
 
     original_plan = operator.Operator.plan
 

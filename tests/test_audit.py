@@ -7,7 +7,7 @@ import sys
 import pytest
 from helpers import SKY_REDIRECT, WEBAPP_REDIRECT, WEBAPP_SECRET, basic, exchange, json_of, post_form
 
-from tokensvc.logs import JsonFormatter, TextFormatter
+from tokensvc.telemetry.logs import JsonFormatter, TextFormatter
 
 
 def audit_events(caplog):

@@ -8,6 +8,7 @@ from urllib.parse import urlencode, urlsplit
 import pytest
 from helpers import CHALLENGE, NODE_REDIRECT, SKY_REDIRECT, WEBAPP_REDIRECT, another_confirmation, query_of
 
+import tokensvc
 from tokensvc.oauth import hashing
 
 
@@ -535,7 +536,7 @@ async def test_an_allow_sooner_than_a_person_reads_is_taken_for_none(browser, cl
     lands on its button a fraction of a second after it was rendered. The server takes such an
     "allow" for no decision: the page again, saying why, and no code; the same page answered
     once it could be read is answered. Deny is taken at once (it grants nothing)."""
-    from tokensvc.handlers import pace
+    from tokensvc.handlers.edge import pace
 
     await browser.login(user)
     page = await browser.authorize(client_id, redirect_uri, **extra)
@@ -560,7 +561,7 @@ async def test_the_moment_a_page_was_shown_is_the_servers_word(browser, http_cli
     writes an earlier one, or carries another session's is taken as too soon (the page again)."""
     from helpers import Browser
 
-    from tokensvc.handlers import pace
+    from tokensvc.handlers.edge import pace
 
     await browser.login("alice")
     page = await browser.authorize("skyplanner", SKY_REDIRECT, scope="read")
@@ -589,7 +590,7 @@ async def test_an_allow_on_a_page_shown_long_ago_is_taken_for_none(browser, cloc
     brought back from the history under a click meant for something else) is taken for none,
     and the page is shown again, saying why, with a moment of its own; within the time it is
     taken. Deny is taken whenever it comes."""
-    from tokensvc.handlers import pace
+    from tokensvc.handlers.edge import pace
 
     await browser.login("alice")
     page = await browser.authorize("skyplanner", SKY_REDIRECT, scope="read")
@@ -612,9 +613,9 @@ def test_the_buttons_appear_after_the_server_takes_an_answer():
     clicks as soon as they appear is never refused (the margin is what clocks may disagree by)."""
     from pathlib import Path
 
-    from tokensvc.handlers import pace
+    from tokensvc.handlers.edge import pace
 
-    css = (Path(pace.__file__).resolve().parent.parent / "static" / "style.css").read_text()
+    css = (Path(tokensvc.__file__).resolve().parent / "static" / "style.css").read_text()
     rule = re.search(r"\.decision button \{[^}]*animation: appear [.0-9]+s [a-z-]+ ([.0-9]+)s both;", css)
     assert rule and float(rule.group(1)) == pace.REVEAL_SECONDS > pace.MIN_SECONDS + 0.25
     assert re.search(r"@keyframes appear \{ from \{ visibility: hidden; opacity: 0; \}", css)
@@ -630,7 +631,7 @@ async def test_admin_to_a_native_app_shows_a_confirmation_code_that_its_exchange
     its form carries it (signed); the code the click issues is exchanged only with it."""
     from helpers import confirmation_shown, exchange, json_of
 
-    from tokensvc.handlers import confirmation_field
+    from tokensvc.handlers.edge import confirmation_field
     from tokensvc.oauth import confirmation
 
     await browser.login("root")
@@ -662,7 +663,7 @@ async def test_other_pages_show_no_confirmation_code(browser, store):
     and a third party's consent at an https address: as before, no code shown, none carried."""
     from helpers import confirmation_shown
 
-    from tokensvc.handlers import confirmation_field
+    from tokensvc.handlers.edge import confirmation_field
 
     await browser.login("root")
     for page in (await browser.authorize("node-agent", NODE_REDIRECT, scope="read"),
@@ -699,7 +700,7 @@ async def test_an_answer_issues_the_code_only_for_the_confirmation_its_page_show
     code; the page is shown again with a confirmation code of its own."""
     from helpers import Browser, confirmation_shown
 
-    from tokensvc.handlers import confirmation_field
+    from tokensvc.handlers.edge import confirmation_field
     from tokensvc.oauth import confirmation
 
     await browser.login("root")
@@ -739,6 +740,6 @@ async def test_the_page_shown_again_keeps_its_confirmation_code(browser, clock):
 
 
 def pace_seconds() -> float:
-    from tokensvc.handlers import pace
+    from tokensvc.handlers.edge import pace
 
     return pace.REVEAL_SECONDS

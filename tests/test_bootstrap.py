@@ -250,7 +250,7 @@ async def test_several_processes_switching_the_cli_client_off_at_once_remove_it_
 async def test_removals_of_one_client_at_once_audit_its_start_once(backend_store, clock, caplog):
     """Three removals of one client at once (every store call yields on mongodb): its start is
     audited once, by the removal that recorded it; the client is gone, no removal left."""
-    from tokensvc import admin
+    from tokensvc.admin import actions as admin
     from tokensvc.bootstrap import make_context
 
     store = backend_store
@@ -270,7 +270,7 @@ async def test_a_removal_whose_mark_fails_to_be_written_has_its_start_audited(ba
     """The removal is recorded, then the write of its mark fails (503): its start is audited
     all the same, by that call, and the retry, which finds it recorded, finishes it: each audit
     line once."""
-    from tokensvc import admin
+    from tokensvc.admin import actions as admin
     from tokensvc.bootstrap import make_context
     from tokensvc.storage.base import StorageError
 
@@ -333,7 +333,7 @@ async def test_a_client_registered_again_after_any_deletion_revives_nothing_of_b
     between its deletion and its revocation, its start-up switching tokensvc-cli off, a hand in
     the database), registering the id again revokes what was left under it first, each grant
     announced: the tokens of before stay dead under the new client."""
-    from tokensvc import admin
+    from tokensvc.admin import actions as admin
     from tokensvc.storage.base import GRANT, Revocation
 
     store = backend_store
@@ -364,7 +364,7 @@ async def test_a_registration_that_loses_the_race_for_an_id_takes_and_replaces_n
     goes on: B is refused (409), A's document (its secret) stays, and A's live grant too."""
     from helpers import SKY_REDIRECT, issue_tokens
 
-    from tokensvc import admin
+    from tokensvc.admin import actions as admin
     from tokensvc.bootstrap import make_context
     from tokensvc.oauth import introspection
 
@@ -425,7 +425,7 @@ async def test_a_registration_whose_clearing_fails_claims_nothing_and_clears_whe
                                                                                                      clock):
     """The store fails while the leftovers are revoked: the registration fails (503) without
     leaving the client registered over live leftovers, and asked again it registers and clears."""
-    from tokensvc import admin
+    from tokensvc.admin import actions as admin
     from tokensvc.storage.base import StorageError
 
     store = backend_store
@@ -454,7 +454,7 @@ async def test_a_registration_whose_clearing_fails_claims_nothing_and_clears_whe
 async def test_a_registration_whose_claim_was_written_but_not_answered_leaves_no_leftover_live(backend_store):
     """The claim applied, its answer lost (503): the leftovers were revoked before it, so asked
     again (409: the client is there) nothing of the earlier client of that id is live."""
-    from tokensvc import admin
+    from tokensvc.admin import actions as admin
     from tokensvc.records import Subject, utcnow
     from tokensvc.storage.base import StorageError
 
@@ -481,7 +481,7 @@ async def test_a_registration_whose_claim_was_written_but_not_answered_leaves_no
 async def test_a_registration_that_fails_while_clearing_leaves_the_client_registered_since(backend_store):
     """A's clearing stalls, then fails; meanwhile the id is registered by C: A claimed nothing,
     so C's client stays, and A asked again is refused (409)."""
-    from tokensvc import admin
+    from tokensvc.admin import actions as admin
     from tokensvc.records import Subject, utcnow
     from tokensvc.storage.base import StorageError
 
@@ -510,7 +510,7 @@ async def test_a_registration_that_fails_while_clearing_leaves_the_client_regist
 async def test_a_grant_given_to_a_client_just_registered_is_never_a_leftover(backend_store):
     """A user authorizes the new client at once: its grant is a new generation (the leftover of
     the earlier client of that id was revoked before the claim, so never carried on), and stays."""
-    from tokensvc import admin
+    from tokensvc.admin import actions as admin
     from tokensvc.records import Subject, utcnow
 
     store, now = backend_store, utcnow()

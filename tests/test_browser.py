@@ -304,7 +304,7 @@ def wait_for(driver, by, value):
 
 def decision(driver, value: str = "allow"):
     """A decision's button once it has appeared and takes clicks: the page shows its buttons a
-    moment after it appears (handlers/pace.py), as a person reads it first."""
+    moment after it appears (handlers/edge/pace.py), as a person reads it first."""
     button = wait_for(driver, By.CSS_SELECTOR, f"form.decision button[value={value}]")
     wait_until(driver, lambda d: d.execute_script(
         "const style = getComputedStyle(arguments[0]); return style.visibility === 'visible' && style.opacity === '1'",
@@ -949,7 +949,7 @@ def test_tokensvc_login_lands_on_a_page_in_the_services_look(running, driver, tm
     the service's look; the command line keeps an admin's refresh token."""
     import queue
 
-    from tokensvc import cli
+    from tokensvc.cli import main as cli
 
     opened: queue.Queue[str] = queue.Queue()
     credentials = tmp_path / "credentials.json"

@@ -13,7 +13,7 @@ import pytest
 from helpers import eventually
 from mongomock_motor import AsyncMongoMockClient
 
-from tokensvc import cli
+from tokensvc.cli import main as cli
 from tokensvc.oauth import hashing
 from tokensvc.storage.mongo import MongoStore
 
@@ -644,7 +644,7 @@ def test_a_listener_that_accepts_and_never_answers_is_one_line(monkeypatch, mess
     from tornado.httpclient import AsyncHTTPClient
     from tornado.simple_httpclient import HTTPTimeoutError
 
-    from tokensvc import cli_login
+    from tokensvc.cli import login as cli_login
 
     async def never(*args, **kwargs):
         raise HTTPTimeoutError(message)
@@ -662,7 +662,7 @@ def test_a_dead_sign_in_says_to_run_login_again(monkeypatch, tmp_path):
     import argparse
     import asyncio
 
-    from tokensvc import cli_login
+    from tokensvc.cli import login as cli_login
 
     url = "http://127.0.0.1:27999"
     credentials = tmp_path / "credentials.json"

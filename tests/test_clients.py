@@ -35,7 +35,7 @@ async def test_one_client_in_camel_case_without_secrets(http_client, base_url):
 
 @pytest.mark.gen_test
 async def test_a_client_shows_the_same_scopes_in_the_public_and_admin_apis(http_client, base_url, ctx, config):
-    from tokensvc import operator
+    from tokensvc.admin import operator
 
     admin = operator.Operator(ctx, config)
     for client in json_of(await http_client.fetch(base_url + "/oauth/clients")):

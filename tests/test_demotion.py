@@ -22,11 +22,12 @@ from tornado import gen
 from tornado.httpserver import HTTPServer
 from tornado.testing import bind_unused_port
 
-from tokensvc import admin, cli
+from tokensvc.admin import actions as admin
+from tokensvc.admin.operator import Operator
 from tokensvc.app import make_admin_app
 from tokensvc.bootstrap import make_context, seed
+from tokensvc.cli import main as cli
 from tokensvc.oauth import events, introspection
-from tokensvc.operator import Operator
 from tokensvc.resource import InsufficientScope
 from tokensvc.storage.mongo import MongoStore
 

@@ -22,10 +22,11 @@ from pathlib import Path, PurePosixPath
 import pytest
 import yaml
 
-from tokensvc import cli, config
-from tokensvc.handlers import guards
+from tokensvc import config
+from tokensvc.cli import main as cli
+from tokensvc.cli.supervisor import STOP_MARGIN
+from tokensvc.handlers.edge import guards
 from tokensvc.identifiers import is_loopback
-from tokensvc.supervisor import STOP_MARGIN
 
 ROOT = Path(__file__).resolve().parent.parent
 DEPLOY = ROOT / "deploy"

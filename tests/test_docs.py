@@ -11,7 +11,8 @@ import pytest
 import yaml
 from helpers import make_config
 
-from tokensvc import cli, config
+from tokensvc import config
+from tokensvc.cli import main as cli
 
 DOCS = Path(__file__).resolve().parent.parent / "docs"
 NUMBERS = {"one": 1, "two": 2, "three": 3, "four": 4, "five": 5, "six": 6, "seven": 7, "eight": 8}

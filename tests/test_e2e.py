@@ -13,7 +13,7 @@ from authlib.integrations.requests_client import OAuth2Session
 from helpers import wait_until
 from service import WEBAPP_SECRET, free_port, start_service, user_agent_authorize
 
-from tokensvc import cli
+from tokensvc.cli import main as cli
 
 pytestmark = pytest.mark.e2e
 

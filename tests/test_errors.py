@@ -9,7 +9,7 @@ from helpers import WEBAPP_REDIRECT, WEBAPP_SECRET, basic, json_of, make_config,
 
 from tokensvc.bootstrap import make_store
 from tokensvc.config import StorageSettings
-from tokensvc.handlers.access_log import redact
+from tokensvc.handlers.edge.access_log import redact
 from tokensvc.storage.base import StorageError
 from tokensvc.storage.memory import MemoryStore
 

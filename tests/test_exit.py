@@ -1,4 +1,4 @@
-"""The one exit (handlers/exit.py): whatever answers a request (a JSON route, the lifecycle
+"""The one exit (handlers/edge/exit.py): whatever answers a request (a JSON route, the lifecycle
 itself, a page, a static file, the WebSocket's handshake or its refusal), the response carries
 what every response carries, from one place, and is counted once: its request id, ``Date``, the
 security headers of its format, no ``Server``; a HEAD gets its GET's headers and no body; one
@@ -13,8 +13,8 @@ import re
 import pytest
 from helpers import WEBAPP_REDIRECT, exchange, json_of
 
-from tokensvc import logs
-from tokensvc.handlers import exit as exit_module
+from tokensvc.handlers.edge import exit as exit_module
+from tokensvc.telemetry import logs
 
 HANDSHAKE = {"Upgrade": "websocket", "Connection": "Upgrade", "Sec-WebSocket-Version": "13",
              "Sec-WebSocket-Key": "dGhlIHNhbXBsZSBub25jZQ=="}

@@ -63,7 +63,7 @@ async def closed_for_its_credentials(connection):
 
 async def notes_api(ctx):
     """A resource server registered now, and its secret."""
-    from tokensvc import admin
+    from tokensvc.admin import actions as admin
     from tokensvc.records import RESOURCE_SERVER
 
     _, secret = await admin.create_client(ctx.store, admin.ClientSpec("Notes", confidential=True,
@@ -237,7 +237,7 @@ async def test_a_reader_is_closed_when_its_client_is_removed_or_rotated_or_may_n
     is refused. None of those changes but the removal is named on the feed: a new secret or a
     first-party flag withdraws nothing from the client's tokens, so no reader (a resource
     server) is told to drop its answers for them; a narrowing of the client's scopes is named."""
-    from tokensvc import admin
+    from tokensvc.admin import actions as admin
     from tokensvc.handlers import feed
     from tokensvc.oauth import introspection
 
@@ -281,7 +281,7 @@ async def test_a_reader_is_closed_when_its_client_is_removed_or_rotated_or_may_n
 async def test_a_reader_sending_more_than_a_body_is_closed_as_too_big(http_server, base_url, ctx):
     """What a reader sends is ignored, and capped as every message the service takes: past
     64 KiB the reader is closed with 1009 (message too big), its seat given back."""
-    from tokensvc.handlers.lifecycle import MAX_BODY_BYTES
+    from tokensvc.handlers.edge.lifecycle import MAX_BODY_BYTES
 
     reader = await connect(base_url)
     assert (await next_message(reader))["type"] == "ready"
@@ -299,7 +299,7 @@ async def test_a_reader_on_a_previous_secret_is_closed_when_its_time_is_up(http_
     for up to half a minute past it (the periodic check is made an hour here, so only the
     expiry can close it). A reader on the current secret is given the same end when a rotation
     makes its secret the previous one; a reader on the new secret reads on."""
-    from tokensvc import admin
+    from tokensvc.admin import actions as admin
     from tokensvc.handlers import feed
 
     monkeypatch.setattr(feed, "RECHECK_SECONDS", 3600.0)
@@ -349,7 +349,7 @@ async def test_a_change_during_the_handshake_closes_the_reader_before_ready(http
     their changes only once open: a change that lands in between was announced before the reader
     listened, so the reader checks before ``ready`` and is closed (4403) having been told nothing,
     not kept until the periodic check (made an hour here, so only the handshake's can close it)."""
-    from tokensvc import admin
+    from tokensvc.admin import actions as admin
     from tokensvc.handlers import feed
 
     monkeypatch.setattr(feed, "RECHECK_SECONDS", 3600.0)
@@ -365,7 +365,7 @@ async def test_a_handshake_its_clients_credentials_did_not_change_during_checks_
     """Only a change of the reader's own client during its handshake makes it check before
     ``ready``: none, or another client's, costs the handshake no second read of the store. The
     reader then hears its own client's changes."""
-    from tokensvc import admin
+    from tokensvc.admin import actions as admin
     from tokensvc.handlers import feed
 
     checks, check = [], feed.introspection.still_a_reader
@@ -394,8 +394,8 @@ async def test_every_refusal_is_as_the_document_says(http_server, base_url, ctx)
     """Each refusal's status is documented, with the headers the document says it carries (a
     401's challenge is the scheme the document names: Basic, which the feed asked for), and its
     body has one of the documented shapes."""
-    from tokensvc import openapi
     from tokensvc.app import ROUTES
+    from tokensvc.openapi import document as openapi
 
     document = openapi.build(ROUTES, base_url)
     documented = document["paths"]["/oauth/revocations"]["get"]["responses"]
@@ -433,7 +433,7 @@ async def test_a_removal_cut_short_is_named_once_recorded(http_server, base_url,
     message says inactive."""
     from helpers import SKY_REDIRECT, WEBAPP_REDIRECT, issue_tokens
 
-    from tokensvc import admin
+    from tokensvc.admin import actions as admin
     from tokensvc.oauth import introspection
     from tokensvc.storage.base import StorageError
 

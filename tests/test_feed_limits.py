@@ -93,6 +93,15 @@ async def read_until_closed(connection):
 # -- the caps -------------------------------------------------------------------------------------
 
 
+def test_the_settings_default_caps_are_the_feeds_own():
+    """The settings import nothing of the protocol: their defaults repeat the feed's, and this
+    holds them together (a context made without settings caps its readers as a service does)."""
+    from tokensvc.config import FeedSettings
+
+    assert (FeedSettings().max_readers, FeedSettings().max_readers_per_client) == (ReaderCaps().per_process,
+                                                                                   ReaderCaps().per_client)
+
+
 def test_seats_count_per_client_and_in_all_and_none_is_given_while_stopping():
     feed = RevocationFeed(RevocationEvents(), caps=ReaderCaps(per_process=3, per_client=2))
     seats = feed.seats
@@ -253,7 +262,7 @@ async def test_a_slow_reader_is_told_why_it_was_closed(http_server, base_url, ct
 
 @pytest.mark.gen_test(timeout=90)
 async def test_the_feed_s_metrics_count_readers_messages_openings_and_refusals(http_client, base_url, ctx, caplog):
-    from tokensvc import admin
+    from tokensvc.admin import actions as admin
 
     secret = await notes_api(ctx)
     first = await connect(base_url)

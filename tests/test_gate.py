@@ -11,7 +11,7 @@ import tornado.httpserver
 import tornado.testing
 from tornado.httpclient import AsyncHTTPClient
 
-from tokensvc import cli
+from tokensvc.cli import main as cli
 from tokensvc.gate import GateConfigError, GateSettings, Rule, load
 from tokensvc.gate.gate import Gate, normalized
 from tokensvc.gate.server import make_app

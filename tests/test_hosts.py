@@ -1,4 +1,4 @@
-"""The host a request names (handlers/guards.py, docs/security.md "The host a request names"):
+"""The host a request names (handlers/edge/guards.py, docs/security.md "The host a request names"):
 each listener answers its own names and the loopback names, whatever the public URLs say, and
 refuses every other name (DNS rebinding)."""
 
@@ -13,7 +13,7 @@ from tornado.testing import bind_unused_port
 
 from tokensvc.app import make_admin_app, make_app
 from tokensvc.bootstrap import make_context, seed
-from tokensvc.handlers import guards
+from tokensvc.handlers.edge import guards
 from tokensvc.storage.memory import MemoryStore
 
 pytestmark = pytest.mark.gen_test

@@ -209,7 +209,7 @@ def test_a_body_holding_a_lone_surrogate_is_written_in_ascii_never_failing_to_en
     """The one JSON renderer: a lone surrogate (no text, which UTF-8 does not encode) in what an
     answer echoes is written as its escape, so the answer is sent; other bodies keep their
     characters as they are."""
-    from tokensvc.handlers.lifecycle import dumps
+    from tokensvc.handlers.edge.exit import dumps
 
     body = {"detail": [{"input": {"x": "Gen \ud800", "\udc00": "Zürich"}}]}
     written = dumps(body).encode("utf-8")

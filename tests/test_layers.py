@@ -17,11 +17,11 @@ from pathlib import Path
 import pytest
 
 import tokensvc
-from tokensvc.metrics import Metrics
 from tokensvc.oauth.metrics import ProtocolMetrics
+from tokensvc.telemetry.metrics import Metrics
 
 # What importing every module of tokensvc.oauth must not load.
-FOREIGN = ("tokensvc.config", "prometheus_client", "tornado", "pymongo", "bson", "motor", "tokensvc.metrics",
+FOREIGN = ("tokensvc.config", "prometheus_client", "tornado", "pymongo", "bson", "motor", "tokensvc.telemetry.metrics",
            "tokensvc.handlers", "tokensvc.app")
 
 PROGRAM = """
@@ -170,6 +170,12 @@ def test_no_module_imports_in_a_circle():
     assert circles(graph(typing_too=False)) == []
 
 
+def test_not_even_a_type_checker_goes_round_anywhere():
+    """The web edge too: what every route shares (``Edge``, its renderer) lives beside the
+    exit, so the exit and the lifecycle do not import each other, not even for a type checker."""
+    assert circles(graph(typing_too=True)) == []
+
+
 def test_below_the_web_edge_not_even_a_type_checker_goes_round():
     """The storage, the protocol and every module outside the web edge import in no circle,
     counting the imports a type checker alone runs: a circle of annotations ties the modules
@@ -183,11 +189,11 @@ def test_below_the_web_edge_not_even_a_type_checker_goes_round():
 # the rest of the house (the web edge, the configuration, the operator's modules, the command
 # line), which stands on them all. "tokensvc" alone is the package itself (its __version__).
 LAYERS: tuple[tuple[str, ...], ...] = (
-    ("tokensvc", "tokensvc.records", "tokensvc.identifiers", "tokensvc.errors", "tokensvc.redaction",
+    ("tokensvc", "tokensvc.records", "tokensvc.identifiers", "tokensvc.errors", "tokensvc.telemetry.redaction",
      "tokensvc.jsontext"),
     ("tokensvc.storage", "tokensvc.storage.base"),  # the contract
     ("tokensvc.storage.memory", "tokensvc.storage.mongo"),  # the backends
-    ("tokensvc.logs", "tokensvc.ratelimit"),
+    ("tokensvc.telemetry.logs", "tokensvc.ratelimit"),
     ("tokensvc.oauth",),
 )
 BACKENDS = ("tokensvc.storage.memory", "tokensvc.storage.mongo")
@@ -207,11 +213,58 @@ def layer_of(module: str) -> tuple[int, str] | None:
     return index, name
 
 
+# The rest of the house, from the bottom up (ARCHITECTURE.md, Layout): each package stands on
+# the layers above (LAYERS) and on the packages before it here, never on one after it. The
+# library a resource server imports first (it stands on the bottom layer alone), with the gate
+# built on it alone; the settings
+# and the schemas; then the metrics; start-up; the operator's work; the OpenAPI documents (the
+# admin API's operations are the operator's); the web edge's machinery, then the endpoints on
+# it; the composition root; the command line, which runs it all.
+HOUSE: tuple[tuple[str, ...], ...] = (
+    ("tokensvc.resource", "tokensvc.gate"),
+    ("tokensvc.config", "tokensvc.schemas"),
+    ("tokensvc.telemetry.metrics", "tokensvc.telemetry.request_metrics"),
+    ("tokensvc.bootstrap",),
+    ("tokensvc.admin",),
+    ("tokensvc.openapi",),
+    ("tokensvc.handlers.edge",),
+    ("tokensvc.handlers",),
+    ("tokensvc.app",),
+    ("tokensvc.cli", "tokensvc.__main__"),
+)
+
+
+def house_layer_of(module: str) -> int | None:
+    """The layer of ``module`` in the rest of the house (the longest entry that names it)."""
+    entries = [(len(name), index) for index, names in enumerate(HOUSE) for name in names if within(module, name)]
+    return max(entries)[1] if entries else None
+
+
+def test_every_module_has_its_place():
+    """Each module is placed once: in a layer below the rest of the house or in the house's
+    own order (the packages' own ``__init__`` that import nothing stand outside both)."""
+    edges = graph(typing_too=True)
+    unplaced = [module for module in edges if layer_of(module) is None and house_layer_of(module) is None
+                and (edges[module] or MODULES[module].name != "__init__.py")]
+    twice = [module for module in edges if layer_of(module) is not None and house_layer_of(module) is not None]
+    assert unplaced == [] and twice == []
+
+
+def test_the_rest_of_the_house_imports_down_its_own_order():
+    """The web edge's machinery imports no endpoint, the operator's work no web edge, the
+    settings nothing of what starts the service, and nothing imports the command line."""
+    edges = graph(typing_too=True)
+    assert house_layer_of("tokensvc.handlers.edge.exit") == 6 and house_layer_of("tokensvc.handlers.token") == 7
+    upward = [(module, imported) for module in edges if (mine := house_layer_of(module)) is not None
+              for imported in edges[module] if (theirs := house_layer_of(imported)) is not None and theirs > mine]
+    assert upward == []
+
+
 def test_no_module_imports_a_layer_above_its_own():
     edges = graph(typing_too=True)
     placed = [module for module in edges if layer_of(module) is not None]
     assert "tokensvc.storage.mongo.store" in placed and "tokensvc.oauth.grants" in placed
-    assert layer_of("tokensvc.handlers.exit") is None and layer_of("tokensvc.config") is None
+    assert layer_of("tokensvc.handlers.edge.exit") is None and layer_of("tokensvc.config") is None
     upward = [(module, imported) for module in placed for imported in edges[module]
               if layer_of(imported) is None or layer_of(imported)[0] > layer_of(module)[0]]
     assert upward == []
@@ -224,6 +277,31 @@ def test_the_storage_backends_import_the_contract_never_each_other():
     assert crossing == []
     assert all(not any(within(imported, backend) for backend in BACKENDS)
                for imported in edges["tokensvc.storage"] | edges["tokensvc.storage.base"])
+
+
+def test_the_configuration_imports_nothing_of_the_protocol():
+    """The settings stand beside the protocol layer, not on it: no module of ``tokensvc.config``
+    imports ``tokensvc.oauth`` (nor the other way round: the protocol loads no configuration),
+    counting the imports a type checker alone runs."""
+    edges = graph(typing_too=True)
+    config = [module for module in edges if within(module, "tokensvc.config")]
+    assert "tokensvc.config.checks" in config and "tokensvc.config.settings" in config
+    assert [(module, imported) for module in config for imported in edges[module]
+            if within(imported, "tokensvc.oauth")] == []
+    assert [(module, imported) for module in edges if within(module, "tokensvc.oauth") for imported in edges[module]
+            if within(imported, "tokensvc.config")] == []
+
+
+# The modules at tokensvc's top, beside its packages (admin, cli, config, handlers, oauth, openapi,
+# resource, storage, telemetry): what every layer shares, and the composition root.
+TOP_MODULES_AT_MOST = 8
+
+
+def test_the_top_level_holds_few_modules_and_the_packages_show_the_layers():
+    top = sorted(path.stem for path in PACKAGE.glob("*.py") if path.stem not in ("__init__", "__main__"))
+    assert len(top) <= TOP_MODULES_AT_MOST, top
+    packages = {path.parent.name for path in PACKAGE.glob("*/__init__.py")}
+    assert {"admin", "cli", "config", "handlers", "oauth", "openapi", "resource", "storage", "telemetry"} <= packages
 
 
 def test_only_the_mongodb_store_imports_the_driver():
@@ -284,3 +362,49 @@ def test_each_protocol_function_asks_storage_for_the_concern_it_uses():
                         asked.add(annotation)
     assert whole == []
     assert {"Registry", "Authorizations", "Housekeeping", "RegistryAndAuthorizations"} <= asked
+
+
+# -- the handlers' one vocabulary -----------------------------------------------------------------
+
+ENDPOINTS = [name for name in MODULES if within(name, "tokensvc.handlers")
+             and not within(name, "tokensvc.handlers.edge") and name != "tokensvc.handlers"]
+
+
+def test_the_decisions_a_handler_class_carries_are_listed_in_one_place():
+    """Every class attribute that carries a security decision is named in the handlers' base
+    and in CONTRIBUTING.md, and each attribute of the bases an endpoint sets is one of them."""
+    from tokensvc.handlers.edge.auth import AuthMixin
+    from tokensvc.handlers.edge.inputs import SECURITY_ATTRIBUTES, RequestInput
+    from tokensvc.handlers.edge.json_handler import JsonHandler
+    from tokensvc.handlers.edge.web_handler import WebHandler
+
+    contributing = (PACKAGE.parent / "CONTRIBUTING.md").read_text()
+    bases = (RequestInput, JsonHandler, WebHandler, AuthMixin)
+    for name in SECURITY_ATTRIBUTES:
+        assert f"``{name}``" in (RequestInput.__doc__ or "") and f"`{name}`" in contributing, name
+        assert any(hasattr(base, name) for base in bases), name
+    set_by_endpoints = set()
+    for module in ENDPOINTS:
+        for node in ast.walk(ast.parse(MODULES[module].read_text())):
+            if isinstance(node, ast.ClassDef):
+                for statement in node.body:
+                    targets = statement.targets if isinstance(statement, ast.Assign) else \
+                        [statement.target] if isinstance(statement, ast.AnnAssign) else []
+                    set_by_endpoints |= {target.id for target in targets if isinstance(target, ast.Name)}
+    overridden = {name for name in set_by_endpoints if any(hasattr(base, name) for base in bases)}
+    assert {"cors", "reads_session", "default_headers", "max_body", "accept_query_token"} <= overridden
+    assert overridden <= set(SECURITY_ATTRIBUTES), overridden - set(SECURITY_ATTRIBUTES)
+
+
+def test_no_endpoint_writes_through_tornado():
+    """An endpoint answers whole (``send_json``, ``send``, ``render``, ``redirect``) or raises;
+    Tornado's ``write``, ``flush`` and ``finish`` are the adapters' alone."""
+    assert "tokensvc.handlers.token" in ENDPOINTS and "tokensvc.handlers.pages" in ENDPOINTS
+    written = []
+    for module in ENDPOINTS:
+        for node in ast.walk(ast.parse(MODULES[module].read_text())):
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) \
+                    and isinstance(node.func.value, ast.Name) and node.func.value.id == "self" \
+                    and node.func.attr in ("write", "flush", "finish"):
+                written.append((module, node.func.attr))
+    assert written == []

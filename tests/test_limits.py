@@ -374,7 +374,7 @@ LONG_HAND_SET = "webapp-production-secret-2026-01-15-by-carol"
 
 
 def spec(name, **fields):
-    from tokensvc.admin import ClientSpec
+    from tokensvc.admin.actions import ClientSpec
 
     return ClientSpec(name, ["https://robot.example/cb"], **fields)
 
@@ -385,14 +385,14 @@ async def hand_set_by_configuration(ctx):
 
 
 async def hand_set_by_the_admin_api(ctx):
-    from tokensvc import admin
+    from tokensvc.admin import actions as admin
 
     await admin.create_client(ctx.store, spec("Robot", secret_sha256=hashing.digest(LONG_HAND_SET)), "robot")
     return "robot", LONG_HAND_SET
 
 
 async def hand_set_over_a_generated_one(ctx):
-    from tokensvc import admin
+    from tokensvc.admin import actions as admin
 
     await admin.create_client(ctx.store, spec("Robot", confidential=True), "robot")
     await admin.update_client(ctx, "robot", {"secret_sha256": hashing.digest(LONG_HAND_SET)})
@@ -401,7 +401,7 @@ async def hand_set_over_a_generated_one(ctx):
 
 async def hand_set_then_kept_by_a_rotation(ctx):
     """A rotation that keeps the previous secret: that one is still the hand-set one."""
-    from tokensvc import admin
+    from tokensvc.admin import actions as admin
 
     await admin.create_client(ctx.store, spec("Robot", secret_sha256=hashing.digest(LONG_HAND_SET)), "robot")
     await admin.rotate_secret(ctx, "robot", keep_previous_seconds=3600)
@@ -442,14 +442,14 @@ async def test_a_secret_set_by_hand_keeps_the_limit_on_right_answers_however_lon
 
 
 async def generated_by_registration(ctx):
-    from tokensvc import admin
+    from tokensvc.admin import actions as admin
 
     client, secret = await admin.create_client(ctx.store, spec("Robot", confidential=True), "robot")
     return "robot", secret
 
 
 async def generated_by_a_rotation(ctx):
-    from tokensvc import admin
+    from tokensvc.admin import actions as admin
 
     await admin.create_client(ctx.store, spec("Robot", secret_sha256=hashing.digest(LONG_HAND_SET)), "robot")
     secret, _ = await admin.rotate_secret(ctx, "robot")
@@ -457,7 +457,7 @@ async def generated_by_a_rotation(ctx):
 
 
 async def generated_then_kept_by_a_rotation(ctx):
-    from tokensvc import admin
+    from tokensvc.admin import actions as admin
 
     client, secret = await admin.create_client(ctx.store, spec("Robot", confidential=True), "robot")
     await admin.rotate_secret(ctx, "robot", keep_previous_seconds=3600)
@@ -465,7 +465,7 @@ async def generated_then_kept_by_a_rotation(ctx):
 
 
 async def generated_when_made_confidential(ctx):
-    from tokensvc import admin
+    from tokensvc.admin import actions as admin
 
     await admin.create_client(ctx.store, spec("Robot"), "robot")
     _, secret = await admin.update_client(ctx, "robot", {"confidential": True})
@@ -475,7 +475,7 @@ async def generated_when_made_confidential(ctx):
 async def generated_then_handed_back_by_the_configuration(ctx):
     """Rotated, then its digest copied into the configuration that seeds the client (the
     procedure for a client the configuration owns): the very secret the service generated."""
-    from tokensvc import admin
+    from tokensvc.admin import actions as admin
     from tokensvc.bootstrap import seed
 
     secret, _ = await admin.rotate_secret(ctx, "webapp")
@@ -486,7 +486,7 @@ async def generated_then_handed_back_by_the_configuration(ctx):
 
 
 async def generated_then_handed_back_by_the_admin_api(ctx):
-    from tokensvc import admin
+    from tokensvc.admin import actions as admin
 
     client, secret = await admin.create_client(ctx.store, spec("Robot", confidential=True), "robot")
     await admin.update_client(ctx, "robot", {"secret_sha256": hashing.digest(secret)})
@@ -795,7 +795,7 @@ async def test_the_accounts_hour_and_its_stop_end_with_their_windows(ctx, carol,
 
 @pytest.mark.gen_test(timeout=90)
 async def test_a_new_password_set_by_an_operator_ends_the_accounts_wait(ctx, carol):
-    from tokensvc import admin
+    from tokensvc.admin import actions as admin
     from tokensvc.oauth import sessions
 
     for address in addresses(10, start=700):

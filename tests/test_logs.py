@@ -10,7 +10,7 @@ import logging
 
 import pytest
 
-from tokensvc import logs
+from tokensvc.telemetry import logs
 
 ACCESS = {"status": 200, "method": "POST", "path": "/oauth/token", "ms": 1.5, "client_id": "webapp",
           "remote_ip": "127.0.0.1"}
@@ -197,3 +197,13 @@ def test_the_mongodb_drivers_loggers_never_log_below_info(level):
         root.handlers[:], root_level, driver_level = saved
         root.setLevel(root_level)
         driver.setLevel(driver_level)
+
+
+def test_the_modules_moved_into_packages_log_under_the_names_their_lines_always_carried():
+    """A line names its logger, and operators filter on it: the web edge's machinery and the
+    supervisor moved into packages, and their lines kept their names."""
+    from tokensvc.cli import supervisor
+    from tokensvc.handlers.edge import exit, headers, recheck
+
+    assert [module.log.name for module in (exit, headers, recheck, supervisor)] == [
+        "tokensvc.handlers.exit", "tokensvc.handlers.headers", "tokensvc.handlers.recheck", "tokensvc.supervisor"]

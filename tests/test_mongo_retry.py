@@ -16,6 +16,7 @@ from mongomock_motor import AsyncMongoMockClient
 from tokensvc.storage.base import StorageError, StoreObserver
 from tokensvc.storage.mongo import ONCE, READ, RERUN, RETRY_KINDS, STEPS, MongoStore, calls, guarded
 from tokensvc.storage.mongo.calls import Calls
+from tokensvc.storage.mongo.feed import MongoRevocationFeed
 from tokensvc.storage.mongo.topology import Topology
 
 pytestmark = pytest.mark.mongodb
@@ -29,11 +30,13 @@ def test_the_table_names_every_method_of_the_store_contract_and_no_other():
 
 
 def parts() -> list[type]:
-    """The classes of the store's parts (each on the store's connection), then the store's own
-    (the revocation feed's operations)."""
+    """The classes of the store's parts (each on the store's connection: the revocation feed is
+    one of them), then the store's own."""
     store = MongoStore(AsyncMongoMockClient(tz_aware=True), "tokensvc_test")
     found = [type(value) for value in vars(store).values() if getattr(value, "connection", None) is store.connection]
     assert len(found) >= 5
+    assert MongoRevocationFeed in found  # a part of its own, not a mixin of the store
+    assert MongoRevocationFeed not in MongoStore.__mro__
     return [*found, MongoStore]
 
 

@@ -114,7 +114,8 @@ async def test_an_index_that_cannot_be_changed_stops_start_up_naming_it_after_ma
 def test_serve_stops_with_the_conflict_as_one_line(monkeypatch):
     from helpers import serve_refusal
 
-    from tokensvc import cli, config
+    from tokensvc import config
+    from tokensvc.cli import main as cli
 
     store, _ = store_with([("users", "username", {"key": [("username", 1)]})])
     monkeypatch.setattr(cli, "make_store", lambda settings, **_: store)

@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 from helpers import json_of
 
-from tokensvc import openapi
 from tokensvc.app import ROUTES
+from tokensvc.openapi import document as openapi
 
 DEMO_BASE = "http://127.0.0.1:8080"  # config/tokensvc.toml
 CHECKED_IN = Path(__file__).resolve().parent.parent / "docs" / "openapi.json"
@@ -53,7 +53,7 @@ def test_the_document_describes_the_route_table():
 
 def test_a_route_without_its_documentation_stops_the_build():
     from tokensvc.app import ROUTES
-    from tokensvc.handlers.routes import Route
+    from tokensvc.handlers.edge.routes import Route
 
     with pytest.raises(ValueError, match="/undocumented"):
         openapi.build([*ROUTES, Route("/undocumented", object, frozenset({"GET", "HEAD"}))], DEMO_BASE)
@@ -245,8 +245,10 @@ def test_the_admin_document_states_the_plan_the_secrets_as_given_and_the_configu
     of its table's fields (the id required), a client secret as its SHA-256 (which makes the
     client confidential), a password or a hash as stored (one of them), the kinds the service
     is configured with; and a 422 names the field at fault in its loc."""
-    from tokensvc import admin_schemas, cli, identifiers
+    from tokensvc import identifiers
+    from tokensvc.admin import schemas as admin_schemas
     from tokensvc.app import ADMIN_ROUTES
+    from tokensvc.cli import main as cli
 
     document = openapi.build(ADMIN_ROUTES, DEMO_ADMIN, admin=True, kinds=["antenna", "weather station"])
     schemas = document["components"]["schemas"]

@@ -23,7 +23,7 @@ from helpers import (
 )
 from tornado.httpclient import HTTPRequest
 
-from tokensvc import logs, metrics
+from tokensvc.telemetry import logs, metrics
 
 
 def sample(text: str, name: str, **labels: str) -> float:
@@ -235,7 +235,7 @@ async def test_a_missing_or_malformed_request_id_is_replaced(http_client, base_u
 def _new_ids(count: int, queue=None) -> list[str]:
     from tornado.httputil import HTTPHeaders, HTTPServerRequest, RequestStartLine
 
-    from tokensvc.handlers.lifecycle import request_id_for
+    from tokensvc.handlers.edge.lifecycle import request_id_for
 
     request = HTTPServerRequest(start_line=RequestStartLine("GET", "/", "HTTP/1.1"),
                                 headers=HTTPHeaders({"Host": "127.0.0.1"}))

@@ -14,11 +14,11 @@ import logging
 import pytest
 from helpers import handed_over, issue_tokens
 
-from tokensvc import admin
+from tokensvc.admin import actions as admin
+from tokensvc.admin.operator import Operator
 from tokensvc.bootstrap import seed
 from tokensvc.errors import ValidationFailed
 from tokensvc.oauth import hashing
-from tokensvc.operator import Operator
 from tokensvc.records import Subject
 
 pytestmark = pytest.mark.gen_test

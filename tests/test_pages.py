@@ -7,7 +7,7 @@ from urllib.parse import urlencode
 import pytest
 from helpers import CHALLENGE, SKY_REDIRECT, WEBAPP_REDIRECT, Browser, exchange, json_of, make_config
 
-from tokensvc.handlers.headers import csp_source, page_csp
+from tokensvc.handlers.edge.headers import csp_source, page_csp
 
 
 def directive(response, name: str) -> list[str]:
@@ -134,7 +134,7 @@ async def test_a_control_character_in_next_falls_back_to_home(browser, control):
 
 @pytest.mark.gen_test
 async def test_every_location_is_checked_before_it_is_sent(browser, caplog):
-    from tokensvc.handlers.headers import safe_location
+    from tokensvc.handlers.edge.headers import safe_location
 
     assert safe_location("/account") == "/account"
     assert safe_location("https://client.example/cb?code=abc&state=x%7Fy") == "https://client.example/cb?code=abc&state=x%7Fy"

@@ -21,13 +21,13 @@ from helpers import (
     make_config,
 )
 
-from tokensvc import admin
+from tokensvc.admin import actions as admin
+from tokensvc.admin.operator import Operator
 from tokensvc.app import make_admin_app
 from tokensvc.bootstrap import make_context, seed
 from tokensvc.oauth import authorization, grants, hashing, introspection, revocation
 from tokensvc.oauth import principal as principals
 from tokensvc.oauth.errors import InsufficientScope, InvalidGrant, InvalidScope
-from tokensvc.operator import Operator
 from tokensvc.records import Subject
 
 pytestmark = pytest.mark.gen_test

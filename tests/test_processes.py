@@ -147,8 +147,8 @@ async def test_a_client_narrowed_in_another_process_closes_the_socket_within_a_s
     """A narrowing revokes nothing, yet may take away what a socket stands on (read): it is
     announced under the client, in the client's own write (narrowed_at), so that every
     process's relay makes the client's sockets re-check. Another client's sockets stay open."""
+    from tokensvc.admin.operator import Operator
     from tokensvc.bootstrap import make_context
-    from tokensvc.operator import Operator
 
     relay = asyncio.ensure_future(events.relay(store, ctx.events))
     try:
@@ -176,9 +176,9 @@ async def test_a_readers_client_rotated_or_removed_in_another_process_closes_the
     RECHECK_SECONDS (shortened here)."""
     from test_feed import closed_for_its_credentials, notes_api
 
+    from tokensvc.admin.operator import Operator
     from tokensvc.bootstrap import make_context
     from tokensvc.handlers import feed
-    from tokensvc.operator import Operator
 
     secret = await notes_api(ctx)
     elsewhere = Operator(make_context(config, other_process(store)), await hand_over(store, config))
@@ -211,9 +211,9 @@ async def test_a_rotation_in_another_process_heard_during_a_readers_handshake_cl
     ``ready``, and the reader is closed (4403) having been told nothing."""
     from test_feed import changed_after_authenticating, closed_for_its_credentials, notes_api
 
+    from tokensvc.admin.operator import Operator
     from tokensvc.bootstrap import make_context
     from tokensvc.handlers import feed
-    from tokensvc.operator import Operator
 
     secret = await notes_api(ctx)
     elsewhere = Operator(make_context(config, other_process(store)), await hand_over(store, config))
@@ -337,9 +337,9 @@ async def test_a_removal_cut_short_in_another_process_is_named_to_resource_serve
     from helpers import SKY_REDIRECT, WEBAPP_REDIRECT, issue_tokens
     from test_feed import notes_api
 
+    from tokensvc.admin.operator import Operator
     from tokensvc.bootstrap import make_context
     from tokensvc.oauth import introspection
-    from tokensvc.operator import Operator
     from tokensvc.storage.base import StorageError
 
     store.observer = polls = Polls()

@@ -524,7 +524,7 @@ async def test_a_failed_check_that_wins_the_race_is_no_replay(seeded, monkeypatc
 
 
 async def test_a_new_password_ends_sessions_and_revokes_grants_unless_kept(seeded):
-    from tokensvc import admin
+    from tokensvc.admin import actions as admin
     from tokensvc.oauth import sessions
 
     alice = await seeded.store.get_user_by_username("alice")
@@ -543,7 +543,7 @@ async def test_a_new_password_ends_sessions_and_revokes_grants_unless_kept(seede
 
 
 async def test_removing_a_user_ends_their_sessions(seeded):
-    from tokensvc import admin
+    from tokensvc.admin import actions as admin
     from tokensvc.oauth import sessions
 
     root = await seeded.store.get_user_by_username("root")

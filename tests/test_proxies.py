@@ -14,7 +14,7 @@ import pytest
 from helpers import Browser, json_of, make_config
 from tornado.httputil import HTTPHeaders, HTTPServerRequest, RequestStartLine
 
-from tokensvc.handlers.proxies import ClientAddress
+from tokensvc.handlers.edge.proxies import ClientAddress
 
 
 def request(peer: str, **headers: str | list[str]) -> HTTPServerRequest:
@@ -244,7 +244,7 @@ def test_unix_names_the_unix_sockets_peer_and_needs_the_socket():
 def test_a_path_that_is_no_socket_is_one_line(tmp_path, capsys, monkeypatch):
     from service import free_port
 
-    from tokensvc import cli
+    from tokensvc.cli import main as cli
 
     taken = tmp_path / "not-a-socket"
     taken.write_text("kept")

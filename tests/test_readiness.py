@@ -7,7 +7,7 @@ import asyncio
 
 import pytest
 
-from tokensvc.handlers.readiness import CHECK_SECONDS, GRACE_SECONDS, PING_SECONDS, Readiness
+from tokensvc.handlers.edge.readiness import CHECK_SECONDS, GRACE_SECONDS, PING_SECONDS, Readiness
 from tokensvc.storage.base import StorageError
 
 pytestmark = pytest.mark.gen_test

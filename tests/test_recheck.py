@@ -1,4 +1,4 @@
-"""A socket's re-check (tokensvc/handlers/recheck.py): one check at a time; a change announced
+"""A socket's re-check (tokensvc/handlers/edge/recheck.py): one check at a time; a change announced
 while one runs causes exactly one more run after it, however many arrived; a failing check is
 logged, never raised, and the next request checks again. A socket that subscribes after its
 handshake read the store checks before going on only when one of its keys was announced since
@@ -12,8 +12,8 @@ import logging
 import pytest
 from helpers import DEADLINE, eventually
 
-from tokensvc.handlers import recheck as recheck_module
-from tokensvc.handlers.recheck import Recheck
+from tokensvc.handlers.edge import recheck as recheck_module
+from tokensvc.handlers.edge.recheck import Recheck
 from tokensvc.oauth.events import REMEMBERED, RevocationEvents
 from tokensvc.storage.base import CLIENT, FAMILY, GRANT, Revocation
 

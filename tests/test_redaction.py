@@ -3,7 +3,7 @@ in any case, percent-encoded (once or twice), with NUL, spaces, controls or invi
 in it, with bytes that are not UTF-8, with ``.``, ``-`` or ``+`` for its ``_``, or as an array
 name (``access_token[]``, ``x[access_token]``); and a value shaped like a secret of the service
 is withheld whatever its name. The access line, the line of an unexpected fault, Tornado's own
-lines and the resource library's masked query each follow the one rule (``tokensvc.redaction``);
+lines and the resource library's masked query each follow the one rule (``tokensvc.telemetry.redaction``);
 the variants attack reviews found first, then names fuzzed."""
 
 from __future__ import annotations
@@ -18,9 +18,9 @@ from helpers import WEBAPP_REDIRECT, exchange, json_of
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from tokensvc import logs
-from tokensvc.handlers.access_log import redact
+from tokensvc.handlers.edge.access_log import redact
 from tokensvc.resource.bearer import masked_query
+from tokensvc.telemetry import logs
 
 SECRET_NAMES = ("token", "access_token", "code", "refresh_token", "client_secret", "code_verifier", "password",
                 "state")

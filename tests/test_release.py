@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from tokensvc import __version__
-from tokensvc.cli import main
+from tokensvc.cli.main import main
 from tokensvc.storage.mongo.format import release_key
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -13,8 +13,8 @@ from helpers import wait_until
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from service import start_service
 
-from tokensvc import metrics, request_metrics
-from tokensvc.request_metrics import RequestCollector, RequestCounts
+from tokensvc.telemetry import metrics, request_metrics
+from tokensvc.telemetry.request_metrics import RequestCollector, RequestCounts
 
 # (route, method, status, seconds): on a bound, between bounds, past the last one, zero.
 REQUESTS = [("/oauth/token", "POST", 200, 0.0005), ("/oauth/token", "POST", 400, 0.0007),

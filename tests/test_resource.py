@@ -81,7 +81,7 @@ async def test_a_secret_rotation_drops_no_cached_answer_and_a_narrowing_does(bro
     from test_feed import notes_api
     from test_resource_feed import revoke_directly
 
-    from tokensvc import admin
+    from tokensvc.admin import actions as admin
 
     secret = await notes_api(ctx)
     kept = (await tokens(browser, http_client, base_url, scope="read write"))["access_token"]

@@ -17,7 +17,7 @@ from tornado.httpclient import HTTPClientError, HTTPRequest
 from tornado.websocket import websocket_connect
 
 from tokensvc import config as config_module
-from tokensvc.admin import AdminError, ClientSpec
+from tokensvc.admin.actions import AdminError, ClientSpec
 from tokensvc.bootstrap import seed
 from tokensvc.config import ConfigError
 from tokensvc.records import Client

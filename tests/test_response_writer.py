@@ -1,4 +1,4 @@
-"""The response writer (handlers/response_writer.py) against Tornado's own ``write_headers``:
+"""The response writer (handlers/edge/response_writer.py) against Tornado's own ``write_headers``:
 the same headers and body on the wire, keep-alive and ``Connection: close`` as Tornado keeps
 them, whatever the request (HTTP/1.1 or 1.0, GET, HEAD, 204, an error, a cookie, CORS); a large
 answer to a slow reader arrives whole however the connection ends; every header line is one
@@ -17,7 +17,7 @@ import socket
 import pytest
 from helpers import SKY_REDIRECT, WEBAPP_SECRET, basic, make_config
 
-from tokensvc.handlers import response_writer
+from tokensvc.handlers.edge import response_writer
 
 pytestmark = pytest.mark.gen_test
 

@@ -16,7 +16,7 @@ RAW_SECRETS = re.compile(r"^(client_secret|secret|password|code_verifier|verifie
 # Comparisons that are no check of a secret, each with its reason.
 NOT_CHECKS = {
     "oauth/tokens.py: SEPARATOR in token",  # the format: the separator stands at the same place in every token
-    "cli_admin.py: getpass.getpass('Repeat password: ') != password",  # the operator's own two entries, at a prompt
+    "cli/admin.py: getpass.getpass('Repeat password: ') != password",  # the operator's own two entries, at a prompt
     # The confirmation code the service drew itself (its page's form, signature verified), checked for
     # its form before the code is issued for it: what a client presents is looked up by digest.
     "oauth/authorization.py: confirmations.normalized(confirmation) != confirmation",

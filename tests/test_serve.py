@@ -14,7 +14,8 @@ import pytest
 import requests
 from service import end, free_port, start_demo
 
-from tokensvc import cli, config
+from tokensvc import config
+from tokensvc.cli import main as cli
 
 DEMO = Path(__file__).resolve().parent.parent / "config" / "tokensvc.toml"
 
@@ -292,7 +293,8 @@ async def test_once_stopping_each_connection_ends_with_the_next_answer_it_carrie
 # close could not wait out (a reply the driver still waits for). ``main`` returns, or fails.
 LEFT_RUNNING = """
 import asyncio, sys
-from tokensvc import cli, logs
+from tokensvc.cli import main as cli
+from tokensvc.telemetry import logs
 from tokensvc.storage.mongo.calls import Calls
 
 async def call():  # as the driver waits for a reply

@@ -386,7 +386,7 @@ async def test_each_change_of_a_client_carries_the_marks_of_what_it_withdraws(ba
     (its readers' mark alone) and names the client only once the removal is recorded."""
     from helpers import make_config
 
-    from tokensvc import admin
+    from tokensvc.admin import actions as admin
     from tokensvc.bootstrap import make_context
     from tokensvc.storage.base import CLIENT, CREDENTIALS, Revocation
 
@@ -479,7 +479,7 @@ async def test_concurrent_changes_of_a_user_each_hold(backend_store):
     lost the new password while it was reported set)."""
     from helpers import make_config
 
-    from tokensvc import admin
+    from tokensvc.admin import actions as admin
     from tokensvc.bootstrap import make_context
     from tokensvc.oauth import hashing
 
@@ -631,7 +631,7 @@ async def test_concurrent_changes_of_a_client_each_hold(backend_store):
     reported to the operator, did not work, or the other change was undone)."""
     from helpers import make_config
 
-    from tokensvc import admin
+    from tokensvc.admin import actions as admin
     from tokensvc.bootstrap import make_context
     from tokensvc.oauth import hashing
 

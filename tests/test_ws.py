@@ -71,7 +71,7 @@ async def test_a_message_is_capped_as_a_body_is_and_read_as_text(browser, http_c
     """A message may be as large as an HTTP body (64 KiB), no larger: one byte more closes the
     socket with 1009 (message too big, RFC 6455 §7.4.1), before it is read whole (2 MiB were
     taken). A message is text, never parsed: JSON nested past any depth comes back as it went."""
-    from tokensvc.handlers.lifecycle import MAX_BODY_BYTES
+    from tokensvc.handlers.edge.lifecycle import MAX_BODY_BYTES
 
     access = (await tokens(browser, http_client, base_url, scope="read"))["access_token"]
     connection = await websocket_connect(ws_url(base_url, "?access_token=" + access))
@@ -330,7 +330,7 @@ async def test_a_handshake_no_revocation_touched_checks_nothing_more(browser, ht
 async def test_a_narrowed_client_closes_the_sockets_that_lost_read(browser, http_client, base_url, ctx, config):
     """Narrowing a client's allowed_scopes revokes nothing, but a socket whose token no longer
     has read in force closes at once (before, only a revocation made sockets re-check)."""
-    from tokensvc.operator import Operator
+    from tokensvc.admin.operator import Operator
 
     issued = await tokens(browser, http_client, base_url, scope="read write")
     connection = await websocket_connect(ws_url(base_url, "?access_token=" + issued["access_token"]))

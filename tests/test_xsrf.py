@@ -7,8 +7,8 @@ import pytest
 from helpers import SKY_REDIRECT, WEBAPP_REDIRECT, Browser, exchange, json_of
 
 from tokensvc.app import ROUTES
-from tokensvc.handlers import xsrf
-from tokensvc.handlers.routes import UNSAFE_METHODS
+from tokensvc.handlers.edge import xsrf
+from tokensvc.handlers.edge.routes import UNSAFE_METHODS
 
 SECRET = "xsrf-test-secret-0123456789"
 

@@ -1,5 +1,5 @@
 """``python -m tokensvc`` runs the same command line as the ``tokensvc`` script."""
 
-from tokensvc.cli import main
+from tokensvc.cli.main import main
 
 raise SystemExit(main())

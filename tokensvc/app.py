@@ -11,11 +11,12 @@ from tornado.httputil import HTTPServerRequest
 
 from tokensvc.bootstrap import make_context
 from tokensvc.config import Settings
-from tokensvc.handlers import admin_api, api, clients, feed, meta, pages, token, ws
-from tokensvc.handlers.json_api import NotFoundHandler, serve
-from tokensvc.handlers.lifecycle import MAX_BODY_BYTES, Edge, Lifecycle
-from tokensvc.handlers.routes import UNMATCHED, Route
-from tokensvc.handlers.web import StaticFiles
+from tokensvc.handlers import admin, clients, feed, me, meta, pages, token, ws
+from tokensvc.handlers.edge.exit import Edge
+from tokensvc.handlers.edge.json_handler import NotFoundHandler, serve
+from tokensvc.handlers.edge.lifecycle import MAX_BODY_BYTES, Lifecycle
+from tokensvc.handlers.edge.routes import UNMATCHED, Route
+from tokensvc.handlers.edge.web_handler import StaticFiles
 from tokensvc.oauth.context import OAuthContext
 from tokensvc.storage.base import Store
 
@@ -23,7 +24,7 @@ HERE = Path(__file__).parent
 
 # The one route table: every path the service answers, written as the OpenAPI document writes
 # it ({name} is one path segment). JSON routes are JsonHandlers; pages, the socket and static
-# files RequestHandlers (handlers/web.py); every one is entered through the request lifecycle.
+# files RequestHandlers (handlers/edge/web_handler.py); every one is entered through the request lifecycle.
 # tests/test_openapi.py checks that the document describes exactly these routes and methods.
 ROUTES: list[Route] = [Route.of(path, handler) for path, handler in (
     ("/oauth/token/introspect", token.IntrospectHandler),
@@ -35,11 +36,11 @@ ROUTES: list[Route] = [Route.of(path, handler) for path, handler in (
     ("/oauth/revocations", feed.RevocationFeedSocket),
     ("/oauth/clients", clients.ClientListHandler),
     ("/oauth/clients/{client_id}", clients.ClientHandler),
-    ("/v1/me", api.MeHandler),
-    ("/v1/me/connected-apps", api.ConnectedAppsHandler),
-    ("/v1/me/connected-apps/{client_id}", api.ConnectedAppHandler),
-    ("/v1/me/sessions", api.SessionsHandler),
-    ("/v1/me/sessions/{session_id}", api.SessionHandler),
+    ("/v1/me", me.MeHandler),
+    ("/v1/me/connected-apps", me.ConnectedAppsHandler),
+    ("/v1/me/connected-apps/{client_id}", me.ConnectedAppHandler),
+    ("/v1/me/sessions", me.SessionsHandler),
+    ("/v1/me/sessions/{session_id}", me.SessionHandler),
     ("/v1/ws", ws.EchoSocket),
     ("/.well-known/oauth-authorization-server", meta.MetadataHandler),
     ("/healthz", meta.HealthHandler),
@@ -54,24 +55,24 @@ ROUTES: list[Route] = [Route.of(path, handler) for path, handler in (
 )]
 # The admin listener's route table: never routed from the public port.
 ADMIN_ROUTES: list[Route] = [Route.of(path, handler) for path, handler in (
-    ("/admin", admin_api.IndexHandler),
-    ("/admin/clients", admin_api.ClientsHandler),
-    ("/admin/clients/{client_id}", admin_api.ClientHandler),
-    ("/admin/clients/{client_id}/secret", admin_api.ClientSecretHandler),
-    ("/admin/users", admin_api.UsersHandler),
-    ("/admin/users/{username}", admin_api.UserHandler),
-    ("/admin/users/{username}/password", admin_api.PasswordHandler),
-    ("/admin/users/{username}/sessions", admin_api.UserSessionsHandler),
-    ("/admin/users/{username}/sessions/{session_id}", admin_api.UserSessionHandler),
-    ("/admin/installations", admin_api.InstallationsHandler),
-    ("/admin/installations/{installation_id}", admin_api.InstallationHandler),
-    ("/admin/grants", admin_api.GrantsHandler),
-    ("/admin/grants/{grant_id}", admin_api.GrantHandler),
-    ("/admin/tokens/revoke", admin_api.TokenRevokeHandler),
-    ("/admin/tokens/introspect", admin_api.TokenIntrospectHandler),
-    ("/admin/purge", admin_api.PurgeHandler),
-    ("/admin/plan", admin_api.PlanHandler),
-    ("/openapi.json", admin_api.AdminOpenAPIHandler),
+    ("/admin", admin.IndexHandler),
+    ("/admin/clients", admin.ClientsHandler),
+    ("/admin/clients/{client_id}", admin.ClientHandler),
+    ("/admin/clients/{client_id}/secret", admin.ClientSecretHandler),
+    ("/admin/users", admin.UsersHandler),
+    ("/admin/users/{username}", admin.UserHandler),
+    ("/admin/users/{username}/password", admin.PasswordHandler),
+    ("/admin/users/{username}/sessions", admin.UserSessionsHandler),
+    ("/admin/users/{username}/sessions/{session_id}", admin.UserSessionHandler),
+    ("/admin/installations", admin.InstallationsHandler),
+    ("/admin/installations/{installation_id}", admin.InstallationHandler),
+    ("/admin/grants", admin.GrantsHandler),
+    ("/admin/grants/{grant_id}", admin.GrantHandler),
+    ("/admin/tokens/revoke", admin.TokenRevokeHandler),
+    ("/admin/tokens/introspect", admin.TokenIntrospectHandler),
+    ("/admin/purge", admin.PurgeHandler),
+    ("/admin/plan", admin.PlanHandler),
+    ("/openapi.json", admin.AdminOpenAPIHandler),
 )]
 # The pages' own files (not API resources: the OpenAPI document leaves them out).
 STATIC_ROUTES = [Route.of("/static/{path}", StaticFiles), Route.of("/favicon.ico", StaticFiles)]
@@ -140,4 +141,4 @@ def make_admin_app(config: Settings, store: Store, ctx: OAuthContext) -> TokenSe
 
 def exit_logs(handler: tornado.web.RequestHandler) -> None:
     """The application's ``log_function``: none of Tornado's own access lines. Every response's
-    access line is its exit's (handlers/exit.py)."""
+    access line is its exit's (handlers/edge/exit.py)."""

@@ -14,7 +14,6 @@ from typing import Any, TypeVar
 
 from tokensvc.config import ConfigError, Settings, StorageSettings, verify_only
 from tokensvc.identifiers import username_key
-from tokensvc.metrics import Metrics
 from tokensvc.oauth import clientauth, hashing, removal, successors
 from tokensvc.oauth.context import OAuthContext
 from tokensvc.oauth.feed import ReaderCaps
@@ -32,6 +31,7 @@ from tokensvc.records import (
     utcnow,
 )
 from tokensvc.storage.base import Conflict, StorageError, Store, StoreFault, StoreObserver
+from tokensvc.telemetry.metrics import Metrics
 
 log = logging.getLogger(__name__)
 

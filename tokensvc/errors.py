@@ -5,7 +5,7 @@ as node-oidc-provider's ``OIDCProviderError`` and Authlib's errors do. The proto
 (:mod:`tokensvc.oauth.errors`), the failure limits' 429 (:mod:`tokensvc.ratelimit`) and the
 web layer's own answers below all subclass it, so adding an error never means listing it
 somewhere else. The web layer renders any answer once per output format
-(:mod:`tokensvc.handlers.lifecycle`); a page shows its ``title`` and ``message``. Nothing here
+(:mod:`tokensvc.handlers.edge.lifecycle`); a page shows its ``title`` and ``message``. Nothing here
 imports a web framework: the protocol layer raises these.
 """
 

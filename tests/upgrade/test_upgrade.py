@@ -30,7 +30,8 @@ from helpers import CHALLENGE, DIGEST, VERIFIER, wait_until
 from primary import Fault, ReplicaSet
 from service import NOWHERE, WEBAPP_SECRET, Service, answer_when_read, start_service
 
-from tokensvc import __version__, cli
+from tokensvc import __version__
+from tokensvc.cli import main as cli
 from tokensvc.storage.mongo.format import TRIPWIRE, release_key
 
 HEARTBEAT = 1  # storage.heartbeat_seconds of this release's processes: finalize waits for one

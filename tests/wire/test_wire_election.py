@@ -23,8 +23,8 @@ from test_wire_relay import Listening, States
 from tornado.httpclient import AsyncHTTPClient
 
 from tokensvc.bootstrap import make_store
-from tokensvc.handlers import recheck as recheck_module
-from tokensvc.handlers.recheck import Recheck
+from tokensvc.handlers.edge import recheck as recheck_module
+from tokensvc.handlers.edge.recheck import Recheck
 from tokensvc.records import AuthorizationCode, Client, Session, utcnow
 from tokensvc.storage.base import StorageError
 from tokensvc.storage.mongo import MongoStore

@@ -138,7 +138,7 @@ async def test_the_relay_hears_a_revocation_once_a_majority_holds_it(wire_store,
     other = make_store(wire_settings(primary))
     feed = wire_store.revocation_feed()
     pending = asyncio.ensure_future(anext(feed))
-    await eventually(lambda: wire_store._resume_token is not None, what="the change stream open")
+    await eventually(lambda: wire_store.feed.resume_token is not None, what="the change stream open")
     primary.lagging = True
     primary.script(Fault("update", "write_concern_error", collection="sessions", code=64))
     with pytest.raises(StorageError, match="WTimeoutError"):
@@ -298,7 +298,7 @@ async def test_a_write_an_election_rolls_back_is_applied_once_by_the_drivers_ret
                 heard.append(revocation)
 
         listening = asyncio.ensure_future(listen())
-        await eventually(lambda: store._resume_token is not None, what="the change stream open")
+        await eventually(lambda: store.feed.resume_token is not None, what="the change stream open")
         replica_set.lagging = True
         ending = asyncio.ensure_future(store.end_session("s1", utcnow()))
         await eventually(lambda: replica_set.clock > replica_set.committed, what="the end applied on the primary alone")
@@ -334,7 +334,7 @@ async def test_the_ttl_monitor_deletes_what_expired_keeps_a_spent_code_its_reten
     await wire_store.add_session(Session("s1", "u_alice", now, now + timedelta(hours=1)))
     feed = wire_store.revocation_feed()
     pending = asyncio.ensure_future(anext(feed))
-    await eventually(lambda: wire_store._resume_token is not None, what="the change stream open")
+    await eventually(lambda: wire_store.feed.resume_token is not None, what="the change stream open")
     assert primary.expire() == 1  # the expired session; the spent code is kept for its replay
     assert (await wire_store.get_code("c1")).consumed_at is not None
     assert primary.db["tokensvc"]["sessions"].count_documents({}) == 1

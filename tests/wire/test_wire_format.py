@@ -540,7 +540,7 @@ async def test_a_migrations_copies_of_a_revoked_family_and_an_ended_session_anno
                                                                                                 utcnow())
     feed = server.revocation_feed()
     heard = asyncio.ensure_future(feed.__anext__())
-    await eventually(lambda: server._resume_token is not None, what="the change stream open")
+    await eventually(lambda: server.feed.resume_token is not None, what="the change stream open")
     upkeep = asyncio.create_task(server.upkeep())
     primary.db[DB]["meta"].update_one({"_id": "format"}, {"$set": {"compatibility": 2}})
     await eventually(lambda: "packed-hashes" in meta(primary)["migrations"], what="the migration done")

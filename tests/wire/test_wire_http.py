@@ -135,7 +135,7 @@ async def test_at_debug_the_log_holds_no_password_hash_and_no_secret_digest(brow
 
     from helpers import WEBAPP_SECRET
 
-    from tokensvc import logs
+    from tokensvc.telemetry import logs
 
     root, driver = logging.getLogger(), logging.getLogger("pymongo")
     saved = root.handlers[:], root.level, driver.level

@@ -20,7 +20,7 @@ from helpers import wait_until
 from primary import ReplicaSet
 from service import WEBAPP_SECRET, Service, free_port, start_service
 
-from tokensvc.supervisor import STOP_MARGIN
+from tokensvc.cli.supervisor import STOP_MARGIN
 
 pytestmark = pytest.mark.e2e
 

@@ -24,7 +24,7 @@ from service import NOWHERE, WEBAPP_SECRET, start_service, user_agent_authorize
 from test_request_metrics import scraped
 from tornado.websocket import websocket_connect
 
-from tokensvc import metrics
+from tokensvc.telemetry import metrics
 
 pytestmark = pytest.mark.e2e
 

@@ -30,7 +30,7 @@ async def next_revocation(feed, seconds=DEADLINE):
 
 async def streaming(store):
     """Until the change stream is open: its first answer (events or none) gave a resume point."""
-    await eventually(lambda: store._resume_token is not None, what="the change stream open")
+    await eventually(lambda: store.feed.resume_token is not None, what="the change stream open")
 
 
 async def polling(primary):
@@ -57,7 +57,7 @@ async def test_revocations_arrive_and_quiet_longer_than_the_budget_is_no_error(w
     with caplog.at_level(logging.WARNING):
         assert await waiting == Revocation(SESSION, "s1")
     assert not [record for record in caplog.records if record.levelno >= logging.WARNING]
-    assert wire_store._resume_token is not None  # kept from the answers while quiet
+    assert wire_store.feed.resume_token is not None  # kept from the answers while quiet
     await feed.aclose()
 
 
@@ -65,11 +65,11 @@ async def test_the_resume_token_follows_every_answer_not_only_events(wire_store,
     feed = wire_store.revocation_feed()
     pending = asyncio.ensure_future(next_revocation(feed))
     await streaming(wire_store)  # no event yet: the server's postBatchResumeToken
-    quiet_token = wire_store._resume_token
+    quiet_token = wire_store.feed.resume_token
     await add_sessions(wire_store, "s1")  # an insert: no revocation, but the stream moves on
     await wire_store.end_session("s1", utcnow())
     assert await pending == Revocation(SESSION, "s1")
-    assert wire_store._resume_token != quiet_token
+    assert wire_store.feed.resume_token != quiet_token
     await feed.aclose()
 
 
@@ -103,7 +103,7 @@ async def test_without_change_streams_the_revocation_fields_are_polled(wire_stor
     feed = wire_store.revocation_feed(poll_seconds=0.05)
     waiting = asyncio.ensure_future(next_revocation(feed))
     await polling(primary)
-    assert not wire_store.change_streams and not waiting.done()  # polling, nothing revoked yet
+    assert not wire_store.feed.change_streams and not waiting.done()  # polling, nothing revoked yet
     await wire_store.end_session("s1", utcnow())
     assert await waiting == Revocation(SESSION, "s1")
     assert "polling for revocations" in caplog.text
@@ -304,7 +304,7 @@ async def test_a_user_demoted_or_removed_in_another_process_is_named(wire_store,
     name what a cache holds, tests/test_demotion.py)."""
     from helpers import make_config
 
-    from tokensvc import admin
+    from tokensvc.admin import actions as admin
     from tokensvc.bootstrap import make_context, seed
     from tokensvc.storage.base import SUBJECT
 

@@ -12,7 +12,8 @@ import pytest
 from primary import Fault, ReplicaSet
 from test_wire_format import opened, write_credentials, written_by_0_9_0
 
-from tokensvc import __version__, cli
+from tokensvc import __version__
+from tokensvc.cli import main as cli
 
 
 @pytest.fixture
@@ -188,7 +189,7 @@ def test_serve_stops_on_a_store_it_cannot_read_with_one_line(primary, config):
     process stops with the one line, and its entry among the running processes says stopped."""
     from helpers import serve_refusal
 
-    from tokensvc.cli_admin import load_settings
+    from tokensvc.cli.admin import load_settings
 
     opened_by_this_release(primary, credentials=False)
     primary.db["tokensvc"]["meta"].update_one({"_id": "format"}, {"$set": {"format": 3, "compatibility": 3}})

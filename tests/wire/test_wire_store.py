@@ -220,7 +220,7 @@ async def test_writes_from_concurrent_requests_go_on_while_one_waits(wire_store,
 
 async def test_the_store_reports_its_work_as_metrics(wire_store, primary):
     from tokensvc.bootstrap import StoreMetrics
-    from tokensvc.metrics import Metrics
+    from tokensvc.telemetry.metrics import Metrics
 
     metrics = Metrics()
     wire_store.observer = StoreMetrics(metrics)
@@ -539,7 +539,7 @@ async def test_the_polling_feed_reads_after_every_write_acknowledged_before_it(w
     await wire_store.revoke_family("f1", now)
     revoked_at = primary.clock
     primary.forget()
-    wire_store.change_streams = False
+    wire_store.feed.change_streams = False
     feed = wire_store.revocation_feed(poll_seconds=0.01)
     try:
         async with asyncio.timeout(30):  # a bound for a hang, not a speed

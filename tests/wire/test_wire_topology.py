@@ -15,8 +15,8 @@ from helpers import eventually, make_config, serve_refusal
 from primary import BUDGET_MS, ReplicaSet, wire_settings
 
 from tokensvc.bootstrap import make_store, prepare
-from tokensvc.cli_admin import load_settings
-from tokensvc.handlers.readiness import Readiness
+from tokensvc.cli.admin import load_settings
+from tokensvc.handlers.edge.readiness import Readiness
 from tokensvc.records import Client, utcnow
 from tokensvc.storage.base import StorageError, StoreFault
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from tokensvc import schemas
 from tokensvc.errors import NotFound
-from tokensvc.handlers.json_api import JsonHandler
+from tokensvc.handlers.edge.json_handler import JsonHandler
 
 
 class ClientListHandler(JsonHandler):

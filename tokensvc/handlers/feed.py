@@ -42,11 +42,12 @@ import tornado.websocket
 
 from tokensvc import schemas
 from tokensvc.errors import FeedFull, Forbidden, HTTPAnswer
-from tokensvc.handlers.guards import from_own_origin
-from tokensvc.handlers.headers import JSON_HEADERS
-from tokensvc.handlers.lifecycle import JSON, dumps
-from tokensvc.handlers.recheck import Recheck
-from tokensvc.handlers.web import WebHandler
+from tokensvc.handlers.edge.exit import dumps
+from tokensvc.handlers.edge.guards import from_own_origin
+from tokensvc.handlers.edge.headers import JSON_HEADERS
+from tokensvc.handlers.edge.inputs import JSON
+from tokensvc.handlers.edge.recheck import Recheck
+from tokensvc.handlers.edge.web_handler import WebHandler
 from tokensvc.handlers.ws import check_handshake
 from tokensvc.oauth import introspection
 from tokensvc.oauth.clientauth import ClientRequest

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from tokensvc import __version__, openapi, schemas
+from tokensvc import __version__, schemas
 from tokensvc.config import STORE_RETRY_AFTER_SECONDS
 from tokensvc.errors import NotFound, NotReady
-from tokensvc.handlers.json_api import JsonHandler
-from tokensvc.metrics import CONTENT_TYPE, AddressRule
+from tokensvc.handlers.edge.json_handler import JsonHandler
+from tokensvc.openapi import document as openapi
+from tokensvc.telemetry.metrics import CONTENT_TYPE, AddressRule
 
 
 class MetadataHandler(JsonHandler):

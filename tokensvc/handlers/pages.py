@@ -8,9 +8,9 @@ from urllib.parse import urlencode, urlsplit
 
 from tokensvc import schemas
 from tokensvc.errors import NotFound, ValidationFailed, XsrfFailed
-from tokensvc.handlers import confirmation_field, guards, pace
-from tokensvc.handlers.headers import CONTROL
-from tokensvc.handlers.page import PageHandler
+from tokensvc.handlers.edge import confirmation_field, guards, pace
+from tokensvc.handlers.edge.headers import CONTROL
+from tokensvc.handlers.edge.page_handler import PageHandler
 from tokensvc.oauth import authorization, confirmation, connected_apps, hashing, revocation, sessions
 from tokensvc.oauth.errors import RedirectError, RedirectUnverified
 from tokensvc.ratelimit import ACCOUNT_STOPPED, BY_ACCOUNT, BY_BROWSER, TooManyFailures
@@ -89,7 +89,7 @@ class AuthorizeHandler(FormPage):
     consent, pairing or one-click page. What the user agent gets next is
     :func:`authorization.decide`'s to say."""
 
-    too_soon = False  # an "allow" that came before the page could be read (handlers/pace.py)
+    too_soon = False  # an "allow" that came before the page could be read (handlers/edge/pace.py)
     too_late = False  # or long after it was shown
 
     async def get(self) -> None:

@@ -5,8 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 from tokensvc import schemas
-from tokensvc.handlers.headers import TOKEN_HEADERS
-from tokensvc.handlers.json_api import JsonHandler
+from tokensvc.handlers.edge.headers import TOKEN_HEADERS
+from tokensvc.handlers.edge.json_handler import JsonHandler
 from tokensvc.identifiers import ID
 from tokensvc.oauth import bearer, clientauth, grants, introspection, revocation, sessions
 from tokensvc.oauth.clientauth import ClientRequest

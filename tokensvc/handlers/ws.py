@@ -20,13 +20,13 @@ from tornado.httputil import HTTPServerRequest
 
 from tokensvc import schemas
 from tokensvc.errors import BadHandshake, BadRequest, UpgradeRequired
-from tokensvc.handlers.auth import AuthMixin
-from tokensvc.handlers.guards import check_socket_origin
-from tokensvc.handlers.headers import JSON_HEADERS
-from tokensvc.handlers.inputs import JSON
-from tokensvc.handlers.lifecycle import dumps
-from tokensvc.handlers.recheck import Recheck
-from tokensvc.handlers.web import WebHandler
+from tokensvc.handlers.edge.auth import AuthMixin
+from tokensvc.handlers.edge.exit import dumps
+from tokensvc.handlers.edge.guards import check_socket_origin
+from tokensvc.handlers.edge.headers import JSON_HEADERS
+from tokensvc.handlers.edge.inputs import JSON
+from tokensvc.handlers.edge.recheck import Recheck
+from tokensvc.handlers.edge.web_handler import WebHandler
 from tokensvc.oauth import principal as principals
 
 CLOSE_REVOKED = 4401

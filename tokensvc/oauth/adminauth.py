@@ -15,12 +15,12 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
-from tokensvc import logs
 from tokensvc.oauth import bearer
 from tokensvc.oauth.administrators import require_admin
 from tokensvc.oauth.context import OAuthContext
 from tokensvc.oauth.errors import AccessDenied, InsufficientScope, InvalidToken
 from tokensvc.ratelimit import TooManyFailures
+from tokensvc.telemetry import logs
 
 NOT_AN_ADMIN = "The admin API is for administrators"
 

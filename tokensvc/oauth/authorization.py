@@ -23,7 +23,6 @@ from dataclasses import dataclass
 from datetime import timedelta
 from urllib.parse import parse_qsl, urlsplit
 
-from tokensvc import logs
 from tokensvc.identifiers import is_loopback
 from tokensvc.oauth import confirmation as confirmations
 from tokensvc.oauth import hashing, pkce, scopes
@@ -38,6 +37,7 @@ from tokensvc.oauth.errors import (
     redirect_to,
 )
 from tokensvc.records import AuthorizationCode, Client, Installation, Subject, User
+from tokensvc.telemetry import logs
 
 PARAMETERS = (
     "response_type", "client_id", "redirect_uri", "scope", "state",

@@ -8,12 +8,12 @@ import hmac
 import logging
 from datetime import datetime
 
-from tokensvc import logs
 from tokensvc.oauth import hashing, privileges, successors, tokens
 from tokensvc.oauth.context import OAuthContext
 from tokensvc.oauth.privileges import Authority
 from tokensvc.records import Family, Grant, Token
 from tokensvc.storage.base import Standing
+from tokensvc.telemetry import logs
 
 NOTHING = Standing(None)
 

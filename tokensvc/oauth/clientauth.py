@@ -20,13 +20,13 @@ from datetime import datetime
 from typing import TYPE_CHECKING
 from urllib.parse import unquote_plus
 
-from tokensvc import logs
 from tokensvc.errors import ValidationFailed
 from tokensvc.oauth import hashing
 from tokensvc.oauth.errors import InvalidClient, InvalidRequest, UnauthorizedClient
 from tokensvc.ratelimit import Attempt, TooManyFailures
 from tokensvc.records import Client, PreviousSecret, utcnow
 from tokensvc.storage.base import Registry
+from tokensvc.telemetry import logs
 
 if TYPE_CHECKING:  # the context's metadata names this module's methods
     from tokensvc.oauth.context import OAuthContext

@@ -15,12 +15,12 @@ import asyncio
 from dataclasses import dataclass
 from datetime import datetime
 
-from tokensvc import logs
 from tokensvc.oauth import privileges
 from tokensvc.oauth.context import OAuthContext
 from tokensvc.oauth.errors import AccessDenied
 from tokensvc.oauth.revocation import revoke_grant
 from tokensvc.records import Installation, Subject, User
+from tokensvc.telemetry import logs
 
 
 @dataclass(slots=True)

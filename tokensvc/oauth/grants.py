@@ -46,7 +46,6 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from tokensvc import logs
 from tokensvc.oauth import (
     authorization,
     clientauth,
@@ -64,6 +63,7 @@ from tokensvc.oauth.errors import InvalidGrant, InvalidScope, UnsupportedGrantTy
 from tokensvc.oauth.revocation import revoke_family, sweep_if_grant_revoked
 from tokensvc.ratelimit import TooManyFailures
 from tokensvc.records import AuthorizationCode, Client, Family, Grant, Subject
+from tokensvc.telemetry import logs
 
 
 @dataclass(slots=True)

@@ -3,7 +3,7 @@ tokens revoked, reuse detected, failed authentications, requests refused by a li
 
 The protocol layer imports no metrics library: it reports through :class:`ProtocolMetrics`,
 which the composition root (``tokensvc.bootstrap.make_context``) fills with the service's
-Prometheus metrics (``tokensvc.metrics.Metrics``).
+Prometheus metrics (``tokensvc.telemetry.metrics.Metrics``).
 """
 
 from __future__ import annotations

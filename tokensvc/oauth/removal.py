@@ -38,9 +38,9 @@ import secrets
 from collections.abc import Callable
 from datetime import datetime
 
-from tokensvc import logs
 from tokensvc.records import Client, Removal, utcnow
 from tokensvc.storage.base import CLIENT, GRANT, Authorizations, RegistryAndAuthorizations, Revocation
+from tokensvc.telemetry import logs
 
 BATCH = 200  # grants revoked per store operation
 

@@ -22,7 +22,6 @@ from collections.abc import Awaitable, Callable, Iterable, Mapping
 from datetime import datetime
 from typing import Any, TypeVar
 
-from tokensvc import logs
 from tokensvc.oauth import bearer, clientauth, privileges, tokens
 from tokensvc.oauth.clientauth import ClientRequest
 from tokensvc.oauth.context import OAuthContext
@@ -37,6 +36,7 @@ from tokensvc.storage.base import (
     RegistryAndAuthorizations,
     Revocation,
 )
+from tokensvc.telemetry import logs
 
 R = TypeVar("R")
 Clock = Callable[[], datetime]  # the time of each write, read as it is made

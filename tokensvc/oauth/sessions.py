@@ -10,12 +10,12 @@ import re
 from dataclasses import dataclass
 from datetime import timedelta
 
-from tokensvc import logs
 from tokensvc.oauth import hashing, revocation
 from tokensvc.oauth.context import OAuthContext
 from tokensvc.ratelimit import TooManyFailures, account_counter
 from tokensvc.records import Session, User
 from tokensvc.storage.base import SESSION, USER, Revocation, StorageError, StoreFault
+from tokensvc.telemetry import logs
 
 
 async def sign_in(ctx: OAuthContext, username: str, password: str, address: str,

@@ -10,9 +10,9 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import parse_qs
 
-from tokensvc import redaction
 from tokensvc.oauth.scopes import satisfies
 from tokensvc.resource.errors import InsufficientScope
+from tokensvc.telemetry import redaction
 
 # Where an ASGI scope keeps the WebSocket token taken out of its query, for a later layer that
 # takes it again (the Starlette backend masks every scope; a WebSocket route's middleware checks
@@ -39,7 +39,7 @@ def query_token(query: str) -> str | None:
 def masked_query(query: str) -> str:
     """``query`` with the value of ``access_token`` (a WebSocket's token, RFC 6750 §2.3)
     replaced by ``***``: what a log may hold of a query. The name counts as any parser may read
-    it (:func:`tokensvc.redaction.names`: ``access%5Ftoken``, ``ACCESS_TOKEN``,
+    it (:func:`tokensvc.telemetry.redaction.names`: ``access%5Ftoken``, ``ACCESS_TOKEN``,
     ``access_token+``, ``access_token%00``, ``access.token``, ``access_token[]``,
     ``x[access_token]``); every other part is kept byte
     for byte (the other names a log withholds may be the application's own: ``code`` and

@@ -122,7 +122,7 @@ class Registry(abc.ABC):
 
         Called by a feed reader's re-check (oauth/introspection.py), the authorization request
         (oauth/authorization.py), a token's privileges (oauth/privileges.py), connected apps, the pages'
-        notices, GET /oauth/clients/{id}, the operator's actions (admin.py) and start-up seeding
+        notices, GET /oauth/clients/{id}, the operator's actions (admin/actions.py) and start-up seeding
         (bootstrap.py).
         """
 
@@ -132,7 +132,7 @@ class Registry(abc.ABC):
         one, or a page of ``limit`` after the client_id ``after`` (the admin API's listings).
 
         Called by the allowed CORS origins (oauth/origins.py), GET /oauth/clients, the operator's listings
-        (operator.py) and client creation (admin.py).
+        (admin/operator.py) and client creation (admin/actions.py).
         """
 
     @abc.abstractmethod
@@ -165,7 +165,7 @@ class Registry(abc.ABC):
         rotation). With ``if_confidential``, only while the client has a secret. The client as
         it was before, or None when there is none (or, with ``if_confidential``, it is public).
 
-        Called by the operator's client changes and secret rotation (admin.py).
+        Called by the operator's client changes and secret rotation (admin/actions.py).
         """
 
     @abc.abstractmethod
@@ -213,7 +213,7 @@ class Registry(abc.ABC):
     async def get_removal(self, client_id: str) -> Removal | None:
         """The client's removal under way, or None.
 
-        Called by the operator's client actions (admin.py).
+        Called by the operator's client actions (admin/actions.py).
         """
 
     @abc.abstractmethod
@@ -254,7 +254,7 @@ class Registry(abc.ABC):
     async def put_previous_secret(self, previous: PreviousSecret) -> None:
         """Keep ``previous`` as its client's previous secret, replacing any other.
 
-        Called by a secret's rotation with overlap (admin.py).
+        Called by a secret's rotation with overlap (admin/actions.py).
         """
 
     @abc.abstractmethod
@@ -262,14 +262,14 @@ class Registry(abc.ABC):
         """The client's previous secret, expired or not, or None.
 
         Called by a feed reader's re-check (oauth/introspection.py) and the operator's views
-        (admin.py); client authentication reads it with its client (:meth:`client_record`).
+        (admin/actions.py); client authentication reads it with its client (:meth:`client_record`).
         """
 
     @abc.abstractmethod
     async def delete_previous_secret(self, client_id: str) -> None:
         """Forget the client's previous secret, if there is one.
 
-        Called by a secret's rotation (admin.py).
+        Called by a secret's rotation (admin/actions.py).
         """
 
     @abc.abstractmethod
@@ -300,7 +300,7 @@ class Registry(abc.ABC):
         """The user with this user_id, or None.
 
         Called by sign-in sessions (oauth/sessions.py), bearer principals (oauth/principal.py), a token's
-        privileges (oauth/privileges.py) and the operator's views (operator.py).
+        privileges (oauth/privileges.py) and the operator's views (admin/operator.py).
         """
 
     @abc.abstractmethod
@@ -309,7 +309,7 @@ class Registry(abc.ABC):
         key (:func:`tokensvc.identifiers.username_key`: ``ROOT`` finds ``root``), or None. A
         username stored by a release before 0.10 with capitals is found as written (MongoDB).
 
-        Called by sign-in (oauth/sessions.py), the operator's user actions (admin.py) and start-up seeding
+        Called by sign-in (oauth/sessions.py), the operator's user actions (admin/actions.py) and start-up seeding
         (bootstrap.py).
         """
 
@@ -317,7 +317,7 @@ class Registry(abc.ABC):
     async def list_users(self, after: str | None = None, limit: int | None = None) -> list[User]:
         """The users ordered by username: every one, or a page after the username ``after``.
 
-        Called by the operator's listings (operator.py).
+        Called by the operator's listings (admin/operator.py).
         """
 
     @abc.abstractmethod
@@ -339,7 +339,7 @@ class Registry(abc.ABC):
         (:func:`tokensvc.identifiers.username_key`, NFKC and case folded): one whose key another
         user's username has is Conflict.
 
-        Called by user creation (admin.py).
+        Called by user creation (admin/actions.py).
         """
 
     @abc.abstractmethod
@@ -348,14 +348,14 @@ class Registry(abc.ABC):
         other, in one atomic step: a password set beside a demotion leaves both. The user as it
         was before, or None when there is none.
 
-        Called by the operator's password and admin changes (admin.py).
+        Called by the operator's password and admin changes (admin/actions.py).
         """
 
     @abc.abstractmethod
     async def delete_user(self, user_id: str) -> None:
         """Remove a user, if there.
 
-        Called by user removal (admin.py)."""
+        Called by user removal (admin/actions.py)."""
 
     # -- node installations: pairing at /oauth/authorize, the CLI
 
@@ -364,27 +364,27 @@ class Registry(abc.ABC):
         """The installation with this id, or None.
 
         Called by the authorization request's subject (oauth/authorization.py), bearer principals
-        (oauth/principal.py), the pages' notices and the operator's actions (admin.py).
+        (oauth/principal.py), the pages' notices and the operator's actions (admin/actions.py).
         """
 
     @abc.abstractmethod
     async def list_installations(self, after: str | None = None, limit: int | None = None) -> list[Installation]:
         """The installations ordered by id: every one, or a page after the id ``after``.
 
-        Called by connected apps (oauth/connected_apps.py) and the operator's listings (operator.py).
+        Called by connected apps (oauth/connected_apps.py) and the operator's listings (admin/operator.py).
         """
 
     @abc.abstractmethod
     async def put_installation(self, installation: Installation) -> None:
         """Insert or replace the installation with this id.
 
-        Called by the operator's actions (admin.py) and start-up seeding (bootstrap.py)."""
+        Called by the operator's actions (admin/actions.py) and start-up seeding (bootstrap.py)."""
 
     @abc.abstractmethod
     async def delete_installation(self, installation_id: str) -> None:
         """Remove an installation, if there.
 
-        Called by installation removal (admin.py)."""
+        Called by installation removal (admin/actions.py)."""
 
 
 class Authorizations(abc.ABC):
@@ -408,7 +408,7 @@ class Authorizations(abc.ABC):
         """The grant with this id, revoked or not, or None.
 
         Called by revocation's sweep of a revoked grant (oauth/revocation.py) and the operator's grant
-        revocation (admin.py).
+        revocation (admin/actions.py).
         """
 
     @abc.abstractmethod
@@ -424,7 +424,7 @@ class Authorizations(abc.ABC):
         """The active (unrevoked) grants of a subject, oldest first (connected apps).
 
         Called by connected apps (oauth/connected_apps.py), revocation before a promotion
-        (oauth/revocation.py) and the operator's actions that end a subject's grants (admin.py).
+        (oauth/revocation.py) and the operator's actions that end a subject's grants (admin/actions.py).
         """
 
     @abc.abstractmethod
@@ -433,7 +433,7 @@ class Authorizations(abc.ABC):
         """The active grants held by a client ordered by grant_id: every one, or a page of
         ``limit`` after the grant_id ``after`` (the admin API's listing).
 
-        Called by the operator's grant listing (admin.py).
+        Called by the operator's grant listing (admin/actions.py).
         """
 
     @abc.abstractmethod
@@ -735,13 +735,13 @@ class Housekeeping(abc.ABC):
     async def open(self) -> None:  # noqa: B027 - optional hook
         """Prepare the backend (create indexes, ...). Called once at start-up.
 
-        Called by start-up (bootstrap.prepare) and the command line's store (cli_admin.py).
+        Called by start-up (bootstrap.prepare) and the command line's store (cli/admin.py).
         """
 
     async def close(self) -> None:  # noqa: B027 - optional hook
         """Release connections. Called at shutdown.
 
-        Called by shutdown (cli.py) and the command line's store (cli_admin.py, cli_storage.py).
+        Called by shutdown (cli/main.py) and the command line's store (cli/admin.py, cli/storage.py).
         """
 
     async def reachable(self, seconds: float) -> None:
@@ -761,14 +761,14 @@ class Housekeeping(abc.ABC):
         storage/mongo/migrations.py). Returns at once where there is nothing: the memory backend
         keeps no state across a restart, so it has no format to follow.
 
-        Called by tokensvc serve, while it runs (cli.py).
+        Called by tokensvc serve, while it runs (cli/main.py).
         """
 
     @abc.abstractmethod
     async def ping(self) -> None:
         """Raise StorageError unless the store answers. Used by ``/readyz``.
 
-        Called by /readyz (handlers/readiness.py).
+        Called by /readyz (handlers/edge/readiness.py).
         """
 
     async def deployment_settings(self, settings: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
@@ -811,7 +811,7 @@ class Housekeeping(abc.ABC):
         consumed ones :data:`CODE_RETENTION_SECONDS` after their expiry (replay detection);
         counts per kind (``tokens purge``).
 
-        Called by the periodic purge (bootstrap.py) and tokens purge (admin.py).
+        Called by the periodic purge (bootstrap.py) and tokens purge (admin/actions.py).
         """
 
 

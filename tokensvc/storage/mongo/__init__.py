@@ -9,7 +9,7 @@ store's format stands):
   codes, families and sessions are credentials, keyed by a hash (:mod:`.credentials`);
 - the store's keeping: :mod:`.indexes` (what start-up makes, what a finalize renames),
   :mod:`.lifecycle` (start-up, the heartbeat and the background migrations, health, stop),
-  and :mod:`.feed` (the revocation feed);
+  and :mod:`.feed` (the revocation feed, a part on the connection as the records' are);
 - how an operation runs: :mod:`.retry` (budgets, retry kinds, errors), :mod:`.calls` (each
   driver call in a task of its own), :mod:`.causal` (sessions), :mod:`.topology` (the
   deployment as the driver sees it), :mod:`.mapping` (records and their hashes);

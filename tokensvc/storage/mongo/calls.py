@@ -13,7 +13,7 @@ relay). The store stops waiting instead, and the call ends by the driver's own d
 :meth:`Calls.settle` lets every call still running end once the client is closed. Nor does the
 process's end cancel one: ``asyncio.run`` would cancel every task still running, these among
 them, so ``tokensvc serve`` leaves without cancelling the calls its store's close could not
-wait out (:func:`running`, ``tokensvc.cli.run``)."""
+wait out (:func:`running`, ``tokensvc.cli.main.run``)."""
 
 from __future__ import annotations
 
@@ -47,7 +47,7 @@ def wake(waiter: asyncio.Future[Any], why: Any = None) -> None:
 
 
 # The driver calls of this process, whichever store started them: those still running when a
-# service's event loop ends are left to end with the process, not cancelled (``tokensvc.cli.run``).
+# service's event loop ends are left to end with the process, not cancelled (``tokensvc.cli.main.run``).
 _STARTED: weakref.WeakSet[asyncio.Task[Any]] = weakref.WeakSet()
 
 

@@ -9,7 +9,7 @@ import inspect
 import logging
 from collections.abc import AsyncGenerator, AsyncIterator
 from datetime import UTC, datetime, timedelta
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import pymongo
 from pymongo.errors import OperationFailure, PyMongoError
@@ -23,17 +23,14 @@ from tokensvc.storage.base import (
     SUBJECT,
     Revocation,
     StorageError,
-    StoreObserver,
 )
 from tokensvc.storage.mongo import hashes
-from tokensvc.storage.mongo.calls import Calls, Elected, Left
+from tokensvc.storage.mongo.calls import Elected, Left
 from tokensvc.storage.mongo.mapping import as_utc as _utc
 from tokensvc.storage.mongo.retry import guarded, translate
 
 if TYPE_CHECKING:
-    from tokensvc.storage.mongo.causal import CausalClock
-    from tokensvc.storage.mongo.causal import SessionedDatabase as _SessionedDatabase
-    from tokensvc.storage.mongo.topology import Topology
+    from tokensvc.storage.mongo.connection import Connection
 
 log = logging.getLogger(__name__)
 
@@ -52,7 +49,7 @@ WATCHED: dict[str, dict[str, str]] = {
 }
 # The one collection whose inserted documents are revocations: a removal's first mark is an
 # upsert that makes its document. Elsewhere an insert is a new record or a copy (the move of
-# a revoked family or an ended session to format 2, storage/hashes.py), never a revocation.
+# a revoked family or an ended session to format 2, storage/mongo/hashes.py), never a revocation.
 INSERTED = "removed_clients"
 # "$changeStream is only supported on replica sets", and kin: poll instead.
 NO_CHANGE_STREAMS = frozenset({40573, 40324, 136})
@@ -70,20 +67,18 @@ class _NoChangeStreams(Exception):
     pass
 
 
-class RevocationFeed:
-    """The revocation feed of :class:`~tokensvc.storage.mongo.store.MongoStore` (its mixin)."""
+class MongoRevocationFeed:
+    """The revocation feed, a part of :class:`~tokensvc.storage.mongo.store.MongoStore` on the
+    store's one :class:`~tokensvc.storage.mongo.connection.Connection` (its database, its calls,
+    its clock, its budget and observer), as the registry and the authorizations are. It keeps
+    what is its own: whether the deployment offers change streams, and where the stream stands."""
 
-    change_streams: bool
-    _resume_token: Any
-    _db: _SessionedDatabase
-    budget: float
-    calls: Calls
-    clock: CausalClock | None
-    observer: StoreObserver
-
-    if TYPE_CHECKING:
-        @property
-        def topology(self) -> Topology: ...
+    def __init__(self, connection: Connection, *, change_streams: bool = True) -> None:
+        self.connection = connection
+        # False: polling (a deployment without change streams, found at the first try; a
+        # stand-in client in tests, which has none).
+        self.change_streams = change_streams
+        self.resume_token: Any = None  # where the change stream stands (the server's postBatchResumeToken)
 
     # -- revocations across processes
 
@@ -94,17 +89,17 @@ class RevocationFeed:
         if self.change_streams:
             try:
                 async for revocation in self._changes():
-                    self.observer.feed_event()
+                    self.connection.observer.feed_event()
                     yield revocation
             except _NoChangeStreams:
                 log.warning("MongoDB offers no change streams (not a replica set): polling for revocations")
                 self.change_streams = False
             except BaseException:
-                self.observer.feed("interrupted")
+                self.connection.observer.feed("interrupted")
                 raise
-        self.observer.feed("polling")
+        self.connection.observer.feed("polling")
         async for revocation in self._poll(poll_seconds):
-            self.observer.feed_event()
+            self.connection.observer.feed_event()
             yield revocation
 
     async def _changes(self) -> AsyncIterator[Revocation]:
@@ -126,7 +121,7 @@ class RevocationFeed:
         majority-committed writes, which the new primary holds, so no socket re-checks. A
         stream that had no resume point yet (it was to follow from now) is interrupted instead,
         and every socket re-checks."""
-        watchdog = STREAM_WAIT_MS / 1000 + self.budget
+        watchdog = STREAM_WAIT_MS / 1000 + self.connection.budget
         fields = sorted({field for revoking in WATCHED.values() for field in revoking})
         # Where a change says a mark was set: an update's fields, or the document an insert
         # made in INSERTED alone (an upsert that made it: a removal's first mark).
@@ -150,7 +145,7 @@ class RevocationFeed:
                         async for revocation in following:
                             yield revocation
                 except Elected:
-                    if self._resume_token is None:
+                    if self.resume_token is None:
                         raise StorageError("another primary was elected before the change stream had a resume "
                                            "point; following from now") from None
                     log.info("another MongoDB primary was elected: the change stream follows it where it stood")
@@ -158,7 +153,7 @@ class RevocationFeed:
             if exc.code in NO_CHANGE_STREAMS:
                 raise _NoChangeStreams() from None
             if exc.code in HISTORY_LOST:
-                self._resume_token = None  # from now on: what happened meanwhile, every socket re-checks
+                self.resume_token = None  # from now on: what happened meanwhile, every socket re-checks
                 raise StorageError(f"the change stream cannot resume ({exc.code}); following from now") from None
             raise translate(exc) from None
         except PyMongoError as exc:
@@ -169,26 +164,26 @@ class RevocationFeed:
         :class:`StorageError` as :meth:`_changes` says, or in :class:`Elected` when another
         primary is elected while it waits on the old one."""
         asking: asyncio.Task[Any] | None = None
-        opening = self.calls.start(self._watch(pipeline))
+        opening = self.connection.calls.start(self._watch(pipeline))
         try:
             stream = await self._within(opening, watchdog)
         except BaseException:  # not waited for any more: the stream it opens, if it does, is closed
             opening.add_done_callback(self._opened_too_late)
             raise
         try:
-            self._resume_token = stream.resume_token  # where it stands, before any answer
-            self.observer.feed("stream")
+            self.resume_token = stream.resume_token  # where it stands, before any answer
+            self.connection.observer.feed("stream")
             while stream.alive:
-                asking = self.calls.start(stream.try_next())
+                asking = self.connection.calls.start(stream.try_next())
                 change = await self._within(asking, watchdog)
-                self._resume_token = stream.resume_token
+                self.resume_token = stream.resume_token
                 if change is None:
                     continue
-                if self.clock is not None:
+                if self.connection.clock is not None:
                     # The re-check this event causes reads at or after the revocation.
-                    self.clock.seen(change.get("clusterTime"))
+                    self.connection.clock.seen(change.get("clusterTime"))
                 if change["operationType"] == "invalidate":
-                    self._resume_token = None
+                    self.resume_token = None
                     raise StorageError("the change stream was invalidated; following from now")
                 for revocation in _revocations(change):
                     yield revocation
@@ -197,7 +192,7 @@ class RevocationFeed:
         raise StorageError("the server closed the change stream; opening it again where it stood")
 
     async def _watch(self, pipeline: list[Any]) -> Any:
-        stream = self._db.watch(pipeline, resume_after=self._resume_token, max_await_time_ms=STREAM_WAIT_MS)
+        stream = self.connection.db.watch(pipeline, resume_after=self.resume_token, max_await_time_ms=STREAM_WAIT_MS)
         if inspect.isawaitable(stream):  # PyMongo's watch is a coroutine; Motor-style ones are not
             stream = await stream
         return stream
@@ -208,7 +203,7 @@ class RevocationFeed:
         that does not come is left to the driver's own socket timeout, and the stream is opened
         again."""
         try:
-            return await self.calls.wait(call, watchdog, self.topology.abandoned())
+            return await self.connection.calls.wait(call, watchdog, self.connection.topology.abandoned())
         except Elected:
             raise
         except Left:
@@ -226,13 +221,13 @@ class RevocationFeed:
         async def close() -> None:
             if asking is not None and not asking.done():
                 await asyncio.wait({asking})
-            with contextlib.suppress(PyMongoError), pymongo.timeout(self.budget):
+            with contextlib.suppress(PyMongoError), pymongo.timeout(self.connection.budget):
                 await stream.close()
 
-        self.calls.leave(self.calls.start(close()))
+        self.connection.calls.leave(self.connection.calls.start(close()))
 
     async def _poll(self, poll_seconds: float) -> AsyncIterator[Revocation]:
-        overlap = poll_overlap(self)
+        overlap = poll_overlap(self.connection)
         since = datetime.now(UTC)
         seen: dict[tuple[str, str, str], datetime] = {}
         while True:
@@ -253,7 +248,7 @@ class RevocationFeed:
 
     @guarded()
     async def _revoked_since(self, collection: str, field: str, since: datetime) -> list[dict[str, Any]]:
-        return await self._db[collection].find({field: {"$gt": since}}, {field: 1}).to_list(None)
+        return await self.connection.db[collection].find({field: {"$gt": since}}, {field: 1}).to_list(None)
 
 
 def _revocations(change: dict[str, Any]) -> list[Revocation]:
@@ -269,7 +264,14 @@ def _revocations(change: dict[str, Any]) -> list[Revocation]:
     return [Revocation(kind, hashes.unpacked(change["documentKey"]["_id"])) for kind in kinds]
 
 
-def poll_overlap(store: RevocationFeed) -> timedelta:
+class Budgeted(Protocol):
+    """What holds the store's budget: its connection, or the store."""
+
+    @property
+    def budget(self) -> float: ...
+
+
+def poll_overlap(store: Budgeted) -> timedelta:
     """How far a poll reads back before its last one. A mark carries the time its writer read
     just before the operation that writes it (each write reads its own: a removal's batches, a
     grant's families after the grant), and that operation lands within the store's budget

@@ -36,11 +36,12 @@ from tokensvc.storage.base import (
 from tokensvc.storage.mongo import format as store_format
 from tokensvc.storage.mongo import processes, topology
 from tokensvc.storage.mongo.authorizations import MongoAuthorizations
-from tokensvc.storage.mongo.causal import SessionedDatabase
+from tokensvc.storage.mongo.calls import Calls
+from tokensvc.storage.mongo.causal import CausalClock, SessionedDatabase
 from tokensvc.storage.mongo.connection import BUILD_TIMEOUT_MS, Connection
 from tokensvc.storage.mongo.credentials import Credentials
 from tokensvc.storage.mongo.failures import MongoFailureCounts
-from tokensvc.storage.mongo.feed import STREAM_WAIT_MS, RevocationFeed
+from tokensvc.storage.mongo.feed import POLL_SECONDS, STREAM_WAIT_MS, MongoRevocationFeed
 from tokensvc.storage.mongo.indexes import Indexes
 from tokensvc.storage.mongo.lifecycle import Lifecycle
 from tokensvc.storage.mongo.registry import MongoRegistry
@@ -64,13 +65,13 @@ def _changes_clients(method: Callable[..., Coroutine[Any, Any, R]]) -> Callable[
     return wrapper
 
 
-class MongoStore(RevocationFeed, Store):
+class MongoStore(Store):
     """The Store contract on MongoDB. Each concern of the contract is a part of its own, on the
     store's one :class:`Connection`: the :attr:`registry` (registry.py), the
     :attr:`authorizations` (authorizations.py), the web :attr:`sessions` (sessions.py) and the
     failure counts (failures.py); the store's :attr:`lifecycle` (lifecycle.py: start-up,
-    upkeep, stop) and its :attr:`indexes` (indexes.py) keep it. The revocation feed
-    (feed.py, :class:`RevocationFeed`) runs on the store itself."""
+    upkeep, stop) and its :attr:`indexes` (indexes.py) keep it; the revocation :attr:`feed`
+    (feed.py) follows what every process revokes."""
 
     def __init__(self, client: Any, database: str, *, change_streams: bool = True, timeout_ms: int = 15_000,
                  build_timeout_ms: int = BUILD_TIMEOUT_MS, causal: bool = False) -> None:
@@ -86,12 +87,8 @@ class MongoStore(RevocationFeed, Store):
         self.failures = MongoFailureCounts(self.connection)
         self.indexes = Indexes(self.connection)
         self.lifecycle = Lifecycle(self.connection, self.indexes)
+        self.feed = MongoRevocationFeed(self.connection, change_streams=change_streams)
         self._prepared = True
-        # The revocation feed's (feed.py): where its change stream stands, and the connection's
-        # database, calls and clock, under the names it reads them by.
-        self.change_streams = change_streams
-        self._resume_token: Any = None
-        self._db, self.calls, self.clock = self.connection.db, self.connection.calls, self.connection.clock
 
     @classmethod
     def connect(cls, uri: str, database: str, *, timeout_ms: int, max_pool_size: int,
@@ -149,6 +146,14 @@ class MongoStore(RevocationFeed, Store):
     @property
     def client(self) -> Any:
         return self.connection.client
+
+    @property
+    def calls(self) -> Calls:
+        return self.connection.calls
+
+    @property
+    def clock(self) -> CausalClock | None:
+        return self.connection.clock
 
     @property
     def topology(self) -> topology.Topology:
@@ -247,12 +252,12 @@ class MongoStore(RevocationFeed, Store):
     async def purge_expired(self, now: datetime) -> dict[str, int]:
         return await self.lifecycle.purge_expired(now)
 
-    async def revocation_feed(self, poll_seconds: float | None = None) -> AsyncIterator[Revocation]:
+    async def revocation_feed(self, poll_seconds: float = POLL_SECONDS) -> AsyncIterator[Revocation]:
         """The feed (feed.py), each announcement about a client dropping what this process
         read of it lately before it is yielded; its start and its end, however it ends (an
         interruption: anything may have changed meanwhile), everything read."""
         self.registry.recent.clear()
-        feed = super().revocation_feed() if poll_seconds is None else super().revocation_feed(poll_seconds)
+        feed = self.feed.revocation_feed(poll_seconds)
         try:
             async for revocation in feed:
                 if revocation.kind in (CLIENT, CREDENTIALS):
