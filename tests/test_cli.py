@@ -318,6 +318,13 @@ def test_config_check_is_a_production_gate(tmp_path, capsys):
     assert [json.loads(line)["warning"].split(":")[0] for line in err.splitlines()[:-1]] == [
         "storage.mongodb_uri", "storage.mongodb_uri"]
     assert json.loads(err.splitlines()[-1]) == {"config": str(path), "ok": True, "warnings": 2}
+    # --json --strict: the same lines, the verdict last says it refused and why.
+    assert cli.main(["config", "check", "--config", str(path), "--json", "--strict"]) == 1
+    out, err = capsys.readouterr()
+    assert out == "" and [json.loads(line)["warning"].split(":")[0] for line in err.splitlines()[:-1]] == [
+        "storage.mongodb_uri", "storage.mongodb_uri"]
+    assert json.loads(err.splitlines()[-1]) == {"config": str(path), "ok": False, "warnings": 2,
+                                                "error": "2 warnings, refused by --strict"}
     # Unset, the URI would name this host alone: refused with or without --strict.
     path.write_text(PRODUCTION.split("mongodb_uri")[0])
     assert cli.main(["config", "check", "--config", str(path)]) == 1
@@ -344,8 +351,9 @@ def test_config_check_in_json_mode_writes_json_lines_only(tmp_path):
                 assert len(result.stdout.splitlines()) == 1
                 verdict = json.loads(result.stderr.splitlines()[-1])
                 assert verdict["ok"] is True and verdict["config"] == str(path), verdict
-            else:
-                assert result.stdout == "" and all("error" in json.loads(line) for line in result.stderr.splitlines())
+            else:  # each problem an error; or, refused by --strict, each warning and the verdict
+                assert result.stdout == "" and all({"error", "warning"} & json.loads(line).keys()
+                                                   for line in result.stderr.splitlines())
     assert result.returncode == 1 and [json.loads(line)["error"] for line in result.stderr.splitlines()] == [
         "storage.mongodb_uri: option 4 of the query, not named (it may be credential text): Unknown option. Did you "
         "mean one of (tls, ssl, tlscafile) or maybe a camelCase version of one?",
@@ -687,3 +695,13 @@ def test_a_dead_sign_in_says_to_run_login_again(monkeypatch, tmp_path):
         asyncio.run(use())
     assert str(info.value).endswith(f"no longer works: run `tokensvc login --url {url}` again")
     assert "Unknown refresh token" in str(info.value)
+
+
+def test_config_check_shows_a_file_mode_as_it_is_written(tmp_path, capsys):
+    """``server.unix_socket_mode`` is printed in octal, as the file gives it (it was 432)."""
+    path = tmp_path / "tokensvc.toml"
+    path.write_text('demo = true\n[server]\nunix_socket = "/run/tokensvc/http.sock"\nunix_socket_mode = 0o660\n')
+    assert cli.main(["config", "check", "--config", str(path)]) == 0
+    assert "server.unix_socket_mode = 0o660" in capsys.readouterr().out.splitlines()
+    assert cli.main(["config", "check", "--config", str(path), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["server"]["unix_socket_mode"] == 0o660  # JSON has no octal

@@ -334,3 +334,16 @@ def test_a_driver_call_still_running_when_serve_ends_is_not_cancelled(ending, co
         cancelled = subprocess.run([sys.executable, "-c", LEFT_RUNNING, "asyncio.run", ending], capture_output=True,
                                    text=True, timeout=60)
         assert "cancelled inside the driver" in cancelled.stdout, cancelled
+
+
+def test_the_banner_says_a_wildcard_listener_listens_everywhere():
+    """Bound to every address, the banner names it so beside the URL this machine reaches it by
+    (before, it showed 127.0.0.1 alone, as if nothing else could reach the service)."""
+    demo = {"demo": True, "port": 9000}
+    for host, words in (("0.0.0.0", "every IPv4 address (0.0.0.0)"), ("::", "every address (::)")):
+        settings = config.load(None, environ={}, overrides={**demo, "host": host})
+        first = cli.banner(settings, cli.Listeners([], [])).splitlines()[0]
+        loopback = "http://127.0.0.1:9000" if host == "0.0.0.0" else "http://[::1]:9000"
+        assert first == f"tokensvc is running on {loopback} (listening on {words}, port 9000)"
+    settings = config.load(None, environ={}, overrides={**demo, "host": "127.0.0.1"})
+    assert cli.banner(settings, cli.Listeners([], [])).splitlines()[0] == "tokensvc is running on http://127.0.0.1:9000"

@@ -110,7 +110,9 @@ def banner(settings: Settings, listeners: Listeners) -> str:
     """What ``serve`` prints once it listens: where everything is."""
     local = config_module.listen_url(settings.host, settings.port)
     admin_url = config_module.listen_url(settings.admin.host, settings.admin.port) if listeners.admin else None
-    return (f"tokensvc is running on {local}\n"
+    wildcard = config_module.wildcard_of(settings.host)
+    return (f"tokensvc is running on {local}"
+            + (f" (listening on {wildcard}, port {settings.port})" if wildcard else "") + "\n"
             f"  home page:          {local}/\n"
             f"  authorization:      {settings.auth_url}/oauth/authorize\n"
             f"  token endpoint:     {settings.base_url}/oauth/token\n"
@@ -172,7 +174,12 @@ async def serve(settings: Settings, listeners: Listeners, *, show_banner: bool =
             servers.append(server)
     local = config_module.listen_url(settings.host, settings.port)
     admin_url = config_module.listen_url(settings.admin.host, settings.admin.port) if listeners.admin else None
-    log.info("tokensvc %s listening on %s (storage: %s)", __version__, local, settings.storage.backend)
+    wildcard = config_module.wildcard_of(settings.host)
+    if wildcard:
+        log.info("tokensvc %s listening on %s, port %d (on this machine: %s; storage: %s)", __version__, wildcard,
+                 settings.port, local, settings.storage.backend)
+    else:
+        log.info("tokensvc %s listening on %s (storage: %s)", __version__, local, settings.storage.backend)
     if settings.server.unix_socket:
         log.info("also listening on unix:%s (mode %#o)", settings.server.unix_socket, settings.server.unix_socket_mode)
     if admin_url:
@@ -335,10 +342,16 @@ def cmd_config_check(args: argparse.Namespace) -> int:
     settings = load_settings(args)
     warnings = config_module.warnings(settings)
     if args.strict and warnings:
+        refusal = f"{len(warnings)} warning{'s' if len(warnings) > 1 else ''}, refused by --strict"
+        if args.json:  # the lines of a run without --strict, the verdict last: ok false, and why
+            for warning in warnings:
+                print(json.dumps({"warning": warning}), file=sys.stderr)
+            print(json.dumps({"config": args.config, "ok": False, "warnings": len(warnings), "error": refusal}),
+                  file=sys.stderr)
+            return 1
         for warning in warnings:
             _error(args, f"{args.config}: {warning}")
-        raise CommandError(f"{args.config}: {len(warnings)} warning{'s' if len(warnings) > 1 else ''}, refused "
-                           "by --strict")
+        raise CommandError(f"{args.config}: {refusal}")
     if args.json:  # every line JSON: the settings on one line, each line of standard error an object
         print(json.dumps(config_module.masked(settings)))
     else:
@@ -354,11 +367,17 @@ def cmd_config_check(args: argparse.Namespace) -> int:
     return 0
 
 
+# Settings whose value is a file mode: shown as TOML writes it (0o660), not as a decimal number.
+_MODES = frozenset({"server.unix_socket_mode"})
+
+
 def _flatten(data: Any, prefix: str = "") -> list[str]:
     if isinstance(data, dict):
         return [line for key, value in data.items() for line in _flatten(value, f"{prefix}{key}.")]
     if isinstance(data, list) and data and isinstance(data[0], dict):
         return [line for i, item in enumerate(data) for line in _flatten(item, f"{prefix[:-1]}[{i}].")]
+    if prefix[:-1] in _MODES and isinstance(data, int):
+        return [f"{prefix[:-1]} = {data:#o}"]
     return [f"{prefix[:-1]} = {json.dumps(data)}"]
 
 

@@ -32,7 +32,7 @@ from tokensvc.config.checks import verify_only, warnings
 from tokensvc.config.loading import from_dict, load
 from tokensvc.config.masking import masked, masked_uri, mongodb_hosts
 from tokensvc.config.reading import entry_problems
-from tokensvc.config.resolving import listen_url, mongodb_grace_seconds
+from tokensvc.config.resolving import listen_url, mongodb_grace_seconds, wildcard_of
 from tokensvc.config.settings import (
     COMMAND_LINE_VARIABLES,
     ENV_PREFIX,
@@ -63,5 +63,5 @@ __all__ = [
     "SECTIONS", "STORE_RETRY_AFTER_SECONDS", "TABLES", "UNIX_PEER", "AdminSettings", "ClientSeed", "ConfigError",
     "FeedSettings", "InstallationSeed", "LimitSettings", "MetricsSettings", "ProxySettings", "ServerSettings",
     "Settings", "StorageSettings", "TokenSettings", "UserSeed", "entry_problems", "from_dict", "listen_url", "load",
-    "masked", "masked_uri", "mongodb_grace_seconds", "mongodb_hosts", "verify_only", "warnings",
+    "masked", "masked_uri", "mongodb_grace_seconds", "mongodb_hosts", "verify_only", "warnings", "wildcard_of",
 ]

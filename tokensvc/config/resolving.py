@@ -25,6 +25,16 @@ def listen_url(host: str, port: int) -> str:
     return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
 
 
+def wildcard_of(host: str) -> str | None:
+    """What a wildcard listen address means, in words (``listen_url`` gives where this machine
+    reaches it); None for any other address."""
+    if host in ("", "0.0.0.0"):
+        return "every IPv4 address (0.0.0.0)"
+    if host == "::":
+        return "every address (::)"
+    return None
+
+
 def mongodb_grace_seconds(timeout_ms: int) -> int:
     """The grace period that covers a client's honest retry on MongoDB: its first attempt may
     take the whole operation budget before answering 503, the client waits the Retry-After,
