@@ -7,6 +7,7 @@ the second run a no-op, a failure midway told. Against a stopped service's Mongo
 from __future__ import annotations
 
 import functools
+import os
 import re
 import secrets
 import subprocess
@@ -779,3 +780,21 @@ def test_a_change_of_kind_keeps_a_resource_server_to_introspection_and_the_feed(
     assert answer.status_code == 403  # a third-party client: it no longer introspects
     assert code_for(service, "turncoat", TURNCOAT_SECRET)["status"] == 200
     ok(tokensvc("clients", "remove", "turncoat", *admin, credentials=credentials))
+
+
+def test_a_file_that_never_ends_or_starts_with_a_byte_order_mark_is_one_line(run, tmp_path):
+    """``apply -f`` reads its file as ``--config`` is read: a device or a pipe is refused before
+    it is read (``/dev/zero`` was read without end, its memory growing), a byte order mark is
+    named (it was a TOML error at line 1), a directory is one line too."""
+    fifo = tmp_path / "fifo.toml"
+    os.mkfifo(fifo)
+    for path in ("/dev/zero", str(fifo)):
+        code, out, err = run("apply", "-f", path)
+        assert code == 1 and out == "" and err == f"tokensvc: {path}: not a regular file (give the TOML file with -f)\n"
+    bom = tmp_path / "bom.toml"
+    bom.write_bytes(b"\xef\xbb\xbf" + FILE.encode())
+    code, out, err = run("apply", "-f", str(bom))
+    assert code == 1 and err == (f"tokensvc: {bom}: starts with a UTF-8 byte order mark, which TOML does not take: "
+                                 "save it as UTF-8 without one\n")
+    code, out, err = run("apply", "-f", str(tmp_path))
+    assert code == 1 and err == f"tokensvc: {tmp_path}: a directory, not a file (give the TOML file with -f)\n"

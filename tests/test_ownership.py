@@ -112,6 +112,28 @@ async def test_the_same_entry_is_the_admin_apis_once_a_start_with_a_file_that_no
         await Operator(ctx, handed_over(config)).patch_user("root", {"admin": False})
 
 
+async def test_a_start_with_another_file_says_what_it_takes_from_the_deployments(operator, store, config, caplog):
+    """Instances of one store that start with different files take entries from each other at
+    every start: a start whose file is not the one that marked an entry warns, naming both files,
+    for each entry it now writes and each it no longer names. The deployment's own hand-over (a
+    start of the same file that no longer names an entry) warns of nothing."""
+    other = dataclasses.replace(config, config_file=ELSEWHERE,
+                                users=tuple(user for user in config.users if user.username == "alice"))
+    with caplog.at_level(logging.WARNING, logger="tokensvc.bootstrap"):
+        await seed(store, other)
+    lines = [record.getMessage() for record in caplog.records if record.levelno == logging.WARNING]
+    assert (f"user alice was written at every start by the configuration file {FILE}, and is now by this one, "
+            f"{ELSEWHERE}: run every instance of one store with the same file") in lines
+    assert (f"user root was written at every start by the configuration file {FILE}, which this start's file, "
+            f"{ELSEWHERE}, does not name: it is the admin API's until a start with {FILE}; run every instance of "
+            "one store with the same file") in lines
+    assert (await store.get_user_by_username("alice")).owner == ELSEWHERE
+    caplog.clear()
+    await seed(store, other)  # the same file again: nothing taken
+    await seed(store, dataclasses.replace(other, users=(), installations=()))  # its own hand-over of alice
+    assert not [record for record in caplog.records if record.levelno == logging.WARNING]
+
+
 ELSEWHERE = "/srv/elsewhere/tokensvc.toml"
 
 

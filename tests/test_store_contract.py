@@ -585,7 +585,7 @@ async def test_the_store_marks_the_entries_a_configuration_file_writes_and_no_ot
     await store.put_user(User("u_bob", "bob", "h1"))
     await store.put_installation(Installation("scope-1", "Scope", "telescope"))
     assert (await store.get_client("webapp")).owner is None and (await store.get_user("u_alice")).owner is None
-    await store.set_owners("client", {"webapp": file, "tokensvc-cli": "admin.cli_client"})
+    assert await store.set_owners("client", {"webapp": file, "tokensvc-cli": "admin.cli_client"}) == {}
     await store.set_owners("user", {"u_alice": file})
     await store.set_owners("installation", {"scope-1": file})
 
@@ -609,7 +609,9 @@ async def test_the_store_marks_the_entries_a_configuration_file_writes_and_no_ot
     assert (await store.get_user("u_alice")).owner == file
     assert (await store.get_installation("scope-1")).owner == file
     # A later start's file: what it names is marked as its own, every other mark cleared.
-    await store.set_owners("client", {"made-here": "/srv/other.toml", "tokensvc-cli": "admin.cli_client"})
+    # It says which marks it took, and from whom.
+    assert await store.set_owners("client", {"made-here": "/srv/other.toml", "tokensvc-cli": "admin.cli_client"}) \
+        == {"webapp": file}
     await store.set_owners("user", {})
     await store.set_owners("installation", {})
     assert owners(await store.list_clients(), "client_id") == {

@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import secrets
+from collections.abc import Mapping
 from dataclasses import asdict, replace
 from datetime import datetime
 from typing import Any, TypeVar
@@ -163,9 +164,10 @@ async def seed(store: Store, config: Settings) -> None:
     clients_owned = {seed_client.client_id: owner for seed_client in config.clients}
     if config.admin.cli_client:
         clients_owned[CLI_CLIENT.client_id] = CLI_CLIENT_OWNER
-    await store.set_owners("client", clients_owned)
-    await store.set_owners("user", dict.fromkeys(user_ids.values(), owner))
-    await store.set_owners("installation", {seed.installation_id: owner for seed in config.installations})
+    users_owned = dict.fromkeys(user_ids.values(), owner)
+    installations_owned = {seed.installation_id: owner for seed in config.installations}
+    for kind, owned in (("client", clients_owned), ("user", users_owned), ("installation", installations_owned)):
+        await said_if_taken(store, kind, owner, owned, await store.set_owners(kind, owned))
     clients = counted(len(config.clients) + config.admin.cli_client, "client")  # the CLI's client too
     where = f"{len(config.clients)} from the config and {CLI_CLIENT.client_id}" if config.admin.cli_client \
         else "from the config"
@@ -197,6 +199,28 @@ def said_if_changed(existing: Entry | None, entry: Entry) -> Entry:
 
 def counted(count: int, noun: str) -> str:
     return f"{count} {noun}{'' if count == 1 else 's'}"
+
+
+async def said_if_taken(store: Store, kind: str, owner: str, owned: Mapping[str, str],
+                        taken: Mapping[str, str]) -> None:
+    """Warn of each entry another configuration file wrote at every start, which this start's
+    file now writes, or no longer names (so that it is the admin API's from now on): instances
+    of one store that start with different files take entries from each other at every start,
+    and a change one refuses another makes (docs/administration.md, "Who owns an entry")."""
+    for key, was in sorted(taken.items()):
+        if was in (owner, CLI_CLIENT_OWNER):
+            continue  # this file's own hand-over, or the setting's client
+        label = key
+        if kind == "user":
+            user = await store.get_user(key)
+            label = user.username if user else key
+        if key in owned:
+            log.warning("%s %s was written at every start by the configuration file %s, and is now by this one, %s: "
+                        "run every instance of one store with the same file", kind, label, was, owner)
+        else:
+            log.warning("%s %s was written at every start by the configuration file %s, which this start's file, %s, "
+                        "does not name: it is the admin API's until a start with %s; run every instance of one "
+                        "store with the same file", kind, label, was, owner, was)
 
 
 async def seed_client_as(store: Store, existing: Client | None, client: Client, now: datetime) -> None:

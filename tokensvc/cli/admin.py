@@ -17,7 +17,6 @@ import json
 import os
 import re
 import sys
-import tomllib
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -30,6 +29,7 @@ from tokensvc.admin.operator import Json, Operations, Operator, RemoteOperator, 
 from tokensvc.bootstrap import make_context, make_store
 from tokensvc.cli import login as cli_login
 from tokensvc.config import ConfigError, Settings
+from tokensvc.config.reading import read_file
 from tokensvc.errors import ValidationFailed
 from tokensvc.identifiers import secret_problem
 from tokensvc.oauth import hashing
@@ -364,10 +364,10 @@ class DesiredState:
 
     def __init__(self, path: str) -> None:
         self.path = path
-        try:
-            wanted = tomllib.loads(Path(path).read_text(encoding="utf-8"))
-        except (OSError, tomllib.TOMLDecodeError) as exc:
-            raise CommandError(f"{path}: {exc}") from None
+        try:  # a device or a pipe refused, a byte order mark named, as for --config
+            wanted = read_file(path, what="file", option="-f")
+        except ConfigError as exc:
+            raise CommandError(str(exc)) from None
         self.problems = [f"{path}: unknown table [[{table}]] (a file has {', '.join(config_module.TABLES)})"
                          for table in wanted if table not in config_module.TABLES]
         self.entries: dict[str, list[Json]] = {}

@@ -176,12 +176,15 @@ class Registry(abc.ABC):
         """
 
     @abc.abstractmethod
-    async def set_owners(self, kind: str, owners: Mapping[str, str]) -> None:
+    async def set_owners(self, kind: str, owners: Mapping[str, str]) -> dict[str, str]:
         """Mark each entry of ``kind`` (``client``, ``user``, ``installation``) that ``owners``
         names by its key (client_id, user_id, installation_id) with its owner (what writes it at
         every start: records.OWNER), and clear the mark of every other entry of that kind. No
         other write marks or clears one: a record written with ``owner`` None keeps the mark the
         store holds (``add_client``'s new document excepted, which holds its record's).
+
+        Returns each entry whose mark this changed from another owner, by its key: the owner
+        it had (a start whose file names it no more, or that another file wrote).
 
         Called by start-up seeding (bootstrap.py)."""
 

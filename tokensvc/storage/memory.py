@@ -123,12 +123,16 @@ class MemoryStore(Store):
         self._clients[client_id] = _client(copy(client, **fields))
         return _client(client)
 
-    async def set_owners(self, kind: str, owners: Mapping[str, str]) -> None:
+    async def set_owners(self, kind: str, owners: Mapping[str, str]) -> dict[str, str]:
         entries: dict[str, Any] = (self._clients if kind == "client" else self._users if kind == "user"
                                    else self._installations)
+        taken = {}
         for key, entry in entries.items():
             if entry.owner != owners.get(key):
+                if entry.owner is not None:
+                    taken[key] = entry.owner
                 entries[key] = copy(entry, owner=owners.get(key))
+        return taken
 
     async def delete_client(self, client_id: str) -> None:
         self._previous_secrets.pop(client_id, None)

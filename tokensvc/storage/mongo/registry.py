@@ -123,15 +123,19 @@ class MongoRegistry(Registry):
             match, {"$set": dict(fields)}, return_document=ReturnDocument.BEFORE))
 
     @guarded()
-    async def set_owners(self, kind: str, owners: Mapping[str, str]) -> None:
-        # Idempotent as a whole, so run again after a lost reply; a start-up's few round trips
-        # (one per owner), on a collection of a deployment's entries.
+    async def set_owners(self, kind: str, owners: Mapping[str, str]) -> dict[str, str]:
+        # Idempotent as a whole, so run again after a lost reply (which then reports nothing
+        # taken: the marks are already as ``owners`` says); a start-up's few round trips (one
+        # per owner), on a collection of a deployment's entries.
         collection = {"client": self.clients, "user": self.users, "installation": self.installations}[kind]
+        marked = await collection.find({"owner": {"$ne": None}}, {"owner": 1}).to_list(None)
+        taken = {doc["_id"]: doc["owner"] for doc in marked if owners.get(doc["_id"]) != doc["owner"]}
         await collection.update_many({"_id": {"$nin": list(owners)}, "owner": {"$ne": None}},
                                      {"$unset": {"owner": ""}})
         for owner in sorted(set(owners.values())):
             await collection.update_many({"_id": {"$in": [key for key, value in owners.items() if value == owner]},
                                           "owner": {"$ne": owner}}, {"$set": {"owner": owner}})
+        return taken
 
     @guarded()
     async def delete_client(self, client_id: str) -> None:

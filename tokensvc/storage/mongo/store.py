@@ -288,8 +288,8 @@ class MongoStore(Store):
         return await self.registry.update_client(client_id, fields, if_confidential=if_confidential)
 
     @_changes_clients
-    async def set_owners(self, kind: str, owners: Mapping[str, str]) -> None:
-        await self.registry.set_owners(kind, owners)
+    async def set_owners(self, kind: str, owners: Mapping[str, str]) -> dict[str, str]:
+        return await self.registry.set_owners(kind, owners)
 
     @_changes_clients
     async def delete_client(self, client_id: str) -> None:
