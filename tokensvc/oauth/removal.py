@@ -64,7 +64,7 @@ async def remove_client(store: RegistryAndAuthorizations, client_id: str, clock:
     if removal.tag == tag:
         logs.audit("client_removal_started", {"client_id": client_id, "outcome": "disabled"})
     await store.mark_removal(client_id, clock())
-    await store.delete_client(client_id)
+    await store.withdraw_client(removal)
     announce(Revocation(CLIENT, client_id))  # its tokens are refused already; caches drop their answers
     return await finish(store, removal, clock, announce)
 

@@ -70,12 +70,12 @@ STEPS = "steps"  # not one operation: several, one after the other, each with it
 # consumption, a rotation, a revocation that answers whether it revoked, a count.
 RETRY_KINDS: dict[str, str] = {
     # Registry
-    "get_client": READ, "list_clients": READ, "put_client": RERUN, "add_client": ONCE, "update_client": ONCE,
-    "delete_client": RERUN,
+    "get_client": READ, "list_clients": READ, "put_client": RERUN, "add_client": STEPS, "update_client": ONCE,
     "get_user": READ, "get_user_by_username": READ, "list_users": READ, "seed_user": STEPS, "put_user": STEPS,
     "update_user": ONCE, "delete_user": RERUN,
     "get_installation": READ, "list_installations": READ, "put_installation": RERUN, "delete_installation": RERUN,
-    "begin_removal": RERUN, "mark_removal": RERUN, "get_removal": READ, "list_removals": READ, "end_removal": STEPS,
+    "begin_removal": STEPS, "mark_removal": RERUN, "get_removal": READ, "list_removals": READ, "end_removal": STEPS,
+    "withdraw_client": RERUN,
     "put_previous_secret": RERUN, "get_previous_secret": READ, "delete_previous_secret": RERUN,
     "note_previous_secret_use": ONCE, "expire_previous_secret": ONCE,
     # Authorizations
@@ -99,7 +99,9 @@ RETRY_KINDS: dict[str, str] = {
     "_caseless_holders": READ, "_write_user": RERUN,  # put_user
     "_seeded_admin": READ, "_seed_write": RERUN,  # seed_user
     "_live_client_grant_ids": READ, "_revoke_where": RERUN,  # revoke_client_grants
-    "_clear_removed": RERUN, "_drop_removal": RERUN,  # end_removal
+    "_insert_client": ONCE, "_removal_recorded": READ, "_take_back": RERUN,  # add_client
+    "_claim_of": READ, "_record_removal": RERUN,  # begin_removal
+    "_drop_removal": RERUN,  # end_removal
     "_mark_stopped": RERUN,  # close
     "_declare_settings": RERUN, "_running_settings": READ,  # deployment_settings
     "heartbeat": RERUN,  # upkeep

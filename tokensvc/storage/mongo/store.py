@@ -238,8 +238,8 @@ class MongoStore(RevocationFeed, Store):
                             if_confidential: bool = False) -> Client | None:
         return await self.registry.update_client(client_id, fields, if_confidential=if_confidential)
 
-    async def delete_client(self, client_id: str) -> None:
-        await self.registry.delete_client(client_id)
+    async def withdraw_client(self, removal: Removal) -> None:
+        await self.registry.withdraw_client(removal)
 
     async def begin_removal(self, client_id: str, now: datetime, tag: str) -> Removal:
         return await self.registry.begin_removal(client_id, now, tag)
