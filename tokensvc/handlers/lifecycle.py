@@ -26,9 +26,11 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import random
 import re
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -51,6 +53,8 @@ from tokensvc.handlers.routes import STANDARD_METHODS, Route
 from tokensvc.logs import REQUEST_ID
 from tokensvc.metrics import Metrics
 from tokensvc.oauth.context import OAuthContext
+
+log = logging.getLogger(__name__)
 
 MAX_BODY_BYTES = 64 * 1024
 # A request's target (path and query), and its header fields together, each at most 64 KiB:
@@ -111,10 +115,27 @@ class Edge:
                                             proxy.real_ip_header)
         self._static_settings, self._static_files = static_settings, static_files
         self.in_flight = 0  # requests whose body is in and whose answer is not yet written
+        # The open WebSockets of GET /v1/ws, each with what tells it to go (a graceful stop:
+        # :meth:`end_sockets`); ``stopping`` from then on, when a socket opening is told at once.
+        self.sockets: dict[object, Callable[[], None]] = {}
+        self.stopping = False
         self.readiness = Readiness(ctx.store)
         # This application's OpenAPI document, built at its first request: its server URL is
         # this application's own (two applications in one process publish their own).
         self.openapi_document: bytes | None = None
+
+    def end_sockets(self) -> int:
+        """The process stops: tell each open WebSocket to go (1012, service restart: its
+        client reconnects to another process), and each one opening from now on as it opens.
+        How many were told."""
+        self.stopping = True
+        ends = list(self.sockets.values())
+        for end in ends:
+            try:
+                end()
+            except Exception:  # one broken socket must not keep the others open
+                log.exception("a WebSocket failed to end")
+        return len(ends)
 
     async def drained(self, poll_seconds: float = 0.05) -> None:
         """Return once no request is in flight (a graceful stop waits for it, with a deadline)."""
