@@ -719,7 +719,8 @@ class Housekeeping(abc.ABC):
 
         Called by start-up, between its tries (bootstrap.py), and by the relay between its tries
         (oauth/events.py). The WebSocket handlers give it to each socket's re-check as the pause
-        after a failed one.
+        after a failed one, and the service's context to the failure limits as the pause before
+        the take-backs of counts the store missed (bootstrap.py).
         """
         await asyncio.sleep(seconds)
 
