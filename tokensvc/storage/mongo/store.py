@@ -35,6 +35,7 @@ from tokensvc.storage.mongo.indexes import Indexes
 from tokensvc.storage.mongo.lifecycle import Lifecycle
 from tokensvc.storage.mongo.registry import MongoRegistry
 from tokensvc.storage.mongo.sessions import MongoSessions
+from tokensvc.storage.mongo.stamps import Stamps
 
 
 class MongoStore(RevocationFeed, Store):
@@ -53,9 +54,10 @@ class MongoStore(RevocationFeed, Store):
         self.connection = Connection(client, database, timeout_ms=timeout_ms, build_timeout_ms=build_timeout_ms,
                                      causal=causal)
         credentials = Credentials(self.connection)
+        self.stamps = Stamps(self.connection)  # revocations' marks that landed late, stamped again
         self.registry = MongoRegistry(self.connection)
-        self.authorizations = MongoAuthorizations(self.connection, credentials)
-        self.sessions = MongoSessions(self.connection, credentials)
+        self.authorizations = MongoAuthorizations(self.connection, credentials, self.stamps)
+        self.sessions = MongoSessions(self.connection, credentials, self.stamps)
         self.failures = MongoFailureCounts(self.connection)
         self.indexes = Indexes(self.connection)
         self.lifecycle = Lifecycle(self.connection, self.indexes)
