@@ -370,6 +370,18 @@ async def family_of(store: Any, token: str) -> Any:
     return (await store.find_access(hashing.digest(token)))[0]
 
 
+async def delete_client_by_hand(store: Any, client_id: str) -> None:
+    """A client's document and previous secret deleted around its removal, as nothing of this
+    release does (0.9.0's removal cut short after its deletion, a hand in the database): the
+    store's own collections, memory's or MongoDB's."""
+    if hasattr(store, "registry"):
+        await store.registry.clients.delete_one({"_id": client_id})
+        await store.registry.previous_secrets.delete_one({"_id": client_id})
+    else:
+        store._clients.pop(client_id, None)
+        store._previous_secrets.pop(client_id, None)
+
+
 def new_verifier() -> tuple[str, str]:
     import secrets
 

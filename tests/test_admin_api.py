@@ -16,6 +16,7 @@ from helpers import (
     check_oauth_error,
     check_schema,
     check_validation_error,
+    delete_client_by_hand,
     hand_over,
     handed_over,
     issue_tokens,
@@ -452,7 +453,7 @@ async def test_the_next_start_up_finishes_a_removal_left_under_way(ctx, store, c
     tokens = await issue_tokens(ctx, "alice", "read", "skyplanner", SKY_REDIRECT)
     grant_id = (await store.list_client_grants("skyplanner"))[0].grant_id
     await store.begin_removal("skyplanner", ctx.clock(), "stopped")  # the process stopped right after this
-    await store.delete_client("skyplanner")
+    await delete_client_by_hand(store, "skyplanner")
     with caplog.at_level(logging.INFO):
         await prepare(store, config)
     assert "finished the removal of client skyplanner" in caplog.text

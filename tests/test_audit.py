@@ -7,6 +7,7 @@ import sys
 import pytest
 from helpers import SKY_REDIRECT, WEBAPP_REDIRECT, WEBAPP_SECRET, basic, exchange, json_of, post_form
 
+from tokensvc.storage.base import StorageError
 from tokensvc.telemetry.logs import JsonFormatter, TextFormatter
 
 
@@ -45,6 +46,23 @@ async def test_every_security_event_is_audited_without_secrets(browser, http_cli
     for secret in (code, first["access_token"], first["refresh_token"], second["refresh_token"],
                    "alice-password", "wrong-password", browser.cookies["tokensvc_session"]):
         assert secret not in text
+
+
+@pytest.mark.gen_test
+async def test_a_sign_in_the_store_fails_after_the_password_is_audited_as_what_the_user_got(browser, store,
+                                                                                             monkeypatch, caplog):
+    """The password is right, then the store fails to start the session: the user gets 503,
+    and the audit trail says so (an error), never that the sign-in succeeded."""
+    async def away(session):
+        raise StorageError("the store did not answer")
+
+    monkeypatch.setattr(store, "add_session", away)
+    with caplog.at_level(logging.INFO, logger="tokensvc.audit"):
+        response = await browser.login("alice")
+    assert response.code == 503
+    logins = [(event["outcome"], event.get("username")) for event in audit_events(caplog) if event["event"] == "login"]
+    assert logins == [("error", "alice")]
+    assert "login succeeded" not in caplog.text
 
 
 @pytest.mark.gen_test

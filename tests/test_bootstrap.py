@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 from backends import BACKENDS
-from helpers import PASSWORD_HASHES, make_config
+from helpers import PASSWORD_HASHES, delete_client_by_hand, make_config
 
 from tokensvc import config as config_module
 from tokensvc.bootstrap import CLI_CLIENT, make_store, seed
@@ -340,7 +340,7 @@ async def test_a_client_registered_again_after_any_deletion_revives_nothing_of_b
     await seed(store, make_config())
     ctx, issued = await cli_login(store, clock)
     grant = (await store.list_client_grants(CLI_CLIENT.client_id))[0]
-    await store.delete_client(CLI_CLIENT.client_id)  # as 0.9.0 did, with no revocation after it
+    await delete_client_by_hand(store, CLI_CLIENT.client_id)  # as 0.9.0 did, with no revocation after it
     clock.advance(1)  # the registration comes after the grant (its claim bounds the leftovers)
     heard = []
     ctx.events.watch(heard.append)
@@ -431,7 +431,7 @@ async def test_a_registration_whose_clearing_fails_claims_nothing_and_clears_whe
     store = backend_store
     await seed(store, make_config())
     ctx, issued = await cli_login(store, clock)
-    await store.delete_client(CLI_CLIENT.client_id)  # as 0.9.0 did, with no revocation after it
+    await delete_client_by_hand(store, CLI_CLIENT.client_id)  # as 0.9.0 did, with no revocation after it
     clock.advance(1)
     real = store.revoke_client_grants
 

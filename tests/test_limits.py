@@ -365,6 +365,41 @@ async def test_forty_concurrent_wrong_passwords_over_eight_processes_check_only_
     await eventually(given_back, what="the reservation given back")
 
 
+@pytest.mark.gen_test(timeout=60)
+async def test_a_take_back_the_store_missed_is_made_once_it_answers_again(processes, config, monkeypatch):
+    """The store goes away between a sign-in's count and its take-back (a right password): the
+    take-back is kept and made as soon as the store may answer again, so that the counts of the
+    address and the username are as they were, not one too high until the window ends (an
+    outage under sign-in load left every right password behind the address refused, 429)."""
+    from tokensvc.ratelimit import FailureLimits
+    from tokensvc.storage.base import StorageError
+
+    store = processes[0].store
+    counts = store.failure_counts()
+    away, back = True, asyncio.Event()
+    taking_back = counts.uncount_attempt
+
+    async def uncount(*args):
+        if away:
+            raise StorageError("MongoDB: no answer within 2 s")
+        return await taking_back(*args)
+
+    async def reachable(seconds):  # the store's: returns once it may answer again
+        await back.wait()
+
+    monkeypatch.setattr(counts, "uncount_attempt", uncount)
+    limits = FailureLimits(config.limits, shared=counts, pause=reachable)
+    attempt = limits.login_attempt("alice", "127.0.0.1")
+    for _ in range(3):
+        limits.release(await limits.reserve(limits.sign_in_attempts("alice", "127.0.0.1")), clear_account=True)
+    await eventually(lambda: limits.owed == 6, what="the take-backs the store missed, kept")  # two groups each
+    assert (await counts.read_counts(attempt.group, attempt.names))[0] == [3, 3]
+    away = False
+    back.set()
+    await eventually(lambda: limits.owed == 0, what="the take-backs made")
+    assert (await counts.read_counts(attempt.group, attempt.names))[0] == [0, 0]
+
+
 # -- what exempts a right secret: what the store holds of it, never what a request presents -------
 
 # Set by hand and as long as a generated secret (43 characters), but predictable: a guesser who

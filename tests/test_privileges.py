@@ -15,6 +15,7 @@ from helpers import (
     SKY_REDIRECT,
     VERIFIER,
     WEBAPP_REDIRECT,
+    delete_client_by_hand,
     hand_over,
     handed_over,
     issue_tokens,
@@ -233,7 +234,7 @@ async def test_a_token_of_a_client_that_is_gone_does_nothing(ctx, store):
     """However the client went (a removal whose bulk revocation had not run yet, a store
     written by another release), its tokens do nothing at once."""
     tokens = await issue_tokens(ctx, "alice", "read")
-    await store.delete_client("webapp")
+    await delete_client_by_hand(store, "webapp")
     for token in (tokens.access_token, tokens.refresh_token):
         assert await introspection.introspect(ctx, token) == {"active": False}
     assert await principals.from_bearer(ctx, tokens.access_token) is None

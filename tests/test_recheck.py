@@ -15,7 +15,7 @@ from helpers import DEADLINE, eventually
 from tokensvc.handlers.edge import recheck as recheck_module
 from tokensvc.handlers.edge.recheck import Recheck
 from tokensvc.oauth.events import REMEMBERED, RevocationEvents
-from tokensvc.storage.base import CLIENT, FAMILY, GRANT, Revocation
+from tokensvc.storage.base import CLIENT, FAMILY, GRANT, Revocation, StorageError
 
 
 class GatedCheck:
@@ -76,6 +76,26 @@ async def test_requests_with_no_check_running_each_run_one():
         assert await started(check) == expected
         await let_run(check, recheck)
     assert (check.runs, check.most) == (3, 1)
+
+
+class StoreAwayCheck:
+    async def __call__(self) -> None:
+        raise StorageError("the store did not answer within 2.0 s")
+
+
+@pytest.mark.gen_test
+async def test_a_check_the_store_cannot_answer_logs_one_line_with_no_traceback(caplog):
+    """The store away is expected (every socket's check fails through an outage): one line
+    that says why, never a traceback."""
+    recheck = Recheck(StoreAwayCheck(), "could not re-check the thing")
+    with caplog.at_level(logging.WARNING, logger="tokensvc.handlers.recheck"):
+        recheck.request()
+        await eventually(lambda: recheck._task is None, what="the check ended")
+        recheck.stop()
+    failures = [record for record in caplog.records if record.name == "tokensvc.handlers.recheck"]
+    assert [record.getMessage() for record in failures] == [
+        "could not re-check the thing: the store did not answer within 2.0 s"]
+    assert failures[0].exc_info is None and "\n" not in caplog.text.strip()
 
 
 @pytest.mark.gen_test

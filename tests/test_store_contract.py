@@ -23,7 +23,7 @@ from tokensvc.records import (
     Subject,
     User,
 )
-from tokensvc.storage.base import ClientRecord, Conflict, FailureCounts, Store
+from tokensvc.storage.base import ClientRecord, Conflict, FailureCounts, Removing, Store
 from tokensvc.storage.memory import MemoryStore
 
 pytestmark = pytest.mark.parametrize("backend_store", BACKENDS, indirect=True)
@@ -94,8 +94,10 @@ async def test_clients(backend_store, now):
     assert [client.client_id for client in await store.list_clients()] == ["a", "b"]
     await store.put_client(replace(a, name="A2"))
     assert (await store.get_client("a")).name == "A2"
-    await store.delete_client("a")
-    await store.delete_client("a")  # what is gone is no error
+    removal = await store.begin_removal("a", now, "t")
+    await store.withdraw_client(removal)
+    await store.withdraw_client(removal)  # what is gone is no error
+    await store.end_removal(removal)
     assert [client.client_id for client in await store.list_clients()] == ["b"]
 
 
@@ -292,7 +294,7 @@ async def test_a_client_under_removal_is_no_client_whatever_writes_its_document(
     assert [client.client_id for client in await store.list_clients()] == ["a", "z"]
     assert [client.client_id for client in await store.list_clients(None, 1)] == ["a"]
     assert [client.client_id for client in await store.list_clients("a", 1)] == ["z"]
-    await store.delete_client("doomed")
+    await store.withdraw_client(removal)
     await store.put_client(Client("doomed", "Doomed", ["https://doomed/cb"], created_at=now))  # written back
     assert await store.get_client("doomed") is None
     await store.end_removal(removal)
@@ -322,6 +324,43 @@ async def test_a_removals_end_run_again_never_reaches_beyond_its_removal(backend
     assert await store.get_removal("c1") == second  # the later removal goes on
     await store.end_removal(second)
     assert await store.get_removal("c1") is None and await store.get_previous_secret("c1") is None
+
+
+@pytest.mark.gen_test
+async def test_a_registration_while_a_removal_is_under_way_is_refused_and_leaves_nothing(backend_store, now):
+    """Once a removal is recorded, its document deleted, a registration of the id is refused
+    (:class:`Removing`, a :class:`Conflict`) and writes nothing the removal's end could delete;
+    the removal finished, the id is registered again."""
+    store = backend_store
+    await store.put_client(Client("c1", "One", ["https://a/cb"], created_at=now))
+    removal = await store.begin_removal("c1", now, "first")
+    await store.withdraw_client(removal)
+    again = Client("c1", "One again", ["https://a/cb"], secret_hash="b" * 64, created_at=now)
+    with pytest.raises(Removing):
+        await store.add_client(again)
+    assert await store.get_client("c1") is None
+    await store.end_removal(removal)
+    assert await store.get_client("c1") is None and await store.list_clients() == []
+    await store.add_client(again)
+    assert await store.get_client("c1") == again
+
+
+@pytest.mark.gen_test
+async def test_a_removals_steps_run_late_never_take_a_client_registered_since(backend_store, now):
+    """A call of a removal that goes on after another call finished it (its record read before
+    the end) withdraws nothing: not the document of a client registered since under the id, at
+    its first step or at its last."""
+    store = backend_store
+    await store.put_client(Client("c1", "One", ["https://a/cb"], created_at=now))
+    first = await store.begin_removal("c1", now, "first")
+    late = await store.begin_removal("c1", now, "late")  # another call of the same removal
+    await store.withdraw_client(first)
+    await store.end_removal(first)
+    registered = Client("c1", "One again", ["https://a/cb"], secret_hash="b" * 64, created_at=now)
+    await store.add_client(registered)
+    await store.withdraw_client(late)
+    await store.end_removal(late)
+    assert await store.get_client("c1") == registered
 
 
 @pytest.mark.gen_test
@@ -527,7 +566,7 @@ async def test_a_previous_secret_is_kept_used_and_expired_by_one_caller_each(bac
     await store.delete_previous_secret("c")
     assert await store.get_previous_secret("c") is None
     await store.put_previous_secret(kept)
-    await store.delete_client("c")
+    await store.withdraw_client(await store.begin_removal("c", now, "t"))
     assert await store.get_previous_secret("c") is None
 
 

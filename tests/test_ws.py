@@ -429,3 +429,34 @@ async def test_a_refresh_is_no_revocation_for_an_open_socket(browser, http_clien
     await post_form(http_client, base_url + "/oauth/token/revoke", {"token": json_of(refreshed)["refresh_token"]},
                     {"Authorization": basic("webapp", WEBAPP_SECRET)})
     await closed_as_revoked(connection)
+
+
+@pytest.mark.process
+def test_a_graceful_stop_closes_every_socket_with_1012(tmp_path):
+    """SIGTERM: each open socket is told to go (1012, service restart) as the feed's readers
+    are, so that its client reconnects to another process: a close frame, never a connection
+    that just drops."""
+    import signal
+
+    from service import NOWHERE, access_token, start_service
+    from service import WEBAPP_SECRET as SERVED_SECRET
+
+    from tokensvc.oauth.feed import CLOSE_RESTART
+
+    service = start_service(tmp_path).wait_ready()
+    try:
+        token = access_token(service.base, "webapp", NOWHERE["webapp"], "read", "alice", "violet-tide-anchor",
+                             SERVED_SECRET)
+
+        async def read_through_the_stop() -> int | None:
+            connection = await websocket_connect(ws_url(service.base, "?access_token=" + token))
+            await welcome_of(connection)
+            service.process.send_signal(signal.SIGTERM)
+            while await gen.with_timeout(READ, connection.read_message()) is not None:
+                pass
+            return connection.close_code
+
+        assert asyncio.run(read_through_the_stop()) == CLOSE_RESTART
+    finally:
+        output = service.stop()
+    assert "1 WebSocket told to reconnect elsewhere" in output

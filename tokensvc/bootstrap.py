@@ -66,7 +66,7 @@ def make_context(settings: Settings, store: Store, **overrides: Any) -> OAuthCon
     metrics = Metrics()
     values: dict[str, Any] = dict(
         store=store, tokens=settings.tokens, issuer=settings.base_url, successors=successors.SuccessorKeys.of(keys),
-        limits=FailureLimits(settings.limits, shared=store.failure_counts()),
+        limits=FailureLimits(settings.limits, shared=store.failure_counts(), pause=store.reachable),
         metadata=server_metadata(settings.base_url, settings.auth_url,
                                  (client.allowed_scopes for client in settings.clients)),
         metrics=metrics, feed_caps=ReaderCaps(settings.feed.max_readers, settings.feed.max_readers_per_client))

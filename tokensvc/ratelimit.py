@@ -52,7 +52,7 @@ import logging
 import math
 import time
 from collections import deque
-from collections.abc import Callable, Coroutine, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -66,6 +66,10 @@ log = logging.getLogger(__name__)
 MAX_CLEAN_GROUPS = 10_000
 ADDRESS = "*"  # the counter of an address itself, whatever client id or username
 FAILURES = "n"  # the one counter of an account's or a browser's group
+# Take-backs of counts kept while the store is away (FailureLimits._owe), at most; and how long
+# between tries at the latest (sooner when the store may answer again).
+OWED_MOST = 10_000
+OWED_RETRY_SECONDS = 1.0
 
 # Which limit refused an attempt (TooManyFailures.reason): the sign-in page words each.
 BY_ADDRESS, BY_ACCOUNT, ACCOUNT_STOPPED, BY_BROWSER = "address", "account", "account_stopped", "browser"
@@ -244,7 +248,10 @@ class FailureLimits:
     process and, with several processes, in the store."""
 
     def __init__(self, settings: LimitPolicy, limiter: MemoryFailureLimiter | None = None,
-                 shared: FailureCounts | None = None, clock: Callable[[], float] = time.monotonic) -> None:
+                 shared: FailureCounts | None = None, clock: Callable[[], float] = time.monotonic,
+                 pause: Callable[[float], Awaitable[None]] = asyncio.sleep) -> None:
+        """``pause``: waits at most its seconds, less when the store may answer again (the
+        store's ``reachable``), between tries of the take-backs the store missed."""
         self.settings = settings
         self.clock = clock
         self.limiter = limiter or MemoryFailureLimiter(settings.window_seconds, lambda: self.clock())
@@ -252,6 +259,11 @@ class FailureLimits:
         # The in-process counts of each window: window_seconds', and the accounts' longer ones.
         self._limiters = {settings.window_seconds: self.limiter}
         self._releasing: set[asyncio.Task[None]] = set()
+        # Take-backs the store missed (it went away between a count and its take-back), each
+        # with the end of its window: made once the store answers again (:meth:`_pay_back`).
+        self._owed: deque[tuple[float, str, list[str], list[str]]] = deque()
+        self._paying: asyncio.Task[None] | None = None
+        self._pause = pause
         self._presented: dict[int, MemoryFailureLimiter] = {}  # present(), in this process, by window
         # The groups the store counted no failure of when this process last read them (check),
         # each until CACHE_SECONDS after that read began, unless a failure of the group was
@@ -460,7 +472,7 @@ class FailureLimits:
         except BaseException:
             self._release_here(reservation)
             for part, _, _ in counted:
-                await self._uncount(part.group, part.names)
+                await self._uncount(part, part.names)
             raise
         return Reservation(reservation.parts, shared=True)
 
@@ -477,7 +489,7 @@ class FailureLimits:
             for counter in reset:
                 self._memory(attempt).forget(f"{attempt.group}|{counter}")
             if reservation.shared:
-                self._in_background(self._uncount(attempt.group, [name for name in attempt.names if name not in reset],
+                self._in_background(self._uncount(attempt, [name for name in attempt.names if name not in reset],
                                                   reset))
 
     def _release_here(self, reservation: Reservation) -> None:
@@ -502,19 +514,58 @@ class FailureLimits:
             for counter in attempt.names:
                 self._memory(attempt).forget(f"{attempt.group}|{counter}")
             if self.shared is not None:
-                self._in_background(self._uncount(attempt.group, [], attempt.names))
+                self._in_background(self._uncount(attempt, [], attempt.names))
 
     def _in_background(self, work: Coroutine[Any, Any, None]) -> None:
         task = asyncio.get_running_loop().create_task(work)
         self._releasing.add(task)
         task.add_done_callback(self._releasing.discard)
 
-    async def _uncount(self, group: str, counters: list[str], reset: list[str] | None = None) -> None:
+    async def _uncount(self, attempt: Attempt, counters: list[str], reset: list[str] | None = None) -> None:
+        """Take back ``counters`` of ``attempt``'s group (and set ``reset`` to zero) in the store;
+        when the store fails, kept and made once it answers again (:meth:`_pay_back`): a count
+        left one too high until its window ends locked out every right password behind the
+        address after an outage."""
         assert self.shared is not None
         try:
-            await self.shared.uncount_attempt(group, counters, reset or [])
-        except (StorageError, StoreFault) as exc:  # the count stays one too high until the window ends
-            log.warning("could not take back an attempt's count: %s", exc)
+            await self.shared.uncount_attempt(attempt.group, counters, reset or [])
+        except (StorageError, StoreFault) as exc:
+            self._owe(self.clock() + self._window(attempt), attempt.group, counters, reset or [], exc)
+
+    def _owe(self, until: float, group: str, counters: list[str], reset: list[str], exc: Exception) -> None:
+        if len(self._owed) >= OWED_MOST:  # bounded: the oldest are the first whose window ends
+            self._owed.popleft()
+            log.warning("more than %d take-backs of attempts' counts wait for the store: the oldest is dropped",
+                        OWED_MOST)
+        if not self._owed:  # once per outage, not once per sign-in
+            log.warning("could not take back an attempt's count (taken back once the store answers): %s", exc)
+        self._owed.append((until, group, counters, reset))
+        if self._paying is None:
+            self._paying = asyncio.get_running_loop().create_task(self._pay_back())
+
+    async def _pay_back(self) -> None:
+        """Make the take-backs the store missed, the oldest first, as soon as it may answer
+        again (``pause``), and again after each failure; one whose window has ended is dropped
+        (its count went with the window)."""
+        assert self.shared is not None
+        try:
+            while self._owed:
+                await self._pause(OWED_RETRY_SECONDS)
+                while self._owed:
+                    until, group, counters, reset = self._owed[0]
+                    if self.clock() < until:
+                        try:
+                            await self.shared.uncount_attempt(group, counters, reset)
+                        except (StorageError, StoreFault):
+                            break  # still away: wait again
+                    self._owed.popleft()
+        finally:
+            self._paying = None
+
+    @property
+    def owed(self) -> int:
+        """How many take-backs wait for the store."""
+        return len(self._owed)
 
 
 def account_counter(username: str) -> str:

@@ -177,6 +177,12 @@ class Removal:
     # step is conditional on, so that a run of it after the record went (its reply lost, or
     # another call finished it) deletes nothing registered since under the same id.
     tag: str | None = None
+    # Which document of the client the removal takes (MongoDB: the ``claim`` of the document
+    # there when it was recorded, "" for a document with none; None: unknown, a record of
+    # release 0.10.0). A client registered since under the id has a claim of its own, which no
+    # step of this removal matches. Not part of a removal's equality: a store of one process
+    # needs none.
+    client_claim: str | None = field(default=None, compare=False)
 
 
 def web_origin(url: str) -> str | None:

@@ -20,6 +20,8 @@ it rewrites a document this release wrote loses nothing and grants nothing."""
 from __future__ import annotations
 
 import json
+import os
+import subprocess
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from urllib.parse import parse_qs, urlencode, urljoin, urlsplit
@@ -1042,6 +1044,57 @@ def test_an_entry_this_releases_file_writes_is_served_by_the_previous_release_an
         assert proves(new.base, secret) and proves(old.base, secret)
         assert users.find_one({"username": "carol"})["admin"] is False
         assert clients.find_one({"_id": "rolling"})["owner"] == str(new.log_path.parent / "tokensvc.toml")
+    finally:
+        outputs = deployment.close()
+    assert not any("Traceback" in output for output in outputs), outputs
+
+
+def previous_cli(deployment: Deployment, old: Service, *argv: str) -> subprocess.CompletedProcess:
+    """A command of the previous release's command line, with its process's configuration."""
+    release, config = deployment.previous, str(old.log_path.parent / "tokensvc.toml")
+    return subprocess.run([release.python, "-m", "tokensvc", *argv, "--config", config], cwd=release.cwd,
+                          env={**os.environ, **release.env}, capture_output=True, text=True, timeout=120)
+
+
+def test_a_removal_of_either_release_takes_a_client_of_the_others_registration(primary, previous, tmp_path_factory,
+                                                                               capsys):
+    """This release registers a client with a claim; the previous release removes it whole. The
+    previous release starts a removal and stops short (its record holds no claim): this release
+    refuses to register the id meanwhile, and finishing the removal takes whatever document
+    holds the id, the one this release registered included (fail closed)."""
+    deployment = Deployment(primary, previous, tmp_path_factory)
+    clients, removals = primary.db["tokensvc"]["clients"], primary.db["tokensvc"]["removals"]
+    try:
+        old = deployment.start("previous")
+        deployment.start("current")
+        add = ["clients", "add", "--client-id", "transient", "--name", "Transient", "--redirect-uri", "https://t.example/cb",
+               "--config", deployment.operators_config()]
+        assert cli.main(add) == 0
+        capsys.readouterr()
+        assert clients.find_one({"_id": "transient"}).get("claim")  # registered with a claim of its own
+        removed = previous_cli(deployment, old, "clients", "remove", "transient")
+        assert removed.returncode == 0, removed.stderr
+        assert clients.count_documents({"_id": "transient"}) == 0 and removals.count_documents({}) == 0
+        # Registered again here; the previous release's removal of it stops after its record.
+        assert cli.main(add) == 0
+        capsys.readouterr()
+        primary.script(Fault("update", "error", collection="families", code=262, labels=("RetryableWriteError",),
+                             times=100_000))
+        created = clients.find_one({"_id": "transient"})["created_at"]
+        primary.db["tokensvc"]["grants"].insert_one({  # a grant of it, whose families' sweep the store refuses
+            "_id": "g-transient", "client_id": "transient", "user_id": "u_x", "installation_id": None,
+            "scopes": ["read"], "created_at": created, "revoked_at": None, "generation": 0})
+        assert previous_cli(deployment, old, "clients", "remove", "transient").returncode == 1
+        with primary.lock:
+            primary.faults.clear()
+        recorded = removals.find_one({"_id": "transient"})
+        assert recorded is not None and "client_claim" not in recorded  # the previous release's record
+        clients.insert_one({"_id": "transient", "name": "Transient", "redirect_uris": ["https://t.example/cb"],
+                            "claim": "a-registration-of-this-release"})  # as one landing before the record
+        assert cli.main(add) == 1  # being removed: refused
+        assert "being removed" in capsys.readouterr().err
+        assert cli.main(["clients", "remove", "transient", "--config", deployment.operators_config()]) == 0
+        assert clients.count_documents({"_id": "transient"}) == 0 and removals.count_documents({}) == 0
     finally:
         outputs = deployment.close()
     assert not any("Traceback" in output for output in outputs), outputs

@@ -17,7 +17,7 @@ from primary import BUDGET_MS, Fault, wire_settings
 from tokensvc.bootstrap import make_store
 from tokensvc.oauth import events, hashing
 from tokensvc.records import Session, utcnow
-from tokensvc.storage.base import SESSION, Revocation, StoreObserver
+from tokensvc.storage.base import SESSION, Revocation, StorageError, StoreObserver
 
 pytestmark = pytest.mark.gen_test(timeout=30)
 
@@ -141,6 +141,46 @@ async def test_a_revocation_whose_write_lands_late_within_its_budget_is_heard_by
         listening.cancel()
         await asyncio.gather(listening, return_exceptions=True)
         await other.close()
+
+
+async def test_a_revocation_asked_again_stamps_again_a_mark_that_landed_later_than_a_poll_reads_back(
+        wire_store, primary):
+    """A sign-out answered 503 (the store stopped waiting at its budget) whose write the server
+    applied later than a poll reads back, with the time it was asked at: the client's retry
+    finds the session ended already and writes nothing, so no polling relay ever heard it (a
+    revoked token's socket stayed open). Asked again, the store stamps the mark with the time of
+    the retry, and the relays hear it."""
+    primary.change_streams = False
+    await add_sessions(wire_store, "late")
+    landed_with = utcnow() - timedelta(seconds=BUDGET_MS / 1000 + 5 + 10)  # older than a poll reads back
+    primary.db["tokensvc"]["sessions"].update_many({}, {"$set": {"ended_at": landed_with}})
+    feed = wire_store.revocation_feed(poll_seconds=0.05)
+    waiting = asyncio.ensure_future(next_revocation(feed))
+    try:
+        await polling(primary)
+        asked = utcnow()
+        assert await wire_store.end_session("late", asked) is False  # ended already: the client's retry
+        assert await waiting == Revocation(SESSION, "late")
+        stamped = primary.db["tokensvc"]["sessions"].find_one({})["ended_at"]
+        assert abs(stamped.replace(tzinfo=asked.tzinfo) - asked) < timedelta(milliseconds=2)
+    finally:
+        waiting.cancel()
+        await feed.aclose()
+
+
+async def test_a_revocation_the_store_stopped_waiting_for_is_stamped_again_once_it_lands(wire_store, primary):
+    """The server holds a sign-out's write past the store's budget (503), then applies it with
+    the time it was asked at: once the driver's call ends, the store stamps the mark again, with
+    a time at or after it landed, which every poll after the landing reads back to."""
+    await add_sessions(wire_store, "held")
+    asked = utcnow()
+    primary.script(Fault("update", "delay", collection="sessions", seconds=BUDGET_MS / 1000 + 0.5))
+    with pytest.raises(StorageError):
+        await wire_store.end_session("held", asked)
+    sessions = primary.db["tokensvc"]["sessions"]
+    await eventually(lambda: sessions.find_one({})["ended_at"] is not None, what="the write landed")
+    await eventually(lambda: sessions.find_one({})["ended_at"].replace(tzinfo=asked.tzinfo) > asked,
+                     what="the mark stamped again, after the write landed")
 
 
 async def test_the_recheck_an_event_causes_reads_at_or_after_the_revocation(wire_store, primary):

@@ -5,6 +5,7 @@ a server that does not answer, a client closed under a request."""
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 import time
 from dataclasses import replace
@@ -81,9 +82,9 @@ async def every_operation(store: MongoStore) -> None:
     await store.mark_removal("webapp", now)
     await store.get_removal("webapp")
     await store.list_removals()
+    await store.withdraw_client(removal)
     await store.end_removal(removal)
     await store.purge_expired(now)
-    await store.delete_client("webapp")
     await store.ping()
 
 
@@ -296,16 +297,18 @@ async def test_a_mark_run_again_after_its_reply_was_lost_reports_its_own_effect(
     await wire_store.create_family(family(now, grant.grant_id, "f2"))
     await wire_store.put_user(User("u_alice", "alice", "scrypt$x"))
     await wire_store.put_client(Client("webapp", "Web", ["https://a/cb"], created_at=now))
+    removal = await wire_store.begin_removal("webapp", now, "tag")
     primary.forget()
     primary.script(Fault("update", "hangup_after", collection="families", times=2),
                    Fault("delete", "hangup_after", collection="users", times=2),
                    Fault("delete", "hangup_after", collection="clients", times=2))
     assert await wire_store.mark_second_holder("f1", now) is True
     await wire_store.delete_user("u_alice")
-    await wire_store.delete_client("webapp")
+    await wire_store.withdraw_client(removal)
     assert all(fault.hits == 2 for fault in primary.faults), primary.faults
     assert len(primary.sent("update", "families")) == 3  # run again by the store
-    assert await wire_store.get_user("u_alice") is None and await wire_store.get_client("webapp") is None
+    assert await wire_store.get_user("u_alice") is None
+    assert primary.db["tokensvc"]["clients"].count_documents({}) == 0
     assert (await wire_store.get_family("f1"))[0].second_holder_at is not None
     # Without a lost reply nothing is claimed: the mark stays the first one's.
     assert await wire_store.mark_second_holder("f1", now + timedelta(seconds=1)) is False
@@ -359,7 +362,7 @@ async def test_a_removals_last_step_run_again_after_a_lost_reply_keeps_a_client_
     now = utcnow()
     await wire_store.put_client(Client("webapp", "Web", ["https://a/cb"], created_at=now))
     recorded = await wire_store.begin_removal("webapp", now, "tag")
-    await wire_store.delete_client("webapp")
+    await wire_store.withdraw_client(recorded)
     primary.forget()
     # The document's deletion goes through; the record's is applied and its reply lost, twice;
     # a deletion of the document after that waits until the client is registered.
@@ -375,6 +378,66 @@ async def test_a_removals_last_step_run_again_after_a_lost_reply_keeps_a_client_
     finally:
         primary.release(held)
     await ending
+    assert await wire_store.get_client("webapp") == registered
+
+
+async def test_a_registration_while_a_removals_last_step_runs_again_is_refused_and_leaves_nothing(
+        wire_store, primary):
+    """The last step of a removal runs again after the previous secret's deletion lost its
+    reply (and the driver's retry's); the client's document is gone and the record is there.
+    A registration of the id landing then is refused, and takes back what it inserted: nothing
+    of it is left for the run again to delete after a 201 (it was: 201 and a secret, then 404).
+    Once the removal ends, the id is registered again."""
+    from tokensvc.oauth import removal
+
+    now = utcnow()
+    await wire_store.put_client(Client("webapp", "Web", ["https://a/cb"], created_at=now))
+    recorded = await wire_store.begin_removal("webapp", now, "tag")
+    primary.forget()
+    deletions = itertools.count(1)
+    held = Fault("delete", "hold", collection="clients", when=lambda doc: next(deletions) >= 2)
+    primary.script(Fault("delete", "hangup_after", collection="previous_secrets", times=2), held)
+    ending = asyncio.ensure_future(wire_store.end_removal(recorded))
+    try:
+        await eventually(lambda: held.hits >= 1, what="the run again's deletion of the document, held")
+        assert primary.db["tokensvc"]["clients"].count_documents({}) == 0
+        registered = Client("webapp", "Web again", ["https://a/cb"], secret_hash="b" * 64, created_at=utcnow())
+        with pytest.raises(Conflict):
+            await removal.register(wire_store, registered, registered.created_at)
+        assert primary.db["tokensvc"]["clients"].count_documents({}) == 0
+    finally:
+        primary.release(held)
+    await ending
+    assert primary.db["tokensvc"]["removals"].count_documents({}) == 0
+    await removal.register(wire_store, registered, registered.created_at)
+    assert await wire_store.get_client("webapp") == registered
+
+
+async def test_a_registration_that_finds_the_removal_ended_keeps_its_client_whatever_the_last_step_ran(
+        wire_store, primary):
+    """A registration inserts its document while the removal is recorded, and looks for the
+    removal only after the removal's last step ran, twice (the previous secret's deletion lost
+    its reply), and ended: the registration stands (201), and its client is there."""
+    from tokensvc.oauth import removal
+
+    now = utcnow()
+    await wire_store.put_client(Client("webapp", "Web", ["https://a/cb"], created_at=now))
+    recorded = await wire_store.begin_removal("webapp", now, "tag")
+    await wire_store.withdraw_client(recorded)
+    primary.forget()
+    looked = Fault("find", "hold", collection="removals")
+    primary.script(looked, Fault("delete", "hangup_after", collection="previous_secrets", times=2))
+    registered = Client("webapp", "Web again", ["https://a/cb"], secret_hash="b" * 64, created_at=utcnow())
+    registering = asyncio.ensure_future(removal.register(wire_store, registered, registered.created_at))
+    try:
+        await eventually(lambda: looked.hits >= 1, what="the registration's look for a removal, held")
+        assert primary.db["tokensvc"]["clients"].count_documents({}) == 1  # inserted, under the record
+        await wire_store.end_removal(recorded)
+        assert len(primary.sent("delete", "previous_secrets")) >= 3  # the last step ran again
+        assert primary.db["tokensvc"]["removals"].count_documents({}) == 0
+    finally:
+        primary.release(looked)
+    await registering
     assert await wire_store.get_client("webapp") == registered
 
 

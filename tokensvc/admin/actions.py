@@ -60,7 +60,7 @@ from tokensvc.records import (
     generated_digest,
     utcnow,
 )
-from tokensvc.storage.base import CREDENTIALS, GRANT, SUBJECT, Conflict, Revocation, Store
+from tokensvc.storage.base import CREDENTIALS, GRANT, SUBJECT, Conflict, Removing, Revocation, Store
 from tokensvc.telemetry import logs
 
 MAX_PAGE = 200  # the most a listing returns at once
@@ -311,6 +311,8 @@ async def create_client(store: Store, spec: ClientSpec, client_id: str | None = 
                     **_secret_fields(secret, spec.secret_sha256))
     try:
         await removal.register(store, client, now, announce, clock)
+    except Removing:  # a removal of the id recorded meanwhile
+        raise Taken(f"client {client_id!r} is being removed: remove it again to finish, then register it") from None
     except Conflict:  # another registration of the id won meanwhile
         raise Taken(f"a client with id {client_id!r} already exists") from None
     _record("client_created", client_id=client_id, first_party=spec.first_party, confidential=spec.confidential,

@@ -206,6 +206,10 @@ async def serve(settings: Settings, listeners: Listeners, *, show_banner: bool =
     if ended:
         log.info("stopping: %d revocation feed readers told to reconnect elsewhere", ended)
     edges = [app.edge, *([admin_app.edge] if listeners.admin else [])]
+    # So are the WebSockets of /v1/ws (1012), which nothing else would close with a frame.
+    told = sum(edge.end_sockets() for edge in edges)
+    if told:
+        log.info("stopping: %d WebSocket%s told to reconnect elsewhere", told, "" if told == 1 else "s")
     try:
         await asyncio.wait_for(asyncio.gather(*(edge.drained() for edge in edges)), settings.server.drain_seconds)
     except TimeoutError:

@@ -203,9 +203,10 @@ class LoginHandler(FormPage):
             self.set_status(401)
             return await self.render_login(target, "Wrong username or password.", data["username"])
         self.remember_browser((browser or sessions.KnownBrowser.new()).knowing(data["username"]))
-        await sessions.end(self.ctx, self._session_id)  # the session this browser had, if any
-        self.start_session(await sessions.start(self.ctx, user, self.request.headers.get("User-Agent"),
-                                                self.request.remote_ip))
+        # The session this browser had, if any, ended; the new one started, then audited.
+        self.start_session(await sessions.signed_in(self.ctx, user, self._session_id,
+                                                    self.request.headers.get("User-Agent"),
+                                                    self.request.remote_ip))
         self.redirect(target)
 
     async def render_login(self, target: str, error: str | None = None, username: str = "") -> None:

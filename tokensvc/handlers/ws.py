@@ -28,6 +28,7 @@ from tokensvc.handlers.edge.inputs import JSON
 from tokensvc.handlers.edge.recheck import Recheck
 from tokensvc.handlers.edge.web_handler import WebHandler
 from tokensvc.oauth import principal as principals
+from tokensvc.oauth.feed import CLOSE_RESTART
 
 CLOSE_REVOKED = 4401
 
@@ -98,9 +99,13 @@ class EchoSocket(AuthMixin, WebHandler, tornado.websocket.WebSocketHandler):
         # through the process's one relay, from every other: no socket polls on its own. One
         # between the handshake's authentication and this subscription is checked before the
         # welcome: none is sent on a credential that no longer holds.
+        self.edge.sockets[self] = self._restart  # a graceful stop tells it to go
+        if self.edge.stopping:
+            self._restart()
+            return
         self._stands_on = principals.stands_on(principal)
         await self._recheck.stand_on(self.ctx.events, self._stands_on, self._mark)
-        if self.ws_connection is None:  # closed meanwhile: revoked, or the peer left
+        if self.ws_connection is None:  # closed meanwhile: revoked, stopping, or the peer left
             return
         self.opened = True
         self.edge.metrics.websockets_open.inc()
@@ -108,6 +113,8 @@ class EchoSocket(AuthMixin, WebHandler, tornado.websocket.WebSocketHandler):
         remaining = (principal.expires_at - self.ctx.clock()).total_seconds()
         self._timers.append(loop.call_at(loop.time() + max(0.0, remaining), self._close_revoked))
         me = await principals.describe(self.ctx, principal)
+        if self.ws_connection is None:  # closed while it read (stopping, revoked, the peer left)
+            return
         welcome = {"type": "welcome", "subjectType": me["subjectType"], "id": me["id"], "scopes": me["scopes"]}
         self.write_message(dumps(schemas.welcome.dump(welcome)))
 
@@ -117,6 +124,7 @@ class EchoSocket(AuthMixin, WebHandler, tornado.websocket.WebSocketHandler):
         self.write_message(json.dumps({"type": "echo", "data": message}))
 
     def on_close(self) -> None:
+        self.edge.sockets.pop(self, None)
         self.ctx.events.unsubscribe(self._stands_on, self._recheck.request)
         self._recheck.stop()
         if self.opened:
@@ -130,6 +138,10 @@ class EchoSocket(AuthMixin, WebHandler, tornado.websocket.WebSocketHandler):
     async def _check(self) -> None:
         if self.principal is not None and not await principals.still_valid(self.ctx, self.principal):
             self._close_revoked()
+
+    def _restart(self) -> None:
+        if self.ws_connection is not None:
+            self.close(CLOSE_RESTART, "the service is restarting: connect again")
 
     def _close_revoked(self) -> None:
         if self.ws_connection is not None:

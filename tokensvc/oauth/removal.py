@@ -14,10 +14,15 @@
    the removal audits its start (``client_removal_started``) before anything else can fail.
 2. **Then its grants are revoked in bounded batches** (:data:`BATCH` at a time, each one store
    operation with its own budget, the families before their grants), each announced.
-3. **Then finished** (:meth:`Store.end_removal`): the document deleted again (whatever wrote it
-   back meanwhile), the previous secret, the record; each only while the record of this
-   removal (its ``tag``, the call's that recorded it) is there, so that a run of the last step
-   again, after its reply was lost, never deletes a client registered since under the id.
+3. **Then finished** (:meth:`Store.end_removal`): the document withdrawn again (whatever wrote
+   it back meanwhile), the previous secret, the record; each only while the record of this
+   removal (its ``tag``, the call's that recorded it) is there.
+
+No step of a removal, however late it runs (run again after a lost reply, or by another call of
+the same removal), deletes a client registered under the id: while the record is there a
+registration is refused (:class:`~tokensvc.storage.base.Removing`) and takes back what it
+wrote, and each deletion takes only the document the removal found, or one an older release
+wrote back (:meth:`Store.withdraw_client`).
 
 A failure at any step (503) leaves the record: the client stays gone, and a retry of the same
 removal, or the next start-up of any process, carries on from where it stopped (and names the
@@ -64,7 +69,7 @@ async def remove_client(store: RegistryAndAuthorizations, client_id: str, clock:
     if removal.tag == tag:
         logs.audit("client_removal_started", {"client_id": client_id, "outcome": "disabled"})
     await store.mark_removal(client_id, clock())
-    await store.delete_client(client_id)
+    await store.withdraw_client(removal)  # the document it found (never one registered since)
     announce(Revocation(CLIENT, client_id))  # its tokens are refused already; caches drop their answers
     return await finish(store, removal, clock, announce)
 

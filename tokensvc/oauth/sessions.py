@@ -24,8 +24,9 @@ async def sign_in(ctx: OAuthContext, username: str, password: str, address: str,
     is reached (:meth:`FailureLimits.sign_in_attempts`): the username or the address failed too
     often there, or the account from browsers it does not know, from any number of addresses;
     from a ``browser`` that signed in to the account before (its cookie, which the handler
-    verified), that browser did. Every outcome is audited; a failed one names the username only
-    when such a user exists (what was typed may be a password typed in the wrong field)."""
+    verified), that browser did. Every refusal is audited here, a right password by
+    :func:`signed_in`; a failed one names the username only when such a user exists (what was
+    typed may be a password typed in the wrong field)."""
     limits = ctx.limits
     known = browser is not None and browser.knows(username)
     try:  # before the slow check
@@ -45,9 +46,25 @@ async def sign_in(ctx: OAuthContext, username: str, password: str, address: str,
     limits.release(reservation, clear_account=True)
     if known:  # the account's own failures since its last sign-in end with this one too
         limits.signed_in(username)
-    logs.audit("login", {"subject": named.user_id, "username": named.username, "outcome": "success",
-                         "remote_ip": address}, message="login succeeded")
-    return named
+    return named  # audited once its session is started (:func:`signed_in`)
+
+
+async def signed_in(ctx: OAuthContext, user: User, session_id: str | None, user_agent: str | None,
+                    address: str | None) -> str:
+    """Start the session of ``user``, whose password :func:`sign_in` found right, ending the one
+    ``session_id`` names (the browser's before, if any); the new session's id. Audited as the
+    user finds it: a success only once the session is written; a store that fails first (503)
+    is an error."""
+    try:
+        await end(ctx, session_id)
+        started = await start(ctx, user, user_agent, address)
+    except (StorageError, StoreFault):
+        logs.audit("login", {"subject": user.user_id, "username": user.username, "outcome": "error",
+                             "remote_ip": address or "-"}, logging.WARNING, "login not completed: the store failed")
+        raise
+    logs.audit("login", {"subject": user.user_id, "username": user.username, "outcome": "success",
+                         "remote_ip": address or "-"}, message="login succeeded")
+    return started
 
 
 # How many accounts a browser's cookie remembers having signed in with it (the latest first).

@@ -44,6 +44,11 @@ class Conflict(Exception):
     """A unique key is taken (a username that another user already has)."""
 
 
+class Removing(Conflict):
+    """A registration of an id whose removal is under way: refused, with nothing written, until
+    the removal is finished (the same removal run again, or the next start-up)."""
+
+
 class StoreFault(Exception):
     """The store answered with a refusal that retrying will not change: failed
     authentication, a document it will not take, an index that conflicts. The operator has
@@ -153,6 +158,13 @@ class Registry(abc.ABC):
         transaction number, and the server applies it once); a registration asked again after
         a 503 may find its own claim (409).
 
+        While a removal of the id is recorded (:meth:`begin_removal`) the registration is
+        refused with :class:`Removing` and leaves nothing: whatever order its steps and the
+        removal's land in, no step of that removal ever deletes a client this call registered
+        (MongoDB: the document is inserted with a claim of its own, which the removal's steps
+        never match, then the removal is looked for, and the document taken back if one is
+        recorded; memory: the check and the write with no await between).
+
         Called by a registration (oauth/removal.py), for client creation and start-up seeding of
         a new client.
         """
@@ -169,10 +181,16 @@ class Registry(abc.ABC):
         """
 
     @abc.abstractmethod
-    async def delete_client(self, client_id: str) -> None:
-        """Remove a client's document, and its previous secret, if there.
+    async def withdraw_client(self, removal: Removal) -> None:
+        """Delete the document of the client ``removal`` takes (whatever wrote it meanwhile: a
+        release that knows nothing of the record writing it back), and its previous secret.
+        Idempotent, and never beyond the removal: the document of a client registered under
+        the id since (once the removal ended, or while it was recorded and the registration had
+        not yet looked for it) is never deleted, whichever call of the removal runs it, and
+        however late.
 
-        Called by a client's removal, once it is recorded (oauth/removal.py).
+        Called by a client's removal, once it is recorded, and by :meth:`end_removal`
+        (oauth/removal.py).
         """
 
     @abc.abstractmethod
@@ -228,9 +246,9 @@ class Registry(abc.ABC):
 
     @abc.abstractmethod
     async def end_removal(self, removal: Removal) -> None:
-        """Finish ``removal``, whose grants are all revoked: delete the client's document
-        (whatever wrote it meanwhile) and its previous secret while that removal's record is
-        there, then the record (by its ``tag``). Idempotent, and never beyond the removal: run
+        """Finish ``removal``, whose grants are all revoked: withdraw the client's document
+        (:meth:`withdraw_client`) and its previous secret, then delete the record (by its
+        ``tag``). Idempotent, and never beyond the removal: run
         again after its record went (its reply lost, or another call of the same removal
         finished it), it deletes nothing, neither a client registered since under the id nor
         the record of a later removal of it.
@@ -754,7 +772,8 @@ class Housekeeping(abc.ABC):
 
         Called by start-up, between its tries (bootstrap.py), and by the relay between its tries
         (oauth/events.py). The WebSocket handlers give it to each socket's re-check as the pause
-        after a failed one.
+        after a failed one, and the service's context to the failure limits as the pause before
+        the take-backs of counts the store missed (bootstrap.py).
         """
         await asyncio.sleep(seconds)
 

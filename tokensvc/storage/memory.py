@@ -41,6 +41,7 @@ from tokensvc.storage.base import (
     MAX_LISTED_SESSIONS,
     ClientRecord,
     Conflict,
+    Removing,
     Standing,
     Store,
 )
@@ -111,7 +112,9 @@ class MemoryStore(Store):
         self._clients[client.client_id] = _client(copy(client, owner=_owner(self._clients.get(client.client_id))))
 
     async def add_client(self, client: Client) -> None:
-        if client.client_id in self._clients:  # the check and the write with no await between
+        if client.client_id in self._removals:  # the checks and the write with no await between
+            raise Removing(f"client id {client.client_id!r} is being removed")
+        if client.client_id in self._clients:
             raise Conflict(f"client id {client.client_id!r} is taken")
         self._clients[client.client_id] = _client(client)
 
@@ -134,9 +137,12 @@ class MemoryStore(Store):
                 entries[key] = copy(entry, owner=owners.get(key))
         return taken
 
-    async def delete_client(self, client_id: str) -> None:
-        self._previous_secrets.pop(client_id, None)
-        self._clients.pop(client_id, None)
+    async def withdraw_client(self, removal: Removal) -> None:
+        recorded = self._removals.get(removal.client_id)
+        if recorded is None or recorded.tag != removal.tag:
+            return  # finished already: the id may have been registered (or be removed) again since
+        self._clients.pop(removal.client_id, None)  # no registration while the record is there
+        self._previous_secrets.pop(removal.client_id, None)
 
     async def begin_removal(self, client_id: str, now: datetime, tag: str) -> Removal:
         removal = self._removals.setdefault(client_id, Removal(client_id, now, tag))

@@ -28,7 +28,7 @@ import asyncio
 import json
 import logging
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -211,10 +211,27 @@ class Edge:
                                             proxy.real_ip_header)
         self._static_settings, self._static_files = static_settings, static_files
         self.in_flight = 0  # requests whose body is in and whose answer is not yet written
+        # The open WebSockets of GET /v1/ws, each with what tells it to go (a graceful stop:
+        # :meth:`end_sockets`); ``stopping`` from then on, when a socket opening is told at once.
+        self.sockets: dict[object, Callable[[], None]] = {}
+        self.stopping = False
         self.readiness = Readiness(ctx.store)
         # This application's OpenAPI document, built at its first request: its server URL is
         # this application's own (two applications in one process publish their own).
         self.openapi_document: bytes | None = None
+
+    def end_sockets(self) -> int:
+        """The process stops: tell each open WebSocket to go (1012, service restart: its
+        client reconnects to another process), and each one opening from now on as it opens.
+        How many were told."""
+        self.stopping = True
+        ends = list(self.sockets.values())
+        for end in ends:
+            try:
+                end()
+            except Exception:  # one broken socket must not keep the others open
+                log.exception("a WebSocket failed to end")
+        return len(ends)
 
     async def drained(self, poll_seconds: float = 0.05) -> None:
         """Return once no request is in flight (a graceful stop waits for it, with a deadline)."""

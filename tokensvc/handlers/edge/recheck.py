@@ -6,15 +6,15 @@ grant, user and client, a revocation feed reader on its client. Each announcemen
 Announcements come in bursts (one removal writes several records, a relay that resumes
 announces everything), so at most one check runs at a time. An announcement that arrives
 while one runs is not dropped: that check may have read the store before the change landed,
-so exactly one more runs after it, however many arrived meanwhile. A check that fails (the
-store away) is logged and the socket kept, as a token's socket is, and it runs again
-:data:`RETRY_SECONDS` later, or as soon as the store says it may answer again (``pause``: the
-store's ``reachable``, which ends at a member that takes writes seen again or a newly elected
-primary), until one succeeds or the socket closes (:meth:`Recheck.stop`): the relay announces
-again to every listener when it resumes, but a relay whose own stream survived the outage (on
-another member, or following the new primary where it stood) has nothing to resume, and the
-change the failed check missed would otherwise go unheard while the socket lives, or be heard
-up to a second after the store's return.
+so exactly one more runs after it, however many arrived meanwhile. A check that fails is logged
+(the store away, which is expected, in one line with no traceback) and the socket kept, as a
+token's socket is, and it runs again :data:`RETRY_SECONDS` later, or as soon as the store says
+it may answer again (``pause``: the store's ``reachable``, which ends at a member that takes
+writes seen again or a newly elected primary), until one succeeds or the socket closes
+(:meth:`Recheck.stop`): the relay announces again to every listener when it resumes, but a
+relay whose own stream survived the outage (on another member, or following the new primary
+where it stood) has nothing to resume, and the change the failed check missed would otherwise
+go unheard while the socket lives, or be heard up to a second after the store's return.
 
 A socket subscribes only once it has read what it stands on (its handshake authenticated it),
 so a change in between is not announced to it: :meth:`Recheck.stand_on` asks the announcements
@@ -29,7 +29,7 @@ import logging
 from collections.abc import Awaitable, Callable
 
 from tokensvc.oauth.events import RevocationEvents
-from tokensvc.storage.base import Revocation
+from tokensvc.storage.base import Revocation, StorageError
 
 log = logging.getLogger("tokensvc.handlers.recheck")  # the name its lines carry: what log filters select
 
@@ -89,8 +89,12 @@ class Recheck:
                 try:
                     await self._check()
                     failed = self._failing = False
-                except Exception:
+                except StorageError as exc:  # the store away: expected, one line
                     if not self._failing:  # once per outage, not at every retry
+                        log.warning("%s: %s", self._failure, exc)
+                    failed = self._failing = True
+                except Exception:
+                    if not self._failing:
                         log.warning(self._failure, exc_info=True)
                     failed = self._failing = True
                 if not self._again:

@@ -22,13 +22,14 @@ from tokensvc.storage.mongo.connection import Connection
 from tokensvc.storage.mongo.credentials import Credentials
 from tokensvc.storage.mongo.mapping import CLIENTS, CODES, FAMILIES, GRANTS, USERS, as_utc, pair_fields, stored
 from tokensvc.storage.mongo.retry import RUN_AGAIN, guarded
+from tokensvc.storage.mongo.stamps import Stamps
 
 
 class MongoAuthorizations(Authorizations):
     """Grants in a collection of their own; codes and families, the credentials they issue."""
 
-    def __init__(self, connection: Connection, credentials: Credentials) -> None:
-        self.connection, self.credentials = connection, credentials
+    def __init__(self, connection: Connection, credentials: Credentials, stamps: Stamps) -> None:
+        self.connection, self.credentials, self.stamps = connection, credentials, stamps
         self.grants = connection.db["grants"]
         self.codes, self.families = credentials.collections["codes"], credentials.collections["families"]
 
@@ -103,7 +104,8 @@ class MongoAuthorizations(Authorizations):
         cursor = self.grants.find(live, {"_id": 1}).sort("_id", ASCENDING)
         return [doc["_id"] for doc in await cursor.limit(limit).to_list(limit)]
 
-    @guarded()
+    @guarded(stamps=lambda self, collection, match, now: (
+        collection.name, {key: value for key, value in match.items() if key != "revoked_at"}, "revoked_at", now))
     async def _revoke_where(self, collection: Any, match: dict[str, Any], now: datetime) -> None:
         await collection.update_many(match, {"$set": {"revoked_at": now}})
 
@@ -117,12 +119,19 @@ class MongoAuthorizations(Authorizations):
         await self.codes.update_many({"client_id": client_id, "consumed_at": None, **beyond}, withdraw)
         await self.families.update_many({"client_id": client_id, "revoked_at": None, **beyond}, withdraw)
 
-    @guarded()
     async def mark_grant_revoked(self, grant_id: str, now: datetime) -> bool:
+        # Revoked already: its mark stamped again when a write landed it late (stamps.py).
+        if await self._mark_grant_revoked(grant_id, now):
+            return True
+        await self.stamps.late("grants", {"_id": grant_id}, "revoked_at", now)
+        return False
+
+    @guarded(stamps=lambda self, grant_id, now: ("grants", {"_id": grant_id}, "revoked_at", now))
+    async def _mark_grant_revoked(self, grant_id: str, now: datetime) -> bool:
         result = await self.grants.update_one({"_id": grant_id, "revoked_at": None}, {"$set": {"revoked_at": now}})
         return result.modified_count == 1
 
-    @guarded()
+    @guarded(stamps=lambda self, grant_id, now: ("families", {"grant_id": grant_id}, "revoked_at", stored(now)))
     async def revoke_grant_families(self, grant_id: str, now: datetime) -> int:
         now = stored(now)
         result = await self.families.update_many({"grant_id": grant_id, "revoked_at": None},
@@ -280,15 +289,31 @@ class MongoAuthorizations(Authorizations):
             family = await self.credentials.one("families", FAMILIES.match(family_id=family_id))
         return family is not None and as_utc(family.get("second_holder_at")) == now
 
-    @guarded()
     async def revoke_access(self, family_id: str, access_hash: str, now: datetime) -> bool:
+        # Revoked already: its mark stamped again when a write landed it late (stamps.py).
+        if await self._revoke_access(family_id, access_hash, now):
+            return True
+        await self.stamps.late("families", FAMILIES.match(family_id=family_id, access_hash=access_hash),
+                               "access_revoked_at", now)
+        return False
+
+    @guarded(stamps=lambda self, family_id, access_hash, now: (
+        "families", FAMILIES.match(family_id=family_id, access_hash=access_hash), "access_revoked_at", now))
+    async def _revoke_access(self, family_id: str, access_hash: str, now: datetime) -> bool:
         result = await self.credentials.write_one("families", family_id, lambda: self.families.update_one(
             FAMILIES.writable(family_id=family_id, access_hash=access_hash, access_revoked_at=None),
             {"$set": {"access_revoked_at": now, "access_used_at": now}}))
         return result.modified_count == 1
 
-    @guarded()
     async def revoke_family(self, family_id: str, now: datetime) -> bool:
+        # Revoked already: its mark stamped again when a write landed it late (stamps.py).
+        if await self._revoke_family(family_id, now):
+            return True
+        await self.stamps.late("families", FAMILIES.match(family_id=family_id), "revoked_at", now)
+        return False
+
+    @guarded(stamps=lambda self, family_id, now: ("families", FAMILIES.match(family_id=family_id), "revoked_at", now))
+    async def _revoke_family(self, family_id: str, now: datetime) -> bool:
         result = await self.credentials.write_one("families", family_id, lambda: self.families.update_one(
             FAMILIES.writable(family_id=family_id, revoked_at=None),
             {"$set": {"revoked_at": now}}))

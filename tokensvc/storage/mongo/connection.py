@@ -11,6 +11,7 @@ for this process (what it writes now).
 from __future__ import annotations
 
 from collections.abc import Callable
+from datetime import datetime
 from typing import Any
 
 from pymongo import ReadPreference, WriteConcern
@@ -58,6 +59,9 @@ class Connection:
         # The deployment as the driver last saw it; a member changing its state is counted.
         self.topology = topology.Topology(lambda: self.observer.topology_changed())
         self.calls = Calls()  # the driver calls the store waits for, and those it stopped waiting for
+        # What stamps a revocation's mark again once the call of a write the store stopped
+        # waiting for ends (stamps.py; the store sets it).
+        self.restamp_later: Callable[[tuple[str, dict[str, Any], str, datetime]], None] | None = None
         self.replica_set = True  # whether the server is a replica-set member (check_primary asks)
         # The formats this release knows, and where the store stands: what is written follows
         # its compatibility version, read at start-up and followed by the process's heartbeat

@@ -277,5 +277,7 @@ def poll_overlap(store: Budgeted) -> timedelta:
     grant's families after the grant), and that operation lands within the store's budget
     (``storage.timeout_ms``, its retries included: a write retried while a new primary is
     elected lands seconds after its time), on a host whose clock may run :data:`CLOCK_SKEW`
-    behind the poller's. A shorter overlap missed such a mark for good."""
+    behind the poller's. A shorter overlap missed such a mark for good. A write the store
+    stopped waiting for (its 503) may land later still: its mark is stamped again when its call
+    ends, or by the revocation asked again (stamps.py)."""
     return timedelta(seconds=store.budget) + CLOCK_SKEW

@@ -5,6 +5,7 @@ users and node installations. The package's docstring lists the queries and thei
 from __future__ import annotations
 
 import inspect
+import secrets
 from collections.abc import Mapping
 from datetime import datetime, timedelta
 from typing import Any
@@ -14,12 +15,23 @@ from pymongo import ASCENDING, ReturnDocument
 
 from tokensvc.identifiers import username_key
 from tokensvc.records import Client, Installation, PreviousSecret, Removal, User
-from tokensvc.storage.base import ClientRecord, Conflict, Registry, StorageError
+from tokensvc.storage.base import ClientRecord, Conflict, Registry, Removing, StorageError
 from tokensvc.storage.mongo.connection import Connection
 from tokensvc.storage.mongo.indexes import CASELESS
 from tokensvc.storage.mongo.mapping import CLIENTS, INSTALLATIONS, PREVIOUS_SECRETS, REMOVALS, USERS
 from tokensvc.storage.mongo.recent import Recent
 from tokensvc.storage.mongo.retry import guarded
+
+# The field of a client's document that says which registration wrote it (random): a removal
+# takes the document it found, or one with none (written back by a release that knows nothing
+# of it), never one a registration made since.
+CLAIM = "claim"
+
+
+def _claimed_by(claim: str) -> dict[str, Any]:
+    """The filter of a removal's document: one with no claim, or the claim it found ("": none)."""
+    return {CLAIM: {"$in": [None, claim]}} if claim else {CLAIM: None}
+
 
 # How long a removal's mark outlives its write: every relay has long polled it by then.
 REMOVED_CLIENT_SECONDS = 86400
@@ -109,9 +121,30 @@ class MongoRegistry(Registry):
     async def put_client(self, client: Client) -> None:
         await self.clients.update_one({"_id": client.client_id}, CLIENTS.setting(client), upsert=True)
 
-    @guarded()
     async def add_client(self, client: Client) -> None:
-        await self.clients.insert_one(CLIENTS.doc(client))  # a duplicate _id: Conflict (guarded)
+        # Inserted with a claim of its own, which no removal's step matches (_claimed_by), then
+        # the removal looked for: a registration that lands while one is recorded takes back
+        # what it inserted and is refused; one that finds none stands, whatever the removal's
+        # steps, run late or again, do after. Its document holds nothing it would not without
+        # the claim, and a release that knows nothing of it keeps it ($set) or drops it (0.9.0):
+        # a document with none is taken by whichever removal is recorded (fail closed).
+        claim = secrets.token_hex(8)
+        await self._insert_client({**CLIENTS.doc(client), CLAIM: claim})  # a duplicate _id: Conflict
+        if await self._removal_recorded(client.client_id):
+            await self._take_back(client.client_id, claim)
+            raise Removing(f"client id {client.client_id!r} is being removed")
+
+    @guarded()
+    async def _insert_client(self, document: dict[str, Any]) -> None:
+        await self.clients.insert_one(document)
+
+    @guarded()
+    async def _removal_recorded(self, client_id: str) -> bool:
+        return await self.removals.find_one({"_id": client_id}, {"_id": 1}) is not None
+
+    @guarded()
+    async def _take_back(self, client_id: str, claim: str) -> None:
+        await self.clients.delete_one({"_id": client_id, CLAIM: claim})
 
     @guarded()
     async def update_client(self, client_id: str, fields: dict[str, Any], *,
@@ -137,18 +170,24 @@ class MongoRegistry(Registry):
                                           "owner": {"$ne": owner}}, {"$set": {"owner": owner}})
         return taken
 
-    @guarded()
-    async def delete_client(self, client_id: str) -> None:
-        await self.clients.delete_one({"_id": client_id})
-        await self.previous_secrets.delete_one({"_id": client_id})
+    async def begin_removal(self, client_id: str, now: datetime, tag: str) -> Removal:
+        # The claim of the document there (read before the record: once it is written, no
+        # registration of this release inserts one), kept by the write that makes the record.
+        held = await self._claim_of(client_id)
+        return await self._record_removal(client_id, now, tag, "" if held is None else held)
 
     @guarded()
-    async def begin_removal(self, client_id: str, now: datetime, tag: str) -> Removal:
+    async def _claim_of(self, client_id: str) -> str | None:
+        document = await self.clients.find_one({"_id": client_id}, {CLAIM: 1})
+        return None if document is None else document.get(CLAIM)
+
+    @guarded()
+    async def _record_removal(self, client_id: str, now: datetime, tag: str, claim: str) -> Removal:
         # The call's own tag, set only by the write that made the record: a retry of that write
         # (its reply lost) finds its tag still; any other call, the tag of the one that made it.
         return REMOVALS.record(await self.removals.find_one_and_update(
-            {"_id": client_id}, {"$setOnInsert": {"started_at": now, "tag": tag}}, upsert=True,
-            return_document=ReturnDocument.AFTER))
+            {"_id": client_id}, {"$setOnInsert": {"started_at": now, "tag": tag, "client_claim": claim}},
+            upsert=True, return_document=ReturnDocument.AFTER))
 
     @guarded()
     async def mark_removal(self, client_id: str, now: datetime) -> None:
@@ -167,19 +206,24 @@ class MongoRegistry(Registry):
 
     async def end_removal(self, removal: Removal) -> None:
         # Two operations, each run again alone after a lost reply: the document and the previous
-        # secret deleted while this removal's record is there, then the record, by its tag. Run
-        # as one, a run again after the record's deletion was applied deleted a client registered
-        # under the id in between (its 201 and secret, then 404).
-        await self._clear_removed(removal)
+        # secret withdrawn (never a client registered since), then the record, by its tag.
+        await self.withdraw_client(removal)
         await self._drop_removal(removal)
 
     @guarded()
-    async def _clear_removed(self, removal: Removal) -> None:
+    async def withdraw_client(self, removal: Removal) -> None:
+        # While this removal's record is there (a call run after another finished it deletes
+        # nothing), and only a document the removal takes: the one it found, or one with no
+        # claim (written back by a release that knows nothing of it), never one a registration
+        # of this release inserted since, however this step and the registration interleave.
+        # A record of 0.10.0 found no claim: any document (fail closed; a registration of the
+        # id between the look and the deletion was 0.10.0's race, and stays one for it).
         with pymongo.timeout(self.connection.budget):  # a read: the server stops at the budget too
             recorded = await self.removals.find_one({"_id": removal.client_id, "tag": removal.tag}, {"_id": 1})
         if recorded is None:
             return  # finished already (by another call of the same removal): the id may be someone's again
-        await self.clients.delete_one({"_id": removal.client_id})
+        claimed = {} if removal.client_claim is None else _claimed_by(removal.client_claim)
+        await self.clients.delete_one({"_id": removal.client_id, **claimed})
         await self.previous_secrets.delete_one({"_id": removal.client_id})
 
     @guarded()

@@ -70,25 +70,26 @@ STEPS = "steps"  # not one operation: several, one after the other, each with it
 # consumption, a rotation, a revocation that answers whether it revoked, a count.
 RETRY_KINDS: dict[str, str] = {
     # Registry
-    "get_client": READ, "list_clients": READ, "put_client": RERUN, "add_client": ONCE, "update_client": ONCE,
-    "delete_client": RERUN, "set_owners": RERUN,
+    "get_client": READ, "list_clients": READ, "put_client": RERUN, "add_client": STEPS, "update_client": ONCE,
+    "set_owners": RERUN,
     "get_user": READ, "get_user_by_username": READ, "list_users": READ, "seed_user": STEPS, "put_user": STEPS,
     "update_user": ONCE, "delete_user": RERUN,
     "get_installation": READ, "list_installations": READ, "put_installation": RERUN, "delete_installation": RERUN,
-    "begin_removal": RERUN, "mark_removal": RERUN, "get_removal": READ, "list_removals": READ, "end_removal": STEPS,
+    "begin_removal": STEPS, "mark_removal": RERUN, "get_removal": READ, "list_removals": READ, "end_removal": STEPS,
+    "withdraw_client": RERUN,
     "client_record": STEPS, "put_previous_secret": RERUN, "get_previous_secret": READ, "delete_previous_secret": RERUN,
     "note_previous_secret_use": ONCE, "expire_previous_secret": ONCE,
     # Authorizations
     "save_grant": ONCE, "get_grant": READ, "find_grant": READ, "list_grants": READ, "list_client_grants": READ,
-    "revoke_client_grants": STEPS, "withdraw_scopes": RERUN, "mark_grant_revoked": ONCE,
+    "revoke_client_grants": STEPS, "withdraw_scopes": RERUN, "mark_grant_revoked": STEPS,
     "revoke_grant_families": RERUN,
     "add_code": ONCE, "get_code": READ, "consume_code": ONCE,
     "create_family": ONCE, "get_family": READ, "find_access": READ,
     "family_standing": READ, "access_standing": READ, "rotate_family": ONCE, "reissue_pair": ONCE,
-    "mark_access_used": RERUN, "mark_second_holder": RERUN, "revoke_access": ONCE, "revoke_family": ONCE,
+    "mark_access_used": RERUN, "mark_second_holder": RERUN, "revoke_access": STEPS, "revoke_family": STEPS,
     "list_families": READ,
     # Sessions
-    "add_session": ONCE, "get_session": READ, "end_session": ONCE, "end_user_sessions": RERUN,
+    "add_session": ONCE, "get_session": READ, "end_session": STEPS, "end_user_sessions": RERUN,
     "list_user_sessions": READ, "touch_session": RERUN,
     # Housekeeping
     "open": ONCE, "close": STEPS, "upkeep": STEPS, "ping": READ, "revocation_feed": STEPS, "purge_expired": RERUN,
@@ -101,7 +102,11 @@ RETRY_KINDS: dict[str, str] = {
     "_client_record": READ,  # client_record, when this process read it too long ago
     "_seeded_admin": READ, "_seed_write": RERUN,  # seed_user
     "_live_client_grant_ids": READ, "_revoke_where": RERUN,  # revoke_client_grants
-    "_clear_removed": RERUN, "_drop_removal": RERUN,  # end_removal
+    "_insert_client": ONCE, "_removal_recorded": READ, "_take_back": RERUN,  # add_client
+    "_claim_of": READ, "_record_removal": RERUN,  # begin_removal
+    "_drop_removal": RERUN,  # end_removal
+    "_revoke_family": ONCE, "_revoke_access": ONCE, "_mark_grant_revoked": ONCE, "_end_session": ONCE,
+    "_restamp": RERUN, "_restamp_late": RERUN,  # revoke_family, revoke_access, mark_grant_revoked, end_session
     "_mark_stopped": RERUN,  # close
     "_declare_settings": RERUN, "_running_settings": READ,  # deployment_settings
     "heartbeat": RERUN,  # upkeep
@@ -122,8 +127,9 @@ def backoff(attempt: int) -> float:
 RUN_AGAIN: contextvars.ContextVar[bool] = contextvars.ContextVar("tokensvc_mongo_run_again", default=False)
 
 
-def guarded(kind: str | None = None, budget: str = "budget") -> Callable[[Callable[..., Coroutine[Any, Any, R]]],
-                                                                         Callable[..., Coroutine[Any, Any, R]]]:
+def guarded(kind: str | None = None, budget: str = "budget",
+            stamps: Callable[..., tuple[str, dict[str, Any], str, Any]] | None = None,
+            ) -> Callable[[Callable[..., Coroutine[Any, Any, R]]], Callable[..., Coroutine[Any, Any, R]]]:
     """One budget per operation (``storage.timeout_ms``), retries within it, and every driver
     error leaving as one of three. ``kind``: how the operation may be tried again; by default
     the one :data:`RETRY_KINDS` gives the method's name. The operation is a method of a part of
@@ -150,6 +156,11 @@ def guarded(kind: str | None = None, budget: str = "budget") -> Callable[[Callab
     under a closed client (the service is stopping: retrying cannot help). A read or an
     idempotent write waiting when another primary is elected is run again at once, on the new
     one (:meth:`Topology.abandoned`), unless its budget ran out meanwhile (then it is a timeout).
+
+    ``stamps``: where a write stamps a revocation's mark (``(collection, filter, field, time)``
+    from the method's arguments): an attempt the store stopped waiting for may land later than a
+    polling relay reads back, with its old time, so once its call ends, the mark it wrote is
+    stamped again with the time then (storage/mongo/stamps.py).
 
     Errors: a duplicate key as :class:`Conflict`; what passes (network, server selection, a
     primary stepping down, a timeout, a write conflict, the client closed under a request) as
@@ -189,6 +200,12 @@ def guarded(kind: str | None = None, budget: str = "budget") -> Callable[[Callab
             call = connection.calls.start(attempt(self, again, remaining, *args, **kwargs), context)
             try:
                 return await connection.calls.wait(call, remaining, elections)
+            except calls.Left:
+                restamp = getattr(connection, "restamp_later", None)  # a store's connection has one
+                if stamps is not None and restamp is not None and not call.done():
+                    stamped = stamps(self, *args, **kwargs)
+                    call.add_done_callback(lambda _: restamp(stamped))
+                raise
             finally:
                 if session is not None and clock is not None:
                     if call.done():

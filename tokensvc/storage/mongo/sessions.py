@@ -14,13 +14,14 @@ from tokensvc.storage.mongo.connection import Connection
 from tokensvc.storage.mongo.credentials import Credentials
 from tokensvc.storage.mongo.mapping import SESSIONS, stored
 from tokensvc.storage.mongo.retry import guarded
+from tokensvc.storage.mongo.stamps import Stamps
 
 
 class MongoSessions(Sessions):
     """The sessions collection: one document per sign-in, removed by its TTL index."""
 
-    def __init__(self, connection: Connection, credentials: Credentials) -> None:
-        self.connection, self.credentials = connection, credentials
+    def __init__(self, connection: Connection, credentials: Credentials, stamps: Stamps) -> None:
+        self.connection, self.credentials, self.stamps = connection, credentials, stamps
         self.sessions = credentials.collections["sessions"]
 
     @guarded()
@@ -32,8 +33,16 @@ class MongoSessions(Sessions):
         session = SESSIONS.record(await self.credentials.one("sessions", SESSIONS.match(session_hash=session_hash)))
         return None if session is None or session.ended_at is not None else session
 
-    @guarded()
     async def end_session(self, session_hash: str, now: datetime) -> bool:
+        # Ended already: its mark stamped again when a write landed it late (stamps.py).
+        if await self._end_session(session_hash, now):
+            return True
+        await self.stamps.late("sessions", SESSIONS.match(session_hash=session_hash), "ended_at", now)
+        return False
+
+    @guarded(stamps=lambda self, session_hash, now: ("sessions", SESSIONS.match(session_hash=session_hash),
+                                                     "ended_at", now))
+    async def _end_session(self, session_hash: str, now: datetime) -> bool:
         result = await self.credentials.write_one("sessions", session_hash, lambda: self.sessions.update_one(
             SESSIONS.writable(session_hash=session_hash, ended_at=None),
             {"$set": {"ended_at": now}}))
@@ -51,7 +60,7 @@ class MongoSessions(Sessions):
         await self.credentials.write_one("sessions", session_hash, lambda: self.sessions.update_one(
             SESSIONS.writable(session_hash=session_hash), {"$set": {"last_seen_at": now}}))
 
-    @guarded()
+    @guarded(stamps=lambda self, user_id, now: ("sessions", {"user_id": user_id}, "ended_at", stored(now)))
     async def end_user_sessions(self, user_id: str, now: datetime) -> int:
         now = stored(now)
         result = await self.sessions.update_many({"user_id": user_id, "ended_at": None}, {"$set": {"ended_at": now}})

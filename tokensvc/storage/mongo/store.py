@@ -46,6 +46,7 @@ from tokensvc.storage.mongo.indexes import Indexes
 from tokensvc.storage.mongo.lifecycle import Lifecycle
 from tokensvc.storage.mongo.registry import MongoRegistry
 from tokensvc.storage.mongo.sessions import MongoSessions
+from tokensvc.storage.mongo.stamps import Stamps
 
 R = TypeVar("R")
 
@@ -81,9 +82,10 @@ class MongoStore(Store):
         self.connection = Connection(client, database, timeout_ms=timeout_ms, build_timeout_ms=build_timeout_ms,
                                      causal=causal)
         credentials = Credentials(self.connection)
+        self.stamps = Stamps(self.connection)  # revocations' marks that landed late, stamped again
         self.registry = MongoRegistry(self.connection)
-        self.authorizations = MongoAuthorizations(self.connection, credentials)
-        self.sessions = MongoSessions(self.connection, credentials)
+        self.authorizations = MongoAuthorizations(self.connection, credentials, self.stamps)
+        self.sessions = MongoSessions(self.connection, credentials, self.stamps)
         self.failures = MongoFailureCounts(self.connection)
         self.indexes = Indexes(self.connection)
         self.lifecycle = Lifecycle(self.connection, self.indexes)
@@ -292,8 +294,8 @@ class MongoStore(Store):
         return await self.registry.set_owners(kind, owners)
 
     @_changes_clients
-    async def delete_client(self, client_id: str) -> None:
-        await self.registry.delete_client(client_id)
+    async def withdraw_client(self, removal: Removal) -> None:
+        await self.registry.withdraw_client(removal)
 
     @_changes_clients
     async def begin_removal(self, client_id: str, now: datetime, tag: str) -> Removal:
