@@ -52,7 +52,7 @@ def settings(port: int) -> config_module.Settings:
         "tokens": {"access_ttl": 86400, "code_ttl": 3600},
         "clients": [{"client_id": "bench", "name": "Bench", "redirect_uris": [REDIRECT], "first_party": True,
                      "client_secret": CLIENT_SECRET, "allowed_scopes": ["read", "write"]}],
-        "users": [{"username": "bench-user", "password": "bench-password-1"}],
+        "users": [{"username": "bench-user", "password": "amber-kettle-lantern"}],
     })
 
 
