@@ -426,16 +426,14 @@ class Authorizations(abc.ABC):
     async def get_grant(self, grant_id: str) -> Grant | None:
         """The grant with this id, revoked or not, or None.
 
-        Called by revocation's sweep of a revoked grant (oauth/revocation.py) and the operator's grant
-        revocation (admin.py).
+        Called by the operator's grant revocation (admin.py).
         """
 
     @abc.abstractmethod
     async def find_grant(self, client_id: str, subject: Subject) -> Grant | None:
         """The (subject, client) grant, revoked or not, or None.
 
-        Called by code redemption (oauth/grants.py) and a user's revocation of a connected app
-        (oauth/revocation.py).
+        Called by a user's revocation of a connected app (oauth/revocation.py).
         """
 
     @abc.abstractmethod
