@@ -71,8 +71,11 @@ check: $(VENV)/.installed-test
 	@TOKENSVC_TEST_TIER=check $(PYTEST) -q -p no:cacheprovider -n 2 --dist loadfile -m "$(FAST)"; status=$$?; \
 	if [ $$status -eq 5 ]; then echo "make check: no tests ran" >&2; exit 1; fi; exit $$status
 
-# Three rounds, medians: one 10-second run moves with the machine's noise.
+# The production path first (tokensvc serve on the wire tier's replica set beside the memory
+# backend: CPU and store commands a request), then wrk's throughput: three rounds, medians, as
+# one 10-second run moves with the machine's noise.
 bench: $(VENV)/.installed-test
+	$(BIN)/python bench/production.py
 	$(BIN)/python bench/run.py --rounds 3
 
 # The store chaos run (docs/operations.md), on the wire tier's stand-in for a replica set:

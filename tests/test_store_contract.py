@@ -23,7 +23,7 @@ from tokensvc.records import (
     Subject,
     User,
 )
-from tokensvc.storage.base import ClientRecord, Conflict, FailureCounts, Removing, Store
+from tokensvc.storage.base import ClientRecord, Conflict, FailureCounts, Presentation, Removing, Store
 from tokensvc.storage.memory import MemoryStore
 
 pytestmark = pytest.mark.parametrize("backend_store", BACKENDS, indirect=True)
@@ -730,6 +730,53 @@ async def test_codes_are_consumed_once(backend_store, now):
     assert redeemed.consumed_at == now and redeemed.family_id == "f1"
     assert not redeemed.spent_by_failure
     assert await store.consume_code("unknown", now) is None
+
+
+@pytest.mark.gen_test
+async def test_a_code_is_redeemed_only_as_it_was_issued(backend_store, now):
+    """The exchange's one step: the code consumed if, and only if, it is unconsumed, unexpired
+    and presented by its client, for its redirect_uri, with its challenge, and without the
+    scope refused; otherwise nothing is written."""
+    store = backend_store
+    await store.add_code(code(now))
+    await store.add_code(replace(code(now, "c-admin"), scopes=["read", "admin"]))
+    await store.add_code(code(now, "c-old", ttl=-1))
+    right = Presentation("webapp", "https://a/cb", "x" * 43)
+    for wrong in (replace(right, client_id="other"), replace(right, redirect_uri="https://a/other"),
+                  replace(right, code_challenge="y" * 43)):
+        assert await store.redeem_code("c1", now, "f1", wrong) is None
+    assert (await store.get_code("c1")).consumed_at is None  # nothing written
+    assert await store.redeem_code("c-old", now, "f1", right) is None  # expired
+    assert await store.redeem_code("c-admin", now, "f1", replace(right, refused_scope="admin")) is None
+    assert (await store.get_code("c-admin")).consumed_at is None
+    assert await store.redeem_code("unknown", now, "f1", right) is None
+    first = await store.redeem_code("c1", now, "f1", right)
+    assert first is not None and first.consumed_at is None and first.code_hash == "c1"
+    assert await store.redeem_code("c1", now, "f2", right) is None  # single use
+    redeemed = await store.get_code("c1")
+    assert (redeemed.consumed_at, redeemed.family_id, redeemed.spent_by_failure) == (now, "f1", False)
+    assert await store.redeem_code("c-admin", now, "f3", right) is not None  # refusing nothing
+
+
+@pytest.mark.gen_test
+async def test_a_grant_is_read_with_its_user(backend_store, now):
+    store = backend_store
+    alice = User("u_alice", "alice", "x")
+    await store.put_user(alice)
+    grant = await store.save_grant("webapp", ALICE, ["read"], now)
+    assert await store.grant_standing("webapp", ALICE) == (grant, alice)
+    assert await store.grant_standing("other", ALICE) == (None, None)
+    installation_grant = await store.save_grant("webapp", SCOPE, ["read"], now)
+    assert await store.grant_standing("webapp", SCOPE) == (installation_grant, None)
+    # By the key a code names: that grant, and only as the (subject, client) grant.
+    assert await store.grant_standing("webapp", ALICE, grant.grant_id) == (grant, alice)
+    assert await store.grant_standing("webapp", SCOPE, grant.grant_id) == (None, None)
+    assert await store.grant_standing("other", ALICE, grant.grant_id) == (None, None)
+    assert await store.grant_standing("webapp", ALICE, "g-unknown") == (None, None)
+    await store.mark_grant_revoked(grant.grant_id, now)
+    await store.delete_user("u_alice")
+    revoked, gone = await store.grant_standing("webapp", ALICE)
+    assert revoked is not None and revoked.revoked_at is not None and gone is None
 
 
 @pytest.mark.gen_test

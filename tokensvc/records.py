@@ -278,6 +278,7 @@ class AuthorizationCode:
     spent_by_failure: bool = False
     generation: int = 0  # the grant's, when the code was issued
     family_id: str | None = None  # the family its redemption started
+    grant_id: str | None = None  # the grant it was issued under (None: issued by 0.10.0)
 
     @property
     def subject(self) -> Subject:

@@ -34,6 +34,7 @@ from service import NOWHERE, WEBAPP_SECRET, Service, answer_when_read, start_ser
 
 from tokensvc import __version__
 from tokensvc.cli import main as cli
+from tokensvc.oauth import hashing
 from tokensvc.storage.mongo.format import TRIPWIRE, release_key
 
 HEARTBEAT = 1  # storage.heartbeat_seconds of this release's processes: finalize waits for one
@@ -964,6 +965,36 @@ def cli_exchange(base: str, code: str, confirmation: str | None = None) -> reque
     return requests.post(base + "/oauth/token", timeout=30, data={
         "grant_type": "authorization_code", "code": code, "redirect_uri": CLI_REDIRECT, "code_verifier": VERIFIER,
         "client_id": "tokensvc-cli", **({"confirmation_code": confirmation} if confirmation else {})})
+
+
+def test_a_code_names_its_grant_and_either_release_exchanges_the_others(primary, previous, tmp_path_factory):
+    """This release's codes name the grant they were issued under (grant_id), which its exchange
+    reads by its key: the previous release ignores the field, exchanges such a code by its
+    subject, and leaves the field as it was. A code of the previous release names no grant, and
+    this release exchanges it by its subject."""
+    deployment = Deployment(primary, previous, tmp_path_factory)
+    codes = primary.db["tokensvc"]["codes"]
+
+    def stored(code: str) -> dict:
+        key = hashing.digest(code)
+        return codes.find_one({"_id": {"$in": [key, bytes.fromhex(key)]}})
+
+    try:
+        old = deployment.start("previous")
+        new = deployment.start("current")
+        alice = Browser().sign_in(new.base)
+        here = alice.code(new.base)
+        named = stored(here)["grant_id"]
+        assert named is not None
+        assert works(old.base, exchange(old.base, here))
+        assert stored(here)["grant_id"] == named and stored(here)["consumed_at"] is not None
+        there = alice.code(old.base)
+        assert "grant_id" not in stored(there)
+        tokens = exchange(new.base, there)
+        assert works(new.base, tokens) and works(old.base, tokens)
+    finally:
+        outputs = deployment.close()
+    assert not any("Traceback" in output for output in outputs), outputs
 
 
 def test_admin_to_the_command_line_needs_its_confirmation_at_either_release(primary, previous, tmp_path_factory):

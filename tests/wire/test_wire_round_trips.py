@@ -40,13 +40,13 @@ ROUNDS = 2
 # Commands a request sends, in the steady state. The goals of docs/performance.md: introspection
 # 1, /v1/me 1, a client's public record at most 1, refresh at most 2, code exchange at most 3,
 # RFC 7009 revocation at most 2.
-EXCHANGE = 6
+EXCHANGE = 3
 ROUND_TRIPS = {
     "introspection": 1,  # the family, with its grant, client and user (0.10.0: 6)
     "me": 1,  # the same read (0.10.0: 3)
     "client": 1,  # (0.10.0: 1)
     "refresh": 2,  # that read, and the rotation (0.10.0: 6)
-    "exchange": EXCHANGE,  # (0.10.0: 9)
+    "exchange": EXCHANGE,  # the code consumed as presented, the grant with its user, the family (0.10.0: 9)
     "revoke": 2,  # that read, and the revocation (0.10.0: 5)
 }
 

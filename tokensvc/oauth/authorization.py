@@ -313,6 +313,7 @@ async def issue_code(ctx: OAuthContext, request: AuthorizationRequest, subject: 
         code_challenge_method=request.code_challenge_method,
         expires_at=now + timedelta(seconds=ctx.tokens.code_ttl),
         generation=grant.generation,
+        grant_id=grant.grant_id,
     ))
     logs.audit("code_issued", {"client_id": request.client.client_id, "subject": subject.id,
                                "subject_type": subject.kind, "outcome": "success"}, message="authorization code issued")

@@ -60,9 +60,10 @@ from tokensvc.oauth import (
 from tokensvc.oauth.clientauth import ClientRequest
 from tokensvc.oauth.context import OAuthContext
 from tokensvc.oauth.errors import InvalidGrant, InvalidScope, UnsupportedGrantType
-from tokensvc.oauth.revocation import revoke_family, sweep_if_grant_revoked
+from tokensvc.oauth.revocation import revoke_family
 from tokensvc.ratelimit import TooManyFailures
 from tokensvc.records import AuthorizationCode, Client, Family, Grant, Subject
+from tokensvc.storage.base import Presentation
 from tokensvc.telemetry import logs
 
 
@@ -121,6 +122,15 @@ async def exchange_code(ctx: OAuthContext, client: Client, code: str, redirect_u
         record, code_hash = await _confirmed(ctx, client, code, confirmation_code, address)
     else:
         code_hash = hashing.digest(code)
+        if code_verifier and pkce.is_valid_verifier(code_verifier):
+            # The common case in one step: the code consumed only as it was issued. Anything
+            # else (a replay, a wrong presenter, an expired code) is read and told below.
+            secret = tokens.family_secret(code, code_verifier)
+            family_id = tokens.family_id(secret)
+            redeemed = await store.redeem_code(code_hash, now, family_id, _presentation(client, redirect_uri,
+                                                                                         code_verifier))
+            if redeemed is not None:
+                return await _redeem(ctx, client, redeemed, secret, family_id, True, now)
         found = await store.get_code(code_hash)
         if found is None:
             raise InvalidGrant("Unknown authorization code")
@@ -147,6 +157,13 @@ async def exchange_code(ctx: OAuthContext, client: Client, code: str, redirect_u
     if record.spent_by_failure:
         raise InvalidGrant("The authorization code is no longer valid")
     return await _redeem(ctx, client, record, secret, family_id, first, now)
+
+
+def _presentation(client: Client, redirect_uri: str, code_verifier: str) -> Presentation:
+    """What :func:`_check_presenter` and the confirmation rule ask of a code presented
+    without a confirmation code, for the store to match as it consumes the code."""
+    refused = scopes.ADMIN if authorization.needs_confirmation(client, redirect_uri, [scopes.ADMIN]) else None
+    return Presentation(client.client_id, redirect_uri, pkce.s256(code_verifier), refused)
 
 
 async def _confirmed(ctx: OAuthContext, client: Client, code: str, typed: str,
@@ -206,17 +223,21 @@ async def _redeem(ctx: OAuthContext, client: Client, record: AuthorizationCode, 
                   first: bool, now: datetime) -> TokenResponse:
     """Start the code's family; for the code presented again, revoke it (a replay)."""
     store = ctx.store
-    grant = await store.find_grant(client.client_id, record.subject)
+    # The grant with its user, read together: what is in force is decided on them and on the
+    # client just authenticated. The grant the code names, found by its key (a code of 0.10.0
+    # names none: the subject's). A revocation of the grant that lands after this read leaves
+    # the family this writes dead: every use reads the grant with the family (Family.stands).
+    grant, user = await store.grant_standing(client.client_id, record.subject, record.grant_id)
     if grant is None or not grant.stands_behind(record.generation):
         raise InvalidGrant("The authorization was revoked")
     # A consumed code whose family is missing was redeemed by a request that failed before
     # writing it (the client saw 503): this presentation writes it, while the code is valid.
     # Of all the presentations, the one whose write lands is the exchange.
     if first or record.expires_at > now:
-        minted = _mint(ctx, secret, await _in_force(ctx, client, record.subject, record.scopes), record.subject, now)
+        held = await _in_force(ctx, client, record.subject, record.scopes, privileges.Holders(client, user))
+        minted = _mint(ctx, secret, held, record.subject, now)
         family = _family(family_id, grant, client, record, minted, now)
         if await store.create_family(family):
-            await sweep_if_grant_revoked(ctx, grant, family_id)
             _audit("token_issued", "success", client.client_id, record.subject, grant="authorization_code")
             ctx.metrics.issued("authorization_code")
             return _response(ctx, minted)

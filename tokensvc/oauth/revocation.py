@@ -25,7 +25,7 @@ from typing import Any, TypeVar
 from tokensvc.oauth import bearer, clientauth, privileges, tokens
 from tokensvc.oauth.clientauth import ClientRequest
 from tokensvc.oauth.context import OAuthContext
-from tokensvc.records import ACCESS, DEFAULT_SCOPES, READER_FIELDS, Client, Grant, Subject
+from tokensvc.records import ACCESS, DEFAULT_SCOPES, READER_FIELDS, Client, Subject
 from tokensvc.storage.base import (
     CLIENT,
     CLIENT_MARKS,
@@ -48,8 +48,9 @@ async def revoke_grant(ctx: OAuthContext, grant_id: str, reason: str) -> int:
     labels the count in ``tokensvc_token_families_revoked_total``.
 
     The grant is marked first: from then on none of its tokens is in force, so a sweep that
-    fails half-way leaves nothing usable, and a family minted concurrently is caught either
-    by the sweep or by its minter's check afterwards (:func:`sweep_if_grant_revoked`).
+    fails half-way leaves nothing usable. A family a code's exchange writes concurrently,
+    after the sweep, is never in force either: every use reads the grant with the family
+    (:meth:`~tokensvc.records.Family.stands`).
     """
     marked, count = await end_grant(ctx.store, grant_id, ctx.clock)
     if marked or count:
@@ -131,14 +132,6 @@ async def revoke_family(ctx: OAuthContext, family_id: str, reason: str) -> bool:
     ctx.metrics.revoked_families(reason)
     ctx.events.publish(Revocation(FAMILY, family_id))
     return True
-
-
-async def sweep_if_grant_revoked(ctx: OAuthContext, grant: Grant, family_id: str) -> None:
-    """After starting a family: a revocation of its grant that raced it either swept the new
-    family or is seen here (the grant is marked before its families are swept)."""
-    current = await ctx.store.get_grant(grant.grant_id)
-    if current is None or not current.stands_behind(grant.generation):
-        await revoke_family(ctx, family_id, "grant")
 
 
 # -- the endpoints ----------------------------------------------------------------------

@@ -102,6 +102,25 @@ class Standing:
 
 
 @dataclass(slots=True, frozen=True)
+class Presentation:
+    """What a code's exchange presents (:meth:`Authorizations.redeem_code`): the client, the
+    redirect_uri, the S256 challenge of the verifier presented, and a scope the code must not
+    hold (``admin``, where the code would need a confirmation that was not presented)."""
+
+    client_id: str
+    redirect_uri: str
+    code_challenge: str
+    refused_scope: str | None = None
+
+    def matches(self, code: AuthorizationCode, now: datetime) -> bool:
+        """Whether ``code`` is unconsumed, unexpired and presented as it was issued."""
+        return (code.consumed_at is None and code.expires_at > now and code.client_id == self.client_id
+                and code.redirect_uri == self.redirect_uri and code.code_challenge_method == "S256"
+                and code.code_challenge == self.code_challenge
+                and (self.refused_scope is None or self.refused_scope not in code.scopes))
+
+
+@dataclass(slots=True, frozen=True)
 class ClientRecord:
     """A registered client and its previous secret (None when it has none), as client
     authentication weighs them."""
@@ -428,16 +447,14 @@ class Authorizations(abc.ABC):
     async def get_grant(self, grant_id: str) -> Grant | None:
         """The grant with this id, revoked or not, or None.
 
-        Called by revocation's sweep of a revoked grant (oauth/revocation.py) and the operator's grant
-        revocation (admin/actions.py).
+        Called by the operator's grant revocation (admin/actions.py).
         """
 
     @abc.abstractmethod
     async def find_grant(self, client_id: str, subject: Subject) -> Grant | None:
         """The (subject, client) grant, revoked or not, or None.
 
-        Called by code redemption (oauth/grants.py) and a user's revocation of a connected app
-        (oauth/revocation.py).
+        Called by a user's revocation of a connected app (oauth/revocation.py).
         """
 
     @abc.abstractmethod
@@ -523,6 +540,23 @@ class Authorizations(abc.ABC):
 
         Called by the code exchange (oauth/grants.py).
         """
+
+    async def redeem_code(self, code_hash: str, now: datetime, family_id: str,
+                          presented: Presentation) -> AuthorizationCode | None:
+        """Atomically consume the code, redeemed into the family ``family_id``, if it is
+        unconsumed, unexpired and ``presented`` matches it (:meth:`Presentation.matches`).
+        Returns it as it was before; None otherwise, and nothing is written: the caller reads
+        the code to say why. Exactly one of concurrent callers gets the record.
+
+        This default reads the code, then consumes it: the fields matched never change once
+        the code is issued, save its scopes, which only shrink. A backend that can do both in
+        one round trip does (MongoDB: one conditional findAndModify).
+
+        Called by the code exchange (oauth/grants.py)."""
+        found = await self.get_code(code_hash)
+        if found is None or not presented.matches(found, now):
+            return None
+        return await self.consume_code(code_hash, now, family_id=family_id)
 
     # -- token families: one record per redeemed code, holding its current pair
 
@@ -843,6 +877,24 @@ class RegistryAndAuthorizations(Registry, Authorizations, abc.ABC):
     a client's authorizations with the client (its removal; a registration clearing what was
     left under its id), and a token's use, decided on its family, grant, client and user read
     together."""
+
+    async def grant_standing(self, client_id: str, subject: Subject,
+                             grant_id: str | None = None) -> tuple[Grant | None, User | None]:
+        """The (subject, client) grant, revoked or not, with its user as the store holds it
+        now (None for an installation's grant, or a user who is gone): what a code's exchange
+        is decided on. With ``grant_id`` (the grant a code names), that grant only, and only if
+        it is the (subject, client) one. One round trip where the backend can (MongoDB: one
+        aggregate).
+
+        Called by the code exchange (oauth/grants.py)."""
+        if grant_id is None:
+            grant = await self.find_grant(client_id, subject)
+        else:
+            grant = await self.get_grant(grant_id)
+            if grant is not None and (grant.client_id, grant.subject) != (client_id, subject):
+                grant = None
+        user = await self.get_user(subject.user_id) if grant is not None and subject.user_id is not None else None
+        return grant, user
 
     @abc.abstractmethod
     async def family_standing(self, family_id: str) -> Standing:

@@ -14,8 +14,8 @@ import pymongo
 from pymongo import ASCENDING, ReturnDocument
 from pymongo.errors import DuplicateKeyError
 
-from tokensvc.records import AuthorizationCode, Family, Grant, Pair, Subject
-from tokensvc.storage.base import Authorizations, Standing, StorageError
+from tokensvc.records import AuthorizationCode, Family, Grant, Pair, Subject, User
+from tokensvc.storage.base import Authorizations, Presentation, Standing, StorageError
 from tokensvc.storage.mongo import format as store_format
 from tokensvc.storage.mongo import hashes
 from tokensvc.storage.mongo.connection import Connection
@@ -70,6 +70,30 @@ class MongoAuthorizations(Authorizations):
     @guarded()
     async def find_grant(self, client_id: str, subject: Subject) -> Grant | None:
         return GRANTS.record(await self.grants.find_one(self._subject_filter(client_id, subject)))
+
+    @guarded()
+    async def grant_standing(self, client_id: str, subject: Subject,
+                             grant_id: str | None = None) -> tuple[Grant | None, User | None]:
+        match = self._subject_filter(client_id, subject)
+        if grant_id is not None:  # by its key, and only as the (subject, client) grant
+            match = {"_id": grant_id, **match}
+
+        async def read() -> list[dict[str, Any]]:
+            cursor = self.grants.aggregate([
+                {"$match": match},
+                {"$limit": 1},
+                {"$lookup": {"from": "users", "localField": "user_id", "foreignField": "_id", "as": "user"}},
+            ])
+            if inspect.isawaitable(cursor):  # PyMongo's aggregate is a coroutine; Motor-style ones are not
+                cursor = await cursor
+            return await cursor.to_list(1)
+
+        found = await read()
+        if not found:
+            return None, None
+        users = found[0].pop("user", None) or []
+        user = USERS.record(users[0]) if users and subject.user_id is not None else None
+        return GRANTS.record(found[0]), user
 
     @guarded()
     async def list_grants(self, subject: Subject) -> list[Grant]:
@@ -155,6 +179,21 @@ class MongoAuthorizations(Authorizations):
         return CODES.record(await self.credentials.write_one("codes", code_hash, lambda: self.codes.find_one_and_update(
             CODES.writable(code_hash=code_hash, consumed_at=None),
             {"$set": CODES.fields(pack, consumed_at=now, spent_by_failure=failed, family_id=family_id)},
+            return_document=ReturnDocument.BEFORE)))
+
+    @guarded()
+    async def redeem_code(self, code_hash: str, now: datetime, family_id: str,
+                          presented: Presentation) -> AuthorizationCode | None:
+        # One findAndModify: the code is consumed only as it was issued, so a presentation that
+        # does not match it writes nothing (the exchange then reads it to say why).
+        pack = await self.connection.writing()
+        match = {**CODES.writable(code_hash=code_hash, consumed_at=None), "expires_at": {"$gt": now},
+                 "client_id": presented.client_id, "redirect_uri": presented.redirect_uri,
+                 "code_challenge_method": "S256", "code_challenge": presented.code_challenge}
+        if presented.refused_scope is not None:
+            match["scopes"] = {"$ne": presented.refused_scope}
+        return CODES.record(await self.credentials.write_one("codes", code_hash, lambda: self.codes.find_one_and_update(
+            match, {"$set": CODES.fields(pack, consumed_at=now, spent_by_failure=False, family_id=family_id)},
             return_document=ReturnDocument.BEFORE)))
 
     # -- token families

@@ -80,10 +80,11 @@ RETRY_KINDS: dict[str, str] = {
     "client_record": STEPS, "put_previous_secret": RERUN, "get_previous_secret": READ, "delete_previous_secret": RERUN,
     "note_previous_secret_use": ONCE, "expire_previous_secret": ONCE,
     # Authorizations
-    "save_grant": ONCE, "get_grant": READ, "find_grant": READ, "list_grants": READ, "list_client_grants": READ,
+    "save_grant": ONCE, "get_grant": READ, "find_grant": READ, "grant_standing": READ, "list_grants": READ,
+    "list_client_grants": READ,
     "revoke_client_grants": STEPS, "withdraw_scopes": RERUN, "mark_grant_revoked": STEPS,
     "revoke_grant_families": RERUN,
-    "add_code": ONCE, "get_code": READ, "consume_code": ONCE,
+    "add_code": ONCE, "get_code": READ, "consume_code": ONCE, "redeem_code": ONCE,
     "create_family": ONCE, "get_family": READ, "find_access": READ,
     "family_standing": READ, "access_standing": READ, "rotate_family": ONCE, "reissue_pair": ONCE,
     "mark_access_used": RERUN, "mark_second_holder": RERUN, "revoke_access": STEPS, "revoke_family": STEPS,

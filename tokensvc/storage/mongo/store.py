@@ -28,6 +28,7 @@ from tokensvc.storage.base import (
     CREDENTIALS,
     ClientRecord,
     FailureCounts,
+    Presentation,
     Revocation,
     Standing,
     Store,
@@ -418,6 +419,14 @@ class MongoStore(Store):
 
     async def family_standing(self, family_id: str) -> Standing:
         return await self.authorizations.family_standing(family_id)
+
+    async def grant_standing(self, client_id: str, subject: Subject,
+                             grant_id: str | None = None) -> tuple[Grant | None, User | None]:
+        return await self.authorizations.grant_standing(client_id, subject, grant_id)
+
+    async def redeem_code(self, code_hash: str, now: datetime, family_id: str,
+                          presented: Presentation) -> AuthorizationCode | None:
+        return await self.authorizations.redeem_code(code_hash, now, family_id, presented)
 
     async def access_standing(self, access_hash: str) -> Standing:
         return await self.authorizations.access_standing(access_hash)
