@@ -451,17 +451,26 @@ async def test_each_change_of_a_client_carries_the_marks_of_what_it_withdraws(ba
 
 @pytest.mark.gen_test
 async def test_seeding_that_takes_admin_away_marks_the_user_in_the_same_write(backend_store, now):
-    """The configuration demotes: the user is marked (narrowed_at, what every relay hears) in
-    the write that demotes, decided on the record it replaces; a promotion landing between the
-    seeding's read and its write is never demoted without the mark."""
+    """The configuration demotes, or sets a new password: the user is marked (narrowed_at, what
+    every relay hears) in the write that demotes or sets it, decided on the record it replaces;
+    a promotion landing between the seeding's read and its write is never demoted without the
+    mark, nor a password set meanwhile replaced without it."""
     store = backend_store
     assert await store.seed_user(User("u_una", "una", "h1", admin=True), now) == User("u_una", "una", "h1", True)
     assert (await store.seed_user(User("u_other", "una", "h1", admin=True), now)).narrowed_at is None  # its id stays
     assert await store.seed_user(User("u_other", "una", "h2"), now) == User("u_una", "una", "h2", False, now)
     later = now + timedelta(seconds=5)
-    assert (await store.seed_user(User("u_other", "una", "h3"), later)).narrowed_at == now  # no administrator: kept
+    assert (await store.seed_user(User("u_other", "una", "h2"), later)).narrowed_at == now  # as it was: kept
+    assert (await store.seed_user(User("u_other", "una", "h3"), later)).narrowed_at == later  # a new password
     assert (await store.seed_user(User("u_new", "newt", "h"), later)).narrowed_at is None
-    assert await store.get_user("u_una") == User("u_una", "una", "h3", False, now)
+    assert await store.get_user("u_una") == User("u_una", "una", "h3", False, later)
+    for round_ in range(10):
+        await store.update_user("u_una", {"password_hash": "h", "narrowed_at": None})
+        mark = later + timedelta(seconds=round_)
+        writes = [store.seed_user(User("u_x", "una", "h"), mark), store.update_user("u_una", {"password_hash": "h4"})]
+        await asyncio.gather(*writes[::1 if round_ % 2 else -1])  # each first in turn
+        una = await store.get_user("u_una")
+        assert una.password_hash == "h4" or una.narrowed_at == mark, una
     for round_ in range(10):
         await store.update_user("u_una", {"admin": False, "narrowed_at": None})
         mark = later + timedelta(seconds=round_)

@@ -584,11 +584,14 @@ async def set_password(ctx: OAuthContext, username: str, password: str | None, *
                        service_name: str = "tokensvc", password_hash: str | None = None) -> dict[str, Any]:
     """A new password (or a hash as stored) ends the user's web sessions and, unless
     ``keep_grants``, revokes every grant (and token) of theirs: whoever knew the old password
-    is out everywhere. Says whose (the username as stored), and what it ended."""
+    is out everywhere. It is written with the user's mark and announced under the user
+    (:func:`_narrow_user`), so that every resource server drops the answers it cached for them,
+    kept grants included. Says whose (the username as stored), and what it ended."""
     user = await get_user(ctx.store, username)
     new_hash = await _password_hash(password, password_hash, [username, service_name])
-    # The hash alone is written: a promotion or demotion while it was computed holds.
-    if await ctx.store.update_user(user.user_id, {"password_hash": new_hash}) is None:
+    # The hash alone is written, with the user's mark: a promotion or demotion while it was
+    # computed holds, and resource servers drop whatever they cached for the user.
+    if await _narrow_user(ctx, user.user_id, {"password_hash": new_hash}) is None:
         raise Missing(f"no user named {username!r}")
     sessions = await web_sessions.end_all(ctx, user.user_id)
     revoked = 0 if keep_grants else await _revoke_grants_of(ctx, Subject(user_id=user.user_id))

@@ -325,10 +325,10 @@ class Registry(abc.ABC):
         """Upsert on the username: an existing user keeps its id and takes ``user``'s password
         hash and admin flag; otherwise ``user`` is added. Returns the stored user. Several
         processes seeding one empty database at once all succeed, with one user per name. A
-        write that takes ``admin`` away from an administrator also marks the user narrowed
-        (``narrowed_at``: ``now``), decided on the record it replaces, so that no demotion is
-        ever written without its mark (a promotion landing between a read and the write
-        included).
+        write that takes ``admin`` away from an administrator, or sets another password hash,
+        also marks the user narrowed (``narrowed_at``: ``now``), decided on the record it
+        replaces, so that no demotion or new password is ever written without its mark (a
+        promotion landing between a read and the write included).
 
         Called by start-up seeding (bootstrap.py).
         """

@@ -200,9 +200,9 @@ class MemoryStore(Store):
     async def seed_user(self, user: User, now: datetime) -> User:
         existing = await self.get_user_by_username(user.username)
         if existing is not None:
-            demoted = existing.admin and not user.admin
+            narrowed = (existing.admin and not user.admin) or existing.password_hash != user.password_hash
             user = copy(existing, password_hash=user.password_hash, admin=user.admin,
-                        narrowed_at=now if demoted else existing.narrowed_at)
+                        narrowed_at=now if narrowed else existing.narrowed_at)
         await self.put_user(user)
         return copy(user)
 

@@ -228,8 +228,9 @@ class MongoRegistry(Registry):
         return [USERS.record(doc) for doc in await _page(self.users, "username", after, limit)]
 
     async def seed_user(self, user: User, now: datetime) -> User:
-        # Written only over the admin flag it read (a compare-and-set), so that whether the write
-        # demotes, and so carries the mark, is decided on the document it replaces; a new user
+        # Written only over the admin flag and password hash it read (a compare-and-set), so that
+        # whether the write demotes or sets a new password, and so carries the mark, is decided on
+        # the document it replaces; a new user
         # is inserted only while no administrator holds the name (the unique index then refuses
         # the insert, and the loop reads it).
         for _ in range(3):  # a concurrent first insert, or change of the flag: read again
@@ -240,9 +241,10 @@ class MongoRegistry(Registry):
                 where = {"username": user.username, **({} if user.admin else {"admin": {"$ne": True}})}
                 update = {"$set": fields, "$setOnInsert": {"_id": user.user_id}}
             else:
-                where = {"_id": found["_id"], "admin": found.get("admin")}
-                update = {"$set": {**fields, "narrowed_at": now} if found.get("admin") is True and not user.admin
-                          else fields}
+                where = {"_id": found["_id"], "admin": found.get("admin"), "password_hash": found.get("password_hash")}
+                narrowed = ((found.get("admin") is True and not user.admin)
+                            or found.get("password_hash") != user.password_hash)
+                update = {"$set": {**fields, "narrowed_at": now} if narrowed else fields}
             try:
                 seeded = await self._seed_write(where, update)
             except Conflict:
@@ -253,7 +255,7 @@ class MongoRegistry(Registry):
 
     @guarded()
     async def _seeded_admin(self, username: str) -> dict[str, Any] | None:
-        return await self.users.find_one({"username": username}, {"admin": 1})
+        return await self.users.find_one({"username": username}, {"admin": 1, "password_hash": 1})
 
     @guarded()
     async def _seed_write(self, where: dict[str, Any], update: dict[str, Any]) -> dict[str, Any] | None:
