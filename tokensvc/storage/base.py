@@ -17,7 +17,7 @@ from __future__ import annotations
 import abc
 import asyncio
 from collections.abc import AsyncIterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
@@ -82,6 +82,10 @@ class Revocation:
 
     kind: str  # FAMILY | GRANT | SESSION | USER | CLIENT | SUBJECT | CREDENTIALS
     key: str  # the family_id, grant_id, session_hash, user_id or client_id (SUBJECT: user_id; CREDENTIALS: client_id)
+    # The resources the revoked tokens were meant for (RFC 8707), where the revoking process knew
+    # them (a family it read): which resource servers' feed readers hear of it. None: every one.
+    # Not part of what the revocation is (equality, the listeners' keys).
+    audience: tuple[str, ...] | None = field(default=None, compare=False)
 
 
 @dataclass(slots=True, frozen=True)
@@ -124,6 +128,14 @@ class Registry(abc.ABC):
         (oauth/authorization.py), a token's privileges (oauth/privileges.py), connected apps, the pages'
         notices, GET /oauth/clients/{id}, the operator's actions (admin.py) and start-up seeding
         (bootstrap.py).
+        """
+
+    @abc.abstractmethod
+    async def declared_resources(self, resources: list[str]) -> set[str]:
+        """Which of ``resources`` a registered resource server declares (its ``resources``):
+        one read, made only when a request names resources (RFC 8707).
+
+        Called by the authorization request, the code exchange and the refresh (oauth/audience.py).
         """
 
     @abc.abstractmethod
@@ -737,6 +749,15 @@ class Housekeeping(abc.ABC):
 
         Called by start-up (bootstrap.prepare) and the command line's store (cli_admin.py).
         """
+
+    async def binds_audiences(self) -> bool:
+        """Whether tokens may be bound to an audience (RFC 8707): whether every process allowed
+        to serve from the store reads a family's audience. A store no older release shares
+        always may.
+
+        Called by oauth/audience.py.
+        """
+        return True
 
     async def close(self) -> None:  # noqa: B027 - optional hook
         """Release connections. Called at shutdown.

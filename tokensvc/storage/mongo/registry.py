@@ -13,7 +13,7 @@ import pymongo
 from pymongo import ASCENDING, ReturnDocument
 
 from tokensvc.identifiers import username_key
-from tokensvc.records import Client, Installation, PreviousSecret, Removal, User
+from tokensvc.records import RESOURCE_SERVER, Client, Installation, PreviousSecret, Removal, User
 from tokensvc.storage.base import ClientRecord, Conflict, Registry, StorageError
 from tokensvc.storage.mongo.connection import Connection
 from tokensvc.storage.mongo.indexes import CASELESS
@@ -100,6 +100,11 @@ class MongoRegistry(Registry):
         previous = document.pop("previous", None) or []
         document.pop("removal", None)
         return ClientRecord(CLIENTS.record(document), PREVIOUS_SECRETS.record(previous[0]) if previous else None)
+
+    @guarded()
+    async def declared_resources(self, resources: list[str]) -> set[str]:
+        found = await self._clients({"kind": RESOURCE_SERVER, "resources": {"$in": list(resources)}})
+        return {resource for client in found for resource in client.resources or [] if resource in resources}
 
     @guarded()
     async def list_clients(self, after: str | None = None, limit: int | None = None) -> list[Client]:
