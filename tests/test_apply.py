@@ -154,10 +154,10 @@ operator = ["frank"]
             "password, password_hash, admin)",
             f"{wanted}: [[clients]] #1 (client_id = 'typo-app'): redirect_uri: unknown key (the keys of [[clients]]: "
             "client_id, name, redirect_uris, kind, allowed_scopes, first_party, client_secret, client_secret_sha256, "
-            "description, logo_url, allowed_origins)",
+            "description, logo_url, allowed_origins, resources)",
             f"{wanted}: [[clients]] #1 (client_id = 'typo-app'): first_partyy: unknown key (the keys of [[clients]]: "
             "client_id, name, redirect_uris, kind, allowed_scopes, first_party, client_secret, client_secret_sha256, "
-            "description, logo_url, allowed_origins)",
+            "description, logo_url, allowed_origins, resources)",
             f"{wanted}: [[installations]] #1: operator: unknown key (the keys of [[installations]]: installation_id, "
             "name, kind, operators)",
             f"{wanted}: [[installations]] #1: installation_id: a value is required (it names what the entry is)"]

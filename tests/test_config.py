@@ -583,7 +583,8 @@ def test_an_apply_entry_is_checked_key_by_key():
     assert config.entry_problems("clients", {"client_id": "x", "first_party": True}) == []
     assert config.entry_problems("clients", {"client_id": "x", "first_partyy": True, "name": 3}) == [
         ("first_partyy", "unknown key (the keys of [[clients]]: client_id, name, redirect_uris, kind, allowed_scopes, "
-                         "first_party, client_secret, client_secret_sha256, description, logo_url, allowed_origins)"),
+                         "first_party, client_secret, client_secret_sha256, description, logo_url, allowed_origins, "
+                         "resources)"),
         ("name", "expected a string, got 3")]
     assert config.entry_problems("users", "alice") == [(None, "expected a table, got 'alice'")]
 

@@ -8,12 +8,13 @@ what it cached for them, and its connections of theirs ask again what is left.""
 from __future__ import annotations
 
 import asyncio
+import io
 import json
 from datetime import timedelta
 
 import pytest
 from backends import open_store
-from helpers import DEADLINE, PASSWORD_HASHES, eventually, hand_over, issue_tokens, make_config
+from helpers import DEADLINE, PASSWORD_HASHES, eventually, hand_over, handed_over, issue_tokens, make_config
 from test_cli import CONFIG as CLI_CONFIG
 from test_feed import connect, next_message
 from test_processes import other_process
@@ -258,5 +259,106 @@ async def test_a_watched_connection_of_a_demoted_user_asks_again_what_is_left(ap
         assert not ended["read"].is_set()
         for stop in stops:
             stop()
+    finally:
+        await verifier.close()
+
+
+# -- a new password -------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def carol(io_loop, app, store):
+    """A user the operator manages (the configuration file writes bob at every start)."""
+    return io_loop.run_sync(lambda: admin.create_user(store, "carol", None, password_hash=PASSWORD_HASHES["root"]))
+
+
+async def set_password_elsewhere(path, store, config, tmp_path, monkeypatch):
+    """carol given alice's password by another process sharing the store, by ``path``, her grants
+    kept (``apply`` keeps them too); or bob given it by the configuration at start-up. The user."""
+    elsewhere = other_process(store)
+    if path == "admin-api":  # what PUT /admin/users/bob/password runs, in another process
+        await Operator(make_context(config, elsewhere), handed_over(config)).set_password(
+            "carol", {"passwordHash": PASSWORD_HASHES["alice"], "keepGrants": True})
+    elif path == "cli":
+        monkeypatch.setattr("sys.stdin", io.StringIO("a-new-password-for-bob-7\n"))
+        await run_cli(store, tmp_path, "users", "set-password", "carol", "--keep-grants", "--password-stdin")
+    elif path == "apply":
+        wanted = tmp_path / "wanted.toml"
+        wanted.write_text(f'[[users]]\nusername = "carol"\npassword_hash = "{PASSWORD_HASHES["alice"]}"\n')
+        await run_cli(store, tmp_path, "apply", "-f", str(wanted))
+    else:  # another process starting with a configuration that gives bob another password
+        await seed(elsewhere, make_config(users=[*users(True)[:2], {**users(True)[2],
+                                                                      "password_hash": PASSWORD_HASHES["alice"]}]))
+        return await store.get_user_by_username("bob")
+    return await store.get_user_by_username("carol")
+
+
+async def test_a_new_password_at_the_admin_api_is_named_on_the_feed(app, http_server, base_url, store, ctx, config,
+                                                                    carol):
+    """The user, as introspection's sub names them, and nothing else: with the grants kept, the
+    password is the one message; without, each grant follows it."""
+    web = await issue_tokens(ctx, "carol", "read")
+    grant_id = (await introspection.introspect(ctx, web.access_token))["grant_id"]
+    reader = await connect(base_url)
+    assert (await next_message(reader))["seq"] == 0
+    response = await admin_api(config, store, ctx, "PUT", "/admin/users/carol/password",
+                               {"passwordHash": PASSWORD_HASHES["alice"], "keepGrants": True})
+    assert response.code == 200, response.body
+    assert await next_message(reader) == {"type": "revoked", "seq": 1, "sub": carol.user_id}
+    stored = await store.get_user(carol.user_id)
+    assert stored.password_hash == PASSWORD_HASHES["alice"] and stored.narrowed_at == ctx.clock()
+    assert (await introspection.introspect(ctx, web.access_token))["active"] is True  # kept
+    response = await admin_api(config, store, ctx, "PUT", "/admin/users/carol/password",
+                               {"passwordHash": PASSWORD_HASHES["root"]})
+    assert response.code == 200, response.body
+    assert await next_message(reader) == {"type": "revoked", "seq": 2, "sub": carol.user_id}
+    assert await named(reader, grant_id=grant_id)
+    assert await introspection.introspect(ctx, web.access_token) == {"active": False}
+    reader.close()
+
+
+@pytest.mark.parametrize("path", ["admin-api", "cli", "apply", "configuration"])
+async def test_a_new_password_in_another_process_is_named_on_this_ones_feed(app, http_server, base_url, store, ctx,
+                                                                            config, relay, carol, tmp_path,
+                                                                            monkeypatch, path):
+    before = {user.username: user for user in await store.list_users()}
+    reader = await connect(base_url)
+    await next_message(reader)
+    user = await set_password_elsewhere(path, store, config, tmp_path, monkeypatch)
+    assert await named(reader, sub=user.user_id)
+    assert user.password_hash != before[user.username].password_hash and user.narrowed_at is not None
+    reader.close()
+
+
+async def test_a_configuration_that_keeps_a_users_password_marks_nothing(app, store, config, bob):
+    await seed(store, config)
+    assert (await store.get_user(bob.user_id)).narrowed_at is None
+
+
+@pytest.mark.parametrize("where", ["here", "elsewhere"])
+async def test_every_cached_answer_of_a_user_is_dropped_when_their_password_changes(
+        app, http_server, base_url, store, ctx, config, relay, carol, tmp_path, monkeypatch, where):
+    """carol's answers (two tokens) are cached; her password is set, her grants kept: within the
+    feed's latency each entry of hers is gone, and the next check asks again. Another user's entry
+    stays."""
+    mine = [(await issue_tokens(ctx, "carol", "read")).access_token,
+            (await issue_tokens(ctx, "carol", "read")).access_token]
+    other = (await issue_tokens(ctx, "root", "read")).access_token
+    verifier = await started(verifier_for(base_url))
+    try:
+        for token in (*mine, other):
+            assert (await verifier.check(token, "read")).subject is not None
+        assert verifier.cached == 3 and verifier.counts.introspections == 3
+        if where == "here":
+            response = await admin_api(config, store, ctx, "PUT", "/admin/users/carol/password",
+                                       {"passwordHash": PASSWORD_HASHES["alice"], "keepGrants": True})
+            assert response.code == 200, response.body
+        else:
+            await set_password_elsewhere("cli", store, config, tmp_path, monkeypatch)
+        await eventually(lambda: verifier.cached == 1, DEADLINE, what="the new password dropping carol's entries")
+        for token in mine:
+            assert (await verifier.check(token, "read")).scopes == ["read"]
+        await verifier.check(other, "read")
+        assert verifier.counts.introspections == 5  # carol's asked again; root's still cached
     finally:
         await verifier.close()

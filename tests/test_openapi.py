@@ -178,7 +178,7 @@ def test_the_admin_document_describes_the_admin_route_table_and_its_shapes():
     schemas = document["components"]["schemas"]
     assert set(schemas["AdminClient"]["properties"]) == {
         "clientId", "name", "redirectUris", "allowedScopes", "firstParty", "confidential", "description", "logoUrl",
-        "allowedOrigins", "createdAt", "kind"}
+        "allowedOrigins", "createdAt", "kind", "resources"}
     assert schemas["ClientBody"]["properties"]["redirectUris"]["maxItems"] == 100
     operation = document["paths"]["/admin/users/{username}"]["patch"]
     assert operation["security"] == [{"bearer": []}] and set(operation["responses"]) >= {

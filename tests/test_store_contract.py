@@ -12,6 +12,7 @@ from backends import BACKENDS
 from helpers import Clock
 
 from tokensvc.records import (
+    RESOURCE_SERVER,
     AuthorizationCode,
     Client,
     Family,
@@ -490,17 +491,26 @@ async def test_each_change_of_a_client_carries_the_marks_of_what_it_withdraws(ba
 
 @pytest.mark.gen_test
 async def test_seeding_that_takes_admin_away_marks_the_user_in_the_same_write(backend_store, now):
-    """The configuration demotes: the user is marked (narrowed_at, what every relay hears) in
-    the write that demotes, decided on the record it replaces; a promotion landing between the
-    seeding's read and its write is never demoted without the mark."""
+    """The configuration demotes, or sets a new password: the user is marked (narrowed_at, what
+    every relay hears) in the write that demotes or sets it, decided on the record it replaces;
+    a promotion landing between the seeding's read and its write is never demoted without the
+    mark, nor a password set meanwhile replaced without it."""
     store = backend_store
     assert await store.seed_user(User("u_una", "una", "h1", admin=True), now) == User("u_una", "una", "h1", True)
     assert (await store.seed_user(User("u_other", "una", "h1", admin=True), now)).narrowed_at is None  # its id stays
     assert await store.seed_user(User("u_other", "una", "h2"), now) == User("u_una", "una", "h2", False, now)
     later = now + timedelta(seconds=5)
-    assert (await store.seed_user(User("u_other", "una", "h3"), later)).narrowed_at == now  # no administrator: kept
+    assert (await store.seed_user(User("u_other", "una", "h2"), later)).narrowed_at == now  # as it was: kept
+    assert (await store.seed_user(User("u_other", "una", "h3"), later)).narrowed_at == later  # a new password
     assert (await store.seed_user(User("u_new", "newt", "h"), later)).narrowed_at is None
-    assert await store.get_user("u_una") == User("u_una", "una", "h3", False, now)
+    assert await store.get_user("u_una") == User("u_una", "una", "h3", False, later)
+    for round_ in range(10):
+        await store.update_user("u_una", {"password_hash": "h", "narrowed_at": None})
+        mark = later + timedelta(seconds=round_)
+        writes = [store.seed_user(User("u_x", "una", "h"), mark), store.update_user("u_una", {"password_hash": "h4"})]
+        await asyncio.gather(*writes[::1 if round_ % 2 else -1])  # each first in turn
+        una = await store.get_user("u_una")
+        assert una.password_hash == "h4" or una.narrowed_at == mark, una
     for round_ in range(10):
         await store.update_user("u_una", {"admin": False, "narrowed_at": None})
         mark = later + timedelta(seconds=round_)
@@ -1133,3 +1143,39 @@ async def test_failure_counts_are_shared_where_several_processes_share_the_store
     await counts.uncount_attempt("account|a1", [], [])
     assert (await counts.read_counts("account-run|a1", ["n"]))[0] == [0]
     assert (await counts.read_counts("account|a1", ["n"]))[0] == [1]
+
+
+@pytest.mark.gen_test
+async def test_a_familys_audience_is_what_its_code_and_each_new_pair_say(backend_store, now):
+    """RFC 8707: a code keeps the resources its request named, a family the audience its
+    exchange gave it, and each new pair (a rotation, a retry's reissue) writes its own: kept,
+    or narrowed. None is every API's, as every record written before audiences reads."""
+    store = backend_store
+    await store.add_code(replace(code(now), audience=["https://notes.example", "https://photos.example"]))
+    assert (await store.get_code("c1")).audience == ["https://notes.example", "https://photos.example"]
+    await store.create_family(replace(family(now), audience=["https://notes.example", "https://photos.example"]))
+    found, _ = await store.get_family("f1")
+    assert found.audience == ["https://notes.example", "https://photos.example"]
+    assert found.access().audience == found.refresh().audience == found.audience
+    later = now + timedelta(seconds=5)
+    rotated = await store.rotate_family("f1", "r1", replace(pair(later, 2), audience=["https://notes.example"]),
+                                        later)
+    assert rotated is not None and rotated.audience == ["https://notes.example"]
+    assert (await store.find_access("a2"))[0].audience == ["https://notes.example"]
+    await store.reissue_pair("f1", "r2", replace(pair(later, 3), audience=["https://notes.example"]))
+    assert (await store.get_family("f1"))[0].audience == ["https://notes.example"]
+    await store.create_family(family(now, "f2", n=9))
+    assert (await store.get_family("f2"))[0].audience is None
+
+
+@pytest.mark.gen_test
+async def test_declared_resources_are_a_registered_resource_servers(backend_store, now):
+    store = backend_store
+    await store.put_client(Client("notes-api", "Notes API", [], [], secret_hash="h", kind=RESOURCE_SERVER,
+                                  resources=["https://notes.example", "https://notes.example/v2"]))
+    await store.put_client(Client("app", "App", ["https://a/cb"], resources=["https://app.example"]))  # no API
+    asked = ["https://notes.example/v2", "https://app.example", "https://other.example"]
+    assert await store.declared_resources(asked) == {"https://notes.example/v2"}
+    await store.begin_removal("notes-api", now, "t")
+    assert await store.declared_resources(asked) == set()
+    assert await store.binds_audiences() is True  # a store no older release shares

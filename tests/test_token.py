@@ -247,7 +247,7 @@ async def test_unknown_parameters_are_ignored_even_repeated(browser, http_client
     from urllib.parse import urlencode
 
     body = urlencode({"grant_type": "authorization_code", "code": code, "redirect_uri": WEBAPP_REDIRECT,
-                      "code_verifier": VERIFIER}) + "&extra=1&extra=2&resource=x"
+                      "code_verifier": VERIFIER}) + "&extra=1&extra=2&audience=x"
     response = await http_client.fetch(base_url + "/oauth/token", method="POST", body=body, raise_error=False,
                                        headers={"Authorization": basic("webapp", WEBAPP_SECRET)})
     assert response.code == 200, response.body

@@ -105,6 +105,7 @@ async def seed(store: Store, config: Settings) -> None:
             else None if seed_client.allowed_scopes is None else list(seed_client.allowed_scopes),
             kind=seed_client.kind,
             allowed_origins=None if seed_client.allowed_origins is None else list(seed_client.allowed_origins),
+            resources=list(seed_client.resources) if seed_client.resources else None,
             secret_hash=secret_hash,
             # Set by hand, unless it is the very secret the service generated for the client
             # (its digest copied into the file after a rotation).
@@ -176,8 +177,8 @@ async def seed(store: Store, config: Settings) -> None:
 
 
 # What seeding compares of an entry it writes over: what the file says of it.
-SAID = {Client: ("name", "redirect_uris", "allowed_scopes", "kind", "allowed_origins", "secret_hash", "first_party",
-                 "description", "logo_url"),
+SAID = {Client: ("name", "redirect_uris", "allowed_scopes", "kind", "allowed_origins", "resources", "secret_hash",
+                 "first_party", "description", "logo_url"),
         User: ("password_hash", "admin"), Installation: ("name", "kind", "operators")}
 Entry = TypeVar("Entry", Client, User, Installation)
 

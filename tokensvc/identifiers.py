@@ -298,6 +298,28 @@ def is_loopback(host: str | None) -> bool:
         return False
 
 
+RESOURCE_MAX_LENGTH = 2048
+RESOURCE_URI_RULE = "an absolute URI (scheme://host/...), no fragment, no spaces (RFC 8707 §2)"
+
+
+def resource_uri_problem(uri: str) -> str | None:
+    """Why ``uri`` cannot be a resource indicator (RFC 8707 §2: an absolute URI without a
+    fragment), as a request names one or a resource server declares it, or None."""
+    if len(uri) > RESOURCE_MAX_LENGTH:
+        return f"at most {RESOURCE_MAX_LENGTH} characters"
+    if any(ord(char) <= 0x20 or ord(char) == 0x7F for char in uri):
+        return "no spaces or control characters"
+    if "#" in uri:
+        return "no fragment"
+    try:
+        parts = urlsplit(uri)
+    except ValueError:
+        return RESOURCE_URI_RULE
+    if not parts.scheme or not parts.netloc or not re.fullmatch(r"[A-Za-z][A-Za-z0-9+.-]*", parts.scheme):
+        return RESOURCE_URI_RULE
+    return None
+
+
 def origin_problem(origin: str) -> str | None:
     """Why ``origin`` cannot be a web origin a browser sends, or None when it can: written as a
     browser serializes it (``scheme://host[:port]``, lower case, no default port, nothing after

@@ -27,13 +27,14 @@ CLIENT_KIND, RESOURCE_SERVER = "client", "resource-server"
 CLIENT_KINDS = (CLIENT_KIND, RESOURCE_SERVER)
 
 
-# What decides whether a client may read the revocation feed with the credentials it proved:
-# a change of one is marked (Client.credentials_changed_at) and announced to the client's feed
-# readers, whoever writes it (the admin API, the CLI, apply, the configuration at start-up). It
-# withdraws nothing from the client's tokens (none of the three is in an introspection answer,
+# What decides whether a client may read the revocation feed with the credentials it proved, and
+# which revocations it reads (a resource server's resources): a change of one is marked
+# (Client.credentials_changed_at) and announced to the client's feed readers, whoever writes it
+# (the admin API, the CLI, apply, the configuration at start-up). It withdraws nothing from the
+# client's tokens (none of the four is in an introspection answer,
 # nor what a token's socket stands on), so it is no revocation a resource server hears of; a
 # change of kind to a resource server empties the scopes too, which is a narrowing.
-READER_FIELDS = ("secret_hash", "kind", "first_party")
+READER_FIELDS = ("secret_hash", "kind", "first_party", "resources")
 
 
 # OWNER: who writes a client, a user or an installation at every start of every process
@@ -88,6 +89,11 @@ class Client:
     # never exempt by mistake.
     generated_secret_hash: str | None = None
     owner: str | None = None  # who writes it at every start (OWNER, below); None: the admin API
+    # A resource server's: the resource URIs (RFC 8707: absolute, no fragment) of the API it
+    # serves, which an authorization or a refresh may name to bind its tokens to (their
+    # audience). Only ever widens what may be asked for: a release that drops it refuses those
+    # requests, never grants more.
+    resources: list[str] | None = None
 
     @property
     def secret_generated(self) -> bool:
@@ -279,6 +285,9 @@ class AuthorizationCode:
     generation: int = 0  # the grant's, when the code was issued
     family_id: str | None = None  # the family its redemption started
     grant_id: str | None = None  # the grant it was issued under (None: issued by 0.10.0)
+    # The resources its tokens are meant for (RFC 8707), as the authorization request named
+    # them; None: named none, so meant for every API (as before audiences).
+    audience: list[str] | None = None
 
     @property
     def subject(self) -> Subject:
@@ -339,6 +348,10 @@ class Family:
     # When a second holder showed (that presentation): from then no presentation of a
     # rotated-out refresh token gets a successor again; the grace rules decide.
     second_holder_at: datetime | None = None
+    # The resources the current pair is meant for (RFC 8707; a refresh may narrow them), or
+    # None: every API. Written only once the store's compatibility version is format 3, which
+    # no release that ignores it may serve (tokensvc.storage.mongo.format).
+    audience: list[str] | None = None
 
     @property
     def subject(self) -> Subject:
@@ -347,12 +360,12 @@ class Family:
     def access(self) -> Token:
         return Token(ACCESS, self.access_hash, self.family_id, self.client_id, self.grant_id, self.scopes,
                      self.issued_at, self.access_expires_at, self.user_id, self.installation_id,
-                     self.generation, self.revoked_at or self.access_revoked_at)
+                     self.generation, self.revoked_at or self.access_revoked_at, self.audience)
 
     def refresh(self) -> Token:
         return Token(REFRESH, self.refresh_hash, self.family_id, self.client_id, self.grant_id, self.scopes,
                      self.issued_at, self.expires_at, self.user_id, self.installation_id, self.generation,
-                     self.revoked_at)
+                     self.revoked_at, self.audience)
 
     def stands(self, grant: Grant | None) -> bool:
         """Not revoked, and its grant still stands behind the generation it was issued under."""
@@ -379,6 +392,7 @@ class Pair:
     serial: int = 0  # see Family.serial, Family.key_id and Family.salt
     key_id: str | None = None
     salt: str | None = None
+    audience: list[str] | None = None  # see Family.audience
 
 
 @dataclass(slots=True, frozen=True)
@@ -398,10 +412,16 @@ class Token:
     installation_id: str | None = None
     generation: int = 0
     revoked_at: datetime | None = None
+    audience: list[str] | None = None  # the resources it is meant for (RFC 8707); None: every API
 
     @property
     def subject(self) -> Subject:
         return Subject(self.user_id, self.installation_id)
+
+    def meant_for(self, resources: list[str]) -> bool:
+        """Whether the token may be used at an API serving ``resources``: it names no
+        audience, or one of them."""
+        return self.audience is None or any(resource in self.audience for resource in resources)
 
 
 @dataclass(slots=True)

@@ -258,6 +258,8 @@ class IntrospectionResponseSchema(Schema):
     family_id = fields.String(metadata={"description": "The token's family (one authorization code's chain of "
                                                        "refreshes); opaque, never a token or its hash"})
     grant_id = fields.String(metadata={"description": "The grant of the subject to the client behind the token"})
+    aud = fields.List(fields.String(), metadata={"description": "The resources (RFC 8707) the token is meant for; "
+                                                                "absent: every API"})
 
 
 class OAuthErrorSchema(Schema):
@@ -307,6 +309,9 @@ class MetadataSchema(Schema):
     revocation_endpoint_auth_methods_supported = fields.List(fields.String())
     scopes_supported = fields.List(fields.String(), required=True)
     authorization_response_iss_parameter_supported = fields.Boolean()
+    resource_indicators_supported = fields.Boolean(metadata={"description": (
+        "RFC 8707: resource at the authorization request, the code exchange and the refresh; tokensvc's own API "
+        "is the resource at base_url + /v1")})
     service_documentation = fields.String()
 
 

@@ -6,9 +6,11 @@ The invariant: no credential dies of the upgrade. Every credential either releas
 (access and refresh tokens, codes, session cookies, installation tokens) is served by the
 other; a refresh chain may alternate between them; a revocation or a sign-out at one holds at
 the other; processes restart in any order and come up, and none of them drops an index the
-other relies on; nothing this release writes holds a hash. The previous release writes the
-store's format as this one does, so finalize raises nothing, and it serves what this one
-issued once this one's processes stop (a rollback).
+other relies on; nothing this release writes holds a hash. Side by side, both write the previous
+release's format (2): finalize is refused while a process of it is connected, and it serves
+what this one issued once this one's processes stop (a rollback). Once finalized (format 3),
+tokens may be bound to an audience (RFC 8707), which the previous release would ignore: it then
+refuses to start.
 
 From 0.9.0 (fixture ``oldest``; "the previous release" of those tests, the older of the
 deployment), whose format this release still reads: finalize is refused while a process of it
@@ -259,12 +261,13 @@ def restarted(deployment: Deployment, old: Service, new: Service) -> tuple[Servi
     return old, new
 
 
-def test_a_rolling_upgrade_signs_no_one_out_and_leaves_nothing_to_finalize(primary, previous, tmp_path_factory,
-                                                                           capsys):
+def test_a_rolling_upgrade_signs_no_one_out_and_finalize_waits_for_the_previous_release(primary, previous,
+                                                                                         tmp_path_factory, capsys):
     """The previous release and this one write the same format: side by side, each serves what
     the other issued, a refresh chain alternates between them, presentations arriving together
-    at both get one pair, restarts drop no index; nothing blocks finalize and it raises nothing;
-    the previous release, alone again (a rollback), serves every credential this one issued."""
+    at both get one pair, restarts drop no index; finalize (to format 3, audiences) is refused
+    while the previous release is connected and raises nothing; the previous release, alone
+    again (a rollback), serves every credential this one issued."""
     deployment = Deployment(primary, previous, tmp_path_factory)
     try:
         old = deployment.start("previous")
@@ -276,8 +279,9 @@ def test_a_rolling_upgrade_signs_no_one_out_and_leaves_nothing_to_finalize(prima
         assert requests.get(new.base + "/healthz", timeout=5).json() == {"status": "ok", "version": __version__}
         code, out, _ = deployment.storage(capsys, "status", "--json")
         status = json.loads(out)
-        assert code == 0 and (status["format"], status["compatibility"]) == (2, 2)
-        assert status["finalizeBlockers"] == [] and status["warnings"] == []
+        assert code == 0 and (status["format"], status["compatibility"]) == (3, 2)
+        assert status["warnings"] == []
+        assert [blocker for blocker in status["finalizeBlockers"] if f"tokensvc {previous.version} is" in blocker]
         assert {seen["release"] for seen in status["connections"]} == {previous.version, __version__}
         assert [(seen["release"], seen["how"]) for seen in status["releasesSeen"]] == [
             (release, ["opened the store", "running", "connected"]) for release in (previous.version, __version__)]
@@ -293,9 +297,9 @@ def test_a_rolling_upgrade_signs_no_one_out_and_leaves_nothing_to_finalize(prima
         old, new = restarted(deployment, old, new)
         assert works(old.base, chain) and works(new.base, chain) and alice.me(new.base) == 200
 
-        # Finalize, the previous release still serving: nothing to raise, nothing refused.
+        # Finalize, the previous release still serving: refused, nothing raised.
         code, _, err = deployment.storage(capsys, "finalize")
-        assert code == 0, err
+        assert code == 1 and f"tokensvc {previous.version} is" in err, err
         assert primary.db["tokensvc"]["meta"].find_one({"_id": "format"})["compatibility"] == 2
         # This release's credentials, its processes stopped: the previous release serves them all.
         bob = Browser("bob", "copper-fern-meadow").sign_in(new.base)
@@ -329,7 +333,7 @@ def test_a_rolling_upgrade_then_finalize_signs_no_one_out(primary, oldest, tmp_p
         assert requests.get(new.base + "/healthz", timeout=5).json() == {"status": "ok", "version": __version__}
         code, out, _ = deployment.storage(capsys, "status", "--json")
         status = json.loads(out)
-        assert code == 0 and (status["format"], status["compatibility"]) == (2, 1)
+        assert code == 0 and (status["format"], status["compatibility"]) == (3, 1)
         assert {seen["release"] for seen in status["connections"]} == {None, __version__}
         assert status["migrations"]["atFinalize"][0]["name"] == "packed-hashes"
         assert any("0.9.0 or earlier is connected" in blocker for blocker in status["finalizeBlockers"])
@@ -378,14 +382,14 @@ def test_a_rolling_upgrade_then_finalize_signs_no_one_out(primary, oldest, tmp_p
         assert "packed-hashes: " in err  # progress on stderr
         code, out, _ = deployment.storage(capsys, "status", "--json")
         status = json.loads(out)
-        assert (status["format"], status["compatibility"]) == (2, 2)
+        assert (status["format"], status["compatibility"]) == (3, 3)
         assert "packed-hashes" in status["migrations"]["done"] and status["finalizeBlockers"] == []
-        assert {seen["writes"] for seen in status["running"]} == {2}
+        assert {seen["writes"] for seen in status["running"]} == {3}
         for name in ("codes", "families", "sessions"):
             assert primary.db["tokensvc"][name].count_documents({"_id": {"$type": "string"}}) == 0, name
         wait_until(lambda: metric(new, 'tokensvc_store_migration_pending{migration="packed-hashes"}') == 0,
                    "the metrics following the store at the next heartbeat", retry=(requests.RequestException,))
-        assert metric(new, 'tokensvc_store_format{of="compatibility"}') == 2
+        assert metric(new, 'tokensvc_store_format{of="compatibility"}') == 3
         assert metric(new, 'tokensvc_store_migration_rows{migration="packed-hashes"}') > 0
 
         # Only this release now: every credential issued before the upgrade still works.
@@ -561,7 +565,7 @@ def test_the_previous_release_started_while_finalize_raises_the_version_stops_at
         primary.release(held)
         finalizing.join(timeout=120)
         assert finalized == [0], capsys.readouterr().err
-        assert primary.db["tokensvc"]["meta"].find_one({"_id": "format"})["compatibility"] == 2
+        assert primary.db["tokensvc"]["meta"].find_one({"_id": "format"})["compatibility"] == 3
     finally:
         outputs = deployment.close()
     assert not any("Traceback" in output for output in outputs), outputs
@@ -1045,8 +1049,9 @@ def test_an_entry_this_releases_file_writes_is_served_by_the_previous_release_an
     clients, users = primary.db["tokensvc"]["clients"], primary.db["tokensvc"]["users"]
     named = ROLLING.format(digest=hashing.digest(secret), description="First") + "\n" + CAROL
     try:
-        new = deployment.start("current", extra=named)
+        # The previous release first: a store this release makes is at format 3, which it cannot read.
         old = deployment.start("previous")  # its file names neither
+        new = deployment.start("current", extra=named)
         assert clients.find_one({"_id": "rolling"})["owner"] == deployment.config()
         assert users.find_one({"username": "carol"})["owner"] == deployment.config()
         assert proves(old.base, secret) and proves(new.base, secret)
@@ -1126,6 +1131,74 @@ def test_a_removal_of_either_release_takes_a_client_of_the_others_registration(p
         assert "being removed" in capsys.readouterr().err
         assert cli.main(["clients", "remove", "transient", "--config", deployment.operators_config()]) == 0
         assert clients.count_documents({"_id": "transient"}) == 0 and removals.count_documents({}) == 0
+    finally:
+        outputs = deployment.close()
+    assert not any("Traceback" in output for output in outputs), outputs
+
+
+NOTES = "https://notes.example"
+NOTES_API = ('\n[[clients]]\nclient_id = "notes-api"\nname = "Notes API"\nkind = "resource-server"\n'
+             'client_secret = "notes-api-upgrade-secret-0123456789abcdef01"\nresources = ["https://notes.example"]\n')
+
+
+def test_tokens_are_bound_to_an_audience_only_once_no_release_that_ignores_it_may_serve(primary, previous,
+                                                                                        tmp_path_factory, capsys):
+    """The previous release would ignore a family's audience (RFC 8707) and accept its tokens
+    everywhere. While it may serve (compatibility 2), this release refuses a request naming
+    ``resource`` (``invalid_target``, saying to finalize) and issues what names none as before;
+    once finalized (format 3), tokens are bound, a resource server the token is not meant for
+    is told it is not active, tokensvc's own API refuses it, and the previous release refuses
+    to start on the store."""
+
+    def authorize(base: str, browser: Browser, *resources: str) -> dict[str, list[str]]:
+        query = [("response_type", "code"), ("client_id", "webapp"), ("redirect_uri", NOWHERE["webapp"]),
+                 ("scope", "read"), ("state", "s"), ("code_challenge", CHALLENGE), ("code_challenge_method", "S256"),
+                 *(("resource", resource) for resource in resources)]
+        answer = browser.agent.get(base + "/oauth/authorize?" + urlencode(query), timeout=30, allow_redirects=False)
+        assert answer.status_code == 302, answer.text
+        return parse_qs(urlsplit(answer.headers["Location"]).query)
+
+    def introspected(base: str, tokens: dict, client_id: str, secret: str) -> dict:
+        return requests.post(base + "/oauth/token/introspect", timeout=30, auth=(client_id, secret),
+                             data={"token": tokens["access_token"]}).json()
+
+    notes_secret = "notes-api-upgrade-secret-0123456789abcdef01"
+    deployment = Deployment(primary, previous, tmp_path_factory)
+    try:
+        old = deployment.start("previous")
+        new = deployment.start("current", extra=NOTES_API)
+        alice = Browser().sign_in(new.base)
+        refused = authorize(new.base, alice, NOTES)
+        assert refused["error"] == ["invalid_target"] and "finalize" in refused["error_description"][0], refused
+        unbound = exchange(new.base, authorize(new.base, alice)["code"][0])
+        assert works(old.base, unbound) and works(new.base, unbound)
+        assert introspected(new.base, unbound, "notes-api", notes_secret)["active"] is True
+        assert all(doc.get("audience") is None for doc in primary.db["tokensvc"]["families"].find())
+
+        deployment.stop(old)
+
+        def finalized() -> str | None:
+            code, _, err = deployment.storage(capsys, "finalize")
+            assert code == 0 or f"tokensvc {previous.version} is" in err, err  # its sockets are still closing
+            return "finalized" if code == 0 else None
+
+        wait_until(finalized, "finalize, once the previous release's sockets are closed")
+        assert primary.db["tokensvc"]["meta"].find_one({"_id": "format"})["compatibility"] == 3
+        wait_until(lambda: metric(new, 'tokensvc_store_format{of="compatibility"}') == 3,
+                   "this release's process following the new version at its heartbeat",
+                   retry=(requests.RequestException,))
+
+        bound = exchange(new.base, authorize(new.base, alice, NOTES)["code"][0])
+        answer = introspected(new.base, bound, "notes-api", notes_secret)
+        assert answer["active"] is True and answer["aud"] == [NOTES]
+        me = requests.get(new.base + "/v1/me", timeout=30, headers={"Authorization": f"Bearer {bound['access_token']}"})
+        assert me.status_code == 401  # tokensvc's own /v1 is not among its audience
+        assert works(new.base, refresh(new.base, unbound))  # naming none: as before
+
+        refused_start = deployment.start("previous", ready=False)
+        refused_start.process.wait(timeout=60)
+        assert refused_start.returncode == 1, refused_start.output()
+        assert "format 3" in refused_start.output(), refused_start.output()
     finally:
         outputs = deployment.close()
     assert not any("Traceback" in output for output in outputs), outputs

@@ -78,7 +78,7 @@ async def write_credentials(store: MongoStore):
 async def test_an_empty_database_starts_at_this_releases_format_with_nothing_to_migrate(primary):
     store = await opened(primary)
     document = meta(primary)
-    assert (document["format"], document["compatibility"]) == (2, 2)
+    assert (document["format"], document["compatibility"]) == (3, 3)
     assert set(document["migrations"]) == {"packed-hashes"}
     assert [entry["release"] for entry in document["releases"]] == [__version__]
     await write_credentials(store)
@@ -93,7 +93,7 @@ async def test_a_store_0_9_0_wrote_is_format_1_and_is_written_as_0_9_0_writes_it
     written_by_0_9_0(primary)
     store = await opened(primary)
     document = meta(primary)
-    assert (document["format"], document["compatibility"]) == (2, 1)  # expanded, not finalized
+    assert (document["format"], document["compatibility"]) == (3, 1)  # expanded, not finalized
     assert document["migrations"] == {}
     code, family, session = await write_credentials(store)
     now = utcnow()
@@ -115,7 +115,7 @@ async def test_a_store_0_9_0_wrote_is_format_1_and_is_written_as_0_9_0_writes_it
 async def test_several_processes_opening_one_store_agree_on_its_format(primary):
     written_by_0_9_0(primary)
     stores = await asyncio.gather(*(opened(primary) for _ in range(4)))
-    assert {(store.format.format, store.format.compatibility) for store in stores} == {(2, 1)}
+    assert {(store.format.format, store.format.compatibility) for store in stores} == {(3, 1)}
     assert primary.db[DB]["meta"].count_documents({}) == 1
     for store in stores:
         await store.close()
@@ -123,13 +123,13 @@ async def test_several_processes_opening_one_store_agree_on_its_format(primary):
 
 async def test_a_store_of_a_newer_format_is_refused_in_one_line(primary):
     await (await opened(primary)).close()
-    primary.db[DB]["meta"].update_one({"_id": "format"}, {"$set": {"format": 3, "compatibility": 3}})
+    primary.db[DB]["meta"].update_one({"_id": "format"}, {"$set": {"format": 4, "compatibility": 4}})
     primary.forget()
     store = make_store(wire_settings(primary))
     with pytest.raises(StoreFault) as refused:
         await store.open()
-    assert str(refused.value) == (f"the store holds format 3 (its compatibility version), which tokensvc {__version__} "
-                                  "cannot read (it reads formats 1 to 2): run a later release, one that reads format 3")
+    assert str(refused.value) == (f"the store holds format 4 (its compatibility version), which tokensvc {__version__} "
+                                  "cannot read (it reads formats 1 to 3): run a later release, one that reads format 4")
     assert primary.sent("createIndexes") == []  # nothing touched
     await store.close()
 
@@ -137,19 +137,19 @@ async def test_a_store_of_a_newer_format_is_refused_in_one_line(primary):
 async def test_a_newer_release_expanded_but_not_finalized_still_serves_this_one(primary):
     written_by_0_9_0(primary)
     await (await opened(primary)).close()
-    primary.db[DB]["meta"].update_one({"_id": "format"}, {"$set": {"format": 3}})  # 0.11 opened it: a rollback
+    primary.db[DB]["meta"].update_one({"_id": "format"}, {"$set": {"format": 4}})  # 0.12 opened it: a rollback
     store = await opened(primary)
-    assert (store.format.format, store.format.compatibility) == (3, 1)  # never lowered
+    assert (store.format.format, store.format.compatibility) == (4, 1)  # never lowered
     await store.close()
 
 
 async def test_a_release_that_no_longer_reads_the_stores_format_says_what_to_finish_first(primary):
     written_by_0_9_0(primary)
     await (await opened(primary)).close()
-    later = History(FORMATS, oldest=2, release="0.11.0")  # a release that dropped format 1's read path
+    later = History(FORMATS, oldest=2, release="0.12.0")  # a release that dropped format 1's read path
     store = make_store(wire_settings(primary))
     store.history = later
-    with pytest.raises(StoreFault, match=r"still holds rows of format 1, which tokensvc 0\.11\.0 no longer reads: "
+    with pytest.raises(StoreFault, match=r"still holds rows of format 1, which tokensvc 0\.12\.0 no longer reads: "
                                          r"finish that upgrade first with tokensvc 0\.10\.0"):
         await store.open()
     await store.close()
@@ -227,15 +227,15 @@ async def test_a_running_process_stops_serving_on_a_format_it_cannot_write(prima
     release finalized): the same line as a refused start, not ready, nothing written, and the
     entry never says it writes that format."""
     store = await opened(primary, serving=True)
-    primary.db[DB]["meta"].update_one({"_id": "format"}, {"$set": {"format": 3, "compatibility": 3}})
+    primary.db[DB]["meta"].update_one({"_id": "format"}, {"$set": {"format": 4, "compatibility": 4}})
     with pytest.raises(StoreFault) as refused:
         await store.heartbeat()
-    assert str(refused.value) == (f"the store holds format 3 (its compatibility version), which tokensvc {__version__} "
-                                  "cannot read (it reads formats 1 to 2): run a later release, one that reads format 3")
+    assert str(refused.value) == (f"the store holds format 4 (its compatibility version), which tokensvc {__version__} "
+                                  "cannot read (it reads formats 1 to 3): run a later release, one that reads format 4")
     assert store.prepared is False
-    with pytest.raises(StorageError, match="no longer serves from the store: the store holds format 3"):
+    with pytest.raises(StorageError, match="no longer serves from the store: the store holds format 4"):
         await store.add_session(credentials(utcnow())[2])
-    assert raw(primary, "sessions") == [] and primary.db[DB]["processes"].find_one()["writes"] == 2
+    assert raw(primary, "sessions") == [] and primary.db[DB]["processes"].find_one()["writes"] == 3
     store.registration.heartbeat_seconds = 0.05
     with pytest.raises(StoreFault):  # the heartbeat's loop ends with it: the process stops
         await asyncio.wait_for(store.registration.run(store.connection, store.heartbeat), 5)
@@ -275,7 +275,7 @@ async def test_a_serving_process_is_registered_and_follows_a_raised_compatibilit
     written_by_0_9_0(primary)
     store = await opened(primary, serving=True)
     [seen] = await processes.running(store.connection)
-    assert (seen.release, seen.reads, seen.writes) == (__version__, 2, 1)
+    assert (seen.release, seen.reads, seen.writes) == (__version__, 3, 1)
     primary.db[DB]["meta"].update_one({"_id": "format"}, {"$set": {"compatibility": 2}})
     with caplog.at_level(logging.INFO, "tokensvc.storage.mongo.processes"):
         await store.heartbeat()
@@ -351,7 +351,7 @@ async def test_only_connections_that_concern_this_store_count(primary, caplog):
         return expected(found)
 
     await eventually(lambda: seen(lambda found: sorted((seen.release or "", seen.reads) for seen in found)
-                                  == [("", 1), (__version__, 2)]), what="both processes of this store seen")
+                                  == [("", 1), (__version__, 3)]), what="both processes of this store seen")
     assert all(seen.where.startswith("127.0.0.1:") for seen in found)
     await here.close()
     await eventually(lambda: seen(lambda found: [seen.release for seen in found] == [__version__]),
@@ -441,7 +441,7 @@ async def test_finalize_is_refused_for_each_thing_that_may_still_need_the_old_fo
     with pytest.raises(upgrade.Refused, match="--previous-release-stopped"):
         await upgrade.finalize(store)
     assert (await upgrade.finalize(store, assume_stopped=True))[0] == 1
-    assert meta(primary)["compatibility"] == 2
+    assert meta(primary)["compatibility"] == 3
     await store.close()
 
 
@@ -484,10 +484,10 @@ async def test_finalize_converts_every_row_and_every_credential_reads_the_same(p
     assert (await store.get_code(code.code_hash), await store.get_family(family.family_id),
             await store.get_session(session.session_hash)) == before
     document = meta(primary)
-    assert document["compatibility"] == 2 and document["migrations"]["packed-hashes"]["rows"] == 3
+    assert document["compatibility"] == 3 and document["migrations"]["packed-hashes"]["rows"] == 3
     assert document["progress"] == {}
-    assert [entry["compatibility"] for entry in document["finalized"]] == [2]
-    assert await upgrade.finalize(store) == (2, {})  # once
+    assert [entry["compatibility"] for entry in document["finalized"]] == [3]
+    assert await upgrade.finalize(store) == (3, {})  # once
     await store.close()
 
 
@@ -506,7 +506,7 @@ async def test_finalize_waits_for_every_process_to_write_the_new_format_before_c
     beating = asyncio.create_task(server.registration.run(server.connection, server.heartbeat))
     store = await opened(primary)
     await upgrade.finalize(store)
-    assert server.format.compatibility == 2  # it followed, then the rows were converted
+    assert server.format.compatibility == 3  # it followed, then the rows were converted
     assert primary.db[DB]["families"].count_documents({"_id": {"$type": "string"}}) == 0
     beating.cancel()
     await server.close()
@@ -563,10 +563,10 @@ async def test_finalize_waits_for_no_process_whose_heartbeat_lapsed_and_says_whe
     with pytest.raises(upgrade.Refused) as refused:  # it never follows: the raise is done, the conversion waits
         await upgrade.finalize(store)
     assert str(refused.value).startswith(
-        "finalized: the compatibility version is raised from 1 to 2 (irreversible: tokensvc storage finalize need "
+        "finalized: the compatibility version is raised from 1 to 3 (irreversible: tokensvc storage finalize need "
         f"not run again); but migration packed-hashes waits: these processes do not write format 2 yet: "
         f"{__version__} at ")
-    assert meta(primary)["compatibility"] == 2
+    assert meta(primary)["compatibility"] == 3
     # Two heartbeats without a word (killed -9, cut off): no longer waited for, though counted as running.
     primary.db[DB]["processes"].update_one({}, {"$set": {"seen_at": utcnow() - timedelta(seconds=2.5)}})
     assert len(await processes.running(store.connection)) == 1
@@ -615,7 +615,7 @@ async def test_a_release_that_cannot_read_the_store_is_reported_and_what_it_writ
     assert [(seen.name, seen.how) for seen in found.seen] == [("0.9.0 or earlier", ["connected"]),
                                                              (__version__, ["opened the store", "running"])]
     assert any(warning.startswith("tokensvc 0.9.0 or earlier is connected from 127.0.0.1:") and
-               "cannot read this store (compatibility 2; it reads formats up to 1): stop it" in warning
+               "cannot read this store (compatibility 3; it reads formats up to 1): stop it" in warning
                for warning in found.warnings), found.warnings
     assert "3 rows of an older format were written after migration packed-hashes was done" in " ".join(found.warnings)
     with caplog.at_level(logging.WARNING):
@@ -640,15 +640,15 @@ async def test_a_release_that_cannot_read_the_store_is_reported_and_what_it_writ
 # -- indexes -----------------------------------------------------------------------------------
 
 
-RETIRING = History((*FORMATS, Format(3, "0.11.0", "users by email", retired_indexes=(("users", "username"),))),
-                   oldest=1, release="0.11.0")
+RETIRING = History((*FORMATS, Format(4, "0.12.0", "users by email", retired_indexes=(("users", "username"),))),
+                   oldest=1, release="0.12.0")
 
 
 async def test_an_index_is_dropped_only_once_no_release_allowed_to_run_needs_it(primary):
     written_by_0_9_0(primary)
-    store = await opened(primary, history=RETIRING)  # 0.11.0 expands: 0.10.0 still uses users.username
+    store = await opened(primary, history=RETIRING)  # 0.12.0 expands: 0.11.0 still uses users.username
     assert "username" in primary.db[DB]["users"].index_information()
-    primary.db[DB]["meta"].update_one({"_id": "format"}, {"$set": {"compatibility": 3}})  # finalized
+    primary.db[DB]["meta"].update_one({"_id": "format"}, {"$set": {"compatibility": 4}})  # finalized
     await store.close()
     store = await opened(primary, history=RETIRING)
     assert "username" not in primary.db[DB]["users"].index_information()
@@ -722,7 +722,7 @@ async def test_a_0_9_0_process_started_while_finalize_raises_the_version_stops_a
     assert not await starts_as_0_9_0(primary)
     primary.release(held)
     assert (await finalizing)[0] == 1
-    assert meta(primary)["compatibility"] == 2
+    assert meta(primary)["compatibility"] == 3
     assert sorted(primary.db[DB]["failures"].index_information()) == ["_id_", TRIPWIRE]
     await store.close()
 
@@ -766,11 +766,11 @@ async def test_a_0_9_0_process_seen_only_after_the_raise_is_named_by_finalize(pr
     primary.release(held)
     with pytest.raises(upgrade.Refused) as refused:
         await finalizing
-    assert str(refused.value).startswith("finalized: the compatibility version is raised from 1 to 2")
+    assert str(refused.value).startswith("finalized: the compatibility version is raised from 1 to 3")
     assert "tokensvc 0.9.0 or earlier is connected from 127.0.0.1:" in str(refused.value)
     assert str(refused.value).endswith("stop it, then run tokensvc storage migrate (the running processes convert "
                                        "what it writes)")
-    assert meta(primary)["compatibility"] == 2
+    assert meta(primary)["compatibility"] == 3
     await old.close()
     await store.close()
 

@@ -283,13 +283,13 @@ def test_a_process_stops_with_one_line_when_a_later_release_finalizes_the_store(
     """Its heartbeat finds a compatibility version it cannot write: /readyz goes 503 and the
     process ends as a start on that store would, with the line that says which release to run."""
     service = start_service(tmp_path, mongodb(primary), env={"TOKENSVC_STORAGE_HEARTBEAT_SECONDS": "1"}).wait_ready()
-    primary.db["tokensvc"]["meta"].update_one({"_id": "format"}, {"$set": {"format": 3, "compatibility": 3}})
+    primary.db["tokensvc"]["meta"].update_one({"_id": "format"}, {"$set": {"format": 4, "compatibility": 4}})
     try:
         service.process.wait(timeout=30)
     finally:
         output = service.stop()
     assert service.returncode == 1, output
-    assert "tokensvc: the store holds format 3 (its compatibility version), which tokensvc" in output, output
+    assert "tokensvc: the store holds format 4 (its compatibility version), which tokensvc" in output, output
     assert "Traceback" not in output, output
 
 

@@ -46,9 +46,9 @@ def test_status_says_where_the_store_stands_and_what_finalize_waits_for(primary,
     opened_by_this_release(primary)
     code, out, _ = run(capsys, "status", "--config", config)
     assert code == 0
-    for line in ("format:         2 (the newest format of a release that opened the store)",
+    for line in ("format:         3 (the newest format of a release that opened the store)",
                  "compatibility:  1 (written by every process; every running release must read it)",
-                 f"this release:   tokensvc {__version__}, reads formats 1 to 2",
+                 f"this release:   tokensvc {__version__}, reads formats 1 to 3",
                  "at finalize:    packed-hashes: codes, sessions and token families keyed by the hash's 32 bytes, and "
                  "every hash they hold packed (3 rows)",
                  f"releases seen:  0.9.0 or earlier (wrote format 1), {__version__} (opened the store 20",
@@ -63,14 +63,14 @@ def test_status_says_where_the_store_stands_and_what_finalize_waits_for(primary,
                               "packed\n")
     code, out, err = run(capsys, "finalize", "--config", config)
     assert code == 0
-    assert out == "finalized: compatibility 1 -> 2; every process writes format 2; packed-hashes: 3 rows converted\n"
+    assert out == "finalized: compatibility 1 -> 3; every process writes format 3; packed-hashes: 3 rows converted\n"
     assert "packed-hashes: 3 rows converted (now in families)" in err
     code, out, _ = run(capsys, "status", "--config", config)
-    assert "compatibility:  2" in out and "migration done: packed-hashes (3 rows" in out and "finalize:" not in out
+    assert "compatibility:  3" in out and "migration done: packed-hashes (3 rows" in out and "finalize:" not in out
     assert "WARNING" not in out, out  # the command's own connections are no release that cannot read the store
-    assert "finalized:      to 2 at " in out
+    assert "finalized:      to 3 at " in out
     code, out, _ = run(capsys, "finalize", "--json", "--config", config)
-    assert (code, json.loads(out)) == (0, {"compatibility": 2, "from": 2, "converted": {}})
+    assert (code, json.loads(out)) == (0, {"compatibility": 3, "from": 3, "converted": {}})
 
 
 def test_a_refusal_is_one_line_and_exit_code_1(primary, config, capsys):
@@ -79,14 +79,14 @@ def test_a_refusal_is_one_line_and_exit_code_1(primary, config, capsys):
     assert err.startswith("tokensvc: the store has no format document: 0.9.0 wrote it (format 1), or it is empty; "
                           "the first tokensvc serve of this release records its format")
     opened_by_this_release(primary, credentials=False)
-    primary.db["tokensvc"]["meta"].update_one({"_id": "format"}, {"$set": {"format": 3, "compatibility": 3}})
+    primary.db["tokensvc"]["meta"].update_one({"_id": "format"}, {"$set": {"format": 4, "compatibility": 4}})
     for command in ("finalize", "migrate"):
         code, _, err = run(capsys, command, "--config", config)
-        assert code == 1 and err == (f"tokensvc: the store holds format 3 (its compatibility version), which tokensvc "
-                                     f"{__version__} cannot read (it reads formats 1 to 2): run a later release, "
-                                     "one that reads format 3\n")
+        assert code == 1 and err == (f"tokensvc: the store holds format 4 (its compatibility version), which tokensvc "
+                                     f"{__version__} cannot read (it reads formats 1 to 3): run a later release, "
+                                     "one that reads format 4\n")
     code, out, _ = run(capsys, "status", "--json", "--config", config)  # status still says where it stands
-    assert code == 0 and (json.loads(out)["format"], json.loads(out)["compatibility"]) == (3, 3)
+    assert code == 0 and (json.loads(out)["format"], json.loads(out)["compatibility"]) == (4, 4)
 
 
 def test_a_store_that_answers_nothing_is_one_line_and_leaves_nothing_running(primary, config, capsys, caplog):
@@ -172,7 +172,7 @@ def test_a_pass_the_store_stops_says_so_and_the_next_resumes(primary, config, ca
     *progress, said = err.splitlines()
     assert code == 1 and progress == ["packed-hashes: 1 rows converted (now in codes)",
                                       "packed-hashes: 2 rows converted (now in sessions)"], err
-    assert said.startswith("tokensvc: finalized: the compatibility version is raised from 1 to 2 (irreversible: "
+    assert said.startswith("tokensvc: finalized: the compatibility version is raised from 1 to 3 (irreversible: "
                            "tokensvc storage finalize need not run again); but migration packed-hashes stopped with "
                            "2 rows converted store-wide (MongoDB: "), err
     assert said.endswith("it resumes where it stood: run tokensvc storage migrate (the running service also resumes "
@@ -192,8 +192,8 @@ def test_serve_stops_on_a_store_it_cannot_read_with_one_line(primary, config):
     from tokensvc.cli.admin import load_settings
 
     opened_by_this_release(primary, credentials=False)
-    primary.db["tokensvc"]["meta"].update_one({"_id": "format"}, {"$set": {"format": 3, "compatibility": 3}})
+    primary.db["tokensvc"]["meta"].update_one({"_id": "format"}, {"$set": {"format": 4, "compatibility": 4}})
     message = serve_refusal(load_settings(argparse.Namespace(config=config)))
-    assert message == (f"the store holds format 3 (its compatibility version), which tokensvc {__version__} "
-                       "cannot read (it reads formats 1 to 2): run a later release, one that reads format 3")
+    assert message == (f"the store holds format 4 (its compatibility version), which tokensvc {__version__} "
+                       "cannot read (it reads formats 1 to 3): run a later release, one that reads format 4")
     assert primary.db["tokensvc"]["processes"].find_one()["stopped_at"] is not None

@@ -28,6 +28,7 @@ from tokensvc.identifiers import (
     password_hash_problem,
     password_problem,
     redirect_uri_problem,
+    resource_uri_problem,
     scope_problem,
     secret_sha256_problem,
     username_key,
@@ -198,6 +199,7 @@ class ClientSpec:
     allowed_origins: list[str] | None = None
     kind: str = CLIENT_KIND
     secret_sha256: str | None = None
+    resources: list[str] | None = None  # a resource server's (RFC 8707)
 
     def checked(self, given: Collection[str] | None = None) -> ClientSpec:
         """The spec as it will be written (``confidential`` decided); AdminError naming the
@@ -214,7 +216,10 @@ class ClientSpec:
         if self.kind not in CLIENT_KINDS:
             raise AdminError(f"a client's kind is one of {', '.join(CLIENT_KINDS)}: {self.kind!r}", "kind")
         if self.kind == RESOURCE_SERVER:
-            return replace(self._checked_resource_server(asked("logo_url")), name=self.name.strip())._secret()
+            return replace(self._checked_resource_server(asked("logo_url"), asked("resources")),
+                           name=self.name.strip())._secret()
+        if self.resources:
+            raise AdminError("only a resource server serves resources", "resources")
         if asked("redirect_uris"):
             if not self.redirect_uris:
                 raise AdminError("a client needs at least one redirect URI", "redirectUris")
@@ -239,7 +244,7 @@ class ClientSpec:
             confidential = True
         return replace(self, confidential=bool(confidential))
 
-    def _checked_resource_server(self, logo: bool) -> ClientSpec:
+    def _checked_resource_server(self, logo: bool, resources: bool = True) -> ClientSpec:
         """A resource server is confidential and has none of what the authorization flow uses:
         no redirect URI, no scope, not first-party, no web origin."""
         for what, given, name in (("redirect URI", self.redirect_uris, "redirectUris"),
@@ -251,12 +256,15 @@ class ClientSpec:
                                  "revocation feed", name)
         if logo and self.logo_url is not None:
             _check(logo_url_problem(self.logo_url), "logo URL", self.logo_url, "logoUrl")
+        for uri in self.resources or [] if resources else []:
+            _check(resource_uri_problem(uri), "resource URI", uri, "resources")
         return replace(self, confidential=True)
 
     @classmethod
     def of(cls, client: Client) -> ClientSpec:
         return cls(client.name, list(client.redirect_uris), client.allowed_scopes, client.first_party,
-                   client.confidential, client.description, client.logo_url, client.allowed_origins, client.kind)
+                   client.confidential, client.description, client.logo_url, client.allowed_origins, client.kind,
+                   resources=client.resources)
 
     def fields(self, names: Iterable[str] | None = None) -> dict[str, Any]:
         """The client fields this spec sets (its secret aside), or those of ``names`` (the
@@ -265,9 +273,10 @@ class ClientSpec:
                   "allowed_scopes": list(self.scopes) if self.scopes else None, "first_party": self.first_party,
                   "description": self.description, "logo_url": self.logo_url,
                   "allowed_origins": list(self.allowed_origins) if self.allowed_origins else None,
-                  "kind": self.kind}
+                  "kind": self.kind, "resources": None}
         if self.kind == RESOURCE_SERVER:
             values["allowed_scopes"] = []  # none at all, never null (which means ["read"])
+            values["resources"] = list(self.resources) if self.resources else None
         if names is None:
             return values
         return {field: values[field] for name in names if (field := CLIENT_FIELDS.get(name))}
@@ -276,7 +285,7 @@ class ClientSpec:
 # ClientSpec's names -> Client's (the secret apart)
 CLIENT_FIELDS = {"name": "name", "redirect_uris": "redirect_uris", "scopes": "allowed_scopes",
                  "first_party": "first_party", "description": "description", "logo_url": "logo_url",
-                 "allowed_origins": "allowed_origins", "kind": "kind"}
+                 "allowed_origins": "allowed_origins", "kind": "kind", "resources": "resources"}
 
 
 async def check_new_client(store: Store, client_id: str, spec: ClientSpec) -> None:
@@ -586,11 +595,14 @@ async def set_password(ctx: OAuthContext, username: str, password: str | None, *
                        service_name: str = "tokensvc", password_hash: str | None = None) -> dict[str, Any]:
     """A new password (or a hash as stored) ends the user's web sessions and, unless
     ``keep_grants``, revokes every grant (and token) of theirs: whoever knew the old password
-    is out everywhere. Says whose (the username as stored), and what it ended."""
+    is out everywhere. It is written with the user's mark and announced under the user
+    (:func:`_narrow_user`), so that every resource server drops the answers it cached for them,
+    kept grants included. Says whose (the username as stored), and what it ended."""
     user = await get_user(ctx.store, username)
     new_hash = await _password_hash(password, password_hash, [username, service_name])
-    # The hash alone is written: a promotion or demotion while it was computed holds.
-    if await ctx.store.update_user(user.user_id, {"password_hash": new_hash}) is None:
+    # The hash alone is written, with the user's mark: a promotion or demotion while it was
+    # computed holds, and resource servers drop whatever they cached for the user.
+    if await _narrow_user(ctx, user.user_id, {"password_hash": new_hash}) is None:
         raise Missing(f"no user named {username!r}")
     sessions = await web_sessions.end_all(ctx, user.user_id)
     revoked = 0 if keep_grants else await _revoke_grants_of(ctx, Subject(user_id=user.user_id))

@@ -226,7 +226,7 @@ def _in_force(spec: ClientSpec) -> Json:
             "allowedScopes": list(DEFAULT_SCOPES) if written["allowed_scopes"] is None else written["allowed_scopes"],
             "firstParty": spec.first_party, "confidential": bool(spec.confidential),
             "description": spec.description, "logoUrl": spec.logo_url,
-            "allowedOrigins": written["allowed_origins"] or []}
+            "allowedOrigins": written["allowed_origins"] or [], "resources": written["resources"] or []}
 
 
 def _client_as_caller(step: Step, acting_client: str | None) -> Step:

@@ -31,6 +31,10 @@ def PasswordHash() -> Any:
         "description": "Instead of password: a scrypt hash as tokensvc stores it (scrypt$N$r$p$salt$key)"})
 
 
+RESOURCE = {"maxLength": identifiers.RESOURCE_MAX_LENGTH, "description": identifiers.RESOURCE_URI_RULE}
+RESOURCES = ("A resource server's: the resource URIs of the API it serves (RFC 8707), which an authorization or a "
+             "refresh may name to bind its tokens to; none for a client")
+
 class BodySchema(Schema):
     """An operator's JSON body: a field the service does not know is refused (422 naming it),
     never ignored. A misspelt ``allowedScope`` changing nothing, or a ``clientSecret`` that a
@@ -64,6 +68,7 @@ class AdminClientSchema(Schema):
     allowed_origins = fields.List(fields.String(), required=True, data_key="allowedOrigins")
     created_at = fields.DateTime(allow_none=True, data_key="createdAt")
     kind = fields.String(required=True, validate=validate.OneOf(CLIENT_KINDS), metadata={"description": KIND})
+    resources = fields.List(fields.String(), required=True, metadata={"description": RESOURCES})
 
     @pre_dump
     def in_force(self, client: Any, **_: Any) -> dict[str, Any]:
@@ -72,7 +77,7 @@ class AdminClientSchema(Schema):
                 "allowed_scopes": client.scopes, "first_party": client.first_party,
                 "confidential": client.confidential, "description": client.description, "logo_url": client.logo_url,
                 "allowed_origins": client.allowed_origins or [], "created_at": client.created_at,
-                "kind": client.kind}
+                "kind": client.kind, "resources": client.resources or []}
 
 
 class AdminClientShownSchema(AdminClientSchema):
@@ -194,6 +199,8 @@ class ClientBodySchema(BodySchema):
     kind = Text(max_length=32, validate=[validate.OneOf(CLIENT_KINDS, error=KIND_ERROR)], metadata={
         "description": KIND, "enum": list(CLIENT_KINDS)})
     secret_sha256 = SecretDigest()
+    resources = TextList(max_items=64, max_length=identifiers.RESOURCE_MAX_LENGTH, item=RESOURCE,
+                         metadata={"description": RESOURCES})
 
 
 class ClientPutBodySchema(ClientBodySchema):
@@ -218,6 +225,8 @@ class ClientPatchSchema(BodySchema):
     kind = Text(max_length=32, validate=[validate.OneOf(CLIENT_KINDS, error=KIND_ERROR)], metadata={
         "description": KIND, "enum": list(CLIENT_KINDS)})
     secret_sha256 = SecretDigest()
+    resources = TextList(max_items=64, max_length=identifiers.RESOURCE_MAX_LENGTH, item=RESOURCE,
+                         metadata={"description": RESOURCES})
 
 
 class UserBodySchema(BodySchema):

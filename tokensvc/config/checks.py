@@ -40,6 +40,7 @@ from tokensvc.identifiers import (
     password_hash_problem,
     password_problem,
     redirect_uri_problem,
+    resource_uri_problem,
     scope_problem,
     secret_problem,
     secret_sha256_problem,
@@ -213,6 +214,12 @@ def _check_clients(clients: tuple[ClientSeed, ...], demo: bool, say: Say) -> Non
             _check_resource_server(key, client, say)
         elif not client.redirect_uris:
             say(f"{key}.redirect_uris: at least one redirect URI is required")
+        if client.resources and client.kind != RESOURCE_SERVER:
+            say(f"{key}.resources: only a resource server serves resources (kind = \"{RESOURCE_SERVER}\")")
+        for index, uri in enumerate(client.resources or []):
+            problem = resource_uri_problem(uri)
+            if problem is not None:
+                say(f"{key}.resources[{index}]: not a resource URI ({problem}): {uri!r}")
         for index, uri in enumerate(client.redirect_uris):
             problem = redirect_uri_problem(uri)
             if problem is not None:

@@ -197,6 +197,7 @@ class ClientSeed:
     description: str | None = None
     logo_url: str | None = None
     allowed_origins: tuple[str, ...] | None = None
+    resources: tuple[str, ...] | None = None  # a resource server's API (RFC 8707 resource URIs)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

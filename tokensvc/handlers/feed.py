@@ -49,7 +49,7 @@ from tokensvc.handlers.edge.inputs import JSON
 from tokensvc.handlers.edge.recheck import Recheck
 from tokensvc.handlers.edge.web_handler import WebHandler
 from tokensvc.handlers.ws import check_handshake
-from tokensvc.oauth import introspection
+from tokensvc.oauth import feed, introspection
 from tokensvc.oauth.clientauth import ClientRequest
 from tokensvc.oauth.errors import InvalidClient
 from tokensvc.oauth.feed import (
@@ -112,6 +112,7 @@ class RevocationFeedSocket(WebHandler, tornado.websocket.WebSocketHandler):
             raise
         self.log_client_id = client_id = reader.client.client_id
         self._until = reader.until
+        self._serves = feed.serves(reader.client)
         self._stands_on = [Revocation(CREDENTIALS, client_id)]
         # Resource servers send neither Sec-Fetch-Site nor Origin. A browser page elsewhere must
         # not ride on Basic credentials its browser remembers; refused in JSON here, before
@@ -152,7 +153,7 @@ class RevocationFeedSocket(WebHandler, tornado.websocket.WebSocketHandler):
         self._every = tornado.ioloop.PeriodicCallback(self._recheck.request, RECHECK_SECONDS * 1000, jitter=0.1)
         self._every.start()
         self._pinging = asyncio.create_task(self._keep_pinging())
-        opening = self.ctx.feed.open(self._send, self._stream, self._after, end=self._restart)
+        opening = self.ctx.feed.open(self._send, self._stream, self._after, end=self._restart, serves=self._serves)
         # The opening (at most the feed's replay buffer) is not counted against the bound.
         for message in (opening.ready, *opening.missed):
             written = self._write(dumps(message).encode("utf-8"))
@@ -205,6 +206,12 @@ class RevocationFeedSocket(WebHandler, tornado.websocket.WebSocketHandler):
             log.warning("revocation feed: a reader of client %s closed (%d): its credentials no longer hold",
                         self.log_client_id, CLOSE_CREDENTIALS)
             self._end(CLOSE_CREDENTIALS, "the client's credentials no longer hold")
+        elif self.ws_connection is not None and feed.serves(reader.client) != self._serves:
+            # Its resources changed: it reconnects, to read the revocations of what it serves now.
+            self.edge.metrics.feed_closed.labels("restart").inc()
+            log.info("revocation feed: a reader of client %s closed (%d): the resources it serves changed",
+                     self.log_client_id, CLOSE_RESTART)
+            self._end(CLOSE_RESTART, "the resources this client serves changed: connect again")
         elif self.ws_connection is not None:
             self._ends_at(reader.until)
 

@@ -143,7 +143,7 @@ class AuthorizeHandler(FormPage):
         if isinstance(outcome, authorization.SignIn):
             # The original query (GET) keeps an omitted scope omitted after sign-in.
             target = (self.request.uri if self.request.method == "GET"
-                      else "/oauth/authorize?" + urlencode(outcome.request.hidden_fields()))
+                      else "/oauth/authorize?" + urlencode(outcome.request.hidden_fields(), doseq=True))
             after_post = 303 if self.request.method == "POST" else None
             self.redirect("/login?" + urlencode({"next": target}), status=after_post)
         elif isinstance(outcome, authorization.Issued):
@@ -160,16 +160,19 @@ class AuthorizeHandler(FormPage):
         where, warning = destination(request.redirect_uri, confirmed=code_shown is not None)
         template = {authorization.Pairing: "pairing.html", authorization.Confirm: "confirm.html"}.get(
             type(outcome), "consent.html")
-        fields = {**request.hidden_fields(),
-                  pace.FIELD: pace.stamp(self.config.cookie_secret, self._session_id, self.ctx.clock())}
+        fields: dict[str, str | list[str]] = {
+            **request.hidden_fields(), pace.FIELD: pace.stamp(self.config.cookie_secret, self._session_id,
+                                                              self.ctx.clock())}
         if code_shown is not None:
             fields[confirmation_field.FIELD] = confirmation_field.field(self.config.cookie_secret, self._session_id,
                                                                         code_shown)
         self.render(template, client=request.client, user=outcome.user, installation=installation,
                     scopes=describe_scopes(request.scopes, self.config.scopes, installation is not None),
-                    fields=fields, destination=where, warning=warning, expired=self.form_expired,
+                    fields=[(name, value) for name, values in fields.items()
+                            for value in (values if isinstance(values, list) else [values])],
+                    destination=where, warning=warning, expired=self.form_expired,
                     too_soon=self.too_soon, too_late=self.too_late,
-                    switch_to="/oauth/authorize?" + urlencode(request.hidden_fields()),
+                    switch_to="/oauth/authorize?" + urlencode(request.hidden_fields(), doseq=True),
                     confirmation=confirmation.shown(code_shown) if code_shown is not None else None)
 
 

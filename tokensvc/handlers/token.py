@@ -41,6 +41,13 @@ class TokenEndpoint(JsonHandler):
         named = clientauth.named_client_id(caller)
         return named if named and ID.fullmatch(named) else None
 
+    def resources(self) -> list[str]:
+        """The ``resource`` parameters of the body (RFC 8707: repeatable), empty ones left out."""
+        try:
+            return [raw.decode("utf-8") for raw in self.request.body_arguments.get("resource", []) if raw]
+        except UnicodeDecodeError:
+            raise InvalidRequest("Parameter 'resource' is not valid UTF-8") from None
+
     def send_tokens(self, response: grants.TokenResponse) -> None:
         self.send_json(schemas.fast_dump(schemas.token_response, response))
 
@@ -56,7 +63,7 @@ class TokenHandler(TokenEndpoint):
         data = self.load(schemas.token_request, form)
         self.send_tokens(await grants.token_for_code(self.ctx, self.caller(form), data["code"],
                                                      data["redirect_uri"], data.get("code_verifier"),
-                                                     data.get("confirmation_code")))
+                                                     data.get("confirmation_code"), self.resources()))
 
 
 class RefreshHandler(TokenEndpoint):
@@ -74,7 +81,7 @@ class RefreshHandler(TokenEndpoint):
         form = self.form(schemas.refresh_request)
         data = self.load(schemas.refresh_request, form)
         self.send_tokens(await grants.token_for_refresh(self.ctx, self.caller(form), data["refresh_token"],
-                                                        data.get("scope"), self.arrived))
+                                                        data.get("scope"), self.arrived, self.resources()))
 
 
 class IntrospectHandler(TokenEndpoint):
@@ -83,8 +90,8 @@ class IntrospectHandler(TokenEndpoint):
     async def post(self) -> None:
         form = self.form(schemas.introspection_request)
         data = self.load(schemas.introspection_request, form)
-        await introspection.authorize_caller(self.ctx, self.caller(form))
-        body = await introspection.introspect(self.ctx, data["token"])
+        caller = await introspection.authorize_caller(self.ctx, self.caller(form))
+        body = await introspection.introspect_for(self.ctx, data["token"], caller)
         self.send_json(schemas.fast_dump(schemas.introspection_response, body))
 
 

@@ -24,13 +24,14 @@ from datetime import timedelta
 from urllib.parse import parse_qsl, urlsplit
 
 from tokensvc.identifiers import is_loopback
+from tokensvc.oauth import audience, hashing, pkce, scopes
 from tokensvc.oauth import confirmation as confirmations
-from tokensvc.oauth import hashing, pkce, scopes
 from tokensvc.oauth.context import OAuthContext
 from tokensvc.oauth.errors import (
     AccessDenied,
     InvalidRequest,
     InvalidScope,
+    InvalidTarget,
     RedirectError,
     RedirectUnverified,
     UnsupportedResponseType,
@@ -57,10 +58,11 @@ class AuthorizationRequest:
     code_challenge_method: str
     installation_id: str | None
     scope_defaulted: bool = False
+    audience: list[str] | None = None  # the resources named (RFC 8707), checked; None: none
 
-    def hidden_fields(self) -> dict[str, str]:
+    def hidden_fields(self) -> dict[str, str | list[str]]:
         """The parameters a consent form posts back (re-validated on the way in)."""
-        fields = {
+        fields: dict[str, str | list[str]] = {
             "response_type": "code",
             "client_id": self.client.client_id,
             "redirect_uri": self.redirect_uri,
@@ -72,6 +74,8 @@ class AuthorizationRequest:
             fields["state"] = self.state
         if self.installation_id is not None:
             fields["installation_id"] = self.installation_id
+        if self.audience is not None:
+            fields["resource"] = list(self.audience)
         return fields
 
 
@@ -207,7 +211,8 @@ async def validate(ctx: OAuthContext, args: dict[str, list[str]]) -> Authorizati
         if len(state_values) > 1:
             raise InvalidRequest("Parameter 'state' is repeated")
         request = _validate_parameters(client, redirect_uri, state, _single_getter(args))
-    except (InvalidRequest, InvalidScope, UnsupportedResponseType) as exc:
+        request.audience = await audience.requested(ctx, args.get("resource") or [])
+    except (InvalidRequest, InvalidScope, InvalidTarget, UnsupportedResponseType) as exc:
         raise RedirectError(exc, redirect_uri, state, ctx.issuer) from None
     return request
 
@@ -314,6 +319,7 @@ async def issue_code(ctx: OAuthContext, request: AuthorizationRequest, subject: 
         expires_at=now + timedelta(seconds=ctx.tokens.code_ttl),
         generation=grant.generation,
         grant_id=grant.grant_id,
+        audience=request.audience,
     ))
     logs.audit("code_issued", {"client_id": request.client.client_id, "subject": subject.id,
                                "subject_type": subject.kind, "outcome": "success"}, message="authorization code issued")

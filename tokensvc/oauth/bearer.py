@@ -8,7 +8,7 @@ import hmac
 import logging
 from datetime import datetime
 
-from tokensvc.oauth import hashing, privileges, successors, tokens
+from tokensvc.oauth import audience, hashing, privileges, successors, tokens
 from tokensvc.oauth.context import OAuthContext
 from tokensvc.oauth.privileges import Authority
 from tokensvc.records import Family, Grant, Token
@@ -87,11 +87,15 @@ async def family_member(ctx: OAuthContext, token: str) -> Token | None:
 
 
 async def active_access_token(ctx: OAuthContext, token: str | None) -> Authority | None:
-    """The presented access token if it is in force, else None (refresh tokens authorize no request)."""
+    """The presented access token if it is in force at tokensvc's own API (the ``/v1`` API, the
+    admin API, an administrator's introspection), else None: refresh tokens authorize no
+    request, and a token bound to other APIs only (RFC 8707) none here."""
     if not token or len(token) > MAX_TOKEN_LENGTH or tokens.is_refresh_format(token):
         return None
     found, standing = await _access(ctx, hashing.digest(token), holders=True)
-    return None if found is None else await _authority(ctx, found, standing)
+    if found is None or not audience.for_tokensvc(ctx, found):
+        return None
+    return await _authority(ctx, found, standing)
 
 
 async def _access(ctx: OAuthContext, access_hash: str, *, holders: bool) -> tuple[Token | None, Standing]:

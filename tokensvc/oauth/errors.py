@@ -93,6 +93,12 @@ class UnsupportedResponseType(OAuthError):
     error = "unsupported_response_type"
 
 
+class InvalidTarget(OAuthError):
+    """RFC 8707 §2: a resource that is malformed, unknown, or not among those granted."""
+
+    error = "invalid_target"
+
+
 class InvalidScope(OAuthError):
     """RFC 6749 §4.1.2.1 / §5.2: a scope outside what the client may ask for."""
 

@@ -19,6 +19,14 @@ the stream and the last number it saw: when the bounded buffer still holds every
 the missed messages are sent again; otherwise (another process, a restart, too long away) it is
 told to flush. A relay interruption, which may have missed revocations, is a ``flush`` too.
 
+A resource server reads the feed **by audience** (RFC 8707): it hears the revocations of tokens
+meant for one of its resources and of tokens that name none, in a stream of its own (a *view*,
+one per set of resources, numbered on its own), since introspection answers it ``active:
+false`` for every other token, so it can have cached nothing else. A revocation whose tokens'
+audience the announcing process did not read (a grant, a client, a user; what another
+process's relay hears) reaches every reader. Every other reader (a first-party client, which
+introspection answers for every token) reads every revocation, in the process's main stream.
+
 A message reaches every reader in one pass that awaits none of them (each reader only queues
 it). What a reader may hold is bounded: :class:`Seats` counts the readers per client and in all,
 taken before the upgrade; a graceful stop ends every reader (:meth:`RevocationFeed.end_all`),
@@ -37,7 +45,7 @@ from typing import Any
 from tokensvc.oauth import hashing
 from tokensvc.oauth.events import RevocationEvents
 from tokensvc.oauth.metrics import ProtocolMetrics
-from tokensvc.records import Token
+from tokensvc.records import Client, Token
 from tokensvc.storage.base import CLIENT, FAMILY, GRANT, SUBJECT, Revocation
 
 log = logging.getLogger(__name__)
@@ -106,6 +114,12 @@ class Seats:
         return self._by_client[client_id]
 
 
+def serves(client: Client) -> list[str] | None:
+    """What a reader of ``client`` reads: a resource server's resources (the revocations of
+    tokens meant for them, and of tokens that name none), or None: every revocation."""
+    return list(client.resources or []) if client.resource_server else None
+
+
 def family_label(family_id: str) -> str:
     """The family's public identifier: a one-way function of its key in the store (which is
     itself the hash of the family's secret), so that neither is ever published."""
@@ -115,6 +129,22 @@ def family_label(family_id: str) -> str:
 def cache_keys(token: Token) -> dict[str, str]:
     """The identifiers introspection returns for ``token``, which the feed names."""
     return {"family_id": family_label(token.family_id), "grant_id": token.grant_id, "client_id": token.client_id}
+
+
+class _View:
+    """A stream of the feed: its id, its numbers, the messages kept for readers that resume,
+    and its readers. ``serves``: the resources of the resource servers reading it (None: every
+    revocation)."""
+
+    def __init__(self, serves: frozenset[str] | None, replay: int) -> None:
+        self.serves = serves
+        self.stream = secrets.token_urlsafe(12)  # a new stream per view and process: its numbers are its own
+        self.seq = 0
+        self.recent: deque[Message] = deque(maxlen=replay)
+        self.readers: dict[Reader, End | None] = {}
+
+    def hears(self, audience: tuple[str, ...] | None) -> bool:
+        return self.serves is None or audience is None or not self.serves.isdisjoint(audience)
 
 
 @dataclass(slots=True, frozen=True)
@@ -130,55 +160,99 @@ class RevocationFeed:
 
     def __init__(self, events: RevocationEvents, metrics: ProtocolMetrics | None = None,
                  caps: ReaderCaps | None = None, replay: int = REPLAY) -> None:
-        self.stream = secrets.token_urlsafe(12)  # a new stream per process: its numbers are its own
-        self.seq = 0
+        self._main = _View(None, replay)  # every revocation
+        self._replay = replay
+        self._views: dict[frozenset[str], _View] = {}  # by the resources their resource servers serve
+        self._of: dict[Reader, _View] = {}
         self.seats = Seats(caps or ReaderCaps())
         self._metrics = metrics
-        self._recent: deque[Message] = deque(maxlen=replay)
-        self._readers: dict[Reader, End | None] = {}
         events.watch(self._heard)
+
+    @property
+    def stream(self) -> str:
+        """The main stream's id (every revocation)."""
+        return self._main.stream
+
+    @stream.setter
+    def stream(self, stream: str) -> None:
+        self._main.stream = stream
+
+    @property
+    def seq(self) -> int:
+        """The main stream's last number."""
+        return self._main.seq
+
+    @property
+    def _recent(self) -> deque[Message]:
+        return self._main.recent
+
+    @property
+    def _readers(self) -> dict[Reader, End | None]:
+        return {reader: end for view in (self._main, *self._views.values()) for reader, end in view.readers.items()}
 
     def _heard(self, revocation: Revocation | None) -> None:
         if revocation is None:
-            self._send({"type": "flush"})
+            self._send({"type": "flush"}, None)
         elif revocation.kind in NAMED:
             key = family_label(revocation.key) if revocation.kind == FAMILY else revocation.key
-            self._send({"type": "revoked", NAMED[revocation.kind]: key})
+            self._send({"type": "revoked", NAMED[revocation.kind]: key}, revocation.audience)
 
-    def _send(self, body: Message) -> None:
-        self.seq += 1
-        message = {**body, "seq": self.seq}
-        self._recent.append(message)
-        readers = list(self._readers)
+    def _send(self, body: Message, audience: tuple[str, ...] | None = None) -> None:
+        sent = 0
+        for view in (self._main, *self._views.values()):
+            if view.hears(audience):
+                sent += self._send_in(view, body)
+        if self._metrics is not None and sent:
+            self._metrics.feed_sent(sent)
+
+    @staticmethod
+    def _send_in(view: _View, body: Message) -> int:
+        view.seq += 1
+        message = {**body, "seq": view.seq}
+        view.recent.append(message)
+        readers = list(view.readers)
         for reader in readers:
             try:
                 reader(message)
             except Exception:  # one broken reader must not keep the message from the others
                 log.exception("revocation feed reader failed")
-        if self._metrics is not None and readers:
-            self._metrics.feed_sent(len(readers))
+        return len(readers)
 
     def open(self, reader: Reader, stream: str | None = None, after: int | None = None,
-             end: End | None = None) -> Opening:
+             end: End | None = None, serves: list[str] | None = None) -> Opening:
         """Add ``reader``; it resumes after message ``after`` of ``stream`` when this process's
         buffer still holds every message since, else it must flush what it holds. ``end`` is
-        called when the process stops (:meth:`end_all`)."""
-        oldest = self._recent[0]["seq"] if self._recent else self.seq + 1
-        resumed = stream == self.stream and after is not None and oldest - 1 <= after <= self.seq
-        missed = [message for message in self._recent if resumed and message["seq"] > (after or 0)]
-        self._readers[reader] = end
+        called when the process stops (:meth:`end_all`). ``serves``: a resource server's
+        resources, whose view it reads (None: every revocation, the main stream)."""
+        view = self._main if serves is None else self._view(frozenset(serves))
+        oldest = view.recent[0]["seq"] if view.recent else view.seq + 1
+        resumed = stream == view.stream and after is not None and oldest - 1 <= after <= view.seq
+        missed = [message for message in view.recent if resumed and message["seq"] > (after or 0)]
+        view.readers[reader] = end
+        self._of[reader] = view
         if self._metrics is not None:
             self._metrics.feed_opened(resumed)
-        return Opening({"type": "ready", "stream": self.stream, "seq": self.seq, "resumed": resumed}, missed)
+        return Opening({"type": "ready", "stream": view.stream, "seq": view.seq, "resumed": resumed}, missed)
+
+    def _view(self, serves: frozenset[str]) -> _View:
+        view = self._views.get(serves)
+        if view is None:
+            view = self._views[serves] = _View(serves, self._replay)
+        return view
 
     def close(self, reader: Reader) -> None:
-        self._readers.pop(reader, None)
+        view = self._of.pop(reader, None)
+        if view is not None:
+            view.readers.pop(reader, None)
+            if not view.readers and view is not self._main and not view.recent:
+                del self._views[view.serves]  # type: ignore[arg-type]  # nothing to resume: none kept
 
     def end_all(self) -> int:
         """The process stops: admit no reader from now on, and tell each open one to go (its
         ``end``). Returns how many were told."""
         self.seats.stopping = True
-        ends = [end for end in self._readers.values() if end is not None]
+        ends = [end for view in (self._main, *self._views.values()) for end in view.readers.values()
+                if end is not None]
         for end in ends:
             try:
                 end()
@@ -188,4 +262,4 @@ class RevocationFeed:
 
     @property
     def readers(self) -> int:
-        return len(self._readers)
+        return len(self._of)

@@ -42,11 +42,12 @@ from __future__ import annotations
 
 import hmac
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any
 
 from tokensvc.oauth import (
+    audience,
     authorization,
     clientauth,
     confirmation,
@@ -59,7 +60,7 @@ from tokensvc.oauth import (
 )
 from tokensvc.oauth.clientauth import ClientRequest
 from tokensvc.oauth.context import OAuthContext
-from tokensvc.oauth.errors import InvalidGrant, InvalidScope, UnsupportedGrantType
+from tokensvc.oauth.errors import InvalidGrant, InvalidScope, InvalidTarget, UnsupportedGrantType
 from tokensvc.oauth.revocation import revoke_family
 from tokensvc.ratelimit import TooManyFailures
 from tokensvc.records import AuthorizationCode, Client, Family, Grant, Subject
@@ -94,43 +95,47 @@ def check_grant_type(grant_type: str | None) -> None:
 
 
 async def token_for_code(ctx: OAuthContext, caller: ClientRequest, code: str, redirect_uri: str,
-                         code_verifier: str | None, confirmation_code: str | None = None) -> TokenResponse:
+                         code_verifier: str | None, confirmation_code: str | None = None,
+                         resources: list[str] | None = None) -> TokenResponse:
     """``POST /oauth/token``: authenticate the client, then exchange its code (with the
-    confirmation code its page showed, where it needs one)."""
+    confirmation code its page showed, where it needs one), narrowed to ``resources``."""
     client = await clientauth.authenticate_grant_client(ctx, caller)
     return await exchange_code(ctx, client, code, redirect_uri, code_verifier, confirmation_code,
-                               address=caller.address)
+                               address=caller.address, resources=resources)
 
 
 async def token_for_refresh(ctx: OAuthContext, caller: ClientRequest, refresh_token: str,
-                            scope: str | None, arrived: datetime) -> TokenResponse:
+                            scope: str | None, arrived: datetime, resources: list[str] | None = None) -> TokenResponse:
     """``POST /oauth/token/refresh``, arrived at ``arrived``: authenticate the client, then
-    rotate its refresh token."""
+    rotate its refresh token (its new pair meant for ``resources``, when named)."""
     client = await clientauth.authenticate_grant_client(ctx, caller)
-    return await refresh(ctx, client, refresh_token, scope, arrived=arrived)
+    return await refresh(ctx, client, refresh_token, scope, arrived=arrived, resources=resources)
 
 
 # -- authorization code ----------------------------------------------------------------
 
 async def exchange_code(ctx: OAuthContext, client: Client, code: str, redirect_uri: str,
                         code_verifier: str | None, confirmation_code: str | None = None, *,
-                        address: str = "-") -> TokenResponse:
+                        address: str = "-", resources: list[str] | None = None) -> TokenResponse:
     """Exchange ``client``'s ``code``, presented from ``address``; ``confirmation_code``: what the
-    person typed from the code's page, for a code that grants ``admin`` to a native app."""
+    person typed from the code's page, for a code that grants ``admin`` to a native app.
+    ``resources`` may narrow what the code's authorization request named (RFC 8707 §2.2): a
+    target outside it is ``invalid_target``, and the code is not spent."""
     store, now = ctx.store, ctx.clock()
     if confirmation_code:
         record, code_hash = await _confirmed(ctx, client, code, confirmation_code, address)
     else:
         code_hash = hashing.digest(code)
-        if code_verifier and pkce.is_valid_verifier(code_verifier):
+        if code_verifier and pkce.is_valid_verifier(code_verifier) and not resources:
             # The common case in one step: the code consumed only as it was issued. Anything
-            # else (a replay, a wrong presenter, an expired code) is read and told below.
+            # else (a replay, a wrong presenter, an expired code, a narrowing by resource, which
+            # is judged before the code is spent) is read and told below.
             secret = tokens.family_secret(code, code_verifier)
             family_id = tokens.family_id(secret)
             redeemed = await store.redeem_code(code_hash, now, family_id, _presentation(client, redirect_uri,
                                                                                          code_verifier))
             if redeemed is not None:
-                return await _redeem(ctx, client, redeemed, secret, family_id, True, now)
+                return await _redeem(ctx, client, redeemed, secret, family_id, True, now, redeemed.audience)
         found = await store.get_code(code_hash)
         if found is None:
             raise InvalidGrant("Unknown authorization code")
@@ -149,6 +154,7 @@ async def exchange_code(ctx: OAuthContext, client: Client, code: str, redirect_u
             # so presenting it again revokes nothing.
             await store.consume_code(code_hash, now, failed=True)
         raise
+    target = await audience.requested(ctx, resources or [], record.audience) if resources else record.audience
     secret = tokens.family_secret(code, verifier)
     family_id = tokens.family_id(secret)
     first = record.consumed_at is None
@@ -156,7 +162,7 @@ async def exchange_code(ctx: OAuthContext, client: Client, code: str, redirect_u
         first, record = False, await store.get_code(code_hash) or record  # another presentation won
     if record.spent_by_failure:
         raise InvalidGrant("The authorization code is no longer valid")
-    return await _redeem(ctx, client, record, secret, family_id, first, now)
+    return await _redeem(ctx, client, record, secret, family_id, first, now, target)
 
 
 def _presentation(client: Client, redirect_uri: str, code_verifier: str) -> Presentation:
@@ -220,7 +226,7 @@ def _check_presenter(record: AuthorizationCode, client: Client, redirect_uri: st
 
 
 async def _redeem(ctx: OAuthContext, client: Client, record: AuthorizationCode, secret: str, family_id: str,
-                  first: bool, now: datetime) -> TokenResponse:
+                  first: bool, now: datetime, target: list[str] | None = None) -> TokenResponse:
     """Start the code's family; for the code presented again, revoke it (a replay)."""
     store = ctx.store
     # The grant with its user, read together: what is in force is decided on them and on the
@@ -236,7 +242,7 @@ async def _redeem(ctx: OAuthContext, client: Client, record: AuthorizationCode, 
     if first or record.expires_at > now:
         held = await _in_force(ctx, client, record.subject, record.scopes, privileges.Holders(client, user))
         minted = _mint(ctx, secret, held, record.subject, now)
-        family = _family(family_id, grant, client, record, minted, now)
+        family = _family(family_id, grant, client, record, minted, now, target)
         if await store.create_family(family):
             _audit("token_issued", "success", client.client_id, record.subject, grant="authorization_code")
             ctx.metrics.issued("authorization_code")
@@ -251,18 +257,19 @@ async def _redeem(ctx: OAuthContext, client: Client, record: AuthorizationCode, 
 
 
 def _family(family_id: str, grant: Grant, client: Client, record: AuthorizationCode, minted: tokens.Minted,
-            now: datetime) -> Family:
+            now: datetime, target: list[str] | None = None) -> Family:
     pair = minted.pair
     return Family(family_id, grant.grant_id, client.client_id, record.user_id, record.installation_id,
                   record.generation, list(pair.scopes), now, pair.refresh_hash, pair.access_hash, pair.issued_at,
-                  pair.expires_at, pair.access_expires_at, renewed_at=now)
+                  pair.expires_at, pair.access_expires_at, renewed_at=now, audience=target)
 
 
 # -- refresh ----------------------------------------------------------------------------
 
 async def refresh(ctx: OAuthContext, client: Client, refresh_token: str, scope: str | None = None, *,
-                  arrived: datetime | None = None) -> TokenResponse:
-    """Rotate ``refresh_token``. ``scope`` may narrow the new pair (RFC 6749 §6), never widen it.
+                  arrived: datetime | None = None, resources: list[str] | None = None) -> TokenResponse:
+    """Rotate ``refresh_token``. ``scope`` may narrow the new pair (RFC 6749 §6), never widen it;
+    ``resources`` may bind it to fewer APIs (RFC 8707 §2.2), never to more, for good.
     ``arrived``: when the presentation arrived (now, unless said), the moment the window of
     concurrent presentations is judged by and a rotation issues its pair at, however long the
     store then takes (within :data:`~tokensvc.oauth.successors.HELD_SECONDS`)."""
@@ -282,15 +289,17 @@ async def refresh(ctx: OAuthContext, client: Client, refresh_token: str, scope: 
             raise InvalidGrant("Unknown refresh token")
         if family.revoked_at is not None:
             raise InvalidGrant("The refresh token is revoked")
+        target = await audience.requested(ctx, resources, family.audience) if resources else family.audience
         rotated_out_last = (family.previous_hash is not None
                             and hmac.compare_digest(token_hash, family.previous_hash))
         if hmac.compare_digest(token_hash, family.refresh_hash):
-            response = await _rotate(ctx, client, family, grant, token_hash, refresh_token, scope, judged, holders)
+            response = await _rotate(ctx, client, family, grant, token_hash, refresh_token, scope, judged, holders,
+                                     target)
         elif rotated_out_last and (same := await _successor_again(ctx, client, family, grant, refresh_token,
-                                                                  scope, judged, holders)) is not None:
+                                                                  scope, judged, holders, target)) is not None:
             return same
         elif rotated_out_last and family.replaceable(ctx.tokens.refresh_grace_seconds, ctx.clock()):
-            response = await _retry(ctx, client, family, grant, refresh_token, scope, judged, holders)
+            response = await _retry(ctx, client, family, grant, refresh_token, scope, judged, holders, target)
         else:
             await _reused(ctx, family)
         if response is not None:
@@ -300,12 +309,13 @@ async def refresh(ctx: OAuthContext, client: Client, refresh_token: str, scope: 
 
 async def _rotate(ctx: OAuthContext, client: Client, family: Family, grant: Grant | None, token_hash: str,
                   presented: str, scope: str | None, arrived: datetime,
-                  holders: privileges.Holders | None = None) -> TokenResponse | None:
+                  holders: privileges.Holders | None = None, target: list[str] | None = None) -> TokenResponse | None:
     if family.expires_at <= arrived:
         raise InvalidGrant("The refresh token has expired")
     if not family.stands(grant):
         raise InvalidGrant("The authorization was revoked")
-    minted = _successor(ctx, family, presented, await _refreshed(ctx, client, family, scope, holders), arrived)
+    minted = _successor(ctx, family, presented, await _refreshed(ctx, client, family, scope, holders), arrived,
+                        target)
     if await ctx.store.rotate_family(family.family_id, token_hash, minted.pair, arrived,
                                      previous_access=(family.access_hash, family.access_expires_at)) is None:
         return None
@@ -316,7 +326,8 @@ async def _rotate(ctx: OAuthContext, client: Client, family: Family, grant: Gran
 
 async def _successor_again(ctx: OAuthContext, client: Client, family: Family, grant: Grant | None,
                            presented: str, scope: str | None, arrived: datetime,
-                           holders: privileges.Holders | None = None) -> TokenResponse | None:
+                           holders: privileges.Holders | None = None,
+                           target: list[str] | None = None) -> TokenResponse | None:
     """The family's current pair, when it is the successor of ``presented`` (the token rotated
     out last) and this presentation arrived within :data:`~tokensvc.oauth.successors.CONCURRENT_SECONDS` of its issue,
     before its first use, with no second holder of the family shown: recomputed, and answered
@@ -343,6 +354,9 @@ async def _successor_again(ctx: OAuthContext, client: Client, family: Family, gr
     if scope is not None and set(granted) != set(family.scopes):
         raise InvalidScope("This refresh token was just rotated by a concurrent request, with the scope "
                            f"'{scopes.render(family.scopes)}': present it with that scope, or none")
+    if target != family.audience:
+        raise InvalidTarget("This refresh token was just rotated by a concurrent request, for the resources "
+                            f"'{' '.join(family.audience or [])}': present it with those, or none")
     _audit("token_refreshed", "success", family.client_id, family.subject, concurrent_presentation=True)
     remaining = max(0, int((family.access_expires_at - ctx.clock()).total_seconds()))
     held = [item for item in family.scopes if item in granted]  # the pair's, in its order, in force now
@@ -351,12 +365,13 @@ async def _successor_again(ctx: OAuthContext, client: Client, family: Family, gr
 
 async def _retry(ctx: OAuthContext, client: Client, family: Family, grant: Grant | None, presented: str,
                  scope: str | None, arrived: datetime,
-                 holders: privileges.Holders | None = None) -> TokenResponse | None:
+                 holders: privileges.Holders | None = None, target: list[str] | None = None) -> TokenResponse | None:
     """The refresh token rotated out last, again, within the grace period, while the pair that
     rotation issued was never used: that pair is replaced (its reply was lost)."""
     if not family.stands(grant):
         raise InvalidGrant("The authorization was revoked")
-    minted = _successor(ctx, family, presented, await _refreshed(ctx, client, family, scope, holders), arrived)
+    minted = _successor(ctx, family, presented, await _refreshed(ctx, client, family, scope, holders), arrived,
+                        target)
     if await ctx.store.reissue_pair(family.family_id, family.refresh_hash, minted.pair) is None:
         return None
     _audit("token_refreshed", "success", family.client_id, family.subject, retry_within_grace=True)
@@ -366,7 +381,7 @@ async def _retry(ctx: OAuthContext, client: Client, family: Family, grant: Grant
 
 async def _reused(ctx: OAuthContext, family: Family) -> None:
     """A token of the family that is not its current one: reuse (RFC 9700 §4.14.2)."""
-    revoked = await revoke_family(ctx, family.family_id, "refresh_reuse")
+    revoked = await revoke_family(ctx, family.family_id, "refresh_reuse", family.audience)
     _audit("refresh_reuse", "family_revoked", family.client_id, family.subject, family_revoked=revoked)
     ctx.metrics.reused_refresh_token()
     raise InvalidGrant("The refresh token was already used")
@@ -416,11 +431,14 @@ def _mint(ctx: OAuthContext, secret: str, granted: list[str], subject: Subject, 
     return tokens.mint(secret, granted, now, settings.access_ttl, refresh_ttl, **derivation)
 
 
-def _successor(ctx: OAuthContext, family: Family, presented: str, granted: list[str], now: datetime) -> tokens.Minted:
+def _successor(ctx: OAuthContext, family: Family, presented: str, granted: list[str], now: datetime,
+               target: list[str] | None) -> tokens.Minted:
     """The pair that replaces the family's current one, derived from the refresh token
-    ``presented`` with the first key and a new salt, numbered one past the current pair."""
+    ``presented`` with the first key and a new salt, numbered one past the current pair, meant
+    for ``target`` (the family's audience, or what the refresh narrowed it to)."""
     key_id, key = ctx.successors.deriving
-    return _derived(ctx, family, presented, granted, now, key_id, key, family.serial + 1, successors.new_salt())
+    minted = _derived(ctx, family, presented, granted, now, key_id, key, family.serial + 1, successors.new_salt())
+    return replace(minted, pair=replace(minted.pair, audience=target))
 
 
 def _derived(ctx: OAuthContext, family: Family, presented: str, granted: list[str], now: datetime, key_id: str | None,

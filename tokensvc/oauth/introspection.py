@@ -23,12 +23,14 @@ NOT_ALLOWED = "Introspection is open to resource servers, first-party confidenti
 TOKEN_TYPES = {ACCESS: "access_token", REFRESH: "refresh_token"}
 
 
-async def authorize_caller(ctx: OAuthContext, request: ClientRequest) -> None:
+async def authorize_caller(ctx: OAuthContext, request: ClientRequest) -> Client | None:
     """Introspection is open to a resource server or a confidential first-party client (its
     secret, body or Basic) and to an admin user's bearer token carrying ``admin``. Every call
     names its client (the interface: every token-endpoint call carries ``client_id``), a bearer
     call the client its token was issued to. Anyone else: 422 for a call that names no client,
-    401 for credentials that prove nothing, 403 for a caller who is not allowed."""
+    401 for credentials that prove nothing, 403 for a caller who is not allowed. The client that
+    proved its secret (None for an administrator's bearer token): what it may be told depends
+    on which APIs it serves (:func:`introspect`)."""
     presented = bearer.from_authorization(request.authorization)
     if presented is not None:
         clientauth.require_client(request)
@@ -38,8 +40,8 @@ async def authorize_caller(ctx: OAuthContext, request: ClientRequest) -> None:
         if request.client_id != token.token.client_id:
             raise InvalidClient("client_id is not the client the bearer token was issued to")
         check_bearer_caller(token)
-        return
-    await authorize_client(ctx, request)
+        return None
+    return await authorize_client(ctx, request)
 
 
 @dataclass(slots=True, frozen=True)
@@ -100,9 +102,22 @@ def check_bearer_caller(token: Authority) -> None:
     require_admin(token, NOT_ALLOWED)
 
 
+async def introspect_for(ctx: OAuthContext, token: str, caller: Client | None) -> dict[str, Any]:
+    """:func:`introspect`, as ``caller`` may be told it (None: an administrator's token): a token
+    bound to an audience (RFC 8707) is ``active: false`` to a resource server that serves none
+    of it, which must not take it, nor learn whose it is."""
+    body = await introspect(ctx, token)
+    audience = body.get("aud")
+    if (audience is not None and caller is not None and caller.resource_server
+            and not any(resource in audience for resource in caller.resources or [])):
+        return {"active": False}
+    return body
+
+
 async def introspect(ctx: OAuthContext, token: str) -> dict[str, Any]:
     """The RFC 7662 §2.2 response for ``token``: its metadata with the scopes in force now
-    (:mod:`tokensvc.oauth.privileges`), or only ``active: false`` (for a token with none)."""
+    (:mod:`tokensvc.oauth.privileges`), or only ``active: false`` (for a token with none). A
+    token bound to an audience (RFC 8707) says so (``aud``)."""
     found = await bearer.in_force(ctx, token)
     if found is None:
         return {"active": False}  # a new dict each time: the caller may add to its answer
@@ -117,6 +132,8 @@ async def introspect(ctx: OAuthContext, token: str) -> dict[str, Any]:
         "iss": ctx.issuer,
         **feed.cache_keys(record),
     }
+    if record.audience is not None:
+        body["aud"] = list(record.audience)
     if found.user is not None:
         body.update(sub=record.user_id, subject_type="user", username=found.user.username)
     else:

@@ -37,5 +37,9 @@ def server_metadata(base_url: str, auth_url: str, client_scopes: Iterable[Sequen
         "revocation_endpoint_auth_methods_supported": list(clientauth.AUTH_METHODS),
         "scopes_supported": sorted(advertised),
         "authorization_response_iss_parameter_supported": True,
+        # RFC 8707: `resource` at the authorization and token endpoints; tokensvc's own API is
+        # the resource at base_url + /v1 (tokensvc.oauth.audience). Beyond RFC 8414 §2's list,
+        # which allows more.
+        "resource_indicators_supported": True,
         "service_documentation": f"{base_url}/",
     }

@@ -125,13 +125,19 @@ def client_marks(announced: Iterable[Revocation], now: datetime) -> dict[str, An
     return {CLIENT_MARKS[revocation.kind]: now for revocation in announced}
 
 
-async def revoke_family(ctx: OAuthContext, family_id: str, reason: str) -> bool:
-    """Revoke a family (its refresh and access token); True when it was unrevoked."""
+async def revoke_family(ctx: OAuthContext, family_id: str, reason: str,
+                        audience: list[str] | None = None) -> bool:
+    """Revoke a family (its refresh and access token); True when it was unrevoked. ``audience``:
+    the family's, where the caller read it (the feed tells it to those resource servers alone)."""
     if not await ctx.store.revoke_family(family_id, ctx.clock()):
         return False
     ctx.metrics.revoked_families(reason)
-    ctx.events.publish(Revocation(FAMILY, family_id))
+    ctx.events.publish(Revocation(FAMILY, family_id, _audience(audience)))
     return True
+
+
+def _audience(audience: list[str] | None) -> tuple[str, ...] | None:
+    return None if audience is None else tuple(audience)
 
 
 # -- the endpoints ----------------------------------------------------------------------
@@ -156,9 +162,9 @@ async def revoke_token(ctx: OAuthContext, token: str, client: Client | None) -> 
         revoked = await ctx.store.revoke_access(found.family_id, found.token_hash, ctx.clock())
         if revoked:
             ctx.metrics.revoked_access_token()
-            ctx.events.publish(Revocation(FAMILY, found.family_id))
+            ctx.events.publish(Revocation(FAMILY, found.family_id, _audience(found.audience)))
     else:
-        revoked = await revoke_family(ctx, found.family_id, "client")
+        revoked = await revoke_family(ctx, found.family_id, "client", found.audience)
     logs.audit("token_revoked", {
         "client_id": found.client_id, "subject": found.subject.id, "token_type": found.token_type,
         "outcome": "revoked" if revoked else "already_revoked"})

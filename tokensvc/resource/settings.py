@@ -29,6 +29,11 @@ class Settings:
     reverify_concurrency: int = 8  # watched connections' tokens asked again at once (places of their own)
     reverify_spread: float = 1.0  # a larger batch of them starts spread at random over this
     realm: str = "api"
+    # The resource URI this API serves (RFC 8707), as its client declares it to tokensvc: a token
+    # meant for other APIs only (its introspection's ``aud``) is refused (401 invalid_token).
+    audience: str | None = None
+    # Refuse a token that names no audience (one meant for every API) too.
+    require_audience: bool = False
 
     def __post_init__(self) -> None:
         self.base_url = self.base_url.rstrip("/")  # the endpoints' paths are joined to it

@@ -45,6 +45,7 @@ __all__ = ["NOT_ACTIVE", "Authorized", "Counts", "Settings", "Verifier", "Watch"
            "query_token"]
 
 NOT_ACTIVE = "The access token is not active"
+NOT_MEANT = "The access token is not meant for this API"
 
 
 class Verifier:
@@ -93,10 +94,24 @@ class Verifier:
             self.counts.hits += 1
         if entry.answer is None:
             raise InvalidToken(NOT_ACTIVE)
+        if not self._meant_for_this_api(entry.answer.get("aud")):
+            raise InvalidToken(NOT_MEANT)
         authorized = Authorized(entry.answer)
         if scope is not None:
             authorized.require(scope)
         return authorized
+
+    def _meant_for_this_api(self, aud: object) -> bool:
+        """Whether a token whose introspection says ``aud`` (RFC 7662: a string or a list of
+        them; absent: every API) may be used here: one that names an audience must name
+        ``settings.audience``, when set; one that names none is taken unless
+        ``settings.require_audience``."""
+        settings = self.settings
+        if aud is None:
+            return not settings.require_audience
+        if settings.audience is None:
+            return True  # tokensvc's introspection answered it active for this API's client
+        return settings.audience == aud or (isinstance(aud, list) and settings.audience in aud)
 
     @property
     def cached(self) -> int:

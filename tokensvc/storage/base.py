@@ -17,7 +17,7 @@ from __future__ import annotations
 import abc
 import asyncio
 from collections.abc import AsyncIterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
@@ -87,6 +87,10 @@ class Revocation:
 
     kind: str  # FAMILY | GRANT | SESSION | USER | CLIENT | SUBJECT | CREDENTIALS
     key: str  # the family_id, grant_id, session_hash, user_id or client_id (SUBJECT: user_id; CREDENTIALS: client_id)
+    # The resources the revoked tokens were meant for (RFC 8707), where the revoking process knew
+    # them (a family it read): which resource servers' feed readers hear of it. None: every one.
+    # Not part of what the revocation is (equality, the listeners' keys).
+    audience: tuple[str, ...] | None = field(default=None, compare=False)
 
 
 @dataclass(slots=True, frozen=True)
@@ -148,6 +152,14 @@ class Registry(abc.ABC):
         (oauth/authorization.py), a token's privileges (oauth/privileges.py), connected apps, the pages'
         notices, GET /oauth/clients/{id}, the operator's actions (admin/actions.py) and start-up seeding
         (bootstrap.py).
+        """
+
+    @abc.abstractmethod
+    async def declared_resources(self, resources: list[str]) -> set[str]:
+        """Which of ``resources`` a registered resource server declares (its ``resources``):
+        one read, made only when a request names resources (RFC 8707).
+
+        Called by the authorization request, the code exchange and the refresh (oauth/audience.py).
         """
 
     @abc.abstractmethod
@@ -365,10 +377,10 @@ class Registry(abc.ABC):
         """Upsert on the username: an existing user keeps its id and takes ``user``'s password
         hash and admin flag; otherwise ``user`` is added. Returns the stored user. Several
         processes seeding one empty database at once all succeed, with one user per name. A
-        write that takes ``admin`` away from an administrator also marks the user narrowed
-        (``narrowed_at``: ``now``), decided on the record it replaces, so that no demotion is
-        ever written without its mark (a promotion landing between a read and the write
-        included).
+        write that takes ``admin`` away from an administrator, or sets another password hash,
+        also marks the user narrowed (``narrowed_at``: ``now``), decided on the record it
+        replaces, so that no demotion or new password is ever written without its mark (a
+        promotion landing between a read and the write included).
 
         Called by start-up seeding (bootstrap.py).
         """
@@ -792,6 +804,15 @@ class Housekeeping(abc.ABC):
 
         Called by start-up (bootstrap.prepare) and the command line's store (cli/admin.py).
         """
+
+    async def binds_audiences(self) -> bool:
+        """Whether tokens may be bound to an audience (RFC 8707): whether every process allowed
+        to serve from the store reads a family's audience. A store no older release shares
+        always may.
+
+        Called by oauth/audience.py.
+        """
+        return True
 
     async def close(self) -> None:  # noqa: B027 - optional hook
         """Release connections. Called at shutdown.

@@ -47,8 +47,8 @@ from tokensvc.storage.base import (
 )
 from tokensvc.storage.rows import Row, Rows
 
-FAMILIES = Rows(Family, lists=("scopes",))
-CODES = Rows(AuthorizationCode, lists=("scopes",))
+FAMILIES = Rows(Family, lists=("scopes", "audience"))
+CODES = Rows(AuthorizationCode, lists=("scopes", "audience"))
 SESSIONS = Rows(Session)
 GRANTS = Rows(Grant, lists=("scopes",))
 
@@ -58,7 +58,9 @@ copy = dataclasses.replace
 def _client(client: Client) -> Client:
     scopes = None if client.allowed_scopes is None else list(client.allowed_scopes)
     origins = None if client.allowed_origins is None else list(client.allowed_origins)
-    return copy(client, redirect_uris=list(client.redirect_uris), allowed_scopes=scopes, allowed_origins=origins)
+    resources = None if client.resources is None else list(client.resources)
+    return copy(client, redirect_uris=list(client.redirect_uris), allowed_scopes=scopes, allowed_origins=origins,
+                resources=resources)
 
 
 def _owner(stored: Client | User | Installation | None) -> str | None:
@@ -103,6 +105,10 @@ class MemoryStore(Store):
     async def get_client(self, client_id: str) -> Client | None:
         client = self._clients.get(client_id)
         return None if client is None or client_id in self._removals else _client(client)
+
+    async def declared_resources(self, resources: list[str]) -> set[str]:
+        return {resource for key, client in self._clients.items() if key not in self._removals
+                and client.resource_server for resource in client.resources or [] if resource in resources}
 
     async def list_clients(self, after: str | None = None, limit: int | None = None) -> list[Client]:
         keys = sorted(key for key in self._clients if key not in self._removals)
@@ -210,9 +216,9 @@ class MemoryStore(Store):
     async def seed_user(self, user: User, now: datetime) -> User:
         existing = await self.get_user_by_username(user.username)
         if existing is not None:
-            demoted = existing.admin and not user.admin
+            narrowed = (existing.admin and not user.admin) or existing.password_hash != user.password_hash
             user = copy(existing, password_hash=user.password_hash, admin=user.admin,
-                        narrowed_at=now if demoted else existing.narrowed_at)
+                        narrowed_at=now if narrowed else existing.narrowed_at)
         await self.put_user(user)
         return copy(user)
 
@@ -392,7 +398,7 @@ class MemoryStore(Store):
                                    scopes=tuple(pair.scopes), issued_at=pair.issued_at, expires_at=pair.expires_at,
                                    access_expires_at=pair.access_expires_at, access_used_at=None,
                                    access_revoked_at=None, serial=pair.serial, key_id=pair.key_id, salt=pair.salt,
-                                   **changes)
+                                   audience=None if pair.audience is None else tuple(pair.audience), **changes)
         self._families[family_id] = updated
         return FAMILIES.unpack_row(updated)
 

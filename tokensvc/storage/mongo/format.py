@@ -91,7 +91,12 @@ FORMATS: tuple[Format, ...] = (
     Format(2, "0.10.0", "hashes of secrets (a code's, a session's, a family's id, its refresh, access and "
                         "previous refresh token's, a redeemed code's family id) as their 32 bytes",
            migrations=(PACKED_HASHES,), tripwires=(("failures", "ttl", TRIPWIRE),)),
+    Format(3, "0.11.0.dev0", "a token family's and an authorization code's audience (RFC 8707 resource "
+                             "indicators): tokens are bound to one only from this format on, which no "
+                             "release that would ignore it may serve"),
 )
+# From this compatibility version on, a family may hold an audience (AUDIENCE_FROM, store.py).
+AUDIENCE_FROM = 3
 # Where 0.9.0, which keeps no format document, left rows: a database holding any of these was
 # written by it.
 FORMAT_1_COLLECTIONS = ("clients", "users", "installations", "grants", "codes", "families", "sessions")

@@ -14,7 +14,7 @@ import pymongo
 from pymongo import ASCENDING, ReturnDocument
 
 from tokensvc.identifiers import username_key
-from tokensvc.records import Client, Installation, PreviousSecret, Removal, User
+from tokensvc.records import RESOURCE_SERVER, Client, Installation, PreviousSecret, Removal, User
 from tokensvc.storage.base import ClientRecord, Conflict, Registry, Removing, StorageError
 from tokensvc.storage.mongo.connection import Connection
 from tokensvc.storage.mongo.indexes import CASELESS
@@ -112,6 +112,11 @@ class MongoRegistry(Registry):
         previous = document.pop("previous", None) or []
         document.pop("removal", None)
         return ClientRecord(CLIENTS.record(document), PREVIOUS_SECRETS.record(previous[0]) if previous else None)
+
+    @guarded()
+    async def declared_resources(self, resources: list[str]) -> set[str]:
+        found = await self._clients({"kind": RESOURCE_SERVER, "resources": {"$in": list(resources)}})
+        return {resource for client in found for resource in client.resources or [] if resource in resources}
 
     @guarded()
     async def list_clients(self, after: str | None = None, limit: int | None = None) -> list[Client]:
@@ -276,8 +281,9 @@ class MongoRegistry(Registry):
         return [USERS.record(doc) for doc in await _page(self.users, "username", after, limit)]
 
     async def seed_user(self, user: User, now: datetime) -> User:
-        # Written only over the admin flag it read (a compare-and-set), so that whether the write
-        # demotes, and so carries the mark, is decided on the document it replaces; a new user
+        # Written only over the admin flag and password hash it read (a compare-and-set), so that
+        # whether the write demotes or sets a new password, and so carries the mark, is decided on
+        # the document it replaces; a new user
         # is inserted only while no administrator holds the name (the unique index then refuses
         # the insert, and the loop reads it).
         for _ in range(3):  # a concurrent first insert, or change of the flag: read again
@@ -288,9 +294,10 @@ class MongoRegistry(Registry):
                 where = {"username": user.username, **({} if user.admin else {"admin": {"$ne": True}})}
                 update = {"$set": fields, "$setOnInsert": {"_id": user.user_id}}
             else:
-                where = {"_id": found["_id"], "admin": found.get("admin")}
-                update = {"$set": {**fields, "narrowed_at": now} if found.get("admin") is True and not user.admin
-                          else fields}
+                where = {"_id": found["_id"], "admin": found.get("admin"), "password_hash": found.get("password_hash")}
+                narrowed = ((found.get("admin") is True and not user.admin)
+                            or found.get("password_hash") != user.password_hash)
+                update = {"$set": {**fields, "narrowed_at": now} if narrowed else fields}
             try:
                 seeded = await self._seed_write(where, update)
             except Conflict:
@@ -301,7 +308,7 @@ class MongoRegistry(Registry):
 
     @guarded()
     async def _seeded_admin(self, username: str) -> dict[str, Any] | None:
-        return await self.users.find_one({"username": username}, {"admin": 1})
+        return await self.users.find_one({"username": username}, {"admin": 1, "password_hash": 1})
 
     @guarded()
     async def _seed_write(self, where: dict[str, Any], update: dict[str, Any]) -> dict[str, Any] | None:

@@ -70,8 +70,8 @@ STEPS = "steps"  # not one operation: several, one after the other, each with it
 # consumption, a rotation, a revocation that answers whether it revoked, a count.
 RETRY_KINDS: dict[str, str] = {
     # Registry
-    "get_client": READ, "list_clients": READ, "put_client": RERUN, "add_client": STEPS, "update_client": ONCE,
-    "set_owners": RERUN,
+    "get_client": READ, "list_clients": READ, "declared_resources": READ, "put_client": RERUN, "add_client": STEPS,
+    "update_client": ONCE, "set_owners": RERUN,
     "get_user": READ, "get_user_by_username": READ, "list_users": READ, "seed_user": STEPS, "put_user": STEPS,
     "update_user": ONCE, "delete_user": RERUN,
     "get_installation": READ, "list_installations": READ, "put_installation": RERUN, "delete_installation": RERUN,

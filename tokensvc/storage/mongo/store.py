@@ -43,6 +43,7 @@ from tokensvc.storage.mongo.connection import BUILD_TIMEOUT_MS, Connection
 from tokensvc.storage.mongo.credentials import Credentials
 from tokensvc.storage.mongo.failures import MongoFailureCounts
 from tokensvc.storage.mongo.feed import POLL_SECONDS, STREAM_WAIT_MS, MongoRevocationFeed
+from tokensvc.storage.mongo.format import AUDIENCE_FROM
 from tokensvc.storage.mongo.indexes import Indexes
 from tokensvc.storage.mongo.lifecycle import Lifecycle
 from tokensvc.storage.mongo.registry import MongoRegistry
@@ -223,6 +224,10 @@ class MongoStore(Store):
     async def writing(self) -> Callable[[Any], Any]:
         return await self.connection.writing()
 
+    async def binds_audiences(self) -> bool:
+        await self.connection.writing()  # the format known (read now by a command line's store)
+        return self.connection.format.compatibility >= AUDIENCE_FROM
+
     async def heartbeat(self) -> None:
         await self.lifecycle.heartbeat()
 
@@ -276,6 +281,9 @@ class MongoStore(Store):
 
     async def list_clients(self, after: str | None = None, limit: int | None = None) -> list[Client]:
         return await self.registry.list_clients(after, limit)
+
+    async def declared_resources(self, resources: list[str]) -> set[str]:
+        return await self.registry.declared_resources(resources)
 
     @_changes_clients
     async def put_client(self, client: Client) -> None:

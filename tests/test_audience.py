@@ -1,0 +1,398 @@
+"""Audience-bound tokens (RFC 8707, resource indicators): a resource server declares the APIs it
+serves; an authorization request, a code exchange and a refresh may name ``resource`` (each
+declared, else ``invalid_target``), an exchange or a refresh only narrowing what was granted;
+introspection says ``aud``, and answers ``active: false`` to a resource server the token is not
+meant for; tokensvc's own ``/v1`` API refuses a token bound only to others, and
+``tokensvc.resource``'s verifier refuses a token meant for another API. A token that names no
+resource works where it worked before. On MongoDB, tokens are bound only once the store's
+compatibility version is format 3 (tokens/upgrade/ runs that with 0.10.0)."""
+
+from __future__ import annotations
+
+import html as html_module
+import json
+import re
+from urllib.parse import urlencode
+
+import pytest
+from backends import open_store
+from helpers import (
+    CHALLENGE,
+    SKY_REDIRECT,
+    VERIFIER,
+    WEBAPP_REDIRECT,
+    WEBAPP_SECRET,
+    basic,
+    check_oauth_error,
+    handed_over,
+    make_config,
+    post_form,
+    query_of,
+)
+from test_resource import started
+
+from tokensvc import config as config_module
+from tokensvc.admin.operator import Operator
+from tokensvc.bootstrap import make_context, seed
+from tokensvc.handlers.edge import pace
+from tokensvc.oauth import audience, authorization, grants, introspection
+from tokensvc.oauth.errors import InvalidTarget, RedirectError
+from tokensvc.resource import InvalidToken, Settings, Verifier
+from tokensvc.storage.mongo.format import StoreFormat
+
+NOTES, PHOTOS = "https://notes.example", "https://photos.example/api"
+NOTES_SECRET, PHOTOS_SECRET = "notes-api-secret-0123456789abcdef", "photos-api-secret-0123456789abcdef"
+OWN = "http://127.0.0.1:8080/v1"  # make_config's base_url + /v1
+
+pytestmark = pytest.mark.gen_test(timeout=60)
+
+
+def apis() -> list[dict]:
+    return [{"client_id": "notes-api", "name": "Notes API", "kind": "resource-server", "client_secret": NOTES_SECRET,
+             "resources": [NOTES]},
+            {"client_id": "photos-api", "name": "Photos API", "kind": "resource-server",
+             "client_secret": PHOTOS_SECRET, "resources": [PHOTOS]}]
+
+
+def with_apis() -> config_module.Settings:
+    base = make_config()
+    raw_clients = [{"client_id": c.client_id, "name": c.name, "redirect_uris": list(c.redirect_uris),
+                    "allowed_scopes": None if c.allowed_scopes is None else list(c.allowed_scopes),
+                    "first_party": c.first_party, "client_secret": c.client_secret,
+                    **({"description": c.description} if c.description else {}),
+                    **({"logo_url": c.logo_url} if c.logo_url else {})}
+                   for c in base.clients]
+    return make_config(clients=[{k: v for k, v in c.items() if v is not None} for c in raw_clients] + apis())
+
+
+@pytest.fixture
+def config():
+    return with_apis()
+
+
+def request_args(*resources: str, client_id: str = "webapp", redirect_uri: str = WEBAPP_REDIRECT,
+                 scope: str = "read") -> dict[str, list[str]]:
+    args = {name: [value] for name, value in {
+        "response_type": "code", "client_id": client_id, "redirect_uri": redirect_uri, "state": "s",
+        "code_challenge": CHALLENGE, "code_challenge_method": "S256", "scope": scope}.items()}
+    if resources:
+        args["resource"] = list(resources)
+    return args
+
+
+async def code_for(ctx, *resources: str, username: str = "alice") -> str:
+    request = await authorization.validate(ctx, request_args(*resources))
+    subject, _ = await authorization.resolve_subject(ctx, request, await ctx.store.get_user_by_username(username))
+    return query_of(await authorization.issue_code(ctx, request, subject))["code"]
+
+
+async def tokens_for(ctx, *resources: str, narrowed_to: list[str] | None = None):
+    code = await code_for(ctx, *resources)
+    return await grants.exchange_code(ctx, await ctx.store.get_client("webapp"), code, WEBAPP_REDIRECT, VERIFIER,
+                                      resources=narrowed_to)
+
+
+async def exchange_for(http_client, base_url, code, resources):
+    form = [("grant_type", "authorization_code"), ("code", code), ("redirect_uri", WEBAPP_REDIRECT),
+            ("code_verifier", VERIFIER), *(("resource", resource) for resource in resources)]
+    return await http_client.fetch(base_url + "/oauth/token", method="POST", body=urlencode(form), raise_error=False,
+                                   headers={"Authorization": basic("webapp", WEBAPP_SECRET)})
+
+
+async def introspect_as(http_client, base_url, token, client_id, secret):
+    response = await post_form(http_client, base_url + "/oauth/token/introspect", {"token": token},
+                               {"Authorization": basic(client_id, secret)})
+    assert response.code == 200, response.body
+    return json.loads(response.body)
+
+
+# -- declaring resources -------------------------------------------------------------------------
+
+
+def test_a_resource_server_declares_absolute_uris_without_a_fragment_and_a_client_none():
+    bad = [{**apis()[0], "resources": ["https://notes.example/#part", "/relative", "no scheme"]}]
+    with pytest.raises(config_module.ConfigError) as refused:
+        make_config(clients=bad)
+    said = str(refused.value)
+    assert "resources[0]" in said and "no fragment" in said
+    assert "resources[1]" in said and "resources[2]" in said
+    with pytest.raises(config_module.ConfigError) as refused:
+        make_config(clients=[{"client_id": "app", "name": "App", "redirect_uris": [WEBAPP_REDIRECT],
+                              "resources": [NOTES]}])
+    assert "only a resource server serves resources" in str(refused.value)
+
+
+async def test_the_admin_api_takes_a_resource_servers_resources_and_shows_them(app, ctx, config):
+    operator = Operator(ctx, handed_over(config))
+    created, _ = await operator.put_client("calendar-api", {"name": "Calendar API", "kind": "resource-server",
+                                                            "resources": ["https://calendar.example/v2"]})
+    assert created["resources"] == ["https://calendar.example/v2"]
+    assert (await operator.get_client("calendar-api"))["resources"] == ["https://calendar.example/v2"]
+    assert await ctx.store.declared_resources(["https://calendar.example/v2", NOTES, "https://x.example"]) == {
+        "https://calendar.example/v2", NOTES}
+    from tokensvc.admin.actions import AdminError
+
+    with pytest.raises(AdminError) as refused:
+        await operator.patch_client("calendar-api", {"resources": ["https://calendar.example/#x"]})
+    assert refused.value.field == "resources"
+    with pytest.raises(AdminError) as refused:
+        await operator.put_client("an-app", {"name": "An app", "redirectUris": [WEBAPP_REDIRECT],
+                                             "resources": [NOTES]})
+    assert refused.value.field == "resources"
+    assert (await operator.patch_client("calendar-api", {"resources": []}))["resources"] == []
+    assert await ctx.store.declared_resources(["https://calendar.example/v2"]) == set()
+
+
+# -- the authorization request, the exchange, the refresh ----------------------------------------
+
+
+async def test_a_token_bound_to_an_api_says_so_and_is_active_only_for_that_api(app, http_server, http_client,
+                                                                                base_url, ctx):
+    issued = await tokens_for(ctx, NOTES)
+    token = issued.access_token
+    assert (await introspection.introspect(ctx, token))["aud"] == [NOTES]
+    notes = await introspect_as(http_client, base_url, token, "notes-api", NOTES_SECRET)
+    assert notes["active"] is True and notes["aud"] == [NOTES] and notes["scope"] == "read"
+    assert await introspect_as(http_client, base_url, token, "photos-api", PHOTOS_SECRET) == {"active": False}
+    # A first-party client that may introspect sees the answer, with its audience.
+    assert (await introspect_as(http_client, base_url, token, "webapp", WEBAPP_SECRET))["aud"] == [NOTES]
+    # A token that names none is every API's: no aud, active for each.
+    unbound = (await tokens_for(ctx)).access_token
+    assert "aud" not in await introspection.introspect(ctx, unbound)
+    for client_id, secret in (("notes-api", NOTES_SECRET), ("photos-api", PHOTOS_SECRET)):
+        assert (await introspect_as(http_client, base_url, unbound, client_id, secret))["active"] is True
+
+
+async def test_tokensvcs_own_api_refuses_a_token_bound_only_to_another(app, http_server, http_client, base_url,
+                                                                        ctx):
+    async def me(token):
+        return await http_client.fetch(base_url + "/v1/me", headers={"Authorization": f"Bearer {token}"},
+                                       raise_error=False)
+
+    elsewhere = (await tokens_for(ctx, NOTES)).access_token
+    refused = await me(elsewhere)
+    assert refused.code == 401 and json.loads(refused.body)["error"] == "invalid_token"
+    assert (await me((await tokens_for(ctx, NOTES, OWN)).access_token)).code == 200
+    assert (await me((await tokens_for(ctx, OWN)).access_token)).code == 200
+    assert (await me((await tokens_for(ctx)).access_token)).code == 200
+
+
+async def test_a_resource_no_api_declares_or_a_malformed_one_is_invalid_target(app, ctx):
+    for resources in (["https://unknown.example"], ["https://notes.example#x"], ["notes.example"],
+                      [NOTES, "https://unknown.example"]):
+        with pytest.raises(RedirectError) as refused:
+            await authorization.validate(ctx, request_args(*resources))
+        assert refused.value.error.error == "invalid_target", resources
+        assert query_of(refused.value.location)["error"] == "invalid_target"
+    request = await authorization.validate(ctx, request_args(NOTES, PHOTOS, NOTES))
+    assert request.audience == [NOTES, PHOTOS]  # each once, in order
+    assert request.hidden_fields()["resource"] == [NOTES, PHOTOS]  # what a consent page posts back
+
+
+async def test_a_consent_page_carries_the_resources_through(app, http_server, browser, ctx):
+    """A third-party client's request naming resources: the consent form posts them back, and
+    the code is bound to them."""
+    await browser.login("alice")
+    page = await browser.fetch("/oauth/authorize?" + urlencode([
+        ("response_type", "code"), ("client_id", "skyplanner"), ("redirect_uri", SKY_REDIRECT), ("state", "s"),
+        ("code_challenge", CHALLENGE), ("code_challenge_method", "S256"), ("scope", "read"),
+        ("resource", NOTES), ("resource", PHOTOS)]))
+    assert page.code == 200
+    html = page.body.decode()
+    assert html.count('name="resource"') == 2
+    # As a browser posts the form: every hidden field, repeated ones each (helpers' Browser keeps one).
+    fields = [(name, html_module.unescape(value))
+              for name, value in re.findall(r'<input type="hidden" name="([^"]+)" value="([^"]*)"', html)]
+    browser.clock.advance(pace.REVEAL_SECONDS)
+    answered = await browser.fetch("/oauth/authorize", "POST", [*fields, ("decision", "allow")])
+    assert answered.code == 302, answered.body
+    code = query_of(answered.headers["Location"])["code"]
+    from tokensvc.oauth import hashing
+
+    stored = await ctx.store.get_code(hashing.digest(code))
+    assert stored.audience == [NOTES, PHOTOS]
+
+
+async def test_an_exchange_narrows_and_never_widens_and_a_refusal_spends_no_code(app, http_server, http_client,
+                                                                                  base_url, ctx):
+    code = await code_for(ctx, NOTES, PHOTOS)
+    wider = await exchange_for(http_client, base_url, code, [NOTES, "https://other.example"])
+    check_oauth_error(wider, 400, "invalid_target")
+    narrowed = await exchange_for(http_client, base_url, code, [PHOTOS])
+    assert narrowed.code == 200, narrowed.body
+    body = json.loads(narrowed.body)
+    assert (await introspection.introspect(ctx, body["access_token"]))["aud"] == [PHOTOS]
+    # A code whose request named none: an exchange may bind it to a declared API.
+    bound = await exchange_for(http_client, base_url, await code_for(ctx), [NOTES])
+    assert (await introspection.introspect(ctx, json.loads(bound.body)["access_token"]))["aud"] == [NOTES]
+
+
+async def test_a_refresh_keeps_the_audience_narrows_it_for_good_and_never_widens_it(app, http_server, http_client,
+                                                                                     base_url, ctx):
+    issued = await tokens_for(ctx, NOTES, PHOTOS)
+
+    async def refresh(refresh_token, *resources):
+        return await http_client.fetch(
+            base_url + "/oauth/token/refresh", method="POST", raise_error=False,
+            headers={"Authorization": basic("webapp", WEBAPP_SECRET)},
+            body=urlencode([("refresh_token", refresh_token), *(("resource", r) for r in resources)]))
+
+    kept = json.loads((await refresh(issued.refresh_token)).body)
+    assert (await introspection.introspect(ctx, kept["access_token"]))["aud"] == [NOTES, PHOTOS]
+    check_oauth_error(await refresh(kept["refresh_token"], "https://other.example"), 400, "invalid_target")
+    narrowed = json.loads((await refresh(kept["refresh_token"], NOTES)).body)
+    assert (await introspection.introspect(ctx, narrowed["access_token"]))["aud"] == [NOTES]
+    check_oauth_error(await refresh(narrowed["refresh_token"], PHOTOS), 400, "invalid_target")  # gone for good
+    again = json.loads((await refresh(narrowed["refresh_token"])).body)
+    assert (await introspection.introspect(ctx, again["access_token"]))["aud"] == [NOTES]
+    # A family that names none may be bound at a refresh, to a declared API.
+    unbound = await tokens_for(ctx)
+    bound = json.loads((await refresh(unbound.refresh_token, PHOTOS)).body)
+    assert (await introspection.introspect(ctx, bound["access_token"]))["aud"] == [PHOTOS]
+
+
+# -- the verifier --------------------------------------------------------------------------------
+
+
+async def test_the_verifier_refuses_a_token_meant_for_another_api_and_may_require_one(app, http_server, base_url,
+                                                                                      ctx):
+    for_notes, for_photos, unbound = [(await tokens_for(ctx, *resources)).access_token
+                                      for resources in ((NOTES,), (PHOTOS,), ())]
+    # notes-api's verifier: tokensvc answers it inactive for another API's token, and its own
+    # audience refuses one whatever introspection said.
+    notes = await started(Verifier(Settings(base_url, "notes-api", NOTES_SECRET, audience=NOTES)))
+    # A first-party client's verifier, which tokensvc tells every token: its audience decides.
+    webapp = await started(Verifier(Settings(base_url, "webapp", WEBAPP_SECRET, audience=NOTES)))
+    strict = await started(Verifier(Settings(base_url, "notes-api", NOTES_SECRET, audience=NOTES,
+                                             require_audience=True)))
+    try:
+        for verifier in (notes, webapp, strict):
+            assert (await verifier.check(for_notes, "read")).subject is not None
+            with pytest.raises(InvalidToken) as refused:
+                await verifier.check(for_photos)
+            assert refused.value.status == 401
+            assert 'error="invalid_token"' in refused.value.challenge("api")
+        assert (await notes.check(unbound, "read")).subject is not None
+        assert (await webapp.check(unbound, "read")).subject is not None
+        with pytest.raises(InvalidToken):
+            await strict.check(unbound)
+    finally:
+        for verifier in (notes, webapp, strict):
+            await verifier.close()
+
+
+# -- the store's format --------------------------------------------------------------------------
+
+
+@pytest.fixture
+def mongo(io_loop, config):
+    store, cleanup = open_store("mongodb", io_loop)
+    io_loop.run_sync(lambda: seed(store, config))
+    yield store
+    cleanup()
+
+
+@pytest.mark.mongodb
+async def test_on_mongodb_tokens_are_bound_only_once_the_store_is_at_format_3(mongo, config, clock):
+    store = mongo
+    if True:
+        ctx = make_context(config, store, clock=clock)
+        store.connection.format = StoreFormat(3, 2)  # expanded by this release, 0.10.0 still allowed
+        with pytest.raises(RedirectError) as refused:
+            await authorization.validate(ctx, request_args(NOTES))
+        assert refused.value.error.error == "invalid_target"
+        assert "tokensvc storage finalize" in refused.value.error.description
+        issued = await tokens_for(ctx)  # naming none: as before
+        with pytest.raises(InvalidTarget):
+            await grants.refresh(ctx, await store.get_client("webapp"), issued.refresh_token, resources=[NOTES])
+        store.connection.format = StoreFormat(3, 3)  # finalized
+        bound = await tokens_for(ctx, NOTES)
+        assert (await introspection.introspect(ctx, bound.access_token))["aud"] == [NOTES]
+        rotated = await grants.refresh(ctx, await store.get_client("webapp"), bound.refresh_token)
+        assert (await introspection.introspect(ctx, rotated.access_token))["aud"] == [NOTES]
+
+
+def test_the_own_api_is_base_url_and_v1(ctx):
+    assert audience.own(ctx) == OWN
+
+
+# -- the feed by audience ------------------------------------------------------------------------
+
+
+def test_a_resource_server_reads_the_revocations_of_its_tokens_and_of_those_naming_none():
+    """Each view is numbered on its own, so a reader never sees a gap; a revocation whose
+    audience the process did not read (a grant, a user, a relay's) and a flush reach every
+    reader; a reader that is no resource server reads every revocation."""
+    from tokensvc.oauth.events import RevocationEvents
+    from tokensvc.oauth.feed import RevocationFeed, family_label
+    from tokensvc.storage.base import FAMILY, GRANT, Revocation
+
+    events = RevocationEvents()
+    feed = RevocationFeed(events)
+    everything, notes, photos, both = [], [], [], []
+    feed.open(everything.append)
+    notes_ready = feed.open(notes.append, serves=[NOTES]).ready
+    feed.open(photos.append, serves=[PHOTOS])
+    feed.open(both.append, serves=[PHOTOS, NOTES])
+    events.publish(Revocation(FAMILY, "f-notes", (NOTES,)))
+    events.publish(Revocation(FAMILY, "f-photos", (PHOTOS, OWN)))
+    events.publish(Revocation(FAMILY, "f-any"))  # names no audience: every API's
+    events.publish(Revocation(GRANT, "g1"))  # its families' audiences unread: every reader
+    events.publish(Revocation(FAMILY, "f-own", (OWN,)))
+    events.publish_all()
+    label = family_label
+    assert [m.get("family_id") or m.get("grant_id") or m["type"] for m in everything] == [
+        label("f-notes"), label("f-photos"), label("f-any"), "g1", label("f-own"), "flush"]
+    assert notes == [{"type": "revoked", "family_id": label("f-notes"), "seq": 1},
+                     {"type": "revoked", "family_id": label("f-any"), "seq": 2},
+                     {"type": "revoked", "grant_id": "g1", "seq": 3}, {"type": "flush", "seq": 4}]
+    assert [m.get("family_id") or m.get("grant_id") or m["type"] for m in photos] == [
+        label("f-photos"), label("f-any"), "g1", "flush"]
+    assert [m["seq"] for m in both] == [1, 2, 3, 4, 5]
+    # A reader of the same resources resumes in their view; another view's stream flushes.
+    assert [m["seq"] for m in feed.open([].append, notes_ready["stream"], 2, serves=[NOTES]).missed] == [3, 4]
+    assert feed.open([].append, notes_ready["stream"], 2, serves=[PHOTOS]).ready["resumed"] is False
+    assert feed.open([].append, notes_ready["stream"], 2).ready["resumed"] is False
+    assert notes_ready["stream"] != feed.stream
+
+
+async def test_a_resource_servers_feed_reader_hears_no_revocation_of_another_apis_tokens(
+        app, http_server, http_client, base_url, ctx):
+    from test_feed import connect, next_message
+
+    notes = await connect(base_url, client_id="notes-api", secret=NOTES_SECRET)
+    webapp = await connect(base_url)
+    for reader in (notes, webapp):
+        assert (await next_message(reader))["seq"] == 0
+    for_photos, for_notes = (await tokens_for(ctx, PHOTOS)), (await tokens_for(ctx, NOTES))
+    for issued in (for_photos, for_notes):
+        revoked = await post_form(http_client, base_url + "/oauth/token/revoke", {"token": issued.refresh_token},
+                                  {"Authorization": basic("webapp", WEBAPP_SECRET)})
+        assert revoked.code == 200
+    labels = [(await introspection.introspect(ctx, issued.access_token)) for issued in (for_photos, for_notes)]
+    assert labels == [{"active": False}, {"active": False}]
+    heard_by_webapp = [await next_message(webapp), await next_message(webapp)]
+    assert [message["seq"] for message in heard_by_webapp] == [1, 2]
+    # notes-api's first message is the notes token's revocation, numbered 1: no gap, nothing of photos.
+    first = await next_message(notes)
+    assert first == {"type": "revoked", "seq": 1, "family_id": heard_by_webapp[1]["family_id"]}
+    notes.close()
+    webapp.close()
+
+
+async def test_a_reader_whose_resources_change_reconnects(app, http_server, base_url, ctx, config):
+    """Its view is what it served when it connected: a change of its resources (a change of what
+    its feed readers read, marked and announced as a change of their credentials is) closes it
+    with 1012, and it reconnects to read what it serves now."""
+    from test_feed import connect, next_message
+
+    from tokensvc.oauth.feed import CLOSE_RESTART
+
+    await ctx.store.set_owners("client", {})  # the operator's to change, as the admin API changes it
+    notes = await connect(base_url, client_id="notes-api", secret=NOTES_SECRET)
+    await next_message(notes)
+    await Operator(ctx, handed_over(config)).patch_client("notes-api", {"resources": [NOTES, "https://a.example"]})
+    assert await notes.read_message() is None and notes.close_code == CLOSE_RESTART
+    again = await connect(base_url, client_id="notes-api", secret=NOTES_SECRET)
+    assert (await next_message(again))["resumed"] is False
+    again.close()
