@@ -395,6 +395,14 @@ def test_config_check_names_every_problem_at_once(tmp_path, capsys):
     assert all(line.startswith(start) for line, start in zip(errors, expected, strict=True)), errors
 
 
+def test_serve_given_a_file_that_never_ends_is_one_line_and_nothing_hangs(capsys, monkeypatch):
+    """``serve --config /dev/zero``: the log format of the refusal's line is looked up in the
+    file too, read as the settings are (it was read without end there)."""
+    monkeypatch.delenv("TOKENSVC_LOG_FORMAT", raising=False)
+    assert cli.main(["serve", "--config", "/dev/zero"]) == 1
+    assert capsys.readouterr().err == "tokensvc: /dev/zero: not a regular file (give the TOML file with --config)\n"
+
+
 def test_a_config_path_that_cannot_be_read_is_one_line_at_the_command_line(tmp_path, capsys, monkeypatch):
     """A directory, a file that is not UTF-8, a file this user may not read: one line, exit 1,
     as for a file that is not there (each was a traceback)."""

@@ -679,6 +679,8 @@ def test_an_entry_that_is_no_table_is_named_once():
     ("tls=maybe", ["storage.mongodb_uri: option tls: The value of tls must be 'true' or 'false'"]),
     ("bogusOption=1&replicaSet=rs0", ["storage.mongodb_uri: option 1 of the query, not named"]),
     ("tls=true&tls=false", ["storage.mongodb_uri: Duplicate URI option 'tls'."]),
+    # Given three times, named once (the driver says it once per extra copy).
+    ("replicaSet=rs0&w=1&w=1&w=2", ["storage.mongodb_uri: Duplicate URI option 'w'."]),
     ("ssl=true&tls=false", ["storage.mongodb_uri: Can not specify conflicting values for URI options ssl and tls"]),
     ("tsl=true&journal=maybe&w=majority&w=1", [
         "storage.mongodb_uri: option 1 of the query, not named", "storage.mongodb_uri: option journal: ",

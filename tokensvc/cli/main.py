@@ -23,6 +23,7 @@ from tokensvc.cli import admin as cli_admin
 from tokensvc.cli import storage as cli_storage
 from tokensvc.cli.admin import CommandError, StoreFactory, load_settings
 from tokensvc.config import ConfigError, Settings
+from tokensvc.config.reading import read_file
 from tokensvc.identifiers import is_loopback
 from tokensvc.storage import StorageError, StoreFault
 from tokensvc.telemetry import logs
@@ -487,12 +488,9 @@ def _log_format(args: argparse.Namespace) -> str:
         return str(args.log_format)
     if os.environ.get("TOKENSVC_LOG_FORMAT"):
         return os.environ["TOKENSVC_LOG_FORMAT"]
-    try:
-        import tomllib
-
-        with open(args.config, "rb") as file:
-            return str(tomllib.load(file).get("log_format", "text"))
-    except (OSError, ValueError):
+    try:  # read as the settings are: a device or a pipe (/dev/zero) is refused, never read
+        return str(read_file(args.config).get("log_format", "text"))
+    except ConfigError:
         return "text"
 
 

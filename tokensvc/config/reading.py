@@ -66,7 +66,8 @@ class Problems:
 
     def __call__(self, line: str) -> None:
         key = line.split(": ", 1)[0]
-        if not any(_related(key, refused) for refused in self.refused):
+        # Once each: the driver names an option given three times twice, say.
+        if line not in self.lines and not any(_related(key, refused) for refused in self.refused):
             self.lines.append(line)
 
     def refuse(self, key: str, line: str) -> None:
