@@ -191,7 +191,7 @@ def test_the_configuration_says_every_problem_at_once(tmp_path):
         "rules[0].methods: a list of HTTP methods (DELETE, GET, HEAD, OPTIONS, PATCH, POST, PUT)",
         "verifier.ttl: not a setting of the verifier (one of max_entries, max_negative, max_ttl, negative_ttl, "
         "offline_ttl, timeout, ping_seconds, retry_seconds, introspection_concurrency, introspection_queue, "
-        "reverify_concurrency, reverify_spread)"]
+        "reverify_concurrency, reverify_spread, audience, require_audience)"]
     config = tmp_path / "gate.toml"
     config.write_text('tokensvc_url = "https://auth.example/"\nclient_id = "notes-api"\n[verifier]\noffline_ttl = 10\n')
     settings = load(str(config), port=9001, environ={"TOKENSVC_GATE_CLIENT_SECRET": "from-the-environment"})

@@ -94,6 +94,7 @@ RETRY_KINDS: dict[str, str] = {
     "list_user_sessions": READ, "touch_session": RERUN,
     # Housekeeping
     "open": ONCE, "close": STEPS, "upkeep": STEPS, "ping": READ, "revocation_feed": STEPS, "purge_expired": RERUN,
+    "binds_audiences": STEPS,  # the format, read by a command line's store (writing)
     "deployment_settings": STEPS,
     "reachable": STEPS,  # no operation: a wait for the driver to see the store again
     # Failure counts (FailureCounts)
