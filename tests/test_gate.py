@@ -168,6 +168,38 @@ def test_a_path_is_judged_as_a_proxy_routes_it(path, judged):
     assert normalized(path) == judged
 
 
+@pytest.mark.gen_test
+async def test_a_path_an_api_may_route_otherwise_is_refused_not_judged(served):
+    """A path the gate would judge one way and an API behind the proxy may route another is
+    refused (403), whatever the token: Tomcat and Spring drop ``;...`` (``/public/..;/notes``
+    is their ``/notes``), some servers take a backslash for a slash, an escaped ``%`` may be
+    decoded twice, a raw ``#`` reaches the API. A rule matches in any case: many frameworks
+    route ``/NOTES`` as ``/notes``."""
+    base, _ = served
+    for path in ("/notes;x", "/public/..;/notes", "/public\\..\\notes", "/public/%252e%252e/notes",
+                 "/public#/../notes", "/notes%3bx", "/public/%5c../notes"):
+        answer = await fetch(base + "/auth/nginx", token=USER, **{"X-Original-URI": path, "X-Original-Method": "GET"})
+        assert answer.code == 403, path
+        assert json.loads(answer.body)["error"] == "invalid_request" and "X-Auth-Subject" not in answer.headers
+    for path in ("/NOTES", "/Notes/1"):
+        answer = await fetch(base + "/auth/nginx", token=READER, **{"X-Original-URI": path, "X-Original-Method": "POST"})
+        assert answer.code == 403 and json.loads(answer.body)["scope"] == "write", path
+    assert (await fetch(base + "/auth/nginx", token=READER, **{"X-Original-URI": "/ADMIN"})).code == 403
+    assert (await fetch(base + "/auth/nginx", token=USER, **{"X-Original-URI": "/notes/1?q=a;b#c"})).code == 200
+
+
+def test_the_verifier_table_takes_an_audience():
+    """``[verifier] audience`` and ``require_audience`` are the library's: the gate of an API
+    that requires its tokens bound to it (RFC 8707)."""
+    settings = from_dict({**SETTINGS, "verifier": {"audience": "https://notes.example", "require_audience": True}})
+    verifier = settings.verifier_settings()
+    assert (verifier.audience, verifier.require_audience) == ("https://notes.example", True)
+    with pytest.raises(GateConfigError) as info:
+        from_dict({**SETTINGS, "verifier": {"audience": 3, "require_audience": 1}})
+    assert info.value.problems == ["verifier.audience: the resource URI this API serves (a string)",
+                                   "verifier.require_audience: true or false"]
+
+
 def test_the_first_rule_that_matches_decides_by_whole_segments():
     settings = from_dict(dict(SETTINGS))
     assert settings.required_scope("GET", "/admin/users") == "admin"

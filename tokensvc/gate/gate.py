@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import posixpath
+import re
 from dataclasses import dataclass
 from urllib.parse import unquote
 
@@ -55,6 +56,18 @@ def normalized(path: str) -> str:
     return resolved + "/" if trailing and resolved != "/" else resolved
 
 
+# What a path may hold for the gate to judge it: what an API behind the proxy could route
+# otherwise is refused, not judged (a ``;`` parameter Tomcat and Spring drop, a backslash some
+# servers take for a slash, an escaped ``%`` decoded twice, a raw ``#``).
+_AMBIGUOUS = re.compile(r"[;\\#]|%25|%5c|%3b|%23", re.IGNORECASE)
+
+
+def ambiguous(path: str) -> bool:
+    """Whether ``path`` (before its query) holds what an API may route otherwise than the
+    gate judges it."""
+    return bool(_AMBIGUOUS.search(path.partition("?")[0]))
+
+
 class Gate:
     """Decides forward-auth checks with one :class:`Verifier` and the required scopes of
     :class:`GateSettings`."""
@@ -65,6 +78,10 @@ class Gate:
 
     async def decide(self, method: str, path: str, authorization: str | None) -> Decision:
         """The answer to a check of the request ``method path`` carrying ``authorization``."""
+        if ambiguous(path):
+            body = {"error": "invalid_request",
+                    "error_description": "the path holds ;, \\, # or an escaped %: refused, not judged"}
+            return Decision(403, {}, json.dumps(body).encode())
         scope = self.settings.required_scope(method.upper(), normalized(path))
         try:
             authorized = await self.verifier.check(bearer_token(authorization), scope or None)

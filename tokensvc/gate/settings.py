@@ -43,9 +43,11 @@ class Rule:
     methods: frozenset[str] = frozenset()
 
     def matches(self, method: str, path: str) -> bool:
+        """Whole segments, in any case: many frameworks route ``/NOTES`` as ``/notes``, so a
+        rule never lets a change of case past it."""
         if self.methods and method not in self.methods:
             return False
-        prefix = self.prefix.rstrip("/")
+        prefix, path = self.prefix.rstrip("/").casefold(), path.casefold()
         return path == prefix or path.startswith(prefix + "/") or not prefix
 
 
@@ -130,6 +132,12 @@ def from_dict(raw: dict[str, Any]) -> GateSettings:
     for key, value in verifier.items():
         if key not in VERIFIER_KEYS:
             problems.append(f"verifier.{key}: not a setting of the verifier (one of {', '.join(VERIFIER_KEYS)})")
+        elif key == "audience":
+            if not isinstance(value, str) or not value:
+                problems.append("verifier.audience: the resource URI this API serves (a string)")
+        elif key == "require_audience":
+            if not isinstance(value, bool):
+                problems.append("verifier.require_audience: true or false")
         elif type(value) not in (int, float) or value <= 0:
             problems.append(f"verifier.{key}: a positive number")
     if problems:
