@@ -182,7 +182,8 @@ async def test_a_path_an_api_may_route_otherwise_is_refused_not_judged(served):
         assert answer.code == 403, path
         assert json.loads(answer.body)["error"] == "invalid_request" and "X-Auth-Subject" not in answer.headers
     for path in ("/NOTES", "/Notes/1"):
-        answer = await fetch(base + "/auth/nginx", token=READER, **{"X-Original-URI": path, "X-Original-Method": "POST"})
+        post = {"X-Original-URI": path, "X-Original-Method": "POST"}
+        answer = await fetch(base + "/auth/nginx", token=READER, **post)
         assert answer.code == 403 and json.loads(answer.body)["scope"] == "write", path
     assert (await fetch(base + "/auth/nginx", token=READER, **{"X-Original-URI": "/ADMIN"})).code == 403
     assert (await fetch(base + "/auth/nginx", token=USER, **{"X-Original-URI": "/notes/1?q=a;b#c"})).code == 200
