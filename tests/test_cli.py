@@ -127,11 +127,22 @@ def test_clients_add_kind_resource_server_on_the_store(run, mongo, capsys):
         code, _, err = run("clients", "add", "--kind", "resource-server", "--name", "Other API", *option)
         assert code == 1 and err == (f"tokensvc: a resource server has no {what}: it only introspects tokens and "
                                      "reads the revocation feed\n")
+    # The APIs it serves, as tokens name them (RFC 8707): a resource server's only.
+    code, out, err = run("clients", "add", "--kind", "resource-server", "--name", "Photos API", "--client-id",
+                         "photos-api", "--resource", "https://photos.example", "--resource",
+                         "https://photos.example/v2", json_out=True)
+    assert code == 0 and out["resources"] == ["https://photos.example", "https://photos.example/v2"], err
+    code, _, err = run("clients", "add", "--kind", "resource-server", "--name", "Bad API", "--resource",
+                       "https://bad.example/#part")
+    assert code == 1 and "resource URI" in err
+    code, _, err = run("clients", "add", "--name", "An app", "--redirect-uri", "https://app.example/cb",
+                       "--resource", "https://app.example")
+    assert code == 1 and "only a resource server serves resources" in err
     with pytest.raises(SystemExit) as refused:
         run("clients", "add", "--kind", "api", "--name", "Other API")
     err = capsys.readouterr().err
     assert refused.value.code == 2 and "--kind: invalid choice: 'api'" in err and "resource-server" in err
-    assert [client["_id"] for client in stored(mongo, "clients")] == ["notes-api"]
+    assert [client["_id"] for client in stored(mongo, "clients")] == ["notes-api", "photos-api"]
 
 
 def test_public_client_has_no_secret(run):

@@ -163,7 +163,8 @@ async def every(listing: Callable[..., Awaitable[Json]]) -> list[Json]:
 def client_body(args: argparse.Namespace) -> Json:
     body = {"name": args.name, "redirectUris": args.redirect_uri, "allowedScopes": args.scope,
             "firstParty": args.first_party, "confidential": args.confidential, "description": args.description,
-            "logoUrl": args.logo_url, "allowedOrigins": args.allowed_origin, "kind": args.kind}
+            "logoUrl": args.logo_url, "allowedOrigins": args.allowed_origin, "kind": args.kind,
+            "resources": args.resource}
     if args.client_id:
         body["clientId"] = args.client_id
     return {key: value for key, value in body.items() if value is not None}
@@ -666,6 +667,9 @@ def add_commands(commands: argparse._SubParsersAction, factory: StoreFactory | N
     add.add_argument("--allowed-origin", action="append",
                      help="a web origin (https://app.example) whose pages may call the token endpoints and "
                           "the API (CORS), besides a public client's redirect URIs; repeat for several")
+    add.add_argument("--resource", action="append",
+                     help="a resource server's API, as tokens name it (RFC 8707: an absolute URI, no "
+                          "fragment, https://notes.example); repeat for several")
     command(clients, "list", "list clients", clients_list)
     for name, help_text, action in (("show", "show one client", clients_show),
                                     ("remove", "remove a client at once, then revoke its grants", clients_remove),
