@@ -14,25 +14,24 @@ from tokensvc.config.reading import Problems
 from tokensvc.config.settings import STORE_RETRY_AFTER_SECONDS, Settings, StorageSettings
 from tokensvc.identifiers import served_here
 
+# The wildcard listen addresses: the loopback address this machine reaches each by, and what
+# each means, in words.
+_WILDCARDS = {"": ("127.0.0.1", "every IPv4 address (0.0.0.0)"),
+              "0.0.0.0": ("127.0.0.1", "every IPv4 address (0.0.0.0)"),
+              "::": ("::1", "every address (::)")}
+
 
 def listen_url(host: str, port: int) -> str:
     """The URL a client on this machine reaches ``host:port`` by: a wildcard address is
     reached on loopback, an IPv6 literal in brackets."""
-    if host in ("", "0.0.0.0"):
-        host = "127.0.0.1"
-    elif host == "::":
-        host = "::1"
+    host = _WILDCARDS[host][0] if host in _WILDCARDS else host
     return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
 
 
 def wildcard_of(host: str) -> str | None:
     """What a wildcard listen address means, in words (``listen_url`` gives where this machine
     reaches it); None for any other address."""
-    if host in ("", "0.0.0.0"):
-        return "every IPv4 address (0.0.0.0)"
-    if host == "::":
-        return "every address (::)"
-    return None
+    return _WILDCARDS[host][1] if host in _WILDCARDS else None
 
 
 def mongodb_grace_seconds(timeout_ms: int) -> int:
