@@ -184,7 +184,7 @@ def test_below_the_web_edge_not_even_a_type_checker_goes_round():
     assert [members for members in found if not all(m.startswith("tokensvc.handlers.") for m in members)] == []
 
 
-# The layers below the rest of the house, from the bottom up (ARCHITECTURE.md, Layout). A module
+# The layers below the rest of the house, from the bottom up (ARCHITECTURE.md, The layers). A module
 # of a layer imports from its own layer and those below it; never from a layer above, nor from
 # the rest of the house (the web edge, the configuration, the operator's modules, the command
 # line), which stands on them all. "tokensvc" alone is the package itself (its __version__).
@@ -213,7 +213,7 @@ def layer_of(module: str) -> tuple[int, str] | None:
     return index, name
 
 
-# The rest of the house, from the bottom up (ARCHITECTURE.md, Layout): each package stands on
+# The rest of the house, from the bottom up (ARCHITECTURE.md, The layers): each package stands on
 # the layers above (LAYERS) and on the packages before it here, never on one after it. The
 # library a resource server imports first (it stands on the bottom layer alone), with the gate
 # built on it alone; the settings

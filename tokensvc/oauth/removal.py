@@ -27,7 +27,7 @@ wrote back (:meth:`Store.withdraw_client`).
 A failure at any step (503) leaves the record: the client stays gone, and a retry of the same
 removal, or the next start-up of any process, carries on from where it stopped (and names the
 client again). The record is one of its own, never a field of the client's document, which
-0.9.0 rewrites whole (ARCHITECTURE.md, the store's format).
+0.9.0 rewrites whole (docs/decisions/0039-state-outside-the-client-document.md).
 
 A client registered under an id no client holds first has the grants left under that id from
 before the registration began revoked, then claims the id (:func:`register`,

@@ -3,7 +3,7 @@ document in which a store records where it stands.
 
 A *format* is what the store holds: its fields, how they are represented, its indexes. Every
 change to it is a new format, one entry of :data:`FORMATS` (the format's history;
-ARCHITECTURE.md says how to add one), rolled out in three steps so that the previous release
+docs/reference/store-format.md says how to add one), rolled out in three steps so that the previous release
 and this one can serve side by side:
 
 1. **expand**: this release reads every format of its :data:`HISTORY` from the oldest, makes the

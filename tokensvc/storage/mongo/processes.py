@@ -23,7 +23,7 @@ executes an operation in this store's database: every serving process keeps a ch
 open on its database (its revocation relay), asked for more as soon as it answers, so it is
 listed that way nearly all the time (with access control too: it runs on an authenticated
 connection). For the instant between two requests, :func:`connected` looks again while a 0.9.0
-connection is listed that no operation places (ARCHITECTURE.md, "Older processes"). The limits:
+connection is listed that no operation places (docs/reference/store-format.md, "Finding older processes"). The limits:
 processes connecting as another database user are not seen; through ``mongos`` (which lists the
 shards' operations, not its clients), on a standalone server (no change streams: 0.9.0 polls
 now and then instead) and where the server refuses ``$currentOp`` the check gives no answer

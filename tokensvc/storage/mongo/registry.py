@@ -53,7 +53,7 @@ class MongoRegistry(Registry):
         self.connection = connection
         db = connection.db
         self.clients, self.users, self.installations = db["clients"], db["users"], db["installations"]
-        # A collection of its own, which 0.9.0 never reads nor rewrites (ARCHITECTURE.md).
+        # A collection of its own, which 0.9.0 never reads nor rewrites (docs/decisions/0039).
         self.previous_secrets = db["previous_secrets"]
         self.removals = db["removals"]  # clients being removed: 0.9.0 never reads nor writes it
         # The removals' marks, which the relays watch, kept a while after the removal is
