@@ -49,7 +49,8 @@ def test_a_block_marked_norun_is_not_run_and_the_rest_are_read_in_order(tmp_path
     import docblocks
 
     page = tmp_path / "page.md"
-    page.write_text("# Title\n\n```sh\nmake run\n```\n\n## One\n\n```sh\necho one\n```\n\n```sh norun\nserve forever\n```\n\n"
+    page.write_text("# Title\n\n```sh\nmake run\n```\n\n"
+                    "## One\n\n```sh\necho one\n```\n\n```sh norun\nserve forever\n```\n\n"
                     "### Deeper\n\n```python\nprint(2)\n```\n\n## Two\n\n```sh\necho two\n```\n\n"
                     "```toml\nkey = 1\n```\n")
     monkeypatch.setattr(docblocks, "ROOT", tmp_path)
