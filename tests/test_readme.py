@@ -1,7 +1,7 @@
 """The command blocks of the README and of the pages it sends readers to run as written, against
 the demo configuration: the README's two commands and its flow by hand, the client guide's stock
-clients, the command line's sign-in, and every block of the resource-server guide
-(tests/docblocks.py says how a block is read and which test runs it)."""
+clients, the command line's sign-in, the gate guide's registration, and every block of the
+resource-server guide (tests/docblocks.py says how a block is read and which test runs it)."""
 
 from __future__ import annotations
 
