@@ -181,8 +181,9 @@ def start_service(tmp_path: Path, storage: str = "", *, callback: str | None = N
 DEMO_CONFIG = Path(__file__).resolve().parent.parent / "config" / "tokensvc.toml"
 
 
-def start_demo(admin_port: int | None = None, **popen: object) -> tuple[subprocess.Popen, str]:
-    """``tokensvc serve`` with the demo config as it ships, moved to a free port with
+def start_demo(admin_port: int | None = None, config: Path = DEMO_CONFIG,
+               **popen: object) -> tuple[subprocess.Popen, str]:
+    """``tokensvc serve`` with the demo config as it ships (or ``config``), moved to a free port with
     ``TOKENSVC_PORT`` and its admin listener to ``admin_port`` (default: another free one) with
     ``TOKENSVC_ADMIN_PORT``, and no other TOKENSVC_ variable; returns the process and its base
     URL once it answers."""
@@ -190,7 +191,7 @@ def start_demo(admin_port: int | None = None, **popen: object) -> tuple[subproce
     base = f"http://127.0.0.1:{port}"
     environ = {key: value for key, value in os.environ.items() if not key.startswith("TOKENSVC_")}
     environ.update(TOKENSVC_PORT=str(port), TOKENSVC_ADMIN_PORT=str(admin_port or free_port(port)))
-    process = spawn([sys.executable, "-m", "tokensvc", "serve", "--config", str(DEMO_CONFIG)], env=environ, **popen)
+    process = spawn([sys.executable, "-m", "tokensvc", "serve", "--config", str(config)], env=environ, **popen)
     wait_for_http(base + "/healthz", process)
     return process, base
 

@@ -14,7 +14,7 @@ refuses) or any other console error fails the test.
 
 Skipped, with the reason, where no browser is installed; ``.ci/run`` installs one and sets
 TOKENSVC_REQUIRE_BROWSER=1, so in CI a missing browser fails instead. Set
-TOKENSVC_SCREENSHOTS_DIR to keep the screenshots (the README's come from ``docs/``).
+TOKENSVC_SCREENSHOTS_DIR to keep the screenshots (the client guide's come from ``docs/``).
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """What the operator's pages say, held to the service: docs/operations.md's alert rules,
-docs/not.md's list of what tokensvc does not do, and docs/administration.md's ownership of a
+docs/guide/not.md's list of what tokensvc does not do, and docs/administration.md's ownership of a
 file's installations."""
 
 from __future__ import annotations
@@ -39,9 +39,9 @@ def bullets(page: str) -> dict[str, str]:
 
 @pytest.mark.gen_test
 async def test_what_tokensvc_is_not_holds_refresh_a_second_factor_and_tls(http_client, base_url):
-    """docs/not.md says what a refresh does and does not do, that there is no second factor and
+    """docs/guide/not.md says what a refresh does and does not do, that there is no second factor and
     no TLS of tokensvc's own; each as the service has it."""
-    said = bullets((DOCS / "not.md").read_text())
+    said = bullets((DOCS / "guide" / "not.md").read_text())
     refresh = next(text for title, text in said.items() if "refresh_token" in title and "grant" in title)
     assert "/oauth/token/refresh" in refresh and "never widens" in refresh and "web session" in refresh
     metadata = (await http_client.fetch(base_url + "/.well-known/oauth-authorization-server")).body.decode()

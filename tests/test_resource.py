@@ -568,7 +568,7 @@ async def test_a_watched_connection_ends_at_exp_by_tokensvcs_clock(http_server, 
 
 @pytest.mark.process
 def test_the_library_imports_tornado_and_no_other_requirement_of_the_package():
-    """What the README tells an integrator: ``pip install tokensvc``, no extra, and the library
+    """What the resource-server guide tells an integrator: ``pip install tokensvc``, no extra, and the library
     imports Tornado alone of what setup.cfg requires (nor an ASGI framework or server)."""
     import configparser
     import re

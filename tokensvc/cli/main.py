@@ -408,8 +408,8 @@ def build_parser(store_factory: StoreFactory | None = None) -> argparse.Argument
     gate = commands.add_parser("gate", help="answer forward-auth checks (nginx, Traefik, Envoy) for an API",
                                description="Answer the forward-auth checks of nginx auth_request, Traefik's "
                                            "ForwardAuth and Envoy's ext_authz with a resource server's "
-                                           "credentials (docs/gate.md).")
-    gate.add_argument("--config", required=True, help="the gate's TOML file (deploy/gate.toml is an example)")
+                                           "credentials (docs/guide/gate.md).")
+    gate.add_argument("--config", required=True, help="the gate's TOML file (deploy/gate/gate.toml is an example)")
     gate.add_argument("--host", help="listen address (overrides the file)")
     gate.add_argument("--port", type=int, help="listen port, 1-65535 (overrides the file)")
     gate.set_defaults(func=cmd_gate)

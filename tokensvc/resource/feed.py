@@ -40,7 +40,7 @@ from tokensvc import jsontext
 from tokensvc.resource.cache import KEYS
 from tokensvc.resource.settings import Counts, Settings, basic_authorization
 
-log = logging.getLogger("tokensvc.resource.verifier")  # the library's one logger, as the README names it
+log = logging.getLogger("tokensvc.resource.verifier")  # the one logger docs/guide/resource-servers.md names
 
 MESSAGE_FIELDS = frozenset(("type", "seq"))  # what every numbered feed message carries besides
 READY_FIELDS = frozenset(("type", "stream", "seq", "resumed"))  # what a ready carries

@@ -35,7 +35,7 @@ from tokensvc.resource.cache import AnswerCache, Entry
 from tokensvc.resource.errors import Unavailable
 from tokensvc.resource.settings import Counts, Settings, basic_authorization
 
-log = logging.getLogger("tokensvc.resource.verifier")  # the library's one logger, as the README names it
+log = logging.getLogger("tokensvc.resource.verifier")  # the one logger docs/guide/resource-servers.md names
 
 
 class Introspector:

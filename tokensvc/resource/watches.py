@@ -28,7 +28,7 @@ from tokensvc.resource.feed import FeedFollower
 from tokensvc.resource.introspection import Introspections
 from tokensvc.resource.settings import Settings
 
-log = logging.getLogger("tokensvc.resource.verifier")  # the library's one logger, as the README names it
+log = logging.getLogger("tokensvc.resource.verifier")  # the one logger docs/guide/resource-servers.md names
 
 # What a message names when some of what the tokens may do was withdrawn (a client narrowed, a
 # user demoted), rather than the tokens ended: a watched connection asks again what is left.
