@@ -1,8 +1,9 @@
 """Releases: one version number (semantic versioning) in the package's metadata, on the command
 line, at /healthz, and at the head of the CHANGELOG, whose every release after the first says
-how to upgrade to it from the one before. Between releases the number is the next release's as
-a development version (PEP 440, ``0.11.0.dev0``), after the newest release and before its own,
-and the CHANGELOG's head is ``## Unreleased``, saying how to upgrade from the newest release."""
+how to upgrade to it from the one before, pointing at UPGRADE.md's checklist for it. Between
+releases the number is the next release's as a development version (PEP 440, ``0.11.0.dev0``),
+after the newest release and before its own, and the CHANGELOG's head is ``## Unreleased``,
+saying how to upgrade from the newest release."""
 
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ from tokensvc.storage.mongo.format import release_key
 
 ROOT = Path(__file__).resolve().parent.parent
 CHANGELOG = ROOT / "CHANGELOG.md"
+UPGRADE = ROOT / "UPGRADE.md"
 SEMVER = re.compile(r"(0|[1-9]\d*)\.(0|[1-9]\d*)\.(0|[1-9]\d*)")
 DEVELOPMENT = re.compile(SEMVER.pattern + r"\.dev(0|[1-9]\d*)")  # PEP 440: between releases
 
@@ -50,11 +52,33 @@ def test_the_changelog_starts_with_this_release_and_each_says_how_to_upgrade_fro
     if DEVELOPMENT.fullmatch(__version__):
         unreleased = text.split("\n## Unreleased\n", 1)[1].split(f"\n## {listed[0]}\n", 1)[0]
         assert f"### Upgrading from {listed[0]}" in unreleased
+        assert "(UPGRADE.md#" in unreleased.split(f"### Upgrading from {listed[0]}", 1)[1].split("\n### ", 1)[0]
     else:
         assert listed[0] == __version__
     for newer, older in zip(listed, listed[1:], strict=False):
         section = text.split(f"## {newer}\n", 1)[1].split(f"## {older}\n", 1)[0]
         assert f"### Upgrading from {older}" in section
+        assert "(UPGRADE.md#" in section.split(f"### Upgrading from {older}", 1)[1].split("\n### ", 1)[0]
+
+
+def test_upgrade_md_has_a_checklist_before_during_and_after_for_each_upgrade():
+    """UPGRADE.md holds one section for each upgrade the CHANGELOG lists, newest first, the one to
+    the release under way included; each starts with its checklist, in the order an operator
+    works: before the upgrade, during it, after it."""
+    listed = releases()
+    wanted = list(zip(listed, listed[1:], strict=False))
+    if DEVELOPMENT.fullmatch(__version__):
+        wanted.insert(0, (__version__.split(".dev")[0], listed[0]))
+    text = UPGRADE.read_text()
+    found = re.findall(r"^## (\S+?)(?: \(unreleased\))?, from (\S+)$", text, re.MULTILINE)
+    assert found == wanted
+    for newer, older in wanted:
+        section = re.split(rf"^## {re.escape(newer)}(?: \(unreleased\))?, from {re.escape(older)}$", text,
+                           flags=re.MULTILINE)[1].split("\n## ", 1)[0]
+        assert section.lstrip().startswith("### Checklist\n")
+        checklist = section.split("### Checklist\n", 1)[1].split("\n### ", 1)[0]
+        steps = [checklist.find(when) for when in ("Before the upgrade:", "During the upgrade:", "After the upgrade:")]
+        assert -1 not in steps and steps == sorted(steps), (newer, steps)
 
 
 def test_one_version_in_the_package_its_metadata_and_the_changelogs_newest_release():

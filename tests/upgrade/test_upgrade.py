@@ -591,7 +591,7 @@ def test_a_family_keeps_this_releases_fields_through_the_previous_releases_rotat
     derived one (a presentation of the token it rotated out is decided by the grace rules, and
     the family lives on). A code exchanged here and presented again there, within the grace and
     while its pair is unused, is exchanged again by the previous release: its own rule, as
-    CHANGELOG.md says (the first pair dies)."""
+    UPGRADE.md says (the first pair dies)."""
     deployment = Deployment(primary, oldest, tmp_path_factory)
     try:
         old, new = deployment.start("previous"), deployment.start("current")
