@@ -285,7 +285,7 @@ def test_one_grace_period_everywhere():
     docs' snippet gets the time deploy/ gives the drain."""
     grace = kubernetes()["Deployment"]["spec"]["template"]["spec"]["terminationGracePeriodSeconds"]
     assert int(unit()["Service"]["TimeoutStopSec"]) == grace
-    shown = [(path.name, int(value)) for path in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")),
+    shown = [(path.name, int(value)) for path in [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md")),
                                                   *sorted(p for p in DEPLOY.rglob("*") if p.is_file())]
              for value in re.findall(r"terminationGracePeriodSeconds:\s*(\d+)", path.read_text())]
     assert shown and all(value == grace for _, value in shown), shown

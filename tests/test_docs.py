@@ -1,5 +1,5 @@
-"""What the operator's pages say, held to the service: docs/operations.md's alert rules,
-docs/not.md's list of what tokensvc does not do, and docs/administration.md's ownership of a
+"""What the operator's pages say, held to the service: docs/guide/operations.md's alert rules,
+docs/not.md's list of what tokensvc does not do, and docs/guide/administration.md's ownership of a
 file's installations."""
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ NUMBERS = {"one": 1, "two": 2, "three": 3, "four": 4, "five": 5, "six": 6, "seve
 async def test_the_alert_rules_are_as_many_as_the_page_says_and_watch_metrics_the_service_has(http_client,
                                                                                                  base_url):
     """The page said "Three alert rules" over four."""
-    page = (DOCS / "operations.md").read_text()
+    page = (DOCS / "guide" / "operations.md").read_text()
     said, block = re.search(r"\n(\w+) alert rules worth having:\n\n```yaml\n(.*?)```", page, re.S).groups()
     rules = yaml.safe_load(block)["groups"][0]["rules"]
     assert NUMBERS[said.lower()] == len(rules), (said, [rule["alert"] for rule in rules])
@@ -53,9 +53,9 @@ async def test_what_tokensvc_is_not_holds_refresh_a_second_factor_and_tls(http_c
 
 
 def test_the_operators_of_a_files_installation_are_users_of_the_file():
-    """docs/administration.md: a name in an installation's ``operators`` must be a [[users]]
+    """docs/guide/administration.md: a name in an installation's ``operators`` must be a [[users]]
     entry of the same file, whoever else the store holds."""
-    page = (DOCS / "administration.md").read_text()
+    page = (DOCS / "guide" / "administration.md").read_text()
     assert "**The operators of a file's installation are users of the file.**" in page
     installation = {"installation_id": "dome", "name": "Dome", "kind": "observatory", "operators": ["erin"]}
     with pytest.raises(config.ConfigError) as refused:
