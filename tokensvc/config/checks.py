@@ -339,7 +339,7 @@ def warnings(settings: Settings) -> list[str]:
         found.append(f"xheaders: false while base_url is https and the service listens on {where}: a proxy on "
                      "this host serves it, and every client then has the proxy's address, so one client's failed "
                      'sign-ins lock every client out; set xheaders = true, server.unix_socket and '
-                     'proxy.trusted_networks = ["unix"] (docs/reference/configuration.md, Behind a reverse proxy)')
+                     'proxy.trusted_networks = ["unix"] (docs/guide/deployment.md, Behind a reverse proxy)')
     for key, url in urls.items():
         host = urlsplit(url).hostname or ""
         if url.startswith("http://") and not is_loopback(host):
