@@ -78,7 +78,7 @@ bench: $(VENV)/.installed-test
 	$(BIN)/python bench/production.py
 	$(BIN)/python bench/run.py --rounds 3
 
-# The store chaos run (docs/operations.md), on the wire tier's stand-in for a replica set:
+# The store chaos run (docs/guide/operations.md), on the wire tier's stand-in for a replica set:
 # make chaos CHAOS="--seconds 60 --seed 7".
 chaos: $(VENV)/.installed-test
 	$(BIN)/python bench/chaos.py $(CHAOS)

@@ -107,7 +107,7 @@ def make_config(**overrides: Any) -> config_module.Settings:
 def handed_over(config: config_module.Settings) -> config_module.Settings:
     """``config`` without its ``[[clients]]``, ``[[users]]`` and ``[[installations]]``: the
     settings of a service whose store holds what ``config`` seeded but whose file names none of
-    it any more, so that the entries are the admin API's to change (docs/administration.md,
+    it any more, so that the entries are the admin API's to change (docs/guide/administration.md,
     "Who owns an entry"). The tests of what the admin API does to an entry use it; a file's own
     entries are refused (tests/test_ownership.py). The store marks what a file wrote until a
     start whose file names it no more: :func:`hand_over` is that start."""

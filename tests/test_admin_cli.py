@@ -388,7 +388,7 @@ client_secret_sha256 = "{digest}"
 
 def test_a_service_account_signs_in_once_then_automation_runs_without_anyone(service, credentials, tmp_path,
                                                                               monkeypatch):
-    """docs/administration.md's recipe, step by step: the account made by apply, one sign-in
+    """docs/guide/administration.md's recipe, step by step: the account made by apply, one sign-in
     that keeps the refresh token in a file, unattended runs that rotate it, the client secret
     rotated, the password retired, then the account revoked."""
     secret = "ci-client-secret-0123456789abcdef"

@@ -61,7 +61,7 @@ def test_mongodb_example_config_is_valid():
     path = Path(__file__).resolve().parent.parent / "config" / "tokensvc.mongodb.toml"
     settings = config_module.load(path, environ={"TOKENSVC_COOKIE_SECRET": "s" * 32})
     assert settings.storage.backend == "mongodb" and not settings.demo
-    # The grace it sets is the documented formula's for its budget (docs/operations.md, item 4).
+    # The grace it sets is the documented formula's for its budget (docs/guide/operations.md, item 4).
     assert settings.tokens.refresh_grace_seconds == config_module.mongodb_grace_seconds(settings.storage.timeout_ms)
     with pytest.raises(ConfigError, match="cookie_secret"):
         config_module.load(path, environ={})

@@ -261,7 +261,7 @@ async def test_the_successor_key_rotates(seeded, clock):
 
 async def test_the_successor_key_rotates_with_the_cookie_secret(seeded, clock):
     """Without successor_keys, each key of cookie_secret gives one: the rotation of
-    docs/operations.md rotates them too, and a pair derived before it is recomputed during it."""
+    docs/guide/operations.md rotates them too, and a pair derived before it is recomputed during it."""
     old, new = "the-old-cookie-secret-0123456789", "the-new-cookie-secret-0123456789"
     before, during, after = (context(seeded, clock, grace=30, cookie_secret=keys)
                              for keys in ([old], [new, old], [new]))

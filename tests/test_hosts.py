@@ -18,7 +18,7 @@ from tokensvc.storage.memory import MemoryStore
 
 pytestmark = pytest.mark.gen_test
 
-# A production deployment's public URL, as deploy/tokensvc.toml and docs/quickstart.md give it.
+# A production deployment's public URL, as deploy/tokensvc.toml and docs/guide/quickstart.md give it.
 PUBLIC = make_config(base_url="https://auth.example.org", auth_url="https://auth.example.org",
                      server={"allowed_hosts": ["tokensvc", "tokensvc.web.svc.cluster.local", "10.9.0.4"]})
 

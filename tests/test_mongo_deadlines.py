@@ -1,6 +1,6 @@
 """How the MongoDB store bounds the driver's calls: it waits for each at most its budget and
 never cancels one. A cancellation delivered while the driver waits on its topology's condition
-(server selection) can leave the driver's lock held by no one on Python 3.11 (docs/operations.md,
+(server selection) can leave the driver's lock held by no one on Python 3.11 (docs/guide/operations.md,
 "A store that cannot be reached"): every later server selection, the driver's own monitor and
 its close then wait forever. The real driver here, against a port where nothing listens."""
 
@@ -130,7 +130,7 @@ async def test_the_drivers_condition_wait_leaves_its_lock_held_by_no_one_when_ca
     the lock, the inner task queues to take it back; a cancellation of the waiting task then
     makes ``wait_for`` return at once, the waiter's ``async with lock`` releases a lock it does
     not hold (``RuntimeError: Lock is not acquired``), and the inner task takes the lock later
-    and ends holding it. When this test fails, the driver is fixed: see docs/operations.md."""
+    and ends holding it. When this test fails, the driver is fixed: see docs/guide/operations.md."""
     from pymongo.lock import _async_cond_wait, _async_create_condition, _async_create_lock
 
     lock = _async_create_lock()

@@ -1,4 +1,4 @@
-"""Who owns an entry (docs/administration.md): the configuration file's ``[[clients]]``,
+"""Who owns an entry (docs/guide/administration.md): the configuration file's ``[[clients]]``,
 ``[[users]]`` and ``[[installations]]`` (and the command line's client) are the file's, written
 again at every start, so the operations refuse to change or remove them (409, naming the file)
 on every path: the admin API, the command line on a store, ``apply``'s plan. Every other entry

@@ -188,7 +188,7 @@ def signed_with(secret: str, cookie: str) -> bool:
 
 @pytest.mark.gen_test
 async def test_a_new_cookie_secret_signs_while_the_old_one_still_verifies(http_client, serve_with):
-    """The rotation of docs/operations.md: sessions and forms of the old key work on instances
+    """The rotation of docs/guide/operations.md: sessions and forms of the old key work on instances
     that list both keys; new sessions are signed with the new key; once the old key is dropped,
     what it signed is refused (signed out, a form shown again), and what the new one signed works."""
     before, both, after = serve_with([OLD]), serve_with([NEW, OLD]), serve_with([NEW])

@@ -160,7 +160,7 @@ async def seed(store: Store, config: Settings) -> None:
         await store.put_installation(said_if_changed(existing_installation, installation))
     # What the file writes at every start is marked as the file's in the store, and the mark of
     # what it no longer names is cleared: every writer refuses a marked entry, whatever file it
-    # was given (docs/administration.md, "Who owns an entry").
+    # was given (docs/guide/administration.md, "Who owns an entry").
     owner = config.config_file or FILE_OWNER
     clients_owned = {seed_client.client_id: owner for seed_client in config.clients}
     if config.admin.cli_client:
@@ -187,7 +187,7 @@ def said_if_changed(existing: Entry | None, entry: Entry) -> Entry:
     """``entry``, as the file has it; when the store held it otherwise, a line says which fields
     the file writes over (never a value: a secret's or a password's hash among them). The admin
     API changes no entry of the file, so this is the file edited, or an entry of the admin API's
-    named by the file, which is the file's from now on (docs/administration.md)."""
+    named by the file, which is the file's from now on (docs/guide/administration.md)."""
     if existing is not None:
         changed = [name for name in SAID[type(entry)] if getattr(existing, name) != getattr(entry, name)]
         if changed:
@@ -207,7 +207,7 @@ async def said_if_taken(store: Store, kind: str, owner: str, owned: Mapping[str,
     """Warn of each entry another configuration file wrote at every start, which this start's
     file now writes, or no longer names (so that it is the admin API's from now on): instances
     of one store that start with different files take entries from each other at every start,
-    and a change one refuses another makes (docs/administration.md, "Who owns an entry")."""
+    and a change one refuses another makes (docs/guide/administration.md, "Who owns an entry")."""
     for key, was in sorted(taken.items()):
         if was in (owner, CLI_CLIENT_OWNER):
             continue  # this file's own hand-over, or the setting's client

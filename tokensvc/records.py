@@ -38,7 +38,7 @@ READER_FIELDS = ("secret_hash", "kind", "first_party", "resources")
 
 
 # OWNER: who writes a client, a user or an installation at every start of every process
-# (docs/administration.md, "Who owns an entry"), in its record's ``owner``: the path of the
+# (docs/guide/administration.md, "Who owns an entry"), in its record's ``owner``: the path of the
 # configuration file that names it, FILE_OWNER when the settings came without a path, or
 # CLI_CLIENT_OWNER for the command line's client. Marked by start-up seeding alone, which clears
 # it once the file no longer names the entry, and kept by every other write; every writer

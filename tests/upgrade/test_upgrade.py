@@ -90,7 +90,7 @@ class Deployment:
     def operators_config(self) -> str:
         """That config without its [[clients]], [[users]] and [[installations]]: an operator's
         command changes only entries no configuration file of this release names
-        (docs/administration.md, "Who owns an entry"): one that the store marks as a file's, which
+        (docs/guide/administration.md, "Who owns an entry"): one that the store marks as a file's, which
         this release's file names, is refused whatever file the command is given. The previous
         release seeds from its own file whatever that names, and knows no owner."""
         text = Path(self.config()).read_text()

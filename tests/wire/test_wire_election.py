@@ -2,7 +2,7 @@
 interrupted, the next ones refused as not primary) and, after a scripted delay, another member
 is elected with a new term. A write in flight lands once on the new primary, and a client of
 the HTTP service sees the failover as latency, not errors: the measured figures of
-docs/operations.md ("Failover") come from :func:`test_an_election_costs_latency_not_errors`.
+docs/guide/operations.md ("Failover") come from :func:`test_an_election_costs_latency_not_errors`.
 A primary that crashes instead (it answers nothing, closes nothing) costs the single-document
 writes sent to it before the election their budget, while reads are abandoned at the election
 and run again: the figures for a crash come from
@@ -118,7 +118,7 @@ async def test_reads_waiting_on_a_crashed_primary_run_again_on_the_new_one(wire_
 async def test_a_single_document_write_waiting_on_a_crashed_primary_is_not_run_again(wire_store, primary):
     """A single-document write in flight on a primary that crashes may have applied there: it is
     not abandoned (only the driver's own retry, with its txnNumber, may run it again), so it
-    waits its budget and is a StorageError (503): what docs/operations.md says a crash costs."""
+    waits its budget and is a StorageError (503): what docs/guide/operations.md says a crash costs."""
     now = utcnow()
     await wire_store.add_code(AuthorizationCode("c1", "webapp", "https://a/cb", ["read"], "u_alice", None, "x" * 43,
                                                 "S256", now + timedelta(minutes=5)))
@@ -292,7 +292,7 @@ async def test_a_crashed_primary_costs_the_writes_it_holds_their_budget_and_no_m
     election, gets no answer: reads are abandoned at the election and run again on the new
     primary; a single-document write (an exchange's, a rotation's, a revocation's) waits its
     whole budget and is a 503 with Retry-After (never a 500). Every request that starts once the
-    new primary is known is answered. The figures of docs/operations.md ("Failover", a crash)
+    new primary is known is answered. The figures of docs/guide/operations.md ("Failover", a crash)
     come from here."""
     traffic, crashed, known = await through(browser, base_url,
                                             lambda: primary.crash(elect=1, after=ELECTION_SECONDS))

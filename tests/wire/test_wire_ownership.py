@@ -1,4 +1,4 @@
-"""One source of truth for clients and users (docs/administration.md, "Who owns an entry"):
+"""One source of truth for clients and users (docs/guide/administration.md, "Who owns an entry"):
 the entries the configuration file names are the file's, and the admin API refuses to change
 them (409, naming the file); every other entry is the admin API's, and no start-up writes it.
 So no restart, of one worker, of an instance, or of all of them, brings back anything an admin

@@ -1,4 +1,4 @@
-"""docs/quickstart.md runs as written, steps 1 to 4: its secrets and configuration pass
+"""docs/guide/quickstart.md runs as written, steps 1 to 4: its secrets and configuration pass
 ``config check --strict``; on an empty store (the wire tier's replica set, its URI in place of
 the page's) the first administrator is made, the service started with the page's command, and
 the administrator signs in through the admin API and finds themselves there; the probes and a
@@ -32,7 +32,7 @@ from terminal import run_in_terminal
 pytestmark = pytest.mark.e2e
 
 ROOT = Path(__file__).resolve().parent.parent.parent
-PAGE = ROOT / "docs" / "quickstart.md"
+PAGE = ROOT / "docs" / "guide" / "quickstart.md"
 ROOT_PASSWORD = "saffron-lighthouse-meridian"
 
 

@@ -1,5 +1,5 @@
 """Every hot query carries its collection's shard key, checked on the filters a three-member
-replica set receives (docs/operations.md, Beyond one replica set).
+replica set receives (docs/guide/operations.md, Beyond one replica set).
 
 A sharded deployment sends a query that names its collection's shard key to the one shard that
 holds it; one that does not goes to every shard. Each hot request of the round-trip table
@@ -30,7 +30,7 @@ from tokensvc.records import User
 
 pytestmark = pytest.mark.gen_test(timeout=120)
 
-# The shard key of each collection a hot request reads or writes (docs/operations.md). The
+# The shard key of each collection a hot request reads or writes (docs/guide/operations.md). The
 # registry's collections (clients, removals, previous_secrets) stay unsharded in the plan: a few
 # hundred documents, each read by its key, which is checked here all the same.
 SHARD_KEYS = {

@@ -10,7 +10,7 @@ the request, so only the exchange that carries the code the page showed gets the
 (``oauth/confirmation.py``). What is typed is asked again while it cannot be a code, and, once
 the service says it is not the page's, up to the code's three presentations.
 
-Automation follows the spec's recipe instead (a service account, docs/administration.md): a
+Automation follows the spec's recipe instead (a service account, docs/guide/administration.md): a
 first-party client of its own, confidential, and a user; one ``tokensvc login
 --token-client-id ID --callback-port PORT --refresh-token FILE`` (``TOKENSVC_ADMIN_CLIENT_SECRET``
 in the environment; PORT the one of the client's loopback redirect URI) signs in as that user

@@ -1,5 +1,5 @@
 """``tokensvc storage status|migrate|finalize``: the MongoDB store's format, as an upgrade
-needs it (docs/operations.md, Upgrading; the work itself is ``tokensvc/storage/mongo/upgrade.py``).
+needs it (docs/guide/operations.md, Upgrading; the work itself is ``tokensvc/storage/mongo/upgrade.py``).
 
 They talk to the store of ``--config`` directly, beside the running service (which they never
 stop). Progress goes to stderr, one line per batch; the result to stdout (``--json``: one JSON
@@ -196,7 +196,7 @@ async def storage_finalize(store: Any, args: argparse.Namespace) -> int:
 
 def add_commands(commands: argparse._SubParsersAction, factory: StoreFactory | None) -> None:
     group = commands.add_parser("storage", help="the MongoDB store's format: status, migrate, finalize",
-                                description="The MongoDB store's format, for upgrades (docs/operations.md, "
+                                description="The MongoDB store's format, for upgrades (docs/guide/operations.md, "
                                             "Upgrading). The memory backend has none.")
     subs = group.add_subparsers(dest="subcommand", required=True, metavar="SUBCOMMAND")
     for name, help_text, action in (

@@ -314,7 +314,7 @@ def warnings(settings: Settings) -> list[str]:
                 "not for production"]
     found = [f"cookie_secret[{index}]: {len(key)} characters, shorter than a key that signs: it verifies what "
              "0.10.0 signed and signs nothing; drop it once tokens.session_ttl has passed since the upgrade "
-             "(docs/operations.md, Rotating the cookie secret)"
+             "(docs/guide/operations.md, Rotating the cookie secret)"
              for index, key in enumerate(settings.cookie_secrets) if verify_only(index, key)]
     storage = settings.storage
     if storage.backend == "memory":
@@ -324,12 +324,12 @@ def warnings(settings: Settings) -> list[str]:
         hosts, options = mongodb_hosts(storage.mongodb_uri)
         if hosts and all(is_loopback(host) for host in hosts):
             found.append(f"storage.mongodb_uri: names this machine alone ({', '.join(hosts)}); a production store is "
-                         "a replica set of three members on hosts of their own (docs/operations.md, Production "
+                         "a replica set of three members on hosts of their own (docs/guide/operations.md, Production "
                          "checklist)")
         if options.get("directconnection", "").lower() == "true":
             found.append("storage.mongodb_uri: directConnection=true: the driver talks to that one member and "
                          "follows no election; name the replica set's members and replicaSet= instead "
-                         "(docs/operations.md, Production checklist)")
+                         "(docs/guide/operations.md, Production checklist)")
     urls = {"base_url": settings.base_url, **({"auth_url": settings.auth_url}
                                               if settings.auth_url != settings.base_url else {})}
     behind_proxy = settings.server.unix_socket or is_loopback(settings.host)
@@ -339,7 +339,7 @@ def warnings(settings: Settings) -> list[str]:
         found.append(f"xheaders: false while base_url is https and the service listens on {where}: a proxy on "
                      "this host serves it, and every client then has the proxy's address, so one client's failed "
                      'sign-ins lock every client out; set xheaders = true, server.unix_socket and '
-                     'proxy.trusted_networks = ["unix"] (docs/configuration.md, Behind a reverse proxy)')
+                     'proxy.trusted_networks = ["unix"] (docs/guide/deployment.md, Behind a reverse proxy)')
     for key, url in urls.items():
         host = urlsplit(url).hostname or ""
         if url.startswith("http://") and not is_loopback(host):

@@ -37,7 +37,7 @@ def wildcard_of(host: str) -> str | None:
 def mongodb_grace_seconds(timeout_ms: int) -> int:
     """The grace period that covers a client's honest retry on MongoDB: its first attempt may
     take the whole operation budget before answering 503, the client waits the Retry-After,
-    and its retry may take the budget again before it reaches the store (docs/operations.md)."""
+    and its retry may take the budget again before it reaches the store (docs/guide/operations.md)."""
     return 2 * math.ceil(timeout_ms / 1000) + STORE_RETRY_AFTER_SECONDS
 
 

@@ -63,11 +63,11 @@ class StorageSettings:
     database: str = "tokensvc"
     # The driver's timeoutMS: one budget for a whole operation (server selection, pool wait,
     # the retry of a write). Longer than a replica set's primary election (10-12 s), so that
-    # a write interrupted by a failover lands on the new primary (docs/operations.md).
+    # a write interrupted by a failover lands on the new primary (docs/guide/operations.md).
     timeout_ms: int = 15000
     max_pool_size: int = 100
     # How often a serving process renews its entry among the running processes and reads the
-    # store's format again: a finalize reaches every process within it (docs/operations.md).
+    # store's format again: a finalize reaches every process within it (docs/guide/operations.md).
     heartbeat_seconds: int = 10
 
 
@@ -164,7 +164,7 @@ class LimitSettings:
 @dataclass(frozen=True, slots=True, kw_only=True)
 class FeedSettings:
     # The revocation feed's readers (GET /oauth/revocations): refused before the upgrade past
-    # either count, so that a fan-out stays short for everyone (docs/configuration.md).
+    # either count, so that a fan-out stays short for everyone (docs/reference/configuration.md).
     # The defaults are the feed's own (oauth.feed.ReaderCaps): the settings import nothing of the protocol.
     max_readers: int = 1000  # open in this process
     max_readers_per_client: int = 100  # of one client, in this process

@@ -20,7 +20,7 @@ class MetadataHandler(JsonHandler):
 
 class HealthHandler(JsonHandler):
     """``GET /healthz``: the process answers, and says which release it runs (a rolling
-    upgrade is watched by it: docs/operations.md, Upgrading)."""
+    upgrade is watched by it: docs/guide/operations.md, Upgrading)."""
 
     async def get(self) -> None:
         self.send_json({"status": "ok", "version": __version__})

@@ -84,7 +84,7 @@ class Metrics:
         self.websockets_open = Gauge("tokensvc_websockets_open", "Open WebSocket connections",
                                      registry=registry, multiprocess_mode="livesum")
         # The revocation feed's readers (GET /oauth/revocations): how many, what they were sent,
-        # how they came back, and who was refused or closed, and why (docs/operations.md).
+        # how they came back, and who was refused or closed, and why (docs/reference/metrics.md).
         self.feed_readers = Gauge("tokensvc_feed_readers", "Open revocation feed readers", registry=registry,
                                   multiprocess_mode="livesum")
         self.feed_messages = counter("tokensvc_feed_messages_sent_total",

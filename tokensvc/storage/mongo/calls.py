@@ -5,7 +5,7 @@ A cancellation delivered inside the driver can leave it broken. PyMongo's asynci
 on its conditions (server selection, a connection from the pool) with ``asyncio.wait_for``,
 which on Python 3.11 runs the wait in a task of its own: a task cancelled while that inner task
 takes the lock back leaves the lock released by the wrong task, or held by no one for good
-(docs/operations.md: every later server selection, the driver's monitor and its close wait
+(docs/guide/operations.md: every later server selection, the driver's monitor and its close wait
 forever). So nothing the store does cancels a call: not its budget, not an election that
 abandons a read, not the caller going away (``/readyz``'s short wait, a stop cancelling the
 relay). The store stops waiting instead, and the call ends by the driver's own deadlines
