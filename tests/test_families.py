@@ -610,13 +610,15 @@ async def test_the_successor_needs_the_salt_the_store_holds(seeded, clock):
         salts.append(family.salt)
     assert len(set(salts)) == 4 and all(len(salt) == 22 for salt in salts)
     secret = stolen.refresh_token.partition(".")[0]
-    # What the window does: the previous token, the serial and the stored salt give the pair.
+    # What the window does: the previous token, the serial and the stored salt give the pair
+    # (the access token's random part, its routing part enciphered under the same key).
     access, tail = successors.derive(key, presented[-1], family.serial, family.salt)
-    assert (access, f"{secret}.{tail}") == (current.access_token, current.refresh_token)
+    assert (access + tokens.route(key, family.family_id, access), f"{secret}.{tail}") == (
+        current.access_token, current.refresh_token)
     # Whoever has the key and the first token, but not the store's record, computes nothing.
     for salt in salts[:-1]:
         access, _ = successors.derive(key, presented[-1], family.serial, salt)
-        assert access != current.access_token
+        assert access != current.access_token[:43]
     token = stolen.refresh_token
     for serial in range(1, len(salts)):
         access, tail = successors.derive(key, token, serial, salts[-1])

@@ -425,10 +425,14 @@ async def _in_force(ctx: OAuthContext, client: Client, subject: Subject, held: l
 # -- minting ----------------------------------------------------------------------------
 
 def _mint(ctx: OAuthContext, secret: str, granted: list[str], subject: Subject, now: datetime,
-          **derivation: Any) -> tokens.Minted:
+          routing_key: bytes | None = None, **derivation: Any) -> tokens.Minted:
+    """A pair whose access token's routing part is enciphered under ``routing_key``: a derived
+    pair's under the key that derived it, so that recomputing it gives the same token; a random
+    pair's under the first key."""
     settings = ctx.tokens
     refresh_ttl = settings.installation_refresh_ttl if subject.installation_id is not None else settings.refresh_ttl
-    return tokens.mint(secret, granted, now, settings.access_ttl, refresh_ttl, **derivation)
+    return tokens.mint(secret, granted, now, settings.access_ttl, refresh_ttl,
+                       routing_key=routing_key or ctx.successors.deriving[1], **derivation)
 
 
 def _successor(ctx: OAuthContext, family: Family, presented: str, granted: list[str], now: datetime,
@@ -445,7 +449,7 @@ def _derived(ctx: OAuthContext, family: Family, presented: str, granted: list[st
              key: bytes, serial: int, salt: str) -> tokens.Minted:
     """The successor of ``presented`` numbered ``serial``, derived with the key ``key_id`` and
     ``salt``."""
-    return _mint(ctx, presented.partition(tokens.SEPARATOR)[0], granted, family.subject, now,
+    return _mint(ctx, presented.partition(tokens.SEPARATOR)[0], granted, family.subject, now, key,
                  derived=successors.derive(key, presented, serial, salt), serial=serial, key_id=key_id, salt=salt)
 
 
