@@ -28,6 +28,7 @@ only the code (in a browser's history, a log, a Referer) cannot compute it, so c
 from __future__ import annotations
 
 import base64
+import binascii
 import hashlib
 import hmac
 import re
@@ -45,6 +46,7 @@ ROUTED_LENGTH = 2 * hashing.SECRET_LENGTH  # an access token with its routing pa
 _ROUTED = re.compile(r"[A-Za-z0-9_-]{86}")
 _ROUTE = b"tokensvc route\x00"
 _FAMILY_ID_BYTES = 32  # a family's id is a SHA-256 hex digest
+_FROM_URLSAFE = bytes.maketrans(b"-_", b"+/")
 
 
 def family_secret(code: str, verifier: str) -> str:
@@ -67,7 +69,7 @@ def parse_refresh(token: str) -> tuple[str, str] | None:
 
 def _pad(key: bytes, random_part: str) -> int:
     """The one-time pad of a token's routing part: an HMAC of its random part under ``key``."""
-    return int.from_bytes(hmac.new(key, _ROUTE + random_part.encode("ascii"), hashlib.sha256).digest())
+    return int.from_bytes(hmac.digest(key, _ROUTE + random_part.encode("ascii"), "sha256"))
 
 
 def route(key: bytes, family_id: str, random_part: str) -> str:
@@ -84,8 +86,9 @@ def routes(keys: Iterable[bytes], token: str) -> tuple[str, ...]:
     if len(token) != ROUTED_LENGTH or not _ROUTED.fullmatch(token):
         return ()
     random_part, routing = token[:hashing.SECRET_LENGTH], token[hashing.SECRET_LENGTH:]
-    enciphered = int.from_bytes(base64.urlsafe_b64decode(routing + "="))
-    return tuple(dict.fromkeys(format(enciphered ^ _pad(key, random_part), "064x") for key in keys))
+    enciphered = int.from_bytes(binascii.a2b_base64(routing.encode("ascii").translate(_FROM_URLSAFE) + b"="))
+    found = tuple(format(enciphered ^ _pad(key, random_part), "064x") for key in keys)
+    return found if len(found) == 1 else tuple(dict.fromkeys(found))
 
 
 def is_refresh_format(token: str) -> bool:
