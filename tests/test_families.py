@@ -203,6 +203,31 @@ async def test_concurrent_refreshes_of_one_token_all_get_the_same_pair(seeded, c
     assert (await refresh(contexts[-1], results[0].refresh_token)).access_token
 
 
+async def test_a_successor_has_a_routing_part_only_once_no_previous_release_may_serve(seeded, clock, monkeypatch):
+    """While a release that recomputes successors without a routing part may serve (the store
+    binds no audience yet), a rotation's access token has none, and a presentation within the
+    window recomputes it so; once none may, it has one. An exchange's has one either way."""
+    ctx = context(seeded, clock)
+    monkeypatch.setattr(type(seeded), "binds_audiences", lambda self: _returning(False))
+    first = await exchange(ctx, await code_for(ctx))
+    assert len(first.access_token) == 86
+    mine = await refresh(ctx, first.refresh_token)
+    assert len(mine.access_token) == 43
+    again = await refresh(ctx, first.refresh_token)  # within the window: the pair already issued
+    assert (again.access_token, again.refresh_token) == (mine.access_token, mine.refresh_token)
+    assert await alive(ctx, mine) == [True, True]
+    monkeypatch.undo()
+    clock.advance(60)
+    routed = await refresh(ctx, mine.refresh_token)
+    assert len(routed.access_token) == 86
+    assert (await refresh(ctx, mine.refresh_token)).access_token == routed.access_token
+    assert await alive(ctx, routed) == [True, True]
+
+
+async def _returning(value):
+    return value
+
+
 @pytest.mark.parametrize("grace", [0, 30])
 async def test_presentations_within_the_window_get_the_pair_already_issued(seeded, clock, grace):
     ctx = context(seeded, clock, grace=grace)
