@@ -21,7 +21,12 @@ For each block of requests it takes:
 The figures are medians over ``--rounds`` rounds; the two backends' blocks alternate within a
 round. ``/proc`` counts in clock ticks (10 ms), so a block lasts a second or more.
 
-    python bench/production.py [OPERATION ...] [--rounds 3] [--requests 150]
+    python bench/production.py [OPERATION ...] [--rounds 3] [--requests 150] [--ab TREE]
+
+``--ab TREE`` serves MongoDB a third time, from the ``tokensvc`` of ``TREE`` (an export of
+another commit: ``git archive``), on a replica set of its own, its blocks alternating with the
+others in each round: a change of the MongoDB path is compared inside one run, each block of
+this tree's paired with the other's beside it, and the median of the paired ratios printed.
 """
 
 from __future__ import annotations
@@ -50,6 +55,7 @@ TOKENS = 8  # signed-in tokens in rotation
 IDLE_SECONDS = 3.0
 NOT_A_REQUEST = {"endSessions", "killCursors"}
 REDIRECT = NOWHERE["webapp"]
+OTHER = "mongodb-other"  # the backend --ab serves from another tree
 WEBAPP = ("webapp", WEBAPP_SECRET)
 
 
@@ -148,13 +154,15 @@ def block(backend: Backend, operation: str, count: int) -> tuple[float, float]:
     return spent / count * 1000, max(0.0, sent / count)
 
 
-def start(tmp: Path, name: str) -> Backend:
-    replica_set = ReplicaSet(size=3).start() if name == "mongodb" else None
+def start(tmp: Path, name: str, tree: Path | None = None) -> Backend:
+    """The backend ``name`` served, from this tree's tokensvc or from ``tree``'s."""
+    replica_set = ReplicaSet(size=3).start() if name != "memory" else None
     storage = "" if replica_set is None else (
         f'[storage]\nbackend = "mongodb"\nmongodb_uri = "{replica_set.uri()}"\n')
     folder = tmp / name
     folder.mkdir()
-    backend = Backend(name, start_service(folder, storage).wait_ready(), replica_set)
+    other = {} if tree is None else {"env": {"PYTHONPATH": str(tree)}, "cwd": tree}
+    backend = Backend(name, start_service(folder, storage, **other).wait_ready(), replica_set)
     backend.sign_in()
     backend.tokens = [backend.exchange(backend.code()) for _ in range(TOKENS)]
     for token in backend.tokens:  # each pair's first use recorded: the steady state writes nothing
@@ -168,10 +176,13 @@ def main() -> int:
     parser.add_argument("operations", nargs="*", metavar="OPERATION", help=", ".join(OPERATIONS))
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--requests", type=int, default=150, help="requests per block")
+    parser.add_argument("--ab", type=Path, metavar="TREE", help="MongoDB served from TREE's tokensvc too, paired")
     args = parser.parse_args()
     operations = args.operations or list(OPERATIONS)
     with tempfile.TemporaryDirectory(prefix="tokensvc-production-") as folder:
         backends = [start(Path(folder), name) for name in ("memory", "mongodb")]
+        if args.ab is not None:
+            backends.append(start(Path(folder), OTHER, args.ab.resolve()))
         try:
             for backend in backends:
                 block(backend, "introspect", 50)  # warm-up
@@ -185,6 +196,8 @@ def main() -> int:
                         print(f"{operation} {backend.name}: {measured[0]:.3f} ms, {measured[1]:.2f} commands",
                               file=sys.stderr, flush=True)
             report(operations, figures)
+            if args.ab is not None:
+                paired(operations, figures)
         finally:
             for backend in backends:
                 backend.service.stop()
@@ -200,6 +213,16 @@ def report(operations: list[str], figures: dict[tuple[str, str], list[tuple[floa
         commands = statistics.median(sent for _, sent in figures[(operation, "mongodb")])
         memory = statistics.median(cpu for cpu, _ in figures[(operation, "memory")])
         print(f"{operation:<12} {mongo:>11.3f} {commands:>9.2f} {memory:>10.3f} {mongo / memory:>6.2f}")
+
+
+def paired(operations: list[str], figures: dict[tuple[str, str], list[tuple[float, float]]]) -> None:
+    """This tree's MongoDB CPU a request against the other tree's, block by block in each round."""
+    print(f"{'operation':<12} {'this tree ms':>13} {'other tree ms':>14} {'median of paired ratios':>24}")
+    for operation in operations:
+        mine, other = figures[(operation, "mongodb")], figures[(operation, OTHER)]
+        ratios = [ours / theirs for (ours, _), (theirs, _) in zip(mine, other, strict=True) if theirs > 0]
+        print(f"{operation:<12} {statistics.median(cpu for cpu, _ in mine):>13.3f} "
+              f"{statistics.median(cpu for cpu, _ in other):>14.3f} {statistics.median(ratios):>24.3f}")
 
 
 if __name__ == "__main__":

@@ -203,6 +203,31 @@ async def test_concurrent_refreshes_of_one_token_all_get_the_same_pair(seeded, c
     assert (await refresh(contexts[-1], results[0].refresh_token)).access_token
 
 
+async def test_a_successor_has_a_routing_part_only_once_no_previous_release_may_serve(seeded, clock, monkeypatch):
+    """While a release that recomputes successors without a routing part may serve (the store
+    binds no audience yet), a rotation's access token has none, and a presentation within the
+    window recomputes it so; once none may, it has one. An exchange's has one either way."""
+    ctx = context(seeded, clock)
+    monkeypatch.setattr(type(seeded), "binds_audiences", lambda self: _returning(False))
+    first = await exchange(ctx, await code_for(ctx))
+    assert len(first.access_token) == 86
+    mine = await refresh(ctx, first.refresh_token)
+    assert len(mine.access_token) == 43
+    again = await refresh(ctx, first.refresh_token)  # within the window: the pair already issued
+    assert (again.access_token, again.refresh_token) == (mine.access_token, mine.refresh_token)
+    assert await alive(ctx, mine) == [True, True]
+    monkeypatch.undo()
+    clock.advance(60)
+    routed = await refresh(ctx, mine.refresh_token)
+    assert len(routed.access_token) == 86
+    assert (await refresh(ctx, mine.refresh_token)).access_token == routed.access_token
+    assert await alive(ctx, routed) == [True, True]
+
+
+async def _returning(value):
+    return value
+
+
 @pytest.mark.parametrize("grace", [0, 30])
 async def test_presentations_within_the_window_get_the_pair_already_issued(seeded, clock, grace):
     ctx = context(seeded, clock, grace=grace)
@@ -610,13 +635,15 @@ async def test_the_successor_needs_the_salt_the_store_holds(seeded, clock):
         salts.append(family.salt)
     assert len(set(salts)) == 4 and all(len(salt) == 22 for salt in salts)
     secret = stolen.refresh_token.partition(".")[0]
-    # What the window does: the previous token, the serial and the stored salt give the pair.
+    # What the window does: the previous token, the serial and the stored salt give the pair
+    # (the access token's random part, its routing part enciphered under the same key).
     access, tail = successors.derive(key, presented[-1], family.serial, family.salt)
-    assert (access, f"{secret}.{tail}") == (current.access_token, current.refresh_token)
+    assert (access + tokens.route(key, family.family_id, access), f"{secret}.{tail}") == (
+        current.access_token, current.refresh_token)
     # Whoever has the key and the first token, but not the store's record, computes nothing.
     for salt in salts[:-1]:
         access, _ = successors.derive(key, presented[-1], family.serial, salt)
-        assert access != current.access_token
+        assert access != current.access_token[:43]
     token = stolen.refresh_token
     for serial in range(1, len(salts)):
         access, tail = successors.derive(key, token, serial, salts[-1])

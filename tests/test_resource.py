@@ -406,24 +406,32 @@ async def test_a_check_cancelled_leaves_the_shared_introspection_to_the_others()
 
 
 def test_every_access_token_tokensvc_issues_has_the_form_the_verifier_takes():
-    """The verifier refuses without a round trip whatever is not 43 URL-safe characters: every
-    access token tokensvc mints has that form, random or a rotation's derived successor."""
+    """The verifier refuses without a round trip whatever is not 43 or 86 URL-safe characters:
+    every access token tokensvc mints has that form, random or a rotation's derived successor,
+    with its routing part (86) or of the old shape (43)."""
     import secrets
 
     from tokensvc.oauth import successors, tokens
     from tokensvc.oauth.hashing import ACCESS_TOKEN
 
+    key = secrets.token_bytes(32)
     for _ in range(2000):
         minted = tokens.mint("family-secret-22-chars", ["read"], utcnow(), 60, 60)
-        derived = successors.derive(secrets.token_bytes(32), minted.refresh_token, 1, successors.new_salt())
-        assert all(ACCESS_TOKEN.fullmatch(token) for token in (minted.access_token, *derived))
+        routed = tokens.mint("family-secret-22-chars", ["read"], utcnow(), 60, 60, routing_key=key)
+        derived = successors.derive(key, minted.refresh_token, 1, successors.new_salt())
+        successor = tokens.mint("family-secret-22-chars", ["read"], utcnow(), 60, 60, derived=derived,
+                                routing_key=key)
+        assert len(routed.access_token) == len(successor.access_token) == 86
+        assert all(ACCESS_TOKEN.fullmatch(token) for token in (minted.access_token, *derived, routed.access_token,
+                                                               successor.access_token))
 
 
 @pytest.mark.gen_test(timeout=90)
 async def test_what_cannot_be_a_tokensvc_access_token_is_refused_without_a_round_trip(http_server, base_url):
     verifier = verifier_for(base_url)
     refresh_form = "b" * 22 + "." + "c" * 43
-    for junk in ("a" * 42, "a" * 44, "a" * 513, "a" * 10**6, "a" * 42 + "=", "a" * 42 + "/", "a" * 42 + "é",
+    for junk in ("a" * 42, "a" * 44, "a" * 85, "a" * 87, "a" * 85 + "=",
+                 "a" * 513, "a" * 10**6, "a" * 42 + "=", "a" * 42 + "/", "a" * 42 + "é",
                  "a" * 42 + "\n", refresh_form):
         with pytest.raises(InvalidToken) as info:
             await verifier.check(junk)
@@ -432,6 +440,9 @@ async def test_what_cannot_be_a_tokensvc_access_token_is_refused_without_a_round
     with pytest.raises(InvalidToken):  # the form of one: asked, and not active
         await verifier.check("a" * 43)
     assert verifier.counts.introspections == 1
+    with pytest.raises(InvalidToken):  # a routed one's form: asked too
+        await verifier.check("a" * 86)
+    assert verifier.counts.introspections == 2
 
 
 class Malformed(tornado.web.RequestHandler):

@@ -834,6 +834,31 @@ async def test_a_family_is_found_by_id_and_by_its_access_token_with_its_grant(ba
 
 
 @pytest.mark.gen_test
+async def test_an_access_token_that_names_its_family_is_found_by_the_id_and_the_hash_together(backend_store, now):
+    """A routed access token's lookup names the ids its routing part may stand for (its
+    family's shard key) beside its hash: a family among them holding the hash, as its current
+    access token or the one its last rotation replaced, is found; no other, though it holds
+    the hash. A lookup that names no id finds the token by its hash alone (the old shape)."""
+    store = backend_store
+    grant = await store.save_grant("webapp", ALICE, ["read"], now)
+    stored = family(now, grant_id=grant.grant_id)
+    await store.create_family(stored)
+    await store.create_family(family(now, "f2", grant.grant_id, n=2))
+    assert await store.find_access("a1", ("f1",)) == (stored, grant)
+    assert await store.find_access("a1", ("f0", "f1")) == (stored, grant)
+    assert await store.find_access("a1", ("f2",)) == (None, None)
+    assert await store.find_access("a1", ("nothing",)) == (None, None)
+    assert (await store.access_standing("a1", ("f1",))).family == stored
+    assert (await store.access_standing("a1", ("f2",))).family is None
+    assert (await store.access_standing("a1")).family == stored
+    later = now + timedelta(seconds=5)
+    rotated = await store.rotate_family("f1", "r1", pair(later, 3), later, previous_access=("a1", later))
+    assert (await store.find_access("a1", ("f1",)))[0] == rotated
+    assert (await store.access_standing("a3", ("f1",))).family == rotated
+    assert (await store.access_standing("a1", ("f2",))).family is None
+
+
+@pytest.mark.gen_test
 async def test_a_familys_standing_is_read_with_its_grant_client_and_user(backend_store, now):
     """What a token's use is decided on, read together: the family, its grant, its client
     (none once its removal is recorded) and its user (none for an installation, or once gone)."""

@@ -251,3 +251,93 @@ async def test_unknown_parameters_are_ignored_even_repeated(browser, http_client
     response = await http_client.fetch(base_url + "/oauth/token", method="POST", body=body, raise_error=False,
                                        headers={"Authorization": basic("webapp", WEBAPP_SECRET)})
     assert response.code == 200, response.body
+
+
+# -- the access token's shape: its family's id, enciphered, beside its random part ------------
+
+async def _exchanged(browser, http_client, base_url) -> dict:
+    response = await exchange(http_client, base_url, await browser.code_for("webapp", WEBAPP_REDIRECT))
+    assert response.code == 200, response.body
+    return json_of(response)
+
+
+def _routing_keys(ctx) -> list[bytes]:
+    return [key for _, key in ctx.successors.keys]
+
+
+@pytest.mark.gen_test
+async def test_an_access_token_carries_its_familys_id_enciphered_beside_its_random_part(browser, http_client,
+                                                                                        base_url, store, ctx):
+    """An access token is its random part (43 characters) and a routing part (43 more), RFC
+    6750 b64token characters only: the routing part is its family's id enciphered under a key
+    of the service, so the lookup names the family's shard key. It discloses nothing: neither
+    the family's id (the hash its refresh token is looked up under) nor anything two tokens of
+    one family share; under another key it names some other id."""
+    import base64
+    import re
+
+    body = await _exchanged(browser, http_client, base_url)
+    access = body["access_token"]
+    assert len(access) == 86 and re.fullmatch(r"[A-Za-z0-9_-]+", access)
+    family = await family_of_token(store, access)
+    assert family is not None and family.access_hash == hashing.digest(access)
+    assert tokens.routes(_routing_keys(ctx), access) == (family.family_id,)
+    assert tokens.routes([b"another key" * 3], access) != (family.family_id,)
+    raw = bytes.fromhex(family.family_id)
+    for shown in (family.family_id, base64.urlsafe_b64encode(raw).rstrip(b"=").decode(),
+                  base64.b64encode(raw).rstrip(b"=").decode()):
+        assert shown[:12] not in access
+    renewed = json_of(await post_form(http_client, base_url + "/oauth/token/refresh",
+                                      {"refresh_token": body["refresh_token"]},
+                                      headers={"Authorization": basic("webapp", WEBAPP_SECRET)}))
+    assert len(renewed["access_token"]) == 86 and renewed["access_token"][43:] != access[43:]
+    assert tokens.routes(_routing_keys(ctx), renewed["access_token"]) == (family.family_id,)
+    assert tokens.routes(_routing_keys(ctx), access[:43]) == () and tokens.routes(_routing_keys(ctx), "x" * 86) != ()
+
+
+@pytest.mark.gen_test
+async def test_a_routing_part_naming_another_family_finds_nothing(browser, http_client, base_url, store, ctx):
+    """The routing part names where to look, never what the token is: a token whose routing
+    part is another token's is refused (its hash is no family's), and so is a token whose
+    random part is another's; the genuine ones still work."""
+    first = (await _exchanged(browser, http_client, base_url))["access_token"]
+    second = (await _exchanged(browser, http_client, base_url))["access_token"]
+    auth = {"Authorization": basic("webapp", WEBAPP_SECRET)}
+
+    async def active(token: str) -> bool:
+        response = await post_form(http_client, base_url + "/oauth/token/introspect", {"token": token}, headers=auth)
+        return json_of(response)["active"]
+
+    assert not await active(first[:43] + second[43:]) and not await active(second[:43] + first[43:])
+    assert not await active(first[:43])
+    assert await active(first) and await active(second)
+
+
+@pytest.mark.gen_test
+async def test_an_access_token_of_the_old_shape_works_until_it_expires(browser, http_client, base_url, store,
+                                                                       clock, config):
+    """An access token of the shape 0.10.0 issued (43 characters, no routing part) is found by
+    its hash alone, as before: it works, at introspection and at /v1/me, until it expires."""
+    from dataclasses import replace
+
+    body = await _exchanged(browser, http_client, base_url)
+    issued = await family_of_token(store, body["access_token"])
+    old = tokens.mint("s" * 22, issued.scopes, issued.issued_at, config.tokens.access_ttl, config.tokens.refresh_ttl)
+    assert len(old.access_token) == 43
+    assert await store.create_family(replace(issued, family_id=tokens.family_id("s" * 22),
+                                             access_hash=old.pair.access_hash, refresh_hash=old.pair.refresh_hash))
+    auth = {"Authorization": basic("webapp", WEBAPP_SECRET)}
+    answer = json_of(await post_form(http_client, base_url + "/oauth/token/introspect", {"token": old.access_token},
+                                     headers=auth))
+    assert answer["active"] is True and answer["client_id"] == "webapp"
+    me = await http_client.fetch(base_url + "/v1/me", headers={"Authorization": f"Bearer {old.access_token}"},
+                                 raise_error=False)
+    assert me.code == 200, me.body
+    clock.advance(config.tokens.access_ttl + 1)
+    answer = json_of(await post_form(http_client, base_url + "/oauth/token/introspect", {"token": old.access_token},
+                                     headers=auth))
+    assert answer == {"active": False}
+
+
+async def family_of_token(store, token: str):
+    return (await store.find_access(hashing.digest(token)))[0]

@@ -223,9 +223,13 @@ def each_serves_the_others(old: Service, new: Service, alice: Browser) -> None:
         browser = Browser("bob", "copper-fern-meadow").sign_in(issuer.base)
         assert browser.me(other.base) == 200  # the session cookie
         tokens = exchange(other.base, browser.code(issuer.base))  # a code
-        assert works(issuer.base, tokens) and works(other.base, tokens)  # an access token
+        # An access token: this release's carries its routing part, and the previous release
+        # finds it by its hash as it finds its own; this release finds the previous one's so.
+        assert len(tokens["access_token"]) == (86 if other is new else 43)
+        assert works(issuer.base, tokens) and works(other.base, tokens)
         tokens = refresh(other.base, tokens)
-        assert works(issuer.base, tokens)  # a refresh token
+        # A successor has none while the previous release may serve: both recompute it alike.
+        assert works(issuer.base, tokens) and len(tokens["access_token"]) == 43  # a refresh token
         paired = exchange(other.base, alice.code(issuer.base, "node-agent", "backyard-scope"), "node-agent")
         paired = refresh(other.base, paired)
         assert works(issuer.base, paired)  # installation tokens
@@ -1159,8 +1163,8 @@ def test_tokens_are_bound_to_an_audience_only_once_no_release_that_ignores_it_ma
     everywhere. While it may serve (compatibility 2), this release refuses a request naming
     ``resource`` (``invalid_target``, saying to finalize) and issues what names none as before;
     once finalized (format 3), tokens are bound, a resource server the token is not meant for
-    is told it is not active, tokensvc's own API refuses it, and the previous release refuses
-    to start on the store."""
+    is told it is not active, tokensvc's own API refuses it, a successor's access token carries
+    its routing part, and the previous release refuses to start on the store."""
 
     def authorize(base: str, browser: Browser, *resources: str) -> dict[str, list[str]]:
         query = [("response_type", "code"), ("client_id", "webapp"), ("redirect_uri", NOWHERE["webapp"]),
@@ -1206,6 +1210,10 @@ def test_tokens_are_bound_to_an_audience_only_once_no_release_that_ignores_it_ma
         me = requests.get(new.base + "/v1/me", timeout=30, headers={"Authorization": f"Bearer {bound['access_token']}"})
         assert me.status_code == 401  # tokensvc's own /v1 is not among its audience
         assert works(new.base, refresh(new.base, unbound))  # naming none: as before
+        # A successor's access token carries its routing part once no previous release may serve.
+        renewed = refresh(new.base, bound)
+        assert len(renewed["access_token"]) == 86 and introspected(new.base, renewed, "notes-api",
+                                                                  notes_secret)["active"] is True
 
         refused_start = deployment.start("previous", ready=False)
         refused_start.process.wait(timeout=60)

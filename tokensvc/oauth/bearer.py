@@ -26,7 +26,7 @@ def from_authorization(header: str | None) -> str | None:
     return token or None
 
 
-MAX_TOKEN_LENGTH = 512  # ours are 43 or 66 characters; anything far longer is not worth a digest
+MAX_TOKEN_LENGTH = 512  # ours are 43, 66 or 86 characters; anything far longer is not worth a digest
 
 
 async def in_force(ctx: OAuthContext, token: str | None) -> Authority | None:
@@ -69,7 +69,7 @@ async def _live(ctx: OAuthContext, token: str | None, *, holders: bool) -> tuple
                 await _second_holder(ctx, family, family.expires_at)
             return None, standing
         return _standing(ctx, family, standing.grant, family.refresh()), standing
-    return await _access(ctx, hashing.digest(token), holders=holders)
+    return await _access(ctx, token, holders=holders)
 
 
 async def _authority(ctx: OAuthContext, token: Token, standing: Standing) -> Authority | None:
@@ -92,15 +92,20 @@ async def active_access_token(ctx: OAuthContext, token: str | None) -> Authority
     request, and a token bound to other APIs only (RFC 8707) none here."""
     if not token or len(token) > MAX_TOKEN_LENGTH or tokens.is_refresh_format(token):
         return None
-    found, standing = await _access(ctx, hashing.digest(token), holders=True)
+    found, standing = await _access(ctx, token, holders=True)
     if found is None or not audience.for_tokensvc(ctx, found):
         return None
     return await _authority(ctx, found, standing)
 
 
-async def _access(ctx: OAuthContext, access_hash: str, *, holders: bool) -> tuple[Token | None, Standing]:
-    standing = (await ctx.store.access_standing(access_hash) if holders
-                else Standing(*await ctx.store.find_access(access_hash)))
+async def _access(ctx: OAuthContext, token: str, *, holders: bool) -> tuple[Token | None, Standing]:
+    """The access token's record if it stands, found by its hash and the family ids its routing
+    part names (its family's shard key; none for a token of the old shape, found by its hash
+    alone)."""
+    access_hash = hashing.digest(token)
+    family_ids = tokens.routes(ctx.successors.every, token)
+    standing = (await ctx.store.access_standing(access_hash, family_ids) if holders
+                else Standing(*await ctx.store.find_access(access_hash, family_ids)))
     family, grant = standing.family, standing.grant
     if family is None:
         return None, standing

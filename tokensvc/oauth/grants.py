@@ -241,7 +241,7 @@ async def _redeem(ctx: OAuthContext, client: Client, record: AuthorizationCode, 
     # Of all the presentations, the one whose write lands is the exchange.
     if first or record.expires_at > now:
         held = await _in_force(ctx, client, record.subject, record.scopes, privileges.Holders(client, user))
-        minted = _mint(ctx, secret, held, record.subject, now)
+        minted = _mint(ctx, secret, held, record.subject, now, ctx.successors.deriving[1])
         family = _family(family_id, grant, client, record, minted, now, target)
         if await store.create_family(family):
             _audit("token_issued", "success", client.client_id, record.subject, grant="authorization_code")
@@ -315,7 +315,7 @@ async def _rotate(ctx: OAuthContext, client: Client, family: Family, grant: Gran
     if not family.stands(grant):
         raise InvalidGrant("The authorization was revoked")
     minted = _successor(ctx, family, presented, await _refreshed(ctx, client, family, scope, holders), arrived,
-                        target)
+                        target, await _routed(ctx))
     if await ctx.store.rotate_family(family.family_id, token_hash, minted.pair, arrived,
                                      previous_access=(family.access_hash, family.access_expires_at)) is None:
         return None
@@ -340,7 +340,13 @@ async def _successor_again(ctx: OAuthContext, client: Client, family: Family, gr
     key = ctx.successors.get(family.key_id)
     if key is None or family.salt is None:
         return None
-    again = _derived(ctx, family, presented, family.scopes, arrived, family.key_id, key, family.serial, family.salt)
+    # In the shape the store holds: a successor derived before every process routed (or by the
+    # previous release) has no routing part.
+    again = _derived(ctx, family, presented, family.scopes, arrived, family.key_id, key, family.serial, family.salt,
+                     routed=True)
+    if not hmac.compare_digest(again.pair.access_hash, family.access_hash):
+        again = _derived(ctx, family, presented, family.scopes, arrived, family.key_id, key, family.serial,
+                         family.salt, routed=False)
     if not (hmac.compare_digest(again.pair.refresh_hash, family.refresh_hash)
             and hmac.compare_digest(again.pair.access_hash, family.access_hash)):
         return None
@@ -371,7 +377,7 @@ async def _retry(ctx: OAuthContext, client: Client, family: Family, grant: Grant
     if not family.stands(grant):
         raise InvalidGrant("The authorization was revoked")
     minted = _successor(ctx, family, presented, await _refreshed(ctx, client, family, scope, holders), arrived,
-                        target)
+                        target, await _routed(ctx))
     if await ctx.store.reissue_pair(family.family_id, family.refresh_hash, minted.pair) is None:
         return None
     _audit("token_refreshed", "success", family.client_id, family.subject, retry_within_grace=True)
@@ -425,27 +431,42 @@ async def _in_force(ctx: OAuthContext, client: Client, subject: Subject, held: l
 # -- minting ----------------------------------------------------------------------------
 
 def _mint(ctx: OAuthContext, secret: str, granted: list[str], subject: Subject, now: datetime,
-          **derivation: Any) -> tokens.Minted:
+          routing_key: bytes | None, **derivation: Any) -> tokens.Minted:
+    """A pair whose access token's routing part is enciphered under ``routing_key`` (None: the
+    old shape): a random pair's under the first key, a derived pair's under the key that
+    derived it, so that recomputing it gives the same token."""
     settings = ctx.tokens
     refresh_ttl = settings.installation_refresh_ttl if subject.installation_id is not None else settings.refresh_ttl
-    return tokens.mint(secret, granted, now, settings.access_ttl, refresh_ttl, **derivation)
+    return tokens.mint(secret, granted, now, settings.access_ttl, refresh_ttl, routing_key=routing_key, **derivation)
+
+
+async def _routed(ctx: OAuthContext) -> bool:
+    """Whether a successor's access token carries its routing part: once no process of the
+    previous release may serve from the store (the compatibility version that lets tokens be
+    bound to an audience), since one recomputes a successor without it to answer presentations
+    arriving together at both releases, and would answer them otherwise than this one. A random
+    pair (an exchange's) carries it from the start: the previous release finds it by its hash,
+    and never recomputes it."""
+    return await ctx.store.binds_audiences()
 
 
 def _successor(ctx: OAuthContext, family: Family, presented: str, granted: list[str], now: datetime,
-               target: list[str] | None) -> tokens.Minted:
+               target: list[str] | None, routed: bool) -> tokens.Minted:
     """The pair that replaces the family's current one, derived from the refresh token
     ``presented`` with the first key and a new salt, numbered one past the current pair, meant
-    for ``target`` (the family's audience, or what the refresh narrowed it to)."""
+    for ``target`` (the family's audience, or what the refresh narrowed it to); its access token
+    with its routing part when ``routed``."""
     key_id, key = ctx.successors.deriving
-    minted = _derived(ctx, family, presented, granted, now, key_id, key, family.serial + 1, successors.new_salt())
+    minted = _derived(ctx, family, presented, granted, now, key_id, key, family.serial + 1, successors.new_salt(),
+                      routed=routed)
     return replace(minted, pair=replace(minted.pair, audience=target))
 
 
 def _derived(ctx: OAuthContext, family: Family, presented: str, granted: list[str], now: datetime, key_id: str | None,
-             key: bytes, serial: int, salt: str) -> tokens.Minted:
+             key: bytes, serial: int, salt: str, *, routed: bool) -> tokens.Minted:
     """The successor of ``presented`` numbered ``serial``, derived with the key ``key_id`` and
-    ``salt``."""
-    return _mint(ctx, presented.partition(tokens.SEPARATOR)[0], granted, family.subject, now,
+    ``salt``, its access token's routing part enciphered under that key when ``routed``."""
+    return _mint(ctx, presented.partition(tokens.SEPARATOR)[0], granted, family.subject, now, key if routed else None,
                  derived=successors.derive(key, presented, serial, salt), serial=serial, key_id=key_id, salt=salt)
 
 

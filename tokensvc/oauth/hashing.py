@@ -17,9 +17,11 @@ import secrets
 TOKEN_BYTES = 32  # 256 bits
 SECRET_LENGTH = 43  # the characters of new_secret(): the length of every token and generated secret
 # Every access token tokensvc issues (and every release before issued): new_secret()'s form, which
-# the successor of a rotation (successors.derive) has too. A resource server refuses anything
+# the successor of a rotation (successors.derive) has too, followed by its routing part of as many
+# characters (oauth/tokens.py) or, as 0.10.0 issued it, alone. A resource server refuses anything
 # else without asking (tokensvc.resource): a new form of access token must be taught to it first.
-ACCESS_TOKEN = re.compile(r"[A-Za-z0-9_-]{43}")
+ACCESS_TOKEN = re.compile(r"[A-Za-z0-9_-]{43}(?:[A-Za-z0-9_-]{43})?")
+ACCESS_TOKEN_LENGTHS = (SECRET_LENGTH, 2 * SECRET_LENGTH)
 
 # scrypt cost: about 16 MiB and a few tens of milliseconds per hash on a current core.
 _SCRYPT_N, _SCRYPT_R, _SCRYPT_P = 2**14, 8, 1

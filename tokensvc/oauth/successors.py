@@ -134,6 +134,12 @@ class SuccessorKeys:
         """The (id, key) new pairs are derived with."""
         return self.keys[0]
 
+    @property
+    def every(self) -> tuple[bytes, ...]:
+        """Every key: what an access token's routing part may be enciphered under
+        (:func:`tokensvc.oauth.tokens.routes`)."""
+        return tuple(key for _, key in self.keys)
+
     def get(self, wanted: str | None) -> bytes | None:
         """The key named ``wanted``, or None (not configured here, or no key: a random pair)."""
         return next((key for identifier, key in self.keys if identifier == wanted), None)

@@ -3,7 +3,7 @@ within a second.
 
 A token is introspected once (RFC 7662) and the answer cached; the revocation feed stays open
 beside it and drops the answers each revocation names. What cannot be an access token tokensvc
-issued (every one is 43 URL-safe characters: :data:`~tokensvc.oauth.hashing.ACCESS_TOKEN`) is
+issued (every one is 43 or 86 URL-safe characters: :data:`~tokensvc.oauth.hashing.ACCESS_TOKEN`) is
 not active, refused without a round trip. :class:`Verifier` is the facade over four rooms, each
 of one job:
 
@@ -32,7 +32,7 @@ from collections.abc import Callable
 
 from tornado.websocket import websocket_connect
 
-from tokensvc.oauth.hashing import ACCESS_TOKEN, SECRET_LENGTH
+from tokensvc.oauth.hashing import ACCESS_TOKEN, ACCESS_TOKEN_LENGTHS
 from tokensvc.resource.bearer import Authorized, bearer_token, masked_query, query_token
 from tokensvc.resource.cache import AnswerCache, token_key
 from tokensvc.resource.errors import InvalidToken, Unavailable
@@ -81,7 +81,7 @@ class Verifier:
         if self._closed:  # nothing vouches for a cached answer any more, and nothing may ask
             raise Unavailable("The verifier is closed")
         self.counts.checks += 1
-        if len(token) != SECRET_LENGTH:  # none tokensvc issued (and not worth a digest): no round trip
+        if len(token) not in ACCESS_TOKEN_LENGTHS:  # none tokensvc issued (and not worth a digest): no round trip
             raise InvalidToken(NOT_ACTIVE)
         key = token_key(token)
         entry = self._cache.get(key, self._feed.down_since)

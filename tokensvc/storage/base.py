@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import abc
 import asyncio
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -589,10 +589,14 @@ class Authorizations(abc.ABC):
         """
 
     @abc.abstractmethod
-    async def find_access(self, access_hash: str) -> tuple[Family | None, Grant | None]:
+    async def find_access(self, access_hash: str,
+                          family_ids: Sequence[str] = ()) -> tuple[Family | None, Grant | None]:
         """The family whose current access token has this hash, or whose last rotation replaced
         the access token with this hash (its ``access_hash`` then differs), and its grant, in
-        one round trip: what a revocation finds a token by. A token's use reads it with its
+        one round trip: what a revocation finds a token by. With ``family_ids`` (what an access
+        token's routing part names: oauth/tokens.py), only a family among them: the lookup names
+        the family's shard key beside the hash. Without, the token is found by its hash alone
+        (the old shape, on every shard). A token's use reads it with its
         client and user (:meth:`RegistryAndAuthorizations.access_standing`).
 
         Called by bearer authentication (oauth/bearer.py).
@@ -926,7 +930,7 @@ class RegistryAndAuthorizations(Registry, Authorizations, abc.ABC):
         """
 
     @abc.abstractmethod
-    async def access_standing(self, access_hash: str) -> Standing:
+    async def access_standing(self, access_hash: str, family_ids: Sequence[str] = ()) -> Standing:
         """The family :meth:`find_access` finds, with its grant, client and user as they are
         now (:class:`Standing`), in one round trip: what an access token's use is decided on.
 

@@ -18,7 +18,7 @@ import bisect
 import dataclasses
 import secrets
 from collections import defaultdict
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -370,8 +370,8 @@ class MemoryStore(Store):
     async def family_standing(self, family_id: str) -> Standing:
         return await self._standing(*await self.get_family(family_id))
 
-    async def access_standing(self, access_hash: str) -> Standing:
-        return await self._standing(*await self.find_access(access_hash))
+    async def access_standing(self, access_hash: str, family_ids: Sequence[str] = ()) -> Standing:
+        return await self._standing(*await self.find_access(access_hash, family_ids))
 
     async def _standing(self, family: Family | None, grant: Grant | None) -> Standing:
         if family is None:
@@ -387,8 +387,11 @@ class MemoryStore(Store):
     async def get_family(self, family_id: str) -> tuple[Family | None, Grant | None]:
         return self._with_grant(self._families.get(family_id))
 
-    async def find_access(self, access_hash: str) -> tuple[Family | None, Grant | None]:
+    async def find_access(self, access_hash: str,
+                          family_ids: Sequence[str] = ()) -> tuple[Family | None, Grant | None]:
         family_id = self._access.get(access_hash) or self._previous_access.get(access_hash)
+        if family_ids and family_id not in family_ids:
+            family_id = None
         return self._with_grant(None if family_id is None else self._families.get(family_id))
 
     def _replace_pair(self, family_id: str, row: Row, pair: Pair, **changes: Any) -> Family:

@@ -47,7 +47,9 @@ families                a removed client's (bulk revocation), a      ``client_re
                         narrowed client's live ones
 codes                   by code_hash (get, consume)                  ``_id``; TTL ``expires_at``
 families                by family_id (refresh, rotate, revoke)       ``_id``; TTL ``expires_at``
-families                by the current access token's hash           ``access_hash`` unique
+families                by the current access token's hash, with     ``access_hash`` unique
+                        the id its routing part names (by the hash
+                        alone for a token of 0.10.0's shape)
 families                one per id while both formats are written    ``family_key`` unique,
                         (create: hashes.py, Twins)                   sparse
 families                a grant's live ones (revoke a grant, list)   ``grant_live``

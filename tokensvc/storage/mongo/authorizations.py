@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import inspect
 import secrets
+from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
@@ -260,20 +261,27 @@ class MongoAuthorizations(Authorizations):
         return await self._with_grant(FAMILIES.match(family_id=family_id))
 
     @guarded()
-    async def find_access(self, access_hash: str) -> tuple[Family | None, Grant | None]:
-        return await self._with_grant(self._access_match(access_hash))
+    async def find_access(self, access_hash: str,
+                          family_ids: Sequence[str] = ()) -> tuple[Family | None, Grant | None]:
+        return await self._with_grant(self._access_match(access_hash, family_ids))
 
     @guarded()
     async def family_standing(self, family_id: str) -> Standing:
         return await self._read_standing(FAMILIES.match(family_id=family_id))
 
     @guarded()
-    async def access_standing(self, access_hash: str) -> Standing:
-        return await self._read_standing(self._access_match(access_hash))
+    async def access_standing(self, access_hash: str, family_ids: Sequence[str] = ()) -> Standing:
+        return await self._read_standing(self._access_match(access_hash, family_ids))
 
     @staticmethod
-    def _access_match(access_hash: str) -> dict[str, Any]:
-        return {"$or": [FAMILIES.match(access_hash=access_hash), FAMILIES.match(previous_access_hash=access_hash)]}
+    def _access_match(access_hash: str, family_ids: Sequence[str]) -> dict[str, Any]:
+        """The token's hash, current or replaced, and, for a routed token, the ids it names:
+        the shard key, in either format of a hash."""
+        match: dict[str, Any] = {"$or": [FAMILIES.match(access_hash=access_hash),
+                                         FAMILIES.match(previous_access_hash=access_hash)]}
+        if family_ids:
+            match["_id"] = {"$in": [form for family_id in family_ids for form in hashes.forms(family_id)]}
+        return match
 
     @guarded()
     async def rotate_family(self, family_id: str, refresh_hash: str, pair: Pair, now: datetime, *,

@@ -95,6 +95,11 @@ def unpacked(value: Any) -> Any:
     return value.hex() if isinstance(value, bytes) else value
 
 
+def forms(value: Any) -> list[Any]:
+    """The values the hash ``value`` (hex) may be stored as: packed and hex."""
+    return [bytes.fromhex(value), value] if is_digest(value) else [value]
+
+
 def either(value: Any) -> Any:
     """A filter value that finds the hash ``value`` (hex) stored in either format."""
     return {"$in": [bytes.fromhex(value), value]} if is_digest(value) else value

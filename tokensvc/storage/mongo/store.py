@@ -5,7 +5,7 @@ collections, queries and indexes."""
 from __future__ import annotations
 
 import functools
-from collections.abc import AsyncIterator, Callable, Coroutine, Mapping
+from collections.abc import AsyncIterator, Callable, Coroutine, Mapping, Sequence
 from datetime import datetime
 from typing import Any, TypeVar
 
@@ -436,11 +436,12 @@ class MongoStore(Store):
                           presented: Presentation) -> AuthorizationCode | None:
         return await self.authorizations.redeem_code(code_hash, now, family_id, presented)
 
-    async def access_standing(self, access_hash: str) -> Standing:
-        return await self.authorizations.access_standing(access_hash)
+    async def access_standing(self, access_hash: str, family_ids: Sequence[str] = ()) -> Standing:
+        return await self.authorizations.access_standing(access_hash, family_ids)
 
-    async def find_access(self, access_hash: str) -> tuple[Family | None, Grant | None]:
-        return await self.authorizations.find_access(access_hash)
+    async def find_access(self, access_hash: str,
+                          family_ids: Sequence[str] = ()) -> tuple[Family | None, Grant | None]:
+        return await self.authorizations.find_access(access_hash, family_ids)
 
     async def rotate_family(self, family_id: str, refresh_hash: str, pair: Pair, now: datetime, *,
                             previous_access: tuple[str, datetime] | None = None) -> Family | None:
