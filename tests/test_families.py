@@ -203,14 +203,15 @@ async def test_concurrent_refreshes_of_one_token_all_get_the_same_pair(seeded, c
     assert (await refresh(contexts[-1], results[0].refresh_token)).access_token
 
 
-async def test_a_successor_has_a_routing_part_only_once_no_previous_release_may_serve(seeded, clock, monkeypatch):
-    """While a release that recomputes successors without a routing part may serve (the store
-    binds no audience yet), a rotation's access token has none, and a presentation within the
-    window recomputes it so; once none may, it has one. An exchange's has one either way."""
+async def test_an_access_token_has_a_routing_part_only_once_no_previous_release_may_serve(seeded, clock, monkeypatch):
+    """While a release that recomputes successors without a routing part, and whose resource
+    library refuses the new shape, may serve (the store binds no audience yet), neither an
+    exchange's nor a rotation's access token has one, and a presentation within the window
+    recomputes it so; once none may, both have one."""
     ctx = context(seeded, clock)
     monkeypatch.setattr(type(seeded), "binds_audiences", lambda self: _returning(False))
     first = await exchange(ctx, await code_for(ctx))
-    assert len(first.access_token) == 86
+    assert len(first.access_token) == 43
     mine = await refresh(ctx, first.refresh_token)
     assert len(mine.access_token) == 43
     again = await refresh(ctx, first.refresh_token)  # within the window: the pair already issued
@@ -222,6 +223,7 @@ async def test_a_successor_has_a_routing_part_only_once_no_previous_release_may_
     assert len(routed.access_token) == 86
     assert (await refresh(ctx, mine.refresh_token)).access_token == routed.access_token
     assert await alive(ctx, routed) == [True, True]
+    assert len((await exchange(ctx, await code_for(ctx))).access_token) == 86
 
 
 async def _returning(value):

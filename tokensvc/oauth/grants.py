@@ -241,7 +241,8 @@ async def _redeem(ctx: OAuthContext, client: Client, record: AuthorizationCode, 
     # Of all the presentations, the one whose write lands is the exchange.
     if first or record.expires_at > now:
         held = await _in_force(ctx, client, record.subject, record.scopes, privileges.Holders(client, user))
-        minted = _mint(ctx, secret, held, record.subject, now, ctx.successors.deriving[1])
+        routing_key = ctx.successors.deriving[1] if await _routed(ctx) else None
+        minted = _mint(ctx, secret, held, record.subject, now, routing_key)
         family = _family(family_id, grant, client, record, minted, now, target)
         if await store.create_family(family):
             _audit("token_issued", "success", client.client_id, record.subject, grant="authorization_code")
@@ -441,12 +442,14 @@ def _mint(ctx: OAuthContext, secret: str, granted: list[str], subject: Subject, 
 
 
 async def _routed(ctx: OAuthContext) -> bool:
-    """Whether a successor's access token carries its routing part: once no process of the
-    previous release may serve from the store (the compatibility version that lets tokens be
-    bound to an audience), since one recomputes a successor without it to answer presentations
-    arriving together at both releases, and would answer them otherwise than this one. A random
-    pair (an exchange's) carries it from the start: the previous release finds it by its hash,
-    and never recomputes it."""
+    """Whether a new access token carries its routing part: once no process of the previous
+    release may serve from the store (the compatibility version that lets tokens be bound to an
+    audience). Until then the previous release recomputes a successor without it to answer
+    presentations arriving together at both releases, and would answer them otherwise than this
+    one; and the previous release's ``tokensvc.resource`` refuses a token of the new shape
+    without asking, so an operator upgrades the resource servers before finalizing
+    (UPGRADE.md). An exchange's pair waits for the same moment, so that one rule says when
+    tokens change shape."""
     return await ctx.store.binds_audiences()
 
 
