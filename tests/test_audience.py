@@ -222,13 +222,21 @@ async def test_an_exchange_narrows_and_never_widens_and_a_refusal_spends_no_code
     assert narrowed.code == 200, narrowed.body
     body = json.loads(narrowed.body)
     assert (await introspection.introspect(ctx, body["access_token"]))["aud"] == [PHOTOS]
+    # RFC 8707 §2.2: the refresh token keeps what the authorization granted; a refresh may name the other.
+    assert (await introspection.introspect(ctx, body["refresh_token"]))["aud"] == [NOTES, PHOTOS]
+    other = await grants.refresh(ctx, await ctx.store.get_client("webapp"), body["refresh_token"], resources=[NOTES])
+    assert (await introspection.introspect(ctx, other.access_token))["aud"] == [NOTES]
     # A code whose request named none: an exchange may bind it to a declared API.
     bound = await exchange_for(http_client, base_url, await code_for(ctx), [NOTES])
     assert (await introspection.introspect(ctx, json.loads(bound.body)["access_token"]))["aud"] == [NOTES]
 
 
-async def test_a_refresh_keeps_the_audience_narrows_it_for_good_and_never_widens_it(app, http_server, http_client,
-                                                                                     base_url, ctx):
+async def test_a_refresh_narrows_its_access_token_only_so_the_next_may_name_another(app, http_server, http_client,
+                                                                                      base_url, ctx):
+    """RFC 8707 §2.2: one refresh token serves several resources in turn. ``resource`` at a
+    refresh binds the access token it issues, never the refresh token, which keeps what the
+    authorization granted: the next refresh may name another of those, or none to get the
+    whole set back; never one beyond it. Introspection tells each token's own audience."""
     issued = await tokens_for(ctx, NOTES, PHOTOS)
 
     async def refresh(refresh_token, *resources):
@@ -237,18 +245,70 @@ async def test_a_refresh_keeps_the_audience_narrows_it_for_good_and_never_widens
             headers={"Authorization": basic("webapp", WEBAPP_SECRET)},
             body=urlencode([("refresh_token", refresh_token), *(("resource", r) for r in resources)]))
 
+    async def aud(token):
+        return (await introspection.introspect(ctx, token)).get("aud")
+
     kept = json.loads((await refresh(issued.refresh_token)).body)
-    assert (await introspection.introspect(ctx, kept["access_token"]))["aud"] == [NOTES, PHOTOS]
+    assert await aud(kept["access_token"]) == await aud(kept["refresh_token"]) == [NOTES, PHOTOS]
     check_oauth_error(await refresh(kept["refresh_token"], "https://other.example"), 400, "invalid_target")
-    narrowed = json.loads((await refresh(kept["refresh_token"], NOTES)).body)
-    assert (await introspection.introspect(ctx, narrowed["access_token"]))["aud"] == [NOTES]
-    check_oauth_error(await refresh(narrowed["refresh_token"], PHOTOS), 400, "invalid_target")  # gone for good
-    again = json.loads((await refresh(narrowed["refresh_token"])).body)
-    assert (await introspection.introspect(ctx, again["access_token"]))["aud"] == [NOTES]
-    # A family that names none may be bound at a refresh, to a declared API.
+    for_notes = json.loads((await refresh(kept["refresh_token"], NOTES)).body)
+    assert await aud(for_notes["access_token"]) == [NOTES]
+    assert await aud(for_notes["refresh_token"]) == [NOTES, PHOTOS]
+    assert await introspect_as(http_client, base_url, for_notes["access_token"], "photos-api", PHOTOS_SECRET) == {
+        "active": False}
+    for_photos = json.loads((await refresh(for_notes["refresh_token"], PHOTOS)).body)  # the other, in turn
+    assert await aud(for_photos["access_token"]) == [PHOTOS]
+    assert (await introspect_as(http_client, base_url, for_photos["access_token"], "photos-api",
+                                PHOTOS_SECRET))["active"] is True
+    assert await introspect_as(http_client, base_url, for_photos["access_token"], "notes-api", NOTES_SECRET) == {
+        "active": False}
+    # A refresh token is told to a resource server of any audience of its authorization.
+    assert (await introspect_as(http_client, base_url, for_photos["refresh_token"], "notes-api",
+                                NOTES_SECRET))["aud"] == [NOTES, PHOTOS]
+    whole = json.loads((await refresh(for_photos["refresh_token"])).body)  # naming none: the whole set back
+    assert await aud(whole["access_token"]) == [NOTES, PHOTOS]
+    check_oauth_error(await refresh(whole["refresh_token"], NOTES, "https://other.example"), 400, "invalid_target")
+
+    # A family that names none may bind each access token to a declared API, and then to none again.
     unbound = await tokens_for(ctx)
     bound = json.loads((await refresh(unbound.refresh_token, PHOTOS)).body)
-    assert (await introspection.introspect(ctx, bound["access_token"]))["aud"] == [PHOTOS]
+    assert await aud(bound["access_token"]) == [PHOTOS] and await aud(bound["refresh_token"]) is None
+    rebound = json.loads((await refresh(bound["refresh_token"], NOTES)).body)
+    assert await aud(rebound["access_token"]) == [NOTES]
+    free = json.loads((await refresh(rebound["refresh_token"])).body)
+    assert await aud(free["access_token"]) is None
+
+
+async def test_tokensvcs_own_api_takes_an_access_token_a_refresh_bound_to_it(app, http_server, http_client, base_url,
+                                                                            ctx):
+    """An authorization for an API and tokensvc's own: an access token narrowed to the API is
+    refused at /v1, the next refresh's for /v1 taken there."""
+    async def me(token):
+        return (await http_client.fetch(base_url + "/v1/me", headers={"Authorization": f"Bearer {token}"},
+                                        raise_error=False)).code
+
+    webapp = await ctx.store.get_client("webapp")
+    issued = await tokens_for(ctx, NOTES, OWN, narrowed_to=[NOTES])
+    assert await me(issued.access_token) == 401
+    own = await grants.refresh(ctx, webapp, issued.refresh_token, resources=[OWN])
+    assert await me(own.access_token) == 200
+    assert await me((await grants.refresh(ctx, webapp, own.refresh_token)).access_token) == 200
+
+
+async def test_a_concurrent_presentation_gets_the_pair_only_for_the_resources_it_was_issued_for(app, ctx, clock):
+    """A presentation of the refresh token just rotated out, within the window in which it gets
+    the same pair again: that pair's access token is bound to what the rotation named, so
+    naming another of the granted resources is ``invalid_target``; naming the same, or none (as
+    a scope left out), is the same pair."""
+    webapp = await ctx.store.get_client("webapp")
+    issued = await tokens_for(ctx, NOTES, PHOTOS)
+    first = await grants.refresh(ctx, webapp, issued.refresh_token, resources=[NOTES])
+    with pytest.raises(InvalidTarget) as refused:
+        await grants.refresh(ctx, webapp, issued.refresh_token, resources=[PHOTOS])
+    assert "concurrent" in refused.value.description
+    for resources in ([NOTES], None):
+        same = await grants.refresh(ctx, webapp, issued.refresh_token, resources=resources)
+        assert same.access_token == first.access_token and same.refresh_token == first.refresh_token
 
 
 # -- the verifier --------------------------------------------------------------------------------
@@ -378,6 +438,25 @@ async def test_a_resource_servers_feed_reader_hears_no_revocation_of_another_api
     assert first == {"type": "revoked", "seq": 1, "family_id": heard_by_webapp[1]["family_id"]}
     notes.close()
     webapp.close()
+
+
+async def test_a_familys_revocation_reaches_readers_of_every_audience_its_refresh_token_has(
+        app, http_server, http_client, base_url, ctx):
+    """Its access token narrowed to one API (RFC 8707 §2.2), a family still holds a refresh
+    token for each it was granted: its revocation is told to each API's readers."""
+    from test_feed import connect, next_message
+
+    notes = await connect(base_url, client_id="notes-api", secret=NOTES_SECRET)
+    assert (await next_message(notes))["seq"] == 0
+    narrowed = await tokens_for(ctx, NOTES, PHOTOS, narrowed_to=[PHOTOS])
+    label = (await introspection.introspect(ctx, narrowed.refresh_token))["family_id"]
+    for_notes = await tokens_for(ctx, NOTES)
+    for issued in (narrowed, for_notes):
+        revoked = await post_form(http_client, base_url + "/oauth/token/revoke", {"token": issued.refresh_token},
+                                  {"Authorization": basic("webapp", WEBAPP_SECRET)})
+        assert revoked.code == 200
+    assert await next_message(notes) == {"type": "revoked", "seq": 1, "family_id": label}
+    notes.close()
 
 
 async def test_a_reader_whose_resources_change_reconnects(app, http_server, base_url, ctx, config):

@@ -1146,26 +1146,35 @@ async def test_failure_counts_are_shared_where_several_processes_share_the_store
 
 
 @pytest.mark.gen_test
-async def test_a_familys_audience_is_what_its_code_and_each_new_pair_say(backend_store, now):
-    """RFC 8707: a code keeps the resources its request named, a family the audience its
-    exchange gave it, and each new pair (a rotation, a retry's reissue) writes its own: kept,
-    or narrowed. None is every API's, as every record written before audiences reads."""
+async def test_a_familys_audience_is_its_codes_and_each_new_pair_says_its_access_tokens(backend_store, now):
+    """RFC 8707 §2.2: a code keeps the resources its request named, a family the audience its
+    authorization granted (its refresh token's, which no new pair changes), and each new pair
+    (an exchange, a rotation, a retry's reissue) the audience of its own access token: narrowed,
+    or None for the family's. None as the family's is every API's, as every record written
+    before audiences reads."""
     store = backend_store
-    await store.add_code(replace(code(now), audience=["https://notes.example", "https://photos.example"]))
-    assert (await store.get_code("c1")).audience == ["https://notes.example", "https://photos.example"]
-    await store.create_family(replace(family(now), audience=["https://notes.example", "https://photos.example"]))
+    granted = ["https://notes.example", "https://photos.example"]
+    await store.add_code(replace(code(now), audience=granted))
+    assert (await store.get_code("c1")).audience == granted
+    await store.create_family(replace(family(now), audience=granted, access_audience=["https://photos.example"]))
     found, _ = await store.get_family("f1")
-    assert found.audience == ["https://notes.example", "https://photos.example"]
-    assert found.access().audience == found.refresh().audience == found.audience
+    assert found.audience == found.refresh().audience == granted
+    assert found.access_audience == found.access().audience == ["https://photos.example"]
     later = now + timedelta(seconds=5)
-    rotated = await store.rotate_family("f1", "r1", replace(pair(later, 2), audience=["https://notes.example"]),
+    rotated = await store.rotate_family("f1", "r1", replace(pair(later, 2), access_audience=["https://notes.example"]),
                                         later)
-    assert rotated is not None and rotated.audience == ["https://notes.example"]
-    assert (await store.find_access("a2"))[0].audience == ["https://notes.example"]
-    await store.reissue_pair("f1", "r2", replace(pair(later, 3), audience=["https://notes.example"]))
-    assert (await store.get_family("f1"))[0].audience == ["https://notes.example"]
+    assert rotated is not None and rotated.audience == granted and rotated.refresh().audience == granted
+    assert (await store.find_access("a2"))[0].access().audience == ["https://notes.example"]
+    await store.reissue_pair("f1", "r2", replace(pair(later, 3)))  # naming none: the whole audience back
+    again, _ = await store.get_family("f1")
+    assert again.audience == granted and again.access_audience is None and again.access().audience == granted
     await store.create_family(family(now, "f2", n=9))
-    assert (await store.get_family("f2"))[0].audience is None
+    unbound, _ = await store.get_family("f2")
+    assert unbound.audience is None and unbound.access().audience is None
+    # Bound to every API, its access token to one: a rotation may name another, or none.
+    await store.rotate_family("f2", "r9", replace(pair(later, 10), access_audience=["https://notes.example"]), later)
+    bound, _ = await store.get_family("f2")
+    assert bound.audience is None and bound.access().audience == ["https://notes.example"]
 
 
 @pytest.mark.gen_test

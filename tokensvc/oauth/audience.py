@@ -4,9 +4,10 @@ A resource server declares the resource URIs of the API it serves (``Client.reso
 tokensvc's own API is one too (:func:`own`, ``base_url`` + ``/v1``). An authorization request, a
 code exchange and a refresh may name ``resource`` (repeatable): each must be an absolute URI
 without a fragment (§2), declared by a resource server or tokensvc's own, else
-``invalid_target``. The code keeps what the authorization request named; an exchange or a
-refresh may narrow it (§2.2), never widen it; the family's tokens carry the result as their
-audience. A token that names none is meant for every API, as before audiences.
+``invalid_target``. The code keeps what the authorization request named, and so does the
+family's refresh token; an exchange or a refresh may narrow the access token it issues
+(§2.2), never widen it, so one refresh token serves each of those APIs in turn. A token that
+names none is meant for every API, as before audiences.
 
 Binding needs a store whose every process reads a family's audience
 (:meth:`~tokensvc.storage.base.Housekeeping.binds_audiences`: on MongoDB, once ``tokensvc storage

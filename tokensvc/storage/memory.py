@@ -47,7 +47,12 @@ from tokensvc.storage.base import (
 )
 from tokensvc.storage.rows import Row, Rows
 
-FAMILIES = Rows(Family, lists=("scopes", "audience"))
+
+def _tupled(values: list[str] | None) -> tuple[str, ...] | None:
+    return None if values is None else tuple(values)
+
+
+FAMILIES = Rows(Family, lists=("scopes", "audience", "access_audience"))
 CODES = Rows(AuthorizationCode, lists=("scopes", "audience"))
 SESSIONS = Rows(Session)
 GRANTS = Rows(Grant, lists=("scopes",))
@@ -398,7 +403,7 @@ class MemoryStore(Store):
                                    scopes=tuple(pair.scopes), issued_at=pair.issued_at, expires_at=pair.expires_at,
                                    access_expires_at=pair.access_expires_at, access_used_at=None,
                                    access_revoked_at=None, serial=pair.serial, key_id=pair.key_id, salt=pair.salt,
-                                   audience=None if pair.audience is None else tuple(pair.audience), **changes)
+                                   access_audience=_tupled(pair.access_audience), **changes)
         self._families[family_id] = updated
         return FAMILIES.unpack_row(updated)
 
