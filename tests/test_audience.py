@@ -143,6 +143,109 @@ async def test_the_admin_api_takes_a_resource_servers_resources_and_shows_them(a
     assert await ctx.store.declared_resources(["https://calendar.example/v2"]) == set()
 
 
+def test_the_configuration_refuses_tokensvcs_own_api_and_a_resource_two_servers_declare():
+    """A resource URI is one resource server's, compared canonically, and never tokensvc's own
+    API: ``config check`` and start-up refuse the file, naming both clients."""
+    own = [{**apis()[0], "resources": [NOTES, "HTTP://127.0.0.1:8080/v1"]}]
+    with pytest.raises(config_module.ConfigError) as refused:
+        make_config(clients=own)
+    assert "clients[0].resources[1]" in str(refused.value) and "tokensvc's own API" in str(refused.value)
+    assert "'notes-api'" in str(refused.value)
+    shared = [apis()[0], {**apis()[1], "resources": [PHOTOS, "https://NOTES.example:443/"]}]
+    with pytest.raises(config_module.ConfigError) as refused:
+        make_config(clients=shared)
+    said = str(refused.value)
+    assert "clients[1].resources[1]" in said and "'notes-api'" in said and "'photos-api'" in said
+    assert "one resource server's" in said
+
+
+def test_config_check_says_which_clients_share_a_resource(tmp_path, capsys):
+    from tokensvc.cli import main as cli
+
+    path = tmp_path / "tokensvc.toml"
+    path.write_text('cookie_secret = "a-cookie-secret-of-32-characters"\n' + "".join(
+        f'[[clients]]\nclient_id = "{client_id}"\nname = "{client_id}"\nkind = "resource-server"\n'
+        f'client_secret = "{client_id}-secret-0123456789abcdef"\nresources = ["https://notes.example"]\n'
+        for client_id in ("notes-api", "notes-copy")))
+    assert cli.main(["config", "check", "--config", str(path)]) != 0
+    err = capsys.readouterr().err
+    assert "'notes-api'" in err and "'notes-copy'" in err and "https://notes.example" in err
+
+
+async def test_the_admin_api_refuses_tokensvcs_own_api_and_another_servers_resource(app, http_server, http_client,
+                                                                                    ctx, config):
+    """422 HTTPValidationError at ``resources``, whether it is written as declared or in
+    another spelling of the same URI, at a registration, a replacement and a change."""
+    from tokensvc.admin.actions import AdminError
+
+    operator = Operator(ctx, handed_over(config))
+    await ctx.store.set_owners("client", {})  # the operator's to change, as the admin API changes it
+    body = {"name": "Calendar API", "kind": "resource-server"}
+    for taken, said in ((OWN, "tokensvc's own API"), ("https://Notes.Example:443", "'notes-api'"),
+                        (PHOTOS, "'photos-api'")):
+        changed = ("photos-api", [taken]) if taken.lower().startswith(NOTES) else ("notes-api", [NOTES, taken])
+        for write, args in ((operator.put_client, ("calendar-api", {**body, "resources": [taken]})),
+                            (operator.create_client, ({**body, "clientId": "calendar-api", "resources": [taken]},)),
+                            (operator.patch_client, (changed[0], {"resources": changed[1]}))):
+            with pytest.raises(AdminError) as refused:
+                await write(*args)
+            assert refused.value.status_code == 422 and refused.value.field == "resources", taken
+            assert refused.value.body()["detail"][0]["loc"] == ["body", "resources"]
+            assert said in str(refused.value), (taken, str(refused.value))
+    assert await ctx.store.get_client("calendar-api") is None
+    assert (await ctx.store.get_client("photos-api")).resources == [PHOTOS]
+    # Its own again, and one set free by its server.
+    assert (await operator.patch_client("notes-api", {"resources": [NOTES, "https://notes.example/v2"]}))[
+        "resources"] == [NOTES, "https://notes.example/v2"]
+    await operator.patch_client("notes-api", {"resources": ["https://notes.example/v2"]})
+    created, _ = await operator.put_client("calendar-api", {**body, "resources": [NOTES]})
+    assert created["resources"] == [NOTES]
+
+
+async def test_a_write_that_loses_the_race_for_a_resource_is_422_and_writes_nothing(app, ctx, config):
+    """The checks read the store before the write; another writer landing in between is the
+    store's to refuse (ResourceTaken), told as the same 422."""
+    from tokensvc.admin.actions import AdminError
+    from tokensvc.records import RESOURCE_SERVER, Client
+
+    operator = Operator(ctx, handed_over(config))
+    real_list, lists = ctx.store.list_clients, []
+
+    async def listed_before_the_other_landed(*args, **kwargs):
+        found = await real_list(*args, **kwargs)
+        lists.append(found)
+        if len(lists) == 2:  # the resources' check (admin.check_resources), the last read before the write
+            await ctx.store.add_client(Client("other-api", "Other API", [], [], secret_hash="h", kind=RESOURCE_SERVER,
+                                              resources=["https://calendar.example"]))
+        return found
+
+    ctx.store.list_clients = listed_before_the_other_landed
+    with pytest.raises(AdminError) as refused:
+        await operator.create_client({"clientId": "calendar-api", "name": "Calendar API", "kind": "resource-server",
+                                      "resources": ["https://calendar.example"]})
+    assert refused.value.field == "resources" and "'https://calendar.example'" in str(refused.value)
+    assert "written meanwhile" in str(refused.value) and len(lists) == 2
+    del ctx.store.list_clients
+    assert await ctx.store.get_client("calendar-api") is None
+
+
+async def test_start_up_refuses_a_file_resource_another_client_declares(app, ctx, config):
+    """The file's resource server declares a URI a client the admin API registered declares:
+    seeding stops start-up (StoreFault) naming both, and writes nothing of it."""
+    from tokensvc.records import RESOURCE_SERVER, Client
+    from tokensvc.storage.base import StoreFault
+
+    store = ctx.store
+    await store.set_owners("client", {})
+    await store.update_client("notes-api", {"resources": ["https://notes.example/v2"]})
+    await store.add_client(Client("notes-copy", "Notes copy", [], [], secret_hash="h", kind=RESOURCE_SERVER,
+                                  resources=["https://NOTES.example/"]))
+    with pytest.raises(StoreFault) as refused:
+        await seed(store, config)
+    assert "'notes-api'" in str(refused.value) and "'notes-copy'" in str(refused.value)
+    assert (await store.get_client("notes-api")).resources == ["https://notes.example/v2"]
+
+
 # -- the authorization request, the exchange, the refresh ----------------------------------------
 
 

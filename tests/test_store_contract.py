@@ -24,7 +24,15 @@ from tokensvc.records import (
     Subject,
     User,
 )
-from tokensvc.storage.base import ClientRecord, Conflict, FailureCounts, Presentation, Removing, Store
+from tokensvc.storage.base import (
+    ClientRecord,
+    Conflict,
+    FailureCounts,
+    Presentation,
+    Removing,
+    ResourceTaken,
+    Store,
+)
 from tokensvc.storage.memory import MemoryStore
 
 pytestmark = pytest.mark.parametrize("backend_store", BACKENDS, indirect=True)
@@ -1175,6 +1183,42 @@ async def test_a_familys_audience_is_its_codes_and_each_new_pair_says_its_access
     await store.rotate_family("f2", "r9", replace(pair(later, 10), access_audience=["https://notes.example"]), later)
     bound, _ = await store.get_family("f2")
     assert bound.audience is None and bound.access().audience == ["https://notes.example"]
+
+
+@pytest.mark.gen_test
+async def test_a_resource_uri_is_one_clients_whichever_write_declares_it(backend_store):
+    """RFC 8707: a token meant for one API must not pass at another, so a resource URI is one
+    client's. A registration, a replacement or a change that declares one another client's
+    document holds is ResourceTaken and writes nothing (MongoDB: a unique multikey index);
+    of two registrations at once declaring one URI, one lands. Clients without resources are
+    many, and a client writes its own again."""
+    store = backend_store
+    notes = Client("notes-api", "Notes API", [], [], secret_hash="h", kind=RESOURCE_SERVER,
+                   resources=["https://notes.example", "https://notes.example/v2"])
+    await store.add_client(notes)
+    other = Client("other-api", "Other API", [], [], secret_hash="h", kind=RESOURCE_SERVER,
+                   resources=["https://other.example", "https://notes.example/v2"])
+    for write in (store.add_client, store.put_client):
+        with pytest.raises(ResourceTaken) as taken:
+            await write(other)
+        assert taken.value.resource == "https://notes.example/v2"
+        assert await store.get_client("other-api") is None
+    await store.add_client(replace(other, resources=["https://other.example"]))
+    with pytest.raises(ResourceTaken):
+        await store.update_client("other-api", {"resources": ["https://other.example", "https://notes.example"]})
+    assert (await store.get_client("other-api")).resources == ["https://other.example"]
+    await store.put_client(replace(notes, name="Notes"))  # its own, again
+    assert await store.update_client("notes-api", {"resources": ["https://notes.example"]}) is not None
+    assert await store.update_client("other-api", {"resources": ["https://other.example", "https://notes.example/v2"]})
+    for n in range(3):  # none declared: as many as there are
+        await store.add_client(Client(f"app-{n}", f"App {n}", ["https://a/cb"]))
+        await store.put_client(Client(f"api-{n}", f"API {n}", [], [], secret_hash="h", kind=RESOURCE_SERVER))
+    results = await asyncio.gather(*(store.add_client(replace(other, client_id=client_id, name=client_id,
+                                                              resources=["https://shared.example"]))
+                                     for client_id in ("one-api", "two-api")), return_exceptions=True)
+    assert sorted(type(result).__name__ for result in results) == ["NoneType", "ResourceTaken"], results
+    assert await store.declared_resources(["https://shared.example", "https://notes.example"]) == {
+        "https://shared.example", "https://notes.example"}
 
 
 @pytest.mark.gen_test

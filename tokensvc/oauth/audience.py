@@ -19,12 +19,12 @@ release that ignored the audience would accept the token everywhere.
 
 from __future__ import annotations
 
-from tokensvc.identifiers import resource_uri_problem
+from tokensvc.identifiers import OWN_RESOURCE_PATH, own_resource, resource_uri_problem
 from tokensvc.oauth.context import OAuthContext
 from tokensvc.oauth.errors import InvalidTarget
 from tokensvc.records import Token
 
-OWN_PATH = "/v1"  # tokensvc's own API, a resource at base_url + OWN_PATH
+OWN_PATH = OWN_RESOURCE_PATH  # tokensvc's own API, a resource at base_url + OWN_PATH
 MAX_RESOURCES = 16
 NOT_YET = ("tokens are bound to a resource only once the store's format allows it (tokensvc storage "
            "finalize); ask without resource")
@@ -32,7 +32,7 @@ NOT_YET = ("tokens are bound to a resource only once the store's format allows i
 
 def own(ctx: OAuthContext) -> str:
     """tokensvc's own API as a resource (its ``/v1``)."""
-    return ctx.issuer.rstrip("/") + OWN_PATH
+    return own_resource(ctx.issuer)
 
 
 def parse(values: list[str]) -> list[str] | None:
