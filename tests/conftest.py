@@ -7,6 +7,7 @@ import os
 import subprocess
 
 import children
+import multikey
 import pytest
 from backends import open_store
 from helpers import Browser, Clock, make_config
@@ -14,6 +15,8 @@ from helpers import Browser, Clock, make_config
 from tokensvc.app import make_app
 from tokensvc.bootstrap import make_context, seed
 from tokensvc.storage.memory import MemoryStore
+
+multikey.install()  # the stand-ins keep a unique index on an array as a server does
 
 # Every server of the tests listens on this host. A proxy the caller's environment names
 # (http_proxy, https_proxy, all_proxy) must not carry the clients the tests drive to it

@@ -143,6 +143,109 @@ async def test_the_admin_api_takes_a_resource_servers_resources_and_shows_them(a
     assert await ctx.store.declared_resources(["https://calendar.example/v2"]) == set()
 
 
+def test_the_configuration_refuses_tokensvcs_own_api_and_a_resource_two_servers_declare():
+    """A resource URI is one resource server's, compared canonically, and never tokensvc's own
+    API: ``config check`` and start-up refuse the file, naming both clients."""
+    own = [{**apis()[0], "resources": [NOTES, "HTTP://127.0.0.1:8080/v1"]}]
+    with pytest.raises(config_module.ConfigError) as refused:
+        make_config(clients=own)
+    assert "clients[0].resources[1]" in str(refused.value) and "tokensvc's own API" in str(refused.value)
+    assert "'notes-api'" in str(refused.value)
+    shared = [apis()[0], {**apis()[1], "resources": [PHOTOS, "https://NOTES.example:443/"]}]
+    with pytest.raises(config_module.ConfigError) as refused:
+        make_config(clients=shared)
+    said = str(refused.value)
+    assert "clients[1].resources[1]" in said and "'notes-api'" in said and "'photos-api'" in said
+    assert "one resource server's" in said
+
+
+def test_config_check_says_which_clients_share_a_resource(tmp_path, capsys):
+    from tokensvc.cli import main as cli
+
+    path = tmp_path / "tokensvc.toml"
+    path.write_text('cookie_secret = "a-cookie-secret-of-32-characters"\n' + "".join(
+        f'[[clients]]\nclient_id = "{client_id}"\nname = "{client_id}"\nkind = "resource-server"\n'
+        f'client_secret = "{client_id}-secret-0123456789abcdef"\nresources = ["https://notes.example"]\n'
+        for client_id in ("notes-api", "notes-copy")))
+    assert cli.main(["config", "check", "--config", str(path)]) != 0
+    err = capsys.readouterr().err
+    assert "'notes-api'" in err and "'notes-copy'" in err and "https://notes.example" in err
+
+
+async def test_the_admin_api_refuses_tokensvcs_own_api_and_another_servers_resource(app, http_server, http_client,
+                                                                                    ctx, config):
+    """422 HTTPValidationError at ``resources``, whether it is written as declared or in
+    another spelling of the same URI, at a registration, a replacement and a change."""
+    from tokensvc.admin.actions import AdminError
+
+    operator = Operator(ctx, handed_over(config))
+    await ctx.store.set_owners("client", {})  # the operator's to change, as the admin API changes it
+    body = {"name": "Calendar API", "kind": "resource-server"}
+    for taken, said in ((OWN, "tokensvc's own API"), ("https://Notes.Example:443", "'notes-api'"),
+                        (PHOTOS, "'photos-api'")):
+        changed = ("photos-api", [taken]) if taken.lower().startswith(NOTES) else ("notes-api", [NOTES, taken])
+        for write, args in ((operator.put_client, ("calendar-api", {**body, "resources": [taken]})),
+                            (operator.create_client, ({**body, "clientId": "calendar-api", "resources": [taken]},)),
+                            (operator.patch_client, (changed[0], {"resources": changed[1]}))):
+            with pytest.raises(AdminError) as refused:
+                await write(*args)
+            assert refused.value.status_code == 422 and refused.value.field == "resources", taken
+            assert refused.value.body()["detail"][0]["loc"] == ["body", "resources"]
+            assert said in str(refused.value), (taken, str(refused.value))
+    assert await ctx.store.get_client("calendar-api") is None
+    assert (await ctx.store.get_client("photos-api")).resources == [PHOTOS]
+    # Its own again, and one set free by its server.
+    assert (await operator.patch_client("notes-api", {"resources": [NOTES, "https://notes.example/v2"]}))[
+        "resources"] == [NOTES, "https://notes.example/v2"]
+    await operator.patch_client("notes-api", {"resources": ["https://notes.example/v2"]})
+    created, _ = await operator.put_client("calendar-api", {**body, "resources": [NOTES]})
+    assert created["resources"] == [NOTES]
+
+
+async def test_a_write_that_loses_the_race_for_a_resource_is_422_and_writes_nothing(app, ctx, config):
+    """The checks read the store before the write; another writer landing in between is the
+    store's to refuse (ResourceTaken), told as the same 422."""
+    from tokensvc.admin.actions import AdminError
+    from tokensvc.records import RESOURCE_SERVER, Client
+
+    operator = Operator(ctx, handed_over(config))
+    real_list, lists = ctx.store.list_clients, []
+
+    async def listed_before_the_other_landed(*args, **kwargs):
+        found = await real_list(*args, **kwargs)
+        lists.append(found)
+        if len(lists) == 2:  # the resources' check (admin.check_resources), the last read before the write
+            await ctx.store.add_client(Client("other-api", "Other API", [], [], secret_hash="h", kind=RESOURCE_SERVER,
+                                              resources=["https://calendar.example"]))
+        return found
+
+    ctx.store.list_clients = listed_before_the_other_landed
+    with pytest.raises(AdminError) as refused:
+        await operator.create_client({"clientId": "calendar-api", "name": "Calendar API", "kind": "resource-server",
+                                      "resources": ["https://calendar.example"]})
+    assert refused.value.field == "resources" and "'https://calendar.example'" in str(refused.value)
+    assert "written meanwhile" in str(refused.value) and len(lists) == 2
+    del ctx.store.list_clients
+    assert await ctx.store.get_client("calendar-api") is None
+
+
+async def test_start_up_refuses_a_file_resource_another_client_declares(app, ctx, config):
+    """The file's resource server declares a URI a client the admin API registered declares:
+    seeding stops start-up (StoreFault) naming both, and writes nothing of it."""
+    from tokensvc.records import RESOURCE_SERVER, Client
+    from tokensvc.storage.base import StoreFault
+
+    store = ctx.store
+    await store.set_owners("client", {})
+    await store.update_client("notes-api", {"resources": ["https://notes.example/v2"]})
+    await store.add_client(Client("notes-copy", "Notes copy", [], [], secret_hash="h", kind=RESOURCE_SERVER,
+                                  resources=["https://NOTES.example/"]))
+    with pytest.raises(StoreFault) as refused:
+        await seed(store, config)
+    assert "'notes-api'" in str(refused.value) and "'notes-copy'" in str(refused.value)
+    assert (await store.get_client("notes-api")).resources == ["https://notes.example/v2"]
+
+
 # -- the authorization request, the exchange, the refresh ----------------------------------------
 
 
@@ -222,13 +325,21 @@ async def test_an_exchange_narrows_and_never_widens_and_a_refusal_spends_no_code
     assert narrowed.code == 200, narrowed.body
     body = json.loads(narrowed.body)
     assert (await introspection.introspect(ctx, body["access_token"]))["aud"] == [PHOTOS]
+    # RFC 8707 §2.2: the refresh token keeps what the authorization granted; a refresh may name the other.
+    assert (await introspection.introspect(ctx, body["refresh_token"]))["aud"] == [NOTES, PHOTOS]
+    other = await grants.refresh(ctx, await ctx.store.get_client("webapp"), body["refresh_token"], resources=[NOTES])
+    assert (await introspection.introspect(ctx, other.access_token))["aud"] == [NOTES]
     # A code whose request named none: an exchange may bind it to a declared API.
     bound = await exchange_for(http_client, base_url, await code_for(ctx), [NOTES])
     assert (await introspection.introspect(ctx, json.loads(bound.body)["access_token"]))["aud"] == [NOTES]
 
 
-async def test_a_refresh_keeps_the_audience_narrows_it_for_good_and_never_widens_it(app, http_server, http_client,
-                                                                                     base_url, ctx):
+async def test_a_refresh_narrows_its_access_token_only_so_the_next_may_name_another(app, http_server, http_client,
+                                                                                      base_url, ctx):
+    """RFC 8707 §2.2: one refresh token serves several resources in turn. ``resource`` at a
+    refresh binds the access token it issues, never the refresh token, which keeps what the
+    authorization granted: the next refresh may name another of those, or none to get the
+    whole set back; never one beyond it. Introspection tells each token's own audience."""
     issued = await tokens_for(ctx, NOTES, PHOTOS)
 
     async def refresh(refresh_token, *resources):
@@ -237,18 +348,70 @@ async def test_a_refresh_keeps_the_audience_narrows_it_for_good_and_never_widens
             headers={"Authorization": basic("webapp", WEBAPP_SECRET)},
             body=urlencode([("refresh_token", refresh_token), *(("resource", r) for r in resources)]))
 
+    async def aud(token):
+        return (await introspection.introspect(ctx, token)).get("aud")
+
     kept = json.loads((await refresh(issued.refresh_token)).body)
-    assert (await introspection.introspect(ctx, kept["access_token"]))["aud"] == [NOTES, PHOTOS]
+    assert await aud(kept["access_token"]) == await aud(kept["refresh_token"]) == [NOTES, PHOTOS]
     check_oauth_error(await refresh(kept["refresh_token"], "https://other.example"), 400, "invalid_target")
-    narrowed = json.loads((await refresh(kept["refresh_token"], NOTES)).body)
-    assert (await introspection.introspect(ctx, narrowed["access_token"]))["aud"] == [NOTES]
-    check_oauth_error(await refresh(narrowed["refresh_token"], PHOTOS), 400, "invalid_target")  # gone for good
-    again = json.loads((await refresh(narrowed["refresh_token"])).body)
-    assert (await introspection.introspect(ctx, again["access_token"]))["aud"] == [NOTES]
-    # A family that names none may be bound at a refresh, to a declared API.
+    for_notes = json.loads((await refresh(kept["refresh_token"], NOTES)).body)
+    assert await aud(for_notes["access_token"]) == [NOTES]
+    assert await aud(for_notes["refresh_token"]) == [NOTES, PHOTOS]
+    assert await introspect_as(http_client, base_url, for_notes["access_token"], "photos-api", PHOTOS_SECRET) == {
+        "active": False}
+    for_photos = json.loads((await refresh(for_notes["refresh_token"], PHOTOS)).body)  # the other, in turn
+    assert await aud(for_photos["access_token"]) == [PHOTOS]
+    assert (await introspect_as(http_client, base_url, for_photos["access_token"], "photos-api",
+                                PHOTOS_SECRET))["active"] is True
+    assert await introspect_as(http_client, base_url, for_photos["access_token"], "notes-api", NOTES_SECRET) == {
+        "active": False}
+    # A refresh token is told to a resource server of any audience of its authorization.
+    assert (await introspect_as(http_client, base_url, for_photos["refresh_token"], "notes-api",
+                                NOTES_SECRET))["aud"] == [NOTES, PHOTOS]
+    whole = json.loads((await refresh(for_photos["refresh_token"])).body)  # naming none: the whole set back
+    assert await aud(whole["access_token"]) == [NOTES, PHOTOS]
+    check_oauth_error(await refresh(whole["refresh_token"], NOTES, "https://other.example"), 400, "invalid_target")
+
+    # A family that names none may bind each access token to a declared API, and then to none again.
     unbound = await tokens_for(ctx)
     bound = json.loads((await refresh(unbound.refresh_token, PHOTOS)).body)
-    assert (await introspection.introspect(ctx, bound["access_token"]))["aud"] == [PHOTOS]
+    assert await aud(bound["access_token"]) == [PHOTOS] and await aud(bound["refresh_token"]) is None
+    rebound = json.loads((await refresh(bound["refresh_token"], NOTES)).body)
+    assert await aud(rebound["access_token"]) == [NOTES]
+    free = json.loads((await refresh(rebound["refresh_token"])).body)
+    assert await aud(free["access_token"]) is None
+
+
+async def test_tokensvcs_own_api_takes_an_access_token_a_refresh_bound_to_it(app, http_server, http_client, base_url,
+                                                                            ctx):
+    """An authorization for an API and tokensvc's own: an access token narrowed to the API is
+    refused at /v1, the next refresh's for /v1 taken there."""
+    async def me(token):
+        return (await http_client.fetch(base_url + "/v1/me", headers={"Authorization": f"Bearer {token}"},
+                                        raise_error=False)).code
+
+    webapp = await ctx.store.get_client("webapp")
+    issued = await tokens_for(ctx, NOTES, OWN, narrowed_to=[NOTES])
+    assert await me(issued.access_token) == 401
+    own = await grants.refresh(ctx, webapp, issued.refresh_token, resources=[OWN])
+    assert await me(own.access_token) == 200
+    assert await me((await grants.refresh(ctx, webapp, own.refresh_token)).access_token) == 200
+
+
+async def test_a_concurrent_presentation_gets_the_pair_only_for_the_resources_it_was_issued_for(app, ctx, clock):
+    """A presentation of the refresh token just rotated out, within the window in which it gets
+    the same pair again: that pair's access token is bound to what the rotation named, so
+    naming another of the granted resources is ``invalid_target``; naming the same, or none (as
+    a scope left out), is the same pair."""
+    webapp = await ctx.store.get_client("webapp")
+    issued = await tokens_for(ctx, NOTES, PHOTOS)
+    first = await grants.refresh(ctx, webapp, issued.refresh_token, resources=[NOTES])
+    with pytest.raises(InvalidTarget) as refused:
+        await grants.refresh(ctx, webapp, issued.refresh_token, resources=[PHOTOS])
+    assert "concurrent" in refused.value.description
+    for resources in ([NOTES], None):
+        same = await grants.refresh(ctx, webapp, issued.refresh_token, resources=resources)
+        assert same.access_token == first.access_token and same.refresh_token == first.refresh_token
 
 
 # -- the verifier --------------------------------------------------------------------------------
@@ -378,6 +541,25 @@ async def test_a_resource_servers_feed_reader_hears_no_revocation_of_another_api
     assert first == {"type": "revoked", "seq": 1, "family_id": heard_by_webapp[1]["family_id"]}
     notes.close()
     webapp.close()
+
+
+async def test_a_familys_revocation_reaches_readers_of_every_audience_its_refresh_token_has(
+        app, http_server, http_client, base_url, ctx):
+    """Its access token narrowed to one API (RFC 8707 §2.2), a family still holds a refresh
+    token for each it was granted: its revocation is told to each API's readers."""
+    from test_feed import connect, next_message
+
+    notes = await connect(base_url, client_id="notes-api", secret=NOTES_SECRET)
+    assert (await next_message(notes))["seq"] == 0
+    narrowed = await tokens_for(ctx, NOTES, PHOTOS, narrowed_to=[PHOTOS])
+    label = (await introspection.introspect(ctx, narrowed.refresh_token))["family_id"]
+    for_notes = await tokens_for(ctx, NOTES)
+    for issued in (narrowed, for_notes):
+        revoked = await post_form(http_client, base_url + "/oauth/token/revoke", {"token": issued.refresh_token},
+                                  {"Authorization": basic("webapp", WEBAPP_SECRET)})
+        assert revoked.code == 200
+    assert await next_message(notes) == {"type": "revoked", "seq": 1, "family_id": label}
+    notes.close()
 
 
 async def test_a_reader_whose_resources_change_reconnects(app, http_server, base_url, ctx, config):

@@ -724,3 +724,65 @@ def test_config_check_shows_a_file_mode_as_it_is_written(tmp_path, capsys):
     assert "server.unix_socket_mode = 0o660" in capsys.readouterr().out.splitlines()
     assert cli.main(["config", "check", "--config", str(path), "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["server"]["unix_socket_mode"] == 0o660  # JSON has no octal
+
+
+def test_a_resource_is_one_resource_servers_at_clients_add_and_apply(run, mongo, tmp_path):
+    """RFC 8707: ``clients add --resource`` and ``apply -f`` refuse tokensvc's own API (base_url +
+    /v1) and a URI another resource server declares, in any spelling of it, naming the other;
+    an apply whose clients share one is refused whole, before anything is written."""
+    code, _, err = run("clients", "add", "--kind", "resource-server", "--name", "Notes API", "--client-id",
+                       "notes-api", "--resource", "https://notes.example")
+    assert code == 0, err
+    for taken, said in (("http://127.0.0.1:8080/v1", "tokensvc's own API"),
+                        ("HTTPS://notes.example:443/", "declared by client 'notes-api'")):
+        code, _, err = run("clients", "add", "--kind", "resource-server", "--name", "Copy API", "--resource", taken)
+        assert code == 1 and said in err, err
+    applied = tmp_path / "apis.toml"
+    applied.write_text("".join(
+        f'[[clients]]\nclient_id = "{client_id}"\nname = "{client_id}"\nkind = "resource-server"\n'
+        f'client_secret = "{client_id}-secret-0123456789abcdef01234"\nresources = ["{uri}"]\n'
+        for client_id, uri in (("a-api", "https://shared.example"), ("b-api", "https://shared.example/"))))
+    code, out, err = run("apply", "-f", str(applied))
+    assert code == 1 and "declared by client 'a-api'" in err and "b-api" in err, err
+    applied.write_text('[[clients]]\nclient_id = "c-api"\nname = "c-api"\nkind = "resource-server"\n'
+                       'client_secret = "c-api-secret-0123456789abcdef01234"\nresources = ["https://notes.example"]\n')
+    code, out, err = run("apply", "-f", str(applied))
+    assert code == 1 and "declared by client 'notes-api'" in err, err
+    assert [client["_id"] for client in stored(mongo, "clients")] == ["notes-api"]
+
+
+def test_a_store_whose_clients_share_a_resource_opens_and_says_so(run, mongo):
+    """A store written before the rule (two clients declaring one resource URI): the unique
+    index cannot be made. Opening it does not fail: the index is left unmade, ``storage
+    migrate`` and ``storage status`` say which clients share which URI (migrate exits 1), and
+    no token is bound to that URI meanwhile. Once one client alone declares it, the next
+    opening makes the index."""
+    import asyncio
+
+    clients = mongo["tokensvc"]["clients"]
+    for client_id, resources in (("notes-api", ["https://notes.example", "https://notes.example/v2"]),
+                                 ("copy-api", ["https://notes.example"])):
+        asyncio.run(clients.insert_one({"_id": client_id, "name": client_id, "redirect_uris": [], "allowed_scopes": [],
+                                        "kind": "resource-server", "secret_hash": "h", "resources": resources}))
+    async def declared():
+        store = MongoStore(mongo, "tokensvc")
+        await store.open()  # as the service does (it records the store's format): no failure
+        try:
+            return await store.declared_resources(["https://notes.example", "https://notes.example/v2"]), \
+                store.indexes.problems
+        finally:
+            await store.close()
+
+    found, problems = asyncio.run(declared())
+    assert found == {"https://notes.example/v2"}  # a shared URI is no one's: no token is bound to it
+    assert problems == [problem for problem in problems if "copy-api, notes-api" in problem] != []
+    code, out, err = run("storage", "migrate")
+    assert code == 1 and "WARNING: index clients.resources is not made" in err, err
+    assert "https://notes.example by clients copy-api, notes-api" in err and "v2 by" not in err
+    code, out, err = run("storage", "status")
+    assert code == 0 and "https://notes.example by clients copy-api, notes-api" in out
+    assert "resources" not in asyncio.run(clients.index_information())
+    asyncio.run(clients.update_one({"_id": "copy-api"}, {"$set": {"resources": ["https://copy.example"]}}))
+    code, out, err = run("storage", "migrate")
+    assert code == 0 and "WARNING" not in err, err
+    assert asyncio.run(clients.index_information())["resources"]["unique"] is True

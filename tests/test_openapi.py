@@ -285,3 +285,66 @@ def test_the_admin_document_states_the_plan_the_secrets_as_given_and_the_configu
     assert cli.main(["openapi", "--admin", "--config", str(config_file)]) == 0
     printed = json.loads(capsys.readouterr().out)["components"]["schemas"]
     assert printed["InstallationBody"]["properties"]["kind"]["enum"] == ["antenna"]
+
+
+def test_resource_indicators_are_documented_where_they_are_taken():
+    """RFC 8707: ``resource`` at the authorization request (a repeatable query parameter, and
+    the consent form that repeats it), at the code exchange and at the refresh (a repeatable
+    form field); ``invalid_target`` among the error codes; the metadata says so."""
+    from tokensvc import identifiers
+    from tokensvc.oauth import audience
+
+    document = openapi.build(ROUTES, DEMO_BASE)
+    schemas = document["components"]["schemas"]
+    authorize = next(p for p in document["paths"]["/oauth/authorize"]["get"]["parameters"] if p["name"] == "resource")
+    assert authorize["in"] == "query" and authorize["style"] == "form" and authorize["explode"] is True
+    assert authorize["schema"]["type"] == "array" and authorize["schema"]["maxItems"] == audience.MAX_RESOURCES
+    assert authorize["schema"]["items"]["maxLength"] == identifiers.RESOURCE_MAX_LENGTH
+    consent = document["paths"]["/oauth/authorize"]["post"]["requestBody"]["content"][
+        "application/x-www-form-urlencoded"]["schema"]
+    assert consent["properties"]["resource"]["type"] == "array"
+    for name in ("TokenRequest", "RefreshRequest"):
+        resource = schemas[name]["properties"]["resource"]
+        assert resource["type"] == "array" and resource["maxItems"] == audience.MAX_RESOURCES, name
+        assert resource["items"]["maxLength"] == identifiers.RESOURCE_MAX_LENGTH, name
+        assert "invalid_target" in resource["description"] and "resource" not in schemas[name].get("required", [])
+    assert "access token" in schemas["RefreshRequest"]["properties"]["resource"]["description"]
+    assert "invalid_target" in schemas["OAuthError"]["properties"]["error"]["enum"]
+    assert "resource_indicators_supported" in schemas["Metadata"]["properties"]
+    assert "aud" in schemas["IntrospectionResponse"]["properties"]
+
+
+def test_the_error_codes_listed_are_every_code_an_error_answers():
+    """The OAuthError body's ``error`` enum is every protocol error's code: one added to
+    tokensvc.oauth.errors without the list fails here."""
+    from tokensvc.oauth import errors
+    from tokensvc.ratelimit import TooManyFailures
+
+    def every(cls):
+        return {cls, *(found for sub in cls.__subclasses__() for found in every(sub))}
+
+    codes = {cls.error for cls in every(errors.OAuthError)} | {TooManyFailures(1, "login").body()["error"]}
+    enum = openapi.build(ROUTES, DEMO_BASE)["components"]["schemas"]["OAuthError"]["properties"]["error"]["enum"]
+    assert set(enum) == codes and "invalid_target" in enum
+
+
+def test_a_repeatable_form_field_is_left_to_its_handler():
+    """``resource`` is in the token forms' schemas (so the document lists it) yet may be sent
+    more than once: the form reader leaves it to the handler, which reads every value."""
+    from tokensvc import schemas
+    from tokensvc.handlers.edge.inputs import single_values
+
+    assert "resource" in schemas.refresh_request.fields and "resource" in schemas.token_request.fields
+    arguments = {"refresh_token": [b"r"], "resource": [b"https://a.example", b"https://b.example"]}
+    assert single_values(arguments, schemas.refresh_request) == {"refresh_token": "r"}
+    assert schemas.load(schemas.refresh_request, {"refresh_token": "r"}, "body")["refresh_token"] == "r"
+
+
+def test_the_admin_document_states_a_resource_servers_resources():
+    from tokensvc.app import ADMIN_ROUTES
+
+    schemas = openapi.build(ADMIN_ROUTES, DEMO_ADMIN, admin=True)["components"]["schemas"]
+    for name in ("AdminClient", "ClientBody", "ClientPutBody", "ClientPatch", "PlanClient"):
+        resources = schemas[name]["properties"]["resources"]
+        assert resources["type"] == "array" and resources["items"]["type"] == "string", name
+        assert "/v1" in resources["description"] and "another resource server" in resources["description"], name

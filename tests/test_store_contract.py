@@ -24,7 +24,15 @@ from tokensvc.records import (
     Subject,
     User,
 )
-from tokensvc.storage.base import ClientRecord, Conflict, FailureCounts, Presentation, Removing, Store
+from tokensvc.storage.base import (
+    ClientRecord,
+    Conflict,
+    FailureCounts,
+    Presentation,
+    Removing,
+    ResourceTaken,
+    Store,
+)
 from tokensvc.storage.memory import MemoryStore
 
 pytestmark = pytest.mark.parametrize("backend_store", BACKENDS, indirect=True)
@@ -1171,26 +1179,71 @@ async def test_failure_counts_are_shared_where_several_processes_share_the_store
 
 
 @pytest.mark.gen_test
-async def test_a_familys_audience_is_what_its_code_and_each_new_pair_say(backend_store, now):
-    """RFC 8707: a code keeps the resources its request named, a family the audience its
-    exchange gave it, and each new pair (a rotation, a retry's reissue) writes its own: kept,
-    or narrowed. None is every API's, as every record written before audiences reads."""
+async def test_a_familys_audience_is_its_codes_and_each_new_pair_says_its_access_tokens(backend_store, now):
+    """RFC 8707 §2.2: a code keeps the resources its request named, a family the audience its
+    authorization granted (its refresh token's, which no new pair changes), and each new pair
+    (an exchange, a rotation, a retry's reissue) the audience of its own access token: narrowed,
+    or None for the family's. None as the family's is every API's, as every record written
+    before audiences reads."""
     store = backend_store
-    await store.add_code(replace(code(now), audience=["https://notes.example", "https://photos.example"]))
-    assert (await store.get_code("c1")).audience == ["https://notes.example", "https://photos.example"]
-    await store.create_family(replace(family(now), audience=["https://notes.example", "https://photos.example"]))
+    granted = ["https://notes.example", "https://photos.example"]
+    await store.add_code(replace(code(now), audience=granted))
+    assert (await store.get_code("c1")).audience == granted
+    await store.create_family(replace(family(now), audience=granted, access_audience=["https://photos.example"]))
     found, _ = await store.get_family("f1")
-    assert found.audience == ["https://notes.example", "https://photos.example"]
-    assert found.access().audience == found.refresh().audience == found.audience
+    assert found.audience == found.refresh().audience == granted
+    assert found.access_audience == found.access().audience == ["https://photos.example"]
     later = now + timedelta(seconds=5)
-    rotated = await store.rotate_family("f1", "r1", replace(pair(later, 2), audience=["https://notes.example"]),
+    rotated = await store.rotate_family("f1", "r1", replace(pair(later, 2), access_audience=["https://notes.example"]),
                                         later)
-    assert rotated is not None and rotated.audience == ["https://notes.example"]
-    assert (await store.find_access("a2"))[0].audience == ["https://notes.example"]
-    await store.reissue_pair("f1", "r2", replace(pair(later, 3), audience=["https://notes.example"]))
-    assert (await store.get_family("f1"))[0].audience == ["https://notes.example"]
+    assert rotated is not None and rotated.audience == granted and rotated.refresh().audience == granted
+    assert (await store.find_access("a2"))[0].access().audience == ["https://notes.example"]
+    await store.reissue_pair("f1", "r2", replace(pair(later, 3)))  # naming none: the whole audience back
+    again, _ = await store.get_family("f1")
+    assert again.audience == granted and again.access_audience is None and again.access().audience == granted
     await store.create_family(family(now, "f2", n=9))
-    assert (await store.get_family("f2"))[0].audience is None
+    unbound, _ = await store.get_family("f2")
+    assert unbound.audience is None and unbound.access().audience is None
+    # Bound to every API, its access token to one: a rotation may name another, or none.
+    await store.rotate_family("f2", "r9", replace(pair(later, 10), access_audience=["https://notes.example"]), later)
+    bound, _ = await store.get_family("f2")
+    assert bound.audience is None and bound.access().audience == ["https://notes.example"]
+
+
+@pytest.mark.gen_test
+async def test_a_resource_uri_is_one_clients_whichever_write_declares_it(backend_store):
+    """RFC 8707: a token meant for one API must not pass at another, so a resource URI is one
+    client's. A registration, a replacement or a change that declares one another client's
+    document holds is ResourceTaken and writes nothing (MongoDB: a unique multikey index);
+    of two registrations at once declaring one URI, one lands. Clients without resources are
+    many, and a client writes its own again."""
+    store = backend_store
+    notes = Client("notes-api", "Notes API", [], [], secret_hash="h", kind=RESOURCE_SERVER,
+                   resources=["https://notes.example", "https://notes.example/v2"])
+    await store.add_client(notes)
+    other = Client("other-api", "Other API", [], [], secret_hash="h", kind=RESOURCE_SERVER,
+                   resources=["https://other.example", "https://notes.example/v2"])
+    for write in (store.add_client, store.put_client):
+        with pytest.raises(ResourceTaken) as taken:
+            await write(other)
+        assert taken.value.resource == "https://notes.example/v2"
+        assert await store.get_client("other-api") is None
+    await store.add_client(replace(other, resources=["https://other.example"]))
+    with pytest.raises(ResourceTaken):
+        await store.update_client("other-api", {"resources": ["https://other.example", "https://notes.example"]})
+    assert (await store.get_client("other-api")).resources == ["https://other.example"]
+    await store.put_client(replace(notes, name="Notes"))  # its own, again
+    assert await store.update_client("notes-api", {"resources": ["https://notes.example"]}) is not None
+    assert await store.update_client("other-api", {"resources": ["https://other.example", "https://notes.example/v2"]})
+    for n in range(3):  # none declared: as many as there are
+        await store.add_client(Client(f"app-{n}", f"App {n}", ["https://a/cb"]))
+        await store.put_client(Client(f"api-{n}", f"API {n}", [], [], secret_hash="h", kind=RESOURCE_SERVER))
+    results = await asyncio.gather(*(store.add_client(replace(other, client_id=client_id, name=client_id,
+                                                              resources=["https://shared.example"]))
+                                     for client_id in ("one-api", "two-api")), return_exceptions=True)
+    assert sorted(type(result).__name__ for result in results) == ["NoneType", "ResourceTaken"], results
+    assert await store.declared_resources(["https://shared.example", "https://notes.example"]) == {
+        "https://shared.example", "https://notes.example"}
 
 
 @pytest.mark.gen_test

@@ -8,13 +8,13 @@ from __future__ import annotations
 import asyncio
 import logging
 import secrets
-from collections.abc import Mapping
+from collections.abc import Awaitable, Mapping
 from dataclasses import asdict, replace
 from datetime import datetime
 from typing import Any, TypeVar
 
 from tokensvc.config import ConfigError, Settings, StorageSettings, verify_only
-from tokensvc.identifiers import username_key
+from tokensvc.identifiers import resource_key, username_key
 from tokensvc.oauth import clientauth, hashing, removal, successors
 from tokensvc.oauth.context import OAuthContext
 from tokensvc.oauth.feed import ReaderCaps
@@ -31,7 +31,7 @@ from tokensvc.records import (
     generated_digest,
     utcnow,
 )
-from tokensvc.storage.base import Conflict, StorageError, Store, StoreFault, StoreObserver
+from tokensvc.storage.base import Conflict, ResourceTaken, StorageError, Store, StoreFault, StoreObserver
 from tokensvc.telemetry.metrics import Metrics
 
 log = logging.getLogger(__name__)
@@ -86,7 +86,27 @@ def new_user_id() -> str:
     return "u_" + secrets.token_hex(8)
 
 
+async def resources_free(store: Store, config: Settings) -> None:
+    """The configuration file's resource URIs (RFC 8707), which ``config check`` found each one
+    resource server's within the file, declared by no client the file does not name (one the
+    admin API registered): StoreFault naming both, which stops start-up."""
+    mine = {resource_key(uri): (seed.client_id, uri) for seed in config.clients for uri in seed.resources or []}
+    named = {seed.client_id for seed in config.clients}
+    for client in await store.list_clients() if mine else []:
+        for uri in client.resources or [] if client.client_id not in named else []:
+            if (found := mine.get(resource_key(uri))) is not None:
+                raise StoreFault(taken_message(found[0], found[1], f"client {client.client_id!r} declares it too, "
+                                                                  f"as {uri!r}"))
+
+
+def taken_message(client_id: str, uri: str, why: str) -> str:
+    return (f"the configuration file's client {client_id!r} declares the resource {uri!r}, but {why}: a resource URI "
+            "is one resource server's; change that client's resources (the admin API, tokensvc apply) or the file's, "
+            "then start again")
+
+
 async def seed(store: Store, config: Settings) -> None:
+    await resources_free(store, config)
     for seed_client in config.clients:
         # Read before the entry's id is found free: the bound of the leftovers a registration revokes.
         now = utcnow()
@@ -96,7 +116,7 @@ async def seed(store: Store, config: Settings) -> None:
             secret_hash = hashing.digest(seed_client.client_secret)
         else:
             secret_hash = seed_client.client_secret_sha256
-        await seed_client_as(store, existing, said_if_changed(existing, Client(
+        await seeded_resources(seed_client.client_id, seed_client_as(store, existing, said_if_changed(existing, Client(
             client_id=seed_client.client_id,
             name=seed_client.name,
             redirect_uris=list(seed_client.redirect_uris),
@@ -114,7 +134,7 @@ async def seed(store: Store, config: Settings) -> None:
             description=seed_client.description,
             logo_url=seed_client.logo_url,
             created_at=existing.created_at if existing and existing.created_at else now,
-        )), now)
+        )), now))
     if config.admin.cli_client:  # `tokensvc login`: a native app on a loopback port (RFC 8252)
         now = utcnow()
         existing = await store.get_client(CLI_CLIENT.client_id)
@@ -183,6 +203,16 @@ SAID = {Client: ("name", "redirect_uris", "allowed_scopes", "kind", "allowed_ori
 Entry = TypeVar("Entry", Client, User, Installation)
 
 
+async def seeded_resources(client_id: str, seeding: Awaitable[None]) -> None:
+    """``seeding`` (a client's), a resource URI another client declared meanwhile (or one being
+    removed) told as :func:`resources_free` tells it."""
+    try:
+        await seeding
+    except ResourceTaken as taken:
+        raise StoreFault(taken_message(client_id, taken.resource or "?", "another client declares it (written "
+                                       "meanwhile, or being removed)")) from None
+
+
 def said_if_changed(existing: Entry | None, entry: Entry) -> Entry:
     """``entry``, as the file has it; when the store held it otherwise, a line says which fields
     the file writes over (never a value: a secret's or a password's hash among them). The admin
@@ -238,6 +268,8 @@ async def seed_client_as(store: Store, existing: Client | None, client: Client, 
         try:
             await removal.register(store, client, now)
             return
+        except ResourceTaken:
+            raise
         except Conflict:
             existing = await store.get_client(client.client_id)
             if existing is None:  # claimed, then removed at once: the next start-up seeds it

@@ -320,6 +320,29 @@ def resource_uri_problem(uri: str) -> str | None:
     return None
 
 
+OWN_RESOURCE_PATH = "/v1"  # tokensvc's own API, a resource at base_url + /v1 (RFC 8707)
+
+
+def own_resource(base_url: str) -> str:
+    """tokensvc's own API as a resource (RFC 8707): ``base_url`` + ``/v1``."""
+    return base_url.rstrip("/") + OWN_RESOURCE_PATH
+
+
+def resource_key(uri: str) -> str:
+    """What two declared resource URIs are compared by (RFC 3986 §6.2.2-6.2.3): the scheme and
+    the host in lower case, a default port left out, an empty path as ``/``. Two that give one
+    key name one API, which one resource server alone may declare. ``uri`` has passed
+    :func:`resource_uri_problem`."""
+    parts = urlsplit(uri)
+    scheme, netloc = parts.scheme.lower(), parts.netloc.lower()
+    port = DEFAULT_PORTS.get(scheme)
+    if port is not None and netloc.endswith(f":{port}"):
+        netloc = netloc[:-len(str(port)) - 1]
+    if netloc.endswith(":"):
+        netloc = netloc[:-1]
+    return f"{scheme}://{netloc}{parts.path or '/'}" + (f"?{parts.query}" if parts.query else "")
+
+
 def origin_problem(origin: str) -> str | None:
     """Why ``origin`` cannot be a web origin a browser sends, or None when it can: written as a
     browser serializes it (``scheme://host[:port]``, lower case, no default port, nothing after

@@ -348,10 +348,15 @@ class Family:
     # When a second holder showed (that presentation): from then no presentation of a
     # rotated-out refresh token gets a successor again; the grace rules decide.
     second_holder_at: datetime | None = None
-    # The resources the current pair is meant for (RFC 8707; a refresh may narrow them), or
-    # None: every API. Written only once the store's compatibility version is format 3, which
-    # no release that ignores it may serve (tokensvc.storage.mongo.format).
+    # The resources its authorization granted (RFC 8707), as the code's request named them, or
+    # None: every API. Its refresh tokens are meant for them all, whatever a refresh names.
+    # Written only once the store's compatibility version is format 3, which no release that
+    # ignores it may serve (tokensvc.storage.mongo.format).
     audience: list[str] | None = None
+    # The current access token's own audience, when the exchange or the refresh that issued it
+    # named ``resource`` (RFC 8707 §2.2: some of ``audience``, or any declared one when that is
+    # None); None: ``audience``. Each new pair writes it.
+    access_audience: list[str] | None = None
 
     @property
     def subject(self) -> Subject:
@@ -360,12 +365,17 @@ class Family:
     def access(self) -> Token:
         return Token(ACCESS, self.access_hash, self.family_id, self.client_id, self.grant_id, self.scopes,
                      self.issued_at, self.access_expires_at, self.user_id, self.installation_id,
-                     self.generation, self.revoked_at or self.access_revoked_at, self.audience)
+                     self.generation, self.revoked_at or self.access_revoked_at, self.access_target)
 
     def refresh(self) -> Token:
         return Token(REFRESH, self.refresh_hash, self.family_id, self.client_id, self.grant_id, self.scopes,
                      self.issued_at, self.expires_at, self.user_id, self.installation_id, self.generation,
                      self.revoked_at, self.audience)
+
+    @property
+    def access_target(self) -> list[str] | None:
+        """The resources the current access token is meant for (None: every API)."""
+        return self.audience if self.access_audience is None else self.access_audience
 
     def stands(self, grant: Grant | None) -> bool:
         """Not revoked, and its grant still stands behind the generation it was issued under."""
@@ -392,7 +402,7 @@ class Pair:
     serial: int = 0  # see Family.serial, Family.key_id and Family.salt
     key_id: str | None = None
     salt: str | None = None
-    audience: list[str] | None = None  # see Family.audience
+    access_audience: list[str] | None = None  # see Family.access_audience
 
 
 @dataclass(slots=True, frozen=True)

@@ -116,6 +116,17 @@ class FormSchema(Schema):
         unknown = EXCLUDE  # RFC 6749 §3.1: unrecognized parameters are ignored
 
 
+MAX_RESOURCES = 16  # resource parameters one request may name (tokensvc.oauth.audience)
+
+
+def Resources(description: str) -> fields.List:
+    """``resource`` (RFC 8707 §2): a form parameter that may be sent more than once, each an
+    absolute URI without a fragment. Its handler reads it (a form loads single values only)."""
+    return fields.List(Text(max_length=identifiers.RESOURCE_MAX_LENGTH,
+                            metadata={"description": identifiers.RESOURCE_URI_RULE}),
+                       metadata={"maxItems": MAX_RESOURCES, "description": description})
+
+
 class TokenRequestSchema(FormSchema):
     """``POST /oauth/token`` (RFC 6749 §4.1.3 + RFC 7636 §4.5)."""
 
@@ -129,6 +140,10 @@ class TokenRequestSchema(FormSchema):
         "The confirmation code the authorization's page showed, as the person typed it (8 characters; case, "
         "spaces and hyphens do not matter). Required for a code that grants admin to a public client with a "
         "loopback or private-use redirect URI; such a code may be presented with one 3 times at most.")})
+    resource = Resources(
+        "RFC 8707 §2.2, repeatable: narrows the access token to these resources, each one the authorization "
+        "request named (any declared one, when it named none). The refresh token keeps what the authorization "
+        "request named. Else invalid_target.")
 
 
 class RefreshRequestSchema(FormSchema):
@@ -139,6 +154,11 @@ class RefreshRequestSchema(FormSchema):
     client_id = Text(max_length=128)
     client_secret = Text(max_length=512)
     scope = Text()
+    resource = Resources(
+        "RFC 8707 §2.2, repeatable: binds the new access token to these resources, each one the authorization "
+        "granted (any declared one, when it named none). Absent: every resource the authorization granted. The "
+        "refresh token keeps what the authorization granted, so a later refresh may name others. Else "
+        "invalid_target.")
 
 
 class TokenActionSchema(FormSchema):
@@ -262,10 +282,17 @@ class IntrospectionResponseSchema(Schema):
                                                                 "absent: every API"})
 
 
+# Every code an OAuth error body may hold (tokensvc.oauth.errors; too_many_requests: the rate
+# limit's); tests/test_openapi.py checks the list against the error classes.
+OAUTH_ERRORS = ("access_denied", "insufficient_scope", "invalid_client", "invalid_grant", "invalid_request",
+                "invalid_scope", "invalid_target", "invalid_token", "too_many_requests", "unauthorized_client",
+                "unsupported_grant_type", "unsupported_response_type")
+
+
 class OAuthErrorSchema(Schema):
     """RFC 6749 §5.2 error response."""
 
-    error = fields.String(required=True)
+    error = fields.String(required=True, metadata={"enum": list(OAUTH_ERRORS)})
     error_description = fields.String()
     scope = fields.String()
 

@@ -1189,7 +1189,8 @@ def test_tokens_are_bound_to_an_audience_only_once_no_release_that_ignores_it_ma
         unbound = exchange(new.base, authorize(new.base, alice)["code"][0])
         assert works(old.base, unbound) and works(new.base, unbound)
         assert introspected(new.base, unbound, "notes-api", notes_secret)["active"] is True
-        assert all(doc.get("audience") is None for doc in primary.db["tokensvc"]["families"].find())
+        assert all(doc.get("audience") is None and doc.get("access_audience") is None
+                   for doc in primary.db["tokensvc"]["families"].find())
 
         deployment.stop(old)
 

@@ -612,3 +612,34 @@ async def test_the_polling_feed_reads_after_every_write_acknowledged_before_it(w
     polled = [doc for doc in primary.sent("find", "families") if "revoked_at" in doc["filter"]]
     assert polled and all(doc["readConcern"]["afterClusterTime"] >= Timestamp(1_700_000_000, revoked_at)
                           for doc in polled)
+
+
+async def test_a_resource_uri_is_one_clients_whichever_process_writes_it(wire_store, primary):
+    """RFC 8707: start-up makes the unique multikey index ``clients.resources`` (documents
+    without a resource left out), so that of two registrations declaring one resource URI at
+    once, as two processes run them, one lands and the other is ResourceTaken (the server's
+    DuplicateKey names the index) and writes nothing; a change is refused so too; clients
+    without resources are as many as there are."""
+    from tokensvc.records import RESOURCE_SERVER
+    from tokensvc.storage.base import ResourceTaken
+
+    clients = primary.db["tokensvc"]["clients"]
+    index = clients.index_information()["resources"]
+    assert index["unique"] is True and index["partialFilterExpression"] == {"resources": {"$type": "string"}}
+    now = utcnow()
+
+    def api(client_id: str, *resources: str) -> Client:
+        return Client(client_id, client_id, [], [], secret_hash="h", kind=RESOURCE_SERVER, created_at=now,
+                      resources=list(resources) or None)
+
+    results = await asyncio.gather(*(wire_store.add_client(api(client_id, "https://shared.example"))
+                                     for client_id in ("one-api", "two-api")), return_exceptions=True)
+    assert sorted(type(result).__name__ for result in results) == ["NoneType", "ResourceTaken"], results
+    assert clients.count_documents({"resources": "https://shared.example"}) == 1
+    await wire_store.add_client(api("three-api", "https://three.example"))
+    with pytest.raises(ResourceTaken):
+        await wire_store.update_client("three-api", {"resources": ["https://three.example", "https://shared.example"]})
+    assert clients.find_one({"_id": "three-api"})["resources"] == ["https://three.example"]
+    for n in range(3):
+        await wire_store.put_client(api(f"bare-{n}"))
+        await wire_store.add_client(Client(f"app-{n}", f"App {n}", ["https://a/cb"], created_at=now))

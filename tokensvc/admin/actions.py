@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import secrets
-from collections.abc import Collection, Iterable, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from typing import Any
@@ -20,14 +20,17 @@ from tokensvc.errors import HTTPAnswer, ValidationFailed
 from tokensvc.identifiers import (
     DEFAULT_KINDS,
     NAME_RULE,
+    OWN_RESOURCE_PATH,
     id_problem,
     kind_problem,
     logo_url_problem,
     name_problem,
     origin_problem,
+    own_resource,
     password_hash_problem,
     password_problem,
     redirect_uri_problem,
+    resource_key,
     resource_uri_problem,
     scope_problem,
     secret_sha256_problem,
@@ -61,7 +64,7 @@ from tokensvc.records import (
     generated_digest,
     utcnow,
 )
-from tokensvc.storage.base import CREDENTIALS, GRANT, SUBJECT, Conflict, Removing, Revocation, Store
+from tokensvc.storage.base import CREDENTIALS, GRANT, SUBJECT, Conflict, Removing, ResourceTaken, Revocation, Store
 from tokensvc.telemetry import logs
 
 MAX_PAGE = 200  # the most a listing returns at once
@@ -288,6 +291,39 @@ CLIENT_FIELDS = {"name": "name", "redirect_uris": "redirect_uris", "scopes": "al
                  "allowed_origins": "allowed_origins", "kind": "kind", "resources": "resources"}
 
 
+async def check_resources(store: Store, client_id: str, spec: ClientSpec, own: str | None,
+                          planned: Mapping[str, Sequence[str] | None] | None = None) -> None:
+    """A resource server's ``resources`` (RFC 8707), as every writer checks them before it
+    writes: never tokensvc's own API (``own``: ``base_url`` + ``/v1``), since a token bound to it
+    would pass at tokensvc's ``/v1`` and at the resource server alike, and none another client
+    declares, since a token meant for one would pass at the other. Compared canonically
+    (:func:`~tokensvc.identifiers.resource_key`); AdminError at ``resources`` naming the other
+    client. ``planned``: the resources a plan gives the clients it named so far (``apply``),
+    in place of the store's. Two writers at once are the store's to part (ResourceTaken)."""
+    if spec.kind != RESOURCE_SERVER or not spec.resources:
+        return
+    mine = {resource_key(uri): uri for uri in spec.resources}
+    if own is not None and resource_key(own) in mine:
+        raise AdminError(f"{mine[resource_key(own)]!r} is tokensvc's own API (base_url + {OWN_RESOURCE_PATH}): a "
+                         "resource server declares the URIs of its own API", "resources")
+    declared: dict[str, Sequence[str] | None] = {client.client_id: client.resources
+                                                 for client in await store.list_clients()}
+    declared.update(planned or {})
+    for other, resources in sorted(declared.items()):
+        for uri in resources or [] if other != client_id else []:
+            if resource_key(uri) in mine:
+                raise AdminError(f"{mine[resource_key(uri)]!r} is declared by client {other!r} (as {uri!r}): a "
+                                 "resource URI is one resource server's", "resources")
+
+
+def resource_taken(taken: ResourceTaken) -> AdminError:
+    """The store's refusal of a resource URI another client's document declares: one written
+    meanwhile, or a client's whose removal is under way."""
+    what = repr(taken.resource) if taken.resource else "a resource URI"
+    return AdminError(f"{what} is declared by another client (written meanwhile, or one being removed): a resource "
+                      "URI is one resource server's", "resources")
+
+
 async def check_new_client(store: Store, client_id: str, spec: ClientSpec) -> None:
     """What registering a client under ``client_id`` needs beside its spec: an id of the
     right form, not taken, and a name no other client has."""
@@ -302,19 +338,22 @@ async def check_new_client(store: Store, client_id: str, spec: ClientSpec) -> No
 
 async def create_client(store: Store, spec: ClientSpec, client_id: str | None = None,
                         announce: removal.Announce = removal.nobody,
-                        now: datetime | None = None, clock: removal.Clock = utcnow) -> tuple[Client, str | None]:
+                        now: datetime | None = None, clock: removal.Clock = utcnow, *,
+                        own: str | None = None) -> tuple[Client, str | None]:
     """Register a client; returns it and, for a confidential one given no secret, the secret
     made for it (shown once). The grants left under the id from before are revoked, each
     announced, then the id is claimed in one step (:func:`removal.register`): nothing issued to
     a client of before comes back, and of two registrations of one id at once one wins and the
     other is :class:`Taken` (409). ``now``: the time by the clock that stamps grants (the
     context's), which the leftovers' bound is compared with; ``clock``: that clock, which
-    stamps each revocation as it is written."""
+    stamps each revocation as it is written. ``own``: tokensvc's own API, which no resource
+    server declares (:func:`check_resources`)."""
     spec = spec.checked()
     now = utcnow() if now is None else now  # before the id is found free: the leftovers' bound
     # Hex: a generated id never starts with "-" (which a command line would read as an option).
     client_id = secrets.token_hex(12) if client_id is None else client_id
     await check_new_client(store, client_id, spec)
+    await check_resources(store, client_id, spec, own)
     secret = hashing.new_secret() if spec.confidential and spec.secret_sha256 is None else None
     client = Client(client_id=client_id, created_at=now, **spec.fields(),
                     **_secret_fields(secret, spec.secret_sha256))
@@ -322,6 +361,8 @@ async def create_client(store: Store, spec: ClientSpec, client_id: str | None = 
         await removal.register(store, client, now, announce, clock)
     except Removing:  # a removal of the id recorded meanwhile
         raise Taken(f"client {client_id!r} is being removed: remove it again to finish, then register it") from None
+    except ResourceTaken as taken:  # another client declared one of its resources meanwhile
+        raise resource_taken(taken) from None
     except Conflict:  # another registration of the id won meanwhile
         raise Taken(f"a client with id {client_id!r} already exists") from None
     _record("client_created", client_id=client_id, first_party=spec.first_party, confidential=spec.confidential,
@@ -339,9 +380,11 @@ async def put_client(ctx: OAuthContext, client_id: str, spec: ClientSpec) -> tup
     existing = await ctx.store.get_client(client_id) if len(client_id) <= 128 else None
     if existing is None:
         _check(id_problem(client_id), "client id", client_id, "client_id", "path")
-        client, secret = await create_client(ctx.store, spec, client_id, ctx.events.publish, ctx.clock(), ctx.clock)
+        client, secret = await create_client(ctx.store, spec, client_id, ctx.events.publish, ctx.clock(), ctx.clock,
+                                             own=own_resource(ctx.issuer))
         return client, secret, True
     spec = spec.checked()
+    await check_resources(ctx.store, client_id, spec, own_resource(ctx.issuer))
     fields = spec.fields()
     if spec.secret_sha256 is not None and spec.secret_sha256 != existing.secret_hash:
         fields.update(_secret_fields(None, spec.secret_sha256, existing))
@@ -366,6 +409,8 @@ async def update_client(ctx: OAuthContext, client_id: str, changes: dict[str, An
     if changes.get("secret_sha256") is not None:
         changes = {"confidential": True, **changes}
     spec = replace(ClientSpec.of(existing), **changes).checked(None if whole else changes.keys())
+    if whole or "resources" in changes:
+        await check_resources(ctx.store, client_id, spec, own_resource(ctx.issuer))
     confidential = spec.confidential if "confidential" in changes or whole else None
     fields = spec.fields(None if whole else changes)
     if spec.secret_sha256 is not None:
@@ -389,9 +434,12 @@ async def _change_client(ctx: OAuthContext, existing: Client, fields: dict[str, 
         fields = {**fields, **_secret_fields(secret)}
     elif confidential is False and existing.secret_hash is not None:
         fields = {**fields, **_secret_fields(None)}
-    before, announced = await client_change(
-        ctx.store, existing, fields, ctx.clock,
-        lambda marks: ctx.store.update_client(existing.client_id, {**fields, **marks}))
+    try:
+        before, announced = await client_change(
+            ctx.store, existing, fields, ctx.clock,
+            lambda marks: ctx.store.update_client(existing.client_id, {**fields, **marks}))
+    except ResourceTaken as taken:
+        raise resource_taken(taken) from None
     if before is None:
         raise Missing(f"no client with id {existing.client_id!r}")
     for revocation in announced:

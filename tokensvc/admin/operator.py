@@ -23,7 +23,7 @@ from tokensvc.admin.actions import AdminError, ClientSpec, Missing, Taken
 from tokensvc.bootstrap import CLI_CLIENT
 from tokensvc.config import Settings
 from tokensvc.errors import ValidationFailed
-from tokensvc.identifiers import served_here, username_key
+from tokensvc.identifiers import own_resource, served_here, username_key
 from tokensvc.oauth import sessions
 from tokensvc.oauth.context import OAuthContext
 from tokensvc.records import Grant, Session
@@ -118,7 +118,7 @@ class Operator:
         data = load(admin_schemas.client_body, self._logo_served_here(body))
         client_id = data.pop("client_id", None)
         client, secret = await admin.create_client(self.store, ClientSpec(**data), client_id, self.ctx.events.publish,
-                                                   self.ctx.clock(), self.ctx.clock)
+                                                   self.ctx.clock(), self.ctx.clock, own=own_resource(self.ctx.issuer))
         self.ctx.origins.forget()
         return {**admin_schemas.admin_client.dump(client), "clientSecret": secret}
 
@@ -262,7 +262,8 @@ class Operator:
             body = {**body, "clients": [self._logo_served_here(entry) for entry in body["clients"]]}
         steps = await provisioning.plan(self.store, body, kinds=self.settings.installation_kinds,
                                         service_name=self.service_name, acting_user=acting_user,
-                                        acting_client=acting_client, file=self.file)
+                                        acting_client=acting_client, file=self.file,
+                                        own=own_resource(self.ctx.issuer))
         return {"steps": [step.json() for step in steps]}
 
 

@@ -98,20 +98,26 @@ class Desired:
 
     users: set[str] = field(default_factory=set)
     client_names: dict[str, str] = field(default_factory=dict)  # lower-cased name -> client id
+    # The resources (RFC 8707) of the clients named so far, as the plan leaves them.
+    resources: dict[str, list[str] | None] = field(default_factory=dict)
+    own: str | None = None  # tokensvc's own API, which no resource server declares
 
 
 async def plan(store: Store, body: Any, *, kinds: Sequence[str], service_name: str,
                acting_user: str | None = None, acting_client: str | None = None,
-               file: FileEntries = NO_FILE) -> list[Step]:
+               file: FileEntries = NO_FILE, own: str | None = None) -> list[Step]:
     """The steps that make ``store`` hold ``body`` (``{"users", "clients", "installations":
     [entries], "prune"}``), or ValidationFailed listing every problem. An entry of the
     configuration file (``file``) may be named only as the file has it (``unchanged``): a
     change to it is a problem, naming the file. With ``prune``, what a table does not name is
     removed, except the configuration file's entries (the service's own client among them) and
     never the user or client of the token asking (``acting_user``, ``acting_client``): that is
-    refused."""
+    refused. ``own``: tokensvc's own API, which no resource server may declare; nor may two
+    declare one resource, as the store holds them or as the plan leaves them (a client the plan
+    names later is judged as the store holds it: move a resource to another client in two
+    applies, or name the client that gives it up first)."""
     data = load(admin_schemas.plan_body, body)
-    problems, desired = Problems(), Desired()
+    problems, desired = Problems(), Desired(own=own)
     steps: list[Step] = []
     named: dict[str, set[str]] = {table: set() for table in TABLES}
     for table in TABLES:
@@ -256,6 +262,7 @@ async def _client(store: Store, client_id: str, entry: Json, desired: Desired) -
         _secret_given(spec, None)
         await admin.check_new_client(store, client_id, spec)
         _name_free(client_id, spec.name, desired)
+        await _resources_free(store, client_id, spec, desired)
         return Step("client", client_id, "create", [change(name, None, value) for name, value in entry.items()])
     changes = load(admin_schemas.client_patch, entry)
     if changes.get("secret_sha256") is not None:
@@ -263,11 +270,21 @@ async def _client(store: Store, client_id: str, entry: Json, desired: Desired) -
     spec = replace(ClientSpec.of(existing), **changes).checked()
     _secret_given(spec, existing)
     _name_free(client_id, spec.name, desired)
+    if "resources" in changes or "kind" in changes:
+        await _resources_free(store, client_id, spec, desired)
+    desired.resources[client_id] = list(spec.resources or []) if spec.kind == RESOURCE_SERVER else None
     before, after = _in_force(ClientSpec.of(existing).checked()), _in_force(spec)
     found = [change(name, before[name], after[name]) for name in after if before[name] != after[name]]
     if spec.secret_sha256 is not None and spec.secret_sha256 != existing.secret_hash:
         found.append(change("clientSecretSha256", None, None))
     return Step("client", client_id, "update" if found else "unchanged", found)
+
+
+async def _resources_free(store: Store, client_id: str, spec: ClientSpec, desired: Desired) -> None:
+    """A resource server's resources as every writer checks them (:func:`admin.check_resources`),
+    against the store as the plan leaves it so far."""
+    await admin.check_resources(store, client_id, spec, desired.own, desired.resources)
+    desired.resources[client_id] = list(spec.resources or []) if spec.kind == RESOURCE_SERVER else None
 
 
 def _name_free(client_id: str, name: str, desired: Desired) -> None:

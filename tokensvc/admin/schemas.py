@@ -33,7 +33,8 @@ def PasswordHash() -> Any:
 
 RESOURCE = {"maxLength": identifiers.RESOURCE_MAX_LENGTH, "description": identifiers.RESOURCE_URI_RULE}
 RESOURCES = ("A resource server's: the resource URIs of the API it serves (RFC 8707), which an authorization or a "
-             "refresh may name to bind its tokens to; none for a client")
+             "refresh may name to bind its tokens to; none for a client. Never tokensvc's own API (base_url + /v1), "
+             "nor one another resource server declares (422)")
 
 class BodySchema(Schema):
     """An operator's JSON body: a field the service does not know is refused (422 naming it),

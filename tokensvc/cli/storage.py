@@ -169,13 +169,16 @@ async def storage_migrate(store: Any, args: argparse.Namespace) -> int:
 
     converted = await upgrade.migrate(store, None if args.json else _progress)
     waiting = store.history.waiting(store.format)
+    problems = store.indexes.problems  # what opening the store could not make (indexes.py)
     if args.json:
-        print(json.dumps({"converted": converted, "atFinalize": [m.name for m in waiting]}))
+        print(json.dumps({"converted": converted, "atFinalize": [m.name for m in waiting], "problems": problems}))
     else:
         print(_converted(converted) if converted else "no migration due")
         for migration in waiting:
             print(f"{migration.name} runs at finalize (tokensvc storage finalize): {migration.summary}")
-    return 0
+        for problem in problems:
+            print(f"WARNING: {problem}", file=sys.stderr)
+    return 1 if problems else 0
 
 
 async def storage_finalize(store: Any, args: argparse.Namespace) -> int:

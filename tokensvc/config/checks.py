@@ -31,15 +31,18 @@ from tokensvc.identifiers import (
     KIND,
     KIND_RULE,
     MIN_SECRET_LENGTH,
+    OWN_RESOURCE_PATH,
     id_problem,
     is_loopback,
     is_url,
     kind_problem,
     logo_url_problem,
     origin_problem,
+    own_resource,
     password_hash_problem,
     password_problem,
     redirect_uri_problem,
+    resource_key,
     resource_uri_problem,
     scope_problem,
     secret_problem,
@@ -68,6 +71,7 @@ def check(settings: Settings, say: Say) -> None:
     _check_storage(settings.storage, say)
     _check_sections(settings, say)
     _check_clients(settings.clients, settings.demo, say)
+    _check_resources(settings.clients, settings.base_url, say)
     names = _check_users(settings.users, settings.service_name, say)
     _check_kinds(settings.installation_kinds, say)
     _check_installations(settings.installations, names, settings.installation_kinds, say)
@@ -196,6 +200,28 @@ def _check_feed(feed: FeedSettings, say: Say) -> None:
     if feed.max_unsent_bytes < MIN_UNSENT_BYTES:
         say(f"feed.max_unsent_bytes: at least {MIN_UNSENT_BYTES} (a few messages), got "
                           f"{feed.max_unsent_bytes}")
+
+
+def _check_resources(clients: tuple[ClientSeed, ...], base_url: str, say: Say) -> None:
+    """A resource URI (RFC 8707) is one resource server's, and never tokensvc's own API
+    (``base_url`` + ``/v1``): else a token meant for one API would pass at another. Compared
+    canonically (identifiers.resource_key)."""
+    own = own_resource(base_url)
+    declared: dict[str, tuple[str, str]] = {}  # key -> (client id, the URI as it wrote it)
+    for i, client in enumerate(clients):
+        for index, uri in enumerate(client.resources or []):
+            if resource_uri_problem(uri) is not None:
+                continue  # said above
+            where = f"clients[{i}].resources[{index}]"
+            key = resource_key(uri)
+            if key == resource_key(own):
+                say(f"{where}: {uri!r} is tokensvc's own API (base_url + {OWN_RESOURCE_PATH}), which no resource "
+                    f"server declares: client {client.client_id!r}")
+                continue
+            other, written = declared.setdefault(key, (client.client_id, uri))
+            if other != client.client_id:
+                say(f"{where}: {uri!r} is declared by clients {other!r} (as {written!r}) and {client.client_id!r}: "
+                    "a resource URI is one resource server's")
 
 
 def _check_clients(clients: tuple[ClientSeed, ...], demo: bool, say: Say) -> None:

@@ -4,9 +4,10 @@ A resource server declares the resource URIs of the API it serves (``Client.reso
 tokensvc's own API is one too (:func:`own`, ``base_url`` + ``/v1``). An authorization request, a
 code exchange and a refresh may name ``resource`` (repeatable): each must be an absolute URI
 without a fragment (§2), declared by a resource server or tokensvc's own, else
-``invalid_target``. The code keeps what the authorization request named; an exchange or a
-refresh may narrow it (§2.2), never widen it; the family's tokens carry the result as their
-audience. A token that names none is meant for every API, as before audiences.
+``invalid_target``. The code keeps what the authorization request named, and so does the
+family's refresh token; an exchange or a refresh may narrow the access token it issues
+(§2.2), never widen it, so one refresh token serves each of those APIs in turn. A token that
+names none is meant for every API, as before audiences.
 
 Binding needs a store whose every process reads a family's audience
 (:meth:`~tokensvc.storage.base.Housekeeping.binds_audiences`: on MongoDB, once ``tokensvc storage
@@ -18,12 +19,12 @@ release that ignored the audience would accept the token everywhere.
 
 from __future__ import annotations
 
-from tokensvc.identifiers import resource_uri_problem
+from tokensvc.identifiers import OWN_RESOURCE_PATH, own_resource, resource_uri_problem
 from tokensvc.oauth.context import OAuthContext
 from tokensvc.oauth.errors import InvalidTarget
 from tokensvc.records import Token
 
-OWN_PATH = "/v1"  # tokensvc's own API, a resource at base_url + OWN_PATH
+OWN_PATH = OWN_RESOURCE_PATH  # tokensvc's own API, a resource at base_url + OWN_PATH
 MAX_RESOURCES = 16
 NOT_YET = ("tokens are bound to a resource only once the store's format allows it (tokensvc storage "
            "finalize); ask without resource")
@@ -31,7 +32,7 @@ NOT_YET = ("tokens are bound to a resource only once the store's format allows i
 
 def own(ctx: OAuthContext) -> str:
     """tokensvc's own API as a resource (its ``/v1``)."""
-    return ctx.issuer.rstrip("/") + OWN_PATH
+    return own_resource(ctx.issuer)
 
 
 def parse(values: list[str]) -> list[str] | None:

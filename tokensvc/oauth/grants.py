@@ -119,8 +119,9 @@ async def exchange_code(ctx: OAuthContext, client: Client, code: str, redirect_u
                         address: str = "-", resources: list[str] | None = None) -> TokenResponse:
     """Exchange ``client``'s ``code``, presented from ``address``; ``confirmation_code``: what the
     person typed from the code's page, for a code that grants ``admin`` to a native app.
-    ``resources`` may narrow what the code's authorization request named (RFC 8707 §2.2): a
-    target outside it is ``invalid_target``, and the code is not spent."""
+    ``resources`` may narrow the access token to some of what the code's authorization request
+    named (RFC 8707 §2.2); the refresh token keeps all of it. A target outside it is
+    ``invalid_target``, and the code is not spent."""
     store, now = ctx.store, ctx.clock()
     if confirmation_code:
         record, code_hash = await _confirmed(ctx, client, code, confirmation_code, address)
@@ -135,7 +136,7 @@ async def exchange_code(ctx: OAuthContext, client: Client, code: str, redirect_u
             redeemed = await store.redeem_code(code_hash, now, family_id, _presentation(client, redirect_uri,
                                                                                          code_verifier))
             if redeemed is not None:
-                return await _redeem(ctx, client, redeemed, secret, family_id, True, now, redeemed.audience)
+                return await _redeem(ctx, client, redeemed, secret, family_id, True, now)
         found = await store.get_code(code_hash)
         if found is None:
             raise InvalidGrant("Unknown authorization code")
@@ -154,7 +155,7 @@ async def exchange_code(ctx: OAuthContext, client: Client, code: str, redirect_u
             # so presenting it again revokes nothing.
             await store.consume_code(code_hash, now, failed=True)
         raise
-    target = await audience.requested(ctx, resources or [], record.audience) if resources else record.audience
+    target = await audience.requested(ctx, resources, record.audience) if resources else None
     secret = tokens.family_secret(code, verifier)
     family_id = tokens.family_id(secret)
     first = record.consumed_at is None
@@ -227,7 +228,8 @@ def _check_presenter(record: AuthorizationCode, client: Client, redirect_uri: st
 
 async def _redeem(ctx: OAuthContext, client: Client, record: AuthorizationCode, secret: str, family_id: str,
                   first: bool, now: datetime, target: list[str] | None = None) -> TokenResponse:
-    """Start the code's family; for the code presented again, revoke it (a replay)."""
+    """Start the code's family, its access token meant for ``target`` (None: what the code
+    names); for the code presented again, revoke it (a replay)."""
     store = ctx.store
     # The grant with its user, read together: what is in force is decided on them and on the
     # client just authenticated. The grant the code names, found by its key (a code of 0.10.0
@@ -262,7 +264,8 @@ def _family(family_id: str, grant: Grant, client: Client, record: AuthorizationC
     pair = minted.pair
     return Family(family_id, grant.grant_id, client.client_id, record.user_id, record.installation_id,
                   record.generation, list(pair.scopes), now, pair.refresh_hash, pair.access_hash, pair.issued_at,
-                  pair.expires_at, pair.access_expires_at, renewed_at=now, audience=target)
+                  pair.expires_at, pair.access_expires_at, renewed_at=now, audience=record.audience,
+                  access_audience=target)
 
 
 # -- refresh ----------------------------------------------------------------------------
@@ -270,7 +273,9 @@ def _family(family_id: str, grant: Grant, client: Client, record: AuthorizationC
 async def refresh(ctx: OAuthContext, client: Client, refresh_token: str, scope: str | None = None, *,
                   arrived: datetime | None = None, resources: list[str] | None = None) -> TokenResponse:
     """Rotate ``refresh_token``. ``scope`` may narrow the new pair (RFC 6749 §6), never widen it;
-    ``resources`` may bind it to fewer APIs (RFC 8707 §2.2), never to more, for good.
+    ``resources`` binds its access token to some of the APIs the family was granted (RFC 8707
+    §2.2; any declared one, when it was granted every API), never more; the refresh token keeps
+    them all, so that the next refresh may name others, or none for every one of them.
     ``arrived``: when the presentation arrived (now, unless said), the moment the window of
     concurrent presentations is judged by and a rotation issues its pair at, however long the
     store then takes (within :data:`~tokensvc.oauth.successors.HELD_SECONDS`)."""
@@ -290,7 +295,7 @@ async def refresh(ctx: OAuthContext, client: Client, refresh_token: str, scope: 
             raise InvalidGrant("Unknown refresh token")
         if family.revoked_at is not None:
             raise InvalidGrant("The refresh token is revoked")
-        target = await audience.requested(ctx, resources, family.audience) if resources else family.audience
+        target = await audience.requested(ctx, resources, family.audience) if resources else None
         rotated_out_last = (family.previous_hash is not None
                             and hmac.compare_digest(token_hash, family.previous_hash))
         if hmac.compare_digest(token_hash, family.refresh_hash):
@@ -361,9 +366,9 @@ async def _successor_again(ctx: OAuthContext, client: Client, family: Family, gr
     if scope is not None and set(granted) != set(family.scopes):
         raise InvalidScope("This refresh token was just rotated by a concurrent request, with the scope "
                            f"'{scopes.render(family.scopes)}': present it with that scope, or none")
-    if target != family.audience:
+    if target is not None and target != family.access_target:
         raise InvalidTarget("This refresh token was just rotated by a concurrent request, for the resources "
-                            f"'{' '.join(family.audience or [])}': present it with those, or none")
+                            f"'{' '.join(family.access_target or [])}': present it with those, or none")
     _audit("token_refreshed", "success", family.client_id, family.subject, concurrent_presentation=True)
     remaining = max(0, int((family.access_expires_at - ctx.clock()).total_seconds()))
     held = [item for item in family.scopes if item in granted]  # the pair's, in its order, in force now
@@ -456,13 +461,13 @@ async def _routed(ctx: OAuthContext) -> bool:
 def _successor(ctx: OAuthContext, family: Family, presented: str, granted: list[str], now: datetime,
                target: list[str] | None, routed: bool) -> tokens.Minted:
     """The pair that replaces the family's current one, derived from the refresh token
-    ``presented`` with the first key and a new salt, numbered one past the current pair, meant
-    for ``target`` (the family's audience, or what the refresh narrowed it to); its access token
-    with its routing part when ``routed``."""
+    ``presented`` with the first key and a new salt, numbered one past the current pair, its
+    access token meant for ``target`` (what the refresh named; None: the family's audience) and
+    carrying its routing part when ``routed``."""
     key_id, key = ctx.successors.deriving
     minted = _derived(ctx, family, presented, granted, now, key_id, key, family.serial + 1, successors.new_salt(),
                       routed=routed)
-    return replace(minted, pair=replace(minted.pair, audience=target))
+    return replace(minted, pair=replace(minted.pair, access_audience=target))
 
 
 def _derived(ctx: OAuthContext, family: Family, presented: str, granted: list[str], now: datetime, key_id: str | None,

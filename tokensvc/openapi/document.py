@@ -454,6 +454,12 @@ def _authorize_parameters() -> list[dict[str, Any]]:
         parameter("state", "query", "Returned untouched", maxLength=longest),
         parameter("installation_id", "query", "Pair this node installation (the user must operate it)",
                   maxLength=longest),
+        {"name": "resource", "in": "query", "required": False, "style": "form", "explode": True,
+         "description": "RFC 8707 §2, repeatable: the APIs the tokens are meant for, each one a resource server "
+                        "declares or tokensvc's own (base_url + /v1); else invalid_target. Absent: every API",
+         "schema": {"type": "array", "maxItems": schemas.MAX_RESOURCES, "items": {
+             "type": "string", "maxLength": identifiers.RESOURCE_MAX_LENGTH,
+             "description": identifiers.RESOURCE_URI_RULE}}},
     ]
 
 

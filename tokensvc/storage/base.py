@@ -44,6 +44,17 @@ class Conflict(Exception):
     """A unique key is taken (a username that another user already has)."""
 
 
+class ResourceTaken(Conflict):
+    """A resource URI (RFC 8707) that another client's document declares already: each is one
+    API's, so the write is refused, with nothing written (MongoDB: the unique index
+    ``clients.resources``). ``resource``: the URI, when the store knows it."""
+
+    def __init__(self, resource: str | None = None) -> None:
+        super().__init__(f"resource {resource!r} is declared by another client" if resource
+                         else "a resource is declared by another client")
+        self.resource = resource
+
+
 class Removing(Conflict):
     """A registration of an id whose removal is under way: refused, with nothing written, until
     the removal is finished (the same removal run again, or the next start-up)."""
@@ -157,7 +168,9 @@ class Registry(abc.ABC):
     @abc.abstractmethod
     async def declared_resources(self, resources: list[str]) -> set[str]:
         """Which of ``resources`` a registered resource server declares (its ``resources``):
-        one read, made only when a request names resources (RFC 8707).
+        one read, made only when a request names resources (RFC 8707). A resource two of them
+        declare (a store written before each write kept the rule, see :meth:`put_client`) is
+        none's: no token is bound to it (fail closed).
 
         Called by the authorization request, the code exchange and the refresh (oauth/audience.py).
         """
@@ -174,6 +187,13 @@ class Registry(abc.ABC):
     @abc.abstractmethod
     async def put_client(self, client: Client) -> None:
         """Insert or replace the client with this client_id (config seeding, CLI).
+
+        A resource URI is declared by one client's document at most (RFC 8707: a token meant
+        for one API must not pass at another): this write, :meth:`add_client` and
+        :meth:`update_client` raise :class:`ResourceTaken` and write nothing when another
+        client's document declares one of ``resources`` as written (MongoDB: a unique index,
+        so two writers in two processes at once cannot both land). The writers compare
+        canonical forms before (identifiers.resource_key).
 
         Called by start-up seeding of a client that exists (bootstrap.py).
         """

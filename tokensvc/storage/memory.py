@@ -42,12 +42,18 @@ from tokensvc.storage.base import (
     ClientRecord,
     Conflict,
     Removing,
+    ResourceTaken,
     Standing,
     Store,
 )
 from tokensvc.storage.rows import Row, Rows
 
-FAMILIES = Rows(Family, lists=("scopes", "audience"))
+
+def _tupled(values: list[str] | None) -> tuple[str, ...] | None:
+    return None if values is None else tuple(values)
+
+
+FAMILIES = Rows(Family, lists=("scopes", "audience", "access_audience"))
 CODES = Rows(AuthorizationCode, lists=("scopes", "audience"))
 SESSIONS = Rows(Session)
 GRANTS = Rows(Grant, lists=("scopes",))
@@ -107,14 +113,24 @@ class MemoryStore(Store):
         return None if client is None or client_id in self._removals else _client(client)
 
     async def declared_resources(self, resources: list[str]) -> set[str]:
-        return {resource for key, client in self._clients.items() if key not in self._removals
-                and client.resource_server for resource in client.resources or [] if resource in resources}
+        declaring = [set(client.resources or []) for key, client in self._clients.items()
+                     if key not in self._removals and client.resource_server]
+        return {resource for resource in resources if sum(resource in declared for declared in declaring) == 1}
+
+    def _resources_free(self, client_id: str, resources: Iterable[str] | None) -> None:
+        """ResourceTaken when another client's document declares one of ``resources`` (the
+        MongoDB store's unique index, whatever the client's kind or removal)."""
+        for key, other in self._clients.items():
+            taken = set(other.resources or []).intersection(resources or []) if key != client_id else None
+            if taken:
+                raise ResourceTaken(min(taken))
 
     async def list_clients(self, after: str | None = None, limit: int | None = None) -> list[Client]:
         keys = sorted(key for key in self._clients if key not in self._removals)
         return [_client(self._clients[key]) for key in _page(keys, after, limit)]
 
     async def put_client(self, client: Client) -> None:
+        self._resources_free(client.client_id, client.resources)
         self._clients[client.client_id] = _client(copy(client, owner=_owner(self._clients.get(client.client_id))))
 
     async def add_client(self, client: Client) -> None:
@@ -122,6 +138,7 @@ class MemoryStore(Store):
             raise Removing(f"client id {client.client_id!r} is being removed")
         if client.client_id in self._clients:
             raise Conflict(f"client id {client.client_id!r} is taken")
+        self._resources_free(client.client_id, client.resources)
         self._clients[client.client_id] = _client(client)
 
     async def update_client(self, client_id: str, fields: dict[str, Any], *,
@@ -129,6 +146,8 @@ class MemoryStore(Store):
         client = self._clients.get(client_id)
         if client is None or (if_confidential and client.secret_hash is None):
             return None
+        if "resources" in fields:
+            self._resources_free(client_id, fields["resources"])
         self._clients[client_id] = _client(copy(client, **fields))
         return _client(client)
 
@@ -401,7 +420,7 @@ class MemoryStore(Store):
                                    scopes=tuple(pair.scopes), issued_at=pair.issued_at, expires_at=pair.expires_at,
                                    access_expires_at=pair.access_expires_at, access_used_at=None,
                                    access_revoked_at=None, serial=pair.serial, key_id=pair.key_id, salt=pair.salt,
-                                   audience=None if pair.audience is None else tuple(pair.audience), **changes)
+                                   access_audience=_tupled(pair.access_audience), **changes)
         self._families[family_id] = updated
         return FAMILIES.unpack_row(updated)
 

@@ -8,7 +8,7 @@ from urllib.parse import quote
 
 import tornado.httputil
 import tornado.web
-from marshmallow import Schema
+from marshmallow import Schema, fields
 
 from tokensvc import schemas
 from tokensvc.config import Settings
@@ -114,11 +114,12 @@ class RequestInput:
 
 def single_values(arguments: dict[str, list[bytes]], schema: Schema, location: str | None = None) -> dict[str, str]:
     """Each parameter ``schema`` knows as one string. A parameter sent twice or not UTF-8 is
-    ``invalid_request``, or, given the ``location`` it is read from, a validation fault there."""
+    ``invalid_request``, or, given the ``location`` it is read from, a validation fault there.
+    A repeatable one (a list in ``schema``, as ``resource``) is left to its handler."""
     known = schema.fields
     values: dict[str, str] = {}
     for name, raw in arguments.items():
-        if name not in known:
+        if name not in known or isinstance(known[name], fields.List):
             continue
         present = [item for item in raw if item]
         if not present:

@@ -31,6 +31,8 @@ collection              query                                        index
 ======================  ===========================================  ===========================
 clients                 by client_id, with its removal ($lookup);    ``_id``; removals ``_id``
                         list sorted by client_id
+clients                 resource servers declaring a resource;       ``resources`` unique, partial
+                        one client per resource URI (RFC 8707)       (multikey; strings only)
 removals                by client_id; every one (start-up)           ``_id``
 removed_clients         (a removal's mark, for the relays)           TTL ``expires_at``
 previous_secrets        by client_id; the expired ones               ``_id``; ``expires_at``

@@ -92,8 +92,8 @@ FORMATS: tuple[Format, ...] = (
                         "previous refresh token's, a redeemed code's family id) as their 32 bytes",
            migrations=(PACKED_HASHES,), tripwires=(("failures", "ttl", TRIPWIRE),)),
     Format(3, "0.11.0.dev0", "a token family's and an authorization code's audience (RFC 8707 resource "
-                             "indicators): tokens are bound to one only from this format on, which no "
-                             "release that would ignore it may serve"),
+                             "indicators), and a family's access token's own: tokens are bound to one "
+                             "only from this format on, which no release that would ignore it may serve"),
 )
 # From this compatibility version on, a family may hold an audience (AUDIENCE_FROM, store.py).
 AUDIENCE_FROM = 3

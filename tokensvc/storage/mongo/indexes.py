@@ -32,6 +32,10 @@ def _revoked_only(collection: str, field: str) -> Index:
 # is served by the index of the same collation, username_caseless.
 CASELESS: dict[str, Any] = {"locale": "en", "strength": 2}
 
+RESOURCES: Index = ("clients", [("resources", ASCENDING)], {
+    "unique": True, "name": "resources", "partialFilterExpression": {"resources": {"$type": "string"}}})
+DUPLICATE_KEY = 11000
+
 # Created at start-up, idempotently.
 INDEXES: list[Index] = [
     ("users", [("username", ASCENDING)], {"unique": True, "name": "username"}),
@@ -64,6 +68,9 @@ INDEXES: list[Index] = [
     ("failures", [("expires_at", ASCENDING)], {"expireAfterSeconds": 0, "name": "ttl"}),
     # The running processes' entries (processes.py), kept a day after their last heartbeat.
     ("processes", [("seen_at", ASCENDING)], {"expireAfterSeconds": 86400, "name": "ttl"}),
+    # A resource URI (RFC 8707) is one client's: two writers in two processes at once cannot
+    # both declare it. Multikey (each element indexed); documents without one are left out.
+    RESOURCES,
     # A removal's mark (mark_removal), kept a day: long after every relay polled it.
     ("removed_clients", [("expires_at", ASCENDING)], {"expireAfterSeconds": 0, "name": "ttl"}),
     # What the polling fallback of the revocation feed reads.
@@ -84,11 +91,25 @@ def _collated(index: dict[str, Any]) -> tuple[Any, Any]:
     return collation.get("locale", "simple"), collation.get("strength")
 
 
+def _unmade(shared: str) -> str:
+    """The index ``clients.resources`` unmade, and what to do. Until it is made, each writer of
+    this release still refuses a new duplicate, and no token is bound to a shared URI
+    (declared_resources)."""
+    shared = shared or "by a write just now"
+    return (f"index clients.resources is not made: resource URIs are declared twice ({shared}). No token is "
+            "bound to such a URI until one client alone declares it: change the others' resources (the admin API, "
+            "tokensvc apply, the configuration file), then restart tokensvc or run tokensvc storage migrate, which "
+            "makes the index")
+
+
 class Indexes:
     """The store's indexes on its connection, as the store's format calls for them."""
 
     def __init__(self, connection: Connection) -> None:
         self.connection = connection
+        # What keeps an index from being made that the store still serves without (said at
+        # every start-up and by ``tokensvc storage status`` and ``migrate``).
+        self.problems: list[str] = []
 
     async def make(self) -> None:
         """Make every index (at start-up). One that exists with other options is reconciled
@@ -100,7 +121,7 @@ class Indexes:
         history, state = self.connection.history, self.connection.format
         await self.drop_retired()
         retired = set(history.retired_indexes(state))
-        conflicts = []
+        conflicts, self.problems = [], []
         for collection, keys, options in INDEXES:
             options = {**options, "name": history.index_name(collection, options["name"], state)}
             if (collection, options["name"]) in retired:
@@ -108,6 +129,10 @@ class Indexes:
             try:
                 await self._make(collection, keys, options)
             except OperationFailure as exc:
+                if exc.code == DUPLICATE_KEY and (collection, keys) == RESOURCES[:2]:
+                    self.problems.append(await self._shared_resources())
+                    log.error("%s", self.problems[-1])
+                    continue
                 if exc.code not in INDEX_CONFLICT:
                     raise
                 conflict = await self._reconcile(collection, keys, options)
@@ -115,6 +140,41 @@ class Indexes:
                     conflicts.append(conflict)
         if conflicts:
             raise StoreFault("; ".join(conflicts))
+
+    async def make_resources(self) -> list[str]:
+        """The index ``clients.resources`` made (``tokensvc storage migrate``, whose store is
+        not opened): the problems left, as :meth:`make` says them."""
+        collection, keys, options = RESOURCES
+        try:
+            await self._make(collection, keys, options)
+            self.problems = []
+        except OperationFailure as exc:
+            if exc.code != DUPLICATE_KEY:
+                raise
+            self.problems = [await self._shared_resources()]
+        return self.problems
+
+    async def unmade(self) -> list[str]:
+        """What keeps an index from being made, read only (``tokensvc storage status``)."""
+        if RESOURCES[2]["name"] in await self.connection.db["clients"].index_information():
+            return []
+        shared = await self._shared()
+        return [_unmade(shared)] if shared else []
+
+    async def _shared_resources(self) -> str:
+        return _unmade(await self._shared())
+
+    async def _shared(self) -> str:
+        """What a store written before the rule holds: each resource URI two clients declare,
+        and which."""
+        declaring: dict[str, list[str]] = {}
+        found = await self.connection.db["clients"].find({"resources": {"$type": "string"}},
+                                                         {"resources": 1}).to_list(None)
+        for document in found:
+            for resource in dict.fromkeys(document.get("resources") or []):
+                declaring.setdefault(resource, []).append(str(document["_id"]))
+        return "; ".join(f"{resource} by clients {', '.join(sorted(ids))}"
+                         for resource, ids in sorted(declaring.items()) if len(ids) > 1)
 
     async def _make(self, collection: str, keys: list[tuple[str, int]], options: dict[str, Any]) -> None:
         # A build waits for the members its quorum names: all voting ones by default, so one

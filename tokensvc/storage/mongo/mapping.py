@@ -110,7 +110,8 @@ def pair_fields(pair: Pair) -> dict[str, Any]:
     return {"refresh_hash": pair.refresh_hash, "access_hash": pair.access_hash,
             "scopes": list(pair.scopes), "issued_at": pair.issued_at, "expires_at": pair.expires_at,
             "access_expires_at": pair.access_expires_at, "access_used_at": None, "access_revoked_at": None,
-            "serial": pair.serial, "key_id": pair.key_id, "salt": pair.salt, "audience": _listed(pair.audience)}
+            "serial": pair.serial, "key_id": pair.key_id, "salt": pair.salt,
+            "access_audience": _listed(pair.access_audience)}
 
 
 def _listed(values: list[str] | None) -> list[str] | None:

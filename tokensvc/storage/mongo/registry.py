@@ -15,7 +15,7 @@ from pymongo import ASCENDING, ReturnDocument
 
 from tokensvc.identifiers import username_key
 from tokensvc.records import RESOURCE_SERVER, Client, Installation, PreviousSecret, Removal, User
-from tokensvc.storage.base import ClientRecord, Conflict, Registry, Removing, StorageError
+from tokensvc.storage.base import ClientRecord, Conflict, Registry, Removing, ResourceTaken, StorageError
 from tokensvc.storage.mongo.connection import Connection
 from tokensvc.storage.mongo.indexes import CASELESS
 from tokensvc.storage.mongo.mapping import CLIENTS, INSTALLATIONS, PREVIOUS_SECRETS, REMOVALS, USERS
@@ -116,7 +116,8 @@ class MongoRegistry(Registry):
     @guarded()
     async def declared_resources(self, resources: list[str]) -> set[str]:
         found = await self._clients({"kind": RESOURCE_SERVER, "resources": {"$in": list(resources)}})
-        return {resource for client in found for resource in client.resources or [] if resource in resources}
+        return {resource for resource in resources
+                if sum(resource in (client.resources or []) for client in found) == 1}
 
     @guarded()
     async def list_clients(self, after: str | None = None, limit: int | None = None) -> list[Client]:
@@ -134,10 +135,20 @@ class MongoRegistry(Registry):
         # the claim, and a release that knows nothing of it keeps it ($set) or drops it (0.9.0):
         # a document with none is taken by whichever removal is recorded (fail closed).
         claim = secrets.token_hex(8)
-        await self._insert_client({**CLIENTS.doc(client), CLAIM: claim})  # a duplicate _id: Conflict
+        try:
+            await self._insert_client({**CLIENTS.doc(client), CLAIM: claim})  # a duplicate _id: Conflict
+        except ResourceTaken:
+            # A server may name either index a document breaks: the id taken is what it is.
+            if await self._exists(client.client_id):
+                raise Conflict(f"client id {client.client_id!r} is taken") from None
+            raise
         if await self._removal_recorded(client.client_id):
             await self._take_back(client.client_id, claim)
             raise Removing(f"client id {client.client_id!r} is being removed")
+
+    @guarded()
+    async def _exists(self, client_id: str) -> bool:
+        return await self.clients.find_one({"_id": client_id}, {"_id": 1}) is not None
 
     @guarded()
     async def _insert_client(self, document: dict[str, Any]) -> None:

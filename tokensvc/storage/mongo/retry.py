@@ -27,7 +27,7 @@ from pymongo.errors import (
     WTimeoutError,
 )
 
-from tokensvc.storage.base import Conflict, StorageError, StoreFault
+from tokensvc.storage.base import Conflict, ResourceTaken, StorageError, StoreFault
 from tokensvc.storage.mongo import calls, hashes
 from tokensvc.storage.mongo.causal import CAUSAL_SESSION
 
@@ -104,7 +104,7 @@ RETRY_KINDS: dict[str, str] = {
     "_client_record": READ,  # client_record, when this process read it too long ago
     "_seeded_admin": READ, "_seed_write": RERUN,  # seed_user
     "_live_client_grant_ids": READ, "_revoke_where": RERUN,  # revoke_client_grants
-    "_insert_client": ONCE, "_removal_recorded": READ, "_take_back": RERUN,  # add_client
+    "_insert_client": ONCE, "_removal_recorded": READ, "_take_back": RERUN, "_exists": READ,  # add_client
     "_claim_of": READ, "_record_removal": RERUN,  # begin_removal
     "_drop_removal": RERUN,  # end_removal
     "_revoke_family": ONCE, "_revoke_access": ONCE, "_mark_grant_revoked": ONCE, "_end_session": ONCE,
@@ -273,6 +273,9 @@ def translate(exc: Exception) -> Exception:
     if _duplicate_key(exc):
         details = getattr(exc, "details", None) or {}
         key = details.get("keyValue")
+        if "resources" in (details.get("keyPattern") or {}) or " index: resources " in str(exc):
+            value = key.get("resources") if isinstance(key, dict) else None
+            return ResourceTaken(value if isinstance(value, str) else None)
         return Conflict(str({name: "<hash>" if isinstance(value, bytes) or hashes.is_digest(value) else value
                              for name, value in key.items()}) if isinstance(key, dict) else _head(exc))
     head = _head(exc)

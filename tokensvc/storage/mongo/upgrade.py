@@ -107,7 +107,8 @@ async def status(store: MongoStore, assume_stopped: bool = False) -> Status:
     connections = await processes.connected(store.connection)
     left = {migration.name: await _left(store, migration) for migration in store.history.migrations}
     return Status(state, store.history, running, connections, await processes.recent(store.connection), left,
-                  _blockers(store, state, running, connections, assume_stopped), _warnings(state, connections, left))
+                  _blockers(store, state, running, connections, assume_stopped),
+                  _warnings(state, connections, left) + await store.indexes.unmade())
 
 
 async def _left(store: MongoStore, migration: Migration) -> int:
@@ -184,7 +185,15 @@ async def migrate(store: MongoStore, progress: Progress | None = None, said: str
         except migrations.Stopped as exc:
             raise Refused(f"{said}{exc}") from None
     store.format = await current(store)
+    await _resources_index(store)
     return converted
+
+
+@guarded(RERUN, budget="build_budget")
+async def _resources_index(store: MongoStore) -> list[str]:
+    """The index a store written before it cannot have made at start-up (indexes.py), made
+    once its clients allow; what keeps it unmade is in ``store.indexes.problems``."""
+    return await store.indexes.make_resources()
 
 
 @guarded(READ)
