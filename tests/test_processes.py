@@ -437,10 +437,10 @@ async def test_a_start_up_finishing_two_removals_names_the_second_to_polling_rel
     heard, listening = await hearing(store, polls)
     revoke = elsewhere.revoke_client_grants
 
-    async def long(client_id, now, limit, before=None):
+    async def long(client_id, now, limit, before=None, audience=None):
         if client_id == "a":
             clock.advance(late)  # many batches
-        return await revoke(client_id, now, limit, before)
+        return await revoke(client_id, now, limit, before, audience)
 
     elsewhere.revoke_client_grants = long
     assert await removal.finish_pending(elsewhere, clock) == ["a", "b"]
@@ -466,8 +466,8 @@ async def test_a_long_removals_later_batch_is_heard_by_a_polling_relay(store, mo
     heard, listening = await hearing(store, polls)
     revoke, batches = elsewhere.revoke_client_grants, []
 
-    async def long(client_id, now, limit, before=None):
-        batches.append(await revoke(client_id, now, limit, before))
+    async def long(client_id, now, limit, before=None, audience=None):
+        batches.append(await revoke(client_id, now, limit, before, audience))
         clock.advance(late)  # a batch that took long
         return batches[-1]
 
@@ -534,18 +534,20 @@ async def test_a_grants_families_swept_long_after_its_mark_are_heard_by_a_pollin
     heard, listening = await hearing(store, polls)
     mark = elsewhere.mark_grant_revoked
 
-    async def long(grant_id, now):
-        marked = await mark(grant_id, now)
+    async def long(grant_id, now, audience=None):
+        marked = await mark(grant_id, now, audience)
         clock.advance(late)  # the grant's write took long (retried until a primary was elected)
         return marked
 
     elsewhere.mark_grant_revoked = long
     try:
-        assert await revocation.end_grant(elsewhere, grants[0].grant_id, clock) == (True, 1)
+        ended = await revocation.end_grant(elsewhere, grants[0].grant_id, clock)
+        assert (ended.marked, ended.count) == (True, 1)
         await eventually(lambda: Revocation(FAMILY, families[0]) in heard, what="the families of the grant")
         # A promotion's grants: the second one's writes long after the first one's.
         elsewhere.list_grants = lambda subject: asyncio.sleep(0, grants)
-        assert await revocation.end_chains_before_promotion(elsewhere, "u_alice", clock) == {grants[1].grant_id: 1}
+        promoted = await revocation.end_chains_before_promotion(elsewhere, "u_alice", clock)
+        assert {grant_id: ended.count for grant_id, ended in promoted.items()} == {grants[1].grant_id: 1}
         await eventually(lambda: {Revocation(GRANT, grants[1].grant_id), Revocation(FAMILY, families[1])} <= set(heard),
                          what="the promotion's later grant")
     finally:
@@ -602,8 +604,8 @@ async def test_a_registrations_later_batch_of_leftovers_is_heard_by_a_polling_re
     heard, listening = await hearing(store, polls)
     revoke, batches = elsewhere.revoke_client_grants, []
 
-    async def long(client_id, stamp, limit, before=None):
-        batches.append(await revoke(client_id, stamp, limit, before))
+    async def long(client_id, stamp, limit, before=None, audience=None):
+        batches.append(await revoke(client_id, stamp, limit, before, audience))
         clock.advance(late)  # a batch that took long
         return batches[-1]
 
@@ -632,3 +634,54 @@ def test_an_insert_elsewhere_than_removed_clients_is_no_revocation():
     mark = {"operationType": "insert", "ns": {"coll": "removed_clients"}, "documentKey": {"_id": "c1"},
             "fullDocument": {"_id": "c1", "removed_at": at}}
     assert _revocations(mark) == [Revocation(CLIENT, "c1")]
+
+
+@pytest.mark.gen_test(timeout=30)
+async def test_a_revocation_in_another_process_carries_the_audience_of_the_tokens_it_may_touch(store):
+    """The audience of a revocation travels with its mark through the store, so that the relay of
+    every process tells it to the resource servers it concerns alone: another process revokes a
+    grant whose tokens are meant for photos alone (its mark, and its families'), demotes their user,
+    narrows their client; each is heard with that audience. A mark written without one (as the
+    previous release writes it), or written again over one (a re-stamp, a write of that release),
+    is heard as every reader's."""
+    from helpers import make_config
+
+    from tokensvc.admin import actions as admin
+    from tokensvc.bootstrap import make_context
+    from tokensvc.oauth import revocation
+
+    photos = "https://photos.example"
+    now = Clock().now
+    store.observer = polls = Polls()
+    feed = store.revocation_feed(poll_seconds=0.05).__aiter__()
+
+    async def heard(count: int) -> set[tuple[str, str, tuple[str, ...] | None]]:
+        revocations = [await asyncio.wait_for(feed.__anext__(), DEADLINE) for _ in range(count)]
+        return {(revoked.kind, revoked.key, revoked.audience) for revoked in revocations}
+
+    elsewhere = other_process(store)
+    there = make_context(make_config(), elsewhere)
+    await elsewhere.put_user(User("u1", "una", "h1", admin=True))
+    await elsewhere.put_client(Client("c1", "One", ["https://a/cb"], ["read", "write"]))
+    grants = [await elsewhere.save_grant("c1", Subject(user_id=user_id), ["read"], now) for user_id in ("u1", "u2")]
+    for index, grant in enumerate(grants):
+        await elsewhere.create_family(Family(
+            f"f{index}", grant.grant_id, "c1", grant.subject.user_id, None, 0, ["read"], now, f"r{index}",
+            f"a{index}", now, now + timedelta(hours=1), now + timedelta(minutes=10), renewed_at=now, audience=[photos]))
+    waiting = asyncio.ensure_future(feed.__anext__())
+    await asyncio.wait_for(polls.began.wait(), DEADLINE)
+    await revocation.revoke_grant(there, grants[0].grant_id, "test")
+    first = await waiting
+    assert {(first.kind, first.key, first.audience)} | await heard(1) == {
+        (GRANT, grants[0].grant_id, (photos,)), (FAMILY, "f0", (photos,))}
+    await admin.set_admin(there, "una", False)
+    assert await heard(1) == {(SUBJECT, "u1", (photos,))}
+    await admin.update_client(there, "c1", {"scopes": ["read"]})
+    assert await heard(1) == {(CLIENT, "c1", (photos,))}
+    # The previous release marks the other grant, and the user again: heard as every reader's.
+    await elsewhere.authorizations.grants.update_one({"_id": grants[1].grant_id}, {"$set": {"revoked_at": now}})
+    assert await heard(1) == {(GRANT, grants[1].grant_id, None)}
+    await elsewhere.registry.users.update_one({"_id": "u1"}, {"$set": {"narrowed_at": Clock().now + timedelta(
+        seconds=1)}})
+    assert await heard(1) == {(SUBJECT, "u1", None)}
+    await feed.aclose()
