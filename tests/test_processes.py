@@ -9,7 +9,8 @@ from datetime import timedelta
 
 import pytest
 from backends import open_store
-from helpers import DEADLINE, Clock, eventually, family_of, hand_over
+from helpers import DEADLINE, SKY_REDIRECT, WEBAPP_REDIRECT, Clock, eventually, family_of, hand_over
+from test_audience import NOTES, NOTES_SECRET, PHOTOS, grant_of, issued_as, with_apis
 from test_feed import connect as connect_feed
 from test_feed import next_message
 from test_ws import closed_as_revoked, tokens, welcome_of, ws_url
@@ -685,3 +686,49 @@ async def test_a_revocation_in_another_process_carries_the_audience_of_the_token
         seconds=1)}})
     assert await heard(1) == {(SUBJECT, "u1", None)}
     await feed.aclose()
+
+
+@pytest.mark.parametrize("config", [with_apis()], ids=["apis"])
+@pytest.mark.gen_test(timeout=30)
+async def test_a_resource_server_hears_another_processes_revocations_by_audience(app, http_server, base_url, store,
+                                                                               ctx, config):
+    """Another process revokes a grant whose tokens are meant for photos alone, then one meant
+    for notes, then one naming none, and demotes the user whose tokens are meant for notes.
+    notes-api, reading this process's feed (which its relay feeds), hears the notes and the
+    unbound ones alone, numbered without a gap; the web app hears every one."""
+    from tokensvc.admin import actions as admin
+    from tokensvc.bootstrap import make_context
+    from tokensvc.oauth import revocation
+    from tokensvc.oauth.feed import family_label
+
+    relay = asyncio.ensure_future(events.relay(store, ctx.events))
+    try:
+        notes = await connect_feed(base_url, client_id="notes-api", secret=NOTES_SECRET)
+        webapp = await connect_feed(base_url)
+        for reader in (notes, webapp):
+            await next_message(reader)
+        issued = {name: await issued_as(ctx, *how) for name, how in {
+            "photos": ("alice", "webapp", WEBAPP_REDIRECT, PHOTOS),
+            "notes": ("root", "webapp", WEBAPP_REDIRECT, NOTES),
+            "none": ("alice", "skyplanner", SKY_REDIRECT)}.items()}
+        grants = {name: await grant_of(ctx, tokens) for name, tokens in issued.items()}
+        named = {name: {grants[name], family_label((await family_of(store, tokens.access_token)).family_id)}
+                 for name, tokens in issued.items()}
+        there = make_context(config, other_process(store))  # no event of this process fires
+        for name in ("photos", "notes", "none"):
+            await revocation.revoke_grant(there, grants[name], "test")
+        heard = [await next_message(notes) for _ in range(4)]
+        assert [message["seq"] for message in heard] == [1, 2, 3, 4]
+        assert {message.get("grant_id") or message.get("family_id") for message in heard} == (
+            named["notes"] | named["none"])  # nothing of photos
+        await admin.set_admin(there, "root", False)  # root's tokens: notes
+        root = await store.get_user_by_username("root")
+        assert await next_message(notes) == {"type": "revoked", "seq": 5, "sub": root.user_id}
+        everything = [await next_message(webapp) for _ in range(7)]
+        assert {message.get("grant_id") or message.get("family_id") or message.get("sub")
+                for message in everything} == named["photos"] | named["notes"] | named["none"] | {root.user_id}
+        notes.close()
+        webapp.close()
+    finally:
+        relay.cancel()
+        await asyncio.gather(relay, return_exceptions=True)  # its poll ended, not left to the collector
