@@ -732,3 +732,51 @@ async def test_a_resource_server_hears_another_processes_revocations_by_audience
     finally:
         relay.cancel()
         await asyncio.gather(relay, return_exceptions=True)  # its poll ended, not left to the collector
+
+
+@pytest.mark.gen_test(timeout=30)
+async def test_a_family_exchanged_while_its_user_is_demoted_is_named_with_its_audience(store):
+    """A code of the user's is exchanged between the read of their families' audiences and the
+    demotion's mark: its family stood until the mark, so its audience is read again after it,
+    the announcement carries it, and the mark is written again with it, which another process's
+    relay hears: a resource server that family's tokens are meant for hears the demotion too."""
+    from helpers import make_config
+
+    from tokensvc.admin import actions as admin
+    from tokensvc.bootstrap import make_context
+
+    photos = "https://photos.example"
+    now = Clock().now
+    store.observer = polls = Polls()
+    feed = store.revocation_feed(poll_seconds=0.05).__aiter__()
+    elsewhere = other_process(store)
+    there = make_context(make_config(), elsewhere)
+    announced: list[Revocation | None] = []
+    there.events.watch(announced.append)
+    await elsewhere.put_user(User("u1", "una", "h1", admin=True))
+    grant = await elsewhere.save_grant("webapp", Subject(user_id="u1"), ["read"], now)
+
+    def family(index: int, audience: list[str]) -> Family:
+        return Family(f"f{index}", grant.grant_id, "webapp", "u1", None, 0, ["read"], now, f"r{index}", f"a{index}",
+                      now, now + timedelta(hours=1), now + timedelta(minutes=10), renewed_at=now, audience=audience)
+
+    await elsewhere.create_family(family(0, [NOTES]))
+    read = elsewhere.families_audience
+
+    async def racing(**which):
+        audience = await read(**which)
+        if (await elsewhere.get_family("f1"))[0] is None:
+            await elsewhere.create_family(family(1, [photos]))  # exchanged just after the read
+        return audience
+
+    elsewhere.families_audience = racing
+    waiting = asyncio.ensure_future(feed.__anext__())
+    await asyncio.wait_for(polls.began.wait(), DEADLINE)
+    await admin.set_admin(there, "una", False)
+    assert [(each.kind, each.key, each.audience) for each in announced if each is not None] == [
+        (SUBJECT, "u1", (NOTES, photos))]
+    heard = [await waiting]
+    while heard[-1].audience != (NOTES, photos):  # the second mark (a poll may read the first too)
+        heard.append(await asyncio.wait_for(feed.__anext__(), DEADLINE))
+    assert {(each.kind, each.key) for each in heard} == {(SUBJECT, "u1")}
+    await feed.aclose()

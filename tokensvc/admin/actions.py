@@ -41,6 +41,7 @@ from tokensvc.oauth.revocation import (
     client_change,
     client_marks,
     end_chains_before_promotion,
+    marked_again,
     revoke_grant,
     revoke_token,
 )
@@ -61,7 +62,7 @@ from tokensvc.records import (
     generated_digest,
     utcnow,
 )
-from tokensvc.storage.base import CREDENTIALS, MARK_AUDIENCE, SUBJECT, Conflict, Removing, Revocation, Store, union
+from tokensvc.storage.base import CREDENTIALS, MARK_AUDIENCE, SUBJECT, Conflict, Removing, Revocation, Store
 from tokensvc.telemetry import logs
 
 MAX_PAGE = 200  # the most a listing returns at once
@@ -561,12 +562,16 @@ async def _narrow_user(ctx: OAuthContext, user_id: str, fields: dict[str, Any]) 
     announce it under the user: some of what their tokens may do is withdrawn. Every process's
     relay hears the mark, and the revocation feed names the user (``sub``), so resource servers
     drop the answers they cached for them: those whose tokens may be meant for them (the
-    audiences of the user's families, read first, written with the mark). The user as they
-    were, or None when there is none."""
+    audiences of the user's families, read first, written with the mark, and read again after
+    it: :func:`~tokensvc.oauth.revocation.marked_again`). The user as they were, or None when
+    there is none."""
     audience = await ctx.store.families_audience(user_id=user_id)
     before = await ctx.store.update_user(user_id, {**fields, "narrowed_at": ctx.clock(), MARK_AUDIENCE: audience})
     if before is not None:
-        ctx.events.publish(Revocation(SUBJECT, user_id, union(audience)))
+        heard = await marked_again(
+            audience, ctx.store.families_audience(user_id=user_id),
+            lambda together: ctx.store.update_user(user_id, {"narrowed_at": ctx.clock(), MARK_AUDIENCE: together}))
+        ctx.events.publish(Revocation(SUBJECT, user_id, heard))
     return before
 
 

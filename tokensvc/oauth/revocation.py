@@ -23,7 +23,7 @@ to the resource servers those tokens may be meant for alone (:mod:`tokensvc.oaut
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any, TypeVar
 
@@ -108,7 +108,7 @@ async def end_chains_before_promotion(store: RegistryAndAuthorizations, user_id:
     return ended
 
 
-async def client_change(store: Authorizations, before: Client, fields: Mapping[str, Any], clock: Clock,
+async def client_change(store: RegistryAndAuthorizations, before: Client, fields: Mapping[str, Any], clock: Clock,
                         write: Callable[[dict[str, Any]], Awaitable[R]]) -> tuple[R, list[Revocation]]:
     """Write a change of the client ``before`` that sets ``fields`` (``write(marks)``: with the
     marks to record in the same write, which every process's relay hears), and what it
@@ -133,16 +133,36 @@ async def client_change(store: Authorizations, before: Client, fields: Mapping[s
     kept = list(DEFAULT_SCOPES) if allowed_scopes is None else allowed_scopes
     narrowed = any(scope not in kept for scope in before.scopes)
     credentials = any(name in fields and fields[name] != getattr(before, name) for name in READER_FIELDS)
-    # What a narrowing may touch: its families' audiences, read before the write that marks it.
-    audience = union(await store.families_audience(client_id=before.client_id)) if narrowed else None
-    announced = [Revocation(kind, before.client_id, audience if kind == CLIENT else None)
+    # What a narrowing may touch: its families' audiences, read before the write that marks it
+    # (and again after it: marked_again).
+    audience = await store.families_audience(client_id=before.client_id) if narrowed else None
+    announced = [Revocation(kind, before.client_id, union(audience) if kind == CLIENT else None)
                  for kind, marked in ((CLIENT, narrowed), (CREDENTIALS, credentials)) if marked]
     if narrowed:
         await store.withdraw_scopes(before.client_id, kept)
     written = await write(client_marks(announced, clock()))
     if narrowed:
         await store.withdraw_scopes(before.client_id, kept)
+        heard = await marked_again(audience, store.families_audience(client_id=before.client_id),
+                                   lambda together: store.update_client(
+                                       before.client_id, {CLIENT_MARKS[CLIENT]: clock(), MARK_AUDIENCE: together}))
+        announced = [replace(revocation, audience=heard) if revocation.kind == CLIENT else revocation
+                     for revocation in announced]
     return written, announced
+
+
+async def marked_again(audience: list[str] | None, read_again: Awaitable[list[str] | None],
+                       mark: Callable[[list[str] | None], Awaitable[Any]]) -> tuple[str, ...] | None:
+    """What a client's or a user's mark, written with ``audience`` (its families', read before
+    it), touches: that and what ``read_again`` reads after the mark, together. A family that an
+    exchange wrote in between stood until the mark; when its audience is not in the mark's, the
+    mark is written again with both (``mark``: a new mark, which every relay hears), so that a
+    resource server its tokens were meant for hears it too. Rare: it takes a code exchanged in
+    the moment between the read and the mark."""
+    together = union(audience, await read_again)
+    if together != union(audience):
+        await mark(_listed(together))
+    return together
 
 
 def client_marks(announced: Iterable[Revocation], now: datetime) -> dict[str, Any]:
