@@ -23,7 +23,7 @@ from test_families import refreshed_often  # noqa: E402
 from tokensvc.bootstrap import seed  # noqa: E402
 from tokensvc.storage.memory import MemoryStore  # noqa: E402
 
-EXPECTED = (["mark_grant_revoked", "revoke_grant_families"], 1)
+EXPECTED = (["families_audience", "mark_grant_revoked", "families_audience", "revoke_grant_families"], 1)
 
 
 async def run(rounds: int) -> int:

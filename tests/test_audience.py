@@ -18,6 +18,8 @@ import pytest
 from backends import open_store
 from helpers import (
     CHALLENGE,
+    NODE_REDIRECT,
+    PARTNER_REDIRECT,
     SKY_REDIRECT,
     VERIFIER,
     WEBAPP_REDIRECT,
@@ -35,7 +37,7 @@ from tokensvc import config as config_module
 from tokensvc.admin.operator import Operator
 from tokensvc.bootstrap import make_context, seed
 from tokensvc.handlers.edge import pace
-from tokensvc.oauth import audience, authorization, grants, introspection
+from tokensvc.oauth import audience, authorization, confirmation, grants, introspection
 from tokensvc.oauth.errors import InvalidTarget, RedirectError
 from tokensvc.resource import InvalidToken, Settings, Verifier
 from tokensvc.storage.mongo.format import StoreFormat
@@ -484,8 +486,8 @@ def test_the_own_api_is_base_url_and_v1(ctx):
 
 def test_a_resource_server_reads_the_revocations_of_its_tokens_and_of_those_naming_none():
     """Each view is numbered on its own, so a reader never sees a gap; a revocation whose
-    audience the process did not read (a grant, a user, a relay's) and a flush reach every
-    reader; a reader that is no resource server reads every revocation."""
+    audience is unknown (a mark of an older release) and a flush reach every reader; a reader
+    that is no resource server reads every revocation."""
     from tokensvc.oauth.events import RevocationEvents
     from tokensvc.oauth.feed import RevocationFeed, family_label
     from tokensvc.storage.base import FAMILY, GRANT, Revocation
@@ -500,7 +502,7 @@ def test_a_resource_server_reads_the_revocations_of_its_tokens_and_of_those_nami
     events.publish(Revocation(FAMILY, "f-notes", (NOTES,)))
     events.publish(Revocation(FAMILY, "f-photos", (PHOTOS, OWN)))
     events.publish(Revocation(FAMILY, "f-any"))  # names no audience: every API's
-    events.publish(Revocation(GRANT, "g1"))  # its families' audiences unread: every reader
+    events.publish(Revocation(GRANT, "g1"))  # its audience unknown: every reader
     events.publish(Revocation(FAMILY, "f-own", (OWN,)))
     events.publish_all()
     label = family_label
@@ -578,3 +580,112 @@ async def test_a_reader_whose_resources_change_reconnects(app, http_server, base
     again = await connect(base_url, client_id="notes-api", secret=NOTES_SECRET)
     assert (await next_message(again))["resumed"] is False
     again.close()
+
+
+# -- a grant, a client or a user revoked: heard by the readers of its tokens' audiences ------------
+
+
+async def issued_as(ctx, username: str, client_id: str, redirect_uri: str, *resources: str):
+    """Tokens of ``username`` for ``client_id``, meant for ``resources`` (none: every API)."""
+    request = await authorization.validate(ctx, request_args(*resources, client_id=client_id,
+                                                             redirect_uri=redirect_uri))
+    subject, _ = await authorization.resolve_subject(ctx, request, await ctx.store.get_user_by_username(username))
+    shown = (confirmation.new() if authorization.needs_confirmation(request.client, request.redirect_uri,
+                                                                    request.scopes) else None)
+    code = query_of(await authorization.issue_code(ctx, request, subject, shown))["code"]
+    return await grants.exchange_code(ctx, await ctx.store.get_client(client_id), code, redirect_uri, VERIFIER,
+                                      shown)
+
+
+async def grant_of(ctx, issued) -> str:
+    return (await introspection.introspect(ctx, issued.access_token))["grant_id"]
+
+
+async def feed_readers(base_url):
+    """A reader of notes-api (a resource server serving NOTES) and one of the first-party web
+    app, each past its ``ready``."""
+    from test_feed import connect, next_message
+
+    notes = await connect(base_url, client_id="notes-api", secret=NOTES_SECRET)
+    webapp = await connect(base_url)
+    for reader in (notes, webapp):
+        assert (await next_message(reader))["type"] == "ready"
+    return notes, webapp
+
+
+async def heard(reader, count: int) -> list[dict]:
+    from test_feed import next_message
+
+    return [{name: value for name, value in (await next_message(reader)).items() if name != "seq"}
+            for _ in range(count)]
+
+
+async def test_a_resource_server_hears_a_grants_revocation_only_when_its_tokens_may_be_meant_for_it(
+        app, http_server, base_url, ctx):
+    """A grant's revocation carries the audiences of its families together: a resource server
+    hears it when one of them is meant for it, or names none; the first-party reader hears every
+    one. notes-api's first message is the second revocation: nothing of the photos grant came
+    before it."""
+    from tokensvc.oauth import revocation
+
+    notes, webapp = await feed_readers(base_url)
+    for_photos = await grant_of(ctx, await issued_as(ctx, "alice", "webapp", WEBAPP_REDIRECT, PHOTOS))
+    await issued_as(ctx, "alice", "webapp", WEBAPP_REDIRECT, PHOTOS, OWN)  # a second family, still not notes'
+    for_both = await grant_of(ctx, await issued_as(ctx, "root", "webapp", WEBAPP_REDIRECT, PHOTOS))
+    await issued_as(ctx, "root", "webapp", WEBAPP_REDIRECT, NOTES)  # one family of it is meant for notes
+    for_every_api = await grant_of(ctx, await issued_as(ctx, "alice", "skyplanner", SKY_REDIRECT))
+    for grant_id in (for_photos, for_both, for_every_api):
+        await revocation.revoke_grant(ctx, grant_id, "test")
+    assert await heard(notes, 2) == [{"type": "revoked", "grant_id": for_both},
+                                     {"type": "revoked", "grant_id": for_every_api}]
+    assert await heard(webapp, 3) == [{"type": "revoked", "grant_id": grant_id}
+                                      for grant_id in (for_photos, for_both, for_every_api)]
+    notes.close()
+    webapp.close()
+
+
+async def test_a_resource_server_hears_a_users_change_only_when_their_tokens_may_be_meant_for_it(
+        app, http_server, base_url, ctx):
+    """A new password, a demotion, a removal: each carries the audiences of the user's families
+    together. alice's tokens are meant for photos alone, root's for notes, and the node agent's
+    user's for every API."""
+    from tokensvc.admin import actions as admin
+
+    notes, webapp = await feed_readers(base_url)
+    alice = await ctx.store.get_user_by_username("alice")
+    root = await ctx.store.get_user_by_username("root")
+    await issued_as(ctx, "alice", "webapp", WEBAPP_REDIRECT, PHOTOS)
+    await issued_as(ctx, "root", "webapp", WEBAPP_REDIRECT, NOTES)
+    await admin.set_password(ctx, "alice", "granite-willow-comet-lantern", keep_grants=True)
+    await admin.set_admin(ctx, "root", False)
+    assert await heard(notes, 1) == [{"type": "revoked", "sub": root.user_id}]
+    assert await heard(webapp, 2) == [{"type": "revoked", "sub": alice.user_id},
+                                      {"type": "revoked", "sub": root.user_id}]
+    await issued_as(ctx, "alice", "skyplanner", SKY_REDIRECT)  # names no audience: every API's
+    await admin.set_password(ctx, "alice", "cobalt-meadow-harbor-quartz", keep_grants=True)
+    assert await heard(notes, 1) == [{"type": "revoked", "sub": alice.user_id}]
+    notes.close()
+    webapp.close()
+
+
+async def test_a_resource_server_hears_a_clients_narrowing_or_removal_only_when_its_tokens_may_be_meant_for_it(
+        app, http_server, base_url, ctx):
+    """A client narrowed or removed carries the audiences of its families together: skyplanner's
+    tokens are meant for photos alone, partner's for notes, node-agent's name none."""
+    from tokensvc.admin import actions as admin
+
+    await ctx.store.set_owners("client", {})  # the operator's to change
+    notes, webapp = await feed_readers(base_url)
+    sky_grant = await grant_of(ctx, await issued_as(ctx, "alice", "skyplanner", SKY_REDIRECT, PHOTOS))
+    await issued_as(ctx, "alice", "partner", PARTNER_REDIRECT, NOTES)
+    await issued_as(ctx, "alice", "node-agent", NODE_REDIRECT)
+    await admin.update_client(ctx, "skyplanner", {"scopes": ["observations:write"]})
+    await admin.update_client(ctx, "partner", {"scopes": ["write"]})
+    assert await heard(notes, 1) == [{"type": "revoked", "client_id": "partner"}]
+    await admin.remove_client(ctx, "skyplanner")
+    await admin.update_client(ctx, "node-agent", {"scopes": ["write"]})
+    assert await heard(notes, 1) == [{"type": "revoked", "client_id": "node-agent"}]
+    assert [message.get("client_id") or message.get("grant_id") for message in await heard(webapp, 5)] == [
+        "skyplanner", "partner", "skyplanner", sky_grant, "node-agent"]
+    notes.close()
+    webapp.close()

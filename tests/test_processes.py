@@ -9,7 +9,8 @@ from datetime import timedelta
 
 import pytest
 from backends import open_store
-from helpers import DEADLINE, Clock, eventually, family_of, hand_over
+from helpers import DEADLINE, SKY_REDIRECT, WEBAPP_REDIRECT, Clock, eventually, family_of, hand_over
+from test_audience import NOTES, NOTES_SECRET, PHOTOS, grant_of, issued_as, with_apis
 from test_feed import connect as connect_feed
 from test_feed import next_message
 from test_ws import closed_as_revoked, tokens, welcome_of, ws_url
@@ -437,10 +438,10 @@ async def test_a_start_up_finishing_two_removals_names_the_second_to_polling_rel
     heard, listening = await hearing(store, polls)
     revoke = elsewhere.revoke_client_grants
 
-    async def long(client_id, now, limit, before=None):
+    async def long(client_id, now, limit, before=None, audience=None):
         if client_id == "a":
             clock.advance(late)  # many batches
-        return await revoke(client_id, now, limit, before)
+        return await revoke(client_id, now, limit, before, audience)
 
     elsewhere.revoke_client_grants = long
     assert await removal.finish_pending(elsewhere, clock) == ["a", "b"]
@@ -466,8 +467,8 @@ async def test_a_long_removals_later_batch_is_heard_by_a_polling_relay(store, mo
     heard, listening = await hearing(store, polls)
     revoke, batches = elsewhere.revoke_client_grants, []
 
-    async def long(client_id, now, limit, before=None):
-        batches.append(await revoke(client_id, now, limit, before))
+    async def long(client_id, now, limit, before=None, audience=None):
+        batches.append(await revoke(client_id, now, limit, before, audience))
         clock.advance(late)  # a batch that took long
         return batches[-1]
 
@@ -534,18 +535,20 @@ async def test_a_grants_families_swept_long_after_its_mark_are_heard_by_a_pollin
     heard, listening = await hearing(store, polls)
     mark = elsewhere.mark_grant_revoked
 
-    async def long(grant_id, now):
-        marked = await mark(grant_id, now)
+    async def long(grant_id, now, audience=None):
+        marked = await mark(grant_id, now, audience)
         clock.advance(late)  # the grant's write took long (retried until a primary was elected)
         return marked
 
     elsewhere.mark_grant_revoked = long
     try:
-        assert await revocation.end_grant(elsewhere, grants[0].grant_id, clock) == (True, 1)
+        ended = await revocation.end_grant(elsewhere, grants[0].grant_id, clock)
+        assert (ended.marked, ended.count) == (True, 1)
         await eventually(lambda: Revocation(FAMILY, families[0]) in heard, what="the families of the grant")
         # A promotion's grants: the second one's writes long after the first one's.
         elsewhere.list_grants = lambda subject: asyncio.sleep(0, grants)
-        assert await revocation.end_chains_before_promotion(elsewhere, "u_alice", clock) == {grants[1].grant_id: 1}
+        promoted = await revocation.end_chains_before_promotion(elsewhere, "u_alice", clock)
+        assert {grant_id: ended.count for grant_id, ended in promoted.items()} == {grants[1].grant_id: 1}
         await eventually(lambda: {Revocation(GRANT, grants[1].grant_id), Revocation(FAMILY, families[1])} <= set(heard),
                          what="the promotion's later grant")
     finally:
@@ -602,8 +605,8 @@ async def test_a_registrations_later_batch_of_leftovers_is_heard_by_a_polling_re
     heard, listening = await hearing(store, polls)
     revoke, batches = elsewhere.revoke_client_grants, []
 
-    async def long(client_id, stamp, limit, before=None):
-        batches.append(await revoke(client_id, stamp, limit, before))
+    async def long(client_id, stamp, limit, before=None, audience=None):
+        batches.append(await revoke(client_id, stamp, limit, before, audience))
         clock.advance(late)  # a batch that took long
         return batches[-1]
 
@@ -632,3 +635,148 @@ def test_an_insert_elsewhere_than_removed_clients_is_no_revocation():
     mark = {"operationType": "insert", "ns": {"coll": "removed_clients"}, "documentKey": {"_id": "c1"},
             "fullDocument": {"_id": "c1", "removed_at": at}}
     assert _revocations(mark) == [Revocation(CLIENT, "c1")]
+
+
+@pytest.mark.gen_test(timeout=30)
+async def test_a_revocation_in_another_process_carries_the_audience_of_the_tokens_it_may_touch(store):
+    """The audience of a revocation travels with its mark through the store, so that the relay of
+    every process tells it to the resource servers it concerns alone: another process revokes a
+    grant whose tokens are meant for photos alone (its mark, and its families'), demotes their user,
+    narrows their client; each is heard with that audience. A mark written without one (as the
+    previous release writes it), or written again over one (a re-stamp, a write of that release),
+    is heard as every reader's."""
+    from helpers import make_config
+
+    from tokensvc.admin import actions as admin
+    from tokensvc.bootstrap import make_context
+    from tokensvc.oauth import revocation
+
+    photos = "https://photos.example"
+    now = Clock().now
+    store.observer = polls = Polls()
+    feed = store.revocation_feed(poll_seconds=0.05).__aiter__()
+
+    async def heard(count: int) -> set[tuple[str, str, tuple[str, ...] | None]]:
+        revocations = [await asyncio.wait_for(feed.__anext__(), DEADLINE) for _ in range(count)]
+        return {(revoked.kind, revoked.key, revoked.audience) for revoked in revocations}
+
+    elsewhere = other_process(store)
+    there = make_context(make_config(), elsewhere)
+    await elsewhere.put_user(User("u1", "una", "h1", admin=True))
+    await elsewhere.put_client(Client("c1", "One", ["https://a/cb"], ["read", "write"]))
+    grants = [await elsewhere.save_grant("c1", Subject(user_id=user_id), ["read"], now) for user_id in ("u1", "u2")]
+    for index, grant in enumerate(grants):
+        await elsewhere.create_family(Family(
+            f"f{index}", grant.grant_id, "c1", grant.subject.user_id, None, 0, ["read"], now, f"r{index}",
+            f"a{index}", now, now + timedelta(hours=1), now + timedelta(minutes=10), renewed_at=now, audience=[photos]))
+    waiting = asyncio.ensure_future(feed.__anext__())
+    await asyncio.wait_for(polls.began.wait(), DEADLINE)
+    await revocation.revoke_grant(there, grants[0].grant_id, "test")
+    first = await waiting
+    assert {(first.kind, first.key, first.audience)} | await heard(1) == {
+        (GRANT, grants[0].grant_id, (photos,)), (FAMILY, "f0", (photos,))}
+    await admin.set_admin(there, "una", False)
+    assert await heard(1) == {(SUBJECT, "u1", (photos,))}
+    await admin.update_client(there, "c1", {"scopes": ["read"]})
+    assert await heard(1) == {(CLIENT, "c1", (photos,))}
+    # The previous release marks the other grant, and the user again: heard as every reader's.
+    await elsewhere.authorizations.grants.update_one({"_id": grants[1].grant_id}, {"$set": {"revoked_at": now}})
+    assert await heard(1) == {(GRANT, grants[1].grant_id, None)}
+    await elsewhere.registry.users.update_one({"_id": "u1"}, {"$set": {"narrowed_at": Clock().now + timedelta(
+        seconds=1)}})
+    assert await heard(1) == {(SUBJECT, "u1", None)}
+    await feed.aclose()
+
+
+@pytest.mark.parametrize("config", [with_apis()], ids=["apis"])
+@pytest.mark.gen_test(timeout=30)
+async def test_a_resource_server_hears_another_processes_revocations_by_audience(app, http_server, base_url, store,
+                                                                               ctx, config):
+    """Another process revokes a grant whose tokens are meant for photos alone, then one meant
+    for notes, then one naming none, and demotes the user whose tokens are meant for notes.
+    notes-api, reading this process's feed (which its relay feeds), hears the notes and the
+    unbound ones alone, numbered without a gap; the web app hears every one."""
+    from tokensvc.admin import actions as admin
+    from tokensvc.bootstrap import make_context
+    from tokensvc.oauth import revocation
+    from tokensvc.oauth.feed import family_label
+
+    relay = asyncio.ensure_future(events.relay(store, ctx.events))
+    try:
+        notes = await connect_feed(base_url, client_id="notes-api", secret=NOTES_SECRET)
+        webapp = await connect_feed(base_url)
+        for reader in (notes, webapp):
+            await next_message(reader)
+        issued = {name: await issued_as(ctx, *how) for name, how in {
+            "photos": ("alice", "webapp", WEBAPP_REDIRECT, PHOTOS),
+            "notes": ("root", "webapp", WEBAPP_REDIRECT, NOTES),
+            "none": ("alice", "skyplanner", SKY_REDIRECT)}.items()}
+        grants = {name: await grant_of(ctx, tokens) for name, tokens in issued.items()}
+        named = {name: {grants[name], family_label((await family_of(store, tokens.access_token)).family_id)}
+                 for name, tokens in issued.items()}
+        there = make_context(config, other_process(store))  # no event of this process fires
+        for name in ("photos", "notes", "none"):
+            await revocation.revoke_grant(there, grants[name], "test")
+        heard = [await next_message(notes) for _ in range(4)]
+        assert [message["seq"] for message in heard] == [1, 2, 3, 4]
+        assert {message.get("grant_id") or message.get("family_id") for message in heard} == (
+            named["notes"] | named["none"])  # nothing of photos
+        await admin.set_admin(there, "root", False)  # root's tokens: notes
+        root = await store.get_user_by_username("root")
+        assert await next_message(notes) == {"type": "revoked", "seq": 5, "sub": root.user_id}
+        everything = [await next_message(webapp) for _ in range(7)]
+        assert {message.get("grant_id") or message.get("family_id") or message.get("sub")
+                for message in everything} == named["photos"] | named["notes"] | named["none"] | {root.user_id}
+        notes.close()
+        webapp.close()
+    finally:
+        relay.cancel()
+        await asyncio.gather(relay, return_exceptions=True)  # its poll ended, not left to the collector
+
+
+@pytest.mark.gen_test(timeout=30)
+async def test_a_family_exchanged_while_its_user_is_demoted_is_named_with_its_audience(store):
+    """A code of the user's is exchanged between the read of their families' audiences and the
+    demotion's mark: its family stood until the mark, so its audience is read again after it,
+    the announcement carries it, and the mark is written again with it, which another process's
+    relay hears: a resource server that family's tokens are meant for hears the demotion too."""
+    from helpers import make_config
+
+    from tokensvc.admin import actions as admin
+    from tokensvc.bootstrap import make_context
+
+    photos = "https://photos.example"
+    now = Clock().now
+    store.observer = polls = Polls()
+    feed = store.revocation_feed(poll_seconds=0.05).__aiter__()
+    elsewhere = other_process(store)
+    there = make_context(make_config(), elsewhere)
+    announced: list[Revocation | None] = []
+    there.events.watch(announced.append)
+    await elsewhere.put_user(User("u1", "una", "h1", admin=True))
+    grant = await elsewhere.save_grant("webapp", Subject(user_id="u1"), ["read"], now)
+
+    def family(index: int, audience: list[str]) -> Family:
+        return Family(f"f{index}", grant.grant_id, "webapp", "u1", None, 0, ["read"], now, f"r{index}", f"a{index}",
+                      now, now + timedelta(hours=1), now + timedelta(minutes=10), renewed_at=now, audience=audience)
+
+    await elsewhere.create_family(family(0, [NOTES]))
+    read = elsewhere.families_audience
+
+    async def racing(**which):
+        audience = await read(**which)
+        if (await elsewhere.get_family("f1"))[0] is None:
+            await elsewhere.create_family(family(1, [photos]))  # exchanged just after the read
+        return audience
+
+    elsewhere.families_audience = racing
+    waiting = asyncio.ensure_future(feed.__anext__())
+    await asyncio.wait_for(polls.began.wait(), DEADLINE)
+    await admin.set_admin(there, "una", False)
+    assert [(each.kind, each.key, each.audience) for each in announced if each is not None] == [
+        (SUBJECT, "u1", (NOTES, photos))]
+    heard = [await waiting]
+    while heard[-1].audience != (NOTES, photos):  # the second mark (a poll may read the first too)
+        heard.append(await asyncio.wait_for(feed.__anext__(), DEADLINE))
+    assert {(each.kind, each.key) for each in heard} == {(SUBJECT, "u1")}
+    await feed.aclose()

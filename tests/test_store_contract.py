@@ -1257,3 +1257,37 @@ async def test_declared_resources_are_a_registered_resource_servers(backend_stor
     await store.begin_removal("notes-api", now, "t")
     assert await store.declared_resources(asked) == set()
     assert await store.binds_audiences() is True  # a store no older release shares
+
+
+@pytest.mark.gen_test
+async def test_the_audience_of_a_grants_a_clients_or_a_users_families(backend_store, now):
+    """What the revocation of a grant, a client or a user may touch, which the revocation feed
+    tells the resource servers it concerns alone: the resources their families are meant for
+    together, revoked or not, each once. None (every reader) as soon as one of them names none:
+    its tokens are meant for every API. Nothing held: none."""
+    store = backend_store
+    notes, photos, own = "https://notes.example", "https://photos.example", "https://tokensvc.example/v1"
+    bob = Subject(user_id="u_bob")
+    alice_web = await store.save_grant("webapp", ALICE, ["read"], now)
+    alice_sky = await store.save_grant("skyplanner", ALICE, ["read"], now)
+    bob_web = await store.save_grant("webapp", bob, ["read"], now)
+    assert await store.families_audience(grant_id=alice_web.grant_id) == []
+    assert await store.families_audience(user_id="u_alice") == []
+    await store.create_family(replace(family(now, "f1", alice_web.grant_id, n=1), audience=[photos, notes]))
+    await store.create_family(replace(family(now, "f2", alice_web.grant_id, n=2), audience=[notes]))
+    await store.revoke_family("f2", now)  # revoked, still counted: a revocation may be asked again
+    await store.create_family(replace(family(now, "f3", alice_sky.grant_id, n=3), client_id="skyplanner",
+                                      audience=[photos]))
+    await store.create_family(replace(family(now, "f4", bob_web.grant_id, bob, n=4), audience=[own]))
+    assert await store.families_audience(grant_id=alice_web.grant_id) == [notes, photos]
+    assert await store.families_audience(grant_id=alice_sky.grant_id) == [photos]
+    assert await store.families_audience(client_id="webapp") == [notes, photos, own]
+    assert await store.families_audience(client_id="skyplanner") == [photos]
+    assert await store.families_audience(user_id="u_alice") == [notes, photos]
+    assert await store.families_audience(user_id="u_bob") == [own]
+    await store.create_family(family(now, "f5", bob_web.grant_id, bob, n=5))  # names none
+    assert await store.families_audience(grant_id=bob_web.grant_id) is None
+    assert await store.families_audience(client_id="webapp") is None
+    assert await store.families_audience(user_id="u_bob") is None
+    assert await store.families_audience(user_id="u_alice") == [notes, photos]
+    assert await store.families_audience(client_id="nobody") == []

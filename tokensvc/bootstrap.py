@@ -31,7 +31,7 @@ from tokensvc.records import (
     generated_digest,
     utcnow,
 )
-from tokensvc.storage.base import Conflict, ResourceTaken, StorageError, Store, StoreFault, StoreObserver
+from tokensvc.storage.base import MARK_AUDIENCE, Conflict, ResourceTaken, StorageError, Store, StoreFault, StoreObserver
 from tokensvc.telemetry.metrics import Metrics
 
 log = logging.getLogger(__name__)
@@ -277,7 +277,8 @@ async def seed_client_as(store: Store, existing: Client | None, client: Client, 
             client = replace(client, created_at=existing.created_at)
     client = replace(client, narrowed_at=existing.narrowed_at, credentials_changed_at=existing.credentials_changed_at)
     await client_change(store, existing, asdict(client), utcnow,
-                        lambda marks: store.put_client(replace(client, **marks)))
+                        lambda marks: store.put_client(replace(client, **{
+                            name: value for name, value in marks.items() if name != MARK_AUDIENCE})))
 
 
 async def prepare(store: Store, config: Settings, *, first_delay: float = 1.0, max_delay: float = 30.0) -> None:

@@ -851,9 +851,9 @@ def test_a_client_under_removal_stays_gone_when_the_previous_release_writes_it_b
 AN_ADMINISTRATOR = '\n[[users]]\nusername = "carol"\npassword = "granite-willow-comet"\nadmin = {admin}\n'
 
 
-def after_reading_the_feed(base: str, action, until) -> dict:
-    """Open the revocation feed at ``base`` (as the first-party web app), run ``action`` once it
-    is ready, and read until a message ``until`` accepts: that message."""
+def after_reading_the_feed(base: str, action, until, client_id: str = "webapp", secret: str = WEBAPP_SECRET) -> dict:
+    """Open the revocation feed at ``base`` (as the first-party web app, or ``client_id``), run
+    ``action`` once it is ready, and read until a message ``until`` accepts: that message."""
     import asyncio
 
     from tornado.httpclient import HTTPRequest
@@ -861,7 +861,7 @@ def after_reading_the_feed(base: str, action, until) -> dict:
 
     from tokensvc.resource.settings import Settings, basic_authorization
 
-    basic = basic_authorization(Settings(base, "webapp", WEBAPP_SECRET))
+    basic = basic_authorization(Settings(base, client_id, secret))
 
     async def read() -> dict:
         reader = await websocket_connect(HTTPRequest(base.replace("http", "ws", 1) + "/oauth/revocations",
@@ -1220,6 +1220,37 @@ def test_tokens_are_bound_to_an_audience_only_once_no_release_that_ignores_it_ma
         refused_start.process.wait(timeout=60)
         assert refused_start.returncode == 1, refused_start.output()
         assert "format 3" in refused_start.output(), refused_start.output()
+    finally:
+        outputs = deployment.close()
+    assert not any("Traceback" in output for output in outputs), outputs
+
+
+NOTES_API = RESOURCE_SERVER + 'resources = ["https://notes.example"]\n'
+
+
+def test_the_feed_by_audience_across_releases(primary, previous, tmp_path_factory):
+    """The previous release revokes a grant: its mark carries no audience, which this release's
+    relay hears as every reader's, so a resource server reading this release's feed hears it (its
+    tokens may be meant for that API). This release writes each mark with its audience beside it
+    (null here: before finalize no token is bound), which the previous release ignores: a reader
+    of its feed hears the revocation as before."""
+    deployment = Deployment(primary, previous, tmp_path_factory)
+    grants = primary.db["tokensvc"]["grants"]
+    try:
+        old = deployment.start("previous")  # first: the store is then one the previous release reads
+        new = deployment.start("current", extra=NOTES_API)
+        alice = Browser().sign_in(old.base)
+        by_the_previous = exchange(old.base, alice.code(old.base))
+        heard = after_reading_the_feed(new.base, lambda: revoke_grant(old.base, by_the_previous),
+                                       lambda message: "grant_id" in message, "notes-api",
+                                       "notes-api-upgrade-secret-0123456789abcdef01")
+        marked = grants.find_one({"_id": heard["grant_id"]})
+        assert marked["revoked_at"] is not None and "mark_audience" not in marked  # as 0.10.0 writes it
+        by_this_release = exchange(new.base, alice.code(new.base))  # the same grant, consented again
+        heard = after_reading_the_feed(old.base, lambda: revoke_grant(new.base, by_this_release),
+                                       lambda message: "grant_id" in message)
+        marked = grants.find_one({"_id": heard["grant_id"]})
+        assert marked["mark_audience"] == {"at": marked["revoked_at"], "audience": None}
     finally:
         outputs = deployment.close()
     assert not any("Traceback" in output for output in outputs), outputs

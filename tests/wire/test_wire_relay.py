@@ -437,3 +437,48 @@ async def test_a_client_removed_in_another_process_is_named_once_its_tokens_are_
     assert await wire_store.get_removal("c2") is not None and await wire_store.get_client("c2") is None
     await feed.aclose()
     await other.close()
+
+
+@pytest.mark.parametrize("streams", [True, False])
+async def test_a_revocation_in_another_process_carries_its_audience(wire_store, primary, streams):
+    """Another process revokes a grant whose tokens are meant for photos alone, then demotes
+    their user: the change stream (which sends what an update set) and polling (which reads the
+    mark's document) both hear each with that audience, which every process's revocation feed
+    tells the photos API's readers alone. A mark written without one, as the previous release
+    writes it, is heard as every reader's."""
+    from helpers import make_config
+
+    from tokensvc.admin import actions as admin
+    from tokensvc.bootstrap import make_context
+    from tokensvc.oauth import revocation
+    from tokensvc.records import Family, Subject, User
+    from tokensvc.storage.base import FAMILY, GRANT, SUBJECT
+
+    photos = "https://photos.example"
+    primary.change_streams = streams
+    other = make_store(wire_settings(primary))  # a second process
+    await other.open()
+    there = make_context(make_config(), other)
+    now = utcnow()
+    await other.put_user(User("u1", "una", "h1", admin=True))
+    grants = [await other.save_grant("webapp", Subject(user_id=user_id), ["read"], now) for user_id in ("u1", "u2")]
+    for index, grant in enumerate(grants):
+        await other.create_family(Family(
+            hashing.digest(f"f{index}"), grant.grant_id, "webapp", grant.subject.user_id, None, 0, ["read"], now,
+            hashing.digest(f"r{index}"), hashing.digest(f"a{index}"), now, now + timedelta(hours=1),
+            now + timedelta(minutes=10), renewed_at=now, audience=[photos]))
+    feed = wire_store.revocation_feed(poll_seconds=0.05)
+    waiting = asyncio.ensure_future(next_revocation(feed))
+    await (streaming(wire_store) if streams else polling(primary))
+    await revocation.revoke_grant(there, grants[0].grant_id, "test")
+    revoked = [await waiting, await next_revocation(feed)]
+    assert {(each.kind, each.key, each.audience) for each in revoked} == {
+        (GRANT, grants[0].grant_id, (photos,)), (FAMILY, hashing.digest("f0"), (photos,))}
+    await admin.set_admin(there, "una", False)
+    revoked = [await next_revocation(feed)]
+    assert [(each.kind, each.key, each.audience) for each in revoked] == [(SUBJECT, "u1", (photos,))]
+    await other.authorizations.grants.update_one({"_id": grants[1].grant_id}, {"$set": {"revoked_at": now}})
+    revoked = [await next_revocation(feed)]
+    assert [(each.kind, each.key, each.audience) for each in revoked] == [(GRANT, grants[1].grant_id, None)]
+    await feed.aclose()
+    await other.close()

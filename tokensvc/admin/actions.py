@@ -44,6 +44,7 @@ from tokensvc.oauth.revocation import (
     client_change,
     client_marks,
     end_chains_before_promotion,
+    marked_again,
     revoke_grant,
     revoke_token,
 )
@@ -64,7 +65,16 @@ from tokensvc.records import (
     generated_digest,
     utcnow,
 )
-from tokensvc.storage.base import CREDENTIALS, GRANT, SUBJECT, Conflict, Removing, ResourceTaken, Revocation, Store
+from tokensvc.storage.base import (
+    CREDENTIALS,
+    MARK_AUDIENCE,
+    SUBJECT,
+    Conflict,
+    Removing,
+    ResourceTaken,
+    Revocation,
+    Store,
+)
 from tokensvc.telemetry import logs
 
 MAX_PAGE = 200  # the most a listing returns at once
@@ -608,10 +618,17 @@ async def _narrow_user(ctx: OAuthContext, user_id: str, fields: dict[str, Any]) 
     """Write ``fields`` of the user with the user's mark (``narrowed_at``), in one write, and
     announce it under the user: some of what their tokens may do is withdrawn. Every process's
     relay hears the mark, and the revocation feed names the user (``sub``), so resource servers
-    drop the answers they cached for them. The user as they were, or None when there is none."""
-    before = await ctx.store.update_user(user_id, {**fields, "narrowed_at": ctx.clock()})
+    drop the answers they cached for them: those whose tokens may be meant for them (the
+    audiences of the user's families, read first, written with the mark, and read again after
+    it: :func:`~tokensvc.oauth.revocation.marked_again`). The user as they were, or None when
+    there is none."""
+    audience = await ctx.store.families_audience(user_id=user_id)
+    before = await ctx.store.update_user(user_id, {**fields, "narrowed_at": ctx.clock(), MARK_AUDIENCE: audience})
     if before is not None:
-        ctx.events.publish(Revocation(SUBJECT, user_id))
+        heard = await marked_again(
+            audience, ctx.store.families_audience(user_id=user_id),
+            lambda together: ctx.store.update_user(user_id, {"narrowed_at": ctx.clock(), MARK_AUDIENCE: together}))
+        ctx.events.publish(Revocation(SUBJECT, user_id, heard))
     return before
 
 
@@ -624,9 +641,9 @@ async def set_admin(ctx: OAuthContext, username: str, admin: bool) -> User:
     user = await get_user(ctx.store, username)
     if user.admin != admin:
         ended = await end_chains_before_promotion(ctx.store, user.user_id, ctx.clock) if admin else {}
-        for grant_id, count in ended.items():
-            ctx.metrics.revoked_families("promotion", count)
-            ctx.events.publish(Revocation(GRANT, grant_id))
+        for grant_ended in ended.values():
+            ctx.metrics.revoked_families("promotion", grant_ended.count)
+            ctx.events.publish(grant_ended.revocation)
         # The flag alone is written: a password set meanwhile holds (and this holds beside it).
         before = await (ctx.store.update_user(user.user_id, {"admin": True}) if admin
                         else _narrow_user(ctx, user.user_id, {"admin": False}))

@@ -22,10 +22,14 @@ told to flush. A relay interruption, which may have missed revocations, is a ``f
 A resource server reads the feed **by audience** (RFC 8707): it hears the revocations of tokens
 meant for one of its resources and of tokens that name none, in a stream of its own (a *view*,
 one per set of resources, numbered on its own), since introspection answers it ``active:
-false`` for every other token, so it can have cached nothing else. A revocation whose tokens'
-audience the announcing process did not read (a grant, a client, a user; what another
-process's relay hears) reaches every reader. Every other reader (a first-party client, which
-introspection answers for every token) reads every revocation, in the process's main stream.
+false`` for every other token, so it can have cached nothing else. Every revocation carries
+the audience of the tokens it may touch (:attr:`Revocation.audience`): a family its own; a
+grant, a client or a user their families' together, read on the revocation's write path; the
+same through another process's relay, which reads it beside the mark in the store. One whose
+audience is unknown (a mark of an older release, an interruption's ``flush``) reaches every
+reader: a revocation missed is a hole, one heard too often a disclosure only. Every other
+reader (a first-party client, which introspection answers for every token) reads every
+revocation, in the process's main stream.
 
 A message reaches every reader in one pass that awaits none of them (each reader only queues
 it). What a reader may hold is bounded: :class:`Seats` counts the readers per client and in all,

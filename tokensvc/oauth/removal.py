@@ -44,7 +44,7 @@ from collections.abc import Callable
 from datetime import datetime
 
 from tokensvc.records import Client, Removal, utcnow
-from tokensvc.storage.base import CLIENT, GRANT, Authorizations, RegistryAndAuthorizations, Revocation
+from tokensvc.storage.base import CLIENT, GRANT, Authorizations, RegistryAndAuthorizations, Revocation, union
 from tokensvc.telemetry import logs
 
 BATCH = 200  # grants revoked per store operation
@@ -68,22 +68,27 @@ async def remove_client(store: RegistryAndAuthorizations, client_id: str, clock:
     removal = await store.begin_removal(client_id, clock(), tag)
     if removal.tag == tag:
         logs.audit("client_removal_started", {"client_id": client_id, "outcome": "disabled"})
-    await store.mark_removal(client_id, clock())
+    # What it may touch: its families' audiences, read once its tokens are refused (none issued
+    # after the record stands), written with the mark.
+    audience = await store.families_audience(client_id=client_id)
+    await store.mark_removal(client_id, clock(), audience)
     await store.withdraw_client(removal)  # the document it found (never one registered since)
-    announce(Revocation(CLIENT, client_id))  # its tokens are refused already; caches drop their answers
+    # Its tokens are refused already; caches drop their answers.
+    announce(Revocation(CLIENT, client_id, union(audience)))
     return await finish(store, removal, clock, announce)
 
 
 async def _revoke_grants(store: Authorizations, client_id: str, clock: Clock, announce: Announce,
-                         before: datetime | None = None) -> int:
+                         before: datetime | None = None, audience: list[str] | None = None) -> int:
     """Revoke every live grant under ``client_id`` (created before ``before``, if given), a
     batch at a time, each announced and stamped with the time of its own write (a polling relay
-    reads the stamps a few seconds back: a long removal's later batches are heard too); how many."""
+    reads the stamps a few seconds back: a long removal's later batches are heard too), with
+    ``audience`` (the client's families', None: every reader); how many."""
     revoked = 0
     while True:
-        batch = await store.revoke_client_grants(client_id, clock(), BATCH, before)
+        batch = await store.revoke_client_grants(client_id, clock(), BATCH, before, audience)
         for grant_id in batch:
-            announce(Revocation(GRANT, grant_id))
+            announce(Revocation(GRANT, grant_id, union(audience)))
         revoked += len(batch)
         if len(batch) < BATCH:
             return revoked
@@ -91,8 +96,9 @@ async def _revoke_grants(store: Authorizations, client_id: str, clock: Clock, an
 
 async def finish(store: RegistryAndAuthorizations, removal: Removal, clock: Clock, announce: Announce = nobody) -> int:
     """Revoke what is left of a recorded removal, a batch at a time, then end it (that removal
-    alone). The grants revoked."""
-    revoked = await _revoke_grants(store, removal.client_id, clock, announce)
+    alone). The grants revoked, with the audience of the client's families."""
+    audience = await store.families_audience(client_id=removal.client_id)
+    revoked = await _revoke_grants(store, removal.client_id, clock, announce, audience=audience)
     await store.end_removal(removal)
     logs.audit("client_removed", {"client_id": removal.client_id, "grants_revoked": revoked, "outcome": "success"})
     return revoked
@@ -105,7 +111,7 @@ async def finish_pending(store: RegistryAndAuthorizations, clock: Clock) -> list
     clients removed."""
     removed = []
     for removal in await store.list_removals():
-        await store.mark_removal(removal.client_id, clock())
+        await store.mark_removal(removal.client_id, clock(), await store.families_audience(client_id=removal.client_id))
         await finish(store, removal, clock)
         removed.append(removal.client_id)
     return removed
@@ -120,7 +126,8 @@ async def clear_leftovers(store: Authorizations, client_id: str, now: datetime, 
     meanwhile keeps what it issued. Each announced, each batch stamped with the time ``clock``
     says as it is written (``now`` is a bound, not the time of the writes: a polling relay reads
     the stamps back an operation's budget); how many."""
-    revoked = await _revoke_grants(store, client_id, clock, announce, before=now)
+    revoked = await _revoke_grants(store, client_id, clock, announce, before=now,
+                                   audience=await store.families_audience(client_id=client_id))
     if revoked:
         logs.audit("client_leftovers_revoked", {"client_id": client_id, "grants_revoked": revoked,
                                                  "outcome": "success"})

@@ -13,12 +13,17 @@ too, and no chain outlives it.
 
 Every revocation that changed something is announced, naming what it changed
 (:mod:`tokensvc.oauth.events`), so that the WebSockets standing on it re-check; one that
-changed nothing announces nothing.
+changed nothing announces nothing. Each carries the audience of the tokens it may touch (RFC
+8707), in its announcement and in its marks: a family's own, as the revoking call read it; a
+grant's, a client's or a user's, their families' together, read on the revocation's write path
+(:meth:`~tokensvc.storage.base.Authorizations.families_audience`). The revocation feed tells it
+to the resource servers those tokens may be meant for alone (:mod:`tokensvc.oauth.feed`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Iterable, Mapping
+from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any, TypeVar
 
@@ -32,9 +37,11 @@ from tokensvc.storage.base import (
     CREDENTIALS,
     FAMILY,
     GRANT,
+    MARK_AUDIENCE,
     Authorizations,
     RegistryAndAuthorizations,
     Revocation,
+    union,
 )
 from tokensvc.telemetry import logs
 
@@ -52,39 +59,56 @@ async def revoke_grant(ctx: OAuthContext, grant_id: str, reason: str) -> int:
     after the sweep, is never in force either: every use reads the grant with the family
     (:meth:`~tokensvc.records.Family.stands`).
     """
-    marked, count = await end_grant(ctx.store, grant_id, ctx.clock)
-    if marked or count:
-        ctx.metrics.revoked_families(reason, count)
-        ctx.events.publish(Revocation(GRANT, grant_id))
-    return count
+    ended = await end_grant(ctx.store, grant_id, ctx.clock)
+    if ended.marked or ended.count:
+        ctx.metrics.revoked_families(reason, ended.count)
+        ctx.events.publish(ended.revocation)
+    return ended.count
 
 
-async def end_grant(store: Authorizations, grant_id: str, clock: Clock) -> tuple[bool, int]:
+@dataclass(slots=True, frozen=True)
+class Ended:
+    """What :func:`end_grant` did: whether the grant was live, the families it revoked, and the
+    announcement of it (with the audience of the grant's families)."""
+
+    marked: bool
+    count: int
+    revocation: Revocation
+
+
+async def end_grant(store: Authorizations, grant_id: str, clock: Clock) -> Ended:
     """The store's part of revoking a grant: marked first, then its families swept, each write
     stamped with the time ``clock`` says as it is made (a polling relay reads the stamps back
-    an operation's budget, not two). Whether it was live, and the families revoked. (Other
-    processes hear of it from the store's feed.)"""
-    marked = await store.mark_grant_revoked(grant_id, clock())
-    return marked, await store.revoke_grant_families(grant_id, clock())
+    an operation's budget, not two), and carrying the audience of the grant's families. That
+    audience is read before the mark, for the mark, and again after it, for the sweep and the
+    announcement: a family an exchange wrote in between stood until the mark, and its audience
+    is in the second read (none written after the mark ever stands). (Other processes hear of
+    it from the store's feed.)"""
+    before = await store.families_audience(grant_id=grant_id)
+    marked = await store.mark_grant_revoked(grant_id, clock(), before)
+    after = union(before, await store.families_audience(grant_id=grant_id))
+    swept = await store.revoke_grant_families(grant_id, clock(), _listed(after))
+    return Ended(marked, swept, Revocation(GRANT, grant_id, after))
 
 
-async def end_chains_before_promotion(store: RegistryAndAuthorizations, user_id: str, clock: Clock) -> dict[str, int]:
+async def end_chains_before_promotion(store: RegistryAndAuthorizations, user_id: str,
+                                      clock: Clock) -> dict[str, Ended]:
     """Before a user is made an administrator (again): revoke every live grant of theirs that
     may carry ``admin`` (:func:`privileges.may_carry_admin`), so that no chain from before,
-    nor a code on its way, ever holds ``admin`` in force. The grants revoked, with their
-    families' counts. Done before the promotion is written: a failure leaves the user as they
-    were, and the promotion, tried again, ends them then. Each write stamped as it is made
+    nor a code on its way, ever holds ``admin`` in force. The grants revoked, with what each
+    ended (:class:`Ended`). Done before the promotion is written: a failure leaves the user as
+    they were, and the promotion, tried again, ends them then. Each write stamped as it is made
     (``clock``): there may be many."""
     ended = {}
     for grant in await store.list_grants(Subject(user_id=user_id)):
         if await privileges.may_carry_admin(store, grant):
-            marked, count = await end_grant(store, grant.grant_id, clock)
-            if marked or count:
-                ended[grant.grant_id] = count
+            grant_ended = await end_grant(store, grant.grant_id, clock)
+            if grant_ended.marked or grant_ended.count:
+                ended[grant.grant_id] = grant_ended
     return ended
 
 
-async def client_change(store: Authorizations, before: Client, fields: Mapping[str, Any], clock: Clock,
+async def client_change(store: RegistryAndAuthorizations, before: Client, fields: Mapping[str, Any], clock: Clock,
                         write: Callable[[dict[str, Any]], Awaitable[R]]) -> tuple[R, list[Revocation]]:
     """Write a change of the client ``before`` that sets ``fields`` (``write(marks)``: with the
     marks to record in the same write, which every process's relay hears), and what it
@@ -109,27 +133,54 @@ async def client_change(store: Authorizations, before: Client, fields: Mapping[s
     kept = list(DEFAULT_SCOPES) if allowed_scopes is None else allowed_scopes
     narrowed = any(scope not in kept for scope in before.scopes)
     credentials = any(name in fields and fields[name] != getattr(before, name) for name in READER_FIELDS)
-    announced = [Revocation(kind, before.client_id) for kind, marked in ((CLIENT, narrowed), (CREDENTIALS, credentials))
-                 if marked]
+    # What a narrowing may touch: its families' audiences, read before the write that marks it
+    # (and again after it: marked_again).
+    audience = await store.families_audience(client_id=before.client_id) if narrowed else None
+    announced = [Revocation(kind, before.client_id, union(audience) if kind == CLIENT else None)
+                 for kind, marked in ((CLIENT, narrowed), (CREDENTIALS, credentials)) if marked]
     if narrowed:
         await store.withdraw_scopes(before.client_id, kept)
     written = await write(client_marks(announced, clock()))
     if narrowed:
         await store.withdraw_scopes(before.client_id, kept)
+        heard = await marked_again(audience, store.families_audience(client_id=before.client_id),
+                                   lambda together: store.update_client(
+                                       before.client_id, {CLIENT_MARKS[CLIENT]: clock(), MARK_AUDIENCE: together}))
+        announced = [replace(revocation, audience=heard) if revocation.kind == CLIENT else revocation
+                     for revocation in announced]
     return written, announced
+
+
+async def marked_again(audience: list[str] | None, read_again: Awaitable[list[str] | None],
+                       mark: Callable[[list[str] | None], Awaitable[Any]]) -> tuple[str, ...] | None:
+    """What a client's or a user's mark, written with ``audience`` (its families', read before
+    it), touches: that and what ``read_again`` reads after the mark, together. A family that an
+    exchange wrote in between stood until the mark; when its audience is not in the mark's, the
+    mark is written again with both (``mark``: a new mark, which every relay hears), so that a
+    resource server its tokens were meant for hears it too. Rare: it takes a code exchanged in
+    the moment between the read and the mark."""
+    together = union(audience, await read_again)
+    if together != union(audience):
+        await mark(_listed(together))
+    return together
 
 
 def client_marks(announced: Iterable[Revocation], now: datetime) -> dict[str, Any]:
     """The client's fields that carry ``announced`` (:data:`CLIENT_MARKS`) to every process, set
-    to ``now``."""
-    return {CLIENT_MARKS[revocation.kind]: now for revocation in announced}
+    to ``now``, with the audience of its narrowing (:data:`MARK_AUDIENCE`, when it narrows)."""
+    marks: dict[str, Any] = {}
+    for revocation in announced:
+        marks[CLIENT_MARKS[revocation.kind]] = now
+        if revocation.kind == CLIENT:
+            marks[MARK_AUDIENCE] = _listed(revocation.audience)
+    return marks
 
 
 async def revoke_family(ctx: OAuthContext, family_id: str, reason: str,
                         audience: list[str] | None = None) -> bool:
     """Revoke a family (its refresh and access token); True when it was unrevoked. ``audience``:
     the family's, where the caller read it (the feed tells it to those resource servers alone)."""
-    if not await ctx.store.revoke_family(family_id, ctx.clock()):
+    if not await ctx.store.revoke_family(family_id, ctx.clock(), audience):
         return False
     ctx.metrics.revoked_families(reason)
     ctx.events.publish(Revocation(FAMILY, family_id, _audience(audience)))
@@ -138,6 +189,10 @@ async def revoke_family(ctx: OAuthContext, family_id: str, reason: str,
 
 def _audience(audience: list[str] | None) -> tuple[str, ...] | None:
     return None if audience is None else tuple(audience)
+
+
+def _listed(audience: tuple[str, ...] | None) -> list[str] | None:
+    return None if audience is None else list(audience)
 
 
 # -- the endpoints ----------------------------------------------------------------------
@@ -159,7 +214,7 @@ async def revoke_token(ctx: OAuthContext, token: str, client: Client | None) -> 
     if found is None or (client is not None and found.client_id != client.client_id):
         return False
     if found.token_type == ACCESS:
-        revoked = await ctx.store.revoke_access(found.family_id, found.token_hash, ctx.clock())
+        revoked = await ctx.store.revoke_access(found.family_id, found.token_hash, ctx.clock(), found.audience)
         if revoked:
             ctx.metrics.revoked_access_token()
             ctx.events.publish(Revocation(FAMILY, found.family_id, _audience(found.audience)))

@@ -20,7 +20,13 @@ resumed from the last message processed (``?stream=&after=``) and what was misse
 replayed; a ``ready`` with ``resumed: false`` drops everything; a message out of sequence breaks
 the connection, which resumes from the last message processed; a message of a type the client
 does not know drops everything; pings are answered; a close with 4403 is followed by a new
-connection with the client's credentials.
+connection with the client's credentials; a cached answer is not used past its token's ``exp``;
+a feed down (its handshake refused) for longer than the client's offline bound (``--offline-bound``,
+30 seconds as ``tokensvc.resource`` keeps it) leaves no cached answer in use; a feed that falls
+silent without closing (no message, no pong) is taken for down within ``--silence`` seconds (the
+feed's ``ping_seconds``, 10) and resumed, and what it missed is replayed; a resume from behind
+what the stand-in still keeps is answered ``resumed: false`` on the same stream, and drops
+everything.
 """
 
 from __future__ import annotations
@@ -45,6 +51,9 @@ import tornado.websocket
 from tornado.httpclient import AsyncHTTPClient
 
 CONNECT_SECONDS = 30.0  # how long the API under test has to open the feed, at the start and after a close
+# Beyond the silence it waited out, what a client that took a silent feed for down may take to be
+# connected again: its first retry's wait (a second, jittered down) and a handshake.
+RECONNECT_SLACK = 2.0
 
 
 @dataclass
@@ -72,6 +81,8 @@ class StandIn:
     connections: list[Connection] = field(default_factory=list)
     refused_credentials: int = 0
     connected: asyncio.Event = field(default_factory=asyncio.Event)
+    oldest: int = 1  # the first message still kept: a resume from before it is not resumed
+    down: bool = False  # every handshake refused (503), as a tokensvc out of reach would be
 
     def authorized(self, header: str | None) -> bool:
         if not header or header[:6].lower() != "basic ":
@@ -87,11 +98,12 @@ class StandIn:
         last = self.connections[-1] if self.connections else None
         return last if last is not None and last.socket.ws_connection is not None else None
 
-    def token(self) -> tuple[str, dict[str, Any]]:
-        """A new active token and its introspection answer, every identifier its own."""
+    def token(self, lifetime: int = 3600) -> tuple[str, dict[str, Any]]:
+        """A new active token and its introspection answer, every identifier its own, its
+        ``exp`` ``lifetime`` seconds from now (less than a second more or less)."""
         token, n = secrets.token_urlsafe(32), len(self.answers)
         answer = {"active": True, "scope": "read write", "client_id": f"conformance-client-{n}",
-                  "sub": f"conformance-user-{n}", "token_type": "access_token", "exp": int(time.time()) + 3600,
+                  "sub": f"conformance-user-{n}", "token_type": "access_token", "exp": int(time.time()) + lifetime,
                   "iat": int(time.time()), "family_id": secrets.token_hex(16), "grant_id": f"grant-{n}"}
         self.answers[token] = answer
         return token, answer
@@ -110,7 +122,7 @@ class StandIn:
             self.current.socket.write_message(json.dumps(message))
 
     def opening(self, stream: str | None, after: int | None) -> list[dict[str, Any]]:
-        resumed = stream == self.stream and after is not None and 0 <= after <= self.seq
+        resumed = stream == self.stream and after is not None and self.oldest - 1 <= after <= self.seq
         ready = {"type": "ready", "stream": self.stream, "seq": self.seq, "resumed": resumed}
         return [ready, *(message for message in self.sent if resumed and message["seq"] > (after or 0))]
 
@@ -154,8 +166,28 @@ class FeedSocket(tornado.websocket.WebSocketHandler):
     def initialize(self, stand_in: StandIn) -> None:
         self.stand_in = stand_in
         self.connection: Connection | None = None
+        # A stalled connection (a proxy that passes nothing on): no pong goes out. The scenario
+        # that stalls it sends no message either.
+        self.silent = False
+
+    def get_websocket_protocol(self) -> tornado.websocket.WebSocketProtocol | None:
+        protocol = super().get_websocket_protocol()
+        if protocol is not None:
+            answer = protocol._send_pong  # type: ignore[attr-defined]
+
+            def pong(data: bytes) -> None:
+                if not self.silent:
+                    answer(data)
+
+            protocol._send_pong = pong  # type: ignore[attr-defined]
+        return protocol
 
     async def get(self, *args: Any, **kwargs: Any) -> None:
+        if self.stand_in.down:
+            self.set_status(503)
+            self.set_header("Retry-After", "1")
+            self.finish({"detail": "conformance: the feed is down", "reason": "stopping"})
+            return
         if not self.stand_in.authorized(self.request.headers.get("Authorization")):
             self.stand_in.refused_credentials += 1
             self.set_status(401)
@@ -193,8 +225,10 @@ def make_app(stand_in: StandIn) -> tornado.web.Application:
 class Run:
     """The scenarios against one API under test."""
 
-    def __init__(self, stand_in: StandIn, api: str, within: float) -> None:
+    def __init__(self, stand_in: StandIn, api: str, within: float, offline_bound: float = 30.0,
+                 silence: float = 10.0) -> None:
         self.stand_in, self.api, self.within = stand_in, api, within
+        self.offline_bound, self.silence = offline_bound, silence
         self.http = AsyncHTTPClient()
 
     async def status(self, token: str) -> int:
@@ -212,8 +246,10 @@ class Run:
         await self.allowed(token)
         return token, answer
 
-    async def refused(self, token: str, what: str) -> None:
-        """The token is refused (401) within ``within`` seconds: its cached answer was dropped."""
+    async def refused(self, token: str, what: str, within: float | None = None) -> None:
+        """The token is refused (401) within ``within`` seconds (the run's, by default): its
+        cached answer was dropped."""
+        within = self.within if within is None else within
         started = time.monotonic()
         while True:
             status = await self.status(token)
@@ -221,12 +257,18 @@ class Run:
                 return
             if status not in range(200, 300):
                 raise Failure(f"after {what}, the token was answered {status}, neither 2xx nor 401")
-            if time.monotonic() - started > self.within:
-                raise Failure(f"after {what}, the token was still allowed {self.within:g} s later")
+            if time.monotonic() - started > within:
+                raise Failure(f"after {what}, the token was still allowed {within:g} s later")
             await asyncio.sleep(0.01)
 
     def inactive(self, token: str) -> None:
         del self.stand_in.answers[token]
+
+    def current(self) -> Connection:
+        current = self.stand_in.current
+        if current is None:
+            raise Failure("the client's feed was not open")
+        return current
 
     # Each scenario: (its name, what it does).
 
@@ -347,6 +389,72 @@ class Run:
         if not self.stand_in.authorized(connection.authorization):
             raise Failure("after a close with 4403, the client reconnected without its credentials")
 
+    async def expiry(self) -> None:
+        """An answer is cached until its token's ``exp``, not past it: after it, the token is
+        asked about again (and is inactive by then). Nothing is said on the feed."""
+        token, answer = self.stand_in.token(lifetime=2)
+        await self.allowed(token)
+        self.inactive(token)
+        await asyncio.sleep(max(0.0, answer["exp"] - time.time()))
+        await self.refused(token, "its exp")
+
+    async def offline(self) -> None:
+        """The feed goes down and stays down (every handshake refused with 503): once the
+        client's offline bound has passed, no cached answer is used without asking again.
+        Nothing is said on the feed; the token is inactive at introspection."""
+        token, _ = await self.cached()
+        current = self.current()
+        self.inactive(token)
+        self.stand_in.down = True
+        try:
+            current.socket.close(1012, "conformance: the feed is down")
+            await self.refused(token, f"the feed down longer than the offline bound ({self.offline_bound:g} s)",
+                               self.offline_bound + self.within)
+        finally:
+            self.stand_in.down = False
+        await self.stand_in.next_connection(CONNECT_SECONDS + RECONNECT_SLACK)
+
+    async def silent(self) -> None:
+        """The connection stalls without closing (no message, no pong), and meanwhile the token
+        is revoked: the client takes the feed for down within the silence it allows, connects
+        again, resumes after the last message it processed, and hears the revocation replayed."""
+        token, answer = await self.cached()
+        current = self.current()
+        last = self.stand_in.seq
+        current.socket.silent = True
+        try:
+            self.inactive(token)
+            self.stand_in.number({"type": "revoked", "family_id": answer["family_id"]})  # never sent on it
+            try:
+                connection = await self.stand_in.next_connection(self.silence + RECONNECT_SLACK)
+            except Failure:
+                raise Failure(f"a feed silent for {self.silence:g} s (no message, no pong) was not taken for down: "
+                              f"the client did not connect again within {self.silence + RECONNECT_SLACK:g} s") from None
+        finally:
+            current.socket.silent = False
+        if (connection.stream, connection.after) != (self.stand_in.stream, last):
+            raise Failure(f"after a silent feed, the client resumed with stream={connection.stream} "
+                          f"after={connection.after}, not after message {last}")
+        await self.refused(token, "a revocation replayed after a silent feed")
+
+    async def behind_the_buffer(self) -> None:
+        """The client is away while more is revoked than the stand-in keeps: its resume point is
+        behind the oldest message kept, so the ``ready`` on the same stream says ``resumed:
+        false``, and the client drops every answer (the revocation of its token is among what
+        was forgotten)."""
+        token, _ = await self.cached()
+        current = self.current()
+        last = self.stand_in.seq
+        current.socket.close(1012, "conformance: connect again")
+        self.inactive(token)
+        self.stand_in.number({"type": "revoked", "grant_id": "conformance-forgotten"})
+        self.stand_in.oldest = self.stand_in.seq + 1  # everything after ``last`` forgotten
+        connection = await self.stand_in.next_connection()
+        if (connection.stream, connection.after) != (self.stand_in.stream, last):
+            raise Failure(f"after a close with 1012, the client resumed with stream={connection.stream} "
+                          f"after={connection.after}, not after message {last}")
+        await self.refused(token, "a ready with resumed: false for a resume point behind the buffer")
+
     def scenarios(self) -> list[tuple[str, Callable[[], Awaitable[Any]]]]:
         return [("the feed opened with HTTP Basic, no resume point", self.feed_opened),
                 ("an answer cached: one introspection for three checks", self.answers_cached),
@@ -358,7 +466,12 @@ class Run:
                 ("a message out of sequence: resumed after the last one processed", self.out_of_sequence),
                 ("a message of an unknown type drops every answer", self.unknown_type),
                 ("pings answered", self.pings),
-                ("closed with 4403: connected again with its credentials", self.credentials_closed)]
+                ("closed with 4403: connected again with its credentials", self.credentials_closed),
+                ("a cached answer is not used past its token's exp", self.expiry),
+                ("the feed down longer than the offline bound: no cached answer used", self.offline),
+                ("a silent feed (no message, no pong) taken for down and resumed", self.silent),
+                ("a resume behind the buffer: resumed false on the same stream drops every answer",
+                 self.behind_the_buffer)]
 
 
 @dataclass(slots=True)
@@ -369,16 +482,19 @@ class Outcome:
 
 
 async def conform(stand_in: StandIn, api: str, within: float = 1.0,
-                  say: Callable[[Outcome], None] = lambda outcome: None) -> list[Outcome]:
+                  say: Callable[[Outcome], None] = lambda outcome: None, *, offline_bound: float = 30.0,
+                  silence: float = 10.0) -> list[Outcome]:
     """Every scenario against the API at ``api``, whose client reads ``stand_in``'s feed; each
-    outcome also handed to ``say`` as it comes. A scenario that fails is followed by the next."""
+    outcome also handed to ``say`` as it comes. A scenario that fails is followed by the next.
+    ``offline_bound``: how long the client uses a cached answer while the feed is down;
+    ``silence``: how long it lets the feed be silent before it takes it for down."""
     try:
         await asyncio.wait_for(stand_in.connected.wait(), CONNECT_SECONDS)
     except TimeoutError:
         outcome = Outcome("the feed opened", False, f"no connection to the feed within {CONNECT_SECONDS:g} s")
         say(outcome)
         return [outcome]
-    run, outcomes = Run(stand_in, api, within), []
+    run, outcomes = Run(stand_in, api, within, offline_bound, silence), []
     for name, scenario in run.scenarios():
         try:
             await scenario()
@@ -405,6 +521,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--client-secret", default="conformance-secret-0123456789abcdef")
     parser.add_argument("--within", type=float, default=1.0,
                         help="seconds a revocation may take to be refused (default: %(default)s)")
+    parser.add_argument("--offline-bound", type=float, default=30.0,
+                        help="seconds the API under test uses a cached answer while the feed is down "
+                             "(default: %(default)s, tokensvc.resource's offline_ttl)")
+    parser.add_argument("--silence", type=float, default=10.0,
+                        help="seconds of a silent feed after which the API under test takes it for down "
+                             "(default: %(default)s, the feed's ping_seconds)")
     args = parser.parse_args(argv)
 
     def say(outcome: Outcome) -> None:
@@ -418,7 +540,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"tokensvc stand-in at http://{args.host}:{args.port} (client {args.client_id}); start the API "
               f"under test with it, waiting {CONNECT_SECONDS:g} s for its feed", flush=True)
         try:
-            return await conform(stand_in, args.api, args.within, say)
+            return await conform(stand_in, args.api, args.within, say, offline_bound=args.offline_bound,
+                                 silence=args.silence)
         finally:
             server.stop()
 

@@ -83,6 +83,12 @@ CREDENTIALS = "credentials"
 # The client's field that carries each announcement about a client to every process (its
 # relay watches them, storage/mongo/feed.py), written in the change's own write.
 CLIENT_MARKS = {CLIENT: "narrowed_at", CREDENTIALS: "credentials_changed_at"}
+# The pseudo-field of a client's or a user's update (:meth:`Registry.update_client`,
+# :meth:`Registry.update_user`) that carries the audience of the mark it sets (``narrowed_at``):
+# the resources the tokens it may touch are meant for (a list), or None: every reader. A store
+# several processes share keeps it beside the mark, for their relays (storage/mongo/feed.py);
+# one that only one process uses keeps nothing.
+MARK_AUDIENCE = "mark_audience"
 # The longest a process answers client authentication from what it read of a client before
 # (Registry.client_record), should it hear of no change: the bound of every cache of
 # the store's records (docs/security.md, "What a process keeps").
@@ -98,10 +104,24 @@ class Revocation:
 
     kind: str  # FAMILY | GRANT | SESSION | USER | CLIENT | SUBJECT | CREDENTIALS
     key: str  # the family_id, grant_id, session_hash, user_id or client_id (SUBJECT: user_id; CREDENTIALS: client_id)
-    # The resources the revoked tokens were meant for (RFC 8707), where the revoking process knew
-    # them (a family it read): which resource servers' feed readers hear of it. None: every one.
-    # Not part of what the revocation is (equality, the listeners' keys).
+    # The resources the tokens it may touch are meant for (RFC 8707): a family's own, the union
+    # of the families' of a grant, a client or a user, as the revoking process read them and as
+    # its mark carries them to every process's relay. Which resource servers' feed readers hear
+    # of it. None: every one (a token of them names no audience, or the audience is unknown: a
+    # mark of an older release, a relay's interruption). Not part of what the revocation is
+    # (equality, the listeners' keys).
     audience: tuple[str, ...] | None = field(default=None, compare=False)
+
+
+def union(*audiences: list[str] | tuple[str, ...] | None) -> tuple[str, ...] | None:
+    """The audiences together, as a :class:`Revocation` carries them: None (every reader) when
+    one of them is None."""
+    together: set[str] = set()
+    for audience in audiences:
+        if audience is None:
+            return None
+        together.update(audience)
+    return tuple(sorted(together))
 
 
 @dataclass(slots=True, frozen=True)
@@ -227,6 +247,7 @@ class Registry(abc.ABC):
         atomic step: concurrent changes of different fields all hold (a PATCH beside a secret's
         rotation). With ``if_confidential``, only while the client has a secret. The client as
         it was before, or None when there is none (or, with ``if_confidential``, it is public).
+        ``fields`` may hold :data:`MARK_AUDIENCE`, the audience of the narrowing mark it sets.
 
         Called by the operator's client changes and secret rotation (admin/actions.py).
         """
@@ -271,9 +292,10 @@ class Registry(abc.ABC):
         """
 
     @abc.abstractmethod
-    async def mark_removal(self, client_id: str, now: datetime) -> None:
+    async def mark_removal(self, client_id: str, now: datetime, audience: list[str] | None = None) -> None:
         """Write the mark of a recorded removal, stamped ``now`` (the time of the write), which
-        every process's relay hears (:meth:`revocation_feed` yields the client, CLIENT): written
+        every process's relay hears (:meth:`revocation_feed` yields the client, CLIENT, with
+        ``audience``: its families', :meth:`families_audience`; None: every reader): written
         after the record, so it is heard when the client's tokens are refused already. Written
         again by each call of the removal (MongoDB: the ``removed_clients`` notice, kept a day
         after the removal; a store only one process uses has none).
@@ -416,9 +438,10 @@ class Registry(abc.ABC):
 
     @abc.abstractmethod
     async def update_user(self, user_id: str, fields: dict[str, Any]) -> User | None:
-        """Set ``fields`` of the user (``password_hash``, ``admin``, ``narrowed_at``) and no
-        other, in one atomic step: a password set beside a demotion leaves both. The user as it
-        was before, or None when there is none.
+        """Set ``fields`` of the user (``password_hash``, ``admin``, ``narrowed_at``, and
+        :data:`MARK_AUDIENCE`, the audience of that mark) and no other, in one atomic step: a
+        password set beside a demotion leaves both. The user as it was before, or None when
+        there is none.
 
         Called by the operator's password and admin changes (admin/actions.py).
         """
@@ -508,10 +531,11 @@ class Authorizations(abc.ABC):
 
     @abc.abstractmethod
     async def revoke_client_grants(self, client_id: str, now: datetime, limit: int,
-                                   before: datetime | None = None) -> list[str]:
+                                   before: datetime | None = None, audience: list[str] | None = None) -> list[str]:
         """Revoke up to ``limit`` live grants of a client and every family of them, the families
         first (a removed client's, a batch at a time); the ids of the grants revoked, fewer
-        than ``limit`` when none is left. With ``before``, only the grants created before it
+        than ``limit`` when none is left. Every mark carries ``audience`` (the client's
+        families', :meth:`families_audience`; None: every reader). With ``before``, only the grants created before it
         (the leftovers under a newly claimed id: those issued to the new client stay).
         Idempotent: run again after a reply was lost, it takes the grants still live (those
         whose revocation applied go uncounted).
@@ -532,17 +556,19 @@ class Authorizations(abc.ABC):
         """
 
     @abc.abstractmethod
-    async def mark_grant_revoked(self, grant_id: str, now: datetime) -> bool:
+    async def mark_grant_revoked(self, grant_id: str, now: datetime, audience: list[str] | None = None) -> bool:
         """Mark an active grant revoked; True when it was active. From then on none of its
-        families is in force (their generation no longer stands), swept or not.
+        families is in force (their generation no longer stands), swept or not. The mark
+        carries ``audience`` (its families', :meth:`families_audience`; None: every reader).
 
         Called by the end of a grant (oauth/revocation.py).
         """
 
     @abc.abstractmethod
-    async def revoke_grant_families(self, grant_id: str, now: datetime) -> int:
+    async def revoke_grant_families(self, grant_id: str, now: datetime, audience: list[str] | None = None) -> int:
         """Revoke every unrevoked family of a grant; the count. One write however many
-        refreshes the families have seen.
+        refreshes the families have seen. Each mark carries ``audience`` (as
+        :meth:`mark_grant_revoked`'s).
 
         Called by the end of a grant, after mark_grant_revoked (oauth/revocation.py).
         """
@@ -663,18 +689,35 @@ class Authorizations(abc.ABC):
         """
 
     @abc.abstractmethod
-    async def revoke_access(self, family_id: str, access_hash: str, now: datetime) -> bool:
+    async def revoke_access(self, family_id: str, access_hash: str, now: datetime,
+                            audience: list[str] | None = None) -> bool:
         """Revoke the family's current access token alone (RFC 7009 for an access token);
-        True when it was in force.
+        True when it was in force. The mark carries ``audience``: the family's, as the caller
+        read it (None: every reader).
 
         Called by RFC 7009 revocation of an access token (oauth/revocation.py).
         """
 
     @abc.abstractmethod
-    async def revoke_family(self, family_id: str, now: datetime) -> bool:
-        """Revoke a family (its refresh and access token); True when it was unrevoked.
+    async def revoke_family(self, family_id: str, now: datetime, audience: list[str] | None = None) -> bool:
+        """Revoke a family (its refresh and access token); True when it was unrevoked. The mark
+        carries ``audience`` (as :meth:`revoke_access`'s).
 
         Called by revocation of a family (oauth/revocation.py: RFC 7009, a replay, a second holder).
+        """
+
+    @abc.abstractmethod
+    async def families_audience(self, *, grant_id: str | None = None, client_id: str | None = None,
+                                user_id: str | None = None) -> list[str] | None:
+        """The resources the families of a grant, a client or a user (one of them named) are
+        meant for together, revoked or not, each once and in order: what a revocation of them
+        may touch, which the revocation feed tells those resource servers alone. None as soon as
+        one of them names no audience (its tokens are meant for every API). One read of the
+        distinct audiences alone, on an index (a user's: two, their grants, then their families),
+        however many families there are; a revocation's write path, never a request's.
+
+        Called by the revocations of a grant, a client and a user (oauth/revocation.py,
+        oauth/removal.py, admin/actions.py).
         """
 
     @abc.abstractmethod

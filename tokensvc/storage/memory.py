@@ -38,6 +38,7 @@ from tokensvc.records import (
 )
 from tokensvc.storage.base import (
     CODE_RETENTION_SECONDS,
+    MARK_AUDIENCE,
     MAX_LISTED_SESSIONS,
     ClientRecord,
     Conflict,
@@ -59,6 +60,12 @@ SESSIONS = Rows(Session)
 GRANTS = Rows(Grant, lists=("scopes",))
 
 copy = dataclasses.replace
+
+
+def _unmarked(fields: dict[str, Any]) -> dict[str, Any]:
+    """``fields`` without the audience of a mark: one process's own announcement is every relay
+    there is."""
+    return {name: value for name, value in fields.items() if name != MARK_AUDIENCE}
 
 
 def _client(client: Client) -> Client:
@@ -148,7 +155,7 @@ class MemoryStore(Store):
             return None
         if "resources" in fields:
             self._resources_free(client_id, fields["resources"])
-        self._clients[client_id] = _client(copy(client, **fields))
+        self._clients[client_id] = _client(copy(client, **_unmarked(fields)))
         return _client(client)
 
     async def set_owners(self, kind: str, owners: Mapping[str, str]) -> dict[str, str]:
@@ -173,7 +180,7 @@ class MemoryStore(Store):
         removal = self._removals.setdefault(client_id, Removal(client_id, now, tag))
         return copy(removal)
 
-    async def mark_removal(self, client_id: str, now: datetime) -> None:
+    async def mark_removal(self, client_id: str, now: datetime, audience: list[str] | None = None) -> None:
         """One process: its own announcement is every relay there is."""
 
     async def get_removal(self, client_id: str) -> Removal | None:
@@ -259,7 +266,7 @@ class MemoryStore(Store):
         if user is None:
             return None
         assert "username" not in fields and "user_id" not in fields  # a user's keys stay
-        self._users[user_id] = copy(user, **fields)
+        self._users[user_id] = copy(user, **_unmarked(fields))
         return copy(user)
 
     async def delete_user(self, user_id: str) -> None:
@@ -326,7 +333,7 @@ class MemoryStore(Store):
         return [grants[grant_id] for grant_id in _page(sorted(grants), after, limit)]
 
     async def revoke_client_grants(self, client_id: str, now: datetime, limit: int,
-                                   before: datetime | None = None) -> list[str]:
+                                   before: datetime | None = None, audience: list[str] | None = None) -> list[str]:
         revoked = [grant.grant_id for grant in await self.list_client_grants(client_id)
                    if before is None or grant.created_at < before][:limit]
         for grant_id in revoked:
@@ -350,14 +357,14 @@ class MemoryStore(Store):
         families = [family_id for grant_id in grant_ids for family_id in self._grant_families.get(grant_id, ())]
         narrowed(FAMILIES, self._families, families, "revoked_at")
 
-    async def mark_grant_revoked(self, grant_id: str, now: datetime) -> bool:
+    async def mark_grant_revoked(self, grant_id: str, now: datetime, audience: list[str] | None = None) -> bool:
         row = self._grants.get(grant_id)
         if row is None or GRANTS.get(row, "revoked_at") is not None:
             return False
         self._grants[grant_id] = GRANTS.updated(row, revoked_at=now)
         return True
 
-    async def revoke_grant_families(self, grant_id: str, now: datetime) -> int:
+    async def revoke_grant_families(self, grant_id: str, now: datetime, audience: list[str] | None = None) -> int:
         return sum([self._revoke_family(family_id, now) for family_id in list(self._grant_families.get(grant_id, ()))])
 
     # -- codes
@@ -459,7 +466,8 @@ class MemoryStore(Store):
         self._families[family_id] = FAMILIES.updated(row, second_holder_at=now)
         return True
 
-    async def revoke_access(self, family_id: str, access_hash: str, now: datetime) -> bool:
+    async def revoke_access(self, family_id: str, access_hash: str, now: datetime,
+                            audience: list[str] | None = None) -> bool:
         row = self._families.get(family_id)
         if (row is None or FAMILIES.get(row, "access_hash") != access_hash
                 or FAMILIES.get(row, "access_revoked_at") is not None):
@@ -474,8 +482,27 @@ class MemoryStore(Store):
         self._families[family_id] = FAMILIES.updated(row, revoked_at=now)
         return True
 
-    async def revoke_family(self, family_id: str, now: datetime) -> bool:
+    async def revoke_family(self, family_id: str, now: datetime, audience: list[str] | None = None) -> bool:
         return self._revoke_family(family_id, now)
+
+    async def families_audience(self, *, grant_id: str | None = None, client_id: str | None = None,
+                                user_id: str | None = None) -> list[str] | None:
+        if grant_id is not None:
+            grant_ids: Iterable[str] = (grant_id,)
+        else:
+            grant_ids = [key for key, row in self._grants.items()
+                         if (GRANTS.get(row, "client_id") == client_id if client_id is not None
+                             else GRANTS.get(row, "user_id") == user_id)]
+        together: set[str] = set()
+        for family_id in (family_id for key in grant_ids for family_id in self._grant_families.get(key, ())):
+            row = self._families.get(family_id)
+            if row is None:
+                continue
+            audience = FAMILIES.get(row, "audience")
+            if audience is None:
+                return None
+            together.update(audience)
+        return sorted(together)
 
     async def list_families(self, grant_id: str) -> list[Family]:
         families = [FAMILIES.unpack(self._families[family_id]) for family_id in self._grant_families.get(grant_id, ())]

@@ -55,6 +55,9 @@ families                by the current access token's hash, with     ``access_ha
 families                one per id while both formats are written    ``family_key`` unique,
                         (create: hashes.py, Twins)                   sparse
 families                a grant's live ones (revoke a grant, list)   ``grant_live``
+families                the distinct audiences of a grant's, a       ``grant_live``,
+                        client's or (through their grants) a         ``client_revoked``,
+                        user's (a revocation's write path)           ``user_subject``
 sessions                by session_hash; a user's (end them all)     ``_id``; ``user_id``; TTL
 (polling fallback)      revocations since a moment                   partial ``revoked_at``,
                                                                      ``access_revoked_at``,
@@ -75,7 +78,9 @@ removal's mark, ``removed_at`` (a change stream resumed where it left off, which
 them an update set, or, in ``removed_clients`` alone, which an inserted document holds: the
 upsert's insert of a removal's first mark; elsewhere an insert, such as the move of a revoked
 family to format 2, revokes nothing), or, where the deployment has none, polls those fields
-through the partial indexes.
+through the partial indexes. Each mark is written with its audience beside it (``mark_audience``:
+the time of the mark and the resources of the tokens it may touch), which the relay hands on with
+the revocation (feed.py).
 
 Reads see the writes before them: every operation runs in a causally consistent session
 advanced to the latest operation time this process has seen (its own writes' and the relay's

@@ -21,6 +21,7 @@ from tokensvc.storage.mongo import format as store_format
 from tokensvc.storage.mongo import hashes
 from tokensvc.storage.mongo.connection import Connection
 from tokensvc.storage.mongo.credentials import Credentials
+from tokensvc.storage.mongo.feed import marked
 from tokensvc.storage.mongo.mapping import CLIENTS, CODES, FAMILIES, GRANTS, USERS, as_utc, pair_fields, stored
 from tokensvc.storage.mongo.retry import RUN_AGAIN, guarded
 from tokensvc.storage.mongo.stamps import Stamps
@@ -112,13 +113,14 @@ class MongoAuthorizations(Authorizations):
         return [GRANTS.record(doc) for doc in await (cursor.limit(limit) if limit else cursor).to_list(None)]
 
     async def revoke_client_grants(self, client_id: str, now: datetime, limit: int,
-                                   before: datetime | None = None) -> list[str]:
+                                   before: datetime | None = None, audience: list[str] | None = None) -> list[str]:
         # Three operations, each with its own budget and run again alone after a lost reply:
         # the batch read (client_live), the families' sweep, then the grants' (grant_live, _id).
         grant_ids = await self._live_client_grant_ids(client_id, limit, before)
         if grant_ids:
-            await self._revoke_where(self.families, {"grant_id": {"$in": grant_ids}, "revoked_at": None}, now)
-            await self._revoke_where(self.grants, {"_id": {"$in": grant_ids}, "revoked_at": None}, now)
+            await self._revoke_where(self.families, {"grant_id": {"$in": grant_ids}, "revoked_at": None}, now,
+                                     audience)
+            await self._revoke_where(self.grants, {"_id": {"$in": grant_ids}, "revoked_at": None}, now, audience)
         return grant_ids
 
     @guarded()
@@ -129,10 +131,11 @@ class MongoAuthorizations(Authorizations):
         cursor = self.grants.find(live, {"_id": 1}).sort("_id", ASCENDING)
         return [doc["_id"] for doc in await cursor.limit(limit).to_list(limit)]
 
-    @guarded(stamps=lambda self, collection, match, now: (
+    @guarded(stamps=lambda self, collection, match, now, audience: (
         collection.name, {key: value for key, value in match.items() if key != "revoked_at"}, "revoked_at", now))
-    async def _revoke_where(self, collection: Any, match: dict[str, Any], now: datetime) -> None:
-        await collection.update_many(match, {"$set": {"revoked_at": now}})
+    async def _revoke_where(self, collection: Any, match: dict[str, Any], now: datetime,
+                            audience: list[str] | None) -> None:
+        await collection.update_many(match, {"$set": {"revoked_at": now, **marked(now, audience)}})
 
     @guarded()
     async def withdraw_scopes(self, client_id: str, kept: list[str]) -> None:
@@ -144,23 +147,25 @@ class MongoAuthorizations(Authorizations):
         await self.codes.update_many({"client_id": client_id, "consumed_at": None, **beyond}, withdraw)
         await self.families.update_many({"client_id": client_id, "revoked_at": None, **beyond}, withdraw)
 
-    async def mark_grant_revoked(self, grant_id: str, now: datetime) -> bool:
+    async def mark_grant_revoked(self, grant_id: str, now: datetime, audience: list[str] | None = None) -> bool:
         # Revoked already: its mark stamped again when a write landed it late (stamps.py).
-        if await self._mark_grant_revoked(grant_id, now):
+        if await self._mark_grant_revoked(grant_id, now, audience):
             return True
         await self.stamps.late("grants", {"_id": grant_id}, "revoked_at", now)
         return False
 
-    @guarded(stamps=lambda self, grant_id, now: ("grants", {"_id": grant_id}, "revoked_at", now))
-    async def _mark_grant_revoked(self, grant_id: str, now: datetime) -> bool:
-        result = await self.grants.update_one({"_id": grant_id, "revoked_at": None}, {"$set": {"revoked_at": now}})
+    @guarded(stamps=lambda self, grant_id, now, audience: ("grants", {"_id": grant_id}, "revoked_at", now))
+    async def _mark_grant_revoked(self, grant_id: str, now: datetime, audience: list[str] | None) -> bool:
+        result = await self.grants.update_one({"_id": grant_id, "revoked_at": None},
+                                              {"$set": {"revoked_at": now, **marked(now, audience)}})
         return result.modified_count == 1
 
-    @guarded(stamps=lambda self, grant_id, now: ("families", {"grant_id": grant_id}, "revoked_at", stored(now)))
-    async def revoke_grant_families(self, grant_id: str, now: datetime) -> int:
+    @guarded(stamps=lambda self, grant_id, now, audience=None: (
+        "families", {"grant_id": grant_id}, "revoked_at", stored(now)))
+    async def revoke_grant_families(self, grant_id: str, now: datetime, audience: list[str] | None = None) -> int:
         now = stored(now)
         result = await self.families.update_many({"grant_id": grant_id, "revoked_at": None},
-                                                 {"$set": {"revoked_at": now}})
+                                                 {"$set": {"revoked_at": now, **marked(now, audience)}})
         return await self.credentials.swept(result, "families", {"grant_id": grant_id, "revoked_at": now})
 
     # -- codes
@@ -336,35 +341,69 @@ class MongoAuthorizations(Authorizations):
             family = await self.credentials.one("families", FAMILIES.match(family_id=family_id))
         return family is not None and as_utc(family.get("second_holder_at")) == now
 
-    async def revoke_access(self, family_id: str, access_hash: str, now: datetime) -> bool:
+    async def revoke_access(self, family_id: str, access_hash: str, now: datetime,
+                            audience: list[str] | None = None) -> bool:
         # Revoked already: its mark stamped again when a write landed it late (stamps.py).
-        if await self._revoke_access(family_id, access_hash, now):
+        if await self._revoke_access(family_id, access_hash, now, audience):
             return True
         await self.stamps.late("families", FAMILIES.match(family_id=family_id, access_hash=access_hash),
                                "access_revoked_at", now)
         return False
 
-    @guarded(stamps=lambda self, family_id, access_hash, now: (
+    @guarded(stamps=lambda self, family_id, access_hash, now, audience: (
         "families", FAMILIES.match(family_id=family_id, access_hash=access_hash), "access_revoked_at", now))
-    async def _revoke_access(self, family_id: str, access_hash: str, now: datetime) -> bool:
+    async def _revoke_access(self, family_id: str, access_hash: str, now: datetime,
+                             audience: list[str] | None) -> bool:
         result = await self.credentials.write_one("families", family_id, lambda: self.families.update_one(
             FAMILIES.writable(family_id=family_id, access_hash=access_hash, access_revoked_at=None),
-            {"$set": {"access_revoked_at": now, "access_used_at": now}}))
+            {"$set": {"access_revoked_at": now, "access_used_at": now, **marked(now, audience)}}))
         return result.modified_count == 1
 
-    async def revoke_family(self, family_id: str, now: datetime) -> bool:
+    async def revoke_family(self, family_id: str, now: datetime, audience: list[str] | None = None) -> bool:
         # Revoked already: its mark stamped again when a write landed it late (stamps.py).
-        if await self._revoke_family(family_id, now):
+        if await self._revoke_family(family_id, now, audience):
             return True
         await self.stamps.late("families", FAMILIES.match(family_id=family_id), "revoked_at", now)
         return False
 
-    @guarded(stamps=lambda self, family_id, now: ("families", FAMILIES.match(family_id=family_id), "revoked_at", now))
-    async def _revoke_family(self, family_id: str, now: datetime) -> bool:
+    @guarded(stamps=lambda self, family_id, now, audience: (
+        "families", FAMILIES.match(family_id=family_id), "revoked_at", now))
+    async def _revoke_family(self, family_id: str, now: datetime, audience: list[str] | None) -> bool:
         result = await self.credentials.write_one("families", family_id, lambda: self.families.update_one(
             FAMILIES.writable(family_id=family_id, revoked_at=None),
-            {"$set": {"revoked_at": now}}))
+            {"$set": {"revoked_at": now, **marked(now, audience)}}))
         return result.modified_count == 1
+
+    async def families_audience(self, *, grant_id: str | None = None, client_id: str | None = None,
+                                user_id: str | None = None) -> list[str] | None:
+        # The distinct audiences alone, on grant_live or client_revoked (their first key); a
+        # user's families through their grants (user_subject), since no index leads with a
+        # family's user. A family that names none is one null among them.
+        if user_id is not None:
+            grant_ids = await self._user_grant_ids(user_id)
+            where: dict[str, Any] = {"grant_id": {"$in": grant_ids}}
+        else:
+            where = {"grant_id": grant_id} if grant_id is not None else {"client_id": client_id}
+        together = await self._audiences(where)
+        if None in together:
+            return None
+        return sorted(resource for resource in together if isinstance(resource, str))
+
+    @guarded()
+    async def _user_grant_ids(self, user_id: str) -> list[str]:
+        return [doc["_id"] for doc in await self.grants.find({"user_id": user_id}, {"_id": 1}).to_list(None)]
+
+    @guarded()
+    async def _audiences(self, where: dict[str, Any]) -> list[str | None]:
+        cursor = self.families.aggregate([
+            {"$match": where},
+            {"$project": {"_id": 0, "resource": {"$ifNull": ["$audience", [None]]}}},
+            {"$unwind": "$resource"},
+            {"$group": {"_id": "$resource"}},
+        ])
+        if inspect.isawaitable(cursor):  # PyMongo's aggregate is a coroutine; Motor-style ones are not
+            cursor = await cursor
+        return [doc["_id"] for doc in await cursor.to_list(None)]
 
     @guarded()
     async def list_families(self, grant_id: str) -> list[Family]:

@@ -1,5 +1,15 @@
 """The revocation feed of the MongoDB store: a change stream on the watched collections, resumed
-where it left off, or, where the deployment has none, polling their revocation fields."""
+where it left off, or, where the deployment has none, polling their revocation fields.
+
+Each mark is written with its audience, in the same write (:func:`marked`): the field
+``mark_audience`` holds the resources the tokens it may touch are meant for (``audience``, a
+list; null: every reader) and the time of the mark it goes with (``at``). A relay reads it with the
+mark, from the change stream (the update set both) or the document a poll reads, and hands it on
+with the revocation, so that every process's revocation feed tells the resource servers it
+concerns alone. A mark whose audience is missing, or whose ``at`` is not the mark's time (the
+previous release, which knows nothing of it, wrote the mark; a re-stamp, stamps.py, wrote it
+again), is heard as every reader's: a revocation missed is a hole, one heard too often a
+disclosure only."""
 
 from __future__ import annotations
 
@@ -24,6 +34,7 @@ from tokensvc.storage.base import (
     Revocation,
     StorageError,
 )
+from tokensvc.storage.base import MARK_AUDIENCE as BASE_MARK_AUDIENCE
 from tokensvc.storage.mongo import hashes
 from tokensvc.storage.mongo.calls import Elected, Left
 from tokensvc.storage.mongo.mapping import as_utc as _utc
@@ -61,6 +72,38 @@ HISTORY_LOST = frozenset({286, 260, 280})
 # How far behind the poller's clock a writer's may run (the hosts kept on NTP). A poll reads back
 # the store's budget and this before its last one (poll_overlap).
 CLOCK_SKEW = timedelta(seconds=5)
+# The field beside each mark that says its audience (the module's docstring).
+MARK_AUDIENCE = "mark_audience"
+
+
+def marked(at: datetime, audience: list[str] | tuple[str, ...] | None) -> dict[str, Any]:
+    """The field a write sets beside a mark it stamps ``at``: the mark's ``audience`` (None:
+    every reader)."""
+    return {MARK_AUDIENCE: {"at": at, "audience": None if audience is None else list(audience)}}
+
+
+def with_mark(fields: dict[str, Any]) -> dict[str, Any]:
+    """A client's or a user's fields as a write sets them: the audience of its mark
+    (base.MARK_AUDIENCE, given with ``narrowed_at``) as :func:`marked` writes it. A mark given
+    without one is every reader's."""
+    fields = dict(fields)
+    audience = fields.pop(BASE_MARK_AUDIENCE, None)
+    if fields.get("narrowed_at") is not None:
+        fields.update(marked(fields["narrowed_at"], audience))
+    return fields
+
+
+def audience_of(document: dict[str, Any], field: str) -> tuple[str, ...] | None:
+    """The audience ``document`` (an update's fields, or a document read) gives the mark in
+    ``field``: None (every reader) unless it was written with it."""
+    mark = document.get(MARK_AUDIENCE)
+    if not isinstance(mark, dict) or not isinstance(document.get(field), datetime):
+        return None
+    at = mark.get("at")
+    audience = mark.get("audience")
+    if not isinstance(at, datetime) or _utc(at) != _utc(document[field]) or not isinstance(audience, list):
+        return None
+    return tuple(resource for resource in audience if isinstance(resource, str))
 
 
 class _NoChangeStreams(Exception):
@@ -127,6 +170,7 @@ class MongoRevocationFeed:
         # made in INSERTED alone (an upsert that made it: a removal's first mark).
         updated = [f"updateDescription.updatedFields.{field}" for field in fields]
         inserted = [f"fullDocument.{field}" for field in WATCHED[INSERTED]]
+        audiences = [f"updateDescription.updatedFields.{MARK_AUDIENCE}", f"fullDocument.{MARK_AUDIENCE}"]
         pipeline = [
             {"$match": {"operationType": {"$in": ["insert", "update", "invalidate"]},
                         "$or": [{"operationType": "invalidate"},
@@ -134,9 +178,10 @@ class MongoRevocationFeed:
                                  "$or": [{path: {"$type": "date"}} for path in updated]},
                                 {"operationType": "insert", "ns.coll": INSERTED,
                                  "$or": [{path: {"$type": "date"}} for path in inserted]}]}},
-            # Which of the watched fields the write set: one document may carry two marks.
+            # Which of the watched fields the write set (one document may carry two marks), and
+            # the audience it set with them.
             {"$project": {"ns": 1, "documentKey": 1, "operationType": 1, "clusterTime": 1,
-                          **dict.fromkeys(updated + inserted, 1)}},
+                          **dict.fromkeys(updated + inserted + audiences, 1)}},
         ]
         try:
             while True:
@@ -242,13 +287,14 @@ class MongoRevocationFeed:
                         # What was seen already is not announced twice.
                         if seen.get(key) != at:
                             seen[key] = at
-                            yield Revocation(kind, hashes.unpacked(document["_id"]))
+                            yield Revocation(kind, hashes.unpacked(document["_id"]), audience_of(document, field))
             since = now
             seen = {key: at for key, at in seen.items() if at > since - 2 * overlap}
 
     @guarded()
     async def _revoked_since(self, collection: str, field: str, since: datetime) -> list[dict[str, Any]]:
-        return await self.connection.db[collection].find({field: {"$gt": since}}, {field: 1}).to_list(None)
+        return await self.connection.db[collection].find({field: {"$gt": since}},
+                                                         {field: 1, MARK_AUDIENCE: 1}).to_list(None)
 
 
 def _revocations(change: dict[str, Any]) -> list[Revocation]:
@@ -260,8 +306,12 @@ def _revocations(change: dict[str, Any]) -> list[Revocation]:
     else:
         updated = change.get("updateDescription", {}).get("updatedFields") or {}
     revoking = WATCHED[change["ns"]["coll"]]
-    kinds = dict.fromkeys(kind for field, kind in revoking.items() if isinstance(updated.get(field), datetime))
-    return [Revocation(kind, hashes.unpacked(change["documentKey"]["_id"])) for kind in kinds]
+    kinds: dict[str, str] = {}  # each kind announced once, with the audience of its first mark set
+    for field, kind in revoking.items():
+        if isinstance(updated.get(field), datetime):
+            kinds.setdefault(kind, field)
+    return [Revocation(kind, hashes.unpacked(change["documentKey"]["_id"]), audience_of(updated, field))
+            for kind, field in kinds.items()]
 
 
 class Budgeted(Protocol):

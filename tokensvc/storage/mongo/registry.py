@@ -17,6 +17,7 @@ from tokensvc.identifiers import username_key
 from tokensvc.records import RESOURCE_SERVER, Client, Installation, PreviousSecret, Removal, User
 from tokensvc.storage.base import ClientRecord, Conflict, Registry, Removing, ResourceTaken, StorageError
 from tokensvc.storage.mongo.connection import Connection
+from tokensvc.storage.mongo.feed import marked, with_mark
 from tokensvc.storage.mongo.indexes import CASELESS
 from tokensvc.storage.mongo.mapping import CLIENTS, INSTALLATIONS, PREVIOUS_SECRETS, REMOVALS, USERS
 from tokensvc.storage.mongo.recent import Recent
@@ -169,7 +170,7 @@ class MongoRegistry(Registry):
         if if_confidential:
             match["secret_hash"] = {"$ne": None}
         return CLIENTS.record(await self.clients.find_one_and_update(
-            match, {"$set": dict(fields)}, return_document=ReturnDocument.BEFORE))
+            match, {"$set": with_mark(fields)}, return_document=ReturnDocument.BEFORE))
 
     @guarded()
     async def set_owners(self, kind: str, owners: Mapping[str, str]) -> dict[str, str]:
@@ -206,10 +207,11 @@ class MongoRegistry(Registry):
             upsert=True, return_document=ReturnDocument.AFTER))
 
     @guarded()
-    async def mark_removal(self, client_id: str, now: datetime) -> None:
+    async def mark_removal(self, client_id: str, now: datetime, audience: list[str] | None = None) -> None:
         await self.removed_clients.update_one(
             {"_id": client_id},
-            {"$set": {"removed_at": now, "expires_at": now + timedelta(seconds=REMOVED_CLIENT_SECONDS)}},
+            {"$set": {"removed_at": now, "expires_at": now + timedelta(seconds=REMOVED_CLIENT_SECONDS),
+                      **marked(now, audience)}},
             upsert=True)
 
     @guarded()
@@ -361,7 +363,7 @@ class MongoRegistry(Registry):
     async def update_user(self, user_id: str, fields: dict[str, Any]) -> User | None:
         assert "username" not in fields and "user_id" not in fields  # a user's keys stay
         return USERS.record(await self.users.find_one_and_update(
-            {"_id": user_id}, {"$set": dict(fields)}, return_document=ReturnDocument.BEFORE))
+            {"_id": user_id}, {"$set": with_mark(fields)}, return_document=ReturnDocument.BEFORE))
 
     @guarded()
     async def delete_user(self, user_id: str) -> None:

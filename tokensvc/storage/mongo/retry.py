@@ -88,7 +88,7 @@ RETRY_KINDS: dict[str, str] = {
     "create_family": ONCE, "get_family": READ, "find_access": READ,
     "family_standing": READ, "access_standing": READ, "rotate_family": ONCE, "reissue_pair": ONCE,
     "mark_access_used": RERUN, "mark_second_holder": RERUN, "revoke_access": STEPS, "revoke_family": STEPS,
-    "list_families": READ,
+    "list_families": READ, "families_audience": STEPS,
     # Sessions
     "add_session": ONCE, "get_session": READ, "end_session": STEPS, "end_user_sessions": RERUN,
     "list_user_sessions": READ, "touch_session": RERUN,
@@ -104,6 +104,7 @@ RETRY_KINDS: dict[str, str] = {
     "_client_record": READ,  # client_record, when this process read it too long ago
     "_seeded_admin": READ, "_seed_write": RERUN,  # seed_user
     "_live_client_grant_ids": READ, "_revoke_where": RERUN,  # revoke_client_grants
+    "_user_grant_ids": READ, "_audiences": READ,  # families_audience
     "_insert_client": ONCE, "_removal_recorded": READ, "_take_back": RERUN, "_exists": READ,  # add_client
     "_claim_of": READ, "_record_removal": RERUN,  # begin_removal
     "_drop_removal": RERUN,  # end_removal

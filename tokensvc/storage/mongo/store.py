@@ -311,8 +311,8 @@ class MongoStore(Store):
         return await self.registry.begin_removal(client_id, now, tag)
 
     @_changes_clients
-    async def mark_removal(self, client_id: str, now: datetime) -> None:
-        await self.registry.mark_removal(client_id, now)
+    async def mark_removal(self, client_id: str, now: datetime, audience: list[str] | None = None) -> None:
+        await self.registry.mark_removal(client_id, now, audience)
 
     async def get_removal(self, client_id: str) -> Removal | None:
         return await self.registry.get_removal(client_id)
@@ -397,17 +397,17 @@ class MongoStore(Store):
         return await self.authorizations.list_client_grants(client_id, after, limit)
 
     async def revoke_client_grants(self, client_id: str, now: datetime, limit: int,
-                                   before: datetime | None = None) -> list[str]:
-        return await self.authorizations.revoke_client_grants(client_id, now, limit, before)
+                                   before: datetime | None = None, audience: list[str] | None = None) -> list[str]:
+        return await self.authorizations.revoke_client_grants(client_id, now, limit, before, audience)
 
     async def withdraw_scopes(self, client_id: str, kept: list[str]) -> None:
         await self.authorizations.withdraw_scopes(client_id, kept)
 
-    async def mark_grant_revoked(self, grant_id: str, now: datetime) -> bool:
-        return await self.authorizations.mark_grant_revoked(grant_id, now)
+    async def mark_grant_revoked(self, grant_id: str, now: datetime, audience: list[str] | None = None) -> bool:
+        return await self.authorizations.mark_grant_revoked(grant_id, now, audience)
 
-    async def revoke_grant_families(self, grant_id: str, now: datetime) -> int:
-        return await self.authorizations.revoke_grant_families(grant_id, now)
+    async def revoke_grant_families(self, grant_id: str, now: datetime, audience: list[str] | None = None) -> int:
+        return await self.authorizations.revoke_grant_families(grant_id, now, audience)
 
     async def add_code(self, code: AuthorizationCode) -> None:
         await self.authorizations.add_code(code)
@@ -457,11 +457,16 @@ class MongoStore(Store):
     async def mark_second_holder(self, family_id: str, now: datetime) -> bool:
         return await self.authorizations.mark_second_holder(family_id, now)
 
-    async def revoke_access(self, family_id: str, access_hash: str, now: datetime) -> bool:
-        return await self.authorizations.revoke_access(family_id, access_hash, now)
+    async def revoke_access(self, family_id: str, access_hash: str, now: datetime,
+                            audience: list[str] | None = None) -> bool:
+        return await self.authorizations.revoke_access(family_id, access_hash, now, audience)
 
-    async def revoke_family(self, family_id: str, now: datetime) -> bool:
-        return await self.authorizations.revoke_family(family_id, now)
+    async def revoke_family(self, family_id: str, now: datetime, audience: list[str] | None = None) -> bool:
+        return await self.authorizations.revoke_family(family_id, now, audience)
+
+    async def families_audience(self, *, grant_id: str | None = None, client_id: str | None = None,
+                                user_id: str | None = None) -> list[str] | None:
+        return await self.authorizations.families_audience(grant_id=grant_id, client_id=client_id, user_id=user_id)
 
     async def list_families(self, grant_id: str) -> list[Family]:
         return await self.authorizations.list_families(grant_id)
