@@ -198,7 +198,7 @@ def test_below_the_web_edge_not_even_a_type_checker_goes_round():
 # line), which stands on them all. "tokensvc" alone is the package itself (its __version__).
 LAYERS: tuple[tuple[str, ...], ...] = (
     ("tokensvc", "tokensvc.records", "tokensvc.identifiers", "tokensvc.errors", "tokensvc.telemetry.redaction",
-     "tokensvc.jsontext"),
+     "tokensvc.jsontext", "tokensvc.tomlfile"),
     ("tokensvc.storage", "tokensvc.storage.base"),  # the contract
     ("tokensvc.storage.memory", "tokensvc.storage.mongo"),  # the backends
     ("tokensvc.telemetry.logs", "tokensvc.ratelimit"),
