@@ -98,8 +98,9 @@ LONGEST_FIRST = (
     "test_fuzz_admin.py", "wire/test_wire_chaos.py", "test_browser.py", "wire/test_wire_ownership.py",
     "test_admin_cli.py", "wire/test_wire_election.py", "test_apply.py",
     # make check's own
-    "test_config.py", "test_cli.py", "test_resource_feed.py", "test_limits.py", "test_families.py",
-    "test_admin_api.py", "test_layers.py", "test_races.py",
+    "test_feed_limits.py", "test_races.py", "test_resource_feed.py", "test_families.py", "test_limits.py",
+    "test_cli.py", "test_config.py", "test_resource.py", "test_admin_api.py", "test_processes.py",
+    "test_demotion.py", "test_authorize.py",
 )
 
 
