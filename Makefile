@@ -49,15 +49,18 @@ PYTEST := env -u PYTEST_ADDOPTS -u PYTEST_PLUGINS -u PYTEST_DISABLE_PLUGIN_AUTOL
 
 # The suite's files are spread over worker processes (pytest-xdist), whole files each, so that a
 # module's fixtures start once: most of the suite's time is spent waiting on real processes,
-# browsers and stores, so three workers keep two cores busy.
+# browsers and stores, so three workers keep two cores busy. The files go out in the order
+# tests/conftest.py gives them, the longest first: pytest-xdist would otherwise hand them out by
+# their number of tests, and a long file of few tests would start last.
 WORKERS ?= 3
+DIST := --dist loadfile --no-loadscope-reorder
 
 # The linter and the type checker first; then pytest, which exits 5 when it collected no
 # test: that is a failure here, never a silent pass.
 test: $(VENV)/.installed-test $(OLDEST_TORNADO)/.installed
 	$(BIN)/ruff check tokensvc tests bench
 	$(BIN)/mypy
-	@$(PYTEST) -n $(WORKERS) --dist loadfile; status=$$?; \
+	@$(PYTEST) -n $(WORKERS) $(DIST); status=$$?; \
 	if [ $$status -eq 5 ]; then echo "make test: no tests ran" >&2; exit 1; fi; exit $$status
 	PYTHONPATH=$(OLDEST_TORNADO) $(BIN)/python -c 'import tornado; assert tornado.version == "$(TORNADO_OLDEST)", tornado.version; print("the response path on Tornado", tornado.version)'
 	PYTHONPATH=$(OLDEST_TORNADO) $(PYTEST) -q $(RESPONSE_PATH_TESTS)
@@ -68,7 +71,7 @@ test: $(VENV)/.installed-test $(OLDEST_TORNADO)/.installed
 FAST := not (e2e or wire or upgrade or browser or process)
 
 check: $(VENV)/.installed-test
-	@TOKENSVC_TEST_TIER=check $(PYTEST) -q -p no:cacheprovider -n 2 --dist loadfile -m "$(FAST)"; status=$$?; \
+	@TOKENSVC_TEST_TIER=check $(PYTEST) -q -p no:cacheprovider -n 2 $(DIST) -m "$(FAST)"; status=$$?; \
 	if [ $$status -eq 5 ]; then echo "make check: no tests ran" >&2; exit 1; fi; exit $$status
 
 # The production path first (tokensvc serve on the wire tier's replica set beside the memory

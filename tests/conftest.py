@@ -94,13 +94,28 @@ def no_process_in_the_fast_tier():
 
 SLOW_TIERS = ("e2e", "wire", "upgrade", "browser", "process")
 
+# The files that take longest, longest first (the sum of their tests' durations, --durations=0,
+# in `make test` and `make check`): each is handed to a worker before any other file.
+LONGEST_FIRST = (
+    "upgrade/test_upgrade.py", "wire/test_wire_processes.py", "test_fuzz.py", "wire/test_wire_outages.py",
+    "test_fuzz_admin.py", "wire/test_wire_chaos.py", "test_browser.py", "wire/test_wire_ownership.py",
+    "test_admin_cli.py", "wire/test_wire_election.py", "test_apply.py",
+    # make check's own
+    "test_feed_limits.py", "test_races.py", "test_resource_feed.py", "test_families.py", "test_limits.py",
+    "test_cli.py", "test_config.py", "test_resource.py", "test_admin_api.py", "test_processes.py",
+    "test_demotion.py", "test_authorize.py",
+)
+
 
 @pytest.hookimpl(trylast=True)  # after the wire and upgrade conftests have marked their tests
-def pytest_collection_modifyitems(items):
-    """The files of the slow tiers first: `make test` hands whole files to its workers in this
-    order, so the long ones start at once and the short ones fill the gaps."""
+def pytest_collection_modifyitems(config, items):
+    """The longest files first, then the rest of the slow tiers, then the others: `make test`
+    and `make check` hand whole files to their workers in this order (pytest-xdist's
+    --no-loadscope-reorder), so the long ones start at once and the short ones fill the gaps."""
+    tests = config.rootpath / "tests"
+    rank = {tests / name: index for index, name in enumerate(LONGEST_FIRST)}
     slow = {item.path for item in items if any(item.get_closest_marker(name) for name in SLOW_TIERS)}
-    items.sort(key=lambda item: item.path not in slow)
+    items.sort(key=lambda item: (rank.get(item.path, len(rank)), item.path not in slow))
 
 
 # -- no process left behind ---------------------------------------------------------------------

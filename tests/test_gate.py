@@ -243,6 +243,24 @@ def test_the_command_line_says_what_is_wrong_with_the_file(tmp_path, capsys):
         f"tokensvc: {config}: client_secret: required (or in TOKENSVC_GATE_CLIENT_SECRET)"]
 
 
+def test_a_file_that_never_ends_or_starts_with_a_byte_order_mark_is_one_line(tmp_path, capsys):
+    """The gate reads its file as the service reads ``--config``: a device or a pipe is refused
+    before it is read (``/dev/zero`` was read without end, a pipe waited for a writer), a byte
+    order mark is named (it was a TOML error at line 1)."""
+    import os
+
+    fifo = tmp_path / "fifo.toml"
+    os.mkfifo(fifo)
+    for path in ("/dev/zero", str(fifo)):
+        assert cli.main(["gate", "--config", path]) == 1
+        assert capsys.readouterr().err == f"tokensvc: {path}: not a regular file (give the TOML file with --config)\n"
+    bom = tmp_path / "bom.toml"
+    bom.write_bytes(b"\xef\xbb\xbf" + b'tokensvc_url = "https://auth.example"\n')
+    assert cli.main(["gate", "--config", str(bom)]) == 1
+    assert capsys.readouterr().err == (f"tokensvc: {bom}: starts with a UTF-8 byte order mark, which TOML does not "
+                                       "take: save it as UTF-8 without one\n")
+
+
 def test_the_deploy_examples_name_what_the_gate_reads():
     """deploy/gate/: gate.toml loads; Traefik asks /auth/traefik, sets the X-Forwarded-* headers
     itself and takes every X-Auth-* header from the gate alone (the client's stripped first).

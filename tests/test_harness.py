@@ -254,8 +254,23 @@ def test_the_fast_tier_runs_on_workers_and_fails_a_test_that_starts_a_process(tm
     """))
     environ = {**os.environ, "TOKENSVC_TEST_TIER": "check"}
     environ.pop("PYTEST_ADDOPTS", None)
-    result = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-n", "2", "-rf",
+    plugins = [flag for plugin in ("cacheprovider", "schemathesis", "hypothesispytest", "anyio", "tornado")
+               for flag in ("-p", f"no:{plugin}")]  # none is needed here, and they take seconds to load
+    result = subprocess.run([sys.executable, "-m", "pytest", "-q", *plugins, "-n", "2", "-rf",
                              str(tmp_path)], capture_output=True, text=True, timeout=300, cwd=tmp_path, env=environ)
     output = result.stdout + result.stderr
     assert result.returncode == 1 and "1 failed, 1 passed" in output, output
     assert "FAILED test_tier.py::test_starts_a_process" in output and "mark it pytest.mark.process" in output, output
+
+
+def test_the_files_handed_out_first_are_the_suites(request):
+    """Each file conftest.py names among the longest is one of the suite's, named once, and the
+    collection hands it out before the files it does not name."""
+    tests = request.config.rootpath / "tests"
+    conftest = next(plugin for plugin in request.config.pluginmanager.get_plugins()
+                    if getattr(plugin, "__file__", None) == str(tests / "conftest.py"))
+    named = [tests / name for name in conftest.LONGEST_FIRST]
+    assert len(set(named)) == len(named) and all(path.is_file() for path in named), named
+    order = list(dict.fromkeys(item.path for item in request.session.items))
+    present = [path for path in named if path in order]
+    assert order[:len(present)] == present

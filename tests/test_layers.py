@@ -7,6 +7,7 @@ module takes another's private names."""
 from __future__ import annotations
 
 import ast
+import functools
 import inspect
 import json
 import subprocess
@@ -96,10 +97,17 @@ def module_names() -> dict[str, Path]:
 MODULES = module_names()
 
 
-def imports_of(path: Path) -> list[Imported]:
+@functools.cache
+def tree_of(path: Path) -> ast.Module:
+    """The module at ``path``, parsed once for every test here (none changes a tree)."""
+    return ast.parse(path.read_text())
+
+
+@functools.cache
+def imports_of(path: Path) -> tuple[Imported, ...]:
     """Every import of a tokensvc module in ``path``: at its top, in a function, or under
     ``if TYPE_CHECKING:`` (``typing_only``). ``from package import module`` imports the module."""
-    tree = ast.parse(path.read_text())
+    tree = tree_of(path)
     typing_only = {id(node) for block in ast.walk(tree) if isinstance(block, ast.If)
                    and "TYPE_CHECKING" in ast.unparse(block.test) for node in ast.walk(block)}
     found = []
@@ -114,7 +122,7 @@ def imports_of(path: Path) -> list[Imported]:
                     found.append(Imported(submodule, (), id(node) in typing_only))
                 else:
                     found.append(Imported(node.module, (alias.name,), id(node) in typing_only))
-    return found
+    return tuple(found)
 
 
 def graph(typing_too: bool) -> dict[str, set[str]]:
@@ -190,7 +198,7 @@ def test_below_the_web_edge_not_even_a_type_checker_goes_round():
 # line), which stands on them all. "tokensvc" alone is the package itself (its __version__).
 LAYERS: tuple[tuple[str, ...], ...] = (
     ("tokensvc", "tokensvc.records", "tokensvc.identifiers", "tokensvc.errors", "tokensvc.telemetry.redaction",
-     "tokensvc.jsontext"),
+     "tokensvc.jsontext", "tokensvc.tomlfile"),
     ("tokensvc.storage", "tokensvc.storage.base"),  # the contract
     ("tokensvc.storage.memory", "tokensvc.storage.mongo"),  # the backends
     ("tokensvc.telemetry.logs", "tokensvc.ratelimit"),
@@ -311,7 +319,7 @@ def test_only_the_mongodb_store_imports_the_driver():
     for name, path in MODULES.items():
         if within(name, "tokensvc.storage.mongo"):
             continue
-        for node in ast.walk(ast.parse(path.read_text())):
+        for node in ast.walk(tree_of(path)):
             if isinstance(node, ast.Import):
                 outside += [(name, alias.name) for alias in node.names if alias.name.split(".")[0] in drivers]
             elif isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] in drivers:
@@ -324,7 +332,7 @@ def test_no_module_takes_a_private_name_of_another():
     reaches it through the module (what two modules share is public in the one that owns it)."""
     taken = []
     for name, path in MODULES.items():
-        tree = ast.parse(path.read_text())
+        tree = tree_of(path)
         aliases = {}  # the names bound to tokensvc modules here
         for imported in imports_of(path):
             taken += [(name, f"{imported.module}.{private}") for private in imported.names
@@ -352,7 +360,7 @@ def test_each_protocol_function_asks_storage_for_the_concern_it_uses():
     for name, path in MODULES.items():
         if not within(name, "tokensvc.oauth"):
             continue
-        for node in ast.walk(ast.parse(path.read_text())):
+        for node in ast.walk(tree_of(path)):
             if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
                 for argument in [*node.args.args, *node.args.kwonlyargs]:
                     annotation = ast.unparse(argument.annotation) if argument.annotation else ""
@@ -385,7 +393,7 @@ def test_the_decisions_a_handler_class_carries_are_listed_in_one_place():
         assert any(hasattr(base, name) for base in bases), name
     set_by_endpoints = set()
     for module in ENDPOINTS:
-        for node in ast.walk(ast.parse(MODULES[module].read_text())):
+        for node in ast.walk(tree_of(MODULES[module])):
             if isinstance(node, ast.ClassDef):
                 for statement in node.body:
                     targets = statement.targets if isinstance(statement, ast.Assign) else \
@@ -402,7 +410,7 @@ def test_no_endpoint_writes_through_tornado():
     assert "tokensvc.handlers.token" in ENDPOINTS and "tokensvc.handlers.pages" in ENDPOINTS
     written = []
     for module in ENDPOINTS:
-        for node in ast.walk(ast.parse(MODULES[module].read_text())):
+        for node in ast.walk(tree_of(MODULES[module])):
             if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) \
                     and isinstance(node.func.value, ast.Name) and node.func.value.id == "self" \
                     and node.func.attr in ("write", "flush", "finish"):

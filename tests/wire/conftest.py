@@ -17,8 +17,10 @@ def pytest_collection_modifyitems(items):
 
 
 @pytest.fixture
-def primary():
-    server = ReplicaSet().start()
+def primary(request):
+    """A replica set of one member; of ``MEMBERS`` where the module names them (three, as a
+    deployment runs, where every command any member receives is counted)."""
+    server = ReplicaSet(size=getattr(request.module, "MEMBERS", 1)).start()
     yield server
     server.stop()
 

@@ -273,6 +273,11 @@ class Member:
         return reply
 
 
+# Commands that belong to no request: a cursor's end, a session's (the driver's pool). A test
+# counting what requests send leaves them out.
+NOT_A_REQUEST = frozenset({"endSessions", "killCursors"})
+
+
 @dataclass
 class ReplicaSet:
     """The set: :meth:`uri` for the driver; ``commands`` as received; ``faults`` to play.

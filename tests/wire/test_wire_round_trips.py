@@ -26,7 +26,7 @@ from helpers import (
     json_of,
     post_form,
 )
-from primary import ReplicaSet
+from primary import NOT_A_REQUEST, ReplicaSet
 
 from tokensvc.config import StorageSettings
 from tokensvc.oauth import authorization
@@ -50,16 +50,7 @@ ROUND_TRIPS = {
     "revoke": 2,  # that read, and the revocation (0.10.0: 5)
 }
 
-# Commands that belong to no request: a cursor's end, a session's (the driver's pool).
-NOT_A_REQUEST = {"endSessions", "killCursors"}
-
-
-@pytest.fixture
-def primary():
-    """Three members, as a deployment runs: every command any of them receives is counted."""
-    server = ReplicaSet(size=3).start()
-    yield server
-    server.stop()
+MEMBERS = 3  # of the replica set (conftest.py's primary), as a deployment runs: every command any receives is counted
 
 
 @pytest.fixture

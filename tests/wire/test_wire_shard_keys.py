@@ -22,7 +22,7 @@ from typing import Any
 
 import pytest
 from helpers import VERIFIER, WEBAPP_REDIRECT, json_of, post_form
-from primary import ReplicaSet
+from primary import NOT_A_REQUEST, ReplicaSet
 from test_wire_round_trips import WEBAPP, code_for, tokens_for
 
 from tokensvc.config import StorageSettings
@@ -45,14 +45,7 @@ SHARD_KEYS = {
     "previous_secrets": "_id",
 }
 
-NOT_A_REQUEST = {"endSessions", "killCursors"}
-
-
-@pytest.fixture
-def primary():
-    server = ReplicaSet(size=3).start()
-    yield server
-    server.stop()
+MEMBERS = 3  # of the replica set (conftest.py's primary), as a deployment runs
 
 
 @pytest.fixture

@@ -442,7 +442,7 @@ def cmd_gate(args: argparse.Namespace) -> int:
     try:
         settings = gate.load(args.config, host=args.host, port=args.port)
     except gate.GateConfigError as exc:
-        raise ConfigError(*(f"{args.config}: {problem}" for problem in exc.problems)) from None
+        raise ConfigError(*exc.problems) from None
     logs.configure(settings.log_format, settings.log_level)
     try:
         sockets = server.bind(settings)

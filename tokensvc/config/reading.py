@@ -7,13 +7,11 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import stat
-import tomllib
 from collections.abc import Mapping
-from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
+from tokensvc import tomlfile
 from tokensvc.config.settings import (
     COMMAND_LINE_VARIABLES,
     COOKIE_SECRET,
@@ -31,26 +29,11 @@ from tokensvc.identifiers import scope_problem
 
 def read_file(path: str | os.PathLike[str], *, what: str = "config file", option: str = "--config") -> dict[str, Any]:
     """The TOML document at ``path``; what keeps it from being read, in one line (``what`` the
-    file is, given with ``option``)."""
+    file is, given with ``option``): :func:`tokensvc.tomlfile.read`, refusing with ConfigError."""
     try:
-        if os.path.exists(path) and not os.path.isdir(path) and not stat.S_ISREG(os.stat(path).st_mode):
-            # A device, a pipe or a socket: /dev/zero would be read without end.
-            raise ConfigError(f"{path}: not a regular file (give the TOML file with {option})")
-        text = Path(path).read_text(encoding="utf-8")
-        if text.startswith("\ufeff"):
-            raise ConfigError(f"{path}: starts with a UTF-8 byte order mark, which TOML does not take: save it as "
-                              "UTF-8 without one")
-        return tomllib.loads(text)
-    except FileNotFoundError:
-        raise ConfigError(f"{what} not found: {path}") from None
-    except IsADirectoryError:
-        raise ConfigError(f"{path}: a directory, not a {what} (give the TOML file with {option})") from None
-    except UnicodeDecodeError as exc:
-        raise ConfigError(f"{path}: not UTF-8 text (byte {exc.start}): a {what} is TOML in UTF-8") from None
-    except OSError as exc:  # no permission to read it, an I/O error
-        raise ConfigError(f"{path}: cannot be read: {exc.strerror or exc}") from None
-    except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(f"{path}: not valid TOML: {exc}") from None
+        return tomlfile.read(path, what=what, option=option)
+    except tomlfile.FileRefused as exc:
+        raise ConfigError(str(exc)) from None
 
 
 class Problems:

@@ -1,17 +1,18 @@
 """What ``tokensvc gate`` is told: a TOML file of its own (never the service's), the client
 secret from the environment when the file names none, and the command line's flags.
 
-Every problem of the file is found at once and said one line each (:class:`GateConfigError`).
+Every problem of the file is found at once and said one line each (:class:`GateConfigError`), each
+naming the file; a file that cannot be read (a device, a pipe, a byte order mark) is one line.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import os
-import tomllib
 from dataclasses import dataclass, field
 from typing import Any
 
+from tokensvc import tomlfile
 from tokensvc.resource.settings import Settings
 
 SECRET_ENV = "TOKENSVC_GATE_CLIENT_SECRET"
@@ -87,19 +88,21 @@ def load(path: str | None, *, host: str | None = None, port: int | None = None,
     raw: dict[str, Any] = {}
     if path is not None:
         try:
-            with open(path, "rb") as file:
-                raw = tomllib.load(file)
-        except OSError as exc:
-            raise GateConfigError([f"{path}: cannot read it ({exc.strerror or exc})"]) from None
-        except tomllib.TOMLDecodeError as exc:
-            raise GateConfigError([f"{path}: not TOML ({exc})"]) from None
+            raw = tomlfile.read(path)
+        except tomlfile.FileRefused as exc:  # it names the file
+            raise GateConfigError([str(exc)]) from None
     if environ.get(SECRET_ENV):
         raw["client_secret"] = environ[SECRET_ENV]
     if host:
         raw["host"] = host
     if port is not None:
         raw["port"] = port
-    return from_dict(raw)
+    try:
+        return from_dict(raw)
+    except GateConfigError as exc:
+        if path is None:
+            raise
+        raise GateConfigError([f"{path}: {problem}" for problem in exc.problems]) from None
 
 
 def from_dict(raw: dict[str, Any]) -> GateSettings:
