@@ -5,6 +5,7 @@ docs/reference/configuration.md, every metric in docs/reference/metrics.md."""
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import re
 from pathlib import Path
@@ -98,6 +99,40 @@ def test_every_key_of_the_configuration_has_its_row_in_the_reference():
         missing += [f"[[{table}]] {name}" for name in given(cls) if name not in under]
     assert not missing, missing
 
+
+
+def commands_of(parser: argparse.ArgumentParser, path: tuple[str, ...] = ()) -> dict[str, set[str]]:
+    """Every command of the parser that runs, as ``"clients add"``, with its option strings."""
+    groups = [action for action in parser._actions if isinstance(action, argparse._SubParsersAction)]
+    if not groups:
+        return {" ".join(path): {option for action in parser._actions for option in action.option_strings
+                                 if not isinstance(action, argparse._HelpAction)}}
+    return {name: options for command, sub in groups[0].choices.items()
+            for name, options in commands_of(sub, (*path, command)).items()}
+
+
+def test_every_command_and_option_of_the_parser_has_its_row_in_the_reference():
+    """A command or an option added to the parser and not to docs/reference/command-line.md
+    fails here. A row of a table names its commands in the first cell, ``clients add`` or a
+    whole group as ``clients``, and one option in the second."""
+    page = (DOCS / "reference" / "command-line.md").read_text()
+    rows = [[re.findall(r"`([^`]+)`", cell) for cell in line.strip("|").split(" | ")[:2]]
+            for line in page.splitlines() if line.startswith("| `")]
+    named: set[str] = set()
+    documented: set[tuple[str, str]] = set()
+    for commands, options in rows:
+        words = [[word for word in command.split() if re.fullmatch(r"[a-z][a-z-]*", word)] for command in commands]
+        named.update(" ".join(command) for command in words)
+        documented.update((" ".join(command), re.split(r"[ =]", option)[0]) for command in words for option in options)
+    parser = cli.build_parser()
+    missing = [command for command in commands_of(parser) if command not in named]
+    for command, options in commands_of(parser).items():
+        prefixes = {" ".join(command.split()[:length]) for length in range(1, len(command.split()) + 1)}
+        missing += [f"{command} {option}" for option in sorted(options)
+                    if not any((prefix, option) in documented for prefix in prefixes)]
+    top = {option for action in parser._actions for option in action.option_strings} - {"-h", "--help"}
+    missing += [option for option in top if f"tokensvc {option}" not in page]
+    assert not missing, missing
 
 @pytest.mark.gen_test
 async def test_every_metric_the_service_exposes_has_its_row_in_the_reference(http_client, base_url):
