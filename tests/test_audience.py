@@ -416,6 +416,43 @@ async def test_a_concurrent_presentation_gets_the_pair_only_for_the_resources_it
         assert same.access_token == first.access_token and same.refresh_token == first.refresh_token
 
 
+async def test_a_reused_refresh_token_revokes_its_family_whatever_resource_it_names(app, ctx, clock):
+    """Reuse is told before the request's ``resource`` is judged: a refresh token rotated out
+    twice, presented with a resource its authorization never granted, is ``invalid_grant`` and
+    ends its family, as it does with none (RFC 9700 §4.14.2)."""
+    from tokensvc.oauth.errors import InvalidGrant
+
+    webapp = await ctx.store.get_client("webapp")
+    for asked in (["https://other.example"], [PHOTOS], [NOTES]):
+        issued = await tokens_for(ctx, NOTES)
+        first = await grants.refresh(ctx, webapp, issued.refresh_token)
+        second = await grants.refresh(ctx, webapp, first.refresh_token)
+        with pytest.raises(InvalidGrant) as refused:
+            await grants.refresh(ctx, webapp, issued.refresh_token, resources=asked)
+        assert refused.value.description == "The refresh token was already used", asked
+        with pytest.raises(InvalidGrant) as ended:
+            await grants.refresh(ctx, webapp, second.refresh_token)
+        assert ended.value.description == "The refresh token is revoked", asked
+    # The token rotated out last, presented again after the concurrent window and the grace.
+    issued = await tokens_for(ctx, NOTES)
+    first = await grants.refresh(ctx, webapp, issued.refresh_token)
+    clock.advance(ctx.tokens.refresh_grace_seconds + 60)
+    with pytest.raises(InvalidGrant) as refused:
+        await grants.refresh(ctx, webapp, issued.refresh_token, resources=["https://other.example"])
+    assert refused.value.description == "The refresh token was already used"
+    with pytest.raises(InvalidGrant):
+        await grants.refresh(ctx, webapp, first.refresh_token)
+
+
+async def test_a_concurrent_presentation_naming_the_same_resources_in_another_order_gets_the_pair(app, ctx, clock):
+    """Resources name a set: ``[N, P]`` and ``[P, N]`` are one target."""
+    webapp = await ctx.store.get_client("webapp")
+    issued = await tokens_for(ctx, NOTES, PHOTOS)
+    first = await grants.refresh(ctx, webapp, issued.refresh_token, resources=[NOTES, PHOTOS])
+    same = await grants.refresh(ctx, webapp, issued.refresh_token, resources=[PHOTOS, NOTES])
+    assert same.access_token == first.access_token and same.refresh_token == first.refresh_token
+
+
 # -- the verifier --------------------------------------------------------------------------------
 
 
