@@ -294,6 +294,13 @@ async def test_a_resource_no_api_declares_or_a_malformed_one_is_invalid_target(a
     assert request.hidden_fields()["resource"] == [NOTES, PHOTOS]  # what a consent page posts back
 
 
+async def test_an_empty_resource_is_left_out_at_the_authorization_request_as_at_the_token_endpoints(app, ctx):
+    """RFC 6749 §3.1: a parameter sent without a value is treated as omitted."""
+    assert (await authorization.validate(ctx, request_args(""))).audience is None
+    request = await authorization.validate(ctx, request_args("", NOTES, ""))
+    assert request.audience == [NOTES] and request.hidden_fields()["resource"] == [NOTES]
+
+
 async def test_a_consent_page_carries_the_resources_through(app, http_server, browser, ctx):
     """A third-party client's request naming resources: the consent form posts them back, and
     the code is bound to them."""
