@@ -299,7 +299,7 @@ def is_loopback(host: str | None) -> bool:
 
 
 RESOURCE_MAX_LENGTH = 2048
-RESOURCE_URI_RULE = "an absolute URI (scheme://host/...), no fragment, no spaces (RFC 8707 §2)"
+RESOURCE_URI_RULE = "an absolute URI (scheme://host/...), no fragment, no spaces (RFC 8707 section 2)"
 
 
 def resource_uri_problem(uri: str) -> str | None:
