@@ -21,6 +21,7 @@ from tokensvc.identifiers import (
     DEFAULT_KINDS,
     NAME_RULE,
     OWN_RESOURCE_PATH,
+    declared_resource_problem,
     id_problem,
     kind_problem,
     logo_url_problem,
@@ -31,7 +32,6 @@ from tokensvc.identifiers import (
     password_problem,
     redirect_uri_problem,
     resource_key,
-    resource_uri_problem,
     scope_problem,
     secret_sha256_problem,
     username_key,
@@ -270,7 +270,7 @@ class ClientSpec:
         if logo and self.logo_url is not None:
             _check(logo_url_problem(self.logo_url), "logo URL", self.logo_url, "logoUrl")
         for uri in self.resources or [] if resources else []:
-            _check(resource_uri_problem(uri), "resource URI", uri, "resources")
+            _check(declared_resource_problem(uri), "resource URI", uri, "resources")
         return replace(self, confidential=True)
 
     @classmethod
@@ -313,9 +313,11 @@ async def check_resources(store: Store, client_id: str, spec: ClientSpec, own: s
     if spec.kind != RESOURCE_SERVER or not spec.resources:
         return
     mine = {resource_key(uri): uri for uri in spec.resources}
-    if own is not None and resource_key(own) in mine:
-        raise AdminError(f"{mine[resource_key(own)]!r} is tokensvc's own API (base_url + {OWN_RESOURCE_PATH}): a "
-                         "resource server declares the URIs of its own API", "resources")
+    ours = resource_key(own) if own is not None else None
+    for key, uri in mine.items() if ours is not None else {}:
+        if key == ours or key.startswith(f"{ours}/"):
+            raise AdminError(f"{uri!r} is tokensvc's own API (base_url + {OWN_RESOURCE_PATH}) or within it: a "
+                             "resource server declares the URIs of its own API", "resources")
     declared: dict[str, Sequence[str] | None] = {client.client_id: client.resources
                                                  for client in await store.list_clients()}
     declared.update(planned or {})
