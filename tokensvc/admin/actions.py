@@ -302,14 +302,17 @@ CLIENT_FIELDS = {"name": "name", "redirect_uris": "redirect_uris", "scopes": "al
 
 
 async def check_resources(store: Store, client_id: str, spec: ClientSpec, own: str | None,
-                          planned: Mapping[str, Sequence[str] | None] | None = None) -> None:
+                          planned: Mapping[str, Sequence[str] | None] | None = None,
+                          later: Collection[str] = ()) -> None:
     """A resource server's ``resources`` (RFC 8707), as every writer checks them before it
     writes: never tokensvc's own API (``own``: ``base_url`` + ``/v1``), since a token bound to it
     would pass at tokensvc's ``/v1`` and at the resource server alike, and none another client
     declares, since a token meant for one would pass at the other. Compared canonically
     (:func:`~tokensvc.identifiers.resource_key`); AdminError at ``resources`` naming the other
     client. ``planned``: the resources a plan gives the clients it named so far (``apply``),
-    in place of the store's. Two writers at once are the store's to part (ResourceTaken)."""
+    in place of the store's; ``later``: the clients it names after this one, judged as the
+    store holds them, whose refusal says to name them first. Two writers at once are the
+    store's to part (ResourceTaken)."""
     if spec.kind != RESOURCE_SERVER or not spec.resources:
         return
     mine = {resource_key(uri): uri for uri in spec.resources}
@@ -324,8 +327,10 @@ async def check_resources(store: Store, client_id: str, spec: ClientSpec, own: s
     for other, resources in sorted(declared.items()):
         for uri in resources or [] if other != client_id else []:
             if resource_key(uri) in mine:
+                first = (f"; if {other!r} gives it up later in this plan, name {other!r} before {client_id!r}"
+                         if other in later else "")
                 raise AdminError(f"{mine[resource_key(uri)]!r} is declared by client {other!r} (as {uri!r}): a "
-                                 "resource URI is one resource server's", "resources")
+                                 f"resource URI is one resource server's{first}", "resources")
 
 
 def resource_taken(taken: ResourceTaken) -> AdminError:
