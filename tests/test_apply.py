@@ -820,3 +820,22 @@ def test_a_resource_moved_to_a_client_named_first_is_refused_saying_to_name_the_
     assert code == 0, err
     assert run("clients", "show", "b-api", json_out=True)[1]["resources"] == ["https://b.example",
                                                                             "https://shared.example"]
+
+
+def test_a_stored_resource_uri_not_in_canonical_form_is_rewritten_by_apply(run, mongo, tmp_path):
+    """A store written before declared URIs had to be canonical: ``apply`` writes the form the
+    warning names, and an apply leaving the URI as stored says which form to write."""
+    import asyncio
+
+    from test_cli import stored
+
+    asyncio.run(mongo["tokensvc"]["clients"].insert_one({
+        "_id": "notes-api", "name": "Notes API", "redirect_uris": [], "allowed_scopes": [], "kind": "resource-server",
+        "secret_hash": "h", "resources": ["HTTPS://Notes.example:443/"]}))
+    kept = write(tmp_path, '[[clients]]\nclient_id = "notes-api"\ndescription = "Notes"\n', "kept.toml")
+    code, _, err = run("apply", "-f", kept)
+    assert code == 1 and "write it in canonical form: https://notes.example" in err, err
+    fixed = write(tmp_path, '[[clients]]\nclient_id = "notes-api"\nresources = ["https://notes.example"]\n')
+    code, _, err = run("apply", "-f", fixed)
+    assert code == 0, err
+    assert stored(mongo, "clients")[0]["resources"] == ["https://notes.example"]

@@ -276,7 +276,9 @@ async def _client(store: Store, client_id: str, entry: Json, desired: Desired) -
     if "resources" in changes or "kind" in changes:
         await _resources_free(store, client_id, spec, desired)
     desired.resources[client_id] = list(spec.resources or []) if spec.kind == RESOURCE_SERVER else None
-    before, after = _in_force(ClientSpec.of(existing).checked()), _in_force(spec)
+    # The stored client as it acts, held to no rule: one stored before a rule was stricter (a
+    # resource URI not in canonical form) is shown as it is, and the plan changes it.
+    before, after = _in_force(ClientSpec.of(existing).checked(given=())), _in_force(spec)
     found = [change(name, before[name], after[name]) for name in after if before[name] != after[name]]
     if spec.secret_sha256 is not None and spec.secret_sha256 != existing.secret_hash:
         found.append(change("clientSecretSha256", None, None))
