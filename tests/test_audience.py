@@ -385,7 +385,8 @@ async def test_tokensvcs_own_api_refuses_a_token_bound_only_to_another(app, http
 
 async def test_a_resource_no_api_declares_or_a_malformed_one_is_invalid_target(app, ctx):
     for resources in (["https://unknown.example"], ["https://notes.example#x"], ["notes.example"],
-                      [NOTES, "https://unknown.example"]):
+                      [NOTES, "https://unknown.example"], ["https://NOTES.example"], ["https://notes.example/"],
+                      ["http://127.0.0.1:8080/v1/"]):  # another spelling of a declared URI, or of tokensvc's own
         with pytest.raises(RedirectError) as refused:
             await authorization.validate(ctx, request_args(*resources))
         assert refused.value.error.error == "invalid_target", resources
