@@ -798,3 +798,44 @@ def test_a_file_that_never_ends_or_starts_with_a_byte_order_mark_is_one_line(run
                                  "save it as UTF-8 without one\n")
     code, out, err = run("apply", "-f", str(tmp_path))
     assert code == 1 and err == f"tokensvc: {tmp_path}: a directory, not a file (give the TOML file with -f)\n"
+
+
+def test_a_resource_moved_to_a_client_named_first_is_refused_saying_to_name_the_giver_first(run, tmp_path):
+    """A plan is checked and applied in its order: a resource another client of the plan gives
+    up is taken only after it, and the refusal says so; listed the other way, it applies."""
+    for client_id, uri in (("a-api", "https://shared.example"), ("b-api", "https://b.example")):
+        code, _, err = run("clients", "add", "--kind", "resource-server", "--name", client_id, "--client-id",
+                           client_id, "--resource", uri)
+        assert code == 0, err
+    entries = {client_id: (f'[[clients]]\nclient_id = "{client_id}"\nresources = [{uris}]\n')
+               for client_id, uris in (("b-api", '"https://b.example", "https://shared.example"'),
+                                       ("a-api", '"https://a.example"'))}
+    wanted = write(tmp_path, entries["b-api"] + entries["a-api"])
+    code, out, err = run("apply", "-f", wanted)
+    assert code == 1 and out == "", err
+    assert ("'https://shared.example' is declared by client 'a-api' (as 'https://shared.example'): a resource URI is "
+            "one resource server's; if 'a-api' gives it up later in this plan, name 'a-api' before 'b-api'") in err, err
+    wanted = write(tmp_path, entries["a-api"] + entries["b-api"])
+    code, out, err = run("apply", "-f", wanted)
+    assert code == 0, err
+    assert run("clients", "show", "b-api", json_out=True)[1]["resources"] == ["https://b.example",
+                                                                            "https://shared.example"]
+
+
+def test_a_stored_resource_uri_not_in_canonical_form_is_rewritten_by_apply(run, mongo, tmp_path):
+    """A store written before declared URIs had to be canonical: ``apply`` writes the form the
+    warning names, and an apply leaving the URI as stored says which form to write."""
+    import asyncio
+
+    from test_cli import stored
+
+    asyncio.run(mongo["tokensvc"]["clients"].insert_one({
+        "_id": "notes-api", "name": "Notes API", "redirect_uris": [], "allowed_scopes": [], "kind": "resource-server",
+        "secret_hash": "h", "resources": ["HTTPS://Notes.example:443/"]}))
+    kept = write(tmp_path, '[[clients]]\nclient_id = "notes-api"\ndescription = "Notes"\n', "kept.toml")
+    code, _, err = run("apply", "-f", kept)
+    assert code == 1 and "write it in canonical form: https://notes.example" in err, err
+    fixed = write(tmp_path, '[[clients]]\nclient_id = "notes-api"\nresources = ["https://notes.example"]\n')
+    code, _, err = run("apply", "-f", fixed)
+    assert code == 0, err
+    assert stored(mongo, "clients")[0]["resources"] == ["https://notes.example"]

@@ -176,14 +176,16 @@ def test_config_check_says_which_clients_share_a_resource(tmp_path, capsys):
 
 async def test_the_admin_api_refuses_tokensvcs_own_api_and_another_servers_resource(app, http_server, http_client,
                                                                                     ctx, config):
-    """422 HTTPValidationError at ``resources``, whether it is written as declared or in
-    another spelling of the same URI, at a registration, a replacement and a change."""
+    """422 HTTPValidationError at ``resources``, whether it is written as declared (naming the
+    other client) or in another spelling of the same URI (naming the canonical form to write),
+    at a registration, a replacement and a change."""
     from tokensvc.admin.actions import AdminError
 
     operator = Operator(ctx, handed_over(config))
     await ctx.store.set_owners("client", {})  # the operator's to change, as the admin API changes it
     body = {"name": "Calendar API", "kind": "resource-server"}
-    for taken, said in ((OWN, "tokensvc's own API"), ("https://Notes.Example:443", "'notes-api'"),
+    for taken, said in ((OWN, "tokensvc's own API"), (NOTES, "'notes-api'"),
+                        ("https://Notes.Example:443", "write it in canonical form: https://notes.example"),
                         (PHOTOS, "'photos-api'")):
         changed = ("photos-api", [taken]) if taken.lower().startswith(NOTES) else ("notes-api", [NOTES, taken])
         for write, args in ((operator.put_client, ("calendar-api", {**body, "resources": [taken]})),
@@ -248,6 +250,105 @@ async def test_start_up_refuses_a_file_resource_another_client_declares(app, ctx
     assert (await store.get_client("notes-api")).resources == ["https://notes.example/v2"]
 
 
+# Spellings of a URI that RFC 3986 §6.2.2-6.2.3 makes one, each with the canonical form to use.
+NOT_CANONICAL = (
+    ("HTTPS://Notes.Example", "https://notes.example"),
+    ("https://notes.example.", "https://notes.example"),
+    ("https://notes.example:443", "https://notes.example"),
+    ("https://notes.example:0443", "https://notes.example"),
+    ("https://notes.example:", "https://notes.example"),
+    ("https://notes.example/", "https://notes.example"),
+    ("https://notes.example/.", "https://notes.example"),
+    ("https://notes.example/a/./b/../c", "https://notes.example/a/c"),
+    ("https://notes.example/%7Euser/%61", "https://notes.example/~user/a"),
+    ("https://notes.example/a%2fb", "https://notes.example/a%2Fb"),
+    ("https://notes.example:8443/x?%41=1", "https://notes.example:8443/x?A=1"),
+    ("http://127.0.0.1:8080/%76%31", OWN),
+    ("http://127.0.0.1:8080/./v1", OWN),
+    ("http://127.0.0.1:8080/v1/../v1", OWN),
+)
+
+
+def test_a_declared_resource_uri_is_refused_unless_written_in_canonical_form():
+    """A resource server declares each URI in its canonical form alone (lower-case scheme and
+    host, no default port, no leading zero in the port, no trailing dot in the host, no dot
+    segment, no percent-encoded unreserved character, upper-case hex in the others, an empty
+    path for ``/``), so that comparing strings compares URIs; the message names the form to
+    write. User info is refused outright. The path's case is significant (RFC 3986 §6.2.2.1),
+    and a host name is never resolved: ``localhost`` is not ``127.0.0.1``."""
+    from tokensvc import identifiers
+
+    for written, canonical in NOT_CANONICAL:
+        assert identifiers.declared_resource_problem(written) == f"write it in canonical form: {canonical}", written
+        assert identifiers.declared_resource_problem(canonical) is None, canonical
+        assert identifiers.resource_key(written) == canonical
+    for written in ("https://user@notes.example", "https://user:pw@notes.example/x"):
+        assert identifiers.declared_resource_problem(written) == "no user info before the host", written
+    for written in ("https://notes.example:0", "https://notes.example:65536", "https://notes.example/%zz",
+                    "https://notes.example:x"):
+        assert identifiers.declared_resource_problem(written) is not None, written
+    for distinct in (NOTES, "https://notes.example/V1", "https://notes.example/v1/", "http://localhost:8080/v1",
+                     "https://[::1]:8443/api", "urn-like://host/path"):
+        assert identifiers.declared_resource_problem(distinct) is None, distinct
+    assert identifiers.resource_key("https://user@notes.example") == NOTES
+    with pytest.raises(config_module.ConfigError) as refused:
+        make_config(clients=[{**apis()[0], "resources": ["https://NOTES.example:443/"]}])
+    assert "clients[0].resources[0]" in str(refused.value)
+    assert "write it in canonical form: https://notes.example" in str(refused.value)
+
+
+async def test_the_admin_api_refuses_another_spelling_of_a_declared_uri_naming_the_form_to_write(app, ctx,
+                                                                                                  config):
+    """422 at ``resources`` for every spelling that is not canonical, whether it would collide
+    (notes-api's, tokensvc's own) or not; a URI within tokensvc's own API is refused too."""
+    from tokensvc.admin.actions import AdminError
+
+    operator = Operator(ctx, handed_over(config))
+    body = {"name": "Calendar API", "kind": "resource-server", "clientId": "calendar-api"}
+    for written, canonical in (*NOT_CANONICAL, ("https://user@notes.example", None),
+                               ("http://127.0.0.1:8080/v1/", None), ("http://127.0.0.1:8080/v1/me", None)):
+        with pytest.raises(AdminError) as refused:
+            await operator.create_client({**body, "resources": [written]})
+        assert refused.value.status_code == 422 and refused.value.field == "resources", written
+        assert canonical is None or f"write it in canonical form: {canonical}" in str(refused.value), written
+    assert await ctx.store.get_client("calendar-api") is None
+    created, _ = await operator.put_client("calendar-api", {**body, "resources": ["http://127.0.0.1:8080/V1",
+                                                                                  "http://localhost:8080/v1"]})
+    assert created["resources"] == ["http://127.0.0.1:8080/V1", "http://localhost:8080/v1"]
+
+
+async def test_start_up_warns_of_a_stored_resource_uri_not_in_canonical_form(app, ctx, config, caplog):
+    """A store written before the rule may hold a URI in another spelling: start-up goes on,
+    and says which client declares it and the form to write; the URI binds tokens as written."""
+    from tokensvc.records import RESOURCE_SERVER, Client
+
+    await ctx.store.add_client(Client("calendar-api", "Calendar API", [], [], secret_hash="h", kind=RESOURCE_SERVER,
+                                      resources=["HTTPS://Calendar.example:443/"]))
+    caplog.set_level("WARNING", logger="tokensvc")
+    await seed(ctx.store, config)
+    said = [record.getMessage() for record in caplog.records if "calendar-api" in record.getMessage()]
+    assert said and "'HTTPS://Calendar.example:443/'" in said[0] and "https://calendar.example" in said[0], said
+    assert await ctx.store.declared_resources(["HTTPS://Calendar.example:443/"]) == {"HTTPS://Calendar.example:443/"}
+
+
+async def test_start_up_refuses_a_stored_resource_server_declaring_tokensvcs_own_api(app, ctx, config):
+    """``base_url`` changed since a resource server declared what is now tokensvc's own API
+    (``base_url`` + ``/v1``) or a URI within it: start-up stops (StoreFault) naming the client,
+    since a token meant for tokensvc would pass at that server too."""
+    from tokensvc.records import RESOURCE_SERVER, Client
+    from tokensvc.storage.base import StoreFault
+
+    for declared in (OWN, OWN + "/me"):
+        await ctx.store.put_client(Client("old-api", "Old API", [], [], secret_hash="h", kind=RESOURCE_SERVER,
+                                          resources=["https://old.example", declared]))
+        with pytest.raises(StoreFault) as refused:
+            await seed(ctx.store, config)
+        assert "'old-api'" in str(refused.value) and repr(declared) in str(refused.value)
+        assert "base_url" in str(refused.value)
+    await ctx.store.update_client("old-api", {"resources": ["https://old.example"]})
+    await seed(ctx.store, config)
+
+
 # -- the authorization request, the exchange, the refresh ----------------------------------------
 
 
@@ -284,7 +385,8 @@ async def test_tokensvcs_own_api_refuses_a_token_bound_only_to_another(app, http
 
 async def test_a_resource_no_api_declares_or_a_malformed_one_is_invalid_target(app, ctx):
     for resources in (["https://unknown.example"], ["https://notes.example#x"], ["notes.example"],
-                      [NOTES, "https://unknown.example"]):
+                      [NOTES, "https://unknown.example"], ["https://NOTES.example"], ["https://notes.example/"],
+                      ["http://127.0.0.1:8080/v1/"]):  # another spelling of a declared URI, or of tokensvc's own
         with pytest.raises(RedirectError) as refused:
             await authorization.validate(ctx, request_args(*resources))
         assert refused.value.error.error == "invalid_target", resources
@@ -292,6 +394,13 @@ async def test_a_resource_no_api_declares_or_a_malformed_one_is_invalid_target(a
     request = await authorization.validate(ctx, request_args(NOTES, PHOTOS, NOTES))
     assert request.audience == [NOTES, PHOTOS]  # each once, in order
     assert request.hidden_fields()["resource"] == [NOTES, PHOTOS]  # what a consent page posts back
+
+
+async def test_an_empty_resource_is_left_out_at_the_authorization_request_as_at_the_token_endpoints(app, ctx):
+    """RFC 6749 §3.1: a parameter sent without a value is treated as omitted."""
+    assert (await authorization.validate(ctx, request_args(""))).audience is None
+    request = await authorization.validate(ctx, request_args("", NOTES, ""))
+    assert request.audience == [NOTES] and request.hidden_fields()["resource"] == [NOTES]
 
 
 async def test_a_consent_page_carries_the_resources_through(app, http_server, browser, ctx):
@@ -414,6 +523,43 @@ async def test_a_concurrent_presentation_gets_the_pair_only_for_the_resources_it
     for resources in ([NOTES], None):
         same = await grants.refresh(ctx, webapp, issued.refresh_token, resources=resources)
         assert same.access_token == first.access_token and same.refresh_token == first.refresh_token
+
+
+async def test_a_reused_refresh_token_revokes_its_family_whatever_resource_it_names(app, ctx, clock):
+    """Reuse is told before the request's ``resource`` is judged: a refresh token rotated out
+    twice, presented with a resource its authorization never granted, is ``invalid_grant`` and
+    ends its family, as it does with none (RFC 9700 §4.14.2)."""
+    from tokensvc.oauth.errors import InvalidGrant
+
+    webapp = await ctx.store.get_client("webapp")
+    for asked in (["https://other.example"], [PHOTOS], [NOTES]):
+        issued = await tokens_for(ctx, NOTES)
+        first = await grants.refresh(ctx, webapp, issued.refresh_token)
+        second = await grants.refresh(ctx, webapp, first.refresh_token)
+        with pytest.raises(InvalidGrant) as refused:
+            await grants.refresh(ctx, webapp, issued.refresh_token, resources=asked)
+        assert refused.value.description == "The refresh token was already used", asked
+        with pytest.raises(InvalidGrant) as ended:
+            await grants.refresh(ctx, webapp, second.refresh_token)
+        assert ended.value.description == "The refresh token is revoked", asked
+    # The token rotated out last, presented again after the concurrent window and the grace.
+    issued = await tokens_for(ctx, NOTES)
+    first = await grants.refresh(ctx, webapp, issued.refresh_token)
+    clock.advance(ctx.tokens.refresh_grace_seconds + 60)
+    with pytest.raises(InvalidGrant) as refused:
+        await grants.refresh(ctx, webapp, issued.refresh_token, resources=["https://other.example"])
+    assert refused.value.description == "The refresh token was already used"
+    with pytest.raises(InvalidGrant):
+        await grants.refresh(ctx, webapp, first.refresh_token)
+
+
+async def test_a_concurrent_presentation_naming_the_same_resources_in_another_order_gets_the_pair(app, ctx, clock):
+    """Resources name a set: ``[N, P]`` and ``[P, N]`` are one target."""
+    webapp = await ctx.store.get_client("webapp")
+    issued = await tokens_for(ctx, NOTES, PHOTOS)
+    first = await grants.refresh(ctx, webapp, issued.refresh_token, resources=[NOTES, PHOTOS])
+    same = await grants.refresh(ctx, webapp, issued.refresh_token, resources=[PHOTOS, NOTES])
+    assert same.access_token == first.access_token and same.refresh_token == first.refresh_token
 
 
 # -- the verifier --------------------------------------------------------------------------------

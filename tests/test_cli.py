@@ -728,20 +728,22 @@ def test_config_check_shows_a_file_mode_as_it_is_written(tmp_path, capsys):
 
 def test_a_resource_is_one_resource_servers_at_clients_add_and_apply(run, mongo, tmp_path):
     """RFC 8707: ``clients add --resource`` and ``apply -f`` refuse tokensvc's own API (base_url +
-    /v1) and a URI another resource server declares, in any spelling of it, naming the other;
-    an apply whose clients share one is refused whole, before anything is written."""
+    /v1) and a URI another resource server declares, naming the other, and a URI not in
+    canonical form, naming the form to write; an apply whose clients share one is refused whole,
+    before anything is written."""
     code, _, err = run("clients", "add", "--kind", "resource-server", "--name", "Notes API", "--client-id",
                        "notes-api", "--resource", "https://notes.example")
     assert code == 0, err
     for taken, said in (("http://127.0.0.1:8080/v1", "tokensvc's own API"),
-                        ("HTTPS://notes.example:443/", "declared by client 'notes-api'")):
+                        ("https://notes.example", "declared by client 'notes-api'"),
+                        ("HTTPS://notes.example:443/", "write it in canonical form: https://notes.example")):
         code, _, err = run("clients", "add", "--kind", "resource-server", "--name", "Copy API", "--resource", taken)
         assert code == 1 and said in err, err
     applied = tmp_path / "apis.toml"
     applied.write_text("".join(
         f'[[clients]]\nclient_id = "{client_id}"\nname = "{client_id}"\nkind = "resource-server"\n'
         f'client_secret = "{client_id}-secret-0123456789abcdef01234"\nresources = ["{uri}"]\n'
-        for client_id, uri in (("a-api", "https://shared.example"), ("b-api", "https://shared.example/"))))
+        for client_id, uri in (("a-api", "https://shared.example"), ("b-api", "https://shared.example"))))
     code, out, err = run("apply", "-f", str(applied))
     assert code == 1 and "declared by client 'a-api'" in err and "b-api" in err, err
     applied.write_text('[[clients]]\nclient_id = "c-api"\nname = "c-api"\nkind = "resource-server"\n'
@@ -749,6 +751,28 @@ def test_a_resource_is_one_resource_servers_at_clients_add_and_apply(run, mongo,
     code, out, err = run("apply", "-f", str(applied))
     assert code == 1 and "declared by client 'notes-api'" in err, err
     assert [client["_id"] for client in stored(mongo, "clients")] == ["notes-api"]
+
+
+def test_storage_status_names_a_stored_resource_uri_not_in_canonical_form(run, mongo):
+    """A store written before declared URIs had to be canonical: ``storage status`` names the
+    client, the URI and the form to write, and exits 0 (the URI binds tokens as written)."""
+    import asyncio
+
+    asyncio.run(mongo["tokensvc"]["clients"].insert_one({
+        "_id": "notes-api", "name": "Notes API", "redirect_uris": [], "allowed_scopes": [], "kind": "resource-server",
+        "secret_hash": "h", "resources": ["https://notes.example/v2", "HTTPS://Notes.example:443/"]}))
+
+    async def opened():
+        store = MongoStore(mongo, "tokensvc")
+        await store.open()  # as the service does (it records the store's format): no failure
+        await store.close()
+
+    asyncio.run(opened())
+    code, out, err = run("storage", "status")
+    assert code == 0, err
+    assert ("WARNING: client 'notes-api' declares the resource 'HTTPS://Notes.example:443/', which is not in "
+            "canonical form: write it as 'https://notes.example'") in out, out
+    assert "'https://notes.example/v2'" not in out
 
 
 def test_a_store_whose_clients_share_a_resource_opens_and_says_so(run, mongo):

@@ -1,12 +1,19 @@
 """The error edge: a store that does not answer gives 503, redaction of the access log."""
 
+import ast
+import importlib
 import inspect
 import logging
+import re
 import socket
+import textwrap
+import types
+from pathlib import Path
 
 import pytest
 from helpers import WEBAPP_REDIRECT, WEBAPP_SECRET, basic, json_of, make_config, post_form
 
+import tokensvc
 from tokensvc.bootstrap import make_store
 from tokensvc.config import StorageSettings
 from tokensvc.handlers.edge.access_log import redact
@@ -246,3 +253,80 @@ async def test_an_uncaught_exception_on_the_socket_logs_the_uri_redacted(browser
         assert await connection.read_message() is None  # closed by the failure
     assert access not in caplog.text
     assert "Uncaught exception GET /v1/ws?access_token=***" in caplog.text and "boom" in caplog.text
+
+
+# RFC 6749 §5.2 and RFC 6750 §3: error_description = 1*( %x20-21 / %x23-5B / %x5D-7E )
+DESCRIPTION_CHARS = re.compile(r"^[\x20-\x21\x23-\x5b\x5d-\x7e]*$")
+
+
+def _described_errors() -> set[str]:
+    """The names of every error whose text becomes an ``error_description``: OAuth's, and a
+    resource server's refusals."""
+    from tokensvc.oauth import errors as oauth_errors
+    from tokensvc.resource import errors as resource_errors
+
+    found = set()
+    for module, base in ((oauth_errors, oauth_errors.OAuthError), (resource_errors, resource_errors.Refusal)):
+        found |= {name for name, value in vars(module).items() if isinstance(value, type) and issubclass(value, base)}
+    return found
+
+
+def _said(node: ast.AST, module: types.ModuleType) -> list[str]:
+    """The fixed text an error's argument holds: its literals, the literal parts of an f-string
+    or a sum, and the module constants (or another module's) it names."""
+    if isinstance(node, ast.Constant):
+        return [node.value] if isinstance(node.value, str) else []
+    if isinstance(node, ast.JoinedStr):
+        return [part for value in node.values for part in _said(value, module)]
+    if isinstance(node, ast.FormattedValue):
+        return _said(node.value, module)
+    if isinstance(node, ast.BinOp):
+        return _said(node.left, module) + _said(node.right, module)
+    if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "join":
+        return _said(node.func.value, module)
+    if isinstance(node, ast.Name) and isinstance(getattr(module, node.id, None), str):
+        return [getattr(module, node.id)]
+    if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name):
+        owner = getattr(module, node.value.id, None)
+        if isinstance(owner, types.ModuleType) and isinstance(getattr(owner, node.attr, None), str):
+            return [getattr(owner, node.attr)]
+    return []
+
+
+def _returned(function: types.FunctionType) -> list[str]:
+    """The literal text a function returns or raises with: what a problem function says."""
+    module = inspect.getmodule(function)
+    said = []
+    for node in ast.walk(ast.parse(textwrap.dedent(inspect.getsource(function)))):
+        if isinstance(node, ast.Return) and node.value is not None:
+            said += _said(node.value, module)
+        elif isinstance(node, ast.Raise) and isinstance(node.exc, ast.Call):
+            said += [text for argument in node.exc.args for text in _said(argument, module)]
+    return said
+
+
+def test_every_error_description_the_code_defines_is_of_the_characters_rfc_6749_allows():
+    """Every message an OAuth error or a resource server's refusal carries, and what each
+    problem function it quotes says, is plain ASCII of RFC 6749 §5.2's grammar: it reaches the
+    client as written, never percent-encoded (a section sign written as ``%C2%A7``)."""
+    from tokensvc import identifiers
+    from tokensvc.oauth import scopes
+
+    described, texts = _described_errors(), []
+    for path in sorted(Path(tokensvc.__file__).parent.rglob("*.py")):
+        if path.name == "__main__.py":
+            continue  # runs the command line when imported
+        name = ".".join(path.relative_to(Path(tokensvc.__file__).parent.parent).with_suffix("").parts)
+        module = importlib.import_module(name.removesuffix(".__init__"))
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Call):
+                called = node.func.id if isinstance(node.func, ast.Name) else \
+                    node.func.attr if isinstance(node.func, ast.Attribute) else None
+                if called in described:
+                    texts += [(f"{name}:{node.lineno}", text) for argument in node.args for text in
+                              _said(argument, module)]
+    for function in (identifiers.resource_uri_problem, scopes.parse):
+        texts += [(function.__qualname__, text) for text in _returned(function)]
+    assert len(texts) > 100  # the walk found the messages
+    outside = [(where, text) for where, text in texts if not DESCRIPTION_CHARS.fullmatch(text)]
+    assert outside == []

@@ -14,7 +14,13 @@ from datetime import datetime
 from typing import Any, TypeVar
 
 from tokensvc.config import ConfigError, Settings, StorageSettings, verify_only
-from tokensvc.identifiers import resource_key, username_key
+from tokensvc.identifiers import (
+    OWN_RESOURCE_PATH,
+    resource_key,
+    resources_not_canonical,
+    username_key,
+    within_own_resource,
+)
 from tokensvc.oauth import clientauth, hashing, removal, successors
 from tokensvc.oauth.context import OAuthContext
 from tokensvc.oauth.feed import ReaderCaps
@@ -87,16 +93,29 @@ def new_user_id() -> str:
 
 
 async def resources_free(store: Store, config: Settings) -> None:
-    """The configuration file's resource URIs (RFC 8707), which ``config check`` found each one
-    resource server's within the file, declared by no client the file does not name (one the
-    admin API registered): StoreFault naming both, which stops start-up."""
+    """The resource URIs (RFC 8707) of the clients the store holds, read at start-up.
+
+    A client the file does not name (one the admin API registered) may declare neither one of
+    the file's URIs, which ``config check`` found each one resource server's within the file,
+    nor tokensvc's own API (``base_url`` + ``/v1``, which a change of ``base_url`` may make one
+    of its URIs) or a URI within it: StoreFault naming the client, which stops start-up, since a
+    token meant for one API would pass at another. A URI not in canonical form, which a store
+    written before that rule may hold, is warned of and left as it is."""
     mine = {resource_key(uri): (seed.client_id, uri) for seed in config.clients for uri in seed.resources or []}
     named = {seed.client_id for seed in config.clients}
-    for client in await store.list_clients() if mine else []:
-        for uri in client.resources or [] if client.client_id not in named else []:
+    others = [client for client in await store.list_clients() if client.client_id not in named and client.resources]
+    for client in others:
+        for uri in client.resources or []:
+            if within_own_resource(uri, config.base_url):
+                raise StoreFault(f"client {client.client_id!r} declares the resource {uri!r}, which is tokensvc's own "
+                                 f"API (base_url + {OWN_RESOURCE_PATH}) or within it: a token meant for tokensvc "
+                                 "would pass at that client too; change its resources (tokensvc apply), or base_url, "
+                                 "then start again")
             if (found := mine.get(resource_key(uri))) is not None:
                 raise StoreFault(taken_message(found[0], found[1], f"client {client.client_id!r} declares it too, "
                                                                   f"as {uri!r}"))
+    for warning in resources_not_canonical((client.client_id, client.resources) for client in others):
+        log.warning("%s", warning)
 
 
 def taken_message(client_id: str, uri: str, why: str) -> str:

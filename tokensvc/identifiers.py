@@ -9,7 +9,7 @@ import hashlib
 import ipaddress
 import re
 import unicodedata
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from urllib.parse import urlsplit
 
 # Client and installation ids: the unreserved characters of RFC 3986, at most 128. An id and a
@@ -299,7 +299,7 @@ def is_loopback(host: str | None) -> bool:
 
 
 RESOURCE_MAX_LENGTH = 2048
-RESOURCE_URI_RULE = "an absolute URI (scheme://host/...), no fragment, no spaces (RFC 8707 §2)"
+RESOURCE_URI_RULE = "an absolute URI (scheme://host/...), no fragment, no spaces (RFC 8707 section 2)"
 
 
 def resource_uri_problem(uri: str) -> str | None:
@@ -329,18 +329,122 @@ def own_resource(base_url: str) -> str:
 
 
 def resource_key(uri: str) -> str:
-    """What two declared resource URIs are compared by (RFC 3986 §6.2.2-6.2.3): the scheme and
-    the host in lower case, a default port left out, an empty path as ``/``. Two that give one
-    key name one API, which one resource server alone may declare. ``uri`` has passed
+    """The canonical form of a resource URI (:func:`canonical_resource`), user info left out:
+    what two URIs a store written before the rule holds are compared by. ``uri`` has passed
     :func:`resource_uri_problem`."""
+    return canonical_resource(uri)[0]
+
+
+def declared_resource_problem(uri: str) -> str | None:
+    """Why ``uri`` cannot be a resource URI a resource server declares, or None when it can: a
+    resource indicator (:func:`resource_uri_problem`) written in its canonical form alone
+    (:func:`canonical_resource`), so that every writer, the store's unique index, introspection
+    and the verifier compare URIs by comparing strings. The message names the form to write."""
+    why = resource_uri_problem(uri)
+    if why is not None:
+        return why
+    canonical, why = canonical_resource(uri)
+    if why is not None:
+        return why
+    return None if canonical == uri else f"write it in canonical form: {canonical}"
+
+
+_PERCENT = re.compile(r"%(?![0-9A-Fa-f]{2})")
+_ENCODED = re.compile(r"%([0-9A-Fa-f]{2})")
+_UNRESERVED = re.compile(r"[A-Za-z0-9._~-]")
+_HOST_NAME = re.compile(r"[a-z0-9._~-]+")
+_IP_LITERAL = re.compile(r"\[[0-9a-f:.]+\]")
+
+
+def canonical_resource(uri: str) -> tuple[str, str | None]:
+    """``uri`` in the canonical form of RFC 3986 §6.2.2-6.2.3, and why it cannot be declared
+    (None when it can be, once written so). The scheme and the host in lower case, the host
+    without a trailing dot, the port without leading zeros and left out when it is the scheme's
+    default, an empty path for ``/`` (http and https), percent-encoded unreserved characters
+    decoded and the others' hex in upper case, dot segments removed (§5.2.4). The path's case
+    is kept, as it is significant; a host name is never resolved. User info is refused (and
+    left out of the form). ``uri`` has passed :func:`resource_uri_problem`."""
     parts = urlsplit(uri)
-    scheme, netloc = parts.scheme.lower(), parts.netloc.lower()
-    port = DEFAULT_PORTS.get(scheme)
-    if port is not None and netloc.endswith(f":{port}"):
-        netloc = netloc[:-len(str(port)) - 1]
-    if netloc.endswith(":"):
-        netloc = netloc[:-1]
-    return f"{scheme}://{netloc}{parts.path or '/'}" + (f"?{parts.query}" if parts.query else "")
+    scheme = parts.scheme.lower()
+    userinfo, at, hostport = parts.netloc.rpartition("@")
+    why = "no user info before the host" if at else None
+    if hostport.startswith("["):
+        host, _, rest = hostport.partition("]")
+        host, port = host + "]", rest[1:] if rest.startswith(":") else None
+        if rest and not rest.startswith(":"):
+            why = why or "a host, then a port 1-65535"
+    else:
+        host, colon, port_text = hostport.rpartition(":")
+        host, port = (host, port_text) if colon else (hostport, None)
+    host = _normalized(host).lower().removesuffix(".")
+    if not (_HOST_NAME.fullmatch(host) or _IP_LITERAL.fullmatch(host)) or ".." in host or host.startswith("."):
+        why = why or "a host of letters, digits, dots and hyphens, or an IP address in brackets"
+    if port:
+        if not port.isdigit() or not 1 <= int(port) <= 65535:
+            why = why or "a port 1-65535"
+        elif int(port) != DEFAULT_PORTS.get(scheme):
+            host += f":{int(port)}"
+    path = _remove_dot_segments(_normalized(parts.path))
+    if path == "/" and scheme in DEFAULT_PORTS:
+        path = ""
+    if _PERCENT.search(parts.path) or _PERCENT.search(parts.query):
+        why = why or "a % only as the start of %XX"
+    query = f"?{_normalized(parts.query)}" if parts.query or uri.endswith("?") else ""
+    return f"{scheme}://{host}{path}{query}", why
+
+
+def _normalized(text: str) -> str:
+    """``text`` with its percent-encoded unreserved characters decoded, the others' hex in
+    upper case (RFC 3986 §6.2.2.1-6.2.2.2)."""
+    def one(found: re.Match[str]) -> str:
+        char = chr(int(found.group(1), 16))
+        return char if _UNRESERVED.fullmatch(char) else found.group().upper()
+    return _ENCODED.sub(one, text)
+
+
+def _remove_dot_segments(path: str) -> str:
+    """RFC 3986 §5.2.4."""
+    output: list[str] = []
+    while path:
+        if path.startswith("../"):
+            path = path[3:]
+        elif path.startswith("./") or path.startswith("/./"):
+            path = path[2:]
+        elif path == "/.":
+            path = "/"
+        elif path.startswith("/../"):
+            path = path[3:]
+            if output:
+                output.pop()
+        elif path == "/..":
+            path = "/"
+            if output:
+                output.pop()
+        elif path in (".", ".."):
+            path = ""
+        else:
+            slash = path.find("/", 1)
+            segment, path = (path, "") if slash == -1 else (path[:slash], path[slash:])
+            output.append(segment)
+    return "".join(output)
+
+
+def resources_not_canonical(declared: Iterable[tuple[str, Sequence[str] | None]]) -> list[str]:
+    """What a store written before the rule may hold (``declared``: each client's id and
+    resources): each resource URI not in its canonical form, said with the client that declares
+    it and the form to write. Such a URI binds tokens as it is written, until it is changed."""
+    return [f"client {client_id!r} declares the resource {uri!r}, which is not in canonical form: write it as "
+            f"{resource_key(uri)!r} (the admin API, tokensvc apply, the configuration file)"
+            for client_id, resources in declared for uri in resources or []
+            if resource_uri_problem(uri) is None and declared_resource_problem(uri) is not None]
+
+
+def within_own_resource(uri: str, base_url: str) -> bool:
+    """Whether ``uri`` names tokensvc's own API (``base_url`` + ``/v1``) or a URI within it,
+    compared canonically: no resource server declares one, since a token meant for tokensvc
+    would pass at that server too."""
+    own, key = resource_key(own_resource(base_url)), resource_key(uri)
+    return key == own or key.startswith(own + "/")
 
 
 def origin_problem(origin: str) -> str | None:

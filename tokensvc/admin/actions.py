@@ -21,6 +21,7 @@ from tokensvc.identifiers import (
     DEFAULT_KINDS,
     NAME_RULE,
     OWN_RESOURCE_PATH,
+    declared_resource_problem,
     id_problem,
     kind_problem,
     logo_url_problem,
@@ -31,7 +32,6 @@ from tokensvc.identifiers import (
     password_problem,
     redirect_uri_problem,
     resource_key,
-    resource_uri_problem,
     scope_problem,
     secret_sha256_problem,
     username_key,
@@ -270,7 +270,7 @@ class ClientSpec:
         if logo and self.logo_url is not None:
             _check(logo_url_problem(self.logo_url), "logo URL", self.logo_url, "logoUrl")
         for uri in self.resources or [] if resources else []:
-            _check(resource_uri_problem(uri), "resource URI", uri, "resources")
+            _check(declared_resource_problem(uri), "resource URI", uri, "resources")
         return replace(self, confidential=True)
 
     @classmethod
@@ -302,28 +302,35 @@ CLIENT_FIELDS = {"name": "name", "redirect_uris": "redirect_uris", "scopes": "al
 
 
 async def check_resources(store: Store, client_id: str, spec: ClientSpec, own: str | None,
-                          planned: Mapping[str, Sequence[str] | None] | None = None) -> None:
+                          planned: Mapping[str, Sequence[str] | None] | None = None,
+                          later: Collection[str] = ()) -> None:
     """A resource server's ``resources`` (RFC 8707), as every writer checks them before it
     writes: never tokensvc's own API (``own``: ``base_url`` + ``/v1``), since a token bound to it
     would pass at tokensvc's ``/v1`` and at the resource server alike, and none another client
     declares, since a token meant for one would pass at the other. Compared canonically
     (:func:`~tokensvc.identifiers.resource_key`); AdminError at ``resources`` naming the other
     client. ``planned``: the resources a plan gives the clients it named so far (``apply``),
-    in place of the store's. Two writers at once are the store's to part (ResourceTaken)."""
+    in place of the store's; ``later``: the clients it names after this one, judged as the
+    store holds them, whose refusal says to name them first. Two writers at once are the
+    store's to part (ResourceTaken)."""
     if spec.kind != RESOURCE_SERVER or not spec.resources:
         return
     mine = {resource_key(uri): uri for uri in spec.resources}
-    if own is not None and resource_key(own) in mine:
-        raise AdminError(f"{mine[resource_key(own)]!r} is tokensvc's own API (base_url + {OWN_RESOURCE_PATH}): a "
-                         "resource server declares the URIs of its own API", "resources")
+    ours = resource_key(own) if own is not None else None
+    for key, uri in mine.items() if ours is not None else {}:
+        if key == ours or key.startswith(f"{ours}/"):
+            raise AdminError(f"{uri!r} is tokensvc's own API (base_url + {OWN_RESOURCE_PATH}) or within it: a "
+                             "resource server declares the URIs of its own API", "resources")
     declared: dict[str, Sequence[str] | None] = {client.client_id: client.resources
                                                  for client in await store.list_clients()}
     declared.update(planned or {})
     for other, resources in sorted(declared.items()):
         for uri in resources or [] if other != client_id else []:
             if resource_key(uri) in mine:
+                first = (f"; if {other!r} gives it up later in this plan, name {other!r} before {client_id!r}"
+                         if other in later else "")
                 raise AdminError(f"{mine[resource_key(uri)]!r} is declared by client {other!r} (as {uri!r}): a "
-                                 "resource URI is one resource server's", "resources")
+                                 f"resource URI is one resource server's{first}", "resources")
 
 
 def resource_taken(taken: ResourceTaken) -> AdminError:

@@ -101,6 +101,7 @@ class Desired:
     # The resources (RFC 8707) of the clients named so far, as the plan leaves them.
     resources: dict[str, list[str] | None] = field(default_factory=dict)
     own: str | None = None  # tokensvc's own API, which no resource server declares
+    clients: list[str] = field(default_factory=list)  # the client ids the plan names, in its order
 
 
 async def plan(store: Store, body: Any, *, kinds: Sequence[str], service_name: str,
@@ -114,10 +115,12 @@ async def plan(store: Store, body: Any, *, kinds: Sequence[str], service_name: s
     never the user or client of the token asking (``acting_user``, ``acting_client``): that is
     refused. ``own``: tokensvc's own API, which no resource server may declare; nor may two
     declare one resource, as the store holds them or as the plan leaves them (a client the plan
-    names later is judged as the store holds it: move a resource to another client in two
-    applies, or name the client that gives it up first)."""
+    names later is judged as the store holds it: name the client that gives a resource up
+    before the one that takes it, as the refusal says)."""
     data = load(admin_schemas.plan_body, body)
     problems, desired = Problems(), Desired(own=own)
+    desired.clients = [str(entry.get(ID_FIELDS["clients"])) for entry in data.get("clients") or []
+                       if isinstance(entry, dict)]
     steps: list[Step] = []
     named: dict[str, set[str]] = {table: set() for table in TABLES}
     for table in TABLES:
@@ -273,7 +276,9 @@ async def _client(store: Store, client_id: str, entry: Json, desired: Desired) -
     if "resources" in changes or "kind" in changes:
         await _resources_free(store, client_id, spec, desired)
     desired.resources[client_id] = list(spec.resources or []) if spec.kind == RESOURCE_SERVER else None
-    before, after = _in_force(ClientSpec.of(existing).checked()), _in_force(spec)
+    # The stored client as it acts, held to no rule: one stored before a rule was stricter (a
+    # resource URI not in canonical form) is shown as it is, and the plan changes it.
+    before, after = _in_force(ClientSpec.of(existing).checked(given=())), _in_force(spec)
     found = [change(name, before[name], after[name]) for name in after if before[name] != after[name]]
     if spec.secret_sha256 is not None and spec.secret_sha256 != existing.secret_hash:
         found.append(change("clientSecretSha256", None, None))
@@ -282,8 +287,10 @@ async def _client(store: Store, client_id: str, entry: Json, desired: Desired) -
 
 async def _resources_free(store: Store, client_id: str, spec: ClientSpec, desired: Desired) -> None:
     """A resource server's resources as every writer checks them (:func:`admin.check_resources`),
-    against the store as the plan leaves it so far."""
-    await admin.check_resources(store, client_id, spec, desired.own, desired.resources)
+    against the store as the plan leaves it so far. A client the plan names later is judged as
+    the store holds it: the refusal says to name that one first, if it gives the URI up."""
+    later = [other for other in desired.clients if other not in desired.resources and other != client_id]
+    await admin.check_resources(store, client_id, spec, desired.own, desired.resources, later=later)
     desired.resources[client_id] = list(spec.resources or []) if spec.kind == RESOURCE_SERVER else None
 
 

@@ -32,13 +32,13 @@ from tokensvc.identifiers import (
     KIND_RULE,
     MIN_SECRET_LENGTH,
     OWN_RESOURCE_PATH,
+    declared_resource_problem,
     id_problem,
     is_loopback,
     is_url,
     kind_problem,
     logo_url_problem,
     origin_problem,
-    own_resource,
     password_hash_problem,
     password_problem,
     redirect_uri_problem,
@@ -49,6 +49,7 @@ from tokensvc.identifiers import (
     secret_sha256_problem,
     username_key,
     username_problem,
+    within_own_resource,
 )
 from tokensvc.records import CLIENT_KINDS, RESOURCE_SERVER
 
@@ -206,7 +207,6 @@ def _check_resources(clients: tuple[ClientSeed, ...], base_url: str, say: Say) -
     """A resource URI (RFC 8707) is one resource server's, and never tokensvc's own API
     (``base_url`` + ``/v1``): else a token meant for one API would pass at another. Compared
     canonically (identifiers.resource_key)."""
-    own = own_resource(base_url)
     declared: dict[str, tuple[str, str]] = {}  # key -> (client id, the URI as it wrote it)
     for i, client in enumerate(clients):
         for index, uri in enumerate(client.resources or []):
@@ -214,9 +214,9 @@ def _check_resources(clients: tuple[ClientSeed, ...], base_url: str, say: Say) -
                 continue  # said above
             where = f"clients[{i}].resources[{index}]"
             key = resource_key(uri)
-            if key == resource_key(own):
-                say(f"{where}: {uri!r} is tokensvc's own API (base_url + {OWN_RESOURCE_PATH}), which no resource "
-                    f"server declares: client {client.client_id!r}")
+            if within_own_resource(uri, base_url):
+                say(f"{where}: {uri!r} is tokensvc's own API (base_url + {OWN_RESOURCE_PATH}) or within it, which no "
+                    f"resource server declares: client {client.client_id!r}")
                 continue
             other, written = declared.setdefault(key, (client.client_id, uri))
             if other != client.client_id:
@@ -243,7 +243,7 @@ def _check_clients(clients: tuple[ClientSeed, ...], demo: bool, say: Say) -> Non
         if client.resources and client.kind != RESOURCE_SERVER:
             say(f"{key}.resources: only a resource server serves resources (kind = \"{RESOURCE_SERVER}\")")
         for index, uri in enumerate(client.resources or []):
-            problem = resource_uri_problem(uri)
+            problem = declared_resource_problem(uri)
             if problem is not None:
                 say(f"{key}.resources[{index}]: not a resource URI ({problem}): {uri!r}")
         for index, uri in enumerate(client.redirect_uris):

@@ -211,7 +211,8 @@ async def validate(ctx: OAuthContext, args: dict[str, list[str]]) -> Authorizati
         if len(state_values) > 1:
             raise InvalidRequest("Parameter 'state' is repeated")
         request = _validate_parameters(client, redirect_uri, state, _single_getter(args))
-        request.audience = await audience.requested(ctx, args.get("resource") or [])
+        # RFC 6749 §3.1: a parameter sent without a value is treated as omitted (as the token endpoints do).
+        request.audience = await audience.requested(ctx, [value for value in args.get("resource") or [] if value])
     except (InvalidRequest, InvalidScope, InvalidTarget, UnsupportedResponseType) as exc:
         raise RedirectError(exc, redirect_uri, state, ctx.issuer) from None
     return request

@@ -295,19 +295,21 @@ async def refresh(ctx: OAuthContext, client: Client, refresh_token: str, scope: 
             raise InvalidGrant("Unknown refresh token")
         if family.revoked_at is not None:
             raise InvalidGrant("The refresh token is revoked")
-        target = await audience.requested(ctx, resources, family.audience) if resources else None
-        rotated_out_last = (family.previous_hash is not None
+        current = hmac.compare_digest(token_hash, family.refresh_hash)
+        rotated_out_last = (not current and family.previous_hash is not None
                             and hmac.compare_digest(token_hash, family.previous_hash))
-        if hmac.compare_digest(token_hash, family.refresh_hash):
+        again = _again(ctx, family, refresh_token, judged) if rotated_out_last else None
+        if not (current or again is not None
+                or (rotated_out_last and family.replaceable(ctx.tokens.refresh_grace_seconds, ctx.clock()))):
+            await _reused(ctx, family)  # told first: whatever else the presentation asks
+        target = await audience.requested(ctx, resources, family.audience) if resources else None
+        if current:
             response = await _rotate(ctx, client, family, grant, token_hash, refresh_token, scope, judged, holders,
                                      target)
-        elif rotated_out_last and (same := await _successor_again(ctx, client, family, grant, refresh_token,
-                                                                  scope, judged, holders, target)) is not None:
-            return same
-        elif rotated_out_last and family.replaceable(ctx.tokens.refresh_grace_seconds, ctx.clock()):
-            response = await _retry(ctx, client, family, grant, refresh_token, scope, judged, holders, target)
+        elif again is not None:
+            return await _successor_again(ctx, client, family, grant, again, scope, judged, holders, target)
         else:
-            await _reused(ctx, family)
+            response = await _retry(ctx, client, family, grant, refresh_token, scope, judged, holders, target)
         if response is not None:
             return response
     raise InvalidGrant("The refresh token is no longer valid")
@@ -330,16 +332,13 @@ async def _rotate(ctx: OAuthContext, client: Client, family: Family, grant: Gran
     return _response(ctx, minted)
 
 
-async def _successor_again(ctx: OAuthContext, client: Client, family: Family, grant: Grant | None,
-                           presented: str, scope: str | None, arrived: datetime,
-                           holders: privileges.Holders | None = None,
-                           target: list[str] | None = None) -> TokenResponse | None:
+def _again(ctx: OAuthContext, family: Family, presented: str, arrived: datetime) -> tokens.Minted | None:
     """The family's current pair, when it is the successor of ``presented`` (the token rotated
     out last) and this presentation arrived within :data:`~tokensvc.oauth.successors.CONCURRENT_SECONDS` of its issue,
-    before its first use, with no second holder of the family shown: recomputed, and answered
-    only if the store holds exactly its hashes, with the scopes of it in force now. None
-    otherwise (the key that derived it is not configured here, a release that does not derive
-    pairs issued it, or the presentation is not concurrent): the grace rules decide."""
+    before its first use, with no second holder of the family shown: recomputed, and given
+    only if the store holds exactly its hashes. None otherwise (the key that derived it is not
+    configured here, a release that does not derive pairs issued it, or the presentation is not
+    concurrent): the grace rules decide."""
     if (family.second_holder_at is not None or not successors.concurrent(family.issued_at, arrived)
             or (family.access_used_at is not None and family.access_used_at <= arrived)):
         return None
@@ -356,6 +355,15 @@ async def _successor_again(ctx: OAuthContext, client: Client, family: Family, gr
     if not (hmac.compare_digest(again.pair.refresh_hash, family.refresh_hash)
             and hmac.compare_digest(again.pair.access_hash, family.access_hash)):
         return None
+    return again
+
+
+async def _successor_again(ctx: OAuthContext, client: Client, family: Family, grant: Grant | None,
+                           again: tokens.Minted, scope: str | None, arrived: datetime,
+                           holders: privileges.Holders | None = None,
+                           target: list[str] | None = None) -> TokenResponse:
+    """The family's current pair ``again`` (:func:`_again`), answered to a concurrent
+    presentation with the scopes of it in force now."""
     if family.expires_at <= arrived:
         raise InvalidGrant("The refresh token has expired")
     if not family.stands(grant):
@@ -366,7 +374,7 @@ async def _successor_again(ctx: OAuthContext, client: Client, family: Family, gr
     if scope is not None and set(granted) != set(family.scopes):
         raise InvalidScope("This refresh token was just rotated by a concurrent request, with the scope "
                            f"'{scopes.render(family.scopes)}': present it with that scope, or none")
-    if target is not None and target != family.access_target:
+    if target is not None and set(target) != set(family.access_target or ()):
         raise InvalidTarget("This refresh token was just rotated by a concurrent request, for the resources "
                             f"'{' '.join(family.access_target or [])}': present it with those, or none")
     _audit("token_refreshed", "success", family.client_id, family.subject, concurrent_presentation=True)

@@ -212,8 +212,9 @@ class Registry(abc.ABC):
         for one API must not pass at another): this write, :meth:`add_client` and
         :meth:`update_client` raise :class:`ResourceTaken` and write nothing when another
         client's document declares one of ``resources`` as written (MongoDB: a unique index,
-        so two writers in two processes at once cannot both land). The writers compare
-        canonical forms before (identifiers.resource_key).
+        so two writers in two processes at once cannot both land). Every writer writes a URI
+        in its canonical form alone (identifiers.declared_resource_problem), so comparing
+        strings here compares URIs.
 
         Called by start-up seeding of a client that exists (bootstrap.py).
         """

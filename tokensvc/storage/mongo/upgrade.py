@@ -16,6 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from tokensvc.identifiers import resources_not_canonical
 from tokensvc.records import utcnow
 from tokensvc.storage.base import StorageError, StoreFault
 from tokensvc.storage.mongo import format as store_format
@@ -108,7 +109,9 @@ async def status(store: MongoStore, assume_stopped: bool = False) -> Status:
     left = {migration.name: await _left(store, migration) for migration in store.history.migrations}
     return Status(state, store.history, running, connections, await processes.recent(store.connection), left,
                   _blockers(store, state, running, connections, assume_stopped),
-                  _warnings(state, connections, left) + await store.indexes.unmade())
+                  _warnings(state, connections, left) + await store.indexes.unmade()
+                  + resources_not_canonical((client.client_id, client.resources)
+                                            for client in await store.list_clients()))
 
 
 async def _left(store: MongoStore, migration: Migration) -> int:
