@@ -118,3 +118,15 @@ def test_every_earlier_release_is_known_to_the_upgrade_tier_by_its_commit():
     assert all(re.fullmatch(r"[0-9a-f]{40}", commit) for commit in module.RELEASED.values())
     text = CHANGELOG.read_text().split("\n## ", 1)[0]
     assert "RELEASED" in text and "tagged" not in text
+
+
+def test_the_readme_names_the_released_version_and_this_trees_version():
+    """The README's Releases section names the newest release, and between releases the
+    development version ``tokensvc --version`` prints, so it never claims to be a release it
+    is not."""
+    text = (ROOT / "README.md").read_text().split("\n## Releases\n", 1)[1].split("\n## ", 1)[0]
+    assert f"The released version is tokensvc **{releases()[0]}**." in text
+    if DEVELOPMENT.fullmatch(__version__):
+        assert f"`tokensvc --version` prints `{__version__}`" in text
+    else:
+        assert releases()[0] == __version__
