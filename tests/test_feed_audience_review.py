@@ -64,4 +64,43 @@ async def grants_revoked(ctx, issued) -> None:
     from tokensvc.oauth import introspection, revocation
 
     grant_id = (await introspection.introspect(ctx, issued.access_token))["grant_id"]
+    _grants[issued.access_token] = grant_id
     await revocation.revoke_grant(ctx, grant_id, "test")
+
+
+async def test_a_clients_removal_tells_each_grant_only_to_the_readers_of_that_grants_audience(
+        app, http_server, base_url, ctx):
+    """skyplanner's grant of alice holds tokens meant for photos alone, its grant of root tokens
+    meant for notes. Its removal revokes both: notes-api hears the client and root's grant,
+    never alice's grant, before the revocation of a notes grant that follows."""
+    from test_audience import SKY_REDIRECT
+
+    from tokensvc.admin import actions as admin
+
+    await ctx.store.set_owners("client", {})  # the operator's to change
+    notes, webapp = await feed_readers(base_url)
+    photos_grant = await grant_of_issued(ctx, await issued_as(ctx, "alice", "skyplanner", SKY_REDIRECT, PHOTOS))
+    notes_grant = await grant_of_issued(ctx, await issued_as(ctx, "root", "skyplanner", SKY_REDIRECT, NOTES))
+    delimiter = await issued_as(ctx, "root", "webapp", WEBAPP_REDIRECT, NOTES)
+    await admin.remove_client(ctx, "skyplanner")
+    await grants_revoked(ctx, delimiter)
+    last = await grant_of_issued(ctx, delimiter, active=False)
+    messages = []
+    while not messages or messages[-1].get("grant_id") != last:
+        messages.append((await heard(notes, 1))[0])
+    assert notes_grant in {message.get("grant_id") for message in messages}
+    assert photos_grant not in {message.get("grant_id") for message in messages}, (
+        f"notes-api heard the grant whose tokens are meant for photos alone: {messages}")
+    notes.close()
+    webapp.close()
+
+
+_grants: dict[str, str] = {}
+
+
+async def grant_of_issued(ctx, issued, active: bool = True) -> str:
+    from tokensvc.oauth import introspection
+
+    if active:
+        _grants[issued.access_token] = (await introspection.introspect(ctx, issued.access_token))["grant_id"]
+    return _grants[issued.access_token]
