@@ -1262,9 +1262,10 @@ async def test_declared_resources_are_a_registered_resource_servers(backend_stor
 @pytest.mark.gen_test
 async def test_the_audience_of_a_grants_a_clients_or_a_users_families(backend_store, now):
     """What the revocation of a grant, a client or a user may touch, which the revocation feed
-    tells the resource servers it concerns alone: the resources their families are meant for
-    together, revoked or not, each once. None (every reader) as soon as one of them names none:
-    its tokens are meant for every API. Nothing held: none."""
+    tells the resource servers it concerns alone: the resources their live families are meant
+    for together, each once. None (every reader) as soon as one of them names none: its tokens
+    are meant for every API. Nothing held: none. A revoked or expired family, and a revoked
+    grant's, count for nothing: their tokens are refused already."""
     store = backend_store
     notes, photos, own = "https://notes.example", "https://photos.example", "https://tokensvc.example/v1"
     bob = Subject(user_id="u_bob")
@@ -1275,7 +1276,7 @@ async def test_the_audience_of_a_grants_a_clients_or_a_users_families(backend_st
     assert await store.families_audience(user_id="u_alice") == []
     await store.create_family(replace(family(now, "f1", alice_web.grant_id, n=1), audience=[photos, notes]))
     await store.create_family(replace(family(now, "f2", alice_web.grant_id, n=2), audience=[notes]))
-    await store.revoke_family("f2", now)  # revoked, still counted: a revocation may be asked again
+    await store.revoke_family("f2", now)  # revoked: counts for nothing
     await store.create_family(replace(family(now, "f3", alice_sky.grant_id, n=3), client_id="skyplanner",
                                       audience=[photos]))
     await store.create_family(replace(family(now, "f4", bob_web.grant_id, bob, n=4), audience=[own]))
@@ -1291,3 +1292,16 @@ async def test_the_audience_of_a_grants_a_clients_or_a_users_families(backend_st
     assert await store.families_audience(user_id="u_bob") is None
     assert await store.families_audience(user_id="u_alice") == [notes, photos]
     assert await store.families_audience(client_id="nobody") == []
+    await store.create_family(replace(family(now, "f6", alice_web.grant_id, n=6), audience=[own]))
+    await store.revoke_family("f1", now)
+    assert await store.families_audience(grant_id=alice_web.grant_id, now=now) == [own]
+    assert await store.families_audience(user_id="u_alice", now=now) == [photos, own]
+    # f6's refresh token expired (ttl 3600): dead, though no sweep took it yet
+    assert await store.families_audience(grant_id=alice_web.grant_id, now=now + timedelta(seconds=3600)) == []
+    await store.create_family(replace(family(now, "f7", alice_sky.grant_id, n=7), client_id="skyplanner"))
+    assert await store.families_audience(user_id="u_alice", now=now) is None  # f7 names none
+    await store.mark_grant_revoked(alice_sky.grant_id, now)
+    assert await store.families_audience(user_id="u_alice", now=now) == [own]  # a revoked grant's: none
+    await store.revoke_family("f5", now)
+    await store.revoke_family("f4", now)
+    assert await store.families_audience(user_id="u_bob", now=now) == []  # every family dead: none

@@ -708,11 +708,15 @@ class Authorizations(abc.ABC):
 
     @abc.abstractmethod
     async def families_audience(self, *, grant_id: str | None = None, client_id: str | None = None,
-                                user_id: str | None = None) -> list[str] | None:
-        """The resources the families of a grant, a client or a user (one of them named) are
-        meant for together, revoked or not, each once and in order: what a revocation of them
-        may touch, which the revocation feed tells those resource servers alone. None as soon as
-        one of them names no audience (its tokens are meant for every API). One read of the
+                                user_id: str | None = None, now: datetime | None = None) -> list[str] | None:
+        """The resources the live families of a grant, a client or a user (one of them named)
+        are meant for together, each once and in order: what a revocation of them may touch,
+        which the revocation feed tells those resource servers alone. None as soon as one of
+        them names no audience (its tokens are meant for every API). Live: unrevoked, its
+        refresh token unexpired at ``now`` (the current time when None), and, for a client's or
+        a user's, of a live grant (a grant's own are read after its mark too). A dead family's
+        tokens are refused already and were announced when it died, and no cached answer
+        outlives its token. One read of the
         distinct audiences alone, on an index (a user's: two, their grants, then their families),
         however many families there are; a revocation's write path, never a request's.
 

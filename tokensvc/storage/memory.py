@@ -35,6 +35,7 @@ from tokensvc.records import (
     Session,
     Subject,
     User,
+    utcnow,
 )
 from tokensvc.storage.base import (
     CODE_RETENTION_SECONDS,
@@ -486,18 +487,19 @@ class MemoryStore(Store):
         return self._revoke_family(family_id, now)
 
     async def families_audience(self, *, grant_id: str | None = None, client_id: str | None = None,
-                                user_id: str | None = None) -> list[str] | None:
+                                user_id: str | None = None, now: datetime | None = None) -> list[str] | None:
         if grant_id is not None:
             grant_ids: Iterable[str] = (grant_id,)
         else:
-            grant_ids = [key for key, row in self._grants.items()
-                         if (GRANTS.get(row, "client_id") == client_id if client_id is not None
-                             else GRANTS.get(row, "user_id") == user_id)]
+            grant_ids = [key for key, row in self._grants.items() if GRANTS.get(row, "revoked_at") is None
+                         and (GRANTS.get(row, "client_id") == client_id if client_id is not None
+                              else GRANTS.get(row, "user_id") == user_id)]
+        at = now or utcnow()
         together: set[str] = set()
         for family_id in (family_id for key in grant_ids for family_id in self._grant_families.get(key, ())):
             row = self._families.get(family_id)
-            if row is None:
-                continue
+            if row is None or FAMILIES.get(row, "revoked_at") is not None or FAMILIES.get(row, "expires_at") <= at:
+                continue  # dead: its tokens are refused already, and were announced when it died
             audience = FAMILIES.get(row, "audience")
             if audience is None:
                 return None

@@ -8,7 +8,7 @@ from __future__ import annotations
 import inspect
 import secrets
 from collections.abc import Sequence
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 import pymongo
@@ -375,23 +375,26 @@ class MongoAuthorizations(Authorizations):
         return result.modified_count == 1
 
     async def families_audience(self, *, grant_id: str | None = None, client_id: str | None = None,
-                                user_id: str | None = None) -> list[str] | None:
+                                user_id: str | None = None, now: datetime | None = None) -> list[str] | None:
         # The distinct audiences alone, on grant_live or client_revoked (their first key); a
-        # user's families through their grants (user_subject), since no index leads with a
-        # family's user. A family that names none is one null among them.
+        # user's families through their live grants (user_subject), since no index leads with a
+        # family's user. A family that names none is one null among them. Live families alone:
+        # unrevoked, their refresh token unexpired.
         if user_id is not None:
             grant_ids = await self._user_grant_ids(user_id)
             where: dict[str, Any] = {"grant_id": {"$in": grant_ids}}
         else:
             where = {"grant_id": grant_id} if grant_id is not None else {"client_id": client_id}
-        together = await self._audiences(where)
+        together = await self._audiences({**where, "revoked_at": None,
+                                          "expires_at": {"$gt": stored(now or datetime.now(UTC))}})
         if None in together:
             return None
         return sorted(resource for resource in together if isinstance(resource, str))
 
     @guarded()
     async def _user_grant_ids(self, user_id: str) -> list[str]:
-        return [doc["_id"] for doc in await self.grants.find({"user_id": user_id}, {"_id": 1}).to_list(None)]
+        return [doc["_id"] for doc in await self.grants.find({"user_id": user_id, "revoked_at": None},
+                                                              {"_id": 1}).to_list(None)]
 
     @guarded()
     async def _audiences(self, where: dict[str, Any]) -> list[str | None]:

@@ -465,8 +465,9 @@ class MongoStore(Store):
         return await self.authorizations.revoke_family(family_id, now, audience)
 
     async def families_audience(self, *, grant_id: str | None = None, client_id: str | None = None,
-                                user_id: str | None = None) -> list[str] | None:
-        return await self.authorizations.families_audience(grant_id=grant_id, client_id=client_id, user_id=user_id)
+                                user_id: str | None = None, now: datetime | None = None) -> list[str] | None:
+        return await self.authorizations.families_audience(grant_id=grant_id, client_id=client_id, user_id=user_id,
+                                                           now=now)
 
     async def list_families(self, grant_id: str) -> list[Family]:
         return await self.authorizations.list_families(grant_id)
