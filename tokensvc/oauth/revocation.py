@@ -87,7 +87,7 @@ async def end_grant(store: Authorizations, grant_id: str, clock: Clock) -> Ended
     before = await store.families_audience(grant_id=grant_id, now=clock())
     marked = await store.mark_grant_revoked(grant_id, clock(), before)
     after = union(before, await store.families_audience(grant_id=grant_id, now=clock()))
-    swept = await store.revoke_grant_families(grant_id, clock(), _listed(after))
+    swept = await store.revoke_grant_families(grant_id, clock())
     return Ended(marked, swept, Revocation(GRANT, grant_id, after))
 
 

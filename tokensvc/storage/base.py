@@ -531,11 +531,13 @@ class Authorizations(abc.ABC):
 
     @abc.abstractmethod
     async def revoke_client_grants(self, client_id: str, now: datetime, limit: int,
-                                   before: datetime | None = None, audience: list[str] | None = None) -> list[str]:
+                                   before: datetime | None = None) -> dict[str, list[str] | None]:
         """Revoke up to ``limit`` live grants of a client and every family of them, the families
-        first (a removed client's, a batch at a time); the ids of the grants revoked, fewer
-        than ``limit`` when none is left. Every mark carries ``audience`` (the client's
-        families', :meth:`families_audience`; None: every reader). With ``before``, only the grants created before it
+        first (a removed client's, a batch at a time); the grants revoked, in the order of their
+        ids, each with the audience of its live families as the batch found them (read before
+        the sweep: :meth:`families_audience`'s), fewer than ``limit`` when none is left. Each
+        mark carries its own audience: a family's its own, a grant's its families'. With
+        ``before``, only the grants created before it
         (the leftovers under a newly claimed id: those issued to the new client stay).
         Idempotent: run again after a reply was lost, it takes the grants still live (those
         whose revocation applied go uncounted).
@@ -565,10 +567,10 @@ class Authorizations(abc.ABC):
         """
 
     @abc.abstractmethod
-    async def revoke_grant_families(self, grant_id: str, now: datetime, audience: list[str] | None = None) -> int:
+    async def revoke_grant_families(self, grant_id: str, now: datetime) -> int:
         """Revoke every unrevoked family of a grant; the count. One write however many
-        refreshes the families have seen. Each mark carries ``audience`` (as
-        :meth:`mark_grant_revoked`'s).
+        refreshes the families have seen. Each mark carries the family's own audience, so a
+        relay tells each family to the readers of its tokens alone.
 
         Called by the end of a grant, after mark_grant_revoked (oauth/revocation.py).
         """

@@ -334,12 +334,13 @@ class MemoryStore(Store):
         return [grants[grant_id] for grant_id in _page(sorted(grants), after, limit)]
 
     async def revoke_client_grants(self, client_id: str, now: datetime, limit: int,
-                                   before: datetime | None = None, audience: list[str] | None = None) -> list[str]:
-        revoked = [grant.grant_id for grant in await self.list_client_grants(client_id)
-                   if before is None or grant.created_at < before][:limit]
-        for grant_id in revoked:
-            await self.revoke_grant_families(grant_id, now)
-            await self.mark_grant_revoked(grant_id, now)
+                                   before: datetime | None = None) -> dict[str, list[str] | None]:
+        revoked = {}
+        for grant in [grant for grant in await self.list_client_grants(client_id)
+                      if before is None or grant.created_at < before][:limit]:
+            revoked[grant.grant_id] = await self.families_audience(grant_id=grant.grant_id, now=now)
+            await self.revoke_grant_families(grant.grant_id, now)
+            await self.mark_grant_revoked(grant.grant_id, now)
         return revoked
 
     async def withdraw_scopes(self, client_id: str, kept: list[str]) -> None:
@@ -365,7 +366,7 @@ class MemoryStore(Store):
         self._grants[grant_id] = GRANTS.updated(row, revoked_at=now)
         return True
 
-    async def revoke_grant_families(self, grant_id: str, now: datetime, audience: list[str] | None = None) -> int:
+    async def revoke_grant_families(self, grant_id: str, now: datetime) -> int:
         return sum([self._revoke_family(family_id, now) for family_id in list(self._grant_families.get(grant_id, ()))])
 
     # -- codes
