@@ -37,7 +37,7 @@ from tokensvc import config as config_module
 from tokensvc.admin.operator import Operator
 from tokensvc.bootstrap import make_context, seed
 from tokensvc.handlers.edge import pace
-from tokensvc.oauth import audience, authorization, confirmation, grants, introspection
+from tokensvc.oauth import audience, authorization, confirmation, grants, introspection, revocation
 from tokensvc.oauth.errors import InvalidTarget, RedirectError
 from tokensvc.resource import InvalidToken, Settings, Verifier
 from tokensvc.storage.mongo.format import StoreFormat
@@ -580,6 +580,69 @@ async def test_a_reader_whose_resources_change_reconnects(app, http_server, base
     again = await connect(base_url, client_id="notes-api", secret=NOTES_SECRET)
     assert (await next_message(again))["resumed"] is False
     again.close()
+
+
+def test_a_resource_servers_stream_is_its_own_and_a_view_without_readers_is_dropped():
+    """A URI given to another resource server: the new one reads a stream of its own, never the
+    one the URI's former resource server read (resuming it would replay what was told to that
+    one). A view whose last reader left is kept for a reader that resumes, then dropped."""
+    from tokensvc.oauth.events import RevocationEvents
+    from tokensvc.oauth.feed import RevocationFeed
+    from tokensvc.storage.base import GRANT, Revocation
+
+    events, now = RevocationEvents(), [0.0]
+    feed = RevocationFeed(events, clock=lambda: now[0], idle_seconds=60)
+    ra: list[dict] = []
+    ra_ready = feed.open(ra.append, serves=[NOTES], owner="notes-api").ready
+    events.publish(Revocation(GRANT, "g-ra", (NOTES,)))
+    feed.close(ra.append)
+    rb: list[dict] = []
+    taken_over = feed.open(rb.append, ra_ready["stream"], 0, serves=[NOTES], owner="other-api")
+    assert taken_over.ready["resumed"] is False and taken_over.missed == []
+    assert taken_over.ready["stream"] != ra_ready["stream"] and taken_over.ready["seq"] == 0
+    events.publish(Revocation(GRANT, "g-rb", (NOTES,)))
+    assert [message["grant_id"] for message in rb] == ["g-rb"]
+    feed.close(rb.append)
+    back = feed.open(ra.append, ra_ready["stream"], 1, serves=[NOTES], owner="notes-api")
+    assert back.ready["resumed"] is True and [message["grant_id"] for message in back.missed] == ["g-rb"]
+    feed.close(ra.append)
+    assert feed.views == 2  # kept for readers that resume
+    now[0] = 59.0
+    feed.close([].append)  # (any opening or closing drops what outlived the bound)
+    assert feed.views == 2
+    now[0] = 60.0
+    feed.close([].append)
+    assert feed.views == 0
+    again = feed.open(ra.append, ra_ready["stream"], 2, serves=[NOTES], owner="notes-api")
+    assert again.ready["resumed"] is False and again.ready["stream"] != ra_ready["stream"]
+
+
+async def test_a_resource_server_given_another_ones_uri_never_resumes_its_stream(app, http_server, base_url, ctx,
+                                                                               config):
+    """notes-api hears a grant's revocation, then leaves; its URI is given to photos-api (serving
+    it alone, as notes-api did). photos-api connecting with notes-api's stream and ``after=0`` is
+    not resumed (it flushes), and hears none of what notes-api was told: its first message is the
+    revocation of a grant that follows."""
+    from test_feed import connect, next_message
+
+    await ctx.store.set_owners("client", {})  # the operator's to change, as the admin API changes it
+    notes = await connect(base_url, client_id="notes-api", secret=NOTES_SECRET)
+    stream = (await next_message(notes))["stream"]
+    told = await grant_of(ctx, await issued_as(ctx, "alice", "webapp", WEBAPP_REDIRECT, NOTES))
+    await revocation.revoke_grant(ctx, told, "test")
+    assert (await next_message(notes))["grant_id"] == told
+    notes.close()
+    operator = Operator(ctx, handed_over(config))
+    await operator.patch_client("notes-api", {"resources": ["https://a.example"]})
+    await operator.patch_client("photos-api", {"resources": [NOTES]})  # the very resources notes-api served
+    photos = await connect(base_url, f"?stream={stream}&after=0", client_id="photos-api", secret=PHOTOS_SECRET)
+    ready = await next_message(photos)
+    assert ready["resumed"] is False and ready["stream"] != stream, ready
+    later = await grant_of(ctx, await issued_as(ctx, "root", "webapp", WEBAPP_REDIRECT, NOTES))
+    await revocation.revoke_grant(ctx, later, "test")
+    first = await next_message(photos)
+    assert first.get("grant_id") == later, f"photos-api was told what notes-api heard: {first}"
+    photos.close()
 
 
 # -- a grant, a client or a user revoked: heard by the readers of its tokens' audiences ------------
