@@ -790,3 +790,39 @@ async def test_a_family_exchanged_while_its_user_is_demoted_is_named_with_its_au
         heard.append(await asyncio.wait_for(feed.__anext__(), DEADLINE))
     assert {(each.kind, each.key) for each in heard} == {(SUBJECT, "u1")}
     await feed.aclose()
+
+
+@pytest.mark.parametrize("config", [with_apis()], ids=["apis"])
+@pytest.mark.gen_test(timeout=30)
+async def test_another_processes_grant_revocation_names_no_family_of_another_api(app, http_server, base_url,
+                                                                                  store, ctx, config):
+    """alice's grant to the web app holds a family meant for notes and one meant for photos
+    alone. Another process revokes it, then root's grant meant for notes. notes-api hears the
+    grant and the notes family, never the photos family's label."""
+    from tokensvc.bootstrap import make_context
+    from tokensvc.oauth import revocation
+    from tokensvc.oauth.feed import family_label
+
+    relay = asyncio.ensure_future(events.relay(store, ctx.events))
+    try:
+        notes = await connect_feed(base_url, client_id="notes-api", secret=NOTES_SECRET)
+        await next_message(notes)
+        for_notes = await issued_as(ctx, "alice", "webapp", WEBAPP_REDIRECT, NOTES)
+        for_photos = await issued_as(ctx, "alice", "webapp", WEBAPP_REDIRECT, PHOTOS)
+        delimiter = await issued_as(ctx, "root", "webapp", WEBAPP_REDIRECT, NOTES)
+        grant = await grant_of(ctx, for_notes)
+        assert await grant_of(ctx, for_photos) == grant  # one grant, two families
+        photos_label = family_label((await family_of(store, for_photos.access_token)).family_id)
+        last = await grant_of(ctx, delimiter)
+        there = make_context(config, other_process(store))  # no event of this process fires
+        await revocation.revoke_grant(there, grant, "test")
+        await revocation.revoke_grant(there, last, "test")
+        heard = []
+        while not heard or heard[-1].get("grant_id") != last:
+            heard.append(await next_message(notes))
+        labels = {message.get("family_id") for message in heard}
+        assert photos_label not in labels, f"notes-api heard the photos family's label: {heard}"
+        notes.close()
+    finally:
+        relay.cancel()
+        await asyncio.gather(relay, return_exceptions=True)
