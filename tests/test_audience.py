@@ -37,7 +37,7 @@ from tokensvc import config as config_module
 from tokensvc.admin.operator import Operator
 from tokensvc.bootstrap import make_context, seed
 from tokensvc.handlers.edge import pace
-from tokensvc.oauth import audience, authorization, confirmation, grants, introspection
+from tokensvc.oauth import audience, authorization, confirmation, grants, introspection, revocation
 from tokensvc.oauth.errors import InvalidTarget, RedirectError
 from tokensvc.resource import InvalidToken, Settings, Verifier
 from tokensvc.storage.mongo.format import StoreFormat
@@ -728,6 +728,69 @@ async def test_a_reader_whose_resources_change_reconnects(app, http_server, base
     again.close()
 
 
+def test_a_resource_servers_stream_is_its_own_and_a_view_without_readers_is_dropped():
+    """A URI given to another resource server: the new one reads a stream of its own, never the
+    one the URI's former resource server read (resuming it would replay what was told to that
+    one). A view whose last reader left is kept for a reader that resumes, then dropped."""
+    from tokensvc.oauth.events import RevocationEvents
+    from tokensvc.oauth.feed import RevocationFeed
+    from tokensvc.storage.base import GRANT, Revocation
+
+    events, now = RevocationEvents(), [0.0]
+    feed = RevocationFeed(events, clock=lambda: now[0], idle_seconds=60)
+    ra: list[dict] = []
+    ra_ready = feed.open(ra.append, serves=[NOTES], owner="notes-api").ready
+    events.publish(Revocation(GRANT, "g-ra", (NOTES,)))
+    feed.close(ra.append)
+    rb: list[dict] = []
+    taken_over = feed.open(rb.append, ra_ready["stream"], 0, serves=[NOTES], owner="other-api")
+    assert taken_over.ready["resumed"] is False and taken_over.missed == []
+    assert taken_over.ready["stream"] != ra_ready["stream"] and taken_over.ready["seq"] == 0
+    events.publish(Revocation(GRANT, "g-rb", (NOTES,)))
+    assert [message["grant_id"] for message in rb] == ["g-rb"]
+    feed.close(rb.append)
+    back = feed.open(ra.append, ra_ready["stream"], 1, serves=[NOTES], owner="notes-api")
+    assert back.ready["resumed"] is True and [message["grant_id"] for message in back.missed] == ["g-rb"]
+    feed.close(ra.append)
+    assert feed.views == 2  # kept for readers that resume
+    now[0] = 59.0
+    feed.close([].append)  # (any opening or closing drops what outlived the bound)
+    assert feed.views == 2
+    now[0] = 60.0
+    feed.close([].append)
+    assert feed.views == 0
+    again = feed.open(ra.append, ra_ready["stream"], 2, serves=[NOTES], owner="notes-api")
+    assert again.ready["resumed"] is False and again.ready["stream"] != ra_ready["stream"]
+
+
+async def test_a_resource_server_given_another_ones_uri_never_resumes_its_stream(app, http_server, base_url, ctx,
+                                                                               config):
+    """notes-api hears a grant's revocation, then leaves; its URI is given to photos-api (serving
+    it alone, as notes-api did). photos-api connecting with notes-api's stream and ``after=0`` is
+    not resumed (it flushes), and hears none of what notes-api was told: its first message is the
+    revocation of a grant that follows."""
+    from test_feed import connect, next_message
+
+    await ctx.store.set_owners("client", {})  # the operator's to change, as the admin API changes it
+    notes = await connect(base_url, client_id="notes-api", secret=NOTES_SECRET)
+    stream = (await next_message(notes))["stream"]
+    told = await grant_of(ctx, await issued_as(ctx, "alice", "webapp", WEBAPP_REDIRECT, NOTES))
+    await revocation.revoke_grant(ctx, told, "test")
+    assert (await next_message(notes))["grant_id"] == told
+    notes.close()
+    operator = Operator(ctx, handed_over(config))
+    await operator.patch_client("notes-api", {"resources": ["https://a.example"]})
+    await operator.patch_client("photos-api", {"resources": [NOTES]})  # the very resources notes-api served
+    photos = await connect(base_url, f"?stream={stream}&after=0", client_id="photos-api", secret=PHOTOS_SECRET)
+    ready = await next_message(photos)
+    assert ready["resumed"] is False and ready["stream"] != stream, ready
+    later = await grant_of(ctx, await issued_as(ctx, "root", "webapp", WEBAPP_REDIRECT, NOTES))
+    await revocation.revoke_grant(ctx, later, "test")
+    first = await next_message(photos)
+    assert first.get("grant_id") == later, f"photos-api was told what notes-api heard: {first}"
+    photos.close()
+
+
 # -- a grant, a client or a user revoked: heard by the readers of its tokens' audiences ------------
 
 
@@ -835,3 +898,95 @@ async def test_a_resource_server_hears_a_clients_narrowing_or_removal_only_when_
         "skyplanner", "partner", "skyplanner", sky_grant, "node-agent"]
     notes.close()
     webapp.close()
+
+
+async def test_a_code_presented_twice_is_told_only_to_the_readers_of_its_audience(app, http_server, base_url, ctx):
+    """The code's second presentation revokes the family its first started: a family meant for
+    photos alone, so notes-api hears nothing of it. Its first message is the revocation of a
+    notes token that follows."""
+    from tokensvc.oauth.errors import InvalidGrant
+
+    notes, webapp = await feed_readers(base_url)
+    webapp_client = await ctx.store.get_client("webapp")
+    code = await code_for(ctx, PHOTOS)
+    await grants.exchange_code(ctx, webapp_client, code, WEBAPP_REDIRECT, VERIFIER)
+    with pytest.raises(InvalidGrant):
+        await grants.exchange_code(ctx, webapp_client, code, WEBAPP_REDIRECT, VERIFIER)
+    for_notes = await tokens_for(ctx, NOTES)
+    await grants_revoked(ctx, for_notes)
+    first = (await heard(notes, 1))[0]
+    assert "grant_id" in first, f"notes-api heard a revocation of a family meant for photos alone: {first}"
+    notes.close()
+    webapp.close()
+
+
+async def test_a_users_new_password_is_not_told_to_an_api_for_a_revoked_family_naming_none(
+        app, http_server, http_client, base_url, ctx):
+    """alice's only tokens in force are meant for photos: a family of hers that named no
+    audience was revoked before. Her new password touches photos' tokens alone, so notes-api
+    hears neither her id nor her grant's. Its first message is root's demotion, whose tokens
+    are meant for notes."""
+    from tokensvc.admin import actions as admin
+
+    notes, webapp = await feed_readers(base_url)
+    old = await issued_as(ctx, "alice", "webapp", WEBAPP_REDIRECT)  # names none: every API's
+    revoked = await post_form(http_client, base_url + "/oauth/token/revoke", {"token": old.refresh_token},
+                              {"Authorization": basic("webapp", WEBAPP_SECRET)})
+    assert revoked.code == 200
+    webapp_heard = await heard(webapp, 1)
+    assert await heard(notes, 1) == webapp_heard  # a family meant for every API: heard, rightly
+    await issued_as(ctx, "alice", "webapp", WEBAPP_REDIRECT, PHOTOS)
+    await issued_as(ctx, "root", "webapp", WEBAPP_REDIRECT, NOTES)
+    alice = await ctx.store.get_user_by_username("alice")
+    root = await ctx.store.get_user_by_username("root")
+    await admin.set_password(ctx, "alice", "granite-willow-comet-lantern", keep_grants=True)
+    await admin.set_admin(ctx, "root", False)
+    first = (await heard(notes, 1))[0]
+    assert first == {"type": "revoked", "sub": root.user_id}, (
+        f"notes-api heard {first}: alice ({alice.user_id}) holds no token in force that may be meant for it")
+    notes.close()
+    webapp.close()
+
+
+async def grants_revoked(ctx, issued) -> None:
+    from tokensvc.oauth import introspection, revocation
+
+    grant_id = (await introspection.introspect(ctx, issued.access_token))["grant_id"]
+    _grants[issued.access_token] = grant_id
+    await revocation.revoke_grant(ctx, grant_id, "test")
+
+
+async def test_a_clients_removal_tells_each_grant_only_to_the_readers_of_that_grants_audience(
+        app, http_server, base_url, ctx):
+    """skyplanner's grant of alice holds tokens meant for photos alone, its grant of root tokens
+    meant for notes. Its removal revokes both: notes-api hears the client and root's grant,
+    never alice's grant, before the revocation of a notes grant that follows."""
+    from tokensvc.admin import actions as admin
+
+    await ctx.store.set_owners("client", {})  # the operator's to change
+    notes, webapp = await feed_readers(base_url)
+    photos_grant = await grant_of_issued(ctx, await issued_as(ctx, "alice", "skyplanner", SKY_REDIRECT, PHOTOS))
+    notes_grant = await grant_of_issued(ctx, await issued_as(ctx, "root", "skyplanner", SKY_REDIRECT, NOTES))
+    delimiter = await issued_as(ctx, "root", "webapp", WEBAPP_REDIRECT, NOTES)
+    await admin.remove_client(ctx, "skyplanner")
+    await grants_revoked(ctx, delimiter)
+    last = await grant_of_issued(ctx, delimiter, active=False)
+    messages = []
+    while not messages or messages[-1].get("grant_id") != last:
+        messages.append((await heard(notes, 1))[0])
+    assert notes_grant in {message.get("grant_id") for message in messages}
+    assert photos_grant not in {message.get("grant_id") for message in messages}, (
+        f"notes-api heard the grant whose tokens are meant for photos alone: {messages}")
+    notes.close()
+    webapp.close()
+
+
+_grants: dict[str, str] = {}
+
+
+async def grant_of_issued(ctx, issued, active: bool = True) -> str:
+    from tokensvc.oauth import introspection
+
+    if active:
+        _grants[issued.access_token] = (await introspection.introspect(ctx, issued.access_token))["grant_id"]
+    return _grants[issued.access_token]

@@ -438,10 +438,10 @@ async def test_a_start_up_finishing_two_removals_names_the_second_to_polling_rel
     heard, listening = await hearing(store, polls)
     revoke = elsewhere.revoke_client_grants
 
-    async def long(client_id, now, limit, before=None, audience=None):
+    async def long(client_id, now, limit, before=None):
         if client_id == "a":
             clock.advance(late)  # many batches
-        return await revoke(client_id, now, limit, before, audience)
+        return await revoke(client_id, now, limit, before)
 
     elsewhere.revoke_client_grants = long
     assert await removal.finish_pending(elsewhere, clock) == ["a", "b"]
@@ -467,10 +467,11 @@ async def test_a_long_removals_later_batch_is_heard_by_a_polling_relay(store, mo
     heard, listening = await hearing(store, polls)
     revoke, batches = elsewhere.revoke_client_grants, []
 
-    async def long(client_id, now, limit, before=None, audience=None):
-        batches.append(await revoke(client_id, now, limit, before, audience))
+    async def long(client_id, now, limit, before=None):
+        batch = await revoke(client_id, now, limit, before)
+        batches.append(list(batch))
         clock.advance(late)  # a batch that took long
-        return batches[-1]
+        return batch
 
     elsewhere.revoke_client_grants = long
     assert await removal.remove_client(elsewhere, "c1", clock) == 2
@@ -605,10 +606,11 @@ async def test_a_registrations_later_batch_of_leftovers_is_heard_by_a_polling_re
     heard, listening = await hearing(store, polls)
     revoke, batches = elsewhere.revoke_client_grants, []
 
-    async def long(client_id, stamp, limit, before=None, audience=None):
-        batches.append(await revoke(client_id, stamp, limit, before, audience))
+    async def long(client_id, stamp, limit, before=None):
+        batch = await revoke(client_id, stamp, limit, before)
+        batches.append(list(batch))
         clock.advance(late)  # a batch that took long
-        return batches[-1]
+        return batch
 
     elsewhere.revoke_client_grants = long
     try:
@@ -669,6 +671,12 @@ async def test_a_revocation_in_another_process_carries_the_audience_of_the_token
         await elsewhere.create_family(Family(
             f"f{index}", grant.grant_id, "c1", grant.subject.user_id, None, 0, ["read"], now, f"r{index}",
             f"a{index}", now, now + timedelta(hours=1), now + timedelta(minutes=10), renewed_at=now, audience=[photos]))
+    # una's tokens in force once her grant of c1 is revoked: those of c2, meant for photos alone.
+    await elsewhere.put_client(Client("c2", "Two", ["https://a/cb"], ["read"]))
+    other_grant = await elsewhere.save_grant("c2", Subject(user_id="u1"), ["read"], now)
+    await elsewhere.create_family(Family(
+        "f2", other_grant.grant_id, "c2", "u1", None, 0, ["read"], now, "r2", "a2", now, now + timedelta(hours=1),
+        now + timedelta(minutes=10), renewed_at=now, audience=[photos]))
     waiting = asyncio.ensure_future(feed.__anext__())
     await asyncio.wait_for(polls.began.wait(), DEADLINE)
     await revocation.revoke_grant(there, grants[0].grant_id, "test")
@@ -693,7 +701,8 @@ async def test_a_revocation_in_another_process_carries_the_audience_of_the_token
 async def test_a_resource_server_hears_another_processes_revocations_by_audience(app, http_server, base_url, store,
                                                                                ctx, config):
     """Another process revokes a grant whose tokens are meant for photos alone, then one meant
-    for notes, then one naming none, and demotes the user whose tokens are meant for notes.
+    for notes, then one naming none, and demotes the user whose tokens in force are meant for
+    notes.
     notes-api, reading this process's feed (which its relay feeds), hears the notes and the
     unbound ones alone, numbered without a gap; the web app hears every one."""
     from tokensvc.admin import actions as admin
@@ -721,7 +730,8 @@ async def test_a_resource_server_hears_another_processes_revocations_by_audience
         assert [message["seq"] for message in heard] == [1, 2, 3, 4]
         assert {message.get("grant_id") or message.get("family_id") for message in heard} == (
             named["notes"] | named["none"])  # nothing of photos
-        await admin.set_admin(there, "root", False)  # root's tokens: notes
+        await issued_as(ctx, "root", "webapp", WEBAPP_REDIRECT, NOTES)  # root's tokens in force: notes
+        await admin.set_admin(there, "root", False)
         root = await store.get_user_by_username("root")
         assert await next_message(notes) == {"type": "revoked", "seq": 5, "sub": root.user_id}
         everything = [await next_message(webapp) for _ in range(7)]
@@ -780,3 +790,39 @@ async def test_a_family_exchanged_while_its_user_is_demoted_is_named_with_its_au
         heard.append(await asyncio.wait_for(feed.__anext__(), DEADLINE))
     assert {(each.kind, each.key) for each in heard} == {(SUBJECT, "u1")}
     await feed.aclose()
+
+
+@pytest.mark.parametrize("config", [with_apis()], ids=["apis"])
+@pytest.mark.gen_test(timeout=30)
+async def test_another_processes_grant_revocation_names_no_family_of_another_api(app, http_server, base_url,
+                                                                                  store, ctx, config):
+    """alice's grant to the web app holds a family meant for notes and one meant for photos
+    alone. Another process revokes it, then root's grant meant for notes. notes-api hears the
+    grant and the notes family, never the photos family's label."""
+    from tokensvc.bootstrap import make_context
+    from tokensvc.oauth import revocation
+    from tokensvc.oauth.feed import family_label
+
+    relay = asyncio.ensure_future(events.relay(store, ctx.events))
+    try:
+        notes = await connect_feed(base_url, client_id="notes-api", secret=NOTES_SECRET)
+        await next_message(notes)
+        for_notes = await issued_as(ctx, "alice", "webapp", WEBAPP_REDIRECT, NOTES)
+        for_photos = await issued_as(ctx, "alice", "webapp", WEBAPP_REDIRECT, PHOTOS)
+        delimiter = await issued_as(ctx, "root", "webapp", WEBAPP_REDIRECT, NOTES)
+        grant = await grant_of(ctx, for_notes)
+        assert await grant_of(ctx, for_photos) == grant  # one grant, two families
+        photos_label = family_label((await family_of(store, for_photos.access_token)).family_id)
+        last = await grant_of(ctx, delimiter)
+        there = make_context(config, other_process(store))  # no event of this process fires
+        await revocation.revoke_grant(there, grant, "test")
+        await revocation.revoke_grant(there, last, "test")
+        heard = []
+        while not heard or heard[-1].get("grant_id") != last:
+            heard.append(await next_message(notes))
+        labels = {message.get("family_id") for message in heard}
+        assert photos_label not in labels, f"notes-api heard the photos family's label: {heard}"
+        notes.close()
+    finally:
+        relay.cancel()
+        await asyncio.gather(relay, return_exceptions=True)

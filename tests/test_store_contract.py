@@ -229,17 +229,29 @@ async def test_listings_page_in_key_order(backend_store, now):
 
 @pytest.mark.gen_test
 async def test_a_clients_grants_and_families_are_revoked_in_bulk(backend_store, now):
+    """Each grant revoked with the audience of its own live families, as the batch found them
+    (the removal announces each with it): a grant whose families name none, every reader's
+    (None); one with no live family, none."""
     store = backend_store
+    notes, photos = "https://notes.example", "https://photos.example"
     mine = await store.save_grant("webapp", ALICE, ["read"], now)
     theirs = await store.save_grant("skyplanner", ALICE, ["read"], now)
-    await store.create_family(family(now, "f1", mine.grant_id))
+    bobs = await store.save_grant("webapp", Subject(user_id="u_bob"), ["read"], now)
+    carols = await store.save_grant("webapp", Subject(user_id="u_carol"), ["read"], now)
+    await store.create_family(replace(family(now, "f1", mine.grant_id), audience=[photos]))
+    await store.create_family(replace(family(now, "f3", mine.grant_id, n=3), audience=[notes]))
     await store.create_family(replace(family(now, "f2", theirs.grant_id, n=2), client_id="skyplanner"))
-    assert await store.revoke_client_grants("webapp", now, 10) == [mine.grant_id]
+    await store.create_family(family(now, "f4", bobs.grant_id, Subject(user_id="u_bob"), n=4))
+    await store.create_family(replace(family(now, "f5", carols.grant_id, Subject(user_id="u_carol"), n=5),
+                                      audience=[notes]))
+    await store.revoke_family("f5", now)
+    assert await store.revoke_client_grants("webapp", now, 10) == dict(sorted({
+        mine.grant_id: [notes, photos], bobs.grant_id: None, carols.grant_id: []}.items()))
     assert (await store.get_grant(mine.grant_id)).revoked_at == now
     assert await store.list_families(mine.grant_id) == []
     assert [f.family_id for f in await store.list_families(theirs.grant_id)] == ["f2"]
     assert await store.list_client_grants("webapp") == []
-    assert await store.revoke_client_grants("webapp", now, 10) == []
+    assert await store.revoke_client_grants("webapp", now, 10) == {}
 
 
 @pytest.mark.gen_test
@@ -249,12 +261,12 @@ async def test_a_clients_grants_are_revoked_a_bounded_batch_at_a_time(backend_st
                      for n in range(5)])
     for index, grant_id in enumerate(grants):
         await store.create_family(family(now, f"f{index}", grant_id, Subject(user_id=f"u_{index}"), n=index))
-    assert await store.revoke_client_grants("webapp", now, 2) == grants[:2]
+    assert list(await store.revoke_client_grants("webapp", now, 2)) == grants[:2]
     assert [g.grant_id for g in await store.list_client_grants("webapp")] == grants[2:]
     assert [len(await store.list_families(grant_id)) for grant_id in grants] == [0, 0, 1, 1, 1]
-    assert await store.revoke_client_grants("webapp", now, 2) == grants[2:4]
-    assert await store.revoke_client_grants("webapp", now, 2) == grants[4:]
-    assert await store.revoke_client_grants("webapp", now, 2) == []
+    assert list(await store.revoke_client_grants("webapp", now, 2)) == grants[2:4]
+    assert list(await store.revoke_client_grants("webapp", now, 2)) == grants[4:]
+    assert await store.revoke_client_grants("webapp", now, 2) == {}
 
 
 @pytest.mark.gen_test
@@ -280,7 +292,7 @@ async def test_a_clients_grants_are_revoked_up_to_a_creation_time(backend_store,
     store = backend_store
     old = await store.save_grant("webapp", Subject(user_id="u_old"), ["read"], now - timedelta(seconds=1))
     new = await store.save_grant("webapp", Subject(user_id="u_new"), ["read"], now)
-    assert await store.revoke_client_grants("webapp", now, 10, before=now) == [old.grant_id]
+    assert await store.revoke_client_grants("webapp", now, 10, before=now) == {old.grant_id: []}
     assert [g.grant_id for g in await store.list_client_grants("webapp")] == [new.grant_id]
 
 
@@ -1262,9 +1274,10 @@ async def test_declared_resources_are_a_registered_resource_servers(backend_stor
 @pytest.mark.gen_test
 async def test_the_audience_of_a_grants_a_clients_or_a_users_families(backend_store, now):
     """What the revocation of a grant, a client or a user may touch, which the revocation feed
-    tells the resource servers it concerns alone: the resources their families are meant for
-    together, revoked or not, each once. None (every reader) as soon as one of them names none:
-    its tokens are meant for every API. Nothing held: none."""
+    tells the resource servers it concerns alone: the resources their live families are meant
+    for together, each once. None (every reader) as soon as one of them names none: its tokens
+    are meant for every API. Nothing held: none. A revoked or expired family, and a revoked
+    grant's, count for nothing: their tokens are refused already."""
     store = backend_store
     notes, photos, own = "https://notes.example", "https://photos.example", "https://tokensvc.example/v1"
     bob = Subject(user_id="u_bob")
@@ -1275,7 +1288,7 @@ async def test_the_audience_of_a_grants_a_clients_or_a_users_families(backend_st
     assert await store.families_audience(user_id="u_alice") == []
     await store.create_family(replace(family(now, "f1", alice_web.grant_id, n=1), audience=[photos, notes]))
     await store.create_family(replace(family(now, "f2", alice_web.grant_id, n=2), audience=[notes]))
-    await store.revoke_family("f2", now)  # revoked, still counted: a revocation may be asked again
+    await store.revoke_family("f2", now)  # revoked: counts for nothing
     await store.create_family(replace(family(now, "f3", alice_sky.grant_id, n=3), client_id="skyplanner",
                                       audience=[photos]))
     await store.create_family(replace(family(now, "f4", bob_web.grant_id, bob, n=4), audience=[own]))
@@ -1291,3 +1304,16 @@ async def test_the_audience_of_a_grants_a_clients_or_a_users_families(backend_st
     assert await store.families_audience(user_id="u_bob") is None
     assert await store.families_audience(user_id="u_alice") == [notes, photos]
     assert await store.families_audience(client_id="nobody") == []
+    await store.create_family(replace(family(now, "f6", alice_web.grant_id, n=6), audience=[own]))
+    await store.revoke_family("f1", now)
+    assert await store.families_audience(grant_id=alice_web.grant_id, now=now) == [own]
+    assert await store.families_audience(user_id="u_alice", now=now) == [photos, own]
+    # f6's refresh token expired (ttl 3600): dead, though no sweep took it yet
+    assert await store.families_audience(grant_id=alice_web.grant_id, now=now + timedelta(seconds=3600)) == []
+    await store.create_family(replace(family(now, "f7", alice_sky.grant_id, n=7), client_id="skyplanner"))
+    assert await store.families_audience(user_id="u_alice", now=now) is None  # f7 names none
+    await store.mark_grant_revoked(alice_sky.grant_id, now)
+    assert await store.families_audience(user_id="u_alice", now=now) == [own]  # a revoked grant's: none
+    await store.revoke_family("f5", now)
+    await store.revoke_family("f4", now)
+    assert await store.families_audience(user_id="u_bob", now=now) == []  # every family dead: none

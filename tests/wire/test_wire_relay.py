@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections import defaultdict
 from datetime import timedelta
 
 import pytest
@@ -440,12 +441,53 @@ async def test_a_client_removed_in_another_process_is_named_once_its_tokens_are_
 
 
 @pytest.mark.parametrize("streams", [True, False])
+async def test_a_clients_removal_in_another_process_marks_each_grant_and_family_with_its_own_audience(
+        wire_store, primary, streams):
+    """Another process removes a client with a grant whose tokens are meant for photos alone
+    and one meant for notes alone: the change stream and polling hear each grant with its own
+    families' audience and each family with its own, never the client's together."""
+    from tokensvc.oauth import removal
+    from tokensvc.records import Client, Family, Subject
+    from tokensvc.storage.base import CLIENT, FAMILY, GRANT
+
+    photos, notes = "https://photos.example", "https://notes.example"
+    primary.change_streams = streams
+    other = make_store(wire_settings(primary))  # a second process
+    await other.open()
+    now = utcnow()
+    await other.put_client(Client("c1", "One", ["https://a/cb"], ["read"]))
+    grants = [await other.save_grant("c1", Subject(user_id=user_id), ["read"], now) for user_id in ("u1", "u2")]
+    for index, (grant, audience) in enumerate(zip(grants, (photos, notes), strict=True)):
+        await other.create_family(Family(
+            hashing.digest(f"f{index}"), grant.grant_id, "c1", grant.subject.user_id, None, 0, ["read"], now,
+            hashing.digest(f"r{index}"), hashing.digest(f"a{index}"), now, now + timedelta(hours=1),
+            now + timedelta(minutes=10), renewed_at=now, audience=[audience]))
+    feed = wire_store.revocation_feed(poll_seconds=0.05)
+    waiting = asyncio.ensure_future(next_revocation(feed))
+    await (streaming(wire_store) if streams else polling(primary))
+    await removal.remove_client(other, "c1", utcnow)
+    heard: dict[str, set] = defaultdict(set)
+    first = await waiting
+    heard[first.kind].add((first.key, first.audience))
+    while len(heard[GRANT]) < 2 or len(heard[FAMILY]) < 2:
+        revoked = await next_revocation(feed)
+        heard[revoked.kind].add((revoked.key, revoked.audience))
+    assert heard[GRANT] == {(grants[0].grant_id, (photos,)), (grants[1].grant_id, (notes,))}
+    assert heard[FAMILY] == {(hashing.digest("f0"), (photos,)), (hashing.digest("f1"), (notes,))}
+    assert heard[CLIENT] <= {("c1", (notes, photos))}
+    await feed.aclose()
+    await other.close()
+
+
+@pytest.mark.parametrize("streams", [True, False])
 async def test_a_revocation_in_another_process_carries_its_audience(wire_store, primary, streams):
-    """Another process revokes a grant whose tokens are meant for photos alone, then demotes
-    their user: the change stream (which sends what an update set) and polling (which reads the
-    mark's document) both hear each with that audience, which every process's revocation feed
-    tells the photos API's readers alone. A mark written without one, as the previous release
-    writes it, is heard as every reader's."""
+    """Another process revokes a grant whose tokens are meant for photos and notes, a family
+    for each, then demotes their user, whose tokens in force are meant for photos: the change
+    stream (which sends what an update set) and polling (which reads the mark's document) both
+    hear each with its audience (the grant with its families' together, each family with its
+    own: one sweep writes both), which every process's revocation feed tells those APIs'
+    readers alone. A mark written without one, as the previous release writes it, is heard as
+    every reader's."""
     from helpers import make_config
 
     from tokensvc.admin import actions as admin
@@ -454,7 +496,7 @@ async def test_a_revocation_in_another_process_carries_its_audience(wire_store, 
     from tokensvc.records import Family, Subject, User
     from tokensvc.storage.base import FAMILY, GRANT, SUBJECT
 
-    photos = "https://photos.example"
+    photos, notes = "https://photos.example", "https://notes.example"
     primary.change_streams = streams
     other = make_store(wire_settings(primary))  # a second process
     await other.open()
@@ -467,13 +509,23 @@ async def test_a_revocation_in_another_process_carries_its_audience(wire_store, 
             hashing.digest(f"f{index}"), grant.grant_id, "webapp", grant.subject.user_id, None, 0, ["read"], now,
             hashing.digest(f"r{index}"), hashing.digest(f"a{index}"), now, now + timedelta(hours=1),
             now + timedelta(minutes=10), renewed_at=now, audience=[photos]))
+    await other.create_family(Family(
+        hashing.digest("f2"), grants[0].grant_id, "webapp", "u1", None, 0, ["read"], now, hashing.digest("r2"),
+        hashing.digest("a2"), now, now + timedelta(hours=1), now + timedelta(minutes=10), renewed_at=now,
+        audience=[notes]))
+    elsewhere = await other.save_grant("skyplanner", Subject(user_id="u1"), ["read"], now)
+    await other.create_family(Family(
+        hashing.digest("f3"), elsewhere.grant_id, "skyplanner", "u1", None, 0, ["read"], now, hashing.digest("r3"),
+        hashing.digest("a3"), now, now + timedelta(hours=1), now + timedelta(minutes=10), renewed_at=now,
+        audience=[photos]))
     feed = wire_store.revocation_feed(poll_seconds=0.05)
     waiting = asyncio.ensure_future(next_revocation(feed))
     await (streaming(wire_store) if streams else polling(primary))
     await revocation.revoke_grant(there, grants[0].grant_id, "test")
-    revoked = [await waiting, await next_revocation(feed)]
+    revoked = [await waiting, await next_revocation(feed), await next_revocation(feed)]
     assert {(each.kind, each.key, each.audience) for each in revoked} == {
-        (GRANT, grants[0].grant_id, (photos,)), (FAMILY, hashing.digest("f0"), (photos,))}
+        (GRANT, grants[0].grant_id, (notes, photos)), (FAMILY, hashing.digest("f0"), (photos,)),
+        (FAMILY, hashing.digest("f2"), (notes,))}
     await admin.set_admin(there, "una", False)
     revoked = [await next_revocation(feed)]
     assert [(each.kind, each.key, each.audience) for each in revoked] == [(SUBJECT, "u1", (photos,))]

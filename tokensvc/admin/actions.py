@@ -629,11 +629,11 @@ async def _narrow_user(ctx: OAuthContext, user_id: str, fields: dict[str, Any]) 
     audiences of the user's families, read first, written with the mark, and read again after
     it: :func:`~tokensvc.oauth.revocation.marked_again`). The user as they were, or None when
     there is none."""
-    audience = await ctx.store.families_audience(user_id=user_id)
+    audience = await ctx.store.families_audience(user_id=user_id, now=ctx.clock())
     before = await ctx.store.update_user(user_id, {**fields, "narrowed_at": ctx.clock(), MARK_AUDIENCE: audience})
     if before is not None:
         heard = await marked_again(
-            audience, ctx.store.families_audience(user_id=user_id),
+            audience, ctx.store.families_audience(user_id=user_id, now=ctx.clock()),
             lambda together: ctx.store.update_user(user_id, {"narrowed_at": ctx.clock(), MARK_AUDIENCE: together}))
         ctx.events.publish(Revocation(SUBJECT, user_id, heard))
     return before

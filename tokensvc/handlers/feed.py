@@ -113,6 +113,7 @@ class RevocationFeedSocket(WebHandler, tornado.websocket.WebSocketHandler):
         self.log_client_id = client_id = reader.client.client_id
         self._until = reader.until
         self._serves = feed.serves(reader.client)
+        self._owner = feed.owner(reader.client)
         self._stands_on = [Revocation(CREDENTIALS, client_id)]
         # Resource servers send neither Sec-Fetch-Site nor Origin. A browser page elsewhere must
         # not ride on Basic credentials its browser remembers; refused in JSON here, before
@@ -153,7 +154,8 @@ class RevocationFeedSocket(WebHandler, tornado.websocket.WebSocketHandler):
         self._every = tornado.ioloop.PeriodicCallback(self._recheck.request, RECHECK_SECONDS * 1000, jitter=0.1)
         self._every.start()
         self._pinging = asyncio.create_task(self._keep_pinging())
-        opening = self.ctx.feed.open(self._send, self._stream, self._after, end=self._restart, serves=self._serves)
+        opening = self.ctx.feed.open(self._send, self._stream, self._after, end=self._restart, serves=self._serves,
+                                     owner=self._owner)
         # The opening (at most the feed's replay buffer) is not counted against the bound.
         for message in (opening.ready, *opening.missed):
             written = self._write(dumps(message).encode("utf-8"))

@@ -21,8 +21,10 @@ told to flush. A relay interruption, which may have missed revocations, is a ``f
 
 A resource server reads the feed **by audience** (RFC 8707): it hears the revocations of tokens
 meant for one of its resources and of tokens that name none, in a stream of its own (a *view*,
-one per set of resources, numbered on its own), since introspection answers it ``active:
-false`` for every other token, so it can have cached nothing else. Every revocation carries
+one per resource server and set of resources, numbered on its own), since introspection answers
+it ``active: false`` for every other token, so it can have cached nothing else. A view is kept
+:data:`VIEW_IDLE_SECONDS` after its last reader leaves, for one that resumes; a resource server
+that serves the same resources later (a URI given to another) starts a stream of its own. Every revocation carries
 the audience of the tokens it may touch (:attr:`Revocation.audience`): a family its own; a
 grant, a client or a user their families' together, read on the revocation's write path; the
 same through another process's relay, which reads it beside the mark in the store. One whose
@@ -41,6 +43,7 @@ from __future__ import annotations
 
 import logging
 import secrets
+import time
 from collections import Counter, deque
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -55,6 +58,9 @@ from tokensvc.storage.base import CLIENT, FAMILY, GRANT, SUBJECT, Revocation
 log = logging.getLogger(__name__)
 
 REPLAY = 4096  # messages kept for readers that reconnect
+# How long a resource server's view outlives its last reader, for a reader that reconnects to
+# resume in: then it is dropped, with the messages it kept.
+VIEW_IDLE_SECONDS = 300.0
 # The close code of a reader whose credentials no longer prove a client that may read the feed.
 CLOSE_CREDENTIALS = 4403
 # The close code of a reader that does not keep up (its unsent messages over the bound): RFC
@@ -124,6 +130,13 @@ def serves(client: Client) -> list[str] | None:
     return list(client.resources or []) if client.resource_server else None
 
 
+def owner(client: Client) -> str:
+    """Whose view a resource server's reader reads: its client id and registration, so that a
+    resource server registered under another id, or again under the same one, never resumes
+    the stream of the one that served its resources before."""
+    return f"{client.client_id} {client.created_at.isoformat() if client.created_at else '-'}"
+
+
 def family_label(family_id: str) -> str:
     """The family's public identifier: a one-way function of its key in the store (which is
     itself the hash of the family's secret), so that neither is ever published."""
@@ -135,17 +148,23 @@ def cache_keys(token: Token) -> dict[str, str]:
     return {"family_id": family_label(token.family_id), "grant_id": token.grant_id, "client_id": token.client_id}
 
 
+ViewKey = tuple[str | None, frozenset[str]]  # a resource server's (owner) and its resources
+
+
 class _View:
     """A stream of the feed: its id, its numbers, the messages kept for readers that resume,
-    and its readers. ``serves``: the resources of the resource servers reading it (None: every
-    revocation)."""
+    and its readers. ``serves``: the resources of the resource server reading it (None: every
+    revocation); ``key``: whose view it is, with them. ``idle_since``: when its last reader
+    left (None: it has one)."""
 
-    def __init__(self, serves: frozenset[str] | None, replay: int) -> None:
+    def __init__(self, serves: frozenset[str] | None, replay: int, key: ViewKey | None = None) -> None:
         self.serves = serves
+        self.key = key
         self.stream = secrets.token_urlsafe(12)  # a new stream per view and process: its numbers are its own
         self.seq = 0
         self.recent: deque[Message] = deque(maxlen=replay)
         self.readers: dict[Reader, End | None] = {}
+        self.idle_since: float | None = None
 
     def hears(self, audience: tuple[str, ...] | None) -> bool:
         return self.serves is None or audience is None or not self.serves.isdisjoint(audience)
@@ -163,10 +182,15 @@ class RevocationFeed:
     """This process's numbered stream of revocation messages, and its readers."""
 
     def __init__(self, events: RevocationEvents, metrics: ProtocolMetrics | None = None,
-                 caps: ReaderCaps | None = None, replay: int = REPLAY) -> None:
+                 caps: ReaderCaps | None = None, replay: int = REPLAY, *,
+                 clock: Callable[[], float] = time.monotonic, idle_seconds: float = VIEW_IDLE_SECONDS) -> None:
         self._main = _View(None, replay)  # every revocation
         self._replay = replay
-        self._views: dict[frozenset[str], _View] = {}  # by the resources their resource servers serve
+        # By the resource server reading each and its resources: a stream is one resource
+        # server's own, never resumed by another that serves the same resources later.
+        self._views: dict[ViewKey, _View] = {}
+        self._clock = clock
+        self._idle_seconds = idle_seconds
         self._of: dict[Reader, _View] = {}
         self.seats = Seats(caps or ReaderCaps())
         self._metrics = metrics
@@ -223,12 +247,15 @@ class RevocationFeed:
         return len(readers)
 
     def open(self, reader: Reader, stream: str | None = None, after: int | None = None,
-             end: End | None = None, serves: list[str] | None = None) -> Opening:
+             end: End | None = None, serves: list[str] | None = None, owner: str | None = None) -> Opening:
         """Add ``reader``; it resumes after message ``after`` of ``stream`` when this process's
         buffer still holds every message since, else it must flush what it holds. ``end`` is
         called when the process stops (:meth:`end_all`). ``serves``: a resource server's
-        resources, whose view it reads (None: every revocation, the main stream)."""
-        view = self._main if serves is None else self._view(frozenset(serves))
+        resources, whose view it reads (None: every revocation, the main stream), that of the
+        resource server ``owner`` (:func:`owner`) alone."""
+        self._drop_idle()
+        view = self._main if serves is None else self._view((owner, frozenset(serves)))
+        view.idle_since = None
         oldest = view.recent[0]["seq"] if view.recent else view.seq + 1
         resumed = stream == view.stream and after is not None and oldest - 1 <= after <= view.seq
         missed = [message for message in view.recent if resumed and message["seq"] > (after or 0)]
@@ -238,18 +265,34 @@ class RevocationFeed:
             self._metrics.feed_opened(resumed)
         return Opening({"type": "ready", "stream": view.stream, "seq": view.seq, "resumed": resumed}, missed)
 
-    def _view(self, serves: frozenset[str]) -> _View:
-        view = self._views.get(serves)
+    def _view(self, key: ViewKey) -> _View:
+        view = self._views.get(key)
         if view is None:
-            view = self._views[serves] = _View(serves, self._replay)
+            view = self._views[key] = _View(key[1], self._replay, key)
         return view
 
     def close(self, reader: Reader) -> None:
         view = self._of.pop(reader, None)
         if view is not None:
             view.readers.pop(reader, None)
-            if not view.readers and view is not self._main and not view.recent:
-                del self._views[view.serves]  # type: ignore[arg-type]  # nothing to resume: none kept
+            if not view.readers and view is not self._main:
+                view.idle_since = self._clock()
+                if not view.recent:  # nothing to resume: none kept
+                    del self._views[view.key]  # type: ignore[arg-type]
+        self._drop_idle()
+
+    def _drop_idle(self) -> None:
+        """Drop every view without a reader for :data:`VIEW_IDLE_SECONDS` (a reader that comes
+        back later flushes): views do not pile up as resource servers come and go."""
+        now = self._clock()
+        for key, view in list(self._views.items()):
+            if not view.readers and view.idle_since is not None and now - view.idle_since >= self._idle_seconds:
+                del self._views[key]
+
+    @property
+    def views(self) -> int:
+        """How many streams resource servers read, or may resume (the main stream aside)."""
+        return len(self._views)
 
     def end_all(self) -> int:
         """The process stops: admit no reader from now on, and tell each open one to go (its

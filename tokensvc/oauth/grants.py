@@ -252,8 +252,9 @@ async def _redeem(ctx: OAuthContext, client: Client, record: AuthorizationCode, 
             return _response(ctx, minted)
     elif (await store.get_family(family_id))[0] is None:
         raise InvalidGrant("The authorization code has expired")
-    # RFC 6749 §4.1.2: a code used twice is denied, and what it was exchanged for revoked.
-    revoked = await revoke_family(ctx, family_id, "code_reuse")
+    # RFC 6749 §4.1.2: a code used twice is denied, and what it was exchanged for revoked: a
+    # family meant for what the code's authorization granted (its refresh token's audience).
+    revoked = await revoke_family(ctx, family_id, "code_reuse", record.audience)
     _audit("code_reuse", "family_revoked", client.client_id, record.subject, family_revoked=revoked)
     ctx.metrics.reused_code()
     raise InvalidGrant("The authorization code was already used")

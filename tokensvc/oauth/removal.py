@@ -70,7 +70,7 @@ async def remove_client(store: RegistryAndAuthorizations, client_id: str, clock:
         logs.audit("client_removal_started", {"client_id": client_id, "outcome": "disabled"})
     # What it may touch: its families' audiences, read once its tokens are refused (none issued
     # after the record stands), written with the mark.
-    audience = await store.families_audience(client_id=client_id)
+    audience = await store.families_audience(client_id=client_id, now=clock())
     await store.mark_removal(client_id, clock(), audience)
     await store.withdraw_client(removal)  # the document it found (never one registered since)
     # Its tokens are refused already; caches drop their answers.
@@ -79,15 +79,16 @@ async def remove_client(store: RegistryAndAuthorizations, client_id: str, clock:
 
 
 async def _revoke_grants(store: Authorizations, client_id: str, clock: Clock, announce: Announce,
-                         before: datetime | None = None, audience: list[str] | None = None) -> int:
+                         before: datetime | None = None) -> int:
     """Revoke every live grant under ``client_id`` (created before ``before``, if given), a
-    batch at a time, each announced and stamped with the time of its own write (a polling relay
-    reads the stamps a few seconds back: a long removal's later batches are heard too), with
-    ``audience`` (the client's families', None: every reader); how many."""
+    batch at a time, each announced with the audience of its own live families (a resource
+    server hears only the grants whose tokens may be meant for it) and stamped with the time of
+    its own write (a polling relay reads the stamps a few seconds back: a long removal's later
+    batches are heard too); how many."""
     revoked = 0
     while True:
-        batch = await store.revoke_client_grants(client_id, clock(), BATCH, before, audience)
-        for grant_id in batch:
+        batch = await store.revoke_client_grants(client_id, clock(), BATCH, before)
+        for grant_id, audience in batch.items():
             announce(Revocation(GRANT, grant_id, union(audience)))
         revoked += len(batch)
         if len(batch) < BATCH:
@@ -96,9 +97,8 @@ async def _revoke_grants(store: Authorizations, client_id: str, clock: Clock, an
 
 async def finish(store: RegistryAndAuthorizations, removal: Removal, clock: Clock, announce: Announce = nobody) -> int:
     """Revoke what is left of a recorded removal, a batch at a time, then end it (that removal
-    alone). The grants revoked, with the audience of the client's families."""
-    audience = await store.families_audience(client_id=removal.client_id)
-    revoked = await _revoke_grants(store, removal.client_id, clock, announce, audience=audience)
+    alone). The grants revoked, each with the audience of its own families."""
+    revoked = await _revoke_grants(store, removal.client_id, clock, announce)
     await store.end_removal(removal)
     logs.audit("client_removed", {"client_id": removal.client_id, "grants_revoked": revoked, "outcome": "success"})
     return revoked
@@ -111,7 +111,8 @@ async def finish_pending(store: RegistryAndAuthorizations, clock: Clock) -> list
     clients removed."""
     removed = []
     for removal in await store.list_removals():
-        await store.mark_removal(removal.client_id, clock(), await store.families_audience(client_id=removal.client_id))
+        audience = await store.families_audience(client_id=removal.client_id, now=clock())
+        await store.mark_removal(removal.client_id, clock(), audience)
         await finish(store, removal, clock)
         removed.append(removal.client_id)
     return removed
@@ -126,8 +127,7 @@ async def clear_leftovers(store: Authorizations, client_id: str, now: datetime, 
     meanwhile keeps what it issued. Each announced, each batch stamped with the time ``clock``
     says as it is written (``now`` is a bound, not the time of the writes: a polling relay reads
     the stamps back an operation's budget); how many."""
-    revoked = await _revoke_grants(store, client_id, clock, announce, before=now,
-                                   audience=await store.families_audience(client_id=client_id))
+    revoked = await _revoke_grants(store, client_id, clock, announce, before=now)
     if revoked:
         logs.audit("client_leftovers_revoked", {"client_id": client_id, "grants_revoked": revoked,
                                                  "outcome": "success"})

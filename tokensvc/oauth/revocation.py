@@ -84,10 +84,10 @@ async def end_grant(store: Authorizations, grant_id: str, clock: Clock) -> Ended
     announcement: a family an exchange wrote in between stood until the mark, and its audience
     is in the second read (none written after the mark ever stands). (Other processes hear of
     it from the store's feed.)"""
-    before = await store.families_audience(grant_id=grant_id)
+    before = await store.families_audience(grant_id=grant_id, now=clock())
     marked = await store.mark_grant_revoked(grant_id, clock(), before)
-    after = union(before, await store.families_audience(grant_id=grant_id))
-    swept = await store.revoke_grant_families(grant_id, clock(), _listed(after))
+    after = union(before, await store.families_audience(grant_id=grant_id, now=clock()))
+    swept = await store.revoke_grant_families(grant_id, clock())
     return Ended(marked, swept, Revocation(GRANT, grant_id, after))
 
 
@@ -135,7 +135,7 @@ async def client_change(store: RegistryAndAuthorizations, before: Client, fields
     credentials = any(name in fields and fields[name] != getattr(before, name) for name in READER_FIELDS)
     # What a narrowing may touch: its families' audiences, read before the write that marks it
     # (and again after it: marked_again).
-    audience = await store.families_audience(client_id=before.client_id) if narrowed else None
+    audience = await store.families_audience(client_id=before.client_id, now=clock()) if narrowed else None
     announced = [Revocation(kind, before.client_id, union(audience) if kind == CLIENT else None)
                  for kind, marked in ((CLIENT, narrowed), (CREDENTIALS, credentials)) if marked]
     if narrowed:
@@ -143,7 +143,7 @@ async def client_change(store: RegistryAndAuthorizations, before: Client, fields
     written = await write(client_marks(announced, clock()))
     if narrowed:
         await store.withdraw_scopes(before.client_id, kept)
-        heard = await marked_again(audience, store.families_audience(client_id=before.client_id),
+        heard = await marked_again(audience, store.families_audience(client_id=before.client_id, now=clock()),
                                    lambda together: store.update_client(
                                        before.client_id, {CLIENT_MARKS[CLIENT]: clock(), MARK_AUDIENCE: together}))
         announced = [replace(revocation, audience=heard) if revocation.kind == CLIENT else revocation

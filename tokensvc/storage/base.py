@@ -532,11 +532,13 @@ class Authorizations(abc.ABC):
 
     @abc.abstractmethod
     async def revoke_client_grants(self, client_id: str, now: datetime, limit: int,
-                                   before: datetime | None = None, audience: list[str] | None = None) -> list[str]:
+                                   before: datetime | None = None) -> dict[str, list[str] | None]:
         """Revoke up to ``limit`` live grants of a client and every family of them, the families
-        first (a removed client's, a batch at a time); the ids of the grants revoked, fewer
-        than ``limit`` when none is left. Every mark carries ``audience`` (the client's
-        families', :meth:`families_audience`; None: every reader). With ``before``, only the grants created before it
+        first (a removed client's, a batch at a time); the grants revoked, in the order of their
+        ids, each with the audience of its live families as the batch found them (read before
+        the sweep: :meth:`families_audience`'s), fewer than ``limit`` when none is left. Each
+        mark carries its own audience: a family's its own, a grant's its families'. With
+        ``before``, only the grants created before it
         (the leftovers under a newly claimed id: those issued to the new client stay).
         Idempotent: run again after a reply was lost, it takes the grants still live (those
         whose revocation applied go uncounted).
@@ -566,10 +568,10 @@ class Authorizations(abc.ABC):
         """
 
     @abc.abstractmethod
-    async def revoke_grant_families(self, grant_id: str, now: datetime, audience: list[str] | None = None) -> int:
+    async def revoke_grant_families(self, grant_id: str, now: datetime) -> int:
         """Revoke every unrevoked family of a grant; the count. One write however many
-        refreshes the families have seen. Each mark carries ``audience`` (as
-        :meth:`mark_grant_revoked`'s).
+        refreshes the families have seen. Each mark carries the family's own audience, so a
+        relay tells each family to the readers of its tokens alone.
 
         Called by the end of a grant, after mark_grant_revoked (oauth/revocation.py).
         """
@@ -709,11 +711,15 @@ class Authorizations(abc.ABC):
 
     @abc.abstractmethod
     async def families_audience(self, *, grant_id: str | None = None, client_id: str | None = None,
-                                user_id: str | None = None) -> list[str] | None:
-        """The resources the families of a grant, a client or a user (one of them named) are
-        meant for together, revoked or not, each once and in order: what a revocation of them
-        may touch, which the revocation feed tells those resource servers alone. None as soon as
-        one of them names no audience (its tokens are meant for every API). One read of the
+                                user_id: str | None = None, now: datetime | None = None) -> list[str] | None:
+        """The resources the live families of a grant, a client or a user (one of them named)
+        are meant for together, each once and in order: what a revocation of them may touch,
+        which the revocation feed tells those resource servers alone. None as soon as one of
+        them names no audience (its tokens are meant for every API). Live: unrevoked, its
+        refresh token unexpired at ``now`` (the current time when None), and, for a client's or
+        a user's, of a live grant (a grant's own are read after its mark too). A dead family's
+        tokens are refused already and were announced when it died, and no cached answer
+        outlives its token. One read of the
         distinct audiences alone, on an index (a user's: two, their grants, then their families),
         however many families there are; a revocation's write path, never a request's.
 

@@ -35,6 +35,7 @@ from tokensvc.records import (
     Session,
     Subject,
     User,
+    utcnow,
 )
 from tokensvc.storage.base import (
     CODE_RETENTION_SECONDS,
@@ -333,12 +334,13 @@ class MemoryStore(Store):
         return [grants[grant_id] for grant_id in _page(sorted(grants), after, limit)]
 
     async def revoke_client_grants(self, client_id: str, now: datetime, limit: int,
-                                   before: datetime | None = None, audience: list[str] | None = None) -> list[str]:
-        revoked = [grant.grant_id for grant in await self.list_client_grants(client_id)
-                   if before is None or grant.created_at < before][:limit]
-        for grant_id in revoked:
-            await self.revoke_grant_families(grant_id, now)
-            await self.mark_grant_revoked(grant_id, now)
+                                   before: datetime | None = None) -> dict[str, list[str] | None]:
+        revoked = {}
+        for grant in [grant for grant in await self.list_client_grants(client_id)
+                      if before is None or grant.created_at < before][:limit]:
+            revoked[grant.grant_id] = await self.families_audience(grant_id=grant.grant_id, now=now)
+            await self.revoke_grant_families(grant.grant_id, now)
+            await self.mark_grant_revoked(grant.grant_id, now)
         return revoked
 
     async def withdraw_scopes(self, client_id: str, kept: list[str]) -> None:
@@ -364,7 +366,7 @@ class MemoryStore(Store):
         self._grants[grant_id] = GRANTS.updated(row, revoked_at=now)
         return True
 
-    async def revoke_grant_families(self, grant_id: str, now: datetime, audience: list[str] | None = None) -> int:
+    async def revoke_grant_families(self, grant_id: str, now: datetime) -> int:
         return sum([self._revoke_family(family_id, now) for family_id in list(self._grant_families.get(grant_id, ()))])
 
     # -- codes
@@ -486,18 +488,19 @@ class MemoryStore(Store):
         return self._revoke_family(family_id, now)
 
     async def families_audience(self, *, grant_id: str | None = None, client_id: str | None = None,
-                                user_id: str | None = None) -> list[str] | None:
+                                user_id: str | None = None, now: datetime | None = None) -> list[str] | None:
         if grant_id is not None:
             grant_ids: Iterable[str] = (grant_id,)
         else:
-            grant_ids = [key for key, row in self._grants.items()
-                         if (GRANTS.get(row, "client_id") == client_id if client_id is not None
-                             else GRANTS.get(row, "user_id") == user_id)]
+            grant_ids = [key for key, row in self._grants.items() if GRANTS.get(row, "revoked_at") is None
+                         and (GRANTS.get(row, "client_id") == client_id if client_id is not None
+                              else GRANTS.get(row, "user_id") == user_id)]
+        at = now or utcnow()
         together: set[str] = set()
         for family_id in (family_id for key in grant_ids for family_id in self._grant_families.get(key, ())):
             row = self._families.get(family_id)
-            if row is None:
-                continue
+            if row is None or FAMILIES.get(row, "revoked_at") is not None or FAMILIES.get(row, "expires_at") <= at:
+                continue  # dead: its tokens are refused already, and were announced when it died
             audience = FAMILIES.get(row, "audience")
             if audience is None:
                 return None

@@ -8,7 +8,7 @@ from __future__ import annotations
 import inspect
 import secrets
 from collections.abc import Sequence
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 import pymongo
@@ -21,7 +21,7 @@ from tokensvc.storage.mongo import format as store_format
 from tokensvc.storage.mongo import hashes
 from tokensvc.storage.mongo.connection import Connection
 from tokensvc.storage.mongo.credentials import Credentials
-from tokensvc.storage.mongo.feed import marked
+from tokensvc.storage.mongo.feed import MARK_AUDIENCE, marked, marked_own
 from tokensvc.storage.mongo.mapping import CLIENTS, CODES, FAMILIES, GRANTS, USERS, as_utc, pair_fields, stored
 from tokensvc.storage.mongo.retry import RUN_AGAIN, guarded
 from tokensvc.storage.mongo.stamps import Stamps
@@ -113,15 +113,18 @@ class MongoAuthorizations(Authorizations):
         return [GRANTS.record(doc) for doc in await (cursor.limit(limit) if limit else cursor).to_list(None)]
 
     async def revoke_client_grants(self, client_id: str, now: datetime, limit: int,
-                                   before: datetime | None = None, audience: list[str] | None = None) -> list[str]:
-        # Three operations, each with its own budget and run again alone after a lost reply:
-        # the batch read (client_live), the families' sweep, then the grants' (grant_live, _id).
+                                   before: datetime | None = None) -> dict[str, list[str] | None]:
+        # Four operations, each with its own budget and run again alone after a lost reply: the
+        # batch read (client_live), its live families' audiences by grant (grant_live), the
+        # families' sweep, each marked with its own audience, then the grants', each with its
+        # families'.
         grant_ids = await self._live_client_grant_ids(client_id, limit, before)
-        if grant_ids:
-            await self._revoke_where(self.families, {"grant_id": {"$in": grant_ids}, "revoked_at": None}, now,
-                                     audience)
-            await self._revoke_where(self.grants, {"_id": {"$in": grant_ids}, "revoked_at": None}, now, audience)
-        return grant_ids
+        if not grant_ids:
+            return {}
+        audiences = await self._grants_audiences(grant_ids, now)
+        await self._revoke_families_where({"grant_id": {"$in": grant_ids}, "revoked_at": None}, now)
+        await self._mark_grants(grant_ids, now, audiences)
+        return {grant_id: audiences[grant_id] for grant_id in grant_ids}
 
     @guarded()
     async def _live_client_grant_ids(self, client_id: str, limit: int, before: datetime | None) -> list[str]:
@@ -131,11 +134,41 @@ class MongoAuthorizations(Authorizations):
         cursor = self.grants.find(live, {"_id": 1}).sort("_id", ASCENDING)
         return [doc["_id"] for doc in await cursor.limit(limit).to_list(limit)]
 
-    @guarded(stamps=lambda self, collection, match, now, audience: (
-        collection.name, {key: value for key, value in match.items() if key != "revoked_at"}, "revoked_at", now))
-    async def _revoke_where(self, collection: Any, match: dict[str, Any], now: datetime,
-                            audience: list[str] | None) -> None:
-        await collection.update_many(match, {"$set": {"revoked_at": now, **marked(now, audience)}})
+    @guarded()
+    async def _grants_audiences(self, grant_ids: list[str], now: datetime) -> dict[str, list[str] | None]:
+        """The audience of each grant's live families (None: one names none; []: none live)."""
+        cursor = self.families.aggregate([
+            {"$match": {"grant_id": {"$in": grant_ids}, "revoked_at": None, "expires_at": {"$gt": stored(now)}}},
+            {"$project": {"_id": 0, "grant_id": 1, "resource": {"$ifNull": ["$audience", [None]]}}},
+            {"$unwind": "$resource"},
+            {"$group": {"_id": {"grant": "$grant_id", "resource": "$resource"}}},
+        ])
+        if inspect.isawaitable(cursor):  # PyMongo's aggregate is a coroutine; Motor-style ones are not
+            cursor = await cursor
+        together: dict[str, set[str] | None] = {grant_id: set() for grant_id in grant_ids}
+        for doc in await cursor.to_list(None):
+            grant_id, resource = doc["_id"]["grant"], doc["_id"].get("resource")
+            held = together.get(grant_id, set())
+            together[grant_id] = None if held is None or not isinstance(resource, str) else {*held, resource}
+        return {grant_id: None if held is None else sorted(held) for grant_id, held in together.items()}
+
+    @guarded(stamps=lambda self, match, now: (
+        "families", {key: value for key, value in match.items() if key != "revoked_at"}, "revoked_at", now))
+    async def _revoke_families_where(self, match: dict[str, Any], now: datetime) -> None:
+        # An update with an aggregation pipeline: each family's mark carries its own audience.
+        await self.families.update_many(match, [{"$set": {"revoked_at": now, **marked_own(now)}}])
+
+    @guarded(stamps=lambda self, grant_ids, now, audiences: (
+        "grants", {"_id": {"$in": grant_ids}}, "revoked_at", now))
+    async def _mark_grants(self, grant_ids: list[str], now: datetime,
+                           audiences: dict[str, list[str] | None]) -> None:
+        # One update with an aggregation pipeline: each grant's mark carries its families'
+        # audience, picked by its id.
+        own = {"$switch": {"branches": [{"case": {"$eq": ["$_id", {"$literal": grant_id}]},
+                                         "then": {"$literal": audiences.get(grant_id)}} for grant_id in grant_ids],
+                           "default": None}}
+        await self.grants.update_many({"_id": {"$in": grant_ids}, "revoked_at": None},
+                                      [{"$set": {"revoked_at": now, MARK_AUDIENCE: {"at": now, "audience": own}}}])
 
     @guarded()
     async def withdraw_scopes(self, client_id: str, kept: list[str]) -> None:
@@ -160,12 +193,12 @@ class MongoAuthorizations(Authorizations):
                                               {"$set": {"revoked_at": now, **marked(now, audience)}})
         return result.modified_count == 1
 
-    @guarded(stamps=lambda self, grant_id, now, audience=None: (
-        "families", {"grant_id": grant_id}, "revoked_at", stored(now)))
-    async def revoke_grant_families(self, grant_id: str, now: datetime, audience: list[str] | None = None) -> int:
+    @guarded(stamps=lambda self, grant_id, now: ("families", {"grant_id": grant_id}, "revoked_at", stored(now)))
+    async def revoke_grant_families(self, grant_id: str, now: datetime) -> int:
         now = stored(now)
+        # An update with an aggregation pipeline: each family's mark carries its own audience.
         result = await self.families.update_many({"grant_id": grant_id, "revoked_at": None},
-                                                 {"$set": {"revoked_at": now, **marked(now, audience)}})
+                                                 [{"$set": {"revoked_at": now, **marked_own(now)}}])
         return await self.credentials.swept(result, "families", {"grant_id": grant_id, "revoked_at": now})
 
     # -- codes
@@ -375,23 +408,26 @@ class MongoAuthorizations(Authorizations):
         return result.modified_count == 1
 
     async def families_audience(self, *, grant_id: str | None = None, client_id: str | None = None,
-                                user_id: str | None = None) -> list[str] | None:
+                                user_id: str | None = None, now: datetime | None = None) -> list[str] | None:
         # The distinct audiences alone, on grant_live or client_revoked (their first key); a
-        # user's families through their grants (user_subject), since no index leads with a
-        # family's user. A family that names none is one null among them.
+        # user's families through their live grants (user_subject), since no index leads with a
+        # family's user. A family that names none is one null among them. Live families alone:
+        # unrevoked, their refresh token unexpired.
         if user_id is not None:
             grant_ids = await self._user_grant_ids(user_id)
             where: dict[str, Any] = {"grant_id": {"$in": grant_ids}}
         else:
             where = {"grant_id": grant_id} if grant_id is not None else {"client_id": client_id}
-        together = await self._audiences(where)
+        together = await self._audiences({**where, "revoked_at": None,
+                                          "expires_at": {"$gt": stored(now or datetime.now(UTC))}})
         if None in together:
             return None
         return sorted(resource for resource in together if isinstance(resource, str))
 
     @guarded()
     async def _user_grant_ids(self, user_id: str) -> list[str]:
-        return [doc["_id"] for doc in await self.grants.find({"user_id": user_id}, {"_id": 1}).to_list(None)]
+        return [doc["_id"] for doc in await self.grants.find({"user_id": user_id, "revoked_at": None},
+                                                              {"_id": 1}).to_list(None)]
 
     @guarded()
     async def _audiences(self, where: dict[str, Any]) -> list[str | None]:

@@ -82,6 +82,13 @@ def marked(at: datetime, audience: list[str] | tuple[str, ...] | None) -> dict[s
     return {MARK_AUDIENCE: {"at": at, "audience": None if audience is None else list(audience)}}
 
 
+def marked_own(at: datetime) -> dict[str, Any]:
+    """The field an update with an aggregation pipeline sets beside a mark it stamps ``at`` on
+    each family it matches: that family's own audience (its ``audience``; null, or none written:
+    every reader). One write marks many families, each told to its own readers alone."""
+    return {MARK_AUDIENCE: {"at": at, "audience": {"$ifNull": ["$audience", None]}}}
+
+
 def with_mark(fields: dict[str, Any]) -> dict[str, Any]:
     """A client's or a user's fields as a write sets them: the audience of its mark
     (base.MARK_AUDIENCE, given with ``narrowed_at``) as :func:`marked` writes it. A mark given

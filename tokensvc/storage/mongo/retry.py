@@ -103,7 +103,8 @@ RETRY_KINDS: dict[str, str] = {
     "_caseless_holders": READ, "_write_user": RERUN,  # put_user
     "_client_record": READ,  # client_record, when this process read it too long ago
     "_seeded_admin": READ, "_seed_write": RERUN,  # seed_user
-    "_live_client_grant_ids": READ, "_revoke_where": RERUN,  # revoke_client_grants
+    "_live_client_grant_ids": READ, "_grants_audiences": READ, "_revoke_families_where": RERUN,
+    "_mark_grants": RERUN,  # revoke_client_grants
     "_user_grant_ids": READ, "_audiences": READ,  # families_audience
     "_insert_client": ONCE, "_removal_recorded": READ, "_take_back": RERUN, "_exists": READ,  # add_client
     "_claim_of": READ, "_record_removal": RERUN,  # begin_removal

@@ -397,8 +397,8 @@ class MongoStore(Store):
         return await self.authorizations.list_client_grants(client_id, after, limit)
 
     async def revoke_client_grants(self, client_id: str, now: datetime, limit: int,
-                                   before: datetime | None = None, audience: list[str] | None = None) -> list[str]:
-        return await self.authorizations.revoke_client_grants(client_id, now, limit, before, audience)
+                                   before: datetime | None = None) -> dict[str, list[str] | None]:
+        return await self.authorizations.revoke_client_grants(client_id, now, limit, before)
 
     async def withdraw_scopes(self, client_id: str, kept: list[str]) -> None:
         await self.authorizations.withdraw_scopes(client_id, kept)
@@ -406,8 +406,8 @@ class MongoStore(Store):
     async def mark_grant_revoked(self, grant_id: str, now: datetime, audience: list[str] | None = None) -> bool:
         return await self.authorizations.mark_grant_revoked(grant_id, now, audience)
 
-    async def revoke_grant_families(self, grant_id: str, now: datetime, audience: list[str] | None = None) -> int:
-        return await self.authorizations.revoke_grant_families(grant_id, now, audience)
+    async def revoke_grant_families(self, grant_id: str, now: datetime) -> int:
+        return await self.authorizations.revoke_grant_families(grant_id, now)
 
     async def add_code(self, code: AuthorizationCode) -> None:
         await self.authorizations.add_code(code)
@@ -465,8 +465,9 @@ class MongoStore(Store):
         return await self.authorizations.revoke_family(family_id, now, audience)
 
     async def families_audience(self, *, grant_id: str | None = None, client_id: str | None = None,
-                                user_id: str | None = None) -> list[str] | None:
-        return await self.authorizations.families_audience(grant_id=grant_id, client_id=client_id, user_id=user_id)
+                                user_id: str | None = None, now: datetime | None = None) -> list[str] | None:
+        return await self.authorizations.families_audience(grant_id=grant_id, client_id=client_id, user_id=user_id,
+                                                           now=now)
 
     async def list_families(self, grant_id: str) -> list[Family]:
         return await self.authorizations.list_families(grant_id)
