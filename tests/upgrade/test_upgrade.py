@@ -665,8 +665,10 @@ def test_a_resource_server_the_previous_release_rewrote_may_do_nothing(primary, 
             answers.append(introspect(secret).status_code)
             return answers[-1] == 403
 
+        # Asked every 0.3 s: each 401 is a failed authentication of the client, and ten of them
+        # would put it over its limit, where the right secret gets the wrong one's answer.
         wait_until(refused_for_want_of_a_right, "the rotated record read, no longer the cached one",
-                   seconds=CACHE_SECONDS + 10)
+                   seconds=CACHE_SECONDS + 10, interval=0.3)
         assert set(answers) <= {401, 403}, answers
         feed = requests.get(new.base + "/oauth/revocations", auth=("notes-api", secret), timeout=30, headers={
             "Upgrade": "websocket", "Connection": "Upgrade", "Sec-WebSocket-Version": "13",
