@@ -443,7 +443,12 @@ def within_own_resource(uri: str, base_url: str) -> bool:
     """Whether ``uri`` names tokensvc's own API (``base_url`` + ``/v1``) or a URI within it,
     compared canonically: no resource server declares one, since a token meant for tokensvc
     would pass at that server too."""
-    own, key = resource_key(own_resource(base_url)), resource_key(uri)
+    return within_resource(uri, own_resource(base_url))
+
+
+def within_resource(uri: str, resource: str) -> bool:
+    """Whether ``uri`` is ``resource`` or a URI within it, compared canonically."""
+    own, key = resource_key(resource), resource_key(uri)
     return key == own or key.startswith(own + "/")
 
 

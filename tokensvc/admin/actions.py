@@ -36,6 +36,7 @@ from tokensvc.identifiers import (
     secret_sha256_problem,
     username_key,
     username_problem,
+    within_resource,
 )
 from tokensvc.oauth import hashing, introspection, removal
 from tokensvc.oauth import sessions as web_sessions
@@ -316,11 +317,11 @@ async def check_resources(store: Store, client_id: str, spec: ClientSpec, own: s
     if spec.kind != RESOURCE_SERVER or not spec.resources:
         return
     mine = {resource_key(uri): uri for uri in spec.resources}
-    ours = resource_key(own) if own is not None else None
-    for key, uri in mine.items() if ours is not None else {}:
-        if key == ours or key.startswith(f"{ours}/"):
-            raise AdminError(f"{uri!r} is tokensvc's own API (base_url + {OWN_RESOURCE_PATH}) or within it: a "
-                             "resource server declares the URIs of its own API", "resources")
+    if own is not None:
+        for uri in mine.values():
+            if within_resource(uri, own):
+                raise AdminError(f"{uri!r} is tokensvc's own API (base_url + {OWN_RESOURCE_PATH}) or within it: a "
+                                 "resource server declares the URIs of its own API", "resources")
     declared: dict[str, Sequence[str] | None] = {client.client_id: client.resources
                                                  for client in await store.list_clients()}
     declared.update(planned or {})
