@@ -42,8 +42,7 @@ from tokensvc.records import Pair
 SEPARATOR = "."
 FAMILY_SECRET_BYTES = 16
 _REFRESH = re.compile(r"[A-Za-z0-9_-]{22}\.[A-Za-z0-9_-]{43}")
-ROUTED_LENGTH = 2 * hashing.SECRET_LENGTH  # an access token with its routing part
-_ROUTED = re.compile(r"[A-Za-z0-9_-]{86}")
+ROUTED_LENGTH = hashing.ACCESS_TOKEN_LENGTHS[1]  # an access token with its routing part
 _ROUTE = b"tokensvc route\x00"
 _FAMILY_ID_BYTES = 32  # a family's id is a SHA-256 hex digest
 _FROM_URLSAFE = bytes.maketrans(b"-_", b"+/")
@@ -83,7 +82,7 @@ def routes(keys: Iterable[bytes], token: str) -> tuple[str, ...]:
     """The family ids the routing part of ``token`` stands for under each key, one of which
     enciphered it (the lookup names them all: a key being retired still routes what it
     enciphered); () for a token of another shape, found by its hash alone."""
-    if len(token) != ROUTED_LENGTH or not _ROUTED.fullmatch(token):
+    if len(token) != ROUTED_LENGTH or not hashing.ACCESS_TOKEN.fullmatch(token):
         return ()
     random_part, routing = token[:hashing.SECRET_LENGTH], token[hashing.SECRET_LENGTH:]
     enciphered = int.from_bytes(binascii.a2b_base64(routing.encode("ascii").translate(_FROM_URLSAFE) + b"="))
