@@ -3,13 +3,15 @@ driver of the authorization flow over real HTTP (cookies, XSRF tokens, redirects
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import dataclasses
 import hashlib
 import html as html_module
 import re
 import shutil
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from http.cookies import SimpleCookie
@@ -147,6 +149,20 @@ class Clock:
 # A wait's deadline: a bound for a hang, not a speed (on a busy 2-core machine a step takes many
 # times what it takes on an idle one).
 DEADLINE = 30.0
+
+
+@asynccontextmanager
+async def relaying(store: Any, revocation_events: Any, **options: Any) -> AsyncIterator[None]:
+    """This process's relay (:func:`tokensvc.oauth.events.relay`) running on ``store`` for the
+    block, then cancelled and awaited: its poll ended, not left to the collector."""
+    from tokensvc.oauth import events
+
+    relay = asyncio.ensure_future(events.relay(store, revocation_events, **options))
+    try:
+        yield
+    finally:
+        relay.cancel()
+        await asyncio.gather(relay, return_exceptions=True)
 
 
 async def eventually(predicate: Any, seconds: float = DEADLINE, what: str = "the condition") -> None:

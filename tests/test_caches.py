@@ -11,15 +11,13 @@ for the bound are moved by hand, so that nothing here measures time.
 
 from __future__ import annotations
 
-import asyncio
-
 import pytest
 from backends import open_store
-from helpers import WEBAPP_SECRET, eventually, make_config
+from helpers import WEBAPP_SECRET, eventually, make_config, relaying
 from test_limits import authenticate
 
 from tokensvc.bootstrap import make_context, seed
-from tokensvc.oauth import events, hashing
+from tokensvc.oauth import hashing
 from tokensvc.records import utcnow
 from tokensvc.storage.base import CACHE_SECONDS, CLIENT, Revocation
 from tokensvc.storage.mongo import MongoStore
@@ -90,8 +88,7 @@ async def test_a_client_narrowed_or_rotated_elsewhere_is_current_here_as_soon_as
     ctx, seconds = here
     heard: list[Revocation | None] = []
     ctx.events.watch(heard.append)
-    relay = asyncio.ensure_future(events.relay(store, ctx.events))
-    try:
+    async with relaying(store, ctx.events):
         await eventually(lambda: store.registry.recent.get("webapp") is None and heard == [], what="the relay")
         assert (await authenticate(ctx, WEBAPP_SECRET)).client_id == "webapp"
         other = elsewhere(store)
@@ -101,9 +98,6 @@ async def test_a_client_narrowed_or_rotated_elsewhere_is_current_here_as_soon_as
         await rotate(other, ANOTHER_SECRET)
         await eventually(lambda: len(heard) >= 2, what="the rotation heard")
         assert await authenticate(ctx, WEBAPP_SECRET) == "InvalidClient"
-    finally:
-        relay.cancel()
-        await asyncio.gather(relay, return_exceptions=True)
 
 
 async def test_a_client_removed_elsewhere_is_refused_here_once_the_bound_runs_out(here, store):

@@ -9,7 +9,7 @@ from datetime import timedelta
 
 import pytest
 from backends import open_store
-from helpers import DEADLINE, SKY_REDIRECT, WEBAPP_REDIRECT, Clock, eventually, family_of, hand_over
+from helpers import DEADLINE, SKY_REDIRECT, WEBAPP_REDIRECT, Clock, eventually, family_of, hand_over, relaying
 from test_audience import NOTES, NOTES_SECRET, PHOTOS, grant_of, issued_as, with_apis
 from test_feed import connect as connect_feed
 from test_feed import next_message
@@ -65,8 +65,7 @@ class Polls(StoreObserver):
 @pytest.mark.gen_test(timeout=30)
 async def test_a_revocation_in_another_process_closes_the_socket_within_a_second(browser, http_client, base_url,
                                                                                  store, ctx):
-    relay = asyncio.ensure_future(events.relay(store, ctx.events))
-    try:
+    async with relaying(store, ctx.events):
         issued = await tokens(browser, http_client, base_url)
         connection = await websocket_connect(ws_url(base_url, "?access_token=" + issued["access_token"]))
         await welcome_of(connection)
@@ -74,9 +73,6 @@ async def test_a_revocation_in_another_process_closes_the_socket_within_a_second
         record = await family_of(elsewhere, issued["access_token"])
         await elsewhere.mark_grant_revoked(record.grant_id, ctx.clock())  # no event of this process fires
         await closed_as_revoked(connection)
-    finally:
-        relay.cancel()
-        await asyncio.gather(relay, return_exceptions=True)  # its poll ended, not left to the collector
 
 
 @pytest.mark.gen_test(timeout=30)
@@ -84,8 +80,7 @@ async def test_a_revocation_in_another_process_reaches_the_revocation_feed(brows
                                                                            ctx):
     """Resource servers hear through any process what every process revokes: its relay feeds
     the revocation feed (GET /oauth/revocations) as it closes its own sockets."""
-    relay = asyncio.ensure_future(events.relay(store, ctx.events))
-    try:
+    async with relaying(store, ctx.events):
         issued = await tokens(browser, http_client, base_url)
         reader = await connect_feed(base_url)
         await next_message(reader)
@@ -94,9 +89,6 @@ async def test_a_revocation_in_another_process_reaches_the_revocation_feed(brows
         await elsewhere.mark_grant_revoked(record.grant_id, ctx.clock())  # no event of this process fires
         assert await next_message(reader) == {"type": "revoked", "seq": 1, "grant_id": record.grant_id}
         reader.close()
-    finally:
-        relay.cancel()
-        await asyncio.gather(relay, return_exceptions=True)  # its poll ended, not left to the collector
 
 
 @pytest.mark.gen_test(timeout=30)
@@ -151,8 +143,7 @@ async def test_a_client_narrowed_in_another_process_closes_the_socket_within_a_s
     from tokensvc.admin.operator import Operator
     from tokensvc.bootstrap import make_context
 
-    relay = asyncio.ensure_future(events.relay(store, ctx.events))
-    try:
+    async with relaying(store, ctx.events):
         issued = await tokens(browser, http_client, base_url, scope="read write")
         narrowed = await websocket_connect(ws_url(base_url, "?access_token=" + issued["access_token"]))
         await welcome_of(narrowed)
@@ -161,9 +152,6 @@ async def test_a_client_narrowed_in_another_process_closes_the_socket_within_a_s
         await elsewhere.patch_client("webapp", {"allowedScopes": ["write", "admin"]})  # read stays in force
         await elsewhere.patch_client("webapp", {"allowedScopes": ["admin"]})
         await closed_as_revoked(narrowed)
-    finally:
-        relay.cancel()
-        await asyncio.gather(relay, return_exceptions=True)  # its poll ended, not left to the collector
 
 
 @pytest.mark.gen_test(timeout=30)
@@ -183,8 +171,7 @@ async def test_a_readers_client_rotated_or_removed_in_another_process_closes_the
 
     secret = await notes_api(ctx)
     elsewhere = Operator(make_context(config, other_process(store)), await hand_over(store, config))
-    relay = asyncio.ensure_future(events.relay(store, ctx.events))
-    try:
+    async with relaying(store, ctx.events):
         listening = await connect_feed(base_url)
         await next_message(listening)
         reader = await connect_feed(base_url, client_id="notes-api", secret=secret)
@@ -199,9 +186,6 @@ async def test_a_readers_client_rotated_or_removed_in_another_process_closes_the
         await next_message(reader)
         await elsewhere.remove_client("notes-api")
         await closed_for_its_credentials(reader)
-    finally:
-        relay.cancel()
-        await asyncio.gather(relay, return_exceptions=True)  # its poll ended, not left to the collector
 
 
 @pytest.mark.gen_test(timeout=30)
@@ -226,13 +210,9 @@ async def test_a_rotation_in_another_process_heard_during_a_readers_handshake_cl
 
     monkeypatch.setattr(feed, "RECHECK_SECONDS", 3600.0)
     changed_after_authenticating(monkeypatch, rotated_elsewhere_and_heard)
-    relay = asyncio.ensure_future(events.relay(store, ctx.events))
-    try:
+    async with relaying(store, ctx.events):
         reader = await connect_feed(base_url, client_id="notes-api", secret=secret)
         assert await closed_for_its_credentials(reader) == []
-    finally:
-        relay.cancel()
-        await asyncio.gather(relay, return_exceptions=True)  # its poll ended, not left to the collector
 
 
 @pytest.mark.gen_test(timeout=30)
@@ -353,8 +333,7 @@ async def test_a_removal_cut_short_in_another_process_is_named_to_resource_serve
     async def cut_short(*args):
         raise StorageError("the store went away")
 
-    relay = asyncio.ensure_future(events.relay(store, ctx.events))
-    try:
+    async with relaying(store, ctx.events):
         await asyncio.wait_for(polls.began.wait(), DEADLINE)
         listening = await connect_feed(base_url, client_id="notes-api", secret=secret)
         assert (await next_message(listening))["type"] == "ready"
@@ -367,9 +346,6 @@ async def test_a_removal_cut_short_in_another_process_is_named_to_resource_serve
         assert await introspection.introspect(ctx, issued.access_token) == {"active": False}
         assert await store.get_removal(client_id) is not None
         assert len(await store.list_client_grants(client_id)) == 1  # still to revoke: a retry or a start-up
-    finally:
-        relay.cancel()
-        await asyncio.gather(relay, return_exceptions=True)  # its poll ended, not left to the collector
 
 
 @pytest.mark.gen_test(timeout=30)
@@ -710,8 +686,7 @@ async def test_a_resource_server_hears_another_processes_revocations_by_audience
     from tokensvc.oauth import revocation
     from tokensvc.oauth.feed import family_label
 
-    relay = asyncio.ensure_future(events.relay(store, ctx.events))
-    try:
+    async with relaying(store, ctx.events):
         notes = await connect_feed(base_url, client_id="notes-api", secret=NOTES_SECRET)
         webapp = await connect_feed(base_url)
         for reader in (notes, webapp):
@@ -739,9 +714,6 @@ async def test_a_resource_server_hears_another_processes_revocations_by_audience
                 for message in everything} == named["photos"] | named["notes"] | named["none"] | {root.user_id}
         notes.close()
         webapp.close()
-    finally:
-        relay.cancel()
-        await asyncio.gather(relay, return_exceptions=True)  # its poll ended, not left to the collector
 
 
 @pytest.mark.gen_test(timeout=30)
@@ -803,8 +775,7 @@ async def test_another_processes_grant_revocation_names_no_family_of_another_api
     from tokensvc.oauth import revocation
     from tokensvc.oauth.feed import family_label
 
-    relay = asyncio.ensure_future(events.relay(store, ctx.events))
-    try:
+    async with relaying(store, ctx.events):
         notes = await connect_feed(base_url, client_id="notes-api", secret=NOTES_SECRET)
         await next_message(notes)
         for_notes = await issued_as(ctx, "alice", "webapp", WEBAPP_REDIRECT, NOTES)
@@ -823,6 +794,3 @@ async def test_another_processes_grant_revocation_names_no_family_of_another_api
         labels = {message.get("family_id") for message in heard}
         assert photos_label not in labels, f"notes-api heard the photos family's label: {heard}"
         notes.close()
-    finally:
-        relay.cancel()
-        await asyncio.gather(relay, return_exceptions=True)
